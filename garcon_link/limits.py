@@ -1,0 +1,191 @@
+"""Every bound of garcon_link in one frozen value object.
+
+No buffer in the library is unbounded: each one is sized by a field below, and each field is
+checked *before* memory is allocated (a frame's declared size before reading it, a send's encoded
+size before an ordinal is assigned). Times are in seconds (floats), sizes in bytes.
+
+Tests and benchmarks shrink the time bounds (``Limits(heartbeat_interval=0.05, ...)``) instead of
+sleeping; :meth:`Limits.replace` returns a validated copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["Limits"]
+
+MiB = 1024 * 1024
+
+
+def _doc(text: str) -> dict[str, Any]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds of one endpoint (DESIGN §9). All fields are keyword arguments with safe defaults."""
+
+    max_retained_frames: int = field(
+        default=4096,
+        metadata=_doc("Outbound frames kept until a cumulative receipt covers them."),
+    )
+    max_retained_bytes: int = field(
+        default=32 * MiB,
+        metadata=_doc("Encoded bytes of retained outbound frames; a full store makes send wait."),
+    )
+    max_inbound_buffer_payloads: int = field(
+        default=4096,
+        metadata=_doc("Inbound payloads buffered before the peer's replay fence (pre-readiness)."),
+    )
+    max_inbound_buffer_bytes: int = field(
+        default=32 * MiB,
+        metadata=_doc("Bytes of inbound payloads buffered before the replay fence."),
+    )
+    max_frame_bytes: int = field(
+        default=16 * MiB,
+        metadata=_doc("Largest WebSocket message accepted or sent; larger is refused (1009)."),
+    )
+    detached_grace: float = field(
+        default=30.0,
+        metadata=_doc("How long a logical session survives without a socket before retirement."),
+    )
+    replay_inactivity: float = field(
+        default=30.0,
+        metadata=_doc("Replay deadline, refreshed only by replay progress (not by heartbeats)."),
+    )
+    handshake_timeout: float = field(
+        default=5.0,
+        metadata=_doc("Whole handshake deadline, from socket open to verified proof."),
+    )
+    max_handshake_frame_bytes: int = field(
+        default=8 * 1024,
+        metadata=_doc("Largest handshake frame (hello or proof)."),
+    )
+    heartbeat_interval: float = field(
+        default=5.0,
+        metadata=_doc("Interval between WebSocket pings on an attached socket."),
+    )
+    heartbeat_timeout: float = field(
+        default=15.0,
+        metadata=_doc("Close the socket (resumably) after this long without any inbound frame."),
+    )
+    takeover_probe_timeout: float = field(
+        default=2.0,
+        metadata=_doc("How long the attached socket may take to answer a probe before takeover."),
+    )
+    connect_timeout: float = field(
+        default=5.0,
+        metadata=_doc("TCP (and TLS) connect deadline of one dial attempt."),
+    )
+    backoff_base: float = field(
+        default=0.25,
+        metadata=_doc("First non-immediate dial backoff ceiling; doubles per failed attempt."),
+    )
+    backoff_max: float = field(
+        default=30.0,
+        metadata=_doc("Ceiling of the full-jitter exponential dial backoff."),
+    )
+    backoff_reset_after: float = field(
+        default=10.0,
+        metadata=_doc("A socket that stayed attached this long resets the backoff."),
+    )
+    max_unauthenticated_sockets: int = field(
+        default=64,
+        metadata=_doc("Sockets still in HTTP upgrade or handshake; the oldest is evicted past it."),
+    )
+    max_authenticated_sockets: int = field(
+        default=4,
+        metadata=_doc("Authenticated sockets of one listener at once (attached plus takeovers)."),
+    )
+    receipt_interval: int = field(
+        default=64,
+        metadata=_doc("At most this many inbound messages are accepted between two receipts."),
+    )
+    delivery_queue: int = field(
+        default=256,
+        metadata=_doc("Payloads queued for the consumer task; a full queue pauses the reader."),
+    )
+    max_pending_calls: int = field(
+        default=256,
+        metadata=_doc("Outgoing calls awaiting a reply per session; excess is OVERLOADED."),
+    )
+    max_incoming_calls: int = field(
+        default=256,
+        metadata=_doc("Incoming calls and streams executing per session; excess is OVERLOADED."),
+    )
+    call_timeout: float = field(
+        default=120.0,
+        metadata=_doc("Default deadline of one call; expiry raises OutcomeUnknown('TIMEOUT')."),
+    )
+    dispatch_deadline: float = field(
+        default=0.0,
+        metadata=_doc("How long a call waits for a reconnecting executor; 0 fails at once."),
+    )
+    stream_window_items: int = field(
+        default=256,
+        metadata=_doc("Stream credit granted by a consumer, in items."),
+    )
+    stream_window_bytes: int = field(
+        default=8 * MiB,
+        metadata=_doc("Stream credit granted by a consumer, in encoded bytes."),
+    )
+    scope_cleanup_timeout: float = field(
+        default=2.0,
+        metadata=_doc("Best-effort wait for a retired session's service scope to close."),
+    )
+    close_timeout: float = field(
+        default=2.0,
+        metadata=_doc("How long a closing socket waits for the peer's close frame."),
+    )
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"Limits.{f.name} must be a number, got {value!r}")
+            if f.type == "int" and not isinstance(value, int):
+                raise ConfigError(f"Limits.{f.name} must be an integer, got {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"Limits.{f.name} must be finite, got {value!r}")
+            minimum = 0 if f.name == "dispatch_deadline" else None
+            if minimum is not None:
+                if value < minimum:
+                    raise ConfigError(f"Limits.{f.name} must be >= 0, got {value!r}")
+            elif value <= 0:
+                raise ConfigError(f"Limits.{f.name} must be > 0, got {value!r}")
+        if self.max_frame_bytes > self.max_retained_bytes:
+            raise ConfigError(
+                "Limits.max_frame_bytes must not exceed max_retained_bytes "
+                f"({self.max_frame_bytes} > {self.max_retained_bytes}): a maximal frame must fit"
+            )
+        if self.max_handshake_frame_bytes > self.max_frame_bytes:
+            raise ConfigError("Limits.max_handshake_frame_bytes must not exceed max_frame_bytes")
+        if self.heartbeat_timeout <= self.heartbeat_interval:
+            raise ConfigError(
+                "Limits.heartbeat_timeout must exceed heartbeat_interval "
+                f"({self.heartbeat_timeout} <= {self.heartbeat_interval})"
+            )
+        if self.backoff_base > self.backoff_max:
+            raise ConfigError("Limits.backoff_base must not exceed backoff_max")
+
+    def replace(self, **changes: Any) -> Limits:
+        """Return a validated copy with ``changes`` applied.
+
+        Raises:
+            ConfigError: an unknown field name or an invalid value.
+        """
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ConfigError(f"unknown Limits field(s): {', '.join(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        """Return ``{field name: documentation}`` for every bound (used by docs and the CLI)."""
+        return {f.name: str(f.metadata.get("doc", "")) for f in fields(cls)}

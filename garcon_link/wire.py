@@ -1,0 +1,263 @@
+"""Wire codec: session packets and strict single-item CBOR (sans-IO, no clock, no anyio).
+
+Theory of operation
+-------------------
+After authentication every WebSocket message is a CBOR sequence (RFC 8742) of one or more session
+packets. There are exactly two packet shapes::
+
+    message   [0, ordinal, body]     ordinal >= 1, body a byte string (an encoded RPC envelope)
+    receipt   [1, through]           through >= 0: every ordinal <= through was accepted
+
+The grammar is tiny and hot (every frame of every call passes through it), so it is encoded and
+decoded by hand instead of through cbor2: the bytes are ordinary deterministic CBOR (shortest
+integer heads, definite lengths), any CBOR implementation can produce and read them, and the
+decoder here accepts *only* that form. Anything else -- other major types, indefinite lengths,
+non-shortest heads, ordinal 0, a float, trailing garbage, an empty message -- raises
+:class:`~garcon_link.errors.MalformedFrame`. Size is checked before any decoding starts.
+
+Handshake frames hold exactly one CBOR item decoded by cbor2 (:func:`decode_item`); every cbor2
+failure, recursion blow-up or trailing byte is mapped to :class:`MalformedFrame` here, at the
+boundary. Encodings that are MACed use ``canonical=True``.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+from dataclasses import dataclass
+from typing import Any, NewType
+
+import cbor2
+
+from .errors import FrameTooLarge, MalformedFrame
+
+__all__ = [
+    "MAX_ORDINAL",
+    "CloseCode",
+    "Message",
+    "Ordinal",
+    "Packet",
+    "Receipt",
+    "decode_item",
+    "decode_packets",
+    "encode_canonical",
+    "encode_message",
+    "encode_receipt",
+]
+
+Ordinal = NewType("Ordinal", int)
+"""Position of a message in one direction of a logical session; the first is 1."""
+
+MAX_ORDINAL = (1 << 64) - 1
+
+_TAG_MESSAGE = 0
+_TAG_RECEIPT = 1
+
+
+class CloseCode(enum.IntEnum):
+    """WebSocket close codes used by the link (RFC 6455 §7.4 and the 4000-4999 private range)."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    PROTOCOL = 1002
+    UNSUPPORTED_DATA = 1003
+    MESSAGE_TOO_BIG = 1009
+    AUTH_FAILED = 4001
+    VERSION_MISMATCH = 4002
+    IDENTITY_MISMATCH = 4003
+    SUPERSEDED = 4004
+    SESSION_RETIRED = 4005
+    REPLAY_STALLED = 4006
+    HEARTBEAT_TIMEOUT = 4007
+    PROTOCOL_ERROR = 4008
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A session message packet: ``[0, ordinal, body]``."""
+
+    ordinal: Ordinal
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """A cumulative receipt packet: ``[1, through]``."""
+
+    through: int
+
+
+Packet = Message | Receipt
+
+
+def _head(major: int, value: int) -> bytes:
+    """Shortest-form CBOR head for ``major`` type and unsigned ``value``."""
+    mt = major << 5
+    if value < 24:
+        return bytes((mt | value,))
+    if value < 0x100:
+        return bytes((mt | 24, value))
+    if value < 0x10000:
+        return bytes((mt | 25,)) + value.to_bytes(2, "big")
+    if value < 0x100000000:
+        return bytes((mt | 26,)) + value.to_bytes(4, "big")
+    return bytes((mt | 27,)) + value.to_bytes(8, "big")
+
+
+def encode_message(ordinal: int, body: bytes) -> bytes:
+    """Encode ``[0, ordinal, body]``.
+
+    Args:
+        ordinal: 1 .. 2**64-1.
+        body: the payload; empty is allowed.
+
+    Raises:
+        ValueError: the ordinal is out of range (a programming error, not peer input).
+    """
+    if not 1 <= ordinal <= MAX_ORDINAL:
+        raise ValueError(f"ordinal out of range: {ordinal}")
+    return b"\x83\x00" + _head(0, ordinal) + _head(2, len(body)) + body
+
+
+def encode_receipt(through: int) -> bytes:
+    """Encode ``[1, through]`` (``through`` in 0 .. 2**64-1)."""
+    if not 0 <= through <= MAX_ORDINAL:
+        raise ValueError(f"receipt out of range: {through}")
+    return b"\x82\x01" + _head(0, through)
+
+
+def _read_head(data: bytes, pos: int, major: int, what: str) -> tuple[int, int]:
+    """Read a shortest-form head of ``major`` type at ``pos``; return (value, next position)."""
+    end = len(data)
+    if pos >= end:
+        raise MalformedFrame(f"truncated {what}")
+    initial = data[pos]
+    if initial >> 5 != major:
+        raise MalformedFrame(f"{what}: expected CBOR major type {major}, got byte 0x{initial:02x}")
+    info = initial & 0x1F
+    pos += 1
+    if info < 24:
+        return info, pos
+    if info > 27:
+        raise MalformedFrame(f"{what}: indefinite or reserved length (0x{initial:02x})")
+    width = 1 << (info - 24)
+    if pos + width > end:
+        raise MalformedFrame(f"truncated {what}")
+    value = int.from_bytes(data[pos : pos + width], "big")
+    # Deterministic encoding: the head must be the shortest one that holds the value.
+    if value < (24 if width == 1 else 1 << (4 * width)):
+        raise MalformedFrame(f"{what}: non-shortest integer head")
+    return value, pos + width
+
+
+def decode_packets(data: bytes, max_frame_bytes: int) -> list[Packet]:
+    """Decode one WebSocket message into its session packets.
+
+    Args:
+        data: the whole message.
+        max_frame_bytes: the frame limit; checked before anything is decoded.
+
+    Returns:
+        The packets in order; never empty.
+
+    Raises:
+        FrameTooLarge: ``len(data) > max_frame_bytes``.
+        MalformedFrame: anything that is not a non-empty sequence of well-formed packets.
+    """
+    size = len(data)
+    if size > max_frame_bytes:
+        raise FrameTooLarge(size, max_frame_bytes)
+    if size == 0:
+        raise MalformedFrame("empty message: a message holds at least one packet")
+    packets: list[Packet] = []
+    pos = 0
+    while pos < size:
+        first = data[pos]
+        if first == 0x83:
+            if data[pos + 1 : pos + 2] != b"\x00":
+                raise MalformedFrame("3-element packet must be a message ([0, ordinal, body])")
+            ordinal, pos = _read_head(data, pos + 2, 0, "message ordinal")
+            if ordinal == 0:
+                raise MalformedFrame("message ordinal 0 (ordinals start at 1)")
+            length, pos = _read_head(data, pos, 2, "message body")
+            if pos + length > size:
+                raise MalformedFrame("message body runs past the end of the frame")
+            packets.append(Message(Ordinal(ordinal), data[pos : pos + length]))
+            pos += length
+        elif first == 0x82:
+            if data[pos + 1 : pos + 2] != b"\x01":
+                raise MalformedFrame("2-element packet must be a receipt ([1, through])")
+            through, pos = _read_head(data, pos + 2, 0, "receipt")
+            packets.append(Receipt(through))
+        else:
+            raise MalformedFrame(f"not a session packet (leading byte 0x{first:02x})")
+    return packets
+
+
+def encode_canonical(value: Any) -> bytes:
+    """Deterministic CBOR (RFC 8949 §4.2) of ``value``, as used wherever bytes are MACed."""
+    return cbor2.dumps(value, canonical=True)
+
+
+def decode_item(data: bytes, max_bytes: int, *, plain: bool = True) -> Any:
+    """Decode exactly one CBOR item with cbor2, mapping every failure to :class:`MalformedFrame`.
+
+    Handshake and envelope values are plain CBOR data: maps, arrays, text and byte strings,
+    integers, floats, booleans and null. Unknown semantic tags are refused while decoding; tags
+    cbor2 knows (dates, sets, regular expressions, shared references, ...) decode to other Python
+    types, which the ``plain`` walk refuses afterwards, so nothing but plain data (and no cycle)
+    leaves this function. cbor2 itself caps nesting depth and reads declared lengths in chunks.
+
+    Args:
+        data: the whole frame.
+        max_bytes: size limit, checked before decoding.
+        plain: verify the result holds only plain data types (costs one walk of the value).
+
+    Raises:
+        FrameTooLarge: ``len(data) > max_bytes``.
+        MalformedFrame: not CBOR, a tag, a non-plain value, or trailing bytes after the item.
+    """
+    if len(data) > max_bytes:
+        raise FrameTooLarge(len(data), max_bytes)
+    if not data:
+        raise MalformedFrame("empty frame")
+    stream = io.BytesIO(data)
+    try:
+        decoder = cbor2.CBORDecoder(stream, tag_hook=_refuse_tag)
+        value = decoder.decode()
+    except MalformedFrame:
+        raise
+    except (cbor2.CBORDecodeError, RecursionError, ValueError, TypeError, OverflowError) as exc:
+        raise MalformedFrame(f"not a valid CBOR item: {exc}") from exc
+    except MemoryError as exc:  # a huge declared length that slipped past the size check
+        raise MalformedFrame("CBOR item declares more data than the frame holds") from exc
+    if stream.tell() != len(data):
+        raise MalformedFrame(f"{len(data) - stream.tell()} trailing byte(s) after the CBOR item")
+    if plain:
+        _check_plain(value, 0)
+    return value
+
+
+_PLAIN_SCALARS = (str, bytes, int, float, bool, type(None))
+_MAX_PLAIN_DEPTH = 64
+
+
+def _check_plain(value: Any, depth: int) -> None:
+    if isinstance(value, _PLAIN_SCALARS):
+        return
+    if depth >= _MAX_PLAIN_DEPTH:
+        raise MalformedFrame(f"CBOR item nested deeper than {_MAX_PLAIN_DEPTH} levels")
+    if type(value) is list:
+        for item in value:
+            _check_plain(item, depth + 1)
+    elif type(value) is dict:
+        for key, item in value.items():
+            if not isinstance(key, str | int):
+                raise MalformedFrame(f"map key of type {type(key).__name__} is not allowed")
+            _check_plain(item, depth + 1)
+    else:
+        raise MalformedFrame(f"CBOR value of type {type(value).__name__} is not plain data")
+
+
+def _refuse_tag(decoder: Any, tag: Any) -> Any:
+    raise MalformedFrame(f"CBOR semantic tag {tag.tag} is not allowed")
