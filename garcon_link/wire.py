@@ -34,6 +34,7 @@ from .errors import FrameTooLarge, MalformedFrame
 __all__ = [
     "MAX_ORDINAL",
     "CloseCode",
+    "Role",
     "Message",
     "Ordinal",
     "Packet",
@@ -70,6 +71,18 @@ class CloseCode(enum.IntEnum):
     REPLAY_STALLED = 4006
     HEARTBEAT_TIMEOUT = 4007
     PROTOCOL_ERROR = 4008
+
+
+class Role(enum.StrEnum):
+    """Which end of the link a process is; independent of who dials and who listens."""
+
+    CONTROLLER = "controller"
+    WORKER = "worker"
+
+    @property
+    def peer(self) -> Role:
+        """The role the other end must have."""
+        return Role.WORKER if self is Role.CONTROLLER else Role.CONTROLLER
 
 
 @dataclass(frozen=True, slots=True)
