@@ -269,6 +269,7 @@ class FailureReason(enum.Enum):
     REPLAY_STALLED = ("replay made no progress within its deadline", 4006)
     INBOUND_OVERFLOW = ("pre-readiness inbound buffer overflowed", 4008)
     REPLACED = ("replaced by a fresh logical session", 4005)
+    PEER_RETIRED = ("the peer retired the session", 4005)
     CLOSED = ("closed locally", 1001)
 
     def __init__(self, description: str, close_code: int) -> None:

@@ -1,0 +1,574 @@
+"""MessageSession: ordinals, cumulative receipts, retained frames and dedup (sans-IO, single-use).
+
+Theory of operation
+-------------------
+One :class:`MessageSession` is one *logical session* seen from one side (DESIGN §4). It outlives
+the sockets it is attached to: a socket drop detaches it, a resuming handshake re-attaches it to
+the next socket, and nothing in flight is lost or delivered twice. It reads no clock and does no
+I/O: the adapter (``transport.py``) passes inbound WebSocket messages to :meth:`receive`, writes
+what :meth:`data_to_send` returns, and passes the time in as ``now``.
+
+Each direction is a sequence of *message* packets numbered by ordinals 1, 2, 3, ...; the reader
+acknowledges with cumulative *receipts* ``[1, through]`` (DESIGN §3). Four counters describe one
+side; the invariants hold after every public call::
+
+    confirmed <= offered <= issued      (outbound)
+    accepted                            (inbound; never decreases)
+
+``issued``
+    The highest ordinal assigned by :meth:`send`.
+``offered``
+    The highest ordinal ever handed out by :meth:`data_to_send`, i.e. written to *some* socket.
+    Frames sent while detached are issued but not offered. Never decreases. A receipt may only
+    acknowledge what was offered (``through > offered`` is terminal), and the RPC layer uses it to
+    tell "never written" (``NOT_DISPATCHED``) from "may have executed" (``UNKNOWN``).
+``confirmed``
+    The highest ordinal covered by a receipt (or by the peer's resume position at attach).
+``accepted``
+    The highest inbound ordinal delivered to the caller; the next one delivered is ``accepted+1``.
+
+*Retained* frames are exactly the encoded frames with ordinal in ``(confirmed, issued]``, kept in
+order until a receipt covers them, bounded by ``Limits.max_retained_frames`` and
+``Limits.max_retained_bytes`` (encoded bytes). A second queue holds the retained frames still to
+be handed out on the current socket (a suffix of the retained ones), so :meth:`data_to_send` costs
+O(frames returned) rather than O(retained).
+
+States (:class:`SessionState`)::
+
+    DETACHED --attach()--> ATTACHED --detach(now)--> DETACHED      (grace deadline = now + grace)
+        |                      |
+        +------ fail() --------+-----> FAILED   (terminal, sticky; every state can fail)
+
+A new session starts DETACHED with no grace deadline (it has never been attached, so the grace
+rule does not apply yet; the handshake deadline bounds that wait). Sending is allowed while
+detached: frames are retained and replayed on the next attach.
+
+Rules implemented (DESIGN §4)
+-----------------------------
+- **Admission before assignment.** :meth:`send` checks the encoded size against the frame limit
+  (:class:`~garcon_link.errors.PayloadTooLarge`) and then retention (count and bytes,
+  :class:`~garcon_link.errors.RetentionFull`) before it assigns an ordinal, so a refused send
+  changes nothing and the next send gets the next ordinal. Full retention is back-pressure, never
+  a failure. A lone frame within the frame limit is always admitted when retention is empty, so
+  the caller can never deadlock (``Limits`` guarantees ``max_frame_bytes <= max_retained_bytes``).
+- **Inbound order.** ``ordinal == accepted+1`` is delivered; ``<= accepted`` is a duplicate and
+  suppressed; ``> accepted+1`` is a gap and terminal (``GAP``).
+- **Receipts.** ``through > offered`` is terminal (``RECEIPT_BEYOND_OFFERED``); ``through <=
+  confirmed`` is stale and ignored; otherwise ``confirmed = through`` and the covered prefix is
+  evicted. Receipts are coalesced: one receipt becomes due after a batch that advanced
+  ``accepted``, however many messages the batch held; :meth:`data_to_send` emits at most one.
+  (How often to flush - ``Limits.receipt_interval`` - is the adapter's decision: it calls
+  :meth:`data_to_send` after each inbound WebSocket message or group of them.)
+- **Atomic batches.** :meth:`receive` decodes the whole WebSocket message before acting on any
+  packet, and applies the packets only if all of them are acceptable: a message that is
+  malformed, has a gap or a receipt beyond ``offered`` anywhere delivers nothing.
+- **Resume.** :meth:`attach` validates ``confirmed <= peer_received <= offered`` (else terminal
+  ``RESUME_REFUSED``), evicts through ``peer_received``, queues every retained frame after it in
+  order, then one trailing receipt ``[1, accepted]`` - always, even when ``accepted`` is 0 or
+  unchanged. The trailing receipt is the peer's *replay fence* (DESIGN §5: the first receipt on
+  an attachment), so it is emitted after the replayed frames.
+- **Grace.** While detached after an attachment, :meth:`poll` fails the session
+  (``GRACE_EXPIRED``) once ``now >= grace_deadline``.
+- **Terminal failure** (:meth:`fail`) keeps the first cause, clears every retained and queued
+  frame and the receipt state; every later :meth:`send`, :meth:`receive` and :meth:`attach`
+  raises the same :class:`~garcon_link.errors.SessionFailed` object. A session is never reused.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+from .errors import (
+    FailureReason,
+    MalformedFrame,
+    PayloadTooLarge,
+    RetentionFull,
+    SessionFailed,
+)
+from .limits import Limits
+from .wire import (
+    Message,
+    Ordinal,
+    decode_packets,
+    encode_message,
+    encode_receipt,
+)
+
+__all__ = ["MessageSession", "SessionState", "SessionStatistics", "encoded_message_size"]
+
+_log = logging.getLogger(__name__)
+
+
+class SessionState(enum.Enum):
+    """Where a :class:`MessageSession` is in its life (see the module docstring)."""
+
+    DETACHED = "detached"
+    """No socket. Sends are retained; inbound data is a programming error."""
+    ATTACHED = "attached"
+    """Bound to one socket: frames are handed out and inbound packets accepted."""
+    FAILED = "failed"
+    """Terminally retired; every operation raises the stored cause."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStatistics:
+    """A snapshot of one session's counters (see :meth:`MessageSession.statistics`).
+
+    Attributes:
+        state: the state at the time of the snapshot.
+        issued: highest outbound ordinal assigned.
+        offered: highest outbound ordinal handed out to a socket.
+        confirmed: highest outbound ordinal acknowledged by the peer.
+        accepted: highest inbound ordinal delivered.
+        retained_frames: outbound frames awaiting a receipt (``issued - confirmed``; 0 once
+            failed).
+        retained_bytes: encoded bytes of those frames.
+        replays: attachments that re-sent at least one previously offered frame.
+        replayed_frames: previously offered frames re-sent by those attachments.
+        receipts_sent: receipts handed out by ``data_to_send``.
+        receipts_received: receipt packets received (stale ones included).
+        duplicates_suppressed: inbound message packets dropped as already accepted.
+        delivered: inbound bodies returned by ``receive``.
+    """
+
+    state: SessionState
+    issued: int
+    offered: int
+    confirmed: int
+    accepted: int
+    retained_frames: int
+    retained_bytes: int
+    replays: int
+    replayed_frames: int
+    receipts_sent: int
+    receipts_received: int
+    duplicates_suppressed: int
+    delivered: int
+
+
+def _head_size(value: int) -> int:
+    """Length of the shortest CBOR head holding ``value`` (mirrors the wire codec)."""
+    if value < 24:
+        return 1
+    if value < 0x100:
+        return 2
+    if value < 0x10000:
+        return 3
+    if value < 0x100000000:
+        return 5
+    return 9
+
+
+def encoded_message_size(ordinal: int, body_size: int) -> int:
+    """Exact ``len(encode_message(ordinal, body))`` for a body of ``body_size`` bytes.
+
+    Lets :meth:`MessageSession.send` check admission before it allocates the frame.
+    """
+    return 2 + _head_size(ordinal) + _head_size(body_size) + body_size
+
+
+class MessageSession:
+    """One side of a resumable logical session: ordinals, receipts, retention, dedup.
+
+    Single-use and not thread-safe; the adapter serialises calls. Never reads a clock.
+
+    Args:
+        limits: the bounds used: ``max_frame_bytes`` (outbound frame and inbound message size),
+            ``max_retained_frames``, ``max_retained_bytes`` and ``detached_grace``.
+    """
+
+    __slots__ = (
+        "_accepted",
+        "_confirmed",
+        "_delivered",
+        "_duplicates",
+        "_failure",
+        "_grace_deadline",
+        "_issued",
+        "_limits",
+        "_offered",
+        "_receipt_due",
+        "_receipts_received",
+        "_receipts_sent",
+        "_replayed_frames",
+        "_replays",
+        "_retained",
+        "_retained_bytes",
+        "_state",
+        "_to_send",
+    )
+
+    def __init__(self, limits: Limits) -> None:
+        self._limits = limits
+        self._state = SessionState.DETACHED
+        self._failure: SessionFailed | None = None
+        self._grace_deadline: float | None = None
+        self._issued = 0
+        self._offered = 0
+        self._confirmed = 0
+        self._accepted = 0
+        # Retained frames, ordinals (confirmed, issued] in order; and the suffix of them still to
+        # be handed out on the current socket. Both hold the same bytes objects (no copies).
+        self._retained: deque[tuple[int, bytes]] = deque()
+        self._retained_bytes = 0
+        self._to_send: deque[tuple[int, bytes]] = deque()
+        self._receipt_due = False
+        self._replays = 0
+        self._replayed_frames = 0
+        self._receipts_sent = 0
+        self._receipts_received = 0
+        self._duplicates = 0
+        self._delivered = 0
+
+    # -- read-only state ------------------------------------------------------------------------
+
+    @property
+    def state(self) -> SessionState:
+        """The current :class:`SessionState`."""
+        return self._state
+
+    @property
+    def issued(self) -> int:
+        """Highest outbound ordinal assigned by :meth:`send` (0 before the first send)."""
+        return self._issued
+
+    @property
+    def offered(self) -> int:
+        """Highest outbound ordinal handed out by :meth:`data_to_send` (0 if none yet)."""
+        return self._offered
+
+    @property
+    def confirmed(self) -> int:
+        """Highest outbound ordinal acknowledged by the peer (0 if none yet)."""
+        return self._confirmed
+
+    @property
+    def accepted(self) -> int:
+        """Highest inbound ordinal delivered (0 if none yet); this side's resume position."""
+        return self._accepted
+
+    @property
+    def failure(self) -> SessionFailed | None:
+        """The stored terminal cause, or ``None`` while the session is alive."""
+        return self._failure
+
+    @property
+    def grace_deadline(self) -> float | None:
+        """When a detached session expires; ``None`` unless detached after an attachment."""
+        return self._grace_deadline
+
+    @property
+    def receipt_due(self) -> bool:
+        """Whether the next :meth:`data_to_send` will end with a receipt."""
+        return self._receipt_due
+
+    @property
+    def receipts_received(self) -> int:
+        """Receipt packets received so far, stale ones included (never decreases).
+
+        The adapter compares it across :meth:`receive` calls to spot the replay fence: the first
+        receipt on an attachment, which may be stale (e.g. ``[1, 0]``).
+        """
+        return self._receipts_received
+
+    # -- outbound -------------------------------------------------------------------------------
+
+    def _admits(self, frame_size: int) -> bool:
+        if not self._retained:
+            return True  # a lone frame is always admitted: the caller can never deadlock
+        limits = self._limits
+        return (
+            len(self._retained) < limits.max_retained_frames
+            and self._retained_bytes + frame_size <= limits.max_retained_bytes
+        )
+
+    def has_capacity(self, size: int) -> bool:
+        """Whether :meth:`send` would admit a body of ``size`` bytes right now.
+
+        Only retention is considered, not the frame limit (a body over the frame limit is refused
+        whatever the retention). An empty retention admits any size.
+
+        Args:
+            size: the body length in bytes (>= 0).
+
+        Returns:
+            ``False`` once the session has failed.
+        """
+        if self._failure is not None:
+            return False
+        return self._admits(encoded_message_size(self._issued + 1, size))
+
+    def send(self, body: bytes) -> Ordinal:
+        """Assign the next ordinal to ``body`` and retain its encoded frame until acknowledged.
+
+        Works in both DETACHED (the frame waits for the next attach) and ATTACHED (queued for the
+        next :meth:`data_to_send`) states. A refused send changes nothing, so the next admitted
+        send gets the ordinal this one would have had.
+
+        Args:
+            body: the payload; empty is allowed.
+
+        Returns:
+            The assigned ordinal, ``issued`` after the call (the first is 1).
+
+        Raises:
+            SessionFailed: the session has failed (the stored object).
+            PayloadTooLarge: the encoded frame exceeds ``limits.max_frame_bytes``.
+            RetentionFull: retention would exceed its frame or byte bound; retry after a receipt.
+                Never raised while retention is empty.
+        """
+        if self._failure is not None:
+            raise self._failure
+        ordinal = self._issued + 1
+        size = encoded_message_size(ordinal, len(body))
+        limit = self._limits.max_frame_bytes
+        if size > limit:
+            raise PayloadTooLarge(size, limit)
+        if not self._admits(size):
+            raise RetentionFull(
+                f"retention is full ({len(self._retained)} frames, {self._retained_bytes} bytes)"
+            )
+        frame = encode_message(ordinal, body)
+        self._issued = ordinal
+        self._retained.append((ordinal, frame))
+        self._retained_bytes += size
+        if self._state is SessionState.ATTACHED:
+            self._to_send.append((ordinal, frame))
+        return Ordinal(ordinal)
+
+    def data_to_send(self) -> list[bytes]:
+        """Hand out the packets to write to the current socket now, in order.
+
+        The queued message frames (new ones, or the replay after :meth:`attach`) come first, then
+        at most one receipt ``[1, accepted]`` if one is due. ``offered`` becomes the highest
+        ordinal handed out. Costs O(packets returned).
+
+        Returns:
+            Encoded packets (each a complete CBOR item); ``[]`` when nothing is due or the
+            session is DETACHED or FAILED. The adapter may concatenate several into one
+            WebSocket message as long as it stays within the frame limit.
+        """
+        if self._state is not SessionState.ATTACHED:
+            return []
+        queue = self._to_send
+        out = [frame for _, frame in queue]
+        if queue:
+            self._offered = max(self._offered, queue[-1][0])
+            queue.clear()
+        if self._receipt_due:
+            self._receipt_due = False
+            self._receipts_sent += 1
+            out.append(encode_receipt(self._accepted))
+        return out
+
+    # -- inbound --------------------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> list[bytes]:
+        """Process one whole inbound WebSocket message; return the bodies to deliver, in order.
+
+        The message is decoded and checked completely before any packet takes effect, so a
+        message that fails delivers nothing. Duplicates (``ordinal <= accepted``) and stale
+        receipts are dropped silently. A batch that advances ``accepted`` makes one receipt due.
+
+        Args:
+            data: the WebSocket message payload (a CBOR sequence of session packets).
+
+        Returns:
+            The newly accepted bodies; ``[]`` for a batch of duplicates and receipts.
+
+        Raises:
+            SessionFailed: the session had failed, or this message failed it: a malformed or
+                over-size message (``MALFORMED_PACKET``, chained ``from`` the decode error), a
+                gap (``GAP``) or a receipt beyond ``offered`` (``RECEIPT_BEYOND_OFFERED``).
+            RuntimeError: the session is DETACHED (a programming error of the adapter).
+        """
+        if self._failure is not None:
+            raise self._failure
+        if self._state is not SessionState.ATTACHED:
+            raise RuntimeError("MessageSession.receive() while detached")
+        try:
+            packets = decode_packets(data, self._limits.max_frame_bytes)
+        except MalformedFrame as exc:
+            raise self.fail(FailureReason.MALFORMED_PACKET, str(exc)) from exc
+
+        # Check the whole batch against local copies first, then commit: all or nothing.
+        accepted = self._accepted
+        through_max = self._confirmed
+        offered = self._offered
+        bodies: list[bytes] = []
+        duplicates = 0
+        receipts = 0
+        for packet in packets:
+            if isinstance(packet, Message):
+                ordinal = packet.ordinal
+                if ordinal == accepted + 1:
+                    accepted = ordinal
+                    bodies.append(packet.body)
+                elif ordinal <= accepted:
+                    duplicates += 1
+                else:
+                    raise self.fail(
+                        FailureReason.GAP, f"expected ordinal {accepted + 1}, got {ordinal}"
+                    )
+            else:  # Receipt
+                receipts += 1
+                through = packet.through
+                if through > offered:
+                    raise self.fail(
+                        FailureReason.RECEIPT_BEYOND_OFFERED,
+                        f"receipt through {through}, only {offered} offered",
+                    )
+                through_max = max(through_max, through)
+
+        self._duplicates += duplicates
+        self._receipts_received += receipts
+        if through_max > self._confirmed:
+            self._confirm(through_max)
+        if bodies:
+            self._accepted = accepted
+            self._delivered += len(bodies)
+            self._receipt_due = True
+        return bodies
+
+    def _confirm(self, through: int) -> None:
+        """Record that the peer holds every ordinal ``<= through``; evict those frames."""
+        self._confirmed = through
+        retained = self._retained
+        while retained and retained[0][0] <= through:
+            _, frame = retained.popleft()
+            self._retained_bytes -= len(frame)
+        queue = self._to_send
+        while queue and queue[0][0] <= through:
+            queue.popleft()
+
+    # -- attachment -----------------------------------------------------------------------------
+
+    def attach(self, peer_received: int) -> None:
+        """Bind to a new socket, resuming from the peer's receive position.
+
+        Evicts everything through ``peer_received``, queues every retained frame after it for
+        replay, in order, and forces a trailing receipt ``[1, accepted]`` after them (even when
+        ``accepted`` is 0): the peer's replay fence. Clears the grace deadline.
+
+        Args:
+            peer_received: the ``accepted`` the peer advertised in its handshake; must satisfy
+                ``confirmed <= peer_received <= offered`` (both ends inclusive; 0 for a fresh
+                session).
+
+        Raises:
+            SessionFailed: the session had failed, or ``peer_received`` is outside the
+                replayable range (``RESUME_REFUSED``; the session is failed).
+            RuntimeError: already ATTACHED (detach first).
+        """
+        if self._failure is not None:
+            raise self._failure
+        if self._state is SessionState.ATTACHED:
+            raise RuntimeError("MessageSession.attach() while already attached")
+        if not self._confirmed <= peer_received <= self._offered:
+            raise self.fail(
+                FailureReason.RESUME_REFUSED,
+                f"peer received {peer_received}, replayable range is "
+                f"[{self._confirmed}, {self._offered}]",
+            )
+        if peer_received > self._confirmed:
+            self._confirm(peer_received)
+        self._state = SessionState.ATTACHED
+        self._grace_deadline = None
+        self._to_send = deque(self._retained)
+        replayed = self._offered - peer_received  # retained frames already written before
+        if replayed:
+            self._replays += 1
+            self._replayed_frames += replayed
+            _log.debug("replaying %d frame(s) after ordinal %d", replayed, peer_received)
+        self._receipt_due = True  # the trailing receipt: the peer's replay fence
+
+    def detach(self, now: float) -> None:
+        """The socket is gone: stop handing out frames and start the grace period.
+
+        Retained frames stay for the next :meth:`attach`; queued-but-unwritten frames and a due
+        receipt are dropped from the queue (attach re-queues every retained frame and a receipt).
+        A no-op when already DETACHED or FAILED.
+
+        Args:
+            now: the current time; ``grace_deadline`` becomes ``now + limits.detached_grace``.
+        """
+        if self._state is not SessionState.ATTACHED:
+            return
+        self._state = SessionState.DETACHED
+        self._grace_deadline = now + self._limits.detached_grace
+        self._to_send.clear()
+        self._receipt_due = False
+
+    def poll(self, now: float) -> SessionFailed | None:
+        """Apply the grace deadline at time ``now``. Never raises.
+
+        Args:
+            now: the current time; expiry happens at ``now >= grace_deadline`` (inclusive).
+
+        Returns:
+            The stored failure (possibly just caused by ``GRACE_EXPIRED``), or ``None``.
+        """
+        deadline = self._grace_deadline
+        if self._state is SessionState.DETACHED and deadline is not None and now >= deadline:
+            self.fail(FailureReason.GRACE_EXPIRED, f"deadline {deadline:.3f}, now {now:.3f}")
+        return self._failure
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`poll` should next be called: the grace deadline while detached, else None."""
+        return self._grace_deadline if self._state is SessionState.DETACHED else None
+
+    # -- failure --------------------------------------------------------------------------------
+
+    def fail(self, reason: FailureReason, detail: str = "") -> SessionFailed:
+        """Retire the session for good. Idempotent: the first cause is kept and returned.
+
+        Clears every retained and queued frame and the receipt state; ``issued``, ``offered``,
+        ``confirmed`` and ``accepted`` keep their last values for diagnostics.
+
+        Args:
+            reason: why (also gives the close code to send the peer).
+            detail: human-readable specifics for logs.
+
+        Returns:
+            The stored :class:`SessionFailed` (the same object for every call).
+        """
+        if self._failure is not None:
+            return self._failure
+        failure = SessionFailed(reason, detail)
+        self._failure = failure
+        self._state = SessionState.FAILED
+        self._grace_deadline = None
+        self._retained.clear()
+        self._retained_bytes = 0
+        self._to_send.clear()
+        self._receipt_due = False
+        _log.debug("session failed: %s", failure)
+        return failure
+
+    def statistics(self) -> SessionStatistics:
+        """Return a snapshot of the counters (a new frozen object on each call)."""
+        return SessionStatistics(
+            state=self._state,
+            issued=self._issued,
+            offered=self._offered,
+            confirmed=self._confirmed,
+            accepted=self._accepted,
+            retained_frames=len(self._retained),
+            retained_bytes=self._retained_bytes,
+            replays=self._replays,
+            replayed_frames=self._replayed_frames,
+            receipts_sent=self._receipts_sent,
+            receipts_received=self._receipts_received,
+            duplicates_suppressed=self._duplicates,
+            delivered=self._delivered,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<MessageSession {self._state.value} issued={self._issued} offered={self._offered} "
+            f"confirmed={self._confirmed} accepted={self._accepted} "
+            f"retained={len(self._retained)}/{self._retained_bytes}B>"
+        )

@@ -1,0 +1,616 @@
+"""MessageSession without sockets: a wired pair (tests/helpers.py) and hand-made packets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from helpers import SessionPair
+
+from garcon_link.errors import (
+    FailureReason,
+    FrameTooLarge,
+    MalformedFrame,
+    PayloadTooLarge,
+    RetentionFull,
+    SessionFailed,
+)
+from garcon_link.limits import Limits
+from garcon_link.session import MessageSession, SessionState, encoded_message_size
+from garcon_link.wire import Message, encode_message, encode_receipt
+
+SIDES = ["a", "b"]
+
+SMALL = Limits(
+    max_retained_frames=3,
+    max_retained_bytes=1024,
+    max_frame_bytes=512,
+    max_handshake_frame_bytes=256,
+)
+
+
+def body(i: int) -> bytes:
+    return f"body-{i}".encode()
+
+
+def attached_session(limits: Limits | None = None) -> MessageSession:
+    session = MessageSession(limits or Limits())
+    session.attach(0)
+    return session
+
+
+# -- lifecycle ---------------------------------------------------------------------------------
+
+
+def test_new_session_is_detached_without_deadline() -> None:
+    session = MessageSession(Limits())
+    assert session.state is SessionState.DETACHED
+    assert session.grace_deadline is None
+    assert session.next_deadline() is None
+    assert session.poll(1e12) is None  # never attached: the grace rule does not apply yet
+    assert (session.issued, session.offered, session.confirmed, session.accepted) == (0, 0, 0, 0)
+    assert session.failure is None
+    assert session.data_to_send() == []
+    assert not session.receipt_due
+
+
+def test_first_attach_emits_fence_receipt_zero() -> None:
+    session = attached_session()
+    assert session.state is SessionState.ATTACHED
+    assert session.data_to_send() == [encode_receipt(0)]
+    assert session.data_to_send() == []
+
+
+def test_attach_twice_and_receive_while_detached_are_programming_errors() -> None:
+    session = attached_session()
+    with pytest.raises(RuntimeError):
+        session.attach(0)
+    session.detach(0.0)
+    with pytest.raises(RuntimeError):
+        session.receive(encode_receipt(0))
+    assert session.failure is None
+
+
+@pytest.mark.parametrize("sender", SIDES)
+def test_round_trip_and_receipts_evict(sender: str) -> None:
+    pair = SessionPair()
+    pair.exchange()
+    receiver = pair.peer(sender)
+    for i in range(1, 4):
+        assert pair.send(sender, body(i)) == i
+    pair.exchange()
+    assert receiver.received == [body(1), body(2), body(3)]
+    stats = pair.side(sender).session.statistics()
+    assert (stats.issued, stats.offered, stats.confirmed) == (3, 3, 3)
+    assert (stats.retained_frames, stats.retained_bytes) == (0, 0)
+    assert receiver.session.statistics().delivered == 3
+
+
+def test_encoded_message_size_matches_codec() -> None:
+    for ordinal in (1, 23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1):
+        for size in (0, 23, 24, 255, 256, 65535, 65536, 70000):
+            expected = len(encode_message(ordinal, bytes(size)))
+            assert encoded_message_size(ordinal, size) == expected
+
+
+# -- replay -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sender", SIDES)
+def test_replay_after_cut(sender: str) -> None:
+    pair = SessionPair(coalesce=False)
+    pair.exchange()
+    source, receiver = pair.side(sender), pair.peer(sender)
+    for i in range(1, 4):
+        pair.send(sender, body(i))
+    pair.flush(sender)
+    pair.deliver(sender, 1)  # body 1 arrives, 2 and 3 are lost with the socket
+    pair.cut(now=5.0)
+    pair.send(sender, body(4))  # issued while detached: retained, not offered
+    assert source.session.offered == 3
+    assert source.session.issued == 4
+    pair.reattach()
+    pair.exchange()
+    assert receiver.received == [body(1), body(2), body(3), body(4)]
+    stats = source.session.statistics()
+    assert (stats.replays, stats.replayed_frames) == (1, 2)
+    assert (stats.retained_frames, stats.confirmed, stats.offered) == (0, 4, 4)
+    assert receiver.session.statistics().duplicates_suppressed == 0
+
+
+def test_replay_in_both_directions_at_once() -> None:
+    pair = SessionPair(coalesce=False)
+    pair.exchange()
+    for i in range(1, 4):
+        pair.send("a", body(i))
+        pair.send("b", body(10 + i))
+    pair.flush("a")
+    pair.flush("b")
+    pair.deliver("a", 2)
+    pair.deliver("b", 1)
+    pair.cut(now=1.0)
+    pair.reattach()
+    pair.exchange()
+    assert pair.b.received == [body(1), body(2), body(3)]
+    assert pair.a.received == [body(11), body(12), body(13)]
+    assert pair.a.session.statistics().replayed_frames == 1
+    assert pair.b.session.statistics().replayed_frames == 2
+
+
+def test_lost_receipt_is_replaced_by_resume_position() -> None:
+    pair = SessionPair()
+    pair.exchange()
+    for i in range(1, 4):
+        pair.send("a", body(i))
+    pair.flush("a")
+    pair.deliver("a")
+    pair.flush("b")  # the receipt [1, 3] is written ...
+    pair.cut()  # ... and lost
+    assert pair.a.session.statistics().retained_frames == 3
+    pair.reattach()  # b advertises accepted=3: nothing to replay
+    assert pair.a.session.statistics().retained_frames == 0
+    assert pair.a.session.data_to_send() == [encode_receipt(0)]
+    assert pair.a.session.statistics().replays == 0
+
+
+def test_data_to_send_after_attach_is_replay_then_trailing_receipt() -> None:
+    pair = SessionPair(coalesce=False)
+    pair.exchange()
+    pair.send("b", b"from-b")
+    pair.exchange()  # a has accepted 1
+    for i in range(1, 4):
+        pair.send("a", body(i))
+    pair.flush("a")
+    pair.deliver("a", 1)
+    pair.cut()
+    pair.send("a", body(4))
+    pair.a.session.attach(pair.b.session.accepted)
+    assert pair.a.session.data_to_send() == [
+        encode_message(2, body(2)),
+        encode_message(3, body(3)),
+        encode_message(4, body(4)),
+        encode_receipt(1),  # the fence comes last, even though accepted did not change
+    ]
+    assert pair.a.session.offered == 4
+
+
+def test_detach_drops_pending_receipt_and_attach_forces_one() -> None:
+    pair = SessionPair()
+    pair.exchange()
+    pair.send("a", body(1))
+    pair.flush("a")
+    pair.deliver("a")
+    assert pair.b.session.receipt_due
+    pair.cut()
+    assert not pair.b.session.receipt_due
+    assert pair.b.session.data_to_send() == []
+    pair.reattach()
+    assert pair.b.session.data_to_send() == [encode_receipt(1)]
+
+
+def test_receipt_covering_queued_replay_removes_it_from_the_queue() -> None:
+    pair = SessionPair(coalesce=False)
+    pair.exchange()
+    for i in range(1, 4):
+        pair.send("a", body(i))
+    pair.flush("a")
+    pair.cut()
+    pair.a.session.attach(0)  # replay of 1..3 queued
+    pair.b.session.attach(0)
+    pair.inject("b", encode_receipt(2))  # a receipt for frames still in the queue
+    assert pair.a.session.data_to_send() == [encode_message(3, body(3)), encode_receipt(0)]
+    assert pair.a.session.statistics().retained_frames == 1
+
+
+# -- inbound rules ------------------------------------------------------------------------------
+
+
+def test_duplicate_delivered_once() -> None:
+    pair = SessionPair()
+    pair.exchange()
+    pair.send("a", body(1))
+    pair.send("a", body(2))
+    pair.flush("a")
+    pair.duplicate("a")
+    pair.deliver("a")
+    assert pair.b.received == [body(1), body(2)]
+    assert pair.b.session.statistics().duplicates_suppressed == 2
+    # an old frame arriving later is suppressed too, and asks for no receipt
+    pair.exchange()
+    assert pair.inject("a", encode_message(1, body(1))) == []
+    assert not pair.b.session.receipt_due
+    assert pair.b.session.failure is None
+
+
+def test_gap_is_terminal() -> None:
+    session = attached_session()
+    with pytest.raises(SessionFailed) as info:
+        session.receive(encode_message(2, b"x"))
+    assert info.value.reason is FailureReason.GAP
+    assert session.failure is info.value
+    assert session.state is SessionState.FAILED
+
+
+def test_gap_later_in_a_batch_delivers_nothing() -> None:
+    session = attached_session()
+    with pytest.raises(SessionFailed) as info:
+        session.receive(encode_message(1, b"one") + encode_message(3, b"three"))
+    assert info.value.reason is FailureReason.GAP
+    stats = session.statistics()
+    assert (stats.accepted, stats.delivered) == (0, 0)
+
+
+def test_reordered_packets_within_a_message() -> None:
+    pair = SessionPair()
+    pair.exchange()
+    pair.send("a", body(1))
+    pair.send("a", body(2))
+    pair.exchange()
+    pair.send("b", body(3))
+    pair.send("a", body(3))
+    pair.send("a", body(4))
+    pair.flush("b")
+    pair.deliver("b")  # a now owes a receipt
+    pair.flush("a")  # one message: [m3, m4, receipt]
+    # receipts may move ahead of messages: harmless
+    pair.reorder("a", lambda packets: packets[-1:] + packets[:-1])
+    pair.deliver("a")
+    assert pair.b.received == [body(1), body(2), body(3), body(4)]
+    # swapping two messages is a gap
+    pair.send("a", body(5))
+    pair.send("a", body(6))
+    pair.flush("a")
+    pair.reorder("a", lambda packets: [p for p in packets if isinstance(p, Message)][::-1])
+    with pytest.raises(SessionFailed) as info:
+        pair.deliver("a")
+    assert info.value.reason is FailureReason.GAP
+
+
+GOOD = encode_message(1, b"ok")
+
+MALFORMED: list[tuple[str, bytes]] = [
+    ("not CBOR", b"\xff\xfe\xfd"),
+    ("text frame bytes", b'{"t": "hello"}'),
+    ("text body", b"\x83\x00\x01\x62ok"),
+    ("ordinal 0", b"\x83\x00\x00\x41x"),
+    ("negative ordinal", b"\x83\x00\x20\x41x"),
+    ("float ordinal", b"\x83\x00\xf9\x3c\x00\x41x"),
+    ("negative receipt", b"\x82\x01\x20"),
+    ("float receipt", b"\x82\x01\xf9\x00\x00"),
+    ("message with two elements", b"\x82\x00\x01"),
+    ("receipt with three elements", b"\x83\x01\x00\x00"),
+    ("four elements", b"\x84\x00\x01\x41x\x00"),
+    ("empty array", b"\x80"),
+    ("unknown packet tag", b"\x82\x02\x01"),
+    ("unknown 3-element tag", b"\x83\x02\x01\x41x"),
+    ("map", b"\xa1\x00\x01"),
+    ("CBOR tag", b"\xc0\x82\x01\x00"),
+    ("trailing byte", b"\x00"),
+    ("truncated body", b"\x83\x00\x01\x45x"),
+    ("truncated head", b"\x83\x00\x1a\x00"),
+    ("non-shortest ordinal", b"\x83\x00\x18\x01\x41x"),
+    ("non-shortest receipt", b"\x82\x01\x19\x00\x05"),
+    ("non-shortest body length", b"\x83\x00\x01\x58\x01x"),
+    ("indefinite array", b"\x9f\x00\x01\x41x\xff"),
+    ("indefinite body", b"\x83\x00\x01\x5f\x41x\xff"),
+]
+
+
+@pytest.mark.parametrize(("name", "bad"), MALFORMED, ids=[name for name, _ in MALFORMED])
+def test_invalid_packet_is_terminal_and_delivers_nothing(name: str, bad: bytes) -> None:
+    for data in (bad, GOOD + bad):  # alone, and after a valid packet in the same message
+        session = attached_session()
+        with pytest.raises(SessionFailed) as info:
+            session.receive(data)
+        failure = info.value
+        assert failure.reason is FailureReason.MALFORMED_PACKET
+        assert isinstance(failure.__cause__, MalformedFrame)
+        assert session.failure is failure
+        stats = session.statistics()
+        assert (stats.accepted, stats.delivered, stats.receipts_received) == (0, 0, 0)
+        assert not session.receipt_due
+        # exactly one failure: every later operation re-raises the same object
+        with pytest.raises(SessionFailed) as again:
+            session.receive(GOOD)
+        assert again.value is failure
+        assert session.fail(FailureReason.GAP) is failure
+
+
+@pytest.mark.parametrize("data", [b"", GOOD + b"\x00" * 600], ids=["empty", "oversize"])
+def test_empty_and_oversize_messages_are_terminal(data: bytes) -> None:
+    session = attached_session(SMALL)
+    with pytest.raises(SessionFailed) as info:
+        session.receive(data)
+    assert info.value.reason is FailureReason.MALFORMED_PACKET
+    assert isinstance(info.value.__cause__, MalformedFrame)
+    if data:
+        assert isinstance(info.value.__cause__, FrameTooLarge)
+    assert session.statistics().delivered == 0
+
+
+def test_receipt_beyond_offered_is_terminal() -> None:
+    pair = SessionPair()
+    pair.exchange()
+    pair.send("a", body(1))
+    pair.send("a", body(2))
+    pair.flush("a")
+    with pytest.raises(SessionFailed) as info:
+        pair.inject("b", encode_receipt(3))
+    assert info.value.reason is FailureReason.RECEIPT_BEYOND_OFFERED
+    assert pair.a.session.statistics().retained_frames == 0
+
+
+def test_receipt_for_issued_but_unoffered_frame_is_terminal() -> None:
+    session = attached_session()
+    session.send(b"x")  # issued 1, offered still 0
+    with pytest.raises(SessionFailed) as info:
+        session.receive(encode_receipt(1))
+    assert info.value.reason is FailureReason.RECEIPT_BEYOND_OFFERED
+
+
+def test_stale_receipts_are_ignored_but_counted() -> None:
+    session = attached_session()
+    for i in range(1, 4):
+        session.send(body(i))
+    session.data_to_send()
+    assert session.receive(encode_receipt(2)) == []
+    assert session.receive(encode_receipt(1) + encode_receipt(0) + encode_receipt(2)) == []
+    stats = session.statistics()
+    assert (stats.confirmed, stats.retained_frames, stats.receipts_received) == (2, 1, 4)
+    assert session.receipts_received == 4
+
+
+# -- resume position ----------------------------------------------------------------------------
+
+
+def confirmed_pair() -> SessionPair:
+    """a issued 4, offered 3, confirmed 2; both detached."""
+    pair = SessionPair(coalesce=False)
+    pair.exchange()
+    for i in range(1, 4):
+        pair.send("a", body(i))
+    pair.flush("a")
+    pair.deliver("a", 2)
+    pair.flush("b")
+    pair.deliver("b")
+    pair.cut()
+    pair.send("a", body(4))
+    session = pair.a.session
+    assert (session.issued, session.offered, session.confirmed) == (4, 3, 2)
+    return pair
+
+
+@pytest.mark.parametrize("position", [0, 1, 4, 5])
+def test_resume_position_outside_replayable_range_is_refused(position: int) -> None:
+    session = confirmed_pair().a.session
+    with pytest.raises(SessionFailed) as info:
+        session.attach(position)
+    assert info.value.reason is FailureReason.RESUME_REFUSED
+    assert f"peer received {position}" in info.value.detail
+    assert session.state is SessionState.FAILED
+    assert session.statistics().retained_frames == 0
+
+
+@pytest.mark.parametrize(("position", "replayed"), [(2, [3, 4]), (3, [4])])
+def test_resume_position_at_the_bounds_is_accepted(position: int, replayed: list[int]) -> None:
+    session = confirmed_pair().a.session
+    session.attach(position)
+    packets = [encode_message(i, body(i)) for i in replayed]
+    assert session.data_to_send() == [*packets, encode_receipt(0)]
+
+
+# -- grace --------------------------------------------------------------------------------------
+
+
+def test_grace_expiry_with_injected_clock() -> None:
+    limits = Limits(detached_grace=10.0)
+    session = attached_session(limits)
+    session.detach(100.0)
+    assert session.grace_deadline == 110.0
+    assert session.next_deadline() == 110.0
+    session.detach(105.0)  # already detached: no-op, the deadline stays
+    assert session.grace_deadline == 110.0
+    assert session.poll(109.999) is None
+    failure = session.poll(110.0)
+    assert failure is not None
+    assert failure.reason is FailureReason.GRACE_EXPIRED
+    assert session.state is SessionState.FAILED
+    assert session.next_deadline() is None
+    assert session.poll(200.0) is failure
+
+
+def test_reattach_within_grace_clears_deadline() -> None:
+    limits = Limits(detached_grace=10.0)
+    session = attached_session(limits)
+    session.detach(100.0)
+    assert session.poll(109.0) is None
+    session.attach(0)
+    assert session.grace_deadline is None
+    assert session.next_deadline() is None
+    assert session.poll(1e9) is None
+    session.detach(1000.0)
+    assert session.grace_deadline == 1010.0
+
+
+# -- admission ----------------------------------------------------------------------------------
+
+
+def test_retention_full_by_count_is_back_pressure_not_failure() -> None:
+    pair = SessionPair(SMALL)
+    pair.exchange()
+    for i in range(1, 4):
+        pair.send("a", body(i))
+    session = pair.a.session
+    assert not session.has_capacity(1)
+    with pytest.raises(RetentionFull):
+        session.send(body(4))
+    assert session.failure is None
+    assert session.issued == 3
+    pair.exchange()  # the receipt frees capacity
+    assert session.has_capacity(1)
+    assert pair.send("a", body(4)) == 4
+    pair.exchange()
+    assert pair.b.received == [body(i) for i in range(1, 5)]
+
+
+def test_retention_full_by_bytes() -> None:
+    pair = SessionPair(SMALL)
+    pair.exchange()
+    session = pair.a.session
+    big = b"x" * 400
+    pair.send("a", big)
+    pair.send("a", big)
+    used = session.statistics().retained_bytes
+    assert used == 2 * len(encode_message(1, big))
+    room = SMALL.max_retained_bytes - used
+    for size in range(room - 10, room + 1):
+        assert session.has_capacity(size) is (encoded_message_size(3, size) <= room)
+    assert session.has_capacity(room - 5)
+    assert not session.has_capacity(room - 4)
+    with pytest.raises(RetentionFull):
+        session.send(big)
+    assert (session.issued, session.statistics().retained_frames) == (2, 2)
+    pair.flush("a")
+    pair.deliver("a")
+    assert session.has_capacity(len(big)) is False  # written, not yet acknowledged
+    pair.flush("b")
+    pair.deliver("b")
+    assert session.has_capacity(len(big))
+    assert pair.send("a", big) == 3
+
+
+def test_empty_retention_always_admits_a_frame_within_the_frame_limit() -> None:
+    limits = Limits(max_retained_frames=1)
+    session = attached_session(limits)
+    assert session.has_capacity(10**9)  # the frame limit is not has_capacity's concern
+    session.send(b"x")
+    assert not session.has_capacity(0)
+    with pytest.raises(RetentionFull):
+        session.send(b"y")
+
+
+def test_oversize_send_is_refused_alone() -> None:
+    session = attached_session(SMALL)
+    session.send(b"first")
+    fits = b"x" * (SMALL.max_frame_bytes - 6)  # 2 array/tag bytes, ordinal head, 3-byte length
+    assert len(encode_message(2, fits)) == SMALL.max_frame_bytes
+    too_big = fits + b"x"
+    with pytest.raises(PayloadTooLarge) as info:
+        session.send(too_big)
+    assert info.value.size == len(encode_message(2, too_big))
+    assert info.value.limit == SMALL.max_frame_bytes
+    assert session.issued == 1
+    assert session.failure is None
+    assert session.send(fits) == 2
+
+
+# -- failure ------------------------------------------------------------------------------------
+
+
+def test_terminal_failure_is_sticky_and_clears_retention() -> None:
+    pair = SessionPair()
+    pair.exchange()
+    pair.send("a", body(1))
+    pair.send("a", body(2))
+    pair.flush("a")
+    pair.deliver("a")
+    session = pair.a.session
+    failure = session.fail(FailureReason.CLOSED, "test")
+    assert session.fail(FailureReason.GAP, "later") is failure
+    assert failure.reason is FailureReason.CLOSED
+    assert session.failure is failure
+    for operation in (
+        lambda: session.send(b"x"),
+        lambda: session.receive(encode_receipt(0)),
+        lambda: session.attach(0),
+    ):
+        with pytest.raises(SessionFailed) as info:
+            operation()
+        assert info.value is failure
+    assert session.data_to_send() == []
+    assert not session.has_capacity(0)
+    session.detach(1.0)  # no-op
+    assert session.poll(1e9) is failure
+    assert session.next_deadline() is None
+    stats = session.statistics()
+    assert stats.state is SessionState.FAILED
+    assert (stats.retained_frames, stats.retained_bytes) == (0, 0)
+    assert (stats.issued, stats.offered) == (2, 2)  # kept for diagnostics
+
+
+def test_failure_after_detach_keeps_first_cause() -> None:
+    session = attached_session(Limits(detached_grace=1.0))
+    session.send(b"x")
+    session.detach(0.0)
+    failure = session.fail(FailureReason.REPLACED)
+    assert session.poll(5.0) is failure
+    assert failure.reason is FailureReason.REPLACED
+
+
+# -- receipts and offered -----------------------------------------------------------------------
+
+
+def test_receipts_are_coalesced_one_per_batch() -> None:
+    sender = attached_session()
+    receiver = attached_session()
+    assert receiver.data_to_send() == [encode_receipt(0)]
+    for i in range(1, 6):
+        sender.send(body(i))
+    frames = sender.data_to_send()
+    assert receiver.receive(b"".join(frames[:5])) == [body(i) for i in range(1, 6)]
+    assert receiver.receipt_due
+    assert receiver.data_to_send() == [encode_receipt(5)]
+    # two batches read before the next flush still produce one receipt
+    sender.send(body(6))
+    sender.send(body(7))
+    first, second = sender.data_to_send()
+    receiver.receive(first)
+    receiver.receive(second)
+    assert receiver.data_to_send() == [encode_receipt(7)]
+    assert receiver.data_to_send() == []
+    assert receiver.statistics().receipts_sent == 3
+
+
+def test_offered_versus_issued() -> None:
+    session = MessageSession(Limits())
+    session.send(b"one")
+    session.send(b"two")
+    assert (session.issued, session.offered) == (2, 0)
+    assert session.data_to_send() == []  # detached: nothing is written
+    session.attach(0)
+    assert session.offered == 0  # queued, not yet handed out
+    packets = session.data_to_send()
+    assert packets == [encode_message(1, b"one"), encode_message(2, b"two"), encode_receipt(0)]
+    assert (session.issued, session.offered) == (2, 2)
+    # a replay never moves offered backwards
+    session.detach(0.0)
+    session.attach(0)
+    session.data_to_send()
+    assert session.offered == 2
+    stats = session.statistics()
+    assert (stats.replays, stats.replayed_frames) == (1, 2)
+
+
+def test_piggybacked_receipt_and_messages_in_one_message() -> None:
+    a = attached_session()
+    b = attached_session()
+    b.receive(b"".join(a.data_to_send()))
+    a.receive(b"".join(b.data_to_send()))
+    a.send(b"ping")
+    b.receive(b"".join(a.data_to_send()))
+    b.send(b"pong")
+    combined = b.data_to_send()
+    assert combined == [encode_message(1, b"pong"), encode_receipt(1)]
+    assert a.receive(b"".join(combined)) == [b"pong"]
+    assert a.statistics().retained_frames == 0
+
+
+def test_statistics_is_a_frozen_snapshot() -> None:
+    session = attached_session()
+    stats = session.statistics()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.issued = 5  # type: ignore[misc]
+    session.send(b"x")
+    assert stats.issued == 0
+    assert session.statistics().issued == 1
+    assert not hasattr(stats, "__dict__")
