@@ -1,0 +1,1034 @@
+"""Link configuration: the TOML file, the secret, TLS material, and every refusal rule.
+
+Schema (DESIGN §8). ``[tls]`` and ``[limits]`` are optional; every other table or key not listed
+here is refused::
+
+    executor_id = "build-box-1"         # required; 1-200 printable characters, no whitespace
+    role = "worker"                     # required; "worker" or "controller"
+    secret_file = "link.secret"         # exactly one of secret_file / secret
+    # secret = "..."                    # inline: >= 32 bytes (UTF-8, or 64+ hex digits)
+    allow_insecure_development = false  # optional boolean, default false
+
+    [connection]                        # required; exactly one of listen / dial
+    listen = "127.0.0.1:8765"           # "host:port"; IPv6 as "[::1]:8765"; port 0 = ephemeral
+    # dial = "wss://build-box-1.example:443/executor"
+
+    [tls]                               # optional; paths relative to the config file's directory
+    cert = "server.pem"                 # certificate chain (PEM); may also hold the key
+    key = "server.key"                  # private key (PEM, unencrypted)
+    ca = "ca.pem"                       # CA bundle: dialers verify the server against it
+
+    [limits]                            # optional; keys are Limits field names
+    heartbeat_interval = 2.0
+
+Secrets
+-------
+A secret file (or an inline ``secret``) holds text. It is stripped of surrounding whitespace; if
+what remains is an even number (64 or more) of hex digits it is decoded as hex, otherwise its
+bytes are used as they are. Either way at least :data:`MIN_SECRET_BYTES` (32) bytes must remain.
+:func:`write_secret_file` (``garcon-link keygen``) writes 32 random bytes as 64 hex digits.
+The value lives in a :class:`Secret`, whose ``repr``/``str`` are redacted, whose equality is a
+constant-time compare and which refuses to be pickled (so it cannot ride into a child process).
+No message, repr or log line of this module contains a secret or a dial URL's userinfo.
+
+Refusals
+--------
+Every refusal is a :class:`~garcon_link.errors.ConfigError` whose message reads
+``<file>: <field>: <problem>; <how to fix it>`` (``LinkConfig`` stands in for the file when the
+configuration was built in code). Refused are:
+
+* no path given and ``GARCON_LINK_CONFIG`` unset; a missing or unreadable config file; a file that
+  is not UTF-8; a TOML syntax error (the message carries TOML's line and column);
+* an unknown key at the top level or in ``[connection]``, ``[tls]`` or ``[limits]`` (the message
+  lists the allowed keys); a value of the wrong type (e.g. ``allow_insecure_development = "yes"``);
+* a missing ``executor_id`` or ``role``; an ``executor_id`` that is empty, longer than 200
+  characters, unprintable or contains whitespace; a ``role`` other than worker/controller;
+* neither or both of ``secret`` / ``secret_file``; a missing or unreadable secret file, or one
+  that is not a regular file or exceeds 64 KiB; a secret shorter than 32 bytes; on POSIX a secret
+  file, or a config file holding an inline ``secret``, whose mode grants anything to group or
+  others (``st_mode & 0o077``) -- fix with ``chmod 600``;
+* neither or both of ``listen`` / ``dial``; a ``listen`` that is not ``host:port`` (unbracketed
+  IPv6, missing or out-of-range port); a ``dial`` URL whose scheme is not ``ws``/``wss``, that
+  carries userinfo, a query or a fragment, whose path is not exactly ``/executor``, whose host is
+  missing or invalid, or whose port is invalid (default 80 for ws, 443 for wss);
+* plain text off loopback without ``allow_insecure_development = true``: a ``ws://`` dial, or a
+  listen without ``[tls]``, to/on an address that is not loopback. Loopback is 127.0.0.0/8, ``::1``
+  and the name ``localhost``; nothing is resolved, so any other host name counts as non-loopback.
+  ``wss://`` needs nothing extra;
+* ``[tls]`` with a ``ws://`` dial (it would be silently unused); ``[tls]`` on a listener without
+  ``cert``; ``key`` without ``cert``; TLS files that are missing or do not load (reported when a
+  context is built, naming the file);
+* ``[limits]`` values that :class:`~garcon_link.limits.Limits` refuses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import ipaddress
+import os
+import re
+import secrets
+import ssl
+import stat
+import string
+import tempfile
+import tomllib
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .errors import ConfigError
+from .limits import Limits
+from .wire import Role
+
+__all__ = [
+    "CONFIG_ENV_VAR",
+    "MIN_SECRET_BYTES",
+    "LinkConfig",
+    "Secret",
+    "TlsConfig",
+    "generate_secret",
+    "load_config",
+    "read_secret_file",
+    "write_secret_file",
+]
+
+CONFIG_ENV_VAR = "GARCON_LINK_CONFIG"
+"""Environment variable naming the config file when :func:`load_config` gets no path."""
+
+MIN_SECRET_BYTES = 32
+"""A secret must hold at least this many bytes (after hex decoding)."""
+
+_GENERATED_SECRET_BYTES = 32
+_MAX_SECRET_FILE_BYTES = 64 * 1024  # read bound: a secret file is a few dozen bytes
+_MAX_EXECUTOR_ID_CHARS = 200
+_EXECUTOR_PATH = "/executor"
+_DEFAULT_PORTS = {"ws": 80, "wss": 443}
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\Z")
+_PORT_TEXT = re.compile(r"[0-9]{1,5}\Z")
+_HEX_DIGITS = frozenset(string.hexdigits)
+
+_TOP_LEVEL_KEYS = (
+    "executor_id",
+    "role",
+    "secret",
+    "secret_file",
+    "allow_insecure_development",
+    "connection",
+    "tls",
+    "limits",
+)
+_CONNECTION_KEYS = ("listen", "dial")
+_TLS_KEYS = ("cert", "key", "ca")
+_KEYGEN_HINT = "generate one with `garcon-link keygen PATH`"
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def _where(source: Path | None) -> str:
+    return str(source) if source is not None else "LinkConfig"
+
+
+def _error(source: Path | None, what: str, problem: str, fix: str) -> ConfigError:
+    """Build the one message shape of this module: file, field, problem, fix."""
+    return ConfigError(f"{_where(source)}: {what}: {problem}; {fix}")
+
+
+def _type_name(value: object) -> str:
+    """Name the TOML type of ``value``. Only types are shown for bad values: one may be a secret."""
+    for kind, name in (
+        (bool, "a boolean"),
+        (int, "an integer"),
+        (float, "a float"),
+        (str, "a string"),
+        (dict, "a table"),
+        (list, "an array"),
+    ):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def _shown_role(value: object) -> str:
+    # A short string is echoed to show a typo ("Worker"); anything as long as a secret is not.
+    if isinstance(value, str) and len(value) < MIN_SECRET_BYTES // 2:
+        return repr(value)
+    return _type_name(value)
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+class Secret:
+    """The shared link secret: redacted in every text form, compared in constant time.
+
+    A ``Secret`` is immutable. It refuses to be pickled (``TypeError``) so that it cannot be
+    shipped to a child process by accident; ``copy.copy``/``deepcopy`` return the same object.
+
+    Raises:
+        TypeError: ``value`` is not ``bytes``/``bytearray``.
+        ConfigError: ``value`` is shorter than :data:`MIN_SECRET_BYTES`.
+    """
+
+    __slots__ = ("_value",)
+
+    _value: bytes
+
+    def __init__(self, value: bytes | bytearray) -> None:
+        if not isinstance(value, bytes | bytearray):
+            raise TypeError(f"Secret takes bytes, not {type(value).__name__}")
+        if len(value) < MIN_SECRET_BYTES:
+            raise ConfigError(
+                f"secret: {len(value)} bytes is too short, at least {MIN_SECRET_BYTES} bytes are "
+                f"required; {_KEYGEN_HINT}"
+            )
+        object.__setattr__(self, "_value", bytes(value))
+
+    def reveal(self) -> bytes:
+        """Return the secret bytes. Keep the result out of logs, messages and environments."""
+        return self._value
+
+    def __len__(self) -> int:
+        return len(self._value)
+
+    def __repr__(self) -> str:
+        return f"Secret(<redacted, {len(self._value)} bytes>)"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Secret):
+            return NotImplemented
+        return hmac.compare_digest(self._value, other._value)
+
+    def __hash__(self) -> int:
+        # Python's str/bytes hash is keyed per process (SipHash), so it reveals nothing useful.
+        return hash((Secret, self._value))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Secret is immutable")
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a Secret cannot be pickled: it must not leave this process")
+
+    def __copy__(self) -> Secret:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Secret:
+        return self
+
+
+def generate_secret() -> Secret:
+    """Return a fresh secret of 32 bytes from :mod:`secrets`."""
+    return Secret(secrets.token_bytes(_GENERATED_SECRET_BYTES))
+
+
+def _decode_secret(raw: bytes) -> bytes:
+    """Strip ``raw``; 64+ (even) hex digits decode as hex, anything else is used as is."""
+    text = raw.strip()
+    if (
+        len(text) >= 2 * MIN_SECRET_BYTES
+        and len(text) % 2 == 0
+        and all(chr(b) in _HEX_DIGITS for b in text)
+    ):
+        return bytes.fromhex(text.decode("ascii"))
+    return text
+
+
+def _refuse_open_mode(mode: int, path: Path, source: Path | None, what: str) -> None:
+    """POSIX only: refuse a file holding a secret that group or others may access."""
+    if os.name == "posix" and mode & 0o077:
+        raise _error(
+            source,
+            what,
+            f"{path} holds a secret but its mode {stat.S_IMODE(mode):04o} grants access to "
+            "group/others",
+            f"run `chmod 600 {path}`",
+        )
+
+
+def _read_secret(path: Path, source: Path | None, what: str) -> Secret:
+    try:
+        # O_NONBLOCK: a FIFO must not hang the load; it is refused below as not a regular file.
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+        fd = os.open(path, flags)
+    except FileNotFoundError as exc:
+        raise _error(
+            source, what, f"secret file {path} does not exist", f"fix the path or {_KEYGEN_HINT}"
+        ) from exc
+    except OSError as exc:
+        raise _error(
+            source,
+            what,
+            f"cannot open secret file {path} ({exc.strerror or type(exc).__name__})",
+            "check the path and its permissions",
+        ) from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _error(source, what, f"{path} is not a regular file", "point it at a file")
+        _refuse_open_mode(info.st_mode, path, source, what)
+        with os.fdopen(fd, "rb") as file:
+            fd = -1  # the file object owns (and closes) it now
+            raw = file.read(_MAX_SECRET_FILE_BYTES + 1)
+    except OSError as exc:
+        raise _error(
+            source,
+            what,
+            f"cannot read secret file {path} ({exc.strerror or type(exc).__name__})",
+            "check the file",
+        ) from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(raw) > _MAX_SECRET_FILE_BYTES:
+        raise _error(
+            source,
+            what,
+            f"secret file {path} is larger than {_MAX_SECRET_FILE_BYTES} bytes",
+            f"point it at a secret file; {_KEYGEN_HINT}",
+        )
+    value = _decode_secret(raw)
+    if len(value) < MIN_SECRET_BYTES:
+        raise _error(
+            source,
+            what,
+            f"the secret in {path} is {len(value)} bytes, at least {MIN_SECRET_BYTES} are required",
+            _KEYGEN_HINT,
+        )
+    return Secret(value)
+
+
+def read_secret_file(path: str | os.PathLike[str]) -> Secret:
+    """Read a secret file written by :func:`write_secret_file` (or by hand).
+
+    Args:
+        path: the file. Its stripped content is hex-decoded when it is 64+ hex digits, otherwise
+            used as bytes.
+
+    Raises:
+        ConfigError: the file is missing or unreadable, on POSIX its mode grants group/others any
+            access, or the secret is shorter than 32 bytes.
+    """
+    target = Path(path)
+    return _read_secret(target, target, "secret file")
+
+
+def write_secret_file(path: str | os.PathLike[str], *, force: bool = False) -> Path:
+    """Write a fresh secret (64 hex digits and a newline) to ``path`` with mode 0600.
+
+    Without ``force`` the file is created exclusively (``O_CREAT | O_EXCL``) at mode 0600, so an
+    existing file is never touched. With ``force`` the secret goes to a 0600 temporary file in the
+    same directory which then atomically replaces ``path``.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ConfigError: ``path`` exists and ``force`` is false, or the file cannot be written.
+    """
+    target = Path(path)
+    data = (generate_secret().reveal().hex() + "\n").encode("ascii")
+    try:
+        if force:
+            _replace_atomically(target, data)
+        else:
+            _create_exclusively(target, data)
+    except FileExistsError as exc:
+        raise ConfigError(
+            f"{target}: refusing to overwrite an existing file; remove it or pass --force "
+            "(force=True) to replace it with a new secret"
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(
+            f"{target}: cannot write the secret file ({exc.strerror or type(exc).__name__}); "
+            "check that the directory exists and is writable"
+        ) from exc
+    return target
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
+
+
+def _create_exclusively(target: Path, data: bytes) -> None:
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(target, flags, 0o600)
+    try:
+        _write_all(fd, data)
+    except BaseException:
+        os.close(fd)
+        target.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+
+
+def _replace_atomically(target: Path, data: bytes) -> None:
+    # mkstemp creates the file with O_EXCL and mode 0600 in the target's directory, so the
+    # secret is never readable by others, and os.replace swaps it in atomically.
+    fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(temp_name, target)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+def _check_tls_file(path: Path, what: str) -> None:
+    try:
+        info = os.stat(path)
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f"[tls] {what}: file {path} does not exist; fix the path (relative paths are "
+            "resolved against the config file's directory)"
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(
+            f"[tls] {what}: cannot access {path} ({exc.strerror or type(exc).__name__}); "
+            "check the path and its permissions"
+        ) from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"[tls] {what}: {path} is not a regular file; point it at a PEM file")
+
+
+def _no_key_password() -> bytes:
+    # Without a callback OpenSSL would prompt on the terminal for an encrypted key; an empty
+    # password makes it fail instead, and the failure is reported as a ConfigError.
+    return b""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS material for a link: certificate chain, private key and CA bundle (all PEM paths).
+
+    A listener needs ``cert`` (``key`` may be omitted when the cert file also holds the key). A
+    dialer needs nothing (the system CAs verify the server) but may set ``ca`` to trust a private
+    CA, and ``cert``/``key`` to present a client certificate.
+
+    Raises:
+        ConfigError: a field is not a path, or ``key`` is set without ``cert``.
+    """
+
+    cert: Path | None = None
+    key: Path | None = None
+    ca: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in _TLS_KEYS:
+            value: object = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                if not isinstance(value, str | os.PathLike) or not os.fspath(value):
+                    raise ConfigError(
+                        f"[tls] {name}: expected a path, got {_type_name(value)}; give a PEM path"
+                    )
+                object.__setattr__(self, name, Path(value))
+        if self.key is not None and self.cert is None:
+            raise ConfigError("[tls] key: a key without a cert is useless; add cert or drop key")
+
+    def _load_chain(self, context: ssl.SSLContext) -> None:
+        assert self.cert is not None
+        _check_tls_file(self.cert, "cert")
+        if self.key is not None:
+            _check_tls_file(self.key, "key")
+        try:
+            context.load_cert_chain(self.cert, self.key, password=_no_key_password)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            files = f"{self.cert}" if self.key is None else f"{self.cert} and key {self.key}"
+            raise ConfigError(
+                f"[tls] cert: cannot load the certificate chain from {files} "
+                f"({type(exc).__name__}: {exc}); check they are PEM, the key is unencrypted and "
+                "matches the certificate"
+            ) from exc
+
+    def _ca_error(self, exc: Exception) -> ConfigError:
+        return ConfigError(
+            f"[tls] ca: cannot load CA certificates from {self.ca} "
+            f"({type(exc).__name__}: {exc}); check it is a PEM bundle"
+        )
+
+    def server_context(self) -> ssl.SSLContext:
+        """Build the listener's context (TLS 1.2+, the certificate chain loaded).
+
+        When ``ca`` is set, a client that presents a certificate must chain to it
+        (``CERT_OPTIONAL``); clients without one are still accepted -- the link's own handshake
+        authenticates peers.
+
+        Raises:
+            ConfigError: ``cert`` is unset, or a file is missing or does not load (named).
+        """
+        if self.cert is None:
+            raise ConfigError(
+                "[tls] cert: a listener needs a certificate; set cert (and key) in [tls]"
+            )
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._load_chain(context)
+        if self.ca is not None:
+            _check_tls_file(self.ca, "ca")
+            try:
+                context.load_verify_locations(cafile=self.ca)
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise self._ca_error(exc) from exc
+            context.verify_mode = ssl.CERT_OPTIONAL
+        return context
+
+    def client_context(self) -> ssl.SSLContext:
+        """Build the dialer's context (TLS 1.2+, server certificate and hostname verified).
+
+        The server must chain to ``ca`` when it is set (only to ``ca``: a private CA pins the
+        trust), otherwise to the system CAs. ``cert``/``key``, when set, are presented as a client
+        certificate.
+
+        Raises:
+            ConfigError: a file is missing or does not load (named).
+        """
+        if self.ca is None:
+            context = ssl.create_default_context()
+        else:
+            _check_tls_file(self.ca, "ca")
+            try:
+                context = ssl.create_default_context(cafile=self.ca)
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise self._ca_error(exc) from exc
+        if self.cert is not None:
+            self._load_chain(context)
+        return context
+
+
+# --------------------------------------------------------------------------- addresses
+
+
+def _host_problem(host: str) -> str | None:
+    """Return why ``host`` is not an IP address or a DNS name, or ``None`` if it is one."""
+    if not host:
+        return "the host is empty"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return None
+    name = host.removesuffix(".")
+    labels = name.split(".")
+    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
+        return f"{host!r} is neither an IP address nor a valid host name"
+    if labels[-1].isdigit():
+        return f"{host!r} is not a valid IP address"
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and ``localhost``. Nothing is resolved: other names are not loopback."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _format_url(host: str, port: int, *, tls: bool) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"{'wss' if tls else 'ws'}://{shown}:{port}{_EXECUTOR_PATH}"
+
+
+def _parse_listen(text: str, source: Path | None) -> tuple[str, int]:
+    what = "[connection] listen"
+    fix = 'write it as "host:port", e.g. "127.0.0.1:8765" or "[::1]:8765"'
+    if text.startswith("["):
+        end = text.find("]")
+        host, rest = (text[1:end], text[end + 1 :]) if end > 0 else ("", "")
+        if end < 0 or ":" not in host:
+            raise _error(source, what, "a bracketed host must be an IPv6 address", fix)
+        if not rest.startswith(":"):
+            raise _error(source, what, "the port is missing", fix)
+        port_text = rest[1:]
+    else:
+        host, colon, port_text = text.rpartition(":")
+        if not colon:
+            raise _error(source, what, "the port is missing", fix)
+        if ":" in host:
+            raise _error(source, what, "an IPv6 address must be in brackets", fix)
+    if not _PORT_TEXT.match(port_text):
+        raise _error(source, what, f"the port {port_text!r} is not a number 0-65535", fix)
+    return host, int(port_text)
+
+
+def _parse_dial(url: str, source: Path | None) -> tuple[str, int, bool]:
+    """Validate a dial URL; return ``(host, port, tls)``. Messages never echo the whole URL."""
+    what = "[connection] dial"
+    fix = 'use "wss://host:port/executor" (or ws:// on loopback)'
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
+        raise _error(source, what, "the URL contains whitespace or control characters", fix)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:
+        raise _error(source, what, f"not a valid URL ({exc})", fix) from None
+    if parts.scheme not in _DEFAULT_PORTS:
+        scheme = f"{parts.scheme!r}" if parts.scheme else "no scheme"
+        raise _error(source, what, f"the scheme is {scheme}, not ws or wss", fix)
+    if "@" in parts.netloc:
+        raise _error(
+            source,
+            what,
+            "the URL carries userinfo (user:password@)",
+            "remove it: peers authenticate with the link secret, never with URL credentials",
+        )
+    if "?" in url:
+        raise _error(source, what, "the URL has a query (?...)", "remove the query")
+    if "#" in url:
+        raise _error(source, what, "the URL has a fragment (#...)", "remove the fragment")
+    if parts.path != _EXECUTOR_PATH:
+        raise _error(
+            source,
+            what,
+            f"the path is {parts.path or '(empty)'!r}, not {_EXECUTOR_PATH!r}",
+            f"end the URL with {_EXECUTOR_PATH}",
+        )
+    host = parts.hostname or ""
+    problem = _host_problem(host)
+    if problem is not None:
+        raise _error(source, what, problem, fix)
+    try:
+        port = parts.port
+    except ValueError:
+        raise _error(source, what, "the port is not a number 1-65535", fix) from None
+    if port is None:
+        port = _DEFAULT_PORTS[parts.scheme]
+    if not 1 <= port <= 65535:
+        raise _error(source, what, "the port is not a number 1-65535", fix)
+    return host, port, parts.scheme == "wss"
+
+
+# --------------------------------------------------------------------------- LinkConfig
+
+
+@dataclass(frozen=True, slots=True)
+class LinkConfig:
+    """Everything one endpoint needs; loaded by :func:`load_config` or built in code.
+
+    Exactly one of ``listen`` (``(host, port)``, port 0 binds an ephemeral port) and ``dial`` (a
+    ``ws(s)://host[:port]/executor`` URL) is set. ``source`` is the file the config came from and
+    is only used in messages. All rules of the module docstring are checked on construction.
+
+    Raises:
+        ConfigError: a field breaks a rule; the message names the field and the fix.
+    """
+
+    executor_id: str
+    role: Role
+    secret: Secret
+    listen: tuple[str, int] | None = None
+    dial: str | None = None
+    allow_insecure_development: bool = False
+    tls: TlsConfig | None = None
+    limits: Limits = field(default_factory=Limits)
+    source: Path | None = None
+
+    def __post_init__(self) -> None:
+        src = self.source
+        self._check_types()
+        ident = self.executor_id
+        if not ident or len(ident) > _MAX_EXECUTOR_ID_CHARS:
+            raise _error(
+                src,
+                "executor_id",
+                f"must be 1-{_MAX_EXECUTOR_ID_CHARS} characters, got {len(ident)}",
+                'use a short name such as "build-box-1"',
+            )
+        if not ident.isprintable() or any(ch.isspace() for ch in ident):
+            raise _error(
+                src,
+                "executor_id",
+                "contains whitespace or unprintable characters",
+                'use a name such as "build-box-1"',
+            )
+        if (self.listen is None) == (self.dial is None):
+            raise _error(
+                src,
+                "[connection]",
+                "exactly one of listen and dial must be set",
+                'set listen = "127.0.0.1:8765" or dial = "wss://host:443/executor"',
+            )
+        if self.dial is not None:
+            host, _, dial_tls = _parse_dial(self.dial, src)
+            if self.tls is not None and not dial_tls:
+                raise _error(
+                    src,
+                    "[tls]",
+                    "TLS material is configured but the dial URL is plain ws://",
+                    "dial wss:// or remove [tls]",
+                )
+            if not dial_tls and not _is_loopback(host) and not self.allow_insecure_development:
+                raise _error(
+                    src,
+                    "[connection] dial",
+                    f"plain-text ws:// to non-loopback host {host!r} exposes the link's traffic",
+                    "dial wss:// instead, or set allow_insecure_development = true "
+                    "(development only)",
+                )
+        else:
+            assert self.listen is not None
+            self._check_listen(self.listen)
+
+    def _check_types(self) -> None:
+        src = self.source
+        # Values are typed ``object`` here: the annotations are promises the caller may break.
+        ident: object = self.executor_id
+        if not isinstance(ident, str):
+            raise _error(
+                src, "executor_id", f"expected a string, got {_type_name(ident)}", "quote it"
+            )
+        role: object = self.role
+        if not isinstance(role, Role):
+            if role not in ("worker", "controller"):
+                raise _error(
+                    src,
+                    "role",
+                    f"must be worker or controller, got {_shown_role(role)}",
+                    'role = "worker"',
+                )
+            object.__setattr__(self, "role", Role(role))
+        secret: object = self.secret
+        if not isinstance(secret, Secret):
+            raise _error(
+                src,
+                "secret",
+                f"expected a Secret, got {_type_name(secret)}",
+                "wrap the bytes: Secret(value)",
+            )
+        flag: object = self.allow_insecure_development
+        if not isinstance(flag, bool):
+            raise _error(
+                src,
+                "allow_insecure_development",
+                f"expected a boolean, got {_type_name(flag)}",
+                "write true or false (unquoted)",
+            )
+        dial: object = self.dial
+        if dial is not None and not isinstance(dial, str):
+            raise _error(
+                src, "[connection] dial", f"expected a string, got {_type_name(dial)}", "quote it"
+            )
+        tls: object = self.tls
+        if tls is not None and not isinstance(tls, TlsConfig):
+            raise _error(
+                src, "[tls]", f"expected TlsConfig, got {_type_name(tls)}", "use TlsConfig"
+            )
+        limits: object = self.limits
+        if not isinstance(limits, Limits):
+            raise _error(
+                src, "[limits]", f"expected Limits, got {_type_name(limits)}", "use Limits(...)"
+            )
+        where: object = self.source
+        if where is not None and not isinstance(where, Path):
+            raise ConfigError(f"LinkConfig: source: expected a Path, got {_type_name(where)}")
+
+    def _check_listen(self, listen: object) -> None:
+        src = self.source
+        what = "[connection] listen"
+        fix = 'e.g. listen = "127.0.0.1:8765" (in code: ("127.0.0.1", 8765))'
+        if not (
+            isinstance(listen, tuple)
+            and len(listen) == 2
+            and isinstance(listen[0], str)
+            and isinstance(listen[1], int)
+            and not isinstance(listen[1], bool)
+        ):
+            raise _error(src, what, "expected a (host, port) pair", fix)
+        host, port = listen
+        problem = _host_problem(host)
+        if problem is not None:
+            raise _error(src, what, problem, fix)
+        if not 0 <= port <= 65535:
+            raise _error(src, what, f"port {port} is outside 0-65535", fix)
+        if self.tls is not None and self.tls.cert is None:
+            raise _error(
+                src, "[tls] cert", "a listener with [tls] needs a certificate", "set cert and key"
+            )
+        if self.tls is None and not _is_loopback(host) and not self.allow_insecure_development:
+            raise _error(
+                src,
+                what,
+                f"listening in plain text on non-loopback address {host!r} exposes the link's "
+                "traffic",
+                "add [tls] with cert and key, listen on 127.0.0.1, or set "
+                "allow_insecure_development = true (development only)",
+            )
+
+    @property
+    def is_dialer(self) -> bool:
+        """True when this endpoint dials (``dial`` is set), false when it listens."""
+        return self.dial is not None
+
+    def _dial_parts(self) -> tuple[str, int, bool]:
+        if self.dial is None:
+            raise ValueError("this LinkConfig listens; it has no dial URL")
+        return _parse_dial(self.dial, self.source)
+
+    @property
+    def dial_host(self) -> str:
+        """Host of the dial URL (IPv6 without brackets). ``ValueError`` for a listener."""
+        return self._dial_parts()[0]
+
+    @property
+    def dial_port(self) -> int:
+        """Port of the dial URL; 80 for ws and 443 for wss when omitted. ``ValueError`` for a
+        listener."""
+        return self._dial_parts()[1]
+
+    @property
+    def dial_tls(self) -> bool:
+        """True for ``wss://``, false for ``ws://``. ``ValueError`` for a listener."""
+        return self._dial_parts()[2]
+
+    @property
+    def listen_url(self) -> str:
+        """The URL peers dial, e.g. ``ws://127.0.0.1:8765/executor`` (``wss`` with ``[tls]``).
+
+        With port 0 it shows port 0: the bound port is only known once listening.
+        ``ValueError`` for a dialer.
+        """
+        if self.listen is None:
+            raise ValueError("this LinkConfig dials; it has no listen address")
+        host, port = self.listen
+        return _format_url(host, port, tls=self.tls is not None)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context this endpoint needs, or ``None`` for plain text.
+
+        A ``wss://`` dialer gets :meth:`TlsConfig.client_context` (system CAs without ``[tls]``);
+        a listener with ``[tls]`` gets :meth:`TlsConfig.server_context`.
+
+        Raises:
+            ConfigError: a TLS file is missing or does not load.
+        """
+        try:
+            if self.dial is not None:
+                if not self.dial_tls:
+                    return None
+                return (self.tls or TlsConfig()).client_context()
+            return self.tls.server_context() if self.tls is not None else None
+        except ConfigError as exc:
+            if self.source is None:
+                raise
+            raise ConfigError(f"{self.source}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _check_keys(table: dict[str, Any], allowed: tuple[str, ...], path: Path, where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            prefix = f"{where} " if where else ""
+            raise _error(
+                path,
+                f"{prefix}{key}",
+                "unknown key",
+                f"remove it or fix its spelling; allowed keys{' in ' + where if where else ''}: "
+                f"{', '.join(allowed)}",
+            )
+
+
+def _get(table: dict[str, Any], key: str, kind: type, path: Path, what: str) -> Any:
+    """Return ``table[key]`` (``None`` if absent) after checking its TOML type."""
+    value = table.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        expected = _type_name(kind())
+        fixes = {
+            bool: "write true or false (unquoted)",
+            str: "quote the value",
+            dict: f"make it a table: [{key}]",
+        }
+        raise _error(
+            path,
+            what,
+            f"expected {expected}, got {_type_name(value)}",
+            fixes.get(kind, "fix the value"),
+        )
+    return value
+
+
+def _resolve(base: Path, value: str, path: Path, what: str) -> Path:
+    if not value:
+        raise _error(path, what, "the path is empty", "give a file path")
+    candidate = Path(value).expanduser()
+    return candidate if candidate.is_absolute() else base / candidate
+
+
+def _load_limits(table: dict[str, Any], path: Path) -> Limits:
+    kinds = {f.name: f.type for f in dataclasses.fields(Limits)}
+    _check_keys(table, tuple(kinds), path, "[limits]")
+    changes: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _error(
+                path,
+                f"[limits] {key}",
+                f"expected a number, got {_type_name(value)}",
+                "write a number (seconds or bytes, unquoted)",
+            )
+        if (
+            kinds[key] in ("float", float)
+            and isinstance(value, int)
+            and not isinstance(value, bool)
+        ):
+            value = float(value)
+        changes[key] = value
+    try:
+        return Limits().replace(**changes)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: [limits]: {exc}; fix the value in [limits]") from exc
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> LinkConfig:
+    """Load and validate a TOML link configuration (schema in the module docstring).
+
+    Args:
+        path: the config file; ``None`` reads the path from ``GARCON_LINK_CONFIG``. Relative
+            ``secret_file`` and ``[tls]`` paths are resolved against the file's directory.
+
+    Returns:
+        A validated :class:`LinkConfig` whose ``source`` is the absolute path of the file.
+
+    Raises:
+        ConfigError: any refusal of the module docstring; the message names the file, the field
+            and the fix, and never contains the secret.
+    """
+    if path is None:
+        from_env = os.environ.get(CONFIG_ENV_VAR, "")
+        if not from_env:
+            raise ConfigError(
+                f"no configuration file given and {CONFIG_ENV_VAR} is not set; pass a path "
+                f"(load_config('link.toml')) or set {CONFIG_ENV_VAR}=/path/to/link.toml"
+            )
+        path = from_env
+    source = Path(os.path.abspath(os.fspath(path)))
+    document, mode = _read_toml(source)
+    return _build(document, mode, source)
+
+
+def _read_toml(source: Path) -> tuple[dict[str, Any], int]:
+    """Return the parsed document and the file's mode (from the same open file: no race)."""
+    try:
+        with open(source, "rb") as file:
+            mode = os.fstat(file.fileno()).st_mode
+            document = tomllib.load(file)
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f"{source}: configuration file not found; check the path (or {CONFIG_ENV_VAR})"
+        ) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: TOML syntax error: {exc}; fix the syntax there") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{source}: the file is not valid UTF-8 (byte {exc.start}); save it as UTF-8"
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(
+            f"{source}: cannot read the configuration file "
+            f"({exc.strerror or type(exc).__name__}); check the path and its permissions"
+        ) from exc
+    return document, mode
+
+
+def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
+    _check_keys(doc, _TOP_LEVEL_KEYS, source, "")
+    base = source.parent
+
+    executor_id = _get(doc, "executor_id", str, source, "executor_id")
+    if executor_id is None:
+        raise _error(source, "executor_id", "missing", 'add executor_id = "build-box-1"')
+    role = _get(doc, "role", str, source, "role")
+    if role is None:
+        raise _error(source, "role", "missing", 'add role = "worker" (or "controller")')
+    if role not in ("worker", "controller"):
+        raise _error(
+            source,
+            "role",
+            f"must be worker or controller, got {_shown_role(role)}",
+            'role = "worker"',
+        )
+    insecure = _get(doc, "allow_insecure_development", bool, source, "allow_insecure_development")
+
+    inline = _get(doc, "secret", str, source, "secret")
+    secret_file = _get(doc, "secret_file", str, source, "secret_file")
+    if (inline is None) == (secret_file is None):
+        problem = "both are set" if inline is not None else "neither is set"
+        raise _error(
+            source,
+            "secret / secret_file",
+            f"exactly one of secret and secret_file is required, {problem}",
+            f'use secret_file = "link.secret" ({_KEYGEN_HINT})',
+        )
+    if inline is not None:
+        _refuse_open_mode(mode, source, source, "secret")
+        value = _decode_secret(inline.encode("utf-8"))
+        if len(value) < MIN_SECRET_BYTES:
+            raise _error(
+                source,
+                "secret",
+                f"{len(value)} bytes is too short, at least {MIN_SECRET_BYTES} bytes are required",
+                f"use secret_file instead and {_KEYGEN_HINT}",
+            )
+        secret = Secret(value)
+    else:
+        secret = _read_secret(
+            _resolve(base, secret_file, source, "secret_file"), source, "secret_file"
+        )
+
+    connection = _get(doc, "connection", dict, source, "[connection]")
+    if connection is None:
+        raise _error(
+            source,
+            "[connection]",
+            "missing",
+            'add a [connection] table with listen = "127.0.0.1:8765" or dial = "wss://..."',
+        )
+    _check_keys(connection, _CONNECTION_KEYS, source, "[connection]")
+    listen_text = _get(connection, "listen", str, source, "[connection] listen")
+    dial = _get(connection, "dial", str, source, "[connection] dial")
+    listen = _parse_listen(listen_text, source) if listen_text is not None else None
+
+    tls = None
+    tls_table = _get(doc, "tls", dict, source, "[tls]")
+    if tls_table is not None:
+        _check_keys(tls_table, _TLS_KEYS, source, "[tls]")
+        files: dict[str, Path | None] = {}
+        for key in _TLS_KEYS:
+            value = _get(tls_table, key, str, source, f"[tls] {key}")
+            files[key] = None if value is None else _resolve(base, value, source, f"[tls] {key}")
+        try:
+            tls = TlsConfig(**files)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from exc
+
+    limits_table = _get(doc, "limits", dict, source, "[limits]")
+    limits = Limits() if limits_table is None else _load_limits(limits_table, source)
+
+    return LinkConfig(
+        executor_id=executor_id,
+        role=Role(role),
+        secret=secret,
+        listen=listen,
+        dial=dial,
+        allow_insecure_development=bool(insecure),
+        tls=tls,
+        limits=limits,
+        source=source,
+    )
