@@ -106,6 +106,10 @@ class Limits:
         default=64,
         metadata=_doc("At most this many inbound messages are accepted between two receipts."),
     )
+    receipt_delay: float = field(
+        default=0.005,
+        metadata=_doc("How long a lone, non-urgent receipt waits to share a message with frames."),
+    )
     delivery_queue: int = field(
         default=256,
         metadata=_doc("Payloads queued for the consumer task; a full queue pauses the reader."),

@@ -57,8 +57,9 @@ Rules implemented (DESIGN §4)
   confirmed`` is stale and ignored; otherwise ``confirmed = through`` and the covered prefix is
   evicted. Receipts are coalesced: one receipt becomes due after a batch that advanced
   ``accepted``, however many messages the batch held; :meth:`data_to_send` emits at most one.
-  (How often to flush - ``Limits.receipt_interval`` - is the adapter's decision: it calls
-  :meth:`data_to_send` after each inbound WebSocket message or group of them.)
+  When to flush is the adapter's decision; :attr:`MessageSession.receipt_urgent` tells it a due
+  receipt must not wait for outgoing frames to ride with: the replay fence, or
+  ``Limits.receipt_interval`` messages accepted since the last receipt ("at most every 64").
 - **Atomic batches.** :meth:`receive` decodes the whole WebSocket message before acting on any
   packet, and applies the packets only if all of them are acceptable: a message that is
   malformed, has a gap or a receipt beyond ``offered`` anywhere delivers nothing.
@@ -191,6 +192,8 @@ class MessageSession:
         "_limits",
         "_offered",
         "_receipt_due",
+        "_receipt_forced",
+        "_receipt_through",
         "_receipts_received",
         "_receipts_sent",
         "_replayed_frames",
@@ -216,6 +219,8 @@ class MessageSession:
         self._retained_bytes = 0
         self._to_send: deque[tuple[int, bytes]] = deque()
         self._receipt_due = False
+        self._receipt_forced = False
+        self._receipt_through = 0
         self._replays = 0
         self._replayed_frames = 0
         self._receipts_sent = 0
@@ -264,6 +269,25 @@ class MessageSession:
     def receipt_due(self) -> bool:
         """Whether the next :meth:`data_to_send` will end with a receipt."""
         return self._receipt_due
+
+    @property
+    def receipt_urgent(self) -> bool:
+        """Whether a due receipt should be written now rather than wait for outgoing frames.
+
+        Urgent when it is the trailing receipt of an attachment (the peer's replay fence) or when
+        ``receipt_interval`` messages were accepted since the last receipt. A receipt that is due
+        but not urgent may be held briefly by the adapter so it shares a WebSocket message with
+        the next outgoing frames instead of costing one of its own.
+        """
+        return self._receipt_due and (
+            self._receipt_forced
+            or self._accepted - self._receipt_through >= self._limits.receipt_interval
+        )
+
+    @property
+    def frames_queued(self) -> int:
+        """Message frames waiting to be handed out on the current socket."""
+        return len(self._to_send)
 
     @property
     def receipts_received(self) -> int:
@@ -360,6 +384,8 @@ class MessageSession:
             queue.clear()
         if self._receipt_due:
             self._receipt_due = False
+            self._receipt_forced = False
+            self._receipt_through = self._accepted
             self._receipts_sent += 1
             out.append(encode_receipt(self._accepted))
         return out
@@ -484,6 +510,7 @@ class MessageSession:
             self._replayed_frames += replayed
             _log.debug("replaying %d frame(s) after ordinal %d", replayed, peer_received)
         self._receipt_due = True  # the trailing receipt: the peer's replay fence
+        self._receipt_forced = True
 
     def detach(self, now: float) -> None:
         """The socket is gone: stop handing out frames and start the grace period.
@@ -545,6 +572,7 @@ class MessageSession:
         self._retained_bytes = 0
         self._to_send.clear()
         self._receipt_due = False
+        self._receipt_forced = False
         _log.debug("session failed: %s", failure)
         return failure
 

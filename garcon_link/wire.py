@@ -247,7 +247,7 @@ def decode_item(data: bytes, max_bytes: int, *, plain: bool = True) -> Any:
     if stream.tell() != len(data):
         raise MalformedFrame(f"{len(data) - stream.tell()} trailing byte(s) after the CBOR item")
     if plain:
-        _check_plain(value, 0)
+        _check_plain(value, 0, set())
     return value
 
 
@@ -255,19 +255,29 @@ _PLAIN_SCALARS = (str, bytes, int, float, bool, type(None))
 _MAX_PLAIN_DEPTH = 64
 
 
-def _check_plain(value: Any, depth: int) -> None:
+def _check_plain(value: Any, depth: int, seen: set[int]) -> None:
+    """Walk ``value``; each container may appear once (a tree, not a DAG or a cycle).
+
+    cbor2 resolves shared-reference tags (28/29) itself, so a few hundred bytes can describe a
+    DAG with 2**60 paths; refusing any container seen twice keeps the walk linear in the number
+    of containers actually decoded.
+    """
     if isinstance(value, _PLAIN_SCALARS):
         return
     if depth >= _MAX_PLAIN_DEPTH:
         raise MalformedFrame(f"CBOR item nested deeper than {_MAX_PLAIN_DEPTH} levels")
+    if type(value) is list or type(value) is dict:
+        if id(value) in seen:
+            raise MalformedFrame("CBOR item shares a container (shared reference or cycle)")
+        seen.add(id(value))
     if type(value) is list:
         for item in value:
-            _check_plain(item, depth + 1)
+            _check_plain(item, depth + 1, seen)
     elif type(value) is dict:
         for key, item in value.items():
             if not isinstance(key, str | int):
                 raise MalformedFrame(f"map key of type {type(key).__name__} is not allowed")
-            _check_plain(item, depth + 1)
+            _check_plain(item, depth + 1, seen)
     else:
         raise MalformedFrame(f"CBOR value of type {type(value).__name__} is not plain data")
 

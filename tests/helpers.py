@@ -6,7 +6,8 @@ reads), so every split point is reachable, and injects faults between the two:
 
 - :meth:`~SessionPair.drop` loses in-flight messages (only meaningful together with a cut: a live
   socket never loses data, so delivering past a drop is a gap);
-- :meth:`~SessionPair.duplicate` makes the head message arrive twice;
+- :meth:`~SessionPair.duplicate` makes the head message arrive twice, and
+  :meth:`~SessionPair.redeliver` makes the last delivered one arrive again;
 - :meth:`~SessionPair.reorder` permutes the packets inside one in-flight message;
 - :meth:`~SessionPair.cut` loses everything in flight and detaches both sides;
 - :meth:`~SessionPair.reattach` does what the real handshake does: each side attaches with the
@@ -52,6 +53,8 @@ class Side:
     """WebSocket messages written by this side, not yet read by the other."""
     written: int = 0
     """WebSocket messages written by this side in total."""
+    last_delivered: bytes | None = None
+    """The last message of this side the peer read on the current socket."""
 
 
 class SessionPair:
@@ -128,6 +131,7 @@ class SessionPair:
         n = len(sender.wire) if count is None else min(count, len(sender.wire))
         for _ in range(n):
             data = sender.wire.popleft()
+            sender.last_delivered = data
             bodies = receiver.session.receive(data)
             receiver.received.extend(bodies)
             delivered.extend(bodies)
@@ -155,6 +159,11 @@ class SessionPair:
         wire = self.side(name).wire
         wire.insert(index, wire[index])
 
+    def redeliver(self, name: str) -> list[bytes]:
+        """Deliver the last message side ``name``'s peer read on this socket once more (if any)."""
+        data = self.side(name).last_delivered
+        return [] if data is None else self.inject(name, data)
+
     def reorder(
         self, name: str, permute: Callable[[list[Packet]], list[Packet]], index: int = 0
     ) -> None:
@@ -165,8 +174,9 @@ class SessionPair:
 
     def cut(self, now: float = 0.0) -> None:
         """The socket drops: everything in flight is lost and both sides detach at ``now``."""
-        self.a.wire.clear()
-        self.b.wire.clear()
+        for side in (self.a, self.b):
+            side.wire.clear()
+            side.last_delivered = None
         self.a.session.detach(now)
         self.b.session.detach(now)
 

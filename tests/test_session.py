@@ -614,3 +614,31 @@ def test_statistics_is_a_frozen_snapshot() -> None:
     assert stats.issued == 0
     assert session.statistics().issued == 1
     assert not hasattr(stats, "__dict__")
+
+
+def test_receipt_urgency_and_queued_frames() -> None:
+    limits = Limits(receipt_interval=4)
+    sender = attached_session(limits)
+    receiver = attached_session(limits)
+    assert receiver.receipt_urgent  # the fence of the attachment never waits
+    receiver.data_to_send()
+    assert not receiver.receipt_due
+    assert not receiver.receipt_urgent
+    for i in range(1, 4):
+        sender.send(body(i))
+    assert sender.frames_queued == 3
+    frames = sender.data_to_send()
+    assert sender.frames_queued == 0
+    receiver.receive(b"".join(frames[:3]))
+    assert receiver.receipt_due
+    assert not receiver.receipt_urgent  # 3 < receipt_interval: may wait for outgoing frames
+    sender.send(body(4))
+    receiver.receive(sender.data_to_send()[0])
+    assert receiver.receipt_urgent  # 4 accepted since the last receipt
+    assert receiver.data_to_send() == [encode_receipt(4)]
+    assert not receiver.receipt_urgent
+    receiver.detach(0.0)
+    assert receiver.frames_queued == 0
+    assert not receiver.receipt_urgent
+    receiver.attach(0)
+    assert receiver.receipt_urgent

@@ -105,7 +105,7 @@ class SessionPairMachine(RuleBasedStateMachine):
     @rule(
         side=sides_,
         count=st.integers(min_value=1, max_value=3),
-        fault=st.sampled_from(["none", "none", "duplicate", "receipts first"]),
+        fault=st.sampled_from(["none", "none", "duplicate", "late duplicate", "receipts first"]),
     )
     def deliver(self, side: str, count: int, fault: str) -> None:
         wire = self.pair.side(side).wire
@@ -115,6 +115,8 @@ class SessionPairMachine(RuleBasedStateMachine):
         elif wire and fault == "receipts first":
             self.pair.reorder(side, receipts_first)
         self.deliver_from(side, count)
+        if fault == "late duplicate":
+            assert self.pair.redeliver(side) == []
 
     @precondition(lambda self: self.pair.attached)
     @rule(side=sides_, survivors=st.integers(min_value=0, max_value=2))
