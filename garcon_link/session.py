@@ -540,7 +540,10 @@ class MessageSession:
         """
         deadline = self._grace_deadline
         if self._state is SessionState.DETACHED and deadline is not None and now >= deadline:
-            self.fail(FailureReason.GRACE_EXPIRED, f"deadline {deadline:.3f}, now {now:.3f}")
+            self.fail(
+                FailureReason.GRACE_EXPIRED,
+                f"no socket for {self._limits.detached_grace:g}s",
+            )
         return self._failure
 
     def next_deadline(self) -> float | None:

@@ -1,0 +1,935 @@
+"""WebSocketLink: authenticated WebSocket sockets for one endpoint (DESIGN §3, §6).
+
+Theory of operation
+-------------------
+A link is one endpoint of one *logical session at a time*: a worker's listener, or a controller's
+dialer (either role may do either). It turns TCP (optionally TLS) connections into authenticated
+sockets and hands each to the current :class:`~garcon_link.transport.SessionTransport`:
+
+1. **Upgrade.** The listener reads the HTTP/1.1 upgrade through wsproto (which drives h11),
+   answers ``404`` for any path but ``/executor``, ``400`` for a malformed upgrade and ``503`` while
+   draining or when ``max_authenticated_sockets`` are busy. No extension (no permessage-deflate) is
+   ever negotiated. Unauthenticated sockets are capped separately (``max_unauthenticated_sockets``):
+   past the cap the oldest one is evicted, so a slowloris flood cannot starve a legitimate peer.
+2. **Handshake.** Both sides send ``hello`` at once, then ``proof`` (:mod:`garcon_link.handshake`).
+   Upgrade plus handshake must finish within ``handshake_timeout``; handshake frames are capped at
+   ``max_handshake_frame_bytes`` before buffering. A refusal closes with the reason's close code.
+3. **Resume or fresh.** Resume iff runtimes cross-match and session ids match; the peer's
+   ``received`` positions the replay. Otherwise the current session is retired (``REPLACED``) and a
+   fresh transport is created; session listeners run before its first packet is processed.
+   *Takeover rule*: a fresh handshake from another runtime while a socket is attached is refused
+   (4004) unless that socket fails a ping probe within ``takeover_probe_timeout``.
+4. **Attached.** The transport pumps the socket; a heartbeat task pings every
+   ``heartbeat_interval`` and closes the socket (resumably, 4007) after ``heartbeat_timeout`` with
+   no inbound frame of any kind *while the socket is being read*: time the reader is held up by a
+   slow consumer is back-pressure, not the peer's silence (nor evidence for a takeover probe).
+   Messages are capped at ``max_frame_bytes`` while they are assembled (1009). A text frame is a
+   protocol error (1003; the session is retired). Write back-pressure awaits the socket's drain
+   and is never a continuity failure.
+5. **Dialing.** One dial loop per link: connect (``connect_timeout``), upgrade, handshake, run;
+   between attempts the delay comes from :func:`backoff` -- first retry immediate, then full-jitter
+   exponential capped at ``backoff_max``, reset after a socket stayed up ``backoff_reset_after``.
+
+Every closed socket is logged with its cause. Exceptions of wsproto, h11, ssl and the OS never
+leave this module: they end the socket they belong to and are logged.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import random
+import ssl
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.abc import SocketAttribute
+from anyio.streams.tls import TLSStream
+from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Ping,
+    Pong,
+    RejectConnection,
+    RejectData,
+    Request,
+    TextMessage,
+)
+from wsproto.utilities import LocalProtocolError, RemoteProtocolError
+
+from .errors import (
+    ConfigError,
+    FailureReason,
+    FrameTooLarge,
+    HandshakeError,
+    HandshakeFailure,
+    LinkError,
+    MalformedFrame,
+    SessionFailed,
+)
+from .handshake import Handshake, HandshakeResult, ResumeOffer, derive_key
+from .limits import Limits
+from .transport import SessionTransport, TransportState
+from .wire import CloseCode, Role
+
+__all__ = ["EXECUTOR_PATH", "LinkStatistics", "WebSocketLink", "backoff", "is_loopback_host"]
+
+log = logging.getLogger(__name__)
+
+EXECUTOR_PATH = "/executor"
+_READ_CHUNK = 65536
+
+# Close codes a peer sends when *it* has retired the logical session: no resume is possible.
+# 1001 is a deliberate shutdown (``aclose``), which retires the session on that side too, so
+# waiting out the detached grace would only delay honest outcomes.
+_PEER_RETIRED_CODES = {
+    int(CloseCode.GOING_AWAY),
+    int(CloseCode.SESSION_RETIRED),
+    int(CloseCode.REPLAY_STALLED),
+    int(CloseCode.PROTOCOL_ERROR),
+}
+
+
+def backoff(limits: Limits, rng: random.Random | None = None) -> Iterator[float]:
+    """Dial retry delays: ``0`` first, then full-jitter exponential, capped.
+
+    The n-th non-immediate delay is uniform in ``[0, min(backoff_max, backoff_base * 2**n))``
+    (AWS "full jitter"). Infinite; the caller starts a new generator to reset it.
+
+    Args:
+        limits: supplies ``backoff_base`` and ``backoff_max``.
+        rng: source of jitter (inject a seeded one in tests).
+    """
+    rng = rng or random.Random()
+    yield 0.0
+    ceiling = limits.backoff_base
+    while True:
+        yield rng.uniform(0.0, ceiling)
+        ceiling = min(limits.backoff_max, ceiling * 2)
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ::1). Resolves nothing."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class _SocketGone(anyio.BrokenResourceError):
+    """Internal: the socket is closed or broken (not a protocol violation).
+
+    A :class:`anyio.BrokenResourceError`, which is what the transport's ``MessageSocket``
+    contract says a write to a dead socket raises: the transport then ends the attachment.
+    """
+
+
+@dataclass
+class LinkStatistics:
+    """Counters of one link (a snapshot copy is returned by :meth:`WebSocketLink.statistics`)."""
+
+    connections: int = 0
+    upgrades_refused: dict[int, int] = field(default_factory=dict)
+    handshakes_completed: int = 0
+    handshakes_failed: dict[str, int] = field(default_factory=dict)
+    evicted_unauthenticated: int = 0
+    resumed: int = 0
+    fresh_sessions: int = 0
+    takeovers_refused: int = 0
+    heartbeat_timeouts: int = 0
+    dial_attempts: int = 0
+
+
+class _WebSocket:
+    """One WebSocket over one byte stream: the link's single send path and message assembly."""
+
+    def __init__(
+        self, stream: anyio.abc.ByteStream, ws: WSConnection, *, peer: str, limits: Limits
+    ) -> None:
+        self.stream = stream
+        self.ws = ws
+        self.peer = peer
+        self.limits = limits
+        self.max_message = limits.max_handshake_frame_bytes
+        self.last_inbound = anyio.current_time()
+        self.reading = False  # a receive_message() is in progress (see there)
+        self.peer_close: tuple[int, str] | None = None
+        self.local_close: tuple[int, str] | None = None
+        self._lock = anyio.Lock()
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._probe: anyio.Event | None = None
+        self._closed = False
+
+    # -- send path: check state, write under the lock, await drain, map errors
+
+    async def _write(self, data: bytes) -> None:
+        try:
+            await self.stream.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ssl.SSLError) as e:
+            self._closed = True
+            raise _SocketGone(str(e) or type(e).__name__) from e
+
+    async def _send_event(self, event: Any) -> None:
+        async with self._lock:
+            if self._closed or self.ws.state is not ConnectionState.OPEN:
+                raise _SocketGone("socket is closed")
+            try:
+                data = self.ws.send(event)
+            except LocalProtocolError as exc:
+                raise _SocketGone(str(exc)) from exc
+            await self._write(data)
+
+    async def send_message(self, data: bytes) -> None:
+        await self._send_event(BytesMessage(data=data))
+
+    @property
+    def busy(self) -> bool:
+        """A write is in progress (then a ping would only queue behind it)."""
+        return self._lock.locked()
+
+    async def ping(self) -> None:
+        await self._send_event(Ping())
+
+    async def probe(self, timeout: float) -> bool:
+        """True if any inbound frame arrives within ``timeout`` after a ping.
+
+        Also True while nobody reads the socket (the reader is held up by a slow consumer): a
+        pong could not be seen then, so there is no evidence against the peer.
+        """
+        if not self.reading:
+            return True
+        event = anyio.Event()
+        self._probe = event
+        with anyio.move_on_after(timeout):
+            try:
+                await self.ping()
+            except _SocketGone:
+                return False
+            await event.wait()
+            return True
+        return False
+
+    # -- receive path
+
+    async def receive_message(self) -> bytes | None:
+        """The next binary message, or ``None`` once closed.
+
+        Silence (for the heartbeat) is measured only while this runs, from the moment it was
+        entered: time the caller spends elsewhere -- held up by a slow consumer -- is not the
+        peer's silence (what the peer sent meanwhile is waiting, unread, in our buffers).
+
+        Raises:
+            FrameTooLarge: a message grew past ``max_message`` (nothing beyond it was buffered).
+            MalformedFrame: a text frame or broken WebSocket framing.
+        """
+        self.last_inbound = max(self.last_inbound, anyio.current_time())
+        self.reading = True
+        try:
+            return await self._receive_message()
+        finally:
+            self.reading = False
+
+    async def _receive_message(self) -> bytes | None:
+        while True:
+            for event in self.ws.events():
+                if isinstance(event, BytesMessage):
+                    size = self._size + len(event.data)
+                    if size > self.max_message:
+                        self._parts.clear()
+                        self._size = 0
+                        self.local_close = (CloseCode.MESSAGE_TOO_BIG, "message too big")
+                        raise FrameTooLarge(size, self.max_message)
+                    if event.message_finished and not self._parts:
+                        return bytes(event.data)
+                    self._parts.append(bytes(event.data))
+                    self._size = size
+                    if event.message_finished:
+                        data = b"".join(self._parts)
+                        self._parts.clear()
+                        self._size = 0
+                        return data
+                elif isinstance(event, Ping):
+                    try:
+                        await self._send_event(event.response())
+                    except _SocketGone:
+                        return None
+                elif isinstance(event, Pong):
+                    pass
+                elif isinstance(event, CloseConnection):
+                    if self.ws.state is ConnectionState.OPEN:
+                        # wsproto reports broken framing (reserved bits or opcodes, an unmasked
+                        # client frame, ...) as a *synthetic* close event without changing
+                        # state; a real close from the peer moves it to REMOTE_CLOSING.
+                        self.local_close = (event.code, event.reason or "bad WebSocket framing")
+                        raise MalformedFrame(f"bad WebSocket framing: {event.reason}")
+                    self.peer_close = (event.code, event.reason or "")
+                    if self.ws.state is ConnectionState.REMOTE_CLOSING:
+                        async with self._lock:
+                            try:
+                                await self._write(self.ws.send(event.response()))
+                            except (_SocketGone, LocalProtocolError):
+                                pass
+                    self._closed = True
+                    return None
+                elif isinstance(event, TextMessage):
+                    self.local_close = (CloseCode.UNSUPPORTED_DATA, "text frames are not allowed")
+                    raise MalformedFrame("text frame received; every message must be binary")
+            if self._closed:
+                return None
+            try:
+                data = await self.stream.receive(_READ_CHUNK)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._closed = True
+                return None
+            except (OSError, ssl.SSLError) as exc:
+                log.debug("%s: read failed: %s", self.peer, exc)
+                self._closed = True
+                return None
+            self.last_inbound = anyio.current_time()
+            if self._probe is not None:
+                self._probe.set()
+                self._probe = None
+            try:
+                self.ws.receive_data(data)
+            except (RemoteProtocolError, LocalProtocolError) as exc:
+                self.local_close = (CloseCode.PROTOCOL, "bad WebSocket framing")
+                raise MalformedFrame(f"bad WebSocket framing: {exc}") from exc
+
+    async def close(self, code: int, reason: str) -> None:
+        """Send a close frame (best effort, bounded) and close the byte stream."""
+        with anyio.move_on_after(self.limits.close_timeout, shield=True):
+            async with self._lock:
+                if not self._closed and self.ws.state is ConnectionState.OPEN:
+                    try:
+                        await self._write(self.ws.send(CloseConnection(code=code, reason=reason)))
+                    except (_SocketGone, LocalProtocolError):
+                        pass
+        self._closed = True
+        await anyio.aclose_forcefully(self.stream)
+
+    async def abort(self) -> None:
+        self._closed = True
+        await anyio.aclose_forcefully(self.stream)
+
+
+def _describe_close(sock: _WebSocket) -> str:
+    if sock.local_close:
+        return f"closed by us code={int(sock.local_close[0])} cause={sock.local_close[1]!r}"
+    if sock.peer_close:
+        return f"closed by peer code={sock.peer_close[0]} cause={sock.peer_close[1]!r}"
+    return "connection lost"
+
+
+SessionListener = Callable[[SessionTransport, HandshakeResult], None]
+
+
+class WebSocketLink:
+    """One endpoint: a listener on ``/executor`` or a dialer, carrying one logical session.
+
+    Use as an async context manager; the link runs its listener or dial loop in the background
+    until :meth:`aclose` (idempotent).
+
+    Args:
+        role: this endpoint's role.
+        executor_id: the worker's configured name (both sides must agree).
+        secret: the shared secret (>= 32 bytes); only a derived key is kept.
+        limits: bounds.
+        listen: ``(host, port)`` to listen on (port 0 picks a free port), or
+        dial: ``ws://host:port/executor`` or ``wss://...`` to dial.
+        ssl_context: server context (listen) or client context (dial, ``wss://`` only).
+        allow_insecure_development: permit plain text off loopback.
+    """
+
+    def __init__(
+        self,
+        *,
+        role: Role,
+        executor_id: str,
+        secret: bytes,
+        limits: Limits | None = None,
+        listen: tuple[str, int] | None = None,
+        dial: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        allow_insecure_development: bool = False,
+        rng: random.Random | None = None,
+    ) -> None:
+        if (listen is None) == (dial is None):
+            raise ConfigError("a link needs exactly one of listen=(host, port) or dial=URL")
+        self.role = Role(role)
+        self.executor_id = executor_id
+        self.limits = limits or Limits()
+        try:
+            self._key = derive_key(secret)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        self.runtime_id = os.urandom(16)
+        self._rng = rng or random.Random()
+        self._listen = listen
+        self._dial = _parse_dial_url(dial) if dial is not None else None
+        self._ssl = ssl_context
+        if self._dial is not None:
+            scheme, host, _port = self._dial
+            if scheme == "wss" and self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            if scheme == "ws":
+                self._ssl = None
+            insecure = scheme == "ws"
+        else:
+            assert listen is not None
+            host = listen[0]
+            insecure = ssl_context is None
+        if insecure and not is_loopback_host(host) and not allow_insecure_development:
+            raise ConfigError(
+                f"plain-text ws:// to or on non-loopback address {host!r} is refused; use TLS "
+                "(wss://, or a TLS terminator) or set allow_insecure_development"
+            )
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._transport: SessionTransport | None = None
+        self._attached: _WebSocket | None = None
+        self._attach_lock = anyio.Lock()
+        self._listeners: list[SessionListener] = []
+        self._unauthenticated: dict[int, anyio.CancelScope] = {}
+        self._authenticated = 0
+        self._closing = False
+        self._closed = anyio.Event()
+        self._listen_address: tuple[str, int] | None = None
+        self._stats = LinkStatistics()
+        self.last_error: str | None = None
+        self._tag = f"{self.role.value}[{self.runtime_id.hex()[:6]}]"
+
+    # ------------------------------------------------------------------ public surface
+
+    @property
+    def transport(self) -> SessionTransport | None:
+        """The current logical session (``None`` before the first handshake or after retire)."""
+        t = self._transport
+        return t if t is not None and t.state is not TransportState.RETIRED else None
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        if self._listen_address is None:
+            raise RuntimeError("the link is not listening")
+        return self._listen_address
+
+    @property
+    def url(self) -> str:
+        """The URL a peer dials (listener) or that this link dials."""
+        if self._dial is not None:
+            scheme, host, port = self._dial
+        else:
+            scheme = "ws" if self._ssl is None else "wss"
+            host, port = self.listen_address
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{scheme}://{host}:{port}{EXECUTOR_PATH}"
+
+    def on_session(self, listener: SessionListener) -> Callable[[], None]:
+        """Call ``listener(transport, handshake_result)`` for each new logical session.
+
+        Runs synchronously before the session's first packet is processed, so a consumer can be
+        installed with nothing missed. Returns an unsubscribe callable.
+        """
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def statistics(self) -> LinkStatistics:
+        s = self._stats
+        return LinkStatistics(
+            connections=s.connections,
+            upgrades_refused=dict(s.upgrades_refused),
+            handshakes_completed=s.handshakes_completed,
+            handshakes_failed=dict(s.handshakes_failed),
+            evicted_unauthenticated=s.evicted_unauthenticated,
+            resumed=s.resumed,
+            fresh_sessions=s.fresh_sessions,
+            takeovers_refused=s.takeovers_refused,
+            heartbeat_timeouts=s.heartbeat_timeouts,
+            dial_attempts=s.dial_attempts,
+        )
+
+    async def __aenter__(self) -> WebSocketLink:
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        try:
+            if self._listen is not None:
+                await tg.start(self._serve)
+            else:
+                tg.start_soon(self._dial_loop)
+        except BaseException:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._tg is not None
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.aclose()
+        finally:
+            await self._tg.__aexit__(None, None, None)
+
+    async def disconnect(self) -> None:
+        """Drop the attached socket abruptly (as a network loss would); keep the session."""
+        sock = self._attached
+        if sock is not None:
+            sock.local_close = (0, "disconnect() requested")
+            await sock.abort()
+
+    async def aclose(self) -> None:
+        """Retire the session, stop listening or dialing, close every socket (idempotent)."""
+        if self._closing:
+            return
+        self._closing = True
+        transport = self._transport
+        if transport is not None:
+            transport.retire(FailureReason.CLOSED, "link closed")
+        sock = self._attached
+        if sock is not None:
+            await sock.close(CloseCode.GOING_AWAY, "shutting down")
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+        self._closed.set()
+
+    # ------------------------------------------------------------------ listener
+
+    async def _serve(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        assert self._listen is not None and self._tg is not None
+        host, port = self._listen
+        try:
+            listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        except OSError as exc:
+            raise LinkError(f"cannot listen on {host}:{port}: {exc}") from exc
+        address = listener.extra(SocketAttribute.local_address)
+        self._listen_address = (str(address[0]), int(address[1]))
+        log.info("%s listening on %s", self._tag, self.url)
+        task_status.started()
+        async with listener:
+            await listener.serve(self._handle_incoming, task_group=self._tg)
+
+    async def _handle_incoming(self, stream: anyio.abc.SocketStream) -> None:
+        self._stats.connections += 1
+        try:
+            remote = stream.extra(SocketAttribute.remote_address)
+            peer = f"{remote[0]}:{remote[1]}" if isinstance(remote, tuple) else str(remote)
+        except Exception:
+            peer = "?"
+        key = id(stream)
+        try:
+            with anyio.CancelScope() as scope:
+                self._unauthenticated[key] = scope
+                if len(self._unauthenticated) > self.limits.max_unauthenticated_sockets:
+                    oldest = next(iter(self._unauthenticated))
+                    self._stats.evicted_unauthenticated += 1
+                    log.info("%s ✕ %s evicting oldest unauthenticated socket", self._tag, peer)
+                    self._unauthenticated.pop(oldest).cancel()
+                try:
+                    result = await self._accept(stream, peer)
+                finally:
+                    self._unauthenticated.pop(key, None)
+            if scope.cancelled_caught or result is None:
+                return
+            sock, handshake = result
+            self._authenticated += 1
+            try:
+                await self._attach_and_run(sock, handshake)
+            finally:
+                self._authenticated -= 1
+        finally:
+            # Every exit, shutdown (cancellation) included, closes the socket: a dropped stream
+            # would stay open until garbage collection and the peer would hang.
+            await anyio.aclose_forcefully(stream)
+
+    async def _accept(
+        self, stream: anyio.abc.SocketStream, peer: str
+    ) -> tuple[_WebSocket, HandshakeResult] | None:
+        byte_stream: anyio.abc.ByteStream = stream
+        sock: _WebSocket | None = None
+        with anyio.move_on_after(self.limits.handshake_timeout) as deadline:
+            if self._ssl is not None:
+                try:
+                    byte_stream = await TLSStream.wrap(
+                        stream, server_side=True, ssl_context=self._ssl, standard_compatible=False
+                    )
+                except (ssl.SSLError, OSError, anyio.BrokenResourceError, anyio.EndOfStream) as e:
+                    log.info("%s ✕ %s TLS handshake failed: %s", self._tag, peer, e)
+                    return None
+            ws = WSConnection(ConnectionType.SERVER)
+            sock = _WebSocket(byte_stream, ws, peer=peer, limits=self.limits)
+            if not await self._server_upgrade(sock):
+                return None
+            return await self._authenticate(sock)
+        if deadline.cancelled_caught:
+            self._count_handshake_failure(HandshakeFailure.TIMEOUT)
+            log.info("%s ✕ %s handshake deadline expired", self._tag, peer)
+            if sock is not None and sock.ws.state is ConnectionState.OPEN:
+                # Upgraded but not authenticated in time: say so (4008) before closing.
+                reason = HandshakeFailure.TIMEOUT
+                sock.local_close = (reason.close_code, reason.description)
+                await sock.close(reason.close_code, reason.description)
+        return None
+
+    async def _server_upgrade(self, sock: _WebSocket) -> bool:
+        """Read the HTTP upgrade; accept it on /executor or answer with an HTTP status."""
+        ws = sock.ws
+        while True:
+            try:
+                data = await sock.stream.receive(_READ_CHUNK)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError, ssl.SSLError):
+                return False
+            try:
+                ws.receive_data(data)
+                events = list(ws.events())
+            except RemoteProtocolError as exc:
+                await self._refuse_upgrade(sock, 400, f"bad upgrade request: {exc}")
+                return False
+            for event in events:
+                if not isinstance(event, Request):
+                    continue
+                path = urllib.parse.urlsplit(event.target).path
+                if path != EXECUTOR_PATH:
+                    await self._refuse_upgrade(sock, 404, f"path {path!r} is not {EXECUTOR_PATH}")
+                    return False
+                if self._closing or self._authenticated >= self.limits.max_authenticated_sockets:
+                    await self._refuse_upgrade(sock, 503, "draining or full")
+                    return False
+                try:
+                    await sock._write(ws.send(AcceptConnection()))
+                except _SocketGone:
+                    return False
+                sock.last_inbound = anyio.current_time()
+                return True
+
+    async def _refuse_upgrade(self, sock: _WebSocket, status: int, why: str) -> None:
+        self._stats.upgrades_refused[status] = self._stats.upgrades_refused.get(status, 0) + 1
+        log.info("%s ✕ %s HTTP %d: %s", self._tag, sock.peer, status, why)
+        body = f"{status} {why}\n".encode()
+        headers = [(b"content-type", b"text/plain"), (b"connection", b"close")]
+        try:
+            data = sock.ws.send(
+                RejectConnection(status_code=status, headers=headers, has_body=True)
+            )
+            data += sock.ws.send(RejectData(data=body, body_finished=True))
+        except LocalProtocolError:
+            # The request was too broken for h11 to answer in protocol; write a minimal response.
+            data = (
+                f"HTTP/1.1 {status} Refused\r\ncontent-length: {len(body)}\r\n"
+                "connection: close\r\n\r\n"
+            ).encode() + body
+        with anyio.move_on_after(self.limits.close_timeout):
+            try:
+                await sock._write(data)
+            except _SocketGone:
+                pass
+        await sock.abort()
+
+    # ------------------------------------------------------------------ dialer
+
+    async def _dial_loop(self) -> None:
+        assert self._dial is not None
+        delays = backoff(self.limits, self._rng)
+        while not self._closing:
+            self._stats.dial_attempts += 1
+            up_since: float | None = None
+            try:
+                result = await self._dial_once()
+                if result is not None:
+                    up_since = anyio.current_time()
+                    await self._attach_and_run(*result)
+            except LinkError as exc:
+                self.last_error = str(exc)
+                log.warning("%s dial %s failed: %s", self._tag, self.url, exc)
+            if up_since is not None and (
+                anyio.current_time() - up_since >= self.limits.backoff_reset_after
+            ):
+                delays = backoff(self.limits, self._rng)
+            delay = next(delays)
+            if delay:
+                log.debug("%s next dial in %.2fs", self._tag, delay)
+                await anyio.sleep(delay)
+            else:
+                await anyio.lowlevel.checkpoint()
+
+    async def _dial_once(self) -> tuple[_WebSocket, HandshakeResult] | None:
+        assert self._dial is not None
+        _scheme, host, port = self._dial
+        try:
+            with anyio.fail_after(self.limits.connect_timeout):
+                stream: anyio.abc.ByteStream = await anyio.connect_tcp(host, port)
+        except TimeoutError as exc:
+            raise LinkError(f"connect to {host}:{port} timed out") from exc
+        except OSError as exc:
+            raise LinkError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from exc
+        peer = f"{host}:{port}"
+        try:
+            return await self._upgrade_and_authenticate(stream, host, port, peer)
+        except BaseException:
+            # Shutdown (cancellation) included: never drop a connected stream unclosed.
+            await anyio.aclose_forcefully(stream)
+            raise
+
+    async def _upgrade_and_authenticate(
+        self, stream: anyio.abc.ByteStream, host: str, port: int, peer: str
+    ) -> tuple[_WebSocket, HandshakeResult] | None:
+        with anyio.move_on_after(self.limits.handshake_timeout) as deadline:
+            try:
+                if self._ssl is not None:
+                    stream = await TLSStream.wrap(
+                        stream,
+                        server_side=False,
+                        hostname=host,
+                        ssl_context=self._ssl,
+                        standard_compatible=False,
+                    )
+                ws = WSConnection(ConnectionType.CLIENT)
+                sock = _WebSocket(stream, ws, peer=peer, limits=self.limits)
+                await self._client_upgrade(sock, host, port)
+                return await self._authenticate(sock)
+            except ssl.SSLError as exc:
+                await anyio.aclose_forcefully(stream)
+                raise LinkError(f"TLS handshake with {peer} failed: {exc.reason or exc}") from exc
+            except (anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
+                await anyio.aclose_forcefully(stream)
+                raise LinkError(f"connection to {peer} lost during upgrade: {exc}") from exc
+        await anyio.aclose_forcefully(stream)
+        if deadline.cancelled_caught:
+            self._count_handshake_failure(HandshakeFailure.TIMEOUT)
+            raise LinkError(f"upgrade and handshake with {peer} exceeded the deadline")
+        return None
+
+    async def _client_upgrade(self, sock: _WebSocket, host: str, port: int) -> None:
+        ws = sock.ws
+        host_header = f"[{host}]" if ":" in host else host
+        await sock._write(ws.send(Request(host=f"{host_header}:{port}", target=EXECUTOR_PATH)))
+        while True:
+            data = await sock.stream.receive(_READ_CHUNK)
+            try:
+                ws.receive_data(data)
+                # Lazily: frames that arrived in the same read as the 101 (the peer's hello,
+                # typically) must stay queued in wsproto for receive_message, not be consumed.
+                for event in ws.events():
+                    if isinstance(event, AcceptConnection):
+                        sock.last_inbound = anyio.current_time()
+                        return
+                    if isinstance(event, RejectConnection):
+                        raise LinkError(
+                            f"{sock.peer} refused the upgrade: HTTP {event.status_code}"
+                        )
+            except RemoteProtocolError as exc:
+                raise LinkError(f"bad upgrade response from {sock.peer}: {exc}") from exc
+
+    # ------------------------------------------------------------------ handshake & attach
+
+    def _count_handshake_failure(self, reason: HandshakeFailure) -> None:
+        counts = self._stats.handshakes_failed
+        counts[reason.name] = counts.get(reason.name, 0) + 1
+
+    def _resume_offer(self) -> ResumeOffer | None:
+        t = self.transport
+        if t is None:
+            return None
+        return ResumeOffer(
+            session_id=t.session_id, peer_runtime=t.peer_runtime, received=t.accepted
+        )
+
+    async def _authenticate(self, sock: _WebSocket) -> tuple[_WebSocket, HandshakeResult] | None:
+        """Exchange hello and proof (the caller bounds this by the handshake deadline)."""
+        hs = Handshake(
+            role=self.role,
+            executor_id=self.executor_id,
+            key=self._key,
+            runtime=self.runtime_id,
+            nonce=os.urandom(32),
+            resume=self._resume_offer(),
+            max_frame_bytes=self.limits.max_handshake_frame_bytes,
+        )
+        try:
+            await sock.send_message(hs.hello_frame())
+            log.debug("%s → %s hello", self._tag, sock.peer)
+            while hs.result is None:
+                try:
+                    frame = await sock.receive_message()
+                except FrameTooLarge as exc:
+                    raise HandshakeError(HandshakeFailure.OVERSIZE, str(exc)) from exc
+                except MalformedFrame as exc:
+                    raise HandshakeError(HandshakeFailure.MALFORMED, str(exc)) from exc
+                if frame is None:
+                    why = _describe_close(sock)
+                    self.last_error = f"peer closed during handshake ({why})"
+                    log.info("%s ✕ %s handshake ended: %s", self._tag, sock.peer, why)
+                    await sock.abort()
+                    return None
+                reply = hs.receive(frame)
+                if reply is not None:
+                    await sock.send_message(reply)
+                    log.debug("%s → %s proof", self._tag, sock.peer)
+        except HandshakeError as exc:
+            self._count_handshake_failure(exc.reason)
+            self.last_error = str(exc)
+            log.warning("%s ✕ %s handshake refused: %s", self._tag, sock.peer, exc)
+            await sock.close(exc.close_code, exc.reason.description)
+            return None
+        except _SocketGone:
+            await sock.abort()
+            return None
+        self._stats.handshakes_completed += 1
+        return sock, hs.result
+
+    async def _attach_and_run(self, sock: _WebSocket, result: HandshakeResult) -> None:
+        try:
+            await self._run_socket(sock, result)
+        finally:
+            await sock.abort()  # a no-op after a close; closes the socket on cancellation
+
+    async def _run_socket(self, sock: _WebSocket, result: HandshakeResult) -> None:
+        decision = await self._decide(sock, result)
+        if decision is None:
+            return
+        transport, peer_received = decision
+        sock.max_message = self.limits.max_frame_bytes
+        self._attached = sock
+        log.info(
+            "%s ⇄ %s attached session=%s resumed=%s",
+            self._tag,
+            sock.peer,
+            transport.session_id.hex()[:12],
+            result.resume,
+        )
+        # Not 1001: a peer that still reads this must not take it for a shutdown (which retires).
+        code, cause = int(CloseCode.NORMAL), "socket ended"
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._heartbeat, sock, tg.cancel_scope)
+                try:
+                    await transport.run(sock, peer_received)
+                except SessionFailed as failure:
+                    code, cause = failure.close_code, str(failure)
+                tg.cancel_scope.cancel()
+        finally:
+            if self._attached is sock:
+                self._attached = None
+        if sock.peer_close is not None and sock.peer_close[0] in _PEER_RETIRED_CODES:
+            transport.retire(FailureReason.PEER_RETIRED, f"peer closed with {sock.peer_close[0]}")
+        if sock.local_close is None and sock.peer_close is None:
+            if transport.failure is not None:
+                code, cause = transport.failure.close_code, str(transport.failure)
+            sock.local_close = (code, cause)
+        log.info("%s ✕ %s %s", self._tag, sock.peer, _describe_close(sock))
+        local = sock.local_close
+        if local and local[0]:
+            code, cause = int(local[0]), local[1]  # e.g. 4007, 1009: tell the peer the real cause
+        await sock.close(code, cause)
+
+    async def _decide(
+        self, sock: _WebSocket, result: HandshakeResult
+    ) -> tuple[SessionTransport, int] | None:
+        """Apply the resume-or-fresh decision and the takeover rule (serialised)."""
+        assert self._tg is not None
+        async with self._attach_lock:
+            if self._closing:
+                await sock.close(CloseCode.GOING_AWAY, "shutting down")
+                return None
+            current = self.transport
+            if result.resume:
+                if current is None or current.session_id != result.session_id:
+                    await self._refuse(sock, "session changed during the handshake; retry")
+                    return None
+                if current.attached:
+                    old = self._attached
+                    if old is not None:
+                        old.local_close = (CloseCode.SUPERSEDED, "superseded by a resumed socket")
+                    current.detach_socket()
+                    await current.wait_detached()
+                self._stats.resumed += 1
+                return current, result.peer.received
+            if (
+                current is not None
+                and current.attached
+                and current.peer_runtime != result.peer.runtime
+            ):
+                old = self._attached
+                if old is not None and await old.probe(self.limits.takeover_probe_timeout):
+                    self._stats.takeovers_refused += 1
+                    await self._refuse(sock, "another peer holds a healthy session")
+                    return None
+                log.info("%s attached socket failed the takeover probe", self._tag)
+            if current is not None:
+                current.retire(FailureReason.REPLACED, "a fresh session replaced it")
+                if current.attached:
+                    await current.wait_detached()
+            transport = SessionTransport(
+                result.session_id, result.peer.runtime, self.limits, self._tg
+            )
+            self._transport = transport
+            self._stats.fresh_sessions += 1
+            for listener in list(self._listeners):
+                listener(transport, result)
+            return transport, 0
+
+    async def _refuse(self, sock: _WebSocket, why: str) -> None:
+        log.info("%s ✕ %s refused: %s", self._tag, sock.peer, why)
+        sock.local_close = (CloseCode.SUPERSEDED, why)
+        await sock.close(CloseCode.SUPERSEDED, why)
+
+    async def _heartbeat(self, sock: _WebSocket, scope: anyio.CancelScope) -> None:
+        interval = self.limits.heartbeat_interval
+        timeout = self.limits.heartbeat_timeout
+        next_ping = anyio.current_time() + interval
+        while True:
+            now = anyio.current_time()
+            if sock.reading:
+                silent = now - sock.last_inbound
+                if silent >= timeout:
+                    self._stats.heartbeat_timeouts += 1
+                    sock.local_close = (
+                        CloseCode.HEARTBEAT_TIMEOUT,
+                        f"no inbound frame for {silent:.1f}s (resumable)",
+                    )
+                    scope.cancel()
+                    return
+                deadline = sock.last_inbound + timeout
+            else:
+                # The reader is held up by our own slow consumer (back-pressure): the peer's
+                # frames wait unread, so its silence cannot be judged; the clock restarts when
+                # the reader is back (see _WebSocket.receive_message).
+                deadline = now + timeout
+            if now >= next_ping:
+                next_ping = now + interval
+                if not sock.busy:
+                    # Bounded: a peer that stopped reading must not stall the silence check.
+                    with anyio.move_on_after(max(0.0, deadline - now)):
+                        try:
+                            await sock.ping()
+                        except _SocketGone:
+                            scope.cancel()
+                            return
+            await anyio.sleep_until(min(next_ping, deadline))
+
+
+def _parse_dial_url(url: str) -> tuple[str, str, int]:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"invalid dial URL {url!r}: {exc}") from exc
+    if parts.scheme not in ("ws", "wss"):
+        raise ConfigError(f"dial URL {url!r} must use ws:// or wss://")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise ConfigError(f"dial URL {url!r} must not carry userinfo, a query or a fragment")
+    if parts.path != EXECUTOR_PATH:
+        raise ConfigError(f"dial URL {url!r} must have the path {EXECUTOR_PATH}")
+    if not parts.hostname:
+        raise ConfigError(f"dial URL {url!r} has no host")
+    return parts.scheme, parts.hostname, port or (443 if parts.scheme == "wss" else 80)

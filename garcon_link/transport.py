@@ -1,0 +1,627 @@
+"""SessionTransport: one logical session carried over a succession of sockets (DESIGN §5).
+
+Theory of operation
+-------------------
+A :class:`SessionTransport` owns one sans-IO :class:`~garcon_link.session.MessageSession` for its
+whole life and is attached to at most one socket at a time. The link calls :meth:`run` with each
+authenticated socket; ``run`` pumps bytes until the socket ends and then *detaches* (the session
+survives, its retained frames wait for the next socket) -- or the session fails and the transport
+is *retired* for good.
+
+States (``TransportState``)::
+
+    DETACHED --attach--> REPLAYING --fence--> READY
+        ^                    |                  |
+        +------- socket lost +------------------+
+    any --terminal failure--> RETIRED           (final; failure stored in ``failure``)
+
+Rules implemented here:
+
+* **Replay fence**: the first receipt received on the current attachment. The peer writes it after
+  everything it replays, so when it arrives every replayed inbound frame has been seen.
+* **Pre-readiness buffer**: inbound payloads accepted before the fence are held (bounded by
+  ``max_inbound_buffer_payloads``/``_bytes``; overflow retires the session), survive another detach,
+  and drain *in order* into the delivery queue *before* ``READY`` is announced.
+* **Replay inactivity**: while replaying (fence not yet passed, or frames we replayed not yet
+  confirmed), the session is retired with ``REPLAY_STALLED`` if ``replay_inactivity`` passes with no
+  progress. Progress is a new inbound ordinal or a receipt that confirms more of our frames;
+  heartbeats and duplicates are not progress. Time the reader spends waiting for our own slow
+  consumer is not the peer's inactivity: the deadline is paused meanwhile.
+* **Grace**: a detached session is retired with ``GRACE_EXPIRED`` after ``detached_grace``.
+* **Ordered delivery**: payloads go through one bounded memory stream read by one consumer
+  (:meth:`payloads`); a full queue pauses the socket reader (back-pressure), never the session.
+  The reader hands what the session accepted to a small pending queue *synchronously* and one
+  delivery task per transport moves it into the stream, so a socket that ends while the reader
+  waits for the consumer loses nothing (those payloads are accepted -- and acknowledged -- already).
+  Pre-readiness payloads count as buffered until the delivery task takes them.
+* **Socket faults**: a write to a dead socket (``BrokenResourceError``) ends the attachment, the
+  session waits for the next socket; a ``ProtocolError`` from the socket (text frame, over-size
+  message) retires the session like a malformed packet.
+* **Sending** (:meth:`send`) waits while retention is full -- full retention is back-pressure, never
+  a failure -- and wakes the socket writer, which coalesces every packet ready at that moment into
+  one WebSocket message (bounded by the frame limit).
+
+At retirement the payloads accepted but not yet queued are handed over if the delivery queue has
+room (the rest are dropped, with a warning: the RPC layer drops late replies anyway), then the
+delivery stream is closed, so the consumer sees them and then the end; :attr:`failure` says why.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from .errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
+from .limits import Limits
+from .session import MessageSession, SessionState, SessionStatistics
+from .wire import Ordinal
+
+__all__ = ["MessageSocket", "SessionTransport", "TransportState", "TransportStatistics"]
+
+log = logging.getLogger(__name__)
+
+
+class TransportState(enum.Enum):
+    DETACHED = "detached"
+    REPLAYING = "replaying"
+    READY = "ready"
+    RETIRED = "retired"
+
+
+class MessageSocket(Protocol):
+    """What the transport needs of an authenticated socket (implemented by the link)."""
+
+    async def send_message(self, data: bytes) -> None:
+        """Write one binary WebSocket message, awaiting drain.
+
+        Raises:
+            anyio.BrokenResourceError: (or a subclass, or ``ClosedResourceError``) the socket is
+                dead; the transport ends the attachment, the session stays.
+        """
+
+    async def receive_message(self) -> bytes | None:
+        """Return the next whole binary message, or ``None`` once the socket has closed.
+
+        Raises:
+            ProtocolError: the peer broke the WebSocket protocol (a text frame, a message over
+                the frame limit, bad framing); the transport retires the session.
+        """
+
+
+@dataclass(frozen=True, slots=True)
+class TransportStatistics:
+    """Snapshot of a transport: its session plus the transport's own counters."""
+
+    state: TransportState
+    session: SessionStatistics
+    attachments: int
+    buffered_payloads: int
+    buffered_bytes: int
+    queued_payloads: int
+    messages_written: int
+    messages_read: int
+
+
+Listener = Callable[[TransportState], None]
+
+
+class SessionTransport:
+    """One logical session over a succession of sockets.
+
+    Args:
+        session_id: the logical session's id (from the handshake).
+        peer_runtime: the runtime id of the peer this session belongs to.
+        limits: bounds; shared with the session.
+        task_group: where the transport's own timers (grace) run; normally the link's.
+    """
+
+    def __init__(
+        self,
+        session_id: bytes,
+        peer_runtime: bytes,
+        limits: Limits,
+        task_group: anyio.abc.TaskGroup,
+        *,
+        label: str = "",
+    ) -> None:
+        self.session_id = session_id
+        self.peer_runtime = peer_runtime
+        self.limits = limits
+        self.label = label or session_id.hex()[:8]
+        self._session = MessageSession(limits)
+        self._tg = task_group
+        self._state = TransportState.DETACHED
+        self._listeners: list[Listener] = []
+        self._deliver_send: MemoryObjectSendStream[bytes]
+        self._deliver_recv: MemoryObjectReceiveStream[bytes]
+        self._deliver_send, self._deliver_recv = anyio.create_memory_object_stream[bytes](
+            limits.delivery_queue
+        )
+        self._buffer: deque[bytes] = deque()
+        self._buffer_bytes = 0
+        # Released payloads (fence passed) not yet in the delivery queue, and the delivery task
+        # that moves them there (see _release).
+        self._pending: deque[tuple[bytes, bool]] = deque()  # (payload, came from _buffer)
+        self._pending_buffered = 0  # ... of which came from the pre-readiness buffer
+        self._pending_buffered_bytes = 0
+        self._in_flight = False
+        self._delivering = False
+        self._consumer_gone = False
+        self._consumer_wait: anyio.Event | None = None
+        self._pending_added = anyio.Event()
+        self._delivery_progress = anyio.Event()
+        self._fence_passed = False
+        self._wakeup = anyio.Event()
+        self._capacity = anyio.Event()
+        self._run_scope: anyio.CancelScope | None = None
+        self._run_done = anyio.Event()
+        self._grace_scope: anyio.CancelScope | None = None
+        self._replay_done = anyio.Event()
+        self._replay_target = 0
+        self._progress_at = 0.0
+        self._attachments = 0
+        self._messages_written = 0
+        self._messages_read = 0
+        self._ever_ready = False
+
+    # ------------------------------------------------------------------ observation
+
+    @property
+    def state(self) -> TransportState:
+        return self._state
+
+    @property
+    def failure(self) -> SessionFailed | None:
+        return self._session.failure
+
+    @property
+    def offered(self) -> int:
+        """Highest ordinal ever handed to a socket (never decreases, survives retirement)."""
+        return self._session.offered
+
+    @property
+    def accepted(self) -> int:
+        """Highest inbound ordinal accepted (what a resuming hello advertises as ``received``)."""
+        return self._session.accepted
+
+    @property
+    def attached(self) -> bool:
+        return self._run_scope is not None
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(state)`` on every state change; returns an unsubscribe callable."""
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def statistics(self) -> TransportStatistics:
+        return TransportStatistics(
+            state=self._state,
+            session=self._session.statistics(),
+            attachments=self._attachments,
+            # Pre-readiness payloads count as buffered until the delivery task has taken them.
+            buffered_payloads=len(self._buffer) + self._pending_buffered,
+            buffered_bytes=self._buffer_bytes + self._pending_buffered_bytes,
+            queued_payloads=self._deliver_send.statistics().current_buffer_used
+            + len(self._pending)
+            - self._pending_buffered
+            + self._in_flight,
+            messages_written=self._messages_written,
+            messages_read=self._messages_read,
+        )
+
+    def _set_state(self, state: TransportState) -> None:
+        if state is self._state:
+            return
+        log.debug("session %s: %s -> %s", self.label, self._state.value, state.value)
+        self._state = state
+        for listener in list(self._listeners):
+            try:
+                listener(state)
+            except Exception:  # a listener must not break the transport
+                log.exception("session %s: state listener failed", self.label)
+
+    # ------------------------------------------------------------------ consumer side
+
+    def payloads(self) -> MemoryObjectReceiveStream[bytes]:
+        """The ordered delivery stream (one consumer). Ends after retirement."""
+        return self._deliver_recv
+
+    async def send(self, body: bytes) -> Ordinal:
+        """Issue ``body`` as the next message of this session.
+
+        Waits while retention is full (back-pressure, never failure).
+
+        Returns:
+            The ordinal assigned to ``body``.
+
+        Raises:
+            PayloadTooLarge: the encoded frame exceeds ``max_frame_bytes``; nothing was issued.
+            SessionFailed: the session is retired; nothing was issued.
+        """
+        while True:
+            try:
+                ordinal = self._session.send(body)
+            except RetentionFull:
+                if self._capacity.is_set():
+                    self._capacity = anyio.Event()
+                await self._capacity.wait()
+                continue
+            self._wakeup.set()
+            return ordinal
+
+    def try_send(self, body: bytes) -> Ordinal | None:
+        """Like :meth:`send` but returns ``None`` instead of waiting when retention is full."""
+        try:
+            ordinal = self._session.send(body)
+        except RetentionFull:
+            return None
+        self._wakeup.set()
+        return ordinal
+
+    def has_capacity(self, size: int) -> bool:
+        return self._session.has_capacity(size)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def retire(self, reason: FailureReason, detail: str = "") -> SessionFailed:
+        """Retire the logical session for good (idempotent; the first cause is kept).
+
+        Closes the delivery stream after what was already accepted, releases senders waiting for
+        capacity (they raise), detaches the current socket (the link closes it with the
+        reason's close code) and notifies listeners with ``RETIRED``.
+        """
+        already = self._session.failure is not None
+        failure = self._session.fail(reason, detail)
+        if already and self._state is TransportState.RETIRED:
+            return failure
+        log.info("session %s retired: %s", self.label, failure)
+        if self._pending or self._buffer:
+            # Accepted and not yet queued for the consumer: hand them over if there is room.
+            self._drain_buffer_nowait()
+        self._deliver_send.close()
+        self._pending_added.set()  # the delivery task ends
+        self._delivery_progress.set()
+        self._capacity.set()
+        self._wakeup.set()
+        self._replay_done.set()
+        if self._run_scope is not None:
+            self._run_scope.cancel()
+        if self._grace_scope is not None:
+            self._grace_scope.cancel()
+        self._set_state(TransportState.RETIRED)
+        return failure
+
+    def _drain_buffer_nowait(self) -> None:
+        self._pending.extend((body, True) for body in self._buffer)  # after the released ones
+        self._buffer.clear()
+        self._buffer_bytes = 0
+        while self._pending:
+            body, _ = self._pending[0]
+            try:
+                self._deliver_send.send_nowait(body)
+            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                log.warning(
+                    "session %s: dropped %d accepted payload(s) at retirement",
+                    self.label,
+                    len(self._pending),
+                )
+                break
+            self._pending.popleft()
+        self._clear_pending()
+
+    def _raise_if_failed(self) -> None:
+        failure = self._session.failure
+        if failure is not None:
+            raise failure
+
+    async def wait_detached(self) -> None:
+        """Wait until no socket is attached (after :meth:`detach_socket` or :meth:`retire`)."""
+        while self._run_scope is not None:
+            await self._run_done.wait()
+
+    def detach_socket(self) -> None:
+        """Stop the current socket's pumps (the session stays; used for takeover and tests)."""
+        if self._run_scope is not None:
+            self._run_scope.cancel()
+
+    async def run(self, sock: MessageSocket, peer_received: int) -> None:
+        """Attach ``sock`` and pump it until it ends, then detach.
+
+        Args:
+            sock: an authenticated socket.
+            peer_received: the peer's advertised ``received`` (0 for a fresh session).
+
+        Raises:
+            SessionFailed: the session failed (it is retired; the link closes the socket with
+                ``failure.close_code``). A socket that merely ends is not an error: ``run``
+                returns and the session waits, detached, for the next socket.
+        """
+        self._raise_if_failed()
+        if self._run_scope is not None:
+            raise RuntimeError("a socket is already attached to this session")
+        confirmed_before = self._session.confirmed
+        try:
+            self._session.attach(peer_received)
+        except SessionFailed:
+            self.retire(FailureReason.RESUME_REFUSED)
+            raise
+        if self._session.confirmed != confirmed_before:
+            # The peer's resume position acknowledged frames whose receipts were lost: that
+            # frees retention just as a receipt would, so wake senders waiting for capacity.
+            self._capacity.set()
+        if self._grace_scope is not None:
+            self._grace_scope.cancel()
+            self._grace_scope = None
+        self._attachments += 1
+        self._fence_passed = False
+        self._replay_target = self._session.issued
+        self._replay_done = anyio.Event()
+        self._progress_at = anyio.current_time()
+        self._set_state(TransportState.REPLAYING)
+        self._wakeup.set()
+        scope = anyio.CancelScope()
+        self._run_scope = scope
+        self._run_done = anyio.Event()
+        try:
+            with scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._writer, sock, tg.cancel_scope)
+                    tg.start_soon(self._replay_watch)
+                    await self._reader(sock)
+                    tg.cancel_scope.cancel()
+        finally:
+            self._run_scope = None
+            self._run_done.set()
+            self._after_socket()
+        self._raise_if_failed()
+
+    def _after_socket(self) -> None:
+        """Synchronous detach bookkeeping (runs in ``finally``, possibly under cancellation)."""
+        if self._session.failure is not None:
+            if self._state is not TransportState.RETIRED:
+                self.retire(self._session.failure.reason)
+            return
+        now = anyio.current_time()
+        self._session.detach(now)
+        self._set_state(TransportState.DETACHED)
+        self._tg.start_soon(self._grace_watch)
+
+    async def _grace_watch(self) -> None:
+        with anyio.CancelScope() as scope:
+            self._grace_scope = scope
+            deadline = self._session.next_deadline()
+            if deadline is None:
+                return
+            await anyio.sleep_until(deadline)
+            failure = self._session.poll(anyio.current_time())
+            if failure is not None:
+                self.retire(failure.reason)
+        if self._grace_scope is scope:
+            self._grace_scope = None
+
+    # ------------------------------------------------------------------ pumps
+
+    async def _reader(self, sock: MessageSocket) -> None:
+        session = self._session
+        while True:
+            try:
+                data = await sock.receive_message()
+            except ProtocolError as exc:
+                # A text frame, an over-size message or broken framing: the peer broke the
+                # protocol, which is terminal for the session like a malformed packet (the link
+                # closes the socket with the specific code it recorded, e.g. 1003 or 1009).
+                self.retire(FailureReason.MALFORMED_PACKET, str(exc))
+                return
+            if data is None:
+                return
+            self._messages_read += 1
+            accepted_before = session.accepted
+            confirmed_before = session.confirmed
+            receipts_before = session.receipts_received
+            try:
+                bodies = session.receive(data)
+            except SessionFailed as failure:
+                self.retire(failure.reason, failure.detail)
+                return
+            if session.confirmed != confirmed_before:
+                self._capacity.set()
+            progressed = (
+                session.accepted != accepted_before or session.confirmed != confirmed_before
+            )
+            if session.receipt_due:
+                self._wakeup.set()
+            if not self._fence_passed:
+                for body in bodies:
+                    if not self._buffer_payload(body):
+                        return
+                if session.receipts_received != receipts_before:
+                    # Fence: first receipt on this attachment. Drain, then announce readiness.
+                    self._fence_passed = True
+                    self._release(self._buffer, buffered=True)
+                    self._buffer.clear()
+                    self._buffer_bytes = 0
+                    await self._wait_delivered()
+                    self._set_state(TransportState.READY)
+            else:
+                self._release(bodies)
+                await self._wait_delivered()
+            if not self._replay_done.is_set():
+                if progressed:
+                    self._progress_at = anyio.current_time()
+                if self._fence_passed and session.confirmed >= self._replay_target:
+                    self._replay_done.set()
+
+    # -- delivery: the reader hands accepted payloads over synchronously, so a socket that ends
+    # (cancelling the reader) while the consumer is slow never loses a payload the session has
+    # already accepted -- and acknowledged. One task per transport moves them into the bounded
+    # delivery queue, in order; the reader waits for it (back-pressure, as before).
+
+    def _release(self, bodies: Iterable[bytes], *, buffered: bool = False) -> None:
+        if self._consumer_gone:
+            return
+        for body in bodies:
+            if not self._pending and not self._in_flight:
+                # Fast path: nothing ahead of it, so queue it directly if there is room.
+                try:
+                    self._deliver_send.send_nowait(body)
+                    continue
+                except anyio.WouldBlock:
+                    pass
+                except anyio.BrokenResourceError:
+                    log.warning("session %s: the consumer closed the payload stream", self.label)
+                    self._consumer_gone = True
+                    return
+                except anyio.ClosedResourceError:  # retired
+                    return
+            self._pending.append((body, buffered))
+            if buffered:
+                self._pending_buffered += 1
+                self._pending_buffered_bytes += len(body)
+        if not self._pending:
+            return
+        self._pending_added.set()
+        if not self._delivering:
+            self._delivering = True
+            self._tg.start_soon(self._deliver)
+
+    def _undelivered(self) -> bool:
+        return bool(self._pending or self._in_flight) and not (
+            self._session.failure or self._consumer_gone
+        )
+
+    async def _wait_delivered(self) -> None:
+        """Wait until every released payload is in the delivery queue.
+
+        Time spent here is our consumer's, not the peer's: the replay inactivity clock is paused
+        meanwhile and restarts when the wait ends.
+        """
+        if not self._undelivered():
+            return
+        waiting = self._consumer_wait = anyio.Event()
+        try:
+            while self._undelivered():
+                progress = self._delivery_progress = anyio.Event()
+                await progress.wait()
+        finally:
+            self._consumer_wait = None
+            self._progress_at = anyio.current_time()
+            waiting.set()
+
+    async def _deliver(self) -> None:
+        """The delivery task: runs until retirement (or until the consumer goes away)."""
+        try:
+            while self._session.failure is None:
+                if not self._pending:
+                    added = self._pending_added = anyio.Event()
+                    await added.wait()
+                    continue
+                body, buffered = self._pending.popleft()
+                if buffered:
+                    self._pending_buffered -= 1
+                    self._pending_buffered_bytes -= len(body)
+                self._in_flight = True
+                try:
+                    await self._deliver_send.send(body)
+                finally:
+                    self._in_flight = False
+                    self._delivery_progress.set()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            # Retired (the queue is closed) or the consumer closed its end: nobody to deliver to.
+            if self._session.failure is None:
+                log.warning("session %s: the consumer closed the payload stream", self.label)
+            self._consumer_gone = True
+            self._clear_pending()
+            self._delivery_progress.set()
+
+    def _clear_pending(self) -> None:
+        self._pending.clear()
+        self._pending_buffered = 0
+        self._pending_buffered_bytes = 0
+
+    def _buffer_payload(self, body: bytes) -> bool:
+        limits = self.limits
+        # The bound covers pre-readiness payloads released at an earlier fence whose delivery
+        # a detach interrupted: they have not reached the consumer either.
+        count = len(self._buffer) + self._pending_buffered
+        size = self._buffer_bytes + self._pending_buffered_bytes
+        if (
+            count >= limits.max_inbound_buffer_payloads
+            or size + len(body) > limits.max_inbound_buffer_bytes
+        ):
+            self.retire(
+                FailureReason.INBOUND_OVERFLOW,
+                f"{count} payloads / {size} bytes before the fence",
+            )
+            return False
+        self._buffer.append(body)
+        self._buffer_bytes += len(body)
+        return True
+
+    async def _writer(self, sock: MessageSocket, pumps: anyio.CancelScope) -> None:
+        try:
+            await self._write_packets(sock)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            # The socket died under a write: end this attachment (the reader may still be
+            # waiting for bytes that will never come); the session waits for the next socket.
+            log.debug("session %s: write failed, detaching: %s", self.label, exc)
+            pumps.cancel()
+
+    async def _write_packets(self, sock: MessageSocket) -> None:
+        session = self._session
+        limit = self.limits.max_frame_bytes
+        delay = self.limits.receipt_delay
+        while True:
+            # Fresh event first: anything issued after this point wakes us again.
+            self._wakeup = anyio.Event()
+            if session.receipt_due and not session.frames_queued and not session.receipt_urgent:
+                # A lone receipt waits briefly to ride with the next frames (a reply, usually)
+                # instead of costing a WebSocket message of its own.
+                with anyio.move_on_after(delay):
+                    await self._wakeup.wait()
+                self._wakeup = anyio.Event()
+            packets = session.data_to_send()
+            if not packets:
+                if session.state is not SessionState.ATTACHED:
+                    return
+                await self._wakeup.wait()
+                continue
+            # Coalesce every packet ready now into as few messages as the frame limit allows.
+            batch: list[bytes] = []
+            size = 0
+            for packet in packets:
+                if batch and size + len(packet) > limit:
+                    await sock.send_message(b"".join(batch))
+                    self._messages_written += 1
+                    batch, size = [], 0
+                batch.append(packet)
+                size += len(packet)
+            await sock.send_message(batch[0] if len(batch) == 1 else b"".join(batch))
+            self._messages_written += 1
+
+    async def _replay_watch(self) -> None:
+        inactivity = self.limits.replay_inactivity
+        while not self._replay_done.is_set():
+            remaining = self._progress_at + inactivity - anyio.current_time()
+            if remaining <= 0:
+                waiting = self._consumer_wait
+                if waiting is not None:
+                    # The reader is held up by our own slow consumer: that is back-pressure,
+                    # not a stalled peer. The clock restarts when the consumer catches up.
+                    await waiting.wait()
+                    continue
+                self.retire(FailureReason.REPLAY_STALLED, f"no replay progress for {inactivity:g}s")
+                return
+            with anyio.move_on_after(remaining):
+                await self._replay_done.wait()

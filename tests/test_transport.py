@@ -1,0 +1,645 @@
+"""SessionTransport over in-memory sockets with injected faults (DESIGN §4, §5).
+
+A :class:`FakeSocket` is a scripted ``MessageSocket``: the test feeds it inbound WebSocket messages
+(hand-encoded session packets), ends it, or makes it fail, and reads what the transport wrote.
+Waiting uses ``anyio.wait_all_tasks_blocked`` or bounded polling, never a bare sleep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.abc
+import pytest
+from linkutil import wait_until
+
+from garcon_link.errors import (
+    FailureReason,
+    FrameTooLarge,
+    MalformedFrame,
+    PayloadTooLarge,
+    SessionFailed,
+)
+from garcon_link.limits import Limits
+from garcon_link.session import SessionState, encoded_message_size
+from garcon_link.transport import SessionTransport, TransportState
+from garcon_link.wire import Message, Receipt, decode_packets, encode_message, encode_receipt
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+DEADLINE = 5.0
+SESSION_ID = b"S" * 32
+PEER_RUNTIME = b"R" * 16
+
+
+class FakeSocket:
+    """A scripted socket: ``feed`` inbound messages, ``end`` it, or make writes fail."""
+
+    def __init__(self) -> None:
+        self._tx, self._rx = anyio.create_memory_object_stream[bytes | None | Exception](100)
+        self.written: list[bytes] = []
+        self.fail_writes: Exception | None = None
+        self.block_writes = False
+        self._unblock = anyio.Event()
+
+    def feed(self, *packets: bytes) -> None:
+        """One inbound WebSocket message holding ``packets``."""
+        self._tx.send_nowait(b"".join(packets))
+
+    def end(self) -> None:
+        self._tx.send_nowait(None)
+
+    def raise_on_read(self, exc: Exception) -> None:
+        self._tx.send_nowait(exc)
+
+    def unblock(self) -> None:
+        self.block_writes = False
+        self._unblock.set()
+
+    async def send_message(self, data: bytes) -> None:
+        if self.block_writes:
+            await self._unblock.wait()
+        if self.fail_writes is not None:
+            raise self.fail_writes
+        self.written.append(data)
+
+    async def receive_message(self) -> bytes | None:
+        try:
+            item = await self._rx.receive()
+        except anyio.EndOfStream:
+            return None
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def packets(self) -> list[Message | Receipt]:
+        return [p for data in self.written for p in decode_packets(data, 1 << 30)]
+
+    def bodies(self) -> list[bytes]:
+        return [p.body for p in self.packets() if isinstance(p, Message)]
+
+    def close(self) -> None:
+        self._tx.close()
+        self._rx.close()
+
+
+def msg(ordinal: int, body: bytes) -> bytes:
+    return encode_message(ordinal, body)
+
+
+def rcpt(through: int) -> bytes:
+    return encode_receipt(through)
+
+
+class Harness:
+    """A transport, its task group, a consumer that records payloads, and helpers."""
+
+    def __init__(self, transport: SessionTransport, tg: anyio.abc.TaskGroup) -> None:
+        self.t = transport
+        self.tg = tg
+        self.received: list[bytes] = []
+        self.states: list[TransportState] = []
+        self.queued_at_ready: list[int] = []
+        self.sockets: list[FakeSocket] = []
+        self.run_errors: list[BaseException] = []
+        self.consuming = anyio.Event()
+        transport.add_listener(self._on_state)
+
+    def _on_state(self, state: TransportState) -> None:
+        self.states.append(state)
+        if state is TransportState.READY:
+            self.queued_at_ready.append(self.t.statistics().queued_payloads)
+
+    async def consume(self) -> None:
+        await self.consuming.wait()
+        try:
+            async with self.t.payloads() as stream:
+                async for payload in stream:
+                    self.received.append(payload)
+        except anyio.ClosedResourceError:
+            pass  # the test closed the stream itself
+
+    def attach(self, peer_received: int = 0) -> FakeSocket:
+        sock = FakeSocket()
+        self.sockets.append(sock)
+
+        async def run() -> None:
+            try:
+                await self.t.run(sock, peer_received)
+            except SessionFailed as exc:
+                self.run_errors.append(exc)
+
+        self.tg.start_soon(run)
+        return sock
+
+
+@asynccontextmanager
+async def harness(limits: Limits | None = None, *, consume: bool = True) -> AsyncIterator[Harness]:
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            h = Harness(SessionTransport(SESSION_ID, PEER_RUNTIME, limits or Limits(), tg), tg)
+            tg.start_soon(h.consume)
+            if consume:
+                h.consuming.set()
+            try:
+                yield h
+            finally:
+                h.t.retire(FailureReason.CLOSED, "test over")
+                h.consuming.set()
+                for sock in h.sockets:
+                    sock.close()
+                await anyio.wait_all_tasks_blocked()
+                tg.cancel_scope.cancel()
+
+
+async def settle() -> None:
+    await anyio.wait_all_tasks_blocked()
+
+
+# ------------------------------------------------------------------------------------------------
+# readiness, the fence and the pre-readiness buffer
+
+
+async def test_fresh_attachment_writes_the_fence_and_is_ready_on_the_peers_fence() -> None:
+    async with harness() as h:
+        assert h.t.state is TransportState.DETACHED and not h.t.attached
+        sock = h.attach()
+        await settle()
+        assert h.t.state is TransportState.REPLAYING and h.t.attached
+        assert sock.packets() == [Receipt(0)]  # our trailing receipt: the peer's fence
+        sock.feed(rcpt(0))
+        await settle()
+        assert h.t.state is TransportState.READY
+        assert h.states == [TransportState.REPLAYING, TransportState.READY]
+
+
+async def test_payloads_before_the_fence_are_buffered_and_drain_in_order_before_ready() -> None:
+    async with harness() as h:
+        sock = h.attach()
+        sock.feed(msg(1, b"a"), msg(2, b"b"))
+        sock.feed(msg(3, b"c"))
+        await settle()
+        stats = h.t.statistics()
+        assert h.t.state is TransportState.REPLAYING
+        assert stats.buffered_payloads == 3 and stats.buffered_bytes == 3
+        assert h.received == []  # nothing reaches the consumer before the fence
+        # Receipts for them still go out (the peer may evict), but readiness waits.
+        await wait_until(lambda: Receipt(3) in sock.packets())
+        sock.feed(rcpt(0))
+        await settle()
+        assert h.t.state is TransportState.READY
+        assert h.received == [b"a", b"b", b"c"]
+        assert h.t.statistics().buffered_payloads == 0
+
+
+async def test_buffered_payloads_are_queued_before_ready_with_a_stalled_consumer() -> None:
+    async with harness(consume=False) as h:
+        sock = h.attach()
+        sock.feed(msg(1, b"a"), msg(2, b"b"), rcpt(0))
+        await settle()
+        assert h.t.state is TransportState.READY
+        assert h.queued_at_ready == [2]  # in the delivery queue when READY was announced
+        h.consuming.set()
+        await wait_until(lambda: h.received == [b"a", b"b"])
+
+
+async def test_buffered_payloads_count_as_buffered_until_the_consumer_takes_them() -> None:
+    limits = Limits(delivery_queue=2)
+    async with harness(limits, consume=False) as h:
+        sock = h.attach()
+        sock.feed(*(msg(i, f"p{i}".encode()) for i in range(1, 7)))
+        await settle()
+        assert h.t.statistics().buffered_payloads == 6
+        sock.feed(rcpt(0))
+        await wait_until(lambda: h.t.statistics().queued_payloads == 3)  # 2 queued, 1 handed over
+        stats = h.t.statistics()
+        assert stats.buffered_payloads == 3 and stats.buffered_bytes == 6
+        assert h.t.state is TransportState.REPLAYING  # not READY before they are all queued
+        h.consuming.set()
+        await wait_until(lambda: h.t.state is TransportState.READY)
+        await wait_until(lambda: len(h.received) == 6)
+        assert h.received == [f"p{i}".encode() for i in range(1, 7)]
+        assert h.t.statistics().buffered_payloads == 0
+
+
+async def test_fence_in_the_same_message_after_the_replay() -> None:
+    async with harness() as h:
+        sock = h.attach()
+        sock.feed(msg(1, b"a"), msg(2, b"b"), rcpt(0), msg(3, b"c"))
+        await wait_until(lambda: h.received == [b"a", b"b", b"c"])
+        assert h.t.state is TransportState.READY
+
+
+async def test_pre_readiness_buffer_survives_another_detach() -> None:
+    async with harness() as h:
+        first = h.attach()
+        first.feed(msg(1, b"a"), msg(2, b"b"))
+        await settle()
+        first.end()
+        await settle()
+        assert h.t.state is TransportState.DETACHED
+        assert h.t.statistics().buffered_payloads == 2 and h.received == []
+        second = h.attach(peer_received=0)
+        second.feed(msg(2, b"b"), msg(3, b"c"))  # the peer replays; 2 is a duplicate
+        await settle()
+        assert h.received == [] and h.t.statistics().buffered_payloads == 3
+        second.feed(rcpt(0))
+        await wait_until(lambda: h.received == [b"a", b"b", b"c"])
+        assert h.t.state is TransportState.READY
+        assert h.t.statistics().session.duplicates_suppressed == 1
+        assert h.t.statistics().attachments == 2
+
+
+@pytest.mark.parametrize("bound", ["payloads", "bytes"])
+async def test_pre_readiness_buffer_overflow_retires_the_session(bound: str) -> None:
+    limits = (
+        Limits(max_inbound_buffer_payloads=3)
+        if bound == "payloads"
+        else Limits(max_inbound_buffer_bytes=10)
+    )
+    async with harness(limits) as h:
+        sock = h.attach()
+        for i in range(1, 5):
+            sock.feed(msg(i, b"xxxx"))
+        await settle()
+        assert h.t.state is TransportState.RETIRED
+        failure = h.t.failure
+        assert failure is not None and failure.reason is FailureReason.INBOUND_OVERFLOW
+        assert h.run_errors == [failure]
+
+
+# ------------------------------------------------------------------------------------------------
+# sending, retention and the writer
+
+
+async def test_send_while_detached_is_replayed_on_attach() -> None:
+    async with harness() as h:
+        assert await h.t.send(b"one") == 1
+        assert await h.t.send(b"two") == 2
+        assert h.t.offered == 0
+        sock = h.attach()
+        await settle()
+        assert sock.bodies() == [b"one", b"two"]
+        assert sock.packets()[-1] == Receipt(0)  # the trailing receipt comes after the replay
+        assert h.t.offered == 2
+
+
+async def test_packets_ready_together_are_coalesced_into_one_message() -> None:
+    async with harness() as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await settle()
+        written = len(sock.written)
+        for i in range(10):
+            h.t.try_send(f"m{i}".encode())
+        await settle()
+        assert len(sock.written) == written + 1
+        assert sock.bodies() == [f"m{i}".encode() for i in range(10)]
+
+
+async def test_coalescing_respects_the_frame_limit() -> None:
+    limits = Limits(max_frame_bytes=64 * 1024, max_handshake_frame_bytes=1024)
+    async with harness(limits) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await settle()
+        sock.written.clear()
+        for i in range(5):
+            h.t.try_send(bytes([i]) * 30_000)
+        await settle()
+        assert len(sock.written) >= 3
+        assert all(len(m) <= limits.max_frame_bytes for m in sock.written)
+        assert sock.bodies() == [bytes([i]) * 30_000 for i in range(5)]
+
+
+async def test_a_payload_over_the_frame_limit_is_refused_without_an_ordinal() -> None:
+    limits = Limits(max_frame_bytes=1024, max_handshake_frame_bytes=512)
+    async with harness(limits) as h:
+        with pytest.raises(PayloadTooLarge):
+            await h.t.send(b"x" * 1024)
+        assert await h.t.send(b"fits") == 1
+
+
+async def test_full_retention_makes_send_wait_and_receipts_release_it() -> None:
+    limits = Limits(max_retained_frames=2)
+    async with harness(limits) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await h.t.send(b"1")
+        await h.t.send(b"2")
+        assert not h.t.has_capacity(1) and h.t.try_send(b"x") is None
+        done: list[int] = []
+
+        async def third() -> None:
+            done.append(await h.t.send(b"3"))
+
+        h.tg.start_soon(third)
+        await settle()
+        assert done == []  # waiting, not failed
+        assert h.t.state is TransportState.READY and h.t.failure is None
+        sock.feed(rcpt(1))
+        await wait_until(lambda: done == [3])
+        stats = h.t.statistics().session
+        assert stats.confirmed == 1 and stats.retained_frames == 2
+        assert sock.bodies() == [b"1", b"2", b"3"]
+
+
+async def test_waiting_sender_is_released_when_the_resume_position_confirms_its_frames() -> None:
+    """Regression: receipts lost with the old socket, the peer's hello confirmed them; the
+    attach freed retention but never woke the sender waiting for capacity (it hung)."""
+    limits = Limits(max_retained_frames=2)
+    async with harness(limits) as h:
+        first = h.attach()
+        first.feed(rcpt(0))
+        await h.t.send(b"1")
+        await h.t.send(b"2")
+        done: list[int] = []
+
+        async def third() -> None:
+            done.append(await h.t.send(b"3"))
+
+        h.tg.start_soon(third)
+        await settle()
+        assert done == []
+        first.end()  # the receipts for 1 and 2 never arrived
+        await settle()
+        second = h.attach(peer_received=2)  # ... but the peer has them
+        second.feed(rcpt(0))  # its fence is stale: nothing new
+        await wait_until(lambda: done == [3])
+        assert second.bodies() == [b"3"]  # 1 and 2 are not replayed
+
+
+async def test_write_failure_detaches_and_keeps_the_session() -> None:
+    """Regression: a write to a dead socket escaped the transport (and crashed the link)."""
+    async with harness() as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await settle()
+        sock.fail_writes = anyio.BrokenResourceError()
+        await h.t.send(b"lost with the socket")
+        await wait_until(lambda: h.t.state is TransportState.DETACHED)
+        assert h.t.failure is None and h.run_errors == []
+        again = h.attach(peer_received=0)
+        await settle()
+        assert again.bodies() == [b"lost with the socket"]
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [MalformedFrame("text frame"), FrameTooLarge(20 << 20, 16 << 20)],
+    ids=["text", "too-big"],
+)
+async def test_protocol_error_from_the_socket_retires_the_session(exc: Exception) -> None:
+    """Regression: a ProtocolError from receive_message escaped the transport (and the link)."""
+    async with harness() as h:
+        sock = h.attach()
+        sock.feed(rcpt(0), msg(1, b"kept"))
+        sock.raise_on_read(exc)
+        await wait_until(lambda: h.t.state is TransportState.RETIRED)
+        failure = h.t.failure
+        assert failure is not None and failure.reason is FailureReason.MALFORMED_PACKET
+        assert h.run_errors == [failure]
+        await wait_until(lambda: h.received == [b"kept"])
+
+
+# ------------------------------------------------------------------------------------------------
+# delivery: ordered, back-pressured, never lost when a socket ends
+
+
+async def test_payloads_accepted_while_the_consumer_stalls_survive_a_socket_end() -> None:
+    """Regression: a socket that ended while the reader waited for the consumer dropped the
+    rest of the batch it had already accepted (and acknowledged): lost for good."""
+    limits = Limits(delivery_queue=2)
+    async with harness(limits, consume=False) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0), *(msg(i, f"p{i}".encode()) for i in range(1, 9)))
+        await settle()
+        assert h.t.accepted == 8  # the session accepted the whole batch ...
+        h.t.detach_socket()  # ... and then the socket ends (heartbeat, cut, takeover)
+        await wait_until(lambda: h.t.state is TransportState.DETACHED)
+        h.consuming.set()
+        await wait_until(lambda: len(h.received) == 8)
+        assert h.received == [f"p{i}".encode() for i in range(1, 9)]
+
+
+async def test_slow_consumer_back_pressures_the_reader_not_the_session() -> None:
+    limits = Limits(delivery_queue=2)
+    async with harness(limits, consume=False) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        for i in range(1, 11):
+            sock.feed(msg(i, f"p{i}".encode()))
+        await settle()
+        # The reader stopped pulling messages: the queue and one batch in hand, no more.
+        assert h.t.accepted < 10
+        assert h.t.statistics().queued_payloads <= limits.delivery_queue + 1
+        assert h.t.state is TransportState.READY and h.t.failure is None
+        h.consuming.set()
+        await wait_until(lambda: len(h.received) == 10)
+        assert h.received == [f"p{i}".encode() for i in range(1, 11)]
+
+
+# ------------------------------------------------------------------------------------------------
+# inbound order and malformed packets
+
+
+async def test_duplicates_are_suppressed_and_a_gap_retires() -> None:
+    async with harness() as h:
+        sock = h.attach()
+        sock.feed(rcpt(0), msg(1, b"a"))
+        sock.feed(msg(1, b"a"), msg(2, b"b"))
+        await wait_until(lambda: h.received == [b"a", b"b"])
+        assert h.t.statistics().session.duplicates_suppressed == 1
+        sock.feed(msg(4, b"d"))
+        await wait_until(lambda: h.t.state is TransportState.RETIRED)
+        failure = h.t.failure
+        assert failure is not None and failure.reason is FailureReason.GAP
+
+
+async def test_receipt_beyond_offered_retires() -> None:
+    async with harness() as h:
+        sock = h.attach()
+        sock.feed(rcpt(5))
+        await wait_until(lambda: h.t.state is TransportState.RETIRED)
+        failure = h.t.failure
+        assert failure is not None and failure.reason is FailureReason.RECEIPT_BEYOND_OFFERED
+
+
+async def test_a_resume_position_outside_the_replayable_range_retires() -> None:
+    async with harness() as h:
+        await h.t.send(b"never written")
+        sock = FakeSocket()
+        h.sockets.append(sock)
+        with pytest.raises(SessionFailed) as info:
+            await h.t.run(sock, 1)  # the peer claims a frame that was never offered
+        assert info.value.reason is FailureReason.RESUME_REFUSED
+        assert h.t.state is TransportState.RETIRED
+
+
+# ------------------------------------------------------------------------------------------------
+# deadlines: replay inactivity and grace
+
+
+async def test_replay_stall_retires_although_the_socket_stays_open() -> None:
+    limits = Limits(replay_inactivity=0.2)
+    async with harness(limits) as h:
+        first = h.attach()
+        first.feed(rcpt(0))
+        await h.t.send(b"x")
+        await settle()
+        first.end()
+        await settle()
+        second = h.attach(peer_received=0)
+        start = anyio.current_time()
+        await wait_until(lambda: h.t.state is TransportState.RETIRED, timeout=3.0)
+        assert anyio.current_time() - start >= 0.2 * 0.9
+        failure = h.t.failure
+        assert failure is not None and failure.reason is FailureReason.REPLAY_STALLED
+        assert second.bodies() == [b"x"]  # it was replayed; no receipt ever came back
+
+
+async def test_replay_progress_refreshes_the_inactivity_deadline() -> None:
+    limits = Limits(replay_inactivity=0.3)
+    async with harness(limits) as h:
+        sock = h.attach()
+        # Keep making progress (new ordinals) for longer than the deadline, fence last.
+        for i in range(1, 8):
+            sock.feed(msg(i, b"p"))
+            await anyio.sleep(0.1)
+            assert h.t.state is TransportState.REPLAYING
+        sock.feed(rcpt(0))
+        await wait_until(lambda: h.t.state is TransportState.READY)
+        assert h.t.failure is None
+
+
+async def test_grace_expiry_retires_a_detached_session() -> None:
+    limits = Limits(detached_grace=0.2)
+    async with harness(limits) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await settle()
+        sock.end()
+        start = anyio.current_time()
+        await wait_until(lambda: h.t.state is TransportState.RETIRED, timeout=3.0)
+        assert anyio.current_time() - start >= 0.2 * 0.9
+        failure = h.t.failure
+        assert failure is not None and failure.reason is FailureReason.GRACE_EXPIRED
+
+
+async def test_reattaching_within_grace_cancels_the_expiry() -> None:
+    limits = Limits(detached_grace=0.3)
+    async with harness(limits) as h:
+        first = h.attach()
+        first.feed(rcpt(0))
+        await settle()
+        first.end()
+        await settle()
+        second = h.attach()
+        second.feed(rcpt(0))
+        await wait_until(lambda: h.t.state is TransportState.READY)
+        await anyio.sleep(0.6)  # let the old grace deadline pass: nothing may happen
+        assert h.t.state is TransportState.READY and h.t.failure is None
+
+
+# ------------------------------------------------------------------------------------------------
+# retirement
+
+
+async def test_retire_ends_delivery_after_accepted_payloads_and_fails_senders() -> None:
+    limits = Limits(max_retained_frames=1)
+    async with harness(limits) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0), msg(1, b"a"), msg(2, b"b"))
+        await wait_until(lambda: h.received == [b"a", b"b"])
+        await h.t.send(b"1")
+        errors: list[BaseException] = []
+
+        async def blocked() -> None:
+            try:
+                await h.t.send(b"2")
+            except SessionFailed as exc:
+                errors.append(exc)
+
+        h.tg.start_soon(blocked)
+        await settle()
+        failure = h.t.retire(FailureReason.GRACE_EXPIRED, "test")
+        assert h.t.retire(FailureReason.CLOSED) is failure  # idempotent, first cause kept
+        await wait_until(lambda: errors == [failure])
+        assert h.t.state is TransportState.RETIRED and not h.t.attached
+        assert h.run_errors == [failure]
+        with pytest.raises(SessionFailed):
+            await h.t.send(b"late")
+        with pytest.raises(SessionFailed):
+            h.t.try_send(b"late")
+        assert not h.t.has_capacity(1)
+        assert h.t.statistics().session.state is SessionState.FAILED
+        assert h.t.statistics().session.retained_frames == 0
+
+
+async def test_retire_hands_over_payloads_buffered_before_the_fence() -> None:
+    async with harness() as h:
+        sock = h.attach()
+        sock.feed(msg(1, b"a"), msg(2, b"b"))
+        await settle()
+        h.t.retire(FailureReason.PEER_RETIRED)
+        await wait_until(lambda: h.received == [b"a", b"b"])
+
+
+async def test_listener_errors_do_not_break_the_transport() -> None:
+    async with harness() as h:
+
+        def broken(state: TransportState) -> None:
+            raise RuntimeError("listener bug")
+
+        seen: list[TransportState] = []
+        unsubscribe = h.t.add_listener(broken)
+        h.t.add_listener(seen.append)
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await wait_until(lambda: h.t.state is TransportState.READY)
+        assert seen == [TransportState.REPLAYING, TransportState.READY]
+        unsubscribe()
+        unsubscribe()  # idempotent
+
+
+async def test_statistics_track_the_session_and_the_sockets() -> None:
+    async with harness() as h:
+        sock = h.attach()
+        await wait_until(lambda: len(sock.written) == 1)  # our fence
+        sock.feed(rcpt(0), msg(1, b"in"))
+        await wait_until(lambda: h.received == [b"in"] and len(sock.written) == 2)  # a receipt
+        await h.t.send(b"out-1")
+        await h.t.send(b"out-2")
+        await wait_until(lambda: len(sock.written) == 3)  # both, coalesced
+        sock.feed(rcpt(2))
+        await wait_until(lambda: h.t.statistics().session.confirmed == 2)
+        stats = h.t.statistics()
+        assert stats.state is TransportState.READY
+        assert stats.attachments == 1
+        assert stats.messages_read == 2 and stats.messages_written == 3
+        assert stats.buffered_payloads == 0 and stats.buffered_bytes == 0
+        assert stats.queued_payloads == 0
+        s = stats.session
+        assert (s.issued, s.offered, s.confirmed, s.accepted) == (2, 2, 2, 1)
+        assert s.retained_frames == 0 and s.retained_bytes == 0
+        assert s.receipts_received == 2 and s.receipts_sent == 2 and s.delivered == 1
+        assert s.replays == 0 and s.duplicates_suppressed == 0
+        # A snapshot does not change afterwards.
+        await h.t.send(b"out-3")
+        assert stats.session.issued == 2
+        assert h.t.statistics().session.retained_bytes == encoded_message_size(3, 5)
+
+
+async def test_a_consumer_that_closes_its_stream_does_not_break_the_session() -> None:
+    """Payloads nobody will read are dropped; the session itself carries on."""
+    async with harness(consume=False) as h:
+        h.t.payloads().close()
+        sock = h.attach()
+        sock.feed(rcpt(0), msg(1, b"a"), msg(2, b"b"))
+        await wait_until(lambda: h.t.accepted == 2 and Receipt(2) in sock.packets())
+        sock.feed(msg(3, b"c"))
+        await wait_until(lambda: Receipt(3) in sock.packets())
+        assert h.t.state is TransportState.READY and h.t.failure is None
+        assert h.t.statistics().queued_payloads == 0
