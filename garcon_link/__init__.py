@@ -1,10 +1,12 @@
 """garcon_link: resumable, authenticated WebSocket RPC to Python service objects in a worker.
 
-See README.md for the guarantees and DESIGN notes in each module's docstring.
+The public surface is this module's ``__all__``; see README.md for the guarantees and each
+module's docstring for its rules.
 """
 
 from __future__ import annotations
 
+from .config import LinkConfig, Secret, TlsConfig, generate_secret, load_config, write_secret_file
 from .errors import (
     AuthenticationError,
     CallError,
@@ -22,17 +24,35 @@ from .errors import (
     SessionFailed,
     StaleResource,
 )
+from .interface import oneway
 from .limits import Limits
+from .remote import (
+    Availability,
+    ExecutorInfo,
+    RemoteExecutor,
+    Service,
+    Worker,
+    connect,
+    peer,
+    serve,
+    with_options,
+)
+from .resources import ResourceRef, ServiceScope, current_scope
+from .rpc import register_exception
+from .wire import Role
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AuthenticationError",
+    "Availability",
     "CallError",
     "ConfigError",
+    "ExecutorInfo",
     "GarconLinkError",
     "HandshakeError",
     "Limits",
+    "LinkConfig",
     "LinkError",
     "NotDispatched",
     "Outcome",
@@ -41,7 +61,25 @@ __all__ = [
     "ProtocolError",
     "Rejected",
     "RemoteError",
+    "RemoteExecutor",
+    "ResourceRef",
+    "Role",
+    "Secret",
+    "Service",
+    "ServiceScope",
     "SessionFailed",
     "StaleResource",
+    "TlsConfig",
+    "Worker",
     "__version__",
+    "connect",
+    "current_scope",
+    "generate_secret",
+    "load_config",
+    "oneway",
+    "peer",
+    "register_exception",
+    "serve",
+    "with_options",
+    "write_secret_file",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextvars
 from dataclasses import dataclass
 
-from .errors import StaleResource
+from .errors import Rejected, StaleResource
 
 __all__ = ["ResourceRef", "ServiceScope", "current_scope"]
 
@@ -56,15 +56,15 @@ class ServiceScope:
         """Return ``ref.id`` if ``ref`` belongs to this scope (and is of ``kind``).
 
         Raises:
-            StaleResource: the reference was minted by another scope or executor, or is of
-                another kind.
+            StaleResource: the reference was minted by another scope or executor.
+            Rejected: the reference is of another kind (code ``WRONG_RESOURCE_KIND``).
         """
         if ref.executor_id != self.executor_id or ref.instance_id != self.instance_id:
             raise StaleResource(
                 message=f"{ref!r} belongs to a replaced session or another executor"
             )
         if kind is not None and ref.kind != kind:
-            raise StaleResource("WRONG_RESOURCE_KIND", f"{ref!r} is not a {kind!r} resource")
+            raise Rejected("WRONG_RESOURCE_KIND", f"{ref!r} is not a {kind!r} resource")
         return ref.id
 
 

@@ -1,0 +1,687 @@
+"""Stable remote facades (controller) and the worker runtime (DESIGN §7, §8, §10).
+
+Theory of operation
+-------------------
+Both :class:`RemoteExecutor` (controller) and :class:`Worker` (what :func:`serve` runs) are an
+*endpoint*: one :class:`~garcon_link.link.WebSocketLink` plus, for each logical session it carries,
+one :class:`~garcon_link.rpc.ExecutorRpc`. Which side dials is configuration, not role.
+
+Controller availability::
+
+    offline --(fresh session: fence passed + describe matched)--> ready
+    ready <--(socket lost / replay done)--> reconnecting
+    ready | reconnecting --(continuity lost: session retired)--> offline   (exactly one transition)
+    any --aclose()--> disposed                                            (final)
+
+A fresh session is *installed* (made current, availability ``ready``) only after its replay fence
+and a ``describe`` call whose contract hash matches the first one seen. A changed contract is
+refused: the executor stays ``offline`` and calls raise ``NotDispatched("CONTRACT_CHANGED")``.
+
+Facades (:meth:`RemoteExecutor.service`) hold no session: each call resolves the current one at
+call time. While ``reconnecting`` a call waits up to its ``dispatch_deadline`` for ``ready``; while
+``offline`` (or past the deadline) it raises ``NotDispatched`` at once. There is no hidden offline
+queue. Resource references carry the worker's ``instance_id``; after replacement they raise
+``StaleResource`` before anything is sent.
+
+Worker scopes: ``services`` is either a mapping of name -> object, or a factory called once per
+logical session with its :class:`~garcon_link.resources.ServiceScope` that returns an async
+context manager yielding that mapping. A retired session's scope is closed in the background,
+bounded by ``scope_cleanup_timeout``, never blocking the new session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast
+
+import anyio
+import anyio.abc
+
+from .config import LinkConfig
+from .errors import CallError, ConfigError, FailureReason, NotDispatched
+from .handshake import HandshakeResult
+from .interface import MethodKind, MethodSpec, ServiceSpec, contract_hash, service_spec
+from .limits import Limits
+from .link import WebSocketLink
+from .resources import ServiceScope
+from .rpc import ExecutorRpc, Registry, RemoteStream
+from .transport import SessionTransport, TransportState
+
+__all__ = [
+    "Availability",
+    "ExecutorInfo",
+    "RemoteExecutor",
+    "Service",
+    "Worker",
+    "connect",
+    "serve",
+    "with_options",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Availability = Literal["offline", "ready", "reconnecting", "disposed"]
+ServiceMap = Mapping[str, Any]
+ServiceFactory = Callable[[ServiceScope], contextlib.AbstractAsyncContextManager[ServiceMap]]
+EventSink = Callable[[str], None]
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """An object exposed under an explicit interface (only the interface's methods are callable)."""
+
+    target: object
+    interface: type
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorInfo:
+    """What the worker described for the current session."""
+
+    executor_id: str
+    instance_id: bytes
+    session_id: bytes
+    services: Mapping[str, Any]
+    contract: str
+
+
+def _registry_from(services: ServiceMap) -> Registry:
+    registry = Registry()
+    for name, value in services.items():
+        if isinstance(value, Service):
+            registry.add(name, value.target, service_spec(value.interface))
+        else:
+            registry.add(name, value, service_spec(type(value)))
+    return registry
+
+
+def _link_from_config(config: LinkConfig, limits: Limits) -> WebSocketLink:
+    return WebSocketLink(
+        role=config.role,
+        executor_id=config.executor_id,
+        secret=config.secret.reveal(),
+        limits=limits,
+        listen=config.listen,
+        dial=config.dial,
+        ssl_context=config.ssl_context(),
+        allow_insecure_development=config.allow_insecure_development,
+    )
+
+
+async def _wait_state(transport: SessionTransport, *states: TransportState) -> TransportState:
+    if transport.state in states:
+        return transport.state
+    event = anyio.Event()
+    unsubscribe = transport.add_listener(lambda s: event.set() if s in states else None)
+    try:
+        await event.wait()
+    finally:
+        unsubscribe()
+    return transport.state
+
+
+class _Endpoint:
+    """Shared machinery: a link, and an ExecutorRpc per logical session."""
+
+    def __init__(self, config: LinkConfig, *, limits: Limits | None = None) -> None:
+        self.config = config
+        self.limits = limits or config.limits
+        self.link = _link_from_config(config, self.limits)
+        self.link.on_session(self._on_session)
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # The task group and the link are entered and exited by hand, not through an
+    # ``AsyncExitStack``: when the host task is cancelled, the stack re-raises the same
+    # ``CancelledError`` from two exits and its context fix-up makes the exception its own
+    # ``__context__``; anyio's asyncio backend then loops forever walking that chain.
+
+    async def _start(self) -> None:
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        try:
+            await self.link.__aenter__()
+        except BaseException:
+            # Exit the task group as if nothing happened, so the caller gets the link's own
+            # exception (e.g. LinkError "cannot listen"), not an ExceptionGroup around it.
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+            raise
+
+    async def _stop(self) -> None:
+        tg = self._tg
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.link.aclose()
+            await self.link.__aexit__(None, None, None)
+        except BaseException as exc:
+            if tg is not None:
+                tg.cancel_scope.cancel()
+                await tg.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        if tg is not None:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+
+    def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
+        raise NotImplementedError
+
+
+class RemoteExecutor(_Endpoint):
+    """The controller's handle on one worker; use ``async with connect(config) as executor``.
+
+    Args:
+        config: the controller's configuration (dial or listen).
+        services: controller-side services the worker may call back (optional).
+        limits: overrides ``config.limits``.
+    """
+
+    def __init__(
+        self,
+        config: LinkConfig,
+        *,
+        services: ServiceMap | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        super().__init__(config, limits=limits)
+        self._registry = _registry_from(services or {})
+        self._availability: Availability = "offline"
+        self._callbacks: list[Callable[[Availability], None]] = []
+        self._rpc: ExecutorRpc | None = None
+        self._info: ExecutorInfo | None = None
+        self._contract: str | None = None
+        self._changed = anyio.Event()
+        self.last_error: str | None = None
+        self._contract_refused = False  # the latest fresh session was refused for its contract
+
+    async def __aenter__(self) -> RemoteExecutor:
+        await self._start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Dispose: retire the session (pending calls fail honestly), stop the link. Idempotent."""
+        if self._availability == "disposed":
+            return
+        self._set_availability("disposed")
+        await self._stop()
+
+    # -- availability
+
+    @property
+    def availability(self) -> Availability:
+        return self._availability
+
+    def on_availability_changed(
+        self, callback: Callable[[Availability], None]
+    ) -> Callable[[], None]:
+        """Call ``callback(new_availability)`` on each transition; returns an unsubscriber."""
+        self._callbacks.append(callback)
+        return lambda: self._callbacks.remove(callback) if callback in self._callbacks else None
+
+    def _set_availability(self, value: Availability) -> None:
+        if self._availability == value or self._availability == "disposed":
+            return
+        log.info("executor %s: %s -> %s", self.config.executor_id, self._availability, value)
+        self._availability = value
+        self._changed.set()
+        self._changed = anyio.Event()
+        for callback in list(self._callbacks):
+            try:
+                callback(value)
+            except Exception:
+                log.exception("availability callback failed")
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until the executor is ``ready``.
+
+        Raises:
+            TimeoutError: not ready within ``timeout`` (the message carries the last link error).
+            NotDispatched: the executor was disposed.
+        """
+        with anyio.move_on_after(timeout):
+            while self._availability != "ready":
+                if self._availability == "disposed":
+                    raise NotDispatched("DISPOSED", "the executor was closed")
+                await self._changed.wait()
+            return
+        why = self.last_error or self.link.last_error or "no session yet"
+        raise TimeoutError(
+            f"executor {self.config.executor_id!r} not ready within {timeout}s: {why}"
+        )
+
+    async def _rpc_for_call(self, dispatch_deadline: float) -> ExecutorRpc:
+        if self._availability == "reconnecting" and dispatch_deadline > 0:
+            with anyio.move_on_after(dispatch_deadline):
+                while self._availability == "reconnecting":
+                    await self._changed.wait()
+        rpc = self._rpc
+        state = self._availability
+        if state == "ready" and rpc is not None:
+            return rpc
+        if state == "disposed":
+            raise NotDispatched("DISPOSED", "the executor was closed")
+        if state == "reconnecting":
+            raise NotDispatched("RECONNECTING", "the executor is reconnecting")
+        if self._contract_refused:
+            raise NotDispatched("CONTRACT_CHANGED", self.last_error or "the contract changed")
+        raise NotDispatched("OFFLINE", self.last_error or "the executor is offline")
+
+    # -- sessions
+
+    def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
+        rpc = ExecutorRpc(transport, self._registry, self.limits, describe=self._describe_self)
+        assert self._tg is not None
+        self._tg.start_soon(self._session_task, transport, rpc)
+
+    def _describe_self(self) -> dict[str, Any]:
+        manifest = self._registry.manifest()
+        return {"services": manifest, "contract": contract_hash(manifest)}
+
+    async def _session_task(self, transport: SessionTransport, rpc: ExecutorRpc) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rpc.run)
+            if (
+                await _wait_state(transport, TransportState.READY, TransportState.RETIRED)
+                is TransportState.READY
+            ):
+                await self._install(transport, rpc)
+            await _wait_state(transport, TransportState.RETIRED)
+            if self._rpc is rpc:
+                self._rpc = None
+                self._set_availability("offline")
+
+    async def _install(self, transport: SessionTransport, rpc: ExecutorRpc) -> None:
+        try:
+            manifest = await rpc.describe_peer(timeout=self.limits.call_timeout)
+            info = ExecutorInfo(
+                executor_id=str(manifest["executor_id"]),
+                instance_id=bytes(manifest["instance_id"]),
+                session_id=transport.session_id,
+                services=dict(manifest["services"]),
+                contract=str(manifest["contract"]),
+            )
+        except (CallError, KeyError, TypeError, ValueError) as exc:
+            self.last_error = f"describe failed: {exc}"
+            log.warning("executor %s: %s", self.config.executor_id, self.last_error)
+            return
+        if self._contract is not None and info.contract != self._contract:
+            self.last_error = (
+                f"the worker's contract changed ({self._contract[:12]} -> {info.contract[:12]}); "
+                "refusing the replacement session"
+            )
+            log.error("executor %s: %s", self.config.executor_id, self.last_error)
+            self._contract_refused = True
+            return
+        self._contract = info.contract
+        self._contract_refused = False
+        rpc.peer_instance_id = info.instance_id
+        self._info = info
+        self._rpc = rpc
+        self.last_error = None
+
+        def follow(state: TransportState) -> None:
+            if self._rpc is not rpc:
+                return
+            if state is TransportState.READY:
+                self._set_availability("ready")
+            elif state in (TransportState.DETACHED, TransportState.REPLAYING):
+                self._set_availability("reconnecting")
+
+        transport.add_listener(follow)
+        if transport.state is TransportState.READY:
+            self._set_availability("ready")
+        else:
+            follow(transport.state)
+
+    # -- calls
+
+    async def info(self) -> ExecutorInfo:
+        """The current session's description (executor id, instance id, services, contract)."""
+        await self._rpc_for_call(0)
+        assert self._info is not None
+        return self._info
+
+    def service(self, name: str, interface: Callable[..., T]) -> T:
+        """A stable facade for service ``name``, typed as ``interface``.
+
+        The facade survives every session replacement and resolves the current session at call
+        time. Use :func:`with_options` (or ``facade.with_options``) for per-call options.
+
+        ``interface`` must be a class, usually a ``typing.Protocol``. It is annotated as a
+        callable returning ``T`` rather than ``type[T]`` because mypy refuses a Protocol (or any
+        abstract class) where ``type[T]`` is expected (``type-abstract``); the callable form
+        infers ``T`` as the interface itself.
+
+        Raises:
+            TypeError: ``interface`` is not a class.
+        """
+        return cast("T", _Facade(self, name, service_spec(_interface_class(interface)), None, None))
+
+    @property
+    def current_rpc(self) -> ExecutorRpc | None:
+        return self._rpc
+
+
+class _Facade:
+    """Runtime object behind a typed facade: one bound coroutine/stream function per method."""
+
+    def __init__(
+        self,
+        executor: RemoteExecutor,
+        name: str,
+        spec: ServiceSpec,
+        timeout: float | None,
+        dispatch_deadline: float | None,
+    ) -> None:
+        self._executor = executor
+        self._name = name
+        self._spec = spec
+        self._timeout = executor.limits.call_timeout if timeout is None else timeout
+        self._deadline = (
+            executor.limits.dispatch_deadline if dispatch_deadline is None else dispatch_deadline
+        )
+        for method in spec.methods.values():
+            setattr(self, method.name, self._bind(method))
+
+    def __repr__(self) -> str:
+        interface = self._spec.interface.__qualname__
+        return f"<facade {self._name}: {interface} @ {self._executor.config.executor_id}>"
+
+    def with_options(
+        self, *, timeout: float | None = _UNSET, dispatch_deadline: float | None = _UNSET
+    ) -> Any:
+        return _Facade(
+            self._executor,
+            self._name,
+            self._spec,
+            self._timeout if timeout is _UNSET else timeout,
+            self._deadline if dispatch_deadline is _UNSET else dispatch_deadline,
+        )
+
+    def _bind(self, method: MethodSpec) -> Callable[..., Any]:
+        executor, name, facade = self._executor, self._name, self
+
+        if method.kind is MethodKind.STREAM:
+
+            def open_stream(*args: Any, **kwargs: Any) -> _FacadeStream:
+                return _FacadeStream(executor, name, method, args, kwargs, facade._deadline)
+
+            open_stream.__name__ = method.name
+            return open_stream
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            rpc = await executor._rpc_for_call(facade._deadline)
+            return await rpc.call(name, method, args, kwargs, timeout=facade._timeout)
+
+        call.__name__ = method.name
+        return call
+
+
+class _FacadeStream(AsyncIterator[Any]):
+    """Resolves the current session on first iteration, then delegates to a RemoteStream."""
+
+    def __init__(
+        self,
+        executor: RemoteExecutor,
+        name: str,
+        method: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        deadline: float,
+    ) -> None:
+        self._executor = executor
+        self._name = name
+        self._method = method
+        self._args = args
+        self._kwargs = kwargs
+        self._deadline = deadline
+        self._stream: RemoteStream | None = None
+        self._closed = False
+
+    def __aiter__(self) -> _FacadeStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._closed:
+            raise StopAsyncIteration
+        if self._stream is None:
+            rpc = await self._executor._rpc_for_call(self._deadline)
+            self._stream = rpc.stream(self._name, self._method, self._args, self._kwargs)
+        return await self._stream.__anext__()
+
+    async def aclose(self) -> None:
+        """Stop the stream (idempotent); it is never started if it had not been yet."""
+        self._closed = True
+        if self._stream is not None:
+            await self._stream.aclose()
+
+
+def with_options(
+    facade: T, *, timeout: float | None = _UNSET, dispatch_deadline: float | None = _UNSET
+) -> T:
+    """A copy of ``facade`` with other call options (typed as the same interface).
+
+    Args:
+        timeout: per-call deadline in seconds (``None``: the configured default).
+        dispatch_deadline: how long a call waits for a reconnecting executor (0: not at all).
+    """
+    if not isinstance(facade, _Facade):
+        raise TypeError("with_options() takes a facade returned by RemoteExecutor.service()")
+    return cast("T", facade.with_options(timeout=timeout, dispatch_deadline=dispatch_deadline))
+
+
+def connect(
+    config: LinkConfig, *, services: ServiceMap | None = None, limits: Limits | None = None
+) -> RemoteExecutor:
+    """The controller side: ``async with connect(config) as executor: ...``.
+
+    Raises:
+        ConfigError: ``config`` is not a controller configuration.
+    """
+    if config.role.value != "controller":
+        raise ConfigError(
+            f"connect() needs a controller configuration, got role {config.role.value!r}"
+        )
+    return RemoteExecutor(config, services=services, limits=limits)
+
+
+# ---------------------------------------------------------------------- worker
+
+
+class Worker(_Endpoint):
+    """The worker side: serves ``services`` to one controller at a time.
+
+    Args:
+        config: the worker's configuration (listen or dial).
+        services: name -> object (or :class:`Service`), or a per-session scope factory.
+        on_event: receives one ``key=value`` diagnostic line per event (``executor-listening``,
+            ``executor-ready``); the CLI prints them.
+        controller_services: not used by the worker itself; see :func:`garcon_link.peer`.
+    """
+
+    def __init__(
+        self,
+        config: LinkConfig,
+        services: ServiceMap | ServiceFactory,
+        *,
+        limits: Limits | None = None,
+        on_event: EventSink | None = None,
+    ) -> None:
+        if config.role.value != "worker":
+            raise ConfigError(
+                f"serve() needs a worker configuration, got role {config.role.value!r}"
+            )
+        super().__init__(config, limits=limits)
+        self._services = services
+        self._on_event = on_event or (lambda line: None)
+        if not callable(services):
+            # Validate the exposure once, up front, so a bad interface fails at start-up.
+            _registry_from(services)
+        self.sessions = 0
+
+    async def __aenter__(self) -> Worker:
+        await self._start()
+        if self.config.listen is not None:
+            self._on_event(
+                f"executor-listening url={self.link.url} executor={self.config.executor_id}"
+            )
+        else:
+            self._on_event(
+                f"executor-dialing url={self.link.url} executor={self.config.executor_id}"
+            )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._stop()
+
+    @property
+    def url(self) -> str:
+        return self.link.url
+
+    def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
+        scope = ServiceScope(self.config.executor_id, os.urandom(16))
+        assert self._tg is not None
+        if not callable(self._services):
+            registry = _registry_from(self._services)
+            rpc = self._make_rpc(transport, registry, scope)
+            self._tg.start_soon(self._run_session, transport, rpc, scope)
+        else:
+            # A scope factory is async: queue payloads until it is built (the transport buffers).
+            self._tg.start_soon(self._build_scope_and_run, transport, scope)
+
+    def _make_rpc(
+        self, transport: SessionTransport, registry: Registry, scope: ServiceScope
+    ) -> ExecutorRpc:
+        manifest = registry.manifest()
+        contract = contract_hash(manifest)
+
+        def describe() -> dict[str, Any]:
+            return {
+                "executor_id": self.config.executor_id,
+                "instance_id": scope.instance_id,
+                "services": manifest,
+                "contract": contract,
+            }
+
+        return ExecutorRpc(transport, registry, self.limits, scope=scope, describe=describe)
+
+    async def _build_scope_and_run(self, transport: SessionTransport, scope: ServiceScope) -> None:
+        factory = cast("ServiceFactory", self._services)
+        stack = contextlib.AsyncExitStack()
+        try:
+            services = await stack.enter_async_context(factory(scope))
+            registry = _registry_from(services)
+        except Exception as exc:
+            log.exception("service scope factory failed; retiring the session")
+            transport.retire(FailureReason.CLOSED, f"service scope failed: {exc}")
+            transport.payloads().close()  # no ExecutorRpc will ever consume this session
+            await stack.aclose()
+            return
+        rpc = self._make_rpc(transport, registry, scope)
+        try:
+            await self._run_session(transport, rpc, scope)
+        finally:
+            # Exit the scope in the task that entered it (factories may hold task groups or
+            # cancel scopes across their yield); this task is per session, so the new session
+            # is never blocked by it.
+            await self._close_scope(stack, scope)
+
+    async def _run_session(
+        self,
+        transport: SessionTransport,
+        rpc: ExecutorRpc,
+        scope: ServiceScope,
+    ) -> None:
+        self.sessions += 1
+
+        def announce(state: TransportState) -> None:
+            if state is TransportState.READY and not announced:
+                announced.append(True)
+                self._on_event(
+                    f"executor-ready executor={self.config.executor_id} "
+                    f"session={transport.session_id.hex()} instance={scope.instance_id.hex()} "
+                    "resumed=false"
+                )
+
+        announced: list[bool] = []
+        unsubscribe = transport.add_listener(announce)
+        announce(transport.state)
+        try:
+            await rpc.run()
+        finally:
+            unsubscribe()
+
+    async def _close_scope(self, stack: contextlib.AsyncExitStack, scope: ServiceScope) -> None:
+        with anyio.move_on_after(self.limits.scope_cleanup_timeout, shield=True) as cleanup:
+            try:
+                await stack.aclose()
+            except Exception:
+                log.exception("closing service scope %s failed", scope.instance_id.hex()[:8])
+        if cleanup.cancelled_caught:
+            log.warning(
+                "service scope %s did not close within %.1fs",
+                scope.instance_id.hex()[:8],
+                self.limits.scope_cleanup_timeout,
+            )
+
+
+async def serve(
+    config: LinkConfig,
+    services: ServiceMap | ServiceFactory,
+    *,
+    limits: Limits | None = None,
+    on_event: EventSink | None = None,
+    task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a worker until cancelled. With ``await tg.start(serve, ...)`` returns the link URL."""
+    async with Worker(config, services, limits=limits, on_event=on_event) as worker:
+        task_status.started(worker.url)
+        await anyio.sleep_forever()
+
+
+def peer(name: str, interface: Callable[..., T]) -> T:
+    """Inside a handler: a facade on the *caller's* service ``name`` (bidirectional calls).
+
+    The facade is bound to the session the handler runs in. ``interface`` is a class, as for
+    :meth:`RemoteExecutor.service` (which explains the annotation).
+
+    Raises:
+        LookupError: called outside a handler.
+        TypeError: ``interface`` is not a class.
+    """
+    from .rpc import current_rpc
+
+    rpc = current_rpc()
+    return cast("T", _PeerFacade(rpc, name, service_spec(_interface_class(interface))))
+
+
+def _interface_class(interface: object) -> type:
+    if not isinstance(interface, type):
+        raise TypeError(f"an interface must be a class, got {interface!r}")
+    return interface
+
+
+class _PeerFacade:
+    def __init__(self, rpc: ExecutorRpc, name: str, spec: ServiceSpec) -> None:
+        for method in spec.methods.values():
+            setattr(self, method.name, self._bind(rpc, name, method))
+
+    @staticmethod
+    def _bind(rpc: ExecutorRpc, name: str, method: MethodSpec) -> Callable[..., Any]:
+        if method.kind is MethodKind.STREAM:
+            return lambda *a, **k: rpc.stream(name, method, a, k)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await rpc.call(name, method, args, kwargs, timeout=rpc.limits.call_timeout)
+
+        return call

@@ -1,0 +1,943 @@
+"""ExecutorRpc: typed calls, replies, cancellation and streams over one logical session (DESIGN §7).
+
+Theory of operation
+-------------------
+One :class:`ExecutorRpc` lives exactly as long as one
+:class:`~garcon_link.transport.SessionTransport`.
+It is symmetric: each side may serve a registry of local services and call the peer's. Envelopes
+are CBOR arrays inside session message bodies; call ids are per-session increasing integers chosen
+by the caller, so ``result``/``error``/``stream_item``/``stream_end`` name *our* outgoing calls and
+``call``/``cancel``/``credit`` name the peer's::
+
+    call         [0, id, service, method, args, kwargs, credit_items, credit_bytes]
+    result       [1, id, value]
+    error        [2, id, {outcome, code, message, remote_type?, traceback?, details?}]
+    cancel       [3, id]
+    notify       [4, service, method, args, kwargs]
+    stream_item  [5, id, value]
+    stream_end   [6, id]
+    credit       [7, id, items, bytes]
+
+Outcomes (who may have executed what):
+
+* A call whose request could not be issued (offline, over budget, too large, encode failure) is
+  ``NOT_DISPATCHED``; nothing was written.
+* When the session is retired (:meth:`ExecutorRpc.retire_unknown`), a pending call whose
+  request ordinal was handed to a socket (``ordinal <= transport.offered``) is ``UNKNOWN``; one
+  whose request never reached any socket is ``NOT_DISPATCHED``. Later replies are dropped.
+* Timeouts send ``cancel`` and raise ``OutcomeUnknown("TIMEOUT")`` (or ``NotDispatched("TIMEOUT")``
+  if the request was still waiting for retention capacity). Cancelling the awaiting task sends
+  ``cancel``; the handler task on the peer is cancelled. A ``cancel`` that reaches the peer before
+  the handler started makes the call ``NOT_DISPATCHED`` there.
+
+Receiving side rules: arguments are converted against the interface's type hints before the
+handler runs (``Rejected("INVALID_ARGUMENTS")`` names the field); unknown services, unknown or
+private methods are ``Rejected("OPERATION_UNSUPPORTED")``; at most ``max_incoming_calls`` handlers,
+streams and one-way handlers run at once (excess: ``NotDispatched("OVERLOADED")``; an excess
+notification, which has no reply, is dropped and logged); a ``notify`` may name a one-way or a
+unary method (a worker serving a plain class does not know which methods the caller's interface
+marks one-way), never a stream; a call id that does not increase
+is dropped and logged (it cannot be answered without confusing the caller). A malformed envelope
+fails only the call or stream it names -- or is dropped if it names none -- never the session.
+
+Streams use credit: the consumer grants ``stream_window_items``/``stream_window_bytes`` and tops up
+as it consumes; the producer waits for credit *before* pulling the next item from the generator,
+so a paused stream holds at most one item in flight and the consumer's buffer is bounded.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import math
+import traceback
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+import cbor2
+
+from .errors import (
+    CallError,
+    MalformedFrame,
+    NotDispatched,
+    Outcome,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    Rejected,
+    RemoteError,
+    SessionFailed,
+    StaleResource,
+)
+from .interface import MethodKind, MethodSpec, ServiceSpec, from_wire, to_wire
+from .limits import Limits
+from .resources import ResourceRef, ServiceScope, _current
+from .transport import SessionTransport
+from .wire import decode_item
+
+__all__ = [
+    "CALL",
+    "ExecutorRpc",
+    "Registry",
+    "RemoteStream",
+    "current_rpc",
+    "register_exception",
+]
+
+log = logging.getLogger(__name__)
+
+CALL, RESULT, ERROR, CANCEL, NOTIFY, ITEM, END, CREDIT = range(8)
+INTERNAL_SERVICE = "$link"
+
+_registered_exceptions: dict[str, type[BaseException]] = {}
+_current_rpc: contextvars.ContextVar[ExecutorRpc] = contextvars.ContextVar("garcon_link_rpc")
+
+
+def register_exception(cls: type[BaseException]) -> type[BaseException]:
+    """Allow ``cls`` raised by a remote handler to be re-raised locally as itself.
+
+    Only registered classes are reconstructed (by qualified name, never by import), with the
+    remote message as their single argument; anything else arrives as :class:`RemoteError`.
+    Usable as a class decorator.
+    """
+    _registered_exceptions[_qualname(cls)] = cls
+    return cls
+
+
+def current_rpc() -> ExecutorRpc:
+    """The session a handler is running in (for calls back to the peer).
+
+    Raises:
+        LookupError: outside a handler.
+    """
+    return _current_rpc.get()
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    spec: ServiceSpec
+    target: object
+
+
+class Registry:
+    """Services one side exposes: name -> (interface spec, implementation object)."""
+
+    def __init__(self) -> None:
+        self._services: dict[str, _Bound] = {}
+        self.internal: dict[str, Callable[..., Any]] = {}
+
+    def add(self, name: str, target: object, spec: ServiceSpec) -> None:
+        if not name or name.startswith(("_", "$")):
+            raise ValueError(f"invalid service name {name!r}")
+        self._services[name] = _Bound(spec, target)
+
+    def get(self, name: str) -> _Bound | None:
+        return self._services.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._services)
+
+    def manifest(self) -> dict[str, Any]:
+        return {name: b.spec.manifest() for name, b in sorted(self._services.items())}
+
+
+def _error_body(outcome: Outcome, code: str, message: str, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"outcome": outcome.value, "code": code, "message": message}
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return body
+
+
+def _error_from_body(body: Any) -> CallError:
+    if not isinstance(body, dict):
+        return RemoteError("MALFORMED_ERROR", "the peer sent an unreadable error")
+    code = str(body.get("code", "UNKNOWN"))
+    message = str(body.get("message", ""))
+    outcome = body.get("outcome")
+    if outcome == Outcome.NOT_DISPATCHED.value:
+        return NotDispatched(code, message)
+    if outcome == Outcome.REJECTED.value:
+        stale = code == "STALE_RESOURCE" or body.get("remote_type") == _qualname(StaleResource)
+        return StaleResource(code, message) if stale else Rejected(code, message)
+    if outcome == Outcome.FAILED.value:
+        details = body.get("details")
+        tb = body.get("traceback")
+        return RemoteError(
+            code,
+            message,
+            remote_type=str(body["remote_type"]) if "remote_type" in body else None,
+            remote_traceback=tb if isinstance(tb, str) else None,
+            details=details if isinstance(details, dict) else None,
+        )
+    return OutcomeUnknown(code, message)
+
+
+def _local_exception(error: CallError) -> BaseException:
+    """Re-create an allow-listed remote exception, else return ``error`` itself."""
+    if isinstance(error, RemoteError) and error.remote_type in _registered_exceptions:
+        cls = _registered_exceptions[error.remote_type]
+        try:
+            exc = cls(error.message)
+        except Exception:
+            return error
+        exc.__cause__ = error
+        return exc
+    return error
+
+
+class _Pending:
+    __slots__ = ("done", "error", "id", "ordinal", "spec", "stream", "value")
+
+    def __init__(self, call_id: int, spec: MethodSpec, stream: RemoteStream | None) -> None:
+        self.id = call_id
+        self.spec = spec
+        self.stream = stream
+        self.ordinal: int | None = None
+        self.done = anyio.Event()
+        self.value: Any = None
+        self.error: CallError | None = None
+
+
+class _Incoming:
+    __slots__ = ("cancelled", "credit", "credit_bytes", "credit_event", "scope", "started")
+
+    def __init__(self, credit: int, credit_bytes: int) -> None:
+        self.scope = anyio.CancelScope()
+        self.cancelled = False
+        self.started = False
+        self.credit = credit
+        self.credit_bytes = credit_bytes
+        # Created by the producer only when it has to wait for credit.
+        self.credit_event: anyio.Event | None = None
+
+
+class ExecutorRpc:
+    """Typed RPC over one logical session.
+
+    Args:
+        transport: the session.
+        registry: local services the peer may call.
+        limits: budgets and windows.
+        scope: the service scope handlers run in (worker side), exposed via ``current_scope()``.
+        describe: returns this side's manifest for the internal ``describe`` call.
+    """
+
+    def __init__(
+        self,
+        transport: SessionTransport,
+        registry: Registry,
+        limits: Limits,
+        *,
+        scope: ServiceScope | None = None,
+        describe: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.transport = transport
+        self.registry = registry
+        self.limits = limits
+        self.scope = scope
+        self._describe = describe or (lambda: {"services": registry.manifest()})
+        self._next_id = 1
+        self._pending: dict[int, _Pending] = {}
+        self._incoming: dict[int, _Incoming] = {}
+        self._notifications = 0  # one-way handlers running
+        self._last_incoming_id = 0
+        self._retired: CallError | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._max_body = limits.max_frame_bytes - 32
+        self.peer_instance_id: bytes | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def retired(self) -> bool:
+        return self._retired is not None
+
+    async def run(self) -> None:
+        """Consume the session's payloads until it is retired, then retire every call."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                async with self.transport.payloads() as payloads:
+                    async for payload in payloads:
+                        self._dispatch(payload)
+                self.retire_unknown()
+                tg.cancel_scope.cancel()
+        finally:
+            self.retire_unknown()
+
+    def retire_unknown(self) -> None:
+        """Fail every pending call honestly and cancel every incoming handler (idempotent)."""
+        if self._retired is not None:
+            return
+        failure = self.transport.failure
+        why = str(failure) if failure is not None else "session ended"
+        self._retired = NotDispatched("OFFLINE", why)
+        offered = self.transport.offered
+        for pending in list(self._pending.values()):
+            if pending.ordinal is not None and pending.ordinal <= offered:
+                error: CallError = OutcomeUnknown("CONTINUITY_LOST", f"the request was sent; {why}")
+            else:
+                error = NotDispatched("CONTINUITY_LOST", f"the request never left; {why}")
+            self._finish(pending, error=error)
+        self._pending.clear()
+        for incoming in self._incoming.values():
+            incoming.cancelled = True
+            incoming.scope.cancel()
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
+    # ------------------------------------------------------------------ outgoing
+
+    def _check_open(self) -> None:
+        if self._retired is not None:
+            raise NotDispatched("OFFLINE", self._retired.message)
+        if self.transport.failure is not None:
+            raise NotDispatched("OFFLINE", str(self.transport.failure))
+
+    def _encode(self, envelope: list[Any]) -> bytes:
+        try:
+            return cbor2.dumps(envelope)
+        except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
+            raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
+
+    def _prepare(
+        self,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        credit: tuple[int, int],
+    ) -> tuple[_Pending | None, bytes]:
+        self._check_open()
+        try:
+            pos, kw = spec.bind(args, kwargs)
+            wire_args = to_wire(pos)
+            wire_kwargs = to_wire(kw)
+        except TypeError as exc:
+            raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
+        self._check_resources(pos, kw)
+        if spec.kind is MethodKind.ONEWAY:
+            return None, self._encode([NOTIFY, service, spec.name, wire_args, wire_kwargs])
+        if len(self._pending) >= self.limits.max_pending_calls:
+            raise NotDispatched(
+                "OVERLOADED",
+                f"{self.limits.max_pending_calls} calls already pending on this session",
+            )
+        call_id = self._next_id
+        self._next_id += 1
+        body = self._encode([CALL, call_id, service, spec.name, wire_args, wire_kwargs, *credit])
+        return _Pending(call_id, spec, None), body
+
+    def _check_resources(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
+        instance = self.peer_instance_id
+        if instance is None:
+            return
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, ResourceRef) and value.instance_id != instance:
+                raise StaleResource(message=f"{value!r} belongs to a replaced session")
+
+    async def _issue(self, pending: _Pending, body: bytes) -> None:
+        self._pending[pending.id] = pending
+        try:
+            pending.ordinal = await self.transport.send(body)
+        except PayloadTooLarge as exc:
+            self._pending.pop(pending.id, None)
+            raise NotDispatched("PAYLOAD_TOO_LARGE", str(exc)) from exc
+        except SessionFailed as exc:
+            self._pending.pop(pending.id, None)
+            raise NotDispatched("OFFLINE", str(exc)) from exc
+
+    async def call(
+        self,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        *,
+        timeout: float | None,
+    ) -> Any:
+        """Call ``service.method`` and return its converted result.
+
+        Raises:
+            NotDispatched, Rejected, StaleResource, OutcomeUnknown, RemoteError: per the outcome;
+                or an allow-listed remote exception type (see :func:`register_exception`).
+        """
+        if spec.kind is MethodKind.ONEWAY:
+            await self.notify(service, spec, args, kwargs)
+            return None
+        pending, body = self._prepare(service, spec, args, kwargs, (0, 0))
+        assert pending is not None
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        try:
+            with anyio.fail_after(None if timeout is None else timeout):
+                await self._issue(pending, body)
+                await pending.done.wait()
+        except TimeoutError:
+            self._abandon(pending)
+            if pending.ordinal is None:
+                raise NotDispatched("TIMEOUT", f"not issued within {timeout}s") from None
+            raise OutcomeUnknown("TIMEOUT", f"no reply within {timeout}s; cancel sent") from None
+        except BaseException:
+            if not pending.done.is_set():
+                self._abandon(pending)
+            raise
+        del deadline
+        if pending.error is not None:
+            raise _local_exception(pending.error)
+        return pending.value
+
+    async def notify(
+        self, service: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> None:
+        """Send a one-way notification (returns once it is queued on the session)."""
+        _, body = self._prepare(service, spec, args, kwargs, (0, 0))
+        try:
+            await self.transport.send(body)
+        except PayloadTooLarge as exc:
+            raise NotDispatched("PAYLOAD_TOO_LARGE", str(exc)) from exc
+        except SessionFailed as exc:
+            raise NotDispatched("OFFLINE", str(exc)) from exc
+
+    def stream(
+        self, service: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> RemoteStream:
+        """Open a remote stream; the request is sent on first iteration."""
+        return RemoteStream(self, service, spec, args, kwargs)
+
+    def _abandon(self, pending: _Pending) -> None:
+        """The caller gave up: forget the call and tell the peer to cancel it (best effort)."""
+        self._pending.pop(pending.id, None)
+        if pending.ordinal is not None and self._retired is None:
+            self._send_soon(self._encode([CANCEL, pending.id]))
+
+    def _send_soon(self, body: bytes) -> None:
+        """Send a small control envelope without waiting (falls back to a background task)."""
+        if self.transport.failure is not None:
+            return
+        try:
+            if self.transport.try_send(body) is not None:
+                return
+        except (SessionFailed, PayloadTooLarge):
+            return
+        if self._tg is not None:
+            self._tg.start_soon(self._send_quietly, body)
+
+    async def _send_quietly(self, body: bytes) -> None:
+        try:
+            await self.transport.send(body)
+        except (SessionFailed, PayloadTooLarge):
+            pass
+
+    def _finish(
+        self, pending: _Pending, *, value: Any = None, error: CallError | None = None
+    ) -> None:
+        pending.value = value
+        pending.error = error
+        if pending.stream is not None:
+            pending.stream._deliver_end(error)
+        pending.done.set()
+
+    # ------------------------------------------------------------------ inbound dispatch
+
+    def _dispatch(self, payload: bytes) -> None:
+        try:
+            # plain=True: refuses shared references and cycles, so no envelope can expand into
+            # a structure larger than its own bytes (a DAG of 2**n paths) later on.
+            envelope = decode_item(payload, self.limits.max_frame_bytes)
+        except MalformedFrame as exc:
+            log.warning("dropping malformed envelope: %s", exc)
+            return
+        if not isinstance(envelope, list) or not envelope or not isinstance(envelope[0], int):
+            log.warning("dropping envelope that is not [kind, ...]")
+            return
+        kind = envelope[0]
+        try:
+            if kind == RESULT:
+                self._on_result(envelope)
+            elif kind == ITEM:
+                self._on_item(envelope, len(payload))
+            elif kind == CALL:
+                self._on_call(envelope)
+            elif kind == ERROR:
+                self._on_error(envelope)
+            elif kind == END:
+                self._on_end(envelope)
+            elif kind == CREDIT:
+                self._on_credit(envelope)
+            elif kind == CANCEL:
+                self._on_cancel(envelope)
+            elif kind == NOTIFY:
+                self._on_notify(envelope)
+            else:
+                log.warning("dropping envelope of unknown kind %r", kind)
+        except _BadEnvelope as exc:
+            log.warning("dropping malformed envelope (kind %d): %s", kind, exc)
+
+    def _pending_for(self, envelope: list[Any], arity: int) -> _Pending | None:
+        if len(envelope) != arity or type(envelope[1]) is not int:
+            # Fail the call it names, if it names one; otherwise it is dropped.
+            if len(envelope) > 1 and type(envelope[1]) is int:
+                pending = self._pending.pop(envelope[1], None)
+                if pending is not None:
+                    self._finish(
+                        pending,
+                        error=RemoteError("MALFORMED_REPLY", "the peer sent a malformed reply"),
+                    )
+            raise _BadEnvelope(f"expected {arity} elements with an integer id")
+        return self._pending.get(envelope[1])
+
+    def _on_result(self, envelope: list[Any]) -> None:
+        pending = self._pending_for(envelope, 3)
+        if pending is None or pending.stream is not None:
+            return  # late reply to a retired, timed-out or cancelled call: dropped
+        del self._pending[pending.id]
+        try:
+            value = from_wire(envelope[2], pending.spec.result)
+        except Exception as exc:
+            self._finish(
+                pending,
+                error=RemoteError("INVALID_RESULT", f"result does not match the interface: {exc}"),
+            )
+            return
+        self._finish(pending, value=value)
+
+    def _on_error(self, envelope: list[Any]) -> None:
+        pending = self._pending_for(envelope, 3)
+        if pending is None:
+            return
+        del self._pending[pending.id]
+        self._finish(pending, error=_error_from_body(envelope[2]))
+
+    def _on_item(self, envelope: list[Any], size: int) -> None:
+        pending = self._pending_for(envelope, 3)
+        if pending is None or pending.stream is None:
+            return
+        try:
+            value = from_wire(envelope[2], pending.spec.result)
+        except Exception as exc:
+            del self._pending[pending.id]
+            self._send_soon(self._encode([CANCEL, pending.id]))
+            self._finish(
+                pending,
+                error=RemoteError(
+                    "INVALID_RESULT", f"stream item does not match the interface: {exc}"
+                ),
+            )
+            return
+        # Byte credit is counted in encoded envelope bytes, exactly what the producer charges
+        # per item (``_produce``); any other measure drains the producer's byte window.
+        pending.stream._deliver_item(value, size)
+
+    def _on_end(self, envelope: list[Any]) -> None:
+        pending = self._pending_for(envelope, 2)
+        if pending is None or pending.stream is None:
+            return
+        del self._pending[pending.id]
+        self._finish(pending)
+
+    # -- serving side
+
+    def _reply_error(self, call_id: int, error: CallError, **extra: Any) -> None:
+        self._send_soon(
+            self._encode(
+                [ERROR, call_id, _error_body(error.outcome, error.code, error.message, **extra)]
+            )
+        )
+
+    def _resolve(self, service: Any, method: Any) -> tuple[MethodSpec, Callable[..., Any]]:
+        if not isinstance(service, str) or not isinstance(method, str):
+            raise Rejected("OPERATION_UNSUPPORTED", "service and method must be strings")
+        if service == INTERNAL_SERVICE:
+            handler = self.registry.internal.get(method) if method != "describe" else None
+            if method == "describe":
+                return _DESCRIBE_SPEC, self._internal_describe
+            if handler is None:
+                raise Rejected("OPERATION_UNSUPPORTED", f"no internal method {method!r}")
+            return _DESCRIBE_SPEC, handler
+        bound = self.registry.get(service)
+        if bound is None:
+            raise Rejected("UNKNOWN_SERVICE", f"no service named {service!r}")
+        spec = bound.spec.methods.get(method)
+        if spec is None or method.startswith("_"):
+            raise Rejected(
+                "OPERATION_UNSUPPORTED", f"{service!r} has no callable method {method!r}"
+            )
+        target = getattr(bound.target, method, None)
+        if target is None or not callable(target):
+            raise Rejected("OPERATION_UNSUPPORTED", f"{service!r} does not implement {method!r}")
+        return spec, target
+
+    async def _internal_describe(self) -> dict[str, Any]:
+        return self._describe()
+
+    def _on_call(self, envelope: list[Any]) -> None:
+        if len(envelope) != 8 or type(envelope[1]) is not int:
+            raise _BadEnvelope("call must be [0, id, service, method, args, kwargs, items, bytes]")
+        _, call_id, service, method, args, kwargs, credit, credit_bytes = envelope
+        if call_id <= self._last_incoming_id:
+            raise _BadEnvelope(
+                f"call id {call_id} does not increase (last {self._last_incoming_id})"
+            )
+        self._last_incoming_id = call_id
+        if (
+            not isinstance(args, list)
+            or not isinstance(kwargs, dict)
+            or not all(isinstance(k, str) for k in kwargs)
+        ):
+            self._reply_error(
+                call_id, Rejected("INVALID_ARGUMENTS", "args must be a list and kwargs a map")
+            )
+            return
+        if (
+            type(credit) is not int
+            or type(credit_bytes) is not int
+            or credit < 0
+            or credit_bytes < 0
+        ):
+            self._reply_error(
+                call_id, Rejected("INVALID_ARGUMENTS", "credit must be non-negative integers")
+            )
+            return
+        if len(self._incoming) + self._notifications >= self.limits.max_incoming_calls:
+            self._reply_error(
+                call_id,
+                NotDispatched(
+                    "OVERLOADED", f"{self.limits.max_incoming_calls} calls already running"
+                ),
+            )
+            return
+        try:
+            spec, target = self._resolve(service, method)
+            if spec.kind is MethodKind.STREAM and credit == 0:
+                raise Rejected("INVALID_ARGUMENTS", "a stream call needs initial credit")
+            pos, kw = spec.convert_arguments(args, kwargs)
+            self._check_scope(pos, kw)
+        except CallError as exc:
+            self._reply_error(call_id, exc)
+            return
+        except ValueError as exc:
+            self._reply_error(call_id, Rejected("INVALID_ARGUMENTS", str(exc)))
+            return
+        incoming = _Incoming(min(credit, self.limits.stream_window_items * 4), credit_bytes)
+        self._incoming[call_id] = incoming
+        assert self._tg is not None
+        self._tg.start_soon(self._run_handler, call_id, incoming, spec, target, pos, kw)
+
+    def _check_scope(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
+        if self.scope is None:
+            return
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, ResourceRef):
+                self.scope.check(value)
+
+    def _on_notify(self, envelope: list[Any]) -> None:
+        if len(envelope) != 5:
+            raise _BadEnvelope("notify must be [4, service, method, args, kwargs]")
+        _, service, method, args, kwargs = envelope
+        try:
+            spec, target = self._resolve(service, method)
+            if spec.kind is MethodKind.STREAM:
+                raise Rejected("OPERATION_UNSUPPORTED", f"stream {method!r} cannot be notified")
+            if not isinstance(args, list) or not isinstance(kwargs, dict):
+                raise ValueError("args must be a list and kwargs a map")
+            pos, kw = spec.convert_arguments(args, kwargs)
+        except (CallError, ValueError) as exc:
+            log.warning("dropping notification %s.%s: %s", service, method, exc)
+            return
+        if len(self._incoming) + self._notifications >= self.limits.max_incoming_calls:
+            # One-way handlers count against the incoming budget too; with no reply to send,
+            # an excess notification is dropped (and logged).
+            log.warning(
+                "dropping notification %s.%s: %d handlers already running",
+                service,
+                method,
+                self.limits.max_incoming_calls,
+            )
+            return
+        self._notifications += 1
+        assert self._tg is not None
+        self._tg.start_soon(self._run_notification, service, method, target, pos, kw)
+
+    async def _run_notification(
+        self,
+        service: str,
+        method: str,
+        target: Callable[..., Any],
+        pos: list[Any],
+        kw: dict[str, Any],
+    ) -> None:
+        self._enter_context()
+        try:
+            result = target(*pos, **kw)
+            if hasattr(result, "__await__"):
+                await result
+        except Exception:
+            log.exception("notification handler %s.%s raised", service, method)
+        finally:
+            self._notifications -= 1
+
+    def _on_cancel(self, envelope: list[Any]) -> None:
+        if len(envelope) != 2 or type(envelope[1]) is not int:
+            raise _BadEnvelope("cancel must be [3, id]")
+        incoming = self._incoming.get(envelope[1])
+        if incoming is not None:
+            incoming.cancelled = True
+            incoming.scope.cancel()
+
+    def _on_credit(self, envelope: list[Any]) -> None:
+        if len(envelope) != 4 or not all(type(v) is int for v in envelope[1:]):
+            raise _BadEnvelope("credit must be [7, id, items, bytes]")
+        _, call_id, items, nbytes = envelope
+        incoming = self._incoming.get(call_id)
+        if incoming is None or items < 0 or nbytes < 0:
+            return
+        cap = self.limits.stream_window_items * 4
+        incoming.credit = min(incoming.credit + items, cap)
+        incoming.credit_bytes = min(
+            incoming.credit_bytes + nbytes, self.limits.stream_window_bytes * 4
+        )
+        if incoming.credit_event is not None:
+            incoming.credit_event.set()
+
+    def _enter_context(self) -> None:
+        _current_rpc.set(self)
+        if self.scope is not None:
+            _current.set(self.scope)
+
+    async def _run_handler(
+        self,
+        call_id: int,
+        incoming: _Incoming,
+        spec: MethodSpec,
+        target: Callable[..., Any],
+        pos: list[Any],
+        kw: dict[str, Any],
+    ) -> None:
+        self._enter_context()
+        try:
+            with incoming.scope:
+                if incoming.cancelled:
+                    self._reply_error(
+                        call_id, NotDispatched("CANCELLED", "cancelled before dispatch")
+                    )
+                    return
+                incoming.started = True
+                if spec.kind is MethodKind.STREAM:
+                    await self._produce(call_id, incoming, target(*pos, **kw))
+                    return
+                result = await target(*pos, **kw)
+                try:
+                    body = cbor2.dumps([RESULT, call_id, to_wire(result)])
+                except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
+                    self._reply_error(
+                        call_id,
+                        RemoteError("UNENCODABLE_RESULT", str(exc), remote_type="TypeError"),
+                    )
+                    return
+                await self._send_reply(call_id, body)
+        except (Rejected, RemoteError) as exc:
+            # A handler may refuse (``Rejected``, e.g. ``scope.check`` -> ``StaleResource``,
+            # whatever its code); a failure of a call it made itself already says FAILED. Both
+            # keep their code; the type tells the caller which ``Rejected`` to raise.
+            remote_type = exc.remote_type if isinstance(exc, RemoteError) else None
+            self._reply_error(call_id, exc, remote_type=remote_type or _qualname(type(exc)))
+        except Exception as exc:
+            # Anything else -- including NotDispatched/OutcomeUnknown from a call the handler
+            # made -- is a failure of *this* call, which did execute: never report it as
+            # not-dispatched (safe to retry) or unknown.
+            self._reply_failure(call_id, exc)
+        finally:
+            self._incoming.pop(call_id, None)
+
+    async def _send_reply(self, call_id: int, body: bytes) -> None:
+        try:
+            await self.transport.send(body)
+        except PayloadTooLarge as exc:
+            self._reply_error(
+                call_id, RemoteError("RESULT_TOO_LARGE", str(exc), remote_type="PayloadTooLarge")
+            )
+        except SessionFailed:
+            pass
+
+    def _reply_failure(self, call_id: int, exc: BaseException) -> None:
+        tb = "".join(traceback.format_exception(exc))
+        self._reply_error(
+            call_id,
+            RemoteError("HANDLER_FAILED", str(exc)),
+            remote_type=_qualname(type(exc)),
+            traceback=tb[-16000:],
+        )
+
+    async def _produce(self, call_id: int, incoming: _Incoming, iterator: Any) -> None:
+        if not hasattr(iterator, "__anext__"):
+            raise TypeError(
+                f"stream handler returned {type(iterator).__name__}, not an async iterator"
+            )
+        try:
+            while True:
+                while incoming.credit <= 0 or incoming.credit_bytes <= 0:
+                    incoming.credit_event = anyio.Event()
+                    await incoming.credit_event.wait()
+                try:
+                    item = await iterator.__anext__()
+                except StopAsyncIteration:
+                    break
+                try:
+                    body = cbor2.dumps([ITEM, call_id, to_wire(item)])
+                except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
+                    raise TypeError(f"cannot encode stream item: {exc}") from exc
+                incoming.credit -= 1
+                incoming.credit_bytes -= len(body)
+                await self.transport.send(body)
+            await self.transport.send(cbor2.dumps([END, call_id]))
+        finally:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                with (
+                    anyio.CancelScope(shield=True),
+                    anyio.move_on_after(self.limits.scope_cleanup_timeout),
+                ):
+                    await aclose()
+
+    # ------------------------------------------------------------------ describe
+
+    async def describe_peer(self, timeout: float) -> dict[str, Any]:
+        """Call the peer's internal ``describe`` and return its manifest."""
+        result = await self.call(INTERNAL_SERVICE, _DESCRIBE_SPEC, (), {}, timeout=timeout)
+        if not isinstance(result, dict):
+            raise RemoteError("MALFORMED_MANIFEST", "describe returned no map")
+        return result
+
+
+class _BadEnvelope(Exception):
+    pass
+
+
+class _DescribeInterface:
+    async def describe(self) -> Any: ...
+
+
+_DESCRIBE_SPEC = MethodSpec(
+    name="describe",
+    kind=MethodKind.UNARY,
+    signature=__import__("inspect").Signature(),
+    hints={},
+    result=Any,
+)
+
+
+class RemoteStream(AsyncIterator[Any]):
+    """A remote async iterator with credit-based flow control.
+
+    The request is sent on the first ``__anext__``. ``aclose()`` (or leaving an ``async for`` with
+    ``break`` inside ``contextlib.aclosing``) cancels the generator on the peer. If the session is
+    retired mid-stream, iteration raises :class:`OutcomeUnknown` (items already delivered stand).
+    """
+
+    def __init__(
+        self,
+        rpc: ExecutorRpc,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+    ) -> None:
+        self._rpc = rpc
+        self._service = service
+        self._spec = spec
+        self._args = args
+        self._kwargs = kwargs
+        self._pending: _Pending | None = None
+        self._items: deque[Any] = deque()
+        self._arrived = anyio.Event()
+        self._ended = False
+        self._error: CallError | None = None
+        self._consumed = 0
+        self._consumed_bytes = 0
+        self._closed = False
+
+    def __aiter__(self) -> RemoteStream:
+        return self
+
+    def _deliver_item(self, value: Any, size: int) -> None:
+        self._items.append((value, size))
+        self._arrived.set()
+
+    def _deliver_end(self, error: CallError | None) -> None:
+        self._ended = True
+        self._error = error
+        self._arrived.set()
+
+    async def _start(self) -> None:
+        limits = self._rpc.limits
+        pending, body = self._rpc._prepare(
+            self._service,
+            self._spec,
+            self._args,
+            self._kwargs,
+            (limits.stream_window_items, limits.stream_window_bytes),
+        )
+        assert pending is not None
+        pending.stream = self
+        self._pending = pending
+        try:
+            await self._rpc._issue(pending, body)
+        except BaseException:
+            self._rpc._abandon(pending)  # e.g. cancelled while waiting for retention capacity
+            raise
+
+    async def __anext__(self) -> Any:
+        if self._closed:
+            raise StopAsyncIteration
+        if self._pending is None:
+            try:
+                await self._start()
+            except BaseException:
+                # Not issued (offline, too large, cancelled): nothing will ever arrive, so a
+                # later iteration must not wait for it.
+                self._closed = True
+                raise
+        while not self._items:
+            if self._ended:
+                self._closed = True
+                if self._error is not None:
+                    raise _local_exception(self._error)
+                raise StopAsyncIteration
+            self._arrived = anyio.Event()
+            await self._arrived.wait()
+        value, size = self._items.popleft()
+        self._grant(size)
+        return value
+
+    def _grant(self, size: int) -> None:
+        self._consumed += 1
+        self._consumed_bytes += size
+        limits = self._rpc.limits
+        if self._ended or self._pending is None:
+            return
+        if (
+            self._consumed >= limits.stream_window_items // 2
+            or self._consumed_bytes >= limits.stream_window_bytes // 2
+        ):
+            self._rpc._send_soon(
+                self._rpc._encode(
+                    [CREDIT, self._pending.id, self._consumed, max(self._consumed_bytes, 1)]
+                )
+            )
+            self._consumed = 0
+            self._consumed_bytes = 0
+
+    async def aclose(self) -> None:
+        """Stop the stream; cancels the generator on the peer if it is still running."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pending is not None and not self._ended:
+            self._rpc._abandon(self._pending)
+        self._items.clear()

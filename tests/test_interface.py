@@ -1,0 +1,353 @@
+"""Tests of garcon_link.interface: what is exposed, how values convert, the contract hash.
+
+No sockets here: interfaces are derived, arguments bound and converted, values round-tripped
+through ``to_wire`` + CBOR + ``from_wire`` exactly as the RPC layer does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import inspect
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from typing import Any, Literal, Optional, Protocol
+
+import cbor2
+import msgspec
+import pytest
+
+import garcon_link as gl
+from garcon_link.interface import (
+    MethodKind,
+    contract_hash,
+    from_wire,
+    service_spec,
+    to_wire,
+)
+
+
+class Color(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+@dataclasses.dataclass
+class Inner:
+    name: str
+    tags: list[str]
+
+
+@dataclasses.dataclass
+class Outer:
+    inner: Inner
+    color: Color
+    when: datetime.datetime
+    blob: bytes
+    maybe: int | None = None
+
+
+class Api(Protocol):
+    async def unary(self, a: int, b: str = "x") -> list[int]: ...
+    def stream(self, n: int) -> AsyncIterator[Inner]: ...
+    def gen(self) -> AsyncGenerator[int, None]: ...
+    def iterable(self) -> AsyncIterable[str]: ...
+    @gl.oneway
+    async def notify(self, text: str) -> None: ...
+    def sync_method(self) -> int: ...
+    async def _private(self) -> int: ...
+    async def __dunder__(self) -> int: ...
+    async def untyped(self, value, *rest, **extra): ...  # type: ignore[no-untyped-def]
+    @staticmethod
+    async def static() -> int: ...
+    @classmethod
+    async def klass(cls) -> int: ...
+
+    attribute: int
+
+
+class NotRuntime(Protocol):
+    def go(self) -> None: ...
+
+
+class Odd(Protocol):
+    async def f(self, x: NotRuntime) -> None: ...
+
+
+def roundtrip(value: Any, hint: Any) -> Any:
+    """What the peer's handler receives: encode, CBOR, decode, convert."""
+    return from_wire(cbor2.loads(cbor2.dumps(to_wire(value))), hint)
+
+
+# ---------------------------------------------------------------------------------- specs
+
+
+def test_method_kinds() -> None:
+    spec = service_spec(Api)
+    kinds = {name: m.kind for name, m in spec.methods.items()}
+    assert kinds == {
+        "unary": MethodKind.UNARY,
+        "stream": MethodKind.STREAM,
+        "gen": MethodKind.STREAM,
+        "iterable": MethodKind.STREAM,
+        "notify": MethodKind.ONEWAY,
+        "untyped": MethodKind.UNARY,
+    }
+    assert spec.methods["stream"].result is Inner
+    assert spec.methods["gen"].result is int
+    assert spec.methods["unary"].result == list[int]
+    assert spec.methods["notify"].result is None
+
+
+def test_private_sync_static_and_attributes_are_never_exposed() -> None:
+    methods = service_spec(Api).methods
+    for name in ("_private", "__dunder__", "sync_method", "static", "klass", "attribute"):
+        assert name not in methods
+
+
+def test_signature_drops_self_and_keeps_defaults() -> None:
+    unary = service_spec(Api).methods["unary"]
+    assert list(unary.signature.parameters) == ["a", "b"]
+    assert unary.signature.parameters["b"].default == "x"
+    assert unary.hints == {"a": int, "b": str}
+    assert "self" not in str(unary.signature)
+
+
+def test_spec_is_cached() -> None:
+    assert service_spec(Api) is service_spec(Api)
+
+
+def test_plain_class_spec() -> None:
+    class Impl:
+        async def add(self, a: int, b: int) -> int:
+            return a + b
+
+        def helper(self) -> None:
+            pass
+
+    assert set(service_spec(Impl).methods) == {"add"}
+
+
+def test_not_a_class() -> None:
+    with pytest.raises(TypeError, match="must be a class"):
+        service_spec(42)  # type: ignore[arg-type]
+
+
+def test_unresolvable_hints() -> None:
+    class Broken:
+        async def f(self, x: NoSuchType) -> int: ...  # type: ignore[name-defined]  # noqa: F821
+
+    with pytest.raises(TypeError, match=r"Broken\.f"):
+        service_spec(Broken)
+
+
+def test_manifest_and_contract_hash() -> None:
+    manifest = {"api": service_spec(Api).manifest()}
+    assert manifest["api"]["unary"] == {"kind": "unary", "signature": "(a: int, b: str = 'x')"}
+    assert manifest["api"]["stream"]["kind"] == "stream"
+    first = contract_hash(manifest)
+    assert first == contract_hash(dict(reversed(list(manifest.items()))))
+    assert len(first) == 64
+
+    class Api2(Protocol):
+        async def unary(self, a: int, b: str = "y") -> list[int]: ...
+
+    class Api3(Protocol):
+        async def unary(self, a: int, b: str = "x") -> list[int]: ...
+        async def extra(self) -> None: ...
+
+    for other in (Api2, Api3):
+        assert contract_hash({"api": service_spec(other).manifest()}) != first
+    assert contract_hash({"renamed": service_spec(Api).manifest()}) != first
+
+
+def test_manifest_does_not_depend_on_annotation_spelling() -> None:
+    # This module uses ``from __future__ import annotations`` (string annotations); the same
+    # interface compiled without it must have the same manifest, or a cosmetic change to the
+    # worker's source would be refused as a contract change.
+    namespace: dict[str, Any] = {"Protocol": Protocol, "Inner": Inner}
+    exec(
+        "class Same(Protocol):\n"
+        "    async def put(self, inner: Inner, n: int = 1) -> list[int]: ...\n",
+        namespace,
+    )
+
+    class Same(Protocol):
+        async def put(self, inner: Inner, n: int = 1) -> list[int]: ...
+
+    assert service_spec(namespace["Same"]).manifest() == service_spec(Same).manifest()
+    assert "'" not in service_spec(Same).manifest()["put"]["signature"]
+
+
+# ---------------------------------------------------------------------------------- binding
+
+
+def test_bind_caller_side() -> None:
+    unary = service_spec(Api).methods["unary"]
+    assert unary.bind((1,), {}) == ([1, "x"], {}) or unary.bind((1,), {}) == ([1], {})
+    assert unary.bind((1,), {"b": "z"}) == ([1, "z"], {})
+    with pytest.raises(TypeError):
+        unary.bind((), {})
+    with pytest.raises(TypeError):
+        unary.bind((1, "a", 3), {})
+    with pytest.raises(TypeError):
+        unary.bind((1,), {"nope": 2})
+
+
+def test_convert_arguments_validates_and_names_the_field() -> None:
+    unary = service_spec(Api).methods["unary"]
+    assert unary.convert_arguments([1], {"b": "q"}) == ([1, "q"], {})
+    with pytest.raises(ValueError, match="'a'"):
+        unary.convert_arguments(["1"], {})
+    with pytest.raises(ValueError, match="'b'"):
+        unary.convert_arguments([1, 2], {})
+    with pytest.raises(ValueError, match="missing"):
+        unary.convert_arguments([], {})
+    with pytest.raises(ValueError, match="unexpected"):
+        unary.convert_arguments([1], {"self": 1})
+    with pytest.raises(ValueError):
+        unary.convert_arguments([True], {})  # strict: a bool is not an int
+
+
+def test_convert_nested_field_is_named() -> None:
+    class Takes(Protocol):
+        async def put(self, outer: Outer) -> None: ...
+
+    put = service_spec(Takes).methods["put"]
+    good = to_wire(Outer(Inner("n", ["t"]), Color.RED, datetime.datetime.now(datetime.UTC), b"x"))
+    (converted,), _ = put.convert_arguments([good], {})
+    assert isinstance(converted, Outer) and isinstance(converted.inner, Inner)
+    bad = dict(good, inner={"name": 5, "tags": []})
+    with pytest.raises(ValueError, match=r"'outer'.*inner\.name"):
+        put.convert_arguments([bad], {})
+
+
+def test_varargs_are_converted() -> None:
+    class Var(Protocol):
+        async def f(self, *nums: int, **named: str) -> None: ...
+
+    f = service_spec(Var).methods["f"]
+    assert f.convert_arguments([1, 2], {"k": "v"}) == ([1, 2], {"k": "v"})
+    with pytest.raises(ValueError, match="'nums'"):
+        f.convert_arguments([1, "2"], {})
+    with pytest.raises(ValueError, match="'named'"):
+        f.convert_arguments([], {"k": 3})
+
+
+def test_untyped_parameters_pass_through() -> None:
+    untyped = service_spec(Api).methods["untyped"]
+    assert untyped.convert_arguments([{"any": [1]}, 2, 3], {"k": b"v"}) == (
+        [{"any": [1]}, 2, 3],
+        {"k": b"v"},
+    )
+
+
+def test_unsupported_hint_is_a_value_error_not_a_crash() -> None:
+    # A hint msgspec cannot convert to must fail the call (ValueError), not raise TypeError
+    # out of the receiving session's dispatch loop.
+    f = service_spec(Odd).methods["f"]
+    with pytest.raises(ValueError, match="'x'"):
+        f.convert_arguments([1], {})
+
+
+# ---------------------------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [
+        (3, int),
+        (2.5, float),
+        ("text", str),
+        (True, bool),
+        (None, None),
+        (None, Optional[int]),  # noqa: UP045 - the spelling under test
+        (7, int | None),
+        (b"\x00\xffbytes", bytes),
+        ([1, 2, 3], list[int]),
+        ({"a": 1, "b": 2}, dict[str, int]),
+        ((1, "x", b"y"), tuple[int, str, bytes]),
+        ((1, 2, 3), tuple[int, ...]),
+        ("b", Literal["a", "b"]),
+        (Color.GREEN, Color),
+        (Level.HIGH, Level),
+        (Inner("n", ["a", "b"]), Inner),
+        (
+            Outer(
+                Inner("deep", []),
+                Color.RED,
+                datetime.datetime(2024, 2, 29, 23, 59, 58, 123456, tzinfo=datetime.UTC),
+                b"blob",
+                maybe=None,
+            ),
+            Outer,
+        ),
+        ([Inner("a", []), Inner("b", ["c"])], list[Inner]),
+        ({"k": [Color.RED]}, dict[str, list[Color]]),
+        (datetime.date(2024, 1, 2), datetime.date),
+        (
+            datetime.datetime(
+                2024, 1, 2, 3, 4, 5, tzinfo=datetime.timezone(datetime.timedelta(hours=2))
+            ),
+            datetime.datetime,
+        ),
+        (gl.ResourceRef("job", "box", b"\x01" * 16, "j1"), gl.ResourceRef),
+    ],
+)
+def test_round_trip(value: Any, hint: Any) -> None:
+    result = roundtrip(value, hint)
+    assert result == value
+    assert type(result) is type(value)
+
+
+def test_any_passes_decoded_value_through() -> None:
+    assert roundtrip({"x": [1, b"2"]}, Any) == {"x": [1, b"2"]}
+    assert roundtrip(5, inspect.Parameter.empty) == 5
+
+
+@pytest.mark.parametrize(
+    ("wire", "hint"),
+    [
+        ("1", int),
+        (1, str),
+        (1.5, int),
+        (True, int),
+        ("c", Literal["a", "b"]),
+        ("blue", Color),
+        ({"name": "n"}, Inner),
+        ([1, 2], tuple[int, int, int]),
+        (5, None),
+        ("not a date", datetime.datetime),
+        ({"kind": "job"}, gl.ResourceRef),
+    ],
+)
+def test_mismatches_raise_validation_error(wire: Any, hint: Any) -> None:
+    with pytest.raises(msgspec.ValidationError):
+        from_wire(wire, hint)
+
+
+def test_to_wire_refuses_unsupported_values() -> None:
+    with pytest.raises(TypeError):
+        to_wire(object())
+    with pytest.raises(TypeError):
+        to_wire({1, 2, 3j})
+
+
+def test_to_wire_plain_forms() -> None:
+    when = datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+    assert to_wire(when) == "2024-01-02T03:04:05Z"
+    assert to_wire(Color.RED) == "red"
+    assert to_wire(Inner("n", [])) == {"name": "n", "tags": []}
+    assert to_wire(b"raw") == b"raw"
+    assert to_wire(bytearray(b"raw")) == bytearray(b"raw")
+
+
+def test_oneway_marks_and_returns_the_function() -> None:
+    async def f(self: object) -> None: ...
+
+    assert gl.oneway(f) is f

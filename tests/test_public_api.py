@@ -1,0 +1,127 @@
+"""Guards the public surface: ``garcon_link.__all__`` is exactly the curated list (DESIGN §10).
+
+Adding or removing a public name is a deliberate change: update ``EXPECTED`` in the same commit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+import garcon_link
+
+EXPECTED = [
+    "AuthenticationError",
+    "Availability",
+    "CallError",
+    "ConfigError",
+    "ExecutorInfo",
+    "GarconLinkError",
+    "HandshakeError",
+    "Limits",
+    "LinkConfig",
+    "LinkError",
+    "NotDispatched",
+    "Outcome",
+    "OutcomeUnknown",
+    "PayloadTooLarge",
+    "ProtocolError",
+    "Rejected",
+    "RemoteError",
+    "RemoteExecutor",
+    "ResourceRef",
+    "Role",
+    "Secret",
+    "Service",
+    "ServiceScope",
+    "SessionFailed",
+    "StaleResource",
+    "TlsConfig",
+    "Worker",
+    "__version__",
+    "connect",
+    "current_scope",
+    "generate_secret",
+    "load_config",
+    "oneway",
+    "peer",
+    "register_exception",
+    "serve",
+    "with_options",
+    "write_secret_file",
+]
+
+
+def test_all_is_exactly_the_curated_sorted_list() -> None:
+    assert sorted(EXPECTED) == EXPECTED
+    assert list(garcon_link.__all__) == EXPECTED
+
+
+def test_all_has_no_duplicates() -> None:
+    assert len(set(garcon_link.__all__)) == len(garcon_link.__all__)
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_every_name_is_importable(name: str) -> None:
+    module = importlib.import_module("garcon_link")
+    assert getattr(module, name) is not None
+    namespace: dict[str, object] = {}
+    exec(f"from garcon_link import {name}", namespace)
+    assert namespace[name] is getattr(module, name)
+
+
+def test_star_import_gives_exactly_all() -> None:
+    namespace: dict[str, object] = {}
+    exec("from garcon_link import *", namespace)
+    exported = {k for k in namespace if k != "__builtins__"}
+    assert exported == set(EXPECTED)
+
+
+def test_design_section_10_names_are_public() -> None:
+    # The names DESIGN §7 and §10 use in examples must stay reachable as ``gl.<name>``.
+    for name in (
+        "load_config",
+        "LinkConfig",
+        "serve",
+        "connect",
+        "RemoteExecutor",
+        "Outcome",
+        "NotDispatched",
+        "Rejected",
+        "StaleResource",
+        "OutcomeUnknown",
+        "RemoteError",
+        "CallError",
+        "GarconLinkError",
+        "ConfigError",
+        "LinkError",
+        "AuthenticationError",
+        "ProtocolError",
+    ):
+        assert name in garcon_link.__all__, name
+
+
+def test_exception_tree() -> None:
+    gl = garcon_link
+    assert issubclass(gl.CallError, gl.GarconLinkError)
+    for sub in (gl.NotDispatched, gl.Rejected, gl.OutcomeUnknown, gl.RemoteError):
+        assert issubclass(sub, gl.CallError)
+    assert issubclass(gl.StaleResource, gl.Rejected)
+    assert issubclass(gl.AuthenticationError, gl.LinkError)
+    assert issubclass(gl.ProtocolError, gl.LinkError)
+    assert issubclass(gl.ConfigError, gl.GarconLinkError)
+    assert {o.name for o in gl.Outcome} == {"NOT_DISPATCHED", "REJECTED", "UNKNOWN", "FAILED"}
+
+
+def test_public_callables_are_documented() -> None:
+    for name in garcon_link.__all__:
+        obj = getattr(garcon_link, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert inspect.getdoc(obj), f"{name} has no docstring"
+
+
+def test_version_is_a_string() -> None:
+    assert isinstance(garcon_link.__version__, str)
+    assert garcon_link.__version__.count(".") >= 2

@@ -1,0 +1,604 @@
+"""Tests of garcon_link.remote: stable facades, availability, resumable cuts, worker restarts,
+contract checks, per-session scopes, bidirectional services and the worker runtime.
+
+Every end-to-end test runs in both directions (worker listens / controller listens) and on both
+anyio backends. What ran on the worker is asserted through the services' counters; timing is
+never asserted except as a generous upper bound on "fails at once" (which a wait of the dispatch
+deadline would exceed); every wait is bounded by ``anyio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+from rpcutil import (
+    LIMITS,
+    SECRET,
+    Calc,
+    CalcImpl,
+    SinkImpl,
+    both_directions,
+    open_pair,
+    raw_call,
+)
+
+import garcon_link as gl
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+DEADLINE = 10
+QUICK_GRACE = LIMITS.replace(detached_grace=0.3)
+
+
+class CalcImplPlus(CalcImpl):
+    """A worker whose interface grew a method: a different contract."""
+
+    async def mul(self, a: int, b: int) -> int:
+        return a * b
+
+
+# ---------------------------------------------------------------------------------- basics
+
+
+@both_directions
+async def test_calls_streams_and_info(direction: str) -> None:
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}) as pair:
+            executor = pair.executor
+            assert executor.availability == "ready"
+            calc = executor.service("calc", Calc)
+            assert await calc.add(1, 2) == 3
+            assert [i async for i in calc.count(5)] == [0, 1, 2, 3, 4]
+            await calc.note("hello")
+            await impl.probe.wait("note:hello")
+            info = await executor.info()
+            assert info.executor_id == "box"
+            assert len(info.instance_id) == 16
+            assert info.session_id == executor.link.transport.session_id  # type: ignore[union-attr]
+            assert set(info.services) == {"calc"}
+            assert info.services["calc"]["add"] == {
+                "kind": "unary",
+                "signature": "(a: int, b: int)",
+            }
+            assert info.services["calc"]["count"]["kind"] == "stream"
+            assert len(info.contract) == 64
+            assert "calc" in repr(calc) and "box" in repr(calc)
+            assert pair.history == ["ready"]
+
+
+@pytest.mark.timeout(20)
+async def test_serve_prints_diagnostics_and_runs_until_cancelled() -> None:
+    lines: list[str] = []
+    wcfg = gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.WORKER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(
+                lambda task_status: gl.serve(  # type: ignore[misc]
+                    wcfg, {"calc": CalcImpl()}, on_event=lines.append, task_status=task_status
+                )
+            )
+            assert url.startswith("ws://127.0.0.1:") and url.endswith("/executor")
+            ccfg = gl.LinkConfig(
+                executor_id="box", role=gl.Role.CONTROLLER, secret=SECRET, dial=url, limits=LIMITS
+            )
+            async with gl.connect(ccfg) as executor:
+                await executor.wait_ready(5)
+                info = await executor.info()
+                assert await executor.service("calc", Calc).add(2, 2) == 4
+                while len(lines) < 2:
+                    await anyio.sleep(0.005)
+            cancelled_at = anyio.current_time()
+            tg.cancel_scope.cancel()
+    # Regression: cancelling serve() used to spin the asyncio loop at 100% CPU (a
+    # CancelledError that was its own __context__), only broken by the pytest timeout.
+    assert anyio.current_time() - cancelled_at < 5
+    assert lines[0] == f"executor-listening url={url} executor=box"
+    assert lines[1] == (
+        f"executor-ready executor=box session={info.session_id.hex()} "
+        f"instance={info.instance_id.hex()} resumed=false"
+    )
+    for line in lines:
+        assert all("=" in part for part in line.split()[1:])
+
+
+def test_roles_are_checked() -> None:
+    worker_cfg = gl.LinkConfig(
+        executor_id="box", role=gl.Role.WORKER, secret=SECRET, listen=("127.0.0.1", 0)
+    )
+    controller_cfg = gl.LinkConfig(
+        executor_id="box", role=gl.Role.CONTROLLER, secret=SECRET, listen=("127.0.0.1", 0)
+    )
+    with pytest.raises(gl.ConfigError, match="controller"):
+        gl.connect(worker_cfg)
+    with pytest.raises(gl.ConfigError, match="worker"):
+        gl.Worker(controller_cfg, {})
+    with pytest.raises(TypeError):
+        gl.with_options(object(), timeout=1)
+    with pytest.raises(LookupError):
+        gl.peer("sink", Calc)
+    with pytest.raises(LookupError):
+        gl.current_scope()
+    executor = gl.connect(controller_cfg)
+    with pytest.raises(TypeError, match="class"):
+        executor.service("calc", lambda: 1)
+
+
+async def test_start_failure_raises_the_link_error_itself() -> None:
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as taken:
+        port = taken.extra(anyio.abc.SocketAttribute.local_port)
+        for role in (gl.Role.WORKER, gl.Role.CONTROLLER):
+            cfg = gl.LinkConfig(
+                executor_id="box",
+                role=role,
+                secret=SECRET,
+                listen=("127.0.0.1", port),
+                limits=LIMITS,
+            )
+            endpoint = gl.Worker(cfg, {}) if role is gl.Role.WORKER else gl.connect(cfg)
+            with anyio.fail_after(DEADLINE), pytest.raises(gl.LinkError, match="cannot listen"):
+                async with endpoint:
+                    pass
+
+
+@both_directions
+async def test_dispose_is_final(direction: str) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": CalcImpl()}) as pair:
+            calc = pair.calc()
+            seen: list[str] = []
+            unsubscribe = pair.executor.on_availability_changed(seen.append)
+            late: list[str] = []
+            pair.executor.on_availability_changed(late.append)()  # unsubscribed at once
+            unsubscribe()
+            unsubscribe()  # idempotent
+            await pair.stop_controller()
+            assert pair.executor.availability == "disposed"
+            assert pair.history == ["ready", "disposed"]
+            assert seen == [] and late == []
+            with pytest.raises(gl.NotDispatched) as info:
+                await calc.add(1, 2)
+            assert info.value.code == "DISPOSED"
+            with pytest.raises(gl.NotDispatched, match="DISPOSED"):
+                await pair.executor.wait_ready(1)
+            await pair.executor.aclose()  # idempotent
+            assert pair.history == ["ready", "disposed"]
+
+
+@both_directions
+async def test_availability_callback_errors_are_contained(direction: str) -> None:
+    def broken(_: str) -> None:
+        raise RuntimeError("callback bug")
+
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": CalcImpl()}) as pair:
+            pair.executor.on_availability_changed(broken)
+            await pair.disconnect()
+            assert await pair.calc().add(1, 2) == 3
+            assert pair.history[-1] == "ready"
+
+
+# ---------------------------------------------------------------------------------- resumable cuts
+
+
+@both_directions
+async def test_cuts_mid_stream_lose_and_double_nothing(direction: str) -> None:
+    impl = CalcImpl()
+    n = 2000
+    cuts = {150, 600, 1100, 1700}
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}) as pair:
+            items: list[int] = []
+            async for i in pair.calc().count(n):
+                items.append(i)
+                if i in cuts:
+                    await pair.executor.link.disconnect()
+            assert items == list(range(n))
+            assert impl.counts["count"] == 1
+            assert pair.history.count("offline") == 0
+            assert pair.history.count("reconnecting") >= 1
+            assert pair.history[0] == "ready" and pair.history[-1] == "ready"
+            assert pair.worker is not None and pair.worker.sessions == 1
+
+
+@both_directions
+async def test_cuts_mid_batch_of_concurrent_calls(direction: str) -> None:
+    impl = CalcImpl()
+    n = 200
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}) as pair:
+            calc = pair.calc()
+            results: dict[int, int] = {}
+
+            async def one(i: int) -> None:
+                results[i] = await calc.record(i, gated=i % 2 == 0)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(n):
+                    tg.start_soon(one, i)
+                # cut while requests are still being written and handlers are parked
+                await impl.probe.wait("record:10")
+                await pair.disconnect()
+                await impl.probe.wait("record:120")
+                await pair.disconnect()
+                for i in range(n):
+                    await impl.probe.wait(f"record:{i}")
+                # cut while the replies of the gated half are in flight
+                impl.gate.set()
+                await pair.executor.link.disconnect()
+                await pair.wait_attached_again()
+                await pair.disconnect()
+            assert results == {i: 2 * i for i in range(n)}
+            assert all(impl.counts[i] == 1 for i in range(n)), "a handler ran twice"
+            assert "offline" not in pair.history
+            assert pair.worker is not None and pair.worker.sessions == 1
+
+
+@both_directions
+async def test_dispatch_deadline_waits_for_a_reconnecting_executor(direction: str) -> None:
+    impl = CalcImpl()
+    limits = LIMITS.replace(detached_grace=5.0)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}, limits=limits, proxy=True) as pair:
+            assert pair.proxy is not None
+            calc = pair.calc()
+            assert await calc.add(1, 1) == 2
+            pair.proxy.refuse()
+            pair.proxy.cut()
+            await pair.wait_availability("reconnecting")
+
+            # deadline 0 (the default): fails at once
+            with anyio.fail_after(1), pytest.raises(gl.NotDispatched) as info:
+                await calc.add(1, 2)
+            assert info.value.code == "RECONNECTING"
+
+            # a short deadline that expires: NotDispatched after waiting
+            started = anyio.current_time()
+            with pytest.raises(gl.NotDispatched, match="RECONNECTING"):
+                await gl.with_options(calc, dispatch_deadline=0.1).add(1, 2)
+            assert anyio.current_time() - started >= 0.1
+            assert impl.counts["add"] == 1
+
+            # a deadline that outlasts the outage: the call goes through once resumed
+            patient = gl.with_options(calc, dispatch_deadline=5)
+            results: list[int] = []
+
+            async def call() -> None:
+                results.append(await patient.add(2, 3))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await anyio.sleep(0.05)
+                assert results == []
+                pair.proxy.heal()
+            assert results == [5]
+            assert impl.counts["add"] == 2
+            assert pair.history == ["ready", "reconnecting", "ready"]
+
+
+# ---------------------------------------------------------------------------------- restarts
+
+
+@both_directions
+async def test_worker_restart_mid_call(direction: str) -> None:
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}, limits=QUICK_GRACE) as pair:
+            calc = pair.calc()
+            ref = await calc.open_job("first")
+            assert await calc.job_name(ref) == "first"
+            first_instance = (await pair.executor.info()).instance_id
+            outcome: list[BaseException] = []
+            stream_items: list[int] = []
+            impl.stream_delay = 0.001
+
+            async def pending_call() -> None:
+                try:
+                    await calc.hold("k")
+                except gl.CallError as exc:
+                    outcome.append(exc)
+
+            async def pending_stream() -> None:
+                try:
+                    async for i in calc.ticks("s"):
+                        stream_items.append(i)
+                except gl.CallError as exc:
+                    outcome.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pending_call)
+                tg.start_soon(pending_stream)
+                await impl.probe.wait("started:k")
+                await impl.probe.wait("stream-started:s")
+                while len(stream_items) < 5:
+                    await anyio.sleep(0.001)
+                await pair.stop_worker()
+                await pair.wait_availability("reconnecting")
+
+                # reconnecting: fails at once by default, after the deadline otherwise
+                with anyio.fail_after(1), pytest.raises(gl.NotDispatched, match="RECONNECTING"):
+                    await calc.add(1, 2)
+                with pytest.raises(gl.NotDispatched):
+                    await gl.with_options(calc, dispatch_deadline=0.05).add(1, 2)
+
+                await pair.wait_availability("offline")  # the grace ran out
+            assert len(outcome) == 2
+            assert all(isinstance(e, gl.OutcomeUnknown) for e in outcome), outcome
+            assert all(e.code == "CONTINUITY_LOST" for e in outcome)  # type: ignore[attr-defined]
+            assert stream_items == list(range(len(stream_items)))  # in order, nothing doubled
+
+            # offline: NotDispatched at once, whatever the dispatch deadline
+            with anyio.fail_after(1):
+                with pytest.raises(gl.NotDispatched) as info:
+                    await gl.with_options(calc, dispatch_deadline=30).add(1, 2)
+                assert info.value.code == "OFFLINE"
+                with pytest.raises(gl.NotDispatched, match="OFFLINE"):
+                    await calc.count(3).__anext__()
+                with pytest.raises(gl.NotDispatched, match="OFFLINE"):
+                    await pair.executor.info()
+            with pytest.raises(TimeoutError, match="not ready"):
+                await pair.executor.wait_ready(0.05)
+
+            impl2 = CalcImpl()
+            await pair.start_worker({"calc": impl2})
+            await pair.executor.wait_ready(5)
+            # the same facade object works again, on the new session
+            assert await calc.add(1, 2) == 3
+            assert impl2.counts["add"] == 1 and impl.counts["add"] == 0
+            info2 = await pair.executor.info()
+            assert info2.instance_id != first_instance
+            # the old session's resource is stale; a new one works
+            with pytest.raises(gl.StaleResource) as stale:
+                await calc.job_name(ref)
+            assert stale.value.outcome is gl.Outcome.REJECTED
+            assert impl.counts["k"] == 1 and impl2.counts["k"] == 0
+            ref2 = await calc.open_job("second")
+            assert ref2.instance_id == info2.instance_id
+            assert await calc.job_name(ref2) == "second"
+            assert pair.history == ["ready", "reconnecting", "offline", "ready"]
+
+
+@both_directions
+async def test_quick_worker_restart_replaces_the_session(direction: str) -> None:
+    # The new worker arrives before the grace expires: the old session is replaced at once.
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}) as pair:
+            calc = pair.calc()
+            outcome: list[BaseException] = []
+
+            async def pending_call() -> None:
+                try:
+                    await calc.hold("k")
+                except gl.CallError as exc:
+                    outcome.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pending_call)
+                await impl.probe.wait("started:k")
+                impl2 = CalcImpl()
+                await pair.restart_worker({"calc": impl2})
+                await pair.executor.wait_ready(5)
+            assert len(outcome) == 1 and isinstance(outcome[0], gl.OutcomeUnknown)
+            assert await calc.add(2, 2) == 4
+            assert impl2.counts["add"] == 1
+            assert pair.history.count("offline") == 1
+            assert pair.history[0] == "ready" and pair.history[-1] == "ready"
+            assert pair.history[pair.history.index("offline") + 1 :] == ["ready"]
+
+
+@both_directions
+async def test_stale_resource_is_refused_by_the_worker_too(direction: str) -> None:
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}, limits=QUICK_GRACE) as pair:
+            calc = pair.calc()
+            ref = await calc.open_job("a")
+            await pair.restart_worker({"calc": impl})
+            await pair.executor.wait_ready(5)
+            # the controller refuses before sending; a peer that sends it anyway is refused by
+            # the worker's scope check before the handler runs
+            wire_ref = {
+                "kind": ref.kind,
+                "executor_id": ref.executor_id,
+                "instance_id": ref.instance_id,
+                "id": ref.id,
+            }
+            with pytest.raises(gl.StaleResource):
+                await raw_call(pair.rpc, "calc", "job_name", [wire_ref])
+            forged = dict(wire_ref, executor_id="other-box")
+            with pytest.raises(gl.StaleResource):
+                await raw_call(pair.rpc, "calc", "job_name", [forged])
+            fresh = await calc.open_job("b")
+            wrong_kind = {**wire_ref, "instance_id": fresh.instance_id, "kind": "process"}
+            with pytest.raises(gl.Rejected, match="WRONG_RESOURCE_KIND") as info:
+                await raw_call(pair.rpc, "calc", "job_name", [wrong_kind])
+            assert not isinstance(info.value, gl.StaleResource)  # wrong kind, not stale
+
+
+@both_directions
+async def test_changed_contract_is_refused(direction: str) -> None:
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}) as pair:
+            calc = pair.calc()
+            assert await calc.add(1, 2) == 3
+            await pair.restart_worker({"calc": CalcImplPlus()})
+            while "contract" not in (pair.executor.last_error or ""):
+                await anyio.sleep(0.005)
+            assert pair.executor.availability == "offline"
+            assert "changed" in (pair.executor.last_error or "")
+            with pytest.raises(gl.NotDispatched) as info:
+                await calc.add(1, 2)
+            assert info.value.code == "CONTRACT_CHANGED"
+            assert "contract" in info.value.message
+            with pytest.raises(TimeoutError, match="contract"):
+                await pair.executor.wait_ready(0.1)
+            assert pair.history == ["ready", "reconnecting", "offline"]
+
+            # the original contract is accepted again
+            await pair.restart_worker({"calc": CalcImpl()})
+            await pair.executor.wait_ready(5)
+            assert await calc.add(1, 2) == 3
+            assert pair.executor.last_error is None
+            assert pair.history == ["ready", "reconnecting", "offline", "ready"]
+
+
+@both_directions
+async def test_per_session_scope_factory(direction: str) -> None:
+    log: list[tuple[str, bytes]] = []
+    let_exit = anyio.Event()
+    impls: list[CalcImpl] = []
+
+    @contextlib.asynccontextmanager
+    async def factory(scope: gl.ServiceScope) -> AsyncIterator[dict[str, Any]]:
+        assert scope.executor_id == "box"
+        impl = CalcImpl()
+        impls.append(impl)
+        log.append(("enter", scope.instance_id))
+        try:
+            yield {"calc": impl}
+        finally:
+            log.append(("exit-started", scope.instance_id))
+            await let_exit.wait()  # a slow cleanup must not hold up the next session
+            log.append(("exit-done", scope.instance_id))
+
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, factory) as pair:
+            calc = pair.calc()
+            ref = await calc.open_job("a")
+            first = (await pair.executor.info()).instance_id
+            assert log == [("enter", first)]
+            assert ref.instance_id == first
+
+            # a new controller: a fresh logical session on the same worker
+            await pair.stop_controller()
+            await pair.start_controller()
+            await pair.executor.wait_ready(5)
+            calc = pair.calc()
+            second = (await pair.executor.info()).instance_id
+            assert second != first
+            assert ("enter", second) in log
+            assert await calc.add(1, 2) == 3
+            assert impls[1].counts["add"] == 1 and impls[0].counts["add"] == 0
+            ref2 = await calc.open_job("b")
+            assert ref2.instance_id == second
+            while ("exit-started", first) not in log:
+                await anyio.sleep(0.005)
+            # the old scope's exit started after the replacement, and is still blocked
+            assert log.index(("exit-started", first)) > log.index(("enter", first))
+            assert ("exit-done", first) not in log
+            assert ("exit-started", second) not in log
+            let_exit.set()
+            while ("exit-done", first) not in log:
+                await anyio.sleep(0.005)
+            assert pair.worker is not None and pair.worker.sessions == 2
+    assert ("exit-done", second) in log  # closed when the worker stopped
+
+
+@both_directions
+async def test_scope_cleanup_is_bounded(direction: str) -> None:
+    exits: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def factory(scope: gl.ServiceScope) -> AsyncIterator[dict[str, Any]]:
+        try:
+            yield {"calc": CalcImpl()}
+        finally:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                exits.append(scope.instance_id.hex())
+
+    limits = LIMITS.replace(scope_cleanup_timeout=0.2)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, factory, limits=limits) as pair:
+            await pair.stop_controller()
+            await pair.start_controller()
+            await pair.executor.wait_ready(5)
+            assert await pair.calc().add(1, 1) == 2
+            while not exits:  # abandoned after scope_cleanup_timeout
+                await anyio.sleep(0.01)
+
+
+@both_directions
+async def test_failing_scope_factory_retires_the_session(direction: str) -> None:
+    attempts: list[int] = []
+
+    @contextlib.asynccontextmanager
+    async def factory(scope: gl.ServiceScope) -> AsyncIterator[dict[str, Any]]:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError("scope construction failed")
+        yield {"calc": CalcImpl()}
+
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, factory, ready=False) as pair:
+            await pair.executor.wait_ready(5)
+            assert await pair.calc().add(1, 1) == 2
+            assert len(attempts) >= 2
+    # nothing of the refused session is left open (an unclosed stream warns when collected)
+    gc.collect()
+
+
+# ---------------------------------------------------------------------------------- bidirectional
+
+
+@both_directions
+async def test_worker_calls_back_into_the_controller(direction: str) -> None:
+    sink = SinkImpl()
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}, controller_services={"sink": sink}) as pair:
+            calc = pair.calc()
+            assert await calc.relay("hello") == 5
+            assert sink.pushed == ["hello"]
+            await sink.probe.wait("event:before hello")
+            assert sink.events == ["before hello"]
+            # many at once, both directions busy
+            async with anyio.create_task_group() as tg:
+                for i in range(50):
+                    tg.start_soon(calc.relay, f"m{i}")
+            assert sorted(sink.pushed[1:]) == sorted(f"m{i}" for i in range(50))
+            await calc.note("one-way")
+            await impl.probe.wait("note:one-way")
+            assert pair.history == ["ready"]
+
+
+@both_directions
+async def test_callbacks_survive_a_cut(direction: str) -> None:
+    sink = SinkImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(
+            direction, {"calc": CalcImpl()}, controller_services={"sink": sink}
+        ) as pair:
+            calc = pair.calc()
+            for i in range(20):
+                assert await calc.relay(f"x{i}") == len(f"x{i}")
+                if i % 5 == 0:
+                    await pair.executor.link.disconnect()
+            assert sink.pushed == [f"x{i}" for i in range(20)]
+            assert "offline" not in pair.history
+
+
+@both_directions
+async def test_peer_facade_with_unknown_controller_service(direction: str) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": CalcImpl()}) as pair:
+            # the controller exposes no "sink": the worker's callback is rejected, and that
+            # refusal is what the handler raised
+            with pytest.raises(gl.Rejected) as info:
+                await pair.calc().relay("x")
+            assert info.value.code == "UNKNOWN_SERVICE"
