@@ -1,15 +1,675 @@
-"""The ``garcon-link`` command line (placeholder until the CLI issue lands)."""
+"""The ``garcon-link`` command line (DESIGN §10).
+
+Commands
+--------
+``garcon-link demo``
+    The whole story on loopback: a worker in a child process, a controller in this one, calls, a
+    stream, a socket cut that resumes, a worker kill and restart (see :mod:`garcon_link.demo`).
+
+``garcon-link worker [CONFIG|-] [--service NAME=module:attr ...]``
+    Serve services until SIGINT/SIGTERM (then exit 0). Prints one ``key=value`` line per event on
+    stdout, flushed: ``executor-listening`` (or ``executor-dialing``), ``executor-ready`` for each
+    fresh logical session, ``executor-stopping`` on a signal. With ``--stop-on-stdin-eof`` it also
+    stops when its stdin is closed (a supervising parent that dies takes the worker with it).
+
+    ``attr`` may be a dotted path inside ``module``; the current directory is importable (as with
+    ``python -m``). What it names decides how it is served:
+
+    * an object (or a :class:`~garcon_link.Service` wrapping one with an explicit interface) is
+      served as ``NAME`` for the life of the process;
+    * a class is instantiated once, with no arguments, and served like an object;
+    * a function is a *per-session factory*: called with the session's
+      :class:`~garcon_link.ServiceScope`, it returns an async context manager that yields the
+      object served as ``NAME`` for that logical session (closed when the session is retired).
+
+    Services compose: objects and factories may be mixed; a fresh session enters every factory.
+
+``garcon-link keygen PATH [--force]``
+    Write a new secret file (64 hex digits, mode 0600) and print its path. An existing file is
+    never overwritten without ``--force``.
+
+``garcon-link call [CONFIG|-] SERVICE.METHOD [JSON_ARGS]``
+    Connect with a controller configuration, wait until the executor is ready (``--timeout``), make
+    one call and print its result as one JSON line (a stream: one JSON line per item; a one-way
+    method: nothing, once the worker has received it). ``JSON_ARGS`` is a JSON array (positional
+    arguments) or object (keyword arguments). There is no interface class here: the call is built
+    from the worker's manifest and the worker validates the arguments against its type hints.
+    When the configuration listens (the worker dials in), ``call`` waits up to ``--timeout`` for
+    the worker to dial. ``bytes`` in a result print as base64 text (standard alphabet, padded).
+
+CONFIG may be omitted (``call`` with one argument, or whose second argument is JSON) or given as
+``-``: the path is then read from ``GARCON_LINK_CONFIG``.
+
+Exit codes
+----------
+====  =========================================================================
+0     success
+1     any other failure (a link error such as a port in use, an OS error)
+2     usage or configuration error (bad arguments, bad config, keygen refused)
+3     ``NotDispatched``: definitely not executed (offline, not ready in time)
+4     ``Rejected``: reached the worker and refused unexecuted (unknown method,
+      invalid arguments, stale resource)
+5     ``RemoteError``: executed and raised
+6     ``OutcomeUnknown``: may have executed (timeout, continuity lost)
+130   interrupted (Ctrl-C)
+====  =========================================================================
+
+Every failure prints exactly one line on stderr, ``error: <what>``; a call's failure reads
+``error: [outcome:code] message``. Tracebacks are never printed (``-v`` adds the library's log
+and, for ``RemoteError``, the remote traceback).
+"""
 
 from __future__ import annotations
 
+import argparse
+import base64
+import contextlib
+import importlib
+import inspect
+import json
+import logging
+import os
+import signal
 import sys
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import anyio
+
+from .config import CONFIG_ENV_VAR, LinkConfig, load_config, write_secret_file
+from .errors import (
+    ConfigError,
+    GarconLinkError,
+    NotDispatched,
+    OutcomeUnknown,
+    Rejected,
+    RemoteError,
+)
+from .interface import MethodKind, MethodSpec
+from .remote import ServiceFactory, ServiceMap, Worker, connect
+from .resources import ServiceScope
+
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "EXIT_NOT_DISPATCHED",
+    "EXIT_OK",
+    "EXIT_OTHER",
+    "EXIT_OUTCOME_UNKNOWN",
+    "EXIT_REJECTED",
+    "EXIT_REMOTE_ERROR",
+    "EXIT_USAGE",
+    "UsageError",
+    "build_parser",
+    "build_services",
+    "dynamic_method",
+    "exit_code_for",
+    "jsonable",
+    "main",
+]
+
+EXIT_OK = 0
+EXIT_OTHER = 1
+EXIT_USAGE = 2
+EXIT_NOT_DISPATCHED = 3
+EXIT_REJECTED = 4
+EXIT_REMOTE_ERROR = 5
+EXIT_OUTCOME_UNKNOWN = 6
+EXIT_INTERRUPTED = 130
+
+_EXIT_CODES_HELP = """\
+exit codes:
+  0    success
+  1    other failure (link error, OS error)
+  2    usage or configuration error
+  3    NotDispatched   definitely not executed (offline, not ready within --timeout)
+  4    Rejected        reached the worker, refused unexecuted (unknown method, bad arguments)
+  5    RemoteError     executed and raised
+  6    OutcomeUnknown  may have executed (timeout, continuity lost)
+  130  interrupted
+errors print one line on stderr: "error: [outcome:code] message" (no traceback).
+"""
+
+log = logging.getLogger(__name__)
+
+
+class UsageError(Exception):
+    """Bad command-line input (exit code 2)."""
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _emit(line: str) -> None:
+    print(line, flush=True)
+
+
+def _error_line(message: str) -> None:
+    # One line, whatever the message holds.
+    text = " ".join(message.split())
+    print(f"error: {text}", file=sys.stderr, flush=True)
+
+
+def jsonable(value: Any) -> Any:
+    """Convert a decoded wire value to JSON-encodable data.
+
+    ``bytes`` become base64 text; map keys become text (bytes keys base64); tuples and sets become
+    lists; anything else unknown is shown by ``str()``.
+    """
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, Mapping):
+        return {_json_key(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(v) for v in value]
+    return str(value)
+
+
+def _json_key(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bytes | bytearray):
+        return base64.b64encode(bytes(key)).decode("ascii")
+    return json.dumps(jsonable(key)) if not isinstance(key, int | float | bool) else str(key)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(jsonable(value), ensure_ascii=False), flush=True)
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The exit code for a failure (see the module docstring's table)."""
+    if isinstance(exc, UsageError | ConfigError):
+        return EXIT_USAGE
+    if isinstance(exc, NotDispatched):
+        return EXIT_NOT_DISPATCHED
+    if isinstance(exc, Rejected):
+        return EXIT_REJECTED
+    if isinstance(exc, RemoteError):
+        return EXIT_REMOTE_ERROR
+    if isinstance(exc, OutcomeUnknown):
+        return EXIT_OUTCOME_UNKNOWN
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    return EXIT_OTHER
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first meaningful exception inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup):
+        inner = [e for e in exc.exceptions if not _is_cancellation(e)] or list(exc.exceptions)
+        exc = inner[0]
+    return exc
+
+
+def _is_cancellation(exc: BaseException) -> bool:
+    return isinstance(exc, anyio.get_cancelled_exc_class())
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, UsageError | GarconLinkError):
+        return str(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+# --------------------------------------------------------------------------- logging
+
+
+def _setup_logging(verbosity: int, *, quiet_by_default: bool) -> None:
+    """``-v`` WARNING, ``-vv`` INFO, ``-vvv`` DEBUG; without ``-v`` the worker logs WARNING and
+    the other commands log nothing (their one error line says what went wrong)."""
+    if verbosity <= 0:
+        level = logging.CRITICAL + 1 if quiet_by_default else logging.WARNING
+    else:
+        level = {1: logging.WARNING, 2: logging.INFO}.get(verbosity, logging.DEBUG)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _load(path: str | None) -> LinkConfig:
+    """Load CONFIG; ``None`` or ``-`` reads the path from ``GARCON_LINK_CONFIG``."""
+    return load_config(None if path in (None, "-") else path)
+
+
+# --------------------------------------------------------------------------- keygen
+
+
+def _cmd_keygen(ns: argparse.Namespace) -> int:
+    _setup_logging(ns.verbose, quiet_by_default=True)
+    path = write_secret_file(ns.path, force=ns.force)
+    _emit(str(path))
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def _import_target(text: str) -> tuple[str, object]:
+    """Parse ``NAME=module:attr`` and import what it names."""
+    name, sep, target = text.partition("=")
+    module_name, colon, attr = target.partition(":")
+    if not sep or not name or not colon or not module_name or not attr:
+        raise UsageError(
+            f"--service {text!r}: expected NAME=module:attr, e.g. calc=mypkg.calc:Calc"
+        )
+    if name.startswith(("_", "$")) or not name.isprintable() or any(c.isspace() for c in name):
+        raise UsageError(f"--service {text!r}: invalid service name {name!r}")
+    try:
+        obj: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(
+            f"--service {text!r}: cannot import module {module_name!r}: {exc}"
+        ) from exc
+    except Exception as exc:
+        raise UsageError(
+            f"--service {text!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageError(
+                f"--service {text!r}: {module_name!r} has no attribute {attr!r}"
+            ) from None
+    if isinstance(obj, type):
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise UsageError(
+                f"--service {text!r}: cannot instantiate {attr} with no arguments: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    return name, obj
+
+
+def _is_factory(obj: object) -> bool:
+    return inspect.isfunction(obj) or inspect.ismethod(obj)
+
+
+def build_services(specs: Sequence[str]) -> ServiceMap | ServiceFactory:
+    """Turn ``--service`` arguments into what :class:`~garcon_link.Worker` takes.
+
+    Without factories this is a plain mapping (validated by the worker at start-up). With at least
+    one, a per-session factory that enters every factory and adds the plain objects.
+
+    Raises:
+        UsageError: a malformed or duplicate argument, or an import that fails.
+    """
+    entries: dict[str, object] = {}
+    if str(Path.cwd()) not in sys.path and "" not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    for text in specs:
+        name, obj = _import_target(text)
+        if name in entries:
+            raise UsageError(f"--service {text!r}: service {name!r} is given twice")
+        entries[name] = obj
+    if not any(_is_factory(obj) for obj in entries.values()):
+        return entries
+
+    @contextlib.asynccontextmanager
+    async def per_session(scope: ServiceScope) -> AsyncIterator[ServiceMap]:
+        async with contextlib.AsyncExitStack() as stack:
+            services: dict[str, object] = {}
+            for name, obj in entries.items():
+                if _is_factory(obj):
+                    factory: Callable[[ServiceScope], Any] = obj  # type: ignore[assignment]
+                    services[name] = await stack.enter_async_context(factory(scope))
+                else:
+                    services[name] = obj
+            yield services
+
+    return per_session
+
+
+class _StdinWatch:
+    """``--stop-on-stdin-eof``: a daemon thread reads stdin to EOF, then signals SIGTERM to this
+    process, so the one signal path below handles it (a parent that dies closes our stdin)."""
+
+    closed = False
+
+    @classmethod
+    def start(cls) -> None:
+        def watch() -> None:
+            with contextlib.suppress(OSError):
+                while os.read(0, 65536):
+                    pass
+            cls.closed = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="stdin-eof-watch", daemon=True).start()
+
+
+async def _serve_until_signal(config: LinkConfig, services: ServiceMap | ServiceFactory) -> None:
+    """Serve until SIGINT/SIGTERM; then print ``executor-stopping`` and close gracefully."""
+    try:
+        receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
+    except NotImplementedError:  # pragma: no cover - Windows: Ctrl-C raises KeyboardInterrupt
+        async with Worker(config, services, on_event=_emit):
+            await anyio.sleep_forever()
+        return
+    with receiver as signals:
+        async with Worker(config, services, on_event=_emit):
+            async for signum in signals:
+                reason = "stdin-closed" if _StdinWatch.closed else signal.Signals(signum).name
+                _emit(f"executor-stopping executor={config.executor_id} reason={reason}")
+                break
+
+
+def _cmd_worker(ns: argparse.Namespace) -> int:
+    _setup_logging(ns.verbose, quiet_by_default=False)
+    services = build_services(ns.service or [])
+    config = _load(ns.config)
+    if ns.stop_on_stdin_eof:
+        _StdinWatch.start()
+    anyio.run(_serve_until_signal, config, services)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- call
+
+_DYNAMIC_SIGNATURE = inspect.Signature(
+    [
+        inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+        inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+    ]
+)
+
+
+def dynamic_method(services: Mapping[str, Any], service: str, method: str) -> MethodSpec:
+    """A :class:`MethodSpec` for ``service.method`` built from a worker's manifest.
+
+    It accepts any arguments and passes values through untyped: the worker validates them.
+
+    Raises:
+        Rejected: the manifest has no such service or method (``UNKNOWN_SERVICE`` /
+            ``OPERATION_UNSUPPORTED``, as the worker itself would answer).
+    """
+    methods = services.get(service)
+    if not isinstance(methods, Mapping):
+        known = ", ".join(sorted(services)) or "none"
+        raise Rejected("UNKNOWN_SERVICE", f"no service named {service!r} (services: {known})")
+    entry = methods.get(method)
+    if not isinstance(entry, Mapping):
+        known = ", ".join(sorted(methods)) or "none"
+        raise Rejected(
+            "OPERATION_UNSUPPORTED",
+            f"{service!r} has no callable method {method!r} (methods: {known})",
+        )
+    try:
+        kind = MethodKind(entry.get("kind"))
+    except ValueError:
+        raise Rejected(
+            "OPERATION_UNSUPPORTED", f"{service}.{method} has an unknown kind {entry.get('kind')!r}"
+        ) from None
+    return MethodSpec(method, kind, _DYNAMIC_SIGNATURE, {}, Any)
+
+
+def _split_call_operands(operands: Sequence[str]) -> tuple[str | None, str, str | None]:
+    """``[CONFIG] SERVICE.METHOD [JSON_ARGS]`` -> (config, target, json_args)."""
+    if len(operands) == 1:
+        return None, operands[0], None
+    if len(operands) == 2:
+        # A SERVICE.METHOD never starts with "[" or "{"; JSON_ARGS always does.
+        if operands[1].lstrip().startswith(("[", "{")):
+            return None, operands[0], operands[1]
+        return operands[0], operands[1], None
+    if len(operands) == 3:
+        return operands[0], operands[1], operands[2]
+    raise UsageError("call takes [CONFIG] SERVICE.METHOD [JSON_ARGS]")
+
+
+def _parse_target(text: str) -> tuple[str, str]:
+    service, dot, method = text.rpartition(".")
+    if not dot or not service or not method:
+        raise UsageError(f"{text!r}: expected SERVICE.METHOD, e.g. calc.add")
+    return service, method
+
+
+def _parse_arguments(text: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if text is None:
+        return (), {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"JSON_ARGS is not valid JSON: {exc}") from None
+    if isinstance(value, list):
+        return tuple(value), {}
+    if isinstance(value, dict):
+        return (), value
+    raise UsageError("JSON_ARGS must be a JSON array (positional) or object (keyword arguments)")
+
+
+async def _call(
+    config: LinkConfig,
+    service: str,
+    method: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    ready_timeout: float,
+    call_timeout: float | None,
+) -> None:
+    async with connect(config) as executor:
+        try:
+            await executor.wait_ready(timeout=ready_timeout)
+        except TimeoutError as exc:
+            raise NotDispatched("NOT_READY", str(exc)) from None
+        info = await executor.info()
+        spec = dynamic_method(info.services, service, method)
+        rpc = executor.current_rpc
+        if rpc is None:
+            raise NotDispatched("OFFLINE", executor.last_error or "the executor went offline")
+        timeout = config.limits.call_timeout if call_timeout is None else call_timeout
+        if spec.kind is MethodKind.STREAM:
+            stream = rpc.stream(service, spec, args, kwargs)
+            try:
+                async for item in stream:
+                    _print_json(item)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+        elif spec.kind is MethodKind.ONEWAY:
+            await rpc.notify(service, spec, args, kwargs)
+            # Delivery barrier: replies come back in order, so once this round trip completes
+            # the worker has received the notification (closing earlier could retire it unsent).
+            await rpc.describe_peer(timeout=timeout)
+        else:
+            _print_json(await rpc.call(service, spec, args, kwargs, timeout=timeout))
+
+
+def _cmd_call(ns: argparse.Namespace) -> int:
+    _setup_logging(ns.verbose, quiet_by_default=True)
+    config_path, target, json_args = _split_call_operands(ns.operands)
+    service, method = _parse_target(target)
+    args, kwargs = _parse_arguments(json_args)
+    if ns.timeout <= 0:
+        raise UsageError("--timeout must be > 0")
+    config = _load(config_path)
+    try:
+        anyio.run(
+            lambda: _call(
+                config,
+                service,
+                method,
+                args,
+                kwargs,
+                ready_timeout=ns.timeout,
+                call_timeout=ns.call_timeout,
+            )
+        )
+    except BaseException as exc:
+        leaf = _leaf(exc)
+        if ns.verbose and isinstance(leaf, RemoteError) and leaf.remote_traceback:
+            print(leaf.remote_traceback.rstrip(), file=sys.stderr)
+        raise
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def _cmd_demo(ns: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    _setup_logging(ns.verbose, quiet_by_default=True)
+    return run_demo(verbose=ns.verbose)
+
+
+# --------------------------------------------------------------------------- parser
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``garcon-link`` (exposed for documentation and tests)."""
+    from . import __version__
+
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log to stderr: -v warnings, -vv info, -vvv debug",
+    )
+    parser = _Parser(
+        prog="garcon-link",
+        description="Resumable, authenticated WebSocket RPC to Python services in a worker.",
+        epilog=_EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"garcon-link {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    demo = commands.add_parser(
+        "demo",
+        parents=[common],
+        help="run the whole story on loopback (worker child process + controller)",
+        description="A worker in a child process and a controller here, on loopback: calls, a "
+        "stream, a socket cut that resumes, a worker kill and restart. Exit 0 only if every "
+        "step behaved as promised.",
+    )
+    demo.set_defaults(func=_cmd_demo)
+
+    worker = commands.add_parser(
+        "worker",
+        parents=[common],
+        help="serve services until SIGINT/SIGTERM",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve Python objects to a controller. Prints key=value lines: "
+        "executor-listening (or executor-dialing), executor-ready per fresh session, "
+        "executor-stopping on SIGINT/SIGTERM (exit 0).",
+        epilog="--service NAME=module:attr: an object is served as is; a class is instantiated "
+        "once with no arguments;\na function is a per-session factory: called with the "
+        "session's ServiceScope, it returns an async\ncontext manager yielding the object "
+        "served for that session. The current directory is importable.\n\n" + _EXIT_CODES_HELP,
+    )
+    worker.add_argument(
+        "config",
+        nargs="?",
+        metavar="CONFIG",
+        help=f"worker TOML config; omitted or '-': ${CONFIG_ENV_VAR}",
+    )
+    worker.add_argument(
+        "--service",
+        action="append",
+        metavar="NAME=module:attr",
+        help="a service to expose (repeatable)",
+    )
+    worker.add_argument(
+        "--stop-on-stdin-eof",
+        action="store_true",
+        help="stop (exit 0) when stdin is closed: ties the worker's life to a parent process",
+    )
+    worker.set_defaults(func=_cmd_worker)
+
+    keygen = commands.add_parser(
+        "keygen",
+        parents=[common],
+        help="write a new secret file (mode 0600)",
+        description="Write 32 random bytes as 64 hex digits to PATH with mode 0600 and print "
+        "PATH. Refuses to overwrite an existing file (exit 2) unless --force.",
+    )
+    keygen.add_argument("path", metavar="PATH")
+    keygen.add_argument("--force", action="store_true", help="replace an existing file")
+    keygen.set_defaults(func=_cmd_keygen)
+
+    call = commands.add_parser(
+        "call",
+        parents=[common],
+        usage="garcon-link call [-h] [-v] [--timeout S] [--call-timeout S] "
+        "[CONFIG|-] SERVICE.METHOD [JSON_ARGS]",
+        help="make one call and print its result as JSON",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Connect with a controller config, wait until the executor is ready, call "
+        "SERVICE.METHOD once and print the result as one JSON line (streams: one line per item; "
+        "one-way methods: nothing). JSON_ARGS is a JSON array (positional) or object (keyword). "
+        "bytes print as base64. If the config listens, call waits for the worker to dial in. "
+        f"CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
+        epilog=_EXIT_CODES_HELP,
+    )
+    call.add_argument("operands", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
+    call.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to wait for the executor to be ready (default 10); else exit 3",
+    )
+    call.add_argument(
+        "--call-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="deadline of the call itself (default: the config's call_timeout); else exit 6",
+    )
+    call.set_defaults(func=_cmd_call)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``garcon-link`` console script."""
-    args = sys.argv[1:] if argv is None else argv
-    print(f"garcon-link {' '.join(args)}: not yet available")
-    return 0
+    """Entry point of the ``garcon-link`` console script; returns the exit code."""
+    parser = build_parser()
+    try:
+        ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+    handler: Callable[[argparse.Namespace], int] = ns.func
+    try:
+        return handler(ns)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        leaf = _leaf(exc)
+        if isinstance(leaf, SystemExit):
+            raise leaf from None
+        log.debug("command failed", exc_info=exc)
+        _error_line(_describe(leaf))
+        return exit_code_for(leaf)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,565 @@
+"""The ``garcon-link`` command line: keygen, worker + call across processes, exit codes, errors.
+
+Cross-process tests run ``python -m garcon_link.cli`` (what the ``garcon-link`` script runs) as
+subprocesses with bounded timeouts; every child is killed in ``finally``. The worker serves
+``garcon_link.demo:DemoService`` (add, echo, fail, count, hold, holding).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import garcon_link as gl
+from garcon_link import cli
+from garcon_link.config import CONFIG_ENV_VAR
+from garcon_link.interface import MethodKind
+
+CLI = (sys.executable, "-m", "garcon_link.cli")
+SERVICE = "demo=garcon_link.demo:DemoService"
+FAST_LIMITS = """
+[limits]
+heartbeat_interval = 0.5
+heartbeat_timeout = 2.0
+detached_grace = 2.0
+backoff_base = 0.05
+backoff_max = 0.2
+connect_timeout = 2.0
+"""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_config(directory: Path, name: str, role: str, connection: str) -> Path:
+    secret = directory / "link.secret"
+    if not secret.exists():
+        gl.write_secret_file(secret)
+    path = directory / name
+    path.write_text(
+        f'executor_id = "cli-box"\nrole = "{role}"\nsecret_file = "link.secret"\n\n'
+        f"[connection]\n{connection}\n{FAST_LIMITS}",
+        encoding="utf-8",
+    )
+    return path
+
+
+def run_cli(
+    *args: str, timeout: float = 30, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+class Worker:
+    """``garcon-link worker`` in a child process, its stdout read line by line by a thread."""
+
+    def __init__(self, config: Path, *services: str, cwd: Path | None = None) -> None:
+        command = [*CLI, "worker", str(config), "--stop-on-stdin-eof"]
+        for service in services:
+            command += ["--service", service]
+        self.process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_line(self, prefix: str, timeout: float = 20) -> str:
+        for line in self.lines:
+            if line.startswith(prefix):
+                return line
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {prefix!r} line within {timeout}s: {self.lines}")
+            try:
+                line = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError(f"worker exited before {prefix!r}: {self.stderr()}")
+            self.lines.append(line)
+            if line.startswith(prefix):
+                return line
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 20) -> None:
+        """Read lines until ``predicate()`` holds."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"condition not met within {timeout}s: {self.lines}")
+            try:
+                line = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError(f"worker exited: {self.stderr()}")
+            self.lines.append(line)
+
+    def url(self) -> str:
+        line = self.wait_line("executor-listening")
+        return next(p.split("=", 1)[1] for p in line.split() if p.startswith("url="))
+
+    def stderr(self) -> str:
+        if self.process.poll() is None or self.process.stderr is None:
+            return ""
+        return self.process.stderr.read()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        try:
+            self.process.wait(timeout=10)
+        finally:
+            for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+@pytest.fixture(scope="module")
+def listening_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Worker, Path]]:
+    """One worker listening on a free port, and a controller config that dials it."""
+    directory = tmp_path_factory.mktemp("cli-worker")
+    worker_toml = write_config(directory, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    worker = Worker(worker_toml, SERVICE)
+    try:
+        url = worker.url()
+        controller = write_config(directory, "controller.toml", "controller", f'dial = "{url}"')
+        yield worker, controller
+    finally:
+        worker.kill()
+
+
+def assert_one_error_line(stderr: str, *fragments: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: "), stderr
+    assert "Traceback" not in stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+# --------------------------------------------------------------------------- keygen
+
+
+def test_keygen_writes_a_0600_secret_that_load_config_accepts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "link.secret"
+    assert cli.main(["keygen", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == str(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert len(path.read_text().strip()) == 64
+    config = tmp_path / "w.toml"
+    config.write_text(
+        'executor_id = "x"\nrole = "worker"\nsecret_file = "link.secret"\n'
+        '[connection]\nlisten = "127.0.0.1:0"\n'
+    )
+    assert len(gl.load_config(config).secret) == 32
+
+
+def test_keygen_refuses_to_overwrite_without_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "link.secret"
+    assert cli.main(["keygen", str(path)]) == 0
+    first = path.read_bytes()
+    capsys.readouterr()
+    assert cli.main(["keygen", str(path)]) == cli.EXIT_USAGE
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert_one_error_line(captured.err, "refusing to overwrite", "--force")
+    assert path.read_bytes() == first
+    assert cli.main(["keygen", str(path), "--force"]) == 0
+    assert path.read_bytes() != first
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_keygen_as_a_command(tmp_path: Path) -> None:
+    path = tmp_path / "k.secret"
+    done = run_cli("keygen", str(path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(path)
+    again = run_cli("keygen", str(path))
+    assert again.returncode == 2
+    assert_one_error_line(again.stderr, "refusing to overwrite")
+
+
+# --------------------------------------------------------------------------- worker + call
+
+
+def test_call_unary_positional_and_keyword(listening_worker: tuple[Worker, Path]) -> None:
+    _, controller = listening_worker
+    done = run_cli("call", str(controller), "demo.add", "[2, 3]")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "5\n", "")
+    done = run_cli("call", str(controller), "demo.add", '{"a": 40, "b": 2}')
+    assert (done.returncode, done.stdout) == (0, "42\n")
+    done = run_cli("call", str(controller), "demo.echo", '["héllo"]')
+    assert json.loads(done.stdout) == "héllo"
+
+
+def test_call_stream_prints_one_json_line_per_item(listening_worker: tuple[Worker, Path]) -> None:
+    _, controller = listening_worker
+    done = run_cli("call", str(controller), "demo.count", "[4]")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [0, 1, 2, 3]
+
+
+def test_worker_prints_listening_and_ready_lines(listening_worker: tuple[Worker, Path]) -> None:
+    worker, controller = listening_worker
+    assert run_cli("call", str(controller), "demo.holding").returncode == 0
+    listening = worker.wait_line("executor-listening")
+    assert listening.startswith("executor-listening url=ws://127.0.0.1:")
+    assert listening.endswith(" executor=cli-box")
+    ready = worker.wait_line("executor-ready")
+    keys = dict(part.split("=", 1) for part in ready.split()[1:])
+    assert keys["executor"] == "cli-box"
+    assert len(bytes.fromhex(keys["session"])) == 32
+    assert len(bytes.fromhex(keys["instance"])) == 16
+    assert keys["resumed"] == "false"
+
+
+def test_call_config_from_environment(listening_worker: tuple[Worker, Path]) -> None:
+    _, controller = listening_worker
+    env = {**os.environ, CONFIG_ENV_VAR: str(controller)}
+    omitted = run_cli("call", "demo.add", "[1, 1]", env=env)
+    assert (omitted.returncode, omitted.stdout) == (0, "2\n"), omitted.stderr
+    dash = run_cli("call", "-", "demo.holding", env=env)
+    assert (dash.returncode, dash.stdout) == (0, "0\n"), dash.stderr
+
+
+def test_worker_dials_and_call_listens(tmp_path: Path) -> None:
+    """Worker-dials-controller: ``call`` listens and waits for the worker to dial in."""
+    port = free_port()
+    controller = write_config(
+        tmp_path, "controller.toml", "controller", f'listen = "127.0.0.1:{port}"'
+    )
+    worker_toml = write_config(
+        tmp_path, "worker.toml", "worker", f'dial = "ws://127.0.0.1:{port}/executor"'
+    )
+    call = subprocess.Popen(
+        [*CLI, "call", str(controller), "demo.add", "[20, 22]", "--timeout", "30"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    worker: Worker | None = None
+    try:
+        time.sleep(0.3)  # let `call` bind its port first (the worker would redial anyway)
+        worker = Worker(worker_toml, SERVICE)
+        assert worker.wait_line("executor-dialing").startswith(
+            f"executor-dialing url=ws://127.0.0.1:{port}/executor"
+        )
+        out, err = call.communicate(timeout=40)
+        assert (call.returncode, out, err) == (0, "42\n", "")
+        worker.wait_line("executor-ready")
+        # The worker keeps dialing: a second `call` gets it too.
+        again = run_cli("call", str(controller), "demo.count", "[2]", "--timeout", "30")
+        assert (again.returncode, again.stdout) == (0, "0\n1\n"), again.stderr
+    finally:
+        if call.poll() is None:
+            call.kill()
+        call.wait(timeout=10)
+        if worker is not None:
+            worker.kill()
+
+
+def test_worker_stops_gracefully_on_sigterm_and_sigint(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        worker = Worker(config, SERVICE)
+        try:
+            worker.wait_line("executor-listening")
+            worker.process.send_signal(signum)
+            assert worker.process.wait(timeout=15) == 0
+            line = worker.wait_line("executor-stopping")
+            assert line == f"executor-stopping executor=cli-box reason={signum.name}"
+        finally:
+            worker.kill()
+
+
+def test_worker_stops_when_stdin_closes(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    worker = Worker(config, SERVICE)
+    try:
+        worker.wait_line("executor-listening")
+        assert worker.process.stdin is not None
+        worker.process.stdin.close()
+        assert worker.process.wait(timeout=15) == 0
+        assert worker.wait_line("executor-stopping").endswith("reason=stdin-closed")
+    finally:
+        worker.kill()
+
+
+def test_worker_serves_objects_and_per_session_factories_from_the_cwd(tmp_path: Path) -> None:
+    (tmp_path / "my_services.py").write_text(
+        """
+import contextlib
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+    async def bump(self) -> int:
+        self.n += 1
+        return self.n
+
+class Scoped:
+    def __init__(self, scope):
+        self.scope = scope
+    async def instance(self) -> str:
+        return self.scope.instance_id.hex()
+
+@contextlib.asynccontextmanager
+async def scoped(scope):
+    yield Scoped(scope)
+
+shared = Counter()
+""",
+        encoding="utf-8",
+    )
+    worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    worker = Worker(
+        worker_toml,
+        "counter=my_services:shared",
+        "scoped=my_services:scoped",
+        cwd=tmp_path,
+    )
+    try:
+        url = worker.url()
+        controller = write_config(tmp_path, "controller.toml", "controller", f'dial = "{url}"')
+        first = run_cli("call", str(controller), "counter.bump")
+        second = run_cli("call", str(controller), "counter.bump")
+        assert (first.stdout, second.stdout) == ("1\n", "2\n"), first.stderr + second.stderr
+        # Each `call` is a new logical session: a factory builds a new scope for each.
+        a = run_cli("call", str(controller), "scoped.instance")
+        b = run_cli("call", str(controller), "scoped.instance")
+        assert a.returncode == b.returncode == 0, a.stderr + b.stderr
+        assert json.loads(a.stdout) != json.loads(b.stdout)
+        # ... and the worker announced that scope's instance id on its executor-ready line.
+        assert worker.wait_line("executor-ready executor=cli-box session=", timeout=1)
+        worker.wait_for(lambda: any(json.loads(b.stdout) in line for line in worker.lines))
+    finally:
+        worker.kill()
+
+
+# --------------------------------------------------------------------------- exit codes
+
+
+def test_not_dispatched_when_the_worker_is_down(tmp_path: Path) -> None:
+    controller = write_config(
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{free_port()}/executor"'
+    )
+    started = time.monotonic()
+    done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.5")
+    assert done.returncode == cli.EXIT_NOT_DISPATCHED == 3
+    assert done.stdout == ""
+    assert_one_error_line(done.stderr, "[not_dispatched:NOT_READY]", "not ready within 0.5s")
+    assert time.monotonic() - started < 15
+
+
+def test_not_dispatched_when_no_worker_dials_in(tmp_path: Path) -> None:
+    controller = write_config(
+        tmp_path, "controller.toml", "controller", f'listen = "127.0.0.1:{free_port()}"'
+    )
+    done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.5")
+    assert done.returncode == 3
+    assert_one_error_line(done.stderr, "[not_dispatched:NOT_READY]")
+
+
+def test_wrong_secret_is_not_dispatched_and_says_why(
+    listening_worker: tuple[Worker, Path], tmp_path: Path
+) -> None:
+    worker, _ = listening_worker
+    wrong = write_config(tmp_path, "controller.toml", "controller", f'dial = "{worker.url()}"')
+    done = run_cli("call", str(wrong), "demo.add", "[1, 2]", "--timeout", "1")
+    assert done.returncode == 3
+    assert_one_error_line(done.stderr, "[not_dispatched:NOT_READY]", "proof did not verify")
+
+
+@pytest.mark.parametrize(
+    ("target", "arguments", "fragment"),
+    [
+        ("demo.nope", "[]", "[rejected:OPERATION_UNSUPPORTED]"),
+        ("nope.add", "[1, 2]", "[rejected:UNKNOWN_SERVICE]"),
+        ("demo.add", '["x", 2]', "[rejected:INVALID_ARGUMENTS]"),
+        ("demo.add", "[1]", "[rejected:INVALID_ARGUMENTS]"),
+        ("demo._private", "[]", "[rejected:"),
+    ],
+)
+def test_rejected_exit_code(
+    listening_worker: tuple[Worker, Path], target: str, arguments: str, fragment: str
+) -> None:
+    _, controller = listening_worker
+    done = run_cli("call", str(controller), target, arguments)
+    assert done.returncode == cli.EXIT_REJECTED == 4
+    assert done.stdout == ""
+    assert_one_error_line(done.stderr, fragment)
+
+
+def test_remote_error_exit_code(listening_worker: tuple[Worker, Path]) -> None:
+    _, controller = listening_worker
+    done = run_cli("call", str(controller), "demo.fail", '["kaput"]')
+    assert done.returncode == cli.EXIT_REMOTE_ERROR == 5
+    assert_one_error_line(done.stderr, "[failed:HANDLER_FAILED] kaput", "builtins.ValueError")
+    verbose = run_cli("call", "-v", str(controller), "demo.fail", '["kaput"]')
+    assert verbose.returncode == 5
+    assert "Traceback" in verbose.stderr  # the *remote* traceback, on request only
+    assert verbose.stderr.strip().splitlines()[-1].startswith("error: [failed:HANDLER_FAILED]")
+
+
+def test_outcome_unknown_exit_code_on_call_timeout(listening_worker: tuple[Worker, Path]) -> None:
+    _, controller = listening_worker
+    done = run_cli("call", str(controller), "demo.hold", "[10]", "--call-timeout", "0.3")
+    assert done.returncode == cli.EXIT_OUTCOME_UNKNOWN == 6
+    assert_one_error_line(done.stderr, "[unknown:TIMEOUT]")
+
+
+# --------------------------------------------------------------------------- clean errors
+
+
+def test_bad_config_path_is_one_clean_line(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.toml"
+    for command in (["call", str(missing), "demo.add"], ["worker", str(missing)]):
+        done = run_cli(*command)
+        assert done.returncode == 2
+        assert_one_error_line(done.stderr, str(missing), "not found")
+
+
+def test_config_errors_and_wrong_role(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("executor_id = \n", encoding="utf-8")
+    assert cli.main(["call", str(bad), "demo.add"]) == 2
+    assert_one_error_line(capsys.readouterr().err, "TOML syntax error")
+    worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    assert cli.main(["call", str(worker_toml), "demo.add"]) == 2
+    assert_one_error_line(capsys.readouterr().err, "controller configuration")
+    env_missing = {k: v for k, v in os.environ.items() if k != CONFIG_ENV_VAR}
+    done = run_cli("call", "demo.add", env=env_missing)
+    assert done.returncode == 2
+    assert_one_error_line(done.stderr, CONFIG_ENV_VAR)
+
+
+def test_port_in_use_is_exit_1(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = write_config(tmp_path, "worker.toml", "worker", f'listen = "127.0.0.1:{port}"')
+        done = run_cli("worker", str(config))
+    assert done.returncode == 1
+    assert_one_error_line(done.stderr, f"cannot listen on 127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["call", "cfg.toml", "demo.add", "[1,"], "not valid JSON"),
+        (["call", "cfg.toml", "demo.add", '"x"'], "JSON array"),
+        (["call", "cfg.toml", "noservice"], "SERVICE.METHOD"),
+        (["call", "a", "b", "c", "d"], "SERVICE.METHOD"),
+        (["call", "cfg.toml", "demo.add", "--timeout", "0"], "--timeout"),
+        (["worker", "cfg.toml", "--service", "oops"], "NAME=module:attr"),
+        (["worker", "cfg.toml", "--service", "x=no_such_module_xyz:y"], "cannot import"),
+        (["worker", "cfg.toml", "--service", "x=garcon_link.demo:Nope"], "no attribute"),
+        (["worker", "cfg.toml", "--service", "x=garcon_link.demo:DemoApi"], "instantiate"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(
+    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 2
+    assert_one_error_line(capsys.readouterr().err, fragment)
+
+
+def test_duplicate_service_names_are_refused() -> None:
+    with pytest.raises(cli.UsageError, match="given twice"):
+        cli.build_services(["d=garcon_link.demo:DemoService", "d=garcon_link.demo:DemoService"])
+
+
+def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert cli.main(["frobnicate"]) == 2
+    assert cli.main(["--help"]) == 0
+    help_text = capsys.readouterr().out
+    for code in ("3    NotDispatched", "4    Rejected", "5    RemoteError", "6    OutcomeUnknown"):
+        assert code in help_text
+
+
+# --------------------------------------------------------------------------- helpers, in process
+
+
+def test_split_call_operands() -> None:
+    split = cli._split_call_operands
+    assert split(["calc.add"]) == (None, "calc.add", None)
+    assert split(["calc.add", "[1]"]) == (None, "calc.add", "[1]")
+    assert split(["calc.add", '{"a": 1}']) == (None, "calc.add", '{"a": 1}')
+    assert split(["c.toml", "calc.add"]) == ("c.toml", "calc.add", None)
+    assert split(["c.toml", "calc.add", "[1]"]) == ("c.toml", "calc.add", "[1]")
+
+
+def test_jsonable_bytes_are_base64() -> None:
+    value = {"blob": b"\x00\xff", b"k": [1, (2, 3)], 7: None}
+    assert cli.jsonable(value) == {"blob": "AP8=", "aw==": [1, [2, 3]], "7": None}
+
+
+def test_dynamic_method_from_a_manifest() -> None:
+    services = {"calc": {"add": {"kind": "unary", "signature": "(a: int, b: int)"}}}
+    spec = cli.dynamic_method(services, "calc", "add")
+    assert spec.kind is MethodKind.UNARY
+    assert spec.bind((1,), {"b": 2}) == ([1], {"b": 2})
+    with pytest.raises(gl.Rejected, match="UNKNOWN_SERVICE"):
+        cli.dynamic_method(services, "nope", "add")
+    with pytest.raises(gl.Rejected, match="OPERATION_UNSUPPORTED"):
+        cli.dynamic_method(services, "calc", "sub")
+
+
+def test_exit_code_table() -> None:
+    assert cli.exit_code_for(gl.NotDispatched("X")) == 3
+    assert cli.exit_code_for(gl.Rejected("X")) == 4
+    assert cli.exit_code_for(gl.StaleResource()) == 4
+    assert cli.exit_code_for(gl.RemoteError("X")) == 5
+    assert cli.exit_code_for(gl.OutcomeUnknown("X")) == 6
+    assert cli.exit_code_for(gl.ConfigError("x")) == 2
+    assert cli.exit_code_for(gl.LinkError("x")) == 1
+    assert cli.exit_code_for(RuntimeError("x")) == 1

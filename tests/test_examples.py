@@ -1,0 +1,142 @@
+"""Each example runs as one command, exits 0 and says what it did (bounded by a timeout)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+EXPECTED = {
+    "kvstore": [
+        "executor-listening url=ws://127.0.0.1:",
+        "kv.get('color')           -> 'blue'",
+        "kv.delete('size')         -> True",
+        "v3 delete size",
+        "v4 set    color = 'green'",
+        "kvstore: ok",
+    ],
+    "controller_dials": [
+        "executor-listening url=ws://127.0.0.1:",
+        "-> 'Hello, Ada! (call #1 on this worker)'",
+        "-> [5, 4, 3, 2, 1, 0]",
+        '"Hello, Grace! (call #2 on this worker)"   (exit 0)',
+        "executor-stopping executor=greeter-1 reason=SIGTERM   (exit 0)",
+        "controller_dials: ok",
+    ],
+    "worker_dials": [
+        "executor-dialing url=ws://127.0.0.1:",
+        "[4/4] package: ok",
+        "NotDispatched [not_dispatched:OFFLINE]",
+        "(same facade, fresh session)",
+        "worker_dials: ok",
+    ],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_example_runs(name: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / name / "run.py")],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    for fragment in EXPECTED[name]:
+        assert fragment in done.stdout, f"{fragment!r} missing from:\n{done.stdout}"
+    # The secret lived in a temporary workspace that is gone now.
+    workspace = re.search(r"keygen (\S+)/link\.secret", done.stdout)
+    assert workspace is not None
+    assert not Path(workspace.group(1)).exists()
+
+
+def test_no_secret_is_committed_with_the_examples() -> None:
+    assert "*.secret" in (EXAMPLES / ".gitignore").read_text(encoding="utf-8").splitlines()
+    try:
+        tracked = subprocess.run(
+            ["git", "ls-files", "--", str(EXAMPLES)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=EXAMPLES,
+        ).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        tracked = []
+    assert not [path for path in tracked if path.endswith(".secret")]
+    for config in EXAMPLES.rglob("*.toml"):
+        text = config.read_text(encoding="utf-8")
+        assert re.search(r"^secret_file = \"link\.secret\"", text, re.MULTILINE), config
+        assert not re.search(r"^secret\s*=", text, re.MULTILINE), config
+
+
+# --------------------------------------------------------------------------- README in sync
+
+
+README = EXAMPLES.parent / "README.md"
+
+
+def _shown(name: str, value: float) -> str:
+    if isinstance(value, float):
+        return f"{value:g} s"
+    if name.endswith("_bytes"):
+        for unit, size in (("MiB", 1024 * 1024), ("KiB", 1024)):
+            if value >= size and value % size == 0:
+                return f"{value // size} {unit}"
+    return f"{value:,}"
+
+
+def render_limits_table() -> str:
+    """The README's ``[limits]`` table, from ``Limits.describe()`` and the defaults."""
+    import dataclasses
+
+    from garcon_link import Limits
+
+    docs = Limits.describe()
+    defaults = Limits()
+    rows = ["| `[limits]` key | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(Limits):
+        rows.append(
+            f"| `{f.name}` | {_shown(f.name, getattr(defaults, f.name))} | {docs[f.name]} |"
+        )
+    return "\n".join(rows)
+
+
+def test_readme_limits_table_matches_the_code() -> None:
+    text = README.read_text(encoding="utf-8")
+    begin, end = "<!-- limits-table:begin -->\n", "\n<!-- limits-table:end -->"
+    table = text[text.index(begin) + len(begin) : text.index(end)]
+    assert table == render_limits_table(), "regenerate the table with render_limits_table()"
+
+
+def test_readme_exit_codes_match_the_cli() -> None:
+    from garcon_link import cli
+
+    text = README.read_text(encoding="utf-8")
+    for code, name in [
+        (cli.EXIT_NOT_DISPATCHED, "NotDispatched"),
+        (cli.EXIT_REJECTED, "Rejected"),
+        (cli.EXIT_REMOTE_ERROR, "RemoteError"),
+        (cli.EXIT_OUTCOME_UNKNOWN, "OutcomeUnknown"),
+    ]:
+        assert f"| {code} | `{name}`" in text
+
+
+def write_readme_limits_table() -> None:
+    """Regenerate the README's ``[limits]`` table: ``python tests/test_examples.py``."""
+    text = README.read_text(encoding="utf-8")
+    begin, end = "<!-- limits-table:begin -->\n", "\n<!-- limits-table:end -->"
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    README.write_text(head + begin + render_limits_table() + end + tail, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    write_readme_limits_table()
