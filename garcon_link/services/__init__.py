@@ -1,0 +1,156 @@
+"""Built-in machine services a worker can offer: processes and files (POSIX only).
+
+Expose them from the command line (``garcon-link worker CONFIG --builtin process,files --root
+DIR``) or in code::
+
+    import garcon_link as gl
+    from garcon_link.services import FileService, ProcessService, builtin_services
+
+    # worker
+    await gl.serve(config, builtin_services(["process", "files"], root="/srv/work"))
+
+    # controller
+    proc = executor.service("process", ProcessService)
+    files = executor.service("files", FileService)
+    result = await proc.run(["make", "-C", "/src"], timeout=600)
+    stat = await files.write("/src/VERSION", b"1.2\\n")
+
+:func:`builtin_services` returns a per-session factory: every logical session gets fresh service
+objects (so resource references -- process and upload handles -- die with their session), and when
+the session is retired every process it started is terminated (SIGTERM, SIGKILL after
+``ServiceLimits.session_end_grace``) and unfinished uploads are discarded.
+
+The root is ``/`` for callers: every path is absolute in the service's namespace and confined to
+the root (rules in :mod:`garcon_link.services.files`). It confines paths, not programs: a started
+process runs with the worker's privileges (see :mod:`garcon_link.services.process`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..remote import Service
+from ..resources import ServiceScope
+from .files import (
+    ConfinedRoot,
+    DirEntry,
+    DirPage,
+    FileKind,
+    FileService,
+    FileStat,
+    LocalFileService,
+    ReadChunk,
+    ServiceLimits,
+    version_token,
+)
+from .process import (
+    ExitStatus,
+    LocalProcessService,
+    OutputChunk,
+    ProcessInfo,
+    ProcessService,
+    RunResult,
+    StreamName,
+    TruncationMarker,
+    default_base_env,
+)
+
+__all__ = [
+    "BUILTIN_SERVICES",
+    "ConfinedRoot",
+    "DirEntry",
+    "DirPage",
+    "ExitStatus",
+    "FileKind",
+    "FileService",
+    "FileStat",
+    "LocalFileService",
+    "LocalProcessService",
+    "OutputChunk",
+    "ProcessInfo",
+    "ProcessService",
+    "ReadChunk",
+    "RunResult",
+    "ServiceFactory",
+    "ServiceLimits",
+    "StreamName",
+    "TruncationMarker",
+    "builtin_services",
+    "default_base_env",
+    "version_token",
+]
+
+BUILTIN_SERVICES: Mapping[str, type] = {"process": ProcessService, "files": FileService}
+"""Built-in service name -> its interface (what a controller passes to ``executor.service``)."""
+
+ServiceFactory = Callable[
+    [ServiceScope], contextlib.AbstractAsyncContextManager[Mapping[str, object]]
+]
+"""A per-session service factory, as :class:`~garcon_link.Worker` accepts."""
+
+
+def _parse_names(names: Sequence[str]) -> list[str]:
+    if isinstance(names, str):
+        names = [names]
+    wanted: list[str] = []
+    for item in names:
+        for name in item.split(","):
+            name = name.strip()
+            if not name:
+                continue
+            if name not in BUILTIN_SERVICES:
+                known = ", ".join(sorted(BUILTIN_SERVICES))
+                raise ConfigError(f"unknown built-in service {name!r} (built-ins: {known})")
+            if name not in wanted:
+                wanted.append(name)
+    if not wanted:
+        raise ConfigError("no built-in service named (built-ins: files, process)")
+    return wanted
+
+
+def builtin_services(
+    names: Sequence[str],
+    root: str | os.PathLike[str],
+    limits: ServiceLimits | None = None,
+) -> ServiceFactory:
+    """A per-session factory serving the named built-in services under ``root``.
+
+    Args:
+        names: any of ``"process"`` and ``"files"``; items may be comma-separated
+            (``["process,files"]``).
+        root: an existing directory; it is ``/`` for callers and the working directory and
+            ``HOME`` of started processes.
+        limits: bounds of the services (defaults: :class:`ServiceLimits`).
+
+    Returns:
+        ``factory(scope)`` -> an async context manager yielding ``{name: Service(...)}``; on
+        exit every process the session started is terminated (best-effort, about a second) and
+        unfinished uploads are discarded.
+
+    Raises:
+        ConfigError: an unknown name, no name, or ``root`` is not an existing directory.
+    """
+    wanted = _parse_names(names)
+    ConfinedRoot(root)  # fail now, not at the first session
+    root_path = Path(root)
+    service_limits = limits or ServiceLimits()
+
+    @contextlib.asynccontextmanager
+    async def per_session(scope: ServiceScope) -> AsyncIterator[Mapping[str, object]]:
+        async with contextlib.AsyncExitStack() as stack:
+            services: dict[str, object] = {}
+            if "process" in wanted:
+                process = LocalProcessService(root_path, scope=scope, limits=service_limits)
+                await stack.enter_async_context(process)
+                services["process"] = Service(process, ProcessService)
+            if "files" in wanted:
+                files = LocalFileService(root_path, scope=scope, limits=service_limits)
+                await stack.enter_async_context(files)
+                services["files"] = Service(files, FileService)
+            yield services
+
+    return per_session

@@ -1,0 +1,1292 @@
+"""The built-in file service: confined, versioned, atomic file access under one root (POSIX).
+
+Path rule
+---------
+Every path a caller passes is an **absolute POSIX path in the service's own namespace**: the
+configured root directory *is* ``/`` for the caller. ``"/src/main.c"`` names
+``<root>/src/main.c`` on the worker; ``"src/main.c"`` (relative) is refused with
+``Rejected("INVALID_PATH")``. Empty and ``.`` segments are ignored; a ``..`` segment anywhere is
+refused with ``Rejected("PERMISSION_DENIED")`` (never normalised away). Paths returned by the
+service (``FileStat.path``, :meth:`LocalFileService.canonical_path`) use the same namespace, so the
+worker's real location of the root is never revealed.
+
+Symlinks are followed only while they stay inside the root. Resolution has two steps:
+
+1. *check*: ``os.path.realpath`` of ``<root>/<path>`` must be the root or below it (after
+   resolving every symlink); otherwise ``Rejected("PERMISSION_DENIED")`` -- never a silent
+   redirect into the root.
+2. *use*: the operation walks the **resolved** components from the root, one ``openat`` per
+   directory with ``O_NOFOLLOW``, and acts on the final name relative to that directory
+   (``*at`` system calls, ``follow_symlinks=False``). Since the resolved path contained no
+   symlink at check time, a symlink swapped in between the two steps makes the walk fail
+   (``ELOOP``) and the call is refused, instead of escaping.
+
+Operations on a link itself (:meth:`~LocalFileService.read_link`, :meth:`~LocalFileService.remove`,
+:meth:`~LocalFileService.rename`) resolve only the parent and act on the final name. Other local
+processes can still move a directory *out of* the root while an operation holds it open; that is
+outside what a path check can prevent (run the worker in a container for a hard boundary).
+
+Writes and versions
+-------------------
+A *version token* is ``"<mtime_ns>-<ctime_ns>-<size>-<inode>"`` in hex; any change through this
+service or outside it changes it (``ctime`` cannot be set by unprivileged programs).
+
+:meth:`~LocalFileService.write` stages the data in a hidden temporary file in the destination's
+own directory (``.gl-<random>.tmp``, mode 0600 until published), verifies the staged length and the
+expected digests, ``fsync``\\ s it, then publishes atomically: ``exclusive`` publishes with
+``link(tmp, dst)`` (fails if ``dst`` exists, even against other programs) and unlinks the staged
+name; otherwise ``rename(tmp, dst)`` replaces ``dst``. ``if_match`` re-reads the destination's
+version under a per-path lock (shared by every service object of this process) immediately before
+the rename. **Remaining window**: a program that is not this service can still change ``dst``
+between that re-check and the rename (microseconds); garcon_link writers cannot. Any failure removes
+the staged file, so a destination is either the old file or the complete new one, never partial.
+New files get mode ``0o644`` (or ``mode``); replacing keeps the old file's permission bits unless
+``mode`` is given. The parent directory is ``fsync``\\ ed after publishing.
+
+Large files move with bounded memory in chunks: :meth:`~LocalFileService.begin_upload` returns a
+scoped ``"upload"`` resource reference, :meth:`~LocalFileService.upload_chunk` appends in order
+(idempotent under replay: the caller passes each chunk's offset; a repeated range is ignored, a gap
+is refused), :meth:`~LocalFileService.commit_upload` verifies size and digests (computed
+incrementally while receiving) and publishes exactly as ``write`` does. A failed commit discards
+the upload. Reading is bounded the same way: :meth:`~LocalFileService.read` by offset, or
+:meth:`~LocalFileService.read_stream` (a credit-controlled remote stream).
+
+Errors
+------
+Refusals are :class:`~garcon_link.Rejected` (nothing was changed): ``INVALID_PATH``,
+``PERMISSION_DENIED`` (confinement or the OS), ``NOT_FOUND``, ``ALREADY_EXISTS``,
+``NOT_A_DIRECTORY``, ``IS_A_DIRECTORY``, ``NOT_A_FILE``, ``NOT_A_SYMLINK``,
+``DIRECTORY_NOT_EMPTY``, ``VERSION_MISMATCH``, ``DIGEST_MISMATCH``, ``SIZE_MISMATCH``,
+``UPLOAD_GAP``, ``TOO_MANY_UPLOADS``, ``INVALID_ARGUMENTS``. Failures while acting are
+:class:`~garcon_link.RemoteError`: ``IO_ERROR``, ``NO_SPACE``. Messages name the caller's path,
+never the worker's real path.
+
+This module also holds :class:`ServiceLimits`, shared with :mod:`garcon_link.services.process`.
+POSIX only (``openat``/``O_NOFOLLOW``/``dir_fd``); Linux is tested.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+import stat as stat_mod
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import anyio
+import blake3
+
+from ..errors import CallError, ConfigError, Rejected, RemoteError
+from ..resources import ResourceRef, ServiceScope, current_scope
+
+__all__ = [
+    "DirEntry",
+    "DirPage",
+    "FileKind",
+    "FileService",
+    "FileStat",
+    "LocalFileService",
+    "ReadChunk",
+    "ServiceLimits",
+]
+
+log = logging.getLogger(__name__)
+
+KiB = 1024
+MiB = 1024 * KiB
+
+FileKind = Literal["file", "dir", "symlink", "other"]
+
+
+def _doc(text: str) -> dict[str, Any]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceLimits:
+    """Bounds of the built-in services (one value per worker; all fields have safe defaults).
+
+    Every buffer the services keep is sized by a field below. Sizes are bytes, times seconds.
+    Worst-case memory of one session's process records is about ``max_processes`` x
+    (2 x ``output_retention_bytes`` + ``stdin_buffer_bytes``): 192 MiB with the defaults.
+    """
+
+    max_processes: int = field(
+        default=64,
+        metadata=_doc(
+            "Process records one session holds: running processes plus finished ones whose "
+            "status and output are kept. A start beyond it evicts the oldest finished record "
+            "(its handle then raises PROCESS_RELEASED); if all are running it is refused with "
+            "TOO_MANY_PROCESSES."
+        ),
+    )
+    output_retention_bytes: int = field(
+        default=1 * MiB,
+        metadata=_doc(
+            "Output kept per process and stream; older bytes are dropped and reported as an "
+            "explicit truncation range."
+        ),
+    )
+    stdin_buffer_bytes: int = field(
+        default=1 * MiB,
+        metadata=_doc(
+            "Accepted stdin bytes not yet taken by the child; write_stdin waits past it."
+        ),
+    )
+    max_read_bytes: int = field(
+        default=4 * MiB,
+        metadata=_doc("Largest single read (process output or file) and stream chunk."),
+    )
+    max_run_output_bytes: int = field(
+        default=4 * MiB,
+        metadata=_doc("Ceiling of run()'s max_output per stream (a result must fit one frame)."),
+    )
+    session_end_grace: float = field(
+        default=0.5,
+        metadata=_doc(
+            "At session end every live process group gets SIGTERM, then SIGKILL after this."
+        ),
+    )
+    max_uploads: int = field(
+        default=16,
+        metadata=_doc("Unfinished uploads one session may hold (each holds a staged file)."),
+    )
+    max_list_entries: int = field(
+        default=10_000,
+        metadata=_doc("Largest page of list_dir."),
+    )
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(
+                    f"ServiceLimits.{f.name} must be a positive number, got {value!r}"
+                )
+            if f.type == "int" and not isinstance(value, int):
+                raise ConfigError(f"ServiceLimits.{f.name} must be an integer, got {value!r}")
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        """``{field name: documentation}`` for every bound."""
+        return {f.name: str(f.metadata.get("doc", "")) for f in fields(cls)}
+
+
+# ---------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    """What :meth:`FileService.stat` reports.
+
+    Attributes:
+        path: the canonical path in the caller's namespace (symlinks resolved).
+        kind: ``"file"``, ``"dir"``, ``"symlink"`` or ``"other"`` (device, FIFO, socket).
+        size: size in bytes.
+        mode: permission bits (``st_mode & 0o7777``).
+        mtime: modification time, seconds since the epoch.
+        version: the version token (see the module docstring); pass it as ``if_match``.
+    """
+
+    path: str
+    kind: FileKind
+    size: int
+    mode: int
+    mtime: float
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class DirEntry:
+    """One entry of a directory listing (not following symlinks: a link is ``"symlink"``)."""
+
+    name: str
+    kind: FileKind
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True, slots=True)
+class DirPage:
+    """One page of a sorted directory listing.
+
+    Attributes:
+        path: the listed directory (canonical).
+        entries: entries sorted by name, all after the requested ``after``.
+        next_after: pass as ``after`` for the next page; ``None`` when this is the last page.
+        undecodable: entries skipped because their names are not valid UTF-8.
+    """
+
+    path: str
+    entries: list[DirEntry]
+    next_after: str | None
+    undecodable: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadChunk:
+    """Bytes read at ``offset``; ``eof`` when the chunk reaches the file's end.
+
+    ``version`` and ``size`` describe the file as opened for this read: read a file in several
+    chunks and compare versions to detect a concurrent change.
+    """
+
+    path: str
+    offset: int
+    data: bytes
+    size: int
+    version: str
+    eof: bool
+
+
+# ---------------------------------------------------------------------------- interface
+
+
+class FileService(Protocol):
+    """Files under the worker's configured root; ``/`` is the root (see the module docstring)."""
+
+    async def stat(self, path: str) -> FileStat:
+        """Describe ``path`` (following symlinks inside the root).
+
+        Raises:
+            Rejected: ``NOT_FOUND``, ``PERMISSION_DENIED`` (escapes the root), ``INVALID_PATH``.
+        """
+        ...
+
+    async def exists(self, path: str) -> bool:
+        """Whether ``path`` exists. A path that escapes the root is refused, not ``False``."""
+        ...
+
+    async def canonical_path(self, path: str) -> str:
+        """``path`` with symlinks resolved, in the caller's namespace (need not exist)."""
+        ...
+
+    async def read_link(self, path: str) -> str:
+        """The target of symlink ``path``: a relative target as stored, an absolute one in the
+        caller's namespace. A target outside the root is refused (``PERMISSION_DENIED``)."""
+        ...
+
+    async def list_dir(self, path: str, after: str | None = None, limit: int = 1000) -> DirPage:
+        """Up to ``limit`` entries of directory ``path`` with names sorted after ``after``."""
+        ...
+
+    async def read(self, path: str, offset: int = 0, max_bytes: int = 1 * MiB) -> ReadChunk:
+        """Up to ``max_bytes`` (capped by ``ServiceLimits.max_read_bytes``) from ``offset``."""
+        ...
+
+    def read_stream(self, path: str, chunk_size: int = 256 * KiB) -> AsyncIterator[bytes]:
+        """The whole file as a stream of chunks (bounded memory on both sides)."""
+        ...
+
+    async def mkdir(self, path: str, parents: bool = False) -> FileStat:
+        """Create directory ``path``; ``parents`` creates missing parents and accepts an
+        existing directory (``mkdir -p``)."""
+        ...
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        """Remove a file, symlink (not its target) or empty directory; ``recursive`` removes a
+        directory tree (a partial failure raises ``RemoteError("IO_ERROR")``)."""
+        ...
+
+    async def rename(self, src: str, dst: str) -> FileStat:
+        """Atomically rename ``src`` to ``dst`` (POSIX semantics: an existing file ``dst`` is
+        replaced). Symlinks are moved, not followed."""
+        ...
+
+    async def write(
+        self,
+        path: str,
+        data: bytes,
+        expected_sha256: str | None = None,
+        expected_blake3: str | None = None,
+        if_match: str | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> FileStat:
+        """Atomically replace (or create) ``path`` with ``data``; see the module docstring.
+
+        Args:
+            expected_sha256, expected_blake3: hex digests ``data`` must have.
+            if_match: publish only if the current version token equals this.
+            exclusive: publish only if ``path`` does not exist (atomic ``link``).
+            mode: permission bits (``0``-``0o777``).
+
+        Raises:
+            Rejected: ``DIGEST_MISMATCH``, ``VERSION_MISMATCH``, ``ALREADY_EXISTS``, ... -- the
+                destination is unchanged.
+        """
+        ...
+
+    async def begin_upload(
+        self,
+        path: str,
+        size: int | None = None,
+        if_match: str | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> ResourceRef:
+        """Start a chunked upload to ``path``; returns an ``"upload"`` reference.
+
+        ``size`` (optional) is checked at commit; ``if_match``/``exclusive`` are checked now
+        (early refusal) and again atomically at commit.
+        """
+        ...
+
+    async def upload_chunk(self, handle: ResourceRef, offset: int, data: bytes) -> int:
+        """Append ``data`` that starts at byte ``offset``; returns the bytes received so far.
+
+        A range already received is ignored (replay-safe); ``offset`` beyond the bytes received
+        is refused with ``UPLOAD_GAP``.
+        """
+        ...
+
+    async def commit_upload(
+        self,
+        handle: ResourceRef,
+        expected_sha256: str | None = None,
+        expected_blake3: str | None = None,
+    ) -> FileStat:
+        """Verify and publish the upload; any failure discards it (the destination stays)."""
+        ...
+
+    async def abort_upload(self, handle: ResourceRef) -> None:
+        """Discard the upload and its staged file (idempotent)."""
+        ...
+
+
+# ---------------------------------------------------------------------------- confinement
+
+_DIR_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
+_ROOT_FLAGS = os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
+
+# Per-path publish locks shared by every LocalFileService of this process (striped: bounded).
+_PUBLISH_LOCKS = tuple(threading.Lock() for _ in range(64))
+
+
+def _publish_lock(host_path: str) -> threading.Lock:
+    return _PUBLISH_LOCKS[hash(host_path) % len(_PUBLISH_LOCKS)]
+
+
+def _denied(path: str, why: str) -> Rejected:
+    return Rejected("PERMISSION_DENIED", f"{path}: {why}")
+
+
+class ConfinedRoot:
+    """Resolves caller paths to components below one root directory (the rules above).
+
+    Args:
+        root: the directory that is ``/`` for callers; it must exist.
+
+    Raises:
+        ConfigError: ``root`` is not an existing directory.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        real = os.path.realpath(os.fspath(root))
+        if not os.path.isdir(real):
+            raise ConfigError(f"service root {os.fspath(root)!r} is not an existing directory")
+        self.host = real
+        self._prefix = real if real.endswith("/") else real + "/"
+
+    def split(self, path: str) -> tuple[str, ...]:
+        """Validate a caller path and return its components (no resolution).
+
+        Raises:
+            Rejected: ``INVALID_PATH`` (not absolute, NUL), ``PERMISSION_DENIED`` (``..``).
+        """
+        if not isinstance(path, str) or "\0" in path:
+            raise Rejected("INVALID_PATH", "a path is a string without NUL characters")
+        if not path.startswith("/"):
+            raise Rejected(
+                "INVALID_PATH", f"{path!r} is relative; paths are absolute and '/' is the root"
+            )
+        parts = tuple(p for p in path.split("/") if p not in ("", "."))
+        if ".." in parts:
+            raise _denied(path, "'..' segments are refused")
+        return parts
+
+    def caller_path(self, parts: tuple[str, ...]) -> str:
+        """The caller-namespace path of resolved components."""
+        return "/" + "/".join(parts)
+
+    def host_path(self, parts: tuple[str, ...]) -> str:
+        """The worker's real path of resolved components (never shown to callers)."""
+        return os.path.join(self.host, *parts)
+
+    def inside(self, host_path: str) -> tuple[str, ...] | None:
+        """The components of a normalised worker path below the root, or ``None`` outside."""
+        if host_path == self.host:
+            return ()
+        if not host_path.startswith(self._prefix):
+            return None
+        return tuple(host_path[len(self._prefix) :].split("/"))
+
+    def _real_parts(self, parts: tuple[str, ...], shown: str) -> tuple[str, ...]:
+        inside = self.inside(os.path.realpath(os.path.join(self.host, *parts)))
+        if inside is None:
+            raise _denied(shown, "resolves outside the root (symlink)")
+        return inside
+
+    def resolve(self, path: str, *, follow_final: bool = True) -> tuple[str, ...]:
+        """Check step: the components of ``path`` with symlinks resolved, confined to the root.
+
+        With ``follow_final=False`` only the parent is resolved and the final name is kept (for
+        operations on a link itself).
+
+        Raises:
+            Rejected: as :meth:`split`, or ``PERMISSION_DENIED`` if resolution leaves the root.
+        """
+        parts = self.split(path)
+        if follow_final or not parts:
+            return self._real_parts(parts, path)
+        return (*self._real_parts(parts[:-1], path), parts[-1])
+
+    def open_dir(self, parts: tuple[str, ...], shown: str) -> int:
+        """Use step: open the directory of resolved ``parts`` without following any symlink.
+
+        Returns a file descriptor (``O_PATH`` where available) the caller must close.
+
+        Raises:
+            Rejected: a component is now a symlink (``PERMISSION_DENIED``) or not a directory.
+            OSError: other failures (e.g. ``FileNotFoundError``), mapped by the caller.
+        """
+        fd = os.open(self.host, _ROOT_FLAGS)
+        try:
+            for name in parts:
+                try:
+                    nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and _is_link(
+                        name, fd
+                    ):
+                        raise _denied(shown, "a symlink appeared in the path") from exc
+                    raise
+                os.close(fd)
+                fd = nfd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @contextlib.contextmanager
+    def parent(self, parts: tuple[str, ...], shown: str) -> Iterator[tuple[int, str]]:
+        """``(directory fd, final name)`` of resolved, non-root ``parts``; closes the fd."""
+        if not parts:
+            raise _denied(shown, "not permitted on the root itself")
+        fd = self.open_dir(parts[:-1], shown)
+        try:
+            yield fd, parts[-1]
+        finally:
+            os.close(fd)
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat_mod.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _kind(mode: int) -> FileKind:
+    if stat_mod.S_ISREG(mode):
+        return "file"
+    if stat_mod.S_ISDIR(mode):
+        return "dir"
+    if stat_mod.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def version_token(st: os.stat_result) -> str:
+    """The version token of a stat result (see the module docstring)."""
+    return f"{st.st_mtime_ns:x}-{st.st_ctime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
+
+
+def _file_stat(path: str, st: os.stat_result) -> FileStat:
+    return FileStat(
+        path=path,
+        kind=_kind(st.st_mode),
+        size=st.st_size,
+        mode=stat_mod.S_IMODE(st.st_mode),
+        mtime=st.st_mtime,
+        version=version_token(st),
+    )
+
+
+@contextlib.contextmanager
+def _os_errors(path: str) -> Iterator[None]:
+    """Map OS errors to the service's error codes, naming the caller's path only."""
+    try:
+        yield
+    except CallError:
+        raise
+    except OSError as exc:
+        raise _map_os_error(exc, path) from exc
+
+
+def _map_os_error(exc: OSError, path: str) -> CallError:
+    code = exc.errno
+    text = os.strerror(code) if code is not None else str(exc)
+    rejected = {
+        errno.ENOENT: "NOT_FOUND",
+        errno.EEXIST: "ALREADY_EXISTS",
+        errno.ENOTDIR: "NOT_A_DIRECTORY",
+        errno.EISDIR: "IS_A_DIRECTORY",
+        errno.EACCES: "PERMISSION_DENIED",
+        errno.EPERM: "PERMISSION_DENIED",
+        errno.ELOOP: "PERMISSION_DENIED",
+        errno.ENOTEMPTY: "DIRECTORY_NOT_EMPTY",
+        errno.ENAMETOOLONG: "INVALID_PATH",
+        errno.EINVAL: "INVALID_ARGUMENTS",
+        errno.EXDEV: "INVALID_ARGUMENTS",
+        errno.EROFS: "PERMISSION_DENIED",
+    }
+    if code in rejected:
+        return Rejected(rejected[code], f"{path}: {text}")
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return RemoteError("NO_SPACE", f"{path}: {text}")
+    return RemoteError("IO_ERROR", f"{path}: {text}")
+
+
+def _check_digest_args(sha256: str | None, blake3_hex: str | None) -> None:
+    for name, value in (("expected_sha256", sha256), ("expected_blake3", blake3_hex)):
+        if value is not None and (
+            len(value) != 64 or any(c not in "0123456789abcdefABCDEF" for c in value)
+        ):
+            raise Rejected("INVALID_ARGUMENTS", f"{name} must be 64 hex digits")
+
+
+def _check_mode(mode: int | None) -> None:
+    if mode is not None and not 0 <= mode <= 0o777:
+        raise Rejected("INVALID_ARGUMENTS", f"mode must be within 0..0o777, got {mode:#o}")
+
+
+def _verify_digests(
+    path: str,
+    sha256: str | None,
+    blake3_hex: str | None,
+    actual_sha256: str,
+    actual_blake3: str,
+) -> None:
+    if sha256 is not None and sha256.lower() != actual_sha256:
+        raise Rejected("DIGEST_MISMATCH", f"{path}: sha256 is {actual_sha256}, expected {sha256}")
+    if blake3_hex is not None and blake3_hex.lower() != actual_blake3:
+        raise Rejected(
+            "DIGEST_MISMATCH", f"{path}: blake3 is {actual_blake3}, expected {blake3_hex}"
+        )
+
+
+def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def _stage(dir_fd: int) -> tuple[int, str]:
+    """Create a hidden staged file in ``dir_fd``; returns ``(fd, name)``."""
+    for _ in range(8):
+        name = f".gl-{secrets.token_hex(8)}.tmp"
+        try:
+            fd = os.open(
+                name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=dir_fd,
+            )
+        except FileExistsError:
+            continue
+        return fd, name
+    raise FileExistsError(errno.EEXIST, "could not create a unique staging file")
+
+
+def _discard(dir_fd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=dir_fd)
+
+
+def _fsync_dir(dir_fd: int) -> None:
+    # An O_PATH descriptor cannot be fsync'ed: open the directory itself for reading.
+    try:
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _publish(
+    root: ConfinedRoot,
+    parts: tuple[str, ...],
+    shown: str,
+    dir_fd: int,
+    name: str,
+    staged_fd: int,
+    staged: str,
+    *,
+    if_match: str | None,
+    exclusive: bool,
+    mode: int | None,
+) -> FileStat:
+    """Publish a staged, verified file as ``name`` in ``dir_fd`` (see the module docstring)."""
+    try:
+        current: os.stat_result | None = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        current = None
+    if current is not None:
+        if stat_mod.S_ISLNK(current.st_mode):
+            raise _denied(shown, "a symlink appeared at the destination")
+        if stat_mod.S_ISDIR(current.st_mode):
+            raise Rejected("IS_A_DIRECTORY", f"{shown}: is a directory")
+    if mode is None:
+        mode = stat_mod.S_IMODE(current.st_mode) if current is not None else 0o644
+    os.fchmod(staged_fd, mode)
+    os.fsync(staged_fd)
+    with _publish_lock(root.host_path(parts)):
+        if exclusive:
+            try:
+                os.link(staged, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            except FileExistsError:
+                raise Rejected("ALREADY_EXISTS", f"{shown}: already exists") from None
+            except OSError as exc:
+                if exc.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+                    raise Rejected(
+                        "EXCLUSIVE_UNSUPPORTED",
+                        f"{shown}: the file system cannot publish exclusively (no hard links)",
+                    ) from exc
+                raise
+            _discard(dir_fd, staged)
+        else:
+            if if_match is not None:
+                try:
+                    latest = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    raise Rejected(
+                        "VERSION_MISMATCH", f"{shown}: does not exist (expected {if_match})"
+                    ) from None
+                if version_token(latest) != if_match or stat_mod.S_ISLNK(latest.st_mode):
+                    raise Rejected(
+                        "VERSION_MISMATCH",
+                        f"{shown}: version is {version_token(latest)}, expected {if_match}",
+                    )
+            os.replace(staged, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    _fsync_dir(dir_fd)
+    return _file_stat(root.caller_path(parts), os.fstat(staged_fd))
+
+
+# ---------------------------------------------------------------------------- uploads
+
+
+class _Upload:
+    __slots__ = (
+        "blake3",
+        "dir_fd",
+        "dir_id",
+        "exclusive",
+        "fd",
+        "if_match",
+        "lock",
+        "mode",
+        "parts",
+        "received",
+        "sha256",
+        "shown",
+        "size",
+        "staged",
+    )
+
+    def __init__(
+        self,
+        parts: tuple[str, ...],
+        shown: str,
+        dir_fd: int,
+        dir_id: tuple[int, int],
+        fd: int,
+        staged: str,
+        *,
+        size: int | None,
+        if_match: str | None,
+        exclusive: bool,
+        mode: int | None,
+    ) -> None:
+        self.parts = parts
+        self.shown = shown
+        self.dir_fd = dir_fd
+        self.dir_id = dir_id
+        self.fd = fd
+        self.staged = staged
+        self.size = size
+        self.if_match = if_match
+        self.exclusive = exclusive
+        self.mode = mode
+        self.received = 0
+        self.sha256 = hashlib.sha256()
+        self.blake3 = blake3.blake3()
+        self.lock = anyio.Lock()
+
+    def discard(self) -> None:
+        """Remove the staged file and close descriptors (idempotent)."""
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+        if self.dir_fd >= 0:
+            _discard(self.dir_fd, self.staged)
+            with contextlib.suppress(OSError):
+                os.close(self.dir_fd)
+            self.dir_fd = -1
+
+
+# ---------------------------------------------------------------------------- implementation
+
+
+class LocalFileService:
+    """:class:`FileService` on the local file system, confined to ``root``.
+
+    Blocking file system calls run in worker threads (``anyio.to_thread``). Upload handles are
+    minted in ``scope`` (the per-session scope :func:`~garcon_link.services.builtin_services`
+    passes), or, when ``scope`` is ``None``, in :func:`~garcon_link.current_scope` at call time.
+    Use ``async with`` (or :meth:`aclose`) to discard unfinished uploads. Expose it as
+    ``gl.Service(impl, FileService)`` so only the interface is callable.
+
+    Args:
+        root: the directory that is ``/`` for callers.
+        scope: the service scope handles belong to.
+        limits: bounds (:class:`ServiceLimits`).
+
+    Raises:
+        ConfigError: ``root`` is not an existing directory.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        scope: ServiceScope | None = None,
+        limits: ServiceLimits | None = None,
+    ) -> None:
+        self.root = ConfinedRoot(root)
+        self.limits = limits or ServiceLimits()
+        self._scope = scope
+        self._uploads: dict[str, _Upload] = {}
+        self._next_upload = 1
+        self._closed = False
+
+    async def __aenter__(self) -> LocalFileService:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Discard every unfinished upload (idempotent)."""
+        self._closed = True
+        uploads = list(self._uploads.values())
+        self._uploads.clear()
+        for upload in uploads:
+            # Under the upload's lock: a chunk being written in a thread must finish before its
+            # descriptor is closed (a reused descriptor number would receive the rest).
+            async with upload.lock:
+                upload.discard()
+
+    def _current_scope(self) -> ServiceScope:
+        return self._scope if self._scope is not None else current_scope()
+
+    async def _run(self, func: Any, *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(func, *args)
+
+    async def _resolve(self, path: str, *, follow_final: bool = True) -> tuple[str, ...]:
+        """The check step (``realpath`` touches the disk: run it off the event loop)."""
+        self.root.split(path)  # cheap validation first
+        parts: tuple[str, ...] = await anyio.to_thread.run_sync(
+            lambda: self.root.resolve(path, follow_final=follow_final)
+        )
+        return parts
+
+    # -- reading
+
+    async def stat(self, path: str) -> FileStat:
+        parts = await self._resolve(path)
+        result: FileStat = await self._run(self._stat_sync, parts, path)
+        return result
+
+    def _lstat_final(self, parts: tuple[str, ...], shown: str) -> os.stat_result:
+        """lstat of resolved ``parts``; a symlink here was swapped in after the check."""
+        if not parts:
+            fd = self.root.open_dir((), shown)
+            try:
+                return os.fstat(fd)
+            finally:
+                os.close(fd)
+        with self.root.parent(parts, shown) as (dir_fd, name):
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat_mod.S_ISLNK(st.st_mode):
+            raise _denied(shown, "a symlink appeared in the path")
+        return st
+
+    def _stat_sync(self, parts: tuple[str, ...], shown: str) -> FileStat:
+        with _os_errors(shown):
+            return _file_stat(self.root.caller_path(parts), self._lstat_final(parts, shown))
+
+    async def exists(self, path: str) -> bool:
+        parts = await self._resolve(path)
+
+        def check() -> bool:
+            try:
+                self._stat_sync(parts, path)
+            except Rejected as exc:
+                if exc.code in ("NOT_FOUND", "NOT_A_DIRECTORY"):
+                    return False
+                raise
+            return True
+
+        result: bool = await self._run(check)
+        return result
+
+    async def canonical_path(self, path: str) -> str:
+        return self.root.caller_path(await self._resolve(path))
+
+    async def read_link(self, path: str) -> str:
+        parts = await self._resolve(path, follow_final=False)
+
+        def read() -> str:
+            with _os_errors(path), self.root.parent(parts, path) as (dir_fd, name):
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if not stat_mod.S_ISLNK(st.st_mode):
+                    raise Rejected("NOT_A_SYMLINK", f"{path}: is not a symlink")
+                target = os.readlink(name, dir_fd=dir_fd)
+            lexical = os.path.normpath(os.path.join(self.root.host_path(parts[:-1]), target))
+            inside = self.root.inside(lexical)
+            if inside is None:
+                raise _denied(path, "the link points outside the root")
+            return self.root.caller_path(inside) if os.path.isabs(target) else target
+
+        result: str = await self._run(read)
+        return result
+
+    async def list_dir(self, path: str, after: str | None = None, limit: int = 1000) -> DirPage:
+        if not 1 <= limit <= self.limits.max_list_entries:
+            raise Rejected(
+                "INVALID_ARGUMENTS", f"limit must be within 1..{self.limits.max_list_entries}"
+            )
+        parts = await self._resolve(path)
+
+        def listing() -> DirPage:
+            with _os_errors(path):
+                dir_fd = self.root.open_dir(parts, path)
+                try:
+                    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+                finally:
+                    os.close(dir_fd)
+                try:
+                    entries: list[tuple[str, os.DirEntry[str]]] = []
+                    undecodable = 0
+                    with os.scandir(fd) as it:
+                        for entry in it:
+                            try:
+                                entry.name.encode("utf-8")
+                            except UnicodeEncodeError:
+                                undecodable += 1
+                                continue
+                            if after is None or entry.name > after:
+                                entries.append((entry.name, entry))
+                    entries.sort(key=lambda e: e[0])
+                    page: list[DirEntry] = []
+                    for name, entry in entries[:limit]:
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue  # removed while listing
+                        page.append(DirEntry(name, _kind(st.st_mode), st.st_size, st.st_mtime))
+                finally:
+                    os.close(fd)
+            next_after = entries[limit - 1][0] if len(entries) > limit else None
+            return DirPage(self.root.caller_path(parts), page, next_after, undecodable)
+
+        result: DirPage = await self._run(listing)
+        return result
+
+    def _open_file(self, parts: tuple[str, ...], shown: str) -> tuple[int, os.stat_result]:
+        """Open a regular file for reading without following a swapped-in symlink."""
+        with self.root.parent(parts, shown) as (dir_fd, name):
+            fd = os.open(
+                name,
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                dir_fd=dir_fd,
+            )
+        try:
+            st = os.fstat(fd)
+            if stat_mod.S_ISDIR(st.st_mode):
+                raise Rejected("IS_A_DIRECTORY", f"{shown}: is a directory")
+            if not stat_mod.S_ISREG(st.st_mode):
+                raise Rejected("NOT_A_FILE", f"{shown}: is not a regular file")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+
+    async def read(self, path: str, offset: int = 0, max_bytes: int = 1 * MiB) -> ReadChunk:
+        if offset < 0 or max_bytes < 1:
+            raise Rejected("INVALID_ARGUMENTS", "offset must be >= 0 and max_bytes >= 1")
+        max_bytes = min(max_bytes, self.limits.max_read_bytes)
+        parts = await self._resolve(path)
+        shown = self.root.caller_path(parts)
+
+        def read() -> ReadChunk:
+            with _os_errors(path):
+                fd, st = self._open_file(parts, path)
+                try:
+                    data = os.pread(fd, max_bytes, offset) if offset < st.st_size else b""
+                finally:
+                    os.close(fd)
+            end = offset + len(data)
+            return ReadChunk(shown, offset, data, st.st_size, version_token(st), end >= st.st_size)
+
+        result: ReadChunk = await self._run(read)
+        return result
+
+    async def read_stream(self, path: str, chunk_size: int = 256 * KiB) -> AsyncIterator[bytes]:
+        if chunk_size < 1:
+            raise Rejected("INVALID_ARGUMENTS", "chunk_size must be >= 1")
+        chunk_size = min(chunk_size, self.limits.max_read_bytes)
+        parts = await self._resolve(path)
+
+        def open_() -> int:
+            with _os_errors(path):
+                return self._open_file(parts, path)[0]
+
+        fd: int = await self._run(open_)
+        try:
+            offset = 0
+            while True:
+
+                def read_at(at: int = offset) -> bytes:
+                    with _os_errors(path):
+                        return os.pread(fd, chunk_size, at)
+
+                data: bytes = await self._run(read_at)
+                if not data:
+                    return
+                offset += len(data)
+                yield data
+        finally:
+            os.close(fd)
+
+    # -- changing
+
+    async def mkdir(self, path: str, parents: bool = False) -> FileStat:
+        parts = await self._resolve(path)
+
+        def make() -> FileStat:
+            if not parts:
+                if parents:
+                    return self._stat_sync(parts, path)
+                raise Rejected("ALREADY_EXISTS", f"{path}: already exists")
+            with _os_errors(path):
+                fd = self.root.open_dir((), path)
+                try:
+                    for i, name in enumerate(parts):
+                        last = i == len(parts) - 1
+                        if last and not parents:
+                            os.mkdir(name, 0o755, dir_fd=fd)
+                        elif parents:
+                            with contextlib.suppress(FileExistsError):
+                                os.mkdir(name, 0o755, dir_fd=fd)
+                        try:
+                            nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                        except OSError as exc:
+                            if _is_link(name, fd):
+                                raise _denied(path, "a symlink appeared in the path") from exc
+                            raise
+                        os.close(fd)
+                        fd = nfd
+                    return _file_stat(self.root.caller_path(parts), os.fstat(fd))
+                finally:
+                    os.close(fd)
+
+        result: FileStat = await self._run(make)
+        return result
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        parts = await self._resolve(path, follow_final=False)
+
+        def remove() -> None:
+            with _os_errors(path), self.root.parent(parts, path) as (dir_fd, name):
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if not stat_mod.S_ISDIR(st.st_mode):
+                    os.unlink(name, dir_fd=dir_fd)
+                elif not recursive:
+                    os.rmdir(name, dir_fd=dir_fd)
+                else:
+                    if not shutil.rmtree.avoids_symlink_attacks:  # pragma: no cover
+                        raise Rejected(
+                            "OPERATION_UNSUPPORTED", "recursive removal is unsafe on this platform"
+                        )
+                    try:
+                        shutil.rmtree(name, dir_fd=dir_fd)
+                    except OSError as exc:
+                        raise RemoteError(
+                            "IO_ERROR",
+                            f"{path}: recursive removal stopped part-way: "
+                            f"{os.strerror(exc.errno) if exc.errno else exc}",
+                        ) from exc
+
+        await self._run(remove)
+
+    async def rename(self, src: str, dst: str) -> FileStat:
+        src_parts = await self._resolve(src, follow_final=False)
+        dst_parts = await self._resolve(dst, follow_final=False)
+
+        def rename() -> FileStat:
+            with (
+                _os_errors(f"{src} -> {dst}"),
+                self.root.parent(src_parts, src) as (src_fd, src_name),
+                self.root.parent(dst_parts, dst) as (dst_fd, dst_name),
+                _publish_lock(self.root.host_path(dst_parts)),
+            ):
+                os.rename(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+                st = os.stat(dst_name, dir_fd=dst_fd, follow_symlinks=False)
+                return _file_stat(self.root.caller_path(dst_parts), st)
+
+        result: FileStat = await self._run(rename)
+        return result
+
+    async def write(
+        self,
+        path: str,
+        data: bytes,
+        expected_sha256: str | None = None,
+        expected_blake3: str | None = None,
+        if_match: str | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> FileStat:
+        _check_digest_args(expected_sha256, expected_blake3)
+        _check_mode(mode)
+        if exclusive and if_match is not None:
+            raise Rejected("INVALID_ARGUMENTS", "exclusive and if_match exclude each other")
+        parts = await self._resolve(path)
+
+        def write() -> FileStat:
+            # Verify before touching the disk: a mismatch leaves everything as it was.
+            _verify_digests(
+                path,
+                expected_sha256,
+                expected_blake3,
+                hashlib.sha256(data).hexdigest() if expected_sha256 is not None else "",
+                blake3.blake3(data).hexdigest() if expected_blake3 is not None else "",
+            )
+            with _os_errors(path), self.root.parent(parts, path) as (dir_fd, name):
+                fd, staged = _stage(dir_fd)
+                try:
+                    _write_all(fd, data, 0)
+                    if os.fstat(fd).st_size != len(data):
+                        raise RemoteError("IO_ERROR", f"{path}: staged size differs")
+                    return _publish(
+                        self.root,
+                        parts,
+                        path,
+                        dir_fd,
+                        name,
+                        fd,
+                        staged,
+                        if_match=if_match,
+                        exclusive=exclusive,
+                        mode=mode,
+                    )
+                finally:
+                    os.close(fd)
+                    _discard(dir_fd, staged)  # no-op once published
+
+        result: FileStat = await self._run(write)
+        return result
+
+    # -- uploads
+
+    async def begin_upload(
+        self,
+        path: str,
+        size: int | None = None,
+        if_match: str | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> ResourceRef:
+        _check_mode(mode)
+        if size is not None and size < 0:
+            raise Rejected("INVALID_ARGUMENTS", "size must be >= 0")
+        if exclusive and if_match is not None:
+            raise Rejected("INVALID_ARGUMENTS", "exclusive and if_match exclude each other")
+        if self._closed:
+            raise Rejected("SHUTTING_DOWN", "the file service is closed")
+        if len(self._uploads) >= self.limits.max_uploads:
+            raise Rejected(
+                "TOO_MANY_UPLOADS", f"{self.limits.max_uploads} uploads are already open"
+            )
+        scope = self._current_scope()
+        parts = await self._resolve(path)
+
+        def begin() -> tuple[int, tuple[int, int], int, str]:
+            with _os_errors(path):
+                if not parts:
+                    raise Rejected("IS_A_DIRECTORY", f"{path}: is a directory")
+                dir_fd = self.root.open_dir(parts[:-1], path)
+                try:
+                    name = parts[-1]
+                    try:
+                        current: os.stat_result | None = os.stat(
+                            name, dir_fd=dir_fd, follow_symlinks=False
+                        )
+                    except FileNotFoundError:
+                        current = None
+                    if current is not None and stat_mod.S_ISDIR(current.st_mode):
+                        raise Rejected("IS_A_DIRECTORY", f"{path}: is a directory")
+                    if exclusive and current is not None:
+                        raise Rejected("ALREADY_EXISTS", f"{path}: already exists")
+                    if if_match is not None and (
+                        current is None or version_token(current) != if_match
+                    ):
+                        raise Rejected("VERSION_MISMATCH", f"{path}: version is not {if_match}")
+                    dir_st = os.fstat(dir_fd)
+                    fd, staged = _stage(dir_fd)
+                except BaseException:
+                    os.close(dir_fd)
+                    raise
+                return dir_fd, (dir_st.st_dev, dir_st.st_ino), fd, staged
+
+        dir_fd, dir_id, fd, staged = await self._run(begin)
+        upload = _Upload(
+            parts,
+            path,
+            dir_fd,
+            dir_id,
+            fd,
+            staged,
+            size=size,
+            if_match=if_match,
+            exclusive=exclusive,
+            mode=mode,
+        )
+        if self._closed or len(self._uploads) >= self.limits.max_uploads:
+            upload.discard()
+            raise Rejected("TOO_MANY_UPLOADS", "the upload limit was reached meanwhile")
+        upload_id = f"u{self._next_upload}"
+        self._next_upload += 1
+        self._uploads[upload_id] = upload
+        return scope.resource("upload", upload_id)
+
+    def _upload(self, handle: ResourceRef) -> tuple[str, _Upload]:
+        upload_id = self._current_scope().check(handle, "upload")
+        upload = self._uploads.get(upload_id)
+        if upload is None:
+            raise Rejected("UNKNOWN_UPLOAD", f"{handle!r} was committed, aborted or never existed")
+        return upload_id, upload
+
+    async def upload_chunk(self, handle: ResourceRef, offset: int, data: bytes) -> int:
+        upload_id, upload = self._upload(handle)
+        if offset < 0:
+            raise Rejected("INVALID_ARGUMENTS", "offset must be >= 0")
+        async with upload.lock:
+            if self._uploads.get(upload_id) is not upload:
+                raise Rejected("UNKNOWN_UPLOAD", f"{handle!r} was committed or aborted")
+            if offset > upload.received:
+                raise Rejected(
+                    "UPLOAD_GAP", f"chunk starts at {offset}, but {upload.received} bytes arrived"
+                )
+            new = memoryview(data)[upload.received - offset :]
+            if not new:
+                return upload.received
+            if upload.size is not None and upload.received + len(new) > upload.size:
+                raise Rejected(
+                    "SIZE_MISMATCH", f"{upload.shown}: more than the declared {upload.size} bytes"
+                )
+
+            def append() -> None:
+                with _os_errors(upload.shown):
+                    _write_all(upload.fd, new, upload.received)
+                upload.sha256.update(new)
+                upload.blake3.update(new)
+
+            await self._run(append)
+            upload.received += len(new)
+            return upload.received
+
+    async def commit_upload(
+        self,
+        handle: ResourceRef,
+        expected_sha256: str | None = None,
+        expected_blake3: str | None = None,
+    ) -> FileStat:
+        _check_digest_args(expected_sha256, expected_blake3)
+        upload_id, upload = self._upload(handle)
+        async with upload.lock:
+            if self._uploads.pop(upload_id, None) is not upload:
+                raise Rejected("UNKNOWN_UPLOAD", f"{handle!r} was committed or aborted")
+
+            def commit() -> FileStat:
+                try:
+                    if upload.size is not None and upload.received != upload.size:
+                        raise Rejected(
+                            "SIZE_MISMATCH",
+                            f"{upload.shown}: received {upload.received} of {upload.size} bytes",
+                        )
+                    _verify_digests(
+                        upload.shown,
+                        expected_sha256,
+                        expected_blake3,
+                        upload.sha256.hexdigest(),
+                        upload.blake3.hexdigest(),
+                    )
+                    with _os_errors(upload.shown):
+                        if os.fstat(upload.fd).st_size != upload.received:
+                            raise RemoteError("IO_ERROR", f"{upload.shown}: staged size differs")
+                        # The destination must still be the directory the upload started in.
+                        parts = self.root.resolve(upload.shown)
+                        fd = self.root.open_dir(parts[:-1], upload.shown)
+                        try:
+                            st = os.fstat(fd)
+                        finally:
+                            os.close(fd)
+                        if (st.st_dev, st.st_ino) != upload.dir_id:
+                            raise _denied(upload.shown, "the directory changed during the upload")
+                        return _publish(
+                            self.root,
+                            parts,
+                            upload.shown,
+                            upload.dir_fd,
+                            parts[-1],
+                            upload.fd,
+                            upload.staged,
+                            if_match=upload.if_match,
+                            exclusive=upload.exclusive,
+                            mode=upload.mode,
+                        )
+                finally:
+                    upload.discard()
+
+            result: FileStat = await self._run(commit)
+            return result
+
+    async def abort_upload(self, handle: ResourceRef) -> None:
+        upload_id = self._current_scope().check(handle, "upload")
+        upload = self._uploads.pop(upload_id, None)
+        if upload is not None:
+            async with upload.lock:
+                upload.discard()
+
+
+if TYPE_CHECKING:  # static conformance check: the implementation matches its interface
+
+    def _conforms(service: LocalFileService) -> FileService:
+        return service

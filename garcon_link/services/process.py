@@ -1,0 +1,984 @@
+"""The built-in process service: run programs on the worker, stream their output (POSIX).
+
+Theory of operation
+-------------------
+:meth:`LocalProcessService.start` spawns ``argv`` directly (no shell: pass ``["sh", "-c", ...]``
+to get one) in **its own session and process group** (``start_new_session=True``), with:
+
+* ``cwd`` -- a directory in the file service's namespace (``/`` is the service root; same rules as
+  :mod:`garcon_link.services.files`: absolute, no ``..``, symlinks only inside the root). ``None``
+  is the root.
+* ``env`` -- merged over a **clean base** (``PATH``, ``LANG``, ``LC_ALL``, ``TZ``, ``USER``,
+  ``LOGNAME`` copied from the worker when set, ``HOME`` = the root, ``PWD`` = the working
+  directory). The worker's own environment (and the link secret) is never passed on.
+
+The root confines the *paths callers pass*, not what a program may do: a started program runs
+with the worker's user and privileges. Exposing this service is handing out a shell.
+
+The handle is a scoped :class:`~garcon_link.ResourceRef` of kind ``"process"``: it belongs to the
+logical session that started the process; after the session is replaced, using it raises
+:class:`~garcon_link.StaleResource`. The PID (see :meth:`~LocalProcessService.info`) is diagnostic
+only -- never signal it yourself.
+
+Per process, one supervisor task pumps stdout and stderr into **bounded retention buffers**
+(``ServiceLimits.output_retention_bytes`` each), feeds stdin, and enforces the start ``timeout``.
+Output is addressed by per-stream byte offsets; when retention overflows, the oldest bytes are
+dropped and a reader asking for an earlier offset gets an :class:`OutputChunk` whose
+``truncated`` marker carries the exact dropped range ``[start, end)`` -- never a silent gap.
+:meth:`~LocalProcessService.output` follows both streams as one remote stream (credit-controlled
+by the RPC layer): it survives a resumable reconnect with nothing lost or duplicated, and a
+consumer that restarts passes the offsets it already has.
+
+Stdin is ordered and replay-safe: every :meth:`~LocalProcessService.write_stdin` names the offset
+its data starts at; bytes before the current position are ignored (a repeated write is a no-op), a
+gap is refused. Accepted bytes go to a bounded buffer (``ServiceLimits.stdin_buffer_bytes``) that
+the supervisor drains into the pipe, so a write never tears a pipe write in half when cancelled.
+
+Termination always targets the **whole process group**: :meth:`~LocalProcessService.signal`,
+:meth:`~LocalProcessService.terminate` (SIGTERM, then SIGKILL after ``grace``), the start
+``timeout`` (SIGKILL, ``ExitStatus.timed_out``), a cancelled :meth:`~LocalProcessService.run`
+(SIGKILL) and the end of the session (SIGTERM, then SIGKILL after
+``ServiceLimits.session_end_grace``). :meth:`~LocalProcessService.wait` returns once the leader has
+exited **and** both output pipes reached EOF, so everything written is readable. A descendant that
+leaves the group (``setsid``) and keeps the pipes open delays that; at session end its pipes are
+closed regardless.
+
+``run`` is start + wait + collect in one call. Cancelling a ``run`` that is running (the caller's
+cancel scope or timeout) kills its process group; the caller sees the cancellation or
+``OutcomeUnknown``. Only a ``run`` that was definitely not dispatched (``NotDispatched``) is safe to
+retry blindly: the command may have had effects. The call itself is bounded by the controller's
+call timeout (``Limits.call_timeout``, 120 s by default): for longer runs raise it per call
+(``gl.with_options(proc, timeout=...)``) or use ``start`` + ``wait``, which is safe to repeat.
+
+Errors: ``Rejected`` -- ``INVALID_ARGUMENTS``, ``SPAWN_FAILED``, ``TOO_MANY_PROCESSES``,
+``UNKNOWN_PROCESS``, ``PROCESS_RELEASED``, ``PROCESS_RUNNING``, ``INVALID_OFFSET``, ``NO_STDIN``,
+``STDIN_GAP``, ``STDIN_CLOSED``, ``INVALID_SIGNAL``, ``SHUTTING_DOWN`` and the path codes of the
+file service; ``RemoteError("WAIT_TIMEOUT")`` when :meth:`~LocalProcessService.wait` gives up.
+
+Why the supervisors are not in a task group: the worker enters a per-session service factory in
+one task and exits it in another, and a task group's cancel scope cannot span tasks. Each
+supervisor is a backend task of its own (``asyncio`` task or ``trio`` system task) wrapped in a
+cancel scope this service cancels and awaits on close (:class:`_DetachedTasks`).
+
+POSIX only (process groups, ``killpg``); tested on Linux with asyncio and trio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import os
+import signal as sig_mod
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import anyio
+import anyio.abc
+
+from ..errors import Rejected, RemoteError
+from ..resources import ResourceRef, ServiceScope, current_scope
+from .files import ConfinedRoot, MiB, ServiceLimits, _os_errors
+
+__all__ = [
+    "ExitStatus",
+    "LocalProcessService",
+    "OutputChunk",
+    "ProcessInfo",
+    "ProcessService",
+    "RunResult",
+    "StreamName",
+    "TruncationMarker",
+    "default_base_env",
+]
+
+log = logging.getLogger(__name__)
+
+StreamName = Literal["stdout", "stderr"]
+
+_STREAM_CHUNK = 256 * 1024
+_FEED_CHUNK = 64 * 1024
+_REAP_TIMEOUT = 2.0
+_finish_order = itertools.count(1)
+
+
+# ---------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class TruncationMarker:
+    """Output bytes ``[start, end)`` of one stream were dropped by retention before being read."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutputChunk:
+    """Bytes of one output stream starting at ``offset``.
+
+    Attributes:
+        stream: ``"stdout"`` or ``"stderr"``.
+        offset: stream offset of ``data[0]`` (continue with ``offset + len(data)``).
+        data: the raw bytes (may be empty).
+        truncated: set when the requested offset was already dropped: the dropped range, which
+            ends at ``offset``.
+        eof: the stream is closed and ``data`` reaches its end.
+    """
+
+    stream: StreamName
+    offset: int
+    data: bytes
+    truncated: TruncationMarker | None
+    eof: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """How a process ended.
+
+    Attributes:
+        code: the exit code, or ``None`` if it died of a signal.
+        signal: the signal's name (``"SIGKILL"``) if it died of one, else ``None``.
+        timed_out: the start ``timeout`` expired and the service killed the group.
+        killed: it died of a signal the service sent on its own authority (``terminate``, the
+            start timeout, a cancelled ``run``, the end of the session) -- not ``signal()``.
+    """
+
+    code: int | None
+    signal: str | None
+    timed_out: bool
+    killed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What :meth:`ProcessService.run` returns.
+
+    ``stdout``/``stderr`` hold at most ``max_output`` bytes each: the **last** bytes written;
+    ``*_truncated`` says earlier bytes were dropped.
+    """
+
+    status: ExitStatus
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    """A snapshot of one started process.
+
+    Attributes:
+        handle: its reference.
+        argv: what was started.
+        cwd: its working directory in the caller's namespace.
+        pid: diagnostic only (also the process group id).
+        running: the leader has not exited yet.
+        status: the exit status once the leader exited and the output drained, else ``None``.
+        stdout_end, stderr_end: bytes produced so far per stream.
+        stdin_offset: stdin bytes accepted so far (``None`` if started without stdin).
+    """
+
+    handle: ResourceRef
+    argv: list[str]
+    cwd: str
+    pid: int
+    running: bool
+    status: ExitStatus | None
+    stdout_end: int
+    stderr_end: int
+    stdin_offset: int | None
+
+
+# ---------------------------------------------------------------------------- interface
+
+
+class ProcessService(Protocol):
+    """Programs on the worker (see the module docstring for the rules)."""
+
+    async def start(
+        self,
+        argv: list[str],
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bool = False,
+        timeout: float | None = None,
+    ) -> ResourceRef:
+        """Start ``argv`` (no shell) in its own process group; returns a ``"process"`` handle.
+
+        Args:
+            argv: the program and its arguments; ``argv[0]`` is looked up on ``PATH``.
+            cwd: working directory in the service namespace (``None``: the root).
+            env: variables set over the clean base environment.
+            stdin: open a stdin pipe (else stdin is ``/dev/null``).
+            timeout: seconds until the service kills the group (``ExitStatus.timed_out``).
+
+        Raises:
+            Rejected: ``SPAWN_FAILED`` (not found, not executable), ``TOO_MANY_PROCESSES``, a
+                path refusal for ``cwd``, ``INVALID_ARGUMENTS``.
+        """
+        ...
+
+    async def read(
+        self, handle: ResourceRef, stream: StreamName, after: int = 0, max_bytes: int = 65536
+    ) -> OutputChunk:
+        """Up to ``max_bytes`` of ``stream`` from offset ``after`` (returns at once; may be empty).
+
+        Raises:
+            Rejected: ``INVALID_OFFSET`` when ``after`` is beyond what was produced.
+        """
+        ...
+
+    def output(
+        self, handle: ResourceRef, after_stdout: int = 0, after_stderr: int = 0
+    ) -> AsyncIterator[OutputChunk]:
+        """Follow both streams from the given offsets until both reach EOF.
+
+        Each stream's last chunk has ``eof=True`` (possibly with empty data).
+        """
+        ...
+
+    async def write_stdin(self, handle: ResourceRef, data: bytes, offset: int) -> int:
+        """Append ``data``, which starts at stdin offset ``offset``; returns the new position.
+
+        Raises:
+            Rejected: ``STDIN_GAP`` (``offset`` beyond the position), ``STDIN_CLOSED``,
+                ``NO_STDIN``.
+        """
+        ...
+
+    async def close_stdin(self, handle: ResourceRef) -> None:
+        """Close stdin once the accepted bytes are delivered (idempotent)."""
+        ...
+
+    async def signal(self, handle: ResourceRef, name: str) -> bool:
+        """Send signal ``name`` (``"TERM"``, ``"SIGINT"``, ``"9"``) to the process group.
+
+        Returns ``False`` if the group is already gone.
+        """
+        ...
+
+    async def terminate(self, handle: ResourceRef, grace: float = 5.0) -> ExitStatus:
+        """SIGTERM the group, SIGKILL it after ``grace`` seconds; returns the exit status."""
+        ...
+
+    async def wait(self, handle: ResourceRef, timeout: float | None = None) -> ExitStatus:
+        """The exit status, once the process exited and its output drained.
+
+        Raises:
+            RemoteError: ``WAIT_TIMEOUT`` after ``timeout`` seconds (the process is untouched).
+        """
+        ...
+
+    async def info(self, handle: ResourceRef) -> ProcessInfo:
+        """A snapshot of the process."""
+        ...
+
+    async def list_processes(self) -> list[ProcessInfo]:
+        """Every process record this session holds, oldest first."""
+        ...
+
+    async def release(self, handle: ResourceRef) -> None:
+        """Forget a finished process (frees its record and retained output).
+
+        Raises:
+            Rejected: ``PROCESS_RUNNING``.
+        """
+        ...
+
+    async def run(
+        self,
+        argv: list[str],
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin_data: bytes | None = None,
+        timeout: float = 60.0,
+        max_output: int = 1 * MiB,
+    ) -> RunResult:
+        """Run to completion: feed ``stdin_data`` (then EOF), wait, return status and output.
+
+        ``max_output`` bounds each stream (capped by ``ServiceLimits.max_run_output_bytes``);
+        the last bytes are kept. ``timeout`` kills the group (``status.timed_out``). Cancelling
+        the call kills the group.
+        """
+        ...
+
+
+# ---------------------------------------------------------------------------- plumbing
+
+
+def _start_detached(runner: Callable[[], Awaitable[None]], name: str, refs: set[Any]) -> None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        import trio
+
+        trio.lowlevel.spawn_system_task(runner, name=name)
+    else:
+
+        async def main() -> None:
+            await runner()
+
+        task = loop.create_task(main(), name=name)
+        refs.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(refs.discard)
+
+
+class _DetachedTasks:
+    """Tasks owned by an object, cancellable and awaitable from any task (see module docstring)."""
+
+    def __init__(self) -> None:
+        self._live: dict[int, tuple[anyio.CancelScope, anyio.Event]] = {}
+        self._refs: set[Any] = set()
+        self._keys = itertools.count()
+        self._closed = False
+
+    def spawn(self, func: Callable[[], Awaitable[None]], name: str) -> None:
+        if self._closed:
+            raise RuntimeError("spawn() after aclose()")
+        key = next(self._keys)
+        scope = anyio.CancelScope()
+        done = anyio.Event()
+        self._live[key] = (scope, done)
+
+        async def runner() -> None:
+            try:
+                with scope:
+                    await func()
+            except Exception:
+                log.exception("background task %s failed", name)
+            finally:
+                self._live.pop(key, None)
+                done.set()
+
+        _start_detached(runner, name, self._refs)
+
+    async def aclose(self) -> None:
+        """Cancel every task and wait for each to finish its (shielded) cleanup."""
+        self._closed = True
+        entries = list(self._live.values())
+        for scope, _ in entries:
+            scope.cancel()
+        for _, done in entries:
+            await done.wait()
+
+
+class _Notifier:
+    """A level-less wake-up: ``wait()`` returns after the next ``notify()``."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = anyio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+class _Output:
+    """One output stream: a bounded tail of bytes addressed by absolute stream offsets."""
+
+    def __init__(self, name: StreamName, retention: int, changed: _Notifier) -> None:
+        self.name: StreamName = name
+        self.retention = retention
+        self.start = 0  # offset of the first retained byte
+        self.end = 0  # bytes produced so far
+        self.eof = False
+        self._buf = bytearray()
+        self._changed = changed
+        self.closed = anyio.Event()
+
+    def append(self, data: bytes) -> None:
+        self._buf += data
+        self.end += len(data)
+        excess = len(self._buf) - self.retention
+        if excess > 0:
+            del self._buf[:excess]  # O(1) amortised for a bytearray's head
+            self.start += excess
+        self._changed.notify()
+
+    def close(self) -> None:
+        if not self.eof:
+            self.eof = True
+            self.closed.set()
+            self._changed.notify()
+
+    def chunk(self, after: int, max_bytes: int) -> OutputChunk:
+        if after < 0 or after > self.end:
+            raise Rejected(
+                "INVALID_OFFSET",
+                f"{self.name} offset {after} is outside the {self.end} bytes produced so far",
+            )
+        truncated = None
+        if after < self.start:
+            truncated = TruncationMarker(after, self.start)
+            after = self.start
+        i = after - self.start
+        data = bytes(self._buf[i : i + max_bytes])
+        eof = self.eof and after + len(data) == self.end
+        return OutputChunk(self.name, after, data, truncated, eof)
+
+    def tail(self) -> bytes:
+        return bytes(self._buf)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return sig_mod.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
+
+def _parse_signal(name: str) -> sig_mod.Signals:
+    text = name.strip().upper()
+    try:
+        if text.isdigit():
+            return sig_mod.Signals(int(text))
+        return sig_mod.Signals[text if text.startswith("SIG") else "SIG" + text]
+    except (KeyError, ValueError):
+        raise Rejected("INVALID_SIGNAL", f"unknown signal {name!r}") from None
+
+
+class _Proc:
+    """One started process and its supervisor state."""
+
+    def __init__(
+        self,
+        proc_id: str,
+        argv: list[str],
+        cwd: str,
+        process: anyio.abc.Process,
+        *,
+        retention: int,
+        timeout: float | None,
+    ) -> None:
+        self.id = proc_id
+        self.argv = argv
+        self.cwd = cwd
+        self.process = process
+        self.pid = process.pid
+        self.changed = _Notifier()
+        self.stdout = _Output("stdout", retention, self.changed)
+        self.stderr = _Output("stderr", retention, self.changed)
+        self.has_stdin = process.stdin is not None
+        self.stdin_buf = bytearray()
+        self.stdin_pos = 0
+        self.stdin_closing = False
+        self.stdin_state: Literal["open", "closed", "broken"] = "open"
+        self.timeout = timeout
+        self.returncode: int | None = None
+        self.timed_out = False
+        self.forced = False
+        self.done = anyio.Event()
+        self.finished = 0  # order of completion, for evicting the oldest finished record
+
+    # -- signals
+
+    def killpg(self, signum: int) -> bool:
+        """Signal the group while it may exist (not after the supervisor finished)."""
+        if self.done.is_set():
+            return False
+        try:
+            os.killpg(self.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def force(self, signum: int) -> bool:
+        """Signal the group on the service's own authority (reported as ``killed``)."""
+        if self.done.is_set():
+            return False
+        self.forced = True
+        return self.killpg(signum)
+
+    def status(self) -> ExitStatus:
+        rc = self.returncode
+        if rc is None:
+            return ExitStatus(None, None, self.timed_out, False)
+        if rc < 0:
+            return ExitStatus(None, _signal_name(-rc), self.timed_out, self.forced)
+        return ExitStatus(rc, None, self.timed_out, False)
+
+    # -- supervisor
+
+    async def supervise(self) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                assert self.process.stdout is not None and self.process.stderr is not None
+                tg.start_soon(self._pump, self.process.stdout, self.stdout)
+                tg.start_soon(self._pump, self.process.stderr, self.stderr)
+                if self.has_stdin:
+                    tg.start_soon(self._feed)
+                if self.timeout is not None:
+                    tg.start_soon(self._watchdog, self.timeout)
+                self.returncode = await self.process.wait()
+                self.changed.notify()
+                # Drained: every member holding the pipes is gone (or closed them).
+                await self.stdout.closed.wait()
+                await self.stderr.closed.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._finish()
+
+    async def _finish(self) -> None:
+        if self.returncode is None or not (self.stdout.eof and self.stderr.eof):
+            # Cancelled (session end, service closed) before the group finished.
+            self.force(sig_mod.SIGKILL)
+            if self.returncode is None:
+                with anyio.move_on_after(_REAP_TIMEOUT):
+                    self.returncode = await self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            if stream is not None:
+                try:
+                    await stream.aclose()
+                except Exception:  # a broken pipe while closing changes nothing
+                    pass
+        self.stdout.close()
+        self.stderr.close()
+        if self.stdin_state == "open":
+            self.stdin_state = "closed"
+        self.stdin_buf.clear()
+        self.finished = next(_finish_order)
+        self.done.set()
+        self.changed.notify()
+
+    async def _pump(self, stream: anyio.abc.ByteReceiveStream, out: _Output) -> None:
+        try:
+            async for data in stream:
+                out.append(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        finally:
+            out.close()
+
+    async def _feed(self) -> None:
+        stdin = self.process.stdin
+        assert stdin is not None
+        try:
+            while True:
+                if self.stdin_buf:
+                    chunk = bytes(self.stdin_buf[:_FEED_CHUNK])
+                    del self.stdin_buf[: len(chunk)]
+                    self.changed.notify()  # room for writers
+                    await stdin.send(chunk)
+                elif self.stdin_closing:
+                    await stdin.aclose()
+                    self.stdin_state = "closed"
+                    self.changed.notify()
+                    return
+                else:
+                    await self.changed.wait()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            self.stdin_state = "broken"
+            self.stdin_buf.clear()
+            self.changed.notify()
+
+    async def _watchdog(self, timeout: float) -> None:
+        await anyio.sleep(timeout)
+        if not self.done.is_set():
+            self.timed_out = True
+            self.force(sig_mod.SIGKILL)
+            self.changed.notify()
+
+    # -- stdin
+
+    async def enqueue(self, data: bytes, offset: int, capacity: int) -> int:
+        if not self.has_stdin:
+            raise Rejected("NO_STDIN", f"process {self.id} was started without stdin")
+        if offset < 0:
+            raise Rejected("INVALID_ARGUMENTS", "offset must be >= 0")
+        while True:
+            skip = self.stdin_pos - offset
+            if skip < 0:
+                raise Rejected(
+                    "STDIN_GAP", f"data starts at {offset}, but stdin is at {self.stdin_pos}"
+                )
+            if skip >= len(data):
+                return self.stdin_pos  # already accepted (a replayed or repeated write)
+            if self.stdin_closing or self.stdin_state != "open" or self.done.is_set():
+                raise Rejected("STDIN_CLOSED", f"stdin of process {self.id} is closed")
+            room = capacity - len(self.stdin_buf)
+            if room <= 0:
+                await self.changed.wait()
+                continue
+            part = data[skip : skip + room]
+            self.stdin_buf += part
+            self.stdin_pos += len(part)
+            self.changed.notify()
+
+
+def default_base_env(home: str) -> dict[str, str]:
+    """The clean base environment of started processes (see the module docstring)."""
+    env = {"PATH": os.environ.get("PATH") or os.defpath, "LANG": "C.UTF-8"}
+    for key in ("LANG", "LC_ALL", "TZ", "USER", "LOGNAME"):
+        value = os.environ.get(key)
+        if value:
+            env[key] = value
+    env["HOME"] = home
+    return env
+
+
+def _check_argv(argv: list[str]) -> None:
+    if not argv or not argv[0]:
+        raise Rejected("INVALID_ARGUMENTS", "argv needs at least a program name")
+    if any("\0" in arg for arg in argv):
+        raise Rejected("INVALID_ARGUMENTS", "argv must not contain NUL characters")
+
+
+def _check_env(env: Mapping[str, str]) -> None:
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise Rejected("INVALID_ARGUMENTS", f"invalid environment variable {key!r}")
+
+
+def _check_seconds(name: str, value: float | None, *, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise Rejected("INVALID_ARGUMENTS", f"{name} must be a finite number > 0, got {value}")
+
+
+# ---------------------------------------------------------------------------- implementation
+
+
+class LocalProcessService:
+    """:class:`ProcessService` running programs on this machine.
+
+    Handles are minted in ``scope`` (given by :func:`~garcon_link.services.builtin_services`), or,
+    when ``scope`` is ``None``, in :func:`~garcon_link.current_scope` at call time. Use
+    ``async with`` (or :meth:`aclose`): closing terminates every process the service started.
+    Expose it as ``gl.Service(impl, ProcessService)`` so only the interface is callable.
+
+    Args:
+        root: the directory that is ``/`` for ``cwd`` (and ``HOME`` of started processes).
+        scope: the service scope handles belong to.
+        limits: bounds (:class:`~garcon_link.services.ServiceLimits`).
+        base_env: replaces the default clean base environment (:func:`default_base_env`).
+
+    Raises:
+        ConfigError: ``root`` is not an existing directory.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        scope: ServiceScope | None = None,
+        limits: ServiceLimits | None = None,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.root = ConfinedRoot(root)
+        self.limits = limits or ServiceLimits()
+        self._scope = scope
+        self._base_env = (
+            dict(base_env) if base_env is not None else default_base_env(self.root.host)
+        )
+        self._procs: dict[str, _Proc] = {}
+        self._runs: set[_Proc] = set()
+        self._reserved = 0
+        self._next_id = 1
+        self._tasks = _DetachedTasks()
+        self._closed = False
+
+    async def __aenter__(self) -> LocalProcessService:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Terminate every live process group (SIGTERM, SIGKILL after the grace); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        live = [p for p in (*self._procs.values(), *self._runs) if not p.done.is_set()]
+        if live:
+            log.info("session ended: terminating %d process group(s)", len(live))
+        grace = self.limits.session_end_grace
+        for proc in live:
+            proc.force(sig_mod.SIGTERM)
+        with anyio.move_on_after(grace):
+            for proc in live:
+                await proc.done.wait()
+        for proc in live:
+            proc.force(sig_mod.SIGKILL)
+        with anyio.move_on_after(grace):
+            for proc in live:
+                await proc.done.wait()
+        await self._tasks.aclose()
+
+    def _current_scope(self) -> ServiceScope:
+        return self._scope if self._scope is not None else current_scope()
+
+    def _get(self, handle: ResourceRef) -> _Proc:
+        proc_id = self._current_scope().check(handle, "process")
+        proc = self._procs.get(proc_id)
+        if proc is not None:
+            return proc
+        number = proc_id[1:]
+        if proc_id.startswith("p") and number.isdigit() and int(number) < self._next_id:
+            raise Rejected("PROCESS_RELEASED", f"{handle!r} was released")
+        raise Rejected("UNKNOWN_PROCESS", f"{handle!r} names no process of this session")
+
+    def _make_room(self) -> None:
+        if self._closed:
+            raise Rejected("SHUTTING_DOWN", "the session is ending")
+        held = len(self._procs) + len(self._runs) + self._reserved
+        if held < self.limits.max_processes:
+            return
+        finished = [p for p in self._procs.values() if p.done.is_set()]
+        if not finished:
+            raise Rejected(
+                "TOO_MANY_PROCESSES",
+                f"{self.limits.max_processes} processes are running in this session",
+            )
+        oldest = min(finished, key=lambda p: p.finished)
+        del self._procs[oldest.id]
+
+    async def _spawn(
+        self,
+        argv: list[str],
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        *,
+        stdin: bool,
+        timeout: float | None,
+        retention: int,
+    ) -> _Proc:
+        _check_argv(argv)
+        _check_env(env or {})
+        _check_seconds("timeout", timeout)
+        shown = cwd if cwd is not None else "/"
+        self.root.split(shown)
+
+        def check_cwd() -> tuple[str, ...]:
+            parts = self.root.resolve(shown)
+            with _os_errors(shown):
+                os.close(self.root.open_dir(parts, shown))
+            return parts
+
+        parts = await anyio.to_thread.run_sync(check_cwd)
+        cwd_host = self.root.host_path(parts)
+        merged = {**self._base_env, "PWD": cwd_host, **(env or {})}
+        self._make_room()
+        self._reserved += 1
+        try:
+            # Shielded: a process spawned by a cancelled call must still be tracked (and killed).
+            with anyio.CancelScope(shield=True):
+                process = await anyio.open_process(
+                    argv,
+                    stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    cwd=cwd_host,
+                    env=merged,
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno is not None else str(exc)
+            raise Rejected("SPAWN_FAILED", f"cannot start {argv[0]!r}: {why}") from exc
+        finally:
+            self._reserved -= 1
+        proc_id = f"p{self._next_id}"
+        self._next_id += 1
+        proc = _Proc(
+            proc_id,
+            list(argv),
+            self.root.caller_path(parts),
+            process,
+            retention=retention,
+            timeout=timeout,
+        )
+        if self._closed:
+            # The session ended while spawning: the process must not outlive it.
+            os.killpg(proc.pid, sig_mod.SIGKILL)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_REAP_TIMEOUT):
+                await process.aclose()
+            raise Rejected("SHUTTING_DOWN", "the session is ending")
+        self._tasks.spawn(proc.supervise, f"garcon-link process {proc_id} ({argv[0]})")
+        log.debug("started %s pid=%d: %s", proc_id, proc.pid, argv[0])
+        return proc
+
+    # -- the interface
+
+    async def start(
+        self,
+        argv: list[str],
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bool = False,
+        timeout: float | None = None,
+    ) -> ResourceRef:
+        scope = self._current_scope()
+        proc = await self._spawn(
+            argv,
+            cwd,
+            env,
+            stdin=stdin,
+            timeout=timeout,
+            retention=self.limits.output_retention_bytes,
+        )
+        self._procs[proc.id] = proc
+        return scope.resource("process", proc.id)
+
+    async def read(
+        self, handle: ResourceRef, stream: StreamName, after: int = 0, max_bytes: int = 65536
+    ) -> OutputChunk:
+        proc = self._get(handle)
+        if max_bytes < 1:
+            raise Rejected("INVALID_ARGUMENTS", "max_bytes must be >= 1")
+        out = proc.stdout if stream == "stdout" else proc.stderr
+        return out.chunk(after, min(max_bytes, self.limits.max_read_bytes))
+
+    async def output(
+        self, handle: ResourceRef, after_stdout: int = 0, after_stderr: int = 0
+    ) -> AsyncIterator[OutputChunk]:
+        proc = self._get(handle)
+        outs = (proc.stdout, proc.stderr)
+        cursors = [after_stdout, after_stderr]
+        for out, cursor in zip(outs, cursors, strict=True):
+            if cursor < 0 or cursor > out.end:
+                raise Rejected("INVALID_OFFSET", f"{out.name} offset {cursor} is out of range")
+        finished = [False, False]
+        limit = min(_STREAM_CHUNK, self.limits.max_read_bytes)
+        while not all(finished):
+            progressed = False
+            for i, out in enumerate(outs):
+                if finished[i] or (cursors[i] >= out.end and not out.eof):
+                    continue
+                chunk = out.chunk(cursors[i], limit)
+                cursors[i] = chunk.offset + len(chunk.data)
+                finished[i] = chunk.eof
+                progressed = True
+                yield chunk
+            if not progressed:
+                # No await between the checks above and this wait: no wake-up is missed.
+                await proc.changed.wait()
+
+    async def write_stdin(self, handle: ResourceRef, data: bytes, offset: int) -> int:
+        proc = self._get(handle)
+        return await proc.enqueue(data, offset, self.limits.stdin_buffer_bytes)
+
+    async def close_stdin(self, handle: ResourceRef) -> None:
+        proc = self._get(handle)
+        if proc.has_stdin and not proc.stdin_closing:
+            proc.stdin_closing = True
+            proc.changed.notify()
+
+    async def signal(self, handle: ResourceRef, name: str) -> bool:
+        proc = self._get(handle)
+        return proc.killpg(_parse_signal(name))
+
+    async def terminate(self, handle: ResourceRef, grace: float = 5.0) -> ExitStatus:
+        _check_seconds("grace", grace, allow_zero=True)
+        proc = self._get(handle)
+        if proc.force(sig_mod.SIGTERM):
+            with anyio.move_on_after(grace):
+                await proc.done.wait()
+            proc.force(sig_mod.SIGKILL)
+        # The leader dies at once after SIGKILL; allow a moment for the pipes to drain.
+        with anyio.move_on_after(_REAP_TIMEOUT):
+            await proc.done.wait()
+        return proc.status()
+
+    async def wait(self, handle: ResourceRef, timeout: float | None = None) -> ExitStatus:
+        _check_seconds("timeout", timeout, allow_zero=True)
+        proc = self._get(handle)
+        with anyio.move_on_after(timeout):
+            await proc.done.wait()
+            return proc.status()
+        raise RemoteError(
+            "WAIT_TIMEOUT", f"process {proc.id} has not finished within {timeout} seconds"
+        )
+
+    def _info(self, scope: ServiceScope, proc: _Proc) -> ProcessInfo:
+        return ProcessInfo(
+            handle=scope.resource("process", proc.id),
+            argv=list(proc.argv),
+            cwd=proc.cwd,
+            pid=proc.pid,
+            running=proc.returncode is None and not proc.done.is_set(),
+            status=proc.status() if proc.done.is_set() else None,
+            stdout_end=proc.stdout.end,
+            stderr_end=proc.stderr.end,
+            stdin_offset=proc.stdin_pos if proc.has_stdin else None,
+        )
+
+    async def info(self, handle: ResourceRef) -> ProcessInfo:
+        return self._info(self._current_scope(), self._get(handle))
+
+    async def list_processes(self) -> list[ProcessInfo]:
+        scope = self._current_scope()
+        return [self._info(scope, proc) for proc in self._procs.values()]
+
+    async def release(self, handle: ResourceRef) -> None:
+        proc = self._get(handle)
+        if not proc.done.is_set():
+            raise Rejected("PROCESS_RUNNING", f"{handle!r} is still running; terminate it first")
+        self._procs.pop(proc.id, None)
+
+    async def run(
+        self,
+        argv: list[str],
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin_data: bytes | None = None,
+        timeout: float = 60.0,
+        max_output: int = 1 * MiB,
+    ) -> RunResult:
+        if max_output < 0:
+            raise Rejected("INVALID_ARGUMENTS", "max_output must be >= 0")
+        proc = await self._spawn(
+            argv,
+            cwd,
+            env,
+            stdin=stdin_data is not None,
+            timeout=timeout,
+            retention=min(max_output, self.limits.max_run_output_bytes),
+        )
+        self._runs.add(proc)
+        try:
+            async with anyio.create_task_group() as tg:
+                if stdin_data is not None:
+                    tg.start_soon(self._feed_all, proc, stdin_data)
+                await proc.done.wait()
+                tg.cancel_scope.cancel()
+        except BaseException:
+            # Cancelled (or failed) while running: the process must not outlive the call.
+            with anyio.CancelScope(shield=True):
+                if proc.force(sig_mod.SIGKILL):
+                    log.info("run of %r cancelled: killed its process group", argv[0])
+                with anyio.move_on_after(_REAP_TIMEOUT):
+                    await proc.done.wait()
+            raise
+        finally:
+            self._runs.discard(proc)
+        return RunResult(
+            status=proc.status(),
+            stdout=proc.stdout.tail(),
+            stderr=proc.stderr.tail(),
+            stdout_truncated=proc.stdout.start > 0,
+            stderr_truncated=proc.stderr.start > 0,
+        )
+
+    async def _feed_all(self, proc: _Proc, data: bytes) -> None:
+        try:
+            await proc.enqueue(data, 0, self.limits.stdin_buffer_bytes)
+        except Rejected:
+            return  # the program exited without reading all of it
+        proc.stdin_closing = True
+        proc.changed.notify()
+
+
+if TYPE_CHECKING:  # static conformance check: the implementation matches its interface
+
+    def _conforms(service: LocalProcessService) -> ProcessService:
+        return service

@@ -1,0 +1,401 @@
+"""The built-in file service over real loopback sessions (worker + controller in-process)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tracemalloc
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import blake3
+import pytest
+
+import garcon_link as gl
+from garcon_link.services import (
+    ConfinedRoot,
+    FileService,
+    LocalFileService,
+    ServiceLimits,
+    builtin_services,
+)
+
+pytestmark = pytest.mark.anyio
+
+SECRET = gl.Secret(b"file-service-test-secret-0123456789abcdef")
+LIMITS = gl.Limits(
+    heartbeat_interval=0.2,
+    heartbeat_timeout=1.0,
+    detached_grace=5.0,
+    backoff_base=0.05,
+    backoff_max=0.2,
+)
+MiB = 1024 * 1024
+
+
+@asynccontextmanager
+async def linked(
+    root: Path, service_limits: ServiceLimits | None = None
+) -> AsyncIterator[gl.RemoteExecutor]:
+    """A worker offering the built-ins under ``root`` and a controller connected to it."""
+    worker_config = gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.WORKER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    factory = builtin_services(["process", "files"], root, service_limits)
+    async with gl.Worker(worker_config, factory) as worker:
+        controller_config = gl.LinkConfig(
+            executor_id="box",
+            role=gl.Role.CONTROLLER,
+            secret=SECRET,
+            dial=worker.url,
+            limits=LIMITS,
+        )
+        async with gl.connect(controller_config) as executor:
+            await executor.wait_ready(10)
+            yield executor
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> tuple[Path, Path]:
+    """``root`` (served) and ``outside`` (a sibling holding a secret file)."""
+    root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret.txt").write_bytes(b"top secret")
+    (root / "inside").mkdir()
+    (root / "inside" / "file.txt").write_bytes(b"inside data")
+    return root, outside
+
+
+def staged_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(".gl-"))
+
+
+async def expect_refused(call: object, code: str = "PERMISSION_DENIED") -> None:
+    assert hasattr(call, "__await__")
+    with pytest.raises(gl.Rejected) as refused:
+        await call  # type: ignore[misc]
+    assert refused.value.code == code, refused.value
+
+
+async def test_confinement_refuses_dotdot_relative_and_outside_paths(
+    layout: tuple[Path, Path],
+) -> None:
+    root, outside = layout
+    with anyio.fail_after(30):
+        async with linked(root) as executor:
+            files = executor.service("files", FileService)
+            await expect_refused(files.read("/../outside/secret.txt"))
+            await expect_refused(files.read("/inside/../../outside/secret.txt"))
+            await expect_refused(files.stat("/inside/.."))
+            await expect_refused(files.write("/../evil.txt", b"x"))
+            await expect_refused(files.read("inside/file.txt"), "INVALID_PATH")
+            # An absolute path names a path below the root ("/" is the root), never the host's.
+            await expect_refused(files.read(str(outside / "secret.txt")), "NOT_FOUND")
+            await expect_refused(files.read("/etc/passwd"), "NOT_FOUND")
+            await expect_refused(files.remove("/"))
+            await expect_refused(files.rename("/inside", "/"))
+            assert await files.canonical_path("/inside/./file.txt") == "/inside/file.txt"
+            assert (await files.read("//inside//file.txt")).data == b"inside data"
+    assert not (root.parent / "evil.txt").exists()
+
+
+async def test_symlink_escapes_are_refused(layout: tuple[Path, Path]) -> None:
+    root, outside = layout
+    (root / "file-escape").symlink_to(outside / "secret.txt")
+    (root / "dir-escape").symlink_to(outside)
+    (root / "abs-inside").symlink_to(root / "inside" / "file.txt")
+    (root / "rel-inside").symlink_to("inside/file.txt")
+    (root / "dangling-escape").symlink_to(outside / "new.txt")
+    with anyio.fail_after(30):
+        async with linked(root) as executor:
+            files = executor.service("files", FileService)
+            # Files.
+            await expect_refused(files.read("/file-escape"))
+            await expect_refused(files.stat("/file-escape"))
+            await expect_refused(files.exists("/file-escape"))
+            await expect_refused(files.write("/file-escape", b"overwritten"))
+            await expect_refused(files.write("/dangling-escape", b"created"))
+            await expect_refused(files.read_link("/file-escape"))
+            # Directories.
+            await expect_refused(files.list_dir("/dir-escape"))
+            await expect_refused(files.read("/dir-escape/secret.txt"))
+            await expect_refused(files.write("/dir-escape/new.txt", b"x"))
+            await expect_refused(files.mkdir("/dir-escape/sub", parents=True))
+            await expect_refused(files.begin_upload("/dir-escape/big.bin"))
+            await expect_refused(files.rename("/inside/file.txt", "/dir-escape/stolen.txt"))
+            # Links that stay inside are followed.
+            assert (await files.read("/abs-inside")).data == b"inside data"
+            assert (await files.read("/rel-inside")).data == b"inside data"
+            assert (await files.stat("/rel-inside")).path == "/inside/file.txt"
+            assert await files.read_link("/rel-inside") == "inside/file.txt"
+            assert await files.read_link("/abs-inside") == "/inside/file.txt"
+            listing = {e.name: e.kind for e in (await files.list_dir("/")).entries}
+            assert listing["dir-escape"] == "symlink" and listing["inside"] == "dir"
+            # Removing an escaping link removes the link, not its target.
+            await files.remove("/file-escape")
+            assert (outside / "secret.txt").read_bytes() == b"top secret"
+
+            # A symlink swapped in between calls: the second call is refused.
+            (root / "swap").symlink_to("inside")
+            assert (await files.read("/swap/file.txt")).data == b"inside data"
+            (root / "swap").unlink()
+            (root / "swap").symlink_to(outside)
+            await expect_refused(files.read("/swap/secret.txt"))
+            await expect_refused(files.write("/swap/secret.txt", b"pwned"))
+    assert (outside / "secret.txt").read_bytes() == b"top secret"
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+
+
+def test_a_symlink_swapped_in_after_the_check_is_refused_at_use(
+    layout: tuple[Path, Path],
+) -> None:
+    root, outside = layout
+    confined = ConfinedRoot(root)
+    parts = confined.resolve("/inside/file.txt")
+    assert parts == ("inside", "file.txt")
+    # Between the check (resolve) and the use (open_dir), "inside" becomes an escaping link.
+    (root / "inside").rename(root / "moved")
+    (root / "inside").symlink_to(outside)
+    with pytest.raises(gl.Rejected) as refused:
+        confined.open_dir(parts[:-1], "/inside/file.txt")
+    assert refused.value.code == "PERMISSION_DENIED"
+
+
+async def test_write_with_a_wrong_digest_leaves_the_old_file(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with linked(tmp_path) as executor:
+            files = executor.service("files", FileService)
+            old = await files.write("/doc.txt", b"version 1")
+            new_data = b"version 2"
+            for kwargs in (
+                {"expected_sha256": hashlib.sha256(b"other").hexdigest()},
+                {"expected_blake3": blake3.blake3(b"other").hexdigest()},
+            ):
+                with pytest.raises(gl.Rejected) as mismatch:
+                    await files.write("/doc.txt", new_data, **kwargs)  # type: ignore[arg-type]
+                assert mismatch.value.code == "DIGEST_MISMATCH"
+            assert (tmp_path / "doc.txt").read_bytes() == b"version 1"
+            assert (await files.stat("/doc.txt")).version == old.version
+            assert staged_files(tmp_path) == []
+            new = await files.write(
+                "/doc.txt",
+                new_data,
+                expected_sha256=hashlib.sha256(new_data).hexdigest().upper(),
+                expected_blake3=blake3.blake3(new_data).hexdigest(),
+                mode=0o600,
+            )
+            assert new.size == 9 and new.mode == 0o600 and new.version != old.version
+            assert (tmp_path / "doc.txt").read_bytes() == new_data
+            with pytest.raises(gl.Rejected) as bad:
+                await files.write("/doc.txt", b"x", expected_sha256="zz")
+            assert bad.value.code == "INVALID_ARGUMENTS"
+
+
+async def test_concurrent_exclusive_creates_have_exactly_one_winner(tmp_path: Path) -> None:
+    results: dict[int, str] = {}
+    with anyio.fail_after(30):
+        async with linked(tmp_path) as executor:
+            files = executor.service("files", FileService)
+
+            async def create(i: int) -> None:
+                try:
+                    await files.write("/lock", b"owner %d" % i, exclusive=True)
+                    results[i] = "won"
+                except gl.Rejected as exc:
+                    results[i] = exc.code
+
+            async with anyio.create_task_group() as tg:
+                for i in range(20):
+                    tg.start_soon(create, i)
+    winners = [i for i, r in results.items() if r == "won"]
+    assert len(winners) == 1
+    assert sorted(r for r in results.values() if r != "won") == ["ALREADY_EXISTS"] * 19
+    assert (tmp_path / "lock").read_bytes() == b"owner %d" % winners[0]
+    assert staged_files(tmp_path) == []
+
+
+async def test_if_match_refuses_a_stale_version(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with linked(tmp_path) as executor:
+            files = executor.service("files", FileService)
+            with pytest.raises(gl.Rejected) as missing:
+                await files.write("/cfg", b"x", if_match="0-0-0-0")
+            assert missing.value.code == "VERSION_MISMATCH"
+            first = await files.write("/cfg", b"a = 1\n")
+            second = await files.write("/cfg", b"a = 2\n", if_match=first.version)
+            with pytest.raises(gl.Rejected) as stale:
+                await files.write("/cfg", b"a = 3\n", if_match=first.version)
+            assert stale.value.code == "VERSION_MISMATCH"
+            assert (tmp_path / "cfg").read_bytes() == b"a = 2\n"
+            # A change made outside the service changes the version too.
+            with (tmp_path / "cfg").open("ab") as f:
+                f.write(b"b = 1\n")
+            with pytest.raises(gl.Rejected):
+                await files.write("/cfg", b"a = 4\n", if_match=second.version)
+            current = await files.stat("/cfg")
+            await files.write("/cfg", b"a = 4\n", if_match=current.version)
+            with pytest.raises(gl.Rejected) as both:
+                await files.write("/cfg", b"x", if_match=current.version, exclusive=True)
+            assert both.value.code == "INVALID_ARGUMENTS"
+            assert staged_files(tmp_path) == []
+
+
+def chunk_of(i: int, size: int = MiB) -> bytes:
+    """Deterministic pseudo-random chunk ``i`` (never the whole file in memory)."""
+    return blake3.blake3(i.to_bytes(8, "big")).digest(length=size)
+
+
+async def test_a_100_mib_file_round_trips_with_bounded_memory(tmp_path: Path) -> None:
+    chunks = 100
+    with anyio.fail_after(120):
+        async with linked(tmp_path) as executor:
+            files = executor.service("files", FileService)
+            tracemalloc.start()
+            try:
+                baseline = tracemalloc.get_traced_memory()[0]
+                tracemalloc.reset_peak()
+                sha = hashlib.sha256()
+                handle = await files.begin_upload("/big.bin", size=chunks * MiB)
+                for i in range(chunks):
+                    data = chunk_of(i)
+                    sha.update(data)
+                    assert await files.upload_chunk(handle, i * MiB, data) == (i + 1) * MiB
+                    if i == 10:  # a replayed chunk is ignored, a gap is refused
+                        assert await files.upload_chunk(handle, i * MiB, data) == (i + 1) * MiB
+                        with pytest.raises(gl.Rejected) as gap:
+                            await files.upload_chunk(handle, (i + 2) * MiB, data)
+                        assert gap.value.code == "UPLOAD_GAP"
+                    del data
+                stat = await files.commit_upload(handle, expected_sha256=sha.hexdigest())
+                assert stat.size == chunks * MiB
+                upload_peak = tracemalloc.get_traced_memory()[1] - baseline
+
+                tracemalloc.reset_peak()
+                down = hashlib.sha256()
+                received = 0
+                async for piece in files.read_stream("/big.bin", chunk_size=256 * 1024):
+                    down.update(piece)
+                    received += len(piece)
+                download_peak = tracemalloc.get_traced_memory()[1] - baseline
+            finally:
+                tracemalloc.stop()
+    assert received == chunks * MiB and down.hexdigest() == sha.hexdigest()
+    assert (tmp_path / "big.bin").stat().st_size == chunks * MiB
+    assert upload_peak < 48 * MiB, upload_peak
+    assert download_peak < 48 * MiB, download_peak
+    assert staged_files(tmp_path) == []
+
+
+async def test_upload_failures_leave_the_destination(tmp_path: Path) -> None:
+    (tmp_path / "target").write_bytes(b"original")
+    with anyio.fail_after(30):
+        async with linked(tmp_path, ServiceLimits(max_uploads=1)) as executor:
+            files = executor.service("files", FileService)
+            handle = await files.begin_upload("/target", size=6)
+            with pytest.raises(gl.Rejected) as busy:
+                await files.begin_upload("/other")
+            assert busy.value.code == "TOO_MANY_UPLOADS"
+            await files.upload_chunk(handle, 0, b"abc")
+            with pytest.raises(gl.Rejected) as too_big:
+                await files.upload_chunk(handle, 3, b"defg")
+            assert too_big.value.code == "SIZE_MISMATCH"
+            await files.upload_chunk(handle, 3, b"def")
+            with pytest.raises(gl.Rejected) as mismatch:
+                await files.commit_upload(handle, expected_blake3=blake3.blake3(b"x").hexdigest())
+            assert mismatch.value.code == "DIGEST_MISMATCH"
+            assert (tmp_path / "target").read_bytes() == b"original"
+            assert staged_files(tmp_path) == []
+            with pytest.raises(gl.Rejected) as gone:
+                await files.upload_chunk(handle, 6, b"")
+            assert gone.value.code == "UNKNOWN_UPLOAD"
+            await files.abort_upload(handle)  # idempotent
+
+            exclusive = await files.begin_upload("/fresh", exclusive=True)
+            await files.upload_chunk(exclusive, 0, b"new")
+            (tmp_path / "fresh").write_bytes(b"someone else")
+            with pytest.raises(gl.Rejected) as taken:
+                await files.commit_upload(exclusive)
+            assert taken.value.code == "ALREADY_EXISTS"
+            assert (tmp_path / "fresh").read_bytes() == b"someone else"
+
+            unfinished = await files.begin_upload("/later")
+            await files.upload_chunk(unfinished, 0, b"partial")
+            assert len(staged_files(tmp_path)) == 1
+    # The session ended: its unfinished upload was discarded.
+    assert staged_files(tmp_path) == [] and not (tmp_path / "later").exists()
+
+
+async def test_directory_operations(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with linked(tmp_path) as executor:
+            files = executor.service("files", FileService)
+            made = await files.mkdir("/a/b/c", parents=True)
+            assert made.kind == "dir" and made.path == "/a/b/c"
+            await files.mkdir("/a/b/c", parents=True)  # like mkdir -p
+            with pytest.raises(gl.Rejected) as exists:
+                await files.mkdir("/a/b/c")
+            assert exists.value.code == "ALREADY_EXISTS"
+            with pytest.raises(gl.Rejected) as no_parent:
+                await files.mkdir("/x/y")
+            assert no_parent.value.code == "NOT_FOUND"
+
+            names = [f"f{i:02d}" for i in range(25)]
+            for name in reversed(names):
+                await files.write(f"/a/{name}", name.encode())
+            seen: list[str] = []
+            after = None
+            while True:
+                page = await files.list_dir("/a", after=after, limit=10)
+                seen += [e.name for e in page.entries]
+                if page.next_after is None:
+                    break
+                after = page.next_after
+            assert seen == ["b", *names]
+
+            chunk = await files.read("/a/f03", offset=1, max_bytes=1)
+            assert chunk.data == b"0" and not chunk.eof and chunk.size == 3
+            tail = await files.read("/a/f03", offset=2)
+            assert tail.data == b"3" and tail.eof and tail.version == chunk.version
+            assert (await files.read("/a/f03", offset=10)).data == b""
+
+            assert await files.exists("/a/f01") and not await files.exists("/a/nope")
+            assert not await files.exists("/a/f01/under-a-file")
+            moved = await files.rename("/a/f01", "/a/b/moved")
+            assert moved.path == "/a/b/moved" and not await files.exists("/a/f01")
+            with pytest.raises(gl.Rejected) as not_empty:
+                await files.remove("/a")
+            assert not_empty.value.code == "DIRECTORY_NOT_EMPTY"
+            with pytest.raises(gl.Rejected) as is_dir:
+                await files.read("/a")
+            assert is_dir.value.code == "IS_A_DIRECTORY"
+            with pytest.raises(gl.Rejected) as not_link:
+                await files.read_link("/a/f02")
+            assert not_link.value.code == "NOT_A_SYMLINK"
+            await files.remove("/a", recursive=True)
+            assert not (tmp_path / "a").exists()
+            assert (await files.stat("/")).kind == "dir"
+            with pytest.raises(gl.Rejected) as missing:
+                async for _ in files.read_stream("/missing"):
+                    pass
+            assert missing.value.code == "NOT_FOUND"
+
+
+async def test_local_use_and_stale_handles(tmp_path: Path) -> None:
+    scope = gl.ServiceScope("local", os.urandom(16))
+    other = gl.ServiceScope("local", os.urandom(16))
+    async with LocalFileService(tmp_path, scope=scope) as files:
+        handle = await files.begin_upload("/f")
+        forged = other.resource("upload", handle.id)
+        with pytest.raises(gl.StaleResource):
+            await files.upload_chunk(forged, 0, b"x")
+        await files.upload_chunk(handle, 0, b"x")
+        assert (await files.commit_upload(handle)).size == 1
+    assert (tmp_path / "f").read_bytes() == b"x"

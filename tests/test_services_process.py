@@ -1,0 +1,476 @@
+"""The built-in process service over real loopback sessions (worker + controller in-process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+
+import garcon_link as gl
+from garcon_link.services import (
+    ExitStatus,
+    FileService,
+    LocalProcessService,
+    ProcessService,
+    ServiceLimits,
+    TruncationMarker,
+    builtin_services,
+)
+
+pytestmark = pytest.mark.anyio
+
+SECRET = gl.Secret(b"process-service-test-secret-0123456789")
+LIMITS = gl.Limits(
+    heartbeat_interval=0.2,
+    heartbeat_timeout=1.0,
+    detached_grace=5.0,
+    backoff_base=0.05,
+    backoff_max=0.2,
+)
+REPO = Path(__file__).resolve().parent.parent
+
+
+@asynccontextmanager
+async def linked(
+    root: Path, service_limits: ServiceLimits | None = None
+) -> AsyncIterator[gl.RemoteExecutor]:
+    """A worker offering the built-ins under ``root`` and a controller connected to it."""
+    worker_config = gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.WORKER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    factory = builtin_services(["process", "files"], root, service_limits)
+    async with gl.Worker(worker_config, factory) as worker:
+        controller_config = gl.LinkConfig(
+            executor_id="box",
+            role=gl.Role.CONTROLLER,
+            secret=SECRET,
+            dial=worker.url,
+            limits=LIMITS,
+        )
+        async with gl.connect(controller_config) as executor:
+            await executor.wait_ready(10)
+            yield executor
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def until(predicate: object, timeout: float = 5.0) -> None:
+    """Poll ``predicate()`` until true (a bounded wait for an external condition)."""
+    assert callable(predicate)
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.02)
+
+
+async def read_until(
+    proc: ProcessService, handle: gl.ResourceRef, needle: bytes, timeout: float = 10.0
+) -> bytes:
+    """Follow stdout until ``needle`` appears; returns what was read."""
+    seen = b""
+    with anyio.fail_after(timeout):
+        stream = proc.output(handle)
+        async for chunk in stream:
+            if chunk.stream == "stdout":
+                seen += chunk.data
+                if needle in seen:
+                    break
+        await stream.aclose()  # type: ignore[attr-defined]
+    return seen
+
+
+async def test_run_reports_streams_in_order_and_exit_code(tmp_path: Path) -> None:
+    script = "printf 'o1\\n'; printf 'e1\\n' >&2; printf 'o2\\n'; printf 'e2\\n' >&2; exit 7"
+    with anyio.fail_after(30):
+        async with linked(tmp_path) as executor:
+            proc = executor.service("process", ProcessService)
+            result = await proc.run(["sh", "-c", script])
+            assert result.stdout == b"o1\no2\n"
+            assert result.stderr == b"e1\ne2\n"
+            assert result.status == ExitStatus(code=7, signal=None, timed_out=False, killed=False)
+            assert not result.stdout_truncated and not result.stderr_truncated
+
+            handle = await proc.start(["sh", "-c", script])
+            assert handle.kind == "process"
+            got: dict[str, bytes] = {"stdout": b"", "stderr": b""}
+            ends: list[str] = []
+            async for chunk in proc.output(handle):
+                assert chunk.offset == len(got[chunk.stream])  # contiguous per stream
+                assert chunk.truncated is None
+                got[chunk.stream] += chunk.data
+                if chunk.eof:
+                    ends.append(chunk.stream)
+            assert got == {"stdout": b"o1\no2\n", "stderr": b"e1\ne2\n"}
+            assert sorted(ends) == ["stderr", "stdout"]
+            status = await proc.wait(handle, timeout=10)
+            assert status.code == 7 and status.signal is None and not status.killed
+            info = await proc.info(handle)
+            assert not info.running and info.status == status and info.pid > 0
+            assert info.stdout_end == 6 and info.stderr_end == 6
+
+
+async def test_stdin_is_ordered_idempotent_then_eof(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with linked(tmp_path) as executor:
+            proc = executor.service("process", ProcessService)
+            handle = await proc.start(["cat"], stdin=True)
+            assert await proc.write_stdin(handle, b"hello ", 0) == 6
+            assert await proc.write_stdin(handle, b"hello ", 0) == 6  # replayed: ignored
+            assert await proc.write_stdin(handle, b"lo world", 3) == 11  # overlap: tail only
+            with pytest.raises(gl.Rejected) as gap:
+                await proc.write_stdin(handle, b"!", 12)
+            assert gap.value.code == "STDIN_GAP"
+            await proc.close_stdin(handle)
+            await proc.close_stdin(handle)  # idempotent
+            status = await proc.wait(handle, timeout=10)
+            assert status.code == 0
+            chunk = await proc.read(handle, "stdout")
+            assert chunk.data == b"hello world" and chunk.eof and chunk.offset == 0
+            assert await proc.write_stdin(handle, b"world", 6) == 11  # a late replay: no-op
+            with pytest.raises(gl.Rejected) as closed:
+                await proc.write_stdin(handle, b"more", 11)
+            assert closed.value.code == "STDIN_CLOSED"
+
+            no_stdin = await proc.start(["true"])
+            with pytest.raises(gl.Rejected) as none:
+                await proc.write_stdin(no_stdin, b"x", 0)
+            assert none.value.code == "NO_STDIN"
+
+            result = await proc.run(["wc", "-c"], stdin_data=b"x" * 3_000_000)
+            assert result.stdout.strip() == b"3000000"
+
+
+async def test_terminate_kills_a_process_that_ignores_term(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with linked(tmp_path) as executor:
+            proc = executor.service("process", ProcessService)
+            stubborn = await proc.start(
+                ["sh", "-c", "trap '' TERM; echo ready; while :; do sleep 1; done"]
+            )
+            await read_until(proc, stubborn, b"ready")
+            started = anyio.current_time()
+            status = await proc.terminate(stubborn, grace=0.3)
+            assert anyio.current_time() - started >= 0.3
+            assert status.signal == "SIGKILL" and status.killed and status.code is None
+
+            polite = await proc.start(["sleep", "60"])
+            status = await proc.terminate(polite, grace=5)
+            assert status.signal == "SIGTERM" and status.killed and not status.timed_out
+
+
+async def test_start_timeout_kills_the_whole_group(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with linked(tmp_path) as executor:
+            proc = executor.service("process", ProcessService)
+            handle = await proc.start(
+                ["sh", "-c", "sleep 60 & echo $!; sleep 60 & echo $!; wait"], timeout=2.0
+            )
+            seen = await read_until(proc, handle, b"\n", timeout=10)
+            while seen.count(b"\n") < 2:
+                seen = (await proc.read(handle, "stdout")).data
+                await anyio.sleep(0.02)
+            children = [int(line) for line in seen.split()]
+            leader = (await proc.info(handle)).pid
+            assert all(alive(pid) for pid in [leader, *children])
+            status = await proc.wait(handle, timeout=15)
+            assert status.timed_out and status.killed and status.signal == "SIGKILL"
+            await until(lambda: not any(alive(pid) for pid in [leader, *children]))
+
+
+async def test_output_beyond_retention_reports_the_exact_dropped_range(tmp_path: Path) -> None:
+    script = 'i=0; while [ $i -lt 100 ]; do printf "%049d\\n" $i; i=$((i+1)); done'
+    expected = b"".join(b"%049d\n" % i for i in range(100))
+    assert len(expected) == 5000
+    with anyio.fail_after(30):
+        async with linked(tmp_path, ServiceLimits(output_retention_bytes=1000)) as executor:
+            proc = executor.service("process", ProcessService)
+            handle = await proc.start(["sh", "-c", script])
+            assert (await proc.wait(handle, timeout=10)).code == 0
+
+            first = await proc.read(handle, "stdout", after=0, max_bytes=10_000)
+            assert first.truncated == TruncationMarker(0, 4000)
+            assert first.offset == 4000 and first.data == expected[4000:] and first.eof
+
+            middle = await proc.read(handle, "stdout", after=3500, max_bytes=100)
+            assert middle.truncated == TruncationMarker(3500, 4000)
+            assert middle.data == expected[4000:4100] and not middle.eof
+
+            retained = await proc.read(handle, "stdout", after=4500)
+            assert retained.truncated is None and retained.data == expected[4500:]
+
+            with pytest.raises(gl.Rejected) as beyond:
+                await proc.read(handle, "stdout", after=5001)
+            assert beyond.value.code == "INVALID_OFFSET"
+
+            chunks = [c async for c in proc.output(handle)]
+            stdout = [c for c in chunks if c.stream == "stdout"]
+            assert stdout[0].truncated == TruncationMarker(0, 4000)
+            assert b"".join(c.data for c in stdout) == expected[4000:]
+
+            result = await proc.run(["sh", "-c", script], max_output=100)
+            assert result.stdout == expected[-100:] and result.stdout_truncated
+
+
+async def test_large_output_stream_accounts_for_every_byte(tmp_path: Path) -> None:
+    total = 24_000_000
+    with anyio.fail_after(60):
+        async with linked(tmp_path) as executor:
+            proc = executor.service("process", ProcessService)
+            handle = await proc.start(["head", "-c", str(total), "/dev/zero"])
+            cursor = {"stdout": 0, "stderr": 0}
+            async for chunk in proc.output(handle):
+                if chunk.truncated is not None:
+                    # Dropped bytes are reported exactly where the reader was.
+                    assert chunk.truncated.start == cursor[chunk.stream]
+                    assert chunk.truncated.end == chunk.offset
+                else:
+                    assert chunk.offset == cursor[chunk.stream]
+                assert chunk.data == bytes(len(chunk.data))
+                cursor[chunk.stream] = chunk.offset + len(chunk.data)
+            assert cursor == {"stdout": total, "stderr": 0}
+            assert (await proc.wait(handle, timeout=10)).code == 0
+
+
+async def test_resumable_disconnect_loses_no_output(tmp_path: Path) -> None:
+    script = 'i=0; while [ $i -lt 300 ]; do echo "line $i"; i=$((i+1)); sleep 0.005; done'
+    expected = b"".join(b"line %d\n" % i for i in range(300))
+    with anyio.fail_after(60):
+        async with linked(tmp_path) as executor:
+            history: list[str] = []
+            executor.on_availability_changed(history.append)
+            proc = executor.service("process", ProcessService)
+            handle = await proc.start(["sh", "-c", script])
+            stdout = b""
+            cut = False
+            async for chunk in proc.output(handle):
+                assert chunk.truncated is None
+                if chunk.stream == "stdout":
+                    assert chunk.offset == len(stdout)
+                    stdout += chunk.data
+                    if not cut and chunk.data:
+                        assert (await proc.info(handle)).running
+                        await executor.link.disconnect()
+                        cut = True
+            assert cut and stdout == expected
+            assert "reconnecting" in history and "offline" not in history
+            assert (await proc.wait(handle, timeout=10)).code == 0
+
+
+async def test_worker_restart_makes_old_handles_stale(tmp_path: Path) -> None:
+    # The controller listens and the worker dials, so a restarted worker finds it again.
+    controller_config = gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.CONTROLLER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    with anyio.fail_after(60):
+        async with gl.connect(controller_config) as executor:
+            worker_config = gl.LinkConfig(
+                executor_id="box",
+                role=gl.Role.WORKER,
+                secret=SECRET,
+                dial=executor.link.url,
+                limits=LIMITS,
+            )
+            proc = executor.service("process", ProcessService)
+            async with gl.Worker(worker_config, builtin_services(["process"], tmp_path)):
+                await executor.wait_ready(10)
+                first = (await executor.info()).instance_id
+                handle = await proc.start(["sleep", "60"])
+                pid = (await proc.info(handle)).pid
+                assert alive(pid)
+            # Stopping the worker retired the session: its processes were terminated.
+            await until(lambda: not alive(pid))
+
+            async with gl.Worker(worker_config, builtin_services(["process"], tmp_path)):
+                with anyio.fail_after(15):
+                    while True:
+                        try:
+                            if (await executor.info()).instance_id != first:
+                                break
+                        except gl.NotDispatched:
+                            pass
+                        await anyio.sleep(0.05)
+                with pytest.raises(gl.StaleResource):
+                    await proc.read(handle, "stdout")
+                with pytest.raises(gl.StaleResource):
+                    await proc.wait(handle)
+                result = await proc.run(["echo", "fresh"])
+                assert result.stdout == b"fresh\n"
+
+
+async def test_cancelling_run_kills_its_process_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    with anyio.fail_after(30):
+        async with linked(tmp_path) as executor:
+            proc = executor.service("process", ProcessService)
+            outcome: list[str] = []
+
+            async def call() -> None:
+                try:
+                    await proc.run(["sh", "-c", "sleep 60 & echo $! > pid; wait"], timeout=50)
+                except anyio.get_cancelled_exc_class():
+                    outcome.append("cancelled")
+                    raise
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+                child = int(pid_file.read_text())
+                assert alive(child)
+                tg.cancel_scope.cancel()
+            assert outcome == ["cancelled"]
+            await until(lambda: not alive(child))
+
+
+async def test_process_limits_and_records(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with linked(tmp_path, ServiceLimits(max_processes=2)) as executor:
+            proc = executor.service("process", ProcessService)
+            first = await proc.start(["sleep", "60"])
+            second = await proc.start(["sleep", "60"])
+            with pytest.raises(gl.Rejected) as full:
+                await proc.start(["true"])
+            assert full.value.code == "TOO_MANY_PROCESSES"
+            with pytest.raises(gl.Rejected) as running:
+                await proc.release(second)
+            assert running.value.code == "PROCESS_RUNNING"
+            await proc.terminate(first, grace=1)
+            third = await proc.start(["true"])  # evicts the finished record of ``first``
+            with pytest.raises(gl.Rejected) as released:
+                await proc.info(first)
+            assert released.value.code == "PROCESS_RELEASED"
+            assert (await proc.wait(third, timeout=10)).code == 0
+            await proc.release(third)
+            assert [p.handle for p in await proc.list_processes()] == [second]
+            await proc.terminate(second, grace=1)
+
+
+async def test_environment_is_clean_and_cwd_is_confined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GL_WORKER_SECRET_TOKEN", "must-not-leak")
+    (tmp_path / "sub").mkdir()
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "sub").mkdir()
+    (root / "escape").symlink_to(outside)
+    with anyio.fail_after(30):
+        async with linked(root) as executor:
+            proc = executor.service("process", ProcessService)
+            result = await proc.run(["env"], env={"FOO": "bar"})
+            env = dict(
+                line.split("=", 1) for line in result.stdout.decode().splitlines() if "=" in line
+            )
+            assert "GL_WORKER_SECRET_TOKEN" not in env
+            assert env["FOO"] == "bar" and env["HOME"] == str(root.resolve())
+            assert "PATH" in env
+
+            result = await proc.run(["pwd"], cwd="/sub")
+            assert result.stdout.decode().strip() == str((root / "sub").resolve())
+
+            for cwd, code in [
+                ("/../", "PERMISSION_DENIED"),
+                ("/escape", "PERMISSION_DENIED"),
+                ("sub", "INVALID_PATH"),
+                ("/missing", "NOT_FOUND"),
+            ]:
+                with pytest.raises(gl.Rejected) as refused:
+                    await proc.start(["pwd"], cwd=cwd)
+                assert refused.value.code == code, cwd
+
+            with pytest.raises(gl.Rejected) as missing:
+                await proc.run(["/no/such/program"])
+            assert missing.value.code == "SPAWN_FAILED"
+            with pytest.raises(gl.Rejected) as empty:
+                await proc.run([])
+            assert empty.value.code == "INVALID_ARGUMENTS"
+
+
+async def test_signal_wait_timeout_and_wrong_handles(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with linked(tmp_path) as executor:
+            proc = executor.service("process", ProcessService)
+            files = executor.service("files", FileService)
+            handle = await proc.start(["sleep", "60"])
+            with pytest.raises(gl.RemoteError) as waited:
+                await proc.wait(handle, timeout=0.1)
+            assert waited.value.code == "WAIT_TIMEOUT"
+            with pytest.raises(gl.Rejected) as bogus:
+                await proc.signal(handle, "BOGUS")
+            assert bogus.value.code == "INVALID_SIGNAL"
+            assert await proc.signal(handle, "INT")
+            status = await proc.wait(handle, timeout=10)
+            assert status.signal == "SIGINT" and not status.killed
+            assert not await proc.signal(handle, "TERM")  # the group is gone
+
+            upload = await files.begin_upload("/x")
+            with pytest.raises(gl.Rejected) as kind:
+                await proc.read(upload, "stdout")
+            assert kind.value.code == "WRONG_RESOURCE_KIND"
+            await files.abort_upload(upload)
+
+
+async def test_local_use_without_a_link(tmp_path: Path) -> None:
+    scope = gl.ServiceScope("local", os.urandom(16))
+    async with LocalProcessService(tmp_path, scope=scope) as proc:
+        handle = await proc.start(["sh", "-c", "echo out; exec sleep 60"])
+        await read_until(proc, handle, b"out")
+        pid = (await proc.info(handle)).pid
+    # Closing the service terminated what it started.
+    assert not alive(pid)
+
+
+def test_builtin_services_validates_its_arguments(tmp_path: Path) -> None:
+    with pytest.raises(gl.ConfigError):
+        builtin_services(["process", "shell"], tmp_path)
+    with pytest.raises(gl.ConfigError):
+        builtin_services([], tmp_path)
+    with pytest.raises(gl.ConfigError):
+        builtin_services(["files"], tmp_path / "missing")
+    with pytest.raises(gl.ConfigError):
+        ServiceLimits(max_processes=0)
+    assert callable(builtin_services(["process,files"], tmp_path))
+
+
+@pytest.mark.slow
+def test_device_executor_example_runs(tmp_path: Path) -> None:
+    example = REPO / "examples" / "device_executor" / "run.py"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, str(example)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "example-ok" in done.stdout
