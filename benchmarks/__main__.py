@@ -1,0 +1,126 @@
+"""``python -m benchmarks``: measure the floors, the peers and garcon_link in one run.
+
+Writes ``benchmarks/results/latest.json`` and the generated section of
+``benchmarks/README.md``, and prints that section.  Exit status 1 if an entry failed
+(a peer that is not installed, or garcon_link not yet available, is not a failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from . import eventloop, harness, report
+from .systems import BY_NAME, ENTRIES, Entry
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUTPUT = HERE / "results" / "latest.json"
+DEFAULT_README = HERE / "README.md"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Benchmark garcon_link against raw floors and peer RPC libraries "
+        "(servers in child processes on 127.0.0.1).",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny counts (200 calls, 1 s of throughput, 1 repetition): checks the harness",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME[,NAME]",
+        help="measure only these entries (or kinds: floor, peer, ours); see --list",
+    )
+    parser.add_argument(
+        "--repetitions", type=int, metavar="N", help="repetitions per figure (default 5)"
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=DEFAULT_OUTPUT,
+        metavar="PATH",
+        help="JSON results file (default: benchmarks/results/latest.json)",
+    )
+    parser.add_argument(
+        "--no-readme", action="store_true", help="do not rewrite the table in the README"
+    )
+    parser.add_argument(
+        "--readme", type=Path, default=DEFAULT_README, metavar="PATH", help=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--baseline",
+        default="wsproto",
+        metavar="NAME",
+        help="entry every other one is compared with (default: wsproto)",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=eventloop.CHOICES,
+        default="auto",
+        help="event loop of the asyncio clients and servers (auto: uvloop if installed)",
+    )
+    parser.add_argument("--list", action="store_true", help="list the entries and exit")
+    return parser
+
+
+def select(only: list[str] | None, parser: argparse.ArgumentParser) -> list[Entry]:
+    """The entries named by ``--only`` (in the report's order), or all of them."""
+    if not only:
+        return list(ENTRIES)
+    wanted: set[str] = set()
+    for name in (part.strip() for option in only for part in option.split(",")):
+        if not name:
+            continue
+        if name in BY_NAME:
+            wanted.add(name)
+        elif name in ("floor", "peer", "ours"):
+            wanted.update(entry.name for entry in ENTRIES if entry.kind == name)
+        else:
+            parser.error(f"unknown entry {name!r}; known: {', '.join(BY_NAME)}")
+    return [entry for entry in ENTRIES if entry.name in wanted]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.list:
+        for entry in ENTRIES:
+            print(f"{entry.name:15} {entry.kind:6} {entry.description}")
+        return 0
+    settings = harness.Settings()
+    if args.quick:
+        settings = settings.quick()
+    if args.repetitions is not None:
+        if args.repetitions < 1:
+            parser.error("--repetitions must be at least 1")
+        settings = dataclasses.replace(settings, repetitions=args.repetitions)
+    entries = select(args.only, parser)
+
+    with harness.signals_end_the_run():
+        try:
+            doc = harness.run(entries, settings, args.loop)
+        finally:
+            harness.stop_all_servers()
+    doc["quick"] = args.quick
+    doc["command"] = ["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)]
+    report.add_ratios(doc, args.baseline)
+
+    section = report.markdown(doc)
+    report.write_json(doc, args.output)
+    written = [str(args.output)]
+    if not args.no_readme:
+        report.update_readme(args.readme, section)
+        written.append(str(args.readme))
+    print(section)
+    print(f"written: {', '.join(written)}", file=sys.stderr)
+    return 1 if any(entry["status"] == "error" for entry in doc["entries"]) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,294 @@
+"""Results of a run: ratios between entries, the JSON file and the markdown table."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BEGIN = "<!-- BEGIN GENERATED RESULTS: python -m benchmarks rewrites this section -->"
+END = "<!-- END GENERATED RESULTS -->"
+
+EN_DASH = "\u2013"
+MICRO = "\u00b5"
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    header: str
+    short: str
+    lower_is_better: bool
+
+
+METRICS = (
+    Metric("latency_p50_us", f"p50 {MICRO}s", "p50", lower_is_better=True),
+    Metric("latency_p99_us", f"p99 {MICRO}s", "p99", lower_is_better=True),
+    Metric("throughput_calls_per_s", "calls/s, 64 in flight", "calls/s", lower_is_better=False),
+    Metric("bulk_mb_per_s", "1 MiB echo, MB/s", "MB/s", lower_is_better=False),
+)
+
+REFERENCE_KINDS = ("floor", "peer")
+
+
+# ------------------------------------------------------------------------------ ratios
+
+
+def ratios(doc: dict[str, Any], subject: str, reference: str) -> dict[str, float | None]:
+    """``subject`` ÷ ``reference``, metric by metric, from the medians of this run.
+
+    None where either entry has no figure.  Lower is better for latencies, higher for
+    calls/s and MB/s: a ratio means the same whichever entry is measured.
+    """
+    medians = {entry["name"]: entry.get("metrics", {}) for entry in doc["entries"]}
+    out: dict[str, float | None] = {}
+    for metric in METRICS:
+        top = medians.get(subject, {}).get(metric.key)
+        bottom = medians.get(reference, {}).get(metric.key)
+        if top is None or bottom is None or bottom["median"] == 0:
+            out[metric.key] = None
+        else:
+            out[metric.key] = top["median"] / bottom["median"]
+    return out
+
+
+def measured(doc: dict[str, Any], *kinds: str) -> list[str]:
+    """Names of the entries of these kinds that have figures in this run."""
+    return [
+        entry["name"]
+        for entry in doc["entries"]
+        if entry["status"] == "ok" and (not kinds or entry["kind"] in kinds)
+    ]
+
+
+def add_ratios(doc: dict[str, Any], baseline: str) -> None:
+    """Ratios of every entry to ``baseline``, and of each garcon_link entry to every floor
+    and peer measured in the same run."""
+    references = measured(doc, *REFERENCE_KINDS)
+    doc["ratios"] = {
+        "definition": "median of the entry / median of the reference, for each metric",
+        "baseline": baseline,
+        "to_baseline": (
+            {name: ratios(doc, name, baseline) for name in measured(doc)}
+            if baseline in references
+            else {}
+        ),
+        "ours": {
+            name: {reference: ratios(doc, name, reference) for reference in references}
+            for name in measured(doc, "ours")
+        },
+    }
+
+
+# -------------------------------------------------------------------------------- JSON
+
+
+def write_json(doc: dict[str, Any], path: Path) -> None:
+    """Write the results atomically (``*.tmp`` then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+
+
+# ---------------------------------------------------------------------------- markdown
+
+
+def number(value: float) -> str:
+    """About three significant digits, thousands separated."""
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude >= 100:
+        return f"{value:.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def figure(summary: dict[str, Any] | None) -> str:
+    """``median (min-max)`` (with an en dash), or the median alone for a single repetition."""
+    if summary is None:
+        return "n/a"
+    text = number(summary["median"])
+    if len(summary["values"]) > 1:
+        text += f" ({number(summary['min'])}{EN_DASH}{number(summary['max'])})"
+    return text
+
+
+def ratio_cell(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _table(
+    header: list[str], rows: list[list[str]], left: int = 1, notes: bool = False
+) -> list[str]:
+    """A markdown table: the first ``left`` columns (and a last ``notes`` one) left-aligned,
+    the figures right-aligned."""
+    aligns = [
+        "---" if i < left or (notes and i == len(header) - 1) else "---:"
+        for i in range(len(header))
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(aligns) + "|"]
+    lines.extend("| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows)
+    return lines
+
+
+DISTURBED_PERCENT = 5.0
+"""Other processes' load above which the report warns that the figures are disturbed."""
+
+
+def _load_sentence(cpu: dict[str, Any] | None) -> str:
+    if not cpu:
+        return "CPU steal and other load: unknown (no /proc/stat)."
+    text = (
+        f"CPU steal during the run: {cpu['steal_percent']:.2f} % of the machine's CPU time; "
+        f"other processes: {cpu['other_load_percent']:.1f} %."
+    )
+    if cpu["other_load_percent"] > DISTURBED_PERCENT:
+        text += (
+            " **The machine was shared with other work during this run: the figures,"
+            " above all the p99 latencies, are disturbed; compare entries only within it.**"
+        )
+    return text
+
+
+def _preamble(doc: dict[str, Any]) -> list[str]:
+    machine = doc["machine"]
+    settings = doc["settings"]
+    cpu = doc.get("cpu")
+    memory = f", {machine['memory_gib']} GiB" if machine.get("memory_gib") else ""
+    return [
+        f"Run of {doc['started_at']}, {_duration(doc['duration_s'])}"
+        + (" (`--quick`: tiny counts, not figures to quote)" if doc.get("quick") else "")
+        + ".",
+        "",
+        f"Machine: {machine['cpu_model']}, {machine['cpu_count']} CPUs "
+        f"({machine['cpus_usable']} usable){memory}, {machine['platform']}; "
+        f"{machine['python']}; event loop `{doc['event_loop']}`. " + _load_sentence(cpu),
+        "",
+        f"Each figure is the median of {settings['repetitions']} repetition(s)"
+        + (f", (min{EN_DASH}max) of them" if settings["repetitions"] > 1 else "")
+        + f". Latency: {settings['latency_calls']:,} sequential calls of "
+        f"{settings['small_bytes']} bytes after {settings['latency_warmup']:,} warm-up calls. "
+        f"Throughput: {settings['concurrency']} calls in flight for {settings['throughput_s']:g} s "
+        f"after {settings['throughput_warmup_s']:g} s of warm-up. Bulk: {settings['bulk_bytes']:,}"
+        f"-byte arguments echoed one at a time for at least {settings['bulk_s']:g} s and "
+        f"{settings['bulk_min_calls']} calls, in 10^6 bytes of argument per second.",
+    ]
+
+
+def _results_table(doc: dict[str, Any]) -> list[str]:
+    rows = []
+    for entry in doc["entries"]:
+        cpu = entry.get("cpu") if entry["status"] == "ok" else None
+        steal_text = f"{cpu['steal_percent']:.1f}" if cpu else ""
+        other_text = f"{cpu['other_load_percent']:.0f}" if cpu else ""
+        if entry["status"] == "ok":
+            cells = [figure(entry["metrics"].get(metric.key)) for metric in METRICS]
+            note = entry.get("settings_note", "")
+        else:
+            cells = [EN_DASH] * len(METRICS)
+            note = f"**{entry['status']}**: {entry['note']}"
+        rows.append([f"`{entry['name']}`", entry["kind"], *cells, steal_text, other_text, note])
+    header = [
+        "entry",
+        "kind",
+        *(metric.header for metric in METRICS),
+        "steal %",
+        "other load %",
+        "notes",
+    ]
+    return _table(header, rows, left=2, notes=True)
+
+
+def _ratio_rows(subject_ratios: dict[str, dict[str, float | None]]) -> list[list[str]]:
+    return [
+        [f"`{name}`", *(ratio_cell(values[metric.key]) for metric in METRICS)]
+        for name, values in subject_ratios.items()
+    ]
+
+
+def _baseline_section(doc: dict[str, Any]) -> list[str]:
+    baseline = doc["ratios"]["baseline"]
+    lines = ["", f"#### Ratio to `{baseline}`", ""]
+    to_baseline = doc["ratios"]["to_baseline"]
+    if not to_baseline:
+        return [*lines, f"_`{baseline}` has no figures in this run: no ratios._"]
+    lines += [
+        f"Each median divided by the same median of `{baseline}`: below 1 is faster for the "
+        "latencies, above 1 is faster for calls/s and MB/s.",
+        "",
+    ]
+    header = ["entry", *(metric.short for metric in METRICS)]
+    return lines + _table(header, _ratio_rows(to_baseline))
+
+
+def _ours_section(doc: dict[str, Any]) -> list[str]:
+    lines = ["", "#### garcon_link against each floor and peer of this run", ""]
+    ours = doc["ratios"]["ours"]
+    if not ours:
+        reasons = sorted(
+            {
+                f"{entry['status']}: {entry['note']}"
+                for entry in doc["entries"]
+                if entry["kind"] == "ours" and entry["status"] != "ok"
+            }
+        )
+        why = "; ".join(reasons) if reasons else "no garcon_link entry selected"
+        return [*lines, f"_No garcon_link figures in this run ({why}). See `benchmarks/ours.py`._"]
+    lines += [
+        "Each figure of ours divided by the same figure of the reference (same reading as above).",
+    ]
+    header = ["reference", *(metric.short for metric in METRICS)]
+    for name, by_reference in ours.items():
+        lines += ["", f"`{name}`:", ""]
+        lines += _table(header, _ratio_rows(by_reference))
+    return lines
+
+
+def _versions(doc: dict[str, Any]) -> list[str]:
+    installed = [
+        f"{name} {version}"
+        for name, version in doc["machine"]["packages"].items()
+        if version is not None
+    ]
+    return ["", "Versions: " + ", ".join(installed) + "."]
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The generated section of ``benchmarks/README.md`` (without the markers)."""
+    lines = [
+        *_preamble(doc),
+        "",
+        *_results_table(doc),
+        *_baseline_section(doc),
+        *_ours_section(doc),
+        *_versions(doc),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def update_readme(path: Path, section: str) -> None:
+    """Replace what lies between the markers of ``path`` (appended if they are missing)."""
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    block = f"{BEGIN}\n{section}{END}"
+    start, end = text.find(BEGIN), text.find(END)
+    if start != -1 and end > start:
+        text = text[:start] + block + text[end + len(END) :]
+    else:
+        text = text.rstrip("\n") + "\n\n## Results\n\n" + block + "\n"
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)

@@ -1,0 +1,57 @@
+"""Smoke test of the benchmark harness: a quick run of the two floors the test venv has.
+
+It checks that the runner starts the servers, measures and writes its JSON; not speed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENTRIES = ("asyncio-tcp", "wsproto")
+METRICS = ("latency_p50_us", "latency_p99_us", "throughput_calls_per_s", "bulk_mb_per_s")
+
+
+def test_quick_run_of_the_floors_writes_positive_figures(tmp_path: Path) -> None:
+    output = tmp_path / "results.json"
+    readme = ROOT / "benchmarks" / "README.md"
+    readme_before = readme.read_bytes() if readme.exists() else None
+
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--quick",
+            "--only",
+            ",".join(ENTRIES),
+            "--no-readme",
+            "--output",
+            str(output),
+        ],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    doc = json.loads(output.read_text(encoding="utf-8"))
+    assert [entry["name"] for entry in doc["entries"]] == list(ENTRIES)
+    for entry in doc["entries"]:
+        assert entry["status"] == "ok", entry
+        for metric in METRICS:
+            figure = entry["metrics"][metric]
+            assert figure["median"] > 0, (entry["name"], metric, figure)
+            assert figure["min"] <= figure["median"] <= figure["max"]
+    assert doc["settings"]["repetitions"] == 1
+    assert doc["machine"]["cpu_count"] >= 1
+    assert doc["ratios"]["baseline"] == "wsproto"
+    assert doc["ratios"]["to_baseline"]["wsproto"]["latency_p50_us"] == 1.0
+    assert "| `asyncio-tcp` | floor |" in completed.stdout
+    assert (readme.read_bytes() if readme.exists() else None) == readme_before
