@@ -305,16 +305,33 @@ def _is_factory(obj: object) -> bool:
     return inspect.isfunction(obj) or inspect.ismethod(obj)
 
 
-def build_services(specs: Sequence[str]) -> ServiceMap | ServiceFactory:
-    """Turn ``--service`` arguments into what :class:`~garcon_link.Worker` takes.
+def build_services(
+    specs: Sequence[str],
+    *,
+    builtin: Sequence[str] = (),
+    root: str | None = None,
+) -> ServiceMap | ServiceFactory:
+    """Turn ``--service`` (and ``--builtin``/``--root``) arguments into what a Worker takes.
 
     Without factories this is a plain mapping (validated by the worker at start-up). With at least
-    one, a per-session factory that enters every factory and adds the plain objects.
+    one factory, or built-in services, a per-session factory that enters every factory, merges the
+    built-in services (``process``, ``files`` confined to ``root``) and adds the plain objects.
 
     Raises:
-        UsageError: a malformed or duplicate argument, or an import that fails.
+        UsageError: a malformed or duplicate argument, an import that fails, or ``--builtin``
+            without ``--root``.
+        ConfigError: an unknown built-in name or a ``--root`` that is not a directory.
     """
     entries: dict[str, object] = {}
+    builtin_factory: ServiceFactory | None = None
+    if builtin:
+        if root is None:
+            raise UsageError("--builtin needs --root DIR (the directory the services may use)")
+        from .services import builtin_services
+
+        builtin_factory = builtin_services(builtin, root)
+    elif root is not None:
+        raise UsageError("--root is only meaningful with --builtin")
     if str(Path.cwd()) not in sys.path and "" not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     for text in specs:
@@ -322,13 +339,19 @@ def build_services(specs: Sequence[str]) -> ServiceMap | ServiceFactory:
         if name in entries:
             raise UsageError(f"--service {text!r}: service {name!r} is given twice")
         entries[name] = obj
-    if not any(_is_factory(obj) for obj in entries.values()):
+    if builtin_factory is None and not any(_is_factory(obj) for obj in entries.values()):
         return entries
 
     @contextlib.asynccontextmanager
     async def per_session(scope: ServiceScope) -> AsyncIterator[ServiceMap]:
         async with contextlib.AsyncExitStack() as stack:
             services: dict[str, object] = {}
+            if builtin_factory is not None:
+                provided = await stack.enter_async_context(builtin_factory(scope))
+                clash = sorted(set(provided) & set(entries))
+                if clash:
+                    raise UsageError(f"--service names clash with --builtin: {', '.join(clash)}")
+                services.update(provided)
             for name, obj in entries.items():
                 if _is_factory(obj):
                     factory: Callable[[ServiceScope], Any] = obj  # type: ignore[assignment]
@@ -376,7 +399,7 @@ async def _serve_until_signal(config: LinkConfig, services: ServiceMap | Service
 
 def _cmd_worker(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=False)
-    services = build_services(ns.service or [])
+    services = build_services(ns.service or [], builtin=ns.builtin or [], root=ns.root)
     config = _load(ns.config)
     if ns.stop_on_stdin_eof:
         _StdinWatch.start()
@@ -599,6 +622,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME=module:attr",
         help="a service to expose (repeatable)",
+    )
+    worker.add_argument(
+        "--builtin",
+        action="append",
+        metavar="NAMES",
+        help="built-in services to expose: process, files (comma-separated, repeatable)",
+    )
+    worker.add_argument(
+        "--root",
+        metavar="DIR",
+        help="with --builtin: the directory the services are confined to ('/' for callers)",
     )
     worker.add_argument(
         "--stop-on-stdin-eof",

@@ -7,6 +7,7 @@ subprocesses with bounded timeouts; every child is killed in ``finally``. The wo
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import queue
@@ -79,8 +80,10 @@ def run_cli(
 class Worker:
     """``garcon-link worker`` in a child process, its stdout read line by line by a thread."""
 
-    def __init__(self, config: Path, *services: str, cwd: Path | None = None) -> None:
-        command = [*CLI, "worker", str(config), "--stop-on-stdin-eof"]
+    def __init__(
+        self, config: Path, *services: str, cwd: Path | None = None, extra: tuple[str, ...] = ()
+    ) -> None:
+        command = [*CLI, "worker", str(config), "--stop-on-stdin-eof", *extra]
         for service in services:
             command += ["--service", service]
         self.process = subprocess.Popen(
@@ -380,6 +383,35 @@ shared = Counter()
         worker.wait_for(lambda: any(json.loads(b.stdout) in line for line in worker.lines))
     finally:
         worker.kill()
+
+
+def test_worker_serves_the_builtin_services_confined_to_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "note.txt").write_bytes(b"on the worker\n")
+    worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    worker = Worker(worker_toml, extra=("--builtin", "process,files", "--root", str(root)))
+    try:
+        url = worker.url()
+        controller = write_config(tmp_path, "controller.toml", "controller", f'dial = "{url}"')
+        read = run_cli("call", str(controller), "files.read", '["/note.txt"]')
+        assert read.returncode == 0, read.stderr
+        assert base64.b64decode(json.loads(read.stdout)["data"]) == b"on the worker\n"
+        ran = run_cli("call", str(controller), "process.run", '[["sh", "-c", "pwd; exit 3"]]')
+        assert ran.returncode == 0, ran.stderr
+        result = json.loads(ran.stdout)
+        assert result["status"]["code"] == 3
+        assert base64.b64decode(result["stdout"]).decode().strip() == str(root.resolve())
+        escape = run_cli("call", str(controller), "files.read", '["/../etc/passwd"]')
+        assert escape.returncode == cli.EXIT_REJECTED
+        assert_one_error_line(escape.stderr, "PERMISSION_DENIED")
+    finally:
+        worker.kill()
+
+
+def test_builtin_needs_a_root(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["worker", "cfg.toml", "--builtin", "files"]) == 2
+    assert_one_error_line(capsys.readouterr().err, "--root")
 
 
 # --------------------------------------------------------------------------- exit codes
