@@ -25,7 +25,7 @@ import enum
 import inspect
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import blake3
@@ -79,6 +79,16 @@ class MethodSpec:
     signature: inspect.Signature  # without ``self``
     hints: Mapping[str, Any]  # parameter name -> type hint
     result: Any  # unary: the return type; stream: the item type; oneway: None
+    # Hints of the parameters when every one is plain positional-or-keyword: then a call with
+    # exactly that many positional arguments binds without inspect.Signature.bind (hot path).
+    _positional: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = self.signature.parameters.values()
+        if all(p.kind in plain for p in params):
+            hints = tuple(self.hints.get(p.name, Any) for p in params)
+            object.__setattr__(self, "_positional", hints)
 
     def describe(self) -> str:
         return f"{self.kind.value} {self.name}{self.signature}"
@@ -91,6 +101,9 @@ class MethodSpec:
         Raises:
             TypeError: the arguments do not fit the signature.
         """
+        fast = self._positional
+        if fast is not None and not kwargs and len(args) == len(fast):
+            return list(args), {}
         bound = self.signature.bind(*args, **kwargs)
         return list(bound.args), dict(bound.kwargs)
 
@@ -102,6 +115,19 @@ class MethodSpec:
         Raises:
             ValueError: with a message naming the offending argument.
         """
+        fast = self._positional
+        if fast is not None and not kwargs and len(args) == len(fast):
+            converted = []
+            for value, hint, pname in zip(args, fast, self.signature.parameters, strict=True):
+                try:
+                    converted.append(from_wire(value, hint))
+                except msgspec.ValidationError as exc:
+                    raise ValueError(f"argument {pname!r}: {exc}") from None
+                except TypeError as exc:
+                    raise ValueError(
+                        f"argument {pname!r}: cannot convert to {hint!r}: {exc}"
+                    ) from None
+            return converted, {}
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:

@@ -264,7 +264,19 @@ class ExecutorRpc:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 async with self.transport.payloads() as payloads:
-                    async for payload in payloads:
+                    receive_nowait, receive = payloads.receive_nowait, payloads.receive
+                    while True:
+                        # Take what is queued without a checkpoint per payload; yield to the
+                        # loop only when the queue is empty.
+                        try:
+                            payload = receive_nowait()
+                        except anyio.WouldBlock:
+                            try:
+                                payload = await receive()
+                            except anyio.EndOfStream:
+                                break
+                        except anyio.EndOfStream:
+                            break
                         self._dispatch(payload)
                 self.retire_unknown()
                 tg.cancel_scope.cancel()
