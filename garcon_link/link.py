@@ -172,6 +172,7 @@ class _WebSocket:
         self._parts: list[bytes] = []
         self._size = 0
         self._probe: anyio.Event | None = None
+        self.held_proof: bytes | None = None
         self._closed = False
 
     # -- send path: check state, write under the lock, await drain, map errors
@@ -195,6 +196,13 @@ class _WebSocket:
 
     async def send_message(self, data: bytes) -> None:
         await self._send_event(BytesMessage(data=data))
+
+    def retired_by_peer(self) -> str | None:
+        """Why the peer's close retired the session (a 1001/4005/4006/4008 close), else None."""
+        if self.peer_close is not None and self.peer_close[0] in _PEER_RETIRED_CODES:
+            code, reason = self.peer_close
+            return f"peer closed with {code}" + (f" ({reason})" if reason else "")
+        return None
 
     @property
     def busy(self) -> bool:
@@ -309,17 +317,47 @@ class _WebSocket:
                 self.local_close = (CloseCode.PROTOCOL, "bad WebSocket framing")
                 raise MalformedFrame(f"bad WebSocket framing: {exc}") from exc
 
-    async def close(self, code: int, reason: str) -> None:
-        """Send a close frame (best effort, bounded) and close the byte stream."""
+    async def close(self, code: int, reason: str, *, drain: bool = True) -> None:
+        """Send a close frame, wait briefly for the peer's answer, close the byte stream.
+
+        Everything is bounded by ``close_timeout``. Waiting for the peer's close frame (or EOF)
+        keeps our close frame from being lost to a TCP reset when the peer is still writing, so
+        the peer learns the real cause. ``drain=False`` skips the wait: for callers that may race
+        a reader on this socket, and after a heartbeat timeout (the peer is presumed gone).
+        """
+        sent = False
         with anyio.move_on_after(self.limits.close_timeout, shield=True):
             async with self._lock:
                 if not self._closed and self.ws.state is ConnectionState.OPEN:
                     try:
                         await self._write(self.ws.send(CloseConnection(code=code, reason=reason)))
+                        sent = True
                     except (_SocketGone, LocalProtocolError):
                         pass
+            if sent and drain and code != CloseCode.HEARTBEAT_TIMEOUT:
+                await self._await_peer_close()
         self._closed = True
         await anyio.aclose_forcefully(self.stream)
+
+    async def _await_peer_close(self) -> None:
+        """Read (and discard) until the peer's close frame or EOF; the caller bounds the time."""
+        while self.ws.state is not ConnectionState.CLOSED:
+            try:
+                data = await self.stream.receive(_READ_CHUNK)
+                self.ws.receive_data(data)
+                for _event in self.ws.events():
+                    pass
+            except (
+                anyio.EndOfStream,
+                anyio.BrokenResourceError,
+                anyio.ClosedResourceError,
+                anyio.BusyResourceError,
+                RemoteProtocolError,
+                LocalProtocolError,
+                OSError,
+                ssl.SSLError,
+            ):
+                return
 
     async def abort(self) -> None:
         self._closed = True
@@ -492,16 +530,35 @@ class WebSocketLink:
             await sock.abort()
 
     async def aclose(self) -> None:
-        """Retire the session, stop listening or dialing, close every socket (idempotent)."""
+        """Retire the session, stop listening or dialing, close every socket (idempotent).
+
+        The peer is told with close code 1001, so it retires the session at once instead of
+        waiting out its detached grace.
+        """
+        await self._shutdown(graceful=True)
+
+    async def abort(self) -> None:
+        """Stop as a killed process would: sockets dropped without a close frame (idempotent).
+
+        The peer sees a lost connection, waits (``reconnecting``) and retires the session when
+        its grace expires. Meant for tests and demonstrations of crash behaviour.
+        """
+        await self._shutdown(graceful=False)
+
+    async def _shutdown(self, *, graceful: bool) -> None:
         if self._closing:
             return
         self._closing = True
+        sock = self._attached
+        if sock is not None and not graceful:
+            sock.local_close = (0, "abort() requested")
+            await sock.abort()
         transport = self._transport
         if transport is not None:
             transport.retire(FailureReason.CLOSED, "link closed")
-        sock = self._attached
-        if sock is not None:
-            await sock.close(CloseCode.GOING_AWAY, "shutting down")
+        if sock is not None and graceful:
+            # drain=False: the socket's reader may still be running.
+            await sock.close(CloseCode.GOING_AWAY, "shutting down", drain=False)
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
         self._closed.set()
@@ -573,7 +630,10 @@ class WebSocketLink:
             sock = _WebSocket(byte_stream, ws, peer=peer, limits=self.limits)
             if not await self._server_upgrade(sock):
                 return None
-            return await self._authenticate(sock)
+            # The accepting side holds its proof until it has admitted the peer (_run_socket):
+            # a peer refused by the takeover rule then never completes a handshake, so it
+            # creates no session (and no service scope) on each retry.
+            return await self._authenticate(sock, hold_proof=True)
         if deadline.cancelled_caught:
             self._count_handshake_failure(HandshakeFailure.TIMEOUT)
             log.info("%s ✕ %s handshake deadline expired", self._tag, peer)
@@ -747,8 +807,15 @@ class WebSocketLink:
             session_id=t.session_id, peer_runtime=t.peer_runtime, received=t.accepted
         )
 
-    async def _authenticate(self, sock: _WebSocket) -> tuple[_WebSocket, HandshakeResult] | None:
-        """Exchange hello and proof (the caller bounds this by the handshake deadline)."""
+    async def _authenticate(
+        self, sock: _WebSocket, *, hold_proof: bool = False
+    ) -> tuple[_WebSocket, HandshakeResult] | None:
+        """Exchange hello and proof (the caller bounds this by the handshake deadline).
+
+        With ``hold_proof`` our proof is kept in ``sock.held_proof`` instead of being sent; the
+        caller sends it once the peer is admitted. Only one side may hold (the accepting one):
+        the dialer sends its proof as soon as it has the listener's hello, so nothing deadlocks.
+        """
         hs = Handshake(
             role=self.role,
             executor_id=self.executor_id,
@@ -775,7 +842,9 @@ class WebSocketLink:
                     await sock.abort()
                     return None
                 reply = hs.receive(frame)
-                if reply is not None:
+                if reply is not None and hold_proof:
+                    sock.held_proof = reply
+                elif reply is not None:
                     await sock.send_message(reply)
                     log.debug("%s → %s proof", self._tag, sock.peer)
         except HandshakeError as exc:
@@ -801,6 +870,13 @@ class WebSocketLink:
         if decision is None:
             return
         transport, peer_received = decision
+        proof, sock.held_proof = sock.held_proof, None
+        if proof is not None:
+            try:
+                await sock.send_message(proof)
+            except _SocketGone:
+                return  # the transport waits, detached, for the next socket (or its grace)
+            log.debug("%s → %s proof (admitted)", self._tag, sock.peer)
         sock.max_message = self.limits.max_frame_bytes
         self._attached = sock
         log.info(
@@ -823,8 +899,9 @@ class WebSocketLink:
         finally:
             if self._attached is sock:
                 self._attached = None
-        if sock.peer_close is not None and sock.peer_close[0] in _PEER_RETIRED_CODES:
-            transport.retire(FailureReason.PEER_RETIRED, f"peer closed with {sock.peer_close[0]}")
+        retired_by_peer = sock.retired_by_peer()
+        if retired_by_peer is not None:  # normally already done by the transport's reader
+            transport.retire(FailureReason.PEER_RETIRED, retired_by_peer)
         if sock.local_close is None and sock.peer_close is None:
             if transport.failure is not None:
                 code, cause = transport.failure.close_code, str(transport.failure)

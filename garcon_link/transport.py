@@ -94,6 +94,10 @@ class MessageSocket(Protocol):
                 the frame limit, bad framing); the transport retires the session.
         """
 
+    def retired_by_peer(self) -> str | None:
+        """After ``receive_message`` returned ``None``: why, if the peer's close said that it
+        retired the logical session (e.g. ``"peer closed with 1001"``); else ``None``."""
+
 
 @dataclass(frozen=True, slots=True)
 class TransportStatistics:
@@ -425,6 +429,11 @@ class SessionTransport:
                 self.retire(FailureReason.MALFORMED_PACKET, str(exc))
                 return
             if data is None:
+                retired_by_peer = sock.retired_by_peer()
+                if retired_by_peer is not None:
+                    # The peer closed because *it* retired the session (or shut down): retire
+                    # here too, before detaching, so observers see one transition (to RETIRED).
+                    self.retire(FailureReason.PEER_RETIRED, retired_by_peer)
                 return
             self._messages_read += 1
             accepted_before = session.accepted
@@ -472,19 +481,6 @@ class SessionTransport:
         if self._consumer_gone:
             return
         for body in bodies:
-            if not self._pending and not self._in_flight:
-                # Fast path: nothing ahead of it, so queue it directly if there is room.
-                try:
-                    self._deliver_send.send_nowait(body)
-                    continue
-                except anyio.WouldBlock:
-                    pass
-                except anyio.BrokenResourceError:
-                    log.warning("session %s: the consumer closed the payload stream", self.label)
-                    self._consumer_gone = True
-                    return
-                except anyio.ClosedResourceError:  # retired
-                    return
             self._pending.append((body, buffered))
             if buffered:
                 self._pending_buffered += 1

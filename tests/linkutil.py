@@ -4,8 +4,10 @@
   heartbeats and replay deadlines play out in tenths of a second.
 * :class:`Endpoint` -- a :class:`~garcon_link.link.WebSocketLink` plus a recorder: every logical
   session the link announces gets a consumer task that records each delivered payload, in order.
+  Its :class:`Gate` stalls and releases those consumers (a slow consumer, on cue).
 * :func:`link_pair` -- a listener and a dialer (either role may dial), optionally with a
-  :class:`~garcon_link.testing.FaultProxy` between them.
+  :class:`~garcon_link.testing.FaultProxy` between them; :func:`start_link` runs one more link in
+  a task of its own (to stop and restart peers in any order).
 * :class:`RawClient` -- a hand-written WebSocket client (wsproto + anyio) that can do everything a
   misbehaving peer might: wrong paths, garbage, text frames, forged proofs, never reading, ...
 * :func:`wait_until` -- wait for a condition under a bounded deadline (tests never assert on
@@ -368,8 +370,11 @@ class RawClient:
     async def upgrade(self, path: str = "/executor") -> AcceptConnection | RejectConnection:
         await self.write(self.ws.send(Request(host="localhost", target=path)))
         while True:
-            for event in await self._events():
+            events = await self._events()
+            for i, event in enumerate(events):
                 if isinstance(event, AcceptConnection | RejectConnection):
+                    # Frames that came in the same read (the peer's hello) are kept for later.
+                    self._pending.extend(events[i + 1 :])
                     return event
 
     async def _events(self) -> list[Event]:
@@ -459,6 +464,18 @@ class RawClient:
             if reply is not None:
                 await self.send_bytes(reply)
         return hs.result
+
+    async def authenticate_refused(self, hs: Handshake) -> int | None:
+        """Send hello and proof as an honest peer that the listener will *not* admit.
+
+        The accepting side holds its proof until it admits a peer, so a refused peer never
+        receives it: return the close code it gets instead.
+        """
+        await self.send_bytes(hs.hello_frame())
+        reply = hs.receive(await self.next_message())
+        assert reply is not None, "the listener's hello should be answered with our proof"
+        await self.send_bytes(reply)
+        return await self.wait_closed()
 
     async def send_fence(self, through: int = 0) -> None:
         await self.send_bytes(encode_receipt(through))

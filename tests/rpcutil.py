@@ -339,6 +339,12 @@ class Pair:
         host, self._worker_host, self.worker = self._worker_host, None, None
         await host.stop()
 
+    async def crash_worker(self) -> None:
+        """Stop the worker as a killed process would: no close frame reaches the controller."""
+        assert self.worker is not None
+        await self.worker.link.abort()
+        await self.stop_worker()
+
     async def restart_worker(self, services: Services) -> gl.Worker:
         await self.stop_worker()
         return await self.start_worker(services)

@@ -37,12 +37,12 @@ from linkutil import (
 from wsproto.events import AcceptConnection, BytesMessage, RejectConnection
 
 from garcon_link.errors import ConfigError, FailureReason, SessionFailed
-from garcon_link.handshake import ResumeOffer
+from garcon_link.handshake import ResumeOffer, compute_mac, derive_key
 from garcon_link.limits import Limits
 from garcon_link.link import WebSocketLink, backoff, is_loopback_host
 from garcon_link.testing import FaultProxy
 from garcon_link.transport import TransportState
-from garcon_link.wire import Role, encode_message
+from garcon_link.wire import Role, encode_canonical, encode_message
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -434,8 +434,7 @@ async def test_a_stalled_consumer_does_not_let_a_newcomer_take_over(direction: s
             await wait_until(lambda: lrec.transport.statistics().queued_payloads >= 4)
             async with RawClient.connect(pair.listener.link.listen_address) as client:
                 assert isinstance(await client.upgrade(), AcceptConnection)
-                await client.authenticate(client.handshake(dial_role))
-                assert await client.wait_closed() == 4004
+                assert await client.authenticate_refused(client.handshake(dial_role)) == 4004
             assert lrec.transport.failure is None
             pair.listener.gate.open()
             await pair.listener.wait_received(40)
@@ -741,10 +740,16 @@ async def test_reflected_proof_is_refused_4001(direction: str) -> None:
                 assert isinstance(await client.upgrade(), AcceptConnection)
                 hs = client.handshake(role)
                 await client.send_bytes(hs.hello_frame())
-                their_hello = await client.next_message()
-                their_proof = await client.next_message()
-                assert hs.receive(their_hello) is not None  # a well-formed hello
-                await client.send_bytes(their_proof)  # their own proof, sent back
+                assert hs.receive(await client.next_message()) is not None
+                # The listener holds its proof until ours verifies, so an attacker has nothing
+                # to reflect; send what its proof *is* (the test knows the secret) to show a
+                # reflected proof fails even so.
+                listener_hello = hs.peer_hello
+                assert listener_hello is not None
+                mac = compute_mac(
+                    derive_key(SECRET), listener_hello.role.value, hs.local_hello, listener_hello
+                )
+                await client.send_bytes(encode_canonical({"t": "proof", "mac": mac}))
                 assert await client.wait_closed() == 4001
             assert ep.link.statistics().handshakes_failed == {"AUTH_FAILED": 1}
             assert ep.sessions == []
@@ -946,9 +951,9 @@ async def test_second_peer_is_refused_4004_while_the_first_is_healthy(direction:
             _listen_role, dial_role = roles(direction)
             async with RawClient.connect(pair.listener.link.listen_address) as client:
                 assert isinstance(await client.upgrade(), AcceptConnection)
-                result = await client.authenticate(client.handshake(dial_role))
-                assert not result.resume
-                assert await client.wait_closed() == 4004
+                # The listener holds its proof until it admits a peer: a refused one never
+                # completes the handshake, it only sees 4004.
+                assert await client.authenticate_refused(client.handshake(dial_role)) == 4004
             stats = pair.listener.link.statistics()
             assert stats.takeovers_refused == 1 and stats.fresh_sessions == 1
             # The healthy session is untouched.
@@ -1162,3 +1167,23 @@ async def test_closing_a_dialer_closes_its_socket_in_the_handshake(direction: st
                             except (anyio.EndOfStream, anyio.BrokenResourceError):
                                 break
                 tg.cancel_scope.cancel()
+
+
+@anyio_test
+@by_direction
+async def test_a_refused_real_dialer_creates_no_session_on_its_retries(direction: str) -> None:
+    """Regression: the refused peer used to complete the handshake, decide 'fresh' and create a
+    session (and, in a worker, a service scope) on every retry, only to be closed with 4004."""
+    with anyio.fail_after(DEADLINE):
+        async with link_pair(direction) as pair:
+            await pair.wait_ready()
+            _listen_role, dial_role = roles(direction)
+            url = pair.listener.link.url
+            second = await start_link(pair.tg, make_link(dial_role, small_limits(), dial=url))
+            try:
+                await wait_until(lambda: pair.listener.link.statistics().takeovers_refused >= 3)
+                assert second.endpoint.sessions == []
+                assert second.link.statistics().fresh_sessions == 0
+                assert "4004" in (second.link.last_error or "")
+            finally:
+                await second.stop()

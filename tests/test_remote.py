@@ -324,7 +324,9 @@ async def test_worker_restart_mid_call(direction: str) -> None:
                 await impl.probe.wait("stream-started:s")
                 while len(stream_items) < 5:
                     await anyio.sleep(0.001)
-                await pair.stop_worker()
+                # A crash, not a clean stop: a clean stop sends 1001 and the controller retires
+                # the session at once (test_clean_worker_stop_retires_at_once).
+                await pair.crash_worker()
                 await pair.wait_availability("reconnecting")
 
                 # reconnecting: fails at once by default, after the deadline otherwise
@@ -368,6 +370,32 @@ async def test_worker_restart_mid_call(direction: str) -> None:
             assert ref2.instance_id == info2.instance_id
             assert await calc.job_name(ref2) == "second"
             assert pair.history == ["ready", "reconnecting", "offline", "ready"]
+
+
+@both_directions
+async def test_clean_worker_stop_retires_at_once(direction: str) -> None:
+    # A worker that shuts down cleanly closes with 1001: its session is gone, so the controller
+    # retires it at once -- no waiting out the detached grace -- and goes straight to offline.
+    impl = CalcImpl()
+    long_grace = LIMITS.replace(detached_grace=30.0)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}, limits=long_grace) as pair:
+            calc = pair.calc()
+            outcome: list[BaseException] = []
+
+            async def pending_call() -> None:
+                try:
+                    await calc.hold("k")
+                except gl.CallError as exc:
+                    outcome.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pending_call)
+                await impl.probe.wait("started:k")
+                await pair.stop_worker()
+                await pair.wait_availability("offline")  # well inside DEADLINE << grace
+            assert [type(e) for e in outcome] == [gl.OutcomeUnknown]
+            assert pair.history == ["ready", "offline"]
 
 
 @both_directions
@@ -446,14 +474,15 @@ async def test_changed_contract_is_refused(direction: str) -> None:
             assert "contract" in info.value.message
             with pytest.raises(TimeoutError, match="contract"):
                 await pair.executor.wait_ready(0.1)
-            assert pair.history == ["ready", "reconnecting", "offline"]
+            # a clean worker stop (1001) retires the session at once: straight to offline
+            assert pair.history == ["ready", "offline"]
 
             # the original contract is accepted again
             await pair.restart_worker({"calc": CalcImpl()})
             await pair.executor.wait_ready(5)
             assert await calc.add(1, 2) == 3
             assert pair.executor.last_error is None
-            assert pair.history == ["ready", "reconnecting", "offline", "ready"]
+            assert pair.history == ["ready", "offline", "ready"]
 
 
 @both_directions

@@ -65,6 +65,9 @@ class FakeSocket:
             raise self.fail_writes
         self.written.append(data)
 
+    def retired_by_peer(self) -> str | None:
+        return None
+
     async def receive_message(self) -> bytes | None:
         try:
             item = await self._rx.receive()
