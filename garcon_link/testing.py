@@ -39,6 +39,21 @@ so nothing polls.
 - An end-of-stream from one peer is passed on as a half-close; the pair ends once both
   directions have ended. Errors on either socket (reset, broken pipe, refused target) end that
   pair only; nothing is raised into the task group that runs the proxy.
+
+Process faults
+--------------
+:class:`WorkerProcess` runs ``garcon-link worker`` in a child process so that a test can SIGKILL
+a real worker in the middle of a call and start it again on the same port::
+
+    async with WorkerProcess("worker.toml", ["calc=mymodule:Calc"]) as worker:
+        url = await worker.start()          # waits for the ``executor-listening`` line
+        ...
+        worker.kill()                       # SIGKILL: no close frame, no cleanup
+        await worker.restart()              # a new process (a new runtime) on the same URL
+
+The child reads its secret from the config's secret file (never from its environment or command
+line); its standard input is a pipe the parent never writes, with ``--stop-on-stdin-eof``, so a
+worker outlives neither its :class:`WorkerProcess` nor the test process.
 """
 
 from __future__ import annotations
@@ -46,8 +61,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import socket
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self, cast
 
@@ -55,7 +76,14 @@ import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute, SocketListener, SocketStream
 
-__all__ = ["CHUNK_SIZE", "CUT_LINGER", "FaultProxy", "ProxyStatistics", "free_tcp_port"]
+__all__ = [
+    "CHUNK_SIZE",
+    "CUT_LINGER",
+    "FaultProxy",
+    "ProxyStatistics",
+    "WorkerProcess",
+    "free_tcp_port",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -603,3 +631,327 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+# ------------------------------------------------------------------------------- WorkerProcess
+
+WORKER_STARTUP_TIMEOUT = 30.0
+"""Default seconds a :class:`WorkerProcess` waits for the ``executor-listening`` line."""
+
+_MAX_LINES = 10_000  # stdout lines kept per run (a worker prints a handful per session)
+_MAX_LINE_BYTES = 64 * 1024  # a longer line is cut (the rest is dropped up to the newline)
+_STDERR_TAIL = 50  # stderr lines kept for error messages
+
+
+def _field(line: str, key: str) -> str | None:
+    for part in line.split():
+        name, sep, value = part.partition("=")
+        if sep and name == key:
+            return value
+    return None
+
+
+class _Run:
+    """The output of one child process of a :class:`WorkerProcess`."""
+
+    __slots__ = ("lines", "open_streams", "stderr")
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.stderr: deque[str] = deque(maxlen=_STDERR_TAIL)
+        self.open_streams = 2  # stdout and stderr; 0 once the child's output has ended
+
+
+class WorkerProcess:
+    """``garcon-link worker CONFIG --service ...`` in a child process a test can kill and restart.
+
+    Use it as ``async with WorkerProcess(...) as worker:``; leaving the block kills and reaps the
+    child. The config should listen on a fixed port (e.g. from :func:`free_tcp_port`) for a
+    restarted worker to come back on the same URL; with port 0 :meth:`restart` fails because the
+    URL changed.
+
+    Args:
+        config: the worker's TOML configuration (its ``secret_file`` must be mode 0600).
+        services: ``NAME=module:attr`` arguments, each passed as ``--service``.
+        cwd: the child's working directory (its modules are importable from there).
+        env: variables added to the child's environment (never put a secret here).
+        verbose: ``-v`` count passed to the worker (its log goes to stderr).
+        startup_timeout: seconds :meth:`start` waits for ``executor-listening``.
+        python: the interpreter that runs ``garcon_link.cli`` (default: this one).
+
+    Attributes:
+        starts: how many processes :meth:`start` launched so far.
+    """
+
+    def __init__(
+        self,
+        config: str | os.PathLike[str],
+        services: Iterable[str] = (),
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        verbose: int = 0,
+        startup_timeout: float = WORKER_STARTUP_TIMEOUT,
+        python: str | None = None,
+    ) -> None:
+        if not startup_timeout > 0:
+            raise ValueError(f"startup_timeout must be > 0, got {startup_timeout!r}")
+        self._config = Path(config)
+        self._services = tuple(services)
+        self._cwd = None if cwd is None else Path(cwd)
+        self._env = dict(env or {})
+        self._verbose = max(0, int(verbose))
+        self._startup_timeout = startup_timeout
+        self._python = python or sys.executable
+        self._process: anyio.abc.Process | None = None
+        self._readers: anyio.abc.TaskGroup | None = None
+        self._run = _Run()
+        self._changed: anyio.Event | None = None
+        self._url: str | None = None
+        self._entered = False
+        self.starts = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._entered:
+            raise RuntimeError("a WorkerProcess can be entered only once")
+        self._entered = True
+        self._changed = anyio.Event()
+        readers = anyio.create_task_group()
+        await readers.__aenter__()
+        self._readers = readers
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        readers, self._readers = self._readers, None
+        try:
+            await self.aclose()
+        finally:
+            if readers is not None:
+                readers.cancel_scope.cancel()
+                await readers.__aexit__(exc_type, exc, tb)
+        return None
+
+    async def aclose(self) -> None:
+        """Kill the child (if it runs) and reap it. Idempotent; :meth:`start` may follow."""
+        process = self._process
+        if process is None:
+            return
+        with anyio.CancelScope(shield=True):
+            self.kill()
+            with anyio.move_on_after(10):
+                await process.wait()
+            if process.returncode is None:  # it closed its output but did not exit
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                with anyio.move_on_after(10):
+                    await process.wait()
+            with contextlib.suppress(Exception):
+                await process.aclose()
+
+    # -- observation -----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The URL the worker listens on (known once :meth:`start` returned).
+
+        Raises:
+            RuntimeError: the worker was never started.
+        """
+        if self._url is None:
+            raise RuntimeError("the worker has not been started")
+        return self._url
+
+    @property
+    def pid(self) -> int:
+        """The current (or last) child's process id.
+
+        Raises:
+            RuntimeError: the worker was never started.
+        """
+        if self._process is None:
+            raise RuntimeError("the worker has not been started")
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The last child's exit status once reaped (``-9`` after :meth:`kill`), else ``None``."""
+        return None if self._process is None else self._process.returncode
+
+    @property
+    def running(self) -> bool:
+        """A child was started and has not been reaped yet."""
+        return self._process is not None and self._process.returncode is None
+
+    @property
+    def lines(self) -> list[str]:
+        """The stdout lines of the current (or last) child, in order (a copy)."""
+        return list(self._run.lines)
+
+    @property
+    def stderr_tail(self) -> list[str]:
+        """The last stderr lines of the current (or last) child."""
+        return list(self._run.stderr)
+
+    # -- control ---------------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        """Launch the worker and wait for its ``executor-listening`` line.
+
+        Returns:
+            The URL from that line, e.g. ``ws://127.0.0.1:41234/executor``.
+
+        Raises:
+            RuntimeError: not entered, a child is still running, the child exited first, or a
+                restarted worker came back on another URL.
+            TimeoutError: no ``executor-listening`` line within ``startup_timeout``.
+        """
+        if self._readers is None or self._changed is None:
+            raise RuntimeError("use `async with WorkerProcess(...)` before start()")
+        if self.running:
+            raise RuntimeError("the worker is still running; kill() or restart() it first")
+        if self._process is not None:
+            await self.aclose()
+        command = [self._python, "-m", "garcon_link.cli", "worker", str(self._config)]
+        for spec in self._services:
+            command += ["--service", spec]
+        if self._verbose:
+            command.append("-" + "v" * self._verbose)
+        command.append("--stop-on-stdin-eof")
+        env = dict(os.environ)
+        env.update(self._env)
+        process = await anyio.open_process(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self._cwd,
+            env=env,
+        )
+        self._process = process
+        self.starts += 1
+        run = self._run = _Run()
+        assert process.stdout is not None and process.stderr is not None
+        self._readers.start_soon(self._read_lines, run, process.stdout, run.lines.append, True)
+        self._readers.start_soon(self._read_lines, run, process.stderr, run.stderr.append, False)
+        try:
+            line = await self.wait_line("executor-listening", timeout=self._startup_timeout)
+        except BaseException:
+            await self.aclose()
+            raise
+        url = _field(line, "url")
+        if url is None:
+            await self.aclose()
+            raise RuntimeError(f"no url= in the worker's line {line!r}")
+        if self._url is not None and url != self._url:
+            await self.aclose()
+            raise RuntimeError(
+                f"the restarted worker listens on {url}, not {self._url}: give the config a "
+                "fixed port"
+            )
+        self._url = url
+        logger.debug("worker process %d listening on %s", process.pid, url)
+        return url
+
+    def kill(self) -> None:
+        """Send SIGKILL to the running child (no-op if none): no close frame, no cleanup.
+
+        A child whose output already ended has exited by itself and is not signalled: sending
+        a signal would make ``subprocess`` reap it behind the event loop's child watcher, which
+        would then report exit status 255 instead of the real one.
+        """
+        process = self._process
+        if process is None or process.returncode is not None or self._run.open_streams == 0:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+
+    async def wait(self, timeout: float = 10.0) -> int:
+        """Wait for the child to exit and return its status (negative: killed by that signal).
+
+        Raises:
+            RuntimeError: the worker was never started.
+            TimeoutError: it is still running after ``timeout`` seconds.
+        """
+        if self._process is None:
+            raise RuntimeError("the worker has not been started")
+        with anyio.fail_after(timeout):
+            return await self._process.wait()
+
+    async def restart(self) -> str:
+        """SIGKILL the child if it runs, reap it, and start a new one on the same URL.
+
+        Returns:
+            The URL (the same as before).
+        """
+        await self.aclose()
+        return await self.start()
+
+    async def wait_line(self, prefix: str, *, count: int = 1, timeout: float = 10.0) -> str:
+        """Wait until the current child printed ``count`` stdout lines starting with ``prefix``.
+
+        Returns:
+            The ``count``-th such line.
+
+        Raises:
+            RuntimeError: the child exited (its output ended) first; the message carries the end
+                of its stderr.
+            TimeoutError: not within ``timeout`` seconds.
+        """
+        assert self._changed is not None
+        run = self._run
+        with anyio.fail_after(timeout):
+            while True:  # each pass waits for a new line or the end of the child's output
+                matches = [line for line in run.lines if line.startswith(prefix)]
+                if len(matches) >= count:
+                    return matches[count - 1]
+                if run.open_streams == 0:
+                    tail = " | ".join(run.stderr) or "no stderr output"
+                    raise RuntimeError(
+                        f"the worker (pid {self.pid}) ended before printing {prefix!r} "
+                        f"x{count}: {tail}"
+                    )
+                await self._changed.wait()
+
+    # -- output ----------------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = anyio.Event()
+
+    async def _read_lines(
+        self,
+        run: _Run,
+        stream: anyio.abc.ByteReceiveStream,
+        sink: Callable[[str], None],
+        bounded: bool,
+    ) -> None:
+        pending = bytearray()
+        kept = 0
+        try:
+            while True:  # ends at end-of-stream (the child exited) or when closed
+                try:
+                    chunk = await stream.receive()
+                except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    break
+                pending += chunk
+                *complete, rest = pending.split(b"\n")
+                pending = bytearray(rest[:_MAX_LINE_BYTES])
+                for raw in complete:
+                    if not bounded or kept < _MAX_LINES:
+                        sink(raw[:_MAX_LINE_BYTES].decode(errors="replace").rstrip("\r"))
+                        kept += 1
+                if complete:
+                    self._notify()
+            if pending:
+                sink(pending.decode(errors="replace"))
+        finally:
+            run.open_streams -= 1
+            self._notify()

@@ -1,0 +1,1 @@
+"""Long-running chaos tests (marker ``soak``); ``--soak-minutes N`` runs them longer."""

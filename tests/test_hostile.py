@@ -1,0 +1,746 @@
+"""Hostile input at every layer, over unauthenticated and authenticated sockets.
+
+A worker listens on loopback; in most tests a legitimate controller is attached and a
+:class:`faultutil.LatencyProbe` calls it every 10 ms for the whole attack. Hostile peers are
+:class:`faultutil.Raw` clients, which write bytes no library would produce (hand-made frame
+headers, truncated or bomb-shaped CBOR, floods) and, for the authenticated layers, complete the
+real handshake (:class:`garcon_link.handshake.Handshake`) first. What the tests prove:
+
+* every unauthenticated bad peer -- random bytes, a wrong path, a broken upgrade, an oversized
+  header, text frames, truncated/oversized/deeply nested CBOR, huge declared lengths (CBOR and
+  WebSocket), wrong secret/role/executor/version, a proof before the hello, a ping flood, a
+  slowloris upgrade -- gets an HTTP status or a close code (or, for a request that never finished
+  arriving, the end of the stream when the handshake deadline expires), never a hang; a thousand
+  of them at once are evicted without starving a legitimate reconnection;
+* a peer that upgrades and then says nothing is closed with 4008 at the handshake deadline;
+* an authenticated peer that sends malformed *session packets* (garbage, a gap, ordinal 0, a
+  receipt beyond what was written, trailing bytes, a text frame, an over-size message, broken
+  WebSocket framing) is closed with the protocol's code (4008, 1003, 1009, 1002) and its session
+  retired; a legitimate controller then gets a fresh session at once;
+* an authenticated peer that sends well-formed packets carrying malformed *RPC envelopes* gets
+  error replies for the calls it named (or nothing, for envelopes that name none or do not
+  decode) while its session survives and an unrelated call still succeeds; excess calls are
+  ``OVERLOADED``; a ~130-byte shared-reference "bomb" costs nothing (it is refused, not walked);
+* a second authenticated peer cannot take over a healthy session (4004);
+* throughout, the legitimate peer's calls all succeed with p99 latency under
+  :data:`P99_CEILING`, and this process's RSS stays bounded.
+
+Each bad peer's answer is awaited under a bounded deadline; time is asserted only as an upper
+bound on the legitimate peer's latency. Runs on both anyio backends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import resource
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+import cbor2
+import pytest
+from faultutil import (
+    EXECUTOR_ID,
+    OP_BINARY,
+    OP_PING,
+    SECRET,
+    LatencyProbe,
+    Ledger,
+    LedgerService,
+    Outcome,
+    Raw,
+    checksum,
+    controller_config,
+    dag_bomb,
+    handshake,
+    hello_with,
+    percentile,
+    rss_bytes,
+    upgrade_request,
+    wait_for,
+    worker_config,
+    ws_frame,
+)
+
+import garcon_link as gl
+from garcon_link.transport import TransportState
+from garcon_link.wire import encode_message, encode_receipt
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+MiB = 1024 * 1024
+DEADLINE = 30.0  # no test may take longer (that would be a hang, not a result)
+P99_CEILING = 1.0  # seconds: the legitimate peer's call latency during an attack
+OUTCOME_WAIT = 5.0  # a bad peer hears back within this (the handshake deadline is 1 s)
+RSS_GROWTH = 200 * MiB
+
+LIMITS = gl.Limits(
+    handshake_timeout=1.0,
+    max_frame_bytes=1 * MiB,
+    heartbeat_interval=0.1,
+    heartbeat_timeout=1.0,
+    detached_grace=2.0,
+    close_timeout=0.3,
+    backoff_base=0.01,
+    backoff_max=0.05,
+    connect_timeout=1.0,
+    takeover_probe_timeout=0.3,
+    call_timeout=5.0,
+)
+
+
+# ---------------------------------------------------------------------------------- harness
+
+
+@dataclass
+class Target:
+    worker: gl.Worker
+    service: LedgerService
+    port: int
+    executor: gl.RemoteExecutor | None
+    probe: LatencyProbe
+
+
+@asynccontextmanager
+async def target(*, legit: bool = True) -> AsyncIterator[Target]:
+    """A worker; with ``legit``, a controller attached and probing it for the whole block.
+
+    On exit (without an error) asserts the probe's calls all succeeded, fast enough, and that
+    RSS did not grow without bound.
+    """
+    service = LedgerService()
+    rss_before = rss_bytes()
+    async with AsyncExitStack() as stack:
+        worker = await stack.enter_async_context(
+            gl.Worker(worker_config(LIMITS), {"ledger": service})
+        )
+        port = worker.link.listen_address[1]
+        probe = LatencyProbe.new()
+        if not legit:
+            yield Target(worker, service, port, None, probe)
+            return
+        executor = await stack.enter_async_context(
+            gl.connect(controller_config(LIMITS, worker.url))
+        )
+        await executor.wait_ready(5)
+        # A reconnection forced by a test is waited out, not failed.
+        ledger = gl.with_options(executor.service("ledger", Ledger), dispatch_deadline=5.0)
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(probe.run, ledger, stop)
+            yield Target(worker, service, port, executor, probe)
+            stop.set()
+    assert not probe.failures, probe.failures[:5]
+    assert probe.latencies, "the legitimate peer made no call"
+    p99 = percentile(probe.latencies, 0.99)
+    assert p99 < P99_CEILING, f"legitimate p99 latency {p99:.3f}s over {len(probe.latencies)} calls"
+    growth = rss_bytes() - rss_before
+    assert growth < RSS_GROWTH, f"RSS grew by {growth / MiB:.0f} MiB"
+
+
+async def legit_round_trip(worker: gl.Worker) -> float:
+    """Connect a legitimate controller, make one call; the seconds it took."""
+    start = anyio.current_time()
+    async with gl.connect(controller_config(LIMITS, worker.url)) as executor:
+        await executor.wait_ready(5)
+        ledger = executor.service("ledger", Ledger)
+        assert await ledger.apply("legit", b"ok") == checksum("legit", b"ok")
+    return anyio.current_time() - start
+
+
+# ---------------------------------------------------------------------------------- unauthenticated
+
+Attack = Callable[[Raw], Awaitable[Outcome]]
+
+
+async def random_bytes(raw: Raw) -> Outcome:
+    await raw.write(os.urandom(4096).replace(b"\n", b"?"))  # no complete request line
+    return await raw.raw_http_outcome(OUTCOME_WAIT)
+
+
+async def random_lines(raw: Raw) -> Outcome:
+    await raw.write(os.urandom(4096) + b"\r\n\r\n")
+    return await raw.raw_http_outcome(OUTCOME_WAIT)
+
+
+async def not_an_upgrade(raw: Raw) -> Outcome:
+    await raw.write(b"GET /executor HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    return await raw.raw_http_outcome(OUTCOME_WAIT)
+
+
+async def oversized_header(raw: Raw) -> Outcome:
+    await raw.write(upgrade_request()[:-2] + b"X-Filler: " + b"a" * 100_000 + b"\r\n\r\n")
+    return await raw.raw_http_outcome(OUTCOME_WAIT)
+
+
+async def post_with_body(raw: Raw) -> Outcome:
+    await raw.write(b"POST /executor HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n")
+    await raw.write(os.urandom(10_000))
+    return await raw.raw_http_outcome(OUTCOME_WAIT)
+
+
+async def wrong_path(raw: Raw) -> Outcome:
+    await raw.upgrade("/admin")
+    return await raw.outcome(OUTCOME_WAIT)
+
+
+def after_upgrade(*messages: bytes, text: str | None = None, raw_bytes: bytes = b"") -> Attack:
+    async def attack(raw: Raw) -> Outcome:
+        assert await raw.upgrade()
+        for message in messages:
+            await raw.send_message(message)
+        if text is not None:
+            await raw.send_text(text)
+        if raw_bytes:
+            await raw.write(raw_bytes)
+        return await raw.outcome(OUTCOME_WAIT)
+
+    return attack
+
+
+def impostor(**kwargs: Any) -> Attack:
+    async def attack(raw: Raw) -> Outcome:
+        assert await raw.upgrade()
+        # Refused by the server, or our side already saw the handshake cannot succeed.
+        with pytest.raises((ConnectionError, gl.HandshakeError)):
+            await raw.authenticate(**kwargs)
+        return await raw.outcome(OUTCOME_WAIT)
+
+    return attack
+
+
+async def proof_first(raw: Raw) -> Outcome:
+    assert await raw.upgrade()
+    await raw.send_message(cbor2.dumps({"t": "proof", "mac": b"\0" * 32}, canonical=True))
+    return await raw.outcome(OUTCOME_WAIT)
+
+
+async def two_hellos(raw: Raw) -> Outcome:
+    assert await raw.upgrade()
+    hello = handshake().hello_frame()
+    await raw.send_message(hello)
+    await raw.send_message(hello)
+    return await raw.outcome(OUTCOME_WAIT)
+
+
+async def slowloris(raw: Raw) -> Outcome:
+    """Trickle the upgrade request one byte per 20 ms, never finishing it."""
+    request = upgrade_request()[:-2]
+    sent = 0
+    with anyio.move_on_after(OUTCOME_WAIT):
+        for byte in request * 10:  # bounded: far more than the deadline allows
+            if not await raw.write(bytes([byte])):
+                break
+            sent += 1
+            await anyio.sleep(0.02)
+    assert sent < len(request) * 10, "the slowloris was never cut off"
+    return await raw.raw_http_outcome(OUTCOME_WAIT)
+
+
+async def ping_flood_before_hello(raw: Raw) -> Outcome:
+    """20,000 pings right after the upgrade, never reading the pongs."""
+    assert await raw.upgrade()
+    ping = ws_frame(OP_PING, b"flood")
+    with anyio.move_on_after(OUTCOME_WAIT):
+        for _ in range(200):
+            if not await raw.write(ping * 100):
+                break
+    return await raw.outcome(OUTCOME_WAIT)
+
+
+BIG = 2**62
+UNAUTHENTICATED: list[tuple[str, Attack, set[str]]] = [
+    # Random bytes without a line end: refused (400) if h11 can tell early, else never
+    # answered, as a request line that never ends: the stream ends at the deadline.
+    ("random-bytes", random_bytes, {"eof", "http 400"}),
+    ("random-lines", random_lines, {"http 400"}),
+    ("not-an-upgrade", not_an_upgrade, {"http 400", "http 426"}),
+    ("oversized-header", oversized_header, {"http 400", "http 431"}),
+    ("post-with-huge-body", post_with_body, {"http 400", "http 404", "http 405"}),
+    ("wrong-path", wrong_path, {"http 404"}),
+    ("text-frame", after_upgrade(text="hello?"), {"close 4008", "close 1003"}),
+    ("random-binary", after_upgrade(os.urandom(300)), {"close 4008"}),
+    ("truncated-cbor", after_upgrade(handshake().hello_frame()[:-7]), {"close 4008"}),
+    ("oversized-hello", after_upgrade(b"\xa1" + b"\0" * 9000), {"close 1009"}),
+    ("nested-cbor", after_upgrade(b"\x81" * 1000 + b"\x00"), {"close 4008"}),
+    ("huge-cbor-length", after_upgrade(b"\x5b" + BIG.to_bytes(8, "big") + b"x"), {"close 4008"}),
+    ("huge-cbor-map", after_upgrade(b"\xbb" + BIG.to_bytes(8, "big") + b"\x00"), {"close 4008"}),
+    ("dag-bomb-hello", after_upgrade(dag_bomb(60)), {"close 4008"}),
+    (
+        "huge-declared-frame",
+        after_upgrade(raw_bytes=ws_frame(OP_BINARY, b"", declared=BIG) + os.urandom(20_000)),
+        {"close 1009"},
+    ),
+    ("unknown-hello-key", after_upgrade(hello_with(extra=1)), {"close 4008"}),
+    ("future-protocol", after_upgrade(hello_with(protocol=2)), {"close 4002"}),
+    ("wrong-secret", impostor(secret=b"w" * 32), {"close 4001"}),
+    ("same-role", impostor(role=gl.Role.WORKER), {"close 4003"}),
+    ("wrong-executor", impostor(executor_id="another-box"), {"close 4003"}),
+    ("proof-before-hello", proof_first, {"close 4008"}),
+    ("two-hellos", two_hellos, {"close 4008"}),
+    # A request that never finishes arriving gets no answer: the stream ends at the deadline.
+    ("slowloris-upgrade", slowloris, {"eof"}),
+    # Ends at the handshake deadline with 4008, unless the flood filled the socket buffers so
+    # that the close frame cannot be written any more (then the stream just ends).
+    ("ping-flood-before-hello", ping_flood_before_hello, {"eof", "close 4008"}),
+    (
+        "reserved-bit-before-hello",
+        after_upgrade(raw_bytes=ws_frame(OP_BINARY, b"abc", rsv=4)),
+        {"close 4008"},  # before authentication: a malformed handshake frame
+    ),
+    (
+        "unmasked-before-hello",
+        after_upgrade(raw_bytes=ws_frame(OP_BINARY, b"abc", mask=False)),
+        {"close 4008"},  # before authentication: a malformed handshake frame
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("attack", "expected"),
+    [pytest.param(a, e, id=name) for name, a, e in UNAUTHENTICATED],
+)
+async def test_unauthenticated_bad_peer_is_refused_and_listener_stays_responsive(
+    attack: Attack, expected: set[str]
+) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with target() as t:
+            # Three at once, so the listener handles them concurrently with the probe.
+            outcomes: list[Outcome] = []
+
+            async def one() -> None:
+                async with Raw.connect(t.port) as raw:
+                    outcomes.append(await attack(raw))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(one)
+            assert {str(o) for o in outcomes} <= expected, outcomes
+            assert t.executor is not None and t.executor.availability == "ready"
+
+
+async def test_handshake_deadline_sends_a_close_code() -> None:
+    with anyio.fail_after(DEADLINE):
+        async with target(legit=False) as t, Raw.connect(t.port) as raw:
+            assert await raw.upgrade()
+            outcome = await raw.outcome(OUTCOME_WAIT)  # we never send a hello
+            assert str(outcome) == "close 4008"
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(ws_frame(OP_BINARY, b"abc", rsv=4), id="reserved-bit"),
+        pytest.param(ws_frame(OP_BINARY, b"abc", mask=False), id="unmasked"),
+        pytest.param(ws_frame(0x3, b"abc"), id="reserved-opcode"),
+    ],
+)
+async def test_broken_framing_after_auth_is_a_protocol_error(frame: bytes) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with target(legit=False) as t:
+            async with Raw.connect(t.port) as raw:
+                assert await raw.upgrade()
+                await raw.authenticate()
+                await raw.write(frame)
+                outcome = await raw.outcome(OUTCOME_WAIT)
+            transport = t.worker.link.transport
+            assert transport is None or transport.state is TransportState.RETIRED
+            assert str(outcome) == "close 1002"
+
+
+def _raise_fd_limit(wanted: int) -> int:
+    """Raise the soft RLIMIT_NOFILE towards ``wanted`` (up to the hard limit); the new soft."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = new
+    return soft if soft != resource.RLIM_INFINITY else wanted
+
+
+async def test_a_thousand_unauthenticated_sockets_do_not_starve_a_legitimate_peer() -> None:
+    # Both ends of every socket live in this process: 2 descriptors per attacker, plus slack.
+    limit = _raise_fd_limit(2 * 1000 + 512)
+    count = min(1000, (limit - 512) // 2)  # scaled down only where the hard limit forbids 1000
+    assert count >= 200, f"RLIMIT_NOFILE {limit} is too low for this test"
+    with anyio.fail_after(DEADLINE):
+        async with target() as t:
+            assert t.executor is not None
+            partial = upgrade_request()[:-2]  # headers never finished
+            outcomes: list[Outcome] = []
+            opened = anyio.Event()
+            release = anyio.Event()
+
+            async def attacker(i: int) -> None:
+                async with Raw.connect(t.port) as raw:
+                    await raw.write(partial)
+                    if i + 1 == count:
+                        opened.set()
+                    await release.wait()
+                    outcomes.append(await raw.raw_http_outcome(OUTCOME_WAIT))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(count):
+                    tg.start_soon(attacker, i)
+                await opened.wait()
+                # Force the legitimate controller to reconnect in the middle of the flood.
+                await t.executor.link.disconnect()
+                await t.executor.wait_ready(5)
+                release.set()
+            assert len(outcomes) == count
+            assert {str(o) for o in outcomes} <= {"eof", "http 503", "http 408"}, set(
+                map(str, outcomes)
+            )
+            stats = t.worker.link.statistics()
+            assert stats.evicted_unauthenticated >= count - LIMITS.max_unauthenticated_sockets
+
+
+# ---------------------------------------------------------------------------------- authenticated
+
+
+async def authenticated(port: int) -> AsyncIterator[Raw]:
+    async with Raw.connect(port) as raw:
+        assert await raw.upgrade()
+        await raw.authenticate()
+        yield raw
+
+
+def msg(ordinal: int, body: bytes = b"\xa0") -> bytes:
+    return encode_message(ordinal, body)
+
+
+BAD_PACKETS: list[tuple[str, Callable[[Raw], Awaitable[None]], str]] = []
+
+
+def bad_packet(name: str, expected: str) -> Callable[..., Any]:
+    def register(func: Callable[[Raw], Awaitable[None]]) -> Callable[[Raw], Awaitable[None]]:
+        BAD_PACKETS.append((name, func, expected))
+        return func
+
+    return register
+
+
+@bad_packet("random-bytes", "close 4008")
+async def _random(raw: Raw) -> None:
+    await raw.send_message(b"\x17" + os.urandom(200))
+
+
+@bad_packet("ordinal-gap", "close 4008")
+async def _gap(raw: Raw) -> None:
+    await raw.send_message(msg(5))
+
+
+@bad_packet("ordinal-zero", "close 4008")
+async def _zero(raw: Raw) -> None:
+    await raw.send_message(b"\x83\x00\x00\x40")
+
+
+@bad_packet("receipt-beyond-offered", "close 4008")
+async def _receipt(raw: Raw) -> None:
+    await raw.send_message(encode_receipt(10_000))
+
+
+@bad_packet("unknown-packet-kind", "close 4008")
+async def _kind(raw: Raw) -> None:
+    await raw.send_message(cbor2.dumps([2, 1]))
+
+
+@bad_packet("trailing-garbage", "close 4008")
+async def _trailing(raw: Raw) -> None:
+    await raw.send_message(msg(1) + b"\xff")
+
+
+@bad_packet("empty-message", "close 4008")
+async def _empty(raw: Raw) -> None:
+    await raw.send_message(b"")
+
+
+@bad_packet("nested-cbor", "close 4008")
+async def _nested(raw: Raw) -> None:
+    await raw.send_message(b"\x81" * 1000 + b"\x00")
+
+
+@bad_packet("huge-declared-body", "close 4008")
+async def _huge_body(raw: Raw) -> None:
+    await raw.send_message(b"\x83\x00\x01\x5b" + (2**62).to_bytes(8, "big") + b"x")
+
+
+@bad_packet("text-frame", "close 1003")
+async def _text(raw: Raw) -> None:
+    await raw.send_text("not binary")
+
+
+@bad_packet("over-size-message", "close 1009")
+async def _big(raw: Raw) -> None:
+    await raw.send_message(msg(1, b"\0" * (LIMITS.max_frame_bytes + 16)))
+
+
+@bad_packet("huge-declared-frame", "close 1009")
+async def _declared(raw: Raw) -> None:
+    await raw.write(
+        ws_frame(OP_BINARY, b"", declared=2**62) + b"\0" * (LIMITS.max_frame_bytes + 16)
+    )
+
+
+@pytest.mark.parametrize(
+    ("send", "expected"), [pytest.param(f, e, id=n) for n, f, e in BAD_PACKETS]
+)
+async def test_malformed_session_packets_retire_the_session(
+    send: Callable[[Raw], Awaitable[None]], expected: str
+) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with target(legit=False) as t:
+            async with Raw.connect(t.port) as raw:
+                assert await raw.upgrade()
+                await raw.authenticate()
+                await send(raw)
+                outcome = await raw.outcome(OUTCOME_WAIT)
+            assert str(outcome) == expected
+            transport = t.worker.link.transport
+            assert transport is None or transport.state is TransportState.RETIRED
+            assert await legit_round_trip(t.worker) < P99_CEILING
+            assert t.service.running == 0
+
+
+def _call(call_id: Any, service: Any, method: Any, args: Any, kwargs: Any = None) -> list[Any]:
+    return [0, call_id, service, method, args, {} if kwargs is None else kwargs, 0, 0]
+
+
+# (envelope body, id of the call it names and the (outcome, code) of the expected error reply)
+GARBAGE_ENVELOPES: list[tuple[str, bytes, tuple[int, str, str] | None]] = [
+    ("random-bytes", b"\xff\xfe\xfd", None),
+    ("integer", cbor2.dumps(5), None),
+    ("map", cbor2.dumps({"call": 1}), None),
+    ("empty-list", cbor2.dumps([]), None),
+    ("unknown-kind", cbor2.dumps([99, 1]), None),
+    ("text-kind", cbor2.dumps(["call", 1]), None),
+    ("short-call", cbor2.dumps([0, 1]), None),
+    ("text-call-id", cbor2.dumps(_call("x", "ledger", "apply", ["t", b""])), None),
+    ("nested", b"\x81" * 1000 + b"\x00", None),
+    ("huge-length", b"\x5b" + (2**62).to_bytes(8, "big") + b"x", None),
+    ("trailing", cbor2.dumps([6, 1]) + b"\x00", None),
+    (
+        "unknown-service",
+        cbor2.dumps(_call(1, "nope", "apply", ["t", b""])),
+        (1, "rejected", "UNKNOWN_SERVICE"),
+    ),
+    (
+        "private-method",
+        cbor2.dumps(_call(2, "ledger", "_start", ["t"])),
+        (2, "rejected", "OPERATION_UNSUPPORTED"),
+    ),
+    (
+        "unknown-method",
+        cbor2.dumps(_call(3, "ledger", "__init__", [])),
+        (3, "rejected", "OPERATION_UNSUPPORTED"),
+    ),
+    (
+        "wrong-types",
+        cbor2.dumps(_call(4, "ledger", "apply", [5, "not bytes"])),
+        (4, "rejected", "INVALID_ARGUMENTS"),
+    ),
+    (
+        "args-not-a-list",
+        cbor2.dumps(_call(5, "ledger", "apply", "t")),
+        (5, "rejected", "INVALID_ARGUMENTS"),
+    ),
+    (
+        "non-text-kwargs",
+        cbor2.dumps(_call(6, "ledger", "apply", ["t"], {1: b""})),
+        (6, "rejected", "INVALID_ARGUMENTS"),
+    ),
+    (
+        "too-many-args",
+        cbor2.dumps(_call(7, "ledger", "apply", ["t", b"", 0.0, "extra"])),
+        (7, "rejected", "INVALID_ARGUMENTS"),
+    ),
+    ("repeated-call-id", cbor2.dumps(_call(7, "ledger", "apply", ["again", b""])), None),
+    (
+        "stream-without-credit",
+        cbor2.dumps(_call(8, "ledger", "numbers", ["s8", 3])),
+        (8, "rejected", "INVALID_ARGUMENTS"),
+    ),
+    (
+        "negative-credit",
+        cbor2.dumps([0, 9, "ledger", "numbers", ["s9", 3], {}, -1, 2**64]),
+        (9, "rejected", "INVALID_ARGUMENTS"),
+    ),
+    # Any tag makes the whole envelope malformed (strict, plain decoding): it is dropped, like
+    # an envelope that names no call (no legitimate encoder produces one).
+    (
+        "tagged-argument",
+        cbor2.dumps(_call(10, "ledger", "apply", [cbor2.CBORTag(1, 0), b""])),
+        None,
+    ),
+    (
+        "bignum-argument",
+        cbor2.dumps(_call(11, "ledger", "count_of", [2**4000])),
+        (11, "rejected", "INVALID_ARGUMENTS"),
+    ),
+    ("result-for-unknown-id", cbor2.dumps([1, 999, 5]), None),
+    ("error-for-unknown-id", cbor2.dumps([2, 999, {"outcome": "failed"}]), None),
+    ("item-for-unknown-id", cbor2.dumps([5, 999, 1]), None),
+    ("end-for-unknown-id", cbor2.dumps([6, 999]), None),
+    ("negative-credit-grant", cbor2.dumps([7, 999, -5, -5]), None),
+    ("cancel-unknown", cbor2.dumps([3, 999]), None),
+    ("notify-unknown-service", cbor2.dumps([4, "nope", "x", [], {}]), None),
+    ("notify-a-stream", cbor2.dumps([4, "ledger", "numbers", ["n", 1], {}]), None),
+    ("notify-bad-args", cbor2.dumps([4, "ledger", "apply", [1, 2, 3, 4, 5], {}]), None),
+]
+
+
+async def test_malformed_envelopes_fail_only_what_they_name() -> None:
+    with anyio.fail_after(DEADLINE):
+        async with target(legit=False) as t:
+            async with Raw.connect(t.port) as raw:
+                assert await raw.upgrade()
+                await raw.authenticate()
+                session = t.worker.link.transport
+                assert session is not None
+                for _name, body, _ in GARBAGE_ENVELOPES:
+                    await raw.send_envelope(body)
+                # An unrelated, valid call on the same session still works.
+                await raw.send_envelope(_call(100, "ledger", "apply", ["valid", b"v"]))
+                result = await raw.replies(lambda e: e[:2] == [1, 100], OUTCOME_WAIT)
+                assert result == [1, 100, checksum("valid", b"v")]
+                errors = {}
+                for _name, _body, want in GARBAGE_ENVELOPES:
+                    if want is None:
+                        continue
+                    call_id = want[0]
+                    reply = await raw.replies(
+                        lambda e, i=call_id: e[0] == 2 and e[1] == i, OUTCOME_WAIT
+                    )
+                    errors[call_id] = (reply[2]["outcome"], reply[2]["code"])
+                expected = {w[0]: (w[1], w[2]) for _, _, w in GARBAGE_ENVELOPES if w is not None}
+                assert errors == expected
+                # Nothing else was answered: no reply names an id no call had.
+                leftovers = [cbor2.loads(b) for b in raw.received]
+                assert all(e[0] in (1, 2) and e[1] in expected for e in leftovers), leftovers
+                assert t.worker.link.transport is session
+                assert session.state is TransportState.READY
+            assert t.service.ledger == {"valid": 1}
+
+
+async def test_excess_calls_are_overloaded_and_cancellable() -> None:
+    n = LIMITS.max_incoming_calls + 44
+    with anyio.fail_after(DEADLINE):
+        async with target(legit=False) as t:
+            async with Raw.connect(t.port) as raw:
+                assert await raw.upgrade()
+                await raw.authenticate()
+                for i in range(1, n + 1):
+                    await raw.send_envelope(_call(i, "ledger", "hold", [f"h{i}"]))
+                overloaded = []
+                for _ in range(n - LIMITS.max_incoming_calls):
+                    reply = await raw.replies(lambda e: e[0] == 2, OUTCOME_WAIT)
+                    assert reply[2]["code"] == "OVERLOADED", reply
+                    assert reply[2]["outcome"] == "not_dispatched"
+                    overloaded.append(reply[1])
+                assert t.service.running == LIMITS.max_incoming_calls
+                for i in range(1, n + 1):
+                    await raw.send_envelope([3, i])
+                await raw.send_envelope(_call(n + 1, "ledger", "apply", ["after", b""]))
+                await raw.replies(lambda e: e[:2] == [1, n + 1], OUTCOME_WAIT)
+                with anyio.fail_after(OUTCOME_WAIT):
+                    while t.service.running:
+                        await raw.replies(lambda e: e[0] == 2, OUTCOME_WAIT)
+            assert sum(t.service.ledger.values()) == LIMITS.max_incoming_calls + 1
+            assert all(t.service.ledger[f"h{i}"] == 0 for i in overloaded)
+
+
+async def test_ping_flood_on_an_authenticated_socket() -> None:
+    with anyio.fail_after(DEADLINE):
+        async with target(legit=False) as t:
+            rss_before = rss_bytes()
+            async with Raw.connect(t.port) as raw:
+                assert await raw.upgrade()
+                await raw.authenticate()
+                ping = ws_frame(OP_PING, b"x" * 100)
+                # 50,000 pings, never reading the pongs: the server's writes block, its reader
+                # waits, nothing is buffered without bound. Bounded by the time box too.
+                with anyio.move_on_after(5):
+                    for _ in range(500):
+                        if not await raw.write(ping * 100):
+                            break
+                await raw.send_envelope(_call(1, "ledger", "apply", ["after-flood", b"f"]))
+                reply = await raw.replies(lambda e: e[:2] == [1, 1], 10)
+                assert reply[2] == checksum("after-flood", b"f")
+            assert rss_bytes() - rss_before < RSS_GROWTH
+
+
+async def test_takeover_of_a_healthy_session_is_refused() -> None:
+    with anyio.fail_after(DEADLINE):
+        async with target() as t:
+            assert t.executor is not None
+            session = (await t.executor.info()).session_id
+            for _ in range(3):
+                async with Raw.connect(t.port) as raw:
+                    assert await raw.upgrade()
+                    # Refused when the proofs verify: during or right after our handshake.
+                    with contextlib.suppress(ConnectionError):
+                        await raw.authenticate(fence=False)
+                    assert str(await raw.outcome(OUTCOME_WAIT)) == "close 4004"
+            assert (await t.executor.info()).session_id == session
+            assert t.worker.link.statistics().takeovers_refused == 3
+
+
+async def test_shared_reference_bomb_in_an_envelope_is_cheap(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    bomb = dag_bomb(20)  # 1M leaves: big enough to measure, small enough not to hang the test
+    body = b"\x85\x04" + bomb + cbor2.dumps("x") + cbor2.dumps([]) + cbor2.dumps({})
+    with anyio.fail_after(DEADLINE):
+        async with target(legit=False) as t, Raw.connect(t.port) as raw:
+            assert await raw.upgrade()
+            await raw.authenticate()
+            await raw.send_envelope(body)
+            await raw.send_envelope(_call(1, "ledger", "apply", ["after-bomb", b""]))
+            await raw.replies(lambda e: e[:2] == [1, 1], OUTCOME_WAIT)
+    longest = max((len(r.getMessage()) for r in caplog.records), default=0)
+    assert longest < 64 * 1024, f"a {len(bomb)}-byte envelope produced a {longest}-char log line"
+
+
+async def test_a_hostile_worker_cannot_stall_the_controller_with_a_bomb_reply() -> None:
+    """A worker (dialing a listening controller) answers ``describe`` with a shared-reference
+    bomb: the reply is dropped without being walked, the controller's event loop keeps running,
+    and a proper reply to the same call then makes it ready."""
+    config = gl.LinkConfig(
+        executor_id=EXECUTOR_ID,
+        role=gl.Role.CONTROLLER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    with anyio.fail_after(DEADLINE):
+        async with (
+            gl.connect(config) as executor,
+            Raw.connect(executor.link.listen_address[1]) as raw,
+        ):
+            assert await raw.upgrade()
+            await raw.authenticate(role=gl.Role.WORKER)
+            call = await raw.replies(lambda e: e[0] == 0, OUTCOME_WAIT)
+            assert call[2:4] == ["$link", "describe"]
+            manifest = {
+                "executor_id": EXECUTOR_ID,
+                "instance_id": os.urandom(16),
+                "services": {},
+                "contract": cbor2.loads(dag_bomb(60)),
+            }
+            await raw.send_envelope(cbor2.dumps([1, call[1], manifest], value_sharing=True))
+            # The controller's loop is alive: a short sleep returns on time.
+            start = anyio.current_time()
+            await anyio.sleep(0.05)
+            assert anyio.current_time() - start < P99_CEILING
+            assert executor.availability == "offline"
+            manifest["contract"] = "c" * 64
+            await raw.send_envelope([1, call[1], manifest])
+            await wait_for(
+                lambda: executor.availability == "ready", OUTCOME_WAIT, "a ready controller"
+            )
