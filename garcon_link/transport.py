@@ -67,6 +67,9 @@ __all__ = ["MessageSocket", "SessionTransport", "TransportState", "TransportStat
 
 log = logging.getLogger(__name__)
 
+COALESCE_BYTES = 256 * 1024
+"""Packets ready together are merged into WebSocket messages of at most this many bytes."""
+
 
 class TransportState(enum.Enum):
     DETACHED = "detached"
@@ -480,7 +483,17 @@ class SessionTransport:
     def _release(self, bodies: Iterable[bytes], *, buffered: bool = False) -> None:
         if self._consumer_gone:
             return
+        send_nowait = self._deliver_send.send_nowait
         for body in bodies:
+            if not self._pending and not self._in_flight:
+                # Fast path: nothing is ahead of it, so hand it straight to the queue if there
+                # is room. send_nowait either queues it or raises, so nothing can be lost here.
+                # A closed or broken queue falls through too: _deliver reports and cleans up.
+                try:
+                    send_nowait(body)
+                    continue
+                except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    pass
             self._pending.append((body, buffered))
             if buffered:
                 self._pending_buffered += 1
@@ -576,7 +589,10 @@ class SessionTransport:
 
     async def _write_packets(self, sock: MessageSocket) -> None:
         session = self._session
-        limit = self.limits.max_frame_bytes
+        # Coalescing amortises per-message cost for *small* packets; merging megabytes gains
+        # nothing and multiplies peak memory (the join, wsproto's masking copy and the socket
+        # buffer each hold the whole message), so a larger packet goes out on its own.
+        limit = min(self.limits.max_frame_bytes, COALESCE_BYTES)
         delay = self.limits.receipt_delay
         while True:
             # Fresh event first: anything issued after this point wakes us again.
