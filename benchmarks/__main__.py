@@ -1,5 +1,8 @@
 """``python -m benchmarks``: measure the floors, the peers and garcon_link in one run.
 
+Then garcon_link's own resume latency and retention memory (``resume.py``), which have no
+counterpart among the peers.
+
 Writes ``benchmarks/results/latest.json`` and the generated section of
 ``benchmarks/README.md``, and prints that section.  Exit status 1 if an entry failed
 (a peer that is not installed, or garcon_link not yet available, is not a failure).
@@ -10,9 +13,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from pathlib import Path
 
-from . import eventloop, harness, report
+from . import eventloop, harness, report, resume
 from .systems import BY_NAME, ENTRIES, Entry
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
         "--only",
         action="append",
         metavar="NAME[,NAME]",
-        help="measure only these entries (or kinds: floor, peer, ours); see --list",
+        help="measure only these entries (or kinds: floor, peer, ours), e.g. "
+        "resume,retention-rss; see --list",
     )
     parser.add_argument(
         "--repetitions", type=int, metavar="N", help="repetitions per figure (default 5)"
@@ -69,21 +74,30 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def select(only: list[str] | None, parser: argparse.ArgumentParser) -> list[Entry]:
-    """The entries named by ``--only`` (in the report's order), or all of them."""
+def select(
+    only: list[str] | None, parser: argparse.ArgumentParser
+) -> tuple[list[Entry], list[str]]:
+    """The echo entries and the ``resume.py`` measurements named by ``--only`` (in the
+    report's order), or all of them."""
     if not only:
-        return list(ENTRIES)
+        return list(ENTRIES), list(resume.NAMES)
     wanted: set[str] = set()
     for name in (part.strip() for option in only for part in option.split(",")):
         if not name:
             continue
-        if name in BY_NAME:
+        if name in BY_NAME or name in resume.NAMES:
             wanted.add(name)
         elif name in ("floor", "peer", "ours"):
             wanted.update(entry.name for entry in ENTRIES if entry.kind == name)
+            if name == "ours":
+                wanted.update(resume.NAMES)
         else:
-            parser.error(f"unknown entry {name!r}; known: {', '.join(BY_NAME)}")
-    return [entry for entry in ENTRIES if entry.name in wanted]
+            known = ", ".join([*BY_NAME, *resume.NAMES])
+            parser.error(f"unknown entry {name!r}; known: {known}")
+    return (
+        [entry for entry in ENTRIES if entry.name in wanted],
+        [name for name in resume.NAMES if name in wanted],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for entry in ENTRIES:
             print(f"{entry.name:15} {entry.kind:6} {entry.description}")
+        for name in resume.NAMES:
+            print(f"{name:15} {'ours':6} {resume.DESCRIPTIONS[name]}")
         return 0
     settings = harness.Settings()
     if args.quick:
@@ -100,11 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.repetitions < 1:
             parser.error("--repetitions must be at least 1")
         settings = dataclasses.replace(settings, repetitions=args.repetitions)
-    entries = select(args.only, parser)
+    entries, extras = select(args.only, parser)
 
     with harness.signals_end_the_run():
         try:
             doc = harness.run(entries, settings, args.loop)
+            extras_started = time.perf_counter()
+            doc["resume_and_memory"] = resume.run(extras, settings, args.quick, args.loop)
+            doc["duration_s"] += time.perf_counter() - extras_started
         finally:
             harness.stop_all_servers()
     doc["quick"] = args.quick
@@ -119,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         written.append(str(args.readme))
     print(section)
     print(f"written: {', '.join(written)}", file=sys.stderr)
-    return 1 if any(entry["status"] == "error" for entry in doc["entries"]) else 0
+    results = [*doc["entries"], *doc["resume_and_memory"]]
+    return 1 if any(entry["status"] == "error" for entry in results) else 0
 
 
 if __name__ == "__main__":

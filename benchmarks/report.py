@@ -13,6 +13,7 @@ END = "<!-- END GENERATED RESULTS -->"
 
 EN_DASH = "\u2013"
 MICRO = "\u00b5"
+AT_MOST = "\u2264"
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,52 @@ def _ours_section(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _target_cell(item: dict[str, Any]) -> str:
+    return "" if item["target"] is None else f"{AT_MOST} {number(item['target'])} {item['unit']}"
+
+
+def _met_cell(item: dict[str, Any]) -> str:
+    if item["met"] is None:
+        return ""
+    return "yes" if item["met"] else "**no**"
+
+
+def _resume_section(doc: dict[str, Any]) -> list[str]:
+    """The table of ``benchmarks/resume.py``: garcon_link-only figures against their targets."""
+    results = doc.get("resume_and_memory") or []
+    if not results:
+        return []
+    lines = [
+        "",
+        "#### garcon_link resume and memory",
+        "",
+        "No peer has these, so they stand against targets instead of ratios (see "
+        "`benchmarks/resume.py`). Resume: time from a proxy cut to the controller's session "
+        "being past its replay fence on a new socket with every retained frame confirmed. "
+        "Memory: the controller process alone, worker unreachable (blackholed), 64 KiB "
+        f"notifications sent until retention is full. Median (min{EN_DASH}max) of the "
+        "repetitions.",
+        "",
+    ]
+    rows = []
+    for result in results:
+        if result["status"] != "ok":
+            rows.append(
+                [f"`{result['name']}`", f"**{result['status']}**: {result['note']}", "", ""]
+            )
+            continue
+        for item in result["figures"]:
+            rows.append(
+                [
+                    item["label"],
+                    f"{figure(item['summary'])} {item['unit']}",
+                    _target_cell(item),
+                    _met_cell(item),
+                ]
+            )
+    return lines + _table(["measurement", "figure", "target", "met?"], rows)
+
+
 def _versions(doc: dict[str, Any]) -> list[str]:
     installed = [
         f"{name} {version}"
@@ -269,14 +316,10 @@ def _versions(doc: dict[str, Any]) -> list[str]:
 
 def markdown(doc: dict[str, Any]) -> str:
     """The generated section of ``benchmarks/README.md`` (without the markers)."""
-    lines = [
-        *_preamble(doc),
-        "",
-        *_results_table(doc),
-        *_baseline_section(doc),
-        *_ours_section(doc),
-        *_versions(doc),
-    ]
+    echo: list[str] = []
+    if doc["entries"]:
+        echo = ["", *_results_table(doc), *_baseline_section(doc), *_ours_section(doc)]
+    lines = [*_preamble(doc), *echo, *_resume_section(doc), *_versions(doc)]
     return "\n".join(lines) + "\n"
 
 

@@ -55,3 +55,52 @@ def test_quick_run_of_the_floors_writes_positive_figures(tmp_path: Path) -> None
     assert doc["ratios"]["to_baseline"]["wsproto"]["latency_p50_us"] == 1.0
     assert "| `asyncio-tcp` | floor |" in completed.stdout
     assert (readme.read_bytes() if readme.exists() else None) == readme_before
+
+
+RESUME_ENTRIES = ("resume", "retention-rss")
+
+
+def test_quick_run_of_resume_and_retention_rss_writes_positive_figures(tmp_path: Path) -> None:
+    output = tmp_path / "results.json"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--quick",
+            "--only",
+            ",".join(RESUME_ENTRIES),
+            "--no-readme",
+            "--output",
+            str(output),
+        ],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    doc = json.loads(output.read_text(encoding="utf-8"))
+    assert doc["entries"] == []
+    results = doc["resume_and_memory"]
+    assert [result["name"] for result in results] == list(RESUME_ENTRIES)
+    for result in results:
+        assert result["status"] == "ok", result
+        assert result["figures"], result
+        for item in result["figures"]:
+            figure = item["summary"]
+            assert figure["median"] > 0, (result["name"], item["key"], figure)
+            assert figure["min"] <= figure["median"] <= figure["max"]
+    resume_runs = results[0]["runs"]
+    assert all(run["retained_frames_at_cut"] >= run["frames"] for run in resume_runs)
+    assert all(run["replayed_frames"] <= run["frames"] for run in resume_runs)
+    rss = results[1]["runs"][0]
+    assert (
+        rss["retained_bytes"]
+        <= rss["budget_bytes"]
+        < rss["retained_bytes"] + rss["payload_bytes"] * 2
+    )
+    assert "#### garcon_link resume and memory" in completed.stdout
