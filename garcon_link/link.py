@@ -11,8 +11,12 @@ sockets and hands each to the current :class:`~garcon_link.transport.SessionTran
    draining or when ``max_authenticated_sockets`` are busy. No extension (no permessage-deflate) is
    ever negotiated. Unauthenticated sockets are capped separately (``max_unauthenticated_sockets``):
    past the cap the oldest one is evicted, so a slowloris flood cannot starve a legitimate peer.
-2. **Handshake.** Both sides send ``hello`` at once, then ``proof`` (:mod:`garcon_link.handshake`).
-   Upgrade plus handshake must finish within ``handshake_timeout``; handshake frames are capped at
+2. **Handshake.** Both sides send ``hello`` at once (:mod:`garcon_link.handshake`). The dialer
+   sends its ``proof`` as soon as it has the listener's hello; the *accepting* side verifies that
+   proof and sends its own only once it has admitted the peer (step 3). A peer refused by the
+   takeover rule therefore never completes a handshake -- it creates no session on its retries --
+   and a listener never hands out a proof that could be reflected. Upgrade plus handshake must
+   finish within ``handshake_timeout`` (else 4008); handshake frames are capped at
    ``max_handshake_frame_bytes`` before buffering. A refusal closes with the reason's close code.
 3. **Resume or fresh.** Resume iff runtimes cross-match and session ids match; the peer's
    ``received`` positions the replay. Otherwise the current session is retired (``REPLACED``) and a
@@ -25,7 +29,8 @@ sockets and hands each to the current :class:`~garcon_link.transport.SessionTran
    slow consumer is back-pressure, not the peer's silence (nor evidence for a takeover probe).
    Messages are capped at ``max_frame_bytes`` while they are assembled (1009). A text frame is a
    protocol error (1003; the session is retired). Write back-pressure awaits the socket's drain
-   and is never a continuity failure.
+   and is never a continuity failure. A close from the peer with 1001 (shutdown), 4005, 4006 or
+   4008 means the peer retired the session: it is retired here at once, not after the grace.
 5. **Dialing.** One dial loop per link: connect (``connect_timeout``), upgrade, handshake, run;
    between attempts the delay comes from :func:`backoff` -- first retry immediate, then full-jitter
    exponential capped at ``backoff_max``, reset after a socket stayed up ``backoff_reset_after``.

@@ -24,7 +24,7 @@ from garcon_link.errors import (
 )
 from garcon_link.limits import Limits
 from garcon_link.session import SessionState, encoded_message_size
-from garcon_link.transport import SessionTransport, TransportState
+from garcon_link.transport import COALESCE_BYTES, SessionTransport, TransportState
 from garcon_link.wire import Message, Receipt, decode_packets, encode_message, encode_receipt
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -315,6 +315,29 @@ async def test_coalescing_respects_the_frame_limit() -> None:
         assert len(sock.written) >= 3
         assert all(len(m) <= limits.max_frame_bytes for m in sock.written)
         assert sock.bodies() == [bytes([i]) * 30_000 for i in range(5)]
+
+
+async def test_coalescing_stops_at_coalesce_bytes_and_big_packets_go_alone() -> None:
+    # Regression: merging up to max_frame_bytes (16 MiB) multiplied peak memory with retention
+    # full; merging is for small packets, so merged messages stop at COALESCE_BYTES.
+    async with harness() as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await settle()
+        sock.written.clear()
+        big = COALESCE_BYTES  # a single packet over the cap (its encoding adds a few bytes)
+        sizes = [10, 20, big, 30, 40, COALESCE_BYTES // 3, COALESCE_BYTES // 3, COALESCE_BYTES // 3]
+        for i, size in enumerate(sizes):
+            h.t.try_send(bytes([i]) * size)
+        await settle()
+        assert sock.bodies() == [bytes([i]) * size for i, size in enumerate(sizes)]
+        lone = [m for m in sock.written if len(m) > COALESCE_BYTES]
+        assert len(lone) == 1  # the big packet, alone in its message
+        assert [
+            len(p.body) for p in decode_packets(lone[0], 1 << 30) if isinstance(p, Message)
+        ] == [big]
+        assert all(len(m) <= COALESCE_BYTES for m in sock.written if m is not lone[0])
+        assert len(sock.written) >= 4  # small ones merged, three thirds do not all fit in one
 
 
 async def test_a_payload_over_the_frame_limit_is_refused_without_an_ordinal() -> None:
