@@ -48,6 +48,7 @@ so a paused stream holds at most one item in flight and the consumer's buffer is
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
 import math
 import traceback
@@ -131,7 +132,6 @@ class Registry:
 
     def __init__(self) -> None:
         self._services: dict[str, _Bound] = {}
-        self.internal: dict[str, Callable[..., Any]] = {}
 
     def add(self, name: str, target: object, spec: ServiceSpec) -> None:
         if not name or name.startswith(("_", "$")):
@@ -566,12 +566,9 @@ class ExecutorRpc:
         if not isinstance(service, str) or not isinstance(method, str):
             raise Rejected("OPERATION_UNSUPPORTED", "service and method must be strings")
         if service == INTERNAL_SERVICE:
-            handler = self.registry.internal.get(method) if method != "describe" else None
             if method == "describe":
                 return _DESCRIBE_SPEC, self._internal_describe
-            if handler is None:
-                raise Rejected("OPERATION_UNSUPPORTED", f"no internal method {method!r}")
-            return _DESCRIBE_SPEC, handler
+            raise Rejected("OPERATION_UNSUPPORTED", f"no internal method {method!r}")
         bound = self.registry.get(service)
         if bound is None:
             raise Rejected("UNKNOWN_SERVICE", f"no service named {service!r}")
@@ -831,14 +828,11 @@ class _BadEnvelope(Exception):
     pass
 
 
-class _DescribeInterface:
-    async def describe(self) -> Any: ...
-
-
+# The one internal method ("$link".describe): no arguments, the manifest map as its result.
 _DESCRIBE_SPEC = MethodSpec(
     name="describe",
     kind=MethodKind.UNARY,
-    signature=__import__("inspect").Signature(),
+    signature=inspect.Signature(),
     hints={},
     result=Any,
 )

@@ -268,6 +268,10 @@ class SessionTransport:
             self._wakeup.set()
             return ordinal
 
+    def has_capacity(self, size: int) -> bool:
+        """Whether retention would admit a ``size``-byte body now (``False`` once retired)."""
+        return self._session.has_capacity(size)
+
     def try_send(self, body: bytes) -> Ordinal | None:
         """Like :meth:`send` but returns ``None`` instead of waiting when retention is full."""
         try:
@@ -276,9 +280,6 @@ class SessionTransport:
             return None
         self._wakeup.set()
         return ordinal
-
-    def has_capacity(self, size: int) -> bool:
-        return self._session.has_capacity(size)
 
     # ------------------------------------------------------------------ lifecycle
 
