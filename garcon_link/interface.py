@@ -117,38 +117,39 @@ class MethodSpec:
         """
         fast = self._positional
         if fast is not None and not kwargs and len(args) == len(fast):
-            converted = []
-            for value, hint, pname in zip(args, fast, self.signature.parameters, strict=True):
-                try:
-                    converted.append(from_wire(value, hint))
-                except msgspec.ValidationError as exc:
-                    raise ValueError(f"argument {pname!r}: {exc}") from None
-                except TypeError as exc:
-                    raise ValueError(
-                        f"argument {pname!r}: cannot convert to {hint!r}: {exc}"
-                    ) from None
-            return converted, {}
+            names = self.signature.parameters
+            return [
+                _convert_argument(name, value, hint)
+                for value, hint, name in zip(args, fast, names, strict=True)
+            ], {}
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise ValueError(str(exc)) from None
         for name, value in bound.arguments.items():
             hint = self.hints.get(name, Any)
-            param = self.signature.parameters[name]
-            try:
-                if param.kind is inspect.Parameter.VAR_POSITIONAL:
-                    bound.arguments[name] = tuple(from_wire(v, hint) for v in value)
-                elif param.kind is inspect.Parameter.VAR_KEYWORD:
-                    bound.arguments[name] = {k: from_wire(v, hint) for k, v in value.items()}
-                else:
-                    bound.arguments[name] = from_wire(value, hint)
-            except msgspec.ValidationError as exc:
-                raise ValueError(f"argument {name!r}: {exc}") from None
-            except TypeError as exc:
-                # msgspec cannot convert to this hint at all (e.g. a non-runtime Protocol): the
-                # call fails, the receiving session does not.
-                raise ValueError(f"argument {name!r}: cannot convert to {hint!r}: {exc}") from None
+            kind = self.signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                bound.arguments[name] = tuple(_convert_argument(name, v, hint) for v in value)
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                bound.arguments[name] = {
+                    k: _convert_argument(name, v, hint) for k, v in value.items()
+                }
+            else:
+                bound.arguments[name] = _convert_argument(name, value, hint)
         return list(bound.args), dict(bound.kwargs)
+
+
+def _convert_argument(name: str, value: Any, hint: Any) -> Any:
+    """:func:`from_wire` for one received argument; failures name it (``ValueError``)."""
+    try:
+        return from_wire(value, hint)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"argument {name!r}: {exc}") from None
+    except TypeError as exc:
+        # msgspec cannot convert to this hint at all (e.g. a non-runtime Protocol): the call
+        # fails, the receiving session does not.
+        raise ValueError(f"argument {name!r}: cannot convert to {hint!r}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)

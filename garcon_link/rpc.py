@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
-import math
 import traceback
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -354,16 +353,22 @@ class ExecutorRpc:
             if isinstance(value, ResourceRef) and value.instance_id != instance:
                 raise StaleResource(message=f"{value!r} belongs to a replaced session")
 
+    async def _send_request(self, body: bytes) -> int:
+        """Issue a request envelope; a refusal before an ordinal is assigned is NOT_DISPATCHED."""
+        try:
+            return await self.transport.send(body)
+        except PayloadTooLarge as exc:
+            raise NotDispatched("PAYLOAD_TOO_LARGE", str(exc)) from exc
+        except SessionFailed as exc:
+            raise NotDispatched("OFFLINE", str(exc)) from exc
+
     async def _issue(self, pending: _Pending, body: bytes) -> None:
         self._pending[pending.id] = pending
         try:
-            pending.ordinal = await self.transport.send(body)
-        except PayloadTooLarge as exc:
+            pending.ordinal = await self._send_request(body)
+        except NotDispatched:
             self._pending.pop(pending.id, None)
-            raise NotDispatched("PAYLOAD_TOO_LARGE", str(exc)) from exc
-        except SessionFailed as exc:
-            self._pending.pop(pending.id, None)
-            raise NotDispatched("OFFLINE", str(exc)) from exc
+            raise
 
     async def call(
         self,
@@ -385,9 +390,8 @@ class ExecutorRpc:
             return None
         pending, body = self._prepare(service, spec, args, kwargs, (0, 0))
         assert pending is not None
-        deadline = math.inf if timeout is None else anyio.current_time() + timeout
         try:
-            with anyio.fail_after(None if timeout is None else timeout):
+            with anyio.fail_after(timeout):
                 await self._issue(pending, body)
                 await pending.done.wait()
         except TimeoutError:
@@ -399,7 +403,6 @@ class ExecutorRpc:
             if not pending.done.is_set():
                 self._abandon(pending)
             raise
-        del deadline
         if pending.error is not None:
             raise _local_exception(pending.error)
         return pending.value
@@ -409,12 +412,7 @@ class ExecutorRpc:
     ) -> None:
         """Send a one-way notification (returns once it is queued on the session)."""
         _, body = self._prepare(service, spec, args, kwargs, (0, 0))
-        try:
-            await self.transport.send(body)
-        except PayloadTooLarge as exc:
-            raise NotDispatched("PAYLOAD_TOO_LARGE", str(exc)) from exc
-        except SessionFailed as exc:
-            raise NotDispatched("OFFLINE", str(exc)) from exc
+        await self._send_request(body)
 
     def stream(
         self, service: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
