@@ -891,31 +891,30 @@ class WebSocketLink:
             transport.session_id.hex()[:12],
             result.resume,
         )
-        # Not 1001: a peer that still reads this must not take it for a shutdown (which retires).
-        code, cause = int(CloseCode.NORMAL), "socket ended"
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeat, sock, tg.cancel_scope)
                 try:
                     await transport.run(sock, peer_received)
-                except SessionFailed as failure:
-                    code, cause = failure.close_code, str(failure)
+                except SessionFailed:
+                    pass  # stored as transport.failure; the close below reports it
                 tg.cancel_scope.cancel()
         finally:
             if self._attached is sock:
                 self._attached = None
-        retired_by_peer = sock.retired_by_peer()
-        if retired_by_peer is not None:  # normally already done by the transport's reader
-            transport.retire(FailureReason.PEER_RETIRED, retired_by_peer)
+        # The cause: ours if we ended it (4007, 1009, 4004...), the session's failure if it was
+        # retired, else a plain end -- not 1001, which a peer still reading would take for a
+        # shutdown and retire the session.
         if sock.local_close is None and sock.peer_close is None:
-            if transport.failure is not None:
-                code, cause = transport.failure.close_code, str(transport.failure)
-            sock.local_close = (code, cause)
+            failure = transport.failure
+            sock.local_close = (
+                (failure.close_code, str(failure))
+                if failure is not None
+                else (int(CloseCode.NORMAL), "socket ended")
+            )
         log.info("%s ✕ %s %s", self._tag, sock.peer, _describe_close(sock))
-        local = sock.local_close
-        if local and local[0]:
-            code, cause = int(local[0]), local[1]  # e.g. 4007, 1009: tell the peer the real cause
-        await sock.close(code, cause)
+        code, cause = sock.local_close or (0, "")
+        await sock.close(int(code) or CloseCode.NORMAL, cause or "socket ended")
 
     async def _decide(
         self, sock: _WebSocket, result: HandshakeResult
