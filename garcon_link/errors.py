@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 __all__ = [
     "AuthenticationError",
@@ -215,7 +215,31 @@ class FrameTooLarge(MalformedFrame):
         return f"frame of {self.size} bytes exceeds the limit of {self.limit} bytes"
 
 
-class HandshakeFailure(enum.Enum):
+class _CodedReason(enum.Enum):
+    """Base of the reason enums: each member is ``(description, close code sent to the peer)``."""
+
+    def __init__(self, description: str, close_code: int) -> None:
+        self.description = description
+        self.close_code = close_code
+
+
+_R = TypeVar("_R", bound=_CodedReason)
+
+
+class _ReasonedError(LinkError, Generic[_R]):
+    """A link error that carries a coded ``reason`` and a free-text ``detail``."""
+
+    def __init__(self, reason: _R, detail: str = "") -> None:
+        super().__init__(reason, detail)
+        self.reason = reason
+        self.detail = detail
+
+    @property
+    def close_code(self) -> int:
+        return self.reason.close_code
+
+
+class HandshakeFailure(_CodedReason):
     """Why a handshake was refused, with the WebSocket close code each reason uses."""
 
     MALFORMED = ("malformed handshake frame", 4008)
@@ -229,22 +253,9 @@ class HandshakeFailure(enum.Enum):
     SUPERSEDED = ("another peer holds a healthy session", 4004)
     RESUME_REFUSED = ("resume position refused", 4005)
 
-    def __init__(self, description: str, close_code: int) -> None:
-        self.description = description
-        self.close_code = close_code
 
-
-class HandshakeError(LinkError):
+class HandshakeError(_ReasonedError[HandshakeFailure]):
     """The handshake was refused. ``reason`` is a :class:`HandshakeFailure`."""
-
-    def __init__(self, reason: HandshakeFailure, detail: str = "") -> None:
-        super().__init__(reason, detail)
-        self.reason = reason
-        self.detail = detail
-
-    @property
-    def close_code(self) -> int:
-        return self.reason.close_code
 
     def __str__(self) -> str:
         text = self.reason.description
@@ -258,7 +269,7 @@ class AuthenticationError(HandshakeError):
         super().__init__(HandshakeFailure.AUTH_FAILED, detail)
 
 
-class FailureReason(enum.Enum):
+class FailureReason(_CodedReason):
     """Why a logical session was retired, with the close code sent to the peer (if any)."""
 
     GAP = ("inbound ordinal skipped ahead", 4008)
@@ -272,22 +283,9 @@ class FailureReason(enum.Enum):
     PEER_RETIRED = ("the peer retired the session", 4005)
     CLOSED = ("closed locally", 1001)
 
-    def __init__(self, description: str, close_code: int) -> None:
-        self.description = description
-        self.close_code = close_code
 
-
-class SessionFailed(LinkError):
+class SessionFailed(_ReasonedError[FailureReason]):
     """The logical session is retired for good. Stored and re-raised by every later operation."""
-
-    def __init__(self, reason: FailureReason, detail: str = "") -> None:
-        super().__init__(reason, detail)
-        self.reason = reason
-        self.detail = detail
-
-    @property
-    def close_code(self) -> int:
-        return self.reason.close_code
 
     def __str__(self) -> str:
         text = f"session retired: {self.reason.description}"
