@@ -70,6 +70,7 @@ from wsproto.events import (
 )
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
+from . import _asyncio_stream
 from .errors import (
     ConfigError,
     FailureReason,
@@ -582,9 +583,12 @@ class WebSocketLink:
         log.info("%s listening on %s", self._tag, self.url)
         task_status.started()
         async with listener:
-            await listener.serve(self._handle_incoming, task_group=self._tg)
+            if _asyncio_stream.on_asyncio():
+                await _asyncio_stream.serve_accepted(listener, self._handle_incoming, self._tg)
+            else:
+                await listener.serve(self._handle_incoming, task_group=self._tg)
 
-    async def _handle_incoming(self, stream: anyio.abc.SocketStream) -> None:
+    async def _handle_incoming(self, stream: anyio.abc.ByteStream) -> None:
         self._stats.connections += 1
         try:
             remote = stream.extra(SocketAttribute.remote_address)
@@ -618,7 +622,7 @@ class WebSocketLink:
             await anyio.aclose_forcefully(stream)
 
     async def _accept(
-        self, stream: anyio.abc.SocketStream, peer: str
+        self, stream: anyio.abc.ByteStream, peer: str
     ) -> tuple[_WebSocket, HandshakeResult] | None:
         byte_stream: anyio.abc.ByteStream = stream
         sock: _WebSocket | None = None
@@ -735,7 +739,11 @@ class WebSocketLink:
         _scheme, host, port = self._dial
         try:
             with anyio.fail_after(self.limits.connect_timeout):
-                stream: anyio.abc.ByteStream = await anyio.connect_tcp(host, port)
+                stream: anyio.abc.ByteStream = (
+                    await _asyncio_stream.connect(host, port)
+                    if _asyncio_stream.on_asyncio()
+                    else await anyio.connect_tcp(host, port)
+                )
         except TimeoutError as exc:
             raise LinkError(f"connect to {host}:{port} timed out") from exc
         except OSError as exc:

@@ -1,0 +1,302 @@
+"""A leaner TCP byte stream for the asyncio backend (trio keeps anyio's own streams).
+
+Why it exists
+-------------
+anyio's asyncio ``SocketStream`` pauses the transport's reading after every ``receive`` and
+resumes it on the next (two ``epoll_ctl`` system calls per read), and ends every ``send`` that
+did not have to wait with a shielded cancel scope and an extra event-loop iteration. For a
+stream of small messages -- one RPC call is two of them per side -- that was about a quarter of
+the CPU time of a call (measured in-process: 350 -> 260 µs of CPU per sequential call, both
+sides together). :class:`AsyncioByteStream` keeps the same contract with neither cost:
+
+* **reading stays enabled** while fewer than ``READ_HIGH_WATER`` bytes wait unread, and is paused
+  above it (resumed once the reader has taken them below ``READ_LOW_WATER``): memory stays
+  bounded and a peer we do not read is pushed back by TCP, as before;
+* **``send`` returns once the kernel holds the bytes** (write buffer limit 0, as anyio's), and
+  waits -- the back-pressure the link's stall detection relies on -- only when it does not;
+* ``receive`` and ``send`` yield to the event loop only when they must wait. Every caller in
+  the link waits for something else on each turn of its loop (the next message, the next frame
+  to write), so no task can monopolise the loop through this stream.
+
+Errors are anyio's: ``EndOfStream`` after the peer's EOF, ``BrokenResourceError`` after a
+connection error, ``ClosedResourceError`` after our own :meth:`aclose`. Connecting and
+accepting map to ``OSError`` as :func:`anyio.connect_tcp` and anyio's listeners do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections import deque
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, cast
+
+import anyio
+import anyio.abc
+from anyio.abc import SocketAttribute
+
+__all__ = ["AsyncioByteStream", "connect", "on_asyncio", "serve_accepted"]
+
+log = logging.getLogger(__name__)
+
+READ_HIGH_WATER = 256 * 1024
+"""Unread bytes above which the transport stops reading from the socket."""
+READ_LOW_WATER = 64 * 1024
+"""... and below which it reads again."""
+ACCEPT_ERROR_PAUSE = 0.1
+"""Seconds to wait after a failed ``accept`` (e.g. out of file descriptors) before the next."""
+
+
+def on_asyncio() -> bool:
+    """Whether the calling task runs on an asyncio event loop (anyio's asyncio backend)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return asyncio.current_task() is not None
+
+
+class _Protocol(asyncio.Protocol):
+    """Buffers what the transport delivers and wakes the one reader / the one writer."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.reading_paused = False
+        self.at_eof = False
+        self.lost = False
+        self.error: BaseException | None = None
+        self.read_waiter: asyncio.Future[None] | None = None
+        self.drain_waiter: asyncio.Future[None] | None = None
+        self.writing_paused = False
+
+    # -- transport callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports implement the interface without subclassing it)
+        self.transport = cast("asyncio.Transport", transport)
+        # No user-space write buffering: ``send`` returns when the kernel has the bytes, else
+        # waits for it to take them (anyio's SocketStream does the same).
+        self.transport.set_write_buffer_limits(0)
+
+    def data_received(self, data: bytes) -> None:
+        self.chunks.append(bytes(data))  # some loops deliver a bytearray
+        self.buffered += len(data)
+        if self.buffered >= READ_HIGH_WATER and not self.reading_paused:
+            assert self.transport is not None
+            self.transport.pause_reading()
+            self.reading_paused = True
+        self._wake_reader()
+
+    def eof_received(self) -> bool:
+        self.at_eof = True
+        self._wake_reader()
+        return True  # keep the transport open for writing (our close frame, say)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if exc is not None:
+            self.error = exc
+        self._wake_reader()
+        self.resume_writing()
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        waiter = self.drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- helpers
+
+    def _wake_reader(self) -> None:
+        waiter = self.read_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class AsyncioByteStream(anyio.abc.ByteStream):
+    """An anyio byte stream over an asyncio TCP transport (see the module docstring)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: _Protocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+        self._closed = False
+        self._receiving = False
+        self._sending = False
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
+        sock: socket.socket = self._transport.get_extra_info("socket")
+        peer = self._transport.get_extra_info("peername")
+        attributes: dict[Any, Callable[[], Any]] = {
+            SocketAttribute.raw_socket: lambda: sock,
+            SocketAttribute.family: lambda: sock.family,
+            SocketAttribute.local_address: lambda: sock.getsockname()[:2],
+        }
+        if peer is not None:
+            attributes[SocketAttribute.remote_address] = lambda: tuple(peer[:2])
+        return attributes
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be a positive integer")
+        if self._receiving:
+            raise anyio.BusyResourceError("reading from")
+        protocol = self._protocol
+        self._receiving = True
+        try:
+            while not protocol.chunks:
+                if self._closed:
+                    raise anyio.ClosedResourceError
+                if protocol.error is not None:
+                    raise anyio.BrokenResourceError from protocol.error
+                if protocol.at_eof or protocol.lost:
+                    raise anyio.EndOfStream
+                waiter = protocol.read_waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await waiter
+                finally:
+                    protocol.read_waiter = None
+            chunk = protocol.chunks.popleft()
+            if len(chunk) > max_bytes:
+                protocol.chunks.appendleft(chunk[max_bytes:])
+                chunk = chunk[:max_bytes]
+            elif protocol.chunks and len(chunk) + len(protocol.chunks[0]) <= max_bytes:
+                # Several small reads queued up while we were busy: hand them over at once.
+                parts = [chunk]
+                size = len(chunk)
+                while protocol.chunks and size + len(protocol.chunks[0]) <= max_bytes:
+                    part = protocol.chunks.popleft()
+                    parts.append(part)
+                    size += len(part)
+                chunk = b"".join(parts)
+            protocol.buffered -= len(chunk)
+            if protocol.reading_paused and protocol.buffered <= READ_LOW_WATER:
+                protocol.reading_paused = False
+                if not self._transport.is_closing():
+                    self._transport.resume_reading()
+            return chunk
+        finally:
+            self._receiving = False
+
+    async def send(self, item: bytes) -> None:
+        if self._sending:
+            raise anyio.BusyResourceError("writing to")
+        protocol = self._protocol
+        self._sending = True
+        try:
+            self._check_writable()
+            try:
+                self._transport.write(item)
+            except RuntimeError as exc:  # the transport was closed under us
+                raise anyio.BrokenResourceError from exc
+            while protocol.writing_paused:
+                waiter = protocol.drain_waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await waiter
+                finally:
+                    protocol.drain_waiter = None
+                self._check_writable()
+        finally:
+            self._sending = False
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        if self._protocol.error is not None:
+            raise anyio.BrokenResourceError from self._protocol.error
+        if self._protocol.lost or self._transport.is_closing():
+            raise anyio.BrokenResourceError("the connection is closed")
+
+    async def send_eof(self) -> None:
+        try:
+            self._transport.write_eof()
+        except OSError:
+            pass
+
+    async def aclose(self) -> None:
+        """Close at once (abort), like anyio's ``SocketStream.aclose``: unsent bytes are dropped."""
+        if not self._closed:
+            self._closed = True
+            self._transport.abort()
+            self._protocol._wake_reader()
+            self._protocol.resume_writing()
+        await anyio.lowlevel.checkpoint()
+
+
+async def connect(host: str, port: int) -> AsyncioByteStream:
+    """Connect to ``host:port`` (happy eyeballs across the resolved addresses; TCP_NODELAY set).
+
+    Raises:
+        OSError: resolution or connection failed.
+    """
+    loop = asyncio.get_running_loop()
+    if isinstance(loop, asyncio.BaseEventLoop):
+        transport, protocol = await loop.create_connection(
+            _Protocol, host, port, happy_eyeballs_delay=0.25
+        )
+    else:  # e.g. uvloop, which tries the addresses one after the other
+        transport, protocol = await loop.create_connection(_Protocol, host, port)
+    _set_nodelay(transport.get_extra_info("socket"))
+    return AsyncioByteStream(transport, protocol)
+
+
+def _set_nodelay(sock: socket.socket) -> None:
+    # asyncio's own transports set it already; other loops may not. Small messages must not
+    # wait for Nagle's algorithm.
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+async def serve_accepted(
+    listener: anyio.abc.Listener[Any],
+    handler: Callable[[AsyncioByteStream], Coroutine[Any, Any, None]],
+    task_group: anyio.abc.TaskGroup,
+) -> None:
+    """Accept on every socket of ``listener`` and run ``handler(stream)`` in ``task_group``.
+
+    ``listener`` (from :func:`anyio.create_tcp_listener`) only binds; accepted connections get an
+    :class:`AsyncioByteStream`. A failed ``accept`` (out of file descriptors, a connection reset
+    before it was taken) is logged and retried after :data:`ACCEPT_ERROR_PAUSE`, never fatal.
+    Runs until cancelled.
+    """
+    subs = getattr(listener, "listeners", None) or [listener]  # a MultiListener, or one
+    async with anyio.create_task_group() as accept_group:
+        for sub in subs:
+            raw = sub.extra(SocketAttribute.raw_socket)
+            accept_group.start_soon(_accept_loop, raw, handler, task_group)
+
+
+async def _accept_loop(
+    raw: socket.socket,
+    handler: Callable[[AsyncioByteStream], Coroutine[Any, Any, None]],
+    task_group: anyio.abc.TaskGroup,
+) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            client, _ = await loop.sock_accept(raw)
+        except asyncio.CancelledError:
+            # sock_accept may leave its reader registered when cancelled (bpo-41317).
+            try:
+                loop.remove_reader(raw)
+            except (ValueError, NotImplementedError):
+                pass
+            raise
+        except OSError as exc:
+            log.warning("accept on %s failed: %s", raw.getsockname(), exc)
+            await anyio.sleep(ACCEPT_ERROR_PAUSE)
+            continue
+        try:
+            _set_nodelay(client)
+            transport, protocol = await loop.connect_accepted_socket(_Protocol, client)
+        except OSError as exc:
+            log.debug("accepted connection unusable: %s", exc)
+            client.close()
+            continue
+        task_group.start_soon(handler, AsyncioByteStream(transport, protocol))

@@ -1,0 +1,254 @@
+"""The asyncio byte stream the link uses instead of anyio's SocketStream (asyncio backend only).
+
+It must keep anyio's stream contract -- bytes in order, anyio's exceptions, back-pressure both
+ways, bounded buffering -- while skipping anyio's per-read pause/resume and per-send extra loop
+iteration. Each test checks one piece of that contract over real loopback sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import SocketAttribute
+
+from garcon_link import _asyncio_stream
+from garcon_link._asyncio_stream import READ_HIGH_WATER, AsyncioByteStream
+
+pytestmark = pytest.mark.anyio
+
+Handler = Callable[[AsyncioByteStream], Coroutine[Any, Any, None]]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@asynccontextmanager
+async def served(handler: Handler) -> AsyncIterator[int]:
+    """Listen on 127.0.0.1 and run ``handler`` for each accepted stream; yields the port."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(SocketAttribute.local_port)
+    async with anyio.create_task_group() as tg, listener:
+        tg.start_soon(_asyncio_stream.serve_accepted, listener, handler, tg)
+        yield port
+        tg.cancel_scope.cancel()
+
+
+async def echo(stream: AsyncioByteStream) -> None:
+    async with stream:
+        try:
+            while True:
+                await stream.send(await stream.receive())
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            pass
+
+
+async def receive_exactly(stream: AsyncioByteStream, size: int) -> bytes:
+    parts, got = [], 0
+    while got < size:
+        part = await stream.receive(size - got)
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+async def test_echo_round_trip_keeps_bytes_in_order_and_exposes_addresses() -> None:
+    async with served(echo) as port:
+        stream = await _asyncio_stream.connect("127.0.0.1", port)
+        async with stream:
+            assert stream.extra(SocketAttribute.remote_address) == ("127.0.0.1", port)
+            payload = os.urandom(300_000)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stream.send, payload)
+                assert await receive_exactly(stream, len(payload)) == payload
+
+
+async def test_receive_joins_queued_chunks_up_to_max_bytes_and_splits_larger_ones() -> None:
+    sent = anyio.Event()
+
+    async def three_writes(stream: AsyncioByteStream) -> None:
+        async with stream:
+            for part in (b"a" * 10, b"b" * 10, b"c" * 10):
+                await stream.send(part)
+                await anyio.sleep(0.01)  # separate TCP segments, separate data_received calls
+            sent.set()
+            await anyio.sleep(5)
+
+    async with served(three_writes) as port:
+        stream = await _asyncio_stream.connect("127.0.0.1", port)
+        async with stream:
+            await sent.wait()
+            await anyio.sleep(0.05)  # everything is buffered on our side by now
+            assert await stream.receive(5) == b"a" * 5  # split
+            assert await stream.receive(25) == b"a" * 5 + b"b" * 10 + b"c" * 10  # joined
+            with anyio.move_on_after(0.05) as scope:
+                await stream.receive()
+            assert scope.cancelled_caught  # nothing more: a receive waits
+
+
+async def test_unread_bytes_pause_the_transport_and_memory_stays_bounded() -> None:
+    total = 8 * READ_HIGH_WATER
+    payload = os.urandom(total)
+
+    async def flood(stream: AsyncioByteStream) -> None:
+        async with stream:
+            await stream.send(payload)
+            await anyio.sleep(10)
+
+    async with served(flood) as port:
+        stream = await _asyncio_stream.connect("127.0.0.1", port)
+        async with stream:
+            protocol = stream._protocol
+            # Wait (bounded) until the sender fills what TCP lets through and we pause reading.
+            with anyio.fail_after(5):
+                while not protocol.reading_paused:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.1)  # had reading gone on, more would arrive now
+            assert protocol.buffered < READ_HIGH_WATER + 256 * 1024
+            # Reading everything resumes the transport and loses nothing.
+            assert await receive_exactly(stream, total) == payload
+            assert not protocol.reading_paused
+
+
+async def test_send_waits_while_the_peer_does_not_read() -> None:
+    release = anyio.Event()
+    received: list[int] = []
+
+    async def slow_reader(stream: AsyncioByteStream) -> None:
+        async with stream:
+            await release.wait()
+            try:
+                while True:
+                    received.append(len(await stream.receive()))
+            except anyio.EndOfStream:
+                pass
+
+    async with served(slow_reader) as port:
+        stream = await _asyncio_stream.connect("127.0.0.1", port)
+        chunk = b"x" * (1 << 20)
+        sent = 0
+        blocked = False
+        for _ in range(64):  # at most 64 MiB before the kernel buffers must be full
+            with anyio.move_on_after(0.2) as scope:
+                await stream.send(chunk)
+            if scope.cancelled_caught:
+                blocked = True
+                break
+            sent += len(chunk)
+        assert blocked, "send never waited although the peer read nothing"
+        release.set()
+        await stream.send_eof()  # the half-finished send stays in the transport's buffer
+        with anyio.fail_after(10):
+            while sum(received) < sent:
+                await anyio.sleep(0.01)
+        await stream.aclose()
+
+
+async def test_end_of_stream_after_the_peer_closes_its_side() -> None:
+    async def say_bye(stream: AsyncioByteStream) -> None:
+        async with stream:
+            await stream.send(b"bye")
+            await stream.send_eof()
+            await anyio.sleep(5)
+
+    async with served(say_bye) as port:
+        stream = await _asyncio_stream.connect("127.0.0.1", port)
+        async with stream:
+            assert await stream.receive() == b"bye"
+            with pytest.raises(anyio.EndOfStream):
+                await stream.receive()
+            await stream.send(b"still writable after the peer's EOF")
+
+
+async def test_aclose_wakes_a_waiting_receive_and_later_calls_say_closed() -> None:
+    async with served(echo) as port:
+        stream = await _asyncio_stream.connect("127.0.0.1", port)
+        outcome: list[type[BaseException]] = []
+
+        async def receiver() -> None:
+            try:
+                await stream.receive()
+            except Exception as exc:
+                outcome.append(type(exc))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(receiver)
+            await anyio.sleep(0.02)
+            await stream.aclose()
+        assert outcome == [anyio.ClosedResourceError]
+        with pytest.raises(anyio.ClosedResourceError):
+            await stream.send(b"x")
+        await stream.aclose()  # idempotent
+
+
+async def test_a_reset_connection_is_a_broken_resource() -> None:
+    async def reset(stream: AsyncioByteStream) -> None:
+        await stream.aclose()  # abort with unread data: the kernel answers with RST
+
+    async with served(reset) as port:
+        stream = await _asyncio_stream.connect("127.0.0.1", port)
+
+        async def poke() -> None:
+            for _ in range(1000):
+                await stream.send(b"data the peer will not read")
+                await anyio.sleep(0.005)
+                await stream.receive()
+
+        async with stream:
+            with anyio.fail_after(5), pytest.raises((anyio.BrokenResourceError, anyio.EndOfStream)):
+                await poke()
+            with pytest.raises((anyio.BrokenResourceError, anyio.EndOfStream)):
+                await stream.receive()
+
+
+async def test_two_concurrent_receives_are_refused() -> None:
+    async with served(echo) as port:
+        stream = await _asyncio_stream.connect("127.0.0.1", port)
+        async with stream, anyio.create_task_group() as tg:
+            tg.start_soon(stream.receive)
+            await anyio.sleep(0.02)
+            with pytest.raises(anyio.BusyResourceError):
+                await stream.receive()
+            tg.cancel_scope.cancel()
+
+
+async def test_a_failed_accept_is_logged_and_the_listener_goes_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_asyncio_stream, "ACCEPT_ERROR_PAUSE", 0.01)
+    loop = asyncio.get_running_loop()
+    real_accept = loop.sock_accept
+    failures = [OSError(errno.EMFILE, "Too many open files")]
+
+    async def flaky_accept(sock: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real_accept(sock)
+
+    monkeypatch.setattr(loop, "sock_accept", flaky_accept)
+    with caplog.at_level(logging.WARNING, logger="garcon_link._asyncio_stream"):
+        async with served(echo) as port:
+            stream = await _asyncio_stream.connect("127.0.0.1", port)
+            async with stream:
+                await stream.send(b"ping")
+                with anyio.fail_after(5):
+                    assert await stream.receive() == b"ping"
+    assert not failures
+    assert any("Too many open files" in r.getMessage() for r in caplog.records)
+
+
+async def test_connect_failure_is_an_os_error() -> None:
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(SocketAttribute.local_port)
+    await listener.aclose()  # nobody listens there any more
+    with pytest.raises(OSError):
+        await _asyncio_stream.connect("127.0.0.1", port)
