@@ -259,24 +259,18 @@ class ExecutorRpc:
 
     async def run(self) -> None:
         """Consume the session's payloads until it is retired, then retire every call."""
+        # Dispatch never blocks (handlers run in tasks of their own), so the transport's socket
+        # reader calls it directly. It does so in this task's context: handlers inherit what a
+        # service scope set in the task that runs the session, not the link's context.
+        context = contextvars.copy_context()
+
+        def dispatch(payload: bytes) -> None:
+            context.run(self._dispatch, payload)
+
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                async with self.transport.payloads() as payloads:
-                    receive_nowait, receive = payloads.receive_nowait, payloads.receive
-                    while True:
-                        # Take what is queued without a checkpoint per payload; yield to the
-                        # loop only when the queue is empty.
-                        try:
-                            payload = receive_nowait()
-                        except anyio.WouldBlock:
-                            try:
-                                payload = await receive()
-                            except anyio.EndOfStream:
-                                break
-                        except anyio.EndOfStream:
-                            break
-                        self._dispatch(payload)
+                await self.transport.consume(dispatch)
                 self.retire_unknown()
                 tg.cancel_scope.cancel()
         finally:

@@ -33,7 +33,9 @@ Rules implemented here:
   The reader hands what the session accepted to a small pending queue *synchronously* and one
   delivery task per transport moves it into the stream, so a socket that ends while the reader
   waits for the consumer loses nothing (those payloads are accepted -- and acknowledged -- already).
-  Pre-readiness payloads count as buffered until the delivery task takes them.
+  Pre-readiness payloads count as buffered until the delivery task takes them. A consumer that
+  never blocks (the RPC dispatch) can instead take payloads straight from the reader with
+  :meth:`consume`: same order, no queue, no task switch.
 * **Socket faults**: a write to a dead socket (``BrokenResourceError``) ends the attachment, the
   session waits for the next socket; a ``ProtocolError`` from the socket (text frame, over-size
   message) retires the session like a malformed packet.
@@ -162,6 +164,8 @@ class SessionTransport:
         self._delivering = False
         self._consumer_gone = False
         self._consumer_wait: anyio.Event | None = None
+        self._consumer: Callable[[bytes], None] | None = None  # see consume()
+        self._retired = anyio.Event()
         self._pending_added = anyio.Event()
         self._delivery_progress = anyio.Event()
         self._fence_passed = False
@@ -245,6 +249,54 @@ class SessionTransport:
         """The ordered delivery stream (one consumer). Ends after retirement."""
         return self._deliver_recv
 
+    async def consume(self, consumer: Callable[[bytes], None]) -> None:
+        """Hand every payload to ``consumer``, in order, until the session is retired.
+
+        The alternative to reading :meth:`payloads` (use one or the other) for a consumer that
+        never blocks -- the RPC layer's dispatch: the socket reader calls ``consumer(payload)``
+        directly as the session accepts each payload, which saves a queue and a task switch per
+        message. What was queued before this call is handed over first. Returns once the
+        session is retired and everything it had accepted was handed over; closes the stream
+        of :meth:`payloads` on return (as leaving ``async with transport.payloads()`` does).
+
+        ``consumer`` runs in the socket reader's task and must not raise: an exception is
+        logged and that payload is dropped.
+        """
+        receive = self._deliver_recv
+        with receive:
+            # Drain the queue path until nothing is left on its way through it.
+            while True:
+                try:
+                    body = receive.receive_nowait()
+                except anyio.WouldBlock:
+                    if not (self._pending or self._in_flight):
+                        break
+                    try:
+                        body = await receive.receive()
+                    except anyio.EndOfStream:
+                        return
+                except anyio.EndOfStream:
+                    return
+                self._hand_over(consumer, body)
+            self._consumer = consumer
+            try:
+                await self._retired.wait()
+            finally:
+                self._consumer = None
+            # What retirement handed over (pre-readiness payloads) went to the queue.
+            while True:
+                try:
+                    body = receive.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    return
+                self._hand_over(consumer, body)
+
+    def _hand_over(self, consumer: Callable[[bytes], None], body: bytes) -> None:
+        try:
+            consumer(body)
+        except Exception:
+            log.exception("session %s: the payload consumer failed; payload dropped", self.label)
+
     async def send(self, body: bytes) -> Ordinal:
         """Issue ``body`` as the next message of this session.
 
@@ -304,6 +356,7 @@ class SessionTransport:
         self._capacity.set()
         self._wakeup.set()
         self._replay_done.set()
+        self._retired.set()
         if self._run_scope is not None:
             self._run_scope.cancel()
         if self._grace_scope is not None:
@@ -483,6 +536,11 @@ class SessionTransport:
 
     def _release(self, bodies: Iterable[bytes], *, buffered: bool = False) -> None:
         if self._consumer_gone:
+            return
+        consumer = self._consumer
+        if consumer is not None:
+            for body in bodies:
+                self._hand_over(consumer, body)
             return
         send_nowait = self._deliver_send.send_nowait
         for body in bodies:

@@ -10,9 +10,10 @@ deadline would exceed); every wait is bounded by ``anyio.fail_after``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -535,6 +536,35 @@ async def test_per_session_scope_factory(direction: str) -> None:
                 await anyio.sleep(0.005)
             assert pair.worker is not None and pair.worker.sessions == 2
     assert ("exit-done", second) in log  # closed when the worker stopped
+
+
+TENANT: contextvars.ContextVar[str] = contextvars.ContextVar("tenant")
+
+
+class Whoami(Protocol):
+    async def tenant(self) -> str: ...
+
+
+class WhoamiImpl:
+    async def tenant(self) -> str:
+        return TENANT.get("unset")
+
+
+@both_directions
+async def test_handlers_see_context_variables_the_scope_factory_set(direction: str) -> None:
+    """Dispatch runs in the socket reader's task, but handlers must inherit the context of
+    the task that entered the service scope (a factory may set request-wide variables)."""
+
+    @contextlib.asynccontextmanager
+    async def factory(scope: gl.ServiceScope) -> AsyncIterator[dict[str, Any]]:
+        TENANT.set(scope.instance_id.hex())
+        yield {"who": WhoamiImpl()}
+
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, factory) as pair:
+            who = pair.executor.service("who", Whoami)
+            instance = (await pair.executor.info()).instance_id
+            assert await who.tenant() == instance.hex()
 
 
 @both_directions

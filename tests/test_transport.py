@@ -669,3 +669,65 @@ async def test_a_consumer_that_closes_its_stream_does_not_break_the_session() ->
         await wait_until(lambda: Receipt(3) in sock.packets())
         assert h.t.state is TransportState.READY and h.t.failure is None
         assert h.t.statistics().queued_payloads == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# consume(): a direct, non-blocking consumer instead of the payload stream
+
+
+async def test_direct_consumer_takes_over_in_order_from_a_stalled_queue() -> None:
+    """Payloads already in the queue, in the delivery task's hands and pending reach the direct
+    consumer first, in order; later ones are handed to it straight from the reader."""
+    limits = Limits(delivery_queue=2)
+    async with harness(limits, consume=False) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0), *(msg(i, f"p{i}".encode()) for i in range(1, 7)))
+        await settle()
+        stats = h.t.statistics()  # all accepted: queue full, one in flight, the rest pending
+        assert h.t.accepted == 6 and stats.queued_payloads + stats.buffered_payloads == 6
+        direct: list[bytes] = []
+        h.tg.start_soon(h.t.consume, direct.append)
+        await wait_until(lambda: len(direct) == 6)
+        sock.feed(msg(7, b"p7"), msg(8, b"p8"))
+        await wait_until(lambda: len(direct) == 8)
+        assert direct == [f"p{i}".encode() for i in range(1, 9)]
+        assert h.t.statistics().queued_payloads == 0
+
+
+async def test_direct_consumer_returns_at_retirement_with_pre_fence_payloads_handed_over() -> None:
+    async with harness(consume=False) as h:
+        direct: list[bytes] = []
+        done = anyio.Event()
+
+        async def consume() -> None:
+            await h.t.consume(direct.append)
+            done.set()
+
+        h.tg.start_soon(consume)
+        sock = h.attach()
+        sock.feed(msg(1, b"a"), msg(2, b"b"))  # before the fence: buffered, not delivered
+        await settle()
+        assert direct == [] and not done.is_set()
+        h.t.retire(FailureReason.PEER_RETIRED)
+        await done.wait()
+        assert direct == [b"a", b"b"]
+
+
+async def test_a_failing_direct_consumer_loses_only_that_payload(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with harness(consume=False) as h:
+        direct: list[bytes] = []
+
+        def consumer(body: bytes) -> None:
+            if body == b"bad":
+                raise RuntimeError("consumer bug")
+            direct.append(body)
+
+        h.tg.start_soon(h.t.consume, consumer)
+        sock = h.attach()
+        sock.feed(rcpt(0), msg(1, b"a"), msg(2, b"bad"), msg(3, b"c"))
+        await wait_until(lambda: len(direct) == 2)
+        assert direct == [b"a", b"c"]
+        assert h.t.state is TransportState.READY and h.t.failure is None
+        assert "consumer failed" in caplog.text
