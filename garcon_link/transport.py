@@ -506,23 +506,27 @@ class SessionTransport:
             progressed = (
                 session.accepted != accepted_before or session.confirmed != confirmed_before
             )
-            if session.receipt_due:
-                self._wakeup.set()
+            fence = False
             if not self._fence_passed:
                 for body in bodies:
                     if not self._buffer_payload(body):
                         return
                 if session.receipts_received != receipts_before:
                     # Fence: first receipt on this attachment. Drain, then announce readiness.
-                    self._fence_passed = True
+                    self._fence_passed = fence = True
                     self._release(self._buffer, buffered=True)
                     self._buffer.clear()
                     self._buffer_bytes = 0
-                    await self._wait_delivered()
-                    self._set_state(TransportState.READY)
             else:
                 self._release(bodies)
+            if session.receipt_due:
+                # Woken *after* the release: the tasks the payloads woke (a handler, a caller)
+                # run first and usually queue a frame, which the receipt then rides with.
+                self._wakeup.set()
+            if self._fence_passed:
                 await self._wait_delivered()
+            if fence:
+                self._set_state(TransportState.READY)
             if not self._replay_done.is_set():
                 if progressed:
                     self._progress_at = anyio.current_time()
