@@ -205,6 +205,34 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         finally:
             self._sending = False
 
+    def writable_now(self) -> bool:
+        """Whether :meth:`send_nowait` would write now: open, no send in progress, not paused."""
+        protocol = self._protocol
+        return not (
+            self._sending
+            or self._closed
+            or protocol.writing_paused
+            or protocol.lost
+            or protocol.error is not None
+            or self._transport.is_closing()
+        )
+
+    def send_nowait(self, item: bytes) -> None:
+        """Write without waiting; only when :meth:`writable_now` (what the kernel does not take
+        yet stays in the transport's buffer, and the next :meth:`send` waits for it to drain).
+
+        Raises:
+            anyio.BrokenResourceError: the connection is gone.
+            RuntimeError: not :meth:`writable_now` (a caller bug).
+        """
+        if not self.writable_now():
+            self._check_writable()
+            raise RuntimeError("send_nowait() while a send is in progress or writing is paused")
+        try:
+            self._transport.write(item)
+        except RuntimeError as exc:
+            raise anyio.BrokenResourceError from exc
+
     def _check_writable(self) -> None:
         if self._closed:
             raise anyio.ClosedResourceError

@@ -203,6 +203,32 @@ class _WebSocket:
     async def send_message(self, data: bytes) -> None:
         await self._send_event(BytesMessage(data=data))
 
+    def writable_now(self) -> bool:
+        """Whether :meth:`send_message_nowait` can write a message now without waiting (open,
+        no write in progress, a stream that takes bytes synchronously and is not paused)."""
+        stream = self.stream
+        return (
+            isinstance(stream, _asyncio_stream.AsyncioByteStream)
+            and not self._closed
+            and not self._lock.locked()
+            and self.ws.state is ConnectionState.OPEN
+            and stream.writable_now()
+        )
+
+    def send_message_nowait(self, data: bytes) -> None:
+        """Write one binary message synchronously; only when :meth:`writable_now`.
+
+        Raises:
+            anyio.BrokenResourceError: the socket is dead (as :meth:`send_message`).
+        """
+        stream = self.stream
+        assert isinstance(stream, _asyncio_stream.AsyncioByteStream) and not self._lock.locked()
+        try:
+            stream.send_nowait(self.ws.send(BytesMessage(data=data)))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, LocalProtocolError) as e:
+            self._closed = True
+            raise _SocketGone(str(e) or type(e).__name__) from e
+
     def retired_by_peer(self) -> str | None:
         """Why the peer's close retired the session (a 1001/4005/4006/4008 close), else None."""
         if self.peer_close is not None and self.peer_close[0] in _PEER_RETIRED_CODES:

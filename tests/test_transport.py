@@ -15,6 +15,7 @@ import anyio.abc
 import pytest
 from linkutil import wait_until
 
+from garcon_link import transport as transport_module
 from garcon_link.errors import (
     FailureReason,
     FrameTooLarge,
@@ -43,6 +44,8 @@ class FakeSocket:
         self.fail_writes: Exception | None = None
         self.block_writes = False
         self._unblock = anyio.Event()
+        self.nowait = False  # offer synchronous writes (the link's asyncio sockets do)
+        self.nowait_writes = 0
 
     def feed(self, *packets: bytes) -> None:
         """One inbound WebSocket message holding ``packets``."""
@@ -67,6 +70,14 @@ class FakeSocket:
 
     def retired_by_peer(self) -> str | None:
         return None
+
+    def writable_now(self) -> bool:
+        return self.nowait and not self.block_writes and self.fail_writes is None
+
+    def send_message_nowait(self, data: bytes) -> None:
+        assert self.writable_now()
+        self.written.append(data)
+        self.nowait_writes += 1
 
     async def receive_message(self) -> bytes | None:
         try:
@@ -300,6 +311,78 @@ async def test_packets_ready_together_are_coalesced_into_one_message() -> None:
         await settle()
         assert len(sock.written) == written + 1
         assert sock.bodies() == [f"m{i}".encode() for i in range(10)]
+
+
+async def test_a_frame_issued_on_a_quiet_socket_is_written_at_once_with_the_receipt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(transport_module, "INLINE_QUIET", 0.0)
+    async with harness(Limits(receipt_delay=60.0)) as h:  # the receipt waits for the reply
+        sock = h.attach()
+        sock.nowait = True
+        await settle()  # our fence is out
+        sock.feed(rcpt(0), msg(1, b"request"))
+        await wait_until(lambda: h.received == [b"request"])
+        written = len(sock.written)
+        h.t.try_send(b"reply")  # no await: written synchronously, by this task
+        assert sock.nowait_writes == 1 and len(sock.written) == written + 1
+        assert decode_packets(sock.written[-1], 1 << 20) == [Message(1, b"reply"), Receipt(1)]
+        await settle()
+        assert len(sock.written) == written + 1  # the writer had nothing left to send
+
+
+async def test_frames_issued_in_a_burst_are_left_to_the_writer_which_coalesces_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(transport_module, "INLINE_QUIET", 3600.0)  # nothing is ever quiet
+    async with harness() as h:
+        sock = h.attach()
+        sock.nowait = True
+        sock.feed(rcpt(0))
+        await settle()
+        written = len(sock.written)
+        for i in range(10):
+            h.t.try_send(f"m{i}".encode())
+        await settle()
+        # The first may go at once (nothing was issued before it); the nine others, one message.
+        assert sock.nowait_writes <= 1
+        assert len(sock.written) == written + 1 + sock.nowait_writes
+        assert sock.bodies() == [f"m{i}".encode() for i in range(10)]
+
+
+async def test_no_frame_is_written_at_once_before_the_fence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(transport_module, "INLINE_QUIET", 0.0)
+    async with harness() as h:
+        sock = h.attach()
+        sock.nowait = True
+        await settle()
+        h.t.try_send(b"early")  # still replaying: the writer keeps the replay order
+        await settle()
+        assert sock.nowait_writes == 0 and sock.bodies() == [b"early"]
+
+
+async def test_a_failed_immediate_write_detaches_and_the_frame_is_replayed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(transport_module, "INLINE_QUIET", 0.0)
+    async with harness() as h:
+        sock = h.attach()
+        sock.nowait = True
+        sock.feed(rcpt(0))
+        await settle()
+
+        def broken(data: bytes) -> None:
+            raise anyio.BrokenResourceError
+
+        sock.send_message_nowait = broken  # type: ignore[method-assign]
+        h.t.try_send(b"lost with the socket")
+        await wait_until(lambda: h.t.state is TransportState.DETACHED)
+        assert h.t.failure is None and h.run_errors == []
+        again = h.attach(peer_received=0)
+        await settle()
+        assert again.bodies() == [b"lost with the socket"]
 
 
 async def test_coalescing_respects_the_frame_limit() -> None:
