@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
+import math
 import traceback
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -384,19 +385,22 @@ class ExecutorRpc:
             return None
         pending, body = self._prepare(service, spec, args, kwargs, (0, 0))
         assert pending is not None
+        # A bare cancel scope with a deadline: what fail_after does, without its generator-based
+        # context manager (this is on every call's path).
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
         try:
-            with anyio.fail_after(timeout):
+            with anyio.CancelScope(deadline=deadline) as scope:
                 await self._issue(pending, body)
                 await pending.done.wait()
-        except TimeoutError:
-            self._abandon(pending)
-            if pending.ordinal is None:
-                raise NotDispatched("TIMEOUT", f"not issued within {timeout}s") from None
-            raise OutcomeUnknown("TIMEOUT", f"no reply within {timeout}s; cancel sent") from None
         except BaseException:
             if not pending.done.is_set():
                 self._abandon(pending)
             raise
+        if scope.cancelled_caught and not pending.done.is_set():
+            self._abandon(pending)
+            if pending.ordinal is None:
+                raise NotDispatched("TIMEOUT", f"not issued within {timeout}s")
+            raise OutcomeUnknown("TIMEOUT", f"no reply within {timeout}s; cancel sent")
         if pending.error is not None:
             raise _local_exception(pending.error)
         return pending.value

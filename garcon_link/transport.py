@@ -713,14 +713,17 @@ class SessionTransport:
         limit = self._coalesce_limit
         delay = self.limits.receipt_delay
         while True:
-            # Fresh event first: anything issued after this point wakes us again.
-            self._wakeup = anyio.Event()
+            # A fresh event first (if this one was used): anything issued after this point
+            # wakes us again.
+            if self._wakeup.is_set():
+                self._wakeup = anyio.Event()
             if session.receipt_due and not session.frames_queued and not session.receipt_urgent:
                 # A lone receipt waits briefly to ride with the next frames (a reply, usually)
                 # instead of costing a WebSocket message of its own.
                 with anyio.move_on_after(delay):
                     await self._wakeup.wait()
-                self._wakeup = anyio.Event()
+                if self._wakeup.is_set():
+                    self._wakeup = anyio.Event()
             packets = session.data_to_send()
             if not packets:
                 if session.state is not SessionState.ATTACHED:

@@ -251,7 +251,8 @@ def decode_item(data: bytes, max_bytes: int, *, plain: bool = True) -> Any:
     return value
 
 
-_PLAIN_SCALARS = (str, bytes, int, float, bool, type(None))
+_PLAIN_SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
+_PLAIN_KEYS = frozenset({str, int, bool})
 _MAX_PLAIN_DEPTH = 64
 
 
@@ -260,26 +261,29 @@ def _check_plain(value: Any, depth: int, seen: set[int]) -> None:
 
     cbor2 resolves shared-reference tags (28/29) itself, so a few hundred bytes can describe a
     DAG with 2**60 paths; refusing any container seen twice keeps the walk linear in the number
-    of containers actually decoded.
+    of containers actually decoded. Scalars are checked inline (exact types: cbor2 makes no
+    subclasses of them), containers recursively.
     """
-    if isinstance(value, _PLAIN_SCALARS):
+    kind = type(value)
+    if kind in _PLAIN_SCALARS:
         return
+    if kind is list:
+        items: Any = value
+    elif kind is dict:
+        for key in value:
+            if type(key) not in _PLAIN_KEYS:
+                raise MalformedFrame(f"map key of type {type(key).__name__} is not allowed")
+        items = value.values()
+    else:
+        raise MalformedFrame(f"CBOR value of type {kind.__name__} is not plain data")
     if depth >= _MAX_PLAIN_DEPTH:
         raise MalformedFrame(f"CBOR item nested deeper than {_MAX_PLAIN_DEPTH} levels")
-    if type(value) is list or type(value) is dict:
-        if id(value) in seen:
-            raise MalformedFrame("CBOR item shares a container (shared reference or cycle)")
-        seen.add(id(value))
-    if type(value) is list:
-        for item in value:
+    if id(value) in seen:
+        raise MalformedFrame("CBOR item shares a container (shared reference or cycle)")
+    seen.add(id(value))
+    for item in items:
+        if type(item) not in _PLAIN_SCALARS:
             _check_plain(item, depth + 1, seen)
-    elif type(value) is dict:
-        for key, item in value.items():
-            if not isinstance(key, str | int):
-                raise MalformedFrame(f"map key of type {type(key).__name__} is not allowed")
-            _check_plain(item, depth + 1, seen)
-    else:
-        raise MalformedFrame(f"CBOR value of type {type(value).__name__} is not plain data")
 
 
 def _refuse_tag(decoder: Any, tag: Any) -> Any:
