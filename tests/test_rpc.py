@@ -367,6 +367,47 @@ async def test_cancelling_the_caller_cancels_the_handler(direction: str) -> None
             assert await calc.add(1, 2) == 3
 
 
+class Lingering(Protocol):
+    async def linger(self) -> None: ...
+
+
+class LingeringImpl:
+    """A handler whose cancellation takes a while to finish (shielded cleanup)."""
+
+    def __init__(self) -> None:
+        self.started = anyio.Event()
+        self.cleaned_up = False
+
+    async def linger(self) -> None:
+        self.started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0.2)
+            self.cleaned_up = True
+
+
+@both_directions
+async def test_stopping_the_worker_waits_for_cancelled_handlers_to_end(direction: str) -> None:
+    """Handlers are structured: the session's end cancels them and waits for them to end (on
+    asyncio they are tasks the RPC object tracks itself, not task-group children)."""
+    impl = LingeringImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"slow": gl.Service(impl, Lingering)}) as pair:
+            slow = pair.executor.service("slow", Lingering)
+            async with anyio.create_task_group() as tg:
+
+                async def linger() -> None:
+                    with pytest.raises(gl.CallError):
+                        await slow.linger()
+
+                tg.start_soon(linger)
+                await impl.started.wait()
+                await pair.stop_worker()
+                assert impl.cleaned_up  # stop waited for the handler's cleanup
+
+
 @both_directions
 async def test_timeout_is_outcome_unknown_and_cancels_the_handler(direction: str) -> None:
     impl = CalcImpl()
