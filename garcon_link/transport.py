@@ -72,6 +72,8 @@ log = logging.getLogger(__name__)
 
 _INLINE_MARGIN = 64  # room for the encoded frame's head and a receipt beside a written body
 
+_POLL_QUIET_TICKS = 8  # receipt_delay ticks with nothing due before the writer stops polling
+
 COALESCE_BYTES = 256 * 1024
 """Packets ready together are merged into WebSocket messages of at most this many bytes."""
 
@@ -192,6 +194,7 @@ class SessionTransport:
         self._run_scope: anyio.CancelScope | None = None
         self._run_done = anyio.Event()
         self._sock: MessageSocket | None = None  # while attached
+        self._receipt_poll = False  # the writer checks for lone receipts on its own
         self._last_issued_at = 0.0
         self._coalesce_limit = min(limits.max_frame_bytes, COALESCE_BYTES)
         self._grace_scope: anyio.CancelScope | None = None
@@ -574,9 +577,10 @@ class SessionTransport:
                     self._buffer_bytes = 0
             else:
                 self._release(bodies)
-            if session.receipt_due:
+            if session.receipt_urgent or (session.receipt_due and not self._receipt_poll):
                 # Woken *after* the release: the tasks the payloads woke (a handler, a caller)
-                # run first and usually queue a frame, which the receipt then rides with.
+                # run first and usually queue a frame, which the receipt then rides with. A
+                # polling writer need not be woken for a receipt that can wait (see there).
                 self._wakeup.set()
             if self._fence_passed:
                 await self._wait_delivered()
@@ -706,42 +710,77 @@ class SessionTransport:
             pumps.cancel()
 
     async def _write_packets(self, sock: MessageSocket) -> None:
+        """The writer: sends what is queued, coalesced, and looks after lone receipts.
+
+        A receipt that is due but not urgent may wait up to ``receipt_delay`` for frames to ride
+        with (a reply, usually, which the task issuing it often writes itself). While receipts
+        keep coming due, the writer *polls*: it wakes every ``receipt_delay`` and sends a lone
+        receipt then, so the reader need not wake it for each one (``_receipt_poll``); after
+        ``_POLL_QUIET_TICKS`` ticks with nothing due it stops and waits to be woken again.
+        """
         session = self._session
         # Coalescing amortises per-message cost for *small* packets; merging megabytes gains
         # nothing and multiplies peak memory (the join, wsproto's masking copy and the socket
         # buffer each hold the whole message), so a larger packet goes out on its own.
         limit = self._coalesce_limit
         delay = self.limits.receipt_delay
-        while True:
-            # A fresh event first (if this one was used): anything issued after this point
-            # wakes us again.
-            if self._wakeup.is_set():
-                self._wakeup = anyio.Event()
-            if session.receipt_due and not session.frames_queued and not session.receipt_urgent:
-                # A lone receipt waits briefly to ride with the next frames (a reply, usually)
-                # instead of costing a WebSocket message of its own.
-                with anyio.move_on_after(delay):
-                    await self._wakeup.wait()
+        quiet_ticks = 0
+        ticked = False  # the last wait ended by the poll timer, not by a wake-up
+        try:
+            while True:
+                # A fresh event first (if this one was used): anything issued after this point
+                # wakes us again.
                 if self._wakeup.is_set():
                     self._wakeup = anyio.Event()
-            packets = session.data_to_send()
-            if not packets:
-                if session.state is not SessionState.ATTACHED:
-                    return
-                await self._wakeup.wait()
-                continue
-            # Coalesce every packet ready now into as few messages as the frame limit allows.
-            batch: list[bytes] = []
-            size = 0
-            for packet in packets:
-                if batch and size + len(packet) > limit:
-                    await sock.send_message(b"".join(batch))
-                    self._messages_written += 1
-                    batch, size = [], 0
-                batch.append(packet)
-                size += len(packet)
-            await sock.send_message(batch[0] if len(batch) == 1 else b"".join(batch))
-            self._messages_written += 1
+                lone_receipt = (
+                    session.receipt_due and not session.frames_queued and not session.receipt_urgent
+                )
+                if lone_receipt and not self._receipt_poll:
+                    # Woken by the reader for it: start polling, give frames a chance to come.
+                    self._receipt_poll = True
+                    quiet_ticks = 0
+                    with anyio.move_on_after(delay) as tick:
+                        await self._wakeup.wait()
+                    ticked = tick.cancelled_caught
+                    continue
+                packets = session.data_to_send()
+                if not packets:
+                    if session.state is not SessionState.ATTACHED:
+                        return
+                    if not ticked:
+                        # Woken for nothing: the reader woke us for a receipt that a frame
+                        # written meanwhile carried. Poll from now on instead.
+                        self._receipt_poll = True
+                        quiet_ticks = 0
+                    elif self._receipt_poll:
+                        quiet_ticks += 1
+                        if quiet_ticks > _POLL_QUIET_TICKS:
+                            self._receipt_poll = False
+                    if self._receipt_poll:
+                        with anyio.move_on_after(delay) as tick:
+                            await self._wakeup.wait()
+                        ticked = tick.cancelled_caught
+                    else:
+                        await self._wakeup.wait()
+                        ticked = False
+                    continue
+                ticked = False
+                if lone_receipt:
+                    quiet_ticks = 0
+                # Coalesce every packet ready now into as few messages as the frame limit allows.
+                batch: list[bytes] = []
+                size = 0
+                for packet in packets:
+                    if batch and size + len(packet) > limit:
+                        await sock.send_message(b"".join(batch))
+                        self._messages_written += 1
+                        batch, size = [], 0
+                    batch.append(packet)
+                    size += len(packet)
+                await sock.send_message(batch[0] if len(batch) == 1 else b"".join(batch))
+                self._messages_written += 1
+        finally:
+            self._receipt_poll = False
 
     async def _replay_watch(self) -> None:
         inactivity = self.limits.replay_inactivity

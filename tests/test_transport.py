@@ -814,3 +814,34 @@ async def test_a_failing_direct_consumer_loses_only_that_payload(
         assert direct == [b"a", b"c"]
         assert h.t.state is TransportState.READY and h.t.failure is None
         assert "consumer failed" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------------
+# lone receipts: the writer polls for them while they keep coming due
+
+
+async def test_lone_receipts_are_written_within_the_delay_while_the_writer_polls() -> None:
+    """Once receipts keep coming due, the reader stops waking the writer for each one; the
+    writer's own ticks must still send every lone receipt (a receipt never sent would stall the
+    peer's retention)."""
+    async with harness(Limits(receipt_delay=0.02)) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        for ordinal in range(1, 6):
+            sock.feed(msg(ordinal, b"x"))
+            with anyio.fail_after(2):
+                await wait_until(lambda o=ordinal: Receipt(o) in sock.packets())
+        assert h.t._receipt_poll  # (white box) the later ones came from the writer's ticks
+
+
+async def test_the_writer_stops_polling_when_nothing_comes_due_and_is_woken_again() -> None:
+    async with harness(Limits(receipt_delay=0.005)) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0), msg(1, b"x"))
+        await wait_until(lambda: Receipt(1) in sock.packets())
+        assert h.t._receipt_poll
+        with anyio.fail_after(2):  # _POLL_QUIET_TICKS ticks of 5 ms
+            await wait_until(lambda: not h.t._receipt_poll)
+        sock.feed(msg(2, b"y"))  # the reader wakes the writer again
+        with anyio.fail_after(2):
+            await wait_until(lambda: Receipt(2) in sock.packets())
