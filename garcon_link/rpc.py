@@ -278,7 +278,7 @@ class ExecutorRpc:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                await self.transport.consume(dispatch)
+                await self.transport.consume(dispatch, yield_first=self._alone)
                 self.retire_unknown()
                 tg.cancel_scope.cancel()
         finally:
@@ -355,6 +355,11 @@ class ExecutorRpc:
         for value in (*args, *kwargs.values()):
             if isinstance(value, ResourceRef) and value.instance_id != instance:
                 raise StaleResource(message=f"{value!r} belongs to a replaced session")
+
+    def _alone(self) -> bool:
+        """Whether at most one call is pending or running on this session: a request/reply at a
+        time, where the transport's reader lets the woken task run before reading on."""
+        return len(self._pending) + len(self._incoming) <= 1
 
     async def _send_request(self, body: bytes) -> int:
         """Issue a request envelope; a refusal before an ordinal is assigned is NOT_DISPATCHED."""

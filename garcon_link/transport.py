@@ -77,7 +77,7 @@ _POLL_QUIET_TICKS = 8  # receipt_delay ticks with nothing due before the writer 
 COALESCE_BYTES = 256 * 1024
 """Packets ready together are merged into WebSocket messages of at most this many bytes."""
 
-INLINE_QUIET = 100e-6
+WRITE_NOW_QUIET = 100e-6
 """A frame issued at least this many seconds after the previous one, on an idle socket, is
 written at once by the task that issued it instead of by the writer task (one task switch less
 on a quiet link); frames issued closer together are left to the writer, which coalesces them."""
@@ -185,6 +185,8 @@ class SessionTransport:
         self._consumer_gone = False
         self._consumer_wait: anyio.Event | None = None
         self._consumer: Callable[[bytes], None] | None = None  # see consume()
+        self._yield_first: Callable[[], bool] | None = None
+        self._last_write_now = 0.0
         self._retired = anyio.Event()
         self._pending_added = anyio.Event()
         self._delivery_progress = anyio.Event()
@@ -195,7 +197,6 @@ class SessionTransport:
         self._run_done = anyio.Event()
         self._sock: MessageSocket | None = None  # while attached
         self._receipt_poll = False  # the writer checks for lone receipts on its own
-        self._last_issued_at = 0.0
         self._coalesce_limit = min(limits.max_frame_bytes, COALESCE_BYTES)
         self._grace_scope: anyio.CancelScope | None = None
         self._replay_done = anyio.Event()
@@ -273,7 +274,12 @@ class SessionTransport:
         """The ordered delivery stream (one consumer). Ends after retirement."""
         return self._deliver_recv
 
-    async def consume(self, consumer: Callable[[bytes], None]) -> None:
+    async def consume(
+        self,
+        consumer: Callable[[bytes], None],
+        *,
+        yield_first: Callable[[], bool] | None = None,
+    ) -> None:
         """Hand every payload to ``consumer``, in order, until the session is retired.
 
         The alternative to reading :meth:`payloads` (use one or the other) for a consumer that
@@ -284,7 +290,9 @@ class SessionTransport:
         of :meth:`payloads` on return (as leaving ``async with transport.payloads()`` does).
 
         ``consumer`` runs in the socket reader's task and must not raise: an exception is
-        logged and that payload is dropped.
+        logged and that payload is dropped. ``yield_first()``, asked after each message that
+        delivered payloads, may say that they woke a lone task which should run before the reader
+        reads on (lower latency for a request/reply at a time; see the reader).
         """
         receive = self._deliver_recv
         with receive:
@@ -303,10 +311,12 @@ class SessionTransport:
                     return
                 self._hand_over(consumer, body)
             self._consumer = consumer
+            self._yield_first = yield_first
             try:
                 await self._retired.wait()
             finally:
                 self._consumer = None
+                self._yield_first = None
             # What retirement handed over (pre-readiness payloads) went to the queue.
             while True:
                 try:
@@ -324,7 +334,9 @@ class SessionTransport:
     async def send(self, body: bytes) -> Ordinal:
         """Issue ``body`` as the next message of this session.
 
-        Waits while retention is full (back-pressure, never failure).
+        Waits while retention is full (back-pressure, never failure). On a quiet socket the
+        frame is written at once by this task (see :meth:`_write_now`); otherwise the writer
+        sends it, coalesced with whatever is issued meanwhile.
 
         Returns:
             The ordinal assigned to ``body``.
@@ -341,7 +353,8 @@ class SessionTransport:
                     self._capacity = anyio.Event()
                 await self._capacity.wait()
                 continue
-            self._write_or_wake(len(body))
+            if not self._write_now(len(body)):
+                self._wakeup.set()
             return ordinal
 
     def has_capacity(self, size: int) -> bool:
@@ -354,40 +367,42 @@ class SessionTransport:
             ordinal = self._session.send(body)
         except RetentionFull:
             return None
-        self._write_or_wake(len(body))
+        if not self._write_now(len(body)):
+            self._wakeup.set()
         return ordinal
 
-    def _write_or_wake(self, size: int) -> None:
-        """A frame of ``size`` body bytes was just queued: write it now, or wake the writer.
+    def _write_now(self, size: int) -> bool:
+        """Write the frame of ``size`` body bytes just queued, with a due receipt, from this task.
 
-        It is written at once (with a due receipt) only when nothing else is queued, the socket
-        takes it without waiting, and the previous frame was issued at least ``INLINE_QUIET``
-        ago: frames issued in a burst are left to the writer, which coalesces them.
+        Only when the previous frame was issued at least ``WRITE_NOW_QUIET`` ago (frames issued
+        in a burst are left to the writer, which coalesces them), it is the only frame queued,
+        the replay fence has passed and the socket takes it without waiting; returns ``False``
+        (nothing taken) otherwise.
         """
         sock = self._sock
-        if sock is not None:
-            now = time.monotonic()
-            quiet = now - self._last_issued_at >= INLINE_QUIET
-            self._last_issued_at = now
-            if (
-                quiet
-                and self._fence_passed
-                and self._session.frames_queued == 1
-                and size + _INLINE_MARGIN <= self._coalesce_limit
-                and sock.writable_now()
-            ):
-                data = b"".join(self._session.data_to_send())
-                try:
-                    sock.send_message_nowait(data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-                    # As in the writer: the attachment ends; the frame stays retained and is
-                    # replayed on the next socket.
-                    log.debug("session %s: write failed, detaching: %s", self.label, exc)
-                    self.detach_socket()
-                    return
-                self._messages_written += 1
-                return
-        self._wakeup.set()
+        now = time.monotonic()
+        quiet = now - self._last_write_now >= WRITE_NOW_QUIET
+        self._last_write_now = now
+        if (
+            sock is None
+            or not quiet
+            or not self._fence_passed
+            or self._session.frames_queued != 1
+            or size + _INLINE_MARGIN > self._coalesce_limit
+            or not sock.writable_now()
+        ):
+            return False
+        data = b"".join(self._session.data_to_send())
+        try:
+            sock.send_message_nowait(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            # As in the writer: the attachment ends; the frame stays retained and is replayed
+            # on the next socket.
+            log.debug("session %s: write failed, detaching: %s", self.label, exc)
+            self.detach_socket()
+            return True
+        self._messages_written += 1
+        return True
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -586,6 +601,13 @@ class SessionTransport:
                 await self._wait_delivered()
             if fence:
                 self._set_state(TransportState.READY)
+            yield_first = self._yield_first
+            if bodies and self._fence_passed and yield_first is not None and yield_first():
+                # The consumer says these payloads woke a lone task (a handler, a waiting
+                # caller): let it run before this reader re-arms its read, which is not on the
+                # peer's round trip. (Never under load: it would split the batches the writer
+                # coalesces.) After READY: what the task does next sees the session ready.
+                await anyio.lowlevel.checkpoint()
             if not self._replay_done.is_set():
                 if progressed:
                     self._progress_at = anyio.current_time()

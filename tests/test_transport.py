@@ -46,6 +46,7 @@ class FakeSocket:
         self._unblock = anyio.Event()
         self.nowait = False  # offer synchronous writes (the link's asyncio sockets do)
         self.nowait_writes = 0
+        self.reads = 0  # receive_message() calls
 
     def feed(self, *packets: bytes) -> None:
         """One inbound WebSocket message holding ``packets``."""
@@ -80,6 +81,7 @@ class FakeSocket:
         self.nowait_writes += 1
 
     async def receive_message(self) -> bytes | None:
+        self.reads += 1
         try:
             item = await self._rx.receive()
         except anyio.EndOfStream:
@@ -316,7 +318,7 @@ async def test_packets_ready_together_are_coalesced_into_one_message() -> None:
 async def test_a_frame_issued_on_a_quiet_socket_is_written_at_once_with_the_receipt(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(transport_module, "INLINE_QUIET", 0.0)
+    monkeypatch.setattr(transport_module, "WRITE_NOW_QUIET", 0.0)
     async with harness(Limits(receipt_delay=60.0)) as h:  # the receipt waits for the reply
         sock = h.attach()
         sock.nowait = True
@@ -334,7 +336,7 @@ async def test_a_frame_issued_on_a_quiet_socket_is_written_at_once_with_the_rece
 async def test_frames_issued_in_a_burst_are_left_to_the_writer_which_coalesces_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(transport_module, "INLINE_QUIET", 3600.0)  # nothing is ever quiet
+    monkeypatch.setattr(transport_module, "WRITE_NOW_QUIET", 3600.0)  # nothing is ever quiet
     async with harness() as h:
         sock = h.attach()
         sock.nowait = True
@@ -353,7 +355,7 @@ async def test_frames_issued_in_a_burst_are_left_to_the_writer_which_coalesces_t
 async def test_no_frame_is_written_at_once_before_the_fence(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(transport_module, "INLINE_QUIET", 0.0)
+    monkeypatch.setattr(transport_module, "WRITE_NOW_QUIET", 0.0)
     async with harness() as h:
         sock = h.attach()
         sock.nowait = True
@@ -366,7 +368,7 @@ async def test_no_frame_is_written_at_once_before_the_fence(
 async def test_a_failed_immediate_write_detaches_and_the_frame_is_replayed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(transport_module, "INLINE_QUIET", 0.0)
+    monkeypatch.setattr(transport_module, "WRITE_NOW_QUIET", 0.0)
     async with harness() as h:
         sock = h.attach()
         sock.nowait = True
@@ -845,3 +847,36 @@ async def test_the_writer_stops_polling_when_nothing_comes_due_and_is_woken_agai
         sock.feed(msg(2, b"y"))  # the reader wakes the writer again
         with anyio.fail_after(2):
             await wait_until(lambda: Receipt(2) in sock.packets())
+
+
+@pytest.mark.parametrize("yield_first", [True, False])
+async def test_the_reader_lets_a_woken_lone_task_run_before_it_reads_on(
+    yield_first: bool, anyio_backend: str
+) -> None:
+    """yield_first() says the payloads woke a lone task: it runs before the reader re-arms its
+    read (that re-arm is not on the peer's round trip); otherwise the reader reads on first.
+    (trio does not promise to run the woken task first: there it is only a checkpoint.)"""
+    if yield_first and anyio_backend == "trio":
+        pytest.skip("trio's scheduler does not order the tasks a checkpoint lets run")
+    async with harness(consume=False) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await settle()
+        seen: list[int] = []  # reads the reader had started when the woken task ran
+        woken = anyio.Event()
+
+        async def woken_task() -> None:
+            await woken.wait()
+            seen.append(sock.reads)
+
+        h.tg.start_soon(woken_task)
+        h.tg.start_soon(
+            lambda: h.t.consume(lambda body: woken.set(), yield_first=lambda: yield_first)
+        )
+        await settle()
+        reads = sock.reads
+        sock.feed(msg(1, b"wake"))
+        await wait_until(lambda: bool(seen))
+        # The reader is inside the read that returned this message (reads) -- or already in
+        # the next one (reads + 1) when it did not let the task run first.
+        assert seen == [reads if yield_first else reads + 1]
