@@ -125,6 +125,8 @@ class AsyncioByteStream(anyio.abc.ByteStream):
     def __init__(self, transport: asyncio.Transport, protocol: _Protocol) -> None:
         self._transport = transport
         self._protocol = protocol
+        # (asyncio.get_running_loop() costs a getpid() system call per use on Python 3.11)
+        self._loop = asyncio.get_running_loop()
         self._closed = False
         self._receiving = False
         self._sending = False
@@ -157,7 +159,7 @@ class AsyncioByteStream(anyio.abc.ByteStream):
                     raise anyio.BrokenResourceError from protocol.error
                 if protocol.at_eof or protocol.lost:
                     raise anyio.EndOfStream
-                waiter = protocol.read_waiter = asyncio.get_running_loop().create_future()
+                waiter = protocol.read_waiter = self._loop.create_future()
                 try:
                     await waiter
                 finally:
@@ -196,7 +198,7 @@ class AsyncioByteStream(anyio.abc.ByteStream):
             except RuntimeError as exc:  # the transport was closed under us
                 raise anyio.BrokenResourceError from exc
             while protocol.writing_paused:
-                waiter = protocol.drain_waiter = asyncio.get_running_loop().create_future()
+                waiter = protocol.drain_waiter = self._loop.create_future()
                 try:
                     await waiter
                 finally:

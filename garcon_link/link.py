@@ -41,6 +41,7 @@ leave this module: they end the socket they belong to and are logged.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import os
@@ -167,7 +168,12 @@ class _WebSocket:
         self.peer = peer
         self.limits = limits
         self.max_message = limits.max_handshake_frame_bytes
-        self.last_inbound = anyio.current_time()
+        # The clock of the message path: on asyncio the loop's own (anyio.current_time() looks
+        # up the backend, and on Python 3.11 each lookup costs a getpid() system call).
+        self._clock: Callable[[], float] = (
+            asyncio.get_running_loop().time if _asyncio_stream.on_asyncio() else anyio.current_time
+        )
+        self.last_inbound = self._clock()
         self.reading = False  # a receive_message() is in progress (see there)
         self.peer_close: tuple[int, str] | None = None
         self.local_close: tuple[int, str] | None = None
@@ -276,7 +282,7 @@ class _WebSocket:
             FrameTooLarge: a message grew past ``max_message`` (nothing beyond it was buffered).
             MalformedFrame: a text frame or broken WebSocket framing.
         """
-        self.last_inbound = max(self.last_inbound, anyio.current_time())
+        self.last_inbound = max(self.last_inbound, self._clock())
         self.reading = True
         try:
             return await self._receive_message()
@@ -339,7 +345,7 @@ class _WebSocket:
                 log.debug("%s: read failed: %s", self.peer, exc)
                 self._closed = True
                 return None
-            self.last_inbound = anyio.current_time()
+            self.last_inbound = self._clock()
             if self._probe is not None:
                 self._probe.set()
                 self._probe = None

@@ -254,7 +254,7 @@ class ExecutorRpc:
         # Call handlers on asyncio (see _on_call); on trio they are children of _tg.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._context = contextvars.copy_context()
-        self._handler_tasks: set[asyncio.Task[None]] = set()
+        self._handler_tasks: dict[int, asyncio.Task[None]] = {}  # call id -> running handler
         self._max_body = limits.max_frame_bytes - 32
         self.peer_instance_id: bytes | None = None
 
@@ -649,25 +649,21 @@ class ExecutorRpc:
             # asyncio: a plain task, tracked here (see run()); anyio's start_soon costs ~10 us
             # more per task, which is a tenth of a call. It runs in a copy of the session
             # task's context, as a task group's child would.
-            task = self._loop.create_task(handler, context=self._context.copy())
-            self._handler_tasks.add(task)
-            task.add_done_callback(self._handler_done)
+            # The handler forgets its task itself when it ends (a done callback would cost an
+            # event-loop turn per call).
+            self._handler_tasks[call_id] = self._loop.create_task(
+                handler, context=self._context.copy()
+            )
         else:
             assert self._tg is not None
             self._tg.start_soon(lambda: handler)
-
-    def _handler_done(self, task: asyncio.Task[None]) -> None:
-        self._handler_tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            # _run_handler reports every Exception to the caller; this is a bug.
-            log.error("call handler task failed", exc_info=task.exception())
 
     async def _join_handlers(self) -> None:
         """Wait for the handler tasks (cancelled by retire_unknown) to end, as a task group's
         exit would; shielded, so shutdown cannot leave them running unobserved."""
         with anyio.CancelScope(shield=True):
             while self._handler_tasks:
-                await asyncio.wait(set(self._handler_tasks))
+                await asyncio.wait(list(self._handler_tasks.values()))
 
     def _check_scope(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
         if self.scope is None:
@@ -794,6 +790,7 @@ class ExecutorRpc:
             self._reply_failure(call_id, exc)
         finally:
             self._incoming.pop(call_id, None)
+            self._handler_tasks.pop(call_id, None)
 
     async def _send_reply(self, call_id: int, body: bytes) -> None:
         try:
