@@ -72,6 +72,7 @@ log = logging.getLogger(__name__)
 
 _INLINE_MARGIN = 64  # room for the encoded frame's head and a receipt beside a written body
 
+_HAND_OVER_CHUNK = 64  # payloads handed to a direct consumer between two yields to the loop
 _POLL_QUIET_TICKS = 8  # receipt_delay ticks with nothing due before the writer stops polling
 
 COALESCE_BYTES = 256 * 1024
@@ -383,8 +384,11 @@ class SessionTransport:
         now = time.monotonic()
         quiet = now - self._last_write_now >= WRITE_NOW_QUIET
         self._last_write_now = now
+        scope = self._run_scope
         if (
             sock is None
+            or scope is None
+            or scope.cancel_called  # being detached: the replay on the next socket sends it
             or not quiet
             or not self._fence_passed
             or self._session.frames_queued != 1
@@ -579,6 +583,10 @@ class SessionTransport:
             progressed = (
                 session.accepted != accepted_before or session.confirmed != confirmed_before
             )
+            if session.receipt_urgent:
+                # Before the hand-over, which may be long (see _release_all): confirming what
+                # was accepted frees the peer's retention.
+                self._wakeup.set()
             fence = False
             if not self._fence_passed:
                 for body in bodies:
@@ -587,12 +595,13 @@ class SessionTransport:
                 if session.receipts_received != receipts_before:
                     # Fence: first receipt on this attachment. Drain, then announce readiness.
                     self._fence_passed = fence = True
-                    self._release(self._buffer, buffered=True)
+                    buffered = list(self._buffer)
                     self._buffer.clear()
                     self._buffer_bytes = 0
+                    await self._release_all(buffered, buffered=True)
             else:
-                self._release(bodies)
-            if session.receipt_urgent or (session.receipt_due and not self._receipt_poll):
+                await self._release_all(bodies)
+            if session.receipt_due and not self._receipt_poll:
                 # Woken *after* the release: the tasks the payloads woke (a handler, a caller)
                 # run first and usually queue a frame, which the receipt then rides with. A
                 # polling writer need not be woken for a receipt that can wait (see there).
@@ -618,6 +627,28 @@ class SessionTransport:
     # (cancelling the reader) while the consumer is slow never loses a payload the session has
     # already accepted -- and acknowledged. One task per transport moves them into the bounded
     # delivery queue, in order; the reader waits for it (back-pressure, as before).
+
+    async def _release_all(self, bodies: list[bytes], *, buffered: bool = False) -> None:
+        """:meth:`_release`, yielding to the event loop every ``_HAND_OVER_CHUNK`` payloads.
+
+        A direct consumer runs in this task, so a message of thousands of small payloads (a
+        replay, a burst of notifications) would otherwise hold the loop -- and the writer with
+        the receipt for them -- until all were dispatched. The yields are shielded: a socket
+        that ends meanwhile must not cut off payloads the session already accepted.
+        """
+        consumer = self._consumer
+        if consumer is None or len(bodies) <= _HAND_OVER_CHUNK:
+            self._release(bodies, buffered=buffered)
+            return
+        for start in range(0, len(bodies), _HAND_OVER_CHUNK):
+            chunk = bodies[start : start + _HAND_OVER_CHUNK]
+            if start:
+                with anyio.CancelScope(shield=True):
+                    await anyio.lowlevel.checkpoint()
+                if self._consumer is not consumer:  # the consumer left meanwhile: queue them
+                    self._release(bodies[start:], buffered=buffered)
+                    return
+            self._release(chunk, buffered=buffered)
 
     def _release(self, bodies: Iterable[bytes], *, buffered: bool = False) -> None:
         if self._consumer_gone:

@@ -880,3 +880,28 @@ async def test_the_reader_lets_a_woken_lone_task_run_before_it_reads_on(
         # The reader is inside the read that returned this message (reads) -- or already in
         # the next one (reads + 1) when it did not let the task run first.
         assert seen == [reads if yield_first else reads + 1]
+
+
+async def test_a_long_hand_over_yields_lets_the_receipt_out_and_survives_a_cut() -> None:
+    """A message of many payloads is handed to a direct consumer in chunks: between them the
+    writer sends the (urgent) receipt, and a socket that ends meanwhile loses nothing."""
+    async with harness(consume=False) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await settle()
+        direct: list[bytes] = []
+        receipt_out_at: list[int] = []
+
+        def consumer(body: bytes) -> None:
+            direct.append(body)
+            if not receipt_out_at and Receipt(200) in sock.packets():
+                receipt_out_at.append(len(direct))
+            if len(direct) == 100:
+                h.t.detach_socket()  # the socket ends in the middle of the hand-over
+
+        h.tg.start_soon(h.t.consume, consumer)
+        await settle()
+        sock.feed(*(msg(i, b"%d" % i) for i in range(1, 201)))
+        await wait_until(lambda: len(direct) == 200)
+        assert direct == [b"%d" % i for i in range(1, 201)]  # all, in order, once
+        assert receipt_out_at and receipt_out_at[0] < 200  # confirmed before all were handed over
