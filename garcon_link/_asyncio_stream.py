@@ -302,31 +302,39 @@ async def serve_accepted(
             accept_group.start_soon(_accept_loop, raw, handler, task_group)
 
 
+def _accept(raw: socket.socket) -> socket.socket:
+    """One non-blocking ``accept`` (a seam for tests)."""
+    client, _ = raw.accept()
+    return client
+
+
 async def _accept_loop(
     raw: socket.socket,
     handler: Callable[[AsyncioByteStream], Coroutine[Any, Any, None]],
     task_group: anyio.abc.TaskGroup,
 ) -> None:
+    # Readiness, then a synchronous accept: loop.sock_accept() on Python 3.11 can accept a
+    # connection for a future that was just cancelled, and then leaks the socket.
     loop = asyncio.get_running_loop()
     while True:
+        await anyio.wait_readable(raw)
         try:
-            client, _ = await loop.sock_accept(raw)
-        except asyncio.CancelledError:
-            # sock_accept may leave its reader registered when cancelled (bpo-41317).
-            try:
-                loop.remove_reader(raw)
-            except (ValueError, NotImplementedError):
-                pass
-            raise
+            client = _accept(raw)
+        except (BlockingIOError, InterruptedError):
+            continue  # another accept took it, or a spurious wake-up
         except OSError as exc:
             log.warning("accept on %s failed: %s", raw.getsockname(), exc)
             await anyio.sleep(ACCEPT_ERROR_PAUSE)
             continue
         try:
+            client.setblocking(False)
             _set_nodelay(client)
             transport, protocol = await loop.connect_accepted_socket(_Protocol, client)
         except OSError as exc:
             log.debug("accepted connection unusable: %s", exc)
             client.close()
             continue
+        except BaseException:
+            client.close()
+            raise
         task_group.start_soon(handler, AsyncioByteStream(transport, protocol))

@@ -7,7 +7,6 @@ iteration. Each test checks one piece of that contract over real loopback socket
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import os
@@ -225,16 +224,15 @@ async def test_a_failed_accept_is_logged_and_the_listener_goes_on(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(_asyncio_stream, "ACCEPT_ERROR_PAUSE", 0.01)
-    loop = asyncio.get_running_loop()
-    real_accept = loop.sock_accept
+    real_accept = _asyncio_stream._accept
     failures = [OSError(errno.EMFILE, "Too many open files")]
 
-    async def flaky_accept(sock: Any) -> Any:
+    def flaky_accept(sock: Any) -> Any:
         if failures:
             raise failures.pop()
-        return await real_accept(sock)
+        return real_accept(sock)
 
-    monkeypatch.setattr(loop, "sock_accept", flaky_accept)
+    monkeypatch.setattr(_asyncio_stream, "_accept", flaky_accept)
     with caplog.at_level(logging.WARNING, logger="garcon_link._asyncio_stream"):
         async with served(echo) as port:
             stream = await _asyncio_stream.connect("127.0.0.1", port)
