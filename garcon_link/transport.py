@@ -72,7 +72,6 @@ log = logging.getLogger(__name__)
 
 _INLINE_MARGIN = 64  # room for the encoded frame's head and a receipt beside a written body
 
-_HAND_OVER_CHUNK = 64  # payloads handed to a direct consumer between two yields to the loop
 _POLL_QUIET_TICKS = 8  # receipt_delay ticks with nothing due before the writer stops polling
 
 COALESCE_BYTES = 256 * 1024
@@ -380,32 +379,45 @@ class SessionTransport:
         the replay fence has passed and the socket takes it without waiting; returns ``False``
         (nothing taken) otherwise.
         """
-        sock = self._sock
         now = time.monotonic()
         quiet = now - self._last_write_now >= WRITE_NOW_QUIET
         self._last_write_now = now
+        return (
+            quiet
+            and self._fence_passed
+            and self._session.frames_queued == 1
+            and size + _INLINE_MARGIN <= self._coalesce_limit
+            and self._write_queued_now()
+        )
+
+    def _write_receipt_now(self) -> bool:
+        """Write a due receipt at once from this task if nothing else is queued and the socket
+        takes it without waiting; ``False`` (nothing taken) otherwise."""
+        return self._session.frames_queued == 0 and self._write_queued_now()
+
+    def _write_queued_now(self) -> bool:
+        """Hand what the session has to send to the socket synchronously, if it takes it."""
+        sock = self._sock
         scope = self._run_scope
         if (
             sock is None
             or scope is None
             or scope.cancel_called  # being detached: the replay on the next socket sends it
-            or not quiet
-            or not self._fence_passed
-            or self._session.frames_queued != 1
-            or size + _INLINE_MARGIN > self._coalesce_limit
             or not sock.writable_now()
         ):
             return False
-        data = b"".join(self._session.data_to_send())
+        packets = self._session.data_to_send()
+        if not packets:
+            return True
         try:
-            sock.send_message_nowait(data)
+            sock.send_message_nowait(packets[0] if len(packets) == 1 else b"".join(packets))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            # As in the writer: the attachment ends; the frame stays retained and is replayed
-            # on the next socket.
+            # As in the writer: the attachment ends; what was taken stays retained and is
+            # replayed on the next socket (a lost receipt is re-sent as the resume position).
             log.debug("session %s: write failed, detaching: %s", self.label, exc)
             self.detach_socket()
-            return True
-        self._messages_written += 1
+        else:
+            self._messages_written += 1
         return True
 
     # ------------------------------------------------------------------ lifecycle
@@ -583,9 +595,11 @@ class SessionTransport:
             progressed = (
                 session.accepted != accepted_before or session.confirmed != confirmed_before
             )
-            if session.receipt_urgent:
-                # Before the hand-over, which may be long (see _release_all): confirming what
-                # was accepted frees the peer's retention.
+            if session.receipt_urgent and not self._write_receipt_now():
+                # Before the hand-over, which may be long (a direct consumer dispatching a
+                # replay of thousands of payloads in this task): confirming what was accepted
+                # frees the peer's retention -- at once if the socket takes it, else by the
+                # writer as soon as this task yields.
                 self._wakeup.set()
             fence = False
             if not self._fence_passed:
@@ -598,9 +612,9 @@ class SessionTransport:
                     buffered = list(self._buffer)
                     self._buffer.clear()
                     self._buffer_bytes = 0
-                    await self._release_all(buffered, buffered=True)
+                    self._release(buffered, buffered=True)
             else:
-                await self._release_all(bodies)
+                self._release(bodies)
             if session.receipt_due and not self._receipt_poll:
                 # Woken *after* the release: the tasks the payloads woke (a handler, a caller)
                 # run first and usually queue a frame, which the receipt then rides with. A
@@ -627,28 +641,6 @@ class SessionTransport:
     # (cancelling the reader) while the consumer is slow never loses a payload the session has
     # already accepted -- and acknowledged. One task per transport moves them into the bounded
     # delivery queue, in order; the reader waits for it (back-pressure, as before).
-
-    async def _release_all(self, bodies: list[bytes], *, buffered: bool = False) -> None:
-        """:meth:`_release`, yielding to the event loop every ``_HAND_OVER_CHUNK`` payloads.
-
-        A direct consumer runs in this task, so a message of thousands of small payloads (a
-        replay, a burst of notifications) would otherwise hold the loop -- and the writer with
-        the receipt for them -- until all were dispatched. The yields are shielded: a socket
-        that ends meanwhile must not cut off payloads the session already accepted.
-        """
-        consumer = self._consumer
-        if consumer is None or len(bodies) <= _HAND_OVER_CHUNK:
-            self._release(bodies, buffered=buffered)
-            return
-        for start in range(0, len(bodies), _HAND_OVER_CHUNK):
-            chunk = bodies[start : start + _HAND_OVER_CHUNK]
-            if start:
-                with anyio.CancelScope(shield=True):
-                    await anyio.lowlevel.checkpoint()
-                if self._consumer is not consumer:  # the consumer left meanwhile: queue them
-                    self._release(bodies[start:], buffered=buffered)
-                    return
-            self._release(chunk, buffered=buffered)
 
     def _release(self, bodies: Iterable[bytes], *, buffered: bool = False) -> None:
         if self._consumer_gone:
