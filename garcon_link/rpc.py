@@ -357,9 +357,10 @@ class ExecutorRpc:
                 raise StaleResource(message=f"{value!r} belongs to a replaced session")
 
     def _alone(self) -> bool:
-        """Whether at most one call is pending or running on this session: a request/reply at a
-        time, where the transport's reader lets the woken task run before reading on."""
-        return len(self._pending) + len(self._incoming) <= 1
+        """Whether at most one call (or notification handler) is pending or running on this
+        session: a request/reply at a time, where the transport's reader lets the woken task
+        run before reading on."""
+        return len(self._pending) + len(self._incoming) + self._notifications <= 1
 
     async def _send_request(self, body: bytes) -> int:
         """Issue a request envelope; a refusal before an ordinal is assigned is NOT_DISPATCHED."""
