@@ -260,18 +260,16 @@ class AsyncioByteStream(anyio.abc.ByteStream):
 
 
 async def connect(host: str, port: int) -> AsyncioByteStream:
-    """Connect to ``host:port`` (happy eyeballs across the resolved addresses; TCP_NODELAY set).
+    """Connect to ``host:port``, trying the resolved addresses in turn; TCP_NODELAY set.
+
+    No happy eyeballs: on Python 3.11, cancelling asyncio's staggered connection race (a
+    shutdown while dialing) can leak the socket it was connecting.
 
     Raises:
         OSError: resolution or connection failed.
     """
     loop = asyncio.get_running_loop()
-    if isinstance(loop, asyncio.BaseEventLoop):
-        transport, protocol = await loop.create_connection(
-            _Protocol, host, port, happy_eyeballs_delay=0.25
-        )
-    else:  # e.g. uvloop, which tries the addresses one after the other
-        transport, protocol = await loop.create_connection(_Protocol, host, port)
+    transport, protocol = await loop.create_connection(_Protocol, host, port)
     _set_nodelay(transport.get_extra_info("socket"))
     return AsyncioByteStream(transport, protocol)
 
