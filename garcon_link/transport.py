@@ -40,8 +40,14 @@ Rules implemented here:
   session waits for the next socket; a ``ProtocolError`` from the socket (text frame, over-size
   message) retires the session like a malformed packet.
 * **Sending** (:meth:`send`) waits while retention is full -- full retention is back-pressure, never
-  a failure -- and wakes the socket writer, which coalesces every packet ready at that moment into
-  one WebSocket message (bounded by the frame limit).
+  a failure. A lone frame on a quiet socket is written at once by the task that issued it (when the
+  socket takes it without waiting: the link's asyncio sockets); otherwise the socket writer is
+  woken, and it coalesces every packet ready at that moment into one WebSocket message (bounded by
+  ``COALESCE_BYTES`` and the frame limit).
+* **Receipts** ride with outgoing frames when they can. An urgent one (the fence, or
+  ``receipt_interval`` messages unconfirmed) goes out at once, before the payloads are handed
+  over; a lone one waits at most ``receipt_delay`` -- while receipts keep coming due the writer
+  polls for them at that period instead of being woken for each.
 
 At retirement the payloads accepted but not yet queued are handed over if the delivery queue has
 room (the rest are dropped, with a warning: the RPC layer drops late replies anyway), then the
