@@ -207,7 +207,7 @@ class _Pending:
 
 
 class _Incoming:
-    __slots__ = ("cancelled", "credit", "credit_bytes", "credit_event", "scope", "started")
+    __slots__ = ("cancelled", "credit", "credit_bytes", "credit_event", "scope", "started", "task")
 
     def __init__(self, credit: int, credit_bytes: int) -> None:
         self.scope = anyio.CancelScope()
@@ -217,6 +217,7 @@ class _Incoming:
         self.credit_bytes = credit_bytes
         # Created by the producer only when it has to wait for credit.
         self.credit_event: anyio.Event | None = None
+        self.task: asyncio.Task[None] | None = None  # the handler's, on asyncio (see _on_call)
 
 
 class ExecutorRpc:
@@ -251,10 +252,9 @@ class ExecutorRpc:
         self._last_incoming_id = 0
         self._retired: CallError | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        # Call handlers on asyncio (see _on_call); on trio they are children of _tg.
+        # Call handlers on asyncio are plain tasks (see _on_call); on trio, children of _tg.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._context = contextvars.copy_context()
-        self._handler_tasks: dict[int, asyncio.Task[None]] = {}  # call id -> running handler
         self._max_body = limits.max_frame_bytes - 32
         self.peer_instance_id: bytes | None = None
 
@@ -650,11 +650,9 @@ class ExecutorRpc:
             # asyncio: a plain task, tracked here (see run()); anyio's start_soon costs ~10 us
             # more per task, which is a tenth of a call. It runs in a copy of the session
             # task's context, as a task group's child would.
-            # The handler forgets its task itself when it ends (a done callback would cost an
-            # event-loop turn per call).
-            self._handler_tasks[call_id] = self._loop.create_task(
-                handler, context=self._context.copy()
-            )
+            # It leaves _incoming itself when it ends (a done callback would cost an event-loop
+            # turn per call).
+            incoming.task = self._loop.create_task(handler, context=self._context.copy())
         else:
             assert self._tg is not None
             self._tg.start_soon(lambda: handler)
@@ -663,8 +661,10 @@ class ExecutorRpc:
         """Wait for the handler tasks (cancelled by retire_unknown) to end, as a task group's
         exit would; shielded, so shutdown cannot leave them running unobserved."""
         with anyio.CancelScope(shield=True):
-            while self._handler_tasks:
-                await asyncio.wait(list(self._handler_tasks.values()))
+            while tasks := [
+                i.task for i in self._incoming.values() if i.task is not None and not i.task.done()
+            ]:
+                await asyncio.wait(tasks)
 
     def _check_scope(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
         if self.scope is None:
@@ -791,7 +791,6 @@ class ExecutorRpc:
             self._reply_failure(call_id, exc)
         finally:
             self._incoming.pop(call_id, None)
-            self._handler_tasks.pop(call_id, None)
 
     async def _send_reply(self, call_id: int, body: bytes) -> None:
         try:
