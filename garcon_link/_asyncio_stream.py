@@ -193,10 +193,7 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         self._sending = True
         try:
             self._check_writable()
-            try:
-                self._transport.write(item)
-            except RuntimeError as exc:  # the transport was closed under us
-                raise anyio.BrokenResourceError from exc
+            self._write(item)
             while protocol.writing_paused:
                 waiter = protocol.drain_waiter = self._loop.create_future()
                 try:
@@ -209,15 +206,7 @@ class AsyncioByteStream(anyio.abc.ByteStream):
 
     def writable_now(self) -> bool:
         """Whether :meth:`send_nowait` would write now: open, no send in progress, not paused."""
-        protocol = self._protocol
-        return not (
-            self._sending
-            or self._closed
-            or protocol.writing_paused
-            or protocol.lost
-            or protocol.error is not None
-            or self._transport.is_closing()
-        )
+        return not (self._sending or self._protocol.writing_paused) and self._unwritable() is None
 
     def send_nowait(self, item: bytes) -> None:
         """Write without waiting; only when :meth:`writable_now` (what the kernel does not take
@@ -230,18 +219,30 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         if not self.writable_now():
             self._check_writable()
             raise RuntimeError("send_nowait() while a send is in progress or writing is paused")
+        self._write(item)
+
+    def _write(self, item: bytes) -> None:
         try:
             self._transport.write(item)
-        except RuntimeError as exc:
+        except RuntimeError as exc:  # the transport was closed under us
             raise anyio.BrokenResourceError from exc
 
-    def _check_writable(self) -> None:
+    def _unwritable(self) -> Exception | None:
+        """Why nothing can be written any more (the exception to raise), or ``None``."""
         if self._closed:
-            raise anyio.ClosedResourceError
+            return anyio.ClosedResourceError()
         if self._protocol.error is not None:
-            raise anyio.BrokenResourceError from self._protocol.error
+            error = anyio.BrokenResourceError()
+            error.__cause__ = self._protocol.error
+            return error
         if self._protocol.lost or self._transport.is_closing():
-            raise anyio.BrokenResourceError("the connection is closed")
+            return anyio.BrokenResourceError("the connection is closed")
+        return None
+
+    def _check_writable(self) -> None:
+        error = self._unwritable()
+        if error is not None:
+            raise error
 
     async def send_eof(self) -> None:
         try:
