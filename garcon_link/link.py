@@ -181,6 +181,10 @@ class _WebSocket:
         # only the writer sends; pongs and pings rarely contend), saving two loop iterations per
         # message.
         self._lock = anyio.Lock(fast_acquire=True)
+        # A stream that takes bytes synchronously (send_message_nowait), else None.
+        self._nowait: _asyncio_stream.AsyncioByteStream | None = (
+            stream if isinstance(stream, _asyncio_stream.AsyncioByteStream) else None
+        )
         self._parts: list[bytes] = []
         self._size = 0
         self._probe: anyio.Event | None = None
@@ -193,8 +197,12 @@ class _WebSocket:
         try:
             await self.stream.send(data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ssl.SSLError) as e:
-            self._closed = True
-            raise _SocketGone(str(e) or type(e).__name__) from e
+            raise self._gone(e) from e
+
+    def _gone(self, cause: BaseException) -> _SocketGone:
+        """The socket is dead from now on; the error that says so, naming ``cause``."""
+        self._closed = True
+        return _SocketGone(str(cause) or type(cause).__name__)
 
     async def _send_event(self, event: Any) -> None:
         async with self._lock:
@@ -212,9 +220,9 @@ class _WebSocket:
     def writable_now(self) -> bool:
         """Whether :meth:`send_message_nowait` can write a message now without waiting (open,
         no write in progress, a stream that takes bytes synchronously and is not paused)."""
-        stream = self.stream
+        stream = self._nowait
         return (
-            isinstance(stream, _asyncio_stream.AsyncioByteStream)
+            stream is not None
             and not self._closed
             and not self._lock.locked()
             and self.ws.state is ConnectionState.OPEN
@@ -227,13 +235,12 @@ class _WebSocket:
         Raises:
             anyio.BrokenResourceError: the socket is dead (as :meth:`send_message`).
         """
-        stream = self.stream
-        assert isinstance(stream, _asyncio_stream.AsyncioByteStream) and not self._lock.locked()
+        stream = self._nowait
+        assert stream is not None and not self._lock.locked()
         try:
             stream.send_nowait(self.ws.send(BytesMessage(data=data)))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, LocalProtocolError) as e:
-            self._closed = True
-            raise _SocketGone(str(e) or type(e).__name__) from e
+            raise self._gone(e) from e
 
     def retired_by_peer(self) -> str | None:
         """Why the peer's close retired the session (a 1001/4005/4006/4008 close), else None."""
