@@ -790,9 +790,7 @@ class SessionTransport:
                     # Woken by the reader for it: start polling, give frames a chance to come.
                     self._receipt_poll = True
                     quiet_ticks = 0
-                    with anyio.move_on_after(delay) as tick:
-                        await self._wakeup.wait()
-                    ticked = tick.cancelled_caught
+                    ticked = await self._wait_for_wakeup(delay)
                     continue
                 packets = session.data_to_send()
                 if not packets:
@@ -807,13 +805,7 @@ class SessionTransport:
                         quiet_ticks += 1
                         if quiet_ticks > _POLL_QUIET_TICKS:
                             self._receipt_poll = False
-                    if self._receipt_poll:
-                        with anyio.move_on_after(delay) as tick:
-                            await self._wakeup.wait()
-                        ticked = tick.cancelled_caught
-                    else:
-                        await self._wakeup.wait()
-                        ticked = False
+                    ticked = await self._wait_for_wakeup(delay if self._receipt_poll else None)
                     continue
                 ticked = False
                 if lone_receipt:
@@ -832,6 +824,16 @@ class SessionTransport:
                 self._messages_written += 1
         finally:
             self._receipt_poll = False
+
+    async def _wait_for_wakeup(self, timeout: float | None) -> bool:
+        """Wait until the writer is woken, or ``timeout`` seconds (``None``: no limit) pass;
+        ``True`` if the time ran out (a poll tick)."""
+        if timeout is None:
+            await self._wakeup.wait()
+            return False
+        with anyio.move_on_after(timeout) as tick:
+            await self._wakeup.wait()
+        return tick.cancelled_caught
 
     async def _replay_watch(self) -> None:
         inactivity = self.limits.replay_inactivity
