@@ -300,22 +300,10 @@ class SessionTransport:
         delivered payloads, may say that they woke a lone task which should run before the reader
         reads on (lower latency for a request/reply at a time; see the reader).
         """
-        receive = self._deliver_recv
-        with receive:
+        with self._deliver_recv:
             # Drain the queue path until nothing is left on its way through it.
-            while True:
-                try:
-                    body = receive.receive_nowait()
-                except anyio.WouldBlock:
-                    if not (self._pending or self._in_flight):
-                        break
-                    try:
-                        body = await receive.receive()
-                    except anyio.EndOfStream:
-                        return
-                except anyio.EndOfStream:
-                    return
-                self._hand_over(consumer, body)
+            if not await self._drain_queue(consumer, until_idle=True):
+                return
             self._consumer = consumer
             self._yield_first = yield_first
             try:
@@ -324,12 +312,25 @@ class SessionTransport:
                 self._consumer = None
                 self._yield_first = None
             # What retirement handed over (pre-readiness payloads) went to the queue.
-            while True:
+            await self._drain_queue(consumer, until_idle=False)
+
+    async def _drain_queue(self, consumer: Callable[[bytes], None], *, until_idle: bool) -> bool:
+        """Hand what the delivery queue holds to ``consumer``; with ``until_idle`` also wait for
+        what is still on its way into it (pending, in flight). ``False`` once the queue ended."""
+        receive = self._deliver_recv
+        while True:
+            try:
+                body = receive.receive_nowait()
+            except anyio.WouldBlock:
+                if not (until_idle and (self._pending or self._in_flight)):
+                    return True
                 try:
-                    body = receive.receive_nowait()
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    return
-                self._hand_over(consumer, body)
+                    body = await receive.receive()
+                except anyio.EndOfStream:
+                    return False
+            except anyio.EndOfStream:
+                return False
+            self._hand_over(consumer, body)
 
     def _hand_over(self, consumer: Callable[[bytes], None], body: bytes) -> None:
         try:
