@@ -13,7 +13,8 @@
   can complete the *real* handshake (:class:`garcon_link.handshake.Handshake`) to attack the
   authenticated layers. :meth:`Raw.outcome` reports how the server ended the connection: a close
   code, an HTTP status or a bare end-of-stream, each within a bounded wait.
-* :func:`rss_bytes`, :func:`percentile`, :func:`wait_for` -- measurement and bounded polling.
+* :func:`rss_bytes`, :class:`PeakRss`, :func:`percentile`, :func:`wait_for` -- measurement and
+  bounded polling.
 
 Everything here runs on loopback only; every loop is bounded in count or time.
 """
@@ -237,6 +238,53 @@ def rss_bytes() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _status_kib(pid: int | str, key: str) -> int | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1])
+    return None
+
+
+class PeakRss:
+    """Peak resident-set growth of a process (this one by default) over a ``with`` block.
+
+    On entry the kernel's high-water mark (VmHWM) is reset by writing ``5`` to
+    ``/proc/PID/clear_refs`` (Linux >= 4.0) and the current RSS is the baseline; :attr:`growth`
+    is then the *exact* peak above that baseline, however short the spike -- no sampling. Where the
+    reset is not possible (no /proc, not permitted) :attr:`exact` is False and :attr:`growth` falls
+    back to the current RSS above the baseline, which can miss a transient spike.
+    """
+
+    def __init__(self, pid: int | str = "self") -> None:
+        self.pid = pid
+        self.baseline = 0
+        self.exact = False
+
+    def __enter__(self) -> PeakRss:
+        try:
+            Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+            self.exact = True
+        except OSError:
+            self.exact = False
+        self.baseline = (_status_kib(self.pid, "VmRSS:") or 0) * 1024
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    @property
+    def peak(self) -> int:
+        """The peak RSS in bytes since entry (or the current RSS if not :attr:`exact`)."""
+        key = "VmHWM:" if self.exact else "VmRSS:"
+        return (_status_kib(self.pid, key) or 0) * 1024
+
+    @property
+    def growth(self) -> int:
+        """Bytes the peak rose above the RSS at entry."""
+        return max(0, self.peak - self.baseline)
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
