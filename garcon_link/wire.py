@@ -15,9 +15,22 @@ decoder here accepts *only* that form. Anything else -- other major types, indef
 non-shortest heads, ordinal 0, a float, trailing garbage, an empty message -- raises
 :class:`~garcon_link.errors.MalformedFrame`. Size is checked before any decoding starts.
 
-Handshake frames hold exactly one CBOR item decoded by cbor2 (:func:`decode_item`); every cbor2
-failure, recursion blow-up or trailing byte is mapped to :class:`MalformedFrame` here, at the
-boundary. Encodings that are MACed use ``canonical=True``.
+Handshake frames and RPC envelopes hold exactly one CBOR item decoded by cbor2
+(:func:`decode_item`); every cbor2 failure, recursion blow-up or trailing byte is mapped to
+:class:`MalformedFrame` here, at the boundary. Encodings that are MACed use ``canonical=True``.
+
+Integers from a peer are bounded *while decoding*, before anything else looks at them:
+
+- a CBOR head holds at most 64 bits, so only the bignum tags (2 and 3) make larger integers;
+- ``decode_item(..., bignums=False)`` (the handshake, whose grammar has no integer beyond
+  ``2**64-1``) refuses both tags outright: every integer it returns is in ``-2**64 .. 2**64-1``;
+- otherwise (RPC envelopes, whose application values may be any integer) a bignum's magnitude
+  is at most :data:`MAX_BIGNUM_BYTES` bytes (8,192 bits, 2,467 decimal digits), checked before
+  the integer is built. Python refuses ``str()`` of an integer over 4,300 digits, so an
+  unbounded bignum would make every log line or error message that mentions it raise.
+
+:func:`describe_value` renders a peer value for an error message or a log line and never
+raises: huge integers are described by their bit length, strings and containers are cut short.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ import cbor2
 from .errors import FrameTooLarge, MalformedFrame
 
 __all__ = [
+    "MAX_BIGNUM_BYTES",
     "MAX_ORDINAL",
     "CloseCode",
     "Role",
@@ -41,6 +55,7 @@ __all__ = [
     "Receipt",
     "decode_item",
     "decode_packets",
+    "describe_value",
     "encode_canonical",
     "encode_message",
     "encode_receipt",
@@ -50,6 +65,9 @@ Ordinal = NewType("Ordinal", int)
 """Position of a message in one direction of a logical session; the first is 1."""
 
 MAX_ORDINAL = (1 << 64) - 1
+
+MAX_BIGNUM_BYTES = 1024
+"""Largest magnitude of a bignum (CBOR tags 2/3) :func:`decode_item` accepts: 8,192 bits."""
 
 _TAG_MESSAGE = 0
 _TAG_RECEIPT = 1
@@ -212,35 +230,54 @@ def encode_canonical(value: Any) -> bytes:
     return cbor2.dumps(value, canonical=True)
 
 
-def decode_item(data: bytes, max_bytes: int, *, plain: bool = True) -> Any:
+def decode_item(data: bytes, max_bytes: int, *, plain: bool = True, bignums: bool = True) -> Any:
     """Decode exactly one CBOR item with cbor2, mapping every failure to :class:`MalformedFrame`.
 
     Handshake and envelope values are plain CBOR data: maps, arrays, text and byte strings,
-    integers, floats, booleans and null. Unknown semantic tags are refused while decoding; tags
-    cbor2 knows (dates, sets, regular expressions, shared references, ...) decode to other Python
-    types, which the ``plain`` walk refuses afterwards, so nothing but plain data (and no cycle)
-    leaves this function. cbor2 itself caps nesting depth and reads declared lengths in chunks.
+    integers, floats, booleans and null. With ``plain`` every semantic tag but the bignums is
+    refused *while decoding* -- the ones cbor2 knows (dates, decimal fractions, bigfloats,
+    regular expressions, MIME messages, sets, shared and string references, ...) before cbor2
+    builds anything from them, the unknown ones by the tag hook -- and a walk of the result then
+    refuses what else is not plain data (undefined, simple values, array map keys), so nothing
+    but plain data (and no cycle) leaves this function. Bignums (tags 2 and 3) are integers:
+    bounded to :data:`MAX_BIGNUM_BYTES` bytes of magnitude before the integer is built, or
+    refused with ``bignums=False``. cbor2 itself caps nesting depth and reads declared lengths
+    in chunks.
 
     Args:
         data: the whole frame.
         max_bytes: size limit, checked before decoding.
-        plain: verify the result holds only plain data types (costs one walk of the value).
+        plain: refuse non-plain tags while decoding and verify the result holds only plain data
+            types (costs one walk of the value). ``False`` lets cbor2 decode the tags it knows
+            (for tests of the decoder itself).
+        bignums: accept bignum tags (bounded); ``False`` refuses them, so every integer returned
+            is in ``-2**64 .. 2**64-1`` (what a CBOR head can hold).
 
     Raises:
         FrameTooLarge: ``len(data) > max_bytes``.
-        MalformedFrame: not CBOR, a tag, a non-plain value, or trailing bytes after the item.
+        MalformedFrame: not CBOR, a tag, a bignum over the bound (or any, without ``bignums``),
+            a non-plain value, or trailing bytes after the item.
     """
     if len(data) > max_bytes:
         raise FrameTooLarge(len(data), max_bytes)
     if not data:
         raise MalformedFrame("empty frame")
     stream = io.BytesIO(data)
+    decoders = (
+        (_PLAIN_DECODERS if plain else _BIGNUM_DECODERS)
+        if bignums
+        else (_PLAIN_NO_BIGNUM_DECODERS if plain else _NO_BIGNUM_DECODERS)
+    )
     try:
-        decoder = cbor2.CBORDecoder(stream, tag_hook=_refuse_tag)
+        decoder = cbor2.CBORDecoder(stream, tag_hook=_refuse_tag, semantic_decoders=decoders)
         value = decoder.decode()
     except MalformedFrame:
         raise
     except (cbor2.CBORDecodeError, RecursionError, ValueError, TypeError, OverflowError) as exc:
+        # A refusal from one of our tag decoders reaches us wrapped by cbor2: keep its words.
+        cause = exc.__cause__
+        if isinstance(cause, MalformedFrame):
+            raise MalformedFrame(str(cause)) from exc
         raise MalformedFrame(f"not a valid CBOR item: {exc}") from exc
     except MemoryError as exc:  # a huge declared length that slipped past the size check
         raise MalformedFrame("CBOR item declares more data than the frame holds") from exc
@@ -251,6 +288,44 @@ def decode_item(data: bytes, max_bytes: int, *, plain: bool = True) -> Any:
     return value
 
 
+def describe_value(value: object, limit: int = 60) -> str:
+    """A short description of a peer-supplied value for an error message or a log line.
+
+    Never raises and never costs more than ``O(limit)``: an integer over 64 bits is described
+    by its sign and bit length (``str()`` of a huge integer is quadratic, and raises past 4,300
+    digits); text and byte strings are cut before they are rendered; containers are named by
+    type and length; any other value by its type.
+
+    Args:
+        value: anything decoded from the peer.
+        limit: the most characters returned (at least 8).
+
+    Returns:
+        A printable description of at most ``limit`` characters.
+    """
+    limit = max(limit, 8)
+    try:
+        kind = type(value)
+        if kind is int:
+            number: int = value  # type: ignore[assignment]
+            if number.bit_length() > 64:
+                sign = "-" if number < 0 else ""
+                text = f"<{sign}integer of {number.bit_length()} bits>"
+            else:
+                text = str(number)
+        elif kind is str or kind is bytes:
+            text = repr(value[:limit])  # type: ignore[index]
+        elif kind in (bool, float, type(None)):
+            text = repr(value)
+        elif kind in (list, dict, tuple):
+            text = f"<{kind.__name__} of {len(value)}>"  # type: ignore[arg-type]
+        else:
+            text = f"<{kind.__name__}>"
+    except Exception:  # a hostile value must not turn a refusal into a crash
+        text = "<unprintable value>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 _PLAIN_SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
 _PLAIN_KEYS = frozenset({str, int, bool})
 _MAX_PLAIN_DEPTH = 64
@@ -259,10 +334,11 @@ _MAX_PLAIN_DEPTH = 64
 def _check_plain(value: Any, depth: int, seen: set[int]) -> None:
     """Walk ``value``; each container may appear once (a tree, not a DAG or a cycle).
 
-    cbor2 resolves shared-reference tags (28/29) itself, so a few hundred bytes can describe a
-    DAG with 2**60 paths; refusing any container seen twice keeps the walk linear in the number
-    of containers actually decoded. Scalars are checked inline (exact types: cbor2 makes no
-    subclasses of them), containers recursively.
+    With the shared-reference tags (28/29) refused while decoding a DAG cannot arise here; the
+    check stays as a second line against a decoder change (a few hundred bytes can describe a
+    DAG with 2**60 paths, and refusing any container seen twice keeps the walk linear in the
+    number of containers actually decoded). Scalars are checked inline (exact types: cbor2
+    makes no subclasses of them), containers recursively.
     """
     kind = type(value)
     if kind in _PLAIN_SCALARS:
@@ -288,3 +364,49 @@ def _check_plain(value: Any, depth: int, seen: set[int]) -> None:
 
 def _refuse_tag(decoder: Any, tag: Any) -> Any:
     raise MalformedFrame(f"CBOR semantic tag {tag.tag} is not allowed")
+
+
+def _refuse_known_tag(tag: int) -> Any:
+    if tag in (2, 3):
+        text = f"bignum (CBOR tag {tag}) is not allowed: integers here fit 64 bits"
+    else:
+        text = f"CBOR semantic tag {tag} is not allowed"
+
+    def refuse(value: Any, immutable: bool = False) -> Any:
+        raise MalformedFrame(text)
+
+    return refuse
+
+
+def _bignum(tag: int) -> Any:
+    """Decoder of tag 2 (``tag == 2``, ``n``) or 3 (``-1 - n``); magnitude size checked first."""
+
+    def decode(value: Any, immutable: bool = False) -> int:
+        if type(value) is not bytes:
+            raise MalformedFrame(f"bignum tag {tag} must hold a byte string")
+        if len(value) > MAX_BIGNUM_BYTES:
+            raise MalformedFrame(
+                f"bignum of {len(value)} bytes (tag {tag}); at most {MAX_BIGNUM_BYTES} allowed"
+            )
+        magnitude = int.from_bytes(value, "big")
+        return magnitude if tag == 2 else -1 - magnitude
+
+    return decode
+
+
+# Every semantic tag cbor2 decodes itself (cbor2 6.x); the others reach the tag hook. A tag that
+# a later cbor2 adds decodes to a type the plain walk refuses, so this list is an economy (no
+# work on tags plain data never holds), not the only line of defence.
+_CBOR2_KNOWN_TAGS = (
+    0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 52, 54, 100, 256, 258, 260, 261, 1004, 43000,
+    55799,
+)  # fmt: skip
+_BIGNUM_DECODERS: dict[int, Any] = {2: _bignum(2), 3: _bignum(3)}
+_NO_BIGNUM_DECODERS: dict[int, Any] = {2: _refuse_known_tag(2), 3: _refuse_known_tag(3)}
+_PLAIN_DECODERS: dict[int, Any] = {
+    **{tag: _refuse_known_tag(tag) for tag in _CBOR2_KNOWN_TAGS},
+    **_BIGNUM_DECODERS,
+}
+_PLAIN_NO_BIGNUM_DECODERS: dict[int, Any] = {
+    tag: _refuse_known_tag(tag) for tag in _CBOR2_KNOWN_TAGS
+}

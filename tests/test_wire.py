@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import cbor2
@@ -11,8 +12,10 @@ from helpers import encode_packets
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from garcon_link import wire
 from garcon_link.errors import FrameTooLarge, MalformedFrame
 from garcon_link.wire import (
+    MAX_BIGNUM_BYTES,
     MAX_ORDINAL,
     Message,
     Ordinal,
@@ -20,6 +23,7 @@ from garcon_link.wire import (
     Receipt,
     decode_item,
     decode_packets,
+    describe_value,
     encode_canonical,
     encode_message,
     encode_receipt,
@@ -342,6 +346,133 @@ def test_decode_item_accepts_plain_data(data: bytes, expected: Any) -> None:
         assert value == expected
 
 
+# -- decode_item: integers and tags from a hostile peer (issue 12, break 1) -----------------------
+
+
+def bignum(tag: int, magnitude_bytes: int) -> bytes:
+    return tagged(tag, b"\x01" + bytes(magnitude_bytes - 1))
+
+
+@pytest.mark.parametrize("tag", [2, 3])
+def test_decode_item_bounds_bignums_before_building_them(tag: int) -> None:
+    """Bignums are application integers in envelopes, but at most MAX_BIGNUM_BYTES of magnitude:
+    so str()/repr() of any integer decode_item returns works (Python refuses over 4,300 digits).
+    Before the fix any size was built (a 16 MiB frame: a 40-million-digit integer)."""
+    value = decode_item(bignum(tag, MAX_BIGNUM_BYTES), BIG)
+    assert value.bit_length() == 8 * MAX_BIGNUM_BYTES - 7
+    assert len(str(value)) < 4300
+    with pytest.raises(MalformedFrame, match=f"bignum of {MAX_BIGNUM_BYTES + 1} bytes"):
+        decode_item(bignum(tag, MAX_BIGNUM_BYTES + 1), BIG)
+    with pytest.raises(MalformedFrame, match="bignum"):
+        decode_item(encode_canonical([1, {"k": 10**5000}]), BIG)
+    with pytest.raises(MalformedFrame, match="must hold a byte string"):
+        decode_item(tagged(tag, "text"), BIG)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [2**64, -(2**64) - 1, 10**5000, -(10**5000)],
+    ids=["2**64", "-2**64-1", "+huge", "-huge"],
+)
+def test_decode_item_without_bignums_refuses_them(value: int) -> None:
+    """The handshake's mode: every integer returned fits a CBOR head (64 bits and a sign)."""
+    data = encode_canonical({"received": value})
+    with pytest.raises(MalformedFrame, match="bignum"):
+        decode_item(data, BIG, bignums=False)
+    for edge in (2**64 - 1, -(2**64)):
+        assert decode_item(encode_canonical(edge), BIG, bignums=False) == edge
+
+
+KNOWN_TAG_SAMPLES = [
+    (0, "2020-01-01T00:00:00Z"),
+    (1, 0),
+    (4, [-2, 12345]),
+    (5, [-(2**62), 3]),
+    (25, 0),
+    (28, []),
+    (29, 0),
+    (30, [1, 3]),
+    (35, "(a|b)*c"),
+    (36, "Content-Type: text/plain\n\nhi"),
+    (37, bytes(16)),
+    (52, b"\x7f\x00\x00\x01"),
+    (54, bytes(16)),
+    (100, 0),
+    (256, ["x"]),
+    (258, [1, 2]),
+    (260, b"\x7f\x00\x00\x01"),
+    (261, {24: 8}),
+    (1004, "2020-01-01"),
+    (43000, 0),
+    (55799, 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("tag", "value"), KNOWN_TAG_SAMPLES, ids=[str(t) for t, _ in KNOWN_TAG_SAMPLES]
+)
+def test_decode_item_refuses_known_tags_before_cbor2_decodes_them(tag: int, value: Any) -> None:
+    """Plain data holds no tag but the bignums: every tag cbor2 knows is refused by our decoder
+    table, before cbor2 builds a date, a Decimal, a compiled regex, a parsed MIME message...
+    Before the fix they were built first and refused by the walk afterwards: one 7 MB tag-35
+    envelope cost 31 s of regex compilation, a 14 MB tag-36 one 7 s of MIME parsing."""
+    with pytest.raises(MalformedFrame, match=f"semantic tag {tag} is not allowed"):
+        decode_item(tagged(tag, value), BIG)
+    with pytest.raises(MalformedFrame, match=f"semantic tag {tag} is not allowed"):
+        decode_item(encode_canonical(["x", {"k": [cbor2.CBORTag(tag, value)]}]), BIG)
+
+
+def test_decode_item_never_compiles_a_peer_regex(monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled: list[object] = []
+    real = re.compile
+
+    def spy(pattern: Any, flags: int = 0) -> Any:
+        compiled.append(pattern)
+        return real(pattern, flags)
+
+    monkeypatch.setattr(re, "compile", spy)
+    marker = "(peer-pattern)+" * 10
+    with pytest.raises(MalformedFrame):
+        decode_item(tagged(35, marker), BIG)
+    assert marker not in compiled
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (10**5000, "<integer of 16610 bits>"),
+        (-(10**5000), "<-integer of 16610 bits>"),
+        (2**64 - 1, str(2**64 - 1)),
+        (-5, "-5"),
+        ("x" * 1000, "'" + "x" * 56 + "..."),
+        (b"\x00" * 1000, "b'" + "\\x00" * 13 + "\\x0..."),
+        ([1] * 10**6, "<list of 1000000>"),
+        ({1: 2}, "<dict of 1>"),
+        (None, "None"),
+        (True, "True"),
+        (float("nan"), "nan"),
+        (object(), "<object>"),
+    ],
+    ids=[
+        "huge", "-huge", "u64", "small", "text", "bytes", "list", "dict", "none", "bool", "nan",
+        "object",
+    ],
+)  # fmt: skip
+def test_describe_value_is_short_and_never_raises(value: object, expected: str) -> None:
+    text = describe_value(value)
+    assert text == expected
+    assert len(text) <= 60
+
+
+def test_describe_value_survives_a_value_whose_len_raises() -> None:
+    class Evil(list):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            raise RuntimeError("no")
+
+    assert describe_value(Evil()) == "<Evil>"
+    assert describe_value(1, limit=0) == "1"
+
+
 def shared_dag(levels: int) -> bytes:
     """An array whose item k is a shareable [ref(k-1), ref(k-1)]: 2**k paths, ~10 bytes each."""
     out = bytearray(head(4, levels))
@@ -354,9 +485,19 @@ def shared_dag(levels: int) -> bytes:
 
 @pytest.mark.parametrize("levels", [2, 16, 60])
 def test_decode_item_refuses_shared_reference_dag(levels: int) -> None:
-    # 60 levels is ~2**60 paths: only a walk that refuses shared containers returns at all.
-    with pytest.raises(MalformedFrame, match="shares a container"):
+    # 60 levels is ~2**60 paths: the shareable tag is refused while decoding.
+    with pytest.raises(MalformedFrame, match="semantic tag 28"):
         decode_item(shared_dag(levels), BIG)
+
+
+@pytest.mark.parametrize("levels", [2, 16, 60])
+def test_plain_walk_refuses_shared_containers(levels: int) -> None:
+    # The walk's own line of defence (should a decoder ever build a DAG): 2**60 paths, linear walk.
+    node: list[Any] = []
+    for _ in range(levels):
+        node = [node, node]
+    with pytest.raises(MalformedFrame, match="shares a container"):
+        wire._check_plain(node, 0, set())
 
 
 # -- decode_item: fuzz --------------------------------------------------------------------------
