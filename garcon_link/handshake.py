@@ -74,8 +74,21 @@ frame in DONE is refused (``UNEXPECTED``): after the handshake frames belong to 
 failure is sticky (a broken machine stays broken): the state becomes FAILED and every later call
 raises the same exception object again. Only :class:`~garcon_link.errors.HandshakeError` (incl.
 :class:`~garcon_link.errors.AuthenticationError`) escapes :meth:`Handshake.receive`; decoder
-errors are mapped here with ``raise ... from``. Invalid *local* arguments (short secret, wrong
-runtime length, ...) are programming errors and raise :class:`ValueError` at construction.
+errors are mapped here with ``raise ... from``, and so is *any other* exception raised while a
+peer frame is processed (``MALFORMED``, "unexpected ... while processing the peer's frame",
+chained ``from`` it): whatever a peer sends fails this handshake, never the caller. Invalid
+*local* arguments (short secret, wrong runtime length, ...) are programming errors and raise
+:class:`ValueError` at construction.
+
+Hostile input
+-------------
+Nothing a peer sends costs more than a bounded amount of work before it is refused. The size is
+checked before decoding; the decoder refuses every semantic tag, bignums included
+(``decode_item(..., bignums=False)``: the grammar has no integer beyond ``2**64-1``), so every
+integer reaching the checks below fits 64 bits (plus sign) and no tag makes cbor2 build or
+compute anything; then the frame must re-encode to itself (deterministic encoding, at most
+8 KiB). Error details describe peer values with :func:`~garcon_link.wire.describe_value`, which
+never raises and never renders more than a few dozen characters.
 
 Failure reasons (:class:`~garcon_link.errors.HandshakeFailure`) and their close codes
 -------------------------------------------------------------------------------------
@@ -85,10 +98,11 @@ reason                code    raised when
 ``OVERSIZE``          1009    a frame is over ``max_frame_bytes`` (checked before decoding)
 ``MALFORMED``         4008    not exactly one CBOR item in deterministic encoding; not a
                               map; unknown or missing key; a value of the wrong type, length
-                              or range; a bad proof shape
+                              or range (a bignum anywhere); a bad proof shape; any other
+                              exception while processing a peer frame
 ``UNEXPECTED``        4008    a proof before the peer's hello; a second hello; any frame
                               after DONE
-``VERSION_MISMATCH``  4002    the peer's ``protocol`` is an integer other than 1 (checked
+``VERSION_MISMATCH``  4002    the peer's ``protocol`` is a (64-bit) integer other than 1 (checked
                               before the other keys, so a future version is named as such)
 ``ROLE_CONFLICT``     4003    both hellos claim the same role (including a reflected hello)
 ``EXECUTOR_MISMATCH`` 4003    the peer names another ``executor`` than ours
@@ -117,7 +131,7 @@ from typing import Any, TypeGuard
 import blake3
 
 from .errors import AuthenticationError, HandshakeError, HandshakeFailure, MalformedFrame
-from .wire import MAX_ORDINAL, Role, decode_item, encode_canonical
+from .wire import MAX_ORDINAL, Role, decode_item, describe_value, encode_canonical
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
@@ -240,9 +254,8 @@ def _check_received(value: object) -> None:
 
 
 def _short(value: object, limit: int = 60) -> str:
-    """A bounded repr of peer-supplied data for error details."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """A bounded description of peer-supplied data for error details; never raises."""
+    return describe_value(value, limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -574,16 +587,30 @@ class Handshake:
         Raises:
             AuthenticationError: the peer's proof did not verify.
             HandshakeError: the frame was refused; ``reason`` says why (module docstring table).
-                Sticky: every later call raises the same object.
+                Sticky: every later call raises the same object. Nothing else is raised: any
+                other exception while processing the frame becomes ``MALFORMED``.
         """
         if self._error is not None:
             raise self._error
         try:
             return self._receive(data if type(data) is bytes else memoryview(data).tobytes())
         except HandshakeError as exc:
-            self._error = exc
-            self._state = HandshakeState.FAILED
+            self._fail(exc)
             raise
+        except Exception as exc:
+            # Whatever a peer frame provokes is that peer's failure, never the caller's: a bug
+            # or a library error reached through hostile input fails this handshake like a
+            # malformed frame (and stays failed).
+            error = HandshakeError(
+                HandshakeFailure.MALFORMED,
+                f"unexpected {type(exc).__name__} while processing the peer's frame",
+            )
+            self._fail(error)
+            raise error from exc
+
+    def _fail(self, error: HandshakeError) -> None:
+        self._error = error
+        self._state = HandshakeState.FAILED
 
     def _receive(self, data: bytes) -> bytes | None:
         if self._state is HandshakeState.DONE:
@@ -594,7 +621,9 @@ class Handshake:
                 HandshakeFailure.OVERSIZE, f"{size} bytes > {self._max_frame_bytes}"
             )
         try:
-            obj = decode_item(data, self._max_frame_bytes)
+            # No bignums: every integer of the grammar fits 64 bits, so nothing larger is ever
+            # built, compared or described (a 4,300-digit one cannot even be printed).
+            obj = decode_item(data, self._max_frame_bytes, bignums=False)
         except MalformedFrame as exc:
             raise HandshakeError(HandshakeFailure.MALFORMED, str(exc)) from exc
         # Only the deterministic encoding is accepted: it rules out duplicate map keys and other

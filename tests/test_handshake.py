@@ -591,6 +591,125 @@ def test_every_reason_raised_here_is_documented() -> None:
         assert str(reason.close_code) in hs.__doc__
 
 
+# -- hostile input (issue 12, break 1) ---------------------------------------------------------
+
+# Over Python's 4,300-digit int-to-str limit: repr() of it raises ValueError. Canonical CBOR of it
+# is a bignum (tag 2, or tag 3 when negative) of ~2 KiB, well inside the 8 KiB frame limit.
+HUGE = 10**5000
+BIGNUMS = [HUGE, -HUGE, 2**64, -(2**64) - 1]
+BIGNUM_IDS = ["5001 digits", "-5001 digits", "2**64", "-2**64-1"]
+
+
+def peer_hello_dict(role: Role, changes: dict[Any, Any] | None = None) -> dict[Any, Any]:
+    """A valid hello map from the peer of a ``role`` handshake, with ``changes`` applied."""
+    d: dict[Any, Any] = make(role.peer).local_hello.to_wire()
+    d.update(changes or {})
+    return d
+
+
+def assert_described_briefly(err: HandshakeError) -> None:
+    text = str(err)  # describing the refusal must never raise either
+    assert len(text) < 300, text
+    assert err.reason is HandshakeFailure.MALFORMED
+    assert err.close_code == 4008
+
+
+@pytest.mark.parametrize("value", BIGNUMS, ids=BIGNUM_IDS)
+@pytest.mark.parametrize("key", [*sorted(hello_dict()), "extra"])
+@pytest.mark.parametrize("role", list(Role), ids=["hostile-worker", "hostile-controller"])
+def test_bignum_in_a_hello_is_malformed_for_both_roles(role: Role, key: str, value: int) -> None:
+    """Break 1: a canonical bignum in any hello field (or as an extra key's value) is refused as
+    MALFORMED by the decoder itself. Before the fix a 5,001-digit one in ``t``, ``protocol``,
+    ``role`` or an unknown key made ``receive`` raise ValueError (repr's digit limit), which
+    killed the worker (hostile controller) or the dial loop (hostile listening worker)."""
+    frame = encode_canonical(peer_hello_dict(role, {key: value}))
+    assert len(frame) <= 8192
+    h = make(role)
+    err = refused(h, frame)
+    assert_described_briefly(err)
+    assert "bignum" in str(err)
+    with pytest.raises(HandshakeError) as again:  # a broken machine stays broken
+        h.receive(make(role.peer).hello_frame())
+    assert again.value is err
+
+
+@pytest.mark.parametrize("value", BIGNUMS, ids=BIGNUM_IDS)
+@pytest.mark.parametrize("role", list(Role), ids=["hostile-worker", "hostile-controller"])
+def test_bignum_as_a_hello_key_is_malformed(role: Role, value: int) -> None:
+    d = peer_hello_dict(role, {value: 1})
+    assert_described_briefly(refused(make(role), encode_canonical(d)))
+
+
+@pytest.mark.parametrize("value", BIGNUMS, ids=BIGNUM_IDS)
+@pytest.mark.parametrize("role", list(Role), ids=["hostile-worker", "hostile-controller"])
+def test_bignum_in_a_proof_is_malformed_for_both_roles(role: Role, value: int) -> None:
+    """Break 1 in the second frame: before the fix a 5,001-digit ``mac`` raised ValueError."""
+    h = make(role)
+    assert h.receive(make(role.peer).hello_frame()) is not None
+    assert h.state is HandshakeState.AWAIT_PROOF
+    err = refused(h, encode_canonical({"t": "proof", "mac": value}))
+    assert_described_briefly(err)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        2**64 - 1,
+        -(2**64),
+        "x" * 5000,
+        b"\xff" * 5000,
+        [[[[0]]]] * 500,
+        {"k" * 100: [None] * 100},
+        1e308,
+        float("nan"),
+    ],
+    ids=["max-uint64", "min-nint64", "long-text", "long-bytes", "list", "map", "float", "nan"],
+)
+@pytest.mark.parametrize("key", ["t", "protocol", "role", "extra"])
+def test_odd_values_in_described_fields_are_refused_briefly(key: str, value: object) -> None:
+    """The fields whose value is quoted in the refusal are described in a few dozen characters."""
+    d = peer_hello_dict(Role.CONTROLLER, {key: value})
+    h = make(Role.CONTROLLER)
+    err = refused(h, encode_canonical(d))
+    assert len(str(err)) < 300
+    assert err.reason in (HandshakeFailure.MALFORMED, HandshakeFailure.VERSION_MISMATCH)
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("stage", ["hello", "proof"])
+@pytest.mark.parametrize("role", list(Role), ids=["hostile-worker", "hostile-controller"])
+def test_unexpected_exception_while_processing_a_peer_frame_is_a_handshake_error(
+    monkeypatch: pytest.MonkeyPatch, role: Role, stage: str
+) -> None:
+    """Whatever exception processing a peer frame provokes becomes MALFORMED, chained, and
+    sticky. Before the fix it escaped ``receive`` as itself and left the machine in its state."""
+    h = make(role)
+    if stage == "proof":
+        assert h.receive(make(role.peer).hello_frame()) is not None
+
+    def boom(*args: object, **kwargs: object) -> bytes:
+        raise Boom("library bug reached through peer input")
+
+    monkeypatch.setattr(hs, "compute_mac", boom)
+    frame = (
+        make(role.peer).hello_frame()
+        if stage == "hello"
+        else encode_canonical({"t": "proof", "mac": bytes(32)})
+    )
+    err = refused(h, frame)
+    assert err.reason is HandshakeFailure.MALFORMED
+    assert "unexpected Boom" in str(err)
+    assert isinstance(err.__cause__, Boom)
+    with pytest.raises(HandshakeError) as again:
+        h.receive(frame)
+    assert again.value is err
+    with pytest.raises(HandshakeError):
+        h.hello_frame()
+
+
 # -- the published test vector ----------------------------------------------------------------
 #
 # Any other implementation of the garcon-link/1 handshake must reproduce these bytes exactly from
@@ -1007,7 +1126,7 @@ def test_mutated_hellos_get_the_documented_reason(ops: list[tuple[str, Any, Any]
         expected = HandshakeFailure.OVERSIZE
     else:
         try:  # integers beyond 64 bits become bignum tags, which the decoder refuses
-            expected = _expected_reason(decode_item(frame, 8192))
+            expected = _expected_reason(decode_item(frame, 8192, bignums=False))
         except MalformedFrame:
             expected = HandshakeFailure.MALFORMED
     event(f"reason={expected.name if expected else 'accepted'}")
