@@ -146,6 +146,14 @@ class Limits:
         default=2.0,
         metadata=_doc("How long a closing socket waits for the peer's close frame."),
     )
+    # hostile-input bounds (codec)
+    max_packets_per_message: int = field(
+        default=1024,
+        metadata=_doc(
+            "Session packets in one inbound WebSocket message; more retires the session (4008). "
+            "The writer never coalesces more."
+        ),
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -176,6 +184,11 @@ class Limits:
             )
         if self.backoff_base > self.backoff_max:
             raise ConfigError("Limits.backoff_base must not exceed backoff_max")
+        if self.max_packets_per_message < 2:
+            raise ConfigError(
+                "Limits.max_packets_per_message must be >= 2 (a frame and its receipt share a "
+                f"message), got {self.max_packets_per_message!r}"
+            )
 
     def replace(self, **changes: Any) -> Limits:
         """Return a validated copy with ``changes`` applied.

@@ -60,9 +60,19 @@ Rules implemented (DESIGN §4)
   When to flush is the adapter's decision; :attr:`MessageSession.receipt_urgent` tells it a due
   receipt must not wait for outgoing frames to ride with: the replay fence, or
   ``Limits.receipt_interval`` messages accepted since the last receipt ("at most every 64").
-- **Atomic batches.** :meth:`receive` decodes the whole WebSocket message before acting on any
-  packet, and applies the packets only if all of them are acceptable: a message that is
-  malformed, has a gap or a receipt beyond ``offered`` anywhere delivers nothing.
+- **Atomic batches, decoded incrementally.** :meth:`receive` decodes the WebSocket message one
+  packet at a time (:func:`~garcon_link.wire.iter_packets`) and checks each packet as it is
+  decoded, against local copies of the counters; it applies the batch only if every packet is
+  acceptable: a message that is malformed, has a gap or a receipt beyond ``offered`` anywhere
+  delivers nothing. The only thing held while checking is the list of bodies to deliver (the
+  packet objects are dropped as they are checked), and the first bad packet stops the decoding.
+- **Packets per message.** A message holds at most ``Limits.max_packets_per_message`` packets;
+  one more is ``MALFORMED_PACKET`` (terminal), refused before it is decoded. So one message
+  costs at most that many packets of work and of memory whatever its size (without the bound a
+  16 MiB message of 3-byte receipts was 5.6 million packet objects: ~300 MiB and ~10 s of
+  work). A flood of receipts inside one message is bounded by the same count, and each costs
+  O(1) without allocation (only the highest ``through`` is kept; eviction happens once, at
+  commit). The transport's writer never coalesces more packets than the bound into a message.
 - **Resume.** :meth:`attach` validates ``confirmed <= peer_received <= offered`` (else terminal
   ``RESUME_REFUSED``), evicts through ``peer_received``, queues every retained frame after it in
   order, then one trailing receipt ``[1, accepted]`` - always, even when ``accepted`` is 0 or
@@ -93,9 +103,9 @@ from .limits import Limits
 from .wire import (
     Message,
     Ordinal,
-    decode_packets,
     encode_message,
     encode_receipt,
+    iter_packets,
 )
 
 __all__ = ["MessageSession", "SessionState", "SessionStatistics", "encoded_message_size"]
@@ -133,6 +143,8 @@ class SessionStatistics:
         receipts_received: receipt packets received (stale ones included).
         duplicates_suppressed: inbound message packets dropped as already accepted.
         delivered: inbound bodies returned by ``receive``.
+        packets_received: packets of the inbound messages ``receive`` accepted (messages and
+            receipts, duplicates and stale receipts included).
     """
 
     state: SessionState
@@ -148,6 +160,7 @@ class SessionStatistics:
     receipts_received: int
     duplicates_suppressed: int
     delivered: int
+    packets_received: int
 
 
 def _head_size(value: int) -> int:
@@ -191,6 +204,7 @@ class MessageSession:
         "_issued",
         "_limits",
         "_offered",
+        "_packets_received",
         "_receipt_due",
         "_receipt_forced",
         "_receipt_through",
@@ -227,6 +241,7 @@ class MessageSession:
         self._receipts_received = 0
         self._duplicates = 0
         self._delivered = 0
+        self._packets_received = 0
 
     # -- read-only state ------------------------------------------------------------------------
 
@@ -297,6 +312,15 @@ class MessageSession:
         receipt on an attachment, which may be stale (e.g. ``[1, 0]``).
         """
         return self._receipts_received
+
+    @property
+    def packets_received(self) -> int:
+        """Packets of the inbound messages :meth:`receive` accepted so far (never decreases).
+
+        The adapter compares it across :meth:`receive` calls to know how much work one message
+        was (it yields to other tasks after a budget of packets).
+        """
+        return self._packets_received
 
     # -- outbound -------------------------------------------------------------------------------
 
@@ -395,8 +419,9 @@ class MessageSession:
     def receive(self, data: bytes) -> list[bytes]:
         """Process one whole inbound WebSocket message; return the bodies to deliver, in order.
 
-        The message is decoded and checked completely before any packet takes effect, so a
-        message that fails delivers nothing. Duplicates (``ordinal <= accepted``) and stale
+        Packets are decoded one at a time and each is checked as it comes; none takes effect
+        before the whole message was checked, so a message that fails delivers nothing, and
+        decoding stops at the first bad packet. Duplicates (``ordinal <= accepted``) and stale
         receipts are dropped silently. A batch that advances ``accepted`` makes one receipt due.
 
         Args:
@@ -407,48 +432,54 @@ class MessageSession:
 
         Raises:
             SessionFailed: the session had failed, or this message failed it: a malformed or
-                over-size message (``MALFORMED_PACKET``, chained ``from`` the decode error), a
-                gap (``GAP``) or a receipt beyond ``offered`` (``RECEIPT_BEYOND_OFFERED``).
+                over-size message, or one of more than ``max_packets_per_message`` packets
+                (``MALFORMED_PACKET``, chained ``from`` the decode error), a gap (``GAP``) or a
+                receipt beyond ``offered`` (``RECEIPT_BEYOND_OFFERED``).
             RuntimeError: the session is DETACHED (a programming error of the adapter).
         """
         if self._failure is not None:
             raise self._failure
         if self._state is not SessionState.ATTACHED:
             raise RuntimeError("MessageSession.receive() while detached")
-        try:
-            packets = decode_packets(data, self._limits.max_frame_bytes)
-        except MalformedFrame as exc:
-            raise self.fail(FailureReason.MALFORMED_PACKET, str(exc)) from exc
-
-        # Check the whole batch against local copies first, then commit: all or nothing.
+        limits = self._limits
+        # Check each packet as it is decoded, against local copies, then commit: all or nothing.
         accepted = self._accepted
         through_max = self._confirmed
         offered = self._offered
         bodies: list[bytes] = []
+        count = 0
         duplicates = 0
         receipts = 0
-        for packet in packets:
-            if isinstance(packet, Message):
-                ordinal = packet.ordinal
-                if ordinal == accepted + 1:
-                    accepted = ordinal
-                    bodies.append(packet.body)
-                elif ordinal <= accepted:
-                    duplicates += 1
-                else:
-                    raise self.fail(
-                        FailureReason.GAP, f"expected ordinal {accepted + 1}, got {ordinal}"
-                    )
-            else:  # Receipt
-                receipts += 1
-                through = packet.through
-                if through > offered:
-                    raise self.fail(
-                        FailureReason.RECEIPT_BEYOND_OFFERED,
-                        f"receipt through {through}, only {offered} offered",
-                    )
-                through_max = max(through_max, through)
+        try:
+            for packet in iter_packets(
+                data, limits.max_frame_bytes, limits.max_packets_per_message
+            ):
+                count += 1
+                if isinstance(packet, Message):
+                    ordinal = packet.ordinal
+                    if ordinal == accepted + 1:
+                        accepted = ordinal
+                        bodies.append(packet.body)
+                    elif ordinal <= accepted:
+                        duplicates += 1
+                    else:
+                        raise self.fail(
+                            FailureReason.GAP, f"expected ordinal {accepted + 1}, got {ordinal}"
+                        )
+                else:  # Receipt
+                    receipts += 1
+                    through = packet.through
+                    if through > offered:
+                        raise self.fail(
+                            FailureReason.RECEIPT_BEYOND_OFFERED,
+                            f"receipt through {through}, only {offered} offered",
+                        )
+                    if through > through_max:
+                        through_max = through
+        except MalformedFrame as exc:
+            raise self.fail(FailureReason.MALFORMED_PACKET, str(exc)) from exc
 
+        self._packets_received += count
         self._duplicates += duplicates
         self._receipts_received += receipts
         if through_max > self._confirmed:
@@ -595,6 +626,7 @@ class MessageSession:
             receipts_received=self._receipts_received,
             duplicates_suppressed=self._duplicates,
             delivered=self._delivered,
+            packets_received=self._packets_received,
         )
 
     def __repr__(self) -> str:

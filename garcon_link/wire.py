@@ -15,6 +15,14 @@ decoder here accepts *only* that form. Anything else -- other major types, indef
 non-shortest heads, ordinal 0, a float, trailing garbage, an empty message -- raises
 :class:`~garcon_link.errors.MalformedFrame`. Size is checked before any decoding starts.
 
+Packets are decoded *incrementally* (:func:`iter_packets`): one packet at a time, so the reader
+acts on each as it is decoded and nothing proportional to the packet count is built up front. A
+message may hold at most ``max_packets`` packets (``Limits.max_packets_per_message``): the
+smallest packet is 3 bytes, so without that bound one 16 MiB message would be five million
+packets -- hundreds of MiB of objects and seconds of work for the reader. The decoder stops at
+packet ``max_packets + 1``, before decoding it; the writer never coalesces more packets than
+that into one message, so only a hostile or broken peer reaches it.
+
 Handshake frames and RPC envelopes hold exactly one CBOR item decoded by cbor2
 (:func:`decode_item`); every cbor2 failure, recursion blow-up or trailing byte is mapped to
 :class:`MalformedFrame` here, at the boundary. Encodings that are MACed use ``canonical=True``.
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import enum
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NewType
 
@@ -59,6 +68,7 @@ __all__ = [
     "encode_canonical",
     "encode_message",
     "encode_receipt",
+    "iter_packets",
 ]
 
 Ordinal = NewType("Ordinal", int)
@@ -181,28 +191,42 @@ def _read_head(data: bytes, pos: int, major: int, what: str) -> tuple[int, int]:
     return value, pos + width
 
 
-def decode_packets(data: bytes, max_frame_bytes: int) -> list[Packet]:
-    """Decode one WebSocket message into its session packets.
+def iter_packets(data: bytes, max_frame_bytes: int, max_packets: int) -> Iterator[Packet]:
+    """Decode one WebSocket message into its session packets, one at a time.
+
+    The size and emptiness checks run at once (before the first packet is asked for); each
+    packet is decoded only when the caller asks for it, so a caller that stops at the first bad
+    packet never decodes the rest, and nothing proportional to the packet count is held here.
 
     Args:
         data: the whole message.
         max_frame_bytes: the frame limit; checked before anything is decoded.
+        max_packets: the most packets one message may hold (``Limits.max_packets_per_message``).
 
     Returns:
-        The packets in order; never empty.
+        An iterator over the packets in order (at least one, or it raises).
 
     Raises:
-        FrameTooLarge: ``len(data) > max_frame_bytes``.
-        MalformedFrame: anything that is not a non-empty sequence of well-formed packets.
+        FrameTooLarge: ``len(data) > max_frame_bytes`` (raised by this call).
+        MalformedFrame: an empty message (raised by this call); while iterating: anything that
+            is not a well-formed packet, or a packet beyond the first ``max_packets``.
     """
     size = len(data)
     if size > max_frame_bytes:
         raise FrameTooLarge(size, max_frame_bytes)
     if size == 0:
         raise MalformedFrame("empty message: a message holds at least one packet")
-    packets: list[Packet] = []
+    return _packets(data, max_packets)
+
+
+def _packets(data: bytes, max_packets: int) -> Iterator[Packet]:
+    size = len(data)
     pos = 0
+    count = 0
     while pos < size:
+        if count == max_packets:
+            raise MalformedFrame(f"more than {max_packets} packets in one message")
+        count += 1
         first = data[pos]
         if first == 0x83:
             if data[pos + 1 : pos + 2] != b"\x00":
@@ -213,16 +237,42 @@ def decode_packets(data: bytes, max_frame_bytes: int) -> list[Packet]:
             length, pos = _read_head(data, pos, 2, "message body")
             if pos + length > size:
                 raise MalformedFrame("message body runs past the end of the frame")
-            packets.append(Message(Ordinal(ordinal), data[pos : pos + length]))
-            pos += length
+            end = pos + length
+            yield Message(Ordinal(ordinal), data[pos:end])
+            pos = end
         elif first == 0x82:
             if data[pos + 1 : pos + 2] != b"\x01":
                 raise MalformedFrame("2-element packet must be a receipt ([1, through])")
             through, pos = _read_head(data, pos + 2, 0, "receipt")
-            packets.append(Receipt(through))
+            yield Receipt(through)
         else:
             raise MalformedFrame(f"not a session packet (leading byte 0x{first:02x})")
-    return packets
+
+
+def decode_packets(
+    data: bytes, max_frame_bytes: int, max_packets: int | None = None
+) -> list[Packet]:
+    """Decode one whole WebSocket message into a list of its session packets.
+
+    A convenience for tests and tools that inspect what was written; the session decodes with
+    :func:`iter_packets` and acts on each packet as it comes.
+
+    Args:
+        data: the whole message.
+        max_frame_bytes: the frame limit; checked before anything is decoded.
+        max_packets: the most packets the message may hold; ``None``: as many as it has (the
+            caller trusts the bytes, e.g. its own writes).
+
+    Returns:
+        The packets in order; never empty.
+
+    Raises:
+        FrameTooLarge: ``len(data) > max_frame_bytes``.
+        MalformedFrame: anything that is not a non-empty sequence of well-formed packets, or
+            more than ``max_packets`` of them.
+    """
+    limit = len(data) if max_packets is None else max_packets
+    return list(iter_packets(data, max_frame_bytes, limit))
 
 
 def encode_canonical(value: Any) -> bytes:

@@ -63,8 +63,9 @@ class SessionPair:
     Args:
         limits: bounds for both sessions.
         attached: attach both at construction (a fresh handshake: ``peer_received`` 0).
-        coalesce: pack as many ready packets as fit the frame limit into one WebSocket message
-            (as the transport does); ``False`` writes one packet per message.
+        coalesce: pack as many ready packets as fit the frame limit and the packet bound into
+            one WebSocket message (as the transport does); ``False`` writes one packet per
+            message.
     """
 
     def __init__(
@@ -109,13 +110,17 @@ class SessionPair:
             side.written += len(packets)
             return len(packets)
         limit = self.limits.max_frame_bytes
+        max_packets = self.limits.max_packets_per_message  # as the transport's writer
         message = bytearray()
+        count = 0
         for packet in packets:
-            if message and len(message) + len(packet) > limit:
+            if message and (len(message) + len(packet) > limit or count == max_packets):
                 side.wire.append(bytes(message))
                 side.written += 1
                 message = bytearray()
+                count = 0
             message += packet
+            count += 1
         side.wire.append(bytes(message))
         side.written += 1
         return len(packets)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
+from faultutil import PeakRss
 from helpers import SessionPair
 
 from garcon_link.errors import (
+    ConfigError,
     FailureReason,
     FrameTooLarge,
     MalformedFrame,
@@ -17,7 +20,7 @@ from garcon_link.errors import (
 )
 from garcon_link.limits import Limits
 from garcon_link.session import MessageSession, SessionState, encoded_message_size
-from garcon_link.wire import Message, encode_message, encode_receipt
+from garcon_link.wire import Message, decode_packets, encode_message, encode_receipt
 
 SIDES = ["a", "b"]
 
@@ -642,3 +645,102 @@ def test_receipt_urgency_and_queued_frames() -> None:
     assert not receiver.receipt_urgent
     receiver.attach(0)
     assert receiver.receipt_urgent
+
+
+# -- hostile messages: packets per message (issue 12, break 5) ----------------------------------
+
+MiB = 1024 * 1024
+# One 16 MiB WebSocket message (the default frame limit) of the smallest packets there are.
+HOSTILE_MESSAGES = {
+    "receipts": lambda: encode_receipt(0) * (16 * MiB // 3),  # 5.6 million 3-byte receipts
+    "duplicates": lambda: encode_message(1, b"") * (16 * MiB // 4),  # 4.2 million [0, 1, b""]
+    "fresh-then-duplicates": lambda: _fill(
+        b"".join(encode_message(i, b"") for i in range(1, 1025))
+    ),
+}
+
+
+def _fill(head: bytes) -> bytes:
+    """``head`` then duplicates of message 1 up to 16 MiB."""
+    return head + encode_message(1, b"") * ((16 * MiB - len(head)) // 4)
+
+
+@pytest.mark.parametrize("shape", sorted(HOSTILE_MESSAGES))
+def test_a_message_of_millions_of_tiny_packets_is_refused_cheaply(shape: str) -> None:
+    """Break 5 at its cause: the session decoded the whole message into packet objects before
+    acting on any. Measured with this test against the parent commit, one such message cost
+    303 MiB of peak RSS and 9.0 s of CPU (receipts), 222 MiB / 8.0 s (duplicates), 222 MiB /
+    9.2 s (fresh-then-duplicates); now decoding stops at packet max_packets_per_message + 1
+    (0 MiB, ~2 ms)."""
+    data = HOSTILE_MESSAGES[shape]()
+    assert len(data) <= Limits().max_frame_bytes
+    session = attached_session()
+    failure: SessionFailed | None = None
+    with PeakRss() as rss:
+        cpu = time.process_time()
+        try:
+            session.receive(data)
+        except SessionFailed as exc:
+            failure = exc
+        cpu = time.process_time() - cpu
+    if not rss.exact:
+        pytest.skip("no exact peak RSS on this platform (needs /proc/self/clear_refs)")
+    print(f"{shape}: peak RSS growth {rss.growth / MiB:.1f} MiB, CPU {cpu:.3f} s")
+    assert rss.growth <= 64 * MiB
+    assert cpu < 1.0  # CPU time (not wall clock): ~1 ms here, seconds before the fix
+    assert failure is not None
+    assert failure.reason is FailureReason.MALFORMED_PACKET
+    assert "more than 1024 packets in one message" in failure.detail
+    assert session.accepted == 0  # atomic: nothing of the refused message took effect
+    assert session.statistics().delivered == 0
+
+
+def test_packets_per_message_bound_is_exact_and_atomic() -> None:
+    limits = Limits(max_packets_per_message=4)
+    session = attached_session(limits)
+    session.send(b"out")
+    session.data_to_send()  # offered 1
+    at_bound = b"".join(encode_message(i, body(i)) for i in range(1, 4)) + encode_receipt(1)
+    assert session.receive(at_bound) == [body(1), body(2), body(3)]
+    assert session.statistics().packets_received == 4
+    assert session.packets_received == 4
+    over = b"".join(encode_message(i, body(i)) for i in range(4, 8)) + encode_receipt(1)
+    with pytest.raises(SessionFailed) as info:
+        session.receive(over)
+    assert info.value.reason is FailureReason.MALFORMED_PACKET
+    assert isinstance(info.value.__cause__, MalformedFrame)
+    assert session.accepted == 3  # none of the over-long message's four messages was accepted
+    assert session.statistics().packets_received == 4
+
+
+def test_receipt_flood_within_the_bound_is_one_confirmation() -> None:
+    session = attached_session()
+    for i in range(1, 4):
+        session.send(body(i))
+    session.data_to_send()
+    flood = (encode_receipt(0) + encode_receipt(1) + encode_receipt(3) + encode_receipt(2)) * 256
+    assert session.receive(flood) == []
+    stats = session.statistics()
+    assert (stats.confirmed, stats.retained_frames, stats.receipts_received) == (3, 0, 1024)
+
+
+def test_wired_pair_never_writes_more_packets_per_message_than_the_peer_accepts() -> None:
+    """The test pair coalesces like the transport's writer: a legitimate writer stays within
+    the bound whatever it has queued (5,000 tiny frames at once here)."""
+    limits = Limits(max_packets_per_message=100, max_retained_frames=5000)
+    pair = SessionPair(limits)
+    pair.exchange()
+    for i in range(5000):
+        pair.send("a", body(i))
+    pair.flush("a")
+    assert len(pair.a.wire) == 50  # 5,000 frames, 100 per message
+    assert all(len(decode_packets(m, limits.max_frame_bytes, 100)) == 100 for m in pair.a.wire)
+    assert len(pair.deliver("a")) == 5000
+    assert pair.b.session.failure is None
+
+
+@pytest.mark.parametrize("value", [0, 1, -1])
+def test_packets_per_message_bound_needs_room_for_a_frame_and_its_receipt(value: int) -> None:
+    with pytest.raises(ConfigError, match="max_packets_per_message"):
+        Limits(max_packets_per_message=value)
+    assert Limits(max_packets_per_message=2).max_packets_per_message == 2

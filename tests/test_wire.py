@@ -27,6 +27,7 @@ from garcon_link.wire import (
     encode_canonical,
     encode_message,
     encode_receipt,
+    iter_packets,
 )
 
 BIG = 1 << 20
@@ -181,6 +182,40 @@ def test_size_is_checked_before_decoding() -> None:
     # garbage over the limit is reported as over-size: nothing was decoded
     with pytest.raises(FrameTooLarge):
         decode_packets(b"\xff" * 10, 9)
+
+
+# -- session packets: bounds and incremental decoding (issue 12, break 5) -------------------------
+
+
+def test_packet_count_is_bounded() -> None:
+    three = encode_receipt(0) * 3
+    assert decode_packets(three, BIG, 3) == [Receipt(0)] * 3
+    with pytest.raises(MalformedFrame, match="more than 2 packets in one message"):
+        decode_packets(three, BIG, 2)
+    assert decode_packets(three, BIG) == [Receipt(0)] * 3  # no bound: a tool reading its own writes
+
+
+def test_iter_packets_decodes_one_packet_at_a_time() -> None:
+    """The decoder does no work ahead of its caller: the packets after a bad one, or after the
+    bound, are never decoded, and the bound is hit before packet ``max + 1`` is decoded."""
+    data = encode_message(1, b"a") + encode_receipt(0) + b"\xff" + encode_receipt(0)
+    packets = iter_packets(data, BIG, 10)
+    assert next(packets) == Message(Ordinal(1), b"a")
+    assert next(packets) == Receipt(0)
+    with pytest.raises(MalformedFrame, match="0xff"):
+        next(packets)
+    # Five million 3-byte receipts: refused after the first 4, in microseconds.
+    hostile = iter_packets(encode_receipt(0) * 5_000_000, 1 << 24, 4)
+    assert [next(hostile) for _ in range(4)] == [Receipt(0)] * 4
+    with pytest.raises(MalformedFrame, match="more than 4 packets"):
+        next(hostile)
+
+
+def test_iter_packets_checks_size_and_emptiness_at_once() -> None:
+    with pytest.raises(FrameTooLarge):
+        iter_packets(b"\xff" * 10, 9, 10)  # raised by the call, before any iteration
+    with pytest.raises(MalformedFrame, match="empty"):
+        iter_packets(b"", 9, 10)
 
 
 # -- session packets: fuzz ----------------------------------------------------------------------
