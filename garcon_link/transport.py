@@ -43,7 +43,15 @@ Rules implemented here:
   a failure. A lone frame on a quiet socket is written at once by the task that issued it (when the
   socket takes it without waiting: the link's asyncio sockets); otherwise the socket writer is
   woken, and it coalesces every packet ready at that moment into one WebSocket message (bounded by
-  ``COALESCE_BYTES`` and the frame limit).
+  ``COALESCE_BYTES``, the frame limit and ``Limits.max_packets_per_message``: what we write never
+  exceeds what our peer's session accepts in one message).
+* **Bounded synchronous work**: one inbound message costs at most ``max_packets_per_message``
+  packets of session work and consumer hand-overs (the session refuses more). The socket may hand
+  over messages it already buffered without yielding (the link's does), so the reader also
+  yields to the other tasks once the packets it handled since it last yielded reach
+  ``max_packets_per_message``, or their bytes ``YIELD_EVERY_BYTES``: a peer that pipelines many
+  full messages cannot hold the event loop for longer than about one message's work. The yield is
+  taken after a message was completely handed over, where a cancellation loses nothing.
 * **Receipts** ride with outgoing frames when they can. An urgent one (the fence, or
   ``receipt_interval`` messages unconfirmed) goes out at once, before the payloads are handed
   over; a lone one waits at most ``receipt_delay`` -- while receipts keep coming due the writer
@@ -82,6 +90,10 @@ _POLL_QUIET_TICKS = 8  # receipt_delay ticks with nothing due before the writer 
 
 COALESCE_BYTES = 256 * 1024
 """Packets ready together are merged into WebSocket messages of at most this many bytes."""
+
+YIELD_EVERY_BYTES = 1024 * 1024
+"""The socket reader yields to other tasks after handling this many inbound bytes without a
+yield (or ``Limits.max_packets_per_message`` packets, whichever comes first)."""
 
 WRITE_NOW_QUIET = 100e-6
 """A frame issued at least this many seconds after the previous one, on an idle socket, is
@@ -572,6 +584,9 @@ class SessionTransport:
 
     async def _reader(self, sock: MessageSocket) -> None:
         session = self._session
+        packet_budget = self.limits.max_packets_per_message
+        unyielded_packets = 0  # handled since this task last yielded on purpose
+        unyielded_bytes = 0
         while True:
             try:
                 data = await sock.receive_message()
@@ -592,11 +607,14 @@ class SessionTransport:
             accepted_before = session.accepted
             confirmed_before = session.confirmed
             receipts_before = session.receipts_received
+            packets_before = session.packets_received
             try:
                 bodies = session.receive(data)
             except SessionFailed as failure:
                 self.retire(failure.reason, failure.detail)
                 return
+            unyielded_packets += session.packets_received - packets_before
+            unyielded_bytes += len(data)
             if session.confirmed != confirmed_before:
                 self._capacity.set()
             progressed = (
@@ -643,6 +661,11 @@ class SessionTransport:
                     self._progress_at = anyio.current_time()
                 if self._fence_passed and session.confirmed >= self._replay_target:
                     self._replay_done.set()
+            if unyielded_packets >= packet_budget or unyielded_bytes >= YIELD_EVERY_BYTES:
+                # Everything this message carried was handed over: let the other tasks run
+                # before the next message, which the socket may return without yielding.
+                unyielded_packets = unyielded_bytes = 0
+                await anyio.lowlevel.checkpoint()
 
     # -- delivery: the reader hands accepted payloads over synchronously, so a socket that ends
     # (cancelling the reader) while the consumer is slow never loses a payload the session has
@@ -775,6 +798,7 @@ class SessionTransport:
         # nothing and multiplies peak memory (the join, wsproto's masking copy and the socket
         # buffer each hold the whole message), so a larger packet goes out on its own.
         limit = self._coalesce_limit
+        max_packets = self.limits.max_packets_per_message  # what the peer accepts per message
         delay = self.limits.receipt_delay
         quiet_ticks = 0
         ticked = False  # the last wait ended by the poll timer, not by a wake-up
@@ -815,7 +839,7 @@ class SessionTransport:
                 batch: list[bytes] = []
                 size = 0
                 for packet in packets:
-                    if batch and size + len(packet) > limit:
+                    if batch and (size + len(packet) > limit or len(batch) == max_packets):
                         await sock.send_message(b"".join(batch))
                         self._messages_written += 1
                         batch, size = [], 0

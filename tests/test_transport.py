@@ -7,12 +7,16 @@ Waiting uses ``anyio.wait_all_tasks_blocked`` or bounded polling, never a bare s
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import pytest
+from faultutil import PeakRss
 from linkutil import wait_until
 
 from garcon_link import transport as transport_module
@@ -24,7 +28,7 @@ from garcon_link.errors import (
     SessionFailed,
 )
 from garcon_link.limits import Limits
-from garcon_link.session import SessionState, encoded_message_size
+from garcon_link.session import MessageSession, SessionState, encoded_message_size
 from garcon_link.transport import COALESCE_BYTES, SessionTransport, TransportState
 from garcon_link.wire import Message, Receipt, decode_packets, encode_message, encode_receipt
 
@@ -137,8 +141,8 @@ class Harness:
         except anyio.ClosedResourceError:
             pass  # the test closed the stream itself
 
-    def attach(self, peer_received: int = 0) -> FakeSocket:
-        sock = FakeSocket()
+    def attach(self, peer_received: int = 0, sock: FakeSocket | None = None) -> FakeSocket:
+        sock = sock or FakeSocket()
         self.sockets.append(sock)
 
         async def run() -> None:
@@ -914,3 +918,106 @@ async def test_an_urgent_receipt_goes_out_before_a_long_hand_over_which_survives
         await wait_until(lambda: len(direct) == 200)
         assert direct == [b"%d" % i for i in range(1, 201)]  # all, in order, once
         assert receipt_out_at == [0]  # confirmed before the first was handed over
+
+
+# ------------------------------------------------------------------------------------------------
+# hostile input: packets per message and work per message (issue 12, break 5)
+
+MiB = 1024 * 1024
+
+
+async def test_the_writer_never_coalesces_more_packets_than_the_peer_accepts() -> None:
+    """Whatever is queued at once, every message written holds at most max_packets_per_message
+    packets, so a peer with the same limits accepts everything a legitimate writer sends. (Before
+    the fix the 3,000 tiny frames below, 31 KB, went out as one message of 3,000 packets.)"""
+    limits = Limits()
+    bound = limits.max_packets_per_message
+    async with harness(limits) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await settle()
+        assert h.t.state is TransportState.READY
+        sock.block_writes = True  # everything issued now is ready together
+        bodies = [b"%d" % i for i in range(3000)]
+        for body in bodies:
+            assert h.t.try_send(body) is not None
+        await settle()
+        sock.unblock()
+        await wait_until(lambda: len(sock.bodies()) == 3000)
+        counts = [len(decode_packets(data, limits.max_frame_bytes)) for data in sock.written]
+        assert max(counts) == bound  # coalesced up to the bound, never past it
+        peer = MessageSession(limits)
+        peer.attach(0)
+        received = [body for data in sock.written for body in peer.receive(data)]
+        assert received == bodies
+        assert peer.failure is None
+
+
+class PipelinedSocket(FakeSocket):
+    """Returns messages it already holds without yielding, as the link does with what wsproto
+    has buffered from one read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buffered: list[bytes] = []
+
+    async def receive_message(self) -> bytes | None:
+        if self.buffered:
+            self.reads += 1
+            return self.buffered.pop(0)
+        return await super().receive_message()
+
+
+async def test_the_reader_yields_within_a_packet_budget_when_messages_come_without_yielding() -> (
+    None
+):
+    """Break 5, CPU side: 40 messages of 16 packets each (the bound here), 39 of them returned by
+    the socket without yielding, are handed to a direct consumer; another task gets to run at
+    least every two messages' worth of packets. Before the fix the reader handed over all 640
+    payloads without letting anything run."""
+    limits = Limits(max_packets_per_message=16)
+    async with harness(limits, consume=False) as h:
+        sock = PipelinedSocket()
+        h.attach(sock=sock)
+        sock.feed(rcpt(0))
+        await settle()
+        assert h.t.state is TransportState.READY
+        direct: list[bytes] = []
+        h.tg.start_soon(h.t.consume, direct.append)
+        await settle()
+        ordinals = iter(range(1, 641))
+        messages = [b"".join(msg(next(ordinals), b"p") for _ in range(16)) for _ in range(40)]
+        sock.buffered = messages[1:]
+        seen: list[int] = []
+        sock.feed(messages[0])  # the reader waits in the socket: this wakes it
+        for _ in range(10_000):  # bounded: the reader needs ~40 turns
+            seen.append(len(direct))
+            if len(direct) == 640:
+                break
+            await anyio.lowlevel.checkpoint()
+        assert len(direct) == 640
+        steps = [b - a for a, b in itertools.pairwise(seen)]
+        assert max(steps) <= 2 * 16, seen
+
+
+async def test_a_hostile_message_of_tiny_packets_retires_the_session_cheaply() -> None:
+    """Break 5 through the transport: one 16 MiB message of 3-byte receipts. Before the fix
+    the reader's session.receive() built 5.6 million packets (~300 MiB, ~9 s of CPU) before
+    acting; now the session is retired (4008) after 1,025 packets."""
+    data = rcpt(0) * (16 * MiB // 3)
+    async with harness() as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await settle()
+        with PeakRss() as rss:
+            cpu = time.process_time()
+            sock.feed(data)
+            await wait_until(lambda: h.t.state is TransportState.RETIRED)
+            cpu = time.process_time() - cpu
+        if rss.exact:
+            assert rss.growth <= 64 * MiB
+        assert cpu < 2.0  # CPU time, not wall clock
+        failure = h.t.failure
+        assert failure is not None
+        assert failure.reason is FailureReason.MALFORMED_PACKET
+        assert failure.close_code == 4008
