@@ -323,14 +323,14 @@ def decode_item(data: bytes, max_bytes: int, *, plain: bool = True, bignums: boo
         value = decoder.decode()
     except MalformedFrame:
         raise
-    except (cbor2.CBORDecodeError, RecursionError, ValueError, TypeError, OverflowError) as exc:
+    except MemoryError as exc:  # a huge declared length that slipped past the size check
+        raise MalformedFrame("CBOR item declares more data than the frame holds") from exc
+    except Exception as exc:  # cbor2's errors, RecursionError, ValueError...: all the peer's
         # A refusal from one of our tag decoders reaches us wrapped by cbor2: keep its words.
         cause = exc.__cause__
         if isinstance(cause, MalformedFrame):
             raise MalformedFrame(str(cause)) from exc
-        raise MalformedFrame(f"not a valid CBOR item: {exc}") from exc
-    except MemoryError as exc:  # a huge declared length that slipped past the size check
-        raise MalformedFrame("CBOR item declares more data than the frame holds") from exc
+        raise MalformedFrame(f"not a valid CBOR item: {type(exc).__name__}: {exc}") from exc
     if stream.tell() != len(data):
         raise MalformedFrame(f"{len(data) - stream.tell()} trailing byte(s) after the CBOR item")
     if plain:

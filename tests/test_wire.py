@@ -457,6 +457,26 @@ def test_decode_item_refuses_known_tags_before_cbor2_decodes_them(tag: int, valu
         decode_item(encode_canonical(["x", {"k": [cbor2.CBORTag(tag, value)]}]), BIG)
 
 
+@pytest.mark.parametrize("error", [KeyError("k"), RuntimeError("x"), AttributeError("a")])
+def test_decode_item_maps_any_decoder_exception(
+    monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    """Whatever the decoder raises on peer bytes leaves as MalformedFrame, chained ``from`` it
+    (before, only a list of expected types was mapped and anything else escaped the layer)."""
+
+    class Broken:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def decode(self) -> None:
+            raise error
+
+    monkeypatch.setattr(wire.cbor2, "CBORDecoder", Broken)
+    with pytest.raises(MalformedFrame, match=type(error).__name__) as info:
+        decode_item(b"\x00", BIG)
+    assert info.value.__cause__ is error
+
+
 def test_decode_item_never_compiles_a_peer_regex(monkeypatch: pytest.MonkeyPatch) -> None:
     compiled: list[object] = []
     real = re.compile
