@@ -191,7 +191,8 @@ class MessageSession:
 
     Args:
         limits: the bounds used: ``max_frame_bytes`` (outbound frame and inbound message size),
-            ``max_retained_frames``, ``max_retained_bytes`` and ``detached_grace``.
+            ``max_packets_per_message`` (inbound), ``max_retained_frames``,
+            ``max_retained_bytes``, ``receipt_interval`` and ``detached_grace``.
     """
 
     __slots__ = (
