@@ -146,6 +146,14 @@ class Limits:
         default=2.0,
         metadata=_doc("How long a closing socket waits for the peer's close frame."),
     )
+    # hostile-input bounds (rpc)
+    max_queued_refusals: int = field(
+        default=1024,
+        metadata=_doc(
+            "Refused calls whose error reply waits for retention capacity; at this many the "
+            "socket reader pauses until they drain."
+        ),
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -176,6 +184,14 @@ class Limits:
             )
         if self.backoff_base > self.backoff_max:
             raise ConfigError("Limits.backoff_base must not exceed backoff_max")
+        if self.max_queued_refusals <= self.max_pending_calls:
+            # A peer configured alike (at most max_pending_calls calls out, each refused at most
+            # once) must never meet it: at the bound the reader pauses, and the receipts that
+            # would drain the backlog then wait unread.
+            raise ConfigError(
+                "Limits.max_queued_refusals must exceed max_pending_calls "
+                f"({self.max_queued_refusals} <= {self.max_pending_calls})"
+            )
 
     def replace(self, **changes: Any) -> Limits:
         """Return a validated copy with ``changes`` applied.

@@ -528,6 +528,7 @@ class Worker(_Endpoint):
             # Validate the exposure once, up front, so a bad interface fails at start-up.
             _registry_from(services)
         self.sessions = 0
+        self._rpc: ExecutorRpc | None = None
 
     async def __aenter__(self) -> Worker:
         await self._start()
@@ -547,6 +548,11 @@ class Worker(_Endpoint):
     @property
     def url(self) -> str:
         return self.link.url
+
+    @property
+    def current_rpc(self) -> ExecutorRpc | None:
+        """The RPC of the session being served (for its ``statistics()``), if any."""
+        return self._rpc
 
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
         scope = ServiceScope(self.config.executor_id, os.urandom(16))
@@ -616,10 +622,13 @@ class Worker(_Endpoint):
         announced: list[bool] = []
         unsubscribe = transport.add_listener(announce)
         announce(transport.state)
+        self._rpc = rpc
         try:
             await rpc.run()
         finally:
             unsubscribe()
+            if self._rpc is rpc:
+                self._rpc = None
 
     async def _close_scope(self, stack: contextlib.AsyncExitStack, scope: ServiceScope) -> None:
         with anyio.move_on_after(self.limits.scope_cleanup_timeout, shield=True) as cleanup:

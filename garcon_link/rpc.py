@@ -40,6 +40,30 @@ marks one-way), never a stream; a call id that does not increase
 is dropped and logged (it cannot be answered without confusing the caller). A malformed envelope
 fails only the call or stream it names -- or is dropped if it names none -- never the session.
 
+Replies never grow without bound, whatever the peer sends and whether or not it acknowledges:
+
+* A handler's reply (result, error, "cancelled before dispatch") is written by the handler's own
+  task, which keeps its ``max_incoming_calls`` slot until the reply is handed to the session
+  (when retention is full, it waits there for capacity).
+* A *refusal* -- an error reply to a call that never ran (over budget, unknown service or method,
+  bad arguments) -- has no task: it is written at once if retention has room, else queued for
+  the one drain task. At ``max_queued_refusals`` queued refusals the transport's reader is paused
+  (:meth:`SessionTransport.consume` ``hold``): nothing more is read from the socket until the
+  backlog halves, so the peer is back-pressured instead of the queue growing. The payloads of the
+  message being handed over when the bound is reached are still answered: past the bound they are
+  refused ``OVERLOADED`` (honest: not run) and kept as call ids only, about as many bytes as the
+  ids took on the wire. A peer that respects its own ``max_pending_calls`` (<= our bound) never
+  meets it. Refusal messages are cut to ``MAX_REFUSAL_MESSAGE`` characters. The backlog drains
+  only as the peer's receipts free retention, and those arrive on the socket we stopped reading:
+  a peer that floods calls *and* withholds receipts therefore stalls its own session until it
+  leaves (a heartbeat ping then fails and the session detaches) -- nothing it holds grows
+  meanwhile. Like any authenticated peer that stays connected, it keeps the session until then
+  (the link's takeover probe counts a socket we are not reading as healthy).
+* Our own control envelopes (``cancel``, ``credit``) that meet full retention are queued for the
+  same drain task; an abandoned call keeps counting against ``max_pending_calls`` until its
+  ``cancel`` is handed over, and credit is only granted for items consumed, so both queues are
+  bounded by the pending budget.
+
 Streams use credit: the consumer grants ``stream_window_items``/``stream_window_bytes`` and tops up
 as it consumes; the producer waits for credit *before* pulling the next item from the generator,
 so a paused stream holds at most one item in flight and the consumer's buffer is bounded.
@@ -48,6 +72,7 @@ so a paused stream holds at most one item in flight and the consumer's buffer is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -83,9 +108,11 @@ from .wire import decode_item
 
 __all__ = [
     "CALL",
+    "MAX_REFUSAL_MESSAGE",
     "ExecutorRpc",
     "Registry",
     "RemoteStream",
+    "RpcStatistics",
     "current_rpc",
     "register_exception",
 ]
@@ -94,6 +121,11 @@ log = logging.getLogger(__name__)
 
 CALL, RESULT, ERROR, CANCEL, NOTIFY, ITEM, END, CREDIT = range(8)
 INTERNAL_SERVICE = "$link"
+
+MAX_REFUSAL_MESSAGE = 512
+"""Characters of a refusal's message that are sent (it may quote peer-supplied names)."""
+MAX_ERROR_MESSAGE = 16000
+"""Characters of a handler's error message (and, separately, of its traceback) that are sent."""
 
 _registered_exceptions: dict[str, type[BaseException]] = {}
 _current_rpc: contextvars.ContextVar[ExecutorRpc] = contextvars.ContextVar("garcon_link_rpc")
@@ -206,6 +238,95 @@ class _Pending:
         self.error: CallError | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RpcStatistics:
+    """A snapshot of one :class:`ExecutorRpc` (see :meth:`ExecutorRpc.statistics`).
+
+    Attributes:
+        pending_calls: our calls and streams awaiting a reply, plus abandoned ones whose
+            ``cancel`` still waits for retention capacity (what ``max_pending_calls`` counts).
+        incoming_calls: the peer's calls, streams and one-way calls whose handlers run (or
+            wait to hand over their reply) -- what ``max_incoming_calls`` counts.
+        queued_refusals: refusals waiting for retention capacity (bounded by
+            ``max_queued_refusals`` plus what one inbound message carried past it).
+        queued_controls: our ``cancel``/``credit`` envelopes waiting for retention capacity.
+        refusals: calls refused without running, since the session began.
+        reader_holds: how many times the refusal backlog paused the socket reader.
+        reader_held: whether it is paused now.
+    """
+
+    pending_calls: int
+    incoming_calls: int
+    queued_refusals: int
+    queued_controls: int
+    refusals: int
+    reader_holds: int
+    reader_held: bool
+
+
+class _CallIds:
+    """Strictly increasing call ids, stored as LEB128 deltas: about as many bytes per id as it
+    took on the wire. Holds the refusals queued past ``max_queued_refusals`` (see the module
+    docstring), which all share one error."""
+
+    __slots__ = ("_count", "_data", "_head", "_last_in", "_last_out")
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._head = 0
+        self._count = 0
+        self._last_in = 0
+        self._last_out = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, call_id: int) -> None:
+        delta = call_id - self._last_in
+        if delta <= 0:  # never: call ids are checked to increase when they are received
+            raise ValueError(f"call id {call_id} does not increase")
+        self._last_in = call_id
+        while True:
+            byte = delta & 0x7F
+            delta >>= 7
+            if delta:
+                self._data.append(byte | 0x80)
+            else:
+                self._data.append(byte)
+                break
+        self._count += 1
+
+    def popleft(self) -> int:
+        if not self._count:
+            raise IndexError("no call id queued")
+        delta = shift = 0
+        while True:
+            byte = self._data[self._head]
+            self._head += 1
+            delta |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        self._count -= 1
+        self._last_out += delta
+        if not self._count:
+            self._data.clear()
+            self._head = 0
+        elif self._head > 4096 and self._head * 2 > len(self._data):
+            del self._data[: self._head]
+            self._head = 0
+        return self._last_out
+
+    def clear(self) -> None:
+        self._data.clear()
+        self._head = self._count = 0
+        self._last_out = self._last_in
+
+
+# What waits in ExecutorRpc._deferred: (kind, body) with one of these kinds.
+_REFUSAL, _CANCEL, _CONTROL = range(3)
+
+
 class _Incoming:
     __slots__ = ("cancelled", "credit", "credit_bytes", "credit_event", "scope", "started", "task")
 
@@ -257,12 +378,36 @@ class ExecutorRpc:
         self._context = contextvars.copy_context()
         self._max_body = limits.max_frame_bytes - 32
         self.peer_instance_id: bytes | None = None
+        # Envelopes that met full retention, for the one drain task (see the module docstring):
+        # (kind, body) -- refusals, cancels of our abandoned calls, credit grants -- and, past
+        # max_queued_refusals, bare call ids refused OVERLOADED.
+        self._deferred: deque[tuple[int, bytes]] = deque()
+        self._overflow = _CallIds()
+        self._queued_refusals = 0  # _REFUSAL entries in _deferred, plus len(_overflow)
+        self._owed_cancels = 0  # _CANCEL entries in _deferred: they count as pending calls
+        self._queued_controls = 0  # _CANCEL and _CONTROL entries in _deferred
+        self._deferred_added = anyio.Event()
+        self._hold: anyio.Event | None = None  # set when the reader may read on
+        self._refusals = 0
+        self._reader_holds = 0
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def retired(self) -> bool:
         return self._retired is not None
+
+    def statistics(self) -> RpcStatistics:
+        """A snapshot of this session's calls, handlers and queued replies."""
+        return RpcStatistics(
+            pending_calls=len(self._pending) + self._owed_cancels,
+            incoming_calls=len(self._incoming) + self._notifications,
+            queued_refusals=self._queued_refusals,
+            queued_controls=self._queued_controls,
+            refusals=self._refusals,
+            reader_holds=self._reader_holds,
+            reader_held=self._hold is not None,
+        )
 
     async def run(self) -> None:
         """Consume the session's payloads until it is retired, then retire every call."""
@@ -278,7 +423,10 @@ class ExecutorRpc:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                await self.transport.consume(dispatch, yield_first=self._alone)
+                tg.start_soon(self._drain_deferred)
+                await self.transport.consume(
+                    dispatch, yield_first=self._alone, hold=self._hold_reader
+                )
                 self.retire_unknown()
                 tg.cancel_scope.cancel()
         finally:
@@ -303,6 +451,11 @@ class ExecutorRpc:
         for incoming in self._incoming.values():
             incoming.cancelled = True
             incoming.scope.cancel()
+        # Nothing queued can be sent any more.
+        self._deferred.clear()
+        self._overflow.clear()
+        self._queued_refusals = self._owed_cancels = self._queued_controls = 0
+        self._release_hold()
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
 
@@ -338,7 +491,7 @@ class ExecutorRpc:
         self._check_resources(pos, kw)
         if spec.kind is MethodKind.ONEWAY:
             return None, self._encode([NOTIFY, service, spec.name, wire_args, wire_kwargs])
-        if len(self._pending) >= self.limits.max_pending_calls:
+        if len(self._pending) + self._owed_cancels >= self.limits.max_pending_calls:
             raise NotDispatched(
                 "OVERLOADED",
                 f"{self.limits.max_pending_calls} calls already pending on this session",
@@ -361,6 +514,24 @@ class ExecutorRpc:
         session: a request/reply at a time, where the transport's reader lets the woken task
         run before reading on."""
         return len(self._pending) + len(self._incoming) + self._notifications <= 1
+
+    def _hold_reader(self) -> anyio.Event | None:
+        """Asked by the transport's reader after each message: an event to wait for while the
+        refusal backlog is full (back-pressure on the peer), else ``None``."""
+        if self._hold is None and self._queued_refusals >= self.limits.max_queued_refusals:
+            self._hold = anyio.Event()
+            self._reader_holds += 1
+            log.warning(
+                "session %s: %d refusals wait for the peer's receipts; reading paused",
+                self.transport.label,
+                self._queued_refusals,
+            )
+        return self._hold
+
+    def _release_hold(self) -> None:
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.set()
 
     async def _send_request(self, body: bytes) -> int:
         """Issue a request envelope; a refusal before an ordinal is assigned is NOT_DISPATCHED."""
@@ -435,26 +606,66 @@ class ExecutorRpc:
     def _abandon(self, pending: _Pending) -> None:
         """The caller gave up: forget the call and tell the peer to cancel it (best effort)."""
         self._pending.pop(pending.id, None)
-        if pending.ordinal is not None and self._retired is None:
-            self._send_soon(self._encode([CANCEL, pending.id]))
+        if pending.ordinal is not None:
+            self._send_cancel(pending.id)
 
-    def _send_soon(self, body: bytes) -> None:
-        """Send a small control envelope without waiting (falls back to a background task)."""
-        if self.transport.failure is not None:
+    def _send_cancel(self, call_id: int) -> None:
+        # A deferred cancel keeps counting as a pending call (see _prepare) until handed over.
+        self._send_soon(_CANCEL, self._encode([CANCEL, call_id]))
+
+    def _send_soon(self, kind: int, body: bytes) -> None:
+        """Hand a small envelope to the session without waiting: at once if retention has room
+        and nothing is queued before it, else queued for the drain task (no task per send)."""
+        if self._retired is not None or self.transport.failure is not None:
             return
-        try:
-            if self.transport.try_send(body) is not None:
+        if not self._deferred and not self._overflow:
+            try:
+                if self.transport.try_send(body) is not None:
+                    return
+            except (SessionFailed, PayloadTooLarge):
                 return
-        except (SessionFailed, PayloadTooLarge):
-            return
-        if self._tg is not None:
-            self._tg.start_soon(self._send_quietly, body)
+        self._defer(kind, body)
 
-    async def _send_quietly(self, body: bytes) -> None:
-        try:
-            await self.transport.send(body)
-        except (SessionFailed, PayloadTooLarge):
-            pass
+    def _defer(self, kind: int, body: bytes) -> None:
+        if self._retired is not None:
+            return
+        self._deferred.append((kind, body))
+        if kind == _REFUSAL:
+            self._queued_refusals += 1
+        else:
+            self._queued_controls += 1
+            if kind == _CANCEL:
+                self._owed_cancels += 1
+        self._deferred_added.set()
+
+    async def _drain_deferred(self) -> None:
+        """The one task that writes what met full retention, in order, as capacity frees."""
+        while True:
+            if self._deferred:
+                kind, body = self._deferred.popleft()
+            elif self._overflow:
+                kind, body = _REFUSAL, self._overloaded(self._overflow.popleft())
+            else:
+                added = self._deferred_added = anyio.Event()
+                await added.wait()
+                continue
+            try:
+                await self.transport.send(body)
+            except PayloadTooLarge:
+                pass  # never for these small envelopes; nothing else to do with one
+            except SessionFailed:
+                return
+            finally:
+                # Only now is its slot free: a refusal or cancel counts until handed over.
+                if kind == _REFUSAL:
+                    if self._queued_refusals:
+                        self._queued_refusals -= 1
+                    if self._queued_refusals <= self.limits.max_queued_refusals // 2:
+                        self._release_hold()
+                elif self._queued_controls:  # not reset by a retirement meanwhile
+                    self._queued_controls -= 1
+                    if kind == _CANCEL and self._owed_cancels:
+                        self._owed_cancels -= 1
 
     def _finish(
         self, pending: _Pending, *, value: Any = None, error: CallError | None = None
@@ -544,7 +755,7 @@ class ExecutorRpc:
             value = from_wire(envelope[2], pending.spec.result)
         except Exception as exc:
             del self._pending[pending.id]
-            self._send_soon(self._encode([CANCEL, pending.id]))
+            self._send_cancel(pending.id)
             self._finish(
                 pending,
                 error=RemoteError(
@@ -565,12 +776,55 @@ class ExecutorRpc:
 
     # -- serving side
 
-    def _reply_error(self, call_id: int, error: CallError, **extra: Any) -> None:
-        self._send_soon(
-            self._encode(
-                [ERROR, call_id, _error_body(error.outcome, error.code, error.message, **extra)]
-            )
+    def _error_envelope(
+        self, call_id: int, error: CallError, *, limit: int = MAX_ERROR_MESSAGE, **extra: Any
+    ) -> bytes:
+        message = error.message
+        if len(message) > limit:
+            message = message[:limit] + "... (cut)"
+        return self._encode(
+            [ERROR, call_id, _error_body(error.outcome, error.code, message, **extra)]
         )
+
+    def _refuse(self, call_id: int, error: CallError) -> None:
+        """Answer a call that will not run (from dispatch: no task, bounded; module docstring).
+
+        Past ``max_queued_refusals`` -- only within the message being handed over, as the
+        reader then pauses -- the call is refused ``OVERLOADED`` and only its id is kept.
+        """
+        self._refusals += 1
+        if self._queued_refusals >= self.limits.max_queued_refusals:
+            if self._retired is None and self.transport.failure is None:
+                self._overflow.append(call_id)
+                self._queued_refusals += 1
+                self._deferred_added.set()
+            return
+        self._send_soon(_REFUSAL, self._error_envelope(call_id, error, limit=MAX_REFUSAL_MESSAGE))
+
+    def _overloaded(self, call_id: int) -> bytes:
+        """The refusal of a call queued past ``max_queued_refusals`` (see :meth:`_refuse`)."""
+        return self._error_envelope(
+            call_id,
+            NotDispatched(
+                "OVERLOADED",
+                f"{self.limits.max_queued_refusals} refusals were waiting for the peer's receipts",
+            ),
+        )
+
+    async def _send_error(self, call_id: int, error: CallError, **extra: Any) -> None:
+        """A handler's error reply, written by the handler's own task (which keeps its
+        incoming slot meanwhile): waits for retention capacity like a result."""
+        body = self._error_envelope(call_id, error, **extra)
+        try:
+            await self.transport.send(body)
+        except PayloadTooLarge:
+            # A frame limit too small for the traceback: the outcome and code still go.
+            with contextlib.suppress(PayloadTooLarge, SessionFailed):
+                await self.transport.send(
+                    self._error_envelope(call_id, error, limit=MAX_REFUSAL_MESSAGE)
+                )
+        except SessionFailed:
+            pass
 
     def _resolve(self, service: Any, method: Any) -> tuple[MethodSpec, Callable[..., Any]]:
         if not isinstance(service, str) or not isinstance(method, str):
@@ -609,7 +863,7 @@ class ExecutorRpc:
             or not isinstance(kwargs, dict)
             or not all(isinstance(k, str) for k in kwargs)
         ):
-            self._reply_error(
+            self._refuse(
                 call_id, Rejected("INVALID_ARGUMENTS", "args must be a list and kwargs a map")
             )
             return
@@ -619,12 +873,12 @@ class ExecutorRpc:
             or credit < 0
             or credit_bytes < 0
         ):
-            self._reply_error(
+            self._refuse(
                 call_id, Rejected("INVALID_ARGUMENTS", "credit must be non-negative integers")
             )
             return
         if len(self._incoming) + self._notifications >= self.limits.max_incoming_calls:
-            self._reply_error(
+            self._refuse(
                 call_id,
                 NotDispatched(
                     "OVERLOADED", f"{self.limits.max_incoming_calls} calls already running"
@@ -638,10 +892,10 @@ class ExecutorRpc:
             pos, kw = spec.convert_arguments(args, kwargs)
             self._check_scope(pos, kw)
         except CallError as exc:
-            self._reply_error(call_id, exc)
+            self._refuse(call_id, exc)
             return
         except ValueError as exc:
-            self._reply_error(call_id, Rejected("INVALID_ARGUMENTS", str(exc)))
+            self._refuse(call_id, Rejected("INVALID_ARGUMENTS", str(exc)))
             return
         incoming = _Incoming(min(credit, self.limits.stream_window_items * 4), credit_bytes)
         self._incoming[call_id] = incoming
@@ -758,12 +1012,13 @@ class ExecutorRpc:
     ) -> None:
         self._enter_context()
         try:
+            if incoming.cancelled:
+                # Outside the (cancelled) scope, so the reply is not cancelled with it.
+                await self._send_error(
+                    call_id, NotDispatched("CANCELLED", "cancelled before dispatch")
+                )
+                return
             with incoming.scope:
-                if incoming.cancelled:
-                    self._reply_error(
-                        call_id, NotDispatched("CANCELLED", "cancelled before dispatch")
-                    )
-                    return
                 incoming.started = True
                 if spec.kind is MethodKind.STREAM:
                     await self._produce(call_id, incoming, target(*pos, **kw))
@@ -772,7 +1027,7 @@ class ExecutorRpc:
                 try:
                     body = cbor2.dumps([RESULT, call_id, to_wire(result)])
                 except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
-                    self._reply_error(
+                    await self._send_error(
                         call_id,
                         RemoteError("UNENCODABLE_RESULT", str(exc), remote_type="TypeError"),
                     )
@@ -783,32 +1038,33 @@ class ExecutorRpc:
             # whatever its code); a failure of a call it made itself already says FAILED. Both
             # keep their code; the type tells the caller which ``Rejected`` to raise.
             remote_type = exc.remote_type if isinstance(exc, RemoteError) else None
-            self._reply_error(call_id, exc, remote_type=remote_type or _qualname(type(exc)))
+            await self._send_error(call_id, exc, remote_type=remote_type or _qualname(type(exc)))
         except Exception as exc:
             # Anything else -- including NotDispatched/OutcomeUnknown from a call the handler
             # made -- is a failure of *this* call, which did execute: never report it as
             # not-dispatched (safe to retry) or unknown.
-            self._reply_failure(call_id, exc)
+            await self._send_failure(call_id, exc)
         finally:
+            # Only now, with its reply handed to the session, does the call leave the budget.
             self._incoming.pop(call_id, None)
 
     async def _send_reply(self, call_id: int, body: bytes) -> None:
         try:
             await self.transport.send(body)
         except PayloadTooLarge as exc:
-            self._reply_error(
+            await self._send_error(
                 call_id, RemoteError("RESULT_TOO_LARGE", str(exc), remote_type="PayloadTooLarge")
             )
         except SessionFailed:
             pass
 
-    def _reply_failure(self, call_id: int, exc: BaseException) -> None:
+    async def _send_failure(self, call_id: int, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(exc))
-        self._reply_error(
+        await self._send_error(
             call_id,
             RemoteError("HANDLER_FAILED", str(exc)),
             remote_type=_qualname(type(exc)),
-            traceback=tb[-16000:],
+            traceback=tb[-MAX_ERROR_MESSAGE:],
         )
 
     async def _produce(self, call_id: int, incoming: _Incoming, iterator: Any) -> None:
@@ -960,9 +1216,10 @@ class RemoteStream(AsyncIterator[Any]):
             or self._consumed_bytes >= limits.stream_window_bytes // 2
         ):
             self._rpc._send_soon(
+                _CONTROL,
                 self._rpc._encode(
                     [CREDIT, self._pending.id, self._consumed, max(self._consumed_bytes, 1)]
-                )
+                ),
             )
             self._consumed = 0
             self._consumed_bytes = 0

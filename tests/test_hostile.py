@@ -38,6 +38,7 @@ import resource
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -49,10 +50,12 @@ from faultutil import (
     OP_BINARY,
     OP_PING,
     SECRET,
+    TESTS_DIR,
     LatencyProbe,
     Ledger,
     LedgerService,
     Outcome,
+    PeakRss,
     Raw,
     checksum,
     controller_config,
@@ -64,10 +67,12 @@ from faultutil import (
     upgrade_request,
     wait_for,
     worker_config,
+    write_configs,
     ws_frame,
 )
 
 import garcon_link as gl
+from garcon_link.testing import WorkerProcess, free_tcp_port
 from garcon_link.transport import TransportState
 from garcon_link.wire import encode_message, encode_receipt
 
@@ -744,3 +749,126 @@ async def test_a_hostile_worker_cannot_stall_the_controller_with_a_bomb_reply() 
             await wait_for(
                 lambda: executor.availability == "ready", OUTCOME_WAIT, "a ready controller"
             )
+
+
+# ---------------------------------------------------------------------------------- rpc bounds
+
+# Issue 12, breaks 3 and 4: an authenticated peer floods the RPC layer. The attacked process's
+# *exact* peak RSS growth (PeakRss resets VmHWM) must stay under this. The attacker runs in this
+# process too, so its own (small, transient) allocations count against the bound as well.
+ATTACK_RSS = 64 * MiB
+
+
+async def send_batch(raw: Raw, bodies: list[bytes]) -> bool:
+    """Send ``bodies`` as consecutive session messages packed into one WebSocket message (what
+    a flood can do in one write); shares :class:`Raw`'s ordinal counter with ``send_envelope``."""
+    packets = []
+    for body in bodies:
+        raw._ordinal += 1
+        packets.append(encode_message(raw._ordinal, body))
+    return await raw.send_message(b"".join(packets))
+
+
+async def test_a_refusal_flood_without_receipts_pauses_the_reader() -> None:
+    """Break 3: an authenticated peer that never acknowledges anything sends 30,000 calls to an
+    unknown service. Each is refused, and the refusals soon wait for retention capacity (4,096
+    frames) that never frees. Before the fix each waiting refusal was a task of its own: +140 MiB
+    for these 30,000 calls (40,000: +184 MiB; 200,000 in the issue: +1 GiB). Now the refusals
+    queue up to ``max_queued_refusals``, then the worker stops reading this socket (the peer is
+    back-pressured), and serves the next controller once the attacker leaves. ~1.5 s."""
+    calls, batch = 30_000, 100
+    with anyio.fail_after(DEADLINE):
+        async with target(legit=False) as t:
+            with PeakRss() as peak:
+                async with Raw.connect(t.port) as raw:
+                    assert await raw.upgrade()
+                    await raw.authenticate()  # and never a receipt after it
+                    # Bounded by time too: the worker stops reading, so our writes may block.
+                    with anyio.move_on_after(10):
+                        for first in range(1, calls + 1, batch):
+                            bodies = [
+                                cbor2.dumps(_call(i, "nope", "apply", ["t", b""]))
+                                for i in range(first, first + batch)
+                            ]
+                            if not await send_batch(raw, bodies):
+                                break
+                    rpc = t.worker.current_rpc
+                    assert rpc is not None
+                    await wait_for(
+                        lambda: rpc.statistics().reader_held, OUTCOME_WAIT, "a paused reader"
+                    )
+                    stats = rpc.statistics()
+                    transport = t.worker.link.transport
+                    assert transport is not None
+                    accepted = transport.accepted
+                    growth = peak.growth
+            print(f"refusal flood: peak RSS +{growth / MiB:.1f} MiB (exact={peak.exact}); {stats}")
+            assert growth <= ATTACK_RSS, f"peak RSS grew by {growth / MiB:.0f} MiB"
+            # Retention plus the backlog, plus at most the one message read past the bound.
+            assert stats.queued_refusals <= LIMITS.max_queued_refusals + batch
+            assert accepted < calls  # the rest were never read
+            assert t.service.ledger == {}
+            # The attacker left: the worker serves the next controller at once.
+            assert await legit_round_trip(t.worker) < P99_CEILING
+
+
+WORKER_LIMITS: dict[str, Any] = {
+    "handshake_timeout": 2.0,
+    "max_frame_bytes": 1 * MiB,
+    "heartbeat_interval": 0.1,
+    "heartbeat_timeout": 1.0,
+    "detached_grace": 2.0,
+    "close_timeout": 0.3,
+}
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the child's backend is its own
+async def test_a_refusal_flood_leaves_the_worker_process_bounded_and_serving(
+    tmp_path: Path,
+) -> None:
+    """Break 3, measured on a real ``garcon-link worker`` process (exact peak RSS of that
+    process alone): 30,000 calls to an unknown service, never a receipt. Before the fix:
+    +130 MiB for these 30,000 calls. The worker says in its log that it paused reading; when the
+    attacker leaves, a legitimate controller is served at once and the process is alive. ~2 s."""
+    calls, batch = 30_000, 100
+    worker_toml, controller_toml = write_configs(
+        tmp_path, port=free_tcp_port(), limits=WORKER_LIMITS
+    )
+    with anyio.fail_after(DEADLINE):
+        async with WorkerProcess(
+            worker_toml, ["ledger=faultutil:LedgerService"], cwd=TESTS_DIR
+        ) as worker:
+            url = await worker.start()
+            with PeakRss(worker.pid) as peak:
+                async with Raw.connect(int(url.rsplit(":", 1)[1].split("/")[0])) as raw:
+                    assert await raw.upgrade()
+                    await raw.authenticate()  # and never a receipt after it
+                    with anyio.move_on_after(10):  # it stops reading: our writes may block
+                        for first in range(1, calls + 1, batch):
+                            bodies = [
+                                cbor2.dumps(_call(i, "nope", "apply", ["t", b""]))
+                                for i in range(first, first + batch)
+                            ]
+                            if not await send_batch(raw, bodies):
+                                break
+                    # Bounded: a worker that never pauses has read everything by then.
+                    with anyio.move_on_after(OUTCOME_WAIT):
+                        while not (paused := _logged(worker, "reading paused")):
+                            await anyio.sleep(0.01)
+                    growth = peak.growth
+                # The attacker is gone: the next controller gets a fresh session at once.
+                config = gl.load_config(controller_toml)
+                async with gl.connect(config) as executor:
+                    await executor.wait_ready(OUTCOME_WAIT)
+                    ledger = executor.service("ledger", Ledger)
+                    assert await ledger.apply("legit", b"ok") == checksum("legit", b"ok")
+                growth = max(growth, peak.growth)
+            assert worker.running
+            print(f"refusal flood (worker process): peak RSS +{growth / MiB:.1f} MiB")
+            assert peak.exact
+            assert growth <= ATTACK_RSS, f"the worker's peak RSS grew by {growth / MiB:.0f} MiB"
+            assert paused, worker.stderr_tail
+
+
+def _logged(worker: WorkerProcess, text: str) -> bool:
+    return any(text in line for line in worker.stderr_tail)

@@ -700,6 +700,44 @@ async def test_overload_on_the_receiver(direction: str) -> None:
             assert pair.history == ["ready"]
 
 
+def test_refusals_past_the_backlog_keep_only_their_call_ids() -> None:
+    """What is kept per call refused past ``max_queued_refusals``: its id, as a delta from the
+    previous one (call ids strictly increase), so about the bytes it took on the wire."""
+    from garcon_link.rpc import _CallIds
+
+    ids = _CallIds()
+    wanted = [1, 2, 3, 200, 70_000, 2**40, 2**70 + 5, 2**70 + 6]
+    for call_id in wanted[:4]:
+        ids.append(call_id)
+    assert [ids.popleft(), ids.popleft()] == [1, 2]
+    for call_id in wanted[4:]:
+        ids.append(call_id)
+    assert len(ids) == 6
+    assert [ids.popleft() for _ in range(6)] == wanted[2:]
+    assert len(ids) == 0
+    with pytest.raises(IndexError):
+        ids.popleft()
+    with pytest.raises(ValueError, match="does not increase"):
+        ids.append(2**70 + 6)
+    many = list(range(2**70 + 10, 2**70 + 1_000_010, 3))
+    for call_id in many:
+        ids.append(call_id)
+    assert len(ids._data) < 2 * len(many)  # one byte per small delta, give or take
+    assert [ids.popleft() for _ in many] == many
+    ids.append(2**80)
+    ids.clear()
+    ids.append(2**80 + 1)
+    assert ids.popleft() == 2**80 + 1
+
+
+def test_the_refusal_backlog_must_exceed_the_pending_budget() -> None:
+    """A peer configured alike must never fill our refusal backlog: at the bound our reader
+    pauses, and the receipts that would drain it wait unread."""
+    with pytest.raises(gl.ConfigError, match="max_queued_refusals"):
+        gl.Limits(max_pending_calls=1024)
+    assert gl.Limits(max_pending_calls=1024, max_queued_refusals=4096).max_queued_refusals == 4096
+
+
 # ---------------------------------------------------------------------------------- retirement
 
 
