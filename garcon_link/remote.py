@@ -279,7 +279,9 @@ class RemoteExecutor(_Endpoint):
     # -- sessions
 
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
-        rpc = ExecutorRpc(transport, self._registry, self.limits, describe=self._describe_self)
+        rpc = ExecutorRpc(
+            transport, self._registry, self.limits, describe=self._describe_self, peer="worker"
+        )
         assert self._tg is not None
         self._tg.start_soon(self._session_task, transport, rpc)
 
@@ -579,7 +581,9 @@ class Worker(_Endpoint):
                 "contract": contract,
             }
 
-        return ExecutorRpc(transport, registry, self.limits, scope=scope, describe=describe)
+        return ExecutorRpc(
+            transport, registry, self.limits, scope=scope, describe=describe, peer="controller"
+        )
 
     async def _build_scope_and_run(self, transport: SessionTransport, scope: ServiceScope) -> None:
         factory = cast("ServiceFactory", self._services)

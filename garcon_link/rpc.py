@@ -29,6 +29,10 @@ Outcomes (who may have executed what):
   if the request was still waiting for retention capacity). Cancelling the awaiting task sends
   ``cancel``; the handler task on the peer is cancelled. A ``cancel`` that reaches the peer before
   the handler started makes the call ``NOT_DISPATCHED`` there.
+* A stream item that does not convert to the interface, or that exceeds the credit we granted
+  (``FLOW_CONTROL_VIOLATION``), ends the stream with ``UNKNOWN``: we cancel a generator that was
+  still running, so how far it got is not known (as for a stream cut by retirement); items
+  delivered before stand.
 
 Receiving side rules: arguments are converted against the interface's type hints before the
 handler runs (``Rejected("INVALID_ARGUMENTS")`` names the field); unknown services, unknown or
@@ -66,7 +70,11 @@ Replies never grow without bound, whatever the peer sends and whether or not it 
 
 Streams use credit: the consumer grants ``stream_window_items``/``stream_window_bytes`` and tops up
 as it consumes; the producer waits for credit *before* pulling the next item from the generator,
-so a paused stream holds at most one item in flight and the consumer's buffer is bounded.
+so a paused stream holds at most one item in flight. The consumer *enforces* the credit: an item
+that arrives when the granted items or bytes are used up (the producer may overdraw bytes by its
+last item only, as it charges after encoding) is a flow-control violation -- that stream ends
+with ``OutcomeUnknown("FLOW_CONTROL_VIOLATION")`` and is cancelled on the peer, the session stays
+-- so the consumer's buffer is bounded by the credit by construction.
 """
 
 from __future__ import annotations
@@ -228,7 +236,7 @@ def _local_exception(error: CallError) -> BaseException:
 class _Pending:
     __slots__ = ("done", "error", "id", "ordinal", "spec", "stream", "value")
 
-    def __init__(self, call_id: int, spec: MethodSpec, stream: RemoteStream | None) -> None:
+    def __init__(self, call_id: int, spec: MethodSpec, stream: _StreamState | None) -> None:
         self.id = call_id
         self.spec = spec
         self.stream = stream
@@ -236,6 +244,33 @@ class _Pending:
         self.done = anyio.Event()
         self.value: Any = None
         self.error: CallError | None = None
+
+
+class _StreamState:
+    """What a stream call has received and the credit it has granted (consumer side).
+
+    ``credit_items``/``credit_bytes`` are what the producer may still send: the initial window
+    plus every grant, minus every item received.
+    """
+
+    __slots__ = ("arrived", "credit_bytes", "credit_items", "ended", "error", "items")
+
+    def __init__(self, credit_items: int, credit_bytes: int) -> None:
+        self.items: deque[tuple[Any, int]] = deque()
+        self.arrived = anyio.Event()
+        self.ended = False
+        self.error: CallError | None = None
+        self.credit_items = credit_items
+        self.credit_bytes = credit_bytes
+
+    def deliver_item(self, value: Any, size: int) -> None:
+        self.items.append((value, size))
+        self.arrived.set()
+
+    def deliver_end(self, error: CallError | None) -> None:
+        self.ended = True
+        self.error = error
+        self.arrived.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +288,7 @@ class RpcStatistics:
         refusals: calls refused without running, since the session began.
         reader_holds: how many times the refusal backlog paused the socket reader.
         reader_held: whether it is paused now.
+        flow_violations: streams ended because the peer sent items beyond our credit.
     """
 
     pending_calls: int
@@ -262,6 +298,7 @@ class RpcStatistics:
     refusals: int
     reader_holds: int
     reader_held: bool
+    flow_violations: int
 
 
 class _CallIds:
@@ -350,6 +387,7 @@ class ExecutorRpc:
         limits: budgets and windows.
         scope: the service scope handlers run in (worker side), exposed via ``current_scope()``.
         describe: returns this side's manifest for the internal ``describe`` call.
+        peer: what to call the peer in messages (``"worker"``, ``"controller"``).
     """
 
     def __init__(
@@ -360,8 +398,10 @@ class ExecutorRpc:
         *,
         scope: ServiceScope | None = None,
         describe: Callable[[], dict[str, Any]] | None = None,
+        peer: str = "peer",
     ) -> None:
         self.transport = transport
+        self.peer = peer
         self.registry = registry
         self.limits = limits
         self.scope = scope
@@ -390,6 +430,7 @@ class ExecutorRpc:
         self._hold: anyio.Event | None = None  # set when the reader may read on
         self._refusals = 0
         self._reader_holds = 0
+        self._flow_violations = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -407,6 +448,7 @@ class ExecutorRpc:
             refusals=self._refusals,
             reader_holds=self._reader_holds,
             reader_held=self._hold is not None,
+            flow_violations=self._flow_violations,
         )
 
     async def run(self) -> None:
@@ -673,7 +715,7 @@ class ExecutorRpc:
         pending.value = value
         pending.error = error
         if pending.stream is not None:
-            pending.stream._deliver_end(error)
+            pending.stream.deliver_end(error)
         pending.done.set()
 
     # ------------------------------------------------------------------ inbound dispatch
@@ -751,21 +793,41 @@ class ExecutorRpc:
         pending = self._pending_for(envelope, 3)
         if pending is None or pending.stream is None:
             return
+        stream = pending.stream
+        # Byte credit is counted in encoded envelope bytes, exactly what the producer charges
+        # per item (``_produce``), after encoding it: so the last item may overdraw the bytes,
+        # never the items, and nothing may follow it until more credit is granted.
+        if stream.credit_items <= 0 or stream.credit_bytes <= 0:
+            self._flow_violations += 1
+            log.warning(
+                "session %s: stream %d got an item beyond its credit; ending it",
+                self.transport.label,
+                pending.id,
+            )
+            self._end_stream(
+                pending,
+                "FLOW_CONTROL_VIOLATION",
+                f"the {self.peer} violated flow control: it sent a stream item beyond the "
+                "credit granted; the stream was cancelled (items already received stand)",
+            )
+            return
+        stream.credit_items -= 1
+        stream.credit_bytes -= size
         try:
             value = from_wire(envelope[2], pending.spec.result)
         except Exception as exc:
-            del self._pending[pending.id]
-            self._send_cancel(pending.id)
-            self._finish(
-                pending,
-                error=RemoteError(
-                    "INVALID_RESULT", f"stream item does not match the interface: {exc}"
-                ),
+            self._end_stream(
+                pending, "INVALID_RESULT", f"stream item does not match the interface: {exc}"
             )
             return
-        # Byte credit is counted in encoded envelope bytes, exactly what the producer charges
-        # per item (``_produce``); any other measure drains the producer's byte window.
-        pending.stream._deliver_item(value, size)
+        stream.deliver_item(value, size)
+
+    def _end_stream(self, pending: _Pending, code: str, message: str) -> None:
+        """End a stream we can no longer trust: cancel it on the peer; ``UNKNOWN`` for the
+        consumer, after the items already buffered (module docstring)."""
+        del self._pending[pending.id]
+        self._send_cancel(pending.id)
+        self._finish(pending, error=OutcomeUnknown(code, message))
 
     def _on_end(self, envelope: list[Any]) -> None:
         pending = self._pending_for(envelope, 2)
@@ -1127,7 +1189,8 @@ class RemoteStream(AsyncIterator[Any]):
 
     The request is sent on the first ``__anext__``. ``aclose()`` (or leaving an ``async for`` with
     ``break`` inside ``contextlib.aclosing``) cancels the generator on the peer. If the session is
-    retired mid-stream, iteration raises :class:`OutcomeUnknown` (items already delivered stand).
+    retired mid-stream, iteration raises :class:`OutcomeUnknown` (items already delivered stand);
+    so does a flow-control violation by the producer (``FLOW_CONTROL_VIOLATION``).
     """
 
     def __init__(
@@ -1144,25 +1207,14 @@ class RemoteStream(AsyncIterator[Any]):
         self._args = args
         self._kwargs = kwargs
         self._pending: _Pending | None = None
-        self._items: deque[Any] = deque()
-        self._arrived = anyio.Event()
-        self._ended = False
-        self._error: CallError | None = None
+        limits = rpc.limits
+        self._state = _StreamState(limits.stream_window_items, limits.stream_window_bytes)
         self._consumed = 0
         self._consumed_bytes = 0
         self._closed = False
 
     def __aiter__(self) -> RemoteStream:
         return self
-
-    def _deliver_item(self, value: Any, size: int) -> None:
-        self._items.append((value, size))
-        self._arrived.set()
-
-    def _deliver_end(self, error: CallError | None) -> None:
-        self._ended = True
-        self._error = error
-        self._arrived.set()
 
     async def _start(self) -> None:
         limits = self._rpc.limits
@@ -1174,7 +1226,7 @@ class RemoteStream(AsyncIterator[Any]):
             (limits.stream_window_items, limits.stream_window_bytes),
         )
         assert pending is not None
-        pending.stream = self
+        pending.stream = self._state
         self._pending = pending
         try:
             await self._rpc._issue(pending, body)
@@ -1191,17 +1243,18 @@ class RemoteStream(AsyncIterator[Any]):
             except BaseException:
                 # Not issued (offline, too large, cancelled): nothing will ever arrive, so a
                 # later iteration must not wait for it.
-                self._closed = True
+                self._close()
                 raise
-        while not self._items:
-            if self._ended:
-                self._closed = True
-                if self._error is not None:
-                    raise _local_exception(self._error)
+        state = self._state
+        while not state.items:
+            if state.ended:
+                self._close()
+                if state.error is not None:
+                    raise _local_exception(state.error)
                 raise StopAsyncIteration
-            self._arrived = anyio.Event()
-            await self._arrived.wait()
-        value, size = self._items.popleft()
+            state.arrived = anyio.Event()
+            await state.arrived.wait()
+        value, size = state.items.popleft()
         self._grant(size)
         return value
 
@@ -1209,26 +1262,32 @@ class RemoteStream(AsyncIterator[Any]):
         self._consumed += 1
         self._consumed_bytes += size
         limits = self._rpc.limits
-        if self._ended or self._pending is None:
+        state = self._state
+        if state.ended or self._pending is None:
             return
         if (
             self._consumed >= limits.stream_window_items // 2
             or self._consumed_bytes >= limits.stream_window_bytes // 2
         ):
+            items, nbytes = self._consumed, max(self._consumed_bytes, 1)
+            # What the producer may send grows with the grant at once (the consumer's view
+            # can only be ahead of the producer's, never behind: no false violation).
+            state.credit_items += items
+            state.credit_bytes += nbytes
             self._rpc._send_soon(
-                _CONTROL,
-                self._rpc._encode(
-                    [CREDIT, self._pending.id, self._consumed, max(self._consumed_bytes, 1)]
-                ),
+                _CONTROL, self._rpc._encode([CREDIT, self._pending.id, items, nbytes])
             )
             self._consumed = 0
             self._consumed_bytes = 0
+
+    def _close(self) -> None:
+        self._closed = True
+        self._state.items.clear()
 
     async def aclose(self) -> None:
         """Stop the stream; cancels the generator on the peer if it is still running."""
         if self._closed:
             return
-        self._closed = True
-        if self._pending is not None and not self._ended:
+        if self._pending is not None and not self._state.ended:
             self._rpc._abandon(self._pending)
-        self._items.clear()
+        self._close()

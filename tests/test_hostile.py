@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -872,3 +872,89 @@ async def test_a_refusal_flood_leaves_the_worker_process_bounded_and_serving(
 
 def _logged(worker: WorkerProcess, text: str) -> bool:
     return any(text in line for line in worker.stderr_tail)
+
+
+class Blobs(Protocol):
+    """What the controller expects of the hostile worker below."""
+
+    def blobs(self) -> AsyncIterator[bytes]: ...
+    async def echo(self, text: str) -> str: ...
+
+
+async def test_stream_items_beyond_credit_end_the_stream() -> None:
+    """Break 4: a hostile worker (dialing a listening controller) answers one stream call with
+    100,000 items of 1 KiB against a credit of 256 items. Before the fix the controller
+    buffered every one of them (+112 MiB); now the 257th item ends that stream with
+    ``OutcomeUnknown("FLOW_CONTROL_VIOLATION")``, cancels it on the worker and drops the rest,
+    while the session -- and a legitimate call on it -- carries on. ~2 s."""
+    items, batch, size = 100_000, 200, 1024
+    config = gl.LinkConfig(
+        executor_id=EXECUTOR_ID,
+        role=gl.Role.CONTROLLER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    with anyio.fail_after(DEADLINE):
+        async with (
+            gl.connect(config) as executor,
+            Raw.connect(executor.link.listen_address[1]) as raw,
+        ):
+            assert await raw.upgrade()
+            await raw.authenticate(role=gl.Role.WORKER)
+            describe = await raw.replies(lambda e: e[0] == 0, OUTCOME_WAIT)
+            manifest = {
+                "executor_id": EXECUTOR_ID,
+                "instance_id": os.urandom(16),
+                "services": {},
+                "contract": "c" * 64,
+            }
+            await raw.send_envelope([1, describe[1], manifest])
+            await executor.wait_ready(OUTCOME_WAIT)
+            remote = executor.service("blobs", Blobs)
+            stream = remote.blobs()
+            received: list[bytes] = []
+
+            async def first_item() -> None:
+                received.append(await stream.__anext__())  # sends the call; then consumes nothing
+
+            async def answer_echo() -> None:
+                call = await raw.replies(lambda e: e[0] == 0 and e[3] == "echo", OUTCOME_WAIT)
+                await raw.send_envelope([1, call[1], "still here"])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first_item)
+                request = await raw.replies(lambda e: e[0] == 0, OUTCOME_WAIT)
+                stream_id = request[1]
+                assert request[6:] == [LIMITS.stream_window_items, LIMITS.stream_window_bytes]
+                with PeakRss() as peak:
+                    for first in range(0, items, batch):
+                        bodies = [
+                            cbor2.dumps([5, stream_id, i.to_bytes(4, "big") * (size // 4)])
+                            for i in range(first, first + batch)
+                        ]
+                        assert await send_batch(raw, bodies)
+                    # Replies are read in order: by the time this one is answered, the
+                    # controller has read every item sent before it.
+                    tg.start_soon(answer_echo)
+                    assert await remote.echo("x") == "still here"
+                    growth = peak.growth
+            print(f"item flood: peak RSS +{growth / MiB:.1f} MiB (exact={peak.exact})")
+            assert growth <= ATTACK_RSS, f"peak RSS grew by {growth / MiB:.0f} MiB"
+            assert await raw.replies(lambda e: e == [3, stream_id], OUTCOME_WAIT)  # cancelled
+
+            async def drain() -> None:
+                async for blob in stream:
+                    received.append(blob)
+
+            with pytest.raises(gl.OutcomeUnknown) as info:
+                await drain()
+            assert info.value.code == "FLOW_CONTROL_VIOLATION"
+            assert "the worker violated flow control" in info.value.message
+            # Exactly the items within credit, in order.
+            assert [int.from_bytes(b[:4], "big") for b in received] == list(range(256))
+            rpc = executor.current_rpc
+            assert rpc is not None
+            stats = rpc.statistics()
+            assert (stats.flow_violations, stats.pending_calls) == (1, 0)
+            assert executor.availability == "ready"

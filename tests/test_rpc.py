@@ -549,6 +549,35 @@ async def test_byte_credit_is_replenished(direction: str) -> None:
             assert items == list(range(3000))
 
 
+class Bulky(Protocol):
+    def blobs(self, n: int, size: int) -> AsyncIterator[bytes]: ...
+
+
+class BulkyImpl:
+    async def blobs(self, n: int, size: int) -> AsyncIterator[bytes]:
+        for i in range(n):
+            yield i.to_bytes(4, "big") * (size // 4)
+
+
+@both_directions
+async def test_an_honest_producer_never_trips_the_credit_check(direction: str) -> None:
+    """Credit is enforced by the consumer (an item beyond it ends the stream), so an honest
+    producer must never look like a violator: here its own window is far larger than the
+    consumer's (it is capped by the grant, not by its own limits), and every item is larger than
+    the whole byte window (each one overdraws the byte credit, as the producer charges after
+    encoding)."""
+    consumer = LIMITS.replace(stream_window_items=4, stream_window_bytes=100)
+    producer = LIMITS.replace(stream_window_items=1024)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(
+            direction, {"b": BulkyImpl()}, limits=consumer, worker_limits=producer
+        ) as pair:
+            bulky = pair.executor.service("b", Bulky)
+            got = [blob async for blob in bulky.blobs(200, 1000)]
+            assert [int.from_bytes(b[:4], "big") for b in got] == list(range(200))
+            assert pair.rpc.statistics().flow_violations == 0
+
+
 # ---------------------------------------------------------------------------------- sizes
 
 
