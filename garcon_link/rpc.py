@@ -75,6 +75,13 @@ that arrives when the granted items or bytes are used up (the producer may overd
 last item only, as it charges after encoding) is a flow-control violation -- that stream ends
 with ``OutcomeUnknown("FLOW_CONTROL_VIOLATION")`` and is cancelled on the peer, the session stays
 -- so the consumer's buffer is bounded by the credit by construction.
+
+A :class:`RemoteStream` dropped without ``aclose()`` (``break`` out of ``async for``, or lost to
+a reference cycle) is reclaimed: a ``weakref.finalize`` hook, which may run inside the garbage
+collector at any point, only *schedules* (thread-safely) a callback on the event loop; that
+callback frees the call's pending slot and cancels it on the peer. The stream's buffered state
+lives in a separate object the pending call points to, so nothing the session holds keeps the
+iterator alive.
 """
 
 from __future__ import annotations
@@ -86,6 +93,7 @@ import inspect
 import logging
 import math
 import traceback
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -249,6 +257,8 @@ class _Pending:
 class _StreamState:
     """What a stream call has received and the credit it has granted (consumer side).
 
+    Held by the pending call, *not* by the :class:`RemoteStream` the application iterates, so
+    the session never keeps that iterator alive (see :func:`_reclaim_when_dropped`).
     ``credit_items``/``credit_bytes`` are what the producer may still send: the initial window
     plus every grant, minus every item received.
     """
@@ -654,6 +664,19 @@ class ExecutorRpc:
     def _send_cancel(self, call_id: int) -> None:
         # A deferred cancel keeps counting as a pending call (see _prepare) until handed over.
         self._send_soon(_CANCEL, self._encode([CANCEL, call_id]))
+
+    def _reclaim_stream(self, pending: _Pending) -> None:
+        """A stream's iterator was dropped without ``aclose()``: free its slot, cancel it.
+
+        Runs as a plain event-loop callback (scheduled by the iterator's finalizer), so it only
+        queues: the drain task writes the ``cancel``.
+        """
+        if self._pending.get(pending.id) is not pending:
+            return  # it ended, was closed, or the session was retired meanwhile
+        log.debug("stream %d was dropped without aclose(); cancelling it", pending.id)
+        self._pending.pop(pending.id, None)
+        if pending.ordinal is not None:
+            self._defer(_CANCEL, self._encode([CANCEL, pending.id]))
 
     def _send_soon(self, kind: int, body: bytes) -> None:
         """Hand a small envelope to the session without waiting: at once if retention has room
@@ -1184,13 +1207,61 @@ _DESCRIBE_SPEC = MethodSpec(
 )
 
 
+def _loop_scheduler() -> Callable[..., object]:
+    """``schedule(callback, *args)`` that runs ``callback`` soon on the *current* event loop and
+    may itself be called from anywhere: any thread, or inside the garbage collector at any point
+    of the loop thread (asyncio's ``call_soon_threadsafe`` and trio's ``run_sync_soon`` only
+    append to a queue and wake the loop; neither touches our state)."""
+    if _asyncio_stream.on_asyncio():
+        return asyncio.get_running_loop().call_soon_threadsafe
+    import trio  # the only other backend anyio runs on
+
+    return trio.lowlevel.current_trio_token().run_sync_soon
+
+
+def _reclaim_when_dropped(stream: RemoteStream, rpc: ExecutorRpc, pending: _Pending) -> Any:
+    """Reclaim ``pending`` if ``stream`` is collected while the call still runs.
+
+    The finalizer holds no reference to ``stream`` (that would keep it alive) and only a weak
+    one to ``rpc``; all it does is schedule :func:`_reclaim`, since it may run inside the
+    garbage collector, where touching the session (a dict in mid-iteration, a half-written
+    frame) is not safe. It must never raise: an exception there is "unraisable".
+    """
+    schedule = _loop_scheduler()
+    finalizer = weakref.finalize(stream, _schedule_reclaim, schedule, weakref.ref(rpc), pending)
+    finalizer.atexit = False  # at interpreter exit there is no loop to run it on
+    return finalizer
+
+
+def _schedule_reclaim(
+    schedule: Callable[..., object], rpc: weakref.ref[ExecutorRpc], pending: _Pending
+) -> None:
+    try:
+        schedule(_reclaim, rpc, pending)
+    except Exception:  # the loop is closed: the session (and its slot) is gone with it
+        pass
+
+
+def _reclaim(rpc_ref: weakref.ref[ExecutorRpc], pending: _Pending) -> None:
+    # A plain loop callback: an exception here would reach the loop (trio: a TrioInternalError).
+    rpc = rpc_ref()
+    if rpc is None:
+        return
+    try:
+        rpc._reclaim_stream(pending)
+    except Exception:
+        log.exception("reclaiming a dropped stream failed")
+
+
 class RemoteStream(AsyncIterator[Any]):
     """A remote async iterator with credit-based flow control.
 
-    The request is sent on the first ``__anext__``. ``aclose()`` (or leaving an ``async for`` with
-    ``break`` inside ``contextlib.aclosing``) cancels the generator on the peer. If the session is
-    retired mid-stream, iteration raises :class:`OutcomeUnknown` (items already delivered stand);
-    so does a flow-control violation by the producer (``FLOW_CONTROL_VIOLATION``).
+    The request is sent on the first ``__anext__``. ``aclose()`` cancels the generator on the
+    peer; so does dropping the iterator without it (``break`` out of ``async for``): once it is
+    collected its pending slot is freed and ``cancel`` is sent (see the module docstring). If the
+    session is retired mid-stream, iteration raises :class:`OutcomeUnknown` (items already
+    delivered stand); so does a flow-control violation by the producer
+    (``FLOW_CONTROL_VIOLATION``).
     """
 
     def __init__(
@@ -1212,6 +1283,7 @@ class RemoteStream(AsyncIterator[Any]):
         self._consumed = 0
         self._consumed_bytes = 0
         self._closed = False
+        self._finalizer: Any = None
 
     def __aiter__(self) -> RemoteStream:
         return self
@@ -1228,6 +1300,7 @@ class RemoteStream(AsyncIterator[Any]):
         assert pending is not None
         pending.stream = self._state
         self._pending = pending
+        self._finalizer = _reclaim_when_dropped(self, self._rpc, pending)
         try:
             await self._rpc._issue(pending, body)
         except BaseException:
@@ -1283,6 +1356,8 @@ class RemoteStream(AsyncIterator[Any]):
     def _close(self) -> None:
         self._closed = True
         self._state.items.clear()
+        if self._finalizer is not None:
+            self._finalizer.detach()  # nothing left to reclaim
 
     async def aclose(self) -> None:
         """Stop the stream; cancels the generator on the peer if it is still running."""
