@@ -72,7 +72,9 @@ class Outcome(enum.Enum):
         The call may have executed: continuity was lost after the request was written, it timed
         out, or it was cancelled after dispatch. Only the caller can decide whether to retry.
     ``FAILED``
-        The call executed and raised.
+        The call executed and raised (or, code ``INVALID_RESULT``, ran to completion and returned
+        a value its interface does not allow). A reply the caller cannot read is never
+        ``FAILED``: it says nothing about execution, so it is ``UNKNOWN``.
     """
 
     NOT_DISPATCHED = "not_dispatched"
@@ -158,7 +160,8 @@ class OutcomeUnknown(CallError):
 
 
 class RemoteError(CallError):
-    """The remote handler executed and raised.
+    """The remote handler executed and raised (or returned a result that does not match the
+    interface: code ``INVALID_RESULT``, ``remote_type`` ``None``).
 
     Attributes:
         remote_type: qualified name of the remote exception type (``"builtins.ValueError"``).

@@ -29,10 +29,20 @@ Outcomes (who may have executed what):
   if the request was still waiting for retention capacity). Cancelling the awaiting task sends
   ``cancel``; the handler task on the peer is cancelled. A ``cancel`` that reaches the peer before
   the handler started makes the call ``NOT_DISPATCHED`` there.
-* A stream item that does not convert to the interface, or that exceeds the credit we granted
-  (``FLOW_CONTROL_VIOLATION``), ends the stream with ``UNKNOWN``: we cancel a generator that was
-  still running, so how far it got is not known (as for a stream cut by retirement); items
-  delivered before stand.
+* A reply we cannot read is ``UNKNOWN`` (``MALFORMED_REPLY`` / ``MALFORMED_ERROR``), never
+  ``FAILED``: a result or error envelope of the wrong shape, one whose value does not decode (its
+  ``[kind, id`` head still names the call), or an error body whose fields are missing or mistyped
+  says nothing trustworthy about whether the handler ran, finished or raised -- so nothing is
+  claimed, and ``cancel`` is sent in case it still runs. ``FAILED`` (:class:`RemoteError`) means
+  the peer *said* the handler executed and raised, in a well-formed error body.
+* A well-formed result whose value does not convert to the interface's return hint is
+  ``FAILED`` (``RemoteError("INVALID_RESULT")``, no ``remote_type``): the peer attests, in a
+  readable envelope, that the call ran to completion -- as certain as any result -- and only its
+  value breaks the contract, so it executed and failed; ``UNKNOWN`` would understate what is known
+  and invite a retry of a call that certainly ran. A stream item that does not convert, or that
+  exceeds the credit we granted (``FLOW_CONTROL_VIOLATION``), ends the stream with ``UNKNOWN``
+  instead: we cancel a generator that was still running, so how far it got is not known (as for
+  a stream cut by retirement); items delivered before stand.
 
 Receiving side rules: arguments are converted against the interface's type hints before the
 handler runs (``Rejected("INVALID_ARGUMENTS")`` names the field); unknown services, unknown or
@@ -204,28 +214,84 @@ def _error_body(outcome: Outcome, code: str, message: str, **extra: Any) -> dict
     return body
 
 
+def _malformed_error(why: str) -> OutcomeUnknown:
+    return OutcomeUnknown("MALFORMED_ERROR", f"the peer's error reply is unreadable: {why}")
+
+
+_OPTIONAL_ERROR_FIELDS: dict[str, type] = {
+    "message": str,
+    "remote_type": str,
+    "traceback": str,
+    "details": dict,
+}
+
+
 def _error_from_body(body: Any) -> CallError:
+    """The caller's exception for a received error body ``{outcome, code, message, ...}``.
+
+    Strict: a body that is not a map, lacks a text ``code``, names no known outcome, or holds a
+    known field of the wrong type is *unreadable*, and an unreadable error says nothing about
+    whether the handler ran: :class:`OutcomeUnknown` (``MALFORMED_ERROR``), never
+    :class:`RemoteError`. Unknown extra keys are ignored (room for later fields). Peer values are
+    type-checked before any is converted to text, so no value can make this raise.
+    """
     if not isinstance(body, dict):
-        return RemoteError("MALFORMED_ERROR", "the peer sent an unreadable error")
-    code = str(body.get("code", "UNKNOWN"))
-    message = str(body.get("message", ""))
+        return _malformed_error(f"a {type(body).__name__}, not a map")
+    code = body.get("code")
+    if type(code) is not str:
+        return _malformed_error("no text 'code'")
+    for key, kind in _OPTIONAL_ERROR_FIELDS.items():
+        if key in body and type(body[key]) is not kind:
+            return _malformed_error(f"{key!r} is not a {kind.__name__}")
+    message: str = body.get("message", "")
+    remote_type: str | None = body.get("remote_type")
     outcome = body.get("outcome")
     if outcome == Outcome.NOT_DISPATCHED.value:
         return NotDispatched(code, message)
     if outcome == Outcome.REJECTED.value:
-        stale = code == "STALE_RESOURCE" or body.get("remote_type") == _qualname(StaleResource)
+        stale = code == "STALE_RESOURCE" or remote_type == _qualname(StaleResource)
         return StaleResource(code, message) if stale else Rejected(code, message)
     if outcome == Outcome.FAILED.value:
-        details = body.get("details")
-        tb = body.get("traceback")
         return RemoteError(
             code,
             message,
-            remote_type=str(body["remote_type"]) if "remote_type" in body else None,
-            remote_traceback=tb if isinstance(tb, str) else None,
-            details=details if isinstance(details, dict) else None,
+            remote_type=remote_type,
+            remote_traceback=body.get("traceback"),
+            details=body.get("details"),
         )
-    return OutcomeUnknown(code, message)
+    if outcome == Outcome.UNKNOWN.value:
+        return OutcomeUnknown(code, message)
+    return _malformed_error("no known 'outcome'")
+
+
+def _read_uint(data: bytes, at: int) -> tuple[int, int] | None:
+    """A CBOR unsigned integer (major type 0) at ``data[at]``: ``(value, next offset)``."""
+    if at >= len(data) or data[at] >> 5 != 0:
+        return None
+    info = data[at] & 0x1F
+    if info < 24:
+        return info, at + 1
+    if info > 27:
+        return None
+    width = 1 << (info - 24)
+    end = at + 1 + width
+    if end > len(data):
+        return None
+    return int.from_bytes(data[at + 1 : end], "big"), end
+
+
+def _envelope_head(payload: bytes) -> tuple[int, int] | None:
+    """``(kind, id)`` read from the first bytes of an envelope that did not decode as a whole.
+
+    Only the exact prefix every envelope naming a call starts with is accepted: a definite array
+    head of 2 to 8 items, a kind of 0..7 and an unsigned integer id. This lets an undecodable
+    *reply* (e.g. a result whose value holds a tag) fail the call it names at once instead of
+    leaving it to its timeout.
+    """
+    if len(payload) < 3 or not 0x82 <= payload[0] <= 0x88 or payload[1] > CREDIT:
+        return None
+    head = _read_uint(payload, 2)
+    return None if head is None else (payload[1], head[0])
 
 
 def _local_exception(error: CallError) -> BaseException:
@@ -299,6 +365,7 @@ class RpcStatistics:
         reader_holds: how many times the refusal backlog paused the socket reader.
         reader_held: whether it is paused now.
         flow_violations: streams ended because the peer sent items beyond our credit.
+        malformed_replies: our calls failed by a reply or error we could not read.
     """
 
     pending_calls: int
@@ -309,6 +376,7 @@ class RpcStatistics:
     reader_holds: int
     reader_held: bool
     flow_violations: int
+    malformed_replies: int
 
 
 class _CallIds:
@@ -441,6 +509,7 @@ class ExecutorRpc:
         self._refusals = 0
         self._reader_holds = 0
         self._flow_violations = 0
+        self._malformed_replies = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -459,6 +528,7 @@ class ExecutorRpc:
             reader_holds=self._reader_holds,
             reader_held=self._hold is not None,
             flow_violations=self._flow_violations,
+            malformed_replies=self._malformed_replies,
         )
 
     async def run(self) -> None:
@@ -750,6 +820,7 @@ class ExecutorRpc:
             envelope = decode_item(payload, self.limits.max_frame_bytes)
         except MalformedFrame as exc:
             log.warning("dropping malformed envelope: %s", exc)
+            self._undecodable(payload)
             return
         if not isinstance(envelope, list) or not envelope or not isinstance(envelope[0], int):
             log.warning("dropping envelope that is not [kind, ...]")
@@ -777,15 +848,34 @@ class ExecutorRpc:
         except _BadEnvelope as exc:
             log.warning("dropping malformed envelope (kind %d): %s", kind, exc)
 
+    def _undecodable(self, payload: bytes) -> None:
+        """An envelope that did not decode: if its head names one of our calls with a reply
+        kind, that call's reply is unreadable (``UNKNOWN``); anything else stays dropped."""
+        head = _envelope_head(payload)
+        if head is None or head[0] not in (RESULT, ERROR, ITEM, END):
+            return
+        pending = self._pending.get(head[1])
+        if pending is not None:
+            self._fail_unreadable(pending, "MALFORMED_REPLY", "the peer's reply does not decode")
+
+    def _fail_unreadable(self, pending: _Pending, code: str, why: str) -> None:
+        """Fail ``pending`` as ``UNKNOWN``: what the peer sent about it cannot be read, so it
+        may have run, be running or have failed. ``cancel`` in case it still runs."""
+        self._malformed_replies += 1
+        self._pending.pop(pending.id, None)
+        self._send_cancel(pending.id)
+        self._finish(pending, error=OutcomeUnknown(code, why))
+
     def _pending_for(self, envelope: list[Any], arity: int) -> _Pending | None:
         if len(envelope) != arity or type(envelope[1]) is not int:
             # Fail the call it names, if it names one; otherwise it is dropped.
             if len(envelope) > 1 and type(envelope[1]) is int:
-                pending = self._pending.pop(envelope[1], None)
+                pending = self._pending.get(envelope[1])
                 if pending is not None:
-                    self._finish(
+                    self._fail_unreadable(
                         pending,
-                        error=RemoteError("MALFORMED_REPLY", "the peer sent a malformed reply"),
+                        "MALFORMED_REPLY",
+                        f"the peer's reply has {len(envelope)} elements, not {arity}",
                     )
             raise _BadEnvelope(f"expected {arity} elements with an integer id")
         return self._pending.get(envelope[1])
@@ -798,6 +888,7 @@ class ExecutorRpc:
         try:
             value = from_wire(envelope[2], pending.spec.result)
         except Exception as exc:
+            # FAILED, not UNKNOWN: the call certainly ran to completion (module docstring).
             self._finish(
                 pending,
                 error=RemoteError("INVALID_RESULT", f"result does not match the interface: {exc}"),
@@ -809,8 +900,12 @@ class ExecutorRpc:
         pending = self._pending_for(envelope, 3)
         if pending is None:
             return
+        error = _error_from_body(envelope[2])
+        if isinstance(error, OutcomeUnknown) and error.code == "MALFORMED_ERROR":
+            self._fail_unreadable(pending, error.code, error.message)
+            return
         del self._pending[pending.id]
-        self._finish(pending, error=_error_from_body(envelope[2]))
+        self._finish(pending, error=error)
 
     def _on_item(self, envelope: list[Any], size: int) -> None:
         pending = self._pending_for(envelope, 3)

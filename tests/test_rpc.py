@@ -1118,11 +1118,28 @@ class EvilImpl:
                 {"outcome": "failed", "code": "X", "remote_type": 5, "traceback": 7, "details": 1},
             ],
             "error-rejected": [ERROR, call_id, {"outcome": "rejected", "code": "STALE_RESOURCE"}],
+            "error-no-code": [ERROR, call_id, {"outcome": "failed", "message": "m"}],
+            "error-int-message": [ERROR, call_id, {"outcome": "failed", "code": "X", "message": 1}],
+            "error-unknown": [ERROR, call_id, {"outcome": "unknown", "code": "LOST"}],
             "item-for-unary": [ITEM, call_id, 1],
             "end-for-unary": [END, call_id],
             "credit-for-ours": [CREDIT, call_id, 5, 5],
             "cancel-for-ours": [CANCEL, call_id],
         }
+        undecodable = {
+            # The value holds a tag (refused by strict decoding): only the head names the call.
+            "undecodable-result": [RESULT, call_id, cbor2.CBORTag(1, 0)],
+            "undecodable-error": [
+                ERROR,
+                call_id,
+                {"outcome": "failed", "code": cbor2.CBORTag(1, 0)},
+            ],
+            # Decodes (cbor2 knows bignums), but no text can be made of it (int digit limit).
+            "error-bignum-code": [ERROR, call_id, {"outcome": "failed", "code": 2**20000}],
+        }
+        if how in undecodable:
+            await rpc.transport.send(cbor2.dumps(undecodable[how]))
+            return 5
         if how == "garbage":
             for body in (
                 b"\xff",
@@ -1142,14 +1159,22 @@ class EvilImpl:
 async def test_hostile_worker_envelopes(direction: str) -> None:
     impl = CalcImpl()
     services = {"calc": impl, "evil": EvilImpl()}
-    expected: dict[str, type[gl.CallError] | int] = {
-        "wrong-type": gl.RemoteError,
-        "short-result": gl.RemoteError,
-        "long-result": gl.RemoteError,
-        "error-not-map": gl.RemoteError,
-        "error-odd-outcome": gl.OutcomeUnknown,
-        "error-odd-fields": gl.RemoteError,
-        "error-rejected": gl.StaleResource,
+    # A reply we cannot read says nothing about whether the call ran: UNKNOWN, never FAILED
+    # (rpc module docstring). A readable result of the wrong type: the call certainly ran.
+    expected: dict[str, tuple[type[gl.CallError], str] | int] = {
+        "wrong-type": (gl.RemoteError, "INVALID_RESULT"),
+        "short-result": (gl.OutcomeUnknown, "MALFORMED_REPLY"),
+        "long-result": (gl.OutcomeUnknown, "MALFORMED_REPLY"),
+        "undecodable-result": (gl.OutcomeUnknown, "MALFORMED_REPLY"),
+        "undecodable-error": (gl.OutcomeUnknown, "MALFORMED_REPLY"),
+        "error-bignum-code": (gl.OutcomeUnknown, "MALFORMED_ERROR"),
+        "error-not-map": (gl.OutcomeUnknown, "MALFORMED_ERROR"),
+        "error-odd-outcome": (gl.OutcomeUnknown, "MALFORMED_ERROR"),
+        "error-odd-fields": (gl.OutcomeUnknown, "MALFORMED_ERROR"),
+        "error-no-code": (gl.OutcomeUnknown, "MALFORMED_ERROR"),
+        "error-int-message": (gl.OutcomeUnknown, "MALFORMED_ERROR"),
+        "error-unknown": (gl.OutcomeUnknown, "LOST"),
+        "error-rejected": (gl.StaleResource, "STALE_RESOURCE"),
         "item-for-unary": 5,
         "end-for-unary": 5,
         "credit-for-ours": 5,
@@ -1172,9 +1197,11 @@ async def test_hostile_worker_envelopes(direction: str) -> None:
                     if isinstance(outcome, int):
                         assert await evil.lie(how) == outcome, how
                     else:
-                        with pytest.raises(outcome):
+                        with pytest.raises(outcome[0]) as info:
                             await evil.lie(how)
+                        assert info.value.code == outcome[1], how
                 assert await calc.add(1, 2) == 3
+                assert pair.rpc.statistics().malformed_replies == 10
                 impl.release("long")
             assert unrelated == ["long"]
             assert pair.history == ["ready"]
