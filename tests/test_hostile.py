@@ -22,6 +22,12 @@ real handshake (:class:`garcon_link.handshake.Handshake`) first. What the tests 
   decode) while its session survives and an unrelated call still succeeds; excess calls are
   ``OVERLOADED``; a ~130-byte shared-reference "bomb" costs nothing (it is refused, not walked);
 * a second authenticated peer cannot take over a healthy session (4004);
+* an authenticated peer that floods the RPC layer is bounded (issue 12, breaks 3 and 4): calls
+  to an unknown service with no receipt ever sent fill retention and then the refusal backlog,
+  after which the worker stops reading that socket (measured in a real worker process: exact
+  peak RSS growth under :data:`ATTACK_RSS`, process alive, the next controller served); stream
+  items beyond the credit the controller granted end that stream with
+  ``OutcomeUnknown("FLOW_CONTROL_VIOLATION")`` and cancel it, while the session serves on;
 * throughout, the legitimate peer's calls all succeed with p99 latency under
   :data:`P99_CEILING`, and this process's RSS stays bounded.
 
