@@ -72,7 +72,9 @@ class Outcome(enum.Enum):
         The call may have executed: continuity was lost after the request was written, it timed
         out, or it was cancelled after dispatch. Only the caller can decide whether to retry.
     ``FAILED``
-        The call executed and raised.
+        The call executed and raised (or, code ``INVALID_RESULT``, ran to completion and returned
+        a value its interface does not allow). A reply the caller cannot read is never
+        ``FAILED``: it says nothing about execution, so it is ``UNKNOWN``.
     """
 
     NOT_DISPATCHED = "not_dispatched"
@@ -158,7 +160,8 @@ class OutcomeUnknown(CallError):
 
 
 class RemoteError(CallError):
-    """The remote handler executed and raised.
+    """The remote handler executed and raised (or returned a result that does not match the
+    interface: code ``INVALID_RESULT``, ``remote_type`` ``None``).
 
     Attributes:
         remote_type: qualified name of the remote exception type (``"builtins.ValueError"``).
@@ -281,6 +284,7 @@ class FailureReason(_CodedReason):
     INBOUND_OVERFLOW = ("pre-readiness inbound buffer overflowed", 4008)
     REPLACED = ("replaced by a fresh logical session", 4005)
     PEER_RETIRED = ("the peer retired the session", 4005)
+    REFUSED = ("refused after the handshake (contract changed or describe failed)", 4005)
     CLOSED = ("closed locally", 1001)
 
 

@@ -154,6 +154,14 @@ class Limits:
             "The writer never coalesces more."
         ),
     )
+    # hostile-input bounds (rpc)
+    max_queued_refusals: int = field(
+        default=1024,
+        metadata=_doc(
+            "Refused calls whose error reply waits for retention capacity; at this many the "
+            "socket reader pauses until they drain."
+        ),
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -188,6 +196,14 @@ class Limits:
             raise ConfigError(
                 "Limits.max_packets_per_message must be >= 2 (a frame and its receipt share a "
                 f"message), got {self.max_packets_per_message!r}"
+            )
+        if self.max_queued_refusals <= self.max_pending_calls:
+            # A peer configured alike (at most max_pending_calls calls out, each refused at most
+            # once) must never meet it: at the bound the reader pauses, and the receipts that
+            # would drain the backlog then wait unread.
+            raise ConfigError(
+                "Limits.max_queued_refusals must exceed max_pending_calls "
+                f"({self.max_queued_refusals} <= {self.max_pending_calls})"
             )
 
     def replace(self, **changes: Any) -> Limits:

@@ -16,6 +16,11 @@ Controller availability::
 A fresh session is *installed* (made current, availability ``ready``) only after its replay fence
 and a ``describe`` call whose contract hash matches the first one seen. A changed contract is
 refused: the executor stays ``offline`` and calls raise ``NotDispatched("CONTRACT_CHANGED")``.
+A session that is not installed -- contract changed, or ``describe`` failed or timed out (it is
+bounded by ``call_timeout``) -- is retired at once (close 4005, logged with its cause), never
+left connected: the dialing side dials again per its backoff, and each new session is checked
+afresh; until one is installed the cause is in :attr:`RemoteExecutor.last_error` and in every
+call's ``NotDispatched``.
 
 Facades (:meth:`RemoteExecutor.service`) hold no session: each call resolves the current one at
 call time. While ``reconnecting`` a call waits up to its ``dispatch_deadline`` for ``ready``; while
@@ -279,7 +284,9 @@ class RemoteExecutor(_Endpoint):
     # -- sessions
 
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
-        rpc = ExecutorRpc(transport, self._registry, self.limits, describe=self._describe_self)
+        rpc = ExecutorRpc(
+            transport, self._registry, self.limits, describe=self._describe_self, peer="worker"
+        )
         assert self._tg is not None
         self._tg.start_soon(self._session_task, transport, rpc)
 
@@ -311,16 +318,15 @@ class RemoteExecutor(_Endpoint):
                 contract=str(manifest["contract"]),
             )
         except (CallError, KeyError, TypeError, ValueError) as exc:
-            self.last_error = f"describe failed: {exc}"
-            log.warning("executor %s: %s", self.config.executor_id, self.last_error)
+            self._refuse_session(transport, f"describe failed: {exc}", contract=False)
             return
         if self._contract is not None and info.contract != self._contract:
-            self.last_error = (
+            self._refuse_session(
+                transport,
                 f"the worker's contract changed ({self._contract[:12]} -> {info.contract[:12]}); "
-                "refusing the replacement session"
+                "refusing the replacement session",
+                contract=True,
             )
-            log.error("executor %s: %s", self.config.executor_id, self.last_error)
-            self._contract_refused = True
             return
         self._contract = info.contract
         self._contract_refused = False
@@ -342,6 +348,26 @@ class RemoteExecutor(_Endpoint):
             self._set_availability("ready")
         else:
             follow(transport.state)
+
+    def _refuse_session(self, transport: SessionTransport, why: str, *, contract: bool) -> None:
+        """Retire a fresh session that will not be installed, and say why.
+
+        Left connected, it would hold the link (a healthy socket is never redialed) while every
+        call fails: retiring it closes the socket with 4005, so both sides drop it and the
+        dialing side dials again per its backoff -- each new session is described afresh. The
+        cause stays visible meanwhile in :attr:`last_error`, in ``wait_ready``'s timeout and in
+        the ``NotDispatched`` of every call (``CONTRACT_CHANGED`` or ``OFFLINE``); availability
+        stays ``offline``.
+        """
+        self.last_error = why
+        self._contract_refused = contract
+        log.error(
+            "executor %s: session %s not installed: %s",
+            self.config.executor_id,
+            transport.session_id.hex()[:12],
+            why,
+        )
+        transport.retire(FailureReason.REFUSED, why)
 
     # -- calls
 
@@ -528,6 +554,7 @@ class Worker(_Endpoint):
             # Validate the exposure once, up front, so a bad interface fails at start-up.
             _registry_from(services)
         self.sessions = 0
+        self._rpc: ExecutorRpc | None = None
 
     async def __aenter__(self) -> Worker:
         await self._start()
@@ -547,6 +574,11 @@ class Worker(_Endpoint):
     @property
     def url(self) -> str:
         return self.link.url
+
+    @property
+    def current_rpc(self) -> ExecutorRpc | None:
+        """The RPC of the session being served (for its ``statistics()``), if any."""
+        return self._rpc
 
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
         scope = ServiceScope(self.config.executor_id, os.urandom(16))
@@ -573,7 +605,9 @@ class Worker(_Endpoint):
                 "contract": contract,
             }
 
-        return ExecutorRpc(transport, registry, self.limits, scope=scope, describe=describe)
+        return ExecutorRpc(
+            transport, registry, self.limits, scope=scope, describe=describe, peer="controller"
+        )
 
     async def _build_scope_and_run(self, transport: SessionTransport, scope: ServiceScope) -> None:
         factory = cast("ServiceFactory", self._services)
@@ -616,10 +650,13 @@ class Worker(_Endpoint):
         announced: list[bool] = []
         unsubscribe = transport.add_listener(announce)
         announce(transport.state)
+        self._rpc = rpc
         try:
             await rpc.run()
         finally:
             unsubscribe()
+            if self._rpc is rpc:
+                self._rpc = None
 
     async def _close_scope(self, stack: contextlib.AsyncExitStack, scope: ServiceScope) -> None:
         with anyio.move_on_after(self.limits.scope_cleanup_timeout, shield=True) as cleanup:

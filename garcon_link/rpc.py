@@ -29,6 +29,20 @@ Outcomes (who may have executed what):
   if the request was still waiting for retention capacity). Cancelling the awaiting task sends
   ``cancel``; the handler task on the peer is cancelled. A ``cancel`` that reaches the peer before
   the handler started makes the call ``NOT_DISPATCHED`` there.
+* A reply we cannot read is ``UNKNOWN`` (``MALFORMED_REPLY`` / ``MALFORMED_ERROR``), never
+  ``FAILED``: a result or error envelope of the wrong shape, one whose value does not decode (its
+  ``[kind, id`` head still names the call), or an error body whose fields are missing or mistyped
+  says nothing trustworthy about whether the handler ran, finished or raised -- so nothing is
+  claimed, and ``cancel`` is sent in case it still runs. ``FAILED`` (:class:`RemoteError`) means
+  the peer *said* the handler executed and raised, in a well-formed error body.
+* A well-formed result whose value does not convert to the interface's return hint is
+  ``FAILED`` (``RemoteError("INVALID_RESULT")``, no ``remote_type``): the peer attests, in a
+  readable envelope, that the call ran to completion -- as certain as any result -- and only its
+  value breaks the contract, so it executed and failed; ``UNKNOWN`` would understate what is known
+  and invite a retry of a call that certainly ran. A stream item that does not convert, or that
+  exceeds the credit we granted (``FLOW_CONTROL_VIOLATION``), ends the stream with ``UNKNOWN``
+  instead: we cancel a generator that was still running, so how far it got is not known (as for
+  a stream cut by retirement); items delivered before stand.
 
 Receiving side rules: arguments are converted against the interface's type hints before the
 handler runs (``Rejected("INVALID_ARGUMENTS")`` names the field); unknown services, unknown or
@@ -40,19 +54,56 @@ marks one-way), never a stream; a call id that does not increase
 is dropped and logged (it cannot be answered without confusing the caller). A malformed envelope
 fails only the call or stream it names -- or is dropped if it names none -- never the session.
 
+Replies never grow without bound, whatever the peer sends and whether or not it acknowledges:
+
+* A handler's reply (result, error, "cancelled before dispatch") is written by the handler's own
+  task, which keeps its ``max_incoming_calls`` slot until the reply is handed to the session
+  (when retention is full, it waits there for capacity).
+* A *refusal* -- an error reply to a call that never ran (over budget, unknown service or method,
+  bad arguments) -- has no task: it is written at once if retention has room, else queued for
+  the one drain task. At ``max_queued_refusals`` queued refusals the transport's reader is paused
+  (:meth:`SessionTransport.consume` ``hold``): nothing more is read from the socket until the
+  backlog halves, so the peer is back-pressured instead of the queue growing. The payloads of the
+  message being handed over when the bound is reached are still answered: past the bound they are
+  refused ``OVERLOADED`` (honest: not run) and kept as call ids only, about as many bytes as the
+  ids took on the wire. A peer that respects its own ``max_pending_calls`` (<= our bound) never
+  meets it. Refusal messages are cut to ``MAX_REFUSAL_MESSAGE`` characters. The backlog drains
+  only as the peer's receipts free retention, and those arrive on the socket we stopped reading:
+  a peer that floods calls *and* withholds receipts therefore stalls its own session until it
+  leaves (a heartbeat ping then fails and the session detaches) -- nothing it holds grows
+  meanwhile. Like any authenticated peer that stays connected, it keeps the session until then
+  (the link's takeover probe counts a socket we are not reading as healthy).
+* Our own control envelopes (``cancel``, ``credit``) that meet full retention are queued for the
+  same drain task; an abandoned call keeps counting against ``max_pending_calls`` until its
+  ``cancel`` is handed over, and credit is only granted for items consumed, so both queues are
+  bounded by the pending budget.
+
 Streams use credit: the consumer grants ``stream_window_items``/``stream_window_bytes`` and tops up
 as it consumes; the producer waits for credit *before* pulling the next item from the generator,
-so a paused stream holds at most one item in flight and the consumer's buffer is bounded.
+so a paused stream holds at most one item in flight. The consumer *enforces* the credit: an item
+that arrives when the granted items or bytes are used up (the producer may overdraw bytes by its
+last item only, as it charges after encoding) is a flow-control violation -- that stream ends
+with ``OutcomeUnknown("FLOW_CONTROL_VIOLATION")`` and is cancelled on the peer, the session stays
+-- so the consumer's buffer is bounded by the credit by construction.
+
+A :class:`RemoteStream` dropped without ``aclose()`` (``break`` out of ``async for``, or lost to
+a reference cycle) is reclaimed: a ``weakref.finalize`` hook, which may run inside the garbage
+collector at any point, only *schedules* (thread-safely) a callback on the event loop; that
+callback frees the call's pending slot and cancels it on the peer. The stream's buffered state
+lives in a separate object the pending call points to, so nothing the session holds keeps the
+iterator alive.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import logging
 import math
 import traceback
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -83,9 +134,11 @@ from .wire import decode_item
 
 __all__ = [
     "CALL",
+    "MAX_REFUSAL_MESSAGE",
     "ExecutorRpc",
     "Registry",
     "RemoteStream",
+    "RpcStatistics",
     "current_rpc",
     "register_exception",
 ]
@@ -94,6 +147,11 @@ log = logging.getLogger(__name__)
 
 CALL, RESULT, ERROR, CANCEL, NOTIFY, ITEM, END, CREDIT = range(8)
 INTERNAL_SERVICE = "$link"
+
+MAX_REFUSAL_MESSAGE = 512
+"""Characters of a refusal's message that are sent (it may quote peer-supplied names)."""
+MAX_ERROR_MESSAGE = 16000
+"""Characters of a handler's error message (and, separately, of its traceback) that are sent."""
 
 _registered_exceptions: dict[str, type[BaseException]] = {}
 _current_rpc: contextvars.ContextVar[ExecutorRpc] = contextvars.ContextVar("garcon_link_rpc")
@@ -156,28 +214,84 @@ def _error_body(outcome: Outcome, code: str, message: str, **extra: Any) -> dict
     return body
 
 
+def _malformed_error(why: str) -> OutcomeUnknown:
+    return OutcomeUnknown("MALFORMED_ERROR", f"the peer's error reply is unreadable: {why}")
+
+
+_OPTIONAL_ERROR_FIELDS: dict[str, type] = {
+    "message": str,
+    "remote_type": str,
+    "traceback": str,
+    "details": dict,
+}
+
+
 def _error_from_body(body: Any) -> CallError:
+    """The caller's exception for a received error body ``{outcome, code, message, ...}``.
+
+    Strict: a body that is not a map, lacks a text ``code``, names no known outcome, or holds a
+    known field of the wrong type is *unreadable*, and an unreadable error says nothing about
+    whether the handler ran: :class:`OutcomeUnknown` (``MALFORMED_ERROR``), never
+    :class:`RemoteError`. Unknown extra keys are ignored (room for later fields). Peer values are
+    type-checked before any is converted to text, so no value can make this raise.
+    """
     if not isinstance(body, dict):
-        return RemoteError("MALFORMED_ERROR", "the peer sent an unreadable error")
-    code = str(body.get("code", "UNKNOWN"))
-    message = str(body.get("message", ""))
+        return _malformed_error(f"a {type(body).__name__}, not a map")
+    code = body.get("code")
+    if type(code) is not str:
+        return _malformed_error("no text 'code'")
+    for key, kind in _OPTIONAL_ERROR_FIELDS.items():
+        if key in body and type(body[key]) is not kind:
+            return _malformed_error(f"{key!r} is not a {kind.__name__}")
+    message: str = body.get("message", "")
+    remote_type: str | None = body.get("remote_type")
     outcome = body.get("outcome")
     if outcome == Outcome.NOT_DISPATCHED.value:
         return NotDispatched(code, message)
     if outcome == Outcome.REJECTED.value:
-        stale = code == "STALE_RESOURCE" or body.get("remote_type") == _qualname(StaleResource)
+        stale = code == "STALE_RESOURCE" or remote_type == _qualname(StaleResource)
         return StaleResource(code, message) if stale else Rejected(code, message)
     if outcome == Outcome.FAILED.value:
-        details = body.get("details")
-        tb = body.get("traceback")
         return RemoteError(
             code,
             message,
-            remote_type=str(body["remote_type"]) if "remote_type" in body else None,
-            remote_traceback=tb if isinstance(tb, str) else None,
-            details=details if isinstance(details, dict) else None,
+            remote_type=remote_type,
+            remote_traceback=body.get("traceback"),
+            details=body.get("details"),
         )
-    return OutcomeUnknown(code, message)
+    if outcome == Outcome.UNKNOWN.value:
+        return OutcomeUnknown(code, message)
+    return _malformed_error("no known 'outcome'")
+
+
+def _read_uint(data: bytes, at: int) -> tuple[int, int] | None:
+    """A CBOR unsigned integer (major type 0) at ``data[at]``: ``(value, next offset)``."""
+    if at >= len(data) or data[at] >> 5 != 0:
+        return None
+    info = data[at] & 0x1F
+    if info < 24:
+        return info, at + 1
+    if info > 27:
+        return None
+    width = 1 << (info - 24)
+    end = at + 1 + width
+    if end > len(data):
+        return None
+    return int.from_bytes(data[at + 1 : end], "big"), end
+
+
+def _envelope_head(payload: bytes) -> tuple[int, int] | None:
+    """``(kind, id)`` read from the first bytes of an envelope that did not decode as a whole.
+
+    Only the exact prefix every envelope naming a call starts with is accepted: a definite array
+    head of 2 to 8 items, a kind of 0..7 and an unsigned integer id. This lets an undecodable
+    *reply* (e.g. a result whose value holds a tag) fail the call it names at once instead of
+    leaving it to its timeout.
+    """
+    if len(payload) < 3 or not 0x82 <= payload[0] <= 0x88 or payload[1] > CREDIT:
+        return None
+    head = _read_uint(payload, 2)
+    return None if head is None else (payload[1], head[0])
 
 
 def _local_exception(error: CallError) -> BaseException:
@@ -196,7 +310,7 @@ def _local_exception(error: CallError) -> BaseException:
 class _Pending:
     __slots__ = ("done", "error", "id", "ordinal", "spec", "stream", "value")
 
-    def __init__(self, call_id: int, spec: MethodSpec, stream: RemoteStream | None) -> None:
+    def __init__(self, call_id: int, spec: MethodSpec, stream: _StreamState | None) -> None:
         self.id = call_id
         self.spec = spec
         self.stream = stream
@@ -204,6 +318,128 @@ class _Pending:
         self.done = anyio.Event()
         self.value: Any = None
         self.error: CallError | None = None
+
+
+class _StreamState:
+    """What a stream call has received and the credit it has granted (consumer side).
+
+    Held by the pending call, *not* by the :class:`RemoteStream` the application iterates, so
+    the session never keeps that iterator alive (see :func:`_reclaim_when_dropped`).
+    ``credit_items``/``credit_bytes`` are what the producer may still send: the initial window
+    plus every grant, minus every item received.
+    """
+
+    __slots__ = ("arrived", "credit_bytes", "credit_items", "ended", "error", "items")
+
+    def __init__(self, credit_items: int, credit_bytes: int) -> None:
+        self.items: deque[tuple[Any, int]] = deque()
+        self.arrived = anyio.Event()
+        self.ended = False
+        self.error: CallError | None = None
+        self.credit_items = credit_items
+        self.credit_bytes = credit_bytes
+
+    def deliver_item(self, value: Any, size: int) -> None:
+        self.items.append((value, size))
+        self.arrived.set()
+
+    def deliver_end(self, error: CallError | None) -> None:
+        self.ended = True
+        self.error = error
+        self.arrived.set()
+
+
+@dataclass(frozen=True, slots=True)
+class RpcStatistics:
+    """A snapshot of one :class:`ExecutorRpc` (see :meth:`ExecutorRpc.statistics`).
+
+    Attributes:
+        pending_calls: our calls and streams awaiting a reply, plus abandoned ones whose
+            ``cancel`` still waits for retention capacity (what ``max_pending_calls`` counts).
+        incoming_calls: the peer's calls, streams and one-way calls whose handlers run (or
+            wait to hand over their reply) -- what ``max_incoming_calls`` counts.
+        queued_refusals: refusals waiting for retention capacity (bounded by
+            ``max_queued_refusals`` plus what one inbound message carried past it).
+        queued_controls: our ``cancel``/``credit`` envelopes waiting for retention capacity.
+        refusals: calls refused without running, since the session began.
+        reader_holds: how many times the refusal backlog paused the socket reader.
+        reader_held: whether it is paused now.
+        flow_violations: streams ended because the peer sent items beyond our credit.
+        malformed_replies: our calls failed by a reply or error we could not read.
+    """
+
+    pending_calls: int
+    incoming_calls: int
+    queued_refusals: int
+    queued_controls: int
+    refusals: int
+    reader_holds: int
+    reader_held: bool
+    flow_violations: int
+    malformed_replies: int
+
+
+class _CallIds:
+    """Strictly increasing call ids, stored as LEB128 deltas: about as many bytes per id as it
+    took on the wire. Holds the refusals queued past ``max_queued_refusals`` (see the module
+    docstring), which all share one error."""
+
+    __slots__ = ("_count", "_data", "_head", "_last_in", "_last_out")
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._head = 0
+        self._count = 0
+        self._last_in = 0
+        self._last_out = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, call_id: int) -> None:
+        delta = call_id - self._last_in
+        if delta <= 0:  # never: call ids are checked to increase when they are received
+            raise ValueError(f"call id {call_id} does not increase")
+        self._last_in = call_id
+        while True:
+            byte = delta & 0x7F
+            delta >>= 7
+            if delta:
+                self._data.append(byte | 0x80)
+            else:
+                self._data.append(byte)
+                break
+        self._count += 1
+
+    def popleft(self) -> int:
+        if not self._count:
+            raise IndexError("no call id queued")
+        delta = shift = 0
+        while True:
+            byte = self._data[self._head]
+            self._head += 1
+            delta |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        self._count -= 1
+        self._last_out += delta
+        if not self._count:
+            self._data.clear()
+            self._head = 0
+        elif self._head > 4096 and self._head * 2 > len(self._data):
+            del self._data[: self._head]
+            self._head = 0
+        return self._last_out
+
+    def clear(self) -> None:
+        self._data.clear()
+        self._head = self._count = 0
+        self._last_out = self._last_in
+
+
+# What waits in ExecutorRpc._deferred: (kind, body) with one of these kinds.
+_REFUSAL, _CANCEL, _CONTROL = range(3)
 
 
 class _Incoming:
@@ -229,6 +465,7 @@ class ExecutorRpc:
         limits: budgets and windows.
         scope: the service scope handlers run in (worker side), exposed via ``current_scope()``.
         describe: returns this side's manifest for the internal ``describe`` call.
+        peer: what to call the peer in messages (``"worker"``, ``"controller"``).
     """
 
     def __init__(
@@ -239,8 +476,10 @@ class ExecutorRpc:
         *,
         scope: ServiceScope | None = None,
         describe: Callable[[], dict[str, Any]] | None = None,
+        peer: str = "peer",
     ) -> None:
         self.transport = transport
+        self.peer = peer
         self.registry = registry
         self.limits = limits
         self.scope = scope
@@ -257,12 +496,40 @@ class ExecutorRpc:
         self._context = contextvars.copy_context()
         self._max_body = limits.max_frame_bytes - 32
         self.peer_instance_id: bytes | None = None
+        # Envelopes that met full retention, for the one drain task (see the module docstring):
+        # (kind, body) -- refusals, cancels of our abandoned calls, credit grants -- and, past
+        # max_queued_refusals, bare call ids refused OVERLOADED.
+        self._deferred: deque[tuple[int, bytes]] = deque()
+        self._overflow = _CallIds()
+        self._queued_refusals = 0  # _REFUSAL entries in _deferred, plus len(_overflow)
+        self._owed_cancels = 0  # _CANCEL entries in _deferred: they count as pending calls
+        self._queued_controls = 0  # _CANCEL and _CONTROL entries in _deferred
+        self._deferred_added = anyio.Event()
+        self._hold: anyio.Event | None = None  # set when the reader may read on
+        self._refusals = 0
+        self._reader_holds = 0
+        self._flow_violations = 0
+        self._malformed_replies = 0
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def retired(self) -> bool:
         return self._retired is not None
+
+    def statistics(self) -> RpcStatistics:
+        """A snapshot of this session's calls, handlers and queued replies."""
+        return RpcStatistics(
+            pending_calls=len(self._pending) + self._owed_cancels,
+            incoming_calls=len(self._incoming) + self._notifications,
+            queued_refusals=self._queued_refusals,
+            queued_controls=self._queued_controls,
+            refusals=self._refusals,
+            reader_holds=self._reader_holds,
+            reader_held=self._hold is not None,
+            flow_violations=self._flow_violations,
+            malformed_replies=self._malformed_replies,
+        )
 
     async def run(self) -> None:
         """Consume the session's payloads until it is retired, then retire every call."""
@@ -278,7 +545,10 @@ class ExecutorRpc:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                await self.transport.consume(dispatch, yield_first=self._alone)
+                tg.start_soon(self._drain_deferred)
+                await self.transport.consume(
+                    dispatch, yield_first=self._alone, hold=self._hold_reader
+                )
                 self.retire_unknown()
                 tg.cancel_scope.cancel()
         finally:
@@ -303,6 +573,11 @@ class ExecutorRpc:
         for incoming in self._incoming.values():
             incoming.cancelled = True
             incoming.scope.cancel()
+        # Nothing queued can be sent any more.
+        self._deferred.clear()
+        self._overflow.clear()
+        self._queued_refusals = self._owed_cancels = self._queued_controls = 0
+        self._release_hold()
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
 
@@ -338,7 +613,7 @@ class ExecutorRpc:
         self._check_resources(pos, kw)
         if spec.kind is MethodKind.ONEWAY:
             return None, self._encode([NOTIFY, service, spec.name, wire_args, wire_kwargs])
-        if len(self._pending) >= self.limits.max_pending_calls:
+        if len(self._pending) + self._owed_cancels >= self.limits.max_pending_calls:
             raise NotDispatched(
                 "OVERLOADED",
                 f"{self.limits.max_pending_calls} calls already pending on this session",
@@ -361,6 +636,24 @@ class ExecutorRpc:
         session: a request/reply at a time, where the transport's reader lets the woken task
         run before reading on."""
         return len(self._pending) + len(self._incoming) + self._notifications <= 1
+
+    def _hold_reader(self) -> anyio.Event | None:
+        """Asked by the transport's reader after each message: an event to wait for while the
+        refusal backlog is full (back-pressure on the peer), else ``None``."""
+        if self._hold is None and self._queued_refusals >= self.limits.max_queued_refusals:
+            self._hold = anyio.Event()
+            self._reader_holds += 1
+            log.warning(
+                "session %s: %d refusals wait for the peer's receipts; reading paused",
+                self.transport.label,
+                self._queued_refusals,
+            )
+        return self._hold
+
+    def _release_hold(self) -> None:
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.set()
 
     async def _send_request(self, body: bytes) -> int:
         """Issue a request envelope; a refusal before an ordinal is assigned is NOT_DISPATCHED."""
@@ -435,26 +728,79 @@ class ExecutorRpc:
     def _abandon(self, pending: _Pending) -> None:
         """The caller gave up: forget the call and tell the peer to cancel it (best effort)."""
         self._pending.pop(pending.id, None)
-        if pending.ordinal is not None and self._retired is None:
-            self._send_soon(self._encode([CANCEL, pending.id]))
+        if pending.ordinal is not None:
+            self._send_cancel(pending.id)
 
-    def _send_soon(self, body: bytes) -> None:
-        """Send a small control envelope without waiting (falls back to a background task)."""
-        if self.transport.failure is not None:
+    def _send_cancel(self, call_id: int) -> None:
+        # A deferred cancel keeps counting as a pending call (see _prepare) until handed over.
+        self._send_soon(_CANCEL, self._encode([CANCEL, call_id]))
+
+    def _reclaim_stream(self, pending: _Pending) -> None:
+        """A stream's iterator was dropped without ``aclose()``: free its slot, cancel it.
+
+        Runs as a plain event-loop callback (scheduled by the iterator's finalizer), so it only
+        queues: the drain task writes the ``cancel``.
+        """
+        if self._pending.get(pending.id) is not pending:
+            return  # it ended, was closed, or the session was retired meanwhile
+        log.debug("stream %d was dropped without aclose(); cancelling it", pending.id)
+        self._pending.pop(pending.id, None)
+        if pending.ordinal is not None:
+            self._defer(_CANCEL, self._encode([CANCEL, pending.id]))
+
+    def _send_soon(self, kind: int, body: bytes) -> None:
+        """Hand a small envelope to the session without waiting: at once if retention has room
+        and nothing is queued before it, else queued for the drain task (no task per send)."""
+        if self._retired is not None or self.transport.failure is not None:
             return
-        try:
-            if self.transport.try_send(body) is not None:
+        if not self._deferred and not self._overflow:
+            try:
+                if self.transport.try_send(body) is not None:
+                    return
+            except (SessionFailed, PayloadTooLarge):
                 return
-        except (SessionFailed, PayloadTooLarge):
-            return
-        if self._tg is not None:
-            self._tg.start_soon(self._send_quietly, body)
+        self._defer(kind, body)
 
-    async def _send_quietly(self, body: bytes) -> None:
-        try:
-            await self.transport.send(body)
-        except (SessionFailed, PayloadTooLarge):
-            pass
+    def _defer(self, kind: int, body: bytes) -> None:
+        if self._retired is not None:
+            return
+        self._deferred.append((kind, body))
+        if kind == _REFUSAL:
+            self._queued_refusals += 1
+        else:
+            self._queued_controls += 1
+            if kind == _CANCEL:
+                self._owed_cancels += 1
+        self._deferred_added.set()
+
+    async def _drain_deferred(self) -> None:
+        """The one task that writes what met full retention, in order, as capacity frees."""
+        while True:
+            if self._deferred:
+                kind, body = self._deferred.popleft()
+            elif self._overflow:
+                kind, body = _REFUSAL, self._overloaded(self._overflow.popleft())
+            else:
+                added = self._deferred_added = anyio.Event()
+                await added.wait()
+                continue
+            try:
+                await self.transport.send(body)
+            except PayloadTooLarge:
+                pass  # never for these small envelopes; nothing else to do with one
+            except SessionFailed:
+                return
+            finally:
+                # Only now is its slot free: a refusal or cancel counts until handed over.
+                if kind == _REFUSAL:
+                    if self._queued_refusals:
+                        self._queued_refusals -= 1
+                    if self._queued_refusals <= self.limits.max_queued_refusals // 2:
+                        self._release_hold()
+                elif self._queued_controls:  # not reset by a retirement meanwhile
+                    self._queued_controls -= 1
+                    if kind == _CANCEL and self._owed_cancels:
+                        self._owed_cancels -= 1
 
     def _finish(
         self, pending: _Pending, *, value: Any = None, error: CallError | None = None
@@ -462,7 +808,7 @@ class ExecutorRpc:
         pending.value = value
         pending.error = error
         if pending.stream is not None:
-            pending.stream._deliver_end(error)
+            pending.stream.deliver_end(error)
         pending.done.set()
 
     # ------------------------------------------------------------------ inbound dispatch
@@ -474,6 +820,7 @@ class ExecutorRpc:
             envelope = decode_item(payload, self.limits.max_frame_bytes)
         except MalformedFrame as exc:
             log.warning("dropping malformed envelope: %s", exc)
+            self._undecodable(payload)
             return
         if not isinstance(envelope, list) or not envelope or not isinstance(envelope[0], int):
             log.warning("dropping envelope that is not [kind, ...]")
@@ -501,15 +848,34 @@ class ExecutorRpc:
         except _BadEnvelope as exc:
             log.warning("dropping malformed envelope (kind %d): %s", kind, exc)
 
+    def _undecodable(self, payload: bytes) -> None:
+        """An envelope that did not decode: if its head names one of our calls with a reply
+        kind, that call's reply is unreadable (``UNKNOWN``); anything else stays dropped."""
+        head = _envelope_head(payload)
+        if head is None or head[0] not in (RESULT, ERROR, ITEM, END):
+            return
+        pending = self._pending.get(head[1])
+        if pending is not None:
+            self._fail_unreadable(pending, "MALFORMED_REPLY", "the peer's reply does not decode")
+
+    def _fail_unreadable(self, pending: _Pending, code: str, why: str) -> None:
+        """Fail ``pending`` as ``UNKNOWN``: what the peer sent about it cannot be read, so it
+        may have run, be running or have failed. ``cancel`` in case it still runs."""
+        self._malformed_replies += 1
+        self._pending.pop(pending.id, None)
+        self._send_cancel(pending.id)
+        self._finish(pending, error=OutcomeUnknown(code, why))
+
     def _pending_for(self, envelope: list[Any], arity: int) -> _Pending | None:
         if len(envelope) != arity or type(envelope[1]) is not int:
             # Fail the call it names, if it names one; otherwise it is dropped.
             if len(envelope) > 1 and type(envelope[1]) is int:
-                pending = self._pending.pop(envelope[1], None)
+                pending = self._pending.get(envelope[1])
                 if pending is not None:
-                    self._finish(
+                    self._fail_unreadable(
                         pending,
-                        error=RemoteError("MALFORMED_REPLY", "the peer sent a malformed reply"),
+                        "MALFORMED_REPLY",
+                        f"the peer's reply has {len(envelope)} elements, not {arity}",
                     )
             raise _BadEnvelope(f"expected {arity} elements with an integer id")
         return self._pending.get(envelope[1])
@@ -522,6 +888,7 @@ class ExecutorRpc:
         try:
             value = from_wire(envelope[2], pending.spec.result)
         except Exception as exc:
+            # FAILED, not UNKNOWN: the call certainly ran to completion (module docstring).
             self._finish(
                 pending,
                 error=RemoteError("INVALID_RESULT", f"result does not match the interface: {exc}"),
@@ -533,28 +900,52 @@ class ExecutorRpc:
         pending = self._pending_for(envelope, 3)
         if pending is None:
             return
+        error = _error_from_body(envelope[2])
+        if isinstance(error, OutcomeUnknown) and error.code == "MALFORMED_ERROR":
+            self._fail_unreadable(pending, error.code, error.message)
+            return
         del self._pending[pending.id]
-        self._finish(pending, error=_error_from_body(envelope[2]))
+        self._finish(pending, error=error)
 
     def _on_item(self, envelope: list[Any], size: int) -> None:
         pending = self._pending_for(envelope, 3)
         if pending is None or pending.stream is None:
             return
+        stream = pending.stream
+        # Byte credit is counted in encoded envelope bytes, exactly what the producer charges
+        # per item (``_produce``), after encoding it: so the last item may overdraw the bytes,
+        # never the items, and nothing may follow it until more credit is granted.
+        if stream.credit_items <= 0 or stream.credit_bytes <= 0:
+            self._flow_violations += 1
+            log.warning(
+                "session %s: stream %d got an item beyond its credit; ending it",
+                self.transport.label,
+                pending.id,
+            )
+            self._end_stream(
+                pending,
+                "FLOW_CONTROL_VIOLATION",
+                f"the {self.peer} violated flow control: it sent a stream item beyond the "
+                "credit granted; the stream was cancelled (items already received stand)",
+            )
+            return
+        stream.credit_items -= 1
+        stream.credit_bytes -= size
         try:
             value = from_wire(envelope[2], pending.spec.result)
         except Exception as exc:
-            del self._pending[pending.id]
-            self._send_soon(self._encode([CANCEL, pending.id]))
-            self._finish(
-                pending,
-                error=RemoteError(
-                    "INVALID_RESULT", f"stream item does not match the interface: {exc}"
-                ),
+            self._end_stream(
+                pending, "INVALID_RESULT", f"stream item does not match the interface: {exc}"
             )
             return
-        # Byte credit is counted in encoded envelope bytes, exactly what the producer charges
-        # per item (``_produce``); any other measure drains the producer's byte window.
-        pending.stream._deliver_item(value, size)
+        stream.deliver_item(value, size)
+
+    def _end_stream(self, pending: _Pending, code: str, message: str) -> None:
+        """End a stream we can no longer trust: cancel it on the peer; ``UNKNOWN`` for the
+        consumer, after the items already buffered (module docstring)."""
+        del self._pending[pending.id]
+        self._send_cancel(pending.id)
+        self._finish(pending, error=OutcomeUnknown(code, message))
 
     def _on_end(self, envelope: list[Any]) -> None:
         pending = self._pending_for(envelope, 2)
@@ -565,12 +956,55 @@ class ExecutorRpc:
 
     # -- serving side
 
-    def _reply_error(self, call_id: int, error: CallError, **extra: Any) -> None:
-        self._send_soon(
-            self._encode(
-                [ERROR, call_id, _error_body(error.outcome, error.code, error.message, **extra)]
-            )
+    def _error_envelope(
+        self, call_id: int, error: CallError, *, limit: int = MAX_ERROR_MESSAGE, **extra: Any
+    ) -> bytes:
+        message = error.message
+        if len(message) > limit:
+            message = message[:limit] + "... (cut)"
+        return self._encode(
+            [ERROR, call_id, _error_body(error.outcome, error.code, message, **extra)]
         )
+
+    def _refuse(self, call_id: int, error: CallError) -> None:
+        """Answer a call that will not run (from dispatch: no task, bounded; module docstring).
+
+        Past ``max_queued_refusals`` -- only within the message being handed over, as the
+        reader then pauses -- the call is refused ``OVERLOADED`` and only its id is kept.
+        """
+        self._refusals += 1
+        if self._queued_refusals >= self.limits.max_queued_refusals:
+            if self._retired is None and self.transport.failure is None:
+                self._overflow.append(call_id)
+                self._queued_refusals += 1
+                self._deferred_added.set()
+            return
+        self._send_soon(_REFUSAL, self._error_envelope(call_id, error, limit=MAX_REFUSAL_MESSAGE))
+
+    def _overloaded(self, call_id: int) -> bytes:
+        """The refusal of a call queued past ``max_queued_refusals`` (see :meth:`_refuse`)."""
+        return self._error_envelope(
+            call_id,
+            NotDispatched(
+                "OVERLOADED",
+                f"{self.limits.max_queued_refusals} refusals were waiting for the peer's receipts",
+            ),
+        )
+
+    async def _send_error(self, call_id: int, error: CallError, **extra: Any) -> None:
+        """A handler's error reply, written by the handler's own task (which keeps its
+        incoming slot meanwhile): waits for retention capacity like a result."""
+        body = self._error_envelope(call_id, error, **extra)
+        try:
+            await self.transport.send(body)
+        except PayloadTooLarge:
+            # A frame limit too small for the traceback: the outcome and code still go.
+            with contextlib.suppress(PayloadTooLarge, SessionFailed):
+                await self.transport.send(
+                    self._error_envelope(call_id, error, limit=MAX_REFUSAL_MESSAGE)
+                )
+        except SessionFailed:
+            pass
 
     def _resolve(self, service: Any, method: Any) -> tuple[MethodSpec, Callable[..., Any]]:
         if not isinstance(service, str) or not isinstance(method, str):
@@ -609,7 +1043,7 @@ class ExecutorRpc:
             or not isinstance(kwargs, dict)
             or not all(isinstance(k, str) for k in kwargs)
         ):
-            self._reply_error(
+            self._refuse(
                 call_id, Rejected("INVALID_ARGUMENTS", "args must be a list and kwargs a map")
             )
             return
@@ -619,12 +1053,12 @@ class ExecutorRpc:
             or credit < 0
             or credit_bytes < 0
         ):
-            self._reply_error(
+            self._refuse(
                 call_id, Rejected("INVALID_ARGUMENTS", "credit must be non-negative integers")
             )
             return
         if len(self._incoming) + self._notifications >= self.limits.max_incoming_calls:
-            self._reply_error(
+            self._refuse(
                 call_id,
                 NotDispatched(
                     "OVERLOADED", f"{self.limits.max_incoming_calls} calls already running"
@@ -638,10 +1072,10 @@ class ExecutorRpc:
             pos, kw = spec.convert_arguments(args, kwargs)
             self._check_scope(pos, kw)
         except CallError as exc:
-            self._reply_error(call_id, exc)
+            self._refuse(call_id, exc)
             return
         except ValueError as exc:
-            self._reply_error(call_id, Rejected("INVALID_ARGUMENTS", str(exc)))
+            self._refuse(call_id, Rejected("INVALID_ARGUMENTS", str(exc)))
             return
         incoming = _Incoming(min(credit, self.limits.stream_window_items * 4), credit_bytes)
         self._incoming[call_id] = incoming
@@ -758,12 +1192,13 @@ class ExecutorRpc:
     ) -> None:
         self._enter_context()
         try:
+            if incoming.cancelled:
+                # Outside the (cancelled) scope, so the reply is not cancelled with it.
+                await self._send_error(
+                    call_id, NotDispatched("CANCELLED", "cancelled before dispatch")
+                )
+                return
             with incoming.scope:
-                if incoming.cancelled:
-                    self._reply_error(
-                        call_id, NotDispatched("CANCELLED", "cancelled before dispatch")
-                    )
-                    return
                 incoming.started = True
                 if spec.kind is MethodKind.STREAM:
                     await self._produce(call_id, incoming, target(*pos, **kw))
@@ -772,7 +1207,7 @@ class ExecutorRpc:
                 try:
                     body = cbor2.dumps([RESULT, call_id, to_wire(result)])
                 except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
-                    self._reply_error(
+                    await self._send_error(
                         call_id,
                         RemoteError("UNENCODABLE_RESULT", str(exc), remote_type="TypeError"),
                     )
@@ -783,32 +1218,33 @@ class ExecutorRpc:
             # whatever its code); a failure of a call it made itself already says FAILED. Both
             # keep their code; the type tells the caller which ``Rejected`` to raise.
             remote_type = exc.remote_type if isinstance(exc, RemoteError) else None
-            self._reply_error(call_id, exc, remote_type=remote_type or _qualname(type(exc)))
+            await self._send_error(call_id, exc, remote_type=remote_type or _qualname(type(exc)))
         except Exception as exc:
             # Anything else -- including NotDispatched/OutcomeUnknown from a call the handler
             # made -- is a failure of *this* call, which did execute: never report it as
             # not-dispatched (safe to retry) or unknown.
-            self._reply_failure(call_id, exc)
+            await self._send_failure(call_id, exc)
         finally:
+            # Only now, with its reply handed to the session, does the call leave the budget.
             self._incoming.pop(call_id, None)
 
     async def _send_reply(self, call_id: int, body: bytes) -> None:
         try:
             await self.transport.send(body)
         except PayloadTooLarge as exc:
-            self._reply_error(
+            await self._send_error(
                 call_id, RemoteError("RESULT_TOO_LARGE", str(exc), remote_type="PayloadTooLarge")
             )
         except SessionFailed:
             pass
 
-    def _reply_failure(self, call_id: int, exc: BaseException) -> None:
+    async def _send_failure(self, call_id: int, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(exc))
-        self._reply_error(
+        await self._send_error(
             call_id,
             RemoteError("HANDLER_FAILED", str(exc)),
             remote_type=_qualname(type(exc)),
-            traceback=tb[-16000:],
+            traceback=tb[-MAX_ERROR_MESSAGE:],
         )
 
     async def _produce(self, call_id: int, incoming: _Incoming, iterator: Any) -> None:
@@ -866,12 +1302,61 @@ _DESCRIBE_SPEC = MethodSpec(
 )
 
 
+def _loop_scheduler() -> Callable[..., object]:
+    """``schedule(callback, *args)`` that runs ``callback`` soon on the *current* event loop and
+    may itself be called from anywhere: any thread, or inside the garbage collector at any point
+    of the loop thread (asyncio's ``call_soon_threadsafe`` and trio's ``run_sync_soon`` only
+    append to a queue and wake the loop; neither touches our state)."""
+    if _asyncio_stream.on_asyncio():
+        return asyncio.get_running_loop().call_soon_threadsafe
+    import trio  # the only other backend anyio runs on
+
+    return trio.lowlevel.current_trio_token().run_sync_soon
+
+
+def _reclaim_when_dropped(stream: RemoteStream, rpc: ExecutorRpc, pending: _Pending) -> Any:
+    """Reclaim ``pending`` if ``stream`` is collected while the call still runs.
+
+    The finalizer holds no reference to ``stream`` (that would keep it alive) and only a weak
+    one to ``rpc``; all it does is schedule :func:`_reclaim`, since it may run inside the
+    garbage collector, where touching the session (a dict in mid-iteration, a half-written
+    frame) is not safe. It must never raise: an exception there is "unraisable".
+    """
+    schedule = _loop_scheduler()
+    finalizer = weakref.finalize(stream, _schedule_reclaim, schedule, weakref.ref(rpc), pending)
+    finalizer.atexit = False  # at interpreter exit there is no loop to run it on
+    return finalizer
+
+
+def _schedule_reclaim(
+    schedule: Callable[..., object], rpc: weakref.ref[ExecutorRpc], pending: _Pending
+) -> None:
+    try:
+        schedule(_reclaim, rpc, pending)
+    except Exception:  # the loop is closed: the session (and its slot) is gone with it
+        pass
+
+
+def _reclaim(rpc_ref: weakref.ref[ExecutorRpc], pending: _Pending) -> None:
+    # A plain loop callback: an exception here would reach the loop (trio: a TrioInternalError).
+    rpc = rpc_ref()
+    if rpc is None:
+        return
+    try:
+        rpc._reclaim_stream(pending)
+    except Exception:
+        log.exception("reclaiming a dropped stream failed")
+
+
 class RemoteStream(AsyncIterator[Any]):
     """A remote async iterator with credit-based flow control.
 
-    The request is sent on the first ``__anext__``. ``aclose()`` (or leaving an ``async for`` with
-    ``break`` inside ``contextlib.aclosing``) cancels the generator on the peer. If the session is
-    retired mid-stream, iteration raises :class:`OutcomeUnknown` (items already delivered stand).
+    The request is sent on the first ``__anext__``. ``aclose()`` cancels the generator on the
+    peer; so does dropping the iterator without it (``break`` out of ``async for``): once it is
+    collected its pending slot is freed and ``cancel`` is sent (see the module docstring). If the
+    session is retired mid-stream, iteration raises :class:`OutcomeUnknown` (items already
+    delivered stand); so does a flow-control violation by the producer
+    (``FLOW_CONTROL_VIOLATION``).
     """
 
     def __init__(
@@ -888,25 +1373,15 @@ class RemoteStream(AsyncIterator[Any]):
         self._args = args
         self._kwargs = kwargs
         self._pending: _Pending | None = None
-        self._items: deque[Any] = deque()
-        self._arrived = anyio.Event()
-        self._ended = False
-        self._error: CallError | None = None
+        limits = rpc.limits
+        self._state = _StreamState(limits.stream_window_items, limits.stream_window_bytes)
         self._consumed = 0
         self._consumed_bytes = 0
         self._closed = False
+        self._finalizer: Any = None
 
     def __aiter__(self) -> RemoteStream:
         return self
-
-    def _deliver_item(self, value: Any, size: int) -> None:
-        self._items.append((value, size))
-        self._arrived.set()
-
-    def _deliver_end(self, error: CallError | None) -> None:
-        self._ended = True
-        self._error = error
-        self._arrived.set()
 
     async def _start(self) -> None:
         limits = self._rpc.limits
@@ -918,8 +1393,9 @@ class RemoteStream(AsyncIterator[Any]):
             (limits.stream_window_items, limits.stream_window_bytes),
         )
         assert pending is not None
-        pending.stream = self
+        pending.stream = self._state
         self._pending = pending
+        self._finalizer = _reclaim_when_dropped(self, self._rpc, pending)
         try:
             await self._rpc._issue(pending, body)
         except BaseException:
@@ -935,17 +1411,18 @@ class RemoteStream(AsyncIterator[Any]):
             except BaseException:
                 # Not issued (offline, too large, cancelled): nothing will ever arrive, so a
                 # later iteration must not wait for it.
-                self._closed = True
+                self._close()
                 raise
-        while not self._items:
-            if self._ended:
-                self._closed = True
-                if self._error is not None:
-                    raise _local_exception(self._error)
+        state = self._state
+        while not state.items:
+            if state.ended:
+                self._close()
+                if state.error is not None:
+                    raise _local_exception(state.error)
                 raise StopAsyncIteration
-            self._arrived = anyio.Event()
-            await self._arrived.wait()
-        value, size = self._items.popleft()
+            state.arrived = anyio.Event()
+            await state.arrived.wait()
+        value, size = state.items.popleft()
         self._grant(size)
         return value
 
@@ -953,25 +1430,34 @@ class RemoteStream(AsyncIterator[Any]):
         self._consumed += 1
         self._consumed_bytes += size
         limits = self._rpc.limits
-        if self._ended or self._pending is None:
+        state = self._state
+        if state.ended or self._pending is None:
             return
         if (
             self._consumed >= limits.stream_window_items // 2
             or self._consumed_bytes >= limits.stream_window_bytes // 2
         ):
+            items, nbytes = self._consumed, max(self._consumed_bytes, 1)
+            # What the producer may send grows with the grant at once (the consumer's view
+            # can only be ahead of the producer's, never behind: no false violation).
+            state.credit_items += items
+            state.credit_bytes += nbytes
             self._rpc._send_soon(
-                self._rpc._encode(
-                    [CREDIT, self._pending.id, self._consumed, max(self._consumed_bytes, 1)]
-                )
+                _CONTROL, self._rpc._encode([CREDIT, self._pending.id, items, nbytes])
             )
             self._consumed = 0
             self._consumed_bytes = 0
+
+    def _close(self) -> None:
+        self._closed = True
+        self._state.items.clear()
+        if self._finalizer is not None:
+            self._finalizer.detach()  # nothing left to reclaim
 
     async def aclose(self) -> None:
         """Stop the stream; cancels the generator on the peer if it is still running."""
         if self._closed:
             return
-        self._closed = True
-        if self._pending is not None and not self._ended:
+        if self._pending is not None and not self._state.ended:
             self._rpc._abandon(self._pending)
-        self._items.clear()
+        self._close()

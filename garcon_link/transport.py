@@ -35,7 +35,8 @@ Rules implemented here:
   waits for the consumer loses nothing (those payloads are accepted -- and acknowledged -- already).
   Pre-readiness payloads count as buffered until the delivery task takes them. A consumer that
   never blocks (the RPC dispatch) can instead take payloads straight from the reader with
-  :meth:`consume`: same order, no queue, no task switch.
+  :meth:`consume`: same order, no queue, no task switch; it back-pressures the peer by
+  asking the reader to pause between messages (``hold``) while one of its own bounds is full.
 * **Socket faults**: a write to a dead socket (``BrokenResourceError``) ends the attachment, the
   session waits for the next socket; a ``ProtocolError`` from the socket (text frame, over-size
   message) retires the session like a malformed packet.
@@ -204,6 +205,7 @@ class SessionTransport:
         self._consumer_wait: anyio.Event | None = None
         self._consumer: Callable[[bytes], None] | None = None  # see consume()
         self._yield_first: Callable[[], bool] | None = None
+        self._hold: Callable[[], anyio.Event | None] | None = None  # see consume()
         self._last_write_now = 0.0
         self._retired = anyio.Event()
         self._pending_added = anyio.Event()
@@ -297,6 +299,7 @@ class SessionTransport:
         consumer: Callable[[bytes], None],
         *,
         yield_first: Callable[[], bool] | None = None,
+        hold: Callable[[], anyio.Event | None] | None = None,
     ) -> None:
         """Hand every payload to ``consumer``, in order, until the session is retired.
 
@@ -310,7 +313,11 @@ class SessionTransport:
         ``consumer`` runs in the socket reader's task and must not raise: an exception is
         logged and that payload is dropped. ``yield_first()``, asked after each message that
         delivered payloads, may say that they woke a lone task which should run before the reader
-        reads on (lower latency for a request/reply at a time; see the reader).
+        reads on (lower latency for a request/reply at a time; see the reader). ``hold()``,
+        asked after each message that delivered payloads, may return an event: the consumer is
+        over one of its bounds (the RPC layer's refusal backlog), so the reader reads nothing
+        more until the event is set -- back-pressure on the peer, like a full delivery queue
+        (and, like it, time the peer's frames wait unread is not the peer's inactivity).
         """
         with self._deliver_recv:
             # Drain the queue path until nothing is left on its way through it.
@@ -318,11 +325,13 @@ class SessionTransport:
                 return
             self._consumer = consumer
             self._yield_first = yield_first
+            self._hold = hold
             try:
                 await self._retired.wait()
             finally:
                 self._consumer = None
                 self._yield_first = None
+                self._hold = None
             # What retirement handed over (pre-readiness payloads) went to the queue.
             await self._drain_queue(consumer, until_idle=False)
 
@@ -656,6 +665,11 @@ class SessionTransport:
                 # peer's round trip. (Never under load: it would split the batches the writer
                 # coalesces.) After READY: what the task does next sees the session ready.
                 await anyio.lowlevel.checkpoint()
+            hold = self._hold
+            if bodies and self._fence_passed and hold is not None:
+                held = hold()
+                if held is not None:
+                    await self._wait_for_consumer(held)
             if not self._replay_done.is_set():
                 if progressed:
                     self._progress_at = anyio.current_time()
@@ -720,6 +734,17 @@ class SessionTransport:
             while self._undelivered():
                 progress = self._delivery_progress = anyio.Event()
                 await progress.wait()
+        finally:
+            self._consumer_wait = None
+            self._progress_at = anyio.current_time()
+            waiting.set()
+
+    async def _wait_for_consumer(self, released: anyio.Event) -> None:
+        """Read nothing until the direct consumer's ``released`` is set (see :meth:`consume`);
+        like :meth:`_wait_delivered`, the replay inactivity clock is paused meanwhile."""
+        waiting = self._consumer_wait = anyio.Event()
+        try:
+            await released.wait()
         finally:
             self._consumer_wait = None
             self._progress_at = anyio.current_time()

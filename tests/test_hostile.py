@@ -22,6 +22,12 @@ real handshake (:class:`garcon_link.handshake.Handshake`) first. What the tests 
   decode) while its session survives and an unrelated call still succeeds; excess calls are
   ``OVERLOADED``; a ~130-byte shared-reference "bomb" costs nothing (it is refused, not walked);
 * a second authenticated peer cannot take over a healthy session (4004);
+* an authenticated peer that floods the RPC layer is bounded (issue 12, breaks 3 and 4): calls
+  to an unknown service with no receipt ever sent fill retention and then the refusal backlog,
+  after which the worker stops reading that socket (measured in a real worker process: exact
+  peak RSS growth under :data:`ATTACK_RSS`, process alive, the next controller served); stream
+  items beyond the credit the controller granted end that stream with
+  ``OutcomeUnknown("FLOW_CONTROL_VIOLATION")`` and cancel it, while the session serves on;
 * throughout, the legitimate peer's calls all succeed with p99 latency under
   :data:`P99_CEILING`, and this process's RSS stays bounded.
 
@@ -38,7 +44,8 @@ import resource
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -49,10 +56,12 @@ from faultutil import (
     OP_BINARY,
     OP_PING,
     SECRET,
+    TESTS_DIR,
     LatencyProbe,
     Ledger,
     LedgerService,
     Outcome,
+    PeakRss,
     Raw,
     checksum,
     controller_config,
@@ -64,10 +73,12 @@ from faultutil import (
     upgrade_request,
     wait_for,
     worker_config,
+    write_configs,
     ws_frame,
 )
 
 import garcon_link as gl
+from garcon_link.testing import WorkerProcess, free_tcp_port
 from garcon_link.transport import TransportState
 from garcon_link.wire import encode_message, encode_receipt
 
@@ -744,3 +755,212 @@ async def test_a_hostile_worker_cannot_stall_the_controller_with_a_bomb_reply() 
             await wait_for(
                 lambda: executor.availability == "ready", OUTCOME_WAIT, "a ready controller"
             )
+
+
+# ---------------------------------------------------------------------------------- rpc bounds
+
+# Issue 12, breaks 3 and 4: an authenticated peer floods the RPC layer. The attacked process's
+# *exact* peak RSS growth (PeakRss resets VmHWM) must stay under this. The attacker runs in this
+# process too, so its own (small, transient) allocations count against the bound as well.
+ATTACK_RSS = 64 * MiB
+
+
+async def send_batch(raw: Raw, bodies: list[bytes]) -> bool:
+    """Send ``bodies`` as consecutive session messages packed into one WebSocket message (what
+    a flood can do in one write); shares :class:`Raw`'s ordinal counter with ``send_envelope``."""
+    packets = []
+    for body in bodies:
+        raw._ordinal += 1
+        packets.append(encode_message(raw._ordinal, body))
+    return await raw.send_message(b"".join(packets))
+
+
+async def test_a_refusal_flood_without_receipts_pauses_the_reader() -> None:
+    """Break 3: an authenticated peer that never acknowledges anything sends 30,000 calls to an
+    unknown service. Each is refused, and the refusals soon wait for retention capacity (4,096
+    frames) that never frees. Before the fix each waiting refusal was a task of its own: +140 MiB
+    for these 30,000 calls (40,000: +184 MiB; 200,000 in the issue: +1 GiB). Now the refusals
+    queue up to ``max_queued_refusals``, then the worker stops reading this socket (the peer is
+    back-pressured), and serves the next controller once the attacker leaves. ~1.5 s."""
+    calls, batch = 30_000, 100
+    with anyio.fail_after(DEADLINE):
+        async with target(legit=False) as t:
+            with PeakRss() as peak:
+                async with Raw.connect(t.port) as raw:
+                    assert await raw.upgrade()
+                    await raw.authenticate()  # and never a receipt after it
+                    # Bounded by time too: the worker stops reading, so our writes may block.
+                    with anyio.move_on_after(10):
+                        for first in range(1, calls + 1, batch):
+                            bodies = [
+                                cbor2.dumps(_call(i, "nope", "apply", ["t", b""]))
+                                for i in range(first, first + batch)
+                            ]
+                            if not await send_batch(raw, bodies):
+                                break
+                    rpc = t.worker.current_rpc
+                    assert rpc is not None
+                    await wait_for(
+                        lambda: rpc.statistics().reader_held, OUTCOME_WAIT, "a paused reader"
+                    )
+                    stats = rpc.statistics()
+                    transport = t.worker.link.transport
+                    assert transport is not None
+                    accepted = transport.accepted
+                    growth = peak.growth
+            print(f"refusal flood: peak RSS +{growth / MiB:.1f} MiB (exact={peak.exact}); {stats}")
+            assert growth <= ATTACK_RSS, f"peak RSS grew by {growth / MiB:.0f} MiB"
+            # Retention plus the backlog, plus at most the one message read past the bound.
+            assert stats.queued_refusals <= LIMITS.max_queued_refusals + batch
+            assert accepted < calls  # the rest were never read
+            assert t.service.ledger == {}
+            # The attacker left: the worker serves the next controller at once.
+            assert await legit_round_trip(t.worker) < P99_CEILING
+
+
+WORKER_LIMITS: dict[str, Any] = {
+    "handshake_timeout": 2.0,
+    "max_frame_bytes": 1 * MiB,
+    "heartbeat_interval": 0.1,
+    "heartbeat_timeout": 1.0,
+    "detached_grace": 2.0,
+    "close_timeout": 0.3,
+}
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the child's backend is its own
+async def test_a_refusal_flood_leaves_the_worker_process_bounded_and_serving(
+    tmp_path: Path,
+) -> None:
+    """Break 3, measured on a real ``garcon-link worker`` process (exact peak RSS of that
+    process alone): 30,000 calls to an unknown service, never a receipt. Before the fix:
+    +130 MiB for these 30,000 calls. The worker says in its log that it paused reading; when the
+    attacker leaves, a legitimate controller is served at once and the process is alive. ~2 s."""
+    calls, batch = 30_000, 100
+    worker_toml, controller_toml = write_configs(
+        tmp_path, port=free_tcp_port(), limits=WORKER_LIMITS
+    )
+    with anyio.fail_after(DEADLINE):
+        async with WorkerProcess(
+            worker_toml, ["ledger=faultutil:LedgerService"], cwd=TESTS_DIR
+        ) as worker:
+            url = await worker.start()
+            with PeakRss(worker.pid) as peak:
+                async with Raw.connect(int(url.rsplit(":", 1)[1].split("/")[0])) as raw:
+                    assert await raw.upgrade()
+                    await raw.authenticate()  # and never a receipt after it
+                    with anyio.move_on_after(10):  # it stops reading: our writes may block
+                        for first in range(1, calls + 1, batch):
+                            bodies = [
+                                cbor2.dumps(_call(i, "nope", "apply", ["t", b""]))
+                                for i in range(first, first + batch)
+                            ]
+                            if not await send_batch(raw, bodies):
+                                break
+                    # Bounded: a worker that never pauses has read everything by then.
+                    with anyio.move_on_after(OUTCOME_WAIT):
+                        while not (paused := _logged(worker, "reading paused")):
+                            await anyio.sleep(0.01)
+                    growth = peak.growth
+                # The attacker is gone: the next controller gets a fresh session at once.
+                config = gl.load_config(controller_toml)
+                async with gl.connect(config) as executor:
+                    await executor.wait_ready(OUTCOME_WAIT)
+                    ledger = executor.service("ledger", Ledger)
+                    assert await ledger.apply("legit", b"ok") == checksum("legit", b"ok")
+                growth = max(growth, peak.growth)
+            assert worker.running
+            print(f"refusal flood (worker process): peak RSS +{growth / MiB:.1f} MiB")
+            assert peak.exact
+            assert growth <= ATTACK_RSS, f"the worker's peak RSS grew by {growth / MiB:.0f} MiB"
+            assert paused, worker.stderr_tail
+
+
+def _logged(worker: WorkerProcess, text: str) -> bool:
+    return any(text in line for line in worker.stderr_tail)
+
+
+class Blobs(Protocol):
+    """What the controller expects of the hostile worker below."""
+
+    def blobs(self) -> AsyncIterator[bytes]: ...
+    async def echo(self, text: str) -> str: ...
+
+
+async def test_stream_items_beyond_credit_end_the_stream() -> None:
+    """Break 4: a hostile worker (dialing a listening controller) answers one stream call with
+    100,000 items of 1 KiB against a credit of 256 items. Before the fix the controller
+    buffered every one of them (+112 MiB); now the 257th item ends that stream with
+    ``OutcomeUnknown("FLOW_CONTROL_VIOLATION")``, cancels it on the worker and drops the rest,
+    while the session -- and a legitimate call on it -- carries on. ~2 s."""
+    items, batch, size = 100_000, 200, 1024
+    config = gl.LinkConfig(
+        executor_id=EXECUTOR_ID,
+        role=gl.Role.CONTROLLER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    with anyio.fail_after(DEADLINE):
+        async with (
+            gl.connect(config) as executor,
+            Raw.connect(executor.link.listen_address[1]) as raw,
+        ):
+            assert await raw.upgrade()
+            await raw.authenticate(role=gl.Role.WORKER)
+            describe = await raw.replies(lambda e: e[0] == 0, OUTCOME_WAIT)
+            manifest = {
+                "executor_id": EXECUTOR_ID,
+                "instance_id": os.urandom(16),
+                "services": {},
+                "contract": "c" * 64,
+            }
+            await raw.send_envelope([1, describe[1], manifest])
+            await executor.wait_ready(OUTCOME_WAIT)
+            remote = executor.service("blobs", Blobs)
+            stream = remote.blobs()
+            received: list[bytes] = []
+
+            async def first_item() -> None:
+                received.append(await stream.__anext__())  # sends the call; then consumes nothing
+
+            async def answer_echo() -> None:
+                call = await raw.replies(lambda e: e[0] == 0 and e[3] == "echo", OUTCOME_WAIT)
+                await raw.send_envelope([1, call[1], "still here"])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first_item)
+                request = await raw.replies(lambda e: e[0] == 0, OUTCOME_WAIT)
+                stream_id = request[1]
+                assert request[6:] == [LIMITS.stream_window_items, LIMITS.stream_window_bytes]
+                with PeakRss() as peak:
+                    for first in range(0, items, batch):
+                        bodies = [
+                            cbor2.dumps([5, stream_id, i.to_bytes(4, "big") * (size // 4)])
+                            for i in range(first, first + batch)
+                        ]
+                        assert await send_batch(raw, bodies)
+                    # Replies are read in order: by the time this one is answered, the
+                    # controller has read every item sent before it.
+                    tg.start_soon(answer_echo)
+                    assert await remote.echo("x") == "still here"
+                    growth = peak.growth
+            print(f"item flood: peak RSS +{growth / MiB:.1f} MiB (exact={peak.exact})")
+            assert growth <= ATTACK_RSS, f"peak RSS grew by {growth / MiB:.0f} MiB"
+            assert await raw.replies(lambda e: e == [3, stream_id], OUTCOME_WAIT)  # cancelled
+
+            async def drain() -> None:
+                async for blob in stream:
+                    received.append(blob)
+
+            with pytest.raises(gl.OutcomeUnknown) as info:
+                await drain()
+            assert info.value.code == "FLOW_CONTROL_VIOLATION"
+            assert "the worker violated flow control" in info.value.message
+            # Exactly the items within credit, in order.
+            assert [int.from_bytes(b[:4], "big") for b in received] == list(range(256))
+            rpc = executor.current_rpc
+            assert rpc is not None
+            stats = rpc.statistics()
+            assert (stats.flow_violations, stats.pending_calls) == (1, 0)
+            assert executor.availability == "ready"

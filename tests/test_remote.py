@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import gc
+import logging
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 import pytest
+from faultutil import Raw
 from rpcutil import (
     LIMITS,
     SECRET,
@@ -484,6 +486,80 @@ async def test_changed_contract_is_refused(direction: str) -> None:
             assert await calc.add(1, 2) == 3
             assert pair.executor.last_error is None
             assert pair.history == ["ready", "offline", "ready"]
+
+
+@both_directions
+async def test_a_refused_session_is_retired_and_the_link_dials_again(
+    direction: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session refused for its contract is not left connected (it used to hold the link for
+    good, so nothing redialed): it is retired with 4005 and the dialing side dials again per its
+    backoff; every new session is described afresh, and the cause stays visible. ~0.5 s."""
+    caplog.set_level(logging.ERROR, logger="garcon_link.remote")
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": CalcImpl()}) as pair:
+            calc = pair.calc()
+            assert await calc.add(1, 2) == 3
+            await pair.restart_worker({"calc": CalcImplPlus()})
+            stats = pair.executor.link.statistics
+            base = stats().fresh_sessions
+            while stats().fresh_sessions < base + 3:  # refused, retired, dialed again, ...
+                await anyio.sleep(0.005)
+            assert pair.executor.availability == "offline"
+            assert pair.history == ["ready", "offline"]
+            with pytest.raises(gl.NotDispatched) as info:
+                await calc.add(1, 2)
+            assert info.value.code == "CONTRACT_CHANGED"
+            assert "not installed: the worker's contract changed" in caplog.text
+            # the next worker with the expected contract is installed by the same dial loop
+            await pair.restart_worker({"calc": CalcImpl()})
+            await pair.executor.wait_ready(5)
+            assert await calc.add(1, 2) == 3
+            assert pair.history == ["ready", "offline", "ready"]
+
+
+async def test_a_describe_that_times_out_retires_the_session() -> None:
+    """A worker that never answers ``describe`` (bounded by ``call_timeout``): the session is
+    retired (the worker hears 4005) instead of sitting connected but never installed; the cause
+    is in ``last_error`` and in the calls' ``NotDispatched``; an honest worker is then
+    installed. ~0.5 s."""
+    limits = LIMITS.replace(call_timeout=0.3)
+    config = gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.CONTROLLER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=limits,
+    )
+    with anyio.fail_after(DEADLINE):
+        async with gl.connect(config) as executor:
+            async with Raw.connect(executor.link.listen_address[1]) as raw:
+                assert await raw.upgrade()
+                await raw.authenticate(
+                    role=gl.Role.WORKER, secret=SECRET.reveal(), executor_id="box"
+                )
+                call = await raw.replies(lambda e: e[0] == 0, 5)
+                assert call[2:4] == ["$link", "describe"]  # never answered
+                assert str(await raw.outcome(5)) == "close 4005"
+            assert executor.availability == "offline"
+            assert "describe failed" in (executor.last_error or "")
+            assert "TIMEOUT" in (executor.last_error or "")
+            with pytest.raises(gl.NotDispatched, match="describe failed") as info:
+                await executor.info()
+            assert info.value.code == "OFFLINE"
+            worker = gl.Worker(
+                gl.LinkConfig(
+                    executor_id="box",
+                    role=gl.Role.WORKER,
+                    secret=SECRET,
+                    dial=executor.link.url,
+                    limits=limits,
+                ),
+                {"calc": CalcImpl()},
+            )
+            async with worker:
+                await executor.wait_ready(5)
+                assert await executor.service("calc", Calc).add(1, 2) == 3
 
 
 @both_directions
