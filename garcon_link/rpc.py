@@ -849,12 +849,27 @@ class ExecutorRpc:
             log.warning("dropping malformed envelope (kind %d): %s", kind, exc)
 
     def _undecodable(self, payload: bytes) -> None:
-        """An envelope that did not decode: if its head names one of our calls with a reply
-        kind, that call's reply is unreadable (``UNKNOWN``); anything else stays dropped."""
+        """An envelope that did not decode, named by its head (``[kind, id``) where it has one.
+
+        A reply kind naming one of our calls: that call's reply is unreadable (``UNKNOWN``). A
+        ``call`` with a new id: refused ``Rejected("INVALID_ARGUMENTS")`` at once -- it did not
+        run, and its caller need not wait for its timeout (a value past the decoder's bounds,
+        such as a bignum over ``wire.MAX_BIGNUM_BYTES``, is the usual cause). Anything else
+        stays dropped.
+        """
         head = _envelope_head(payload)
-        if head is None or head[0] not in (RESULT, ERROR, ITEM, END):
+        if head is None:
             return
-        pending = self._pending.get(head[1])
+        kind, call_id = head
+        if kind == CALL and call_id > self._last_incoming_id:
+            self._last_incoming_id = call_id
+            self._refuse(
+                call_id, Rejected("INVALID_ARGUMENTS", "the call's arguments do not decode")
+            )
+            return
+        if kind not in (RESULT, ERROR, ITEM, END):
+            return
+        pending = self._pending.get(call_id)
         if pending is not None:
             self._fail_unreadable(pending, "MALFORMED_REPLY", "the peer's reply does not decode")
 

@@ -581,12 +581,12 @@ GARBAGE_ENVELOPES: list[tuple[str, bytes, tuple[int, str, str] | None]] = [
         cbor2.dumps([0, 9, "ledger", "numbers", ["s9", 3], {}, -1, 2**64]),
         (9, "rejected", "INVALID_ARGUMENTS"),
     ),
-    # Any tag makes the whole envelope malformed (strict, plain decoding): it is dropped, like
-    # an envelope that names no call (no legitimate encoder produces one).
+    # Any tag makes the whole envelope malformed (strict, plain decoding); its head still
+    # names a new call, which is refused unexecuted rather than left to its caller's timeout.
     (
         "tagged-argument",
         cbor2.dumps(_call(10, "ledger", "apply", [cbor2.CBORTag(1, 0), b""])),
-        None,
+        (10, "rejected", "INVALID_ARGUMENTS"),
     ),
     (
         "bignum-argument",

@@ -66,6 +66,23 @@ async def test_invalid_arguments_are_rejected_naming_the_field(direction: str) -
 
 
 @both_directions
+async def test_a_call_whose_arguments_do_not_decode_is_rejected_at_once(direction: str) -> None:
+    # An integer past wire.MAX_BIGNUM_BYTES encodes but the receiver's decoder refuses it: the
+    # envelope's head still names the call, so it is refused (it did not run) instead of
+    # leaving the caller to its timeout -- which is far beyond this test's deadline.
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}) as pair:
+            calc = pair.calc()
+            with pytest.raises(gl.Rejected) as info:
+                await calc.add(2**10000, 1)
+            assert info.value.code == "INVALID_ARGUMENTS"
+            assert "do not decode" in info.value.message
+            assert impl.counts["add"] == 0
+            assert await calc.add(2**64, 1) == 2**64 + 1
+
+
+@both_directions
 async def test_arguments_that_cannot_be_sent_are_not_dispatched(direction: str) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
@@ -937,7 +954,10 @@ async def test_hostile_controller_envelopes(direction: str) -> None:
                     cbor2.dumps([-1]),
                     cbor2.dumps([2**64 - 1, 1]),
                     cbor2.dumps([cbor2.CBORTag(4242, 1), 1]),
-                    cbor2.dumps([CALL, 10**6, "calc", "add", [1, 2], {}, 0, 0]) + b"\x00",
+                    # Its head names a new call: refused unexecuted (the reply names no call
+                    # of ours and is dropped here), so the id must stay in sequence.
+                    cbor2.dumps([CALL, next_call_id(rpc), "calc", "add", [1, 2], {}, 0, 0])
+                    + b"\x00",
                 ):
                     await raw_send(rpc, body)
 
