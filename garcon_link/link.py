@@ -35,13 +35,21 @@ sockets and hands each to the current :class:`~garcon_link.transport.SessionTran
    between attempts the delay comes from :func:`backoff` -- first retry immediate, then full-jitter
    exponential capped at ``backoff_max``, reset after a socket stayed up ``backoff_reset_after``.
 
+Failures
+--------
 Every closed socket is logged with its cause. Exceptions of wsproto, h11, ssl and the OS never
-leave this module: they end the socket they belong to and are logged.
+leave this module: they end the socket they belong to and are logged. Any *other* exception
+raised while serving one peer -- a bug, here or below, that the peer's bytes reached -- is that
+peer's failure, never the process's (``_peer_failed``): the socket is closed (4008 while it can
+still say so; the session it carried is retired), the traceback is logged and counted
+(``unexpected_errors``), and the listener keeps listening and the dial loop keeps dialing.
+Cancellation is not an ``Exception`` and passes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -93,6 +101,10 @@ log = logging.getLogger(__name__)
 
 EXECUTOR_PATH = "/executor"
 _READ_CHUNK = 65536
+_REASON_CHARS = 200
+"""Longest reason (log line, refusal body) built from a library's message about peer bytes."""
+_UNEXPECTED = "unexpected error"
+"""The close reason a peer gets for a socket ended by an unexpected error (details are logged)."""
 
 # Close codes a peer sends when *it* has retired the logical session: no resume is possible.
 # 1001 is a deliberate shutdown (``aclose``), which retires the session on that side too, so
@@ -133,6 +145,12 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def _one_line(text: str) -> str:
+    """``text`` on one line, at most :data:`_REASON_CHARS` characters (for logs and replies)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _REASON_CHARS else flat[: _REASON_CHARS - 3] + "..."
+
+
 class _SocketGone(anyio.BrokenResourceError):
     """Internal: the socket is closed or broken (not a protocol violation).
 
@@ -155,6 +173,8 @@ class LinkStatistics:
     takeovers_refused: int = 0
     heartbeat_timeouts: int = 0
     dial_attempts: int = 0
+    unexpected_errors: int = 0
+    """Sockets ended by an exception nobody expected (a bug, contained to that one peer)."""
 
 
 class _WebSocket:
@@ -531,17 +551,10 @@ class WebSocketLink:
 
     def statistics(self) -> LinkStatistics:
         s = self._stats
-        return LinkStatistics(
-            connections=s.connections,
+        return dataclasses.replace(
+            s,
             upgrades_refused=dict(s.upgrades_refused),
-            handshakes_completed=s.handshakes_completed,
             handshakes_failed=dict(s.handshakes_failed),
-            evicted_unauthenticated=s.evicted_unauthenticated,
-            resumed=s.resumed,
-            fresh_sessions=s.fresh_sessions,
-            takeovers_refused=s.takeovers_refused,
-            heartbeat_timeouts=s.heartbeat_timeouts,
-            dial_attempts=s.dial_attempts,
         )
 
     async def __aenter__(self) -> WebSocketLink:
@@ -655,6 +668,8 @@ class WebSocketLink:
                 await self._attach_and_run(sock, handshake)
             finally:
                 self._authenticated -= 1
+        except Exception as exc:
+            self._peer_failed(peer, exc)  # never the listener's failure
         finally:
             # Every exit, shutdown (cancellation) included, closes the socket: a dropped stream
             # would stay open until garbage collection and the peer would hang.
@@ -703,8 +718,9 @@ class WebSocketLink:
             try:
                 ws.receive_data(data)
                 events = list(ws.events())
-            except RemoteProtocolError as exc:
-                await self._refuse_upgrade(sock, 400, f"bad upgrade request: {exc}")
+            except (RemoteProtocolError, UnicodeError) as exc:
+                # (UnicodeError: wsproto decodes the Host header as IDNA and lets a bad one out.)
+                await self._refuse_upgrade(sock, 400, _one_line(f"bad upgrade request: {exc}"))
                 return False
             for event in events:
                 if not isinstance(event, Request):
@@ -762,6 +778,8 @@ class WebSocketLink:
             except LinkError as exc:
                 self.last_error = str(exc)
                 log.warning("%s dial %s failed: %s", self._tag, self.url, exc)
+            except Exception as exc:
+                self._peer_failed(self.url, exc)  # never the dial loop's failure: dial again
             if up_since is not None and (
                 anyio.current_time() - up_since >= self.limits.backoff_reset_after
             ):
@@ -847,6 +865,26 @@ class WebSocketLink:
 
     # ------------------------------------------------------------------ handshake & attach
 
+    def _peer_failed(self, peer: str, exc: Exception) -> str:
+        """The one mapping of an exception nobody expected while serving one peer.
+
+        Such an exception is a bug (here or in a library below) that the peer's bytes reached:
+        it is that peer's failure, never the listener's, the dial loop's or the process's. The
+        caller ends that socket (4008 when it can still say so); this logs the traceback, counts
+        it and returns a one-line cause. Cancellation is not an :class:`Exception` and passes.
+        """
+        try:
+            detail = str(exc)
+        except Exception:  # even describing it must not fail
+            detail = ""
+        why = _one_line(f"unexpected {type(exc).__name__}" + (f": {detail}" if detail else ""))
+        self._stats.unexpected_errors += 1
+        self.last_error = why
+        log.warning(
+            "%s peer %s failed with an unexpected error: %s", self._tag, peer, why, exc_info=exc
+        )
+        return why
+
     def _count_handshake_failure(self, reason: HandshakeFailure) -> None:
         counts = self._stats.handshakes_failed
         counts[reason.name] = counts.get(reason.name, 0) + 1
@@ -908,6 +946,11 @@ class WebSocketLink:
         except _SocketGone:
             await sock.abort()
             return None
+        except Exception as exc:
+            self._peer_failed(sock.peer, exc)
+            sock.local_close = (CloseCode.PROTOCOL_ERROR, _UNEXPECTED)
+            await sock.close(CloseCode.PROTOCOL_ERROR, _UNEXPECTED)
+            return None
         self._stats.handshakes_completed += 1
         return sock, hs.result
 
@@ -945,6 +988,11 @@ class WebSocketLink:
                     await transport.run(sock, peer_received)
                 except SessionFailed:
                     pass  # stored as transport.failure; the close below reports it
+                except Exception as exc:
+                    # That peer's failure, not the link's. What the session holds may be
+                    # inconsistent after it, so it is retired (a broken machine stays broken).
+                    why = self._peer_failed(sock.peer, exc)
+                    transport.retire(FailureReason.MALFORMED_PACKET, why)
                 tg.cancel_scope.cancel()
         finally:
             if self._attached is sock:

@@ -13,6 +13,7 @@
   can complete the *real* handshake (:class:`garcon_link.handshake.Handshake`) to attack the
   authenticated layers. :meth:`Raw.outcome` reports how the server ended the connection: a close
   code, an HTTP status or a bare end-of-stream, each within a bounded wait.
+* :func:`raw_listener`, :func:`accept_upgrade` -- a hostile *listener*, to attack a dialer.
 * :func:`rss_bytes`, :class:`PeakRss`, :func:`percentile`, :func:`wait_for` -- measurement and
   bounded polling.
 
@@ -27,7 +28,7 @@ import os
 import resource
 import struct
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,6 +36,7 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 import cbor2
+from anyio.abc import SocketAttribute
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
     AcceptConnection,
@@ -595,3 +597,45 @@ class Raw:
                         accepted = packet.ordinal
                 if accepted is not None:
                     await self.send_message(encode_receipt(accepted))
+
+
+# ---------------------------------------------------------------------------------- raw listener
+
+
+@contextlib.asynccontextmanager
+async def raw_listener(
+    handler: Callable[[anyio.abc.SocketStream], Awaitable[None]],
+) -> AsyncIterator[int]:
+    """Listen on 127.0.0.1 (a free port) and run ``handler`` for each connection: a hostile
+    *listener*, for attacking a dialer. Yields the port; the handlers are cancelled on exit."""
+
+    async def handle(stream: anyio.abc.SocketStream) -> None:
+        try:
+            await handler(stream)
+        finally:
+            await anyio.aclose_forcefully(stream)  # however the handler ended
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handle)
+        yield listener.extra(SocketAttribute.local_port)
+        tg.cancel_scope.cancel()
+
+
+async def accept_upgrade(stream: anyio.abc.SocketStream, *messages: bytes) -> WSConnection:
+    """Read a client's upgrade request and accept it; ``messages`` (binary WebSocket messages)
+    are written in the same write as the ``101``, as a listener that does not wait may do.
+
+    Raises:
+        anyio.EndOfStream: (or another stream error) the client went away first.
+    """
+    ws = WSConnection(ConnectionType.SERVER)
+    while True:
+        ws.receive_data(await stream.receive())
+        for event in ws.events():
+            if isinstance(event, Request):
+                data = ws.send(AcceptConnection())
+                for message in messages:
+                    data += ws.send(BytesMessage(data=message))
+                await stream.send(data)
+                return ws

@@ -54,12 +54,14 @@ from faultutil import (
     LedgerService,
     Outcome,
     Raw,
+    accept_upgrade,
     checksum,
     controller_config,
     dag_bomb,
     handshake,
     hello_with,
     percentile,
+    raw_listener,
     rss_bytes,
     upgrade_request,
     wait_for,
@@ -253,7 +255,13 @@ async def ping_flood_before_hello(raw: Raw) -> Outcome:
     return await raw.outcome(OUTCOME_WAIT)
 
 
+async def bad_idna_host(raw: Raw) -> Outcome:
+    await raw.write(upgrade_request(host="xn--zz"))  # not valid IDNA
+    return await raw.raw_http_outcome(OUTCOME_WAIT)
+
+
 BIG = 2**62
+HUGE = 10**5000  # cbor2 encodes it as a bignum (tag 2); its repr() raises ValueError
 UNAUTHENTICATED: list[tuple[str, Attack, set[str]]] = [
     # Random bytes without a line end: refused (400) if h11 can tell early, else never
     # answered, as a request line that never ends: the stream ends at the deadline.
@@ -298,6 +306,10 @@ UNAUTHENTICATED: list[tuple[str, Attack, set[str]]] = [
         after_upgrade(raw_bytes=ws_frame(OP_BINARY, b"abc", mask=False)),
         {"close 4008"},  # before authentication: a malformed handshake frame
     ),
+    # Issue 12: each of the next two ended the worker process, through an exception of the
+    # handshake (repr() of the bignum) or of wsproto (IDNA decoding) that escaped the listener.
+    ("bignum-protocol", after_upgrade(hello_with(protocol=HUGE)), {"close 4008", "close 4002"}),
+    ("bad-idna-host", bad_idna_host, {"http 400"}),
 ]
 
 
@@ -398,6 +410,27 @@ async def test_a_thousand_unauthenticated_sockets_do_not_starve_a_legitimate_pee
             )
             stats = t.worker.link.statistics()
             assert stats.evicted_unauthenticated >= count - LIMITS.max_unauthenticated_sockets
+
+
+async def test_a_hostile_listener_cannot_make_connect_raise() -> None:
+    """Issue 12, break 1, from the other side: a listener that answers every dial with a
+    bignum hello. ``gl.connect()`` used to raise out of its dial loop; it must keep dialing."""
+    attempts = 0
+
+    async def hostile(stream: anyio.abc.SocketStream) -> None:
+        nonlocal attempts
+        attempts += 1
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            await accept_upgrade(stream, hello_with(protocol=HUGE, role="worker"))
+            while await stream.receive():  # until the dialer hangs up
+                pass
+
+    with anyio.fail_after(DEADLINE):
+        async with raw_listener(hostile) as port:
+            url = f"ws://127.0.0.1:{port}/executor"
+            async with gl.connect(controller_config(LIMITS, url)) as executor:
+                await wait_for(lambda: attempts >= 3, OUTCOME_WAIT, "three dial attempts")
+                assert executor.availability == "offline"
 
 
 # ---------------------------------------------------------------------------------- authenticated

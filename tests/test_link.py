@@ -9,6 +9,8 @@ session with a legitimate peer.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import random
 import ssl
@@ -16,8 +18,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.abc
 import pytest
 import trustme
+from faultutil import accept_upgrade, raw_listener
 from linkutil import (
     DIRECTIONS,
     EXECUTOR,
@@ -37,9 +41,10 @@ from linkutil import (
 from wsproto.events import AcceptConnection, BytesMessage, RejectConnection
 
 from garcon_link.errors import ConfigError, FailureReason, SessionFailed
-from garcon_link.handshake import ResumeOffer, compute_mac, derive_key
+from garcon_link.handshake import Handshake, ResumeOffer, compute_mac, derive_key
 from garcon_link.limits import Limits
 from garcon_link.link import WebSocketLink, backoff, is_loopback_host
+from garcon_link.session import MessageSession
 from garcon_link.testing import FaultProxy
 from garcon_link.transport import TransportState
 from garcon_link.wire import Role, encode_canonical, encode_message
@@ -50,6 +55,7 @@ anyio_test = pytest.mark.anyio
 by_direction = pytest.mark.parametrize("direction", DIRECTIONS)
 
 DEADLINE = 10.0  # no single test may take longer than this (it would be a hang, not a result)
+CLOSED = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
 def ws_frame_size(payload: int, *, masked: bool) -> int:
@@ -1187,3 +1193,120 @@ async def test_a_refused_real_dialer_creates_no_session_on_its_retries(direction
                 assert "4004" in (second.link.last_error or "")
             finally:
                 await second.stop()
+
+
+# ------------------------------------------------------------------------------------------------
+# hostile input (issue 12): containment of unexpected errors, frame budgets, the upgrade request
+
+HUGE = 10**5000
+"""An integer cbor2 encodes as a bignum (tag 2) of ~5,000 digits: ``repr()`` of it raises
+``ValueError`` (Python's int-to-str digit limit), which once escaped the handshake."""
+
+
+def honest_handshake(role: Role) -> Handshake:
+    """A fresh handshake of ``role`` with the shared test secret (no session to resume)."""
+    return Handshake(
+        role=role,
+        executor_id=EXECUTOR,
+        key=derive_key(SECRET),
+        runtime=os.urandom(16),
+        nonce=os.urandom(32),
+        resume=None,
+    )
+
+
+def hello_with(hs: Handshake, **changes: object) -> bytes:
+    """``hs``'s hello frame with ``changes`` applied to its map (still canonical CBOR)."""
+    return encode_canonical({**hs.local_hello.to_wire(), **changes})
+
+
+@anyio_test
+@by_direction
+@pytest.mark.parametrize("field", ["protocol", "t"])
+async def test_a_bignum_in_the_hello_ends_only_that_socket(direction: str, field: str) -> None:
+    """Regression (issue 12, break 1): the worker process exited with status 1."""
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction) as (ep, role):  # on exit: a legitimate peer gets in
+            async with RawClient.connect(ep.link.listen_address) as client:
+                assert isinstance(await client.upgrade(), AcceptConnection)
+                await client.send_bytes(hello_with(client.handshake(role), **{field: HUGE}))
+                assert await client.wait_closed() in (4002, 4008)
+            assert ep.sessions == []
+
+
+@anyio_test
+@by_direction
+async def test_a_hostile_listener_cannot_stop_the_dial_loop(direction: str) -> None:
+    """Regression (issue 12, break 1): the same bignum sent by a *listener* made the dial loop
+    raise; it must count as that attempt's failure and the dialer dial again."""
+    _listen_role, dial_role = roles(direction)
+    attempts = 0
+
+    async def hostile(stream: anyio.abc.SocketStream) -> None:
+        nonlocal attempts
+        attempts += 1
+        hs = honest_handshake(dial_role.peer)
+        with contextlib.suppress(*CLOSED):
+            await accept_upgrade(stream, hello_with(hs, protocol=HUGE))
+            while await stream.receive():  # until the dialer hangs up (bounded by its deadline)
+                pass
+
+    with anyio.fail_after(DEADLINE):
+        async with raw_listener(hostile) as port:
+            link = make_link(dial_role, small_limits(), dial=f"ws://127.0.0.1:{port}/executor")
+            async with link:
+                await wait_until(lambda: attempts >= 3, what="three dial attempts")
+            assert link.statistics().dial_attempts >= 3
+
+
+@anyio_test
+@by_direction
+async def test_an_unexpected_exception_in_the_handshake_ends_only_that_socket(
+    direction: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Containment, independent of any decoder fix: whatever the handshake raises is the
+    peer's failure (logged with its traceback), on both the listening and the dialing side."""
+    caplog.set_level(logging.WARNING, logger="garcon_link.link")
+
+    def broken(self: Handshake, data: bytes) -> bytes | None:
+        raise RuntimeError("injected fault")
+
+    with anyio.fail_after(DEADLINE):
+        async with link_pair(direction) as pair:
+            monkeypatch.setattr(Handshake, "receive", broken)
+            await wait_until(
+                lambda: (
+                    pair.listener.link.statistics().unexpected_errors >= 2
+                    and pair.dialer.link.statistics().unexpected_errors >= 2
+                ),
+                what="both links to contain two injected faults each",
+            )
+            monkeypatch.undo()
+            await pair.wait_ready()  # the listener kept listening, the dialer kept dialing
+    faults = [r for r in caplog.records if "unexpected RuntimeError: injected fault" in r.message]
+    assert faults and all(r.exc_info is not None for r in faults)
+
+
+@anyio_test
+@by_direction
+async def test_an_unexpected_exception_after_authentication_retires_only_that_session(
+    direction: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = b"\xf7 boom"
+    real = MessageSession.receive
+
+    def receive(self: MessageSession, data: bytes) -> list[bytes]:
+        if data == marker:
+            raise RuntimeError("injected fault")
+        return real(self, data)
+
+    monkeypatch.setattr(MessageSession, "receive", receive)
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction) as (ep, role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                await raw_session(client, role, ep)
+                await client.send_bytes(marker)
+                assert await client.wait_closed() == 4008
+            rec = ep.current
+            await wait_until(lambda: rec.transport.state is TransportState.RETIRED)
+            assert ep.link.statistics().unexpected_errors == 1
