@@ -38,7 +38,9 @@ sockets and hands each to the current :class:`~garcon_link.transport.SessionTran
 Failures
 --------
 Every closed socket is logged with its cause. Exceptions of wsproto, h11, ssl and the OS never
-leave this module: they end the socket they belong to and are logged. Any *other* exception
+leave this module: they end the socket they belong to and are logged; they are classified in one
+place (``_GONE``: the socket is gone; ``_BROKEN``: the peer's bytes broke HTTP or WebSocket
+framing). Any *other* exception
 raised while serving one peer -- a bug, here or below, that the peer's bytes reached -- is that
 peer's failure, never the process's (``_peer_failed``): the socket is closed (4008 while it can
 still say so; the session it carried is retired), the traceback is logged and counted
@@ -62,6 +64,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import h11
 from anyio.abc import SocketAttribute
 from anyio.streams.tls import TLSStream
 from wsproto import ConnectionType, WSConnection
@@ -105,6 +108,21 @@ _REASON_CHARS = 200
 """Longest reason (log line, refusal body) built from a library's message about peer bytes."""
 _UNEXPECTED = "unexpected error"
 """The close reason a peer gets for a socket ended by an unexpected error (details are logged)."""
+
+# The one classification of lower-library exceptions (STYLE 16), used by every receive and send:
+# the byte stream or the WebSocket is gone (anyio's and the OS's errors -- ssl.SSLError is an
+# OSError -- and wsproto's refusal to send or receive on a closed connection) ...
+_GONE: tuple[type[Exception], ...] = (
+    anyio.EndOfStream,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.BusyResourceError,
+    OSError,
+    LocalProtocolError,
+)
+# ... or the peer's bytes broke HTTP or WebSocket framing (wsproto wraps h11's errors; UnicodeError:
+# wsproto decodes the Host header as IDNA and lets a bad one escape).
+_BROKEN: tuple[type[Exception], ...] = (RemoteProtocolError, h11.ProtocolError, UnicodeError)
 
 # Close codes a peer sends when *it* has retired the logical session: no resume is possible.
 # 1001 is a deliberate shutdown (``aclose``), which retires the session on that side too, so
@@ -216,7 +234,7 @@ class _WebSocket:
     async def _write(self, data: bytes) -> None:
         try:
             await self.stream.send(data)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ssl.SSLError) as e:
+        except _GONE as e:
             raise self._gone(e) from e
 
     def _gone(self, cause: BaseException) -> _SocketGone:
@@ -230,8 +248,8 @@ class _WebSocket:
                 raise _SocketGone("socket is closed")
             try:
                 data = self.ws.send(event)
-            except LocalProtocolError as exc:
-                raise _SocketGone(str(exc)) from exc
+            except _GONE as exc:
+                raise self._gone(exc) from exc
             await self._write(data)
 
     async def send_message(self, data: bytes) -> None:
@@ -259,7 +277,7 @@ class _WebSocket:
         assert stream is not None and not self._lock.locked()
         try:
             stream.send_nowait(self.ws.send(BytesMessage(data=data)))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, LocalProtocolError) as e:
+        except _GONE as e:
             raise self._gone(e) from e
 
     def retired_by_peer(self) -> str | None:
@@ -354,7 +372,7 @@ class _WebSocket:
                         async with self._lock:
                             try:
                                 await self._write(self.ws.send(event.response()))
-                            except (_SocketGone, LocalProtocolError):
+                            except _GONE:
                                 pass
                     self._closed = True
                     return None
@@ -365,11 +383,9 @@ class _WebSocket:
                 return None
             try:
                 data = await self.stream.receive(_READ_CHUNK)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._closed = True
-                return None
-            except (OSError, ssl.SSLError) as exc:
-                log.debug("%s: read failed: %s", self.peer, exc)
+            except _GONE as exc:
+                if not isinstance(exc, anyio.EndOfStream):
+                    log.debug("%s: read failed: %s", self.peer, exc)
                 self._closed = True
                 return None
             self.last_inbound = self._clock()
@@ -378,9 +394,12 @@ class _WebSocket:
                 self._probe = None
             try:
                 self.ws.receive_data(data)
-            except (RemoteProtocolError, LocalProtocolError) as exc:
+            except _BROKEN as exc:
                 self.local_close = (CloseCode.PROTOCOL, "bad WebSocket framing")
                 raise MalformedFrame(f"bad WebSocket framing: {exc}") from exc
+            except _GONE:
+                self._closed = True  # wsproto: the connection is already closed
+                return None
 
     async def close(self, code: int, reason: str, *, drain: bool = True) -> None:
         """Send a close frame, wait briefly for the peer's answer, close the byte stream.
@@ -397,7 +416,7 @@ class _WebSocket:
                     try:
                         await self._write(self.ws.send(CloseConnection(code=code, reason=reason)))
                         sent = True
-                    except (_SocketGone, LocalProtocolError):
+                    except _GONE:
                         pass
             if sent and drain and code != CloseCode.HEARTBEAT_TIMEOUT:
                 await self._await_peer_close()
@@ -412,16 +431,7 @@ class _WebSocket:
                 self.ws.receive_data(data)
                 for _event in self.ws.events():
                     pass
-            except (
-                anyio.EndOfStream,
-                anyio.BrokenResourceError,
-                anyio.ClosedResourceError,
-                anyio.BusyResourceError,
-                RemoteProtocolError,
-                LocalProtocolError,
-                OSError,
-                ssl.SSLError,
-            ):
+            except (*_GONE, *_BROKEN):
                 return
 
     async def abort(self) -> None:
@@ -686,7 +696,7 @@ class WebSocketLink:
                     byte_stream = await TLSStream.wrap(
                         stream, server_side=True, ssl_context=self._ssl, standard_compatible=False
                     )
-                except (ssl.SSLError, OSError, anyio.BrokenResourceError, anyio.EndOfStream) as e:
+                except _GONE as e:
                     log.info("%s ✕ %s TLS handshake failed: %s", self._tag, peer, e)
                     return None
             ws = WSConnection(ConnectionType.SERVER)
@@ -713,13 +723,12 @@ class WebSocketLink:
         while True:
             try:
                 data = await sock.stream.receive(_READ_CHUNK)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError, ssl.SSLError):
+            except _GONE:
                 return False
             try:
                 ws.receive_data(data)
                 events = list(ws.events())
-            except (RemoteProtocolError, UnicodeError) as exc:
-                # (UnicodeError: wsproto decodes the Host header as IDNA and lets a bad one out.)
+            except _BROKEN as exc:
                 await self._refuse_upgrade(sock, 400, _one_line(f"bad upgrade request: {exc}"))
                 return False
             for event in events:
@@ -833,7 +842,7 @@ class WebSocketLink:
             except ssl.SSLError as exc:
                 await anyio.aclose_forcefully(stream)
                 raise LinkError(f"TLS handshake with {peer} failed: {exc.reason or exc}") from exc
-            except (anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
+            except _GONE as exc:
                 await anyio.aclose_forcefully(stream)
                 raise LinkError(f"connection to {peer} lost during upgrade: {exc}") from exc
         await anyio.aclose_forcefully(stream)
@@ -860,7 +869,7 @@ class WebSocketLink:
                         raise LinkError(
                             f"{sock.peer} refused the upgrade: HTTP {event.status_code}"
                         )
-            except RemoteProtocolError as exc:
+            except _BROKEN as exc:
                 raise LinkError(f"bad upgrade response from {sock.peer}: {exc}") from exc
 
     # ------------------------------------------------------------------ handshake & attach
