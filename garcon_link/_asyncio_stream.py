@@ -255,6 +255,11 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         if not self._closed:
             self._closed = True
             self._transport.abort()
+            # Unread bytes are of no use now: free them at once, not when the garbage collector
+            # gets to a reference cycle that may still hold this stream (a closed flood of
+            # sockets would otherwise keep up to READ_HIGH_WATER each).
+            self._protocol.chunks.clear()
+            self._protocol.buffered = 0
             self._protocol._wake_reader()
             self._protocol.resume_writing()
         await anyio.lowlevel.checkpoint()

@@ -45,7 +45,9 @@ raised while serving one peer -- a bug, here or below, that the peer's bytes rea
 peer's failure, never the process's (``_peer_failed``): the socket is closed (4008 while it can
 still say so; the session it carried is retired), the traceback is logged and counted
 (``unexpected_errors``), and the listener keeps listening and the dial loop keeps dialing.
-Cancellation is not an ``Exception`` and passes.
+Cancellation is not an ``Exception`` and passes. Other log records carry causes as text, never
+exception objects: a handler that keeps records (a test's capture, a memory handler) would
+otherwise keep every refused socket's frames and buffers alive with them.
 """
 
 from __future__ import annotations
@@ -385,7 +387,7 @@ class _WebSocket:
                 data = await self.stream.receive(_READ_CHUNK)
             except _GONE as exc:
                 if not isinstance(exc, anyio.EndOfStream):
-                    log.debug("%s: read failed: %s", self.peer, exc)
+                    log.debug("%s: read failed: %s", self.peer, repr(exc))
                 self._closed = True
                 return None
             self.last_inbound = self._clock()
@@ -697,7 +699,7 @@ class WebSocketLink:
                         stream, server_side=True, ssl_context=self._ssl, standard_compatible=False
                     )
                 except _GONE as e:
-                    log.info("%s ✕ %s TLS handshake failed: %s", self._tag, peer, e)
+                    log.info("%s ✕ %s TLS handshake failed: %s", self._tag, peer, str(e))
                     return None
             ws = WSConnection(ConnectionType.SERVER)
             sock = _WebSocket(byte_stream, ws, peer=peer, limits=self.limits)
@@ -786,7 +788,7 @@ class WebSocketLink:
                     await self._attach_and_run(*result)
             except LinkError as exc:
                 self.last_error = str(exc)
-                log.warning("%s dial %s failed: %s", self._tag, self.url, exc)
+                log.warning("%s dial %s failed: %s", self._tag, self.url, self.last_error)
             except Exception as exc:
                 self._peer_failed(self.url, exc)  # never the dial loop's failure: dial again
             if up_since is not None and (
@@ -949,7 +951,7 @@ class WebSocketLink:
         except HandshakeError as exc:
             self._count_handshake_failure(exc.reason)
             self.last_error = str(exc)
-            log.warning("%s ✕ %s handshake refused: %s", self._tag, sock.peer, exc)
+            log.warning("%s ✕ %s handshake refused: %s", self._tag, sock.peer, self.last_error)
             await sock.close(exc.close_code, exc.reason.description)
             return None
         except _SocketGone:

@@ -1310,3 +1310,31 @@ async def test_an_unexpected_exception_after_authentication_retires_only_that_se
             rec = ep.current
             await wait_until(lambda: rec.transport.state is TransportState.RETIRED)
             assert ep.link.statistics().unexpected_errors == 1
+
+
+@anyio_test
+@by_direction
+async def test_log_records_carry_causes_as_text_not_exception_objects(
+    direction: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record that holds an exception holds its traceback, its frames and their locals -- the
+    refused socket with its buffers -- for as long as any handler keeps the record (pytest's
+    capture kept ~900 flooding sockets, 210 MiB, alive during one test of issue 12)."""
+    caplog.set_level(logging.DEBUG, logger="garcon_link.link")
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction) as (ep, _role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                assert isinstance(await client.upgrade(), AcceptConnection)
+                await client.send_bytes(b"\xa1")  # a truncated hello: refused (4008)
+                assert await client.wait_closed() == 4008
+            _listen_role, dial_role = roles(direction)
+            link = make_link(dial_role, small_limits(), dial="ws://127.0.0.1:1/executor")
+            async with link:  # nothing listens on port 1: the dial fails, and is logged
+                await wait_until(lambda: link.statistics().dial_attempts >= 2)
+    records = [r for r in caplog.records if r.name == "garcon_link.link"]
+    assert any("handshake refused" in r.getMessage() for r in records)
+    assert any("dial" in r.getMessage() and "failed" in r.getMessage() for r in records)
+    for record in records:
+        assert record.exc_info is None, record.getMessage()
+        args = record.args if isinstance(record.args, tuple) else ()
+        assert not any(isinstance(a, BaseException) for a in args), record.getMessage()
