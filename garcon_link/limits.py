@@ -146,6 +146,28 @@ class Limits:
         default=2.0,
         metadata=_doc("How long a closing socket waits for the peer's close frame."),
     )
+    # hostile-input bounds (link)
+    max_handshake_frames: int = field(
+        default=16,
+        metadata=_doc(
+            "Frames of any kind (data, ping, pong) a socket may send before it is authenticated; "
+            "one more closes it (4008). A handshake needs two (hello and proof)."
+        ),
+    )
+    frame_rate: int = field(
+        default=20_000,
+        metadata=_doc(
+            "Sustained inbound frames per second of one authenticated socket (control frames "
+            "included); beyond it (and the burst) the socket is read more slowly, never closed."
+        ),
+    )
+    frame_burst: int = field(
+        default=4096,
+        metadata=_doc(
+            "Frames an authenticated socket may send at once above frame_rate (the token "
+            "bucket's size); must exceed max_handshake_frames."
+        ),
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -176,6 +198,12 @@ class Limits:
             )
         if self.backoff_base > self.backoff_max:
             raise ConfigError("Limits.backoff_base must not exceed backoff_max")
+        if self.max_handshake_frames >= self.frame_burst:
+            raise ConfigError(
+                "Limits.max_handshake_frames must be below frame_burst "
+                f"({self.max_handshake_frames} >= {self.frame_burst}): an unauthenticated socket "
+                "gets a strictly smaller share of the loop than an authenticated one"
+            )
 
     def replace(self, **changes: Any) -> Limits:
         """Return a validated copy with ``changes`` applied.

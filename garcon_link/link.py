@@ -17,7 +17,9 @@ sockets and hands each to the current :class:`~garcon_link.transport.SessionTran
    takeover rule therefore never completes a handshake -- it creates no session on its retries --
    and a listener never hands out a proof that could be reflected. Upgrade plus handshake must
    finish within ``handshake_timeout`` (else 4008); handshake frames are capped at
-   ``max_handshake_frame_bytes`` before buffering. A refusal closes with the reason's close code.
+   ``max_handshake_frame_bytes`` before buffering, and an unauthenticated socket may send at most
+   ``max_handshake_frames`` frames of any kind (data, ping, pong): the next one closes it with
+   4008 at once. A refusal closes with the reason's close code.
 3. **Resume or fresh.** Resume iff runtimes cross-match and session ids match; the peer's
    ``received`` positions the replay. Otherwise the current session is retired (``REPLACED``) and a
    fresh transport is created; session listeners run before its first packet is processed.
@@ -34,6 +36,20 @@ sockets and hands each to the current :class:`~garcon_link.transport.SessionTran
 5. **Dialing.** One dial loop per link: connect (``connect_timeout``), upgrade, handshake, run;
    between attempts the delay comes from :func:`backoff` -- first retry immediate, then full-jitter
    exponential capped at ``backoff_max``, reset after a socket stayed up ``backoff_reset_after``.
+
+Sharing the event loop with hostile peers
+-----------------------------------------
+A frame can cost far more to parse than it costs to send (an empty continuation frame is 6
+bytes), so frames, not only bytes, are budgeted, per socket (:class:`FrameBudget`): before
+authentication a fixed allowance (``max_handshake_frames``, no refill), after it a token bucket
+(``frame_rate`` per second, ``frame_burst`` at once) that *throttles* -- the socket is read again
+once it has earned a batch -- and never closes an authenticated peer. ``max_handshake_frames``
+must be below ``frame_burst``: an unauthenticated socket always gets the smaller share. Every
+read is a checkpoint (anyio's contract, kept by :mod:`garcon_link._asyncio_stream`), so between
+two reads of one socket every other task runs; wsproto parses lazily, so frames left unparsed
+when a message completes or the budget runs out cost nothing until the next pass. A socket we
+close is drained for its close frame while its budget lasts, then only read and dropped (so the
+close frame is not lost to a TCP reset) until ``close_timeout``.
 
 Failures
 --------
@@ -56,6 +72,7 @@ import asyncio
 import dataclasses
 import ipaddress
 import logging
+import math
 import os
 import random
 import ssl
@@ -100,12 +117,22 @@ from .limits import Limits
 from .transport import SessionTransport, TransportState
 from .wire import CloseCode, Role
 
-__all__ = ["EXECUTOR_PATH", "LinkStatistics", "WebSocketLink", "backoff", "is_loopback_host"]
+__all__ = [
+    "EXECUTOR_PATH",
+    "FrameBudget",
+    "LinkStatistics",
+    "WebSocketLink",
+    "backoff",
+    "is_loopback_host",
+]
 
 log = logging.getLogger(__name__)
 
 EXECUTOR_PATH = "/executor"
 _READ_CHUNK = 65536
+_THROTTLE_QUANTUM = 0.01
+"""A socket over its frame budget is read again once it earned this many seconds of frames (so its
+reader wakes at most ~100 times a second, each time for a bounded batch)."""
 _REASON_CHARS = 200
 """Longest reason (log line, refusal body) built from a library's message about peer bytes."""
 _UNEXPECTED = "unexpected error"
@@ -165,6 +192,59 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+@dataclass(slots=True)
+class FrameBudget:
+    """A token bucket of the frames one socket may send us (pure: the caller passes ``now``).
+
+    It holds at most ``burst`` tokens and earns ``rate`` tokens per second; every inbound frame --
+    a data frame or fragment, a ping, a pong, a close -- spends one. ``rate == 0`` makes it a
+    fixed allowance that never refills. The link gives an unauthenticated socket such an allowance
+    (``Limits.max_handshake_frames``: the handshake needs two frames) and an authenticated one a
+    refilling bucket (``Limits.frame_rate``, ``Limits.frame_burst``), so before authentication a
+    socket can cost the event loop only a handful of frames' work, and after it a bounded rate.
+
+    Attributes:
+        rate: tokens earned per second (``>= 0``).
+        burst: capacity, and the balance of a new bucket.
+        tokens: the balance; negative while the socket owes frames.
+        stamp: the ``now`` of the last refill.
+    """
+
+    rate: float
+    burst: float
+    tokens: float
+    stamp: float
+
+    @classmethod
+    def full(cls, rate: float, burst: float, now: float) -> FrameBudget:
+        """A bucket holding ``burst`` tokens at ``now``."""
+        return cls(rate=rate, burst=burst, tokens=burst, stamp=now)
+
+    def _refill(self, now: float) -> None:
+        if now > self.stamp:
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+
+    def spend(self, now: float, frames: int = 1) -> bool:
+        """Spend ``frames`` tokens at ``now``; whether the balance is still ``>= 0``."""
+        self._refill(now)
+        self.tokens -= frames
+        return self.tokens >= 0
+
+    def delay(self, now: float, quantum: float = _THROTTLE_QUANTUM) -> float:
+        """Seconds to wait before the next frame is processed: 0 while the balance is not
+        negative; else until it has earned back its debt plus ``quantum`` seconds of frames (at
+        most ``burst``), so that a throttled reader wakes for a batch, not for every frame;
+        ``math.inf`` when in debt with ``rate == 0`` (the allowance is spent for good)."""
+        self._refill(now)
+        if self.tokens >= 0:
+            return 0.0
+        if self.rate <= 0:
+            return math.inf
+        target = min(self.burst, max(1.0, self.rate * quantum))
+        return (target - self.tokens) / self.rate
+
+
 def _one_line(text: str) -> str:
     """``text`` on one line, at most :data:`_REASON_CHARS` characters (for logs and replies)."""
     flat = " ".join(text.split())
@@ -193,6 +273,10 @@ class LinkStatistics:
     takeovers_refused: int = 0
     heartbeat_timeouts: int = 0
     dial_attempts: int = 0
+    handshake_frames_exceeded: int = 0
+    """Unauthenticated sockets closed for sending more than ``max_handshake_frames`` frames."""
+    throttled_reads: int = 0
+    """Times an authenticated socket's reader waited for its frame budget (``frame_rate``)."""
     unexpected_errors: int = 0
     """Sockets ended by an exception nobody expected (a bug, contained to that one peer)."""
 
@@ -201,12 +285,20 @@ class _WebSocket:
     """One WebSocket over one byte stream: the link's single send path and message assembly."""
 
     def __init__(
-        self, stream: anyio.abc.ByteStream, ws: WSConnection, *, peer: str, limits: Limits
+        self,
+        stream: anyio.abc.ByteStream,
+        ws: WSConnection,
+        *,
+        peer: str,
+        limits: Limits,
+        stats: LinkStatistics | None = None,
     ) -> None:
         self.stream = stream
         self.ws = ws
         self.peer = peer
         self.limits = limits
+        self._stats = stats if stats is not None else LinkStatistics()
+        # Handshake bounds until authenticated() lifts them to the session's.
         self.max_message = limits.max_handshake_frame_bytes
         # The clock of the message path: on asyncio the loop's own (anyio.current_time() looks
         # up the backend, and on Python 3.11 each lookup costs a getpid() system call).
@@ -214,6 +306,7 @@ class _WebSocket:
             asyncio.get_running_loop().time if _asyncio_stream.on_asyncio() else anyio.current_time
         )
         self.last_inbound = self._clock()
+        self._budget = FrameBudget.full(0.0, limits.max_handshake_frames, self.last_inbound)
         self.reading = False  # a receive_message() is in progress (see there)
         self.peer_close: tuple[int, str] | None = None
         self.local_close: tuple[int, str] | None = None
@@ -232,6 +325,14 @@ class _WebSocket:
         self._closed = False
 
     # -- send path: check state, write under the lock, await drain, map errors
+
+    def authenticated(self) -> None:
+        """The peer is admitted: from now on the session's bounds apply (message size, frame
+        rate) instead of the handshake's."""
+        self.max_message = self.limits.max_frame_bytes
+        self._budget = FrameBudget.full(
+            self.limits.frame_rate, self.limits.frame_burst, self._clock()
+        )
 
     async def _write(self, data: bytes) -> None:
         try:
@@ -337,7 +438,23 @@ class _WebSocket:
             self.reading = False
 
     async def _receive_message(self) -> bytes | None:
+        now = self._clock()
         while True:
+            if self._budget.tokens < 0:
+                # Over the frame budget (only an authenticated socket gets here: an
+                # unauthenticated one is closed by _count_frame): read this peer again once it
+                # has earned a batch of frames.
+                now = self._clock()
+                delay = self._budget.delay(now)
+                if delay == math.inf:  # (a caller reading on after that refusal)
+                    raise MalformedFrame("the frame allowance is spent")
+                self._stats.throttled_reads += 1
+                await anyio.sleep(delay)
+                now = self._clock()
+                # Time we chose not to read is not the peer's silence.
+                self.last_inbound = max(self.last_inbound, now)
+            # wsproto parses frames lazily, one per event: leaving this loop early (a message,
+            # or the budget spent) leaves the rest unparsed in its buffer for the next pass.
             for event in self.ws.events():
                 if isinstance(event, BytesMessage):
                     size = self._size + len(event.data)
@@ -346,6 +463,8 @@ class _WebSocket:
                         self._size = 0
                         self.local_close = (CloseCode.MESSAGE_TOO_BIG, "message too big")
                         raise FrameTooLarge(size, self.max_message)
+                    if event.frame_finished:
+                        self._count_frame(now)
                     if event.message_finished and not self._parts:
                         return bytes(event.data)
                     self._parts.append(bytes(event.data))
@@ -356,12 +475,13 @@ class _WebSocket:
                         self._size = 0
                         return data
                 elif isinstance(event, Ping):
+                    self._count_frame(now)
                     try:
                         await self._send_event(event.response())
                     except _SocketGone:
                         return None
                 elif isinstance(event, Pong):
-                    pass
+                    self._count_frame(now)
                 elif isinstance(event, CloseConnection):
                     if self.ws.state is ConnectionState.OPEN:
                         # wsproto reports broken framing (reserved bits or opcodes, an unmasked
@@ -381,27 +501,45 @@ class _WebSocket:
                 elif isinstance(event, TextMessage):
                     self.local_close = (CloseCode.UNSUPPORTED_DATA, "text frames are not allowed")
                     raise MalformedFrame("text frame received; every message must be binary")
-            if self._closed:
-                return None
-            try:
-                data = await self.stream.receive(_READ_CHUNK)
-            except _GONE as exc:
-                if not isinstance(exc, anyio.EndOfStream):
-                    log.debug("%s: read failed: %s", self.peer, repr(exc))
-                self._closed = True
-                return None
-            self.last_inbound = self._clock()
-            if self._probe is not None:
-                self._probe.set()
-                self._probe = None
-            try:
-                self.ws.receive_data(data)
-            except _BROKEN as exc:
-                self.local_close = (CloseCode.PROTOCOL, "bad WebSocket framing")
-                raise MalformedFrame(f"bad WebSocket framing: {exc}") from exc
-            except _GONE:
-                self._closed = True  # wsproto: the connection is already closed
-                return None
+                if self._budget.tokens < 0:
+                    break  # wait (above) before parsing another frame
+            else:
+                if self._closed:
+                    return None
+                # A receive is a checkpoint (anyio's contract, kept by the asyncio stream too): a
+                # peer that keeps our buffers full still lets the other tasks run between reads.
+                try:
+                    data = await self.stream.receive(_READ_CHUNK)
+                except _GONE as exc:
+                    if not isinstance(exc, anyio.EndOfStream):
+                        log.debug("%s: read failed: %s", self.peer, repr(exc))
+                    self._closed = True
+                    return None
+                now = self.last_inbound = self._clock()
+                if self._probe is not None:
+                    self._probe.set()
+                    self._probe = None
+                try:
+                    self.ws.receive_data(data)
+                except _BROKEN as exc:
+                    self.local_close = (CloseCode.PROTOCOL, "bad WebSocket framing")
+                    raise MalformedFrame(f"bad WebSocket framing: {exc}") from exc
+                except _GONE:
+                    self._closed = True  # wsproto: the connection is already closed
+                    return None
+
+    def _count_frame(self, now: float) -> None:
+        """Spend one frame of the budget; before authentication, running out ends the socket.
+
+        Raises:
+            MalformedFrame: more than ``max_handshake_frames`` frames before authentication.
+        """
+        if not self._budget.spend(now) and self._budget.rate <= 0:
+            self._stats.handshake_frames_exceeded += 1
+            self.local_close = (CloseCode.PROTOCOL_ERROR, "too many frames before authentication")
+            raise MalformedFrame(
+                f"more than {self.limits.max_handshake_frames} frames before authentication"
+            )
 
     async def close(self, code: int, reason: str, *, drain: bool = True) -> None:
         """Send a close frame, wait briefly for the peer's answer, close the byte stream.
@@ -426,13 +564,25 @@ class _WebSocket:
         await anyio.aclose_forcefully(self.stream)
 
     async def _await_peer_close(self) -> None:
-        """Read (and discard) until the peer's close frame or EOF; the caller bounds the time."""
+        """Read (and discard) until the peer's close frame or EOF; the caller bounds the time.
+
+        Discarded frames still spend the frame budget. Once it has run out (a peer that floods
+        instead of closing) the bytes are no longer parsed, only read and dropped: not reading
+        them would make our close turn into a TCP reset, which can destroy the close frame
+        before the peer reads it, and the peer would never learn why.
+        """
+        parsing = True
         while self.ws.state is not ConnectionState.CLOSED:
             try:
                 data = await self.stream.receive(_READ_CHUNK)
+                if not parsing:
+                    continue
                 self.ws.receive_data(data)
+                now = self._clock()
                 for _event in self.ws.events():
-                    pass
+                    if not self._budget.spend(now):
+                        parsing = False
+                        break
             except (*_GONE, *_BROKEN):
                 return
 
@@ -702,7 +852,7 @@ class WebSocketLink:
                     log.info("%s ✕ %s TLS handshake failed: %s", self._tag, peer, str(e))
                     return None
             ws = WSConnection(ConnectionType.SERVER)
-            sock = _WebSocket(byte_stream, ws, peer=peer, limits=self.limits)
+            sock = _WebSocket(byte_stream, ws, peer=peer, limits=self.limits, stats=self._stats)
             if not await self._server_upgrade(sock):
                 return None
             # The accepting side holds its proof until it has admitted the peer (_run_socket):
@@ -838,7 +988,7 @@ class WebSocketLink:
                         standard_compatible=False,
                     )
                 ws = WSConnection(ConnectionType.CLIENT)
-                sock = _WebSocket(stream, ws, peer=peer, limits=self.limits)
+                sock = _WebSocket(stream, ws, peer=peer, limits=self.limits, stats=self._stats)
                 await self._client_upgrade(sock, host, port)
                 return await self._authenticate(sock)
             except ssl.SSLError as exc:
@@ -983,7 +1133,7 @@ class WebSocketLink:
             except _SocketGone:
                 return  # the transport waits, detached, for the next socket (or its grace)
             log.debug("%s → %s proof (admitted)", self._tag, sock.peer)
-        sock.max_message = self.limits.max_frame_bytes
+        sock.authenticated()
         self._attached = sock
         log.info(
             "%s ⇄ %s attached session=%s resumed=%s",

@@ -29,7 +29,7 @@ import resource
 import struct
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -314,10 +314,17 @@ class LatencyProbe:
 
     latencies: list[float]
     failures: list[str]
+    started: list[float] = field(default_factory=list)  # start time of each latency's call
 
     @classmethod
     def new(cls) -> LatencyProbe:
         return cls([], [])
+
+    def window(self, start: float, end: float) -> list[float]:
+        """Latencies of the calls that started in ``[start, end)`` (each counted once it ended,
+        so wait until a call that started after ``end`` has finished to see them all)."""
+        pairs = zip(self.started, self.latencies, strict=True)
+        return [latency for began, latency in pairs if start <= began < end]
 
     async def run(self, ledger: Ledger, stop: anyio.Event, *, interval: float = 0.01) -> None:
         """Call ``ledger.apply`` every ``interval`` until ``stop`` (bounded by the caller)."""
@@ -333,6 +340,7 @@ class LatencyProbe:
             else:
                 if result != checksum(token, b"ping"):
                     self.failures.append(f"{token}: wrong result {result!r}")
+            self.started.append(start)
             self.latencies.append(anyio.current_time() - start)
             with anyio.move_on_after(interval):
                 await stop.wait()
@@ -372,6 +380,7 @@ def ws_frame(
 
 
 OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING = 0x1, 0x2, 0x8, 0x9
+OP_CONTINUATION, OP_PONG = 0x0, 0xA
 
 
 def handshake(

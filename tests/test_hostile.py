@@ -47,12 +47,14 @@ import pytest
 from faultutil import (
     EXECUTOR_ID,
     OP_BINARY,
+    OP_CONTINUATION,
     OP_PING,
     SECRET,
     LatencyProbe,
     Ledger,
     LedgerService,
     Outcome,
+    PeakRss,
     Raw,
     accept_upgrade,
     checksum,
@@ -255,6 +257,17 @@ async def ping_flood_before_hello(raw: Raw) -> Outcome:
     return await raw.outcome(OUTCOME_WAIT)
 
 
+async def continuation_flood_before_hello(raw: Raw) -> Outcome:
+    """A message started, then empty continuation frames (6 bytes each) until cut off."""
+    assert await raw.upgrade()
+    await raw.write(ws_frame(OP_BINARY, b"", fin=False))
+    with anyio.move_on_after(OUTCOME_WAIT):
+        for _ in range(200):
+            if not await raw.write(ws_frame(OP_CONTINUATION, b"", fin=False) * 1000):
+                break
+    return await raw.outcome(OUTCOME_WAIT)
+
+
 async def bad_idna_host(raw: Raw) -> Outcome:
     await raw.write(upgrade_request(host="xn--zz"))  # not valid IDNA
     return await raw.raw_http_outcome(OUTCOME_WAIT)
@@ -310,6 +323,8 @@ UNAUTHENTICATED: list[tuple[str, Attack, set[str]]] = [
     # handshake (repr() of the bignum) or of wsproto (IDNA decoding) that escaped the listener.
     ("bignum-protocol", after_upgrade(hello_with(protocol=HUGE)), {"close 4008", "close 4002"}),
     ("bad-idna-host", bad_idna_host, {"http 400"}),
+    # (Issue 12) ended at the handshake deadline, parsed all along; now after max_handshake_frames.
+    ("continuation-flood-before-hello", continuation_flood_before_hello, {"close 4008", "eof"}),
 ]
 
 
@@ -410,6 +425,78 @@ async def test_a_thousand_unauthenticated_sockets_do_not_starve_a_legitimate_pee
             )
             stats = t.worker.link.statistics()
             assert stats.evicted_unauthenticated >= count - LIMITS.max_unauthenticated_sockets
+
+
+# Issue 12, break 2 (the acceptance measurement): floods of tiny frames from unauthenticated
+# sockets. The legitimate peer's p99 is compared with its idle p99 measured just before, in the
+# same test; the attacked process must not grow by more than FLOOD_RSS at its peak.
+FLOOD_SOCKETS = 16
+FLOOD_SECONDS = 2.0
+IDLE_SECONDS = 1.0
+FLOOD_P99 = 0.25
+FLOOD_RSS = 64 * MiB
+FLOODS = {
+    # A message started, then empty continuation frames: 6 bytes each (2 of header, 4 of mask).
+    "empty-continuation-frames": (
+        ws_frame(OP_BINARY, b"", fin=False),
+        ws_frame(OP_CONTINUATION, b"", fin=False) * 10_000,
+    ),
+    "pings": (b"", ws_frame(OP_PING, b"") * 10_000),
+}
+
+
+@pytest.mark.parametrize("flood", list(FLOODS))
+async def test_a_frame_flood_from_16_unauthenticated_sockets_leaves_a_legitimate_peer_fast(
+    flood: str,
+) -> None:
+    """Each of 16 attackers upgrades and writes frames as fast as the socket takes them; when
+    the worker ends its socket it reconnects at once, so 16 sockets flood for the whole window.
+    Before issue 12 the worker parsed every frame of every read without yielding: the probe's
+    p99 went from ~2 ms idle to 0.5-4 s (and more with more sockets)."""
+    first, chunk = FLOODS[flood]
+    connections = 0
+
+    async def attacker(port: int, stop: anyio.Event) -> None:
+        nonlocal connections
+        while not stop.is_set():  # bounded by the flood window (and the test's deadline)
+            connections += 1
+            async with Raw.connect(port) as raw:
+                if not await raw.upgrade() or (first and not await raw.write(first)):
+                    continue
+                while not stop.is_set() and await raw.write(chunk):
+                    pass
+
+    with anyio.fail_after(DEADLINE):
+        async with target() as t:
+            idle_start = anyio.current_time()
+            await anyio.sleep(IDLE_SECONDS)  # the probe measures the idle baseline meanwhile
+            stop = anyio.Event()
+            with PeakRss() as rss:
+                flood_start = anyio.current_time()
+                async with anyio.create_task_group() as tg:
+                    for _ in range(FLOOD_SOCKETS):
+                        tg.start_soon(attacker, t.port, stop)
+                    await anyio.sleep(FLOOD_SECONDS)
+                    flood_end = anyio.current_time()
+                    stop.set()
+                    tg.cancel_scope.cancel()
+                # Every call that started under the flood has ended once a later one has.
+                await wait_for(
+                    lambda: t.probe.started[-1] >= flood_end, OUTCOME_WAIT, "a call after"
+                )
+            idle = percentile(t.probe.window(idle_start, flood_start), 0.99)
+            during = t.probe.window(flood_start, flood_end)
+            p99 = percentile(during, 0.99)
+            figures = (
+                f"{flood}: legitimate p99 idle {idle * 1000:.1f} ms, under the flood of "
+                f"{FLOOD_SOCKETS} sockets {p99 * 1000:.1f} ms ({len(during)} calls, "
+                f"{connections} attacker connections); peak RSS growth {rss.growth / MiB:.1f} "
+                f"MiB (exact={rss.exact})"
+            )
+            print(figures)
+            assert p99 <= FLOOD_P99, figures
+            assert rss.growth <= FLOOD_RSS, figures
+            assert t.worker.link.statistics().handshake_frames_exceeded > 0, figures
 
 
 async def test_a_hostile_listener_cannot_make_connect_raise() -> None:
@@ -702,7 +789,9 @@ async def test_ping_flood_on_an_authenticated_socket() -> None:
                         if not await raw.write(ping * 100):
                             break
                 await raw.send_envelope(_call(1, "ledger", "apply", ["after-flood", b"f"]))
-                reply = await raw.replies(lambda e: e[:2] == [1, 1], 10)
+                # The call waits behind the pings, which are read at Limits.frame_rate (20,000
+                # a second past a burst of 4,096): ~2.3 s for 50,000 at the least.
+                reply = await raw.replies(lambda e: e[:2] == [1, 1], 20)
                 assert reply[2] == checksum("after-flood", b"f")
             assert rss_bytes() - rss_before < RSS_GROWTH
 

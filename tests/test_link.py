@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import ssl
@@ -21,7 +22,13 @@ import anyio
 import anyio.abc
 import pytest
 import trustme
-from faultutil import accept_upgrade, raw_listener
+from faultutil import (
+    OP_BINARY,
+    OP_PING,
+    accept_upgrade,
+    raw_listener,
+    ws_frame,
+)
 from linkutil import (
     DIRECTIONS,
     EXECUTOR,
@@ -43,7 +50,12 @@ from wsproto.events import AcceptConnection, BytesMessage, RejectConnection
 from garcon_link.errors import ConfigError, FailureReason, SessionFailed
 from garcon_link.handshake import Handshake, ResumeOffer, compute_mac, derive_key
 from garcon_link.limits import Limits
-from garcon_link.link import WebSocketLink, backoff, is_loopback_host
+from garcon_link.link import (
+    FrameBudget,
+    WebSocketLink,
+    backoff,
+    is_loopback_host,
+)
 from garcon_link.session import MessageSession
 from garcon_link.testing import FaultProxy
 from garcon_link.transport import TransportState
@@ -1338,3 +1350,101 @@ async def test_log_records_carry_causes_as_text_not_exception_objects(
         assert record.exc_info is None, record.getMessage()
         args = record.args if isinstance(record.args, tuple) else ()
         assert not any(isinstance(a, BaseException) for a in args), record.getMessage()
+
+
+@anyio_test
+@by_direction
+async def test_more_frames_than_a_handshake_needs_closes_the_socket_at_once(
+    direction: str,
+) -> None:
+    """Before authentication a socket may send ``max_handshake_frames`` frames of any kind; the
+    next one ends it with 4008 at once, not at the handshake deadline (regression: a flood of
+    empty continuation frames or pings was parsed until the deadline, starving the loop)."""
+    limits = small_limits(handshake_timeout=5.0, max_handshake_frames=8, frame_burst=64)
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction, limits) as (ep, _role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                assert isinstance(await client.upgrade(), AcceptConnection)
+                await client.write(ws_frame(OP_PING, b"p") * 9)
+                assert await client.wait_closed() == 4008
+            stats = ep.link.statistics()
+            assert stats.handshake_frames_exceeded == 1
+            assert stats.handshakes_failed == {"MALFORMED": 1}  # not TIMEOUT: at once
+
+
+@anyio_test
+@by_direction
+async def test_a_handshake_within_the_frame_allowance_succeeds(direction: str) -> None:
+    limits = small_limits(max_handshake_frames=8, frame_burst=64)
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction, limits) as (ep, role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                assert isinstance(await client.upgrade(), AcceptConnection)
+                await client.write(ws_frame(OP_PING, b"p") * 6)  # + hello + proof = 8
+                await raw_session_after_upgrade(client, role, ep)
+            assert ep.link.statistics().handshake_frames_exceeded == 0
+
+
+async def raw_session_after_upgrade(client: RawClient, role: Role, listener: Endpoint) -> None:
+    result = await client.authenticate(client.handshake(role))
+    await client.send_fence()
+    rec = await listener.wait_ready(len(listener.sessions) or 1)
+    assert rec.session_id == result.session_id
+
+
+@anyio_test
+@by_direction
+async def test_an_authenticated_frame_flood_is_throttled_not_closed(direction: str) -> None:
+    """After authentication frames spend a token bucket (``frame_rate``, ``frame_burst``): a
+    flood is read at that rate -- its message behind it cannot arrive sooner -- and the session
+    survives. (Regression: every frame of a read was processed at once, without yielding.)"""
+    rate, burst, pings = 2000, 100, 1000
+    limits = small_limits(frame_rate=rate, frame_burst=burst, heartbeat_timeout=5.0)
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction, limits) as (ep, role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                await raw_session(client, role, ep)
+                rec = ep.current
+                start = anyio.current_time()
+                flood = ws_frame(OP_PING, b"") * pings + ws_frame(
+                    OP_BINARY, encode_message(1, b"m")
+                )
+                await client.write(flood)
+                await ep.wait_received(1, rec)
+                elapsed = anyio.current_time() - start
+                # A lower bound the token bucket guarantees (load can only make it slower).
+                assert elapsed >= 0.9 * (pings - burst) / rate, elapsed
+                assert rec.ready
+            assert ep.link.statistics().throttled_reads >= 1
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "steps", "expected"),
+    [
+        # (now, frames spent) -> (spend() result, delay() afterwards)
+        (0.0, 3, [(0.0, 3), (9.0, 1)], [(True, 0.0), (False, math.inf)]),  # fixed allowance
+        (10.0, 5, [(0.0, 5), (0.0, 1)], [(True, 0.0), (False, 0.2)]),  # debt 1 + 0.1 s worth
+        (10.0, 5, [(0.0, 5), (0.5, 5)], [(True, 0.0), (True, 0.0)]),  # refilled in 0.5 s
+        (10.0, 5, [(0.0, 1), (100.0, 5)], [(True, 0.0), (True, 0.0)]),  # capped at burst
+        (10.0, 5, [(0.0, 5), (100.0, 6)], [(True, 0.0), (False, 0.2)]),  # ... so not 6
+        (1000.0, 4, [(0.0, 5)], [(False, 0.005)]),  # quantum capped at burst: earn 1 + 4
+    ],
+)
+def test_frame_budget_table(
+    rate: float,
+    burst: int,
+    steps: list[tuple[float, int]],
+    expected: list[tuple[bool, float]],
+) -> None:
+    """The token bucket as a pure function of ``now`` (no clock, no sockets)."""
+    budget = FrameBudget.full(rate, burst, 0.0)
+    got = []
+    for now, frames in steps:
+        ok = budget.spend(now, frames)
+        got.append((ok, budget.delay(now)))
+    assert got == [(ok, pytest.approx(d)) for ok, d in expected]
+
+
+def test_unauthenticated_share_must_be_smaller_than_the_authenticated_one() -> None:
+    with pytest.raises(ConfigError, match="max_handshake_frames"):
+        Limits(max_handshake_frames=64, frame_burst=64)
