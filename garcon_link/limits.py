@@ -147,6 +147,14 @@ class Limits:
         metadata=_doc("How long a closing socket waits for the peer's close frame."),
     )
     # hostile-input bounds (link)
+    max_message_fragments: int = field(
+        default=1024,
+        metadata=_doc(
+            "Frames (fragments) one WebSocket message may span; more is refused (1009). Our "
+            "writer sends one frame per message; 1,024 lets a 16 MiB message arrive in 16 KiB "
+            "pieces."
+        ),
+    )
     max_handshake_frames: int = field(
         default=16,
         metadata=_doc(

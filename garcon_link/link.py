@@ -29,10 +29,11 @@ sockets and hands each to the current :class:`~garcon_link.transport.SessionTran
    ``heartbeat_interval`` and closes the socket (resumably, 4007) after ``heartbeat_timeout`` with
    no inbound frame of any kind *while the socket is being read*: time the reader is held up by a
    slow consumer is back-pressure, not the peer's silence (nor evidence for a takeover probe).
-   Messages are capped at ``max_frame_bytes`` while they are assembled (1009). A text frame is a
-   protocol error (1003; the session is retired). Write back-pressure awaits the socket's drain
-   and is never a continuity failure. A close from the peer with 1001 (shutdown), 4005, 4006 or
-   4008 means the peer retired the session: it is retired here at once, not after the grace.
+   Messages are capped at ``max_frame_bytes`` and ``max_message_fragments`` frames while they are
+   assembled (1009). A text frame is a protocol error (1003; the session is retired). Write
+   back-pressure awaits the socket's drain and is never a continuity failure. A close from the
+   peer with 1001 (shutdown), 4005, 4006 or 4008 means the peer retired the session: it is
+   retired here at once, not after the grace.
 5. **Dialing.** One dial loop per link: connect (``connect_timeout``), upgrade, handshake, run;
    between attempts the delay comes from :func:`backoff` -- first retry immediate, then full-jitter
    exponential capped at ``backoff_max``, reset after a socket stayed up ``backoff_reset_after``.
@@ -259,6 +260,17 @@ class _SocketGone(anyio.BrokenResourceError):
     """
 
 
+class _TooFragmented(FrameTooLarge):
+    """Internal: a message spans more frames than ``Limits.max_message_fragments`` (1009, like a
+    message over the size limit: both bound what assembling one message may cost)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit, limit)
+
+    def __str__(self) -> str:
+        return f"message spans more than {self.limit} frames"
+
+
 @dataclass
 class LinkStatistics:
     """Counters of one link (a snapshot copy is returned by :meth:`WebSocketLink.statistics`)."""
@@ -307,6 +319,7 @@ class _WebSocket:
         )
         self.last_inbound = self._clock()
         self._budget = FrameBudget.full(0.0, limits.max_handshake_frames, self.last_inbound)
+        self._fragments = 0  # frames of the message being assembled
         self.reading = False  # a receive_message() is in progress (see there)
         self.peer_close: tuple[int, str] | None = None
         self.local_close: tuple[int, str] | None = None
@@ -459,20 +472,22 @@ class _WebSocket:
                 if isinstance(event, BytesMessage):
                     size = self._size + len(event.data)
                     if size > self.max_message:
-                        self._parts.clear()
-                        self._size = 0
+                        self._reset_message()
                         self.local_close = (CloseCode.MESSAGE_TOO_BIG, "message too big")
                         raise FrameTooLarge(size, self.max_message)
                     if event.frame_finished:
                         self._count_frame(now)
+                        if not event.message_finished:
+                            self._count_fragment()
                     if event.message_finished and not self._parts:
+                        self._fragments = 0
                         return bytes(event.data)
-                    self._parts.append(bytes(event.data))
-                    self._size = size
+                    if event.data:
+                        self._parts.append(bytes(event.data))
+                        self._size = size
                     if event.message_finished:
                         data = b"".join(self._parts)
-                        self._parts.clear()
-                        self._size = 0
+                        self._reset_message()
                         return data
                 elif isinstance(event, Ping):
                     self._count_frame(now)
@@ -540,6 +555,25 @@ class _WebSocket:
             raise MalformedFrame(
                 f"more than {self.limits.max_handshake_frames} frames before authentication"
             )
+
+    def _count_fragment(self) -> None:
+        """One more non-final frame of the message being assembled.
+
+        Raises:
+            FrameTooLarge: the message needs more than ``max_message_fragments`` frames (1009);
+                refused as soon as that is certain, before its final frame.
+        """
+        self._fragments += 1
+        limit = self.limits.max_message_fragments
+        if self._fragments >= limit:
+            self._reset_message()
+            self.local_close = (CloseCode.MESSAGE_TOO_BIG, f"message of over {limit} fragments")
+            raise _TooFragmented(limit)
+
+    def _reset_message(self) -> None:
+        self._parts.clear()
+        self._size = 0
+        self._fragments = 0
 
     async def close(self, code: int, reason: str, *, drain: bool = True) -> None:
         """Send a close frame, wait briefly for the peer's answer, close the byte stream.

@@ -796,6 +796,28 @@ async def test_ping_flood_on_an_authenticated_socket() -> None:
             assert rss_bytes() - rss_before < RSS_GROWTH
 
 
+async def test_a_never_finishing_message_of_tiny_fragments_is_cut_off() -> None:
+    """Issue 12, break 5 (second half): a message of 2-byte fragments that never finishes grew
+    without a cap (only payload bytes were counted: at 8 bytes on the wire per fragment, 16 MiB
+    of payload is 8 million fragments). Now it ends at ``max_message_fragments`` with 1009."""
+    fragment = ws_frame(OP_CONTINUATION, b"ab", fin=False)
+    with anyio.fail_after(DEADLINE):
+        async with target(legit=False) as t:
+            async with Raw.connect(t.port) as raw:
+                assert await raw.upgrade()
+                await raw.authenticate()
+                with PeakRss() as rss:
+                    await raw.write(ws_frame(OP_BINARY, b"ab", fin=False))
+                    with anyio.move_on_after(OUTCOME_WAIT):
+                        for _ in range(100):  # up to 1,000,000 fragments, 8 MB
+                            if not await raw.write(fragment * 10_000):
+                                break
+                    outcome = await raw.outcome(OUTCOME_WAIT)
+            assert str(outcome) == "close 1009"
+            assert rss.growth < FLOOD_RSS, f"peak RSS growth {rss.growth / MiB:.1f} MiB"
+            assert await legit_round_trip(t.worker) < P99_CEILING
+
+
 async def test_takeover_of_a_healthy_session_is_refused() -> None:
     with anyio.fail_after(DEADLINE):
         async with target() as t:

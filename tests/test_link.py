@@ -24,6 +24,7 @@ import pytest
 import trustme
 from faultutil import (
     OP_BINARY,
+    OP_CONTINUATION,
     OP_PING,
     accept_upgrade,
     raw_listener,
@@ -1350,6 +1351,45 @@ async def test_log_records_carry_causes_as_text_not_exception_objects(
         assert record.exc_info is None, record.getMessage()
         args = record.args if isinstance(record.args, tuple) else ()
         assert not any(isinstance(a, BaseException) for a in args), record.getMessage()
+
+
+@anyio_test
+@by_direction
+async def test_a_message_of_too_many_fragments_is_closed_1009(direction: str) -> None:
+    """Regression (issue 12, break 5): a message that never finishes, in tiny fragments, grew
+    without a cap (only payload bytes were counted). Now it is refused at the fragment bound."""
+    limits = small_limits(max_message_fragments=64)
+    flood = ws_frame(OP_BINARY, b"ab", fin=False) + ws_frame(OP_CONTINUATION, b"cd", fin=False) * 70
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction, limits) as (ep, role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                await raw_session(client, role, ep)
+                await client.write(flood)
+                assert await client.wait_closed() == 1009
+            rec = ep.current
+            await wait_until(lambda: rec.transport.state is TransportState.RETIRED)
+            assert "64 frames" in str(rec.transport.failure)
+
+
+@anyio_test
+@by_direction
+async def test_a_message_of_exactly_max_fragments_is_one_message(direction: str) -> None:
+    limits = small_limits(max_message_fragments=64)
+    message = encode_message(1, b"x" * 62)
+    header, payload = message[:-62], message[-62:]
+    frames = ws_frame(OP_BINARY, header, fin=False)  # 1 frame
+    for i in range(62):  # + 62 frames of one byte each
+        frames += ws_frame(OP_CONTINUATION, payload[i : i + 1], fin=False)
+    frames += ws_frame(OP_CONTINUATION, b"", fin=True)  # + an empty final one: 64
+    with anyio.fail_after(DEADLINE):
+        async with (
+            listening(direction, limits) as (ep, role),
+            RawClient.connect(ep.link.listen_address) as client,
+        ):
+            await raw_session(client, role, ep)
+            await client.write(frames)
+            await ep.wait_received(1)
+            assert ep.current.received == [b"x" * 62]
 
 
 @anyio_test
