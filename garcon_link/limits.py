@@ -176,6 +176,10 @@ class Limits:
             "bucket's size); must exceed max_handshake_frames."
         ),
     )
+    max_upgrade_headers: int = field(
+        default=100,
+        metadata=_doc("Header fields of an HTTP upgrade request; more is refused (400)."),
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

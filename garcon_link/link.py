@@ -6,11 +6,17 @@ A link is one endpoint of one *logical session at a time*: a worker's listener, 
 dialer (either role may do either). It turns TCP (optionally TLS) connections into authenticated
 sockets and hands each to the current :class:`~garcon_link.transport.SessionTransport`:
 
-1. **Upgrade.** The listener reads the HTTP/1.1 upgrade through wsproto (which drives h11),
-   answers ``404`` for any path but ``/executor``, ``400`` for a malformed upgrade and ``503`` while
-   draining or when ``max_authenticated_sockets`` are busy. No extension (no permessage-deflate) is
-   ever negotiated. Unauthenticated sockets are capped separately (``max_unauthenticated_sockets``):
-   past the cap the oldest one is evicted, so a slowloris flood cannot starve a legitimate peer.
+1. **Upgrade.** The listener parses the HTTP/1.1 upgrade request with an h11 connection of its
+   own and refuses (``400``, with a one-line reason) anything but a plain ``GET`` upgrade in
+   origin-form over HTTP/1.1: a request body (``Content-Length`` other than 0, any
+   ``Transfer-Encoding``), obs-fold header lines, or more than ``max_upgrade_headers`` header
+   fields (:func:`upgrade_refusal`, a pure function); wsproto then checks the WebSocket headers
+   (``400``). It answers ``404`` for any path but ``/executor`` and ``503`` while draining or when
+   ``max_authenticated_sockets`` are busy. Bytes pipelined after the request (a hello sent without
+   waiting for the ``101``) are kept and fed to the WebSocket; on the dialing side wsproto keeps
+   frames that came with the ``101``. No extension (no permessage-deflate) is ever negotiated.
+   Unauthenticated sockets are capped separately (``max_unauthenticated_sockets``): past the cap
+   the oldest one is evicted, so a slowloris flood cannot starve a legitimate peer.
 2. **Handshake.** Both sides send ``hello`` at once (:mod:`garcon_link.handshake`). The dialer
    sends its ``proof`` as soon as it has the listener's hello; the *accepting* side verifies that
    proof and sends its own only once it has admitted the peer (step 3). A peer refused by the
@@ -57,25 +63,26 @@ Failures
 Every closed socket is logged with its cause. Exceptions of wsproto, h11, ssl and the OS never
 leave this module: they end the socket they belong to and are logged; they are classified in one
 place (``_GONE``: the socket is gone; ``_BROKEN``: the peer's bytes broke HTTP or WebSocket
-framing). Any *other* exception
-raised while serving one peer -- a bug, here or below, that the peer's bytes reached -- is that
-peer's failure, never the process's (``_peer_failed``): the socket is closed (4008 while it can
-still say so; the session it carried is retired), the traceback is logged and counted
-(``unexpected_errors``), and the listener keeps listening and the dial loop keeps dialing.
-Cancellation is not an ``Exception`` and passes. Other log records carry causes as text, never
-exception objects: a handler that keeps records (a test's capture, a memory handler) would
-otherwise keep every refused socket's frames and buffers alive with them.
+framing). Any *other* exception raised while serving one peer -- a bug, here or below, that the
+peer's bytes reached -- is that peer's failure, never the process's (``_peer_failed``): the
+socket is closed (4008 while it can still say so; the session it carried is retired), the
+traceback is logged and counted (``unexpected_errors``), and the listener keeps listening and the
+dial loop keeps dialing. Cancellation is not an ``Exception`` and passes. Other log records carry
+causes as text, never exception objects: a handler that keeps records (a test's capture, a memory
+handler) would otherwise keep every refused socket's frames and buffers alive with them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import http
 import ipaddress
 import logging
 import math
 import os
 import random
+import re
 import ssl
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -96,7 +103,6 @@ from wsproto.events import (
     Ping,
     Pong,
     RejectConnection,
-    RejectData,
     Request,
     TextMessage,
 )
@@ -125,6 +131,7 @@ __all__ = [
     "WebSocketLink",
     "backoff",
     "is_loopback_host",
+    "upgrade_refusal",
 ]
 
 log = logging.getLogger(__name__)
@@ -136,8 +143,6 @@ _THROTTLE_QUANTUM = 0.01
 reader wakes at most ~100 times a second, each time for a bounded batch)."""
 _REASON_CHARS = 200
 """Longest reason (log line, refusal body) built from a library's message about peer bytes."""
-_UNEXPECTED = "unexpected error"
-"""The close reason a peer gets for a socket ended by an unexpected error (details are logged)."""
 
 # The one classification of lower-library exceptions (STYLE 16), used by every receive and send:
 # the byte stream or the WebSocket is gone (anyio's and the OS's errors -- ssl.SSLError is an
@@ -153,6 +158,12 @@ _GONE: tuple[type[Exception], ...] = (
 # ... or the peer's bytes broke HTTP or WebSocket framing (wsproto wraps h11's errors; UnicodeError:
 # wsproto decodes the Host header as IDNA and lets a bad one escape).
 _BROKEN: tuple[type[Exception], ...] = (RemoteProtocolError, h11.ProtocolError, UnicodeError)
+
+# obs-fold (RFC 9112 §5.2): a header line that starts with a space or a tab continues the previous
+# one. h11 accepts and unfolds it; we refuse it, as a request smuggling vector.
+_OBS_FOLD = re.compile(rb"\n[ \t]")
+_UNEXPECTED = "unexpected error"
+"""The close reason a peer gets for a socket ended by an unexpected error (details are logged)."""
 
 # Close codes a peer sends when *it* has retired the logical session: no resume is possible.
 # 1001 is a deliberate shutdown (``aclose``), which retires the session on that side too, so
@@ -244,6 +255,37 @@ class FrameBudget:
             return math.inf
         target = min(self.burst, max(1.0, self.rate * quantum))
         return (target - self.tokens) / self.rate
+
+
+def upgrade_refusal(request: h11.Request, head: bytes, *, max_headers: int) -> str | None:
+    """Why an HTTP upgrade request is refused (answered ``400``), or ``None`` if it may proceed.
+
+    Only a plain WebSocket upgrade is let through to wsproto's checks (which then want the
+    ``Upgrade``, ``Connection``, ``Sec-WebSocket-*`` and ``Host`` headers): anything that a proxy in
+    front of us could read differently, or that carries a body, is refused rather than guessed at.
+
+    Args:
+        request: the request as h11 parsed it.
+        head: the request's bytes up to and including the blank line that ends its headers.
+        max_headers: ``Limits.max_upgrade_headers``.
+
+    Returns:
+        A one-line reason, or ``None``.
+    """
+    if request.method != b"GET":
+        return "an upgrade request must be a GET"
+    if request.http_version != b"1.1":
+        return "an upgrade request must be HTTP/1.1"
+    if not request.target.startswith(b"/"):
+        return "the request target must be a path (origin-form)"
+    if len(request.headers) > max_headers:
+        return f"more than {max_headers} header fields"
+    for name, value in request.headers:
+        if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+            return "an upgrade request must not have a body"
+    if _OBS_FOLD.search(head):
+        return "obsolete line folding in the header fields"
+    return None
 
 
 def _one_line(text: str) -> str:
@@ -904,52 +946,82 @@ class WebSocketLink:
         return None
 
     async def _server_upgrade(self, sock: _WebSocket) -> bool:
-        """Read the HTTP upgrade; accept it on /executor or answer with an HTTP status."""
-        ws = sock.ws
+        """Read the HTTP upgrade request; accept it on /executor or answer with an HTTP status.
+
+        The request is parsed by an h11 connection of our own, not the one inside wsproto, for
+        two reasons: what is refused is decided here, by :func:`upgrade_refusal`, before wsproto
+        sees the headers; and bytes the client pipelined after the request (its hello, sent
+        without waiting for the ``101``) are kept and handed to the WebSocket once it is open --
+        wsproto's server side would drop them.
+        """
+        parser = h11.Connection(h11.SERVER)
+        received = bytearray()  # at most one read past h11's 16 KiB bound on an incomplete head
         while True:
             try:
                 data = await sock.stream.receive(_READ_CHUNK)
             except _GONE:
                 return False
+            received += data
             try:
-                ws.receive_data(data)
-                events = list(ws.events())
+                parser.receive_data(data)
+                event = parser.next_event()
             except _BROKEN as exc:
-                await self._refuse_upgrade(sock, 400, _one_line(f"bad upgrade request: {exc}"))
+                await self._refuse_upgrade(sock, 400, f"bad upgrade request: {exc}")
                 return False
-            for event in events:
-                if not isinstance(event, Request):
-                    continue
-                path = urllib.parse.urlsplit(event.target).path
-                if path != EXECUTOR_PATH:
-                    await self._refuse_upgrade(sock, 404, f"path {path!r} is not {EXECUTOR_PATH}")
-                    return False
-                if self._closing or self._authenticated >= self.limits.max_authenticated_sockets:
-                    await self._refuse_upgrade(sock, 503, "draining or full")
-                    return False
-                try:
-                    await sock._write(ws.send(AcceptConnection()))
-                except _SocketGone:
-                    return False
-                sock.last_inbound = anyio.current_time()
-                return True
+            if isinstance(event, h11.Request):
+                break
+            if event is not h11.NEED_DATA:
+                return False  # (h11 yields nothing else before a request; defensive)
+        pipelined = parser.trailing_data[0]  # everything after the request's head
+        why = upgrade_refusal(
+            event,
+            bytes(received[: len(received) - len(pipelined)]),
+            max_headers=self.limits.max_upgrade_headers,
+        )
+        if why is not None:
+            await self._refuse_upgrade(sock, 400, why)
+            return False
+        ws = sock.ws
+        try:
+            # wsproto's own checks (Upgrade, Connection, Sec-WebSocket-Key/-Version, Host).
+            ws.initiate_upgrade_connection(list(event.headers), event.target)
+            request = next((e for e in ws.events() if isinstance(e, Request)), None)
+        except _BROKEN as exc:
+            await self._refuse_upgrade(sock, 400, f"bad upgrade request: {exc}")
+            return False
+        if request is None:
+            await self._refuse_upgrade(sock, 400, "not a WebSocket upgrade")
+            return False
+        path = urllib.parse.urlsplit(request.target).path
+        if path != EXECUTOR_PATH:
+            await self._refuse_upgrade(sock, 404, f"path {path!r} is not {EXECUTOR_PATH}")
+            return False
+        if self._closing or self._authenticated >= self.limits.max_authenticated_sockets:
+            await self._refuse_upgrade(sock, 503, "draining or full")
+            return False
+        try:
+            await sock._write(ws.send(AcceptConnection()))
+            ws.receive_data(pipelined)  # parsed (and counted) by the first receive_message
+        except _SocketGone:
+            return False
+        sock.last_inbound = anyio.current_time()
+        return True
 
     async def _refuse_upgrade(self, sock: _WebSocket, status: int, why: str) -> None:
+        """Answer an HTTP status with a one-line reason, then drop the connection.
+
+        The response is written by hand: the request may have been too broken for any HTTP
+        library to answer it in protocol.
+        """
+        why = _one_line(why)
         self._stats.upgrades_refused[status] = self._stats.upgrades_refused.get(status, 0) + 1
         log.info("%s ✕ %s HTTP %d: %s", self._tag, sock.peer, status, why)
         body = f"{status} {why}\n".encode()
-        headers = [(b"content-type", b"text/plain"), (b"connection", b"close")]
-        try:
-            data = sock.ws.send(
-                RejectConnection(status_code=status, headers=headers, has_body=True)
-            )
-            data += sock.ws.send(RejectData(data=body, body_finished=True))
-        except LocalProtocolError:
-            # The request was too broken for h11 to answer in protocol; write a minimal response.
-            data = (
-                f"HTTP/1.1 {status} Refused\r\ncontent-length: {len(body)}\r\n"
-                "connection: close\r\n\r\n"
-            ).encode() + body
+        data = (
+            f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
+            f"content-type: text/plain\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n"
+        ).encode() + body
         with anyio.move_on_after(self.limits.close_timeout):
             try:
                 await sock._write(data)

@@ -519,6 +519,15 @@ class Raw:
                 break
         return self.upgraded
 
+    async def upgrade_pipelined(self, data: bytes, path: str = "/executor") -> bool:
+        """As :meth:`upgrade`, but ``data`` (hand-made frames, e.g. our hello) goes in the same
+        write as the request, before any answer: a client that does not wait for the ``101``."""
+        await self.write(self.ws.send(Request(host="127.0.0.1", target=path)) + data)
+        while not self.upgraded and self.http_status is None:
+            if not await self._pump():
+                break
+        return self.upgraded
+
     async def next_message(self) -> bytes | None:
         """The next whole binary message from the server, or None once it closed."""
         while not self._inbox:

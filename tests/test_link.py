@@ -20,12 +20,14 @@ from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
+import h11
 import pytest
 import trustme
 from faultutil import (
     OP_BINARY,
     OP_CONTINUATION,
     OP_PING,
+    Raw,
     accept_upgrade,
     raw_listener,
     ws_frame,
@@ -56,6 +58,7 @@ from garcon_link.link import (
     WebSocketLink,
     backoff,
     is_loopback_host,
+    upgrade_refusal,
 )
 from garcon_link.session import MessageSession
 from garcon_link.testing import FaultProxy
@@ -1351,6 +1354,140 @@ async def test_log_records_carry_causes_as_text_not_exception_objects(
         assert record.exc_info is None, record.getMessage()
         args = record.args if isinstance(record.args, tuple) else ()
         assert not any(isinstance(a, BaseException) for a in args), record.getMessage()
+
+
+SUSPICIOUS_UPGRADES = {
+    "http-1.0": (b"GET /executor HTTP/1.0\r\n", b"", "HTTP/1.1"),
+    "absolute-form": (b"GET http://127.0.0.1/executor HTTP/1.1\r\n", b"", "origin-form"),
+    "te-and-cl": (
+        b"GET /executor HTTP/1.1\r\n",
+        b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+        "body",
+    ),
+    "content-length": (b"GET /executor HTTP/1.1\r\n", b"Content-Length: 3\r\n", "body"),
+    "obs-fold": (b"GET /executor HTTP/1.1\r\n", b"X-Folded: a\r\n b\r\n", "folding"),
+    "2000-headers": (b"GET /executor HTTP/1.1\r\n", b"X-A: b\r\n" * 2000, "header fields"),
+    "post": (b"POST /executor HTTP/1.1\r\n", b"", "GET"),
+    "idna-host": (b"GET /executor HTTP/1.1\r\n", b"", "bad upgrade request"),
+}
+_UPGRADE_HEADERS = (
+    b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+)
+
+
+@anyio_test
+@pytest.mark.parametrize("case", list(SUSPICIOUS_UPGRADES))
+async def test_suspicious_upgrade_requests_get_400_with_a_one_line_reason(case: str) -> None:
+    """Regression (issue 12): each of these was upgraded (101); ``idna-host`` (a Host that is
+    not valid IDNA) made wsproto raise a UnicodeError that ended the worker process."""
+    request_line, extra, reason = SUSPICIOUS_UPGRADES[case]
+    host = b"Host: xn--zz\r\n" if case == "idna-host" else b"Host: 127.0.0.1\r\n"
+    body = b"abc" if case == "content-length" else b""
+    request = request_line + host + _UPGRADE_HEADERS + extra + b"\r\n" + body
+    with anyio.fail_after(DEADLINE):
+        async with listening("controller-dials") as (ep, _role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                await client.write(request)
+                response = await client.read_until_eof()
+            assert parse_status(response) == 400, response[:200]
+            text = response.split(b"\r\n\r\n", 1)[1].decode()
+            assert text.count("\n") == 1 and reason in text, text
+            assert ep.link.statistics().upgrades_refused == {400: 1}
+
+
+def _request(
+    method: str = "GET",
+    target: str = "/executor",
+    version: str = "1.1",
+    headers: list[tuple[str, str]] | None = None,
+) -> h11.Request:
+    return h11.Request(
+        method=method,
+        target=target,
+        http_version=version,
+        headers=[("Host", "x"), *(headers or [])],
+    )
+
+
+_HEAD = b"GET /executor HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("request_", "head", "refused"),
+    [
+        (_request(), _HEAD, None),
+        (_request(headers=[("Content-Length", "0")]), _HEAD, None),
+        (_request(headers=[("X", "y")] * 99), _HEAD, None),  # 100 with Host: the limit
+        (_request(headers=[("X", "y")] * 100), _HEAD, "more than 100 header fields"),
+        (_request(method="POST"), _HEAD, "must be a GET"),
+        (_request(version="1.0"), _HEAD, "must be HTTP/1.1"),
+        (_request(target="http://x/executor"), _HEAD, "origin-form"),
+        (_request(target="*"), _HEAD, "origin-form"),
+        (_request(headers=[("Content-Length", "1")]), _HEAD, "body"),
+        (_request(headers=[("Transfer-Encoding", "chunked")]), _HEAD, "body"),
+        (_request(), b"GET /executor HTTP/1.1\r\nHost: x\r\nA: b\r\n\tc\r\n\r\n", "folding"),
+        (_request(), b"GET /executor HTTP/1.1\r\nHost: x\r\nA: b\n c\n\n", "folding"),
+    ],
+)
+def test_upgrade_refusal_table(request_: h11.Request, head: bytes, refused: str | None) -> None:
+    """The decision as a pure function of the parsed request and its bytes (no sockets)."""
+    why = upgrade_refusal(request_, head, max_headers=100)
+    assert why == refused if refused is None else why is not None and refused in why
+
+
+@anyio_test
+@by_direction
+async def test_a_hello_pipelined_with_the_upgrade_request_is_kept(direction: str) -> None:
+    """Regression (issue 12): bytes after the upgrade request were dropped, so a client that
+    sends its hello without waiting for the 101 waited out the handshake deadline (4008)."""
+    limits = small_limits(handshake_timeout=5.0)  # a dropped hello would show as a hang
+    with anyio.fail_after(DEADLINE):
+        async with (
+            listening(direction, limits) as (ep, role),
+            Raw.connect(ep.link.listen_address[1]) as raw,
+        ):
+            hs = honest_handshake(role)
+            assert await raw.upgrade_pipelined(ws_frame(OP_BINARY, hs.hello_frame()))
+            while hs.result is None:  # the listener's hello, then (admitted) its proof
+                with anyio.fail_after(2.0):
+                    frame = await raw.next_message()
+                assert frame is not None, f"closed with {raw.close_code}"
+                reply = hs.receive(frame)
+                if reply is not None:
+                    await raw.send_message(reply)
+            assert ep.link.statistics().handshakes_completed == 1
+
+
+@anyio_test
+@by_direction
+async def test_frames_in_the_same_read_as_the_101_are_kept_by_the_dialer(direction: str) -> None:
+    """The client side of the same question: a listener that writes its hello together with the
+    101 response. (wsproto's client keeps those bytes: a guard, this passed before issue 12.)"""
+    _listen_role, dial_role = roles(direction)
+    done = anyio.Event()
+
+    async def listener(stream: anyio.abc.SocketStream) -> None:
+        hs = honest_handshake(dial_role.peer)
+        with contextlib.suppress(*CLOSED):
+            ws = await accept_upgrade(stream, hs.hello_frame())
+            while hs.result is None:
+                ws.receive_data(await stream.receive())
+                for event in ws.events():
+                    if isinstance(event, BytesMessage):  # each one whole: small frames
+                        reply = hs.receive(bytes(event.data))
+                        if reply is not None:
+                            await stream.send(ws.send(BytesMessage(data=reply)))
+            done.set()
+            await anyio.sleep_forever()
+
+    with anyio.fail_after(DEADLINE):
+        async with raw_listener(listener) as port, anyio.create_task_group() as tg:
+            link = make_link(dial_role, small_limits(), dial=f"ws://127.0.0.1:{port}/executor")
+            async with endpoint(tg, link):  # (its recorder consumes the session it creates)
+                await done.wait()
+                await wait_until(lambda: link.statistics().handshakes_completed == 1)
+            tg.cancel_scope.cancel()
 
 
 @anyio_test
