@@ -22,6 +22,13 @@ real handshake (:class:`garcon_link.handshake.Handshake`) first. What the tests 
   decode) while its session survives and an unrelated call still succeeds; excess calls are
   ``OVERLOADED``; a ~130-byte shared-reference "bomb" costs nothing (it is refused, not walked);
 * a second authenticated peer cannot take over a healthy session (4004);
+* issue 12: a hello holding a 5,001-digit CBOR bignum, or a Host header that is not valid IDNA,
+  ends only that socket (they used to end the process), and a *listener* sending that hello
+  cannot make ``gl.connect()`` raise; a message that never finishes, in 2-byte fragments, is
+  cut off at ``max_message_fragments`` (1009); and -- the acceptance measurement -- 16
+  unauthenticated sockets flooding empty continuation frames, or pings, leave the legitimate
+  peer's p99 under :data:`FLOOD_P99` (printed beside its idle p99, measured just before) and
+  this process's peak RSS growth under :data:`FLOOD_RSS`;
 * throughout, the legitimate peer's calls all succeed with p99 latency under
   :data:`P99_CEILING`, and this process's RSS stays bounded.
 
