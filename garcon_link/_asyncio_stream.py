@@ -14,9 +14,13 @@ sides together). :class:`AsyncioByteStream` keeps the same contract with neither
   bounded and a peer we do not read is pushed back by TCP, as before;
 * **``send`` returns once the kernel holds the bytes** (write buffer limit 0, as anyio's), and
   waits -- the back-pressure the link's stall detection relies on -- only when it does not;
-* ``receive`` and ``send`` yield to the event loop only when they must wait. Every caller in
-  the link waits for something else on each turn of its loop (the next message, the next frame
-  to write), so no task can monopolise the loop through this stream.
+* ``send`` yields to the event loop only when it must wait for the kernel to take the bytes;
+  ``receive`` always yields once (a checkpoint, as anyio's and trio's streams do): when bytes
+  are already waiting it yields *before* taking them, so a peer that keeps our buffers full
+  cannot make its reader monopolise the loop -- every read lets the other tasks run. (An earlier
+  version returned buffered bytes at once; a flood of tiny frames from a few sockets then
+  starved everything else.) The yield is one loop iteration, taken only when data was already
+  waiting, i.e. under load, where fairness is the point.
 
 Errors are anyio's: ``EndOfStream`` after the peer's EOF, ``BrokenResourceError`` after a
 connection error, ``ClosedResourceError`` after our own :meth:`aclose`. Connecting and
@@ -152,6 +156,11 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         protocol = self._protocol
         self._receiving = True
         try:
+            if protocol.chunks:
+                # A checkpoint before taking what is waiting (nothing is taken if cancelled).
+                await asyncio.sleep(0)
+                if self._closed:
+                    raise anyio.ClosedResourceError
             while not protocol.chunks:
                 if self._closed:
                     raise anyio.ClosedResourceError
@@ -255,6 +264,11 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         if not self._closed:
             self._closed = True
             self._transport.abort()
+            # Unread bytes are of no use now: free them at once, not when the garbage collector
+            # gets to a reference cycle that may still hold this stream (a closed flood of
+            # sockets would otherwise keep up to READ_HIGH_WATER each).
+            self._protocol.chunks.clear()
+            self._protocol.buffered = 0
             self._protocol._wake_reader()
             self._protocol.resume_writing()
         await anyio.lowlevel.checkpoint()

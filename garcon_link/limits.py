@@ -162,6 +162,40 @@ class Limits:
             "socket reader pauses until they drain."
         ),
     )
+    # hostile-input bounds (link)
+    max_message_fragments: int = field(
+        default=1024,
+        metadata=_doc(
+            "Frames (fragments) one WebSocket message may span; more is refused (1009). Our "
+            "writer sends one frame per message; 1,024 lets a 16 MiB message arrive in 16 KiB "
+            "pieces."
+        ),
+    )
+    max_handshake_frames: int = field(
+        default=16,
+        metadata=_doc(
+            "Frames of any kind (data, ping, pong) a socket may send before it is authenticated; "
+            "one more closes it (4008). A handshake needs two (hello and proof)."
+        ),
+    )
+    frame_rate: int = field(
+        default=20_000,
+        metadata=_doc(
+            "Sustained inbound frames per second of one authenticated socket (control frames "
+            "included); beyond it (and the burst) the socket is read more slowly, never closed."
+        ),
+    )
+    frame_burst: int = field(
+        default=4096,
+        metadata=_doc(
+            "Frames an authenticated socket may send at once above frame_rate (the token "
+            "bucket's size); must exceed max_handshake_frames."
+        ),
+    )
+    max_upgrade_headers: int = field(
+        default=100,
+        metadata=_doc("Header fields of an HTTP upgrade request; more is refused (400)."),
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -204,6 +238,12 @@ class Limits:
             raise ConfigError(
                 "Limits.max_queued_refusals must exceed max_pending_calls "
                 f"({self.max_queued_refusals} <= {self.max_pending_calls})"
+            )
+        if self.max_handshake_frames >= self.frame_burst:
+            raise ConfigError(
+                "Limits.max_handshake_frames must be below frame_burst "
+                f"({self.max_handshake_frames} >= {self.frame_burst}): an unauthenticated socket "
+                "gets a strictly smaller share of the loop than an authenticated one"
             )
 
     def replace(self, **changes: Any) -> Limits:

@@ -6,18 +6,26 @@ A link is one endpoint of one *logical session at a time*: a worker's listener, 
 dialer (either role may do either). It turns TCP (optionally TLS) connections into authenticated
 sockets and hands each to the current :class:`~garcon_link.transport.SessionTransport`:
 
-1. **Upgrade.** The listener reads the HTTP/1.1 upgrade through wsproto (which drives h11),
-   answers ``404`` for any path but ``/executor``, ``400`` for a malformed upgrade and ``503`` while
-   draining or when ``max_authenticated_sockets`` are busy. No extension (no permessage-deflate) is
-   ever negotiated. Unauthenticated sockets are capped separately (``max_unauthenticated_sockets``):
-   past the cap the oldest one is evicted, so a slowloris flood cannot starve a legitimate peer.
+1. **Upgrade.** The listener parses the HTTP/1.1 upgrade request with an h11 connection of its
+   own and refuses (``400``, with a one-line reason) anything but a plain ``GET`` upgrade in
+   origin-form over HTTP/1.1: a request body (``Content-Length`` other than 0, any
+   ``Transfer-Encoding``), obs-fold header lines, or more than ``max_upgrade_headers`` header
+   fields (:func:`upgrade_refusal`, a pure function); wsproto then checks the WebSocket headers
+   (``400``). It answers ``404`` for any path but ``/executor`` and ``503`` while draining or when
+   ``max_authenticated_sockets`` are busy. Bytes pipelined after the request (a hello sent without
+   waiting for the ``101``) are kept and fed to the WebSocket; on the dialing side wsproto keeps
+   frames that came with the ``101``. No extension (no permessage-deflate) is ever negotiated.
+   Unauthenticated sockets are capped separately (``max_unauthenticated_sockets``): past the cap
+   the oldest one is evicted, so a slowloris flood cannot starve a legitimate peer.
 2. **Handshake.** Both sides send ``hello`` at once (:mod:`garcon_link.handshake`). The dialer
    sends its ``proof`` as soon as it has the listener's hello; the *accepting* side verifies that
    proof and sends its own only once it has admitted the peer (step 3). A peer refused by the
    takeover rule therefore never completes a handshake -- it creates no session on its retries --
    and a listener never hands out a proof that could be reflected. Upgrade plus handshake must
    finish within ``handshake_timeout`` (else 4008); handshake frames are capped at
-   ``max_handshake_frame_bytes`` before buffering. A refusal closes with the reason's close code.
+   ``max_handshake_frame_bytes`` before buffering, and an unauthenticated socket may send at most
+   ``max_handshake_frames`` frames of any kind (data, ping, pong): the next one closes it with
+   4008 at once. A refusal closes with the reason's close code.
 3. **Resume or fresh.** Resume iff runtimes cross-match and session ids match; the peer's
    ``received`` positions the replay. Otherwise the current session is retired (``REPLACED``) and a
    fresh transport is created; session listeners run before its first packet is processed.
@@ -27,25 +35,54 @@ sockets and hands each to the current :class:`~garcon_link.transport.SessionTran
    ``heartbeat_interval`` and closes the socket (resumably, 4007) after ``heartbeat_timeout`` with
    no inbound frame of any kind *while the socket is being read*: time the reader is held up by a
    slow consumer is back-pressure, not the peer's silence (nor evidence for a takeover probe).
-   Messages are capped at ``max_frame_bytes`` while they are assembled (1009). A text frame is a
-   protocol error (1003; the session is retired). Write back-pressure awaits the socket's drain
-   and is never a continuity failure. A close from the peer with 1001 (shutdown), 4005, 4006 or
-   4008 means the peer retired the session: it is retired here at once, not after the grace.
+   Messages are capped at ``max_frame_bytes`` and ``max_message_fragments`` frames while they are
+   assembled (1009). A text frame is a protocol error (1003; the session is retired). Write
+   back-pressure awaits the socket's drain and is never a continuity failure. A close from the
+   peer with 1001 (shutdown), 4005, 4006 or 4008 means the peer retired the session: it is
+   retired here at once, not after the grace.
 5. **Dialing.** One dial loop per link: connect (``connect_timeout``), upgrade, handshake, run;
    between attempts the delay comes from :func:`backoff` -- first retry immediate, then full-jitter
    exponential capped at ``backoff_max``, reset after a socket stayed up ``backoff_reset_after``.
 
+Sharing the event loop with hostile peers
+-----------------------------------------
+A frame can cost far more to parse than it costs to send (an empty continuation frame is 6
+bytes), so frames, not only bytes, are budgeted, per socket (:class:`FrameBudget`): before
+authentication a fixed allowance (``max_handshake_frames``, no refill), after it a token bucket
+(``frame_rate`` per second, ``frame_burst`` at once) that *throttles* -- the socket is read again
+once it has earned a batch -- and never closes an authenticated peer. ``max_handshake_frames``
+must be below ``frame_burst``: an unauthenticated socket always gets the smaller share. Every
+read is a checkpoint (anyio's contract, kept by :mod:`garcon_link._asyncio_stream`), so between
+two reads of one socket every other task runs; wsproto parses lazily, so frames left unparsed
+when a message completes or the budget runs out cost nothing until the next pass. A socket we
+close is drained for its close frame while its budget lasts, then only read and dropped (so the
+close frame is not lost to a TCP reset) until ``close_timeout``.
+
+Failures
+--------
 Every closed socket is logged with its cause. Exceptions of wsproto, h11, ssl and the OS never
-leave this module: they end the socket they belong to and are logged.
+leave this module: they end the socket they belong to and are logged; they are classified in one
+place (``_GONE``: the socket is gone; ``_BROKEN``: the peer's bytes broke HTTP or WebSocket
+framing). Any *other* exception raised while serving one peer -- a bug, here or below, that the
+peer's bytes reached -- is that peer's failure, never the process's (``_peer_failed``): the
+socket is closed (4008 while it can still say so; the session it carried is retired), the
+traceback is logged and counted (``unexpected_errors``), and the listener keeps listening and the
+dial loop keeps dialing. Cancellation is not an ``Exception`` and passes. Other log records carry
+causes as text, never exception objects: a handler that keeps records (a test's capture, a memory
+handler) would otherwise keep every refused socket's frames and buffers alive with them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import http
 import ipaddress
 import logging
+import math
 import os
 import random
+import re
 import ssl
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -54,6 +91,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import h11
 from anyio.abc import SocketAttribute
 from anyio.streams.tls import TLSStream
 from wsproto import ConnectionType, WSConnection
@@ -65,7 +103,6 @@ from wsproto.events import (
     Ping,
     Pong,
     RejectConnection,
-    RejectData,
     Request,
     TextMessage,
 )
@@ -87,12 +124,46 @@ from .limits import Limits
 from .transport import SessionTransport, TransportState
 from .wire import CloseCode, Role
 
-__all__ = ["EXECUTOR_PATH", "LinkStatistics", "WebSocketLink", "backoff", "is_loopback_host"]
+__all__ = [
+    "EXECUTOR_PATH",
+    "FrameBudget",
+    "LinkStatistics",
+    "WebSocketLink",
+    "backoff",
+    "is_loopback_host",
+    "upgrade_refusal",
+]
 
 log = logging.getLogger(__name__)
 
 EXECUTOR_PATH = "/executor"
 _READ_CHUNK = 65536
+_THROTTLE_QUANTUM = 0.01
+"""A socket over its frame budget is read again once it earned this many seconds of frames (so its
+reader wakes at most ~100 times a second, each time for a bounded batch)."""
+_REASON_CHARS = 200
+"""Longest reason (log line, refusal body) built from a library's message about peer bytes."""
+
+# The one classification of lower-library exceptions (STYLE 16), used by every receive and send:
+# the byte stream or the WebSocket is gone (anyio's and the OS's errors -- ssl.SSLError is an
+# OSError -- and wsproto's refusal to send or receive on a closed connection) ...
+_GONE: tuple[type[Exception], ...] = (
+    anyio.EndOfStream,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.BusyResourceError,
+    OSError,
+    LocalProtocolError,
+)
+# ... or the peer's bytes broke HTTP or WebSocket framing (wsproto wraps h11's errors; UnicodeError:
+# wsproto decodes the Host header as IDNA and lets a bad one escape).
+_BROKEN: tuple[type[Exception], ...] = (RemoteProtocolError, h11.ProtocolError, UnicodeError)
+
+# obs-fold (RFC 9112 §5.2): a header line that starts with a space or a tab continues the previous
+# one. h11 accepts and unfolds it; we refuse it, as a request smuggling vector.
+_OBS_FOLD = re.compile(rb"\n[ \t]")
+_UNEXPECTED = "unexpected error"
+"""The close reason a peer gets for a socket ended by an unexpected error (details are logged)."""
 
 # Close codes a peer sends when *it* has retired the logical session: no resume is possible.
 # 1001 is a deliberate shutdown (``aclose``), which retires the session on that side too, so
@@ -133,12 +204,113 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+@dataclass(slots=True)
+class FrameBudget:
+    """A token bucket of the frames one socket may send us (pure: the caller passes ``now``).
+
+    It holds at most ``burst`` tokens and earns ``rate`` tokens per second; every inbound frame --
+    a data frame or fragment, a ping, a pong, a close -- spends one. ``rate == 0`` makes it a
+    fixed allowance that never refills. The link gives an unauthenticated socket such an allowance
+    (``Limits.max_handshake_frames``: the handshake needs two frames) and an authenticated one a
+    refilling bucket (``Limits.frame_rate``, ``Limits.frame_burst``), so before authentication a
+    socket can cost the event loop only a handful of frames' work, and after it a bounded rate.
+
+    Attributes:
+        rate: tokens earned per second (``>= 0``).
+        burst: capacity, and the balance of a new bucket.
+        tokens: the balance; negative while the socket owes frames.
+        stamp: the ``now`` of the last refill.
+    """
+
+    rate: float
+    burst: float
+    tokens: float
+    stamp: float
+
+    @classmethod
+    def full(cls, rate: float, burst: float, now: float) -> FrameBudget:
+        """A bucket holding ``burst`` tokens at ``now``."""
+        return cls(rate=rate, burst=burst, tokens=burst, stamp=now)
+
+    def _refill(self, now: float) -> None:
+        if now > self.stamp:
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+
+    def spend(self, now: float, frames: int = 1) -> bool:
+        """Spend ``frames`` tokens at ``now``; whether the balance is still ``>= 0``."""
+        self._refill(now)
+        self.tokens -= frames
+        return self.tokens >= 0
+
+    def delay(self, now: float, quantum: float = _THROTTLE_QUANTUM) -> float:
+        """Seconds to wait before the next frame is processed: 0 while the balance is not
+        negative; else until it has earned back its debt plus ``quantum`` seconds of frames (at
+        most ``burst``), so that a throttled reader wakes for a batch, not for every frame;
+        ``math.inf`` when in debt with ``rate == 0`` (the allowance is spent for good)."""
+        self._refill(now)
+        if self.tokens >= 0:
+            return 0.0
+        if self.rate <= 0:
+            return math.inf
+        target = min(self.burst, max(1.0, self.rate * quantum))
+        return (target - self.tokens) / self.rate
+
+
+def upgrade_refusal(request: h11.Request, head: bytes, *, max_headers: int) -> str | None:
+    """Why an HTTP upgrade request is refused (answered ``400``), or ``None`` if it may proceed.
+
+    Only a plain WebSocket upgrade is let through to wsproto's checks (which then want the
+    ``Upgrade``, ``Connection``, ``Sec-WebSocket-*`` and ``Host`` headers): anything that a proxy in
+    front of us could read differently, or that carries a body, is refused rather than guessed at.
+
+    Args:
+        request: the request as h11 parsed it.
+        head: the request's bytes up to and including the blank line that ends its headers.
+        max_headers: ``Limits.max_upgrade_headers``.
+
+    Returns:
+        A one-line reason, or ``None``.
+    """
+    if request.method != b"GET":
+        return "an upgrade request must be a GET"
+    if request.http_version != b"1.1":
+        return "an upgrade request must be HTTP/1.1"
+    if not request.target.startswith(b"/"):
+        return "the request target must be a path (origin-form)"
+    if len(request.headers) > max_headers:
+        return f"more than {max_headers} header fields"
+    for name, value in request.headers:
+        if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+            return "an upgrade request must not have a body"
+    if _OBS_FOLD.search(head):
+        return "obsolete line folding in the header fields"
+    return None
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line, at most :data:`_REASON_CHARS` characters (for logs and replies)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _REASON_CHARS else flat[: _REASON_CHARS - 3] + "..."
+
+
 class _SocketGone(anyio.BrokenResourceError):
     """Internal: the socket is closed or broken (not a protocol violation).
 
     A :class:`anyio.BrokenResourceError`, which is what the transport's ``MessageSocket``
     contract says a write to a dead socket raises: the transport then ends the attachment.
     """
+
+
+class _TooFragmented(FrameTooLarge):
+    """Internal: a message spans more frames than ``Limits.max_message_fragments`` (1009, like a
+    message over the size limit: both bound what assembling one message may cost)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit, limit)
+
+    def __str__(self) -> str:
+        return f"message spans more than {self.limit} frames"
 
 
 @dataclass
@@ -155,18 +327,32 @@ class LinkStatistics:
     takeovers_refused: int = 0
     heartbeat_timeouts: int = 0
     dial_attempts: int = 0
+    handshake_frames_exceeded: int = 0
+    """Unauthenticated sockets closed for sending more than ``max_handshake_frames`` frames."""
+    throttled_reads: int = 0
+    """Times an authenticated socket's reader waited for its frame budget (``frame_rate``)."""
+    unexpected_errors: int = 0
+    """Sockets ended by an exception nobody expected (a bug, contained to that one peer)."""
 
 
 class _WebSocket:
     """One WebSocket over one byte stream: the link's single send path and message assembly."""
 
     def __init__(
-        self, stream: anyio.abc.ByteStream, ws: WSConnection, *, peer: str, limits: Limits
+        self,
+        stream: anyio.abc.ByteStream,
+        ws: WSConnection,
+        *,
+        peer: str,
+        limits: Limits,
+        stats: LinkStatistics | None = None,
     ) -> None:
         self.stream = stream
         self.ws = ws
         self.peer = peer
         self.limits = limits
+        self._stats = stats if stats is not None else LinkStatistics()
+        # Handshake bounds until authenticated() lifts them to the session's.
         self.max_message = limits.max_handshake_frame_bytes
         # The clock of the message path: on asyncio the loop's own (anyio.current_time() looks
         # up the backend, and on Python 3.11 each lookup costs a getpid() system call).
@@ -174,6 +360,8 @@ class _WebSocket:
             asyncio.get_running_loop().time if _asyncio_stream.on_asyncio() else anyio.current_time
         )
         self.last_inbound = self._clock()
+        self._budget = FrameBudget.full(0.0, limits.max_handshake_frames, self.last_inbound)
+        self._fragments = 0  # frames of the message being assembled
         self.reading = False  # a receive_message() is in progress (see there)
         self.peer_close: tuple[int, str] | None = None
         self.local_close: tuple[int, str] | None = None
@@ -193,10 +381,18 @@ class _WebSocket:
 
     # -- send path: check state, write under the lock, await drain, map errors
 
+    def authenticated(self) -> None:
+        """The peer is admitted: from now on the session's bounds apply (message size, frame
+        rate) instead of the handshake's."""
+        self.max_message = self.limits.max_frame_bytes
+        self._budget = FrameBudget.full(
+            self.limits.frame_rate, self.limits.frame_burst, self._clock()
+        )
+
     async def _write(self, data: bytes) -> None:
         try:
             await self.stream.send(data)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ssl.SSLError) as e:
+        except _GONE as e:
             raise self._gone(e) from e
 
     def _gone(self, cause: BaseException) -> _SocketGone:
@@ -210,8 +406,8 @@ class _WebSocket:
                 raise _SocketGone("socket is closed")
             try:
                 data = self.ws.send(event)
-            except LocalProtocolError as exc:
-                raise _SocketGone(str(exc)) from exc
+            except _GONE as exc:
+                raise self._gone(exc) from exc
             await self._write(data)
 
     async def send_message(self, data: bytes) -> None:
@@ -239,7 +435,7 @@ class _WebSocket:
         assert stream is not None and not self._lock.locked()
         try:
             stream.send_nowait(self.ws.send(BytesMessage(data=data)))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, LocalProtocolError) as e:
+        except _GONE as e:
             raise self._gone(e) from e
 
     def retired_by_peer(self) -> str | None:
@@ -297,31 +493,52 @@ class _WebSocket:
             self.reading = False
 
     async def _receive_message(self) -> bytes | None:
+        now = self._clock()
         while True:
+            if self._budget.tokens < 0:
+                # Over the frame budget (only an authenticated socket gets here: an
+                # unauthenticated one is closed by _count_frame): read this peer again once it
+                # has earned a batch of frames.
+                now = self._clock()
+                delay = self._budget.delay(now)
+                if delay == math.inf:  # (a caller reading on after that refusal)
+                    raise MalformedFrame("the frame allowance is spent")
+                self._stats.throttled_reads += 1
+                await anyio.sleep(delay)
+                now = self._clock()
+                # Time we chose not to read is not the peer's silence.
+                self.last_inbound = max(self.last_inbound, now)
+            # wsproto parses frames lazily, one per event: leaving this loop early (a message,
+            # or the budget spent) leaves the rest unparsed in its buffer for the next pass.
             for event in self.ws.events():
                 if isinstance(event, BytesMessage):
                     size = self._size + len(event.data)
                     if size > self.max_message:
-                        self._parts.clear()
-                        self._size = 0
+                        self._reset_message()
                         self.local_close = (CloseCode.MESSAGE_TOO_BIG, "message too big")
                         raise FrameTooLarge(size, self.max_message)
+                    if event.frame_finished:
+                        self._count_frame(now)
+                        if not event.message_finished:
+                            self._count_fragment()
                     if event.message_finished and not self._parts:
+                        self._fragments = 0
                         return bytes(event.data)
-                    self._parts.append(bytes(event.data))
-                    self._size = size
+                    if event.data:
+                        self._parts.append(bytes(event.data))
+                        self._size = size
                     if event.message_finished:
                         data = b"".join(self._parts)
-                        self._parts.clear()
-                        self._size = 0
+                        self._reset_message()
                         return data
                 elif isinstance(event, Ping):
+                    self._count_frame(now)
                     try:
                         await self._send_event(event.response())
                     except _SocketGone:
                         return None
                 elif isinstance(event, Pong):
-                    pass
+                    self._count_frame(now)
                 elif isinstance(event, CloseConnection):
                     if self.ws.state is ConnectionState.OPEN:
                         # wsproto reports broken framing (reserved bits or opcodes, an unmasked
@@ -334,33 +551,71 @@ class _WebSocket:
                         async with self._lock:
                             try:
                                 await self._write(self.ws.send(event.response()))
-                            except (_SocketGone, LocalProtocolError):
+                            except _GONE:
                                 pass
                     self._closed = True
                     return None
                 elif isinstance(event, TextMessage):
                     self.local_close = (CloseCode.UNSUPPORTED_DATA, "text frames are not allowed")
                     raise MalformedFrame("text frame received; every message must be binary")
-            if self._closed:
-                return None
-            try:
-                data = await self.stream.receive(_READ_CHUNK)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._closed = True
-                return None
-            except (OSError, ssl.SSLError) as exc:
-                log.debug("%s: read failed: %s", self.peer, exc)
-                self._closed = True
-                return None
-            self.last_inbound = self._clock()
-            if self._probe is not None:
-                self._probe.set()
-                self._probe = None
-            try:
-                self.ws.receive_data(data)
-            except (RemoteProtocolError, LocalProtocolError) as exc:
-                self.local_close = (CloseCode.PROTOCOL, "bad WebSocket framing")
-                raise MalformedFrame(f"bad WebSocket framing: {exc}") from exc
+                if self._budget.tokens < 0:
+                    break  # wait (above) before parsing another frame
+            else:
+                if self._closed:
+                    return None
+                # A receive is a checkpoint (anyio's contract, kept by the asyncio stream too): a
+                # peer that keeps our buffers full still lets the other tasks run between reads.
+                try:
+                    data = await self.stream.receive(_READ_CHUNK)
+                except _GONE as exc:
+                    if not isinstance(exc, anyio.EndOfStream):
+                        log.debug("%s: read failed: %s", self.peer, repr(exc))
+                    self._closed = True
+                    return None
+                now = self.last_inbound = self._clock()
+                if self._probe is not None:
+                    self._probe.set()
+                    self._probe = None
+                try:
+                    self.ws.receive_data(data)
+                except _BROKEN as exc:
+                    self.local_close = (CloseCode.PROTOCOL, "bad WebSocket framing")
+                    raise MalformedFrame(f"bad WebSocket framing: {exc}") from exc
+                except _GONE:
+                    self._closed = True  # wsproto: the connection is already closed
+                    return None
+
+    def _count_frame(self, now: float) -> None:
+        """Spend one frame of the budget; before authentication, running out ends the socket.
+
+        Raises:
+            MalformedFrame: more than ``max_handshake_frames`` frames before authentication.
+        """
+        if not self._budget.spend(now) and self._budget.rate <= 0:
+            self._stats.handshake_frames_exceeded += 1
+            self.local_close = (CloseCode.PROTOCOL_ERROR, "too many frames before authentication")
+            raise MalformedFrame(
+                f"more than {self.limits.max_handshake_frames} frames before authentication"
+            )
+
+    def _count_fragment(self) -> None:
+        """One more non-final frame of the message being assembled.
+
+        Raises:
+            FrameTooLarge: the message needs more than ``max_message_fragments`` frames (1009);
+                refused as soon as that is certain, before its final frame.
+        """
+        self._fragments += 1
+        limit = self.limits.max_message_fragments
+        if self._fragments >= limit:
+            self._reset_message()
+            self.local_close = (CloseCode.MESSAGE_TOO_BIG, f"message of over {limit} fragments")
+            raise _TooFragmented(limit)
+
+    def _reset_message(self) -> None:
+        self._parts.clear()
+        self._size = 0
+        self._fragments = 0
 
     async def close(self, code: int, reason: str, *, drain: bool = True) -> None:
         """Send a close frame, wait briefly for the peer's answer, close the byte stream.
@@ -377,7 +632,7 @@ class _WebSocket:
                     try:
                         await self._write(self.ws.send(CloseConnection(code=code, reason=reason)))
                         sent = True
-                    except (_SocketGone, LocalProtocolError):
+                    except _GONE:
                         pass
             if sent and drain and code != CloseCode.HEARTBEAT_TIMEOUT:
                 await self._await_peer_close()
@@ -385,23 +640,26 @@ class _WebSocket:
         await anyio.aclose_forcefully(self.stream)
 
     async def _await_peer_close(self) -> None:
-        """Read (and discard) until the peer's close frame or EOF; the caller bounds the time."""
+        """Read (and discard) until the peer's close frame or EOF; the caller bounds the time.
+
+        Discarded frames still spend the frame budget. Once it has run out (a peer that floods
+        instead of closing) the bytes are no longer parsed, only read and dropped: not reading
+        them would make our close turn into a TCP reset, which can destroy the close frame
+        before the peer reads it, and the peer would never learn why.
+        """
+        parsing = True
         while self.ws.state is not ConnectionState.CLOSED:
             try:
                 data = await self.stream.receive(_READ_CHUNK)
+                if not parsing:
+                    continue
                 self.ws.receive_data(data)
+                now = self._clock()
                 for _event in self.ws.events():
-                    pass
-            except (
-                anyio.EndOfStream,
-                anyio.BrokenResourceError,
-                anyio.ClosedResourceError,
-                anyio.BusyResourceError,
-                RemoteProtocolError,
-                LocalProtocolError,
-                OSError,
-                ssl.SSLError,
-            ):
+                    if not self._budget.spend(now):
+                        parsing = False
+                        break
+            except (*_GONE, *_BROKEN):
                 return
 
     async def abort(self) -> None:
@@ -531,17 +789,10 @@ class WebSocketLink:
 
     def statistics(self) -> LinkStatistics:
         s = self._stats
-        return LinkStatistics(
-            connections=s.connections,
+        return dataclasses.replace(
+            s,
             upgrades_refused=dict(s.upgrades_refused),
-            handshakes_completed=s.handshakes_completed,
             handshakes_failed=dict(s.handshakes_failed),
-            evicted_unauthenticated=s.evicted_unauthenticated,
-            resumed=s.resumed,
-            fresh_sessions=s.fresh_sessions,
-            takeovers_refused=s.takeovers_refused,
-            heartbeat_timeouts=s.heartbeat_timeouts,
-            dial_attempts=s.dial_attempts,
         )
 
     async def __aenter__(self) -> WebSocketLink:
@@ -655,6 +906,8 @@ class WebSocketLink:
                 await self._attach_and_run(sock, handshake)
             finally:
                 self._authenticated -= 1
+        except Exception as exc:
+            self._peer_failed(peer, exc)  # never the listener's failure
         finally:
             # Every exit, shutdown (cancellation) included, closes the socket: a dropped stream
             # would stay open until garbage collection and the peer would hang.
@@ -671,11 +924,11 @@ class WebSocketLink:
                     byte_stream = await TLSStream.wrap(
                         stream, server_side=True, ssl_context=self._ssl, standard_compatible=False
                     )
-                except (ssl.SSLError, OSError, anyio.BrokenResourceError, anyio.EndOfStream) as e:
-                    log.info("%s ✕ %s TLS handshake failed: %s", self._tag, peer, e)
+                except _GONE as e:
+                    log.info("%s ✕ %s TLS handshake failed: %s", self._tag, peer, str(e))
                     return None
             ws = WSConnection(ConnectionType.SERVER)
-            sock = _WebSocket(byte_stream, ws, peer=peer, limits=self.limits)
+            sock = _WebSocket(byte_stream, ws, peer=peer, limits=self.limits, stats=self._stats)
             if not await self._server_upgrade(sock):
                 return None
             # The accepting side holds its proof until it has admitted the peer (_run_socket):
@@ -693,52 +946,82 @@ class WebSocketLink:
         return None
 
     async def _server_upgrade(self, sock: _WebSocket) -> bool:
-        """Read the HTTP upgrade; accept it on /executor or answer with an HTTP status."""
-        ws = sock.ws
+        """Read the HTTP upgrade request; accept it on /executor or answer with an HTTP status.
+
+        The request is parsed by an h11 connection of our own, not the one inside wsproto, for
+        two reasons: what is refused is decided here, by :func:`upgrade_refusal`, before wsproto
+        sees the headers; and bytes the client pipelined after the request (its hello, sent
+        without waiting for the ``101``) are kept and handed to the WebSocket once it is open --
+        wsproto's server side would drop them.
+        """
+        parser = h11.Connection(h11.SERVER)
+        received = bytearray()  # at most one read past h11's 16 KiB bound on an incomplete head
         while True:
             try:
                 data = await sock.stream.receive(_READ_CHUNK)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError, ssl.SSLError):
+            except _GONE:
                 return False
+            received += data
             try:
-                ws.receive_data(data)
-                events = list(ws.events())
-            except RemoteProtocolError as exc:
+                parser.receive_data(data)
+                event = parser.next_event()
+            except _BROKEN as exc:
                 await self._refuse_upgrade(sock, 400, f"bad upgrade request: {exc}")
                 return False
-            for event in events:
-                if not isinstance(event, Request):
-                    continue
-                path = urllib.parse.urlsplit(event.target).path
-                if path != EXECUTOR_PATH:
-                    await self._refuse_upgrade(sock, 404, f"path {path!r} is not {EXECUTOR_PATH}")
-                    return False
-                if self._closing or self._authenticated >= self.limits.max_authenticated_sockets:
-                    await self._refuse_upgrade(sock, 503, "draining or full")
-                    return False
-                try:
-                    await sock._write(ws.send(AcceptConnection()))
-                except _SocketGone:
-                    return False
-                sock.last_inbound = anyio.current_time()
-                return True
+            if isinstance(event, h11.Request):
+                break
+            if event is not h11.NEED_DATA:
+                return False  # (h11 yields nothing else before a request; defensive)
+        pipelined = parser.trailing_data[0]  # everything after the request's head
+        why = upgrade_refusal(
+            event,
+            bytes(received[: len(received) - len(pipelined)]),
+            max_headers=self.limits.max_upgrade_headers,
+        )
+        if why is not None:
+            await self._refuse_upgrade(sock, 400, why)
+            return False
+        ws = sock.ws
+        try:
+            # wsproto's own checks (Upgrade, Connection, Sec-WebSocket-Key/-Version, Host).
+            ws.initiate_upgrade_connection(list(event.headers), event.target)
+            request = next((e for e in ws.events() if isinstance(e, Request)), None)
+        except _BROKEN as exc:
+            await self._refuse_upgrade(sock, 400, f"bad upgrade request: {exc}")
+            return False
+        if request is None:
+            await self._refuse_upgrade(sock, 400, "not a WebSocket upgrade")
+            return False
+        path = urllib.parse.urlsplit(request.target).path
+        if path != EXECUTOR_PATH:
+            await self._refuse_upgrade(sock, 404, f"path {path!r} is not {EXECUTOR_PATH}")
+            return False
+        if self._closing or self._authenticated >= self.limits.max_authenticated_sockets:
+            await self._refuse_upgrade(sock, 503, "draining or full")
+            return False
+        try:
+            await sock._write(ws.send(AcceptConnection()))
+            ws.receive_data(pipelined)  # parsed (and counted) by the first receive_message
+        except _SocketGone:
+            return False
+        sock.last_inbound = anyio.current_time()
+        return True
 
     async def _refuse_upgrade(self, sock: _WebSocket, status: int, why: str) -> None:
+        """Answer an HTTP status with a one-line reason, then drop the connection.
+
+        The response is written by hand: the request may have been too broken for any HTTP
+        library to answer it in protocol.
+        """
+        why = _one_line(why)
         self._stats.upgrades_refused[status] = self._stats.upgrades_refused.get(status, 0) + 1
         log.info("%s ✕ %s HTTP %d: %s", self._tag, sock.peer, status, why)
         body = f"{status} {why}\n".encode()
-        headers = [(b"content-type", b"text/plain"), (b"connection", b"close")]
-        try:
-            data = sock.ws.send(
-                RejectConnection(status_code=status, headers=headers, has_body=True)
-            )
-            data += sock.ws.send(RejectData(data=body, body_finished=True))
-        except LocalProtocolError:
-            # The request was too broken for h11 to answer in protocol; write a minimal response.
-            data = (
-                f"HTTP/1.1 {status} Refused\r\ncontent-length: {len(body)}\r\n"
-                "connection: close\r\n\r\n"
-            ).encode() + body
+        data = (
+            f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
+            f"content-type: text/plain\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n"
+        ).encode() + body
         with anyio.move_on_after(self.limits.close_timeout):
             try:
                 await sock._write(data)
@@ -761,7 +1044,9 @@ class WebSocketLink:
                     await self._attach_and_run(*result)
             except LinkError as exc:
                 self.last_error = str(exc)
-                log.warning("%s dial %s failed: %s", self._tag, self.url, exc)
+                log.warning("%s dial %s failed: %s", self._tag, self.url, self.last_error)
+            except Exception as exc:
+                self._peer_failed(self.url, exc)  # never the dial loop's failure: dial again
             if up_since is not None and (
                 anyio.current_time() - up_since >= self.limits.backoff_reset_after
             ):
@@ -809,13 +1094,13 @@ class WebSocketLink:
                         standard_compatible=False,
                     )
                 ws = WSConnection(ConnectionType.CLIENT)
-                sock = _WebSocket(stream, ws, peer=peer, limits=self.limits)
+                sock = _WebSocket(stream, ws, peer=peer, limits=self.limits, stats=self._stats)
                 await self._client_upgrade(sock, host, port)
                 return await self._authenticate(sock)
             except ssl.SSLError as exc:
                 await anyio.aclose_forcefully(stream)
                 raise LinkError(f"TLS handshake with {peer} failed: {exc.reason or exc}") from exc
-            except (anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
+            except _GONE as exc:
                 await anyio.aclose_forcefully(stream)
                 raise LinkError(f"connection to {peer} lost during upgrade: {exc}") from exc
         await anyio.aclose_forcefully(stream)
@@ -842,10 +1127,30 @@ class WebSocketLink:
                         raise LinkError(
                             f"{sock.peer} refused the upgrade: HTTP {event.status_code}"
                         )
-            except RemoteProtocolError as exc:
+            except _BROKEN as exc:
                 raise LinkError(f"bad upgrade response from {sock.peer}: {exc}") from exc
 
     # ------------------------------------------------------------------ handshake & attach
+
+    def _peer_failed(self, peer: str, exc: Exception) -> str:
+        """The one mapping of an exception nobody expected while serving one peer.
+
+        Such an exception is a bug (here or in a library below) that the peer's bytes reached:
+        it is that peer's failure, never the listener's, the dial loop's or the process's. The
+        caller ends that socket (4008 when it can still say so); this logs the traceback, counts
+        it and returns a one-line cause. Cancellation is not an :class:`Exception` and passes.
+        """
+        try:
+            detail = str(exc)
+        except Exception:  # even describing it must not fail
+            detail = ""
+        why = _one_line(f"unexpected {type(exc).__name__}" + (f": {detail}" if detail else ""))
+        self._stats.unexpected_errors += 1
+        self.last_error = why
+        log.warning(
+            "%s peer %s failed with an unexpected error: %s", self._tag, peer, why, exc_info=exc
+        )
+        return why
 
     def _count_handshake_failure(self, reason: HandshakeFailure) -> None:
         counts = self._stats.handshakes_failed
@@ -902,11 +1207,16 @@ class WebSocketLink:
         except HandshakeError as exc:
             self._count_handshake_failure(exc.reason)
             self.last_error = str(exc)
-            log.warning("%s ✕ %s handshake refused: %s", self._tag, sock.peer, exc)
+            log.warning("%s ✕ %s handshake refused: %s", self._tag, sock.peer, self.last_error)
             await sock.close(exc.close_code, exc.reason.description)
             return None
         except _SocketGone:
             await sock.abort()
+            return None
+        except Exception as exc:
+            self._peer_failed(sock.peer, exc)
+            sock.local_close = (CloseCode.PROTOCOL_ERROR, _UNEXPECTED)
+            await sock.close(CloseCode.PROTOCOL_ERROR, _UNEXPECTED)
             return None
         self._stats.handshakes_completed += 1
         return sock, hs.result
@@ -929,7 +1239,7 @@ class WebSocketLink:
             except _SocketGone:
                 return  # the transport waits, detached, for the next socket (or its grace)
             log.debug("%s → %s proof (admitted)", self._tag, sock.peer)
-        sock.max_message = self.limits.max_frame_bytes
+        sock.authenticated()
         self._attached = sock
         log.info(
             "%s ⇄ %s attached session=%s resumed=%s",
@@ -945,6 +1255,11 @@ class WebSocketLink:
                     await transport.run(sock, peer_received)
                 except SessionFailed:
                     pass  # stored as transport.failure; the close below reports it
+                except Exception as exc:
+                    # That peer's failure, not the link's. What the session holds may be
+                    # inconsistent after it, so it is retired (a broken machine stays broken).
+                    why = self._peer_failed(sock.peer, exc)
+                    transport.retire(FailureReason.MALFORMED_PACKET, why)
                 tg.cancel_scope.cancel()
         finally:
             if self._attached is sock:

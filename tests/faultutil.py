@@ -13,6 +13,7 @@
   can complete the *real* handshake (:class:`garcon_link.handshake.Handshake`) to attack the
   authenticated layers. :meth:`Raw.outcome` reports how the server ended the connection: a close
   code, an HTTP status or a bare end-of-stream, each within a bounded wait.
+* :func:`raw_listener`, :func:`accept_upgrade` -- a hostile *listener*, to attack a dialer.
 * :func:`rss_bytes`, :class:`PeakRss`, :func:`percentile`, :func:`wait_for` -- measurement and
   bounded polling.
 
@@ -27,14 +28,15 @@ import os
 import resource
 import struct
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 import cbor2
+from anyio.abc import SocketAttribute
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
     AcceptConnection,
@@ -312,10 +314,17 @@ class LatencyProbe:
 
     latencies: list[float]
     failures: list[str]
+    started: list[float] = field(default_factory=list)  # start time of each latency's call
 
     @classmethod
     def new(cls) -> LatencyProbe:
         return cls([], [])
+
+    def window(self, start: float, end: float) -> list[float]:
+        """Latencies of the calls that started in ``[start, end)`` (each counted once it ended,
+        so wait until a call that started after ``end`` has finished to see them all)."""
+        pairs = zip(self.started, self.latencies, strict=True)
+        return [latency for began, latency in pairs if start <= began < end]
 
     async def run(self, ledger: Ledger, stop: anyio.Event, *, interval: float = 0.01) -> None:
         """Call ``ledger.apply`` every ``interval`` until ``stop`` (bounded by the caller)."""
@@ -331,6 +340,7 @@ class LatencyProbe:
             else:
                 if result != checksum(token, b"ping"):
                     self.failures.append(f"{token}: wrong result {result!r}")
+            self.started.append(start)
             self.latencies.append(anyio.current_time() - start)
             with anyio.move_on_after(interval):
                 await stop.wait()
@@ -370,6 +380,7 @@ def ws_frame(
 
 
 OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING = 0x1, 0x2, 0x8, 0x9
+OP_CONTINUATION, OP_PONG = 0x0, 0xA
 
 
 def handshake(
@@ -508,6 +519,15 @@ class Raw:
                 break
         return self.upgraded
 
+    async def upgrade_pipelined(self, data: bytes, path: str = "/executor") -> bool:
+        """As :meth:`upgrade`, but ``data`` (hand-made frames, e.g. our hello) goes in the same
+        write as the request, before any answer: a client that does not wait for the ``101``."""
+        await self.write(self.ws.send(Request(host="127.0.0.1", target=path)) + data)
+        while not self.upgraded and self.http_status is None:
+            if not await self._pump():
+                break
+        return self.upgraded
+
     async def next_message(self) -> bytes | None:
         """The next whole binary message from the server, or None once it closed."""
         while not self._inbox:
@@ -595,3 +615,45 @@ class Raw:
                         accepted = packet.ordinal
                 if accepted is not None:
                     await self.send_message(encode_receipt(accepted))
+
+
+# ---------------------------------------------------------------------------------- raw listener
+
+
+@contextlib.asynccontextmanager
+async def raw_listener(
+    handler: Callable[[anyio.abc.SocketStream], Awaitable[None]],
+) -> AsyncIterator[int]:
+    """Listen on 127.0.0.1 (a free port) and run ``handler`` for each connection: a hostile
+    *listener*, for attacking a dialer. Yields the port; the handlers are cancelled on exit."""
+
+    async def handle(stream: anyio.abc.SocketStream) -> None:
+        try:
+            await handler(stream)
+        finally:
+            await anyio.aclose_forcefully(stream)  # however the handler ended
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handle)
+        yield listener.extra(SocketAttribute.local_port)
+        tg.cancel_scope.cancel()
+
+
+async def accept_upgrade(stream: anyio.abc.SocketStream, *messages: bytes) -> WSConnection:
+    """Read a client's upgrade request and accept it; ``messages`` (binary WebSocket messages)
+    are written in the same write as the ``101``, as a listener that does not wait may do.
+
+    Raises:
+        anyio.EndOfStream: (or another stream error) the client went away first.
+    """
+    ws = WSConnection(ConnectionType.SERVER)
+    while True:
+        ws.receive_data(await stream.receive())
+        for event in ws.events():
+            if isinstance(event, Request):
+                data = ws.send(AcceptConnection())
+                for message in messages:
+                    data += ws.send(BytesMessage(data=message))
+                await stream.send(data)
+                return ws

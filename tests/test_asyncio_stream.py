@@ -118,6 +118,43 @@ async def test_unread_bytes_pause_the_transport_and_memory_stays_bounded() -> No
             assert not protocol.reading_paused
 
 
+async def test_receive_is_a_checkpoint_even_when_bytes_are_waiting() -> None:
+    """Regression (issue 12): with bytes already buffered, ``receive`` returned them without
+    yielding, so the reader of a peer that keeps our buffers full (a flood of tiny WebSocket
+    frames) never let another task run. Now every receive is a checkpoint, as anyio's is."""
+    total = 100_000
+    wrote = anyio.Event()
+
+    async def burst(stream: AsyncioByteStream) -> None:
+        async with stream:
+            await stream.send(b"x" * total)
+            wrote.set()
+            await anyio.sleep(10)
+
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with served(burst) as port:
+        stream = await _asyncio_stream.connect("127.0.0.1", port)
+        async with stream, anyio.create_task_group() as tg:
+            with anyio.fail_after(5):
+                await wrote.wait()
+                while stream._protocol.buffered < total:
+                    await anyio.sleep(0.01)
+            tg.start_soon(ticker)
+            before = ticks
+            for _ in range(50):  # all waiting already: none of these has to wait
+                assert await stream.receive(100) == b"x" * 100
+            ran = ticks - before
+            tg.cancel_scope.cancel()
+        assert ran >= 25, f"the other task ran {ran} times during 50 receives"
+
+
 async def test_send_waits_while_the_peer_does_not_read() -> None:
     release = anyio.Event()
     received: list[int] = []

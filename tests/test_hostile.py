@@ -28,6 +28,13 @@ real handshake (:class:`garcon_link.handshake.Handshake`) first. What the tests 
   peak RSS growth under :data:`ATTACK_RSS`, process alive, the next controller served); stream
   items beyond the credit the controller granted end that stream with
   ``OutcomeUnknown("FLOW_CONTROL_VIOLATION")`` and cancel it, while the session serves on;
+* issue 12: a hello holding a 5,001-digit CBOR bignum, or a Host header that is not valid IDNA,
+  ends only that socket (they used to end the process), and a *listener* sending that hello
+  cannot make ``gl.connect()`` raise; a message that never finishes, in 2-byte fragments, is
+  cut off at ``max_message_fragments`` (1009); and -- the acceptance measurement -- 16
+  unauthenticated sockets flooding empty continuation frames, or pings, leave the legitimate
+  peer's p99 under :data:`FLOOD_P99` (printed beside its idle p99, measured just before) and
+  this process's peak RSS growth under :data:`FLOOD_RSS`;
 * throughout, the legitimate peer's calls all succeed with p99 latency under
   :data:`P99_CEILING`, and this process's RSS stays bounded.
 
@@ -54,6 +61,7 @@ import pytest
 from faultutil import (
     EXECUTOR_ID,
     OP_BINARY,
+    OP_CONTINUATION,
     OP_PING,
     SECRET,
     TESTS_DIR,
@@ -63,12 +71,14 @@ from faultutil import (
     Outcome,
     PeakRss,
     Raw,
+    accept_upgrade,
     checksum,
     controller_config,
     dag_bomb,
     handshake,
     hello_with,
     percentile,
+    raw_listener,
     rss_bytes,
     upgrade_request,
     wait_for,
@@ -264,7 +274,24 @@ async def ping_flood_before_hello(raw: Raw) -> Outcome:
     return await raw.outcome(OUTCOME_WAIT)
 
 
+async def continuation_flood_before_hello(raw: Raw) -> Outcome:
+    """A message started, then empty continuation frames (6 bytes each) until cut off."""
+    assert await raw.upgrade()
+    await raw.write(ws_frame(OP_BINARY, b"", fin=False))
+    with anyio.move_on_after(OUTCOME_WAIT):
+        for _ in range(200):
+            if not await raw.write(ws_frame(OP_CONTINUATION, b"", fin=False) * 1000):
+                break
+    return await raw.outcome(OUTCOME_WAIT)
+
+
+async def bad_idna_host(raw: Raw) -> Outcome:
+    await raw.write(upgrade_request(host="xn--zz"))  # not valid IDNA
+    return await raw.raw_http_outcome(OUTCOME_WAIT)
+
+
 BIG = 2**62
+HUGE = 10**5000  # cbor2 encodes it as a bignum (tag 2); its repr() raises ValueError
 UNAUTHENTICATED: list[tuple[str, Attack, set[str]]] = [
     # Random bytes without a line end: refused (400) if h11 can tell early, else never
     # answered, as a request line that never ends: the stream ends at the deadline.
@@ -309,6 +336,12 @@ UNAUTHENTICATED: list[tuple[str, Attack, set[str]]] = [
         after_upgrade(raw_bytes=ws_frame(OP_BINARY, b"abc", mask=False)),
         {"close 4008"},  # before authentication: a malformed handshake frame
     ),
+    # Issue 12: each of the next two ended the worker process, through an exception of the
+    # handshake (repr() of the bignum) or of wsproto (IDNA decoding) that escaped the listener.
+    ("bignum-protocol", after_upgrade(hello_with(protocol=HUGE)), {"close 4008", "close 4002"}),
+    ("bad-idna-host", bad_idna_host, {"http 400"}),
+    # (Issue 12) ended at the handshake deadline, parsed all along; now after max_handshake_frames.
+    ("continuation-flood-before-hello", continuation_flood_before_hello, {"close 4008", "eof"}),
 ]
 
 
@@ -409,6 +442,99 @@ async def test_a_thousand_unauthenticated_sockets_do_not_starve_a_legitimate_pee
             )
             stats = t.worker.link.statistics()
             assert stats.evicted_unauthenticated >= count - LIMITS.max_unauthenticated_sockets
+
+
+# Issue 12, break 2 (the acceptance measurement): floods of tiny frames from unauthenticated
+# sockets. The legitimate peer's p99 is compared with its idle p99 measured just before, in the
+# same test; the attacked process must not grow by more than FLOOD_RSS at its peak.
+FLOOD_SOCKETS = 16
+FLOOD_SECONDS = 2.0
+IDLE_SECONDS = 1.0
+FLOOD_P99 = 0.25
+FLOOD_RSS = 64 * MiB
+FLOODS = {
+    # A message started, then empty continuation frames: 6 bytes each (2 of header, 4 of mask).
+    "empty-continuation-frames": (
+        ws_frame(OP_BINARY, b"", fin=False),
+        ws_frame(OP_CONTINUATION, b"", fin=False) * 10_000,
+    ),
+    "pings": (b"", ws_frame(OP_PING, b"") * 10_000),
+}
+
+
+@pytest.mark.parametrize("flood", list(FLOODS))
+async def test_a_frame_flood_from_16_unauthenticated_sockets_leaves_a_legitimate_peer_fast(
+    flood: str,
+) -> None:
+    """Each of 16 attackers upgrades and writes frames as fast as the socket takes them; when
+    the worker ends its socket it reconnects at once, so 16 sockets flood for the whole window.
+    Before issue 12 the worker parsed every frame of every read without yielding: the probe's
+    p99 went from ~2 ms idle to 0.5-4 s (and more with more sockets)."""
+    first, chunk = FLOODS[flood]
+    connections = 0
+
+    async def attacker(port: int, stop: anyio.Event) -> None:
+        nonlocal connections
+        while not stop.is_set():  # bounded by the flood window (and the test's deadline)
+            connections += 1
+            async with Raw.connect(port) as raw:
+                if not await raw.upgrade() or (first and not await raw.write(first)):
+                    continue
+                while not stop.is_set() and await raw.write(chunk):
+                    pass
+
+    with anyio.fail_after(DEADLINE):
+        async with target() as t:
+            idle_start = anyio.current_time()
+            await anyio.sleep(IDLE_SECONDS)  # the probe measures the idle baseline meanwhile
+            stop = anyio.Event()
+            with PeakRss() as rss:
+                flood_start = anyio.current_time()
+                async with anyio.create_task_group() as tg:
+                    for _ in range(FLOOD_SOCKETS):
+                        tg.start_soon(attacker, t.port, stop)
+                    await anyio.sleep(FLOOD_SECONDS)
+                    flood_end = anyio.current_time()
+                    stop.set()
+                    tg.cancel_scope.cancel()
+                # Every call that started under the flood has ended once a later one has.
+                await wait_for(
+                    lambda: t.probe.started[-1] >= flood_end, OUTCOME_WAIT, "a call after"
+                )
+            idle = percentile(t.probe.window(idle_start, flood_start), 0.99)
+            during = t.probe.window(flood_start, flood_end)
+            p99 = percentile(during, 0.99)
+            figures = (
+                f"{flood}: legitimate p99 idle {idle * 1000:.1f} ms, under the flood of "
+                f"{FLOOD_SOCKETS} sockets {p99 * 1000:.1f} ms ({len(during)} calls, "
+                f"{connections} attacker connections); peak RSS growth {rss.growth / MiB:.1f} "
+                f"MiB (exact={rss.exact})"
+            )
+            print(figures)
+            assert p99 <= FLOOD_P99, figures
+            assert rss.growth <= FLOOD_RSS, figures
+            assert t.worker.link.statistics().handshake_frames_exceeded > 0, figures
+
+
+async def test_a_hostile_listener_cannot_make_connect_raise() -> None:
+    """Issue 12, break 1, from the other side: a listener that answers every dial with a
+    bignum hello. ``gl.connect()`` used to raise out of its dial loop; it must keep dialing."""
+    attempts = 0
+
+    async def hostile(stream: anyio.abc.SocketStream) -> None:
+        nonlocal attempts
+        attempts += 1
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            await accept_upgrade(stream, hello_with(protocol=HUGE, role="worker"))
+            while await stream.receive():  # until the dialer hangs up
+                pass
+
+    with anyio.fail_after(DEADLINE):
+        async with raw_listener(hostile) as port:
+            url = f"ws://127.0.0.1:{port}/executor"
+            async with gl.connect(controller_config(LIMITS, url)) as executor:
+                await wait_for(lambda: attempts >= 3, OUTCOME_WAIT, "three dial attempts")
+                assert executor.availability == "offline"
 
 
 # ---------------------------------------------------------------------------------- authenticated
@@ -680,9 +806,33 @@ async def test_ping_flood_on_an_authenticated_socket() -> None:
                         if not await raw.write(ping * 100):
                             break
                 await raw.send_envelope(_call(1, "ledger", "apply", ["after-flood", b"f"]))
-                reply = await raw.replies(lambda e: e[:2] == [1, 1], 10)
+                # The call waits behind the pings, which are read at Limits.frame_rate (20,000
+                # a second past a burst of 4,096): ~2.3 s for 50,000 at the least.
+                reply = await raw.replies(lambda e: e[:2] == [1, 1], 20)
                 assert reply[2] == checksum("after-flood", b"f")
             assert rss_bytes() - rss_before < RSS_GROWTH
+
+
+async def test_a_never_finishing_message_of_tiny_fragments_is_cut_off() -> None:
+    """Issue 12, break 5 (second half): a message of 2-byte fragments that never finishes grew
+    without a cap (only payload bytes were counted: at 8 bytes on the wire per fragment, 16 MiB
+    of payload is 8 million fragments). Now it ends at ``max_message_fragments`` with 1009."""
+    fragment = ws_frame(OP_CONTINUATION, b"ab", fin=False)
+    with anyio.fail_after(DEADLINE):
+        async with target(legit=False) as t:
+            async with Raw.connect(t.port) as raw:
+                assert await raw.upgrade()
+                await raw.authenticate()
+                with PeakRss() as rss:
+                    await raw.write(ws_frame(OP_BINARY, b"ab", fin=False))
+                    with anyio.move_on_after(OUTCOME_WAIT):
+                        for _ in range(100):  # up to 1,000,000 fragments, 8 MB
+                            if not await raw.write(fragment * 10_000):
+                                break
+                    outcome = await raw.outcome(OUTCOME_WAIT)
+            assert str(outcome) == "close 1009"
+            assert rss.growth < FLOOD_RSS, f"peak RSS growth {rss.growth / MiB:.1f} MiB"
+            assert await legit_round_trip(t.worker) < P99_CEILING
 
 
 async def test_takeover_of_a_healthy_session_is_refused() -> None:

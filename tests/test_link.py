@@ -9,6 +9,9 @@ session with a legitimate peer.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import math
 import os
 import random
 import ssl
@@ -16,8 +19,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.abc
+import h11
 import pytest
 import trustme
+from faultutil import (
+    OP_BINARY,
+    OP_CONTINUATION,
+    OP_PING,
+    Raw,
+    accept_upgrade,
+    raw_listener,
+    ws_frame,
+)
 from linkutil import (
     DIRECTIONS,
     EXECUTOR,
@@ -37,9 +51,16 @@ from linkutil import (
 from wsproto.events import AcceptConnection, BytesMessage, RejectConnection
 
 from garcon_link.errors import ConfigError, FailureReason, SessionFailed
-from garcon_link.handshake import ResumeOffer, compute_mac, derive_key
+from garcon_link.handshake import Handshake, ResumeOffer, compute_mac, derive_key
 from garcon_link.limits import Limits
-from garcon_link.link import WebSocketLink, backoff, is_loopback_host
+from garcon_link.link import (
+    FrameBudget,
+    WebSocketLink,
+    backoff,
+    is_loopback_host,
+    upgrade_refusal,
+)
+from garcon_link.session import MessageSession
 from garcon_link.testing import FaultProxy
 from garcon_link.transport import TransportState
 from garcon_link.wire import Role, encode_canonical, encode_message
@@ -50,6 +71,7 @@ anyio_test = pytest.mark.anyio
 by_direction = pytest.mark.parametrize("direction", DIRECTIONS)
 
 DEADLINE = 10.0  # no single test may take longer than this (it would be a hang, not a result)
+CLOSED = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
 def ws_frame_size(payload: int, *, masked: bool) -> int:
@@ -1187,3 +1209,419 @@ async def test_a_refused_real_dialer_creates_no_session_on_its_retries(direction
                 assert "4004" in (second.link.last_error or "")
             finally:
                 await second.stop()
+
+
+# ------------------------------------------------------------------------------------------------
+# hostile input (issue 12): containment of unexpected errors, frame budgets, the upgrade request
+
+HUGE = 10**5000
+"""An integer cbor2 encodes as a bignum (tag 2) of ~5,000 digits: ``repr()`` of it raises
+``ValueError`` (Python's int-to-str digit limit), which once escaped the handshake."""
+
+
+def honest_handshake(role: Role) -> Handshake:
+    """A fresh handshake of ``role`` with the shared test secret (no session to resume)."""
+    return Handshake(
+        role=role,
+        executor_id=EXECUTOR,
+        key=derive_key(SECRET),
+        runtime=os.urandom(16),
+        nonce=os.urandom(32),
+        resume=None,
+    )
+
+
+def hello_with(hs: Handshake, **changes: object) -> bytes:
+    """``hs``'s hello frame with ``changes`` applied to its map (still canonical CBOR)."""
+    return encode_canonical({**hs.local_hello.to_wire(), **changes})
+
+
+@anyio_test
+@by_direction
+@pytest.mark.parametrize("field", ["protocol", "t"])
+async def test_a_bignum_in_the_hello_ends_only_that_socket(direction: str, field: str) -> None:
+    """Regression (issue 12, break 1): the worker process exited with status 1."""
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction) as (ep, role):  # on exit: a legitimate peer gets in
+            async with RawClient.connect(ep.link.listen_address) as client:
+                assert isinstance(await client.upgrade(), AcceptConnection)
+                await client.send_bytes(hello_with(client.handshake(role), **{field: HUGE}))
+                assert await client.wait_closed() in (4002, 4008)
+            assert ep.sessions == []
+
+
+@anyio_test
+@by_direction
+async def test_a_hostile_listener_cannot_stop_the_dial_loop(direction: str) -> None:
+    """Regression (issue 12, break 1): the same bignum sent by a *listener* made the dial loop
+    raise; it must count as that attempt's failure and the dialer dial again."""
+    _listen_role, dial_role = roles(direction)
+    attempts = 0
+
+    async def hostile(stream: anyio.abc.SocketStream) -> None:
+        nonlocal attempts
+        attempts += 1
+        hs = honest_handshake(dial_role.peer)
+        with contextlib.suppress(*CLOSED):
+            await accept_upgrade(stream, hello_with(hs, protocol=HUGE))
+            while await stream.receive():  # until the dialer hangs up (bounded by its deadline)
+                pass
+
+    with anyio.fail_after(DEADLINE):
+        async with raw_listener(hostile) as port:
+            link = make_link(dial_role, small_limits(), dial=f"ws://127.0.0.1:{port}/executor")
+            async with link:
+                await wait_until(lambda: attempts >= 3, what="three dial attempts")
+            assert link.statistics().dial_attempts >= 3
+
+
+@anyio_test
+@by_direction
+async def test_an_unexpected_exception_in_the_handshake_ends_only_that_socket(
+    direction: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Containment, independent of any decoder fix: whatever the handshake raises is the
+    peer's failure (logged with its traceback), on both the listening and the dialing side."""
+    caplog.set_level(logging.WARNING, logger="garcon_link.link")
+
+    def broken(self: Handshake, data: bytes) -> bytes | None:
+        raise RuntimeError("injected fault")
+
+    with anyio.fail_after(DEADLINE):
+        async with link_pair(direction) as pair:
+            monkeypatch.setattr(Handshake, "receive", broken)
+            await wait_until(
+                lambda: (
+                    pair.listener.link.statistics().unexpected_errors >= 2
+                    and pair.dialer.link.statistics().unexpected_errors >= 2
+                ),
+                what="both links to contain two injected faults each",
+            )
+            monkeypatch.undo()
+            await pair.wait_ready()  # the listener kept listening, the dialer kept dialing
+    faults = [r for r in caplog.records if "unexpected RuntimeError: injected fault" in r.message]
+    assert faults and all(r.exc_info is not None for r in faults)
+
+
+@anyio_test
+@by_direction
+async def test_an_unexpected_exception_after_authentication_retires_only_that_session(
+    direction: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = b"\xf7 boom"
+    real = MessageSession.receive
+
+    def receive(self: MessageSession, data: bytes) -> list[bytes]:
+        if data == marker:
+            raise RuntimeError("injected fault")
+        return real(self, data)
+
+    monkeypatch.setattr(MessageSession, "receive", receive)
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction) as (ep, role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                await raw_session(client, role, ep)
+                await client.send_bytes(marker)
+                assert await client.wait_closed() == 4008
+            rec = ep.current
+            await wait_until(lambda: rec.transport.state is TransportState.RETIRED)
+            assert ep.link.statistics().unexpected_errors == 1
+
+
+@anyio_test
+@by_direction
+async def test_log_records_carry_causes_as_text_not_exception_objects(
+    direction: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record that holds an exception holds its traceback, its frames and their locals -- the
+    refused socket with its buffers -- for as long as any handler keeps the record (pytest's
+    capture kept ~900 flooding sockets, 210 MiB, alive during one test of issue 12)."""
+    caplog.set_level(logging.DEBUG, logger="garcon_link.link")
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction) as (ep, _role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                assert isinstance(await client.upgrade(), AcceptConnection)
+                await client.send_bytes(b"\xa1")  # a truncated hello: refused (4008)
+                assert await client.wait_closed() == 4008
+            _listen_role, dial_role = roles(direction)
+            link = make_link(dial_role, small_limits(), dial="ws://127.0.0.1:1/executor")
+            async with link:  # nothing listens on port 1: the dial fails, and is logged
+                await wait_until(lambda: link.statistics().dial_attempts >= 2)
+    records = [r for r in caplog.records if r.name == "garcon_link.link"]
+    assert any("handshake refused" in r.getMessage() for r in records)
+    assert any("dial" in r.getMessage() and "failed" in r.getMessage() for r in records)
+    for record in records:
+        assert record.exc_info is None, record.getMessage()
+        args = record.args if isinstance(record.args, tuple) else ()
+        assert not any(isinstance(a, BaseException) for a in args), record.getMessage()
+
+
+SUSPICIOUS_UPGRADES = {
+    "http-1.0": (b"GET /executor HTTP/1.0\r\n", b"", "HTTP/1.1"),
+    "absolute-form": (b"GET http://127.0.0.1/executor HTTP/1.1\r\n", b"", "origin-form"),
+    "te-and-cl": (
+        b"GET /executor HTTP/1.1\r\n",
+        b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+        "body",
+    ),
+    "content-length": (b"GET /executor HTTP/1.1\r\n", b"Content-Length: 3\r\n", "body"),
+    "obs-fold": (b"GET /executor HTTP/1.1\r\n", b"X-Folded: a\r\n b\r\n", "folding"),
+    "2000-headers": (b"GET /executor HTTP/1.1\r\n", b"X-A: b\r\n" * 2000, "header fields"),
+    "post": (b"POST /executor HTTP/1.1\r\n", b"", "GET"),
+    "idna-host": (b"GET /executor HTTP/1.1\r\n", b"", "bad upgrade request"),
+}
+_UPGRADE_HEADERS = (
+    b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+)
+
+
+@anyio_test
+@pytest.mark.parametrize("case", list(SUSPICIOUS_UPGRADES))
+async def test_suspicious_upgrade_requests_get_400_with_a_one_line_reason(case: str) -> None:
+    """Regression (issue 12): each of these was upgraded (101); ``idna-host`` (a Host that is
+    not valid IDNA) made wsproto raise a UnicodeError that ended the worker process."""
+    request_line, extra, reason = SUSPICIOUS_UPGRADES[case]
+    host = b"Host: xn--zz\r\n" if case == "idna-host" else b"Host: 127.0.0.1\r\n"
+    body = b"abc" if case == "content-length" else b""
+    request = request_line + host + _UPGRADE_HEADERS + extra + b"\r\n" + body
+    with anyio.fail_after(DEADLINE):
+        async with listening("controller-dials") as (ep, _role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                await client.write(request)
+                response = await client.read_until_eof()
+            assert parse_status(response) == 400, response[:200]
+            text = response.split(b"\r\n\r\n", 1)[1].decode()
+            assert text.count("\n") == 1 and reason in text, text
+            assert ep.link.statistics().upgrades_refused == {400: 1}
+
+
+def _request(
+    method: str = "GET",
+    target: str = "/executor",
+    version: str = "1.1",
+    headers: list[tuple[str, str]] | None = None,
+) -> h11.Request:
+    return h11.Request(
+        method=method,
+        target=target,
+        http_version=version,
+        headers=[("Host", "x"), *(headers or [])],
+    )
+
+
+_HEAD = b"GET /executor HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("request_", "head", "refused"),
+    [
+        (_request(), _HEAD, None),
+        (_request(headers=[("Content-Length", "0")]), _HEAD, None),
+        (_request(headers=[("X", "y")] * 99), _HEAD, None),  # 100 with Host: the limit
+        (_request(headers=[("X", "y")] * 100), _HEAD, "more than 100 header fields"),
+        (_request(method="POST"), _HEAD, "must be a GET"),
+        (_request(version="1.0"), _HEAD, "must be HTTP/1.1"),
+        (_request(target="http://x/executor"), _HEAD, "origin-form"),
+        (_request(target="*"), _HEAD, "origin-form"),
+        (_request(headers=[("Content-Length", "1")]), _HEAD, "body"),
+        (_request(headers=[("Transfer-Encoding", "chunked")]), _HEAD, "body"),
+        (_request(), b"GET /executor HTTP/1.1\r\nHost: x\r\nA: b\r\n\tc\r\n\r\n", "folding"),
+        (_request(), b"GET /executor HTTP/1.1\r\nHost: x\r\nA: b\n c\n\n", "folding"),
+    ],
+)
+def test_upgrade_refusal_table(request_: h11.Request, head: bytes, refused: str | None) -> None:
+    """The decision as a pure function of the parsed request and its bytes (no sockets)."""
+    why = upgrade_refusal(request_, head, max_headers=100)
+    assert why == refused if refused is None else why is not None and refused in why
+
+
+@anyio_test
+@by_direction
+async def test_a_hello_pipelined_with_the_upgrade_request_is_kept(direction: str) -> None:
+    """Regression (issue 12): bytes after the upgrade request were dropped, so a client that
+    sends its hello without waiting for the 101 waited out the handshake deadline (4008)."""
+    limits = small_limits(handshake_timeout=5.0)  # a dropped hello would show as a hang
+    with anyio.fail_after(DEADLINE):
+        async with (
+            listening(direction, limits) as (ep, role),
+            Raw.connect(ep.link.listen_address[1]) as raw,
+        ):
+            hs = honest_handshake(role)
+            assert await raw.upgrade_pipelined(ws_frame(OP_BINARY, hs.hello_frame()))
+            while hs.result is None:  # the listener's hello, then (admitted) its proof
+                with anyio.fail_after(2.0):
+                    frame = await raw.next_message()
+                assert frame is not None, f"closed with {raw.close_code}"
+                reply = hs.receive(frame)
+                if reply is not None:
+                    await raw.send_message(reply)
+            assert ep.link.statistics().handshakes_completed == 1
+
+
+@anyio_test
+@by_direction
+async def test_frames_in_the_same_read_as_the_101_are_kept_by_the_dialer(direction: str) -> None:
+    """The client side of the same question: a listener that writes its hello together with the
+    101 response. (wsproto's client keeps those bytes: a guard, this passed before issue 12.)"""
+    _listen_role, dial_role = roles(direction)
+    done = anyio.Event()
+
+    async def listener(stream: anyio.abc.SocketStream) -> None:
+        hs = honest_handshake(dial_role.peer)
+        with contextlib.suppress(*CLOSED):
+            ws = await accept_upgrade(stream, hs.hello_frame())
+            while hs.result is None:
+                ws.receive_data(await stream.receive())
+                for event in ws.events():
+                    if isinstance(event, BytesMessage):  # each one whole: small frames
+                        reply = hs.receive(bytes(event.data))
+                        if reply is not None:
+                            await stream.send(ws.send(BytesMessage(data=reply)))
+            done.set()
+            await anyio.sleep_forever()
+
+    with anyio.fail_after(DEADLINE):
+        async with raw_listener(listener) as port, anyio.create_task_group() as tg:
+            link = make_link(dial_role, small_limits(), dial=f"ws://127.0.0.1:{port}/executor")
+            async with endpoint(tg, link):  # (its recorder consumes the session it creates)
+                await done.wait()
+                await wait_until(lambda: link.statistics().handshakes_completed == 1)
+            tg.cancel_scope.cancel()
+
+
+@anyio_test
+@by_direction
+async def test_a_message_of_too_many_fragments_is_closed_1009(direction: str) -> None:
+    """Regression (issue 12, break 5): a message that never finishes, in tiny fragments, grew
+    without a cap (only payload bytes were counted). Now it is refused at the fragment bound."""
+    limits = small_limits(max_message_fragments=64)
+    flood = ws_frame(OP_BINARY, b"ab", fin=False) + ws_frame(OP_CONTINUATION, b"cd", fin=False) * 70
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction, limits) as (ep, role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                await raw_session(client, role, ep)
+                await client.write(flood)
+                assert await client.wait_closed() == 1009
+            rec = ep.current
+            await wait_until(lambda: rec.transport.state is TransportState.RETIRED)
+            assert "64 frames" in str(rec.transport.failure)
+
+
+@anyio_test
+@by_direction
+async def test_a_message_of_exactly_max_fragments_is_one_message(direction: str) -> None:
+    limits = small_limits(max_message_fragments=64)
+    message = encode_message(1, b"x" * 62)
+    header, payload = message[:-62], message[-62:]
+    frames = ws_frame(OP_BINARY, header, fin=False)  # 1 frame
+    for i in range(62):  # + 62 frames of one byte each
+        frames += ws_frame(OP_CONTINUATION, payload[i : i + 1], fin=False)
+    frames += ws_frame(OP_CONTINUATION, b"", fin=True)  # + an empty final one: 64
+    with anyio.fail_after(DEADLINE):
+        async with (
+            listening(direction, limits) as (ep, role),
+            RawClient.connect(ep.link.listen_address) as client,
+        ):
+            await raw_session(client, role, ep)
+            await client.write(frames)
+            await ep.wait_received(1)
+            assert ep.current.received == [b"x" * 62]
+
+
+@anyio_test
+@by_direction
+async def test_more_frames_than_a_handshake_needs_closes_the_socket_at_once(
+    direction: str,
+) -> None:
+    """Before authentication a socket may send ``max_handshake_frames`` frames of any kind; the
+    next one ends it with 4008 at once, not at the handshake deadline (regression: a flood of
+    empty continuation frames or pings was parsed until the deadline, starving the loop)."""
+    limits = small_limits(handshake_timeout=5.0, max_handshake_frames=8, frame_burst=64)
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction, limits) as (ep, _role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                assert isinstance(await client.upgrade(), AcceptConnection)
+                await client.write(ws_frame(OP_PING, b"p") * 9)
+                assert await client.wait_closed() == 4008
+            stats = ep.link.statistics()
+            assert stats.handshake_frames_exceeded == 1
+            assert stats.handshakes_failed == {"MALFORMED": 1}  # not TIMEOUT: at once
+
+
+@anyio_test
+@by_direction
+async def test_a_handshake_within_the_frame_allowance_succeeds(direction: str) -> None:
+    limits = small_limits(max_handshake_frames=8, frame_burst=64)
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction, limits) as (ep, role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                assert isinstance(await client.upgrade(), AcceptConnection)
+                await client.write(ws_frame(OP_PING, b"p") * 6)  # + hello + proof = 8
+                await raw_session_after_upgrade(client, role, ep)
+            assert ep.link.statistics().handshake_frames_exceeded == 0
+
+
+async def raw_session_after_upgrade(client: RawClient, role: Role, listener: Endpoint) -> None:
+    result = await client.authenticate(client.handshake(role))
+    await client.send_fence()
+    rec = await listener.wait_ready(len(listener.sessions) or 1)
+    assert rec.session_id == result.session_id
+
+
+@anyio_test
+@by_direction
+async def test_an_authenticated_frame_flood_is_throttled_not_closed(direction: str) -> None:
+    """After authentication frames spend a token bucket (``frame_rate``, ``frame_burst``): a
+    flood is read at that rate -- its message behind it cannot arrive sooner -- and the session
+    survives. (Regression: every frame of a read was processed at once, without yielding.)"""
+    rate, burst, pings = 2000, 100, 1000
+    limits = small_limits(frame_rate=rate, frame_burst=burst, heartbeat_timeout=5.0)
+    with anyio.fail_after(DEADLINE):
+        async with listening(direction, limits) as (ep, role):
+            async with RawClient.connect(ep.link.listen_address) as client:
+                await raw_session(client, role, ep)
+                rec = ep.current
+                start = anyio.current_time()
+                flood = ws_frame(OP_PING, b"") * pings + ws_frame(
+                    OP_BINARY, encode_message(1, b"m")
+                )
+                await client.write(flood)
+                await ep.wait_received(1, rec)
+                elapsed = anyio.current_time() - start
+                # A lower bound the token bucket guarantees (load can only make it slower).
+                assert elapsed >= 0.9 * (pings - burst) / rate, elapsed
+                assert rec.ready
+            assert ep.link.statistics().throttled_reads >= 1
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "steps", "expected"),
+    [
+        # (now, frames spent) -> (spend() result, delay() afterwards)
+        (0.0, 3, [(0.0, 3), (9.0, 1)], [(True, 0.0), (False, math.inf)]),  # fixed allowance
+        (10.0, 5, [(0.0, 5), (0.0, 1)], [(True, 0.0), (False, 0.2)]),  # debt 1 + 0.1 s worth
+        (10.0, 5, [(0.0, 5), (0.5, 5)], [(True, 0.0), (True, 0.0)]),  # refilled in 0.5 s
+        (10.0, 5, [(0.0, 1), (100.0, 5)], [(True, 0.0), (True, 0.0)]),  # capped at burst
+        (10.0, 5, [(0.0, 5), (100.0, 6)], [(True, 0.0), (False, 0.2)]),  # ... so not 6
+        (1000.0, 4, [(0.0, 5)], [(False, 0.005)]),  # quantum capped at burst: earn 1 + 4
+    ],
+)
+def test_frame_budget_table(
+    rate: float,
+    burst: int,
+    steps: list[tuple[float, int]],
+    expected: list[tuple[bool, float]],
+) -> None:
+    """The token bucket as a pure function of ``now`` (no clock, no sockets)."""
+    budget = FrameBudget.full(rate, burst, 0.0)
+    got = []
+    for now, frames in steps:
+        ok = budget.spend(now, frames)
+        got.append((ok, budget.delay(now)))
+    assert got == [(ok, pytest.approx(d)) for ok, d in expected]
+
+
+def test_unauthenticated_share_must_be_smaller_than_the_authenticated_one() -> None:
+    with pytest.raises(ConfigError, match="max_handshake_frames"):
+        Limits(max_handshake_frames=64, frame_burst=64)
