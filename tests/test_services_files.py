@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tracemalloc
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -363,3 +364,197 @@ async def test_local_use_and_stale_handles(tmp_path: Path) -> None:
         await files.upload_chunk(handle, 0, b"x")
         assert (await files.commit_upload(handle)).size == 1
     assert (tmp_path / "f").read_bytes() == b"x"
+
+
+# --------------------------------------------------------------------------- hostile input
+
+LONG_PATH = "/" + "a/" * (1024 * 1024)  # 2 MiB: resolving it took minutes of CPU in a thread
+
+
+async def test_a_2_mib_path_is_refused_at_once_and_holds_up_no_one(tmp_path: Path) -> None:
+    """Break 6: the bounds are checked before any resolution (~0.1 s here on 2 cores)."""
+    (tmp_path / "small.txt").write_bytes(b"small")
+    with anyio.fail_after(30):
+        async with linked(tmp_path) as executor:
+            files = executor.service("files", FileService)
+            small_latencies: list[float] = []
+            refused: list[gl.Rejected] = []
+
+            async def hostile() -> None:
+                with pytest.raises(gl.Rejected) as info:
+                    await files.stat(LONG_PATH)
+                refused.append(info.value)
+
+            async def small() -> None:
+                for _ in range(5):
+                    started = anyio.current_time()
+                    assert (await files.stat("/small.txt")).size == 5
+                    small_latencies.append(anyio.current_time() - started)
+
+            with anyio.fail_after(10):  # before the fix: minutes (the 2 MiB path was resolved)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(hostile)
+                    tg.start_soon(small)
+            assert refused[0].code == "INVALID_PATH", refused[0]
+            assert "4096 bytes" in refused[0].message
+            assert len(str(refused[0])) < 500  # the path is not echoed back
+            assert max(small_latencies) < 2.0, small_latencies  # upper bound, not a measure
+
+
+def _path_calls(svc: LocalFileService, path: str) -> dict[str, Callable[[], Awaitable[object]]]:
+    """One call per method that takes a path, with ``path`` in it."""
+
+    async def stream() -> None:
+        async for _ in svc.read_stream(path):
+            pass
+
+    return {
+        "stat": lambda: svc.stat(path),
+        "exists": lambda: svc.exists(path),
+        "canonical_path": lambda: svc.canonical_path(path),
+        "read_link": lambda: svc.read_link(path),
+        "list_dir": lambda: svc.list_dir(path),
+        "read": lambda: svc.read(path),
+        "read_stream": stream,
+        "mkdir": lambda: svc.mkdir(path, parents=True),
+        "remove": lambda: svc.remove(path),
+        "rename src": lambda: svc.rename(path, "/ok"),
+        "rename dst": lambda: svc.rename("/ok", path),
+        "write": lambda: svc.write(path, b"x"),
+        "begin_upload": lambda: svc.begin_upload(path),
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [
+        ("/" + "x" * 4096, "at most 4096 bytes"),
+        ("/" + "é" * 2048, "at most 4096 bytes"),  # 4,097 bytes in 2,049 characters
+        ("/d" * 257, "at most 256 names"),
+        ("/" + "n" * 256, "at most 255 bytes"),
+        ("/bad\ud800", "valid Unicode"),  # a lone surrogate (\udcff would be byte 0xff)
+        ("/nul\0", "NUL"),
+    ],
+)
+async def test_every_method_that_takes_a_path_checks_the_bounds(
+    tmp_path: Path, path: str, fragment: str
+) -> None:
+    (tmp_path / "ok").write_bytes(b"ok")
+    scope = gl.ServiceScope("local", os.urandom(16))
+    async with LocalFileService(tmp_path, scope=scope) as svc:
+        calls = _path_calls(svc, path)
+        for name, call in calls.items():
+            with pytest.raises(gl.Rejected) as info:
+                await call()
+            assert (info.value.code, fragment in info.value.message) == ("INVALID_PATH", True), (
+                name,
+                info.value,
+            )
+    assert (tmp_path / "ok").read_bytes() == b"ok"
+
+
+def test_the_path_bounds_are_inclusive_and_configurable(tmp_path: Path) -> None:
+    confined = ConfinedRoot(tmp_path)
+    assert len(confined.split("/" + "/".join(["x" * 255] * 16))) == 16  # 4,096 bytes
+    assert len(confined.split("/d" * 256)) == 256
+    assert confined.split("/" + "n" * 255) == ("n" * 255,)
+    assert confined.split("/" * 4096) == ()  # empty names are not counted
+    small = ConfinedRoot(tmp_path, ServiceLimits(max_path_bytes=8, max_path_components=2))
+    assert small.split("/a/b") == ("a", "b")
+    for path in ("/a/b/c", "/123456789"):
+        with pytest.raises(gl.Rejected) as info:
+            small.split(path)
+        assert info.value.code == "INVALID_PATH"
+
+
+async def test_the_process_cwd_is_bounded_too(tmp_path: Path) -> None:
+    from garcon_link.services import LocalProcessService
+
+    scope = gl.ServiceScope("local", os.urandom(16))
+    async with LocalProcessService(tmp_path, scope=scope) as proc:
+        for path in (LONG_PATH, "/d" * 257):
+            with pytest.raises(gl.Rejected) as info:
+                await proc.run(["true"], cwd=path)
+            assert info.value.code == "INVALID_PATH"
+
+
+def _assert_no_root(error: BaseException, *roots: Path) -> None:
+    texts = [str(error), repr(error), getattr(error, "message", "")]
+    texts.append(str(getattr(error, "details", None)))
+    texts.append(str(getattr(error, "remote_traceback", None)))
+    for text in texts:
+        for root in roots:
+            assert str(root) not in text, text
+
+
+async def test_a_symlink_swapped_during_the_check_is_refused_without_the_real_path(
+    layout: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """realpath lstat()s a link, then readlink()s it: replace the link in between (the hook
+    does it just before the real readlink). It used to be HANDLER_FAILED whose message and
+    traceback held the worker's real root path."""
+    root, _ = layout
+    link = root / "swap"
+    link.symlink_to("inside")
+    real_readlink = os.readlink
+
+    def racing_readlink(path: object, *args: object, **kwargs: object) -> str:
+        if os.fspath(path) == str(link):  # type: ignore[call-overload]
+            link.unlink()
+            link.write_bytes(b"now a file")  # readlink -> EINVAL, naming the real path
+        return real_readlink(path, *args, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    with anyio.fail_after(30):
+        async with linked(root) as executor:
+            files = executor.service("files", FileService)
+            monkeypatch.setattr(os, "readlink", racing_readlink)
+            for call in (
+                lambda: files.stat("/swap/file.txt"),
+                lambda: files.read("/swap/file.txt"),
+                lambda: files.write("/swap/new.txt", b"x"),
+                lambda: files.canonical_path("/swap"),
+                lambda: files.list_dir("/swap"),
+            ):
+                link.unlink()
+                link.symlink_to("inside")
+                with pytest.raises(gl.CallError) as info:
+                    await call()
+                assert isinstance(info.value, gl.Rejected), info.value
+                assert info.value.code == "PERMISSION_DENIED", info.value
+                assert "changed while it was being checked" in info.value.message
+                assert "/swap" in info.value.message
+                _assert_no_root(info.value, root, root.parent)
+    assert not (root / "inside" / "new.txt").exists()
+
+
+async def test_no_error_names_the_real_root(layout: tuple[Path, Path]) -> None:
+    """Every kind of refusal and failure, through the RPC layer: only caller paths appear."""
+    root, _ = layout
+    (root / "loop").symlink_to("loop")
+    (root / "dir").mkdir()
+    (root / "dir" / "x").write_bytes(b"x")
+    (root / "fifo").parent.mkdir(exist_ok=True)
+    os.mkfifo(root / "fifo")
+    with anyio.fail_after(30):
+        async with linked(root) as executor:
+            files = executor.service("files", FileService)
+            for call in (
+                lambda: files.stat("/missing/x"),
+                lambda: files.read("/loop"),
+                lambda: files.read("/fifo"),
+                lambda: files.read("/dir"),
+                lambda: files.list_dir("/inside/file.txt"),
+                lambda: files.mkdir("/dir/x/y"),
+                lambda: files.remove("/dir"),
+                lambda: files.rename("/missing", "/elsewhere"),
+                lambda: files.write("/inside/file.txt/x", b"x"),
+                lambda: files.write("/dir", b"x"),
+                lambda: files.write("/x", b"x", exclusive=True, if_match="1"),
+                lambda: files.read_link("/inside"),
+                lambda: files.read("/../x"),
+            ):
+                with pytest.raises(gl.CallError) as info:
+                    await call()
+                assert isinstance(info.value, gl.Rejected | gl.RemoteError), info.value
+                assert info.value.code != "HANDLER_FAILED", info.value
+                _assert_no_root(info.value, root, root.parent)

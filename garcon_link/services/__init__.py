@@ -135,7 +135,7 @@ def builtin_services(
         ConfigError: an unknown name, no name, or ``root`` is not an existing directory.
     """
     wanted = _parse_names(names)
-    ConfinedRoot(root)  # fail now, not at the first session
+    ConfinedRoot(root, limits)  # fail now, not at the first session
     root_path = Path(root)
     service_limits = limits or ServiceLimits()
 

@@ -10,11 +10,18 @@ refused with ``Rejected("PERMISSION_DENIED")`` (never normalised away). Paths re
 service (``FileStat.path``, :meth:`LocalFileService.canonical_path`) use the same namespace, so the
 worker's real location of the root is never revealed.
 
+Bounds come first: a path longer than ``ServiceLimits.max_path_bytes`` (4,096 UTF-8 bytes, as
+Linux's ``PATH_MAX``), with more than ``ServiceLimits.max_path_components`` names (256) or with a
+name over :data:`MAX_NAME_BYTES` (255, as ``NAME_MAX``) is refused with ``INVALID_PATH`` before
+anything touches the disk. Resolving costs about names x length (``realpath`` joins and
+``lstat``\\ s every prefix): a 2 MB path would take minutes of CPU, a bounded one milliseconds.
+
 Symlinks are followed only while they stay inside the root. Resolution has two steps:
 
 1. *check*: ``os.path.realpath`` of ``<root>/<path>`` must be the root or below it (after
    resolving every symlink); otherwise ``Rejected("PERMISSION_DENIED")`` -- never a silent
-   redirect into the root.
+   redirect into the root. A symlink replaced or removed while ``realpath`` reads it is refused
+   the same way (the OS error, which names the worker's real path, is dropped).
 2. *use*: the operation walks the **resolved** components from the root, one ``openat`` per
    directory with ``O_NOFOLLOW``, and acts on the final name relative to that directory
    (``*at`` system calls, ``follow_symlinks=False``). Since the resolved path contained no
@@ -161,6 +168,21 @@ class ServiceLimits:
     max_list_entries: int = field(
         default=10_000,
         metadata=_doc("Largest page of list_dir."),
+    )
+    max_path_bytes: int = field(
+        default=4096,
+        metadata=_doc(
+            "Longest path a caller may pass, in UTF-8 bytes (Linux's PATH_MAX); a longer one is "
+            "refused with INVALID_PATH before any file system work. Each name in it is at most "
+            "255 bytes (NAME_MAX)."
+        ),
+    )
+    max_path_components: int = field(
+        default=256,
+        metadata=_doc(
+            "Most names (between '/') in a caller's path; more is refused with INVALID_PATH "
+            "before any file system work. Resolving a path costs about components x length."
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -366,6 +388,9 @@ class FileService(Protocol):
 _DIR_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
 _ROOT_FLAGS = os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
 
+MAX_NAME_BYTES = 255
+"""Longest name (one path component) in bytes, as Linux's NAME_MAX: longer is INVALID_PATH."""
+
 # Per-path publish locks shared by every LocalFileService of this process (striped: bounded).
 _PUBLISH_LOCKS = tuple(threading.Lock() for _ in range(64))
 
@@ -383,31 +408,58 @@ class ConfinedRoot:
 
     Args:
         root: the directory that is ``/`` for callers; it must exist.
+        limits: the path bounds (``max_path_bytes``, ``max_path_components``).
 
     Raises:
         ConfigError: ``root`` is not an existing directory.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], limits: ServiceLimits | None = None) -> None:
         real = os.path.realpath(os.fspath(root))
         if not os.path.isdir(real):
             raise ConfigError(f"service root {os.fspath(root)!r} is not an existing directory")
         self.host = real
+        self.limits = limits or ServiceLimits()
         self._prefix = real if real.endswith("/") else real + "/"
 
     def split(self, path: str) -> tuple[str, ...]:
-        """Validate a caller path and return its components (no resolution).
+        """Validate a caller path and return its components (no resolution, no file system).
+
+        The bounds are checked first, so a hostile path costs at most one pass over
+        ``max_path_bytes`` characters here and is never resolved.
 
         Raises:
-            Rejected: ``INVALID_PATH`` (not absolute, NUL), ``PERMISSION_DENIED`` (``..``).
+            Rejected: ``INVALID_PATH`` (not a string, longer than ``max_path_bytes``, more than
+                ``max_path_components`` names, a name over 255 bytes, not absolute, NUL, not
+                encodable), ``PERMISSION_DENIED`` (``..``).
         """
-        if not isinstance(path, str) or "\0" in path:
+        if not isinstance(path, str):
+            raise Rejected("INVALID_PATH", "a path is a string")
+        limit = self.limits.max_path_bytes
+        too_long = f"a path is at most {limit} bytes (ServiceLimits.max_path_bytes)"
+        if len(path) > limit:  # a character is at least one byte: refuse before encoding
+            raise Rejected("INVALID_PATH", f"{too_long}; this one has {len(path)} characters")
+        try:
+            raw = os.fsencode(path)
+        except UnicodeEncodeError:
+            raise Rejected("INVALID_PATH", "a path must be valid Unicode text") from None
+        if len(raw) > limit:
+            raise Rejected("INVALID_PATH", f"{too_long}; this one has {len(raw)}")
+        if b"\0" in raw:
             raise Rejected("INVALID_PATH", "a path is a string without NUL characters")
         if not path.startswith("/"):
             raise Rejected(
                 "INVALID_PATH", f"{path!r} is relative; paths are absolute and '/' is the root"
             )
         parts = tuple(p for p in path.split("/") if p not in ("", "."))
+        if len(parts) > self.limits.max_path_components:
+            raise Rejected(
+                "INVALID_PATH",
+                f"a path has at most {self.limits.max_path_components} names "
+                f"(ServiceLimits.max_path_components); this one has {len(parts)}",
+            )
+        if any(len(name) > MAX_NAME_BYTES for name in raw.split(b"/")):
+            raise Rejected("INVALID_PATH", f"a name in a path is at most {MAX_NAME_BYTES} bytes")
         if ".." in parts:
             raise _denied(path, "'..' segments are refused")
         return parts
@@ -441,12 +493,21 @@ class ConfinedRoot:
         operations on a link itself).
 
         Raises:
-            Rejected: as :meth:`split`, or ``PERMISSION_DENIED`` if resolution leaves the root.
+            Rejected: as :meth:`split`, or ``PERMISSION_DENIED`` if resolution leaves the root,
+                the path changes while it is resolved, or symlinks nest too deeply.
         """
         parts = self.split(path)
-        if follow_final or not parts:
-            return self._real_parts(parts, path)
-        return (*self._real_parts(parts[:-1], path), parts[-1])
+        try:
+            if follow_final or not parts:
+                return self._real_parts(parts, path)
+            return (*self._real_parts(parts[:-1], path), parts[-1])
+        except OSError:
+            # realpath lstat()s a name, then readlink()s it if it was a symlink: a link replaced
+            # or removed in between raises here, and the OSError names the worker's real path.
+            # A path changing under the check is refused like any other unsafe path.
+            raise _denied(path, "the path changed while it was being checked") from None
+        except RecursionError:  # realpath recurses once per symlink it follows
+            raise _denied(path, "too many levels of symbolic links") from None
 
     def open_dir(self, parts: tuple[str, ...], shown: str) -> int:
         """Use step: open the directory of resolved ``parts`` without following any symlink.
@@ -777,8 +838,8 @@ class LocalFileService:
         scope: ServiceScope | None = None,
         limits: ServiceLimits | None = None,
     ) -> None:
-        self.root = ConfinedRoot(root)
         self.limits = limits or ServiceLimits()
+        self.root = ConfinedRoot(root, self.limits)
         self._scope = scope
         self._uploads: dict[str, _Upload] = {}
         self._next_upload = 1
