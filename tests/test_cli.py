@@ -8,6 +8,7 @@ subprocesses with bounded timeouts; every child is killed in ``finally``. The wo
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import queue
@@ -81,9 +82,15 @@ class Worker:
     """``garcon-link worker`` in a child process, its stdout read line by line by a thread."""
 
     def __init__(
-        self, config: Path, *services: str, cwd: Path | None = None, extra: tuple[str, ...] = ()
+        self,
+        config: Path,
+        *services: str,
+        cwd: Path | None = None,
+        extra: tuple[str, ...] = (),
+        launcher: tuple[str, ...] = CLI,
+        env: dict[str, str] | None = None,
     ) -> None:
-        command = [*CLI, "worker", str(config), "--stop-on-stdin-eof", *extra]
+        command = [*launcher, "worker", str(config), "--stop-on-stdin-eof", *extra]
         for service in services:
             command += ["--service", service]
         self.process = subprocess.Popen(
@@ -93,6 +100,7 @@ class Worker:
             stderr=subprocess.PIPE,
             text=True,
             cwd=cwd,
+            env=env,
         )
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
@@ -595,3 +603,70 @@ def test_exit_code_table() -> None:
     assert cli.exit_code_for(gl.ConfigError("x")) == 2
     assert cli.exit_code_for(gl.LinkError("x")) == 1
     assert cli.exit_code_for(RuntimeError("x")) == 1
+
+
+STUCK_SCAN_LAUNCHER = (
+    sys.executable,
+    "-c",
+    """
+import os
+import sys
+from garcon_link import cli
+
+fifo = os.environ["STUCK_FIFO"]
+real_scandir = os.scandir
+
+def stuck_scandir(fd):
+    # Blocks in open(2) of a FIFO nobody writes: a system call that never returns, as a read on
+    # a hung network file system does.
+    print("scan-stuck", flush=True)
+    with open(fifo, "rb"):
+        pass
+    return real_scandir(fd)
+
+os.scandir = stuck_scandir
+sys.exit(cli.main(sys.argv[1:]))
+""",
+)
+
+
+def test_sigterm_stops_the_worker_while_a_file_read_is_stuck(tmp_path: Path) -> None:
+    """Break 6 (shutdown): a read stuck in the OS used to hold a SIGTERM'd worker forever (its
+    uncancellable thread was joined at exit). Now the read is abandoned. About 2 s."""
+    root = tmp_path / "root"
+    root.mkdir()
+    fifo = tmp_path / "stuck.fifo"
+    os.mkfifo(fifo)
+    worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    worker = Worker(
+        worker_toml,
+        extra=("--builtin", "files", "--root", str(root)),
+        launcher=STUCK_SCAN_LAUNCHER,
+        env={**os.environ, "STUCK_FIFO": str(fifo)},
+    )
+    call: subprocess.Popen[str] | None = None
+    try:
+        controller = write_config(
+            tmp_path, "controller.toml", "controller", f'dial = "{worker.url()}"'
+        )
+        call = subprocess.Popen(
+            [*CLI, "call", str(controller), "files.list_dir", '["/"]', "--timeout", "20"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        worker.wait_line("scan-stuck")
+        worker.process.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert worker.process.wait(timeout=10) == 0  # before the fix: never (TimeoutExpired)
+        assert time.monotonic() - started < 10
+        assert worker.wait_line("executor-stopping").endswith("reason=SIGTERM")
+    finally:
+        with contextlib.suppress(OSError):  # let a thread stuck in the open go (before the fix)
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.kill()
+        if call is not None:
+            if call.poll() is None:
+                call.kill()
+            call.communicate(timeout=10)

@@ -478,6 +478,53 @@ async def test_the_process_cwd_is_bounded_too(tmp_path: Path) -> None:
             assert info.value.code == "INVALID_PATH"
 
 
+async def test_a_cancelled_read_stuck_in_the_os_is_abandoned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read stuck in a system call (a hung network file system) neither holds its caller's
+    cancellation nor outlives it unbounded: further reads past the cap are OVERLOADED."""
+    import threading
+
+    entered = threading.Event()
+    release = threading.Event()
+    real_scandir = os.scandir
+
+    def stuck_scandir(fd: object) -> object:
+        entered.set()
+        release.wait(30)
+        return real_scandir(fd)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(os, "scandir", stuck_scandir)
+    (tmp_path / "f").write_bytes(b"data")
+    limits = ServiceLimits(max_reader_threads=1)
+    try:
+        async with LocalFileService(tmp_path, limits=limits) as svc:
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(svc.list_dir, "/")
+                    await anyio.to_thread.run_sync(entered.wait, 10)
+                    tg.cancel_scope.cancel()  # returns at once: the thread is abandoned
+                # The abandoned thread still counts: the cap refuses one more read ...
+                with pytest.raises(gl.Rejected) as info:
+                    await svc.stat("/f")
+                assert info.value.code == "OVERLOADED"
+                release.set()
+                # ... until it ends (bounded wait for the daemon thread to finish).
+                codes: list[str] = []
+                for _ in range(1000):
+                    try:
+                        assert (await svc.stat("/f")).size == 4
+                        break
+                    except gl.Rejected as exc:
+                        codes.append(exc.code)
+                        await anyio.sleep(0.01)
+                else:
+                    raise AssertionError("the abandoned read never ended")
+                assert set(codes) <= {"OVERLOADED"}, codes
+    finally:
+        release.set()
+
+
 def _assert_no_root(error: BaseException, *roots: Path) -> None:
     texts = [str(error), repr(error), getattr(error, "message", "")]
     texts.append(str(getattr(error, "details", None)))
@@ -558,3 +605,18 @@ async def test_no_error_names_the_real_root(layout: tuple[Path, Path]) -> None:
                 assert isinstance(info.value, gl.Rejected | gl.RemoteError), info.value
                 assert info.value.code != "HANDLER_FAILED", info.value
                 _assert_no_root(info.value, root, root.parent)
+
+
+async def test_recursive_removal_never_follows_a_symlink(layout: tuple[Path, Path]) -> None:
+    root, outside = layout
+    tree = root / "tree"
+    (tree / "a" / "b").mkdir(parents=True)
+    for i in range(50):
+        (tree / "a" / f"f{i}").write_bytes(b"x")
+    (tree / "a" / "b" / "deep").write_bytes(b"x")
+    (tree / "to-outside").symlink_to(outside)
+    (tree / "a" / "b" / "file-link").symlink_to(outside / "secret.txt")
+    async with LocalFileService(root) as svc:
+        await svc.remove("/tree", recursive=True)
+    assert not tree.exists()
+    assert (outside / "secret.txt").read_bytes() == b"top secret"

@@ -58,15 +58,25 @@ incrementally while receiving) and publishes exactly as ``write`` does. A failed
 the upload. Reading is bounded the same way: :meth:`~LocalFileService.read` by offset, or
 :meth:`~LocalFileService.read_stream` (a credit-controlled remote stream).
 
+Threads and shutdown
+--------------------
+Blocking calls run in threads. Read-only work (every read, listing, ``stat`` and the check
+step) runs in daemon threads that a cancelled call abandons at once, so neither a call's
+cancellation, nor the end of a session, nor a SIGTERM'd worker waits for a read stuck in the OS
+(a hung network file system); at most ``ServiceLimits.max_reader_threads`` such threads live at
+once (then ``OVERLOADED``). Work that changes files is waited for, so a call never returns
+while its change is still being made; each step is bounded, and a recursive removal stops at a
+cancellation between entries. Long scans check between entries whether their caller left.
+
 Errors
 ------
 Refusals are :class:`~garcon_link.Rejected` (nothing was changed): ``INVALID_PATH``,
 ``PERMISSION_DENIED`` (confinement or the OS), ``NOT_FOUND``, ``ALREADY_EXISTS``,
 ``NOT_A_DIRECTORY``, ``IS_A_DIRECTORY``, ``NOT_A_FILE``, ``NOT_A_SYMLINK``,
 ``DIRECTORY_NOT_EMPTY``, ``VERSION_MISMATCH``, ``DIGEST_MISMATCH``, ``SIZE_MISMATCH``,
-``UPLOAD_GAP``, ``TOO_MANY_UPLOADS``, ``INVALID_ARGUMENTS``. Failures while acting are
-:class:`~garcon_link.RemoteError`: ``IO_ERROR``, ``NO_SPACE``. Messages name the caller's path,
-never the worker's real path.
+``UPLOAD_GAP``, ``TOO_MANY_UPLOADS``, ``INVALID_ARGUMENTS``, ``OVERLOADED``. Failures while
+acting are :class:`~garcon_link.RemoteError`: ``IO_ERROR``, ``NO_SPACE``. Messages name the
+caller's path, never the worker's real path: an OS error is shown by its ``strerror`` only.
 
 This module also holds :class:`ServiceLimits`, shared with :mod:`garcon_link.services.process`.
 POSIX only (``openat``/``O_NOFOLLOW``/``dir_fd``); Linux is tested.
@@ -74,18 +84,19 @@ POSIX only (``openat``/``O_NOFOLLOW``/``dir_fd``); Linux is tested.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import hashlib
+import heapq
 import logging
 import os
 import secrets
-import shutil
 import stat as stat_mod
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import anyio
 import blake3
@@ -108,6 +119,8 @@ log = logging.getLogger(__name__)
 
 KiB = 1024
 MiB = 1024 * KiB
+
+_T = TypeVar("_T")
 
 FileKind = Literal["file", "dir", "symlink", "other"]
 
@@ -182,6 +195,14 @@ class ServiceLimits:
         metadata=_doc(
             "Most names (between '/') in a caller's path; more is refused with INVALID_PATH "
             "before any file system work. Resolving a path costs about components x length."
+        ),
+    )
+    max_reader_threads: int = field(
+        default=64,
+        metadata=_doc(
+            "Read-only file operations running at once in this process, counting those whose "
+            "caller gave up while the operating system still holds the thread (a hung network "
+            "file system); one more is refused with OVERLOADED."
         ),
     )
 
@@ -747,6 +768,197 @@ def _publish(
     return _file_stat(root.caller_path(parts), os.fstat(staged_fd))
 
 
+# ---------------------------------------------------------------------------- threads
+#
+# Blocking file system work runs in threads. A thread cannot be interrupted, and a thread of
+# ``anyio.to_thread`` is also joined when the interpreter exits, so work that never ends (a read
+# stuck in a hung network file system, a scan of a huge directory) would hold a cancelled call,
+# the session's end and even a SIGTERM'd worker. Hence two kinds:
+#
+# * read-only work is *detached* (:func:`_detached`): it runs in a daemon thread; the awaiting
+#   task may abandon it when cancelled, and the process may exit while it runs. Nothing it does
+#   needs undoing; a result that arrives after the caller left is discarded (``discard``).
+# * work that changes files is *attached* (:func:`_attached`): the task waits for it even when
+#   cancelled, so a call never returns while its change is still being made. Every such step is
+#   bounded (by the path bounds and the frame size), except a recursive removal, which checks
+#   for cancellation between entries.
+#
+# Long loops in either kind call :func:`_checkpoint`, which stops work whose caller is gone.
+
+
+class _Abandoned(Exception):
+    """Raised at a checkpoint of detached work whose caller is gone (reaches no caller)."""
+
+
+_thread_state = threading.local()
+
+
+class _Readers:
+    """Detached read threads alive in this process (``ServiceLimits.max_reader_threads``)."""
+
+    lock = threading.Lock()
+    running = 0
+
+
+def _checkpoint() -> None:
+    """Stop the current thread's work if its caller is gone (a no-op outside service threads)."""
+    future: concurrent.futures.Future[Any] | None = getattr(_thread_state, "future", None)
+    if future is not None:
+        if future.cancelled():
+            raise _Abandoned
+    elif getattr(_thread_state, "attached", False):
+        anyio.from_thread.check_cancelled()
+
+
+async def _attached(func: Callable[[], _T]) -> _T:
+    """Run ``func`` in a worker thread and wait for it, even when cancelled."""
+
+    def run() -> _T:
+        _thread_state.attached = True
+        try:
+            return func()
+        finally:
+            _thread_state.attached = False
+
+    return await anyio.to_thread.run_sync(run)
+
+
+async def _detached(
+    func: Callable[[], _T], limit: int, discard: Callable[[_T], None] | None = None
+) -> _T:
+    """Run read-only ``func`` in a daemon thread; a cancelled caller abandons it at once.
+
+    The task waits in an ``anyio.to_thread`` call that may be abandoned; cancelling the future
+    releases that thread and makes the daemon's :func:`_checkpoint` stop. ``discard`` receives
+    a result that was produced after the caller left (e.g. to close a descriptor).
+
+    Raises:
+        Rejected: ``OVERLOADED`` when ``limit`` detached threads are already alive.
+    """
+    future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+    with _Readers.lock:
+        if _Readers.running >= limit:
+            raise Rejected(
+                "OVERLOADED",
+                f"{limit} file reads are still running in this worker "
+                "(ServiceLimits.max_reader_threads)",
+            )
+        _Readers.running += 1
+
+    def run() -> None:
+        _thread_state.future = future
+        try:
+            if future.cancelled():
+                return
+            try:
+                result = func()
+            except BaseException as exc:
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    future.set_exception(exc)
+                return
+            try:
+                future.set_result(result)
+            except concurrent.futures.InvalidStateError:  # the caller left meanwhile
+                if discard is not None:
+                    discard(result)
+        finally:
+            with _Readers.lock:
+                _Readers.running -= 1
+
+    try:
+        threading.Thread(target=run, name="garcon-link file read", daemon=True).start()
+    except BaseException:
+        with _Readers.lock:
+            _Readers.running -= 1
+        raise
+    try:
+        return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+    finally:
+        future.cancel()  # once done, a no-op; else it releases the waiting thread
+
+
+class _SharedFd:
+    """A descriptor used by detached reads: closed by whoever finishes with it last, so a read
+    abandoned in flight never touches a descriptor number that was closed and reused."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closing = False
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[int]:
+        with self._lock:
+            if self._closing:
+                raise _Abandoned
+            self._users += 1
+        try:
+            yield self._fd
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._closing and self._users == 0
+        if last:
+            os.close(self._fd)
+
+    def close(self) -> None:
+        """Close now, or when the read in flight ends (idempotent)."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            now = self._users == 0
+        if now:
+            os.close(self._fd)
+
+
+_SCAN_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(slots=True)
+class _Emptying:
+    fd: int
+    name: str
+    parent_fd: int
+    subdirs: list[str] | None = None
+
+
+def _remove_tree(parent_fd: int, name: str) -> None:
+    """Remove directory ``name`` of ``parent_fd`` and everything in it.
+
+    Depth-first with an explicit stack (no recursion limit); every directory is opened relative
+    to its parent with ``O_NOFOLLOW``, so a symlink swapped in is never followed (an ``ELOOP``
+    stops the removal). Checks for cancellation between entries.
+    """
+    stack = [_Emptying(os.open(name, _SCAN_FLAGS, dir_fd=parent_fd), name, parent_fd)]
+    try:
+        while stack:
+            top = stack[-1]
+            if top.subdirs is None:
+                top.subdirs = []
+                with os.scandir(top.fd) as entries:
+                    for entry in entries:
+                        _checkpoint()
+                        if entry.is_dir(follow_symlinks=False):
+                            top.subdirs.append(entry.name)
+                        else:
+                            os.unlink(entry.name, dir_fd=top.fd)
+            if top.subdirs:
+                child = top.subdirs.pop()
+                stack.append(_Emptying(os.open(child, _SCAN_FLAGS, dir_fd=top.fd), child, top.fd))
+                continue
+            stack.pop()
+            os.close(top.fd)
+            os.rmdir(top.name, dir_fd=top.parent_fd)
+    finally:
+        for frame in stack:
+            os.close(frame.fd)
+
+
 # ---------------------------------------------------------------------------- uploads
 
 
@@ -816,7 +1028,9 @@ class _Upload:
 class LocalFileService:
     """:class:`FileService` on the local file system, confined to ``root``.
 
-    Blocking file system calls run in worker threads (``anyio.to_thread``). Upload handles are
+    Blocking file system calls run in threads: read-only work in daemon threads a cancelled
+    call abandons, changes in threads the call waits for (see "threads" in the source). Every
+    path is checked against the path bounds before any of it runs. Upload handles are
     minted in ``scope`` (the per-session scope :func:`~garcon_link.services.builtin_services`
     passes), or, when ``scope`` is ``None``, in :func:`~garcon_link.current_scope` at call time.
     Use ``async with`` (or :meth:`aclose`) to discard unfinished uploads. Expose it as
@@ -865,23 +1079,43 @@ class LocalFileService:
     def _current_scope(self) -> ServiceScope:
         return self._scope if self._scope is not None else current_scope()
 
-    async def _run(self, func: Any, *args: Any) -> Any:
-        return await anyio.to_thread.run_sync(func, *args)
+    async def _reading(
+        self,
+        shown: str,
+        func: Callable[[], _T],
+        discard: Callable[[_T], None] | None = None,
+    ) -> _T:
+        """Run read-only ``func`` detached; OS errors name only the caller's path ``shown``."""
+
+        def job() -> _T:
+            with _os_errors(shown):
+                return func()
+
+        return await _detached(job, self.limits.max_reader_threads, discard)
+
+    async def _changing(self, shown: str, func: Callable[[], _T]) -> _T:
+        """Run ``func``, which changes files, attached; OS errors name only ``shown``."""
+
+        def job() -> _T:
+            with _os_errors(shown):
+                return func()
+
+        return await _attached(job)
 
     async def _resolve(self, path: str, *, follow_final: bool = True) -> tuple[str, ...]:
         """The check step (``realpath`` touches the disk: run it off the event loop)."""
-        self.root.split(path)  # cheap validation first
-        parts: tuple[str, ...] = await anyio.to_thread.run_sync(
-            lambda: self.root.resolve(path, follow_final=follow_final)
-        )
-        return parts
+        self.root.split(path)  # the bounds first, on the loop: a hostile path costs nothing more
+        return await self._reading(path, lambda: self.root.resolve(path, follow_final=follow_final))
+
+    def _check(self, path: str, *, follow_final: bool = True) -> tuple[str, ...]:
+        """The check step inside a job that goes on to use the path (one thread hop)."""
+        return self.root.resolve(path, follow_final=follow_final)
 
     # -- reading
 
     async def stat(self, path: str) -> FileStat:
-        parts = await self._resolve(path)
-        result: FileStat = await self._run(self._stat_sync, parts, path)
-        return result
+        self.root.split(path)
+        return await self._reading(path, lambda: self._stat_sync(self._check(path), path))
 
     def _lstat_final(self, parts: tuple[str, ...], shown: str) -> os.stat_result:
         """lstat of resolved ``parts``; a symlink here was swapped in after the check."""
@@ -902,9 +1136,10 @@ class LocalFileService:
             return _file_stat(self.root.caller_path(parts), self._lstat_final(parts, shown))
 
     async def exists(self, path: str) -> bool:
-        parts = await self._resolve(path)
+        self.root.split(path)
 
         def check() -> bool:
+            parts = self._check(path)
             try:
                 self._stat_sync(parts, path)
             except Rejected as exc:
@@ -913,17 +1148,17 @@ class LocalFileService:
                 raise
             return True
 
-        result: bool = await self._run(check)
-        return result
+        return await self._reading(path, check)
 
     async def canonical_path(self, path: str) -> str:
         return self.root.caller_path(await self._resolve(path))
 
     async def read_link(self, path: str) -> str:
-        parts = await self._resolve(path, follow_final=False)
+        self.root.split(path)
 
         def read() -> str:
-            with _os_errors(path), self.root.parent(parts, path) as (dir_fd, name):
+            parts = self._check(path, follow_final=False)
+            with self.root.parent(parts, path) as (dir_fd, name):
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if not stat_mod.S_ISLNK(st.st_mode):
                     raise Rejected("NOT_A_SYMLINK", f"{path}: is not a symlink")
@@ -934,50 +1169,57 @@ class LocalFileService:
                 raise _denied(path, "the link points outside the root")
             return self.root.caller_path(inside) if os.path.isabs(target) else target
 
-        result: str = await self._run(read)
-        return result
+        return await self._reading(path, read)
 
     async def list_dir(self, path: str, after: str | None = None, limit: int = 1000) -> DirPage:
         if not 1 <= limit <= self.limits.max_list_entries:
             raise Rejected(
                 "INVALID_ARGUMENTS", f"limit must be within 1..{self.limits.max_list_entries}"
             )
-        parts = await self._resolve(path)
+        if after is not None and len(after) > MAX_NAME_BYTES:
+            raise Rejected("INVALID_ARGUMENTS", f"after is a name: at most {MAX_NAME_BYTES} bytes")
+        self.root.split(path)
 
         def listing() -> DirPage:
-            with _os_errors(path):
-                dir_fd = self.root.open_dir(parts, path)
-                try:
-                    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
-                finally:
-                    os.close(dir_fd)
-                try:
-                    entries: list[tuple[str, os.DirEntry[str]]] = []
-                    undecodable = 0
-                    with os.scandir(fd) as it:
-                        for entry in it:
-                            try:
-                                entry.name.encode("utf-8")
-                            except UnicodeEncodeError:
-                                undecodable += 1
-                                continue
-                            if after is None or entry.name > after:
-                                entries.append((entry.name, entry))
-                    entries.sort(key=lambda e: e[0])
-                    page: list[DirEntry] = []
-                    for name, entry in entries[:limit]:
+            parts = self._check(path)
+            dir_fd = self.root.open_dir(parts, path)
+            try:
+                fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+            finally:
+                os.close(dir_fd)
+            undecodable = 0
+
+            def candidates() -> Iterator[tuple[str, os.DirEntry[str]]]:
+                nonlocal undecodable
+                with os.scandir(fd) as it:
+                    for count, entry in enumerate(it):
+                        if count % 1024 == 0:
+                            _checkpoint()
                         try:
-                            st = entry.stat(follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue  # removed while listing
-                        page.append(DirEntry(name, _kind(st.st_mode), st.st_size, st.st_mtime))
-                finally:
-                    os.close(fd)
+                            entry.name.encode("utf-8")
+                        except UnicodeEncodeError:
+                            undecodable += 1
+                            continue
+                        if after is None or entry.name > after:
+                            yield entry.name, entry
+
+            try:
+                # Only the first limit + 1 names are kept: a huge directory costs time (scanned
+                # with checkpoints), never memory.
+                entries = heapq.nsmallest(limit + 1, candidates(), key=lambda e: e[0])
+                page: list[DirEntry] = []
+                for name, entry in entries[:limit]:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # removed while listing
+                    page.append(DirEntry(name, _kind(st.st_mode), st.st_size, st.st_mtime))
+            finally:
+                os.close(fd)
             next_after = entries[limit - 1][0] if len(entries) > limit else None
             return DirPage(self.root.caller_path(parts), page, next_after, undecodable)
 
-        result: DirPage = await self._run(listing)
-        return result
+        return await self._reading(path, listing)
 
     def _open_file(self, parts: tuple[str, ...], shown: str) -> tuple[int, os.stat_result]:
         """Open a regular file for reading without following a swapped-in symlink."""
@@ -1002,48 +1244,52 @@ class LocalFileService:
         if offset < 0 or max_bytes < 1:
             raise Rejected("INVALID_ARGUMENTS", "offset must be >= 0 and max_bytes >= 1")
         max_bytes = min(max_bytes, self.limits.max_read_bytes)
-        parts = await self._resolve(path)
-        shown = self.root.caller_path(parts)
+        self.root.split(path)
 
         def read() -> ReadChunk:
-            with _os_errors(path):
-                fd, st = self._open_file(parts, path)
-                try:
-                    data = os.pread(fd, max_bytes, offset) if offset < st.st_size else b""
-                finally:
-                    os.close(fd)
+            parts = self._check(path)
+            fd, st = self._open_file(parts, path)
+            try:
+                data = os.pread(fd, max_bytes, offset) if offset < st.st_size else b""
+            finally:
+                os.close(fd)
             end = offset + len(data)
-            return ReadChunk(shown, offset, data, st.st_size, version_token(st), end >= st.st_size)
+            return ReadChunk(
+                self.root.caller_path(parts),
+                offset,
+                data,
+                st.st_size,
+                version_token(st),
+                end >= st.st_size,
+            )
 
-        result: ReadChunk = await self._run(read)
-        return result
+        return await self._reading(path, read)
 
     async def read_stream(self, path: str, chunk_size: int = 256 * KiB) -> AsyncIterator[bytes]:
         if chunk_size < 1:
             raise Rejected("INVALID_ARGUMENTS", "chunk_size must be >= 1")
         chunk_size = min(chunk_size, self.limits.max_read_bytes)
-        parts = await self._resolve(path)
+        self.root.split(path)
 
-        def open_() -> int:
-            with _os_errors(path):
-                return self._open_file(parts, path)[0]
+        def open_() -> _SharedFd:
+            return _SharedFd(self._open_file(self._check(path), path)[0])
 
-        fd: int = await self._run(open_)
+        shared = await self._reading(path, open_, discard=_SharedFd.close)
         try:
             offset = 0
             while True:
 
                 def read_at(at: int = offset) -> bytes:
-                    with _os_errors(path):
+                    with shared.use() as fd:
                         return os.pread(fd, chunk_size, at)
 
-                data: bytes = await self._run(read_at)
+                data = await self._reading(path, read_at)
                 if not data:
                     return
                 offset += len(data)
                 yield data
         finally:
-            os.close(fd)
+            shared.close()
 
     # -- changing
 
@@ -1077,8 +1323,7 @@ class LocalFileService:
                 finally:
                     os.close(fd)
 
-        result: FileStat = await self._run(make)
-        return result
+        return await self._changing(path, make)
 
     async def remove(self, path: str, recursive: bool = False) -> None:
         parts = await self._resolve(path, follow_final=False)
@@ -1091,20 +1336,15 @@ class LocalFileService:
                 elif not recursive:
                     os.rmdir(name, dir_fd=dir_fd)
                 else:
-                    if not shutil.rmtree.avoids_symlink_attacks:  # pragma: no cover
-                        raise Rejected(
-                            "OPERATION_UNSUPPORTED", "recursive removal is unsafe on this platform"
-                        )
                     try:
-                        shutil.rmtree(name, dir_fd=dir_fd)
+                        _remove_tree(dir_fd, name)
                     except OSError as exc:
+                        why = os.strerror(exc.errno) if exc.errno else type(exc).__name__
                         raise RemoteError(
-                            "IO_ERROR",
-                            f"{path}: recursive removal stopped part-way: "
-                            f"{os.strerror(exc.errno) if exc.errno else exc}",
-                        ) from exc
+                            "IO_ERROR", f"{path}: recursive removal stopped part-way: {why}"
+                        ) from None
 
-        await self._run(remove)
+        await self._changing(path, remove)
 
     async def rename(self, src: str, dst: str) -> FileStat:
         src_parts = await self._resolve(src, follow_final=False)
@@ -1121,8 +1361,7 @@ class LocalFileService:
                 st = os.stat(dst_name, dir_fd=dst_fd, follow_symlinks=False)
                 return _file_stat(self.root.caller_path(dst_parts), st)
 
-        result: FileStat = await self._run(rename)
-        return result
+        return await self._changing(f"{src} -> {dst}", rename)
 
     async def write(
         self,
@@ -1171,8 +1410,7 @@ class LocalFileService:
                     os.close(fd)
                     _discard(dir_fd, staged)  # no-op once published
 
-        result: FileStat = await self._run(write)
-        return result
+        return await self._changing(path, write)
 
     # -- uploads
 
@@ -1226,7 +1464,7 @@ class LocalFileService:
                     raise
                 return dir_fd, (dir_st.st_dev, dir_st.st_ino), fd, staged
 
-        dir_fd, dir_id, fd, staged = await self._run(begin)
+        dir_fd, dir_id, fd, staged = await self._changing(path, begin)
         upload = _Upload(
             parts,
             path,
@@ -1279,7 +1517,7 @@ class LocalFileService:
                 upload.sha256.update(new)
                 upload.blake3.update(new)
 
-            await self._run(append)
+            await self._changing(upload.shown, append)
             upload.received += len(new)
             return upload.received
 
@@ -1336,8 +1574,7 @@ class LocalFileService:
                 finally:
                     upload.discard()
 
-            result: FileStat = await self._run(commit)
-            return result
+            return await self._changing(upload.shown, commit)
 
     async def abort_upload(self, handle: ResourceRef) -> None:
         upload_id = self._current_scope().check(handle, "upload")
