@@ -6,7 +6,7 @@ Commands
     The whole story on loopback: a worker in a child process, a controller in this one, calls, a
     stream, a socket cut that resumes, a worker kill and restart (see :mod:`garcon_link.demo`).
 
-``garcon-link worker [CONFIG|-] [--service NAME=module:attr ...]``
+``garcon-link worker [CONFIG|-] [--service NAME=module:attr ...] [--builtin NAMES --root DIR]``
     Serve services until SIGINT/SIGTERM (then exit 0). Prints one ``key=value`` line per event on
     stdout, flushed: ``executor-listening`` (or ``executor-dialing``), ``executor-ready`` for each
     fresh logical session, ``executor-stopping`` on a signal. With ``--stop-on-stdin-eof`` it also
@@ -23,6 +23,10 @@ Commands
       object served as ``NAME`` for that logical session (closed when the session is retired).
 
     Services compose: objects and factories may be mixed; a fresh session enters every factory.
+
+    ``--builtin process,files --root DIR`` adds the built-in services confined to ``DIR`` (see
+    :mod:`garcon_link.services`); ``--allow-special-mode-bits`` lets file service callers set
+    setuid, setgid and sticky bits with an explicit ``mode`` (refused by default).
 
 ``garcon-link keygen PATH [--force]``
     Write a new secret file (64 hex digits, mode 0600) and print its path. An existing file is
@@ -310,6 +314,7 @@ def build_services(
     *,
     builtin: Sequence[str] = (),
     root: str | None = None,
+    allow_special_mode_bits: bool = False,
 ) -> ServiceMap | ServiceFactory:
     """Turn ``--service`` (and ``--builtin``/``--root``) arguments into what a Worker takes.
 
@@ -317,9 +322,12 @@ def build_services(
     one factory, or built-in services, a per-session factory that enters every factory, merges the
     built-in services (``process``, ``files`` confined to ``root``) and adds the plain objects.
 
+    ``allow_special_mode_bits`` lets the built-in file service's callers set setuid, setgid and
+    sticky bits with an explicit ``mode`` (refused by default).
+
     Raises:
-        UsageError: a malformed or duplicate argument, an import that fails, or ``--builtin``
-            without ``--root``.
+        UsageError: a malformed or duplicate argument, an import that fails, ``--builtin``
+            without ``--root``, or ``--allow-special-mode-bits`` without ``--builtin``.
         ConfigError: an unknown built-in name or a ``--root`` that is not a directory.
     """
     entries: dict[str, object] = {}
@@ -329,9 +337,13 @@ def build_services(
             raise UsageError("--builtin needs --root DIR (the directory the services may use)")
         from .services import builtin_services
 
-        builtin_factory = builtin_services(builtin, root)
+        builtin_factory = builtin_services(
+            builtin, root, allow_special_mode_bits=allow_special_mode_bits
+        )
     elif root is not None:
         raise UsageError("--root is only meaningful with --builtin")
+    elif allow_special_mode_bits:
+        raise UsageError("--allow-special-mode-bits is only meaningful with --builtin files")
     if str(Path.cwd()) not in sys.path and "" not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     for text in specs:
@@ -399,7 +411,12 @@ async def _serve_until_signal(config: LinkConfig, services: ServiceMap | Service
 
 def _cmd_worker(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=False)
-    services = build_services(ns.service or [], builtin=ns.builtin or [], root=ns.root)
+    services = build_services(
+        ns.service or [],
+        builtin=ns.builtin or [],
+        root=ns.root,
+        allow_special_mode_bits=ns.allow_special_mode_bits,
+    )
     config = _load(ns.config)
     if ns.stop_on_stdin_eof:
         _StdinWatch.start()
@@ -633,6 +650,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--root",
         metavar="DIR",
         help="with --builtin: the directory the services are confined to ('/' for callers)",
+    )
+    worker.add_argument(
+        "--allow-special-mode-bits",
+        action="store_true",
+        help="with --builtin files: let callers set setuid/setgid/sticky bits with an explicit "
+        "mode (refused by default; a rewrite without mode always drops them)",
     )
     worker.add_argument(
         "--stop-on-stdin-eof",

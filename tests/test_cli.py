@@ -413,6 +413,12 @@ def test_worker_serves_the_builtin_services_confined_to_root(tmp_path: Path) -> 
         escape = run_cli("call", str(controller), "files.read", '["/../etc/passwd"]')
         assert escape.returncode == cli.EXIT_REJECTED
         assert_one_error_line(escape.stderr, "PERMISSION_DENIED")
+        setuid = run_cli(
+            "call", str(controller), "files.write", '{"path": "/tool", "data": "", "mode": 2541}'
+        )
+        assert setuid.returncode == cli.EXIT_REJECTED, setuid.stderr
+        assert_one_error_line(setuid.stderr, "PERMISSION_DENIED", "allow_special_mode_bits")
+        assert not (root / "tool").exists()
     finally:
         worker.kill()
 
@@ -420,6 +426,21 @@ def test_worker_serves_the_builtin_services_confined_to_root(tmp_path: Path) -> 
 def test_builtin_needs_a_root(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["worker", "cfg.toml", "--builtin", "files"]) == 2
     assert_one_error_line(capsys.readouterr().err, "--root")
+    assert cli.main(["worker", "cfg.toml", "--allow-special-mode-bits"]) == 2
+    assert_one_error_line(capsys.readouterr().err, "--allow-special-mode-bits", "--builtin")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_allow_special_mode_bits_reaches_the_file_service(tmp_path: Path) -> None:
+    for allow in (False, True):
+        factory = cli.build_services(
+            [], builtin=["files"], root=str(tmp_path), allow_special_mode_bits=allow
+        )
+        assert callable(factory)
+        async with factory(gl.ServiceScope("local", os.urandom(16))) as services:
+            files = services["files"].target
+            assert files.allow_special_mode_bits is allow
 
 
 # --------------------------------------------------------------------------- exit codes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tracemalloc
@@ -620,3 +621,74 @@ async def test_recursive_removal_never_follows_a_symlink(layout: tuple[Path, Pat
         await svc.remove("/tree", recursive=True)
     assert not tree.exists()
     assert (outside / "secret.txt").read_bytes() == b"top secret"
+
+
+# --------------------------------------------------------------------------- special mode bits
+
+
+async def test_rewriting_a_set_id_file_drops_the_special_bits(tmp_path: Path) -> None:
+    """Break 7: replacing a setuid/setgid/sticky file without ``mode`` keeps its other bits only
+    (it used to keep 0o4755 on the caller's new content)."""
+    scope = gl.ServiceScope("local", os.urandom(16))
+    async with LocalFileService(tmp_path, scope=scope) as svc:
+        for old_mode, kept in ((0o4755, 0o755), (0o2750, 0o750), (0o1644, 0o644), (0o6711, 0o711)):
+            target = tmp_path / "tool"
+            target.write_bytes(b"old")
+            target.chmod(old_mode)
+            assert target.stat().st_mode & 0o7777 == old_mode
+            written = await svc.write("/tool", b"new")
+            assert (written.mode, target.stat().st_mode & 0o7777) == (kept, kept), oct(old_mode)
+            target.chmod(old_mode)
+            handle = await svc.begin_upload("/tool")
+            await svc.upload_chunk(handle, 0, b"uploaded")
+            committed = await svc.commit_upload(handle)
+            assert (committed.mode, target.stat().st_mode & 0o7777) == (kept, kept), oct(old_mode)
+            assert target.read_bytes() == b"uploaded"
+
+
+async def test_an_explicit_special_mode_is_refused_unless_allowed(tmp_path: Path) -> None:
+    scope = gl.ServiceScope("local", os.urandom(16))
+    (tmp_path / "tool").write_bytes(b"old")
+    async with LocalFileService(tmp_path, scope=scope) as svc:
+        for mode in (0o4755, 0o2755, 0o1777):
+            for call in (
+                functools.partial(svc.write, "/tool", b"new", mode=mode),
+                functools.partial(svc.begin_upload, "/tool", mode=mode),
+            ):
+                with pytest.raises(gl.Rejected) as info:
+                    await call()
+                assert info.value.code == "PERMISSION_DENIED", info.value
+                assert "allow_special_mode_bits" in info.value.message
+        for bad in (0o10000, -1):
+            with pytest.raises(gl.Rejected) as info:
+                await svc.write("/tool", b"new", mode=bad)
+            assert info.value.code == "INVALID_ARGUMENTS"
+        assert (await svc.write("/tool", b"plain", mode=0o700)).mode == 0o700
+    assert (tmp_path / "tool").read_bytes() == b"plain"
+    assert staged_files(tmp_path) == []
+    async with LocalFileService(tmp_path, scope=scope, allow_special_mode_bits=True) as svc:
+        assert (await svc.write("/tool", b"new", mode=0o4755)).mode == 0o4755
+        handle = await svc.begin_upload("/tool", mode=0o2755)
+        await svc.upload_chunk(handle, 0, b"up")
+        assert (await svc.commit_upload(handle)).mode & 0o7777 in (0o2755, 0o755)
+    assert (tmp_path / "tool").stat().st_mode & 0o4000 == 0
+
+
+async def test_builtin_services_pass_the_special_bits_flag(tmp_path: Path) -> None:
+    from garcon_link.services import builtin_services
+
+    (tmp_path / "tool").write_bytes(b"old")
+    for allow, expected in ((False, "PERMISSION_DENIED"), (True, None)):
+        factory = builtin_services(["files"], tmp_path, allow_special_mode_bits=allow)
+        scope = gl.ServiceScope("local", os.urandom(16))
+        async with factory(scope) as services:
+            impl = services["files"]
+            assert isinstance(impl, gl.Service)
+            svc = impl.target
+            assert isinstance(svc, LocalFileService)
+            if expected is None:
+                assert (await svc.write("/tool", b"x", mode=0o4755)).mode == 0o4755
+            else:
+                with pytest.raises(gl.Rejected) as info:
+                    await svc.write("/tool", b"x", mode=0o4755)
+                assert info.value.code == expected

@@ -48,7 +48,12 @@ the rename. **Remaining window**: a program that is not this service can still c
 between that re-check and the rename (microseconds); garcon_link writers cannot. Any failure removes
 the staged file, so a destination is either the old file or the complete new one, never partial.
 New files get mode ``0o644`` (or ``mode``); replacing keeps the old file's permission bits unless
-``mode`` is given. The parent directory is ``fsync``\\ ed after publishing.
+``mode`` is given -- except setuid, setgid and sticky, which are always dropped (the new content
+is the caller's and is owned by the worker's user: keeping a set-id bit would publish a set-id
+program someone else wrote). A ``mode`` that sets one of them is refused (``PERMISSION_DENIED``)
+unless the service was built with ``allow_special_mode_bits=True`` (``garcon-link worker
+--allow-special-mode-bits``). The same rules hold for uploads. The parent directory is
+``fsync``\\ ed after publishing.
 
 Large files move with bounded memory in chunks: :meth:`~LocalFileService.begin_upload` returns a
 scoped ``"upload"`` resource reference, :meth:`~LocalFileService.upload_chunk` appends in order
@@ -359,7 +364,8 @@ class FileService(Protocol):
             expected_sha256, expected_blake3: hex digests ``data`` must have.
             if_match: publish only if the current version token equals this.
             exclusive: publish only if ``path`` does not exist (atomic ``link``).
-            mode: permission bits (``0``-``0o777``).
+            mode: permission bits (``0``-``0o777``; setuid/setgid/sticky only where the worker
+                allows them). Without it a replaced file keeps its bits minus those three.
 
         Raises:
             Rejected: ``DIGEST_MISMATCH``, ``VERSION_MISMATCH``, ``ALREADY_EXISTS``, ... -- the
@@ -645,9 +651,23 @@ def _check_digest_args(sha256: str | None, blake3_hex: str | None) -> None:
             raise Rejected("INVALID_ARGUMENTS", f"{name} must be 64 hex digits")
 
 
-def _check_mode(mode: int | None) -> None:
-    if mode is not None and not 0 <= mode <= 0o777:
-        raise Rejected("INVALID_ARGUMENTS", f"mode must be within 0..0o777, got {mode:#o}")
+_SPECIAL_BITS = stat_mod.S_ISUID | stat_mod.S_ISGID | stat_mod.S_ISVTX
+
+
+def _check_mode(mode: int | None, *, allow_special: bool) -> None:
+    """Refuse a mode outside ``0..0o7777``, or with setuid/setgid/sticky unless allowed."""
+    if mode is None:
+        return
+    if isinstance(mode, bool) or not isinstance(mode, int):
+        raise Rejected("INVALID_ARGUMENTS", f"mode must be an integer, got {type(mode).__name__}")
+    if not 0 <= mode <= 0o7777:
+        raise Rejected("INVALID_ARGUMENTS", f"mode must be within 0..0o7777, got {mode:#o}")
+    if mode & _SPECIAL_BITS and not allow_special:
+        raise Rejected(
+            "PERMISSION_DENIED",
+            f"mode {mode:#o} sets setuid, setgid or sticky bits, which this worker does not "
+            "allow (allow_special_mode_bits)",
+        )
 
 
 def _verify_digests(
@@ -733,7 +753,10 @@ def _publish(
         if stat_mod.S_ISDIR(current.st_mode):
             raise Rejected("IS_A_DIRECTORY", f"{shown}: is a directory")
     if mode is None:
-        mode = stat_mod.S_IMODE(current.st_mode) if current is not None else 0o644
+        # Keep the old permission bits, but never setuid/setgid/sticky: the new content is
+        # the caller's, owned by the worker's user; keeping the bit would publish a set-id
+        # program the caller wrote (only an explicit, allowed ``mode`` sets these bits).
+        mode = stat_mod.S_IMODE(current.st_mode) & ~_SPECIAL_BITS if current is not None else 0o644
     os.fchmod(staged_fd, mode)
     os.fsync(staged_fd)
     with _publish_lock(root.host_path(parts)):
@@ -1040,6 +1063,9 @@ class LocalFileService:
         root: the directory that is ``/`` for callers.
         scope: the service scope handles belong to.
         limits: bounds (:class:`ServiceLimits`).
+        allow_special_mode_bits: accept a ``mode`` with setuid, setgid or sticky bits (refused
+            with ``PERMISSION_DENIED`` by default). Replacing a file without ``mode`` never keeps
+            these bits either way.
 
     Raises:
         ConfigError: ``root`` is not an existing directory.
@@ -1051,9 +1077,11 @@ class LocalFileService:
         *,
         scope: ServiceScope | None = None,
         limits: ServiceLimits | None = None,
+        allow_special_mode_bits: bool = False,
     ) -> None:
         self.limits = limits or ServiceLimits()
         self.root = ConfinedRoot(root, self.limits)
+        self.allow_special_mode_bits = allow_special_mode_bits
         self._scope = scope
         self._uploads: dict[str, _Upload] = {}
         self._next_upload = 1
@@ -1374,7 +1402,7 @@ class LocalFileService:
         mode: int | None = None,
     ) -> FileStat:
         _check_digest_args(expected_sha256, expected_blake3)
-        _check_mode(mode)
+        _check_mode(mode, allow_special=self.allow_special_mode_bits)
         if exclusive and if_match is not None:
             raise Rejected("INVALID_ARGUMENTS", "exclusive and if_match exclude each other")
         parts = await self._resolve(path)
@@ -1422,7 +1450,7 @@ class LocalFileService:
         exclusive: bool = False,
         mode: int | None = None,
     ) -> ResourceRef:
-        _check_mode(mode)
+        _check_mode(mode, allow_special=self.allow_special_mode_bits)
         if size is not None and size < 0:
             raise Rejected("INVALID_ARGUMENTS", "size must be >= 0")
         if exclusive and if_match is not None:
