@@ -48,7 +48,8 @@ Exit codes
 ----------
 ====  =========================================================================
 0     success
-1     any other failure (a link error such as a port in use, an OS error)
+1     any other failure (a link error such as a port in use, an OS error), and
+      an unexpected internal error (a bug: ``error: internal error, ...``)
 2     usage or configuration error (bad arguments, bad config, keygen refused)
 3     ``NotDispatched``: definitely not executed (offline, not ready in time)
 4     ``Rejected``: reached the worker and refused unexecuted (unknown method,
@@ -59,13 +60,15 @@ Exit codes
 ====  =========================================================================
 
 Every failure prints exactly one line on stderr, ``error: <what>``; a call's failure reads
-``error: [outcome:code] message``. Tracebacks are never printed (``-v`` adds the library's log
-and, for ``RemoteError``, the remote traceback).
+``error: [outcome:code] message``. Tracebacks are not printed: ``-v`` adds the library's log,
+for ``RemoteError`` the remote traceback, and for an internal error (an exception that is not a
+usage, configuration, link, call or OS error: a bug) its traceback before the line.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import contextlib
 import importlib
@@ -76,6 +79,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -125,7 +129,7 @@ EXIT_INTERRUPTED = 130
 _EXIT_CODES_HELP = """\
 exit codes:
   0    success
-  1    other failure (link error, OS error)
+  1    other failure (link error, OS error, internal error: -v shows its traceback)
   2    usage or configuration error
   3    NotDispatched   definitely not executed (offline, not ready within --timeout)
   4    Rejected        reached the worker, refused unexecuted (unknown method, bad arguments)
@@ -213,7 +217,18 @@ def _leaf(exc: BaseException) -> BaseException:
 
 
 def _is_cancellation(exc: BaseException) -> bool:
-    return isinstance(exc, anyio.get_cancelled_exc_class())
+    # Called after the event loop has ended: anyio.get_cancelled_exc_class() would raise
+    # NoEventLoopError here, so name each backend's class instead (trio only if it was loaded).
+    if isinstance(exc, asyncio.CancelledError):
+        return True
+    trio = sys.modules.get("trio")
+    cancelled = getattr(trio, "Cancelled", None)
+    return isinstance(cancelled, type) and isinstance(exc, cancelled)
+
+
+def _is_expected(exc: BaseException) -> bool:
+    """A failure the one error line fully explains (anything else is a bug: -v shows it)."""
+    return isinstance(exc, UsageError | GarconLinkError | OSError | KeyboardInterrupt)
 
 
 def _describe(exc: BaseException) -> str:
@@ -224,7 +239,9 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{exc.strerror}{where}"
-    return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {exc}"
+    return f"internal error, {type(exc).__name__}: {exc}"
 
 
 # --------------------------------------------------------------------------- logging
@@ -721,11 +738,18 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit:
         raise
     except BaseException as exc:
+        # Runs after the event loop ended: nothing here may need one (no anyio calls).
         leaf = _leaf(exc)
         if isinstance(leaf, SystemExit):
             raise leaf from None
         log.debug("command failed", exc_info=exc)
-        _error_line(_describe(leaf))
+        text = _describe(leaf)
+        if not _is_expected(leaf):
+            if ns.verbose:
+                traceback.print_exception(exc, file=sys.stderr)
+            else:
+                text += " (run with -v for the traceback)"
+        _error_line(text)
         return exit_code_for(leaf)
 
 

@@ -443,6 +443,60 @@ async def test_allow_special_mode_bits_reaches_the_file_service(tmp_path: Path) 
             assert files.allow_special_mode_bits is allow
 
 
+CRASH_LAUNCHER = (
+    sys.executable,
+    "-c",
+    """
+import sys
+import anyio
+from garcon_link import cli
+
+async def crash(config, services, stop_on_stdin_eof=False):
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.sleep_forever)
+        raise RuntimeError("injected fault")
+
+cli._serve_until_signal = crash
+sys.exit(cli.main(sys.argv[1:]))
+""",
+)
+
+
+def test_an_internal_error_is_one_line_and_v_shows_its_traceback(tmp_path: Path) -> None:
+    """A bug inside the loop (an exception group holding a RuntimeError) used to print a
+    92-line traceback ending in NoEventLoopError: the formatter called anyio after the loop."""
+    config = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    done = subprocess.run(
+        [*CRASH_LAUNCHER, "worker", str(config)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == cli.EXIT_OTHER == 1, done.stderr
+    assert_one_error_line(done.stderr, "internal error, RuntimeError: injected fault", "-v")
+    verbose = subprocess.run(
+        [*CRASH_LAUNCHER, "worker", str(config), "-v"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert verbose.returncode == 1, verbose.stderr
+    assert "Traceback" in verbose.stderr and "NoEventLoopError" not in verbose.stderr
+    assert "| RuntimeError: injected fault" in verbose.stderr  # inside the group's traceback
+    last = verbose.stderr.strip().splitlines()[-1]
+    assert last == "error: internal error, RuntimeError: injected fault", last
+
+
+def test_describing_a_failure_needs_no_event_loop() -> None:
+    group = BaseExceptionGroup("outer", [ExceptionGroup("inner", [ValueError("bad")])])
+    assert isinstance(cli._leaf(group), ValueError)
+    assert cli._describe(cli._leaf(group)).startswith("internal error, ValueError: bad")
+    assert cli._describe(OSError(98, "Address already in use")) == "Address already in use"
+    assert cli.exit_code_for(cli._leaf(group)) == 1
+
+
 # --------------------------------------------------------------------------- exit codes
 
 
