@@ -394,7 +394,11 @@ def build_services(
 
 class _StdinWatch:
     """``--stop-on-stdin-eof``: a daemon thread reads stdin to EOF, then signals SIGTERM to this
-    process, so the one signal path below handles it (a parent that dies closes our stdin)."""
+    process, so the one signal path below handles it (a parent that dies closes our stdin).
+
+    It is started only once the signal receiver is installed: stdin may be at EOF already, and
+    a SIGTERM before that would kill the process by default (exit 143, no ``executor-stopping``).
+    """
 
     closed = False
 
@@ -410,7 +414,9 @@ class _StdinWatch:
         threading.Thread(target=watch, name="stdin-eof-watch", daemon=True).start()
 
 
-async def _serve_until_signal(config: LinkConfig, services: ServiceMap | ServiceFactory) -> None:
+async def _serve_until_signal(
+    config: LinkConfig, services: ServiceMap | ServiceFactory, stop_on_stdin_eof: bool = False
+) -> None:
     """Serve until SIGINT/SIGTERM; then print ``executor-stopping`` and close gracefully."""
     try:
         receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
@@ -419,6 +425,9 @@ async def _serve_until_signal(config: LinkConfig, services: ServiceMap | Service
             await anyio.sleep_forever()
         return
     with receiver as signals:
+        # The handlers exist from here on: only now may the watcher raise SIGTERM.
+        if stop_on_stdin_eof:
+            _StdinWatch.start()
         async with Worker(config, services, on_event=_emit):
             async for signum in signals:
                 reason = "stdin-closed" if _StdinWatch.closed else signal.Signals(signum).name
@@ -435,9 +444,7 @@ def _cmd_worker(ns: argparse.Namespace) -> int:
         allow_special_mode_bits=ns.allow_special_mode_bits,
     )
     config = _load(ns.config)
-    if ns.stop_on_stdin_eof:
-        _StdinWatch.start()
-    anyio.run(_serve_until_signal, config, services)
+    anyio.run(_serve_until_signal, config, services, ns.stop_on_stdin_eof)
     return EXIT_OK
 
 

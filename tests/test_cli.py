@@ -443,6 +443,24 @@ async def test_allow_special_mode_bits_reaches_the_file_service(tmp_path: Path) 
             assert files.allow_special_mode_bits is allow
 
 
+def test_stop_on_stdin_eof_with_stdin_at_eof_from_the_start(tmp_path: Path) -> None:
+    """The watcher used to start before the signal handler: with stdin already at EOF its
+    SIGTERM killed the process by default (exit 143, no executor-stopping line). ~0.7 s a run."""
+    config = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    for _ in range(5):
+        done = subprocess.run(
+            [*CLI, "worker", str(config), "--service", SERVICE, "--stop-on-stdin-eof"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+        lines = done.stdout.splitlines()
+        assert lines[0].startswith("executor-listening "), lines
+        assert lines[-1] == "executor-stopping executor=cli-box reason=stdin-closed", lines
+
+
 CRASH_LAUNCHER = (
     sys.executable,
     "-c",
