@@ -623,6 +623,42 @@ async def test_recursive_removal_never_follows_a_symlink(layout: tuple[Path, Pat
     assert (outside / "secret.txt").read_bytes() == b"top secret"
 
 
+async def test_a_cancelled_recursive_removal_stops_between_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Changes are waited for (the call never returns mid-step), but a long removal checks for
+    cancellation between entries instead of running to the end."""
+    import threading
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for i in range(100):
+        (tree / f"f{i}").write_bytes(b"x")
+    entered = threading.Event()
+    go = threading.Event()
+    real_unlink = os.unlink
+
+    def slow_unlink(*args: object, **kwargs: object) -> None:
+        if not entered.is_set():
+            entered.set()
+            go.wait(30)
+        real_unlink(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", slow_unlink)  # only the first call waits
+    try:
+        async with LocalFileService(tmp_path) as svc:
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(svc.remove, "/tree", True)
+                    await anyio.to_thread.run_sync(entered.wait, 10)
+                    tg.cancel_scope.cancel()
+                    go.set()
+    finally:
+        go.set()
+    left = len(list(tree.iterdir()))
+    assert 90 <= left < 100, left  # stopped at the next entry, not at the end
+
+
 # --------------------------------------------------------------------------- special mode bits
 
 
