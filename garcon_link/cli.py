@@ -513,7 +513,7 @@ def _parse_arguments(text: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]
         return (), {}
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or an integer over Python's digit limit
         raise UsageError(f"JSON_ARGS is not valid JSON: {exc}") from None
     if isinstance(value, list):
         return tuple(value), {}

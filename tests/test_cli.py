@@ -627,6 +627,7 @@ def test_port_in_use_is_exit_1(tmp_path: Path) -> None:
     ("argv", "fragment"),
     [
         (["call", "cfg.toml", "demo.add", "[1,"], "not valid JSON"),
+        (["call", "cfg.toml", "demo.add", "[" + "9" * 5000 + "]"], "not valid JSON"),
         (["call", "cfg.toml", "demo.add", '"x"'], "JSON array"),
         (["call", "cfg.toml", "noservice"], "SERVICE.METHOD"),
         (["call", "a", "b", "c", "d"], "SERVICE.METHOD"),
