@@ -96,12 +96,13 @@ import hashlib
 import heapq
 import logging
 import os
+import queue
 import secrets
 import stat as stat_mod
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 import anyio
 import blake3
@@ -816,11 +817,64 @@ class _Abandoned(Exception):
 _thread_state = threading.local()
 
 
+_READER_IDLE_SECONDS = 10.0
+
+
 class _Readers:
-    """Detached read threads alive in this process (``ServiceLimits.max_reader_threads``)."""
+    """Detached read jobs of this process and the idle daemon threads that run them.
+
+    ``running`` counts jobs accepted and not finished, abandoned ones included (bounded by
+    ``ServiceLimits.max_reader_threads``). A thread that finished a job waits for the next one up
+    to ``_READER_IDLE_SECONDS`` (no thread start per read), then exits; one stuck in the OS stays
+    out of the idle list and keeps its job counted.
+    """
 
     lock = threading.Lock()
     running = 0
+    idle: ClassVar[list[queue.SimpleQueue[Callable[[], None]]]] = []  # idle inboxes, LIFO
+
+    @classmethod
+    def submit(cls, job: Callable[[], None], limit: int) -> None:
+        """Run ``job`` (which must not raise) on an idle or new daemon thread."""
+        with cls.lock:
+            if cls.running >= limit:
+                raise Rejected(
+                    "OVERLOADED",
+                    f"{limit} file reads are still running in this worker "
+                    "(ServiceLimits.max_reader_threads)",
+                )
+            cls.running += 1
+            inbox = cls.idle.pop() if cls.idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            try:
+                thread = threading.Thread(
+                    target=cls._serve, args=(inbox,), name="garcon-link file read", daemon=True
+                )
+                thread.start()
+            except BaseException:
+                with cls.lock:
+                    cls.running -= 1
+                raise
+        inbox.put(job)
+
+    @classmethod
+    def _serve(cls, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+        while True:
+            try:
+                job = inbox.get(timeout=_READER_IDLE_SECONDS)
+            except queue.Empty:
+                with cls.lock:
+                    if inbox in cls.idle:
+                        cls.idle.remove(inbox)
+                        return
+                continue  # taken from the idle list just now: its job is on the way
+            try:
+                job()
+            finally:
+                with cls.lock:
+                    cls.running -= 1
+                    cls.idle.append(inbox)
 
 
 def _checkpoint() -> None:
@@ -856,44 +910,30 @@ async def _detached(
     a result that was produced after the caller left (e.g. to close a descriptor).
 
     Raises:
-        Rejected: ``OVERLOADED`` when ``limit`` detached threads are already alive.
+        Rejected: ``OVERLOADED`` when ``limit`` detached reads are already running.
     """
     future: concurrent.futures.Future[_T] = concurrent.futures.Future()
-    with _Readers.lock:
-        if _Readers.running >= limit:
-            raise Rejected(
-                "OVERLOADED",
-                f"{limit} file reads are still running in this worker "
-                "(ServiceLimits.max_reader_threads)",
-            )
-        _Readers.running += 1
 
     def run() -> None:
+        if future.cancelled():
+            return
         _thread_state.future = future
         try:
-            if future.cancelled():
-                return
-            try:
-                result = func()
-            except BaseException as exc:
-                with contextlib.suppress(concurrent.futures.InvalidStateError):
-                    future.set_exception(exc)
-                return
-            try:
-                future.set_result(result)
-            except concurrent.futures.InvalidStateError:  # the caller left meanwhile
-                if discard is not None:
-                    discard(result)
+            result = func()
+        except BaseException as exc:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                future.set_exception(exc)
+            return
         finally:
-            with _Readers.lock:
-                _Readers.running -= 1
+            _thread_state.future = None
+        try:
+            future.set_result(result)
+        except concurrent.futures.InvalidStateError:  # the caller left meanwhile
+            if discard is not None:
+                with contextlib.suppress(Exception):
+                    discard(result)
 
-    try:
-        threading.Thread(target=run, name="garcon-link file read", daemon=True).start()
-    except BaseException:
-        with _Readers.lock:
-            _Readers.running -= 1
-        raise
+    _Readers.submit(run, limit)
     try:
         return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
     finally:
