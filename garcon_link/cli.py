@@ -6,7 +6,7 @@ Commands
     The whole story on loopback: a worker in a child process, a controller in this one, calls, a
     stream, a socket cut that resumes, a worker kill and restart (see :mod:`garcon_link.demo`).
 
-``garcon-link worker [CONFIG|-] [--service NAME=module:attr ...]``
+``garcon-link worker [CONFIG|-] [--service NAME=module:attr ...] [--builtin NAMES --root DIR]``
     Serve services until SIGINT/SIGTERM (then exit 0). Prints one ``key=value`` line per event on
     stdout, flushed: ``executor-listening`` (or ``executor-dialing``), ``executor-ready`` for each
     fresh logical session, ``executor-stopping`` on a signal. With ``--stop-on-stdin-eof`` it also
@@ -23,6 +23,10 @@ Commands
       object served as ``NAME`` for that logical session (closed when the session is retired).
 
     Services compose: objects and factories may be mixed; a fresh session enters every factory.
+
+    ``--builtin process,files --root DIR`` adds the built-in services confined to ``DIR`` (see
+    :mod:`garcon_link.services`); ``--allow-special-mode-bits`` lets file service callers set
+    setuid, setgid and sticky bits with an explicit ``mode`` (refused by default).
 
 ``garcon-link keygen PATH [--force]``
     Write a new secret file (64 hex digits, mode 0600) and print its path. An existing file is
@@ -44,7 +48,8 @@ Exit codes
 ----------
 ====  =========================================================================
 0     success
-1     any other failure (a link error such as a port in use, an OS error)
+1     any other failure (a link error such as a port in use, an OS error), and
+      an unexpected internal error (a bug: ``error: internal error, ...``)
 2     usage or configuration error (bad arguments, bad config, keygen refused)
 3     ``NotDispatched``: definitely not executed (offline, not ready in time)
 4     ``Rejected``: reached the worker and refused unexecuted (unknown method,
@@ -55,13 +60,15 @@ Exit codes
 ====  =========================================================================
 
 Every failure prints exactly one line on stderr, ``error: <what>``; a call's failure reads
-``error: [outcome:code] message``. Tracebacks are never printed (``-v`` adds the library's log
-and, for ``RemoteError``, the remote traceback).
+``error: [outcome:code] message``. Tracebacks are not printed: ``-v`` adds the library's log,
+for ``RemoteError`` the remote traceback, and for an internal error (an exception that is not a
+usage, configuration, link, call or OS error: a bug) its traceback before the line.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import contextlib
 import importlib
@@ -72,6 +79,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -121,7 +129,7 @@ EXIT_INTERRUPTED = 130
 _EXIT_CODES_HELP = """\
 exit codes:
   0    success
-  1    other failure (link error, OS error)
+  1    other failure (link error, OS error, internal error: -v shows its traceback)
   2    usage or configuration error
   3    NotDispatched   definitely not executed (offline, not ready within --timeout)
   4    Rejected        reached the worker, refused unexecuted (unknown method, bad arguments)
@@ -209,7 +217,18 @@ def _leaf(exc: BaseException) -> BaseException:
 
 
 def _is_cancellation(exc: BaseException) -> bool:
-    return isinstance(exc, anyio.get_cancelled_exc_class())
+    # Called after the event loop has ended: anyio.get_cancelled_exc_class() would raise
+    # NoEventLoopError here, so name each backend's class instead (trio only if it was loaded).
+    if isinstance(exc, asyncio.CancelledError):
+        return True
+    trio = sys.modules.get("trio")
+    cancelled = getattr(trio, "Cancelled", None)
+    return isinstance(cancelled, type) and isinstance(exc, cancelled)
+
+
+def _is_expected(exc: BaseException) -> bool:
+    """A failure the one error line fully explains (anything else is a bug: -v shows it)."""
+    return isinstance(exc, UsageError | GarconLinkError | OSError | KeyboardInterrupt)
 
 
 def _describe(exc: BaseException) -> str:
@@ -220,7 +239,9 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{exc.strerror}{where}"
-    return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {exc}"
+    return f"internal error, {type(exc).__name__}: {exc}"
 
 
 # --------------------------------------------------------------------------- logging
@@ -310,6 +331,7 @@ def build_services(
     *,
     builtin: Sequence[str] = (),
     root: str | None = None,
+    allow_special_mode_bits: bool = False,
 ) -> ServiceMap | ServiceFactory:
     """Turn ``--service`` (and ``--builtin``/``--root``) arguments into what a Worker takes.
 
@@ -317,9 +339,12 @@ def build_services(
     one factory, or built-in services, a per-session factory that enters every factory, merges the
     built-in services (``process``, ``files`` confined to ``root``) and adds the plain objects.
 
+    ``allow_special_mode_bits`` lets the built-in file service's callers set setuid, setgid and
+    sticky bits with an explicit ``mode`` (refused by default).
+
     Raises:
-        UsageError: a malformed or duplicate argument, an import that fails, or ``--builtin``
-            without ``--root``.
+        UsageError: a malformed or duplicate argument, an import that fails, ``--builtin``
+            without ``--root``, or ``--allow-special-mode-bits`` without ``--builtin``.
         ConfigError: an unknown built-in name or a ``--root`` that is not a directory.
     """
     entries: dict[str, object] = {}
@@ -329,9 +354,13 @@ def build_services(
             raise UsageError("--builtin needs --root DIR (the directory the services may use)")
         from .services import builtin_services
 
-        builtin_factory = builtin_services(builtin, root)
+        builtin_factory = builtin_services(
+            builtin, root, allow_special_mode_bits=allow_special_mode_bits
+        )
     elif root is not None:
         raise UsageError("--root is only meaningful with --builtin")
+    elif allow_special_mode_bits:
+        raise UsageError("--allow-special-mode-bits is only meaningful with --builtin files")
     if str(Path.cwd()) not in sys.path and "" not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     for text in specs:
@@ -365,7 +394,11 @@ def build_services(
 
 class _StdinWatch:
     """``--stop-on-stdin-eof``: a daemon thread reads stdin to EOF, then signals SIGTERM to this
-    process, so the one signal path below handles it (a parent that dies closes our stdin)."""
+    process, so the one signal path below handles it (a parent that dies closes our stdin).
+
+    It is started only once the signal receiver is installed: stdin may be at EOF already, and
+    a SIGTERM before that would kill the process by default (exit 143, no ``executor-stopping``).
+    """
 
     closed = False
 
@@ -381,7 +414,9 @@ class _StdinWatch:
         threading.Thread(target=watch, name="stdin-eof-watch", daemon=True).start()
 
 
-async def _serve_until_signal(config: LinkConfig, services: ServiceMap | ServiceFactory) -> None:
+async def _serve_until_signal(
+    config: LinkConfig, services: ServiceMap | ServiceFactory, stop_on_stdin_eof: bool = False
+) -> None:
     """Serve until SIGINT/SIGTERM; then print ``executor-stopping`` and close gracefully."""
     try:
         receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
@@ -390,6 +425,9 @@ async def _serve_until_signal(config: LinkConfig, services: ServiceMap | Service
             await anyio.sleep_forever()
         return
     with receiver as signals:
+        # The handlers exist from here on: only now may the watcher raise SIGTERM.
+        if stop_on_stdin_eof:
+            _StdinWatch.start()
         async with Worker(config, services, on_event=_emit):
             async for signum in signals:
                 reason = "stdin-closed" if _StdinWatch.closed else signal.Signals(signum).name
@@ -399,11 +437,14 @@ async def _serve_until_signal(config: LinkConfig, services: ServiceMap | Service
 
 def _cmd_worker(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=False)
-    services = build_services(ns.service or [], builtin=ns.builtin or [], root=ns.root)
+    services = build_services(
+        ns.service or [],
+        builtin=ns.builtin or [],
+        root=ns.root,
+        allow_special_mode_bits=ns.allow_special_mode_bits,
+    )
     config = _load(ns.config)
-    if ns.stop_on_stdin_eof:
-        _StdinWatch.start()
-    anyio.run(_serve_until_signal, config, services)
+    anyio.run(_serve_until_signal, config, services, ns.stop_on_stdin_eof)
     return EXIT_OK
 
 
@@ -472,7 +513,7 @@ def _parse_arguments(text: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]
         return (), {}
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or an integer over Python's digit limit
         raise UsageError(f"JSON_ARGS is not valid JSON: {exc}") from None
     if isinstance(value, list):
         return tuple(value), {}
@@ -635,6 +676,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --builtin: the directory the services are confined to ('/' for callers)",
     )
     worker.add_argument(
+        "--allow-special-mode-bits",
+        action="store_true",
+        help="with --builtin files: let callers set setuid/setgid/sticky bits with an explicit "
+        "mode (refused by default; a rewrite without mode always drops them)",
+    )
+    worker.add_argument(
         "--stop-on-stdin-eof",
         action="store_true",
         help="stop (exit 0) when stdin is closed: ties the worker's life to a parent process",
@@ -698,11 +745,18 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit:
         raise
     except BaseException as exc:
+        # Runs after the event loop ended: nothing here may need one (no anyio calls).
         leaf = _leaf(exc)
         if isinstance(leaf, SystemExit):
             raise leaf from None
         log.debug("command failed", exc_info=exc)
-        _error_line(_describe(leaf))
+        text = _describe(leaf)
+        if not _is_expected(leaf):
+            if ns.verbose:
+                traceback.print_exception(exc, file=sys.stderr)
+            else:
+                text += " (run with -v for the traceback)"
+        _error_line(text)
         return exit_code_for(leaf)
 
 

@@ -46,7 +46,11 @@ configuration was built in code). Refused are:
 * neither or both of ``secret`` / ``secret_file``; a missing or unreadable secret file, or one
   that is not a regular file or exceeds 64 KiB; a secret shorter than 32 bytes; on POSIX a secret
   file, or a config file holding an inline ``secret``, whose mode grants anything to group or
-  others (``st_mode & 0o077``) -- fix with ``chmod 600``;
+  others (``st_mode & 0o077``) -- fix with ``chmod 600``; such a file inside a directory (or
+  below one, along the path as given or its real path) that everyone may write without the
+  sticky bit, or a sticky one (``/tmp``) where the directory or the path's entry in it belongs
+  to another user: either lets someone else replace the secret (the message names the
+  directory and the fix; the rule and what it leaves out: ``_unsafe_directory``);
 * neither or both of ``listen`` / ``dial``; a ``listen`` that is not ``host:port`` (unbracketed
   IPv6, missing or out-of-range port); a ``dial`` URL whose scheme is not ``ws``/``wss``, that
   carries userinfo, a query or a fragment, whose path is not exactly ``/executor``, whose host is
@@ -250,7 +254,84 @@ def _refuse_open_mode(mode: int, path: Path, source: Path | None, what: str) -> 
         )
 
 
+def _unsafe_directory(path: Path) -> tuple[Path, str, str] | None:
+    """POSIX: a directory above ``path`` through which another user could replace it.
+
+    Returns ``(directory, problem, fix)`` or ``None``. Checked, like OpenSSH's ``StrictModes``
+    walk (``safe_path``), from ``/`` down to the file's own directory, along the path as given
+    *and* along its real path (a symlink in the chain is replaceable by whoever may write the
+    directory holding it, and its target's chain is what is finally read):
+
+    * a directory writable by everyone without the sticky bit: anyone may rename the secret
+      away and put their own file (or directory) in its place -- refused;
+    * a directory writable by everyone *with* the sticky bit (``/tmp``): only the owner of an
+      entry, the directory's owner and root may rename or delete it, so it is safe exactly when
+      the directory and the next entry of the path belong to this user or root -- refused
+      otherwise, accepted silently when so (refusing ``/tmp`` itself would break common setups
+      such as Kubernetes secret volumes and per-user temporary directories for no gain).
+
+    Not checked: group-writable directories (user-private-group setups make directories
+    group-writable for a group holding only the user; OpenSSH refuses those too), directories
+    owned by other users (volumes mounted into containers commonly belong to another uid), and
+    directories that cannot be examined (opening the file reports what is wrong there).
+    """
+    if os.name != "posix":
+        return None
+    me = os.geteuid()
+    given = Path(os.path.abspath(path))
+    chains = [given]
+    real = Path(os.path.realpath(given))
+    if real != given:
+        chains.append(real)
+    for chain in chains:
+        directories = list(reversed(chain.parents))  # "/", "/a", "/a/b", ...
+        entries = [*directories[1:], chain]  # the entry of each directory the path goes through
+        for directory, entry in zip(directories, entries, strict=True):
+            try:
+                info = os.stat(directory)
+            except OSError:
+                continue
+            mode = info.st_mode
+            if not mode & stat.S_IWOTH:
+                continue
+            shown = f"{stat.S_IMODE(mode):04o}"
+            real_directory = Path(os.path.realpath(directory))
+            if real_directory != directory:  # reached through a symlink: name the real one
+                shown += f", reached as {directory}"
+                directory = real_directory
+            if not mode & stat.S_ISVTX:
+                return (
+                    directory,
+                    f"is writable by everyone (mode {shown}) without the sticky bit, so anyone "
+                    f"can replace {path}",
+                    f"run `chmod o-w {directory}` (or `chmod +t {directory}`), or move the secret "
+                    "to a private directory",
+                )
+            try:
+                entry_owner = os.lstat(entry).st_uid
+            except OSError:
+                continue
+            for name, owner in ((directory, info.st_uid), (entry, entry_owner)):
+                if owner not in (0, me):
+                    return (
+                        directory,
+                        f"is writable by everyone (mode {shown}, sticky) and {name} belongs to "
+                        f"another user (uid {owner}), who can replace {path}",
+                        "move the secret to a directory of your own",
+                    )
+    return None
+
+
+def _refuse_unsafe_directory(path: Path, source: Path | None, what: str) -> None:
+    """Refuse a secret file that another user could replace (see :func:`_unsafe_directory`)."""
+    found = _unsafe_directory(path)
+    if found is not None:
+        directory, problem, fix = found
+        raise _error(source, what, f"the directory {directory} holding a secret {problem}", fix)
+
+
 def _read_secret(path: Path, source: Path | None, what: str) -> Secret:
+    _refuse_unsafe_directory(path, source, what)
     try:
         # O_NONBLOCK: a FIFO must not hang the load; it is refused below as not a regular file.
         flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -311,7 +392,8 @@ def read_secret_file(path: str | os.PathLike[str]) -> Secret:
 
     Raises:
         ConfigError: the file is missing or unreadable, on POSIX its mode grants group/others any
-            access, or the secret is shorter than 32 bytes.
+            access or a directory above it lets another user replace it, or the secret is
+            shorter than 32 bytes.
     """
     target = Path(path)
     return _read_secret(target, target, "secret file")
@@ -328,9 +410,15 @@ def write_secret_file(path: str | os.PathLike[str], *, force: bool = False) -> P
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ConfigError: ``path`` exists and ``force`` is false, or the file cannot be written.
+        ConfigError: ``path`` exists and ``force`` is false, a directory above it would let
+            another user replace it (as :func:`load_config` would refuse), or the file cannot
+            be written.
     """
     target = Path(path)
+    found = _unsafe_directory(target)
+    if found is not None:
+        directory, problem, fix = found
+        raise ConfigError(f"{target}: the directory {directory} {problem}; {fix}")
     data = (generate_secret().reveal().hex() + "\n").encode("ascii")
     try:
         if force:
@@ -978,6 +1066,7 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
         )
     if inline is not None:
         _refuse_open_mode(mode, source, source, "secret")
+        _refuse_unsafe_directory(source, source, "secret")
         value = _decode_secret(inline.encode("utf-8"))
         if len(value) < MIN_SECRET_BYTES:
             raise _error(

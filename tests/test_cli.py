@@ -8,6 +8,7 @@ subprocesses with bounded timeouts; every child is killed in ``finally``. The wo
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import queue
@@ -81,9 +82,15 @@ class Worker:
     """``garcon-link worker`` in a child process, its stdout read line by line by a thread."""
 
     def __init__(
-        self, config: Path, *services: str, cwd: Path | None = None, extra: tuple[str, ...] = ()
+        self,
+        config: Path,
+        *services: str,
+        cwd: Path | None = None,
+        extra: tuple[str, ...] = (),
+        launcher: tuple[str, ...] = CLI,
+        env: dict[str, str] | None = None,
     ) -> None:
-        command = [*CLI, "worker", str(config), "--stop-on-stdin-eof", *extra]
+        command = [*launcher, "worker", str(config), "--stop-on-stdin-eof", *extra]
         for service in services:
             command += ["--service", service]
         self.process = subprocess.Popen(
@@ -93,6 +100,7 @@ class Worker:
             stderr=subprocess.PIPE,
             text=True,
             cwd=cwd,
+            env=env,
         )
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
@@ -405,6 +413,12 @@ def test_worker_serves_the_builtin_services_confined_to_root(tmp_path: Path) -> 
         escape = run_cli("call", str(controller), "files.read", '["/../etc/passwd"]')
         assert escape.returncode == cli.EXIT_REJECTED
         assert_one_error_line(escape.stderr, "PERMISSION_DENIED")
+        setuid = run_cli(
+            "call", str(controller), "files.write", '{"path": "/tool", "data": "", "mode": 2541}'
+        )
+        assert setuid.returncode == cli.EXIT_REJECTED, setuid.stderr
+        assert_one_error_line(setuid.stderr, "PERMISSION_DENIED", "allow_special_mode_bits")
+        assert not (root / "tool").exists()
     finally:
         worker.kill()
 
@@ -412,6 +426,93 @@ def test_worker_serves_the_builtin_services_confined_to_root(tmp_path: Path) -> 
 def test_builtin_needs_a_root(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["worker", "cfg.toml", "--builtin", "files"]) == 2
     assert_one_error_line(capsys.readouterr().err, "--root")
+    assert cli.main(["worker", "cfg.toml", "--allow-special-mode-bits"]) == 2
+    assert_one_error_line(capsys.readouterr().err, "--allow-special-mode-bits", "--builtin")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_allow_special_mode_bits_reaches_the_file_service(tmp_path: Path) -> None:
+    for allow in (False, True):
+        factory = cli.build_services(
+            [], builtin=["files"], root=str(tmp_path), allow_special_mode_bits=allow
+        )
+        assert callable(factory)
+        async with factory(gl.ServiceScope("local", os.urandom(16))) as services:
+            files = services["files"].target
+            assert files.allow_special_mode_bits is allow
+
+
+def test_stop_on_stdin_eof_with_stdin_at_eof_from_the_start(tmp_path: Path) -> None:
+    """The watcher used to start before the signal handler: with stdin already at EOF its
+    SIGTERM killed the process by default (exit 143, no executor-stopping line). ~0.7 s a run."""
+    config = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    for _ in range(5):
+        done = subprocess.run(
+            [*CLI, "worker", str(config), "--service", SERVICE, "--stop-on-stdin-eof"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+        lines = done.stdout.splitlines()
+        assert lines[0].startswith("executor-listening "), lines
+        assert lines[-1] == "executor-stopping executor=cli-box reason=stdin-closed", lines
+
+
+CRASH_LAUNCHER = (
+    sys.executable,
+    "-c",
+    """
+import sys
+import anyio
+from garcon_link import cli
+
+async def crash(config, services, stop_on_stdin_eof=False):
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.sleep_forever)
+        raise RuntimeError("injected fault")
+
+cli._serve_until_signal = crash
+sys.exit(cli.main(sys.argv[1:]))
+""",
+)
+
+
+def test_an_internal_error_is_one_line_and_v_shows_its_traceback(tmp_path: Path) -> None:
+    """A bug inside the loop (an exception group holding a RuntimeError) used to print a
+    92-line traceback ending in NoEventLoopError: the formatter called anyio after the loop."""
+    config = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    done = subprocess.run(
+        [*CRASH_LAUNCHER, "worker", str(config)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == cli.EXIT_OTHER == 1, done.stderr
+    assert_one_error_line(done.stderr, "internal error, RuntimeError: injected fault", "-v")
+    verbose = subprocess.run(
+        [*CRASH_LAUNCHER, "worker", str(config), "-v"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert verbose.returncode == 1, verbose.stderr
+    assert "Traceback" in verbose.stderr and "NoEventLoopError" not in verbose.stderr
+    assert "| RuntimeError: injected fault" in verbose.stderr  # inside the group's traceback
+    last = verbose.stderr.strip().splitlines()[-1]
+    assert last == "error: internal error, RuntimeError: injected fault", last
+
+
+def test_describing_a_failure_needs_no_event_loop() -> None:
+    group = BaseExceptionGroup("outer", [ExceptionGroup("inner", [ValueError("bad")])])
+    assert isinstance(cli._leaf(group), ValueError)
+    assert cli._describe(cli._leaf(group)).startswith("internal error, ValueError: bad")
+    assert cli._describe(OSError(98, "Address already in use")) == "Address already in use"
+    assert cli.exit_code_for(cli._leaf(group)) == 1
 
 
 # --------------------------------------------------------------------------- exit codes
@@ -526,6 +627,7 @@ def test_port_in_use_is_exit_1(tmp_path: Path) -> None:
     ("argv", "fragment"),
     [
         (["call", "cfg.toml", "demo.add", "[1,"], "not valid JSON"),
+        (["call", "cfg.toml", "demo.add", "[" + "9" * 5000 + "]"], "not valid JSON"),
         (["call", "cfg.toml", "demo.add", '"x"'], "JSON array"),
         (["call", "cfg.toml", "noservice"], "SERVICE.METHOD"),
         (["call", "a", "b", "c", "d"], "SERVICE.METHOD"),
@@ -595,3 +697,70 @@ def test_exit_code_table() -> None:
     assert cli.exit_code_for(gl.ConfigError("x")) == 2
     assert cli.exit_code_for(gl.LinkError("x")) == 1
     assert cli.exit_code_for(RuntimeError("x")) == 1
+
+
+STUCK_SCAN_LAUNCHER = (
+    sys.executable,
+    "-c",
+    """
+import os
+import sys
+from garcon_link import cli
+
+fifo = os.environ["STUCK_FIFO"]
+real_scandir = os.scandir
+
+def stuck_scandir(fd):
+    # Blocks in open(2) of a FIFO nobody writes: a system call that never returns, as a read on
+    # a hung network file system does.
+    print("scan-stuck", flush=True)
+    with open(fifo, "rb"):
+        pass
+    return real_scandir(fd)
+
+os.scandir = stuck_scandir
+sys.exit(cli.main(sys.argv[1:]))
+""",
+)
+
+
+def test_sigterm_stops_the_worker_while_a_file_read_is_stuck(tmp_path: Path) -> None:
+    """Break 6 (shutdown): a read stuck in the OS used to hold a SIGTERM'd worker forever (its
+    uncancellable thread was joined at exit). Now the read is abandoned. About 2 s."""
+    root = tmp_path / "root"
+    root.mkdir()
+    fifo = tmp_path / "stuck.fifo"
+    os.mkfifo(fifo)
+    worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    worker = Worker(
+        worker_toml,
+        extra=("--builtin", "files", "--root", str(root)),
+        launcher=STUCK_SCAN_LAUNCHER,
+        env={**os.environ, "STUCK_FIFO": str(fifo)},
+    )
+    call: subprocess.Popen[str] | None = None
+    try:
+        controller = write_config(
+            tmp_path, "controller.toml", "controller", f'dial = "{worker.url()}"'
+        )
+        call = subprocess.Popen(
+            [*CLI, "call", str(controller), "files.list_dir", '["/"]', "--timeout", "20"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        worker.wait_line("scan-stuck")
+        worker.process.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert worker.process.wait(timeout=10) == 0  # before the fix: never (TimeoutExpired)
+        assert time.monotonic() - started < 10
+        assert worker.wait_line("executor-stopping").endswith("reason=SIGTERM")
+    finally:
+        with contextlib.suppress(OSError):  # let a thread stuck in the open go (before the fix)
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.kill()
+        if call is not None:
+            if call.poll() is None:
+                call.kill()
+            call.communicate(timeout=10)

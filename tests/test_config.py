@@ -621,6 +621,64 @@ def test_config_with_inline_secret_must_be_private(tmp_path: Path) -> None:
     refused(lambda: load_config(path), str(path), "secret", f"chmod 600 {path}", "0640")
 
 
+@posix_only
+@pytest.mark.parametrize("depth", [0, 2])
+def test_secret_below_a_world_writable_directory_is_refused(tmp_path: Path, depth: int) -> None:
+    """A 0600 secret that anyone may rename away and replace (it used to load). ``depth``
+    puts the world-writable directory right above the file or two levels higher."""
+    shared = tmp_path / "shared"
+    holder = shared.joinpath(*(f"d{i}" for i in range(depth)))
+    secret = write(holder / "link.secret", SECRET_TEXT)
+    shared.chmod(0o777)
+    path = config_file(holder, LISTEN_BODY)
+    fragments = (str(shared), "writable by everyone", "0777", "without the sticky bit")
+    refused(lambda: load_config(path), str(path), "secret_file", *fragments, f"chmod o-w {shared}")
+    refused(lambda: read_secret_file(secret), *fragments)
+    refused(lambda: write_secret_file(holder / "new.secret"), *fragments)
+    assert not (holder / "new.secret").exists()
+    body = LISTEN_BODY.replace('secret_file = "link.secret"', f'secret = "{SECRET_TEXT}"')
+    inline = config_file(holder, body, name="inline.toml")
+    refused(lambda: load_config(inline), str(inline), "secret", *fragments)
+    shared.chmod(0o755)
+    assert load_config(path).secret == SECRET
+    shared.chmod(0o1777)  # sticky, like /tmp, and every entry is ours: safe
+    assert load_config(path).secret == SECRET
+    assert load_config(inline).secret == SECRET
+
+
+@posix_only
+def test_secret_reached_through_a_symlink_in_a_world_writable_directory_is_refused(
+    tmp_path: Path,
+) -> None:
+    private = tmp_path / "private"
+    secret = write(private / "link.secret", SECRET_TEXT)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "link.secret").symlink_to(secret)
+    shared.chmod(0o777)
+    refused(lambda: read_secret_file(shared / "link.secret"), str(shared), "sticky")
+    # ... and the real path's chain counts too: a link from a private place into a shared one.
+    shared.chmod(0o755)
+    (private / "via").symlink_to(shared)
+    shared.chmod(0o777)
+    refused(lambda: read_secret_file(private / "via" / "link.secret"), str(shared))
+    shared.chmod(0o755)
+    assert read_secret_file(private / "via" / "link.secret") == SECRET
+
+
+@posix_only
+@pytest.mark.skipif(POSIX and os.geteuid() != 0, reason="needs root to chown")
+def test_sticky_directory_entry_of_another_user_is_refused(tmp_path: Path) -> None:
+    sticky = tmp_path / "sticky"
+    theirs = sticky / "theirs"
+    secret = write(theirs / "link.secret", SECRET_TEXT)
+    sticky.chmod(0o1777)
+    os.chown(theirs, 12345, 12345)  # another user may rename "theirs" and replace it
+    refused(lambda: read_secret_file(secret), str(sticky), "uid 12345", "directory of your own")
+    os.chown(theirs, 0, 0)
+    assert read_secret_file(secret) == SECRET
+
+
 # --------------------------------------------------------------------------- LinkConfig in code
 
 

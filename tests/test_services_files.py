@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tracemalloc
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -363,3 +365,366 @@ async def test_local_use_and_stale_handles(tmp_path: Path) -> None:
         await files.upload_chunk(handle, 0, b"x")
         assert (await files.commit_upload(handle)).size == 1
     assert (tmp_path / "f").read_bytes() == b"x"
+
+
+# --------------------------------------------------------------------------- hostile input
+
+LONG_PATH = "/" + "a/" * (1024 * 1024)  # 2 MiB: resolving it took minutes of CPU in a thread
+
+
+async def test_a_2_mib_path_is_refused_at_once_and_holds_up_no_one(tmp_path: Path) -> None:
+    """Break 6: the bounds are checked before any resolution (~0.1 s here on 2 cores)."""
+    (tmp_path / "small.txt").write_bytes(b"small")
+    with anyio.fail_after(30):
+        async with linked(tmp_path) as executor:
+            files = executor.service("files", FileService)
+            small_latencies: list[float] = []
+            refused: list[gl.Rejected] = []
+
+            async def hostile() -> None:
+                with pytest.raises(gl.Rejected) as info:
+                    await files.stat(LONG_PATH)
+                refused.append(info.value)
+
+            async def small() -> None:
+                for _ in range(5):
+                    started = anyio.current_time()
+                    assert (await files.stat("/small.txt")).size == 5
+                    small_latencies.append(anyio.current_time() - started)
+
+            with anyio.fail_after(10):  # before the fix: minutes (the 2 MiB path was resolved)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(hostile)
+                    tg.start_soon(small)
+            assert refused[0].code == "INVALID_PATH", refused[0]
+            assert "4096 bytes" in refused[0].message
+            assert len(str(refused[0])) < 500  # the path is not echoed back
+            assert max(small_latencies) < 2.0, small_latencies  # upper bound, not a measure
+
+
+def _path_calls(svc: LocalFileService, path: str) -> dict[str, Callable[[], Awaitable[object]]]:
+    """One call per method that takes a path, with ``path`` in it."""
+
+    async def stream() -> None:
+        async for _ in svc.read_stream(path):
+            pass
+
+    return {
+        "stat": lambda: svc.stat(path),
+        "exists": lambda: svc.exists(path),
+        "canonical_path": lambda: svc.canonical_path(path),
+        "read_link": lambda: svc.read_link(path),
+        "list_dir": lambda: svc.list_dir(path),
+        "read": lambda: svc.read(path),
+        "read_stream": stream,
+        "mkdir": lambda: svc.mkdir(path, parents=True),
+        "remove": lambda: svc.remove(path),
+        "rename src": lambda: svc.rename(path, "/ok"),
+        "rename dst": lambda: svc.rename("/ok", path),
+        "write": lambda: svc.write(path, b"x"),
+        "begin_upload": lambda: svc.begin_upload(path),
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [
+        ("/" + "x" * 4096, "at most 4096 bytes"),
+        ("/" + "é" * 2048, "at most 4096 bytes"),  # 4,097 bytes in 2,049 characters
+        ("/d" * 257, "at most 256 names"),
+        ("/" + "n" * 256, "at most 255 bytes"),
+        ("/bad\ud800", "valid Unicode"),  # a lone surrogate (\udcff would be byte 0xff)
+        ("/nul\0", "NUL"),
+    ],
+)
+async def test_every_method_that_takes_a_path_checks_the_bounds(
+    tmp_path: Path, path: str, fragment: str
+) -> None:
+    (tmp_path / "ok").write_bytes(b"ok")
+    scope = gl.ServiceScope("local", os.urandom(16))
+    async with LocalFileService(tmp_path, scope=scope) as svc:
+        calls = _path_calls(svc, path)
+        for name, call in calls.items():
+            with pytest.raises(gl.Rejected) as info:
+                await call()
+            assert (info.value.code, fragment in info.value.message) == ("INVALID_PATH", True), (
+                name,
+                info.value,
+            )
+    assert (tmp_path / "ok").read_bytes() == b"ok"
+
+
+def test_the_path_bounds_are_inclusive_and_configurable(tmp_path: Path) -> None:
+    confined = ConfinedRoot(tmp_path)
+    assert len(confined.split("/" + "/".join(["x" * 255] * 16))) == 16  # 4,096 bytes
+    assert len(confined.split("/d" * 256)) == 256
+    assert confined.split("/" + "n" * 255) == ("n" * 255,)
+    assert confined.split("/" * 4096) == ()  # empty names are not counted
+    small = ConfinedRoot(tmp_path, ServiceLimits(max_path_bytes=8, max_path_components=2))
+    assert small.split("/a/b") == ("a", "b")
+    for path in ("/a/b/c", "/123456789"):
+        with pytest.raises(gl.Rejected) as info:
+            small.split(path)
+        assert info.value.code == "INVALID_PATH"
+
+
+async def test_the_process_cwd_is_bounded_too(tmp_path: Path) -> None:
+    from garcon_link.services import LocalProcessService
+
+    scope = gl.ServiceScope("local", os.urandom(16))
+    async with LocalProcessService(tmp_path, scope=scope) as proc:
+        for path in (LONG_PATH, "/d" * 257):
+            with pytest.raises(gl.Rejected) as info:
+                await proc.run(["true"], cwd=path)
+            assert info.value.code == "INVALID_PATH"
+
+
+async def test_a_cancelled_read_stuck_in_the_os_is_abandoned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read stuck in a system call (a hung network file system) neither holds its caller's
+    cancellation nor outlives it unbounded: further reads past the cap are OVERLOADED."""
+    import threading
+
+    entered = threading.Event()
+    release = threading.Event()
+    real_scandir = os.scandir
+
+    def stuck_scandir(fd: object) -> object:
+        entered.set()
+        release.wait(30)
+        return real_scandir(fd)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(os, "scandir", stuck_scandir)
+    (tmp_path / "f").write_bytes(b"data")
+    limits = ServiceLimits(max_reader_threads=1)
+    try:
+        async with LocalFileService(tmp_path, limits=limits) as svc:
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(svc.list_dir, "/")
+                    await anyio.to_thread.run_sync(entered.wait, 10)
+                    tg.cancel_scope.cancel()  # returns at once: the thread is abandoned
+                # The abandoned thread still counts: the cap refuses one more read ...
+                with pytest.raises(gl.Rejected) as info:
+                    await svc.stat("/f")
+                assert info.value.code == "OVERLOADED"
+                release.set()
+                # ... until it ends (bounded wait for the daemon thread to finish).
+                codes: list[str] = []
+                for _ in range(1000):
+                    try:
+                        assert (await svc.stat("/f")).size == 4
+                        break
+                    except gl.Rejected as exc:
+                        codes.append(exc.code)
+                        await anyio.sleep(0.01)
+                else:
+                    raise AssertionError("the abandoned read never ended")
+                assert set(codes) <= {"OVERLOADED"}, codes
+    finally:
+        release.set()
+
+
+def _assert_no_root(error: BaseException, *roots: Path) -> None:
+    texts = [str(error), repr(error), getattr(error, "message", "")]
+    texts.append(str(getattr(error, "details", None)))
+    texts.append(str(getattr(error, "remote_traceback", None)))
+    for text in texts:
+        for root in roots:
+            assert str(root) not in text, text
+
+
+async def test_a_symlink_swapped_during_the_check_is_refused_without_the_real_path(
+    layout: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """realpath lstat()s a link, then readlink()s it: replace the link in between (the hook
+    does it just before the real readlink). It used to be HANDLER_FAILED whose message and
+    traceback held the worker's real root path."""
+    root, _ = layout
+    link = root / "swap"
+    link.symlink_to("inside")
+    real_readlink = os.readlink
+
+    def racing_readlink(path: object, *args: object, **kwargs: object) -> str:
+        if os.fspath(path) == str(link):  # type: ignore[call-overload]
+            link.unlink()
+            link.write_bytes(b"now a file")  # readlink -> EINVAL, naming the real path
+        return real_readlink(path, *args, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    with anyio.fail_after(30):
+        async with linked(root) as executor:
+            files = executor.service("files", FileService)
+            monkeypatch.setattr(os, "readlink", racing_readlink)
+            for call in (
+                lambda: files.stat("/swap/file.txt"),
+                lambda: files.read("/swap/file.txt"),
+                lambda: files.write("/swap/new.txt", b"x"),
+                lambda: files.canonical_path("/swap"),
+                lambda: files.list_dir("/swap"),
+            ):
+                link.unlink()
+                link.symlink_to("inside")
+                with pytest.raises(gl.CallError) as info:
+                    await call()
+                assert isinstance(info.value, gl.Rejected), info.value
+                assert info.value.code == "PERMISSION_DENIED", info.value
+                assert "changed while it was being checked" in info.value.message
+                assert "/swap" in info.value.message
+                _assert_no_root(info.value, root, root.parent)
+    assert not (root / "inside" / "new.txt").exists()
+
+
+async def test_no_error_names_the_real_root(layout: tuple[Path, Path]) -> None:
+    """Every kind of refusal and failure, through the RPC layer: only caller paths appear."""
+    root, _ = layout
+    (root / "loop").symlink_to("loop")
+    (root / "dir").mkdir()
+    (root / "dir" / "x").write_bytes(b"x")
+    (root / "fifo").parent.mkdir(exist_ok=True)
+    os.mkfifo(root / "fifo")
+    with anyio.fail_after(30):
+        async with linked(root) as executor:
+            files = executor.service("files", FileService)
+            for call in (
+                lambda: files.stat("/missing/x"),
+                lambda: files.read("/loop"),
+                lambda: files.read("/fifo"),
+                lambda: files.read("/dir"),
+                lambda: files.list_dir("/inside/file.txt"),
+                lambda: files.mkdir("/dir/x/y"),
+                lambda: files.remove("/dir"),
+                lambda: files.rename("/missing", "/elsewhere"),
+                lambda: files.write("/inside/file.txt/x", b"x"),
+                lambda: files.write("/dir", b"x"),
+                lambda: files.write("/x", b"x", exclusive=True, if_match="1"),
+                lambda: files.read_link("/inside"),
+                lambda: files.read("/../x"),
+            ):
+                with pytest.raises(gl.CallError) as info:
+                    await call()
+                assert isinstance(info.value, gl.Rejected | gl.RemoteError), info.value
+                assert info.value.code != "HANDLER_FAILED", info.value
+                _assert_no_root(info.value, root, root.parent)
+
+
+async def test_recursive_removal_never_follows_a_symlink(layout: tuple[Path, Path]) -> None:
+    root, outside = layout
+    tree = root / "tree"
+    (tree / "a" / "b").mkdir(parents=True)
+    for i in range(50):
+        (tree / "a" / f"f{i}").write_bytes(b"x")
+    (tree / "a" / "b" / "deep").write_bytes(b"x")
+    (tree / "to-outside").symlink_to(outside)
+    (tree / "a" / "b" / "file-link").symlink_to(outside / "secret.txt")
+    async with LocalFileService(root) as svc:
+        await svc.remove("/tree", recursive=True)
+    assert not tree.exists()
+    assert (outside / "secret.txt").read_bytes() == b"top secret"
+
+
+async def test_a_cancelled_recursive_removal_stops_between_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Changes are waited for (the call never returns mid-step), but a long removal checks for
+    cancellation between entries instead of running to the end."""
+    import threading
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for i in range(100):
+        (tree / f"f{i}").write_bytes(b"x")
+    entered = threading.Event()
+    go = threading.Event()
+    real_unlink = os.unlink
+
+    def slow_unlink(*args: object, **kwargs: object) -> None:
+        if not entered.is_set():
+            entered.set()
+            go.wait(30)
+        real_unlink(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", slow_unlink)  # only the first call waits
+    try:
+        async with LocalFileService(tmp_path) as svc:
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(svc.remove, "/tree", True)
+                    await anyio.to_thread.run_sync(entered.wait, 10)
+                    tg.cancel_scope.cancel()
+                    go.set()
+    finally:
+        go.set()
+    left = len(list(tree.iterdir()))
+    assert 90 <= left < 100, left  # stopped at the next entry, not at the end
+
+
+# --------------------------------------------------------------------------- special mode bits
+
+
+async def test_rewriting_a_set_id_file_drops_the_special_bits(tmp_path: Path) -> None:
+    """Break 7: replacing a setuid/setgid/sticky file without ``mode`` keeps its other bits only
+    (it used to keep 0o4755 on the caller's new content)."""
+    scope = gl.ServiceScope("local", os.urandom(16))
+    async with LocalFileService(tmp_path, scope=scope) as svc:
+        for old_mode, kept in ((0o4755, 0o755), (0o2750, 0o750), (0o1644, 0o644), (0o6711, 0o711)):
+            target = tmp_path / "tool"
+            target.write_bytes(b"old")
+            target.chmod(old_mode)
+            assert target.stat().st_mode & 0o7777 == old_mode
+            written = await svc.write("/tool", b"new")
+            assert (written.mode, target.stat().st_mode & 0o7777) == (kept, kept), oct(old_mode)
+            target.chmod(old_mode)
+            handle = await svc.begin_upload("/tool")
+            await svc.upload_chunk(handle, 0, b"uploaded")
+            committed = await svc.commit_upload(handle)
+            assert (committed.mode, target.stat().st_mode & 0o7777) == (kept, kept), oct(old_mode)
+            assert target.read_bytes() == b"uploaded"
+
+
+async def test_an_explicit_special_mode_is_refused_unless_allowed(tmp_path: Path) -> None:
+    scope = gl.ServiceScope("local", os.urandom(16))
+    (tmp_path / "tool").write_bytes(b"old")
+    async with LocalFileService(tmp_path, scope=scope) as svc:
+        for mode in (0o4755, 0o2755, 0o1777):
+            for call in (
+                functools.partial(svc.write, "/tool", b"new", mode=mode),
+                functools.partial(svc.begin_upload, "/tool", mode=mode),
+            ):
+                with pytest.raises(gl.Rejected) as info:
+                    await call()
+                assert info.value.code == "PERMISSION_DENIED", info.value
+                assert "allow_special_mode_bits" in info.value.message
+        for bad in (0o10000, -1):
+            with pytest.raises(gl.Rejected) as info:
+                await svc.write("/tool", b"new", mode=bad)
+            assert info.value.code == "INVALID_ARGUMENTS"
+        assert (await svc.write("/tool", b"plain", mode=0o700)).mode == 0o700
+    assert (tmp_path / "tool").read_bytes() == b"plain"
+    assert staged_files(tmp_path) == []
+    async with LocalFileService(tmp_path, scope=scope, allow_special_mode_bits=True) as svc:
+        assert (await svc.write("/tool", b"new", mode=0o4755)).mode == 0o4755
+        handle = await svc.begin_upload("/tool", mode=0o2755)
+        await svc.upload_chunk(handle, 0, b"up")
+        assert (await svc.commit_upload(handle)).mode & 0o7777 in (0o2755, 0o755)
+    assert (tmp_path / "tool").stat().st_mode & 0o4000 == 0
+
+
+async def test_builtin_services_pass_the_special_bits_flag(tmp_path: Path) -> None:
+    from garcon_link.services import builtin_services
+
+    (tmp_path / "tool").write_bytes(b"old")
+    for allow, expected in ((False, "PERMISSION_DENIED"), (True, None)):
+        factory = builtin_services(["files"], tmp_path, allow_special_mode_bits=allow)
+        scope = gl.ServiceScope("local", os.urandom(16))
+        async with factory(scope) as services:
+            impl = services["files"]
+            assert isinstance(impl, gl.Service)
+            svc = impl.target
+            assert isinstance(svc, LocalFileService)
+            if expected is None:
+                assert (await svc.write("/tool", b"x", mode=0o4755)).mode == 0o4755
+            else:
+                with pytest.raises(gl.Rejected) as info:
+                    await svc.write("/tool", b"x", mode=0o4755)
+                assert info.value.code == expected

@@ -116,6 +116,8 @@ def builtin_services(
     names: Sequence[str],
     root: str | os.PathLike[str],
     limits: ServiceLimits | None = None,
+    *,
+    allow_special_mode_bits: bool = False,
 ) -> ServiceFactory:
     """A per-session factory serving the named built-in services under ``root``.
 
@@ -125,6 +127,9 @@ def builtin_services(
         root: an existing directory; it is ``/`` for callers and the working directory and
             ``HOME`` of started processes.
         limits: bounds of the services (defaults: :class:`ServiceLimits`).
+        allow_special_mode_bits: let file service callers set setuid, setgid and sticky bits
+            with an explicit ``mode`` (refused by default; see
+            :class:`~garcon_link.services.LocalFileService`).
 
     Returns:
         ``factory(scope)`` -> an async context manager yielding ``{name: Service(...)}``; on
@@ -135,7 +140,7 @@ def builtin_services(
         ConfigError: an unknown name, no name, or ``root`` is not an existing directory.
     """
     wanted = _parse_names(names)
-    ConfinedRoot(root)  # fail now, not at the first session
+    ConfinedRoot(root, limits)  # fail now, not at the first session
     root_path = Path(root)
     service_limits = limits or ServiceLimits()
 
@@ -148,7 +153,12 @@ def builtin_services(
                 await stack.enter_async_context(process)
                 services["process"] = Service(process, ProcessService)
             if "files" in wanted:
-                files = LocalFileService(root_path, scope=scope, limits=service_limits)
+                files = LocalFileService(
+                    root_path,
+                    scope=scope,
+                    limits=service_limits,
+                    allow_special_mode_bits=allow_special_mode_bits,
+                )
                 await stack.enter_async_context(files)
                 services["files"] = Service(files, FileService)
             yield services

@@ -10,11 +10,18 @@ refused with ``Rejected("PERMISSION_DENIED")`` (never normalised away). Paths re
 service (``FileStat.path``, :meth:`LocalFileService.canonical_path`) use the same namespace, so the
 worker's real location of the root is never revealed.
 
+Bounds come first: a path longer than ``ServiceLimits.max_path_bytes`` (4,096 UTF-8 bytes, as
+Linux's ``PATH_MAX``), with more than ``ServiceLimits.max_path_components`` names (256) or with a
+name over :data:`MAX_NAME_BYTES` (255, as ``NAME_MAX``) is refused with ``INVALID_PATH`` before
+anything touches the disk. Resolving costs about names x length (``realpath`` joins and
+``lstat``\\ s every prefix): a 2 MB path would take minutes of CPU, a bounded one milliseconds.
+
 Symlinks are followed only while they stay inside the root. Resolution has two steps:
 
 1. *check*: ``os.path.realpath`` of ``<root>/<path>`` must be the root or below it (after
    resolving every symlink); otherwise ``Rejected("PERMISSION_DENIED")`` -- never a silent
-   redirect into the root.
+   redirect into the root. A symlink replaced or removed while ``realpath`` reads it is refused
+   the same way (the OS error, which names the worker's real path, is dropped).
 2. *use*: the operation walks the **resolved** components from the root, one ``openat`` per
    directory with ``O_NOFOLLOW``, and acts on the final name relative to that directory
    (``*at`` system calls, ``follow_symlinks=False``). Since the resolved path contained no
@@ -41,7 +48,12 @@ the rename. **Remaining window**: a program that is not this service can still c
 between that re-check and the rename (microseconds); garcon_link writers cannot. Any failure removes
 the staged file, so a destination is either the old file or the complete new one, never partial.
 New files get mode ``0o644`` (or ``mode``); replacing keeps the old file's permission bits unless
-``mode`` is given. The parent directory is ``fsync``\\ ed after publishing.
+``mode`` is given -- except setuid, setgid and sticky, which are always dropped (the new content
+is the caller's and is owned by the worker's user: keeping a set-id bit would publish a set-id
+program someone else wrote). A ``mode`` that sets one of them is refused (``PERMISSION_DENIED``)
+unless the service was built with ``allow_special_mode_bits=True`` (``garcon-link worker
+--allow-special-mode-bits``). The same rules hold for uploads. The parent directory is
+``fsync``\\ ed after publishing.
 
 Large files move with bounded memory in chunks: :meth:`~LocalFileService.begin_upload` returns a
 scoped ``"upload"`` resource reference, :meth:`~LocalFileService.upload_chunk` appends in order
@@ -51,15 +63,25 @@ incrementally while receiving) and publishes exactly as ``write`` does. A failed
 the upload. Reading is bounded the same way: :meth:`~LocalFileService.read` by offset, or
 :meth:`~LocalFileService.read_stream` (a credit-controlled remote stream).
 
+Threads and shutdown
+--------------------
+Blocking calls run in threads. Read-only work (every read, listing, ``stat`` and the check
+step) runs in daemon threads that a cancelled call abandons at once, so neither a call's
+cancellation, nor the end of a session, nor a SIGTERM'd worker waits for a read stuck in the OS
+(a hung network file system); at most ``ServiceLimits.max_reader_threads`` such threads live at
+once (then ``OVERLOADED``). Work that changes files is waited for, so a call never returns
+while its change is still being made; each step is bounded, and a recursive removal stops at a
+cancellation between entries. Long scans check between entries whether their caller left.
+
 Errors
 ------
 Refusals are :class:`~garcon_link.Rejected` (nothing was changed): ``INVALID_PATH``,
 ``PERMISSION_DENIED`` (confinement or the OS), ``NOT_FOUND``, ``ALREADY_EXISTS``,
 ``NOT_A_DIRECTORY``, ``IS_A_DIRECTORY``, ``NOT_A_FILE``, ``NOT_A_SYMLINK``,
 ``DIRECTORY_NOT_EMPTY``, ``VERSION_MISMATCH``, ``DIGEST_MISMATCH``, ``SIZE_MISMATCH``,
-``UPLOAD_GAP``, ``TOO_MANY_UPLOADS``, ``INVALID_ARGUMENTS``. Failures while acting are
-:class:`~garcon_link.RemoteError`: ``IO_ERROR``, ``NO_SPACE``. Messages name the caller's path,
-never the worker's real path.
+``UPLOAD_GAP``, ``TOO_MANY_UPLOADS``, ``INVALID_ARGUMENTS``, ``OVERLOADED``. Failures while
+acting are :class:`~garcon_link.RemoteError`: ``IO_ERROR``, ``NO_SPACE``. Messages name the
+caller's path, never the worker's real path: an OS error is shown by its ``strerror`` only.
 
 This module also holds :class:`ServiceLimits`, shared with :mod:`garcon_link.services.process`.
 POSIX only (``openat``/``O_NOFOLLOW``/``dir_fd``); Linux is tested.
@@ -67,18 +89,20 @@ POSIX only (``openat``/``O_NOFOLLOW``/``dir_fd``); Linux is tested.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import hashlib
+import heapq
 import logging
 import os
+import queue
 import secrets
-import shutil
 import stat as stat_mod
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 import anyio
 import blake3
@@ -101,6 +125,8 @@ log = logging.getLogger(__name__)
 
 KiB = 1024
 MiB = 1024 * KiB
+
+_T = TypeVar("_T")
 
 FileKind = Literal["file", "dir", "symlink", "other"]
 
@@ -161,6 +187,29 @@ class ServiceLimits:
     max_list_entries: int = field(
         default=10_000,
         metadata=_doc("Largest page of list_dir."),
+    )
+    max_path_bytes: int = field(
+        default=4096,
+        metadata=_doc(
+            "Longest path a caller may pass, in UTF-8 bytes (Linux's PATH_MAX); a longer one is "
+            "refused with INVALID_PATH before any file system work. Each name in it is at most "
+            "255 bytes (NAME_MAX)."
+        ),
+    )
+    max_path_components: int = field(
+        default=256,
+        metadata=_doc(
+            "Most names (between '/') in a caller's path; more is refused with INVALID_PATH "
+            "before any file system work. Resolving a path costs about components x length."
+        ),
+    )
+    max_reader_threads: int = field(
+        default=64,
+        metadata=_doc(
+            "Read-only file operations running at once in this process, counting those whose "
+            "caller gave up while the operating system still holds the thread (a hung network "
+            "file system); one more is refused with OVERLOADED."
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -316,7 +365,8 @@ class FileService(Protocol):
             expected_sha256, expected_blake3: hex digests ``data`` must have.
             if_match: publish only if the current version token equals this.
             exclusive: publish only if ``path`` does not exist (atomic ``link``).
-            mode: permission bits (``0``-``0o777``).
+            mode: permission bits (``0``-``0o777``; setuid/setgid/sticky only where the worker
+                allows them). Without it a replaced file keeps its bits minus those three.
 
         Raises:
             Rejected: ``DIGEST_MISMATCH``, ``VERSION_MISMATCH``, ``ALREADY_EXISTS``, ... -- the
@@ -366,6 +416,9 @@ class FileService(Protocol):
 _DIR_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
 _ROOT_FLAGS = os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
 
+MAX_NAME_BYTES = 255
+"""Longest name (one path component) in bytes, as Linux's NAME_MAX: longer is INVALID_PATH."""
+
 # Per-path publish locks shared by every LocalFileService of this process (striped: bounded).
 _PUBLISH_LOCKS = tuple(threading.Lock() for _ in range(64))
 
@@ -383,31 +436,58 @@ class ConfinedRoot:
 
     Args:
         root: the directory that is ``/`` for callers; it must exist.
+        limits: the path bounds (``max_path_bytes``, ``max_path_components``).
 
     Raises:
         ConfigError: ``root`` is not an existing directory.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], limits: ServiceLimits | None = None) -> None:
         real = os.path.realpath(os.fspath(root))
         if not os.path.isdir(real):
             raise ConfigError(f"service root {os.fspath(root)!r} is not an existing directory")
         self.host = real
+        self.limits = limits or ServiceLimits()
         self._prefix = real if real.endswith("/") else real + "/"
 
     def split(self, path: str) -> tuple[str, ...]:
-        """Validate a caller path and return its components (no resolution).
+        """Validate a caller path and return its components (no resolution, no file system).
+
+        The bounds are checked first, so a hostile path costs at most one pass over
+        ``max_path_bytes`` characters here and is never resolved.
 
         Raises:
-            Rejected: ``INVALID_PATH`` (not absolute, NUL), ``PERMISSION_DENIED`` (``..``).
+            Rejected: ``INVALID_PATH`` (not a string, longer than ``max_path_bytes``, more than
+                ``max_path_components`` names, a name over 255 bytes, not absolute, NUL, not
+                encodable), ``PERMISSION_DENIED`` (``..``).
         """
-        if not isinstance(path, str) or "\0" in path:
+        if not isinstance(path, str):
+            raise Rejected("INVALID_PATH", "a path is a string")
+        limit = self.limits.max_path_bytes
+        too_long = f"a path is at most {limit} bytes (ServiceLimits.max_path_bytes)"
+        if len(path) > limit:  # a character is at least one byte: refuse before encoding
+            raise Rejected("INVALID_PATH", f"{too_long}; this one has {len(path)} characters")
+        try:
+            raw = os.fsencode(path)
+        except UnicodeEncodeError:
+            raise Rejected("INVALID_PATH", "a path must be valid Unicode text") from None
+        if len(raw) > limit:
+            raise Rejected("INVALID_PATH", f"{too_long}; this one has {len(raw)}")
+        if b"\0" in raw:
             raise Rejected("INVALID_PATH", "a path is a string without NUL characters")
         if not path.startswith("/"):
             raise Rejected(
                 "INVALID_PATH", f"{path!r} is relative; paths are absolute and '/' is the root"
             )
         parts = tuple(p for p in path.split("/") if p not in ("", "."))
+        if len(parts) > self.limits.max_path_components:
+            raise Rejected(
+                "INVALID_PATH",
+                f"a path has at most {self.limits.max_path_components} names "
+                f"(ServiceLimits.max_path_components); this one has {len(parts)}",
+            )
+        if any(len(name) > MAX_NAME_BYTES for name in raw.split(b"/")):
+            raise Rejected("INVALID_PATH", f"a name in a path is at most {MAX_NAME_BYTES} bytes")
         if ".." in parts:
             raise _denied(path, "'..' segments are refused")
         return parts
@@ -441,12 +521,21 @@ class ConfinedRoot:
         operations on a link itself).
 
         Raises:
-            Rejected: as :meth:`split`, or ``PERMISSION_DENIED`` if resolution leaves the root.
+            Rejected: as :meth:`split`, or ``PERMISSION_DENIED`` if resolution leaves the root,
+                the path changes while it is resolved, or symlinks nest too deeply.
         """
         parts = self.split(path)
-        if follow_final or not parts:
-            return self._real_parts(parts, path)
-        return (*self._real_parts(parts[:-1], path), parts[-1])
+        try:
+            if follow_final or not parts:
+                return self._real_parts(parts, path)
+            return (*self._real_parts(parts[:-1], path), parts[-1])
+        except OSError:
+            # realpath lstat()s a name, then readlink()s it if it was a symlink: a link replaced
+            # or removed in between raises here, and the OSError names the worker's real path.
+            # A path changing under the check is refused like any other unsafe path.
+            raise _denied(path, "the path changed while it was being checked") from None
+        except RecursionError:  # realpath recurses once per symlink it follows
+            raise _denied(path, "too many levels of symbolic links") from None
 
     def open_dir(self, parts: tuple[str, ...], shown: str) -> int:
         """Use step: open the directory of resolved ``parts`` without following any symlink.
@@ -563,9 +652,23 @@ def _check_digest_args(sha256: str | None, blake3_hex: str | None) -> None:
             raise Rejected("INVALID_ARGUMENTS", f"{name} must be 64 hex digits")
 
 
-def _check_mode(mode: int | None) -> None:
-    if mode is not None and not 0 <= mode <= 0o777:
-        raise Rejected("INVALID_ARGUMENTS", f"mode must be within 0..0o777, got {mode:#o}")
+_SPECIAL_BITS = stat_mod.S_ISUID | stat_mod.S_ISGID | stat_mod.S_ISVTX
+
+
+def _check_mode(mode: int | None, *, allow_special: bool) -> None:
+    """Refuse a mode outside ``0..0o7777``, or with setuid/setgid/sticky unless allowed."""
+    if mode is None:
+        return
+    if isinstance(mode, bool) or not isinstance(mode, int):
+        raise Rejected("INVALID_ARGUMENTS", f"mode must be an integer, got {type(mode).__name__}")
+    if not 0 <= mode <= 0o7777:
+        raise Rejected("INVALID_ARGUMENTS", f"mode must be within 0..0o7777, got {mode:#o}")
+    if mode & _SPECIAL_BITS and not allow_special:
+        raise Rejected(
+            "PERMISSION_DENIED",
+            f"mode {mode:#o} sets setuid, setgid or sticky bits, which this worker does not "
+            "allow (allow_special_mode_bits)",
+        )
 
 
 def _verify_digests(
@@ -651,7 +754,10 @@ def _publish(
         if stat_mod.S_ISDIR(current.st_mode):
             raise Rejected("IS_A_DIRECTORY", f"{shown}: is a directory")
     if mode is None:
-        mode = stat_mod.S_IMODE(current.st_mode) if current is not None else 0o644
+        # Keep the old permission bits, but never setuid/setgid/sticky: the new content is
+        # the caller's, owned by the worker's user; keeping the bit would publish a set-id
+        # program the caller wrote (only an explicit, allowed ``mode`` sets these bits).
+        mode = stat_mod.S_IMODE(current.st_mode) & ~_SPECIAL_BITS if current is not None else 0o644
     os.fchmod(staged_fd, mode)
     os.fsync(staged_fd)
     with _publish_lock(root.host_path(parts)):
@@ -684,6 +790,236 @@ def _publish(
             os.replace(staged, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     _fsync_dir(dir_fd)
     return _file_stat(root.caller_path(parts), os.fstat(staged_fd))
+
+
+# ---------------------------------------------------------------------------- threads
+#
+# Blocking file system work runs in threads. A thread cannot be interrupted, and a thread of
+# ``anyio.to_thread`` is also joined when the interpreter exits, so work that never ends (a read
+# stuck in a hung network file system, a scan of a huge directory) would hold a cancelled call,
+# the session's end and even a SIGTERM'd worker. Hence two kinds:
+#
+# * read-only work is *detached* (:func:`_detached`): it runs in a daemon thread; the awaiting
+#   task may abandon it when cancelled, and the process may exit while it runs. Nothing it does
+#   needs undoing; a result that arrives after the caller left is discarded (``discard``).
+# * work that changes files is *attached* (:func:`_attached`): the task waits for it even when
+#   cancelled, so a call never returns while its change is still being made. Every such step is
+#   bounded (by the path bounds and the frame size), except a recursive removal, which checks
+#   for cancellation between entries.
+#
+# Long loops in either kind call :func:`_checkpoint`, which stops work whose caller is gone.
+
+
+class _Abandoned(Exception):
+    """Raised at a checkpoint of detached work whose caller is gone (reaches no caller)."""
+
+
+_thread_state = threading.local()
+
+
+_READER_IDLE_SECONDS = 10.0
+
+
+class _Readers:
+    """Detached read jobs of this process and the idle daemon threads that run them.
+
+    ``running`` counts jobs accepted and not finished, abandoned ones included (bounded by
+    ``ServiceLimits.max_reader_threads``). A thread that finished a job waits for the next one up
+    to ``_READER_IDLE_SECONDS`` (no thread start per read), then exits; one stuck in the OS stays
+    out of the idle list and keeps its job counted.
+    """
+
+    lock = threading.Lock()
+    running = 0
+    idle: ClassVar[list[queue.SimpleQueue[Callable[[], None]]]] = []  # idle inboxes, LIFO
+
+    @classmethod
+    def submit(cls, job: Callable[[], None], limit: int) -> None:
+        """Run ``job`` (which must not raise) on an idle or new daemon thread."""
+        with cls.lock:
+            if cls.running >= limit:
+                raise Rejected(
+                    "OVERLOADED",
+                    f"{limit} file reads are still running in this worker "
+                    "(ServiceLimits.max_reader_threads)",
+                )
+            cls.running += 1
+            inbox = cls.idle.pop() if cls.idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            try:
+                thread = threading.Thread(
+                    target=cls._serve, args=(inbox,), name="garcon-link file read", daemon=True
+                )
+                thread.start()
+            except BaseException:
+                with cls.lock:
+                    cls.running -= 1
+                raise
+        inbox.put(job)
+
+    @classmethod
+    def _serve(cls, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+        while True:
+            try:
+                job = inbox.get(timeout=_READER_IDLE_SECONDS)
+            except queue.Empty:
+                with cls.lock:
+                    if inbox in cls.idle:
+                        cls.idle.remove(inbox)
+                        return
+                continue  # taken from the idle list just now: its job is on the way
+            try:
+                job()
+            finally:
+                with cls.lock:
+                    cls.running -= 1
+                    cls.idle.append(inbox)
+
+
+def _checkpoint() -> None:
+    """Stop the current thread's work if its caller is gone (a no-op outside service threads)."""
+    future: concurrent.futures.Future[Any] | None = getattr(_thread_state, "future", None)
+    if future is not None:
+        if future.cancelled():
+            raise _Abandoned
+    elif getattr(_thread_state, "attached", False):
+        anyio.from_thread.check_cancelled()
+
+
+async def _attached(func: Callable[[], _T]) -> _T:
+    """Run ``func`` in a worker thread and wait for it, even when cancelled."""
+
+    def run() -> _T:
+        _thread_state.attached = True
+        try:
+            return func()
+        finally:
+            _thread_state.attached = False
+
+    return await anyio.to_thread.run_sync(run)
+
+
+async def _detached(
+    func: Callable[[], _T], limit: int, discard: Callable[[_T], None] | None = None
+) -> _T:
+    """Run read-only ``func`` in a daemon thread; a cancelled caller abandons it at once.
+
+    The task waits in an ``anyio.to_thread`` call that may be abandoned; cancelling the future
+    releases that thread and makes the daemon's :func:`_checkpoint` stop. ``discard`` receives
+    a result that was produced after the caller left (e.g. to close a descriptor).
+
+    Raises:
+        Rejected: ``OVERLOADED`` when ``limit`` detached reads are already running.
+    """
+    future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+    def run() -> None:
+        if future.cancelled():
+            return
+        _thread_state.future = future
+        try:
+            result = func()
+        except BaseException as exc:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                future.set_exception(exc)
+            return
+        finally:
+            _thread_state.future = None
+        try:
+            future.set_result(result)
+        except concurrent.futures.InvalidStateError:  # the caller left meanwhile
+            if discard is not None:
+                with contextlib.suppress(Exception):
+                    discard(result)
+
+    _Readers.submit(run, limit)
+    try:
+        return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+    finally:
+        future.cancel()  # once done, a no-op; else it releases the waiting thread
+
+
+class _SharedFd:
+    """A descriptor used by detached reads: closed by whoever finishes with it last, so a read
+    abandoned in flight never touches a descriptor number that was closed and reused."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closing = False
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[int]:
+        with self._lock:
+            if self._closing:
+                raise _Abandoned
+            self._users += 1
+        try:
+            yield self._fd
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._closing and self._users == 0
+        if last:
+            os.close(self._fd)
+
+    def close(self) -> None:
+        """Close now, or when the read in flight ends (idempotent)."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            now = self._users == 0
+        if now:
+            os.close(self._fd)
+
+
+_SCAN_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(slots=True)
+class _Emptying:
+    fd: int
+    name: str
+    parent_fd: int
+    subdirs: list[str] | None = None
+
+
+def _remove_tree(parent_fd: int, name: str) -> None:
+    """Remove directory ``name`` of ``parent_fd`` and everything in it.
+
+    Depth-first with an explicit stack (no recursion limit); every directory is opened relative
+    to its parent with ``O_NOFOLLOW``, so a symlink swapped in is never followed (an ``ELOOP``
+    stops the removal). Checks for cancellation between entries.
+    """
+    stack = [_Emptying(os.open(name, _SCAN_FLAGS, dir_fd=parent_fd), name, parent_fd)]
+    try:
+        while stack:
+            top = stack[-1]
+            if top.subdirs is None:
+                top.subdirs = []
+                with os.scandir(top.fd) as entries:
+                    for entry in entries:
+                        _checkpoint()
+                        if entry.is_dir(follow_symlinks=False):
+                            top.subdirs.append(entry.name)
+                        else:
+                            os.unlink(entry.name, dir_fd=top.fd)
+            if top.subdirs:
+                child = top.subdirs.pop()
+                stack.append(_Emptying(os.open(child, _SCAN_FLAGS, dir_fd=top.fd), child, top.fd))
+                continue
+            stack.pop()
+            os.close(top.fd)
+            os.rmdir(top.name, dir_fd=top.parent_fd)
+    finally:
+        for frame in stack:
+            os.close(frame.fd)
 
 
 # ---------------------------------------------------------------------------- uploads
@@ -755,7 +1091,9 @@ class _Upload:
 class LocalFileService:
     """:class:`FileService` on the local file system, confined to ``root``.
 
-    Blocking file system calls run in worker threads (``anyio.to_thread``). Upload handles are
+    Blocking file system calls run in threads: read-only work in daemon threads a cancelled
+    call abandons, changes in threads the call waits for (see "threads" in the source). Every
+    path is checked against the path bounds before any of it runs. Upload handles are
     minted in ``scope`` (the per-session scope :func:`~garcon_link.services.builtin_services`
     passes), or, when ``scope`` is ``None``, in :func:`~garcon_link.current_scope` at call time.
     Use ``async with`` (or :meth:`aclose`) to discard unfinished uploads. Expose it as
@@ -765,6 +1103,9 @@ class LocalFileService:
         root: the directory that is ``/`` for callers.
         scope: the service scope handles belong to.
         limits: bounds (:class:`ServiceLimits`).
+        allow_special_mode_bits: accept a ``mode`` with setuid, setgid or sticky bits (refused
+            with ``PERMISSION_DENIED`` by default). Replacing a file without ``mode`` never keeps
+            these bits either way.
 
     Raises:
         ConfigError: ``root`` is not an existing directory.
@@ -776,9 +1117,11 @@ class LocalFileService:
         *,
         scope: ServiceScope | None = None,
         limits: ServiceLimits | None = None,
+        allow_special_mode_bits: bool = False,
     ) -> None:
-        self.root = ConfinedRoot(root)
         self.limits = limits or ServiceLimits()
+        self.root = ConfinedRoot(root, self.limits)
+        self.allow_special_mode_bits = allow_special_mode_bits
         self._scope = scope
         self._uploads: dict[str, _Upload] = {}
         self._next_upload = 1
@@ -804,23 +1147,43 @@ class LocalFileService:
     def _current_scope(self) -> ServiceScope:
         return self._scope if self._scope is not None else current_scope()
 
-    async def _run(self, func: Any, *args: Any) -> Any:
-        return await anyio.to_thread.run_sync(func, *args)
+    async def _reading(
+        self,
+        shown: str,
+        func: Callable[[], _T],
+        discard: Callable[[_T], None] | None = None,
+    ) -> _T:
+        """Run read-only ``func`` detached; OS errors name only the caller's path ``shown``."""
+
+        def job() -> _T:
+            with _os_errors(shown):
+                return func()
+
+        return await _detached(job, self.limits.max_reader_threads, discard)
+
+    async def _changing(self, shown: str, func: Callable[[], _T]) -> _T:
+        """Run ``func``, which changes files, attached; OS errors name only ``shown``."""
+
+        def job() -> _T:
+            with _os_errors(shown):
+                return func()
+
+        return await _attached(job)
 
     async def _resolve(self, path: str, *, follow_final: bool = True) -> tuple[str, ...]:
         """The check step (``realpath`` touches the disk: run it off the event loop)."""
-        self.root.split(path)  # cheap validation first
-        parts: tuple[str, ...] = await anyio.to_thread.run_sync(
-            lambda: self.root.resolve(path, follow_final=follow_final)
-        )
-        return parts
+        self.root.split(path)  # the bounds first, on the loop: a hostile path costs nothing more
+        return await self._reading(path, lambda: self.root.resolve(path, follow_final=follow_final))
+
+    def _check(self, path: str, *, follow_final: bool = True) -> tuple[str, ...]:
+        """The check step inside a job that goes on to use the path (one thread hop)."""
+        return self.root.resolve(path, follow_final=follow_final)
 
     # -- reading
 
     async def stat(self, path: str) -> FileStat:
-        parts = await self._resolve(path)
-        result: FileStat = await self._run(self._stat_sync, parts, path)
-        return result
+        self.root.split(path)
+        return await self._reading(path, lambda: self._stat_sync(self._check(path), path))
 
     def _lstat_final(self, parts: tuple[str, ...], shown: str) -> os.stat_result:
         """lstat of resolved ``parts``; a symlink here was swapped in after the check."""
@@ -841,9 +1204,10 @@ class LocalFileService:
             return _file_stat(self.root.caller_path(parts), self._lstat_final(parts, shown))
 
     async def exists(self, path: str) -> bool:
-        parts = await self._resolve(path)
+        self.root.split(path)
 
         def check() -> bool:
+            parts = self._check(path)
             try:
                 self._stat_sync(parts, path)
             except Rejected as exc:
@@ -852,17 +1216,17 @@ class LocalFileService:
                 raise
             return True
 
-        result: bool = await self._run(check)
-        return result
+        return await self._reading(path, check)
 
     async def canonical_path(self, path: str) -> str:
         return self.root.caller_path(await self._resolve(path))
 
     async def read_link(self, path: str) -> str:
-        parts = await self._resolve(path, follow_final=False)
+        self.root.split(path)
 
         def read() -> str:
-            with _os_errors(path), self.root.parent(parts, path) as (dir_fd, name):
+            parts = self._check(path, follow_final=False)
+            with self.root.parent(parts, path) as (dir_fd, name):
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if not stat_mod.S_ISLNK(st.st_mode):
                     raise Rejected("NOT_A_SYMLINK", f"{path}: is not a symlink")
@@ -873,50 +1237,57 @@ class LocalFileService:
                 raise _denied(path, "the link points outside the root")
             return self.root.caller_path(inside) if os.path.isabs(target) else target
 
-        result: str = await self._run(read)
-        return result
+        return await self._reading(path, read)
 
     async def list_dir(self, path: str, after: str | None = None, limit: int = 1000) -> DirPage:
         if not 1 <= limit <= self.limits.max_list_entries:
             raise Rejected(
                 "INVALID_ARGUMENTS", f"limit must be within 1..{self.limits.max_list_entries}"
             )
-        parts = await self._resolve(path)
+        if after is not None and len(after) > MAX_NAME_BYTES:
+            raise Rejected("INVALID_ARGUMENTS", f"after is a name: at most {MAX_NAME_BYTES} bytes")
+        self.root.split(path)
 
         def listing() -> DirPage:
-            with _os_errors(path):
-                dir_fd = self.root.open_dir(parts, path)
-                try:
-                    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
-                finally:
-                    os.close(dir_fd)
-                try:
-                    entries: list[tuple[str, os.DirEntry[str]]] = []
-                    undecodable = 0
-                    with os.scandir(fd) as it:
-                        for entry in it:
-                            try:
-                                entry.name.encode("utf-8")
-                            except UnicodeEncodeError:
-                                undecodable += 1
-                                continue
-                            if after is None or entry.name > after:
-                                entries.append((entry.name, entry))
-                    entries.sort(key=lambda e: e[0])
-                    page: list[DirEntry] = []
-                    for name, entry in entries[:limit]:
+            parts = self._check(path)
+            dir_fd = self.root.open_dir(parts, path)
+            try:
+                fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+            finally:
+                os.close(dir_fd)
+            undecodable = 0
+
+            def candidates() -> Iterator[tuple[str, os.DirEntry[str]]]:
+                nonlocal undecodable
+                with os.scandir(fd) as it:
+                    for count, entry in enumerate(it):
+                        if count % 1024 == 0:
+                            _checkpoint()
                         try:
-                            st = entry.stat(follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue  # removed while listing
-                        page.append(DirEntry(name, _kind(st.st_mode), st.st_size, st.st_mtime))
-                finally:
-                    os.close(fd)
+                            entry.name.encode("utf-8")
+                        except UnicodeEncodeError:
+                            undecodable += 1
+                            continue
+                        if after is None or entry.name > after:
+                            yield entry.name, entry
+
+            try:
+                # Only the first limit + 1 names are kept: a huge directory costs time (scanned
+                # with checkpoints), never memory.
+                entries = heapq.nsmallest(limit + 1, candidates(), key=lambda e: e[0])
+                page: list[DirEntry] = []
+                for name, entry in entries[:limit]:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # removed while listing
+                    page.append(DirEntry(name, _kind(st.st_mode), st.st_size, st.st_mtime))
+            finally:
+                os.close(fd)
             next_after = entries[limit - 1][0] if len(entries) > limit else None
             return DirPage(self.root.caller_path(parts), page, next_after, undecodable)
 
-        result: DirPage = await self._run(listing)
-        return result
+        return await self._reading(path, listing)
 
     def _open_file(self, parts: tuple[str, ...], shown: str) -> tuple[int, os.stat_result]:
         """Open a regular file for reading without following a swapped-in symlink."""
@@ -941,48 +1312,52 @@ class LocalFileService:
         if offset < 0 or max_bytes < 1:
             raise Rejected("INVALID_ARGUMENTS", "offset must be >= 0 and max_bytes >= 1")
         max_bytes = min(max_bytes, self.limits.max_read_bytes)
-        parts = await self._resolve(path)
-        shown = self.root.caller_path(parts)
+        self.root.split(path)
 
         def read() -> ReadChunk:
-            with _os_errors(path):
-                fd, st = self._open_file(parts, path)
-                try:
-                    data = os.pread(fd, max_bytes, offset) if offset < st.st_size else b""
-                finally:
-                    os.close(fd)
+            parts = self._check(path)
+            fd, st = self._open_file(parts, path)
+            try:
+                data = os.pread(fd, max_bytes, offset) if offset < st.st_size else b""
+            finally:
+                os.close(fd)
             end = offset + len(data)
-            return ReadChunk(shown, offset, data, st.st_size, version_token(st), end >= st.st_size)
+            return ReadChunk(
+                self.root.caller_path(parts),
+                offset,
+                data,
+                st.st_size,
+                version_token(st),
+                end >= st.st_size,
+            )
 
-        result: ReadChunk = await self._run(read)
-        return result
+        return await self._reading(path, read)
 
     async def read_stream(self, path: str, chunk_size: int = 256 * KiB) -> AsyncIterator[bytes]:
         if chunk_size < 1:
             raise Rejected("INVALID_ARGUMENTS", "chunk_size must be >= 1")
         chunk_size = min(chunk_size, self.limits.max_read_bytes)
-        parts = await self._resolve(path)
+        self.root.split(path)
 
-        def open_() -> int:
-            with _os_errors(path):
-                return self._open_file(parts, path)[0]
+        def open_() -> _SharedFd:
+            return _SharedFd(self._open_file(self._check(path), path)[0])
 
-        fd: int = await self._run(open_)
+        shared = await self._reading(path, open_, discard=_SharedFd.close)
         try:
             offset = 0
             while True:
 
                 def read_at(at: int = offset) -> bytes:
-                    with _os_errors(path):
+                    with shared.use() as fd:
                         return os.pread(fd, chunk_size, at)
 
-                data: bytes = await self._run(read_at)
+                data = await self._reading(path, read_at)
                 if not data:
                     return
                 offset += len(data)
                 yield data
         finally:
-            os.close(fd)
+            shared.close()
 
     # -- changing
 
@@ -1016,8 +1391,7 @@ class LocalFileService:
                 finally:
                     os.close(fd)
 
-        result: FileStat = await self._run(make)
-        return result
+        return await self._changing(path, make)
 
     async def remove(self, path: str, recursive: bool = False) -> None:
         parts = await self._resolve(path, follow_final=False)
@@ -1030,20 +1404,15 @@ class LocalFileService:
                 elif not recursive:
                     os.rmdir(name, dir_fd=dir_fd)
                 else:
-                    if not shutil.rmtree.avoids_symlink_attacks:  # pragma: no cover
-                        raise Rejected(
-                            "OPERATION_UNSUPPORTED", "recursive removal is unsafe on this platform"
-                        )
                     try:
-                        shutil.rmtree(name, dir_fd=dir_fd)
+                        _remove_tree(dir_fd, name)
                     except OSError as exc:
+                        why = os.strerror(exc.errno) if exc.errno else type(exc).__name__
                         raise RemoteError(
-                            "IO_ERROR",
-                            f"{path}: recursive removal stopped part-way: "
-                            f"{os.strerror(exc.errno) if exc.errno else exc}",
-                        ) from exc
+                            "IO_ERROR", f"{path}: recursive removal stopped part-way: {why}"
+                        ) from None
 
-        await self._run(remove)
+        await self._changing(path, remove)
 
     async def rename(self, src: str, dst: str) -> FileStat:
         src_parts = await self._resolve(src, follow_final=False)
@@ -1060,8 +1429,7 @@ class LocalFileService:
                 st = os.stat(dst_name, dir_fd=dst_fd, follow_symlinks=False)
                 return _file_stat(self.root.caller_path(dst_parts), st)
 
-        result: FileStat = await self._run(rename)
-        return result
+        return await self._changing(f"{src} -> {dst}", rename)
 
     async def write(
         self,
@@ -1074,7 +1442,7 @@ class LocalFileService:
         mode: int | None = None,
     ) -> FileStat:
         _check_digest_args(expected_sha256, expected_blake3)
-        _check_mode(mode)
+        _check_mode(mode, allow_special=self.allow_special_mode_bits)
         if exclusive and if_match is not None:
             raise Rejected("INVALID_ARGUMENTS", "exclusive and if_match exclude each other")
         parts = await self._resolve(path)
@@ -1110,8 +1478,7 @@ class LocalFileService:
                     os.close(fd)
                     _discard(dir_fd, staged)  # no-op once published
 
-        result: FileStat = await self._run(write)
-        return result
+        return await self._changing(path, write)
 
     # -- uploads
 
@@ -1123,7 +1490,7 @@ class LocalFileService:
         exclusive: bool = False,
         mode: int | None = None,
     ) -> ResourceRef:
-        _check_mode(mode)
+        _check_mode(mode, allow_special=self.allow_special_mode_bits)
         if size is not None and size < 0:
             raise Rejected("INVALID_ARGUMENTS", "size must be >= 0")
         if exclusive and if_match is not None:
@@ -1165,7 +1532,7 @@ class LocalFileService:
                     raise
                 return dir_fd, (dir_st.st_dev, dir_st.st_ino), fd, staged
 
-        dir_fd, dir_id, fd, staged = await self._run(begin)
+        dir_fd, dir_id, fd, staged = await self._changing(path, begin)
         upload = _Upload(
             parts,
             path,
@@ -1218,7 +1585,7 @@ class LocalFileService:
                 upload.sha256.update(new)
                 upload.blake3.update(new)
 
-            await self._run(append)
+            await self._changing(upload.shown, append)
             upload.received += len(new)
             return upload.received
 
@@ -1275,8 +1642,7 @@ class LocalFileService:
                 finally:
                     upload.discard()
 
-            result: FileStat = await self._run(commit)
-            return result
+            return await self._changing(upload.shown, commit)
 
     async def abort_upload(self, handle: ResourceRef) -> None:
         upload_id = self._current_scope().check(handle, "upload")

@@ -675,8 +675,8 @@ class LocalProcessService:
         limits: ServiceLimits | None = None,
         base_env: Mapping[str, str] | None = None,
     ) -> None:
-        self.root = ConfinedRoot(root)
         self.limits = limits or ServiceLimits()
+        self.root = ConfinedRoot(root, self.limits)
         self._scope = scope
         self._base_env = (
             dict(base_env) if base_env is not None else default_base_env(self.root.host)
