@@ -868,10 +868,13 @@ async def test_shared_reference_bomb_in_an_envelope_is_cheap(
     assert longest < 64 * 1024, f"a {len(bomb)}-byte envelope produced a {longest}-char log line"
 
 
-async def test_a_hostile_worker_cannot_stall_the_controller_with_a_bomb_reply() -> None:
-    """A worker (dialing a listening controller) answers ``describe`` with a shared-reference
-    bomb: the reply is dropped without being walked, the controller's event loop keeps running,
-    and a proper reply to the same call then makes it ready."""
+@asynccontextmanager
+async def hostile_worker() -> AsyncIterator[tuple[gl.RemoteExecutor, Raw, list[Any]]]:
+    """A listening controller and a :class:`Raw` worker that dialed it and authenticated.
+
+    Yields both and the controller's ``describe`` call, still unanswered: answer it with
+    ``[1, call[1], manifest(...)]`` to make the controller ready.
+    """
     config = gl.LinkConfig(
         executor_id=EXECUTOR_ID,
         role=gl.Role.CONTROLLER,
@@ -879,29 +882,41 @@ async def test_a_hostile_worker_cannot_stall_the_controller_with_a_bomb_reply() 
         listen=("127.0.0.1", 0),
         limits=LIMITS,
     )
+    async with (
+        gl.connect(config) as executor,
+        Raw.connect(executor.link.listen_address[1]) as raw,
+    ):
+        assert await raw.upgrade()
+        await raw.authenticate(role=gl.Role.WORKER)
+        call = await raw.replies(lambda e: e[0] == 0, OUTCOME_WAIT)
+        assert call[2:4] == ["$link", "describe"]
+        yield executor, raw, call
+
+
+def manifest(contract: Any) -> dict[str, Any]:
+    """A worker's ``describe`` answer with no services and the given contract hash."""
+    return {
+        "executor_id": EXECUTOR_ID,
+        "instance_id": os.urandom(16),
+        "services": {},
+        "contract": contract,
+    }
+
+
+async def test_a_hostile_worker_cannot_stall_the_controller_with_a_bomb_reply() -> None:
+    """A worker (dialing a listening controller) answers ``describe`` with a shared-reference
+    bomb: the reply is dropped without being walked, the controller's event loop keeps running,
+    and a proper reply to the same call then makes it ready."""
     with anyio.fail_after(DEADLINE):
-        async with (
-            gl.connect(config) as executor,
-            Raw.connect(executor.link.listen_address[1]) as raw,
-        ):
-            assert await raw.upgrade()
-            await raw.authenticate(role=gl.Role.WORKER)
-            call = await raw.replies(lambda e: e[0] == 0, OUTCOME_WAIT)
-            assert call[2:4] == ["$link", "describe"]
-            manifest = {
-                "executor_id": EXECUTOR_ID,
-                "instance_id": os.urandom(16),
-                "services": {},
-                "contract": cbor2.loads(dag_bomb(60)),
-            }
-            await raw.send_envelope(cbor2.dumps([1, call[1], manifest], value_sharing=True))
+        async with hostile_worker() as (executor, raw, call):
+            bomb = manifest(cbor2.loads(dag_bomb(60)))
+            await raw.send_envelope(cbor2.dumps([1, call[1], bomb], value_sharing=True))
             # The controller's loop is alive: a short sleep returns on time.
             start = anyio.current_time()
             await anyio.sleep(0.05)
             assert anyio.current_time() - start < P99_CEILING
             assert executor.availability == "offline"
-            manifest["contract"] = "c" * 64
-            await raw.send_envelope([1, call[1], manifest])
+            await raw.send_envelope([1, call[1], manifest("c" * 64)])
             await wait_for(
                 lambda: executor.availability == "ready", OUTCOME_WAIT, "a ready controller"
             )
@@ -1044,28 +1059,9 @@ async def test_stream_items_beyond_credit_end_the_stream() -> None:
     ``OutcomeUnknown("FLOW_CONTROL_VIOLATION")``, cancels it on the worker and drops the rest,
     while the session -- and a legitimate call on it -- carries on. ~2 s."""
     items, batch, size = 100_000, 200, 1024
-    config = gl.LinkConfig(
-        executor_id=EXECUTOR_ID,
-        role=gl.Role.CONTROLLER,
-        secret=SECRET,
-        listen=("127.0.0.1", 0),
-        limits=LIMITS,
-    )
     with anyio.fail_after(DEADLINE):
-        async with (
-            gl.connect(config) as executor,
-            Raw.connect(executor.link.listen_address[1]) as raw,
-        ):
-            assert await raw.upgrade()
-            await raw.authenticate(role=gl.Role.WORKER)
-            describe = await raw.replies(lambda e: e[0] == 0, OUTCOME_WAIT)
-            manifest = {
-                "executor_id": EXECUTOR_ID,
-                "instance_id": os.urandom(16),
-                "services": {},
-                "contract": "c" * 64,
-            }
-            await raw.send_envelope([1, describe[1], manifest])
+        async with hostile_worker() as (executor, raw, describe):
+            await raw.send_envelope([1, describe[1], manifest("c" * 64)])
             await executor.wait_ready(OUTCOME_WAIT)
             remote = executor.service("blobs", Blobs)
             stream = remote.blobs()
