@@ -94,6 +94,7 @@ __all__ = [
     "Secret",
     "TlsConfig",
     "generate_secret",
+    "is_loopback_host",
     "load_config",
     "read_secret_file",
     "write_secret_file",
@@ -617,14 +618,23 @@ def _host_problem(host: str) -> str | None:
     return None
 
 
-def _is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 and ``localhost``. Nothing is resolved: other names are not loopback."""
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ``::1``; brackets allowed).
+
+    Nothing is resolved: other names are not loopback. An IPv4-mapped literal
+    (``::ffff:127.0.0.1``) is not loopback on any Python version -- 3.13 started to call it
+    loopback, earlier versions do not, and what plain text is allowed to reach must not depend on
+    the interpreter; spell it ``127.0.0.1``.
+    """
     if host.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return False
+    return address.is_loopback
 
 
 def _format_url(host: str, port: int, *, tls: bool) -> str:
@@ -759,7 +769,7 @@ class LinkConfig:
                     "TLS material is configured but the dial URL is plain ws://",
                     "dial wss:// or remove [tls]",
                 )
-            if not dial_tls and not _is_loopback(host) and not self.allow_insecure_development:
+            if not dial_tls and not is_loopback_host(host) and not self.allow_insecure_development:
                 raise _error(
                     src,
                     "[connection] dial",
@@ -846,7 +856,7 @@ class LinkConfig:
             raise _error(
                 src, "[tls] cert", "a listener with [tls] needs a certificate", "set cert and key"
             )
-        if self.tls is None and not _is_loopback(host) and not self.allow_insecure_development:
+        if self.tls is None and not is_loopback_host(host) and not self.allow_insecure_development:
             raise _error(
                 src,
                 what,

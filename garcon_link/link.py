@@ -77,7 +77,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import http
-import ipaddress
 import logging
 import math
 import os
@@ -109,6 +108,7 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from . import _asyncio_stream
+from .config import is_loopback_host
 from .errors import (
     ConfigError,
     FailureReason,
@@ -192,16 +192,6 @@ def backoff(limits: Limits, rng: random.Random | None = None) -> Iterator[float]
     while True:
         yield rng.uniform(0.0, ceiling)
         ceiling = min(limits.backoff_max, ceiling * 2)
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ::1). Resolves nothing."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(slots=True)

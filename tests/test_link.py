@@ -192,6 +192,8 @@ def test_plain_text_off_loopback_requires_allow_insecure_development() -> None:
         ("10.0.0.1", False),
         ("0.0.0.0", False),
         ("example.com", False),
+        ("::ffff:127.0.0.1", False),  # on every Python version (3.13 alone calls it loopback)
+        ("[::ffff:127.0.0.1]", False),
     ],
 )
 def test_is_loopback_host(host: str, expected: bool) -> None:
