@@ -15,7 +15,9 @@ Controller availability::
 
 A fresh session is *installed* (made current, availability ``ready``) only after its replay fence
 and a ``describe`` call whose contract hash matches the first one seen. A changed contract is
-refused: the executor stays ``offline`` and calls raise ``NotDispatched("CONTRACT_CHANGED")``.
+refused: the executor stays ``offline`` and calls raise ``NotDispatched("CONTRACT_CHANGED")``,
+whose message lists the methods that changed, with their old and new signatures (return types
+included; :func:`~garcon_link.interface.manifest_changes`).
 A session that is not installed -- contract changed, or ``describe`` failed or timed out (it is
 bounded by ``call_timeout``) -- is retired at once (close 4005, logged with its cause), never
 left connected: the dialing side dials again per its backoff, and each new session is checked
@@ -27,6 +29,10 @@ call time. While ``reconnecting`` a call waits up to its ``dispatch_deadline`` f
 ``offline`` (or past the deadline) it raises ``NotDispatched`` at once. There is no hidden offline
 queue. Resource references carry the worker's ``instance_id``; after replacement they raise
 ``StaleResource`` before anything is sent.
+
+Registration is checked up front: :class:`Service` checks its target against the interface when
+constructed, and a worker checks each plain object it serves (as its own interface) when built,
+raising one ``ConfigError`` that lists every problem (see :mod:`garcon_link.interface`).
 
 Worker scopes: ``services`` is either a mapping of name -> object, or a factory called once per
 logical session with its :class:`~garcon_link.resources.ServiceScope` that returns an async
@@ -49,7 +55,16 @@ import anyio.abc
 from .config import LinkConfig
 from .errors import CallError, ConfigError, FailureReason, NotDispatched
 from .handshake import HandshakeResult
-from .interface import MethodKind, MethodSpec, ServiceSpec, contract_hash, service_spec
+from .interface import (
+    MethodKind,
+    MethodSpec,
+    ServiceSpec,
+    _derive,
+    contract_hash,
+    manifest_changes,
+    registration_problems,
+    service_spec,
+)
 from .limits import Limits
 from .link import WebSocketLink
 from .resources import ServiceScope
@@ -80,10 +95,41 @@ _UNSET: Any = object()
 
 @dataclass(frozen=True, slots=True)
 class Service:
-    """An object exposed under an explicit interface (only the interface's methods are callable)."""
+    """An object exposed under an explicit interface (only the interface's methods are callable).
+
+    Checked when constructed: every method of ``interface`` must be implemented by ``target``
+    with the right kind (``async def`` for a unary call, an async generator function for a
+    stream), accept the interface's parameters, and use only hints msgspec can convert (see
+    :func:`garcon_link.interface.registration_problems`).
+
+    Raises:
+        ConfigError: the message lists every problem and its fix.
+        TypeError: ``interface`` is not a class, or its hints cannot be resolved.
+    """
 
     target: object
     interface: type
+
+    def __post_init__(self) -> None:
+        _check_registration(self.target, self.interface, f"Service(..., {_name(self.interface)})")
+
+
+def _name(interface: object) -> str:
+    return getattr(interface, "__qualname__", repr(interface))
+
+
+def _check_registration(target: object, interface: type, what: str) -> ServiceSpec:
+    """The spec of ``interface`` once ``target`` is known to fit it (else ``ConfigError``)."""
+    spec, problems = _derive(interface)
+    if not problems:
+        spec = service_spec(interface)  # cached
+        problems = registration_problems(target, spec)
+    if problems:
+        raise ConfigError(
+            f"{what}: {type(target).__qualname__} cannot be served as written:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+    return spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +149,7 @@ def _registry_from(services: ServiceMap) -> Registry:
         if isinstance(value, Service):
             registry.add(name, value.target, service_spec(value.interface))
         else:
-            registry.add(name, value, service_spec(type(value)))
+            registry.add(name, value, _check_registration(value, type(value), f"service {name!r}"))
     return registry
 
 
@@ -202,6 +248,7 @@ class RemoteExecutor(_Endpoint):
         self._rpc: ExecutorRpc | None = None
         self._info: ExecutorInfo | None = None
         self._contract: str | None = None
+        self._services: Mapping[str, Any] = {}  # the manifest that set self._contract
         self._changed = anyio.Event()
         self.last_error: str | None = None
         self._contract_refused = False  # the latest fresh session was refused for its contract
@@ -321,14 +368,20 @@ class RemoteExecutor(_Endpoint):
             self._refuse_session(transport, f"describe failed: {exc}", contract=False)
             return
         if self._contract is not None and info.contract != self._contract:
+            changes = manifest_changes(self._services, info.services)
             self._refuse_session(
                 transport,
-                f"the worker's contract changed ({self._contract[:12]} -> {info.contract[:12]}); "
-                "refusing the replacement session",
+                "the worker's contract changed; refusing the replacement session"
+                + (
+                    " (changed: " + "; ".join(changes) + ")"
+                    if changes
+                    else f" ({self._contract[:12]} -> {info.contract[:12]})"
+                ),
                 contract=True,
             )
             return
         self._contract = info.contract
+        self._services = info.services
         self._contract_refused = False
         rpc.peer_instance_id = info.instance_id
         self._info = info
