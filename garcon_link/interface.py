@@ -40,10 +40,14 @@ text, enums their values, dataclasses maps) -- then CBOR.
 
 from __future__ import annotations
 
+import ast
 import collections.abc
+import datetime
+import decimal
 import enum
 import inspect
 import typing
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -62,6 +66,7 @@ __all__ = [
     "contract_hash",
     "from_wire",
     "manifest_changes",
+    "manifest_result_hint",
     "oneway",
     "registration_problems",
     "service_spec",
@@ -436,6 +441,129 @@ def manifest_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
             if b != a:
                 lines.append(f"{service}.{method}: {_method_text(b)}  =>  {_method_text(a)}")
     return lines
+
+
+# Names a manifest's signature text may use that rebuild to a type without importing anything
+# (resolved hints print builtins bare and other types as ``module.qualname``).
+_KNOWN_NAMES: dict[str, Any] = {
+    "int": int,
+    "str": str,
+    "float": float,
+    "bool": bool,
+    "bytes": bytes,
+    "bytearray": bytearray,
+    "None": None,
+    "NoneType": None,
+    "list": list,
+    "dict": dict,
+    "tuple": tuple,
+    "set": set,
+    "frozenset": frozenset,
+    "Any": Any,
+    "typing.Any": Any,
+    "datetime.datetime": datetime.datetime,
+    "datetime.date": datetime.date,
+    "datetime.time": datetime.time,
+    "datetime.timedelta": datetime.timedelta,
+    "uuid.UUID": uuid.UUID,
+    "decimal.Decimal": decimal.Decimal,
+}
+_KNOWN_GENERICS: dict[str, Any] = {
+    **{name: _KNOWN_NAMES[name] for name in ("list", "dict", "tuple", "set", "frozenset")},
+    **{
+        f"{prefix}{name}": getattr(typing, name)
+        for prefix in ("", "typing.")
+        for name in ("Optional", "Union", "Literal", "List", "Dict", "Tuple", "Set", "FrozenSet")
+    },
+}
+
+
+def manifest_result_hint(entry: Mapping[str, Any]) -> Any:
+    """The result type (a stream's item type) a manifest entry declares, as far as it is known.
+
+    Rebuilt from the signature text without importing or evaluating anything: builtins,
+    containers, ``Optional``/``Union``/``Literal``, ``X | Y``, datetimes, ``UUID`` and
+    ``Decimal`` are rebuilt; any other name (a dataclass, an enum, a ``ResourceRef``) becomes
+    ``Any`` where it occurs, so values there pass unchecked. No return annotation, or text that
+    does not parse: ``Any``.
+    """
+    signature = entry.get("signature")
+    if not isinstance(signature, str):
+        return Any
+    try:
+        tree = ast.parse(f"def f{signature}: pass")
+        func = tree.body[0]
+        assert isinstance(func, ast.FunctionDef)
+        if func.returns is None:
+            return Any
+        hint = _hint_from_node(func.returns)
+    except (SyntaxError, ValueError, TypeError, AssertionError, RecursionError):
+        return Any
+    if entry.get("kind") == MethodKind.STREAM.value:
+        args = typing.get_args(hint)
+        return args[0] if len(args) == 1 and typing.get_origin(hint) in _STREAM_ORIGINS else Any
+    if entry.get("kind") == MethodKind.ONEWAY.value:
+        return None
+    return hint
+
+
+def _hint_from_node(node: ast.expr) -> Any:
+    if isinstance(node, ast.Constant):
+        if node.value is None:
+            return None
+        if isinstance(node.value, str | int | bool | bytes):  # a Literal's value
+            return _Literal(node.value)
+        return Any
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        left, right = _hint_from_node(node.left), _hint_from_node(node.right)
+        return Any if Any in (left, right) else typing.Union[left, right]  # noqa: UP007
+    name = _dotted(node)
+    if name is not None:
+        if name in _STREAM_NAMES:
+            return _STREAM_NAMES[name]
+        return _KNOWN_NAMES.get(name, Any)
+    if isinstance(node, ast.Subscript):
+        origin_name = _dotted(node.value)
+        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if origin_name in _STREAM_NAMES:
+            return _STREAM_NAMES[origin_name][_hint_from_node(items[0])]
+        origin = _KNOWN_GENERICS.get(origin_name or "")
+        if origin is None:
+            return Any
+        if origin is typing.Literal:
+            values = [_hint_from_node(item) for item in items]
+            if not all(isinstance(v, _Literal) for v in values):
+                return Any
+            return typing.Literal[tuple(v.value for v in values)]
+        args = tuple(
+            ... if isinstance(item, ast.Constant) and item.value is ... else _hint_from_node(item)
+            for item in items
+        )
+        if any(isinstance(a, _Literal) for a in args):
+            return Any
+        return origin[args if len(args) > 1 else args[0]]
+    return Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Literal:
+    value: Any
+
+
+_STREAM_NAMES: dict[str, Any] = {
+    f"{prefix}{name}": getattr(collections.abc, name)
+    for prefix in ("", "collections.abc.", "typing.")
+    for name in ("AsyncIterator", "AsyncGenerator", "AsyncIterable")
+}
+
+
+def _dotted(node: Any) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
 
 
 def _method_text(entry: Any) -> str:

@@ -24,6 +24,7 @@ from garcon_link.interface import (
     contract_hash,
     from_wire,
     manifest_changes,
+    manifest_result_hint,
     registration_problems,
     service_spec,
     to_wire,
@@ -526,3 +527,35 @@ def test_unsupported_hints_are_found_before_any_call() -> None:
     assert "(it contains PurePosixPath)" in takes
     for hint in (int, Outer, list[Inner], dict[str, Color], datetime.datetime | None, Any):
         assert unsupported_hint(hint) is None, hint
+
+
+# ---------------------------------------------------------------------------------- manifest text
+
+
+class Declared(Protocol):
+    async def n(self, x: int) -> int: ...
+    async def nested(self) -> list[dict[str, int | None]]: ...
+    async def choice(self) -> Literal["a", "b"]: ...
+    async def rest(self) -> tuple[int, ...]: ...
+    def when(self) -> AsyncIterator[datetime.datetime]: ...
+    async def inner(self) -> list[Inner]: ...
+    async def bare(self): ...  # type: ignore[no-untyped-def]
+    @gl.oneway
+    async def note(self, text: str) -> None: ...
+
+
+def test_the_result_hint_is_rebuilt_from_manifest_text_without_imports() -> None:
+    manifest = service_spec(Declared).manifest()
+    hints = {name: manifest_result_hint(entry) for name, entry in manifest.items()}
+    assert hints == {
+        "n": int,
+        "nested": list[dict[str, int | None]],
+        "choice": Literal["a", "b"],
+        "rest": tuple[int, ...],
+        "when": datetime.datetime,
+        "inner": list[Any],  # a name it cannot rebuild is left unchecked
+        "bare": Any,
+        "note": None,
+    }
+    for signature in ("(x=<object at 0x1>) -> int", "-> int", "() -> __import__('os')", 7):
+        assert manifest_result_hint({"kind": "unary", "signature": signature}) is Any
