@@ -47,7 +47,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Generic, Literal, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -86,7 +86,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Availability = Literal["offline", "ready", "reconnecting", "disposed"]
-ServiceMap = Mapping[str, Any]
+ServiceMap = Mapping[str, Any]  # name -> object, or Service
 ServiceFactory = Callable[[ServiceScope], contextlib.AbstractAsyncContextManager[ServiceMap]]
 EventSink = Callable[[str], None]
 
@@ -94,7 +94,7 @@ _UNSET: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
-class Service:
+class Service(Generic[T]):
     """An object exposed under an explicit interface (only the interface's methods are callable).
 
     Checked when constructed: every method of ``interface`` must be implemented by ``target``
@@ -102,16 +102,23 @@ class Service:
     stream), accept the interface's parameters, and use only hints msgspec can convert (see
     :func:`garcon_link.interface.registration_problems`).
 
+    For mypy to check the target against the interface too, name the interface as the type
+    argument: ``gl.Service[Calculator](impl, Calculator)`` (or annotate the variable,
+    ``svc: gl.Service[Calculator] = ...``). ``gl.Service(impl, Calculator)`` alone cannot be
+    checked statically: mypy infers ``T`` from ``impl``, and a ``Protocol`` cannot be
+    accepted as ``type[T]`` (``type-abstract``), so ``interface`` is typed as any class.
+
     Raises:
         ConfigError: the message lists every problem and its fix.
         TypeError: ``interface`` is not a class, or its hints cannot be resolved.
     """
 
-    target: object
-    interface: type
+    target: T
+    interface: Callable[..., object]
 
     def __post_init__(self) -> None:
-        _check_registration(self.target, self.interface, f"Service(..., {_name(self.interface)})")
+        interface = _interface_class(self.interface)
+        _check_registration(self.target, interface, f"Service(..., {_name(interface)})")
 
 
 def _name(interface: object) -> str:
@@ -147,7 +154,7 @@ def _registry_from(services: ServiceMap) -> Registry:
     registry = Registry()
     for name, value in services.items():
         if isinstance(value, Service):
-            registry.add(name, value.target, service_spec(value.interface))
+            registry.add(name, value.target, service_spec(_interface_class(value.interface)))
         else:
             registry.add(name, value, _check_registration(value, type(value), f"service {name!r}"))
     return registry
