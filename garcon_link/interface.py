@@ -48,7 +48,7 @@ import enum
 import inspect
 import typing
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -134,7 +134,7 @@ class MethodSpec:
         fast = self._positional
         if fast is not None and not kwargs and len(args) == len(fast):
             return list(args), {}
-        bound = self.signature.bind(*args, **kwargs)
+        bound = _bind(self.signature, args, kwargs)
         return list(bound.args), dict(bound.kwargs)
 
     def convert_arguments(
@@ -153,7 +153,7 @@ class MethodSpec:
                 for value, hint, name in zip(args, fast, names, strict=True)
             ], {}
         try:
-            bound = self.signature.bind(*args, **kwargs)
+            bound = _bind(self.signature, args, kwargs)
         except TypeError as exc:
             raise ValueError(str(exc)) from None
         for name, value in bound.arguments.items():
@@ -168,6 +168,38 @@ class MethodSpec:
             else:
                 bound.arguments[name] = _convert_argument(name, value, hint)
         return list(bound.args), dict(bound.kwargs)
+
+
+def _bind(
+    signature: inspect.Signature, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> inspect.BoundArguments:
+    """``signature.bind``, except that an unexpected keyword is named as such.
+
+    ``bind`` reports a missing argument first, so ``add(a=1, c=2)`` would read "missing a
+    required argument: 'b'" although the mistake is ``c``.
+
+    Raises:
+        TypeError: the arguments do not fit; the message names what is wrong.
+    """
+    params = signature.parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unexpected = [
+            name
+            for name in kwargs
+            if name not in params or params[name].kind is inspect.Parameter.POSITIONAL_ONLY
+        ]
+        if unexpected:
+            accepted = [
+                p.name
+                for p in params.values()
+                if p.kind
+                in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            ]
+            raise TypeError(
+                f"got an unexpected keyword argument {', '.join(map(repr, unexpected))} "
+                f"(accepted: {', '.join(accepted) or 'none'})"
+            )
+    return signature.bind(*args, **kwargs)
 
 
 def _convert_argument(name: str, value: Any, hint: Any) -> Any:

@@ -263,6 +263,30 @@ def test_convert_arguments_validates_and_names_the_field() -> None:
         unary.convert_arguments([True], {})  # strict: a bool is not an int
 
 
+def test_an_unexpected_keyword_is_named_not_reported_as_a_missing_one() -> None:
+    # Before: add(a=1, c=2) read "missing a required argument: 'b'" on both sides.
+    add = service_spec(Calculator).methods["add"]
+    expected = r"unexpected keyword argument 'c' \(accepted: a, b\)"
+    with pytest.raises(ValueError, match=expected):
+        add.convert_arguments([], {"a": 1, "c": 2})
+    with pytest.raises(TypeError, match=expected):
+        add.bind((), {"a": 1, "c": 2})
+
+    class Flexible(Protocol):
+        async def f(self, a: int, /, **extra: int) -> None: ...
+
+    f = service_spec(Flexible).methods["f"]
+    assert f.convert_arguments([1], {"c": 2}) == ([1], {"c": 2})
+    with pytest.raises(ValueError, match="missing a required argument: 'a'"):
+        f.convert_arguments([], {"c": 2})
+
+    class PositionalOnly(Protocol):
+        async def g(self, a: int, /) -> None: ...
+
+    with pytest.raises(ValueError, match=r"unexpected keyword argument 'a' \(accepted: none\)"):
+        service_spec(PositionalOnly).methods["g"].convert_arguments([], {"a": 1})
+
+
 def test_convert_nested_field_is_named() -> None:
     class Takes(Protocol):
         async def put(self, outer: Outer) -> None: ...
