@@ -100,7 +100,7 @@ from .errors import (
     Rejected,
     RemoteError,
 )
-from .interface import MethodKind, MethodSpec, manifest_result_hint
+from .interface import MethodKind, MethodSpec, manifest_method
 from .remote import ExecutorInfo, ServiceFactory, ServiceMap, Worker, connect
 from .resources import ServiceScope
 
@@ -456,13 +456,6 @@ def _cmd_worker(ns: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- call
 
-_DYNAMIC_SIGNATURE = inspect.Signature(
-    [
-        inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
-        inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
-    ]
-)
-
 
 def dynamic_method(services: Mapping[str, Any], service: str, method: str) -> MethodSpec:
     """A :class:`MethodSpec` for ``service.method`` built from a worker's manifest.
@@ -476,24 +469,7 @@ def dynamic_method(services: Mapping[str, Any], service: str, method: str) -> Me
         Rejected: the manifest has no such service or method (``UNKNOWN_SERVICE`` /
             ``OPERATION_UNSUPPORTED``, as the worker itself would answer).
     """
-    methods = services.get(service)
-    if not isinstance(methods, Mapping):
-        known = ", ".join(sorted(services)) or "none"
-        raise Rejected("UNKNOWN_SERVICE", f"no service named {service!r} (services: {known})")
-    entry = methods.get(method)
-    if not isinstance(entry, Mapping):
-        known = ", ".join(sorted(methods)) or "none"
-        raise Rejected(
-            "OPERATION_UNSUPPORTED",
-            f"{service!r} has no callable method {method!r} (methods: {known})",
-        )
-    try:
-        kind = MethodKind(entry.get("kind"))
-    except ValueError:
-        raise Rejected(
-            "OPERATION_UNSUPPORTED", f"{service}.{method} has an unknown kind {entry.get('kind')!r}"
-        ) from None
-    return MethodSpec(method, kind, _DYNAMIC_SIGNATURE, {}, manifest_result_hint(entry))
+    return manifest_method(services, service, method)
 
 
 def _split_call_operands(operands: Sequence[str]) -> tuple[str | None, str, str | None]:

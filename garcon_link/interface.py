@@ -56,7 +56,7 @@ import blake3
 import msgspec
 import msgspec.inspect
 
-from .errors import ConfigError
+from .errors import ConfigError, Rejected
 from .wire import encode_canonical
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "contract_hash",
     "from_wire",
     "manifest_changes",
+    "manifest_method",
     "manifest_result_hint",
     "oneway",
     "registration_problems",
@@ -508,6 +509,45 @@ _KNOWN_GENERICS: dict[str, Any] = {
         for name in ("Optional", "Union", "Literal", "List", "Dict", "Tuple", "Set", "FrozenSet")
     },
 }
+
+
+# A method known only from a manifest accepts any arguments: the worker validates them.
+_DYNAMIC_SIGNATURE = inspect.Signature(
+    [
+        inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+        inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+    ]
+)
+
+
+def manifest_method(services: Mapping[str, Any], service: str, method: str) -> MethodSpec:
+    """A :class:`MethodSpec` for ``service.method`` built from a worker's manifest.
+
+    It accepts any arguments and passes them through untyped (the worker validates them); its
+    result (a stream's items) is checked against :func:`manifest_result_hint`.
+
+    Raises:
+        Rejected: the manifest has no such service or method (``UNKNOWN_SERVICE`` /
+            ``OPERATION_UNSUPPORTED``, as the worker itself would answer), or an unknown kind.
+    """
+    methods = services.get(service)
+    if not isinstance(methods, Mapping):
+        known = ", ".join(sorted(services)) or "none"
+        raise Rejected("UNKNOWN_SERVICE", f"no service named {service!r} (services: {known})")
+    entry = methods.get(method)
+    if not isinstance(entry, Mapping) or method.startswith("_"):
+        known = ", ".join(sorted(methods)) or "none"
+        raise Rejected(
+            "OPERATION_UNSUPPORTED",
+            f"{service!r} has no callable method {method!r} (methods: {known})",
+        )
+    try:
+        kind = MethodKind(entry.get("kind"))
+    except ValueError:
+        raise Rejected(
+            "OPERATION_UNSUPPORTED", f"{service}.{method} has an unknown kind {entry.get('kind')!r}"
+        ) from None
+    return MethodSpec(method, kind, _DYNAMIC_SIGNATURE, {}, manifest_result_hint(entry))
 
 
 def manifest_result_hint(entry: Mapping[str, Any]) -> Any:

@@ -28,7 +28,9 @@ Facades (:meth:`RemoteExecutor.service`) hold no session: each call resolves the
 call time. While ``reconnecting`` a call waits up to its ``dispatch_deadline`` for ``ready``; while
 ``offline`` (or past the deadline) it raises ``NotDispatched`` at once. There is no hidden offline
 queue. Resource references carry the worker's ``instance_id``; after replacement they raise
-``StaleResource`` before anything is sent.
+``StaleResource`` before anything is sent. A facade created without an interface is *dynamic*:
+its methods are looked up in the manifest of the installed contract (which cannot change for the
+executor's life), arguments are validated by the worker only.
 
 Registration is checked up front: :class:`Service` checks its target against the interface when
 constructed, and a worker checks each plain object it serves (as its own interface) when built,
@@ -47,13 +49,13 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar, cast
+from typing import Any, Generic, Literal, TypeVar, cast, overload
 
 import anyio
 import anyio.abc
 
 from .config import LinkConfig
-from .errors import CallError, ConfigError, FailureReason, NotDispatched
+from .errors import CallError, ConfigError, FailureReason, NotDispatched, Rejected
 from .handshake import HandshakeResult
 from .interface import (
     MethodKind,
@@ -62,6 +64,7 @@ from .interface import (
     _derive,
     contract_hash,
     manifest_changes,
+    manifest_method,
     registration_problems,
     service_spec,
 )
@@ -437,7 +440,13 @@ class RemoteExecutor(_Endpoint):
         assert self._info is not None
         return self._info
 
-    def service(self, name: str, interface: Callable[..., T]) -> T:
+    @overload
+    def service(self, name: str) -> Any: ...
+
+    @overload
+    def service(self, name: str, interface: Callable[..., T]) -> T: ...
+
+    def service(self, name: str, interface: Callable[..., T] | None = None) -> T | Any:
         """A stable facade for service ``name``, typed as ``interface``.
 
         The facade survives every session replacement and resolves the current session at call
@@ -448,10 +457,35 @@ class RemoteExecutor(_Endpoint):
         abstract class) where ``type[T]`` is expected (``type-abstract``); the callable form
         infers ``T`` as the interface itself.
 
+        Without ``interface`` the facade is *dynamic* (typed ``Any``), for exploring a worker
+        from a notebook or a script: its methods are those of the worker's manifest (``dir()``
+        lists them once a session was installed), arguments are validated by the worker only,
+        results against the return types the manifest declares. The typed form is the
+        recommended one: mypy checks its calls.
+
         Raises:
             TypeError: ``interface`` is not a class.
+            ConfigError: ``interface`` has a public plain ``def`` method (see
+                :mod:`garcon_link.interface`).
         """
+        if interface is None:
+            return _DynamicFacade(self, name, _NO_METHODS, None, None)
         return cast("T", _Facade(self, name, service_spec(_interface_class(interface)), None, None))
+
+    def _manifest(self) -> Mapping[str, Any]:
+        """The services manifest of the installed contract (it cannot change afterwards).
+
+        Raises:
+            NotDispatched: no session was ever installed, so the manifest is not known yet.
+        """
+        if not self._services and self._contract is None:
+            if self._availability == "disposed":
+                raise NotDispatched("DISPOSED", "the executor was closed")
+            raise NotDispatched(
+                "OFFLINE",
+                "the worker's manifest is not known yet: await executor.wait_ready() first",
+            )
+        return self._services
 
     @property
     def current_rpc(self) -> ExecutorRpc | None:
@@ -511,6 +545,49 @@ class _Facade:
 
         call.__name__ = method.name
         return call
+
+
+class _DynamicFacade(_Facade):
+    """A facade without an interface: each method is looked up in the worker's manifest."""
+
+    def __repr__(self) -> str:
+        return f"<dynamic facade {self._name} @ {self._executor.config.executor_id}>"
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        # Only called for names the instance does not have (never for _name, _executor...).
+        if method.startswith("_"):
+            raise AttributeError(method)
+        try:
+            spec = manifest_method(self._executor._manifest(), self._name, method)
+        except Rejected as exc:
+            raise AttributeError(exc.message) from None
+        return self._bind(spec)
+
+    def __dir__(self) -> list[str]:
+        try:
+            methods = self._executor._manifest().get(self._name)
+        except NotDispatched:
+            methods = None
+        known = sorted(methods) if isinstance(methods, Mapping) else []
+        return sorted({*super().__dir__(), *known})
+
+    def with_options(
+        self, *, timeout: float | None = _UNSET, dispatch_deadline: float | None = _UNSET
+    ) -> Any:
+        return _DynamicFacade(
+            self._executor,
+            self._name,
+            self._spec,
+            self._timeout if timeout is _UNSET else timeout,
+            self._deadline if dispatch_deadline is _UNSET else dispatch_deadline,
+        )
+
+
+class _NoInterface:
+    """The interface of a dynamic facade: no methods of its own."""
+
+
+_NO_METHODS = ServiceSpec(interface=_NoInterface, methods={})
 
 
 class _FacadeStream(AsyncIterator[Any]):

@@ -76,6 +76,35 @@ async def test_calls_streams_and_info(direction: str) -> None:
             assert pair.history == ["ready"]
 
 
+async def test_a_dynamic_facade_is_built_from_the_manifest() -> None:
+    # Before: executor.service(name) needed an interface class (TypeError without one).
+    impl = CalcImpl()
+    controller_cfg = gl.LinkConfig(
+        executor_id="box", role=gl.Role.CONTROLLER, secret=SECRET, listen=("127.0.0.1", 0)
+    )
+    not_yet = gl.connect(controller_cfg).service("calc")
+    with pytest.raises(gl.NotDispatched, match="wait_ready"):
+        not_yet.add  # noqa: B018 -- the manifest is not known before a session was installed
+    assert "add" not in dir(not_yet)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"calc": impl}) as pair:
+            calc = pair.executor.service("calc")
+            assert await calc.add(1, 2) == 3
+            assert await calc.add(a=2, b=3) == 5
+            assert [i async for i in calc.count(3)] == [0, 1, 2]
+            assert {"add", "count", "hold"} <= set(dir(calc))
+            assert "dynamic facade calc" in repr(calc)
+            with pytest.raises(gl.Rejected, match="INVALID_ARGUMENTS"):
+                await calc.add("x", 1)  # validated on the worker
+            with pytest.raises(AttributeError, match=r"'calc' has no callable method 'nope'"):
+                calc.nope  # noqa: B018
+            assert not hasattr(calc, "_private")
+            patient = gl.with_options(calc, timeout=5)
+            assert await patient.add(2, 2) == 4
+            with pytest.raises(AttributeError, match="no service named 'nothing'"):
+                pair.executor.service("nothing").add  # noqa: B018
+
+
 @pytest.mark.timeout(20)
 async def test_serve_prints_diagnostics_and_runs_until_cancelled() -> None:
     lines: list[str] = []
