@@ -308,6 +308,10 @@ def _method_spec(interface: type, name: str, func: Callable[..., Any]) -> Method
     if origin in _STREAM_ORIGINS or returns in _STREAM_ORIGINS:
         item_args = typing.get_args(returns)
         item = item_args[0] if item_args else Any
+        # One spelling for every stream (typing or collections.abc, AsyncGenerator[T, None] or
+        # AsyncIterable[T]): the wire behaviour is the same, so the contract must be too.
+        stream_of: Any = collections.abc.AsyncIterator
+        signature = signature.replace(return_annotation=stream_of[item])
         return MethodSpec(name, MethodKind.STREAM, signature, param_hints, item)
     if inspect.iscoroutinefunction(func):
         return MethodSpec(name, MethodKind.UNARY, signature, param_hints, returns)

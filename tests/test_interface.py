@@ -11,6 +11,7 @@ import datetime
 import enum
 import inspect
 import pathlib
+import typing
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from typing import Any, Literal, Optional, Protocol
 
@@ -230,6 +231,15 @@ def test_manifest_does_not_depend_on_annotation_spelling() -> None:
         async def put(self, inner: Inner, n: int = 1) -> list[int]: ...
 
     assert service_spec(namespace["Same"]).manifest() == service_spec(Same).manifest()
+
+    class Streams(Protocol):
+        def a(self) -> AsyncIterator[int]: ...
+        def b(self) -> typing.AsyncIterator[int]: ...
+        def c(self) -> AsyncGenerator[int, None]: ...
+        def d(self) -> AsyncIterable[int]: ...
+
+    signatures = {m["signature"] for m in service_spec(Streams).manifest().values()}
+    assert signatures == {"() -> collections.abc.AsyncIterator[int]"}
     assert "'" not in service_spec(Same).manifest()["put"]["signature"]
 
 
