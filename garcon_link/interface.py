@@ -338,6 +338,12 @@ def registration_problems(target: object, spec: ServiceSpec) -> list[str]:
     each parameter and result hint is one msgspec can convert and encode. Every line names the
     method and says how to fix it.
     """
+    if isinstance(target, type):
+        # Its methods would be unbound functions: every call would miss ``self``.
+        return [
+            f"the target is the class {target.__qualname__} itself; serve an instance: "
+            f"{target.__qualname__}()"
+        ]
     problems: list[str] = []
     owner = type(target).__qualname__
     for name, method in sorted(spec.methods.items()):

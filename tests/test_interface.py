@@ -488,6 +488,13 @@ def test_every_problem_of_a_wrong_implementation_is_listed_with_its_fix() -> Non
     )
 
 
+def test_a_class_instead_of_an_instance() -> None:
+    (problem,) = registration_problems(RightCalculator, service_spec(Calculator))
+    assert problem == (
+        "the target is the class RightCalculator itself; serve an instance: RightCalculator()"
+    )
+
+
 def test_kind_and_parameter_mismatches() -> None:
     class Gen:
         async def add(self, a: int, b: int) -> AsyncIterator[int]:
