@@ -41,6 +41,11 @@ Commands
     When the configuration listens (the worker dials in), ``call`` waits up to ``--timeout`` for
     the worker to dial. ``bytes`` in a result print as base64 text (standard alphabet, padded).
 
+``garcon-link describe [CONFIG|-] [--json]``
+    Connect like ``call`` and print what the worker serves, one method per line (grpcurl-style):
+    ``unary  calc.add(a: int, b: int) -> int``; ``--json`` prints the executor id, the contract
+    hash and the whole manifest as one JSON object instead.
+
 CONFIG may be omitted (``call`` with one argument, or whose second argument is JSON) or given as
 ``-``: the path is then read from ``GARCON_LINK_CONFIG``.
 
@@ -95,8 +100,8 @@ from .errors import (
     Rejected,
     RemoteError,
 )
-from .interface import MethodKind, MethodSpec
-from .remote import ServiceFactory, ServiceMap, Worker, connect
+from .interface import MethodKind, MethodSpec, manifest_method
+from .remote import ExecutorInfo, ServiceFactory, ServiceMap, Worker, connect
 from .resources import ServiceScope
 
 __all__ = [
@@ -111,6 +116,7 @@ __all__ = [
     "UsageError",
     "build_parser",
     "build_services",
+    "describe_lines",
     "dynamic_method",
     "exit_code_for",
     "jsonable",
@@ -450,41 +456,20 @@ def _cmd_worker(ns: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- call
 
-_DYNAMIC_SIGNATURE = inspect.Signature(
-    [
-        inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
-        inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
-    ]
-)
-
 
 def dynamic_method(services: Mapping[str, Any], service: str, method: str) -> MethodSpec:
     """A :class:`MethodSpec` for ``service.method`` built from a worker's manifest.
 
-    It accepts any arguments and passes values through untyped: the worker validates them.
+    It accepts any arguments and passes them through untyped: the worker validates them. The
+    result (a stream's items) is checked against the return type the manifest declares, as far
+    as it can be rebuilt from its text (:func:`~garcon_link.interface.manifest_result_hint`): a
+    ``-> int`` method that returns a string fails with ``RemoteError("INVALID_RESULT")``.
 
     Raises:
         Rejected: the manifest has no such service or method (``UNKNOWN_SERVICE`` /
             ``OPERATION_UNSUPPORTED``, as the worker itself would answer).
     """
-    methods = services.get(service)
-    if not isinstance(methods, Mapping):
-        known = ", ".join(sorted(services)) or "none"
-        raise Rejected("UNKNOWN_SERVICE", f"no service named {service!r} (services: {known})")
-    entry = methods.get(method)
-    if not isinstance(entry, Mapping):
-        known = ", ".join(sorted(methods)) or "none"
-        raise Rejected(
-            "OPERATION_UNSUPPORTED",
-            f"{service!r} has no callable method {method!r} (methods: {known})",
-        )
-    try:
-        kind = MethodKind(entry.get("kind"))
-    except ValueError:
-        raise Rejected(
-            "OPERATION_UNSUPPORTED", f"{service}.{method} has an unknown kind {entry.get('kind')!r}"
-        ) from None
-    return MethodSpec(method, kind, _DYNAMIC_SIGNATURE, {}, Any)
+    return manifest_method(services, service, method)
 
 
 def _split_call_operands(operands: Sequence[str]) -> tuple[str | None, str, str | None]:
@@ -585,6 +570,53 @@ def _cmd_call(ns: argparse.Namespace) -> int:
         if ns.verbose and isinstance(leaf, RemoteError) and leaf.remote_traceback:
             print(leaf.remote_traceback.rstrip(), file=sys.stderr)
         raise
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- describe
+
+
+def describe_lines(services: Mapping[str, Any]) -> list[str]:
+    """One line per method of a manifest: ``unary  calc.add(a: int, b: int) -> int``."""
+    lines = []
+    for service in sorted(services, key=str):
+        methods = services[service]
+        if not isinstance(methods, Mapping):
+            continue
+        for method in sorted(methods, key=str):
+            entry = methods[method]
+            if isinstance(entry, Mapping):
+                kind, signature = entry.get("kind"), entry.get("signature")
+                lines.append(f"{kind!s:<7}{service}.{method}{signature}")
+    return lines
+
+
+async def _describe_executor(config: LinkConfig, *, ready_timeout: float) -> ExecutorInfo:
+    async with connect(config) as executor:
+        try:
+            await executor.wait_ready(timeout=ready_timeout)
+        except TimeoutError as exc:
+            raise NotDispatched("NOT_READY", str(exc)) from None
+        return await executor.info()
+
+
+def _cmd_describe(ns: argparse.Namespace) -> int:
+    _setup_logging(ns.verbose, quiet_by_default=True)
+    if ns.timeout <= 0:
+        raise UsageError("--timeout must be > 0")
+    config = _load(ns.config)
+    info = anyio.run(lambda: _describe_executor(config, ready_timeout=ns.timeout))
+    if ns.json:
+        _print_json(
+            {
+                "executor_id": info.executor_id,
+                "contract": info.contract,
+                "services": info.services,
+            }
+        )
+    else:
+        for line in describe_lines(info.services):
+            print(line, flush=True)
     return EXIT_OK
 
 
@@ -729,6 +761,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="deadline of the call itself (default: the config's call_timeout); else exit 6",
     )
     call.set_defaults(func=_cmd_call)
+
+    describe = commands.add_parser(
+        "describe",
+        parents=[common],
+        help="print the services, methods and signatures the worker serves",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Connect with a controller config, wait until the executor is ready and "
+        "print one line per method: kind, SERVICE.METHOD and its signature (return type "
+        f"included). CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
+        epilog=_EXIT_CODES_HELP,
+    )
+    describe.add_argument(
+        "config",
+        nargs="?",
+        metavar="CONFIG",
+        help=f"controller TOML config; omitted or '-': ${CONFIG_ENV_VAR}",
+    )
+    describe.add_argument(
+        "--json",
+        action="store_true",
+        help="print {executor_id, contract, services} as one JSON object",
+    )
+    describe.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to wait for the executor to be ready (default 10); else exit 3",
+    )
+    describe.set_defaults(func=_cmd_describe)
     return parser
 
 

@@ -11,8 +11,28 @@ peer may call. It is shared by both sides. From it we derive, once per interface
   side** with msgspec (dataclasses, enums, ``list``/``dict``/``tuple``/``Optional``/``Literal``,
   ``bytes``, ``datetime``, :class:`~garcon_link.resources.ResourceRef`, ...). A hint of ``Any`` or a
   missing hint passes the decoded value through unchanged.
-* a manifest (service -> method -> kind and signature text) and its BLAKE3 *contract hash*, which
-  a controller compares across session replacements.
+* a manifest (service -> method -> kind and signature text, *including the return type*) and its
+  BLAKE3 *contract hash*, which a controller compares across session replacements: changing
+  ``-> int`` to ``-> str`` is a contract change, reported as the list of methods that changed
+  (:func:`manifest_changes`).
+
+Plain ``def`` methods are refused, not run in a thread. A public method that is neither
+``async def``, nor declared a stream, nor :func:`oneway` makes :func:`service_spec` raise
+:class:`~garcon_link.errors.ConfigError` naming it and the fix: make it ``async def`` and wrap
+blocking work in ``await anyio.to_thread.run_sync(...)``, or rename it with a leading ``_`` if it
+is not meant to be called remotely. (Running them in worker threads would hide a blocking call
+behind a thread limit nobody sized; the explicit ``to_thread`` call keeps that decision, and its
+limiter, in the handler.) So a worker refuses such a service at start-up, and a controller's
+``executor.service(name, Interface)`` at facade creation -- never a silent
+``OPERATION_UNSUPPORTED`` or ``AttributeError`` at call time. An async generator function must be
+annotated ``-> AsyncIterator[T]`` to be a stream; one that is not is refused the same way.
+
+Registration (:class:`~garcon_link.remote.Service` and a worker's services map) also checks,
+with :func:`registration_problems`, that the implementation fits the interface -- every method
+present, ``async def`` where the interface says unary, an async generator function where it
+says stream, the parameters accepted -- and that every parameter and return hint is one msgspec
+can convert and encode (a ``Path``, or a ``Protocol`` used as a value type, is not). All problems
+are reported in one ``ConfigError``.
 
 Encoding is :func:`to_wire`: msgspec ``to_builtins`` (bytes stay bytes; datetimes become RFC 3339
 text, enums their values, dataclasses maps) -- then CBOR.
@@ -20,17 +40,23 @@ text, enums their values, dataclasses maps) -- then CBOR.
 
 from __future__ import annotations
 
+import ast
 import collections.abc
+import datetime
+import decimal
 import enum
 import inspect
 import typing
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import blake3
 import msgspec
+import msgspec.inspect
 
+from .errors import ConfigError, Rejected
 from .wire import encode_canonical
 
 __all__ = [
@@ -39,9 +65,14 @@ __all__ = [
     "ServiceSpec",
     "contract_hash",
     "from_wire",
+    "manifest_changes",
+    "manifest_method",
+    "manifest_result_hint",
     "oneway",
+    "registration_problems",
     "service_spec",
     "to_wire",
+    "unsupported_hint",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -76,7 +107,7 @@ class MethodSpec:
 
     name: str
     kind: MethodKind
-    signature: inspect.Signature  # without ``self``
+    signature: inspect.Signature  # without ``self``; its return annotation is the declared one
     hints: Mapping[str, Any]  # parameter name -> type hint
     result: Any  # unary: the return type; stream: the item type; oneway: None
     # Hints of the parameters when every one is plain positional-or-keyword: then a call with
@@ -104,7 +135,7 @@ class MethodSpec:
         fast = self._positional
         if fast is not None and not kwargs and len(args) == len(fast):
             return list(args), {}
-        bound = self.signature.bind(*args, **kwargs)
+        bound = _bind(self.signature, args, kwargs)
         return list(bound.args), dict(bound.kwargs)
 
     def convert_arguments(
@@ -123,7 +154,7 @@ class MethodSpec:
                 for value, hint, name in zip(args, fast, names, strict=True)
             ], {}
         try:
-            bound = self.signature.bind(*args, **kwargs)
+            bound = _bind(self.signature, args, kwargs)
         except TypeError as exc:
             raise ValueError(str(exc)) from None
         for name, value in bound.arguments.items():
@@ -138,6 +169,38 @@ class MethodSpec:
             else:
                 bound.arguments[name] = _convert_argument(name, value, hint)
         return list(bound.args), dict(bound.kwargs)
+
+
+def _bind(
+    signature: inspect.Signature, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> inspect.BoundArguments:
+    """``signature.bind``, except that an unexpected keyword is named as such.
+
+    ``bind`` reports a missing argument first, so ``add(a=1, c=2)`` would read "missing a
+    required argument: 'b'" although the mistake is ``c``.
+
+    Raises:
+        TypeError: the arguments do not fit; the message names what is wrong.
+    """
+    params = signature.parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unexpected = [
+            name
+            for name in kwargs
+            if name not in params or params[name].kind is inspect.Parameter.POSITIONAL_ONLY
+        ]
+        if unexpected:
+            accepted = [
+                p.name
+                for p in params.values()
+                if p.kind
+                in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            ]
+            raise TypeError(
+                f"got an unexpected keyword argument {', '.join(map(repr, unexpected))} "
+                f"(accepted: {', '.join(accepted) or 'none'})"
+            )
+    return signature.bind(*args, **kwargs)
 
 
 def _convert_argument(name: str, value: Any, hint: Any) -> Any:
@@ -174,13 +237,28 @@ def service_spec(interface: type) -> ServiceSpec:
 
     Raises:
         TypeError: ``interface`` is not a class, or its hints cannot be resolved.
+        ConfigError: a public method is a plain ``def`` (or an unannotated async generator);
+            the message lists each one and how to fix it.
     """
     cached = _spec_cache.get(interface)
     if cached is not None:
         return cached
+    spec_, problems = _derive(interface)
+    if problems:
+        raise ConfigError(
+            f"interface {interface.__qualname__} cannot be served as written:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+    _spec_cache[interface] = spec_
+    return spec_
+
+
+def _derive(interface: type) -> tuple[ServiceSpec, list[str]]:
+    """The spec of ``interface`` and the problems of the methods it had to leave out."""
     if not isinstance(interface, type):
         raise TypeError(f"an interface must be a class, got {interface!r}")
     methods: dict[str, MethodSpec] = {}
+    problems: list[str] = []
     for name in dir(interface):
         if name.startswith("_"):
             continue
@@ -188,14 +266,15 @@ def service_spec(interface: type) -> ServiceSpec:
         if isinstance(func, staticmethod | classmethod) or not inspect.isfunction(func):
             continue
         spec = _method_spec(interface, name, func)
-        if spec is not None:
+        if isinstance(spec, MethodSpec):
             methods[name] = spec
-    spec_ = ServiceSpec(interface=interface, methods=methods)
-    _spec_cache[interface] = spec_
-    return spec_
+        else:
+            problems.append(spec)
+    return ServiceSpec(interface=interface, methods=methods), problems
 
 
-def _method_spec(interface: type, name: str, func: Callable[..., Any]) -> MethodSpec | None:
+def _method_spec(interface: type, name: str, func: Callable[..., Any]) -> MethodSpec | str:
+    """The spec of one public method, or why it cannot be exposed (with the fix)."""
     try:
         hints = typing.get_type_hints(func)
     except Exception as exc:
@@ -209,19 +288,372 @@ def _method_spec(interface: type, name: str, func: Callable[..., Any]) -> Method
         p.replace(annotation=hints[p.name]) if p.name in hints else p
         for p in list(signature.parameters.values())[1:]  # drop self
     ]
-    signature = signature.replace(parameters=params, return_annotation=inspect.Signature.empty)
+    # The declared return type stays in the signature: it is part of the manifest, so changing
+    # ``-> int`` to ``-> str`` changes the contract hash.
     returns = hints.pop("return", Any)
+    signature = signature.replace(
+        parameters=params,
+        return_annotation=(
+            inspect.Signature.empty
+            if "return" not in func.__annotations__
+            else None
+            if returns is type(None)  # "-> None", as written, not "-> NoneType"
+            else returns
+        ),
+    )
     param_hints = {p.name: hints.get(p.name, Any) for p in params}
     if getattr(func, _ONEWAY_ATTR, False):
         return MethodSpec(name, MethodKind.ONEWAY, signature, param_hints, None)
     origin = typing.get_origin(returns)
-    if origin in _STREAM_ORIGINS:
+    if origin in _STREAM_ORIGINS or returns in _STREAM_ORIGINS:
         item_args = typing.get_args(returns)
         item = item_args[0] if item_args else Any
+        # One spelling for every stream (typing or collections.abc, AsyncGenerator[T, None] or
+        # AsyncIterable[T]): the wire behaviour is the same, so the contract must be too.
+        stream_of: Any = collections.abc.AsyncIterator
+        signature = signature.replace(return_annotation=stream_of[item])
         return MethodSpec(name, MethodKind.STREAM, signature, param_hints, item)
     if inspect.iscoroutinefunction(func):
         return MethodSpec(name, MethodKind.UNARY, signature, param_hints, returns)
+    where = f"{interface.__qualname__}.{name}"
+    if inspect.isasyncgenfunction(func):
+        return (
+            f"{where} is an async generator but is not annotated as a stream: "
+            f"annotate it `-> AsyncIterator[T]` (T: the item type)"
+        )
+    return (
+        f"{where} is a plain `def`, which cannot be called remotely: make it "
+        f"`{_def_text('async def', name, signature)}` (wrap blocking work in "
+        f"`await anyio.to_thread.run_sync(...)`), or rename it `_{name}` if it is not meant to "
+        "be called remotely"
+    )
+
+
+def registration_problems(target: object, spec: ServiceSpec) -> list[str]:
+    """What keeps ``target`` from being served under ``spec`` (empty: nothing).
+
+    Checks, per method of the interface: the implementation exists and is callable; it is an
+    ``async def`` for a unary call, an async generator function for a stream (an ``async def``
+    or plain ``def`` for a one-way method); it accepts the interface's parameters by name; and
+    each parameter and result hint is one msgspec can convert and encode. Every line names the
+    method and says how to fix it.
+    """
+    if isinstance(target, type):
+        # Its methods would be unbound functions: every call would miss ``self``.
+        return [
+            f"the target is the class {target.__qualname__} itself; serve an instance: "
+            f"{target.__qualname__}()"
+        ]
+    problems: list[str] = []
+    owner = type(target).__qualname__
+    for name, method in sorted(spec.methods.items()):
+        keyword = "def" if method.kind is MethodKind.STREAM else "async def"
+        wanted = _def_text(keyword, name, method.signature)
+        impl = getattr(target, name, None)
+        if impl is None or not callable(impl):
+            problems.append(f"{name}: {owner} has no method {name!r}; add `{wanted}`")
+        else:
+            problems.extend(_implementation_problems(owner, method, impl, wanted))
+        for param, hint in method.hints.items():
+            why = unsupported_hint(hint)
+            if why:
+                problems.append(f"{name}: parameter {param!r} has an unsupported type: {why}")
+        why = unsupported_hint(method.result) if method.kind is not MethodKind.ONEWAY else None
+        if why:
+            what = "stream item" if method.kind is MethodKind.STREAM else "return"
+            problems.append(f"{name}: the {what} type is unsupported: {why}")
+    return problems
+
+
+def _def_text(keyword: str, name: str, signature: inspect.Signature) -> str:
+    """``async def add(self, a: int) -> int``: a method header with ``self`` put back."""
+    text = str(signature)
+    return f"{keyword} {name}(self{', ' if not text.startswith('()') else ''}{text[1:]}"
+
+
+def _implementation_problems(
+    owner: str, method: MethodSpec, impl: Callable[..., Any], wanted: str
+) -> list[str]:
+    name = method.name
+    func = inspect.unwrap(getattr(impl, "__func__", impl))
+    if method.kind is MethodKind.STREAM:
+        if not inspect.isasyncgenfunction(func):
+            return [
+                f"{name}: the interface declares a stream, but {owner}.{name} is not an async "
+                f"generator function; write it as `async def {name}(...)` that `yield`s each item"
+            ]
+    elif method.kind is MethodKind.UNARY:
+        if inspect.isasyncgenfunction(func):
+            return [
+                f"{name}: {owner}.{name} is an async generator, but the interface declares a "
+                f"unary call; declare a stream in the interface (`-> AsyncIterator[T]`) or "
+                f"return one value from `{wanted}`"
+            ]
+        if not inspect.iscoroutinefunction(func):
+            return [
+                f"{name}: {owner}.{name} is a plain `def`, but the interface declares "
+                f"`{wanted}`; make it `async def` (wrap blocking work in "
+                "`await anyio.to_thread.run_sync(...)`)"
+            ]
+    try:
+        actual = inspect.signature(impl)
+    except (TypeError, ValueError):  # a builtin without a signature: accept it
+        return []
+    # The receiving side binds arguments to the *interface's* signature and passes every
+    # positional-or-keyword one by position, keyword-only ones by name: so the implementation
+    # must accept that with every parameter given, and with only the required ones.
+    positional, keywords, required_pos, required_kw = 0, [], 0, []
+    for p in method.signature.parameters.values():
+        required = p.default is inspect.Parameter.empty
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            positional += 1
+            required_pos += required
+        elif p.kind is inspect.Parameter.KEYWORD_ONLY:
+            keywords.append(p.name)
+            if required:
+                required_kw.append(p.name)
+    for count, names in ((positional, keywords), (required_pos, required_kw)):
+        try:
+            actual.bind(*range(count), **dict.fromkeys(names))
+        except TypeError as exc:
+            return [
+                f"{name}: {owner}.{name}{actual} does not accept the interface's arguments "
+                f"({exc}); match the interface: `{wanted}`"
+            ]
+    return []
+
+
+def unsupported_hint(hint: Any) -> str | None:
+    """Why msgspec cannot convert to and encode values of ``hint`` (``None``: it can)."""
+    if hint is Any or hint is inspect.Parameter.empty or hint is None:
+        return None
+    try:
+        info = msgspec.inspect.type_info(hint)
+    except TypeError as exc:
+        return f"{_hint_text(hint)}: {exc}"
+    seen: set[int] = set()
+    stack: list[Any] = [info]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, msgspec.inspect.CustomType):
+            inner = node.cls.__qualname__
+            where = "" if node is info else f" (it contains {inner})"
+            return (
+                f"{_hint_text(hint)}{where} is not a type msgspec can convert and encode; "
+                "use a plain type (str, int, bytes, list, dict, a dataclass, an enum, ...)"
+                + (" -- e.g. str for a path" if _is_path(node.cls) else "")
+            )
+        if isinstance(node, msgspec.inspect.Type | msgspec.inspect.Field):
+            stack.extend(getattr(node, f) for f in node.__struct_fields__)
+        elif isinstance(node, tuple):
+            stack.extend(node)
     return None
+
+
+def _is_path(cls: type) -> bool:
+    import os
+
+    return issubclass(cls, os.PathLike)
+
+
+def _hint_text(hint: Any) -> str:
+    return hint.__qualname__ if isinstance(hint, type) else repr(hint)
+
+
+def manifest_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The differences between two services manifests, one line per changed method.
+
+    ``"calc.add: (a: int, b: int) -> int  =>  (a: int, b: int) -> str"``; a service or method
+    that only one side has reads ``(absent)`` on the other. Malformed entries compare as text.
+    """
+    lines: list[str] = []
+    for service in sorted(set(old) | set(new), key=str):
+        before, after = old.get(service), new.get(service)
+        if not isinstance(before, Mapping) or not isinstance(after, Mapping):
+            if before != after:
+                lines.append(
+                    f"{service}: {'(absent)' if before is None else 'service'}  =>  "
+                    f"{'(absent)' if after is None else 'service'}"
+                )
+            continue
+        for method in sorted(set(before) | set(after), key=str):
+            b, a = before.get(method), after.get(method)
+            if b != a:
+                lines.append(f"{service}.{method}: {_method_text(b)}  =>  {_method_text(a)}")
+    return lines
+
+
+# Names a manifest's signature text may use that rebuild to a type without importing anything
+# (resolved hints print builtins bare and other types as ``module.qualname``).
+_KNOWN_NAMES: dict[str, Any] = {
+    "int": int,
+    "str": str,
+    "float": float,
+    "bool": bool,
+    "bytes": bytes,
+    "bytearray": bytearray,
+    "None": None,
+    "NoneType": None,
+    "list": list,
+    "dict": dict,
+    "tuple": tuple,
+    "set": set,
+    "frozenset": frozenset,
+    "Any": Any,
+    "typing.Any": Any,
+    "datetime.datetime": datetime.datetime,
+    "datetime.date": datetime.date,
+    "datetime.time": datetime.time,
+    "datetime.timedelta": datetime.timedelta,
+    "uuid.UUID": uuid.UUID,
+    "decimal.Decimal": decimal.Decimal,
+}
+_KNOWN_GENERICS: dict[str, Any] = {
+    **{name: _KNOWN_NAMES[name] for name in ("list", "dict", "tuple", "set", "frozenset")},
+    **{
+        f"{prefix}{name}": getattr(typing, name)
+        for prefix in ("", "typing.")
+        for name in ("Optional", "Union", "Literal", "List", "Dict", "Tuple", "Set", "FrozenSet")
+    },
+}
+
+
+# A method known only from a manifest accepts any arguments: the worker validates them.
+_DYNAMIC_SIGNATURE = inspect.Signature(
+    [
+        inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+        inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+    ]
+)
+
+
+def manifest_method(services: Mapping[str, Any], service: str, method: str) -> MethodSpec:
+    """A :class:`MethodSpec` for ``service.method`` built from a worker's manifest.
+
+    It accepts any arguments and passes them through untyped (the worker validates them); its
+    result (a stream's items) is checked against :func:`manifest_result_hint`.
+
+    Raises:
+        Rejected: the manifest has no such service or method (``UNKNOWN_SERVICE`` /
+            ``OPERATION_UNSUPPORTED``, as the worker itself would answer), or an unknown kind.
+    """
+    methods = services.get(service)
+    if not isinstance(methods, Mapping):
+        known = ", ".join(sorted(services)) or "none"
+        raise Rejected("UNKNOWN_SERVICE", f"no service named {service!r} (services: {known})")
+    entry = methods.get(method)
+    if not isinstance(entry, Mapping) or method.startswith("_"):
+        known = ", ".join(sorted(methods)) or "none"
+        raise Rejected(
+            "OPERATION_UNSUPPORTED",
+            f"{service!r} has no callable method {method!r} (methods: {known})",
+        )
+    try:
+        kind = MethodKind(entry.get("kind"))
+    except ValueError:
+        raise Rejected(
+            "OPERATION_UNSUPPORTED", f"{service}.{method} has an unknown kind {entry.get('kind')!r}"
+        ) from None
+    return MethodSpec(method, kind, _DYNAMIC_SIGNATURE, {}, manifest_result_hint(entry))
+
+
+def manifest_result_hint(entry: Mapping[str, Any]) -> Any:
+    """The result type (a stream's item type) a manifest entry declares, as far as it is known.
+
+    Rebuilt from the signature text without importing or evaluating anything: builtins,
+    containers, ``Optional``/``Union``/``Literal``, ``X | Y``, datetimes, ``UUID`` and
+    ``Decimal`` are rebuilt; any other name (a dataclass, an enum, a ``ResourceRef``) becomes
+    ``Any`` where it occurs, so values there pass unchecked. No return annotation, or text that
+    does not parse: ``Any``.
+    """
+    signature = entry.get("signature")
+    if not isinstance(signature, str):
+        return Any
+    try:
+        tree = ast.parse(f"def f{signature}: pass")
+        func = tree.body[0]
+        assert isinstance(func, ast.FunctionDef)
+        if func.returns is None:
+            return Any
+        hint = _hint_from_node(func.returns)
+    except (SyntaxError, ValueError, TypeError, AssertionError, RecursionError):
+        return Any
+    if entry.get("kind") == MethodKind.STREAM.value:
+        args = typing.get_args(hint)
+        return args[0] if len(args) == 1 and typing.get_origin(hint) in _STREAM_ORIGINS else Any
+    if entry.get("kind") == MethodKind.ONEWAY.value:
+        return None
+    return hint
+
+
+def _hint_from_node(node: ast.expr) -> Any:
+    if isinstance(node, ast.Constant):
+        if node.value is None:
+            return None
+        if isinstance(node.value, str | int | bool | bytes):  # a Literal's value
+            return _Literal(node.value)
+        return Any
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        left, right = _hint_from_node(node.left), _hint_from_node(node.right)
+        return Any if Any in (left, right) else typing.Union[left, right]  # noqa: UP007
+    name = _dotted(node)
+    if name is not None:
+        if name in _STREAM_NAMES:
+            return _STREAM_NAMES[name]
+        return _KNOWN_NAMES.get(name, Any)
+    if isinstance(node, ast.Subscript):
+        origin_name = _dotted(node.value)
+        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if origin_name in _STREAM_NAMES:
+            return _STREAM_NAMES[origin_name][_hint_from_node(items[0])]
+        origin = _KNOWN_GENERICS.get(origin_name or "")
+        if origin is None:
+            return Any
+        if origin is typing.Literal:
+            values = [_hint_from_node(item) for item in items]
+            if not all(isinstance(v, _Literal) for v in values):
+                return Any
+            return typing.Literal[tuple(v.value for v in values)]
+        args = tuple(
+            ... if isinstance(item, ast.Constant) and item.value is ... else _hint_from_node(item)
+            for item in items
+        )
+        if any(isinstance(a, _Literal) for a in args):
+            return Any
+        return origin[args if len(args) > 1 else args[0]]
+    return Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Literal:
+    value: Any
+
+
+_STREAM_NAMES: dict[str, Any] = {
+    f"{prefix}{name}": getattr(collections.abc, name)
+    for prefix in ("", "collections.abc.", "typing.")
+    for name in ("AsyncIterator", "AsyncGenerator", "AsyncIterable")
+}
+
+
+def _dotted(node: Any) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def _method_text(entry: Any) -> str:
+    if entry is None:
+        return "(absent)"
+    if isinstance(entry, Mapping):
+        return f"{entry.get('kind')} {entry.get('signature')}"
+    return repr(entry)
 
 
 def contract_hash(manifest: Mapping[str, Any]) -> str:

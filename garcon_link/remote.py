@@ -15,7 +15,9 @@ Controller availability::
 
 A fresh session is *installed* (made current, availability ``ready``) only after its replay fence
 and a ``describe`` call whose contract hash matches the first one seen. A changed contract is
-refused: the executor stays ``offline`` and calls raise ``NotDispatched("CONTRACT_CHANGED")``.
+refused: the executor stays ``offline`` and calls raise ``NotDispatched("CONTRACT_CHANGED")``,
+whose message lists the methods that changed, with their old and new signatures (return types
+included; :func:`~garcon_link.interface.manifest_changes`).
 A session that is not installed -- contract changed, or ``describe`` failed or timed out (it is
 bounded by ``call_timeout``) -- is retired at once (close 4005, logged with its cause), never
 left connected: the dialing side dials again per its backoff, and each new session is checked
@@ -26,7 +28,13 @@ Facades (:meth:`RemoteExecutor.service`) hold no session: each call resolves the
 call time. While ``reconnecting`` a call waits up to its ``dispatch_deadline`` for ``ready``; while
 ``offline`` (or past the deadline) it raises ``NotDispatched`` at once. There is no hidden offline
 queue. Resource references carry the worker's ``instance_id``; after replacement they raise
-``StaleResource`` before anything is sent.
+``StaleResource`` before anything is sent. A facade created without an interface is *dynamic*:
+its methods are looked up in the manifest of the installed contract (which cannot change for the
+executor's life), arguments are validated by the worker only.
+
+Registration is checked up front: :class:`Service` checks its target against the interface when
+constructed, and a worker checks each plain object it serves (as its own interface) when built,
+raising one ``ConfigError`` that lists every problem (see :mod:`garcon_link.interface`).
 
 Worker scopes: ``services`` is either a mapping of name -> object, or a factory called once per
 logical session with its :class:`~garcon_link.resources.ServiceScope` that returns an async
@@ -41,15 +49,25 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Generic, Literal, TypeVar, cast, overload
 
 import anyio
 import anyio.abc
 
 from .config import LinkConfig
-from .errors import CallError, ConfigError, FailureReason, NotDispatched
+from .errors import CallError, ConfigError, FailureReason, NotDispatched, Rejected
 from .handshake import HandshakeResult
-from .interface import MethodKind, MethodSpec, ServiceSpec, contract_hash, service_spec
+from .interface import (
+    MethodKind,
+    MethodSpec,
+    ServiceSpec,
+    _derive,
+    contract_hash,
+    manifest_changes,
+    manifest_method,
+    registration_problems,
+    service_spec,
+)
 from .limits import Limits
 from .link import WebSocketLink
 from .resources import ServiceScope
@@ -71,7 +89,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Availability = Literal["offline", "ready", "reconnecting", "disposed"]
-ServiceMap = Mapping[str, Any]
+ServiceMap = Mapping[str, Any]  # name -> object, or Service
 ServiceFactory = Callable[[ServiceScope], contextlib.AbstractAsyncContextManager[ServiceMap]]
 EventSink = Callable[[str], None]
 
@@ -79,11 +97,49 @@ _UNSET: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
-class Service:
-    """An object exposed under an explicit interface (only the interface's methods are callable)."""
+class Service(Generic[T]):
+    """An object exposed under an explicit interface (only the interface's methods are callable).
 
-    target: object
-    interface: type
+    Checked when constructed: every method of ``interface`` must be implemented by ``target``
+    with the right kind (``async def`` for a unary call, an async generator function for a
+    stream), accept the interface's parameters, and use only hints msgspec can convert (see
+    :func:`garcon_link.interface.registration_problems`).
+
+    For mypy to check the target against the interface too, name the interface as the type
+    argument: ``gl.Service[Calculator](impl, Calculator)`` (or annotate the variable,
+    ``svc: gl.Service[Calculator] = ...``). ``gl.Service(impl, Calculator)`` alone cannot be
+    checked statically: mypy infers ``T`` from ``impl``, and a ``Protocol`` cannot be
+    accepted as ``type[T]`` (``type-abstract``), so ``interface`` is typed as any class.
+
+    Raises:
+        ConfigError: the message lists every problem and its fix.
+        TypeError: ``interface`` is not a class, or its hints cannot be resolved.
+    """
+
+    target: T
+    interface: Callable[..., object]
+
+    def __post_init__(self) -> None:
+        interface = _interface_class(self.interface)
+        _check_registration(self.target, interface, f"Service(..., {_name(interface)})")
+
+
+def _name(interface: object) -> str:
+    return getattr(interface, "__qualname__", repr(interface))
+
+
+def _check_registration(target: object, interface: type, what: str) -> ServiceSpec:
+    """The spec of ``interface`` once ``target`` is known to fit it (else ``ConfigError``)."""
+    spec, problems = _derive(interface)
+    if not problems:
+        spec = service_spec(interface)  # cached
+        problems = registration_problems(target, spec)
+    if problems:
+        raise ConfigError(
+            f"{what}: {type(target).__qualname__} cannot be served as written:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+    return spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +157,9 @@ def _registry_from(services: ServiceMap) -> Registry:
     registry = Registry()
     for name, value in services.items():
         if isinstance(value, Service):
-            registry.add(name, value.target, service_spec(value.interface))
+            registry.add(name, value.target, service_spec(_interface_class(value.interface)))
         else:
-            registry.add(name, value, service_spec(type(value)))
+            registry.add(name, value, _check_registration(value, type(value), f"service {name!r}"))
     return registry
 
 
@@ -202,6 +258,7 @@ class RemoteExecutor(_Endpoint):
         self._rpc: ExecutorRpc | None = None
         self._info: ExecutorInfo | None = None
         self._contract: str | None = None
+        self._services: Mapping[str, Any] = {}  # the manifest that set self._contract
         self._changed = anyio.Event()
         self.last_error: str | None = None
         self._contract_refused = False  # the latest fresh session was refused for its contract
@@ -321,14 +378,20 @@ class RemoteExecutor(_Endpoint):
             self._refuse_session(transport, f"describe failed: {exc}", contract=False)
             return
         if self._contract is not None and info.contract != self._contract:
+            changes = manifest_changes(self._services, info.services)
             self._refuse_session(
                 transport,
-                f"the worker's contract changed ({self._contract[:12]} -> {info.contract[:12]}); "
-                "refusing the replacement session",
+                "the worker's contract changed; refusing the replacement session"
+                + (
+                    " (changed: " + "; ".join(changes) + ")"
+                    if changes
+                    else f" ({self._contract[:12]} -> {info.contract[:12]})"
+                ),
                 contract=True,
             )
             return
         self._contract = info.contract
+        self._services = info.services
         self._contract_refused = False
         rpc.peer_instance_id = info.instance_id
         self._info = info
@@ -377,7 +440,13 @@ class RemoteExecutor(_Endpoint):
         assert self._info is not None
         return self._info
 
-    def service(self, name: str, interface: Callable[..., T]) -> T:
+    @overload
+    def service(self, name: str) -> Any: ...
+
+    @overload
+    def service(self, name: str, interface: Callable[..., T]) -> T: ...
+
+    def service(self, name: str, interface: Callable[..., T] | None = None) -> T | Any:
         """A stable facade for service ``name``, typed as ``interface``.
 
         The facade survives every session replacement and resolves the current session at call
@@ -388,10 +457,35 @@ class RemoteExecutor(_Endpoint):
         abstract class) where ``type[T]`` is expected (``type-abstract``); the callable form
         infers ``T`` as the interface itself.
 
+        Without ``interface`` the facade is *dynamic* (typed ``Any``), for exploring a worker
+        from a notebook or a script: its methods are those of the worker's manifest (``dir()``
+        lists them once a session was installed), arguments are validated by the worker only,
+        results against the return types the manifest declares. The typed form is the
+        recommended one: mypy checks its calls.
+
         Raises:
             TypeError: ``interface`` is not a class.
+            ConfigError: ``interface`` has a public plain ``def`` method (see
+                :mod:`garcon_link.interface`).
         """
+        if interface is None:
+            return _DynamicFacade(self, name, _NO_METHODS, None, None)
         return cast("T", _Facade(self, name, service_spec(_interface_class(interface)), None, None))
+
+    def _manifest(self) -> Mapping[str, Any]:
+        """The services manifest of the installed contract (it cannot change afterwards).
+
+        Raises:
+            NotDispatched: no session was ever installed, so the manifest is not known yet.
+        """
+        if not self._services and self._contract is None:
+            if self._availability == "disposed":
+                raise NotDispatched("DISPOSED", "the executor was closed")
+            raise NotDispatched(
+                "OFFLINE",
+                "the worker's manifest is not known yet: await executor.wait_ready() first",
+            )
+        return self._services
 
     @property
     def current_rpc(self) -> ExecutorRpc | None:
@@ -451,6 +545,49 @@ class _Facade:
 
         call.__name__ = method.name
         return call
+
+
+class _DynamicFacade(_Facade):
+    """A facade without an interface: each method is looked up in the worker's manifest."""
+
+    def __repr__(self) -> str:
+        return f"<dynamic facade {self._name} @ {self._executor.config.executor_id}>"
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        # Only called for names the instance does not have (never for _name, _executor...).
+        if method.startswith("_"):
+            raise AttributeError(method)
+        try:
+            spec = manifest_method(self._executor._manifest(), self._name, method)
+        except Rejected as exc:
+            raise AttributeError(exc.message) from None
+        return self._bind(spec)
+
+    def __dir__(self) -> list[str]:
+        try:
+            methods = self._executor._manifest().get(self._name)
+        except NotDispatched:
+            methods = None
+        known = sorted(methods) if isinstance(methods, Mapping) else []
+        return sorted({*super().__dir__(), *known})
+
+    def with_options(
+        self, *, timeout: float | None = _UNSET, dispatch_deadline: float | None = _UNSET
+    ) -> Any:
+        return _DynamicFacade(
+            self._executor,
+            self._name,
+            self._spec,
+            self._timeout if timeout is _UNSET else timeout,
+            self._deadline if dispatch_deadline is _UNSET else dispatch_deadline,
+        )
+
+
+class _NoInterface:
+    """The interface of a dynamic facade: no methods of its own."""
+
+
+_NO_METHODS = ServiceSpec(interface=_NoInterface, methods={})
 
 
 class _FacadeStream(AsyncIterator[Any]):

@@ -165,8 +165,8 @@ class CalcImpl:
         self.stream_delay = 0.0
         self._releases: dict[str, anyio.Event] = {}
 
-    # sync helpers: never exposed (not coroutine functions)
-    def release(self, key: str) -> None:
+    # test helpers: private, so never exposed (a public plain ``def`` would be refused)
+    def _release(self, key: str) -> None:
         self._release_event(key).set()
 
     def _release_event(self, key: str) -> anyio.Event:

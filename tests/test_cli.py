@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -393,6 +394,70 @@ shared = Counter()
         worker.kill()
 
 
+def test_call_checks_results_and_describe_prints_signatures(tmp_path: Path) -> None:
+    # Before: a ``-> int`` method returning text printed it with exit 0, and there was no
+    # ``describe`` command.
+    (tmp_path / "liar.py").write_text(
+        """
+from collections.abc import AsyncIterator
+
+class Liar:
+    async def number(self) -> int:
+        return "seven"
+    async def honest(self, n: int) -> list[int]:
+        return [n]
+    async def numbers(self) -> AsyncIterator[int]:
+        yield 1
+        yield "two"
+""",
+        encoding="utf-8",
+    )
+    worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    worker = Worker(worker_toml, "liar=liar:Liar", cwd=tmp_path)
+    try:
+        url = worker.url()
+        controller = write_config(tmp_path, "controller.toml", "controller", f'dial = "{url}"')
+        lied = run_cli("call", str(controller), "liar.number")
+        assert lied.returncode == cli.EXIT_REMOTE_ERROR == 5, lied.stderr
+        assert lied.stdout == ""
+        assert_one_error_line(lied.stderr, "[failed:INVALID_RESULT]", "Expected `int`, got `str`")
+        honest = run_cli("call", str(controller), "liar.honest", "[3]")
+        assert (honest.returncode, honest.stdout) == (0, "[3]\n"), honest.stderr
+        # A stream item that breaks the contract ends the stream: what came before stands.
+        stream = run_cli("call", str(controller), "liar.numbers")
+        assert stream.returncode == cli.EXIT_OUTCOME_UNKNOWN, stream.stderr
+        assert stream.stdout == "1\n"
+        assert_one_error_line(stream.stderr, "Expected `int`, got `str`")
+
+        described = run_cli("describe", str(controller))
+        assert described.returncode == 0, described.stderr
+        assert described.stdout.splitlines() == [
+            "unary  liar.honest(n: int) -> list[int]",
+            "unary  liar.number() -> int",
+            "stream liar.numbers() -> collections.abc.AsyncIterator[int]",
+        ]
+        as_json = run_cli("describe", str(controller), "--json")
+        assert as_json.returncode == 0, as_json.stderr
+        document = json.loads(as_json.stdout)
+        assert document["executor_id"] == "cli-box"
+        assert len(document["contract"]) == 64
+        assert document["services"]["liar"]["number"] == {
+            "kind": "unary",
+            "signature": "() -> int",
+        }
+    finally:
+        worker.kill()
+
+
+def test_describe_when_the_worker_is_down(tmp_path: Path) -> None:
+    controller = write_config(
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{free_port()}/executor"'
+    )
+    done = run_cli("describe", str(controller), "--timeout", "0.5")
+    assert done.returncode == cli.EXIT_NOT_DISPATCHED
+    assert_one_error_line(done.stderr, "NOT_READY")
+
+
 def test_worker_serves_the_builtin_services_confined_to_root(tmp_path: Path) -> None:
     root = tmp_path / "root"
     root.mkdir()
@@ -681,6 +746,9 @@ def test_dynamic_method_from_a_manifest() -> None:
     services = {"calc": {"add": {"kind": "unary", "signature": "(a: int, b: int)"}}}
     spec = cli.dynamic_method(services, "calc", "add")
     assert spec.kind is MethodKind.UNARY
+    assert spec.result is Any  # no return type in the signature: nothing to check
+    typed = {"calc": {"add": {"kind": "unary", "signature": "(a: int, b: int) -> int"}}}
+    assert cli.dynamic_method(typed, "calc", "add").result is int
     assert spec.bind((1,), {"b": 2}) == ([1], {"b": 2})
     with pytest.raises(gl.Rejected, match="UNKNOWN_SERVICE"):
         cli.dynamic_method(services, "nope", "add")

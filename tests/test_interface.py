@@ -10,6 +10,8 @@ import dataclasses
 import datetime
 import enum
 import inspect
+import pathlib
+import typing
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from typing import Any, Literal, Optional, Protocol
 
@@ -22,8 +24,12 @@ from garcon_link.interface import (
     MethodKind,
     contract_hash,
     from_wire,
+    manifest_changes,
+    manifest_result_hint,
+    registration_problems,
     service_spec,
     to_wire,
+    unsupported_hint,
 )
 
 
@@ -59,7 +65,7 @@ class Api(Protocol):
     def iterable(self) -> AsyncIterable[str]: ...
     @gl.oneway
     async def notify(self, text: str) -> None: ...
-    def sync_method(self) -> int: ...
+    def _sync_helper(self) -> int: ...
     async def _private(self) -> int: ...
     async def __dunder__(self) -> int: ...
     async def untyped(self, value, *rest, **extra): ...  # type: ignore[no-untyped-def]
@@ -106,7 +112,7 @@ def test_method_kinds() -> None:
 
 def test_private_sync_static_and_attributes_are_never_exposed() -> None:
     methods = service_spec(Api).methods
-    for name in ("_private", "__dunder__", "sync_method", "static", "klass", "attribute"):
+    for name in ("_private", "__dunder__", "_sync_helper", "static", "klass", "attribute"):
         assert name not in methods
 
 
@@ -127,10 +133,38 @@ def test_plain_class_spec() -> None:
         async def add(self, a: int, b: int) -> int:
             return a + b
 
-        def helper(self) -> None:
+        def _helper(self) -> None:
             pass
 
     assert set(service_spec(Impl).methods) == {"add"}
+
+
+def test_a_plain_def_is_refused_with_the_fix() -> None:
+    # Before: a public plain ``def`` silently vanished from the interface (its calls got
+    # OPERATION_UNSUPPORTED, and a Protocol facade had no such attribute).
+    class Sync(Protocol):
+        async def fine(self) -> int: ...
+        def blocking(self, n: int) -> int: ...
+        async def gen(self):  # type: ignore[no-untyped-def]
+            yield 1
+
+    with pytest.raises(gl.ConfigError) as info:
+        service_spec(Sync)
+    text = str(info.value)
+    assert "Sync.blocking is a plain `def`" in text
+    assert "`async def blocking(self, n: int) -> int`" in text
+    assert "anyio.to_thread.run_sync" in text
+    assert "rename it `_blocking`" in text
+    assert "Sync.gen is an async generator but is not annotated as a stream" in text
+    assert "fine" not in text
+
+
+def test_a_oneway_plain_def_is_still_served() -> None:
+    class Notes(Protocol):
+        @gl.oneway
+        def note(self, text: str) -> None: ...
+
+    assert service_spec(Notes).methods["note"].kind is MethodKind.ONEWAY
 
 
 def test_not_a_class() -> None:
@@ -148,7 +182,10 @@ def test_unresolvable_hints() -> None:
 
 def test_manifest_and_contract_hash() -> None:
     manifest = {"api": service_spec(Api).manifest()}
-    assert manifest["api"]["unary"] == {"kind": "unary", "signature": "(a: int, b: str = 'x')"}
+    assert manifest["api"]["unary"] == {
+        "kind": "unary",
+        "signature": "(a: int, b: str = 'x') -> list[int]",
+    }
     assert manifest["api"]["stream"]["kind"] == "stream"
     first = contract_hash(manifest)
     assert first == contract_hash(dict(reversed(list(manifest.items()))))
@@ -161,8 +198,21 @@ def test_manifest_and_contract_hash() -> None:
         async def unary(self, a: int, b: str = "x") -> list[int]: ...
         async def extra(self) -> None: ...
 
+    class Api4(Protocol):  # only a return type differs
+        async def unary(self, a: int, b: str = "x") -> list[str]: ...
+
     for other in (Api2, Api3):
         assert contract_hash({"api": service_spec(other).manifest()}) != first
+    base = {"api": service_spec(Api3).manifest()}
+    changed = {"api": service_spec(Api4).manifest()}
+    assert contract_hash(changed) != contract_hash(base)
+    assert manifest_changes(base, changed) == [
+        "api.extra: unary () -> None  =>  (absent)",
+        "api.unary: unary (a: int, b: str = 'x') -> list[int]  =>  "
+        "unary (a: int, b: str = 'x') -> list[str]",
+    ]
+    assert manifest_changes(base, base) == []
+    assert manifest_changes(base, {}) == ["api: service  =>  (absent)"]
     assert contract_hash({"renamed": service_spec(Api).manifest()}) != first
 
 
@@ -181,6 +231,15 @@ def test_manifest_does_not_depend_on_annotation_spelling() -> None:
         async def put(self, inner: Inner, n: int = 1) -> list[int]: ...
 
     assert service_spec(namespace["Same"]).manifest() == service_spec(Same).manifest()
+
+    class Streams(Protocol):
+        def a(self) -> AsyncIterator[int]: ...
+        def b(self) -> typing.AsyncIterator[int]: ...
+        def c(self) -> AsyncGenerator[int, None]: ...
+        def d(self) -> AsyncIterable[int]: ...
+
+    signatures = {m["signature"] for m in service_spec(Streams).manifest().values()}
+    assert signatures == {"() -> collections.abc.AsyncIterator[int]"}
     assert "'" not in service_spec(Same).manifest()["put"]["signature"]
 
 
@@ -212,6 +271,30 @@ def test_convert_arguments_validates_and_names_the_field() -> None:
         unary.convert_arguments([1], {"self": 1})
     with pytest.raises(ValueError):
         unary.convert_arguments([True], {})  # strict: a bool is not an int
+
+
+def test_an_unexpected_keyword_is_named_not_reported_as_a_missing_one() -> None:
+    # Before: add(a=1, c=2) read "missing a required argument: 'b'" on both sides.
+    add = service_spec(Calculator).methods["add"]
+    expected = r"unexpected keyword argument 'c' \(accepted: a, b\)"
+    with pytest.raises(ValueError, match=expected):
+        add.convert_arguments([], {"a": 1, "c": 2})
+    with pytest.raises(TypeError, match=expected):
+        add.bind((), {"a": 1, "c": 2})
+
+    class Flexible(Protocol):
+        async def f(self, a: int, /, **extra: int) -> None: ...
+
+    f = service_spec(Flexible).methods["f"]
+    assert f.convert_arguments([1], {"c": 2}) == ([1], {"c": 2})
+    with pytest.raises(ValueError, match="missing a required argument: 'a'"):
+        f.convert_arguments([], {"c": 2})
+
+    class PositionalOnly(Protocol):
+        async def g(self, a: int, /) -> None: ...
+
+    with pytest.raises(ValueError, match=r"unexpected keyword argument 'a' \(accepted: none\)"):
+        service_spec(PositionalOnly).methods["g"].convert_arguments([], {"a": 1})
 
 
 def test_convert_nested_field_is_named() -> None:
@@ -351,3 +434,169 @@ def test_oneway_marks_and_returns_the_function() -> None:
     async def f(self: object) -> None: ...
 
     assert gl.oneway(f) is f
+
+
+# ---------------------------------------------------------------------------------- registration
+
+
+class Calculator(Protocol):
+    async def add(self, a: int, b: int) -> int: ...
+    def count(self, n: int) -> AsyncIterator[int]: ...
+    async def where(self) -> str: ...
+
+
+class RightCalculator:
+    async def add(self, a: int, b: int) -> int:
+        return a + b
+
+    async def count(self, n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            yield i
+
+    async def where(self) -> str:
+        return "."
+
+    def helper(self) -> None:  # not in the interface: never exposed, never checked
+        pass
+
+
+class WrongCalculator:
+    def add(self, a: int, b: int) -> int:  # sync
+        return a + b
+
+    async def count(self, n: int) -> list[int]:  # not a generator
+        return list(range(n))
+
+    # where: missing
+
+
+def test_a_right_implementation_has_no_problems() -> None:
+    assert registration_problems(RightCalculator(), service_spec(Calculator)) == []
+
+
+def test_every_problem_of_a_wrong_implementation_is_listed_with_its_fix() -> None:
+    problems = registration_problems(WrongCalculator(), service_spec(Calculator))
+    assert len(problems) == 3, problems
+    add, count, where = problems
+    assert add.startswith("add: WrongCalculator.add is a plain `def`")
+    assert "`async def add(self, a: int, b: int) -> int`" in add
+    assert "anyio.to_thread.run_sync" in add
+    assert count.startswith("count: the interface declares a stream")
+    assert "`yield`s each item" in count
+    assert where == (
+        "where: WrongCalculator has no method 'where'; add `async def where(self) -> str`"
+    )
+
+
+def test_a_class_instead_of_an_instance() -> None:
+    (problem,) = registration_problems(RightCalculator, service_spec(Calculator))
+    assert problem == (
+        "the target is the class RightCalculator itself; serve an instance: RightCalculator()"
+    )
+
+
+def test_kind_and_parameter_mismatches() -> None:
+    class Gen:
+        async def add(self, a: int, b: int) -> AsyncIterator[int]:
+            yield a + b
+
+        async def count(self) -> AsyncIterator[int]:  # a parameter missing
+            yield 1
+
+        async def where(self, **options: Any) -> str:  # **kwargs accepts anything
+            return "."
+
+    add, count = registration_problems(Gen(), service_spec(Calculator))
+    assert "is an async generator, but the interface declares a unary call" in add
+    assert "does not accept the interface's arguments (too many positional" in count
+    assert "`def count(self, n: int) -> collections.abc.AsyncIterator[int]`" in count
+
+    class Renamed:  # arguments arrive by position: a renamed parameter still fits
+        async def add(self, x: int, y: int) -> int:
+            return x + y
+
+        async def count(self, n: int, step: int = 1) -> AsyncIterator[int]:
+            yield n
+
+        async def where(self, *args: Any) -> str:
+            return "."
+
+    assert registration_problems(Renamed(), service_spec(Calculator)) == []
+
+    class Defaults(Protocol):
+        async def f(self, a: int, b: int = 0, *, c: int = 0) -> None: ...
+
+    class NoDefault:
+        async def f(self, a: int, b: int, *, c: int = 0) -> None:
+            pass
+
+    (problem,) = registration_problems(NoDefault(), service_spec(Defaults))
+    assert "missing a required argument: 'b'" in problem
+
+
+class Unencodable(Protocol):
+    async def path(self) -> pathlib.Path: ...
+    async def takes(self, where: list[pathlib.PurePosixPath], ok: Outer) -> Outer: ...
+    async def protocol_value(self, x: NotRuntime) -> None: ...
+    def items(self) -> AsyncIterator[pathlib.Path]: ...
+
+
+class UnencodableImpl:
+    async def path(self) -> pathlib.Path:
+        return pathlib.Path()
+
+    async def takes(self, where: list[pathlib.PurePosixPath], ok: Outer) -> Outer:
+        return ok
+
+    async def protocol_value(self, x: NotRuntime) -> None:
+        pass
+
+    async def items(self) -> AsyncIterator[pathlib.Path]:
+        yield pathlib.Path()
+
+
+def test_unsupported_hints_are_found_before_any_call() -> None:
+    # Before: a ``-> Path`` method ran, then its result failed to encode (UNENCODABLE_RESULT).
+    problems = registration_problems(UnencodableImpl(), service_spec(Unencodable))
+    assert len(problems) == 4, problems
+    items, path, protocol_value, takes = problems
+    assert path.startswith("path: the return type is unsupported: Path is not a type msgspec")
+    assert "e.g. str for a path" in path
+    assert items.startswith("items: the stream item type is unsupported")
+    assert protocol_value.startswith("protocol_value: parameter 'x' has an unsupported type")
+    assert takes.startswith("takes: parameter 'where' has an unsupported type")
+    assert "(it contains PurePosixPath)" in takes
+    for hint in (int, Outer, list[Inner], dict[str, Color], datetime.datetime | None, Any):
+        assert unsupported_hint(hint) is None, hint
+
+
+# ---------------------------------------------------------------------------------- manifest text
+
+
+class Declared(Protocol):
+    async def n(self, x: int) -> int: ...
+    async def nested(self) -> list[dict[str, int | None]]: ...
+    async def choice(self) -> Literal["a", "b"]: ...
+    async def rest(self) -> tuple[int, ...]: ...
+    def when(self) -> AsyncIterator[datetime.datetime]: ...
+    async def inner(self) -> list[Inner]: ...
+    async def bare(self): ...  # type: ignore[no-untyped-def]
+    @gl.oneway
+    async def note(self, text: str) -> None: ...
+
+
+def test_the_result_hint_is_rebuilt_from_manifest_text_without_imports() -> None:
+    manifest = service_spec(Declared).manifest()
+    hints = {name: manifest_result_hint(entry) for name, entry in manifest.items()}
+    assert hints == {
+        "n": int,
+        "nested": list[dict[str, int | None]],
+        "choice": Literal["a", "b"],
+        "rest": tuple[int, ...],
+        "when": datetime.datetime,
+        "inner": list[Any],  # a name it cannot rebuild is left unchecked
+        "bare": Any,
+        "note": None,
+    }
+    for signature in ("(x=<object at 0x1>) -> int", "-> int", "() -> __import__('os')", 7):
+        assert manifest_result_hint({"kind": "unary", "signature": signature}) is Any

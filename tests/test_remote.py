@@ -68,12 +68,41 @@ async def test_calls_streams_and_info(direction: str) -> None:
             assert set(info.services) == {"calc"}
             assert info.services["calc"]["add"] == {
                 "kind": "unary",
-                "signature": "(a: int, b: int)",
+                "signature": "(a: int, b: int) -> int",
             }
             assert info.services["calc"]["count"]["kind"] == "stream"
             assert len(info.contract) == 64
             assert "calc" in repr(calc) and "box" in repr(calc)
             assert pair.history == ["ready"]
+
+
+async def test_a_dynamic_facade_is_built_from_the_manifest() -> None:
+    # Before: executor.service(name) needed an interface class (TypeError without one).
+    impl = CalcImpl()
+    controller_cfg = gl.LinkConfig(
+        executor_id="box", role=gl.Role.CONTROLLER, secret=SECRET, listen=("127.0.0.1", 0)
+    )
+    not_yet = gl.connect(controller_cfg).service("calc")
+    with pytest.raises(gl.NotDispatched, match="wait_ready"):
+        not_yet.add  # noqa: B018 -- the manifest is not known before a session was installed
+    assert "add" not in dir(not_yet)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"calc": impl}) as pair:
+            calc = pair.executor.service("calc")
+            assert await calc.add(1, 2) == 3
+            assert await calc.add(a=2, b=3) == 5
+            assert [i async for i in calc.count(3)] == [0, 1, 2]
+            assert {"add", "count", "hold"} <= set(dir(calc))
+            assert "dynamic facade calc" in repr(calc)
+            with pytest.raises(gl.Rejected, match="INVALID_ARGUMENTS"):
+                await calc.add("x", 1)  # validated on the worker
+            with pytest.raises(AttributeError, match=r"'calc' has no callable method 'nope'"):
+                calc.nope  # noqa: B018
+            assert not hasattr(calc, "_private")
+            patient = gl.with_options(calc, timeout=5)
+            assert await patient.add(2, 2) == 4
+            with pytest.raises(AttributeError, match="no service named 'nothing'"):
+                pair.executor.service("nothing").add  # noqa: B018
 
 
 @pytest.mark.timeout(20)
@@ -470,7 +499,10 @@ async def test_changed_contract_is_refused(direction: str) -> None:
             while "contract" not in (pair.executor.last_error or ""):
                 await anyio.sleep(0.005)
             assert pair.executor.availability == "offline"
-            assert "changed" in (pair.executor.last_error or "")
+            # the methods that changed, not two hashes
+            assert "(changed: calc.mul: (absent)  =>  unary (a: int, b: int) -> int)" in (
+                pair.executor.last_error or ""
+            )
             with pytest.raises(gl.NotDispatched) as info:
                 await calc.add(1, 2)
             assert info.value.code == "CONTRACT_CHANGED"
@@ -486,6 +518,82 @@ async def test_changed_contract_is_refused(direction: str) -> None:
             assert await calc.add(1, 2) == 3
             assert pair.executor.last_error is None
             assert pair.history == ["ready", "offline", "ready"]
+
+
+class CalcReturnsText(CalcImpl):
+    """Only a return type differs from CalcImpl."""
+
+    async def add(self, a: int, b: int) -> str:  # type: ignore[override]
+        return str(a + b)
+
+
+async def test_a_changed_return_type_is_a_contract_change() -> None:
+    # Before: ``-> int`` becoming ``-> str`` kept the contract hash, so the replacement session
+    # was installed and calls failed one by one with INVALID_RESULT.
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"calc": CalcImpl()}) as pair:
+            calc = pair.calc()
+            assert await calc.add(1, 2) == 3
+            await pair.restart_worker({"calc": CalcReturnsText()})
+            while "contract" not in (pair.executor.last_error or ""):
+                await anyio.sleep(0.005)
+            assert "calc.add: unary (a: int, b: int) -> int  =>  unary (a: int, b: int) -> str" in (
+                pair.executor.last_error or ""
+            )
+            with pytest.raises(gl.NotDispatched, match="CONTRACT_CHANGED"):
+                await calc.add(1, 2)
+
+
+class CalcBad(Protocol):
+    async def add(self, a: int, b: int) -> int: ...
+    def blocking(self) -> int: ...
+
+
+class WrongCalc:
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+    def blocking(self) -> int:
+        return 1
+
+
+class SyncCalc:
+    async def add(self, a: int, b: int) -> int:
+        return a + b
+
+    def total(self) -> int:  # public and sync: refused, not silently dropped
+        return 0
+
+
+def test_registration_checks_the_implementation() -> None:
+    # Before: gl.Service(Wrong(), Calc) and a public plain ``def`` passed; calls then failed.
+    with pytest.raises(gl.ConfigError) as info:
+        gl.Service(WrongCalc(), Calc)
+    text = str(info.value)
+    assert text.startswith("Service(..., Calc): WrongCalc cannot be served as written:\n")
+    assert "add: WrongCalc.add is a plain `def`" in text
+    assert "count: WrongCalc has no method 'count'" in text
+    assert "note: WrongCalc has no method 'note'" in text
+    assert gl.Service(CalcImpl(), Calc).interface is Calc
+
+    worker_cfg = gl.LinkConfig(
+        executor_id="box", role=gl.Role.WORKER, secret=SECRET, listen=("127.0.0.1", 0)
+    )
+    with pytest.raises(gl.ConfigError, match=r"(?s)service 'calc': .*SyncCalc\.total is a plain"):
+        gl.Worker(worker_cfg, {"calc": SyncCalc()})
+    with pytest.raises(gl.ConfigError, match=r"CalcBad\.blocking is a plain `def`"):
+        gl.Service(WrongCalc(), CalcBad)
+
+
+def test_a_plain_def_in_a_protocol_fails_at_facade_creation() -> None:
+    # Before: the facade was created, mypy accepted ``calc.blocking()``, and the call raised
+    # AttributeError on _Facade.
+    controller_cfg = gl.LinkConfig(
+        executor_id="box", role=gl.Role.CONTROLLER, secret=SECRET, listen=("127.0.0.1", 0)
+    )
+    executor = gl.connect(controller_cfg)
+    with pytest.raises(gl.ConfigError, match=r"CalcBad\.blocking is a plain `def`.*async def"):
+        executor.service("calc", CalcBad)
 
 
 @both_directions

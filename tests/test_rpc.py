@@ -906,21 +906,14 @@ async def test_retire_unknown_distinguishes_offered_from_never_written() -> None
 # ---------------------------------------------------------------------------------- hostile peers
 
 
-class Odd(Protocol):
-    async def takes(self, sink: Sink) -> int: ...  # a hint msgspec cannot convert to
-
-
-class OddImpl:
-    async def takes(self, sink: Any) -> int:
-        return 1
-
-
 @both_directions
 async def test_hostile_controller_envelopes(direction: str) -> None:
     """Hand-written envelopes over an authenticated session never crash the worker and never
     disturb an unrelated call in flight."""
     impl = CalcImpl()
-    services = {"calc": impl, "odd": gl.Service(OddImpl(), Odd)}
+    # A hint msgspec cannot convert to (a Protocol as a value type) is refused at registration
+    # now; the receiving side's defence against it is tested in test_interface.
+    services = {"calc": impl}
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, services) as pair:
             calc = pair.calc()
@@ -990,7 +983,6 @@ async def test_hostile_controller_envelopes(direction: str) -> None:
                     ("calc", "add", ["x" * 4_000_000, 1], {}),
                     ("calc", "add", [list(range(200_000)), 1], {}),
                     ("calc", 7, [], {}),
-                    ("odd", "takes", [1], {}),
                 ]
                 for service, method, args, kwargs in malformed:
                     with pytest.raises(gl.Rejected) as info:
@@ -1047,7 +1039,7 @@ async def test_hostile_controller_envelopes(direction: str) -> None:
                 assert await calc.add(20, 22) == 42
                 assert pair.history == ["ready"]
                 assert "cancelled:long" not in impl.probe
-                impl.release("long")
+                impl._release("long")
             assert unrelated == ["long"]
             assert stream_items == list(range(50))
             assert impl.notes == ["fine"]
@@ -1077,7 +1069,7 @@ async def test_notification_storm_is_bounded(direction: str) -> None:
             assert not any(f"started:n{i}" in impl.probe for i in range(256, 300))
             assert impl.counts["count"] == 0
             for i in range(256):
-                impl.release(f"n{i}")
+                impl._release(f"n{i}")
             with anyio.fail_after(2):
                 while True:
                     try:
@@ -1228,6 +1220,6 @@ async def test_hostile_worker_envelopes(direction: str) -> None:
                 assert pair.rpc.statistics().malformed_replies == sum(
                     code.startswith("MALFORMED") for _, code in unreadable
                 )
-                impl.release("long")
+                impl._release("long")
             assert unrelated == ["long"]
             assert pair.history == ["ready"]

@@ -29,3 +29,12 @@ async def controller(executor: gl.RemoteExecutor) -> None:
 async def wrong_result(executor: gl.RemoteExecutor) -> str:
     calc = executor.service("calc", Calc)
     return await calc.add(1, 2)  # E: Incompatible return value type (got "int", expected "str")
+
+
+class WrongImpl:
+    async def add(self, a: str, b: int) -> str:
+        return a
+
+
+def wrong_implementation() -> None:
+    gl.Service[Calc](WrongImpl(), Calc)  # E: Argument 1 to "Service" has incompatible type

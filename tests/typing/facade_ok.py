@@ -51,3 +51,10 @@ async def handler() -> int:
 
 async def worker(config: gl.LinkConfig) -> None:
     await gl.serve(config, {"calc": CalcImpl()})
+
+
+async def checked_worker(config: gl.LinkConfig) -> None:
+    # Naming the interface as the type argument makes mypy check the implementation against it.
+    await gl.serve(config, {"calc": gl.Service[Calc](CalcImpl(), Calc)})
+    unchecked = gl.Service(CalcImpl(), Calc)  # accepted too (checked at run time only)
+    await gl.serve(config, {"calc": unchecked})
