@@ -32,6 +32,13 @@ Commands
     Write a new secret file (64 hex digits, mode 0600) and print its path. An existing file is
     never overwritten without ``--force``.
 
+``garcon-link init DIR [--port N] [--force]``
+    Write a starter project into ``DIR`` (created if missing): ``worker.toml`` and
+    ``controller.toml`` (a matched pair on loopback, port 8765 unless ``--port``), a fresh secret
+    ``link.secret`` (mode 0600, as ``keygen`` writes it) and ``calc.py`` (README.md's example);
+    then print the two commands to run. A non-empty ``DIR`` is refused (exit 2) unless
+    ``--force``, which replaces files of the same names.
+
 ``garcon-link call [CONFIG|-] SERVICE.METHOD [JSON_ARGS]``
     Connect with a controller configuration, wait until the executor is ready (``--timeout``), make
     one call and print its result as one JSON line (a stream: one JSON line per item; a one-way
@@ -50,7 +57,8 @@ Exit codes
 0     success
 1     any other failure (a link error such as a port in use, an OS error), and
       an unexpected internal error (a bug: ``error: internal error, ...``)
-2     usage or configuration error (bad arguments, bad config, keygen refused)
+2     usage or configuration error (bad arguments, bad config, keygen or init
+      refused)
 3     ``NotDispatched``: definitely not executed (offline, not ready in time)
 4     ``Rejected``: reached the worker and refused unexecuted (unknown method,
       invalid arguments, stale resource)
@@ -76,6 +84,7 @@ import inspect
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -86,6 +95,7 @@ from typing import Any, NoReturn
 
 import anyio
 
+from . import _scaffold
 from .config import CONFIG_ENV_VAR, LinkConfig, load_config, write_secret_file
 from .errors import (
     ConfigError,
@@ -278,6 +288,38 @@ def _cmd_keygen(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=True)
     path = write_secret_file(ns.path, force=ns.force)
     _emit(str(path))
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- init
+
+
+def _cmd_init(ns: argparse.Namespace) -> int:
+    _setup_logging(ns.verbose, quiet_by_default=True)
+    if not 0 < ns.port < 65536:
+        raise UsageError(f"--port {ns.port}: expected a port number from 1 to 65535")
+    directory = Path(ns.dir)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{directory}: not a directory; give a new or empty directory")
+    if directory.is_dir() and any(directory.iterdir()) and not ns.force:
+        raise UsageError(
+            f"{directory}: the directory is not empty; give a new or empty directory, or pass "
+            "--force to write the starter files there (replacing files of the same names)"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    secret = write_secret_file(directory / _scaffold.SECRET_FILE, force=ns.force)
+    written = []
+    for name, content in _scaffold.files(ns.port).items():
+        path = directory / name
+        path.write_text(content, encoding="utf-8")
+        written.append(str(path))
+    where = shlex.quote(str(directory))
+    _emit(f"wrote {', '.join(written)} and {secret} (the shared secret, mode 0600)")
+    _emit(
+        f"start the worker:       cd {where} && garcon-link worker worker.toml "
+        f"--service {_scaffold.SERVICE_ARG}"
+    )
+    _emit(f"then, in another shell: cd {where} && python calc.py")
     return EXIT_OK
 
 
@@ -698,6 +740,29 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("path", metavar="PATH")
     keygen.add_argument("--force", action="store_true", help="replace an existing file")
     keygen.set_defaults(func=_cmd_keygen)
+
+    init = commands.add_parser(
+        "init",
+        parents=[common],
+        help="write a starter project: worker/controller configs, a secret, calc.py",
+        description="Write worker.toml and controller.toml (a matched pair on loopback), a fresh "
+        "secret link.secret (mode 0600) and calc.py (the README's example) into DIR, then print "
+        "the two commands to run. DIR is created if missing; a non-empty DIR is refused (exit 2) "
+        "unless --force.",
+    )
+    init.add_argument("dir", metavar="DIR")
+    init.add_argument(
+        "--port",
+        type=int,
+        default=_scaffold.DEFAULT_PORT,
+        help=f"the loopback port the worker listens on (default {_scaffold.DEFAULT_PORT})",
+    )
+    init.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty DIR, replacing files of the same names (and the secret)",
+    )
+    init.set_defaults(func=_cmd_init)
 
     call = commands.add_parser(
         "call",

@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from projectutil import command_lines, run_project, shim_path
 
 import garcon_link as gl
-from garcon_link import cli
+from garcon_link import _scaffold, cli
 from garcon_link.config import CONFIG_ENV_VAR
 from garcon_link.interface import MethodKind
 
@@ -233,6 +234,53 @@ def test_keygen_as_a_command(tmp_path: Path) -> None:
     again = run_cli("keygen", str(path))
     assert again.returncode == 2
     assert_one_error_line(again.stderr, "refusing to overwrite")
+
+
+# --------------------------------------------------------------------------- init
+
+
+def test_init_writes_a_project_whose_two_printed_commands_work(tmp_path: Path) -> None:
+    project = tmp_path / "my project"  # a space: the printed commands must quote it
+    done = run_cli("init", str(project), "--port", str(free_port()))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in project.iterdir()) == [
+        "calc.py",
+        "controller.toml",
+        "link.secret",
+        "worker.toml",
+    ]
+    assert stat.S_IMODE((project / "link.secret").stat().st_mode) == 0o600
+    assert gl.load_config(project / "worker.toml").secret == (
+        gl.load_config(project / "controller.toml").secret
+    )
+    commands = [line.split(": ", 1)[1] for line in done.stdout.splitlines() if " && " in line]
+    assert len(commands) == 2, done.stdout
+    env = shim_path(tmp_path)
+    # Run from elsewhere: each printed command carries its own `cd`.
+    output = run_project(tmp_path, command_lines("\n".join(commands)), env)
+    assert output == "3\n[0, 1, 2]\n"
+
+
+def test_init_refuses_a_non_empty_directory_unless_forced(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    refused = run_cli("init", str(tmp_path))
+    assert refused.returncode == cli.EXIT_USAGE
+    assert refused.stdout == ""
+    assert_one_error_line(refused.stderr, "not empty", "--force")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    forced = run_cli("init", str(tmp_path), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert stat.S_IMODE((tmp_path / "link.secret").stat().st_mode) == 0o600
+    assert (tmp_path / "calc.py").read_text() == _scaffold.CALC_PY
+
+
+def test_init_refuses_a_file_and_a_bad_port(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("")
+    assert_one_error_line(run_cli("init", str(tmp_path / "f")).stderr, "not a directory")
+    bad = run_cli("init", str(tmp_path / "d"), "--port", "0")
+    assert bad.returncode == cli.EXIT_USAGE
+    assert not (tmp_path / "d").exists()
 
 
 # --------------------------------------------------------------------------- worker + call
