@@ -11,6 +11,8 @@ Commands
     stdout, flushed: ``executor-listening`` (or ``executor-dialing``), ``executor-ready`` for each
     fresh logical session, ``executor-stopping`` on a signal. With ``--stop-on-stdin-eof`` it also
     stops when its stdin is closed (a supervising parent that dies takes the worker with it).
+    With no ``--service`` and no ``--builtin`` it warns on stderr (one line) that it serves
+    nothing.
 
     ``attr`` may be a dotted path inside ``module``; the current directory is importable (as with
     ``python -m``). What it names decides how it is served:
@@ -64,13 +66,15 @@ Exit codes
       invalid arguments, stale resource)
 5     ``RemoteError``: executed and raised
 6     ``OutcomeUnknown``: may have executed (timeout, continuity lost)
-130   interrupted (Ctrl-C)
+130   interrupted (Ctrl-C); ``call`` says whether the call had been sent (it
+      may then have run: the outcome is unknown) or not (it did not run)
 ====  =========================================================================
 
 Every failure prints exactly one line on stderr, ``error: <what>``; a call's failure reads
-``error: [outcome:code] message``. Tracebacks are not printed: ``-v`` adds the library's log,
-for ``RemoteError`` the remote traceback, and for an internal error (an exception that is not a
-usage, configuration, link, call or OS error: a bug) its traceback before the line.
+``error: [outcome:code] message``. Tracebacks are not printed: ``-v`` (before or after the
+command) adds the library's log, for ``RemoteError`` the remote traceback, and for an internal
+error (an exception that is not a usage, configuration, link, call or OS error: a bug) its
+traceback before the line.
 """
 
 from __future__ import annotations
@@ -85,8 +89,10 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import sys
+import textwrap
 import threading
 import traceback
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -118,6 +124,7 @@ __all__ = [
     "EXIT_REJECTED",
     "EXIT_REMOTE_ERROR",
     "EXIT_USAGE",
+    "CallInterrupted",
     "UsageError",
     "build_parser",
     "build_services",
@@ -139,14 +146,15 @@ EXIT_INTERRUPTED = 130
 _EXIT_CODES_HELP = """\
 exit codes:
   0    success
-  1    other failure (link error, OS error, internal error: -v shows its traceback)
+  1    other failure (link or OS error; an internal error: -v shows why)
   2    usage or configuration error
-  3    NotDispatched   definitely not executed (offline, not ready within --timeout)
-  4    Rejected        reached the worker, refused unexecuted (unknown method, bad arguments)
+  3    NotDispatched   not executed (offline, not ready within --timeout)
+  4    Rejected        refused unexecuted (unknown method, bad arguments)
   5    RemoteError     executed and raised
   6    OutcomeUnknown  may have executed (timeout, continuity lost)
-  130  interrupted
-errors print one line on stderr: "error: [outcome:code] message" (no traceback).
+  130  interrupted (call: the message says whether the call was sent)
+
+Errors print one line on stderr, "error: [outcome:code] message", without a traceback.
 """
 
 log = logging.getLogger(__name__)
@@ -245,7 +253,7 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, UsageError | GarconLinkError):
         return str(exc)
     if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
+        return str(exc) or "interrupted"
     if isinstance(exc, OSError) and exc.strerror:
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{exc.strerror}{where}"
@@ -456,21 +464,48 @@ class _StdinWatch:
         threading.Thread(target=watch, name="stdin-eof-watch", daemon=True).start()
 
 
+def _worker_events(*, warn_serves_nothing: bool) -> Callable[[str], None]:
+    """The worker's ``on_event``: print each event line; with ``warn_serves_nothing``, once the
+    worker is up (so a failure to start stays one error line), warn that it serves nothing."""
+    warned = False
+
+    def on_event(line: str) -> None:
+        nonlocal warned
+        _emit(line)
+        if (
+            warn_serves_nothing
+            and not warned
+            and line.startswith(("executor-listening", "executor-dialing"))
+        ):
+            warned = True
+            print(
+                "warning: no --service or --builtin given: this worker serves nothing (only the "
+                "internal describe); add --service NAME=module:attr",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return on_event
+
+
 async def _serve_until_signal(
-    config: LinkConfig, services: ServiceMap | ServiceFactory, stop_on_stdin_eof: bool = False
+    config: LinkConfig,
+    services: ServiceMap | ServiceFactory,
+    stop_on_stdin_eof: bool = False,
+    on_event: Callable[[str], None] = _emit,
 ) -> None:
     """Serve until SIGINT/SIGTERM; then print ``executor-stopping`` and close gracefully."""
     try:
         receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
     except NotImplementedError:  # pragma: no cover - Windows: Ctrl-C raises KeyboardInterrupt
-        async with Worker(config, services, on_event=_emit):
+        async with Worker(config, services, on_event=on_event):
             await anyio.sleep_forever()
         return
     with receiver as signals:
         # The handlers exist from here on: only now may the watcher raise SIGTERM.
         if stop_on_stdin_eof:
             _StdinWatch.start()
-        async with Worker(config, services, on_event=_emit):
+        async with Worker(config, services, on_event=on_event):
             async for signum in signals:
                 reason = "stdin-closed" if _StdinWatch.closed else signal.Signals(signum).name
                 _emit(f"executor-stopping executor={config.executor_id} reason={reason}")
@@ -486,7 +521,8 @@ def _cmd_worker(ns: argparse.Namespace) -> int:
         allow_special_mode_bits=ns.allow_special_mode_bits,
     )
     config = _load(ns.config)
-    anyio.run(_serve_until_signal, config, services, ns.stop_on_stdin_eof)
+    on_event = _worker_events(warn_serves_nothing=not ns.service and not ns.builtin)
+    anyio.run(_serve_until_signal, config, services, ns.stop_on_stdin_eof, on_event)
     return EXIT_OK
 
 
@@ -564,6 +600,24 @@ def _parse_arguments(text: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]
     raise UsageError("JSON_ARGS must be a JSON array (positional) or object (keyword arguments)")
 
 
+class _CallProgress:
+    """How far ``call`` got, for the message of a Ctrl-C: once the request is handed to the link
+    it may reach the worker and run, so an interruption after that cannot say it did not."""
+
+    dispatched = False
+
+
+class CallInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``call`` (exit 130); the message says whether the call was sent."""
+
+    def __init__(self, dispatched: bool) -> None:
+        super().__init__(
+            "interrupted after the call was sent: it may have run on the worker (outcome unknown)"
+            if dispatched
+            else "interrupted before the call was sent: it did not run"
+        )
+
+
 async def _call(
     config: LinkConfig,
     service: str,
@@ -573,6 +627,7 @@ async def _call(
     *,
     ready_timeout: float,
     call_timeout: float | None,
+    progress: _CallProgress | None = None,
 ) -> None:
     async with connect(config) as executor:
         try:
@@ -584,6 +639,8 @@ async def _call(
         rpc = executor.current_rpc
         if rpc is None:
             raise NotDispatched("OFFLINE", executor.last_error or "the executor went offline")
+        if progress is not None:
+            progress.dispatched = True
         timeout = config.limits.call_timeout if call_timeout is None else call_timeout
         if spec.kind is MethodKind.STREAM:
             stream = rpc.stream(service, spec, args, kwargs)
@@ -610,6 +667,7 @@ def _cmd_call(ns: argparse.Namespace) -> int:
     if ns.timeout <= 0:
         raise UsageError("--timeout must be > 0")
     config = _load(config_path)
+    progress = _CallProgress()
     try:
         anyio.run(
             lambda: _call(
@@ -620,10 +678,13 @@ def _cmd_call(ns: argparse.Namespace) -> int:
                 kwargs,
                 ready_timeout=ns.timeout,
                 call_timeout=ns.call_timeout,
+                progress=progress,
             )
         )
     except BaseException as exc:
         leaf = _leaf(exc)
+        if isinstance(leaf, KeyboardInterrupt):
+            raise CallInterrupted(progress.dispatched) from None
         if ns.verbose and isinstance(leaf, RemoteError) and leaf.remote_traceback:
             print(leaf.remote_traceback.rstrip(), file=sys.stderr)
         raise
@@ -643,7 +704,37 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parser
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps prose to the terminal (at most 100 columns); keeps indented blocks (the exit code
+    table) as written. Paragraphs are separated by blank lines."""
+
+    def __init__(self, prog: str) -> None:
+        width = min(100, shutil.get_terminal_size().columns - 2)
+        super().__init__(prog, width=max(width, 40))
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for paragraph in text.strip("\n").split("\n\n"):
+            if any(line[:1].isspace() for line in paragraph.splitlines()):
+                paragraphs.append("\n".join(indent + line for line in paragraph.splitlines()))
+            else:
+                paragraphs.append(
+                    textwrap.fill(
+                        " ".join(paragraph.split()),
+                        width,
+                        initial_indent=indent,
+                        subsequent_indent=indent,
+                        break_on_hyphens=False,
+                    )
+                )
+        return "\n\n".join(paragraphs) + "\n"
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"error: {message}\n")
@@ -663,11 +754,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = _Parser(
         prog="garcon-link",
-        description="Resumable, authenticated WebSocket RPC to Python services in a worker.",
+        description="Resumable, authenticated WebSocket RPC to Python services in a worker.\n\n"
+        "New here? 'garcon-link init DIR' writes a worker/controller pair and a service to start "
+        "from, and prints the two commands that run it.",
         epilog=_EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"garcon-link {__version__}")
+    # -v is accepted before the command too (garcon-link -v call ...); main() adds both counts.
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        dest="global_verbose",
+        help="log to stderr: -v warnings, -vv info, -vvv debug (also after COMMAND)",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
@@ -685,7 +786,6 @@ def build_parser() -> argparse.ArgumentParser:
         "worker",
         parents=[common],
         help="serve services until SIGINT/SIGTERM",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve Python objects to a controller. Prints key=value lines: "
         "executor-listening (or executor-dialing), executor-ready per fresh session, "
         "executor-stopping on SIGINT/SIGTERM (exit 0).",
@@ -767,10 +867,9 @@ def build_parser() -> argparse.ArgumentParser:
     call = commands.add_parser(
         "call",
         parents=[common],
-        usage="garcon-link call [-h] [-v] [--timeout S] [--call-timeout S] "
-        "[CONFIG|-] SERVICE.METHOD [JSON_ARGS]",
+        usage="garcon-link call [-h] [-v] [--timeout S] [--call-timeout S]\n"
+        "                        [CONFIG|-] SERVICE.METHOD [JSON_ARGS]",
         help="make one call and print its result as JSON",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Connect with a controller config, wait until the executor is ready, call "
         "SERVICE.METHOD once and print the result as one JSON line (streams: one line per item; "
         "one-way methods: nothing). JSON_ARGS is a JSON array (positional) or object (keyword). "
@@ -804,6 +903,7 @@ def main(argv: list[str] | None = None) -> int:
         ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+    ns.verbose += ns.global_verbose
     handler: Callable[[argparse.Namespace], int] = ns.func
     try:
         return handler(ns)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +127,19 @@ def test_public_callables_are_documented() -> None:
 def test_version_is_a_string() -> None:
     assert isinstance(garcon_link.__version__, str)
     assert garcon_link.__version__.count(".") >= 2
+
+
+def test_the_declared_license_has_its_file_and_the_metadata_is_complete() -> None:
+    root = Path(__file__).resolve().parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text("utf-8"))["project"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"]
+    text = (root / "LICENSE").read_text("utf-8")
+    assert "Apache License" in text
+    assert "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+    classifiers = project["classifiers"]
+    for version in ("3.11", "3.12", "3.13"):
+        assert f"Programming Language :: Python :: {version}" in classifiers
+    assert "Typing :: Typed" in classifiers
+    assert not any(c.startswith("License ::") for c in classifiers)  # PEP 639: the expression
