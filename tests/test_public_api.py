@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -143,3 +145,22 @@ def test_the_declared_license_has_its_file_and_the_metadata_is_complete() -> Non
         assert f"Programming Language :: Python :: {version}" in classifiers
     assert "Typing :: Typed" in classifiers
     assert not any(c.startswith("License ::") for c in classifiers)  # PEP 639: the expression
+
+
+def test_library_logs_stay_silent_until_the_application_configures_logging() -> None:
+    emit = (
+        "import logging, sys, garcon_link\n"
+        "if sys.argv[1] == 'configured':\n"
+        "    logging.basicConfig()\n"
+        "logging.getLogger('garcon_link.link').warning('dial failed')\n"
+    )
+    for mode, expected in (("bare", ""), ("configured", "WARNING:garcon_link.link:dial failed\n")):
+        done = subprocess.run(
+            [sys.executable, "-c", emit, mode],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == expected, (mode, done.stderr)
