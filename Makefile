@@ -2,6 +2,11 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# compat: a plain .pth path entry that mypy and pyright follow (setuptools' default editable
+# install is an import hook they cannot see: "Cannot find implementation or library stub").
+# setuptools calls compat "transitional" (a warning at install). editable_mode=strict also works
+# for type checkers (a tree of symlinks) but sees a new module only after a reinstall.
+EDITABLE := --config-settings editable_mode=compat
 
 .PHONY: demo test lint typecheck unit bench clean
 
@@ -10,16 +15,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+$(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e .
 	@touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+$(VENV)/.installed-test: pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[test]'
 	@touch $@ $(VENV)/.installed
 
-$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+$(VENV)/.installed-bench: pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[test,bench]'
 	@touch $@ $(VENV)/.installed-test $(VENV)/.installed
 
 demo: $(VENV)/.installed

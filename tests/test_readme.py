@@ -14,7 +14,14 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from projectutil import command_lines, free_port, readme_blocks, run_project, shim_path
+from projectutil import (
+    README,
+    command_lines,
+    free_port,
+    readme_blocks,
+    run_project,
+    shim_path,
+)
 
 from garcon_link import _scaffold
 
@@ -36,3 +43,19 @@ def test_readme_example_runs_as_written(tmp_path: Path) -> None:
     output = run_project(project, commands, shim_path(tmp_path))
     assert output == expected
     assert stat.S_IMODE((project / "link.secret").stat().st_mode) == 0o600
+
+
+def test_installs_are_visible_to_type_checkers() -> None:
+    """setuptools' default editable install is an import hook mypy and pyright cannot see
+    ("Cannot find implementation or library stub" in a user's file): the Makefile and the
+    README install in compat mode (a plain .pth path entry)."""
+    root = README.parent
+    makefile = (root / "Makefile").read_text("utf-8")
+    assert "EDITABLE := --config-settings editable_mode=compat" in makefile
+    installs = [line for line in makefile.splitlines() if "pip install" in line and " -e " in line]
+    assert len(installs) == 3
+    assert all("$(EDITABLE) -e " in line for line in installs), installs
+    readme = README.read_text("utf-8")
+    editable = [line for line in readme.splitlines() if "pip install" in line and "-e ." in line]
+    assert editable
+    assert all("--config-settings editable_mode=compat" in line for line in editable), editable
