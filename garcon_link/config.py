@@ -618,13 +618,21 @@ def _host_problem(host: str) -> str | None:
 
 
 def _is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 and ``localhost``. Nothing is resolved: other names are not loopback."""
+    """127.0.0.0/8, ::1 and ``localhost``. Nothing is resolved: other names are not loopback.
+
+    An IPv4-mapped IPv6 address (``::ffff:127.0.0.1``) is not loopback here on any Python:
+    3.13 changed ``is_loopback`` to look through the mapping, and the rule must not depend on
+    the interpreter.
+    """
     if host.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return False
+    return address.is_loopback
 
 
 def _format_url(host: str, port: int, *, tls: bool) -> str:
