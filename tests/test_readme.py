@@ -12,6 +12,7 @@ output. Every child has a deadline and is killed in ``finally``.
 from __future__ import annotations
 
 import stat
+import subprocess
 from pathlib import Path
 
 from projectutil import (
@@ -59,3 +60,26 @@ def test_installs_are_visible_to_type_checkers() -> None:
     editable = [line for line in readme.splitlines() if "pip install" in line and "-e ." in line]
     assert editable
     assert all("--config-settings editable_mode=compat" in line for line in editable), editable
+
+
+def test_ci_finds_the_other_pythons_and_says_when_one_is_absent(tmp_path: Path) -> None:
+    """.ci/run runs the suite under 3.12 and 3.13 where pyenv (or PATH) has them."""
+    script = README.parent / ".ci" / "run"
+    assert subprocess.run(["bash", "-n", str(script)], timeout=30).returncode == 0
+    text = script.read_text("utf-8")
+    assert "for version in 3.12 3.13; do" in text
+    assert 'make unit-py PY="$python"' in text
+    function = text[text.index("find_python() {") : text.index("\n}\n", text.index("find_python"))]
+    fake = tmp_path / "versions" / "3.12.7" / "bin"
+    fake.mkdir(parents=True)
+    (fake / "python3").write_text("#!/bin/sh\n")
+    probe = f'{function}\n}}\nfor v in 3.12 3.99; do echo "$v=[$(find_python $v)]"; done\n'
+    done = subprocess.run(
+        ["bash", "-c", probe],
+        env={"PYENV_ROOT": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"3.12=[{fake / 'python3'}]", "3.99=[]"]
