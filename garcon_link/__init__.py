@@ -6,6 +6,8 @@ module's docstring for its rules.
 
 from __future__ import annotations
 
+import logging as _logging
+
 from .config import LinkConfig, Secret, TlsConfig, generate_secret, load_config, write_secret_file
 from .errors import (
     AuthenticationError,
@@ -42,6 +44,10 @@ from .rpc import register_exception
 from .wire import Role
 
 __version__ = "0.1.0"
+
+# A library leaves logging to the application: without a handler here, Python's last-resort
+# handler prints the library's warnings on the stderr of every script that never set logging up.
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 __all__ = [
     "AuthenticationError",

@@ -11,6 +11,8 @@ Commands
     stdout, flushed: ``executor-listening`` (or ``executor-dialing``), ``executor-ready`` for each
     fresh logical session, ``executor-stopping`` on a signal. With ``--stop-on-stdin-eof`` it also
     stops when its stdin is closed (a supervising parent that dies takes the worker with it).
+    With no ``--service`` and no ``--builtin`` it warns on stderr (one line) that it serves
+    nothing.
 
     ``attr`` may be a dotted path inside ``module``; the current directory is importable (as with
     ``python -m``). What it names decides how it is served:
@@ -31,6 +33,13 @@ Commands
 ``garcon-link keygen PATH [--force]``
     Write a new secret file (64 hex digits, mode 0600) and print its path. An existing file is
     never overwritten without ``--force``.
+
+``garcon-link init DIR [--port N] [--force]``
+    Write a starter project into ``DIR`` (created if missing): ``worker.toml`` and
+    ``controller.toml`` (a matched pair on loopback, port 8765 unless ``--port``), a fresh secret
+    ``link.secret`` (mode 0600, as ``keygen`` writes it) and ``calc.py`` (README.md's example);
+    then print the two commands to run. A non-empty ``DIR`` is refused (exit 2) unless
+    ``--force``, which replaces files of the same names.
 
 ``garcon-link call [CONFIG|-] SERVICE.METHOD [JSON_ARGS]``
     Connect with a controller configuration, wait until the executor is ready (``--timeout``), make
@@ -55,19 +64,22 @@ Exit codes
 0     success
 1     any other failure (a link error such as a port in use, an OS error), and
       an unexpected internal error (a bug: ``error: internal error, ...``)
-2     usage or configuration error (bad arguments, bad config, keygen refused)
+2     usage or configuration error (bad arguments, bad config, keygen or init
+      refused)
 3     ``NotDispatched``: definitely not executed (offline, not ready in time)
 4     ``Rejected``: reached the worker and refused unexecuted (unknown method,
       invalid arguments, stale resource)
 5     ``RemoteError``: executed and raised
 6     ``OutcomeUnknown``: may have executed (timeout, continuity lost)
-130   interrupted (Ctrl-C)
+130   interrupted (Ctrl-C); ``call`` says whether the call had been sent (it
+      may then have run: the outcome is unknown) or not (it did not run)
 ====  =========================================================================
 
 Every failure prints exactly one line on stderr, ``error: <what>``; a call's failure reads
-``error: [outcome:code] message``. Tracebacks are not printed: ``-v`` adds the library's log,
-for ``RemoteError`` the remote traceback, and for an internal error (an exception that is not a
-usage, configuration, link, call or OS error: a bug) its traceback before the line.
+``error: [outcome:code] message``. Tracebacks are not printed: ``-v`` (before or after the
+command) adds the library's log, for ``RemoteError`` the remote traceback, and for an internal
+error (an exception that is not a usage, configuration, link, call or OS error: a bug) its
+traceback before the line.
 """
 
 from __future__ import annotations
@@ -81,8 +93,11 @@ import inspect
 import json
 import logging
 import os
+import shlex
+import shutil
 import signal
 import sys
+import textwrap
 import threading
 import traceback
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -91,6 +106,7 @@ from typing import Any, NoReturn
 
 import anyio
 
+from . import _scaffold
 from .config import CONFIG_ENV_VAR, LinkConfig, load_config, write_secret_file
 from .errors import (
     ConfigError,
@@ -113,6 +129,7 @@ __all__ = [
     "EXIT_REJECTED",
     "EXIT_REMOTE_ERROR",
     "EXIT_USAGE",
+    "CallInterrupted",
     "UsageError",
     "build_parser",
     "build_services",
@@ -135,14 +152,15 @@ EXIT_INTERRUPTED = 130
 _EXIT_CODES_HELP = """\
 exit codes:
   0    success
-  1    other failure (link error, OS error, internal error: -v shows its traceback)
+  1    other failure (link or OS error; an internal error: -v shows why)
   2    usage or configuration error
-  3    NotDispatched   definitely not executed (offline, not ready within --timeout)
-  4    Rejected        reached the worker, refused unexecuted (unknown method, bad arguments)
+  3    NotDispatched   not executed (offline, not ready within --timeout)
+  4    Rejected        refused unexecuted (unknown method, bad arguments)
   5    RemoteError     executed and raised
   6    OutcomeUnknown  may have executed (timeout, continuity lost)
-  130  interrupted
-errors print one line on stderr: "error: [outcome:code] message" (no traceback).
+  130  interrupted (call: the message says whether the call was sent)
+
+Errors print one line on stderr, "error: [outcome:code] message", without a traceback.
 """
 
 log = logging.getLogger(__name__)
@@ -241,7 +259,7 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, UsageError | GarconLinkError):
         return str(exc)
     if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
+        return str(exc) or "interrupted"
     if isinstance(exc, OSError) and exc.strerror:
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{exc.strerror}{where}"
@@ -284,6 +302,38 @@ def _cmd_keygen(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=True)
     path = write_secret_file(ns.path, force=ns.force)
     _emit(str(path))
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- init
+
+
+def _cmd_init(ns: argparse.Namespace) -> int:
+    _setup_logging(ns.verbose, quiet_by_default=True)
+    if not 0 < ns.port < 65536:
+        raise UsageError(f"--port {ns.port}: expected a port number from 1 to 65535")
+    directory = Path(ns.dir)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{directory}: not a directory; give a new or empty directory")
+    if directory.is_dir() and any(directory.iterdir()) and not ns.force:
+        raise UsageError(
+            f"{directory}: the directory is not empty; give a new or empty directory, or pass "
+            "--force to write the starter files there (replacing files of the same names)"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    secret = write_secret_file(directory / _scaffold.SECRET_FILE, force=ns.force)
+    written = []
+    for name, content in _scaffold.files(ns.port).items():
+        path = directory / name
+        path.write_text(content, encoding="utf-8")
+        written.append(str(path))
+    where = shlex.quote(str(directory))
+    _emit(f"wrote {', '.join(written)} and {secret} (the shared secret, mode 0600)")
+    _emit(
+        f"start the worker:       cd {where} && garcon-link worker worker.toml "
+        f"--service {_scaffold.SERVICE_ARG}"
+    )
+    _emit(f"then, in another shell: cd {where} && python calc.py")
     return EXIT_OK
 
 
@@ -420,21 +470,48 @@ class _StdinWatch:
         threading.Thread(target=watch, name="stdin-eof-watch", daemon=True).start()
 
 
+def _worker_events(*, warn_serves_nothing: bool) -> Callable[[str], None]:
+    """The worker's ``on_event``: print each event line; with ``warn_serves_nothing``, once the
+    worker is up (so a failure to start stays one error line), warn that it serves nothing."""
+    warned = False
+
+    def on_event(line: str) -> None:
+        nonlocal warned
+        _emit(line)
+        if (
+            warn_serves_nothing
+            and not warned
+            and line.startswith(("executor-listening", "executor-dialing"))
+        ):
+            warned = True
+            print(
+                "warning: no --service or --builtin given: this worker serves nothing (only the "
+                "internal describe); add --service NAME=module:attr",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return on_event
+
+
 async def _serve_until_signal(
-    config: LinkConfig, services: ServiceMap | ServiceFactory, stop_on_stdin_eof: bool = False
+    config: LinkConfig,
+    services: ServiceMap | ServiceFactory,
+    stop_on_stdin_eof: bool = False,
+    on_event: Callable[[str], None] = _emit,
 ) -> None:
     """Serve until SIGINT/SIGTERM; then print ``executor-stopping`` and close gracefully."""
     try:
         receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
     except NotImplementedError:  # pragma: no cover - Windows: Ctrl-C raises KeyboardInterrupt
-        async with Worker(config, services, on_event=_emit):
+        async with Worker(config, services, on_event=on_event):
             await anyio.sleep_forever()
         return
     with receiver as signals:
         # The handlers exist from here on: only now may the watcher raise SIGTERM.
         if stop_on_stdin_eof:
             _StdinWatch.start()
-        async with Worker(config, services, on_event=_emit):
+        async with Worker(config, services, on_event=on_event):
             async for signum in signals:
                 reason = "stdin-closed" if _StdinWatch.closed else signal.Signals(signum).name
                 _emit(f"executor-stopping executor={config.executor_id} reason={reason}")
@@ -450,7 +527,8 @@ def _cmd_worker(ns: argparse.Namespace) -> int:
         allow_special_mode_bits=ns.allow_special_mode_bits,
     )
     config = _load(ns.config)
-    anyio.run(_serve_until_signal, config, services, ns.stop_on_stdin_eof)
+    on_event = _worker_events(warn_serves_nothing=not ns.service and not ns.builtin)
+    anyio.run(_serve_until_signal, config, services, ns.stop_on_stdin_eof, on_event)
     return EXIT_OK
 
 
@@ -507,6 +585,24 @@ def _parse_arguments(text: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]
     raise UsageError("JSON_ARGS must be a JSON array (positional) or object (keyword arguments)")
 
 
+class _CallProgress:
+    """How far ``call`` got, for the message of a Ctrl-C: once the request is handed to the link
+    it may reach the worker and run, so an interruption after that cannot say it did not."""
+
+    dispatched = False
+
+
+class CallInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``call`` (exit 130); the message says whether the call was sent."""
+
+    def __init__(self, dispatched: bool) -> None:
+        super().__init__(
+            "interrupted after the call was sent: it may have run on the worker (outcome unknown)"
+            if dispatched
+            else "interrupted before the call was sent: it did not run"
+        )
+
+
 async def _call(
     config: LinkConfig,
     service: str,
@@ -516,6 +612,7 @@ async def _call(
     *,
     ready_timeout: float,
     call_timeout: float | None,
+    progress: _CallProgress | None = None,
 ) -> None:
     async with connect(config) as executor:
         try:
@@ -527,6 +624,8 @@ async def _call(
         rpc = executor.current_rpc
         if rpc is None:
             raise NotDispatched("OFFLINE", executor.last_error or "the executor went offline")
+        if progress is not None:
+            progress.dispatched = True
         timeout = config.limits.call_timeout if call_timeout is None else call_timeout
         if spec.kind is MethodKind.STREAM:
             stream = rpc.stream(service, spec, args, kwargs)
@@ -553,6 +652,7 @@ def _cmd_call(ns: argparse.Namespace) -> int:
     if ns.timeout <= 0:
         raise UsageError("--timeout must be > 0")
     config = _load(config_path)
+    progress = _CallProgress()
     try:
         anyio.run(
             lambda: _call(
@@ -563,10 +663,13 @@ def _cmd_call(ns: argparse.Namespace) -> int:
                 kwargs,
                 ready_timeout=ns.timeout,
                 call_timeout=ns.call_timeout,
+                progress=progress,
             )
         )
     except BaseException as exc:
         leaf = _leaf(exc)
+        if isinstance(leaf, KeyboardInterrupt):
+            raise CallInterrupted(progress.dispatched) from None
         if ns.verbose and isinstance(leaf, RemoteError) and leaf.remote_traceback:
             print(leaf.remote_traceback.rstrip(), file=sys.stderr)
         raise
@@ -633,7 +736,37 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parser
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps prose to the terminal (at most 100 columns); keeps indented blocks (the exit code
+    table) as written. Paragraphs are separated by blank lines."""
+
+    def __init__(self, prog: str) -> None:
+        width = min(100, shutil.get_terminal_size().columns - 2)
+        super().__init__(prog, width=max(width, 40))
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for paragraph in text.strip("\n").split("\n\n"):
+            if any(line[:1].isspace() for line in paragraph.splitlines()):
+                paragraphs.append("\n".join(indent + line for line in paragraph.splitlines()))
+            else:
+                paragraphs.append(
+                    textwrap.fill(
+                        " ".join(paragraph.split()),
+                        width,
+                        initial_indent=indent,
+                        subsequent_indent=indent,
+                        break_on_hyphens=False,
+                    )
+                )
+        return "\n\n".join(paragraphs) + "\n"
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"error: {message}\n")
@@ -653,11 +786,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = _Parser(
         prog="garcon-link",
-        description="Resumable, authenticated WebSocket RPC to Python services in a worker.",
+        description="Resumable, authenticated WebSocket RPC to Python services in a worker.\n\n"
+        "New here? 'garcon-link init DIR' writes a worker/controller pair and a service to start "
+        "from, and prints the two commands that run it.",
         epilog=_EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"garcon-link {__version__}")
+    # -v is accepted before the command too (garcon-link -v call ...); main() adds both counts.
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        dest="global_verbose",
+        help="log to stderr: -v warnings, -vv info, -vvv debug (also after COMMAND)",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
@@ -675,7 +818,6 @@ def build_parser() -> argparse.ArgumentParser:
         "worker",
         parents=[common],
         help="serve services until SIGINT/SIGTERM",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve Python objects to a controller. Prints key=value lines: "
         "executor-listening (or executor-dialing), executor-ready per fresh session, "
         "executor-stopping on SIGINT/SIGTERM (exit 0).",
@@ -731,13 +873,35 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--force", action="store_true", help="replace an existing file")
     keygen.set_defaults(func=_cmd_keygen)
 
+    init = commands.add_parser(
+        "init",
+        parents=[common],
+        help="write a starter project: worker/controller configs, a secret, calc.py",
+        description="Write worker.toml and controller.toml (a matched pair on loopback), a fresh "
+        "secret link.secret (mode 0600) and calc.py (the README's example) into DIR, then print "
+        "the two commands to run. DIR is created if missing; a non-empty DIR is refused (exit 2) "
+        "unless --force.",
+    )
+    init.add_argument("dir", metavar="DIR")
+    init.add_argument(
+        "--port",
+        type=int,
+        default=_scaffold.DEFAULT_PORT,
+        help=f"the loopback port the worker listens on (default {_scaffold.DEFAULT_PORT})",
+    )
+    init.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty DIR, replacing files of the same names (and the secret)",
+    )
+    init.set_defaults(func=_cmd_init)
+
     call = commands.add_parser(
         "call",
         parents=[common],
-        usage="garcon-link call [-h] [-v] [--timeout S] [--call-timeout S] "
-        "[CONFIG|-] SERVICE.METHOD [JSON_ARGS]",
+        usage="garcon-link call [-h] [-v] [--timeout S] [--call-timeout S]\n"
+        "                        [CONFIG|-] SERVICE.METHOD [JSON_ARGS]",
         help="make one call and print its result as JSON",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Connect with a controller config, wait until the executor is ready, call "
         "SERVICE.METHOD once and print the result as one JSON line (streams: one line per item; "
         "one-way methods: nothing). JSON_ARGS is a JSON array (positional) or object (keyword). "
@@ -801,6 +965,7 @@ def main(argv: list[str] | None = None) -> int:
         ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+    ns.verbose += ns.global_verbose
     handler: Callable[[argparse.Namespace], int] = ns.func
     try:
         return handler(ns)

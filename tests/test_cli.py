@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from projectutil import command_lines, run_project, shim_path
 
 import garcon_link as gl
-from garcon_link import cli
+from garcon_link import _scaffold, cli
 from garcon_link.config import CONFIG_ENV_VAR
 from garcon_link.interface import MethodKind
 
@@ -234,6 +235,53 @@ def test_keygen_as_a_command(tmp_path: Path) -> None:
     again = run_cli("keygen", str(path))
     assert again.returncode == 2
     assert_one_error_line(again.stderr, "refusing to overwrite")
+
+
+# --------------------------------------------------------------------------- init
+
+
+def test_init_writes_a_project_whose_two_printed_commands_work(tmp_path: Path) -> None:
+    project = tmp_path / "my project"  # a space: the printed commands must quote it
+    done = run_cli("init", str(project), "--port", str(free_port()))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in project.iterdir()) == [
+        "calc.py",
+        "controller.toml",
+        "link.secret",
+        "worker.toml",
+    ]
+    assert stat.S_IMODE((project / "link.secret").stat().st_mode) == 0o600
+    assert gl.load_config(project / "worker.toml").secret == (
+        gl.load_config(project / "controller.toml").secret
+    )
+    commands = [line.split(": ", 1)[1] for line in done.stdout.splitlines() if " && " in line]
+    assert len(commands) == 2, done.stdout
+    env = shim_path(tmp_path)
+    # Run from elsewhere: each printed command carries its own `cd`.
+    output = run_project(tmp_path, command_lines("\n".join(commands)), env)
+    assert output == "3\n[0, 1, 2]\n"
+
+
+def test_init_refuses_a_non_empty_directory_unless_forced(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    refused = run_cli("init", str(tmp_path))
+    assert refused.returncode == cli.EXIT_USAGE
+    assert refused.stdout == ""
+    assert_one_error_line(refused.stderr, "not empty", "--force")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    forced = run_cli("init", str(tmp_path), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert stat.S_IMODE((tmp_path / "link.secret").stat().st_mode) == 0o600
+    assert (tmp_path / "calc.py").read_text() == _scaffold.CALC_PY
+
+
+def test_init_refuses_a_file_and_a_bad_port(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("")
+    assert_one_error_line(run_cli("init", str(tmp_path / "f")).stderr, "not a directory")
+    bad = run_cli("init", str(tmp_path / "d"), "--port", "0")
+    assert bad.returncode == cli.EXIT_USAGE
+    assert not (tmp_path / "d").exists()
 
 
 # --------------------------------------------------------------------------- worker + call
@@ -534,7 +582,7 @@ import sys
 import anyio
 from garcon_link import cli
 
-async def crash(config, services, stop_on_stdin_eof=False):
+async def crash(config, services, stop_on_stdin_eof=False, on_event=None):
     async with anyio.create_task_group() as tg:
         tg.start_soon(anyio.sleep_forever)
         raise RuntimeError("injected fault")
@@ -831,4 +879,143 @@ def test_sigterm_stops_the_worker_while_a_file_read_is_stuck(tmp_path: Path) -> 
         if call is not None:
             if call.poll() is None:
                 call.kill()
+            call.communicate(timeout=10)
+
+
+# --------------------------------------------------------------------------- polish (issue 19)
+
+
+def test_python_m_garcon_link_is_the_command_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "garcon_link", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "usage: garcon-link" in done.stdout
+    assert "init" in done.stdout
+
+
+def test_v_is_accepted_before_the_command_as_well_as_after(tmp_path: Path) -> None:
+    assert cli.main(["-v", "keygen", str(tmp_path / "a.secret")]) == 0
+    assert cli.main(["keygen", "-v", str(tmp_path / "b.secret")]) == 0
+    controller = write_config(
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{free_port()}/executor"'
+    )
+    # -v before the command logs as -v after it does: the dial failures are warnings.
+    done = run_cli("-v", "call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.5")
+    assert done.returncode == cli.EXIT_NOT_DISPATCHED, done.stderr
+    assert "WARNING" in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: [not_dispatched:NOT_READY]")
+
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["worker"], ["keygen"], ["init"], ["call"]])
+def test_help_is_wrapped_to_the_terminal(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli.main([*command, "--help"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: garcon-link")
+    too_long = [line for line in text.splitlines() if len(line) > 80]
+    assert not too_long, too_long
+
+
+def test_a_worker_with_no_services_warns_on_one_line(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    for services in ([], ["--service", SERVICE]):
+        done = subprocess.run(
+            [*CLI, "worker", str(config), "--stop-on-stdin-eof", *services],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+        warnings = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+        if services:
+            assert warnings == []
+        else:
+            assert len(warnings) == 1, done.stderr
+            assert "serves nothing" in warnings[0]
+            assert "--service NAME=module:attr" in warnings[0]
+
+
+def interrupt(process: subprocess.Popen[str]) -> tuple[int, str]:
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    return process.returncode, stderr
+
+
+def test_ctrl_c_during_call_says_the_call_was_sent_and_may_have_run(tmp_path: Path) -> None:
+    # A second controller would replace the session (and cancel the call): the handler tells
+    # the test that it runs by creating a file.
+    (tmp_path / "held.py").write_text(
+        "import pathlib\nimport anyio\n\n"
+        "class Held:\n"
+        "    async def hold(self) -> None:\n"
+        "        pathlib.Path('started').touch()\n"
+        "        await anyio.sleep(60)\n",
+        encoding="utf-8",
+    )
+    worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    worker = Worker(worker_toml, "held=held:Held", cwd=tmp_path)
+    call = None
+    try:
+        controller = write_config(
+            tmp_path, "controller.toml", "controller", f'dial = "{worker.url()}"'
+        )
+        call = subprocess.Popen(
+            [*CLI, "call", str(controller), "held.hold"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "started").exists():
+            assert time.monotonic() < deadline, "the held call never started"
+            assert call.poll() is None, call.communicate()
+            time.sleep(0.02)
+        code, stderr = interrupt(call)
+        assert code == cli.EXIT_INTERRUPTED
+        assert_one_error_line(stderr, "interrupted after the call was sent", "may have run")
+    finally:
+        if call is not None and call.poll() is None:
+            call.kill()
+            call.communicate(timeout=10)
+        worker.kill()
+
+
+def test_ctrl_c_before_the_call_is_sent_says_it_did_not_run(tmp_path: Path) -> None:
+    controller = write_config(
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{free_port()}/executor"'
+    )
+    call = subprocess.Popen(
+        [*CLI, "call", "-v", str(controller), "demo.add", "[1, 2]", "--timeout", "60"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert call.stderr is not None
+        # The first logged dial failure: the event loop runs and the call waits for readiness.
+        for _ in range(100):
+            line = call.stderr.readline()
+            assert line, "call exited before dialing"
+            if "dial" in line:
+                break
+        code, stderr = interrupt(call)
+        assert code == cli.EXIT_INTERRUPTED
+        # -v may log more dial failures before the interruption: the error line is the last.
+        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert errors == [stderr.strip().splitlines()[-1]], stderr
+        assert "interrupted before the call was sent" in errors[0]
+        assert "did not run" in errors[0]
+    finally:
+        if call.poll() is None:
+            call.kill()
             call.communicate(timeout=10)

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +129,38 @@ def test_public_callables_are_documented() -> None:
 def test_version_is_a_string() -> None:
     assert isinstance(garcon_link.__version__, str)
     assert garcon_link.__version__.count(".") >= 2
+
+
+def test_the_declared_license_has_its_file_and_the_metadata_is_complete() -> None:
+    root = Path(__file__).resolve().parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text("utf-8"))["project"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"]
+    text = (root / "LICENSE").read_text("utf-8")
+    assert "Apache License" in text
+    assert "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+    classifiers = project["classifiers"]
+    for version in ("3.11", "3.12", "3.13"):
+        assert f"Programming Language :: Python :: {version}" in classifiers
+    assert "Typing :: Typed" in classifiers
+    assert not any(c.startswith("License ::") for c in classifiers)  # PEP 639: the expression
+
+
+def test_library_logs_stay_silent_until_the_application_configures_logging() -> None:
+    emit = (
+        "import logging, sys, garcon_link\n"
+        "if sys.argv[1] == 'configured':\n"
+        "    logging.basicConfig()\n"
+        "logging.getLogger('garcon_link.link').warning('dial failed')\n"
+    )
+    for mode, expected in (("bare", ""), ("configured", "WARNING:garcon_link.link:dial failed\n")):
+        done = subprocess.run(
+            [sys.executable, "-c", emit, mode],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == expected, (mode, done.stderr)
