@@ -520,7 +520,7 @@ class _Facade:
     def with_options(
         self, *, timeout: float | None = _UNSET, dispatch_deadline: float | None = _UNSET
     ) -> Any:
-        return _Facade(
+        return type(self)(  # a dynamic facade stays dynamic
             self._executor,
             self._name,
             self._spec,
@@ -570,17 +570,6 @@ class _DynamicFacade(_Facade):
             methods = None
         known = sorted(methods) if isinstance(methods, Mapping) else []
         return sorted({*super().__dir__(), *known})
-
-    def with_options(
-        self, *, timeout: float | None = _UNSET, dispatch_deadline: float | None = _UNSET
-    ) -> Any:
-        return _DynamicFacade(
-            self._executor,
-            self._name,
-            self._spec,
-            self._timeout if timeout is _UNSET else timeout,
-            self._deadline if dispatch_deadline is _UNSET else dispatch_deadline,
-        )
 
 
 class _NoInterface:

@@ -940,6 +940,18 @@ async def send_batch(raw: Raw, bodies: list[bytes]) -> bool:
     return await raw.send_message(b"".join(packets))
 
 
+async def flood_unknown_service(raw: Raw, calls: int, batch: int) -> None:
+    """Send ``calls`` calls to a service that does not exist, ``batch`` per WebSocket message,
+    until done or the socket stops taking them (the caller bounds this in time: a worker that
+    stops reading leaves our writes blocked)."""
+    for first in range(1, calls + 1, batch):
+        bodies = [
+            cbor2.dumps(_call(i, "nope", "apply", ["t", b""])) for i in range(first, first + batch)
+        ]
+        if not await send_batch(raw, bodies):
+            return
+
+
 async def test_a_refusal_flood_without_receipts_pauses_the_reader() -> None:
     """Break 3: an authenticated peer that never acknowledges anything sends 30,000 calls to an
     unknown service. Each is refused, and the refusals soon wait for retention capacity (4,096
@@ -956,13 +968,7 @@ async def test_a_refusal_flood_without_receipts_pauses_the_reader() -> None:
                     await raw.authenticate()  # and never a receipt after it
                     # Bounded by time too: the worker stops reading, so our writes may block.
                     with anyio.move_on_after(10):
-                        for first in range(1, calls + 1, batch):
-                            bodies = [
-                                cbor2.dumps(_call(i, "nope", "apply", ["t", b""]))
-                                for i in range(first, first + batch)
-                            ]
-                            if not await send_batch(raw, bodies):
-                                break
+                        await flood_unknown_service(raw, calls, batch)
                     rpc = t.worker.current_rpc
                     assert rpc is not None
                     await wait_for(
@@ -1015,13 +1021,7 @@ async def test_a_refusal_flood_leaves_the_worker_process_bounded_and_serving(
                     assert await raw.upgrade()
                     await raw.authenticate()  # and never a receipt after it
                     with anyio.move_on_after(10):  # it stops reading: our writes may block
-                        for first in range(1, calls + 1, batch):
-                            bodies = [
-                                cbor2.dumps(_call(i, "nope", "apply", ["t", b""]))
-                                for i in range(first, first + batch)
-                            ]
-                            if not await send_batch(raw, bodies):
-                                break
+                        await flood_unknown_service(raw, calls, batch)
                     # Bounded: a worker that never pauses has read everything by then.
                     with anyio.move_on_after(OUTCOME_WAIT):
                         while not (paused := _logged(worker, "reading paused")):
