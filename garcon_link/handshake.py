@@ -253,11 +253,6 @@ def _check_received(value: object) -> None:
         raise ValueError("received must be in 0 .. 2**64-1")
 
 
-def _short(value: object, limit: int = 60) -> str:
-    """A bounded description of peer-supplied data for error details; never raises."""
-    return describe_value(value, limit)
-
-
 @dataclass(frozen=True, slots=True)
 class Hello:
     """One side's hello. Constructing it validates every field (:class:`ValueError` otherwise).
@@ -333,22 +328,25 @@ class Hello:
             raise HandshakeError(HandshakeFailure.MALFORMED, "a hello must be a CBOR map")
         kind = obj.get("t")
         if type(kind) is not str or kind != "hello":
-            raise HandshakeError(HandshakeFailure.MALFORMED, f"not a hello (t={_short(kind)})")
+            raise HandshakeError(
+                HandshakeFailure.MALFORMED, f"not a hello (t={describe_value(kind)})"
+            )
         if "protocol" not in obj:
             raise HandshakeError(HandshakeFailure.MALFORMED, "hello without a protocol version")
         protocol = obj["protocol"]
         if not _is_int(protocol):
             raise HandshakeError(
-                HandshakeFailure.MALFORMED, f"protocol must be an integer, not {_short(protocol)}"
+                HandshakeFailure.MALFORMED,
+                f"protocol must be an integer, not {describe_value(protocol)}",
             )
         if protocol != PROTOCOL_VERSION:
             raise HandshakeError(
                 HandshakeFailure.VERSION_MISMATCH,
-                f"peer speaks protocol {_short(protocol)}, we speak {PROTOCOL_VERSION}",
+                f"peer speaks protocol {describe_value(protocol)}, we speak {PROTOCOL_VERSION}",
             )
         keys = set(obj)
         if keys != _HELLO_KEYS:
-            unknown = sorted(_short(k, 30) for k in keys - _HELLO_KEYS)[:5]
+            unknown = sorted(describe_value(k, 30) for k in keys - _HELLO_KEYS)[:5]
             missing = sorted(_HELLO_KEYS - keys)
             parts = []
             if unknown:
@@ -358,7 +356,7 @@ class Hello:
             raise HandshakeError(HandshakeFailure.MALFORMED, "hello has " + "; ".join(parts))
         role = obj["role"]
         if type(role) is not str or role not in (Role.CONTROLLER.value, Role.WORKER.value):
-            raise HandshakeError(HandshakeFailure.MALFORMED, f"unknown role {_short(role)}")
+            raise HandshakeError(HandshakeFailure.MALFORMED, f"unknown role {describe_value(role)}")
         try:
             return cls(
                 protocol=protocol,
@@ -464,7 +462,8 @@ def _parse_proof(obj: object) -> bytes:
     mac = obj["mac"]
     if type(mac) is not bytes or len(mac) != MAC_BYTES:
         raise HandshakeError(
-            HandshakeFailure.MALFORMED, f"proof mac must be {MAC_BYTES} bytes, not {_short(mac)}"
+            HandshakeFailure.MALFORMED,
+            f"proof mac must be {MAC_BYTES} bytes, not {describe_value(mac)}",
         )
     return mac
 
@@ -651,7 +650,7 @@ class Handshake:
         if peer.executor != local.executor:
             raise HandshakeError(
                 HandshakeFailure.EXECUTOR_MISMATCH,
-                f"peer expects executor {_short(peer.executor)}, we are {local.executor!r}",
+                f"peer expects executor {describe_value(peer.executor)}, we are {local.executor!r}",
             )
         self._peer = peer
         self._state = HandshakeState.AWAIT_PROOF

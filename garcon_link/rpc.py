@@ -130,7 +130,7 @@ from .interface import MethodKind, MethodSpec, ServiceSpec, from_wire, to_wire
 from .limits import Limits
 from .resources import ResourceRef, ServiceScope, _current
 from .transport import SessionTransport
-from .wire import decode_item
+from .wire import array_prefix, decode_item
 
 __all__ = [
     "CALL",
@@ -264,22 +264,6 @@ def _error_from_body(body: Any) -> CallError:
     return _malformed_error("no known 'outcome'")
 
 
-def _read_uint(data: bytes, at: int) -> tuple[int, int] | None:
-    """A CBOR unsigned integer (major type 0) at ``data[at]``: ``(value, next offset)``."""
-    if at >= len(data) or data[at] >> 5 != 0:
-        return None
-    info = data[at] & 0x1F
-    if info < 24:
-        return info, at + 1
-    if info > 27:
-        return None
-    width = 1 << (info - 24)
-    end = at + 1 + width
-    if end > len(data):
-        return None
-    return int.from_bytes(data[at + 1 : end], "big"), end
-
-
 def _envelope_head(payload: bytes) -> tuple[int, int] | None:
     """``(kind, id)`` read from the first bytes of an envelope that did not decode as a whole.
 
@@ -288,10 +272,13 @@ def _envelope_head(payload: bytes) -> tuple[int, int] | None:
     *reply* (e.g. a result whose value holds a tag) fail the call it names at once instead of
     leaving it to its timeout.
     """
-    if len(payload) < 3 or not 0x82 <= payload[0] <= 0x88 or payload[1] > CREDIT:
+    prefix = array_prefix(payload)
+    if prefix is None:
         return None
-    head = _read_uint(payload, 2)
-    return None if head is None else (payload[1], head[0])
+    length, kind, call_id = prefix
+    if not 2 <= length <= 8 or kind > CREDIT:
+        return None
+    return kind, call_id
 
 
 def _local_exception(error: CallError) -> BaseException:

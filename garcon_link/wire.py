@@ -62,6 +62,7 @@ __all__ = [
     "Ordinal",
     "Packet",
     "Receipt",
+    "array_prefix",
     "decode_item",
     "decode_packets",
     "describe_value",
@@ -167,8 +168,11 @@ def encode_receipt(through: int) -> bytes:
     return b"\x82\x01" + _head(0, through)
 
 
-def _read_head(data: bytes, pos: int, major: int, what: str) -> tuple[int, int]:
-    """Read a shortest-form head of ``major`` type at ``pos``; return (value, next position)."""
+def _read_head(
+    data: bytes, pos: int, major: int, what: str, *, shortest: bool = True
+) -> tuple[int, int]:
+    """Read a head of ``major`` type at ``pos`` (shortest form only, unless ``shortest`` is
+    false); return (value, next position)."""
     end = len(data)
     if pos >= end:
         raise MalformedFrame(f"truncated {what}")
@@ -186,9 +190,25 @@ def _read_head(data: bytes, pos: int, major: int, what: str) -> tuple[int, int]:
         raise MalformedFrame(f"truncated {what}")
     value = int.from_bytes(data[pos : pos + width], "big")
     # Deterministic encoding: the head must be the shortest one that holds the value.
-    if value < (24 if width == 1 else 1 << (4 * width)):
+    if shortest and value < (24 if width == 1 else 1 << (4 * width)):
         raise MalformedFrame(f"{what}: non-shortest integer head")
     return value, pos + width
+
+
+def array_prefix(data: bytes) -> tuple[int, int, int] | None:
+    """``(length, first, second)`` of a definite CBOR array whose first two items are unsigned
+    integers, read from its first bytes alone; ``None`` for anything else. Never raises.
+
+    For naming what a value that does not decode as a whole was about (an RPC envelope's
+    ``[kind, id``). Any head width is accepted: this reads, it does not validate.
+    """
+    try:
+        length, pos = _read_head(data, 0, 4, "array", shortest=False)
+        first, pos = _read_head(data, pos, 0, "first item", shortest=False)
+        second, _ = _read_head(data, pos, 0, "second item", shortest=False)
+    except MalformedFrame:
+        return None
+    return length, first, second
 
 
 def iter_packets(data: bytes, max_frame_bytes: int, max_packets: int) -> Iterator[Packet]:
