@@ -60,6 +60,7 @@ from .errors import ConfigError, Rejected
 from .wire import encode_canonical
 
 __all__ = [
+    "MAX_SIGNATURE_CHARS",
     "MethodKind",
     "MethodSpec",
     "ServiceSpec",
@@ -560,17 +561,22 @@ def manifest_method(services: Mapping[str, Any], service: str, method: str) -> M
     return MethodSpec(method, kind, _DYNAMIC_SIGNATURE, {}, manifest_result_hint(entry))
 
 
+MAX_SIGNATURE_CHARS = 65536
+"""Longest manifest signature text :func:`manifest_result_hint` parses; a longer one is ``Any``."""
+
+
 def manifest_result_hint(entry: Mapping[str, Any]) -> Any:
     """The result type (a stream's item type) a manifest entry declares, as far as it is known.
 
     Rebuilt from the signature text without importing or evaluating anything: builtins,
     containers, ``Optional``/``Union``/``Literal``, ``X | Y``, datetimes, ``UUID`` and
     ``Decimal`` are rebuilt; any other name (a dataclass, an enum, a ``ResourceRef``) becomes
-    ``Any`` where it occurs, so values there pass unchecked. No return annotation, or text that
-    does not parse: ``Any``.
+    ``Any`` where it occurs, so values there pass unchecked. No return annotation, text that
+    does not parse, or text longer than :data:`MAX_SIGNATURE_CHARS` (the peer wrote it, and
+    parsing costs time and memory in its length): ``Any``.
     """
     signature = entry.get("signature")
-    if not isinstance(signature, str):
+    if not isinstance(signature, str) or len(signature) > MAX_SIGNATURE_CHARS:
         return Any
     try:
         tree = ast.parse(f"def f{signature}: pass")

@@ -21,6 +21,7 @@ import pytest
 
 import garcon_link as gl
 from garcon_link.interface import (
+    MAX_SIGNATURE_CHARS,
     MethodKind,
     contract_hash,
     from_wire,
@@ -600,3 +601,10 @@ def test_the_result_hint_is_rebuilt_from_manifest_text_without_imports() -> None
     }
     for signature in ("(x=<object at 0x1>) -> int", "-> int", "() -> __import__('os')", 7):
         assert manifest_result_hint({"kind": "unary", "signature": signature}) is Any
+    # A hostile worker's manifest: text past the bound is not parsed at all; deep nesting
+    # within it is refused by the parser, never a crash.
+    huge = "(" + ", ".join(f"a{i}: int" for i in range(8_000)) + ") -> int"  # parses: int
+    assert len(huge) > MAX_SIGNATURE_CHARS
+    assert manifest_result_hint({"kind": "unary", "signature": huge}) is Any
+    deep = "() -> " + "list[" * 1000 + "int" + "]" * 1000
+    assert manifest_result_hint({"kind": "unary", "signature": deep}) is Any
