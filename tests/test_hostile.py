@@ -444,6 +444,15 @@ async def test_a_thousand_unauthenticated_sockets_do_not_starve_a_legitimate_pee
                 for _ in range(count):
                     tg.start_soon(attacker)
                 await opened.wait()
+                # ...and accepted: the worker works through its accept backlog after the
+                # clients' writes return. A dial queued behind hundreds of unaccepted sockets
+                # measures this process's CPU (both ends of every socket live here), not
+                # whether the worker lets a legitimate peer in once they are all held.
+                await wait_for(
+                    lambda: t.worker.link.statistics().connections > count,
+                    DEADLINE / 2,
+                    "the worker accepted every attacker",
+                )
                 # Force the legitimate controller to reconnect in the middle of the flood.
                 await t.executor.link.disconnect()
                 await t.executor.wait_ready(5)
