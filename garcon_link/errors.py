@@ -255,6 +255,8 @@ class HandshakeFailure(_CodedReason):
     TIMEOUT = ("handshake deadline expired", 4008)
     SUPERSEDED = ("another peer holds a healthy session", 4004)
     RESUME_REFUSED = ("resume position refused", 4005)
+    TAKEN_OVER = ("another process took over this executor id", 4009)
+    REGISTRY_FULL = ("the controller serves its maximum number of executors", 1013)
 
 
 class HandshakeError(_ReasonedError[HandshakeFailure]):
@@ -286,6 +288,8 @@ class FailureReason(_CodedReason):
     PEER_RETIRED = ("the peer retired the session", 4005)
     REFUSED = ("refused after the handshake (contract changed or describe failed)", 4005)
     CLOSED = ("closed locally", 1001)
+    REVOKED = ("the executor's key was revoked", 4001)
+    TAKEN_OVER = ("another process took over this executor id", 4009)
 
 
 class SessionFailed(_ReasonedError[FailureReason]):

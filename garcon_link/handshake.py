@@ -154,6 +154,7 @@ __all__ = [
     "compute_mac",
     "decide_resume",
     "derive_key",
+    "peek_hello",
     "transcript",
 ]
 
@@ -468,6 +469,55 @@ def _parse_proof(obj: object) -> bytes:
     return mac
 
 
+def _decode_frame(data: bytes, max_frame_bytes: int) -> object:
+    """One handshake frame's CBOR item, refused unless small and deterministically encoded."""
+    size = len(data)
+    if size > max_frame_bytes:  # before decoding anything
+        raise HandshakeError(HandshakeFailure.OVERSIZE, f"{size} bytes > {max_frame_bytes}")
+    try:
+        # No bignums: every integer of the grammar fits 64 bits, so nothing larger is ever
+        # built, compared or described (a 4,300-digit one cannot even be printed).
+        obj = decode_item(data, max_frame_bytes, bignums=False)
+    except MalformedFrame as exc:
+        raise HandshakeError(HandshakeFailure.MALFORMED, str(exc)) from exc
+    # Only the deterministic encoding is accepted: it rules out duplicate map keys and other
+    # encodings two parsers could read differently (the MAC covers the re-encoded values).
+    if encode_canonical(obj) != data:
+        raise HandshakeError(
+            HandshakeFailure.MALFORMED, "frame is not deterministically encoded CBOR"
+        )
+    return obj
+
+
+def peek_hello(data: bytes, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Hello:
+    """The peer's hello, parsed and checked but not yet authenticated.
+
+    A listener that serves many executors reads the executor id the dialer *claims* here, picks
+    that executor's key (and resume offer), builds its :class:`Handshake` and only then sends its
+    own hello -- echoing the claimed id, so nothing of its own identity leaves before the peer
+    has proved its key -- and feeds the same frame to :meth:`Handshake.receive`, which checks it
+    again. Nothing in the result may be trusted until the handshake is DONE.
+
+    Raises:
+        HandshakeError: the frame is not a well-formed hello (``OVERSIZE``, ``MALFORMED``,
+            ``UNEXPECTED`` for a proof, ``VERSION_MISMATCH``). Nothing else, for any input.
+    """
+    try:
+        obj = _decode_frame(
+            data if type(data) is bytes else memoryview(data).tobytes(), max_frame_bytes
+        )
+        if _frame_kind(obj) == "proof":
+            raise HandshakeError(HandshakeFailure.UNEXPECTED, "proof before the peer's hello")
+        return Hello.from_wire(obj)
+    except HandshakeError:
+        raise
+    except Exception as exc:
+        raise HandshakeError(
+            HandshakeFailure.MALFORMED,
+            f"unexpected {type(exc).__name__} while processing the peer's frame",
+        ) from exc
+
+
 class Handshake:
     """One side of one handshake on one socket (sans-IO, single-use).
 
@@ -614,23 +664,7 @@ class Handshake:
     def _receive(self, data: bytes) -> bytes | None:
         if self._state is HandshakeState.DONE:
             raise HandshakeError(HandshakeFailure.UNEXPECTED, "frame after the handshake completed")
-        size = len(data)
-        if size > self._max_frame_bytes:  # before decoding anything
-            raise HandshakeError(
-                HandshakeFailure.OVERSIZE, f"{size} bytes > {self._max_frame_bytes}"
-            )
-        try:
-            # No bignums: every integer of the grammar fits 64 bits, so nothing larger is ever
-            # built, compared or described (a 4,300-digit one cannot even be printed).
-            obj = decode_item(data, self._max_frame_bytes, bignums=False)
-        except MalformedFrame as exc:
-            raise HandshakeError(HandshakeFailure.MALFORMED, str(exc)) from exc
-        # Only the deterministic encoding is accepted: it rules out duplicate map keys and other
-        # encodings two parsers could read differently (the MAC covers the re-encoded values).
-        if encode_canonical(obj) != data:
-            raise HandshakeError(
-                HandshakeFailure.MALFORMED, "frame is not deterministically encoded CBOR"
-            )
+        obj = _decode_frame(data, self._max_frame_bytes)
         kind = _frame_kind(obj)
         if self._state is HandshakeState.AWAIT_HELLO:
             if kind == "proof":

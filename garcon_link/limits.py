@@ -196,6 +196,13 @@ class Limits:
         default=100,
         metadata=_doc("Header fields of an HTTP upgrade request; more is refused (400)."),
     )
+    key_recheck_interval: float = field(
+        default=5.0,
+        metadata=_doc(
+            "A keyring listener re-reads an attached executor's key this often: how long a "
+            "revoked executor stays attached."
+        ),
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

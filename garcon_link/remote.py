@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, cast, overload
@@ -69,7 +70,7 @@ from .interface import (
     service_spec,
 )
 from .limits import Limits
-from .link import WebSocketLink
+from .link import ExecutorLink, WebSocketLink
 from .resources import ServiceScope
 from .rpc import ExecutorRpc, Registry, RemoteStream
 from .transport import SessionTransport, TransportState
@@ -189,13 +190,17 @@ async def _wait_state(transport: SessionTransport, *states: TransportState) -> T
 
 
 class _Endpoint:
-    """Shared machinery: a link, and an ExecutorRpc per logical session."""
+    """Shared machinery: a link, and an ExecutorRpc per logical session.
+
+    An endpoint built from a config owns its link (it enters and closes it); a fleet member
+    (:meth:`RemoteExecutor._fleet_member`) shares its fleet's link and task group.
+    """
 
     def __init__(self, config: LinkConfig, *, limits: Limits | None = None) -> None:
-        self.config = config
         self.limits = limits or config.limits
-        self.link = _link_from_config(config, self.limits)
-        self.link.on_session(self._on_session)
+        self._own_link: WebSocketLink | None = _link_from_config(config, self.limits)
+        self.link: WebSocketLink | ExecutorLink = self._own_link
+        self._own_link.on_session(self._on_session)
         self._tg: anyio.abc.TaskGroup | None = None
 
     # The task group and the link are entered and exited by hand, not through an
@@ -204,11 +209,12 @@ class _Endpoint:
     # ``__context__``; anyio's asyncio backend then loops forever walking that chain.
 
     async def _start(self) -> None:
+        assert self._own_link is not None
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
         try:
-            await self.link.__aenter__()
+            await self._own_link.__aenter__()
         except BaseException:
             # Exit the task group as if nothing happened, so the caller gets the link's own
             # exception (e.g. LinkError "cannot listen"), not an ExceptionGroup around it.
@@ -217,11 +223,14 @@ class _Endpoint:
             raise
 
     async def _stop(self) -> None:
+        link = self._own_link
+        if link is None:
+            return  # a fleet member: the fleet closes the link
         tg = self._tg
         try:
             with anyio.CancelScope(shield=True):
-                await self.link.aclose()
-            await self.link.__aexit__(None, None, None)
+                await link.aclose()
+            await link.__aexit__(None, None, None)
         except BaseException as exc:
             if tg is not None:
                 tg.cancel_scope.cancel()
@@ -252,8 +261,39 @@ class RemoteExecutor(_Endpoint):
         limits: Limits | None = None,
     ) -> None:
         super().__init__(config, limits=limits)
-        self._registry = _registry_from(services or {})
+        self._init_member(config.executor_id, _registry_from(services or {}))
+
+    @classmethod
+    def _fleet_member(
+        cls,
+        executor_id: str,
+        link: ExecutorLink,
+        registry: Registry,
+        limits: Limits,
+        tg: anyio.abc.TaskGroup,
+        on_change: Callable[[RemoteExecutor, Availability], None],
+    ) -> RemoteExecutor:
+        """An executor of a fleet: sessions are routed to it by the fleet, which owns the link
+        and the task group; :meth:`aclose` only marks it disposed."""
+        self = cls.__new__(cls)
+        self.limits = limits
+        self._own_link = None
+        self.link = link
+        self._tg = tg
+        self._init_member(executor_id, registry)
+        self._callbacks.append(lambda value: on_change(self, value))
+        return self
+
+    def _init_member(self, executor_id: str, registry: Registry) -> None:
+        self.executor_id = executor_id
+        self._registry = registry
         self._availability: Availability = "offline"
+        self.since = time.time()
+        """Wall-clock time of the last availability change (for tables and events)."""
+        self.calls = 0
+        """Calls and streams started through this executor's facades."""
+        self.errors = 0
+        """Of those, how many raised a :class:`~garcon_link.CallError`."""
         self._callbacks: list[Callable[[Availability], None]] = []
         self._rpc: ExecutorRpc | None = None
         self._info: ExecutorInfo | None = None
@@ -293,8 +333,9 @@ class RemoteExecutor(_Endpoint):
     def _set_availability(self, value: Availability) -> None:
         if self._availability == value or self._availability == "disposed":
             return
-        log.info("executor %s: %s -> %s", self.config.executor_id, self._availability, value)
+        log.info("executor %s: %s -> %s", self.executor_id, self._availability, value)
         self._availability = value
+        self.since = time.time()
         self._changed.set()
         self._changed = anyio.Event()
         for callback in list(self._callbacks):
@@ -317,9 +358,7 @@ class RemoteExecutor(_Endpoint):
                 await self._changed.wait()
             return
         why = self.last_error or self.link.last_error or "no session yet"
-        raise TimeoutError(
-            f"executor {self.config.executor_id!r} not ready within {timeout}s: {why}"
-        )
+        raise TimeoutError(f"executor {self.executor_id!r} not ready within {timeout}s: {why}")
 
     async def _rpc_for_call(self, dispatch_deadline: float) -> ExecutorRpc:
         if self._availability == "reconnecting" and dispatch_deadline > 0:
@@ -426,7 +465,7 @@ class RemoteExecutor(_Endpoint):
         self._contract_refused = contract
         log.error(
             "executor %s: session %s not installed: %s",
-            self.config.executor_id,
+            self.executor_id,
             transport.session_id.hex()[:12],
             why,
         )
@@ -515,7 +554,7 @@ class _Facade:
 
     def __repr__(self) -> str:
         interface = self._spec.interface.__qualname__
-        return f"<facade {self._name}: {interface} @ {self._executor.config.executor_id}>"
+        return f"<facade {self._name}: {interface} @ {self._executor.executor_id}>"
 
     def with_options(
         self, *, timeout: float | None = _UNSET, dispatch_deadline: float | None = _UNSET
@@ -540,8 +579,13 @@ class _Facade:
             return open_stream
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            rpc = await executor._rpc_for_call(facade._deadline)
-            return await rpc.call(name, method, args, kwargs, timeout=facade._timeout)
+            executor.calls += 1
+            try:
+                rpc = await executor._rpc_for_call(facade._deadline)
+                return await rpc.call(name, method, args, kwargs, timeout=facade._timeout)
+            except CallError:
+                executor.errors += 1
+                raise
 
         call.__name__ = method.name
         return call
@@ -551,7 +595,7 @@ class _DynamicFacade(_Facade):
     """A facade without an interface: each method is looked up in the worker's manifest."""
 
     def __repr__(self) -> str:
-        return f"<dynamic facade {self._name} @ {self._executor.config.executor_id}>"
+        return f"<dynamic facade {self._name} @ {self._executor.executor_id}>"
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         # Only called for names the instance does not have (never for _name, _executor...).
@@ -606,10 +650,16 @@ class _FacadeStream(AsyncIterator[Any]):
     async def __anext__(self) -> Any:
         if self._closed:
             raise StopAsyncIteration
-        if self._stream is None:
-            rpc = await self._executor._rpc_for_call(self._deadline)
-            self._stream = rpc.stream(self._name, self._method, self._args, self._kwargs)
-        return await self._stream.__anext__()
+        executor = self._executor
+        try:
+            if self._stream is None:
+                executor.calls += 1
+                rpc = await executor._rpc_for_call(self._deadline)
+                self._stream = rpc.stream(self._name, self._method, self._args, self._kwargs)
+            return await self._stream.__anext__()
+        except CallError:
+            executor.errors += 1
+            raise
 
     async def aclose(self) -> None:
         """Stop the stream (idempotent); it is never started if it had not been yet."""
@@ -674,6 +724,7 @@ class Worker(_Endpoint):
                 f"serve() needs a worker configuration, got role {config.role.value!r}"
             )
         super().__init__(config, limits=limits)
+        self.config = config
         self._services = services
         self._on_event = on_event or (lambda line: None)
         if not callable(services):
@@ -700,6 +751,17 @@ class Worker(_Endpoint):
     @property
     def url(self) -> str:
         return self.link.url
+
+    @property
+    def taken_over(self) -> str | None:
+        """Why this worker stopped for good: another process with its executor id took over
+        its session (DESIGN §12), else None. :meth:`wait_stopped` returns once it is set."""
+        return self._own_link.taken_over if self._own_link is not None else None
+
+    async def wait_stopped(self) -> None:
+        """Return once the worker gave up for good (see :attr:`taken_over`)."""
+        assert self._own_link is not None
+        await self._own_link.stopped.wait()
 
     @property
     def current_rpc(self) -> ExecutorRpc | None:

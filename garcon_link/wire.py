@@ -57,6 +57,7 @@ __all__ = [
     "MAX_BIGNUM_BYTES",
     "MAX_ORDINAL",
     "CloseCode",
+    "PEER_RETIRED_CODES",
     "Role",
     "Message",
     "Ordinal",
@@ -92,6 +93,7 @@ class CloseCode(enum.IntEnum):
     PROTOCOL = 1002
     UNSUPPORTED_DATA = 1003
     MESSAGE_TOO_BIG = 1009
+    TRY_AGAIN_LATER = 1013
     AUTH_FAILED = 4001
     VERSION_MISMATCH = 4002
     IDENTITY_MISMATCH = 4003
@@ -100,6 +102,23 @@ class CloseCode(enum.IntEnum):
     REPLAY_STALLED = 4006
     HEARTBEAT_TIMEOUT = 4007
     PROTOCOL_ERROR = 4008
+    TAKEN_OVER = 4009
+    """Another runtime of the same executor took over this one's session (DESIGN §12): two
+    processes claim one executor id, an operator error; the receiving side stops dialing."""
+
+
+PEER_RETIRED_CODES = frozenset(
+    {
+        int(CloseCode.GOING_AWAY),
+        int(CloseCode.SESSION_RETIRED),
+        int(CloseCode.REPLAY_STALLED),
+        int(CloseCode.PROTOCOL_ERROR),
+        int(CloseCode.TAKEN_OVER),
+    }
+)
+"""Close codes a peer sends when *it* has retired the logical session: no resume is possible.
+1001 is a deliberate shutdown (``aclose``), which retires the session on that side too, so waiting
+out the detached grace would only delay honest outcomes."""
 
 
 class Role(enum.StrEnum):

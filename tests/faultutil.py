@@ -444,6 +444,7 @@ class Raw:
         self.upgraded = False
         self.http_status: int | None = None
         self.close_code: int | None = None
+        self.close_reason: str | None = None
         self.received: list[bytes] = []  # bodies of session message packets
         self._inbox: list[bytes] = []  # whole binary messages not yet consumed
         self._parts: list[bytes] = []
@@ -501,6 +502,7 @@ class Raw:
                 self.http_status = event.status_code
             elif isinstance(event, CloseConnection):
                 self.close_code = event.code
+                self.close_reason = event.reason
             elif isinstance(event, Ping):
                 with contextlib.suppress(Exception):
                     await self.write(self.ws.send(event.response()))

@@ -54,8 +54,9 @@ from wsproto.events import AcceptConnection, BytesMessage, CloseConnection, Requ
 
 from garcon_link.errors import ProtocolError
 from garcon_link.handshake import Handshake, derive_key
-from garcon_link.link import WebSocketLink, _WebSocket
+from garcon_link.link import WebSocketLink
 from garcon_link.wire import Role, encode_receipt
+from garcon_link.ws import WebSocket as _WebSocket
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,0 +1,984 @@
+"""WebSocket sockets: upgrade, framing, frame budgets, listen and dial (DESIGN §3, §9).
+
+Theory of operation
+-------------------
+This module turns TCP (optionally TLS) connections into :class:`WebSocket` objects -- binary
+messages in, binary messages out -- and knows nothing of handshakes, sessions or executors. The
+session endpoint (:mod:`garcon_link.link`) authenticates what it gets from here and attaches it to
+a logical session; a :class:`WebSocket` satisfies the transport's ``MessageSocket`` protocol.
+
+1. **Upgrade (listening).** :class:`WebSocketListener` parses the HTTP/1.1 upgrade request with an
+   h11 connection of its own and refuses (``400``, with a one-line reason) anything but a plain
+   ``GET`` upgrade in origin-form over HTTP/1.1: a request body (``Content-Length`` other than 0,
+   any ``Transfer-Encoding``), obs-fold header lines, or more than ``max_upgrade_headers`` header
+   fields (:func:`upgrade_refusal`, a pure function); wsproto then checks the WebSocket headers
+   (``400``). It answers ``404`` for any path but ``/executor`` and ``503`` while draining or when
+   ``max_authenticated_sockets`` are busy. Bytes pipelined after the request (a hello sent without
+   waiting for the ``101``) are kept and fed to the WebSocket; on the dialing side wsproto keeps
+   frames that came with the ``101``. No extension (no permessage-deflate) is ever negotiated.
+   Unauthenticated sockets are capped (``max_unauthenticated_sockets``): past the cap the oldest
+   one is evicted, so a slowloris flood cannot starve a legitimate peer. Upgrade plus the
+   caller's authentication must finish within ``handshake_timeout`` (else 4008).
+2. **Dialing.** :func:`connect` opens the TCP connection (``connect_timeout``) and
+   :func:`client_upgrade` wraps TLS and performs the upgrade; both raise only
+   :class:`~garcon_link.errors.LinkError`. The dial URL is parsed once, by :func:`parse_dial_url`
+   (:class:`DialTarget`); it may carry the executor id as a routing hint (``?executor=<id>``) for a
+   load balancer in front of several controller processes.
+3. **Messages.** Messages are capped at ``max_frame_bytes`` (``max_handshake_frame_bytes`` before
+   :meth:`WebSocket.authenticated`) and ``max_message_fragments`` frames while they are assembled
+   (1009). A text frame is a protocol error (1003). Write back-pressure awaits the socket's drain.
+
+Sharing the event loop with hostile peers
+-----------------------------------------
+A frame can cost far more to parse than it costs to send (an empty continuation frame is 6
+bytes), so frames, not only bytes, are budgeted, per socket (:class:`FrameBudget`): before
+authentication a fixed allowance (``max_handshake_frames``, no refill), after it a token bucket
+(``frame_rate`` per second, ``frame_burst`` at once) that *throttles* -- the socket is read again
+once it has earned a batch -- and never closes an authenticated peer. ``max_handshake_frames``
+must be below ``frame_burst``: an unauthenticated socket always gets the smaller share. Every
+read is a checkpoint (anyio's contract, kept by :mod:`garcon_link._asyncio_stream`), so between
+two reads of one socket every other task runs; wsproto parses lazily, so frames left unparsed
+when a message completes or the budget runs out cost nothing until the next pass. A socket we
+close is drained for its close frame while its budget lasts, then only read and dropped (so the
+close frame is not lost to a TCP reset) until ``close_timeout``.
+
+Failures
+--------
+Exceptions of wsproto, h11, ssl and the OS never leave this module: they are classified in one
+place -- :data:`GONE` (the socket is gone) and :data:`BROKEN` (the peer's bytes broke HTTP or
+WebSocket framing) -- and surface as :class:`SocketGone` (an ``anyio.BrokenResourceError``, what
+the transport expects from a dead socket), ``MalformedFrame``/``FrameTooLarge`` or ``LinkError``.
+Any *other* exception raised while serving one peer is handed to the listener's ``on_error``
+callback: that peer's failure, never the listener's. Log records carry causes as text, never
+exception objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import math
+import re
+import ssl
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+import h11
+from anyio.abc import SocketAttribute
+from anyio.streams.tls import TLSStream
+from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Ping,
+    Pong,
+    RejectConnection,
+    Request,
+    TextMessage,
+)
+from wsproto.utilities import LocalProtocolError, RemoteProtocolError
+
+from . import _asyncio_stream
+from .errors import ConfigError, FrameTooLarge, HandshakeFailure, LinkError, MalformedFrame
+from .limits import Limits
+from .wire import PEER_RETIRED_CODES, CloseCode
+
+__all__ = [
+    "BROKEN",
+    "EXECUTOR_PATH",
+    "GONE",
+    "DialTarget",
+    "FrameBudget",
+    "LinkStatistics",
+    "SocketGone",
+    "WebSocket",
+    "WebSocketListener",
+    "client_upgrade",
+    "connect",
+    "describe_close",
+    "one_line",
+    "parse_dial_url",
+    "upgrade_refusal",
+]
+
+log = logging.getLogger(__name__)
+
+EXECUTOR_PATH = "/executor"
+ROUTING_PARAMETER = "executor"
+"""The one query parameter a dial URL may carry: the executor id, a hint for load balancers."""
+_READ_CHUNK = 65536
+_THROTTLE_QUANTUM = 0.01
+"""A socket over its frame budget is read again once it earned this many seconds of frames (so its
+reader wakes at most ~100 times a second, each time for a bounded batch)."""
+_REASON_CHARS = 200
+"""Longest reason (log line, refusal body) built from a library's message about peer bytes."""
+
+# The one classification of lower-library exceptions (STYLE 16), used by every receive and send:
+# the byte stream or the WebSocket is gone (anyio's and the OS's errors -- ssl.SSLError is an
+# OSError -- and wsproto's refusal to send or receive on a closed connection) ...
+GONE: tuple[type[Exception], ...] = (
+    anyio.EndOfStream,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.BusyResourceError,
+    OSError,
+    LocalProtocolError,
+)
+# ... or the peer's bytes broke HTTP or WebSocket framing (wsproto wraps h11's errors; UnicodeError:
+# wsproto decodes the Host header as IDNA and lets a bad one escape).
+BROKEN: tuple[type[Exception], ...] = (RemoteProtocolError, h11.ProtocolError, UnicodeError)
+
+# obs-fold (RFC 9112 §5.2): a header line that starts with a space or a tab continues the previous
+# one. h11 accepts and unfolds it; we refuse it, as a request smuggling vector.
+_OBS_FOLD = re.compile(rb"\n[ \t]")
+
+
+@dataclass(slots=True)
+class FrameBudget:
+    """A token bucket of the frames one socket may send us (pure: the caller passes ``now``).
+
+    It holds at most ``burst`` tokens and earns ``rate`` tokens per second; every inbound frame --
+    a data frame or fragment, a ping, a pong, a close -- spends one. ``rate == 0`` makes it a
+    fixed allowance that never refills. The link gives an unauthenticated socket such an allowance
+    (``Limits.max_handshake_frames``: the handshake needs two frames) and an authenticated one a
+    refilling bucket (``Limits.frame_rate``, ``Limits.frame_burst``), so before authentication a
+    socket can cost the event loop only a handful of frames' work, and after it a bounded rate.
+
+    Attributes:
+        rate: tokens earned per second (``>= 0``).
+        burst: capacity, and the balance of a new bucket.
+        tokens: the balance; negative while the socket owes frames.
+        stamp: the ``now`` of the last refill.
+    """
+
+    rate: float
+    burst: float
+    tokens: float
+    stamp: float
+
+    @classmethod
+    def full(cls, rate: float, burst: float, now: float) -> FrameBudget:
+        """A bucket holding ``burst`` tokens at ``now``."""
+        return cls(rate=rate, burst=burst, tokens=burst, stamp=now)
+
+    def _refill(self, now: float) -> None:
+        if now > self.stamp:
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+
+    def spend(self, now: float, frames: int = 1) -> bool:
+        """Spend ``frames`` tokens at ``now``; whether the balance is still ``>= 0``."""
+        self._refill(now)
+        self.tokens -= frames
+        return self.tokens >= 0
+
+    def delay(self, now: float, quantum: float = _THROTTLE_QUANTUM) -> float:
+        """Seconds to wait before the next frame is processed: 0 while the balance is not
+        negative; else until it has earned back its debt plus ``quantum`` seconds of frames (at
+        most ``burst``), so that a throttled reader wakes for a batch, not for every frame;
+        ``math.inf`` when in debt with ``rate == 0`` (the allowance is spent for good)."""
+        self._refill(now)
+        if self.tokens >= 0:
+            return 0.0
+        if self.rate <= 0:
+            return math.inf
+        target = min(self.burst, max(1.0, self.rate * quantum))
+        return (target - self.tokens) / self.rate
+
+
+def upgrade_refusal(request: h11.Request, head: bytes, *, max_headers: int) -> str | None:
+    """Why an HTTP upgrade request is refused (answered ``400``), or ``None`` if it may proceed.
+
+    Only a plain WebSocket upgrade is let through to wsproto's checks (which then want the
+    ``Upgrade``, ``Connection``, ``Sec-WebSocket-*`` and ``Host`` headers): anything that a proxy in
+    front of us could read differently, or that carries a body, is refused rather than guessed at.
+
+    Args:
+        request: the request as h11 parsed it.
+        head: the request's bytes up to and including the blank line that ends its headers.
+        max_headers: ``Limits.max_upgrade_headers``.
+
+    Returns:
+        A one-line reason, or ``None``.
+    """
+    if request.method != b"GET":
+        return "an upgrade request must be a GET"
+    if request.http_version != b"1.1":
+        return "an upgrade request must be HTTP/1.1"
+    if not request.target.startswith(b"/"):
+        return "the request target must be a path (origin-form)"
+    if len(request.headers) > max_headers:
+        return f"more than {max_headers} header fields"
+    for name, value in request.headers:
+        if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+            return "an upgrade request must not have a body"
+    if _OBS_FOLD.search(head):
+        return "obsolete line folding in the header fields"
+    return None
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line, at most :data:`_REASON_CHARS` characters (for logs and replies)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _REASON_CHARS else flat[: _REASON_CHARS - 3] + "..."
+
+
+class SocketGone(anyio.BrokenResourceError):
+    """The socket is closed or broken (not a protocol violation).
+
+    A :class:`anyio.BrokenResourceError`, which is what the transport's ``MessageSocket``
+    contract says a write to a dead socket raises: the transport then ends the attachment.
+    """
+
+
+class _TooFragmented(FrameTooLarge):
+    """Internal: a message spans more frames than ``Limits.max_message_fragments`` (1009, like a
+    message over the size limit: both bound what assembling one message may cost)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit, limit)
+
+    def __str__(self) -> str:
+        return f"message spans more than {self.limit} frames"
+
+
+@dataclass
+class LinkStatistics:
+    """Counters of one link (a snapshot copy is returned by :meth:`WebSocketLink.statistics`)."""
+
+    connections: int = 0
+    upgrades_refused: dict[int, int] = field(default_factory=dict)
+    handshakes_completed: int = 0
+    handshakes_failed: dict[str, int] = field(default_factory=dict)
+    evicted_unauthenticated: int = 0
+    resumed: int = 0
+    fresh_sessions: int = 0
+    takeovers_refused: int = 0
+    heartbeat_timeouts: int = 0
+    dial_attempts: int = 0
+    handshake_frames_exceeded: int = 0
+    """Unauthenticated sockets closed for sending more than ``max_handshake_frames`` frames."""
+    throttled_reads: int = 0
+    """Times an authenticated socket's reader waited for its frame budget (``frame_rate``)."""
+    unexpected_errors: int = 0
+    """Sockets ended by an exception nobody expected (a bug, contained to that one peer)."""
+    executors_refused: int = 0
+    """Authenticated executors refused because ``max_executors`` slots were taken."""
+    taken_over: int = 0
+    """Sessions this link gave up because another runtime of the same executor took over (4009)."""
+
+    def count_handshake_failure(self, reason: HandshakeFailure) -> None:
+        self.handshakes_failed[reason.name] = self.handshakes_failed.get(reason.name, 0) + 1
+
+
+class WebSocket:
+    """One WebSocket over one byte stream: the link's single send path and message assembly."""
+
+    def __init__(
+        self,
+        stream: anyio.abc.ByteStream,
+        ws: WSConnection,
+        *,
+        peer: str,
+        limits: Limits,
+        stats: LinkStatistics | None = None,
+    ) -> None:
+        self.stream = stream
+        self.ws = ws
+        self.peer = peer
+        self.limits = limits
+        self._stats = stats if stats is not None else LinkStatistics()
+        # Handshake bounds until authenticated() lifts them to the session's.
+        self.max_message = limits.max_handshake_frame_bytes
+        # The clock of the message path: on asyncio the loop's own (anyio.current_time() looks
+        # up the backend, and on Python 3.11 each lookup costs a getpid() system call).
+        self._clock: Callable[[], float] = (
+            asyncio.get_running_loop().time if _asyncio_stream.on_asyncio() else anyio.current_time
+        )
+        self.last_inbound = self._clock()
+        self._budget = FrameBudget.full(0.0, limits.max_handshake_frames, self.last_inbound)
+        self._fragments = 0  # frames of the message being assembled
+        self.reading = False  # a receive_message() is in progress (see there)
+        self.peer_close: tuple[int, str] | None = None
+        self.local_close: tuple[int, str] | None = None
+        # fast_acquire: an uncontended acquire does not yield to the event loop (the common case:
+        # only the writer sends; pongs and pings rarely contend), saving two loop iterations per
+        # message.
+        self._lock = anyio.Lock(fast_acquire=True)
+        # A stream that takes bytes synchronously (send_message_nowait), else None.
+        self._nowait: _asyncio_stream.AsyncioByteStream | None = (
+            stream if isinstance(stream, _asyncio_stream.AsyncioByteStream) else None
+        )
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._probe: anyio.Event | None = None
+        self.held_proof: bytes | None = None
+        self._closed = False
+
+    # -- send path: check state, write under the lock, await drain, map errors
+
+    def authenticated(self) -> None:
+        """The peer is admitted: from now on the session's bounds apply (message size, frame
+        rate) instead of the handshake's."""
+        self.max_message = self.limits.max_frame_bytes
+        self._budget = FrameBudget.full(
+            self.limits.frame_rate, self.limits.frame_burst, self._clock()
+        )
+
+    async def _write(self, data: bytes) -> None:
+        try:
+            await self.stream.send(data)
+        except GONE as e:
+            raise self._gone(e) from e
+
+    def _gone(self, cause: BaseException) -> SocketGone:
+        """The socket is dead from now on; the error that says so, naming ``cause``."""
+        self._closed = True
+        return SocketGone(str(cause) or type(cause).__name__)
+
+    async def _send_event(self, event: Any) -> None:
+        async with self._lock:
+            if self._closed or self.ws.state is not ConnectionState.OPEN:
+                raise SocketGone("socket is closed")
+            try:
+                data = self.ws.send(event)
+            except GONE as exc:
+                raise self._gone(exc) from exc
+            await self._write(data)
+
+    async def send_message(self, data: bytes) -> None:
+        await self._send_event(BytesMessage(data=data))
+
+    def writable_now(self) -> bool:
+        """Whether :meth:`send_message_nowait` can write a message now without waiting (open,
+        no write in progress, a stream that takes bytes synchronously and is not paused)."""
+        stream = self._nowait
+        return (
+            stream is not None
+            and not self._closed
+            and not self._lock.locked()
+            and self.ws.state is ConnectionState.OPEN
+            and stream.writable_now()
+        )
+
+    def send_message_nowait(self, data: bytes) -> None:
+        """Write one binary message synchronously; only when :meth:`writable_now`.
+
+        Raises:
+            anyio.BrokenResourceError: the socket is dead (as :meth:`send_message`).
+        """
+        stream = self._nowait
+        assert stream is not None and not self._lock.locked()
+        try:
+            stream.send_nowait(self.ws.send(BytesMessage(data=data)))
+        except GONE as e:
+            raise self._gone(e) from e
+
+    def retired_by_peer(self) -> str | None:
+        """Why the peer's close retired the session (a 1001/4005/4006/4008 close), else None."""
+        if self.peer_close is not None and self.peer_close[0] in PEER_RETIRED_CODES:
+            code, reason = self.peer_close
+            return f"peer closed with {code}" + (f" ({reason})" if reason else "")
+        return None
+
+    @property
+    def busy(self) -> bool:
+        """A write is in progress (then a ping would only queue behind it)."""
+        return self._lock.locked()
+
+    async def ping(self) -> None:
+        await self._send_event(Ping())
+
+    async def probe(self, timeout: float) -> bool:
+        """True if any inbound frame arrives within ``timeout`` after a ping.
+
+        Also True while nobody reads the socket (the reader is held up by a slow consumer): a
+        pong could not be seen then, so there is no evidence against the peer.
+        """
+        if not self.reading:
+            return True
+        event = anyio.Event()
+        self._probe = event
+        with anyio.move_on_after(timeout):
+            try:
+                await self.ping()
+            except SocketGone:
+                return False
+            await event.wait()
+            return True
+        return False
+
+    # -- receive path
+
+    async def receive_message(self) -> bytes | None:
+        """The next binary message, or ``None`` once closed.
+
+        Silence (for the heartbeat) is measured only while this runs, from the moment it was
+        entered: time the caller spends elsewhere -- held up by a slow consumer -- is not the
+        peer's silence (what the peer sent meanwhile is waiting, unread, in our buffers).
+
+        Raises:
+            FrameTooLarge: a message grew past ``max_message`` (nothing beyond it was buffered).
+            MalformedFrame: a text frame or broken WebSocket framing.
+        """
+        self.last_inbound = max(self.last_inbound, self._clock())
+        self.reading = True
+        try:
+            return await self._receive_message()
+        finally:
+            self.reading = False
+
+    async def _receive_message(self) -> bytes | None:
+        now = self._clock()
+        while True:
+            if self._budget.tokens < 0:
+                # Over the frame budget (only an authenticated socket gets here: an
+                # unauthenticated one is closed by _count_frame): read this peer again once it
+                # has earned a batch of frames.
+                now = self._clock()
+                delay = self._budget.delay(now)
+                if delay == math.inf:  # (a caller reading on after that refusal)
+                    raise MalformedFrame("the frame allowance is spent")
+                self._stats.throttled_reads += 1
+                await anyio.sleep(delay)
+                now = self._clock()
+                # Time we chose not to read is not the peer's silence.
+                self.last_inbound = max(self.last_inbound, now)
+            # wsproto parses frames lazily, one per event: leaving this loop early (a message,
+            # or the budget spent) leaves the rest unparsed in its buffer for the next pass.
+            for event in self.ws.events():
+                if isinstance(event, BytesMessage):
+                    size = self._size + len(event.data)
+                    if size > self.max_message:
+                        self._reset_message()
+                        self.local_close = (CloseCode.MESSAGE_TOO_BIG, "message too big")
+                        raise FrameTooLarge(size, self.max_message)
+                    if event.frame_finished:
+                        self._count_frame(now)
+                        if not event.message_finished:
+                            self._count_fragment()
+                    if event.message_finished and not self._parts:
+                        self._fragments = 0
+                        return bytes(event.data)
+                    if event.data:
+                        self._parts.append(bytes(event.data))
+                        self._size = size
+                    if event.message_finished:
+                        data = b"".join(self._parts)
+                        self._reset_message()
+                        return data
+                elif isinstance(event, Ping):
+                    self._count_frame(now)
+                    try:
+                        await self._send_event(event.response())
+                    except SocketGone:
+                        return None
+                elif isinstance(event, Pong):
+                    self._count_frame(now)
+                elif isinstance(event, CloseConnection):
+                    if self.ws.state is ConnectionState.OPEN:
+                        # wsproto reports broken framing (reserved bits or opcodes, an unmasked
+                        # client frame, ...) as a *synthetic* close event without changing
+                        # state; a real close from the peer moves it to REMOTE_CLOSING.
+                        self.local_close = (event.code, event.reason or "bad WebSocket framing")
+                        raise MalformedFrame(f"bad WebSocket framing: {event.reason}")
+                    self.peer_close = (event.code, event.reason or "")
+                    if self.ws.state is ConnectionState.REMOTE_CLOSING:
+                        async with self._lock:
+                            try:
+                                await self._write(self.ws.send(event.response()))
+                            except GONE:
+                                pass
+                    self._closed = True
+                    return None
+                elif isinstance(event, TextMessage):
+                    self.local_close = (CloseCode.UNSUPPORTED_DATA, "text frames are not allowed")
+                    raise MalformedFrame("text frame received; every message must be binary")
+                if self._budget.tokens < 0:
+                    break  # wait (above) before parsing another frame
+            else:
+                if self._closed:
+                    return None
+                # A receive is a checkpoint (anyio's contract, kept by the asyncio stream too): a
+                # peer that keeps our buffers full still lets the other tasks run between reads.
+                try:
+                    data = await self.stream.receive(_READ_CHUNK)
+                except GONE as exc:
+                    if not isinstance(exc, anyio.EndOfStream):
+                        log.debug("%s: read failed: %s", self.peer, repr(exc))
+                    self._closed = True
+                    return None
+                now = self.last_inbound = self._clock()
+                if self._probe is not None:
+                    self._probe.set()
+                    self._probe = None
+                try:
+                    self.ws.receive_data(data)
+                except BROKEN as exc:
+                    self.local_close = (CloseCode.PROTOCOL, "bad WebSocket framing")
+                    raise MalformedFrame(f"bad WebSocket framing: {exc}") from exc
+                except GONE:
+                    self._closed = True  # wsproto: the connection is already closed
+                    return None
+
+    def _count_frame(self, now: float) -> None:
+        """Spend one frame of the budget; before authentication, running out ends the socket.
+
+        Raises:
+            MalformedFrame: more than ``max_handshake_frames`` frames before authentication.
+        """
+        if not self._budget.spend(now) and self._budget.rate <= 0:
+            self._stats.handshake_frames_exceeded += 1
+            self.local_close = (CloseCode.PROTOCOL_ERROR, "too many frames before authentication")
+            raise MalformedFrame(
+                f"more than {self.limits.max_handshake_frames} frames before authentication"
+            )
+
+    def _count_fragment(self) -> None:
+        """One more non-final frame of the message being assembled.
+
+        Raises:
+            FrameTooLarge: the message needs more than ``max_message_fragments`` frames (1009);
+                refused as soon as that is certain, before its final frame.
+        """
+        self._fragments += 1
+        limit = self.limits.max_message_fragments
+        if self._fragments >= limit:
+            self._reset_message()
+            self.local_close = (CloseCode.MESSAGE_TOO_BIG, f"message of over {limit} fragments")
+            raise _TooFragmented(limit)
+
+    def _reset_message(self) -> None:
+        self._parts.clear()
+        self._size = 0
+        self._fragments = 0
+
+    async def close(self, code: int, reason: str, *, drain: bool = True) -> None:
+        """Send a close frame, wait briefly for the peer's answer, close the byte stream.
+
+        Everything is bounded by ``close_timeout``. Waiting for the peer's close frame (or EOF)
+        keeps our close frame from being lost to a TCP reset when the peer is still writing, so
+        the peer learns the real cause. ``drain=False`` skips the wait: for callers that may race
+        a reader on this socket, and after a heartbeat timeout (the peer is presumed gone).
+        """
+        sent = False
+        with anyio.move_on_after(self.limits.close_timeout, shield=True):
+            async with self._lock:
+                if not self._closed and self.ws.state is ConnectionState.OPEN:
+                    try:
+                        await self._write(self.ws.send(CloseConnection(code=code, reason=reason)))
+                        sent = True
+                    except GONE:
+                        pass
+            if sent and drain and code != CloseCode.HEARTBEAT_TIMEOUT:
+                await self._await_peer_close()
+        self._closed = True
+        await anyio.aclose_forcefully(self.stream)
+
+    async def _await_peer_close(self) -> None:
+        """Read (and discard) until the peer's close frame or EOF; the caller bounds the time.
+
+        Discarded frames still spend the frame budget. Once it has run out (a peer that floods
+        instead of closing) the bytes are no longer parsed, only read and dropped: not reading
+        them would make our close turn into a TCP reset, which can destroy the close frame
+        before the peer reads it, and the peer would never learn why.
+        """
+        parsing = True
+        while self.ws.state is not ConnectionState.CLOSED:
+            try:
+                data = await self.stream.receive(_READ_CHUNK)
+                if not parsing:
+                    continue
+                self.ws.receive_data(data)
+                now = self._clock()
+                for _event in self.ws.events():
+                    if not self._budget.spend(now):
+                        parsing = False
+                        break
+            except (*GONE, *BROKEN):
+                return
+
+    async def abort(self) -> None:
+        self._closed = True
+        await anyio.aclose_forcefully(self.stream)
+
+
+def describe_close(sock: WebSocket) -> str:
+    if sock.local_close:
+        return f"closed by us code={int(sock.local_close[0])} cause={sock.local_close[1]!r}"
+    if sock.peer_close:
+        return f"closed by peer code={sock.peer_close[0]} cause={sock.peer_close[1]!r}"
+    return "connection lost"
+
+
+# ---------------------------------------------------------------------------------- dialing
+
+
+@dataclass(frozen=True, slots=True)
+class DialTarget:
+    """A parsed dial URL: ``ws[s]://host[:port]/executor[?executor=<id>]``."""
+
+    scheme: str
+    host: str
+    port: int
+    executor_hint: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "wss"
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        query = (
+            "?" + urllib.parse.urlencode({ROUTING_PARAMETER: self.executor_hint})
+            if self.executor_hint is not None
+            else ""
+        )
+        return f"{self.scheme}://{host}:{self.port}{EXECUTOR_PATH}{query}"
+
+    @property
+    def target(self) -> str:
+        """The request target of the upgrade (path and routing hint)."""
+        return self.url[self.url.index(EXECUTOR_PATH) :]
+
+
+def parse_dial_url(url: str) -> DialTarget:
+    """Parse a dial URL once (the config and the link use the result).
+
+    Raises:
+        ConfigError: not ``ws://`` or ``wss://``, not the ``/executor`` path, userinfo or a
+            fragment, a query other than ``executor=<id>``, or no host.
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"invalid dial URL {url!r}: {exc}") from exc
+    if parts.scheme not in ("ws", "wss"):
+        raise ConfigError(f"dial URL {url!r} must use ws:// or wss://")
+    if parts.username or parts.password or parts.fragment:
+        raise ConfigError(f"dial URL {url!r} must not carry userinfo or a fragment")
+    hint = None
+    if parts.query:
+        try:
+            query = urllib.parse.parse_qs(parts.query, strict_parsing=True, max_num_fields=2)
+        except ValueError as exc:
+            raise ConfigError(f"dial URL {url!r}: bad query: {exc}") from exc
+        values = query.get(ROUTING_PARAMETER)
+        if set(query) != {ROUTING_PARAMETER} or values is None or len(values) != 1:
+            raise ConfigError(
+                f"dial URL {url!r}: the only query allowed is {ROUTING_PARAMETER}=<executor id>"
+            )
+        hint = values[0]
+    if parts.path != EXECUTOR_PATH:
+        raise ConfigError(f"dial URL {url!r} must have the path {EXECUTOR_PATH}")
+    if not parts.hostname:
+        raise ConfigError(f"dial URL {url!r} has no host")
+    default = 443 if parts.scheme == "wss" else 80
+    return DialTarget(parts.scheme, parts.hostname, port or default, hint)
+
+
+async def connect(target: DialTarget, limits: Limits) -> anyio.abc.ByteStream:
+    """Open the TCP connection to ``target`` within ``connect_timeout``.
+
+    Raises:
+        LinkError: timed out or refused (the OS's reason, one line).
+    """
+    host, port = target.host, target.port
+    try:
+        with anyio.fail_after(limits.connect_timeout):
+            if _asyncio_stream.on_asyncio():
+                return await _asyncio_stream.connect(host, port)
+            return await anyio.connect_tcp(host, port)
+    except TimeoutError as exc:
+        raise LinkError(f"connect to {host}:{port} timed out") from exc
+    except OSError as exc:
+        raise LinkError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from exc
+
+
+async def client_upgrade(
+    stream: anyio.abc.ByteStream,
+    target: DialTarget,
+    *,
+    ssl_context: ssl.SSLContext | None,
+    limits: Limits,
+    stats: LinkStatistics,
+) -> WebSocket:
+    """Wrap TLS (for ``wss://``) and perform the WebSocket upgrade on a connected stream.
+
+    The caller bounds the time (the handshake deadline) and owns ``stream``: it closes it on
+    any exception, cancellation included.
+
+    Raises:
+        LinkError: TLS failed, the connection was lost, the upgrade was refused or the response
+            was not a valid upgrade.
+    """
+    peer = f"{target.host}:{target.port}"
+    try:
+        if ssl_context is not None:
+            stream = await TLSStream.wrap(
+                stream,
+                server_side=False,
+                hostname=target.host,
+                ssl_context=ssl_context,
+                standard_compatible=False,
+            )
+        ws = WSConnection(ConnectionType.CLIENT)
+        sock = WebSocket(stream, ws, peer=peer, limits=limits, stats=stats)
+        host = f"[{target.host}]" if ":" in target.host else target.host
+        await sock._write(ws.send(Request(host=f"{host}:{target.port}", target=target.target)))
+        while True:
+            data = await stream.receive(_READ_CHUNK)
+            try:
+                ws.receive_data(data)
+                # Lazily: frames that arrived in the same read as the 101 (the peer's hello,
+                # typically) must stay queued in wsproto for receive_message, not be consumed.
+                for event in ws.events():
+                    if isinstance(event, AcceptConnection):
+                        sock.last_inbound = anyio.current_time()
+                        return sock
+                    if isinstance(event, RejectConnection):
+                        raise LinkError(f"{peer} refused the upgrade: HTTP {event.status_code}")
+            except BROKEN as exc:
+                raise LinkError(f"bad upgrade response from {peer}: {exc}") from exc
+    except ssl.SSLError as exc:
+        raise LinkError(f"TLS handshake with {peer} failed: {exc.reason or exc}") from exc
+    except GONE as exc:
+        raise LinkError(f"connection to {peer} lost during upgrade: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------------- listening
+
+Admitted = Callable[[], Awaitable[None]]
+"""What an authenticated socket runs (outside the unauthenticated cap and deadline)."""
+Authenticate = Callable[[WebSocket], Awaitable[Admitted | None]]
+"""The endpoint's handshake on an upgraded socket: ``None`` when the peer was refused (it closed
+the socket), else the coroutine function that serves the admitted peer."""
+
+
+class WebSocketListener:
+    """Accepts connections on ``/executor`` and hands each upgraded socket to ``authenticate``.
+
+    Owns the unauthenticated-socket cap (oldest evicted), the handshake deadline around upgrade
+    plus authentication, the ``503`` answer while draining or full, and closing every stream it
+    accepted.
+
+    Args:
+        limits: bounds.
+        stats: the link's counters (shared with the endpoint).
+        ssl_context: server TLS context, or ``None`` for plain text.
+        tag: log prefix.
+        on_error: called with ``(peer, exception)`` for an exception nobody expected while serving
+            one peer; it logs and counts it (the peer's failure, never the listener's).
+        max_authenticated: authenticated sockets at once (default ``max_authenticated_sockets``;
+            a listener serving many executors needs one per executor).
+    """
+
+    def __init__(
+        self,
+        *,
+        limits: Limits,
+        stats: LinkStatistics,
+        ssl_context: ssl.SSLContext | None,
+        tag: str,
+        on_error: Callable[[str, Exception], object],
+        max_authenticated: int | None = None,
+    ) -> None:
+        self.limits = limits
+        self._max_authenticated = (
+            limits.max_authenticated_sockets if max_authenticated is None else max_authenticated
+        )
+        self._stats = stats
+        self._ssl = ssl_context
+        self._tag = tag
+        self._on_error = on_error
+        self._unauthenticated: dict[int, anyio.CancelScope] = {}
+        self._authenticated = 0
+        self.closing = False
+        self.address: tuple[str, int] | None = None
+
+    async def serve(
+        self,
+        host: str,
+        port: int,
+        authenticate: Authenticate,
+        tg: anyio.abc.TaskGroup,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen until cancelled; ``task_status.started()`` once bound (see :attr:`address`).
+
+        Raises:
+            LinkError: the address cannot be bound.
+        """
+        try:
+            listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        except OSError as exc:
+            raise LinkError(f"cannot listen on {host}:{port}: {exc}") from exc
+        bound = listener.extra(SocketAttribute.local_address)
+        self.address = (str(bound[0]), int(bound[1]))
+        task_status.started()
+
+        async def handle(stream: anyio.abc.ByteStream) -> None:
+            await self._handle(stream, authenticate)
+
+        async with listener:
+            if _asyncio_stream.on_asyncio():
+                await _asyncio_stream.serve_accepted(listener, handle, tg)
+            else:
+                await listener.serve(handle, task_group=tg)
+
+    async def _handle(self, stream: anyio.abc.ByteStream, authenticate: Authenticate) -> None:
+        self._stats.connections += 1
+        try:
+            remote = stream.extra(SocketAttribute.remote_address)
+            peer = f"{remote[0]}:{remote[1]}" if isinstance(remote, tuple) else str(remote)
+        except Exception:
+            peer = "?"
+        key = id(stream)
+        try:
+            with anyio.CancelScope() as scope:
+                self._unauthenticated[key] = scope
+                if len(self._unauthenticated) > self.limits.max_unauthenticated_sockets:
+                    oldest = next(iter(self._unauthenticated))
+                    self._stats.evicted_unauthenticated += 1
+                    log.info("%s ✕ %s evicting oldest unauthenticated socket", self._tag, peer)
+                    self._unauthenticated.pop(oldest).cancel()
+                try:
+                    admitted = await self._accept(stream, peer, authenticate)
+                finally:
+                    self._unauthenticated.pop(key, None)
+            if scope.cancelled_caught or admitted is None:
+                return
+            self._authenticated += 1
+            try:
+                await admitted()
+            finally:
+                self._authenticated -= 1
+        except Exception as exc:
+            self._on_error(peer, exc)  # never the listener's failure
+        finally:
+            # Every exit, shutdown (cancellation) included, closes the socket: a dropped stream
+            # would stay open until garbage collection and the peer would hang.
+            await anyio.aclose_forcefully(stream)
+
+    async def _accept(
+        self, stream: anyio.abc.ByteStream, peer: str, authenticate: Authenticate
+    ) -> Admitted | None:
+        byte_stream: anyio.abc.ByteStream = stream
+        sock: WebSocket | None = None
+        with anyio.move_on_after(self.limits.handshake_timeout) as deadline:
+            if self._ssl is not None:
+                try:
+                    byte_stream = await TLSStream.wrap(
+                        stream, server_side=True, ssl_context=self._ssl, standard_compatible=False
+                    )
+                except GONE as e:
+                    log.info("%s ✕ %s TLS handshake failed: %s", self._tag, peer, str(e))
+                    return None
+            ws = WSConnection(ConnectionType.SERVER)
+            sock = WebSocket(byte_stream, ws, peer=peer, limits=self.limits, stats=self._stats)
+            if not await self._upgrade(sock):
+                return None
+            return await authenticate(sock)
+        if deadline.cancelled_caught:
+            self._stats.count_handshake_failure(HandshakeFailure.TIMEOUT)
+            log.info("%s ✕ %s handshake deadline expired", self._tag, peer)
+            if sock is not None and sock.ws.state is ConnectionState.OPEN:
+                # Upgraded but not authenticated in time: say so (4008) before closing.
+                reason = HandshakeFailure.TIMEOUT
+                sock.local_close = (reason.close_code, reason.description)
+                await sock.close(reason.close_code, reason.description)
+        return None
+
+    async def _upgrade(self, sock: WebSocket) -> bool:
+        """Read the HTTP upgrade request; accept it on /executor or answer with an HTTP status.
+
+        The request is parsed by an h11 connection of our own, not the one inside wsproto, for
+        two reasons: what is refused is decided here, by :func:`upgrade_refusal`, before wsproto
+        sees the headers; and bytes the client pipelined after the request (its hello, sent
+        without waiting for the ``101``) are kept and handed to the WebSocket once it is open --
+        wsproto's server side would drop them.
+        """
+        parser = h11.Connection(h11.SERVER)
+        received = bytearray()  # at most one read past h11's 16 KiB bound on an incomplete head
+        while True:
+            try:
+                data = await sock.stream.receive(_READ_CHUNK)
+            except GONE:
+                return False
+            received += data
+            try:
+                parser.receive_data(data)
+                event = parser.next_event()
+            except BROKEN as exc:
+                await self._refuse(sock, 400, f"bad upgrade request: {exc}")
+                return False
+            if isinstance(event, h11.Request):
+                break
+            if event is not h11.NEED_DATA:
+                return False  # (h11 yields nothing else before a request; defensive)
+        pipelined = parser.trailing_data[0]  # everything after the request's head
+        why = upgrade_refusal(
+            event,
+            bytes(received[: len(received) - len(pipelined)]),
+            max_headers=self.limits.max_upgrade_headers,
+        )
+        if why is not None:
+            await self._refuse(sock, 400, why)
+            return False
+        ws = sock.ws
+        try:
+            # wsproto's own checks (Upgrade, Connection, Sec-WebSocket-Key/-Version, Host).
+            ws.initiate_upgrade_connection(list(event.headers), event.target)
+            request = next((e for e in ws.events() if isinstance(e, Request)), None)
+        except BROKEN as exc:
+            await self._refuse(sock, 400, f"bad upgrade request: {exc}")
+            return False
+        if request is None:
+            await self._refuse(sock, 400, "not a WebSocket upgrade")
+            return False
+        path = urllib.parse.urlsplit(request.target).path
+        if path != EXECUTOR_PATH:
+            await self._refuse(sock, 404, f"path {path!r} is not {EXECUTOR_PATH}")
+            return False
+        if self.closing or self._authenticated >= self._max_authenticated:
+            await self._refuse(sock, 503, "draining or full")
+            return False
+        try:
+            await sock._write(ws.send(AcceptConnection()))
+            ws.receive_data(pipelined)  # parsed (and counted) by the first receive_message
+        except SocketGone:
+            return False
+        sock.last_inbound = anyio.current_time()
+        return True
+
+    async def _refuse(self, sock: WebSocket, status: int, why: str) -> None:
+        """Answer an HTTP status with a one-line reason, then drop the connection.
+
+        The response is written by hand: the request may have been too broken for any HTTP
+        library to answer it in protocol.
+        """
+        why = one_line(why)
+        self._stats.upgrades_refused[status] = self._stats.upgrades_refused.get(status, 0) + 1
+        log.info("%s ✕ %s HTTP %d: %s", self._tag, sock.peer, status, why)
+        body = f"{status} {why}\n".encode()
+        data = (
+            f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
+            f"content-type: text/plain\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n"
+        ).encode() + body
+        with anyio.move_on_after(self.limits.close_timeout):
+            try:
+                await sock._write(data)
+            except SocketGone:
+                pass
+        await sock.abort()
