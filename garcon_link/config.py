@@ -68,6 +68,7 @@ configuration was built in code). Refused are:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hmac
 import ipaddress
 import os
@@ -89,10 +90,12 @@ from .wire import Role
 
 __all__ = [
     "CONFIG_ENV_VAR",
+    "MAX_EXECUTOR_ID_CHARS",
     "MIN_SECRET_BYTES",
     "LinkConfig",
     "Secret",
     "TlsConfig",
+    "executor_id_problem",
     "generate_secret",
     "is_loopback_host",
     "load_config",
@@ -106,9 +109,13 @@ CONFIG_ENV_VAR = "GARCON_LINK_CONFIG"
 MIN_SECRET_BYTES = 32
 """A secret must hold at least this many bytes (after hex decoding)."""
 
+MAX_EXECUTOR_ID_CHARS = 200
+"""An executor id holds at most this many characters (config files and keyring file names)."""
+
 _GENERATED_SECRET_BYTES = 32
 _MAX_SECRET_FILE_BYTES = 64 * 1024  # read bound: a secret file is a few dozen bytes
-_MAX_EXECUTOR_ID_CHARS = 200
+# A keyring file name: ASCII letters, digits, '.', '_', '-' (checked after the leading-dot rule).
+_KEYRING_ID = re.compile(r"[A-Za-z0-9._-]+")
 _EXECUTOR_PATH = "/executor"
 _DEFAULT_PORTS = {"ws": 80, "wss": 443}
 _HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\Z")
@@ -162,6 +169,38 @@ def _shown_role(value: object) -> str:
     if isinstance(value, str) and len(value) < MIN_SECRET_BYTES // 2:
         return repr(value)
     return _type_name(value)
+
+
+# --------------------------------------------------------------------------- executor ids
+
+
+def executor_id_problem(value: object) -> str | None:
+    """The one rule for an executor id used as a file name (``<keyring>/<executor_id>.secret``).
+
+    Accepted: a ``str`` of 1 to :data:`MAX_EXECUTOR_ID_CHARS` characters drawn from ASCII
+    letters, digits, ``.``, ``_`` and ``-`` that does not start with ``.`` -- so never ``/``, NUL,
+    ``..``, a hidden file or a name that differs by Unicode normalization. The value may come from
+    a peer before it is authenticated: this never raises, whatever it is given (bytes, a huge
+    string, lone surrogates), and the problem text never echoes the value.
+
+    This is stricter than a config file's own ``executor_id`` (printable, no whitespace): a worker
+    whose id holds e.g. ``:`` or non-ASCII letters still loads its config, but cannot be enrolled
+    in a keyring.
+
+    Returns:
+        A short problem text ("is empty", ...), or ``None`` when ``value`` is acceptable.
+    """
+    if not isinstance(value, str):
+        return f"must be a string, not {type(value).__name__}"
+    if not value:
+        return "is empty"
+    if len(value) > MAX_EXECUTOR_ID_CHARS:
+        return f"is longer than {MAX_EXECUTOR_ID_CHARS} characters"
+    if value.startswith("."):
+        return "starts with '.'"
+    if _KEYRING_ID.fullmatch(value) is None:
+        return "may only hold ASCII letters, digits, '.', '_' and '-'"
+    return None
 
 
 # --------------------------------------------------------------------------- secrets
@@ -243,16 +282,22 @@ def _decode_secret(raw: bytes) -> bytes:
     return text
 
 
-def _refuse_open_mode(mode: int, path: Path, source: Path | None, what: str) -> None:
-    """POSIX only: refuse a file holding a secret that group or others may access."""
+def _open_mode_problem(mode: int, path: Path) -> tuple[str, str] | None:
+    """POSIX only: ``(problem, fix)`` when group or others may access a file holding a secret."""
     if os.name == "posix" and mode & 0o077:
-        raise _error(
-            source,
-            what,
+        return (
             f"{path} holds a secret but its mode {stat.S_IMODE(mode):04o} grants access to "
             "group/others",
             f"run `chmod 600 {path}`",
         )
+    return None
+
+
+def _refuse_open_mode(mode: int, path: Path, source: Path | None, what: str) -> None:
+    """POSIX only: refuse a file holding a secret that group or others may access."""
+    found = _open_mode_problem(mode, path)
+    if found is not None:
+        raise _error(source, what, *found)
 
 
 def _unsafe_directory(path: Path) -> tuple[Path, str, str] | None:
@@ -331,35 +376,69 @@ def _refuse_unsafe_directory(path: Path, source: Path | None, what: str) -> None
         raise _error(source, what, f"the directory {directory} holding a secret {problem}", fix)
 
 
-def _read_secret(path: Path, source: Path | None, what: str) -> Secret:
-    _refuse_unsafe_directory(path, source, what)
+class _SecretFileRefused(Exception):
+    """Why :func:`_load_secret_file` refused a file: ``problem`` and ``fix`` texts, never the
+    secret. ``kind`` says which rule (``missing``, ``symlink``, ``open``, ``not-regular``,
+    ``mode``, ``read``, ``too-large``, ``too-short``) so that callers may word the fix their way."""
+
+    def __init__(self, kind: str, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}; {fix}")
+        self.kind = kind
+        self.problem = problem
+        self.fix = fix
+
+
+def _load_secret_file(
+    path: Path, *, follow_symlinks: bool = True, keygen_hint: str = _KEYGEN_HINT
+) -> Secret:
+    """Open, check and decode one secret file: the core shared by config files and the keyring.
+
+    The file is opened once (``O_NONBLOCK``: a FIFO must not hang the read; ``O_NOFOLLOW`` when
+    ``follow_symlinks`` is false) and everything is checked on that descriptor: a regular file,
+    on POSIX no access for group/others, at most ``_MAX_SECRET_FILE_BYTES``, and a decoded secret
+    (:func:`_decode_secret`) of at least :data:`MIN_SECRET_BYTES`. The directories above the file
+    are not examined here (see :func:`_unsafe_directory`).
+
+    Raises:
+        _SecretFileRefused: any of the above; an ``OSError`` is its ``__cause__``.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+    if not follow_symlinks:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        # O_NONBLOCK: a FIFO must not hang the load; it is refused below as not a regular file.
-        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
         fd = os.open(path, flags)
     except FileNotFoundError as exc:
-        raise _error(
-            source, what, f"secret file {path} does not exist", f"fix the path or {_KEYGEN_HINT}"
+        raise _SecretFileRefused(
+            "missing", f"secret file {path} does not exist", f"fix the path or {keygen_hint}"
         ) from exc
     except OSError as exc:
-        raise _error(
-            source,
-            what,
+        # O_NOFOLLOW on a symlink fails with ELOOP (EMLINK on FreeBSD, EFTYPE on NetBSD).
+        if not follow_symlinks and exc.errno in (errno.ELOOP, errno.EMLINK) and path.is_symlink():
+            raise _SecretFileRefused(
+                "symlink",
+                f"{path} is a symbolic link, which is not followed here",
+                "replace the link with a copy of the file it points to",
+            ) from exc
+        raise _SecretFileRefused(
+            "open",
             f"cannot open secret file {path} ({exc.strerror or type(exc).__name__})",
             "check the path and its permissions",
         ) from exc
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise _error(source, what, f"{path} is not a regular file", "point it at a file")
-        _refuse_open_mode(info.st_mode, path, source, what)
+            raise _SecretFileRefused(
+                "not-regular", f"{path} is not a regular file", "point it at a file"
+            )
+        found = _open_mode_problem(info.st_mode, path)
+        if found is not None:
+            raise _SecretFileRefused("mode", *found)
         with os.fdopen(fd, "rb") as file:
             fd = -1  # the file object owns (and closes) it now
             raw = file.read(_MAX_SECRET_FILE_BYTES + 1)
     except OSError as exc:
-        raise _error(
-            source,
-            what,
+        raise _SecretFileRefused(
+            "read",
             f"cannot read secret file {path} ({exc.strerror or type(exc).__name__})",
             "check the file",
         ) from exc
@@ -367,21 +446,28 @@ def _read_secret(path: Path, source: Path | None, what: str) -> Secret:
         if fd >= 0:
             os.close(fd)
     if len(raw) > _MAX_SECRET_FILE_BYTES:
-        raise _error(
-            source,
-            what,
+        raise _SecretFileRefused(
+            "too-large",
             f"secret file {path} is larger than {_MAX_SECRET_FILE_BYTES} bytes",
-            f"point it at a secret file; {_KEYGEN_HINT}",
+            f"point it at a secret file; {keygen_hint}",
         )
     value = _decode_secret(raw)
     if len(value) < MIN_SECRET_BYTES:
-        raise _error(
-            source,
-            what,
+        raise _SecretFileRefused(
+            "too-short",
             f"the secret in {path} is {len(value)} bytes, at least {MIN_SECRET_BYTES} are required",
-            _KEYGEN_HINT,
+            keygen_hint,
         )
     return Secret(value)
+
+
+def _read_secret(path: Path, source: Path | None, what: str) -> Secret:
+    """Read a secret file named by a config file: every refusal is a ``ConfigError``."""
+    _refuse_unsafe_directory(path, source, what)
+    try:
+        return _load_secret_file(path)
+    except _SecretFileRefused as refused:
+        raise _error(source, what, refused.problem, refused.fix) from refused.__cause__
 
 
 def read_secret_file(path: str | os.PathLike[str]) -> Secret:
@@ -739,11 +825,11 @@ class LinkConfig:
         src = self.source
         self._check_types()
         ident = self.executor_id
-        if not ident or len(ident) > _MAX_EXECUTOR_ID_CHARS:
+        if not ident or len(ident) > MAX_EXECUTOR_ID_CHARS:
             raise _error(
                 src,
                 "executor_id",
-                f"must be 1-{_MAX_EXECUTOR_ID_CHARS} characters, got {len(ident)}",
+                f"must be 1-{MAX_EXECUTOR_ID_CHARS} characters, got {len(ident)}",
                 'use a short name such as "build-box-1"',
             )
         if not ident.isprintable() or any(ch.isspace() for ch in ident):
