@@ -470,6 +470,35 @@ def _read_secret(path: Path, source: Path | None, what: str) -> Secret:
         raise _error(source, what, refused.problem, refused.fix) from refused.__cause__
 
 
+def _keyring_directory_problem(directory: Path) -> tuple[str, str] | None:
+    """``(problem, fix)`` when ``directory`` cannot serve as a keyring, else ``None``.
+
+    It must exist, be a directory (symlinks to one are followed: the operator chose the path),
+    and on POSIX no directory on its path may let another user replace a key file in it
+    (:func:`_unsafe_directory`, applied to a placeholder entry ``<executor_id>.secret``).
+    """
+    try:
+        info = os.stat(directory)
+    except FileNotFoundError:
+        return (
+            f"the keyring directory {directory} does not exist",
+            "create it with `garcon-link keygen --keyring DIR --executor ID` (mode 0700)",
+        )
+    except OSError as exc:
+        return (
+            f"cannot examine the keyring directory {directory} "
+            f"({exc.strerror or type(exc).__name__})",
+            "check the path and its permissions",
+        )
+    if not stat.S_ISDIR(info.st_mode):
+        return (f"{directory} is not a directory", "point keyring at a directory of key files")
+    found = _unsafe_directory(directory / "<executor_id>.secret")
+    if found is not None:
+        unsafe, problem, fix = found
+        return (f"the directory {unsafe} holding the keyring {problem}", fix)
+    return None
+
+
 def read_secret_file(path: str | os.PathLike[str]) -> Secret:
     """Read a secret file written by :func:`write_secret_file` (or by hand).
 
