@@ -266,11 +266,9 @@ def enroll(directory: str | os.PathLike[str], executor_id: str, *, force: bool =
     if problem is not None:
         shown = _shown_id(executor_id) if isinstance(executor_id, str) else "the executor id"
         raise ConfigError(
-            f"executor id {shown}: {problem}; a keyring file name only takes ASCII letters, "
-            "digits, '.', '_' and '-', not starting with '.' (at most "
-            f"{MAX_EXECUTOR_ID_CHARS}): a worker whose executor_id has other characters (such "
-            "as ':' or non-ASCII letters) still loads its config but cannot be enrolled, so "
-            'rename it (e.g. executor_id = "box-1")'
+            f"executor id {shown} cannot name a keyring file: it {problem}; a worker whose "
+            "executor_id a file name cannot safely hold (such as one with ':' or non-ASCII "
+            'letters) still loads its config but cannot be enrolled: rename it, e.g. "box-1"'
         )
     folder = Path(directory)
     try:
