@@ -8,7 +8,17 @@ from __future__ import annotations
 
 import logging as _logging
 
-from .config import LinkConfig, Secret, TlsConfig, generate_secret, load_config, write_secret_file
+from .config import (
+    DialExecutor,
+    FleetConfig,
+    LinkConfig,
+    Secret,
+    TlsConfig,
+    generate_secret,
+    load_config,
+    load_fleet_config,
+    write_secret_file,
+)
 from .errors import (
     AuthenticationError,
     CallError,
@@ -27,6 +37,7 @@ from .errors import (
     StaleResource,
 )
 from .interface import oneway
+from .keyring import Keyring
 from .limits import Limits
 from .remote import (
     Availability,
@@ -54,9 +65,12 @@ __all__ = [
     "Availability",
     "CallError",
     "ConfigError",
+    "DialExecutor",
     "ExecutorInfo",
+    "FleetConfig",
     "GarconLinkError",
     "HandshakeError",
+    "Keyring",
     "Limits",
     "LinkConfig",
     "LinkError",
@@ -82,6 +96,7 @@ __all__ = [
     "current_scope",
     "generate_secret",
     "load_config",
+    "load_fleet_config",
     "oneway",
     "peer",
     "register_exception",

@@ -34,6 +34,12 @@ Commands
     Write a new secret file (64 hex digits, mode 0600) and print its path. An existing file is
     never overwritten without ``--force``.
 
+``garcon-link keygen --keyring DIR --executor ID [--force]``
+    Enroll an executor with a listening fleet controller: write a new secret to
+    ``DIR/ID.secret`` (mode 0600; ``DIR`` is created with mode 0700 if missing) and print where
+    it went, never the secret. Copy the file to the worker as its ``secret_file``. ``ID`` must be
+    a file-name-safe id (ASCII letters, digits, ``.``, ``_``, ``-``; not starting with ``.``).
+
 ``garcon-link init DIR [--port N] [--force]``
     Write a starter project into ``DIR`` (created if missing): ``worker.toml`` and
     ``controller.toml`` (a matched pair on loopback, port 8765 unless ``--port``), a fresh secret
@@ -117,6 +123,7 @@ from .errors import (
     RemoteError,
 )
 from .interface import MethodKind, MethodSpec, manifest_method
+from .keyring import enroll
 from .remote import ExecutorInfo, ServiceFactory, ServiceMap, Worker, connect
 from .resources import ServiceScope
 
@@ -300,8 +307,26 @@ def _load(path: str | None) -> LinkConfig:
 
 def _cmd_keygen(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=True)
-    path = write_secret_file(ns.path, force=ns.force)
-    _emit(str(path))
+    if ns.keyring is None and ns.executor is None:
+        if ns.path is None:
+            raise UsageError("keygen needs PATH, or --keyring DIR --executor ID")
+        path = write_secret_file(ns.path, force=ns.force)
+        _emit(str(path))
+        return EXIT_OK
+    if ns.keyring is None or ns.executor is None:
+        given, missing = (
+            ("--keyring", "--executor")
+            if ns.executor is None
+            else (
+                "--executor",
+                "--keyring",
+            )
+        )
+        raise UsageError(f"keygen {given} needs {missing} too (--keyring DIR --executor ID)")
+    if ns.path is not None:
+        raise UsageError("keygen takes either PATH or --keyring DIR --executor ID, not both")
+    path = enroll(ns.keyring, ns.executor, force=ns.force)
+    _emit(f"enrolled {ns.executor}: {path} (mode 0600); copy it to the worker as its secret_file")
     return EXIT_OK
 
 
@@ -865,11 +890,23 @@ def build_parser() -> argparse.ArgumentParser:
     keygen = commands.add_parser(
         "keygen",
         parents=[common],
-        help="write a new secret file (mode 0600)",
+        usage="garcon-link keygen [-h] [-v] [--force] PATH\n"
+        "       garcon-link keygen [-h] [-v] [--force] --keyring DIR --executor ID",
+        help="write a new secret file (mode 0600), or enroll an executor in a keyring",
         description="Write 32 random bytes as 64 hex digits to PATH with mode 0600 and print "
-        "PATH. Refuses to overwrite an existing file (exit 2) unless --force.",
+        "PATH. Refuses to overwrite an existing file (exit 2) unless --force.\n\n"
+        "With --keyring DIR --executor ID instead of PATH: enroll executor ID with a listening "
+        "fleet controller by writing DIR/ID.secret (DIR is created with mode 0700 if missing) "
+        "and print where it went; copy that file to the worker as its secret_file. ID may hold "
+        "ASCII letters, digits, '.', '_' and '-', and must not start with '.'.",
     )
-    keygen.add_argument("path", metavar="PATH")
+    keygen.add_argument("path", nargs="?", metavar="PATH", help="the secret file to write")
+    keygen.add_argument(
+        "--keyring", metavar="DIR", help="a fleet controller's key directory (with --executor)"
+    )
+    keygen.add_argument(
+        "--executor", metavar="ID", help="the executor to enroll in --keyring (its executor_id)"
+    )
     keygen.add_argument("--force", action="store_true", help="replace an existing file")
     keygen.set_defaults(func=_cmd_keygen)
 

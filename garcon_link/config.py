@@ -21,6 +21,18 @@ here is refused::
     [limits]                            # optional; keys are Limits field names
     heartbeat_interval = 2.0
 
+Fleet controllers
+-----------------
+A controller of many executors (DESIGN §12) has its own file shape, read by
+:func:`load_fleet_config` into a :class:`FleetConfig` (schema in that function's docstring): an
+``[executors]`` table with a ``keyring`` directory of per-executor keys
+(``keys/<executor_id>.secret``, see :mod:`garcon_link.keyring`) and optional
+``[[executors.dial]]`` entries, and no top-level ``executor_id`` or secret. :func:`load_config`
+refuses a file with ``[executors]``, and :func:`load_fleet_config` one without. An executor id
+used as a file name obeys :func:`executor_id_problem`, which is stricter than ``executor_id``
+here: a worker keeps loading its config whatever printable id it has, but only a file-name-safe
+id can be enrolled in a keyring.
+
 Secrets
 -------
 A secret file (or an inline ``secret``) holds text. It is stripped of surrounding whitespace; if
@@ -68,8 +80,10 @@ configuration was built in code). Refused are:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hmac
 import ipaddress
+import math
 import os
 import re
 import secrets
@@ -89,13 +103,18 @@ from .wire import Role
 
 __all__ = [
     "CONFIG_ENV_VAR",
+    "MAX_EXECUTOR_ID_CHARS",
     "MIN_SECRET_BYTES",
+    "DialExecutor",
+    "FleetConfig",
     "LinkConfig",
     "Secret",
     "TlsConfig",
+    "executor_id_problem",
     "generate_secret",
     "is_loopback_host",
     "load_config",
+    "load_fleet_config",
     "read_secret_file",
     "write_secret_file",
 ]
@@ -106,9 +125,13 @@ CONFIG_ENV_VAR = "GARCON_LINK_CONFIG"
 MIN_SECRET_BYTES = 32
 """A secret must hold at least this many bytes (after hex decoding)."""
 
+MAX_EXECUTOR_ID_CHARS = 200
+"""An executor id holds at most this many characters (config files and keyring file names)."""
+
 _GENERATED_SECRET_BYTES = 32
 _MAX_SECRET_FILE_BYTES = 64 * 1024  # read bound: a secret file is a few dozen bytes
-_MAX_EXECUTOR_ID_CHARS = 200
+# A keyring file name: ASCII letters, digits, '.', '_', '-' (checked after the leading-dot rule).
+_KEYRING_ID = re.compile(r"[A-Za-z0-9._-]+")
 _EXECUTOR_PATH = "/executor"
 _DEFAULT_PORTS = {"ws": 80, "wss": 443}
 _HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\Z")
@@ -133,11 +156,15 @@ _KEYGEN_HINT = "generate one with `garcon-link keygen PATH`"
 # --------------------------------------------------------------------------- messages
 
 
-def _where(source: Path | None) -> str:
+# A config built in code has no file: its class name stands in for it (a str "source").
+_Source = Path | str | None
+
+
+def _where(source: _Source) -> str:
     return str(source) if source is not None else "LinkConfig"
 
 
-def _error(source: Path | None, what: str, problem: str, fix: str) -> ConfigError:
+def _error(source: _Source, what: str, problem: str, fix: str) -> ConfigError:
     """Build the one message shape of this module: file, field, problem, fix."""
     return ConfigError(f"{_where(source)}: {what}: {problem}; {fix}")
 
@@ -162,6 +189,38 @@ def _shown_role(value: object) -> str:
     if isinstance(value, str) and len(value) < MIN_SECRET_BYTES // 2:
         return repr(value)
     return _type_name(value)
+
+
+# --------------------------------------------------------------------------- executor ids
+
+
+def executor_id_problem(value: object) -> str | None:
+    """The one rule for an executor id used as a file name (``<keyring>/<executor_id>.secret``).
+
+    Accepted: a ``str`` of 1 to :data:`MAX_EXECUTOR_ID_CHARS` characters drawn from ASCII
+    letters, digits, ``.``, ``_`` and ``-`` that does not start with ``.`` -- so never ``/``, NUL,
+    ``..``, a hidden file or a name that differs by Unicode normalization. The value may come from
+    a peer before it is authenticated: this never raises, whatever it is given (bytes, a huge
+    string, lone surrogates), and the problem text never echoes the value.
+
+    This is stricter than a config file's own ``executor_id`` (printable, no whitespace): a worker
+    whose id holds e.g. ``:`` or non-ASCII letters still loads its config, but cannot be enrolled
+    in a keyring.
+
+    Returns:
+        A short problem text ("is empty", ...), or ``None`` when ``value`` is acceptable.
+    """
+    if not isinstance(value, str):
+        return f"must be a string, not {type(value).__name__}"
+    if not value:
+        return "is empty"
+    if len(value) > MAX_EXECUTOR_ID_CHARS:
+        return f"is longer than {MAX_EXECUTOR_ID_CHARS} characters"
+    if value.startswith("."):
+        return "starts with '.'"
+    if _KEYRING_ID.fullmatch(value) is None:
+        return "may only hold ASCII letters, digits, '.', '_' and '-'"
+    return None
 
 
 # --------------------------------------------------------------------------- secrets
@@ -243,16 +302,22 @@ def _decode_secret(raw: bytes) -> bytes:
     return text
 
 
-def _refuse_open_mode(mode: int, path: Path, source: Path | None, what: str) -> None:
-    """POSIX only: refuse a file holding a secret that group or others may access."""
+def _open_mode_problem(mode: int, path: Path) -> tuple[str, str] | None:
+    """POSIX only: ``(problem, fix)`` when group or others may access a file holding a secret."""
     if os.name == "posix" and mode & 0o077:
-        raise _error(
-            source,
-            what,
+        return (
             f"{path} holds a secret but its mode {stat.S_IMODE(mode):04o} grants access to "
             "group/others",
             f"run `chmod 600 {path}`",
         )
+    return None
+
+
+def _refuse_open_mode(mode: int, path: Path, source: Path | None, what: str) -> None:
+    """POSIX only: refuse a file holding a secret that group or others may access."""
+    found = _open_mode_problem(mode, path)
+    if found is not None:
+        raise _error(source, what, *found)
 
 
 def _unsafe_directory(path: Path) -> tuple[Path, str, str] | None:
@@ -331,35 +396,69 @@ def _refuse_unsafe_directory(path: Path, source: Path | None, what: str) -> None
         raise _error(source, what, f"the directory {directory} holding a secret {problem}", fix)
 
 
-def _read_secret(path: Path, source: Path | None, what: str) -> Secret:
-    _refuse_unsafe_directory(path, source, what)
+class _SecretFileRefused(Exception):
+    """Why :func:`_load_secret_file` refused a file: ``problem`` and ``fix`` texts, never the
+    secret. ``kind`` says which rule (``missing``, ``symlink``, ``open``, ``not-regular``,
+    ``mode``, ``read``, ``too-large``, ``too-short``) so that callers may word the fix their way."""
+
+    def __init__(self, kind: str, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}; {fix}")
+        self.kind = kind
+        self.problem = problem
+        self.fix = fix
+
+
+def _load_secret_file(
+    path: Path, *, follow_symlinks: bool = True, keygen_hint: str = _KEYGEN_HINT
+) -> Secret:
+    """Open, check and decode one secret file: the core shared by config files and the keyring.
+
+    The file is opened once (``O_NONBLOCK``: a FIFO must not hang the read; ``O_NOFOLLOW`` when
+    ``follow_symlinks`` is false) and everything is checked on that descriptor: a regular file,
+    on POSIX no access for group/others, at most ``_MAX_SECRET_FILE_BYTES``, and a decoded secret
+    (:func:`_decode_secret`) of at least :data:`MIN_SECRET_BYTES`. The directories above the file
+    are not examined here (see :func:`_unsafe_directory`).
+
+    Raises:
+        _SecretFileRefused: any of the above; an ``OSError`` is its ``__cause__``.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+    if not follow_symlinks:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        # O_NONBLOCK: a FIFO must not hang the load; it is refused below as not a regular file.
-        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
         fd = os.open(path, flags)
     except FileNotFoundError as exc:
-        raise _error(
-            source, what, f"secret file {path} does not exist", f"fix the path or {_KEYGEN_HINT}"
+        raise _SecretFileRefused(
+            "missing", f"secret file {path} does not exist", f"fix the path or {keygen_hint}"
         ) from exc
     except OSError as exc:
-        raise _error(
-            source,
-            what,
+        # O_NOFOLLOW on a symlink fails with ELOOP (EMLINK on FreeBSD, EFTYPE on NetBSD).
+        if not follow_symlinks and exc.errno in (errno.ELOOP, errno.EMLINK) and path.is_symlink():
+            raise _SecretFileRefused(
+                "symlink",
+                f"{path} is a symbolic link, which is not followed here",
+                "replace the link with a copy of the file it points to",
+            ) from exc
+        raise _SecretFileRefused(
+            "open",
             f"cannot open secret file {path} ({exc.strerror or type(exc).__name__})",
             "check the path and its permissions",
         ) from exc
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise _error(source, what, f"{path} is not a regular file", "point it at a file")
-        _refuse_open_mode(info.st_mode, path, source, what)
+            raise _SecretFileRefused(
+                "not-regular", f"{path} is not a regular file", "point it at a file"
+            )
+        found = _open_mode_problem(info.st_mode, path)
+        if found is not None:
+            raise _SecretFileRefused("mode", *found)
         with os.fdopen(fd, "rb") as file:
             fd = -1  # the file object owns (and closes) it now
             raw = file.read(_MAX_SECRET_FILE_BYTES + 1)
     except OSError as exc:
-        raise _error(
-            source,
-            what,
+        raise _SecretFileRefused(
+            "read",
             f"cannot read secret file {path} ({exc.strerror or type(exc).__name__})",
             "check the file",
         ) from exc
@@ -367,21 +466,57 @@ def _read_secret(path: Path, source: Path | None, what: str) -> Secret:
         if fd >= 0:
             os.close(fd)
     if len(raw) > _MAX_SECRET_FILE_BYTES:
-        raise _error(
-            source,
-            what,
+        raise _SecretFileRefused(
+            "too-large",
             f"secret file {path} is larger than {_MAX_SECRET_FILE_BYTES} bytes",
-            f"point it at a secret file; {_KEYGEN_HINT}",
+            f"point it at a secret file; {keygen_hint}",
         )
     value = _decode_secret(raw)
     if len(value) < MIN_SECRET_BYTES:
-        raise _error(
-            source,
-            what,
+        raise _SecretFileRefused(
+            "too-short",
             f"the secret in {path} is {len(value)} bytes, at least {MIN_SECRET_BYTES} are required",
-            _KEYGEN_HINT,
+            keygen_hint,
         )
     return Secret(value)
+
+
+def _read_secret(path: Path, source: Path | None, what: str) -> Secret:
+    """Read a secret file named by a config file: every refusal is a ``ConfigError``."""
+    _refuse_unsafe_directory(path, source, what)
+    try:
+        return _load_secret_file(path)
+    except _SecretFileRefused as refused:
+        raise _error(source, what, refused.problem, refused.fix) from refused.__cause__
+
+
+def _keyring_directory_problem(directory: Path) -> tuple[str, str] | None:
+    """``(problem, fix)`` when ``directory`` cannot serve as a keyring, else ``None``.
+
+    It must exist, be a directory (symlinks to one are followed: the operator chose the path),
+    and on POSIX no directory on its path may let another user replace a key file in it
+    (:func:`_unsafe_directory`, applied to a placeholder entry ``<executor_id>.secret``).
+    """
+    try:
+        info = os.stat(directory)
+    except FileNotFoundError:
+        return (
+            f"the keyring directory {directory} does not exist",
+            "create it with `garcon-link keygen --keyring DIR --executor ID` (mode 0700)",
+        )
+    except OSError as exc:
+        return (
+            f"cannot examine the keyring directory {directory} "
+            f"({exc.strerror or type(exc).__name__})",
+            "check the path and its permissions",
+        )
+    if not stat.S_ISDIR(info.st_mode):
+        return (f"{directory} is not a directory", "point keyring at a directory of key files")
+    found = _unsafe_directory(directory / "<executor_id>.secret")
+    if found is not None:
+        unsafe, problem, fix = found
+        return (f"the directory {unsafe} holding the keyring {problem}", fix)
+    return None
 
 
 def read_secret_file(path: str | os.PathLike[str]) -> Secret:
@@ -664,9 +799,10 @@ def _parse_listen(text: str, source: Path | None) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def _parse_dial(url: str, source: Path | None) -> tuple[str, int, bool]:
+def _parse_dial(
+    url: str, source: _Source, what: str = "[connection] dial"
+) -> tuple[str, int, bool]:
     """Validate a dial URL; return ``(host, port, tls)``. Messages never echo the whole URL."""
-    what = "[connection] dial"
     fix = 'use "wss://host:port/executor" (or ws:// on loopback)'
     if any(ch.isspace() or not ch.isprintable() for ch in url):
         raise _error(source, what, "the URL contains whitespace or control characters", fix)
@@ -710,6 +846,66 @@ def _parse_dial(url: str, source: Path | None) -> tuple[str, int, bool]:
     return host, port, parts.scheme == "wss"
 
 
+def _check_dial(
+    url: str,
+    tls: TlsConfig | None,
+    insecure: bool,
+    source: _Source,
+    what: str = "[connection] dial",
+) -> None:
+    """A dial URL's rules: its syntax, ``[tls]`` with ``ws://`` (unused material), plain text to
+    a non-loopback host without ``allow_insecure_development``."""
+    host, _, dial_tls = _parse_dial(url, source, what)
+    if tls is not None and not dial_tls:
+        raise _error(
+            source,
+            "[tls]",
+            "TLS material is configured but the dial URL "
+            f"{'' if what == '[connection] dial' else f'of {what} '}is plain ws://",
+            "dial wss:// or remove [tls]",
+        )
+    if not dial_tls and not is_loopback_host(host) and not insecure:
+        raise _error(
+            source,
+            what,
+            f"plain-text ws:// to non-loopback host {host!r} exposes the link's traffic",
+            "dial wss:// instead, or set allow_insecure_development = true (development only)",
+        )
+
+
+def _check_listen(listen: object, tls: TlsConfig | None, insecure: bool, source: _Source) -> None:
+    """A listen address's rules: a ``(host, port)`` pair, ``[tls]`` with a cert, plain text only
+    on loopback without ``allow_insecure_development``."""
+    what = "[connection] listen"
+    fix = 'e.g. listen = "127.0.0.1:8765" (in code: ("127.0.0.1", 8765))'
+    if not (
+        isinstance(listen, tuple)
+        and len(listen) == 2
+        and isinstance(listen[0], str)
+        and isinstance(listen[1], int)
+        and not isinstance(listen[1], bool)
+    ):
+        raise _error(source, what, "expected a (host, port) pair", fix)
+    host, port = listen
+    problem = _host_problem(host)
+    if problem is not None:
+        raise _error(source, what, problem, fix)
+    if not 0 <= port <= 65535:
+        raise _error(source, what, f"port {port} is outside 0-65535", fix)
+    if tls is not None and tls.cert is None:
+        raise _error(
+            source, "[tls] cert", "a listener with [tls] needs a certificate", "set cert and key"
+        )
+    if tls is None and not is_loopback_host(host) and not insecure:
+        raise _error(
+            source,
+            what,
+            f"listening in plain text on non-loopback address {host!r} exposes the link's traffic",
+            "add [tls] with cert and key, listen on 127.0.0.1, or set "
+            "allow_insecure_development = true (development only)",
+        )
+
+
 # --------------------------------------------------------------------------- LinkConfig
 
 
@@ -739,11 +935,11 @@ class LinkConfig:
         src = self.source
         self._check_types()
         ident = self.executor_id
-        if not ident or len(ident) > _MAX_EXECUTOR_ID_CHARS:
+        if not ident or len(ident) > MAX_EXECUTOR_ID_CHARS:
             raise _error(
                 src,
                 "executor_id",
-                f"must be 1-{_MAX_EXECUTOR_ID_CHARS} characters, got {len(ident)}",
+                f"must be 1-{MAX_EXECUTOR_ID_CHARS} characters, got {len(ident)}",
                 'use a short name such as "build-box-1"',
             )
         if not ident.isprintable() or any(ch.isspace() for ch in ident):
@@ -761,25 +957,9 @@ class LinkConfig:
                 'set listen = "127.0.0.1:8765" or dial = "wss://host:443/executor"',
             )
         if self.dial is not None:
-            host, _, dial_tls = _parse_dial(self.dial, src)
-            if self.tls is not None and not dial_tls:
-                raise _error(
-                    src,
-                    "[tls]",
-                    "TLS material is configured but the dial URL is plain ws://",
-                    "dial wss:// or remove [tls]",
-                )
-            if not dial_tls and not is_loopback_host(host) and not self.allow_insecure_development:
-                raise _error(
-                    src,
-                    "[connection] dial",
-                    f"plain-text ws:// to non-loopback host {host!r} exposes the link's traffic",
-                    "dial wss:// instead, or set allow_insecure_development = true "
-                    "(development only)",
-                )
+            _check_dial(self.dial, self.tls, self.allow_insecure_development, src)
         else:
-            assert self.listen is not None
-            self._check_listen(self.listen)
+            _check_listen(self.listen, self.tls, self.allow_insecure_development, src)
 
     def _check_types(self) -> None:
         src = self.source
@@ -833,38 +1013,6 @@ class LinkConfig:
         where: object = self.source
         if where is not None and not isinstance(where, Path):
             raise ConfigError(f"LinkConfig: source: expected a Path, got {_type_name(where)}")
-
-    def _check_listen(self, listen: object) -> None:
-        src = self.source
-        what = "[connection] listen"
-        fix = 'e.g. listen = "127.0.0.1:8765" (in code: ("127.0.0.1", 8765))'
-        if not (
-            isinstance(listen, tuple)
-            and len(listen) == 2
-            and isinstance(listen[0], str)
-            and isinstance(listen[1], int)
-            and not isinstance(listen[1], bool)
-        ):
-            raise _error(src, what, "expected a (host, port) pair", fix)
-        host, port = listen
-        problem = _host_problem(host)
-        if problem is not None:
-            raise _error(src, what, problem, fix)
-        if not 0 <= port <= 65535:
-            raise _error(src, what, f"port {port} is outside 0-65535", fix)
-        if self.tls is not None and self.tls.cert is None:
-            raise _error(
-                src, "[tls] cert", "a listener with [tls] needs a certificate", "set cert and key"
-            )
-        if self.tls is None and not is_loopback_host(host) and not self.allow_insecure_development:
-            raise _error(
-                src,
-                what,
-                f"listening in plain text on non-loopback address {host!r} exposes the link's "
-                "traffic",
-                "add [tls] with cert and key, listen on 127.0.0.1, or set "
-                "allow_insecure_development = true (development only)",
-            )
 
     @property
     def is_dialer(self) -> bool:
@@ -923,6 +1071,265 @@ class LinkConfig:
             if self.source is None:
                 raise
             raise ConfigError(f"{self.source}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- FleetConfig
+
+_DIAL_ENTRY = "[[executors.dial]]"
+_MAX_MAX_EXECUTORS = 1_000_000
+
+
+def _check_dial_executor(executor_id: object, url: object, source: _Source, prefix: str) -> None:
+    """A dial entry's own rules: its id is a keyring-safe name and its URL parses. ``prefix``
+    names the entry in messages (``"[[executors.dial]] #2 "``)."""
+    if not isinstance(executor_id, str):
+        raise _error(
+            source, f"{prefix}id", f"expected a string, got {_type_name(executor_id)}", "quote it"
+        )
+    problem = executor_id_problem(executor_id)
+    if problem is not None:
+        raise _error(
+            source,
+            f"{prefix}id",
+            f"the executor id {problem}",
+            "use ASCII letters, digits, '.', '_' and '-', not starting with '.' (e.g. \"box-1\"); "
+            "rename the worker's executor_id to match",
+        )
+    if not isinstance(url, str):
+        raise _error(
+            source, f"{prefix}url", f"expected a string, got {_type_name(url)}", "quote it"
+        )
+    _parse_dial(url, source, f"{prefix}url")
+
+
+@dataclass(frozen=True, slots=True)
+class DialExecutor:
+    """One listening worker that a fleet controller dials (an ``[[executors.dial]]`` entry).
+
+    ``executor_id`` must pass :func:`executor_id_problem`; ``url`` is a
+    ``ws(s)://host[:port]/executor`` URL checked like :class:`LinkConfig`'s ``dial``; ``secret``
+    is that worker's own secret (loaded from the entry's ``secret_file``).
+
+    Raises:
+        ConfigError: a field breaks a rule (the plain-text rule is checked by
+            :class:`FleetConfig`, which knows ``allow_insecure_development``).
+    """
+
+    executor_id: str
+    url: str
+    secret: Secret
+
+    def __post_init__(self) -> None:
+        _check_dial_executor(self.executor_id, self.url, "DialExecutor", "")
+        secret: object = self.secret
+        if not isinstance(secret, Secret):
+            raise _error(
+                "DialExecutor",
+                "secret",
+                f"expected a Secret, got {_type_name(secret)}",
+                "wrap the bytes: Secret(value)",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """A controller of many executors (DESIGN §12); loaded by :func:`load_fleet_config`.
+
+    It listens (``listen``, workers dial in and authenticate with their key in ``keyring``),
+    dials listening workers (``dial`` entries), or both. ``listen`` and ``keyring`` go together.
+    ``tls`` is the listener's certificate when listening, and the dialers' CA / client
+    certificate for ``wss://`` entries. ``source`` is only used in messages.
+
+    Attributes:
+        listen: ``(host, port)`` to listen on, or ``None``.
+        keyring: the key directory (``<keyring>/<executor_id>.secret``) of a listener, or
+            ``None``. Checked (exists, is a safe directory) by :func:`load_fleet_config` and by
+            :class:`~garcon_link.Keyring`, not here.
+        dial: the listening workers to dial, ids unique.
+        max_executors: how many executors the registry holds at once (1 to 1,000,000).
+        forget_after: seconds an executor stays offline before it leaves the registry (> 0).
+
+    Raises:
+        ConfigError: a field breaks a rule; the message names the field and the fix.
+    """
+
+    listen: tuple[str, int] | None = None
+    keyring: Path | None = None
+    dial: tuple[DialExecutor, ...] = ()
+    max_executors: int = 10_000
+    forget_after: float = 3600.0
+    tls: TlsConfig | None = None
+    limits: Limits = field(default_factory=Limits)
+    allow_insecure_development: bool = False
+    source: Path | None = None
+
+    def __post_init__(self) -> None:
+        src: _Source = self.source if self.source is not None else "FleetConfig"
+        self._check_types(src)
+        if (self.listen is None) != (self.keyring is None):
+            raise _error(
+                src,
+                "[executors] keyring" if self.keyring is None else "[connection] listen",
+                "a listening controller needs a keyring and a keyring needs a listener",
+                'set both [connection] listen = "0.0.0.0:8443" and [executors] keyring = "keys", '
+                "or neither (and dial workers with [[executors.dial]] entries)",
+            )
+        if self.listen is None and not self.dial:
+            raise _error(
+                src,
+                "[connection] listen",
+                "the controller neither listens nor dials",
+                'set [connection] listen (and [executors] keyring = "keys"), or add '
+                "[[executors.dial]] entries with id, url and secret_file",
+            )
+        if self.listen is not None:
+            _check_listen(self.listen, self.tls, self.allow_insecure_development, src)
+        # Listening, [tls] is the server's certificate: a ws:// entry does not leave it unused.
+        dial_tls = self.tls if self.listen is None else None
+        seen: dict[str, int] = {}
+        for number, entry in enumerate(self.dial, start=1):
+            prefix = f"{_DIAL_ENTRY} #{number} "
+            if entry.executor_id in seen:
+                raise _error(
+                    src,
+                    f"{prefix}id",
+                    f"executor {entry.executor_id!r} is already dialed by entry "
+                    f"#{seen[entry.executor_id]}",
+                    "give each entry its own executor id, or remove the duplicate",
+                )
+            seen[entry.executor_id] = number
+            _check_dial(entry.url, dial_tls, self.allow_insecure_development, src, f"{prefix}url")
+        if not 1 <= self.max_executors <= _MAX_MAX_EXECUTORS:
+            raise _error(
+                src,
+                "[executors] max_executors",
+                f"must be 1-{_MAX_MAX_EXECUTORS}, got {self.max_executors}",
+                "e.g. max_executors = 10000",
+            )
+        if len(self.dial) > self.max_executors:
+            raise _error(
+                src,
+                "[executors] max_executors",
+                f"{len(self.dial)} executors are dialed but max_executors is {self.max_executors}",
+                "raise max_executors or dial fewer workers",
+            )
+        if not (math.isfinite(self.forget_after) and self.forget_after > 0):
+            raise _error(
+                src,
+                "[executors] forget_after",
+                f"must be a positive number of seconds, got {self.forget_after}",
+                "e.g. forget_after = 3600",
+            )
+
+    def _check_types(self, src: _Source) -> None:
+        # Values are typed ``object`` here: the annotations are promises the caller may break.
+        keyring: object = self.keyring
+        if keyring is not None and not isinstance(keyring, Path):
+            if not isinstance(keyring, str | os.PathLike) or not os.fspath(keyring):
+                raise _error(
+                    src,
+                    "[executors] keyring",
+                    f"expected a path, got {_type_name(keyring)}",
+                    'e.g. keyring = "keys"',
+                )
+            object.__setattr__(self, "keyring", Path(keyring))
+        dial: object = self.dial
+        if isinstance(dial, list):
+            dial = tuple(dial)
+            object.__setattr__(self, "dial", dial)
+        if not isinstance(dial, tuple) or not all(isinstance(e, DialExecutor) for e in dial):
+            raise _error(
+                src, _DIAL_ENTRY, "expected a tuple of DialExecutor", "use (DialExecutor(...),)"
+            )
+        count: object = self.max_executors
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise _error(
+                src,
+                "[executors] max_executors",
+                f"expected an integer, got {_type_name(count)}",
+                "e.g. max_executors = 10000",
+            )
+        after: object = self.forget_after
+        if not isinstance(after, int | float) or isinstance(after, bool):
+            raise _error(
+                src,
+                "[executors] forget_after",
+                f"expected a number of seconds, got {_type_name(after)}",
+                "e.g. forget_after = 3600",
+            )
+        object.__setattr__(self, "forget_after", float(after))
+        flag: object = self.allow_insecure_development
+        if not isinstance(flag, bool):
+            raise _error(
+                src,
+                "allow_insecure_development",
+                f"expected a boolean, got {_type_name(flag)}",
+                "write true or false (unquoted)",
+            )
+        tls: object = self.tls
+        if tls is not None and not isinstance(tls, TlsConfig):
+            raise _error(
+                src, "[tls]", f"expected TlsConfig, got {_type_name(tls)}", "use TlsConfig"
+            )
+        limits: object = self.limits
+        if not isinstance(limits, Limits):
+            raise _error(
+                src, "[limits]", f"expected Limits, got {_type_name(limits)}", "use Limits(...)"
+            )
+        where: object = self.source
+        if where is not None and not isinstance(where, Path):
+            raise ConfigError(f"FleetConfig: source: expected a Path, got {_type_name(where)}")
+
+    @property
+    def listen_url(self) -> str:
+        """The URL workers dial, e.g. ``wss://0.0.0.0:8443/executor``; ``ValueError`` when the
+        controller does not listen. Port 0 shows as 0 (the bound port is known once listening)."""
+        if self.listen is None:
+            raise ValueError("this FleetConfig does not listen")
+        host, port = self.listen
+        return _format_url(host, port, tls=self.tls is not None)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The listener's TLS context (:meth:`TlsConfig.server_context`), or ``None`` when the
+        controller does not listen or listens in plain text. Dialers get theirs from
+        :meth:`dial_config`.
+
+        Raises:
+            ConfigError: a TLS file is missing or does not load.
+        """
+        if self.listen is None or self.tls is None:
+            return None
+        try:
+            return self.tls.server_context()
+        except ConfigError as exc:
+            if self.source is None:
+                raise
+            raise ConfigError(f"{self.source}: {exc}") from exc
+
+    def dial_config(self, entry: DialExecutor) -> LinkConfig:
+        """The controller-role :class:`LinkConfig` that dials one ``dial`` entry.
+
+        It shares this config's ``limits``, ``allow_insecure_development`` and ``source``;
+        ``tls`` only for a ``wss://`` entry (a ``ws://`` dialer has no use for it).
+
+        Raises:
+            ConfigError: ``entry`` is not a :class:`DialExecutor`.
+        """
+        if not isinstance(entry, DialExecutor):
+            raise ConfigError(
+                f"FleetConfig.dial_config: expected a DialExecutor, got {_type_name(entry)}"
+            )
+        secure = _parse_dial(entry.url, self.source)[2]
+        return LinkConfig(
+            executor_id=entry.executor_id,
+            role=Role.CONTROLLER,
+            secret=entry.secret,
+            dial=entry.url,
+            allow_insecure_development=self.allow_insecure_development,
+            tls=self.tls if secure else None,
+            limits=self.limits,
+            source=self.source,
+        )
 
 
 # --------------------------------------------------------------------------- loading
@@ -994,6 +1401,23 @@ def _load_limits(table: dict[str, Any], path: Path) -> Limits:
         raise ConfigError(f"{path}: [limits]: {exc}; fix the value in [limits]") from exc
 
 
+def _load_tls(doc: dict[str, Any], source: Path) -> TlsConfig | None:
+    tls_table = _get(doc, "tls", dict, source, "[tls]")
+    if tls_table is None:
+        return None
+    _check_keys(tls_table, _TLS_KEYS, source, "[tls]")
+    files: dict[str, Path | None] = {}
+    for key in _TLS_KEYS:
+        value = _get(tls_table, key, str, source, f"[tls] {key}")
+        files[key] = (
+            None if value is None else _resolve(source.parent, value, source, f"[tls] {key}")
+        )
+    try:
+        return TlsConfig(**files)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
+
+
 def load_config(path: str | os.PathLike[str] | None = None) -> LinkConfig:
     """Load and validate a TOML link configuration (schema in the module docstring).
 
@@ -1008,17 +1432,22 @@ def load_config(path: str | os.PathLike[str] | None = None) -> LinkConfig:
         ConfigError: any refusal of the module docstring; the message names the file, the field
             and the fix, and never contains the secret.
     """
+    source = _config_path(path, "load_config('link.toml')")
+    document, mode = _read_toml(source)
+    return _build(document, mode, source)
+
+
+def _config_path(path: str | os.PathLike[str] | None, example: str) -> Path:
+    """The absolute config path: ``path``, or ``GARCON_LINK_CONFIG`` when it is ``None``."""
     if path is None:
         from_env = os.environ.get(CONFIG_ENV_VAR, "")
         if not from_env:
             raise ConfigError(
                 f"no configuration file given and {CONFIG_ENV_VAR} is not set; pass a path "
-                f"(load_config('link.toml')) or set {CONFIG_ENV_VAR}=/path/to/link.toml"
+                f"({example}) or set {CONFIG_ENV_VAR}=/path/to/link.toml"
             )
         path = from_env
-    source = Path(os.path.abspath(os.fspath(path)))
-    document, mode = _read_toml(source)
-    return _build(document, mode, source)
+    return Path(os.path.abspath(os.fspath(path)))
 
 
 def _read_toml(source: Path) -> tuple[dict[str, Any], int]:
@@ -1046,6 +1475,13 @@ def _read_toml(source: Path) -> tuple[dict[str, Any], int]:
 
 
 def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
+    if "executors" in doc:
+        raise _error(
+            source,
+            "[executors]",
+            "this is a fleet configuration (one controller, many executors)",
+            "load it with load_fleet_config() or run `garcon-link fleet CONFIG`",
+        )
     _check_keys(doc, _TOP_LEVEL_KEYS, source, "")
     base = source.parent
 
@@ -1104,19 +1540,7 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
     dial = _get(connection, "dial", str, source, "[connection] dial")
     listen = _parse_listen(listen_text, source) if listen_text is not None else None
 
-    tls = None
-    tls_table = _get(doc, "tls", dict, source, "[tls]")
-    if tls_table is not None:
-        _check_keys(tls_table, _TLS_KEYS, source, "[tls]")
-        files: dict[str, Path | None] = {}
-        for key in _TLS_KEYS:
-            value = _get(tls_table, key, str, source, f"[tls] {key}")
-            files[key] = None if value is None else _resolve(base, value, source, f"[tls] {key}")
-        try:
-            tls = TlsConfig(**files)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from exc
-
+    tls = _load_tls(doc, source)
     limits_table = _get(doc, "limits", dict, source, "[limits]")
     limits = Limits() if limits_table is None else _load_limits(limits_table, source)
 
@@ -1131,3 +1555,176 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
         limits=limits,
         source=source,
     )
+
+
+# --------------------------------------------------------------------------- loading a fleet
+
+_FLEET_TOP_LEVEL_KEYS = (
+    "role",
+    "allow_insecure_development",
+    "connection",
+    "executors",
+    "tls",
+    "limits",
+)
+_FLEET_CONNECTION_KEYS = ("listen",)
+_EXECUTORS_KEYS = ("keyring", "max_executors", "forget_after", "dial")
+_DIAL_KEYS = ("id", "url", "secret_file")
+
+
+def load_fleet_config(path: str | os.PathLike[str] | None = None) -> FleetConfig:
+    """Load and validate a fleet controller's TOML configuration (DESIGN §12).
+
+    Schema (``[tls]``, ``[limits]`` and ``allow_insecure_development`` as for
+    :func:`load_config`; ``[connection]`` and ``[[executors.dial]]`` are each optional, but one
+    of them must be there)::
+
+        role = "controller"             # required; a fleet is always a controller
+        [connection]
+        listen = "0.0.0.0:8443"         # workers dial in; needs [executors] keyring
+        [executors]                     # required: it is what makes a fleet config
+        keyring = "keys"                # relative to the config file; keys/<executor_id>.secret
+        max_executors = 10000           # optional, 1-1000000
+        forget_after = 3600             # optional, seconds offline before an executor is forgotten
+        [[executors.dial]]              # optional, repeatable: a listening worker to dial
+        id = "box-1"
+        url = "ws://127.0.0.1:9001/executor"
+        secret_file = "box-1.secret"    # relative to the config file; inline secret refused
+
+    Top-level ``executor_id``, ``secret`` and ``secret_file`` are refused: the controller has no
+    executor id of its own and each executor has its own key. The keyring directory is checked
+    now (exists, is a directory, safe from other users); its files are read at each handshake.
+
+    Args:
+        path: the config file; ``None`` reads the path from ``GARCON_LINK_CONFIG``.
+
+    Raises:
+        ConfigError: ``<file>: <field>: <problem>; <fix>``, never containing a secret.
+    """
+    source = _config_path(path, "load_fleet_config('fleet.toml')")
+    document, _ = _read_toml(source)
+    return _build_fleet(document, source)
+
+
+def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
+    executors = _get(doc, "executors", dict, source, "[executors]")
+    if executors is None:
+        raise _error(
+            source,
+            "[executors]",
+            "missing: this is not a fleet configuration",
+            'add [executors] with keyring = "keys" (or load a single link with load_config())',
+        )
+    for key in ("executor_id", "secret", "secret_file"):
+        if key in doc:
+            raise _error(
+                source,
+                key,
+                "a fleet controller has no executor id or secret of its own",
+                "remove it; each executor's key is keys/<id>.secret in the keyring (garcon-link "
+                "keygen --keyring DIR --executor ID) and each [[executors.dial]] entry names its "
+                "own secret_file",
+            )
+    _check_keys(doc, _FLEET_TOP_LEVEL_KEYS, source, "")
+    role = _get(doc, "role", str, source, "role")
+    if role is None:
+        raise _error(source, "role", "missing", 'add role = "controller"')
+    if role != "controller":
+        raise _error(
+            source,
+            "role",
+            f"a fleet configuration is a controller's, got {_shown_role(role)}",
+            'set role = "controller"; a worker has its own config (load_config, garcon-link '
+            "worker)",
+        )
+    insecure = _get(doc, "allow_insecure_development", bool, source, "allow_insecure_development")
+
+    listen = None
+    connection = _get(doc, "connection", dict, source, "[connection]")
+    if connection is not None:
+        if "dial" in connection:
+            raise _error(
+                source,
+                "[connection] dial",
+                "a fleet controller dials workers through [[executors.dial]] entries",
+                "move it to an [[executors.dial]] entry with id, url and secret_file",
+            )
+        _check_keys(connection, _FLEET_CONNECTION_KEYS, source, "[connection]")
+        listen_text = _get(connection, "listen", str, source, "[connection] listen")
+        listen = _parse_listen(listen_text, source) if listen_text is not None else None
+
+    _check_keys(executors, _EXECUTORS_KEYS, source, "[executors]")
+    keyring = None
+    keyring_text = _get(executors, "keyring", str, source, "[executors] keyring")
+    if keyring_text is not None:
+        keyring = _resolve(source.parent, keyring_text, source, "[executors] keyring")
+        found = _keyring_directory_problem(keyring)
+        if found is not None:
+            raise _error(source, "[executors] keyring", *found)
+    max_executors = _get(executors, "max_executors", int, source, "[executors] max_executors")
+    forget_after = executors.get("forget_after")
+    if forget_after is not None and (
+        not isinstance(forget_after, int | float) or isinstance(forget_after, bool)
+    ):
+        raise _error(
+            source,
+            "[executors] forget_after",
+            f"expected a number, got {_type_name(forget_after)}",
+            "write a number of seconds (unquoted), e.g. forget_after = 3600",
+        )
+    dial_tables = _get(executors, "dial", list, source, _DIAL_ENTRY)
+    dial = tuple(
+        _load_dial_entry(table, number, source)
+        for number, table in enumerate(dial_tables or (), start=1)
+    )
+
+    extra: dict[str, Any] = {}
+    if max_executors is not None:
+        extra["max_executors"] = max_executors
+    if forget_after is not None:
+        extra["forget_after"] = forget_after
+    limits_table = _get(doc, "limits", dict, source, "[limits]")
+    return FleetConfig(
+        listen=listen,
+        keyring=keyring,
+        dial=dial,
+        tls=_load_tls(doc, source),
+        limits=Limits() if limits_table is None else _load_limits(limits_table, source),
+        allow_insecure_development=bool(insecure),
+        source=source,
+        **extra,
+    )
+
+
+def _load_dial_entry(table: object, number: int, source: Path) -> DialExecutor:
+    prefix = f"{_DIAL_ENTRY} #{number}"
+    if not isinstance(table, dict):
+        raise _error(
+            source,
+            prefix,
+            f"expected a table, got {_type_name(table)}",
+            "write each entry as [[executors.dial]] with id, url and secret_file",
+        )
+    if "secret" in table:
+        raise _error(
+            source,
+            f"{prefix} secret",
+            "an inline secret is not accepted in a dial entry",
+            f'put it in a file (mode 0600) and name it: secret_file = "box-1.secret" '
+            f"({_KEYGEN_HINT})",
+        )
+    _check_keys(table, _DIAL_KEYS, source, prefix)
+    values: dict[str, str] = {}
+    for key in _DIAL_KEYS:
+        value = _get(table, key, str, source, f"{prefix} {key}")
+        if value is None:
+            raise _error(
+                source, f"{prefix} {key}", "missing", "each entry needs id, url and secret_file"
+            )
+        values[key] = value
+    _check_dial_executor(values["id"], values["url"], source, f"{prefix} ")
+    what = f"{prefix} secret_file"
+    secret = _read_secret(
+        _resolve(source.parent, values["secret_file"], source, what), source, what
+    )
+    return DialExecutor(executor_id=values["id"], url=values["url"], secret=secret)

@@ -237,6 +237,71 @@ def test_keygen_as_a_command(tmp_path: Path) -> None:
     assert_one_error_line(again.stderr, "refusing to overwrite")
 
 
+def test_keygen_enrolls_an_executor_in_a_keyring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = tmp_path / "keys"
+    assert cli.main(["keygen", "--keyring", str(keys), "--executor", "box-1"]) == 0
+    out = capsys.readouterr().out
+    path = keys / "box-1.secret"
+    assert out == (
+        f"enrolled box-1: {path} (mode 0600); copy it to the worker as its secret_file\n"
+    )
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(keys.stat().st_mode) & 0o077 == 0
+    secret = path.read_text().strip()
+    assert secret not in out
+    assert gl.Keyring(keys).secret_for("box-1") == gl.config.read_secret_file(path)
+    # The file is a worker's secret_file as it is.
+    worker = tmp_path / "w.toml"
+    worker.write_text(
+        f'executor_id = "box-1"\nrole = "worker"\nsecret_file = "{path}"\n'
+        '[connection]\ndial = "ws://127.0.0.1:8443/executor"\n'
+    )
+    assert gl.load_config(worker).secret == gl.Keyring(keys).secret_for("box-1")
+
+
+def test_keygen_keyring_as_a_command(tmp_path: Path) -> None:
+    done = run_cli("keygen", "--keyring", str(tmp_path / "keys"), "--executor", "box-1")
+    assert done.returncode == 0, done.stderr
+    path = tmp_path / "keys" / "box-1.secret"
+    assert done.stdout.startswith(f"enrolled box-1: {path} (mode 0600)")
+    assert path.read_text().strip() not in done.stdout + done.stderr
+    again = run_cli("keygen", "--keyring", str(tmp_path / "keys"), "--executor", "box-1")
+    assert again.returncode == 2
+    assert_one_error_line(again.stderr, "refusing to overwrite", "--force")
+    forced = run_cli(
+        "keygen", "--keyring", str(tmp_path / "keys"), "--executor", "box-1", "--force"
+    )
+    assert forced.returncode == 0, forced.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--keyring", "K"], ["--keyring needs --executor"]),
+        (["--executor", "box-1"], ["--executor needs --keyring"]),
+        (["PATH", "--keyring", "K", "--executor", "box-1"], ["either PATH or --keyring"]),
+        ([], ["needs PATH"]),
+        (["--keyring", "K", "--executor", "box:1"], ["ASCII letters", "still loads its config"]),
+        (["--keyring", "K", "--executor", "../x"], ["starts with '.'", "rename"]),
+    ],
+)
+def test_keygen_keyring_usage_errors(
+    tmp_path: Path,
+    args: list[str],
+    fragments: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["keygen", *args]) == cli.EXIT_USAGE
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert_one_error_line(captured.err, *fragments)
+    assert list(tmp_path.iterdir()) == []
+
+
 # --------------------------------------------------------------------------- init
 
 

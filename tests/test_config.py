@@ -17,11 +17,14 @@ import trustme
 from garcon_link.config import (
     CONFIG_ENV_VAR,
     MIN_SECRET_BYTES,
+    DialExecutor,
+    FleetConfig,
     LinkConfig,
     Secret,
     TlsConfig,
     generate_secret,
     load_config,
+    load_fleet_config,
     read_secret_file,
     write_secret_file,
 )
@@ -1023,3 +1026,297 @@ def test_every_message_is_secret_free_even_with_secret_in_odd_places(
     path = config_file(tmp_path, LISTEN_BODY.replace('"worker"', repr(SECRET_TEXT)))
     refused(lambda: load_config(path), str(path), "role")
     refused(lambda: make(role=SECRET_TEXT), "role")
+
+
+# --------------------------------------------------------------------------- fleet configs
+
+FLEET_BODY = """
+role = "controller"
+
+[connection]
+listen = "127.0.0.1:8443"
+
+[executors]
+keyring = "keys"
+max_executors = 50
+forget_after = 90
+
+[[executors.dial]]
+id = "box-1"
+url = "ws://127.0.0.1:9001/executor"
+secret_file = "box-1.secret"
+
+[[executors.dial]]
+id = "box-2"
+url = "wss://box-2.example/executor"
+secret_file = "box-2.secret"
+
+[limits]
+heartbeat_interval = 2.0
+"""
+
+
+@pytest.fixture
+def fleet_dir(tmp_path: Path) -> Path:
+    (tmp_path / "keys").mkdir(mode=0o700)
+    write(tmp_path / "box-1.secret", SECRET_TEXT + "\n")
+    write(tmp_path / "box-2.secret", "ab" * 32 + "\n")
+    return tmp_path
+
+
+def fleet_file(directory: Path, body: str = FLEET_BODY) -> Path:
+    return config_file(directory, body, name="fleet.toml")
+
+
+def test_fleet_config_loads(fleet_dir: Path) -> None:
+    path = fleet_file(fleet_dir)
+    fleet = load_fleet_config(path)
+    assert fleet.source == path
+    assert fleet.listen == ("127.0.0.1", 8443)
+    assert fleet.keyring == fleet_dir / "keys"
+    assert fleet.max_executors == 50
+    assert fleet.forget_after == 90.0
+    assert isinstance(fleet.forget_after, float)
+    assert fleet.limits.heartbeat_interval == 2.0
+    assert [d.executor_id for d in fleet.dial] == ["box-1", "box-2"]
+    assert fleet.dial[0].secret == SECRET
+    assert fleet.dial[1].secret == Secret(bytes.fromhex("ab" * 32))
+    assert fleet.listen_url == "ws://127.0.0.1:8443/executor"
+    assert fleet.ssl_context() is None
+    assert_no_leak(repr(fleet))
+    plain = fleet.dial_config(fleet.dial[0])
+    assert plain.role is Role.CONTROLLER
+    assert plain.executor_id == "box-1"
+    assert plain.dial == "ws://127.0.0.1:9001/executor"
+    assert plain.secret == SECRET
+    assert plain.limits is fleet.limits
+    assert plain.tls is None
+    assert fleet.dial_config(fleet.dial[1]).dial_tls
+
+
+def test_fleet_defaults_and_env_var(fleet_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = fleet_file(
+        fleet_dir,
+        'role = "controller"\n[connection]\nlisten = "127.0.0.1:0"\n'
+        '[executors]\nkeyring = "keys"\n',
+    )
+    monkeypatch.setenv(CONFIG_ENV_VAR, str(path))
+    fleet = load_fleet_config()
+    assert (fleet.max_executors, fleet.forget_after, fleet.dial) == (10_000, 3600.0, ())
+    assert fleet.limits == Limits()
+
+
+def test_dial_only_fleet_needs_no_keyring(fleet_dir: Path) -> None:
+    body = FLEET_BODY.replace('[connection]\nlisten = "127.0.0.1:8443"\n', "").replace(
+        'keyring = "keys"\n', ""
+    )
+    fleet = load_fleet_config(fleet_file(fleet_dir, body))
+    assert fleet.listen is None
+    assert fleet.keyring is None
+    assert fleet.ssl_context() is None
+    with pytest.raises(ValueError):
+        _ = fleet.listen_url
+
+
+def test_fleet_listener_tls(tls_files: TlsFiles, fleet_dir: Path) -> None:
+    body = FLEET_BODY.replace("127.0.0.1:8443", "0.0.0.0:8443") + (
+        f'[tls]\ncert = "{tls_files.cert}"\nkey = "{tls_files.key}"\nca = "{tls_files.ca_pem}"\n'
+    )
+    fleet = load_fleet_config(fleet_file(fleet_dir, body))
+    assert fleet.listen_url == "wss://0.0.0.0:8443/executor"
+    assert isinstance(fleet.ssl_context(), ssl.SSLContext)
+    # Listening, [tls] is the server's: a ws:// loopback entry is fine and dials without it.
+    assert fleet.dial_config(fleet.dial[0]).tls is None
+    assert fleet.dial_config(fleet.dial[1]).tls == fleet.tls
+
+
+def test_load_config_refuses_a_fleet_file(fleet_dir: Path) -> None:
+    refused(
+        lambda: load_config(fleet_file(fleet_dir)),
+        "fleet.toml",
+        "[executors]",
+        "load_fleet_config",
+        "garcon-link fleet",
+    )
+
+
+def test_load_fleet_config_refuses_a_link_file(tmp_path: Path, secret_file: Path) -> None:
+    path = config_file(tmp_path, LISTEN_BODY)
+    refused(lambda: load_fleet_config(path), "[executors]", "missing", 'keyring = "keys"')
+
+
+FLEET_REFUSALS = [
+    # (replace this, with that, fragments the message must hold)
+    ('role = "controller"', 'role = "worker"', ["role", "controller's", 'role = "controller"']),
+    ('role = "controller"\n', "", ["role", "missing"]),
+    (
+        'role = "controller"',
+        'role = "controller"\nexecutor_id = "me"',
+        ["executor_id", "no executor id", "keys/<id>.secret"],
+    ),
+    (
+        'role = "controller"',
+        'role = "controller"\nsecret_file = "box-1.secret"',
+        ["secret_file", "no executor id", "keygen --keyring"],
+    ),
+    ('role = "controller"', 'role = "controller"\nsecret = "x"', ["secret", "own secret_file"]),
+    ('role = "controller"', 'role = "controller"\nbogus = 1', ["bogus", "unknown key"]),
+    (
+        'listen = "127.0.0.1:8443"',
+        'listen = "127.0.0.1:8443"\ndial = "ws://127.0.0.1:1/executor"',
+        ["[connection] dial", "[[executors.dial]]"],
+    ),
+    (
+        'listen = "127.0.0.1:8443"',
+        'listen = "0.0.0.0:8443"',
+        ["[connection] listen", "plain text", "allow_insecure_development"],
+    ),
+    ('listen = "127.0.0.1:8443"', 'listen = "8443"', ["[connection] listen", "port"]),
+    ('keyring = "keys"\n', "", ["[executors] keyring", "needs a keyring", 'keyring = "keys"']),
+    ('keyring = "keys"', 'keyring = "nope"', ["[executors] keyring", "does not exist", "keygen"]),
+    ('keyring = "keys"', 'keyring = "box-1.secret"', ["[executors] keyring", "not a directory"]),
+    ('keyring = "keys"', "keyring = 5", ["[executors] keyring", "expected a string"]),
+    ('keyring = "keys"', 'keyring = "keys"\nspare = 1', ["[executors] spare", "unknown key"]),
+    ("max_executors = 50", "max_executors = 0", ["[executors] max_executors", "1-1000000"]),
+    ("max_executors = 50", "max_executors = 1000001", ["[executors] max_executors", "1-1000000"]),
+    ("max_executors = 50", "max_executors = 1", ["[executors] max_executors", "2 executors"]),
+    ("max_executors = 50", "max_executors = 5.5", ["[executors] max_executors", "integer"]),
+    ("max_executors = 50", "max_executors = true", ["[executors] max_executors", "integer"]),
+    ("forget_after = 90", "forget_after = 0", ["[executors] forget_after", "positive"]),
+    ("forget_after = 90", "forget_after = -1.5", ["[executors] forget_after", "positive"]),
+    ("forget_after = 90", "forget_after = inf", ["[executors] forget_after", "positive"]),
+    ("forget_after = 90", "forget_after = nan", ["[executors] forget_after", "positive"]),
+    ("forget_after = 90", 'forget_after = "90"', ["[executors] forget_after", "number"]),
+    ('id = "box-2"', 'id = "box-1"', ["[[executors.dial]] #2 id", "already dialed by entry #1"]),
+    ('id = "box-2"', 'id = "../box"', ["[[executors.dial]] #2 id", "starts with '.'", "rename"]),
+    ('id = "box-2"', 'id = "box:2"', ["[[executors.dial]] #2 id", "ASCII letters"]),
+    ('id = "box-2"\n', "", ["[[executors.dial]] #2 id", "missing"]),
+    ('id = "box-2"', "id = 2", ["[[executors.dial]] #2 id", "expected a string"]),
+    (
+        'secret_file = "box-2.secret"',
+        f'secret = "{SECRET_TEXT}"',
+        ["[[executors.dial]] #2 secret", "inline secret", "secret_file"],
+    ),
+    (
+        'secret_file = "box-2.secret"',
+        'secret_file = "gone.secret"',
+        ["[[executors.dial]] #2 secret_file", "does not exist"],
+    ),
+    (
+        'secret_file = "box-2.secret"',
+        'secret_file = "box-2.secret"\nport = 1',
+        ["[[executors.dial]] #2 port", "unknown key"],
+    ),
+    (
+        "wss://box-2.example/executor",
+        "ws://box-2.example/executor",
+        ["[[executors.dial]] #2 url", "plain-text", "allow_insecure_development"],
+    ),
+    (
+        "wss://box-2.example/executor",
+        "wss://box-2.example/other",
+        ["[[executors.dial]] #2 url", "/executor"],
+    ),
+    (
+        "wss://box-2.example/executor",
+        "https://box-2.example/executor",
+        ["[[executors.dial]] #2 url", "not ws or wss"],
+    ),
+    (
+        "[limits]\nheartbeat_interval = 2.0",
+        "[limits]\nheartbeat = 2.0",
+        ["[limits] heartbeat", "unknown key"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "fragments"), FLEET_REFUSALS)
+def test_fleet_refusals(fleet_dir: Path, old: str, new: str, fragments: list[str]) -> None:
+    assert old in FLEET_BODY
+    path = fleet_file(fleet_dir, FLEET_BODY.replace(old, new, 1))
+    refused(lambda: load_fleet_config(path), "fleet.toml", *fragments)
+
+
+def test_fleet_that_neither_listens_nor_dials_is_refused(fleet_dir: Path) -> None:
+    path = fleet_file(fleet_dir, 'role = "controller"\n[executors]\nmax_executors = 5\n')
+    refused(lambda: load_fleet_config(path), "neither listens nor dials", "[[executors.dial]]")
+
+
+def test_fleet_dial_entries_must_be_tables(fleet_dir: Path) -> None:
+    path = fleet_file(fleet_dir, 'role = "controller"\n[executors]\ndial = [1]\n')
+    refused(lambda: load_fleet_config(path), "[[executors.dial]] #1", "expected a table")
+
+
+def test_fleet_tls_with_ws_dial_only_is_refused(tls_files: TlsFiles, fleet_dir: Path) -> None:
+    body = (
+        'role = "controller"\n[executors]\n[[executors.dial]]\nid = "box-1"\n'
+        'url = "ws://127.0.0.1:9001/executor"\nsecret_file = "box-1.secret"\n'
+        f'[tls]\nca = "{tls_files.ca_pem}"\n'
+    )
+    refused(
+        lambda: load_fleet_config(fleet_file(fleet_dir, body)),
+        "[tls]",
+        "#1 url",
+        "plain ws://",
+        "remove [tls]",
+    )
+
+
+@posix_only
+def test_fleet_keyring_in_a_world_writable_directory_is_refused(fleet_dir: Path) -> None:
+    (fleet_dir / "keys").chmod(0o777)
+    refused(
+        lambda: load_fleet_config(fleet_file(fleet_dir)),
+        "[executors] keyring",
+        "writable by everyone",
+        "chmod o-w",
+    )
+
+
+@posix_only
+def test_fleet_dial_secret_file_must_be_private(fleet_dir: Path) -> None:
+    (fleet_dir / "box-1.secret").chmod(0o644)
+    refused(
+        lambda: load_fleet_config(fleet_file(fleet_dir)),
+        "[[executors.dial]] #1 secret_file",
+        "chmod 600",
+    )
+
+
+def test_fleet_config_built_in_code(tmp_path: Path) -> None:
+    entry = DialExecutor("box-1", "ws://127.0.0.1:9001/executor", SECRET)
+    fleet = FleetConfig(dial=[entry], forget_after=5)  # type: ignore[arg-type]
+    assert fleet.dial == (entry,)
+    assert fleet.forget_after == 5.0
+    listening = FleetConfig(listen=("127.0.0.1", 0), keyring=str(tmp_path))  # type: ignore[arg-type]
+    assert listening.keyring == tmp_path
+    assert listening.source is None
+
+
+@pytest.mark.parametrize(
+    ("build", "fragments"),
+    [
+        (lambda: FleetConfig(), ["FleetConfig", "neither listens nor dials"]),
+        (lambda: FleetConfig(listen=("127.0.0.1", 0)), ["FleetConfig", "[executors] keyring"]),
+        (lambda: FleetConfig(keyring=Path("k")), ["FleetConfig", "[connection] listen"]),
+        (lambda: FleetConfig(dial=("x",)), ["FleetConfig", "DialExecutor"]),
+        (
+            lambda: FleetConfig(listen=("127.0.0.1", 0), keyring=Path("k"), max_executors=True),
+            ["max_executors", "integer"],
+        ),
+        (
+            lambda: FleetConfig(listen=("127.0.0.1", 0), keyring=Path("k"), forget_after="1"),
+            ["forget_after", "number"],
+        ),
+        (lambda: DialExecutor("a/b", "ws://127.0.0.1/executor", SECRET), ["DialExecutor", "id"]),
+        (lambda: DialExecutor("box", "ws://127.0.0.1/x", SECRET), ["DialExecutor", "url"]),
+        (lambda: DialExecutor("box", "ws://127.0.0.1/executor", b"x" * 32), ["secret"]),
+    ],
+)
+def test_fleet_refusals_in_code(build: Callable[[], object], fragments: list[str]) -> None:
+    refused(build, *fragments)
+
+
+def test_dial_config_refuses_other_things() -> None:
+    fleet = FleetConfig(dial=(DialExecutor("box-1", "ws://127.0.0.1:9/executor", SECRET),))
+    refused(lambda: fleet.dial_config("box-1"), "DialExecutor")  # type: ignore[arg-type]
