@@ -100,6 +100,7 @@ from typing import Any, NoReturn
 from .errors import ConfigError
 from .limits import Limits
 from .wire import Role
+from .ws import DialTarget
 
 __all__ = [
     "CONFIG_ENV_VAR",
@@ -821,7 +822,7 @@ def _parse_dial(
             "remove it: peers authenticate with the link secret, never with URL credentials",
         )
     if "?" in url:
-        raise _error(source, what, "the URL has a query (?...)", "remove the query")
+        _dial_hint(parts.query, source, what)  # the one query allowed: a routing hint
     if "#" in url:
         raise _error(source, what, "the URL has a fragment (#...)", "remove the fragment")
     if parts.path != _EXECUTOR_PATH:
@@ -844,6 +845,31 @@ def _parse_dial(
     if not 1 <= port <= 65535:
         raise _error(source, what, "the port is not a number 1-65535", fix)
     return host, port, parts.scheme == "wss"
+
+
+def _dial_hint(query: str, source: _Source, what: str) -> str:
+    """The executor id of a dial URL's query ``executor=<id>`` (a routing hint for a load
+    balancer in front of several controller processes, DESIGN §12); nothing else is allowed."""
+    fix = "the only query a dial URL may carry is ?executor=<executor id>; remove anything else"
+    try:
+        fields = urllib.parse.parse_qs(query, strict_parsing=True, max_num_fields=2)
+    except ValueError:
+        raise _error(source, what, "the URL's query is not executor=<id>", fix) from None
+    values = fields.get("executor")
+    if set(fields) != {"executor"} or values is None or len(values) != 1:
+        raise _error(source, what, "the URL's query is not executor=<id>", fix)
+    problem = executor_id_problem(values[0])
+    if problem is not None:
+        raise _error(source, what, f"the routing hint executor={values[0]!r}: {problem}", fix)
+    return values[0]
+
+
+def dial_target(url: str, source: Path | None = None) -> DialTarget:
+    """A checked dial URL, parsed once, as the link takes it."""
+    host, port, tls = _parse_dial(url, source)
+    query = urllib.parse.urlsplit(url).query
+    hint = _dial_hint(query, source, "[connection] dial") if query else None
+    return DialTarget("wss" if tls else "ws", host, port, hint)
 
 
 def _check_dial(
@@ -958,6 +984,15 @@ class LinkConfig:
             )
         if self.dial is not None:
             _check_dial(self.dial, self.tls, self.allow_insecure_development, src)
+            hint = self.dial_target.executor_hint
+            if hint is not None and hint != ident:
+                raise _error(
+                    src,
+                    "[connection] dial",
+                    f"the routing hint executor={hint!r} is not this config's executor_id "
+                    f"{ident!r}: a load balancer would send the session to the wrong place",
+                    f"use ?executor={ident}",
+                )
         else:
             _check_listen(self.listen, self.tls, self.allow_insecure_development, src)
 
@@ -1018,6 +1053,13 @@ class LinkConfig:
     def is_dialer(self) -> bool:
         """True when this endpoint dials (``dial`` is set), false when it listens."""
         return self.dial is not None
+
+    @property
+    def dial_target(self) -> DialTarget:
+        """The dial URL, parsed (what the link dials). ``ValueError`` for a listener."""
+        if self.dial is None:
+            raise ValueError("this LinkConfig listens; it has no dial URL")
+        return dial_target(self.dial, self.source)
 
     def _dial_parts(self) -> tuple[str, int, bool]:
         if self.dial is None:

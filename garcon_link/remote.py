@@ -171,7 +171,7 @@ def _link_from_config(config: LinkConfig, limits: Limits) -> WebSocketLink:
         secret=config.secret.reveal(),
         limits=limits,
         listen=config.listen,
-        dial=config.dial,
+        dial=config.dial_target if config.dial is not None else None,
         ssl_context=config.ssl_context(),
         allow_insecure_development=config.allow_insecure_development,
     )

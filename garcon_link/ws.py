@@ -637,17 +637,14 @@ class DialTarget:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        query = (
-            "?" + urllib.parse.urlencode({ROUTING_PARAMETER: self.executor_hint})
-            if self.executor_hint is not None
-            else ""
-        )
-        return f"{self.scheme}://{host}:{self.port}{EXECUTOR_PATH}{query}"
+        return f"{self.scheme}://{host}:{self.port}{self.target}"
 
     @property
     def target(self) -> str:
         """The request target of the upgrade (path and routing hint)."""
-        return self.url[self.url.index(EXECUTOR_PATH) :]
+        if self.executor_hint is None:
+            return EXECUTOR_PATH
+        return EXECUTOR_PATH + "?" + urllib.parse.urlencode({ROUTING_PARAMETER: self.executor_hint})
 
 
 def parse_dial_url(url: str) -> DialTarget:
