@@ -36,6 +36,7 @@ from .errors import (
     SessionFailed,
     StaleResource,
 )
+from .fleet import ExecutorSnapshot, Fleet, FleetEvent, fleet
 from .interface import oneway
 from .keyring import Keyring
 from .limits import Limits
@@ -67,7 +68,10 @@ __all__ = [
     "ConfigError",
     "DialExecutor",
     "ExecutorInfo",
+    "ExecutorSnapshot",
+    "Fleet",
     "FleetConfig",
+    "FleetEvent",
     "GarconLinkError",
     "HandshakeError",
     "Keyring",
@@ -94,6 +98,7 @@ __all__ = [
     "__version__",
     "connect",
     "current_scope",
+    "fleet",
     "generate_secret",
     "load_config",
     "load_fleet_config",

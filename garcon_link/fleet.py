@@ -1,0 +1,450 @@
+"""Fleet: one controller, many executors (DESIGN §12).
+
+Theory of operation
+-------------------
+A :class:`Fleet` is a controller endpoint for many executors at once. It owns
+
+* at most one **listening** link (``[connection] listen`` with ``[executors] keyring``): workers
+  dial it; each authenticates with its own key, read from the keyring at each handshake, and the
+  link keeps one session slot per executor id (:mod:`garcon_link.link`), up to
+  ``max_executors``;
+* one **dialing** link per ``[[executors.dial]]`` entry (a listening worker, its own secret).
+
+For each executor id it keeps one stable :class:`~garcon_link.RemoteExecutor`, created by
+:meth:`Fleet.executor` before the executor ever connects, or when an enrolled executor first
+authenticates. New logical sessions are routed by the executor id the handshake authenticated; a
+member behaves exactly as the single executor of :func:`~garcon_link.connect` (availability,
+``wait_ready``, stable facades, session replacement, honest outcomes), independently of the
+others. Availability changes become :class:`FleetEvent` s on every :meth:`Fleet.events` stream.
+
+Bounds
+------
+* Slots: ``max_executors`` (the link refuses the next executor with 1013 and a reason naming the
+  bound, before any session state is allocated); members created by connections are as many.
+* ``forget_after``: an executor that joined by connecting (never named by :meth:`Fleet.executor`)
+  and stayed ``offline`` that long leaves the registry: its slot is freed and a ``forgotten``
+  event is emitted. Executors named by the program stay, as the objects it holds stay valid.
+* :meth:`Fleet.events`: each subscriber has a buffer of ``events_buffer`` events; a slow
+  consumer loses the oldest ones and is told how many by a ``lost`` event.
+* :meth:`Fleet.map`: at most ``concurrency`` calls in flight.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+import anyio
+import anyio.abc
+
+from .config import FleetConfig, LinkConfig
+from .errors import CallError, ConfigError
+from .handshake import HandshakeResult
+from .keyring import Keyring, executor_id_problem
+from .limits import Limits
+from .link import ExecutorLink, LinkStatistics, WebSocketLink
+from .remote import Availability, RemoteExecutor, ServiceMap, _link_from_config, _registry_from
+from .rpc import Registry
+from .transport import SessionTransport
+from .wire import Role
+
+__all__ = ["ExecutorSnapshot", "Fleet", "FleetEvent", "fleet"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+EventKind = Literal["joined", "ready", "reconnecting", "offline", "disposed", "forgotten", "lost"]
+DEFAULT_EVENTS_BUFFER = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorSnapshot:
+    """One executor as :meth:`Fleet.executors` saw it.
+
+    Attributes:
+        executor_id: its id.
+        availability: ``offline``, ``ready``, ``reconnecting`` or ``disposed``.
+        session: the first 12 hex digits of its current logical session id, or None.
+        since: wall-clock time (``time.time()``) of its last availability change.
+        calls: calls and streams started through its facades.
+        errors: of those, how many raised a :class:`~garcon_link.CallError`.
+    """
+
+    executor_id: str
+    availability: Availability
+    session: str | None
+    since: float
+    calls: int
+    errors: int
+
+
+@dataclass(frozen=True, slots=True)
+class FleetEvent:
+    """A change in the fleet.
+
+    Attributes:
+        kind: ``joined`` (its first session in this fleet), ``ready``, ``reconnecting``,
+            ``offline``, ``disposed``, ``forgotten``; or ``lost``: this subscriber missed
+            ``lost`` events.
+        executor_id: the executor ("" for ``lost``).
+        at: wall-clock time of the event.
+        lost: for ``lost``, how many events were dropped.
+    """
+
+    kind: EventKind
+    executor_id: str
+    at: float
+    lost: int = 0
+
+
+class _Subscriber:
+    def __init__(self, capacity: int) -> None:
+        self.queue: collections.deque[FleetEvent] = collections.deque(maxlen=capacity)
+        self.lost = 0
+        self.wakeup = anyio.Event()
+
+    def push(self, event: FleetEvent) -> None:
+        if len(self.queue) == self.queue.maxlen:
+            self.lost += 1  # the deque drops the oldest
+        self.queue.append(event)
+        self.wakeup.set()
+
+
+class Fleet:
+    """A controller for many executors; use ``async with gl.fleet(config) as fleet``.
+
+    Args:
+        config: a :class:`~garcon_link.FleetConfig` (keyring listener and/or dial entries), or
+            a controller :class:`~garcon_link.LinkConfig` (a fleet of one).
+        services: controller-side services every worker may call back (optional).
+        limits: overrides the config's limits.
+        events_buffer: events kept per :meth:`events` subscriber before the oldest are dropped.
+    """
+
+    def __init__(
+        self,
+        config: FleetConfig | LinkConfig,
+        *,
+        services: ServiceMap | None = None,
+        limits: Limits | None = None,
+        events_buffer: int = DEFAULT_EVENTS_BUFFER,
+    ) -> None:
+        if isinstance(config, LinkConfig) and config.role is not Role.CONTROLLER:
+            raise ConfigError(
+                f"fleet() needs a controller configuration, got role {config.role.value!r}"
+            )
+        if events_buffer < 1:
+            raise ValueError("events_buffer must be at least 1")
+        self.config = config
+        self.limits = limits or config.limits
+        self._registry: Registry = _registry_from(services or {})
+        self._events_buffer = events_buffer
+        self._members: dict[str, RemoteExecutor] = {}
+        self._pinned: set[str] = set()
+        self._joined: set[str] = set()  # ids that had a session (bounded like the members)
+        self._offline_at: dict[str, float] = {}
+        self._subscribers: list[_Subscriber] = []
+        self._links: list[WebSocketLink] = []
+        self._entered: list[WebSocketLink] = []
+        self._listening: WebSocketLink | None = None
+        self._link_of: dict[str, WebSocketLink] = {}  # dial entries and a fleet of one
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._closed = False
+        self._build_links()
+
+    def _build_links(self) -> None:
+        config = self.config
+        if isinstance(config, LinkConfig):
+            link = _link_from_config(config, self.limits)
+            self._links.append(link)
+            self._link_of[config.executor_id] = link
+            if config.listen is not None:
+                self._listening = link
+            return
+        if config.listen is not None:
+            assert config.keyring is not None
+            keyring = Keyring(config.keyring)
+
+            def keys(executor_id: str) -> bytes | None:
+                secret = keyring.secret_for(executor_id)
+                return secret.reveal() if secret is not None else None
+
+            self._listening = WebSocketLink(
+                role=Role.CONTROLLER,
+                keys=keys,
+                max_executors=config.max_executors,
+                limits=self.limits,
+                listen=config.listen,
+                ssl_context=config.ssl_context(),
+                allow_insecure_development=config.allow_insecure_development,
+            )
+            self._links.append(self._listening)
+        for entry in config.dial:
+            link = _link_from_config(config.dial_config(entry), self.limits)
+            self._links.append(link)
+            self._link_of[entry.executor_id] = link
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Fleet:
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        try:
+            for link in self._links:
+                link.on_session(self._route)
+                await link.__aenter__()
+                self._entered.append(link)
+            for executor_id in self._link_of:
+                self.executor(executor_id)  # dialed executors exist from the start
+            forget_after = getattr(self.config, "forget_after", None)
+            if self._listening is not None and forget_after is not None:
+                tg.start_soon(self._forget_loop, float(forget_after))
+        except BaseException:
+            await self._close_links()
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Dispose every executor (pending calls fail honestly) and close every link."""
+        if self._closed:
+            return
+        self._closed = True
+        for member in list(self._members.values()):
+            await member.aclose()
+        await self._close_links()
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+
+    async def _close_links(self) -> None:
+        # Task groups (the links' and ours) are left in the reverse order they were entered.
+        for link in reversed(self._entered):
+            await link.__aexit__(None, None, None)  # closes the link, shielded
+        self._entered.clear()
+
+    @property
+    def url(self) -> str:
+        """The URL workers dial (a listening fleet only)."""
+        if self._listening is None:
+            raise RuntimeError("this fleet does not listen")
+        return self._listening.url
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        if self._listening is None:
+            raise RuntimeError("this fleet does not listen")
+        return self._listening.listen_address
+
+    def statistics(self) -> LinkStatistics:
+        """The listening link's counters (handshakes, refusals, takeovers...); a dial-only
+        fleet sums its links'."""
+        if self._listening is not None:
+            return self._listening.statistics()
+        total = LinkStatistics()
+        for link in self._links:
+            s = link.statistics()
+            for name in (
+                "connections",
+                "handshakes_completed",
+                "resumed",
+                "fresh_sessions",
+                "takeovers_refused",
+                "heartbeat_timeouts",
+                "dial_attempts",
+            ):
+                setattr(total, name, getattr(total, name) + getattr(s, name))
+        return total
+
+    # ------------------------------------------------------------------ members
+
+    def executor(self, executor_id: str) -> RemoteExecutor:
+        """The stable handle of ``executor_id``; it exists before the executor first connects.
+
+        Raises:
+            ValueError: the id cannot name an executor of this fleet (not one of its dial
+                entries, and -- listening with a keyring -- not a valid key file name).
+            RuntimeError: the fleet is not entered, or closed.
+        """
+        member = self._members.get(executor_id)
+        if member is None:
+            self._check_reachable(executor_id)
+            member = self._add(executor_id)
+        self._pinned.add(executor_id)
+        return member
+
+    def _check_reachable(self, executor_id: str) -> None:
+        if self._tg is None or self._closed:
+            raise RuntimeError("the fleet is not running: use `async with gl.fleet(config)`")
+        if executor_id in self._link_of:
+            return
+        if self._listening is not None and isinstance(self.config, FleetConfig):
+            problem = executor_id_problem(executor_id)
+            if problem is None:
+                return
+            raise ValueError(f"executor id {executor_id!r}: {problem}")
+        raise ValueError(
+            f"executor {executor_id!r} is not one this fleet serves "
+            f"(it serves {sorted(self._link_of)})"
+        )
+
+    def _add(self, executor_id: str) -> RemoteExecutor:
+        assert self._tg is not None
+        link = self._link_of.get(executor_id) or self._listening
+        assert link is not None
+        member = RemoteExecutor._fleet_member(
+            executor_id,
+            ExecutorLink(link, executor_id),
+            self._registry,
+            self.limits,
+            self._tg,
+            self._availability_changed,
+        )
+        self._members[executor_id] = member
+        self._offline_at[executor_id] = anyio.current_time()
+        return member
+
+    def _route(self, transport: SessionTransport, result: HandshakeResult) -> None:
+        executor_id = result.peer.executor
+        member = self._members.get(executor_id)
+        if member is None:
+            if self._closed:
+                return
+            member = self._add(executor_id)
+        if executor_id not in self._joined:
+            self._joined.add(executor_id)
+            self._publish("joined", executor_id)
+        member._on_session(transport, result)
+
+    def _availability_changed(self, member: RemoteExecutor, value: Availability) -> None:
+        if value == "offline":
+            self._offline_at[member.executor_id] = anyio.current_time()
+        self._publish(value, member.executor_id)
+
+    def executors(self) -> dict[str, ExecutorSnapshot]:
+        """A snapshot of every executor the fleet knows, by id."""
+        out = {}
+        for executor_id, member in self._members.items():
+            transport = member.link.transport
+            out[executor_id] = ExecutorSnapshot(
+                executor_id=executor_id,
+                availability=member.availability,
+                session=transport.session_id.hex()[:12] if transport is not None else None,
+                since=member.since,
+                calls=member.calls,
+                errors=member.errors,
+            )
+        return out
+
+    async def _forget_loop(self, forget_after: float) -> None:
+        assert self._listening is not None
+        period = min(max(forget_after / 4, 0.01), 1.0)
+        while True:
+            await anyio.sleep(period)
+            now = anyio.current_time()
+            for executor_id, member in list(self._members.items()):
+                if (
+                    executor_id in self._pinned
+                    or member.availability != "offline"
+                    or now - self._offline_at.get(executor_id, now) < forget_after
+                ):
+                    continue
+                if self._listening.forget(executor_id):
+                    del self._members[executor_id]
+                    self._joined.discard(executor_id)
+                    self._offline_at.pop(executor_id, None)
+                    await member.aclose()
+                    self._publish("forgotten", executor_id)
+
+    # ------------------------------------------------------------------ events
+
+    def _publish(self, kind: EventKind, executor_id: str) -> None:
+        event = FleetEvent(kind, executor_id, time.time())
+        for subscriber in list(self._subscribers):
+            subscriber.push(event)
+
+    async def events(self) -> AsyncIterator[FleetEvent]:
+        """Every change from now on, in order, until the fleet closes.
+
+        Bounded: a consumer that falls more than ``events_buffer`` events behind loses the
+        oldest, and gets one ``lost`` event saying how many before the next ones.
+        """
+        subscriber = _Subscriber(self._events_buffer)
+        self._subscribers.append(subscriber)
+        try:
+            while not self._closed:
+                if subscriber.lost:
+                    lost, subscriber.lost = subscriber.lost, 0
+                    yield FleetEvent("lost", "", time.time(), lost=lost)
+                    continue
+                if subscriber.queue:
+                    yield subscriber.queue.popleft()
+                    continue
+                subscriber.wakeup = anyio.Event()
+                await subscriber.wakeup.wait()
+        finally:
+            self._subscribers.remove(subscriber)
+
+    # ------------------------------------------------------------------ fan-out
+
+    async def map(
+        self,
+        fn: Callable[[RemoteExecutor], Awaitable[T]],
+        ids: Iterable[str] | None = None,
+        *,
+        concurrency: int = 64,
+    ) -> dict[str, T | CallError]:
+        """Call ``fn(executor)`` for each executor, at most ``concurrency`` at once.
+
+        Args:
+            fn: what to do with one executor (typically one facade call).
+            ids: which executors (default: every executor the fleet knows now).
+            concurrency: the most calls in flight.
+
+        Returns:
+            ``{id: value}`` or, for an executor whose call failed, ``{id: CallError}``: one
+            failure raises nothing. Any other exception from ``fn`` is a bug in it and
+            propagates.
+        """
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        targets = (
+            [self.executor(i) for i in ids] if ids is not None else list(self._members.values())
+        )
+        results: dict[str, T | CallError] = {}
+        limiter = anyio.CapacityLimiter(concurrency)
+
+        async def one(member: RemoteExecutor) -> None:
+            async with limiter:
+                try:
+                    results[member.executor_id] = await fn(member)
+                except CallError as exc:
+                    results[member.executor_id] = exc
+
+        async with anyio.create_task_group() as tg:
+            for member in targets:
+                tg.start_soon(one, member)
+        return {member.executor_id: results[member.executor_id] for member in targets}
+
+
+def fleet(
+    config: FleetConfig | LinkConfig,
+    *,
+    services: ServiceMap | None = None,
+    limits: Limits | None = None,
+) -> Fleet:
+    """A controller for many executors: ``async with gl.fleet(config) as fleet: ...``.
+
+    ``config`` is a :class:`~garcon_link.FleetConfig` (``gl.load_fleet_config``) or a controller
+    :class:`~garcon_link.LinkConfig` (a fleet of one executor).
+    """
+    return Fleet(config, services=services, limits=limits)

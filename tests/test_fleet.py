@@ -1,0 +1,381 @@
+"""One controller, many executors (DESIGN §12, issue 13), in one process over loopback.
+
+A listening :class:`garcon_link.Fleet` with a keyring in ``tmp_path`` and in-process workers, each
+dialing it with its own id and key and serving ``ident.whoami`` (which returns the worker's own
+id, so a call that reached the wrong executor is caught). What the tests prove:
+
+* every facade call reaches the executor it names; ``map`` fans out and reports per executor;
+* enrolling is adding a file and revoking is deleting it, with no restart: a revoked executor's
+  attached session is retired within ``key_recheck_interval`` and its call in flight gets an
+  honest outcome, while the others keep serving;
+* an unknown id, a revoked id, an id with path characters and a wrong key are refused with the
+  same close code and reason, and the listener's hello echoes the claimed id (nothing of its own
+  identity leaves before authentication);
+* ``max_executors`` refuses the next executor (1013, a reason naming the bound) and allocates
+  nothing for it;
+* the same id twice: the newcomer is refused (4004) while the first answers; once the first's
+  socket stops answering the newcomer takes over, and the first gets 4009 and stops dialing;
+* ``forget_after`` drops an executor that joined by connecting and stayed offline;
+* ``events()`` is bounded and says how many events a slow consumer lost.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Protocol
+
+import anyio
+import pytest
+from faultutil import Raw, wait_for
+
+import garcon_link as gl
+from garcon_link.config import read_secret_file, write_secret_file
+from garcon_link.handshake import Handshake, derive_key
+from garcon_link.testing import FaultProxy
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+DEADLINE = 30.0
+LIMITS = gl.Limits(
+    handshake_timeout=2.0,
+    heartbeat_interval=0.1,
+    heartbeat_timeout=1.0,
+    detached_grace=2.0,
+    close_timeout=0.3,
+    backoff_base=0.01,
+    backoff_max=0.1,
+    connect_timeout=1.0,
+    takeover_probe_timeout=0.3,
+    call_timeout=5.0,
+    key_recheck_interval=0.1,
+)
+
+
+class Ident(Protocol):
+    async def whoami(self) -> str: ...
+
+    async def hold(self, seconds: float) -> str: ...
+
+
+class IdentService:
+    def __init__(self, executor_id: str) -> None:
+        self.executor_id = executor_id
+        self.held = 0
+
+    async def whoami(self) -> str:
+        return self.executor_id
+
+    async def hold(self, seconds: float) -> str:
+        self.held += 1
+        await anyio.sleep(seconds)
+        return self.executor_id
+
+
+def enroll(keyring: Path, executor_id: str) -> gl.Secret:
+    keyring.mkdir(mode=0o700, exist_ok=True)
+    return read_secret_file(write_secret_file(keyring / f"{executor_id}.secret"))
+
+
+def worker_config(executor_id: str, secret: gl.Secret, url: str) -> gl.LinkConfig:
+    return gl.LinkConfig(
+        executor_id=executor_id, role=gl.Role.WORKER, secret=secret, dial=url, limits=LIMITS
+    )
+
+
+@asynccontextmanager
+async def listening_fleet(keyring: Path, **options: object) -> AsyncIterator[gl.Fleet]:
+    keyring.mkdir(mode=0o700, exist_ok=True)
+    config = gl.FleetConfig(
+        listen=("127.0.0.1", 0),
+        keyring=keyring,
+        limits=LIMITS,
+        **options,  # type: ignore[arg-type]
+    )
+    async with gl.fleet(config) as fleet:
+        yield fleet
+
+
+@asynccontextmanager
+async def worker(executor_id: str, secret: gl.Secret, url: str) -> AsyncIterator[gl.Worker]:
+    service = IdentService(executor_id)
+    async with gl.Worker(worker_config(executor_id, secret, url), {"ident": service}) as w:
+        yield w
+
+
+async def test_each_call_reaches_the_executor_it_names(tmp_path: Path) -> None:
+    keyring = tmp_path / "keys"
+    ids = [f"box-{i}" for i in range(8)]
+    with anyio.fail_after(DEADLINE):
+        async with listening_fleet(keyring) as fleet, AsyncExitStack() as stack:
+            for executor_id in ids:
+                secret = enroll(keyring, executor_id)
+                await stack.enter_async_context(worker(executor_id, secret, fleet.url))
+            for executor_id in ids:
+                await fleet.executor(executor_id).wait_ready(10)
+            for executor_id in reversed(ids):
+                ident = fleet.executor(executor_id).service("ident", Ident)
+                assert await ident.whoami() == executor_id
+            results = await fleet.map(lambda ex: ex.service("ident", Ident).whoami(), concurrency=3)
+            assert results == {i: i for i in ids}
+            snapshot = fleet.executors()
+            assert set(snapshot) == set(ids)
+            assert all(s.availability == "ready" and s.session for s in snapshot.values())
+            assert all(s.calls == 2 and s.errors == 0 for s in snapshot.values())
+
+
+async def test_map_reports_a_failure_per_executor_and_raises_nothing(tmp_path: Path) -> None:
+    keyring = tmp_path / "keys"
+    with anyio.fail_after(DEADLINE):
+        async with listening_fleet(keyring) as fleet:
+            secret = enroll(keyring, "up")
+            async with worker("up", secret, fleet.url):
+                await fleet.executor("up").wait_ready(10)
+                fleet.executor("never-connects")
+                results = await fleet.map(
+                    lambda ex: gl.with_options(
+                        ex.service("ident", Ident), dispatch_deadline=0
+                    ).whoami()
+                )
+            assert results["up"] == "up"
+            failure = results["never-connects"]
+            assert isinstance(failure, gl.NotDispatched) and failure.code == "OFFLINE"
+            assert fleet.executors()["never-connects"].errors == 1
+
+
+async def test_revoking_a_key_takes_only_that_executor_out(tmp_path: Path) -> None:
+    keyring = tmp_path / "keys"
+    with anyio.fail_after(DEADLINE):
+        async with listening_fleet(keyring) as fleet:
+            kept, revoked = enroll(keyring, "kept"), enroll(keyring, "revoked")
+            async with worker("kept", kept, fleet.url), worker("revoked", revoked, fleet.url):
+                for executor_id in ("kept", "revoked"):
+                    await fleet.executor(executor_id).wait_ready(10)
+                target = fleet.executor("revoked")
+                pending: list[BaseException] = []
+
+                async def call_in_flight() -> None:
+                    try:
+                        await target.service("ident", Ident).hold(30)
+                    except gl.CallError as exc:
+                        pending.append(exc)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call_in_flight)
+                    await wait_for(lambda: target.calls == 1, 5, "the call to be sent")
+                    (keyring / "revoked.secret").unlink()
+                    await wait_for(lambda: pending, 10, "the revoked executor's call to end")
+                (outcome,) = pending
+                assert isinstance(outcome, gl.OutcomeUnknown), outcome
+                assert target.availability == "offline"
+                stats = fleet.executors()
+                assert stats["kept"].availability == "ready"
+                assert await fleet.executor("kept").service("ident", Ident).whoami() == "kept"
+                # Its worker keeps trying and is refused, as an unknown id is.
+                with pytest.raises(TimeoutError):
+                    await target.wait_ready(0.5)
+                # Enrolling again is adding the file again: no restart.
+                (keyring / "revoked.secret").write_text(revoked.reveal().hex() + "\n")
+                (keyring / "revoked.secret").chmod(0o600)
+                await target.wait_ready(10)
+                assert await target.service("ident", Ident).whoami() == "revoked"
+
+
+async def refusal(port: int, executor_id: str, secret: bytes) -> tuple[int | None, str | None, str]:
+    """A dialer's attempt with ``executor_id`` and ``secret``: the close code and reason it
+    got, and the executor id the listener's hello named."""
+    hs = Handshake(
+        role=gl.Role.WORKER,
+        executor_id=executor_id,
+        key=derive_key(secret),
+        runtime=os.urandom(16),
+        nonce=os.urandom(32),
+        resume=None,
+    )
+    async with Raw.connect(port) as raw:
+        assert await raw.upgrade()
+        await raw.send_message(hs.hello_frame())
+        hello = await raw.next_message()
+        assert hello is not None
+        proof = hs.receive(hello)
+        assert proof is not None
+        named = hs.peer_hello.executor if hs.peer_hello is not None else ""
+        await raw.send_message(proof)
+        await raw.outcome(5)
+        return raw.close_code, raw.close_reason, named
+
+
+async def test_unknown_revoked_and_wrong_key_are_indistinguishable(tmp_path: Path) -> None:
+    keyring = tmp_path / "keys"
+    with anyio.fail_after(DEADLINE):
+        async with listening_fleet(keyring) as fleet:
+            port = fleet.listen_address[1]
+            good = enroll(keyring, "enrolled").reveal()
+            enroll(keyring, "gone")
+            (keyring / "gone.secret").unlink()
+            attempts = {
+                "wrong key": await refusal(port, "enrolled", os.urandom(32)),
+                "unknown id": await refusal(port, "stranger", good),
+                "revoked id": await refusal(port, "gone", good),
+                "path characters": await refusal(port, "../keys/enrolled", good),
+                "long id": await refusal(port, "x" * 200, good),
+            }
+            outcomes = {(code, reason) for code, reason, _named in attempts.values()}
+            assert outcomes == {(4001, "proof did not verify")}, attempts
+            # The listener's hello echoed each claim: it said nothing of its own.
+            assert [named for *_, named in attempts.values()] == [
+                "enrolled",
+                "stranger",
+                "gone",
+                "../keys/enrolled",
+                "x" * 200,
+            ]
+            assert fleet.executors() == {}
+
+
+async def test_max_executors_refuses_the_next_one_and_allocates_nothing(tmp_path: Path) -> None:
+    keyring = tmp_path / "keys"
+    with anyio.fail_after(DEADLINE):
+        async with listening_fleet(keyring, max_executors=2) as fleet:
+            secrets = {i: enroll(keyring, i) for i in ("a", "b", "c")}
+            async with worker("a", secrets["a"], fleet.url), worker("b", secrets["b"], fleet.url):
+                await fleet.executor("a").wait_ready(10)
+                await fleet.executor("b").wait_ready(10)
+                async with worker("c", secrets["c"], fleet.url) as third:
+                    await wait_for(
+                        lambda: (
+                            third.link.last_error is not None and "1013" in third.link.last_error
+                        ),
+                        10,
+                        "the third executor to be refused",
+                    )
+                    assert "max_executors=2" in (third.link.last_error or "")
+                assert set(fleet.executors()) == {"a", "b"}
+
+
+async def test_the_same_id_twice_refuses_the_newcomer_then_supersedes_the_silent_one(
+    tmp_path: Path,
+) -> None:
+    keyring = tmp_path / "keys"
+    with anyio.fail_after(DEADLINE):
+        async with listening_fleet(keyring) as fleet:
+            secret = enroll(keyring, "twin")
+            proxy = FaultProxy("127.0.0.1", fleet.listen_address[1])
+            async with proxy, worker("twin", secret, proxy.url()) as first:
+                executor = fleet.executor("twin")
+                await executor.wait_ready(10)
+                async with worker("twin", secret, fleet.url) as second:
+                    # The first answers its probe: the newcomer is refused, and backs off.
+                    await wait_for(
+                        lambda: fleet.statistics().takeovers_refused >= 2,
+                        10,
+                        "the newcomer to be refused twice",
+                    )
+                    assert first.taken_over is None and second.taken_over is None
+                    # The first goes silent (half-open): the newcomer takes over.
+                    proxy.blackhole()
+                    await wait_for(
+                        lambda: second.sessions == 1 and executor.availability == "ready",
+                        10,
+                        "the newcomer to take over",
+                    )
+                    assert await executor.service("ident", Ident).whoami() == "twin"
+                    # The first's path comes back: it hears 4009 and stops dialing.
+                    proxy.heal()
+                    with anyio.fail_after(10):
+                        await first.wait_stopped()
+                    assert first.taken_over is not None
+                    assert second.taken_over is None
+                    assert await executor.service("ident", Ident).whoami() == "twin"
+
+
+async def test_forget_after_drops_an_executor_that_stayed_offline(tmp_path: Path) -> None:
+    keyring = tmp_path / "keys"
+    with anyio.fail_after(DEADLINE):
+        async with listening_fleet(keyring, forget_after=0.2) as fleet:
+            seen: list[gl.FleetEvent] = []
+
+            async def follow() -> None:
+                async for event in fleet.events():
+                    seen.append(event)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                secret = enroll(keyring, "passing")
+                async with worker("passing", secret, fleet.url):
+                    await wait_for(lambda: "passing" in fleet.executors(), 10, "it to join")
+                    await wait_for(
+                        lambda: fleet.executors()["passing"].availability == "ready",
+                        10,
+                        "it to be ready",
+                    )
+                await wait_for(lambda: "passing" not in fleet.executors(), 10, "it forgotten")
+                await wait_for(lambda: seen and seen[-1].kind == "forgotten", 5, "the event")
+                tg.cancel_scope.cancel()
+            kinds = [e.kind for e in seen if e.executor_id == "passing"]
+            assert kinds[0] == "joined" and "ready" in kinds and kinds[-1] == "forgotten"
+
+
+async def test_a_slow_event_consumer_is_told_how_many_events_it_lost(tmp_path: Path) -> None:
+    keyring = tmp_path / "keys"
+    keyring.mkdir(mode=0o700)
+    config = gl.FleetConfig(listen=("127.0.0.1", 0), keyring=keyring, limits=LIMITS)
+    secrets = {i: enroll(keyring, i) for i in ("a", "b", "c")}
+    got: list[gl.FleetEvent] = []
+    go = anyio.Event()
+    with anyio.fail_after(DEADLINE):
+        async with gl.Fleet(config, events_buffer=2) as fleet:
+
+            async def slow_consumer() -> None:
+                async for event in fleet.events():
+                    got.append(event)
+                    if len(got) == 1:
+                        await go.wait()  # events pile up meanwhile
+
+            async with anyio.create_task_group() as tg, AsyncExitStack() as stack:
+                tg.start_soon(slow_consumer)
+                # The first event proves the subscription; then the consumer stops reading.
+                while not got:
+                    await stack.enter_async_context(worker("a", secrets["a"], fleet.url))
+                    await fleet.executor("a").wait_ready(10)
+                    await wait_for(lambda: got, 5, "the first event")
+                for executor_id in ("b", "c"):  # with "ready a": 5 events, 3 more than kept
+                    await stack.enter_async_context(
+                        worker(executor_id, secrets[executor_id], fleet.url)
+                    )
+                    # (Not fleet.executor(): an executor named first does not "join".)
+                    await wait_for(
+                        lambda i=executor_id: (
+                            fleet.executors().get(i) is not None
+                            and fleet.executors()[i].availability == "ready"
+                        ),
+                        10,
+                        f"{executor_id} to join",
+                    )
+                go.set()
+                await wait_for(lambda: len(got) >= 4, 5, "the buffered events")
+                tg.cancel_scope.cancel()
+                await stack.aclose()
+    kinds = [e.kind for e in got]
+    assert kinds[1] == "lost" and got[1].lost == 3, got  # ready a, joined b, ready b
+    assert kinds[2:] == ["joined", "ready"] and got[-1].executor_id == "c", got
+
+
+async def test_a_fleet_of_one_from_a_link_config(tmp_path: Path) -> None:
+    secret = gl.generate_secret()
+    with anyio.fail_after(DEADLINE):
+        listen = gl.LinkConfig(
+            executor_id="solo",
+            role=gl.Role.CONTROLLER,
+            secret=secret,
+            listen=("127.0.0.1", 0),
+            limits=LIMITS,
+        )
+        async with gl.fleet(listen) as fleet, worker("solo", secret, fleet.url):
+            executor = fleet.executor("solo")
+            await executor.wait_ready(10)
+            assert await executor.service("ident", Ident).whoami() == "solo"
+            with pytest.raises(ValueError, match="not one this fleet serves"):
+                fleet.executor("other")
