@@ -56,6 +56,16 @@ Commands
     When the configuration listens (the worker dials in), ``call`` waits up to ``--timeout`` for
     the worker to dial. ``bytes`` in a result print as base64 text (standard alphabet, padded).
 
+``garcon-link call CONFIG --executor ID SERVICE.METHOD [JSON_ARGS]``
+    The same through a fleet controller's configuration (``[executors]``): the call goes to
+    executor ``ID`` (with a single-executor configuration ``ID`` must be its ``executor_id``).
+
+``garcon-link fleet [CONFIG|-] [--json]``
+    Run a fleet controller (``[executors]``: a keyring listener and/or dial entries) until
+    SIGINT/SIGTERM and show its executors: on a terminal a table redrawn in place (executor,
+    availability, session, since, calls, errors); otherwise, or with ``--json``, one line per
+    event (``joined``, ``ready``, ``reconnecting``, ``offline``, ``forgotten``, ``lost``).
+
 ``garcon-link describe [CONFIG|-] [--json]``
     Connect like ``call`` and print what the worker serves, one method per line (grpcurl-style):
     ``unary  calc.add(a: int, b: int) -> int``; ``--json`` prints the executor id, the contract
@@ -77,6 +87,8 @@ Exit codes
       invalid arguments, stale resource)
 5     ``RemoteError``: executed and raised
 6     ``OutcomeUnknown``: may have executed (timeout, continuity lost)
+7     ``worker``: another process took over this executor id (two workers claim
+      one id: an operator error, so the worker stops instead of redialing)
 130   interrupted (Ctrl-C); ``call`` says whether the call had been sent (it
       may then have run: the outcome is unknown) or not (it did not run)
 ====  =========================================================================
@@ -105,6 +117,8 @@ import signal
 import sys
 import textwrap
 import threading
+import time
+import tomllib
 import traceback
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -113,7 +127,14 @@ from typing import Any, NoReturn
 import anyio
 
 from . import _scaffold
-from .config import CONFIG_ENV_VAR, LinkConfig, load_config, write_secret_file
+from .config import (
+    CONFIG_ENV_VAR,
+    FleetConfig,
+    LinkConfig,
+    load_config,
+    load_fleet_config,
+    write_secret_file,
+)
 from .errors import (
     ConfigError,
     GarconLinkError,
@@ -122,9 +143,17 @@ from .errors import (
     Rejected,
     RemoteError,
 )
+from .fleet import Fleet, FleetEvent, fleet
 from .interface import MethodKind, MethodSpec, manifest_method
 from .keyring import enroll
-from .remote import ExecutorInfo, ServiceFactory, ServiceMap, Worker, connect
+from .remote import (
+    ExecutorInfo,
+    RemoteExecutor,
+    ServiceFactory,
+    ServiceMap,
+    Worker,
+    connect,
+)
 from .resources import ServiceScope
 
 __all__ = [
@@ -135,12 +164,14 @@ __all__ = [
     "EXIT_OUTCOME_UNKNOWN",
     "EXIT_REJECTED",
     "EXIT_REMOTE_ERROR",
+    "EXIT_TAKEN_OVER",
     "EXIT_USAGE",
     "CallInterrupted",
     "UsageError",
     "build_parser",
     "build_services",
     "describe_lines",
+    "fleet_table",
     "dynamic_method",
     "exit_code_for",
     "jsonable",
@@ -154,6 +185,7 @@ EXIT_NOT_DISPATCHED = 3
 EXIT_REJECTED = 4
 EXIT_REMOTE_ERROR = 5
 EXIT_OUTCOME_UNKNOWN = 6
+EXIT_TAKEN_OVER = 7
 EXIT_INTERRUPTED = 130
 
 _EXIT_CODES_HELP = """\
@@ -165,6 +197,7 @@ exit codes:
   4    Rejected        refused unexecuted (unknown method, bad arguments)
   5    RemoteError     executed and raised
   6    OutcomeUnknown  may have executed (timeout, continuity lost)
+  7    worker: another process took over this executor id
   130  interrupted (call: the message says whether the call was sent)
 
 Errors print one line on stderr, "error: [outcome:code] message", without a traceback.
@@ -175,6 +208,10 @@ log = logging.getLogger(__name__)
 
 class UsageError(Exception):
     """Bad command-line input (exit code 2)."""
+
+
+class TakenOver(GarconLinkError):
+    """A worker stopped because another process took over its executor id (exit code 7)."""
 
 
 # --------------------------------------------------------------------------- output
@@ -236,6 +273,8 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_OUTCOME_UNKNOWN
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
+    if isinstance(exc, TakenOver):
+        return EXIT_TAKEN_OVER
     return EXIT_OTHER
 
 
@@ -300,6 +339,19 @@ def _setup_logging(verbosity: int, *, quiet_by_default: bool) -> None:
 def _load(path: str | None) -> LinkConfig:
     """Load CONFIG; ``None`` or ``-`` reads the path from ``GARCON_LINK_CONFIG``."""
     return load_config(None if path in (None, "-") else path)
+
+
+def _load_any(path: str | None) -> LinkConfig | FleetConfig:
+    """Load CONFIG as a fleet controller's configuration if it has ``[executors]``, else as one
+    endpoint's (errors of either are reported by its own loader)."""
+    given = None if path in (None, "-") else path
+    source = given if given is not None else os.environ.get(CONFIG_ENV_VAR, "")
+    try:
+        with open(source, "rb") as file:
+            fleet_file = "executors" in tomllib.load(file)
+    except (OSError, ValueError):
+        fleet_file = False  # the loader says what is wrong with it
+    return load_fleet_config(given) if fleet_file else load_config(given)
 
 
 # --------------------------------------------------------------------------- keygen
@@ -536,11 +588,25 @@ async def _serve_until_signal(
         # The handlers exist from here on: only now may the watcher raise SIGTERM.
         if stop_on_stdin_eof:
             _StdinWatch.start()
-        async with Worker(config, services, on_event=on_event):
-            async for signum in signals:
-                reason = "stdin-closed" if _StdinWatch.closed else signal.Signals(signum).name
-                _emit(f"executor-stopping executor={config.executor_id} reason={reason}")
-                break
+        async with Worker(config, services, on_event=on_event) as worker:
+            async with anyio.create_task_group() as tg:
+
+                async def taken_over() -> None:
+                    await worker.wait_stopped()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(taken_over)
+                async for signum in signals:
+                    reason = "stdin-closed" if _StdinWatch.closed else signal.Signals(signum).name
+                    _emit(f"executor-stopping executor={config.executor_id} reason={reason}")
+                    tg.cancel_scope.cancel()
+                    break
+            if worker.taken_over is not None:
+                _emit(f"executor-stopping executor={config.executor_id} reason=TAKEN_OVER")
+                raise TakenOver(
+                    f"another process took over executor id {config.executor_id!r} "
+                    f"({worker.taken_over}); two workers must not share one executor id"
+                )
 
 
 def _cmd_worker(ns: argparse.Namespace) -> int:
@@ -628,8 +694,32 @@ class CallInterrupted(KeyboardInterrupt):
         )
 
 
+@contextlib.asynccontextmanager
+async def _open_executor(
+    config: LinkConfig | FleetConfig, executor_id: str | None
+) -> AsyncIterator[RemoteExecutor]:
+    """The executor a command talks to: the single one of a LinkConfig, or ``executor_id``
+    through a fleet controller's configuration."""
+    if isinstance(config, LinkConfig):
+        if executor_id is not None and executor_id != config.executor_id:
+            raise UsageError(
+                f"--executor {executor_id!r}: this configuration serves only {config.executor_id!r}"
+            )
+        async with connect(config) as executor:
+            yield executor
+        return
+    if executor_id is None:
+        raise UsageError("a fleet configuration ([executors]) needs --executor ID")
+    async with fleet(config) as controller:
+        try:
+            executor = controller.executor(executor_id)
+        except ValueError as exc:
+            raise UsageError(f"--executor: {exc}") from None
+        yield executor
+
+
 async def _call(
-    config: LinkConfig,
+    config: LinkConfig | FleetConfig,
     service: str,
     method: str,
     args: tuple[Any, ...],
@@ -638,8 +728,9 @@ async def _call(
     ready_timeout: float,
     call_timeout: float | None,
     progress: _CallProgress | None = None,
+    executor_id: str | None = None,
 ) -> None:
-    async with connect(config) as executor:
+    async with _open_executor(config, executor_id) as executor:
         try:
             await executor.wait_ready(timeout=ready_timeout)
         except TimeoutError as exc:
@@ -676,7 +767,7 @@ def _cmd_call(ns: argparse.Namespace) -> int:
     args, kwargs = _parse_arguments(json_args)
     if ns.timeout <= 0:
         raise UsageError("--timeout must be > 0")
-    config = _load(config_path)
+    config = _load_any(config_path)
     progress = _CallProgress()
     try:
         anyio.run(
@@ -689,6 +780,7 @@ def _cmd_call(ns: argparse.Namespace) -> int:
                 ready_timeout=ns.timeout,
                 call_timeout=ns.call_timeout,
                 progress=progress,
+                executor_id=ns.executor,
             )
         )
     except BaseException as exc:
@@ -726,6 +818,110 @@ async def _describe_executor(config: LinkConfig, *, ready_timeout: float) -> Exe
         except TimeoutError as exc:
             raise NotDispatched("NOT_READY", str(exc)) from None
         return await executor.info()
+
+
+# --------------------------------------------------------------------------- fleet
+
+_TABLE_COLUMNS = ("executor", "availability", "session", "since", "calls", "errors")
+_REDRAW_INTERVAL = 1.0  # seconds between redraws of the terminal table (the "since" column)
+
+
+def fleet_table(controller: Fleet, now: float | None = None) -> list[str]:
+    """The lines of ``garcon-link fleet``'s table: a header, then one row per executor."""
+    now = time.time() if now is None else now
+    rows = [_TABLE_COLUMNS]
+    for executor_id, snap in sorted(controller.executors().items()):
+        rows.append(
+            (
+                executor_id,
+                snap.availability,
+                snap.session or "-",
+                _ago(now - snap.since),
+                str(snap.calls),
+                str(snap.errors),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_TABLE_COLUMNS))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s ago"
+    if seconds < 7200:
+        return f"{seconds // 60}m ago"
+    return f"{seconds // 3600}h ago"
+
+
+def _event_json(event: FleetEvent) -> dict[str, Any]:
+    out: dict[str, Any] = {"event": event.kind, "executor": event.executor_id, "at": event.at}
+    if event.kind == "lost":
+        out["lost"] = event.lost
+    return out
+
+
+async def _run_fleet(config: LinkConfig | FleetConfig, *, as_json: bool, redraw: bool) -> None:
+    try:
+        receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
+    except NotImplementedError:  # pragma: no cover - Windows: Ctrl-C raises KeyboardInterrupt
+        receiver = None
+    async with fleet(config) as controller, anyio.create_task_group() as tg:
+        where = controller.url if _fleet_listens(config) else "dialing only"
+        if as_json:
+            _print_json({"event": "listening", "url": where})
+        elif not redraw:
+            _emit(f"fleet-listening url={where}")
+        changed = anyio.Event()
+
+        async def follow() -> None:
+            nonlocal changed
+            async for event in controller.events():
+                if as_json:
+                    _print_json(_event_json(event))
+                elif not redraw:
+                    extra = f" lost={event.lost}" if event.kind == "lost" else ""
+                    _emit(f"executor={event.executor_id or '-'} event={event.kind}{extra}")
+                changed.set()
+
+        async def draw() -> None:
+            nonlocal changed
+            while True:
+                lines = fleet_table(controller)
+                sys.stdout.write("\x1b[H\x1b[J" + f"fleet on {where}\n" + "\n".join(lines) + "\n")
+                sys.stdout.flush()
+                changed = anyio.Event()
+                with anyio.move_on_after(_REDRAW_INTERVAL):
+                    await changed.wait()
+                    await anyio.sleep(0.1)  # batch a burst of events into one redraw
+
+        tg.start_soon(follow)
+        if redraw:
+            tg.start_soon(draw)
+        if receiver is None:  # pragma: no cover
+            await anyio.sleep_forever()
+        else:
+            with receiver as signals:
+                async for _signum in signals:
+                    break
+        tg.cancel_scope.cancel()
+
+
+def _fleet_listens(config: LinkConfig | FleetConfig) -> bool:
+    return config.listen is not None
+
+
+def _cmd_fleet(ns: argparse.Namespace) -> int:
+    _setup_logging(ns.verbose, quiet_by_default=False)
+    config = _load_any(ns.config)
+    if isinstance(config, LinkConfig) and config.role.value != "controller":
+        raise UsageError("fleet needs a controller configuration")
+    redraw = not ns.json and sys.stdout.isatty()
+    anyio.run(lambda: _run_fleet(config, as_json=ns.json, redraw=redraw))
+    return EXIT_OK
 
 
 def _cmd_describe(ns: argparse.Namespace) -> int:
@@ -937,7 +1133,7 @@ def build_parser() -> argparse.ArgumentParser:
         "call",
         parents=[common],
         usage="garcon-link call [-h] [-v] [--timeout S] [--call-timeout S]\n"
-        "                        [CONFIG|-] SERVICE.METHOD [JSON_ARGS]",
+        "                        [--executor ID] [CONFIG|-] SERVICE.METHOD [JSON_ARGS]",
         help="make one call and print its result as JSON",
         description="Connect with a controller config, wait until the executor is ready, call "
         "SERVICE.METHOD once and print the result as one JSON line (streams: one line per item; "
@@ -953,6 +1149,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         metavar="S",
         help="seconds to wait for the executor to be ready (default 10); else exit 3",
+    )
+    call.add_argument(
+        "--executor",
+        default=None,
+        metavar="ID",
+        help="the executor to call (required with a fleet configuration, [executors])",
     )
     call.add_argument(
         "--call-timeout",
@@ -992,6 +1194,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for the executor to be ready (default 10); else exit 3",
     )
     describe.set_defaults(func=_cmd_describe)
+
+    fleet_cmd = commands.add_parser(
+        "fleet",
+        parents=[common],
+        help="run a controller for many executors and show them live",
+        description="Run a fleet controller ([executors]: a keyring listener and/or dial "
+        "entries) until SIGINT/SIGTERM. On a terminal: a table of executors (availability, "
+        "session, since, calls, errors) redrawn in place. Otherwise, or with --json, one line "
+        f"per event. CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
+    )
+    fleet_cmd.add_argument(
+        "config",
+        nargs="?",
+        metavar="CONFIG",
+        help=f"fleet controller TOML config; omitted or '-': ${CONFIG_ENV_VAR}",
+    )
+    fleet_cmd.add_argument(
+        "--json", action="store_true", help="print one JSON object per event instead"
+    )
+    fleet_cmd.set_defaults(func=_cmd_fleet)
     return parser
 
 
@@ -999,7 +1221,16 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``garcon-link`` console script; returns the exit code."""
     parser = build_parser()
     try:
-        ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        args = sys.argv[1:] if argv is None else argv
+        ns, extra = parser.parse_known_args(args)
+        # argparse takes a command's positional operands in one run: `call CONFIG --executor ID
+        # SERVICE.METHOD` leaves the operands after the option over; they are still operands.
+        if extra and getattr(ns, "operands", None) is not None:
+            if any(arg.startswith("-") and not arg.lstrip("-")[:1].isdigit() for arg in extra):
+                ns = parser.parse_args(args)  # an unknown option: argparse's own error
+            ns.operands = [*ns.operands, *extra]
+        elif extra:
+            ns = parser.parse_args(args)  # argparse's own error for what it did not take
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
     ns.verbose += ns.global_verbose
