@@ -11,12 +11,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -66,13 +67,21 @@ class WorkerProcess:
     Use ``async with WorkerProcess(...) as worker``; leaving the block kills the child.
     """
 
-    def __init__(self, config: Path, services: Sequence[str], *, cwd: Path) -> None:
+    def __init__(
+        self,
+        config: Path,
+        services: Sequence[str],
+        *,
+        cwd: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.command = [*GARCON_LINK, "worker", str(config)]
         for service in services:
             self.command += ["--service", service]
         # The worker stops by itself if this script dies and its stdin pipe closes.
         self.command.append("--stop-on-stdin-eof")
         self.cwd = cwd
+        self.env = {**os.environ, **env} if env is not None else None
         self.lines: list[str] = []
         self.stderr: list[str] = []
         self._process: anyio.abc.Process | None = None
@@ -86,7 +95,9 @@ class WorkerProcess:
     async def __aenter__(self) -> WorkerProcess:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        self._process = await anyio.open_process(self.command, cwd=self.cwd, stdin=subprocess.PIPE)
+        self._process = await anyio.open_process(
+            self.command, cwd=self.cwd, stdin=subprocess.PIPE, env=self.env
+        )
         assert self._process.stdout is not None and self._process.stderr is not None
         self._tg.start_soon(self._collect, self._process.stdout, self.lines)
         self._tg.start_soon(self._collect, self._process.stderr, self.stderr)

@@ -28,6 +28,15 @@ EXPECTED = {
         "executor-stopping executor=greeter-1 reason=SIGTERM   (exit 0)",
         "controller_dials: ok",
     ],
+    "fleet": [
+        "enrolled device-1: keys/device-1.secret (mode 0600)",
+        "await fleet.map(whoami) -> {'device-1': 'device-1', 'device-2': 'device-2', "
+        "'device-3': 'device-3'}",
+        "(4004, backing off); device-1 still answers 'device-1'",
+        "device-3 whoami()        -> NotDispatched [not_dispatched:OFFLINE]",
+        "device-1, device-2       -> {'device-1': 'device-1', 'device-2': 'device-2'}",
+        "fleet: ok",
+    ],
     "worker_dials": [
         "executor-dialing url=ws://127.0.0.1:",
         "[4/4] package: ok",
