@@ -27,6 +27,9 @@ Bounds
 * :meth:`Fleet.events`: each subscriber has a buffer of ``events_buffer`` events; a slow
   consumer loses the oldest ones and is told how many by a ``lost`` event.
 * :meth:`Fleet.map`: at most ``concurrency`` calls in flight.
+* Retention: every session of the fleet draws on one budget, ``max_total_retained_bytes``
+  (:class:`~garcon_link.session.RetentionPool`); when it is spent, senders wait for receipts
+  (back-pressure), and no session is failed for it.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from .limits import Limits
 from .link import ExecutorLink, LinkStatistics, WebSocketLink
 from .remote import Availability, RemoteExecutor, ServiceMap, _link_from_config, _registry_from
 from .rpc import Registry
+from .session import RetentionPool
 from .transport import SessionTransport
 from .wire import Role
 
@@ -158,8 +162,10 @@ class Fleet:
 
     def _build_links(self) -> None:
         config = self.config
+        # One retention budget for every session of the fleet (DESIGN §12).
+        self._retention = RetentionPool(self.limits.max_total_retained_bytes)
         if isinstance(config, LinkConfig):
-            link = _link_from_config(config, self.limits)
+            link = _link_from_config(config, self.limits, self._retention)
             self._links.append(link)
             self._link_of[config.executor_id] = link
             if config.listen is not None:
@@ -181,10 +187,11 @@ class Fleet:
                 listen=config.listen,
                 ssl_context=config.ssl_context(),
                 allow_insecure_development=config.allow_insecure_development,
+                retention=self._retention,
             )
             self._links.append(self._listening)
         for entry in config.dial:
-            link = _link_from_config(config.dial_config(entry), self.limits)
+            link = _link_from_config(config.dial_config(entry), self.limits, self._retention)
             self._links.append(link)
             self._link_of[entry.executor_id] = link
 

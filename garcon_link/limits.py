@@ -196,6 +196,13 @@ class Limits:
         default=100,
         metadata=_doc("Header fields of an HTTP upgrade request; more is refused (400)."),
     )
+    max_total_retained_bytes: int = field(
+        default=1024 * 1024 * 1024,
+        metadata=_doc(
+            "Retention across all sessions of a link or fleet; full is back-pressure (each "
+            "session may still hold one frame beyond it)."
+        ),
+    )
     key_recheck_interval: float = field(
         default=5.0,
         metadata=_doc(

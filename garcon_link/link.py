@@ -86,6 +86,7 @@ from .errors import (
 )
 from .handshake import Handshake, HandshakeResult, ResumeOffer, derive_key, peek_hello
 from .limits import Limits
+from .session import RetentionPool
 from .transport import SessionTransport, TransportState
 from .wire import CloseCode, Role
 from .ws import (
@@ -325,6 +326,8 @@ class WebSocketLink:
         dial: ``ws://host:port/executor`` or ``wss://...`` (or a parsed :class:`DialTarget`).
         ssl_context: server context (listen) or client context (dial, ``wss://`` only).
         allow_insecure_development: permit plain text off loopback.
+        retention: the retention budget to share (default: a new one of
+            ``max_total_retained_bytes``).
     """
 
     def __init__(
@@ -341,6 +344,7 @@ class WebSocketLink:
         ssl_context: ssl.SSLContext | None = None,
         allow_insecure_development: bool = False,
         rng: random.Random | None = None,
+        retention: RetentionPool | None = None,
     ) -> None:
         if (listen is None) == (dial is None):
             raise ConfigError("a link needs exactly one of listen=(host, port) or dial=URL")
@@ -388,6 +392,8 @@ class WebSocketLink:
         if executor_id is not None:
             self._slots[executor_id] = _Slot(executor_id)
         self._listeners: list[SessionListener] = []
+        self.retention = retention or RetentionPool(self.limits.max_total_retained_bytes)
+        """The retention budget of every session of this link (shared by a fleet's links)."""
         self._closing = False
         self._closed = anyio.Event()
         self._stats = LinkStatistics()
@@ -881,7 +887,7 @@ class WebSocketLink:
                 if current.attached:
                     await current.wait_detached()
             transport = SessionTransport(
-                result.session_id, result.peer.runtime, self.limits, self._tg
+                result.session_id, result.peer.runtime, self.limits, self._tg, pool=self.retention
             )
             slot.transport = transport
             self._stats.fresh_sessions += 1

@@ -73,6 +73,7 @@ from .limits import Limits
 from .link import ExecutorLink, WebSocketLink
 from .resources import ServiceScope
 from .rpc import ExecutorRpc, Registry, RemoteStream
+from .session import RetentionPool
 from .transport import SessionTransport, TransportState
 
 __all__ = [
@@ -164,8 +165,11 @@ def _registry_from(services: ServiceMap) -> Registry:
     return registry
 
 
-def _link_from_config(config: LinkConfig, limits: Limits) -> WebSocketLink:
+def _link_from_config(
+    config: LinkConfig, limits: Limits, retention: RetentionPool | None = None
+) -> WebSocketLink:
     return WebSocketLink(
+        retention=retention,
         role=config.role,
         executor_id=config.executor_id,
         secret=config.secret.reveal(),

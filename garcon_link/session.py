@@ -108,7 +108,13 @@ from .wire import (
     iter_packets,
 )
 
-__all__ = ["MessageSession", "SessionState", "SessionStatistics", "encoded_message_size"]
+__all__ = [
+    "MessageSession",
+    "RetentionPool",
+    "SessionState",
+    "SessionStatistics",
+    "encoded_message_size",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -184,6 +190,29 @@ def encoded_message_size(ordinal: int, body_size: int) -> int:
     return 2 + _head_size(ordinal) + _head_size(body_size) + body_size
 
 
+class RetentionPool:
+    """A retention budget shared by many sessions (``Limits.max_total_retained_bytes``).
+
+    Each :class:`MessageSession` given the pool counts its retained bytes into :attr:`used` and
+    admits a frame only while the pool has room -- except a session's *lone* frame, which is
+    always admitted (so no caller can deadlock): :attr:`used` may exceed :attr:`limit` by at most
+    one frame per session. A full pool is back-pressure on the senders, never a failure: it
+    drains as peers acknowledge.
+
+    Attributes:
+        limit: the budget in encoded bytes.
+        used: encoded bytes retained by all sessions of the pool now.
+    """
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("a retention pool needs a positive limit")
+        self.limit = limit
+        self.used = 0
+
+
 class MessageSession:
     """One side of a resumable logical session: ordinals, receipts, retention, dedup.
 
@@ -206,6 +235,7 @@ class MessageSession:
         "_limits",
         "_offered",
         "_packets_received",
+        "_pool",
         "_receipt_due",
         "_receipt_forced",
         "_receipt_through",
@@ -219,8 +249,9 @@ class MessageSession:
         "_to_send",
     )
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, pool: RetentionPool | None = None) -> None:
         self._limits = limits
+        self._pool = pool
         self._state = SessionState.DETACHED
         self._failure: SessionFailed | None = None
         self._grace_deadline: float | None = None
@@ -329,9 +360,11 @@ class MessageSession:
         if not self._retained:
             return True  # a lone frame is always admitted: the caller can never deadlock
         limits = self._limits
+        pool = self._pool
         return (
             len(self._retained) < limits.max_retained_frames
             and self._retained_bytes + frame_size <= limits.max_retained_bytes
+            and (pool is None or pool.used + frame_size <= pool.limit)
         )
 
     def has_capacity(self, size: int) -> bool:
@@ -384,6 +417,8 @@ class MessageSession:
         self._issued = ordinal
         self._retained.append((ordinal, frame))
         self._retained_bytes += size
+        if self._pool is not None:
+            self._pool.used += size
         if self._state is SessionState.ATTACHED:
             self._to_send.append((ordinal, frame))
         return Ordinal(ordinal)
@@ -495,9 +530,12 @@ class MessageSession:
         """Record that the peer holds every ordinal ``<= through``; evict those frames."""
         self._confirmed = through
         retained = self._retained
+        before = self._retained_bytes
         while retained and retained[0][0] <= through:
             _, frame = retained.popleft()
             self._retained_bytes -= len(frame)
+        if self._pool is not None:
+            self._pool.used -= before - self._retained_bytes
         queue = self._to_send
         while queue and queue[0][0] <= through:
             queue.popleft()
@@ -604,6 +642,8 @@ class MessageSession:
         self._state = SessionState.FAILED
         self._grace_deadline = None
         self._retained.clear()
+        if self._pool is not None:
+            self._pool.used -= self._retained_bytes
         self._retained_bytes = 0
         self._to_send.clear()
         self._receipt_due = False

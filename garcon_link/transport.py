@@ -78,7 +78,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
 from .limits import Limits
-from .session import MessageSession, SessionState, SessionStatistics
+from .session import MessageSession, RetentionPool, SessionState, SessionStatistics
 from .wire import Ordinal
 
 __all__ = ["MessageSocket", "SessionTransport", "TransportState", "TransportStatistics"]
@@ -168,6 +168,8 @@ class SessionTransport:
         peer_runtime: the runtime id of the peer this session belongs to.
         limits: bounds; shared with the session.
         task_group: where the transport's own timers (grace) run; normally the link's.
+        pool: a retention budget shared with other sessions (see
+            :class:`~garcon_link.session.RetentionPool`), or None.
     """
 
     def __init__(
@@ -178,12 +180,13 @@ class SessionTransport:
         task_group: anyio.abc.TaskGroup,
         *,
         label: str = "",
+        pool: RetentionPool | None = None,
     ) -> None:
         self.session_id = session_id
         self.peer_runtime = peer_runtime
         self.limits = limits
         self.label = label or session_id.hex()[:8]
-        self._session = MessageSession(limits)
+        self._session = MessageSession(limits, pool)
         self._tg = task_group
         self._state = TransportState.DETACHED
         self._listeners: list[Listener] = []
