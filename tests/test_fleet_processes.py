@@ -8,8 +8,8 @@ through a :class:`~garcon_link.testing.FaultProxy`. The test proves, per executo
 * cutting the five proxied sockets while calls are in flight resumes exactly those five sessions
   (same session ids; the others' sockets and sessions are untouched), and every call made during
   the cuts ran exactly once (ledger);
-* SIGKILL of the child that runs one worker takes only that executor out (its call in flight is
-  ``OutcomeUnknown``; the others keep serving);
+* SIGKILL of the child that runs one worker takes only that executor out (the others keep
+  serving); killing and restarting the child that runs 25 gives exactly those 25 fresh sessions;
 * deleting one key file takes only that executor out.
 """
 
@@ -171,6 +171,26 @@ async def test_fifty_one_workers_in_three_processes(tmp_path: Path) -> None:
             await wait_for(lambda: lone.availability != "ready", 10, "the killed one to go")
             with pytest.raises(gl.NotDispatched):
                 await gl.with_options(lone.service("ident", Ident), dispatch_deadline=0).whoami()
+            answers = await fleet.map(lambda ex: ex.service("ident", Ident).whoami(), ids[:-1])
+            assert answers == {i: i for i in ids[:-1]}
+
+            # Kill the child running 25 workers and start it again: those 25 get fresh
+            # sessions (a new process is a new runtime), the other 25 keep theirs.
+            before = {i: s.session for i, s in fleet.executors().items()}
+            processes[0].send_signal(signal.SIGKILL)
+            await processes[0].wait()
+            await stack.enter_async_context(children(keyring, [groups[0]]))
+            for executor_id in ids[:N_BIG]:
+                await wait_for(
+                    lambda i=executor_id: (
+                        fleet.executors()[i].session not in (None, before[i])
+                        and fleet.executor(i).availability == "ready"
+                    ),
+                    30,
+                    f"{executor_id} back on a fresh session",
+                )
+            after = {i: s.session for i, s in fleet.executors().items()}
+            assert all(after[i] == before[i] for i in ids[N_BIG:-1])
             answers = await fleet.map(lambda ex: ex.service("ident", Ident).whoami(), ids[:-1])
             assert answers == {i: i for i in ids[:-1]}
 
