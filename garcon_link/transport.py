@@ -159,6 +159,10 @@ class TransportStatistics:
 
 Listener = Callable[[TransportState], None]
 
+SOCKET_GONE: tuple[type[Exception], ...] = (anyio.BrokenResourceError, anyio.ClosedResourceError)
+"""What a :class:`MessageSocket` write raises once the socket is dead (its contract): the
+attachment ends and the session waits, detached, for the next socket."""
+
 
 class SessionTransport:
     """One logical session over a succession of sockets.
@@ -442,7 +446,7 @@ class SessionTransport:
             return True
         try:
             sock.send_message_nowait(packets[0] if len(packets) == 1 else b"".join(packets))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+        except SOCKET_GONE as exc:
             # As in the writer: the attachment ends; what was taken stays retained and is
             # replayed on the next socket (a lost receipt is re-sent as the resume position).
             log.debug("session %s: write failed, detaching: %s", self.label, exc)
@@ -806,7 +810,7 @@ class SessionTransport:
     async def _writer(self, sock: MessageSocket, pumps: anyio.CancelScope) -> None:
         try:
             await self._write_packets(sock)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+        except SOCKET_GONE as exc:
             # The socket died under a write: end this attachment (the reader may still be
             # waiting for bytes that will never come); the session waits for the next socket.
             log.debug("session %s: write failed, detaching: %s", self.label, exc)
