@@ -89,6 +89,9 @@ Exit codes
 6     ``OutcomeUnknown``: may have executed (timeout, continuity lost)
 7     ``worker``: another process took over this executor id (two workers claim
       one id: an operator error, so the worker stops instead of redialing)
+8     the other end refused us for a reason a redial will not heal: wrong secret
+      or executor id (4001), protocol version (4002), role (4003); at once, not
+      at ``--timeout``, with what to fix
 130   interrupted (Ctrl-C); ``call`` says whether the call had been sent (it
       may then have run: the outcome is unknown) or not (it did not run)
 ====  =========================================================================
@@ -138,6 +141,7 @@ from .config import (
 from .errors import (
     ConfigError,
     GarconLinkError,
+    HandshakeError,
     NotDispatched,
     OutcomeUnknown,
     Rejected,
@@ -163,6 +167,7 @@ __all__ = [
     "EXIT_OTHER",
     "EXIT_OUTCOME_UNKNOWN",
     "EXIT_REJECTED",
+    "EXIT_REFUSED",
     "EXIT_REMOTE_ERROR",
     "EXIT_TAKEN_OVER",
     "EXIT_USAGE",
@@ -186,6 +191,7 @@ EXIT_REJECTED = 4
 EXIT_REMOTE_ERROR = 5
 EXIT_OUTCOME_UNKNOWN = 6
 EXIT_TAKEN_OVER = 7
+EXIT_REFUSED = 8
 EXIT_INTERRUPTED = 130
 
 _EXIT_CODES_HELP = """\
@@ -198,6 +204,7 @@ exit codes:
   5    RemoteError     executed and raised
   6    OutcomeUnknown  may have executed (timeout, continuity lost)
   7    worker: another process took over this executor id
+  8    refused by the other end: wrong secret or executor id, role, version
   130  interrupted (call: the message says whether the call was sent)
 
 Errors print one line on stderr, "error: [outcome:code] message", without a traceback.
@@ -275,6 +282,8 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_INTERRUPTED
     if isinstance(exc, TakenOver):
         return EXIT_TAKEN_OVER
+    if isinstance(exc, HandshakeError):
+        return EXIT_REFUSED
     return EXIT_OTHER
 
 

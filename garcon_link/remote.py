@@ -56,7 +56,15 @@ import anyio
 import anyio.abc
 
 from .config import LinkConfig
-from .errors import CallError, ConfigError, FailureReason, NotDispatched, Rejected
+from .errors import (
+    AuthenticationError,
+    CallError,
+    ConfigError,
+    FailureReason,
+    HandshakeError,
+    NotDispatched,
+    Rejected,
+)
 from .handshake import HandshakeResult
 from .interface import (
     MethodKind,
@@ -165,6 +173,14 @@ def _registry_from(services: ServiceMap) -> Registry:
     return registry
 
 
+def _fresh(error: HandshakeError) -> HandshakeError:
+    """A new exception equal to a stored one (raising a stored object again would chain every
+    raise's traceback onto it)."""
+    if isinstance(error, AuthenticationError):
+        return AuthenticationError(error.detail)
+    return HandshakeError(error.reason, error.detail)
+
+
 def _link_from_config(
     config: LinkConfig, limits: Limits, retention: RetentionPool | None = None
 ) -> WebSocketLink:
@@ -266,6 +282,8 @@ class RemoteExecutor(_Endpoint):
     ) -> None:
         super().__init__(config, limits=limits)
         self._init_member(config.executor_id, _registry_from(services or {}))
+        assert self._own_link is not None
+        self._own_link.on_refusal(lambda _error: self._wake())
 
     @classmethod
     def _fleet_member(
@@ -354,15 +372,32 @@ class RemoteExecutor(_Endpoint):
         Raises:
             TimeoutError: not ready within ``timeout`` (the message carries the last link error).
             NotDispatched: the executor was disposed.
+            AuthenticationError: the other end refused our key (wrong secret, or an executor id
+                it does not serve), at once rather than at the timeout; the message says what
+                to fix. The link keeps redialing: a later ``wait_ready`` succeeds once fixed.
+            HandshakeError: likewise for a protocol version or role mismatch.
         """
         with anyio.move_on_after(timeout):
             while self._availability != "ready":
                 if self._availability == "disposed":
                     raise NotDispatched("DISPOSED", "the executor was closed")
+                refusal = self._refusal()
+                if refusal is not None:
+                    # Fail fast: a redial will not heal this (the link keeps dialing anyway).
+                    raise _fresh(refusal)
                 await self._changed.wait()
             return
         why = self.last_error or self.link.last_error or "no session yet"
         raise TimeoutError(f"executor {self.executor_id!r} not ready within {timeout}s: {why}")
+
+    def _refusal(self) -> HandshakeError | None:
+        link = self._own_link
+        return link.refusal if link is not None else None
+
+    def _wake(self) -> None:
+        """Wake every waiter on ``_changed`` (availability or a refusal)."""
+        self._changed.set()
+        self._changed = anyio.Event()
 
     async def _rpc_for_call(self, dispatch_deadline: float) -> ExecutorRpc:
         if self._availability == "reconnecting" and dispatch_deadline > 0:
