@@ -89,12 +89,14 @@ class ServiceScope:
             StaleResource: the reference was minted by another scope or executor.
             Rejected: the reference is of another kind (code ``WRONG_RESOURCE_KIND``).
         """
+        # The kind first: a live reference of another scope of this worker (an upload handle
+        # given to the worker-scoped process service) is the caller's mix-up, not staleness.
+        if ref.executor_id == self.executor_id and kind is not None and ref.kind != kind:
+            raise Rejected("WRONG_RESOURCE_KIND", f"{ref!r} is not a {kind!r} resource")
         if ref.executor_id != self.executor_id or ref.instance_id != self.instance_id:
             raise StaleResource(
                 message=f"{ref!r} belongs to a replaced session or another executor"
             )
-        if kind is not None and ref.kind != kind:
-            raise Rejected("WRONG_RESOURCE_KIND", f"{ref!r} is not a {kind!r} resource")
         return ref.id
 
     def admits(self, ref: ResourceRef) -> bool:

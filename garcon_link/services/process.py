@@ -15,13 +15,25 @@ to get one) in **its own session and process group** (``start_new_session=True``
 The root confines the *paths callers pass*, not what a program may do: a started program runs
 with the worker's user and privileges. Exposing this service is handing out a shell.
 
-The handle is a scoped :class:`~garcon_link.ResourceRef` of kind ``"process"``: it belongs to the
-logical session that started the process; after the session is replaced, using it raises
-:class:`~garcon_link.StaleResource`. The PID (see :meth:`~LocalProcessService.info`) is diagnostic
-only -- never signal it yourself.
+Durable processes (DESIGN §13). Served by :func:`~garcon_link.services.builtin_services`, the
+service is **worker-scoped**: one object per worker process, shared by every logical session.
+The handle is a :class:`~garcon_link.ResourceRef` of kind ``"process"`` carrying the worker's
+runtime id: it stays valid when the session is replaced or the controller restarts, and raises
+:class:`~garcon_link.StaleResource` only after the worker restarts. A process keeps running when
+its controller disconnects; it is terminated when the worker stops. ``start(id=...)`` names a
+process: while the worker holds its record (running, or exited within ``exited_process_ttl`` and
+among the last ``max_exited_processes``), the same id with the same spec returns that process's
+handle without starting anything, so a start whose reply was lost (``OutcomeUnknown``) is safe to
+repeat; another spec is ``Rejected("CONFLICT")``. Once a record is evicted (or released) its id
+may start a new process. :meth:`~LocalProcessService.list` reports every record, running and
+exited, with exit status and output offsets, for reconcile. The guarantee ends with the worker
+process: a worker that is killed (not stopped) leaves its process groups orphaned and forgets
+them. The PID (see :meth:`~LocalProcessService.info`) is diagnostic only -- never signal it.
 
-Per process, one supervisor task pumps stdout and stderr into **bounded retention buffers**
-(``ServiceLimits.output_retention_bytes`` each), feeds stdin, and enforces the start ``timeout``.
+Per process, one supervisor task pumps stdout and stderr into **bounded spools** -- memory
+(``ServiceLimits.output_retention_bytes`` each) by default, or segment files in a spool directory
+(``spool_dir``, ``ServiceLimits.disk_spool_bytes`` each, dropped in whole segments) -- feeds
+stdin, and enforces the start ``timeout``. Output is kept while no controller is attached.
 Output is addressed by per-stream byte offsets; when retention overflows, the oldest bytes are
 dropped and a reader asking for an earlier offset gets an :class:`OutputChunk` whose
 ``truncated`` marker carries the exact dropped range ``[start, end)`` -- never a silent gap.
@@ -37,11 +49,11 @@ the supervisor drains into the pipe, so a write never tears a pipe write in half
 Termination always targets the **whole process group**: :meth:`~LocalProcessService.signal`,
 :meth:`~LocalProcessService.terminate` (SIGTERM, then SIGKILL after ``grace``), the start
 ``timeout`` (SIGKILL, ``ExitStatus.timed_out``), a cancelled :meth:`~LocalProcessService.run`
-(SIGKILL) and the end of the session (SIGTERM, then SIGKILL after
+(SIGKILL) and closing the service -- the worker stopping (SIGTERM, then SIGKILL after
 ``ServiceLimits.session_end_grace``). :meth:`~LocalProcessService.wait` returns once the leader has
 exited **and** both output pipes reached EOF, so everything written is readable. A descendant that
-leaves the group (``setsid``) and keeps the pipes open delays that; at session end its pipes are
-closed regardless.
+leaves the group (``setsid``) and keeps the pipes open delays that; on close its pipes are closed
+regardless.
 
 ``run`` is start + wait + collect in one call. Cancelling a ``run`` that is running (the caller's
 cancel scope or timeout) kills its process group; the caller sees the cancellation or
@@ -50,10 +62,12 @@ retry blindly: the command may have had effects. The call itself is bounded by t
 call timeout (``Limits.call_timeout``, 120 s by default): for longer runs raise it per call
 (``gl.with_options(proc, timeout=...)``) or use ``start`` + ``wait``, which is safe to repeat.
 
-Errors: ``Rejected`` -- ``INVALID_ARGUMENTS``, ``SPAWN_FAILED``, ``TOO_MANY_PROCESSES``,
-``UNKNOWN_PROCESS``, ``PROCESS_RELEASED``, ``PROCESS_RUNNING``, ``INVALID_OFFSET``, ``NO_STDIN``,
-``STDIN_GAP``, ``STDIN_CLOSED``, ``INVALID_SIGNAL``, ``SHUTTING_DOWN`` and the path codes of the
-file service; ``RemoteError("WAIT_TIMEOUT")`` when :meth:`~LocalProcessService.wait` gives up.
+Errors: ``Rejected`` -- ``INVALID_ARGUMENTS``, ``CONFLICT``, ``SPAWN_FAILED``,
+``TOO_MANY_PROCESSES``, ``UNKNOWN_PROCESS``, ``PROCESS_RELEASED``, ``PROCESS_RUNNING``,
+``INVALID_OFFSET``, ``NO_STDIN``, ``STDIN_GAP``, ``STDIN_CLOSED``, ``INVALID_SIGNAL``,
+``SHUTTING_DOWN`` and the path codes of the file service; ``RemoteError("WAIT_TIMEOUT")``
+when :meth:`~LocalProcessService.wait` gives up, ``RemoteError("SPOOL_FAILED")`` when a disk
+spool cannot be read.
 
 Why the supervisors are not in a task group: the worker enters a per-session service factory in
 one task and exits it in another, and a task group's cancel scope cannot span tasks. Each
