@@ -28,7 +28,9 @@ Commands
 
     ``--builtin process,files --root DIR`` adds the built-in services confined to ``DIR`` (see
     :mod:`garcon_link.services`); ``--allow-special-mode-bits`` lets file service callers set
-    setuid, setgid and sticky bits with an explicit ``mode`` (refused by default).
+    setuid, setgid and sticky bits with an explicit ``mode`` (refused by default);
+    ``--spool-dir DIR`` spools the process service's output to disk under ``DIR`` instead of
+    memory (bounded by ``ServiceLimits.disk_spool_bytes`` per stream).
 
 ``garcon-link keygen PATH [--force]``
     Write a new secret file (64 hex digits, mode 0600) and print its path. An existing file is
@@ -474,6 +476,7 @@ def build_services(
     builtin: Sequence[str] = (),
     root: str | None = None,
     allow_special_mode_bits: bool = False,
+    spool_dir: str | None = None,
 ) -> ServiceMap | ServiceFactory:
     """Turn ``--service`` (and ``--builtin``/``--root``) arguments into what a Worker takes.
 
@@ -486,8 +489,10 @@ def build_services(
 
     Raises:
         UsageError: a malformed or duplicate argument, an import that fails, ``--builtin``
-            without ``--root``, or ``--allow-special-mode-bits`` without ``--builtin``.
-        ConfigError: an unknown built-in name or a ``--root`` that is not a directory.
+            without ``--root``, or ``--allow-special-mode-bits`` or ``--spool-dir`` without
+            ``--builtin``.
+        ConfigError: an unknown built-in name, or a ``--root`` or ``--spool-dir`` that is not a
+            directory.
     """
     entries: dict[str, object] = {}
     builtin_factory: ServiceFactory | None = None
@@ -497,8 +502,10 @@ def build_services(
         from .services import builtin_services
 
         builtin_factory = builtin_services(
-            builtin, root, allow_special_mode_bits=allow_special_mode_bits
+            builtin, root, allow_special_mode_bits=allow_special_mode_bits, spool_dir=spool_dir
         )
+    elif spool_dir is not None:
+        raise UsageError("--spool-dir is only meaningful with --builtin process")
     elif root is not None:
         raise UsageError("--root is only meaningful with --builtin")
     elif allow_special_mode_bits:
@@ -625,6 +632,7 @@ def _cmd_worker(ns: argparse.Namespace) -> int:
         builtin=ns.builtin or [],
         root=ns.root,
         allow_special_mode_bits=ns.allow_special_mode_bits,
+        spool_dir=ns.spool_dir,
     )
     config = _load(ns.config)
     on_event = _worker_events(warn_serves_nothing=not ns.service and not ns.builtin)
@@ -1084,6 +1092,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --builtin files: let callers set setuid/setgid/sticky bits with an explicit "
         "mode (refused by default; a rewrite without mode always drops them)",
+    )
+    worker.add_argument(
+        "--spool-dir",
+        metavar="DIR",
+        help="with --builtin process: spool process output to files under DIR (bounded per "
+        "stream) instead of memory",
     )
     worker.add_argument(
         "--stop-on-stdin-eof",

@@ -39,7 +39,11 @@ raising one ``ConfigError`` that lists every problem (see :mod:`garcon_link.inte
 Worker scopes: ``services`` is either a mapping of name -> object, or a factory called once per
 logical session with its :class:`~garcon_link.resources.ServiceScope` that returns an async
 context manager yielding that mapping. A retired session's scope is closed in the background,
-bounded by ``scope_cleanup_timeout``, never blocking the new session.
+bounded by ``scope_cleanup_timeout``, never blocking the new session. Beside them, one
+:class:`~garcon_link.resources.WorkerScope` lives as long as the :class:`Worker` (its id is the
+link's ``runtime_id``): a ``Service(..., scope="worker")`` runs its handlers there, ``describe``
+reports it as ``worker_instance_id``, and the controller accepts references of either scope
+(DESIGN §13). The worker scope is closed after the link, when the worker stops.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ from .interface import (
 )
 from .limits import Limits
 from .link import ExecutorLink, WebSocketLink
-from .resources import ServiceScope
+from .resources import ServiceScope, WorkerScope
 from .rpc import ExecutorRpc, Registry, RemoteStream
 from .session import RetentionPool
 from .transport import SessionTransport, TransportState
@@ -115,6 +119,14 @@ class Service(Generic[T]):
     stream), accept the interface's parameters, and use only hints msgspec can convert (see
     :func:`garcon_link.interface.registration_problems`).
 
+    ``scope`` is the lifetime of the resources it hands out (DESIGN §13): ``"session"`` (the
+    default) -- its handlers run in the logical session's scope and the references they mint die
+    with the session; ``"worker"`` -- its handlers run in the worker's scope
+    (:class:`~garcon_link.resources.WorkerScope`): references carry the worker's runtime id,
+    survive session replacement and controller restarts, and are stale only after the worker
+    restarts. A worker-scoped object must outlive sessions: serve it in a mapping, or hand the
+    same object to every session from a factory (``await scope.worker.shared(key, make)``).
+
     For mypy to check the target against the interface too, name the interface as the type
     argument: ``gl.Service[Calculator](impl, Calculator)`` (or annotate the variable,
     ``svc: gl.Service[Calculator] = ...``). ``gl.Service(impl, Calculator)`` alone cannot be
@@ -128,8 +140,11 @@ class Service(Generic[T]):
 
     target: T
     interface: Callable[..., object]
+    scope: Literal["session", "worker"] = "session"
 
     def __post_init__(self) -> None:
+        if self.scope not in ("session", "worker"):
+            raise ConfigError(f"Service scope must be 'session' or 'worker', got {self.scope!r}")
         interface = _interface_class(self.interface)
         _check_registration(self.target, interface, f"Service(..., {_name(interface)})")
 
@@ -161,13 +176,18 @@ class ExecutorInfo:
     session_id: bytes
     services: Mapping[str, Any]
     contract: str
+    worker_instance_id: bytes | None = None
+    """The worker's runtime id, which worker-scoped references carry (``None``: an older
+    worker that does not say)."""
 
 
-def _registry_from(services: ServiceMap) -> Registry:
+def _registry_from(services: ServiceMap, worker: WorkerScope | None = None) -> Registry:
     registry = Registry()
     for name, value in services.items():
         if isinstance(value, Service):
-            registry.add(name, value.target, service_spec(_interface_class(value.interface)))
+            scope = worker.scope if worker is not None and value.scope == "worker" else None
+            spec = service_spec(_interface_class(value.interface))
+            registry.add(name, value.target, spec, scope=scope)
         else:
             registry.add(name, value, _check_registration(value, type(value), f"service {name!r}"))
     return registry
@@ -451,6 +471,7 @@ class RemoteExecutor(_Endpoint):
                 session_id=transport.session_id,
                 services=dict(manifest["services"]),
                 contract=str(manifest["contract"]),
+                worker_instance_id=_optional_bytes(manifest.get("worker_instance_id")),
             )
         except (CallError, KeyError, TypeError, ValueError) as exc:
             self._refuse_session(transport, f"describe failed: {exc}", contract=False)
@@ -472,6 +493,7 @@ class RemoteExecutor(_Endpoint):
         self._services = info.services
         self._contract_refused = False
         rpc.peer_instance_id = info.instance_id
+        rpc.peer_worker_instance_id = info.worker_instance_id
         self._info = info
         self._rpc = rpc
         self.last_error = None
@@ -568,6 +590,14 @@ class RemoteExecutor(_Endpoint):
     @property
     def current_rpc(self) -> ExecutorRpc | None:
         return self._rpc
+
+
+def _optional_bytes(value: object) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, bytes):
+        raise TypeError("worker_instance_id is not bytes")
+    return value
 
 
 class _Facade:
@@ -771,6 +801,10 @@ class Worker(_Endpoint):
             _registry_from(services)
         self.sessions = 0
         self._rpc: ExecutorRpc | None = None
+        assert self._own_link is not None
+        self.worker_scope = WorkerScope(config.executor_id, self._own_link.runtime_id)
+        """Shared by every logical session of this worker (worker-scoped services, DESIGN
+        §13); closed when the worker stops."""
 
     async def __aenter__(self) -> Worker:
         await self._start()
@@ -785,7 +819,12 @@ class Worker(_Endpoint):
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self._stop()
+        try:
+            await self._stop()
+        finally:
+            # After the sessions: worker-scoped objects (e.g. the process service) outlive them.
+            with anyio.CancelScope(shield=True):
+                await self.worker_scope.aclose()
 
     @property
     def url(self) -> str:
@@ -808,10 +847,10 @@ class Worker(_Endpoint):
         return self._rpc
 
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
-        scope = ServiceScope(self.config.executor_id, os.urandom(16))
+        scope = self.worker_scope.session_scope(os.urandom(16))
         assert self._tg is not None
         if not callable(self._services):
-            registry = _registry_from(self._services)
+            registry = _registry_from(self._services, self.worker_scope)
             rpc = self._make_rpc(transport, registry, scope)
             self._tg.start_soon(self._run_session, transport, rpc, scope)
         else:
@@ -828,6 +867,7 @@ class Worker(_Endpoint):
             return {
                 "executor_id": self.config.executor_id,
                 "instance_id": scope.instance_id,
+                "worker_instance_id": self.worker_scope.instance_id,
                 "services": manifest,
                 "contract": contract,
             }
@@ -841,7 +881,7 @@ class Worker(_Endpoint):
         stack = contextlib.AsyncExitStack()
         try:
             services = await stack.enter_async_context(factory(scope))
-            registry = _registry_from(services)
+            registry = _registry_from(services, self.worker_scope)
         except Exception as exc:
             log.exception("service scope factory failed; retiring the session")
             transport.retire(FailureReason.CLOSED, f"service scope failed: {exc}")

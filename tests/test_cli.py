@@ -830,6 +830,18 @@ def test_duplicate_service_names_are_refused() -> None:
         cli.build_services(["d=garcon_link.demo:DemoService", "d=garcon_link.demo:DemoService"])
 
 
+def test_spool_dir_needs_the_builtin_process_service(tmp_path: Path) -> None:
+    with pytest.raises(cli.UsageError, match="--spool-dir"):
+        cli.build_services([], spool_dir=str(tmp_path))
+    with pytest.raises(gl.ConfigError, match="spool directory"):
+        cli.build_services(
+            [], builtin=["process"], root=str(tmp_path), spool_dir=str(tmp_path / "missing")
+        )
+    assert callable(
+        cli.build_services([], builtin=["process"], root=str(tmp_path), spool_dir=str(tmp_path))
+    )
+
+
 def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([]) == 2
     assert "error:" in capsys.readouterr().err
