@@ -7,7 +7,9 @@ The key travels as the optional ninth element of the ``call`` envelope (see :mod
 The worker keeps one :class:`IdempotencyTable` for its *process lifetime* -- shared by every logical
 session of a :class:`~garcon_link.Worker`, so retiring a session loses nothing -- keyed by
 ``(service, method, key)``. Each entry remembers a digest of the arguments (BLAKE3 of the canonical
-CBOR of ``[args, kwargs]`` as received) and, once the call finished, its reply::
+CBOR of ``[args, kwargs]`` as received; the caller binds them to the signature first, so
+``f(1, b=2)`` and ``f(1, 2)`` match, but an omitted default and the same value passed explicitly
+do not) and, once the call finished, its reply::
 
     begin(key, digest, now) ->  Execute   no entry: one is created (RUNNING); run the handler
                                 Await     a RUNNING entry, same digest: wait for its reply
