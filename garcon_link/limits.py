@@ -210,6 +210,28 @@ class Limits:
             "revoked executor stays attached."
         ),
     )
+    # idempotency keys (worker side, one table per worker process; DESIGN §14)
+    idempotency_max_entries: int = field(
+        default=10_000,
+        metadata=_doc(
+            "Calls remembered by idempotency key, running or finished; finished ones are evicted "
+            "oldest first, and a table full of running ones refuses new keys (OVERLOADED)."
+        ),
+    )
+    idempotency_max_bytes: int = field(
+        default=64 * MiB,
+        metadata=_doc(
+            "Bytes of remembered keyed calls (keys, names and recorded replies); evicts finished "
+            "entries oldest first."
+        ),
+    )
+    idempotency_max_age: float = field(
+        default=3600.0,
+        metadata=_doc(
+            "A finished keyed call is forgotten this long after it finished; the same key then "
+            "runs again."
+        ),
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

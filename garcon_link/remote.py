@@ -70,6 +70,7 @@ from .errors import (
     Rejected,
 )
 from .handshake import HandshakeResult
+from .idempotency import IdempotencyStatistics, KeyedExecutions, call_with_key, normalize_key
 from .interface import (
     MethodKind,
     MethodSpec,
@@ -610,8 +611,13 @@ class _Facade:
         spec: ServiceSpec,
         timeout: float | None,
         dispatch_deadline: float | None,
+        *,
+        idempotency_key: bytes | None = None,
+        retry_unknown: bool = False,
     ) -> None:
         self._executor = executor
+        self._key = idempotency_key
+        self._retry_unknown = retry_unknown
         self._name = name
         self._spec = spec
         self._timeout = executor.limits.call_timeout if timeout is None else timeout
@@ -626,14 +632,32 @@ class _Facade:
         return f"<facade {self._name}: {interface} @ {self._executor.executor_id}>"
 
     def with_options(
-        self, *, timeout: float | None = _UNSET, dispatch_deadline: float | None = _UNSET
+        self,
+        *,
+        timeout: float | None = _UNSET,
+        dispatch_deadline: float | None = _UNSET,
+        idempotency_key: str | bytes | None = _UNSET,
+        retry_unknown: bool = _UNSET,
     ) -> Any:
+        key = self._key if idempotency_key is _UNSET else idempotency_key
+        if key is not None:
+            key = normalize_key(key)
+        retry = self._retry_unknown if retry_unknown is _UNSET else retry_unknown
+        if not isinstance(retry, bool):
+            raise TypeError(f"retry_unknown must be a bool, got {type(retry).__name__}")
+        if retry and key is None:
+            raise ValueError(
+                "retry_unknown=True needs an idempotency_key: without one a retry could run "
+                "the call twice"
+            )
         return type(self)(  # a dynamic facade stays dynamic
             self._executor,
             self._name,
             self._spec,
             self._timeout if timeout is _UNSET else timeout,
             self._deadline if dispatch_deadline is _UNSET else dispatch_deadline,
+            idempotency_key=key,
+            retry_unknown=retry,
         )
 
     def _bind(self, method: MethodSpec) -> Callable[..., Any]:
@@ -642,6 +666,11 @@ class _Facade:
         if method.kind is MethodKind.STREAM:
 
             def open_stream(*args: Any, **kwargs: Any) -> _FacadeStream:
+                if facade._key is not None:
+                    raise TypeError(
+                        f"{name}.{method.name} is a stream: idempotency keys apply to unary "
+                        "calls only"
+                    )
                 return _FacadeStream(executor, name, method, args, kwargs, facade._deadline)
 
             open_stream.__name__ = method.name
@@ -650,6 +679,18 @@ class _Facade:
         async def call(*args: Any, **kwargs: Any) -> Any:
             executor.calls += 1
             try:
+                if facade._key is not None:
+                    return await call_with_key(
+                        executor,
+                        name,
+                        method,
+                        args,
+                        kwargs,
+                        key=facade._key,
+                        timeout=facade._timeout,
+                        dispatch_deadline=facade._deadline,
+                        retry_unknown=facade._retry_unknown,
+                    )
                 rpc = await executor._rpc_for_call(facade._deadline)
                 return await rpc.call(name, method, args, kwargs, timeout=facade._timeout)
             except CallError:
@@ -738,17 +779,43 @@ class _FacadeStream(AsyncIterator[Any]):
 
 
 def with_options(
-    facade: T, *, timeout: float | None = _UNSET, dispatch_deadline: float | None = _UNSET
+    facade: T,
+    *,
+    timeout: float | None = _UNSET,
+    dispatch_deadline: float | None = _UNSET,
+    idempotency_key: str | bytes | None = _UNSET,
+    retry_unknown: bool = _UNSET,
 ) -> T:
     """A copy of ``facade`` with other call options (typed as the same interface).
 
     Args:
-        timeout: per-call deadline in seconds (``None``: the configured default).
+        timeout: per-call deadline in seconds (``None``: the configured default). With
+            ``retry_unknown`` it bounds all attempts together.
         dispatch_deadline: how long a call waits for a reconnecting executor (0: not at all).
+        idempotency_key: names one operation (``str``, sent as UTF-8, or ``bytes``; 1 to 128
+            bytes): the worker runs a unary call with this key, method and arguments at most
+            once while its process lives and the key is remembered (DESIGN §14,
+            :mod:`garcon_link.idempotency`). ``None`` removes it. Calling a stream or one-way
+            method through a keyed facade raises ``TypeError``.
+        retry_unknown: retry a keyed call that ends ``OutcomeUnknown`` or ``NotDispatched``
+            until its timeout, waiting for readiness in between; only with a key.
+
+    Raises:
+        TypeError: not a facade, a key that is neither ``str`` nor ``bytes``, or a
+            ``retry_unknown`` that is not a bool.
+        ValueError: an empty key, a key over 128 bytes, or ``retry_unknown`` without a key.
     """
     if not isinstance(facade, _Facade):
         raise TypeError("with_options() takes a facade returned by RemoteExecutor.service()")
-    return cast("T", facade.with_options(timeout=timeout, dispatch_deadline=dispatch_deadline))
+    return cast(
+        "T",
+        facade.with_options(
+            timeout=timeout,
+            dispatch_deadline=dispatch_deadline,
+            idempotency_key=idempotency_key,
+            retry_unknown=retry_unknown,
+        ),
+    )
 
 
 def connect(
@@ -805,6 +872,16 @@ class Worker(_Endpoint):
         self.worker_scope = WorkerScope(config.executor_id, self._own_link.runtime_id)
         """Shared by every logical session of this worker (worker-scoped services, DESIGN
         §13); closed when the worker stops."""
+        # Keyed calls, for the process lifetime: shared by every session, run in our task group.
+        self._keyed = KeyedExecutions(self.limits, self._spawn_keyed)
+
+    def _spawn_keyed(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(fn, *args)
+
+    def idempotency_statistics(self) -> IdempotencyStatistics:
+        """A snapshot of this worker's table of idempotency keys (DESIGN §14)."""
+        return self._keyed.statistics()
 
     async def __aenter__(self) -> Worker:
         await self._start()
@@ -873,7 +950,13 @@ class Worker(_Endpoint):
             }
 
         return ExecutorRpc(
-            transport, registry, self.limits, scope=scope, describe=describe, peer="controller"
+            transport,
+            registry,
+            self.limits,
+            scope=scope,
+            describe=describe,
+            peer="controller",
+            idempotency=self._keyed,
         )
 
     async def _build_scope_and_run(self, transport: SessionTransport, scope: ServiceScope) -> None:

@@ -18,6 +18,14 @@ by the caller, so ``result``/``error``/``stream_item``/``stream_end`` name *our*
     stream_end   [6, id]
     credit       [7, id, items, bytes]
 
+``call`` may carry a ninth element, an idempotency key (DESIGN §14): ``[0, id, service, method,
+args, kwargs, credit_items, credit_bytes, key]`` with ``key`` 1 to 128 bytes (a CBOR byte
+string). An eight-element ``call`` is unkeyed, as before. A key of another type or size, a key
+on a stream, or a key sent to a side that keeps no idempotency table (the controller) is refused
+``Rejected("INVALID_ARGUMENTS")`` (``OPERATION_UNSUPPORTED`` for the last) without running
+anything. A keyed unary call is run through the worker's
+:class:`~garcon_link.idempotency.KeyedExecutions` (see that module for what is guaranteed).
+
 Outcomes (who may have executed what):
 
 * A call whose request could not be issued (offline, over budget, too large, encode failure) is
@@ -125,6 +133,18 @@ from .errors import (
     RemoteError,
     SessionFailed,
     StaleResource,
+)
+from .idempotency import (
+    Await,
+    Conflict,
+    Execute,
+    Full,
+    KeyedExecutions,
+    Replay,
+    Reply,
+    arguments_digest,
+    key_problem,
+    reply_envelope,
 )
 from .interface import MethodKind, MethodSpec, ServiceSpec, from_wire, to_wire
 from .limits import Limits
@@ -287,7 +307,7 @@ def _envelope_head(payload: bytes) -> tuple[int, int] | None:
     """``(kind, id)`` read from the first bytes of an envelope that did not decode as a whole.
 
     Only the exact prefix every envelope naming a call starts with is accepted: a definite array
-    head of 2 to 8 items, a kind of 0..7 and an unsigned integer id. This lets an undecodable
+    head of 2 to 9 items, a kind of 0..7 and an unsigned integer id. This lets an undecodable
     *reply* (e.g. a result whose value holds a tag) fail the call it names at once instead of
     leaving it to its timeout.
     """
@@ -295,7 +315,7 @@ def _envelope_head(payload: bytes) -> tuple[int, int] | None:
     if prefix is None:
         return None
     length, kind, call_id = prefix
-    if not 2 <= length <= 8 or kind > CREDIT:
+    if not 2 <= length <= 9 or kind > CREDIT:
         return None
     return kind, call_id
 
@@ -472,6 +492,8 @@ class ExecutorRpc:
         scope: the service scope handlers run in (worker side), exposed via ``current_scope()``.
         describe: returns this side's manifest for the internal ``describe`` call.
         peer: what to call the peer in messages (``"worker"``, ``"controller"``).
+        idempotency: the worker's keyed calls (shared by all its sessions); without it, keyed
+            calls from the peer are refused.
     """
 
     def __init__(
@@ -483,7 +505,9 @@ class ExecutorRpc:
         scope: ServiceScope | None = None,
         describe: Callable[[], dict[str, Any]] | None = None,
         peer: str = "peer",
+        idempotency: KeyedExecutions | None = None,
     ) -> None:
+        self.idempotency = idempotency
         self.transport = transport
         self.peer = peer
         self.registry = registry
@@ -610,6 +634,7 @@ class ExecutorRpc:
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
         credit: tuple[int, int],
+        key: bytes | None = None,
     ) -> tuple[_Pending | None, bytes]:
         self._check_open()
         try:
@@ -628,8 +653,10 @@ class ExecutorRpc:
             )
         call_id = self._next_id
         self._next_id += 1
-        body = self._encode([CALL, call_id, service, spec.name, wire_args, wire_kwargs, *credit])
-        return _Pending(call_id, spec, None), body
+        envelope = [CALL, call_id, service, spec.name, wire_args, wire_kwargs, *credit]
+        if key is not None:
+            envelope.append(key)
+        return _Pending(call_id, spec, None), self._encode(envelope)
 
     def _check_resources(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
         instance = self.peer_instance_id
@@ -689,8 +716,12 @@ class ExecutorRpc:
         kwargs: Mapping[str, Any],
         *,
         timeout: float | None,
+        idempotency_key: bytes | None = None,
     ) -> Any:
         """Call ``service.method`` and return its converted result.
+
+        ``idempotency_key`` (normalised bytes, see :func:`garcon_link.idempotency.normalize_key`)
+        is sent with the call; the worker runs the call at most once per key.
 
         Raises:
             NotDispatched, Rejected, StaleResource, OutcomeUnknown, RemoteError: per the outcome;
@@ -699,7 +730,7 @@ class ExecutorRpc:
         if spec.kind is MethodKind.ONEWAY:
             await self.notify(service, spec, args, kwargs)
             return None
-        pending, body = self._prepare(service, spec, args, kwargs, (0, 0))
+        pending, body = self._prepare(service, spec, args, kwargs, (0, 0), idempotency_key)
         assert pending is not None
         # A bare cancel scope with a deadline: what fail_after does, without its generator-based
         # context manager (this is on every call's path).
@@ -1056,9 +1087,12 @@ class ExecutorRpc:
         return self._describe()
 
     def _on_call(self, envelope: list[Any]) -> None:
-        if len(envelope) != 8 or type(envelope[1]) is not int:
-            raise _BadEnvelope("call must be [0, id, service, method, args, kwargs, items, bytes]")
-        _, call_id, service, method, args, kwargs, credit, credit_bytes = envelope
+        if len(envelope) not in (8, 9) or type(envelope[1]) is not int:
+            raise _BadEnvelope(
+                "call must be [0, id, service, method, args, kwargs, items, bytes, key?]"
+            )
+        _, call_id, service, method, args, kwargs, credit, credit_bytes = envelope[:8]
+        key = envelope[8] if len(envelope) == 9 else None
         if call_id <= self._last_incoming_id:
             raise _BadEnvelope(
                 f"call id {call_id} does not increase (last {self._last_incoming_id})"
@@ -1083,6 +1117,9 @@ class ExecutorRpc:
                 call_id, Rejected("INVALID_ARGUMENTS", "credit must be non-negative integers")
             )
             return
+        if key is not None and (problem := key_problem(key)) is not None:
+            self._refuse(call_id, Rejected("INVALID_ARGUMENTS", problem))
+            return
         if len(self._incoming) + self._notifications >= self.limits.max_incoming_calls:
             self._refuse(
                 call_id,
@@ -1102,6 +1139,9 @@ class ExecutorRpc:
             return
         except ValueError as exc:
             self._refuse(call_id, Rejected("INVALID_ARGUMENTS", str(exc)))
+            return
+        if key is not None:
+            self._on_keyed_call(call_id, service, spec, target, pos, kw, args, kwargs, key)
             return
         incoming = _Incoming(min(credit, self.limits.stream_window_items * 4), credit_bytes)
         self._incoming[call_id] = incoming
@@ -1125,6 +1165,141 @@ class ExecutorRpc:
                 i.task for i in self._incoming.values() if i.task is not None and not i.task.done()
             ]:
                 await asyncio.wait(tasks)
+
+    # -- keyed calls (DESIGN §14; garcon_link.idempotency)
+
+    def _on_keyed_call(
+        self,
+        call_id: int,
+        service: str,
+        spec: MethodSpec,
+        target: Callable[..., Any],
+        pos: list[Any],
+        kw: dict[str, Any],
+        args: list[Any],
+        kwargs: dict[str, Any],
+        key: bytes,
+    ) -> None:
+        """A call with an idempotency key: run it at most once per key on this worker.
+
+        The handler runs in the worker's task group (it outlives this session); this session
+        only waits for its reply, in a task that holds the call's incoming slot.
+        """
+        keyed = self.idempotency
+        if keyed is None:
+            self._refuse(
+                call_id,
+                Rejected(
+                    "OPERATION_UNSUPPORTED",
+                    "this side keeps no idempotency table: keyed calls go to a worker",
+                ),
+            )
+            return
+        if spec.kind is not MethodKind.UNARY:
+            self._refuse(
+                call_id,
+                Rejected(
+                    "INVALID_ARGUMENTS",
+                    f"idempotency keys apply to unary calls only; {spec.name!r} is a "
+                    f"{spec.kind.value} method",
+                ),
+            )
+            return
+        try:
+            digest = arguments_digest(args, kwargs)
+        except ValueError as exc:
+            self._refuse(call_id, Rejected("INVALID_ARGUMENTS", str(exc)))
+            return
+        decision = keyed.admit((service, spec.name, key), digest)
+        if isinstance(decision, Conflict):
+            shown = key.decode("utf-8", "replace")[:64]
+            self._refuse(
+                call_id,
+                Rejected(
+                    "IDEMPOTENCY_CONFLICT",
+                    f"idempotency key {shown!r} was already used for {service}.{spec.name} "
+                    "with other arguments",
+                ),
+            )
+            return
+        if isinstance(decision, Full):
+            self._refuse(call_id, NotDispatched("OVERLOADED", decision.reason))
+            return
+        if isinstance(decision, Execute):
+            keyed.start(decision.entry, lambda: self._execute_keyed(target, pos, kw))
+        assert isinstance(decision, Execute | Await | Replay)
+        incoming = _Incoming(0, 0)
+        self._incoming[call_id] = incoming
+        waiter = self._run_keyed(
+            call_id, incoming, keyed, decision, owner=isinstance(decision, Execute)
+        )
+        if self._loop is not None:
+            incoming.task = self._loop.create_task(waiter, context=self._context.copy())
+        else:
+            assert self._tg is not None
+            self._tg.start_soon(lambda: waiter)
+
+    async def _run_keyed(
+        self,
+        call_id: int,
+        incoming: _Incoming,
+        keyed: KeyedExecutions,
+        decision: Execute | Await | Replay,
+        *,
+        owner: bool,
+    ) -> None:
+        try:
+            with incoming.scope:
+                incoming.started = True
+                kind, body = await keyed.wait(decision.entry)
+                await self._send_reply(call_id, reply_envelope(kind, call_id, body))
+            # Cancelled. By the caller's ``cancel`` (the session is open): the call that started
+            # the execution cancels it; a repeat only stops waiting. By this session's
+            # retirement: the execution goes on, for the retry on the next session.
+            if owner and incoming.cancelled and self._retired is None:
+                keyed.cancel(decision.entry)
+        finally:
+            self._incoming.pop(call_id, None)
+
+    async def _execute_keyed(
+        self, target: Callable[..., Any], pos: list[Any], kw: dict[str, Any]
+    ) -> Reply:
+        """Run a keyed handler and map its outcome to the reply to record: what
+        :meth:`_run_handler` would send (cancellation propagates)."""
+        self._enter_context()
+        try:
+            result = await target(*pos, **kw)
+            try:
+                body = cbor2.dumps(to_wire(result))
+            except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
+                return self._keyed_error(
+                    RemoteError("UNENCODABLE_RESULT", str(exc)), remote_type="TypeError"
+                )
+            if len(body) + 16 > self._max_body:
+                return self._keyed_error(
+                    RemoteError(
+                        "RESULT_TOO_LARGE",
+                        f"the result ({len(body)} bytes) exceeds the frame limit",
+                    ),
+                    remote_type="PayloadTooLarge",
+                )
+            return RESULT, body
+        except (Rejected, RemoteError) as exc:
+            remote_type = exc.remote_type if isinstance(exc, RemoteError) else None
+            return self._keyed_error(exc, remote_type=remote_type or _qualname(type(exc)))
+        except Exception as exc:
+            tb = "".join(traceback.format_exception(exc))
+            return self._keyed_error(
+                RemoteError("HANDLER_FAILED", str(exc)),
+                remote_type=_qualname(type(exc)),
+                traceback=tb[-MAX_ERROR_MESSAGE:],
+            )
+
+    def _keyed_error(self, error: CallError, **extra: Any) -> Reply:
+        message = error.message
+        if len(message) > MAX_ERROR_MESSAGE:
+            message = message[:MAX_ERROR_MESSAGE] + "... (cut)"
+        return ERROR, cbor2.dumps(_error_body(error.outcome, error.code, message, **extra))
 
     def _check_scope(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
         if self.scope is None:

@@ -1,0 +1,610 @@
+"""Idempotency keys: exactly-once execution of a keyed call across continuity loss (DESIGN §14).
+
+Theory of operation
+-------------------
+A caller names one operation with a key (``gl.with_options(facade, idempotency_key="build-42")``).
+The key travels as the optional ninth element of the ``call`` envelope (see :mod:`garcon_link.rpc`).
+The worker keeps one :class:`IdempotencyTable` for its *process lifetime* -- shared by every logical
+session of a :class:`~garcon_link.Worker`, so retiring a session loses nothing -- keyed by
+``(service, method, key)``. Each entry remembers a digest of the arguments (BLAKE3 of the canonical
+CBOR of ``[args, kwargs]`` as received; the caller binds them to the signature first, so
+``f(1, b=2)`` and ``f(1, 2)`` match, but an omitted default and the same value passed explicitly
+do not) and, once the call finished, its reply::
+
+    begin(key, digest, now) ->  Execute   no entry: one is created (RUNNING); run the handler
+                                Await     a RUNNING entry, same digest: wait for its reply
+                                Replay    a DONE entry, same digest: its recorded reply, not run
+                                Conflict  same key, other arguments: Rejected IDEMPOTENCY_CONFLICT
+                                Full      no room (all RUNNING): NotDispatched OVERLOADED
+    finish(entry, reply, now)   RUNNING -> DONE: the reply is recorded
+    abandon(entry)              RUNNING, handler never started (cancelled first) -> forgotten
+
+Invariants of the table (checked by a property test): at most ``idempotency_max_entries``
+entries and ``idempotency_max_bytes`` accounted bytes at every moment; only DONE entries are
+evicted -- oldest finished first, to make room or once older than ``idempotency_max_age`` -- so a
+RUNNING entry (whose handler may be executing) is never forgotten. A reply too large to keep
+within the byte bound is replaced by a small stand-in, ``RemoteError("RESULT_NOT_KEPT")``: the
+call certainly ran, so a repeat must not run it again, and its value cannot be given.
+The table is pure: time is passed in, nothing here awaits.
+
+The keyed handler does not run in its session's task: :class:`KeyedExecutions` (the worker's
+adapter) spawns it in the *worker's* task group, and each call with that key -- the first and
+every repeat, on any session -- only waits for the entry. So a session retired while the handler
+runs does not cancel it (the retry on the next session waits for the same execution and gets its
+real reply). A ``cancel`` from the caller of the call that started the execution cancels it, as
+for any call (DESIGN §7); a ``cancel`` of a repeat only ends that repeat's wait. A handler
+cancelled before it started is forgotten (a later call with the key runs it); one cancelled while
+running records ``OutcomeUnknown("CANCELLED_WHILE_RUNNING")``.
+
+Scope of keys: unary calls only. A stream cannot be replayed from a record and a one-way call has
+no reply to record, so a key on either is refused: ``TypeError`` on the caller's side when the
+method is called, ``Rejected("INVALID_ARGUMENTS")`` on the worker for a keyed stream envelope
+(``notify`` has no key slot).
+
+Caller side (:func:`call_with_key`): with ``retry_unknown=True`` a call that ends
+``OutcomeUnknown`` or ``NotDispatched`` is retried with the same key until its deadline (the
+call's timeout, measured from the first attempt), waiting for the executor to be ``ready`` in
+between (and backing off, :func:`retry_delays`, when the same session refused again).
+``Rejected`` and ``RemoteError`` are never retried, nor are outcomes that retrying cannot change
+(``DISPOSED``, ``PAYLOAD_TOO_LARGE``, ``INVALID_ARGUMENTS``, ``CANCELLED_WHILE_RUNNING``). An
+attempt that ended ``OutcomeUnknown`` binds the call to the worker *runtime* (the process start,
+``SessionTransport.peer_runtime``) it was sent to; if a later session belongs to another runtime,
+the table that would have recognised the key died with the old process, so the call is *not*
+retried: it fails ``OutcomeUnknown("WORKER_RESTARTED")``, saying the guarantee ended with the
+worker process. Once an attempt may have executed, the call never ends ``NotDispatched``.
+
+What is guaranteed: while one worker process lives, and while the key's entry is in its table
+(not evicted by count, bytes or age), every call with the same key, method and arguments --
+from this controller, a restarted one or another one -- gets the reply of exactly one execution.
+Not guaranteed: across a worker restart (the table is in memory); after eviction (the key runs
+again); for a per-session service scope that is closed under a handler still running for a
+retired session (serve such methods from a mapping or a worker-scoped service).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import blake3
+import cbor2
+
+from .errors import CallError, NotDispatched, OutcomeUnknown, RemoteError
+from .interface import MethodKind, MethodSpec
+from .limits import Limits
+
+if TYPE_CHECKING:
+    from .remote import RemoteExecutor
+
+__all__ = [
+    "ENTRY_OVERHEAD",
+    "MAX_KEY_BYTES",
+    "Await",
+    "Conflict",
+    "Decision",
+    "Entry",
+    "EntryState",
+    "Execute",
+    "Full",
+    "IdempotencyStatistics",
+    "IdempotencyTable",
+    "KeyedExecutions",
+    "Replay",
+    "arguments_digest",
+    "call_with_key",
+    "normalize_key",
+    "retry_delays",
+]
+
+MAX_KEY_BYTES = 128
+"""Longest idempotency key, in bytes (a ``str`` key counts its UTF-8 encoding)."""
+
+ENTRY_OVERHEAD = 256
+"""Bytes charged per entry on top of its key, names, digest and recorded reply (the objects)."""
+
+STAND_IN_RESERVE = 256
+"""Bytes every RUNNING entry reserves, so its stand-in reply always fits when it finishes."""
+
+# The rpc envelope kinds a recorded reply is replayed as (garcon_link.rpc RESULT, ERROR).
+RESULT, ERROR = 1, 2
+
+TableKey = tuple[str, str, bytes]  # (service, method, key)
+Reply = tuple[int, bytes]  # (RESULT or ERROR, encoded third element of that envelope)
+
+
+def normalize_key(key: object) -> bytes:
+    """The wire form of an idempotency key: bytes as given, a ``str`` as its UTF-8 encoding.
+
+    Raises:
+        TypeError: ``key`` is neither ``str`` nor ``bytes``.
+        ValueError: empty, or longer than :data:`MAX_KEY_BYTES` bytes.
+    """
+    if isinstance(key, str):
+        data = key.encode("utf-8")
+    elif isinstance(key, bytes):
+        data = key
+    else:
+        raise TypeError(f"an idempotency key is str or bytes, got {type(key).__name__}")
+    if not 1 <= len(data) <= MAX_KEY_BYTES:
+        raise ValueError(
+            f"an idempotency key is 1 to {MAX_KEY_BYTES} bytes (UTF-8), got {len(data)}"
+        )
+    return data
+
+
+def key_problem(key: object) -> str | None:
+    """Why a key received from a peer is unusable, else None (it must already be bytes)."""
+    if type(key) is not bytes:
+        return f"the idempotency key must be bytes, got {type(key).__name__}"
+    if not 1 <= len(key) <= MAX_KEY_BYTES:
+        return f"the idempotency key must be 1 to {MAX_KEY_BYTES} bytes, got {len(key)}"
+    return None
+
+
+def arguments_digest(args: list[Any], kwargs: Mapping[str, Any]) -> bytes:
+    """BLAKE3 of the canonical CBOR of ``[args, kwargs]`` (their wire form, as received).
+
+    Raises:
+        ValueError: the values cannot be encoded canonically.
+    """
+    try:
+        data = cbor2.dumps([args, dict(kwargs)], canonical=True)
+    except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
+        raise ValueError(f"cannot digest the arguments: {exc}") from exc
+    return blake3.blake3(data).digest()
+
+
+def reply_envelope(kind: int, call_id: int, body: bytes) -> bytes:
+    """``[kind, call_id, <body>]`` with ``body`` already encoded (a recorded reply)."""
+    return b"\x83" + cbor2.dumps(kind) + cbor2.dumps(call_id) + body
+
+
+def error_reply(error: CallError) -> Reply:
+    """A recorded reply that is ``error`` (for the stand-ins the table and runner record)."""
+    body = {"outcome": error.outcome.value, "code": error.code, "message": error.message}
+    return ERROR, cbor2.dumps(body)
+
+
+# ---------------------------------------------------------------------------------- the table
+
+
+class EntryState(enum.Enum):
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """One keyed call the worker remembers (mutated only by :class:`IdempotencyTable`)."""
+
+    key: TableKey
+    digest: bytes
+    serial: int
+    started_at: float
+    size: int
+    state: EntryState = EntryState.RUNNING
+    finished_at: float | None = None
+    reply: Reply | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Await:
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Full:
+    reason: str
+
+
+Decision = Execute | Await | Replay | Conflict | Full
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyStatistics:
+    """A snapshot of an :class:`IdempotencyTable`.
+
+    Attributes:
+        entries: keyed calls remembered (running and finished).
+        running: of those, how many are still running.
+        bytes: accounted bytes (at most ``idempotency_max_bytes``).
+        executions: keyed calls that ran (an ``Execute`` decision).
+        replays: repeats answered from a record, without running.
+        waits: repeats that waited for a running execution.
+        conflicts: same key with other arguments (``IDEMPOTENCY_CONFLICT``).
+        refusals: new keys refused because the table was full of running calls.
+        evictions: finished entries forgotten (for room or age).
+        not_kept: replies replaced by the ``RESULT_NOT_KEPT`` stand-in.
+    """
+
+    entries: int
+    running: int
+    bytes: int
+    executions: int
+    replays: int
+    waits: int
+    conflicts: int
+    refusals: int
+    evictions: int
+    not_kept: int
+
+
+def _base_size(key: TableKey) -> int:
+    service, method, raw = key
+    return ENTRY_OVERHEAD + len(service.encode()) + len(method.encode()) + len(raw) + 32
+
+
+class IdempotencyTable:
+    """The worker's record of keyed calls (pure: ``now`` is passed in). See the module docstring.
+
+    Args:
+        max_entries: entries at most (running plus finished).
+        max_bytes: accounted bytes at most.
+        max_age: seconds a finished entry is kept after it finished.
+    """
+
+    def __init__(self, max_entries: int, max_bytes: int, max_age: float) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.max_age = max_age
+        self._entries: dict[TableKey, Entry] = {}
+        self._finished: OrderedDict[TableKey, Entry] = OrderedDict()  # in order of finishing
+        self._bytes = 0
+        self._serial = 0
+        self._executions = self._replays = self._waits = self._conflicts = 0
+        self._refusals = self._evictions = self._not_kept = 0
+
+    @classmethod
+    def from_limits(cls, limits: Limits) -> IdempotencyTable:
+        return cls(
+            limits.idempotency_max_entries,
+            limits.idempotency_max_bytes,
+            limits.idempotency_max_age,
+        )
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: TableKey) -> Entry | None:
+        return self._entries.get(key)
+
+    def entries(self) -> list[Entry]:
+        """Every entry (a copy of the list), for tests and diagnostics."""
+        return list(self._entries.values())
+
+    def statistics(self) -> IdempotencyStatistics:
+        return IdempotencyStatistics(
+            entries=len(self._entries),
+            running=len(self._entries) - len(self._finished),
+            bytes=self._bytes,
+            executions=self._executions,
+            replays=self._replays,
+            waits=self._waits,
+            conflicts=self._conflicts,
+            refusals=self._refusals,
+            evictions=self._evictions,
+            not_kept=self._not_kept,
+        )
+
+    def begin(self, key: TableKey, digest: bytes, now: float) -> Decision:
+        """Decide what a call with ``key`` and arguments ``digest`` does (see the module doc)."""
+        self.expire(now)
+        entry = self._entries.get(key)
+        if entry is not None:
+            if entry.digest != digest:
+                self._conflicts += 1
+                return Conflict(entry)
+            if entry.state is EntryState.RUNNING:
+                self._waits += 1
+                return Await(entry)
+            self._replays += 1
+            return Replay(entry)
+        size = _base_size(key) + STAND_IN_RESERVE
+        if not self._make_room(1, size):
+            self._refusals += 1
+            running = len(self._entries) - len(self._finished)
+            return Full(
+                f"the idempotency table is full: {running} keyed calls are running "
+                f"({len(self._entries)}/{self.max_entries} entries, "
+                f"{self._bytes}/{self.max_bytes} bytes)"
+            )
+        self._serial += 1
+        entry = Entry(key=key, digest=digest, serial=self._serial, started_at=now, size=size)
+        self._entries[key] = entry
+        self._bytes += size
+        self._executions += 1
+        return Execute(entry)
+
+    def finish(self, entry: Entry, reply: Reply, now: float) -> Reply:
+        """Record ``reply`` for a RUNNING entry; returns what was recorded (maybe a stand-in).
+
+        Raises:
+            ValueError: ``entry`` is not a running entry of this table.
+        """
+        self._check_running(entry)
+        self.expire(now)
+        base = _base_size(entry.key)
+        kind, body = reply
+        extra = base + len(body) - entry.size
+        if extra > 0 and not self._make_room(0, extra):
+            self._not_kept += 1
+            kind, body = _stand_in(len(body))
+        new_size = base + len(body)
+        self._bytes += new_size - entry.size
+        entry.size = new_size
+        entry.state = EntryState.DONE
+        entry.finished_at = now
+        entry.reply = (kind, body)
+        self._finished[entry.key] = entry
+        return entry.reply
+
+    def abandon(self, entry: Entry) -> None:
+        """Forget a RUNNING entry whose handler never started (a later call runs it)."""
+        self._check_running(entry)
+        del self._entries[entry.key]
+        self._bytes -= entry.size
+
+    def expire(self, now: float) -> None:
+        """Forget finished entries that are ``max_age`` old or older, oldest first."""
+        while self._finished:
+            oldest = next(iter(self._finished.values()))
+            assert oldest.finished_at is not None
+            if now - oldest.finished_at < self.max_age:
+                break
+            self._evict_oldest()
+
+    def _check_running(self, entry: Entry) -> None:
+        if self._entries.get(entry.key) is not entry or entry.state is not EntryState.RUNNING:
+            raise ValueError("not a running entry of this table")
+
+    def _make_room(self, count: int, nbytes: int) -> bool:
+        """Evict finished entries, oldest first, until ``count`` more entries and ``nbytes``
+        more bytes fit; False if they cannot (what remains is running)."""
+        while self._finished and (
+            len(self._entries) + count > self.max_entries or self._bytes + nbytes > self.max_bytes
+        ):
+            self._evict_oldest()
+        return (
+            len(self._entries) + count <= self.max_entries
+            and self._bytes + nbytes <= self.max_bytes
+        )
+
+    def _evict_oldest(self) -> None:
+        _, entry = self._finished.popitem(last=False)
+        del self._entries[entry.key]
+        self._bytes -= entry.size
+        self._evictions += 1
+
+
+def _stand_in(size: int) -> Reply:
+    kind, body = error_reply(
+        RemoteError(
+            "RESULT_NOT_KEPT",
+            f"a call with this idempotency key ran to completion, but its reply ({size} bytes) "
+            "exceeds the idempotency table's byte bound, so only the fact that it ran was kept",
+        )
+    )
+    assert len(body) <= STAND_IN_RESERVE
+    return kind, body
+
+
+# ---------------------------------------------------------------------------------- the runner
+
+
+_CANCELLED_WHILE_RUNNING = error_reply(
+    OutcomeUnknown(
+        "CANCELLED_WHILE_RUNNING",
+        "the call with this idempotency key was cancelled by its caller while it ran; it may "
+        "have partly executed",
+    )
+)
+_CANCELLED_BEFORE_START = error_reply(
+    NotDispatched("CANCELLED", "the call with this idempotency key was cancelled before it started")
+)
+
+
+@dataclass(eq=False)
+class _Run:
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    cancelled: bool = False
+    reply: Reply | None = None
+
+
+Spawn = Callable[..., object]  # spawn(async_fn, *args): a task group's start_soon
+
+
+class KeyedExecutions:
+    """A worker's keyed calls: the table plus the tasks that run them (worker lifetime).
+
+    Args:
+        limits: the table's bounds (``idempotency_max_*``).
+        spawn: starts a task that outlives every session (the worker's task group).
+        clock: the time source of the table (default: the event loop's clock).
+    """
+
+    def __init__(
+        self,
+        limits: Limits,
+        spawn: Spawn,
+        *,
+        clock: Callable[[], float] = anyio.current_time,
+    ) -> None:
+        self.table = IdempotencyTable.from_limits(limits)
+        self._spawn = spawn
+        self._clock = clock
+        self._runs: dict[int, _Run] = {}
+
+    def statistics(self) -> IdempotencyStatistics:
+        return self.table.statistics()
+
+    def admit(self, key: TableKey, digest: bytes) -> Decision:
+        return self.table.begin(key, digest, self._clock())
+
+    def start(self, entry: Entry, execute: Callable[[], Awaitable[Reply]]) -> None:
+        """Run ``execute`` (the handler, mapped to a reply) for an ``Execute`` decision."""
+        run = self._runs[entry.serial] = _Run()
+        self._spawn(self._execute, entry, run, execute)
+
+    def cancel(self, entry: Entry) -> None:
+        """Cancel the execution of ``entry`` if it still runs (its caller sent ``cancel``)."""
+        run = self._runs.get(entry.serial)
+        if run is not None:
+            run.cancelled = True
+            run.scope.cancel()
+
+    async def wait(self, entry: Entry) -> Reply:
+        """The reply of ``entry``: recorded, or once its execution ends."""
+        run = self._runs.get(entry.serial)
+        if run is not None:
+            await run.done.wait()
+            assert run.reply is not None
+            return run.reply
+        assert entry.reply is not None, "an entry without a run is finished"
+        return entry.reply
+
+    async def _execute(
+        self, entry: Entry, run: _Run, execute: Callable[[], Awaitable[Reply]]
+    ) -> None:
+        reply: Reply | None = None
+        try:
+            if run.cancelled:
+                self.table.abandon(entry)
+                run.reply = _CANCELLED_BEFORE_START
+                return
+            with run.scope:
+                reply = await execute()
+            if reply is None:
+                reply = _CANCELLED_WHILE_RUNNING
+            run.reply = self.table.finish(entry, reply, self._clock())
+        finally:
+            if run.reply is None:  # the worker is shutting down (its task group was cancelled)
+                run.reply = _CANCELLED_WHILE_RUNNING
+            del self._runs[entry.serial]
+            run.done.set()
+
+
+# ---------------------------------------------------------------------------------- the caller
+
+
+_FINAL_UNKNOWN = frozenset({"TIMEOUT", "CANCELLED_WHILE_RUNNING"})
+_FINAL_NOT_DISPATCHED = frozenset({"TIMEOUT", "DISPOSED", "PAYLOAD_TOO_LARGE", "INVALID_ARGUMENTS"})
+
+
+def retry_delays(first: float = 0.05, cap: float = 1.0) -> Iterator[float]:
+    """Pauses between two attempts on the *same* session (a refusal such as ``OVERLOADED``):
+    ``first``, doubling, capped at ``cap``. A new session is tried at once."""
+    delay = first
+    while True:
+        yield delay
+        delay = min(delay * 2, cap)
+
+
+async def call_with_key(
+    executor: RemoteExecutor,
+    service: str,
+    method: MethodSpec,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    key: bytes,
+    timeout: float | None,
+    dispatch_deadline: float,
+    retry_unknown: bool,
+) -> Any:
+    """One keyed unary call through ``executor`` (what a keyed facade method does).
+
+    Raises:
+        TypeError: ``method`` is a stream or one-way method (keys apply to unary calls only).
+        CallError: per the outcome; with ``retry_unknown`` see the module docstring.
+    """
+    if method.kind is not MethodKind.UNARY:
+        raise TypeError(
+            f"{service}.{method.name} is a {method.kind.value} method: idempotency keys apply "
+            "to unary calls only"
+        )
+    if not retry_unknown:
+        rpc = await executor._rpc_for_call(dispatch_deadline)
+        return await rpc.call(service, method, args, kwargs, timeout=timeout, idempotency_key=key)
+    deadline = math.inf if timeout is None else anyio.current_time() + timeout
+    delays = retry_delays()
+    ran_on: bytes | None = None  # the worker runtime an attempt may have executed on
+    last: CallError | None = None
+    previous: object = None
+    attempts = 0
+    try:
+        while True:
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                raise _gave_up(last, timeout, attempts)
+            try:
+                await executor.wait_ready(None if math.isinf(remaining) else remaining)
+            except TimeoutError:
+                raise _gave_up(last, timeout, attempts) from None
+            current = executor.current_rpc
+            if current is None:  # retired between the wake-up and now
+                continue
+            runtime = current.transport.peer_runtime
+            if ran_on is not None and runtime != ran_on:
+                raise OutcomeUnknown(
+                    "WORKER_RESTARTED",
+                    f"an attempt may have executed on worker process {ran_on.hex()[:12]}, which "
+                    f"is gone (now {runtime.hex()[:12]}): the idempotency guarantee ended with "
+                    "that worker process (its table of keys went with it), so the call was not "
+                    f"retried; last attempt: {last}",
+                ) from last
+            if current is previous:
+                # Refused again by the same session: back off before the next attempt.
+                await anyio.sleep(min(next(delays), max(remaining, 0)))
+                previous = None
+                continue
+            previous = current
+            attempts += 1
+            try:
+                return await current.call(
+                    service, method, args, kwargs, timeout=remaining, idempotency_key=key
+                )
+            except OutcomeUnknown as exc:
+                ran_on = runtime if ran_on is None else ran_on
+                if exc.code in _FINAL_UNKNOWN:
+                    raise
+                last = exc
+            except NotDispatched as exc:
+                if exc.code in _FINAL_NOT_DISPATCHED:
+                    raise
+                last = exc
+    except NotDispatched as exc:
+        if ran_on is None:
+            raise
+        # An earlier attempt may have executed: the call as a whole is not "not dispatched".
+        raise OutcomeUnknown(
+            exc.code, f"{exc.message} (an earlier attempt with this key may have executed)"
+        ) from exc
+
+
+def _gave_up(last: CallError | None, timeout: float | None, attempts: int) -> CallError:
+    why = f"; last attempt: {last}" if last is not None else ""
+    message = f"no result within {timeout}s ({attempts} attempts with the key){why}"
+    if isinstance(last, OutcomeUnknown):
+        return OutcomeUnknown("TIMEOUT", message)
+    return NotDispatched("TIMEOUT", message)
