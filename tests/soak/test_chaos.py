@@ -25,9 +25,15 @@ Invariants asserted at the end (after healing and waiting for quiescence):
   1 KiB per call for the test's own records and the worker's ledger, which grow by design);
 * the link kept working: enough calls succeeded, and after the faults stop every call succeeds.
 
-The CI version runs about 60 s with at least 100 cuts; ``--soak-minutes N`` runs N minutes (the
-cut floor scales). It runs on asyncio only: the time budget of ``make test`` (10 minutes on two
-cores) has room for one minute of soak, not two; both backends are covered by the functional
+**Keyed mode** (issue 14, DESIGN §14): every unary call carries an idempotency key (its token)
+with ``retry_unknown=True``, and ``call_timeout`` outlasts the longest partition. The invariant
+for calls becomes: every call executed exactly once and returned its real result -- through cuts,
+half-open sockets and partitions that retire the session while the worker lives.
+
+The CI version runs about 60 s with at least 100 cuts (the keyed mode 30 s and 50 cuts);
+``--soak-minutes N`` runs N minutes each (the cut floor scales). It runs on asyncio only: the time
+budget of ``make test`` (10 minutes on two cores) has room for 90 s of soak, not twice that;
+both backends are covered by the functional
 tests of the link and the RPC layer.
 """
 
@@ -66,6 +72,7 @@ pytestmark = [
 ]
 
 CI_SECONDS = 60.0
+KEYED_CI_SECONDS = 30.0
 CUTS_PER_MINUTE = 100
 MiB = 1024 * 1024
 
@@ -94,6 +101,9 @@ LIMITS = gl.Limits(
     call_timeout=10.0,
     dispatch_deadline=1.0,
 )
+# Keyed calls retry until their deadline: it must outlast a partition (grace + 1.5 s) plus the
+# reconnection, or a call could honestly end unknown and the strict invariant would not apply.
+KEYED_LIMITS = LIMITS.replace(call_timeout=30.0)
 
 UNARY_CALLERS = 6
 STREAM_CONSUMERS = 3
@@ -155,15 +165,25 @@ def classify(exc: BaseException) -> str:
 
 
 async def unary_caller(
-    index: int, ledger: Ledger, rng: random.Random, stop: anyio.Event, seen: Observed
+    index: int,
+    ledger: Ledger,
+    rng: random.Random,
+    stop: anyio.Event,
+    seen: Observed,
+    keyed: bool = False,
 ) -> None:
     serial = 0
     while not stop.is_set():
         burst = rng.randint(1, 4)
 
         async def one(token: str, payload: bytes, hold: float) -> None:
+            facade = (
+                gl.with_options(ledger, idempotency_key=token, retry_unknown=True)
+                if keyed
+                else ledger
+            )
             try:
-                result = await ledger.apply(token, payload, hold)
+                result = await facade.apply(token, payload, hold)
             except gl.CallError as exc:
                 outcome = classify(exc)
             else:
@@ -349,14 +369,16 @@ async def sampler(
 # ---------------------------------------------------------------------------------- the test
 
 
-def check_invariants(service: LedgerService, seen: Observed) -> list[str]:
+def check_invariants(service: LedgerService, seen: Observed, keyed: bool = False) -> list[str]:
     """Every broken invariant, as text (empty when all hold)."""
     problems: list[str] = []
     asked: set[str] = set()
     for call in seen.calls:
         asked.add(call.token)
         ran = service.ledger[call.token]
-        if call.outcome == "ok":
+        if keyed and (call.outcome != "ok" or ran != 1):
+            problems.append(f"keyed call {call.token}: {call.outcome}, ran {ran} times")
+        elif call.outcome == "ok":
             if ran != 1:
                 problems.append(f"call {call.token} returned but ran {ran} times")
         elif call.outcome in ("not_dispatched", "rejected"):
@@ -389,33 +411,37 @@ def check_invariants(service: LedgerService, seen: Observed) -> list[str]:
     return problems
 
 
-async def test_chaos_soak(request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+async def test_chaos_soak(request: pytest.FixtureRequest, keyed: bool) -> None:
     minutes = request.config.getoption("--soak-minutes")
-    duration = CI_SECONDS if minutes is None else float(minutes) * 60
+    ci_seconds = KEYED_CI_SECONDS if keyed else CI_SECONDS
+    duration = ci_seconds if minutes is None else float(minutes) * 60
     min_cuts = int(CUTS_PER_MINUTE * duration / 60)
     seed = int(os.environ.get("GARCON_SOAK_SEED") or random.SystemRandom().randrange(1 << 32))
-    print(f"\nchaos soak: seed={seed} duration={duration:.0f}s (GARCON_SOAK_SEED={seed} replays)")
+    mode = "keyed" if keyed else "plain"
+    print(f"\nchaos soak ({mode}): seed={seed} duration={duration:.0f}s (GARCON_SOAK_SEED replays)")
     budget = duration + 120  # the run, then draining the callers (bounded by call_timeout)
     faulthandler.dump_traceback_later(budget + 60, exit=True)
     try:
         with anyio.fail_after(budget):
-            report = await soak(seed, duration, min_cuts)
+            report = await soak(seed, duration, min_cuts, keyed)
     finally:
         faulthandler.cancel_dump_traceback_later()
     print(report)
 
 
-async def soak(seed: int, duration: float, min_cuts: int) -> str:
+async def soak(seed: int, duration: float, min_cuts: int, keyed: bool = False) -> str:
+    limits = KEYED_LIMITS if keyed else LIMITS
     master = random.Random(seed)
     service = LedgerService()
     seen = Observed()
     stop_callers = anyio.Event()
     stop_sampler = anyio.Event()
     sessions: list[tuple[str, SessionTransport]] = []
-    async with gl.Worker(worker_config(LIMITS), {"ledger": service}) as worker:
+    async with gl.Worker(worker_config(limits), {"ledger": service}) as worker:
         port = worker.link.listen_address[1]
         async with FaultProxy("127.0.0.1", port) as proxy:
-            config = controller_config(LIMITS, proxy.url())
+            config = controller_config(limits, proxy.url())
             async with gl.connect(config) as executor:
                 for side, link in (("controller", executor.link), ("worker", worker.link)):
                     link.on_session(
@@ -432,7 +458,9 @@ async def soak(seed: int, duration: float, min_cuts: int) -> str:
                     async with anyio.create_task_group() as actors:
                         for i in range(UNARY_CALLERS):
                             rng = random.Random(master.getrandbits(64))
-                            actors.start_soon(unary_caller, i, ledger, rng, stop_callers, seen)
+                            actors.start_soon(
+                                unary_caller, i, ledger, rng, stop_callers, seen, keyed
+                            )
                         for i in range(STREAM_CONSUMERS):
                             rng = random.Random(master.getrandbits(64))
                             actors.start_soon(stream_consumer, i, ledger, rng, stop_callers, seen)
@@ -462,7 +490,7 @@ async def soak(seed: int, duration: float, min_cuts: int) -> str:
                 proxy_stats = proxy.statistics()
                 link_stats = executor.link.statistics()
                 worker_stats = worker.link.statistics()
-    problems = check_invariants(service, seen)
+    problems = check_invariants(service, seen, keyed)
     problems += seen.violations[:20]
     # Why sessions were retired. Expected under these faults: the grace expired (partition),
     # the session was replaced or retired by the peer as a consequence, the replay stalled
@@ -486,7 +514,7 @@ async def soak(seed: int, duration: float, min_cuts: int) -> str:
     rss_peak = max(seen.rss, default=rss_start)
     report = "\n".join(
         [
-            f"chaos soak seed={seed}: ran {ran_for:.1f}s",
+            f"chaos soak ({'keyed' if keyed else 'plain'}) seed={seed}: ran {ran_for:.1f}s",
             f"  faults drawn: {dict(seen.faults)}",
             f"  proxy: {proxy_stats.cuts} cuts, {proxy_stats.connections_accepted} connections "
             f"({proxy_stats.connections_refused} refused), "
