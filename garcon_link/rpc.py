@@ -44,6 +44,13 @@ Outcomes (who may have executed what):
   instead: we cancel a generator that was still running, so how far it got is not known (as for
   a stream cut by retirement); items delivered before stand.
 
+Graceful drain (DESIGN §13): :meth:`ExecutorRpc.start_drain` makes the receiving side refuse every
+new call, unexecuted, with ``NotDispatched("DRAINING")`` (the internal ``describe`` is still
+answered; a new notification is dropped and logged), while the handlers already running go on and
+reply as usual; our own calls are not affected (a handler may still call back). The endpoint then
+awaits :meth:`ExecutorRpc.wait_idle` and :meth:`SessionTransport.wait_acknowledged`, bounded by
+its drain time, before it closes.
+
 Receiving side rules: arguments are converted against the interface's type hints before the
 handler runs (``Rejected("INVALID_ARGUMENTS")`` names the field); unknown services, unknown or
 private methods are ``Rejected("OPERATION_UNSUPPORTED")``; at most ``max_incoming_calls`` handlers,
@@ -497,12 +504,45 @@ class ExecutorRpc:
         self._reader_holds = 0
         self._flow_violations = 0
         self._malformed_replies = 0
+        self._draining = False
+        # Set (and dropped) whenever a call of ours or a handler of the peer's ends: wait_idle.
+        self._settled: anyio.Event | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def retired(self) -> bool:
         return self._retired is not None
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def start_drain(self) -> None:
+        """Refuse the peer's new calls with ``NotDispatched("DRAINING")`` from now on; running
+        handlers and our own calls go on (module docstring). Idempotent."""
+        self._draining = True
+
+    async def wait_idle(self) -> bool:
+        """Wait until no call of ours awaits a reply and no handler of the peer's calls runs.
+
+        Unbounded: the caller bounds it (a drain's deadline).
+
+        Returns:
+            ``True`` once idle; ``False`` if the session was retired first.
+        """
+        while self._pending or self._incoming or self._notifications:
+            if self._retired is not None:
+                return False
+            if self._settled is None:
+                self._settled = anyio.Event()
+            await self._settled.wait()
+        return True
+
+    def _note_settled(self) -> None:
+        settled, self._settled = self._settled, None
+        if settled is not None:
+            settled.set()
 
     def statistics(self) -> RpcStatistics:
         """A snapshot of this session's calls, handlers and queued replies."""
@@ -565,6 +605,7 @@ class ExecutorRpc:
         self._overflow.clear()
         self._queued_refusals = self._owed_cancels = self._queued_controls = 0
         self._release_hold()
+        self._note_settled()
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
 
@@ -657,6 +698,7 @@ class ExecutorRpc:
             pending.ordinal = await self._send_request(body)
         except NotDispatched:
             self._pending.pop(pending.id, None)
+            self._note_settled()
             raise
 
     async def call(
@@ -715,6 +757,7 @@ class ExecutorRpc:
     def _abandon(self, pending: _Pending) -> None:
         """The caller gave up: forget the call and tell the peer to cancel it (best effort)."""
         self._pending.pop(pending.id, None)
+        self._note_settled()
         if pending.ordinal is not None:
             self._send_cancel(pending.id)
 
@@ -732,6 +775,7 @@ class ExecutorRpc:
             return  # it ended, was closed, or the session was retired meanwhile
         log.debug("stream %d was dropped without aclose(); cancelling it", pending.id)
         self._pending.pop(pending.id, None)
+        self._note_settled()
         if pending.ordinal is not None:
             self._defer(_CANCEL, self._encode([CANCEL, pending.id]))
 
@@ -797,6 +841,7 @@ class ExecutorRpc:
         if pending.stream is not None:
             pending.stream.deliver_end(error)
         pending.done.set()
+        self._note_settled()
 
     # ------------------------------------------------------------------ inbound dispatch
 
@@ -1040,6 +1085,14 @@ class ExecutorRpc:
                 f"call id {call_id} does not increase (last {self._last_incoming_id})"
             )
         self._last_incoming_id = call_id
+        if self._draining and service != INTERNAL_SERVICE:
+            self._refuse(
+                call_id,
+                NotDispatched(
+                    "DRAINING", "shutting down: running calls finish, new ones are refused"
+                ),
+            )
+            return
         if (
             not isinstance(args, list)
             or not isinstance(kwargs, dict)
@@ -1123,6 +1176,9 @@ class ExecutorRpc:
         except (CallError, ValueError) as exc:
             log.warning("dropping notification %s.%s: %s", service, method, exc)
             return
+        if self._draining:
+            log.warning("dropping notification %s.%s: draining", service, method)
+            return
         if len(self._incoming) + self._notifications >= self.limits.max_incoming_calls:
             # One-way handlers count against the incoming budget too; with no reply to send,
             # an excess notification is dropped (and logged).
@@ -1154,6 +1210,7 @@ class ExecutorRpc:
             log.exception("notification handler %s.%s raised", service, method)
         finally:
             self._notifications -= 1
+            self._note_settled()
 
     def _on_cancel(self, envelope: list[Any]) -> None:
         if len(envelope) != 2 or type(envelope[1]) is not int:
@@ -1229,6 +1286,7 @@ class ExecutorRpc:
         finally:
             # Only now, with its reply handed to the session, does the call leave the budget.
             self._incoming.pop(call_id, None)
+            self._note_settled()
 
     async def _send_reply(self, call_id: int, body: bytes) -> None:
         try:
