@@ -18,6 +18,16 @@ by the caller, so ``result``/``error``/``stream_item``/``stream_end`` name *our*
     stream_end   [6, id]
     credit       [7, id, items, bytes]
 
+A ``cancel`` is answered with what happened to the call (*cancel receipts*), in the grammar above:
+an ``error`` whose body carries ``cancel`` (a text field callers of old versions ignore):
+
+* not started -- ``[2, id, {outcome: not_dispatched, code: CANCELLED, cancel: "not_started"}]``
+  (what a cancel before dispatch always answered, now marked);
+* cancelled (the running handler was interrupted) -- ``[2, id, {outcome: unknown, code:
+  CANCELLED, cancel: "cancelled"}]`` (new: a handler interrupted used to end without a reply);
+* completed -- nothing more: the call's own reply (result or error) was handed to the session
+  before the cancel was handled, so it precedes (session order) anything sent for the cancel.
+
 Outcomes (who may have executed what):
 
 * A call whose request could not be issued (offline, over budget, too large, encode failure) is
@@ -25,10 +35,16 @@ Outcomes (who may have executed what):
 * When the session is retired (:meth:`ExecutorRpc.retire_unknown`), a pending call whose
   request ordinal was handed to a socket (``ordinal <= transport.offered``) is ``UNKNOWN``; one
   whose request never reached any socket is ``NOT_DISPATCHED``. Later replies are dropped.
-* Timeouts send ``cancel`` and raise ``OutcomeUnknown("TIMEOUT")`` (or ``NotDispatched("TIMEOUT")``
-  if the request was still waiting for retention capacity). Cancelling the awaiting task sends
-  ``cancel``; the handler task on the peer is cancelled. A ``cancel`` that reaches the peer before
-  the handler started makes the call ``NOT_DISPATCHED`` there.
+* A timeout sends ``cancel`` (``NotDispatched("TIMEOUT")`` at once if the request was still
+  waiting for retention capacity) and then waits up to ``Limits.cancel_grace`` for the peer's
+  answer, the call still pending meanwhile: the call's own reply -- a result is *delivered*, an
+  error raised as received (the call completed before the cancel reached it); a receipt
+  "not started" -> ``NotDispatched("TIMEOUT")``; a receipt "cancelled" -> ``OutcomeUnknown
+  ("TIMEOUT")`` (it ran, perhaps partly: it may have had effects). No answer within the grace (an
+  old peer sends no receipt for an interrupted handler; a handler that ignores cancellation) is
+  today's ``OutcomeUnknown("TIMEOUT")``; so is continuity lost meanwhile (``CONTINUITY_LOST``).
+  Cancelling the awaiting task sends ``cancel`` and raises the cancellation at once (there is no
+  caller left to tell): the peer's answer is dropped.
 * A reply we cannot read is ``UNKNOWN`` (``MALFORMED_REPLY`` / ``MALFORMED_ERROR``), never
   ``FAILED``: a result or error envelope of the wrong shape, one whose value does not decode (its
   ``[kind, id`` head still names the call), or an error body whose fields are missing or mistyped
@@ -154,6 +170,8 @@ log = logging.getLogger(__name__)
 
 CALL, RESULT, ERROR, CANCEL, NOTIFY, ITEM, END, CREDIT = range(8)
 INTERNAL_SERVICE = "$link"
+# The ``cancel`` field of an error body that answers a cancel (module docstring).
+NOT_STARTED, INTERRUPTED = "not_started", "cancelled"
 
 MAX_REFUSAL_MESSAGE = 512
 """Characters of a refusal's message that are sent (it may quote peer-supplied names)."""
@@ -230,6 +248,7 @@ _OPTIONAL_ERROR_FIELDS: dict[str, type] = {
     "remote_type": str,
     "traceback": str,
     "details": dict,
+    "cancel": str,  # a cancel receipt (module docstring)
 }
 
 
@@ -302,7 +321,7 @@ def _local_exception(error: CallError) -> BaseException:
 
 
 class _Pending:
-    __slots__ = ("done", "error", "id", "ordinal", "spec", "stream", "value")
+    __slots__ = ("done", "error", "id", "ordinal", "receipt", "spec", "stream", "value")
 
     def __init__(self, call_id: int, spec: MethodSpec, stream: _StreamState | None) -> None:
         self.id = call_id
@@ -312,6 +331,7 @@ class _Pending:
         self.done = anyio.Event()
         self.value: Any = None
         self.error: CallError | None = None
+        self.receipt: str | None = None  # the ``cancel`` field of the error that ended it
 
 
 class _StreamState:
@@ -733,10 +753,10 @@ class ExecutorRpc:
                 self._abandon(pending)
             raise
         if scope.cancelled_caught and not pending.done.is_set():
-            self._abandon(pending)
             if pending.ordinal is None:
+                self._abandon(pending)
                 raise NotDispatched("TIMEOUT", f"not issued within {timeout}s")
-            raise OutcomeUnknown("TIMEOUT", f"no reply within {timeout}s; cancel sent")
+            await self._cancel_after_timeout(pending, timeout)
         if pending.error is not None:
             raise _local_exception(pending.error)
         return pending.value
@@ -760,6 +780,35 @@ class ExecutorRpc:
         self._note_settled()
         if pending.ordinal is not None:
             self._send_cancel(pending.id)
+
+    async def _cancel_after_timeout(self, pending: _Pending, timeout: float | None) -> None:
+        """Send ``cancel`` for a timed-out call and wait up to ``cancel_grace`` for the peer's
+        answer, the call still pending so that its answer is matched (module docstring).
+
+        Returns with ``pending`` finished by the answer (a receipt mapped to a ``TIMEOUT``
+        error); raises ``OutcomeUnknown("TIMEOUT")`` if none came.
+        """
+        self._send_cancel(pending.id)
+        try:
+            with anyio.move_on_after(self.limits.cancel_grace):
+                await pending.done.wait()
+        finally:
+            if not pending.done.is_set():
+                self._pending.pop(pending.id, None)  # a later answer is dropped
+                self._note_settled()
+        if not pending.done.is_set():
+            raise OutcomeUnknown("TIMEOUT", f"no reply within {timeout}s; cancel sent")
+        error = pending.error
+        not_started = isinstance(error, NotDispatched) and error.code == "CANCELLED"
+        if pending.receipt == NOT_STARTED or not_started:  # (an old peer: the same, unmarked)
+            pending.error = NotDispatched(
+                "TIMEOUT", f"no reply within {timeout}s; cancelled before it started"
+            )
+        elif pending.receipt == INTERRUPTED:
+            pending.error = OutcomeUnknown(
+                "TIMEOUT",
+                f"no reply within {timeout}s; cancelled while running (it may have had effects)",
+            )
 
     def _send_cancel(self, call_id: int) -> None:
         # A deferred cancel keeps counting as a pending call (see _prepare) until handed over.
@@ -952,6 +1001,7 @@ class ExecutorRpc:
             self._fail_unreadable(pending, error.code, error.message)
             return
         del self._pending[pending.id]
+        pending.receipt = envelope[2].get("cancel")  # a map: _error_from_body checked it
         self._finish(pending, error=error)
 
     def _on_item(self, envelope: list[Any], size: int) -> None:
@@ -1254,7 +1304,9 @@ class ExecutorRpc:
             if incoming.cancelled:
                 # Outside the (cancelled) scope, so the reply is not cancelled with it.
                 await self._send_error(
-                    call_id, NotDispatched("CANCELLED", "cancelled before dispatch")
+                    call_id,
+                    NotDispatched("CANCELLED", "cancelled before dispatch"),
+                    cancel=NOT_STARTED,
                 )
                 return
             with incoming.scope:
@@ -1272,6 +1324,14 @@ class ExecutorRpc:
                     )
                     return
                 await self._send_reply(call_id, body)
+            if incoming.scope.cancelled_caught:
+                # Interrupted (by the caller's cancel; by retirement nothing can be sent): a
+                # receipt tells the caller it ran, perhaps partly.
+                await self._send_error(
+                    call_id,
+                    OutcomeUnknown("CANCELLED", "cancelled while running; it may have had effects"),
+                    cancel=INTERRUPTED,
+                )
         except (Rejected, RemoteError) as exc:
             # A handler may refuse (``Rejected``, e.g. ``scope.check`` -> ``StaleResource``,
             # whatever its code); a failure of a call it made itself already says FAILED. Both
