@@ -4,7 +4,8 @@ Commands
 --------
 ``garcon-link demo``
     The whole story on loopback: a worker in a child process, a controller in this one, calls, a
-    stream, a socket cut that resumes, a worker kill and restart (see :mod:`garcon_link.demo`).
+    stream, a socket cut that resumes, a worker kill and restart, a graceful stop
+    (SIGTERM drain; see :mod:`garcon_link.demo`).
 
 ``garcon-link worker [CONFIG|-] [--service NAME=module:attr ...] [--builtin NAMES --root DIR]``
     Serve services until SIGINT/SIGTERM (then exit 0). Prints one ``key=value`` line per event on
@@ -1081,8 +1082,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="run the whole story on loopback (worker child process + controller)",
         description="A worker in a child process and a controller here, on loopback: calls, a "
-        "stream, a socket cut that resumes, a worker kill and restart. Exit 0 only if every "
-        "step behaved as promised.",
+        "stream, a socket cut that resumes, a worker kill and restart, a SIGTERM drain. Exit 0 "
+        "only if every step behaved as promised.",
     )
     demo.set_defaults(func=_cmd_demo)
 
