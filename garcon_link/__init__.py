@@ -51,7 +51,7 @@ from .remote import (
     serve,
     with_options,
 )
-from .resources import ResourceRef, ServiceScope, current_scope
+from .resources import ResourceRef, ServiceScope, WorkerScope, current_scope
 from .rpc import register_exception
 from .wire import Role
 
@@ -95,6 +95,7 @@ __all__ = [
     "StaleResource",
     "TlsConfig",
     "Worker",
+    "WorkerScope",
     "__version__",
     "connect",
     "current_scope",

@@ -36,7 +36,9 @@ Commands
 
     ``--builtin process,files --root DIR`` adds the built-in services confined to ``DIR`` (see
     :mod:`garcon_link.services`); ``--allow-special-mode-bits`` lets file service callers set
-    setuid, setgid and sticky bits with an explicit ``mode`` (refused by default).
+    setuid, setgid and sticky bits with an explicit ``mode`` (refused by default);
+    ``--spool-dir DIR`` spools the process service's output to disk under ``DIR`` instead of
+    memory (bounded by ``ServiceLimits.disk_spool_bytes`` per stream).
 
 ``garcon-link keygen PATH [--force]``
     Write a new secret file (64 hex digits, mode 0600) and print its path. An existing file is
@@ -97,6 +99,9 @@ Exit codes
 6     ``OutcomeUnknown``: may have executed (timeout, continuity lost)
 7     ``worker``: another process took over this executor id (two workers claim
       one id: an operator error, so the worker stops instead of redialing)
+8     the other end refused us for a reason a redial will not heal: wrong secret
+      or executor id (4001), protocol version (4002), role (4003); at once, not
+      at ``--timeout``, with what to fix
 130   interrupted (Ctrl-C); ``call`` says whether the call had been sent (it
       may then have run: the outcome is unknown) or not (it did not run)
 ====  =========================================================================
@@ -146,6 +151,7 @@ from .config import (
 from .errors import (
     ConfigError,
     GarconLinkError,
+    HandshakeError,
     NotDispatched,
     OutcomeUnknown,
     Rejected,
@@ -171,6 +177,7 @@ __all__ = [
     "EXIT_OTHER",
     "EXIT_OUTCOME_UNKNOWN",
     "EXIT_REJECTED",
+    "EXIT_REFUSED",
     "EXIT_REMOTE_ERROR",
     "EXIT_TAKEN_OVER",
     "EXIT_USAGE",
@@ -194,6 +201,7 @@ EXIT_REJECTED = 4
 EXIT_REMOTE_ERROR = 5
 EXIT_OUTCOME_UNKNOWN = 6
 EXIT_TAKEN_OVER = 7
+EXIT_REFUSED = 8
 EXIT_INTERRUPTED = 130
 
 _EXIT_CODES_HELP = """\
@@ -206,6 +214,7 @@ exit codes:
   5    RemoteError     executed and raised
   6    OutcomeUnknown  may have executed (timeout, continuity lost)
   7    worker: another process took over this executor id
+  8    refused by the other end: wrong secret or executor id, role, version
   130  interrupted (call: the message says whether the call was sent)
 
 Errors print one line on stderr, "error: [outcome:code] message", without a traceback.
@@ -297,6 +306,8 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_INTERRUPTED
     if isinstance(exc, TakenOver):
         return EXIT_TAKEN_OVER
+    if isinstance(exc, HandshakeError):
+        return EXIT_REFUSED
     return EXIT_OTHER
 
 
@@ -487,6 +498,7 @@ def build_services(
     builtin: Sequence[str] = (),
     root: str | None = None,
     allow_special_mode_bits: bool = False,
+    spool_dir: str | None = None,
 ) -> ServiceMap | ServiceFactory:
     """Turn ``--service`` (and ``--builtin``/``--root``) arguments into what a Worker takes.
 
@@ -499,8 +511,10 @@ def build_services(
 
     Raises:
         UsageError: a malformed or duplicate argument, an import that fails, ``--builtin``
-            without ``--root``, or ``--allow-special-mode-bits`` without ``--builtin``.
-        ConfigError: an unknown built-in name or a ``--root`` that is not a directory.
+            without ``--root``, or ``--allow-special-mode-bits`` or ``--spool-dir`` without
+            ``--builtin``.
+        ConfigError: an unknown built-in name, or a ``--root`` or ``--spool-dir`` that is not a
+            directory.
     """
     entries: dict[str, object] = {}
     builtin_factory: ServiceFactory | None = None
@@ -510,8 +524,10 @@ def build_services(
         from .services import builtin_services
 
         builtin_factory = builtin_services(
-            builtin, root, allow_special_mode_bits=allow_special_mode_bits
+            builtin, root, allow_special_mode_bits=allow_special_mode_bits, spool_dir=spool_dir
         )
+    elif spool_dir is not None:
+        raise UsageError("--spool-dir is only meaningful with --builtin process")
     elif root is not None:
         raise UsageError("--root is only meaningful with --builtin")
     elif allow_special_mode_bits:
@@ -668,6 +684,7 @@ def _cmd_worker(ns: argparse.Namespace) -> int:
         builtin=ns.builtin or [],
         root=ns.root,
         allow_special_mode_bits=ns.allow_special_mode_bits,
+        spool_dir=ns.spool_dir,
     )
     config = _load(ns.config)
     on_event = _worker_events(warn_serves_nothing=not ns.service and not ns.builtin)
@@ -1135,6 +1152,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="on SIGINT/SIGTERM, let running calls finish for up to S seconds while new calls "
         f"are refused (DRAINING); 0 stops at once (default {DEFAULT_DRAIN:g})",
+    )
+    worker.add_argument(
+        "--spool-dir",
+        metavar="DIR",
+        help="with --builtin process: spool process output to files under DIR (bounded per "
+        "stream) instead of memory",
     )
     worker.add_argument(
         "--stop-on-stdin-eof",

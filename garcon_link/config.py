@@ -935,6 +935,28 @@ def _check_listen(listen: object, tls: TlsConfig | None, insecure: bool, source:
 # --------------------------------------------------------------------------- LinkConfig
 
 
+def _check_shared_types(
+    owner: str, src: _Source, flag: object, tls: object, limits: object, where: object
+) -> None:
+    """The type checks LinkConfig and FleetConfig share (values typed ``object``: the
+    annotations are promises a caller may break)."""
+    if not isinstance(flag, bool):
+        raise _error(
+            src,
+            "allow_insecure_development",
+            f"expected a boolean, got {_type_name(flag)}",
+            "write true or false (unquoted)",
+        )
+    if tls is not None and not isinstance(tls, TlsConfig):
+        raise _error(src, "[tls]", f"expected TlsConfig, got {_type_name(tls)}", "use TlsConfig")
+    if not isinstance(limits, Limits):
+        raise _error(
+            src, "[limits]", f"expected Limits, got {_type_name(limits)}", "use Limits(...)"
+        )
+    if where is not None and not isinstance(where, Path):
+        raise ConfigError(f"{owner}: source: expected a Path, got {_type_name(where)}")
+
+
 @dataclass(frozen=True, slots=True)
 class LinkConfig:
     """Everything one endpoint needs; loaded by :func:`load_config` or built in code.
@@ -1022,32 +1044,14 @@ class LinkConfig:
                 f"expected a Secret, got {_type_name(secret)}",
                 "wrap the bytes: Secret(value)",
             )
-        flag: object = self.allow_insecure_development
-        if not isinstance(flag, bool):
-            raise _error(
-                src,
-                "allow_insecure_development",
-                f"expected a boolean, got {_type_name(flag)}",
-                "write true or false (unquoted)",
-            )
         dial: object = self.dial
         if dial is not None and not isinstance(dial, str):
             raise _error(
                 src, "[connection] dial", f"expected a string, got {_type_name(dial)}", "quote it"
             )
-        tls: object = self.tls
-        if tls is not None and not isinstance(tls, TlsConfig):
-            raise _error(
-                src, "[tls]", f"expected TlsConfig, got {_type_name(tls)}", "use TlsConfig"
-            )
-        limits: object = self.limits
-        if not isinstance(limits, Limits):
-            raise _error(
-                src, "[limits]", f"expected Limits, got {_type_name(limits)}", "use Limits(...)"
-            )
-        where: object = self.source
-        if where is not None and not isinstance(where, Path):
-            raise ConfigError(f"LinkConfig: source: expected a Path, got {_type_name(where)}")
+        _check_shared_types(
+            "LinkConfig", src, self.allow_insecure_development, self.tls, self.limits, self.source
+        )
 
     @property
     def is_dialer(self) -> bool:
@@ -1300,27 +1304,9 @@ class FleetConfig:
                 "e.g. forget_after = 3600",
             )
         object.__setattr__(self, "forget_after", float(after))
-        flag: object = self.allow_insecure_development
-        if not isinstance(flag, bool):
-            raise _error(
-                src,
-                "allow_insecure_development",
-                f"expected a boolean, got {_type_name(flag)}",
-                "write true or false (unquoted)",
-            )
-        tls: object = self.tls
-        if tls is not None and not isinstance(tls, TlsConfig):
-            raise _error(
-                src, "[tls]", f"expected TlsConfig, got {_type_name(tls)}", "use TlsConfig"
-            )
-        limits: object = self.limits
-        if not isinstance(limits, Limits):
-            raise _error(
-                src, "[limits]", f"expected Limits, got {_type_name(limits)}", "use Limits(...)"
-            )
-        where: object = self.source
-        if where is not None and not isinstance(where, Path):
-            raise ConfigError(f"FleetConfig: source: expected a Path, got {_type_name(where)}")
+        _check_shared_types(
+            "FleetConfig", src, self.allow_insecure_development, self.tls, self.limits, self.source
+        )
 
     @property
     def listen_url(self) -> str:

@@ -75,6 +75,7 @@ import anyio.abc
 
 from .config import is_loopback_host
 from .errors import (
+    AuthenticationError,
     ConfigError,
     FailureReason,
     FrameTooLarge,
@@ -130,6 +131,21 @@ _UNEXPECTED = "unexpected error"
 """The close reason a peer gets for a socket ended by an unexpected error (details are logged)."""
 _TAKEN_OVER_MEMORY = 16
 """Runtimes per slot remembered as taken over (older ones fall back to the takeover rule)."""
+
+_WILL_NOT_HEAL: dict[int, tuple[HandshakeFailure, str]] = {
+    # close code -> (reason, what the operator must fix); a redial cannot change any of these.
+    4001: (
+        HandshakeFailure.AUTH_FAILED,
+        "both ends must use the same secret (secret_file), and the executor id must be the one "
+        "the other end serves (a fleet controller needs keys/<executor_id>.secret)",
+    ),
+    4002: (HandshakeFailure.VERSION_MISMATCH, "upgrade garcon-link on one end to match the other"),
+    4003: (
+        HandshakeFailure.ROLE_CONFLICT,
+        'one end must be role = "worker" and the other role = "controller"',
+    ),
+}
+"""Refusals a redial will not heal (issue 19, item 5): reported at once to whoever waits."""
 
 KeyLookup: TypeAlias = Callable[[str], bytes | None]
 """``executor_id -> secret`` (None: not enrolled). Called with a *claimed*, unauthenticated id."""
@@ -400,6 +416,11 @@ class WebSocketLink:
         self.last_error: str | None = None
         self.taken_over: str | None = None
         """Set (the cause) when another process with this executor id took over: dialing stopped."""
+        self.refusal: HandshakeError | None = None
+        """The latest refusal of ours that a redial will not heal (wrong secret or executor id,
+        version, role), with the fix in its message; cleared by a completed handshake. The dial
+        loop keeps dialing (the other end may be fixed meanwhile)."""
+        self._refusal_listeners: list[Callable[[HandshakeError], None]] = []
         self.stopped = anyio.Event()
         """Set when the link gave up for good (:attr:`taken_over`); :meth:`aclose` still needed."""
         self._tag = f"{self.role.value}[{self.runtime_id.hex()[:6]}]"
@@ -464,6 +485,33 @@ class WebSocketLink:
         """
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def on_refusal(self, listener: Callable[[HandshakeError], None]) -> Callable[[], None]:
+        """Call ``listener(error)`` when the peer refuses this dialing link for a reason a
+        redial will not heal (see :attr:`refusal`). Returns an unsubscribe callable."""
+        self._refusal_listeners.append(listener)
+        return lambda: (
+            self._refusal_listeners.remove(listener)
+            if listener in self._refusal_listeners
+            else None
+        )
+
+    def _refused(self, reason: HandshakeFailure, detail: str, fix: str) -> None:
+        """Record a refusal that will not heal (dialing only: a listener cannot tell its own
+        peers from strangers) and report it once per reason until a handshake succeeds."""
+        if self._dial is None:
+            return
+        error: HandshakeError = (
+            AuthenticationError(f"{detail}; {fix}")
+            if reason is HandshakeFailure.AUTH_FAILED
+            else HandshakeError(reason, f"{detail}; {fix}")
+        )
+        first = self.refusal is None or self.refusal.reason is not reason
+        self.refusal = error
+        if first:
+            log.warning("%s %s refused us: %s", self._tag, self.url, error)
+        for listener in list(self._refusal_listeners):
+            listener(error)
 
     def statistics(self) -> LinkStatistics:
         s = self._stats
@@ -672,8 +720,13 @@ class WebSocketLink:
             why = describe_close(sock)
             self.last_error = f"peer closed during handshake ({why})"
             log.info("%s ✕ %s handshake ended: %s", self._tag, sock.peer, why)
-            if sock.peer_close is not None and sock.peer_close[0] == CloseCode.TAKEN_OVER:
-                self._was_taken_over(sock.peer_close[1])
+            if sock.peer_close is not None:
+                code, reason = sock.peer_close
+                if code == CloseCode.TAKEN_OVER:
+                    self._was_taken_over(reason)
+                elif code in _WILL_NOT_HEAL:
+                    failure, fix = _WILL_NOT_HEAL[code]
+                    self._refused(failure, f"{sock.peer} closed with {code} ({reason})", fix)
             await sock.abort()
         return frame
 
@@ -726,6 +779,9 @@ class WebSocketLink:
                 claimed_id = hs.local_hello.executor
                 self.last_error += f" (executor {claimed_id!r} is not enrolled here)"
             log.warning("%s ✕ %s handshake refused: %s", self._tag, sock.peer, self.last_error)
+            if exc.close_code in _WILL_NOT_HEAL:
+                _failure, fix = _WILL_NOT_HEAL[exc.close_code]
+                self._refused(exc.reason, f"we refused {sock.peer}: {exc}", fix)
             await sock.close(exc.close_code, exc.reason.description)
             return None
         except SocketGone:
@@ -737,6 +793,7 @@ class WebSocketLink:
             await sock.close(CloseCode.PROTOCOL_ERROR, _UNEXPECTED)
             return None
         self._stats.handshakes_completed += 1
+        self.refusal = None
         result = hs.result
 
         async def admitted() -> None:

@@ -52,7 +52,11 @@ cancelled, so it runs its worker in a shielded task of its own and drains it whe
 Worker scopes: ``services`` is either a mapping of name -> object, or a factory called once per
 logical session with its :class:`~garcon_link.resources.ServiceScope` that returns an async
 context manager yielding that mapping. A retired session's scope is closed in the background,
-bounded by ``scope_cleanup_timeout``, never blocking the new session.
+bounded by ``scope_cleanup_timeout``, never blocking the new session. Beside them, one
+:class:`~garcon_link.resources.WorkerScope` lives as long as the :class:`Worker` (its id is the
+link's ``runtime_id``): a ``Service(..., scope="worker")`` runs its handlers there, ``describe``
+reports it as ``worker_instance_id``, and the controller accepts references of either scope
+(DESIGN §13). The worker scope is closed after the link, when the worker stops.
 """
 
 from __future__ import annotations
@@ -69,7 +73,15 @@ import anyio
 import anyio.abc
 
 from .config import LinkConfig
-from .errors import CallError, ConfigError, FailureReason, NotDispatched, Rejected
+from .errors import (
+    AuthenticationError,
+    CallError,
+    ConfigError,
+    FailureReason,
+    HandshakeError,
+    NotDispatched,
+    Rejected,
+)
 from .handshake import HandshakeResult
 from .interface import (
     MethodKind,
@@ -84,7 +96,7 @@ from .interface import (
 )
 from .limits import Limits
 from .link import ExecutorLink, WebSocketLink
-from .resources import ServiceScope
+from .resources import ServiceScope, WorkerScope
 from .rpc import ExecutorRpc, Registry, RemoteStream
 from .session import RetentionPool
 from .transport import SessionTransport, TransportState
@@ -120,6 +132,14 @@ class Service(Generic[T]):
     stream), accept the interface's parameters, and use only hints msgspec can convert (see
     :func:`garcon_link.interface.registration_problems`).
 
+    ``scope`` is the lifetime of the resources it hands out (DESIGN §13): ``"session"`` (the
+    default) -- its handlers run in the logical session's scope and the references they mint die
+    with the session; ``"worker"`` -- its handlers run in the worker's scope
+    (:class:`~garcon_link.resources.WorkerScope`): references carry the worker's runtime id,
+    survive session replacement and controller restarts, and are stale only after the worker
+    restarts. A worker-scoped object must outlive sessions: serve it in a mapping, or hand the
+    same object to every session from a factory (``await scope.worker.shared(key, make)``).
+
     For mypy to check the target against the interface too, name the interface as the type
     argument: ``gl.Service[Calculator](impl, Calculator)`` (or annotate the variable,
     ``svc: gl.Service[Calculator] = ...``). ``gl.Service(impl, Calculator)`` alone cannot be
@@ -133,8 +153,11 @@ class Service(Generic[T]):
 
     target: T
     interface: Callable[..., object]
+    scope: Literal["session", "worker"] = "session"
 
     def __post_init__(self) -> None:
+        if self.scope not in ("session", "worker"):
+            raise ConfigError(f"Service scope must be 'session' or 'worker', got {self.scope!r}")
         interface = _interface_class(self.interface)
         _check_registration(self.target, interface, f"Service(..., {_name(interface)})")
 
@@ -166,16 +189,29 @@ class ExecutorInfo:
     session_id: bytes
     services: Mapping[str, Any]
     contract: str
+    worker_instance_id: bytes | None = None
+    """The worker's runtime id, which worker-scoped references carry (``None``: an older
+    worker that does not say)."""
 
 
-def _registry_from(services: ServiceMap) -> Registry:
+def _registry_from(services: ServiceMap, worker: WorkerScope | None = None) -> Registry:
     registry = Registry()
     for name, value in services.items():
         if isinstance(value, Service):
-            registry.add(name, value.target, service_spec(_interface_class(value.interface)))
+            scope = worker.scope if worker is not None and value.scope == "worker" else None
+            spec = service_spec(_interface_class(value.interface))
+            registry.add(name, value.target, spec, scope=scope)
         else:
             registry.add(name, value, _check_registration(value, type(value), f"service {name!r}"))
     return registry
+
+
+def _fresh(error: HandshakeError) -> HandshakeError:
+    """A new exception equal to a stored one (raising a stored object again would chain every
+    raise's traceback onto it)."""
+    if isinstance(error, AuthenticationError):
+        return AuthenticationError(error.detail)
+    return HandshakeError(error.reason, error.detail)
 
 
 def _link_from_config(
@@ -279,6 +315,8 @@ class RemoteExecutor(_Endpoint):
     ) -> None:
         super().__init__(config, limits=limits)
         self._init_member(config.executor_id, _registry_from(services or {}))
+        assert self._own_link is not None
+        self._own_link.on_refusal(lambda _error: self._wake())
 
     @classmethod
     def _fleet_member(
@@ -414,15 +452,32 @@ class RemoteExecutor(_Endpoint):
         Raises:
             TimeoutError: not ready within ``timeout`` (the message carries the last link error).
             NotDispatched: the executor was disposed.
+            AuthenticationError: the other end refused our key (wrong secret, or an executor id
+                it does not serve), at once rather than at the timeout; the message says what
+                to fix. The link keeps redialing: a later ``wait_ready`` succeeds once fixed.
+            HandshakeError: likewise for a protocol version or role mismatch.
         """
         with anyio.move_on_after(timeout):
             while self._availability != "ready":
                 if self._availability == "disposed":
                     raise NotDispatched("DISPOSED", "the executor was closed")
+                refusal = self._refusal()
+                if refusal is not None:
+                    # Fail fast: a redial will not heal this (the link keeps dialing anyway).
+                    raise _fresh(refusal)
                 await self._changed.wait()
             return
         why = self.last_error or self.link.last_error or "no session yet"
         raise TimeoutError(f"executor {self.executor_id!r} not ready within {timeout}s: {why}")
+
+    def _refusal(self) -> HandshakeError | None:
+        link = self._own_link
+        return link.refusal if link is not None else None
+
+    def _wake(self) -> None:
+        """Wake every waiter on ``_changed`` (availability or a refusal)."""
+        self._changed.set()
+        self._changed = anyio.Event()
 
     async def _rpc_for_call(self, dispatch_deadline: float) -> ExecutorRpc:
         if self._availability == "reconnecting" and dispatch_deadline > 0 and not self._draining:
@@ -478,6 +533,7 @@ class RemoteExecutor(_Endpoint):
                 session_id=transport.session_id,
                 services=dict(manifest["services"]),
                 contract=str(manifest["contract"]),
+                worker_instance_id=_optional_bytes(manifest.get("worker_instance_id")),
             )
         except (CallError, KeyError, TypeError, ValueError) as exc:
             self._refuse_session(transport, f"describe failed: {exc}", contract=False)
@@ -499,6 +555,7 @@ class RemoteExecutor(_Endpoint):
         self._services = info.services
         self._contract_refused = False
         rpc.peer_instance_id = info.instance_id
+        rpc.peer_worker_instance_id = info.worker_instance_id
         self._info = info
         self._rpc = rpc
         self.last_error = None
@@ -595,6 +652,14 @@ class RemoteExecutor(_Endpoint):
     @property
     def current_rpc(self) -> ExecutorRpc | None:
         return self._rpc
+
+
+def _optional_bytes(value: object) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, bytes):
+        raise TypeError("worker_instance_id is not bytes")
+    return value
 
 
 class _Facade:
@@ -803,6 +868,10 @@ class Worker(_Endpoint):
             _registry_from(services)
         self.sessions = 0
         self._rpc: ExecutorRpc | None = None
+        assert self._own_link is not None
+        self.worker_scope = WorkerScope(config.executor_id, self._own_link.runtime_id)
+        """Shared by every logical session of this worker (worker-scoped services, DESIGN
+        §13); closed when the worker stops."""
         self.drain = drain
         self._draining = False
         self._closed = False
@@ -841,7 +910,13 @@ class Worker(_Endpoint):
         finally:
             if not self._closed:
                 self._closed = True
-                await self._stop()
+                try:
+                    await self._stop()
+                finally:
+                    # After the sessions: worker-scoped objects (e.g. the process service)
+                    # outlive them.
+                    with anyio.CancelScope(shield=True):
+                        await self.worker_scope.aclose()
 
     @property
     def draining(self) -> bool:
@@ -895,10 +970,10 @@ class Worker(_Endpoint):
         return self._rpc
 
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
-        scope = ServiceScope(self.config.executor_id, os.urandom(16))
+        scope = self.worker_scope.session_scope(os.urandom(16))
         assert self._tg is not None
         if not callable(self._services):
-            registry = _registry_from(self._services)
+            registry = _registry_from(self._services, self.worker_scope)
             rpc = self._make_rpc(transport, registry, scope)
             self._tg.start_soon(self._run_session, transport, rpc, scope)
         else:
@@ -915,6 +990,7 @@ class Worker(_Endpoint):
             return {
                 "executor_id": self.config.executor_id,
                 "instance_id": scope.instance_id,
+                "worker_instance_id": self.worker_scope.instance_id,
                 "services": manifest,
                 "contract": contract,
             }
@@ -931,7 +1007,7 @@ class Worker(_Endpoint):
         stack = contextlib.AsyncExitStack()
         try:
             services = await stack.enter_async_context(factory(scope))
-            registry = _registry_from(services)
+            registry = _registry_from(services, self.worker_scope)
         except Exception as exc:
             log.exception("service scope factory failed; retiring the session")
             transport.retire(FailureReason.CLOSED, f"service scope failed: {exc}")

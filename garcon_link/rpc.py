@@ -210,6 +210,7 @@ def _qualname(cls: type) -> str:
 class _Bound:
     spec: ServiceSpec
     target: object
+    scope: ServiceScope | None = None  # set for a worker-scoped service (DESIGN §13)
 
 
 class Registry:
@@ -218,10 +219,14 @@ class Registry:
     def __init__(self) -> None:
         self._services: dict[str, _Bound] = {}
 
-    def add(self, name: str, target: object, spec: ServiceSpec) -> None:
+    def add(
+        self, name: str, target: object, spec: ServiceSpec, *, scope: ServiceScope | None = None
+    ) -> None:
+        """Expose ``target`` as ``name``; with ``scope``, its handlers run in that scope (their
+        ``current_scope()``) instead of the session's: a worker-scoped service."""
         if not name or name.startswith(("_", "$")):
             raise ValueError(f"invalid service name {name!r}")
-        self._services[name] = _Bound(spec, target)
+        self._services[name] = _Bound(spec, target, scope)
 
     def get(self, name: str) -> _Bound | None:
         return self._services.get(name)
@@ -231,6 +236,20 @@ class Registry:
 
     def manifest(self) -> dict[str, Any]:
         return {name: b.spec.manifest() for name, b in sorted(self._services.items())}
+
+
+def _in_scope(scope: ServiceScope, target: Callable[..., Any]) -> Callable[..., Any]:
+    """``target`` run with ``scope`` as its ``current_scope()``.
+
+    Each handler runs in a task (and context) of its own, so setting the variable for the rest
+    of that task reaches a coroutine's body and an async generator's alike.
+    """
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        _current.set(scope)
+        return target(*args, **kwargs)
+
+    return call
 
 
 def _error_body(outcome: Outcome, code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -510,6 +529,8 @@ class ExecutorRpc:
         self._context = contextvars.copy_context()
         self._max_body = limits.max_frame_bytes - 32
         self.peer_instance_id: bytes | None = None
+        # The worker's runtime: what worker-scoped references carry (DESIGN §13).
+        self.peer_worker_instance_id: bytes | None = None
         # Envelopes that met full retention, for the one drain task (see the module docstring):
         # (kind, body) -- refusals, cancels of our abandoned calls, credit grants -- and, past
         # max_queued_refusals, bare call ids refused OVERLOADED.
@@ -675,8 +696,9 @@ class ExecutorRpc:
         instance = self.peer_instance_id
         if instance is None:
             return
+        valid = (instance, self.peer_worker_instance_id)
         for value in (*args, *kwargs.values()):
-            if isinstance(value, ResourceRef) and value.instance_id != instance:
+            if isinstance(value, ResourceRef) and value.instance_id not in valid:
                 raise StaleResource(message=f"{value!r} belongs to a replaced session")
 
     def _alone(self) -> bool:
@@ -1121,6 +1143,8 @@ class ExecutorRpc:
         target = getattr(bound.target, method, None)
         if target is None or not callable(target):
             raise Rejected("OPERATION_UNSUPPORTED", f"{service!r} does not implement {method!r}")
+        if bound.scope is not None:
+            target = _in_scope(bound.scope, target)
         return spec, target
 
     async def _internal_describe(self) -> dict[str, Any]:
@@ -1209,8 +1233,9 @@ class ExecutorRpc:
         if self.scope is None:
             return
         for value in (*args, *kwargs.values()):
-            if isinstance(value, ResourceRef):
-                self.scope.check(value)
+            # The session's references or its worker's (worker-scoped services, DESIGN §13).
+            if isinstance(value, ResourceRef) and not self.scope.admits(value):
+                self.scope.check(value)  # raises StaleResource
 
     def _on_notify(self, envelope: list[Any]) -> None:
         if len(envelope) != 5:

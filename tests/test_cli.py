@@ -717,14 +717,16 @@ def test_not_dispatched_when_no_worker_dials_in(tmp_path: Path) -> None:
     assert_one_error_line(done.stderr, "[not_dispatched:NOT_READY]")
 
 
-def test_wrong_secret_is_not_dispatched_and_says_why(
+def test_wrong_secret_exits_8_at_once_and_says_what_to_fix(
     listening_worker: tuple[Worker, Path], tmp_path: Path
 ) -> None:
+    """Issue 19 item 5: a refusal that will not heal is reported at once with its own exit
+    code, not as NOT_READY when --timeout ends (stage 1 exited 3 after the timeout)."""
     worker, _ = listening_worker
     wrong = write_config(tmp_path, "controller.toml", "controller", f'dial = "{worker.url()}"')
-    done = run_cli("call", str(wrong), "demo.add", "[1, 2]", "--timeout", "1")
-    assert done.returncode == 3
-    assert_one_error_line(done.stderr, "[not_dispatched:NOT_READY]", "proof did not verify")
+    done = run_cli("call", str(wrong), "demo.add", "[1, 2]", "--timeout", "30")
+    assert done.returncode == cli.EXIT_REFUSED == 8
+    assert_one_error_line(done.stderr, "proof did not verify", "same secret (secret_file)")
 
 
 @pytest.mark.parametrize(
@@ -826,6 +828,18 @@ def test_usage_errors_exit_2_with_one_line(
 def test_duplicate_service_names_are_refused() -> None:
     with pytest.raises(cli.UsageError, match="given twice"):
         cli.build_services(["d=garcon_link.demo:DemoService", "d=garcon_link.demo:DemoService"])
+
+
+def test_spool_dir_needs_the_builtin_process_service(tmp_path: Path) -> None:
+    with pytest.raises(cli.UsageError, match="--spool-dir"):
+        cli.build_services([], spool_dir=str(tmp_path))
+    with pytest.raises(gl.ConfigError, match="spool directory"):
+        cli.build_services(
+            [], builtin=["process"], root=str(tmp_path), spool_dir=str(tmp_path / "missing")
+        )
+    assert callable(
+        cli.build_services([], builtin=["process"], root=str(tmp_path), spool_dir=str(tmp_path))
+    )
 
 
 def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

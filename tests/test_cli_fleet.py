@@ -74,6 +74,18 @@ def listening_fleet_config(directory: Path, port: int) -> Path:
     return path
 
 
+def start_fleet(config: Path, cwd: Path) -> subprocess.Popen[str]:
+    """``garcon-link fleet CONFIG --json`` as a child process."""
+    return subprocess.Popen(
+        [*CLI, "fleet", str(config), "--json"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+
+
 class Lines:
     """A child process's stdout, read line by line by a thread; waits have a deadline."""
 
@@ -108,15 +120,7 @@ class Lines:
 
 def test_fleet_prints_json_events_as_workers_dial_in(fleet_dir: Path) -> None:
     port = free_port()
-    config = listening_fleet_config(fleet_dir, port)
-    process = subprocess.Popen(
-        [*CLI, "fleet", str(config), "--json"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=fleet_dir,
-    )
+    process = start_fleet(listening_fleet_config(fleet_dir, port), fleet_dir)
     workers = []
     try:
         lines = Lines(process)
@@ -178,15 +182,7 @@ def test_call_reaches_the_executor_named_with_executor(fleet_dir: Path) -> None:
 
 def test_a_worker_whose_id_another_process_took_over_exits_7(fleet_dir: Path) -> None:
     port = free_port()
-    fleet_config = listening_fleet_config(fleet_dir, port)
-    controller = subprocess.Popen(
-        [*CLI, "fleet", str(fleet_config), "--json"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=fleet_dir,
-    )
+    controller = start_fleet(listening_fleet_config(fleet_dir, port), fleet_dir)
     first = second = None
     try:
         lines = Lines(controller)

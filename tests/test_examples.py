@@ -28,6 +28,14 @@ EXPECTED = {
         "executor-stopping executor=greeter-1 reason=SIGTERM   (exit 0)",
         "controller_dials: ok",
     ],
+    "device_executor": [
+        "stale edit refused: VERSION_MISMATCH",
+        "durable-started id=firmware-build",
+        "run.py: controller killed (SIGKILL) mid-build; starting a new one",
+        "start(id='firmware-build') again -> the same process",
+        "'build step 1' .. 'build step 200'; exit 0; runs.log says it ran 1 time(s)",
+        "example-ok",
+    ],
     "fleet": [
         "enrolled device-1: keys/device-1.secret (mode 0600)",
         "await fleet.map(whoami) -> {'device-1': 'device-1', 'device-2': 'device-2', "

@@ -50,6 +50,7 @@ EXPECTED = [
     "StaleResource",
     "TlsConfig",
     "Worker",
+    "WorkerScope",
     "__version__",
     "connect",
     "current_scope",

@@ -847,3 +847,102 @@ async def test_peer_facade_with_unknown_controller_service(direction: str) -> No
             with pytest.raises(gl.Rejected) as info:
                 await pair.calc().relay("x")
             assert info.value.code == "UNKNOWN_SERVICE"
+
+
+# ---------------------------------------------------------------------- worker-scoped services
+
+
+async def _wait_new_instance(executor: gl.RemoteExecutor, old: bytes) -> gl.ExecutorInfo:
+    while True:
+        try:
+            info = await executor.info()
+            if info.instance_id != old:
+                return info
+        except gl.NotDispatched:
+            pass
+        await anyio.sleep(0.01)
+
+
+@both_directions
+async def test_worker_scoped_references_survive_session_replacement(direction: str) -> None:
+    # Same implementation class served twice: per session ("calc") and worker-scoped ("jobs").
+    shared, per_session = CalcImpl(), CalcImpl()
+    services = {"calc": per_session, "jobs": gl.Service(shared, Calc, scope="worker")}
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, services, limits=QUICK_GRACE) as pair:
+            jobs = pair.executor.service("jobs", Calc)
+            calc = pair.calc()
+            wref = await jobs.open_job("durable")
+            sref = await calc.open_job("ephemeral")
+            info = await pair.executor.info()
+            assert info.worker_instance_id is not None
+            assert pair.worker is not None
+            assert info.worker_instance_id == pair.worker.link.runtime_id
+            assert wref.instance_id == info.worker_instance_id != info.instance_id
+            assert sref.instance_id == info.instance_id
+
+            # A controller restart is a fresh logical session on the same worker.
+            await pair.stop_controller()
+            await pair.start_controller()
+            executor = pair.executor
+            await executor.wait_ready(5)
+            info2 = await _wait_new_instance(executor, info.instance_id)
+            assert info2.worker_instance_id == info.worker_instance_id
+            jobs = executor.service("jobs", Calc)
+            calc = executor.service("calc", Calc)
+            assert await jobs.job_name(wref) == "durable"  # still valid
+            with pytest.raises(gl.StaleResource):
+                await calc.job_name(sref)  # per-session: today's rule
+            # Scopes are strict inside handlers: a per-session handler refuses a worker
+            # reference (the controller lets it through: it names the live worker).
+            with pytest.raises(gl.StaleResource):
+                await calc.job_name(wref)
+
+            # A worker restart (a new runtime) makes the worker reference stale, on both sides.
+            await pair.restart_worker(services)
+            await _wait_new_instance(executor, info2.instance_id)
+            with pytest.raises(gl.StaleResource):
+                await jobs.job_name(wref)
+            wire_ref = {
+                "kind": wref.kind,
+                "executor_id": wref.executor_id,
+                "instance_id": wref.instance_id,
+                "id": wref.id,
+            }
+            with pytest.raises(gl.StaleResource):
+                await raw_call(pair.rpc, "jobs", "job_name", [wire_ref])
+            fresh = await jobs.open_job("again")
+            assert await jobs.job_name(fresh) == "again"
+
+
+def test_service_scope_is_checked() -> None:
+    with pytest.raises(gl.ConfigError, match="scope"):
+        gl.Service(CalcImpl(), Calc, scope="process")  # type: ignore[arg-type]
+
+
+async def test_worker_scope_shares_one_object_and_closes_it_once() -> None:
+    scope = gl.WorkerScope("box", b"r" * 16)
+    closed: list[str] = []
+
+    class Thing(contextlib.AbstractAsyncContextManager["Thing"]):
+        async def __aexit__(self, *exc: object) -> None:
+            closed.append("thing")
+
+    made: list[Thing] = []
+
+    def make() -> Thing:
+        made.append(Thing())
+        return made[-1]
+
+    first = await scope.shared("k", make)
+    assert await scope.shared("k", make) is first and len(made) == 1
+    session = scope.session_scope(b"s" * 16)
+    assert session.worker is scope
+    assert session.admits(scope.scope.resource("x", "1"))
+    assert session.admits(session.resource("x", "1"))
+    assert not scope.scope.admits(session.resource("x", "1"))
+    await scope.aclose()
+    await scope.aclose()
+    assert closed == ["thing"]
+    with pytest.raises(RuntimeError):
+        await scope.shared("k", make)

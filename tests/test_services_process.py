@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -21,6 +23,7 @@ from garcon_link.services import (
     TruncationMarker,
     builtin_services,
 )
+from garcon_link.testing import FaultProxy
 
 pytestmark = pytest.mark.anyio
 
@@ -439,3 +442,225 @@ def test_device_executor_example_runs(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "example-ok" in done.stdout
+
+
+# ------------------------------------------------------------- durable processes (DESIGN §13)
+
+# No heartbeats during a test (a pong would trip an armed cut too early); a short grace so a
+# cut session is retired quickly.
+DURABLE_LIMITS = LIMITS.replace(heartbeat_interval=30.0, heartbeat_timeout=60.0, detached_grace=0.5)
+
+
+@asynccontextmanager
+async def lone_worker(
+    root: Path, service_limits: ServiceLimits | None = None, spool_dir: Path | None = None
+) -> AsyncIterator[gl.Worker]:
+    """A listening worker offering the built-ins; controllers come and go (:func:`controller`)."""
+    config = gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.WORKER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=DURABLE_LIMITS,
+    )
+    factory = builtin_services(["process", "files"], root, service_limits, spool_dir=spool_dir)
+    async with gl.Worker(config, factory) as worker:
+        yield worker
+
+
+@asynccontextmanager
+async def controller(url: str) -> AsyncIterator[gl.RemoteExecutor]:
+    """A fresh controller (a new process, as far as the worker can tell) dialing ``url``."""
+    config = gl.LinkConfig(
+        executor_id="box", role=gl.Role.CONTROLLER, secret=SECRET, dial=url, limits=DURABLE_LIMITS
+    )
+    async with gl.connect(config) as executor:
+        await executor.wait_ready(10)
+        yield executor
+
+
+async def test_start_by_id_is_idempotent_and_a_different_spec_conflicts(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with linked(tmp_path) as executor:
+            proc = executor.service("process", ProcessService)
+            first = await proc.start(id="job-1", argv=["sleep", "60"])
+            assert first.id == "job-1"
+            again = await proc.start(["sleep", "60"], id="job-1")
+            assert again == first
+            with pytest.raises(gl.Rejected) as conflict:
+                await proc.start(id="job-1", argv=["sleep", "61"])
+            assert conflict.value.code == "CONFLICT"
+            with pytest.raises(gl.Rejected) as conflict:
+                await proc.start(id="job-1", argv=["sleep", "60"], env={"A": "1"})
+            assert conflict.value.code == "CONFLICT"
+            records = await proc.list()
+            assert [(r.id, r.running) for r in records] == [("job-1", True)]
+            status = await proc.terminate(first, grace=1)
+            # An exited record still answers its id: the same spec returns it, unstarted.
+            assert await proc.start(id="job-1", argv=["sleep", "60"]) == first
+            (record,) = await proc.list()
+            assert not record.running and record.status == status and record.exited_at
+            assert await proc.list_processes() == [record]
+            await proc.release(first)
+            assert await proc.list() == []
+
+            # Hostile ids, specs and offsets are refused before anything is started.
+            for bad in ["", "x" * 129, "a/b", "-lead", "p7", "ünï", "a b", "a\0b"]:
+                with pytest.raises(gl.Rejected) as refused:
+                    await proc.start(id=bad, argv=["true"])
+                assert refused.value.code == "INVALID_ARGUMENTS", bad
+            with pytest.raises(gl.Rejected) as big:
+                await proc.start(id="big", argv=["true", "x" * 70_000])
+            assert big.value.code == "INVALID_ARGUMENTS"
+            with pytest.raises(gl.Rejected) as big:
+                await proc.start(["true"], env={f"V{i}": "y" * 1000 for i in range(70)})
+            assert big.value.code == "INVALID_ARGUMENTS"
+            done = await proc.start(id="echo", argv=["echo", "hi"])
+            await proc.wait(done, timeout=10)
+            for after in (-1, 4, 2**62):
+                with pytest.raises(gl.Rejected) as offset:
+                    await proc.read(done, "stdout", after=after)
+                assert offset.value.code == "INVALID_OFFSET", after
+            with pytest.raises(gl.Rejected) as offset:
+                await proc.output(done, after_stdout=-5).__anext__()
+            assert offset.value.code == "INVALID_OFFSET"
+            assert (await proc.read(done, "stdout", after=0, max_bytes=2**62)).data == b"hi\n"
+            assert await proc.list() == [await proc.info(done)]
+
+
+async def test_exited_records_are_bounded_by_count(tmp_path: Path) -> None:
+    limits = ServiceLimits(max_exited_processes=2)
+    with anyio.fail_after(30):
+        async with linked(tmp_path, limits) as executor:
+            proc = executor.service("process", ProcessService)
+            handles = []
+            for i in range(4):
+                handles.append(await proc.start(id=f"t{i}", argv=["true"]))
+                await proc.wait(handles[-1], timeout=10)
+            assert [r.id for r in await proc.list()] == ["t2", "t3"]
+            with pytest.raises(gl.Rejected) as gone:
+                await proc.info(handles[0])
+            assert gone.value.code == "UNKNOWN_PROCESS"
+
+
+async def test_exited_records_expire(tmp_path: Path) -> None:
+    limits = ServiceLimits(exited_process_ttl=0.05)
+    with anyio.fail_after(30):
+        async with linked(tmp_path, limits) as executor:
+            proc = executor.service("process", ProcessService)
+            handle = await proc.start(id="brief", argv=["true"])
+            await proc.wait(handle, timeout=10)
+            while await proc.list():  # evicted once the TTL passed (a bounded wait)
+                await anyio.sleep(0.02)
+            # The id is free again: the same start runs a second time.
+            again = await proc.start(id="brief", argv=["true"])
+            assert (await proc.wait(again, timeout=10)).code == 0
+
+
+@pytest.mark.parametrize("spool", ["memory", "disk"])
+async def test_output_made_while_no_controller_is_attached_is_read_by_offset(
+    tmp_path: Path, spool: str
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    spool_dir = tmp_path / "spool" if spool == "disk" else None
+    if spool_dir is not None:
+        spool_dir.mkdir()
+    # 1000 bytes kept per stream: the 5000 bytes of "big" overflow it, "small" fits.
+    limits = ServiceLimits(output_retention_bytes=1000, disk_spool_bytes=1000)
+    big_script = (
+        "while [ ! -e go ]; do sleep 0.01; done; "
+        'i=0; while [ $i -lt 100 ]; do printf "%049d\\n" $i; i=$((i+1)); done; '
+        "printf err >&2; touch big-done"
+    )
+    big_expected = b"".join(b"%049d\n" % i for i in range(100))
+    small_script = "while [ ! -e go ]; do sleep 0.01; done; seq 1 100; touch small-done"
+    small_expected = b"".join(b"%d\n" % i for i in range(1, 101))
+    with anyio.fail_after(60):
+        async with lone_worker(root, limits, spool_dir) as worker:
+            async with controller(worker.url) as first:
+                proc = first.service("process", ProcessService)
+                big = await proc.start(id="big", argv=["sh", "-c", big_script])
+                small = await proc.start(id="small", argv=["sh", "-c", small_script])
+            # No controller now: let both produce everything and exit.
+            (root / "go").touch()
+            await until(lambda: (root / "big-done").exists() and (root / "small-done").exists())
+            async with controller(worker.url) as second:
+                proc = second.service("process", ProcessService)
+                # Reconcile: the records are there by id, with exit status and output sizes.
+                with anyio.fail_after(10):
+                    while any(r.running or r.status is None for r in await proc.list()):
+                        await anyio.sleep(0.02)
+                records = {r.id: r for r in await proc.list()}
+                assert set(records) == {"big", "small"}
+                assert records["big"].status == ExitStatus(0, None, False, False)
+                assert records["big"].stdout_end == 5000 and records["big"].stderr_end == 3
+                assert records["big"].stdout_start == 4000  # exactly what overflowed
+                assert records["small"].stdout_end == len(small_expected)
+                assert records["small"].stdout_start == 0
+                # The handles of the first controller are still valid (worker-scoped).
+                assert records["big"].handle == big and records["small"].handle == small
+
+                # Everything that fits is readable by offset, piece by piece.
+                data, cursor = b"", 0
+                while True:
+                    chunk = await proc.read(small, "stdout", after=cursor, max_bytes=37)
+                    assert chunk.truncated is None and chunk.offset == cursor
+                    data += chunk.data
+                    cursor += len(chunk.data)
+                    if chunk.eof:
+                        break
+                assert data == small_expected
+                # What overflowed is an exact range, then the rest follows.
+                head = await proc.read(big, "stdout", after=0, max_bytes=10_000)
+                assert head.truncated == TruncationMarker(0, 4000)
+                assert head.offset == 4000 and head.data == big_expected[4000:] and head.eof
+                mid = await proc.read(big, "stdout", after=4100, max_bytes=300)
+                assert mid.truncated is None and mid.data == big_expected[4100:4400]
+                err = await proc.read(big, "stderr")
+                assert err.data == b"err" and err.eof
+                chunks = [c async for c in proc.output(big)]
+                out = [c for c in chunks if c.stream == "stdout"]
+                assert out[0].truncated == TruncationMarker(0, 4000)
+                assert b"".join(c.data for c in out) == big_expected[4000:]
+                if spool_dir is not None:  # on disk, in whole segments of 250 bytes
+                    assert sorted(p.name.split(".", 1)[1] for p in spool_dir.rglob("*.stdout.*"))
+                # The same id and spec again returns the exited record: nothing runs twice.
+                assert await proc.start(id="small", argv=["sh", "-c", small_script]) == small
+                assert (await proc.info(small)).stdout_end == len(small_expected)
+        if spool_dir is not None:
+            assert list(spool_dir.iterdir()) == []  # the worker stopped: its spool is gone
+
+
+async def test_a_start_whose_reply_was_lost_is_found_again_by_its_id(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    argv = ["sh", "-c", "echo ran >> ledger; exec sleep 60"]
+    with anyio.fail_after(60):
+        async with lone_worker(tmp_path) as worker:
+            port = worker.link.listen_address[1]
+            async with (
+                FaultProxy("127.0.0.1", port) as proxy,
+                controller(proxy.url("/executor")) as executor,
+            ):
+                proc = executor.service("process", ProcessService)
+                assert await proc.list() == []  # a round trip: the link is quiet now
+                # The request reaches the worker; the first byte back cuts the socket, and
+                # no new one gets through until the grace retires the session.
+                proxy.refuse()
+                proxy.cut_after(0, "down")
+                with pytest.raises(gl.OutcomeUnknown) as lost:
+                    await proc.start(id="deploy-7", argv=argv)
+                assert lost.value.code == "CONTINUITY_LOST"
+                assert executor.availability == "offline"
+                await until(ledger.exists)  # the lost call did start it
+                assert proxy.statistics().cuts == 1
+                proxy.heal()
+                await executor.wait_ready(10)
+                # The retry finds the process the lost call started: it ran once.
+                handle = await proc.start(id="deploy-7", argv=argv)
+                info = await proc.info(handle)
+                assert info.running and info.id == "deploy-7"
+                assert ledger.read_text() == "ran\n"
+                assert [r.id for r in await proc.list()] == ["deploy-7"]
+                await proc.terminate(handle, grace=1)
+                assert ledger.read_text() == "ran\n"

@@ -491,6 +491,8 @@ async def test_waiting_sender_is_released_when_the_resume_position_confirms_its_
         second = h.attach(peer_received=2)  # ... but the peer has them
         second.feed(rcpt(0))  # its fence is stale: nothing new
         await wait_until(lambda: done == [3])
+        # send() returns once the frame is retained; the writer task writes it after that.
+        await wait_until(lambda: second.bodies() != [])
         assert second.bodies() == [b"3"]  # 1 and 2 are not replayed
 
 

@@ -1,9 +1,12 @@
 """Run the device-executor example end to end in one command: ``python run.py``.
 
 Creates a throw-away directory with a secret (mode 0600), a controller config that listens on a
-free loopback port, and a worker config that dials it; starts the controller, then the worker
-(the "device", serving a scratch directory as ``/``); waits for the controller to finish and
-stops the worker with SIGTERM. Exit status: the controller's.
+free loopback port, and a worker config that dials it; starts the controller (``--hold``), then
+the worker (the "device", serving a scratch directory as ``/``). Once the controller has started
+a durable build by id, it is killed (SIGKILL) mid-build and a new controller is started on the
+same port (``--reconcile``): the device dials it, and it finds the build again by its id and
+reads its whole output by offset. Then the worker is stopped with SIGTERM. Exit status: the
+second controller's.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="device-executor-") as tmp:
         work = Path(tmp)
         gl.write_secret_file(work / "link.secret")
+        print(f"$ keygen {work}/link.secret   (mode 0600, deleted afterwards)", flush=True)
         (work / "controller.toml").write_text(
             'executor_id = "device-1"\nrole = "controller"\nsecret_file = "link.secret"\n'
             '[connection]\nlisten = "127.0.0.1:0"\n'
@@ -39,7 +43,7 @@ def main() -> int:
         root.mkdir()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         controller = subprocess.Popen(
-            [sys.executable, str(HERE / "controller.py"), str(work / "controller.toml")],
+            [sys.executable, str(HERE / "controller.py"), str(work / "controller.toml"), "--hold"],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -54,6 +58,8 @@ def main() -> int:
         (work / "worker.toml").write_text(
             'executor_id = "device-1"\nrole = "worker"\nsecret_file = "link.secret"\n'
             f'[connection]\ndial = "{url}"\n'
+            # Redial a restarted controller within half a second.
+            "[limits]\nbackoff_max = 0.5\n"
         )
         worker = subprocess.Popen(
             [
@@ -67,15 +73,44 @@ def main() -> int:
             text=True,
             env=env,
         )
-        threads = [
-            threading.Thread(target=relay, args=(controller.stdout, "controller>"), daemon=True),
-            threading.Thread(target=relay, args=(worker.stdout, "worker>"), daemon=True),
-        ]
-        for thread in threads:
-            thread.start()
+        threads = [threading.Thread(target=relay, args=(worker.stdout, "worker>"), daemon=True)]
+        threads[0].start()
         try:
+            # The first controller runs until it has started the durable build; then it dies.
+            started = False
+            for line in controller.stdout:
+                print(f"controller> {line}", end="", flush=True)
+                if line.startswith("durable-started"):
+                    started = True
+                    break
+            controller.kill()
+            controller.wait()
+            if not started:
+                raise RuntimeError("the first controller did not start the durable build")
+            print("run.py: controller killed (SIGKILL) mid-build; starting a new one", flush=True)
+            port = url.rsplit(":", 1)[1].split("/", 1)[0]
+            (work / "controller.toml").write_text(
+                'executor_id = "device-1"\nrole = "controller"\nsecret_file = "link.secret"\n'
+                f'[connection]\nlisten = "127.0.0.1:{port}"\n'
+            )
+            controller = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(HERE / "controller.py"),
+                    str(work / "controller.toml"),
+                    "--reconcile",
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            threads.append(
+                threading.Thread(target=relay, args=(controller.stdout, "controller>"), daemon=True)
+            )
+            threads[-1].start()
             code = controller.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, RuntimeError) as exc:
+            print(f"run.py: {exc}", flush=True)
             controller.kill()
             code = 1
         finally:

@@ -88,6 +88,7 @@ async def main(root: Path) -> None:
                 for device in DEVICES:
                     await fleet.executor(device).wait_ready(timeout=15)
                 names = await fleet.map(lambda ex: ex.service("sensors", Sensors).whoami())
+                names = dict(sorted(names.items()))  # map() keeps the fleet's order: who came first
                 say(f"await fleet.map(whoami) -> {names}")
                 if names != {d: d for d in DEVICES}:
                     raise SystemExit(f"a call reached the wrong device: {names}")

@@ -15,10 +15,14 @@ DIR``) or in code::
     result = await proc.run(["make", "-C", "/src"], timeout=600)
     stat = await files.write("/src/VERSION", b"1.2\\n")
 
-:func:`builtin_services` returns a per-session factory: every logical session gets fresh service
-objects (so resource references -- process and upload handles -- die with their session), and when
-the session is retired every process it started is terminated (SIGTERM, SIGKILL after
-``ServiceLimits.session_end_grace``) and unfinished uploads are discarded.
+:func:`builtin_services` returns a per-session factory. The **process** service is
+*worker-scoped* (DESIGN §13): one object per worker, shared by every logical session, served as
+``Service(..., scope="worker")``; its handles carry the worker's runtime id, so processes and
+their handles survive session replacement and controller restarts, and the processes are
+terminated only when the worker stops (SIGTERM, SIGKILL after
+``ServiceLimits.session_end_grace``). The **files** service stays per-session: every logical
+session gets a fresh object, so upload handles die with their session and unfinished uploads are
+discarded when it is retired.
 
 The root is ``/`` for callers: every path is absolute in the service's namespace and confined to
 the root (rules in :mod:`garcon_link.services.files`). It confines paths, not programs: a started
@@ -118,6 +122,7 @@ def builtin_services(
     limits: ServiceLimits | None = None,
     *,
     allow_special_mode_bits: bool = False,
+    spool_dir: str | os.PathLike[str] | None = None,
 ) -> ServiceFactory:
     """A per-session factory serving the named built-in services under ``root``.
 
@@ -130,26 +135,42 @@ def builtin_services(
         allow_special_mode_bits: let file service callers set setuid, setgid and sticky bits
             with an explicit ``mode`` (refused by default; see
             :class:`~garcon_link.services.LocalFileService`).
+        spool_dir: an existing directory where the process service spools output to disk
+            (``ServiceLimits.disk_spool_bytes`` per stream) instead of memory.
 
     Returns:
-        ``factory(scope)`` -> an async context manager yielding ``{name: Service(...)}``; on
-        exit every process the session started is terminated (best-effort, about a second) and
-        unfinished uploads are discarded.
+        ``factory(scope)`` -> an async context manager yielding ``{name: Service(...)}``. The
+        process service is made once per worker (``scope.worker.shared``) and closed when the
+        worker stops, terminating its processes; on exit of a session's context its unfinished
+        uploads are discarded. Called with a scope that has no worker (outside a
+        :class:`~garcon_link.Worker`), the process service is per-session as before.
 
     Raises:
-        ConfigError: an unknown name, no name, or ``root`` is not an existing directory.
+        ConfigError: an unknown name, no name, or ``root`` or ``spool_dir`` is not an existing
+            directory.
     """
     wanted = _parse_names(names)
     ConfinedRoot(root, limits)  # fail now, not at the first session
+    if spool_dir is not None and not os.path.isdir(spool_dir):
+        raise ConfigError(f"spool directory {os.fspath(spool_dir)!r} is not a directory")
     root_path = Path(root)
     service_limits = limits or ServiceLimits()
+    key = object()  # this factory's worker-lifetime process service
+
+    def make_process() -> LocalProcessService:
+        return LocalProcessService(root_path, limits=service_limits, spool_dir=spool_dir)
 
     @contextlib.asynccontextmanager
     async def per_session(scope: ServiceScope) -> AsyncIterator[Mapping[str, object]]:
         async with contextlib.AsyncExitStack() as stack:
             services: dict[str, object] = {}
-            if "process" in wanted:
-                process = LocalProcessService(root_path, scope=scope, limits=service_limits)
+            if "process" in wanted and scope.worker is not None:
+                shared = await scope.worker.shared(key, make_process)
+                services["process"] = Service(shared, ProcessService, scope="worker")
+            elif "process" in wanted:
+                process = LocalProcessService(
+                    root_path, scope=scope, limits=service_limits, spool_dir=spool_dir
+                )
                 await stack.enter_async_context(process)
                 services["process"] = Service(process, ProcessService)
             if "files" in wanted:

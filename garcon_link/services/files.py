@@ -140,16 +140,19 @@ class ServiceLimits:
     """Bounds of the built-in services (one value per worker; all fields have safe defaults).
 
     Every buffer the services keep is sized by a field below. Sizes are bytes, times seconds.
-    Worst-case memory of one session's process records is about ``max_processes`` x
-    (2 x ``output_retention_bytes`` + ``stdin_buffer_bytes``): 192 MiB with the defaults.
+    Worst-case memory of the worker's process records is about ``max_processes`` x
+    (2 x ``output_retention_bytes`` + ``stdin_buffer_bytes`` + ``max_process_spec_bytes``):
+    196 MiB with the defaults (with a spool directory, output goes to disk instead: at most
+    ``max_processes`` x 2 x ``disk_spool_bytes``, 2 GiB).
     """
 
     max_processes: int = field(
         default=64,
         metadata=_doc(
-            "Process records one session holds: running processes plus finished ones whose "
-            "status and output are kept. A start beyond it evicts the oldest finished record "
-            "(its handle then raises PROCESS_RELEASED); if all are running it is refused with "
+            "Process records the worker holds (the process service is worker-scoped): running "
+            "processes plus finished ones whose status and output are kept. A start beyond it "
+            "evicts the oldest finished record (its handle then raises PROCESS_RELEASED, or "
+            "UNKNOWN_PROCESS for a caller-chosen id); if all are running it is refused with "
             "TOO_MANY_PROCESSES."
         ),
     )
@@ -209,6 +212,45 @@ class ServiceLimits:
             "Read-only file operations running at once in this process, counting those whose "
             "caller gave up while the operating system still holds the thread (a hung network "
             "file system); one more is refused with OVERLOADED."
+        ),
+    )
+
+    max_exited_processes: int = field(
+        default=64,
+        metadata=_doc(
+            "Records of exited processes the worker keeps (status and spooled output, for "
+            "list() and start(id=...) after a controller comes back); the oldest is evicted "
+            "beyond it."
+        ),
+    )
+    exited_process_ttl: float = field(
+        default=3600.0,
+        metadata=_doc(
+            "Seconds an exited process's record is kept after it exited; then it is evicted "
+            "(its id may be started again)."
+        ),
+    )
+    max_process_id_length: int = field(
+        default=128,
+        metadata=_doc(
+            "Longest caller-chosen process id (ASCII letters, digits and . _ - : @ +, starting "
+            "with a letter or digit); a longer or other one is refused with INVALID_ARGUMENTS."
+        ),
+    )
+    max_process_spec_bytes: int = field(
+        default=64 * 1024,
+        metadata=_doc(
+            "Largest start()/run() argv and env together, in UTF-8 bytes (one more per item; "
+            "cwd is bounded by max_path_bytes); beyond it the call is refused with "
+            "INVALID_ARGUMENTS. It also bounds what list() returns (max_processes x this)."
+        ),
+    )
+    disk_spool_bytes: int = field(
+        default=16 * MiB,
+        metadata=_doc(
+            "Output kept on disk per process and stream when the process service has a spool "
+            "directory (replaces output_retention_bytes for start()); dropped in whole "
+            "segments of a quarter of it, reported as an exact truncation range."
         ),
     )
 

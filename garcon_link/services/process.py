@@ -15,13 +15,25 @@ to get one) in **its own session and process group** (``start_new_session=True``
 The root confines the *paths callers pass*, not what a program may do: a started program runs
 with the worker's user and privileges. Exposing this service is handing out a shell.
 
-The handle is a scoped :class:`~garcon_link.ResourceRef` of kind ``"process"``: it belongs to the
-logical session that started the process; after the session is replaced, using it raises
-:class:`~garcon_link.StaleResource`. The PID (see :meth:`~LocalProcessService.info`) is diagnostic
-only -- never signal it yourself.
+Durable processes (DESIGN §13). Served by :func:`~garcon_link.services.builtin_services`, the
+service is **worker-scoped**: one object per worker process, shared by every logical session.
+The handle is a :class:`~garcon_link.ResourceRef` of kind ``"process"`` carrying the worker's
+runtime id: it stays valid when the session is replaced or the controller restarts, and raises
+:class:`~garcon_link.StaleResource` only after the worker restarts. A process keeps running when
+its controller disconnects; it is terminated when the worker stops. ``start(id=...)`` names a
+process: while the worker holds its record (running, or exited within ``exited_process_ttl`` and
+among the last ``max_exited_processes``), the same id with the same spec returns that process's
+handle without starting anything, so a start whose reply was lost (``OutcomeUnknown``) is safe to
+repeat; another spec is ``Rejected("CONFLICT")``. Once a record is evicted (or released) its id
+may start a new process. :meth:`~LocalProcessService.list` reports every record, running and
+exited, with exit status and output offsets, for reconcile. The guarantee ends with the worker
+process: a worker that is killed (not stopped) leaves its process groups orphaned and forgets
+them. The PID (see :meth:`~LocalProcessService.info`) is diagnostic only -- never signal it.
 
-Per process, one supervisor task pumps stdout and stderr into **bounded retention buffers**
-(``ServiceLimits.output_retention_bytes`` each), feeds stdin, and enforces the start ``timeout``.
+Per process, one supervisor task pumps stdout and stderr into **bounded spools** -- memory
+(``ServiceLimits.output_retention_bytes`` each) by default, or segment files in a spool directory
+(``spool_dir``, ``ServiceLimits.disk_spool_bytes`` each, dropped in whole segments) -- feeds
+stdin, and enforces the start ``timeout``. Output is kept while no controller is attached.
 Output is addressed by per-stream byte offsets; when retention overflows, the oldest bytes are
 dropped and a reader asking for an earlier offset gets an :class:`OutputChunk` whose
 ``truncated`` marker carries the exact dropped range ``[start, end)`` -- never a silent gap.
@@ -37,11 +49,11 @@ the supervisor drains into the pipe, so a write never tears a pipe write in half
 Termination always targets the **whole process group**: :meth:`~LocalProcessService.signal`,
 :meth:`~LocalProcessService.terminate` (SIGTERM, then SIGKILL after ``grace``), the start
 ``timeout`` (SIGKILL, ``ExitStatus.timed_out``), a cancelled :meth:`~LocalProcessService.run`
-(SIGKILL) and the end of the session (SIGTERM, then SIGKILL after
+(SIGKILL) and closing the service -- the worker stopping (SIGTERM, then SIGKILL after
 ``ServiceLimits.session_end_grace``). :meth:`~LocalProcessService.wait` returns once the leader has
 exited **and** both output pipes reached EOF, so everything written is readable. A descendant that
-leaves the group (``setsid``) and keeps the pipes open delays that; at session end its pipes are
-closed regardless.
+leaves the group (``setsid``) and keeps the pipes open delays that; on close its pipes are closed
+regardless.
 
 ``run`` is start + wait + collect in one call. Cancelling a ``run`` that is running (the caller's
 cancel scope or timeout) kills its process group; the caller sees the cancellation or
@@ -50,10 +62,12 @@ retry blindly: the command may have had effects. The call itself is bounded by t
 call timeout (``Limits.call_timeout``, 120 s by default): for longer runs raise it per call
 (``gl.with_options(proc, timeout=...)``) or use ``start`` + ``wait``, which is safe to repeat.
 
-Errors: ``Rejected`` -- ``INVALID_ARGUMENTS``, ``SPAWN_FAILED``, ``TOO_MANY_PROCESSES``,
-``UNKNOWN_PROCESS``, ``PROCESS_RELEASED``, ``PROCESS_RUNNING``, ``INVALID_OFFSET``, ``NO_STDIN``,
-``STDIN_GAP``, ``STDIN_CLOSED``, ``INVALID_SIGNAL``, ``SHUTTING_DOWN`` and the path codes of the
-file service; ``RemoteError("WAIT_TIMEOUT")`` when :meth:`~LocalProcessService.wait` gives up.
+Errors: ``Rejected`` -- ``INVALID_ARGUMENTS``, ``CONFLICT``, ``SPAWN_FAILED``,
+``TOO_MANY_PROCESSES``, ``UNKNOWN_PROCESS``, ``PROCESS_RELEASED``, ``PROCESS_RUNNING``,
+``INVALID_OFFSET``, ``NO_STDIN``, ``STDIN_GAP``, ``STDIN_CLOSED``, ``INVALID_SIGNAL``,
+``SHUTTING_DOWN`` and the path codes of the file service; ``RemoteError("WAIT_TIMEOUT")``
+when :meth:`~LocalProcessService.wait` gives up, ``RemoteError("SPOOL_FAILED")`` when a disk
+spool cannot be read.
 
 Why the supervisors are not in a task group: the worker enters a per-session service factory in
 one task and exits it in another, and a task group's cancel scope cannot span tasks. Each
@@ -66,12 +80,18 @@ POSIX only (process groups, ``killpg``); tested on Linux with asyncio and trio.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
 import os
+import re
+import shutil
 import signal as sig_mod
 import subprocess
+import tempfile
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -79,7 +99,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import anyio
 import anyio.abc
 
-from ..errors import Rejected, RemoteError
+from ..errors import ConfigError, Rejected, RemoteError
 from ..resources import ResourceRef, ServiceScope, current_scope
 from .files import ConfinedRoot, MiB, ServiceLimits, _os_errors
 
@@ -182,6 +202,11 @@ class ProcessInfo:
         status: the exit status once the leader exited and the output drained, else ``None``.
         stdout_end, stderr_end: bytes produced so far per stream.
         stdin_offset: stdin bytes accepted so far (``None`` if started without stdin).
+        id: the process id: the caller's (``start(id=...)``) or a generated ``p<n>``.
+        stdout_start, stderr_start: the first offset still retained per stream; everything
+            before it was dropped (a read from an earlier offset reports that exact range).
+        started_at: wall-clock time (``time.time()``) of the start.
+        exited_at: wall-clock time the record finished (exit and output drained), else ``None``.
     """
 
     handle: ResourceRef
@@ -193,9 +218,18 @@ class ProcessInfo:
     stdout_end: int
     stderr_end: int
     stdin_offset: int | None
+    id: str = ""
+    stdout_start: int = 0
+    stderr_start: int = 0
+    started_at: float = 0.0
+    exited_at: float | None = None
 
 
 # ---------------------------------------------------------------------------- interface
+
+# Spelled here: inside the classes below ``list`` names a method.
+_Infos = list[ProcessInfo]
+_Argv = list[str]
 
 
 class ProcessService(Protocol):
@@ -203,13 +237,19 @@ class ProcessService(Protocol):
 
     async def start(
         self,
-        argv: list[str],
+        argv: _Argv,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         stdin: bool = False,
         timeout: float | None = None,
+        id: str | None = None,
     ) -> ResourceRef:
         """Start ``argv`` (no shell) in its own process group; returns a ``"process"`` handle.
+
+        With ``id`` the start is idempotent for as long as the worker keeps the record (see the
+        module docstring): if a process with that id exists (running or exited) and was started
+        with the same spec (``argv``, ``cwd``, ``env``, ``stdin``, ``timeout``), its handle is
+        returned and nothing is started; with another spec the call is refused (``CONFLICT``).
 
         Args:
             argv: the program and its arguments; ``argv[0]`` is looked up on ``PATH``.
@@ -217,10 +257,15 @@ class ProcessService(Protocol):
             env: variables set over the clean base environment.
             stdin: open a stdin pipe (else stdin is ``/dev/null``).
             timeout: seconds until the service kills the group (``ExitStatus.timed_out``).
+            id: the caller's name for the process (1 to ``max_process_id_length`` of
+                ``[A-Za-z0-9._:@+-]``, starting with a letter or digit, not of the generated
+                form ``p<digits>``); ``None``: a generated ``p<n>``, never idempotent.
 
         Raises:
-            Rejected: ``SPAWN_FAILED`` (not found, not executable), ``TOO_MANY_PROCESSES``, a
-                path refusal for ``cwd``, ``INVALID_ARGUMENTS``.
+            Rejected: ``CONFLICT`` (``id`` taken by another spec), ``SPAWN_FAILED`` (not found,
+                not executable), ``TOO_MANY_PROCESSES``, a path refusal for ``cwd``,
+                ``INVALID_ARGUMENTS`` (also: a bad ``id``, argv and env over
+                ``max_process_spec_bytes``).
         """
         ...
 
@@ -279,8 +324,17 @@ class ProcessService(Protocol):
         """A snapshot of the process."""
         ...
 
-    async def list_processes(self) -> list[ProcessInfo]:
-        """Every process record this session holds, oldest first."""
+    async def list(self) -> _Infos:
+        """Every process record the worker holds, running and exited, oldest start first.
+
+        For reconcile after a controller restart. Bounded: at most ``max_processes`` records,
+        each with a spec of at most ``max_process_spec_bytes``. Exited records leave after
+        ``exited_process_ttl`` or beyond ``max_exited_processes``.
+        """
+        ...
+
+    async def list_processes(self) -> _Infos:
+        """The same as :meth:`list` (the name before processes became worker-scoped)."""
         ...
 
     async def release(self, handle: ResourceRef) -> None:
@@ -293,7 +347,7 @@ class ProcessService(Protocol):
 
     async def run(
         self,
-        argv: list[str],
+        argv: _Argv,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         stdin_data: bytes | None = None,
@@ -428,6 +482,126 @@ class _Output:
     def tail(self) -> bytes:
         return bytes(self._buf)
 
+    def discard(self) -> None:
+        """Free what is retained (the record is being forgotten)."""
+        self._buf = bytearray()
+
+
+class _DiskOutput(_Output):
+    """One output stream spooled to segment files (``--spool-dir``).
+
+    The stream is cut into files of ``retention // 4`` bytes; when more than ``retention``
+    bytes are kept, whole oldest segments are deleted, so ``start`` (the first retained
+    offset) is always a segment boundary and every truncation range is exact. A write that
+    fails (disk full) drops everything retained so far: the reader is told exactly that range.
+    Files are written with plain ``os.write`` from the pump (local disk; short writes).
+    """
+
+    def __init__(
+        self, name: StreamName, retention: int, changed: _Notifier, directory: str, prefix: str
+    ) -> None:
+        super().__init__(name, retention, changed)
+        self._dir = directory
+        self._prefix = prefix
+        self._segment_bytes = max(retention // 4, 1)
+        self._segments: deque[list[int]] = deque()  # [start offset, length, file number]
+        self._fd: int | None = None
+        self._files = 0
+
+    def _path(self, number: int) -> str:
+        return os.path.join(self._dir, f"{self._prefix}.{self.name}.{number}")
+
+    def append(self, data: bytes) -> None:
+        try:
+            self._write(data)
+        except OSError as exc:
+            log.warning("spooling %s failed (%s): dropping what it held", self.name, exc)
+            self._drop_files()
+            self.end += len(data)
+            self.start = self.end
+        else:
+            self.end += len(data)
+            while len(self._segments) > 1 and self.end - self._segments[0][0] > self.retention:
+                os.unlink(self._path(self._segments.popleft()[2]))
+                self.start = self._segments[0][0]
+        self._changed.notify()
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        position = self.end
+        while view:
+            last = self._segments[-1] if self._segments else None
+            if last is None or self._fd is None or last[1] >= self._segment_bytes:
+                self._close_fd()
+                number = self._files
+                self._files += 1
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                self._fd = os.open(self._path(number), flags, 0o600)
+                last = [position, 0, number]
+                self._segments.append(last)
+                if len(self._segments) == 1:
+                    self.start = position
+            written = os.write(self._fd, view[: self._segment_bytes - last[1]])
+            last[1] += written
+            position += written
+            view = view[written:]
+
+    def chunk(self, after: int, max_bytes: int) -> OutputChunk:
+        if after < 0 or after > self.end:
+            raise Rejected(
+                "INVALID_OFFSET",
+                f"{self.name} offset {after} is outside the {self.end} bytes produced so far",
+            )
+        truncated = None
+        if after < self.start:
+            truncated = TruncationMarker(after, self.start)
+            after = self.start
+        data = bytearray()
+        try:
+            for seg_start, length, number in list(self._segments):
+                if seg_start + length <= after + len(data):
+                    continue
+                want = min(seg_start + length - (after + len(data)), max_bytes - len(data))
+                if want <= 0:
+                    break
+                fd = os.open(self._path(number), os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    piece = os.pread(fd, want, after + len(data) - seg_start)
+                finally:
+                    os.close(fd)
+                data += piece
+                if len(piece) < want:
+                    break
+        except OSError as exc:
+            raise RemoteError("SPOOL_FAILED", f"cannot read the {self.name} spool: {exc}") from exc
+        eof = self.eof and after + len(data) == self.end
+        return OutputChunk(self.name, after, bytes(data), truncated, eof)
+
+    def tail(self) -> bytes:
+        return self.chunk(self.start, self.end - self.start).data
+
+    def close(self) -> None:
+        self._close_fd()
+        super().close()
+
+    def discard(self) -> None:
+        self._drop_files()
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _drop_files(self) -> None:
+        self._close_fd()
+        while self._segments:
+            with contextlib.suppress(OSError):
+                os.unlink(self._path(self._segments.popleft()[2]))
+
+
+def _finished(proc: _Proc) -> int:
+    return proc.finished
+
 
 def _signal_name(number: int) -> str:
     try:
@@ -452,21 +626,34 @@ class _Proc:
     def __init__(
         self,
         proc_id: str,
-        argv: list[str],
+        argv: _Argv,
         cwd: str,
         process: anyio.abc.Process,
         *,
         retention: int,
         timeout: float | None,
+        spec: tuple[object, ...] = (),
+        spool: tuple[str, str] | None = None,
     ) -> None:
         self.id = proc_id
         self.argv = argv
         self.cwd = cwd
+        self.spec = spec  # what start(id=...) compares
         self.process = process
         self.pid = process.pid
         self.changed = _Notifier()
-        self.stdout = _Output("stdout", retention, self.changed)
-        self.stderr = _Output("stderr", retention, self.changed)
+        self.stdout: _Output
+        self.stderr: _Output
+        if spool is None:
+            self.stdout = _Output("stdout", retention, self.changed)
+            self.stderr = _Output("stderr", retention, self.changed)
+        else:
+            directory, prefix = spool
+            self.stdout = _DiskOutput("stdout", retention, self.changed, directory, prefix)
+            self.stderr = _DiskOutput("stderr", retention, self.changed, directory, prefix)
+        self.started_at = time.time()
+        self.exited_at: float | None = None
+        self.exited_mono = 0.0
         self.has_stdin = process.stdin is not None
         self.stdin_buf = bytearray()
         self.stdin_pos = 0
@@ -547,6 +734,8 @@ class _Proc:
             self.stdin_state = "closed"
         self.stdin_buf.clear()
         self.finished = next(_finish_order)
+        self.exited_at = time.time()
+        self.exited_mono = time.monotonic()
         self.done.set()
         self.changed.notify()
 
@@ -639,6 +828,30 @@ def _check_env(env: Mapping[str, str]) -> None:
             raise Rejected("INVALID_ARGUMENTS", f"invalid environment variable {key!r}")
 
 
+_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]*")
+_GENERATED_ID = re.compile(r"p[0-9]+")
+
+
+def _check_id(proc_id: str, limit: int) -> None:
+    if len(proc_id) > limit or not _ID_PATTERN.fullmatch(proc_id):
+        raise Rejected(
+            "INVALID_ARGUMENTS",
+            f"a process id is 1 to {limit} of [A-Za-z0-9._:@+-], starting with a letter or digit",
+        )
+    if _GENERATED_ID.fullmatch(proc_id):
+        raise Rejected("INVALID_ARGUMENTS", "ids of the form p<digits> are generated ones")
+
+
+def _check_spec_size(argv: list[str], env: Mapping[str, str] | None, limit: int) -> None:
+    # Counted before anything is copied or spawned (the frame limit bounded the decoding);
+    # cwd has its own bound, ServiceLimits.max_path_bytes.
+    size = 0
+    for item in (*argv, *(env or {}).keys(), *(env or {}).values()):
+        size += len(item.encode("utf-8", "surrogatepass")) + 1
+        if size > limit:
+            raise Rejected("INVALID_ARGUMENTS", f"argv and env exceed {limit} bytes together")
+
+
 def _check_seconds(name: str, value: float | None, *, allow_zero: bool = False) -> None:
     if value is None:
         return
@@ -652,19 +865,23 @@ def _check_seconds(name: str, value: float | None, *, allow_zero: bool = False) 
 class LocalProcessService:
     """:class:`ProcessService` running programs on this machine.
 
-    Handles are minted in ``scope`` (given by :func:`~garcon_link.services.builtin_services`), or,
-    when ``scope`` is ``None``, in :func:`~garcon_link.current_scope` at call time. Use
-    ``async with`` (or :meth:`aclose`): closing terminates every process the service started.
-    Expose it as ``gl.Service(impl, ProcessService)`` so only the interface is callable.
+    Handles are minted in ``scope`` if given, else in :func:`~garcon_link.current_scope` at
+    call time: served as ``gl.Service(impl, ProcessService, scope="worker")`` (what
+    :func:`~garcon_link.services.builtin_services` does) that is the worker's scope, so handles
+    survive session replacement. Use ``async with`` (or :meth:`aclose`): closing terminates
+    every process the service started. Only the interface is callable through the link.
 
     Args:
         root: the directory that is ``/`` for ``cwd`` (and ``HOME`` of started processes).
-        scope: the service scope handles belong to.
+        scope: the service scope handles belong to (``None``: the caller's at call time).
         limits: bounds (:class:`~garcon_link.services.ServiceLimits`).
         base_env: replaces the default clean base environment (:func:`default_base_env`).
+        spool_dir: spool output of ``start()`` to files in a private subdirectory of this
+            existing directory (bounded by ``disk_spool_bytes`` per stream; removed on close)
+            instead of memory (``output_retention_bytes``).
 
     Raises:
-        ConfigError: ``root`` is not an existing directory.
+        ConfigError: ``root`` or ``spool_dir`` is not an existing directory.
     """
 
     def __init__(
@@ -674,9 +891,18 @@ class LocalProcessService:
         scope: ServiceScope | None = None,
         limits: ServiceLimits | None = None,
         base_env: Mapping[str, str] | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.limits = limits or ServiceLimits()
         self.root = ConfinedRoot(root, self.limits)
+        self._spool: str | None = None
+        if spool_dir is not None:
+            if not os.path.isdir(spool_dir):
+                raise ConfigError(f"spool directory {os.fspath(spool_dir)!r} is not a directory")
+            # A private directory per service object: ours to empty on close.
+            self._spool = tempfile.mkdtemp(prefix="garcon-link-spool-", dir=spool_dir)
+        self._spool_files = itertools.count(1)
+        self._starting: dict[str, tuple[tuple[object, ...], anyio.Event]] = {}
         self._scope = scope
         self._base_env = (
             dict(base_env) if base_env is not None else default_base_env(self.root.host)
@@ -714,23 +940,49 @@ class LocalProcessService:
             for proc in live:
                 await proc.done.wait()
         await self._tasks.aclose()
+        for proc in self._procs.values():
+            proc.stdout.discard()
+            proc.stderr.discard()
+        self._procs.clear()
+        if self._spool is not None:
+            shutil.rmtree(self._spool, ignore_errors=True)
 
     def _current_scope(self) -> ServiceScope:
         return self._scope if self._scope is not None else current_scope()
 
     def _get(self, handle: ResourceRef) -> _Proc:
         proc_id = self._current_scope().check(handle, "process")
+        self._prune()
         proc = self._procs.get(proc_id)
         if proc is not None:
             return proc
         number = proc_id[1:]
         if proc_id.startswith("p") and number.isdigit() and int(number) < self._next_id:
             raise Rejected("PROCESS_RELEASED", f"{handle!r} was released")
-        raise Rejected("UNKNOWN_PROCESS", f"{handle!r} names no process of this session")
+        raise Rejected(
+            "UNKNOWN_PROCESS",
+            f"{handle!r} names no process record (never started, released or evicted)",
+        )
+
+    def _forget(self, proc: _Proc) -> None:
+        if self._procs.get(proc.id) is proc:
+            del self._procs[proc.id]
+        proc.stdout.discard()
+        proc.stderr.discard()
+
+    def _prune(self) -> None:
+        """Evict exited records beyond ``max_exited_processes`` or older than the TTL."""
+        exited = sorted((p for p in self._procs.values() if p.done.is_set()), key=_finished)
+        excess = len(exited) - self.limits.max_exited_processes
+        cutoff = time.monotonic() - self.limits.exited_process_ttl
+        for i, proc in enumerate(exited):
+            if i < excess or proc.exited_mono < cutoff:
+                self._forget(proc)
 
     def _make_room(self) -> None:
         if self._closed:
-            raise Rejected("SHUTTING_DOWN", "the session is ending")
+            raise Rejected("SHUTTING_DOWN", "the worker is stopping")
+        self._prune()
         held = len(self._procs) + len(self._runs) + self._reserved
         if held < self.limits.max_processes:
             return
@@ -738,24 +990,24 @@ class LocalProcessService:
         if not finished:
             raise Rejected(
                 "TOO_MANY_PROCESSES",
-                f"{self.limits.max_processes} processes are running in this session",
+                f"{self.limits.max_processes} processes are running on this worker",
             )
-        oldest = min(finished, key=lambda p: p.finished)
-        del self._procs[oldest.id]
+        self._forget(min(finished, key=_finished))
 
     async def _spawn(
         self,
-        argv: list[str],
+        argv: _Argv,
         cwd: str | None,
         env: Mapping[str, str] | None,
         *,
         stdin: bool,
         timeout: float | None,
         retention: int,
+        proc_id: str | None = None,
+        spec: tuple[object, ...] = (),
+        spool: bool = False,
     ) -> _Proc:
-        _check_argv(argv)
-        _check_env(env or {})
-        _check_seconds("timeout", timeout)
+        self._check_spec(argv, cwd, env, timeout)
         shown = cwd if cwd is not None else "/"
         self.root.split(shown)
 
@@ -787,8 +1039,13 @@ class LocalProcessService:
             raise Rejected("SPAWN_FAILED", f"cannot start {argv[0]!r}: {why}") from exc
         finally:
             self._reserved -= 1
-        proc_id = f"p{self._next_id}"
-        self._next_id += 1
+        if proc_id is None:
+            proc_id = f"p{self._next_id}"
+            self._next_id += 1
+        spool_at = None
+        if spool and self._spool is not None:
+            spool_at = (self._spool, str(next(self._spool_files)))
+            retention = self.limits.disk_spool_bytes
         proc = _Proc(
             proc_id,
             list(argv),
@@ -796,37 +1053,93 @@ class LocalProcessService:
             process,
             retention=retention,
             timeout=timeout,
+            spec=spec,
+            spool=spool_at,
         )
         if self._closed:
-            # The session ended while spawning: the process must not outlive it.
+            # The service closed while spawning: the process must not outlive it.
             os.killpg(proc.pid, sig_mod.SIGKILL)
             with anyio.CancelScope(shield=True), anyio.move_on_after(_REAP_TIMEOUT):
                 await process.aclose()
-            raise Rejected("SHUTTING_DOWN", "the session is ending")
+            raise Rejected("SHUTTING_DOWN", "the worker is stopping")
         self._tasks.spawn(proc.supervise, f"garcon-link process {proc_id} ({argv[0]})")
         log.debug("started %s pid=%d: %s", proc_id, proc.pid, argv[0])
         return proc
+
+    def _check_spec(
+        self,
+        argv: _Argv,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        timeout: float | None,
+    ) -> None:
+        _check_spec_size(argv, env, self.limits.max_process_spec_bytes)
+        _check_argv(argv)
+        _check_env(env or {})
+        _check_seconds("timeout", timeout)
+
+    async def _existing(self, proc_id: str, spec: tuple[object, ...]) -> _Proc | None:
+        """The record of ``proc_id`` started with ``spec``, once any start of it in progress
+        has finished; ``None`` if there is none (``CONFLICT`` if it has another spec)."""
+        while True:
+            self._prune()
+            proc = self._procs.get(proc_id)
+            starting = self._starting.get(proc_id)
+            if proc is None and starting is None:
+                return None
+            theirs = proc.spec if proc is not None else starting[0] if starting else ()
+            if theirs != spec:
+                raise Rejected(
+                    "CONFLICT", f"process {proc_id!r} exists and was started with another spec"
+                )
+            if proc is not None:
+                return proc
+            assert starting is not None
+            await starting[1].wait()
 
     # -- the interface
 
     async def start(
         self,
-        argv: list[str],
+        argv: _Argv,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         stdin: bool = False,
         timeout: float | None = None,
+        id: str | None = None,
     ) -> ResourceRef:
         scope = self._current_scope()
-        proc = await self._spawn(
-            argv,
-            cwd,
-            env,
-            stdin=stdin,
-            timeout=timeout,
-            retention=self.limits.output_retention_bytes,
+        self._check_spec(argv, cwd, env, timeout)
+        spec: tuple[object, ...] = (
+            tuple(argv),
+            cwd if cwd is not None else "/",
+            tuple(sorted((env or {}).items())),
+            stdin,
+            timeout,
         )
-        self._procs[proc.id] = proc
+        started = anyio.Event()
+        if id is not None:
+            _check_id(id, self.limits.max_process_id_length)
+            if await self._existing(id, spec) is not None:
+                return scope.resource("process", id)
+            self._starting[id] = (spec, started)
+        try:
+            proc = await self._spawn(
+                argv,
+                cwd,
+                env,
+                stdin=stdin,
+                timeout=timeout,
+                retention=self.limits.output_retention_bytes,
+                proc_id=id,
+                spec=spec,
+                spool=True,
+            )
+            self._procs[proc.id] = proc
+        finally:
+            if id is not None:
+                del self._starting[id]
+                started.set()
         return scope.resource("process", proc.id)
 
     async def read(
@@ -900,34 +1213,44 @@ class LocalProcessService:
         )
 
     def _info(self, scope: ServiceScope, proc: _Proc) -> ProcessInfo:
+        done = proc.done.is_set()
         return ProcessInfo(
             handle=scope.resource("process", proc.id),
             argv=list(proc.argv),
             cwd=proc.cwd,
             pid=proc.pid,
             running=proc.returncode is None and not proc.done.is_set(),
-            status=proc.status() if proc.done.is_set() else None,
+            status=proc.status() if done else None,
             stdout_end=proc.stdout.end,
             stderr_end=proc.stderr.end,
             stdin_offset=proc.stdin_pos if proc.has_stdin else None,
+            id=proc.id,
+            stdout_start=proc.stdout.start,
+            stderr_start=proc.stderr.start,
+            started_at=proc.started_at,
+            exited_at=proc.exited_at if done else None,
         )
 
     async def info(self, handle: ResourceRef) -> ProcessInfo:
         return self._info(self._current_scope(), self._get(handle))
 
-    async def list_processes(self) -> list[ProcessInfo]:
+    async def list(self) -> _Infos:
         scope = self._current_scope()
+        self._prune()
         return [self._info(scope, proc) for proc in self._procs.values()]
+
+    async def list_processes(self) -> _Infos:
+        return await self.list()
 
     async def release(self, handle: ResourceRef) -> None:
         proc = self._get(handle)
         if not proc.done.is_set():
             raise Rejected("PROCESS_RUNNING", f"{handle!r} is still running; terminate it first")
-        self._procs.pop(proc.id, None)
+        self._forget(proc)
 
     async def run(
         self,
-        argv: list[str],
+        argv: _Argv,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         stdin_data: bytes | None = None,
