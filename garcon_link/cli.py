@@ -4,13 +4,21 @@ Commands
 --------
 ``garcon-link demo``
     The whole story on loopback: a worker in a child process, a controller in this one, calls, a
-    stream, a socket cut that resumes, a worker kill and restart (see :mod:`garcon_link.demo`).
+    stream, a socket cut that resumes, a worker kill and restart, a graceful stop
+    (SIGTERM drain; see :mod:`garcon_link.demo`).
 
 ``garcon-link worker [CONFIG|-] [--service NAME=module:attr ...] [--builtin NAMES --root DIR]``
     Serve services until SIGINT/SIGTERM (then exit 0). Prints one ``key=value`` line per event on
     stdout, flushed: ``executor-listening`` (or ``executor-dialing``), ``executor-ready`` for each
     fresh logical session, ``executor-stopping`` on a signal. With ``--stop-on-stdin-eof`` it also
     stops when its stdin is closed (a supervising parent that dies takes the worker with it).
+
+    A signal first *drains* (DESIGN §13; ``--drain S``, default 10 s, 0 to stop at once): it
+    prints ``executor-draining executor=ID reason=SIGTERM seconds=S running=N``, refuses the
+    controller's new calls with ``NotDispatched("DRAINING")`` while the ``N`` running calls
+    finish and their replies are acknowledged (at most ``S`` seconds; a second signal cuts it
+    short), then prints ``executor-stopping`` and closes (1001). A call still running then fails
+    ``OutcomeUnknown`` for its caller.
     With no ``--service`` and no ``--builtin`` it warns on stderr (one line) that it serves
     nothing.
 
@@ -213,6 +221,20 @@ Errors print one line on stderr, "error: [outcome:code] message", without a trac
 """
 
 log = logging.getLogger(__name__)
+
+DEFAULT_DRAIN = 10.0
+"""Seconds ``garcon-link worker`` drains on a signal unless ``--drain`` says otherwise."""
+
+
+def _drain_seconds(text: str) -> float:
+    """``--drain``'s value: finite seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be >= 0 and finite, got {text!r}")
+    return value
 
 
 class UsageError(Exception):
@@ -592,8 +614,10 @@ async def _serve_until_signal(
     services: ServiceMap | ServiceFactory,
     stop_on_stdin_eof: bool = False,
     on_event: Callable[[str], None] = _emit,
+    drain: float = DEFAULT_DRAIN,
 ) -> None:
-    """Serve until SIGINT/SIGTERM; then print ``executor-stopping`` and close gracefully."""
+    """Serve until SIGINT/SIGTERM; then drain for up to ``drain`` seconds (a second signal
+    ends the drain), print ``executor-stopping`` and close gracefully."""
     try:
         receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
     except NotImplementedError:  # pragma: no cover - Windows: Ctrl-C raises KeyboardInterrupt
@@ -612,17 +636,45 @@ async def _serve_until_signal(
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(taken_over)
+                reason = None
                 async for signum in signals:
                     reason = "stdin-closed" if _StdinWatch.closed else signal.Signals(signum).name
-                    _emit(f"executor-stopping executor={config.executor_id} reason={reason}")
                     tg.cancel_scope.cancel()
                     break
+            if reason is not None:
+                if drain > 0:
+                    await _drain_until_signal(worker, config.executor_id, reason, drain, signals)
+                _emit(f"executor-stopping executor={config.executor_id} reason={reason}")
             if worker.taken_over is not None:
                 _emit(f"executor-stopping executor={config.executor_id} reason=TAKEN_OVER")
                 raise TakenOver(
                     f"another process took over executor id {config.executor_id!r} "
                     f"({worker.taken_over}); two workers must not share one executor id"
                 )
+
+
+async def _drain_until_signal(
+    worker: Worker, executor_id: str, reason: str, seconds: float, signals: AsyncIterator[int]
+) -> None:
+    """Drain ``worker`` (see :meth:`Worker.aclose`) for up to ``seconds``; another signal ends
+    the drain at once (the worker is then closed as without one)."""
+    rpc = worker.current_rpc
+    running = rpc.statistics().incoming_calls if rpc is not None else 0
+    _emit(
+        f"executor-draining executor={executor_id} reason={reason} seconds={seconds:g} "
+        f"running={running}"
+    )
+    async with anyio.create_task_group() as tg:
+
+        async def second_signal() -> None:
+            async for _ in signals:
+                log.warning("a second signal: the drain is cut short")
+                tg.cancel_scope.cancel()
+
+        tg.start_soon(second_signal)
+        # Not worker.aclose(drain=...): that drain is shielded, and a second signal must end it.
+        await worker._drain(seconds)
+        tg.cancel_scope.cancel()
 
 
 def _cmd_worker(ns: argparse.Namespace) -> int:
@@ -636,7 +688,7 @@ def _cmd_worker(ns: argparse.Namespace) -> int:
     )
     config = _load(ns.config)
     on_event = _worker_events(warn_serves_nothing=not ns.service and not ns.builtin)
-    anyio.run(_serve_until_signal, config, services, ns.stop_on_stdin_eof, on_event)
+    anyio.run(_serve_until_signal, config, services, ns.stop_on_stdin_eof, on_event, ns.drain)
     return EXIT_OK
 
 
@@ -1047,8 +1099,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="run the whole story on loopback (worker child process + controller)",
         description="A worker in a child process and a controller here, on loopback: calls, a "
-        "stream, a socket cut that resumes, a worker kill and restart. Exit 0 only if every "
-        "step behaved as promised.",
+        "stream, a socket cut that resumes, a worker kill and restart, a SIGTERM drain. Exit 0 "
+        "only if every step behaved as promised.",
     )
     demo.set_defaults(func=_cmd_demo)
 
@@ -1092,6 +1144,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --builtin files: let callers set setuid/setgid/sticky bits with an explicit "
         "mode (refused by default; a rewrite without mode always drops them)",
+    )
+    worker.add_argument(
+        "--drain",
+        type=_drain_seconds,
+        default=DEFAULT_DRAIN,
+        metavar="S",
+        help="on SIGINT/SIGTERM, let running calls finish for up to S seconds while new calls "
+        f"are refused (DRAINING); 0 stops at once (default {DEFAULT_DRAIN:g})",
     )
     worker.add_argument(
         "--spool-dir",

@@ -16,7 +16,11 @@ reconnect and expiry under a few seconds. Then, narrating each step with timings
    (never retried); calls while the worker is gone fail ``NotDispatched`` at once; the worker is
    restarted on the same port and the *same facade object* works on a fresh session (new session
    and instance ids, cross-checked against the worker's ``executor-ready`` line);
-5. a summary table (step, promise, observed, ok).
+5. **a graceful stop** (SIGTERM) while a call is executing -- the worker drains: it prints
+   ``executor-draining``, a new call fails ``NotDispatched("DRAINING")`` at once (it never ran),
+   the executing call finishes with its real result, then the worker exits 0 and the executor
+   goes ``offline``;
+6. a summary table (step, promise, observed, ok).
 
 The exit code is 0 only if every promise was observed. Every wait is bounded; the child process
 is killed on every exit path (``finally`` in the async code, and again by pid in
@@ -70,6 +74,7 @@ EXECUTOR_ID = "demo-worker"
 _STARTUP_TIMEOUT = 15.0
 _STEP_TIMEOUT = 10.0
 _SERVICE_ARG = "demo=garcon_link.demo:DemoService"
+_DRAIN_HOLD = 1.5  # seconds the call executing at SIGTERM still takes (the drain waits for it)
 
 # Pids of live worker children, killed again by run_demo() whatever happened.
 _children: set[int] = set()
@@ -253,6 +258,16 @@ class _WorkerProcess:
         if self._process is not None and self._process.returncode is None:
             self._process.kill()
 
+    def terminate(self) -> None:
+        """SIGTERM: the worker drains (``--drain``, 10 s by default), then exits 0."""
+        if self._process is not None and self._process.returncode is None:
+            self._process.terminate()
+
+    async def wait_exit(self, timeout: float) -> int:
+        assert self._process is not None
+        with anyio.fail_after(timeout):
+            return await self._process.wait()
+
     async def stop(self) -> None:
         """Kill (if still running) and reap the child; safe to call twice."""
         process = self._process
@@ -330,6 +345,8 @@ class _Demo:
             _Result("4a worker killed", "the executing call -> OutcomeUnknown"),
             _Result("4b worker gone", "calls fail at once: NotDispatched"),
             _Result("4c worker restarted", "same facade works on a fresh session"),
+            _Result("5a SIGTERM, drain", "the executing call finishes with its result"),
+            _Result("5b SIGTERM, new call", "refused at once: NotDispatched DRAINING"),
         ]
         self.worker: _WorkerProcess | None = None
         self.availability = _Availability()
@@ -381,6 +398,7 @@ class _Demo:
                 lambda: self._stream(demo),
                 lambda: self._cut(executor, demo),
                 lambda: self._kill_and_restart(tg, executor, demo, worker_toml, port),
+                lambda: self._drain(tg, executor, demo),
             ]
             for step in steps:
                 try:
@@ -643,9 +661,78 @@ class _Demo:
 
     # -- 5
 
+    async def _drain(
+        self, tg: anyio.abc.TaskGroup, executor: RemoteExecutor, demo: DemoApi
+    ) -> None:
+        finished, refused = self.results[6], self.results[7]
+        worker = self.worker
+        assert worker is not None
+        _say()
+        _say("5. the worker is stopped gracefully (SIGTERM) while a call is executing")
+        outcome: list[BaseException | str] = []
+        done = anyio.Event()
+
+        async def pending_call() -> None:
+            try:
+                outcome.append(await demo.hold(_DRAIN_HOLD))
+            except Exception as exc:
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        tg.start_soon(pending_call)
+        with anyio.fail_after(_STEP_TIMEOUT):
+            while True:
+                if await demo.holding() >= 1:
+                    break
+                await anyio.sleep(0.01)
+        _row(
+            f"start demo.hold({_DRAIN_HOLD:g}) in a task", "executing on the worker (pending here)"
+        )
+        lines_before = len(worker.lines)
+        t_term = time.perf_counter()
+        worker.terminate()
+        draining = await worker.wait_line("executor-draining", lines_before, _STEP_TIMEOUT)
+        _row(f"SIGTERM the worker (pid {worker.pid})", "draining", _ms_since(t_term))
+        _note(f"  worker says: {draining}")
+
+        t0 = time.perf_counter()
+        try:
+            value: Any = await demo.add(1, 1)
+        except NotDispatched as exc:
+            value = exc
+        elapsed = time.perf_counter() - t0
+        if isinstance(value, NotDispatched):
+            _row("demo.add(1, 1) while draining", _outcome(value), _ms(elapsed), value.message)
+            refused.observed = f"{value.code} after {_ms(elapsed)}"
+            refused.ok = value.code == "DRAINING" and elapsed < 0.5
+        else:
+            _row("demo.add(1, 1) while draining", f"returned {value!r}", _ms(elapsed))
+            refused.observed = f"returned {value!r}"
+
+        with anyio.fail_after(_STEP_TIMEOUT):
+            await done.wait()
+        got = outcome[0] if outcome else "nothing"
+        shown = _outcome(got) if isinstance(got, BaseException) else repr(got)
+        _row(
+            f"the pending demo.hold({_DRAIN_HOLD:g})",
+            shown,
+            f"{_ms_since(t_term)} after the SIGTERM",
+            _detail(got) if isinstance(got, BaseException) else "",
+        )
+        stopping = await worker.wait_line("executor-stopping", lines_before, _STEP_TIMEOUT)
+        code = await worker.wait_exit(_STEP_TIMEOUT)
+        _row("the worker", f"exit {code}", detail=stopping)
+        await self.availability.wait_for(executor, "offline")
+        _row("availability", "ready -> offline (the worker closed the session: 1001)")
+        finished.ok = got == "done" and code == 0
+        finished.observed = f"hold -> {shown}, worker exit {code}"
+
+    # -- 6
+
     def summary(self) -> bool:
         _say()
-        _say("5. summary")
+        _say("6. summary")
         rows = [("step", "promise", "observed", "ok")]
         rows += [(r.step, r.promise, r.observed, "yes" if r.ok else "NO") for r in self.results]
         widths = [max(len(row[i]) for row in rows) for i in range(4)]

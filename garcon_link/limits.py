@@ -232,6 +232,13 @@ class Limits:
             "runs again."
         ),
     )
+    cancel_grace: float = field(
+        default=1.0,
+        metadata=_doc(
+            "After a call's timeout sends cancel, how long the caller waits for the worker's "
+            "answer (its result, or whether the handler had started) before OutcomeUnknown."
+        ),
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

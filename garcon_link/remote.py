@@ -36,6 +36,19 @@ Registration is checked up front: :class:`Service` checks its target against the
 constructed, and a worker checks each plain object it serves (as its own interface) when built,
 raising one ``ConfigError`` that lists every problem (see :mod:`garcon_link.interface`).
 
+Graceful drain (DESIGN §13): ``await executor.aclose(drain=seconds)`` first refuses every new
+call through the facades at once with ``NotDispatched("DRAINING")`` (nothing is sent), waits --
+at most ``seconds`` -- until the calls already made have their replies and the worker's callbacks
+into this controller have finished (``ExecutorRpc.wait_idle``) and until the worker acknowledged
+everything this side sent (``SessionTransport.wait_acknowledged``), then disposes as usual (close
+1001). A worker drains the same way (``Worker(..., drain=)``, ``Worker.aclose(drain=)``, ``serve
+(..., drain=)``, and ``garcon-link worker`` on SIGTERM): its session refuses the controller's new
+calls, unexecuted, with ``NotDispatched("DRAINING")`` (``ExecutorRpc.start_drain``; so does a
+session that begins during the drain) while running handlers finish and their replies are
+acknowledged. What is still running when the drain time is up ends as any close ends it: the
+caller's call fails ``OutcomeUnknown`` (never a result that did not happen). ``serve`` runs until
+cancelled, so it runs its worker in a shielded task of its own and drains it when cancelled.
+
 Worker scopes: ``services`` is either a mapping of name -> object, or a factory called once per
 logical session with its :class:`~garcon_link.resources.ServiceScope` that returns an async
 context manager yielding that mapping. A retired session's scope is closed in the background,
@@ -345,6 +358,7 @@ class RemoteExecutor(_Endpoint):
         self._changed = anyio.Event()
         self.last_error: str | None = None
         self._contract_refused = False  # the latest fresh session was refused for its contract
+        self._draining = False
 
     async def __aenter__(self) -> RemoteExecutor:
         await self._start()
@@ -353,12 +367,58 @@ class RemoteExecutor(_Endpoint):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
-        """Dispose: retire the session (pending calls fail honestly), stop the link. Idempotent."""
+    async def aclose(self, *, drain: float = 0.0) -> None:
+        """Dispose: retire the session (pending calls fail honestly), stop the link. Idempotent.
+
+        It exits the task group the executor entered: call it from the task that entered it,
+        not inside a cancel scope opened since (the drain is bounded by ``drain`` itself).
+
+        Args:
+            drain: seconds to drain first (module docstring): new calls fail at once with
+                ``NotDispatched("DRAINING")`` while the calls already made finish and their
+                replies are acknowledged; whatever still runs when the time is up fails as a
+                plain close fails it (``OutcomeUnknown``). 0 (the default): close at once.
+        """
         if self._availability == "disposed":
             return
+        try:
+            if drain > 0 and not self._draining:
+                await self._drain(drain)
+        finally:
+            if self._mark_disposed():  # not by another aclose() meanwhile
+                await self._stop()
+
+    def _mark_disposed(self) -> bool:
+        """Make availability ``disposed``; False if it already was."""
+        if self._availability == "disposed":
+            return False
         self._set_availability("disposed")
-        await self._stop()
+        return True
+
+    @property
+    def draining(self) -> bool:
+        """Whether :meth:`aclose` is draining (new calls fail with ``DRAINING``)."""
+        return self._draining
+
+    async def _drain(self, seconds: float) -> None:
+        self._draining = True
+        rpc = self._rpc
+        log.info("executor %s: draining for up to %.1fs", self.executor_id, seconds)
+        if rpc is None:
+            return
+        with anyio.move_on_after(seconds) as deadline:
+            if await rpc.wait_idle():
+                await rpc.transport.wait_acknowledged()
+        if deadline.cancelled_caught:
+            stats = rpc.statistics()
+            log.warning(
+                "executor %s: drain time (%.1fs) is up with %d call(s) pending and %d handler(s) "
+                "running; closing",
+                self.executor_id,
+                seconds,
+                stats.pending_calls,
+                stats.incoming_calls,
+            )
 
     # -- availability
 
@@ -421,10 +481,12 @@ class RemoteExecutor(_Endpoint):
         self._changed = anyio.Event()
 
     async def _rpc_for_call(self, dispatch_deadline: float) -> ExecutorRpc:
-        if self._availability == "reconnecting" and dispatch_deadline > 0:
+        if self._availability == "reconnecting" and dispatch_deadline > 0 and not self._draining:
             with anyio.move_on_after(dispatch_deadline):
                 while self._availability == "reconnecting":
                     await self._changed.wait()
+        if self._draining and self._availability != "disposed":
+            raise NotDispatched("DRAINING", "the executor is closing: new calls are refused")
         rpc = self._rpc
         state = self._availability
         if state == "ready" and rpc is not None:
@@ -844,6 +906,10 @@ class Worker(_Endpoint):
         services: name -> object (or :class:`Service`), or a per-session scope factory.
         on_event: receives one ``key=value`` diagnostic line per event (``executor-listening``,
             ``executor-ready``); the CLI prints them.
+        drain: seconds :meth:`aclose` (and so leaving ``async with``) drains before it closes
+            (module docstring); 0, the default, closes at once. A block left because its
+            enclosing scope was cancelled has had its tasks cancelled too: no drain then
+            (:func:`serve` drains on cancellation).
         controller_services: not used by the worker itself; see :func:`garcon_link.peer`.
     """
 
@@ -854,6 +920,7 @@ class Worker(_Endpoint):
         *,
         limits: Limits | None = None,
         on_event: EventSink | None = None,
+        drain: float = 0.0,
     ) -> None:
         if config.role.value != "worker":
             raise ConfigError(
@@ -874,6 +941,9 @@ class Worker(_Endpoint):
         §13); closed when the worker stops."""
         # Keyed calls, for the process lifetime: shared by every session, run in our task group.
         self._keyed = KeyedExecutions(self.limits, self._spawn_keyed)
+        self.drain = drain
+        self._draining = False
+        self._closed = False
 
     def _spawn_keyed(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self._tg is not None
@@ -896,12 +966,65 @@ class Worker(_Endpoint):
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self, *, drain: float | None = None) -> None:
+        """Stop serving and close the link (1001). Idempotent. Like
+        :meth:`RemoteExecutor.aclose`, call it from the task that entered the worker, not inside
+        a cancel scope opened since.
+
+        Args:
+            drain: seconds to drain first (module docstring; default: the ``drain`` given to
+                the constructor). Shielded from cancellation, bounded by these seconds.
+        """
+        if self._closed:
+            return
+        seconds = self.drain if drain is None else drain
         try:
-            await self._stop()
+            if seconds > 0 and not self._draining:
+                with anyio.CancelScope(shield=True):
+                    await self._drain(seconds)
         finally:
-            # After the sessions: worker-scoped objects (e.g. the process service) outlive them.
-            with anyio.CancelScope(shield=True):
-                await self.worker_scope.aclose()
+            if not self._closed:
+                self._closed = True
+                try:
+                    await self._stop()
+                finally:
+                    # After the sessions: worker-scoped objects (e.g. the process service)
+                    # outlive them.
+                    with anyio.CancelScope(shield=True):
+                        await self.worker_scope.aclose()
+
+    @property
+    def draining(self) -> bool:
+        """Whether the worker is draining (the controller's new calls get ``DRAINING``)."""
+        return self._draining
+
+    async def _drain(self, seconds: float) -> None:
+        self._draining = True
+        rpc = self._rpc
+        if rpc is None:
+            return
+        rpc.start_drain()
+        stats = rpc.statistics()
+        log.info(
+            "executor %s: draining %d running call(s) for up to %.1fs",
+            self.config.executor_id,
+            stats.incoming_calls,
+            seconds,
+        )
+        with anyio.move_on_after(seconds) as deadline:
+            if await rpc.wait_idle():
+                await rpc.transport.wait_acknowledged()
+        if deadline.cancelled_caught:
+            stats = rpc.statistics()
+            log.warning(
+                "executor %s: drain time (%.1fs) is up with %d call(s) still running; closing "
+                "(their callers see OutcomeUnknown)",
+                self.config.executor_id,
+                seconds,
+                stats.incoming_calls,
+            )
 
     @property
     def url(self) -> str:
@@ -949,7 +1072,7 @@ class Worker(_Endpoint):
                 "contract": contract,
             }
 
-        return ExecutorRpc(
+        rpc = ExecutorRpc(
             transport,
             registry,
             self.limits,
@@ -958,6 +1081,9 @@ class Worker(_Endpoint):
             peer="controller",
             idempotency=self._keyed,
         )
+        if self._draining:
+            rpc.start_drain()  # a session that begins during the drain admits no call either
+        return rpc
 
     async def _build_scope_and_run(self, transport: SessionTransport, scope: ServiceScope) -> None:
         factory = cast("ServiceFactory", self._services)
@@ -1028,12 +1154,40 @@ async def serve(
     *,
     limits: Limits | None = None,
     on_event: EventSink | None = None,
+    drain: float = 0.0,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run a worker until cancelled. With ``await tg.start(serve, ...)`` returns the link URL."""
-    async with Worker(config, services, limits=limits, on_event=on_event) as worker:
-        task_status.started(worker.url)
-        await anyio.sleep_forever()
+    """Run a worker until cancelled. With ``await tg.start(serve, ...)`` returns the link URL.
+
+    With ``drain`` > 0, cancellation drains first (up to ``drain`` seconds, shielded): new calls
+    are refused with ``NotDispatched("DRAINING")`` while running ones finish (see
+    :meth:`Worker.aclose`). (An ``async with Worker(..., drain=...)`` block drains when it is
+    left normally; when its enclosing scope is cancelled, the worker's tasks are cancelled with
+    it, so there is nothing left to drain: use ``serve`` for that.)
+    """
+    worker = Worker(config, services, limits=limits, on_event=on_event, drain=drain)
+    if drain <= 0:
+        async with worker:
+            task_status.started(worker.url)
+            await anyio.sleep_forever()
+        return
+    # The cancellation that stops serve() would cancel the worker's own tasks too (its task
+    # group is entered here), and a drain needs them: the worker runs shielded in a task of its
+    # own, told to drain and close when this one is cancelled.
+    stop = anyio.Event()
+
+    async def run(*, task_status: anyio.abc.TaskStatus[str]) -> None:
+        with anyio.CancelScope(shield=True):
+            async with worker:
+                task_status.started(worker.url)
+                await stop.wait()
+
+    async with anyio.create_task_group() as tg:
+        task_status.started(await tg.start(run))
+        try:
+            await anyio.sleep_forever()
+        finally:
+            stop.set()
 
 
 def peer(name: str, interface: Callable[..., T]) -> T:

@@ -26,6 +26,16 @@ on a stream, or a key sent to a side that keeps no idempotency table (the contro
 anything. A keyed unary call is run through the worker's
 :class:`~garcon_link.idempotency.KeyedExecutions` (see that module for what is guaranteed).
 
+A ``cancel`` is answered with what happened to the call (*cancel receipts*), in the grammar above:
+an ``error`` whose body carries ``cancel`` (a text field callers of old versions ignore):
+
+* not started -- ``[2, id, {outcome: not_dispatched, code: CANCELLED, cancel: "not_started"}]``
+  (what a cancel before dispatch always answered, now marked);
+* cancelled (the running handler was interrupted) -- ``[2, id, {outcome: unknown, code:
+  CANCELLED, cancel: "cancelled"}]`` (new: a handler interrupted used to end without a reply);
+* completed -- nothing more: the call's own reply (result or error) was handed to the session
+  before the cancel was handled, so it precedes (session order) anything sent for the cancel.
+
 Outcomes (who may have executed what):
 
 * A call whose request could not be issued (offline, over budget, too large, encode failure) is
@@ -33,10 +43,16 @@ Outcomes (who may have executed what):
 * When the session is retired (:meth:`ExecutorRpc.retire_unknown`), a pending call whose
   request ordinal was handed to a socket (``ordinal <= transport.offered``) is ``UNKNOWN``; one
   whose request never reached any socket is ``NOT_DISPATCHED``. Later replies are dropped.
-* Timeouts send ``cancel`` and raise ``OutcomeUnknown("TIMEOUT")`` (or ``NotDispatched("TIMEOUT")``
-  if the request was still waiting for retention capacity). Cancelling the awaiting task sends
-  ``cancel``; the handler task on the peer is cancelled. A ``cancel`` that reaches the peer before
-  the handler started makes the call ``NOT_DISPATCHED`` there.
+* A timeout sends ``cancel`` (``NotDispatched("TIMEOUT")`` at once if the request was still
+  waiting for retention capacity) and then waits up to ``Limits.cancel_grace`` for the peer's
+  answer, the call still pending meanwhile: the call's own reply -- a result is *delivered*, an
+  error raised as received (the call completed before the cancel reached it); a receipt
+  "not started" -> ``NotDispatched("TIMEOUT")``; a receipt "cancelled" -> ``OutcomeUnknown
+  ("TIMEOUT")`` (it ran, perhaps partly: it may have had effects). No answer within the grace (an
+  old peer sends no receipt for an interrupted handler; a handler that ignores cancellation) is
+  today's ``OutcomeUnknown("TIMEOUT")``; so is continuity lost meanwhile (``CONTINUITY_LOST``).
+  Cancelling the awaiting task sends ``cancel`` and raises the cancellation at once (there is no
+  caller left to tell): the peer's answer is dropped.
 * A reply we cannot read is ``UNKNOWN`` (``MALFORMED_REPLY`` / ``MALFORMED_ERROR``), never
   ``FAILED``: a result or error envelope of the wrong shape, one whose value does not decode (its
   ``[kind, id`` head still names the call), or an error body whose fields are missing or mistyped
@@ -51,6 +67,13 @@ Outcomes (who may have executed what):
   exceeds the credit we granted (``FLOW_CONTROL_VIOLATION``), ends the stream with ``UNKNOWN``
   instead: we cancel a generator that was still running, so how far it got is not known (as for
   a stream cut by retirement); items delivered before stand.
+
+Graceful drain (DESIGN §13): :meth:`ExecutorRpc.start_drain` makes the receiving side refuse every
+new call, unexecuted, with ``NotDispatched("DRAINING")`` (the internal ``describe`` is still
+answered; a new notification is dropped and logged), while the handlers already running go on and
+reply as usual; our own calls are not affected (a handler may still call back). The endpoint then
+awaits :meth:`ExecutorRpc.wait_idle` and :meth:`SessionTransport.wait_acknowledged`, bounded by
+its drain time, before it closes.
 
 Receiving side rules: arguments are converted against the interface's type hints before the
 handler runs (``Rejected("INVALID_ARGUMENTS")`` names the field); unknown services, unknown or
@@ -167,6 +190,8 @@ log = logging.getLogger(__name__)
 
 CALL, RESULT, ERROR, CANCEL, NOTIFY, ITEM, END, CREDIT = range(8)
 INTERNAL_SERVICE = "$link"
+# The ``cancel`` field of an error body that answers a cancel (module docstring).
+NOT_STARTED, INTERRUPTED = "not_started", "cancelled"
 
 MAX_REFUSAL_MESSAGE = 512
 """Characters of a refusal's message that are sent (it may quote peer-supplied names)."""
@@ -262,6 +287,7 @@ _OPTIONAL_ERROR_FIELDS: dict[str, type] = {
     "remote_type": str,
     "traceback": str,
     "details": dict,
+    "cancel": str,  # a cancel receipt (module docstring)
 }
 
 
@@ -334,7 +360,7 @@ def _local_exception(error: CallError) -> BaseException:
 
 
 class _Pending:
-    __slots__ = ("done", "error", "id", "ordinal", "spec", "stream", "value")
+    __slots__ = ("done", "error", "id", "ordinal", "receipt", "spec", "stream", "value")
 
     def __init__(self, call_id: int, spec: MethodSpec, stream: _StreamState | None) -> None:
         self.id = call_id
@@ -344,6 +370,7 @@ class _Pending:
         self.done = anyio.Event()
         self.value: Any = None
         self.error: CallError | None = None
+        self.receipt: str | None = None  # the ``cancel`` field of the error that ended it
 
 
 class _StreamState:
@@ -542,12 +569,45 @@ class ExecutorRpc:
         self._reader_holds = 0
         self._flow_violations = 0
         self._malformed_replies = 0
+        self._draining = False
+        # Set (and dropped) whenever a call of ours or a handler of the peer's ends: wait_idle.
+        self._settled: anyio.Event | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def retired(self) -> bool:
         return self._retired is not None
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def start_drain(self) -> None:
+        """Refuse the peer's new calls with ``NotDispatched("DRAINING")`` from now on; running
+        handlers and our own calls go on (module docstring). Idempotent."""
+        self._draining = True
+
+    async def wait_idle(self) -> bool:
+        """Wait until no call of ours awaits a reply and no handler of the peer's calls runs.
+
+        Unbounded: the caller bounds it (a drain's deadline).
+
+        Returns:
+            ``True`` once idle; ``False`` if the session was retired first.
+        """
+        while self._pending or self._incoming or self._notifications:
+            if self._retired is not None:
+                return False
+            if self._settled is None:
+                self._settled = anyio.Event()
+            await self._settled.wait()
+        return True
+
+    def _note_settled(self) -> None:
+        settled, self._settled = self._settled, None
+        if settled is not None:
+            settled.set()
 
     def statistics(self) -> RpcStatistics:
         """A snapshot of this session's calls, handlers and queued replies."""
@@ -610,6 +670,7 @@ class ExecutorRpc:
         self._overflow.clear()
         self._queued_refusals = self._owed_cancels = self._queued_controls = 0
         self._release_hold()
+        self._note_settled()
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
 
@@ -706,6 +767,7 @@ class ExecutorRpc:
             pending.ordinal = await self._send_request(body)
         except NotDispatched:
             self._pending.pop(pending.id, None)
+            self._note_settled()
             raise
 
     async def call(
@@ -744,10 +806,10 @@ class ExecutorRpc:
                 self._abandon(pending)
             raise
         if scope.cancelled_caught and not pending.done.is_set():
-            self._abandon(pending)
             if pending.ordinal is None:
+                self._abandon(pending)
                 raise NotDispatched("TIMEOUT", f"not issued within {timeout}s")
-            raise OutcomeUnknown("TIMEOUT", f"no reply within {timeout}s; cancel sent")
+            await self._cancel_after_timeout(pending, timeout)
         if pending.error is not None:
             raise _local_exception(pending.error)
         return pending.value
@@ -768,8 +830,38 @@ class ExecutorRpc:
     def _abandon(self, pending: _Pending) -> None:
         """The caller gave up: forget the call and tell the peer to cancel it (best effort)."""
         self._pending.pop(pending.id, None)
+        self._note_settled()
         if pending.ordinal is not None:
             self._send_cancel(pending.id)
+
+    async def _cancel_after_timeout(self, pending: _Pending, timeout: float | None) -> None:
+        """Send ``cancel`` for a timed-out call and wait up to ``cancel_grace`` for the peer's
+        answer, the call still pending so that its answer is matched (module docstring).
+
+        Returns with ``pending`` finished by the answer (a receipt mapped to a ``TIMEOUT``
+        error); raises ``OutcomeUnknown("TIMEOUT")`` if none came.
+        """
+        self._send_cancel(pending.id)
+        try:
+            with anyio.move_on_after(self.limits.cancel_grace):
+                await pending.done.wait()
+        finally:
+            if not pending.done.is_set():
+                self._pending.pop(pending.id, None)  # a later answer is dropped
+                self._note_settled()
+        if not pending.done.is_set():
+            raise OutcomeUnknown("TIMEOUT", f"no reply within {timeout}s; cancel sent")
+        error = pending.error
+        not_started = isinstance(error, NotDispatched) and error.code == "CANCELLED"
+        if pending.receipt == NOT_STARTED or not_started:  # (an old peer: the same, unmarked)
+            pending.error = NotDispatched(
+                "TIMEOUT", f"no reply within {timeout}s; cancelled before it started"
+            )
+        elif pending.receipt == INTERRUPTED:
+            pending.error = OutcomeUnknown(
+                "TIMEOUT",
+                f"no reply within {timeout}s; cancelled while running (it may have had effects)",
+            )
 
     def _send_cancel(self, call_id: int) -> None:
         # A deferred cancel keeps counting as a pending call (see _prepare) until handed over.
@@ -785,6 +877,7 @@ class ExecutorRpc:
             return  # it ended, was closed, or the session was retired meanwhile
         log.debug("stream %d was dropped without aclose(); cancelling it", pending.id)
         self._pending.pop(pending.id, None)
+        self._note_settled()
         if pending.ordinal is not None:
             self._defer(_CANCEL, self._encode([CANCEL, pending.id]))
 
@@ -850,6 +943,7 @@ class ExecutorRpc:
         if pending.stream is not None:
             pending.stream.deliver_end(error)
         pending.done.set()
+        self._note_settled()
 
     # ------------------------------------------------------------------ inbound dispatch
 
@@ -960,6 +1054,7 @@ class ExecutorRpc:
             self._fail_unreadable(pending, error.code, error.message)
             return
         del self._pending[pending.id]
+        pending.receipt = envelope[2].get("cancel")  # a map: _error_from_body checked it
         self._finish(pending, error=error)
 
     def _on_item(self, envelope: list[Any], size: int) -> None:
@@ -1098,6 +1193,14 @@ class ExecutorRpc:
                 f"call id {call_id} does not increase (last {self._last_incoming_id})"
             )
         self._last_incoming_id = call_id
+        if self._draining and service != INTERNAL_SERVICE:
+            self._refuse(
+                call_id,
+                NotDispatched(
+                    "DRAINING", "shutting down: running calls finish, new ones are refused"
+                ),
+            )
+            return
         if (
             not isinstance(args, list)
             or not isinstance(kwargs, dict)
@@ -1323,6 +1426,9 @@ class ExecutorRpc:
         except (CallError, ValueError) as exc:
             log.warning("dropping notification %s.%s: %s", service, method, exc)
             return
+        if self._draining:
+            log.warning("dropping notification %s.%s: draining", service, method)
+            return
         if len(self._incoming) + self._notifications >= self.limits.max_incoming_calls:
             # One-way handlers count against the incoming budget too; with no reply to send,
             # an excess notification is dropped (and logged).
@@ -1354,6 +1460,7 @@ class ExecutorRpc:
             log.exception("notification handler %s.%s raised", service, method)
         finally:
             self._notifications -= 1
+            self._note_settled()
 
     def _on_cancel(self, envelope: list[Any]) -> None:
         if len(envelope) != 2 or type(envelope[1]) is not int:
@@ -1397,7 +1504,9 @@ class ExecutorRpc:
             if incoming.cancelled:
                 # Outside the (cancelled) scope, so the reply is not cancelled with it.
                 await self._send_error(
-                    call_id, NotDispatched("CANCELLED", "cancelled before dispatch")
+                    call_id,
+                    NotDispatched("CANCELLED", "cancelled before dispatch"),
+                    cancel=NOT_STARTED,
                 )
                 return
             with incoming.scope:
@@ -1415,6 +1524,14 @@ class ExecutorRpc:
                     )
                     return
                 await self._send_reply(call_id, body)
+            if incoming.scope.cancelled_caught:
+                # Interrupted (by the caller's cancel; by retirement nothing can be sent): a
+                # receipt tells the caller it ran, perhaps partly.
+                await self._send_error(
+                    call_id,
+                    OutcomeUnknown("CANCELLED", "cancelled while running; it may have had effects"),
+                    cancel=INTERRUPTED,
+                )
         except (Rejected, RemoteError) as exc:
             # A handler may refuse (``Rejected``, e.g. ``scope.check`` -> ``StaleResource``,
             # whatever its code); a failure of a call it made itself already says FAILED. Both
@@ -1429,6 +1546,7 @@ class ExecutorRpc:
         finally:
             # Only now, with its reply handed to the session, does the call leave the budget.
             self._incoming.pop(call_id, None)
+            self._note_settled()
 
     async def _send_reply(self, call_id: int, body: bytes) -> None:
         try:

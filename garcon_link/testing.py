@@ -678,6 +678,7 @@ class WorkerProcess:
         verbose: ``-v`` count passed to the worker (its log goes to stderr).
         startup_timeout: seconds :meth:`start` waits for ``executor-listening``.
         python: the interpreter that runs ``garcon_link.cli`` (default: this one).
+        args: more ``garcon-link worker`` arguments (e.g. ``("--drain", "2")``).
 
     Attributes:
         starts: how many processes :meth:`start` launched so far.
@@ -693,6 +694,7 @@ class WorkerProcess:
         verbose: int = 0,
         startup_timeout: float = WORKER_STARTUP_TIMEOUT,
         python: str | None = None,
+        args: Iterable[str] = (),
     ) -> None:
         if not startup_timeout > 0:
             raise ValueError(f"startup_timeout must be > 0, got {startup_timeout!r}")
@@ -703,6 +705,7 @@ class WorkerProcess:
         self._verbose = max(0, int(verbose))
         self._startup_timeout = startup_timeout
         self._python = python or sys.executable
+        self._args = tuple(args)
         self._process: anyio.abc.Process | None = None
         self._readers: anyio.abc.TaskGroup | None = None
         self._run = _Run()
@@ -823,6 +826,7 @@ class WorkerProcess:
             command += ["--service", spec]
         if self._verbose:
             command.append("-" + "v" * self._verbose)
+        command += self._args
         command.append("--stop-on-stdin-eof")
         env = dict(os.environ)
         env.update(self._env)
@@ -871,6 +875,15 @@ class WorkerProcess:
             return
         with contextlib.suppress(ProcessLookupError):
             process.kill()
+
+    def terminate(self) -> None:
+        """Send SIGTERM to the running child (no-op if none, as :meth:`kill`): a graceful stop,
+        which drains running calls for ``--drain`` seconds (default 10) before it exits 0."""
+        process = self._process
+        if process is None or process.returncode is not None or self._run.open_streams == 0:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.terminate()
 
     async def wait(self, timeout: float = 10.0) -> int:
         """Wait for the child to exit and return its status (negative: killed by that signal).

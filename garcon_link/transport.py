@@ -392,6 +392,25 @@ class SessionTransport:
                 self._wakeup.set()
             return ordinal
 
+    async def wait_acknowledged(self) -> bool:
+        """Wait until the peer's receipts cover every frame issued so far (a graceful drain
+        waits for this before closing, so the replies it let finish are not lost with the
+        socket). Unbounded: the caller bounds it.
+
+        Returns:
+            ``True`` once acknowledged; ``False`` if the session was retired first.
+        """
+        target = self._session.issued
+        while self._session.confirmed < target:
+            if self._session.failure is not None:
+                return False
+            # Receipts set this event (senders waiting for capacity share it; a new one is
+            # made only once it was set, so no waiter misses a wake-up).
+            if self._capacity.is_set():
+                self._capacity = anyio.Event()
+            await self._capacity.wait()
+        return True
+
     def has_capacity(self, size: int) -> bool:
         """Whether retention would admit a ``size``-byte body now (``False`` once retired)."""
         return self._session.has_capacity(size)

@@ -92,7 +92,8 @@ class LedgerService:
     """Implementation of :class:`Ledger`: counts each token when its handler starts.
 
     ``ledger[token]`` is how many times a handler for ``token`` started; ``events`` lists
-    ``"<event> <token>"`` strings (``start``, ``done``, ``cancelled``, ``closed``) in order. With
+    ``"<event> <token>"`` strings (``start``, ``done``, ``cancelled``, ``closed``) in order
+    (``apply`` journals ``done`` just before it returns its result). With
     ``GARCON_TEST_JOURNAL`` in the environment the events are also appended to that file.
     """
 
@@ -122,7 +123,11 @@ class LedgerService:
         try:
             if hold > 0:
                 await anyio.sleep(hold)
+            self._event("done", token)
             return checksum(token, payload)
+        except anyio.get_cancelled_exc_class():
+            self._event("cancelled", token)
+            raise
         finally:
             self.running -= 1
 

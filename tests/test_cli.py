@@ -647,7 +647,7 @@ import sys
 import anyio
 from garcon_link import cli
 
-async def crash(config, services, stop_on_stdin_eof=False, on_event=None):
+async def crash(config, services, stop_on_stdin_eof=False, on_event=None, drain=0):
     async with anyio.create_task_group() as tg:
         tg.start_soon(anyio.sleep_forever)
         raise RuntimeError("injected fault")
@@ -929,7 +929,8 @@ def test_sigterm_stops_the_worker_while_a_file_read_is_stuck(tmp_path: Path) -> 
     worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
     worker = Worker(
         worker_toml,
-        extra=("--builtin", "files", "--root", str(root)),
+        # The stuck call is in flight: the drain waits for it (1 s here), then it is abandoned.
+        extra=("--builtin", "files", "--root", str(root), "--drain", "1"),
         launcher=STUCK_SCAN_LAUNCHER,
         env={**os.environ, "STUCK_FIFO": str(fifo)},
     )

@@ -59,9 +59,14 @@ def test_demo_keeps_every_promise() -> None:
     assert re.search(r"while offline\s+-> NotDispatched \[not_dispatched:OFFLINE\]", out)
     assert re.search(r"the same facade: demo\.add\(2, 3\)\s+-> 5", out)
     assert "(new)" in out and "(matches)" in out
-    # 5: the summary.
-    assert "6/6 promises kept" in out
-    assert out.count(" yes\n") == 6
+    # 5: SIGTERM drains: the executing call gets its result, a new call is refused.
+    assert re.search(r"executor-draining executor=demo-worker reason=SIGTERM .*running=1", out)
+    assert re.search(r"while draining\s+-> NotDispatched \[not_dispatched:DRAINING\]", out)
+    assert re.search(r"the pending demo\.hold\(1\.5\)\s+-> 'done'", out)
+    assert re.search(r"the worker\s+-> exit 0", out)
+    # 6: the summary.
+    assert "8/8 promises kept" in out
+    assert out.count(" yes\n") == 8
     for pid in _worker_pids(out):
         assert not _alive(pid), f"worker pid {pid} outlived the demo"
 
@@ -108,5 +113,5 @@ def test_summary_fails_when_a_promise_is_broken(
     run.results[2].ok = False
     assert run.summary() is False
     out = capsys.readouterr().out
-    assert "5/6 promises kept" in out
+    assert "7/8 promises kept" in out
     assert "broken: step 3" in out

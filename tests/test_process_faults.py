@@ -16,6 +16,10 @@ killed controller is ``garcon-link call`` in a child process. What each test pro
 * controller killed mid-call / mid-stream: the worker keeps running (same process); a new
   controller gets a fresh session at once; the worker cancels the orphaned handler (or closes the
   orphaned generator), and an old resource reference is ``StaleResource``.
+* worker SIGTERMed with 64 calls in flight (graceful drain): every call either returns its real
+  result -- and the journal shows that handler ran to its end -- or, when it outlives the drain
+  time, fails ``OutcomeUnknown`` (its handler was cancelled); a new call during the drain is
+  ``NotDispatched("DRAINING")`` and never runs; the worker exits 0.
 
 Every wait is bounded; nothing is asserted on a sleep. Runs on both anyio backends.
 """
@@ -40,6 +44,7 @@ from faultutil import (
     checksum,
     controller_config,
     journal_count,
+    read_journal,
     wait_for,
     write_configs,
 )
@@ -68,12 +73,14 @@ SERVICE = "ledger=faultutil:LedgerService"
 
 
 @asynccontextmanager
-async def worker_process(tmp_path: Path) -> AsyncIterator[tuple[WorkerProcess, Path, Path]]:
+async def worker_process(
+    tmp_path: Path, args: tuple[str, ...] = ()
+) -> AsyncIterator[tuple[WorkerProcess, Path, Path]]:
     """A started worker child; yields it, its journal and the controller config for the CLI."""
     worker_toml, controller_toml = write_configs(tmp_path, port=free_tcp_port(), limits=LIMITS)
     journal = tmp_path / "journal"
     async with WorkerProcess(
-        worker_toml, [SERVICE], cwd=TESTS_DIR, env={JOURNAL_ENV: str(journal)}
+        worker_toml, [SERVICE], cwd=TESTS_DIR, env={JOURNAL_ENV: str(journal)}, args=args
     ) as worker:
         await worker.start()
         yield worker, journal, controller_toml
@@ -289,6 +296,66 @@ async def test_controller_killed_worker_survives_and_serves_a_new_controller(
                 with pytest.raises(gl.StaleResource):
                     await ledger.job_name(old)
                 assert history == ["ready"]
+
+
+# ---------------------------------------------------------------------------------- drain
+
+
+DRAIN = 2.0  # the worker's --drain: the quick calls finish within it, the slow ones cannot
+
+
+async def test_sigterm_drains_64_calls_in_flight(tmp_path: Path) -> None:
+    quick, slow = 1.0, 60.0  # seconds each handler sleeps; every other call is slow
+    tokens = {f"drain-{i}": quick if i % 2 else slow for i in range(64)}
+    outcomes: dict[str, str | BaseException] = {}
+    with anyio.fail_after(DEADLINE):
+        async with worker_process(tmp_path, ("--drain", str(DRAIN))) as (worker, journal, _):
+            limits = gl.Limits(**LIMITS)
+            async with gl.connect(controller_config(limits, worker.url)) as executor:
+                await executor.wait_ready(10)
+                ledger = executor.service("ledger", Ledger)
+
+                async def call(token: str) -> None:
+                    try:
+                        outcomes[token] = await ledger.apply(token, token.encode(), tokens[token])
+                    except gl.CallError as exc:
+                        outcomes[token] = exc
+
+                def events(kind: str) -> set[str]:
+                    return {t for e, t in read_journal(journal) if e == kind}
+
+                async with anyio.create_task_group() as tg:
+                    for token in tokens:
+                        tg.start_soon(call, token)
+                    await wait_for(lambda: len(events("start")) == 64, 10, "64 handlers started")
+                    worker.terminate()
+                    line = await worker.wait_line("executor-draining")
+                    assert _field(line, "reason") == "SIGTERM"
+                    assert 32 <= int(_field(line, "running")) <= 64  # the slow ones at least
+                    with pytest.raises(gl.NotDispatched) as refused:
+                        await ledger.apply("during-drain", b"x")
+                    assert refused.value.code == "DRAINING"
+                assert await worker.wait(10) == 0
+                assert (
+                    worker.lines[-1] == f"executor-stopping executor={EXECUTOR_ID} reason=SIGTERM"
+                )
+
+    journal_events = read_journal(journal)
+    done, cancelled = events("done"), events("cancelled")
+    starts = [t for e, t in journal_events if e == "start"]
+    assert sorted(starts) == sorted(tokens)  # each ran exactly once; "during-drain" never
+    assert len(outcomes) == 64
+    for token, outcome in outcomes.items():
+        if isinstance(outcome, str):
+            # A success is real: the handler ran to its end and this is its checksum.
+            assert token in done, f"{token} reported success but never finished"
+            assert outcome == checksum(token, token.encode())
+        else:
+            assert isinstance(outcome, gl.OutcomeUnknown), (token, outcome)
+            assert token not in done and token in cancelled, token
+    assert {t for t, o in outcomes.items() if isinstance(o, str)} == {
+        t for t, hold in tokens.items() if hold == quick
+    }  # the quick ones all finished within the drain; the slow ones could not
 
 
 # ---------------------------------------------------------------------------------- the helper

@@ -1,0 +1,270 @@
+"""Graceful drain (DESIGN §13), in process: ``Worker.aclose(drain=)`` and
+``RemoteExecutor.aclose(drain=)``, in both link directions.
+
+What each test proves, on facts recorded by the worker's instrumented service (never on a sleep):
+
+* a call in flight when the drain starts finishes and its caller gets the real result;
+* a new call during the drain fails at once with ``NotDispatched("DRAINING")`` and never runs
+  (the worker refuses it unexecuted; the controller does not even send it);
+* a call still running when the drain time is up fails ``OutcomeUnknown`` (its handler is
+  cancelled), never a success that did not happen;
+* the session then closes for good (the controller goes ``offline`` or ``disposed``).
+
+The 64-calls-under-SIGTERM test against a real ``garcon-link worker`` process is in
+``tests/test_process_faults.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+from rpcutil import LIMITS, SECRET, Calc, CalcImpl, both_directions
+
+import garcon_link as gl
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+DEADLINE = 10.0  # every wait below is bounded by this (a hang, not a result)
+
+
+async def _outcome(call: Any, sink: list[Any], done: anyio.Event) -> None:
+    try:
+        sink.append(await call)
+    except gl.CallError as exc:
+        sink.append(exc)
+    finally:
+        done.set()
+
+
+def _start(tg: anyio.abc.TaskGroup, call: Any) -> tuple[list[Any], anyio.Event]:
+    """Run ``call`` in a task; its result or CallError lands in the list, then the event is set."""
+    sink: list[Any] = []
+    done = anyio.Event()
+    tg.start_soon(_outcome, call, sink, done)
+    return sink, done
+
+
+async def _wait_until(predicate: Any) -> None:
+    """Bounded by the caller's deadline; polls only a fact that has no event of its own."""
+    while not predicate():
+        await anyio.sleep(0.005)
+
+
+class _WorkerHost:
+    """A worker run in its own task (an endpoint is closed by the task that entered it), closed
+    with ``aclose(drain=...)`` when told to."""
+
+    def __init__(self, worker: gl.Worker) -> None:
+        self.worker = worker
+        self.closed = anyio.Event()
+        self._stop = anyio.Event()
+        self._drain = 0.0
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        try:
+            async with self.worker:
+                task_status.started()
+                await self._stop.wait()
+                await self.worker.aclose(drain=self._drain)
+        finally:
+            self.closed.set()
+
+    def stop(self, drain: float = 0.0) -> None:
+        self._drain = drain
+        self._stop.set()
+
+
+def _config(role: gl.Role, *, listen: bool, url: str = "") -> gl.LinkConfig:
+    where: dict[str, Any] = {"listen": ("127.0.0.1", 0)} if listen else {"dial": url}
+    return gl.LinkConfig(executor_id="box", role=role, secret=SECRET, limits=LIMITS, **where)
+
+
+@contextlib.asynccontextmanager
+async def _ends(direction: str, impl: CalcImpl) -> AsyncIterator[tuple[Calc, Any, _WorkerHost]]:
+    """A controller entered in this task and a worker hosted in another, ready; yields the
+    facade, the executor and the worker's host. ``executor.aclose()`` exits scopes this entered:
+    call it in the body itself, not inside a cancel scope opened there."""
+    async with anyio.create_task_group() as tg:
+        host: _WorkerHost | None = None
+        if direction == "worker-listens":
+            host = _WorkerHost(gl.Worker(_config(gl.Role.WORKER, listen=True), {"calc": impl}))
+            await tg.start(host.run)
+            executor = gl.connect(_config(gl.Role.CONTROLLER, listen=False, url=host.worker.url))
+        else:
+            executor = gl.connect(_config(gl.Role.CONTROLLER, listen=True))
+        try:
+            async with executor:
+                if host is None:
+                    worker = _config(gl.Role.WORKER, listen=False, url=executor.link.url)
+                    host = _WorkerHost(gl.Worker(worker, {"calc": impl}))
+                    await tg.start(host.run)
+                with anyio.fail_after(5):
+                    await executor.wait_ready()
+                yield executor.service("calc", Calc), executor, host
+        finally:
+            with anyio.CancelScope(shield=True), anyio.fail_after(DEADLINE):
+                if host is not None:
+                    host.stop()
+                    await host.closed.wait()
+
+
+# ---------------------------------------------------------------------------------- worker
+
+
+@both_directions
+async def test_worker_drain_finishes_running_calls_and_refuses_new_ones(direction: Any) -> None:
+    impl = CalcImpl()
+    async with _ends(direction, impl) as (calc, executor, host), anyio.create_task_group() as tg:
+        worker = host.worker
+        with anyio.fail_after(DEADLINE):
+            held, held_done = _start(tg, calc.hold("a"))
+            await impl.probe.wait("started:a")
+            host.stop(drain=DEADLINE)
+            await _wait_until(lambda: worker.draining)
+
+            with pytest.raises(gl.NotDispatched) as refused:
+                await calc.add(1, 2)
+            assert refused.value.code == "DRAINING"
+            assert impl.counts["add"] == 0  # refused unexecuted
+            with pytest.raises(gl.NotDispatched) as refused_stream:
+                async for _ in calc.count(3):
+                    pass
+            assert refused_stream.value.code == "DRAINING"
+            assert impl.counts["count"] == 0
+            assert not host.closed.is_set()  # still waiting for "a"
+
+            impl._release("a")
+            await held_done.wait()
+            assert held == ["a"]  # the real result, delivered before the close
+            await host.closed.wait()
+            await _wait_until(lambda: executor.availability == "offline")
+        assert "cancelled:a" not in impl.probe
+
+
+@both_directions
+async def test_worker_drain_time_up_fails_running_calls_as_unknown(direction: Any) -> None:
+    impl = CalcImpl()
+    async with _ends(direction, impl) as (calc, _, host), anyio.create_task_group() as tg:
+        with anyio.fail_after(DEADLINE):
+            held, held_done = _start(tg, calc.hold("stuck"))
+            await impl.probe.wait("started:stuck")
+            host.stop(drain=0.2)
+            await host.closed.wait()
+            await held_done.wait()
+        assert len(held) == 1 and isinstance(held[0], gl.OutcomeUnknown), held
+        assert "cancelled:stuck" in impl.probe  # the close cancelled it: no result was made up
+
+
+async def test_serve_with_drain_drains_when_cancelled() -> None:
+    """``serve(..., drain=)`` runs until cancelled; the cancellation drains first (shielded)."""
+    impl = CalcImpl()
+    worker_config = gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.WORKER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    serving = anyio.CancelScope()
+
+    async def serve(*, task_status: anyio.abc.TaskStatus[str]) -> None:
+        with serving:
+            await gl.serve(worker_config, {"calc": impl}, drain=DEADLINE, task_status=task_status)
+
+    async with anyio.create_task_group() as tg:
+        url = await tg.start(serve)
+        controller = gl.LinkConfig(
+            executor_id="box", role=gl.Role.CONTROLLER, secret=SECRET, dial=url, limits=LIMITS
+        )
+        async with gl.connect(controller) as executor, anyio.create_task_group() as calls:
+            with anyio.fail_after(DEADLINE):
+                await executor.wait_ready(5)
+                calc = executor.service("calc", Calc)
+                held, held_done = _start(calls, calc.hold("s"))
+                await impl.probe.wait("started:s")
+                serving.cancel()  # serve() is cancelled: it drains
+                refused: gl.NotDispatched | None = None
+                while refused is None:  # until the drain has begun (calls before it just run)
+                    ran = impl.counts["add"]
+                    try:
+                        await calc.add(1, 1)
+                    except gl.NotDispatched as exc:
+                        refused = exc
+                assert refused.code == "DRAINING"
+                assert impl.counts["add"] == ran  # refused unexecuted
+                impl._release("s")
+                await held_done.wait()
+    assert held == ["s"]
+
+
+# ---------------------------------------------------------------------------------- controller
+
+
+@both_directions
+async def test_controller_drain_finishes_pending_calls_and_refuses_new_ones(
+    direction: Any,
+) -> None:
+    impl = CalcImpl()
+    async with anyio.create_task_group() as tg, _ends(direction, impl) as (calc, executor, host):
+        worker_rpc = host.worker.current_rpc
+        assert worker_rpc is not None
+        seen: dict[str, Any] = {}
+
+        async def meanwhile() -> None:
+            await _wait_until(lambda: executor.draining)
+            incoming_before = worker_rpc.statistics().incoming_calls
+            for name, call in (("add", calc.add(1, 2)), ("count", anext(aiter(calc.count(2))))):
+                try:
+                    await call
+                except gl.NotDispatched as exc:
+                    seen[name] = exc.code
+            seen["sent"] = worker_rpc.statistics().incoming_calls - incoming_before
+            seen["availability"] = executor.availability
+            impl._release("c")
+
+        held, held_done = _start(tg, calc.hold("c"))
+        with anyio.fail_after(DEADLINE):
+            await impl.probe.wait("started:c")
+        tg.start_soon(meanwhile)
+        await executor.aclose(drain=DEADLINE)  # returns once "c" replied (or DEADLINE)
+        with anyio.fail_after(DEADLINE):
+            await held_done.wait()
+        assert held == ["c"]
+        assert seen == {"add": "DRAINING", "count": "DRAINING", "sent": 0, "availability": "ready"}
+        assert impl.counts["add"] == 0 and impl.counts["count"] == 0
+        assert executor.availability == "disposed"
+        with pytest.raises(gl.NotDispatched) as after:
+            await calc.add(1, 2)
+        assert after.value.code == "DISPOSED"
+
+
+@both_directions
+async def test_controller_drain_time_up_fails_pending_calls_as_unknown(direction: Any) -> None:
+    impl = CalcImpl()
+    async with anyio.create_task_group() as tg, _ends(direction, impl) as (calc, executor, _):
+        held, held_done = _start(tg, calc.hold("late"))
+        with anyio.fail_after(DEADLINE):
+            await impl.probe.wait("started:late")
+        await executor.aclose(drain=0.2)
+        with anyio.fail_after(DEADLINE):
+            await held_done.wait()
+            assert len(held) == 1 and isinstance(held[0], gl.OutcomeUnknown), held
+            await impl.probe.wait("cancelled:late")  # the worker saw the session end
+
+
+async def test_drain_with_nothing_in_flight_closes_at_once() -> None:
+    impl = CalcImpl()
+    async with _ends("worker-listens", impl) as (calc, executor, host):
+        assert await calc.add(2, 2) == 4
+        started = anyio.current_time()
+        await executor.aclose(drain=30)
+        host.stop(drain=30)
+        with anyio.fail_after(DEADLINE):
+            await host.closed.wait()
+        assert anyio.current_time() - started < 2  # far below the drain time: nothing to wait
+        assert executor.availability == "disposed"
