@@ -26,7 +26,8 @@ Invariants asserted at the end (after healing and waiting for quiescence):
 * the link kept working: enough calls succeeded, and after the faults stop every call succeeds.
 
 **Keyed mode** (issue 14, DESIGN §14): every unary call carries an idempotency key (its token)
-with ``retry_unknown=True``, and ``call_timeout`` outlasts the longest partition. The invariant
+with ``retry_unknown=True``, and ``call_timeout`` outlasts the longest partition; at least two
+partitions happen (at a third and two thirds of the run). The invariant
 for calls becomes: every call executed exactly once and returned its real result -- through cuts,
 half-open sockets and partitions that retire the session while the worker lives.
 
@@ -238,10 +239,16 @@ async def stream_consumer(
 
 
 async def fault_schedule(
-    proxy: FaultProxy, rng: random.Random, until: float, min_cuts: int, seen: Observed
+    proxy: FaultProxy,
+    rng: random.Random,
+    until: float,
+    min_cuts: int,
+    seen: Observed,
+    partitions: int = 0,
 ) -> None:
     """Draw faults from ``rng`` until ``until`` (anyio clock), then cut until ``min_cuts``
-    connections were cut; heal at the end."""
+    connections were cut; heal at the end. With ``partitions``, that many partitions happen at
+    evenly spaced times whatever the draw (a short run may otherwise draw none)."""
 
     def note(text: str) -> None:
         seen.schedule.append(f"{anyio.current_time() - start:7.2f}s {text}")
@@ -257,21 +264,26 @@ async def fault_schedule(
                 await anyio.sleep(0.01)
 
     start = anyio.current_time()
+    forced = [start + (until - start) * (i + 1) / (partitions + 1) for i in range(partitions)]
     try:
         while anyio.current_time() < until:
-            kind = rng.choices(
-                (
-                    "cut",
-                    "cut_after",
-                    "half_open",
-                    "partition",
-                    "delay",
-                    "throttle",
-                    "refuse",
-                    "calm",
-                ),
-                weights=(50, 20, 10, 1.5, 6, 6, 5, 3),
-            )[0]
+            if forced and anyio.current_time() >= forced[0]:
+                forced.pop(0)
+                kind = "partition"
+            else:
+                kind = rng.choices(
+                    (
+                        "cut",
+                        "cut_after",
+                        "half_open",
+                        "partition",
+                        "delay",
+                        "throttle",
+                        "refuse",
+                        "calm",
+                    ),
+                    weights=(50, 20, 10, 1.5, 6, 6, 5, 3),
+                )[0]
             seen.faults[kind] += 1
             if kind == "cut":
                 await connected()
@@ -465,7 +477,14 @@ async def soak(seed: int, duration: float, min_cuts: int, keyed: bool = False) -
                             rng = random.Random(master.getrandbits(64))
                             actors.start_soon(stream_consumer, i, ledger, rng, stop_callers, seen)
                         faults = random.Random(master.getrandbits(64))
-                        await fault_schedule(proxy, faults, started + duration, min_cuts, seen)
+                        await fault_schedule(
+                            proxy,
+                            faults,
+                            started + duration,
+                            min_cuts,
+                            seen,
+                            partitions=2 if keyed else 0,
+                        )
                         stop_callers.set()  # callers finish their current call and stop
                     ran_for = anyio.current_time() - started
 
