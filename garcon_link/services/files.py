@@ -63,6 +63,25 @@ incrementally while receiving) and publishes exactly as ``write`` does. A failed
 the upload. Reading is bounded the same way: :meth:`~LocalFileService.read` by offset, or
 :meth:`~LocalFileService.read_stream` (a credit-controlled remote stream).
 
+Resumable uploads
+-----------------
+:func:`~garcon_link.services.builtin_services` serves one file service per worker
+(``Service(..., scope="worker")``, DESIGN §13), so an unfinished upload belongs to the worker,
+not to the logical session that began it: its handle carries the worker's runtime id, stays valid
+across session replacement and controller restarts, and is ``StaleResource`` after the worker
+restarts. :meth:`~LocalFileService.upload_status` tells a caller whose chunk ended
+``OutcomeUnknown`` (or that reconnected) where to continue: ``received`` counts the bytes written
+to the staged file, in order, and the digests always cover exactly those bytes (both are updated
+in the thread that writes, under the upload's lock). A resent range already received is ignored
+without being compared with what was received -- comparing would read the staged bytes back on
+every replay; the commit's expected digests are what verify the content.
+
+Bounds: ``ServiceLimits.max_uploads`` unfinished uploads per worker (each holds a staged file and
+two descriptors); an upload with no call on its handle for ``ServiceLimits.upload_idle_timeout``
+is discarded at the next upload call (``begin_upload``, ``upload_chunk``, ``upload_status``,
+``commit_upload``) and its handle gets ``UNKNOWN_UPLOAD``; an upload being written to is never
+idle. Closing the service (the worker stopping) discards every unfinished upload.
+
 Threads and shutdown
 --------------------
 Blocking calls run in threads. Read-only work (every read, listing, ``stat`` and the check
@@ -79,9 +98,10 @@ Refusals are :class:`~garcon_link.Rejected` (nothing was changed): ``INVALID_PAT
 ``PERMISSION_DENIED`` (confinement or the OS), ``NOT_FOUND``, ``ALREADY_EXISTS``,
 ``NOT_A_DIRECTORY``, ``IS_A_DIRECTORY``, ``NOT_A_FILE``, ``NOT_A_SYMLINK``,
 ``DIRECTORY_NOT_EMPTY``, ``VERSION_MISMATCH``, ``DIGEST_MISMATCH``, ``SIZE_MISMATCH``,
-``UPLOAD_GAP``, ``TOO_MANY_UPLOADS``, ``INVALID_ARGUMENTS``, ``OVERLOADED``. Failures while
-acting are :class:`~garcon_link.RemoteError`: ``IO_ERROR``, ``NO_SPACE``. Messages name the
-caller's path, never the worker's real path: an OS error is shown by its ``strerror`` only.
+``UPLOAD_GAP``, ``UNKNOWN_UPLOAD``, ``TOO_MANY_UPLOADS``, ``INVALID_ARGUMENTS``, ``OVERLOADED``.
+Failures while acting are :class:`~garcon_link.RemoteError`: ``IO_ERROR``, ``NO_SPACE``.
+Messages name the caller's path, never the worker's real path: an OS error is shown by its
+``strerror`` only.
 
 This module also holds :class:`ServiceLimits`, shared with :mod:`garcon_link.services.process`.
 POSIX only (``openat``/``O_NOFOLLOW``/``dir_fd``); Linux is tested.
