@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import blake3
 import pytest
-from servicesutil import linked
+from servicesutil import controller, linked, lone_worker
 
 import garcon_link as gl
 from garcon_link.services import (
@@ -21,7 +21,9 @@ from garcon_link.services import (
     FileService,
     LocalFileService,
     ServiceLimits,
+    UploadStatus,
 )
+from garcon_link.testing import FaultProxy
 
 pytestmark = pytest.mark.anyio
 
@@ -296,7 +298,7 @@ async def test_upload_failures_leave_the_destination(tmp_path: Path) -> None:
             unfinished = await files.begin_upload("/later")
             await files.upload_chunk(unfinished, 0, b"partial")
             assert len(staged_files(tmp_path)) == 1
-    # The session ended: its unfinished upload was discarded.
+    # The worker stopped: its unfinished upload was discarded.
     assert staged_files(tmp_path) == [] and not (tmp_path / "later").exists()
 
 
@@ -747,3 +749,148 @@ async def test_builtin_services_pass_the_special_bits_flag(tmp_path: Path) -> No
                 with pytest.raises(gl.Rejected) as info:
                     await svc.write("/tool", b"x", mode=0o4755)
                 assert info.value.code == expected
+
+
+# ------------------------------------------------------------ durable uploads (DESIGN §13)
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.02)
+
+
+def staged_sizes(directory: Path) -> list[int]:
+    return [(directory / name).stat().st_size for name in staged_files(directory)]
+
+
+async def test_a_chunk_whose_reply_was_lost_is_resumed_on_a_fresh_session(tmp_path: Path) -> None:
+    content = os.urandom(5000)
+    with anyio.fail_after(60):
+        async with lone_worker(tmp_path) as worker:
+            port = worker.link.listen_address[1]
+            async with (
+                FaultProxy("127.0.0.1", port) as proxy,
+                controller(proxy.url("/executor")) as executor,
+            ):
+                files = executor.service("files", FileService)
+                session = (await executor.info()).instance_id
+                handle = await files.begin_upload("/out.bin", size=len(content))
+                assert await files.upload_chunk(handle, 0, content[:2000]) == 2000
+                # The chunk reaches the worker; the first byte back cuts the socket, and no new
+                # one gets through until the grace retires the session.
+                proxy.refuse()
+                proxy.cut_after(0, "down")
+                with pytest.raises(gl.OutcomeUnknown):
+                    await files.upload_chunk(handle, 2000, content[2000:3500])
+                await until(lambda: staged_sizes(tmp_path) == [3500])  # the lost chunk landed
+                assert proxy.statistics().cuts == 1
+                proxy.heal()
+                await executor.wait_ready(10)
+                assert (await executor.info()).instance_id != session  # a fresh session
+                # Resume: ask where to continue; the same handle is still the same upload.
+                status = await files.upload_status(handle)
+                assert status == UploadStatus("/out.bin", 3500, len(content))
+                # Resending the chunk whose reply was lost is harmless (its range is ignored).
+                assert await files.upload_chunk(handle, 2000, content[2000:3500]) == 3500
+                with pytest.raises(gl.Rejected) as gap:
+                    await files.upload_chunk(handle, 4000, content[4000:])
+                assert gap.value.code == "UPLOAD_GAP"
+                assert await files.upload_chunk(handle, status.received, content[3500:]) == 5000
+                stat = await files.commit_upload(
+                    handle, expected_sha256=hashlib.sha256(content).hexdigest()
+                )
+                assert stat.size == len(content)
+    assert hashlib.sha256((tmp_path / "out.bin").read_bytes()).digest() == (
+        hashlib.sha256(content).digest()
+    )
+    assert staged_files(tmp_path) == []
+
+
+async def test_an_upload_outlives_its_controller_but_not_its_worker(tmp_path: Path) -> None:
+    with anyio.fail_after(60):
+        async with lone_worker(tmp_path) as worker:
+            async with controller(worker.url) as first:
+                files = first.service("files", FileService)
+                handle = await files.begin_upload("/data")
+                await files.upload_chunk(handle, 0, b"first half, ")
+            # A restarted controller (a new logical session) continues the same upload.
+            async with controller(worker.url) as second:
+                files = second.service("files", FileService)
+                status = await files.upload_status(handle)
+                assert (status.path, status.received, status.size) == ("/data", 12, None)
+                await files.upload_chunk(handle, status.received, b"second half")
+                unfinished = await files.begin_upload("/never")
+                await files.upload_chunk(unfinished, 0, b"partial")
+                assert (await files.commit_upload(handle)).size == 23
+            assert (tmp_path / "data").read_bytes() == b"first half, second half"
+            assert len(staged_files(tmp_path)) == 1  # /never, still waiting for its owner
+        # Stopping the worker discarded the unfinished upload.
+        assert staged_files(tmp_path) == []
+        async with lone_worker(tmp_path) as restarted, controller(restarted.url) as third:
+            files = third.service("files", FileService)
+            with pytest.raises(gl.StaleResource):
+                await files.upload_status(unfinished)
+            with pytest.raises(gl.StaleResource):
+                await files.upload_chunk(unfinished, 7, b"more")
+    assert not (tmp_path / "never").exists()
+
+
+async def test_the_upload_count_is_bounded_per_worker(tmp_path: Path) -> None:
+    with anyio.fail_after(60):
+        async with lone_worker(tmp_path, ServiceLimits(max_uploads=2)) as worker:
+            async with controller(worker.url) as first:
+                files = first.service("files", FileService)
+                kept = [await files.begin_upload(f"/f{i}") for i in range(2)]
+            async with controller(worker.url) as second:
+                files = second.service("files", FileService)
+                # Another session does not get a fresh allowance: the worker holds two.
+                with pytest.raises(gl.Rejected) as busy:
+                    await files.begin_upload("/f2")
+                assert busy.value.code == "TOO_MANY_UPLOADS"
+                assert len(staged_files(tmp_path)) == 2
+                await files.abort_upload(kept[0])
+                third = await files.begin_upload("/f2")
+                await files.abort_upload(third)
+                await files.abort_upload(kept[1])
+            assert staged_files(tmp_path) == []
+
+
+async def test_an_idle_upload_is_discarded(tmp_path: Path) -> None:
+    now = [1000.0]
+    scope = gl.ServiceScope("local", os.urandom(16))
+    limits = ServiceLimits(max_uploads=2, upload_idle_timeout=10.0)
+    async with LocalFileService(tmp_path, scope=scope, limits=limits, clock=lambda: now[0]) as svc:
+        busy = await svc.begin_upload("/busy")
+        idle = await svc.begin_upload("/idle")
+        now[0] += 6
+        await svc.upload_chunk(busy, 0, b"x")  # a call on the handle keeps it alive
+        now[0] += 4  # idle for exactly the bound: still kept
+        assert (await svc.upload_status(idle)).received == 0
+        now[0] += 6
+        assert (await svc.upload_status(busy)).received == 1  # touched 10 s ago: kept
+        now[0] += 10.5
+        # Both idle past the bound now: the next upload call discards them, files and all, and
+        # their slots are free again.
+        fresh = await svc.begin_upload("/fresh")
+        assert len(staged_files(tmp_path)) == 1
+        for gone in (busy, idle):
+            with pytest.raises(gl.Rejected) as unknown:
+                await svc.upload_status(gone)
+            assert unknown.value.code == "UNKNOWN_UPLOAD"
+        await svc.begin_upload("/second")
+        with pytest.raises(gl.Rejected) as full:
+            await svc.begin_upload("/third")
+        assert full.value.code == "TOO_MANY_UPLOADS"
+        await svc.upload_chunk(fresh, 0, b"ok")
+        assert (await svc.commit_upload(fresh)).size == 2
+    assert staged_files(tmp_path) == []
+    assert (tmp_path / "fresh").read_bytes() == b"ok"
+    assert not (tmp_path / "busy").exists() and not (tmp_path / "idle").exists()
+
+
+def test_upload_idle_timeout_is_the_last_bound() -> None:
+    assert list(ServiceLimits.describe())[-1] == "upload_idle_timeout"
+    assert ServiceLimits().upload_idle_timeout == 3600.0
+    with pytest.raises(gl.ConfigError):
+        ServiceLimits(upload_idle_timeout=0)

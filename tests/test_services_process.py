@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import pytest
-from servicesutil import LIMITS, SECRET, linked
+from servicesutil import LIMITS, SECRET, controller, linked, lone_worker
 
 import garcon_link as gl
 from garcon_link.services import (
@@ -445,38 +443,6 @@ def test_device_executor_example_runs(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------- durable processes (DESIGN §13)
-
-# No heartbeats during a test (a pong would trip an armed cut too early); a short grace so a
-# cut session is retired quickly.
-DURABLE_LIMITS = LIMITS.replace(heartbeat_interval=30.0, heartbeat_timeout=60.0, detached_grace=0.5)
-
-
-@asynccontextmanager
-async def lone_worker(
-    root: Path, service_limits: ServiceLimits | None = None, spool_dir: Path | None = None
-) -> AsyncIterator[gl.Worker]:
-    """A listening worker offering the built-ins; controllers come and go (:func:`controller`)."""
-    config = gl.LinkConfig(
-        executor_id="box",
-        role=gl.Role.WORKER,
-        secret=SECRET,
-        listen=("127.0.0.1", 0),
-        limits=DURABLE_LIMITS,
-    )
-    factory = builtin_services(["process", "files"], root, service_limits, spool_dir=spool_dir)
-    async with gl.Worker(config, factory) as worker:
-        yield worker
-
-
-@asynccontextmanager
-async def controller(url: str) -> AsyncIterator[gl.RemoteExecutor]:
-    """A fresh controller (a new process, as far as the worker can tell) dialing ``url``."""
-    config = gl.LinkConfig(
-        executor_id="box", role=gl.Role.CONTROLLER, secret=SECRET, dial=url, limits=DURABLE_LIMITS
-    )
-    async with gl.connect(config) as executor:
-        await executor.wait_ready(10)
-        yield executor
 
 
 async def test_start_by_id_is_idempotent_and_a_different_spec_conflicts(tmp_path: Path) -> None:

@@ -15,14 +15,14 @@ DIR``) or in code::
     result = await proc.run(["make", "-C", "/src"], timeout=600)
     stat = await files.write("/src/VERSION", b"1.2\\n")
 
-:func:`builtin_services` returns a per-session factory. The **process** service is
-*worker-scoped* (DESIGN §13): one object per worker, shared by every logical session, served as
-``Service(..., scope="worker")``; its handles carry the worker's runtime id, so processes and
-their handles survive session replacement and controller restarts, and the processes are
-terminated only when the worker stops (SIGTERM, SIGKILL after
-``ServiceLimits.session_end_grace``). The **files** service stays per-session: every logical
-session gets a fresh object, so upload handles die with their session and unfinished uploads are
-discarded when it is retired.
+:func:`builtin_services` returns a per-session factory. Both services are *worker-scoped*
+(DESIGN §13): one object per worker, shared by every logical session, served as
+``Service(..., scope="worker")``; their handles carry the worker's runtime id, so they survive
+session replacement and controller restarts and become ``StaleResource`` only when the worker
+restarts. **Processes** are terminated only when the worker stops (SIGTERM, SIGKILL after
+``ServiceLimits.session_end_grace``). Unfinished **uploads** of the file service are resumed by
+handle and offset (``upload_status``), bounded per worker (``max_uploads``) and by idle time
+(``upload_idle_timeout``), and discarded when the worker stops.
 
 The root is ``/`` for callers: every path is absolute in the service's namespace and confined to
 the root (rules in :mod:`garcon_link.services.files`). It confines paths, not programs: a started
@@ -49,6 +49,7 @@ from .files import (
     LocalFileService,
     ReadChunk,
     ServiceLimits,
+    UploadStatus,
     version_token,
 )
 from .process import (
@@ -83,6 +84,7 @@ __all__ = [
     "ServiceLimits",
     "StreamName",
     "TruncationMarker",
+    "UploadStatus",
     "builtin_services",
     "default_base_env",
     "version_token",
@@ -139,11 +141,11 @@ def builtin_services(
             (``ServiceLimits.disk_spool_bytes`` per stream) instead of memory.
 
     Returns:
-        ``factory(scope)`` -> an async context manager yielding ``{name: Service(...)}``. The
-        process service is made once per worker (``scope.worker.shared``) and closed when the
-        worker stops, terminating its processes; on exit of a session's context its unfinished
-        uploads are discarded. Called with a scope that has no worker (outside a
-        :class:`~garcon_link.Worker`), the process service is per-session as before.
+        ``factory(scope)`` -> an async context manager yielding ``{name: Service(...)}``. Each
+        service is made once per worker (``scope.worker.shared``) and closed when the worker
+        stops, terminating its processes and discarding its unfinished uploads. Called with a
+        scope that has no worker (outside a :class:`~garcon_link.Worker`), the services are
+        per-session: closed when the session's context exits.
 
     Raises:
         ConfigError: an unknown name, no name, or ``root`` or ``spool_dir`` is not an existing
@@ -156,9 +158,15 @@ def builtin_services(
     root_path = Path(root)
     service_limits = limits or ServiceLimits()
     key = object()  # this factory's worker-lifetime process service
+    files_key = object()  # ... and file service (its unfinished uploads)
 
     def make_process() -> LocalProcessService:
         return LocalProcessService(root_path, limits=service_limits, spool_dir=spool_dir)
+
+    def make_files() -> LocalFileService:
+        return LocalFileService(
+            root_path, limits=service_limits, allow_special_mode_bits=allow_special_mode_bits
+        )
 
     @contextlib.asynccontextmanager
     async def per_session(scope: ServiceScope) -> AsyncIterator[Mapping[str, object]]:
@@ -173,7 +181,10 @@ def builtin_services(
                 )
                 await stack.enter_async_context(process)
                 services["process"] = Service(process, ProcessService)
-            if "files" in wanted:
+            if "files" in wanted and scope.worker is not None:
+                shared_files = await scope.worker.shared(files_key, make_files)
+                services["files"] = Service(shared_files, FileService, scope="worker")
+            elif "files" in wanted:
                 files = LocalFileService(
                     root_path,
                     scope=scope,

@@ -63,6 +63,25 @@ incrementally while receiving) and publishes exactly as ``write`` does. A failed
 the upload. Reading is bounded the same way: :meth:`~LocalFileService.read` by offset, or
 :meth:`~LocalFileService.read_stream` (a credit-controlled remote stream).
 
+Resumable uploads
+-----------------
+:func:`~garcon_link.services.builtin_services` serves one file service per worker
+(``Service(..., scope="worker")``, DESIGN §13), so an unfinished upload belongs to the worker,
+not to the logical session that began it: its handle carries the worker's runtime id, stays valid
+across session replacement and controller restarts, and is ``StaleResource`` after the worker
+restarts. :meth:`~LocalFileService.upload_status` tells a caller whose chunk ended
+``OutcomeUnknown`` (or that reconnected) where to continue: ``received`` counts the bytes written
+to the staged file, in order, and the digests always cover exactly those bytes (both are updated
+in the thread that writes, under the upload's lock). A resent range already received is ignored
+without being compared with what was received -- comparing would read the staged bytes back on
+every replay; the commit's expected digests are what verify the content.
+
+Bounds: ``ServiceLimits.max_uploads`` unfinished uploads per worker (each holds a staged file and
+two descriptors); an upload with no call on its handle for ``ServiceLimits.upload_idle_timeout``
+is discarded at the next upload call (``begin_upload``, ``upload_chunk``, ``upload_status``,
+``commit_upload``) and its handle gets ``UNKNOWN_UPLOAD``; an upload being written to is never
+idle. Closing the service (the worker stopping) discards every unfinished upload.
+
 Threads and shutdown
 --------------------
 Blocking calls run in threads. Read-only work (every read, listing, ``stat`` and the check
@@ -79,9 +98,10 @@ Refusals are :class:`~garcon_link.Rejected` (nothing was changed): ``INVALID_PAT
 ``PERMISSION_DENIED`` (confinement or the OS), ``NOT_FOUND``, ``ALREADY_EXISTS``,
 ``NOT_A_DIRECTORY``, ``IS_A_DIRECTORY``, ``NOT_A_FILE``, ``NOT_A_SYMLINK``,
 ``DIRECTORY_NOT_EMPTY``, ``VERSION_MISMATCH``, ``DIGEST_MISMATCH``, ``SIZE_MISMATCH``,
-``UPLOAD_GAP``, ``TOO_MANY_UPLOADS``, ``INVALID_ARGUMENTS``, ``OVERLOADED``. Failures while
-acting are :class:`~garcon_link.RemoteError`: ``IO_ERROR``, ``NO_SPACE``. Messages name the
-caller's path, never the worker's real path: an OS error is shown by its ``strerror`` only.
+``UPLOAD_GAP``, ``UNKNOWN_UPLOAD``, ``TOO_MANY_UPLOADS``, ``INVALID_ARGUMENTS``, ``OVERLOADED``.
+Failures while acting are :class:`~garcon_link.RemoteError`: ``IO_ERROR``, ``NO_SPACE``.
+Messages name the caller's path, never the worker's real path: an OS error is shown by its
+``strerror`` only.
 
 This module also holds :class:`ServiceLimits`, shared with :mod:`garcon_link.services.process`.
 POSIX only (``openat``/``O_NOFOLLOW``/``dir_fd``); Linux is tested.
@@ -100,6 +120,7 @@ import queue
 import secrets
 import stat as stat_mod
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
@@ -119,6 +140,7 @@ __all__ = [
     "LocalFileService",
     "ReadChunk",
     "ServiceLimits",
+    "UploadStatus",
 ]
 
 log = logging.getLogger(__name__)
@@ -185,7 +207,11 @@ class ServiceLimits:
     )
     max_uploads: int = field(
         default=16,
-        metadata=_doc("Unfinished uploads one session may hold (each holds a staged file)."),
+        metadata=_doc(
+            "Unfinished uploads the worker holds, whichever session began them (the file "
+            "service is worker-scoped; each upload holds a staged file and two descriptors). "
+            "One more begin_upload is refused with TOO_MANY_UPLOADS."
+        ),
     )
     max_list_entries: int = field(
         default=10_000,
@@ -251,6 +277,14 @@ class ServiceLimits:
             "Output kept on disk per process and stream when the process service has a spool "
             "directory (replaces output_retention_bytes for start()); dropped in whole "
             "segments of a quarter of it, reported as an exact truncation range."
+        ),
+    )
+    upload_idle_timeout: float = field(
+        default=3600.0,
+        metadata=_doc(
+            "Seconds an unfinished upload may go without a call on its handle (begin, chunk, "
+            "status); then it is discarded with its staged file at the next upload call "
+            "(its handle then gets UNKNOWN_UPLOAD)."
         ),
     )
 
@@ -335,6 +369,23 @@ class ReadChunk:
     size: int
     version: str
     eof: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UploadStatus:
+    """Where an unfinished upload stands (:meth:`FileService.upload_status`).
+
+    Attributes:
+        path: the destination, as given to ``begin_upload``.
+        received: bytes received and written to the staged file, in order from 0: the offset
+            the next chunk must start at (a chunk starting earlier is accepted, its already
+            received part ignored).
+        size: the size declared to ``begin_upload`` (``None``: not declared).
+    """
+
+    path: str
+    received: int
+    size: int | None
 
 
 # ---------------------------------------------------------------------------- interface
@@ -427,15 +478,35 @@ class FileService(Protocol):
         """Start a chunked upload to ``path``; returns an ``"upload"`` reference.
 
         ``size`` (optional) is checked at commit; ``if_match``/``exclusive`` are checked now
-        (early refusal) and again atomically at commit.
+        (early refusal) and again atomically at commit. The upload belongs to the worker: its
+        handle stays valid across session replacement and controller restarts, until it is
+        committed, aborted, idle for ``ServiceLimits.upload_idle_timeout`` or the worker stops.
+
+        Raises:
+            Rejected: ``TOO_MANY_UPLOADS`` (``ServiceLimits.max_uploads`` per worker), or a
+                refusal of the path as for ``write``.
         """
         ...
 
     async def upload_chunk(self, handle: ResourceRef, offset: int, data: bytes) -> int:
         """Append ``data`` that starts at byte ``offset``; returns the bytes received so far.
 
-        A range already received is ignored (replay-safe); ``offset`` beyond the bytes received
-        is refused with ``UPLOAD_GAP``.
+        A range already received is ignored, not compared (replay-safe: resending a chunk
+        whose reply was lost is harmless); ``offset`` beyond the bytes received is refused with
+        ``UPLOAD_GAP`` (ask :meth:`upload_status` where to continue).
+        """
+        ...
+
+    async def upload_status(self, handle: ResourceRef) -> UploadStatus:
+        """Where the upload stands: resume with ``upload_chunk(handle, status.received, ...)``.
+
+        For a caller whose ``upload_chunk`` ended ``OutcomeUnknown`` (the chunk may or may not
+        have been written), or that lost its session or restarted. Counts as activity for
+        ``ServiceLimits.upload_idle_timeout``.
+
+        Raises:
+            Rejected: ``UNKNOWN_UPLOAD`` -- committed, aborted, expired or never begun.
+            StaleResource: the worker restarted since the upload began (it was discarded).
         """
         ...
 
@@ -1083,6 +1154,7 @@ class _Upload:
         "shown",
         "size",
         "staged",
+        "touched",
     )
 
     def __init__(
@@ -1098,6 +1170,7 @@ class _Upload:
         if_match: str | None,
         exclusive: bool,
         mode: int | None,
+        now: float,
     ) -> None:
         self.parts = parts
         self.shown = shown
@@ -1113,6 +1186,8 @@ class _Upload:
         self.sha256 = hashlib.sha256()
         self.blake3 = blake3.blake3()
         self.lock = anyio.Lock()
+        self.touched = now
+        """When a call last used this upload (the service's clock): for the idle timeout."""
 
     def discard(self) -> None:
         """Remove the staged file and close descriptors (idempotent)."""
@@ -1136,18 +1211,21 @@ class LocalFileService:
     Blocking file system calls run in threads: read-only work in daemon threads a cancelled
     call abandons, changes in threads the call waits for (see "threads" in the source). Every
     path is checked against the path bounds before any of it runs. Upload handles are
-    minted in ``scope`` (the per-session scope :func:`~garcon_link.services.builtin_services`
-    passes), or, when ``scope`` is ``None``, in :func:`~garcon_link.current_scope` at call time.
-    Use ``async with`` (or :meth:`aclose`) to discard unfinished uploads. Expose it as
-    ``gl.Service(impl, FileService)`` so only the interface is callable.
+    minted in ``scope`` if given, else in :func:`~garcon_link.current_scope` at call time:
+    served as ``gl.Service(impl, FileService, scope="worker")`` (what
+    :func:`~garcon_link.services.builtin_services` does) that is the worker's scope, so
+    unfinished uploads outlive sessions. Use ``async with`` (or :meth:`aclose`) to discard
+    unfinished uploads. Expose it through ``gl.Service`` so only the interface is callable.
 
     Args:
         root: the directory that is ``/`` for callers.
-        scope: the service scope handles belong to.
+        scope: the service scope handles belong to (``None``: the caller's at call time).
         limits: bounds (:class:`ServiceLimits`).
         allow_special_mode_bits: accept a ``mode`` with setuid, setgid or sticky bits (refused
             with ``PERMISSION_DENIED`` by default). Replacing a file without ``mode`` never keeps
             these bits either way.
+        clock: monotonic seconds, for ``ServiceLimits.upload_idle_timeout`` (injectable for
+            tests).
 
     Raises:
         ConfigError: ``root`` is not an existing directory.
@@ -1160,8 +1238,10 @@ class LocalFileService:
         scope: ServiceScope | None = None,
         limits: ServiceLimits | None = None,
         allow_special_mode_bits: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits or ServiceLimits()
+        self._clock = clock
         self.root = ConfinedRoot(root, self.limits)
         self.allow_special_mode_bits = allow_special_mode_bits
         self._scope = scope
@@ -1539,6 +1619,7 @@ class LocalFileService:
             raise Rejected("INVALID_ARGUMENTS", "exclusive and if_match exclude each other")
         if self._closed:
             raise Rejected("SHUTTING_DOWN", "the file service is closed")
+        await self._expire_idle()
         if len(self._uploads) >= self.limits.max_uploads:
             raise Rejected(
                 "TOO_MANY_UPLOADS", f"{self.limits.max_uploads} uploads are already open"
@@ -1586,6 +1667,7 @@ class LocalFileService:
             if_match=if_match,
             exclusive=exclusive,
             mode=mode,
+            now=self._clock(),
         )
         if self._closed or len(self._uploads) >= self.limits.max_uploads:
             upload.discard()
@@ -1595,15 +1677,46 @@ class LocalFileService:
         self._uploads[upload_id] = upload
         return scope.resource("upload", upload_id)
 
-    def _upload(self, handle: ResourceRef) -> tuple[str, _Upload]:
+    async def _expire_idle(self) -> None:
+        """Discard uploads idle longer than ``upload_idle_timeout`` (checked at upload calls).
+
+        An upload whose lock is held is in use (a chunk being written, a commit), never idle.
+        """
+        cutoff = self._clock() - self.limits.upload_idle_timeout
+        expired = [
+            (upload_id, upload)
+            for upload_id, upload in self._uploads.items()
+            if upload.touched < cutoff and not upload.lock.locked()
+        ]
+        for upload_id, upload in expired:
+            if self._uploads.get(upload_id) is upload:
+                del self._uploads[upload_id]
+                log.info("discarding upload %s to %s: idle", upload_id, upload.shown)
+                async with upload.lock:
+                    upload.discard()
+
+    async def _upload(self, handle: ResourceRef) -> tuple[str, _Upload]:
+        """The live upload ``handle`` names (after expiring idle ones), touched now."""
         upload_id = self._current_scope().check(handle, "upload")
+        await self._expire_idle()
         upload = self._uploads.get(upload_id)
         if upload is None:
-            raise Rejected("UNKNOWN_UPLOAD", f"{handle!r} was committed, aborted or never existed")
+            raise Rejected(
+                "UNKNOWN_UPLOAD", f"{handle!r} was committed, aborted, expired or never existed"
+            )
+        upload.touched = self._clock()
         return upload_id, upload
 
+    async def upload_status(self, handle: ResourceRef) -> UploadStatus:
+        upload_id, upload = await self._upload(handle)
+        # Under the lock: a chunk being written now is either counted whole or not at all.
+        async with upload.lock:
+            if self._uploads.get(upload_id) is not upload:
+                raise Rejected("UNKNOWN_UPLOAD", f"{handle!r} was committed or aborted")
+            return UploadStatus(upload.shown, upload.received, upload.size)
+
     async def upload_chunk(self, handle: ResourceRef, offset: int, data: bytes) -> int:
-        upload_id, upload = self._upload(handle)
+        upload_id, upload = await self._upload(handle)
         if offset < 0:
             raise Rejected("INVALID_ARGUMENTS", "offset must be >= 0")
         async with upload.lock:
@@ -1624,11 +1737,14 @@ class LocalFileService:
             def append() -> None:
                 with _os_errors(upload.shown):
                     _write_all(upload.fd, new, upload.received)
+                # Together with the write, in the thread: ``received`` and the digests never
+                # disagree with the staged bytes, whatever happens to the awaiting call.
                 upload.sha256.update(new)
                 upload.blake3.update(new)
+                upload.received += len(new)
 
             await self._changing(upload.shown, append)
-            upload.received += len(new)
+            upload.touched = self._clock()
             return upload.received
 
     async def commit_upload(
@@ -1638,7 +1754,7 @@ class LocalFileService:
         expected_blake3: str | None = None,
     ) -> FileStat:
         _check_digest_args(expected_sha256, expected_blake3)
-        upload_id, upload = self._upload(handle)
+        upload_id, upload = await self._upload(handle)
         async with upload.lock:
             if self._uploads.pop(upload_id, None) is not upload:
                 raise Rejected("UNKNOWN_UPLOAD", f"{handle!r} was committed or aborted")
