@@ -319,6 +319,32 @@ def _row(label: str, result: str, timing: str = "", detail: str = "") -> None:
             _say(" " * (_LABEL + 7) + line)
 
 
+async def _hold_in_task(
+    tg: anyio.abc.TaskGroup, demo: DemoApi, seconds: float
+) -> tuple[list[BaseException | str], anyio.Event]:
+    """Start ``demo.hold(seconds)`` in a task of ``tg`` and return once the worker executes it:
+    the list its outcome goes to, and the event set when it ends."""
+    outcome: list[BaseException | str] = []
+    finished = anyio.Event()
+
+    async def pending_call() -> None:
+        try:
+            outcome.append(await demo.hold(seconds))
+        except Exception as exc:
+            outcome.append(exc)
+        finally:
+            finished.set()
+
+    tg.start_soon(pending_call)
+    with anyio.fail_after(_STEP_TIMEOUT):
+        while True:  # the worker's count is polled: a remote call, not an event here
+            if await demo.holding() >= 1:
+                break
+            await anyio.sleep(0.01)
+    _row(f"start demo.hold({seconds:g}) in a task", "executing on the worker (pending here)")
+    return outcome, finished
+
+
 def _note(text: str) -> None:
     _say(f"   {text}")
 
@@ -559,24 +585,7 @@ class _Demo:
         _say()
         _say("4. the worker is killed while a call is executing, then restarted")
         info_before = await executor.info()
-        outcome: list[BaseException | str] = []
-        finished = anyio.Event()
-
-        async def pending_call() -> None:
-            try:
-                outcome.append(await demo.hold(30))
-            except Exception as exc:
-                outcome.append(exc)
-            finally:
-                finished.set()
-
-        tg.start_soon(pending_call)
-        with anyio.fail_after(_STEP_TIMEOUT):
-            while True:
-                if await demo.holding() >= 1:
-                    break
-                await anyio.sleep(0.01)
-        _row("start demo.hold(30) in a task", "executing on the worker (pending here)")
+        outcome, finished = await _hold_in_task(tg, demo, 30)
 
         old_pid = self.worker.pid
         t_kill = time.perf_counter()
@@ -669,26 +678,7 @@ class _Demo:
         assert worker is not None
         _say()
         _say("5. the worker is stopped gracefully (SIGTERM) while a call is executing")
-        outcome: list[BaseException | str] = []
-        done = anyio.Event()
-
-        async def pending_call() -> None:
-            try:
-                outcome.append(await demo.hold(_DRAIN_HOLD))
-            except Exception as exc:
-                outcome.append(exc)
-            finally:
-                done.set()
-
-        tg.start_soon(pending_call)
-        with anyio.fail_after(_STEP_TIMEOUT):
-            while True:
-                if await demo.holding() >= 1:
-                    break
-                await anyio.sleep(0.01)
-        _row(
-            f"start demo.hold({_DRAIN_HOLD:g}) in a task", "executing on the worker (pending here)"
-        )
+        outcome, done = await _hold_in_task(tg, demo, _DRAIN_HOLD)
         lines_before = len(worker.lines)
         t_term = time.perf_counter()
         worker.terminate()

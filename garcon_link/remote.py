@@ -297,6 +297,14 @@ class _Endpoint:
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
         raise NotImplementedError
 
+    _draining = False
+
+    @property
+    def draining(self) -> bool:
+        """Whether a graceful stop is under way (``aclose(drain=...)``, a worker's SIGTERM): new
+        calls fail with ``NotDispatched("DRAINING")``, calls in flight finish."""
+        return self._draining
+
 
 class RemoteExecutor(_Endpoint):
     """The controller's handle on one worker; use ``async with connect(config) as executor``.
@@ -394,11 +402,6 @@ class RemoteExecutor(_Endpoint):
             return False
         self._set_availability("disposed")
         return True
-
-    @property
-    def draining(self) -> bool:
-        """Whether :meth:`aclose` is draining (new calls fail with ``DRAINING``)."""
-        return self._draining
 
     async def _drain(self, seconds: float) -> None:
         self._draining = True
@@ -994,11 +997,6 @@ class Worker(_Endpoint):
                     # outlive them.
                     with anyio.CancelScope(shield=True):
                         await self.worker_scope.aclose()
-
-    @property
-    def draining(self) -> bool:
-        """Whether the worker is draining (the controller's new calls get ``DRAINING``)."""
-        return self._draining
 
     async def _drain(self, seconds: float) -> None:
         self._draining = True

@@ -436,6 +436,24 @@ class _Notifier:
         await self._event.wait()
 
 
+def _clamp_offset(
+    name: str, start: int, end: int, after: int
+) -> tuple[int, TruncationMarker | None]:
+    """Where a read from ``after`` starts in a spool that keeps ``[start, end)``, and the exact
+    range lost before it, if any.
+
+    Raises:
+        Rejected: ``INVALID_OFFSET``, ``after`` is negative or past what was produced.
+    """
+    if after < 0 or after > end:
+        raise Rejected(
+            "INVALID_OFFSET", f"{name} offset {after} is outside the {end} bytes produced so far"
+        )
+    if after < start:
+        return start, TruncationMarker(after, start)
+    return after, None
+
+
 class _Output:
     """One output stream: a bounded tail of bytes addressed by absolute stream offsets."""
 
@@ -465,15 +483,7 @@ class _Output:
             self._changed.notify()
 
     def chunk(self, after: int, max_bytes: int) -> OutputChunk:
-        if after < 0 or after > self.end:
-            raise Rejected(
-                "INVALID_OFFSET",
-                f"{self.name} offset {after} is outside the {self.end} bytes produced so far",
-            )
-        truncated = None
-        if after < self.start:
-            truncated = TruncationMarker(after, self.start)
-            after = self.start
+        after, truncated = _clamp_offset(self.name, self.start, self.end, after)
         i = after - self.start
         data = bytes(self._buf[i : i + max_bytes])
         eof = self.eof and after + len(data) == self.end
@@ -547,15 +557,7 @@ class _DiskOutput(_Output):
             view = view[written:]
 
     def chunk(self, after: int, max_bytes: int) -> OutputChunk:
-        if after < 0 or after > self.end:
-            raise Rejected(
-                "INVALID_OFFSET",
-                f"{self.name} offset {after} is outside the {self.end} bytes produced so far",
-            )
-        truncated = None
-        if after < self.start:
-            truncated = TruncationMarker(after, self.start)
-            after = self.start
+        after, truncated = _clamp_offset(self.name, self.start, self.end, after)
         data = bytearray()
         try:
             for seg_start, length, number in list(self._segments):
