@@ -76,7 +76,7 @@ Commands
     availability, session, since, calls, errors); otherwise, or with ``--json``, one line per
     event (``joined``, ``ready``, ``reconnecting``, ``offline``, ``forgotten``, ``lost``).
 
-``garcon-link describe [CONFIG|-] [--json]``
+``garcon-link describe [CONFIG|-] [--json] [--executor ID]``
     Connect like ``call`` and print what the worker serves, one method per line (grpcurl-style):
     ``unary  calc.add(a: int, b: int) -> int``; ``--json`` prints the executor id, the contract
     hash and the whole manifest as one JSON object instead.
@@ -880,8 +880,10 @@ def describe_lines(services: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-async def _describe_executor(config: LinkConfig, *, ready_timeout: float) -> ExecutorInfo:
-    async with connect(config) as executor:
+async def _describe_executor(
+    config: LinkConfig | FleetConfig, *, ready_timeout: float, executor_id: str | None = None
+) -> ExecutorInfo:
+    async with _open_executor(config, executor_id) as executor:
         try:
             await executor.wait_ready(timeout=ready_timeout)
         except TimeoutError as exc:
@@ -997,8 +999,10 @@ def _cmd_describe(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=True)
     if ns.timeout <= 0:
         raise UsageError("--timeout must be > 0")
-    config = _load(ns.config)
-    info = anyio.run(lambda: _describe_executor(config, ready_timeout=ns.timeout))
+    config = _load_any(ns.config)
+    info = anyio.run(
+        lambda: _describe_executor(config, ready_timeout=ns.timeout, executor_id=ns.executor)
+    )
     if ns.json:
         _print_json(
             {
@@ -1268,6 +1272,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         help="print {executor_id, contract, services} as one JSON object",
+    )
+    describe.add_argument(
+        "--executor",
+        default=None,
+        metavar="ID",
+        help="the executor to describe (required with a fleet configuration, [executors])",
     )
     describe.add_argument(
         "--timeout",

@@ -4,6 +4,7 @@
   exits 0 on SIGTERM; without a terminal and without ``--json`` it prints ``key=value`` lines;
 * ``garcon-link call CONFIG --executor ID ...`` calls one executor of a fleet configuration
   (here one that dials two listening workers), and refuses a missing or unknown ``--executor``;
+  ``describe --executor ID`` describes one;
 * ``garcon-link worker`` exits 7 with one line when another process took over its executor id
   (SIGSTOP the first, start a second with the same id, SIGCONT the first).
 """
@@ -166,6 +167,10 @@ def test_call_reaches_the_executor_named_with_executor(fleet_dir: Path) -> None:
         done = run_cli("call", str(config), "--executor", "box-2", "who.whoami")
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == "box-2"
+        done = run_cli("describe", str(config), "--executor", "box-1", "--json")
+        assert done.returncode == 0, done.stderr
+        described = json.loads(done.stdout)
+        assert described["executor_id"] == "box-1" and "whoami" in described["services"]["who"]
         done = run_cli("call", str(config), "who.whoami")
         assert done.returncode == cli.EXIT_USAGE
         assert (
