@@ -1044,6 +1044,14 @@ class ExecutorLink:
         return self._link.last_error
 
     @property
+    def refusal(self) -> HandshakeError | None:
+        """The link's latest refusal that a redial will not heal (a dialing link only)."""
+        return self._link.refusal
+
+    def on_refusal(self, listener: Callable[[HandshakeError], None]) -> Callable[[], None]:
+        return self._link.on_refusal(listener)
+
+    @property
     def url(self) -> str:
         return self._link.url
 

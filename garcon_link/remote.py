@@ -346,6 +346,7 @@ class RemoteExecutor(_Endpoint):
         self._tg = tg
         self._init_member(executor_id, registry)
         self._callbacks.append(lambda value: on_change(self, value))
+        link.on_refusal(lambda _error: self._wake())
         return self
 
     def _init_member(self, executor_id: str, registry: Registry) -> None:
@@ -475,8 +476,7 @@ class RemoteExecutor(_Endpoint):
         raise TimeoutError(f"executor {self.executor_id!r} not ready within {timeout}s: {why}")
 
     def _refusal(self) -> HandshakeError | None:
-        link = self._own_link
-        return link.refusal if link is not None else None
+        return self.link.refusal
 
     def _wake(self) -> None:
         """Wake every waiter on ``_changed`` (availability or a refusal)."""

@@ -92,3 +92,15 @@ async def test_once_the_other_end_is_fixed_the_link_recovers() -> None:
                         await anyio.sleep(0.05)
             assert executor.link.refusal is None
             assert await executor.service("calc").add(2, 3) == 5
+
+
+async def test_a_fleet_dialing_with_a_wrong_key_fails_wait_ready_at_once() -> None:
+    secret = gl.generate_secret()
+    worker_config = config(gl.Role.WORKER, "box", secret, listen=("127.0.0.1", 0))
+    async with gl.Worker(worker_config, {"calc": Calc()}) as worker:
+        fleet_config = gl.FleetConfig(
+            dial=(gl.DialExecutor("box", worker.url, gl.generate_secret()),), limits=LIMITS
+        )
+        async with gl.fleet(fleet_config) as fleet:
+            with pytest.raises(gl.AuthenticationError, match="same secret"):
+                await fleet.executor("box").wait_ready(PATIENT)
