@@ -80,7 +80,7 @@ http {{
         ''      close;
     }}
     upstream garcon_worker {{
-        server 127.0.0.1:{worker_port};
+{upstream}
     }}
     server {{
         listen 127.0.0.1:{port} ssl;
@@ -153,7 +153,9 @@ class Nginx:
 
 
 @asynccontextmanager
-async def nginx_in_front_of(tmp_path: Path, worker_port: int) -> AsyncIterator[Nginx]:
+async def nginx_in_front_of(tmp_path: Path, *ports: int, balance: str = "") -> AsyncIterator[Nginx]:
+    """nginx terminating TLS in front of ``ports`` (one upstream server each), balanced by the
+    ``balance`` directive (e.g. ``hash $arg_executor consistent;``)."""
     binary = _require_nginx()
     ca = trustme.CA()
     cert = ca.issue_cert("localhost", "127.0.0.1")
@@ -166,7 +168,15 @@ async def nginx_in_front_of(tmp_path: Path, worker_port: int) -> AsyncIterator[N
     port = free_tcp_port()
     user = "user root;\n" if os.geteuid() == 0 else ""
     (tmp_path / "nginx.conf").write_text(
-        NGINX_CONF.format(user=user, tmp=tmp_path, worker_port=worker_port, port=port)
+        NGINX_CONF.format(
+            user=user,
+            tmp=tmp_path,
+            port=port,
+            upstream="\n".join(
+                [f"        {balance}"] * bool(balance)
+                + [f"        server 127.0.0.1:{p};" for p in ports]
+            ),
+        )
     )
     with (tmp_path / "nginx.out").open("wb") as out:
         process = await anyio.open_process(
