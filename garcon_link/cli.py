@@ -1230,19 +1230,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EXIT_CODES_HELP,
     )
     call.add_argument("operands", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
-    call.add_argument(
-        "--timeout",
-        type=float,
-        default=10.0,
-        metavar="S",
-        help="seconds to wait for the executor to be ready (default 10); else exit 3",
-    )
-    call.add_argument(
-        "--executor",
-        default=None,
-        metavar="ID",
-        help="the executor to call (required with a fleet configuration, [executors])",
-    )
+    _add_ready_timeout(call)
+    _add_executor_option(call, "call")
     call.add_argument(
         "--call-timeout",
         type=float,
@@ -1273,19 +1262,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print {executor_id, contract, services} as one JSON object",
     )
-    describe.add_argument(
-        "--executor",
-        default=None,
-        metavar="ID",
-        help="the executor to describe (required with a fleet configuration, [executors])",
-    )
-    describe.add_argument(
-        "--timeout",
-        type=float,
-        default=10.0,
-        metavar="S",
-        help="seconds to wait for the executor to be ready (default 10); else exit 3",
-    )
+    _add_executor_option(describe, "describe")
+    _add_ready_timeout(describe)
     describe.set_defaults(func=_cmd_describe)
 
     fleet_cmd = commands.add_parser(
@@ -1308,6 +1286,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fleet_cmd.set_defaults(func=_cmd_fleet)
     return parser
+
+
+def _add_executor_option(command: argparse.ArgumentParser, verb: str) -> None:
+    command.add_argument(
+        "--executor",
+        default=None,
+        metavar="ID",
+        help=f"the executor to {verb} (required with a fleet configuration, [executors])",
+    )
+
+
+def _add_ready_timeout(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to wait for the executor to be ready (default 10); else exit 3",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

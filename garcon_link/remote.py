@@ -410,10 +410,7 @@ class RemoteExecutor(_Endpoint):
         log.info("executor %s: draining for up to %.1fs", self.executor_id, seconds)
         if rpc is None:
             return
-        with anyio.move_on_after(seconds) as deadline:
-            if await rpc.wait_idle():
-                await rpc.transport.wait_acknowledged()
-        if deadline.cancelled_caught:
+        if not await rpc.drained(seconds):
             stats = rpc.statistics()
             log.warning(
                 "executor %s: drain time (%.1fs) is up with %d call(s) pending and %d handler(s) "
@@ -1011,10 +1008,7 @@ class Worker(_Endpoint):
             stats.incoming_calls,
             seconds,
         )
-        with anyio.move_on_after(seconds) as deadline:
-            if await rpc.wait_idle():
-                await rpc.transport.wait_acknowledged()
-        if deadline.cancelled_caught:
+        if not await rpc.drained(seconds):
             stats = rpc.statistics()
             log.warning(
                 "executor %s: drain time (%.1fs) is up with %d call(s) still running; closing "

@@ -604,6 +604,15 @@ class ExecutorRpc:
             await self._settled.wait()
         return True
 
+    async def drained(self, seconds: float) -> bool:
+        """A drain's wait: up to ``seconds`` until idle (:meth:`wait_idle`) and every frame of
+        ours is acknowledged by the peer. Returns ``False`` only when the time ran out (a session
+        retired meanwhile ends the wait too: nothing is left to drain)."""
+        with anyio.move_on_after(seconds) as deadline:
+            if await self.wait_idle():
+                await self.transport.wait_acknowledged()
+        return not deadline.cancelled_caught
+
     def _note_settled(self) -> None:
         settled, self._settled = self._settled, None
         if settled is not None:
