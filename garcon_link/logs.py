@@ -17,7 +17,7 @@ known):
 field          type   meaning
 ============== ====== ============================================================================
 gl_executor    str    the executor id
-gl_session     str    the logical session id, 32 hex digits (messages show a prefix of it)
+gl_session     str    the logical session id, 64 hex digits (messages show a prefix of it)
 gl_peer        str    the remote end of the socket, ``host:port``
 gl_close_code  int    the WebSocket close code of the socket's end (``4008``, ``1001``...)
 ============== ====== ============================================================================
