@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import garcon_link as gl
 from garcon_link.config import read_secret_file
 from garcon_link.contrib.otel import OpenTelemetryHook
-from garcon_link.contrib.prometheus import PrometheusHook
+from garcon_link.contrib.prometheus import PrometheusHook, StatisticsCollector
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -72,11 +72,24 @@ def as_record(span: ReadableSpan, process: str) -> dict[str, Any]:
     }
 
 
+KEEP = (
+    "# TYPE garcon_link_calls_total",
+    "garcon_link_calls_total",
+    "# TYPE garcon_link_call_duration_seconds histogram",
+    'garcon_link_call_duration_seconds_bucket{executor="calc-1",le="0.001"',
+    'garcon_link_call_duration_seconds_bucket{executor="calc-1",le="0.005"',
+    "garcon_link_call_duration_seconds_count",
+    "garcon_link_link_fresh_sessions_total",
+    "garcon_link_link_handshakes_completed_total",
+    "garcon_link_link_resumed_total",
+)
+
+
 def metric_lines(registry: CollectorRegistry) -> list[str]:
-    """The scrape, without comments and the *_created / bucket series (for a short printout)."""
+    """Part of the scrape (what a Prometheus server reads from /metrics), for a short printout:
+    the call counter, two histogram buckets and the count, three of the link's counters."""
     lines = generate_latest(registry).decode().splitlines()
-    keep = ("garcon_link_calls_total", "garcon_link_call_duration_seconds_count")
-    return [line for line in lines if line.startswith(keep)]
+    return [line for line in lines if line.startswith(KEEP)]
 
 
 # --------------------------------------------------------------------------- worker (child)
@@ -153,6 +166,9 @@ async def main(root: Path) -> None:
         )
         hooks = [OpenTelemetryHook(), PrometheusHook(registry=registry)]
         async with gl.connect(config, hooks=hooks) as executor:
+            # The link's counters too, read from its statistics snapshot at each scrape.
+            collector = StatisticsCollector(registry=registry)
+            collector.add("link", executor.link.statistics, executor="calc-1")
             await executor.wait_ready(10)
             calc = executor.service("calc", Calc)
             with provider.get_tracer("example").start_as_current_span("controller job"):
