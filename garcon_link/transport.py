@@ -511,7 +511,7 @@ class SessionTransport:
             "session %s retired: %s",
             self.label,
             failure,
-            extra=log_fields(session=self.session_id, close_code=failure.close_code),
+            extra=log_fields(session=self.session_id),
         )
         if self._pending or self._buffer:
             # Accepted and not yet queued for the consumer: hand them over if there is room.
