@@ -1090,14 +1090,13 @@ class WebSocketLink:
         if key is not None and key == slot.key:
             return False
         reason = FailureReason.REVOKED
+        fields = log_fields(executor=slot.executor_id, peer=sock.peer, close_code=reason.close_code)
         if key is None:
             log.warning(
                 "%s executor %r: key revoked; retiring its session",
                 self._tag,
                 slot.executor_id,
-                extra=log_fields(
-                    executor=slot.executor_id, peer=sock.peer, close_code=reason.close_code
-                ),
+                extra=fields,
             )
             sock.local_close = (reason.close_code, reason.description)
             if slot.transport is not None:
@@ -1107,9 +1106,7 @@ class WebSocketLink:
                 "%s executor %r: key changed; closing its socket",
                 self._tag,
                 slot.executor_id,
-                extra=log_fields(
-                    executor=slot.executor_id, peer=sock.peer, close_code=reason.close_code
-                ),
+                extra=fields,
             )
             sock.local_close = (reason.close_code, "the executor's key changed")
         return True
