@@ -191,6 +191,24 @@ def test_collector_types_nests_and_maps_a_snapshot_and_a_mapping_of_them() -> No
     assert samples(registry) == {}
 
 
+def test_collector_reads_a_fleet_executors_table() -> None:
+    registry = CollectorRegistry()
+    collector = StatisticsCollector(registry=registry)
+    table = {
+        "gpu-1": gl.ExecutorSnapshot("gpu-1", "ready", "0a1b2c3d4e5f", 1700000000.5, 12, 2),
+        "gpu-2": gl.ExecutorSnapshot("gpu-2", "offline", None, 1700000001.0, 0, 0),
+    }
+    collector.add("member", lambda: table)
+    text = generate_latest(registry).decode()
+    got = samples(registry)
+    assert got["garcon_link_member_calls_total", labels(executor="gpu-1")] == 12
+    assert got["garcon_link_member_errors_total", labels(executor="gpu-1")] == 2
+    assert got["garcon_link_member_since", labels(executor="gpu-2")] == 1700000001.0
+    assert "# TYPE garcon_link_member_since gauge" in text
+    # Text fields (availability, session) are not numbers: no metric, no unbounded label.
+    assert "availability" not in text and "0a1b2c3d4e5f" not in text
+
+
 def test_collector_caps_executors_and_keys_and_survives_a_failing_source() -> None:
     registry = CollectorRegistry()
     collector = StatisticsCollector(registry=registry, max_executors=2, max_keys=2)
