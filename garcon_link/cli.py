@@ -110,7 +110,8 @@ Every failure prints exactly one line on stderr, ``error: <what>``; a call's fai
 ``error: [outcome:code] message``. Tracebacks are not printed: ``-v`` (before or after the
 command) adds the library's log, for ``RemoteError`` the remote traceback, and for an internal
 error (an exception that is not a usage, configuration, link, call or OS error: a bug) its
-traceback before the line.
+traceback before the line. ``--log-json`` (before or after the command) writes those log lines as
+JSON objects, one per line, with the ``gl_*`` fields of :mod:`garcon_link.logs`.
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ from .errors import (
 from .fleet import Fleet, FleetEvent, fleet
 from .interface import MethodKind, MethodSpec, manifest_method
 from .keyring import enroll
+from .logs import JsonFormatter
 from .remote import (
     ExecutorInfo,
     RemoteExecutor,
@@ -350,9 +352,10 @@ def _describe(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- logging
 
 
-def _setup_logging(verbosity: int, *, quiet_by_default: bool) -> None:
+def _setup_logging(verbosity: int, *, quiet_by_default: bool, json_lines: bool = False) -> None:
     """``-v`` WARNING, ``-vv`` INFO, ``-vvv`` DEBUG; without ``-v`` the worker logs WARNING and
-    the other commands log nothing (their one error line says what went wrong)."""
+    the other commands log nothing (their one error line says what went wrong). ``json_lines``
+    (``--log-json``): one JSON object per line (:class:`garcon_link.logs.JsonFormatter`)."""
     if verbosity <= 0:
         level = logging.CRITICAL + 1 if quiet_by_default else logging.WARNING
     else:
@@ -361,7 +364,11 @@ def _setup_logging(verbosity: int, *, quiet_by_default: bool) -> None:
     for handler in list(root.handlers):
         root.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        JsonFormatter()
+        if json_lines
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     root.addHandler(handler)
     root.setLevel(level)
 
@@ -391,7 +398,7 @@ def _load_any(path: str | None) -> LinkConfig | FleetConfig:
 
 
 def _cmd_keygen(ns: argparse.Namespace) -> int:
-    _setup_logging(ns.verbose, quiet_by_default=True)
+    _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
     if ns.keyring is None and ns.executor is None:
         if ns.path is None:
             raise UsageError("keygen needs PATH, or --keyring DIR --executor ID")
@@ -419,7 +426,7 @@ def _cmd_keygen(ns: argparse.Namespace) -> int:
 
 
 def _cmd_init(ns: argparse.Namespace) -> int:
-    _setup_logging(ns.verbose, quiet_by_default=True)
+    _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
     if not 0 < ns.port < 65536:
         raise UsageError(f"--port {ns.port}: expected a port number from 1 to 65535")
     directory = Path(ns.dir)
@@ -678,7 +685,7 @@ async def _drain_until_signal(
 
 
 def _cmd_worker(ns: argparse.Namespace) -> int:
-    _setup_logging(ns.verbose, quiet_by_default=False)
+    _setup_logging(ns.verbose, quiet_by_default=False, json_lines=ns.log_json)
     services = build_services(
         ns.service or [],
         builtin=ns.builtin or [],
@@ -830,7 +837,7 @@ async def _call(
 
 
 def _cmd_call(ns: argparse.Namespace) -> int:
-    _setup_logging(ns.verbose, quiet_by_default=True)
+    _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
     config_path, target, json_args = _split_call_operands(ns.operands)
     service, method = _parse_target(target)
     args, kwargs = _parse_arguments(json_args)
@@ -986,7 +993,7 @@ def _fleet_listens(config: LinkConfig | FleetConfig) -> bool:
 
 
 def _cmd_fleet(ns: argparse.Namespace) -> int:
-    _setup_logging(ns.verbose, quiet_by_default=False)
+    _setup_logging(ns.verbose, quiet_by_default=False, json_lines=ns.log_json)
     config = _load_any(ns.config)
     if isinstance(config, LinkConfig) and config.role.value != "controller":
         raise UsageError("fleet needs a controller configuration")
@@ -996,7 +1003,7 @@ def _cmd_fleet(ns: argparse.Namespace) -> int:
 
 
 def _cmd_describe(ns: argparse.Namespace) -> int:
-    _setup_logging(ns.verbose, quiet_by_default=True)
+    _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
     if ns.timeout <= 0:
         raise UsageError("--timeout must be > 0")
     config = _load_any(ns.config)
@@ -1023,7 +1030,7 @@ def _cmd_describe(ns: argparse.Namespace) -> int:
 def _cmd_demo(ns: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    _setup_logging(ns.verbose, quiet_by_default=True)
+    _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
     return run_demo(verbose=ns.verbose)
 
 
@@ -1078,6 +1085,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="log to stderr: -v warnings, -vv info, -vvv debug",
     )
+    common.add_argument(
+        "--log-json",
+        action="store_true",
+        help="log lines as JSON objects, one per line (time, level, logger, message and the "
+        "gl_* fields: gl_executor, gl_session, gl_peer, gl_close_code)",
+    )
     parser = _Parser(
         prog="garcon-link",
         description="Resumable, authenticated WebSocket RPC to Python services in a worker.\n\n"
@@ -1094,6 +1107,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         dest="global_verbose",
         help="log to stderr: -v warnings, -vv info, -vvv debug (also after COMMAND)",
+    )
+    parser.add_argument(
+        "--log-json",
+        action="store_true",
+        dest="global_log_json",
+        help="log lines as JSON objects, one per line (also after COMMAND)",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
@@ -1324,6 +1343,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
     ns.verbose += ns.global_verbose
+    ns.log_json = ns.log_json or ns.global_log_json
     handler: Callable[[argparse.Namespace], int] = ns.func
     try:
         return handler(ns)

@@ -57,6 +57,7 @@ from .config import (
     write_secret_file,
 )
 from .errors import ConfigError
+from .logs import log_fields
 
 __all__ = [
     "KEY_SUFFIX",
@@ -240,7 +241,7 @@ class Keyring:
 
 
 def _extra(executor_id: str | None) -> dict[str, object]:
-    return {"executor": executor_id} if executor_id is not None else {}
+    return log_fields(executor=executor_id)
 
 
 def enroll(directory: str | os.PathLike[str], executor_id: str, *, force: bool = False) -> Path:

@@ -87,6 +87,7 @@ from .errors import (
 )
 from .handshake import Handshake, HandshakeResult, ResumeOffer, derive_key, peek_hello
 from .limits import Limits
+from .logs import log_fields
 from .session import RetentionPool
 from .transport import SessionTransport, TransportState
 from .wire import CloseCode, Role
@@ -99,6 +100,7 @@ from .ws import (
     WebSocket,
     WebSocketListener,
     client_upgrade,
+    close_code,
     connect,
     describe_close,
     one_line,
@@ -126,6 +128,12 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+def _dial_peer(target: DialTarget | None) -> str | None:
+    """The ``gl_peer`` log field of a dial target (``host:port``, as its socket's peer)."""
+    return None if target is None else f"{target.host}:{target.port}"
+
 
 _UNEXPECTED = "unexpected error"
 """The close reason a peer gets for a socket ended by an unexpected error (details are logged)."""
@@ -509,7 +517,13 @@ class WebSocketLink:
         first = self.refusal is None or self.refusal.reason is not reason
         self.refusal = error
         if first:
-            log.warning("%s %s refused us: %s", self._tag, self.url, error)
+            log.warning(
+                "%s %s refused us: %s",
+                self._tag,
+                self.url,
+                error,
+                extra=log_fields(executor=self.executor_id, peer=_dial_peer(self._dial)),
+            )
         for listener in list(self._refusal_listeners):
             listener(error)
 
@@ -530,7 +544,12 @@ class WebSocketLink:
                 assert self._listen is not None
                 host, port = self._listen
                 await tg.start(self._listener.serve, host, port, self._authenticate_incoming, tg)
-                log.info("%s listening on %s", self._tag, self.url)
+                log.info(
+                    "%s listening on %s",
+                    self._tag,
+                    self.url,
+                    extra=log_fields(executor=self.executor_id),
+                )
             else:
                 tg.start_soon(self._dial_loop)
         except BaseException:
@@ -628,7 +647,13 @@ class WebSocketLink:
                     await admitted()
             except LinkError as exc:
                 self.last_error = str(exc)
-                log.warning("%s dial %s failed: %s", self._tag, self.url, self.last_error)
+                log.warning(
+                    "%s dial %s failed: %s",
+                    self._tag,
+                    self.url,
+                    self.last_error,
+                    extra=log_fields(executor=self.executor_id, peer=_dial_peer(self._dial)),
+                )
             except Exception as exc:
                 self._peer_failed(self.url, exc)  # never the dial loop's failure: dial again
             if self._given_up():
@@ -639,7 +664,12 @@ class WebSocketLink:
                 delays = backoff(self.limits, self._rng)
             delay = next(delays)
             if delay:
-                log.debug("%s next dial in %.2fs", self._tag, delay)
+                log.debug(
+                    "%s next dial in %.2fs",
+                    self._tag,
+                    delay,
+                    extra=log_fields(executor=self.executor_id),
+                )
                 await anyio.sleep(delay)
             else:
                 await anyio.lowlevel.checkpoint()
@@ -682,7 +712,12 @@ class WebSocketLink:
         self._stats.unexpected_errors += 1
         self.last_error = why
         log.warning(
-            "%s peer %s failed with an unexpected error: %s", self._tag, peer, why, exc_info=exc
+            "%s peer %s failed with an unexpected error: %s",
+            self._tag,
+            peer,
+            why,
+            exc_info=exc,
+            extra=log_fields(executor=self.executor_id),
         )
         return why
 
@@ -719,7 +754,15 @@ class WebSocketLink:
         if frame is None:
             why = describe_close(sock)
             self.last_error = f"peer closed during handshake ({why})"
-            log.info("%s ✕ %s handshake ended: %s", self._tag, sock.peer, why)
+            log.info(
+                "%s %s: handshake ended: %s",
+                self._tag,
+                sock.peer,
+                why,
+                extra=log_fields(
+                    executor=self.executor_id, peer=sock.peer, close_code=close_code(sock)
+                ),
+            )
             if sock.peer_close is not None:
                 code, reason = sock.peer_close
                 if code == CloseCode.TAKEN_OVER:
@@ -763,7 +806,7 @@ class WebSocketLink:
                 key = self._key
                 hs = self._handshake(self.executor_id, key)
                 await sock.send_message(hs.hello_frame())
-            log.debug("%s → %s hello", self._tag, sock.peer)
+            log.debug("%s %s: hello sent", self._tag, sock.peer, extra=log_fields(peer=sock.peer))
             while hs.result is None:
                 frame = await self._receive_handshake_frame(sock)
                 if frame is None:
@@ -771,14 +814,24 @@ class WebSocketLink:
                 reply = hs.receive(frame)
                 if reply is not None:
                     await sock.send_message(reply)
-                    log.debug("%s → %s proof", self._tag, sock.peer)
+                    log.debug(
+                        "%s %s: proof sent", self._tag, sock.peer, extra=log_fields(peer=sock.peer)
+                    )
         except HandshakeError as exc:
             self._stats.count_handshake_failure(exc.reason)
             self.last_error = str(exc)
             if not known:
                 claimed_id = hs.local_hello.executor
                 self.last_error += f" (executor {claimed_id!r} is not enrolled here)"
-            log.warning("%s ✕ %s handshake refused: %s", self._tag, sock.peer, self.last_error)
+            log.warning(
+                "%s %s: handshake refused: %s",
+                self._tag,
+                sock.peer,
+                self.last_error,
+                extra=log_fields(
+                    executor=self.executor_id, peer=sock.peer, close_code=exc.close_code
+                ),
+            )
             if exc.close_code in _WILL_NOT_HEAL:
                 _failure, fix = _WILL_NOT_HEAL[exc.close_code]
                 self._refused(exc.reason, f"we refused {sock.peer}: {exc}", fix)
@@ -818,16 +871,24 @@ class WebSocketLink:
                 await sock.send_message(proof)
             except SocketGone:
                 return  # the transport waits, detached, for the next socket (or its grace)
-            log.debug("%s → %s proof (admitted)", self._tag, sock.peer)
+            log.debug(
+                "%s %s: proof sent (admitted)",
+                self._tag,
+                sock.peer,
+                extra=log_fields(executor=slot.executor_id, peer=sock.peer),
+            )
         sock.authenticated()
         slot.attached = sock
         log.info(
-            "%s ⇄ %s attached executor=%s session=%s resumed=%s",
+            "%s %s: attached executor=%s session=%s resumed=%s",
             self._tag,
             sock.peer,
             slot.executor_id,
             transport.session_id.hex()[:12],
             result.resume,
+            extra=log_fields(
+                executor=slot.executor_id, session=transport.session_id, peer=sock.peer
+            ),
         )
         try:
             async with anyio.create_task_group() as tg:
@@ -857,7 +918,18 @@ class WebSocketLink:
                 if failure is not None
                 else (int(CloseCode.NORMAL), "socket ended")
             )
-        log.info("%s ✕ %s %s", self._tag, sock.peer, describe_close(sock))
+        log.info(
+            "%s %s: socket %s",
+            self._tag,
+            sock.peer,
+            describe_close(sock),
+            extra=log_fields(
+                executor=slot.executor_id,
+                session=transport.session_id,
+                peer=sock.peer,
+                close_code=close_code(sock),
+            ),
+        )
         code, cause = sock.local_close or (0, "")
         await sock.close(int(code) or CloseCode.NORMAL, cause or "socket ended")
 
@@ -877,6 +949,7 @@ class WebSocketLink:
             self._tag,
             self.executor_id,
             self.taken_over,
+            extra=log_fields(executor=self.executor_id),
         )
         for slot in self._slots.values():
             if slot.transport is not None:
@@ -914,7 +987,11 @@ class WebSocketLink:
                 old = slot.attached
                 healthy = old is not None and await old.probe(self.limits.takeover_probe_timeout)
                 if not healthy:
-                    log.info("%s attached socket failed the takeover probe", self._tag)
+                    log.info(
+                        "%s attached socket failed the takeover probe",
+                        self._tag,
+                        extra=log_fields(executor=executor_id, peer=sock.peer),
+                    )
                 decision = decide(slot.view(self._closing), offer, probe_healthy=healthy)
             if isinstance(decision, Refuse):
                 if decision.reason is HandshakeFailure.SUPERSEDED:
@@ -953,7 +1030,13 @@ class WebSocketLink:
             return slot, transport, 0
 
     async def _refuse(self, sock: WebSocket, refusal: Refuse) -> None:
-        log.info("%s ✕ %s refused: %s", self._tag, sock.peer, refusal.detail)
+        log.info(
+            "%s %s: refused: %s",
+            self._tag,
+            sock.peer,
+            refusal.detail,
+            extra=log_fields(peer=sock.peer, close_code=refusal.reason.close_code),
+        )
         code = refusal.reason.close_code
         sock.local_close = (code, refusal.detail)
         await sock.close(code, refusal.detail)
@@ -1007,15 +1090,24 @@ class WebSocketLink:
         if key is not None and key == slot.key:
             return False
         reason = FailureReason.REVOKED
+        fields = log_fields(executor=slot.executor_id, peer=sock.peer, close_code=reason.close_code)
         if key is None:
             log.warning(
-                "%s executor %r: key revoked; retiring its session", self._tag, slot.executor_id
+                "%s executor %r: key revoked; retiring its session",
+                self._tag,
+                slot.executor_id,
+                extra=fields,
             )
             sock.local_close = (reason.close_code, reason.description)
             if slot.transport is not None:
                 slot.transport.retire(reason, "its key file is gone")
         else:
-            log.info("%s executor %r: key changed; closing its socket", self._tag, slot.executor_id)
+            log.info(
+                "%s executor %r: key changed; closing its socket",
+                self._tag,
+                slot.executor_id,
+                extra=fields,
+            )
             sock.local_close = (reason.close_code, "the executor's key changed")
         return True
 

@@ -97,6 +97,7 @@ from .interface import (
 )
 from .limits import Limits
 from .link import ExecutorLink, WebSocketLink
+from .logs import log_fields
 from .resources import ServiceScope, WorkerScope
 from .rpc import ExecutorRpc, Registry, RemoteStream
 from .session import RetentionPool
@@ -407,7 +408,12 @@ class RemoteExecutor(_Endpoint):
     async def _drain(self, seconds: float) -> None:
         self._draining = True
         rpc = self._rpc
-        log.info("executor %s: draining for up to %.1fs", self.executor_id, seconds)
+        log.info(
+            "executor %s: draining for up to %.1fs",
+            self.executor_id,
+            seconds,
+            extra=log_fields(executor=self.executor_id),
+        )
         if rpc is None:
             return
         if not await rpc.drained(seconds):
@@ -419,6 +425,7 @@ class RemoteExecutor(_Endpoint):
                 seconds,
                 stats.pending_calls,
                 stats.incoming_calls,
+                extra=log_fields(executor=self.executor_id),
             )
 
     # -- availability
@@ -437,7 +444,13 @@ class RemoteExecutor(_Endpoint):
     def _set_availability(self, value: Availability) -> None:
         if self._availability == value or self._availability == "disposed":
             return
-        log.info("executor %s: %s -> %s", self.executor_id, self._availability, value)
+        log.info(
+            "executor %s: %s -> %s",
+            self.executor_id,
+            self._availability,
+            value,
+            extra=log_fields(executor=self.executor_id),
+        )
         self._availability = value
         self.since = time.time()
         self._changed.set()
@@ -446,7 +459,9 @@ class RemoteExecutor(_Endpoint):
             try:
                 callback(value)
             except Exception:
-                log.exception("availability callback failed")
+                log.exception(
+                    "availability callback failed", extra=log_fields(executor=self.executor_id)
+                )
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until the executor is ``ready``.
@@ -592,6 +607,7 @@ class RemoteExecutor(_Endpoint):
             self.executor_id,
             transport.session_id.hex()[:12],
             why,
+            extra=log_fields(executor=self.executor_id, session=transport.session_id),
         )
         transport.retire(FailureReason.REFUSED, why)
 
@@ -1007,6 +1023,7 @@ class Worker(_Endpoint):
             self.config.executor_id,
             stats.incoming_calls,
             seconds,
+            extra=log_fields(executor=self.config.executor_id),
         )
         if not await rpc.drained(seconds):
             stats = rpc.statistics()
@@ -1016,6 +1033,7 @@ class Worker(_Endpoint):
                 self.config.executor_id,
                 seconds,
                 stats.incoming_calls,
+                extra=log_fields(executor=self.config.executor_id),
             )
 
     @property
@@ -1084,7 +1102,10 @@ class Worker(_Endpoint):
             services = await stack.enter_async_context(factory(scope))
             registry = _registry_from(services, self.worker_scope)
         except Exception as exc:
-            log.exception("service scope factory failed; retiring the session")
+            log.exception(
+                "service scope factory failed; retiring the session",
+                extra=log_fields(executor=self.config.executor_id, session=transport.session_id),
+            )
             transport.retire(FailureReason.CLOSED, f"service scope failed: {exc}")
             transport.payloads().close()  # no ExecutorRpc will ever consume this session
             await stack.aclose()
@@ -1131,12 +1152,17 @@ class Worker(_Endpoint):
             try:
                 await stack.aclose()
             except Exception:
-                log.exception("closing service scope %s failed", scope.instance_id.hex()[:8])
+                log.exception(
+                    "closing service scope %s failed",
+                    scope.instance_id.hex()[:8],
+                    extra=log_fields(executor=scope.executor_id),
+                )
         if cleanup.cancelled_caught:
             log.warning(
                 "service scope %s did not close within %.1fs",
                 scope.instance_id.hex()[:8],
                 self.limits.scope_cleanup_timeout,
+                extra=log_fields(executor=scope.executor_id),
             )
 
 

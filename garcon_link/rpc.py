@@ -171,6 +171,7 @@ from .idempotency import (
 )
 from .interface import MethodKind, MethodSpec, ServiceSpec, from_wire, to_wire
 from .limits import Limits
+from .logs import log_fields
 from .resources import ResourceRef, ServiceScope, _current
 from .transport import SessionTransport
 from .wire import array_prefix, decode_item
@@ -753,6 +754,7 @@ class ExecutorRpc:
                 "session %s: %d refusals wait for the peer's receipts; reading paused",
                 self.transport.label,
                 self._queued_refusals,
+                extra=log_fields(session=self.transport.session_id),
             )
         return self._hold
 
@@ -884,7 +886,11 @@ class ExecutorRpc:
         """
         if self._pending.get(pending.id) is not pending:
             return  # it ended, was closed, or the session was retired meanwhile
-        log.debug("stream %d was dropped without aclose(); cancelling it", pending.id)
+        log.debug(
+            "stream %d was dropped without aclose(); cancelling it",
+            pending.id,
+            extra=log_fields(session=self.transport.session_id),
+        )
         self._pending.pop(pending.id, None)
         self._note_settled()
         if pending.ordinal is not None:
@@ -1080,6 +1086,7 @@ class ExecutorRpc:
                 "session %s: stream %d got an item beyond its credit; ending it",
                 self.transport.label,
                 pending.id,
+                extra=log_fields(session=self.transport.session_id),
             )
             self._end_stream(
                 pending,
@@ -1433,10 +1440,21 @@ class ExecutorRpc:
                 raise ValueError("args must be a list and kwargs a map")
             pos, kw = spec.convert_arguments(args, kwargs)
         except (CallError, ValueError) as exc:
-            log.warning("dropping notification %s.%s: %s", service, method, exc)
+            log.warning(
+                "dropping notification %s.%s: %s",
+                service,
+                method,
+                exc,
+                extra=log_fields(session=self.transport.session_id),
+            )
             return
         if self._draining:
-            log.warning("dropping notification %s.%s: draining", service, method)
+            log.warning(
+                "dropping notification %s.%s: draining",
+                service,
+                method,
+                extra=log_fields(session=self.transport.session_id),
+            )
             return
         if len(self._incoming) + self._notifications >= self.limits.max_incoming_calls:
             # One-way handlers count against the incoming budget too; with no reply to send,
@@ -1446,6 +1464,7 @@ class ExecutorRpc:
                 service,
                 method,
                 self.limits.max_incoming_calls,
+                extra=log_fields(session=self.transport.session_id),
             )
             return
         self._notifications += 1
@@ -1466,7 +1485,12 @@ class ExecutorRpc:
             if hasattr(result, "__await__"):
                 await result
         except Exception:
-            log.exception("notification handler %s.%s raised", service, method)
+            log.exception(
+                "notification handler %s.%s raised",
+                service,
+                method,
+                extra=log_fields(session=self.transport.session_id),
+            )
         finally:
             self._notifications -= 1
             self._note_settled()

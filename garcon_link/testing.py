@@ -101,7 +101,7 @@ ACCEPT_RETRY_DELAY = 0.05
 
 Direction = Literal["up", "down", "both"]
 _DIRECTIONS: frozenset[str] = frozenset({"up", "down", "both"})
-_GLYPH = {"up": "→", "down": "←"}
+_GLYPH = {"up": "upstream", "down": "downstream"}  # named in log lines (plain words)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +238,7 @@ class FaultProxy:
             await task_group.__aexit__(type(exc), exc, exc.__traceback__)
             raise
         logger.debug(
-            "fault proxy %s:%d ⇄ %s:%d listening",
+            "fault proxy %s:%d listening, forwarding to %s:%d",
             self._listen_host,
             self._bound_port,
             self._target_host,

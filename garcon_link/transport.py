@@ -78,6 +78,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
 from .limits import Limits
+from .logs import log_fields
 from .session import MessageSession, RetentionPool, SessionState, SessionStatistics
 from .wire import Ordinal
 
@@ -287,13 +288,23 @@ class SessionTransport:
     def _set_state(self, state: TransportState) -> None:
         if state is self._state:
             return
-        log.debug("session %s: %s -> %s", self.label, self._state.value, state.value)
+        log.debug(
+            "session %s: %s -> %s",
+            self.label,
+            self._state.value,
+            state.value,
+            extra=log_fields(session=self.session_id),
+        )
         self._state = state
         for listener in list(self._listeners):
             try:
                 listener(state)
             except Exception:  # a listener must not break the transport
-                log.exception("session %s: state listener failed", self.label)
+                log.exception(
+                    "session %s: state listener failed",
+                    self.label,
+                    extra=log_fields(session=self.session_id),
+                )
 
     # ------------------------------------------------------------------ consumer side
 
@@ -364,7 +375,11 @@ class SessionTransport:
         try:
             consumer(body)
         except Exception:
-            log.exception("session %s: the payload consumer failed; payload dropped", self.label)
+            log.exception(
+                "session %s: the payload consumer failed; payload dropped",
+                self.label,
+                extra=log_fields(session=self.session_id),
+            )
 
     async def send(self, body: bytes) -> Ordinal:
         """Issue ``body`` as the next message of this session.
@@ -468,7 +483,12 @@ class SessionTransport:
         except SOCKET_GONE as exc:
             # As in the writer: the attachment ends; what was taken stays retained and is
             # replayed on the next socket (a lost receipt is re-sent as the resume position).
-            log.debug("session %s: write failed, detaching: %s", self.label, exc)
+            log.debug(
+                "session %s: write failed, detaching: %s",
+                self.label,
+                exc,
+                extra=log_fields(session=self.session_id),
+            )
             self.detach_socket()
         else:
             self._messages_written += 1
@@ -487,7 +507,12 @@ class SessionTransport:
         failure = self._session.fail(reason, detail)
         if already and self._state is TransportState.RETIRED:
             return failure
-        log.info("session %s retired: %s", self.label, failure)
+        log.info(
+            "session %s retired: %s",
+            self.label,
+            failure,
+            extra=log_fields(session=self.session_id),
+        )
         if self._pending or self._buffer:
             # Accepted and not yet queued for the consumer: hand them over if there is room.
             self._drain_buffer_nowait()
@@ -518,6 +543,7 @@ class SessionTransport:
                     "session %s: dropped %d accepted payload(s) at retirement",
                     self.label,
                     len(self._pending),
+                    extra=log_fields(session=self.session_id),
                 )
                 break
             self._pending.popleft()
@@ -797,7 +823,11 @@ class SessionTransport:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             # Retired (the queue is closed) or the consumer closed its end: nobody to deliver to.
             if self._session.failure is None:
-                log.warning("session %s: the consumer closed the payload stream", self.label)
+                log.warning(
+                    "session %s: the consumer closed the payload stream",
+                    self.label,
+                    extra=log_fields(session=self.session_id),
+                )
             self._consumer_gone = True
             self._clear_pending()
             self._delivery_progress.set()
@@ -832,7 +862,12 @@ class SessionTransport:
         except SOCKET_GONE as exc:
             # The socket died under a write: end this attachment (the reader may still be
             # waiting for bytes that will never come); the session waits for the next socket.
-            log.debug("session %s: write failed, detaching: %s", self.label, exc)
+            log.debug(
+                "session %s: write failed, detaching: %s",
+                self.label,
+                exc,
+                extra=log_fields(session=self.session_id),
+            )
             pumps.cancel()
 
     async def _write_packets(self, sock: MessageSocket) -> None:

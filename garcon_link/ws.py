@@ -88,6 +88,7 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 from . import _asyncio_stream
 from .errors import ConfigError, FrameTooLarge, HandshakeFailure, LinkError, MalformedFrame
 from .limits import Limits
+from .logs import log_fields
 from .wire import PEER_RETIRED_CODES, CloseCode
 
 __all__ = [
@@ -102,6 +103,7 @@ __all__ = [
     "WebSocketListener",
     "client_upgrade",
     "connect",
+    "close_code",
     "describe_close",
     "one_line",
     "parse_dial_url",
@@ -512,7 +514,12 @@ class WebSocket:
                     data = await self.stream.receive(_READ_CHUNK)
                 except GONE as exc:
                     if not isinstance(exc, anyio.EndOfStream):
-                        log.debug("%s: read failed: %s", self.peer, repr(exc))
+                        log.debug(
+                            "%s: read failed: %s",
+                            self.peer,
+                            repr(exc),
+                            extra=log_fields(peer=self.peer),
+                        )
                     self._closed = True
                     return None
                 now = self.last_inbound = self._clock()
@@ -608,6 +615,15 @@ class WebSocket:
     async def abort(self) -> None:
         self._closed = True
         await anyio.aclose_forcefully(self.stream)
+
+
+def close_code(sock: WebSocket) -> int | None:
+    """The close code :func:`describe_close` reports (ours first), or None for a lost connection."""
+    if sock.local_close:
+        return int(sock.local_close[0])
+    if sock.peer_close:
+        return int(sock.peer_close[0])
+    return None
 
 
 def describe_close(sock: WebSocket) -> str:
@@ -847,7 +863,12 @@ class WebSocketListener:
                 if len(self._unauthenticated) > self.limits.max_unauthenticated_sockets:
                     oldest = next(iter(self._unauthenticated))
                     self._stats.evicted_unauthenticated += 1
-                    log.info("%s ✕ %s evicting oldest unauthenticated socket", self._tag, peer)
+                    log.info(
+                        "%s %s: evicting the oldest unauthenticated socket",
+                        self._tag,
+                        peer,
+                        extra=log_fields(peer=peer),
+                    )
                     self._unauthenticated.pop(oldest).cancel()
                 try:
                     admitted = await self._accept(stream, peer, authenticate)
@@ -879,7 +900,13 @@ class WebSocketListener:
                         stream, server_side=True, ssl_context=self._ssl, standard_compatible=False
                     )
                 except GONE as e:
-                    log.info("%s ✕ %s TLS handshake failed: %s", self._tag, peer, str(e))
+                    log.info(
+                        "%s %s: TLS handshake failed: %s",
+                        self._tag,
+                        peer,
+                        str(e),
+                        extra=log_fields(peer=peer),
+                    )
                     return None
             ws = WSConnection(ConnectionType.SERVER)
             sock = WebSocket(byte_stream, ws, peer=peer, limits=self.limits, stats=self._stats)
@@ -888,7 +915,12 @@ class WebSocketListener:
             return await authenticate(sock)
         if deadline.cancelled_caught:
             self._stats.count_handshake_failure(HandshakeFailure.TIMEOUT)
-            log.info("%s ✕ %s handshake deadline expired", self._tag, peer)
+            log.info(
+                "%s %s: handshake deadline expired",
+                self._tag,
+                peer,
+                extra=log_fields(peer=peer),
+            )
             if sock is not None and sock.ws.state is ConnectionState.OPEN:
                 # Upgraded but not authenticated in time: say so (4008) before closing.
                 reason = HandshakeFailure.TIMEOUT
@@ -966,7 +998,14 @@ class WebSocketListener:
         """
         why = one_line(why)
         self._stats.upgrades_refused[status] = self._stats.upgrades_refused.get(status, 0) + 1
-        log.info("%s ✕ %s HTTP %d: %s", self._tag, sock.peer, status, why)
+        log.info(
+            "%s %s: upgrade refused with HTTP %d: %s",
+            self._tag,
+            sock.peer,
+            status,
+            why,
+            extra=log_fields(peer=sock.peer),
+        )
         body = f"{status} {why}\n".encode()
         data = (
             f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
