@@ -10,9 +10,12 @@ a notebook is. What ran on the worker is asserted through the instrumented ``Cal
 from __future__ import annotations
 
 import asyncio
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -273,3 +276,49 @@ def test_a_script_that_never_closes_still_exits(tmp_path: Any) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "offline"
     assert done.stderr == ""
+
+
+def test_an_interrupt_cancels_the_call(worker: RunningWorker) -> None:
+    # Ctrl-C in a notebook: KeyboardInterrupt in the waiting thread cancels the call's task,
+    # which cancels the handler on the worker.
+    main = threading.get_ident()
+    with gl.connect_sync(worker.config()) as executor:
+        executor.wait_ready(WAIT)
+        calc = executor.service("calc", CalcSync)
+
+        def interrupt_once_started() -> None:
+            worker.wait_for("started:ctrl-c")
+            signal.pthread_kill(main, signal.SIGINT)
+
+        helper = threading.Thread(target=interrupt_once_started)
+        helper.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                calc.hold("ctrl-c")
+        finally:
+            helper.join(WAIT)
+        worker.wait_for("cancelled:ctrl-c")
+        assert calc.add(1, 2) == 3  # the executor is unharmed
+
+
+def test_a_start_failure_leaves_no_thread_behind() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = gl.LinkConfig(
+            executor_id="box",
+            role=gl.Role.CONTROLLER,
+            secret=SECRET,
+            listen=("127.0.0.1", taken.getsockname()[1]),
+            limits=LIMITS,
+        )
+        before = {t.ident for t in threading.enumerate() if t.name == "garcon-link-sync"}
+        with pytest.raises(gl.LinkError):
+            gl.connect_sync(config)
+        after = {t.ident for t in threading.enumerate() if t.name == "garcon-link-sync"}
+        assert after == before
+    worker_config = gl.LinkConfig(
+        executor_id="box", role=gl.Role.WORKER, secret=SECRET, listen=("127.0.0.1", 0)
+    )
+    with pytest.raises(gl.ConfigError, match="controller configuration"):
+        gl.connect_sync(worker_config)
