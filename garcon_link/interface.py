@@ -27,6 +27,12 @@ limiter, in the handler.) So a worker refuses such a service at start-up, and a 
 ``OPERATION_UNSUPPORTED`` or ``AttributeError`` at call time. An async generator function must be
 annotated ``-> AsyncIterator[T]`` to be a stream; one that is not is refused the same way.
 
+A *sync client's* view of an interface is the one place plain ``def`` is right: the blocking
+client (:mod:`garcon_link.sync`) is typed by a Protocol of ``def`` methods, streams returning
+``Iterator[T]``; :func:`sync_service_spec` derives its spec, whose manifest is the async
+interface's (so it is compared with the worker's). Serving is unchanged: :func:`service_spec`
+refuses such an interface.
+
 Registration (:class:`~garcon_link.remote.Service` and a worker's services map) also checks,
 with :func:`registration_problems`, that the implementation fits the interface -- every method
 present, ``async def`` where the interface says unary, an async generator function where it
