@@ -390,13 +390,7 @@ def _method_spec(
         return MethodSpec(name, MethodKind.ONEWAY, signature, param_hints, None)
     origin = typing.get_origin(returns)
     if origin in _STREAM_ORIGINS or returns in _STREAM_ORIGINS:
-        item_args = typing.get_args(returns)
-        item = item_args[0] if item_args else Any
-        # One spelling for every stream (typing or collections.abc, AsyncGenerator[T, None] or
-        # AsyncIterable[T]): the wire behaviour is the same, so the contract must be too.
-        stream_of: Any = collections.abc.AsyncIterator
-        signature = signature.replace(return_annotation=stream_of[item])
-        return MethodSpec(name, MethodKind.STREAM, signature, param_hints, item)
+        return _stream_spec(name, signature, param_hints, returns)
     if inspect.iscoroutinefunction(func):
         return MethodSpec(name, MethodKind.UNARY, signature, param_hints, returns)
     if inspect.isasyncgenfunction(func):
@@ -431,13 +425,23 @@ def _sync_method_spec(
     if origin in _STREAM_ORIGINS or returns in _STREAM_ORIGINS:
         return f"{where} returns an async iterator; a sync client's stream returns `Iterator[T]`"
     if origin in _SYNC_STREAM_ORIGINS or returns in _SYNC_STREAM_ORIGINS:
-        item_args = typing.get_args(returns)
-        item = item_args[0] if item_args else Any
-        # The manifest of the async interface: a stream reads AsyncIterator[T] on the wire.
-        stream_of: Any = collections.abc.AsyncIterator
-        signature = signature.replace(return_annotation=stream_of[item])
-        return MethodSpec(name, MethodKind.STREAM, signature, param_hints, item)
+        return _stream_spec(name, signature, param_hints, returns)
     return MethodSpec(name, MethodKind.UNARY, signature, param_hints, returns)
+
+
+def _stream_spec(
+    name: str, signature: inspect.Signature, param_hints: dict[str, Any], returns: Any
+) -> MethodSpec:
+    """A stream of the item type ``returns`` declares, its return spelled ``AsyncIterator[T]``.
+
+    One spelling for every stream (typing or collections.abc, ``AsyncGenerator[T, None]`` or
+    ``AsyncIterable[T]``, and a sync client's ``Iterator[T]``): the wire behaviour is the same,
+    so the contract must be too."""
+    item_args = typing.get_args(returns)
+    item = item_args[0] if item_args else Any
+    stream_of: Any = collections.abc.AsyncIterator
+    signature = signature.replace(return_annotation=stream_of[item])
+    return MethodSpec(name, MethodKind.STREAM, signature, param_hints, item)
 
 
 def registration_problems(target: object, spec: ServiceSpec) -> list[str]:

@@ -35,14 +35,9 @@ def test_readme_example_runs_as_written(tmp_path: Path) -> None:
     files = readme_blocks("example-file")
     assert set(files) == {"calc.py", "worker.toml", "controller.toml"}
     commands = command_lines(readme_blocks("example-commands")[""])
-    expected = readme_blocks("example-output")[""]
     project = tmp_path / "project"
-    project.mkdir()
-    port = str(free_port())
-    for name, content in files.items():
-        (project / name).write_text(content.replace("8765", port), encoding="utf-8")
-    output = run_project(project, commands, shim_path(tmp_path))
-    assert output == expected
+    output = _run_example(project, files, commands)
+    assert output == readme_blocks("example-output")[""]
     assert stat.S_IMODE((project / "link.secret").stat().st_mode) == 0o600
 
 
@@ -92,10 +87,14 @@ def test_readme_sync_example_runs_as_written(tmp_path: Path) -> None:
     commands = command_lines(readme_blocks("example-commands")[""])
     assert commands[-1] == "python calc.py"
     commands[-1] = "python script.py"
-    project = tmp_path / "project"
+    output = _run_example(tmp_path / "project", files, commands)
+    assert output == readme_blocks("sync-example-output")[""]
+
+
+def _run_example(project: Path, files: dict[str, str], commands: list[str]) -> str:
+    """Write ``files`` into ``project`` (on a free port instead of 8765), run ``commands``."""
     project.mkdir()
     port = str(free_port())
     for name, content in files.items():
         (project / name).write_text(content.replace("8765", port), encoding="utf-8")
-    output = run_project(project, commands, shim_path(tmp_path))
-    assert output == readme_blocks("sync-example-output")[""]
+    return run_project(project, commands, shim_path(project.parent))
