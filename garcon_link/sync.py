@@ -73,7 +73,7 @@ import anyio
 from anyio.from_thread import BlockingPortal
 
 from .config import LinkConfig
-from .errors import ConfigError, NotDispatched
+from .errors import ConfigError, NotDispatched, OutcomeUnknown
 from .interface import ServiceSpec, manifest_changes, sync_service_spec
 from .limits import Limits
 from .remote import (
@@ -275,6 +275,12 @@ class SyncExecutor:
             raise NotDispatched("DISPOSED", "the executor was closed") from None
         try:
             return future.result()
+        except concurrent.futures.CancelledError:
+            # Its task was cancelled by close() in another thread, after the executor failed
+            # what it could honestly fail: whether this call ran is not known.
+            raise OutcomeUnknown(
+                "DISPOSED", "the executor was closed during the call; it may have run"
+            ) from None
         except BaseException:
             if not future.done():
                 future.cancel()  # interrupted (KeyboardInterrupt): cancel the call's task

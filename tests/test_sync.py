@@ -10,6 +10,7 @@ a notebook is. What ran on the worker is asserted through the instrumented ``Cal
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import signal
 import socket
 import subprocess
@@ -322,3 +323,31 @@ def test_a_start_failure_leaves_no_thread_behind() -> None:
     )
     with pytest.raises(gl.ConfigError, match="controller configuration"):
         gl.connect_sync(worker_config)
+
+
+def test_threads_share_one_client_and_keyed_calls_run_once(worker: RunningWorker) -> None:
+    with gl.connect_sync(worker.config()) as executor:
+        executor.wait_ready(WAIT)
+        calc = executor.service("calc", CalcSync)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            sums = list(pool.map(lambda i: calc.add(i, i), range(64)))
+        assert sums == [2 * i for i in range(64)]
+        keyed = gl.with_options(calc, idempotency_key="once")
+        assert [keyed.add(5, 5), keyed.add(5, 5)] == [10, 10]
+        assert worker.count("add") == 64 + 1  # the keyed call ran once
+
+
+def test_closing_from_another_thread_fails_a_blocked_call_honestly(worker: RunningWorker) -> None:
+    executor = gl.connect_sync(worker.config())
+    executor.wait_ready(WAIT)
+    calc = executor.service("calc", CalcSync)
+    closer = threading.Thread(
+        target=lambda: (worker.wait_for("started:closed-under"), executor.close())
+    )
+    closer.start()
+    try:
+        with pytest.raises(gl.OutcomeUnknown):  # it was running on the worker
+            calc.hold("closed-under")
+    finally:
+        closer.join(WAIT)
+    assert executor.availability == "disposed"
