@@ -66,7 +66,7 @@ import contextlib
 import functools
 import inspect
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar, cast, overload
 
 import anyio
@@ -269,11 +269,10 @@ class SyncExecutor:
             )
         if self._closed:
             raise NotDispatched("DISPOSED", "the executor was closed")
+        task = _Task(functools.partial(fn, *args, **kwargs))
+        future: concurrent.futures.Future[Any] | None = None
         try:
-            future = self._loop.portal.start_task_soon(functools.partial(fn, *args, **kwargs))
-        except RuntimeError:  # the portal stopped meanwhile
-            raise NotDispatched("DISPOSED", "the executor was closed") from None
-        try:
+            future = self._loop.portal.start_task_soon(task.run)
             return future.result()
         except concurrent.futures.CancelledError:
             # Its task was cancelled by close() in another thread, after the executor failed
@@ -281,10 +280,41 @@ class SyncExecutor:
             raise OutcomeUnknown(
                 "DISPOSED", "the executor was closed during the call; it may have run"
             ) from None
-        except BaseException:
-            if not future.done():
-                future.cancel()  # interrupted (KeyboardInterrupt): cancel the call's task
+        except RuntimeError:
+            if future is None:  # the portal stopped meanwhile
+                raise NotDispatched("DISPOSED", "the executor was closed") from None
             raise
+        except BaseException:
+            # Interrupted (KeyboardInterrupt), possibly before start_task_soon returned the
+            # future: cancel the task through its own handle.
+            if future is None or not future.done():
+                task.cancel(self._loop.portal)
+            raise
+
+
+class _Task:
+    """One call's task on the client's loop, cancellable from any thread at any point: before
+    it started (it then never runs its call), while it runs, or after (nothing happens)."""
+
+    def __init__(self, call: Callable[[], Awaitable[Any]]) -> None:
+        self._call = call
+        self._scope: anyio.CancelScope | None = None
+        self._cancelled = False
+
+    async def run(self) -> Any:
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            if self._cancelled:
+                scope.cancel()
+            return await self._call()
+        raise concurrent.futures.CancelledError  # cancelled: the future reports it
+
+    def cancel(self, portal: BlockingPortal) -> None:
+        self._cancelled = True  # seen by run() if it has not set its scope yet
+        scope = self._scope
+        if scope is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: so is the task
+                portal.start_task_soon(scope.cancel)
 
 
 class SyncFacade:
