@@ -53,6 +53,7 @@ from .remote import (
 )
 from .resources import ResourceRef, ServiceScope, WorkerScope, current_scope
 from .rpc import register_exception
+from .sync import SyncExecutor, connect_sync
 from .wire import Role
 
 __version__ = "0.1.0"
@@ -93,11 +94,13 @@ __all__ = [
     "ServiceScope",
     "SessionFailed",
     "StaleResource",
+    "SyncExecutor",
     "TlsConfig",
     "Worker",
     "WorkerScope",
     "__version__",
     "connect",
+    "connect_sync",
     "current_scope",
     "fleet",
     "generate_secret",

@@ -27,6 +27,12 @@ limiter, in the handler.) So a worker refuses such a service at start-up, and a 
 ``OPERATION_UNSUPPORTED`` or ``AttributeError`` at call time. An async generator function must be
 annotated ``-> AsyncIterator[T]`` to be a stream; one that is not is refused the same way.
 
+A *sync client's* view of an interface is the one place plain ``def`` is right: the blocking
+client (:mod:`garcon_link.sync`) is typed by a Protocol of ``def`` methods, streams returning
+``Iterator[T]``; :func:`sync_service_spec` derives its spec, whose manifest is the async
+interface's (so it is compared with the worker's). Serving is unchanged: :func:`service_spec`
+refuses such an interface.
+
 Registration (:class:`~garcon_link.remote.Service` and a worker's services map) also checks,
 with :func:`registration_problems`, that the implementation fits the interface -- every method
 present, ``async def`` where the interface says unary, an async generator function where it
@@ -72,6 +78,7 @@ __all__ = [
     "oneway",
     "registration_problems",
     "service_spec",
+    "sync_service_spec",
     "to_wire",
     "unsupported_hint",
 ]
@@ -83,6 +90,12 @@ _STREAM_ORIGINS = {
     collections.abc.AsyncIterator,
     collections.abc.AsyncGenerator,
     collections.abc.AsyncIterable,
+}
+# A sync client's view of a stream (garcon_link.sync): the same wire behaviour, a plain iterator.
+_SYNC_STREAM_ORIGINS = {
+    collections.abc.Iterator,
+    collections.abc.Generator,
+    collections.abc.Iterable,
 }
 
 
@@ -254,8 +267,71 @@ def service_spec(interface: type) -> ServiceSpec:
     return spec_
 
 
-def _derive(interface: type) -> tuple[ServiceSpec, list[str]]:
-    """The spec of ``interface`` and the problems of the methods it had to leave out."""
+_sync_spec_cache: dict[type, ServiceSpec] = {}
+
+
+def sync_service_spec(interface: type) -> ServiceSpec:
+    """Derive (and cache) the spec of a *sync view* of an interface, for a sync client.
+
+    The sync client (:mod:`garcon_link.sync`) is typed by a Protocol of plain ``def`` methods:
+    ``def add(self, a: int) -> int`` is a unary call, ``def count(self, n: int) ->
+    Iterator[int]`` (or ``Iterable``/``Generator``) a stream of ``int``, a :func:`oneway`
+    ``def`` a notification. Its manifest is the one the async interface has (a stream's return
+    reads ``AsyncIterator[T]`` in both), so it can be compared with a worker's. Used only to
+    call, never to serve: :func:`service_spec` still refuses plain ``def`` methods.
+
+    Raises:
+        TypeError: ``interface`` is not a class, or its hints cannot be resolved.
+        ConfigError: a public method is ``async def`` (or annotated as an async stream); when
+            every method is, the message shows the sync view to write instead.
+    """
+    cached = _sync_spec_cache.get(interface)
+    if cached is not None:
+        return cached
+    spec_, problems = _derive(interface, sync=True)
+    if problems:
+        name = interface.__qualname__
+        async_spec, async_problems = _derive(interface)
+        if not spec_.methods and not async_problems:
+            raise ConfigError(
+                f"{name} is an async interface (its methods are `async def`): a sync client "
+                "takes a sync view of it, with the same contract (checked against the worker's "
+                "manifest):\n\n" + sync_view_source(async_spec)
+            )
+        raise ConfigError(
+            f"interface {name} cannot be used by a sync client:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+    _sync_spec_cache[interface] = spec_
+    return spec_
+
+
+def sync_view_source(spec: ServiceSpec) -> str:
+    """The source of a sync Protocol with the contract of ``spec`` (an async interface's)."""
+    name = spec.interface.__qualname__
+    lines = [f"class {name}Sync(Protocol):"]
+    for method in sorted(spec.methods.values(), key=lambda m: m.name):
+        signature = method.signature
+        if method.kind is MethodKind.STREAM:
+            iterator: Any = collections.abc.Iterator
+            signature = signature.replace(return_annotation=iterator[method.result])
+        if method.kind is MethodKind.ONEWAY:
+            lines.append("    @gl.oneway")
+        text = _def_text("def", method.name, signature)
+        lines.append(f"    {_readable(text)}: ...")
+    return "\n".join(lines) + "\n"
+
+
+def _readable(text: str) -> str:
+    # Resolved hints print as "collections.abc.Iterator[int]"; the source a user pastes imports
+    # Iterator from collections.abc and garcon_link as gl.
+    return text.replace("collections.abc.", "").replace("garcon_link.resources.", "gl.")
+
+
+def _derive(interface: type, *, sync: bool = False) -> tuple[ServiceSpec, list[str]]:
+    """The spec of ``interface`` and the problems of the methods it had to leave out.
+
+    ``sync``: derive a sync client's view (:func:`sync_service_spec`)."""
     if not isinstance(interface, type):
         raise TypeError(f"an interface must be a class, got {interface!r}")
     methods: dict[str, MethodSpec] = {}
@@ -266,7 +342,7 @@ def _derive(interface: type) -> tuple[ServiceSpec, list[str]]:
         func = inspect.getattr_static(interface, name, None)
         if isinstance(func, staticmethod | classmethod) or not inspect.isfunction(func):
             continue
-        spec = _method_spec(interface, name, func)
+        spec = _method_spec(interface, name, func, sync=sync)
         if isinstance(spec, MethodSpec):
             methods[name] = spec
         else:
@@ -274,8 +350,12 @@ def _derive(interface: type) -> tuple[ServiceSpec, list[str]]:
     return ServiceSpec(interface=interface, methods=methods), problems
 
 
-def _method_spec(interface: type, name: str, func: Callable[..., Any]) -> MethodSpec | str:
-    """The spec of one public method, or why it cannot be exposed (with the fix)."""
+def _method_spec(
+    interface: type, name: str, func: Callable[..., Any], *, sync: bool = False
+) -> MethodSpec | str:
+    """The spec of one public method, or why it cannot be exposed (with the fix).
+
+    ``sync``: as a sync client sees it (plain ``def``; streams return ``Iterator[T]``)."""
     try:
         hints = typing.get_type_hints(func)
     except Exception as exc:
@@ -303,20 +383,16 @@ def _method_spec(interface: type, name: str, func: Callable[..., Any]) -> Method
         ),
     )
     param_hints = {p.name: hints.get(p.name, Any) for p in params}
+    where = f"{interface.__qualname__}.{name}"
+    if sync:
+        return _sync_method_spec(where, func, signature, param_hints, returns)
     if getattr(func, _ONEWAY_ATTR, False):
         return MethodSpec(name, MethodKind.ONEWAY, signature, param_hints, None)
     origin = typing.get_origin(returns)
     if origin in _STREAM_ORIGINS or returns in _STREAM_ORIGINS:
-        item_args = typing.get_args(returns)
-        item = item_args[0] if item_args else Any
-        # One spelling for every stream (typing or collections.abc, AsyncGenerator[T, None] or
-        # AsyncIterable[T]): the wire behaviour is the same, so the contract must be too.
-        stream_of: Any = collections.abc.AsyncIterator
-        signature = signature.replace(return_annotation=stream_of[item])
-        return MethodSpec(name, MethodKind.STREAM, signature, param_hints, item)
+        return _stream_spec(name, signature, param_hints, returns)
     if inspect.iscoroutinefunction(func):
         return MethodSpec(name, MethodKind.UNARY, signature, param_hints, returns)
-    where = f"{interface.__qualname__}.{name}"
     if inspect.isasyncgenfunction(func):
         return (
             f"{where} is an async generator but is not annotated as a stream: "
@@ -328,6 +404,44 @@ def _method_spec(interface: type, name: str, func: Callable[..., Any]) -> Method
         f"`await anyio.to_thread.run_sync(...)`), or rename it `_{name}` if it is not meant to "
         "be called remotely"
     )
+
+
+def _sync_method_spec(
+    where: str,
+    func: Callable[..., Any],
+    signature: inspect.Signature,
+    param_hints: dict[str, Any],
+    returns: Any,
+) -> MethodSpec | str:
+    name = func.__name__
+    origin = typing.get_origin(returns)
+    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+        return (
+            f"{where} is `async def`; a sync client's interface declares `def {name}(...)` "
+            "(use garcon_link.connect for the async interface)"
+        )
+    if getattr(func, _ONEWAY_ATTR, False):
+        return MethodSpec(name, MethodKind.ONEWAY, signature, param_hints, None)
+    if origin in _STREAM_ORIGINS or returns in _STREAM_ORIGINS:
+        return f"{where} returns an async iterator; a sync client's stream returns `Iterator[T]`"
+    if origin in _SYNC_STREAM_ORIGINS or returns in _SYNC_STREAM_ORIGINS:
+        return _stream_spec(name, signature, param_hints, returns)
+    return MethodSpec(name, MethodKind.UNARY, signature, param_hints, returns)
+
+
+def _stream_spec(
+    name: str, signature: inspect.Signature, param_hints: dict[str, Any], returns: Any
+) -> MethodSpec:
+    """A stream of the item type ``returns`` declares, its return spelled ``AsyncIterator[T]``.
+
+    One spelling for every stream (typing or collections.abc, ``AsyncGenerator[T, None]`` or
+    ``AsyncIterable[T]``, and a sync client's ``Iterator[T]``): the wire behaviour is the same,
+    so the contract must be too."""
+    item_args = typing.get_args(returns)
+    item = item_args[0] if item_args else Any
+    stream_of: Any = collections.abc.AsyncIterator
+    signature = signature.replace(return_annotation=stream_of[item])
+    return MethodSpec(name, MethodKind.STREAM, signature, param_hints, item)
 
 
 def registration_problems(target: object, spec: ServiceSpec) -> list[str]:

@@ -866,6 +866,9 @@ def with_options(
 ) -> T:
     """A copy of ``facade`` with other call options (typed as the same interface).
 
+    ``facade`` comes from :meth:`RemoteExecutor.service` or from a sync client's
+    :meth:`~garcon_link.sync.SyncExecutor.service`.
+
     Args:
         timeout: per-call deadline in seconds (``None``: the configured default). With
             ``retry_unknown`` it bounds all attempts together.
@@ -883,7 +886,9 @@ def with_options(
             ``retry_unknown`` that is not a bool.
         ValueError: an empty key, a key over 128 bytes, or ``retry_unknown`` without a key.
     """
-    if not isinstance(facade, _Facade):
+    from .sync import SyncFacade  # a cycle: sync builds on this module
+
+    if not isinstance(facade, _Facade | SyncFacade):
         raise TypeError("with_options() takes a facade returned by RemoteExecutor.service()")
     return cast(
         "T",

@@ -6,6 +6,7 @@ through ``to_wire`` + CBOR + ``from_wire`` exactly as the RPC layer does.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import datetime
 import enum
@@ -29,6 +30,7 @@ from garcon_link.interface import (
     manifest_result_hint,
     registration_problems,
     service_spec,
+    sync_service_spec,
     to_wire,
     unsupported_hint,
 )
@@ -608,3 +610,65 @@ def test_the_result_hint_is_rebuilt_from_manifest_text_without_imports() -> None
     assert manifest_result_hint({"kind": "unary", "signature": huge}) is Any
     deep = "() -> " + "list[" * 1000 + "int" + "]" * 1000
     assert manifest_result_hint({"kind": "unary", "signature": deep}) is Any
+
+
+# ------------------------------------------------------------------- a sync client's view
+
+
+class _AsyncView(Protocol):
+    async def add(self, a: int, b: int = 2) -> int: ...
+    def count(self, n: int) -> AsyncIterator[int]: ...
+    def pairs(self) -> AsyncGenerator[tuple[int, str], None]: ...
+    @gl.oneway
+    async def note(self, text: str) -> None: ...
+
+
+class _SyncView(Protocol):
+    def add(self, a: int, b: int = 2) -> int: ...
+    def count(self, n: int) -> collections.abc.Iterator[int]: ...
+    def pairs(self) -> collections.abc.Generator[tuple[int, str], None, None]: ...
+    @gl.oneway
+    def note(self, text: str) -> None: ...
+
+
+def test_a_sync_view_has_the_async_interfaces_manifest() -> None:
+    sync = sync_service_spec(_SyncView)
+    assert sync.manifest() == service_spec(_AsyncView).manifest()
+    assert {m.name: m.kind for m in sync.methods.values()} == {
+        "add": MethodKind.UNARY,
+        "count": MethodKind.STREAM,
+        "pairs": MethodKind.STREAM,
+        "note": MethodKind.ONEWAY,
+    }
+    assert sync.methods["pairs"].result == tuple[int, str]
+
+
+def test_serving_still_refuses_a_sync_view() -> None:
+    with pytest.raises(gl.ConfigError, match="plain `def`"):
+        service_spec(_SyncView)
+
+
+def test_a_sync_view_refuses_async_methods_and_async_streams() -> None:
+    class Mixed(Protocol):
+        def add(self, a: int) -> int: ...
+        async def mul(self, a: int) -> int: ...
+        def count(self) -> AsyncIterator[int]: ...
+
+    with pytest.raises(gl.ConfigError) as refused:
+        sync_service_spec(Mixed)
+    text = str(refused.value)
+    assert "Mixed.mul is `async def`" in text
+    assert "Mixed.count returns an async iterator" in text
+    assert "Mixed.add" not in text
+
+
+def test_the_async_interface_is_refused_with_the_view_to_paste() -> None:
+    with pytest.raises(gl.ConfigError) as refused:
+        sync_service_spec(_AsyncView)
+    text = str(refused.value)
+    assert "_AsyncView is an async interface" in text
+    assert "class _AsyncViewSync(Protocol):" in text
+    assert "    def add(self, a: int, b: int = 2) -> int: ..." in text
+    assert "    def count(self, n: int) -> Iterator[int]: ..." in text
+    assert "    def pairs(self) -> Iterator[tuple[int, str]]: ..." in text
+    assert "    @gl.oneway\n    def note(self, text: str) -> None: ..." in text

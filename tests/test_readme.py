@@ -35,14 +35,9 @@ def test_readme_example_runs_as_written(tmp_path: Path) -> None:
     files = readme_blocks("example-file")
     assert set(files) == {"calc.py", "worker.toml", "controller.toml"}
     commands = command_lines(readme_blocks("example-commands")[""])
-    expected = readme_blocks("example-output")[""]
     project = tmp_path / "project"
-    project.mkdir()
-    port = str(free_port())
-    for name, content in files.items():
-        (project / name).write_text(content.replace("8765", port), encoding="utf-8")
-    output = run_project(project, commands, shim_path(tmp_path))
-    assert output == expected
+    output = _run_example(project, files, commands)
+    assert output == readme_blocks("example-output")[""]
     assert stat.S_IMODE((project / "link.secret").stat().st_mode) == 0o600
 
 
@@ -83,3 +78,23 @@ def test_ci_finds_the_other_pythons_and_says_when_one_is_absent(tmp_path: Path) 
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [f"3.12=[{fake / 'python3'}]", "3.99=[]"]
+
+
+def test_readme_sync_example_runs_as_written(tmp_path: Path) -> None:
+    """*Scripts and notebooks*: the sync client's script, against the example's worker."""
+    files = {**readme_blocks("example-file"), **readme_blocks("sync-example-file")}
+    assert set(files) == {"calc.py", "worker.toml", "controller.toml", "script.py"}
+    commands = command_lines(readme_blocks("example-commands")[""])
+    assert commands[-1] == "python calc.py"
+    commands[-1] = "python script.py"
+    output = _run_example(tmp_path / "project", files, commands)
+    assert output == readme_blocks("sync-example-output")[""]
+
+
+def _run_example(project: Path, files: dict[str, str], commands: list[str]) -> str:
+    """Write ``files`` into ``project`` (on a free port instead of 8765), run ``commands``."""
+    project.mkdir()
+    port = str(free_port())
+    for name, content in files.items():
+        (project / name).write_text(content.replace("8765", port), encoding="utf-8")
+    return run_project(project, commands, shim_path(project.parent))
