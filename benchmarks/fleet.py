@@ -37,6 +37,7 @@ What the controller measures, in order
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import itertools
 import json
@@ -48,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -80,7 +81,7 @@ RATE_WINDOW_S = 0.25
 """Window of the peak handshake rate."""
 HISTOGRAM_BUCKETS = 30
 """At most this many buckets (of 0.1 s, 0.2 s, 0.5 s, 1 s, 2 s, 5 s... as the spread needs)."""
-SETTLE_S = 1.0
+SETTLE_S = 2.0
 """Pause before reading the idle RSS (late receipts, heartbeats settle)."""
 
 
@@ -306,11 +307,17 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 f"({stats.connections} connections, {stats.handshakes_completed} handshakes)"
             )
 
-            # 2. idle RSS
-            await anyio.sleep(SETTLE_S)
+            # 2. idle RSS (and the controller's CPU time while idle: heartbeats, timers)
+            cpu = time.process_time()
+            with _profiled("idle"):
+                await anyio.sleep(SETTLE_S)
+            result["idle_cpu_percent"] = (time.process_time() - cpu) / SETTLE_S * 100
             gc.collect()
             result["rss_idle_bytes"] = read_rss()
-            _progress(f"idle RSS {result['rss_idle_bytes'] / 2**20:.1f} MiB")
+            _progress(
+                f"idle RSS {result['rss_idle_bytes'] / 2**20:.1f} MiB, idle CPU "
+                f"{result['idle_cpu_percent']:.0f} %"
+            )
             if args.rss_only:
                 tg.cancel_scope.cancel()
                 return result
@@ -333,7 +340,8 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
             maps: list[float] = []
             for _ in range(args.maps):
                 t = time.perf_counter()
-                replies = await fleet.map(whoami, ids)
+                with _profiled("map"):
+                    replies = await fleet.map(whoami, ids)
                 maps.append(time.perf_counter() - t)
                 wrong = [i for i, reply in replies.items() if reply != i]
                 if wrong:
@@ -428,6 +436,34 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 proc.kill()
             tg.cancel_scope.cancel()
     return result
+
+
+@contextlib.contextmanager
+def _profiled(phase: str) -> Iterator[None]:
+    """cProfile this phase into ``$GL_FLEET_BENCH_PROFILE.<phase>.prof`` (diagnosis only)."""
+    prefix = os.environ.get("GL_FLEET_BENCH_PROFILE")
+    if not prefix:
+        yield
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        path = f"{prefix}.{phase}.prof"
+        if os.path.exists(path):  # several repetitions: keep adding
+            profile.dump_stats(path + ".new")
+            import pstats
+
+            stats = pstats.Stats(path)
+            stats.add(path + ".new")
+            stats.dump_stats(path)
+            os.unlink(path + ".new")
+        else:
+            profile.dump_stats(path)
 
 
 def _split(n: int, parts: int) -> list[range]:
