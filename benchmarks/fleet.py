@@ -396,7 +396,9 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
             for (t0, c0, _), (_, c1, _) in itertools.pairwise(samples):
                 arrivals.extend([t0 - storm_start] * (c1 - c0))
             handshakes = after.handshakes_completed - before.handshakes_completed
-            peak = 0.0
+            # The best window; a storm shorter than one window is one window.
+            (start_t, _, start_h), (end_t, _, end_h) = samples[0], samples[-1]
+            peak = (end_h - start_h) / max(end_t - start_t, 1e-6)
             for i, (t0, _, h0) in enumerate(samples):
                 for t1, _, h1 in samples[i + 1 :]:
                     if t1 - t0 >= RATE_WINDOW_S:
@@ -630,27 +632,10 @@ def _measure(settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
 
 
 def run_entry(name: str, settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "name": name,
-        "kind": "ours",
-        "description": DESCRIPTIONS[name],
-        "status": "ok",
-        "note": "",
-        "settings": asdict(settings),
-        "figures": [],
-        "runs": [],
-    }
-    started = time.perf_counter()
-    cpu_before = harness.read_cpu_times()
-    try:
-        result.update(_measure(settings, loop, log))
-    except Exception as exc:
-        result["status"] = "error"
-        result["note"], result["error_detail"] = harness.describe_error(exc)
-        print(f"[{name}] error: {result['error_detail']}", file=log, flush=True)
-    result["seconds"] = time.perf_counter() - started
-    result["cpu"] = harness.cpu_between(cpu_before, harness.read_cpu_times(), 0.0)
-    return result
+    """Measure the fleet; never raises but for KeyboardInterrupt/SystemExit."""
+    return harness.run_measurement(
+        name, DESCRIPTIONS[name], asdict(settings), lambda: _measure(settings, loop, log), log
+    )
 
 
 def run(

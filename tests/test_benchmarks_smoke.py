@@ -15,30 +15,26 @@ ENTRIES = ("asyncio-tcp", "wsproto")
 METRICS = ("latency_p50_us", "latency_p99_us", "throughput_calls_per_s", "bulk_mb_per_s")
 
 
+def quick_run(only: str, output: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks --quick --only ONLY --no-readme --output OUTPUT``."""
+    command = [sys.executable, "-m", "benchmarks", "--quick", "--only", only, "--no-readme"]
+    return subprocess.run(
+        [*command, "--output", str(output)],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def test_quick_run_of_the_floors_writes_positive_figures(tmp_path: Path) -> None:
     output = tmp_path / "results.json"
     readme = ROOT / "benchmarks" / "README.md"
     readme_before = readme.read_bytes() if readme.exists() else None
 
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks",
-            "--quick",
-            "--only",
-            ",".join(ENTRIES),
-            "--no-readme",
-            "--output",
-            str(output),
-        ],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    completed = quick_run(",".join(ENTRIES), output, timeout=60)
 
     assert completed.returncode == 0, completed.stdout + completed.stderr
     doc = json.loads(output.read_text(encoding="utf-8"))
@@ -62,25 +58,7 @@ RESUME_ENTRIES = ("resume", "retention-rss")
 
 def test_quick_run_of_resume_and_retention_rss_writes_positive_figures(tmp_path: Path) -> None:
     output = tmp_path / "results.json"
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks",
-            "--quick",
-            "--only",
-            ",".join(RESUME_ENTRIES),
-            "--no-readme",
-            "--output",
-            str(output),
-        ],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    completed = quick_run(",".join(RESUME_ENTRIES), output, timeout=30)
 
     assert completed.returncode == 0, completed.stdout + completed.stderr
     doc = json.loads(output.read_text(encoding="utf-8"))
@@ -109,25 +87,7 @@ def test_quick_run_of_resume_and_retention_rss_writes_positive_figures(tmp_path:
 def test_quick_run_of_the_fleet_benchmark_measures_every_figure(tmp_path: Path) -> None:
     """``--only fleet --quick``: 50 workers in two child processes dial one controller child."""
     output = tmp_path / "results.json"
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks",
-            "--quick",
-            "--only",
-            "fleet",
-            "--no-readme",
-            "--output",
-            str(output),
-        ],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    completed = quick_run("fleet", output, timeout=60)
 
     assert completed.returncode == 0, completed.stdout + completed.stderr
     doc = json.loads(output.read_text(encoding="utf-8"))
