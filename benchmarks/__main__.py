@@ -1,7 +1,8 @@
 """``python -m benchmarks``: measure the floors, the peers and garcon_link in one run.
 
-Then garcon_link's own resume latency and retention memory (``resume.py``), which have no
-counterpart among the peers.
+Then garcon_link's own resume latency and retention memory (``resume.py``) and its fleet at
+scale (``fleet.py``: 1,000 workers on one controller process), which have no counterpart among
+the peers.
 
 Writes ``benchmarks/results/latest.json`` and the generated section of
 ``benchmarks/README.md``, and prints that section.  Exit status 1 if an entry failed
@@ -16,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import eventloop, harness, report, resume
+from . import eventloop, fleet, harness, report, resume
 from .systems import BY_NAME, ENTRIES, Entry
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME[,NAME]",
         help="measure only these entries (or kinds: floor, peer, ours), e.g. "
-        "resume,retention-rss; see --list",
+        "resume,retention-rss,fleet; see --list",
     )
     parser.add_argument(
         "--repetitions", type=int, metavar="N", help="repetitions per figure (default 5)"
@@ -77,26 +78,27 @@ def _parser() -> argparse.ArgumentParser:
 def select(
     only: list[str] | None, parser: argparse.ArgumentParser
 ) -> tuple[list[Entry], list[str]]:
-    """The echo entries and the ``resume.py`` measurements named by ``--only`` (in the
-    report's order), or all of them."""
+    """The echo entries and the ``resume.py`` and ``fleet.py`` measurements named by ``--only``
+    (in the report's order), or all of them."""
+    extras = (*resume.NAMES, *fleet.NAMES)
     if not only:
-        return list(ENTRIES), list(resume.NAMES)
+        return list(ENTRIES), list(extras)
     wanted: set[str] = set()
     for name in (part.strip() for option in only for part in option.split(",")):
         if not name:
             continue
-        if name in BY_NAME or name in resume.NAMES:
+        if name in BY_NAME or name in extras:
             wanted.add(name)
         elif name in ("floor", "peer", "ours"):
             wanted.update(entry.name for entry in ENTRIES if entry.kind == name)
             if name == "ours":
-                wanted.update(resume.NAMES)
+                wanted.update(extras)
         else:
-            known = ", ".join([*BY_NAME, *resume.NAMES])
+            known = ", ".join([*BY_NAME, *extras])
             parser.error(f"unknown entry {name!r}; known: {known}")
     return (
         [entry for entry in ENTRIES if entry.name in wanted],
-        [name for name in resume.NAMES if name in wanted],
+        [name for name in extras if name in wanted],
     )
 
 
@@ -106,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for entry in ENTRIES:
             print(f"{entry.name:15} {entry.kind:6} {entry.description}")
-        for name in resume.NAMES:
-            print(f"{name:15} {'ours':6} {resume.DESCRIPTIONS[name]}")
+        for name, description in {**resume.DESCRIPTIONS, **fleet.DESCRIPTIONS}.items():
+            print(f"{name:15} {'ours':6} {description}")
         return 0
     settings = harness.Settings()
     if args.quick:
@@ -123,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             doc = harness.run(entries, settings, args.loop)
             extras_started = time.perf_counter()
             doc["resume_and_memory"] = resume.run(extras, settings, args.quick, args.loop)
+            doc["fleet"] = fleet.run(extras, settings, args.quick, args.loop)
             doc["duration_s"] += time.perf_counter() - extras_started
         finally:
             harness.stop_all_servers()
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         written.append(str(args.readme))
     print(section)
     print(f"written: {', '.join(written)}", file=sys.stderr)
-    results = [*doc["entries"], *doc["resume_and_memory"]]
+    results = [*doc["entries"], *doc["resume_and_memory"], *doc["fleet"]]
     return 1 if any(entry["status"] == "error" for entry in results) else 0
 
 

@@ -630,6 +630,38 @@ def describe_error(error: BaseException) -> tuple[str, str]:
     return " ".join(summary.split()), detail
 
 
+def run_measurement(
+    name: str,
+    description: str,
+    settings: dict[str, Any],
+    measure: Callable[[], dict[str, Any]],
+    log: TextIO,
+) -> dict[str, Any]:
+    """One garcon_link-only entry (``resume.py``, ``fleet.py``): ``measure()`` gives its
+    ``figures`` and ``runs``; never raises but for KeyboardInterrupt/SystemExit."""
+    result: dict[str, Any] = {
+        "name": name,
+        "kind": "ours",
+        "description": description,
+        "status": "ok",
+        "note": "",
+        "settings": settings,
+        "figures": [],
+        "runs": [],
+    }
+    started = time.perf_counter()
+    cpu_before = read_cpu_times()
+    try:
+        result.update(measure())
+    except Exception as exc:
+        result["status"] = "error"
+        result["note"], result["error_detail"] = describe_error(exc)
+        print(f"[{name}] error: {result['error_detail']}", file=log, flush=True)
+    result["seconds"] = time.perf_counter() - started
+    result["cpu"] = cpu_between(cpu_before, read_cpu_times(), 0.0)
+    return result
+
+
 def run_entry(
     entry: Entry, settings: Settings, loop: str, log: TextIO = sys.stderr
 ) -> dict[str, Any]:

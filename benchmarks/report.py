@@ -269,6 +269,27 @@ def _met_cell(item: dict[str, Any]) -> str:
     return "yes" if item["met"] else "**no**"
 
 
+def _targets_table(results: list[dict[str, Any]]) -> list[str]:
+    """Figures of ``resume.py`` / ``fleet.py`` results against their targets."""
+    rows = []
+    for result in results:
+        if result["status"] != "ok":
+            rows.append(
+                [f"`{result['name']}`", f"**{result['status']}**: {result['note']}", "", ""]
+            )
+            continue
+        for item in result["figures"]:
+            rows.append(
+                [
+                    item["label"],
+                    f"{figure(item['summary'])} {item['unit']}",
+                    _target_cell(item),
+                    _met_cell(item),
+                ]
+            )
+    return _table(["measurement", "figure", "target", "met?"], rows)
+
+
 def _resume_section(doc: dict[str, Any]) -> list[str]:
     """The table of ``benchmarks/resume.py``: garcon_link-only figures against their targets."""
     results = doc.get("resume_and_memory") or []
@@ -286,23 +307,43 @@ def _resume_section(doc: dict[str, Any]) -> list[str]:
         "repetitions.",
         "",
     ]
-    rows = []
+    return lines + _targets_table(results)
+
+
+def describe_histogram(buckets: list[list[float]]) -> str:
+    """``per 0.1 s: 3 5 0 ...`` (counts from the cut on)."""
+    if not buckets:
+        return "none"
+    width = buckets[1][0] if len(buckets) > 1 else 0.1
+    return f"per {width:g} s: " + " ".join(str(int(count)) for _, count in buckets)
+
+
+def _fleet_section(doc: dict[str, Any]) -> list[str]:
+    """The table of ``benchmarks/fleet.py``: one run, each figure against its target."""
+    results = doc.get("fleet") or []
+    if not results:
+        return []
+    lines = [
+        "",
+        "#### garcon_link fleet",
+        "",
+        "Workers in child processes dial one listening controller process (see "
+        "`benchmarks/fleet.py`); one run, default limits. The map figure is the median "
+        f"(min{EN_DASH}max) of its repetitions.",
+        "",
+    ]
+    lines += _targets_table(results)
     for result in results:
-        if result["status"] != "ok":
-            rows.append(
-                [f"`{result['name']}`", f"**{result['status']}**: {result['note']}", "", ""]
-            )
-            continue
-        for item in result["figures"]:
-            rows.append(
-                [
-                    item["label"],
-                    f"{figure(item['summary'])} {item['unit']}",
-                    _target_cell(item),
-                    _met_cell(item),
-                ]
-            )
-    return lines + _table(["measurement", "figure", "target", "met?"], rows)
+        runs = result.get("runs") or []
+        if result["status"] == "ok" and runs:
+            full = runs[-1]
+            for key, what in (
+                ("redial_histogram", "connections arriving at the listener (redials)"),
+                ("ready_histogram", "cut executors ready again"),
+            ):
+                counts = describe_histogram(full[key])
+                lines += ["", f"Storm, {what} after the cut, {counts}."]
+    return lines
 
 
 def _versions(doc: dict[str, Any]) -> list[str]:
@@ -319,7 +360,7 @@ def markdown(doc: dict[str, Any]) -> str:
     echo: list[str] = []
     if doc["entries"]:
         echo = ["", *_results_table(doc), *_baseline_section(doc), *_ours_section(doc)]
-    lines = [*_preamble(doc), *echo, *_resume_section(doc), *_versions(doc)]
+    lines = [*_preamble(doc), *echo, *_resume_section(doc), *_fleet_section(doc), *_versions(doc)]
     return "\n".join(lines) + "\n"
 
 

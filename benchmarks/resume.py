@@ -522,27 +522,9 @@ MEASURE = {"resume": _measure_resume, "retention-rss": _measure_rss}
 
 def run_entry(name: str, settings: ResumeSettings, loop: str, log: TextIO) -> dict[str, Any]:
     """Measure one entry of this module; never raises but for KeyboardInterrupt/SystemExit."""
-    result: dict[str, Any] = {
-        "name": name,
-        "kind": "ours",
-        "description": DESCRIPTIONS[name],
-        "status": "ok",
-        "note": "",
-        "settings": asdict(settings),
-        "figures": [],
-        "runs": [],
-    }
-    started = time.perf_counter()
-    cpu_before = harness.read_cpu_times()
-    try:
-        result.update(MEASURE[name](settings, loop, log))
-    except Exception as exc:
-        result["status"] = "error"
-        result["note"], result["error_detail"] = harness.describe_error(exc)
-        print(f"[{name}] error: {result['error_detail']}", file=log, flush=True)
-    result["seconds"] = time.perf_counter() - started
-    result["cpu"] = harness.cpu_between(cpu_before, harness.read_cpu_times(), 0.0)
-    return result
+    return harness.run_measurement(
+        name, DESCRIPTIONS[name], asdict(settings), lambda: MEASURE[name](settings, loop, log), log
+    )
 
 
 def run(

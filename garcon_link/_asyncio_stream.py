@@ -25,6 +25,17 @@ sides together). :class:`AsyncioByteStream` keeps the same contract with neither
 Errors are anyio's: ``EndOfStream`` after the peer's EOF, ``BrokenResourceError`` after a
 connection error, ``ClosedResourceError`` after our own :meth:`aclose`. Connecting and
 accepting map to ``OSError`` as :func:`anyio.connect_tcp` and anyio's listeners do.
+
+At the file-descriptor limit
+----------------------------
+``accept`` fails with ``EMFILE`` (or ``ENFILE``, ``ENOBUFS``, ``ENOMEM``) while the process has no
+descriptor to give the next connection. The accept loop (:func:`serve_accepted`, and
+``garcon_link.ws``'s loop over anyio's listeners on trio) then pauses for
+:data:`ACCEPT_ERROR_PAUSE` and tries again: new connections wait in the kernel's listen backlog
+(and past it are refused by the kernel), established sockets are served as before, and the
+first connection to arrive once descriptors are free is accepted. :class:`AcceptFailures` logs
+one warning per :data:`ACCEPT_LOG_INTERVAL` with the count of failures since the last one --
+never a line per socket or per retry.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, cast
@@ -40,7 +52,7 @@ import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
-__all__ = ["AsyncioByteStream", "connect", "on_asyncio", "serve_accepted"]
+__all__ = ["AcceptFailures", "AsyncioByteStream", "connect", "on_asyncio", "serve_accepted"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +62,42 @@ READ_LOW_WATER = 64 * 1024
 """... and below which it reads again."""
 ACCEPT_ERROR_PAUSE = 0.1
 """Seconds to wait after a failed ``accept`` (e.g. out of file descriptors) before the next."""
+ACCEPT_LOG_INTERVAL = 10.0
+"""Seconds between two warnings about failed ``accept`` s (:class:`AcceptFailures`)."""
+
+
+class AcceptFailures:
+    """Rate-limited reporting of failed ``accept`` s on one listening socket.
+
+    The first failure is logged at once; later ones at most once per :data:`ACCEPT_LOG_INTERVAL`
+    (read at each failure), each line with the number of failures since the previous line. A
+    listener at the file-descriptor limit fails every retry: a line per retry, or per waiting
+    socket, would flood the log.
+    """
+
+    def __init__(self, where: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.where = where
+        self.total = 0
+        self._clock = clock
+        self._unreported = 0
+        self._last: float | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        self.total += 1
+        self._unreported += 1
+        now = self._clock()
+        if self._last is not None and now - self._last < ACCEPT_LOG_INTERVAL:
+            return
+        self._last = now
+        count, self._unreported = self._unreported, 0
+        log.warning(
+            "accept on %s failed: %s (%d failure(s) since the last report; new connections "
+            "wait, established ones are served; retrying every %gs)",
+            self.where,
+            exc,
+            count,
+            ACCEPT_ERROR_PAUSE,
+        )
 
 
 def on_asyncio() -> bool:
@@ -305,8 +353,8 @@ async def serve_accepted(
 
     ``listener`` (from :func:`anyio.create_tcp_listener`) only binds; accepted connections get an
     :class:`AsyncioByteStream`. A failed ``accept`` (out of file descriptors, a connection reset
-    before it was taken) is logged and retried after :data:`ACCEPT_ERROR_PAUSE`, never fatal.
-    Runs until cancelled.
+    before it was taken) is retried after :data:`ACCEPT_ERROR_PAUSE`, never fatal, and reported
+    by :class:`AcceptFailures` (rate-limited). Runs until cancelled.
     """
     subs = getattr(listener, "listeners", None) or [listener]  # a MultiListener, or one
     async with anyio.create_task_group() as accept_group:
@@ -329,6 +377,7 @@ async def _accept_loop(
     # Readiness, then a synchronous accept: loop.sock_accept() on Python 3.11 can accept a
     # connection for a future that was just cancelled, and then leaks the socket.
     loop = asyncio.get_running_loop()
+    failures = AcceptFailures(str(raw.getsockname()))
     while True:
         await anyio.wait_readable(raw)
         try:
@@ -336,7 +385,7 @@ async def _accept_loop(
         except (BlockingIOError, InterruptedError):
             continue  # another accept took it, or a spurious wake-up
         except OSError as exc:
-            log.warning("accept on %s failed: %s", raw.getsockname(), exc)
+            failures.failed(exc)
             await anyio.sleep(ACCEPT_ERROR_PAUSE)
             continue
         try:

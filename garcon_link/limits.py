@@ -68,7 +68,10 @@ class Limits:
     )
     heartbeat_interval: float = field(
         default=5.0,
-        metadata=_doc("Interval between WebSocket pings on an attached socket."),
+        metadata=_doc(
+            "A socket's dialer pings after this long without an inbound frame (its listener "
+            "after 1.5 times as long): an idle socket carries one ping and pong per interval."
+        ),
     )
     heartbeat_timeout: float = field(
         default=15.0,

@@ -1044,6 +1044,10 @@ class WebSocketLink:
     async def _heartbeat(self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope) -> None:
         interval = self.limits.heartbeat_interval
         timeout = self.limits.heartbeat_timeout
+        # How long a side hears nothing before it pings (see below); the listener's stays short
+        # of its own timeout (heartbeat_timeout > heartbeat_interval).
+        listener_quiet = min(1.5 * interval, (interval + timeout) / 2)
+        quiet = interval if self._dial is not None else listener_quiet
         next_ping = anyio.current_time() + interval
         recheck = self.limits.key_recheck_interval
         next_key_check = anyio.current_time() + recheck
@@ -1072,7 +1076,14 @@ class WebSocketLink:
                 deadline = now + timeout
             if now >= next_ping:
                 next_ping = now + interval
-                if not sock.busy:
+                if sock.reading and now - sock.last_inbound < quiet:
+                    # The peer spoke lately: a ping would prove nothing new. Only a side that
+                    # heard nothing for ``quiet`` pings: the dialer after one interval, the
+                    # listener after one and a half, so on an idle socket the dialer's pings
+                    # (and the pongs) keep both sides' silence checks satisfied and the
+                    # listener -- with many sockets -- only answers; a busy socket carries none.
+                    next_ping = sock.last_inbound + quiet
+                elif not sock.busy:
                     # Bounded: a peer that stopped reading must not stall the silence check.
                     with anyio.move_on_after(max(0.0, deadline - now)):
                         try:

@@ -62,7 +62,7 @@ import math
 import re
 import ssl
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -777,6 +777,33 @@ Authenticate = Callable[[WebSocket], Awaitable[Admitted | None]]
 the socket), else the coroutine function that serves the admitted peer."""
 
 
+async def _serve_anyio(
+    listener: anyio.abc.Listener[Any],
+    handler: Callable[[anyio.abc.ByteStream], Coroutine[Any, Any, None]],
+    tg: anyio.abc.TaskGroup,
+) -> None:
+    """``listener.serve`` (trio), except that a failed ``accept`` (out of file descriptors)
+    pauses and retries, reported rate-limited, instead of ending the listener (as
+    :func:`garcon_link._asyncio_stream.serve_accepted` does on asyncio)."""
+    subs: list[anyio.abc.SocketListener] = getattr(listener, "listeners", None) or [listener]
+
+    async def accept_loop(sub: anyio.abc.SocketListener) -> None:
+        failures = _asyncio_stream.AcceptFailures(str(sub.extra(SocketAttribute.local_address)))
+        while True:
+            try:
+                stream = await sub.accept()
+            except (OSError, anyio.BrokenResourceError) as exc:  # trio's OSError, wrapped
+                cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+                failures.failed(cause)
+                await anyio.sleep(_asyncio_stream.ACCEPT_ERROR_PAUSE)
+                continue
+            tg.start_soon(handler, stream)
+
+    async with anyio.create_task_group() as accept_group:
+        for sub in subs:
+            accept_group.start_soon(accept_loop, sub)
+
+
 class WebSocketListener:
     """Accepts connections on ``/executor`` and hands each upgraded socket to ``authenticate``.
 
@@ -847,7 +874,7 @@ class WebSocketListener:
             if _asyncio_stream.on_asyncio():
                 await _asyncio_stream.serve_accepted(listener, handle, tg)
             else:
-                await listener.serve(handle, task_group=tg)
+                await _serve_anyio(listener, handle, tg)
 
     async def _handle(self, stream: anyio.abc.ByteStream, authenticate: Authenticate) -> None:
         self._stats.connections += 1

@@ -15,30 +15,26 @@ ENTRIES = ("asyncio-tcp", "wsproto")
 METRICS = ("latency_p50_us", "latency_p99_us", "throughput_calls_per_s", "bulk_mb_per_s")
 
 
+def quick_run(only: str, output: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks --quick --only ONLY --no-readme --output OUTPUT``."""
+    command = [sys.executable, "-m", "benchmarks", "--quick", "--only", only, "--no-readme"]
+    return subprocess.run(
+        [*command, "--output", str(output)],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def test_quick_run_of_the_floors_writes_positive_figures(tmp_path: Path) -> None:
     output = tmp_path / "results.json"
     readme = ROOT / "benchmarks" / "README.md"
     readme_before = readme.read_bytes() if readme.exists() else None
 
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks",
-            "--quick",
-            "--only",
-            ",".join(ENTRIES),
-            "--no-readme",
-            "--output",
-            str(output),
-        ],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    completed = quick_run(",".join(ENTRIES), output, timeout=60)
 
     assert completed.returncode == 0, completed.stdout + completed.stderr
     doc = json.loads(output.read_text(encoding="utf-8"))
@@ -62,25 +58,7 @@ RESUME_ENTRIES = ("resume", "retention-rss")
 
 def test_quick_run_of_resume_and_retention_rss_writes_positive_figures(tmp_path: Path) -> None:
     output = tmp_path / "results.json"
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks",
-            "--quick",
-            "--only",
-            ",".join(RESUME_ENTRIES),
-            "--no-readme",
-            "--output",
-            str(output),
-        ],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    completed = quick_run(",".join(RESUME_ENTRIES), output, timeout=30)
 
     assert completed.returncode == 0, completed.stdout + completed.stderr
     doc = json.loads(output.read_text(encoding="utf-8"))
@@ -104,3 +82,35 @@ def test_quick_run_of_resume_and_retention_rss_writes_positive_figures(tmp_path:
         < rss["retained_bytes"] + rss["payload_bytes"] * 2
     )
     assert "#### garcon_link resume and memory" in completed.stdout
+
+
+def test_quick_run_of_the_fleet_benchmark_measures_every_figure(tmp_path: Path) -> None:
+    """``--only fleet --quick``: 50 workers in two child processes dial one controller child."""
+    output = tmp_path / "results.json"
+    completed = quick_run("fleet", output, timeout=60)
+
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    doc = json.loads(output.read_text(encoding="utf-8"))
+    [result] = doc["fleet"]
+    assert result["status"] == "ok", result
+    keys = [item["key"] for item in result["figures"]]
+    assert keys == [
+        "cold_start_s",
+        "rss_per_executor_kib",
+        "map_p50_s",
+        "idle_p99_ms",
+        "storm_recovered_s",
+        "storm_p99_factor",
+        "handshakes_per_s_peak",
+    ]
+    for item in result["figures"]:
+        assert 0 < item["summary"]["median"] < float("inf"), item
+    low, full = result["runs"]
+    assert (low["workers"], full["workers"]) == (10, 50)
+    # The storm cut every worker of the second child; each came back on a new socket.
+    assert full["storm_cut"] == 25
+    assert full["storm_connections"] >= 25
+    assert full["storm_resumed"] + full["storm_fresh_sessions"] >= 25
+    assert full["storm_call_errors"] == 0
+    assert sum(count for _, count in full["redial_histogram"]) == full["storm_connections"]
+    assert "#### garcon_link fleet" in completed.stdout

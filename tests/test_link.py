@@ -634,6 +634,30 @@ async def test_silent_peer_is_detected_by_the_heartbeat_and_the_session_resumes(
             assert pair.listener.link.statistics().resumed >= 1
 
 
+@anyio_test
+async def test_an_idle_socket_carries_one_ping_and_one_pong_per_interval() -> None:
+    """Only a side that heard nothing for an interval pings: the other hears that ping (and
+    answers it) and skips its own. Two-sided pinging would move 16 bytes per interval through
+    the proxy (a masked 6-byte ping and pong up, a 2-byte ping and pong down); one-sided, 8."""
+    interval = 0.05
+    limits = small_limits(heartbeat_interval=interval, heartbeat_timeout=0.5)
+    with anyio.fail_after(DEADLINE):
+        async with link_pair("controller-dials", limits, proxy=True) as pair:
+            assert pair.proxy is not None
+            await pair.wait_ready()
+            await anyio.sleep(2 * interval)  # the handshake's frames and receipts are done
+            before = pair.proxy.statistics()
+            started = anyio.current_time()
+            await anyio.sleep(20 * interval)
+            after = pair.proxy.statistics()
+            elapsed = anyio.current_time() - started
+            moved = (after.bytes_up - before.bytes_up) + (after.bytes_down - before.bytes_down)
+            assert 0 < moved <= 8 * (elapsed / interval + 2), (moved, elapsed)
+            # ... and that is enough for both sides' silence checks.
+            assert pair.listener.link.statistics().heartbeat_timeouts == 0
+            assert pair.dialer.link.statistics().heartbeat_timeouts == 0
+
+
 # ------------------------------------------------------------------------------------------------
 # hand-written peers against a listener; a legitimate peer must still get through afterwards
 

@@ -1,0 +1,699 @@
+"""garcon_link at fleet scale: many workers dialing one listening controller process (issue 15).
+
+``python -m benchmarks --only fleet`` (``--quick``: 50 workers). Reported in a table of its own
+("garcon_link fleet"), each figure next to its target.
+
+Processes
+---------
+The runner starts the **controller** child (``python -m benchmarks.fleet controller``), which
+writes a keyring of ``workers`` keys into a temporary directory, enters ``gl.Fleet`` listening on
+127.0.0.1 with that keyring (default :class:`~garcon_link.Limits`), and then starts ``processes``
+**worker** children itself (``python -m benchmarks.fleet workers``), each running its share of
+the workers as ``gl.Worker`` endpoints (default limits) that dial the controller; each serves
+``ident.whoami()`` (its own id). Every process raises its ``RLIMIT_NOFILE`` soft limit to the hard
+one. The controller prints progress on stderr and one ``RESULT {json}`` line on stdout.
+
+What the controller measures, in order
+--------------------------------------
+1. **cold start**: from starting the worker children to every executor ``ready`` (the children's
+   interpreter start-up included), from the fleet's ``ready`` events;
+2. **RSS** (``VmRSS``) idle with all executors ready, after a settle and ``gc.collect()``. The
+   runner first runs a controller with ``rss_low`` workers (100) and then the full one; the
+   per-executor figure is the slope ``(RSS(1,000) - RSS(100)) / 900``;
+3. **idle latency**: ``idle_calls`` sequential ``whoami`` calls, round robin over the executors of
+   the first worker child (the one the storm spares);
+4. **map**: ``maps`` times ``fleet.map()`` of ``whoami`` over every executor (default
+   concurrency, 64); the figure is the median duration, every reply checked;
+5. **reconnect storm**: every worker child but the first aborts all of its sockets at once
+   (``link.disconnect()``: no close frame, as a network loss); the sessions stay and resume. The
+   controller samples its listener's counters every :data:`SAMPLE_S` (the histogram of TCP
+   connections arriving = the redials, and of handshakes completed), and meanwhile calls the
+   spared executors sequentially as in 3. Figures: time from the cut until every cut executor is
+   ``ready`` again (a ``ready`` event after the cut), the p99 of the spared executors' calls
+   during that time against their idle p99, and the listener's handshake throughput (its best
+   :data:`RATE_WINDOW_S` window, and the average over the storm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import itertools
+import json
+import logging
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+import anyio
+import anyio.abc
+
+import garcon_link as gl
+from garcon_link.config import read_secret_file, write_secret_file
+
+from . import eventloop, harness
+from .report import describe_histogram
+
+KiB = 1024
+NAMES = ("fleet",)
+DESCRIPTIONS = {
+    "fleet": "garcon_link fleet: 1,000 workers in child processes dial one controller process",
+}
+
+COLD_START_TARGET_S = 10.0
+RSS_PER_EXECUTOR_TARGET_KIB = 100.0
+MAP_TARGET_S = 1.0
+STORM_P99_FACTOR_TARGET = 5.0
+
+SAMPLE_S = 0.01
+"""Period of the listener-counter sampler during the storm."""
+RATE_WINDOW_S = 0.25
+"""Window of the peak handshake rate."""
+HISTOGRAM_BUCKETS = 30
+"""At most this many buckets (of 0.1 s, 0.2 s, 0.5 s, 1 s, 2 s, 5 s... as the spread needs)."""
+SETTLE_S = 2.0
+"""Pause before reading the idle RSS (late receipts, heartbeats settle)."""
+
+
+class Ident(Protocol):
+    async def whoami(self) -> str: ...
+
+
+class _IdentImpl:
+    def __init__(self, executor_id: str) -> None:
+        self.executor_id = executor_id
+
+    async def whoami(self) -> str:
+        return self.executor_id
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    workers: int = 1000
+    processes: int = 4
+    rss_low: int = 100
+    idle_calls: int = 1000
+    maps: int = 10
+    limit_s: float = 120.0
+
+    @classmethod
+    def from_runner(cls, settings: harness.Settings, quick: bool) -> FleetSettings:
+        if quick:
+            return cls(workers=50, processes=2, rss_low=10, idle_calls=100, maps=3, limit_s=30.0)
+        return cls(limit_s=settings.limit_s)
+
+
+def executor_id(index: int) -> str:
+    return f"fleet-{index:04d}"
+
+
+def raise_nofile() -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit; the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def read_rss() -> int:
+    """``VmRSS`` of this process in bytes."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise harness.MeasurementError("/proc/self/status has no VmRSS")
+
+
+def histogram(offsets: list[float]) -> list[list[float]]:
+    """``[[bucket start s, count], ...]`` from 0 to the last offset, in at most
+    :data:`HISTOGRAM_BUCKETS` buckets of a round width."""
+    if not offsets:
+        return []
+    widths = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+    bucket = next((w for w in widths if max(offsets) / w < HISTOGRAM_BUCKETS), 120.0)
+    buckets = int(max(offsets) // bucket) + 1
+    counts = [0] * buckets
+    for offset in offsets:
+        counts[max(0, int(offset // bucket))] += 1
+    return [[round(i * bucket, 3), count] for i, count in enumerate(counts)]
+
+
+def _p(values: list[float], q: float) -> float:
+    return harness.percentile(sorted(values), q)
+
+
+# ------------------------------------------------------------------------ worker child
+
+
+async def _workers_main(url: str, keyring: Path, first: int, count: int) -> None:
+    """Run ``count`` workers; on a ``cut`` line on stdin abort all their sockets; exit on EOF."""
+    raise_nofile()
+    async with AsyncExitStack() as stack:
+        workers = []
+        for index in range(first, first + count):
+            name = executor_id(index)
+            config = gl.LinkConfig(
+                executor_id=name,
+                role=gl.Role.WORKER,
+                secret=read_secret_file(keyring / f"{name}.secret"),
+                dial=url,
+            )
+            worker = gl.Worker(config, {"ident": gl.Service(_IdentImpl(name), Ident)})
+            workers.append(await stack.enter_async_context(worker))
+        print("started", flush=True)
+        lines = anyio.wrap_file(sys.stdin)
+        while line := await lines.readline():
+            if line.strip() == "cut":
+                for worker in workers:
+                    await worker.link.disconnect()
+                print("cut", flush=True)
+        os._exit(0)  # stdin closed: the controller is done (no graceful close to wait for)
+
+
+# -------------------------------------------------------------------- controller child
+
+
+class _Tracker:
+    """Follows the fleet's events: which executors are ready, and when each became so."""
+
+    def __init__(self) -> None:
+        self.ready: set[str] = set()
+        self.ready_at: dict[str, float] = {}
+        self.lost = 0
+        self.changed = anyio.Event()
+
+    async def follow(self, fleet: gl.Fleet) -> None:
+        async for event in fleet.events():
+            if event.kind == "lost":
+                self.lost += event.lost
+            elif event.kind == "ready":
+                self.ready.add(event.executor_id)
+                self.ready_at[event.executor_id] = time.perf_counter()
+            elif event.kind in ("reconnecting", "offline", "disposed", "forgotten"):
+                self.ready.discard(event.executor_id)
+            self.changed.set()
+
+    async def until(self, check: Callable[[], bool], seconds: float, what: str) -> None:
+        with anyio.move_on_after(seconds):
+            while not check():
+                self.changed = anyio.Event()
+                await self.changed.wait()
+            return
+        raise harness.MeasurementError(f"{what}: not within {seconds:g} s")
+
+
+async def _sequential_calls(
+    fleet: gl.Fleet, ids: list[str], stop: Callable[[int], bool]
+) -> tuple[list[float], int]:
+    """Call ``whoami`` round robin over ``ids`` until ``stop(n)``; latencies in ms, errors."""
+    facades = [fleet.executor(i).service("ident", Ident) for i in ids]
+    latencies: list[float] = []
+    errors = 0
+    n = 0
+    while not stop(n):
+        facade, expected = facades[n % len(ids)], ids[n % len(ids)]
+        started = time.perf_counter()
+        try:
+            reply = await facade.whoami()
+        except gl.CallError:
+            errors += 1
+        else:
+            latencies.append((time.perf_counter() - started) * 1000)
+            if reply != expected:
+                raise harness.MeasurementError(f"{expected} answered {reply!r}")
+        n += 1
+    return latencies, errors
+
+
+def _progress(message: str) -> None:
+    print(f"[fleet] {message}", file=sys.stderr, flush=True)
+
+
+async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
+    nofile = raise_nofile()
+    n, processes = args.workers, args.processes
+    ids = [executor_id(i) for i in range(n)]
+    shares = [len(part) for part in _split(n, processes)]
+    with tempfile.TemporaryDirectory(prefix="gl-fleet-bench-") as tmp:
+        keyring = Path(tmp) / "keys"
+        keyring.mkdir(mode=0o700)
+        for name in ids:
+            write_secret_file(keyring / f"{name}.secret")
+        config = gl.FleetConfig(listen=("127.0.0.1", 0), keyring=keyring, max_executors=n)
+        tracker = _Tracker()
+        result: dict[str, Any] = {"workers": n, "processes": processes, "nofile_soft": nofile}
+        async with (
+            gl.Fleet(config, events_buffer=8 * n + 64) as fleet,
+            anyio.create_task_group() as tg,
+            AsyncExitStack() as children,
+        ):
+            tg.start_soon(tracker.follow, fleet)
+            for _ in range(3):  # the follower subscribes before any worker starts
+                await anyio.sleep(0)
+            gc.collect()
+            result["rss_listening_bytes"] = read_rss()
+
+            # 1. cold start
+            started = time.perf_counter()
+            procs: list[anyio.abc.Process] = []
+            first = 0
+            for share in shares:
+                command = [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.fleet",
+                    "workers",
+                    "--url",
+                    fleet.url,
+                    "--keyring",
+                    str(keyring),
+                    "--first",
+                    str(first),
+                    "--count",
+                    str(share),
+                    "--loop",
+                    args.loop,
+                ]
+                first += share
+                proc = await anyio.open_process(command, stderr=None)
+                children.push_async_callback(_stop, proc)
+                procs.append(proc)
+            await tracker.until(lambda: len(tracker.ready) == n, args.limit, "cold start")
+            cold = time.perf_counter() - started
+            stats = fleet.statistics()
+            result.update(
+                cold_start_s=cold,
+                cold_connections=stats.connections,
+                cold_handshakes=stats.handshakes_completed,
+                cold_evicted_unauthenticated=stats.evicted_unauthenticated,
+            )
+            _progress(
+                f"{n} workers in {processes} processes: all ready in {cold:.2f} s "
+                f"({stats.connections} connections, {stats.handshakes_completed} handshakes)"
+            )
+
+            # 2. idle RSS (and the controller's CPU time while idle: heartbeats, timers)
+            cpu = time.process_time()
+            with _profiled("idle"):
+                await anyio.sleep(SETTLE_S)
+            result["idle_cpu_percent"] = (time.process_time() - cpu) / SETTLE_S * 100
+            gc.collect()
+            result["rss_idle_bytes"] = read_rss()
+            _progress(
+                f"idle RSS {result['rss_idle_bytes'] / 2**20:.1f} MiB, idle CPU "
+                f"{result['idle_cpu_percent']:.0f} %"
+            )
+            if args.rss_only:
+                tg.cancel_scope.cancel()
+                return result
+
+            # 3. idle latency over the first child's executors (spared by the storm)
+            spared = ids[: shares[0]]
+            cut = set(ids[shares[0] :])
+            idle, idle_errors = await _sequential_calls(
+                fleet, spared, lambda i: i >= args.idle_calls
+            )
+            result.update(
+                idle_p50_ms=_p(idle, 50), idle_p99_ms=_p(idle, 99), idle_errors=idle_errors
+            )
+            _progress(f"idle call p50 {_p(idle, 50):.2f} ms, p99 {_p(idle, 99):.2f} ms")
+
+            # 4. map to every executor
+            async def whoami(executor: gl.RemoteExecutor) -> str:
+                return await executor.service("ident", Ident).whoami()
+
+            maps: list[float] = []
+            for _ in range(args.maps):
+                t = time.perf_counter()
+                with _profiled("map"):
+                    replies = await fleet.map(whoami, ids)
+                maps.append(time.perf_counter() - t)
+                wrong = [i for i, reply in replies.items() if reply != i]
+                if wrong:
+                    raise harness.MeasurementError(f"map: {len(wrong)} wrong replies: {wrong[:3]}")
+            result.update(map_s=maps, map_p50_s=statistics.median(maps))
+            _progress(f"map to {n}: p50 {statistics.median(maps) * 1000:.0f} ms")
+
+            # 5. reconnect storm
+            before = fleet.statistics()
+            samples: list[tuple[float, int, int]] = []
+            sampling = anyio.Event()
+
+            async def sample() -> None:
+                while not sampling.is_set():
+                    s = fleet.statistics()
+                    samples.append((time.perf_counter(), s.connections, s.handshakes_completed))
+                    await anyio.sleep(SAMPLE_S)
+
+            def all_back() -> bool:
+                return all(tracker.ready_at.get(i, 0.0) > storm_start for i in cut) and len(
+                    tracker.ready
+                ) == len(ids)
+
+            storm_calls: list[float] = []
+            storm_errors = 0
+            done = anyio.Event()
+
+            async def call_spared() -> None:
+                nonlocal storm_errors
+                latencies, storm_errors = await _sequential_calls(
+                    fleet, spared, lambda _: done.is_set()
+                )
+                storm_calls.extend(latencies)
+
+            async with anyio.create_task_group() as storm:
+                storm.start_soon(sample)
+                storm_start = time.perf_counter()
+                samples.append((storm_start, before.connections, before.handshakes_completed))
+                for proc in procs[1:]:
+                    assert proc.stdin is not None
+                    await proc.stdin.send(b"cut\n")
+                storm.start_soon(call_spared)
+                await tracker.until(all_back, args.limit, "every cut executor ready again")
+                storm_end = time.perf_counter()
+                done.set()
+                sampling.set()
+            after = fleet.statistics()
+            samples.append((time.perf_counter(), after.connections, after.handshakes_completed))
+            recovered = storm_end - storm_start
+            offsets = sorted(tracker.ready_at[i] - storm_start for i in cut)
+            arrivals: list[float] = []
+            for (t0, c0, _), (_, c1, _) in itertools.pairwise(samples):
+                arrivals.extend([t0 - storm_start] * (c1 - c0))
+            handshakes = after.handshakes_completed - before.handshakes_completed
+            # The best window; a storm shorter than one window is one window.
+            (start_t, _, start_h), (end_t, _, end_h) = samples[0], samples[-1]
+            peak = (end_h - start_h) / max(end_t - start_t, 1e-6)
+            for i, (t0, _, h0) in enumerate(samples):
+                for t1, _, h1 in samples[i + 1 :]:
+                    if t1 - t0 >= RATE_WINDOW_S:
+                        peak = max(peak, (h1 - h0) / (t1 - t0))
+                        break
+            first_arrival = min(arrivals, default=0.0)
+            result.update(
+                storm_cut=len(cut),
+                storm_recovered_s=recovered,
+                storm_connections=after.connections - before.connections,
+                storm_handshakes=handshakes,
+                storm_resumed=after.resumed - before.resumed,
+                storm_fresh_sessions=after.fresh_sessions - before.fresh_sessions,
+                storm_evicted_unauthenticated=(
+                    after.evicted_unauthenticated - before.evicted_unauthenticated
+                ),
+                storm_calls=len(storm_calls),
+                storm_call_errors=storm_errors,
+                storm_p50_ms=_p(storm_calls, 50) if storm_calls else None,
+                storm_p99_ms=_p(storm_calls, 99) if storm_calls else None,
+                storm_ready_p50_s=_p(offsets, 50),
+                storm_ready_p99_s=_p(offsets, 99),
+                redial_histogram=histogram(arrivals),
+                ready_histogram=histogram(offsets),
+                handshakes_per_s_peak=peak,
+                handshakes_per_s_mean=handshakes / max(recovered - first_arrival, 1e-6),
+                events_lost=tracker.lost,
+            )
+            _progress(
+                f"storm: {len(cut)} cut, all ready again in {recovered:.2f} s "
+                f"({result['storm_connections']} connections, {handshakes} handshakes, "
+                f"{result['storm_resumed']} resumed); spared p99 "
+                f"{result['storm_p99_ms']} ms over {len(storm_calls)} calls; handshakes/s "
+                f"peak {peak:.0f}"
+            )
+            for proc in procs:
+                proc.kill()
+            tg.cancel_scope.cancel()
+    return result
+
+
+@contextlib.contextmanager
+def _profiled(phase: str) -> Iterator[None]:
+    """cProfile this phase into ``$GL_FLEET_BENCH_PROFILE.<phase>.prof`` (diagnosis only)."""
+    prefix = os.environ.get("GL_FLEET_BENCH_PROFILE")
+    if not prefix:
+        yield
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        path = f"{prefix}.{phase}.prof"
+        if os.path.exists(path):  # several repetitions: keep adding
+            profile.dump_stats(path + ".new")
+            import pstats
+
+            stats = pstats.Stats(path)
+            stats.add(path + ".new")
+            stats.dump_stats(path)
+            os.unlink(path + ".new")
+        else:
+            profile.dump_stats(path)
+
+
+def _split(n: int, parts: int) -> list[range]:
+    """``range(n)`` in ``parts`` consecutive pieces, as equal as can be."""
+    size, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(range(start, end))
+        start = end
+    return out
+
+
+async def _stop(process: anyio.abc.Process) -> None:
+    if process.returncode is None:
+        process.kill()
+    with anyio.CancelScope(shield=True):
+        await process.wait()
+
+
+# ------------------------------------------------------------------------------ runner
+
+
+def _controller(
+    settings: FleetSettings, workers: int, processes: int, loop: str, rss_only: bool
+) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(harness.ROOT), env.get("PYTHONPATH")]))
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.fleet",
+        "controller",
+        "--workers",
+        str(workers),
+        "--processes",
+        str(processes),
+        "--idle-calls",
+        str(settings.idle_calls),
+        "--maps",
+        str(settings.maps),
+        "--limit",
+        str(settings.limit_s),
+        "--loop",
+        loop,
+        *(["--rss-only"] if rss_only else []),
+    ]
+    try:
+        completed = subprocess.run(
+            command,
+            cwd=harness.ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=None,  # progress lines, and the children's warnings, go straight through
+            text=True,
+            timeout=4 * settings.limit_s + 60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise harness.MeasurementError("the fleet controller child timed out") from exc
+    for line in completed.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result: dict[str, Any] = json.loads(line[len("RESULT ") :])
+            return result
+    raise harness.MeasurementError(
+        f"the fleet controller child exited with code {completed.returncode} and no result",
+        completed.stdout[-2000:],
+    )
+
+
+def _figure(
+    key: str, label: str, unit: str, value: float, target: float | None, values: list[float]
+) -> dict[str, Any]:
+    return {
+        "key": key,
+        "label": label,
+        "unit": unit,
+        "summary": harness.summarize(values or [value]) | {"median": value},
+        "target": target,
+        "met": None if target is None else value <= target,
+    }
+
+
+def _measure(settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
+    low_processes = max(1, settings.processes * settings.rss_low // settings.workers)
+    low = _controller(settings, settings.rss_low, low_processes, loop, rss_only=True)
+    full = _controller(settings, settings.workers, settings.processes, loop, rss_only=False)
+    n, n0 = full["workers"], low["workers"]
+    slope_kib = (full["rss_idle_bytes"] - low["rss_idle_bytes"]) / (n - n0) / KiB
+    factor = full["storm_p99_ms"] / full["idle_p99_ms"] if full["storm_p99_ms"] else None
+    figures = [
+        _figure(
+            "cold_start_s",
+            f"{n:,} workers in {settings.processes} processes: all ready from a cold start "
+            "(children's start-up included)",
+            "s",
+            full["cold_start_s"],
+            COLD_START_TARGET_S,
+            [],
+        ),
+        _figure(
+            "rss_per_executor_kib",
+            f"controller RSS per idle executor (slope between {n0:,} and {n:,}: "
+            f"{low['rss_idle_bytes'] / 2**20:.1f} -> {full['rss_idle_bytes'] / 2**20:.1f} MiB)",
+            "KiB",
+            slope_kib,
+            RSS_PER_EXECUTOR_TARGET_KIB,
+            [],
+        ),
+        _figure(
+            "map_p50_s",
+            f"fleet.map() of one call to all {n:,} (concurrency 64), median of {settings.maps}",
+            "s",
+            full["map_p50_s"],
+            MAP_TARGET_S,
+            full["map_s"],
+        ),
+        _figure(
+            "idle_p99_ms",
+            f"idle sequential call to one of the {n // settings.processes} spared executors, p99 "
+            f"(p50 {full['idle_p50_ms']:.2f} ms)",
+            "ms",
+            full["idle_p99_ms"],
+            None,
+            [],
+        ),
+        _figure(
+            "storm_recovered_s",
+            f"reconnect storm: {full['storm_cut']:,} sockets aborted at once, until all ready "
+            f"again ({full['storm_resumed']:,} resumed, {full['storm_connections']:,} "
+            "connections)",
+            "s",
+            full["storm_recovered_s"],
+            None,
+            [],
+        ),
+        _figure(
+            "storm_p99_factor",
+            f"spared executors' call p99 during the storm / idle p99 "
+            f"({full['storm_p99_ms']:.2f} ms over {full['storm_calls']} calls)",
+            "x",
+            factor if factor is not None else float("inf"),
+            STORM_P99_FACTOR_TARGET,
+            [],
+        ),
+        _figure(
+            "handshakes_per_s_peak",
+            f"listener handshake throughput, best {RATE_WINDOW_S:g} s window of the storm "
+            f"(mean over the storm {full['handshakes_per_s_mean']:.0f}/s; higher is better)",
+            "/s",
+            full["handshakes_per_s_peak"],
+            None,
+            [],
+        ),
+    ]
+    print(
+        "[fleet] redials (connections arriving) after the cut: "
+        + describe_histogram(full["redial_histogram"]),
+        file=log,
+        flush=True,
+    )
+    return {"figures": figures, "runs": [low, full]}
+
+
+def run_entry(name: str, settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
+    """Measure the fleet; never raises but for KeyboardInterrupt/SystemExit."""
+    return harness.run_measurement(
+        name, DESCRIPTIONS[name], asdict(settings), lambda: _measure(settings, loop, log), log
+    )
+
+
+def run(
+    names: list[str],
+    settings: harness.Settings,
+    quick: bool,
+    loop_choice: str,
+    log: TextIO = sys.stderr,
+) -> list[dict[str, Any]]:
+    """Measure the named entries of this module; the results as written to JSON."""
+    loop = eventloop.resolve(loop_choice)
+    mine = FleetSettings.from_runner(settings, quick)
+    return [run_entry(name, mine, loop, log) for name in NAMES if name in names]
+
+
+# ---------------------------------------------------------------------------- children
+
+
+def main(argv: list[str] | None = None) -> None:
+    from .servers._common import run_asyncio
+
+    parser = argparse.ArgumentParser(description="Children of the fleet benchmark.")
+    parser.add_argument("mode", choices=("controller", "workers"))
+    parser.add_argument("--loop", choices=eventloop.CHOICES, default="asyncio")
+    parser.add_argument("--workers", type=int, default=1000)
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--idle-calls", type=int, default=1000)
+    parser.add_argument("--maps", type=int, default=10)
+    parser.add_argument("--limit", type=float, default=120.0)
+    parser.add_argument("--rss-only", action="store_true")
+    parser.add_argument("--url", default="")
+    parser.add_argument("--keyring", type=Path)
+    parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--count", type=int, default=0)
+    args = parser.parse_args(argv)
+    log_dir = os.environ.get("GL_FLEET_BENCH_LOG_DIR")  # for diagnosis: the library's log lines
+    if log_dir:
+        logging.basicConfig(
+            filename=os.path.join(log_dir, f"{args.mode}-{args.first}-{os.getpid()}.log"),
+            level=logging.INFO,
+            format="%(relativeCreated)d %(name)s %(levelname)s %(message)s",
+        )
+    if args.mode == "workers":
+
+        async def workers() -> None:
+            await _workers_main(args.url, args.keyring, args.first, args.count)
+
+        run_asyncio(workers, args.loop)
+        return
+    box: list[dict[str, Any]] = []
+
+    async def controller() -> None:
+        with anyio.fail_after(4 * args.limit):
+            box.append(await _controller_main(args))
+
+    run_asyncio(controller, args.loop)
+    print("RESULT " + json.dumps(box[0]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
