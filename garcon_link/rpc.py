@@ -145,6 +145,30 @@ import anyio.abc
 import cbor2
 
 from . import _asyncio_stream
+from .envelopes import (
+    CALL,
+    CANCEL,
+    CREDIT,
+    END,
+    ERROR,
+    ITEM,
+    MAX_ARITY,
+    NOTIFY,
+    REPLY_KINDS,
+    RESULT,
+    BadEnvelope,
+    Call,
+    Cancel,
+    Credit,
+    End,
+    Envelope,
+    Error,
+    Item,
+    Notify,
+    Result,
+    encode,
+)
+from .envelopes import decode as decode_envelope
 from .errors import (
     CallError,
     MalformedFrame,
@@ -177,7 +201,14 @@ from .wire import array_prefix, decode_item
 
 __all__ = [
     "CALL",
+    "CANCEL",
+    "CREDIT",
+    "END",
+    "ERROR",
+    "ITEM",
     "MAX_REFUSAL_MESSAGE",
+    "NOTIFY",
+    "RESULT",
     "ExecutorRpc",
     "Registry",
     "RemoteStream",
@@ -188,7 +219,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CALL, RESULT, ERROR, CANCEL, NOTIFY, ITEM, END, CREDIT = range(8)
 INTERNAL_SERVICE = "$link"
 # The ``cancel`` field of an error body that answers a cancel (module docstring).
 NOT_STARTED, INTERRUPTED = "not_started", "cancelled"
@@ -333,15 +363,15 @@ def _envelope_head(payload: bytes) -> tuple[int, int] | None:
     """``(kind, id)`` read from the first bytes of an envelope that did not decode as a whole.
 
     Only the exact prefix every envelope naming a call starts with is accepted: a definite array
-    head of 2 to 9 items, a kind of 0..7 and an unsigned integer id. This lets an undecodable
-    *reply* (e.g. a result whose value holds a tag) fail the call it names at once instead of
-    leaving it to its timeout.
+    head of 2 to ``MAX_ARITY`` items, a kind of 0..7 and an unsigned integer id. This lets an
+    undecodable *reply* (e.g. a result whose value holds a tag) fail the call it names at once
+    instead of leaving it to its timeout.
     """
     prefix = array_prefix(payload)
     if prefix is None:
         return None
     length, kind, call_id = prefix
-    if not 2 <= length <= 9 or kind > CREDIT:
+    if not 2 <= length <= MAX_ARITY or kind > CREDIT:
         return None
     return kind, call_id
 
@@ -691,9 +721,9 @@ class ExecutorRpc:
         if self.transport.failure is not None:
             raise NotDispatched("OFFLINE", str(self.transport.failure))
 
-    def _encode(self, envelope: list[Any]) -> bytes:
+    def _encode(self, envelope: Envelope) -> bytes:
         try:
-            return cbor2.dumps(envelope)
+            return encode(envelope)
         except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
             raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
 
@@ -715,7 +745,7 @@ class ExecutorRpc:
             raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
         self._check_resources(pos, kw)
         if spec.kind is MethodKind.ONEWAY:
-            return None, self._encode([NOTIFY, service, spec.name, wire_args, wire_kwargs])
+            return None, self._encode(Notify(service, spec.name, wire_args, wire_kwargs))
         if len(self._pending) + self._owed_cancels >= self.limits.max_pending_calls:
             raise NotDispatched(
                 "OVERLOADED",
@@ -723,9 +753,7 @@ class ExecutorRpc:
             )
         call_id = self._next_id
         self._next_id += 1
-        envelope = [CALL, call_id, service, spec.name, wire_args, wire_kwargs, *credit]
-        if key is not None:
-            envelope.append(key)
+        envelope = Call(call_id, service, spec.name, wire_args, wire_kwargs, *credit, key)
         return _Pending(call_id, spec, None), self._encode(envelope)
 
     def _check_resources(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
@@ -874,7 +902,7 @@ class ExecutorRpc:
 
     def _send_cancel(self, call_id: int) -> None:
         # A deferred cancel keeps counting as a pending call (see _prepare) until handed over.
-        self._send_soon(_CANCEL, self._encode([CANCEL, call_id]))
+        self._send_soon(_CANCEL, self._encode(Cancel(call_id)))
 
     def _reclaim_stream(self, pending: _Pending) -> None:
         """A stream's iterator was dropped without ``aclose()``: free its slot, cancel it.
@@ -888,7 +916,7 @@ class ExecutorRpc:
         self._pending.pop(pending.id, None)
         self._note_settled()
         if pending.ordinal is not None:
-            self._defer(_CANCEL, self._encode([CANCEL, pending.id]))
+            self._defer(_CANCEL, self._encode(Cancel(pending.id)))
 
     def _send_soon(self, kind: int, body: bytes) -> None:
         """Hand a small envelope to the session without waiting: at once if retention has room
@@ -960,36 +988,48 @@ class ExecutorRpc:
         try:
             # plain=True: refuses shared references and cycles, so no envelope can expand into
             # a structure larger than its own bytes (a DAG of 2**n paths) later on.
-            envelope = decode_item(payload, self.limits.max_frame_bytes)
+            item = decode_item(payload, self.limits.max_frame_bytes)
         except MalformedFrame as exc:
             log.warning("dropping malformed envelope: %s", exc)
             self._undecodable(payload)
             return
-        if not isinstance(envelope, list) or not envelope or not isinstance(envelope[0], int):
+        try:
+            envelope = decode_envelope(item)
+        except BadEnvelope as exc:
+            self._malformed(exc)
+            return
+        match envelope:
+            case Result():
+                self._on_result(envelope)
+            case Item():
+                self._on_item(envelope, len(payload))
+            case Call():
+                self._on_call(envelope)
+            case Error():
+                self._on_error(envelope)
+            case End():
+                self._on_end(envelope)
+            case Credit():
+                self._on_credit(envelope)
+            case Cancel():
+                self._on_cancel(envelope)
+            case Notify():
+                self._on_notify(envelope)
+
+    def _malformed(self, exc: BadEnvelope) -> None:
+        """An envelope of the wrong shape: dropped; a reply naming a call of ours fails it."""
+        kind = exc.kind
+        if kind is None:
             log.warning("dropping envelope that is not [kind, ...]")
             return
-        kind = envelope[0]
-        try:
-            if kind == RESULT:
-                self._on_result(envelope)
-            elif kind == ITEM:
-                self._on_item(envelope, len(payload))
-            elif kind == CALL:
-                self._on_call(envelope)
-            elif kind == ERROR:
-                self._on_error(envelope)
-            elif kind == END:
-                self._on_end(envelope)
-            elif kind == CREDIT:
-                self._on_credit(envelope)
-            elif kind == CANCEL:
-                self._on_cancel(envelope)
-            elif kind == NOTIFY:
-                self._on_notify(envelope)
-            else:
-                log.warning("dropping envelope of unknown kind %r", kind)
-        except _BadEnvelope as exc:
-            log.warning("dropping malformed envelope (kind %d): %s", kind, exc)
+        if not CALL <= kind <= CREDIT:
+            log.warning("dropping envelope of unknown kind %r", kind)
+            return
+        if kind in REPLY_KINDS and exc.call_id is not None:
+            pending = self._pending.get(exc.call_id)
+            if pending is not None:
+                self._fail_unreadable(pending, "MALFORMED_REPLY", f"the peer's reply: {exc}")
+        log.warning("dropping malformed envelope (kind %d): %s", kind, exc)
 
     def _undecodable(self, payload: bytes) -> None:
         """An envelope that did not decode, named by its head (``[kind, id``) where it has one.
@@ -1024,27 +1064,13 @@ class ExecutorRpc:
         self._send_cancel(pending.id)
         self._finish(pending, error=OutcomeUnknown(code, why))
 
-    def _pending_for(self, envelope: list[Any], arity: int) -> _Pending | None:
-        if len(envelope) != arity or type(envelope[1]) is not int:
-            # Fail the call it names, if it names one; otherwise it is dropped.
-            if len(envelope) > 1 and type(envelope[1]) is int:
-                pending = self._pending.get(envelope[1])
-                if pending is not None:
-                    self._fail_unreadable(
-                        pending,
-                        "MALFORMED_REPLY",
-                        f"the peer's reply has {len(envelope)} elements, not {arity}",
-                    )
-            raise _BadEnvelope(f"expected {arity} elements with an integer id")
-        return self._pending.get(envelope[1])
-
-    def _on_result(self, envelope: list[Any]) -> None:
-        pending = self._pending_for(envelope, 3)
+    def _on_result(self, envelope: Result) -> None:
+        pending = self._pending.get(envelope.id)
         if pending is None or pending.stream is not None:
             return  # late reply to a retired, timed-out or cancelled call: dropped
         del self._pending[pending.id]
         try:
-            value = from_wire(envelope[2], pending.spec.result)
+            value = from_wire(envelope.value, pending.spec.result)
         except Exception as exc:
             # FAILED, not UNKNOWN: the call certainly ran to completion (module docstring).
             self._finish(
@@ -1054,20 +1080,20 @@ class ExecutorRpc:
             return
         self._finish(pending, value=value)
 
-    def _on_error(self, envelope: list[Any]) -> None:
-        pending = self._pending_for(envelope, 3)
+    def _on_error(self, envelope: Error) -> None:
+        pending = self._pending.get(envelope.id)
         if pending is None:
             return
-        error = _error_from_body(envelope[2])
+        error = _error_from_body(envelope.body)
         if isinstance(error, OutcomeUnknown) and error.code == "MALFORMED_ERROR":
             self._fail_unreadable(pending, error.code, error.message)
             return
         del self._pending[pending.id]
-        pending.receipt = envelope[2].get("cancel")  # a map: _error_from_body checked it
+        pending.receipt = envelope.body.get("cancel")  # a map: _error_from_body checked it
         self._finish(pending, error=error)
 
-    def _on_item(self, envelope: list[Any], size: int) -> None:
-        pending = self._pending_for(envelope, 3)
+    def _on_item(self, envelope: Item, size: int) -> None:
+        pending = self._pending.get(envelope.id)
         if pending is None or pending.stream is None:
             return
         stream = pending.stream
@@ -1091,7 +1117,7 @@ class ExecutorRpc:
         stream.credit_items -= 1
         stream.credit_bytes -= size
         try:
-            value = from_wire(envelope[2], pending.spec.result)
+            value = from_wire(envelope.value, pending.spec.result)
         except Exception as exc:
             self._end_stream(
                 pending, "INVALID_RESULT", f"stream item does not match the interface: {exc}"
@@ -1106,8 +1132,8 @@ class ExecutorRpc:
         self._send_cancel(pending.id)
         self._finish(pending, error=OutcomeUnknown(code, message))
 
-    def _on_end(self, envelope: list[Any]) -> None:
-        pending = self._pending_for(envelope, 2)
+    def _on_end(self, envelope: End) -> None:
+        pending = self._pending.get(envelope.id)
         if pending is None or pending.stream is None:
             return
         del self._pending[pending.id]
@@ -1122,7 +1148,7 @@ class ExecutorRpc:
         if len(message) > limit:
             message = message[:limit] + "... (cut)"
         return self._encode(
-            [ERROR, call_id, _error_body(error.outcome, error.code, message, **extra)]
+            Error(call_id, _error_body(error.outcome, error.code, message, **extra))
         )
 
     def _refuse(self, call_id: int, error: CallError) -> None:
@@ -1190,17 +1216,17 @@ class ExecutorRpc:
     async def _internal_describe(self) -> dict[str, Any]:
         return self._describe()
 
-    def _on_call(self, envelope: list[Any]) -> None:
-        if len(envelope) not in (8, 9) or type(envelope[1]) is not int:
-            raise _BadEnvelope(
-                "call must be [0, id, service, method, args, kwargs, items, bytes, key?]"
-            )
-        _, call_id, service, method, args, kwargs, credit, credit_bytes = envelope[:8]
-        key = envelope[8] if len(envelope) == 9 else None
+    def _on_call(self, envelope: Call) -> None:
+        call_id, service, method = envelope.id, envelope.service, envelope.method
+        args, kwargs, key = envelope.args, envelope.kwargs, envelope.key
+        credit, credit_bytes = envelope.credit_items, envelope.credit_bytes
         if call_id <= self._last_incoming_id:
-            raise _BadEnvelope(
-                f"call id {call_id} does not increase (last {self._last_incoming_id})"
+            log.warning(
+                "dropping malformed envelope (kind %d): %s",
+                CALL,
+                f"call id {call_id} does not increase (last {self._last_incoming_id})",
             )
+            return
         self._last_incoming_id = call_id
         if self._draining and service != INTERNAL_SERVICE:
             self._refuse(
@@ -1421,10 +1447,13 @@ class ExecutorRpc:
             if isinstance(value, ResourceRef) and not self.scope.admits(value):
                 self.scope.check(value)  # raises StaleResource
 
-    def _on_notify(self, envelope: list[Any]) -> None:
-        if len(envelope) != 5:
-            raise _BadEnvelope("notify must be [4, service, method, args, kwargs]")
-        _, service, method, args, kwargs = envelope
+    def _on_notify(self, envelope: Notify) -> None:
+        service, method, args, kwargs = (
+            envelope.service,
+            envelope.method,
+            envelope.args,
+            envelope.kwargs,
+        )
         try:
             spec, target = self._resolve(service, method)
             if spec.kind is MethodKind.STREAM:
@@ -1471,18 +1500,14 @@ class ExecutorRpc:
             self._notifications -= 1
             self._note_settled()
 
-    def _on_cancel(self, envelope: list[Any]) -> None:
-        if len(envelope) != 2 or type(envelope[1]) is not int:
-            raise _BadEnvelope("cancel must be [3, id]")
-        incoming = self._incoming.get(envelope[1])
+    def _on_cancel(self, envelope: Cancel) -> None:
+        incoming = self._incoming.get(envelope.id)
         if incoming is not None:
             incoming.cancelled = True
             incoming.scope.cancel()
 
-    def _on_credit(self, envelope: list[Any]) -> None:
-        if len(envelope) != 4 or not all(type(v) is int for v in envelope[1:]):
-            raise _BadEnvelope("credit must be [7, id, items, bytes]")
-        _, call_id, items, nbytes = envelope
+    def _on_credit(self, envelope: Credit) -> None:
+        call_id, items, nbytes = envelope.id, envelope.items, envelope.bytes
         incoming = self._incoming.get(call_id)
         if incoming is None or items < 0 or nbytes < 0:
             return
@@ -1525,7 +1550,7 @@ class ExecutorRpc:
                     return
                 result = await target(*pos, **kw)
                 try:
-                    body = cbor2.dumps([RESULT, call_id, to_wire(result)])
+                    body = encode(Result(call_id, to_wire(result)))
                 except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
                     await self._send_error(
                         call_id,
@@ -1591,13 +1616,13 @@ class ExecutorRpc:
                 except StopAsyncIteration:
                     break
                 try:
-                    body = cbor2.dumps([ITEM, call_id, to_wire(item)])
+                    body = encode(Item(call_id, to_wire(item)))
                 except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
                     raise TypeError(f"cannot encode stream item: {exc}") from exc
                 incoming.credit -= 1
                 incoming.credit_bytes -= len(body)
                 await self.transport.send(body)
-            await self.transport.send(cbor2.dumps([END, call_id]))
+            await self.transport.send(encode(End(call_id)))
         finally:
             aclose = getattr(iterator, "aclose", None)
             if aclose is not None:
@@ -1615,10 +1640,6 @@ class ExecutorRpc:
         if not isinstance(result, dict):
             raise RemoteError("MALFORMED_MANIFEST", "describe returned no map")
         return result
-
-
-class _BadEnvelope(Exception):
-    pass
 
 
 # The one internal method ("$link".describe): no arguments, the manifest map as its result.
@@ -1772,7 +1793,7 @@ class RemoteStream(AsyncIterator[Any]):
             state.credit_items += items
             state.credit_bytes += nbytes
             self._rpc._send_soon(
-                _CONTROL, self._rpc._encode([CREDIT, self._pending.id, items, nbytes])
+                _CONTROL, self._rpc._encode(Credit(self._pending.id, items, nbytes))
             )
             self._consumed = 0
             self._consumed_bytes = 0
