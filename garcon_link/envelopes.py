@@ -10,14 +10,16 @@ format; see :mod:`garcon_link.rpc` for what each kind means)::
     error        [2, id, {outcome, code, message, remote_type?, traceback?, details?, cancel?}]
     cancel       [3, id]
     notify       [4, service, method, args, kwargs]
+                 [4, service, method, args, kwargs, metadata]
     stream_item  [5, id, value]
     stream_end   [6, id]
     credit       [7, id, items, bytes]
 
-The tenth element of ``call``, *call metadata* (issue 16), is the one addition to the format of
-earlier versions: a map of text to text (:func:`garcon_link.hooks.call_metadata`), sent only when
-non-empty (``key`` is then ``null`` for an unkeyed call), so a call without metadata is encoded
-exactly as before. A peer of an earlier version drops a ten-element call as malformed.
+*Call metadata* (issue 16) is the one addition to the format of earlier versions: a map of text
+to text (:func:`garcon_link.hooks.call_metadata`) as the tenth element of ``call`` (``key`` is then
+``null`` for an unkeyed call) and the sixth of ``notify``, sent only when non-empty, so a call
+without metadata is encoded exactly as before. A peer of an earlier version drops such an envelope
+as malformed (the caller's call then ends at its timeout).
 
 :func:`decode` checks only the *shape* (the arity and that an id is an integer): an envelope of
 the wrong shape raises :class:`BadEnvelope`, naming the call id when it has one (so the receiver
@@ -131,9 +133,13 @@ class Notify:
     method: Any
     args: Any
     kwargs: Any
+    metadata: Any = None
 
     def wire(self) -> list[Any]:
-        return [NOTIFY, self.service, self.method, self.args, self.kwargs]
+        envelope = [NOTIFY, self.service, self.method, self.args, self.kwargs]
+        if self.metadata:
+            envelope.append(self.metadata)
+        return envelope
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +215,8 @@ def decode(item: object) -> Envelope:
             return Credit(named, item[2], item[3])
         case 3 if n == 2 and named is not None:
             return Cancel(named)
-        case 4 if n == 5:
-            return Notify(item[1], item[2], item[3], item[4])
+        case 4 if n == 5 or n == 6:
+            return Notify(*item[1:])
     if not CALL <= kind <= CREDIT:
         raise BadEnvelope(kind, f"unknown kind {kind!r}")
     raise BadEnvelope(kind, f"kind {kind} with {n} elements is malformed", named)

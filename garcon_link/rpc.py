@@ -133,12 +133,14 @@ import contextvars
 import inspect
 import logging
 import math
+import time
 import traceback
+import types
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -167,6 +169,7 @@ from .envelopes import (
     Notify,
     Result,
     encode,
+    metadata_problem,
 )
 from .envelopes import decode as decode_envelope
 from .errors import (
@@ -181,6 +184,7 @@ from .errors import (
     SessionFailed,
     StaleResource,
 )
+from .hooks import CallEnd, CallHook, CallInfo, CallKind, CallSide, _current_metadata
 from .idempotency import (
     Await,
     Conflict,
@@ -202,6 +206,8 @@ from .wire import array_prefix, decode_item
 __all__ = [
     "CALL",
     "CANCEL",
+    "CallObserver",
+    "CallStatistics",
     "CREDIT",
     "END",
     "ERROR",
@@ -227,6 +233,8 @@ MAX_REFUSAL_MESSAGE = 512
 """Characters of a refusal's message that are sent (it may quote peer-supplied names)."""
 MAX_ERROR_MESSAGE = 16000
 """Characters of a handler's error message (and, separately, of its traceback) that are sent."""
+
+T = TypeVar("T")
 
 _registered_exceptions: dict[str, type[BaseException]] = {}
 _current_rpc: contextvars.ContextVar[ExecutorRpc] = contextvars.ContextVar("garcon_link_rpc")
@@ -387,6 +395,272 @@ def _local_exception(error: CallError) -> BaseException:
         exc.__cause__ = error
         return exc
     return error
+
+
+_KIND: dict[MethodKind, CallKind] = {
+    MethodKind.UNARY: "unary",
+    MethodKind.STREAM: "stream",
+    MethodKind.ONEWAY: "notify",
+}
+_NO_METADATA: Mapping[str, str] = types.MappingProxyType({})
+
+
+def _end_of(exc: BaseException) -> tuple[Outcome, str, bool]:
+    """``(outcome, code, cancelled)`` of a call that raised ``exc``.
+
+    An allow-listed remote exception (:func:`register_exception`) carries its
+    :class:`RemoteError` as ``__cause__``; a cancellation (any ``BaseException`` that is not an
+    ``Exception``) may have left after its request was sent: ``UNKNOWN``/``CANCELLED``.
+    """
+    if isinstance(exc, CallError):
+        return exc.outcome, exc.code, False
+    cause = exc.__cause__
+    if isinstance(cause, CallError):
+        return cause.outcome, cause.code, False
+    if not isinstance(exc, Exception):
+        return Outcome.UNKNOWN, "CANCELLED", True
+    return Outcome.UNKNOWN, "LOCAL_ERROR", False
+
+
+@dataclass(frozen=True, slots=True)
+class CallStatistics:
+    """Calls ended so far, by side, outcome label and code (see :meth:`CallObserver.statistics`).
+
+    Attributes:
+        client: ``{(label, code): count}`` for the calls this endpoint made; ``label`` is
+            :attr:`garcon_link.hooks.CallEnd.label` (``"ok"``, ``"cancelled"`` or an outcome's
+            value), ``code`` is ``None`` for ``"ok"``.
+        server: the same for the peer's calls this endpoint served, refusals included (calls
+            refused without running: ``rejected``/``not_dispatched`` with their code).
+    """
+
+    client: Mapping[tuple[str, str | None], int]
+    server: Mapping[tuple[str, str | None], int]
+
+    def total(self, side: CallSide, label: str | None = None) -> int:
+        """Calls of ``side`` ended with ``label`` (all labels when ``None``)."""
+        counts = self.client if side == "client" else self.server
+        return sum(n for (lab, _), n in counts.items() if label is None or lab == label)
+
+
+class _Observed:
+    """A call being observed by hooks: what ``call_ended`` needs."""
+
+    __slots__ = ("done", "info", "started", "states")
+
+    def __init__(self, info: CallInfo, states: list[object], started: float) -> None:
+        self.info = info
+        self.states = states
+        self.started = started
+        self.done = False
+
+
+class CallObserver:
+    """The one place where every call's outcome is counted and told to the hooks (issue 16).
+
+    One per endpoint (a :class:`~garcon_link.remote.RemoteExecutor`, a
+    :class:`~garcon_link.remote.Worker`), shared by all its sessions, so its counters survive
+    session replacement. Client side: :meth:`call` wraps one facade call (session lookup,
+    retries and all); streams use :meth:`stream_started`/:meth:`stream_ended`. Server side: the
+    session's :class:`ExecutorRpc` calls :meth:`server_started`/:meth:`server_ended` around each
+    handler and :meth:`refused` for each call refused without running. With no hook registered
+    the only work per call is one dictionary update (and one truth test of ``hooks``).
+
+    Args:
+        hooks: the endpoint's :class:`~garcon_link.hooks.CallHook` objects, in call order
+            (``call_ended`` runs in the reverse order).
+        limits: for the metadata bounds.
+        executor: the executor id hooks are told (``None`` when not known).
+    """
+
+    __slots__ = (
+        "_client",
+        "_server",
+        "_warned",
+        "executor",
+        "hooks",
+        "incoming_peak",
+        "limits",
+        "pending_peak",
+    )
+
+    def __init__(
+        self,
+        hooks: Sequence[CallHook] = (),
+        limits: Limits | None = None,
+        executor: str | None = None,
+    ) -> None:
+        self.hooks = tuple(hooks)
+        self.limits = limits or Limits()
+        self.executor = executor
+        self._client: dict[tuple[str, str | None], int] = {}
+        self._server: dict[tuple[str, str | None], int] = {}
+        self._warned: set[tuple[int, str]] = set()
+        # The most calls pending / handlers running at once on any session of the endpoint.
+        self.pending_peak = 0
+        self.incoming_peak = 0
+
+    def statistics(self) -> CallStatistics:
+        return CallStatistics(
+            client=types.MappingProxyType(dict(self._client)),
+            server=types.MappingProxyType(dict(self._server)),
+        )
+
+    # -- counting and hooks
+
+    @staticmethod
+    def _count(counts: dict[tuple[str, str | None], int], end: CallEnd) -> None:
+        key = (end.label, end.code)
+        counts[key] = counts.get(key, 0) + 1
+
+    def _start(self, info: CallInfo) -> _Observed:
+        states: list[object] = []
+        for index, hook in enumerate(self.hooks):
+            try:
+                states.append(hook.call_started(info))
+            except Exception:
+                self._hook_failed(index, hook, "call_started")
+                states.append(None)
+        return _Observed(info, states, time.monotonic())
+
+    def _end(self, observed: _Observed, end: CallEnd) -> None:
+        if observed.done:
+            return
+        observed.done = True
+        for index in range(len(self.hooks) - 1, -1, -1):
+            hook = self.hooks[index]
+            try:
+                hook.call_ended(observed.info, observed.states[index], end)
+            except Exception:
+                self._hook_failed(index, hook, "call_ended")
+
+    def _hook_failed(self, index: int, hook: CallHook, method: str) -> None:
+        if (index, method) in self._warned:
+            return
+        self._warned.add((index, method))
+        log.warning("call hook %r raised in %s (ignored from now on)", hook, method, exc_info=True)
+
+    def check_metadata(self, metadata: Mapping[str, str]) -> None:
+        """Raise ``NotDispatched("INVALID_METADATA")`` for metadata over the bounds."""
+        problem = metadata_problem(
+            metadata, self.limits.max_metadata_entries, self.limits.max_metadata_bytes
+        )
+        if problem is not None:
+            raise NotDispatched("INVALID_METADATA", problem)
+
+    # -- client side
+
+    async def call(
+        self,
+        service: str,
+        spec: MethodSpec,
+        metadata: Mapping[str, str] | None,
+        run: Callable[[Mapping[str, str] | None], Awaitable[T]],
+    ) -> T:
+        """Run one call, ``run(metadata)``, counting its outcome and telling the hooks."""
+        observed = None
+        if self.hooks:
+            metadata = dict(metadata) if metadata else {}  # the hooks may add to it
+            info = CallInfo("client", service, spec.name, _KIND[spec.kind], self.executor, metadata)
+            observed = self._start(info)
+        try:
+            if metadata:
+                self.check_metadata(metadata)
+            value = await run(metadata or None)
+        except BaseException as exc:
+            self.client_ended(observed, *_end_of(exc))
+            raise
+        if observed is None:
+            counts = self._client
+            counts[_OK] = counts.get(_OK, 0) + 1
+        else:
+            self.client_ended(observed, None, None, False)
+        return value
+
+    def stream_started(
+        self, service: str, spec: MethodSpec, metadata: Mapping[str, str] | None
+    ) -> _Observed | None:
+        """A stream's first iteration: the hooks' handle (``None`` without hooks). The metadata
+        to send is then the handle's ``info.metadata`` (hooks may have added to it); the caller
+        validates it (:meth:`check_metadata`) and ends the stream with :meth:`client_ended`."""
+        if not self.hooks:
+            return None
+        sent = dict(metadata) if metadata else {}
+        return self._start(CallInfo("client", service, spec.name, "stream", self.executor, sent))
+
+    def client_ended(
+        self, observed: _Observed | None, outcome: Outcome | None, code: str | None, cancelled: bool
+    ) -> None:
+        """A client call or stream ended (the stream's handle may be ``None``: no hooks)."""
+        if observed is None:
+            self._count(self._client, CallEnd(outcome, code, 0.0, cancelled))
+            return
+        if observed.done:
+            return
+        end = CallEnd(outcome, code, time.monotonic() - observed.started, cancelled)
+        self._count(self._client, end)
+        self._end(observed, end)
+
+    # -- server side
+
+    def server_started(
+        self,
+        service: str,
+        spec: MethodSpec,
+        metadata: Mapping[str, str],
+        kind: CallKind | None = None,
+    ) -> _Observed | None:
+        """A handler starts (in its own task); ``kind`` overrides the method's (a notification
+        may name a unary method)."""
+        if not self.hooks:
+            return None
+        kind = kind or _KIND[spec.kind]
+        return self._start(CallInfo("server", service, spec.name, kind, self.executor, metadata))
+
+    def server_ended(
+        self, observed: _Observed | None, error: CallError | None, cancelled: bool
+    ) -> None:
+        """A handler ended: ``error`` is what its caller is told (``None``: it succeeded)."""
+        if error is None:
+            outcome: Outcome | None = None
+            code = None
+        else:
+            outcome, code = error.outcome, error.code
+        if observed is None:
+            self._count(self._server, CallEnd(outcome, code, 0.0, cancelled))
+            return
+        end = CallEnd(outcome, code, time.monotonic() - observed.started, cancelled)
+        self._count(self._server, end)
+        self._end(observed, end)
+
+    def refused(self, error: CallError) -> None:
+        """A peer's call refused without running (no hooks: no handler ran)."""
+        self._count(self._server, CallEnd(error.outcome, error.code, 0.0))
+
+
+_OK: tuple[str, str | None] = ("ok", None)
+
+
+_TYPE_ERROR: dict[str, Any] = {"remote_type": "TypeError"}
+
+
+def _handler_error(exc: Exception) -> tuple[CallError, dict[str, Any]]:
+    """What a caller is told about a handler that raised ``exc``, and the error body's extras.
+
+    A handler may refuse (``Rejected``, e.g. ``scope.check`` -> ``StaleResource``, whatever its
+    code); a failure of a call it made itself already says FAILED. Both keep their code; the
+    type tells the caller which ``Rejected`` to raise. Anything else -- including
+    NotDispatched/OutcomeUnknown from a call the handler made -- is a failure of *this* call,
+    which did execute: never report it as not-dispatched (safe to retry) or unknown.
+    """
+    if isinstance(exc, Rejected | RemoteError):
+        remote_type = exc.remote_type if isinstance(exc, RemoteError) else None
+        return exc, {"remote_type": remote_type or _qualname(type(exc))}
+    tb = "".join(traceback.format_exception(exc))
+    return RemoteError("HANDLER_FAILED", str(exc)), {
+        "remote_type": _qualname(type(exc)),
+        "traceback": tb[-MAX_ERROR_MESSAGE:],
+    }
 
 
 class _Pending:
@@ -551,6 +825,8 @@ class ExecutorRpc:
         peer: what to call the peer in messages (``"worker"``, ``"controller"``).
         idempotency: the worker's keyed calls (shared by all its sessions); without it, keyed
             calls from the peer are refused.
+        observer: the endpoint's hooks and call counters (shared by all its sessions); the
+            server side's outcome point (:class:`CallObserver`).
     """
 
     def __init__(
@@ -563,8 +839,10 @@ class ExecutorRpc:
         describe: Callable[[], dict[str, Any]] | None = None,
         peer: str = "peer",
         idempotency: KeyedExecutions | None = None,
+        observer: CallObserver | None = None,
     ) -> None:
         self.idempotency = idempotency
+        self.observer = observer if observer is not None else CallObserver(limits=limits)
         self.transport = transport
         self.peer = peer
         self.registry = registry
@@ -735,6 +1013,7 @@ class ExecutorRpc:
         kwargs: Mapping[str, Any],
         credit: tuple[int, int],
         key: bytes | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> tuple[_Pending | None, bytes]:
         self._check_open()
         try:
@@ -745,7 +1024,7 @@ class ExecutorRpc:
             raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
         self._check_resources(pos, kw)
         if spec.kind is MethodKind.ONEWAY:
-            return None, self._encode(Notify(service, spec.name, wire_args, wire_kwargs))
+            return None, self._encode(Notify(service, spec.name, wire_args, wire_kwargs, metadata))
         if len(self._pending) + self._owed_cancels >= self.limits.max_pending_calls:
             raise NotDispatched(
                 "OVERLOADED",
@@ -753,7 +1032,7 @@ class ExecutorRpc:
             )
         call_id = self._next_id
         self._next_id += 1
-        envelope = Call(call_id, service, spec.name, wire_args, wire_kwargs, *credit, key)
+        envelope = Call(call_id, service, spec.name, wire_args, wire_kwargs, *credit, key, metadata)
         return _Pending(call_id, spec, None), self._encode(envelope)
 
     def _check_resources(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
@@ -800,6 +1079,8 @@ class ExecutorRpc:
 
     async def _issue(self, pending: _Pending, body: bytes) -> None:
         self._pending[pending.id] = pending
+        if len(self._pending) > self.observer.pending_peak:
+            self.observer.pending_peak = len(self._pending)
         try:
             pending.ordinal = await self._send_request(body)
         except NotDispatched:
@@ -816,20 +1097,27 @@ class ExecutorRpc:
         *,
         timeout: float | None,
         idempotency_key: bytes | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> Any:
         """Call ``service.method`` and return its converted result.
 
         ``idempotency_key`` (normalised bytes, see :func:`garcon_link.idempotency.normalize_key`)
-        is sent with the call; the worker runs the call at most once per key.
+        is sent with the call; the worker runs the call at most once per key. ``metadata``
+        (already validated: :class:`CallObserver`) is sent with it.
+
+        This is one attempt on this session; the caller's outcome point (counting, hooks) is
+        the endpoint's :meth:`CallObserver.call` around it.
 
         Raises:
             NotDispatched, Rejected, StaleResource, OutcomeUnknown, RemoteError: per the outcome;
                 or an allow-listed remote exception type (see :func:`register_exception`).
         """
         if spec.kind is MethodKind.ONEWAY:
-            await self.notify(service, spec, args, kwargs)
+            await self.notify(service, spec, args, kwargs, metadata)
             return None
-        pending, body = self._prepare(service, spec, args, kwargs, (0, 0), idempotency_key)
+        pending, body = self._prepare(
+            service, spec, args, kwargs, (0, 0), idempotency_key, metadata
+        )
         assert pending is not None
         # A bare cancel scope with a deadline: what fail_after does, without its generator-based
         # context manager (this is on every call's path).
@@ -852,17 +1140,27 @@ class ExecutorRpc:
         return pending.value
 
     async def notify(
-        self, service: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+        self,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         """Send a one-way notification (returns once it is queued on the session)."""
-        _, body = self._prepare(service, spec, args, kwargs, (0, 0))
+        _, body = self._prepare(service, spec, args, kwargs, (0, 0), None, metadata)
         await self._send_request(body)
 
     def stream(
-        self, service: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+        self,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        metadata: Mapping[str, str] | None = None,
     ) -> RemoteStream:
         """Open a remote stream; the request is sent on first iteration."""
-        return RemoteStream(self, service, spec, args, kwargs)
+        return RemoteStream(self, service, spec, args, kwargs, metadata)
 
     def _abandon(self, pending: _Pending) -> None:
         """The caller gave up: forget the call and tell the peer to cancel it (best effort)."""
@@ -1159,11 +1457,13 @@ class ExecutorRpc:
         """
         self._refusals += 1
         if self._queued_refusals >= self.limits.max_queued_refusals:
+            self.observer.refused(NotDispatched("OVERLOADED"))
             if self._retired is None and self.transport.failure is None:
                 self._overflow.append(call_id)
                 self._queued_refusals += 1
                 self._deferred_added.set()
             return
+        self.observer.refused(error)
         self._send_soon(_REFUSAL, self._error_envelope(call_id, error, limit=MAX_REFUSAL_MESSAGE))
 
     def _overloaded(self, call_id: int) -> bytes:
@@ -1258,6 +1558,10 @@ class ExecutorRpc:
         if key is not None and (problem := key_problem(key)) is not None:
             self._refuse(call_id, Rejected("INVALID_ARGUMENTS", problem))
             return
+        metadata = self._received_metadata(envelope.metadata)
+        if type(metadata) is str:
+            self._refuse(call_id, Rejected("INVALID_METADATA", metadata))
+            return
         if len(self._incoming) + self._notifications >= self.limits.max_incoming_calls:
             self._refuse(
                 call_id,
@@ -1278,12 +1582,16 @@ class ExecutorRpc:
         except ValueError as exc:
             self._refuse(call_id, Rejected("INVALID_ARGUMENTS", str(exc)))
             return
+        assert not isinstance(metadata, str)
         if key is not None:
-            self._on_keyed_call(call_id, service, spec, target, pos, kw, args, kwargs, key)
+            self._on_keyed_call(
+                call_id, service, spec, target, pos, kw, args, kwargs, key, metadata
+            )
             return
         incoming = _Incoming(min(credit, self.limits.stream_window_items * 4), credit_bytes)
         self._incoming[call_id] = incoming
-        handler = self._run_handler(call_id, incoming, spec, target, pos, kw)
+        self._note_incoming()
+        handler = self._run_handler(call_id, incoming, service, spec, target, pos, kw, metadata)
         if self._loop is not None:
             # asyncio: a plain task, tracked here (see run()); anyio's start_soon costs ~10 us
             # more per task, which is a tenth of a call. It runs in a copy of the session
@@ -1294,6 +1602,22 @@ class ExecutorRpc:
         else:
             assert self._tg is not None
             self._tg.start_soon(lambda: handler)
+
+    def _note_incoming(self) -> None:
+        running = len(self._incoming) + self._notifications
+        if running > self.observer.incoming_peak:
+            self.observer.incoming_peak = running
+
+    def _received_metadata(self, metadata: object) -> Mapping[str, str] | str:
+        """A peer's metadata, read-only (empty when absent), or why it is refused."""
+        if metadata is None:
+            return _NO_METADATA
+        limits = self.limits
+        problem = metadata_problem(metadata, limits.max_metadata_entries, limits.max_metadata_bytes)
+        if problem is not None:
+            return problem
+        assert isinstance(metadata, dict)
+        return types.MappingProxyType(metadata)
 
     async def _join_handlers(self) -> None:
         """Wait for the handler tasks (cancelled by retire_unknown) to end, as a task group's
@@ -1317,6 +1641,7 @@ class ExecutorRpc:
         args: list[Any],
         kwargs: dict[str, Any],
         key: bytes,
+        metadata: Mapping[str, str],
     ) -> None:
         """A call with an idempotency key: run it at most once per key on this worker.
 
@@ -1364,10 +1689,14 @@ class ExecutorRpc:
             self._refuse(call_id, NotDispatched("OVERLOADED", decision.reason))
             return
         if isinstance(decision, Execute):
-            keyed.start(decision.entry, lambda: self._execute_keyed(target, pos, kw))
+            keyed.start(
+                decision.entry,
+                lambda: self._execute_keyed(service, spec, target, pos, kw, metadata),
+            )
         assert isinstance(decision, Execute | Await | Replay)
         incoming = _Incoming(0, 0)
         self._incoming[call_id] = incoming
+        self._note_incoming()
         waiter = self._run_keyed(
             call_id, incoming, keyed, decision, owner=isinstance(decision, Execute)
         )
@@ -1400,38 +1729,49 @@ class ExecutorRpc:
             self._incoming.pop(call_id, None)
 
     async def _execute_keyed(
-        self, target: Callable[..., Any], pos: list[Any], kw: dict[str, Any]
+        self,
+        service: str,
+        spec: MethodSpec,
+        target: Callable[..., Any],
+        pos: list[Any],
+        kw: dict[str, Any],
+        metadata: Mapping[str, str],
     ) -> Reply:
         """Run a keyed handler and map its outcome to the reply to record: what
-        :meth:`_run_handler` would send (cancellation propagates)."""
+        :meth:`_run_handler` would send (cancellation propagates). Observed once per
+        execution, not per repeat of the key."""
         self._enter_context()
+        token = _current_metadata.set(metadata) if metadata else None
+        observed = self.observer.server_started(service, spec, metadata)
+        error: CallError | None = None
+        extra: dict[str, Any] = {}
         try:
             result = await target(*pos, **kw)
             try:
                 body = cbor2.dumps(to_wire(result))
             except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
-                return self._keyed_error(
-                    RemoteError("UNENCODABLE_RESULT", str(exc)), remote_type="TypeError"
-                )
-            if len(body) + 16 > self._max_body:
-                return self._keyed_error(
-                    RemoteError(
+                error, extra = RemoteError("UNENCODABLE_RESULT", str(exc)), _TYPE_ERROR
+            else:
+                if len(body) + 16 > self._max_body:
+                    error = RemoteError(
                         "RESULT_TOO_LARGE",
                         f"the result ({len(body)} bytes) exceeds the frame limit",
-                    ),
-                    remote_type="PayloadTooLarge",
-                )
-            return RESULT, body
-        except (Rejected, RemoteError) as exc:
-            remote_type = exc.remote_type if isinstance(exc, RemoteError) else None
-            return self._keyed_error(exc, remote_type=remote_type or _qualname(type(exc)))
+                    )
+                    extra = {"remote_type": "PayloadTooLarge"}
         except Exception as exc:
-            tb = "".join(traceback.format_exception(exc))
-            return self._keyed_error(
-                RemoteError("HANDLER_FAILED", str(exc)),
-                remote_type=_qualname(type(exc)),
-                traceback=tb[-MAX_ERROR_MESSAGE:],
+            error, extra = _handler_error(exc)
+        except BaseException:
+            self.observer.server_ended(
+                observed, OutcomeUnknown("CANCELLED", "cancelled while running"), True
             )
+            raise
+        finally:
+            if token is not None:
+                _current_metadata.reset(token)
+        self.observer.server_ended(observed, error, False)
+        if error is not None:
+            return self._keyed_error(error, **extra)
+        return RESULT, body
 
     def _keyed_error(self, error: CallError, **extra: Any) -> Reply:
         message = error.message
@@ -1460,6 +1800,10 @@ class ExecutorRpc:
                 raise Rejected("OPERATION_UNSUPPORTED", f"stream {method!r} cannot be notified")
             if not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise ValueError("args must be a list and kwargs a map")
+            metadata = self._received_metadata(envelope.metadata)
+            if type(metadata) is str:
+                raise Rejected("INVALID_METADATA", metadata)
+            assert not isinstance(metadata, str)
             pos, kw = spec.convert_arguments(args, kwargs)
         except (CallError, ValueError) as exc:
             log.warning("dropping notification %s.%s: %s", service, method, exc)
@@ -1478,27 +1822,39 @@ class ExecutorRpc:
             )
             return
         self._notifications += 1
+        self._note_incoming()
         assert self._tg is not None
-        self._tg.start_soon(self._run_notification, service, method, target, pos, kw)
+        self._tg.start_soon(self._run_notification, service, spec, target, pos, kw, metadata)
 
     async def _run_notification(
         self,
         service: str,
-        method: str,
+        spec: MethodSpec,
         target: Callable[..., Any],
         pos: list[Any],
         kw: dict[str, Any],
+        metadata: Mapping[str, str],
     ) -> None:
         self._enter_context()
+        if metadata:
+            _current_metadata.set(metadata)  # this task's own context: no reset needed
+        observed = self.observer.server_started(service, spec, metadata, "notify")
+        error: CallError | None = None
+        cancelled = False
         try:
             result = target(*pos, **kw)
             if hasattr(result, "__await__"):
                 await result
-        except Exception:
-            log.exception("notification handler %s.%s raised", service, method)
+        except Exception as exc:
+            log.exception("notification handler %s.%s raised", service, spec.name)
+            error = _handler_error(exc)[0]
+        except BaseException:
+            error, cancelled = OutcomeUnknown("CANCELLED", "cancelled while running"), True
+            raise
         finally:
             self._notifications -= 1
             self._note_settled()
+            self.observer.server_ended(observed, error, cancelled)
 
     def _on_cancel(self, envelope: Cancel) -> None:
         incoming = self._incoming.get(envelope.id)
@@ -1528,78 +1884,80 @@ class ExecutorRpc:
         self,
         call_id: int,
         incoming: _Incoming,
+        service: str,
         spec: MethodSpec,
         target: Callable[..., Any],
         pos: list[Any],
         kw: dict[str, Any],
+        metadata: Mapping[str, str],
     ) -> None:
+        """Run one handler and send its reply: the server side's outcome point (the reply it
+        decides is what :meth:`CallObserver.server_ended` is told)."""
         self._enter_context()
+        if metadata:
+            _current_metadata.set(metadata)  # this task's own context: no reset needed
+        # The internal describe is no application call: neither hooked nor counted.
+        observer = self.observer if service != INTERNAL_SERVICE else None
+        observed = observer.server_started(service, spec, metadata) if observer else None
+        error: CallError | None = None
+        extra: dict[str, Any] = {}
+        cancelled = False
+        reply = True
         try:
             if incoming.cancelled:
-                # Outside the (cancelled) scope, so the reply is not cancelled with it.
-                await self._send_error(
-                    call_id,
-                    NotDispatched("CANCELLED", "cancelled before dispatch"),
-                    cancel=NOT_STARTED,
-                )
-                return
-            with incoming.scope:
-                incoming.started = True
-                if spec.kind is MethodKind.STREAM:
-                    await self._produce(call_id, incoming, target(*pos, **kw))
-                    return
-                result = await target(*pos, **kw)
-                try:
-                    body = encode(Result(call_id, to_wire(result)))
-                except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
-                    await self._send_error(
-                        call_id,
-                        RemoteError("UNENCODABLE_RESULT", str(exc), remote_type="TypeError"),
+                error = NotDispatched("CANCELLED", "cancelled before dispatch")
+                extra, cancelled = {"cancel": NOT_STARTED}, True
+            else:
+                with incoming.scope:
+                    incoming.started = True
+                    if spec.kind is MethodKind.STREAM:
+                        await self._produce(call_id, incoming, target(*pos, **kw))
+                    else:
+                        result = await target(*pos, **kw)
+                        try:
+                            body = encode(Result(call_id, to_wire(result)))
+                        except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
+                            error = RemoteError("UNENCODABLE_RESULT", str(exc))
+                            extra = _TYPE_ERROR
+                        else:
+                            error = await self._send_reply(call_id, body)
+                if incoming.scope.cancelled_caught:
+                    # Interrupted (by the caller's cancel; by retirement nothing can be sent):
+                    # a receipt tells the caller it ran, perhaps partly.
+                    error = OutcomeUnknown(
+                        "CANCELLED", "cancelled while running; it may have had effects"
                     )
-                    return
-                await self._send_reply(call_id, body)
-            if incoming.scope.cancelled_caught:
-                # Interrupted (by the caller's cancel; by retirement nothing can be sent): a
-                # receipt tells the caller it ran, perhaps partly.
-                await self._send_error(
-                    call_id,
-                    OutcomeUnknown("CANCELLED", "cancelled while running; it may have had effects"),
-                    cancel=INTERRUPTED,
-                )
-        except (Rejected, RemoteError) as exc:
-            # A handler may refuse (``Rejected``, e.g. ``scope.check`` -> ``StaleResource``,
-            # whatever its code); a failure of a call it made itself already says FAILED. Both
-            # keep their code; the type tells the caller which ``Rejected`` to raise.
-            remote_type = exc.remote_type if isinstance(exc, RemoteError) else None
-            await self._send_error(call_id, exc, remote_type=remote_type or _qualname(type(exc)))
+                    extra, cancelled = {"cancel": INTERRUPTED}, True
         except Exception as exc:
-            # Anything else -- including NotDispatched/OutcomeUnknown from a call the handler
-            # made -- is a failure of *this* call, which did execute: never report it as
-            # not-dispatched (safe to retry) or unknown.
-            await self._send_failure(call_id, exc)
+            error, extra = _handler_error(exc)
+        except BaseException:
+            # This task was cancelled (not by the scope above): nothing can be sent any more.
+            error, cancelled = OutcomeUnknown("CANCELLED", "cancelled while running"), True
+            reply = False
+            raise
         finally:
-            # Only now, with its reply handed to the session, does the call leave the budget.
-            self._incoming.pop(call_id, None)
-            self._note_settled()
+            try:
+                if error is not None and reply:
+                    await self._send_error(call_id, error, **extra)
+            finally:
+                # Only now, with its reply handed to the session, does the call leave the
+                # budget.
+                self._incoming.pop(call_id, None)
+                self._note_settled()
+                if observer is not None:
+                    observer.server_ended(observed, error, cancelled)
 
-    async def _send_reply(self, call_id: int, body: bytes) -> None:
+    async def _send_reply(self, call_id: int, body: bytes) -> CallError | None:
+        """Hand a result over; what the caller is told instead if it is too large."""
         try:
             await self.transport.send(body)
         except PayloadTooLarge as exc:
-            await self._send_error(
-                call_id, RemoteError("RESULT_TOO_LARGE", str(exc), remote_type="PayloadTooLarge")
-            )
+            error = RemoteError("RESULT_TOO_LARGE", str(exc), remote_type="PayloadTooLarge")
+            await self._send_error(call_id, error)
+            return error
         except SessionFailed:
             pass
-
-    async def _send_failure(self, call_id: int, exc: BaseException) -> None:
-        tb = "".join(traceback.format_exception(exc))
-        await self._send_error(
-            call_id,
-            RemoteError("HANDLER_FAILED", str(exc)),
-            remote_type=_qualname(type(exc)),
-            traceback=tb[-MAX_ERROR_MESSAGE:],
-        )
+        return None
 
     async def _produce(self, call_id: int, incoming: _Incoming, iterator: Any) -> None:
         if not hasattr(iterator, "__anext__"):
@@ -1716,8 +2074,10 @@ class RemoteStream(AsyncIterator[Any]):
         spec: MethodSpec,
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         self._rpc = rpc
+        self._metadata = metadata
         self._service = service
         self._spec = spec
         self._args = args
@@ -1741,6 +2101,8 @@ class RemoteStream(AsyncIterator[Any]):
             self._args,
             self._kwargs,
             (limits.stream_window_items, limits.stream_window_bytes),
+            None,
+            self._metadata,
         )
         assert pending is not None
         pending.stream = self._state

@@ -19,7 +19,10 @@ import garcon_link
 EXPECTED = [
     "AuthenticationError",
     "Availability",
+    "CallEnd",
     "CallError",
+    "CallHook",
+    "CallInfo",
     "ConfigError",
     "DialExecutor",
     "ExecutorInfo",
@@ -52,6 +55,7 @@ EXPECTED = [
     "Worker",
     "WorkerScope",
     "__version__",
+    "call_metadata",
     "connect",
     "current_scope",
     "fleet",
