@@ -18,6 +18,19 @@ by the caller, so ``result``/``error``/``stream_item``/``stream_end`` name *our*
     stream_end   [6, id]
     credit       [7, id, items, bytes]
 
+The envelopes are typed (one frozen dataclass per kind) and encoded and decoded only in
+:mod:`garcon_link.envelopes`; :meth:`ExecutorRpc._dispatch` matches on them. ``call`` may carry a
+tenth element and ``notify`` a sixth, the call's *metadata* (a bounded map of text to text, sent
+only when non-empty; :mod:`garcon_link.hooks`): a peer sending more than
+``Limits.max_metadata_entries``/``max_metadata_bytes`` or a malformed map is refused
+``Rejected("INVALID_METADATA")`` (a notification: dropped and logged).
+
+Where outcomes are decided (one place per side, :class:`CallObserver`): a caller's call ends at
+the endpoint's :meth:`CallObserver.call` (a facade call, with its session lookup and retries) or
+its stream's end; a handler ends in :meth:`ExecutorRpc._run_handler` (``_run_notification``,
+``_execute_keyed``), which decides the one reply it sends; a refusal in
+:meth:`ExecutorRpc._refuse`. Counters and per-call hooks sit there and nowhere else.
+
 ``call`` may carry a ninth element, an idempotency key (DESIGN §14): ``[0, id, service, method,
 args, kwargs, credit_items, credit_bytes, key]`` with ``key`` 1 to 128 bytes (a CBOR byte
 string). An eight-element ``call`` is unkeyed, as before. A key of another type or size, a key

@@ -377,3 +377,68 @@ def test_malformed_envelopes_name_what_they_can(item: Any, kind: int | None, cal
     with pytest.raises(BadEnvelope) as bad:
         envelopes.decode(item)
     assert (bad.value.kind, bad.value.call_id) == (kind, call_id)
+
+
+# ---------------------------------------------------------------------------------- statistics
+
+
+async def test_statistics_snapshots_across_a_resume_and_a_replacement() -> None:
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"calc": impl}) as p:
+            calc = p.calc()
+            first = p.executor.statistics()
+            assert (first.sessions, first.resumes, first.pending_calls) == (1, 0, 0)
+            assert first.fresh_sessions == 1
+            assert first.bytes_sent > 0 and first.bytes_received > 0
+            assert first.rpc is not None and first.transport is not None
+            # Three calls at once: pending now and peak (controller), incoming (worker).
+            async with anyio.create_task_group() as tg:
+                for key in ("a", "b", "c"):
+                    tg.start_soon(calc.hold, key)
+                for key in ("a", "b", "c"):
+                    await impl.probe.wait(f"started:{key}")
+                busy = p.executor.statistics()
+                assert p.worker is not None
+                serving = p.worker.statistics()
+                assert busy.pending_calls == 3 and busy.pending_calls_peak == 3
+                assert serving.incoming_calls == 3 and serving.incoming_calls_peak == 3
+                for key in ("a", "b", "c"):
+                    impl._release(key)
+            idle = p.executor.statistics()
+            assert idle.pending_calls == 0 and idle.pending_calls_peak == 3
+            assert idle.retained_frames_peak >= 1 and idle.retained_bytes_peak > 0
+            assert idle.calls.client[("ok", None)] == 3
+            # A cut: the same session resumes; counters go on.
+            await p.disconnect()
+            assert await calc.add(1, 1) == 2
+            resumed = p.executor.statistics()
+            assert (resumed.sessions, resumed.resumes) == (1, 1)
+            assert resumed.bytes_sent > idle.bytes_sent
+            # A new worker process: a fresh session; the endpoint's counters survive it.
+            await p.restart_worker({"calc": CalcImpl()})
+            await p.wait_attached_again()
+            assert await calc.add(2, 2) == 4
+            replaced = p.executor.statistics()
+    assert replaced.sessions == 2 and replaced.fresh_sessions == 2
+    assert replaced.calls.client[("ok", None)] == 5
+    assert replaced.pending_calls_peak == 3 and replaced.retained_frames_peak >= 1
+
+
+async def test_statistics_count_handshake_failures_by_reason() -> None:
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"calc": CalcImpl()}) as p:
+            assert p.worker is not None
+            wrong = gl.LinkConfig(
+                executor_id="box",
+                role=gl.Role.CONTROLLER,
+                secret=gl.Secret(b"w" * 32),
+                dial=p.worker.url,
+                limits=LIMITS,
+            )
+            async with gl.connect(wrong) as intruder:
+                with pytest.raises(gl.AuthenticationError):
+                    await intruder.wait_ready(5)
+            failed = p.worker.statistics().handshakes_failed
+            assert failed.get("AUTH_FAILED", 0) >= 1
+            assert await p.calc().add(1, 2) == 3  # the legitimate session is untouched
