@@ -420,7 +420,18 @@ async def wired(role: Role) -> AsyncIterator[Wired]:
     assert not crash_log.crashes, crash_log.crashes
 
 
-SERVING_KINDS = ["call", "stream-call", "notify", "cancel", "credit", "result", "error", "item"]
+SERVING_KINDS = [
+    "call",
+    "stream-call",
+    "metadata-call",
+    "metadata-notify",
+    "notify",
+    "cancel",
+    "credit",
+    "result",
+    "error",
+    "item",
+]
 CALLING_KINDS = ["result", "error", "item", "end", "credit", "cancel", "call", "notify"]
 
 
