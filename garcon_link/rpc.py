@@ -182,6 +182,9 @@ from .envelopes import (
     Notify,
     Result,
     encode,
+    encode_call,
+    encode_item,
+    encode_result,
     metadata_problem,
 )
 from .envelopes import decode as decode_envelope
@@ -1045,8 +1048,13 @@ class ExecutorRpc:
             )
         call_id = self._next_id
         self._next_id += 1
-        envelope = Call(call_id, service, spec.name, wire_args, wire_kwargs, *credit, key, metadata)
-        return _Pending(call_id, spec, None), self._encode(envelope)
+        try:
+            body = encode_call(
+                call_id, service, spec.name, wire_args, wire_kwargs, *credit, key, metadata
+            )
+        except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
+            raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
+        return _Pending(call_id, spec, None), body
 
     def _check_resources(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
         instance = self.peer_instance_id
@@ -1928,7 +1936,7 @@ class ExecutorRpc:
                     else:
                         result = await target(*pos, **kw)
                         try:
-                            body = encode(Result(call_id, to_wire(result)))
+                            body = encode_result(call_id, to_wire(result))
                         except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
                             error = RemoteError("UNENCODABLE_RESULT", str(exc))
                             extra = _TYPE_ERROR
@@ -1987,7 +1995,7 @@ class ExecutorRpc:
                 except StopAsyncIteration:
                     break
                 try:
-                    body = encode(Item(call_id, to_wire(item)))
+                    body = encode_item(call_id, to_wire(item))
                 except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
                     raise TypeError(f"cannot encode stream item: {exc}") from exc
                 incoming.credit -= 1
