@@ -1942,15 +1942,16 @@ class ExecutorRpc:
                             extra = _TYPE_ERROR
                         else:
                             error = await self._send_reply(call_id, body)
+                            reply = False  # a result, or the error that replaced it, is sent
                 if incoming.scope.cancelled_caught:
                     # Interrupted (by the caller's cancel; by retirement nothing can be sent):
                     # a receipt tells the caller it ran, perhaps partly.
                     error = OutcomeUnknown(
                         "CANCELLED", "cancelled while running; it may have had effects"
                     )
-                    extra, cancelled = {"cancel": INTERRUPTED}, True
+                    extra, cancelled, reply = {"cancel": INTERRUPTED}, True, True
         except Exception as exc:
-            error, extra = _handler_error(exc)
+            error, extra, reply = *_handler_error(exc), True
         except BaseException:
             # This task was cancelled (not by the scope above): nothing can be sent any more.
             error, cancelled = OutcomeUnknown("CANCELLED", "cancelled while running"), True
@@ -1969,7 +1970,8 @@ class ExecutorRpc:
                     observer.server_ended(observed, error, cancelled)
 
     async def _send_reply(self, call_id: int, body: bytes) -> CallError | None:
-        """Hand a result over; what the caller is told instead if it is too large."""
+        """Hand a result over; if it is too large, send the error that replaces it (and return
+        it: what the caller is told)."""
         try:
             await self.transport.send(body)
         except PayloadTooLarge as exc:

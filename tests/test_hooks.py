@@ -450,3 +450,41 @@ async def test_statistics_count_handshake_failures_by_reason() -> None:
             failed = p.worker.statistics().handshakes_failed
             assert failed.get("AUTH_FAILED", 0) >= 1
             assert await p.calc().add(1, 2) == 3  # the legitimate session is untouched
+
+
+class Big(Protocol):
+    async def make(self, n: int) -> str: ...
+
+
+class BigImpl:
+    async def make(self, n: int) -> str:
+        return "y" * n
+
+
+async def test_a_result_too_large_is_replaced_by_one_error_reply() -> None:
+    # Before the fix in this change the handler's outcome point sent RESULT_TOO_LARGE twice
+    # (the caller drops the second, so only the worker's issued count shows it).
+    server = Recorder()
+    limits = LIMITS.replace(max_frame_bytes=64 * 1024)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(
+            "worker-listens", {"big": BigImpl()}, limits=limits, worker_hooks=(server,)
+        ) as p:
+            big = p.executor.service("big", Big)
+            assert p.worker is not None
+            transport = p.worker.statistics().transport
+            assert transport is not None
+            before = transport.session.issued
+            with pytest.raises(gl.RemoteError) as failed:
+                await big.make(100_000)
+            assert failed.value.code == "RESULT_TOO_LARGE"
+            while not server.ended:
+                await anyio.sleep(0.01)
+            after = p.worker.statistics().transport
+            assert after is not None
+            assert after.session.issued == before + 1
+            assert await big.make(10) == "y" * 10
+    assert server.ends() == [
+        ("make", "unary", "failed", "RESULT_TOO_LARGE"),
+        ("make", "unary", "ok", None),
+    ]
