@@ -525,8 +525,14 @@ class CallObserver:
     # -- counting and hooks
 
     @staticmethod
-    def _count(counts: dict[tuple[str, str | None], int], end: CallEnd) -> None:
-        key = (end.label, end.code)
+    def _count(
+        counts: dict[tuple[str, str | None], int],
+        outcome: Outcome | None,
+        code: str | None,
+        cancelled: bool,
+    ) -> None:
+        # The key is CallEnd.label's, without building a CallEnd when no hook needs one.
+        key = ("cancelled" if cancelled else "ok" if outcome is None else outcome.value, code)
         counts[key] = counts.get(key, 0) + 1
 
     def _start(self, info: CallInfo) -> _Observed:
@@ -609,12 +615,12 @@ class CallObserver:
     ) -> None:
         """A client call or stream ended (the stream's handle may be ``None``: no hooks)."""
         if observed is None:
-            self._count(self._client, CallEnd(outcome, code, 0.0, cancelled))
+            self._count(self._client, outcome, code, cancelled)
             return
         if observed.done:
             return
         end = CallEnd(outcome, code, time.monotonic() - observed.started, cancelled)
-        self._count(self._client, end)
+        self._count(self._client, outcome, code, cancelled)
         self._end(observed, end)
 
     # -- server side
@@ -643,15 +649,15 @@ class CallObserver:
         else:
             outcome, code = error.outcome, error.code
         if observed is None:
-            self._count(self._server, CallEnd(outcome, code, 0.0, cancelled))
+            self._count(self._server, outcome, code, cancelled)
             return
         end = CallEnd(outcome, code, time.monotonic() - observed.started, cancelled)
-        self._count(self._server, end)
+        self._count(self._server, outcome, code, cancelled)
         self._end(observed, end)
 
     def refused(self, error: CallError) -> None:
         """A peer's call refused without running (no hooks: no handler ran)."""
-        self._count(self._server, CallEnd(error.outcome, error.code, 0.0))
+        self._count(self._server, error.outcome, error.code, False)
 
 
 _OK: tuple[str, str | None] = ("ok", None)
