@@ -1585,10 +1585,13 @@ class ExecutorRpc:
         if key is not None and (problem := key_problem(key)) is not None:
             self._refuse(call_id, Rejected("INVALID_ARGUMENTS", problem))
             return
-        metadata = self._received_metadata(envelope.metadata)
-        if type(metadata) is str:
-            self._refuse(call_id, Rejected("INVALID_METADATA", metadata))
-            return
+        metadata = _NO_METADATA
+        if envelope.metadata is not None:
+            checked = self._received_metadata(envelope.metadata)
+            if isinstance(checked, str):
+                self._refuse(call_id, Rejected("INVALID_METADATA", checked))
+                return
+            metadata = checked
         if len(self._incoming) + self._notifications >= self.limits.max_incoming_calls:
             self._refuse(
                 call_id,
@@ -1609,7 +1612,6 @@ class ExecutorRpc:
         except ValueError as exc:
             self._refuse(call_id, Rejected("INVALID_ARGUMENTS", str(exc)))
             return
-        assert not isinstance(metadata, str)
         if key is not None:
             self._on_keyed_call(
                 call_id, service, spec, target, pos, kw, args, kwargs, key, metadata
@@ -1617,7 +1619,8 @@ class ExecutorRpc:
             return
         incoming = _Incoming(min(credit, self.limits.stream_window_items * 4), credit_bytes)
         self._incoming[call_id] = incoming
-        self._note_incoming()
+        if len(self._incoming) + self._notifications > self.observer.incoming_peak:
+            self._note_incoming()
         handler = self._run_handler(call_id, incoming, service, spec, target, pos, kw, metadata)
         if self._loop is not None:
             # asyncio: a plain task, tracked here (see run()); anyio's start_soon costs ~10 us
