@@ -37,6 +37,7 @@ from .errors import (
     StaleResource,
 )
 from .fleet import ExecutorSnapshot, Fleet, FleetEvent, fleet
+from .hooks import CallEnd, CallHook, CallInfo, call_metadata
 from .interface import oneway
 from .keyring import Keyring
 from .limits import Limits
@@ -65,7 +66,10 @@ _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 __all__ = [
     "AuthenticationError",
     "Availability",
+    "CallEnd",
     "CallError",
+    "CallHook",
+    "CallInfo",
     "ConfigError",
     "DialExecutor",
     "ExecutorInfo",
@@ -99,6 +103,7 @@ __all__ = [
     "Worker",
     "WorkerScope",
     "__version__",
+    "call_metadata",
     "connect",
     "connect_sync",
     "current_scope",

@@ -37,7 +37,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
@@ -47,6 +47,7 @@ import anyio.abc
 from .config import FleetConfig, LinkConfig
 from .errors import CallError, ConfigError
 from .handshake import HandshakeResult
+from .hooks import CallHook
 from .keyring import Keyring, executor_id_problem
 from .limits import Limits
 from .link import ExecutorLink, LinkStatistics, WebSocketLink
@@ -127,6 +128,7 @@ class Fleet:
         services: controller-side services every worker may call back (optional).
         limits: overrides the config's limits.
         events_buffer: events kept per :meth:`events` subscriber before the oldest are dropped.
+        hooks: per-call hooks (:mod:`garcon_link.hooks`) given to every member executor.
     """
 
     def __init__(
@@ -136,6 +138,7 @@ class Fleet:
         services: ServiceMap | None = None,
         limits: Limits | None = None,
         events_buffer: int = DEFAULT_EVENTS_BUFFER,
+        hooks: Sequence[CallHook] = (),
     ) -> None:
         if isinstance(config, LinkConfig) and config.role is not Role.CONTROLLER:
             raise ConfigError(
@@ -144,6 +147,7 @@ class Fleet:
         if events_buffer < 1:
             raise ValueError("events_buffer must be at least 1")
         self.config = config
+        self._hooks = tuple(hooks)
         self.limits = limits or config.limits
         self._registry: Registry = _registry_from(services or {})
         self._events_buffer = events_buffer
@@ -315,6 +319,7 @@ class Fleet:
             self.limits,
             self._tg,
             self._availability_changed,
+            self._hooks,
         )
         self._members[executor_id] = member
         self._offline_at[executor_id] = anyio.current_time()
@@ -448,10 +453,11 @@ def fleet(
     *,
     services: ServiceMap | None = None,
     limits: Limits | None = None,
+    hooks: Sequence[CallHook] = (),
 ) -> Fleet:
     """A controller for many executors: ``async with gl.fleet(config) as fleet: ...``.
 
     ``config`` is a :class:`~garcon_link.FleetConfig` (``gl.load_fleet_config``) or a controller
     :class:`~garcon_link.LinkConfig` (a fleet of one executor).
     """
-    return Fleet(config, services=services, limits=limits)
+    return Fleet(config, services=services, limits=limits, hooks=hooks)

@@ -11,11 +11,17 @@ call that endpoint makes or serves:
   :meth:`CallHook.call_ended` runs in the same task once the call's outcome is decided: a reply, a
   raised :class:`~garcon_link.errors.CallError`, or the caller's own cancellation. A stream ends
   when its iterator is exhausted, closed or reclaimed; a notification ends when it is sent.
+  A cancelled caller ends with ``cancelled=True``, outcome ``UNKNOWN`` and code ``CANCELLED``
+  (the request may have been sent); so does a stream closed or dropped before its end.
 * **Server side** (the worker running a handler): both methods run *inside the handler's task*,
   ``call_started`` just before the handler starts and ``call_ended`` just after it returns, raises
   or is cancelled. A context variable set in ``call_started`` is therefore visible to the handler
   and can be reset in ``call_ended`` (this is how the OpenTelemetry adapter makes the worker's span
   the current one). :attr:`CallInfo.metadata` is the metadata the caller sent (read-only).
+  ``call_ended`` runs once the handler's reply is handed to the session. A call refused without
+  running (unknown method, bad arguments or metadata, overloaded, draining) runs no handler and
+  so no hook; it is counted in the endpoint's statistics. A keyed call is observed once per
+  execution, not per repeat of its key. The internal ``describe`` call is not observed.
 
 Whatever ``call_started`` returns is handed back to ``call_ended`` as ``state``, so a hook keeps no
 per-call table of its own. A hook that raises is logged (once per hook and method, at WARNING) and

@@ -531,6 +531,7 @@ async def call_with_key(
     timeout: float | None,
     dispatch_deadline: float,
     retry_unknown: bool,
+    metadata: Mapping[str, str] | None = None,
 ) -> Any:
     """One keyed unary call through ``executor`` (what a keyed facade method does).
 
@@ -545,7 +546,9 @@ async def call_with_key(
         )
     if not retry_unknown:
         rpc = await executor._rpc_for_call(dispatch_deadline)
-        return await rpc.call(service, method, args, kwargs, timeout=timeout, idempotency_key=key)
+        return await rpc.call(
+            service, method, args, kwargs, timeout=timeout, idempotency_key=key, metadata=metadata
+        )
     deadline = math.inf if timeout is None else anyio.current_time() + timeout
     delays = retry_delays()
     ran_on: bytes | None = None  # the worker runtime an attempt may have executed on
@@ -582,7 +585,13 @@ async def call_with_key(
             attempts += 1
             try:
                 return await current.call(
-                    service, method, args, kwargs, timeout=remaining, idempotency_key=key
+                    service,
+                    method,
+                    args,
+                    kwargs,
+                    timeout=remaining,
+                    idempotency_key=key,
+                    metadata=metadata,
                 )
             except OutcomeUnknown as exc:
                 ran_on = runtime if ran_on is None else ran_on

@@ -242,6 +242,22 @@ class Limits:
             "answer (its result, or whether the handler had started) before OutcomeUnknown."
         ),
     )
+    # call metadata (issue 16; garcon_link.hooks)
+    max_metadata_entries: int = field(
+        default=16,
+        metadata=_doc(
+            "Entries of a call's metadata (a text-to-text map sent with the call): more is "
+            "NotDispatched(INVALID_METADATA) for the caller, Rejected(INVALID_METADATA) from a "
+            "peer."
+        ),
+    )
+    max_metadata_bytes: int = field(
+        default=4096,
+        metadata=_doc(
+            "UTF-8 bytes of a call's metadata keys and values together; bounded like "
+            "max_metadata_entries."
+        ),
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -65,7 +65,9 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+import types
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, cast, overload
 
@@ -80,9 +82,11 @@ from .errors import (
     FailureReason,
     HandshakeError,
     NotDispatched,
+    Outcome,
     Rejected,
 )
 from .handshake import HandshakeResult
+from .hooks import CallHook
 from .idempotency import IdempotencyStatistics, KeyedExecutions, call_with_key, normalize_key
 from .interface import (
     MethodKind,
@@ -96,16 +100,27 @@ from .interface import (
     service_spec,
 )
 from .limits import Limits
-from .link import ExecutorLink, WebSocketLink
+from .link import ExecutorLink, LinkStatistics, WebSocketLink
 from .logs import log_fields
 from .resources import ServiceScope, WorkerScope
-from .rpc import ExecutorRpc, Registry, RemoteStream
+from .rpc import (
+    CallObserver,
+    CallStatistics,
+    ExecutorRpc,
+    Registry,
+    RemoteStream,
+    RpcStatistics,
+    _end_of,
+    _loop_scheduler,
+    _Observed,
+)
 from .session import RetentionPool
-from .transport import SessionTransport, TransportState
+from .transport import SessionTransport, TransportState, TransportStatistics
 
 __all__ = [
     "Availability",
     "ExecutorInfo",
+    "ExecutorStatistics",
     "RemoteExecutor",
     "Service",
     "Worker",
@@ -194,6 +209,121 @@ class ExecutorInfo:
     worker_instance_id: bytes | None = None
     """The worker's runtime id, which worker-scoped references carry (``None``: an older
     worker that does not say)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorStatistics:
+    """A snapshot of one endpoint (:meth:`RemoteExecutor.statistics`, :meth:`Worker.statistics`):
+    its calls, its sessions, its link. README "Operating it" lists what each field means.
+
+    Counters (``calls``, ``*_peak``, ``sessions``, ``replays``, ``replayed_frames``) cover the
+    endpoint's lifetime, across session replacements; ``pending_calls``, ``incoming_calls``,
+    ``retained_*`` (without ``_peak``) are the current session's, 0 without one. The link's
+    figures (``resumes``, ``fresh_sessions``, ``handshakes_failed``, ``bytes_*``) are its link's:
+    for a fleet member, the fleet's link it shares with the other members.
+
+    Attributes:
+        executor_id: the executor this endpoint is (worker) or talks to (controller).
+        calls: calls ended, by side, outcome label and code (:class:`~garcon_link.rpc.
+            CallStatistics`): counted where each call's outcome is decided.
+        pending_calls: our calls awaiting a reply on the current session.
+        pending_calls_peak: the most ever pending at once on one session.
+        incoming_calls: the peer's calls whose handlers run now.
+        incoming_calls_peak: the most ever running at once on one session.
+        retained_frames: our frames awaiting the peer's receipt (current session).
+        retained_frames_peak: the most ever retained at once by one session.
+        retained_bytes: bytes of those frames.
+        retained_bytes_peak: the most bytes ever retained at once by one session.
+        sessions: logical sessions this endpoint ran (ended ones and the current one).
+        resumes: sockets that resumed a session (the link's count).
+        fresh_sessions: sessions the link began afresh.
+        replays: attachments that re-sent frames a lost socket may not have delivered.
+        replayed_frames: frames re-sent by those replays.
+        handshakes_failed: failed handshakes by reason (``AUTH_FAILED``, ...).
+        bytes_sent: bytes written to the link's sockets.
+        bytes_received: bytes read from them.
+        link: the link's full :class:`~garcon_link.link.LinkStatistics`.
+        transport: the current session's transport snapshot, if any.
+        rpc: the current session's :class:`~garcon_link.rpc.RpcStatistics`, if any.
+    """
+
+    executor_id: str
+    calls: CallStatistics
+    pending_calls: int
+    pending_calls_peak: int
+    incoming_calls: int
+    incoming_calls_peak: int
+    retained_frames: int
+    retained_frames_peak: int
+    retained_bytes: int
+    retained_bytes_peak: int
+    sessions: int
+    resumes: int
+    fresh_sessions: int
+    replays: int
+    replayed_frames: int
+    handshakes_failed: Mapping[str, int]
+    bytes_sent: int
+    bytes_received: int
+    link: LinkStatistics
+    transport: TransportStatistics | None
+    rpc: RpcStatistics | None
+
+
+class _SessionTotals:
+    """What ended sessions counted, kept by the endpoint (a session's own counters go with it)."""
+
+    __slots__ = ("bytes_peak", "frames_peak", "replayed_frames", "replays", "sessions")
+
+    def __init__(self) -> None:
+        self.sessions = self.replays = self.replayed_frames = 0
+        self.frames_peak = self.bytes_peak = 0
+
+    def ended(self, transport: SessionTransport) -> None:
+        session = transport.statistics().session
+        self.replays += session.replays
+        self.replayed_frames += session.replayed_frames
+        self.frames_peak = max(self.frames_peak, session.retained_frames_peak)
+        self.bytes_peak = max(self.bytes_peak, session.retained_bytes_peak)
+
+    def snapshot(
+        self,
+        executor_id: str,
+        observer: CallObserver,
+        link: LinkStatistics,
+        rpc: ExecutorRpc | None,
+    ) -> ExecutorStatistics:
+        transport = rpc.transport.statistics() if rpc is not None else None
+        calls = rpc.statistics() if rpc is not None else None
+        session = transport.session if transport is not None else None
+        return ExecutorStatistics(
+            executor_id=executor_id,
+            calls=observer.statistics(),
+            pending_calls=calls.pending_calls if calls is not None else 0,
+            pending_calls_peak=observer.pending_peak,
+            incoming_calls=calls.incoming_calls if calls is not None else 0,
+            incoming_calls_peak=observer.incoming_peak,
+            retained_frames=session.retained_frames if session is not None else 0,
+            retained_frames_peak=max(
+                self.frames_peak, session.retained_frames_peak if session is not None else 0
+            ),
+            retained_bytes=session.retained_bytes if session is not None else 0,
+            retained_bytes_peak=max(
+                self.bytes_peak, session.retained_bytes_peak if session is not None else 0
+            ),
+            sessions=self.sessions,
+            resumes=link.resumed,
+            fresh_sessions=link.fresh_sessions,
+            replays=self.replays + (session.replays if session is not None else 0),
+            replayed_frames=self.replayed_frames
+            + (session.replayed_frames if session is not None else 0),
+            handshakes_failed=types.MappingProxyType(dict(link.handshakes_failed)),
+            bytes_sent=link.bytes_sent,
+            bytes_received=link.bytes_received,
+            link=link,
+            transport=transport,
+            rpc=calls,
+        )
 
 
 def _registry_from(services: ServiceMap, worker: WorkerScope | None = None) -> Registry:
@@ -314,6 +444,8 @@ class RemoteExecutor(_Endpoint):
         config: the controller's configuration (dial or listen).
         services: controller-side services the worker may call back (optional).
         limits: overrides ``config.limits``.
+        hooks: per-call hooks (:mod:`garcon_link.hooks`) told about every call made through
+            this executor's facades and every call back from the worker it serves.
     """
 
     def __init__(
@@ -322,9 +454,10 @@ class RemoteExecutor(_Endpoint):
         *,
         services: ServiceMap | None = None,
         limits: Limits | None = None,
+        hooks: Sequence[CallHook] = (),
     ) -> None:
         super().__init__(config, limits=limits)
-        self._init_member(config.executor_id, _registry_from(services or {}))
+        self._init_member(config.executor_id, _registry_from(services or {}), hooks)
         assert self._own_link is not None
         self._own_link.on_refusal(lambda _error: self._wake())
 
@@ -337,6 +470,7 @@ class RemoteExecutor(_Endpoint):
         limits: Limits,
         tg: anyio.abc.TaskGroup,
         on_change: Callable[[RemoteExecutor, Availability], None],
+        hooks: Sequence[CallHook] = (),
     ) -> RemoteExecutor:
         """An executor of a fleet: sessions are routed to it by the fleet, which owns the link
         and the task group; :meth:`aclose` only marks it disposed."""
@@ -345,13 +479,17 @@ class RemoteExecutor(_Endpoint):
         self._own_link = None
         self.link = link
         self._tg = tg
-        self._init_member(executor_id, registry)
+        self._init_member(executor_id, registry, hooks)
         self._callbacks.append(lambda value: on_change(self, value))
         link.on_refusal(lambda _error: self._wake())
         return self
 
-    def _init_member(self, executor_id: str, registry: Registry) -> None:
+    def _init_member(self, executor_id: str, registry: Registry, hooks: Sequence[CallHook]) -> None:
         self.executor_id = executor_id
+        # The outcome point of every call through this executor (counters and hooks), shared
+        # by all its sessions (so the counters survive session replacement).
+        self._observer = CallObserver(hooks, self.limits, executor_id)
+        self._totals = _SessionTotals()
         self._registry = registry
         self._availability: Availability = "offline"
         self.since = time.time()
@@ -518,7 +656,12 @@ class RemoteExecutor(_Endpoint):
 
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
         rpc = ExecutorRpc(
-            transport, self._registry, self.limits, describe=self._describe_self, peer="worker"
+            transport,
+            self._registry,
+            self.limits,
+            describe=self._describe_self,
+            peer="worker",
+            observer=self._observer,
         )
         assert self._tg is not None
         self._tg.start_soon(self._session_task, transport, rpc)
@@ -527,7 +670,14 @@ class RemoteExecutor(_Endpoint):
         manifest = self._registry.manifest()
         return {"services": manifest, "contract": contract_hash(manifest)}
 
+    def statistics(self) -> ExecutorStatistics:
+        """A snapshot of this executor's calls, sessions and link (:class:`ExecutorStatistics`)."""
+        return self._totals.snapshot(
+            self.executor_id, self._observer, self.link.statistics(), self._rpc
+        )
+
     async def _session_task(self, transport: SessionTransport, rpc: ExecutorRpc) -> None:
+        self._totals.sessions += 1
         async with anyio.create_task_group() as tg:
             tg.start_soon(rpc.run)
             if (
@@ -536,6 +686,7 @@ class RemoteExecutor(_Endpoint):
             ):
                 await self._install(transport, rpc)
             await _wait_state(transport, TransportState.RETIRED)
+            self._totals.ended(transport)  # (and self._rpc is no longer it: no double count)
             if self._rpc is rpc:
                 self._rpc = None
                 self._set_availability("offline")
@@ -692,8 +843,10 @@ class _Facade:
         *,
         idempotency_key: bytes | None = None,
         retry_unknown: bool = False,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         self._executor = executor
+        self._metadata = metadata
         self._key = idempotency_key
         self._retry_unknown = retry_unknown
         self._name = name
@@ -716,6 +869,7 @@ class _Facade:
         dispatch_deadline: float | None = _UNSET,
         idempotency_key: str | bytes | None = _UNSET,
         retry_unknown: bool = _UNSET,
+        metadata: Mapping[str, str] | None = _UNSET,
     ) -> Any:
         key = self._key if idempotency_key is _UNSET else idempotency_key
         if key is not None:
@@ -736,6 +890,7 @@ class _Facade:
             self._deadline if dispatch_deadline is _UNSET else dispatch_deadline,
             idempotency_key=key,
             retry_unknown=retry,
+            metadata=_frozen_metadata(self._metadata if metadata is _UNSET else metadata),
         )
 
     def _bind(self, method: MethodSpec) -> Callable[..., Any]:
@@ -749,14 +904,17 @@ class _Facade:
                         f"{name}.{method.name} is a stream: idempotency keys apply to unary "
                         "calls only"
                     )
-                return _FacadeStream(executor, name, method, args, kwargs, facade._deadline)
+                return _FacadeStream(
+                    executor, name, method, args, kwargs, facade._deadline, facade._metadata
+                )
 
             open_stream.__name__ = method.name
             return open_stream
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             executor.calls += 1
-            try:
+
+            async def attempt(metadata: Mapping[str, str] | None) -> Any:
                 if facade._key is not None:
                     return await call_with_key(
                         executor,
@@ -768,9 +926,15 @@ class _Facade:
                         timeout=facade._timeout,
                         dispatch_deadline=facade._deadline,
                         retry_unknown=facade._retry_unknown,
+                        metadata=metadata,
                     )
                 rpc = await executor._rpc_for_call(facade._deadline)
-                return await rpc.call(name, method, args, kwargs, timeout=facade._timeout)
+                return await rpc.call(
+                    name, method, args, kwargs, timeout=facade._timeout, metadata=metadata
+                )
+
+            try:
+                return await executor._observer.call(name, method, facade._metadata, attempt)
             except CallError:
                 executor.errors += 1
                 raise
@@ -811,8 +975,40 @@ class _NoInterface:
 _NO_METHODS = ServiceSpec(interface=_NoInterface, methods={})
 
 
+class _StreamOutcome:
+    """Ends one facade stream at its executor's outcome point exactly once (the facade and, if it
+    is dropped unclosed, its finalizer share it)."""
+
+    __slots__ = ("done", "observed", "observer")
+
+    def __init__(self, observer: CallObserver, observed: _Observed | None) -> None:
+        self.observer = observer
+        self.observed = observed
+        self.done = False
+
+    def end(self, outcome: Outcome | None, code: str | None, cancelled: bool) -> None:
+        if not self.done:
+            self.done = True
+            self.observer.client_ended(self.observed, outcome, code, cancelled)
+
+    def dropped(self) -> None:
+        self.end(Outcome.UNKNOWN, "CANCELLED", True)
+
+
+def _schedule_dropped(schedule: Callable[..., object], outcome: _StreamOutcome) -> None:
+    # A finalizer (maybe inside the garbage collector): only schedule; never raise.
+    try:
+        schedule(outcome.dropped)
+    except Exception:
+        pass
+
+
 class _FacadeStream(AsyncIterator[Any]):
-    """Resolves the current session on first iteration, then delegates to a RemoteStream."""
+    """Resolves the current session on first iteration, then delegates to a RemoteStream.
+
+    It is the client side's outcome point of a stream: exhausted (ok), raised (its outcome),
+    closed before its end or dropped unclosed (``cancelled``).
+    """
 
     def __init__(
         self,
@@ -822,6 +1018,7 @@ class _FacadeStream(AsyncIterator[Any]):
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
         deadline: float,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         self._executor = executor
         self._name = name
@@ -829,7 +1026,10 @@ class _FacadeStream(AsyncIterator[Any]):
         self._args = args
         self._kwargs = kwargs
         self._deadline = deadline
+        self._metadata = metadata
         self._stream: RemoteStream | None = None
+        self._outcome: _StreamOutcome | None = None
+        self._finalizer: Any = None
         self._closed = False
 
     def __aiter__(self) -> _FacadeStream:
@@ -841,19 +1041,59 @@ class _FacadeStream(AsyncIterator[Any]):
         executor = self._executor
         try:
             if self._stream is None:
-                executor.calls += 1
+                self._start()
+                observer = executor._observer
+                observed = self._outcome.observed if self._outcome is not None else None
+                metadata = self._metadata
+                if observed is not None:
+                    metadata = cast("dict[str, str]", observed.info.metadata) or None
+                if metadata:
+                    observer.check_metadata(metadata)
                 rpc = await executor._rpc_for_call(self._deadline)
-                self._stream = rpc.stream(self._name, self._method, self._args, self._kwargs)
+                self._stream = rpc.stream(
+                    self._name, self._method, self._args, self._kwargs, metadata
+                )
             return await self._stream.__anext__()
-        except CallError:
-            executor.errors += 1
+        except StopAsyncIteration:
+            self._end(None, None, False)
             raise
+        except BaseException as exc:
+            if isinstance(exc, CallError):
+                executor.errors += 1
+            self._end(*_end_of(exc))
+            raise
+
+    def _start(self) -> None:
+        if self._outcome is not None:
+            return  # a first iteration that raised before the stream was opened
+        self._executor.calls += 1
+        observer = self._executor._observer
+        observed = observer.stream_started(self._name, self._method, self._metadata)
+        self._outcome = outcome = _StreamOutcome(observer, observed)
+        self._finalizer = weakref.finalize(self, _schedule_dropped, _loop_scheduler(), outcome)
+        self._finalizer.atexit = False
+
+    def _end(self, outcome: Outcome | None, code: str | None, cancelled: bool) -> None:
+        if self._outcome is not None:
+            self._outcome.end(outcome, code, cancelled)
+        if self._finalizer is not None:
+            self._finalizer.detach()
 
     async def aclose(self) -> None:
         """Stop the stream (idempotent); it is never started if it had not been yet."""
         self._closed = True
+        self._end(Outcome.UNKNOWN, "CANCELLED", True)
         if self._stream is not None:
             await self._stream.aclose()
+
+
+def _frozen_metadata(metadata: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    """A read-only copy of a facade's metadata (validated when a call is made)."""
+    if not metadata:
+        return None
+    if not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a mapping, got {type(metadata).__name__}")
+    return types.MappingProxyType(dict(metadata))
 
 
 def with_options(
@@ -863,6 +1103,7 @@ def with_options(
     dispatch_deadline: float | None = _UNSET,
     idempotency_key: str | bytes | None = _UNSET,
     retry_unknown: bool = _UNSET,
+    metadata: Mapping[str, str] | None = _UNSET,
 ) -> T:
     """A copy of ``facade`` with other call options (typed as the same interface).
 
@@ -880,6 +1121,12 @@ def with_options(
             method through a keyed facade raises ``TypeError``.
         retry_unknown: retry a keyed call that ends ``OutcomeUnknown`` or ``NotDispatched``
             until its timeout, waiting for readiness in between; only with a key.
+        metadata: call metadata sent with every call of the copy (text keys of
+            ``[a-z0-9._-]``, text values; read by the handler with
+            :func:`garcon_link.call_metadata`); client hooks may add to it. Over
+            ``Limits.max_metadata_entries``/``max_metadata_bytes`` a call fails with
+            ``NotDispatched("INVALID_METADATA")`` before anything is sent. ``None`` or ``{}``
+            removes it.
 
     Raises:
         TypeError: not a facade, a key that is neither ``str`` nor ``bytes``, or a
@@ -897,14 +1144,21 @@ def with_options(
             dispatch_deadline=dispatch_deadline,
             idempotency_key=idempotency_key,
             retry_unknown=retry_unknown,
+            metadata=metadata,
         ),
     )
 
 
 def connect(
-    config: LinkConfig, *, services: ServiceMap | None = None, limits: Limits | None = None
+    config: LinkConfig,
+    *,
+    services: ServiceMap | None = None,
+    limits: Limits | None = None,
+    hooks: Sequence[CallHook] = (),
 ) -> RemoteExecutor:
     """The controller side: ``async with connect(config) as executor: ...``.
+
+    ``hooks`` (:mod:`garcon_link.hooks`) are told about every call the executor makes or serves.
 
     Raises:
         ConfigError: ``config`` is not a controller configuration.
@@ -913,7 +1167,7 @@ def connect(
         raise ConfigError(
             f"connect() needs a controller configuration, got role {config.role.value!r}"
         )
-    return RemoteExecutor(config, services=services, limits=limits)
+    return RemoteExecutor(config, services=services, limits=limits, hooks=hooks)
 
 
 # ---------------------------------------------------------------------- worker
@@ -932,6 +1186,8 @@ class Worker(_Endpoint):
             enclosing scope was cancelled has had its tasks cancelled too: no drain then
             (:func:`serve` drains on cancellation).
         controller_services: not used by the worker itself; see :func:`garcon_link.peer`.
+        hooks: per-call hooks (:mod:`garcon_link.hooks`), run around every handler this worker
+            runs (and every call back it makes through :func:`peer`).
     """
 
     def __init__(
@@ -942,6 +1198,7 @@ class Worker(_Endpoint):
         limits: Limits | None = None,
         on_event: EventSink | None = None,
         drain: float = 0.0,
+        hooks: Sequence[CallHook] = (),
     ) -> None:
         if config.role.value != "worker":
             raise ConfigError(
@@ -955,6 +1212,8 @@ class Worker(_Endpoint):
             # Validate the exposure once, up front, so a bad interface fails at start-up.
             _registry_from(services)
         self.sessions = 0
+        self._observer = CallObserver(hooks, self.limits, config.executor_id)
+        self._totals = _SessionTotals()
         self._rpc: ExecutorRpc | None = None
         assert self._own_link is not None
         self.worker_scope = WorkerScope(config.executor_id, self._own_link.runtime_id)
@@ -973,6 +1232,12 @@ class Worker(_Endpoint):
     def idempotency_statistics(self) -> IdempotencyStatistics:
         """A snapshot of this worker's table of idempotency keys (DESIGN §14)."""
         return self._keyed.statistics()
+
+    def statistics(self) -> ExecutorStatistics:
+        """A snapshot of this worker's calls, sessions and link (:class:`ExecutorStatistics`)."""
+        return self._totals.snapshot(
+            self.config.executor_id, self._observer, self.link.statistics(), self._rpc
+        )
 
     async def __aenter__(self) -> Worker:
         await self._start()
@@ -1095,6 +1360,7 @@ class Worker(_Endpoint):
             describe=describe,
             peer="controller",
             idempotency=self._keyed,
+            observer=self._observer,
         )
         if self._draining:
             rpc.start_drain()  # a session that begins during the drain admits no call either
@@ -1131,6 +1397,7 @@ class Worker(_Endpoint):
         scope: ServiceScope,
     ) -> None:
         self.sessions += 1
+        self._totals.sessions += 1
 
         def announce(state: TransportState) -> None:
             if state is TransportState.READY and not announced:
@@ -1149,6 +1416,7 @@ class Worker(_Endpoint):
             await rpc.run()
         finally:
             unsubscribe()
+            self._totals.ended(transport)
             if self._rpc is rpc:
                 self._rpc = None
 
@@ -1178,6 +1446,7 @@ async def serve(
     limits: Limits | None = None,
     on_event: EventSink | None = None,
     drain: float = 0.0,
+    hooks: Sequence[CallHook] = (),
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a worker until cancelled. With ``await tg.start(serve, ...)`` returns the link URL.
@@ -1188,7 +1457,7 @@ async def serve(
     left normally; when its enclosing scope is cancelled, the worker's tasks are cancelled with
     it, so there is nothing left to drain: use ``serve`` for that.)
     """
-    worker = Worker(config, services, limits=limits, on_event=on_event, drain=drain)
+    worker = Worker(config, services, limits=limits, on_event=on_event, drain=drain, hooks=hooks)
     if drain <= 0:
         async with worker:
             task_status.started(worker.url)
@@ -1246,6 +1515,12 @@ class _PeerFacade:
             return lambda *a, **k: rpc.stream(name, method, a, k)
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            return await rpc.call(name, method, args, kwargs, timeout=rpc.limits.call_timeout)
+            async def attempt(metadata: Mapping[str, str] | None) -> Any:
+                timeout = rpc.limits.call_timeout
+                return await rpc.call(
+                    name, method, args, kwargs, timeout=timeout, metadata=metadata
+                )
+
+            return await rpc.observer.call(name, method, None, attempt)
 
         return call

@@ -18,6 +18,19 @@ by the caller, so ``result``/``error``/``stream_item``/``stream_end`` name *our*
     stream_end   [6, id]
     credit       [7, id, items, bytes]
 
+The envelopes are typed (one frozen dataclass per kind) and encoded and decoded only in
+:mod:`garcon_link.envelopes`; :meth:`ExecutorRpc._dispatch` matches on them. ``call`` may carry a
+tenth element and ``notify`` a sixth, the call's *metadata* (a bounded map of text to text, sent
+only when non-empty; :mod:`garcon_link.hooks`): a peer sending more than
+``Limits.max_metadata_entries``/``max_metadata_bytes`` or a malformed map is refused
+``Rejected("INVALID_METADATA")`` (a notification: dropped and logged).
+
+Where outcomes are decided (one place per side, :class:`CallObserver`): a caller's call ends at
+the endpoint's :meth:`CallObserver.call` (a facade call, with its session lookup and retries) or
+its stream's end; a handler ends in :meth:`ExecutorRpc._run_handler` (``_run_notification``,
+``_execute_keyed``), which decides the one reply it sends; a refusal in
+:meth:`ExecutorRpc._refuse`. Counters and per-call hooks sit there and nowhere else.
+
 ``call`` may carry a ninth element, an idempotency key (DESIGN §14): ``[0, id, service, method,
 args, kwargs, credit_items, credit_bytes, key]`` with ``key`` 1 to 128 bytes (a CBOR byte
 string). An eight-element ``call`` is unkeyed, as before. A key of another type or size, a key
@@ -133,18 +146,48 @@ import contextvars
 import inspect
 import logging
 import math
+import time
 import traceback
+import types
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
 import cbor2
 
 from . import _asyncio_stream
+from .envelopes import (
+    CALL,
+    CANCEL,
+    CREDIT,
+    END,
+    ERROR,
+    ITEM,
+    MAX_ARITY,
+    NOTIFY,
+    REPLY_KINDS,
+    RESULT,
+    BadEnvelope,
+    Call,
+    Cancel,
+    Credit,
+    End,
+    Envelope,
+    Error,
+    Item,
+    Notify,
+    Result,
+    encode,
+    encode_call,
+    encode_item,
+    encode_result,
+    metadata_problem,
+)
+from .envelopes import decode as decode_envelope
 from .errors import (
     CallError,
     MalformedFrame,
@@ -157,6 +200,7 @@ from .errors import (
     SessionFailed,
     StaleResource,
 )
+from .hooks import CallEnd, CallHook, CallInfo, CallKind, CallSide, _current_metadata
 from .idempotency import (
     Await,
     Conflict,
@@ -178,7 +222,16 @@ from .wire import array_prefix, decode_item
 
 __all__ = [
     "CALL",
+    "CANCEL",
+    "CallObserver",
+    "CallStatistics",
+    "CREDIT",
+    "END",
+    "ERROR",
+    "ITEM",
     "MAX_REFUSAL_MESSAGE",
+    "NOTIFY",
+    "RESULT",
     "ExecutorRpc",
     "Registry",
     "RemoteStream",
@@ -189,7 +242,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CALL, RESULT, ERROR, CANCEL, NOTIFY, ITEM, END, CREDIT = range(8)
 INTERNAL_SERVICE = "$link"
 # The ``cancel`` field of an error body that answers a cancel (module docstring).
 NOT_STARTED, INTERRUPTED = "not_started", "cancelled"
@@ -198,6 +250,8 @@ MAX_REFUSAL_MESSAGE = 512
 """Characters of a refusal's message that are sent (it may quote peer-supplied names)."""
 MAX_ERROR_MESSAGE = 16000
 """Characters of a handler's error message (and, separately, of its traceback) that are sent."""
+
+T = TypeVar("T")
 
 _registered_exceptions: dict[str, type[BaseException]] = {}
 _current_rpc: contextvars.ContextVar[ExecutorRpc] = contextvars.ContextVar("garcon_link_rpc")
@@ -334,15 +388,15 @@ def _envelope_head(payload: bytes) -> tuple[int, int] | None:
     """``(kind, id)`` read from the first bytes of an envelope that did not decode as a whole.
 
     Only the exact prefix every envelope naming a call starts with is accepted: a definite array
-    head of 2 to 9 items, a kind of 0..7 and an unsigned integer id. This lets an undecodable
-    *reply* (e.g. a result whose value holds a tag) fail the call it names at once instead of
-    leaving it to its timeout.
+    head of 2 to ``MAX_ARITY`` items, a kind of 0..7 and an unsigned integer id. This lets an
+    undecodable *reply* (e.g. a result whose value holds a tag) fail the call it names at once
+    instead of leaving it to its timeout.
     """
     prefix = array_prefix(payload)
     if prefix is None:
         return None
     length, kind, call_id = prefix
-    if not 2 <= length <= 9 or kind > CREDIT:
+    if not 2 <= length <= MAX_ARITY or kind > CREDIT:
         return None
     return kind, call_id
 
@@ -358,6 +412,278 @@ def _local_exception(error: CallError) -> BaseException:
         exc.__cause__ = error
         return exc
     return error
+
+
+_KIND: dict[MethodKind, CallKind] = {
+    MethodKind.UNARY: "unary",
+    MethodKind.STREAM: "stream",
+    MethodKind.ONEWAY: "notify",
+}
+_NO_METADATA: Mapping[str, str] = types.MappingProxyType({})
+
+
+def _end_of(exc: BaseException) -> tuple[Outcome, str, bool]:
+    """``(outcome, code, cancelled)`` of a call that raised ``exc``.
+
+    An allow-listed remote exception (:func:`register_exception`) carries its
+    :class:`RemoteError` as ``__cause__``; a cancellation (any ``BaseException`` that is not an
+    ``Exception``) may have left after its request was sent: ``UNKNOWN``/``CANCELLED``.
+    """
+    if isinstance(exc, CallError):
+        return exc.outcome, exc.code, False
+    cause = exc.__cause__
+    if isinstance(cause, CallError):
+        return cause.outcome, cause.code, False
+    if not isinstance(exc, Exception):
+        return Outcome.UNKNOWN, "CANCELLED", True
+    return Outcome.UNKNOWN, "LOCAL_ERROR", False
+
+
+@dataclass(frozen=True, slots=True)
+class CallStatistics:
+    """Calls ended so far, by side, outcome label and code (see :meth:`CallObserver.statistics`).
+
+    Attributes:
+        client: ``{(label, code): count}`` for the calls this endpoint made; ``label`` is
+            :attr:`garcon_link.hooks.CallEnd.label` (``"ok"``, ``"cancelled"`` or an outcome's
+            value), ``code`` is ``None`` for ``"ok"``.
+        server: the same for the peer's calls this endpoint served, refusals included (calls
+            refused without running: ``rejected``/``not_dispatched`` with their code).
+    """
+
+    client: Mapping[tuple[str, str | None], int]
+    server: Mapping[tuple[str, str | None], int]
+
+    def total(self, side: CallSide, label: str | None = None) -> int:
+        """Calls of ``side`` ended with ``label`` (all labels when ``None``)."""
+        counts = self.client if side == "client" else self.server
+        return sum(n for (lab, _), n in counts.items() if label is None or lab == label)
+
+
+class _Observed:
+    """A call being observed by hooks: what ``call_ended`` needs."""
+
+    __slots__ = ("done", "info", "started", "states")
+
+    def __init__(self, info: CallInfo, states: list[object], started: float) -> None:
+        self.info = info
+        self.states = states
+        self.started = started
+        self.done = False
+
+
+class CallObserver:
+    """The one place where every call's outcome is counted and told to the hooks (issue 16).
+
+    One per endpoint (a :class:`~garcon_link.remote.RemoteExecutor`, a
+    :class:`~garcon_link.remote.Worker`), shared by all its sessions, so its counters survive
+    session replacement. Client side: :meth:`call` wraps one facade call (session lookup,
+    retries and all); streams use :meth:`stream_started`/:meth:`stream_ended`. Server side: the
+    session's :class:`ExecutorRpc` calls :meth:`server_started`/:meth:`server_ended` around each
+    handler and :meth:`refused` for each call refused without running. With no hook registered
+    the only work per call is one dictionary update (and one truth test of ``hooks``).
+
+    Args:
+        hooks: the endpoint's :class:`~garcon_link.hooks.CallHook` objects, in call order
+            (``call_ended`` runs in the reverse order).
+        limits: for the metadata bounds.
+        executor: the executor id hooks are told (``None`` when not known).
+    """
+
+    __slots__ = (
+        "_client",
+        "_server",
+        "_warned",
+        "executor",
+        "hooks",
+        "incoming_peak",
+        "limits",
+        "pending_peak",
+    )
+
+    def __init__(
+        self,
+        hooks: Sequence[CallHook] = (),
+        limits: Limits | None = None,
+        executor: str | None = None,
+    ) -> None:
+        self.hooks = tuple(hooks)
+        self.limits = limits or Limits()
+        self.executor = executor
+        self._client: dict[tuple[str, str | None], int] = {}
+        self._server: dict[tuple[str, str | None], int] = {}
+        self._warned: set[tuple[int, str]] = set()
+        # The most calls pending / handlers running at once on any session of the endpoint.
+        self.pending_peak = 0
+        self.incoming_peak = 0
+
+    def statistics(self) -> CallStatistics:
+        return CallStatistics(
+            client=types.MappingProxyType(dict(self._client)),
+            server=types.MappingProxyType(dict(self._server)),
+        )
+
+    # -- counting and hooks
+
+    @staticmethod
+    def _count(
+        counts: dict[tuple[str, str | None], int],
+        outcome: Outcome | None,
+        code: str | None,
+        cancelled: bool,
+    ) -> None:
+        # The key is CallEnd.label's, without building a CallEnd when no hook needs one.
+        key = ("cancelled" if cancelled else "ok" if outcome is None else outcome.value, code)
+        counts[key] = counts.get(key, 0) + 1
+
+    def _start(self, info: CallInfo) -> _Observed:
+        states: list[object] = []
+        for index, hook in enumerate(self.hooks):
+            try:
+                states.append(hook.call_started(info))
+            except Exception:
+                self._hook_failed(index, hook, "call_started")
+                states.append(None)
+        return _Observed(info, states, time.monotonic())
+
+    def _end(self, observed: _Observed, end: CallEnd) -> None:
+        if observed.done:
+            return
+        observed.done = True
+        for index in range(len(self.hooks) - 1, -1, -1):
+            hook = self.hooks[index]
+            try:
+                hook.call_ended(observed.info, observed.states[index], end)
+            except Exception:
+                self._hook_failed(index, hook, "call_ended")
+
+    def _hook_failed(self, index: int, hook: CallHook, method: str) -> None:
+        if (index, method) in self._warned:
+            return
+        self._warned.add((index, method))
+        log.warning("call hook %r raised in %s (ignored from now on)", hook, method, exc_info=True)
+
+    def check_metadata(self, metadata: Mapping[str, str]) -> None:
+        """Raise ``NotDispatched("INVALID_METADATA")`` for metadata over the bounds."""
+        problem = metadata_problem(
+            metadata, self.limits.max_metadata_entries, self.limits.max_metadata_bytes
+        )
+        if problem is not None:
+            raise NotDispatched("INVALID_METADATA", problem)
+
+    # -- client side
+
+    async def call(
+        self,
+        service: str,
+        spec: MethodSpec,
+        metadata: Mapping[str, str] | None,
+        run: Callable[[Mapping[str, str] | None], Awaitable[T]],
+    ) -> T:
+        """Run one call, ``run(metadata)``, counting its outcome and telling the hooks."""
+        observed = None
+        if self.hooks:
+            metadata = dict(metadata) if metadata else {}  # the hooks may add to it
+            info = CallInfo("client", service, spec.name, _KIND[spec.kind], self.executor, metadata)
+            observed = self._start(info)
+        try:
+            if metadata:
+                self.check_metadata(metadata)
+            value = await run(metadata or None)
+        except BaseException as exc:
+            self.client_ended(observed, *_end_of(exc))
+            raise
+        if observed is None:
+            counts = self._client
+            counts[_OK] = counts.get(_OK, 0) + 1
+        else:
+            self.client_ended(observed, None, None, False)
+        return value
+
+    def stream_started(
+        self, service: str, spec: MethodSpec, metadata: Mapping[str, str] | None
+    ) -> _Observed | None:
+        """A stream's first iteration: the hooks' handle (``None`` without hooks). The metadata
+        to send is then the handle's ``info.metadata`` (hooks may have added to it); the caller
+        validates it (:meth:`check_metadata`) and ends the stream with :meth:`client_ended`."""
+        if not self.hooks:
+            return None
+        sent = dict(metadata) if metadata else {}
+        return self._start(CallInfo("client", service, spec.name, "stream", self.executor, sent))
+
+    def client_ended(
+        self, observed: _Observed | None, outcome: Outcome | None, code: str | None, cancelled: bool
+    ) -> None:
+        """A client call or stream ended (the stream's handle may be ``None``: no hooks)."""
+        if observed is None:
+            self._count(self._client, outcome, code, cancelled)
+            return
+        if observed.done:
+            return
+        end = CallEnd(outcome, code, time.monotonic() - observed.started, cancelled)
+        self._count(self._client, outcome, code, cancelled)
+        self._end(observed, end)
+
+    # -- server side
+
+    def server_started(
+        self,
+        service: str,
+        spec: MethodSpec,
+        metadata: Mapping[str, str],
+        kind: CallKind | None = None,
+    ) -> _Observed | None:
+        """A handler starts (in its own task); ``kind`` overrides the method's (a notification
+        may name a unary method)."""
+        if not self.hooks:
+            return None
+        kind = kind or _KIND[spec.kind]
+        return self._start(CallInfo("server", service, spec.name, kind, self.executor, metadata))
+
+    def server_ended(
+        self, observed: _Observed | None, error: CallError | None, cancelled: bool
+    ) -> None:
+        """A handler ended: ``error`` is what its caller is told (``None``: it succeeded)."""
+        if error is None:
+            outcome: Outcome | None = None
+            code = None
+        else:
+            outcome, code = error.outcome, error.code
+        if observed is None:
+            self._count(self._server, outcome, code, cancelled)
+            return
+        end = CallEnd(outcome, code, time.monotonic() - observed.started, cancelled)
+        self._count(self._server, outcome, code, cancelled)
+        self._end(observed, end)
+
+    def refused(self, error: CallError) -> None:
+        """A peer's call refused without running (no hooks: no handler ran)."""
+        self._count(self._server, error.outcome, error.code, False)
+
+
+_OK: tuple[str, str | None] = ("ok", None)
+
+
+_TYPE_ERROR: dict[str, Any] = {"remote_type": "TypeError"}
+
+
+def _handler_error(exc: Exception) -> tuple[CallError, dict[str, Any]]:
+    """What a caller is told about a handler that raised ``exc``, and the error body's extras.
+
+    A handler may refuse (``Rejected``, e.g. ``scope.check`` -> ``StaleResource``, whatever its
+    code); a failure of a call it made itself already says FAILED. Both keep their code; the
+    type tells the caller which ``Rejected`` to raise. Anything else -- including
+    NotDispatched/OutcomeUnknown from a call the handler made -- is a failure of *this* call,
+    which did execute: never report it as not-dispatched (safe to retry) or unknown.
+    """
+    if isinstance(exc, Rejected | RemoteError):
+        remote_type = exc.remote_type if isinstance(exc, RemoteError) else None
+        return exc, {"remote_type": remote_type or _qualname(type(exc))}
+    tb = "".join(traceback.format_exception(exc))
+    return RemoteError("HANDLER_FAILED", str(exc)), {
+        "remote_type": _qualname(type(exc)),
+        "traceback": tb[-MAX_ERROR_MESSAGE:],
+    }
 
 
 class _Pending:
@@ -522,6 +848,8 @@ class ExecutorRpc:
         peer: what to call the peer in messages (``"worker"``, ``"controller"``).
         idempotency: the worker's keyed calls (shared by all its sessions); without it, keyed
             calls from the peer are refused.
+        observer: the endpoint's hooks and call counters (shared by all its sessions); the
+            server side's outcome point (:class:`CallObserver`).
     """
 
     def __init__(
@@ -534,8 +862,10 @@ class ExecutorRpc:
         describe: Callable[[], dict[str, Any]] | None = None,
         peer: str = "peer",
         idempotency: KeyedExecutions | None = None,
+        observer: CallObserver | None = None,
     ) -> None:
         self.idempotency = idempotency
+        self.observer = observer if observer is not None else CallObserver(limits=limits)
         self.transport = transport
         self.peer = peer
         self.registry = registry
@@ -692,9 +1022,9 @@ class ExecutorRpc:
         if self.transport.failure is not None:
             raise NotDispatched("OFFLINE", str(self.transport.failure))
 
-    def _encode(self, envelope: list[Any]) -> bytes:
+    def _encode(self, envelope: Envelope) -> bytes:
         try:
-            return cbor2.dumps(envelope)
+            return encode(envelope)
         except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
             raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
 
@@ -706,6 +1036,7 @@ class ExecutorRpc:
         kwargs: Mapping[str, Any],
         credit: tuple[int, int],
         key: bytes | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> tuple[_Pending | None, bytes]:
         self._check_open()
         try:
@@ -716,7 +1047,7 @@ class ExecutorRpc:
             raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
         self._check_resources(pos, kw)
         if spec.kind is MethodKind.ONEWAY:
-            return None, self._encode([NOTIFY, service, spec.name, wire_args, wire_kwargs])
+            return None, self._encode(Notify(service, spec.name, wire_args, wire_kwargs, metadata))
         if len(self._pending) + self._owed_cancels >= self.limits.max_pending_calls:
             raise NotDispatched(
                 "OVERLOADED",
@@ -724,10 +1055,13 @@ class ExecutorRpc:
             )
         call_id = self._next_id
         self._next_id += 1
-        envelope = [CALL, call_id, service, spec.name, wire_args, wire_kwargs, *credit]
-        if key is not None:
-            envelope.append(key)
-        return _Pending(call_id, spec, None), self._encode(envelope)
+        try:
+            body = encode_call(
+                call_id, service, spec.name, wire_args, wire_kwargs, *credit, key, metadata
+            )
+        except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
+            raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
+        return _Pending(call_id, spec, None), body
 
     def _check_resources(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
         instance = self.peer_instance_id
@@ -774,6 +1108,8 @@ class ExecutorRpc:
 
     async def _issue(self, pending: _Pending, body: bytes) -> None:
         self._pending[pending.id] = pending
+        if len(self._pending) > self.observer.pending_peak:
+            self.observer.pending_peak = len(self._pending)
         try:
             pending.ordinal = await self._send_request(body)
         except NotDispatched:
@@ -790,20 +1126,27 @@ class ExecutorRpc:
         *,
         timeout: float | None,
         idempotency_key: bytes | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> Any:
         """Call ``service.method`` and return its converted result.
 
         ``idempotency_key`` (normalised bytes, see :func:`garcon_link.idempotency.normalize_key`)
-        is sent with the call; the worker runs the call at most once per key.
+        is sent with the call; the worker runs the call at most once per key. ``metadata``
+        (already validated: :class:`CallObserver`) is sent with it.
+
+        This is one attempt on this session; the caller's outcome point (counting, hooks) is
+        the endpoint's :meth:`CallObserver.call` around it.
 
         Raises:
             NotDispatched, Rejected, StaleResource, OutcomeUnknown, RemoteError: per the outcome;
                 or an allow-listed remote exception type (see :func:`register_exception`).
         """
         if spec.kind is MethodKind.ONEWAY:
-            await self.notify(service, spec, args, kwargs)
+            await self.notify(service, spec, args, kwargs, metadata)
             return None
-        pending, body = self._prepare(service, spec, args, kwargs, (0, 0), idempotency_key)
+        pending, body = self._prepare(
+            service, spec, args, kwargs, (0, 0), idempotency_key, metadata
+        )
         assert pending is not None
         # A bare cancel scope with a deadline: what fail_after does, without its generator-based
         # context manager (this is on every call's path).
@@ -826,17 +1169,27 @@ class ExecutorRpc:
         return pending.value
 
     async def notify(
-        self, service: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+        self,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         """Send a one-way notification (returns once it is queued on the session)."""
-        _, body = self._prepare(service, spec, args, kwargs, (0, 0))
+        _, body = self._prepare(service, spec, args, kwargs, (0, 0), None, metadata)
         await self._send_request(body)
 
     def stream(
-        self, service: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+        self,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        metadata: Mapping[str, str] | None = None,
     ) -> RemoteStream:
         """Open a remote stream; the request is sent on first iteration."""
-        return RemoteStream(self, service, spec, args, kwargs)
+        return RemoteStream(self, service, spec, args, kwargs, metadata)
 
     def _abandon(self, pending: _Pending) -> None:
         """The caller gave up: forget the call and tell the peer to cancel it (best effort)."""
@@ -876,7 +1229,7 @@ class ExecutorRpc:
 
     def _send_cancel(self, call_id: int) -> None:
         # A deferred cancel keeps counting as a pending call (see _prepare) until handed over.
-        self._send_soon(_CANCEL, self._encode([CANCEL, call_id]))
+        self._send_soon(_CANCEL, self._encode(Cancel(call_id)))
 
     def _reclaim_stream(self, pending: _Pending) -> None:
         """A stream's iterator was dropped without ``aclose()``: free its slot, cancel it.
@@ -894,7 +1247,7 @@ class ExecutorRpc:
         self._pending.pop(pending.id, None)
         self._note_settled()
         if pending.ordinal is not None:
-            self._defer(_CANCEL, self._encode([CANCEL, pending.id]))
+            self._defer(_CANCEL, self._encode(Cancel(pending.id)))
 
     def _send_soon(self, kind: int, body: bytes) -> None:
         """Hand a small envelope to the session without waiting: at once if retention has room
@@ -966,36 +1319,48 @@ class ExecutorRpc:
         try:
             # plain=True: refuses shared references and cycles, so no envelope can expand into
             # a structure larger than its own bytes (a DAG of 2**n paths) later on.
-            envelope = decode_item(payload, self.limits.max_frame_bytes)
+            item = decode_item(payload, self.limits.max_frame_bytes)
         except MalformedFrame as exc:
             log.warning("dropping malformed envelope: %s", exc)
             self._undecodable(payload)
             return
-        if not isinstance(envelope, list) or not envelope or not isinstance(envelope[0], int):
+        try:
+            envelope = decode_envelope(item)
+        except BadEnvelope as exc:
+            self._malformed(exc)
+            return
+        match envelope:
+            case Result():
+                self._on_result(envelope)
+            case Item():
+                self._on_item(envelope, len(payload))
+            case Call():
+                self._on_call(envelope)
+            case Error():
+                self._on_error(envelope)
+            case End():
+                self._on_end(envelope)
+            case Credit():
+                self._on_credit(envelope)
+            case Cancel():
+                self._on_cancel(envelope)
+            case Notify():
+                self._on_notify(envelope)
+
+    def _malformed(self, exc: BadEnvelope) -> None:
+        """An envelope of the wrong shape: dropped; a reply naming a call of ours fails it."""
+        kind = exc.kind
+        if kind is None:
             log.warning("dropping envelope that is not [kind, ...]")
             return
-        kind = envelope[0]
-        try:
-            if kind == RESULT:
-                self._on_result(envelope)
-            elif kind == ITEM:
-                self._on_item(envelope, len(payload))
-            elif kind == CALL:
-                self._on_call(envelope)
-            elif kind == ERROR:
-                self._on_error(envelope)
-            elif kind == END:
-                self._on_end(envelope)
-            elif kind == CREDIT:
-                self._on_credit(envelope)
-            elif kind == CANCEL:
-                self._on_cancel(envelope)
-            elif kind == NOTIFY:
-                self._on_notify(envelope)
-            else:
-                log.warning("dropping envelope of unknown kind %r", kind)
-        except _BadEnvelope as exc:
-            log.warning("dropping malformed envelope (kind %d): %s", kind, exc)
+        if not CALL <= kind <= CREDIT:
+            log.warning("dropping envelope of unknown kind %r", kind)
+            return
+        if kind in REPLY_KINDS and exc.call_id is not None:
+            pending = self._pending.get(exc.call_id)
+            if pending is not None:
+                self._fail_unreadable(pending, "MALFORMED_REPLY", f"the peer's reply: {exc}")
+        log.warning("dropping malformed envelope (kind %d): %s", kind, exc)
 
     def _undecodable(self, payload: bytes) -> None:
         """An envelope that did not decode, named by its head (``[kind, id``) where it has one.
@@ -1030,27 +1395,13 @@ class ExecutorRpc:
         self._send_cancel(pending.id)
         self._finish(pending, error=OutcomeUnknown(code, why))
 
-    def _pending_for(self, envelope: list[Any], arity: int) -> _Pending | None:
-        if len(envelope) != arity or type(envelope[1]) is not int:
-            # Fail the call it names, if it names one; otherwise it is dropped.
-            if len(envelope) > 1 and type(envelope[1]) is int:
-                pending = self._pending.get(envelope[1])
-                if pending is not None:
-                    self._fail_unreadable(
-                        pending,
-                        "MALFORMED_REPLY",
-                        f"the peer's reply has {len(envelope)} elements, not {arity}",
-                    )
-            raise _BadEnvelope(f"expected {arity} elements with an integer id")
-        return self._pending.get(envelope[1])
-
-    def _on_result(self, envelope: list[Any]) -> None:
-        pending = self._pending_for(envelope, 3)
+    def _on_result(self, envelope: Result) -> None:
+        pending = self._pending.get(envelope.id)
         if pending is None or pending.stream is not None:
             return  # late reply to a retired, timed-out or cancelled call: dropped
         del self._pending[pending.id]
         try:
-            value = from_wire(envelope[2], pending.spec.result)
+            value = from_wire(envelope.value, pending.spec.result)
         except Exception as exc:
             # FAILED, not UNKNOWN: the call certainly ran to completion (module docstring).
             self._finish(
@@ -1060,20 +1411,20 @@ class ExecutorRpc:
             return
         self._finish(pending, value=value)
 
-    def _on_error(self, envelope: list[Any]) -> None:
-        pending = self._pending_for(envelope, 3)
+    def _on_error(self, envelope: Error) -> None:
+        pending = self._pending.get(envelope.id)
         if pending is None:
             return
-        error = _error_from_body(envelope[2])
+        error = _error_from_body(envelope.body)
         if isinstance(error, OutcomeUnknown) and error.code == "MALFORMED_ERROR":
             self._fail_unreadable(pending, error.code, error.message)
             return
         del self._pending[pending.id]
-        pending.receipt = envelope[2].get("cancel")  # a map: _error_from_body checked it
+        pending.receipt = envelope.body.get("cancel")  # a map: _error_from_body checked it
         self._finish(pending, error=error)
 
-    def _on_item(self, envelope: list[Any], size: int) -> None:
-        pending = self._pending_for(envelope, 3)
+    def _on_item(self, envelope: Item, size: int) -> None:
+        pending = self._pending.get(envelope.id)
         if pending is None or pending.stream is None:
             return
         stream = pending.stream
@@ -1098,7 +1449,7 @@ class ExecutorRpc:
         stream.credit_items -= 1
         stream.credit_bytes -= size
         try:
-            value = from_wire(envelope[2], pending.spec.result)
+            value = from_wire(envelope.value, pending.spec.result)
         except Exception as exc:
             self._end_stream(
                 pending, "INVALID_RESULT", f"stream item does not match the interface: {exc}"
@@ -1113,8 +1464,8 @@ class ExecutorRpc:
         self._send_cancel(pending.id)
         self._finish(pending, error=OutcomeUnknown(code, message))
 
-    def _on_end(self, envelope: list[Any]) -> None:
-        pending = self._pending_for(envelope, 2)
+    def _on_end(self, envelope: End) -> None:
+        pending = self._pending.get(envelope.id)
         if pending is None or pending.stream is None:
             return
         del self._pending[pending.id]
@@ -1129,7 +1480,7 @@ class ExecutorRpc:
         if len(message) > limit:
             message = message[:limit] + "... (cut)"
         return self._encode(
-            [ERROR, call_id, _error_body(error.outcome, error.code, message, **extra)]
+            Error(call_id, _error_body(error.outcome, error.code, message, **extra))
         )
 
     def _refuse(self, call_id: int, error: CallError) -> None:
@@ -1140,11 +1491,13 @@ class ExecutorRpc:
         """
         self._refusals += 1
         if self._queued_refusals >= self.limits.max_queued_refusals:
+            self.observer.refused(NotDispatched("OVERLOADED"))
             if self._retired is None and self.transport.failure is None:
                 self._overflow.append(call_id)
                 self._queued_refusals += 1
                 self._deferred_added.set()
             return
+        self.observer.refused(error)
         self._send_soon(_REFUSAL, self._error_envelope(call_id, error, limit=MAX_REFUSAL_MESSAGE))
 
     def _overloaded(self, call_id: int) -> bytes:
@@ -1197,17 +1550,17 @@ class ExecutorRpc:
     async def _internal_describe(self) -> dict[str, Any]:
         return self._describe()
 
-    def _on_call(self, envelope: list[Any]) -> None:
-        if len(envelope) not in (8, 9) or type(envelope[1]) is not int:
-            raise _BadEnvelope(
-                "call must be [0, id, service, method, args, kwargs, items, bytes, key?]"
-            )
-        _, call_id, service, method, args, kwargs, credit, credit_bytes = envelope[:8]
-        key = envelope[8] if len(envelope) == 9 else None
+    def _on_call(self, envelope: Call) -> None:
+        call_id, service, method = envelope.id, envelope.service, envelope.method
+        args, kwargs, key = envelope.args, envelope.kwargs, envelope.key
+        credit, credit_bytes = envelope.credit_items, envelope.credit_bytes
         if call_id <= self._last_incoming_id:
-            raise _BadEnvelope(
-                f"call id {call_id} does not increase (last {self._last_incoming_id})"
+            log.warning(
+                "dropping malformed envelope (kind %d): %s",
+                CALL,
+                f"call id {call_id} does not increase (last {self._last_incoming_id})",
             )
+            return
         self._last_incoming_id = call_id
         if self._draining and service != INTERNAL_SERVICE:
             self._refuse(
@@ -1239,6 +1592,13 @@ class ExecutorRpc:
         if key is not None and (problem := key_problem(key)) is not None:
             self._refuse(call_id, Rejected("INVALID_ARGUMENTS", problem))
             return
+        metadata = _NO_METADATA
+        if envelope.metadata is not None:
+            checked = self._received_metadata(envelope.metadata)
+            if isinstance(checked, str):
+                self._refuse(call_id, Rejected("INVALID_METADATA", checked))
+                return
+            metadata = checked
         if len(self._incoming) + self._notifications >= self.limits.max_incoming_calls:
             self._refuse(
                 call_id,
@@ -1260,11 +1620,15 @@ class ExecutorRpc:
             self._refuse(call_id, Rejected("INVALID_ARGUMENTS", str(exc)))
             return
         if key is not None:
-            self._on_keyed_call(call_id, service, spec, target, pos, kw, args, kwargs, key)
+            self._on_keyed_call(
+                call_id, service, spec, target, pos, kw, args, kwargs, key, metadata
+            )
             return
         incoming = _Incoming(min(credit, self.limits.stream_window_items * 4), credit_bytes)
         self._incoming[call_id] = incoming
-        handler = self._run_handler(call_id, incoming, spec, target, pos, kw)
+        if len(self._incoming) + self._notifications > self.observer.incoming_peak:
+            self._note_incoming()
+        handler = self._run_handler(call_id, incoming, service, spec, target, pos, kw, metadata)
         if self._loop is not None:
             # asyncio: a plain task, tracked here (see run()); anyio's start_soon costs ~10 us
             # more per task, which is a tenth of a call. It runs in a copy of the session
@@ -1275,6 +1639,22 @@ class ExecutorRpc:
         else:
             assert self._tg is not None
             self._tg.start_soon(lambda: handler)
+
+    def _note_incoming(self) -> None:
+        running = len(self._incoming) + self._notifications
+        if running > self.observer.incoming_peak:
+            self.observer.incoming_peak = running
+
+    def _received_metadata(self, metadata: object) -> Mapping[str, str] | str:
+        """A peer's metadata, read-only (empty when absent), or why it is refused."""
+        if metadata is None:
+            return _NO_METADATA
+        limits = self.limits
+        problem = metadata_problem(metadata, limits.max_metadata_entries, limits.max_metadata_bytes)
+        if problem is not None:
+            return problem
+        assert isinstance(metadata, dict)
+        return types.MappingProxyType(metadata)
 
     async def _join_handlers(self) -> None:
         """Wait for the handler tasks (cancelled by retire_unknown) to end, as a task group's
@@ -1298,6 +1678,7 @@ class ExecutorRpc:
         args: list[Any],
         kwargs: dict[str, Any],
         key: bytes,
+        metadata: Mapping[str, str],
     ) -> None:
         """A call with an idempotency key: run it at most once per key on this worker.
 
@@ -1345,10 +1726,14 @@ class ExecutorRpc:
             self._refuse(call_id, NotDispatched("OVERLOADED", decision.reason))
             return
         if isinstance(decision, Execute):
-            keyed.start(decision.entry, lambda: self._execute_keyed(target, pos, kw))
+            keyed.start(
+                decision.entry,
+                lambda: self._execute_keyed(service, spec, target, pos, kw, metadata),
+            )
         assert isinstance(decision, Execute | Await | Replay)
         incoming = _Incoming(0, 0)
         self._incoming[call_id] = incoming
+        self._note_incoming()
         waiter = self._run_keyed(
             call_id, incoming, keyed, decision, owner=isinstance(decision, Execute)
         )
@@ -1381,38 +1766,49 @@ class ExecutorRpc:
             self._incoming.pop(call_id, None)
 
     async def _execute_keyed(
-        self, target: Callable[..., Any], pos: list[Any], kw: dict[str, Any]
+        self,
+        service: str,
+        spec: MethodSpec,
+        target: Callable[..., Any],
+        pos: list[Any],
+        kw: dict[str, Any],
+        metadata: Mapping[str, str],
     ) -> Reply:
         """Run a keyed handler and map its outcome to the reply to record: what
-        :meth:`_run_handler` would send (cancellation propagates)."""
+        :meth:`_run_handler` would send (cancellation propagates). Observed once per
+        execution, not per repeat of the key."""
         self._enter_context()
+        token = _current_metadata.set(metadata) if metadata else None
+        observed = self.observer.server_started(service, spec, metadata)
+        error: CallError | None = None
+        extra: dict[str, Any] = {}
         try:
             result = await target(*pos, **kw)
             try:
                 body = cbor2.dumps(to_wire(result))
             except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
-                return self._keyed_error(
-                    RemoteError("UNENCODABLE_RESULT", str(exc)), remote_type="TypeError"
-                )
-            if len(body) + 16 > self._max_body:
-                return self._keyed_error(
-                    RemoteError(
+                error, extra = RemoteError("UNENCODABLE_RESULT", str(exc)), _TYPE_ERROR
+            else:
+                if len(body) + 16 > self._max_body:
+                    error = RemoteError(
                         "RESULT_TOO_LARGE",
                         f"the result ({len(body)} bytes) exceeds the frame limit",
-                    ),
-                    remote_type="PayloadTooLarge",
-                )
-            return RESULT, body
-        except (Rejected, RemoteError) as exc:
-            remote_type = exc.remote_type if isinstance(exc, RemoteError) else None
-            return self._keyed_error(exc, remote_type=remote_type or _qualname(type(exc)))
+                    )
+                    extra = {"remote_type": "PayloadTooLarge"}
         except Exception as exc:
-            tb = "".join(traceback.format_exception(exc))
-            return self._keyed_error(
-                RemoteError("HANDLER_FAILED", str(exc)),
-                remote_type=_qualname(type(exc)),
-                traceback=tb[-MAX_ERROR_MESSAGE:],
+            error, extra = _handler_error(exc)
+        except BaseException:
+            self.observer.server_ended(
+                observed, OutcomeUnknown("CANCELLED", "cancelled while running"), True
             )
+            raise
+        finally:
+            if token is not None:
+                _current_metadata.reset(token)
+        self.observer.server_ended(observed, error, False)
+        if error is not None:
+            return self._keyed_error(error, **extra)
+        return RESULT, body
 
     def _keyed_error(self, error: CallError, **extra: Any) -> Reply:
         message = error.message
@@ -1428,16 +1824,23 @@ class ExecutorRpc:
             if isinstance(value, ResourceRef) and not self.scope.admits(value):
                 self.scope.check(value)  # raises StaleResource
 
-    def _on_notify(self, envelope: list[Any]) -> None:
-        if len(envelope) != 5:
-            raise _BadEnvelope("notify must be [4, service, method, args, kwargs]")
-        _, service, method, args, kwargs = envelope
+    def _on_notify(self, envelope: Notify) -> None:
+        service, method, args, kwargs = (
+            envelope.service,
+            envelope.method,
+            envelope.args,
+            envelope.kwargs,
+        )
         try:
             spec, target = self._resolve(service, method)
             if spec.kind is MethodKind.STREAM:
                 raise Rejected("OPERATION_UNSUPPORTED", f"stream {method!r} cannot be notified")
             if not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise ValueError("args must be a list and kwargs a map")
+            metadata = self._received_metadata(envelope.metadata)
+            if type(metadata) is str:
+                raise Rejected("INVALID_METADATA", metadata)
+            assert not isinstance(metadata, str)
             pos, kw = spec.convert_arguments(args, kwargs)
         except (CallError, ValueError) as exc:
             log.warning(
@@ -1468,45 +1871,53 @@ class ExecutorRpc:
             )
             return
         self._notifications += 1
+        self._note_incoming()
         assert self._tg is not None
-        self._tg.start_soon(self._run_notification, service, method, target, pos, kw)
+        self._tg.start_soon(self._run_notification, service, spec, target, pos, kw, metadata)
 
     async def _run_notification(
         self,
         service: str,
-        method: str,
+        spec: MethodSpec,
         target: Callable[..., Any],
         pos: list[Any],
         kw: dict[str, Any],
+        metadata: Mapping[str, str],
     ) -> None:
         self._enter_context()
+        if metadata:
+            _current_metadata.set(metadata)  # this task's own context: no reset needed
+        observed = self.observer.server_started(service, spec, metadata, "notify")
+        error: CallError | None = None
+        cancelled = False
         try:
             result = target(*pos, **kw)
             if hasattr(result, "__await__"):
                 await result
-        except Exception:
+        except Exception as exc:
             log.exception(
                 "notification handler %s.%s raised",
                 service,
-                method,
+                spec.name,
                 extra=log_fields(session=self.transport.session_id),
             )
+            error = _handler_error(exc)[0]
+        except BaseException:
+            error, cancelled = OutcomeUnknown("CANCELLED", "cancelled while running"), True
+            raise
         finally:
             self._notifications -= 1
             self._note_settled()
+            self.observer.server_ended(observed, error, cancelled)
 
-    def _on_cancel(self, envelope: list[Any]) -> None:
-        if len(envelope) != 2 or type(envelope[1]) is not int:
-            raise _BadEnvelope("cancel must be [3, id]")
-        incoming = self._incoming.get(envelope[1])
+    def _on_cancel(self, envelope: Cancel) -> None:
+        incoming = self._incoming.get(envelope.id)
         if incoming is not None:
             incoming.cancelled = True
             incoming.scope.cancel()
 
-    def _on_credit(self, envelope: list[Any]) -> None:
-        if len(envelope) != 4 or not all(type(v) is int for v in envelope[1:]):
-            raise _BadEnvelope("credit must be [7, id, items, bytes]")
-        _, call_id, items, nbytes = envelope
+    def _on_credit(self, envelope: Credit) -> None:
+        call_id, items, nbytes = envelope.id, envelope.items, envelope.bytes
         incoming = self._incoming.get(call_id)
         if incoming is None or items < 0 or nbytes < 0:
             return
@@ -1527,78 +1938,82 @@ class ExecutorRpc:
         self,
         call_id: int,
         incoming: _Incoming,
+        service: str,
         spec: MethodSpec,
         target: Callable[..., Any],
         pos: list[Any],
         kw: dict[str, Any],
+        metadata: Mapping[str, str],
     ) -> None:
+        """Run one handler and send its reply: the server side's outcome point (the reply it
+        decides is what :meth:`CallObserver.server_ended` is told)."""
         self._enter_context()
+        if metadata:
+            _current_metadata.set(metadata)  # this task's own context: no reset needed
+        # The internal describe is no application call: neither hooked nor counted.
+        observer = self.observer if service != INTERNAL_SERVICE else None
+        observed = observer.server_started(service, spec, metadata) if observer else None
+        error: CallError | None = None
+        extra: dict[str, Any] = {}
+        cancelled = False
+        reply = True
         try:
             if incoming.cancelled:
-                # Outside the (cancelled) scope, so the reply is not cancelled with it.
-                await self._send_error(
-                    call_id,
-                    NotDispatched("CANCELLED", "cancelled before dispatch"),
-                    cancel=NOT_STARTED,
-                )
-                return
-            with incoming.scope:
-                incoming.started = True
-                if spec.kind is MethodKind.STREAM:
-                    await self._produce(call_id, incoming, target(*pos, **kw))
-                    return
-                result = await target(*pos, **kw)
-                try:
-                    body = cbor2.dumps([RESULT, call_id, to_wire(result)])
-                except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
-                    await self._send_error(
-                        call_id,
-                        RemoteError("UNENCODABLE_RESULT", str(exc), remote_type="TypeError"),
+                error = NotDispatched("CANCELLED", "cancelled before dispatch")
+                extra, cancelled = {"cancel": NOT_STARTED}, True
+            else:
+                with incoming.scope:
+                    incoming.started = True
+                    if spec.kind is MethodKind.STREAM:
+                        await self._produce(call_id, incoming, target(*pos, **kw))
+                    else:
+                        result = await target(*pos, **kw)
+                        try:
+                            body = encode_result(call_id, to_wire(result))
+                        except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
+                            error = RemoteError("UNENCODABLE_RESULT", str(exc))
+                            extra = _TYPE_ERROR
+                        else:
+                            error = await self._send_reply(call_id, body)
+                            reply = False  # a result, or the error that replaced it, is sent
+                if incoming.scope.cancelled_caught:
+                    # Interrupted (by the caller's cancel; by retirement nothing can be sent):
+                    # a receipt tells the caller it ran, perhaps partly.
+                    error = OutcomeUnknown(
+                        "CANCELLED", "cancelled while running; it may have had effects"
                     )
-                    return
-                await self._send_reply(call_id, body)
-            if incoming.scope.cancelled_caught:
-                # Interrupted (by the caller's cancel; by retirement nothing can be sent): a
-                # receipt tells the caller it ran, perhaps partly.
-                await self._send_error(
-                    call_id,
-                    OutcomeUnknown("CANCELLED", "cancelled while running; it may have had effects"),
-                    cancel=INTERRUPTED,
-                )
-        except (Rejected, RemoteError) as exc:
-            # A handler may refuse (``Rejected``, e.g. ``scope.check`` -> ``StaleResource``,
-            # whatever its code); a failure of a call it made itself already says FAILED. Both
-            # keep their code; the type tells the caller which ``Rejected`` to raise.
-            remote_type = exc.remote_type if isinstance(exc, RemoteError) else None
-            await self._send_error(call_id, exc, remote_type=remote_type or _qualname(type(exc)))
+                    extra, cancelled, reply = {"cancel": INTERRUPTED}, True, True
         except Exception as exc:
-            # Anything else -- including NotDispatched/OutcomeUnknown from a call the handler
-            # made -- is a failure of *this* call, which did execute: never report it as
-            # not-dispatched (safe to retry) or unknown.
-            await self._send_failure(call_id, exc)
+            error, extra, reply = *_handler_error(exc), True
+        except BaseException:
+            # This task was cancelled (not by the scope above): nothing can be sent any more.
+            error, cancelled = OutcomeUnknown("CANCELLED", "cancelled while running"), True
+            reply = False
+            raise
         finally:
-            # Only now, with its reply handed to the session, does the call leave the budget.
-            self._incoming.pop(call_id, None)
-            self._note_settled()
+            try:
+                if error is not None and reply:
+                    await self._send_error(call_id, error, **extra)
+            finally:
+                # Only now, with its reply handed to the session, does the call leave the
+                # budget.
+                self._incoming.pop(call_id, None)
+                self._note_settled()
+                if observer is not None:
+                    observer.server_ended(observed, error, cancelled)
 
-    async def _send_reply(self, call_id: int, body: bytes) -> None:
+    async def _send_reply(self, call_id: int, body: bytes) -> CallError | None:
+        """Hand a result over; if it is too large, send the error that replaces it (and return
+        it: what the caller is told)."""
         try:
             await self.transport.send(body)
         except PayloadTooLarge as exc:
-            await self._send_error(
-                call_id, RemoteError("RESULT_TOO_LARGE", str(exc), remote_type="PayloadTooLarge")
-            )
+            error = RemoteError("RESULT_TOO_LARGE", str(exc), remote_type="PayloadTooLarge")
+            await self._send_error(call_id, error)
+            return error
         except SessionFailed:
             pass
-
-    async def _send_failure(self, call_id: int, exc: BaseException) -> None:
-        tb = "".join(traceback.format_exception(exc))
-        await self._send_error(
-            call_id,
-            RemoteError("HANDLER_FAILED", str(exc)),
-            remote_type=_qualname(type(exc)),
-            traceback=tb[-MAX_ERROR_MESSAGE:],
-        )
+        return None
 
     async def _produce(self, call_id: int, incoming: _Incoming, iterator: Any) -> None:
         if not hasattr(iterator, "__anext__"):
@@ -1615,13 +2030,13 @@ class ExecutorRpc:
                 except StopAsyncIteration:
                     break
                 try:
-                    body = cbor2.dumps([ITEM, call_id, to_wire(item)])
+                    body = encode_item(call_id, to_wire(item))
                 except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
                     raise TypeError(f"cannot encode stream item: {exc}") from exc
                 incoming.credit -= 1
                 incoming.credit_bytes -= len(body)
                 await self.transport.send(body)
-            await self.transport.send(cbor2.dumps([END, call_id]))
+            await self.transport.send(encode(End(call_id)))
         finally:
             aclose = getattr(iterator, "aclose", None)
             if aclose is not None:
@@ -1639,10 +2054,6 @@ class ExecutorRpc:
         if not isinstance(result, dict):
             raise RemoteError("MALFORMED_MANIFEST", "describe returned no map")
         return result
-
-
-class _BadEnvelope(Exception):
-    pass
 
 
 # The one internal method ("$link".describe): no arguments, the manifest map as its result.
@@ -1719,8 +2130,10 @@ class RemoteStream(AsyncIterator[Any]):
         spec: MethodSpec,
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         self._rpc = rpc
+        self._metadata = metadata
         self._service = service
         self._spec = spec
         self._args = args
@@ -1744,6 +2157,8 @@ class RemoteStream(AsyncIterator[Any]):
             self._args,
             self._kwargs,
             (limits.stream_window_items, limits.stream_window_bytes),
+            None,
+            self._metadata,
         )
         assert pending is not None
         pending.stream = self._state
@@ -1796,7 +2211,7 @@ class RemoteStream(AsyncIterator[Any]):
             state.credit_items += items
             state.credit_bytes += nbytes
             self._rpc._send_soon(
-                _CONTROL, self._rpc._encode([CREDIT, self._pending.id, items, nbytes])
+                _CONTROL, self._rpc._encode(Credit(self._pending.id, items, nbytes))
             )
             self._consumed = 0
             self._consumed_bytes = 0

@@ -151,6 +151,8 @@ class SessionStatistics:
         delivered: inbound bodies returned by ``receive``.
         packets_received: packets of the inbound messages ``receive`` accepted (messages and
             receipts, duplicates and stale receipts included).
+        retained_frames_peak: the most frames retained at once since the session began.
+        retained_bytes_peak: the most bytes retained at once since the session began.
     """
 
     state: SessionState
@@ -167,6 +169,8 @@ class SessionStatistics:
     duplicates_suppressed: int
     delivered: int
     packets_received: int
+    retained_frames_peak: int = 0
+    retained_bytes_peak: int = 0
 
 
 def _head_size(value: int) -> int:
@@ -245,6 +249,8 @@ class MessageSession:
         "_replays",
         "_retained",
         "_retained_bytes",
+        "_retained_bytes_peak",
+        "_retained_frames_peak",
         "_state",
         "_to_send",
     )
@@ -263,6 +269,7 @@ class MessageSession:
         # be handed out on the current socket. Both hold the same bytes objects (no copies).
         self._retained: deque[tuple[int, bytes]] = deque()
         self._retained_bytes = 0
+        self._retained_frames_peak = self._retained_bytes_peak = 0
         self._to_send: deque[tuple[int, bytes]] = deque()
         self._receipt_due = False
         self._receipt_forced = False
@@ -417,6 +424,10 @@ class MessageSession:
         self._issued = ordinal
         self._retained.append((ordinal, frame))
         self._retained_bytes += size
+        if self._retained_bytes > self._retained_bytes_peak:
+            self._retained_bytes_peak = self._retained_bytes
+        if len(self._retained) > self._retained_frames_peak:
+            self._retained_frames_peak = len(self._retained)
         if self._pool is not None:
             self._pool.used += size
         if self._state is SessionState.ATTACHED:
@@ -668,6 +679,8 @@ class MessageSession:
             duplicates_suppressed=self._duplicates,
             delivered=self._delivered,
             packets_received=self._packets_received,
+            retained_frames_peak=self._retained_frames_peak,
+            retained_bytes_peak=self._retained_bytes_peak,
         )
 
     def __repr__(self) -> str:

@@ -66,7 +66,7 @@ import contextlib
 import functools
 import inspect
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast, overload
 
 import anyio
@@ -74,6 +74,7 @@ from anyio.from_thread import BlockingPortal
 
 from .config import LinkConfig
 from .errors import ConfigError, NotDispatched, OutcomeUnknown
+from .hooks import CallHook
 from .interface import ServiceSpec, manifest_changes, sync_service_spec
 from .limits import Limits
 from .remote import (
@@ -97,7 +98,11 @@ R = TypeVar("R")
 
 
 def connect_sync(
-    config: LinkConfig, *, services: ServiceMap | None = None, limits: Limits | None = None
+    config: LinkConfig,
+    *,
+    services: ServiceMap | None = None,
+    limits: Limits | None = None,
+    hooks: Sequence[CallHook] = (),
 ) -> SyncExecutor:
     """The controller side, blocking: ``with connect_sync(config) as executor: ...``.
 
@@ -109,12 +114,13 @@ def connect_sync(
         services: controller-side services the worker may call back; their (async) handlers
             run on the client's own loop.
         limits: overrides ``config.limits``.
+        hooks: per-call hooks (:mod:`garcon_link.hooks`); they run on the client's loop thread.
 
     Raises:
         ConfigError: ``config`` is not a controller configuration.
         LinkError: the executor cannot start (e.g. it cannot listen on its address).
     """
-    return SyncExecutor(config, services=services, limits=limits)
+    return SyncExecutor(config, services=services, limits=limits, hooks=hooks)
 
 
 class _LoopThread:
@@ -157,6 +163,7 @@ class SyncExecutor:
         *,
         services: ServiceMap | None = None,
         limits: Limits | None = None,
+        hooks: Sequence[CallHook] = (),
     ) -> None:
         self._closed = False
         self._lock = threading.Lock()
@@ -166,7 +173,7 @@ class SyncExecutor:
             # Built on the loop thread: its events belong to that loop, never to a loop the
             # calling thread may be running (Jupyter's).
             self._executor: RemoteExecutor = self._loop.portal.call(
-                functools.partial(connect, config, services=services, limits=limits)
+                functools.partial(connect, config, services=services, limits=limits, hooks=hooks)
             )
             self._cm = self._loop.portal.wrap_async_context_manager(self._hold())
             self._cm.__enter__()
@@ -351,6 +358,7 @@ class SyncFacade:
         dispatch_deadline: float | None = _UNSET,
         idempotency_key: str | bytes | None = _UNSET,
         retry_unknown: bool = _UNSET,
+        metadata: Mapping[str, str] | None = _UNSET,
     ) -> Any:
         """A copy with other call options (see :func:`garcon_link.with_options`)."""
         copy = SyncFacade(
@@ -360,6 +368,7 @@ class SyncFacade:
                 dispatch_deadline=dispatch_deadline,
                 idempotency_key=idempotency_key,
                 retry_unknown=retry_unknown,
+                metadata=metadata,
             ),
         )
         copy._checked = self._checked

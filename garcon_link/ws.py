@@ -275,6 +275,10 @@ class LinkStatistics:
     """Authenticated executors refused because ``max_executors`` slots were taken."""
     taken_over: int = 0
     """Sessions this link gave up because another runtime of the same executor took over (4009)."""
+    bytes_sent: int = 0
+    """Bytes written to this link's sockets (WebSocket framing included)."""
+    bytes_received: int = 0
+    """Bytes read from this link's sockets by their message reader (handshakes included)."""
 
     def count_handshake_failure(self, reason: HandshakeFailure) -> None:
         self.handshakes_failed[reason.name] = self.handshakes_failed.get(reason.name, 0) + 1
@@ -339,6 +343,7 @@ class WebSocket:
             await self.stream.send(data)
         except GONE as e:
             raise self._gone(e) from e
+        self._stats.bytes_sent += len(data)
 
     def _gone(self, cause: BaseException) -> SocketGone:
         """The socket is dead from now on; the error that says so, naming ``cause``."""
@@ -522,6 +527,7 @@ class WebSocket:
                         )
                     self._closed = True
                     return None
+                self._stats.bytes_received += len(data)
                 now = self.last_inbound = self._clock()
                 if self._probe is not None:
                     self._probe.set()

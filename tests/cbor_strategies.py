@@ -381,6 +381,8 @@ def envelope_shapes(call_id: int) -> dict[str, list[Any]]:
     return {
         "call": [CALL, call_id, "calc", "add", [2, 3], {}, 0, 0],
         "stream-call": [CALL, call_id, "calc", "count", [3], {}, 16, 1 << 20],
+        "metadata-call": [CALL, call_id, "calc", "add", [2, 3], {}, 0, 0, None, {"k": "v"}],
+        "metadata-notify": [NOTIFY, "calc", "note", ["text"], {}, {"k": "v"}],
         "result": [RESULT, call_id, 5],
         "error": [ERROR, call_id, {"outcome": "failed", "code": "X", "message": "m"}],
         "cancel": [CANCEL, call_id],

@@ -279,6 +279,8 @@ class Pair:
     worker_limits: gl.Limits
     controller_services: dict[str, Any] | None
     use_proxy: bool
+    hooks: tuple[Any, ...] = ()
+    worker_hooks: tuple[Any, ...] = ()
     executor: gl.RemoteExecutor = field(init=False)
     worker: gl.Worker | None = field(default=None, init=False)
     proxy: FaultProxy | None = field(default=None, init=False)
@@ -327,7 +329,9 @@ class Pair:
                 limits=self.worker_limits,
             )
         host = _Host()
-        worker = await host.start(self._task_group, gl.Worker(cfg, services))
+        worker = await host.start(
+            self._task_group, gl.Worker(cfg, services, hooks=self.worker_hooks)
+        )
         self._worker_host, self.worker = host, worker
         if self.direction == "worker-listens":
             self._listen_port = worker.link.listen_address[1]
@@ -367,7 +371,7 @@ class Pair:
                 dial=self._listener_url(),
                 limits=self.limits,
             )
-        executor = gl.connect(cfg, services=self.controller_services)
+        executor = gl.connect(cfg, services=self.controller_services, hooks=self.hooks)
         self.history = []
         executor.on_availability_changed(self.history.append)
         host = _Host()
@@ -420,9 +424,13 @@ async def open_pair(
     worker_limits: gl.Limits | None = None,
     proxy: bool = False,
     ready: bool = True,
+    hooks: tuple[Any, ...] = (),
+    worker_hooks: tuple[Any, ...] = (),
 ) -> AsyncIterator[Pair]:
     """Start a pair (listener first) and wait until the executor is ready."""
-    pair = Pair(direction, limits, worker_limits or limits, controller_services, proxy)
+    pair = Pair(
+        direction, limits, worker_limits or limits, controller_services, proxy, hooks, worker_hooks
+    )
     async with anyio.create_task_group() as tg:
         pair._tg = tg
         try:

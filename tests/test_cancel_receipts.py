@@ -27,6 +27,7 @@ import pytest
 from rpcutil import LIMITS, CalcImpl, both_directions, open_pair
 
 import garcon_link as gl
+from garcon_link.envelopes import Call, Cancel
 from garcon_link.rpc import ExecutorRpc
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -63,11 +64,15 @@ def _worker_rpc(pair: Any) -> ExecutorRpc:
 
 
 def _on_cancel_seen(rpc: ExecutorRpc) -> anyio.Event:
-    """An event set once the worker has handled a ``cancel`` (after the real handling)."""
+    """An event set once the worker has handled a ``cancel`` (after the real handling).
+
+    It wraps the private handler on purpose: no public statistic says *when* a cancel was
+    handled, and these tests order a cancel against a handler's start at that exact point.
+    """
     seen = anyio.Event()
     handle = rpc._on_cancel
 
-    def on_cancel(envelope: list[Any]) -> None:
+    def on_cancel(envelope: Cancel) -> None:
         handle(envelope)
         seen.set()
 
@@ -81,16 +86,18 @@ async def test_cancelled_before_it_started_is_not_dispatched(direction: str) -> 
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
             rpc = _worker_rpc(pair)
-            held_back: list[list[Any]] = []
+            held_back: list[Call] = []
+            # The private handlers are driven on purpose: the test delivers a call and its cancel
+            # in one dispatch turn (the race a public API cannot produce on demand).
             on_call, on_cancel = rpc._on_call, rpc._on_cancel
 
-            def hold_back(envelope: list[Any]) -> None:
-                if envelope[3] == "hold":
+            def hold_back(envelope: Call) -> None:
+                if envelope.method == "hold":
                     held_back.append(envelope)  # arrives with its cancel, below
                 else:
                     on_call(envelope)
 
-            def deliver_with_cancel(envelope: list[Any]) -> None:
+            def deliver_with_cancel(envelope: Cancel) -> None:
                 for call in held_back:
                     on_call(call)  # its handler task exists but has not run yet...
                 held_back.clear()
@@ -120,7 +127,7 @@ async def test_cancelled_while_running_is_outcome_unknown(direction: str) -> Non
             assert "cancelled while running" in info.value.message  # the receipt, not silence
             assert "cancelled:r" in impl.probe  # already: the receipt followed the cancellation
             assert impl.counts["r"] == 1
-            assert pair.rpc._pending == {}
+            assert pair.executor.statistics().pending_calls == 0
 
 
 @both_directions
@@ -161,6 +168,6 @@ async def test_no_answer_within_the_grace_is_outcome_unknown(direction: str) -> 
                 await stubborn.finish()  # still shielded when the grace is over
             assert info.value.code == "TIMEOUT"
             assert info.value.message.endswith("cancel sent")
-            assert pair.rpc._pending == {}
+            assert pair.executor.statistics().pending_calls == 0
             impl.release.set()  # its late result is dropped; the session goes on
             assert await stubborn.finish() == "finished"

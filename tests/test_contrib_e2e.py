@@ -6,13 +6,10 @@ or registry as two processes would. What is asserted: the worker's span is the c
 controller's (the trace context travelled in the call's metadata), the handler runs with that span
 current and sees the metadata, and a Prometheus scrape of each end shows the call by outcome. The
 example under ``examples/observability`` runs the same across two real processes.
-
-Until the RPC layer calls the hooks (``gl.connect`` takes ``hooks=``), this module is skipped.
 """
 
 from __future__ import annotations
 
-import inspect
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -36,9 +33,6 @@ import garcon_link as gl
 from garcon_link.contrib.otel import OpenTelemetryHook
 from garcon_link.contrib.prometheus import PrometheusHook, StatisticsCollector
 from garcon_link.hooks import CallHook, call_metadata
-
-if "hooks" not in inspect.signature(gl.connect).parameters:
-    pytest.skip("the RPC layer does not call hooks yet (issue 16 item 2)", allow_module_level=True)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

@@ -420,7 +420,18 @@ async def wired(role: Role) -> AsyncIterator[Wired]:
     assert not crash_log.crashes, crash_log.crashes
 
 
-SERVING_KINDS = ["call", "stream-call", "notify", "cancel", "credit", "result", "error", "item"]
+SERVING_KINDS = [
+    "call",
+    "stream-call",
+    "metadata-call",
+    "metadata-notify",
+    "notify",
+    "cancel",
+    "credit",
+    "result",
+    "error",
+    "item",
+]
 CALLING_KINDS = ["result", "error", "item", "end", "credit", "cancel", "call", "notify"]
 
 
@@ -457,7 +468,7 @@ async def test_fuzz_rpc_envelopes_serving_role(bodies: list[bytes]) -> None:
         while worker.statistics().session.delivered < len(bodies):
             await anyio.sleep(0.001)
         await anyio.sleep(0)
-        legit_id = w.rpc._last_incoming_id + 1
+        legit_id = w.rpc._last_incoming_id + 1  # after hostile ids: only the session knows
         if legit_id.bit_length() > 8 * MAX_BIGNUM_BYTES:
             return  # the peer used up its own id space; nothing left to call with
         await w.send(encode([CALL, legit_id, "calc", "add", [2, 3], {}, 0, 0]))

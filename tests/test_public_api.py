@@ -19,7 +19,10 @@ import garcon_link
 EXPECTED = [
     "AuthenticationError",
     "Availability",
+    "CallEnd",
     "CallError",
+    "CallHook",
+    "CallInfo",
     "ConfigError",
     "DialExecutor",
     "ExecutorInfo",
@@ -53,6 +56,7 @@ EXPECTED = [
     "Worker",
     "WorkerScope",
     "__version__",
+    "call_metadata",
     "connect",
     "connect_sync",
     "current_scope",

@@ -381,7 +381,7 @@ async def test_cancelling_the_caller_cancels_the_handler(direction: str) -> None
                 tg.cancel_scope.cancel()
             await impl.probe.wait("cancelled:k")
             assert impl.counts["k"] == 1
-            assert pair.rpc._pending == {}
+            assert pair.executor.statistics().pending_calls == 0
             assert await calc.add(1, 2) == 3
 
 
@@ -462,7 +462,7 @@ async def test_stream_aclose_cancels_the_generator(direction: str) -> None:
                     if i == 3:
                         break
             await impl.probe.wait("stream-closed:b")
-            assert pair.rpc._pending == {}
+            assert pair.executor.statistics().pending_calls == 0
             assert await calc.add(1, 2) == 3
 
 
@@ -730,7 +730,7 @@ async def test_stream_whose_request_cannot_be_sent_ends(direction: str) -> None:
                 await stream.__anext__()
             with pytest.raises(StopAsyncIteration):  # not a hang
                 await stream.__anext__()
-            assert pair.rpc._pending == {}
+            assert pair.executor.statistics().pending_calls == 0
             assert [c async for c in pair.executor.service("c", Chunks).chunks("ok")] == ["ok"]
 
 
@@ -891,7 +891,7 @@ async def test_retire_unknown_distinguishes_offered_from_never_written() -> None
                     outcome.append(exc)
 
             tg.start_soon(call)
-            while not rpc._pending:
+            while not rpc.statistics().pending_calls:
                 await anyio.lowlevel.checkpoint()
             transport.retire(gl.errors.FailureReason.GRACE_EXPIRED)
             while not outcome:
@@ -927,6 +927,7 @@ async def test_hostile_controller_envelopes(direction: str) -> None:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(long_call)
                 await impl.probe.wait("started:long")
+                # The hostile envelopes below name this call: its id is private by design.
                 (long_id,) = rpc._pending
 
                 # -- not an envelope at all
@@ -996,6 +997,7 @@ async def test_hostile_controller_envelopes(direction: str) -> None:
                 with pytest.raises(gl.Rejected, match="initial credit"):
                     await raw_call(rpc, "calc", "count", [3], {}, (0, 100))
 
+                # (Hostile envelopes must name real call ids, which are private by design.)
                 last_used = rpc._next_id - 1  # answered above, so the worker has seen it
                 # -- wrong arity: dropped, the caller learns nothing (it named no valid call)
                 bad_id = next_call_id(rpc)
@@ -1117,7 +1119,7 @@ class EvilImpl:
         from garcon_link.rpc import current_rpc
 
         rpc = current_rpc()
-        call_id = rpc._last_incoming_id
+        call_id = rpc._last_incoming_id  # the id to lie about: private by design
         envelopes: dict[str, list[Any]] = {
             "wrong-type": [RESULT, call_id, "not an int"],
             "short-result": [RESULT, call_id],

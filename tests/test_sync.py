@@ -351,3 +351,37 @@ def test_closing_from_another_thread_fails_a_blocked_call_honestly(worker: Runni
     finally:
         closer.join(WAIT)
     assert executor.availability == "disposed"
+
+
+class _RecordingHook:
+    """A client-side hook that records what each call carried and how it ended."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, str], str]] = []
+        self.threads: set[int] = set()
+
+    def call_started(self, call: gl.CallInfo) -> object:
+        self.threads.add(threading.get_ident())
+        return dict(call.metadata)
+
+    def call_ended(self, call: gl.CallInfo, state: object, end: gl.CallEnd) -> None:
+        assert isinstance(state, dict)
+        self.seen.append((call.method, state, end.label))
+
+
+def test_hooks_and_metadata_through_the_sync_client(worker: RunningWorker) -> None:
+    hook = _RecordingHook()
+    with gl.connect_sync(worker.config(), hooks=[hook]) as executor:
+        executor.wait_ready(WAIT)
+        calc = executor.service("calc", CalcSync)
+        tagged = calc.with_options(metadata={"request-id": "r-1"})  # type: ignore[attr-defined]
+        assert tagged.add(1, 2) == 3
+        assert gl.with_options(calc, metadata={"request-id": "r-2"}).add(2, 2) == 4
+        with pytest.raises(gl.NotDispatched) as invalid:
+            calc.with_options(metadata={"Bad Key": "x"}).add(1, 1)  # type: ignore[attr-defined]
+        assert invalid.value.code == "INVALID_METADATA"
+    assert hook.seen[:2] == [
+        ("add", {"request-id": "r-1"}, "ok"),
+        ("add", {"request-id": "r-2"}, "ok"),
+    ]
+    assert threading.get_ident() not in hook.threads  # hooks run on the client's loop thread

@@ -1,0 +1,285 @@
+"""The RPC envelopes (DESIGN §7): one frozen dataclass per kind, encoded and decoded here only.
+
+An envelope is a CBOR array inside a session message body, tagged by a small integer (the wire
+format; see :mod:`garcon_link.rpc` for what each kind means)::
+
+    call         [0, id, service, method, args, kwargs, credit_items, credit_bytes]
+                 [0, id, service, method, args, kwargs, credit_items, credit_bytes, key]
+                 [0, id, service, method, args, kwargs, credit_items, credit_bytes, key, metadata]
+    result       [1, id, value]
+    error        [2, id, {outcome, code, message, remote_type?, traceback?, details?, cancel?}]
+    cancel       [3, id]
+    notify       [4, service, method, args, kwargs]
+                 [4, service, method, args, kwargs, metadata]
+    stream_item  [5, id, value]
+    stream_end   [6, id]
+    credit       [7, id, items, bytes]
+
+*Call metadata* (issue 16) is the one addition to the format of earlier versions: a map of text
+to text (:func:`garcon_link.hooks.call_metadata`) as the tenth element of ``call`` (``key`` is then
+``null`` for an unkeyed call) and the sixth of ``notify``, sent only when non-empty, so a call
+without metadata is encoded exactly as before. A peer of an earlier version drops such an envelope
+as malformed (the caller's call then ends at its timeout).
+
+:func:`decode` checks only the *shape* (the arity and that an id is an integer): an envelope of
+the wrong shape raises :class:`BadEnvelope`, naming the call id when it has one (so the receiver
+can fail the call of ours it names). The *contents* of a well-shaped ``call`` (argument types,
+credit, key, metadata) are the receiver's to check, as they are refused with a reply rather than
+dropped; :func:`metadata_problem` is that check for metadata. Nothing here allocates more than
+the decoded item already holds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import cbor2
+
+__all__ = [
+    "CALL",
+    "CANCEL",
+    "CREDIT",
+    "END",
+    "ERROR",
+    "ITEM",
+    "NOTIFY",
+    "RESULT",
+    "BadEnvelope",
+    "Call",
+    "Cancel",
+    "Credit",
+    "End",
+    "Envelope",
+    "Error",
+    "Item",
+    "Notify",
+    "Result",
+    "decode",
+    "encode",
+    "encode_call",
+    "encode_item",
+    "encode_result",
+    "metadata_problem",
+]
+
+CALL, RESULT, ERROR, CANCEL, NOTIFY, ITEM, END, CREDIT = range(8)
+REPLY_KINDS = frozenset((RESULT, ERROR, ITEM, END))
+"""Kinds that name one of *our* calls."""
+MAX_ARITY = 10
+"""The longest envelope (a ``call`` with key and metadata)."""
+
+_METADATA_KEY = re.compile(r"[a-z0-9._-]{1,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    id: int
+    service: Any
+    method: Any
+    args: Any
+    kwargs: Any
+    credit_items: Any
+    credit_bytes: Any
+    key: Any = None
+    metadata: Any = None
+
+    def wire(self) -> list[Any]:
+        envelope = [
+            CALL,
+            self.id,
+            self.service,
+            self.method,
+            self.args,
+            self.kwargs,
+            self.credit_items,
+            self.credit_bytes,
+        ]
+        if self.metadata:
+            envelope += (self.key, self.metadata)
+        elif self.key is not None:
+            envelope.append(self.key)
+        return envelope
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    id: int
+    value: Any
+
+    def wire(self) -> list[Any]:
+        return [RESULT, self.id, self.value]
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    id: int
+    body: Any  # a map when well formed; rpc._error_from_body reads it strictly
+
+    def wire(self) -> list[Any]:
+        return [ERROR, self.id, self.body]
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    id: int
+
+    def wire(self) -> list[Any]:
+        return [CANCEL, self.id]
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    service: Any
+    method: Any
+    args: Any
+    kwargs: Any
+    metadata: Any = None
+
+    def wire(self) -> list[Any]:
+        envelope = [NOTIFY, self.service, self.method, self.args, self.kwargs]
+        if self.metadata:
+            envelope.append(self.metadata)
+        return envelope
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    id: int
+    value: Any
+
+    def wire(self) -> list[Any]:
+        return [ITEM, self.id, self.value]
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    id: int
+
+    def wire(self) -> list[Any]:
+        return [END, self.id]
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    id: int
+    items: int
+    bytes: int
+
+    def wire(self) -> list[Any]:
+        return [CREDIT, self.id, self.items, self.bytes]
+
+
+Envelope = Call | Result | Error | Cancel | Notify | Item | End | Credit
+
+
+class BadEnvelope(Exception):
+    """An envelope of the wrong shape; ``call_id`` is the id it names, if any."""
+
+    def __init__(self, kind: int | None, message: str, call_id: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.call_id = call_id
+
+
+def encode(envelope: Envelope) -> bytes:
+    """The envelope's CBOR bytes.
+
+    Raises:
+        TypeError, ValueError, cbor2.CBOREncodeError: a value that does not encode.
+    """
+    return cbor2.dumps(envelope.wire())
+
+
+# The hot paths (a call, its result, a stream item) skip building the frozen dataclass, whose
+# generated ``__init__`` costs about a microsecond per field-set on the call path; each is the
+# exact bytes of ``encode`` of its envelope (tests/test_hooks.py checks it).
+
+
+def encode_call(
+    call_id: int,
+    service: str,
+    method: str,
+    args: Any,
+    kwargs: Any,
+    credit_items: int,
+    credit_bytes: int,
+    key: bytes | None,
+    metadata: Mapping[str, str] | None,
+) -> bytes:
+    """``encode(Call(...))`` without the dataclass."""
+    envelope = [CALL, call_id, service, method, args, kwargs, credit_items, credit_bytes]
+    if metadata:
+        envelope += (key, metadata)
+    elif key is not None:
+        envelope.append(key)
+    return cbor2.dumps(envelope)
+
+
+def encode_result(call_id: int, value: Any) -> bytes:
+    """``encode(Result(call_id, value))`` without the dataclass."""
+    return cbor2.dumps([RESULT, call_id, value])
+
+
+def encode_item(call_id: int, value: Any) -> bytes:
+    """``encode(Item(call_id, value))`` without the dataclass."""
+    return cbor2.dumps([ITEM, call_id, value])
+
+
+def decode(item: object) -> Envelope:
+    """The typed envelope for a decoded CBOR item (shape checks only; module docstring).
+
+    Raises:
+        BadEnvelope: not ``[kind, ...]``, an unknown kind, or the wrong arity or id type.
+    """
+    if type(item) is not list or not item or type(item[0]) is not int:
+        raise BadEnvelope(None, "not [kind, ...]")
+    kind, n = item[0], len(item)
+    named = item[1] if n > 1 and type(item[1]) is int else None
+    match kind:
+        case 1 if n == 3 and named is not None:
+            return Result(named, item[2])
+        case 5 if n == 3 and named is not None:
+            return Item(named, item[2])
+        case 0 if 8 <= n <= MAX_ARITY and named is not None:
+            return Call(named, *item[2:])
+        case 2 if n == 3 and named is not None:
+            return Error(named, item[2])
+        case 6 if n == 2 and named is not None:
+            return End(named)
+        case 7 if n == 4 and type(item[2]) is int and type(item[3]) is int and named is not None:
+            return Credit(named, item[2], item[3])
+        case 3 if n == 2 and named is not None:
+            return Cancel(named)
+        case 4 if n == 5 or n == 6:
+            return Notify(*item[1:])
+    if not CALL <= kind <= CREDIT:
+        raise BadEnvelope(kind, f"unknown kind {kind!r}")
+    raise BadEnvelope(kind, f"kind {kind} with {n} elements is malformed", named)
+
+
+def metadata_problem(metadata: object, max_entries: int, max_bytes: int) -> str | None:
+    """Why ``metadata`` is not acceptable call metadata, or ``None`` (:mod:`garcon_link.hooks`).
+
+    A map of at most ``max_entries`` entries, keys 1-64 characters of ``[a-z0-9._-]``, text
+    values, and at most ``max_bytes`` of keys and values together (UTF-8). The entry count is
+    checked before anything is iterated, so a peer's oversized map costs no more than its size.
+    """
+    if not isinstance(metadata, Mapping):
+        return f"metadata must be a map, not {type(metadata).__name__}"
+    if len(metadata) > max_entries:
+        return f"metadata has {len(metadata)} entries (at most {max_entries})"
+    size = 0
+    for key, value in metadata.items():
+        if type(key) is not str:
+            return f"metadata key is a {type(key).__name__}, not text"
+        if not _METADATA_KEY.fullmatch(key):
+            return f"metadata key {key[:64]!r} is not 1-64 characters of [a-z0-9._-]"
+        if type(value) is not str:
+            return f"metadata value of {key!r} is a {type(value).__name__}, not text"
+        size += len(key) + len(value.encode("utf-8", "surrogatepass"))
+        if size > max_bytes:
+            return f"metadata exceeds {max_bytes} bytes"
+    return None
