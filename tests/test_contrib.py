@@ -26,6 +26,8 @@ import garcon_link as gl
 from garcon_link.contrib.otel import OpenTelemetryHook
 from garcon_link.contrib.prometheus import OTHER, PrometheusHook, StatisticsCollector
 from garcon_link.hooks import CallEnd, CallInfo
+from garcon_link.remote import ExecutorStatistics
+from garcon_link.rpc import CallStatistics
 from garcon_link.ws import LinkStatistics
 
 OK = CallEnd(outcome=None, code=None, duration=0.002)
@@ -189,6 +191,27 @@ def test_collector_types_nests_and_maps_a_snapshot_and_a_mapping_of_them() -> No
     assert not any("note" in name for name, _ in got)
     remove()
     assert samples(registry) == {}
+
+
+def test_collector_reads_an_executor_statistics_snapshot_with_outcome_keys() -> None:
+    registry = CollectorRegistry()
+    collector = StatisticsCollector(registry=registry)
+    calls = CallStatistics(client={("ok", None): 4, ("not_dispatched", "OVERLOADED"): 2}, server={})
+    fields: dict[str, Any] = {f.name: 0 for f in dataclasses.fields(ExecutorStatistics)}
+    fields.update(
+        executor_id="gpu-1",
+        calls=calls,
+        handshakes_failed={},
+        link=LinkStatistics(),
+        transport=None,
+        rpc=None,
+    )
+    collector.add("executor", lambda: ExecutorStatistics(**fields), executor="gpu-1")
+    got = samples(registry)
+    one = labels(executor="gpu-1")
+    assert got["garcon_link_executor_calls_client_total", (*one, ("key", "ok"))] == 4
+    key = ("key", "not_dispatched:OVERLOADED")
+    assert got["garcon_link_executor_calls_client_total", (*one, key)] == 2
 
 
 def test_collector_reads_a_fleet_executors_table() -> None:

@@ -296,7 +296,7 @@ class StatisticsCollector(Collector):
             if dataclasses.is_dataclass(value) and not isinstance(value, type):
                 self._add_fields(families, name, value, labels)
             elif isinstance(value, Mapping):
-                counted = [(str(k), v) for k, v in value.items() if _is_number(v)]
+                counted = [(_key_label(k), v) for k, v in value.items() if _is_number(v)]
                 if not counted:
                     continue
                 kind = _kind(f, counted[0][1])
@@ -307,6 +307,14 @@ class StatisticsCollector(Collector):
             elif _is_number(value):
                 family = families.setdefault(name, _Family(_kind(f, value), _doc(name, f)))
                 family.samples.append((labels, float(value)))
+
+
+def _key_label(key: object) -> str:
+    """A mapping key as a label value: a tuple key (``CallStatistics``' ``(label, code)``) is
+    its non-empty parts joined by ``:``, e.g. ``not_dispatched:OVERLOADED``."""
+    if isinstance(key, tuple):
+        return ":".join(str(part) for part in key if part is not None)
+    return str(key)
 
 
 def _is_number(value: object) -> TypeGuard[int | float]:
