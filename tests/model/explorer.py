@@ -23,7 +23,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from .invariants import check_world, goal
-from .network import Bounds, Violation, World
+from .network import HANDSHAKES, Bounds, Violation, World
 
 __all__ = ["Counterexample", "Result", "explore", "replay"]
 
@@ -82,6 +82,7 @@ def explore(
 ) -> Result:
     """Explore every interleaving within ``bounds``; stop at the first violation."""
     started = time.perf_counter()
+    HANDSHAKES.clear()
     init = World(bounds)
     check_world(init)
     key0 = init.key()

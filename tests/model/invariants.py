@@ -13,9 +13,9 @@ Safety, in every state:
   (:data:`~.network.ALLOWED_RETIREMENTS`): an honest network never provokes a gap, a receipt
   beyond what was written or a refused resume.
 - **Agreement**: when both sides are attached to one socket, they hold the same session.
-- **Retention**: within ``max_retained_frames`` (a lone frame is always admitted), exactly the
-  unconfirmed frames (``issued - confirmed``), and the retention pool counts exactly the bytes
-  its session retains.
+- **Retention**: within ``max_retained_frames`` and the pool's limit (a lone frame is always
+  admitted), exactly the unconfirmed frames (``issued - confirmed``), and the retention pool
+  counts exactly the bytes its session retains.
 
 Goal (liveness): both sides attached to the only socket, in the same session, past the replay
 fence, nothing in flight, nothing left to write, and every message either side issued in it
@@ -63,9 +63,9 @@ def check_log(log: Log) -> None:
 def check_world(world: World) -> None:
     for log in world.logs.values():
         check_log(log)
-    limits = world.limits
     for x in SIDES:
         side = world.sides[x]
+        limits = side.limits
         s = side.session
         if s is None:
             if side.pool.used != 0:
@@ -94,6 +94,8 @@ def check_world(world: World) -> None:
             raise Violation(f"{x} retains {st.retained_frames} frames, over the bound")
         if st.retained_bytes > limits.max_retained_bytes:
             raise Violation(f"{x} retains {st.retained_bytes} bytes, over the bound")
+        if side.pool.used > side.pool.limit and st.retained_frames > 1:
+            raise Violation(f"{x}'s retention pool holds {side.pool.used} bytes, over its limit")
         if side.pool.used != st.retained_bytes:
             raise Violation(
                 f"{x}'s retention pool counts {side.pool.used} bytes, its session retains "
