@@ -25,6 +25,10 @@ def report(capsys: pytest.CaptureFixture[str], text: str) -> None:
         print(f"\n{text}")
 
 
+def verbose(request: pytest.FixtureRequest) -> bool:
+    return int(request.config.getoption("verbose")) > 0
+
+
 def test_the_ci_bound_has_no_counterexample(capsys: pytest.CaptureFixture[str]) -> None:
     result = explore(CI)
     report(capsys, result.summary())
@@ -36,7 +40,9 @@ def test_the_ci_bound_has_no_counterexample(capsys: pytest.CaptureFixture[str]) 
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.label.replace(" ", "-"))
-def test_a_seeded_bug_is_found(mutation: Mutation, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_seeded_bug_is_found(
+    mutation: Mutation, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
+) -> None:
     clean = explore(mutation.bounds)
     assert clean.counterexample is None, clean.counterexample.render()
     original = getattr(mutation.owner, mutation.name)
@@ -46,11 +52,12 @@ def test_a_seeded_bug_is_found(mutation: Mutation, capsys: pytest.CaptureFixture
     assert getattr(mutation.owner, mutation.name) is original
     assert found.counterexample is not None, f"{mutation.label}: {found.summary()}"
     trace = found.counterexample.render()
-    report(capsys, f"{mutation.label} ({mutation.why}):\n{trace}")
+    if verbose(request):  # the trace (pytest -v); a failing assertion below shows it too
+        report(capsys, f"{mutation.label} ({mutation.why}):\n{trace}")
     lines = trace.splitlines()
-    assert lines[0].startswith("COUNTEREXAMPLE")
-    assert lines[1].strip().startswith("1. ")
-    assert any(word in trace for word in ("VIOLATION", "STUCK", "LOOPS"))
+    assert lines[0].startswith("COUNTEREXAMPLE"), trace
+    assert lines[1].strip().startswith("1. "), trace
+    assert any(word in trace for word in ("VIOLATION", "STUCK", "LOOPS")), trace
 
 
 def test_a_mutation_that_no_longer_matches_the_code_fails_loudly() -> None:

@@ -1,7 +1,9 @@
 """Breadth-first exploration of every interleaving, with state merging and a liveness check.
 
 Safety: from the initial world, every enabled action of every reached state is applied to a copy
-of that state, and the
+of that state (``copy_mode``: ``"clone"``, :meth:`World.clone`, which copies each real session
+slot by slot; ``"deepcopy"``, :func:`copy.deepcopy`; or ``"replay"``, rebuilding the state from
+its trace -- at the CI bound 9.4 s, 23.5 s and 16.2 s of CPU for the same 26,304 states), and the
 invariants are checked in the successor. States are merged by :meth:`World.key`. The first
 violation stops the search; being breadth-first, its trace is a shortest one.
 
@@ -146,8 +148,11 @@ def explore(
             known = successors.get(action)
             if known is None:  # a dial beyond the bound: only the healed graph takes it
                 nxt = world.clone()
-                nxt.apply(action)
-                check_world(nxt)
+                try:
+                    nxt.apply(action)
+                    check_world(nxt)
+                except Violation as error:
+                    raise _HealedViolation(hk, action, error) from error
                 nhk = nxt.key()[0]
                 if nhk not in origin:
                     origin[nhk] = ("healed", hk, action)
@@ -194,8 +199,8 @@ def explore(
             if hk not in edges:
                 try:
                     expand_healed(hk, world, successors)
-                except Violation as error:
-                    return finish(Counterexample("safety", str(error), [str(error)]))
+                except _HealedViolation as found:
+                    return safety(healed_path(found.node), found.action, found.error)
 
     if liveness:
         while healed_queue:
@@ -204,14 +209,20 @@ def explore(
                 continue
             try:
                 expand_healed(hk, world, {})
-            except Violation as error:
-                world, steps = replay(bounds, healed_path(hk))
-                steps.append(f"VIOLATION: {error}")
-                return finish(Counterexample("safety", str(error), steps))
+            except _HealedViolation as found:
+                return safety(healed_path(found.node), found.action, found.error)
         found = _liveness(bounds, edges, is_goal, origin, healed_path)
         if found is not None:
             return finish(found)
     return finish(None)
+
+
+class _HealedViolation(Exception):
+    """A violation met on a step only the healed graph takes (a dial beyond the bound)."""
+
+    def __init__(self, node: Hashable, action: Action, error: Violation) -> None:
+        super().__init__(str(error))
+        self.node, self.action, self.error = node, action, error
 
 
 def _liveness(
