@@ -11,7 +11,7 @@ EDITABLE := --config-settings editable_mode=compat
 # Extra pytest arguments for `unit` (e.g. PYTEST_ARGS='-x -q tests/test_cli.py').
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck unit unit-py bench clean
+.PHONY: demo test lint typecheck unit unit-py verify bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
@@ -52,6 +52,11 @@ unit-py:
 		VENV=.venv-$$('$(PY)' -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
 test: lint typecheck unit
+
+# Exhaustive model checking of the session/resume/takeover protocol at a larger bound than the
+# test suite's (tests/test_model.py); a few minutes. Other bounds: python -m tests.model --help.
+verify: $(VENV)/.installed-test
+	$(BIN)/python -m tests.model --preset verify
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m benchmarks
