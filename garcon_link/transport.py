@@ -88,7 +88,7 @@ log = logging.getLogger(__name__)
 
 _INLINE_MARGIN = 64  # room for the encoded frame's head and a receipt beside a written body
 
-_POLL_QUIET_TICKS = 8  # receipt_delay ticks with nothing due before the writer stops polling
+_POLL_QUIET_TICKS = 2  # receipt_delay ticks with nothing due before the writer stops polling
 
 COALESCE_BYTES = 256 * 1024
 """Packets ready together are merged into WebSocket messages of at most this many bytes."""
