@@ -45,9 +45,7 @@ async def main(nofile: int, secret: bytes) -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.WARNING, format="LOG %(name)s %(message)s"
-    )
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="LOG %(name)s %(message)s")
     _asyncio_stream.ACCEPT_ERROR_PAUSE = 0.02
     _asyncio_stream.ACCEPT_LOG_INTERVAL = 0.5
     anyio.run(main, int(sys.argv[2]), bytes.fromhex(sys.argv[3]), backend=sys.argv[1])
