@@ -1,4 +1,4 @@
-"""The RPC envelopes (DESIGN §7): one frozen dataclass per kind, encoded and decoded here only.
+"""The RPC envelopes (DESIGN §7): one frozen struct per kind, encoded and decoded here only.
 
 An envelope is a CBOR array inside a session message body, tagged by a small integer (the wire
 format; see :mod:`garcon_link.rpc` for what each kind means)::
@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import cbor2
+import msgspec
 
 __all__ = [
     "CALL",
@@ -74,8 +74,7 @@ MAX_ARITY = 10
 _METADATA_KEY = re.compile(r"[a-z0-9._-]{1,64}")
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(msgspec.Struct, frozen=True):
     id: int
     service: Any
     method: Any
@@ -104,8 +103,7 @@ class Call:
         return envelope
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
+class Result(msgspec.Struct, frozen=True):
     id: int
     value: Any
 
@@ -113,8 +111,7 @@ class Result:
         return [RESULT, self.id, self.value]
 
 
-@dataclass(frozen=True, slots=True)
-class Error:
+class Error(msgspec.Struct, frozen=True):
     id: int
     body: Any  # a map when well formed; rpc._error_from_body reads it strictly
 
@@ -122,16 +119,14 @@ class Error:
         return [ERROR, self.id, self.body]
 
 
-@dataclass(frozen=True, slots=True)
-class Cancel:
+class Cancel(msgspec.Struct, frozen=True):
     id: int
 
     def wire(self) -> list[Any]:
         return [CANCEL, self.id]
 
 
-@dataclass(frozen=True, slots=True)
-class Notify:
+class Notify(msgspec.Struct, frozen=True):
     service: Any
     method: Any
     args: Any
@@ -145,8 +140,7 @@ class Notify:
         return envelope
 
 
-@dataclass(frozen=True, slots=True)
-class Item:
+class Item(msgspec.Struct, frozen=True):
     id: int
     value: Any
 
@@ -154,16 +148,14 @@ class Item:
         return [ITEM, self.id, self.value]
 
 
-@dataclass(frozen=True, slots=True)
-class End:
+class End(msgspec.Struct, frozen=True):
     id: int
 
     def wire(self) -> list[Any]:
         return [END, self.id]
 
 
-@dataclass(frozen=True, slots=True)
-class Credit:
+class Credit(msgspec.Struct, frozen=True):
     id: int
     items: int
     bytes: int
@@ -193,9 +185,11 @@ def encode(envelope: Envelope) -> bytes:
     return cbor2.dumps(envelope.wire())
 
 
-# The hot paths (a call, its result, a stream item) skip building the frozen dataclass, whose
-# generated ``__init__`` costs about a microsecond per field-set on the call path; each is the
-# exact bytes of ``encode`` of its envelope (tests/test_hooks.py checks it).
+# The hot paths (a call, its result, a stream item) skip building the envelope on the sending
+# side; each is the exact bytes of ``encode`` of its envelope (tests/test_hooks.py checks it).
+# The kinds are ``msgspec.Struct``\ s, not frozen dataclasses: as immutable and slotted, but built
+# in C -- on an idle machine an ``Item`` in 85 ns instead of 424 ns and a ``Call`` in 175 ns
+# instead of 1,377 ns, which the receiving side pays for every envelope.
 
 
 def encode_call(
@@ -209,7 +203,7 @@ def encode_call(
     key: bytes | None,
     metadata: Mapping[str, str] | None,
 ) -> bytes:
-    """``encode(Call(...))`` without the dataclass."""
+    """``encode(Call(...))`` without building the ``Call``."""
     envelope = [CALL, call_id, service, method, args, kwargs, credit_items, credit_bytes]
     if metadata:
         envelope += (key, metadata)
@@ -219,12 +213,12 @@ def encode_call(
 
 
 def encode_result(call_id: int, value: Any) -> bytes:
-    """``encode(Result(call_id, value))`` without the dataclass."""
+    """``encode(Result(call_id, value))`` without building the ``Result``."""
     return cbor2.dumps([RESULT, call_id, value])
 
 
 def encode_item(call_id: int, value: Any) -> bytes:
-    """``encode(Item(call_id, value))`` without the dataclass."""
+    """``encode(Item(call_id, value))`` without building the ``Item``."""
     return cbor2.dumps([ITEM, call_id, value])
 
 
@@ -238,6 +232,12 @@ def decode(item: object) -> Envelope:
         raise BadEnvelope(None, "not [kind, ...]")
     kind, n = item[0], len(item)
     named = item[1] if n > 1 and type(item[1]) is int else None
+    # The kinds of the hot paths first (a stream item, a result), then the rest.
+    if n == 3 and named is not None:
+        if kind == ITEM:
+            return Item(named, item[2])
+        if kind == RESULT:
+            return Result(named, item[2])
     match kind:
         case 1 if n == 3 and named is not None:
             return Result(named, item[2])
