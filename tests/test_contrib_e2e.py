@@ -187,4 +187,5 @@ def test_the_observability_example_prints_one_trace_across_two_processes() -> No
     out = done.stdout
     assert "garcon_link_calls_total{" in out and 'outcome="ok"' in out
     assert "SERVER calc/add" in out and "CLIENT calc/add" in out
+    assert "calls.client={('ok', None): 1} sessions=1" in out  # executor.statistics()
     assert "observability: ok" in out

@@ -174,6 +174,17 @@ async def main(root: Path) -> None:
             with provider.get_tracer("example").start_as_current_span("controller job"):
                 result = await calc.add(2, 3)
             say(f"await calc.add(2, 3) -> {result}")
+            stats = executor.statistics()
+            say("executor.statistics() (some of its fields):")
+            say(f"  calls.client={dict(stats.calls.client)} sessions={stats.sessions}")
+            say(
+                f"  pending_calls={stats.pending_calls} (peak {stats.pending_calls_peak})"
+                f" retained_bytes={stats.retained_bytes} (peak {stats.retained_bytes_peak})"
+            )
+            say(
+                f"  resumes={stats.resumes} fresh_sessions={stats.fresh_sessions}"
+                f" bytes_sent={stats.bytes_sent} bytes_received={stats.bytes_received}"
+            )
         await process.stdin.aclose()
         with anyio.fail_after(30):
             async for chunk in lines:
