@@ -36,9 +36,10 @@ refuses such an interface.
 Registration (:class:`~garcon_link.remote.Service` and a worker's services map) also checks,
 with :func:`registration_problems`, that the implementation fits the interface -- every method
 present, ``async def`` where the interface says unary, an async generator function where it
-says stream, the parameters accepted -- and that every parameter and return hint is one msgspec
-can convert and encode (a ``Path``, or a ``Protocol`` used as a value type, is not). All problems
-are reported in one ``ConfigError``.
+says stream, the parameters accepted, no plain-class hint contradicting the interface's (``str``
+where it sends ``int``) -- and that every parameter and return hint is one msgspec can convert and
+encode (a ``Path``, or a ``Protocol`` used as a value type, is not). All problems are reported in
+one ``ConfigError``.
 
 Encoding is :func:`to_wire`: msgspec ``to_builtins`` (bytes stay bytes; datetimes become RFC 3339
 text, enums their values, dataclasses maps) -- then CBOR.
@@ -449,8 +450,10 @@ def registration_problems(target: object, spec: ServiceSpec) -> list[str]:
 
     Checks, per method of the interface: the implementation exists and is callable; it is an
     ``async def`` for a unary call, an async generator function for a stream (an ``async def``
-    or plain ``def`` for a one-way method); it accepts the interface's parameters by name; and
-    each parameter and result hint is one msgspec can convert and encode. Every line names the
+    or plain ``def`` for a one-way method); it accepts the interface's parameters; where both
+    sides annotate a parameter or a unary result with a plain class, the two do not contradict
+    each other (``str`` where the interface sends ``int``); and each parameter and result hint is
+    one msgspec can convert and encode. Every line names the
     method and says how to fix it.
     """
     if isinstance(target, type):
@@ -535,7 +538,76 @@ def _implementation_problems(
                 f"{name}: {owner}.{name}{actual} does not accept the interface's arguments "
                 f"({exc}); match the interface: `{wanted}`"
             ]
-    return []
+    return _hint_conflicts(owner, method, func, actual, wanted)
+
+
+# PEP 484's numeric tower: where a float is accepted, an int is too (and both where a complex is).
+_ACCEPTS = {float: (int,), complex: (int, float)}
+
+
+def _plain(hint: object) -> typing.TypeGuard[type]:
+    """A plain class (``typing.Any`` is a class too since Python 3.11: not one)."""
+    return isinstance(hint, type) and hint is not Any
+
+
+def _accepts(wider: type, narrower: type) -> bool:
+    try:
+        return issubclass(narrower, wider) or narrower in _ACCEPTS.get(wider, ())
+    except TypeError:  # a Protocol that is not runtime-checkable, ...: cannot tell, accept
+        return True
+
+
+def _hint_conflicts(
+    owner: str,
+    method: MethodSpec,
+    func: Callable[..., Any],
+    actual: inspect.Signature,
+    wanted: str,
+) -> list[str]:
+    """Parameter and return hints of the implementation that contradict the interface's.
+
+    Only plain classes on both sides are compared (``int`` against ``str``); generics, unions and
+    ``Any`` are left to a type checker (``gl.Service[Interface](impl, Interface)``). A parameter
+    must accept what the interface sends (the interface's class, or a subclass of it, is an
+    instance of the implementation's); a unary result must be what the interface promises.
+    Arguments arrive as the receiving side binds them (positional ones by position), so a
+    parameter is compared with the implementation's parameter that receives it.
+    """
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception:  # unresolvable annotations: nothing to compare
+        return []
+    positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    receivers = iter([p.name for p in actual.parameters.values() if p.kind in positional_kinds])
+    problems: list[str] = []
+    for p in method.signature.parameters.values():
+        if p.kind in positional_kinds:
+            receiver = next(receivers, None)
+        elif p.kind is inspect.Parameter.KEYWORD_ONLY:
+            receiver = p.name
+        else:
+            continue
+        declared = method.hints.get(p.name)
+        got = hints.get(receiver) if receiver is not None else None
+        if _plain(declared) and _plain(got) and not _accepts(got, declared):
+            problems.append(
+                f"{method.name}: parameter {receiver!r} of {owner}.{method.name} is "
+                f"{got.__qualname__}, but the interface sends {declared.__qualname__}; "
+                f"match the interface: `{wanted}`"
+            )
+    got = hints.get("return")
+    declared = method.result
+    if (
+        method.kind is MethodKind.UNARY
+        and _plain(declared)
+        and _plain(got)
+        and not _accepts(declared, got)
+    ):
+        problems.append(
+            f"{method.name}: {owner}.{method.name} returns {got.__qualname__}, but the "
+            f"interface promises {declared.__qualname__}; match the interface: `{wanted}`"
+        )
+    return problems
 
 
 def unsupported_hint(hint: Any) -> str | None:

@@ -146,7 +146,8 @@ class Service(Generic[T]):
 
     Checked when constructed: every method of ``interface`` must be implemented by ``target``
     with the right kind (``async def`` for a unary call, an async generator function for a
-    stream), accept the interface's parameters, and use only hints msgspec can convert (see
+    stream), accept the interface's parameters, annotate none of them (or a unary result) with a
+    class that contradicts the interface's, and use only hints msgspec can convert (see
     :func:`garcon_link.interface.registration_problems`).
 
     ``scope`` is the lifetime of the resources it hands out (DESIGN §13): ``"session"`` (the

@@ -491,6 +491,39 @@ def test_every_problem_of_a_wrong_implementation_is_listed_with_its_fix() -> Non
     )
 
 
+def test_hints_that_contradict_the_interface_are_refused() -> None:
+    class WrongTypes:
+        async def add(self, x: str, b: int) -> str:  # renamed: compared by position
+            return x
+
+        async def count(self, n: int) -> AsyncIterator[int]:
+            yield n
+
+        async def where(self) -> bytes:
+            return b"."
+
+    add_param, add_result, where = registration_problems(WrongTypes(), service_spec(Calculator))
+    assert add_param.startswith("add: parameter 'x' of ")
+    assert "WrongTypes.add is str, but the interface sends int" in add_param
+    assert "WrongTypes.add returns str, but the interface promises int" in add_result
+    assert "`async def add(self, a: int, b: int) -> int`" in add_result
+    assert "WrongTypes.where returns bytes, but the interface promises str" in where
+
+    class Compatible:  # wider parameters, narrower results, the numeric tower, Any: accepted
+        async def add(self, a: float, b: object) -> bool:
+            return True
+
+        async def count(self, n: complex) -> AsyncIterator[int]:
+            yield 1
+
+        async def where(self) -> Any:
+            return "."
+
+    assert registration_problems(Compatible(), service_spec(Calculator)) == []
+    with pytest.raises(gl.ConfigError, match="the interface sends int"):
+        gl.Service(WrongTypes(), Calculator)
+
+
 def test_a_class_instead_of_an_instance() -> None:
     (problem,) = registration_problems(RightCalculator, service_spec(Calculator))
     assert problem == (
