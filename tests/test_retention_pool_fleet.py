@@ -35,7 +35,7 @@ from typing import Protocol
 
 import anyio
 import pytest
-from faultutil import wait_for
+from faultutil import PeakRss, wait_for
 
 import garcon_link as gl
 from garcon_link.config import read_secret_file, write_secret_file
@@ -85,14 +85,6 @@ class SinkService:
         return len(blob)
 
 
-def rss() -> int:
-    """This process's resident set size in bytes (``VmRSS``)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
-
-
 async def test_a_full_fleet_budget_is_back_pressure_bounded_and_drains(tmp_path: Path) -> None:
     keyring = tmp_path / "keys"
     keyring.mkdir(mode=0o700)
@@ -131,41 +123,41 @@ async def test_a_full_fleet_budget_is_back_pressure_bounded_and_drains(tmp_path:
             def pending() -> int:
                 return sum(e.statistics().pending_calls for e in executors)
 
-            rss_before = rss()
-            for proxy in proxies:
-                proxy.blackhole()
-            outcomes: Counter[str] = Counter()
-
-            async def call(executor: gl.RemoteExecutor) -> None:
-                try:
-                    assert await executor.service("sink", Sink).take(blob) == ARG
-                    outcomes["ok"] += 1
-                except gl.NotDispatched as exc:
-                    outcomes[f"not_dispatched:{exc.code}"] += 1
-
-            async with anyio.create_task_group() as tg:
-                for _ in range(PENDING + EXTRA):
-                    for executor in executors:
-                        tg.start_soon(call, executor)
-                # Steady state of the partition: every session holds PENDING calls (those the
-                # budget did not admit wait in send), the rest were refused at once.
-                await wait_for(
-                    lambda: (
-                        pending() == EXECUTORS * PENDING and outcomes.total() == EXECUTORS * EXTRA
-                    ),
-                    10,
-                    "every session to hold its calls and refuse the rest",
-                )
-                held = retained()
-                rss_held = rss()
-                # Nothing is acknowledged while partitioned: the pool is as full as it gets.
-                assert BUDGET // 2 < held <= BUDGET + EXECUTORS * FRAME_SLACK, held
-                assert held < EXECUTORS * PENDING * ARG // 4  # far below the unshared figure
-                assert outcomes == {"not_dispatched:OVERLOADED": EXECUTORS * EXTRA}
-                growth = rss_held - rss_before
-                assert growth <= BUDGET + WAITING_BODIES + RSS_MARGIN, (rss_before, rss_held)
+            with PeakRss() as rss:  # the exact peak (VmHWM reset), not sampled
                 for proxy in proxies:
-                    proxy.heal()
+                    proxy.blackhole()
+                outcomes: Counter[str] = Counter()
+
+                async def call(executor: gl.RemoteExecutor) -> None:
+                    try:
+                        assert await executor.service("sink", Sink).take(blob) == ARG
+                        outcomes["ok"] += 1
+                    except gl.NotDispatched as exc:
+                        outcomes[f"not_dispatched:{exc.code}"] += 1
+
+                async with anyio.create_task_group() as tg:
+                    for _ in range(PENDING + EXTRA):
+                        for executor in executors:
+                            tg.start_soon(call, executor)
+                    # Steady state of the partition: every session holds PENDING calls (those the
+                    # budget did not admit wait in send), the rest were refused at once.
+                    await wait_for(
+                        lambda: (
+                            pending() == EXECUTORS * PENDING
+                            and outcomes.total() == EXECUTORS * EXTRA
+                        ),
+                        10,
+                        "every session to hold its calls and refuse the rest",
+                    )
+                    held = retained()
+                    # Nothing is acknowledged while partitioned: the pool is as full as it gets.
+                    assert BUDGET // 2 < held <= BUDGET + EXECUTORS * FRAME_SLACK, held
+                    assert held < EXECUTORS * PENDING * ARG // 4  # far below the unshared figure
+                    assert outcomes == {"not_dispatched:OVERLOADED": EXECUTORS * EXTRA}
+                    growth = rss.growth  # the peak since the partition began
+                    assert growth <= BUDGET + WAITING_BODIES + RSS_MARGIN, (rss.baseline, rss.peak)
+                    for proxy in proxies:
+                        proxy.heal()
             # Healed: every held call ran, on the same sessions, and retention drained.
             assert outcomes == {
                 "not_dispatched:OVERLOADED": EXECUTORS * EXTRA,
@@ -183,6 +175,6 @@ async def test_a_full_fleet_budget_is_back_pressure_bounded_and_drains(tmp_path:
             assert fleet.statistics().fresh_sessions == EXECUTORS
             print(
                 f"retained held {held / MiB:.2f} MiB (budget {BUDGET / MiB:.0f} MiB, "
-                f"unshared would be {EXECUTORS * PENDING * ARG / MiB:.0f} MiB); "
+                f"separate pools could hold {EXECUTORS * (BUDGET + FRAME_SLACK) / MiB:.0f} MiB); "
                 f"RSS +{growth / MiB:.1f} MiB"
             )
