@@ -221,6 +221,10 @@ class SessionTransport:
         self._fence_passed = False
         self._wakeup = anyio.Event()
         self._capacity = anyio.Event()
+        # Senders waiting for retention capacity, in arrival order: only the first may retry,
+        # and a newcomer queues behind them, so bodies are issued in the order send() was
+        # called (call ids must reach the peer increasing, whatever order waiters wake in).
+        self._senders: deque[object] = deque()
         self._run_scope: anyio.CancelScope | None = None
         self._run_done = anyio.Event()
         self._sock: MessageSocket | None = None  # while attached
@@ -384,9 +388,10 @@ class SessionTransport:
     async def send(self, body: bytes) -> Ordinal:
         """Issue ``body`` as the next message of this session.
 
-        Waits while retention is full (back-pressure, never failure). On a quiet socket the
-        frame is written at once by this task (see :meth:`_write_now`); otherwise the writer
-        sends it, coalesced with whatever is issued meanwhile.
+        Waits while retention is full (back-pressure, never failure); waiting senders are
+        admitted in the order they called, so bodies keep that order on the wire. On a quiet
+        socket the frame is written at once by this task (see :meth:`_write_now`); otherwise the
+        writer sends it, coalesced with whatever is issued meanwhile.
 
         Returns:
             The ordinal assigned to ``body``.
@@ -395,17 +400,33 @@ class SessionTransport:
             PayloadTooLarge: the encoded frame exceeds ``max_frame_bytes``; nothing was issued.
             SessionFailed: the session is retired; nothing was issued.
         """
-        while True:
+        ordinal = None
+        if not self._senders:
             try:
                 ordinal = self._session.send(body)
             except RetentionFull:
-                if self._capacity.is_set():
-                    self._capacity = anyio.Event()
-                await self._capacity.wait()
-                continue
-            if not self._write_now(len(body)):
-                self._wakeup.set()
-            return ordinal
+                pass
+        if ordinal is None:
+            me = object()
+            self._senders.append(me)
+            try:
+                while True:
+                    if self._senders[0] is me:
+                        try:
+                            ordinal = self._session.send(body)
+                            break
+                        except RetentionFull:
+                            pass
+                    if self._capacity.is_set():
+                        self._capacity = anyio.Event()
+                    await self._capacity.wait()
+            finally:
+                self._senders.remove(me)
+                if self._senders:
+                    self._capacity.set()  # the next in line retries (or leaves if failed)
+        if not self._write_now(len(body)):
+            self._wakeup.set()
+        return ordinal
 
     async def wait_acknowledged(self) -> bool:
         """Wait until the peer's receipts cover every frame issued so far (a graceful drain

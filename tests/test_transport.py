@@ -469,6 +469,33 @@ async def test_full_retention_makes_send_wait_and_receipts_release_it() -> None:
         assert sock.bodies() == [b"1", b"2", b"3"]
 
 
+async def test_waiting_senders_are_admitted_in_the_order_they_called() -> None:
+    """Regression: senders waiting for retention retried in wake-up order (not FIFO on trio),
+    so call ids reached the worker out of order and it dropped them as "does not increase";
+    a newcomer could also pass the waiters when a receipt freed room."""
+    limits = Limits(max_retained_frames=1)
+    async with harness(limits) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await h.t.send(b"0")
+        order: list[bytes] = []
+
+        async def sender(body: bytes) -> None:
+            await h.t.send(body)
+            order.append(body)
+
+        waiting = [str(i).encode() for i in range(1, 9)]
+        for body in waiting:
+            h.tg.start_soon(sender, body)
+            await settle()  # each is waiting before the next calls send()
+        assert order == []
+        for through in range(1, 9):
+            sock.feed(rcpt(through))
+            await wait_until(lambda n=through: len(order) == n)  # type: ignore[misc]
+        assert order == waiting
+        assert sock.bodies() == [b"0", *waiting]
+
+
 async def test_waiting_sender_is_released_when_the_resume_position_confirms_its_frames() -> None:
     """Regression: receipts lost with the old socket, the peer's hello confirmed them; the
     attach freed retention but never woke the sender waiting for capacity (it hung)."""
