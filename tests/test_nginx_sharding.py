@@ -42,7 +42,7 @@ import anyio
 import anyio.abc
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
-from faultutil import TESTS_DIR
+from faultutil import TESTS_DIR, kill_and_reap
 from test_nginx import LIMITS, _require_nginx, nginx_in_front_of
 
 import garcon_link as gl
@@ -96,22 +96,13 @@ async def shards(keyring: Path, count: int) -> AsyncIterator[list[Shard]]:
         for _ in range(count):
             command = [sys.executable, str(TESTS_DIR / "shard_controller.py"), str(keyring)]
             process = await anyio.open_process(command, stderr=subprocess.DEVNULL)
-            stack.push_async_callback(stop, process)
+            stack.push_async_callback(kill_and_reap, process)
             out.append(Shard(process))
         for shard in out:
             first = await shard.line()
             assert first.startswith("READY "), first
             shard.port = int(first.split()[1])
         yield out
-
-
-async def stop(process: anyio.abc.Process) -> None:
-    with anyio.CancelScope(shield=True):
-        if process.returncode is None:
-            process.kill()
-        with anyio.move_on_after(5):
-            await process.wait()
-        await process.aclose()
 
 
 async def placement(shards: list[Shard]) -> Placement:
