@@ -5,11 +5,12 @@ Two fleet controller child processes (tests/shard_controller.py: each listens on
 with the same keyring and answers ``state`` and ``call ID`` lines on stdin) sit behind nginx,
 which terminates ``wss://`` and picks the upstream with ``hash $arg_executor consistent;``.
 Twelve workers (in this process) dial ``wss://localhost:PORT/executor?executor=<id>`` -- the
-routing hint of their dial URL. What the test proves:
+routing hint of their dial URL; their ids are picked, once the ports are known, so that six hash
+to each process. What the test proves:
 
 * every executor is ready on exactly one controller process, the one its id hashes to (computed
-  here independently, by :func:`nginx_chash`, so round-robin fails the test), both processes
-  get some, and each answers calls through ``fleet.executor(id)`` of its process;
+  here independently, by :func:`nginx_chash`: round-robin fails the test), and each answers
+  calls through ``fleet.executor(id)`` of its process;
 * ``nginx -s reload`` cuts every socket; each executor resumes the *same* session on the *same*
   process (resumes never cross processes);
 * SIGKILL of one controller process affects only its shard: the survivor's executors keep their
@@ -51,7 +52,7 @@ from garcon_link.config import read_secret_file, write_secret_file
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
 DEADLINE = 60.0
-IDS = [f"shard-box-{i}" for i in range(12)]
+PER_SHARD = 6
 Placement = dict[str, tuple[int, str | None]]
 T = TypeVar("T")
 
@@ -131,6 +132,19 @@ def nginx_chash(ports: list[int], key: str) -> int:
     return points[bisect.bisect_left(hashes, zlib.crc32(key.encode())) % len(points)][1]
 
 
+def pick_ids(ports: list[int], per_shard: int) -> list[str]:
+    """``per_shard`` executor ids that :func:`nginx_chash` sends to each of ``ports``."""
+    by_shard: list[list[str]] = [[] for _ in ports]
+    for n in range(10_000):  # bounded; a fair ring fills both within a few dozen ids
+        executor_id = f"shard-box-{n}"
+        shard = by_shard[nginx_chash(ports, executor_id)]
+        if len(shard) < per_shard:
+            shard.append(executor_id)
+        if all(len(s) == per_shard for s in by_shard):
+            return [i for s in by_shard for i in s]
+    raise AssertionError(f"the hash ring of {ports} starves a port")
+
+
 async def total_resumed(shards: list[Shard]) -> int:
     return sum([(await shard.ask("state"))["resumed"] for shard in shards])
 
@@ -158,7 +172,6 @@ async def test_executors_stay_on_their_shard_process(tmp_path: Path) -> None:
     _require_nginx()
     keyring = tmp_path / "keys"
     keyring.mkdir(mode=0o700)
-    secrets = {i: read_secret_file(write_secret_file(keyring / f"{i}.secret")) for i in IDS}
     nginx_dir = tmp_path / "nginx"
     nginx_dir.mkdir()
     with anyio.fail_after(DEADLINE):
@@ -171,8 +184,13 @@ async def test_executors_stay_on_their_shard_process(tmp_path: Path) -> None:
             ) as nginx,
             AsyncExitStack() as stack,
         ):
+            # Six ids per shard by the hash model (a random pair of ports could otherwise hash
+            # all twelve to one process); their keys are written now, before any dial.
+            ports = [c.port for c in controllers]
+            ids = pick_ids(ports, PER_SHARD)
+            secrets = {i: read_secret_file(write_secret_file(keyring / f"{i}.secret")) for i in ids}
             workers: dict[str, gl.Worker] = {}
-            for executor_id in IDS:
+            for executor_id in ids:
                 config = gl.LinkConfig(
                     executor_id=executor_id,
                     role=gl.Role.WORKER,
@@ -184,10 +202,9 @@ async def test_executors_stay_on_their_shard_process(tmp_path: Path) -> None:
                 workers[executor_id] = await stack.enter_async_context(
                     gl.Worker(config, {"ident": IdentService(executor_id)})
                 )
-            before = await poll_placement(controllers, len(IDS), "all ready")
-            ports = [c.port for c in controllers]
+            before = await poll_placement(controllers, len(ids), "all ready")
             assert {i: index for i, (index, _) in before.items()} == {
-                i: nginx_chash(ports, i) for i in IDS
+                i: nginx_chash(ports, i) for i in ids
             }, "an executor is not on the controller its id hashes to"
             assert {index for index, _ in before.values()} == {0, 1}, (
                 f"one controller got every executor: {before}"
@@ -200,7 +217,7 @@ async def test_executors_stay_on_their_shard_process(tmp_path: Path) -> None:
             await nginx.reload()
             await poll(
                 lambda: total_resumed(controllers),
-                lambda now: now - resumed >= len(IDS),
+                lambda now: now - resumed >= len(ids),
                 "every executor to resume",
             )
             assert await poll_placement(controllers, before, "resume on own controller") == before
@@ -208,8 +225,8 @@ async def test_executors_stay_on_their_shard_process(tmp_path: Path) -> None:
             # SIGKILL of one controller process affects only its shard.
             gone = sorted(i for i, (index, _) in before.items() if index == 0)
             kept = sorted(i for i, (index, _) in before.items() if index == 1)
-            link_before = {i: workers[i].link.statistics() for i in IDS}
-            sessions_before = {i: workers[i].statistics().sessions for i in IDS}
+            link_before = {i: workers[i].link.statistics() for i in ids}
+            sessions_before = {i: workers[i].statistics().sessions for i in ids}
             survivor, killed = controllers[1], controllers[0]
             survivor_before = await survivor.ask("state")
             killed.process.kill()
@@ -218,7 +235,7 @@ async def test_executors_stay_on_their_shard_process(tmp_path: Path) -> None:
             for executor_id in kept:
                 await survivor.call(executor_id)
             # The killed shard's executors come back on the survivor, each with a new session.
-            after = await poll_placement([survivor], len(IDS), "the killed shard on the survivor")
+            after = await poll_placement([survivor], len(ids), "the killed shard on the survivor")
             for executor_id in kept:
                 assert after[executor_id] == (0, before[executor_id][1])  # same session
             for executor_id in gone:
@@ -227,7 +244,7 @@ async def test_executors_stay_on_their_shard_process(tmp_path: Path) -> None:
             survivor_after = await survivor.ask("state")
             assert survivor_after["resumed"] == survivor_before["resumed"]  # no resume crossed
             assert survivor_after["fresh"] - survivor_before["fresh"] == len(gone)
-            for executor_id in IDS:
+            for executor_id in ids:
                 link = workers[executor_id].link.statistics()
                 moved = executor_id in gone
                 assert link.resumed == link_before[executor_id].resumed
