@@ -15,7 +15,7 @@
   code, an HTTP status or a bare end-of-stream, each within a bounded wait.
 * :func:`raw_listener`, :func:`accept_upgrade` -- a hostile *listener*, to attack a dialer.
 * :func:`rss_bytes`, :class:`PeakRss`, :func:`percentile`, :func:`wait_for` -- measurement and
-  bounded polling.
+  bounded polling; :func:`kill_and_reap` -- the end of a child process, bounded.
 
 Everything here runs on loopback only; every loop is bounded in count or time.
 """
@@ -301,6 +301,17 @@ def percentile(samples: Sequence[float], q: float) -> float:
     ordered = sorted(samples)
     rank = max(0, min(len(ordered) - 1, int(q * len(ordered) + 0.999999) - 1))
     return ordered[rank]
+
+
+async def kill_and_reap(process: anyio.abc.Process, timeout: float = 10.0) -> None:
+    """SIGKILL ``process`` if it still runs, wait for it (at most ``timeout`` s) and close its
+    streams; shielded, so it also cleans up after a cancelled test; safe to call twice."""
+    with anyio.CancelScope(shield=True):
+        if process.returncode is None:
+            process.kill()
+        with anyio.move_on_after(timeout):
+            await process.wait()
+        await process.aclose()
 
 
 async def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:

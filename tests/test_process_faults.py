@@ -44,6 +44,7 @@ from faultutil import (
     checksum,
     controller_config,
     journal_count,
+    kill_and_reap,
     read_journal,
     wait_for,
     write_configs,
@@ -225,15 +226,6 @@ async def _cli_call(controller_toml: Path, target: str, args: str) -> anyio.abc.
     )
 
 
-async def _kill(process: anyio.abc.Process) -> None:
-    with anyio.CancelScope(shield=True):
-        if process.returncode is None:
-            process.kill()
-        with anyio.move_on_after(10):
-            await process.wait()
-        await process.aclose()
-
-
 @pytest.mark.parametrize("what", ["call", "stream"])
 async def test_controller_killed_worker_survives_and_serves_a_new_controller(
     tmp_path: Path, what: str
@@ -264,7 +256,7 @@ async def test_controller_killed_worker_survives_and_serves_a_new_controller(
                     assert numbers == list(range(len(numbers)))
                 old_ready = await worker.wait_line("executor-ready", count=1)
             finally:
-                await _kill(process)
+                await kill_and_reap(process)
             assert process.returncode is not None and process.returncode < 0
 
             limits = gl.Limits(**LIMITS)
