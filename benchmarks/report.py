@@ -454,15 +454,42 @@ def _loop_section(uvloop_run: dict[str, Any], asyncio_doc: dict[str, Any] | None
         rows.append([f"`{name}`", *cells])
     if not rows:
         return []
-    return [
+    header = ["entry", *(metric.short for metric in METRICS)]
+    lines = [
         "",
         f"#### uvloop against plain asyncio, {uvloop_run['python']}",
         "",
         "Each uvloop median divided by the plain asyncio median of the same entry under the same "
         "interpreter (same reading as the ratios).",
         "",
-        *_table(["entry", *(metric.short for metric in METRICS)], rows),
+        *_table(header, rows),
     ]
+    # Synchronous peers (threads on both ends) run no event loop: their figures of the plain
+    # asyncio run hold for uvloop too, so ours on uvloop can be read against them.
+    threaded = [
+        entry["name"]
+        for entry in asyncio_doc["entries"]
+        if entry["status"] == "ok"
+        and entry["kind"] == "peer"
+        and entry.get("client_mode") == "sync"
+    ]
+    ours = measured(uv_doc, "ours")
+    if not threaded or not ours:
+        return lines
+    lines += [
+        "",
+        "garcon_link on uvloop against the threaded peers (no event loop on either end: their "
+        "figures are the plain asyncio run's), each figure of ours divided by theirs:",
+        "",
+    ]
+    # later entries win in ratios(): ours from the uvloop run, the peers from the asyncio one
+    both = {"entries": [*asyncio_doc["entries"], *uv_doc["entries"]]}
+    for name in ours:
+        peer_rows = [
+            [f"`{peer}`", *map(ratio_cell, ratios(both, name, peer).values())] for peer in threaded
+        ]
+        lines += [f"`{name}`:", "", *_table(["reference", *header[1:]], peer_rows), ""]
+    return lines[:-1]
 
 
 def combined_markdown(combined: dict[str, Any]) -> str:
@@ -474,7 +501,7 @@ def combined_markdown(combined: dict[str, Any]) -> str:
     first = main_runs[0]["doc"] if main_runs else {}
     only_first = [
         name
-        for name, key in (("resume and memory", "resume_and_memory"), ("fleet", "fleet"))
+        for name, key in (("resume, memory", "resume_and_memory"), ("fleet", "fleet"))
         if first.get(key)
     ]
     lines = [

@@ -151,3 +151,70 @@ def test_quick_run_of_the_fleet_benchmark_measures_every_figure(tmp_path: Path) 
     assert full["storm_call_errors"] == 0
     assert sum(count for _, count in full["redial_histogram"]) == full["storm_connections"]
     assert "#### garcon_link fleet" in completed.stdout
+
+
+def test_the_combined_report_names_a_run_that_wrote_nothing() -> None:
+    """A child that died before writing its results is named with its exit status, and the
+    interpreters that did write theirs are still compared."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import report
+    finally:
+        sys.path.remove(str(ROOT))
+    entry = {
+        "name": "wsproto",
+        "kind": "floor",
+        "status": "ok",
+        "metrics": {
+            metric: {"median": 2.0, "min": 2.0, "max": 2.0, "values": [2.0]} for metric in METRICS
+        },
+    }
+    doc = {
+        "started_at": "2026-12-01T00:00:00Z",
+        "duration_s": 1.0,
+        "settings": {
+            "repetitions": 1,
+            "latency_calls": 1,
+            "small_bytes": 32,
+            "latency_warmup": 1,
+            "concurrency": 64,
+            "throughput_s": 1,
+            "throughput_warmup_s": 1,
+            "bulk_bytes": 1,
+            "bulk_s": 1,
+            "bulk_min_calls": 1,
+        },
+        "event_loop": "asyncio",
+        "machine": {
+            "cpu_model": "cpu",
+            "cpu_count": 2,
+            "cpus_usable": 2,
+            "platform": "linux",
+            "python": "CPython 3.11.7",
+            "packages": {},
+        },
+        "entries": [entry],
+        "quick": True,
+    }
+    report.add_ratios(doc, "wsproto")
+    run = {"version": "3.11", "executable": "/py311", "role": "main", "exit_status": 0}
+    runs = [
+        {**run, "python": "CPython 3.11.7", "loop": "asyncio", "file": "python3.11.json"}
+        | {"note": "", "doc": doc},
+        {**run, "python": "CPython 3.13.0", "version": "3.13", "executable": "/py313"}
+        | {"loop": "asyncio", "file": "python3.13.json", "exit_status": -9}
+        | {"note": "exit status -9, no results written", "doc": None},
+    ]
+    combined = {
+        "started_at": "2026-12-01T00:00:00Z",
+        "duration_s": 2.0,
+        "command": ["python", "-m", "benchmarks"],
+        "uvloop_note": "uvloop is not installed",
+        "runs": runs,
+    }
+    section = report.combined_markdown(combined)
+    assert "**CPython 3.13.0, plain asyncio** (python3.13.json): exit status -9" in section
+    assert "no uvloop figures: uvloop is not installed." in section
+    assert "| `wsproto` | 2.00 (1.00\u00d7) |" in section
+    assert "### CPython 3.11.7, plain asyncio" in section
+    assert "### CPython 3.13.0" not in section
