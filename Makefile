@@ -11,7 +11,20 @@ EDITABLE := --config-settings editable_mode=compat
 # Extra pytest arguments for `unit` (e.g. PYTEST_ARGS='-x -q tests/test_cli.py').
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck unit unit-py verify bench clean
+# Interpreters `make bench` measures, one after the other, each in its own venv (.venv-3.11, ...,
+# as `unit-py`): names on PATH or paths. A name that does not run (pyenv's shim of a version that
+# is not selected) is looked up in $(pyenv root)/versions. One interpreter: make bench PYTHON=...
+PYTHONS ?= python3.11 python3.13
+ifeq ($(origin PYTHON),command line)
+ifneq ($(origin PYTHONS),command line)
+PYTHONS := $(PYTHON)
+endif
+endif
+# More options for python -m benchmarks in `make bench`, e.g. BENCH_ARGS='--quick'
+# or BENCH_ARGS='--only floor,ours --repetitions 3'.
+BENCH_ARGS ?=
+
+.PHONY: demo test lint typecheck unit unit-py verify bench bench-venv clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
@@ -26,9 +39,17 @@ $(VENV)/.installed-test: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[test]'
 	@touch $@ $(VENV)/.installed
 
+# The peers (bench extra) and uvloop (fast extra); a peer that does not install under this
+# interpreter is left out with a note, and python -m benchmarks reports it as not installed.
 $(VENV)/.installed-bench: pyproject.toml Makefile | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[test,bench]'
-	@touch $@ $(VENV)/.installed-test $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[bench,fast]' || { \
+	  $(BIN)/python -m pip install --quiet $(EDITABLE) -e . && \
+	  $(BIN)/python -c 'import tomllib; extras = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]; print(*extras["bench"], *extras["fast"], sep="\n")' | \
+	  while IFS= read -r requirement; do \
+	    $(BIN)/python -m pip install --quiet "$$requirement" || \
+	      echo "bench: '$$requirement' does not install under $(PYTHON); left out" >&2; \
+	  done; }
+	@touch $@ $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(BIN)/garcon-link demo
@@ -58,8 +79,26 @@ test: lint typecheck unit
 verify: $(VENV)/.installed-test
 	$(BIN)/python -m tests.model --preset verify
 
-bench: $(VENV)/.installed-bench
-	$(BIN)/python -m benchmarks
+bench-venv: $(VENV)/.installed-bench
+
+# The benchmarks under each of PYTHONS (echo entries on plain asyncio), garcon_link's resume,
+# memory and fleet figures under the first only, the floors and ours on uvloop under the last;
+# one report side by side in benchmarks/README.md (see benchmarks/versions.py).
+bench:
+	@set -e; pythons=; \
+	for name in $(PYTHONS); do \
+	  python=$$name; \
+	  if ! "$$python" -c '' 2>/dev/null; then \
+	    python=$$(ls -d "$$(pyenv root 2>/dev/null)"/versions/*/bin/"$$name" 2>/dev/null | sort -V | tail -n 1); \
+	    test -n "$$python" || { echo "bench: no interpreter '$$name' (set PYTHONS=...)" >&2; exit 2; }; \
+	  fi; \
+	  version=$$("$$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	  $(MAKE) --no-print-directory bench-venv PYTHON="$$python" VENV=.venv-$$version; \
+	  pythons="$$pythons --python .venv-$$version/bin/python"; \
+	done; \
+	first=$$(echo $$pythons | cut -d' ' -f2); \
+	echo "$$first -m benchmarks$$pythons $(BENCH_ARGS)"; \
+	"$$first" -m benchmarks $$pythons $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-3.* build *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -7,6 +7,8 @@ the peers.
 Writes ``benchmarks/results/latest.json`` and the generated section of
 ``benchmarks/README.md``, and prints that section.  Exit status 1 if an entry failed
 (a peer that is not installed, or garcon_link not yet available, is not a failure).
+With ``--python PY`` (repeatable) the measurement runs in those interpreters instead, one
+after the other, and the report shows them side by side (``versions.py``; ``make bench``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import eventloop, fleet, harness, report, resume
+from . import eventloop, fleet, harness, report, resume, versions
 from .systems import BY_NAME, ENTRIES, Entry
 
 HERE = Path(__file__).resolve().parent
@@ -68,8 +70,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--loop",
         choices=eventloop.CHOICES,
-        default="auto",
-        help="event loop of the asyncio clients and servers (auto: uvloop if installed)",
+        default="asyncio",
+        help="event loop of the asyncio clients and servers (default: asyncio; auto: uvloop "
+        "if installed)",
+    )
+    parser.add_argument(
+        "--python",
+        action="append",
+        metavar="PY",
+        help="measure under this interpreter (repeatable; a venv's python with garcon_link and "
+        "the peers installed, as `make bench` builds) and report them side by side",
     )
     parser.add_argument("--list", action="store_true", help="list the entries and exit")
     return parser
@@ -119,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--repetitions must be at least 1")
         settings = dataclasses.replace(settings, repetitions=args.repetitions)
     entries, extras = select(args.only, parser)
+    if args.python:
+        return versions.run(args, sys.argv[1:] if argv is None else argv, entries, extras)
 
     with harness.signals_end_the_run():
         try:

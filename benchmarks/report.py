@@ -94,6 +94,12 @@ def write_json(doc: dict[str, Any], path: Path) -> None:
     os.replace(temporary, path)
 
 
+def read_json(path: Path) -> dict[str, Any]:
+    """A results file written by :func:`write_json`."""
+    doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return doc
+
+
 # ---------------------------------------------------------------------------- markdown
 
 
@@ -376,3 +382,162 @@ def update_readme(path: Path, section: str) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(text, encoding="utf-8")
     os.replace(temporary, path)
+
+
+# ------------------------------------------------------- several interpreters (versions.py)
+
+
+def _run_title(run: dict[str, Any]) -> str:
+    loop = "uvloop" if run["loop"] == "uvloop" else f"`--loop {run['loop']}`"
+    if run["loop"] == "asyncio":
+        loop = "plain asyncio"
+    return f"{run['python']}, {loop}"
+
+
+def _comparison_section(main_runs: list[dict[str, Any]]) -> list[str]:
+    """Each echo entry's medians under every interpreter, each with its ratio to the
+    baseline measured under the same interpreter in the same run."""
+    docs = [run["doc"] for run in main_runs]
+    baselines = sorted({doc["ratios"]["baseline"] for doc in docs})
+    names: list[str] = []
+    for doc in docs:
+        names += [name for name in measured(doc) if name not in names]
+    if not names:
+        return []
+    baseline = baselines[0] if len(baselines) == 1 else "the baseline"
+    versions = [run["version"] for run in main_runs]
+    lines = [
+        "",
+        f"### Python {' against '.join(versions)}",
+        "",
+        "Each entry's median under each interpreter, and in brackets its ratio to "
+        f"`{baseline}` measured under the same interpreter in the same run (below 1 is faster "
+        "for the latencies, above 1 for calls/s and MB/s). Full tables per interpreter below.",
+        "",
+    ]
+    header = ["entry"]
+    for metric in METRICS:
+        short = metric.header if metric.lower_is_better else metric.short  # with the unit
+        header += [f"{short} {version}" for version in versions]
+    rows = []
+    for name in names:
+        row = [f"`{name}`"]
+        for metric in METRICS:
+            for doc in docs:
+                entry = next((e for e in doc["entries"] if e["name"] == name), None)
+                summary = (entry or {}).get("metrics", {}).get(metric.key)
+                if summary is None:
+                    row.append(EN_DASH)
+                    continue
+                ratio = doc["ratios"]["to_baseline"].get(name, {}).get(metric.key)
+                suffix = "" if ratio is None else f" ({ratio:.2f}\u00d7)"
+                row.append(number(summary["median"]) + suffix)
+        rows.append(row)
+    return lines + _table(header, rows)
+
+
+def _loop_section(uvloop_run: dict[str, Any], asyncio_doc: dict[str, Any] | None) -> list[str]:
+    """The uvloop figures divided by the same interpreter's plain asyncio ones."""
+    if asyncio_doc is None:
+        return []
+    uv_doc = uvloop_run["doc"]
+    medians = {entry["name"]: entry.get("metrics", {}) for entry in asyncio_doc["entries"]}
+    rows = []
+    for name in measured(uv_doc):
+        entry = next(e for e in uv_doc["entries"] if e["name"] == name)
+        cells = []
+        for metric in METRICS:
+            top = entry["metrics"].get(metric.key)
+            bottom = medians.get(name, {}).get(metric.key)
+            ok = top is not None and bottom is not None and bottom["median"]
+            cells.append(ratio_cell(top["median"] / bottom["median"] if ok else None))
+        rows.append([f"`{name}`", *cells])
+    if not rows:
+        return []
+    header = ["entry", *(metric.short for metric in METRICS)]
+    lines = [
+        "",
+        f"#### uvloop against plain asyncio, {uvloop_run['python']}",
+        "",
+        "Each uvloop median divided by the plain asyncio median of the same entry under the same "
+        "interpreter (same reading as the ratios).",
+        "",
+        *_table(header, rows),
+    ]
+    # Synchronous peers (threads on both ends) run no event loop: their figures of the plain
+    # asyncio run hold for uvloop too, so ours on uvloop can be read against them.
+    threaded = [
+        entry["name"]
+        for entry in asyncio_doc["entries"]
+        if entry["status"] == "ok"
+        and entry["kind"] == "peer"
+        and entry.get("client_mode") == "sync"
+    ]
+    ours = measured(uv_doc, "ours")
+    if not threaded or not ours:
+        return lines
+    lines += [
+        "",
+        "garcon_link on uvloop against the threaded peers (no event loop on either end: their "
+        "figures are the plain asyncio run's), each figure of ours divided by theirs:",
+        "",
+    ]
+    # later entries win in ratios(): ours from the uvloop run, the peers from the asyncio one
+    both = {"entries": [*asyncio_doc["entries"], *uv_doc["entries"]]}
+    for name in ours:
+        peer_rows = [
+            [f"`{peer}`", *map(ratio_cell, ratios(both, name, peer).values())] for peer in threaded
+        ]
+        lines += [f"`{name}`:", "", *_table(["reference", *header[1:]], peer_rows), ""]
+    return lines[:-1]
+
+
+def combined_markdown(combined: dict[str, Any]) -> str:
+    """The generated section for a run under several interpreters (``versions.py``)."""
+    runs = combined["runs"]
+    main_runs = [run for run in runs if run["role"] == "main" and run["doc"] is not None]
+    uvloop_runs = [run for run in runs if run["role"] == "uvloop"]
+    pythons = ", ".join(run["python"] for run in runs if run["role"] == "main")
+    first = main_runs[0]["doc"] if main_runs else {}
+    only_first = [
+        name
+        for name, key in (("resume, memory", "resume_and_memory"), ("fleet", "fleet"))
+        if first.get(key)
+    ]
+    lines = [
+        f"Run of {combined['started_at']}, {_duration(combined['duration_s'])} in all: "
+        f"`{' '.join(combined['command'])}`, under {pythons}, one after the other on the same "
+        "machine, each in its own venv.",
+        "",
+        "Every interpreter measured the echo entries on plain asyncio"
+        + (
+            f"; garcon_link's {' and '.join(only_first)} figures come from "
+            f"{main_runs[0]['python']} only"
+            if only_first and len(main_runs) > 1
+            else ""
+        )
+        + "; "
+        + (
+            f"the floors and garcon_link ran once more on uvloop under {uvloop_runs[0]['python']}"
+            " (its own tables, never mixed with the plain asyncio ones)."
+            if uvloop_runs
+            else f"no uvloop figures: {combined.get('uvloop_note') or 'not run'}."
+        ),
+    ]
+    failed = [run for run in runs if run["note"]]
+    for run in failed:
+        lines += ["", f"**{_run_title(run)}** ({run['file']}): {run['note']}."]
+    if any(run["doc"].get("quick") for run in main_runs):
+        lines += ["", "`--quick`: tiny counts, not figures to quote."]
+    lines += _comparison_section(main_runs)
+    for run in main_runs:
+        lines += ["", f"### {_run_title(run)}", "", markdown(run["doc"]).rstrip("\n")]
+    for run in uvloop_runs:
+        if run["doc"] is None:
+            continue
+        lines += ["", f"### {_run_title(run)}", "", markdown(run["doc"]).rstrip("\n")]
+        asyncio_doc = next(
+            (m["doc"] for m in main_runs if m["executable"] == run["executable"]), None
+        )
+        lines += _loop_section(run, asyncio_doc)
+    return "\n".join(lines) + "\n"

@@ -5,7 +5,9 @@ It checks that the runner starts the servers, measures and writes its JSON; not 
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +17,13 @@ ENTRIES = ("asyncio-tcp", "wsproto")
 METRICS = ("latency_p50_us", "latency_p99_us", "throughput_calls_per_s", "bulk_mb_per_s")
 
 
-def quick_run(only: str, output: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``python -m benchmarks --quick --only ONLY --no-readme --output OUTPUT``."""
+def quick_run(
+    only: str, output: Path, timeout: float, *more: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks --quick --only ONLY --no-readme --output OUTPUT [MORE]``."""
     command = [sys.executable, "-m", "benchmarks", "--quick", "--only", only, "--no-readme"]
     return subprocess.run(
-        [*command, "--output", str(output)],
+        [*command, "--output", str(output), *more],
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -51,6 +55,39 @@ def test_quick_run_of_the_floors_writes_positive_figures(tmp_path: Path) -> None
     assert doc["ratios"]["to_baseline"]["wsproto"]["latency_p50_us"] == 1.0
     assert "| `asyncio-tcp` | floor |" in completed.stdout
     assert (readme.read_bytes() if readme.exists() else None) == readme_before
+
+
+def test_quick_run_under_python_reports_the_interpreter_and_uvloop_apart(tmp_path: Path) -> None:
+    """``--python PY`` (what ``make bench`` runs for each interpreter): the measurement runs in
+    a child under PY on plain asyncio, then once more on uvloop when PY has it; each run has its
+    own file and table, and ``--output`` holds both."""
+    output = tmp_path / "latest.json"
+    completed = quick_run(",".join(ENTRIES), output, 90, "--python", sys.executable)
+
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    combined = json.loads(output.read_text(encoding="utf-8"))
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    has_uvloop = importlib.util.find_spec("uvloop") is not None
+    runs = combined["runs"]
+    assert [(run["role"], run["loop"], run["file"]) for run in runs] == [
+        ("main", "asyncio", f"python{version}.json"),
+        *([("uvloop", "uvloop", f"python{version}-uvloop.json")] if has_uvloop else []),
+    ]
+    for run in runs:
+        doc = json.loads((tmp_path / run["file"]).read_text(encoding="utf-8"))
+        assert doc == run["doc"]
+        assert doc["event_loop"] == run["loop"]
+        assert [entry["name"] for entry in doc["entries"]] == list(ENTRIES)
+        assert all(entry["status"] == "ok" for entry in doc["entries"]), doc["entries"]
+    section = completed.stdout
+    assert f"### Python {version}\n" in section
+    assert "| `wsproto` | " in section and "(1.00\u00d7)" in section
+    assert f"### CPython {platform.python_version()}, plain asyncio" in section
+    if has_uvloop:
+        assert f"### CPython {platform.python_version()}, uvloop" in section
+        assert "#### uvloop against plain asyncio" in section
+    else:
+        assert "no uvloop figures: uvloop is not installed" in section
 
 
 RESUME_ENTRIES = ("resume", "retention-rss")
@@ -114,3 +151,70 @@ def test_quick_run_of_the_fleet_benchmark_measures_every_figure(tmp_path: Path) 
     assert full["storm_call_errors"] == 0
     assert sum(count for _, count in full["redial_histogram"]) == full["storm_connections"]
     assert "#### garcon_link fleet" in completed.stdout
+
+
+def test_the_combined_report_names_a_run_that_wrote_nothing() -> None:
+    """A child that died before writing its results is named with its exit status, and the
+    interpreters that did write theirs are still compared."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import report
+    finally:
+        sys.path.remove(str(ROOT))
+    entry = {
+        "name": "wsproto",
+        "kind": "floor",
+        "status": "ok",
+        "metrics": {
+            metric: {"median": 2.0, "min": 2.0, "max": 2.0, "values": [2.0]} for metric in METRICS
+        },
+    }
+    doc = {
+        "started_at": "2026-12-01T00:00:00Z",
+        "duration_s": 1.0,
+        "settings": {
+            "repetitions": 1,
+            "latency_calls": 1,
+            "small_bytes": 32,
+            "latency_warmup": 1,
+            "concurrency": 64,
+            "throughput_s": 1,
+            "throughput_warmup_s": 1,
+            "bulk_bytes": 1,
+            "bulk_s": 1,
+            "bulk_min_calls": 1,
+        },
+        "event_loop": "asyncio",
+        "machine": {
+            "cpu_model": "cpu",
+            "cpu_count": 2,
+            "cpus_usable": 2,
+            "platform": "linux",
+            "python": "CPython 3.11.7",
+            "packages": {},
+        },
+        "entries": [entry],
+        "quick": True,
+    }
+    report.add_ratios(doc, "wsproto")
+    run = {"version": "3.11", "executable": "/py311", "role": "main", "exit_status": 0}
+    runs = [
+        {**run, "python": "CPython 3.11.7", "loop": "asyncio", "file": "python3.11.json"}
+        | {"note": "", "doc": doc},
+        {**run, "python": "CPython 3.13.0", "version": "3.13", "executable": "/py313"}
+        | {"loop": "asyncio", "file": "python3.13.json", "exit_status": -9}
+        | {"note": "exit status -9, no results written", "doc": None},
+    ]
+    combined = {
+        "started_at": "2026-12-01T00:00:00Z",
+        "duration_s": 2.0,
+        "command": ["python", "-m", "benchmarks"],
+        "uvloop_note": "uvloop is not installed",
+        "runs": runs,
+    }
+    section = report.combined_markdown(combined)
+    assert "**CPython 3.13.0, plain asyncio** (python3.13.json): exit status -9" in section
+    assert "no uvloop figures: uvloop is not installed." in section
+    assert "| `wsproto` | 2.00 (1.00\u00d7) |" in section
+    assert "### CPython 3.11.7, plain asyncio" in section
+    assert "### CPython 3.13.0" not in section
