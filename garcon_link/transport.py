@@ -229,6 +229,7 @@ class SessionTransport:
         self._run_done = anyio.Event()
         self._sock: MessageSocket | None = None  # while attached
         self._receipt_poll = False  # the writer checks for lone receipts on its own
+        self._receipt_due_at = 0.0  # time.monotonic() when the due receipt became due
         self._coalesce_limit = min(limits.max_frame_bytes, COALESCE_BYTES)
         self._grace_scope: anyio.CancelScope | None = None
         self._replay_done = anyio.Event()
@@ -688,6 +689,7 @@ class SessionTransport:
             self._messages_read += 1
             accepted_before = session.accepted
             confirmed_before = session.confirmed
+            due_before = session.receipt_due
             receipts_before = session.receipts_received
             packets_before = session.packets_received
             try:
@@ -695,6 +697,8 @@ class SessionTransport:
             except SessionFailed as failure:
                 self.retire(failure.reason, failure.detail)
                 return
+            if not due_before and session.receipt_due:
+                self._receipt_due_at = time.monotonic()
             unyielded_packets += session.packets_received - packets_before
             unyielded_bytes += len(data)
             if session.confirmed != confirmed_before:
@@ -897,7 +901,8 @@ class SessionTransport:
         A receipt that is due but not urgent may wait up to ``receipt_delay`` for frames to ride
         with (a reply, usually, which the task issuing it often writes itself). While receipts
         keep coming due, the writer *polls*: it wakes every ``receipt_delay`` and sends a lone
-        receipt then, so the reader need not wake it for each one (``_receipt_poll``); after
+        receipt that has waited that long by then (a younger one waits out its delay: a frame
+        may still carry it), so the reader need not wake it for each one (``_receipt_poll``); after
         ``_POLL_QUIET_TICKS`` ticks with nothing due it stops and waits to be woken again.
         """
         session = self._session
@@ -924,6 +929,15 @@ class SessionTransport:
                     quiet_ticks = 0
                     ticked = await self._wait_for_wakeup(delay)
                     continue
+                if lone_receipt and ticked:
+                    # A poll tick: send the receipt only once it has waited receipt_delay (a
+                    # frame issued meanwhile carries it). Else every tick that fell between a
+                    # reply and the caller's next call sent one alone -- a sixth of the calls
+                    # of a sequential caller, each a wake-up and a message for the peer.
+                    wait = self._receipt_due_at + delay - time.monotonic()
+                    if wait > 0:
+                        ticked = await self._wait_for_wakeup(wait)
+                        continue
                 packets = session.data_to_send()
                 if not packets:
                     if session.state is not SessionState.ATTACHED:

@@ -10,12 +10,13 @@ handler starts eagerly, so the same tests pin the behaviour the eager path must 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import sys
 from typing import Any, Protocol
 
 import anyio
 import pytest
-from rpcutil import both_directions, open_pair
+from rpcutil import LIMITS, both_directions, open_pair
 
 import garcon_link as gl
 
@@ -280,3 +281,31 @@ async def test_replies_leave_in_the_order_their_handlers_end(direction: str) -> 
         entry for token in started for entry in (f"start {token}", f"end {token}")
     ]
     assert ended == [*started, "gated"]
+
+
+# ------------------------------------------------------------- one message per call and way
+
+
+@both_directions
+async def test_a_sequential_caller_sends_one_message_per_call(direction: str) -> None:
+    """Each call carries the receipt for the previous reply: the writer's receipt poll must not
+    send a receipt alone that became due a moment ago (one tick in six did, each a message and
+    a wake-up for the peer). A receipt alone is allowed only when the next call came later than
+    ``receipt_delay``, which a loaded machine can make happen now and then: hence the margin."""
+    impl = EagerImpl()
+    calls = 500
+    # A short delay: more poll ticks, so the old behaviour showed on asyncio (553 and 563
+    # messages for 500 calls) where the fixed one wrote exactly 500.
+    limits = dataclasses.replace(LIMITS, receipt_delay=0.001)
+    with anyio.fail_after(DEADLINE * 3):
+        async with open_pair(direction, {"eager": impl}, limits=limits) as pair:
+            facade = pair.executor.service("eager", Eager)
+            await facade.now(0)
+            before = pair.executor.statistics().transport
+            assert before is not None
+            for i in range(calls):
+                await facade.now(i)
+            after = pair.executor.statistics().transport
+            assert after is not None
+    written = after.messages_written - before.messages_written
+    assert calls <= written <= calls + calls // 50
