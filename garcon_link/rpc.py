@@ -748,8 +748,8 @@ class RpcStatistics:
         flow_violations: streams ended because the peer sent items beyond our credit.
         malformed_replies: our calls failed by a reply or error we could not read.
         eager_handlers: the peer's calls whose handler ran to its end (reply handed over)
-            within the dispatch of the message that carried them, without a task switch (asyncio on Python
-            3.12+ only; see :func:`_start_handler`). Always 0 elsewhere.
+            within the dispatch of the message that carried them, without a task switch
+            (asyncio on Python 3.12+ only; see :func:`_start_handler`). Always 0 elsewhere.
     """
 
     pending_calls: int
