@@ -85,8 +85,9 @@ async def _executor(port: int, sink: object | None = None) -> AsyncIterator[gl.R
 
 
 class _Call:
-    def __init__(self, bench: Bench) -> None:
+    def __init__(self, bench: Bench, executor: gl.RemoteExecutor) -> None:
         self._bench = bench
+        self.executor = executor  # read by callprofile.py (messages per call)
 
     async def call(self, payload: bytes) -> bytes:
         return await self._bench.echo(payload)
@@ -95,7 +96,7 @@ class _Call:
 @asynccontextmanager
 async def _connect_call(port: int) -> AsyncIterator[AsyncEcho]:
     async with _executor(port) as executor:
-        yield _Call(executor.service("bench", Bench))
+        yield _Call(executor.service("bench", Bench), executor)
 
 
 class _Stream:

@@ -748,8 +748,8 @@ class RpcStatistics:
         flow_violations: streams ended because the peer sent items beyond our credit.
         malformed_replies: our calls failed by a reply or error we could not read.
         eager_handlers: the peer's calls whose handler ran to its end (reply handed over)
-            within the dispatch of their envelope, without a task switch (asyncio on Python
-            3.12+ only; see :func:`_start_handler`). Always 0 elsewhere.
+            within the dispatch of the message that carried them, without a task switch
+            (asyncio on Python 3.12+ only; see :func:`_start_handler`). Always 0 elsewhere.
     """
 
     pending_calls: int
@@ -907,6 +907,8 @@ class ExecutorRpc:
         self._malformed_replies = 0
         self._eager_handlers = 0
         self._eager_seen = 0  # _eager_handlers when _alone() last asked
+        # asyncio: handlers of the message being dispatched, started at its end.
+        self._to_start: deque[tuple[_Incoming, Coroutine[Any, Any, None]]] = deque()
         self._draining = False
         # Set (and dropped) whenever a call of ours or a handler of the peer's ends: wait_idle.
         self._settled: anyio.Event | None = None
@@ -987,12 +989,19 @@ class ExecutorRpc:
                 self._tg = tg
                 tg.start_soon(self._drain_deferred)
                 await self.transport.consume(
-                    dispatch, yield_first=self._alone, hold=self._hold_reader
+                    dispatch,
+                    yield_first=self._alone,
+                    hold=self._hold_reader,
+                    batch_end=self._start_handlers,
                 )
                 self.retire_unknown()
                 tg.cancel_scope.cancel()
         finally:
             self.retire_unknown()
+            while self._to_start:  # only if a message's dispatch was cut short by an exception
+                incoming, handler = self._to_start.popleft()
+                handler.close()
+                self._incoming = {k: v for k, v in self._incoming.items() if v is not incoming}
             await self._join_handlers()
 
     def retire_unknown(self) -> None:
@@ -1648,12 +1657,27 @@ class ExecutorRpc:
             # runtime can (_start_handler).
             # It leaves _incoming itself when it ends (a done callback would cost an event-loop
             # turn per call).
-            task = incoming.task = _start_handler(self._loop, handler, self._context.copy())
-            if task.done():
-                self._eager_handlers += 1
+            # Started at the end of the message (_start_handlers): a cancel in the same
+            # message then finds it not yet started, as before eager starts.
+            self._to_start.append((incoming, handler))
         else:
             assert self._tg is not None
             self._tg.start_soon(lambda: handler)
+
+    def _start_handlers(self) -> None:
+        """Start, in call order, the handlers of the calls the message just dispatched carried
+        (asyncio: eagerly where the runtime can, see :func:`_start_handler`). Called by the
+        transport's reader once the message's payloads were handed over."""
+        to_start = self._to_start
+        if not to_start:
+            return
+        assert self._loop is not None
+        loop, context = self._loop, self._context
+        while to_start:
+            incoming, handler = to_start.popleft()
+            task = incoming.task = _start_handler(loop, handler, context.copy())
+            if task.done():
+                self._eager_handlers += 1
 
     def _note_incoming(self) -> None:
         running = len(self._incoming) + self._notifications
@@ -2090,8 +2114,10 @@ if sys.version_info >= (3, 12):
     ) -> asyncio.Task[None]:
         """Start a handler task on asyncio; eagerly on Python 3.12+.
 
-        An eager task runs its first step at once, inside the dispatch of its envelope (the socket
-        reader's turn), instead of one event-loop turn later. A handler that never suspends runs to
+        An eager task runs its first step at once, when the message that carried its call has
+        been dispatched (:meth:`ExecutorRpc._start_handlers`, in the socket reader's turn; a
+        ``cancel`` in the same message still finds it not started), instead of one event-loop
+        turn later. A handler that never suspends runs to
         its end there, and its reply is handed to the session -- and, on a quiet socket, written --
         before the reader reads on: one loop turn less per call. A handler that suspends goes on as
         an ordinary task. Either way it is a task of its own from its first line: ``current_task()``

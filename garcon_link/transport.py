@@ -214,6 +214,7 @@ class SessionTransport:
         self._consumer: Callable[[bytes], None] | None = None  # see consume()
         self._yield_first: Callable[[], bool] | None = None
         self._hold: Callable[[], anyio.Event | None] | None = None  # see consume()
+        self._batch_end: Callable[[], None] | None = None  # see consume()
         self._last_write_now = 0.0
         self._retired = anyio.Event()
         self._pending_added = anyio.Event()
@@ -323,6 +324,7 @@ class SessionTransport:
         *,
         yield_first: Callable[[], bool] | None = None,
         hold: Callable[[], anyio.Event | None] | None = None,
+        batch_end: Callable[[], None] | None = None,
     ) -> None:
         """Hand every payload to ``consumer``, in order, until the session is retired.
 
@@ -341,24 +343,37 @@ class SessionTransport:
         over one of its bounds (the RPC layer's refusal backlog), so the reader reads nothing
         more until the event is set -- back-pressure on the peer, like a full delivery queue
         (and, like it, time the peer's frames wait unread is not the peer's inactivity).
+        ``batch_end()`` is called, in the reader's turn, once the payloads of one message were
+        handed over (or one payload that went through the queue): what the consumer deferred
+        until it had seen the whole message (the RPC layer starts handlers there, so a
+        ``cancel`` in the same message finds its call not yet started). Like ``consumer``, it
+        must not raise.
         """
         with self._deliver_recv:
             # Drain the queue path until nothing is left on its way through it.
-            if not await self._drain_queue(consumer, until_idle=True):
+            if not await self._drain_queue(consumer, until_idle=True, batch_end=batch_end):
                 return
             self._consumer = consumer
             self._yield_first = yield_first
             self._hold = hold
+            self._batch_end = batch_end
             try:
                 await self._retired.wait()
             finally:
                 self._consumer = None
                 self._yield_first = None
                 self._hold = None
+                self._batch_end = None
             # What retirement handed over (pre-readiness payloads) went to the queue.
-            await self._drain_queue(consumer, until_idle=False)
+            await self._drain_queue(consumer, until_idle=False, batch_end=batch_end)
 
-    async def _drain_queue(self, consumer: Callable[[bytes], None], *, until_idle: bool) -> bool:
+    async def _drain_queue(
+        self,
+        consumer: Callable[[bytes], None],
+        *,
+        until_idle: bool,
+        batch_end: Callable[[], None] | None,
+    ) -> bool:
         """Hand what the delivery queue holds to ``consumer``; with ``until_idle`` also wait for
         what is still on its way into it (pending, in flight). ``False`` once the queue ended."""
         receive = self._deliver_recv
@@ -375,6 +390,18 @@ class SessionTransport:
             except anyio.EndOfStream:
                 return False
             self._hand_over(consumer, body)
+            if batch_end is not None:
+                self._end_batch(batch_end)
+
+    def _end_batch(self, batch_end: Callable[[], None]) -> None:
+        try:
+            batch_end()
+        except Exception:
+            log.exception(
+                "session %s: the payload consumer failed at the end of a message",
+                self.label,
+                extra=log_fields(session=self.session_id),
+            )
 
     def _hand_over(self, consumer: Callable[[bytes], None], body: bytes) -> None:
         try:
@@ -770,6 +797,8 @@ class SessionTransport:
         if consumer is not None:
             for body in bodies:
                 self._hand_over(consumer, body)
+            if self._batch_end is not None:
+                self._end_batch(self._batch_end)
             return
         send_nowait = self._deliver_send.send_nowait
         for body in bodies:
