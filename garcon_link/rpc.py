@@ -160,6 +160,7 @@ import anyio.abc
 import cbor2
 
 from . import _asyncio_stream
+from .chunks import ChunkSender, PartViolation, Reassembler
 from .envelopes import (
     CALL,
     CANCEL,
@@ -169,6 +170,7 @@ from .envelopes import (
     ITEM,
     MAX_ARITY,
     NOTIFY,
+    PART,
     REPLY_KINDS,
     RESULT,
     BadEnvelope,
@@ -180,6 +182,7 @@ from .envelopes import (
     Error,
     Item,
     Notify,
+    Part,
     Result,
     encode,
     encode_call,
@@ -746,6 +749,13 @@ class RpcStatistics:
         reader_held: whether it is paused now.
         flow_violations: streams ended because the peer sent items beyond our credit.
         malformed_replies: our calls failed by a reply or error we could not read.
+        parts_sent: ``part`` envelopes we sent (bodies over ``bulk_chunk_bytes``;
+            :mod:`garcon_link.chunks`), aborts included.
+        parts_received: ``part`` envelopes the peer sent us.
+        transfers_received: bodies reassembled from parts and dispatched.
+        transfers_aborted: transfers the peer abandoned (an abort part freed our buffer).
+        part_violations: parts refused as malformed or beyond the size limit (dropped).
+        part_buffered: bytes of the peer's transfer in progress held now (0 between transfers).
     """
 
     pending_calls: int
@@ -757,6 +767,12 @@ class RpcStatistics:
     reader_held: bool
     flow_violations: int
     malformed_replies: int
+    parts_sent: int = 0
+    parts_received: int = 0
+    transfers_received: int = 0
+    transfers_aborted: int = 0
+    part_violations: int = 0
+    part_buffered: int = 0
 
 
 class _CallIds:
@@ -877,6 +893,16 @@ class ExecutorRpc:
         self._incoming: dict[int, _Incoming] = {}
         self._notifications = 0  # one-way handlers running
         self._last_incoming_id = 0
+        # Bodies over bulk_chunk_bytes go in parts (garcon_link.chunks). A call sent in parts
+        # has its id claimed when its first part arrives (_on_part); _whole_id is that id while
+        # the reassembled call is dispatched, so _on_call does not take it for a reuse.
+        self._chunks = ChunkSender(
+            transport, limits.bulk_chunk_bytes, limits.bulk_window_bytes, limits.max_frame_bytes
+        )
+        self._reassembler = Reassembler(limits.max_frame_bytes)
+        self._claimed: int | None = None  # the call id claimed by the transfer in progress
+        self._whole_id: int | None = None
+        self._part_violations = 0
         self._retired: CallError | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         # Call handlers on asyncio are plain tasks (see _on_call); on trio, children of _tg.
@@ -961,6 +987,12 @@ class ExecutorRpc:
             reader_held=self._hold is not None,
             flow_violations=self._flow_violations,
             malformed_replies=self._malformed_replies,
+            parts_sent=self._chunks.parts_sent + self._chunks.aborts_sent,
+            parts_received=self._reassembler.parts,
+            transfers_received=self._reassembler.completed,
+            transfers_aborted=self._reassembler.aborted,
+            part_violations=self._part_violations,
+            part_buffered=self._reassembler.buffered,
         )
 
     async def run(self) -> None:
@@ -1005,6 +1037,7 @@ class ExecutorRpc:
         for incoming in self._incoming.values():
             incoming.cancelled = True
             incoming.scope.cancel()
+        self._reassembler.reset()  # a partial transfer of the peer's never completes
         # Nothing queued can be sent any more.
         self._deferred.clear()
         self._overflow.clear()
@@ -1100,7 +1133,7 @@ class ExecutorRpc:
     async def _send_request(self, body: bytes) -> int:
         """Issue a request envelope; a refusal before an ordinal is assigned is NOT_DISPATCHED."""
         try:
-            return await self.transport.send(body)
+            return await self._chunks.send(body)
         except PayloadTooLarge as exc:
             raise NotDispatched("PAYLOAD_TOO_LARGE", str(exc)) from exc
         except SessionFailed as exc:
@@ -1346,6 +1379,57 @@ class ExecutorRpc:
                 self._on_cancel(envelope)
             case Notify():
                 self._on_notify(envelope)
+            case Part():
+                self._on_part(envelope)
+
+    def _on_part(self, envelope: Part) -> None:
+        """A part of a body sent in parts: buffered; the whole is dispatched at its final part
+        as if it had arrived in one message. A call's id is claimed at its first part, so small
+        calls with later ids may complete meanwhile (module docstring of :mod:`.chunks`)."""
+        reassembler = self._reassembler
+        starting = not reassembler.in_progress
+        try:
+            body = reassembler.feed(envelope.flags, envelope.chunk)
+        except PartViolation as exc:
+            self._part_violations += 1
+            log.warning(
+                "dropping the peer's transfer in parts: %s",
+                exc,
+                extra=log_fields(session=self.transport.session_id),
+            )
+            return
+        if starting:
+            first = body if body is not None else reassembler.first_chunk()
+            if first is not None:
+                self._claimed = self._claim_call(first)
+        if body is None:
+            return
+        claimed, self._claimed = self._claimed, None
+        if claimed == -1:
+            return  # a reused call id, dropped (and logged) at its first part
+        self._whole_id = claimed
+        try:
+            self._dispatch(body)
+        finally:
+            self._whole_id = None
+
+    def _claim_call(self, first: bytes) -> int | None:
+        """The call id a transfer's first chunk names, recorded as the last incoming id; ``-1``
+        for one that does not increase (the whole call is then dropped); ``None`` if the body
+        is not a call whose head is readable (it is then checked whole, as any call)."""
+        head = _envelope_head(first)
+        if head is None or head[0] != CALL:
+            return None
+        call_id = head[1]
+        if call_id <= self._last_incoming_id:
+            log.warning(
+                "dropping malformed envelope (kind %d): %s",
+                CALL,
+                f"call id {call_id} does not increase (last {self._last_incoming_id})",
+            )
+            return -1
+        self._last_incoming_id = call_id
+        return call_id
 
     def _malformed(self, exc: BadEnvelope) -> None:
         """An envelope of the wrong shape: dropped; a reply naming a call of ours fails it."""
@@ -1353,7 +1437,7 @@ class ExecutorRpc:
         if kind is None:
             log.warning("dropping envelope that is not [kind, ...]")
             return
-        if not CALL <= kind <= CREDIT:
+        if not CALL <= kind <= PART:
             log.warning("dropping envelope of unknown kind %r", kind)
             return
         if kind in REPLY_KINDS and exc.call_id is not None:
@@ -1375,8 +1459,8 @@ class ExecutorRpc:
         if head is None:
             return
         kind, call_id = head
-        if kind == CALL and call_id > self._last_incoming_id:
-            self._last_incoming_id = call_id
+        if kind == CALL and (call_id > self._last_incoming_id or call_id == self._whole_id):
+            self._last_incoming_id = max(call_id, self._last_incoming_id)
             self._refuse(
                 call_id, Rejected("INVALID_ARGUMENTS", "the call's arguments do not decode")
             )
@@ -1554,14 +1638,15 @@ class ExecutorRpc:
         call_id, service, method = envelope.id, envelope.service, envelope.method
         args, kwargs, key = envelope.args, envelope.kwargs, envelope.key
         credit, credit_bytes = envelope.credit_items, envelope.credit_bytes
-        if call_id <= self._last_incoming_id:
+        if call_id <= self._last_incoming_id and call_id != self._whole_id:
             log.warning(
                 "dropping malformed envelope (kind %d): %s",
                 CALL,
                 f"call id {call_id} does not increase (last {self._last_incoming_id})",
             )
             return
-        self._last_incoming_id = call_id
+        if call_id > self._last_incoming_id:
+            self._last_incoming_id = call_id
         if self._draining and service != INTERNAL_SERVICE:
             self._refuse(
                 call_id,
@@ -2006,7 +2091,7 @@ class ExecutorRpc:
         """Hand a result over; if it is too large, send the error that replaces it (and return
         it: what the caller is told)."""
         try:
-            await self.transport.send(body)
+            await self._chunks.send(body)
         except PayloadTooLarge as exc:
             error = RemoteError("RESULT_TOO_LARGE", str(exc), remote_type="PayloadTooLarge")
             await self._send_error(call_id, error)
@@ -2035,7 +2120,7 @@ class ExecutorRpc:
                     raise TypeError(f"cannot encode stream item: {exc}") from exc
                 incoming.credit -= 1
                 incoming.credit_bytes -= len(body)
-                await self.transport.send(body)
+                await self._chunks.send(body)
             await self.transport.send(encode(End(call_id)))
         finally:
             aclose = getattr(iterator, "aclose", None)

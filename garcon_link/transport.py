@@ -447,6 +447,26 @@ class SessionTransport:
             await self._capacity.wait()
         return True
 
+    async def wait_retained_below(self, size: int) -> bool:
+        """Wait until fewer than ``size`` bytes of our frames await the peer's receipts (the
+        pacing of a bulk transfer: :mod:`garcon_link.chunks`). Unbounded: the caller bounds it.
+
+        Returns:
+            ``True`` once below; ``False`` if the session was retired first.
+        """
+        while self._session.retained_bytes >= size:
+            if self._session.failure is not None:
+                return False
+            if self._capacity.is_set():
+                self._capacity = anyio.Event()
+            await self._capacity.wait()
+        return True
+
+    @property
+    def issued(self) -> int:
+        """Highest ordinal assigned so far (0 before the first send)."""
+        return self._session.issued
+
     def has_capacity(self, size: int) -> bool:
         """Whether retention would admit a ``size``-byte body now (``False`` once retired)."""
         return self._session.has_capacity(size)
