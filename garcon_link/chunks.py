@@ -206,8 +206,13 @@ class ChunkSender:
         self.aborts_sent = 0
         self.on_abort: Callable[[], None] | None = None
 
-    async def send(self, body: bytes) -> int:
+    async def send(self, body: bytes, renumber: Callable[[bytes], bytes] | None = None) -> int:
         """Issue ``body``; returns the ordinal of its last message (the final part).
+
+        ``renumber`` (a call's body) is applied, once this send's turn has come and just before
+        its first part is issued, to give the call a fresh id: calls issued meanwhile (small
+        ones, not waiting for the turn) have higher ids, and the receiver requires a call's id,
+        read from its first part, to increase (:meth:`garcon_link.rpc.ExecutorRpc._on_part`).
 
         Raises:
             PayloadTooLarge: ``body`` would exceed the frame limit as one message; nothing sent.
@@ -223,6 +228,8 @@ class ChunkSender:
                 await self._transport.send(_ABORT_PART)
                 self._abort_owed = False
                 self.aborts_sent += 1
+            if renumber is not None:
+                body = renumber(body)
             view = memoryview(body)
             step = self.chunk
             end = len(body)

@@ -404,6 +404,16 @@ def _envelope_head(payload: bytes) -> tuple[int, int] | None:
     return kind, call_id
 
 
+def _uint_head(value: int) -> bytes:
+    """The CBOR encoding of the unsigned integer ``value`` (as ``cbor2.dumps`` writes it)."""
+    if value < 24:
+        return bytes((value,))
+    for width, marker in ((1, 24), (2, 25), (4, 26), (8, 27)):
+        if value < 1 << (8 * width):
+            return bytes((marker,)) + value.to_bytes(width, "big")
+    raise ValueError(f"call id {value} does not fit 64 bits")
+
+
 def _local_exception(error: CallError) -> BaseException:
     """Re-create an allow-listed remote exception, else return ``error`` itself."""
     if isinstance(error, RemoteError) and error.remote_type in _registered_exceptions:
@@ -1096,6 +1106,21 @@ class ExecutorRpc:
             raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
         return _Pending(call_id, spec, None), body
 
+    def _renumber(self, pending: _Pending, body: bytes) -> bytes:
+        """``body`` (a ``call`` sent in parts, about to be issued) with a fresh id, ``pending``
+        moved to it: calls issued while it waited for its turn have overtaken it, and the peer
+        requires ids to increase in the order calls arrive (:mod:`garcon_link.chunks`)."""
+        old, new = pending.id, self._next_id
+        self._next_id += 1
+        # [0, id, ...]: a one-byte array head (at most MAX_ARITY items), the kind, then the id.
+        assert body[0] & 0xE0 == 0x80 and body[1] == CALL
+        head = _uint_head(old)
+        if self._pending.get(old) is pending:
+            del self._pending[old]
+            self._pending[new] = pending
+        pending.id = new
+        return b"".join((body[:2], _uint_head(new), memoryview(body)[2 + len(head) :]))
+
     def _check_resources(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
         instance = self.peer_instance_id
         if instance is None:
@@ -1130,10 +1155,12 @@ class ExecutorRpc:
         if hold is not None:
             hold.set()
 
-    async def _send_request(self, body: bytes) -> int:
+    async def _send_request(
+        self, body: bytes, renumber: Callable[[bytes], bytes] | None = None
+    ) -> int:
         """Issue a request envelope; a refusal before an ordinal is assigned is NOT_DISPATCHED."""
         try:
-            return await self._chunks.send(body)
+            return await self._chunks.send(body, renumber)
         except PayloadTooLarge as exc:
             raise NotDispatched("PAYLOAD_TOO_LARGE", str(exc)) from exc
         except SessionFailed as exc:
@@ -1143,8 +1170,14 @@ class ExecutorRpc:
         self._pending[pending.id] = pending
         if len(self._pending) > self.observer.pending_peak:
             self.observer.pending_peak = len(self._pending)
+        renumber = None
+        if len(body) > self._chunks.chunk:
+
+            def renumber(body: bytes) -> bytes:
+                return self._renumber(pending, body)
+
         try:
-            pending.ordinal = await self._send_request(body)
+            pending.ordinal = await self._send_request(body, renumber)
         except NotDispatched:
             self._pending.pop(pending.id, None)
             self._note_settled()

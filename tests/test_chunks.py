@@ -295,3 +295,34 @@ async def test_a_call_in_parts_cannot_reuse_an_id(direction: str) -> None:
             assert await bulk.small(2) == 2
             assert impl.ledger == ["small:1", "small:2"]  # the reused id never ran
             assert pair.worker.current_rpc.statistics().transfers_received == 1
+
+
+@both_directions
+async def test_calls_waiting_for_their_turn_to_send_parts_are_not_taken_for_id_reuse(
+    direction: str,
+) -> None:
+    """Three large calls at once take turns; small calls issued while the later ones wait get
+    higher ids and arrive first. Each large call is given a fresh id when its turn comes, so
+    the worker, which requires ids to increase in arrival order, runs every one of them."""
+    impl = BulkImpl()
+    payloads = [os.urandom(8 * CHUNK + n) for n in range(3)]
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            rpc = pair.rpc
+            sizes: list[int] = []
+
+            async def big(payload: bytes) -> None:
+                sizes.append(await bulk.big(payload))
+
+            async with anyio.create_task_group() as tg:
+                for payload in payloads:
+                    tg.start_soon(big, payload)
+                await _until(lambda: rpc.statistics().parts_sent >= 1)
+                n = 0
+                while len(sizes) < len(payloads):
+                    assert await bulk.small(n) == n
+                    n += 1
+            assert sorted(sizes) == sorted(len(p) for p in payloads)
+            assert sorted(impl.received) == sorted(payloads)
+            assert pair.worker.current_rpc.statistics().transfers_received == 3
