@@ -6,8 +6,10 @@ A session delivers its messages in order, so one 16 MiB message (a call's argume
 a stream item, a notification) holds every message issued after it until the whole of it has
 crossed the socket: a small call behind it waits for the transfer (head-of-line blocking). Here
 an envelope body longer than ``Limits.bulk_chunk_bytes`` is sent as a sequence of ``part``
-envelopes instead, each an ordinary session message (so replay after a cut and the cumulative
-receipts are exact per part, and nothing below the RPC layer changes)::
+envelopes instead (as many equal parts as whole chunks fit in it, at least two: each part is
+less than 1.5 chunks, and no short tail waits a round trip for the window), each an ordinary
+session message (so replay after a cut and the cumulative receipts are exact per part, and
+nothing below the RPC layer changes)::
 
     part   [8, flags, chunk]      flags: 0 more, 1 final, 2 abort (chunk empty)
 
@@ -196,8 +198,9 @@ class ChunkSender:
 
     def __init__(self, transport: _Transport, chunk: int, window: int, limit: int) -> None:
         self._transport = transport
-        # A part's frame (its envelope and message heads, at most 32 bytes) fits the frame limit.
-        self.chunk = min(chunk, limit - 64)
+        # A part holds less than two chunks (see send) and its frame (with the envelope's and
+        # the message's heads, at most 32 bytes) fits the frame limit.
+        self.chunk = min(chunk, (limit - 64) // 2)
         self._window = window
         self._limit = limit
         self._lock = anyio.Lock()
@@ -231,8 +234,11 @@ class ChunkSender:
             if renumber is not None:
                 body = renumber(body)
             view = memoryview(body)
-            step = self.chunk
             end = len(body)
+            # Equal parts, as many as whole chunks fit (at least two): no short tail part that
+            # would wait a round trip for the window (a 1 MiB body goes as four parts, at once).
+            count = max(2, end // self.chunk)
+            step = -(-end // count)
             ordinal = 0
             try:
                 for start in range(0, end, step):

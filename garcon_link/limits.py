@@ -271,7 +271,7 @@ class Limits:
         default=256 * 1024,
         metadata=_doc(
             "An envelope body longer than this (a call's arguments, a result, a stream item, a "
-            "notification) is sent as parts of at most this many bytes, so small calls "
+            "notification) is sent as parts of about this size (below 1.5 times), so small calls "
             "interleave with it instead of waiting for the whole transfer."
         ),
     )
