@@ -209,11 +209,14 @@ class ChunkSender:
         self.aborts_sent = 0
         self.on_abort: Callable[[], None] | None = None
 
-    async def send(self, body: bytes, renumber: Callable[[bytes], bytes] | None = None) -> int:
+    async def send(
+        self, body: bytes, renumber: Callable[[bytes], tuple[bytes, int]] | None = None
+    ) -> int:
         """Issue ``body``; returns the ordinal of its last message (the final part).
 
-        ``renumber`` (a call's body) is applied, once this send's turn has come and just before
-        its first part is issued, to give the call a fresh id: calls issued meanwhile (small
+        ``renumber`` (a call's body) is asked, once this send's turn has come and just before
+        its first part is issued, for a new head and the length of ``body``'s head it replaces
+        (the body is not copied for it), to give the call a fresh id: calls issued meanwhile (small
         ones, not waiting for the turn) have higher ids, and the receiver requires a call's id,
         read from its first part, to increase (:meth:`garcon_link.rpc.ExecutorRpc._on_part`).
 
@@ -231,10 +234,10 @@ class ChunkSender:
                 await self._transport.send(_ABORT_PART)
                 self._abort_owed = False
                 self.aborts_sent += 1
-            if renumber is not None:
-                body = renumber(body)
-            view = memoryview(body)
-            end = len(body)
+            head, skip = renumber(body) if renumber is not None else (b"", 0)
+            view = memoryview(body)[skip:]
+            lead = len(head)
+            end = lead + len(view)
             # Equal parts, as many as whole chunks fit (at least two): no short tail part that
             # would wait a round trip for the window (a 1 MiB body goes as four parts, at once).
             count = max(2, end // self.chunk)
@@ -245,9 +248,11 @@ class ChunkSender:
                     if start:
                         await self._transport.wait_retained_below(self._window)
                     flags = FINAL if start + step >= end else MORE
-                    ordinal = await self._transport.send(
-                        encode_part(flags, view[start : start + step])
-                    )
+                    if start:
+                        chunk: bytes | memoryview = view[start - lead : start - lead + step]
+                    else:
+                        chunk = b"".join((head, view[: step - lead]))
+                    ordinal = await self._transport.send(encode_part(flags, chunk))
                     self.parts_sent += 1
             except BaseException:
                 if ordinal:  # parts were issued, the final one was not

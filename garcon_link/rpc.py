@@ -1106,10 +1106,11 @@ class ExecutorRpc:
             raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
         return _Pending(call_id, spec, None), body
 
-    def _renumber(self, pending: _Pending, body: bytes) -> bytes:
-        """``body`` (a ``call`` sent in parts, about to be issued) with a fresh id, ``pending``
-        moved to it: calls issued while it waited for its turn have overtaken it, and the peer
-        requires ids to increase in the order calls arrive (:mod:`garcon_link.chunks`)."""
+    def _renumber(self, pending: _Pending, body: bytes) -> tuple[bytes, int]:
+        """A fresh id for ``body`` (a ``call`` sent in parts, about to be issued): the head that
+        replaces its first bytes and how many it replaces; ``pending`` moves to the new id.
+        Calls issued while it waited for its turn have overtaken it, and the peer requires ids
+        to increase in the order calls arrive (:mod:`garcon_link.chunks`)."""
         old, new = pending.id, self._next_id
         self._next_id += 1
         # [0, id, ...]: a one-byte array head (at most MAX_ARITY items), the kind, then the id.
@@ -1119,7 +1120,7 @@ class ExecutorRpc:
             del self._pending[old]
             self._pending[new] = pending
         pending.id = new
-        return b"".join((body[:2], _uint_head(new), memoryview(body)[2 + len(head) :]))
+        return body[:2] + _uint_head(new), 2 + len(head)
 
     def _check_resources(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
         instance = self.peer_instance_id
@@ -1156,7 +1157,7 @@ class ExecutorRpc:
             hold.set()
 
     async def _send_request(
-        self, body: bytes, renumber: Callable[[bytes], bytes] | None = None
+        self, body: bytes, renumber: Callable[[bytes], tuple[bytes, int]] | None = None
     ) -> int:
         """Issue a request envelope; a refusal before an ordinal is assigned is NOT_DISPATCHED."""
         try:
@@ -1173,7 +1174,7 @@ class ExecutorRpc:
         renumber = None
         if len(body) > self._chunks.chunk:
 
-            def renumber(body: bytes) -> bytes:
+            def renumber(body: bytes) -> tuple[bytes, int]:
                 return self._renumber(pending, body)
 
         try:
