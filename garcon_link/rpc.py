@@ -17,6 +17,16 @@ by the caller, so ``result``/``error``/``stream_item``/``stream_end`` name *our*
     stream_item  [5, id, value]
     stream_end   [6, id]
     credit       [7, id, items, bytes]
+    part         [8, flags, chunk]
+
+A body (any of the envelopes above, encoded) longer than ``Limits.bulk_chunk_bytes`` is sent as
+``part`` envelopes, paced so that small messages interleave with it, and dispatched whole once
+its final part arrives (:mod:`garcon_link.chunks`: the rules, pacing and hostile parts). A
+request's ordinal is that of its final part, so a call cancelled or timed out before its final
+part left is ``NOT_DISPATCHED`` (an abort part frees the peer's buffer). Call ids must increase
+in the order calls *arrive*: a call sent in parts is given a fresh id when its turn to send
+comes (calls issued meanwhile overtook it), and the receiver checks and records it at the first
+part, so small calls with higher ids may complete before it is reassembled.
 
 The envelopes are typed (one frozen dataclass per kind) and encoded and decoded only in
 :mod:`garcon_link.envelopes`; :meth:`ExecutorRpc._dispatch` matches on them. ``call`` may carry a
