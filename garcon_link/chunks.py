@@ -67,6 +67,7 @@ __all__ = [
     "PartViolation",
     "Reassembler",
     "encode_part",
+    "parse_part",
 ]
 
 PART = 8
@@ -94,6 +95,29 @@ def encode_part(flags: int, chunk: bytes | memoryview) -> bytes:
     return b"".join((bytes((0x83, PART, flags)), _bytes_head(len(chunk)), chunk))
 
 
+def parse_part(payload: bytes) -> tuple[int, memoryview] | None:
+    """``(flags, chunk)`` of a part encoded as :func:`encode_part` writes it, the chunk a view
+    of ``payload`` (not a copy); ``None`` for anything else (the caller then decodes it as any
+    envelope). Never raises."""
+    if len(payload) < 4 or payload[0] != 0x83 or payload[1] != PART or payload[2] > ABORT:
+        return None
+    head = payload[3]
+    if head & 0xE0 != 0x40:
+        return None
+    info = head & 0x1F
+    if info < 24:
+        start, size = 4, info
+    elif 24 <= info <= 27:
+        width = 1 << (info - 24)
+        start = 4 + width
+        size = int.from_bytes(payload[4:start], "big")
+    else:
+        return None
+    if start + size != len(payload):
+        return None
+    return payload[2], memoryview(payload)[start:]
+
+
 class PartViolation(Exception):
     """A part the receiver refuses (see the module docstring); the transfer is discarded."""
 
@@ -109,7 +133,7 @@ class Reassembler:
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
-        self._chunks: list[bytes] = []
+        self._chunks: list[bytes | memoryview] = []
         self._size = 0
         self._discarding = False
         self.parts = 0
@@ -134,7 +158,11 @@ class Reassembler:
                 transfer (to its final or abort part) is discarded.
         """
         self.parts += 1
-        if type(flags) is not int or not MORE <= flags <= ABORT or type(chunk) is not bytes:
+        if (
+            type(flags) is not int
+            or not MORE <= flags <= ABORT
+            or (type(chunk) is not bytes and type(chunk) is not memoryview)
+        ):
             raise self._violation("a part is [8, 0..2, bytes]")
         if self._discarding:
             if flags != MORE:
@@ -154,14 +182,14 @@ class Reassembler:
         self._chunks.append(chunk)
         if flags == MORE:
             return None
-        body = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        body = b"".join(self._chunks)
         self.completed += 1
         self.reset()
         return body
 
     def first_chunk(self) -> bytes | None:
-        """The first chunk of the transfer in progress (to read its envelope's head)."""
-        return self._chunks[0] if self._chunks else None
+        """The first bytes (at most 64) of the transfer in progress (its envelope's head)."""
+        return bytes(self._chunks[0][:64]) if self._chunks else None
 
     def reset(self) -> None:
         """Drop the partial body (a retired session, an abort)."""

@@ -170,7 +170,7 @@ import anyio.abc
 import cbor2
 
 from . import _asyncio_stream
-from .chunks import ChunkSender, PartViolation, Reassembler
+from .chunks import ChunkSender, PartViolation, Reassembler, parse_part
 from .envelopes import (
     CALL,
     CANCEL,
@@ -1393,6 +1393,11 @@ class ExecutorRpc:
     # ------------------------------------------------------------------ inbound dispatch
 
     def _dispatch(self, payload: bytes) -> None:
+        if len(payload) > 1 and payload[1] == PART and payload[0] == 0x83:
+            part = parse_part(payload)  # the chunk without a copy (else decoded as any other)
+            if part is not None:
+                self._on_part(Part(*part))
+                return
         try:
             # plain=True: refuses shared references and cycles, so no envelope can expand into
             # a structure larger than its own bytes (a DAG of 2**n paths) later on.
@@ -1443,7 +1448,7 @@ class ExecutorRpc:
             )
             return
         if starting:
-            first = body if body is not None else reassembler.first_chunk()
+            first = body[:64] if body is not None else reassembler.first_chunk()
             if first is not None:
                 self._claimed = self._claim_call(first)
         if body is None:

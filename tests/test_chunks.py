@@ -19,7 +19,16 @@ import pytest
 from rpcutil import LIMITS, both_directions, next_call_id, open_pair, raw_send
 
 import garcon_link as gl
-from garcon_link.chunks import ABORT, FINAL, MORE, PART, PartViolation, Reassembler, encode_part
+from garcon_link.chunks import (
+    ABORT,
+    FINAL,
+    MORE,
+    PART,
+    PartViolation,
+    Reassembler,
+    encode_part,
+    parse_part,
+)
 from garcon_link.rpc import CALL
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -93,6 +102,34 @@ def test_encode_part_is_cbor() -> None:
         chunk = os.urandom(size)
         assert encode_part(MORE, chunk) == cbor2.dumps([PART, MORE, chunk])
         assert encode_part(FINAL, memoryview(chunk)) == cbor2.dumps([PART, FINAL, chunk])
+
+
+def test_parse_part_reads_what_encode_part_writes_without_a_copy() -> None:
+    import cbor2
+
+    for size in (0, 23, 24, 255, 256, 65535, 65536):
+        chunk = os.urandom(size)
+        for flags in (MORE, FINAL, ABORT):
+            parsed = parse_part(encode_part(flags, chunk))
+            assert parsed is not None
+            assert (parsed[0], bytes(parsed[1])) == (flags, chunk)
+            assert type(parsed[1]) is memoryview
+    # Anything else is left to the generic decoder (which accepts or refuses it).
+    ok = encode_part(MORE, b"abc")
+    for other in (
+        b"",
+        ok[:3],
+        ok + b"x",  # trailing bytes
+        ok[:-1],  # short
+        b"\x83\x08\x03\x43abc",  # flags out of range
+        b"\x83\x08\x00\x63abc",  # text, not bytes
+        b"\x83\x08\x00\x58\x03abc",  # a longer head than needed: decoded generically
+        cbor2.dumps([PART, MORE, "abc"]),
+        cbor2.dumps([PART, MORE]),
+    ):
+        parsed = parse_part(other)
+        assert parsed is None or other == b"\x83\x08\x00\x58\x03abc", other
+    assert parse_part(b"\x83\x08\x00\x58\x03abc") is not None  # a valid, longer head
 
 
 def test_limits_validate_the_chunk_size() -> None:
