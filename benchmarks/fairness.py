@@ -33,6 +33,7 @@ import anyio
 import garcon_link as gl
 
 from . import eventloop, harness
+from .resume import _figure
 
 MiB = 1024 * 1024
 _SECRET = gl.Secret(b"garcon-link-benchmark-secret-000")
@@ -159,19 +160,6 @@ async def _once(port: int, settings: FairnessSettings) -> dict[str, Any]:
         "bulk_bytes": total,
         "bulk_s": bulk_s,
         "bulk_mb_per_s": total / bulk_s / 1e6,
-    }
-
-
-def _figure(
-    key: str, label: str, unit: str, summary: dict[str, Any], target: float | None
-) -> dict[str, Any]:
-    return {
-        "key": key,
-        "label": label,
-        "unit": unit,
-        "summary": summary,
-        "target": target,
-        "met": None if target is None else summary["median"] <= target,
     }
 
 

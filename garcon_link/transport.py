@@ -437,15 +437,7 @@ class SessionTransport:
             ``True`` once acknowledged; ``False`` if the session was retired first.
         """
         target = self._session.issued
-        while self._session.confirmed < target:
-            if self._session.failure is not None:
-                return False
-            # Receipts set this event (senders waiting for capacity share it; a new one is
-            # made only once it was set, so no waiter misses a wake-up).
-            if self._capacity.is_set():
-                self._capacity = anyio.Event()
-            await self._capacity.wait()
-        return True
+        return await self._wait_for_receipts(lambda: self._session.confirmed >= target)
 
     async def wait_retained_below(self, size: int) -> bool:
         """Wait until fewer than ``size`` bytes of our frames await the peer's receipts (the
@@ -454,9 +446,14 @@ class SessionTransport:
         Returns:
             ``True`` once below; ``False`` if the session was retired first.
         """
-        while self._session.retained_bytes >= size:
+        return await self._wait_for_receipts(lambda: self._session.retained_bytes < size)
+
+    async def _wait_for_receipts(self, done: Callable[[], bool]) -> bool:
+        while not done():
             if self._session.failure is not None:
                 return False
+            # Receipts set this event (senders waiting for capacity share it; a new one is
+            # made only once it was set, so no waiter misses a wake-up).
             if self._capacity.is_set():
                 self._capacity = anyio.Event()
             await self._capacity.wait()
