@@ -45,7 +45,9 @@ Rules:
   partial body is dropped (memory freed at once), the rest of that transfer, up to its final or
   abort part, is discarded unread, and the RPC layer logs it and counts it
   (``RpcStatistics.part_violations``); the session stays. Each part costs O(its size) and the
-  buffer is bounded by ``max_frame_bytes``.
+  buffer is bounded by ``max_frame_bytes``, each part counting at least :data:`MIN_CHARGE` bytes
+  (so tiny parts cannot multiply what is held by their per-object overhead: at most about
+  1.25 times the limit in all).
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ MORE, FINAL, ABORT = 0, 1, 2
 """A part's flags: more follow, the last one, the transfer is abandoned."""
 
 _ABORT_PART = bytes((0x83, PART, ABORT, 0x40))
+
+MIN_CHARGE = 1024
+"""What a part costs against the transfer limit at least: each part held also costs a few hundred
+bytes of objects, so a peer sending tiny parts cannot make a transfer hold many times its limit
+(Limits guarantees our own parts are at least this big, but for the last)."""
 
 
 def _bytes_head(size: int) -> bytes:
@@ -129,12 +136,22 @@ class Reassembler:
         limit: the most bytes one reassembled body may hold (``max_frame_bytes``).
     """
 
-    __slots__ = ("_chunks", "_discarding", "_limit", "_size", "aborted", "completed", "parts")
+    __slots__ = (
+        "_charged",
+        "_chunks",
+        "_discarding",
+        "_limit",
+        "_size",
+        "aborted",
+        "completed",
+        "parts",
+    )
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._chunks: list[bytes | memoryview] = []
         self._size = 0
+        self._charged = 0
         self._discarding = False
         self.parts = 0
         self.completed = 0
@@ -177,8 +194,9 @@ class Reassembler:
         if flags == MORE and not chunk:
             raise self._violation("an empty part that is not the last")
         self._size += len(chunk)
-        if self._size > self._limit:
-            raise self._violation(f"a transfer exceeds {self._limit} bytes")
+        self._charged += max(len(chunk), MIN_CHARGE)
+        if self._charged > self._limit:
+            raise self._violation(f"a transfer exceeds {self._limit} bytes ({self.parts} parts)")
         self._chunks.append(chunk)
         if flags == MORE:
             return None
@@ -194,7 +212,7 @@ class Reassembler:
     def reset(self) -> None:
         """Drop the partial body (a retired session, an abort)."""
         self._chunks = []
-        self._size = 0
+        self._size = self._charged = 0
 
     def _violation(self, why: str) -> PartViolation:
         # The rest of a transfer begun before this part is discarded up to its last part.
@@ -229,6 +247,8 @@ class ChunkSender:
         # A part holds less than two chunks (see send) and its frame (with the envelope's and
         # the message's heads, at most 32 bytes) fits the frame limit.
         self.chunk = min(chunk, (limit - 64) // 2)
+        if self.chunk < MIN_CHARGE:
+            self.chunk = limit  # frames too small to split usefully: every body goes whole
         self._window = window
         self._limit = limit
         self._lock = anyio.Lock()

@@ -22,6 +22,7 @@ import garcon_link as gl
 from garcon_link.chunks import (
     ABORT,
     FINAL,
+    MIN_CHARGE,
     MORE,
     PART,
     PartViolation,
@@ -42,7 +43,7 @@ BULK = LIMITS.replace(bulk_chunk_bytes=CHUNK, bulk_window_bytes=4 * CHUNK, recei
 
 
 def test_parts_reassemble_in_order() -> None:
-    r = Reassembler(100)
+    r = Reassembler(100 * MIN_CHARGE)
     assert r.feed(MORE, b"ab") is None
     assert r.in_progress and r.buffered == 2 and r.first_chunk() == b"ab"
     assert r.feed(MORE, b"cd") is None
@@ -53,7 +54,7 @@ def test_parts_reassemble_in_order() -> None:
 
 
 def test_abort_frees_the_buffer() -> None:
-    r = Reassembler(100)
+    r = Reassembler(100 * MIN_CHARGE)
     r.feed(MORE, b"abc")
     assert r.feed(ABORT, b"") is None
     assert (r.in_progress, r.buffered, r.aborted) == (False, 0, 1)
@@ -65,7 +66,7 @@ def test_abort_frees_the_buffer() -> None:
     [(3, b"x"), (-1, b"x"), ("0", b"x"), (True, b"x"), (MORE, "text"), (MORE, None), (MORE, b"")],
 )
 def test_malformed_parts_are_violations(flags: Any, chunk: Any) -> None:
-    r = Reassembler(100)
+    r = Reassembler(100 * MIN_CHARGE)
     with pytest.raises(PartViolation):
         r.feed(flags, chunk)
     assert r.buffered == 0
@@ -73,7 +74,7 @@ def test_malformed_parts_are_violations(flags: Any, chunk: Any) -> None:
 
 
 def test_abort_without_a_transfer_and_nonempty_abort_are_violations() -> None:
-    r = Reassembler(100)
+    r = Reassembler(100 * MIN_CHARGE)
     with pytest.raises(PartViolation):
         r.feed(ABORT, b"")
     r.feed(MORE, b"a")
@@ -83,16 +84,32 @@ def test_abort_without_a_transfer_and_nonempty_abort_are_violations() -> None:
 
 
 def test_oversize_transfer_is_dropped_and_the_rest_discarded() -> None:
-    r = Reassembler(10)
-    r.feed(MORE, b"123456")
-    with pytest.raises(PartViolation, match="exceeds 10"):
-        r.feed(MORE, b"7890X")
+    r = Reassembler(2 * MIN_CHARGE)
+    r.feed(MORE, b"a" * MIN_CHARGE)
+    with pytest.raises(PartViolation, match=f"exceeds {2 * MIN_CHARGE}"):
+        r.feed(MORE, b"b" * (MIN_CHARGE + 1))
     assert (r.buffered, r.in_progress) == (0, False)
     # The rest of that transfer is discarded unread, up to and including its last part.
     assert r.feed(MORE, b"more") is None
     assert r.buffered == 0
     assert r.feed(FINAL, b"end") is None
     assert r.feed(FINAL, b"next") == b"next"
+
+
+def test_tiny_parts_count_at_least_min_charge() -> None:
+    """A peer sending 1-byte parts cannot make a transfer hold ~250 bytes of objects per byte
+    of its limit: each part counts MIN_CHARGE bytes."""
+    r = Reassembler(10 * MIN_CHARGE)
+    for _ in range(10):
+        assert r.feed(MORE, b"x") is None
+    with pytest.raises(PartViolation, match="11 parts"):
+        r.feed(MORE, b"x")
+    assert r.buffered == 0
+    # Parts of at least MIN_CHARGE bytes are charged what they hold: a limit-sized body passes.
+    r = Reassembler(3 * MIN_CHARGE)
+    r.feed(MORE, b"a" * MIN_CHARGE)
+    r.feed(MORE, b"b" * MIN_CHARGE)
+    assert r.feed(FINAL, b"c" * MIN_CHARGE) == b"a" * MIN_CHARGE + b"b" * MIN_CHARGE + b"c" * 1024
 
 
 def test_encode_part_is_cbor() -> None:
