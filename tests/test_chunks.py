@@ -382,3 +382,18 @@ async def test_calls_waiting_for_their_turn_to_send_parts_are_not_taken_for_id_r
             assert sorted(sizes) == sorted(len(p) for p in payloads)
             assert sorted(impl.received) == sorted(payloads)
             assert pair.worker.current_rpc.statistics().transfers_received == 3
+
+
+@both_directions
+async def test_retirement_drops_a_partial_transfer(direction: str) -> None:
+    impl = BulkImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            assert await bulk.small(1) == 1
+            worker_rpc = pair.worker.current_rpc
+            await raw_send(pair.rpc, encode_part(MORE, b"z" * CHUNK))
+            await _until(lambda: worker_rpc.statistics().part_buffered == CHUNK)
+            await pair.stop_controller()  # a graceful close retires the session on both ends
+            await _until(lambda: worker_rpc.retired)
+            assert worker_rpc.statistics().part_buffered == 0
