@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import eventloop, fleet, harness, report, resume, versions
+from . import eventloop, fairness, fleet, harness, report, resume, versions
 from .systems import BY_NAME, ENTRIES, Entry
 
 HERE = Path(__file__).resolve().parent
@@ -90,7 +90,7 @@ def select(
 ) -> tuple[list[Entry], list[str]]:
     """The echo entries and the ``resume.py`` and ``fleet.py`` measurements named by ``--only``
     (in the report's order), or all of them."""
-    extras = (*resume.NAMES, *fleet.NAMES)
+    extras = (*resume.NAMES, *fleet.NAMES, *fairness.NAMES)
     if not only:
         return list(ENTRIES), list(extras)
     wanted: set[str] = set()
@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for entry in ENTRIES:
             print(f"{entry.name:15} {entry.kind:6} {entry.description}")
-        for name, description in {**resume.DESCRIPTIONS, **fleet.DESCRIPTIONS}.items():
+        descriptions = {**resume.DESCRIPTIONS, **fleet.DESCRIPTIONS, **fairness.DESCRIPTIONS}
+        for name, description in descriptions.items():
             print(f"{name:15} {'ours':6} {description}")
         return 0
     settings = harness.Settings()
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             doc = harness.run(entries, settings, args.loop)
             extras_started = time.perf_counter()
             doc["resume_and_memory"] = resume.run(extras, settings, args.quick, args.loop)
+            # fairness.py's figures stand against targets too: reported in the same table.
+            doc["resume_and_memory"] += fairness.run(extras, settings, args.quick, args.loop)
             doc["fleet"] = fleet.run(extras, settings, args.quick, args.loop)
             doc["duration_s"] += time.perf_counter() - extras_started
         finally:

@@ -14,6 +14,12 @@ format; see :mod:`garcon_link.rpc` for what each kind means)::
     stream_item  [5, id, value]
     stream_end   [6, id]
     credit       [7, id, items, bytes]
+    part         [8, flags, chunk]          flags: 0 more, 1 final, 2 abort
+
+A ``part`` carries a slice of a body longer than ``Limits.bulk_chunk_bytes`` (any of the kinds
+above, encoded); the receiver concatenates the chunks of one transfer and decodes the whole at
+its final part (:mod:`garcon_link.chunks`, which encodes and checks parts). Only such bodies are
+sent in parts: every other envelope is encoded exactly as before.
 
 *Call metadata* (issue 16) is the one addition to the format of earlier versions: a map of text
 to text (:func:`garcon_link.hooks.call_metadata`) as the tenth element of ``call`` (``key`` is then
@@ -46,6 +52,7 @@ __all__ = [
     "ERROR",
     "ITEM",
     "NOTIFY",
+    "PART",
     "RESULT",
     "BadEnvelope",
     "Call",
@@ -56,6 +63,7 @@ __all__ = [
     "Error",
     "Item",
     "Notify",
+    "Part",
     "Result",
     "decode",
     "encode",
@@ -65,7 +73,7 @@ __all__ = [
     "metadata_problem",
 ]
 
-CALL, RESULT, ERROR, CANCEL, NOTIFY, ITEM, END, CREDIT = range(8)
+CALL, RESULT, ERROR, CANCEL, NOTIFY, ITEM, END, CREDIT, PART = range(9)
 REPLY_KINDS = frozenset((RESULT, ERROR, ITEM, END))
 """Kinds that name one of *our* calls."""
 MAX_ARITY = 10
@@ -164,7 +172,15 @@ class Credit(msgspec.Struct, frozen=True):
         return [CREDIT, self.id, self.items, self.bytes]
 
 
-Envelope = Call | Result | Error | Cancel | Notify | Item | End | Credit
+class Part(msgspec.Struct, frozen=True):
+    flags: Any  # checked by chunks.Reassembler (as are the chunk's type and size)
+    chunk: Any
+
+    def wire(self) -> list[Any]:
+        return [PART, self.flags, self.chunk]
+
+
+Envelope = Call | Result | Error | Cancel | Notify | Item | End | Credit | Part
 
 
 class BadEnvelope(Exception):
@@ -255,7 +271,9 @@ def decode(item: object) -> Envelope:
             return Cancel(named)
         case 4 if n == 5 or n == 6:
             return Notify(*item[1:])
-    if not CALL <= kind <= CREDIT:
+        case 8 if n == 3:
+            return Part(item[1], item[2])
+    if not CALL <= kind <= PART:
         raise BadEnvelope(kind, f"unknown kind {kind!r}")
     raise BadEnvelope(kind, f"kind {kind} with {n} elements is malformed", named)
 

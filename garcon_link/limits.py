@@ -109,6 +109,13 @@ class Limits:
         default=64,
         metadata=_doc("At most this many inbound messages are accepted between two receipts."),
     )
+    receipt_bytes: int = field(
+        default=256 * 1024,
+        metadata=_doc(
+            "A receipt is sent at once (not after receipt_delay) once this many inbound body "
+            "bytes were accepted since the last one: a bulk transfer's pacing waits for it."
+        ),
+    )
     receipt_delay: float = field(
         default=0.005,
         metadata=_doc("How long a lone, non-urgent receipt waits to share a message with frames."),
@@ -259,6 +266,24 @@ class Limits:
         ),
     )
 
+    # bulk transfers in parts (issue 17; garcon_link.chunks)
+    bulk_chunk_bytes: int = field(
+        default=256 * 1024,
+        metadata=_doc(
+            "An envelope body longer than this (a call's arguments, a result, a stream item, a "
+            "notification) is sent as parts of about this size (below 1.5 times), so small calls "
+            "interleave with it instead of waiting for the whole transfer."
+        ),
+    )
+    bulk_window_bytes: int = field(
+        default=1 * MiB,
+        metadata=_doc(
+            "A transfer in parts sends its next part only while fewer than this many bytes of "
+            "ours await the peer's receipts: at most about this much bulk is ahead of a small "
+            "call."
+        ),
+    )
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
@@ -300,6 +325,11 @@ class Limits:
             raise ConfigError(
                 "Limits.max_queued_refusals must exceed max_pending_calls "
                 f"({self.max_queued_refusals} <= {self.max_pending_calls})"
+            )
+        if self.bulk_chunk_bytes < 1024:
+            # The first part holds the envelope's head (a call's id is read from it).
+            raise ConfigError(
+                f"Limits.bulk_chunk_bytes must be at least 1024, got {self.bulk_chunk_bytes!r}"
             )
         if self.max_handshake_frames >= self.frame_burst:
             raise ConfigError(

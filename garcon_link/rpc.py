@@ -17,6 +17,16 @@ by the caller, so ``result``/``error``/``stream_item``/``stream_end`` name *our*
     stream_item  [5, id, value]
     stream_end   [6, id]
     credit       [7, id, items, bytes]
+    part         [8, flags, chunk]
+
+A body (any of the envelopes above, encoded) longer than ``Limits.bulk_chunk_bytes`` is sent as
+``part`` envelopes, paced so that small messages interleave with it, and dispatched whole once
+its final part arrives (:mod:`garcon_link.chunks`: the rules, pacing and hostile parts). A
+request's ordinal is that of its final part, so a call cancelled or timed out before its final
+part left is ``NOT_DISPATCHED`` (an abort part frees the peer's buffer). Call ids must increase
+in the order calls *arrive*: a call sent in parts is given a fresh id when its turn to send
+comes (calls issued meanwhile overtook it), and the receiver checks and records it at the first
+part, so small calls with higher ids may complete before it is reassembled.
 
 The envelopes are typed (one frozen dataclass per kind) and encoded and decoded only in
 :mod:`garcon_link.envelopes`; :meth:`ExecutorRpc._dispatch` matches on them. ``call`` may carry a
@@ -161,6 +171,7 @@ import anyio.abc
 import cbor2
 
 from . import _asyncio_stream
+from .chunks import ChunkSender, PartViolation, Reassembler, parse_part
 from .envelopes import (
     CALL,
     CANCEL,
@@ -170,6 +181,7 @@ from .envelopes import (
     ITEM,
     MAX_ARITY,
     NOTIFY,
+    PART,
     REPLY_KINDS,
     RESULT,
     BadEnvelope,
@@ -181,6 +193,7 @@ from .envelopes import (
     Error,
     Item,
     Notify,
+    Part,
     Result,
     encode,
     encode_call,
@@ -400,6 +413,16 @@ def _envelope_head(payload: bytes) -> tuple[int, int] | None:
     if not 2 <= length <= MAX_ARITY or kind > CREDIT:
         return None
     return kind, call_id
+
+
+def _uint_head(value: int) -> bytes:
+    """The CBOR encoding of the unsigned integer ``value`` (as ``cbor2.dumps`` writes it)."""
+    if value < 24:
+        return bytes((value,))
+    for width, marker in ((1, 24), (2, 25), (4, 26), (8, 27)):
+        if value < 1 << (8 * width):
+            return bytes((marker,)) + value.to_bytes(width, "big")
+    raise ValueError(f"call id {value} does not fit 64 bits")
 
 
 def _local_exception(error: CallError) -> BaseException:
@@ -750,6 +773,13 @@ class RpcStatistics:
         eager_handlers: the peer's calls whose handler ran to its end (reply handed over)
             within the dispatch of the message that carried them, without a task switch
             (asyncio on Python 3.12+ only; see :func:`_start_handler`). Always 0 elsewhere.
+        parts_sent: ``part`` envelopes we sent (bodies over ``bulk_chunk_bytes``;
+            :mod:`garcon_link.chunks`), aborts included.
+        parts_received: ``part`` envelopes the peer sent us.
+        transfers_received: bodies reassembled from parts and dispatched.
+        transfers_aborted: transfers the peer abandoned (an abort part freed our buffer).
+        part_violations: parts refused as malformed or beyond the size limit (dropped).
+        part_buffered: bytes of the peer's transfer in progress held now (0 between transfers).
     """
 
     pending_calls: int
@@ -762,6 +792,12 @@ class RpcStatistics:
     flow_violations: int
     malformed_replies: int
     eager_handlers: int = 0
+    parts_sent: int = 0
+    parts_received: int = 0
+    transfers_received: int = 0
+    transfers_aborted: int = 0
+    part_violations: int = 0
+    part_buffered: int = 0
 
 
 class _CallIds:
@@ -882,6 +918,16 @@ class ExecutorRpc:
         self._incoming: dict[int, _Incoming] = {}
         self._notifications = 0  # one-way handlers running
         self._last_incoming_id = 0
+        # Bodies over bulk_chunk_bytes go in parts (garcon_link.chunks). A call sent in parts
+        # has its id claimed when its first part arrives (_on_part); _whole_id is that id while
+        # the reassembled call is dispatched, so _on_call does not take it for a reuse.
+        self._chunks = ChunkSender(
+            transport, limits.bulk_chunk_bytes, limits.bulk_window_bytes, limits.max_frame_bytes
+        )
+        self._reassembler = Reassembler(limits.max_frame_bytes)
+        self._claimed: int | None = None  # the call id claimed by the transfer in progress
+        self._whole_id: int | None = None
+        self._part_violations = 0
         self._retired: CallError | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         # Call handlers on asyncio are plain tasks (see _on_call); on trio, children of _tg.
@@ -971,6 +1017,12 @@ class ExecutorRpc:
             flow_violations=self._flow_violations,
             malformed_replies=self._malformed_replies,
             eager_handlers=self._eager_handlers,
+            parts_sent=self._chunks.parts_sent + self._chunks.aborts_sent,
+            parts_received=self._reassembler.parts,
+            transfers_received=self._reassembler.completed,
+            transfers_aborted=self._reassembler.aborted,
+            part_violations=self._part_violations,
+            part_buffered=self._reassembler.buffered,
         )
 
     async def run(self) -> None:
@@ -1022,6 +1074,7 @@ class ExecutorRpc:
         for incoming in self._incoming.values():
             incoming.cancelled = True
             incoming.scope.cancel()
+        self._reassembler.reset()  # a partial transfer of the peer's never completes
         # Nothing queued can be sent any more.
         self._deferred.clear()
         self._overflow.clear()
@@ -1080,6 +1133,22 @@ class ExecutorRpc:
             raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
         return _Pending(call_id, spec, None), body
 
+    def _renumber(self, pending: _Pending, body: bytes) -> tuple[bytes, int]:
+        """A fresh id for ``body`` (a ``call`` sent in parts, about to be issued): the head that
+        replaces its first bytes and how many it replaces; ``pending`` moves to the new id.
+        Calls issued while it waited for its turn have overtaken it, and the peer requires ids
+        to increase in the order calls arrive (:mod:`garcon_link.chunks`)."""
+        old, new = pending.id, self._next_id
+        self._next_id += 1
+        # [0, id, ...]: a one-byte array head (at most MAX_ARITY items), the kind, then the id.
+        assert body[0] & 0xE0 == 0x80 and body[1] == CALL
+        head = _uint_head(old)
+        if self._pending.get(old) is pending:
+            del self._pending[old]
+            self._pending[new] = pending
+        pending.id = new
+        return body[:2] + _uint_head(new), 2 + len(head)
+
     def _check_resources(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
         instance = self.peer_instance_id
         if instance is None:
@@ -1118,10 +1187,12 @@ class ExecutorRpc:
         if hold is not None:
             hold.set()
 
-    async def _send_request(self, body: bytes) -> int:
+    async def _send_request(
+        self, body: bytes, renumber: Callable[[bytes], tuple[bytes, int]] | None = None
+    ) -> int:
         """Issue a request envelope; a refusal before an ordinal is assigned is NOT_DISPATCHED."""
         try:
-            return await self.transport.send(body)
+            return await self._chunks.send(body, renumber)
         except PayloadTooLarge as exc:
             raise NotDispatched("PAYLOAD_TOO_LARGE", str(exc)) from exc
         except SessionFailed as exc:
@@ -1131,8 +1202,14 @@ class ExecutorRpc:
         self._pending[pending.id] = pending
         if len(self._pending) > self.observer.pending_peak:
             self.observer.pending_peak = len(self._pending)
+        renumber = None
+        if len(body) > self._chunks.chunk:
+
+            def renumber(body: bytes) -> tuple[bytes, int]:
+                return self._renumber(pending, body)
+
         try:
-            pending.ordinal = await self._send_request(body)
+            pending.ordinal = await self._send_request(body, renumber)
         except NotDispatched:
             self._pending.pop(pending.id, None)
             self._note_settled()
@@ -1337,6 +1414,11 @@ class ExecutorRpc:
     # ------------------------------------------------------------------ inbound dispatch
 
     def _dispatch(self, payload: bytes) -> None:
+        if len(payload) > 1 and payload[1] == PART and payload[0] == 0x83:
+            part = parse_part(payload)  # the chunk without a copy (else decoded as any other)
+            if part is not None:
+                self._on_part(Part(*part))
+                return
         try:
             # plain=True: refuses shared references and cycles, so no envelope can expand into
             # a structure larger than its own bytes (a DAG of 2**n paths) later on.
@@ -1367,6 +1449,57 @@ class ExecutorRpc:
                 self._on_cancel(envelope)
             case Notify():
                 self._on_notify(envelope)
+            case Part():
+                self._on_part(envelope)
+
+    def _on_part(self, envelope: Part) -> None:
+        """A part of a body sent in parts: buffered; the whole is dispatched at its final part
+        as if it had arrived in one message. A call's id is claimed at its first part, so small
+        calls with later ids may complete meanwhile (module docstring of :mod:`.chunks`)."""
+        reassembler = self._reassembler
+        starting = not reassembler.in_progress
+        try:
+            body = reassembler.feed(envelope.flags, envelope.chunk)
+        except PartViolation as exc:
+            self._part_violations += 1
+            log.warning(
+                "dropping the peer's transfer in parts: %s",
+                exc,
+                extra=log_fields(session=self.transport.session_id),
+            )
+            return
+        if starting:
+            first = body[:64] if body is not None else reassembler.first_chunk()
+            if first is not None:
+                self._claimed = self._claim_call(first)
+        if body is None:
+            return
+        claimed, self._claimed = self._claimed, None
+        if claimed == -1:
+            return  # a reused call id, dropped (and logged) at its first part
+        self._whole_id = claimed
+        try:
+            self._dispatch(body)
+        finally:
+            self._whole_id = None
+
+    def _claim_call(self, first: bytes) -> int | None:
+        """The call id a transfer's first chunk names, recorded as the last incoming id; ``-1``
+        for one that does not increase (the whole call is then dropped); ``None`` if the body
+        is not a call whose head is readable (it is then checked whole, as any call)."""
+        head = _envelope_head(first)
+        if head is None or head[0] != CALL:
+            return None
+        call_id = head[1]
+        if call_id <= self._last_incoming_id:
+            log.warning(
+                "dropping malformed envelope (kind %d): %s",
+                CALL,
+                f"call id {call_id} does not increase (last {self._last_incoming_id})",
+            )
+            return -1
+        self._last_incoming_id = call_id
+        return call_id
 
     def _malformed(self, exc: BadEnvelope) -> None:
         """An envelope of the wrong shape: dropped; a reply naming a call of ours fails it."""
@@ -1374,7 +1507,7 @@ class ExecutorRpc:
         if kind is None:
             log.warning("dropping envelope that is not [kind, ...]")
             return
-        if not CALL <= kind <= CREDIT:
+        if not CALL <= kind <= PART:
             log.warning("dropping envelope of unknown kind %r", kind)
             return
         if kind in REPLY_KINDS and exc.call_id is not None:
@@ -1396,8 +1529,8 @@ class ExecutorRpc:
         if head is None:
             return
         kind, call_id = head
-        if kind == CALL and call_id > self._last_incoming_id:
-            self._last_incoming_id = call_id
+        if kind == CALL and (call_id > self._last_incoming_id or call_id == self._whole_id):
+            self._last_incoming_id = max(call_id, self._last_incoming_id)
             self._refuse(
                 call_id, Rejected("INVALID_ARGUMENTS", "the call's arguments do not decode")
             )
@@ -1575,14 +1708,15 @@ class ExecutorRpc:
         call_id, service, method = envelope.id, envelope.service, envelope.method
         args, kwargs, key = envelope.args, envelope.kwargs, envelope.key
         credit, credit_bytes = envelope.credit_items, envelope.credit_bytes
-        if call_id <= self._last_incoming_id:
+        if call_id <= self._last_incoming_id and call_id != self._whole_id:
             log.warning(
                 "dropping malformed envelope (kind %d): %s",
                 CALL,
                 f"call id {call_id} does not increase (last {self._last_incoming_id})",
             )
             return
-        self._last_incoming_id = call_id
+        if call_id > self._last_incoming_id:
+            self._last_incoming_id = call_id
         if self._draining and service != INTERNAL_SERVICE:
             self._refuse(
                 call_id,
@@ -2045,7 +2179,7 @@ class ExecutorRpc:
         """Hand a result over; if it is too large, send the error that replaces it (and return
         it: what the caller is told)."""
         try:
-            await self.transport.send(body)
+            await self._chunks.send(body)
         except PayloadTooLarge as exc:
             error = RemoteError("RESULT_TOO_LARGE", str(exc), remote_type="PayloadTooLarge")
             await self._send_error(call_id, error)
@@ -2074,7 +2208,7 @@ class ExecutorRpc:
                     raise TypeError(f"cannot encode stream item: {exc}") from exc
                 incoming.credit -= 1
                 incoming.credit_bytes -= len(body)
-                await self.transport.send(body)
+                await self._chunks.send(body)
             await self.transport.send(encode(End(call_id)))
         finally:
             aclose = getattr(iterator, "aclose", None)

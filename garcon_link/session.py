@@ -59,7 +59,8 @@ Rules implemented (DESIGN §4)
   ``accepted``, however many messages the batch held; :meth:`data_to_send` emits at most one.
   When to flush is the adapter's decision; :attr:`MessageSession.receipt_urgent` tells it a due
   receipt must not wait for outgoing frames to ride with: the replay fence, or
-  ``Limits.receipt_interval`` messages accepted since the last receipt ("at most every 64").
+  ``Limits.receipt_interval`` messages accepted since the last receipt ("at most every 64"), or
+  ``Limits.receipt_bytes`` of their bodies (a bulk transfer's pacing waits for receipts).
 - **Atomic batches, decoded incrementally.** :meth:`receive` decodes the WebSocket message one
   packet at a time (:func:`~garcon_link.wire.iter_packets`) and checks each packet as it is
   decoded, against local copies of the counters; it applies the batch only if every packet is
@@ -240,6 +241,7 @@ class MessageSession:
         "_offered",
         "_packets_received",
         "_pool",
+        "_receipt_bytes",
         "_receipt_due",
         "_receipt_forced",
         "_receipt_through",
@@ -274,6 +276,7 @@ class MessageSession:
         self._receipt_due = False
         self._receipt_forced = False
         self._receipt_through = 0
+        self._receipt_bytes = 0  # body bytes accepted since the last receipt
         self._replays = 0
         self._replayed_frames = 0
         self._receipts_sent = 0
@@ -328,15 +331,23 @@ class MessageSession:
     def receipt_urgent(self) -> bool:
         """Whether a due receipt should be written now rather than wait for outgoing frames.
 
-        Urgent when it is the trailing receipt of an attachment (the peer's replay fence) or when
-        ``receipt_interval`` messages were accepted since the last receipt. A receipt that is due
+        Urgent when it is the trailing receipt of an attachment (the peer's replay fence), when
+        ``receipt_interval`` messages were accepted since the last receipt, or when their bodies
+        add up to ``receipt_bytes`` (a bulk transfer's sender paces itself on our receipts:
+        :mod:`garcon_link.chunks`). A receipt that is due
         but not urgent may be held briefly by the adapter so it shares a WebSocket message with
         the next outgoing frames instead of costing one of its own.
         """
         return self._receipt_due and (
             self._receipt_forced
             or self._accepted - self._receipt_through >= self._limits.receipt_interval
+            or self._receipt_bytes >= self._limits.receipt_bytes
         )
+
+    @property
+    def retained_bytes(self) -> int:
+        """Encoded bytes of the retained frames (issued, not yet confirmed)."""
+        return self._retained_bytes
 
     @property
     def frames_queued(self) -> int:
@@ -457,6 +468,7 @@ class MessageSession:
             self._receipt_due = False
             self._receipt_forced = False
             self._receipt_through = self._accepted
+            self._receipt_bytes = 0
             self._receipts_sent += 1
             out.append(encode_receipt(self._accepted))
         return out
@@ -494,6 +506,7 @@ class MessageSession:
         through_max = self._confirmed
         offered = self._offered
         bodies: list[bytes] = []
+        size = 0
         count = 0
         duplicates = 0
         receipts = 0
@@ -507,6 +520,7 @@ class MessageSession:
                     if ordinal == accepted + 1:
                         accepted = ordinal
                         bodies.append(packet.body)
+                        size += len(packet.body)
                     elif ordinal <= accepted:
                         duplicates += 1
                     else:
@@ -534,6 +548,7 @@ class MessageSession:
         if bodies:
             self._accepted = accepted
             self._delivered += len(bodies)
+            self._receipt_bytes += size
             self._receipt_due = True
         return bodies
 
@@ -659,6 +674,7 @@ class MessageSession:
         self._to_send.clear()
         self._receipt_due = False
         self._receipt_forced = False
+        self._receipt_bytes = 0
         _log.debug("session failed: %s", failure)
         return failure
 

@@ -465,7 +465,19 @@ class SessionTransport:
             ``True`` once acknowledged; ``False`` if the session was retired first.
         """
         target = self._session.issued
-        while self._session.confirmed < target:
+        return await self._wait_for_receipts(lambda: self._session.confirmed >= target)
+
+    async def wait_retained_below(self, size: int) -> bool:
+        """Wait until fewer than ``size`` bytes of our frames await the peer's receipts (the
+        pacing of a bulk transfer: :mod:`garcon_link.chunks`). Unbounded: the caller bounds it.
+
+        Returns:
+            ``True`` once below; ``False`` if the session was retired first.
+        """
+        return await self._wait_for_receipts(lambda: self._session.retained_bytes < size)
+
+    async def _wait_for_receipts(self, done: Callable[[], bool]) -> bool:
+        while not done():
             if self._session.failure is not None:
                 return False
             # Receipts set this event (senders waiting for capacity share it; a new one is
@@ -474,6 +486,11 @@ class SessionTransport:
                 self._capacity = anyio.Event()
             await self._capacity.wait()
         return True
+
+    @property
+    def issued(self) -> int:
+        """Highest ordinal assigned so far (0 before the first send)."""
+        return self._session.issued
 
     def has_capacity(self, size: int) -> bool:
         """Whether retention would admit a ``size``-byte body now (``False`` once retired)."""

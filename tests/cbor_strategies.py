@@ -373,12 +373,22 @@ def mutated_packets(draw: st.DrawFn, offered: int = 3, bound: int = 1024) -> byt
 
 # -- RPC envelopes --------------------------------------------------------------------------------
 
-CALL, RESULT, ERROR, CANCEL, NOTIFY, ITEM, END, CREDIT = range(8)
+CALL, RESULT, ERROR, CANCEL, NOTIFY, ITEM, END, CREDIT, PART = range(9)
 
 
 def envelope_shapes(call_id: int) -> dict[str, list[Any]]:
-    """A valid envelope of every kind naming ``call_id`` (a ``calc`` service is assumed)."""
+    """A valid envelope of every kind naming ``call_id`` (a ``calc`` service is assumed).
+
+    The ``part`` shapes (garcon_link.chunks) carry a ``call`` or a ``result`` naming ``call_id``
+    cut in two: a first part (more follow), the last part, and an abort."""
+    call = cbor2.dumps([CALL, call_id, "calc", "add", [2, 3], {}, 0, 0])
+    result = cbor2.dumps([RESULT, call_id, 5])
     return {
+        "part-call-head": [PART, 0, call[:4]],
+        "part-call-tail": [PART, 1, call[4:]],
+        "part-result-head": [PART, 0, result[:2]],
+        "part-result-tail": [PART, 1, result[2:]],
+        "part-abort": [PART, 2, b""],
         "call": [CALL, call_id, "calc", "add", [2, 3], {}, 0, 0],
         "stream-call": [CALL, call_id, "calc", "count", [3], {}, 16, 1 << 20],
         "metadata-call": [CALL, call_id, "calc", "add", [2, 3], {}, 0, 0, None, {"k": "v"}],

@@ -218,3 +218,26 @@ def test_the_combined_report_names_a_run_that_wrote_nothing() -> None:
     assert "| `wsproto` | 2.00 (1.00\u00d7) |" in section
     assert "### CPython 3.11.7, plain asyncio" in section
     assert "### CPython 3.13.0" not in section
+
+
+def test_quick_run_of_the_fairness_benchmark_measures_every_figure(tmp_path: Path) -> None:
+    """``--only fairness --quick``: small calls idle, then during 4 x 2 MiB echoes."""
+    output = tmp_path / "results.json"
+    completed = quick_run("fairness", output, timeout=60)
+
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    doc = json.loads(output.read_text(encoding="utf-8"))
+    [result] = doc["resume_and_memory"]
+    assert (result["name"], result["status"]) == ("fairness", "ok"), result
+    keys = [item["key"] for item in result["figures"]]
+    assert keys == [
+        "fairness_p99_factor",
+        "fairness_idle_p99_ms",
+        "fairness_during_p99_ms",
+        "fairness_bulk_mb_per_s",
+    ]
+    for item in result["figures"]:
+        assert 0 < item["summary"]["median"] < float("inf"), item
+    [run] = result["runs"]
+    assert run["bulk_bytes"] == 4 * 2 * 1024 * 1024
+    assert run["during_calls"] >= 1

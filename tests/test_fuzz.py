@@ -431,8 +431,23 @@ SERVING_KINDS = [
     "result",
     "error",
     "item",
+    "part-call-head",
+    "part-call-tail",
+    "part-abort",
 ]
-CALLING_KINDS = ["result", "error", "item", "end", "credit", "cancel", "call", "notify"]
+CALLING_KINDS = [
+    "result",
+    "error",
+    "item",
+    "end",
+    "credit",
+    "cancel",
+    "call",
+    "notify",
+    "part-result-head",
+    "part-result-tail",
+    "part-abort",
+]
 
 
 serving_bodies = st.lists(

@@ -1,0 +1,290 @@
+"""garcon_link bulk fairness: small calls while a large transfer runs in the same session.
+
+``python -m benchmarks --only fairness`` (``--quick``: smaller counts). Reported with the other
+garcon_link-only figures, against the issue's target (p99 during the transfer <= 5x idle p99).
+
+A worker in a child process (``python -m benchmarks.fairness worker``, the READY protocol of
+``benchmarks/servers``) serves ``echo(data: bytes) -> bytes``; the controller in the runner dials
+it directly, both ends with the default :class:`~garcon_link.Limits`. Per repetition, one new
+session:
+
+1. **idle**: ``small_calls`` sequential echo calls of 32 bytes (after a warm-up); their p99;
+2. **during bulk**: one task makes ``transfers`` sequential echo calls of ``transfer_bytes``
+   each (256 MiB of arguments in all by default: 32 x 8 MiB, as a 16 MiB argument's frame is
+   just over the default ``max_frame_bytes``), every echo checked; meanwhile another task makes
+   sequential 32-byte echo calls until the bulk task ends. Their p99 against the idle p99 is the
+   figure; the bulk rate (argument bytes per second, each echoed back) is reported beside it.
+
+Before chunking (issue 17 item 3), every small call issued behind an 8 MiB body waited for the
+whole of it, both ways; see ``benchmarks/README.md`` for the figures before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, TextIO
+
+import anyio
+
+import garcon_link as gl
+
+from . import eventloop, harness
+from .resume import _figure
+
+MiB = 1024 * 1024
+_SECRET = gl.Secret(b"garcon-link-benchmark-secret-000")
+_EXECUTOR = "bench-fairness"
+
+NAMES = ("fairness",)
+DESCRIPTIONS = {
+    "fairness": "garcon_link small-call p99 while 256 MiB is echoed in the same session",
+}
+P99_FACTOR_TARGET = 5.0
+"""Issue 17: small-call p99 during a bulk transfer <= 5x its idle p99."""
+
+
+class Echo(Protocol):
+    async def echo(self, data: bytes) -> bytes: ...
+
+
+class _EchoImpl:
+    async def echo(self, data: bytes) -> bytes:
+        return data
+
+
+@dataclass(frozen=True)
+class FairnessSettings:
+    repetitions: int = 5
+    small_bytes: int = 32
+    warmup: int = 200
+    small_calls: int = 2000
+    transfers: int = 32
+    transfer_bytes: int = 8 * MiB
+    limit_s: float = 120.0
+    server_start_s: float = 30.0
+
+    @classmethod
+    def from_runner(cls, settings: harness.Settings, quick: bool) -> FairnessSettings:
+        if quick:
+            return cls(
+                repetitions=1,
+                warmup=20,
+                small_calls=200,
+                transfers=4,
+                transfer_bytes=2 * MiB,
+                limit_s=settings.limit_s,
+                server_start_s=settings.server_start_s,
+            )
+        return cls(
+            repetitions=settings.repetitions,
+            small_bytes=settings.small_bytes,
+            limit_s=settings.limit_s,
+            server_start_s=settings.server_start_s,
+        )
+
+
+def _config(port_or_url: int | str) -> gl.LinkConfig:
+    if isinstance(port_or_url, int):
+        return gl.LinkConfig(
+            executor_id=_EXECUTOR,
+            role=gl.Role.WORKER,
+            secret=_SECRET,
+            listen=("127.0.0.1", port_or_url),
+        )
+    return gl.LinkConfig(
+        executor_id=_EXECUTOR, role=gl.Role.CONTROLLER, secret=_SECRET, dial=port_or_url
+    )
+
+
+def _p99_ms(values: list[int]) -> float:
+    return harness.percentile(sorted(values), 99) / 1e6
+
+
+async def _small_call(echo: Echo, payload: bytes, latencies: list[int]) -> None:
+    clock = time.perf_counter_ns
+    start = clock()
+    if await echo.echo(payload) != payload:
+        raise harness.MeasurementError("a small echo came back different")
+    latencies.append(clock() - start)
+
+
+async def _once(port: int, settings: FairnessSettings) -> dict[str, Any]:
+    rng = random.Random(7)
+    small = rng.randbytes(settings.small_bytes)
+    big = rng.randbytes(settings.transfer_bytes)
+    config = _config(f"ws://127.0.0.1:{port}/executor")
+    async with gl.connect(config) as executor:
+        await executor.wait_ready(timeout=10)
+        echo = executor.service("echo", Echo)
+        for _ in range(settings.warmup):
+            await echo.echo(small)
+        if await echo.echo(big) != big:  # warm-up of the bulk path
+            raise harness.MeasurementError("a bulk echo came back different")
+        idle: list[int] = []
+        for _ in range(settings.small_calls):
+            await _small_call(echo, small, idle)
+        during: list[int] = []
+        done = anyio.Event()
+        bulk_s = 0.0
+
+        async def bulk() -> None:
+            nonlocal bulk_s
+            start = time.perf_counter()
+            try:
+                for _ in range(settings.transfers):
+                    if await echo.echo(big) != big:
+                        raise harness.MeasurementError("a bulk echo came back different")
+            finally:
+                bulk_s = time.perf_counter() - start
+                done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(bulk)
+            while not done.is_set():
+                await _small_call(echo, small, during)
+    total = settings.transfers * settings.transfer_bytes
+    idle_p99 = _p99_ms(idle)
+    during_p99 = _p99_ms(during)
+    return {
+        "idle_p50_ms": harness.percentile(sorted(idle), 50) / 1e6,
+        "idle_p99_ms": idle_p99,
+        "during_p50_ms": harness.percentile(sorted(during), 50) / 1e6,
+        "during_p99_ms": during_p99,
+        "during_max_ms": max(during) / 1e6,
+        "during_calls": len(during),
+        "p99_factor": during_p99 / idle_p99,
+        "bulk_bytes": total,
+        "bulk_s": bulk_s,
+        "bulk_mb_per_s": total / bulk_s / 1e6,
+    }
+
+
+def _worker_process(loop: str, settings: FairnessSettings) -> harness.ServerProcess:
+    max_seconds = settings.repetitions * settings.limit_s + 60
+    server = harness.ServerProcess("ours", loop, settings.server_start_s, max_seconds)
+    server.module = "fairness-worker"
+    server.command = [
+        sys.executable,
+        "-m",
+        "benchmarks.fairness",
+        "worker",
+        *server.command[server.command.index("--port") :],
+    ]
+    return server
+
+
+def _measure(settings: FairnessSettings, loop: str, log: TextIO) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    with _worker_process(loop, settings) as server:
+        for repetition in range(1, settings.repetitions + 1):
+
+            async def main() -> dict[str, Any]:
+                with anyio.fail_after(settings.limit_s):
+                    return await _once(server.port, settings)
+
+            run = anyio.run(
+                main, backend="asyncio", backend_options={"loop_factory": eventloop.factory(loop)}
+            )
+            run["repetition"] = repetition
+            runs.append(run)
+            print(
+                f"[fairness] {repetition}/{settings.repetitions}: small-call p99 idle "
+                f"{run['idle_p99_ms']:.3f} ms, during bulk {run['during_p99_ms']:.3f} ms "
+                f"({run['p99_factor']:.1f}x, {run['during_calls']} calls, max "
+                f"{run['during_max_ms']:.1f} ms); bulk {run['bulk_mb_per_s']:.0f} MB/s",
+                file=log,
+                flush=True,
+            )
+        server_cpu = server.cpu_seconds()
+
+    def summary(key: str) -> dict[str, Any]:
+        return harness.summarize([run[key] for run in runs])
+
+    mib = settings.transfers * settings.transfer_bytes // MiB
+    each = settings.transfer_bytes // MiB
+    figures = [
+        _figure(
+            "fairness_p99_factor",
+            f"small-call p99 while {mib} MiB is echoed in the same session ({settings.transfers}"
+            f" x {each} MiB) / idle p99",
+            "x",
+            summary("p99_factor"),
+            P99_FACTOR_TARGET,
+        ),
+        _figure(
+            "fairness_idle_p99_ms",
+            "of which idle small-call p99",
+            "ms",
+            summary("idle_p99_ms"),
+            None,
+        ),
+        _figure(
+            "fairness_during_p99_ms",
+            "small-call p99 during the transfer",
+            "ms",
+            summary("during_p99_ms"),
+            None,
+        ),
+        _figure(
+            "fairness_bulk_mb_per_s",
+            "bulk rate during it (argument bytes, each echoed back; higher is better)",
+            "MB/s",
+            summary("bulk_mb_per_s"),
+            None,
+        ),
+    ]
+    return {"figures": figures, "runs": runs, "server_cpu_seconds": server_cpu}
+
+
+def run(
+    names: list[str],
+    settings: harness.Settings,
+    quick: bool,
+    loop_choice: str,
+    log: TextIO = sys.stderr,
+) -> list[dict[str, Any]]:
+    """Measure the named entries of this module; the results as written to JSON."""
+    if "fairness" not in names:
+        return []
+    loop = eventloop.resolve(loop_choice)
+    mine = FairnessSettings.from_runner(settings, quick)
+    try:
+        return [
+            harness.run_measurement(
+                "fairness",
+                DESCRIPTIONS["fairness"],
+                asdict(mine),
+                lambda: _measure(mine, loop, log),
+                log,
+            )
+        ]
+    finally:
+        harness.stop_all_servers()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from .servers._common import announce, run_asyncio, start_watchdog
+
+    parser = argparse.ArgumentParser(description="The worker child of the fairness benchmark.")
+    parser.add_argument("mode", choices=("worker",))
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--loop", choices=eventloop.CHOICES, default="asyncio")
+    parser.add_argument("--max-seconds", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    start_watchdog(args.max_seconds)
+
+    async def worker() -> None:
+        services = {"echo": gl.Service(_EchoImpl(), Echo)}
+        async with gl.Worker(_config(args.port), services) as endpoint:
+            announce(endpoint.link.listen_address[1])
+            await anyio.sleep_forever()
+
+    run_asyncio(worker, args.loop)
+
+
+if __name__ == "__main__":
+    main()

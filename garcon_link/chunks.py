@@ -1,0 +1,319 @@
+"""Bulk transfers in parts: large envelope bodies split so small messages interleave (issue 17).
+
+Theory of operation
+-------------------
+A session delivers its messages in order, so one 16 MiB message (a call's arguments, a result,
+a stream item, a notification) holds every message issued after it until the whole of it has
+crossed the socket: a small call behind it waits for the transfer (head-of-line blocking). Here
+an envelope body longer than ``Limits.bulk_chunk_bytes`` is sent as a sequence of ``part``
+envelopes instead (as many equal parts as whole chunks fit in it, at least two: each part is
+less than 1.5 chunks, and no short tail waits a round trip for the window), each an ordinary
+session message (so replay after a cut and the cumulative receipts are exact per part, and
+nothing below the RPC layer changes)::
+
+    part   [8, flags, chunk]      flags: 0 more, 1 final, 2 abort (chunk empty)
+
+The receiver concatenates the chunks and, at the final part, dispatches the body exactly as if
+it had arrived whole. A body at or below the threshold is sent as one message, byte for byte as
+before (a peer of an earlier version only meets ``part`` when a body exceeds the threshold; it
+drops it as an unknown kind and the call ends at its timeout).
+
+Rules:
+
+* **One transfer at a time per direction.** The sender runs chunked sends one after the other,
+  in call order (:class:`ChunkSender`'s FIFO lock), so parts carry no transfer id: every part
+  continues the one transfer in progress. The receiver holds at most one partial body.
+* **Pacing.** Before each further part the sender waits until the session's unconfirmed outbound
+  bytes are below ``Limits.bulk_window_bytes``, so at most about a window of bulk is ahead of a
+  small message anywhere in the pipe (our retention, the kernel's buffers, the peer's reader).
+  Small messages never wait for it. The session marks a receipt urgent once
+  ``Limits.receipt_bytes`` were accepted since the last one
+  (:attr:`~garcon_link.session.MessageSession.receipt_urgent`), so the window drains at the
+  speed of the link, not of ``receipt_delay``.
+* **Same size limit.** A body that would have been refused as one message
+  (:class:`~garcon_link.errors.PayloadTooLarge`: its frame would exceed ``max_frame_bytes``) is
+  refused the same way before any part is sent. The receiver refuses a transfer whose chunks add
+  up to more than ``max_frame_bytes``.
+* **Abort.** A send interrupted after its first part and before its final one (the caller's
+  timeout or cancellation) sends an ``abort`` part without waiting, so the receiver frees its
+  buffer; the interrupted body was never delivered (for a call: ``NotDispatched``, as its
+  ordinal is that of the final part, never assigned). If retention has no room for the abort at
+  that moment it is owed: the next chunked send writes it first, so the receiver never sees the
+  parts of two bodies run together.
+* **Hostile parts** (:class:`Reassembler`): a malformed part, an abort with no transfer in
+  progress, an empty non-final part or a transfer beyond ``max_frame_bytes`` is a violation: the
+  partial body is dropped (memory freed at once), the rest of that transfer, up to its final or
+  abort part, is discarded unread, and the RPC layer logs it and counts it
+  (``RpcStatistics.part_violations``); the session stays. Each part costs O(its size) and the
+  buffer is bounded by ``max_frame_bytes``, each part counting at least :data:`MIN_CHARGE` bytes
+  (so tiny parts cannot multiply what is held by their per-object overhead: at most about
+  1.25 times the limit in all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import anyio
+
+from .errors import PayloadTooLarge
+from .session import encoded_message_size
+
+__all__ = [
+    "ABORT",
+    "FINAL",
+    "MORE",
+    "PART",
+    "ChunkSender",
+    "PartViolation",
+    "Reassembler",
+    "encode_part",
+    "parse_part",
+]
+
+PART = 8
+"""The envelope kind of a part (:mod:`garcon_link.envelopes`)."""
+MORE, FINAL, ABORT = 0, 1, 2
+"""A part's flags: more follow, the last one, the transfer is abandoned."""
+
+_ABORT_PART = bytes((0x83, PART, ABORT, 0x40))
+
+MIN_CHARGE = 1024
+"""What a part costs against the transfer limit at least: each part held also costs a few hundred
+bytes of objects, so a peer sending tiny parts cannot make a transfer hold many times its limit
+(Limits guarantees our own parts are at least this big, but for the last)."""
+
+
+def _bytes_head(size: int) -> bytes:
+    if size < 24:
+        return bytes((0x40 | size,))
+    if size < 0x100:
+        return bytes((0x58, size))
+    if size < 0x10000:
+        return b"\x59" + size.to_bytes(2, "big")
+    if size < 0x100000000:
+        return b"\x5a" + size.to_bytes(4, "big")
+    return b"\x5b" + size.to_bytes(8, "big")
+
+
+def encode_part(flags: int, chunk: bytes | memoryview) -> bytes:
+    """The CBOR bytes of ``[8, flags, chunk]`` (what ``cbor2.dumps`` gives, in one copy)."""
+    return b"".join((bytes((0x83, PART, flags)), _bytes_head(len(chunk)), chunk))
+
+
+def parse_part(payload: bytes) -> tuple[int, memoryview] | None:
+    """``(flags, chunk)`` of a part encoded as :func:`encode_part` writes it, the chunk a view
+    of ``payload`` (not a copy); ``None`` for anything else (the caller then decodes it as any
+    envelope). Never raises."""
+    if len(payload) < 4 or payload[0] != 0x83 or payload[1] != PART or payload[2] > ABORT:
+        return None
+    head = payload[3]
+    if head & 0xE0 != 0x40:
+        return None
+    info = head & 0x1F
+    if info < 24:
+        start, size = 4, info
+    elif 24 <= info <= 27:
+        width = 1 << (info - 24)
+        start = 4 + width
+        size = int.from_bytes(payload[4:start], "big")
+    else:
+        return None
+    if start + size != len(payload):
+        return None
+    return payload[2], memoryview(payload)[start:]
+
+
+class PartViolation(Exception):
+    """A part the receiver refuses (see the module docstring); the transfer is discarded."""
+
+
+class Reassembler:
+    """The receiving side of one direction's transfers (sans-IO, no clock, no I/O).
+
+    Args:
+        limit: the most bytes one reassembled body may hold (``max_frame_bytes``).
+    """
+
+    __slots__ = (
+        "_charged",
+        "_chunks",
+        "_discarding",
+        "_limit",
+        "_size",
+        "aborted",
+        "completed",
+        "parts",
+    )
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._chunks: list[bytes | memoryview] = []
+        self._size = 0
+        self._charged = 0
+        self._discarding = False
+        self.parts = 0
+        self.completed = 0
+        self.aborted = 0
+
+    @property
+    def in_progress(self) -> bool:
+        """Whether a transfer was begun and not yet completed, aborted or discarded."""
+        return bool(self._chunks)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of the partial body held now (0 between transfers)."""
+        return self._size
+
+    def feed(self, flags: object, chunk: object) -> bytes | None:
+        """Take one part; return the whole body at its final part, else ``None``.
+
+        Raises:
+            PartViolation: the part is refused; the partial body is dropped and the rest of the
+                transfer (to its final or abort part) is discarded.
+        """
+        self.parts += 1
+        if (
+            type(flags) is not int
+            or not MORE <= flags <= ABORT
+            or (type(chunk) is not bytes and type(chunk) is not memoryview)
+        ):
+            raise self._violation("a part is [8, 0..2, bytes]")
+        if self._discarding:
+            if flags != MORE:
+                self._discarding = False
+            return None
+        if flags == ABORT:
+            if chunk or not self._chunks:
+                raise self._violation("an abort part is empty and ends a transfer in progress")
+            self.aborted += 1
+            self.reset()
+            return None
+        if flags == MORE and not chunk:
+            raise self._violation("an empty part that is not the last")
+        self._size += len(chunk)
+        self._charged += max(len(chunk), MIN_CHARGE)
+        if self._charged > self._limit:
+            raise self._violation(f"a transfer exceeds {self._limit} bytes ({self.parts} parts)")
+        self._chunks.append(chunk)
+        if flags == MORE:
+            return None
+        body = b"".join(self._chunks)
+        self.completed += 1
+        self.reset()
+        return body
+
+    def first_chunk(self) -> bytes | None:
+        """The first bytes (at most 64) of the transfer in progress (its envelope's head)."""
+        return bytes(self._chunks[0][:64]) if self._chunks else None
+
+    def reset(self) -> None:
+        """Drop the partial body (a retired session, an abort)."""
+        self._chunks = []
+        self._size = self._charged = 0
+
+    def _violation(self, why: str) -> PartViolation:
+        # The rest of a transfer begun before this part is discarded up to its last part.
+        self._discarding = bool(self._chunks) or self._discarding
+        self.reset()
+        return PartViolation(why)
+
+
+class _Transport(Protocol):
+    async def send(self, body: bytes) -> int: ...
+
+    def try_send(self, body: bytes) -> int | None: ...
+
+    async def wait_retained_below(self, size: int) -> bool: ...
+
+    @property
+    def issued(self) -> int: ...
+
+
+class ChunkSender:
+    """The sending side: :meth:`send` issues a body whole or in paced parts.
+
+    Args:
+        transport: the session (a :class:`~garcon_link.transport.SessionTransport`).
+        chunk: ``Limits.bulk_chunk_bytes``; bodies longer than this are sent in parts.
+        window: ``Limits.bulk_window_bytes``.
+        limit: ``Limits.max_frame_bytes`` (the size limit of a whole body's frame).
+    """
+
+    def __init__(self, transport: _Transport, chunk: int, window: int, limit: int) -> None:
+        self._transport = transport
+        # A part holds less than two chunks (see send) and its frame (with the envelope's and
+        # the message's heads, at most 32 bytes) fits the frame limit.
+        self.chunk = min(chunk, (limit - 64) // 2)
+        if self.chunk < MIN_CHARGE:
+            self.chunk = limit  # frames too small to split usefully: every body goes whole
+        self._window = window
+        self._limit = limit
+        self._lock = anyio.Lock()
+        self._abort_owed = False
+        self.parts_sent = 0
+        self.aborts_sent = 0
+        self.on_abort: Callable[[], None] | None = None
+
+    async def send(
+        self, body: bytes, renumber: Callable[[bytes], tuple[bytes, int]] | None = None
+    ) -> int:
+        """Issue ``body``; returns the ordinal of its last message (the final part).
+
+        ``renumber`` (a call's body) is asked, once this send's turn has come and just before
+        its first part is issued, for a new head and the length of ``body``'s head it replaces
+        (the body is not copied for it), to give the call a fresh id: calls issued meanwhile (small
+        ones, not waiting for the turn) have higher ids, and the receiver requires a call's id,
+        read from its first part, to increase (:meth:`garcon_link.rpc.ExecutorRpc._on_part`).
+
+        Raises:
+            PayloadTooLarge: ``body`` would exceed the frame limit as one message; nothing sent.
+            SessionFailed: the session is retired.
+        """
+        if len(body) <= self.chunk:
+            return await self._transport.send(body)
+        size = encoded_message_size(self._transport.issued + 1, len(body))
+        if size > self._limit:
+            raise PayloadTooLarge(size, self._limit)
+        async with self._lock:
+            if self._abort_owed:
+                await self._transport.send(_ABORT_PART)
+                self._abort_owed = False
+                self.aborts_sent += 1
+            head, skip = renumber(body) if renumber is not None else (b"", 0)
+            view = memoryview(body)[skip:]
+            lead = len(head)
+            end = lead + len(view)
+            # Equal parts, as many as whole chunks fit (at least two): no short tail part that
+            # would wait a round trip for the window (a 1 MiB body goes as four parts, at once).
+            count = max(2, end // self.chunk)
+            step = -(-end // count)
+            ordinal = 0
+            try:
+                for start in range(0, end, step):
+                    if start:
+                        await self._transport.wait_retained_below(self._window)
+                    flags = FINAL if start + step >= end else MORE
+                    if start:
+                        chunk: bytes | memoryview = view[start - lead : start - lead + step]
+                    else:
+                        chunk = b"".join((head, view[: step - lead]))
+                    ordinal = await self._transport.send(encode_part(flags, chunk))
+                    self.parts_sent += 1
+            except BaseException:
+                if ordinal:  # parts were issued, the final one was not
+                    self._abort()
+                raise
+        return ordinal
+
+    def _abort(self) -> None:
+        try:
+            sent = self._transport.try_send(_ABORT_PART) is not None
+        except Exception:  # a retired session: nothing to free on the peer
+            return
+        if sent:
+            self.aborts_sent += 1
+        else:
+            self._abort_owed = True

@@ -1,0 +1,399 @@
+"""Bulk transfers in parts (garcon_link.chunks, issue 17 item 3).
+
+The sans-IO :class:`Reassembler` on its own, then live pairs on both backends and in both
+directions: bodies over ``bulk_chunk_bytes`` (arguments, results, stream items, notifications)
+round-trip byte-exact; small calls issued during a transfer run before it ends (the worker's
+ledger); a cut in the middle resumes and delivers exactly once; a timeout in the middle is
+``NotDispatched`` and frees the receiver's buffer (statistics); hostile parts are dropped with
+bounded memory. No timing assertions: every wait is bounded by ``anyio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import anyio
+import pytest
+from rpcutil import LIMITS, both_directions, next_call_id, open_pair, raw_send
+
+import garcon_link as gl
+from garcon_link.chunks import (
+    ABORT,
+    FINAL,
+    MIN_CHARGE,
+    MORE,
+    PART,
+    PartViolation,
+    Reassembler,
+    encode_part,
+    parse_part,
+)
+from garcon_link.rpc import CALL
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+DEADLINE = 20
+CHUNK = 16 * 1024
+BULK = LIMITS.replace(bulk_chunk_bytes=CHUNK, bulk_window_bytes=4 * CHUNK, receipt_bytes=CHUNK)
+
+
+# ---------------------------------------------------------------------------------- reassembler
+
+
+def test_parts_reassemble_in_order() -> None:
+    r = Reassembler(100 * MIN_CHARGE)
+    assert r.feed(MORE, b"ab") is None
+    assert r.in_progress and r.buffered == 2 and r.first_chunk() == b"ab"
+    assert r.feed(MORE, b"cd") is None
+    assert r.feed(FINAL, b"e") == b"abcde"
+    assert (r.in_progress, r.buffered, r.completed, r.parts) == (False, 0, 1, 3)
+    assert r.feed(FINAL, b"x") == b"x"  # a one-part transfer
+    assert r.feed(FINAL, b"") == b""  # an empty final part ends an empty body
+
+
+def test_abort_frees_the_buffer() -> None:
+    r = Reassembler(100 * MIN_CHARGE)
+    r.feed(MORE, b"abc")
+    assert r.feed(ABORT, b"") is None
+    assert (r.in_progress, r.buffered, r.aborted) == (False, 0, 1)
+    assert r.feed(FINAL, b"z") == b"z"  # the next transfer starts afresh
+
+
+@pytest.mark.parametrize(
+    ("flags", "chunk"),
+    [(3, b"x"), (-1, b"x"), ("0", b"x"), (True, b"x"), (MORE, "text"), (MORE, None), (MORE, b"")],
+)
+def test_malformed_parts_are_violations(flags: Any, chunk: Any) -> None:
+    r = Reassembler(100 * MIN_CHARGE)
+    with pytest.raises(PartViolation):
+        r.feed(flags, chunk)
+    assert r.buffered == 0
+    assert r.feed(FINAL, b"ok") == b"ok"  # nothing was in progress: nothing to discard
+
+
+def test_abort_without_a_transfer_and_nonempty_abort_are_violations() -> None:
+    r = Reassembler(100 * MIN_CHARGE)
+    with pytest.raises(PartViolation):
+        r.feed(ABORT, b"")
+    r.feed(MORE, b"a")
+    with pytest.raises(PartViolation):
+        r.feed(ABORT, b"junk")
+    assert r.buffered == 0
+
+
+def test_oversize_transfer_is_dropped_and_the_rest_discarded() -> None:
+    r = Reassembler(2 * MIN_CHARGE)
+    r.feed(MORE, b"a" * MIN_CHARGE)
+    with pytest.raises(PartViolation, match=f"exceeds {2 * MIN_CHARGE}"):
+        r.feed(MORE, b"b" * (MIN_CHARGE + 1))
+    assert (r.buffered, r.in_progress) == (0, False)
+    # The rest of that transfer is discarded unread, up to and including its last part.
+    assert r.feed(MORE, b"more") is None
+    assert r.buffered == 0
+    assert r.feed(FINAL, b"end") is None
+    assert r.feed(FINAL, b"next") == b"next"
+
+
+def test_tiny_parts_count_at_least_min_charge() -> None:
+    """A peer sending 1-byte parts cannot make a transfer hold ~250 bytes of objects per byte
+    of its limit: each part counts MIN_CHARGE bytes."""
+    r = Reassembler(10 * MIN_CHARGE)
+    for _ in range(10):
+        assert r.feed(MORE, b"x") is None
+    with pytest.raises(PartViolation, match="11 parts"):
+        r.feed(MORE, b"x")
+    assert r.buffered == 0
+    # Parts of at least MIN_CHARGE bytes are charged what they hold: a limit-sized body passes.
+    r = Reassembler(3 * MIN_CHARGE)
+    r.feed(MORE, b"a" * MIN_CHARGE)
+    r.feed(MORE, b"b" * MIN_CHARGE)
+    assert r.feed(FINAL, b"c" * MIN_CHARGE) == b"a" * MIN_CHARGE + b"b" * MIN_CHARGE + b"c" * 1024
+
+
+def test_encode_part_is_cbor() -> None:
+    import cbor2
+
+    for size in (0, 23, 24, 255, 256, 65535, 65536):
+        chunk = os.urandom(size)
+        assert encode_part(MORE, chunk) == cbor2.dumps([PART, MORE, chunk])
+        assert encode_part(FINAL, memoryview(chunk)) == cbor2.dumps([PART, FINAL, chunk])
+
+
+def test_parse_part_reads_what_encode_part_writes_without_a_copy() -> None:
+    import cbor2
+
+    for size in (0, 23, 24, 255, 256, 65535, 65536):
+        chunk = os.urandom(size)
+        for flags in (MORE, FINAL, ABORT):
+            parsed = parse_part(encode_part(flags, chunk))
+            assert parsed is not None
+            assert (parsed[0], bytes(parsed[1])) == (flags, chunk)
+            assert type(parsed[1]) is memoryview
+    # Anything else is left to the generic decoder (which accepts or refuses it).
+    ok = encode_part(MORE, b"abc")
+    for other in (
+        b"",
+        ok[:3],
+        ok + b"x",  # trailing bytes
+        ok[:-1],  # short
+        b"\x83\x08\x03\x43abc",  # flags out of range
+        b"\x83\x08\x00\x63abc",  # text, not bytes
+        b"\x83\x08\x00\x58\x03abc",  # a longer head than needed: decoded generically
+        cbor2.dumps([PART, MORE, "abc"]),
+        cbor2.dumps([PART, MORE]),
+    ):
+        parsed = parse_part(other)
+        assert parsed is None or other == b"\x83\x08\x00\x58\x03abc", other
+    assert parse_part(b"\x83\x08\x00\x58\x03abc") is not None  # a valid, longer head
+
+
+def test_limits_validate_the_chunk_size() -> None:
+    with pytest.raises(gl.ConfigError, match="bulk_chunk_bytes"):
+        gl.Limits(bulk_chunk_bytes=100)
+    assert gl.Limits().bulk_chunk_bytes == 256 * 1024
+
+
+# ---------------------------------------------------------------------------------- live pairs
+
+
+class Bulk(Protocol):
+    async def echo(self, data: bytes) -> bytes: ...
+    async def small(self, n: int) -> int: ...
+    async def big(self, data: bytes) -> int: ...
+    def blobs(self, n: int, size: int) -> AsyncIterator[bytes]: ...
+    @gl.oneway
+    async def put(self, data: bytes) -> None: ...
+
+
+class BulkImpl:
+    def __init__(self) -> None:
+        self.ledger: list[str] = []
+        self.put_done = anyio.Event()
+        self.received: list[bytes] = []
+
+    async def echo(self, data: bytes) -> bytes:
+        self.ledger.append("echo")
+        return data
+
+    async def small(self, n: int) -> int:
+        self.ledger.append(f"small:{n}")
+        return n
+
+    async def big(self, data: bytes) -> int:
+        self.ledger.append("big")
+        self.received.append(data)
+        return len(data)
+
+    async def blobs(self, n: int, size: int) -> AsyncIterator[bytes]:
+        for i in range(n):
+            yield bytes([i]) * size
+
+    async def put(self, data: bytes) -> None:
+        self.received.append(data)
+        self.put_done.set()
+
+
+async def _until(predicate: Any) -> None:
+    while not predicate():
+        await anyio.sleep(0.001)
+
+
+@both_directions
+async def test_large_bodies_round_trip_byte_exact(direction: str) -> None:
+    impl = BulkImpl()
+    payload = os.urandom(5 * CHUNK + 123)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            assert await bulk.echo(payload) == payload  # arguments and result in parts
+            items = [item async for item in bulk.blobs(3, 3 * CHUNK)]
+            assert items == [bytes([i]) * (3 * CHUNK) for i in range(3)]
+            await bulk.put(payload)
+            await impl.put_done.wait()
+            assert impl.received == [payload]
+            assert await bulk.echo(b"tiny") == b"tiny"  # small bodies: one message, as before
+            ours = pair.rpc.statistics()
+            theirs = pair.worker.current_rpc.statistics()
+            # echo's arguments and the notification went out in 5 parts each (as many equal
+            # parts as whole chunks fit)...
+            assert ours.parts_sent == 10
+            # ... the echo's result (5) and three stream items (3 each) came back in parts.
+            assert (ours.parts_received, ours.transfers_received) == (14, 4)
+            assert (theirs.parts_received, theirs.transfers_received) == (10, 2)
+            assert theirs.part_buffered == ours.part_buffered == 0
+            assert theirs.part_violations == ours.part_violations == 0
+
+
+@both_directions
+async def test_small_calls_overtake_a_large_transfer(direction: str) -> None:
+    impl = BulkImpl()
+    payload = os.urandom(64 * CHUNK)  # 64 parts, a window of 4
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            rpc = pair.rpc
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(bulk.big, payload)
+                await _until(lambda: rpc.statistics().parts_sent >= 1)
+                for n in range(3):
+                    assert await bulk.small(n) == n
+            # The worker ran the small calls (issued after the first part) before the big one.
+            assert impl.ledger == ["small:0", "small:1", "small:2", "big"]
+            assert impl.received == [payload]
+
+
+@both_directions
+async def test_a_cut_mid_transfer_resumes_and_delivers_once(direction: str) -> None:
+    impl = BulkImpl()
+    payload = os.urandom(32 * CHUNK)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            rpc = pair.rpc
+            result: list[int] = []
+
+            async def big() -> None:
+                result.append(await bulk.big(payload))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(big)
+                await _until(lambda: rpc.statistics().parts_sent >= 3)
+                await pair.executor.link.disconnect()
+            assert result == [len(payload)]
+            assert impl.received == [payload]  # exactly once, byte-exact
+            assert impl.ledger == ["big"]
+            assert pair.worker.current_rpc.statistics().part_buffered == 0
+
+
+@both_directions
+async def test_a_timeout_mid_transfer_is_not_dispatched_and_frees_the_buffer(
+    direction: str,
+) -> None:
+    impl = BulkImpl()
+    payload = os.urandom(64 * CHUNK)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK, proxy=True) as pair:
+            assert pair.proxy is not None
+            bulk = pair.executor.service("bulk", Bulk)
+            rpc = pair.rpc
+            worker_rpc = pair.worker.current_rpc
+            async with anyio.create_task_group() as tg:
+
+                async def heal_once_stalled() -> None:
+                    await _until(lambda: rpc.statistics().parts_sent >= 2)
+                    assert pair.proxy is not None
+                    pair.proxy.blackhole()  # receipts stop: the sender waits on its window
+
+                tg.start_soon(heal_once_stalled)
+                with pytest.raises(gl.NotDispatched) as info:
+                    await gl.with_options(bulk, timeout=0.5).big(payload)
+            assert info.value.code == "TIMEOUT"
+            pair.proxy.heal()
+            await pair.wait_attached_again()
+            # The abort part reaches the worker (replayed after the reconnect) and frees it.
+            await _until(lambda: worker_rpc.statistics().transfers_aborted == 1)
+            stats = worker_rpc.statistics()
+            assert (stats.part_buffered, stats.transfers_received) == (0, 0)
+            assert impl.ledger == []
+            await pair.executor.wait_ready(5)
+            assert pair.worker.current_rpc is worker_rpc  # the same session, resumed
+            assert await bulk.small(7) == 7
+            assert await bulk.echo(payload[: 3 * CHUNK]) == payload[: 3 * CHUNK]
+
+
+# ---------------------------------------------------------------------------------- hostile
+
+
+@both_directions
+async def test_hostile_parts_are_dropped_and_the_session_stays(direction: str) -> None:
+    impl = BulkImpl()
+    limits = BULK.replace(max_frame_bytes=256 * 1024)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=limits) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            rpc = pair.rpc
+            worker_rpc = pair.worker.current_rpc
+            junk = os.urandom(60 * 1024)
+            # Beyond the size limit in parts: dropped at the part that crosses it, the rest of
+            # that transfer discarded unread; memory never above the limit.
+            for _ in range(6):
+                await raw_send(rpc, encode_part(MORE, junk))
+            await raw_send(rpc, encode_part(FINAL, junk))
+            # Malformed parts, an abort with nothing in progress.
+            for bad in ([PART, 9, b"x"], [PART, MORE, "text"], [PART, ABORT, b""], [PART, 0]):
+                await raw_send(rpc, bad)
+            assert await bulk.small(1) == 1  # in order after all of the above
+            stats = worker_rpc.statistics()
+            # the oversize transfer (once), three malformed parts and the lone abort; the
+            # two-element part is a malformed envelope (dropped as any other).
+            assert stats.part_violations == 4
+            assert stats.part_buffered == 0
+            assert stats.transfers_received == 0
+            assert impl.ledger == ["small:1"]
+
+
+@both_directions
+async def test_a_call_in_parts_cannot_reuse_an_id(direction: str) -> None:
+    import cbor2
+
+    impl = BulkImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            rpc = pair.rpc
+            assert await bulk.small(1) == 1
+            used = next_call_id(rpc) - 1  # the id small(1) used
+            body = cbor2.dumps([CALL, used, "bulk", "big", [b"x" * (2 * CHUNK)], {}, 0, 0])
+            await raw_send(rpc, encode_part(MORE, body[:CHUNK]))
+            await raw_send(rpc, encode_part(FINAL, body[CHUNK:]))
+            assert await bulk.small(2) == 2
+            assert impl.ledger == ["small:1", "small:2"]  # the reused id never ran
+            assert pair.worker.current_rpc.statistics().transfers_received == 1
+
+
+@both_directions
+async def test_calls_waiting_for_their_turn_to_send_parts_are_not_taken_for_id_reuse(
+    direction: str,
+) -> None:
+    """Three large calls at once take turns; small calls issued while the later ones wait get
+    higher ids and arrive first. Each large call is given a fresh id when its turn comes, so
+    the worker, which requires ids to increase in arrival order, runs every one of them."""
+    impl = BulkImpl()
+    payloads = [os.urandom(8 * CHUNK + n) for n in range(3)]
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            rpc = pair.rpc
+            sizes: list[int] = []
+
+            async def big(payload: bytes) -> None:
+                sizes.append(await bulk.big(payload))
+
+            async with anyio.create_task_group() as tg:
+                for payload in payloads:
+                    tg.start_soon(big, payload)
+                await _until(lambda: rpc.statistics().parts_sent >= 1)
+                n = 0
+                while len(sizes) < len(payloads):
+                    assert await bulk.small(n) == n
+                    n += 1
+            assert sorted(sizes) == sorted(len(p) for p in payloads)
+            assert sorted(impl.received) == sorted(payloads)
+            assert pair.worker.current_rpc.statistics().transfers_received == 3
+
+
+@both_directions
+async def test_retirement_drops_a_partial_transfer(direction: str) -> None:
+    impl = BulkImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            assert await bulk.small(1) == 1
+            worker_rpc = pair.worker.current_rpc
+            await raw_send(pair.rpc, encode_part(MORE, b"z" * CHUNK))
+            await _until(lambda: worker_rpc.statistics().part_buffered == CHUNK)
+            await pair.stop_controller()  # a graceful close retires the session on both ends
+            await _until(lambda: worker_rpc.retired)
+            assert worker_rpc.statistics().part_buffered == 0
