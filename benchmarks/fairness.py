@@ -25,7 +25,7 @@ import argparse
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol, TextIO
 
 import anyio
@@ -39,9 +39,10 @@ MiB = 1024 * 1024
 _SECRET = gl.Secret(b"garcon-link-benchmark-secret-000")
 _EXECUTOR = "bench-fairness"
 
-NAMES = ("fairness",)
+NAMES = ("fairness", "fairness-1mib")
 DESCRIPTIONS = {
     "fairness": "garcon_link small-call p99 while 256 MiB is echoed in the same session",
+    "fairness-1mib": "the same with the 256 MiB echoed as 256 values of 1 MiB",
 }
 P99_FACTOR_TARGET = 5.0
 """Issue 17: small-call p99 during a bulk transfer <= 5x its idle p99."""
@@ -177,7 +178,9 @@ def _worker_process(loop: str, settings: FairnessSettings) -> harness.ServerProc
     return server
 
 
-def _measure(settings: FairnessSettings, loop: str, log: TextIO) -> dict[str, Any]:
+def _measure(
+    settings: FairnessSettings, loop: str, log: TextIO, name: str = "fairness"
+) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     with _worker_process(loop, settings) as server:
         for repetition in range(1, settings.repetitions + 1):
@@ -192,7 +195,7 @@ def _measure(settings: FairnessSettings, loop: str, log: TextIO) -> dict[str, An
             run["repetition"] = repetition
             runs.append(run)
             print(
-                f"[fairness] {repetition}/{settings.repetitions}: small-call p99 idle "
+                f"[{name}] {repetition}/{settings.repetitions}: small-call p99 idle "
                 f"{run['idle_p99_ms']:.3f} ms, during bulk {run['during_p99_ms']:.3f} ms "
                 f"({run['p99_factor']:.1f}x, {run['during_calls']} calls, max "
                 f"{run['during_max_ms']:.1f} ms); bulk {run['bulk_mb_per_s']:.0f} MB/s",
@@ -205,10 +208,11 @@ def _measure(settings: FairnessSettings, loop: str, log: TextIO) -> dict[str, An
         return harness.summarize([run[key] for run in runs])
 
     mib = settings.transfers * settings.transfer_bytes // MiB
-    each = settings.transfer_bytes // MiB
+    each = f"{settings.transfer_bytes / MiB:g}"
+    key = name.replace("-", "_")
     figures = [
         _figure(
-            "fairness_p99_factor",
+            f"{key}_p99_factor",
             f"small-call p99 while {mib} MiB is echoed in the same session ({settings.transfers}"
             f" x {each} MiB) / idle p99",
             "x",
@@ -216,21 +220,21 @@ def _measure(settings: FairnessSettings, loop: str, log: TextIO) -> dict[str, An
             P99_FACTOR_TARGET,
         ),
         _figure(
-            "fairness_idle_p99_ms",
+            f"{key}_idle_p99_ms",
             "of which idle small-call p99",
             "ms",
             summary("idle_p99_ms"),
             None,
         ),
         _figure(
-            "fairness_during_p99_ms",
+            f"{key}_during_p99_ms",
             "small-call p99 during the transfer",
             "ms",
             summary("during_p99_ms"),
             None,
         ),
         _figure(
-            "fairness_bulk_mb_per_s",
+            f"{key}_bulk_mb_per_s",
             "bulk rate during it (argument bytes, each echoed back; higher is better)",
             "MB/s",
             summary("bulk_mb_per_s"),
@@ -248,20 +252,34 @@ def run(
     log: TextIO = sys.stderr,
 ) -> list[dict[str, Any]]:
     """Measure the named entries of this module; the results as written to JSON."""
-    if "fairness" not in names:
-        return []
     loop = eventloop.resolve(loop_choice)
     mine = FairnessSettings.from_runner(settings, quick)
+    variants = {
+        "fairness": mine,
+        # The same bytes in values an eighth the size: what is left ahead of a small call is
+        # then bounded by the pacing (parts), not by the whole-value copies of 8 MiB bodies.
+        "fairness-1mib": replace(
+            mine,
+            transfers=mine.transfers * mine.transfer_bytes // MiB,
+            transfer_bytes=MiB,
+        )
+        if not quick
+        else replace(mine, transfers=mine.transfers * 4, transfer_bytes=mine.transfer_bytes // 4),
+    }
+    results = []
     try:
-        return [
-            harness.run_measurement(
-                "fairness",
-                DESCRIPTIONS["fairness"],
-                asdict(mine),
-                lambda: _measure(mine, loop, log),
-                log,
-            )
-        ]
+        for name, chosen in variants.items():
+            if name in names:
+                results.append(
+                    harness.run_measurement(
+                        name,
+                        DESCRIPTIONS[name],
+                        asdict(chosen),
+                        lambda chosen=chosen, name=name: _measure(chosen, loop, log, name),
+                        log,
+                    )
+                )
+        return results
     finally:
         harness.stop_all_servers()
 

@@ -26,7 +26,11 @@ Rules:
 * **Pacing.** Before each further part the sender waits until the session's unconfirmed outbound
   bytes are below ``Limits.bulk_window_bytes``, so at most about a window of bulk is ahead of a
   small message anywhere in the pipe (our retention, the kernel's buffers, the peer's reader).
-  Small messages never wait for it. The session marks a receipt urgent once
+  Small messages never wait for it. *Bulk yields to interactive traffic:* while small messages
+  are being sent alongside (one went out through the same sender within ``INTERACTIVE_S``), the
+  window shrinks to one chunk -- one part in flight at a time -- so a small call waits behind at
+  most about one part each way instead of a window's worth; a transfer alone keeps the whole
+  window (and its throughput). The session marks a receipt urgent once
   ``Limits.receipt_bytes`` were accepted since the last one
   (:attr:`~garcon_link.session.MessageSession.receipt_urgent`), so the window drains at the
   speed of the link, not of ``receipt_delay``.
@@ -52,6 +56,8 @@ Rules:
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -78,6 +84,10 @@ MORE, FINAL, ABORT = 0, 1, 2
 """A part's flags: more follow, the last one, the transfer is abandoned."""
 
 _ABORT_PART = bytes((0x83, PART, ABORT, 0x40))
+
+INTERACTIVE_S = 0.05
+"""A transfer is paced by one chunk instead of ``bulk_window_bytes`` while a small message went
+out through the same :class:`ChunkSender` less than this long ago (seconds)."""
 
 MIN_CHARGE = 1024
 """What a part costs against the transfer limit at least: each part held also costs a few hundred
@@ -240,10 +250,20 @@ class ChunkSender:
         chunk: ``Limits.bulk_chunk_bytes``; bodies longer than this are sent in parts.
         window: ``Limits.bulk_window_bytes``.
         limit: ``Limits.max_frame_bytes`` (the size limit of a whole body's frame).
+        clock: seconds, for the interactive pacing (``INTERACTIVE_S``); tests inject one.
     """
 
-    def __init__(self, transport: _Transport, chunk: int, window: int, limit: int) -> None:
+    def __init__(
+        self,
+        transport: _Transport,
+        chunk: int,
+        window: int,
+        limit: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._transport = transport
+        self._clock = clock
         # A part holds less than two chunks (see send) and its frame (with the envelope's and
         # the message's heads, at most 32 bytes) fits the frame limit.
         self.chunk = min(chunk, (limit - 64) // 2)
@@ -251,6 +271,7 @@ class ChunkSender:
             self.chunk = limit  # frames too small to split usefully: every body goes whole
         self._window = window
         self._limit = limit
+        self._small_at = -math.inf  # clock() when the last small body was sent
         self._lock = anyio.Lock()
         self._abort_owed = False
         self.parts_sent = 0
@@ -273,6 +294,7 @@ class ChunkSender:
             SessionFailed: the session is retired.
         """
         if len(body) <= self.chunk:
+            self._small_at = self._clock()
             return await self._transport.send(body)
         size = encoded_message_size(self._transport.issued + 1, len(body))
         if size > self._limit:
@@ -282,6 +304,9 @@ class ChunkSender:
                 await self._transport.send(_ABORT_PART)
                 self._abort_owed = False
                 self.aborts_sent += 1
+            # The first part is paced too (a transfer right behind another one), before the
+            # renumbering: nothing may run between a fresh id and its first part.
+            await self._transport.wait_retained_below(self._pace())
             head, skip = renumber(body) if renumber is not None else (b"", 0)
             view = memoryview(body)[skip:]
             lead = len(head)
@@ -294,7 +319,7 @@ class ChunkSender:
             try:
                 for start in range(0, end, step):
                     if start:
-                        await self._transport.wait_retained_below(self._window)
+                        await self._transport.wait_retained_below(self._pace())
                     flags = FINAL if start + step >= end else MORE
                     if start:
                         chunk: bytes | memoryview = view[start - lead : start - lead + step]
@@ -307,6 +332,13 @@ class ChunkSender:
                     self._abort()
                 raise
         return ordinal
+
+    def _pace(self) -> int:
+        """The unconfirmed bytes below which the next part may go: the window, or one chunk
+        while small messages are being sent alongside (see the module docstring)."""
+        if self._clock() - self._small_at < INTERACTIVE_S:
+            return min(self._window, self.chunk)
+        return self._window
 
     def _abort(self) -> None:
         try:

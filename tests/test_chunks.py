@@ -22,9 +22,11 @@ import garcon_link as gl
 from garcon_link.chunks import (
     ABORT,
     FINAL,
+    INTERACTIVE_S,
     MIN_CHARGE,
     MORE,
     PART,
+    ChunkSender,
     PartViolation,
     Reassembler,
     encode_part,
@@ -156,6 +158,53 @@ def test_limits_validate_the_chunk_size() -> None:
 
 
 # ---------------------------------------------------------------------------------- live pairs
+
+
+class _PacedTransport:
+    """Records how each part was paced; retention always drains at once."""
+
+    def __init__(self) -> None:
+        self.issued = 0
+        self.waits: list[int] = []
+        self.sizes: list[int] = []
+
+    async def send(self, body: bytes) -> int:
+        self.issued += 1
+        self.sizes.append(len(body))
+        return self.issued
+
+    def try_send(self, body: bytes) -> int | None:
+        self.issued += 1
+        return self.issued
+
+    async def wait_retained_below(self, size: int) -> bool:
+        self.waits.append(size)
+        return True
+
+
+@pytest.mark.anyio
+async def test_a_transfer_yields_to_small_messages_sent_alongside() -> None:
+    """Alone, a transfer keeps the whole window; within INTERACTIVE_S of a small message sent
+    through the same sender, each part waits until less than one chunk is unconfirmed."""
+    now = [100.0]
+    transport = _PacedTransport()
+    chunk, window = 64 * 1024, 256 * 1024
+    sender = ChunkSender(transport, chunk, window, 16 * 1024 * 1024, clock=lambda: now[0])
+    body = os.urandom(4 * chunk + 100)
+
+    await sender.send(body)
+    assert transport.waits == [window] * 4  # four equal parts, each paced by the window
+
+    transport.waits.clear()
+    await sender.send(b"small")
+    now[0] += INTERACTIVE_S / 2
+    await sender.send(body)
+    assert transport.waits == [chunk] * 4
+
+    transport.waits.clear()
+    now[0] += INTERACTIVE_S
+    await sender.send(body)
+    assert transport.waits == [window] * 4
 
 
 class Bulk(Protocol):
