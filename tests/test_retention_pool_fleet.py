@@ -140,11 +140,14 @@ async def test_a_full_fleet_budget_is_back_pressure_bounded_and_drains(tmp_path:
                         for executor in executors:
                             tg.start_soon(call, executor)
                     # Steady state of the partition: every session holds PENDING calls (those the
-                    # budget did not admit wait in send), the rest were refused at once.
+                    # budget did not admit wait in send), the rest were refused at once, and the
+                    # shared budget is full (each body goes in two parts, issued as the pool and
+                    # each session's bulk window admit them: pending calls alone come sooner).
                     await wait_for(
                         lambda: (
                             pending() == EXECUTORS * PENDING
                             and outcomes.total() == EXECUTORS * EXTRA
+                            and retained() > BUDGET // 2
                         ),
                         10,
                         "every session to hold its calls and refuse the rest",
