@@ -280,7 +280,7 @@ class Limits:
         metadata=_doc(
             "A transfer in parts sends its next part only while fewer than this many bytes of "
             "ours await the peer's receipts: at most about this much bulk is ahead of a small "
-            "call."
+            "call (one chunk while small messages are sent alongside)."
         ),
     )
 
