@@ -65,6 +65,7 @@ import anyio
 
 from .errors import PayloadTooLarge
 from .session import encoded_message_size
+from .wire import encode_head
 
 __all__ = [
     "ABORT",
@@ -95,21 +96,9 @@ bytes of objects, so a peer sending tiny parts cannot make a transfer hold many 
 (Limits guarantees our own parts are at least this big, but for the last)."""
 
 
-def _bytes_head(size: int) -> bytes:
-    if size < 24:
-        return bytes((0x40 | size,))
-    if size < 0x100:
-        return bytes((0x58, size))
-    if size < 0x10000:
-        return b"\x59" + size.to_bytes(2, "big")
-    if size < 0x100000000:
-        return b"\x5a" + size.to_bytes(4, "big")
-    return b"\x5b" + size.to_bytes(8, "big")
-
-
 def encode_part(flags: int, chunk: bytes | memoryview) -> bytes:
     """The CBOR bytes of ``[8, flags, chunk]`` (what ``cbor2.dumps`` gives, in one copy)."""
-    return b"".join((bytes((0x83, PART, flags)), _bytes_head(len(chunk)), chunk))
+    return b"".join((bytes((0x83, PART, flags)), encode_head(2, len(chunk)), chunk))
 
 
 def parse_part(payload: bytes) -> tuple[int, memoryview] | None:

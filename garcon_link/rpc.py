@@ -232,7 +232,7 @@ from .limits import Limits
 from .logs import log_fields
 from .resources import ResourceRef, ServiceScope, _current
 from .transport import SessionTransport
-from .wire import array_prefix, decode_item
+from .wire import array_prefix, decode_item, encode_head
 
 __all__ = [
     "CALL",
@@ -413,16 +413,6 @@ def _envelope_head(payload: bytes) -> tuple[int, int] | None:
     if not 2 <= length <= MAX_ARITY or kind > CREDIT:
         return None
     return kind, call_id
-
-
-def _uint_head(value: int) -> bytes:
-    """The CBOR encoding of the unsigned integer ``value`` (as ``cbor2.dumps`` writes it)."""
-    if value < 24:
-        return bytes((value,))
-    for width, marker in ((1, 24), (2, 25), (4, 26), (8, 27)):
-        if value < 1 << (8 * width):
-            return bytes((marker,)) + value.to_bytes(width, "big")
-    raise ValueError(f"call id {value} does not fit 64 bits")
 
 
 def _local_exception(error: CallError) -> BaseException:
@@ -1142,12 +1132,12 @@ class ExecutorRpc:
         self._next_id += 1
         # [0, id, ...]: a one-byte array head (at most MAX_ARITY items), the kind, then the id.
         assert body[0] & 0xE0 == 0x80 and body[1] == CALL
-        head = _uint_head(old)
+        head = encode_head(0, old)
         if self._pending.get(old) is pending:
             del self._pending[old]
             self._pending[new] = pending
         pending.id = new
-        return body[:2] + _uint_head(new), 2 + len(head)
+        return body[:2] + encode_head(0, new), 2 + len(head)
 
     def _check_resources(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
         instance = self.peer_instance_id
@@ -2251,14 +2241,14 @@ if sys.version_info >= (3, 12):
         An eager task runs its first step at once, when the message that carried its call has
         been dispatched (:meth:`ExecutorRpc._start_handlers`, in the socket reader's turn; a
         ``cancel`` in the same message still finds it not started), instead of one event-loop
-        turn later. A handler that never suspends runs to
-        its end there, and its reply is handed to the session -- and, on a quiet socket, written --
-        before the reader reads on: one loop turn less per call. A handler that suspends goes on as
-        an ordinary task. Either way it is a task of its own from its first line: ``current_task()``
-        is that task, its cancel scopes bind to it, it runs in ``context`` (its own copy), and the
-        reader's context and task state are untouched (asyncio swaps the current task around the
-        eager step). Replies of handlers that do not suspend are handed over in call order, as
-        before (tasks started in order ran in order).
+        turn later. A handler that never suspends runs to its end there, and its reply is
+        handed to the session -- and, on a quiet socket, written -- before the reader reads on:
+        one loop turn less per call. A handler that suspends goes on as an ordinary task. Either
+        way it is a task of its own from its first line: ``current_task()`` is that task, its
+        cancel scopes bind to it, it runs in ``context`` (its own copy), and the reader's
+        context and task state are untouched (asyncio swaps the current task around the eager
+        step). Replies of handlers that do not suspend are handed over in call order, as before
+        (tasks started in order ran in order).
 
         A loop with a task factory of its own keeps it (``loop.create_task``; not eager unless that
         factory is): what it does per task is the application's choice. Python 3.11 has no eager

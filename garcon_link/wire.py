@@ -68,6 +68,7 @@ __all__ = [
     "decode_packets",
     "describe_value",
     "encode_canonical",
+    "encode_head",
     "encode_message",
     "encode_receipt",
     "iter_packets",
@@ -151,8 +152,10 @@ class Receipt:
 Packet = Message | Receipt
 
 
-def _head(major: int, value: int) -> bytes:
-    """Shortest-form CBOR head for ``major`` type and unsigned ``value``."""
+def encode_head(major: int, value: int) -> bytes:
+    """Shortest-form CBOR head for ``major`` type and unsigned ``value`` (< 2**64), as
+    ``cbor2.dumps`` writes it: the session packets here, the RPC layer's parts and renumbered
+    call heads."""
     mt = major << 5
     if value < 24:
         return bytes((mt | value,))
@@ -177,14 +180,14 @@ def encode_message(ordinal: int, body: bytes) -> bytes:
     """
     if not 1 <= ordinal <= MAX_ORDINAL:
         raise ValueError(f"ordinal out of range: {ordinal}")
-    return b"\x83\x00" + _head(0, ordinal) + _head(2, len(body)) + body
+    return b"\x83\x00" + encode_head(0, ordinal) + encode_head(2, len(body)) + body
 
 
 def encode_receipt(through: int) -> bytes:
     """Encode ``[1, through]`` (``through`` in 0 .. 2**64-1)."""
     if not 0 <= through <= MAX_ORDINAL:
         raise ValueError(f"receipt out of range: {through}")
-    return b"\x82\x01" + _head(0, through)
+    return b"\x82\x01" + encode_head(0, through)
 
 
 def _read_head(
