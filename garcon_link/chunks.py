@@ -23,6 +23,11 @@ Rules:
 * **One transfer at a time per direction.** The sender runs chunked sends one after the other,
   in call order (:class:`ChunkSender`'s FIFO lock), so parts carry no transfer id: every part
   continues the one transfer in progress. The receiver holds at most one partial body.
+* **A transfer is at least two parts, and its body is never a part.** Only a body longer than a
+  chunk is sent in parts, and it is cut into at least two (:meth:`ChunkSender.send`), so a final
+  part with no transfer in progress is never sent by a sender that keeps to these rules. A
+  reassembled body is dispatched through a path that refuses ``part`` envelopes: parts do not
+  nest, so one message is unwrapped at most once and costs at most one body, whatever it holds.
 * **Pacing.** Before each further part the sender waits until the session's unconfirmed outbound
   bytes are below ``Limits.bulk_window_bytes``, so at most about a window of bulk is ahead of a
   small message anywhere in the pipe (our retention, the kernel's buffers, the peer's reader).
@@ -44,8 +49,10 @@ Rules:
   ordinal is that of the final part, never assigned). If retention has no room for the abort at
   that moment it is owed: the next chunked send writes it first, so the receiver never sees the
   parts of two bodies run together.
-* **Hostile parts** (:class:`Reassembler`): a malformed part, an abort with no transfer in
-  progress, an empty non-final part or a transfer beyond ``max_frame_bytes`` is a violation: the
+* **Hostile parts** (:class:`Reassembler`): a malformed part, an abort or a final part with no
+  transfer in progress, an empty non-final part, a transfer beyond ``max_frame_bytes`` or one
+  whose body is itself a part (its head ``[8, ...]``, read before the body is joined; the RPC
+  layer refuses a part in any other encoding once decoded) is a violation: the
   partial body is dropped (memory freed at once), the rest of that transfer, up to its final or
   abort part, is discarded unread, and the RPC layer logs it and counts it
   (``RpcStatistics.part_violations``); the session stays. Each part costs O(its size) and the
@@ -89,6 +96,8 @@ _ABORT_PART = bytes((0x83, PART, ABORT, 0x40))
 INTERACTIVE_S = 0.05
 """A transfer is paced by one chunk instead of ``bulk_window_bytes`` while a small message went
 out through the same :class:`ChunkSender` less than this long ago (seconds)."""
+
+_PART_HEAD = bytes((0x83, PART))  # how a part's bytes begin (encode_part, parse_part)
 
 MIN_CHARGE = 1024
 """What a part costs against the transfer limit at least: each part held also costs a few hundred
@@ -192,6 +201,8 @@ class Reassembler:
             return None
         if flags == MORE and not chunk:
             raise self._violation("an empty part that is not the last")
+        if flags == FINAL and not self._chunks:
+            raise self._violation("a final part with no transfer in progress (a one-part transfer)")
         self._size += len(chunk)
         self._charged += max(len(chunk), MIN_CHARGE)
         if self._charged > self._limit:
@@ -199,6 +210,12 @@ class Reassembler:
         self._chunks.append(chunk)
         if flags == MORE:
             return None
+        # Parts do not nest: a body that is a part is refused before it is joined (the first
+        # chunk of a transfer is not empty, but it may be a single byte).
+        head = b"".join(bytes(piece[:2]) for piece in self._chunks[:2])[:2]
+        if head == _PART_HEAD:
+            self.reset()  # the transfer ended here: nothing of it is left to discard
+            raise self._violation("a body sent in parts is itself a part")
         body = b"".join(self._chunks)
         self.completed += 1
         self.reset()
@@ -302,6 +319,9 @@ class ChunkSender:
             end = lead + len(view)
             # Equal parts, as many as whole chunks fit (at least two): no short tail part that
             # would wait a round trip for the window (a 1 MiB body goes as four parts, at once).
+            # Never one part (the receiver refuses a final part that begins no transfer): end
+            # >= len(body) > self.chunk >= 2 (a fresh id's head is no shorter than the one it
+            # replaces), so step = ceil(end / count) < end.
             count = max(2, end // self.chunk)
             step = -(-end // count)
             ordinal = 0

@@ -65,6 +65,7 @@ __all__ = [
     "Notify",
     "Part",
     "Result",
+    "Whole",
     "decode",
     "encode",
     "encode_call",
@@ -180,7 +181,9 @@ class Part(msgspec.Struct, frozen=True):
         return [PART, self.flags, self.chunk]
 
 
-Envelope = Call | Result | Error | Cancel | Notify | Item | End | Credit | Part
+Whole = Call | Result | Error | Cancel | Notify | Item | End | Credit
+"""Every kind but ``part``: what a body sent in parts is, once reassembled (parts do not nest)."""
+Envelope = Whole | Part
 
 
 class BadEnvelope(Exception):

@@ -21,12 +21,13 @@ by the caller, so ``result``/``error``/``stream_item``/``stream_end`` name *our*
 
 A body (any of the envelopes above, encoded) longer than ``Limits.bulk_chunk_bytes`` is sent as
 ``part`` envelopes, paced so that small messages interleave with it, and dispatched whole once
-its final part arrives (:mod:`garcon_link.chunks`: the rules, pacing and hostile parts). A
-request's ordinal is that of its final part, so a call cancelled or timed out before its final
-part left is ``NOT_DISPATCHED`` (an abort part frees the peer's buffer). Call ids must increase
-in the order calls *arrive*: a call sent in parts is given a fresh id when its turn to send
-comes (calls issued meanwhile overtook it), and the receiver checks and records it at the first
-part, so small calls with higher ids may complete before it is reassembled.
+its final part arrives, through a path that refuses ``part`` (parts do not nest;
+:mod:`garcon_link.chunks`: the rules, pacing and hostile parts). A request's ordinal is that of
+its final part, so a call cancelled or timed out before its final part left is
+``NOT_DISPATCHED`` (an abort part frees the peer's buffer). Call ids must increase in the order
+calls *arrive*: a call sent in parts is given a fresh id when its turn to send comes (calls
+issued meanwhile overtook it), and the receiver checks and records it at the first part, so
+small calls with higher ids may complete before it is reassembled.
 
 The envelopes are typed (one frozen dataclass per kind) and encoded and decoded only in
 :mod:`garcon_link.envelopes`; :meth:`ExecutorRpc._dispatch` matches on them. ``call`` may carry a
@@ -195,6 +196,7 @@ from .envelopes import (
     Notify,
     Part,
     Result,
+    Whole,
     encode,
     encode_call,
     encode_item,
@@ -1404,11 +1406,22 @@ class ExecutorRpc:
     # ------------------------------------------------------------------ inbound dispatch
 
     def _dispatch(self, payload: bytes) -> None:
+        """One session message's envelope: a part goes to the transfer in progress
+        (:meth:`_on_part`), any other kind is dispatched whole."""
         if len(payload) > 1 and payload[1] == PART and payload[0] == 0x83:
             part = parse_part(payload)  # the chunk without a copy (else decoded as any other)
             if part is not None:
                 self._on_part(Part(*part))
                 return
+        envelope = self._decode(payload)
+        if isinstance(envelope, Part):
+            self._on_part(envelope)
+        elif envelope is not None:
+            self._dispatch_whole(envelope, len(payload))
+
+    def _decode(self, payload: bytes) -> Envelope | None:
+        """The envelope ``payload`` holds; ``None`` when it is dropped (and logged) as
+        undecodable or malformed."""
         try:
             # plain=True: refuses shared references and cycles, so no envelope can expand into
             # a structure larger than its own bytes (a DAG of 2**n paths) later on.
@@ -1416,17 +1429,21 @@ class ExecutorRpc:
         except MalformedFrame as exc:
             log.warning("dropping malformed envelope: %s", exc)
             self._undecodable(payload)
-            return
+            return None
         try:
-            envelope = decode_envelope(item)
+            return decode_envelope(item)
         except BadEnvelope as exc:
             self._malformed(exc)
-            return
+            return None
+
+    def _dispatch_whole(self, envelope: Whole, size: int) -> None:
+        """An envelope of any kind but ``part`` (``size``: its encoded bytes). The one path a
+        body reassembled from parts takes, so parts never nest."""
         match envelope:
             case Result():
                 self._on_result(envelope)
             case Item():
-                self._on_item(envelope, len(payload))
+                self._on_item(envelope, size)
             case Call():
                 self._on_call(envelope)
             case Error():
@@ -1439,8 +1456,6 @@ class ExecutorRpc:
                 self._on_cancel(envelope)
             case Notify():
                 self._on_notify(envelope)
-            case Part():
-                self._on_part(envelope)
 
     def _on_part(self, envelope: Part) -> None:
         """A part of a body sent in parts: buffered; the whole is dispatched at its final part
@@ -1458,8 +1473,8 @@ class ExecutorRpc:
                 extra=log_fields(session=self.transport.session_id),
             )
             return
-        if starting:
-            first = body[:64] if body is not None else reassembler.first_chunk()
+        if starting:  # its first part (a transfer is at least two parts)
+            first = reassembler.first_chunk()  # None: the rest of a refused one is discarded
             if first is not None:
                 self._claimed = self._claim_call(first)
         if body is None:
@@ -1469,7 +1484,14 @@ class ExecutorRpc:
             return  # a reused call id, dropped (and logged) at its first part
         self._whole_id = claimed
         try:
-            self._dispatch(body)
+            # Never through _dispatch: a body is not a part (the reassembler refused the usual
+            # encoding of one before joining it; any other is refused here, once decoded).
+            whole = self._decode(body)
+            if isinstance(whole, Part):
+                self._part_violations += 1
+                self._malformed(BadEnvelope(PART, "a body sent in parts is itself a part"))
+            elif whole is not None:
+                self._dispatch_whole(whole, len(body))
         finally:
             self._whole_id = None
 

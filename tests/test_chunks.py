@@ -11,6 +11,7 @@ bounded memory. No timing assertions: every wait is bounded by ``anyio.fail_afte
 from __future__ import annotations
 
 import os
+import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -51,8 +52,8 @@ def test_parts_reassemble_in_order() -> None:
     assert r.feed(MORE, b"cd") is None
     assert r.feed(FINAL, b"e") == b"abcde"
     assert (r.in_progress, r.buffered, r.completed, r.parts) == (False, 0, 1, 3)
-    assert r.feed(FINAL, b"x") == b"x"  # a one-part transfer
-    assert r.feed(FINAL, b"") == b""  # an empty final part ends an empty body
+    assert r.feed(MORE, b"x") is None
+    assert r.feed(FINAL, b"") == b"x"  # an empty final part ends the body
 
 
 def test_abort_frees_the_buffer() -> None:
@@ -60,7 +61,8 @@ def test_abort_frees_the_buffer() -> None:
     r.feed(MORE, b"abc")
     assert r.feed(ABORT, b"") is None
     assert (r.in_progress, r.buffered, r.aborted) == (False, 0, 1)
-    assert r.feed(FINAL, b"z") == b"z"  # the next transfer starts afresh
+    assert r.feed(MORE, b"y") is None  # the next transfer starts afresh
+    assert r.feed(FINAL, b"z") == b"yz"
 
 
 @pytest.mark.parametrize(
@@ -72,7 +74,8 @@ def test_malformed_parts_are_violations(flags: Any, chunk: Any) -> None:
     with pytest.raises(PartViolation):
         r.feed(flags, chunk)
     assert r.buffered == 0
-    assert r.feed(FINAL, b"ok") == b"ok"  # nothing was in progress: nothing to discard
+    assert r.feed(MORE, b"o") is None  # nothing was in progress: nothing to discard
+    assert r.feed(FINAL, b"k") == b"ok"
 
 
 def test_abort_without_a_transfer_and_nonempty_abort_are_violations() -> None:
@@ -95,7 +98,35 @@ def test_oversize_transfer_is_dropped_and_the_rest_discarded() -> None:
     assert r.feed(MORE, b"more") is None
     assert r.buffered == 0
     assert r.feed(FINAL, b"end") is None
-    assert r.feed(FINAL, b"next") == b"next"
+    assert r.feed(MORE, b"ne") is None
+    assert r.feed(FINAL, b"xt") == b"next"
+
+
+def test_a_final_part_with_no_transfer_in_progress_is_a_violation() -> None:
+    """A transfer is at least two parts: a lone final part is refused, whatever its chunk, and
+    is not taken for the end of anything (the next transfer is whole)."""
+    r = Reassembler(100 * MIN_CHARGE)
+    for chunk in (b"x", b"", encode_part(FINAL, b"inner")):
+        with pytest.raises(PartViolation, match="no transfer in progress"):
+            r.feed(FINAL, chunk)
+        assert (r.in_progress, r.buffered, r.completed) == (False, 0, 0)
+    assert r.feed(MORE, b"a") is None
+    assert r.feed(FINAL, b"b") == b"ab"
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 10])
+def test_a_body_that_is_itself_a_part_is_a_violation(cut: int) -> None:
+    """Parts do not nest: a transfer whose body is a part is refused at its final part, before
+    the body is joined, wherever the first chunk ends (a single byte of the head too)."""
+    r = Reassembler(100 * MIN_CHARGE)
+    body = encode_part(FINAL, b"inner body")
+    r.feed(MORE, body[:cut])
+    with pytest.raises(PartViolation, match="itself a part"):
+        r.feed(FINAL, body[cut:])
+    assert (r.in_progress, r.buffered, r.completed) == (False, 0, 0)
+    # The transfer had ended: nothing of it is discarded, the next one is whole.
+    assert r.feed(MORE, b"\x83") is None
+    assert r.feed(FINAL, b"\x01") == b"\x83\x01"  # begins like an envelope, not a part
 
 
 def test_tiny_parts_count_at_least_min_charge() -> None:
@@ -205,6 +236,35 @@ async def test_a_transfer_yields_to_small_messages_sent_alongside() -> None:
     now[0] += INTERACTIVE_S
     await sender.send(body)
     assert transport.waits == [window] * 4
+
+
+class _RecordingTransport(_PacedTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: list[bytes] = []
+
+    async def send(self, body: bytes) -> int:
+        self.bodies.append(body)
+        return await super().send(body)
+
+
+@pytest.mark.parametrize("extra", [1, 2, 3, 1000, 64 * 1024 - 1, 64 * 1024, 5 * 64 * 1024])
+async def test_the_sender_sends_at_least_two_parts_that_reassemble(extra: int) -> None:
+    """Every body over a chunk goes as at least two parts (the receiver refuses a transfer of
+    one), from one byte over the chunk up; the receiver gets it back whole."""
+    transport = _RecordingTransport()
+    chunk = 64 * 1024
+    sender = ChunkSender(transport, chunk, 4 * chunk, 16 * 1024 * 1024, clock=lambda: 0.0)
+    body = os.urandom(chunk + extra)
+    await sender.send(body)
+    assert len(transport.bodies) >= 2
+    receiver = Reassembler(16 * 1024 * 1024)
+    *parts, last = [parse_part(part) for part in transport.bodies]
+    for part in parts:
+        assert part is not None and part[0] == MORE
+        assert receiver.feed(*part) is None
+    assert last is not None and last[0] == FINAL
+    assert receiver.feed(*last) == body
 
 
 class Bulk(Protocol):
@@ -384,6 +444,44 @@ async def test_hostile_parts_are_dropped_and_the_session_stays(direction: str) -
 
 
 @both_directions
+async def test_parts_do_not_nest(direction: str) -> None:
+    """A call wrapped in a final part is never run: neither sent as one message (a transfer of
+    one part) nor as the body of a transfer in two parts, in the usual encoding (refused before
+    the body is joined) or another one (refused once decoded)."""
+    import cbor2
+
+    impl = BulkImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            rpc = pair.rpc
+            assert await bulk.small(1) == 1
+            worker_rpc = pair.worker.current_rpc
+
+            def wrapped() -> bytes:
+                return cbor2.dumps([CALL, next_call_id(rpc), "bulk", "small", [2], {}, 0, 0])
+
+            await raw_send(rpc, encode_part(FINAL, wrapped()))
+            # The chunk as an indefinite-length byte string: decoded generically.
+            await raw_send(rpc, b"\x83\x08\x01\x5f" + cbor2.dumps(wrapped()) + b"\xff")
+            body = encode_part(FINAL, wrapped())
+            await raw_send(rpc, encode_part(MORE, body[:1]))
+            await raw_send(rpc, encode_part(FINAL, body[1:]))
+            # [8, 1, <call>] with a two-byte array head: the reassembler cannot tell it is a
+            # part, the decoder can.
+            call = wrapped()
+            body = b"\x98\x03" + cbor2.dumps(PART) + cbor2.dumps(FINAL) + cbor2.dumps(call)
+            await raw_send(rpc, encode_part(MORE, body[:5]))
+            await raw_send(rpc, encode_part(FINAL, body[5:]))
+            assert await bulk.small(3) == 3
+            assert impl.ledger == ["small:1", "small:3"]
+            stats = worker_rpc.statistics()
+            assert (stats.parts_received, stats.part_violations) == (6, 4)
+            assert stats.transfers_received == 1  # the last one was joined, then refused
+            assert stats.part_buffered == 0
+
+
+@both_directions
 async def test_a_call_in_parts_cannot_reuse_an_id(direction: str) -> None:
     import cbor2
 
@@ -446,3 +544,44 @@ async def test_retirement_drops_a_partial_transfer(direction: str) -> None:
             await pair.stop_controller()  # a graceful close retires the session on both ends
             await _until(lambda: worker_rpc.retired)
             assert worker_rpc.statistics().part_buffered == 0
+
+
+def _nested(body: bytes, levels: int) -> bytes:
+    """``body`` as the chunk of a final part, that part as the chunk of another, ``levels`` deep."""
+    for _ in range(levels):
+        body = encode_part(FINAL, body)
+    return body
+
+
+@pytest.mark.parametrize("hostile", ["controller", "worker"])
+async def test_nested_parts_cost_no_more_than_a_flat_message(hostile: str) -> None:
+    """One message ``[8, 1, <[8, 1, <...>]>]`` 32 levels deep costs what one message of that size
+    costs (traced allocations, peak), in either role: each level is refused, never unwrapped."""
+    impl = BulkImpl()
+    size, levels = 1024 * 1024, 32
+    nested = _nested(os.urandom(size), levels)
+    flat = encode_part(FINAL, os.urandom(len(nested) - 8))
+    assert abs(len(flat) - len(nested)) < 16
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            sender, receiver = pair.rpc, pair.worker.current_rpc
+            if hostile == "worker":
+                sender, receiver = receiver, sender
+            peaks = []
+            for message in (flat, nested):
+                tracemalloc.start()
+                try:
+                    await raw_send(sender, message)
+                    # In order behind the hostile message, both ways: once small(1) returned,
+                    # the receiver has dispatched it.
+                    assert await bulk.small(1) == 1
+                    peaks.append(tracemalloc.get_traced_memory()[1])
+                finally:
+                    tracemalloc.stop()
+            assert peaks[1] - peaks[0] < size // 2, peaks
+            stats = receiver.statistics()
+            # Each is a final part with no transfer in progress: refused, nothing reassembled.
+            assert (stats.parts_received, stats.part_violations) == (2, 2)
+            assert (stats.transfers_received, stats.part_buffered) == (0, 0)
+            assert impl.ledger == ["small:1", "small:1"]
