@@ -9,6 +9,9 @@ Two families:
   does not; floats incl. NaN, infinities and -0.0; simple values and ``undefined``; short and long
   text and byte strings; arrays and maps (with odd keys: bytes, floats, null, arrays) nested
   around the decoder's depth limits. :func:`encode` turns one into bytes, canonically or not.
+* **Nested parts** (:func:`nested_parts`): an envelope wrapped in ``part`` envelopes several
+  levels deep, each level in one of the encodings a decoder accepts for a part, sent as one
+  message or as the body of a transfer in several parts.
 * **Raw items** (:data:`raw_items`): byte strings for what no encoder of values produces:
   indefinite lengths, non-shortest heads, declared lengths far beyond the data, truncations,
   lone breaks, reserved additional-info values and nesting far past any limit.
@@ -32,6 +35,7 @@ from garcon_link.wire import MAX_BIGNUM_BYTES, encode_message, encode_receipt
 
 __all__ = [
     "KNOWN_TAGS",
+    "PART_HEAD",
     "any_item",
     "array_bytes",
     "cbor_values",
@@ -42,6 +46,7 @@ __all__ = [
     "huge_ints",
     "map_bytes",
     "mutated_envelope",
+    "nested_parts",
     "mutated_hello",
     "mutated_packets",
     "mutated_proof",
@@ -429,3 +434,65 @@ def mutated_envelope(draw: st.DrawFn, call_id: int, kinds: list[str]) -> bytes:
         return array_bytes(envelope)
     except (cbor2.CBOREncodeError, TypeError, ValueError):
         return encode(envelope_shapes(call_id)["cancel"])
+
+
+# -- nested parts ---------------------------------------------------------------------------------
+
+PART_HEAD = bytes((0x83, PART))
+"""How a part begins in the encoding garcon_link.chunks writes (and its reassembler checks)."""
+
+
+def _wrapped(flags: int, chunk: bytes, encoding: str) -> bytes:
+    """``[8, flags, chunk]`` in one of the encodings a CBOR decoder reads as a part."""
+    if encoding == "canonical":
+        return PART_HEAD + bytes((flags,)) + head(2, len(chunk)) + chunk
+    if encoding == "wide-chunk-head":  # still read without a copy (any head width)
+        return PART_HEAD + bytes((flags,)) + head(2, len(chunk), 8) + chunk
+    if encoding == "indefinite-chunk":
+        return PART_HEAD + bytes((flags, 0x5F)) + encode(chunk) + b"\xff"
+    if encoding == "wide-flags":
+        return PART_HEAD + head(0, flags, 1) + encode(chunk)
+    if encoding == "wide-array-head":
+        return head(4, 3, 1) + bytes((PART, flags)) + encode(chunk)
+    if encoding == "wide-kind":
+        return b"\x83" + head(0, PART, 2) + bytes((flags,)) + encode(chunk)
+    assert encoding == "bignum-kind"  # tag 2: an integer decode_item admits
+    return b"\x83\xc2\x41" + bytes((PART, flags)) + encode(chunk)
+
+
+PART_ENCODINGS = [
+    "canonical",
+    "canonical",
+    "wide-chunk-head",
+    "indefinite-chunk",
+    "wide-flags",
+    "wide-array-head",
+    "wide-kind",
+    "bignum-kind",
+]
+
+
+@st.composite
+def nested_parts(draw: st.DrawFn, inner: list[bytes]) -> tuple[list[bytes], bytes]:
+    """One attack with nested parts: ``(messages, body)``.
+
+    ``body`` is one of ``inner`` (valid envelopes the receiver would act on) or junk, wrapped in
+    1 to 8 levels of ``part`` (each level's flags and encoding drawn; the outermost is final).
+    ``messages`` are the session message bodies that carry it: ``body`` alone (a transfer of
+    one part), or ``body`` cut into 2 or 3 non-empty canonical parts (a transfer whose body is
+    a part). A receiver that keeps to the rules refuses either as one violation and never
+    unwraps a level, so it feeds each message to its reassembler once and nothing more."""
+    body = draw(st.one_of(st.sampled_from(inner), st.binary(min_size=1, max_size=64)))
+    levels = draw(st.integers(1, 8))
+    for level in range(levels):
+        flags = 1 if level == levels - 1 else draw(st.sampled_from([1, 1, 1, 0, 2]))
+        body = _wrapped(flags, body, draw(st.sampled_from(PART_ENCODINGS)))
+    count = draw(st.sampled_from([1, 1, 2, 3]))
+    if count == 1:
+        return [body], body
+    cuts = draw(st.sets(st.integers(1, len(body) - 1), min_size=count - 1, max_size=count - 1))
+    bounds = [0, *sorted(cuts), len(body)]
+    pieces = [body[bounds[k] : bounds[k + 1]] for k in range(count)]
+    messages = [PART_HEAD + b"\x00" + head(2, len(p)) + p for p in pieces[:-1]]
+    messages.append(PART_HEAD + b"\x01" + head(2, len(pieces[-1])) + pieces[-1])
+    return messages, body

@@ -19,16 +19,23 @@ RPC envelopes (``ExecutorRpc._dispatch``  the session and the rpc survive, nothi
 via a wired pair): serving role (a        crash (or fails to format); the serving side then
 hostile controller) and calling role (a   answers a legitimate call; a call that got a hostile
 hostile worker)                           reply ends (value or ``CallError``), never hangs, and a
-                                          next call works
+                                          next call works; only the bodies sent as parts reach
+                                          the reassembler, once each (``parts_received``)
+Nested parts (``part`` envelopes wrapped  each attack is one ``part_violations``, each message
+in parts, several levels, each in one of  is fed to the reassembler once (no body unwrapped as a
+the encodings a decoder reads as a part;  part: at most one body per message), what the parts
+sent as one message or as the body of a   wrap never acts (no call runs, no pending call ends),
+transfer), both roles                     the session serves on
 ========================================  ========================================================
 
 Reproducibility: every test runs with ``derandomize=True`` (Hypothesis derives the seed from the
 test's name, so CI runs the same examples every time), no example database and no "explain"
 phase. Example counts per test are in :data:`EXAMPLES` (400 for ``decode_item``, the packet
 decoder and the session; 150 per role and state for the handshake; 80 and 60 per anyio backend
-for the serving and calling RPC roles): 2,080 examples, ~20 s on 2 shared cores. Each fuzzer
-also replays explicit ``@example`` seeds: the inputs of issue 12 break 1 (integers past 4,300
-digits where the code describes or compares them) and the largest integer the decoder admits.
+for the serving and calling RPC roles; 30 per role and backend for nested parts): 2,200
+examples, ~30 s on 2 shared cores. Each fuzzer also replays explicit ``@example`` seeds: the
+inputs of issue 12 break 1 (integers past 4,300 digits where the code describes or compares
+them) and the largest integer the decoder admits.
 
 Longer campaigns: ``GARCON_FUZZ_SCALE=20`` multiplies every count; ``GARCON_FUZZ_SEED=<int>``
 replaces the derived seed with that one (and turns derandomization off), e.g.::
@@ -40,7 +47,10 @@ found one defect, in this module's oracle (tag 3 of the largest admitted magnitu
 longer than the magnitude), and none in the library. Run against the parent commit of the
 fixes, the default run fails 9 of its 12 tests: ``decode_item`` (a bignum ``str()`` refuses),
 the handshake in both roles and both states (break 1's ValueError), and the RPC in both roles
-(a peer integer that the dispatch's log line cannot format).
+(a peer integer that the dispatch's log line cannot format). A receiver that takes a lone final
+part for a whole transfer, or dispatches a reassembled body as a part, fails the four RPC tests
+and the four nested-parts tests (a body unwrapped as a part: ``parts_received`` above the parts
+sent).
 
 If a failure is reported as ``INTERNALERROR ... SystemError: AST constructor recursion depth
 mismatch``, that is CPython 3.11.7 failing to parse source after a RecursionError elsewhere in
@@ -66,20 +76,26 @@ from cbor_strategies import (
     ERROR,
     ITEM,
     NOTIFY,
+    PART_HEAD,
     RESULT,
     any_item,
     cbor_values,
     encode,
+    envelope_shapes,
     map_bytes,
     mutated_envelope,
     mutated_hello,
     mutated_packets,
     mutated_proof,
+    nested_parts,
 )
 from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 from rpcutil import Calc, CalcImpl
 
+from garcon_link.chunks import parse_part
+from garcon_link.envelopes import BadEnvelope, Part
+from garcon_link.envelopes import decode as decode_envelope
 from garcon_link.errors import (
     CallError,
     FailureReason,
@@ -121,6 +137,7 @@ EXAMPLES = {
     "session": 400,
     "rpc_serving": 80,  # x 2 backends
     "rpc_calling": 60,  # x 2 backends
+    "rpc_nested_parts": 30,  # x 2 roles x 2 backends
 }
 
 
@@ -450,18 +467,47 @@ CALLING_KINDS = [
 ]
 
 
+def parts_among(bodies: list[bytes]) -> int:
+    """How many of ``bodies`` are ``part`` envelopes as sent, in any encoding: what a receiver
+    feeds its reassembler, once each, and nothing else (a body is never unwrapped as a part)."""
+    count = 0
+    for body in bodies:
+        if parse_part(body) is not None:
+            count += 1
+            continue
+        try:
+            envelope = decode_envelope(decode_item(body, RPC_LIMITS.max_frame_bytes))
+        except (MalformedFrame, BadEnvelope):
+            continue
+        count += isinstance(envelope, Part)
+    return count
+
+
+def _one(body: bytes) -> list[bytes]:
+    return [body]
+
+
+def _messages(attack: tuple[list[bytes], bytes]) -> list[bytes]:
+    return attack[0]
+
+
+def _flat(groups: list[list[bytes]]) -> list[bytes]:
+    return [body for group in groups for body in group]
+
+
 serving_bodies = st.lists(
     st.integers(1, 8).flatmap(
         lambda i: st.one_of(
-            mutated_envelope(i, SERVING_KINDS),
-            mutated_envelope(i, SERVING_KINDS),
-            mutated_envelope(i, SERVING_KINDS),
-            any_item,
+            mutated_envelope(i, SERVING_KINDS).map(_one),
+            mutated_envelope(i, SERVING_KINDS).map(_one),
+            mutated_envelope(i, SERVING_KINDS).map(_one),
+            any_item.map(_one),
+            nested_parts([encode(envelope_shapes(i)["call"])]).map(_messages),
         )
     ),
     min_size=1,
     max_size=8,
-)
+).map(_flat)
 
 
 @pytest.mark.anyio
@@ -493,6 +539,10 @@ async def test_fuzz_rpc_envelopes_serving_role(bodies: list[bytes]) -> None:
             if envelope[:2] == [RESULT, legit_id]:
                 assert envelope[2] == 5
                 break
+        # Every hostile body was dispatched before the legitimate call. Only those sent as
+        # parts reached the reassembler, once each: no body was unwrapped as a part, so none
+        # cost more than one body.
+        assert w.rpc.statistics().parts_received == parts_among(bodies)
 
 
 FIRST_CALL = 1  # a fresh ExecutorRpc numbers its calls from 1
@@ -502,7 +552,16 @@ FIRST_CALL = 1  # a fresh ExecutorRpc numbers its calls from 1
 @fuzz("rpc_calling")
 @given(
     stream=st.booleans(),
-    hostile=st.lists(mutated_envelope(FIRST_CALL, CALLING_KINDS), min_size=1, max_size=8),
+    hostile=st.lists(
+        st.one_of(
+            mutated_envelope(FIRST_CALL, CALLING_KINDS).map(_one),
+            mutated_envelope(FIRST_CALL, CALLING_KINDS).map(_one),
+            mutated_envelope(FIRST_CALL, CALLING_KINDS).map(_one),
+            nested_parts([encode([RESULT, FIRST_CALL, 666])]).map(_messages),
+        ),
+        min_size=1,
+        max_size=8,
+    ).map(_flat),
 )
 # Seeds: integers past 4,300 digits in a reply's kind, value and error body.
 @example(stream=False, hostile=[encode([HUGE, FIRST_CALL])])
@@ -559,6 +618,64 @@ async def test_fuzz_rpc_envelopes_calling_role(stream: bool, hostile: list[bytes
                     break
             await w.send(cbor2.dumps([RESULT, request[1], 7]))
         assert results == [7]
+        assert w.rpc.statistics().parts_received == parts_among(hostile)  # none unwrapped
+
+
+NESTED_INNER = [
+    encode([CALL, 1, "calc", "add", [2, 3], {}, 0, 0]),
+    encode([NOTIFY, "calc", "note", ["nested"], {}]),
+    encode([RESULT, FIRST_CALL, 666]),
+    encode([ERROR, FIRST_CALL, {"outcome": "failed", "code": "NESTED", "message": "m"}]),
+]
+"""What nested parts carry: envelopes each role would act on, were a level ever unwrapped."""
+
+
+@pytest.mark.parametrize("role", list(Role), ids=["hostile-worker", "hostile-controller"])
+@pytest.mark.anyio
+@fuzz("rpc_nested_parts")
+@given(attacks=st.lists(nested_parts(NESTED_INNER), min_size=1, max_size=3))
+async def test_fuzz_nested_parts(role: Role, attacks: list[tuple[list[bytes], bytes]]) -> None:
+    """Parts do not nest, whatever their encoding: each attack (a part of parts, sent as one
+    message or as the body of a transfer) is exactly one violation, each message is fed to the
+    reassembler once (so it costs at most one body), and what the parts wrap never acts."""
+    messages = [message for sent, _ in attacks for message in sent]
+    # Transfers whose body the reassembler cannot tell from an envelope by its first two bytes:
+    # joined, then refused once decoded.
+    joined = sum(1 for sent, body in attacks if len(sent) > 1 and body[:2] != PART_HEAD)
+    async with wired(role) as w:
+        outcome: list[Any] = []
+
+        async def call() -> None:
+            try:
+                outcome.append(await w.rpc.call("calc", ADD, (2, 3), {}, timeout=None))
+            except CallError as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            if role is Role.CONTROLLER:  # a call of ours is pending: the result above names it
+                tg.start_soon(call)
+                assert (await w.next_envelope())[:2] == [CALL, FIRST_CALL]
+            for message in messages:
+                await w.send(message)
+            while w.rpc.statistics().parts_received < len(messages):
+                await anyio.sleep(0.001)
+            await anyio.sleep(0)
+            stats = w.rpc.statistics()
+            assert stats.parts_received == len(messages)
+            assert stats.part_violations == len(attacks)
+            assert stats.transfers_received == joined
+            assert stats.part_buffered == 0
+            if role is Role.CONTROLLER:
+                assert outcome == []  # neither the nested result nor the nested error reached it
+                await w.send(encode([RESULT, FIRST_CALL, 5]))
+        if role is Role.CONTROLLER:
+            assert outcome == [5]
+            return
+        assert w.impl.counts["add"] == 0 and w.impl.notes == []
+        await w.send(encode([CALL, w.rpc._last_incoming_id + 1, "calc", "add", [2, 3], {}, 0, 0]))
+        while (envelope := await w.next_envelope())[0] != RESULT:
+            pass
+        assert envelope[2] == 5
 
 
 def _walk(value: Any, depth: int, seen: set[str]) -> None:
