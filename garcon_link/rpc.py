@@ -770,7 +770,9 @@ class RpcStatistics:
         parts_received: ``part`` envelopes the peer sent us.
         transfers_received: bodies reassembled from parts and dispatched.
         transfers_aborted: transfers the peer abandoned (an abort part freed our buffer).
-        part_violations: parts refused as malformed or beyond the size limit (dropped).
+        part_violations: parts refused as malformed, out of turn (an abort or a final part
+            with no transfer in progress) or beyond the size limit, and transfers whose body
+            is itself a part (parts do not nest); all dropped.
         part_buffered: bytes of the peer's transfer in progress held now (0 between transfers).
     """
 
