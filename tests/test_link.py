@@ -834,7 +834,7 @@ async def test_wrong_secret_is_refused_4001(direction: str) -> None:
 async def test_a_peer_that_goes_quiet_is_closed_by_the_handshake_deadline(
     direction: str, stage: str
 ) -> None:
-    limits = small_limits(handshake_timeout=0.3)
+    limits = small_limits(handshake_timeout=0.3, takeover_probe_timeout=0.2)
     with anyio.fail_after(DEADLINE):
         async with listening(direction, limits) as (ep, role):
             async with RawClient.connect(ep.link.listen_address) as client:
