@@ -112,7 +112,8 @@ class Limits:
         metadata=_doc(
             "Sockets attached to a session at once, beyond one per executor a keyring listener "
             "serves; past it an upgrade is answered 503. A socket still being admitted counts as "
-            "unauthenticated."
+            "unauthenticated; at most this many detached sockets wait for the peer's close frame "
+            "(others are closed without waiting)."
         ),
     )
     receipt_interval: int = field(

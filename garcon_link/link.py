@@ -472,6 +472,7 @@ class WebSocketLink:
         """Set when the link gave up for good (:attr:`taken_over`); :meth:`aclose` still needed."""
         self._tag = f"{self.role.value}[{self.runtime_id.hex()[:6]}]"
         self._attached = 0  # sockets attached to a slot (what the authenticated cap counts)
+        self._closing_sockets = 0  # detached sockets waiting for the peer's close frame
         self._listener: WebSocketListener | None = None
         if listen is not None:
             self._listener = WebSocketListener(
@@ -929,7 +930,6 @@ class WebSocketLink:
         # before any other socket of its executor can be admitted.
         slot.key = key
         slot.attached = sock
-        self._attached += 1
         log.info(
             "%s %s: attached executor=%s session=%s resumed=%s",
             self._tag,
@@ -941,6 +941,7 @@ class WebSocketLink:
                 executor=slot.executor_id, session=transport.session_id, peer=sock.peer
             ),
         )
+        self._attached += 1
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeat, slot, sock, tg.cancel_scope)
@@ -983,7 +984,18 @@ class WebSocketLink:
             ),
         )
         code, cause = sock.local_close or (0, "")
-        await sock.close(int(code) or CloseCode.NORMAL, cause or "socket ended")
+        # A detached socket no longer counts as attached; while it waits for the peer's close
+        # frame it is one of at most max_authenticated_sockets such sockets: past them the close
+        # frame is sent without waiting (a key holder replacing its own socket in a loop would
+        # otherwise keep one descriptor per replacement for close_timeout).
+        drain = self._closing_sockets < self.limits.max_authenticated_sockets
+        if not drain:
+            self._stats.closes_not_drained += 1
+        self._closing_sockets += 1
+        try:
+            await sock.close(int(code) or CloseCode.NORMAL, cause or "socket ended", drain=drain)
+        finally:
+            self._closing_sockets -= 1
 
     def _given_up(self) -> bool:
         return self.taken_over is not None

@@ -276,6 +276,9 @@ class LinkStatistics:
     admissions_busy: int = 0
     """Authenticated sockets refused (4004) because another socket of the same executor was
     being admitted at that moment."""
+    closes_not_drained: int = 0
+    """Detached sockets closed without waiting for the peer's close frame, because
+    ``max_authenticated_sockets`` others were already waiting for theirs."""
     taken_over: int = 0
     """Sessions this link gave up because another runtime of the same executor took over (4009)."""
     bytes_sent: int = 0

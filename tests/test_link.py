@@ -980,6 +980,35 @@ async def test_unauthenticated_sockets_are_capped_oldest_evicted(direction: str)
 
 
 @anyio_test
+async def test_a_key_holder_replacing_its_own_socket_keeps_few_closes_waiting() -> None:
+    """Each new socket of one runtime replaces the attached one at once (no probe); a peer that
+    never answers the close would hold each replaced socket for ``close_timeout``. At most
+    ``max_authenticated_sockets`` detached sockets wait for their peer's close frame: the others
+    get theirs and are closed at once."""
+    allowance = 2
+    limits = small_limits(close_timeout=5.0, max_authenticated_sockets=allowance)
+    runtime = os.urandom(16)
+    clients: list[RawClient] = []
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            link = make_link(Role.WORKER, limits, listen=("127.0.0.1", 0))
+            async with endpoint(tg, link) as ep, contextlib.AsyncExitStack() as stack:
+                for _ in range(8):
+                    client = await stack.enter_async_context(RawClient.connect(link.listen_address))
+                    assert isinstance(await client.upgrade(), AcceptConnection)
+                    await client.authenticate(client.handshake(Role.CONTROLLER, runtime=runtime))
+                    clients.append(client)  # and never reads again (no close frame back)
+                await wait_until(lambda: ep.link.statistics().fresh_sessions == 8)
+                # The first `allowance` replaced sockets wait; the next ones are closed at once.
+                for client in clients[allowance:-1]:
+                    with anyio.fail_after(1.0):
+                        await client.read_until_eof()
+                assert ep.link.statistics().closes_not_drained == 7 - allowance
+                assert ep.current.transport.attached  # the last one
+            tg.cancel_scope.cancel()
+
+
+@anyio_test
 @by_direction
 async def test_authenticated_cap_answers_503(direction: str) -> None:
     limits = small_limits(max_authenticated_sockets=1)
