@@ -60,7 +60,10 @@ class Limits:
     )
     handshake_timeout: float = field(
         default=5.0,
-        metadata=_doc("Whole handshake deadline, from socket open to verified proof."),
+        metadata=_doc(
+            "Whole handshake deadline, from socket open to verified proof and admission (a "
+            "takeover probe included)."
+        ),
     )
     max_handshake_frame_bytes: int = field(
         default=8 * 1024,
@@ -79,7 +82,10 @@ class Limits:
     )
     takeover_probe_timeout: float = field(
         default=2.0,
-        metadata=_doc("How long the attached socket may take to answer a probe before takeover."),
+        metadata=_doc(
+            "How long the attached socket may take to answer a probe before takeover; below "
+            "handshake_timeout, which the probe runs under."
+        ),
     )
     connect_timeout: float = field(
         default=5.0,
@@ -103,7 +109,12 @@ class Limits:
     )
     max_authenticated_sockets: int = field(
         default=4,
-        metadata=_doc("Authenticated sockets of one listener at once (attached plus takeovers)."),
+        metadata=_doc(
+            "Sockets attached to a session at once, beyond one per executor a keyring listener "
+            "serves; past it an upgrade is answered 503. A socket still being admitted counts as "
+            "unauthenticated; at most this many detached sockets wait for the peer's close frame "
+            "(others are closed without waiting)."
+        ),
     )
     receipt_interval: int = field(
         default=64,
@@ -310,6 +321,13 @@ class Limits:
             raise ConfigError(
                 "Limits.heartbeat_timeout must exceed heartbeat_interval "
                 f"({self.heartbeat_timeout} <= {self.heartbeat_interval})"
+            )
+        if self.takeover_probe_timeout >= self.handshake_timeout:
+            # Admission, the probe included, runs under the handshake deadline: a probe as long
+            # as the deadline would end every takeover in a timeout.
+            raise ConfigError(
+                "Limits.takeover_probe_timeout must be below handshake_timeout "
+                f"({self.takeover_probe_timeout} >= {self.handshake_timeout})"
             )
         if self.backoff_base > self.backoff_max:
             raise ConfigError("Limits.backoff_base must not exceed backoff_max")

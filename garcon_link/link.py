@@ -14,15 +14,19 @@ executors authenticate, up to ``max_executors``.
 
 1. **Handshake.** The dialer sends its ``hello`` at once (:mod:`garcon_link.handshake`). The
    listener first reads the dialer's hello (:func:`~garcon_link.handshake.peek_hello`), takes the
-   executor id it *claims*, looks up that executor's key and slot, and only then sends its own
-   hello, which echoes the claimed id: nothing of the listener's identity goes out before the peer
-   has proved its key. An id the listener does not know (not enrolled, revoked, or not its
-   configured one) gets a random key, so the peer's proof fails exactly as a wrong secret does:
-   same close code (4001), same reason, same messages exchanged. The dialer sends its ``proof``
-   as soon as it has the listener's hello; the listener verifies it and sends its own only once
-   it has admitted the peer (step 2), so a refused peer never completes a handshake and a
-   listener never hands out a proof that could be reflected. Upgrade plus handshake must finish
-   within ``handshake_timeout`` (else 4008). A refusal closes with the reason's close code.
+   executor id it *claims* and sends its own hello, which echoes the claimed id and advertises
+   the session it holds for that id only if the dialer's hello already names it
+   (:func:`~garcon_link.handshake.listener_offer`): nothing of the listener's identity, nor
+   whether that executor is enrolled or online, goes out before the peer has proved its key.
+   Only then does it look up the claimed executor's key (a file read for a keyring), so the
+   hello leaves after the same work whether the id is enrolled or not. An id the listener does
+   not know (not enrolled, revoked, or not its configured one) gets a random key, so the peer's
+   proof fails exactly as a wrong secret does: same close code (4001), same reason, same
+   messages exchanged. The dialer sends its ``proof`` as soon as it has the listener's hello; the
+   listener verifies it and sends its own only once it has admitted the peer (step 2), so a
+   refused peer never completes a handshake and a listener never hands out a proof that could be
+   reflected. Upgrade, handshake and admission must finish within ``handshake_timeout`` (else
+   4008). A refusal closes with the reason's close code.
 2. **Admission** is :func:`decide`, a pure function of the slot (:class:`SlotView`) and the
    verified handshake (:class:`Offer`): ``Resume`` iff runtimes cross-match and session ids match;
    else ``Fresh`` (the current session is retired, ``REPLACED``); the *takeover rule* -- a fresh
@@ -30,8 +34,13 @@ executors authenticate, up to ``max_executors``.
    socket fails a ping probe within ``takeover_probe_timeout`` (``Probe``); and a runtime whose
    session another runtime of the same executor took over is refused with 4009 (``TAKEN_OVER``):
    two processes claim one executor id, which is an operator error, so the refused side stops
-   dialing (:attr:`WebSocketLink.taken_over`). Session listeners run before a fresh session's
-   first packet is processed.
+   dialing (:attr:`WebSocketLink.taken_over`). At most one socket per executor is being admitted
+   at a time: another one that completes its handshake meanwhile is refused at once (4004), so
+   sockets holding one executor's key cannot queue up. Admission runs under the handshake
+   deadline, before the socket counts as authenticated: the listener's authenticated-socket cap
+   counts only sockets attached to a session (``max_authenticated_sockets`` plus one per
+   executor a keyring listener serves), so one executor's key holder cannot fill it. Session
+   listeners run before a fresh session's first packet is processed.
 3. **Attached.** The transport pumps the socket; a heartbeat task pings every
    ``heartbeat_interval`` and closes the socket (resumably, 4007) after ``heartbeat_timeout`` with
    no inbound frame of any kind *while the socket is being read*: time the reader is held up by a
@@ -85,7 +94,15 @@ from .errors import (
     MalformedFrame,
     SessionFailed,
 )
-from .handshake import Handshake, HandshakeResult, ResumeOffer, derive_key, peek_hello
+from .handshake import (
+    Handshake,
+    HandshakeResult,
+    Hello,
+    ResumeOffer,
+    derive_key,
+    listener_offer,
+    peek_hello,
+)
 from .limits import Limits
 from .logs import log_fields
 from .session import RetentionPool
@@ -189,12 +206,15 @@ class SlotView:
         session: the id of the slot's live (not retired) session, or None.
         peer_runtime: the runtime that session belongs to (None without a session).
         attached: a socket currently carries that session.
+        admitting: another socket of this executor is being admitted (its decision, probe or
+            takeover is under way).
     """
 
     closing: bool = False
     session: bytes | None = None
     peer_runtime: bytes | None = None
     attached: bool = False
+    admitting: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +268,9 @@ class Probe:
 
 Decision: TypeAlias = Resume | Fresh | Refuse | Probe
 
+BUSY = Refuse(HandshakeFailure.SUPERSEDED, "another socket of this executor is being admitted")
+"""The refusal while another socket of the same executor is being admitted."""
+
 
 def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -> Decision:
     """The resume-or-fresh decision and the takeover rule, as a pure function (DESIGN §6, §12).
@@ -259,8 +282,10 @@ def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -
 
     Returns:
         ``Refuse(GOING_AWAY)`` while closing; ``Refuse(TAKEN_OVER)`` (4009) for a runtime that
-        was taken over; for a resume, ``Resume`` if the slot still holds that session, else
-        ``Refuse(SUPERSEDED)`` (it changed during the handshake; the peer retries); for a fresh
+        was taken over; :data:`BUSY` (4004) while another socket of the executor is being
+        admitted (one admission at a time: a key holder cannot queue sockets); for a resume,
+        ``Resume`` if the slot still holds that session, else ``Refuse(SUPERSEDED)`` (it
+        changed during the handshake; the peer retries); for a fresh
         handshake from another runtime while a socket is attached, ``Probe`` and then
         ``Refuse(SUPERSEDED)`` (4004) if the attached socket answered or ``Fresh`` if it did not;
         else ``Fresh``.
@@ -271,6 +296,8 @@ def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -
         return Refuse(
             HandshakeFailure.TAKEN_OVER, "another process with this executor id took over"
         )
+    if slot.admitting:
+        return BUSY
     if offer.resume:
         if slot.session is None or slot.session != offer.session:
             return Refuse(
@@ -294,13 +321,14 @@ def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -
 class _Slot:
     """One executor's state in a link: its session, attached socket and taken-over runtimes."""
 
-    __slots__ = ("attached", "executor_id", "key", "lock", "taken_over", "transport")
+    __slots__ = ("admitting", "attached", "executor_id", "key", "taken_over", "transport")
 
     def __init__(self, executor_id: str) -> None:
         self.executor_id = executor_id
         self.transport: SessionTransport | None = None
         self.attached: WebSocket | None = None
-        self.lock = anyio.Lock()
+        # The socket being admitted (decision, probe, takeover, proof): one at a time.
+        self.admitting: WebSocket | None = None
         self.taken_over: collections.deque[bytes] = collections.deque(maxlen=_TAKEN_OVER_MEMORY)
         self.key: bytes | None = None  # the key the attached socket authenticated with
 
@@ -309,13 +337,15 @@ class _Slot:
         t = self.transport
         return t if t is not None and t.state is not TransportState.RETIRED else None
 
-    def view(self, closing: bool) -> SlotView:
+    def view(self, closing: bool, sock: WebSocket) -> SlotView:
+        """The slot as :func:`decide` sees it for ``sock`` (whose own admission is not another)."""
         t = self.live
         return SlotView(
             closing=closing,
             session=t.session_id if t is not None else None,
             peer_runtime=t.peer_runtime if t is not None else None,
             attached=t is not None and t.attached,
+            admitting=self.admitting is not None and self.admitting is not sock,
         )
 
     def resume_offer(self) -> ResumeOffer | None:
@@ -325,6 +355,15 @@ class _Slot:
         return ResumeOffer(
             session_id=t.session_id, peer_runtime=t.peer_runtime, received=t.accepted
         )
+
+    def offer_to(self, peer: Hello, runtime: bytes) -> ResumeOffer | None:
+        """What a listener (runtime ``runtime``) advertises to ``peer``'s unverified hello
+        (:func:`listener_offer`). The offer is built only for a hello that names the live
+        session, so every other hello costs what an unknown executor's does."""
+        t = self.live
+        if t is None or peer.session != t.session_id:
+            return None
+        return listener_offer(peer, self.resume_offer(), runtime)
 
 
 SessionListener = Callable[[SessionTransport, HandshakeResult], None]
@@ -432,6 +471,8 @@ class WebSocketLink:
         self.stopped = anyio.Event()
         """Set when the link gave up for good (:attr:`taken_over`); :meth:`aclose` still needed."""
         self._tag = f"{self.role.value}[{self.runtime_id.hex()[:6]}]"
+        self._attached = 0  # sockets attached to a slot (what the authenticated cap counts)
+        self._closing_sockets = 0  # detached sockets waiting for the peer's close frame
         self._listener: WebSocketListener | None = None
         if listen is not None:
             self._listener = WebSocketListener(
@@ -440,9 +481,12 @@ class WebSocketLink:
                 ssl_context=self._ssl,
                 tag=self._tag,
                 on_error=self._peer_failed,
-                # One attached socket per executor, plus the configured allowance for takeovers.
+                # One attached socket per executor, plus the configured allowance. Sockets being
+                # admitted are not counted: they are still under the handshake deadline and the
+                # unauthenticated cap (and one per executor at most).
                 max_authenticated=self.limits.max_authenticated_sockets
                 + (self._max_executors if keys is not None else 0),
+                occupied=lambda: self._attached,
             )
 
     # ------------------------------------------------------------------ public surface
@@ -732,15 +776,16 @@ class WebSocketLink:
             self._peer_failed(f"key lookup for {executor_id!r}", exc)
             return None
 
-    def _handshake(self, executor_id: str, key: bytes) -> Handshake:
-        slot = self._slots.get(executor_id)
+    def _handshake(
+        self, executor_id: str, key: bytes | None, resume: ResumeOffer | None
+    ) -> Handshake:
         return Handshake(
             role=self.role,
             executor_id=executor_id,
             key=key,
             runtime=self.runtime_id,
             nonce=os.urandom(32),
-            resume=slot.resume_offer() if slot is not None else None,
+            resume=resume,
             max_frame_bytes=self.limits.max_handshake_frame_bytes,
         )
 
@@ -777,7 +822,8 @@ class WebSocketLink:
         return await self._authenticate(sock, listening=True)
 
     async def _authenticate(self, sock: WebSocket, *, listening: bool = False) -> Admitted | None:
-        """Exchange hello and proof (the caller bounds this by the handshake deadline).
+        """Exchange hello and proof, then admit the peer (the caller bounds all of it by the
+        handshake deadline).
 
         Listening, the peer's hello is read first and our proof is held until the peer is
         admitted (:meth:`_admit`); dialing, our hello goes first and our proof as soon as we
@@ -790,21 +836,29 @@ class WebSocketLink:
                 if first is None:
                     return None
                 claimed = peek_hello(first, max_frame_bytes=self.limits.max_handshake_frame_bytes)
+                slot = self._slots.get(claimed.executor)
+                offer = slot.offer_to(claimed, self.runtime_id) if slot is not None else None
+                hs = self._handshake(claimed.executor, None, offer)
+                await sock.send_message(hs.hello_frame())
+                # The key only now, after the hello: reading it (a file for a keyring) takes
+                # longer when it exists, and the hello must not wait for that.
                 key = self._key_for(claimed.executor)
                 if key is None:
                     # Not enrolled, revoked, or not ours: a random key makes the peer's proof
                     # fail exactly as a wrong secret does (same code, reason and exchange).
                     known = False
                     key = os.urandom(32)
-                hs = self._handshake(claimed.executor, key)
-                await sock.send_message(hs.hello_frame())
+                hs.set_key(key)
                 proof = hs.receive(first)
                 assert proof is not None  # a valid hello always yields our proof
                 sock.held_proof = proof
             else:
                 assert self.executor_id is not None and self._key is not None
                 key = self._key
-                hs = self._handshake(self.executor_id, key)
+                slot = self._slots.get(self.executor_id)
+                hs = self._handshake(
+                    self.executor_id, key, slot.resume_offer() if slot is not None else None
+                )
                 await sock.send_message(hs.hello_frame())
             log.debug("%s %s: hello sent", self._tag, sock.peer, extra=log_fields(peer=sock.peer))
             while hs.result is None:
@@ -848,36 +902,33 @@ class WebSocketLink:
         self._stats.handshakes_completed += 1
         self.refusal = None
         result = hs.result
+        admitted = await self._admit(sock, result)
+        if admitted is None:
+            return None
+        slot, transport, peer_received = admitted
 
-        async def admitted() -> None:
+        async def attached() -> None:
             try:
-                await self._run_socket(sock, result, key)
+                await self._run_socket(sock, slot, transport, peer_received, result, key)
             finally:
                 await sock.abort()  # a no-op after a close; closes the socket on cancellation
 
-        return admitted
+        return attached
 
     # ------------------------------------------------------------------ admission & attach
 
-    async def _run_socket(self, sock: WebSocket, result: HandshakeResult, key: bytes) -> None:
-        admitted = await self._admit(sock, result)
-        if admitted is None:
-            return
-        slot, transport, peer_received = admitted
+    async def _run_socket(
+        self,
+        sock: WebSocket,
+        slot: _Slot,
+        transport: SessionTransport,
+        peer_received: int,
+        result: HandshakeResult,
+        key: bytes,
+    ) -> None:
+        # Nothing awaited between the admission and here: the slot sees this socket attached
+        # before any other socket of its executor can be admitted.
         slot.key = key
-        proof, sock.held_proof = sock.held_proof, None
-        if proof is not None:
-            try:
-                await sock.send_message(proof)
-            except SocketGone:
-                return  # the transport waits, detached, for the next socket (or its grace)
-            log.debug(
-                "%s %s: proof sent (admitted)",
-                self._tag,
-                sock.peer,
-                extra=log_fields(executor=slot.executor_id, peer=sock.peer),
-            )
-        sock.authenticated()
         slot.attached = sock
         log.info(
             "%s %s: attached executor=%s session=%s resumed=%s",
@@ -890,6 +941,7 @@ class WebSocketLink:
                 executor=slot.executor_id, session=transport.session_id, peer=sock.peer
             ),
         )
+        self._attached += 1
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeat, slot, sock, tg.cancel_scope)
@@ -904,6 +956,7 @@ class WebSocketLink:
                     transport.retire(FailureReason.MALFORMED_PACKET, why)
                 tg.cancel_scope.cancel()
         finally:
+            self._attached -= 1
             if slot.attached is sock:
                 slot.attached = None
         if sock.peer_close is not None and sock.peer_close[0] == CloseCode.TAKEN_OVER:
@@ -931,7 +984,18 @@ class WebSocketLink:
             ),
         )
         code, cause = sock.local_close or (0, "")
-        await sock.close(int(code) or CloseCode.NORMAL, cause or "socket ended")
+        # A detached socket no longer counts as attached; while it waits for the peer's close
+        # frame it is one of at most max_authenticated_sockets such sockets: past them the close
+        # frame is sent without waiting (a key holder replacing its own socket in a loop would
+        # otherwise keep one descriptor per replacement for close_timeout).
+        drain = self._closing_sockets < self.limits.max_authenticated_sockets
+        if not drain:
+            self._stats.closes_not_drained += 1
+        self._closing_sockets += 1
+        try:
+            await sock.close(int(code) or CloseCode.NORMAL, cause or "socket ended", drain=drain)
+        finally:
+            self._closing_sockets -= 1
 
     def _given_up(self) -> bool:
         return self.taken_over is not None
@@ -959,7 +1023,12 @@ class WebSocketLink:
     async def _admit(
         self, sock: WebSocket, result: HandshakeResult
     ) -> tuple[_Slot, SessionTransport, int] | None:
-        """Apply :func:`decide` to the executor's slot (serialised per slot)."""
+        """Apply :func:`decide` to the executor's slot and send our held proof.
+
+        One socket per slot at a time (``slot.admitting``); the caller bounds this by the
+        handshake deadline. Returns the slot, the session to attach and the peer's resume
+        position, or None when the socket was refused (and closed) or lost.
+        """
         assert self._tg is not None
         executor_id = result.peer.executor
         slot = self._slots.get(executor_id)
@@ -975,59 +1044,101 @@ class WebSocketLink:
                 )
                 return None
             slot = self._slots[executor_id] = _Slot(executor_id)
-        async with slot.lock:
-            offer = Offer(
-                resume=result.resume,
-                session=result.session_id,
-                runtime=result.peer.runtime,
-                taken_over=result.peer.runtime in slot.taken_over,
-            )
-            decision = decide(slot.view(self._closing), offer)
-            if isinstance(decision, Probe):
-                old = slot.attached
-                healthy = old is not None and await old.probe(self.limits.takeover_probe_timeout)
-                if not healthy:
-                    log.info(
-                        "%s attached socket failed the takeover probe",
-                        self._tag,
-                        extra=log_fields(executor=executor_id, peer=sock.peer),
-                    )
-                decision = decide(slot.view(self._closing), offer, probe_healthy=healthy)
-            if isinstance(decision, Refuse):
-                if decision.reason is HandshakeFailure.SUPERSEDED:
-                    self._stats.takeovers_refused += 1
-                await self._refuse(sock, decision)
+        offer = Offer(
+            resume=result.resume,
+            session=result.session_id,
+            runtime=result.peer.runtime,
+            taken_over=result.peer.runtime in slot.taken_over,
+        )
+        decision = decide(slot.view(self._closing, sock), offer)
+        if isinstance(decision, Refuse):
+            await self._refused_at_admission(sock, decision)
+            return None
+        # Decided without an await since the view: no other socket is being admitted.
+        slot.admitting = sock
+        try:
+            admitted = await self._apply(slot, sock, result, offer, decision)
+            if admitted is None:
                 return None
-            current = slot.live
-            if isinstance(decision, Resume):
-                assert current is not None
-                if decision.supersede_attached and current.attached:
-                    old = slot.attached
-                    if old is not None:
-                        old.local_close = (CloseCode.SUPERSEDED, "superseded by a resumed socket")
-                    current.detach_socket()
-                    await current.wait_detached()
-                self._stats.resumed += 1
-                return slot, current, result.peer.received
-            assert isinstance(decision, Fresh)
-            if current is not None and decision.retire_current:
-                if decision.taken_over:
-                    slot.taken_over.append(current.peer_runtime)
-                    old = slot.attached
-                    if old is not None:
-                        reason = HandshakeFailure.TAKEN_OVER
-                        old.local_close = (reason.close_code, reason.description)
-                current.retire(FailureReason.REPLACED, "a fresh session replaced it")
-                if current.attached:
-                    await current.wait_detached()
-            transport = SessionTransport(
-                result.session_id, result.peer.runtime, self.limits, self._tg, pool=self.retention
-            )
-            slot.transport = transport
-            self._stats.fresh_sessions += 1
-            for listener in list(self._listeners):
-                listener(transport, result)
-            return slot, transport, 0
+            proof, sock.held_proof = sock.held_proof, None
+            if proof is not None:
+                try:
+                    await sock.send_message(proof)
+                except SocketGone:
+                    return None  # the session waits, detached, for the next socket (or its grace)
+                log.debug(
+                    "%s %s: proof sent (admitted)",
+                    self._tag,
+                    sock.peer,
+                    extra=log_fields(executor=slot.executor_id, peer=sock.peer),
+                )
+            sock.authenticated()
+            return admitted
+        finally:
+            if slot.admitting is sock:
+                slot.admitting = None
+
+    async def _apply(
+        self,
+        slot: _Slot,
+        sock: WebSocket,
+        result: HandshakeResult,
+        offer: Offer,
+        decision: Decision,
+    ) -> tuple[_Slot, SessionTransport, int] | None:
+        """Carry out ``decision`` for ``sock`` (probing first if it says so)."""
+        assert self._tg is not None
+        if isinstance(decision, Probe):
+            old = slot.attached
+            healthy = old is not None and await old.probe(self.limits.takeover_probe_timeout)
+            if not healthy:
+                log.info(
+                    "%s attached socket failed the takeover probe",
+                    self._tag,
+                    extra=log_fields(executor=slot.executor_id, peer=sock.peer),
+                )
+            decision = decide(slot.view(self._closing, sock), offer, probe_healthy=healthy)
+        if isinstance(decision, Refuse):
+            await self._refused_at_admission(sock, decision)
+            return None
+        current = slot.live
+        if isinstance(decision, Resume):
+            assert current is not None
+            if decision.supersede_attached and current.attached:
+                old = slot.attached
+                if old is not None:
+                    old.local_close = (CloseCode.SUPERSEDED, "superseded by a resumed socket")
+                current.detach_socket()
+                await current.wait_detached()
+            self._stats.resumed += 1
+            return slot, current, result.peer.received
+        assert isinstance(decision, Fresh)
+        if current is not None and decision.retire_current:
+            if decision.taken_over:
+                slot.taken_over.append(current.peer_runtime)
+                old = slot.attached
+                if old is not None:
+                    reason = HandshakeFailure.TAKEN_OVER
+                    old.local_close = (reason.close_code, reason.description)
+            current.retire(FailureReason.REPLACED, "a fresh session replaced it")
+            if current.attached:
+                await current.wait_detached()
+        transport = SessionTransport(
+            result.session_id, result.peer.runtime, self.limits, self._tg, pool=self.retention
+        )
+        slot.transport = transport
+        self._stats.fresh_sessions += 1
+        for listener in list(self._listeners):
+            listener(transport, result)
+        return slot, transport, 0
+
+    async def _refused_at_admission(self, sock: WebSocket, refusal: Refuse) -> None:
+        if refusal.reason is HandshakeFailure.SUPERSEDED:
+            if refusal == BUSY:
+                self._stats.admissions_busy += 1
+            else:
+                self._stats.takeovers_refused += 1
+        await self._refuse(sock, refusal)
 
     async def _refuse(self, sock: WebSocket, refusal: Refuse) -> None:
         log.info(

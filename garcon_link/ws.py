@@ -273,6 +273,12 @@ class LinkStatistics:
     """Sockets ended by an exception nobody expected (a bug, contained to that one peer)."""
     executors_refused: int = 0
     """Authenticated executors refused because ``max_executors`` slots were taken."""
+    admissions_busy: int = 0
+    """Authenticated sockets refused (4004) because another socket of the same executor was
+    being admitted at that moment."""
+    closes_not_drained: int = 0
+    """Detached sockets closed without waiting for the peer's close frame, because
+    ``max_authenticated_sockets`` others were already waiting for theirs."""
     taken_over: int = 0
     """Sessions this link gave up because another runtime of the same executor took over (4009)."""
     bytes_sent: int = 0
@@ -826,6 +832,9 @@ class WebSocketListener:
             one peer; it logs and counts it (the peer's failure, never the listener's).
         max_authenticated: authenticated sockets at once (default ``max_authenticated_sockets``;
             a listener serving many executors needs one per executor).
+        occupied: how many sockets count against ``max_authenticated`` now (default: every
+            socket from the end of its authentication until it is closed); the endpoint counts
+            the sockets attached to its sessions.
     """
 
     def __init__(
@@ -837,8 +846,10 @@ class WebSocketListener:
         tag: str,
         on_error: Callable[[str, Exception], object],
         max_authenticated: int | None = None,
+        occupied: Callable[[], int] | None = None,
     ) -> None:
         self.limits = limits
+        self._occupied = occupied
         self._max_authenticated = (
             limits.max_authenticated_sockets if max_authenticated is None else max_authenticated
         )
@@ -1012,7 +1023,8 @@ class WebSocketListener:
         if path != EXECUTOR_PATH:
             await self._refuse(sock, 404, f"path {path!r} is not {EXECUTOR_PATH}")
             return False
-        if self.closing or self._authenticated >= self._max_authenticated:
+        busy = self._occupied() if self._occupied is not None else self._authenticated
+        if self.closing or busy >= self._max_authenticated:
             await self._refuse(sock, 503, "draining or full")
             return False
         try:

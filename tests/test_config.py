@@ -239,6 +239,9 @@ def test_invalid_limit_value_refused(tmp_path: Path, secret_file: Path) -> None:
     refused(lambda: load_config(path), str(path), "[limits]", "heartbeat_timeout")
     path = config_file(tmp_path, LISTEN_BODY + '[limits]\nmax_frame_bytes = "big"\n')
     refused(lambda: load_config(path), str(path), "[limits] max_frame_bytes", "a number")
+    # Admission, a takeover probe included, runs under the handshake deadline.
+    path = config_file(tmp_path, LISTEN_BODY + "[limits]\nhandshake_timeout = 2\n")
+    refused(lambda: load_config(path), str(path), "takeover_probe_timeout", "handshake_timeout")
 
 
 def test_ipv6_listen(tmp_path: Path, secret_file: Path) -> None:

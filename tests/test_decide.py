@@ -11,6 +11,7 @@ inputs:
 * ``runtime`` -- the handshake's peer runtime is the one the slot's session belongs to, or another;
 * ``resume`` -- the handshake's resume rule held (both advertised the same session);
 * ``taken_over`` -- the peer's runtime is one whose session another runtime took over;
+* ``admitting`` -- another socket of the same executor is being admitted;
 * ``probe`` -- not probed, the attached socket answered the probe, or it did not.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from garcon_link import link
 from garcon_link.errors import FailureReason, HandshakeFailure
 from garcon_link.link import Decision, Fresh, Offer, Probe, Refuse, Resume, SlotView, decide
 
@@ -39,16 +41,18 @@ class Case:
     runtime: str  # "same" | "other"
     resume: bool
     taken_over: bool
+    admitting: bool
     probe: bool | None
 
     def slot(self) -> SlotView:
         if self.session == "none":
-            return SlotView(closing=self.closing)
+            return SlotView(closing=self.closing, admitting=self.admitting)
         return SlotView(
             closing=self.closing,
             session=OFFERED if self.session == "offered" else OTHER_SESSION,
             peer_runtime=RUNTIME if self.runtime == "same" else OTHER_RUNTIME,
             attached=self.attached,
+            admitting=self.admitting,
         )
 
     def offer(self) -> Offer:
@@ -59,18 +63,30 @@ class Case:
 
 def all_cases() -> list[Case]:
     cases = []
-    for closing, session, attached, runtime, resume, taken_over, probe in itertools.product(
+    for (
+        closing,
+        session,
+        attached,
+        runtime,
+        resume,
+        taken_over,
+        admitting,
+        probe,
+    ) in itertools.product(
         (False, True),
         ("none", "offered", "other"),
         (False, True),
         ("same", "other"),
         (False, True),
         (False, True),
+        (False, True),
         (None, True, False),
     ):
         if session == "none" and (attached or runtime == "other"):
             continue  # without a session there is no socket and no runtime to compare
-        cases.append(Case(closing, session, attached, runtime, resume, taken_over, probe))
+        cases.append(
+            Case(closing, session, attached, runtime, resume, taken_over, admitting, probe)
+        )
     return cases
 
 
@@ -79,29 +95,38 @@ CLOSED = Refuse(FailureReason.CLOSED, "shutting down")
 TAKEN = Refuse(HandshakeFailure.TAKEN_OVER, "another process with this executor id took over")
 CHANGED = Refuse(HandshakeFailure.SUPERSEDED, "session changed during the handshake; retry")
 HEALTHY = Refuse(HandshakeFailure.SUPERSEDED, "another peer holds a healthy session")
+BUSY = Refuse(HandshakeFailure.SUPERSEDED, "another socket of this executor is being admitted")
 
-# (closing, taken_over, resume, session, attached, runtime, probe) -> decision; first match wins.
+NEW = Fresh(retire_current=False, taken_over=False)
+REPLACE = Fresh(retire_current=True, taken_over=False)
+TAKEOVER = Fresh(retire_current=True, taken_over=True)
+
+# (closing, taken_over, admitting, resume, session, attached, runtime, probe) -> decision;
+# first match wins.
 TABLE: list[tuple[tuple[Any, ...], Decision]] = [
     # Shutting down refuses everything, before anything else is looked at.
-    ((True, ANY, ANY, ANY, ANY, ANY, ANY), CLOSED),
+    ((True, ANY, ANY, ANY, ANY, ANY, ANY, ANY), CLOSED),
     # A runtime that was taken over never gets back in (two processes claim one id: 4009).
-    ((False, True, ANY, ANY, ANY, ANY, ANY), TAKEN),
+    ((False, True, ANY, ANY, ANY, ANY, ANY, ANY), TAKEN),
+    # One admission per executor at a time: another socket finishing its handshake meanwhile
+    # is refused at once (a key holder cannot queue sockets behind the first one).
+    ((False, False, True, ANY, ANY, ANY, ANY, ANY), BUSY),
     # Resume: only the very session the slot holds; the attached socket, if any, steps aside.
-    ((False, False, True, "none", ANY, ANY, ANY), CHANGED),
-    ((False, False, True, "other", ANY, ANY, ANY), CHANGED),
-    ((False, False, True, "offered", False, ANY, ANY), Resume(supersede_attached=False)),
-    ((False, False, True, "offered", True, ANY, ANY), Resume(supersede_attached=True)),
+    ((False, False, False, True, "none", ANY, ANY, ANY), CHANGED),
+    ((False, False, False, True, "other", ANY, ANY, ANY), CHANGED),
+    ((False, False, False, True, "offered", False, ANY, ANY), Resume(supersede_attached=False)),
+    ((False, False, False, True, "offered", True, ANY, ANY), Resume(supersede_attached=True)),
     # Fresh with nothing held.
-    ((False, False, False, "none", ANY, ANY, ANY), Fresh(retire_current=False, taken_over=False)),
+    ((False, False, False, False, "none", ANY, ANY, ANY), NEW),
     # Fresh from the same runtime (it lost its state): replace, no probe, no takeover.
-    ((False, False, False, ANY, ANY, "same", ANY), Fresh(retire_current=True, taken_over=False)),
+    ((False, False, False, False, ANY, ANY, "same", ANY), REPLACE),
     # Fresh from another runtime while a socket is attached: the takeover rule.
-    ((False, False, False, ANY, True, "other", None), Probe()),
-    ((False, False, False, ANY, True, "other", True), HEALTHY),
-    ((False, False, False, ANY, True, "other", False), Fresh(retire_current=True, taken_over=True)),
+    ((False, False, False, False, ANY, True, "other", None), Probe()),
+    ((False, False, False, False, ANY, True, "other", True), HEALTHY),
+    ((False, False, False, False, ANY, True, "other", False), TAKEOVER),
     # Fresh from another runtime, nothing attached (a restarted peer): replace; the old
     # runtime is remembered as taken over.
-    ((False, False, False, ANY, False, "other", ANY), Fresh(retire_current=True, taken_over=True)),
+    ((False, False, False, False, ANY, False, "other", ANY), TAKEOVER),
 ]
 
 
@@ -109,6 +134,7 @@ def expected(case: Case) -> tuple[int, Decision]:
     values = (
         case.closing,
         case.taken_over,
+        case.admitting,
         case.resume,
         case.session,
         case.attached,
@@ -136,8 +162,8 @@ def test_every_row_of_the_table_is_reached() -> None:
 
 
 def test_the_table_covers_every_combination() -> None:
-    # 2 closing x (1 without a session + 2 sessions x 2 attached x 2 runtimes) x 2 x 2 x 3.
-    assert len(CASES) == 2 * (1 + 2 * 2 * 2) * 2 * 2 * 3
+    # 2 closing x (1 without a session + 2 sessions x 2 attached x 2 runtimes) x 2 x 2 x 2 x 3.
+    assert len(CASES) == 2 * (1 + 2 * 2 * 2) * 2 * 2 * 2 * 3
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.probe is None], ids=str)
@@ -153,5 +179,6 @@ def test_a_probe_is_asked_for_at_most_once(case: Case) -> None:
 
 def test_refusals_close_with_the_codes_of_the_contract() -> None:
     assert TAKEN.reason.close_code == 4009
-    assert HEALTHY.reason.close_code == CHANGED.reason.close_code == 4004
+    assert HEALTHY.reason.close_code == CHANGED.reason.close_code == BUSY.reason.close_code == 4004
+    assert BUSY == link.BUSY
     assert CLOSED.reason.close_code == 1001

@@ -21,19 +21,22 @@ id, so a call that reached the wrong executor is caught). What the tests prove:
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Protocol
 
 import anyio
+import cbor2
 import pytest
 from faultutil import Raw, wait_for
 
 import garcon_link as gl
 from garcon_link.config import read_secret_file, write_secret_file
-from garcon_link.handshake import Handshake, derive_key
+from garcon_link.handshake import Handshake, Hello, derive_key
 from garcon_link.testing import FaultProxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -235,6 +238,45 @@ async def test_unknown_revoked_and_wrong_key_are_indistinguishable(tmp_path: Pat
             assert fleet.executors() == {}
 
 
+async def listener_hello(port: int, executor_id: str) -> bytes:
+    """The hello a listener answers to a dialer claiming ``executor_id`` without its key."""
+    hs = Handshake(
+        role=gl.Role.WORKER,
+        executor_id=executor_id,
+        key=derive_key(os.urandom(32)),
+        runtime=os.urandom(16),
+        nonce=os.urandom(32),
+        resume=None,
+    )
+    async with Raw.connect(port) as raw:
+        assert await raw.upgrade()
+        await raw.send_message(hs.hello_frame())
+        hello = await raw.next_message()
+        assert hello is not None
+        return hello
+
+
+async def test_an_online_executor_and_an_unknown_id_get_the_same_hello(tmp_path: Path) -> None:
+    """Without the key, claiming an enrolled, connected executor tells nothing of it: no session,
+    no worker runtime, no message count -- the same hello as for an id nobody enrolled."""
+    keyring = tmp_path / "keys"
+    with anyio.fail_after(DEADLINE):
+        async with listening_fleet(keyring) as fleet:
+            secret = enroll(keyring, "online")
+            async with worker("online", secret, fleet.url):
+                executor = fleet.executor("online")
+                await executor.wait_ready(10)
+                assert await executor.service("ident", Ident).whoami() == "online"
+                port = fleet.listen_address[1]
+                online = await listener_hello(port, "online")
+                unknown = await listener_hello(port, "absent")  # same length
+                assert len(online) == len(unknown)
+                a, b = (Hello.from_wire(cbor2.loads(frame)) for frame in (online, unknown))
+                assert a.session is a.peer_runtime is None and a.received == 0
+                assert dataclasses.replace(a, executor="absent", nonce=b.nonce) == b
+                assert fleet.executors()["online"].availability == "ready"
+
+
 async def test_max_executors_refuses_the_next_one_and_allocates_nothing(tmp_path: Path) -> None:
     keyring = tmp_path / "keys"
     with anyio.fail_after(DEADLINE):
@@ -289,6 +331,107 @@ async def test_the_same_id_twice_refuses_the_newcomer_then_supersedes_the_silent
                     assert first.taken_over is not None
                     assert second.taken_over is None
                     assert await executor.service("ident", Ident).whoami() == "twin"
+
+
+FLOOD_SOCKETS = 13
+VICTIM_WAIT = 2.0  # seconds: a victim executor is admitted (joins or resumes) within this
+
+
+async def flood_as(port: int, executor_id: str, secret: bytes, stop: anyio.Event) -> Counter[str]:
+    """Hold :data:`FLOOD_SOCKETS` sockets that complete the handshake as ``executor_id`` (its
+    key is known), one after another on each, until ``stop``; how each attempt ended."""
+    tally: Counter[str] = Counter()
+
+    async def one_socket_at_a_time() -> None:
+        while not stop.is_set():
+            async with Raw.connect(port) as raw:
+                if not await raw.upgrade():
+                    tally[f"http {raw.http_status}"] += 1
+                    await anyio.sleep(0.001)  # a full cap is tried again at once
+                    continue
+                try:
+                    await raw.authenticate(
+                        gl.Role.WORKER, fence=False, secret=secret, executor_id=executor_id
+                    )
+                except ConnectionError:
+                    tally[f"close {raw.close_code}"] += 1
+                    # Again soon: the flood is of queued admissions, not of CPU (the attacker
+                    # shares this test's event loop).
+                    await anyio.sleep(0.05)
+                    continue
+                tally["admitted"] += 1
+                with anyio.move_on_after(1.0):
+                    await stop.wait()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(FLOOD_SOCKETS):
+            tg.start_soon(one_socket_at_a_time)
+    return tally
+
+
+async def test_one_executors_key_cannot_lock_the_others_out(tmp_path: Path) -> None:
+    """Sockets holding one executor's key (device-1's) complete handshakes as fast as they can
+    while device-1's attached socket is silent (each takeover needs a probe that fails only
+    after ``takeover_probe_timeout``). At most one of them is being admitted at a time, under
+    the handshake deadline, the others are refused at once (4004), and none of them fills the
+    authenticated-socket cap: another executor joins, and a third resumes its session after a
+    cut, within :data:`VICTIM_WAIT` seconds, never answered 503."""
+    keyring = tmp_path / "keys"
+    keyring.mkdir(mode=0o700)
+    limits = LIMITS.replace(takeover_probe_timeout=1.0, heartbeat_timeout=10.0)
+    config = gl.FleetConfig(
+        listen=("127.0.0.1", 0), keyring=keyring, limits=limits, max_executors=4
+    )
+    secrets = {i: enroll(keyring, i) for i in ("device-1", "resumer", "newcomer")}
+    stop = anyio.Event()
+    tallies: list[Counter[str]] = []
+    with anyio.fail_after(DEADLINE):
+        async with gl.fleet(config) as fleet, AsyncExitStack() as stack:
+            port = fleet.listen_address[1]
+            await stack.enter_async_context(worker("resumer", secrets["resumer"], fleet.url))
+            resumer = fleet.executor("resumer")
+            await resumer.wait_ready(10)
+            session = fleet.executors()["resumer"].session
+            # device-1's key holder: one attached socket that never answers again.
+            silent = await stack.enter_async_context(Raw.connect(port))
+            assert await silent.upgrade()
+            await silent.authenticate(
+                gl.Role.WORKER, secret=secrets["device-1"].reveal(), executor_id="device-1"
+            )
+            key = secrets["device-1"].reveal()
+
+            async def attack() -> None:
+                tallies.append(await flood_as(port, "device-1", key, stop))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(attack)
+                await wait_for(
+                    lambda: fleet.statistics().handshakes_completed >= 2 + FLOOD_SOCKETS,
+                    10,
+                    "the flood to complete its handshakes",
+                )
+                start = anyio.current_time()
+                resumed = fleet.statistics().resumed
+                await resumer.link.disconnect()
+                async with worker("newcomer", secrets["newcomer"], fleet.url):
+                    await wait_for(
+                        lambda: (
+                            fleet.statistics().resumed > resumed and resumer.availability == "ready"
+                        ),
+                        VICTIM_WAIT,
+                        "the cut executor to resume",
+                    )
+                    await fleet.executor("newcomer").wait_ready(VICTIM_WAIT)
+                    took = anyio.current_time() - start
+                    stop.set()
+            (tally,) = tallies
+            stats = fleet.statistics()
+            print(f"victims admitted in {took:.2f}s; flood: {dict(tally)}")
+            assert fleet.executors()["resumer"].session == session
+            assert await resumer.service("ident", Ident).whoami() == "resumer"
+            assert stats.upgrades_refused.get(503, 0) == 0, (stats.upgrades_refused, tally)
+            assert stats.admissions_busy > 0 and tally["close 4004"] > 0, (stats, tally)
+            assert took < VICTIM_WAIT
 
 
 async def test_forget_after_drops_an_executor_that_stayed_offline(tmp_path: Path) -> None:

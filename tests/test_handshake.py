@@ -50,7 +50,7 @@ SCHEDULES = ["cwcw", "cwwc", "wccw", "wcwc"]
 def make(
     role: Role,
     *,
-    key: bytes = KEY,
+    key: bytes | None = KEY,
     runtime: bytes | None = None,
     nonce: bytes | None = None,
     resume: ResumeOffer | None = None,
@@ -208,6 +208,78 @@ def test_fresh_session_ids_depend_on_the_nonces() -> None:
         assert c.result is not None
         ids.add(c.result.session_id)
     assert len(ids) == 3
+
+
+# -- what a listener advertises before the dialer is authenticated ---------------------------------
+
+# The worker listens and holds SESSION with the controller runtime RT_C; the controller dials.
+HELD = ResumeOffer(SESSION, peer_runtime=RT_C, received=5)
+DIALER_OFFERS = {
+    "no-offer": (None, RT_C),
+    "other-session": (ResumeOffer(OTHER_SESSION, RT_W, 9), RT_C),
+    "not-our-runtime": (ResumeOffer(SESSION, RT_W2, 9), RT_C),
+    "other-dialer-runtime": (ResumeOffer(SESSION, RT_W, 9), bytes([0xC2]) * 16),
+    "names-the-session": (ResumeOffer(SESSION, RT_W, 9), RT_C),
+}
+
+
+@pytest.mark.parametrize("name", list(DIALER_OFFERS))
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_the_listener_echoes_its_session_only_to_a_hello_naming_it(
+    name: str, schedule: str
+) -> None:
+    dialer_offer, dialer_runtime = DIALER_OFFERS[name]
+    c = make(Role.CONTROLLER, resume=dialer_offer, runtime=dialer_runtime)
+    offer = hs.listener_offer(c.local_hello, HELD, RT_W)
+    assert offer == (HELD if name == "names-the-session" else None)
+    # The resume decision is the one the listener would reach advertising HELD to anyone.
+    w = make(Role.WORKER, resume=offer)
+    exchange(c, w, schedule)
+    assert c.result is not None and w.result is not None
+    everyone = make(Role.WORKER, resume=HELD).local_hello
+    assert w.result.resume is c.result.resume is decide_resume(everyone, c.local_hello)
+    assert w.result.session_id == c.result.session_id
+
+
+@pytest.mark.parametrize("name", list(DIALER_OFFERS)[:-1])
+def test_the_listener_hello_is_the_same_for_an_unknown_and_an_online_executor(name: str) -> None:
+    """Nonce apart, a listener's hello to a dialer that does not name the session is the same
+    bytes whether the listener holds a session for the claimed id (online) or nothing
+    (unknown, revoked): it tells an unauthenticated peer nothing of the executor."""
+    dialer_offer, dialer_runtime = DIALER_OFFERS[name]
+    claimed = make(Role.CONTROLLER, resume=dialer_offer, runtime=dialer_runtime).local_hello
+    frames = []
+    for held, nonce in ((HELD, b"\x01" * 32), (None, b"\x02" * 32)):
+        listener = Handshake(
+            role=Role.WORKER,
+            executor_id=claimed.executor,
+            key=None,
+            runtime=RT_W,
+            nonce=nonce,
+            resume=hs.listener_offer(claimed, held, RT_W),
+        )
+        frames.append(listener.hello_frame())
+    online, unknown = frames
+    assert len(online) == len(unknown)
+    assert online.replace(b"\x01" * 32, b"\x02" * 32) == unknown
+
+
+def test_the_hello_does_not_depend_on_the_key() -> None:
+    keyless = make(Role.WORKER, resume=HELD, key=None)
+    assert keyless.hello_frame() == make(Role.WORKER, resume=HELD).hello_frame()
+    c = make(Role.CONTROLLER)
+    frame = c.hello_frame()
+    with pytest.raises(RuntimeError, match="set_key"):
+        keyless.receive(frame)
+    assert keyless.state is HandshakeState.AWAIT_HELLO  # a local mistake fails nothing
+    with pytest.raises(ValueError, match="32 bytes"):
+        keyless.set_key(b"short")
+    keyless.set_key(KEY)
+    with pytest.raises(ValueError, match="already"):
+        keyless.set_key(KEY)
+    exchange(c, keyless)
+    assert c.result is not None and keyless.result is not None
+    assert c.result.session_id == keyless.result.session_id
 
 
 def test_hello_frame_is_the_canonical_local_hello() -> None:

@@ -1014,6 +1014,7 @@ async def test_a_refusal_flood_without_receipts_pauses_the_reader() -> None:
 
 WORKER_LIMITS: dict[str, Any] = {
     "handshake_timeout": 2.0,
+    "takeover_probe_timeout": 0.3,
     "max_frame_bytes": 1 * MiB,
     "heartbeat_interval": 0.1,
     "heartbeat_timeout": 1.0,

@@ -10,19 +10,24 @@ session with a legitimate peer.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
 import random
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 import anyio.abc
+import cbor2
 import h11
 import pytest
 import trustme
+from anyio.abc import SocketAttribute
 from faultutil import (
     OP_BINARY,
     OP_CONTINUATION,
@@ -50,8 +55,10 @@ from linkutil import (
 )
 from wsproto.events import AcceptConnection, BytesMessage, RejectConnection
 
+from garcon_link.config import write_secret_file
 from garcon_link.errors import ConfigError, FailureReason, SessionFailed
-from garcon_link.handshake import Handshake, ResumeOffer, compute_mac, derive_key
+from garcon_link.handshake import Handshake, Hello, ResumeOffer, compute_mac, derive_key
+from garcon_link.keyring import Keyring
 from garcon_link.limits import Limits
 from garcon_link.link import (
     FrameBudget,
@@ -827,7 +834,7 @@ async def test_wrong_secret_is_refused_4001(direction: str) -> None:
 async def test_a_peer_that_goes_quiet_is_closed_by_the_handshake_deadline(
     direction: str, stage: str
 ) -> None:
-    limits = small_limits(handshake_timeout=0.3)
+    limits = small_limits(handshake_timeout=0.3, takeover_probe_timeout=0.2)
     with anyio.fail_after(DEADLINE):
         async with listening(direction, limits) as (ep, role):
             async with RawClient.connect(ep.link.listen_address) as client:
@@ -973,6 +980,35 @@ async def test_unauthenticated_sockets_are_capped_oldest_evicted(direction: str)
 
 
 @anyio_test
+async def test_a_key_holder_replacing_its_own_socket_keeps_few_closes_waiting() -> None:
+    """Each new socket of one runtime replaces the attached one at once (no probe); a peer that
+    never answers the close would hold each replaced socket for ``close_timeout``. At most
+    ``max_authenticated_sockets`` detached sockets wait for their peer's close frame: the others
+    get theirs and are closed at once."""
+    allowance = 2
+    limits = small_limits(close_timeout=5.0, max_authenticated_sockets=allowance)
+    runtime = os.urandom(16)
+    clients: list[RawClient] = []
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            link = make_link(Role.WORKER, limits, listen=("127.0.0.1", 0))
+            async with endpoint(tg, link) as ep, contextlib.AsyncExitStack() as stack:
+                for _ in range(8):
+                    client = await stack.enter_async_context(RawClient.connect(link.listen_address))
+                    assert isinstance(await client.upgrade(), AcceptConnection)
+                    await client.authenticate(client.handshake(Role.CONTROLLER, runtime=runtime))
+                    clients.append(client)  # and never reads again (no close frame back)
+                await wait_until(lambda: ep.link.statistics().fresh_sessions == 8)
+                # The first `allowance` replaced sockets wait; the next ones are closed at once.
+                for client in clients[allowance:-1]:
+                    with anyio.fail_after(1.0):
+                        await client.read_until_eof()
+                assert ep.link.statistics().closes_not_drained == 7 - allowance
+                assert ep.current.transport.attached  # the last one
+            tg.cancel_scope.cancel()
+
+
+@anyio_test
 @by_direction
 async def test_authenticated_cap_answers_503(direction: str) -> None:
     limits = small_limits(max_authenticated_sockets=1)
@@ -984,6 +1020,126 @@ async def test_authenticated_cap_answers_503(direction: str) -> None:
                 assert isinstance(event, RejectConnection) and event.status_code == 503
             assert pair.listener.link.statistics().upgrades_refused == {503: 1}
             assert pair.listener.current.ready
+
+
+async def listener_hello(
+    address: tuple[str, int],
+    role: Role,
+    executor_id: str,
+    *,
+    runtime: bytes | None = None,
+    resume: ResumeOffer | None = None,
+) -> bytes:
+    """The hello a listener answers to a dialer claiming ``executor_id`` with a wrong key."""
+    hs = Handshake(
+        role=role,
+        executor_id=executor_id,
+        key=derive_key(b"w" * 32),
+        runtime=runtime or os.urandom(16),
+        nonce=os.urandom(32),
+        resume=resume,
+    )
+    async with RawClient.connect(address) as client:
+        assert isinstance(await client.upgrade(), AcceptConnection)
+        await client.send_bytes(hs.hello_frame())
+        return await client.next_message()
+
+
+@anyio_test
+@by_direction
+async def test_the_listener_hello_tells_an_unauthenticated_peer_nothing_of_its_session(
+    direction: str,
+) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with link_pair(direction) as pair:
+            lrec, _drec = await pair.wait_ready()
+            await lrec.transport.send(b"counted")
+            await pair.dialer.wait_received(1)
+            await wait_until(lambda: lrec.transport.offered == 1 and pair.dialer.current.ready)
+            address = pair.listener.link.listen_address
+            _listen_role, dial_role = roles(direction)
+            # The id the listener serves, online, and an id it does not know (same length).
+            online = await listener_hello(address, dial_role, EXECUTOR)
+            unknown = await listener_hello(address, dial_role, "xyz")
+            assert len(online) == len(unknown)
+            a, b = (Hello.from_wire(cbor2.loads(frame)) for frame in (online, unknown))
+            assert a.session is a.peer_runtime is None and a.received == 0
+            assert dataclasses.replace(a, executor="xyz", nonce=b.nonce) == b
+            # A dialer whose hello names the session, its runtime and ours is told where the
+            # listener stands (that is what a resume needs); it learns nothing it did not name.
+            dialer = pair.dialer.link
+            named = await listener_hello(
+                address,
+                dial_role,
+                EXECUTOR,
+                runtime=dialer.runtime_id,
+                resume=ResumeOffer(lrec.session_id, pair.listener.link.runtime_id, 1),
+            )
+            c = Hello.from_wire(cbor2.loads(named))
+            assert (c.session, c.peer_runtime) == (lrec.session_id, dialer.runtime_id)
+            # The honest session was not disturbed by any of it.
+            assert lrec.ready and pair.listener.link.statistics().fresh_sessions == 1
+
+
+@anyio_test
+async def test_the_key_is_read_after_the_hello_for_an_enrolled_and_an_unknown_id(
+    tmp_path: Path,
+) -> None:
+    """The hello leaves after the same work whether the claimed id is enrolled or not: the key
+    (a file read, slower when the file exists) is looked up only once the hello was sent. The
+    lookup peeks at the dialer's socket (which does not read until the lookup is over): the
+    whole hello has reached it, for both ids."""
+    keys_dir = tmp_path / "keys"
+    keys_dir.mkdir(mode=0o700)
+    write_secret_file(keys_dir / "enrolled.secret")
+    keyring = Keyring(keys_dir)
+    peekers: list[socket.socket] = []
+    arrived: dict[str, bytes] = {}
+    looked_up = anyio.Event()
+
+    def keys(executor_id: str) -> bytes | None:
+        try:
+            # Blocks the loop only until the bytes are there (loopback), or 1 s if never sent.
+            arrived[executor_id] = peekers[-1].recv(1 << 16, socket.MSG_PEEK)
+        except TimeoutError:
+            arrived[executor_id] = b""
+        looked_up.set()
+        secret = keyring.secret_for(executor_id)
+        return secret.reveal() if secret is not None else None
+
+    link = WebSocketLink(
+        role=Role.CONTROLLER, keys=keys, limits=small_limits(), listen=("127.0.0.1", 0)
+    )
+    with anyio.fail_after(DEADLINE), contextlib.ExitStack() as stack:
+        async with link:
+            for executor_id in ("enrolled", "stranger"):
+                hs = Handshake(
+                    role=Role.WORKER,
+                    executor_id=executor_id,
+                    key=derive_key(b"w" * 32),
+                    runtime=os.urandom(16),
+                    nonce=os.urandom(32),
+                    resume=None,
+                )
+                looked_up = anyio.Event()
+                async with RawClient.connect(link.listen_address) as client:
+                    raw = client.stream.extra(SocketAttribute.raw_socket)
+                    # A duplicate of the dialer's descriptor (asyncio's wrapper cannot peek).
+                    peeker = socket.fromfd(raw.fileno(), raw.family, raw.type)
+                    stack.callback(peeker.close)
+                    peeker.settimeout(1.0)
+                    peekers.append(peeker)
+                    assert isinstance(await client.upgrade(), AcceptConnection)
+                    await client.send_bytes(hs.hello_frame())
+                    await looked_up.wait()
+                    hello = await client.next_message()
+                    proof = hs.receive(hello)
+                    assert proof is not None
+                    await client.send_bytes(proof)
+                    assert await client.wait_closed() == 4001
+                # One unmasked binary frame holding exactly the hello (125 < size < 64 KiB).
+                assert arrived[executor_id] == b"\x82\x7e" + len(hello).to_bytes(2, "big") + hello
+            assert link.statistics().handshakes_failed == {"AUTH_FAILED": 2}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ from garcon_link.testing import free_tcp_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
-LIMITS = gl.Limits(backoff_base=0.01, backoff_max=0.05, handshake_timeout=2.0)
+LIMITS = gl.Limits(
+    backoff_base=0.01, backoff_max=0.05, handshake_timeout=2.0, takeover_probe_timeout=1.0
+)
 PATIENT = 30.0  # far longer than a refusal takes: reaching it means nothing failed fast
 
 

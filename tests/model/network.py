@@ -27,12 +27,13 @@ Network model (per socket lifetime, as TCP gives it):
 The dialer is the worker (``w``), the listener the controller (``c``). The worker dials only
 while it is detached (one dial loop). A dial is two steps, so that everything else can happen
 in between: ``dial`` opens the socket and composes both hellos from the slots as they are then
-(resume offers with their ``received`` positions); ``admit`` runs both real handshakes to
-completion and applies ``decide`` to each slot as it is *now* (the old socket may have
-delivered more meanwhile, a session may have expired) -- the listener first, because it holds
-its proof until it has admitted the dialer, so a refusal means the dialer never completes; then
-the dialer. The takeover probe is answered by the attached socket only while the peer's end of
-it is open.
+(resume offers with their ``received`` positions; the listener's is what
+:func:`~garcon_link.handshake.listener_offer` lets it echo to the worker's hello); ``admit``
+runs both real handshakes to completion and applies ``decide`` to each slot as it is *now* (the
+old socket may have delivered more meanwhile, a session may have expired) -- the listener
+first, because it holds its proof until it has admitted the dialer, so a refusal means the
+dialer never completes; then the dialer. The takeover probe is answered by the attached socket
+only while the peer's end of it is open.
 
 Grace expiry is not a clock: a detached session may expire at any moment (``expire``), and the
 model calls :meth:`MessageSession.poll` at exactly its grace deadline.
@@ -48,7 +49,15 @@ from typing import Any
 
 from garcon_link import link
 from garcon_link.errors import FailureReason, HandshakeFailure, RetentionFull, SessionFailed
-from garcon_link.handshake import Handshake, HandshakeResult, ResumeOffer, derive_key
+from garcon_link.handshake import (
+    PROTOCOL_VERSION,
+    Handshake,
+    HandshakeResult,
+    Hello,
+    ResumeOffer,
+    derive_key,
+    listener_offer,
+)
 from garcon_link.limits import Limits
 from garcon_link.link import Fresh, Offer, Probe, Refuse, Resume, SlotView
 from garcon_link.session import MessageSession, RetentionPool, SessionState
@@ -571,7 +580,21 @@ class World:
         self.dials += 1
         self.opened += 1
         sock = Socket(self.opened)
-        sock.hellos = (self.sides["c"].offer(), w.offer())
+        w_offer = w.offer()
+        # What the listener may echo depends on the worker's hello (nonce aside).
+        claimed = Hello(
+            protocol=PROTOCOL_VERSION,
+            package="model",
+            role=ROLES["w"],
+            executor=EXECUTOR,
+            runtime=w.runtime,
+            peer_runtime=w_offer.peer_runtime if w_offer is not None else None,
+            session=w_offer.session_id if w_offer is not None else None,
+            received=w_offer.received if w_offer is not None else 0,
+            nonce=bytes(32),
+        )
+        c = self.sides["c"]
+        sock.hellos = (listener_offer(claimed, c.offer(), c.runtime), w_offer)
         self.sockets[sock.number] = sock
         w.dialing = sock.number
         c_offer, w_offer = sock.hellos
