@@ -7,6 +7,9 @@ BIN    := $(VENV)/bin
 # setuptools calls compat "transitional" (a warning at install). editable_mode=strict also works
 # for type checkers (a tree of symlinks) but sees a new module only after a reinstall.
 EDITABLE := --config-settings editable_mode=compat
+# The package version is written only in this file (pyproject.toml reads it); a change reinstalls,
+# so the installed metadata says the same version.
+VERSION_FILE := garcon_link/__init__.py
 
 # Extra pytest arguments for `unit` (e.g. PYTEST_ARGS='-x -q tests/test_cli.py').
 PYTEST_ARGS ?=
@@ -31,17 +34,17 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
+$(VENV)/.installed: pyproject.toml Makefile $(VERSION_FILE) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(EDITABLE) -e .
 	@touch $@
 
-$(VENV)/.installed-test: pyproject.toml Makefile | $(BIN)/python
+$(VENV)/.installed-test: pyproject.toml Makefile $(VERSION_FILE) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[test]'
 	@touch $@ $(VENV)/.installed
 
 # The peers (bench extra) and uvloop (fast extra); a peer that does not install under this
 # interpreter is left out with a note, and python -m benchmarks reports it as not installed.
-$(VENV)/.installed-bench: pyproject.toml Makefile | $(BIN)/python
+$(VENV)/.installed-bench: pyproject.toml Makefile $(VERSION_FILE) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[bench,fast]' || { \
 	  $(BIN)/python -m pip install --quiet $(EDITABLE) -e . && \
 	  $(BIN)/python -c 'import tomllib; extras = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]; print(*extras["bench"], *extras["fast"], sep="\n")' | \

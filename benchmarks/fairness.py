@@ -1,7 +1,7 @@
 """garcon_link bulk fairness: small calls while a large transfer runs in the same session.
 
 ``python -m benchmarks --only fairness`` (``--quick``: smaller counts). Reported with the other
-garcon_link-only figures, against the issue's target (p99 during the transfer <= 5x idle p99).
+garcon_link-only figures, against its target (p99 during the transfer <= 5x idle p99).
 
 A worker in a child process (``python -m benchmarks.fairness worker``, the READY protocol of
 ``benchmarks/servers``) serves ``echo(data: bytes) -> bytes``; the controller in the runner dials
@@ -15,7 +15,7 @@ session:
    sequential 32-byte echo calls until the bulk task ends. Their p99 against the idle p99 is the
    figure; the bulk rate (argument bytes per second, each echoed back) is reported beside it.
 
-Before chunking (issue 17 item 3), every small call issued behind an 8 MiB body waited for the
+Before chunking, every small call issued behind an 8 MiB body waited for the
 whole of it, both ways; see ``benchmarks/README.md`` for the figures before and after.
 """
 
@@ -45,7 +45,7 @@ DESCRIPTIONS = {
     "fairness-1mib": "the same with the 256 MiB echoed as 256 values of 1 MiB",
 }
 P99_FACTOR_TARGET = 5.0
-"""Issue 17: small-call p99 during a bulk transfer <= 5x its idle p99."""
+"""Target: small-call p99 during a bulk transfer <= 5x its idle p99."""
 
 
 class Echo(Protocol):

@@ -1,4 +1,4 @@
-"""garcon_link at fleet scale: many workers dialing one listening controller process (issue 15).
+"""garcon_link at fleet scale: many workers dialing one listening controller process.
 
 ``python -m benchmarks --only fleet`` (``--quick``: 50 workers). Reported in a table of its own
 ("garcon_link fleet"), each figure next to its target.

@@ -67,10 +67,10 @@ DESCRIPTIONS = {
 }
 
 RESUME_TARGET_MS = 50.0
-"""Issue 7 (d): resume with 4,096 retained frames within 50 ms on loopback."""
+"""Target: resume with 4,096 retained frames within 50 ms on loopback."""
 RESUME_TARGET_FRAMES = 4096
 RSS_ALLOWANCE_MIB = 30.0
-"""Issue 7 (d): RSS with retention full within the retention budget + 30 MiB."""
+"""Target: RSS with retention full within the retention budget + 30 MiB."""
 
 RESUME_LIMITS = gl.Limits(
     heartbeat_interval=0.2,

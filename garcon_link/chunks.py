@@ -1,4 +1,4 @@
-"""Bulk transfers in parts: large envelope bodies split so small messages interleave (issue 17).
+"""Bulk transfers in parts: large envelope bodies split so small messages interleave.
 
 Theory of operation
 -------------------

@@ -1,4 +1,4 @@
-"""The ``garcon-link`` command line (DESIGN §10).
+"""The ``garcon-link`` command line.
 
 Commands
 --------
@@ -13,7 +13,7 @@ Commands
     fresh logical session, ``executor-stopping`` on a signal. With ``--stop-on-stdin-eof`` it also
     stops when its stdin is closed (a supervising parent that dies takes the worker with it).
 
-    A signal first *drains* (DESIGN §13; ``--drain S``, default 10 s, 0 to stop at once): it
+    A signal first *drains* (``--drain S``, default 10 s, 0 to stop at once): it
     prints ``executor-draining executor=ID reason=SIGTERM seconds=S running=N``, refuses the
     controller's new calls with ``NotDispatched("DRAINING")`` while the ``N`` running calls
     finish and their replies are acknowledged (at most ``S`` seconds; a second signal cuts it

@@ -1,6 +1,6 @@
 """Link configuration: the TOML file, the secret, TLS material, and every refusal rule.
 
-Schema (DESIGN §8). ``[tls]`` and ``[limits]`` are optional; every other table or key not listed
+Schema. ``[tls]`` and ``[limits]`` are optional; every other table or key not listed
 here is refused::
 
     executor_id = "build-box-1"         # required; 1-200 printable characters, no whitespace
@@ -23,7 +23,7 @@ here is refused::
 
 Fleet controllers
 -----------------
-A controller of many executors (DESIGN §12) has its own file shape, read by
+A controller of many executors (docs/design.md#fleets) has its own file shape, read by
 :func:`load_fleet_config` into a :class:`FleetConfig` (schema in that function's docstring): an
 ``[executors]`` table with a ``keyring`` directory of per-executor keys
 (``keys/<executor_id>.secret``, see :mod:`garcon_link.keyring`) and optional
@@ -849,7 +849,7 @@ def _parse_dial(
 
 def _dial_hint(query: str, source: _Source, what: str) -> str:
     """The executor id of a dial URL's query ``executor=<id>`` (a routing hint for a load
-    balancer in front of several controller processes, DESIGN §12); nothing else is allowed."""
+    balancer in front of several controller processes); nothing else is allowed."""
     fix = "the only query a dial URL may carry is ?executor=<executor id>; remove anything else"
     try:
         fields = urllib.parse.parse_qs(query, strict_parsing=True, max_num_fields=2)
@@ -1179,7 +1179,7 @@ class DialExecutor:
 
 @dataclass(frozen=True, slots=True)
 class FleetConfig:
-    """A controller of many executors (DESIGN §12); loaded by :func:`load_fleet_config`.
+    """A controller of many executors (docs/design.md#fleets); loaded by :func:`load_fleet_config`.
 
     It listens (``listen``, workers dial in and authenticate with their key in ``keyring``),
     dials listening workers (``dial`` entries), or both. ``listen`` and ``keyring`` go together.
@@ -1601,7 +1601,7 @@ _DIAL_KEYS = ("id", "url", "secret_file")
 
 
 def load_fleet_config(path: str | os.PathLike[str] | None = None) -> FleetConfig:
-    """Load and validate a fleet controller's TOML configuration (DESIGN §12).
+    """Load and validate a fleet controller's TOML configuration.
 
     Schema (``[tls]``, ``[limits]`` and ``allow_insecure_development`` as for
     :func:`load_config`; ``[connection]`` and ``[[executors.dial]]`` are each optional, but one

@@ -1,4 +1,4 @@
-"""The RPC envelopes (DESIGN §7): one frozen struct per kind, encoded and decoded here only.
+"""The RPC envelopes: one frozen struct per kind, encoded and decoded here only.
 
 An envelope is a CBOR array inside a session message body, tagged by a small integer (the wire
 format; see :mod:`garcon_link.rpc` for what each kind means)::
@@ -21,7 +21,7 @@ above, encoded); the receiver concatenates the chunks of one transfer and decode
 its final part (:mod:`garcon_link.chunks`, which encodes and checks parts). Only such bodies are
 sent in parts: every other envelope is encoded exactly as before.
 
-*Call metadata* (issue 16) is the one addition to the format of earlier versions: a map of text
+*Call metadata* is the one addition to the format of earlier versions: a map of text
 to text (:func:`garcon_link.hooks.call_metadata`) as the tenth element of ``call`` (``key`` is then
 ``null`` for an unkeyed call) and the sixth of ``notify``, sent only when non-empty, so a call
 without metadata is encoded exactly as before. A peer of an earlier version drops such an envelope

@@ -1,4 +1,4 @@
-"""Fleet: one controller, many executors (DESIGN §12).
+"""Fleet: one controller, many executors (docs/design.md#fleets).
 
 Theory of operation
 -------------------
@@ -166,7 +166,7 @@ class Fleet:
 
     def _build_links(self) -> None:
         config = self.config
-        # One retention budget for every session of the fleet (DESIGN §12).
+        # One retention budget for every session of the fleet.
         self._retention = RetentionPool(self.limits.max_total_retained_bytes)
         if isinstance(config, LinkConfig):
             link = _link_from_config(config, self.limits, self._retention)

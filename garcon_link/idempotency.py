@@ -1,4 +1,4 @@
-"""Idempotency keys: exactly-once execution of a keyed call across continuity loss (DESIGN §14).
+"""Idempotency keys: exactly-once execution of a keyed call across continuity loss.
 
 Theory of operation
 -------------------
@@ -32,7 +32,7 @@ adapter) spawns it in the *worker's* task group, and each call with that key -- 
 every repeat, on any session -- only waits for the entry. So a session retired while the handler
 runs does not cancel it (the retry on the next session waits for the same execution and gets its
 real reply). A ``cancel`` from the caller of the call that started the execution cancels it, as
-for any call (DESIGN §7); a ``cancel`` of a repeat only ends that repeat's wait. A handler
+for any call; a ``cancel`` of a repeat only ends that repeat's wait. A handler
 cancelled before it started is forgotten (a later call with the key runs it); one cancelled while
 running records ``OutcomeUnknown("CANCELLED_WHILE_RUNNING")``.
 

@@ -1,7 +1,7 @@
 """A listening controller's keyring: one secret file per executor, read at each handshake.
 
-Theory of operation (DESIGN §12)
---------------------------------
+Theory of operation (docs/design.md#keyrings)
+---------------------------------------------
 A keyring is a directory holding ``<executor_id>.secret`` files, each a secret as
 ``garcon-link keygen`` writes it (mode 0600). The listener reads the executor id the dialer
 claims in its hello and asks :meth:`Keyring.secret_for` for that executor's key, *before* the

@@ -28,7 +28,7 @@ def _doc(text: str) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Bounds of one endpoint (DESIGN §9). All fields are keyword arguments with safe defaults."""
+    """Bounds of one endpoint. All fields are keyword arguments with safe defaults."""
 
     max_retained_frames: int = field(
         default=4096,
@@ -231,7 +231,7 @@ class Limits:
             "revoked executor stays attached."
         ),
     )
-    # idempotency keys (worker side, one table per worker process; DESIGN §14)
+    # idempotency keys (worker side, one table per worker process; docs/design.md#idempotency)
     idempotency_max_entries: int = field(
         default=10_000,
         metadata=_doc(
@@ -260,7 +260,7 @@ class Limits:
             "answer (its result, or whether the handler had started) before OutcomeUnknown."
         ),
     )
-    # call metadata (issue 16; garcon_link.hooks)
+    # call metadata (garcon_link.hooks)
     max_metadata_entries: int = field(
         default=16,
         metadata=_doc(
@@ -277,7 +277,7 @@ class Limits:
         ),
     )
 
-    # bulk transfers in parts (issue 17; garcon_link.chunks)
+    # bulk transfers in parts (garcon_link.chunks)
     bulk_chunk_bytes: int = field(
         default=256 * 1024,
         metadata=_doc(

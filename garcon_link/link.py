@@ -1,4 +1,4 @@
-"""The session endpoint: authenticated sockets, one session slot per executor (DESIGN §3, §6, §12).
+"""The session endpoint: authenticated sockets, one session slot per executor (docs/design.md#link).
 
 Theory of operation
 -------------------
@@ -8,7 +8,7 @@ budgets, the unauthenticated-socket cap); this module authenticates them and att
 right :class:`~garcon_link.transport.SessionTransport`. It holds one **slot** per executor id --
 that executor's logical session, its attached socket, the runtimes that were taken over -- so one
 listening controller serves many executors. A link configured with one ``executor_id`` and one
-secret has exactly one slot (stage 1, and every dialing link); a listening link given ``keys`` (a
+secret has exactly one slot (as has every dialing link); a listening link given ``keys`` (a
 lookup ``executor_id -> secret``, e.g. a :class:`~garcon_link.keyring.Keyring`) creates slots as
 executors authenticate, up to ``max_executors``.
 
@@ -170,7 +170,7 @@ _WILL_NOT_HEAL: dict[int, tuple[HandshakeFailure, str]] = {
         'one end must be role = "worker" and the other role = "controller"',
     ),
 }
-"""Refusals a redial will not heal (issue 19, item 5): reported at once to whoever waits."""
+"""Refusals a redial will not heal: reported at once to whoever waits."""
 
 KeyLookup: TypeAlias = Callable[[str], bytes | None]
 """``executor_id -> secret`` (None: not enrolled). Called with a *claimed*, unauthenticated id."""
@@ -273,7 +273,7 @@ BUSY = Refuse(HandshakeFailure.SUPERSEDED, "another socket of this executor is b
 
 
 def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -> Decision:
-    """The resume-or-fresh decision and the takeover rule, as a pure function (DESIGN §6, §12).
+    """The resume-or-fresh decision and the takeover rule, as a pure function.
 
     Args:
         slot: the executor's slot as it is now.
@@ -1001,7 +1001,7 @@ class WebSocketLink:
         return self.taken_over is not None
 
     def _was_taken_over(self, reason: str) -> None:
-        """The peer says another runtime of our executor took over: stop for good (DESIGN §12)."""
+        """The peer says another runtime of our executor took over: stop for good."""
         if self.taken_over is not None:
             return
         self.taken_over = reason or "another process with this executor id took over"

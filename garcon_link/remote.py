@@ -1,4 +1,4 @@
-"""Stable remote facades (controller) and the worker runtime (DESIGN §7, §8, §10).
+"""Stable remote facades (controller) and the worker runtime (docs/design.md#facades).
 
 Theory of operation
 -------------------
@@ -36,7 +36,7 @@ Registration is checked up front: :class:`Service` checks its target against the
 constructed, and a worker checks each plain object it serves (as its own interface) when built,
 raising one ``ConfigError`` that lists every problem (see :mod:`garcon_link.interface`).
 
-Graceful drain (DESIGN §13): ``await executor.aclose(drain=seconds)`` first refuses every new
+Graceful drain: ``await executor.aclose(drain=seconds)`` first refuses every new
 call through the facades at once with ``NotDispatched("DRAINING")`` (nothing is sent), waits --
 at most ``seconds`` -- until the calls already made have their replies and the worker's callbacks
 into this controller have finished (``ExecutorRpc.wait_idle``) and until the worker acknowledged
@@ -56,7 +56,7 @@ bounded by ``scope_cleanup_timeout``, never blocking the new session. Beside the
 :class:`~garcon_link.resources.WorkerScope` lives as long as the :class:`Worker` (its id is the
 link's ``runtime_id``): a ``Service(..., scope="worker")`` runs its handlers there, ``describe``
 reports it as ``worker_instance_id``, and the controller accepts references of either scope
-(DESIGN §13). The worker scope is closed after the link, when the worker stops.
+(docs/design.md#durable-work). The worker scope is closed after the link, when the worker stops.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class Service(Generic[T]):
     class that contradicts the interface's, and use only hints msgspec can convert (see
     :func:`garcon_link.interface.registration_problems`).
 
-    ``scope`` is the lifetime of the resources it hands out (DESIGN §13): ``"session"`` (the
+    ``scope`` is the lifetime of the resources it hands out: ``"session"`` (the
     default) -- its handlers run in the logical session's scope and the references they mint die
     with the session; ``"worker"`` -- its handlers run in the worker's scope
     (:class:`~garcon_link.resources.WorkerScope`): references carry the worker's runtime id,
@@ -1117,7 +1117,7 @@ def with_options(
         dispatch_deadline: how long a call waits for a reconnecting executor (0: not at all).
         idempotency_key: names one operation (``str``, sent as UTF-8, or ``bytes``; 1 to 128
             bytes): the worker runs a unary call with this key, method and arguments at most
-            once while its process lives and the key is remembered (DESIGN §14,
+            once while its process lives and the key is remembered (docs/design.md#idempotency,
             :mod:`garcon_link.idempotency`). ``None`` removes it. Calling a stream or one-way
             method through a keyed facade raises ``TypeError``.
         retry_unknown: retry a keyed call that ends ``OutcomeUnknown`` or ``NotDispatched``
@@ -1218,8 +1218,8 @@ class Worker(_Endpoint):
         self._rpc: ExecutorRpc | None = None
         assert self._own_link is not None
         self.worker_scope = WorkerScope(config.executor_id, self._own_link.runtime_id)
-        """Shared by every logical session of this worker (worker-scoped services, DESIGN
-        §13); closed when the worker stops."""
+        """Shared by every logical session of this worker (worker-scoped services);
+        closed when the worker stops."""
         # Keyed calls, for the process lifetime: shared by every session, run in our task group.
         self._keyed = KeyedExecutions(self.limits, self._spawn_keyed)
         self.drain = drain
@@ -1231,7 +1231,7 @@ class Worker(_Endpoint):
         self._tg.start_soon(fn, *args)
 
     def idempotency_statistics(self) -> IdempotencyStatistics:
-        """A snapshot of this worker's table of idempotency keys (DESIGN §14)."""
+        """A snapshot of this worker's table of idempotency keys."""
         return self._keyed.statistics()
 
     def statistics(self) -> ExecutorStatistics:
@@ -1314,7 +1314,7 @@ class Worker(_Endpoint):
     @property
     def taken_over(self) -> str | None:
         """Why this worker stopped for good: another process with its executor id took over
-        its session (DESIGN §12), else None. :meth:`wait_stopped` returns once it is set."""
+        its session, else None. :meth:`wait_stopped` returns once it is set."""
         return self._own_link.taken_over if self._own_link is not None else None
 
     async def wait_stopped(self) -> None:

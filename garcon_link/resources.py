@@ -2,7 +2,7 @@
 
 A worker hands out references to things it owns (a running process, an open execution) as
 :class:`ResourceRef` values. A reference names the scope that minted it (``executor_id`` and
-``instance_id``). There are two kinds of scope (DESIGN §7, §13):
+``instance_id``). There are two kinds of scope (docs/design.md#resource-references):
 
 * **per-session** (the default): one :class:`ServiceScope` per logical session, with a fresh random
   ``instance_id``. When the session is replaced the scope is closed, its ``instance_id`` is never

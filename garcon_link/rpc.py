@@ -1,4 +1,4 @@
-"""ExecutorRpc: typed calls, replies, cancellation and streams over one logical session (DESIGN §7).
+"""ExecutorRpc: typed calls, replies, cancellation and streams over one logical session.
 
 Theory of operation
 -------------------
@@ -42,7 +42,7 @@ its stream's end; a handler ends in :meth:`ExecutorRpc._run_handler` (``_run_not
 ``_execute_keyed``), which decides the one reply it sends; a refusal in
 :meth:`ExecutorRpc._refuse`. Counters and per-call hooks sit there and nowhere else.
 
-``call`` may carry a ninth element, an idempotency key (DESIGN §14): ``[0, id, service, method,
+``call`` may carry a ninth element, an idempotency key: ``[0, id, service, method,
 args, kwargs, credit_items, credit_bytes, key]`` with ``key`` 1 to 128 bytes (a CBOR byte
 string). An eight-element ``call`` is unkeyed, as before. A key of another type or size, a key
 on a stream, or a key sent to a side that keeps no idempotency table (the controller) is refused
@@ -92,7 +92,7 @@ Outcomes (who may have executed what):
   instead: we cancel a generator that was still running, so how far it got is not known (as for
   a stream cut by retirement); items delivered before stand.
 
-Graceful drain (DESIGN §13): :meth:`ExecutorRpc.start_drain` makes the receiving side refuse every
+Graceful drain: :meth:`ExecutorRpc.start_drain` makes the receiving side refuse every
 new call, unexecuted, with ``NotDispatched("DRAINING")`` (the internal ``describe`` is still
 answered; a new notification is dropped and logged), while the handlers already running go on and
 reply as usual; our own calls are not affected (a handler may still call back). The endpoint then
@@ -301,7 +301,7 @@ def _qualname(cls: type) -> str:
 class _Bound:
     spec: ServiceSpec
     target: object
-    scope: ServiceScope | None = None  # set for a worker-scoped service (DESIGN §13)
+    scope: ServiceScope | None = None  # set for a worker-scoped service
 
 
 class Registry:
@@ -489,7 +489,7 @@ class _Observed:
 
 
 class CallObserver:
-    """The one place where every call's outcome is counted and told to the hooks (issue 16).
+    """The one place where every call's outcome is counted and told to the hooks.
 
     One per endpoint (a :class:`~garcon_link.remote.RemoteExecutor`, a
     :class:`~garcon_link.remote.Worker`), shared by all its sessions, so its counters survive
@@ -929,7 +929,7 @@ class ExecutorRpc:
         self._context = contextvars.copy_context()
         self._max_body = limits.max_frame_bytes - 32
         self.peer_instance_id: bytes | None = None
-        # The worker's runtime: what worker-scoped references carry (DESIGN §13).
+        # The worker's runtime: what worker-scoped references carry.
         self.peer_worker_instance_id: bytes | None = None
         # Envelopes that met full retention, for the one drain task (see the module docstring):
         # (kind, body) -- refusals, cancels of our abandoned calls, credit grants -- and, past
@@ -1852,7 +1852,7 @@ class ExecutorRpc:
             ]:
                 await asyncio.wait(tasks)
 
-    # -- keyed calls (DESIGN §14; garcon_link.idempotency)
+    # -- keyed calls (garcon_link.idempotency)
 
     def _on_keyed_call(
         self,
@@ -2007,7 +2007,7 @@ class ExecutorRpc:
         if self.scope is None:
             return
         for value in (*args, *kwargs.values()):
-            # The session's references or its worker's (worker-scoped services, DESIGN §13).
+            # The session's references or its worker's (worker-scoped services).
             if isinstance(value, ResourceRef) and not self.scope.admits(value):
                 self.scope.check(value)  # raises StaleResource
 

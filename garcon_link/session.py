@@ -2,14 +2,14 @@
 
 Theory of operation
 -------------------
-One :class:`MessageSession` is one *logical session* seen from one side (DESIGN §4). It outlives
+One :class:`MessageSession` is one *logical session* seen from one side. It outlives
 the sockets it is attached to: a socket drop detaches it, a resuming handshake re-attaches it to
 the next socket, and nothing in flight is lost or delivered twice. It reads no clock and does no
 I/O: the adapter (``transport.py``) passes inbound WebSocket messages to :meth:`receive`, writes
 what :meth:`data_to_send` returns, and passes the time in as ``now``.
 
 Each direction is a sequence of *message* packets numbered by ordinals 1, 2, 3, ...; the reader
-acknowledges with cumulative *receipts* ``[1, through]`` (DESIGN §3). Four counters describe one
+acknowledges with cumulative *receipts* ``[1, through]``. Four counters describe one
 side; the invariants hold after every public call::
 
     confirmed <= offered <= issued      (outbound)
@@ -43,8 +43,8 @@ A new session starts DETACHED with no grace deadline (it has never been attached
 rule does not apply yet; the handshake deadline bounds that wait). Sending is allowed while
 detached: frames are retained and replayed on the next attach.
 
-Rules implemented (DESIGN §4)
------------------------------
+Rules implemented (docs/design.md#session)
+------------------------------------------
 - **Admission before assignment.** :meth:`send` checks the encoded size against the frame limit
   (:class:`~garcon_link.errors.PayloadTooLarge`) and then retention (count and bytes,
   :class:`~garcon_link.errors.RetentionFull`) before it assigns an ordinal, so a refused send
@@ -77,7 +77,7 @@ Rules implemented (DESIGN §4)
 - **Resume.** :meth:`attach` validates ``confirmed <= peer_received <= offered`` (else terminal
   ``RESUME_REFUSED``), evicts through ``peer_received``, queues every retained frame after it in
   order, then one trailing receipt ``[1, accepted]`` - always, even when ``accepted`` is 0 or
-  unchanged. The trailing receipt is the peer's *replay fence* (DESIGN §5: the first receipt on
+  unchanged. The trailing receipt is the peer's *replay fence* (the first receipt on
   an attachment), so it is emitted after the replayed frames.
 - **Grace.** While detached after an attachment, :meth:`poll` fails the session
   (``GRACE_EXPIRED``) once ``now >= grace_deadline``.

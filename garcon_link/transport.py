@@ -1,4 +1,4 @@
-"""SessionTransport: one logical session carried over a succession of sockets (DESIGN §5).
+"""SessionTransport: one logical session carried over a succession of sockets.
 
 Theory of operation
 -------------------

@@ -104,7 +104,7 @@ class CloseCode(enum.IntEnum):
     HEARTBEAT_TIMEOUT = 4007
     PROTOCOL_ERROR = 4008
     TAKEN_OVER = 4009
-    """Another runtime of the same executor took over this one's session (DESIGN §12): two
+    """Another runtime of the same executor took over this one's session: two
     processes claim one executor id, an operator error; the receiving side stops dialing."""
 
 

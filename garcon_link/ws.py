@@ -1,4 +1,4 @@
-"""WebSocket sockets: upgrade, framing, frame budgets, listen and dial (DESIGN §3, §9).
+"""WebSocket sockets: upgrade, framing, frame budgets, listen and dial (docs/design.md#link).
 
 Theory of operation
 -------------------

@@ -119,7 +119,7 @@ async def test_unread_bytes_pause_the_transport_and_memory_stays_bounded() -> No
 
 
 async def test_receive_is_a_checkpoint_even_when_bytes_are_waiting() -> None:
-    """Regression (issue 12): with bytes already buffered, ``receive`` returned them without
+    """Regression: with bytes already buffered, ``receive`` returned them without
     yielding, so the reader of a peer that keeps our buffers full (a flood of tiny WebSocket
     frames) never let another task run. Now every receive is a checkpoint, as anyio's is."""
     total = 100_000

@@ -1,4 +1,4 @@
-"""Cancel receipts (DESIGN §14, last bullet): the worker answers a ``cancel`` with what happened,
+"""Cancel receipts: the worker answers a ``cancel`` with what happened,
 and a timed-out caller's outcome says so (see the module docstring of ``garcon_link.rpc``).
 
 Each answer is produced deterministically, on facts, not on timing races:

@@ -1,4 +1,4 @@
-"""Bulk transfers in parts (garcon_link.chunks, issue 17 item 3).
+"""Bulk transfers in parts (garcon_link.chunks, docs/design.md#bulk-transfers).
 
 The sans-IO :class:`Reassembler` on its own, then live pairs on both backends and in both
 directions: bodies over ``bulk_chunk_bytes`` (arguments, results, stream items, notifications)

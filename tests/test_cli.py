@@ -720,8 +720,8 @@ def test_not_dispatched_when_no_worker_dials_in(tmp_path: Path) -> None:
 def test_wrong_secret_exits_8_at_once_and_says_what_to_fix(
     listening_worker: tuple[Worker, Path], tmp_path: Path
 ) -> None:
-    """Issue 19 item 5: a refusal that will not heal is reported at once with its own exit
-    code, not as NOT_READY when --timeout ends (stage 1 exited 3 after the timeout)."""
+    """A refusal that will not heal is reported at once with its own exit code, not as
+    NOT_READY when --timeout ends."""
     worker, _ = listening_worker
     wrong = write_config(tmp_path, "controller.toml", "controller", f'dial = "{worker.url()}"')
     done = run_cli("call", str(wrong), "demo.add", "[1, 2]", "--timeout", "30")
@@ -962,7 +962,7 @@ def test_sigterm_stops_the_worker_while_a_file_read_is_stuck(tmp_path: Path) -> 
             call.communicate(timeout=10)
 
 
-# --------------------------------------------------------------------------- polish (issue 19)
+# -------------------------------------------------------------------------------------- polish
 
 
 def test_python_m_garcon_link_is_the_command_line() -> None:

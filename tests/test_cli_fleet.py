@@ -1,4 +1,4 @@
-"""The command line of a controller for many executors (issue 13 item 5), as a user runs it.
+"""The command line of a controller for many executors, as a user runs it.
 
 * ``garcon-link fleet CONFIG --json`` prints one JSON line per event as workers dial in, and
   exits 0 on SIGTERM; without a terminal and without ``--json`` it prints ``key=value`` lines;

@@ -1,6 +1,7 @@
-"""The admission decision (:func:`garcon_link.link.decide`), without sockets.
+"""The admission decision (:func:`garcon_link.link.decide`), without sockets
+(docs/design.md#admission).
 
-A decision table, written out row by row as DESIGN §6 and §12 state the rules, is checked against
+A decision table, written out row by row as the design states the rules, is checked against
 every combination of the function's inputs: each combination must match exactly the first row
 whose conditions it meets, and every row must be reached by some combination (no dead rows). The
 inputs:

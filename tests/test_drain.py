@@ -1,4 +1,4 @@
-"""Graceful drain (DESIGN §13), in process: ``Worker.aclose(drain=)`` and
+"""Graceful drain (docs/design.md#drain), in process: ``Worker.aclose(drain=)`` and
 ``RemoteExecutor.aclose(drain=)``, in both link directions.
 
 What each test proves, on facts recorded by the worker's instrumented service (never on a sleep):

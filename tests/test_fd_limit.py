@@ -1,4 +1,4 @@
-"""Issue 15, item 4: a listener at its process's file-descriptor limit.
+"""A listener at its process's file-descriptor limit.
 
 A listening worker runs in a child process (``fd_limit_child.py``) whose ``RLIMIT_NOFILE`` is 64,
 on asyncio (the lean accept loop of ``_asyncio_stream``) and on trio (the loop over anyio's

@@ -1,4 +1,4 @@
-"""One controller, many executors (DESIGN §12, issue 13), in one process over loopback.
+"""One controller, many executors (docs/design.md#fleets), in one process over loopback.
 
 A listening :class:`garcon_link.Fleet` with a keyring in ``tmp_path`` and in-process workers, each
 dialing it with its own id and key and serving ``ident.whoami`` (which returns the worker's own

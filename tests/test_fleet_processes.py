@@ -1,4 +1,4 @@
-"""Issue 13 acceptance: 51 workers in three child processes dial one listening controller.
+"""Fleet acceptance: 51 workers in three child processes dial one listening controller.
 
 Every worker has its own key in the controller's keyring and serves ``ident`` (its own id, and
 ``apply(token)`` that appends to a per-executor ledger file: what actually ran). Five of them dial

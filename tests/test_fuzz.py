@@ -33,9 +33,9 @@ test's name, so CI runs the same examples every time), no example database and n
 phase. Example counts per test are in :data:`EXAMPLES` (400 for ``decode_item``, the packet
 decoder and the session; 150 per role and state for the handshake; 80 and 60 per anyio backend
 for the serving and calling RPC roles; 30 per role and backend for nested parts): 2,200
-examples, ~30 s on 2 shared cores. Each fuzzer also replays explicit ``@example`` seeds: the
-inputs of issue 12 break 1 (integers past 4,300 digits where the code describes or compares
-them) and the largest integer the decoder admits.
+examples, ~30 s on 2 shared cores. Each fuzzer also replays explicit ``@example`` seeds: known
+hostile inputs (integers past 4,300 digits where the code describes or compares them) and the
+largest integer the decoder admits.
 
 Longer campaigns: ``GARCON_FUZZ_SCALE=20`` multiplies every count; ``GARCON_FUZZ_SEED=<int>``
 replaces the derived seed with that one (and turns derandomization off), e.g.::
@@ -228,7 +228,7 @@ handshake_frames = st.one_of(
 @pytest.mark.parametrize("role", list(Role), ids=["hostile-worker", "hostile-controller"])
 @fuzz("handshake")
 @given(frame=handshake_frames)
-# Seeds: issue 12 break 1 (a bignum past 4,300 digits in a described field or as a key).
+# Seeds: a bignum past 4,300 digits in a described field or as a key.
 @example(frame=map_bytes({**WORKER_HELLO, "protocol": HUGE}))
 @example(frame=map_bytes({**WORKER_HELLO, "t": -HUGE}))
 @example(frame=map_bytes({**WORKER_HELLO, "role": HUGE}))

@@ -1,4 +1,4 @@
-"""Frame-level fuzzing of the link's WebSocket input (issue 12): structure, not only random bytes.
+"""Frame-level fuzzing of the link's WebSocket input: structure, not only random bytes.
 
 Hypothesis builds sequences of WebSocket frames the way a broken or hostile peer could write
 them -- whole messages split into fragments with control frames interleaved, continuation
@@ -27,7 +27,7 @@ length encodings -- and cuts the bytes into reads of random sizes. Two tests fee
 What ran: both tests use ``derandomize=True`` (Hypothesis derives its seed from the test
 function itself, so every run draws the same examples) and no example database. The in-memory
 test runs ``READER_EXAMPLES`` = 400 examples (~3 s on 2 cores); the end-to-end test
-``END_TO_END_EXAMPLES`` = 80 examples per backend (~6 s each). In the run recorded for issue 12
+``END_TO_END_EXAMPLES`` = 80 examples per backend (~6 s each). In one recorded run
 the 80 end-to-end examples were 57 before and 23 after authentication and ended with 4008 (58),
 1003 (11), 4007 (8: an unfinished message from a peer that answers no ping) and 1002 (3); 22 of
 them wrote more than 1,000 bytes of frames. Raise the counts locally with

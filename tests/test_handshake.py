@@ -663,7 +663,7 @@ def test_every_reason_raised_here_is_documented() -> None:
         assert str(reason.close_code) in hs.__doc__
 
 
-# -- hostile input (issue 12, break 1) ---------------------------------------------------------
+# -- hostile input -----------------------------------------------------------------------------
 
 # Over Python's 4,300-digit int-to-str limit: repr() of it raises ValueError. Canonical CBOR of it
 # is a bignum (tag 2, or tag 3 when negative) of ~2 KiB, well inside the 8 KiB frame limit.

@@ -1,4 +1,4 @@
-"""Tests of per-call hooks, call metadata and the call counters (issue 16, garcon_link.hooks).
+"""Tests of per-call hooks, call metadata and the call counters (garcon_link.hooks).
 
 A recording hook sees one ``call_started`` and one ``call_ended`` per call, on both sides, with
 the honest outcome of every kind of ending; metadata reaches the handler (``gl.call_metadata``)

@@ -22,13 +22,13 @@ real handshake (:class:`garcon_link.handshake.Handshake`) first. What the tests 
   decode) while its session survives and an unrelated call still succeeds; excess calls are
   ``OVERLOADED``; a ~130-byte shared-reference "bomb" costs nothing (it is refused, not walked);
 * a second authenticated peer cannot take over a healthy session (4004);
-* an authenticated peer that floods the RPC layer is bounded (issue 12, breaks 3 and 4): calls
+* an authenticated peer that floods the RPC layer is bounded: calls
   to an unknown service with no receipt ever sent fill retention and then the refusal backlog,
   after which the worker stops reading that socket (measured in a real worker process: exact
   peak RSS growth under :data:`ATTACK_RSS`, process alive, the next controller served); stream
   items beyond the credit the controller granted end that stream with
   ``OutcomeUnknown("FLOW_CONTROL_VIOLATION")`` and cancel it, while the session serves on;
-* issue 12: a hello holding a 5,001-digit CBOR bignum, or a Host header that is not valid IDNA,
+* a hello holding a 5,001-digit CBOR bignum, or a Host header that is not valid IDNA,
   ends only that socket (they used to end the process), and a *listener* sending that hello
   cannot make ``gl.connect()`` raise; a message that never finishes, in 2-byte fragments, is
   cut off at ``max_message_fragments`` (1009); and -- the acceptance measurement -- 16
@@ -322,8 +322,8 @@ UNAUTHENTICATED: list[tuple[str, Attack, set[str]]] = [
     ("future-protocol", after_upgrade(hello_with(protocol=2)), {"close 4002"}),
     ("wrong-secret", impostor(secret=b"w" * 32), {"close 4001"}),
     ("same-role", impostor(role=gl.Role.WORKER), {"close 4003"}),
-    # An id the listener does not serve is refused as a wrong secret is (DESIGN §12: the
-    # listener names nothing of itself before the peer is authenticated); it was 4003 in stage 1.
+    # An id the listener does not serve is refused as a wrong secret is (the
+    # listener names nothing of itself before the peer is authenticated).
     ("wrong-executor", impostor(executor_id="another-box"), {"close 4001"}),
     ("proof-before-hello", proof_first, {"close 4008"}),
     ("two-hellos", two_hellos, {"close 4008"}),
@@ -342,11 +342,11 @@ UNAUTHENTICATED: list[tuple[str, Attack, set[str]]] = [
         after_upgrade(raw_bytes=ws_frame(OP_BINARY, b"abc", mask=False)),
         {"close 4008"},  # before authentication: a malformed handshake frame
     ),
-    # Issue 12: each of the next two ended the worker process, through an exception of the
+    # Each of the next two ended the worker process, through an exception of the
     # handshake (repr() of the bignum) or of wsproto (IDNA decoding) that escaped the listener.
     ("bignum-protocol", after_upgrade(hello_with(protocol=HUGE)), {"close 4008", "close 4002"}),
     ("bad-idna-host", bad_idna_host, {"http 400"}),
-    # (Issue 12) ended at the handshake deadline, parsed all along; now after max_handshake_frames.
+    # Without max_handshake_frames: ended at the handshake deadline, parsed all along.
     ("continuation-flood-before-hello", continuation_flood_before_hello, {"close 4008", "eof"}),
 ]
 
@@ -467,7 +467,7 @@ async def test_a_thousand_unauthenticated_sockets_do_not_starve_a_legitimate_pee
             assert stats.evicted_unauthenticated >= count - LIMITS.max_unauthenticated_sockets
 
 
-# Issue 12, break 2 (the acceptance measurement): floods of tiny frames from unauthenticated
+# The acceptance measurement: floods of tiny frames from unauthenticated
 # sockets. The legitimate peer's p99 is compared with its idle p99 measured just before, in the
 # same test; the attacked process must not grow by more than FLOOD_RSS at its peak.
 FLOOD_SOCKETS = 16
@@ -491,7 +491,7 @@ async def test_a_frame_flood_from_16_unauthenticated_sockets_leaves_a_legitimate
 ) -> None:
     """Each of 16 attackers upgrades and writes frames as fast as the socket takes them; when
     the worker ends its socket it reconnects at once, so 16 sockets flood for the whole window.
-    Before issue 12 the worker parsed every frame of every read without yielding: the probe's
+    Without frame budgets the worker parsed every frame of every read without yielding: the probe's
     p99 went from ~2 ms idle to 0.5-4 s (and more with more sockets)."""
     first, chunk = FLOODS[flood]
     connections = 0
@@ -540,7 +540,7 @@ async def test_a_frame_flood_from_16_unauthenticated_sockets_leaves_a_legitimate
 
 
 async def test_a_hostile_listener_cannot_make_connect_raise() -> None:
-    """Issue 12, break 1, from the other side: a listener that answers every dial with a
+    """A bignum hello from the other side: a listener that answers every dial with a
     bignum hello. ``gl.connect()`` used to raise out of its dial loop; it must keep dialing."""
     attempts = 0
 
@@ -837,7 +837,7 @@ async def test_ping_flood_on_an_authenticated_socket() -> None:
 
 
 async def test_a_never_finishing_message_of_tiny_fragments_is_cut_off() -> None:
-    """Issue 12, break 5 (second half): a message of 2-byte fragments that never finishes grew
+    """Regression: a message of 2-byte fragments that never finishes grew
     without a cap (only payload bytes were counted: at 8 bytes on the wire per fragment, 16 MiB
     of payload is 8 million fragments). Now it ends at ``max_message_fragments`` with 1009."""
     fragment = ws_frame(OP_CONTINUATION, b"ab", fin=False)
@@ -947,7 +947,7 @@ async def test_a_hostile_worker_cannot_stall_the_controller_with_a_bomb_reply() 
 
 # ---------------------------------------------------------------------------------- rpc bounds
 
-# Issue 12, breaks 3 and 4: an authenticated peer floods the RPC layer. The attacked process's
+# An authenticated peer floods the RPC layer. The attacked process's
 # *exact* peak RSS growth (PeakRss resets VmHWM) must stay under this. The attacker runs in this
 # process too, so its own (small, transient) allocations count against the bound as well.
 ATTACK_RSS = 64 * MiB

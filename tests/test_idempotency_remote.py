@@ -1,4 +1,4 @@
-"""End-to-end tests of idempotency keys (DESIGN §14) over real loopback sockets.
+"""End-to-end tests of idempotency keys (docs/design.md#idempotency) over real loopback sockets.
 
 What ran is counted on the worker by the handler itself (``CalcImpl.counts``, or the
 ``LedgerService`` journal that survives a SIGKILL); a keyed call is held mid-execution by a gate

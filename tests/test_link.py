@@ -1,4 +1,4 @@
-"""WebSocketLink over real loopback sockets (DESIGN §3, §5, §6): continuity, retirement, defences.
+"""WebSocketLink over real loopback sockets (docs/design.md#link): continuity, retirement, defences.
 
 Every end-to-end test runs in both dial directions (the controller dials the worker, or the worker
 dials the controller) and on both anyio backends. Time bounds are shrunk with :func:`small_limits`;
@@ -1394,7 +1394,7 @@ async def test_a_refused_real_dialer_creates_no_session_on_its_retries(direction
 
 
 # ------------------------------------------------------------------------------------------------
-# hostile input (issue 12): containment of unexpected errors, frame budgets, the upgrade request
+# hostile input: containment of unexpected errors, frame budgets, the upgrade request
 
 HUGE = 10**5000
 """An integer cbor2 encodes as a bignum (tag 2) of ~5,000 digits: ``repr()`` of it raises
@@ -1422,7 +1422,7 @@ def hello_with(hs: Handshake, **changes: object) -> bytes:
 @by_direction
 @pytest.mark.parametrize("field", ["protocol", "t"])
 async def test_a_bignum_in_the_hello_ends_only_that_socket(direction: str, field: str) -> None:
-    """Regression (issue 12, break 1): the worker process exited with status 1."""
+    """Regression: the worker process exited with status 1."""
     with anyio.fail_after(DEADLINE):
         async with listening(direction) as (ep, role):  # on exit: a legitimate peer gets in
             async with RawClient.connect(ep.link.listen_address) as client:
@@ -1435,7 +1435,7 @@ async def test_a_bignum_in_the_hello_ends_only_that_socket(direction: str, field
 @anyio_test
 @by_direction
 async def test_a_hostile_listener_cannot_stop_the_dial_loop(direction: str) -> None:
-    """Regression (issue 12, break 1): the same bignum sent by a *listener* made the dial loop
+    """Regression: the same bignum sent by a *listener* made the dial loop
     raise; it must count as that attempt's failure and the dialer dial again."""
     _listen_role, dial_role = roles(direction)
     attempts = 0
@@ -1517,7 +1517,7 @@ async def test_log_records_carry_causes_as_text_not_exception_objects(
 ) -> None:
     """A record that holds an exception holds its traceback, its frames and their locals -- the
     refused socket with its buffers -- for as long as any handler keeps the record (pytest's
-    capture kept ~900 flooding sockets, 210 MiB, alive during one test of issue 12)."""
+    capture kept ~900 flooding sockets, 210 MiB, alive during one test)."""
     caplog.set_level(logging.DEBUG, logger="garcon_link.link")
     with anyio.fail_after(DEADLINE):
         async with listening(direction) as (ep, _role):
@@ -1561,7 +1561,7 @@ _UPGRADE_HEADERS = (
 @anyio_test
 @pytest.mark.parametrize("case", list(SUSPICIOUS_UPGRADES))
 async def test_suspicious_upgrade_requests_get_400_with_a_one_line_reason(case: str) -> None:
-    """Regression (issue 12): each of these was upgraded (101); ``idna-host`` (a Host that is
+    """Regression: each of these was upgraded (101); ``idna-host`` (a Host that is
     not valid IDNA) made wsproto raise a UnicodeError that ended the worker process."""
     request_line, extra, reason = SUSPICIOUS_UPGRADES[case]
     host = b"Host: xn--zz\r\n" if case == "idna-host" else b"Host: 127.0.0.1\r\n"
@@ -1621,7 +1621,7 @@ def test_upgrade_refusal_table(request_: h11.Request, head: bytes, refused: str 
 @anyio_test
 @by_direction
 async def test_a_hello_pipelined_with_the_upgrade_request_is_kept(direction: str) -> None:
-    """Regression (issue 12): bytes after the upgrade request were dropped, so a client that
+    """Regression: bytes after the upgrade request were dropped, so a client that
     sends its hello without waiting for the 101 waited out the handshake deadline (4008)."""
     limits = small_limits(handshake_timeout=5.0)  # a dropped hello would show as a hang
     with anyio.fail_after(DEADLINE):
@@ -1645,7 +1645,7 @@ async def test_a_hello_pipelined_with_the_upgrade_request_is_kept(direction: str
 @by_direction
 async def test_frames_in_the_same_read_as_the_101_are_kept_by_the_dialer(direction: str) -> None:
     """The client side of the same question: a listener that writes its hello together with the
-    101 response. (wsproto's client keeps those bytes: a guard, this passed before issue 12.)"""
+    101 response. (wsproto's client keeps those bytes: a guard.)"""
     _listen_role, dial_role = roles(direction)
     done = anyio.Event()
 
@@ -1675,7 +1675,7 @@ async def test_frames_in_the_same_read_as_the_101_are_kept_by_the_dialer(directi
 @anyio_test
 @by_direction
 async def test_a_message_of_too_many_fragments_is_closed_1009(direction: str) -> None:
-    """Regression (issue 12, break 5): a message that never finishes, in tiny fragments, grew
+    """Regression: a message that never finishes, in tiny fragments, grew
     without a cap (only payload bytes were counted). Now it is refused at the fragment bound."""
     limits = small_limits(max_message_fragments=64)
     flood = ws_frame(OP_BINARY, b"ab", fin=False) + ws_frame(OP_CONTINUATION, b"cd", fin=False) * 70

@@ -1,4 +1,4 @@
-"""Exhaustive small-scope model checking of the session, resume and takeover protocol (issue 18).
+"""Exhaustive small-scope model checking of the session, resume and takeover protocol.
 
 The explorer (``tests/model``) walks every interleaving of two processes, their session slots
 and the sockets between them, over the library's real sans-IO objects, and checks the

@@ -1,5 +1,5 @@
-"""Sharding a fleet across controller *processes* behind a real nginx (DESIGN §12, "Beyond one
-process"; issue 15 item 3).
+"""Sharding a fleet across controller *processes* behind a real nginx
+(docs/design.md#fleets).
 
 Two fleet controller child processes (tests/shard_controller.py: each listens on its own port
 with the same keyring and answers ``state`` and ``call ID`` lines on stdin) sit behind nginx,

@@ -1,4 +1,4 @@
-"""Guards the public surface: ``garcon_link.__all__`` is exactly the curated list (DESIGN §10).
+"""Guards the public surface: ``garcon_link.__all__`` is exactly the curated list.
 
 Adding or removing a public name is a deliberate change: update ``EXPECTED`` in the same commit.
 """
@@ -98,8 +98,8 @@ def test_star_import_gives_exactly_all() -> None:
     assert exported == set(EXPECTED)
 
 
-def test_design_section_10_names_are_public() -> None:
-    # The names DESIGN §7 and §10 use in examples must stay reachable as ``gl.<name>``.
+def test_names_used_in_examples_are_public() -> None:
+    # The names the README and docs/design.md use in examples must stay reachable as ``gl.<name>``.
     for name in (
         "load_config",
         "LinkConfig",

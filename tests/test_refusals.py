@@ -1,4 +1,4 @@
-"""Fail fast on refusals a redial will not heal (issue 19, item 5).
+"""Fail fast on refusals a redial will not heal.
 
 A controller that dials with the wrong secret, an executor id the worker does not serve, or the
 wrong role learns it from ``wait_ready`` at once -- an ``AuthenticationError`` (or

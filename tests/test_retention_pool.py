@@ -1,4 +1,4 @@
-"""A retention budget shared by many sessions (``Limits.max_total_retained_bytes``, DESIGN §12).
+"""A retention budget shared by many sessions (``Limits.max_total_retained_bytes``).
 
 Sans-IO: sessions sharing a :class:`RetentionPool` admit frames only while the pool has room,
 except each session's lone frame (so no caller can deadlock); receipts and failures give the

@@ -1,4 +1,4 @@
-"""The fleet's shared retention budget, end to end (issue 15 item 2, DESIGN §12).
+"""The fleet's shared retention budget, end to end (docs/design.md#fleets).
 
 A listening :class:`garcon_link.Fleet` with a small ``max_total_retained_bytes`` serves eight
 in-process workers, each dialing through its own :class:`~garcon_link.testing.FaultProxy`. The

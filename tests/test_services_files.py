@@ -751,7 +751,7 @@ async def test_builtin_services_pass_the_special_bits_flag(tmp_path: Path) -> No
                 assert info.value.code == expected
 
 
-# ------------------------------------------------------------ durable uploads (DESIGN §13)
+# ------------------------------------------- durable uploads (docs/design.md#durable-work)
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:

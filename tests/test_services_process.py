@@ -442,7 +442,7 @@ def test_device_executor_example_runs(tmp_path: Path) -> None:
     assert "example-ok" in done.stdout
 
 
-# ------------------------------------------------------------- durable processes (DESIGN §13)
+# ----------------------------------------------- durable processes (docs/design.md#processes)
 
 
 async def test_start_by_id_is_idempotent_and_a_different_spec_conflicts(tmp_path: Path) -> None:

@@ -647,7 +647,7 @@ def test_receipt_urgency_and_queued_frames() -> None:
     assert receiver.receipt_urgent
 
 
-# -- hostile messages: packets per message (issue 12, break 5) ----------------------------------
+# -- hostile messages: packets per message ------------------------------------------------------
 
 MiB = 1024 * 1024
 # One 16 MiB WebSocket message (the default frame limit) of the smallest packets there are.

@@ -1,4 +1,4 @@
-"""SessionTransport over in-memory sockets with injected faults (DESIGN §4, §5).
+"""SessionTransport over in-memory sockets with injected faults (docs/design.md#transport).
 
 A :class:`FakeSocket` is a scripted ``MessageSocket``: the test feeds it inbound WebSocket messages
 (hand-encoded session packets), ends it, or makes it fail, and reads what the transport wrote.
@@ -950,7 +950,7 @@ async def test_an_urgent_receipt_goes_out_before_a_long_hand_over_which_survives
 
 
 # ------------------------------------------------------------------------------------------------
-# hostile input: packets per message and work per message (issue 12, break 5)
+# hostile input: packets per message and work per message
 
 MiB = 1024 * 1024
 

@@ -184,7 +184,7 @@ def test_size_is_checked_before_decoding() -> None:
         decode_packets(b"\xff" * 10, 9)
 
 
-# -- session packets: bounds and incremental decoding (issue 12, break 5) -------------------------
+# -- session packets: bounds and incremental decoding ---------------------------------------------
 
 
 def test_packet_count_is_bounded() -> None:
@@ -381,7 +381,7 @@ def test_decode_item_accepts_plain_data(data: bytes, expected: Any) -> None:
         assert value == expected
 
 
-# -- decode_item: integers and tags from a hostile peer (issue 12, break 1) -----------------------
+# -- decode_item: integers and tags from a hostile peer -------------------------------------------
 
 
 def bignum(tag: int, magnitude_bytes: int) -> bytes:

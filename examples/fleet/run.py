@@ -1,4 +1,4 @@
-"""fleet: one controller, several device executors that dial out to it (DESIGN §12).
+"""fleet: one controller, several device executors that dial out to it (docs/design.md#fleets).
 
 Run: ``python examples/fleet/run.py``.
 

@@ -16,7 +16,7 @@ DIR``) or in code::
     stat = await files.write("/src/VERSION", b"1.2\\n")
 
 :func:`builtin_services` returns a per-session factory. Both services are *worker-scoped*
-(DESIGN §13): one object per worker, shared by every logical session, served as
+(docs/design.md#durable-work): one object per worker, shared by every logical session, served as
 ``Service(..., scope="worker")``; their handles carry the worker's runtime id, so they survive
 session replacement and controller restarts and become ``StaleResource`` only when the worker
 restarts. **Processes** are terminated only when the worker stops (SIGTERM, SIGKILL after

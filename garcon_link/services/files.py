@@ -66,7 +66,7 @@ the upload. Reading is bounded the same way: :meth:`~LocalFileService.read` by o
 Resumable uploads
 -----------------
 :func:`~garcon_link.services.builtin_services` serves one file service per worker
-(``Service(..., scope="worker")``, DESIGN §13), so an unfinished upload belongs to the worker,
+(``Service(..., scope="worker")``), so an unfinished upload belongs to the worker,
 not to the logical session that began it: its handle carries the worker's runtime id, stays valid
 across session replacement and controller restarts, and is ``StaleResource`` after the worker
 restarts. :meth:`~LocalFileService.upload_status` tells a caller whose chunk ended

@@ -15,7 +15,7 @@ to get one) in **its own session and process group** (``start_new_session=True``
 The root confines the *paths callers pass*, not what a program may do: a started program runs
 with the worker's user and privileges. Exposing this service is handing out a shell.
 
-Durable processes (DESIGN §13). Served by :func:`~garcon_link.services.builtin_services`, the
+Durable processes. Served by :func:`~garcon_link.services.builtin_services`, the
 service is **worker-scoped**: one object per worker process, shared by every logical session.
 The handle is a :class:`~garcon_link.ResourceRef` of kind ``"process"`` carrying the worker's
 runtime id: it stays valid when the session is replaced or the controller restarts, and raises

@@ -1,4 +1,4 @@
-"""Exhaustive small-scope model checking of the session, resume and takeover protocol (issue 18).
+"""Exhaustive small-scope model checking of the session, resume and takeover protocol.
 
 The explorer walks every interleaving of a small world -- two processes, their session slots,
 the sockets between them -- built from the library's real sans-IO objects

@@ -25,7 +25,7 @@ Invariants asserted at the end (after healing and waiting for quiescence):
   1 KiB per call for the test's own records and the worker's ledger, which grow by design);
 * the link kept working: enough calls succeeded, and after the faults stop every call succeeds.
 
-**Keyed mode** (issue 14, DESIGN §14): every unary call carries an idempotency key (its token)
+**Keyed mode** (docs/design.md#idempotency): every unary call carries an idempotency key (its token)
 with ``retry_unknown=True``, and ``call_timeout`` outlasts the longest partition; at least two
 partitions happen (at a third and two thirds of the run). The invariant
 for calls becomes: every call executed exactly once and returned its real result -- through cuts,
