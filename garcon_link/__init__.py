@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import logging as _logging
 
-from .config import (
-    DialExecutor,
-    FleetConfig,
-    LinkConfig,
-    Secret,
-    TlsConfig,
-    generate_secret,
-    load_config,
-    load_fleet_config,
-    write_secret_file,
+from .api.fleet import ExecutorSnapshot, Fleet, FleetEvent, fleet
+from .api.remote import (
+    Availability,
+    ExecutorInfo,
+    RemoteExecutor,
+    Service,
+    Worker,
+    connect,
+    peer,
+    serve,
+    with_options,
 )
+from .api.sync import SyncExecutor, connect_sync
+from .core.wire import Role
 from .errors import (
     AuthenticationError,
     CallError,
@@ -36,26 +39,23 @@ from .errors import (
     SessionFailed,
     StaleResource,
 )
-from .fleet import ExecutorSnapshot, Fleet, FleetEvent, fleet
-from .hooks import CallEnd, CallHook, CallInfo, call_metadata
-from .interface import oneway
-from .keyring import Keyring
 from .limits import Limits
-from .remote import (
-    Availability,
-    ExecutorInfo,
-    RemoteExecutor,
-    Service,
-    Worker,
-    connect,
-    peer,
-    serve,
-    with_options,
+from .rpc.hooks import CallEnd, CallHook, CallInfo, call_metadata
+from .rpc.interface import oneway
+from .rpc.resources import ResourceRef, ServiceScope, WorkerScope, current_scope
+from .rpc.rpc import register_exception
+from .settings.config import (
+    DialExecutor,
+    FleetConfig,
+    LinkConfig,
+    Secret,
+    TlsConfig,
+    generate_secret,
+    load_config,
+    load_fleet_config,
+    write_secret_file,
 )
-from .resources import ResourceRef, ServiceScope, WorkerScope, current_scope
-from .rpc import register_exception
-from .sync import SyncExecutor, connect_sync
-from .wire import Role
+from .settings.keyring import Keyring
 
 __version__ = "0.1.0"
 

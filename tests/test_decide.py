@@ -1,4 +1,4 @@
-"""The admission decision (:func:`garcon_link.link.decide`), without sockets.
+"""The admission decision (:func:`garcon_link.endpoint.link.decide`), without sockets.
 
 A decision table, written out row by row as DESIGN §6 and §12 state the rules, is checked against
 every combination of the function's inputs: each combination must match exactly the first row
@@ -22,8 +22,17 @@ from typing import Any
 
 import pytest
 
+from garcon_link.endpoint.link import (
+    Decision,
+    Fresh,
+    Offer,
+    Probe,
+    Refuse,
+    Resume,
+    SlotView,
+    decide,
+)
 from garcon_link.errors import FailureReason, HandshakeFailure
-from garcon_link.link import Decision, Fresh, Offer, Probe, Refuse, Resume, SlotView, decide
 
 OFFERED = b"S" * 32
 OTHER_SESSION = b"T" * 32

@@ -16,8 +16,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from garcon_link import handshake, link
-from garcon_link.session import MessageSession
+from garcon_link.core import handshake
+from garcon_link.core.session import MessageSession
+from garcon_link.endpoint import link
 
 from .network import Bounds
 

@@ -1,10 +1,11 @@
 """The world the explorer walks: two processes, their session slots, and the sockets between them.
 
 Everything that decides anything is the library's own sans-IO code, called as the link and the
-transport call it: :class:`~garcon_link.session.MessageSession` (ordinals, receipts, retention,
-replay), a real :class:`~garcon_link.handshake.Handshake` on each side (hello, proof, the resume
-rule and the session id), and :func:`~garcon_link.link.decide` on each side's slot (resume, fresh,
-probe, refuse, takeover). This module only plays the network and the bookkeeping around them.
+transport call it: :class:`~garcon_link.core.session.MessageSession` (ordinals, receipts,
+retention, replay), a real :class:`~garcon_link.core.handshake.Handshake` on each side (hello,
+proof, the resume rule and the session id), and :func:`~garcon_link.endpoint.link.decide` on each
+side's slot (resume, fresh, probe, refuse, takeover). This module only plays the network and the
+bookkeeping around them.
 
 Network model (per socket lifetime, as TCP gives it):
 
@@ -46,13 +47,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from garcon_link import link
+from garcon_link.core.handshake import Handshake, HandshakeResult, ResumeOffer, derive_key
+from garcon_link.core.session import MessageSession, RetentionPool, SessionState
+from garcon_link.core.wire import Role
+from garcon_link.endpoint import link
+from garcon_link.endpoint.link import Fresh, Offer, Probe, Refuse, Resume, SlotView
 from garcon_link.errors import FailureReason, HandshakeFailure, RetentionFull, SessionFailed
-from garcon_link.handshake import Handshake, HandshakeResult, ResumeOffer, derive_key
 from garcon_link.limits import Limits
-from garcon_link.link import Fresh, Offer, Probe, Refuse, Resume, SlotView
-from garcon_link.session import MessageSession, RetentionPool, SessionState
-from garcon_link.wire import Role
 
 __all__ = [
     "ALLOWED_RETIREMENTS",
@@ -816,7 +817,7 @@ def _describe_offer(offer: ResumeOffer | None) -> str:
 
 
 def describe_packets(packets: list[bytes]) -> str:
-    from garcon_link.wire import Message, iter_packets
+    from garcon_link.core.wire import Message, iter_packets
 
     words = []
     for packet in packets:

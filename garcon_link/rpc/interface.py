@@ -63,8 +63,8 @@ import blake3
 import msgspec
 import msgspec.inspect
 
-from .errors import ConfigError, Rejected
-from .wire import encode_canonical
+from ..core.wire import encode_canonical
+from ..errors import ConfigError, Rejected
 
 __all__ = [
     "MAX_SIGNATURE_CHARS",
@@ -326,7 +326,7 @@ def sync_view_source(spec: ServiceSpec) -> str:
 def _readable(text: str) -> str:
     # Resolved hints print as "collections.abc.Iterator[int]"; the source a user pastes imports
     # Iterator from collections.abc and garcon_link as gl.
-    return text.replace("collections.abc.", "").replace("garcon_link.resources.", "gl.")
+    return text.replace("collections.abc.", "").replace("garcon_link.rpc.resources.", "gl.")
 
 
 def _derive(interface: type, *, sync: bool = False) -> tuple[ServiceSpec, list[str]]:

@@ -74,8 +74,11 @@ from typing import Any, Generic, Literal, TypeVar, cast, overload
 import anyio
 import anyio.abc
 
-from .config import LinkConfig
-from .errors import (
+from ..core.handshake import HandshakeResult
+from ..core.session import RetentionPool
+from ..endpoint.link import ExecutorLink, LinkStatistics, WebSocketLink
+from ..endpoint.transport import SessionTransport, TransportState, TransportStatistics
+from ..errors import (
     AuthenticationError,
     CallError,
     ConfigError,
@@ -85,10 +88,11 @@ from .errors import (
     Outcome,
     Rejected,
 )
-from .handshake import HandshakeResult
-from .hooks import CallHook
-from .idempotency import IdempotencyStatistics, KeyedExecutions, call_with_key, normalize_key
-from .interface import (
+from ..limits import Limits
+from ..logs import log_fields
+from ..rpc.hooks import CallHook
+from ..rpc.idempotency import IdempotencyStatistics, KeyedExecutions, call_with_key, normalize_key
+from ..rpc.interface import (
     MethodKind,
     MethodSpec,
     ServiceSpec,
@@ -99,11 +103,8 @@ from .interface import (
     registration_problems,
     service_spec,
 )
-from .limits import Limits
-from .link import ExecutorLink, LinkStatistics, WebSocketLink
-from .logs import log_fields
-from .resources import ServiceScope, WorkerScope
-from .rpc import (
+from ..rpc.resources import ServiceScope, WorkerScope
+from ..rpc.rpc import (
     CallObserver,
     CallStatistics,
     ExecutorRpc,
@@ -114,8 +115,7 @@ from .rpc import (
     _loop_scheduler,
     _Observed,
 )
-from .session import RetentionPool
-from .transport import SessionTransport, TransportState, TransportStatistics
+from ..settings.config import LinkConfig
 
 __all__ = [
     "Availability",
@@ -129,7 +129,7 @@ __all__ = [
     "with_options",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("garcon_link.remote")  # the name users configure (README)
 
 T = TypeVar("T")
 Availability = Literal["offline", "ready", "reconnecting", "disposed"]
@@ -1493,7 +1493,7 @@ def peer(name: str, interface: Callable[..., T]) -> T:
         LookupError: called outside a handler.
         TypeError: ``interface`` is not a class.
     """
-    from .rpc import current_rpc
+    from ..rpc.rpc import current_rpc
 
     rpc = current_rpc()
     return cast("T", _PeerFacade(rpc, name, service_spec(_interface_class(interface))))

@@ -170,7 +170,23 @@ import anyio
 import anyio.abc
 import cbor2
 
-from . import _asyncio_stream
+from ..core.wire import array_prefix, decode_item, encode_head
+from ..endpoint.transport import SessionTransport
+from ..errors import (
+    CallError,
+    MalformedFrame,
+    NotDispatched,
+    Outcome,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    Rejected,
+    RemoteError,
+    SessionFailed,
+    StaleResource,
+)
+from ..limits import Limits
+from ..logs import log_fields
+from ..net import _asyncio_stream
 from .chunks import ChunkSender, PartViolation, Reassembler, parse_part
 from .envelopes import (
     CALL,
@@ -202,18 +218,6 @@ from .envelopes import (
     metadata_problem,
 )
 from .envelopes import decode as decode_envelope
-from .errors import (
-    CallError,
-    MalformedFrame,
-    NotDispatched,
-    Outcome,
-    OutcomeUnknown,
-    PayloadTooLarge,
-    Rejected,
-    RemoteError,
-    SessionFailed,
-    StaleResource,
-)
 from .hooks import CallEnd, CallHook, CallInfo, CallKind, CallSide, _current_metadata
 from .idempotency import (
     Await,
@@ -228,11 +232,7 @@ from .idempotency import (
     reply_envelope,
 )
 from .interface import MethodKind, MethodSpec, ServiceSpec, from_wire, to_wire
-from .limits import Limits
-from .logs import log_fields
 from .resources import ResourceRef, ServiceScope, _current
-from .transport import SessionTransport
-from .wire import array_prefix, decode_item, encode_head
 
 __all__ = [
     "CALL",
@@ -254,7 +254,7 @@ __all__ = [
     "register_exception",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
 
 INTERNAL_SERVICE = "$link"
 # The ``cancel`` field of an error body that answers a cancel (module docstring).

@@ -74,12 +74,12 @@ import anyio
 import blake3
 import cbor2
 
-from .errors import CallError, NotDispatched, OutcomeUnknown, RemoteError
+from ..errors import CallError, NotDispatched, OutcomeUnknown, RemoteError
+from ..limits import Limits
 from .interface import MethodKind, MethodSpec
-from .limits import Limits
 
 if TYPE_CHECKING:
-    from .remote import RemoteExecutor
+    from ..api.remote import RemoteExecutor
 
 __all__ = [
     "ENTRY_OVERHEAD",

@@ -73,8 +73,10 @@ from typing import TypeAlias
 import anyio
 import anyio.abc
 
-from .config import is_loopback_host
-from .errors import (
+from ..core.handshake import Handshake, HandshakeResult, ResumeOffer, derive_key, peek_hello
+from ..core.session import RetentionPool
+from ..core.wire import CloseCode, Role
+from ..errors import (
     AuthenticationError,
     ConfigError,
     FailureReason,
@@ -85,13 +87,9 @@ from .errors import (
     MalformedFrame,
     SessionFailed,
 )
-from .handshake import Handshake, HandshakeResult, ResumeOffer, derive_key, peek_hello
-from .limits import Limits
-from .logs import log_fields
-from .session import RetentionPool
-from .transport import SessionTransport, TransportState
-from .wire import CloseCode, Role
-from .ws import (
+from ..limits import Limits
+from ..logs import log_fields
+from ..net.ws import (
     EXECUTOR_PATH,
     DialTarget,
     FrameBudget,
@@ -107,6 +105,8 @@ from .ws import (
     parse_dial_url,
     upgrade_refusal,
 )
+from ..settings.config import is_loopback_host
+from .transport import SessionTransport, TransportState
 
 __all__ = [
     "EXECUTOR_PATH",
@@ -127,7 +127,7 @@ __all__ = [
     "upgrade_refusal",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("garcon_link.link")  # the name users configure (README)
 
 
 def _dial_peer(target: DialTarget | None) -> str | None:

@@ -130,7 +130,7 @@ from typing import Any, TypeGuard
 
 import blake3
 
-from .errors import AuthenticationError, HandshakeError, HandshakeFailure, MalformedFrame
+from ..errors import AuthenticationError, HandshakeError, HandshakeFailure, MalformedFrame
 from .wire import MAX_ORDINAL, Role, decode_item, describe_value, encode_canonical
 
 __all__ = [
@@ -554,7 +554,7 @@ class Handshake:
         if package is None:
             # Imported late: the package's __init__ may import this module before it defines
             # __version__.
-            from . import __version__
+            from .. import __version__
 
             package = f"garcon-link {__version__}"
         self._local = Hello(
