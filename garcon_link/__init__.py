@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging as _logging
 
 from .api.fleet import ExecutorSnapshot, Fleet, FleetEvent, fleet
+from .api.options import with_options
 from .api.remote import (
     Availability,
     ExecutorInfo,
@@ -18,7 +19,6 @@ from .api.remote import (
     connect,
     peer,
     serve,
-    with_options,
 )
 from .api.sync import SyncExecutor, connect_sync
 from .core.wire import Role
@@ -56,8 +56,7 @@ from .settings.config import (
     write_secret_file,
 )
 from .settings.keyring import Keyring
-
-__version__ = "0.1.0"
+from .version import __version__
 
 # A library leaves logging to the application: without a handler here, Python's last-resort
 # handler prints the library's warnings on the stderr of every script that never set logging up.

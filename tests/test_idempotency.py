@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import garcon_link as gl
+from garcon_link.api.keyed import retry_delays
 from garcon_link.rpc import rpc
 from garcon_link.rpc.idempotency import (
     ENTRY_OVERHEAD,
@@ -37,7 +38,6 @@ from garcon_link.rpc.idempotency import (
     arguments_digest,
     normalize_key,
     reply_envelope,
-    retry_delays,
 )
 
 D1 = arguments_digest([1, 2], {})
