@@ -1,4 +1,4 @@
-"""The admission decision (:func:`garcon_link.endpoint.link.decide`), without sockets.
+"""The admission decision (:func:`garcon_link.core.admission.decide`), without sockets.
 
 A decision table, written out row by row as DESIGN §6 and §12 state the rules, is checked against
 every combination of the function's inputs: each combination must match exactly the first row
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from garcon_link.endpoint.link import (
+from garcon_link.core.admission import (
     Decision,
     Fresh,
     Offer,

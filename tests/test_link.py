@@ -50,13 +50,13 @@ from linkutil import (
 )
 from wsproto.events import AcceptConnection, BytesMessage, RejectConnection
 
+from garcon_link.core.admission import backoff
 from garcon_link.core.handshake import Handshake, ResumeOffer, compute_mac, derive_key
 from garcon_link.core.session import MessageSession
 from garcon_link.core.wire import Role, encode_canonical, encode_message
 from garcon_link.endpoint.link import (
     FrameBudget,
     WebSocketLink,
-    backoff,
     is_loopback_host,
     upgrade_refusal,
 )
