@@ -301,6 +301,31 @@ def test_every_import_follows_the_rooms() -> None:
     assert not problems, "\n".join(problems)
 
 
+SANS_IO_ROOMS = ("ground", "core")
+"""Rooms that do no I/O and read no clock: bytes and values in, bytes and values out."""
+IO_MODULES = frozenset({"anyio", "asyncio", "trio", "socket", "ssl", "select", "time", "threading"})
+
+
+def test_the_sans_io_rooms_import_no_event_loop_socket_or_clock() -> None:
+    found = []
+    for module, path in discover(ROOT, PACKAGE).items():
+        room = room_of(module, ROOMS)
+        if room is None or room.name not in SANS_IO_ROOMS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            found += [
+                f"{module}:{node.lineno}: {name}"
+                for name in names
+                if name.partition(".")[0] in IO_MODULES
+            ]
+    assert not found, "\n".join(found)
+
+
 def test_the_readme_diagram_lists_the_rooms_in_order_with_their_modules() -> None:
     expected = diagram_units(ROOMS, discover(ROOT, PACKAGE))
     assert readme_diagram(README.read_text("utf-8")) == expected
