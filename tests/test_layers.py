@@ -313,11 +313,12 @@ def test_the_sans_io_rooms_import_no_event_loop_socket_or_clock() -> None:
         if room is None or room.name not in SANS_IO_ROOMS:
             continue
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):
-            names = []
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
                 names = [node.module]
+            else:
+                continue
             found += [
                 f"{module}:{node.lineno}: {name}"
                 for name in names
