@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 EDITABLE := --config-settings editable_mode=compat
 # The package version is written only in this file (pyproject.toml reads it); a change reinstalls,
 # so the installed metadata says the same version.
-VERSION_FILE := garcon_link/__init__.py
+VERSION_FILE := garcon_link/version.py
 
 # Extra pytest arguments for `unit` (e.g. PYTEST_ARGS='-x -q tests/test_cli.py').
 PYTEST_ARGS ?=

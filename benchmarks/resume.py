@@ -49,8 +49,8 @@ from typing import Any, Protocol, TextIO
 import anyio
 
 import garcon_link as gl
+from garcon_link.endpoint.transport import SessionTransport, TransportState
 from garcon_link.testing import FaultProxy
-from garcon_link.transport import SessionTransport, TransportState
 
 from . import eventloop, harness
 

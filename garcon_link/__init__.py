@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import logging as _logging
 
-from .config import (
-    DialExecutor,
-    FleetConfig,
-    LinkConfig,
-    Secret,
-    TlsConfig,
-    generate_secret,
-    load_config,
-    load_fleet_config,
-    write_secret_file,
+from .api.fleet import ExecutorSnapshot, Fleet, FleetEvent, fleet
+from .api.options import with_options
+from .api.remote import (
+    Availability,
+    ExecutorInfo,
+    RemoteExecutor,
+    Service,
+    Worker,
+    connect,
+    peer,
+    serve,
 )
+from .api.sync import SyncExecutor, connect_sync
+from .core.wire import Role
 from .errors import (
     AuthenticationError,
     CallError,
@@ -36,28 +39,24 @@ from .errors import (
     SessionFailed,
     StaleResource,
 )
-from .fleet import ExecutorSnapshot, Fleet, FleetEvent, fleet
-from .hooks import CallEnd, CallHook, CallInfo, call_metadata
-from .interface import oneway
-from .keyring import Keyring
 from .limits import Limits
-from .remote import (
-    Availability,
-    ExecutorInfo,
-    RemoteExecutor,
-    Service,
-    Worker,
-    connect,
-    peer,
-    serve,
-    with_options,
+from .rpc.hooks import CallEnd, CallHook, CallInfo, call_metadata
+from .rpc.interface import oneway
+from .rpc.resources import ResourceRef, ServiceScope, WorkerScope, current_scope
+from .rpc.rpc import register_exception
+from .settings.config import (
+    DialExecutor,
+    FleetConfig,
+    LinkConfig,
+    Secret,
+    TlsConfig,
+    generate_secret,
+    load_config,
+    load_fleet_config,
+    write_secret_file,
 )
-from .resources import ResourceRef, ServiceScope, WorkerScope, current_scope
-from .rpc import register_exception
-from .sync import SyncExecutor, connect_sync
-from .wire import Role
-
-__version__ = "0.1.0"
+from .settings.keyring import Keyring
+from .version import __version__
 
 # A library leaves logging to the application: without a handler here, Python's last-resort
 # handler prints the library's warnings on the stderr of every script that never set logging up.

@@ -141,13 +141,14 @@ from typing import Any, NoReturn
 import anyio
 
 from . import _scaffold
-from .config import (
-    CONFIG_ENV_VAR,
-    FleetConfig,
-    LinkConfig,
-    load_config,
-    load_fleet_config,
-    write_secret_file,
+from .api.fleet import Fleet, FleetEvent, fleet
+from .api.remote import (
+    ExecutorInfo,
+    RemoteExecutor,
+    ServiceFactory,
+    ServiceMap,
+    Worker,
+    connect,
 )
 from .errors import (
     ConfigError,
@@ -158,19 +159,18 @@ from .errors import (
     Rejected,
     RemoteError,
 )
-from .fleet import Fleet, FleetEvent, fleet
-from .interface import MethodKind, MethodSpec, manifest_method
-from .keyring import enroll
 from .logs import JsonFormatter
-from .remote import (
-    ExecutorInfo,
-    RemoteExecutor,
-    ServiceFactory,
-    ServiceMap,
-    Worker,
-    connect,
+from .rpc.interface import MethodKind, MethodSpec, manifest_method
+from .rpc.resources import ServiceScope
+from .settings.config import (
+    CONFIG_ENV_VAR,
+    FleetConfig,
+    LinkConfig,
+    load_config,
+    load_fleet_config,
+    write_secret_file,
 )
-from .resources import ServiceScope
+from .settings.keyring import enroll
 
 __all__ = [
     "EXIT_INTERRUPTED",

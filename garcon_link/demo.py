@@ -51,9 +51,10 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.streams.text import TextReceiveStream
 
-from .config import load_config, write_secret_file
+from .api.options import with_options
+from .api.remote import Availability, RemoteExecutor, connect
 from .errors import CallError, NotDispatched, OutcomeUnknown, RemoteError
-from .remote import Availability, RemoteExecutor, connect, with_options
+from .settings.config import load_config, write_secret_file
 
 __all__ = ["DEMO_LIMITS", "DemoApi", "DemoService", "run_demo"]
 

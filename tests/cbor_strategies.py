@@ -4,11 +4,12 @@ never write, and mutations of valid frames (hello, proof, packet sequences, RPC 
 Two families:
 
 * **Values** (:data:`cbor_values`): Python objects cbor2 can encode -- integers small, at every
-  head-width edge, beyond 64 bits and beyond Python's 4,300-digit ``str()`` limit; bignum tags with
-  magnitudes around :data:`~garcon_link.wire.MAX_BIGNUM_BYTES`; every tag cbor2 knows and some it
-  does not; floats incl. NaN, infinities and -0.0; simple values and ``undefined``; short and long
-  text and byte strings; arrays and maps (with odd keys: bytes, floats, null, arrays) nested
-  around the decoder's depth limits. :func:`encode` turns one into bytes, canonically or not.
+  head-width edge, beyond 64 bits and beyond Python's 4,300-digit ``str()`` limit; bignum tags
+  with magnitudes around :data:`~garcon_link.core.wire.MAX_BIGNUM_BYTES`; every tag cbor2 knows
+  and some it does not; floats incl. NaN, infinities and -0.0; simple values and ``undefined``;
+  short and long text and byte strings; arrays and maps (with odd keys: bytes, floats, null,
+  arrays) nested around the decoder's depth limits. :func:`encode` turns one into bytes,
+  canonically or not.
 * **Nested parts** (:func:`nested_parts`): an envelope wrapped in ``part`` envelopes several
   levels deep, each level in one of the encodings a decoder accepts for a part, sent as one
   message or as the body of a transfer in several parts.
@@ -31,7 +32,7 @@ from typing import Any
 import cbor2
 from hypothesis import strategies as st
 
-from garcon_link.wire import MAX_BIGNUM_BYTES, encode_message, encode_receipt
+from garcon_link.core.wire import MAX_BIGNUM_BYTES, encode_message, encode_receipt
 
 __all__ = [
     "KNOWN_TAGS",
@@ -54,7 +55,7 @@ __all__ = [
     "Spliced",
 ]
 
-# Every tag cbor2 6.x decodes itself (garcon_link.wire refuses them all in plain mode) and some
+# Every tag cbor2 6.x decodes itself (garcon_link.core.wire refuses them all in plain mode) and some
 # it does not (24: embedded CBOR reaches the tag hook; large numbers; the self-describe tag).
 KNOWN_TAGS = [0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 52, 54, 100, 256, 258, 260, 261]
 KNOWN_TAGS += [1004, 43000, 55799]
@@ -384,7 +385,7 @@ CALL, RESULT, ERROR, CANCEL, NOTIFY, ITEM, END, CREDIT, PART = range(9)
 def envelope_shapes(call_id: int) -> dict[str, list[Any]]:
     """A valid envelope of every kind naming ``call_id`` (a ``calc`` service is assumed).
 
-    The ``part`` shapes (garcon_link.chunks) carry a ``call`` or a ``result`` naming ``call_id``
+    The ``part`` shapes (garcon_link.rpc.chunks) carry a ``call`` or a ``result`` naming ``call_id``
     cut in two: a first part (more follow), the last part, and an abort."""
     call = cbor2.dumps([CALL, call_id, "calc", "add", [2, 3], {}, 0, 0])
     result = cbor2.dumps([RESULT, call_id, 5])

@@ -10,7 +10,7 @@
   child processes; :func:`in_process_configs` builds the same two configs in code.
 * :class:`Raw` -- a hostile WebSocket client over anyio: it can send bytes that wsproto would
   never produce (hand-made frame headers with huge declared lengths, text frames, floods), and it
-  can complete the *real* handshake (:class:`garcon_link.handshake.Handshake`) to attack the
+  can complete the *real* handshake (:class:`garcon_link.core.handshake.Handshake`) to attack the
   authenticated layers. :meth:`Raw.outcome` reports how the server ended the connection: a close
   code, an HTTP status or a bare end-of-stream, each within a bounded wait.
 * :func:`raw_listener`, :func:`accept_upgrade` -- a hostile *listener*, to attack a dialer.
@@ -50,8 +50,8 @@ from wsproto.events import (
 from wsproto.utilities import RemoteProtocolError
 
 import garcon_link as gl
-from garcon_link.handshake import Handshake, HandshakeResult, derive_key
-from garcon_link.wire import (
+from garcon_link.core.handshake import Handshake, HandshakeResult, derive_key
+from garcon_link.core.wire import (
     Message,
     decode_packets,
     encode_canonical,

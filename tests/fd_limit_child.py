@@ -16,7 +16,7 @@ import sys
 import anyio
 
 import garcon_link as gl
-from garcon_link import _asyncio_stream
+from garcon_link.net import _asyncio_stream
 
 LIMITS = gl.Limits(max_unauthenticated_sockets=1000, handshake_timeout=60.0)
 

@@ -23,9 +23,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from garcon_link.core.session import MessageSession, SessionState
+from garcon_link.core.wire import Message, Packet, decode_packets, encode_message, encode_receipt
 from garcon_link.limits import Limits
-from garcon_link.session import MessageSession, SessionState
-from garcon_link.wire import Message, Packet, decode_packets, encode_message, encode_receipt
 
 __all__ = ["Side", "SessionPair", "encode_packets"]
 

@@ -2,9 +2,9 @@
 
 * :func:`small_limits` -- ``Limits`` with every time bound shrunk so that reconnection, grace,
   heartbeats and replay deadlines play out in tenths of a second.
-* :class:`Endpoint` -- a :class:`~garcon_link.link.WebSocketLink` plus a recorder: every logical
-  session the link announces gets a consumer task that records each delivered payload, in order.
-  Its :class:`Gate` stalls and releases those consumers (a slow consumer, on cue).
+* :class:`Endpoint` -- a :class:`~garcon_link.endpoint.link.WebSocketLink` plus a recorder: every
+  logical session the link announces gets a consumer task that records each delivered payload, in
+  order. Its :class:`Gate` stalls and releases those consumers (a slow consumer, on cue).
 * :func:`link_pair` -- a listener and a dialer (either role may dial), optionally with a
   :class:`~garcon_link.testing.FaultProxy` between them; :func:`start_link` runs one more link in
   a task of its own (to stop and restart peers in any order).
@@ -41,12 +41,12 @@ from wsproto.events import (
     TextMessage,
 )
 
-from garcon_link.handshake import Handshake, HandshakeResult, ResumeOffer, derive_key
+from garcon_link.core.handshake import Handshake, HandshakeResult, ResumeOffer, derive_key
+from garcon_link.core.wire import Message, Role, decode_packets, encode_receipt
+from garcon_link.endpoint.link import WebSocketLink
+from garcon_link.endpoint.transport import SessionTransport, TransportState
 from garcon_link.limits import Limits
-from garcon_link.link import WebSocketLink
 from garcon_link.testing import FaultProxy
-from garcon_link.transport import SessionTransport, TransportState
-from garcon_link.wire import Message, Role, decode_packets, encode_receipt
 
 SECRET = b"s" * 32
 EXECUTOR = "box"

@@ -37,8 +37,8 @@ import cbor2
 import pytest
 
 import garcon_link as gl
-from garcon_link.interface import MethodKind, MethodSpec
-from garcon_link.rpc import CALL, ExecutorRpc, _Pending
+from garcon_link.rpc.interface import MethodKind, MethodSpec
+from garcon_link.rpc.rpc import CALL, ExecutorRpc, _Pending
 from garcon_link.testing import FaultProxy
 
 __all__ = [

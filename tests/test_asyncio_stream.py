@@ -18,8 +18,8 @@ import anyio
 import pytest
 from anyio.abc import SocketAttribute
 
-from garcon_link import _asyncio_stream
-from garcon_link._asyncio_stream import READ_HIGH_WATER, AsyncioByteStream
+from garcon_link.net import _asyncio_stream
+from garcon_link.net._asyncio_stream import READ_HIGH_WATER, AsyncioByteStream
 
 pytestmark = pytest.mark.anyio
 

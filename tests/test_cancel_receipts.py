@@ -1,5 +1,5 @@
 """Cancel receipts: the worker answers a ``cancel`` with what happened,
-and a timed-out caller's outcome says so (see the module docstring of ``garcon_link.rpc``).
+and a timed-out caller's outcome says so (see the module docstring of ``garcon_link.rpc.rpc``).
 
 Each answer is produced deterministically, on facts, not on timing races:
 
@@ -27,8 +27,8 @@ import pytest
 from rpcutil import LIMITS, CalcImpl, both_directions, open_pair
 
 import garcon_link as gl
-from garcon_link.envelopes import Call, Cancel
-from garcon_link.rpc import ExecutorRpc
+from garcon_link.rpc.envelopes import Call, Cancel
+from garcon_link.rpc.rpc import ExecutorRpc
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

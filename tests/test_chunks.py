@@ -1,4 +1,4 @@
-"""Bulk transfers in parts (garcon_link.chunks, docs/design.md#bulk-transfers).
+"""Bulk transfers in parts (garcon_link.rpc.chunks, docs/design.md#bulk-transfers).
 
 The sans-IO :class:`Reassembler` on its own, then live pairs on both backends and in both
 directions: bodies over ``bulk_chunk_bytes`` (arguments, results, stream items, notifications)
@@ -20,7 +20,7 @@ import pytest
 from rpcutil import LIMITS, both_directions, next_call_id, open_pair, raw_send
 
 import garcon_link as gl
-from garcon_link.chunks import (
+from garcon_link.rpc.chunks import (
     ABORT,
     FINAL,
     INTERACTIVE_S,
@@ -33,7 +33,7 @@ from garcon_link.chunks import (
     encode_part,
     parse_part,
 )
-from garcon_link.rpc import CALL
+from garcon_link.rpc.rpc import CALL
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

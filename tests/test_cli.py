@@ -28,8 +28,8 @@ from projectutil import command_lines, run_project, shim_path
 
 import garcon_link as gl
 from garcon_link import _scaffold, cli
-from garcon_link.config import CONFIG_ENV_VAR
-from garcon_link.interface import MethodKind
+from garcon_link.rpc.interface import MethodKind
+from garcon_link.settings.config import CONFIG_ENV_VAR, read_secret_file
 
 CLI = (sys.executable, "-m", "garcon_link.cli")
 SERVICE = "demo=garcon_link.demo:DemoService"
@@ -251,7 +251,7 @@ def test_keygen_enrolls_an_executor_in_a_keyring(
     assert stat.S_IMODE(keys.stat().st_mode) & 0o077 == 0
     secret = path.read_text().strip()
     assert secret not in out
-    assert gl.Keyring(keys).secret_for("box-1") == gl.config.read_secret_file(path)
+    assert gl.Keyring(keys).secret_for("box-1") == read_secret_file(path)
     # The file is a worker's secret_file as it is.
     worker = tmp_path / "w.toml"
     worker.write_text(

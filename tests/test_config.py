@@ -1,4 +1,4 @@
-"""Tests of garcon_link.config: loading, every refusal, secrets, and TLS contexts."""
+"""Tests of garcon_link.settings.config: loading, every refusal, secrets, and TLS contexts."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 import trustme
 
-from garcon_link.config import (
+from garcon_link.core.wire import Role
+from garcon_link.errors import ConfigError
+from garcon_link.limits import Limits
+from garcon_link.settings.config import (
     CONFIG_ENV_VAR,
     MIN_SECRET_BYTES,
     DialExecutor,
@@ -28,9 +31,6 @@ from garcon_link.config import (
     read_secret_file,
     write_secret_file,
 )
-from garcon_link.errors import ConfigError
-from garcon_link.limits import Limits
-from garcon_link.wire import Role
 
 POSIX = os.name == "posix"
 posix_only = pytest.mark.skipif(not POSIX, reason="file modes are only checked on POSIX")

@@ -23,12 +23,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import garcon_link as gl
+from garcon_link.api.remote import ExecutorStatistics
 from garcon_link.contrib.otel import OpenTelemetryHook
 from garcon_link.contrib.prometheus import OTHER, PrometheusHook, StatisticsCollector
-from garcon_link.hooks import CallEnd, CallInfo
-from garcon_link.remote import ExecutorStatistics
-from garcon_link.rpc import CallStatistics
-from garcon_link.ws import LinkStatistics
+from garcon_link.net.ws import LinkStatistics
+from garcon_link.rpc.hooks import CallEnd, CallInfo
+from garcon_link.rpc.rpc import CallStatistics
 
 OK = CallEnd(outcome=None, code=None, duration=0.002)
 

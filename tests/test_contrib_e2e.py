@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import garcon_link as gl
 from garcon_link.contrib.otel import OpenTelemetryHook
 from garcon_link.contrib.prometheus import PrometheusHook, StatisticsCollector
-from garcon_link.hooks import CallHook, call_metadata
+from garcon_link.rpc.hooks import CallHook, call_metadata
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

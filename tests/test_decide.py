@@ -1,4 +1,4 @@
-"""The admission decision (:func:`garcon_link.link.decide`), without sockets
+"""The admission decision (:func:`garcon_link.core.admission.decide`), without sockets
 (docs/design.md#admission).
 
 A decision table, written out row by row as the design states the rules, is checked against
@@ -24,9 +24,18 @@ from typing import Any
 
 import pytest
 
-from garcon_link import link
+from garcon_link.core import admission
+from garcon_link.core.admission import (
+    Decision,
+    Fresh,
+    Offer,
+    Probe,
+    Refuse,
+    Resume,
+    SlotView,
+    decide,
+)
 from garcon_link.errors import FailureReason, HandshakeFailure
-from garcon_link.link import Decision, Fresh, Offer, Probe, Refuse, Resume, SlotView, decide
 
 OFFERED = b"S" * 32
 OTHER_SESSION = b"T" * 32
@@ -181,5 +190,5 @@ def test_a_probe_is_asked_for_at_most_once(case: Case) -> None:
 def test_refusals_close_with_the_codes_of_the_contract() -> None:
     assert TAKEN.reason.close_code == 4009
     assert HEALTHY.reason.close_code == CHANGED.reason.close_code == BUSY.reason.close_code == 4004
-    assert BUSY == link.BUSY
+    assert BUSY == admission.BUSY
     assert CLOSED.reason.close_code == 1001

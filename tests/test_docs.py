@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from garcon_link import envelopes
+from garcon_link.core.wire import CloseCode
 from garcon_link.limits import Limits
-from garcon_link.wire import CloseCode
+from garcon_link.rpc import envelopes
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT / "docs" / "design.md"

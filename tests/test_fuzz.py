@@ -93,23 +93,9 @@ from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 from rpcutil import Calc, CalcImpl
 
-from garcon_link.chunks import parse_part
-from garcon_link.envelopes import BadEnvelope, Part
-from garcon_link.envelopes import decode as decode_envelope
-from garcon_link.errors import (
-    CallError,
-    FailureReason,
-    HandshakeError,
-    MalformedFrame,
-    SessionFailed,
-)
-from garcon_link.handshake import Handshake, HandshakeState, derive_key
-from garcon_link.interface import service_spec
-from garcon_link.limits import Limits
-from garcon_link.rpc import ExecutorRpc, Registry
-from garcon_link.session import MessageSession
-from garcon_link.transport import SessionTransport, TransportState
-from garcon_link.wire import (
+from garcon_link.core.handshake import Handshake, HandshakeState, derive_key
+from garcon_link.core.session import MessageSession
+from garcon_link.core.wire import (
     MAX_BIGNUM_BYTES,
     Message,
     Role,
@@ -117,6 +103,20 @@ from garcon_link.wire import (
     describe_value,
     iter_packets,
 )
+from garcon_link.endpoint.transport import SessionTransport, TransportState
+from garcon_link.errors import (
+    CallError,
+    FailureReason,
+    HandshakeError,
+    MalformedFrame,
+    SessionFailed,
+)
+from garcon_link.limits import Limits
+from garcon_link.rpc.chunks import parse_part
+from garcon_link.rpc.envelopes import BadEnvelope, Part
+from garcon_link.rpc.envelopes import decode as decode_envelope
+from garcon_link.rpc.interface import service_spec
+from garcon_link.rpc.rpc import ExecutorRpc, Registry
 
 F = TypeVar("F", bound=Callable[..., Any])
 

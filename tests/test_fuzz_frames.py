@@ -52,11 +52,11 @@ from linkutil import EXECUTOR, SECRET, Endpoint, make_link, small_limits
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, BytesMessage, CloseConnection, Request
 
+from garcon_link.core.handshake import Handshake, derive_key
+from garcon_link.core.wire import Role, encode_receipt
+from garcon_link.endpoint.link import WebSocketLink
 from garcon_link.errors import ProtocolError
-from garcon_link.handshake import Handshake, derive_key
-from garcon_link.link import WebSocketLink
-from garcon_link.wire import Role, encode_receipt
-from garcon_link.ws import WebSocket as _WebSocket
+from garcon_link.net.ws import WebSocket as _WebSocket
 
 pytestmark = pytest.mark.timeout(120)
 

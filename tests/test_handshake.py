@@ -12,14 +12,8 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from garcon_link import handshake as hs
-from garcon_link.errors import (
-    AuthenticationError,
-    HandshakeError,
-    HandshakeFailure,
-    MalformedFrame,
-)
-from garcon_link.handshake import (
+from garcon_link.core import handshake as hs
+from garcon_link.core.handshake import (
     Handshake,
     HandshakeState,
     Hello,
@@ -29,7 +23,13 @@ from garcon_link.handshake import (
     derive_key,
     transcript,
 )
-from garcon_link.wire import Role, decode_item, encode_canonical
+from garcon_link.core.wire import Role, decode_item, encode_canonical
+from garcon_link.errors import (
+    AuthenticationError,
+    HandshakeError,
+    HandshakeFailure,
+    MalformedFrame,
+)
 
 EXECUTOR = "build-box-1"
 SECRET = bytes(range(32))

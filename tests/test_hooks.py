@@ -1,4 +1,4 @@
-"""Tests of per-call hooks, call metadata and the call counters (garcon_link.hooks).
+"""Tests of per-call hooks, call metadata and the call counters (garcon_link.rpc.hooks).
 
 A recording hook sees one ``call_started`` and one ``call_ended`` per call, on both sides, with
 the honest outcome of every kind of ending; metadata reaches the handler (``gl.call_metadata``)
@@ -19,8 +19,8 @@ import pytest
 from rpcutil import LIMITS, CalcImpl, open_pair, raw_call
 
 import garcon_link as gl
-from garcon_link import envelopes
-from garcon_link.envelopes import (
+from garcon_link.rpc import envelopes
+from garcon_link.rpc.envelopes import (
     BadEnvelope,
     Call,
     Cancel,

@@ -4,7 +4,7 @@ A worker listens on loopback; in most tests a legitimate controller is attached 
 :class:`faultutil.LatencyProbe` calls it every 10 ms for the whole attack. Hostile peers are
 :class:`faultutil.Raw` clients, which write bytes no library would produce (hand-made frame
 headers, truncated or bomb-shaped CBOR, floods) and, for the authenticated layers, complete the
-real handshake (:class:`garcon_link.handshake.Handshake`) first. What the tests prove:
+real handshake (:class:`garcon_link.core.handshake.Handshake`) first. What the tests prove:
 
 * every unauthenticated bad peer -- random bytes, a wrong path, a broken upgrade, an oversized
   header, text frames, truncated/oversized/deeply nested CBOR, huge declared lengths (CBOR and
@@ -88,9 +88,9 @@ from faultutil import (
 )
 
 import garcon_link as gl
+from garcon_link.core.wire import encode_message, encode_receipt
+from garcon_link.endpoint.transport import TransportState
 from garcon_link.testing import WorkerProcess, free_tcp_port
-from garcon_link.transport import TransportState
-from garcon_link.wire import encode_message, encode_receipt
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

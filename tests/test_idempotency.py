@@ -1,4 +1,4 @@
-"""Tests of garcon_link.idempotency: keys, the worker's table, its runner, and the caller's retry.
+"""Tests of garcon_link.rpc.idempotency: keys, the worker's table, its runner, the caller's retry.
 
 The table is pure: every test here drives it with an explicit ``now`` (an injected clock), never
 a sleep. The runner (:class:`KeyedExecutions`) is tested with a task group as its spawner and a
@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import garcon_link as gl
-from garcon_link import rpc
-from garcon_link.idempotency import (
+from garcon_link.api.keyed import retry_delays
+from garcon_link.rpc import rpc
+from garcon_link.rpc.idempotency import (
     ENTRY_OVERHEAD,
     ERROR,
     MAX_KEY_BYTES,
@@ -37,7 +38,6 @@ from garcon_link.idempotency import (
     arguments_digest,
     normalize_key,
     reply_envelope,
-    retry_delays,
 )
 
 D1 = arguments_digest([1, 2], {})

@@ -37,7 +37,7 @@ from faultutil import (
 from rpcutil import LIMITS, SECRET, Calc, CalcImpl, SinkImpl, both_directions, open_pair, raw_call
 
 import garcon_link as gl
-from garcon_link.rpc import CALL
+from garcon_link.rpc.rpc import CALL
 from garcon_link.testing import WorkerProcess, free_tcp_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]

@@ -1,4 +1,4 @@
-"""Tests of garcon_link.interface: what is exposed, how values convert, the contract hash.
+"""Tests of garcon_link.rpc.interface: what is exposed, how values convert, the contract hash.
 
 No sockets here: interfaces are derived, arguments bound and converted, values round-tripped
 through ``to_wire`` + CBOR + ``from_wire`` exactly as the RPC layer does.
@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 import garcon_link as gl
-from garcon_link.interface import (
+from garcon_link.rpc.interface import (
     MAX_SIGNATURE_CHARS,
     MethodKind,
     contract_hash,

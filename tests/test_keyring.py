@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from garcon_link.config import (
+from garcon_link.core.wire import Role
+from garcon_link.errors import ConfigError
+from garcon_link.settings.config import (
     MAX_EXECUTOR_ID_CHARS,
     LinkConfig,
     Secret,
     read_secret_file,
 )
-from garcon_link.errors import ConfigError
-from garcon_link.keyring import MAX_ENROLLED_SCAN, Keyring, enroll, executor_id_problem
-from garcon_link.wire import Role
+from garcon_link.settings.keyring import MAX_ENROLLED_SCAN, Keyring, enroll, executor_id_problem
 
 POSIX = os.name == "posix"
 posix_only = pytest.mark.skipif(not POSIX, reason="file modes are only checked on POSIX")
@@ -262,7 +262,7 @@ def test_refusal_warning_is_rate_limited_per_file_and_problem(
 def test_rate_limit_memory_is_bounded(
     keys: Path, keyring: Keyring, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from garcon_link import keyring as module
+    from garcon_link.settings import keyring as module
 
     for index in range(module._MAX_WARNED + 10):
         keyring._warn("box", keys / f"f{index}", "problem", "fix")
@@ -403,7 +403,7 @@ def test_enrolled_lists_only_well_named_regular_key_files(
 def test_enrolled_scans_a_bounded_number_of_entries(
     keys: Path, keyring: Keyring, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from garcon_link import keyring as module
+    from garcon_link.settings import keyring as module
 
     monkeypatch.setattr(module, "MAX_ENROLLED_SCAN", 5)
     for index in range(8):

@@ -55,22 +55,22 @@ from linkutil import (
 )
 from wsproto.events import AcceptConnection, BytesMessage, RejectConnection
 
-from garcon_link.config import write_secret_file
-from garcon_link.errors import ConfigError, FailureReason, SessionFailed
-from garcon_link.handshake import Handshake, Hello, ResumeOffer, compute_mac, derive_key
-from garcon_link.keyring import Keyring
-from garcon_link.limits import Limits
-from garcon_link.link import (
+from garcon_link.core.admission import backoff
+from garcon_link.core.handshake import Handshake, Hello, ResumeOffer, compute_mac, derive_key
+from garcon_link.core.session import MessageSession
+from garcon_link.core.wire import Role, encode_canonical, encode_message
+from garcon_link.endpoint.link import (
     FrameBudget,
     WebSocketLink,
-    backoff,
     is_loopback_host,
     upgrade_refusal,
 )
-from garcon_link.session import MessageSession
+from garcon_link.endpoint.transport import TransportState
+from garcon_link.errors import ConfigError, FailureReason, SessionFailed
+from garcon_link.limits import Limits
+from garcon_link.settings.config import write_secret_file
+from garcon_link.settings.keyring import Keyring
 from garcon_link.testing import FaultProxy
-from garcon_link.transport import TransportState
-from garcon_link.wire import Role, encode_canonical, encode_message
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,8 +15,8 @@ from model import CI, Bounds, explore
 from model.__main__ import main
 from model.mutations import MUTATIONS, Mutation, mutated
 
-from garcon_link import link
-from garcon_link.session import MessageSession
+from garcon_link.core import admission
+from garcon_link.core.session import MessageSession
 
 
 def report(capsys: pytest.CaptureFixture[str], text: str) -> None:
@@ -61,10 +61,10 @@ def test_a_seeded_bug_is_found(
 
 
 def test_a_mutation_that_no_longer_matches_the_code_fails_loudly() -> None:
-    stale = Mutation("stale", "", link, "decide", "no such fragment", "x", Bounds())
+    stale = Mutation("stale", "", admission, "decide", "no such fragment", "x", Bounds())
     with pytest.raises(AssertionError, match="exactly once"), mutated(stale):
         pass
-    assert link.decide.__module__ == "garcon_link.link"
+    assert admission.decide.__module__ == "garcon_link.core.admission"
 
 
 def test_copying_states_by_clone_deepcopy_or_replay_explores_the_same_graph() -> None:
@@ -78,8 +78,8 @@ def test_copying_states_by_clone_deepcopy_or_replay_explores_the_same_graph() ->
 def test_the_session_copy_is_independent_of_the_original() -> None:
     from model.network import clone_session
 
+    from garcon_link.core.session import RetentionPool
     from garcon_link.limits import Limits
-    from garcon_link.session import RetentionPool
 
     pool = RetentionPool(100)
     original = MessageSession(Limits(), pool)

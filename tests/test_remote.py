@@ -1,4 +1,4 @@
-"""Tests of garcon_link.remote: stable facades, availability, resumable cuts, worker restarts,
+"""Tests of garcon_link.api.remote: stable facades, availability, resumable cuts, worker restarts,
 contract checks, per-session scopes, bidirectional services and the worker runtime.
 
 Every end-to-end test runs in both directions (worker listens / controller listens) and on both

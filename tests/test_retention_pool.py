@@ -11,10 +11,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from garcon_link.core.session import MessageSession, RetentionPool, encoded_message_size
+from garcon_link.core.wire import encode_receipt
 from garcon_link.errors import FailureReason
 from garcon_link.limits import Limits
-from garcon_link.session import MessageSession, RetentionPool, encoded_message_size
-from garcon_link.wire import encode_receipt
 
 BODY = b"x" * 100
 FRAME = encoded_message_size(1, len(BODY))  # ordinals 1-23 encode in the same size

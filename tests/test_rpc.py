@@ -1,4 +1,4 @@
-"""Tests of garcon_link.rpc over live loopback pairs: outcomes, errors, types, cancellation,
+"""Tests of garcon_link.rpc.rpc over live loopback pairs: outcomes, errors, types, cancellation,
 timeouts, streams and flow control, budgets, and hostile envelopes.
 
 Every end-to-end test runs in both directions (worker listens / controller listens) and on both
@@ -36,7 +36,7 @@ from rpcutil import (
 )
 
 import garcon_link as gl
-from garcon_link.rpc import CALL, CANCEL, CREDIT, END, ERROR, ITEM, NOTIFY, RESULT, ExecutorRpc
+from garcon_link.rpc.rpc import CALL, CANCEL, CREDIT, END, ERROR, ITEM, NOTIFY, RESULT, ExecutorRpc
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -832,7 +832,7 @@ async def test_overload_on_the_receiver(direction: str) -> None:
 def test_refusals_past_the_backlog_keep_only_their_call_ids() -> None:
     """What is kept per call refused past ``max_queued_refusals``: its id, as a delta from the
     previous one (call ids strictly increase), so about the bytes it took on the wire."""
-    from garcon_link.rpc import _CallIds
+    from garcon_link.rpc.rpc import _CallIds
 
     ids = _CallIds()
     wanted = [1, 2, 3, 200, 70_000, 2**40, 2**70 + 5, 2**70 + 6]
@@ -872,9 +872,9 @@ def test_the_refusal_backlog_must_exceed_the_pending_budget() -> None:
 
 async def test_retire_unknown_distinguishes_offered_from_never_written() -> None:
     """A request that never reached a socket is NOT_DISPATCHED; one that did is UNKNOWN."""
-    from garcon_link.interface import service_spec
-    from garcon_link.rpc import Registry
-    from garcon_link.transport import SessionTransport
+    from garcon_link.endpoint.transport import SessionTransport
+    from garcon_link.rpc.interface import service_spec
+    from garcon_link.rpc.rpc import Registry
 
     spec = service_spec(Calc).methods["add"]
     with anyio.fail_after(DEADLINE):
@@ -1116,7 +1116,7 @@ class EvilImpl:
     """A worker handler that writes hand-made replies for its own call on the session."""
 
     async def lie(self, how: str) -> int:
-        from garcon_link.rpc import current_rpc
+        from garcon_link.rpc.rpc import current_rpc
 
         rpc = current_rpc()
         call_id = rpc._last_incoming_id  # the id to lie about: private by design

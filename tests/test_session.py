@@ -9,6 +9,8 @@ import pytest
 from faultutil import PeakRss
 from helpers import SessionPair
 
+from garcon_link.core.session import MessageSession, SessionState, encoded_message_size
+from garcon_link.core.wire import Message, decode_packets, encode_message, encode_receipt
 from garcon_link.errors import (
     ConfigError,
     FailureReason,
@@ -19,8 +21,6 @@ from garcon_link.errors import (
     SessionFailed,
 )
 from garcon_link.limits import Limits
-from garcon_link.session import MessageSession, SessionState, encoded_message_size
-from garcon_link.wire import Message, decode_packets, encode_message, encode_receipt
 
 SIDES = ["a", "b"]
 

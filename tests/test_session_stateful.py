@@ -18,10 +18,10 @@ from hypothesis.stateful import (
     rule,
 )
 
+from garcon_link.core.session import SessionState, encoded_message_size
+from garcon_link.core.wire import Packet, Receipt
 from garcon_link.errors import RetentionFull
 from garcon_link.limits import Limits
-from garcon_link.session import SessionState, encoded_message_size
-from garcon_link.wire import Packet, Receipt
 
 LIMITS = Limits(
     max_retained_frames=16,

@@ -1,4 +1,4 @@
-"""The blocking client (garcon_link.sync): calls, streams as iterators, checked sync views,
+"""The blocking client (garcon_link.api.sync): calls, streams as iterators, checked sync views,
 errors, and use from a thread that already runs an event loop (what a Jupyter cell does).
 
 The worker runs on a loop of its own in a background thread (an anyio blocking portal), the way

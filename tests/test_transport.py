@@ -19,7 +19,10 @@ import pytest
 from faultutil import PeakRss
 from linkutil import wait_until
 
-from garcon_link import transport as transport_module
+from garcon_link.core.session import MessageSession, SessionState, encoded_message_size
+from garcon_link.core.wire import Message, Receipt, decode_packets, encode_message, encode_receipt
+from garcon_link.endpoint import transport as transport_module
+from garcon_link.endpoint.transport import COALESCE_BYTES, SessionTransport, TransportState
 from garcon_link.errors import (
     FailureReason,
     FrameTooLarge,
@@ -28,9 +31,6 @@ from garcon_link.errors import (
     SessionFailed,
 )
 from garcon_link.limits import Limits
-from garcon_link.session import MessageSession, SessionState, encoded_message_size
-from garcon_link.transport import COALESCE_BYTES, SessionTransport, TransportState
-from garcon_link.wire import Message, Receipt, decode_packets, encode_message, encode_receipt
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

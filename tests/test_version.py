@@ -1,4 +1,4 @@
-"""The version is written once, as ``garcon_link.__version__``; everything else reads it.
+"""The version is written once, in ``garcon_link/version.py``; everything else reads it.
 
 pyproject.toml declares the version dynamic and has setuptools read that attribute; setuptools
 reads it without importing the package only when it is a plain string literal, which is checked
@@ -19,11 +19,11 @@ import pytest
 
 import garcon_link
 from garcon_link import cli
-from garcon_link.handshake import Handshake, derive_key
-from garcon_link.wire import Role
+from garcon_link.core.handshake import Handshake, derive_key
+from garcon_link.core.wire import Role
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE_INIT = ROOT / "garcon_link" / "__init__.py"
+PACKAGE_INIT = ROOT / "garcon_link" / "version.py"
 # PEP 440, the forms this project uses: release, optional pre-release, post and dev parts.
 VERSION = re.compile(r"\d+\.\d+\.\d+((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
 
@@ -40,7 +40,7 @@ def test_pyproject_reads_the_version_from_the_package() -> None:
     assert "version" in project["dynamic"]
     tool = data["tool"]
     assert isinstance(tool, dict)
-    assert tool["setuptools"]["dynamic"]["version"] == {"attr": "garcon_link.__version__"}
+    assert tool["setuptools"]["dynamic"]["version"] == {"attr": "garcon_link.version.__version__"}
 
 
 def test_the_version_is_one_string_literal_in_the_package() -> None:
@@ -59,7 +59,7 @@ def test_the_version_is_one_string_literal_in_the_package() -> None:
 
 
 def test_the_installed_metadata_has_the_package_version() -> None:
-    # The Makefile reinstalls when garcon_link/__init__.py changes; after a change made by hand,
+    # The Makefile reinstalls when garcon_link/version.py changes; after a change made by hand,
     # reinstall (make .venv/.installed-test) for this to hold.
     assert importlib.metadata.version("garcon-link") == garcon_link.__version__
 

@@ -12,9 +12,8 @@ from helpers import encode_packets
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from garcon_link import wire
-from garcon_link.errors import FrameTooLarge, MalformedFrame
-from garcon_link.wire import (
+from garcon_link.core import wire
+from garcon_link.core.wire import (
     MAX_BIGNUM_BYTES,
     MAX_ORDINAL,
     Message,
@@ -29,6 +28,7 @@ from garcon_link.wire import (
     encode_receipt,
     iter_packets,
 )
+from garcon_link.errors import FrameTooLarge, MalformedFrame
 
 BIG = 1 << 20
 

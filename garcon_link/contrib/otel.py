@@ -42,7 +42,7 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .. import __version__
-from ..hooks import CallEnd, CallInfo
+from ..rpc.hooks import CallEnd, CallInfo
 
 __all__ = ["OpenTelemetryHook"]
 

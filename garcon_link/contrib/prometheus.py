@@ -53,7 +53,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..hooks import CallEnd, CallInfo
+from ..rpc.hooks import CallEnd, CallInfo
 
 __all__ = ["DEFAULT_BUCKETS", "OTHER", "PrometheusHook", "StatisticsCollector"]
 

@@ -36,9 +36,9 @@ import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
+from ..api.remote import Service
 from ..errors import ConfigError
-from ..remote import Service
-from ..resources import ServiceScope
+from ..rpc.resources import ServiceScope
 from .files import (
     ConfinedRoot,
     DirEntry,

@@ -129,7 +129,7 @@ import anyio
 import blake3
 
 from ..errors import CallError, ConfigError, Rejected, RemoteError
-from ..resources import ResourceRef, ServiceScope, current_scope
+from ..rpc.resources import ResourceRef, ServiceScope, current_scope
 
 __all__ = [
     "DirEntry",

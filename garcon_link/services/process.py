@@ -100,7 +100,7 @@ import anyio
 import anyio.abc
 
 from ..errors import ConfigError, Rejected, RemoteError
-from ..resources import ResourceRef, ServiceScope, current_scope
+from ..rpc.resources import ResourceRef, ServiceScope, current_scope
 from .files import ConfinedRoot, MiB, ServiceLimits, _os_errors
 
 __all__ = [

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from garcon_link import handshake, link
-from garcon_link.session import MessageSession
+from garcon_link.core import admission, handshake
+from garcon_link.core.session import MessageSession
 
 from .network import Bounds
 
@@ -95,7 +95,7 @@ MUTATIONS = [
     Mutation(
         "replace without retiring",
         "takeover: a fresh session replaces the slot's session without retiring it",
-        link,
+        admission,
         "decide",
         "return Fresh(retire_current=True, taken_over=other_runtime)",
         "return Fresh(retire_current=False, taken_over=other_runtime)",
@@ -104,7 +104,7 @@ MUTATIONS = [
     Mutation(
         "same runtime taken over",
         "takeover: a fresh session from the same runtime marks that runtime as taken over",
-        link,
+        admission,
         "decide",
         "return Fresh(retire_current=True, taken_over=other_runtime)",
         "return Fresh(retire_current=True, taken_over=True)",
@@ -113,7 +113,7 @@ MUTATIONS = [
     Mutation(
         "resume keeps the old socket",
         "a resume while a (half-open) socket is attached does not supersede that socket",
-        link,
+        admission,
         "decide",
         "return Resume(supersede_attached=slot.attached)",
         "return Resume(supersede_attached=False)",

@@ -1,10 +1,11 @@
 """The world the explorer walks: two processes, their session slots, and the sockets between them.
 
 Everything that decides anything is the library's own sans-IO code, called as the link and the
-transport call it: :class:`~garcon_link.session.MessageSession` (ordinals, receipts, retention,
-replay), a real :class:`~garcon_link.handshake.Handshake` on each side (hello, proof, the resume
-rule and the session id), and :func:`~garcon_link.link.decide` on each side's slot (resume, fresh,
-probe, refuse, takeover). This module only plays the network and the bookkeeping around them.
+transport call it: :class:`~garcon_link.core.session.MessageSession` (ordinals, receipts,
+retention, replay), a real :class:`~garcon_link.core.handshake.Handshake` on each side (hello,
+proof, the resume rule and the session id), and :func:`~garcon_link.core.admission.decide` on each
+side's slot (resume, fresh, probe, refuse, takeover). This module only plays the network and the
+bookkeeping around them.
 
 Network model (per socket lifetime, as TCP gives it):
 
@@ -47,9 +48,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from garcon_link import link
-from garcon_link.errors import FailureReason, HandshakeFailure, RetentionFull, SessionFailed
-from garcon_link.handshake import (
+from garcon_link.core import admission
+from garcon_link.core.admission import Fresh, Offer, Probe, Refuse, Resume, SlotView
+from garcon_link.core.handshake import (
     PROTOCOL_VERSION,
     Handshake,
     HandshakeResult,
@@ -58,10 +59,10 @@ from garcon_link.handshake import (
     derive_key,
     listener_offer,
 )
+from garcon_link.core.session import MessageSession, RetentionPool, SessionState
+from garcon_link.core.wire import Role
+from garcon_link.errors import FailureReason, HandshakeFailure, RetentionFull, SessionFailed
 from garcon_link.limits import Limits
-from garcon_link.link import Fresh, Offer, Probe, Refuse, Resume, SlotView
-from garcon_link.session import MessageSession, RetentionPool, SessionState
-from garcon_link.wire import Role
 
 __all__ = [
     "ALLOWED_RETIREMENTS",
@@ -631,12 +632,12 @@ class World:
                 runtime=peer.runtime,
                 taken_over=peer.runtime in side.taken_over,
             )
-            decision = link.decide(side.view(), offer)
+            decision = admission.decide(side.view(), offer)
             if isinstance(decision, Probe):
                 # The attached socket answers a ping only while the peer's end of it is open.
                 old = self.sockets.get(side.sock) if side.sock is not None else None
                 healthy = old is not None and other(x) in old.ends
-                decision = link.decide(side.view(), offer, probe_healthy=healthy)
+                decision = admission.decide(side.view(), offer, probe_healthy=healthy)
                 notes.append(f"{x} probes its attached socket: {'healthy' if healthy else 'dead'}")
             if isinstance(decision, Refuse):
                 notes.append(f"{x} refuses ({decision.reason.name})")
@@ -839,7 +840,7 @@ def _describe_offer(offer: ResumeOffer | None) -> str:
 
 
 def describe_packets(packets: list[bytes]) -> str:
-    from garcon_link.wire import Message, iter_packets
+    from garcon_link.core.wire import Message, iter_packets
 
     words = []
     for packet in packets:

@@ -60,8 +60,8 @@ from faultutil import (
 )
 
 import garcon_link as gl
+from garcon_link.endpoint.transport import SessionTransport
 from garcon_link.testing import FaultProxy
-from garcon_link.transport import SessionTransport
 
 pytestmark = [
     pytest.mark.soak,

@@ -74,8 +74,11 @@ from typing import Any, Generic, Literal, TypeVar, cast, overload
 import anyio
 import anyio.abc
 
-from .config import LinkConfig
-from .errors import (
+from ..core.handshake import HandshakeResult
+from ..core.session import RetentionPool
+from ..endpoint.link import ExecutorLink, LinkStatistics, WebSocketLink
+from ..endpoint.transport import SessionTransport, TransportState, TransportStatistics
+from ..errors import (
     AuthenticationError,
     CallError,
     ConfigError,
@@ -85,37 +88,35 @@ from .errors import (
     Outcome,
     Rejected,
 )
-from .handshake import HandshakeResult
-from .hooks import CallHook
-from .idempotency import IdempotencyStatistics, KeyedExecutions, call_with_key, normalize_key
-from .interface import (
+from ..limits import Limits
+from ..logs import log_fields
+from ..net.backend import loop_scheduler
+from ..rpc.hooks import CallHook
+from ..rpc.idempotency import IdempotencyStatistics, KeyedExecutions, normalize_key
+from ..rpc.interface import (
     MethodKind,
     MethodSpec,
     ServiceSpec,
-    _derive,
     contract_hash,
+    derive_spec,
     manifest_changes,
     manifest_method,
     registration_problems,
     service_spec,
 )
-from .limits import Limits
-from .link import ExecutorLink, LinkStatistics, WebSocketLink
-from .logs import log_fields
-from .resources import ServiceScope, WorkerScope
-from .rpc import (
+from ..rpc.resources import ServiceScope, WorkerScope
+from ..rpc.rpc import (
     CallObserver,
     CallStatistics,
     ExecutorRpc,
+    Observed,
     Registry,
     RemoteStream,
     RpcStatistics,
-    _end_of,
-    _loop_scheduler,
-    _Observed,
+    end_of,
 )
-from .session import RetentionPool
-from .transport import SessionTransport, TransportState, TransportStatistics
+from ..settings.config import LinkConfig
+from .keyed import call_with_key
 
 __all__ = [
     "Availability",
@@ -126,10 +127,9 @@ __all__ = [
     "Worker",
     "connect",
     "serve",
-    "with_options",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("garcon_link.remote")  # the name users configure (README)
 
 T = TypeVar("T")
 Availability = Literal["offline", "ready", "reconnecting", "disposed"]
@@ -186,7 +186,7 @@ def _name(interface: object) -> str:
 
 def _check_registration(target: object, interface: type, what: str) -> ServiceSpec:
     """The spec of ``interface`` once ``target`` is known to fit it (else ``ConfigError``)."""
-    spec, problems = _derive(interface)
+    spec, problems = derive_spec(interface)
     if not problems:
         spec = service_spec(interface)  # cached
         problems = registration_problems(target, spec)
@@ -982,7 +982,7 @@ class _StreamOutcome:
 
     __slots__ = ("done", "observed", "observer")
 
-    def __init__(self, observer: CallObserver, observed: _Observed | None) -> None:
+    def __init__(self, observer: CallObserver, observed: Observed | None) -> None:
         self.observer = observer
         self.observed = observed
         self.done = False
@@ -1061,7 +1061,7 @@ class _FacadeStream(AsyncIterator[Any]):
         except BaseException as exc:
             if isinstance(exc, CallError):
                 executor.errors += 1
-            self._end(*_end_of(exc))
+            self._end(*end_of(exc))
             raise
 
     def _start(self) -> None:
@@ -1071,7 +1071,7 @@ class _FacadeStream(AsyncIterator[Any]):
         observer = self._executor._observer
         observed = observer.stream_started(self._name, self._method, self._metadata)
         self._outcome = outcome = _StreamOutcome(observer, observed)
-        self._finalizer = weakref.finalize(self, _schedule_dropped, _loop_scheduler(), outcome)
+        self._finalizer = weakref.finalize(self, _schedule_dropped, loop_scheduler(), outcome)
         self._finalizer.atexit = False
 
     def _end(self, outcome: Outcome | None, code: str | None, cancelled: bool) -> None:
@@ -1095,59 +1095,6 @@ def _frozen_metadata(metadata: Mapping[str, str] | None) -> Mapping[str, str] | 
     if not isinstance(metadata, Mapping):
         raise TypeError(f"metadata must be a mapping, got {type(metadata).__name__}")
     return types.MappingProxyType(dict(metadata))
-
-
-def with_options(
-    facade: T,
-    *,
-    timeout: float | None = _UNSET,
-    dispatch_deadline: float | None = _UNSET,
-    idempotency_key: str | bytes | None = _UNSET,
-    retry_unknown: bool = _UNSET,
-    metadata: Mapping[str, str] | None = _UNSET,
-) -> T:
-    """A copy of ``facade`` with other call options (typed as the same interface).
-
-    ``facade`` comes from :meth:`RemoteExecutor.service` or from a sync client's
-    :meth:`~garcon_link.sync.SyncExecutor.service`.
-
-    Args:
-        timeout: per-call deadline in seconds (``None``: the configured default). With
-            ``retry_unknown`` it bounds all attempts together.
-        dispatch_deadline: how long a call waits for a reconnecting executor (0: not at all).
-        idempotency_key: names one operation (``str``, sent as UTF-8, or ``bytes``; 1 to 128
-            bytes): the worker runs a unary call with this key, method and arguments at most
-            once while its process lives and the key is remembered (docs/design.md#idempotency,
-            :mod:`garcon_link.idempotency`). ``None`` removes it. Calling a stream or one-way
-            method through a keyed facade raises ``TypeError``.
-        retry_unknown: retry a keyed call that ends ``OutcomeUnknown`` or ``NotDispatched``
-            until its timeout, waiting for readiness in between; only with a key.
-        metadata: call metadata sent with every call of the copy (text keys of
-            ``[a-z0-9._-]``, text values; read by the handler with
-            :func:`garcon_link.call_metadata`); client hooks may add to it. Over
-            ``Limits.max_metadata_entries``/``max_metadata_bytes`` a call fails with
-            ``NotDispatched("INVALID_METADATA")`` before anything is sent. ``None`` or ``{}``
-            removes it.
-
-    Raises:
-        TypeError: not a facade, a key that is neither ``str`` nor ``bytes``, or a
-            ``retry_unknown`` that is not a bool.
-        ValueError: an empty key, a key over 128 bytes, or ``retry_unknown`` without a key.
-    """
-    from .sync import SyncFacade  # a cycle: sync builds on this module
-
-    if not isinstance(facade, _Facade | SyncFacade):
-        raise TypeError("with_options() takes a facade returned by RemoteExecutor.service()")
-    return cast(
-        "T",
-        facade.with_options(
-            timeout=timeout,
-            dispatch_deadline=dispatch_deadline,
-            idempotency_key=idempotency_key,
-            retry_unknown=retry_unknown,
-            metadata=metadata,
-        ),
-    )
 
 
 def connect(
@@ -1493,7 +1440,7 @@ def peer(name: str, interface: Callable[..., T]) -> T:
         LookupError: called outside a handler.
         TypeError: ``interface`` is not a class.
     """
-    from .rpc import current_rpc
+    from ..rpc.rpc import current_rpc
 
     rpc = current_rpc()
     return cast("T", _PeerFacade(rpc, name, service_spec(_interface_class(interface))))

@@ -44,7 +44,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from .errors import Outcome
+from ..errors import Outcome
 
 __all__ = [
     "CallEnd",

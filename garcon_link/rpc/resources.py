@@ -32,7 +32,7 @@ from typing import Any, TypeVar, cast
 
 import anyio
 
-from .errors import Rejected, StaleResource
+from ..errors import Rejected, StaleResource
 
 __all__ = ["ResourceRef", "ServiceScope", "WorkerScope", "current_scope"]
 

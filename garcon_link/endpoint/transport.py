@@ -76,15 +76,15 @@ from typing import Protocol
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
-from .limits import Limits
-from .logs import log_fields
-from .session import MessageSession, RetentionPool, SessionState, SessionStatistics
-from .wire import Ordinal
+from ..core.session import MessageSession, RetentionPool, SessionState, SessionStatistics
+from ..core.wire import Ordinal
+from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
+from ..limits import Limits
+from ..logs import log_fields
 
 __all__ = ["MessageSocket", "SessionTransport", "TransportState", "TransportStatistics"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("garcon_link.transport")  # the name users configure (README)
 
 _INLINE_MARGIN = 64  # room for the encoded frame's head and a receipt beside a written body
 

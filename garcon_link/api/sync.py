@@ -72,11 +72,11 @@ from typing import Any, TypeVar, cast, overload
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from .config import LinkConfig
-from .errors import ConfigError, NotDispatched, OutcomeUnknown
-from .hooks import CallHook
-from .interface import ServiceSpec, manifest_changes, sync_service_spec
-from .limits import Limits
+from ..errors import ConfigError, NotDispatched, OutcomeUnknown
+from ..limits import Limits
+from ..rpc.hooks import CallHook
+from ..rpc.interface import ServiceSpec, manifest_changes, sync_service_spec
+from ..settings.config import LinkConfig
 from .remote import (
     _NO_METHODS,
     _UNSET,

@@ -135,7 +135,8 @@ from typing import Any, TypeGuard
 
 import blake3
 
-from .errors import AuthenticationError, HandshakeError, HandshakeFailure, MalformedFrame
+from ..errors import AuthenticationError, HandshakeError, HandshakeFailure, MalformedFrame
+from ..version import __version__
 from .wire import MAX_ORDINAL, Role, decode_item, describe_value, encode_canonical
 
 __all__ = [
@@ -588,10 +589,6 @@ class Handshake:
         if not _is_int(max_frame_bytes) or max_frame_bytes < 1:
             raise ValueError("max_frame_bytes must be a positive integer")
         if package is None:
-            # Imported late: the package's __init__ may import this module before it defines
-            # __version__.
-            from . import __version__
-
             package = f"garcon-link {__version__}"
         self._local = Hello(
             protocol=PROTOCOL_VERSION,

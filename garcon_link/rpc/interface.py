@@ -63,8 +63,8 @@ import blake3
 import msgspec
 import msgspec.inspect
 
-from .errors import ConfigError, Rejected
-from .wire import encode_canonical
+from ..core.wire import encode_canonical
+from ..errors import ConfigError, Rejected
 
 __all__ = [
     "MAX_SIGNATURE_CHARS",
@@ -72,6 +72,7 @@ __all__ = [
     "MethodSpec",
     "ServiceSpec",
     "contract_hash",
+    "derive_spec",
     "from_wire",
     "manifest_changes",
     "manifest_method",
@@ -258,7 +259,7 @@ def service_spec(interface: type) -> ServiceSpec:
     cached = _spec_cache.get(interface)
     if cached is not None:
         return cached
-    spec_, problems = _derive(interface)
+    spec_, problems = derive_spec(interface)
     if problems:
         raise ConfigError(
             f"interface {interface.__qualname__} cannot be served as written:\n"
@@ -289,10 +290,10 @@ def sync_service_spec(interface: type) -> ServiceSpec:
     cached = _sync_spec_cache.get(interface)
     if cached is not None:
         return cached
-    spec_, problems = _derive(interface, sync=True)
+    spec_, problems = derive_spec(interface, sync=True)
     if problems:
         name = interface.__qualname__
-        async_spec, async_problems = _derive(interface)
+        async_spec, async_problems = derive_spec(interface)
         if not spec_.methods and not async_problems:
             raise ConfigError(
                 f"{name} is an async interface (its methods are `async def`): a sync client "
@@ -326,10 +327,10 @@ def sync_view_source(spec: ServiceSpec) -> str:
 def _readable(text: str) -> str:
     # Resolved hints print as "collections.abc.Iterator[int]"; the source a user pastes imports
     # Iterator from collections.abc and garcon_link as gl.
-    return text.replace("collections.abc.", "").replace("garcon_link.resources.", "gl.")
+    return text.replace("collections.abc.", "").replace("garcon_link.rpc.resources.", "gl.")
 
 
-def _derive(interface: type, *, sync: bool = False) -> tuple[ServiceSpec, list[str]]:
+def derive_spec(interface: type, *, sync: bool = False) -> tuple[ServiceSpec, list[str]]:
     """The spec of ``interface`` and the problems of the methods it had to leave out.
 
     ``sync``: derive a sync client's view (:func:`sync_service_spec`)."""

@@ -44,22 +44,22 @@ from typing import Literal, TypeVar
 import anyio
 import anyio.abc
 
-from .config import FleetConfig, LinkConfig
-from .errors import CallError, ConfigError
-from .handshake import HandshakeResult
-from .hooks import CallHook
-from .keyring import Keyring, executor_id_problem
-from .limits import Limits
-from .link import ExecutorLink, LinkStatistics, WebSocketLink
+from ..core.handshake import HandshakeResult
+from ..core.session import RetentionPool
+from ..core.wire import Role
+from ..endpoint.link import ExecutorLink, LinkStatistics, WebSocketLink
+from ..endpoint.transport import SessionTransport
+from ..errors import CallError, ConfigError
+from ..limits import Limits
+from ..rpc.hooks import CallHook
+from ..rpc.rpc import Registry
+from ..settings.config import FleetConfig, LinkConfig
+from ..settings.keyring import Keyring, executor_id_problem
 from .remote import Availability, RemoteExecutor, ServiceMap, _link_from_config, _registry_from
-from .rpc import Registry
-from .session import RetentionPool
-from .transport import SessionTransport
-from .wire import Role
 
 __all__ = ["ExecutorSnapshot", "Fleet", "FleetEvent", "fleet"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("garcon_link.fleet")  # the name users configure (README)
 
 T = TypeVar("T")
 EventKind = Literal["joined", "ready", "reconnecting", "offline", "disposed", "forgotten", "lost"]

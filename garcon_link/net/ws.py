@@ -85,11 +85,11 @@ from wsproto.events import (
 )
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
+from ..core.wire import PEER_RETIRED_CODES, CloseCode
+from ..errors import ConfigError, FrameTooLarge, HandshakeFailure, LinkError, MalformedFrame
+from ..limits import Limits
+from ..logs import log_fields
 from . import _asyncio_stream
-from .errors import ConfigError, FrameTooLarge, HandshakeFailure, LinkError, MalformedFrame
-from .limits import Limits
-from .logs import log_fields
-from .wire import PEER_RETIRED_CODES, CloseCode
 
 __all__ = [
     "BROKEN",
@@ -110,7 +110,7 @@ __all__ = [
     "upgrade_refusal",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("garcon_link.ws")  # the name users configure (README)
 
 EXECUTOR_PATH = "/executor"
 ROUTING_PARAMETER = "executor"

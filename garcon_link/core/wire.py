@@ -51,7 +51,7 @@ from typing import Any, NewType
 
 import cbor2
 
-from .errors import FrameTooLarge, MalformedFrame
+from ..errors import FrameTooLarge, MalformedFrame
 
 __all__ = [
     "MAX_BIGNUM_BYTES",

@@ -71,9 +71,9 @@ from typing import Protocol
 
 import anyio
 
-from .errors import PayloadTooLarge
-from .session import encoded_message_size
-from .wire import encode_head
+from ..core.session import encoded_message_size
+from ..core.wire import encode_head
+from ..errors import PayloadTooLarge
 
 __all__ = [
     "ABORT",

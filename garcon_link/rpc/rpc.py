@@ -171,7 +171,23 @@ import anyio
 import anyio.abc
 import cbor2
 
-from . import _asyncio_stream
+from ..core.wire import array_prefix, decode_item, encode_head
+from ..endpoint.transport import SessionTransport
+from ..errors import (
+    CallError,
+    MalformedFrame,
+    NotDispatched,
+    Outcome,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    Rejected,
+    RemoteError,
+    SessionFailed,
+    StaleResource,
+)
+from ..limits import Limits
+from ..logs import log_fields
+from ..net.backend import loop_scheduler, on_asyncio
 from .chunks import ChunkSender, PartViolation, Reassembler, parse_part
 from .envelopes import (
     CALL,
@@ -204,18 +220,6 @@ from .envelopes import (
     metadata_problem,
 )
 from .envelopes import decode as decode_envelope
-from .errors import (
-    CallError,
-    MalformedFrame,
-    NotDispatched,
-    Outcome,
-    OutcomeUnknown,
-    PayloadTooLarge,
-    Rejected,
-    RemoteError,
-    SessionFailed,
-    StaleResource,
-)
 from .hooks import CallEnd, CallHook, CallInfo, CallKind, CallSide, _current_metadata
 from .idempotency import (
     Await,
@@ -230,11 +234,7 @@ from .idempotency import (
     reply_envelope,
 )
 from .interface import MethodKind, MethodSpec, ServiceSpec, from_wire, to_wire
-from .limits import Limits
-from .logs import log_fields
 from .resources import ResourceRef, ServiceScope, _current
-from .transport import SessionTransport
-from .wire import array_prefix, decode_item, encode_head
 
 __all__ = [
     "CALL",
@@ -249,14 +249,16 @@ __all__ = [
     "NOTIFY",
     "RESULT",
     "ExecutorRpc",
+    "Observed",
     "Registry",
     "RemoteStream",
     "RpcStatistics",
     "current_rpc",
+    "end_of",
     "register_exception",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
 
 INTERNAL_SERVICE = "$link"
 # The ``cancel`` field of an error body that answers a cancel (module docstring).
@@ -438,7 +440,7 @@ _KIND: dict[MethodKind, CallKind] = {
 _NO_METADATA: Mapping[str, str] = types.MappingProxyType({})
 
 
-def _end_of(exc: BaseException) -> tuple[Outcome, str, bool]:
+def end_of(exc: BaseException) -> tuple[Outcome, str, bool]:
     """``(outcome, code, cancelled)`` of a call that raised ``exc``.
 
     An allow-listed remote exception (:func:`register_exception`) carries its
@@ -476,7 +478,7 @@ class CallStatistics:
         return sum(n for (lab, _), n in counts.items() if label is None or lab == label)
 
 
-class _Observed:
+class Observed:
     """A call being observed by hooks: what ``call_ended`` needs."""
 
     __slots__ = ("done", "info", "started", "states")
@@ -552,7 +554,7 @@ class CallObserver:
         key = ("cancelled" if cancelled else "ok" if outcome is None else outcome.value, code)
         counts[key] = counts.get(key, 0) + 1
 
-    def _start(self, info: CallInfo) -> _Observed:
+    def _start(self, info: CallInfo) -> Observed:
         states: list[object] = []
         for index, hook in enumerate(self.hooks):
             try:
@@ -560,9 +562,9 @@ class CallObserver:
             except Exception:
                 self._hook_failed(index, hook, "call_started")
                 states.append(None)
-        return _Observed(info, states, time.monotonic())
+        return Observed(info, states, time.monotonic())
 
-    def _end(self, observed: _Observed, end: CallEnd) -> None:
+    def _end(self, observed: Observed, end: CallEnd) -> None:
         if observed.done:
             return
         observed.done = True
@@ -607,7 +609,7 @@ class CallObserver:
                 self.check_metadata(metadata)
             value = await run(metadata or None)
         except BaseException as exc:
-            self.client_ended(observed, *_end_of(exc))
+            self.client_ended(observed, *end_of(exc))
             raise
         if observed is None:
             counts = self._client
@@ -618,7 +620,7 @@ class CallObserver:
 
     def stream_started(
         self, service: str, spec: MethodSpec, metadata: Mapping[str, str] | None
-    ) -> _Observed | None:
+    ) -> Observed | None:
         """A stream's first iteration: the hooks' handle (``None`` without hooks). The metadata
         to send is then the handle's ``info.metadata`` (hooks may have added to it); the caller
         validates it (:meth:`check_metadata`) and ends the stream with :meth:`client_ended`."""
@@ -628,7 +630,7 @@ class CallObserver:
         return self._start(CallInfo("client", service, spec.name, "stream", self.executor, sent))
 
     def client_ended(
-        self, observed: _Observed | None, outcome: Outcome | None, code: str | None, cancelled: bool
+        self, observed: Observed | None, outcome: Outcome | None, code: str | None, cancelled: bool
     ) -> None:
         """A client call or stream ended (the stream's handle may be ``None``: no hooks)."""
         if observed is None:
@@ -648,7 +650,7 @@ class CallObserver:
         spec: MethodSpec,
         metadata: Mapping[str, str],
         kind: CallKind | None = None,
-    ) -> _Observed | None:
+    ) -> Observed | None:
         """A handler starts (in its own task); ``kind`` overrides the method's (a notification
         may name a unary method)."""
         if not self.hooks:
@@ -657,7 +659,7 @@ class CallObserver:
         return self._start(CallInfo("server", service, spec.name, kind, self.executor, metadata))
 
     def server_ended(
-        self, observed: _Observed | None, error: CallError | None, cancelled: bool
+        self, observed: Observed | None, error: CallError | None, cancelled: bool
     ) -> None:
         """A handler ended: ``error`` is what its caller is told (``None``: it succeeded)."""
         if error is None:
@@ -1025,7 +1027,7 @@ class ExecutorRpc:
         # reader calls it directly. It does so in this task's context: handlers inherit what a
         # service scope set in the task that runs the session, not the link's context.
         context = self._context = contextvars.copy_context()
-        self._loop = asyncio.get_running_loop() if _asyncio_stream.on_asyncio() else None
+        self._loop = asyncio.get_running_loop() if on_asyncio() else None
 
         def dispatch(payload: bytes) -> None:
             context.run(self._dispatch, payload)
@@ -2293,18 +2295,6 @@ else:
         return loop.create_task(coro, context=context)
 
 
-def _loop_scheduler() -> Callable[..., object]:
-    """``schedule(callback, *args)`` that runs ``callback`` soon on the *current* event loop and
-    may itself be called from anywhere: any thread, or inside the garbage collector at any point
-    of the loop thread (asyncio's ``call_soon_threadsafe`` and trio's ``run_sync_soon`` only
-    append to a queue and wake the loop; neither touches our state)."""
-    if _asyncio_stream.on_asyncio():
-        return asyncio.get_running_loop().call_soon_threadsafe
-    import trio  # the only other backend anyio runs on
-
-    return trio.lowlevel.current_trio_token().run_sync_soon
-
-
 def _reclaim_when_dropped(stream: RemoteStream, rpc: ExecutorRpc, pending: _Pending) -> Any:
     """Reclaim ``pending`` if ``stream`` is collected while the call still runs.
 
@@ -2313,7 +2303,7 @@ def _reclaim_when_dropped(stream: RemoteStream, rpc: ExecutorRpc, pending: _Pend
     garbage collector, where touching the session (a dict in mid-iteration, a half-written
     frame) is not safe. It must never raise: an exception there is "unraisable".
     """
-    schedule = _loop_scheduler()
+    schedule = loop_scheduler()
     finalizer = weakref.finalize(stream, _schedule_reclaim, schedule, weakref.ref(rpc), pending)
     finalizer.atexit = False  # at interpreter exit there is no loop to run it on
     return finalizer

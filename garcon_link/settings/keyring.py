@@ -47,6 +47,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..errors import ConfigError
+from ..logs import log_fields
 from .config import (
     MAX_EXECUTOR_ID_CHARS,
     Secret,
@@ -56,8 +58,6 @@ from .config import (
     executor_id_problem,
     write_secret_file,
 )
-from .errors import ConfigError
-from .logs import log_fields
 
 __all__ = [
     "KEY_SUFFIX",
@@ -78,7 +78,7 @@ _WARN_INTERVAL = 60.0
 _MAX_WARNED = 1024  # rate-limit memory: (path, problem) pairs remembered at once
 _ENROLL_HINT = "re-enroll with `garcon-link keygen --keyring DIR --executor ID --force`"
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("garcon_link.keyring")  # the name users configure (README)
 
 
 def _shown_id(value: str) -> str:

@@ -93,14 +93,14 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
-from .errors import (
+from ..errors import (
     FailureReason,
     MalformedFrame,
     PayloadTooLarge,
     RetentionFull,
     SessionFailed,
 )
-from .limits import Limits
+from ..limits import Limits
 from .wire import (
     Message,
     Ordinal,
@@ -117,7 +117,7 @@ __all__ = [
     "encoded_message_size",
 ]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("garcon_link.session")  # the name users configure (README)
 
 
 class SessionState(enum.Enum):

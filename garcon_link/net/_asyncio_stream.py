@@ -54,7 +54,7 @@ from anyio.abc import SocketAttribute
 
 __all__ = ["AcceptFailures", "AsyncioByteStream", "connect", "on_asyncio", "serve_accepted"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("garcon_link._asyncio_stream")  # the name users configure (README)
 
 READ_HIGH_WATER = 256 * 1024
 """Unread bytes above which the transport stops reading from the socket."""

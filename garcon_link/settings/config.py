@@ -97,10 +97,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .errors import ConfigError
-from .limits import Limits
-from .wire import Role
-from .ws import DialTarget
+from ..core.wire import Role
+from ..errors import ConfigError
+from ..limits import Limits
+from ..net.ws import DialTarget
 
 __all__ = [
     "CONFIG_ENV_VAR",

@@ -1,0 +1,171 @@
+"""Admission and redial, as pure functions: :func:`decide` and :func:`backoff` (sans-IO).
+
+:func:`decide` is the resume-or-fresh decision and the takeover rule for one verified
+handshake: a function of the executor's slot as it is now (:class:`SlotView`) and of the
+handshake (:class:`Offer`), answering :class:`Resume`, :class:`Fresh`, :class:`Refuse` or
+:class:`Probe` (ping the attached socket, then ask again with the result). The link
+(:mod:`garcon_link.endpoint.link`) only asks and obeys. :func:`backoff` is the dial loop's retry
+delays, a generator tested without a clock.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from ..errors import FailureReason, HandshakeFailure
+from ..limits import Limits
+
+__all__ = [
+    "BUSY",
+    "Decision",
+    "Fresh",
+    "Offer",
+    "Probe",
+    "Refuse",
+    "Resume",
+    "SlotView",
+    "backoff",
+    "decide",
+]
+
+
+def backoff(limits: Limits, rng: random.Random | None = None) -> Iterator[float]:
+    """Dial retry delays: ``0`` first, then full-jitter exponential, capped.
+
+    The n-th non-immediate delay is uniform in ``[0, min(backoff_max, backoff_base * 2**n))``
+    (AWS "full jitter"). Infinite; the caller starts a new generator to reset it.
+
+    Args:
+        limits: supplies ``backoff_base`` and ``backoff_max``.
+        rng: source of jitter (inject a seeded one in tests).
+    """
+    rng = rng or random.Random()
+    yield 0.0
+    ceiling = limits.backoff_base
+    while True:
+        yield rng.uniform(0.0, ceiling)
+        ceiling = min(limits.backoff_max, ceiling * 2)
+
+
+# ---------------------------------------------------------------------------------- decide()
+
+
+@dataclass(frozen=True, slots=True)
+class SlotView:
+    """What :func:`decide` needs to know of one executor's slot.
+
+    Attributes:
+        closing: the link is shutting down.
+        session: the id of the slot's live (not retired) session, or None.
+        peer_runtime: the runtime that session belongs to (None without a session).
+        attached: a socket currently carries that session.
+        admitting: another socket of this executor is being admitted (its decision, probe or
+            takeover is under way).
+    """
+
+    closing: bool = False
+    session: bytes | None = None
+    peer_runtime: bytes | None = None
+    attached: bool = False
+    admitting: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """What :func:`decide` needs to know of one verified handshake.
+
+    Attributes:
+        resume: both sides continue the session they advertised (:func:`decide_resume`).
+        session: the session id the handshake settled on.
+        runtime: the peer's runtime.
+        taken_over: that runtime is one whose session another runtime of the same executor took
+            over (the slot remembers the last few).
+    """
+
+    resume: bool
+    session: bytes
+    runtime: bytes
+    taken_over: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Attach the socket to the slot's session; first detach the socket it has, if any."""
+
+    supersede_attached: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Fresh:
+    """Start a fresh session; retire the slot's current one first, if any.
+
+    ``taken_over``: the retired session belonged to another runtime, which is remembered and,
+    if its socket is still attached, closed with 4009."""
+
+    retire_current: bool
+    taken_over: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Close the socket with ``reason``'s close code; the session (if any) is untouched."""
+
+    reason: HandshakeFailure | FailureReason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Ping the attached socket; call :func:`decide` again with the probe's result."""
+
+
+Decision: TypeAlias = Resume | Fresh | Refuse | Probe
+
+BUSY = Refuse(HandshakeFailure.SUPERSEDED, "another socket of this executor is being admitted")
+"""The refusal while another socket of the same executor is being admitted."""
+
+
+def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -> Decision:
+    """The resume-or-fresh decision and the takeover rule, as a pure function.
+
+    Args:
+        slot: the executor's slot as it is now.
+        offer: the verified handshake.
+        probe_healthy: the result of the probe a previous call asked for (None: not probed).
+
+    Returns:
+        ``Refuse(GOING_AWAY)`` while closing; ``Refuse(TAKEN_OVER)`` (4009) for a runtime that
+        was taken over; :data:`BUSY` (4004) while another socket of the executor is being
+        admitted (one admission at a time: a key holder cannot queue sockets); for a resume,
+        ``Resume`` if the slot still holds that session, else ``Refuse(SUPERSEDED)`` (it
+        changed during the handshake; the peer retries); for a fresh
+        handshake from another runtime while a socket is attached, ``Probe`` and then
+        ``Refuse(SUPERSEDED)`` (4004) if the attached socket answered or ``Fresh`` if it did not;
+        else ``Fresh``.
+    """
+    if slot.closing:
+        return Refuse(FailureReason.CLOSED, "shutting down")
+    if offer.taken_over:
+        return Refuse(
+            HandshakeFailure.TAKEN_OVER, "another process with this executor id took over"
+        )
+    if slot.admitting:
+        return BUSY
+    if offer.resume:
+        if slot.session is None or slot.session != offer.session:
+            return Refuse(
+                HandshakeFailure.SUPERSEDED, "session changed during the handshake; retry"
+            )
+        return Resume(supersede_attached=slot.attached)
+    if slot.session is None:
+        return Fresh(retire_current=False, taken_over=False)
+    other_runtime = slot.peer_runtime != offer.runtime
+    if slot.attached and other_runtime:
+        if probe_healthy is None:
+            return Probe()
+        if probe_healthy:
+            return Refuse(HandshakeFailure.SUPERSEDED, "another peer holds a healthy session")
+    return Fresh(retire_current=True, taken_over=other_runtime)
