@@ -977,7 +977,7 @@ async def test_the_writer_never_coalesces_more_packets_than_the_peer_accepts() -
         assert max(counts) == bound  # coalesced up to the bound, never past it
         peer = MessageSession(limits)
         peer.attach(0)
-        received = [body for data in sock.written for body in peer.receive(data)]
+        received = [body for data in sock.written for body in peer.receive(data).bodies]
         assert received == bodies
         assert peer.failure is None
 

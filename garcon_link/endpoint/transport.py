@@ -737,7 +737,7 @@ class SessionTransport:
             receipts_before = session.receipts_received
             packets_before = session.packets_received
             try:
-                bodies = session.receive(data)
+                bodies = session.receive(data).bodies
             except SessionFailed as failure:
                 self.retire(failure.reason, failure.detail)
                 return

@@ -472,16 +472,17 @@ class World:
         data = sock.queues[other(x)].popleft()
         s = side.session
         assert s is not None and side.session_id is not None
-        receipts_before = s.receipts_received
         what = describe_packets([data]) if self.verbose else ""
         try:
-            bodies = s.receive(data)
+            received = s.receive(data)
         except SessionFailed as failure:
             self._retire(x, failure.reason)
             return f"{x} reads [{what}]: session FAILED ({failure})"
+        bodies = received.bodies
         self.logs[side.session_id].delivered[x].extend(bodies)
         note = ""
-        if not side.fence_passed and s.receipts_received != receipts_before:
+        if received.fence:
+            assert not side.fence_passed, "the session reported a second fence on one attachment"
             side.fence_passed = True
             note = " (replay fence: ready)"
             if s.accepted < side.fence_target:
