@@ -10,6 +10,7 @@ from faultutil import PeakRss
 from helpers import SessionPair
 
 from garcon_link.core.session import (
+    Attached,
     MessageSession,
     Received,
     SessionState,
@@ -869,3 +870,20 @@ def test_a_duplicate_replay_is_not_progress() -> None:
     event = pair.inject("a", encode_message(1, body(1)))
     assert event == []
     assert not pair.b.events[-1].progress and pair.b.events[-1].packets == 1
+
+
+def test_attach_reports_a_confirming_resume_position_and_the_replay() -> None:
+    session = attached_session()
+    for i in range(1, 5):
+        session.send(body(i))
+    session.data_to_send()  # offered 4
+    session.receive(encode_receipt(1))
+    session.detach(0.0)
+    # The peer holds 3: its receipts for 2 and 3 were lost; 4 is replayed.
+    assert session.attach(3) == Attached(confirmed_advanced=True, replayed=1)
+    assert session.confirmed == 3
+    session.detach(0.0)
+    assert session.attach(3) == Attached(confirmed_advanced=False, replayed=1)
+    session.detach(0.0)
+    assert session.attach(4) == Attached(confirmed_advanced=True, replayed=0)
+    assert MessageSession(Limits()).attach(0) == Attached(confirmed_advanced=False, replayed=0)

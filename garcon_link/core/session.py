@@ -71,7 +71,7 @@ Rules implemented (docs/design.md#session)
   did -- the bodies, its packet count, whether it passed the replay fence (the first receipt on
   this attachment), advanced ``confirmed``, made a receipt due, left a due receipt urgent -- so
   the adapter obeys it instead of comparing counters around the call. One object per call,
-  whatever the number of packets.
+  whatever the number of packets. :meth:`attach` likewise returns an :class:`Attached`.
 - **Packets per message.** A message holds at most ``Limits.max_packets_per_message`` packets;
   one more is ``MALFORMED_PACKET`` (terminal), refused before it is decoded. So one message
   costs at most that many packets of work and of memory whatever its size (without the bound a
@@ -115,6 +115,7 @@ from .wire import (
 )
 
 __all__ = [
+    "Attached",
     "MessageSession",
     "Received",
     "RetentionPool",
@@ -209,6 +210,20 @@ class Received:
         """A new inbound ordinal was accepted or more of our frames were confirmed (what
         counts as replay progress; duplicates and stale receipts do not)."""
         return bool(self.bodies) or self.confirmed_advanced
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """What one :meth:`MessageSession.attach` call did.
+
+    Attributes:
+        confirmed_advanced: the peer's resume position confirmed frames whose receipts were
+            lost (retention was freed, as by a receipt).
+        replayed: previously offered frames queued again for the new socket.
+    """
+
+    confirmed_advanced: bool
+    replayed: int
 
 
 def _head_size(value: int) -> int:
@@ -608,7 +623,7 @@ class MessageSession:
 
     # -- attachment -----------------------------------------------------------------------------
 
-    def attach(self, peer_received: int) -> None:
+    def attach(self, peer_received: int) -> Attached:
         """Bind to a new socket, resuming from the peer's receive position.
 
         Evicts everything through ``peer_received``, queues every retained frame after it for
@@ -619,6 +634,10 @@ class MessageSession:
             peer_received: the ``accepted`` the peer advertised in its handshake; must satisfy
                 ``confirmed <= peer_received <= offered`` (both ends inclusive; 0 for a fresh
                 session).
+
+        Returns:
+            An :class:`Attached`: whether ``peer_received`` confirmed more of our frames, and
+            how many previously offered frames are queued again.
 
         Raises:
             SessionFailed: the session had failed, or ``peer_received`` is outside the
@@ -635,7 +654,8 @@ class MessageSession:
                 f"peer received {peer_received}, replayable range is "
                 f"[{self._confirmed}, {self._offered}]",
             )
-        if peer_received > self._confirmed:
+        confirmed_advanced = peer_received > self._confirmed
+        if confirmed_advanced:
             self._confirm(peer_received)
         self._state = SessionState.ATTACHED
         self._grace_deadline = None
@@ -648,6 +668,7 @@ class MessageSession:
             _log.debug("replaying %d frame(s) after ordinal %d", replayed, peer_received)
         self._receipt_due = True  # the trailing receipt: the peer's replay fence
         self._receipt_forced = True
+        return Attached(confirmed_advanced, replayed)
 
     def detach(self, now: float) -> None:
         """The socket is gone: stop handing out frames and start the grace period.
