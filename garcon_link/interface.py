@@ -64,6 +64,7 @@ import msgspec
 import msgspec.inspect
 
 from .errors import ConfigError, Rejected
+from .logs import peer_text
 from .wire import encode_canonical
 
 __all__ = [
@@ -211,8 +212,10 @@ def _bind(
                 if p.kind
                 in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
             ]
+            named = ", ".join(peer_text(name) for name in unexpected[:3])  # the peer's names
+            more = f" and {len(unexpected) - 3} more" if len(unexpected) > 3 else ""
             raise TypeError(
-                f"got an unexpected keyword argument {', '.join(map(repr, unexpected))} "
+                f"got an unexpected keyword argument {named}{more} "
                 f"(accepted: {', '.join(accepted) or 'none'})"
             )
     return signature.bind(*args, **kwargs)

@@ -87,7 +87,7 @@ from .errors import (
 )
 from .handshake import Handshake, HandshakeResult, ResumeOffer, derive_key, peek_hello
 from .limits import Limits
-from .logs import log_fields
+from .logs import PeerLogLimiter, log_fields, peer_host, peer_text
 from .session import RetentionPool
 from .transport import SessionTransport, TransportState
 from .wire import CloseCode, Role
@@ -105,6 +105,7 @@ from .ws import (
     describe_close,
     one_line,
     parse_dial_url,
+    unauthenticated_log,
     upgrade_refusal,
 )
 
@@ -432,6 +433,11 @@ class WebSocketLink:
         self.stopped = anyio.Event()
         """Set when the link gave up for good (:attr:`taken_over`); :meth:`aclose` still needed."""
         self._tag = f"{self.role.value}[{self.runtime_id.hex()[:6]}]"
+        self._unauthenticated_log = unauthenticated_log(self.limits)
+        # Authenticated peers' events (admission refusals, unexpected errors): rate-limited too.
+        self._peer_log = PeerLogLimiter(
+            log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
+        )
         self._listener: WebSocketListener | None = None
         if listen is not None:
             self._listener = WebSocketListener(
@@ -440,6 +446,7 @@ class WebSocketLink:
                 ssl_context=self._ssl,
                 tag=self._tag,
                 on_error=self._peer_failed,
+                peer_log=self._unauthenticated_log,
                 # One attached socket per executor, plus the configured allowance for takeovers.
                 max_authenticated=self.limits.max_authenticated_sockets
                 + (self._max_executors if keys is not None else 0),
@@ -704,14 +711,13 @@ class WebSocketLink:
         caller ends that socket (4008 when it can still say so); this logs the traceback, counts
         it and returns a one-line cause. Cancellation is not an :class:`Exception` and passes.
         """
-        try:
-            detail = str(exc)
-        except Exception:  # even describing it must not fail
-            detail = ""
+        detail = peer_text(exc)  # never raises; bounded whatever the message holds
         why = one_line(f"unexpected {type(exc).__name__}" + (f": {detail}" if detail else ""))
         self._stats.unexpected_errors += 1
         self.last_error = why
-        log.warning(
+        self._peer_log.log(
+            peer_host(peer),
+            type(exc).__name__,
             "%s peer %s failed with an unexpected error: %s",
             self._tag,
             peer,
@@ -729,7 +735,7 @@ class WebSocketLink:
             secret = self._keys(executor_id)
             return derive_key(secret) if secret is not None else None
         except Exception as exc:  # a lookup must not fail the listener; the peer is refused
-            self._peer_failed(f"key lookup for {executor_id!r}", exc)
+            self._peer_failed(f"key lookup for {peer_text(executor_id)}", exc)
             return None
 
     def _handshake(self, executor_id: str, key: bytes) -> Handshake:
@@ -754,7 +760,10 @@ class WebSocketLink:
         if frame is None:
             why = describe_close(sock)
             self.last_error = f"peer closed during handshake ({why})"
-            log.info(
+            self._stats.handshakes_abandoned += 1
+            self._unauthenticated_log.log(
+                peer_host(sock.peer),
+                "closed",
                 "%s %s: handshake ended: %s",
                 self._tag,
                 sock.peer,
@@ -762,6 +771,7 @@ class WebSocketLink:
                 extra=log_fields(
                     executor=self.executor_id, peer=sock.peer, close_code=close_code(sock)
                 ),
+                logger=log,
             )
             if sock.peer_close is not None:
                 code, reason = sock.peer_close
@@ -769,7 +779,9 @@ class WebSocketLink:
                     self._was_taken_over(reason)
                 elif code in _WILL_NOT_HEAL:
                     failure, fix = _WILL_NOT_HEAL[code]
-                    self._refused(failure, f"{sock.peer} closed with {code} ({reason})", fix)
+                    self._refused(
+                        failure, f"{sock.peer} closed with {code} ({peer_text(reason)})", fix
+                    )
             await sock.abort()
         return frame
 
@@ -822,8 +834,10 @@ class WebSocketLink:
             self.last_error = str(exc)
             if not known:
                 claimed_id = hs.local_hello.executor
-                self.last_error += f" (executor {claimed_id!r} is not enrolled here)"
-            log.warning(
+                self.last_error += f" (executor {peer_text(claimed_id)} is not enrolled here)"
+            self._unauthenticated_log.log(
+                peer_host(sock.peer),
+                exc.reason.name,
                 "%s %s: handshake refused: %s",
                 self._tag,
                 sock.peer,
@@ -831,6 +845,7 @@ class WebSocketLink:
                 extra=log_fields(
                     executor=self.executor_id, peer=sock.peer, close_code=exc.close_code
                 ),
+                logger=log,
             )
             if exc.close_code in _WILL_NOT_HEAL:
                 _failure, fix = _WILL_NOT_HEAL[exc.close_code]
@@ -1030,12 +1045,15 @@ class WebSocketLink:
             return slot, transport, 0
 
     async def _refuse(self, sock: WebSocket, refusal: Refuse) -> None:
-        log.info(
+        self._peer_log.log(
+            peer_host(sock.peer),
+            refusal.reason.name,
             "%s %s: refused: %s",
             self._tag,
             sock.peer,
             refusal.detail,
             extra=log_fields(peer=sock.peer, close_code=refusal.reason.close_code),
+            level=logging.INFO,
         )
         code = refusal.reason.close_code
         sock.local_close = (code, refusal.detail)
