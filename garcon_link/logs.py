@@ -268,6 +268,11 @@ class PeerLogLimiter:
         self.suppressed = 0
         """Events that wrote no line."""
 
+    @property
+    def remembered(self) -> int:
+        """The ``(peer, reason)`` pairs remembered now (at most ``max_keys``)."""
+        return len(self._keys)
+
     def log(
         self,
         peer: str,
