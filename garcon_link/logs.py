@@ -46,6 +46,7 @@ __all__ = [
     "PeerLogLimiter",
     "log_fields",
     "peer_host",
+    "peer_message",
     "peer_text",
 ]
 
@@ -152,9 +153,8 @@ def peer_text(value: object, limit: int | None = None) -> str:
     non-ASCII as Python escapes), bytes likewise as ``b'...'``; when cut, ``...`` and the true
     length follow (``'aaaa'... (8388608 chars)``). An integer over 64 bits is named by its bit
     length, a container by its type and length, any other object by its type; an exception by
-    its message (unquoted, on one line, cut at :data:`MESSAGE_CHARS`), since a message may embed
-    peer values. Never raises and never costs more than ``O(limit)``: nothing is rendered whole
-    before it is cut.
+    its message as :func:`peer_message` renders it (a message may embed peer values). Never
+    raises and never costs more than ``O(limit)``: nothing is rendered whole before it is cut.
 
     Args:
         value: anything a peer sent, or an exception whose message may embed such values.
@@ -167,13 +167,7 @@ def peer_text(value: object, limit: int | None = None) -> str:
     """
     try:
         if isinstance(value, BaseException):
-            cap = MESSAGE_CHARS if limit is None else limit
-            message = str(value)  # the exception's own text: not copied when it is one string
-            flat = " ".join(message[: 4 * cap].split())  # one line; still bounded by ``cap``
-            shown, taken = _escaped(flat, cap, "")
-            if taken < len(flat) or len(message) > 4 * cap:
-                return f"{shown}... ({len(message)} chars)"
-            return shown
+            return peer_message(str(value), MESSAGE_CHARS if limit is None else limit)
         cap = PEER_TEXT_CHARS if limit is None else max(limit, 8)
         kind = type(value)
         if kind is str:
@@ -198,6 +192,18 @@ def peer_text(value: object, limit: int | None = None) -> str:
             return f"<{kind.__name__} of {len(value)}>"  # type: ignore[arg-type]
         return f"<{kind.__name__}>"
     except Exception:  # a hostile value must not turn a log line into a crash
+        return "<unprintable value>"
+
+
+def peer_message(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """A message that may embed peer values (an exception's, a cause built from a manifest):
+    unquoted, escaped to printable ASCII (so on one line: a line break reads ``\\n``) and cut
+    at ``limit`` characters with its true length (``... (N chars)``); ``O(limit)`` whatever
+    the length of ``text``."""
+    try:
+        shown, taken = _escaped(text, limit, "")  # line breaks escaped: one line
+        return f"{shown}... ({len(text)} chars)" if taken < len(text) else shown
+    except Exception:
         return "<unprintable value>"
 
 

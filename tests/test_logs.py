@@ -197,7 +197,7 @@ def test_peer_text_cuts_before_rendering_and_says_the_true_length() -> None:
 
 
 def test_peer_text_of_an_exception_is_its_message_on_one_line_and_bounded() -> None:
-    assert peer_text(ValueError("bad\n  thing")) == "bad thing"
+    assert peer_text(ValueError("bad\n  thing")) == "bad\\n  thing"
     long = peer_text(ValueError("no service named " + "s" * 10**6))
     assert len(long) <= MESSAGE_CHARS + 40 and long.endswith(f"({10**6 + 17} chars)")
 
