@@ -1,4 +1,5 @@
-"""Log records a person and a machine can read: the ``extra`` fields and a JSON-lines formatter.
+"""Log records a person and a machine can read: the ``extra`` fields, a JSON-lines formatter,
+and the one rule for everything a peer can make us log.
 
 **Loggers.** One per layer, named after its module, all under the package logger
 ``garcon_link`` (which has a ``NullHandler``: the application decides where logs go):
@@ -27,6 +28,29 @@ Messages are plain words (no glyphs); payloads and secrets never appear in them.
 :class:`JsonFormatter` writes one JSON object per line: ``time`` (UTC, ISO 8601, milliseconds),
 ``level``, ``logger``, ``message``, every ``gl_*`` field the record has, and ``exception`` (the
 formatted traceback) when there is one. ``garcon-link ... --log-json`` uses it.
+
+**What a peer can make us log is bounded** (a peer chooses how often it fails and what its
+names hold; the log and the memory must not follow):
+
+* *Counted always*: every event a peer causes is counted in a statistics snapshot
+  (``LinkStatistics.handshakes_failed``, ``upgrades_refused``, ``tls_handshakes_failed``,
+  ``handshakes_abandoned``...; ``RpcStatistics.malformed_envelopes``, ``part_violations``,
+  ``notifications_dropped``...): the counts are exact, the log is a sample.
+* *Logged at most once per interval per peer and reason*: through a :class:`PeerLogLimiter`
+  (``Limits.log_interval``, 60 s; at most ``Limits.max_log_lines`` lines per interval for all
+  peers together; at most :data:`MAX_LOG_KEYS` remembered pairs). The next line of a pair says
+  how many were suppressed since the last one. A peer is a host before authentication (a new
+  port is the same peer) and a logical session after it; a reason is one of our own words.
+* *Unauthenticated failures below WARNING*: refused upgrades and handshakes, TLS failures,
+  handshake deadlines, evictions and sockets closed mid-handshake log at INFO; one WARNING per
+  interval sums them up (``300 unauthenticated connections failed in the last 60s
+  (AUTH_FAILED=200, HTTP 404=100)``), the first at once.
+* *Peer values through one bounded formatter*: :func:`peer_text` renders a value a peer chose
+  (a service or method name, a kind, an id, a path, a close reason, an executor id) escaped to
+  printable ASCII and cut at :data:`PEER_TEXT_CHARS` with its true length, never rendering it
+  whole first; :func:`peer_message` cuts a message that embeds such values (an exception's) at
+  :data:`MESSAGE_CHARS`. Error messages sent back to the peer (refusals) use the same formatter,
+  so neither a log line nor a refusal grows with the peer's input.
 """
 
 from __future__ import annotations
