@@ -1503,7 +1503,9 @@ class ExecutorRpc:
         call_id = head[1]
         if call_id <= self._last_incoming_id:
             self._dropped_envelope(
-                CALL, f"call id {call_id} does not increase (last {self._last_incoming_id})"
+                CALL,
+                f"call id {peer_text(call_id)} does not increase "
+                f"(last {peer_text(self._last_incoming_id)})",
             )
             return -1
         self._last_incoming_id = call_id
@@ -1733,7 +1735,9 @@ class ExecutorRpc:
         credit, credit_bytes = envelope.credit_items, envelope.credit_bytes
         if call_id <= self._last_incoming_id and call_id != self._whole_id:
             self._dropped_envelope(
-                CALL, f"call id {call_id} does not increase (last {self._last_incoming_id})"
+                CALL,
+                f"call id {peer_text(call_id)} does not increase "
+                f"(last {peer_text(self._last_incoming_id)})",
             )
             return
         if call_id > self._last_incoming_id:

@@ -475,6 +475,9 @@ serving_bodies = st.lists(
 )
 
 
+ADD_CALL_1 = [CALL, 1, "calc", "add", [2, 3], {}, 0, 0]
+
+
 @pytest.mark.anyio
 @fuzz("rpc_serving")
 @given(bodies=serving_bodies)
@@ -485,6 +488,8 @@ serving_bodies = st.lists(
 @example(bodies=[encode([NOTIFY, HUGE, -HUGE, [], {}]), encode([CREDIT, 1, HUGE, -HUGE])])
 @example(bodies=[encode([BIGGEST, 1]), encode([CALL, 1, BIGGEST, -BIGGEST, [BIGGEST], {}, 0, 0])])
 @example(bodies=[encode([CREDIT, 1, BIGGEST, -BIGGEST]), encode([CALL, BIGGEST, "calc"])])
+# Seed: a call id that does not increase, both ids as long as the decoder admits (a log line).
+@example(bodies=[encode([CALL, BIGGEST, "calc", "add", [2, 3], {}, 0, 0]), encode(ADD_CALL_1)])
 async def test_fuzz_rpc_envelopes_serving_role(bodies: list[bytes]) -> None:
     """A hostile controller: mutated envelopes to a worker, then a legitimate call."""
     async with wired(Role.WORKER) as w:
