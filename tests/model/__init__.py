@@ -3,7 +3,8 @@
 The explorer walks every interleaving of a small world -- two processes, their session slots,
 the sockets between them -- built from the library's real sans-IO objects
 (:class:`~garcon_link.session.MessageSession`, :class:`~garcon_link.handshake.Handshake` with its
-resume rule, :func:`~garcon_link.link.decide`), checks the invariants in every state and that
+resume rule, :func:`~garcon_link.link.decide`, the transport's
+:class:`~garcon_link.transport.PreReadinessBuffer`), checks the invariants in every state and that
 every state of the healed network can still reach "all delivered and confirmed".
 
 - :mod:`.network`: the world, its actions and the network model;
