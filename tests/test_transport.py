@@ -343,10 +343,9 @@ async def test_a_new_attachment_reads_only_once_payloads_released_earlier_are_qu
     limits = Limits(max_inbound_buffer_payloads=4, delivery_queue=1, replay_inactivity=0.1)
     async with harness(limits, consume=False) as h:
         first = h.attach()
-        first.feed(*(msg(i, b"p%d" % i) for i in range(1, 5)))
+        # The replay and the fence: the four are released to the stalled consumer.
+        first.feed(*(msg(i, b"p%d" % i) for i in range(1, 5)), rcpt(0))
         await wait_until(lambda: Receipt(4) in first.packets())  # the peer evicts 1..4
-        first.feed(rcpt(0))  # the fence: the four are released to the stalled consumer
-        await settle()
         stats = h.t.statistics()
         assert h.t.state is TransportState.REPLAYING and stats.buffered_payloads > 0
         h.t.detach_socket()  # a cut while the reader waits for the consumer
