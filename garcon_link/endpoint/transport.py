@@ -18,7 +18,9 @@ States (``TransportState``)::
 Rules implemented here:
 
 * **Replay fence**: the first receipt received on the current attachment. The peer writes it after
-  everything it replays, so when it arrives every replayed inbound frame has been seen.
+  everything it replays, so when it arrives every replayed inbound frame has been seen. The
+  session reports it (:class:`~garcon_link.core.session.Received`), as it reports whether a
+  message confirmed more of our frames or made a receipt due: the reader obeys those events.
 * **Pre-readiness buffer** (:class:`PreReadinessBuffer`): inbound payloads accepted before the
   fence are held and drain *in order* into the delivery queue *before* ``READY`` is announced.
   The bound (``max_inbound_buffer_payloads``/``_bytes``; overflow retires the session) covers what
@@ -708,13 +710,12 @@ class SessionTransport:
         self._raise_if_failed()
         if self._run_scope is not None:
             raise RuntimeError("a socket is already attached to this session")
-        confirmed_before = self._session.confirmed
         try:
-            self._session.attach(peer_received)
+            attached = self._session.attach(peer_received)
         except SessionFailed:
             self.retire(FailureReason.RESUME_REFUSED)
             raise
-        if self._session.confirmed != confirmed_before:
+        if attached.confirmed_advanced:
             # The peer's resume position acknowledged frames whose receipts were lost: that
             # frees retention just as a receipt would, so wake senders waiting for capacity.
             self._capacity.set()
@@ -801,39 +802,31 @@ class SessionTransport:
                     self.retire(FailureReason.PEER_RETIRED, retired_by_peer)
                 return
             self._messages_read += 1
-            accepted_before = session.accepted
-            confirmed_before = session.confirmed
-            due_before = session.receipt_due
-            receipts_before = session.receipts_received
-            packets_before = session.packets_received
             try:
-                bodies = session.receive(data).bodies
+                received = session.receive(data)
             except SessionFailed as failure:
                 self.retire(failure.reason, failure.detail)
                 return
-            if not due_before and session.receipt_due:
+            if received.receipt_became_due:
                 self._receipt_due_at = time.monotonic()
-            unyielded_packets += session.packets_received - packets_before
+            unyielded_packets += received.packets
             unyielded_bytes += len(data)
-            if session.confirmed != confirmed_before:
+            if received.confirmed_advanced:
                 self._capacity.set()
-            progressed = (
-                session.accepted != accepted_before or session.confirmed != confirmed_before
-            )
-            if session.receipt_urgent and not self._write_receipt_now():
+            if received.receipt_urgent and not self._write_receipt_now():
                 # Before the hand-over, which may be long (a direct consumer dispatching a
                 # replay of thousands of payloads in this task): confirming what was accepted
                 # frees the peer's retention -- at once if the socket takes it, else by the
                 # writer as soon as this task yields.
                 self._wakeup.set()
-            fence = False
+            bodies = received.bodies
             if not self._fence_passed:
                 for body in bodies:
                     if not self._buffer_payload(body):
                         return
-                if session.receipts_received != receipts_before:
-                    # Fence: first receipt on this attachment. Drain, then announce readiness.
-                    self._fence_passed = fence = True
+                if received.fence:
+                    # The first receipt on this attachment. Drain, then announce readiness.
+                    self._fence_passed = True
                     self._release(self._buffer.release(), buffered=True)
             else:
                 self._release(bodies)
@@ -844,7 +837,7 @@ class SessionTransport:
                 self._wakeup.set()
             if self._fence_passed:
                 await self._wait_delivered()
-            if fence:
+            if received.fence:
                 self._set_state(TransportState.READY)
             yield_first = self._yield_first
             if bodies and self._fence_passed and yield_first is not None and yield_first():
@@ -859,7 +852,7 @@ class SessionTransport:
                 if held is not None:
                     await self._wait_for_consumer(held)
             if not self._replay_done.is_set():
-                if progressed:
+                if received.progress:
                     self._progress_at = anyio.current_time()
                 if self._fence_passed and session.confirmed >= self._replay_target:
                     self._replay_done.set()
