@@ -32,10 +32,11 @@ Rules implemented here:
   its way to the consumer -- and reads nothing until all of it is in the delivery queue
   (back-pressure, as from a full queue; the replay inactivity clock is paused meanwhile). So the
   pre-readiness payloads held at any time, released or not, never exceed the bound.
-* **Replay inactivity**: while replaying (fence not yet passed, or frames we replayed not yet
-  confirmed), the session is retired with ``REPLAY_STALLED`` if ``replay_inactivity`` passes with no
-  progress. Progress is a new inbound ordinal or a receipt that confirms more of our frames;
-  heartbeats and duplicates are not progress. Time the reader spends waiting for our own slow
+* **Replay inactivity** (:class:`~garcon_link.core.replay.ReplayWatch`): while replaying (fence
+  not yet passed, or frames we replayed not yet confirmed), the session is retired with
+  ``REPLAY_STALLED`` if ``replay_inactivity`` passes with no progress. Progress is a new inbound
+  ordinal or a receipt that confirms more of our frames; heartbeats and duplicates are not
+  progress. Time the reader spends waiting for our own slow
   consumer is not the peer's inactivity: the deadline is paused meanwhile.
 * **Grace**: a detached session is retired with ``GRACE_EXPIRED`` after ``detached_grace``.
 * **Ordered delivery**: payloads go through one bounded memory stream read by one consumer
@@ -86,6 +87,7 @@ from typing import Protocol
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from ..core.replay import ReplayWatch
 from ..core.session import MessageSession, RetentionPool, SessionState, SessionStatistics
 from ..core.wire import Ordinal
 from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
@@ -299,9 +301,8 @@ class SessionTransport:
         self._receipt_due_at = 0.0  # time.monotonic() when the due receipt became due
         self._coalesce_limit = min(limits.max_frame_bytes, COALESCE_BYTES)
         self._grace_scope: anyio.CancelScope | None = None
-        self._replay_done = anyio.Event()
-        self._replay_target = 0
-        self._progress_at = 0.0
+        self._replay = ReplayWatch(0, 0.0, limits.replay_inactivity)
+        self._replay_done = anyio.Event()  # set once _replay is done: wakes _replay_watch
         self._attachments = 0
         self._messages_written = 0
         self._messages_read = 0
@@ -653,6 +654,7 @@ class SessionTransport:
         self._delivery_progress.set()
         self._capacity.set()
         self._wakeup.set()
+        self._replay.stop()
         self._replay_done.set()
         self._retired.set()
         if self._run_scope is not None:
@@ -724,9 +726,10 @@ class SessionTransport:
             self._grace_scope = None
         self._attachments += 1
         self._fence_passed = False
-        self._replay_target = self._session.issued
+        self._replay = ReplayWatch(
+            self._session.issued, anyio.current_time(), self.limits.replay_inactivity
+        )
         self._replay_done = anyio.Event()
-        self._progress_at = anyio.current_time()
         self._set_state(TransportState.REPLAYING)
         self._wakeup.set()
         scope = anyio.CancelScope()
@@ -851,11 +854,14 @@ class SessionTransport:
                 held = hold()
                 if held is not None:
                     await self._wait_for_consumer(held)
-            if not self._replay_done.is_set():
-                if received.progress:
-                    self._progress_at = anyio.current_time()
-                if self._fence_passed and session.confirmed >= self._replay_target:
-                    self._replay_done.set()
+            replay = self._replay
+            if not replay.done and replay.observe(
+                received.progress,
+                fence_passed=self._fence_passed,
+                confirmed=session.confirmed,
+                now=anyio.current_time(),
+            ):
+                self._replay_done.set()
             if unyielded_packets >= packet_budget or unyielded_bytes >= YIELD_EVERY_BYTES:
                 # Everything this message carried was handed over: let the other tasks run
                 # before the next message, which the socket may return without yielding.
@@ -919,7 +925,7 @@ class SessionTransport:
                 await progress.wait()
         finally:
             self._consumer_wait = None
-            self._progress_at = anyio.current_time()
+            self._replay.restart(anyio.current_time())
             waiting.set()
 
     async def _wait_for_consumer(self, released: anyio.Event) -> None:
@@ -930,7 +936,7 @@ class SessionTransport:
             await released.wait()
         finally:
             self._consumer_wait = None
-            self._progress_at = anyio.current_time()
+            self._replay.restart(anyio.current_time())
             waiting.set()
 
     async def _deliver(self) -> None:
@@ -1080,7 +1086,7 @@ class SessionTransport:
     async def _replay_watch(self) -> None:
         inactivity = self.limits.replay_inactivity
         while not self._replay_done.is_set():
-            remaining = self._progress_at + inactivity - anyio.current_time()
+            remaining = self._replay.deadline - anyio.current_time()
             if remaining <= 0:
                 waiting = self._consumer_wait
                 if waiting is not None:
