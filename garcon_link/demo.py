@@ -51,8 +51,8 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.streams.text import TextReceiveStream
 
+from .api.controller import Availability, RemoteExecutor, connect
 from .api.options import with_options
-from .api.remote import Availability, RemoteExecutor, connect
 from .errors import CallError, NotDispatched, OutcomeUnknown, RemoteError
 from .settings.config import load_config, write_secret_file
 
