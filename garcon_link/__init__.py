@@ -42,14 +42,12 @@ from .settings.config import (
     DialExecutor,
     FleetConfig,
     LinkConfig,
-    Secret,
     TlsConfig,
-    generate_secret,
     load_config,
     load_fleet_config,
-    write_secret_file,
 )
 from .settings.keyring import Keyring
+from .settings.secrets import Secret, generate_secret, write_secret_file
 from .version import __version__
 
 # A library leaves logging to the application: without a handler here, Python's last-resort

@@ -163,9 +163,9 @@ from .settings.config import (
     LinkConfig,
     load_config,
     load_fleet_config,
-    write_secret_file,
 )
 from .settings.keyring import enroll
+from .settings.secrets import write_secret_file
 
 __all__ = [
     "EXIT_INTERRUPTED",
