@@ -129,6 +129,7 @@ import anyio
 import blake3
 
 from ..errors import CallError, ConfigError, Rejected, RemoteError
+from ..logs import peer_text
 from ..rpc.resources import ResourceRef, ServiceScope, current_scope
 
 __all__ = [
@@ -1691,7 +1692,7 @@ class LocalFileService:
         for upload_id, upload in expired:
             if self._uploads.get(upload_id) is upload:
                 del self._uploads[upload_id]
-                log.info("discarding upload %s to %s: idle", upload_id, upload.shown)
+                log.info("discarding upload %s to %s: idle", upload_id, peer_text(upload.shown))
                 async with upload.lock:
                     upload.discard()
 
