@@ -141,15 +141,10 @@ from typing import Any, NoReturn
 import anyio
 
 from . import _scaffold
+from .api.controller import ExecutorInfo, RemoteExecutor, connect
 from .api.fleet import Fleet, FleetEvent, fleet
-from .api.remote import (
-    ExecutorInfo,
-    RemoteExecutor,
-    ServiceFactory,
-    ServiceMap,
-    Worker,
-    connect,
-)
+from .api.registration import ServiceFactory, ServiceMap
+from .api.worker import Worker
 from .errors import (
     ConfigError,
     GarconLinkError,
@@ -168,9 +163,9 @@ from .settings.config import (
     LinkConfig,
     load_config,
     load_fleet_config,
-    write_secret_file,
 )
 from .settings.keyring import enroll
+from .settings.secrets import write_secret_file
 
 __all__ = [
     "EXIT_INTERRUPTED",
