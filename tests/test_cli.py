@@ -54,6 +54,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.fixture
+def dead_port() -> Iterator[int]:
+    """A port that refuses connections: bound and not listening for the whole test, so no other
+    process (tests run in parallel) can start listening on it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+
+
 def write_config(directory: Path, name: str, role: str, connection: str) -> Path:
     secret = directory / "link.secret"
     if not secret.exists():
@@ -563,9 +572,9 @@ class Liar:
         worker.kill()
 
 
-def test_describe_when_the_worker_is_down(tmp_path: Path) -> None:
+def test_describe_when_the_worker_is_down(tmp_path: Path, dead_port: int) -> None:
     controller = write_config(
-        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{free_port()}/executor"'
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
     done = run_cli("describe", str(controller), "--timeout", "0.5")
     assert done.returncode == cli.EXIT_NOT_DISPATCHED
@@ -697,9 +706,9 @@ def test_describing_a_failure_needs_no_event_loop() -> None:
 # --------------------------------------------------------------------------- exit codes
 
 
-def test_not_dispatched_when_the_worker_is_down(tmp_path: Path) -> None:
+def test_not_dispatched_when_the_worker_is_down(tmp_path: Path, dead_port: int) -> None:
     controller = write_config(
-        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{free_port()}/executor"'
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
     started = time.monotonic()
     done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.5")
@@ -710,9 +719,7 @@ def test_not_dispatched_when_the_worker_is_down(tmp_path: Path) -> None:
 
 
 def test_not_dispatched_when_no_worker_dials_in(tmp_path: Path) -> None:
-    controller = write_config(
-        tmp_path, "controller.toml", "controller", f'listen = "127.0.0.1:{free_port()}"'
-    )
+    controller = write_config(tmp_path, "controller.toml", "controller", 'listen = "127.0.0.1:0"')
     done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.5")
     assert done.returncode == 3
     assert_one_error_line(done.stderr, "[not_dispatched:NOT_READY]")
@@ -979,11 +986,11 @@ def test_python_m_garcon_link_is_the_command_line() -> None:
     assert "init" in done.stdout
 
 
-def test_v_is_accepted_before_the_command_as_well_as_after(tmp_path: Path) -> None:
+def test_v_is_accepted_before_the_command_as_well_as_after(tmp_path: Path, dead_port: int) -> None:
     assert cli.main(["-v", "keygen", str(tmp_path / "a.secret")]) == 0
     assert cli.main(["keygen", "-v", str(tmp_path / "b.secret")]) == 0
     controller = write_config(
-        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{free_port()}/executor"'
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
     # -v before the command logs as -v after it does: the dial failures are warnings.
     done = run_cli("-v", "call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.5")
@@ -1070,9 +1077,9 @@ def test_ctrl_c_during_call_says_the_call_was_sent_and_may_have_run(tmp_path: Pa
         worker.kill()
 
 
-def test_ctrl_c_before_the_call_is_sent_says_it_did_not_run(tmp_path: Path) -> None:
+def test_ctrl_c_before_the_call_is_sent_says_it_did_not_run(tmp_path: Path, dead_port: int) -> None:
     controller = write_config(
-        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{free_port()}/executor"'
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
     call = subprocess.Popen(
         [*CLI, "call", "-v", str(controller), "demo.add", "[1, 2]", "--timeout", "60"],
