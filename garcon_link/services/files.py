@@ -103,33 +103,46 @@ Failures while acting are :class:`~garcon_link.RemoteError`: ``IO_ERROR``, ``NO_
 Messages name the caller's path, never the worker's real path: an OS error is shown by its
 ``strerror`` only.
 
-This module also holds :class:`ServiceLimits`, shared with :mod:`garcon_link.services.process`.
-POSIX only (``openat``/``O_NOFOLLOW``/``dir_fd``); Linux is tested.
+This module is the service's face: the values, the interface and :class:`LocalFileService`.
+Its parts live beside it: the path policy (:class:`ConfinedRoot`) in ``_confined.py``, the
+threads in ``_threads.py``, staging, publishing and upload state in ``_staging.py``, and
+:class:`ServiceLimits` (shared with :mod:`garcon_link.services.process`) in ``_limits.py``;
+all of them are importable from here. POSIX only (``openat``/``O_NOFOLLOW``/``dir_fd``); Linux
+is tested.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
-import errno
 import hashlib
 import heapq
 import logging
 import os
-import queue
-import secrets
 import stat as stat_mod
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
-import anyio
 import blake3
 
-from ..errors import CallError, ConfigError, Rejected, RemoteError
+from ..errors import Rejected, RemoteError
 from ..rpc.resources import ResourceRef, ServiceScope, current_scope
+from ._confined import _DIR_FLAGS, MAX_NAME_BYTES, ConfinedRoot, _denied, _is_link, _os_errors
+from ._limits import KiB, MiB, ServiceLimits
+from ._staging import (
+    _check_digest_args,
+    _check_mode,
+    _discard,
+    _publish,
+    _publish_lock,
+    _stage,
+    _Upload,
+    _verify_digests,
+    _write_all,
+    version_token,
+)
+from ._threads import _attached, _checkpoint, _detached, _remove_tree, _SharedFd
 
 __all__ = [
     "DirEntry",
@@ -145,163 +158,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-KiB = 1024
-MiB = 1024 * KiB
-
 _T = TypeVar("_T")
 
 FileKind = Literal["file", "dir", "symlink", "other"]
-
-
-def _doc(text: str) -> dict[str, Any]:
-    return {"doc": text}
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceLimits:
-    """Bounds of the built-in services (one value per worker; all fields have safe defaults).
-
-    Every buffer the services keep is sized by a field below. Sizes are bytes, times seconds.
-    Worst-case memory of the worker's process records is about ``max_processes`` x
-    (2 x ``output_retention_bytes`` + ``stdin_buffer_bytes`` + ``max_process_spec_bytes``):
-    196 MiB with the defaults (with a spool directory, output goes to disk instead: at most
-    ``max_processes`` x 2 x ``disk_spool_bytes``, 2 GiB).
-    """
-
-    max_processes: int = field(
-        default=64,
-        metadata=_doc(
-            "Process records the worker holds (the process service is worker-scoped): running "
-            "processes plus finished ones whose status and output are kept. A start beyond it "
-            "evicts the oldest finished record (its handle then raises PROCESS_RELEASED, or "
-            "UNKNOWN_PROCESS for a caller-chosen id); if all are running it is refused with "
-            "TOO_MANY_PROCESSES."
-        ),
-    )
-    output_retention_bytes: int = field(
-        default=1 * MiB,
-        metadata=_doc(
-            "Output kept per process and stream; older bytes are dropped and reported as an "
-            "explicit truncation range."
-        ),
-    )
-    stdin_buffer_bytes: int = field(
-        default=1 * MiB,
-        metadata=_doc(
-            "Accepted stdin bytes not yet taken by the child; write_stdin waits past it."
-        ),
-    )
-    max_read_bytes: int = field(
-        default=4 * MiB,
-        metadata=_doc("Largest single read (process output or file) and stream chunk."),
-    )
-    max_run_output_bytes: int = field(
-        default=4 * MiB,
-        metadata=_doc("Ceiling of run()'s max_output per stream (a result must fit one frame)."),
-    )
-    session_end_grace: float = field(
-        default=0.5,
-        metadata=_doc(
-            "At session end every live process group gets SIGTERM, then SIGKILL after this."
-        ),
-    )
-    max_uploads: int = field(
-        default=16,
-        metadata=_doc(
-            "Unfinished uploads the worker holds, whichever session began them (the file "
-            "service is worker-scoped; each upload holds a staged file and two descriptors). "
-            "One more begin_upload is refused with TOO_MANY_UPLOADS."
-        ),
-    )
-    max_list_entries: int = field(
-        default=10_000,
-        metadata=_doc("Largest page of list_dir."),
-    )
-    max_path_bytes: int = field(
-        default=4096,
-        metadata=_doc(
-            "Longest path a caller may pass, in UTF-8 bytes (Linux's PATH_MAX); a longer one is "
-            "refused with INVALID_PATH before any file system work. Each name in it is at most "
-            "255 bytes (NAME_MAX)."
-        ),
-    )
-    max_path_components: int = field(
-        default=256,
-        metadata=_doc(
-            "Most names (between '/') in a caller's path; more is refused with INVALID_PATH "
-            "before any file system work. Resolving a path costs about components x length."
-        ),
-    )
-    max_reader_threads: int = field(
-        default=64,
-        metadata=_doc(
-            "Read-only file operations running at once in this process, counting those whose "
-            "caller gave up while the operating system still holds the thread (a hung network "
-            "file system); one more is refused with OVERLOADED."
-        ),
-    )
-
-    max_exited_processes: int = field(
-        default=64,
-        metadata=_doc(
-            "Records of exited processes the worker keeps (status and spooled output, for "
-            "list() and start(id=...) after a controller comes back); the oldest is evicted "
-            "beyond it."
-        ),
-    )
-    exited_process_ttl: float = field(
-        default=3600.0,
-        metadata=_doc(
-            "Seconds an exited process's record is kept after it exited; then it is evicted "
-            "(its id may be started again)."
-        ),
-    )
-    max_process_id_length: int = field(
-        default=128,
-        metadata=_doc(
-            "Longest caller-chosen process id (ASCII letters, digits and . _ - : @ +, starting "
-            "with a letter or digit); a longer or other one is refused with INVALID_ARGUMENTS."
-        ),
-    )
-    max_process_spec_bytes: int = field(
-        default=64 * 1024,
-        metadata=_doc(
-            "Largest start()/run() argv and env together, in UTF-8 bytes (one more per item; "
-            "cwd is bounded by max_path_bytes); beyond it the call is refused with "
-            "INVALID_ARGUMENTS. It also bounds what list() returns (max_processes x this)."
-        ),
-    )
-    disk_spool_bytes: int = field(
-        default=16 * MiB,
-        metadata=_doc(
-            "Output kept on disk per process and stream when the process service has a spool "
-            "directory (replaces output_retention_bytes for start()); dropped in whole "
-            "segments of a quarter of it, reported as an exact truncation range."
-        ),
-    )
-    upload_idle_timeout: float = field(
-        default=3600.0,
-        metadata=_doc(
-            "Seconds an unfinished upload may go without a call on its handle (begin, chunk, "
-            "status); then it is discarded with its staged file at the next upload call "
-            "(its handle then gets UNKNOWN_UPLOAD)."
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ConfigError(
-                    f"ServiceLimits.{f.name} must be a positive number, got {value!r}"
-                )
-            if f.type == "int" and not isinstance(value, int):
-                raise ConfigError(f"ServiceLimits.{f.name} must be an integer, got {value!r}")
-
-    @classmethod
-    def describe(cls) -> dict[str, str]:
-        """``{field name: documentation}`` for every bound."""
-        return {f.name: str(f.metadata.get("doc", "")) for f in fields(cls)}
 
 
 # ---------------------------------------------------------------------------- values
@@ -525,177 +384,6 @@ class FileService(Protocol):
 
 
 # ---------------------------------------------------------------------------- confinement
-
-_DIR_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
-_ROOT_FLAGS = os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
-
-MAX_NAME_BYTES = 255
-"""Longest name (one path component) in bytes, as Linux's NAME_MAX: longer is INVALID_PATH."""
-
-# Per-path publish locks shared by every LocalFileService of this process (striped: bounded).
-_PUBLISH_LOCKS = tuple(threading.Lock() for _ in range(64))
-
-
-def _publish_lock(host_path: str) -> threading.Lock:
-    return _PUBLISH_LOCKS[hash(host_path) % len(_PUBLISH_LOCKS)]
-
-
-def _denied(path: str, why: str) -> Rejected:
-    return Rejected("PERMISSION_DENIED", f"{path}: {why}")
-
-
-class ConfinedRoot:
-    """Resolves caller paths to components below one root directory (the rules above).
-
-    Args:
-        root: the directory that is ``/`` for callers; it must exist.
-        limits: the path bounds (``max_path_bytes``, ``max_path_components``).
-
-    Raises:
-        ConfigError: ``root`` is not an existing directory.
-    """
-
-    def __init__(self, root: str | os.PathLike[str], limits: ServiceLimits | None = None) -> None:
-        real = os.path.realpath(os.fspath(root))
-        if not os.path.isdir(real):
-            raise ConfigError(f"service root {os.fspath(root)!r} is not an existing directory")
-        self.host = real
-        self.limits = limits or ServiceLimits()
-        self._prefix = real if real.endswith("/") else real + "/"
-
-    def split(self, path: str) -> tuple[str, ...]:
-        """Validate a caller path and return its components (no resolution, no file system).
-
-        The bounds are checked first, so a hostile path costs at most one pass over
-        ``max_path_bytes`` characters here and is never resolved.
-
-        Raises:
-            Rejected: ``INVALID_PATH`` (not a string, longer than ``max_path_bytes``, more than
-                ``max_path_components`` names, a name over 255 bytes, not absolute, NUL, not
-                encodable), ``PERMISSION_DENIED`` (``..``).
-        """
-        if not isinstance(path, str):
-            raise Rejected("INVALID_PATH", "a path is a string")
-        limit = self.limits.max_path_bytes
-        too_long = f"a path is at most {limit} bytes (ServiceLimits.max_path_bytes)"
-        if len(path) > limit:  # a character is at least one byte: refuse before encoding
-            raise Rejected("INVALID_PATH", f"{too_long}; this one has {len(path)} characters")
-        try:
-            raw = os.fsencode(path)
-        except UnicodeEncodeError:
-            raise Rejected("INVALID_PATH", "a path must be valid Unicode text") from None
-        if len(raw) > limit:
-            raise Rejected("INVALID_PATH", f"{too_long}; this one has {len(raw)}")
-        if b"\0" in raw:
-            raise Rejected("INVALID_PATH", "a path is a string without NUL characters")
-        if not path.startswith("/"):
-            raise Rejected(
-                "INVALID_PATH", f"{path!r} is relative; paths are absolute and '/' is the root"
-            )
-        parts = tuple(p for p in path.split("/") if p not in ("", "."))
-        if len(parts) > self.limits.max_path_components:
-            raise Rejected(
-                "INVALID_PATH",
-                f"a path has at most {self.limits.max_path_components} names "
-                f"(ServiceLimits.max_path_components); this one has {len(parts)}",
-            )
-        if any(len(name) > MAX_NAME_BYTES for name in raw.split(b"/")):
-            raise Rejected("INVALID_PATH", f"a name in a path is at most {MAX_NAME_BYTES} bytes")
-        if ".." in parts:
-            raise _denied(path, "'..' segments are refused")
-        return parts
-
-    def caller_path(self, parts: tuple[str, ...]) -> str:
-        """The caller-namespace path of resolved components."""
-        return "/" + "/".join(parts)
-
-    def host_path(self, parts: tuple[str, ...]) -> str:
-        """The worker's real path of resolved components (never shown to callers)."""
-        return os.path.join(self.host, *parts)
-
-    def inside(self, host_path: str) -> tuple[str, ...] | None:
-        """The components of a normalised worker path below the root, or ``None`` outside."""
-        if host_path == self.host:
-            return ()
-        if not host_path.startswith(self._prefix):
-            return None
-        return tuple(host_path[len(self._prefix) :].split("/"))
-
-    def _real_parts(self, parts: tuple[str, ...], shown: str) -> tuple[str, ...]:
-        inside = self.inside(os.path.realpath(os.path.join(self.host, *parts)))
-        if inside is None:
-            raise _denied(shown, "resolves outside the root (symlink)")
-        return inside
-
-    def resolve(self, path: str, *, follow_final: bool = True) -> tuple[str, ...]:
-        """Check step: the components of ``path`` with symlinks resolved, confined to the root.
-
-        With ``follow_final=False`` only the parent is resolved and the final name is kept (for
-        operations on a link itself).
-
-        Raises:
-            Rejected: as :meth:`split`, or ``PERMISSION_DENIED`` if resolution leaves the root,
-                the path changes while it is resolved, or symlinks nest too deeply.
-        """
-        parts = self.split(path)
-        try:
-            if follow_final or not parts:
-                return self._real_parts(parts, path)
-            return (*self._real_parts(parts[:-1], path), parts[-1])
-        except OSError:
-            # realpath lstat()s a name, then readlink()s it if it was a symlink: a link replaced
-            # or removed in between raises here, and the OSError names the worker's real path.
-            # A path changing under the check is refused like any other unsafe path.
-            raise _denied(path, "the path changed while it was being checked") from None
-        except RecursionError:  # realpath recurses once per symlink it follows
-            raise _denied(path, "too many levels of symbolic links") from None
-
-    def open_dir(self, parts: tuple[str, ...], shown: str) -> int:
-        """Use step: open the directory of resolved ``parts`` without following any symlink.
-
-        Returns a file descriptor (``O_PATH`` where available) the caller must close.
-
-        Raises:
-            Rejected: a component is now a symlink (``PERMISSION_DENIED``) or not a directory.
-            OSError: other failures (e.g. ``FileNotFoundError``), mapped by the caller.
-        """
-        fd = os.open(self.host, _ROOT_FLAGS)
-        try:
-            for name in parts:
-                try:
-                    nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and _is_link(
-                        name, fd
-                    ):
-                        raise _denied(shown, "a symlink appeared in the path") from exc
-                    raise
-                os.close(fd)
-                fd = nfd
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    @contextlib.contextmanager
-    def parent(self, parts: tuple[str, ...], shown: str) -> Iterator[tuple[int, str]]:
-        """``(directory fd, final name)`` of resolved, non-root ``parts``; closes the fd."""
-        if not parts:
-            raise _denied(shown, "not permitted on the root itself")
-        fd = self.open_dir(parts[:-1], shown)
-        try:
-            yield fd, parts[-1]
-        finally:
-            os.close(fd)
-
-
-def _is_link(name: str, dir_fd: int) -> bool:
-    try:
-        return stat_mod.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
-
-
 def _kind(mode: int) -> FileKind:
     if stat_mod.S_ISREG(mode):
         return "file"
@@ -704,11 +392,6 @@ def _kind(mode: int) -> FileKind:
     if stat_mod.S_ISLNK(mode):
         return "symlink"
     return "other"
-
-
-def version_token(st: os.stat_result) -> str:
-    """The version token of a stat result (see the module docstring)."""
-    return f"{st.st_mtime_ns:x}-{st.st_ctime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
 
 
 def _file_stat(path: str, st: os.stat_result) -> FileStat:
@@ -722,486 +405,6 @@ def _file_stat(path: str, st: os.stat_result) -> FileStat:
     )
 
 
-@contextlib.contextmanager
-def _os_errors(path: str) -> Iterator[None]:
-    """Map OS errors to the service's error codes, naming the caller's path only."""
-    try:
-        yield
-    except CallError:
-        raise
-    except OSError as exc:
-        raise _map_os_error(exc, path) from exc
-
-
-def _map_os_error(exc: OSError, path: str) -> CallError:
-    code = exc.errno
-    text = os.strerror(code) if code is not None else str(exc)
-    rejected = {
-        errno.ENOENT: "NOT_FOUND",
-        errno.EEXIST: "ALREADY_EXISTS",
-        errno.ENOTDIR: "NOT_A_DIRECTORY",
-        errno.EISDIR: "IS_A_DIRECTORY",
-        errno.EACCES: "PERMISSION_DENIED",
-        errno.EPERM: "PERMISSION_DENIED",
-        errno.ELOOP: "PERMISSION_DENIED",
-        errno.ENOTEMPTY: "DIRECTORY_NOT_EMPTY",
-        errno.ENAMETOOLONG: "INVALID_PATH",
-        errno.EINVAL: "INVALID_ARGUMENTS",
-        errno.EXDEV: "INVALID_ARGUMENTS",
-        errno.EROFS: "PERMISSION_DENIED",
-    }
-    if code in rejected:
-        return Rejected(rejected[code], f"{path}: {text}")
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        return RemoteError("NO_SPACE", f"{path}: {text}")
-    return RemoteError("IO_ERROR", f"{path}: {text}")
-
-
-def _check_digest_args(sha256: str | None, blake3_hex: str | None) -> None:
-    for name, value in (("expected_sha256", sha256), ("expected_blake3", blake3_hex)):
-        if value is not None and (
-            len(value) != 64 or any(c not in "0123456789abcdefABCDEF" for c in value)
-        ):
-            raise Rejected("INVALID_ARGUMENTS", f"{name} must be 64 hex digits")
-
-
-_SPECIAL_BITS = stat_mod.S_ISUID | stat_mod.S_ISGID | stat_mod.S_ISVTX
-
-
-def _check_mode(mode: int | None, *, allow_special: bool) -> None:
-    """Refuse a mode outside ``0..0o7777``, or with setuid/setgid/sticky unless allowed."""
-    if mode is None:
-        return
-    if isinstance(mode, bool) or not isinstance(mode, int):
-        raise Rejected("INVALID_ARGUMENTS", f"mode must be an integer, got {type(mode).__name__}")
-    if not 0 <= mode <= 0o7777:
-        raise Rejected("INVALID_ARGUMENTS", f"mode must be within 0..0o7777, got {mode:#o}")
-    if mode & _SPECIAL_BITS and not allow_special:
-        raise Rejected(
-            "PERMISSION_DENIED",
-            f"mode {mode:#o} sets setuid, setgid or sticky bits, which this worker does not "
-            "allow (allow_special_mode_bits)",
-        )
-
-
-def _verify_digests(
-    path: str,
-    sha256: str | None,
-    blake3_hex: str | None,
-    actual_sha256: str,
-    actual_blake3: str,
-) -> None:
-    if sha256 is not None and sha256.lower() != actual_sha256:
-        raise Rejected("DIGEST_MISMATCH", f"{path}: sha256 is {actual_sha256}, expected {sha256}")
-    if blake3_hex is not None and blake3_hex.lower() != actual_blake3:
-        raise Rejected(
-            "DIGEST_MISMATCH", f"{path}: blake3 is {actual_blake3}, expected {blake3_hex}"
-        )
-
-
-def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view = view[written:]
-        offset += written
-
-
-def _stage(dir_fd: int) -> tuple[int, str]:
-    """Create a hidden staged file in ``dir_fd``; returns ``(fd, name)``."""
-    for _ in range(8):
-        name = f".gl-{secrets.token_hex(8)}.tmp"
-        try:
-            fd = os.open(
-                name,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o600,
-                dir_fd=dir_fd,
-            )
-        except FileExistsError:
-            continue
-        return fd, name
-    raise FileExistsError(errno.EEXIST, "could not create a unique staging file")
-
-
-def _discard(dir_fd: int, name: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(name, dir_fd=dir_fd)
-
-
-def _fsync_dir(dir_fd: int) -> None:
-    # An O_PATH descriptor cannot be fsync'ed: open the directory itself for reading.
-    try:
-        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _publish(
-    root: ConfinedRoot,
-    parts: tuple[str, ...],
-    shown: str,
-    dir_fd: int,
-    name: str,
-    staged_fd: int,
-    staged: str,
-    *,
-    if_match: str | None,
-    exclusive: bool,
-    mode: int | None,
-) -> FileStat:
-    """Publish a staged, verified file as ``name`` in ``dir_fd`` (see the module docstring)."""
-    try:
-        current: os.stat_result | None = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        current = None
-    if current is not None:
-        if stat_mod.S_ISLNK(current.st_mode):
-            raise _denied(shown, "a symlink appeared at the destination")
-        if stat_mod.S_ISDIR(current.st_mode):
-            raise Rejected("IS_A_DIRECTORY", f"{shown}: is a directory")
-    if mode is None:
-        # Keep the old permission bits, but never setuid/setgid/sticky: the new content is
-        # the caller's, owned by the worker's user; keeping the bit would publish a set-id
-        # program the caller wrote (only an explicit, allowed ``mode`` sets these bits).
-        mode = stat_mod.S_IMODE(current.st_mode) & ~_SPECIAL_BITS if current is not None else 0o644
-    os.fchmod(staged_fd, mode)
-    os.fsync(staged_fd)
-    with _publish_lock(root.host_path(parts)):
-        if exclusive:
-            try:
-                os.link(staged, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
-            except FileExistsError:
-                raise Rejected("ALREADY_EXISTS", f"{shown}: already exists") from None
-            except OSError as exc:
-                if exc.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
-                    raise Rejected(
-                        "EXCLUSIVE_UNSUPPORTED",
-                        f"{shown}: the file system cannot publish exclusively (no hard links)",
-                    ) from exc
-                raise
-            _discard(dir_fd, staged)
-        else:
-            if if_match is not None:
-                try:
-                    latest = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                except FileNotFoundError:
-                    raise Rejected(
-                        "VERSION_MISMATCH", f"{shown}: does not exist (expected {if_match})"
-                    ) from None
-                if version_token(latest) != if_match or stat_mod.S_ISLNK(latest.st_mode):
-                    raise Rejected(
-                        "VERSION_MISMATCH",
-                        f"{shown}: version is {version_token(latest)}, expected {if_match}",
-                    )
-            os.replace(staged, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    _fsync_dir(dir_fd)
-    return _file_stat(root.caller_path(parts), os.fstat(staged_fd))
-
-
-# ---------------------------------------------------------------------------- threads
-#
-# Blocking file system work runs in threads. A thread cannot be interrupted, and a thread of
-# ``anyio.to_thread`` is also joined when the interpreter exits, so work that never ends (a read
-# stuck in a hung network file system, a scan of a huge directory) would hold a cancelled call,
-# the session's end and even a SIGTERM'd worker. Hence two kinds:
-#
-# * read-only work is *detached* (:func:`_detached`): it runs in a daemon thread; the awaiting
-#   task may abandon it when cancelled, and the process may exit while it runs. Nothing it does
-#   needs undoing; a result that arrives after the caller left is discarded (``discard``).
-# * work that changes files is *attached* (:func:`_attached`): the task waits for it even when
-#   cancelled, so a call never returns while its change is still being made. Every such step is
-#   bounded (by the path bounds and the frame size), except a recursive removal, which checks
-#   for cancellation between entries.
-#
-# Long loops in either kind call :func:`_checkpoint`, which stops work whose caller is gone.
-
-
-class _Abandoned(Exception):
-    """Raised at a checkpoint of detached work whose caller is gone (reaches no caller)."""
-
-
-_thread_state = threading.local()
-
-
-_READER_IDLE_SECONDS = 10.0
-
-
-class _Readers:
-    """Detached read jobs of this process and the idle daemon threads that run them.
-
-    ``running`` counts jobs accepted and not finished, abandoned ones included (bounded by
-    ``ServiceLimits.max_reader_threads``). A thread that finished a job waits for the next one up
-    to ``_READER_IDLE_SECONDS`` (no thread start per read), then exits; one stuck in the OS stays
-    out of the idle list and keeps its job counted.
-    """
-
-    lock = threading.Lock()
-    running = 0
-    idle: ClassVar[list[queue.SimpleQueue[Callable[[], None]]]] = []  # idle inboxes, LIFO
-
-    @classmethod
-    def submit(cls, job: Callable[[], None], limit: int) -> None:
-        """Run ``job`` (which must not raise) on an idle or new daemon thread."""
-        with cls.lock:
-            if cls.running >= limit:
-                raise Rejected(
-                    "OVERLOADED",
-                    f"{limit} file reads are still running in this worker "
-                    "(ServiceLimits.max_reader_threads)",
-                )
-            cls.running += 1
-            inbox = cls.idle.pop() if cls.idle else None
-        if inbox is None:
-            inbox = queue.SimpleQueue()
-            try:
-                thread = threading.Thread(
-                    target=cls._serve, args=(inbox,), name="garcon-link file read", daemon=True
-                )
-                thread.start()
-            except BaseException:
-                with cls.lock:
-                    cls.running -= 1
-                raise
-        inbox.put(job)
-
-    @classmethod
-    def _serve(cls, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
-        while True:
-            try:
-                job = inbox.get(timeout=_READER_IDLE_SECONDS)
-            except queue.Empty:
-                with cls.lock:
-                    if inbox in cls.idle:
-                        cls.idle.remove(inbox)
-                        return
-                continue  # taken from the idle list just now: its job is on the way
-            try:
-                job()
-            finally:
-                with cls.lock:
-                    cls.running -= 1
-                    cls.idle.append(inbox)
-
-
-def _checkpoint() -> None:
-    """Stop the current thread's work if its caller is gone (a no-op outside service threads)."""
-    future: concurrent.futures.Future[Any] | None = getattr(_thread_state, "future", None)
-    if future is not None:
-        if future.cancelled():
-            raise _Abandoned
-    elif getattr(_thread_state, "attached", False):
-        anyio.from_thread.check_cancelled()
-
-
-async def _attached(func: Callable[[], _T]) -> _T:
-    """Run ``func`` in a worker thread and wait for it, even when cancelled."""
-
-    def run() -> _T:
-        _thread_state.attached = True
-        try:
-            return func()
-        finally:
-            _thread_state.attached = False
-
-    return await anyio.to_thread.run_sync(run)
-
-
-async def _detached(
-    func: Callable[[], _T], limit: int, discard: Callable[[_T], None] | None = None
-) -> _T:
-    """Run read-only ``func`` in a daemon thread; a cancelled caller abandons it at once.
-
-    The task waits in an ``anyio.to_thread`` call that may be abandoned; cancelling the future
-    releases that thread and makes the daemon's :func:`_checkpoint` stop. ``discard`` receives
-    a result that was produced after the caller left (e.g. to close a descriptor).
-
-    Raises:
-        Rejected: ``OVERLOADED`` when ``limit`` detached reads are already running.
-    """
-    future: concurrent.futures.Future[_T] = concurrent.futures.Future()
-
-    def run() -> None:
-        if future.cancelled():
-            return
-        _thread_state.future = future
-        try:
-            result = func()
-        except BaseException as exc:
-            with contextlib.suppress(concurrent.futures.InvalidStateError):
-                future.set_exception(exc)
-            return
-        finally:
-            _thread_state.future = None
-        try:
-            future.set_result(result)
-        except concurrent.futures.InvalidStateError:  # the caller left meanwhile
-            if discard is not None:
-                with contextlib.suppress(Exception):
-                    discard(result)
-
-    _Readers.submit(run, limit)
-    try:
-        return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
-    finally:
-        future.cancel()  # once done, a no-op; else it releases the waiting thread
-
-
-class _SharedFd:
-    """A descriptor used by detached reads: closed by whoever finishes with it last, so a read
-    abandoned in flight never touches a descriptor number that was closed and reused."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._lock = threading.Lock()
-        self._users = 0
-        self._closing = False
-
-    @contextlib.contextmanager
-    def use(self) -> Iterator[int]:
-        with self._lock:
-            if self._closing:
-                raise _Abandoned
-            self._users += 1
-        try:
-            yield self._fd
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        with self._lock:
-            self._users -= 1
-            last = self._closing and self._users == 0
-        if last:
-            os.close(self._fd)
-
-    def close(self) -> None:
-        """Close now, or when the read in flight ends (idempotent)."""
-        with self._lock:
-            if self._closing:
-                return
-            self._closing = True
-            now = self._users == 0
-        if now:
-            os.close(self._fd)
-
-
-_SCAN_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-@dataclass(slots=True)
-class _Emptying:
-    fd: int
-    name: str
-    parent_fd: int
-    subdirs: list[str] | None = None
-
-
-def _remove_tree(parent_fd: int, name: str) -> None:
-    """Remove directory ``name`` of ``parent_fd`` and everything in it.
-
-    Depth-first with an explicit stack (no recursion limit); every directory is opened relative
-    to its parent with ``O_NOFOLLOW``, so a symlink swapped in is never followed (an ``ELOOP``
-    stops the removal). Checks for cancellation between entries.
-    """
-    stack = [_Emptying(os.open(name, _SCAN_FLAGS, dir_fd=parent_fd), name, parent_fd)]
-    try:
-        while stack:
-            top = stack[-1]
-            if top.subdirs is None:
-                top.subdirs = []
-                with os.scandir(top.fd) as entries:
-                    for entry in entries:
-                        _checkpoint()
-                        if entry.is_dir(follow_symlinks=False):
-                            top.subdirs.append(entry.name)
-                        else:
-                            os.unlink(entry.name, dir_fd=top.fd)
-            if top.subdirs:
-                child = top.subdirs.pop()
-                stack.append(_Emptying(os.open(child, _SCAN_FLAGS, dir_fd=top.fd), child, top.fd))
-                continue
-            stack.pop()
-            os.close(top.fd)
-            os.rmdir(top.name, dir_fd=top.parent_fd)
-    finally:
-        for frame in stack:
-            os.close(frame.fd)
-
-
-# ---------------------------------------------------------------------------- uploads
-
-
-class _Upload:
-    __slots__ = (
-        "blake3",
-        "dir_fd",
-        "dir_id",
-        "exclusive",
-        "fd",
-        "if_match",
-        "lock",
-        "mode",
-        "parts",
-        "received",
-        "sha256",
-        "shown",
-        "size",
-        "staged",
-        "touched",
-    )
-
-    def __init__(
-        self,
-        parts: tuple[str, ...],
-        shown: str,
-        dir_fd: int,
-        dir_id: tuple[int, int],
-        fd: int,
-        staged: str,
-        *,
-        size: int | None,
-        if_match: str | None,
-        exclusive: bool,
-        mode: int | None,
-        now: float,
-    ) -> None:
-        self.parts = parts
-        self.shown = shown
-        self.dir_fd = dir_fd
-        self.dir_id = dir_id
-        self.fd = fd
-        self.staged = staged
-        self.size = size
-        self.if_match = if_match
-        self.exclusive = exclusive
-        self.mode = mode
-        self.received = 0
-        self.sha256 = hashlib.sha256()
-        self.blake3 = blake3.blake3()
-        self.lock = anyio.Lock()
-        self.touched = now
-        """When a call last used this upload (the service's clock): for the idle timeout."""
-
-    def discard(self) -> None:
-        """Remove the staged file and close descriptors (idempotent)."""
-        if self.fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = -1
-        if self.dir_fd >= 0:
-            _discard(self.dir_fd, self.staged)
-            with contextlib.suppress(OSError):
-                os.close(self.dir_fd)
-            self.dir_fd = -1
-
-
 # ---------------------------------------------------------------------------- implementation
 
 
@@ -1209,13 +412,18 @@ class LocalFileService:
     """:class:`FileService` on the local file system, confined to ``root``.
 
     Blocking file system calls run in threads: read-only work in daemon threads a cancelled
-    call abandons, changes in threads the call waits for (see "threads" in the source). Every
-    path is checked against the path bounds before any of it runs. Upload handles are
+    call abandons, changes in threads the call waits for (see ``_threads.py``). Every path is
+    checked against the path bounds before any of it runs. Upload handles are
     minted in ``scope`` if given, else in :func:`~garcon_link.current_scope` at call time:
     served as ``gl.Service(impl, FileService, scope="worker")`` (what
     :func:`~garcon_link.services.builtin_services` does) that is the worker's scope, so
     unfinished uploads outlive sessions. Use ``async with`` (or :meth:`aclose`) to discard
     unfinished uploads. Expose it through ``gl.Service`` so only the interface is callable.
+
+    One class of about 600 lines because it is one interface of 16 methods, each a short
+    composition of the same parts: the path check (``_confined.py``), the two kinds of thread
+    (``_threads.py``) and staging and publishing (``_staging.py``); the upload table stays
+    here because every upload method reads and changes it under the upload's lock.
 
     Args:
         root: the directory that is ``/`` for callers.
@@ -1584,7 +792,7 @@ class LocalFileService:
                     _write_all(fd, data, 0)
                     if os.fstat(fd).st_size != len(data):
                         raise RemoteError("IO_ERROR", f"{path}: staged size differs")
-                    return _publish(
+                    published = _publish(
                         self.root,
                         parts,
                         path,
@@ -1596,6 +804,7 @@ class LocalFileService:
                         exclusive=exclusive,
                         mode=mode,
                     )
+                    return _file_stat(self.root.caller_path(parts), published)
                 finally:
                     os.close(fd)
                     _discard(dir_fd, staged)  # no-op once published
@@ -1785,7 +994,7 @@ class LocalFileService:
                             os.close(fd)
                         if (st.st_dev, st.st_ino) != upload.dir_id:
                             raise _denied(upload.shown, "the directory changed during the upload")
-                        return _publish(
+                        published = _publish(
                             self.root,
                             parts,
                             upload.shown,
@@ -1797,6 +1006,7 @@ class LocalFileService:
                             exclusive=upload.exclusive,
                             mode=upload.mode,
                         )
+                        return _file_stat(self.root.caller_path(parts), published)
                 finally:
                     upload.discard()
 
