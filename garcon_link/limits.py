@@ -231,6 +231,21 @@ class Limits:
             "revoked executor stays attached."
         ),
     )
+    log_interval: float = field(
+        default=60.0,
+        metadata=_doc(
+            "What a peer makes us log is logged at most once per this many seconds per peer and "
+            "reason (the rest counted, the next line says how many); unauthenticated failures "
+            "log at INFO plus one WARNING summary per interval."
+        ),
+    )
+    max_log_lines: int = field(
+        default=100,
+        metadata=_doc(
+            "Lines one such rate-limited log writes per log_interval, all peers together: many "
+            "addresses or sessions buy no more lines."
+        ),
+    )
     # idempotency keys (worker side, one table per worker process; docs/design.md#idempotency)
     idempotency_max_entries: int = field(
         default=10_000,

@@ -45,6 +45,7 @@ __all__ = [
     "head",
     "hostile_scalars",
     "huge_ints",
+    "huge_names",
     "map_bytes",
     "mutated_envelope",
     "nested_parts",
@@ -118,6 +119,14 @@ simple_values = st.one_of(
     st.sampled_from([0, 19, 32, 255]).map(cbor2.CBORSimpleValue),
 )
 scalars = st.one_of(st.none(), st.booleans(), ints, floats, texts, blobs, simple_values)
+
+huge_names = st.builds(
+    lambda n, piece: (piece * (n // len(piece) + 1))[:n],
+    st.integers(min_value=1_000, max_value=300_000),
+    st.sampled_from(["x", "calc'\n", "\u20ac\x00\\", "\U0001f600 ", "%s%d{}"]),
+)
+"""Huge text for a name field (service, method, kind, id, code, details, metadata key, executor
+id): quotes, line breaks, control and non-ASCII characters and format directives repeated."""
 
 bignum_tags = st.builds(
     cbor2.CBORTag,
@@ -280,6 +289,7 @@ hostile_scalars: st.SearchStrategy[Any] = st.one_of(
     deep_values,
     st.integers(min_value=100_000, max_value=2_000_000).map(lambda n: "x" * n),
     st.integers(min_value=100_000, max_value=2_000_000).map(lambda n: b"x" * n),
+    huge_names,
     st.sampled_from([math.nan, math.inf, -math.inf, -0.0]),
     simple_values,
     st.builds(cbor2.CBORTag, st.sampled_from(KNOWN_TAGS + OTHER_TAGS), scalars),
@@ -414,9 +424,24 @@ def mutated_envelope(draw: st.DrawFn, call_id: int, kinds: list[str]) -> bytes:
     """A valid envelope of one of ``kinds`` naming ``call_id``, with one part changed: an element
     replaced (inside the error body too), the array cut or extended, or the whole item replaced."""
     envelope = list(envelope_shapes(call_id)[draw(st.sampled_from(kinds))])
-    op = draw(st.sampled_from(["element", "element", "element", "body", "cut", "extend", "whole"]))
+    op = draw(
+        st.sampled_from(["element", "element", "element", "body", "cut", "extend", "whole", "name"])
+    )
     if op == "whole":
         return draw(any_item)
+    if op == "name":  # a huge name where the dispatch reads one
+        name = draw(huge_names)
+        if envelope[0] == ERROR:
+            body = dict(envelope[2])
+            body[draw(st.sampled_from(["code", "message", "details", "remote_type"]))] = name
+            envelope[2] = body
+        elif envelope[0] in (CALL, NOTIFY) and len(envelope) in (6, 10) and draw(st.booleans()):
+            key_or_value = draw(st.booleans())
+            envelope[-1] = {name: "v"} if key_or_value else {"k": name}  # metadata
+        else:
+            fields = {CALL: [0, 1, 2, 3], NOTIFY: [0, 1, 2]}.get(envelope[0], [0, 1])
+            envelope[draw(st.sampled_from(fields))] = name  # kind, id / stream id, names
+        return encode(envelope)
     if op == "cut":
         envelope = envelope[: draw(st.integers(0, len(envelope) - 1))]
     elif op == "extend":

@@ -16,11 +16,15 @@ AWAIT_HELLO and AWAIT_PROOF               ``HandshakeError``, sticky and briefly
 ``MessageSession.receive``                bodies; or ``SessionFailed`` for MALFORMED_PACKET, GAP
                                           or RECEIPT_BEYOND_OFFERED with nothing delivered
 RPC envelopes (``ExecutorRpc._dispatch``  the session and the rpc survive, nothing is logged as a
-via a wired pair): serving role (a        crash (or fails to format); the serving side then
-hostile controller) and calling role (a   answers a legitimate call; a call that got a hostile
-hostile worker)                           reply ends (value or ``CallError``), never hangs, and a
-                                          next call works; only the bodies sent as parts reach
-                                          the reassembler, once each (``parts_received``)
+via a wired pair): serving role (a        crash (or fails to format), no log line and no refusal
+hostile controller) and calling role (a   sent back is longer than :data:`LINE_BOUND` although
+hostile worker)                           names (service, method, kind, ids, error code and
+                                          details, metadata keys) hold up to 300,000 characters;
+                                          the serving side then answers a legitimate call; a call
+                                          that got a hostile reply ends (value or ``CallError``),
+                                          never hangs, and a next call works; only the bodies
+                                          sent as parts reach the reassembler, once each
+                                          (``parts_received``)
 Nested parts (``part`` envelopes wrapped  each attack is one ``part_violations``, each message
 in parts, several levels, each in one of  is fed to the reassembler once (no body unwrapped as a
 the encodings a decoder reads as a part;  part: at most one body per message), what the parts
@@ -351,8 +355,14 @@ class MemorySocket:
         raise AssertionError("writable_now() is False")
 
 
+LINE_BOUND = 600
+"""The longest log message or error message the library may build from a peer's values (the
+hostile inputs hold names of up to 300,000 characters)."""
+
+
 class CrashLog(logging.Handler):
-    """Records what the library logs as an error, and any log record that fails to format."""
+    """Records what the library logs as an error, any log record that fails to format and any
+    message longer than :data:`LINE_BOUND`."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -364,6 +374,8 @@ class CrashLog(logging.Handler):
         except Exception as exc:  # a peer value that cannot be printed
             self.crashes.append(f"unformattable log record {record.msg!r}: {exc!r}")
             return
+        if len(text) > LINE_BOUND:
+            self.crashes.append(f"a log line of {len(text)} chars: {text[:200]!r}")
         if record.levelno >= logging.ERROR or record.exc_info:
             self.crashes.append(f"{record.name}: {text}")
 
@@ -510,6 +522,9 @@ serving_bodies = st.lists(
 ).map(_flat)
 
 
+ADD_CALL_1 = [CALL, 1, "calc", "add", [2, 3], {}, 0, 0]
+
+
 @pytest.mark.anyio
 @fuzz("rpc_serving")
 @given(bodies=serving_bodies)
@@ -520,6 +535,8 @@ serving_bodies = st.lists(
 @example(bodies=[encode([NOTIFY, HUGE, -HUGE, [], {}]), encode([CREDIT, 1, HUGE, -HUGE])])
 @example(bodies=[encode([BIGGEST, 1]), encode([CALL, 1, BIGGEST, -BIGGEST, [BIGGEST], {}, 0, 0])])
 @example(bodies=[encode([CREDIT, 1, BIGGEST, -BIGGEST]), encode([CALL, BIGGEST, "calc"])])
+# Seed: a call id that does not increase, both ids as long as the decoder admits (a log line).
+@example(bodies=[encode([CALL, BIGGEST, "calc", "add", [2, 3], {}, 0, 0]), encode(ADD_CALL_1)])
 async def test_fuzz_rpc_envelopes_serving_role(bodies: list[bytes]) -> None:
     """A hostile controller: mutated envelopes to a worker, then a legitimate call."""
     async with wired(Role.WORKER) as w:
@@ -536,6 +553,8 @@ async def test_fuzz_rpc_envelopes_serving_role(bodies: list[bytes]) -> None:
         while True:
             envelope = await w.next_envelope()
             assert type(envelope) is list and envelope, envelope
+            if envelope[0] == ERROR:  # a refusal: its message is bounded whatever the names
+                assert len(envelope[2].get("message", "")) <= LINE_BOUND, envelope[2]
             if envelope[:2] == [RESULT, legit_id]:
                 assert envelope[2] == 5
                 break

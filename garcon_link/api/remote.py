@@ -89,7 +89,7 @@ from ..errors import (
     Rejected,
 )
 from ..limits import Limits
-from ..logs import log_fields
+from ..logs import log_fields, peer_message, peer_text
 from ..net.backend import loop_scheduler
 from ..rpc.hooks import CallHook
 from ..rpc.idempotency import IdempotencyStatistics, KeyedExecutions, normalize_key
@@ -130,6 +130,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("garcon_link.remote")  # the name users configure (README)
+
+_CAUSE_CHARS = 1000
+"""The longest cause of a refused session (a contract change lists the changed methods)."""
 
 T = TypeVar("T")
 Availability = Literal["offline", "ready", "reconnecting", "disposed"]
@@ -704,7 +707,7 @@ class RemoteExecutor(_Endpoint):
                 worker_instance_id=_optional_bytes(manifest.get("worker_instance_id")),
             )
         except (CallError, KeyError, TypeError, ValueError) as exc:
-            self._refuse_session(transport, f"describe failed: {exc}", contract=False)
+            self._refuse_session(transport, f"describe failed: {peer_text(exc)}", contract=False)
             return
         if self._contract is not None and info.contract != self._contract:
             changes = manifest_changes(self._services, info.services)
@@ -752,6 +755,7 @@ class RemoteExecutor(_Endpoint):
         the ``NotDispatched`` of every call (``CONTRACT_CHANGED`` or ``OFFLINE``); availability
         stays ``offline``.
         """
+        why = peer_message(why, _CAUSE_CHARS)  # names from the worker's manifest
         self.last_error = why
         self._contract_refused = contract
         log.error(

@@ -116,7 +116,7 @@ from ..errors import (
     SessionFailed,
 )
 from ..limits import Limits
-from ..logs import log_fields
+from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
 from ..net.ws import (
     EXECUTOR_PATH,
     DialTarget,
@@ -131,6 +131,7 @@ from ..net.ws import (
     describe_close,
     one_line,
     parse_dial_url,
+    unauthenticated_log,
     upgrade_refusal,
 )
 from ..settings.config import is_loopback_host
@@ -336,6 +337,11 @@ class WebSocketLink:
         self._tag = f"{self.role.value}[{self.runtime_id.hex()[:6]}]"
         self._attached = 0  # sockets attached to a slot (what the authenticated cap counts)
         self._closing_sockets = 0  # detached sockets waiting for the peer's close frame
+        self._unauthenticated_log = unauthenticated_log(self.limits)
+        # Authenticated peers' events (admission refusals, unexpected errors): rate-limited too.
+        self._peer_log = PeerLogLimiter(
+            log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
+        )
         self._listener: WebSocketListener | None = None
         if listen is not None:
             self._listener = WebSocketListener(
@@ -344,6 +350,7 @@ class WebSocketLink:
                 ssl_context=self._ssl,
                 tag=self._tag,
                 on_error=self._peer_failed,
+                peer_log=self._unauthenticated_log,
                 # One attached socket per executor, plus the configured allowance. Sockets being
                 # admitted are not counted: they are still under the handshake deadline and the
                 # unauthenticated cap (and one per executor at most).
@@ -611,14 +618,13 @@ class WebSocketLink:
         caller ends that socket (4008 when it can still say so); this logs the traceback, counts
         it and returns a one-line cause. Cancellation is not an :class:`Exception` and passes.
         """
-        try:
-            detail = str(exc)
-        except Exception:  # even describing it must not fail
-            detail = ""
+        detail = peer_text(exc)  # never raises; bounded whatever the message holds
         why = one_line(f"unexpected {type(exc).__name__}" + (f": {detail}" if detail else ""))
         self._stats.unexpected_errors += 1
         self.last_error = why
-        log.warning(
+        self._peer_log.log(
+            peer_host(peer),
+            type(exc).__name__,
             "%s peer %s failed with an unexpected error: %s",
             self._tag,
             peer,
@@ -636,7 +642,7 @@ class WebSocketLink:
             secret = self._keys(executor_id)
             return derive_key(secret) if secret is not None else None
         except Exception as exc:  # a lookup must not fail the listener; the peer is refused
-            self._peer_failed(f"key lookup for {executor_id!r}", exc)
+            self._peer_failed(f"key lookup for {peer_text(executor_id)}", exc)
             return None
 
     def _handshake(
@@ -662,7 +668,10 @@ class WebSocketLink:
         if frame is None:
             why = describe_close(sock)
             self.last_error = f"peer closed during handshake ({why})"
-            log.info(
+            self._stats.handshakes_abandoned += 1
+            self._unauthenticated_log.log(
+                peer_host(sock.peer),
+                "closed",
                 "%s %s: handshake ended: %s",
                 self._tag,
                 sock.peer,
@@ -670,6 +679,7 @@ class WebSocketLink:
                 extra=log_fields(
                     executor=self.executor_id, peer=sock.peer, close_code=close_code(sock)
                 ),
+                logger=log,
             )
             if sock.peer_close is not None:
                 code, reason = sock.peer_close
@@ -677,7 +687,9 @@ class WebSocketLink:
                     self._was_taken_over(reason)
                 elif code in _WILL_NOT_HEAL:
                     failure, fix = _WILL_NOT_HEAL[code]
-                    self._refused(failure, f"{sock.peer} closed with {code} ({reason})", fix)
+                    self._refused(
+                        failure, f"{sock.peer} closed with {code} ({peer_text(reason)})", fix
+                    )
             await sock.abort()
         return frame
 
@@ -739,8 +751,10 @@ class WebSocketLink:
             self.last_error = str(exc)
             if not known:
                 claimed_id = hs.local_hello.executor
-                self.last_error += f" (executor {claimed_id!r} is not enrolled here)"
-            log.warning(
+                self.last_error += f" (executor {peer_text(claimed_id)} is not enrolled here)"
+            self._unauthenticated_log.log(
+                peer_host(sock.peer),
+                exc.reason.name,
                 "%s %s: handshake refused: %s",
                 self._tag,
                 sock.peer,
@@ -748,6 +762,7 @@ class WebSocketLink:
                 extra=log_fields(
                     executor=self.executor_id, peer=sock.peer, close_code=exc.close_code
                 ),
+                logger=log,
             )
             if exc.close_code in _WILL_NOT_HEAL:
                 _failure, fix = _WILL_NOT_HEAL[exc.close_code]
@@ -1004,12 +1019,15 @@ class WebSocketLink:
         await self._refuse(sock, refusal)
 
     async def _refuse(self, sock: WebSocket, refusal: Refuse) -> None:
-        log.info(
+        self._peer_log.log(
+            peer_host(sock.peer),
+            refusal.reason.name,
             "%s %s: refused: %s",
             self._tag,
             sock.peer,
             refusal.detail,
             extra=log_fields(peer=sock.peer, close_code=refusal.reason.close_code),
+            level=logging.INFO,
         )
         code = refusal.reason.close_code
         sock.local_close = (code, refusal.detail)

@@ -88,7 +88,7 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 from ..core.wire import PEER_RETIRED_CODES, CloseCode
 from ..errors import ConfigError, FrameTooLarge, HandshakeFailure, LinkError, MalformedFrame
 from ..limits import Limits
-from ..logs import log_fields
+from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
 from . import _asyncio_stream
 
 __all__ = [
@@ -107,6 +107,7 @@ __all__ = [
     "describe_close",
     "one_line",
     "parse_dial_url",
+    "unauthenticated_log",
     "upgrade_refusal",
 ]
 
@@ -232,6 +233,19 @@ def one_line(text: str) -> str:
     return flat if len(flat) <= _REASON_CHARS else flat[: _REASON_CHARS - 3] + "..."
 
 
+def unauthenticated_log(limits: Limits) -> PeerLogLimiter:
+    """The rate limiter of a link's unauthenticated failures (refused upgrades and handshakes,
+    TLS failures, deadlines, evictions): INFO lines, at most one per peer host and reason per
+    ``log_interval``, and one WARNING summary per interval on ``garcon_link.ws``."""
+    return PeerLogLimiter(
+        log,
+        level=logging.INFO,
+        interval=limits.log_interval,
+        max_lines=limits.max_log_lines,
+        summary="unauthenticated connections failed",
+    )
+
+
 class SocketGone(anyio.BrokenResourceError):
     """The socket is closed or broken (not a protocol violation).
 
@@ -285,6 +299,10 @@ class LinkStatistics:
     """Bytes written to this link's sockets (WebSocket framing included)."""
     bytes_received: int = 0
     """Bytes read from this link's sockets by their message reader (handshakes included)."""
+    tls_handshakes_failed: int = 0
+    """Incoming connections whose TLS handshake failed (listening with TLS)."""
+    handshakes_abandoned: int = 0
+    """Sockets the peer closed before the handshake completed."""
 
     def count_handshake_failure(self, reason: HandshakeFailure) -> None:
         self.handshakes_failed[reason.name] = self.handshakes_failed.get(reason.name, 0) + 1
@@ -773,7 +791,7 @@ async def client_upgrade(
                     if isinstance(event, RejectConnection):
                         raise LinkError(f"{peer} refused the upgrade: HTTP {event.status_code}")
             except BROKEN as exc:
-                raise LinkError(f"bad upgrade response from {peer}: {exc}") from exc
+                raise LinkError(f"bad upgrade response from {peer}: {peer_text(exc)}") from exc
     except ssl.SSLError as exc:
         raise LinkError(f"TLS handshake with {peer} failed: {exc.reason or exc}") from exc
     except GONE as exc:
@@ -835,6 +853,8 @@ class WebSocketListener:
         occupied: how many sockets count against ``max_authenticated`` now (default: every
             socket from the end of its authentication until it is closed); the endpoint counts
             the sockets attached to its sessions.
+        peer_log: the rate limiter of unauthenticated failures' log lines (default: a new
+            :func:`unauthenticated_log`; the link shares its own with the handshake).
     """
 
     def __init__(
@@ -847,9 +867,12 @@ class WebSocketListener:
         on_error: Callable[[str, Exception], object],
         max_authenticated: int | None = None,
         occupied: Callable[[], int] | None = None,
+        peer_log: PeerLogLimiter | None = None,
     ) -> None:
         self.limits = limits
         self._occupied = occupied
+        self.peer_log = peer_log if peer_log is not None else unauthenticated_log(limits)
+        """Where every unauthenticated failure is counted and, rate-limited, logged."""
         self._max_authenticated = (
             limits.max_authenticated_sockets if max_authenticated is None else max_authenticated
         )
@@ -907,7 +930,9 @@ class WebSocketListener:
                 if len(self._unauthenticated) > self.limits.max_unauthenticated_sockets:
                     oldest = next(iter(self._unauthenticated))
                     self._stats.evicted_unauthenticated += 1
-                    log.info(
+                    self.peer_log.log(
+                        peer_host(peer),
+                        "evicted",
                         "%s %s: evicting the oldest unauthenticated socket",
                         self._tag,
                         peer,
@@ -944,11 +969,14 @@ class WebSocketListener:
                         stream, server_side=True, ssl_context=self._ssl, standard_compatible=False
                     )
                 except GONE as e:
-                    log.info(
+                    self._stats.tls_handshakes_failed += 1
+                    self.peer_log.log(
+                        peer_host(peer),
+                        "TLS",
                         "%s %s: TLS handshake failed: %s",
                         self._tag,
                         peer,
-                        str(e),
+                        peer_text(e),
                         extra=log_fields(peer=peer),
                     )
                     return None
@@ -959,7 +987,9 @@ class WebSocketListener:
             return await authenticate(sock)
         if deadline.cancelled_caught:
             self._stats.count_handshake_failure(HandshakeFailure.TIMEOUT)
-            log.info(
+            self.peer_log.log(
+                peer_host(peer),
+                HandshakeFailure.TIMEOUT.name,
                 "%s %s: handshake deadline expired",
                 self._tag,
                 peer,
@@ -993,7 +1023,7 @@ class WebSocketListener:
                 parser.receive_data(data)
                 event = parser.next_event()
             except BROKEN as exc:
-                await self._refuse(sock, 400, f"bad upgrade request: {exc}")
+                await self._refuse(sock, 400, f"bad upgrade request: {peer_text(exc)}")
                 return False
             if isinstance(event, h11.Request):
                 break
@@ -1014,14 +1044,14 @@ class WebSocketListener:
             ws.initiate_upgrade_connection(list(event.headers), event.target)
             request = next((e for e in ws.events() if isinstance(e, Request)), None)
         except BROKEN as exc:
-            await self._refuse(sock, 400, f"bad upgrade request: {exc}")
+            await self._refuse(sock, 400, f"bad upgrade request: {peer_text(exc)}")
             return False
         if request is None:
             await self._refuse(sock, 400, "not a WebSocket upgrade")
             return False
         path = urllib.parse.urlsplit(request.target).path
         if path != EXECUTOR_PATH:
-            await self._refuse(sock, 404, f"path {path!r} is not {EXECUTOR_PATH}")
+            await self._refuse(sock, 404, f"path {peer_text(path)} is not {EXECUTOR_PATH}")
             return False
         busy = self._occupied() if self._occupied is not None else self._authenticated
         if self.closing or busy >= self._max_authenticated:
@@ -1043,7 +1073,9 @@ class WebSocketListener:
         """
         why = one_line(why)
         self._stats.upgrades_refused[status] = self._stats.upgrades_refused.get(status, 0) + 1
-        log.info(
+        self.peer_log.log(
+            peer_host(sock.peer),
+            f"HTTP {status}",
             "%s %s: upgrade refused with HTTP %d: %s",
             self._tag,
             sock.peer,

@@ -44,6 +44,8 @@ from typing import Any
 import cbor2
 import msgspec
 
+from ..logs import peer_text
+
 __all__ = [
     "CALL",
     "CANCEL",
@@ -277,7 +279,7 @@ def decode(item: object) -> Envelope:
         case 8 if n == 3:
             return Part(item[1], item[2])
     if not CALL <= kind <= PART:
-        raise BadEnvelope(kind, f"unknown kind {kind!r}")
+        raise BadEnvelope(kind, f"unknown kind {peer_text(kind)}")
     raise BadEnvelope(kind, f"kind {kind} with {n} elements is malformed", named)
 
 
@@ -297,9 +299,9 @@ def metadata_problem(metadata: object, max_entries: int, max_bytes: int) -> str 
         if type(key) is not str:
             return f"metadata key is a {type(key).__name__}, not text"
         if not _METADATA_KEY.fullmatch(key):
-            return f"metadata key {key[:64]!r} is not 1-64 characters of [a-z0-9._-]"
+            return f"metadata key {peer_text(key)} is not 1-64 characters of [a-z0-9._-]"
         if type(value) is not str:
-            return f"metadata value of {key!r} is a {type(value).__name__}, not text"
+            return f"metadata value of {peer_text(key)} is a {type(value).__name__}, not text"
         size += len(key) + len(value.encode("utf-8", "surrogatepass"))
         if size > max_bytes:
             return f"metadata exceeds {max_bytes} bytes"

@@ -53,6 +53,7 @@ import datetime
 import decimal
 import enum
 import inspect
+import re
 import typing
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +66,7 @@ import msgspec.inspect
 
 from ..core.wire import encode_canonical
 from ..errors import ConfigError, Rejected
+from ..logs import peer_message, peer_text
 
 __all__ = [
     "MAX_SIGNATURE_CHARS",
@@ -212,8 +214,10 @@ def _bind(
                 if p.kind
                 in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
             ]
+            named = ", ".join(peer_text(name) for name in unexpected[:3])  # the peer's names
+            more = f" and {len(unexpected) - 3} more" if len(unexpected) > 3 else ""
             raise TypeError(
-                f"got an unexpected keyword argument {', '.join(map(repr, unexpected))} "
+                f"got an unexpected keyword argument {named}{more} "
                 f"(accepted: {', '.join(accepted) or 'none'})"
             )
     return signature.bind(*args, **kwargs)
@@ -718,6 +722,20 @@ _DYNAMIC_SIGNATURE = inspect.Signature(
 )
 
 
+def _names(manifest: Mapping[Any, Any], shown: int = 20) -> str:
+    """The first ``shown`` names of a worker's manifest, for an error message (bounded)."""
+    names = sorted(manifest, key=str)
+    text = ", ".join(
+        name if _PLAIN_NAME.fullmatch(name) else peer_text(name)
+        for name in (str(n) for n in names[:shown])
+    )
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return peer_message(text or "none") + more
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+
+
 def manifest_method(services: Mapping[str, Any], service: str, method: str) -> MethodSpec:
     """A :class:`MethodSpec` for ``service.method`` built from a worker's manifest.
 
@@ -730,11 +748,11 @@ def manifest_method(services: Mapping[str, Any], service: str, method: str) -> M
     """
     methods = services.get(service)
     if not isinstance(methods, Mapping):
-        known = ", ".join(sorted(services)) or "none"
+        known = _names(services)
         raise Rejected("UNKNOWN_SERVICE", f"no service named {service!r} (services: {known})")
     entry = methods.get(method)
     if not isinstance(entry, Mapping) or method.startswith("_"):
-        known = ", ".join(sorted(methods)) or "none"
+        known = _names(methods)
         raise Rejected(
             "OPERATION_UNSUPPORTED",
             f"{service!r} has no callable method {method!r} (methods: {known})",

@@ -186,7 +186,7 @@ from ..errors import (
     StaleResource,
 )
 from ..limits import Limits
-from ..logs import log_fields
+from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..net.backend import loop_scheduler, on_asyncio
 from .chunks import ChunkSender, PartViolation, Reassembler, parse_part
 from .envelopes import (
@@ -776,6 +776,10 @@ class RpcStatistics:
             with no transfer in progress) or beyond the size limit, and transfers whose body
             is itself a part (parts do not nest); all dropped.
         part_buffered: bytes of the peer's transfer in progress held now (0 between transfers).
+        malformed_envelopes: the peer's envelopes dropped as malformed or undecodable (a call
+            id that does not increase included).
+        notifications_dropped: the peer's notifications dropped (unknown or unreadable,
+            draining, or too many handlers running).
     """
 
     pending_calls: int
@@ -794,6 +798,8 @@ class RpcStatistics:
     transfers_aborted: int = 0
     part_violations: int = 0
     part_buffered: int = 0
+    malformed_envelopes: int = 0
+    notifications_dropped: int = 0
 
 
 class _CallIds:
@@ -924,6 +930,13 @@ class ExecutorRpc:
         self._claimed: int | None = None  # the call id claimed by the transfer in progress
         self._whole_id: int | None = None
         self._part_violations = 0
+        self._malformed_envelopes = 0
+        self._notifications_dropped = 0
+        # What the peer makes us log: at most one line per reason per log_interval (the exact
+        # counts are in statistics()).
+        self._peer_log = PeerLogLimiter(
+            log, interval=limits.log_interval, max_lines=limits.max_log_lines
+        )
         self._retired: CallError | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         # Call handlers on asyncio are plain tasks (see _on_call); on trio, children of _tg.
@@ -1018,6 +1031,8 @@ class ExecutorRpc:
             transfers_received=self._reassembler.completed,
             transfers_aborted=self._reassembler.aborted,
             part_violations=self._part_violations,
+            malformed_envelopes=self._malformed_envelopes,
+            notifications_dropped=self._notifications_dropped,
             part_buffered=self._reassembler.buffered,
         )
 
@@ -1170,7 +1185,9 @@ class ExecutorRpc:
         if self._hold is None and self._queued_refusals >= self.limits.max_queued_refusals:
             self._hold = anyio.Event()
             self._reader_holds += 1
-            log.warning(
+            self._peer_log.log(
+                self.transport.label,
+                "reader held",
                 "session %s: %d refusals wait for the peer's receipts; reading paused",
                 self.transport.label,
                 self._queued_refusals,
@@ -1431,7 +1448,7 @@ class ExecutorRpc:
             # a structure larger than its own bytes (a DAG of 2**n paths) later on.
             item = decode_item(payload, self.limits.max_frame_bytes)
         except MalformedFrame as exc:
-            log.warning("dropping malformed envelope: %s", exc)
+            self._dropped_envelope(None, peer_text(exc))
             self._undecodable(payload)
             return None
         try:
@@ -1471,9 +1488,12 @@ class ExecutorRpc:
             body = reassembler.feed(envelope.flags, envelope.chunk)
         except PartViolation as exc:
             self._part_violations += 1
-            log.warning(
-                "dropping the peer's transfer in parts: %s",
-                exc,
+            self._peer_log.log(
+                self.transport.label,
+                "parts",
+                "session %s: dropping the peer's transfer in parts: %s",
+                self.transport.label,
+                peer_text(exc),
                 extra=log_fields(session=self.transport.session_id),
             )
             return
@@ -1508,10 +1528,10 @@ class ExecutorRpc:
             return None
         call_id = head[1]
         if call_id <= self._last_incoming_id:
-            log.warning(
-                "dropping malformed envelope (kind %d): %s",
+            self._dropped_envelope(
                 CALL,
-                f"call id {call_id} does not increase (last {self._last_incoming_id})",
+                f"call id {peer_text(call_id)} does not increase "
+                f"(last {peer_text(self._last_incoming_id)})",
             )
             return -1
         self._last_incoming_id = call_id
@@ -1520,17 +1540,29 @@ class ExecutorRpc:
     def _malformed(self, exc: BadEnvelope) -> None:
         """An envelope of the wrong shape: dropped; a reply naming a call of ours fails it."""
         kind = exc.kind
-        if kind is None:
-            log.warning("dropping envelope that is not [kind, ...]")
-            return
-        if not CALL <= kind <= PART:
-            log.warning("dropping envelope of unknown kind %r", kind)
+        if kind is None or not CALL <= kind <= PART:
+            self._dropped_envelope(None, peer_text(exc))
             return
         if kind in REPLY_KINDS and exc.call_id is not None:
             pending = self._pending.get(exc.call_id)
             if pending is not None:
-                self._fail_unreadable(pending, "MALFORMED_REPLY", f"the peer's reply: {exc}")
-        log.warning("dropping malformed envelope (kind %d): %s", kind, exc)
+                self._fail_unreadable(
+                    pending, "MALFORMED_REPLY", f"the peer's reply: {peer_text(exc)}"
+                )
+        self._dropped_envelope(kind, peer_text(exc))
+
+    def _dropped_envelope(self, kind: int | None, why: str) -> None:
+        """Count a dropped envelope; log it, at most once per ``log_interval``."""
+        self._malformed_envelopes += 1
+        self._peer_log.log(
+            self.transport.label,
+            "malformed",
+            "session %s: dropping malformed envelope%s: %s",
+            self.transport.label,
+            "" if kind is None else f" (kind {kind})",
+            why,
+            extra=log_fields(session=self.transport.session_id),
+        )
 
     def _undecodable(self, payload: bytes) -> None:
         """An envelope that did not decode, named by its head (``[kind, id``) where it has one.
@@ -1603,7 +1635,9 @@ class ExecutorRpc:
         # never the items, and nothing may follow it until more credit is granted.
         if stream.credit_items <= 0 or stream.credit_bytes <= 0:
             self._flow_violations += 1
-            log.warning(
+            self._peer_log.log(
+                self.transport.label,
+                "flow",
                 "session %s: stream %d got an item beyond its credit; ending it",
                 self.transport.label,
                 pending.id,
@@ -1701,14 +1735,15 @@ class ExecutorRpc:
         if service == INTERNAL_SERVICE:
             if method == "describe":
                 return _DESCRIBE_SPEC, self._internal_describe
-            raise Rejected("OPERATION_UNSUPPORTED", f"no internal method {method!r}")
+            raise Rejected("OPERATION_UNSUPPORTED", f"no internal method {peer_text(method)}")
         bound = self.registry.get(service)
         if bound is None:
-            raise Rejected("UNKNOWN_SERVICE", f"no service named {service!r}")
+            raise Rejected("UNKNOWN_SERVICE", f"no service named {peer_text(service)}")
         spec = bound.spec.methods.get(method)
         if spec is None or method.startswith("_"):
             raise Rejected(
-                "OPERATION_UNSUPPORTED", f"{service!r} has no callable method {method!r}"
+                "OPERATION_UNSUPPORTED",
+                f"{service!r} has no callable method {peer_text(method)}",
             )
         target = getattr(bound.target, method, None)
         if target is None or not callable(target):
@@ -1725,10 +1760,10 @@ class ExecutorRpc:
         args, kwargs, key = envelope.args, envelope.kwargs, envelope.key
         credit, credit_bytes = envelope.credit_items, envelope.credit_bytes
         if call_id <= self._last_incoming_id and call_id != self._whole_id:
-            log.warning(
-                "dropping malformed envelope (kind %d): %s",
+            self._dropped_envelope(
                 CALL,
-                f"call id {call_id} does not increase (last {self._last_incoming_id})",
+                f"call id {peer_text(call_id)} does not increase "
+                f"(last {peer_text(self._last_incoming_id)})",
             )
             return
         if call_id > self._last_incoming_id:
@@ -2023,7 +2058,7 @@ class ExecutorRpc:
         try:
             spec, target = self._resolve(service, method)
             if spec.kind is MethodKind.STREAM:
-                raise Rejected("OPERATION_UNSUPPORTED", f"stream {method!r} cannot be notified")
+                raise Rejected("OPERATION_UNSUPPORTED", f"stream {spec.name!r} cannot be notified")
             if not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise ValueError("args must be a list and kwargs a map")
             metadata = self._received_metadata(envelope.metadata)
@@ -2032,37 +2067,39 @@ class ExecutorRpc:
             assert not isinstance(metadata, str)
             pos, kw = spec.convert_arguments(args, kwargs)
         except (CallError, ValueError) as exc:
-            log.warning(
-                "dropping notification %s.%s: %s",
-                service,
-                method,
-                exc,
-                extra=log_fields(session=self.transport.session_id),
-            )
+            self._dropped_notification("unreadable", service, method, peer_text(exc))
             return
         if self._draining:
-            log.warning(
-                "dropping notification %s.%s: draining",
-                service,
-                method,
-                extra=log_fields(session=self.transport.session_id),
-            )
+            self._dropped_notification("draining", service, method, "draining")
             return
         if len(self._incoming) + self._notifications >= self.limits.max_incoming_calls:
             # One-way handlers count against the incoming budget too; with no reply to send,
             # an excess notification is dropped (and logged).
-            log.warning(
-                "dropping notification %s.%s: %d handlers already running",
+            self._dropped_notification(
+                "overloaded",
                 service,
                 method,
-                self.limits.max_incoming_calls,
-                extra=log_fields(session=self.transport.session_id),
+                f"{self.limits.max_incoming_calls} handlers already running",
             )
             return
         self._notifications += 1
         self._note_incoming()
         assert self._tg is not None
         self._tg.start_soon(self._run_notification, service, spec, target, pos, kw, metadata)
+
+    def _dropped_notification(self, reason: str, service: object, method: object, why: str) -> None:
+        """Count a dropped notification; log it, at most once per reason per ``log_interval``."""
+        self._notifications_dropped += 1
+        self._peer_log.log(
+            self.transport.label,
+            f"notification {reason}",
+            "session %s: dropping notification %s.%s: %s",
+            self.transport.label,
+            peer_text(service),
+            peer_text(method),
+            why,
+            extra=log_fields(session=self.transport.session_id),
+        )
 
     async def _run_notification(
         self,
@@ -2084,11 +2121,15 @@ class ExecutorRpc:
             if hasattr(result, "__await__"):
                 await result
         except Exception as exc:
-            log.exception(
+            self._peer_log.log(
+                self.transport.label,
+                "notification handler",
                 "notification handler %s.%s raised",
                 service,
                 spec.name,
+                exc_info=True,
                 extra=log_fields(session=self.transport.session_id),
+                level=logging.ERROR,
             )
             error = _handler_error(exc)[0]
         except BaseException:

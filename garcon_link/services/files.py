@@ -127,6 +127,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 import blake3
 
 from ..errors import Rejected, RemoteError
+from ..logs import peer_text
 from ..rpc.resources import ResourceRef, ServiceScope, current_scope
 from ._confined import _DIR_FLAGS, MAX_NAME_BYTES, ConfinedRoot, _denied, _is_link, _os_errors
 from ._limits import KiB, MiB, ServiceLimits
@@ -900,7 +901,7 @@ class LocalFileService:
         for upload_id, upload in expired:
             if self._uploads.get(upload_id) is upload:
                 del self._uploads[upload_id]
-                log.info("discarding upload %s to %s: idle", upload_id, upload.shown)
+                log.info("discarding upload %s to %s: idle", upload_id, peer_text(upload.shown))
                 async with upload.lock:
                     upload.discard()
 

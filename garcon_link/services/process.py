@@ -102,6 +102,7 @@ import anyio
 import anyio.abc
 
 from ..errors import ConfigError, Rejected, RemoteError
+from ..logs import peer_text
 from ..rpc.resources import ResourceRef, ServiceScope, current_scope
 from ._confined import ConfinedRoot, _os_errors
 from ._limits import MiB, ServiceLimits
@@ -529,7 +530,7 @@ class LocalProcessService:
                 await process.aclose()
             raise Rejected("SHUTTING_DOWN", "the worker is stopping")
         self._tasks.spawn(proc.supervise, f"garcon-link process {proc_id} ({argv[0]})")
-        log.debug("started %s pid=%d: %s", proc_id, proc.pid, argv[0])
+        log.debug("started %s pid=%d: %s", proc_id, proc.pid, peer_text(argv[0]))
         return proc
 
     def _check_spec(
@@ -744,7 +745,7 @@ class LocalProcessService:
             # Cancelled (or failed) while running: the process must not outlive the call.
             with anyio.CancelScope(shield=True):
                 if proc.force(sig_mod.SIGKILL):
-                    log.info("run of %r cancelled: killed its process group", argv[0])
+                    log.info("run of %s cancelled: killed its process group", peer_text(argv[0]))
                 with anyio.move_on_after(_REAP_TIMEOUT):
                     await proc.done.wait()
             raise

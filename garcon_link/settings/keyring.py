@@ -20,7 +20,8 @@ Because the id comes from an unauthenticated peer, :meth:`Keyring.secret_for`
 * never raises and returns ``None`` on any problem: the caller refuses unknown, revoked and
   misconfigured executors alike, so the wire tells them apart in no way.
 
-A missing file is the normal "not enrolled" case and is logged at debug level only. A present
+A missing file is the normal "not enrolled" case and is logged at debug level only (at most once
+per id per ``warn_interval``, ten such lines per interval in all: the ids are strangers'). A present
 file that is refused is an operator's mistake: it is logged as a warning naming the file, the
 problem and the fix (``run `chmod 600 .../box-1.secret```), at most once per file and problem
 per ``warn_interval`` seconds (a redialing worker must not flood the log). No log line holds a
@@ -48,7 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..logs import log_fields
+from ..logs import PeerLogLimiter, log_fields
 from .config import (
     MAX_EXECUTOR_ID_CHARS,
     Secret,
@@ -115,6 +116,11 @@ class Keyring:
         self._clock = clock
         self._warn_interval = warn_interval
         self._warned: dict[tuple[str, str], float] = {}
+        # Lookups peers cause (any stranger can claim ids): debug lines at most once per id and
+        # reason per interval, few per interval in all.
+        self._lookups = PeerLogLimiter(
+            log, level=logging.DEBUG, interval=warn_interval, max_lines=10, clock=clock
+        )
 
     @property
     def directory(self) -> Path:
@@ -139,7 +145,7 @@ class Keyring:
         problem = executor_id_problem(executor_id)
         if problem is not None:
             # The value is the peer's: it is not echoed.
-            log.debug("key lookup refused: the executor id %s", problem)
+            self._lookups.log("", "refused id", "key lookup refused: the executor id %s", problem)
             return None
         path = self._directory / f"{executor_id}{KEY_SUFFIX}"
         try:
@@ -201,8 +207,13 @@ class Keyring:
         except OSError:
             directory_ok = False
         if directory_ok:
-            log.debug(
-                "executor %s is not enrolled (no %s)", executor_id, path, extra=_extra(executor_id)
+            self._lookups.log(
+                executor_id,
+                "not enrolled",
+                "executor %s is not enrolled (no %s)",
+                executor_id,
+                path,
+                extra=_extra(executor_id),
             )
             return
         # Every lookup fails now: that is worth a warning, not a debug line per peer.
