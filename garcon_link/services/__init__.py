@@ -40,7 +40,7 @@ from ..api.remote import Service
 from ..errors import ConfigError
 from ..rpc.resources import ServiceScope
 from ._confined import ConfinedRoot
-from ._staging import version_token
+from ._file_values import version_token
 from .files import (
     DirEntry,
     DirPage,

@@ -17,6 +17,7 @@ import blake3
 
 from ..errors import Rejected
 from ._confined import ConfinedRoot, _denied
+from ._file_values import FileStat, _file_stat, version_token
 
 # Per-path publish locks shared by every LocalFileService of this process (striped: bounded).
 _PUBLISH_LOCKS = tuple(threading.Lock() for _ in range(64))
@@ -24,11 +25,6 @@ _PUBLISH_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 def _publish_lock(host_path: str) -> threading.Lock:
     return _PUBLISH_LOCKS[hash(host_path) % len(_PUBLISH_LOCKS)]
-
-
-def version_token(st: os.stat_result) -> str:
-    """The version token of a stat result (see :mod:`garcon_link.services.files`)."""
-    return f"{st.st_mtime_ns:x}-{st.st_ctime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
 
 
 def _check_digest_args(sha256: str | None, blake3_hex: str | None) -> None:
@@ -129,9 +125,9 @@ def _publish(
     if_match: str | None,
     exclusive: bool,
     mode: int | None,
-) -> os.stat_result:
+) -> FileStat:
     """Publish a staged, verified file as ``name`` in ``dir_fd`` (see
-    :mod:`garcon_link.services.files`); returns the published file's ``fstat``."""
+    :mod:`garcon_link.services.files`)."""
     try:
         current: os.stat_result | None = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -177,7 +173,7 @@ def _publish(
                     )
             os.replace(staged, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     _fsync_dir(dir_fd)
-    return os.fstat(staged_fd)
+    return _file_stat(root.caller_path(parts), os.fstat(staged_fd))
 
 
 # ---------------------------------------------------------------------------- uploads

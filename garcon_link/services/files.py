@@ -103,11 +103,12 @@ Failures while acting are :class:`~garcon_link.RemoteError`: ``IO_ERROR``, ``NO_
 Messages name the caller's path, never the worker's real path: an OS error is shown by its
 ``strerror`` only.
 
-This module is the service's face: the values, the interface and :class:`LocalFileService`.
-Its parts live beside it: the path policy (:class:`ConfinedRoot`) in ``_confined.py``, the
-threads in ``_threads.py``, staging, publishing and upload state in ``_staging.py``, and
-:class:`ServiceLimits` (shared with :mod:`garcon_link.services.process`) in ``_limits.py``;
-all of them are importable from here. POSIX only (``openat``/``O_NOFOLLOW``/``dir_fd``); Linux
+This module is the service's face: the interface and :class:`LocalFileService`. Its parts live
+beside it: the values and version tokens in ``_file_values.py``, the path policy
+(:class:`ConfinedRoot`) in ``_confined.py``, the threads in ``_threads.py``, staging,
+publishing and upload state in ``_staging.py``, and :class:`ServiceLimits` (shared with
+:mod:`garcon_link.services.process`) in ``_limits.py``; the public names are importable from
+here. POSIX only (``openat``/``O_NOFOLLOW``/``dir_fd``); Linux
 is tested.
 """
 
@@ -121,8 +122,7 @@ import os
 import stat as stat_mod
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import blake3
 
@@ -130,6 +130,17 @@ from ..errors import Rejected, RemoteError
 from ..logs import peer_text
 from ..rpc.resources import ResourceRef, ServiceScope, current_scope
 from ._confined import _DIR_FLAGS, MAX_NAME_BYTES, ConfinedRoot, _denied, _is_link, _os_errors
+from ._file_values import (
+    DirEntry,
+    DirPage,
+    FileKind,
+    FileStat,
+    ReadChunk,
+    UploadStatus,
+    _file_stat,
+    _kind,
+    version_token,
+)
 from ._limits import KiB, MiB, ServiceLimits
 from ._staging import (
     _check_digest_args,
@@ -141,7 +152,6 @@ from ._staging import (
     _Upload,
     _verify_digests,
     _write_all,
-    version_token,
 )
 from ._threads import _attached, _checkpoint, _detached, _remove_tree, _SharedFd
 
@@ -160,92 +170,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-
-FileKind = Literal["file", "dir", "symlink", "other"]
-
-
-# ---------------------------------------------------------------------------- values
-
-
-@dataclass(frozen=True, slots=True)
-class FileStat:
-    """What :meth:`FileService.stat` reports.
-
-    Attributes:
-        path: the canonical path in the caller's namespace (symlinks resolved).
-        kind: ``"file"``, ``"dir"``, ``"symlink"`` or ``"other"`` (device, FIFO, socket).
-        size: size in bytes.
-        mode: permission bits (``st_mode & 0o7777``).
-        mtime: modification time, seconds since the epoch.
-        version: the version token (see the module docstring); pass it as ``if_match``.
-    """
-
-    path: str
-    kind: FileKind
-    size: int
-    mode: int
-    mtime: float
-    version: str
-
-
-@dataclass(frozen=True, slots=True)
-class DirEntry:
-    """One entry of a directory listing (not following symlinks: a link is ``"symlink"``)."""
-
-    name: str
-    kind: FileKind
-    size: int
-    mtime: float
-
-
-@dataclass(frozen=True, slots=True)
-class DirPage:
-    """One page of a sorted directory listing.
-
-    Attributes:
-        path: the listed directory (canonical).
-        entries: entries sorted by name, all after the requested ``after``.
-        next_after: pass as ``after`` for the next page; ``None`` when this is the last page.
-        undecodable: entries skipped because their names are not valid UTF-8.
-    """
-
-    path: str
-    entries: list[DirEntry]
-    next_after: str | None
-    undecodable: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ReadChunk:
-    """Bytes read at ``offset``; ``eof`` when the chunk reaches the file's end.
-
-    ``version`` and ``size`` describe the file as opened for this read: read a file in several
-    chunks and compare versions to detect a concurrent change.
-    """
-
-    path: str
-    offset: int
-    data: bytes
-    size: int
-    version: str
-    eof: bool
-
-
-@dataclass(frozen=True, slots=True)
-class UploadStatus:
-    """Where an unfinished upload stands (:meth:`FileService.upload_status`).
-
-    Attributes:
-        path: the destination, as given to ``begin_upload``.
-        received: bytes received and written to the staged file, in order from 0: the offset
-            the next chunk must start at (a chunk starting earlier is accepted, its already
-            received part ignored).
-        size: the size declared to ``begin_upload`` (``None``: not declared).
-    """
-
-    path: str
-    received: int
-    size: int | None
 
 
 # ---------------------------------------------------------------------------- interface
@@ -382,28 +306,6 @@ class FileService(Protocol):
     async def abort_upload(self, handle: ResourceRef) -> None:
         """Discard the upload and its staged file (idempotent)."""
         ...
-
-
-# ---------------------------------------------------------------------------- confinement
-def _kind(mode: int) -> FileKind:
-    if stat_mod.S_ISREG(mode):
-        return "file"
-    if stat_mod.S_ISDIR(mode):
-        return "dir"
-    if stat_mod.S_ISLNK(mode):
-        return "symlink"
-    return "other"
-
-
-def _file_stat(path: str, st: os.stat_result) -> FileStat:
-    return FileStat(
-        path=path,
-        kind=_kind(st.st_mode),
-        size=st.st_size,
-        mode=stat_mod.S_IMODE(st.st_mode),
-        mtime=st.st_mtime,
-        version=version_token(st),
-    )
 
 
 # ---------------------------------------------------------------------------- implementation
@@ -793,7 +695,7 @@ class LocalFileService:
                     _write_all(fd, data, 0)
                     if os.fstat(fd).st_size != len(data):
                         raise RemoteError("IO_ERROR", f"{path}: staged size differs")
-                    published = _publish(
+                    return _publish(
                         self.root,
                         parts,
                         path,
@@ -805,7 +707,6 @@ class LocalFileService:
                         exclusive=exclusive,
                         mode=mode,
                     )
-                    return _file_stat(self.root.caller_path(parts), published)
                 finally:
                     os.close(fd)
                     _discard(dir_fd, staged)  # no-op once published
@@ -995,7 +896,7 @@ class LocalFileService:
                             os.close(fd)
                         if (st.st_dev, st.st_ino) != upload.dir_id:
                             raise _denied(upload.shown, "the directory changed during the upload")
-                        published = _publish(
+                        return _publish(
                             self.root,
                             parts,
                             upload.shown,
@@ -1007,7 +908,6 @@ class LocalFileService:
                             exclusive=upload.exclusive,
                             mode=upload.mode,
                         )
-                        return _file_stat(self.root.caller_path(parts), published)
                 finally:
                     upload.discard()
 
