@@ -27,7 +27,13 @@ endif
 # or BENCH_ARGS='--only floor,ours --repetitions 3'.
 BENCH_ARGS ?=
 
-.PHONY: demo test lint typecheck unit unit-py verify bench bench-venv clean
+# `make soak`: the chaos soak (tests/soak/test_chaos.py), plain and keyed, SOAK_MINUTES each, once
+# per seed of SOAK_SEEDS (a seed replays a fault schedule; none: one run with a fresh seed, which
+# the soak prints), e.g. make soak SOAK_MINUTES=15 SOAK_SEEDS='2789515527 17'.
+SOAK_MINUTES ?= 5
+SOAK_SEEDS ?=
+
+.PHONY: demo test lint typecheck unit unit-py verify soak bench bench-venv clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
@@ -81,6 +87,17 @@ test: lint typecheck unit
 # test suite's (tests/test_model.py); a few minutes. Other bounds: python -m tests.model --help.
 verify: $(VENV)/.installed-test
 	$(BIN)/python -m tests.model --preset verify
+
+# Every seed runs even when one fails; the exit status says whether any did.
+soak: $(VENV)/.installed-test
+	@status=0; \
+	for seed in $(or $(strip $(SOAK_SEEDS)),fresh); do \
+	  if [ "$$seed" = fresh ]; then unset GARCON_SOAK_SEED; else export GARCON_SOAK_SEED=$$seed; fi; \
+	  echo "== chaos soak: $(SOAK_MINUTES) min per mode, seed $$seed"; \
+	  $(BIN)/python -m pytest -q -s tests/soak/test_chaos.py --soak-minutes $(SOAK_MINUTES) \
+	    || { echo "== chaos soak FAILED: seed $$seed"; status=1; }; \
+	done; \
+	exit $$status
 
 bench-venv: $(VENV)/.installed-bench
 

@@ -30,7 +30,8 @@ import garcon_link as gl
 from garcon_link import _scaffold, cli
 from garcon_link.cli import _call
 from garcon_link.rpc.interface import MethodKind
-from garcon_link.settings.config import CONFIG_ENV_VAR, read_secret_file
+from garcon_link.settings.config import CONFIG_ENV_VAR
+from garcon_link.settings.secrets import read_secret_file
 
 CLI = (sys.executable, "-m", "garcon_link.cli")
 SERVICE = "demo=garcon_link.demo:DemoService"

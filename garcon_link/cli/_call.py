@@ -12,8 +12,8 @@ from typing import Any
 
 import anyio
 
+from ..api.controller import ExecutorInfo, RemoteExecutor, connect
 from ..api.fleet import fleet
-from ..api.remote import ExecutorInfo, RemoteExecutor, connect
 from ..errors import NotDispatched, RemoteError
 from ..rpc.interface import MethodKind, MethodSpec, manifest_method
 from ..settings.config import FleetConfig, LinkConfig

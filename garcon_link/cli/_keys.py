@@ -8,8 +8,8 @@ import shlex
 from pathlib import Path
 
 from .. import _scaffold
-from ..settings.config import write_secret_file
 from ..settings.keyring import enroll
+from ..settings.secrets import write_secret_file
 from ._exits import EXIT_OK, UsageError
 from ._output import _emit, _setup_logging
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import anyio
 
-from ..api.remote import ServiceFactory, ServiceMap, Worker
+from ..api.registration import ServiceFactory, ServiceMap
+from ..api.worker import Worker
 from ..rpc.resources import ServiceScope
 from ..settings.config import LinkConfig
 from ._exits import EXIT_OK, TakenOver, UsageError

@@ -19,9 +19,17 @@ Rules implemented here:
 
 * **Replay fence**: the first receipt received on the current attachment. The peer writes it after
   everything it replays, so when it arrives every replayed inbound frame has been seen.
-* **Pre-readiness buffer**: inbound payloads accepted before the fence are held (bounded by
-  ``max_inbound_buffer_payloads``/``_bytes``; overflow retires the session), survive another detach,
-  and drain *in order* into the delivery queue *before* ``READY`` is announced.
+* **Pre-readiness buffer** (:class:`PreReadinessBuffer`): inbound payloads accepted before the
+  fence are held and drain *in order* into the delivery queue *before* ``READY`` is announced.
+  The bound (``max_inbound_buffer_payloads``/``_bytes``; overflow retires the session) covers what
+  the *current* attachment accepted before its fence: for an honest peer at most what it retains.
+  Nothing we accepted is in the peer's retention any more (our receipts, and the resume position
+  of the next handshake, acknowledged it), so the peer may replay a whole new window beside it.
+  Therefore a new attachment first hands over what an earlier one left -- its pre-fence payloads
+  if it ended before its fence (they survive the detach), and whatever a detach interrupted on
+  its way to the consumer -- and reads nothing until all of it is in the delivery queue
+  (back-pressure, as from a full queue; the replay inactivity clock is paused meanwhile). So the
+  pre-readiness payloads held at any time, released or not, never exceed the bound.
 * **Replay inactivity**: while replaying (fence not yet passed, or frames we replayed not yet
   confirmed), the session is retired with ``REPLAY_STALLED`` if ``replay_inactivity`` passes with no
   progress. Progress is a new inbound ordinal or a receipt that confirms more of our frames;
@@ -82,7 +90,13 @@ from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields
 
-__all__ = ["MessageSocket", "SessionTransport", "TransportState", "TransportStatistics"]
+__all__ = [
+    "MessageSocket",
+    "PreReadinessBuffer",
+    "SessionTransport",
+    "TransportState",
+    "TransportStatistics",
+]
 
 log = logging.getLogger("garcon_link.transport")  # the name users configure (README)
 
@@ -160,6 +174,57 @@ class TransportStatistics:
 
 Listener = Callable[[TransportState], None]
 
+
+class PreReadinessBuffer:
+    """Inbound payloads accepted before the peer's replay fence, on one attachment (sans-IO).
+
+    Bounded by ``Limits.max_inbound_buffer_payloads`` and ``max_inbound_buffer_bytes``: an
+    honest peer replays before its fence at most what it retains, and it retains nothing this
+    side accepted (acknowledged by a receipt, or by the resume position of the next handshake).
+    So what an attachment leaves here when it ends before its fence must not stay beside the
+    next attachment's replay: :meth:`attach` hands it over first.
+    """
+
+    __slots__ = ("_bodies", "_limits", "_size")
+
+    def __init__(self, limits: Limits) -> None:
+        self._limits = limits
+        self._bodies: deque[bytes] = deque()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return len(self._bodies)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the payloads held."""
+        return self._size
+
+    def hold(self, body: bytes) -> str | None:
+        """Hold ``body``, or return why it would pass the bound (then nothing is held)."""
+        limits = self._limits
+        if (
+            len(self._bodies) >= limits.max_inbound_buffer_payloads
+            or self._size + len(body) > limits.max_inbound_buffer_bytes
+        ):
+            return f"{len(self._bodies)} payloads / {self._size} bytes before the fence"
+        self._bodies.append(body)
+        self._size += len(body)
+        return None
+
+    def release(self) -> list[bytes]:
+        """Everything held, in order; the buffer is empty afterwards (the fence, retirement)."""
+        bodies = list(self._bodies)
+        self._bodies.clear()
+        self._size = 0
+        return bodies
+
+    def attach(self) -> list[bytes]:
+        """A new attachment begins: what an earlier one left (it ended before its fence), in
+        order, to hand over before anything of the new attachment is read."""
+        return self.release()
+
+
 SOCKET_GONE: tuple[type[Exception], ...] = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 """What a :class:`MessageSocket` write raises once the socket is dead (its contract): the
 attachment ends and the session waits, detached, for the next socket."""
@@ -200,8 +265,7 @@ class SessionTransport:
         self._deliver_send, self._deliver_recv = anyio.create_memory_object_stream[bytes](
             limits.delivery_queue
         )
-        self._buffer: deque[bytes] = deque()
-        self._buffer_bytes = 0
+        self._buffer = PreReadinessBuffer(limits)
         # Released payloads (fence passed) not yet in the delivery queue, and the delivery task
         # that moves them there (see _release).
         self._pending: deque[tuple[bytes, bool]] = deque()  # (payload, came from _buffer)
@@ -282,7 +346,7 @@ class SessionTransport:
             attachments=self._attachments,
             # Pre-readiness payloads count as buffered until the delivery task has taken them.
             buffered_payloads=len(self._buffer) + self._pending_buffered,
-            buffered_bytes=self._buffer_bytes + self._pending_buffered_bytes,
+            buffered_bytes=self._buffer.size + self._pending_buffered_bytes,
             queued_payloads=self._deliver_send.statistics().current_buffer_used
             + len(self._pending)
             - self._pending_buffered
@@ -597,9 +661,8 @@ class SessionTransport:
         return failure
 
     def _drain_buffer_nowait(self) -> None:
-        self._pending.extend((body, True) for body in self._buffer)  # after the released ones
-        self._buffer.clear()
-        self._buffer_bytes = 0
+        # After the released ones.
+        self._pending.extend((body, True) for body in self._buffer.release())
         while self._pending:
             body, _ = self._pending[0]
             try:
@@ -714,6 +777,13 @@ class SessionTransport:
         packet_budget = self.limits.max_packets_per_message
         unyielded_packets = 0  # handled since this task last yielded on purpose
         unyielded_bytes = 0
+        # What earlier attachments accepted and did not deliver was acknowledged, so the peer's
+        # replay may fill a whole window beside it: hand it over and read nothing until it is
+        # queued, so the pre-readiness buffer holds only this attachment's replay.
+        carried = self._buffer.attach()
+        if carried:
+            self._release(carried, buffered=True)
+        await self._wait_delivered()
         while True:
             try:
                 data = await sock.receive_message()
@@ -764,10 +834,7 @@ class SessionTransport:
                 if session.receipts_received != receipts_before:
                     # Fence: first receipt on this attachment. Drain, then announce readiness.
                     self._fence_passed = fence = True
-                    buffered = list(self._buffer)
-                    self._buffer.clear()
-                    self._buffer_bytes = 0
-                    self._release(buffered, buffered=True)
+                    self._release(self._buffer.release(), buffered=True)
             else:
                 self._release(bodies)
             if session.receipt_due and not self._receipt_poll:
@@ -909,22 +976,12 @@ class SessionTransport:
         self._pending_buffered_bytes = 0
 
     def _buffer_payload(self, body: bytes) -> bool:
-        limits = self.limits
-        # The bound covers pre-readiness payloads released at an earlier fence whose delivery
-        # a detach interrupted: they have not reached the consumer either.
-        count = len(self._buffer) + self._pending_buffered
-        size = self._buffer_bytes + self._pending_buffered_bytes
-        if (
-            count >= limits.max_inbound_buffer_payloads
-            or size + len(body) > limits.max_inbound_buffer_bytes
-        ):
-            self.retire(
-                FailureReason.INBOUND_OVERFLOW,
-                f"{count} payloads / {size} bytes before the fence",
-            )
+        # Only this attachment's payloads count: what earlier ones left was queued before this
+        # attachment read anything (see _reader).
+        overflow = self._buffer.hold(body)
+        if overflow is not None:
+            self.retire(FailureReason.INBOUND_OVERFLOW, overflow)
             return False
-        self._buffer.append(body)
-        self._buffer_bytes += len(body)
         return True
 
     async def _writer(self, sock: MessageSocket, pumps: anyio.CancelScope) -> None:

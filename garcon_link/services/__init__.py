@@ -36,7 +36,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
-from ..api.remote import Service
+from ..api.registration import Service
 from ..errors import ConfigError
 from ..rpc.resources import ServiceScope
 from ._confined import ConfinedRoot
