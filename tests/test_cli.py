@@ -28,6 +28,7 @@ from projectutil import command_lines, run_project, shim_path
 
 import garcon_link as gl
 from garcon_link import _scaffold, cli
+from garcon_link.cli import _call
 from garcon_link.rpc.interface import MethodKind
 from garcon_link.settings.config import CONFIG_ENV_VAR
 from garcon_link.settings.secrets import read_secret_file
@@ -656,13 +657,14 @@ CRASH_LAUNCHER = (
 import sys
 import anyio
 from garcon_link import cli
+from garcon_link.cli import _worker
 
 async def crash(config, services, stop_on_stdin_eof=False, on_event=None, drain=0):
     async with anyio.create_task_group() as tg:
         tg.start_soon(anyio.sleep_forever)
         raise RuntimeError("injected fault")
 
-cli._serve_until_signal = crash
+_worker._serve_until_signal = crash
 sys.exit(cli.main(sys.argv[1:]))
 """,
 )
@@ -864,7 +866,7 @@ def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_split_call_operands() -> None:
-    split = cli._split_call_operands
+    split = _call._split_call_operands
     assert split(["calc.add"]) == (None, "calc.add", None)
     assert split(["calc.add", "[1]"]) == (None, "calc.add", "[1]")
     assert split(["calc.add", '{"a": 1}']) == (None, "calc.add", '{"a": 1}')
