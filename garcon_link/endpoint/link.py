@@ -119,9 +119,8 @@ from ..errors import (
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
+from ..net.addresses import EXECUTOR_PATH, DialTarget, is_loopback_host, parse_dial_url
 from ..net.ws import (
-    EXECUTOR_PATH,
-    DialTarget,
     FrameBudget,
     LinkStatistics,
     SocketGone,
@@ -132,11 +131,9 @@ from ..net.ws import (
     connect,
     describe_close,
     one_line,
-    parse_dial_url,
     unauthenticated_log,
     upgrade_refusal,
 )
-from ..settings.config import is_loopback_host
 from .transport import SessionTransport, TransportState
 
 __all__ = [
