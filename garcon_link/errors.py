@@ -24,7 +24,7 @@ The tree, split by who is at fault and what a caller can do about it::
         │   └── AuthenticationError     a proof did not verify (wrong secret, reflected proof)
         └── SessionFailed(reason)       the logical session is terminally retired; sticky
 
-``SessionFailed`` is the stored cause of a broken :class:`~garcon_link.session.MessageSession`:
+``SessionFailed`` is the stored cause of a broken :class:`~garcon_link.core.session.MessageSession`:
 after it, every later operation on that session raises the same object again.
 """
 
@@ -201,8 +201,8 @@ class ProtocolError(LinkError):
 class MalformedFrame(ProtocolError):
     """Bytes from the peer that do not decode as the expected frame.
 
-    Every decoder in :mod:`garcon_link.wire` raises this (or :class:`FrameTooLarge`) and nothing
-    else for bad input, whatever the bytes are.
+    Every decoder in :mod:`garcon_link.core.wire` raises this (or :class:`FrameTooLarge`) and
+    nothing else for bad input, whatever the bytes are.
     """
 
 

@@ -1,6 +1,6 @@
 """Child of tests/test_nginx_sharding.py: one listening fleet controller process (one shard).
 
-Usage: ``python shard_controller.py KEYRING``. Runs :func:`garcon_link.fleet` on 127.0.0.1 (any
+Usage: ``python shard_controller.py KEYRING``. Runs :func:`garcon_link.api.fleet` on 127.0.0.1 (any
 port) with the keyring and the limits of tests/test_nginx.py, prints ``READY <port>``, then
 answers each line on stdin with one JSON line on stdout:
 

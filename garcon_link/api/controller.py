@@ -121,7 +121,7 @@ class RemoteExecutor(Endpoint):
         config: the controller's configuration (dial or listen).
         services: controller-side services the worker may call back (optional).
         limits: overrides ``config.limits``.
-        hooks: per-call hooks (:mod:`garcon_link.hooks`) told about every call made through
+        hooks: per-call hooks (:mod:`garcon_link.rpc.hooks`) told about every call made through
             this executor's facades and every call back from the worker it serves.
     """
 
@@ -474,7 +474,7 @@ class RemoteExecutor(Endpoint):
         Raises:
             TypeError: ``interface`` is not a class.
             ConfigError: ``interface`` has a public plain ``def`` method (see
-                :mod:`garcon_link.interface`).
+                :mod:`garcon_link.rpc.interface`).
         """
         if interface is None:
             return DynamicFacade(self, name, NO_METHODS, None, None)
@@ -517,7 +517,7 @@ def connect(
 ) -> RemoteExecutor:
     """The controller side: ``async with connect(config) as executor: ...``.
 
-    ``hooks`` (:mod:`garcon_link.hooks`) are told about every call the executor makes or serves.
+    ``hooks`` (:mod:`garcon_link.rpc.hooks`) are told about every call the executor makes or serves.
 
     Raises:
         ConfigError: ``config`` is not a controller configuration.

@@ -62,9 +62,9 @@ class ExecutorStatistics:
         handshakes_failed: failed handshakes by reason (``AUTH_FAILED``, ...).
         bytes_sent: bytes written to the link's sockets.
         bytes_received: bytes read from them.
-        link: the link's full :class:`~garcon_link.link.LinkStatistics`.
+        link: the link's full :class:`~garcon_link.endpoint.link.LinkStatistics`.
         transport: the current session's transport snapshot, if any.
-        rpc: the current session's :class:`~garcon_link.rpc.RpcStatistics`, if any.
+        rpc: the current session's :class:`~garcon_link.rpc.rpc.RpcStatistics`, if any.
     """
 
     executor_id: str

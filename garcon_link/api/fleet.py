@@ -6,7 +6,7 @@ A :class:`Fleet` is a controller endpoint for many executors at once. It owns
 
 * at most one **listening** link (``[connection] listen`` with ``[executors] keyring``): workers
   dial it; each authenticates with its own key, read from the keyring at each handshake, and the
-  link keeps one session slot per executor id (:mod:`garcon_link.link`), up to
+  link keeps one session slot per executor id (:mod:`garcon_link.endpoint.link`), up to
   ``max_executors``;
 * one **dialing** link per ``[[executors.dial]]`` entry (a listening worker, its own secret).
 
@@ -28,7 +28,7 @@ Bounds
   consumer loses the oldest ones and is told how many by a ``lost`` event.
 * :meth:`Fleet.map`: at most ``concurrency`` calls in flight.
 * Retention: every session of the fleet draws on one budget, ``max_total_retained_bytes``
-  (:class:`~garcon_link.session.RetentionPool`); when it is spent, senders wait for receipts
+  (:class:`~garcon_link.core.session.RetentionPool`); when it is spent, senders wait for receipts
   (back-pressure), and no session is failed for it.
 """
 
@@ -130,7 +130,7 @@ class Fleet:
         services: controller-side services every worker may call back (optional).
         limits: overrides the config's limits.
         events_buffer: events kept per :meth:`events` subscriber before the oldest are dropped.
-        hooks: per-call hooks (:mod:`garcon_link.hooks`) given to every member executor.
+        hooks: per-call hooks (:mod:`garcon_link.rpc.hooks`) given to every member executor.
     """
 
     def __init__(

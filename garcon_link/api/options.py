@@ -29,7 +29,7 @@ def with_options(
     """A copy of ``facade`` with other call options (typed as the same interface).
 
     ``facade`` comes from :meth:`RemoteExecutor.service` or from a sync client's
-    :meth:`~garcon_link.sync.SyncExecutor.service`.
+    :meth:`~garcon_link.api.sync.SyncExecutor.service`.
 
     Args:
         timeout: per-call deadline in seconds (``None``: the configured default). With

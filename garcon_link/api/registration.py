@@ -43,12 +43,12 @@ class Service(Generic[T]):
     with the right kind (``async def`` for a unary call, an async generator function for a
     stream), accept the interface's parameters, annotate none of them (or a unary result) with a
     class that contradicts the interface's, and use only hints msgspec can convert (see
-    :func:`garcon_link.interface.registration_problems`).
+    :func:`garcon_link.rpc.interface.registration_problems`).
 
     ``scope`` is the lifetime of the resources it hands out: ``"session"`` (the
     default) -- its handlers run in the logical session's scope and the references they mint die
     with the session; ``"worker"`` -- its handlers run in the worker's scope
-    (:class:`~garcon_link.resources.WorkerScope`): references carry the worker's runtime id,
+    (:class:`~garcon_link.rpc.resources.WorkerScope`): references carry the worker's runtime id,
     survive session replacement and controller restarts, and are stale only after the worker
     restarts. A worker-scoped object must outlive sessions: serve it in a mapping, or hand the
     same object to every session from a factory (``await scope.worker.shared(key, make)``).

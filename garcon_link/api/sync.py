@@ -23,7 +23,7 @@ run on the worker).
 Typing. A sync facade cannot be derived from an async ``Protocol`` by a type checker, so the sync
 client is typed by a **sync view** of the interface: a ``Protocol`` of plain ``def`` methods, a
 stream returning ``Iterator[T]`` (or ``Iterable``/``Generator``), ``@gl.oneway def`` for a
-notification (:func:`garcon_link.interface.sync_service_spec`)::
+notification (:func:`garcon_link.rpc.interface.sync_service_spec`)::
 
     class CalculatorSync(Protocol):
         def add(self, a: int, b: int) -> int: ...
@@ -104,7 +104,7 @@ def connect_sync(
         services: controller-side services the worker may call back; their (async) handlers
             run on the client's own loop.
         limits: overrides ``config.limits``.
-        hooks: per-call hooks (:mod:`garcon_link.hooks`); they run on the client's loop thread.
+        hooks: per-call hooks (:mod:`garcon_link.rpc.hooks`); they run on the client's loop thread.
 
     Raises:
         ConfigError: ``config`` is not a controller configuration.

@@ -64,7 +64,7 @@ class Worker(Endpoint):
             enclosing scope was cancelled has had its tasks cancelled too: no drain then
             (:func:`serve` drains on cancellation).
         controller_services: not used by the worker itself; see :func:`garcon_link.peer`.
-        hooks: per-call hooks (:mod:`garcon_link.hooks`), run around every handler this worker
+        hooks: per-call hooks (:mod:`garcon_link.rpc.hooks`), run around every handler this worker
             runs (and every call back it makes through :func:`peer`).
     """
 

@@ -28,7 +28,7 @@ def dynamic_method(services: Mapping[str, Any], service: str, method: str) -> Me
 
     It accepts any arguments and passes them through untyped: the worker validates them. The
     result (a stream's items) is checked against the return type the manifest declares, as far
-    as it can be rebuilt from its text (:func:`~garcon_link.interface.manifest_result_hint`): a
+    as it can be rebuilt from its text (:func:`~garcon_link.rpc.interface.manifest_result_hint`): a
     ``-> int`` method that returns a string fails with ``RemoteError("INVALID_RESULT")``.
 
     Raises:

@@ -3,13 +3,13 @@
 Needs the ``otel`` extra (``opentelemetry-api``; an SDK to export anything);
 ``import garcon_link`` never imports it.
 
-:class:`OpenTelemetryHook` is a :class:`~garcon_link.hooks.CallHook`; register the same kind of
+:class:`OpenTelemetryHook` is a :class:`~garcon_link.rpc.hooks.CallHook`; register the same kind of
 hook on both ends (``gl.connect(config, hooks=[OpenTelemetryHook()])`` on the controller,
 ``gl.Worker(..., hooks=[OpenTelemetryHook()])`` on the worker):
 
 * **Client side** (``call_started`` runs in the caller's task before the request is encoded): a
   ``CLIENT`` span starts as a child of the caller's current span, and its context is injected into
-  :attr:`~garcon_link.hooks.CallInfo.metadata` with the global propagator (W3C ``traceparent``,
+  :attr:`~garcon_link.rpc.hooks.CallInfo.metadata` with the global propagator (W3C ``traceparent``,
   plus ``tracestate`` and ``baggage`` when there are any), so it travels with the call.
 * **Server side** (``call_started`` runs inside the handler's task, before the handler): the
   context is extracted from the caller's metadata and a ``SERVER`` span starts as its child and
@@ -18,7 +18,7 @@ hook on both ends (``gl.connect(config, hooks=[OpenTelemetryHook()])`` on the co
 
 The span is named ``<service>/<method>`` and carries ``rpc.system="garcon_link"``,
 ``rpc.service``, ``rpc.method``, ``garcon_link.executor`` (when known), ``garcon_link.call_kind``,
-and at the end ``garcon_link.outcome`` (:attr:`~garcon_link.hooks.CallEnd.label`) and
+and at the end ``garcon_link.outcome`` (:attr:`~garcon_link.rpc.hooks.CallEnd.label`) and
 ``garcon_link.code`` (the outcome's code, when there is one). Every outcome but ``ok`` sets the
 span's status to ``ERROR`` (described by its code).
 

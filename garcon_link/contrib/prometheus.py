@@ -2,7 +2,7 @@
 
 Needs the ``prometheus`` extra (``prometheus_client``); ``import garcon_link`` never imports it.
 
-:class:`PrometheusHook` is a :class:`~garcon_link.hooks.CallHook` (register it with
+:class:`PrometheusHook` is a :class:`~garcon_link.rpc.hooks.CallHook` (register it with
 ``gl.connect(config, hooks=[hook])``, ``gl.Worker(..., hooks=[hook])``, ...). For every call that
 ended it counts ``garcon_link_calls_total`` and observes ``garcon_link_call_duration_seconds`` (a
 histogram), both labelled:
@@ -10,7 +10,7 @@ histogram), both labelled:
 * ``side``: ``client`` (the caller) or ``server`` (the handler's side);
 * ``executor``: the executor id (``""`` when the endpoint does not know it);
 * ``service``, ``method``: what was called;
-* ``outcome``: :attr:`~garcon_link.hooks.CallEnd.label`: ``ok``, ``cancelled``, or an
+* ``outcome``: :attr:`~garcon_link.rpc.hooks.CallEnd.label`: ``ok``, ``cancelled``, or an
   :class:`~garcon_link.errors.Outcome` value (``not_dispatched``, ``rejected``, ``unknown``,
   ``failed``).
 

@@ -92,7 +92,7 @@ checked before decoding; the decoder refuses every semantic tag, bignums include
 (``decode_item(..., bignums=False)``: the grammar has no integer beyond ``2**64-1``), so every
 integer reaching the checks below fits 64 bits (plus sign) and no tag makes cbor2 build or
 compute anything; then the frame must re-encode to itself (deterministic encoding, at most
-8 KiB). Error details describe peer values with :func:`~garcon_link.wire.describe_value`, which
+8 KiB). Error details describe peer values with :func:`~garcon_link.core.wire.describe_value`, which
 never raises and never renders more than a few dozen characters.
 
 Failure reasons (:class:`~garcon_link.errors.HandshakeFailure`) and their close codes

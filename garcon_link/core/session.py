@@ -62,7 +62,7 @@ Rules implemented (docs/design.md#session)
   ``Limits.receipt_interval`` messages accepted since the last receipt ("at most every 64"), or
   ``Limits.receipt_bytes`` of their bodies (a bulk transfer's pacing waits for receipts).
 - **Atomic batches, decoded incrementally.** :meth:`receive` decodes the WebSocket message one
-  packet at a time (:func:`~garcon_link.wire.iter_packets`) and checks each packet as it is
+  packet at a time (:func:`~garcon_link.core.wire.iter_packets`) and checks each packet as it is
   decoded, against local copies of the counters; it applies the batch only if every packet is
   acceptable: a message that is malformed, has a gap or a receipt beyond ``offered`` anywhere
   delivers nothing. The only thing held while checking is the list of bodies to deliver (the
@@ -388,7 +388,7 @@ class MessageSession:
         Urgent when it is the trailing receipt of an attachment (the peer's replay fence), when
         ``receipt_interval`` messages were accepted since the last receipt, or when their bodies
         add up to ``receipt_bytes`` (a bulk transfer's sender paces itself on our receipts:
-        :mod:`garcon_link.chunks`). A receipt that is due
+        :mod:`garcon_link.rpc.chunks`). A receipt that is due
         but not urgent may be held briefly by the adapter so it shares a WebSocket message with
         the next outgoing frames instead of costing one of its own.
         """

@@ -1,22 +1,30 @@
 """The session endpoint: authenticated sockets, one session slot per executor (docs/design.md#link).
 
+Why one module of about 1,150 lines, and :class:`WebSocketLink` of about 880: the slot table, the
+admission of authenticated sockets, the heartbeat of each attached socket and the dial loop all
+read and change the same slots within one loop turn (an admission must see the socket a heartbeat
+just closed, the dial loop the session an admission just installed). The decisions themselves are
+pure functions elsewhere (:func:`~garcon_link.core.admission.decide`,
+:func:`~garcon_link.core.heartbeat.heartbeat_step`, :func:`~garcon_link.core.admission.backoff`);
+what is left here is carrying them out. The dial loop is the next piece to move to its own class.
+
 Theory of operation
 -------------------
 A :class:`WebSocketLink` is one endpoint of logical sessions: a listener or a dialer (either role
-may do either). Its WebSocket sockets come from :mod:`garcon_link.ws` (upgrade, framing, frame
+may do either). Its WebSocket sockets come from :mod:`garcon_link.net.ws` (upgrade, framing, frame
 budgets, the unauthenticated-socket cap); this module authenticates them and attaches each to the
-right :class:`~garcon_link.transport.SessionTransport`. It holds one **slot** per executor id --
-that executor's logical session, its attached socket, the runtimes that were taken over -- so one
-listening controller serves many executors. A link configured with one ``executor_id`` and one
+right :class:`~garcon_link.endpoint.transport.SessionTransport`. It holds one **slot** per executor
+id -- that executor's logical session, its attached socket, the runtimes that were taken over -- so
+one listening controller serves many executors. A link configured with one ``executor_id`` and one
 secret has exactly one slot (as has every dialing link); a listening link given ``keys`` (a
-lookup ``executor_id -> secret``, e.g. a :class:`~garcon_link.keyring.Keyring`) creates slots as
-executors authenticate, up to ``max_executors``.
+lookup ``executor_id -> secret``, e.g. a :class:`~garcon_link.settings.keyring.Keyring`) creates
+slots as executors authenticate, up to ``max_executors``.
 
-1. **Handshake.** The dialer sends its ``hello`` at once (:mod:`garcon_link.handshake`). The
-   listener first reads the dialer's hello (:func:`~garcon_link.handshake.peek_hello`), takes the
-   executor id it *claims* and sends its own hello, which echoes the claimed id and advertises
+1. **Handshake.** The dialer sends its ``hello`` at once (:mod:`garcon_link.core.handshake`). The
+   listener first reads the dialer's hello (:func:`~garcon_link.core.handshake.peek_hello`), takes
+   the executor id it *claims* and sends its own hello, which echoes the claimed id and advertises
    the session it holds for that id only if the dialer's hello already names it
-   (:func:`~garcon_link.handshake.listener_offer`): nothing of the listener's identity, nor
+   (:func:`~garcon_link.core.handshake.listener_offer`): nothing of the listener's identity, nor
    whether that executor is enrolled or online, goes out before the peer has proved its key.
    Only then does it look up the claimed executor's key (a file read for a keyring), so the
    hello leaves after the same work whether the id is enrolled or not. An id the listener does
@@ -59,7 +67,7 @@ executors authenticate, up to ``max_executors``.
 Failures
 --------
 Every closed socket is logged with its cause. Lower-library exceptions are classified once, in
-:mod:`garcon_link.ws`. Any *other* exception raised while serving one peer -- a bug, here or
+:mod:`garcon_link.net.ws`. Any *other* exception raised while serving one peer -- a bug, here or
 below, that the peer's bytes reached -- is that peer's failure, never the process's
 (``_peer_failed``): the socket is closed (4008 while it can still say so; the session it carried
 is retired), the traceback is logged and counted (``unexpected_errors``), and the listener keeps

@@ -1,9 +1,16 @@
 """SessionTransport: one logical session carried over a succession of sockets.
 
+Why one module of about 1,100 lines, and :class:`SessionTransport` of about 870: one state machine
+(below) whose pumps -- reader, writer, delivery task, grace and replay watches -- share the
+session's state and must see each other's changes synchronously, within the loop turn that made
+them (a fence passed, a receipt due, retention freed). The rules that need no I/O are sans-IO
+objects of their own (:class:`PreReadinessBuffer`, :class:`~garcon_link.core.replay.ReplayWatch`,
+the session itself); the writer's receipt polling is the next candidate.
+
 Theory of operation
 -------------------
-A :class:`SessionTransport` owns one sans-IO :class:`~garcon_link.session.MessageSession` for its
-whole life and is attached to at most one socket at a time. The link calls :meth:`run` with each
+A :class:`SessionTransport` owns one sans-IO :class:`~garcon_link.core.session.MessageSession` for
+its whole life and is attached to at most one socket at a time. The link calls :meth:`run` with each
 authenticated socket; ``run`` pumps bytes until the socket ends and then *detaches* (the session
 survives, its retained frames wait for the next socket) -- or the session fails and the transport
 is *retired* for good.
@@ -243,7 +250,7 @@ class SessionTransport:
         limits: bounds; shared with the session.
         task_group: where the transport's own timers (grace) run; normally the link's.
         pool: a retention budget shared with other sessions (see
-            :class:`~garcon_link.session.RetentionPool`), or None.
+            :class:`~garcon_link.core.session.RetentionPool`), or None.
     """
 
     def __init__(
@@ -536,7 +543,7 @@ class SessionTransport:
 
     async def wait_retained_below(self, size: int) -> bool:
         """Wait until fewer than ``size`` bytes of our frames await the peer's receipts (the
-        pacing of a bulk transfer: :mod:`garcon_link.chunks`). Unbounded: the caller bounds it.
+        pacing of a bulk transfer: :mod:`garcon_link.rpc.chunks`). Unbounded: the caller bounds it.
 
         Returns:
             ``True`` once below; ``False`` if the session was retired first.

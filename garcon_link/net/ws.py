@@ -1,11 +1,16 @@
 """WebSocket sockets: upgrade, framing, frame budgets, listen and dial (docs/design.md#link).
 
+Why one module of about 1,000 lines: the server's HTTP upgrade (h11), the client's, and the
+framing and budgets of an open socket are the three halves of one wsproto connection object's life
+and share its error mapping (one place where h11, wsproto, ssl and OS errors become ours).
+
 Theory of operation
 -------------------
 This module turns TCP (optionally TLS) connections into :class:`WebSocket` objects -- binary
 messages in, binary messages out -- and knows nothing of handshakes, sessions or executors. The
-session endpoint (:mod:`garcon_link.link`) authenticates what it gets from here and attaches it to
-a logical session; a :class:`WebSocket` satisfies the transport's ``MessageSocket`` protocol.
+session endpoint (:mod:`garcon_link.endpoint.link`) authenticates what it gets from here and
+attaches it to a logical session; a :class:`WebSocket` satisfies the transport's ``MessageSocket``
+protocol.
 
 1. **Upgrade (listening).** :class:`WebSocketListener` parses the HTTP/1.1 upgrade request with an
    h11 connection of its own and refuses (``400``, with a one-line reason) anything but a plain
@@ -37,7 +42,7 @@ authentication a fixed allowance (``max_handshake_frames``, no refill), after it
 (``frame_rate`` per second, ``frame_burst`` at once) that *throttles* -- the socket is read again
 once it has earned a batch -- and never closes an authenticated peer. ``max_handshake_frames``
 must be below ``frame_burst``: an unauthenticated socket always gets the smaller share. Every
-read is a checkpoint (anyio's contract, kept by :mod:`garcon_link._asyncio_stream`), so between
+read is a checkpoint (anyio's contract, kept by :mod:`garcon_link.net._asyncio_stream`), so between
 two reads of one socket every other task runs; wsproto parses lazily, so frames left unparsed
 when a message completes or the budget runs out cost nothing until the next pass. A socket we
 close is drained for its close frame while its budget lasts, then only read and dropped (so the
@@ -748,7 +753,7 @@ async def _serve_anyio(
 ) -> None:
     """``listener.serve`` (trio), except that a failed ``accept`` (out of file descriptors)
     pauses and retries, reported rate-limited, instead of ending the listener (as
-    :func:`garcon_link._asyncio_stream.serve_accepted` does on asyncio)."""
+    :func:`garcon_link.net._asyncio_stream.serve_accepted` does on asyncio)."""
     subs: list[anyio.abc.SocketListener] = getattr(listener, "listeners", None) or [listener]
 
     async def accept_loop(sub: anyio.abc.SocketListener) -> None:

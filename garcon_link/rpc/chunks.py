@@ -37,7 +37,7 @@ Rules:
   most about one part each way instead of a window's worth; a transfer alone keeps the whole
   window (and its throughput). The session marks a receipt urgent once
   ``Limits.receipt_bytes`` were accepted since the last one
-  (:attr:`~garcon_link.session.MessageSession.receipt_urgent`), so the window drains at the
+  (:attr:`~garcon_link.core.session.MessageSession.receipt_urgent`), so the window drains at the
   speed of the link, not of ``receipt_delay``.
 * **Same size limit.** A body that would have been refused as one message
   (:class:`~garcon_link.errors.PayloadTooLarge`: its frame would exceed ``max_frame_bytes``) is
@@ -88,7 +88,7 @@ __all__ = [
 ]
 
 PART = 8
-"""The envelope kind of a part (:mod:`garcon_link.envelopes`)."""
+"""The envelope kind of a part (:mod:`garcon_link.rpc.envelopes`)."""
 MORE, FINAL, ABORT = 0, 1, 2
 """A part's flags: more follow, the last one, the transfer is abandoned."""
 
@@ -253,7 +253,7 @@ class ChunkSender:
     """The sending side: :meth:`send` issues a body whole or in paced parts.
 
     Args:
-        transport: the session (a :class:`~garcon_link.transport.SessionTransport`).
+        transport: the session (a :class:`~garcon_link.endpoint.transport.SessionTransport`).
         chunk: ``Limits.bulk_chunk_bytes``; bodies longer than this are sent in parts.
         window: ``Limits.bulk_window_bytes``.
         limit: ``Limits.max_frame_bytes`` (the size limit of a whole body's frame).
@@ -294,7 +294,7 @@ class ChunkSender:
         its first part is issued, for a new head and the length of ``body``'s head it replaces
         (the body is not copied for it), to give the call a fresh id: calls issued meanwhile (small
         ones, not waiting for the turn) have higher ids, and the receiver requires a call's id,
-        read from its first part, to increase (:meth:`garcon_link.rpc.ExecutorRpc._on_part`).
+        read from its first part, to increase (:meth:`garcon_link.rpc.rpc.ExecutorRpc._on_part`).
 
         Raises:
             PayloadTooLarge: ``body`` would exceed the frame limit as one message; nothing sent.

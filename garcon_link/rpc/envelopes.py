@@ -1,7 +1,7 @@
 """The RPC envelopes: one frozen struct per kind, encoded and decoded here only.
 
 An envelope is a CBOR array inside a session message body, tagged by a small integer (the wire
-format; see :mod:`garcon_link.rpc` for what each kind means)::
+format; see :mod:`garcon_link.rpc.rpc` for what each kind means)::
 
     call         [0, id, service, method, args, kwargs, credit_items, credit_bytes]
                  [0, id, service, method, args, kwargs, credit_items, credit_bytes, key]
@@ -18,12 +18,12 @@ format; see :mod:`garcon_link.rpc` for what each kind means)::
 
 A ``part`` carries a slice of a body longer than ``Limits.bulk_chunk_bytes`` (any of the kinds
 above, encoded); the receiver concatenates the chunks of one transfer and decodes the whole at
-its final part (:mod:`garcon_link.chunks`, which encodes and checks parts). Only such bodies are
+its final part (:mod:`garcon_link.rpc.chunks`, which encodes and checks parts). Only such bodies are
 sent in parts: every other envelope is encoded exactly as before.
 
 *Call metadata* is the one addition to the format of earlier versions: a map of text
-to text (:func:`garcon_link.hooks.call_metadata`) as the tenth element of ``call`` (``key`` is then
-``null`` for an unkeyed call) and the sixth of ``notify``, sent only when non-empty, so a call
+to text (:func:`garcon_link.rpc.hooks.call_metadata`) as the tenth element of ``call`` (``key`` is
+then ``null`` for an unkeyed call) and the sixth of ``notify``, sent only when non-empty, so a call
 without metadata is encoded exactly as before. A peer of an earlier version drops such an envelope
 as malformed (the caller's call then ends at its timeout).
 
@@ -284,7 +284,7 @@ def decode(item: object) -> Envelope:
 
 
 def metadata_problem(metadata: object, max_entries: int, max_bytes: int) -> str | None:
-    """Why ``metadata`` is not acceptable call metadata, or ``None`` (:mod:`garcon_link.hooks`).
+    """Why ``metadata`` is not acceptable call metadata, or ``None`` (:mod:`garcon_link.rpc.hooks`).
 
     A map of at most ``max_entries`` entries, keys 1-64 characters of ``[a-z0-9._-]``, text
     values, and at most ``max_bytes`` of keys and values together (UTF-8). The entry count is

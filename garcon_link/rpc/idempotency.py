@@ -3,13 +3,13 @@
 Theory of operation
 -------------------
 A caller names one operation with a key (``gl.with_options(facade, idempotency_key="build-42")``).
-The key travels as the optional ninth element of the ``call`` envelope (see :mod:`garcon_link.rpc`).
-The worker keeps one :class:`IdempotencyTable` for its *process lifetime* -- shared by every logical
-session of a :class:`~garcon_link.Worker`, so retiring a session loses nothing -- keyed by
-``(service, method, key)``. Each entry remembers a digest of the arguments (BLAKE3 of the canonical
-CBOR of ``[args, kwargs]`` as received; the caller binds them to the signature first, so
-``f(1, b=2)`` and ``f(1, 2)`` match, but an omitted default and the same value passed explicitly
-do not) and, once the call finished, its reply::
+The key travels as the optional ninth element of the ``call`` envelope (see
+:mod:`garcon_link.rpc.rpc`). The worker keeps one :class:`IdempotencyTable` for its *process
+lifetime* -- shared by every logical session of a :class:`~garcon_link.Worker`, so retiring a
+session loses nothing -- keyed by ``(service, method, key)``. Each entry remembers a digest of the
+arguments (BLAKE3 of the canonical CBOR of ``[args, kwargs]`` as received; the caller binds them to
+the signature first, so ``f(1, b=2)`` and ``f(1, 2)`` match, but an omitted default and the same
+value passed explicitly do not) and, once the call finished, its reply::
 
     begin(key, digest, now) ->  Execute   no entry: one is created (RUNNING); run the handler
                                 Await     a RUNNING entry, same digest: wait for its reply

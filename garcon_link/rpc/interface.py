@@ -9,8 +9,8 @@ peer may call. It is shared by both sides. From it we derive, once per interface
   are never exposed; neither is anything that is not one of those three kinds.
 * the parameter and result type hints, used to **convert and validate values on the receiving
   side** with msgspec (dataclasses, enums, ``list``/``dict``/``tuple``/``Optional``/``Literal``,
-  ``bytes``, ``datetime``, :class:`~garcon_link.resources.ResourceRef`, ...). A hint of ``Any`` or a
-  missing hint passes the decoded value through unchanged.
+  ``bytes``, ``datetime``, :class:`~garcon_link.rpc.resources.ResourceRef`, ...). A hint of ``Any``
+  or a missing hint passes the decoded value through unchanged.
 * a manifest (service -> method -> kind and signature text, *including the return type*) and its
   BLAKE3 *contract hash*, which a controller compares across session replacements: changing
   ``-> int`` to ``-> str`` is a contract change, reported as the list of methods that changed
@@ -28,7 +28,7 @@ limiter, in the handler.) So a worker refuses such a service at start-up, and a 
 annotated ``-> AsyncIterator[T]`` to be a stream; one that is not is refused the same way.
 
 A *sync client's* view of an interface is the one place plain ``def`` is right: the blocking
-client (:mod:`garcon_link.sync`) is typed by a Protocol of ``def`` methods, streams returning
+client (:mod:`garcon_link.api.sync`) is typed by a Protocol of ``def`` methods, streams returning
 ``Iterator[T]``; :func:`sync_service_spec` derives its spec, whose manifest is the async
 interface's (so it is compared with the worker's). Serving is unchanged: :func:`service_spec`
 refuses such an interface.
@@ -279,7 +279,7 @@ _sync_spec_cache: dict[type, ServiceSpec] = {}
 def sync_service_spec(interface: type) -> ServiceSpec:
     """Derive (and cache) the spec of a *sync view* of an interface, for a sync client.
 
-    The sync client (:mod:`garcon_link.sync`) is typed by a Protocol of plain ``def`` methods:
+    The sync client (:mod:`garcon_link.api.sync`) is typed by a Protocol of plain ``def`` methods:
     ``def add(self, a: int) -> int`` is a unary call, ``def count(self, n: int) ->
     Iterator[int]`` (or ``Iterable``/``Generator``) a stream of ``int``, a :func:`oneway`
     ``def`` a notification. Its manifest is the one the async interface has (a stream's return

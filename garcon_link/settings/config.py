@@ -32,7 +32,7 @@ Fleet controllers
 A controller of many executors (docs/design.md#fleets) has its own file shape, read by
 :func:`load_fleet_config` into a :class:`FleetConfig` (schema in that function's docstring): an
 ``[executors]`` table with a ``keyring`` directory of per-executor keys
-(``keys/<executor_id>.secret``, see :mod:`garcon_link.keyring`) and optional
+(``keys/<executor_id>.secret``, see :mod:`garcon_link.settings.keyring`) and optional
 ``[[executors.dial]]`` entries, and no top-level ``executor_id`` or secret. :func:`load_config`
 refuses a file with ``[executors]``, and :func:`load_fleet_config` one without. An executor id
 used as a file name obeys :func:`~garcon_link.net.addresses.executor_id_problem`, which is

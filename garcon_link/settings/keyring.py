@@ -97,7 +97,7 @@ class Keyring:
     Raises:
         ConfigError: ``directory`` does not exist, is not a directory, or (POSIX) a directory on
             its path lets another user replace a key file (writable by everyone, see
-            :func:`garcon_link.config.load_config`'s rules for secret files).
+            :func:`garcon_link.settings.config.load_config`'s rules for secret files).
     """
 
     def __init__(
