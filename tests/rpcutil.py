@@ -37,8 +37,9 @@ import cbor2
 import pytest
 
 import garcon_link as gl
+from garcon_link.rpc.caller import _Pending
 from garcon_link.rpc.interface import MethodKind, MethodSpec
-from garcon_link.rpc.rpc import CALL, ExecutorRpc, _Pending
+from garcon_link.rpc.rpc import CALL, ExecutorRpc
 from garcon_link.testing import FaultProxy
 
 __all__ = [
@@ -494,8 +495,8 @@ async def raw_send(rpc: ExecutorRpc, envelope: Any) -> None:
 
 def next_call_id(rpc: ExecutorRpc) -> int:
     """Allocate the next call id the way ExecutorRpc does (ids stay increasing)."""
-    call_id = rpc._next_id
-    rpc._next_id += 1
+    call_id = rpc._caller._next_id
+    rpc._caller._next_id += 1
     return call_id
 
 
@@ -512,7 +513,7 @@ async def raw_call(
     """Send a hand-written ``call`` and return the reply's value, or raise its error."""
     call_id = next_call_id(rpc)
     pending = _Pending(call_id, _ANY_SPEC, None)
-    rpc._pending[call_id] = pending
+    rpc._caller._pending[call_id] = pending
     if envelope is not None:
         message = envelope(call_id)
     else:
@@ -529,7 +530,7 @@ async def raw_call(
         await raw_send(rpc, message)
         await pending.done.wait()
     finally:
-        rpc._pending.pop(call_id, None)
+        rpc._caller._pending.pop(call_id, None)
     if pending.error is not None:
         raise pending.error
     return pending.value
