@@ -260,7 +260,8 @@ class RpcStatistics:
         malformed_replies: our calls failed by a reply or error we could not read.
         eager_handlers: the peer's calls whose handler ran to its end (reply handed over)
             within the dispatch of the message that carried them, without a task switch
-            (asyncio on Python 3.12+ only; see :func:`_start_handler`). Always 0 elsewhere.
+            (asyncio on Python 3.12+ only; see :func:`.dispatcher._start_handler`). Always 0
+            elsewhere.
         parts_sent: ``part`` envelopes we sent (bodies over ``bulk_chunk_bytes``;
             :mod:`garcon_link.chunks`), aborts included.
         parts_received: ``part`` envelopes the peer sent us.
