@@ -1,4 +1,4 @@
-"""Handlers started eagerly (asyncio on Python 3.12+, ``dispatcher._start_handler``) keep the
+"""Handlers started eagerly (asyncio on Python 3.12+, ``handlers._start_handler``) keep the
 semantics of handlers started as ordinary tasks: the same task from the first line to the last,
 cancel scopes bound to it, a context of their own, replies in the order the handlers ended.
 

@@ -5,7 +5,8 @@ Theory of operation
 One :class:`ExecutorRpc` lives exactly as long as one
 :class:`~garcon_link.transport.SessionTransport`. It owns the transport's consumer and the
 dispatch of envelopes, and delegates the rest: our calls to a :class:`~.caller.Caller`, the
-peer's to a :class:`~.dispatcher.Dispatcher`, small envelopes sent without a task to an
+peer's to a :class:`~.dispatcher.Dispatcher` (admission, refusals) that hands what it admits to
+:class:`~.handlers.Handlers` (running them), small envelopes sent without a task to an
 :class:`~.outbox.Outbox`. This docstring states the rules all of them implement.
 It is symmetric: each side may serve a registry of local services and call the peer's. Envelopes
 are CBOR arrays inside session message bodies; call ids are per-session increasing integers chosen
@@ -41,8 +42,8 @@ only when non-empty; :mod:`garcon_link.hooks`): a peer sending more than
 
 Where outcomes are decided (one place per side, :class:`~.observer.CallObserver`): a caller's
 call ends at the endpoint's :meth:`CallObserver.call` (a facade call, with its session lookup and
-retries) or its stream's end; a handler ends in the one runner of :mod:`.dispatcher`
-(:meth:`Dispatcher._run`, by reply policy: unary, stream, notification, keyed), which decides
+retries) or its stream's end; a handler ends in the one runner of :mod:`.handlers`
+(:meth:`Handlers.run`, by reply policy: unary, stream, notification, keyed), which decides
 the one reply it sends; a refusal in :meth:`Dispatcher._refuse`. Counters and per-call hooks sit
 there and nowhere else.
 
@@ -172,7 +173,7 @@ from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..net.backend import on_asyncio
 from .caller import Caller, RemoteStream
 from .chunks import ChunkSender, PartViolation, Reassembler, parse_part
-from .dispatcher import Dispatcher, current_session
+from .dispatcher import Dispatcher
 from .envelopes import (
     CALL,
     CANCEL,
@@ -200,6 +201,7 @@ from .envelopes import (
 )
 from .envelopes import decode as decode_envelope
 from .errorbody import MAX_REFUSAL_MESSAGE, register_exception
+from .handlers import Handlers, current_session
 from .idempotency import KeyedExecutions
 from .observer import CallObserver, CallStatistics, Observed, end_of
 from .outbox import Outbox
@@ -260,7 +262,7 @@ class RpcStatistics:
         malformed_replies: our calls failed by a reply or error we could not read.
         eager_handlers: the peer's calls whose handler ran to its end (reply handed over)
             within the dispatch of the message that carried them, without a task switch
-            (asyncio on Python 3.12+ only; see :func:`.dispatcher._start_handler`). Always 0
+            (asyncio on Python 3.12+ only; see :func:`.handlers._start_handler`). Always 0
             elsewhere.
         parts_sent: ``part`` envelopes we sent (bodies over ``bulk_chunk_bytes``;
             :mod:`garcon_link.chunks`), aborts included.
@@ -365,18 +367,26 @@ class ExecutorRpc:
             self._peer_log,
             peer,
         )
-        self._dispatcher = Dispatcher(
+        handlers = self._handlers = Handlers(
             self,
+            transport,
+            limits,
+            self.observer,
+            self._chunks,
+            self._note_settled,
+            self._peer_log,
+            caller._pending,
+            scope,
+        )
+        self._dispatcher = Dispatcher(
             transport,
             registry,
             limits,
             self.observer,
-            self._chunks,
+            handlers,
             self._outbox,
-            self._note_settled,
             self._dropped_envelope,
             self._peer_log,
-            caller._pending,
             scope=scope,
             describe=describe or (lambda: {"services": registry.manifest()}),
             idempotency=idempotency,
@@ -392,8 +402,8 @@ class ExecutorRpc:
         self._on_end = caller.on_end
         self._on_call = self._dispatcher.on_call
         self._on_notify = self._dispatcher.on_notify
-        self._on_cancel = self._dispatcher.on_cancel
-        self._on_credit = self._dispatcher.on_credit
+        self._on_cancel = handlers.on_cancel
+        self._on_credit = handlers.on_credit
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -436,8 +446,8 @@ class ExecutorRpc:
         Returns:
             ``True`` once idle; ``False`` if the session was retired first.
         """
-        pending, dispatcher = self._caller._pending, self._dispatcher
-        while pending or dispatcher.running:
+        pending, handlers = self._caller._pending, self._handlers
+        while pending or handlers.running:
             if self._retired:
                 return False
             if self._settled is None:
@@ -462,9 +472,10 @@ class ExecutorRpc:
     def statistics(self) -> RpcStatistics:
         """A snapshot of this session's calls, handlers and queued replies."""
         caller, dispatcher, outbox = self._caller, self._dispatcher, self._outbox
+        handlers = self._handlers
         return RpcStatistics(
             pending_calls=caller.pending,
-            incoming_calls=dispatcher.running,
+            incoming_calls=handlers.running,
             queued_refusals=outbox.queued_refusals,
             queued_controls=outbox.queued_controls,
             refusals=dispatcher.refusals,
@@ -472,7 +483,7 @@ class ExecutorRpc:
             reader_held=outbox.reader_held,
             flow_violations=caller.flow_violations,
             malformed_replies=caller.malformed_replies,
-            eager_handlers=dispatcher.eager_handlers,
+            eager_handlers=handlers.eager_handlers,
             parts_sent=self._chunks.parts_sent + self._chunks.aborts_sent,
             parts_received=self._reassembler.parts,
             transfers_received=self._reassembler.completed,
@@ -490,7 +501,7 @@ class ExecutorRpc:
         # service scope set in the task that runs the session, not the link's context.
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop() if on_asyncio() else None
-        dispatcher = self._dispatcher
+        handlers = self._handlers
 
         def dispatch(payload: bytes) -> None:
             context.run(self._dispatch, payload)
@@ -498,20 +509,20 @@ class ExecutorRpc:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                dispatcher.attach(tg, loop, context)
+                handlers.attach(tg, loop, context)
                 tg.start_soon(self._outbox.drain)
                 await self.transport.consume(
                     dispatch,
-                    yield_first=dispatcher.alone,
+                    yield_first=handlers.alone,
                     hold=self._outbox.hold_reader,
-                    batch_end=dispatcher.start_handlers,
+                    batch_end=handlers.start_handlers,
                 )
                 self.retire_unknown()
                 tg.cancel_scope.cancel()
         finally:
             self.retire_unknown()
-            dispatcher.close_unstarted()  # only if a message's dispatch was cut short
-            await dispatcher.join_handlers()
+            handlers.close_unstarted()  # only if a message's dispatch was cut short
+            await handlers.join_handlers()
 
     def retire_unknown(self) -> None:
         """Fail every pending call honestly and cancel every incoming handler (idempotent)."""
@@ -520,7 +531,7 @@ class ExecutorRpc:
         self._retired = True
         failure = self.transport.failure
         self._caller.retire(str(failure) if failure is not None else "session ended")
-        self._dispatcher.retire()
+        self._handlers.retire()
         self._reassembler.reset()  # a partial transfer of the peer's never completes
         self._outbox.retire()  # nothing queued can be sent any more
         self._note_settled()
