@@ -547,7 +547,7 @@ async def test_fuzz_rpc_envelopes_serving_role(bodies: list[bytes]) -> None:
             await anyio.sleep(0.001)
         await anyio.sleep(0)
         # After hostile ids: only the session knows.
-        legit_id = w.rpc._dispatcher._last_incoming_id + 1
+        legit_id = w.rpc.last_incoming_id + 1
         if legit_id.bit_length() > 8 * MAX_BIGNUM_BYTES:
             return  # the peer used up its own id space; nothing left to call with
         await w.send(encode([CALL, legit_id, "calc", "add", [2, 3], {}, 0, 0]))
@@ -692,7 +692,7 @@ async def test_fuzz_nested_parts(role: Role, attacks: list[tuple[list[bytes], by
             assert outcome == [5]
             return
         assert w.impl.counts["add"] == 0 and w.impl.notes == []
-        call_id = w.rpc._dispatcher._last_incoming_id + 1
+        call_id = w.rpc.last_incoming_id + 1
         await w.send(encode([CALL, call_id, "calc", "add", [2, 3], {}, 0, 0]))
         while (envelope := await w.next_envelope())[0] != RESULT:
             pass

@@ -50,7 +50,7 @@ from .observer import CallObserver
 from .outbox import CANCEL_KIND, CONTROL_KIND, Outbox
 from .resources import ResourceRef
 
-__all__ = ["Caller", "RemoteStream"]
+__all__ = ["Caller", "Expected", "RemoteStream"]
 
 log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
 
@@ -399,6 +399,19 @@ class Caller:
         self._note_settled()
 
     # ------------------------------------------------------------------ inbound dispatch
+    # -- requests written by hand (ExecutorRpc's test seam)
+
+    def take_id(self) -> int:
+        """The next id of our calls, taken for a request written by hand."""
+        call_id = self._next_id
+        self._next_id += 1
+        return call_id
+
+    def expect(self, call_id: int, spec: MethodSpec) -> Expected:
+        """Match the peer's replies to ``call_id`` as those of a call of ``spec`` from now on."""
+        pending = self._pending[call_id] = _Pending(call_id, spec, None)
+        return Expected(self, pending)
+
     # -- the peer's replies to our calls
 
     def fail_call(self, call_id: int, code: str, why: str) -> None:
@@ -492,6 +505,37 @@ class Caller:
             return
         del self._pending[pending.id]
         self._finish(pending)
+
+
+class Expected:
+    """The reply to a request written by hand (:meth:`~.rpc.ExecutorRpc.expect_reply`)."""
+
+    __slots__ = ("_caller", "_pending")
+
+    def __init__(self, caller: Caller, pending: _Pending) -> None:
+        self._caller = caller
+        self._pending = pending
+
+    async def wait(self) -> Any:
+        """The reply's value (converted to the spec's result type).
+
+        Raises:
+            CallError: the reply's error as received (no remote exception is re-created), or
+                the outcome of the session's retirement.
+        """
+        pending = self._pending
+        await pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.value
+
+    def close(self) -> None:
+        """Stop matching replies (idempotent): a later reply is dropped as for a forgotten
+        call."""
+        pending = self._pending
+        if self._caller._pending.get(pending.id) is pending:
+            del self._caller._pending[pending.id]
+            self._caller._note_settled()
 
 
 def _reclaim_when_dropped(stream: RemoteStream, caller: Caller, pending: _Pending) -> Any:

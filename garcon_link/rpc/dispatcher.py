@@ -97,6 +97,11 @@ class Dispatcher:
         self.refusals = 0
         self.notifications_dropped = 0
 
+    @property
+    def last_incoming_id(self) -> int:
+        """The highest call id the peer has used (a call with an id not above it is dropped)."""
+        return self._last_incoming_id
+
     def claim(self, first: bytes) -> int | None:
         """The call id a transfer's first chunk names, recorded as the last incoming id; ``-1``
         for one that does not increase (the whole call is then dropped); ``None`` if the body

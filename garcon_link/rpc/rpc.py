@@ -171,7 +171,7 @@ from ..errors import MalformedFrame, RemoteError
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..net.backend import on_asyncio
-from .caller import Caller, RemoteStream
+from .caller import Caller, Expected, RemoteStream
 from .chunks import ChunkSender, PartViolation, Reassembler, parse_part
 from .dispatcher import Dispatcher
 from .envelopes import (
@@ -203,6 +203,7 @@ from .envelopes import decode as decode_envelope
 from .errorbody import MAX_REFUSAL_MESSAGE, register_exception
 from .handlers import Handlers, current_session
 from .idempotency import KeyedExecutions
+from .interface import MethodSpec
 from .observer import CallObserver, CallStatistics, Observed, end_of
 from .outbox import Outbox
 from .registry import DESCRIBE_SPEC, INTERNAL_SERVICE, Registry
@@ -544,6 +545,31 @@ class ExecutorRpc:
         if not isinstance(result, dict):
             raise RemoteError("MALFORMED_MANIFEST", "describe returned no map")
         return result
+
+    # ------------------------------------------------------------------ test seam
+    # For tests and tools that write envelopes by hand on the session (``transport.send``):
+    # the ids they must use and the replies they await, without reaching into the halves.
+
+    @property
+    def last_incoming_id(self) -> int:
+        """The highest call id the peer has used on this session: a hand-written ``call`` from
+        the peer's side is served only with a higher one."""
+        return self._dispatcher.last_incoming_id
+
+    def pending_call_ids(self) -> list[int]:
+        """The ids of our calls awaiting a reply, in increasing order."""
+        return sorted(self._caller._pending)
+
+    def next_call_id(self) -> int:
+        """Take the next id of our calls for a request written by hand (ids keep increasing)."""
+        return self._caller.take_id()
+
+    def expect_reply(self, call_id: int, spec: MethodSpec) -> Expected:
+        """Match the peer's replies to ``call_id`` (a request written by hand, with an id from
+        :meth:`next_call_id`) as those of a call of ``spec``, from now on, until
+        :meth:`Expected.close`. Call it before sending the request: a reply may arrive while
+        the send is awaited."""
+        return self._caller.expect(call_id, spec)
 
     # ------------------------------------------------------------------ inbound dispatch
 
