@@ -389,7 +389,9 @@ class Handlers:
                     self._note_settled()
                     if observer is not None:
                         observer.server_ended(observed, error, cancelled)
-        # KEYED only from here: the reply to record.
+        if policy is not KEYED:
+            return None
+        # A keyed execution's outcome is the reply to record.
         self.observer.server_ended(observed, error, False)
         if error is not None:
             message = error.message
