@@ -59,7 +59,7 @@ import anyio
 import anyio.abc
 
 import garcon_link as gl
-from garcon_link.settings.config import read_secret_file, write_secret_file
+from garcon_link.settings.secrets import read_secret_file, write_secret_file
 
 from . import eventloop, harness
 from .report import describe_histogram

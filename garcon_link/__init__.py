@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import logging as _logging
 
+from .api.controller import Availability, ExecutorInfo, RemoteExecutor, connect
+from .api.facades import peer
 from .api.fleet import ExecutorSnapshot, Fleet, FleetEvent, fleet
 from .api.options import with_options
-from .api.remote import (
-    Availability,
-    ExecutorInfo,
-    RemoteExecutor,
-    Service,
-    Worker,
-    connect,
-    peer,
-    serve,
-)
+from .api.registration import Service
 from .api.sync import SyncExecutor, connect_sync
+from .api.worker import Worker, serve
 from .core.wire import Role
 from .errors import (
     AuthenticationError,
@@ -48,14 +42,12 @@ from .settings.config import (
     DialExecutor,
     FleetConfig,
     LinkConfig,
-    Secret,
     TlsConfig,
-    generate_secret,
     load_config,
     load_fleet_config,
-    write_secret_file,
 )
 from .settings.keyring import Keyring
+from .settings.secrets import Secret, generate_secret, write_secret_file
 from .version import __version__
 
 # A library leaves logging to the application: without a handler here, Python's last-resort

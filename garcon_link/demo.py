@@ -51,10 +51,11 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.streams.text import TextReceiveStream
 
+from .api.controller import Availability, RemoteExecutor, connect
 from .api.options import with_options
-from .api.remote import Availability, RemoteExecutor, connect
 from .errors import CallError, NotDispatched, OutcomeUnknown, RemoteError
-from .settings.config import load_config, write_secret_file
+from .settings.config import load_config
+from .settings.secrets import write_secret_file
 
 __all__ = ["DEMO_LIMITS", "DemoApi", "DemoService", "run_demo"]
 

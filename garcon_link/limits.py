@@ -40,11 +40,17 @@ class Limits:
     )
     max_inbound_buffer_payloads: int = field(
         default=4096,
-        metadata=_doc("Inbound payloads buffered before the peer's replay fence (pre-readiness)."),
+        metadata=_doc(
+            "Inbound payloads buffered before the peer's replay fence on one attachment "
+            "(pre-readiness); at least the peer's `max_retained_frames`, so its replay fits."
+        ),
     )
     max_inbound_buffer_bytes: int = field(
         default=32 * MiB,
-        metadata=_doc("Bytes of inbound payloads buffered before the replay fence."),
+        metadata=_doc(
+            "Bytes of inbound payloads buffered before the replay fence on one attachment; "
+            "at least the peer's `max_retained_bytes`, so its replay fits."
+        ),
     )
     max_frame_bytes: int = field(
         default=16 * MiB,

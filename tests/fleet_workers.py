@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 
 import garcon_link as gl
-from garcon_link.settings.config import read_secret_file
+from garcon_link.settings.secrets import read_secret_file
 
 LIMITS = gl.Limits(
     heartbeat_interval=0.2,

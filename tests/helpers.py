@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from garcon_link.core.session import MessageSession, SessionState
+from garcon_link.core.session import MessageSession, Received, SessionState
 from garcon_link.core.wire import Message, Packet, decode_packets, encode_message, encode_receipt
 from garcon_link.limits import Limits
 
@@ -55,6 +55,8 @@ class Side:
     """WebSocket messages written by this side in total."""
     last_delivered: bytes | None = None
     """The last message of this side the peer read on the current socket."""
+    events: list[Received] = field(default_factory=list)
+    """What each message this side's session received did, in order."""
 
 
 class SessionPair:
@@ -137,17 +139,19 @@ class SessionPair:
         for _ in range(n):
             data = sender.wire.popleft()
             sender.last_delivered = data
-            bodies = receiver.session.receive(data)
-            receiver.received.extend(bodies)
-            delivered.extend(bodies)
+            event = receiver.session.receive(data)
+            receiver.events.append(event)
+            receiver.received.extend(event.bodies)
+            delivered.extend(event.bodies)
         return delivered
 
     def inject(self, name: str, data: bytes) -> list[bytes]:
         """Have side ``name``'s peer receive raw ``data`` as if side ``name`` had written it."""
         receiver = self.peer(name)
-        bodies = receiver.session.receive(data)
-        receiver.received.extend(bodies)
-        return bodies
+        event = receiver.session.receive(data)
+        receiver.events.append(event)
+        receiver.received.extend(event.bodies)
+        return event.bodies
 
     # -- faults ---------------------------------------------------------------------------------
 

@@ -28,8 +28,10 @@ from projectutil import command_lines, run_project, shim_path
 
 import garcon_link as gl
 from garcon_link import _scaffold, cli
+from garcon_link.cli import _call
 from garcon_link.rpc.interface import MethodKind
-from garcon_link.settings.config import CONFIG_ENV_VAR, read_secret_file
+from garcon_link.settings.config import CONFIG_ENV_VAR
+from garcon_link.settings.secrets import read_secret_file
 
 CLI = (sys.executable, "-m", "garcon_link.cli")
 SERVICE = "demo=garcon_link.demo:DemoService"
@@ -51,6 +53,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def dead_port() -> Iterator[int]:
+    """A port that refuses connections: bound and not listening for the whole test, so no other
+    process (tests run in parallel) can start listening on it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
 
 
 def write_config(directory: Path, name: str, role: str, connection: str) -> Path:
@@ -562,9 +573,9 @@ class Liar:
         worker.kill()
 
 
-def test_describe_when_the_worker_is_down(tmp_path: Path) -> None:
+def test_describe_when_the_worker_is_down(tmp_path: Path, dead_port: int) -> None:
     controller = write_config(
-        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{free_port()}/executor"'
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
     done = run_cli("describe", str(controller), "--timeout", "0.5")
     assert done.returncode == cli.EXIT_NOT_DISPATCHED
@@ -646,13 +657,14 @@ CRASH_LAUNCHER = (
 import sys
 import anyio
 from garcon_link import cli
+from garcon_link.cli import _worker
 
 async def crash(config, services, stop_on_stdin_eof=False, on_event=None, drain=0):
     async with anyio.create_task_group() as tg:
         tg.start_soon(anyio.sleep_forever)
         raise RuntimeError("injected fault")
 
-cli._serve_until_signal = crash
+_worker._serve_until_signal = crash
 sys.exit(cli.main(sys.argv[1:]))
 """,
 )
@@ -696,9 +708,9 @@ def test_describing_a_failure_needs_no_event_loop() -> None:
 # --------------------------------------------------------------------------- exit codes
 
 
-def test_not_dispatched_when_the_worker_is_down(tmp_path: Path) -> None:
+def test_not_dispatched_when_the_worker_is_down(tmp_path: Path, dead_port: int) -> None:
     controller = write_config(
-        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{free_port()}/executor"'
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
     started = time.monotonic()
     done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.5")
@@ -709,9 +721,7 @@ def test_not_dispatched_when_the_worker_is_down(tmp_path: Path) -> None:
 
 
 def test_not_dispatched_when_no_worker_dials_in(tmp_path: Path) -> None:
-    controller = write_config(
-        tmp_path, "controller.toml", "controller", f'listen = "127.0.0.1:{free_port()}"'
-    )
+    controller = write_config(tmp_path, "controller.toml", "controller", 'listen = "127.0.0.1:0"')
     done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.5")
     assert done.returncode == 3
     assert_one_error_line(done.stderr, "[not_dispatched:NOT_READY]")
@@ -856,7 +866,7 @@ def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_split_call_operands() -> None:
-    split = cli._split_call_operands
+    split = _call._split_call_operands
     assert split(["calc.add"]) == (None, "calc.add", None)
     assert split(["calc.add", "[1]"]) == (None, "calc.add", "[1]")
     assert split(["calc.add", '{"a": 1}']) == (None, "calc.add", '{"a": 1}')
@@ -978,11 +988,11 @@ def test_python_m_garcon_link_is_the_command_line() -> None:
     assert "init" in done.stdout
 
 
-def test_v_is_accepted_before_the_command_as_well_as_after(tmp_path: Path) -> None:
+def test_v_is_accepted_before_the_command_as_well_as_after(tmp_path: Path, dead_port: int) -> None:
     assert cli.main(["-v", "keygen", str(tmp_path / "a.secret")]) == 0
     assert cli.main(["keygen", "-v", str(tmp_path / "b.secret")]) == 0
     controller = write_config(
-        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{free_port()}/executor"'
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
     # -v before the command logs as -v after it does: the dial failures are warnings.
     done = run_cli("-v", "call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.5")
@@ -1069,9 +1079,9 @@ def test_ctrl_c_during_call_says_the_call_was_sent_and_may_have_run(tmp_path: Pa
         worker.kill()
 
 
-def test_ctrl_c_before_the_call_is_sent_says_it_did_not_run(tmp_path: Path) -> None:
+def test_ctrl_c_before_the_call_is_sent_says_it_did_not_run(tmp_path: Path, dead_port: int) -> None:
     controller = write_config(
-        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{free_port()}/executor"'
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
     call = subprocess.Popen(
         [*CLI, "call", "-v", str(controller), "demo.add", "[1, 2]", "--timeout", "60"],

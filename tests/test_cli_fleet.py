@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_cli import CLI, FAST_LIMITS, Worker, free_port, run_cli
+from test_cli import CLI, FAST_LIMITS, Worker, run_cli
 
 import garcon_link as gl
 from garcon_link import cli
@@ -66,6 +67,7 @@ def fleet_dir(tmp_path: Path) -> Path:
 
 
 def listening_fleet_config(directory: Path, port: int) -> Path:
+    """A fleet listening on ``port`` (0: any free port, in its ``listening`` event)."""
     path = directory / "fleet.toml"
     path.write_text(
         f'role = "controller"\n\n[connection]\nlisten = "127.0.0.1:{port}"\n\n'
@@ -120,14 +122,14 @@ class Lines:
 
 
 def test_fleet_prints_json_events_as_workers_dial_in(fleet_dir: Path) -> None:
-    port = free_port()
-    process = start_fleet(listening_fleet_config(fleet_dir, port), fleet_dir)
+    process = start_fleet(listening_fleet_config(fleet_dir, 0), fleet_dir)
     workers = []
     try:
         lines = Lines(process)
         first = json.loads(lines.wait(lambda line: '"listening"' in line))
-        assert first == {"event": "listening", "url": f"ws://127.0.0.1:{port}/executor"}
-        dial = f'dial = "ws://127.0.0.1:{port}/executor?executor={{}}"'
+        assert first.keys() == {"event", "url"} and first["event"] == "listening"
+        assert re.fullmatch(r"ws://127\.0\.0\.1:[1-9][0-9]*/executor", first["url"]), first
+        dial = f'dial = "{first["url"]}?executor={{}}"'
         for executor_id in ("box-1", "box-2"):
             cfg = worker_config(fleet_dir, executor_id, dial.format(executor_id))
             workers.append(start_worker(fleet_dir, cfg, executor_id))
@@ -186,13 +188,12 @@ def test_call_reaches_the_executor_named_with_executor(fleet_dir: Path) -> None:
 
 
 def test_a_worker_whose_id_another_process_took_over_exits_7(fleet_dir: Path) -> None:
-    port = free_port()
-    controller = start_fleet(listening_fleet_config(fleet_dir, port), fleet_dir)
+    controller = start_fleet(listening_fleet_config(fleet_dir, 0), fleet_dir)
     first = second = None
     try:
         lines = Lines(controller)
-        lines.wait(lambda line: '"listening"' in line)
-        cfg = worker_config(fleet_dir, "box-1", f'dial = "ws://127.0.0.1:{port}/executor"')
+        url = json.loads(lines.wait(lambda line: '"listening"' in line))["url"]
+        cfg = worker_config(fleet_dir, "box-1", f'dial = "{url}"')
         first = start_worker(fleet_dir, cfg, "first")
         first.wait_line("executor-ready")
         first.process.send_signal(signal.SIGSTOP)  # its socket stops answering

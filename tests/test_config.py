@@ -19,15 +19,17 @@ from garcon_link.errors import ConfigError
 from garcon_link.limits import Limits
 from garcon_link.settings.config import (
     CONFIG_ENV_VAR,
-    MIN_SECRET_BYTES,
     DialExecutor,
     FleetConfig,
     LinkConfig,
-    Secret,
     TlsConfig,
-    generate_secret,
     load_config,
     load_fleet_config,
+)
+from garcon_link.settings.secrets import (
+    MIN_SECRET_BYTES,
+    Secret,
+    generate_secret,
     read_secret_file,
     write_secret_file,
 )

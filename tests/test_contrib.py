@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import garcon_link as gl
-from garcon_link.api.remote import ExecutorStatistics
+from garcon_link.api.endpoint import ExecutorStatistics
 from garcon_link.contrib.otel import OpenTelemetryHook
 from garcon_link.contrib.prometheus import OTHER, PrometheusHook, StatisticsCollector
 from garcon_link.net.ws import LinkStatistics

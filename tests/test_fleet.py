@@ -36,7 +36,7 @@ from faultutil import Raw, wait_for
 
 import garcon_link as gl
 from garcon_link.core.handshake import Handshake, Hello, derive_key
-from garcon_link.settings.config import read_secret_file, write_secret_file
+from garcon_link.settings.secrets import read_secret_file, write_secret_file
 from garcon_link.testing import FaultProxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]

@@ -30,7 +30,7 @@ import pytest
 from faultutil import TESTS_DIR, wait_for
 
 import garcon_link as gl
-from garcon_link.settings.config import write_secret_file
+from garcon_link.settings.secrets import write_secret_file
 from garcon_link.testing import FaultProxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]

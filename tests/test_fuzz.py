@@ -291,7 +291,7 @@ def test_fuzz_session_receive(data: bytes) -> None:
         reference = None
     failure: SessionFailed | None = None
     try:
-        bodies = session.receive(data)
+        bodies = session.receive(data).bodies
     except SessionFailed as exc:
         failure = exc
     if failure is not None:

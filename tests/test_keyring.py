@@ -13,13 +13,10 @@ from hypothesis import strategies as st
 
 from garcon_link.core.wire import Role
 from garcon_link.errors import ConfigError
-from garcon_link.settings.config import (
-    MAX_EXECUTOR_ID_CHARS,
-    LinkConfig,
-    Secret,
-    read_secret_file,
-)
+from garcon_link.net.addresses import MAX_EXECUTOR_ID_CHARS
+from garcon_link.settings.config import LinkConfig
 from garcon_link.settings.keyring import MAX_ENROLLED_SCAN, Keyring, enroll, executor_id_problem
+from garcon_link.settings.secrets import Secret, read_secret_file
 
 POSIX = os.name == "posix"
 posix_only = pytest.mark.skipif(not POSIX, reason="file modes are only checked on POSIX")

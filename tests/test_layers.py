@@ -61,7 +61,7 @@ ROOMS: tuple[Room, ...] = (
             "garcon_link",
             "garcon_link.__main__",
             "garcon_link._scaffold",
-            "garcon_link.cli",
+            "garcon_link.cli.*",
             "garcon_link.demo",
             "garcon_link.testing",
             "garcon_link.contrib.*",

@@ -68,8 +68,8 @@ from garcon_link.endpoint.link import (
 from garcon_link.endpoint.transport import TransportState
 from garcon_link.errors import ConfigError, FailureReason, SessionFailed
 from garcon_link.limits import Limits
-from garcon_link.settings.config import write_secret_file
 from garcon_link.settings.keyring import Keyring
+from garcon_link.settings.secrets import write_secret_file
 from garcon_link.testing import FaultProxy
 
 pytestmark = pytest.mark.timeout(30)

@@ -47,7 +47,7 @@ from faultutil import TESTS_DIR, kill_and_reap
 from test_nginx import LIMITS, _require_nginx, nginx_in_front_of
 
 import garcon_link as gl
-from garcon_link.settings.config import read_secret_file, write_secret_file
+from garcon_link.settings.secrets import read_secret_file, write_secret_file
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 

@@ -1,5 +1,6 @@
-"""Tests of garcon_link.api.remote: stable facades, availability, resumable cuts, worker restarts,
-contract checks, per-session scopes, bidirectional services and the worker runtime.
+"""Tests of garcon_link.api (controller, worker, facades): stable facades, availability, resumable
+cuts, worker restarts, contract checks, per-session scopes, bidirectional services and the worker
+runtime.
 
 Every end-to-end test runs in both directions (worker listens / controller listens) and on both
 anyio backends. What ran on the worker is asserted through the services' counters; timing is

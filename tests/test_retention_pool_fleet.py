@@ -38,7 +38,7 @@ import pytest
 from faultutil import PeakRss, wait_for
 
 import garcon_link as gl
-from garcon_link.settings.config import read_secret_file, write_secret_file
+from garcon_link.settings.secrets import read_secret_file, write_secret_file
 from garcon_link.testing import FaultProxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]

@@ -9,7 +9,13 @@ import pytest
 from faultutil import PeakRss
 from helpers import SessionPair
 
-from garcon_link.core.session import MessageSession, SessionState, encoded_message_size
+from garcon_link.core.session import (
+    Attached,
+    MessageSession,
+    Received,
+    SessionState,
+    encoded_message_size,
+)
 from garcon_link.core.wire import Message, decode_packets, encode_message, encode_receipt
 from garcon_link.errors import (
     ConfigError,
@@ -356,8 +362,8 @@ def test_stale_receipts_are_ignored_but_counted() -> None:
     for i in range(1, 4):
         session.send(body(i))
     session.data_to_send()
-    assert session.receive(encode_receipt(2)) == []
-    assert session.receive(encode_receipt(1) + encode_receipt(0) + encode_receipt(2)) == []
+    assert session.receive(encode_receipt(2)).bodies == []
+    assert session.receive(encode_receipt(1) + encode_receipt(0) + encode_receipt(2)).bodies == []
     stats = session.statistics()
     assert (stats.confirmed, stats.retained_frames, stats.receipts_received) == (2, 1, 4)
     assert session.receipts_received == 4
@@ -560,7 +566,7 @@ def test_receipts_are_coalesced_one_per_batch() -> None:
     for i in range(1, 6):
         sender.send(body(i))
     frames = sender.data_to_send()
-    assert receiver.receive(b"".join(frames[:5])) == [body(i) for i in range(1, 6)]
+    assert receiver.receive(b"".join(frames[:5])).bodies == [body(i) for i in range(1, 6)]
     assert receiver.receipt_due
     assert receiver.data_to_send() == [encode_receipt(5)]
     # two batches read before the next flush still produce one receipt
@@ -604,7 +610,7 @@ def test_piggybacked_receipt_and_messages_in_one_message() -> None:
     b.send(b"pong")
     combined = b.data_to_send()
     assert combined == [encode_message(1, b"pong"), encode_receipt(1)]
-    assert a.receive(b"".join(combined)) == [b"pong"]
+    assert a.receive(b"".join(combined)).bodies == [b"pong"]
     assert a.statistics().retained_frames == 0
 
 
@@ -701,7 +707,7 @@ def test_packets_per_message_bound_is_exact_and_atomic() -> None:
     session.send(b"out")
     session.data_to_send()  # offered 1
     at_bound = b"".join(encode_message(i, body(i)) for i in range(1, 4)) + encode_receipt(1)
-    assert session.receive(at_bound) == [body(1), body(2), body(3)]
+    assert session.receive(at_bound).bodies == [body(1), body(2), body(3)]
     assert session.statistics().packets_received == 4
     assert session.packets_received == 4
     over = b"".join(encode_message(i, body(i)) for i in range(4, 8)) + encode_receipt(1)
@@ -719,7 +725,7 @@ def test_receipt_flood_within_the_bound_is_one_confirmation() -> None:
         session.send(body(i))
     session.data_to_send()
     flood = (encode_receipt(0) + encode_receipt(1) + encode_receipt(3) + encode_receipt(2)) * 256
-    assert session.receive(flood) == []
+    assert session.receive(flood).bodies == []
     stats = session.statistics()
     assert (stats.confirmed, stats.retained_frames, stats.receipts_received) == (3, 0, 1024)
 
@@ -744,3 +750,140 @@ def test_packets_per_message_bound_needs_room_for_a_frame_and_its_receipt(value:
     with pytest.raises(ConfigError, match="max_packets_per_message"):
         Limits(max_packets_per_message=value)
     assert Limits(max_packets_per_message=2).max_packets_per_message == 2
+
+
+# -- events: what receive() reports --------------------------------------------------------------
+
+
+def checked_receive(session: MessageSession, data: bytes, *, fence_passed: bool) -> Received:
+    """``session.receive(data)``, its report checked against the counters around the call
+    (what an adapter would otherwise have to compare); ``fence_passed``: a receipt arrived
+    earlier on this attachment."""
+    before = session.statistics()
+    due_before = session.receipt_due
+    event = session.receive(data)
+    after = session.statistics()
+    assert len(event.bodies) == after.accepted - before.accepted
+    assert event.packets == after.packets_received - before.packets_received
+    receipts = after.receipts_received - before.receipts_received
+    assert event.fence == (not fence_passed and receipts > 0)
+    assert event.confirmed_advanced == (after.confirmed != before.confirmed)
+    assert event.receipt_became_due == (not due_before and session.receipt_due)
+    assert event.receipt_urgent == session.receipt_urgent
+    assert event.progress == (
+        after.accepted != before.accepted or after.confirmed != before.confirmed
+    )
+    return event
+
+
+def test_receive_reports_the_fence_once_per_attachment() -> None:
+    session = attached_session()
+    session.data_to_send()
+    event = session.receive(encode_receipt(0))  # stale, but the first on this attachment
+    assert event == Received([], 1, True, False, False, False)
+    assert not event.progress
+    assert not session.receive(encode_receipt(0)).fence
+    session.detach(0.0)
+    session.attach(0)
+    assert session.receive(encode_receipt(0) + encode_receipt(0)).fence
+    assert not session.receive(encode_receipt(0)).fence
+
+
+def test_fence_in_the_middle_of_a_message_and_without_a_receipt() -> None:
+    session = attached_session()
+    session.data_to_send()  # our own fence receipt: no receipt due
+    event = session.receive(encode_message(1, b"x") + encode_receipt(0) + encode_message(2, b"y"))
+    assert event.fence and event.bodies == [b"x", b"y"] and event.packets == 3
+    assert event.receipt_became_due and event.progress
+    assert not session.receive(encode_message(3, b"z")).fence  # a message alone is no fence
+
+
+@pytest.mark.parametrize("coalesce", [False, True])
+@pytest.mark.parametrize("sender", SIDES)
+def test_replay_fence_is_reported_after_the_replay_at_every_split_point(
+    sender: str, coalesce: bool
+) -> None:
+    """The receiving side is told of the fence with the message that holds the trailing
+    receipt, once every replayed frame has been accepted, whichever message that is."""
+    pair = SessionPair(coalesce=coalesce)
+    pair.exchange()
+    source, receiver = pair.side(sender), pair.peer(sender)
+    for i in range(1, 5):
+        pair.send(sender, body(i))
+    pair.flush(sender)
+    pair.deliver(sender, 1)
+    pair.cut(now=1.0)
+    pair.send(sender, body(5))
+    pair.reattach()
+    pair.flush(sender)
+    fenced = False
+    while source.wire:
+        data = source.wire.popleft()
+        event = checked_receive(receiver.session, data, fence_passed=fenced)
+        if event.fence:
+            assert receiver.session.accepted == source.session.issued == 5
+            fenced = True
+    assert fenced
+    assert receiver.session.accepted == 5
+
+
+def test_receive_reports_confirmation_and_receipt_state() -> None:
+    limits = Limits(receipt_interval=3)
+    sender = attached_session(limits)
+    receiver = attached_session(limits)
+    fenced = {"s": False, "r": False}
+
+    def to_receiver() -> Received:
+        event = checked_receive(receiver, b"".join(sender.data_to_send()), fence_passed=fenced["r"])
+        fenced["r"] = fenced["r"] or event.fence
+        return event
+
+    def to_sender() -> Received:
+        event = checked_receive(sender, b"".join(receiver.data_to_send()), fence_passed=fenced["s"])
+        fenced["s"] = fenced["s"] or event.fence
+        return event
+
+    assert to_sender().fence and to_receiver().fence  # the fences of the attachment
+    sender.send(body(1))
+    first = to_receiver()
+    assert first.bodies == [body(1)] and first.receipt_became_due and not first.receipt_urgent
+    sender.send(body(2))
+    second = to_receiver()
+    assert second.bodies == [body(2)] and not second.receipt_became_due  # due already
+    assert not second.receipt_urgent
+    sender.send(body(3))
+    third = to_receiver()
+    assert third.receipt_urgent and not third.receipt_became_due  # 3 since the last receipt
+    confirm = to_sender()
+    assert confirm.confirmed_advanced and confirm.progress and confirm.bodies == []
+    assert not confirm.fence and confirm.packets == 1
+    again = checked_receive(sender, encode_receipt(3), fence_passed=True)
+    assert not again.confirmed_advanced and not again.progress  # stale: not progress
+    duplicate = checked_receive(receiver, encode_message(3, body(3)), fence_passed=True)
+    assert duplicate.bodies == [] and not duplicate.progress and not duplicate.receipt_became_due
+
+
+def test_a_duplicate_replay_is_not_progress() -> None:
+    pair = SessionPair(coalesce=False)
+    pair.send("a", body(1))
+    pair.exchange()
+    event = pair.inject("a", encode_message(1, body(1)))
+    assert event == []
+    assert not pair.b.events[-1].progress and pair.b.events[-1].packets == 1
+
+
+def test_attach_reports_a_confirming_resume_position_and_the_replay() -> None:
+    session = attached_session()
+    for i in range(1, 5):
+        session.send(body(i))
+    session.data_to_send()  # offered 4
+    session.receive(encode_receipt(1))
+    session.detach(0.0)
+    # The peer holds 3: its receipts for 2 and 3 were lost; 4 is replayed.
+    assert session.attach(3) == Attached(confirmed_advanced=True, replayed=1)
+    assert session.confirmed == 3
+    session.detach(0.0)
+    assert session.attach(3) == Attached(confirmed_advanced=False, replayed=1)
+    session.detach(0.0)
+    assert session.attach(4) == Attached(confirmed_advanced=True, replayed=0)
+    assert MessageSession(Limits()).attach(0) == Attached(confirmed_advanced=False, replayed=0)

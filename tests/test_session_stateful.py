@@ -67,9 +67,14 @@ class SessionPairMachine(RuleBasedStateMachine):
             if not self.pair.side(sender).wire:
                 return
             self.pair.deliver(sender, 1)
-            if self.fence_seen[receiver.name]:
-                continue
-            if receiver.session.receipts_received > self.receipts_at_attach[receiver.name]:
+            # The session reports the fence exactly when the first receipt of the attachment
+            # arrives (counted here independently).
+            fence = (
+                not self.fence_seen[receiver.name]
+                and receiver.session.receipts_received > self.receipts_at_attach[receiver.name]
+            )
+            assert receiver.events[-1].fence == fence
+            if fence:
                 assert receiver.session.accepted >= self.fence_target[receiver.name]
                 self.fence_seen[receiver.name] = True
 

@@ -264,7 +264,9 @@ async def test_pre_readiness_buffer_survives_another_detach() -> None:
         second = h.attach(peer_received=0)
         second.feed(msg(2, b"b"), msg(3, b"c"))  # the peer replays; 2 is a duplicate
         await settle()
-        assert h.received == [] and h.t.statistics().buffered_payloads == 3
+        # Handed over before the next attachment read anything; its own replay is buffered.
+        assert h.received == [b"a", b"b"] and h.t.statistics().buffered_payloads == 1
+        assert h.t.state is TransportState.REPLAYING
         second.feed(rcpt(0))
         await wait_until(lambda: h.received == [b"a", b"b", b"c"])
         assert h.t.state is TransportState.READY
@@ -272,22 +274,96 @@ async def test_pre_readiness_buffer_survives_another_detach() -> None:
         assert h.t.statistics().attachments == 2
 
 
+@pytest.mark.parametrize("after_a_cut", [False, True], ids=["first", "after-a-cut"])
 @pytest.mark.parametrize("bound", ["payloads", "bytes"])
-async def test_pre_readiness_buffer_overflow_retires_the_session(bound: str) -> None:
+async def test_pre_readiness_buffer_overflow_retires_the_session(
+    bound: str, after_a_cut: bool
+) -> None:
+    """A peer that sends more before its fence than the bound (more than an honest peer's
+    retention holds) is retired -- also on an attachment that follows one cut before its
+    fence, whose payloads are handed over first and do not count."""
     limits = (
         Limits(max_inbound_buffer_payloads=3)
         if bound == "payloads"
         else Limits(max_inbound_buffer_bytes=10)
     )
     async with harness(limits) as h:
+        first = 0
+        if after_a_cut:
+            cut = h.attach()
+            cut.feed(msg(1, b"xx"), msg(2, b"xx"))
+            await settle()
+            cut.end()
+            await wait_until(lambda: h.t.state is TransportState.DETACHED)
+            first = 2
         sock = h.attach()
-        for i in range(1, 5):
+        for i in range(first + 1, first + 5):
             sock.feed(msg(i, b"xxxx"))
         await settle()
         assert h.t.state is TransportState.RETIRED
         failure = h.t.failure
         assert failure is not None and failure.reason is FailureReason.INBOUND_OVERFLOW
         assert h.run_errors == [failure]
+
+
+async def test_an_honest_replay_after_a_cut_before_the_fence_fits_in_the_buffer() -> None:
+    """Regression (chaos soak, worker:INBOUND_OVERFLOW): payloads an attachment accepted before
+    its fence were acknowledged, so the peer evicted them and may retain a full window of new
+    frames. After a cut before the fence, the next attachment hands them over before it reads,
+    and the peer's replay of that window fits in the buffer beside nothing."""
+    limits = Limits(max_inbound_buffer_payloads=4)
+    async with harness(limits) as h:
+        first = h.attach()
+        first.feed(msg(1, b"p1"), msg(2, b"p2"))
+        first.feed(msg(3, b"p3"))
+        await wait_until(lambda: Receipt(3) in first.packets())  # the peer evicts 1..3
+        first.end()
+        await wait_until(lambda: h.t.state is TransportState.DETACHED)
+        assert h.t.statistics().buffered_payloads == 3 and h.received == []  # kept while detached
+        second = h.attach(peer_received=0)
+        # The peer replays its whole retention (four new frames), then its fence.
+        second.feed(*(msg(i, b"p%d" % i) for i in range(4, 8)))
+        await settle()
+        assert h.t.failure is None
+        assert h.received == [b"p1", b"p2", b"p3"]  # handed over before the replay was read
+        assert h.t.statistics().buffered_payloads == 4
+        assert h.t.state is TransportState.REPLAYING
+        second.feed(rcpt(0))
+        await wait_until(lambda: h.t.state is TransportState.READY)
+        await wait_until(lambda: len(h.received) == 7)
+        assert h.received == [b"p%d" % i for i in range(1, 8)]
+        assert h.t.failure is None and h.run_errors == []
+
+
+async def test_a_new_attachment_reads_only_once_payloads_released_earlier_are_queued() -> None:
+    """Regression: payloads released at a fence whose delivery a cut interrupted (the consumer
+    is slow) were acknowledged, so the peer may replay a full new window on the next socket:
+    the next attachment reads nothing until they are queued (back-pressure), so the buffer
+    holds only that window -- and the replay deadline does not run meanwhile."""
+    limits = Limits(max_inbound_buffer_payloads=4, delivery_queue=1, replay_inactivity=0.1)
+    async with harness(limits, consume=False) as h:
+        first = h.attach()
+        # The replay and the fence: the four are released to the stalled consumer.
+        first.feed(*(msg(i, b"p%d" % i) for i in range(1, 5)), rcpt(0))
+        await wait_until(lambda: Receipt(4) in first.packets())  # the peer evicts 1..4
+        stats = h.t.statistics()
+        assert h.t.state is TransportState.REPLAYING and stats.buffered_payloads > 0
+        h.t.detach_socket()  # a cut while the reader waits for the consumer
+        await wait_until(lambda: h.t.state is TransportState.DETACHED)
+        second = h.attach(peer_received=0)
+        # The peer's new window (its whole retention), then its fence.
+        second.feed(*(msg(i, b"p%d" % i) for i in range(5, 9)))
+        second.feed(rcpt(0))
+        await settle()
+        assert h.t.failure is None and h.t.state is TransportState.REPLAYING
+        assert second.reads == 0  # back-pressure: nothing read while the consumer is behind
+        await anyio.sleep(limits.replay_inactivity * 2)  # our consumer's time, not the peer's
+        assert h.t.failure is None and second.reads == 0
+        h.consuming.set()
+        await wait_until(lambda: h.t.state is TransportState.READY)
+        await wait_until(lambda: len(h.received) == 8)
+        assert h.received == [b"p%d" % i for i in range(1, 9)]
+        assert h.t.failure is None and h.run_errors == []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -552,7 +628,8 @@ async def test_protocol_error_from_the_socket_retires_the_session(exc: Exception
         await wait_until(lambda: h.t.state is TransportState.RETIRED)
         failure = h.t.failure
         assert failure is not None and failure.reason is FailureReason.MALFORMED_PACKET
-        assert h.run_errors == [failure]
+        # run() raises once its pumps have ended, a few task switches after the retirement.
+        await wait_until(lambda: h.run_errors == [failure])
         await wait_until(lambda: h.received == [b"kept"])
 
 
@@ -719,8 +796,9 @@ async def test_retire_ends_delivery_after_accepted_payloads_and_fails_senders() 
         failure = h.t.retire(FailureReason.GRACE_EXPIRED, "test")
         assert h.t.retire(FailureReason.CLOSED) is failure  # idempotent, first cause kept
         await wait_until(lambda: errors == [failure])
-        assert h.t.state is TransportState.RETIRED and not h.t.attached
-        assert h.run_errors == [failure]
+        assert h.t.state is TransportState.RETIRED
+        # run() detaches and raises once its pumps have ended, a few task switches later.
+        await wait_until(lambda: not h.t.attached and h.run_errors == [failure])
         with pytest.raises(SessionFailed):
             await h.t.send(b"late")
         with pytest.raises(SessionFailed):
@@ -977,7 +1055,7 @@ async def test_the_writer_never_coalesces_more_packets_than_the_peer_accepts() -
         assert max(counts) == bound  # coalesced up to the bound, never past it
         peer = MessageSession(limits)
         peer.attach(0)
-        received = [body for data in sock.written for body in peer.receive(data)]
+        received = [body for data in sock.written for body in peer.receive(data).bodies]
         assert received == bodies
         assert peer.failure is None
 

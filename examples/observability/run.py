@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import garcon_link as gl
 from garcon_link.contrib.otel import OpenTelemetryHook
 from garcon_link.contrib.prometheus import PrometheusHook, StatisticsCollector
-from garcon_link.settings.config import read_secret_file
+from garcon_link.settings.secrets import read_secret_file
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))

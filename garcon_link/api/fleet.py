@@ -55,7 +55,9 @@ from ..rpc.hooks import CallHook
 from ..rpc.rpc import Registry
 from ..settings.config import FleetConfig, LinkConfig
 from ..settings.keyring import Keyring, executor_id_problem
-from .remote import Availability, RemoteExecutor, ServiceMap, _link_from_config, _registry_from
+from .controller import Availability, RemoteExecutor
+from .endpoint import link_from_config
+from .registration import ServiceMap, registry_from
 
 __all__ = ["ExecutorSnapshot", "Fleet", "FleetEvent", "fleet"]
 
@@ -149,7 +151,7 @@ class Fleet:
         self.config = config
         self._hooks = tuple(hooks)
         self.limits = limits or config.limits
-        self._registry: Registry = _registry_from(services or {})
+        self._registry: Registry = registry_from(services or {})
         self._events_buffer = events_buffer
         self._members: dict[str, RemoteExecutor] = {}
         self._pinned: set[str] = set()
@@ -169,7 +171,7 @@ class Fleet:
         # One retention budget for every session of the fleet.
         self._retention = RetentionPool(self.limits.max_total_retained_bytes)
         if isinstance(config, LinkConfig):
-            link = _link_from_config(config, self.limits, self._retention)
+            link = link_from_config(config, self.limits, self._retention)
             self._links.append(link)
             self._link_of[config.executor_id] = link
             if config.listen is not None:
@@ -195,7 +197,7 @@ class Fleet:
             )
             self._links.append(self._listening)
         for entry in config.dial:
-            link = _link_from_config(config.dial_config(entry), self.limits, self._retention)
+            link = link_from_config(config.dial_config(entry), self.limits, self._retention)
             self._links.append(link)
             self._link_of[entry.executor_id] = link
 

@@ -33,7 +33,7 @@ __all__ = ["KeyedCaller", "call_with_key", "retry_delays"]
 
 class KeyedCaller(Protocol):
     """What :func:`call_with_key` needs of an executor (a
-    :class:`~garcon_link.api.remote.RemoteExecutor`, which calls it)."""
+    :class:`~garcon_link.api.controller.RemoteExecutor`, which calls it)."""
 
     @property
     def current_rpc(self) -> ExecutorRpc | None: ...

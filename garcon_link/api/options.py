@@ -1,6 +1,6 @@
 """Per-call options of a facade, async or sync: :func:`with_options`.
 
-It takes both kinds of facade: the async one (:mod:`.remote`) and the sync one (:mod:`.sync`,
+It takes both kinds of facade: the async one (:mod:`.facades`) and the sync one (:mod:`.sync`,
 built on the async one), so it lives above both.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypeVar, cast
 
-from .remote import _UNSET, _Facade
+from .facades import UNSET, Facade
 from .sync import SyncFacade
 
 __all__ = ["with_options"]
@@ -20,11 +20,11 @@ T = TypeVar("T")
 def with_options(
     facade: T,
     *,
-    timeout: float | None = _UNSET,
-    dispatch_deadline: float | None = _UNSET,
-    idempotency_key: str | bytes | None = _UNSET,
-    retry_unknown: bool = _UNSET,
-    metadata: Mapping[str, str] | None = _UNSET,
+    timeout: float | None = UNSET,
+    dispatch_deadline: float | None = UNSET,
+    idempotency_key: str | bytes | None = UNSET,
+    retry_unknown: bool = UNSET,
+    metadata: Mapping[str, str] | None = UNSET,
 ) -> T:
     """A copy of ``facade`` with other call options (typed as the same interface).
 
@@ -54,7 +54,7 @@ def with_options(
             ``retry_unknown`` that is not a bool.
         ValueError: an empty key, a key over 128 bytes, or ``retry_unknown`` without a key.
     """
-    if not isinstance(facade, _Facade | SyncFacade):
+    if not isinstance(facade, Facade | SyncFacade):
         raise TypeError("with_options() takes a facade returned by RemoteExecutor.service()")
     return cast(
         "T",

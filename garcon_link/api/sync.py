@@ -77,19 +77,9 @@ from ..limits import Limits
 from ..rpc.hooks import CallHook
 from ..rpc.interface import ServiceSpec, manifest_changes, sync_service_spec
 from ..settings.config import LinkConfig
-from .remote import (
-    _NO_METHODS,
-    _UNSET,
-    Availability,
-    ExecutorInfo,
-    RemoteExecutor,
-    ServiceMap,
-    _DynamicFacade,
-    _Facade,
-    _FacadeStream,
-    _interface_class,
-    connect,
-)
+from .controller import Availability, ExecutorInfo, RemoteExecutor, connect
+from .facades import NO_METHODS, UNSET, DynamicFacade, Facade, FacadeStream
+from .registration import ServiceMap, interface_class
 
 __all__ = ["SyncExecutor", "SyncFacade", "SyncStream", "connect_sync"]
 
@@ -258,9 +248,9 @@ class SyncExecutor:
                 differs from ``interface`` (the message lists the methods).
         """
         if interface is None:
-            return SyncFacade(self, _DynamicFacade(self._executor, name, _NO_METHODS, None, None))
-        spec = sync_service_spec(_interface_class(interface))
-        facade = SyncFacade(self, _Facade(self._executor, name, spec, None, None))
+            return SyncFacade(self, DynamicFacade(self._executor, name, NO_METHODS, None, None))
+        spec = sync_service_spec(interface_class(interface))
+        facade = SyncFacade(self, Facade(self._executor, name, spec, None, None))
         facade._check_contract()
         return cast("T", facade)
 
@@ -331,7 +321,7 @@ class SyncFacade:
     options, as for the async facade.
     """
 
-    def __init__(self, owner: SyncExecutor, facade: _Facade) -> None:
+    def __init__(self, owner: SyncExecutor, facade: Facade) -> None:
         self._owner = owner
         self._facade = facade
         self._checked = False
@@ -343,7 +333,7 @@ class SyncFacade:
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         # Only for names the instance lacks: a dynamic facade's methods come from the manifest.
-        if method.startswith("_") or not isinstance(self._facade, _DynamicFacade):
+        if method.startswith("_") or not isinstance(self._facade, DynamicFacade):
             raise AttributeError(method)
         return self._wrap(getattr(self._facade, method))
 
@@ -354,11 +344,11 @@ class SyncFacade:
     def with_options(
         self,
         *,
-        timeout: float | None = _UNSET,
-        dispatch_deadline: float | None = _UNSET,
-        idempotency_key: str | bytes | None = _UNSET,
-        retry_unknown: bool = _UNSET,
-        metadata: Mapping[str, str] | None = _UNSET,
+        timeout: float | None = UNSET,
+        dispatch_deadline: float | None = UNSET,
+        idempotency_key: str | bytes | None = UNSET,
+        retry_unknown: bool = UNSET,
+        metadata: Mapping[str, str] | None = UNSET,
     ) -> Any:
         """A copy with other call options (see :func:`garcon_link.with_options`)."""
         copy = SyncFacade(
@@ -434,7 +424,7 @@ class SyncStream(Iterator[Any]):
     """
 
     def __init__(
-        self, owner: SyncExecutor, stream: _FacadeStream, check: Callable[[], None]
+        self, owner: SyncExecutor, stream: FacadeStream, check: Callable[[], None]
     ) -> None:
         self._owner = owner
         self._stream = stream

@@ -67,6 +67,11 @@ Rules implemented (docs/design.md#session)
   acceptable: a message that is malformed, has a gap or a receipt beyond ``offered`` anywhere
   delivers nothing. The only thing held while checking is the list of bodies to deliver (the
   packet objects are dropped as they are checked), and the first bad packet stops the decoding.
+- **Events, not counters.** :meth:`receive` returns a :class:`Received` saying what the message
+  did -- the bodies, its packet count, whether it passed the replay fence (the first receipt on
+  this attachment), advanced ``confirmed``, made a receipt due, left a due receipt urgent -- so
+  the adapter obeys it instead of comparing counters around the call. One object per call,
+  whatever the number of packets. :meth:`attach` likewise returns an :class:`Attached`.
 - **Packets per message.** A message holds at most ``Limits.max_packets_per_message`` packets;
   one more is ``MALFORMED_PACKET`` (terminal), refused before it is decoded. So one message
   costs at most that many packets of work and of memory whatever its size (without the bound a
@@ -110,7 +115,9 @@ from .wire import (
 )
 
 __all__ = [
+    "Attached",
     "MessageSession",
+    "Received",
     "RetentionPool",
     "SessionState",
     "SessionStatistics",
@@ -174,6 +181,51 @@ class SessionStatistics:
     retained_bytes_peak: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Received:
+    """What one :meth:`MessageSession.receive` call did: the adapter asks this instead of
+    comparing counters around the call.
+
+    Attributes:
+        bodies: the newly accepted bodies, in order (``[]`` for a batch of duplicates and
+            receipts); the caller owns the list.
+        packets: packets the message held (messages and receipts, duplicates and stale receipts
+            included): how much work it was.
+        fence: it held the first receipt on this attachment (the peer's replay fence), stale
+            or not.
+        confirmed_advanced: a receipt confirmed more of our frames (retention was freed).
+        receipt_became_due: a receipt is due now and was not before the call.
+        receipt_urgent: :attr:`MessageSession.receipt_urgent` after the call.
+    """
+
+    bodies: list[bytes]
+    packets: int
+    fence: bool
+    confirmed_advanced: bool
+    receipt_became_due: bool
+    receipt_urgent: bool
+
+    @property
+    def progress(self) -> bool:
+        """A new inbound ordinal was accepted or more of our frames were confirmed (what
+        counts as replay progress; duplicates and stale receipts do not)."""
+        return bool(self.bodies) or self.confirmed_advanced
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """What one :meth:`MessageSession.attach` call did.
+
+    Attributes:
+        confirmed_advanced: the peer's resume position confirmed frames whose receipts were
+            lost (retention was freed, as by a receipt).
+        replayed: previously offered frames queued again for the new socket.
+    """
+
+    confirmed_advanced: bool
+    replayed: int
+
+
 def _head_size(value: int) -> int:
     """Length of the shortest CBOR head holding ``value`` (mirrors the wire codec)."""
     if value < 24:
@@ -235,6 +287,7 @@ class MessageSession:
         "_delivered",
         "_duplicates",
         "_failure",
+        "_fenced",
         "_grace_deadline",
         "_issued",
         "_limits",
@@ -263,6 +316,7 @@ class MessageSession:
         self._state = SessionState.DETACHED
         self._failure: SessionFailed | None = None
         self._grace_deadline: float | None = None
+        self._fenced = False  # a receipt arrived on the current attachment
         self._issued = 0
         self._offered = 0
         self._confirmed = 0
@@ -356,20 +410,12 @@ class MessageSession:
 
     @property
     def receipts_received(self) -> int:
-        """Receipt packets received so far, stale ones included (never decreases).
-
-        The adapter compares it across :meth:`receive` calls to spot the replay fence: the first
-        receipt on an attachment, which may be stale (e.g. ``[1, 0]``).
-        """
+        """Receipt packets received so far, stale ones included (never decreases)."""
         return self._receipts_received
 
     @property
     def packets_received(self) -> int:
-        """Packets of the inbound messages :meth:`receive` accepted so far (never decreases).
-
-        The adapter compares it across :meth:`receive` calls to know how much work one message
-        was (it yields to other tasks after a budget of packets).
-        """
+        """Packets of the inbound messages :meth:`receive` accepted so far (never decreases)."""
         return self._packets_received
 
     # -- outbound -------------------------------------------------------------------------------
@@ -475,19 +521,22 @@ class MessageSession:
 
     # -- inbound --------------------------------------------------------------------------------
 
-    def receive(self, data: bytes) -> list[bytes]:
-        """Process one whole inbound WebSocket message; return the bodies to deliver, in order.
+    def receive(self, data: bytes) -> Received:
+        """Process one whole inbound WebSocket message; report what it did.
 
         Packets are decoded one at a time and each is checked as it comes; none takes effect
         before the whole message was checked, so a message that fails delivers nothing, and
         decoding stops at the first bad packet. Duplicates (``ordinal <= accepted``) and stale
         receipts are dropped silently. A batch that advances ``accepted`` makes one receipt due.
+        The first receipt after :meth:`attach`, stale or not, is the replay fence.
 
         Args:
             data: the WebSocket message payload (a CBOR sequence of session packets).
 
         Returns:
-            The newly accepted bodies; ``[]`` for a batch of duplicates and receipts.
+            A :class:`Received`: the newly accepted bodies in order (``[]`` for a batch of
+            duplicates and receipts), the packet count, and whether the fence passed, the
+            confirmed position advanced, a receipt became due, and a due receipt is urgent.
 
         Raises:
             SessionFailed: the session had failed, or this message failed it: a malformed or
@@ -543,14 +592,20 @@ class MessageSession:
         self._packets_received += count
         self._duplicates += duplicates
         self._receipts_received += receipts
-        if through_max > self._confirmed:
+        fence = False
+        if receipts and not self._fenced:
+            self._fenced = fence = True  # fence: first receipt on this attachment
+        confirmed_advanced = through_max > self._confirmed
+        if confirmed_advanced:
             self._confirm(through_max)
+        became_due = False
         if bodies:
             self._accepted = accepted
             self._delivered += len(bodies)
             self._receipt_bytes += size
+            became_due = not self._receipt_due
             self._receipt_due = True
-        return bodies
+        return Received(bodies, count, fence, confirmed_advanced, became_due, self.receipt_urgent)
 
     def _confirm(self, through: int) -> None:
         """Record that the peer holds every ordinal ``<= through``; evict those frames."""
@@ -568,7 +623,7 @@ class MessageSession:
 
     # -- attachment -----------------------------------------------------------------------------
 
-    def attach(self, peer_received: int) -> None:
+    def attach(self, peer_received: int) -> Attached:
         """Bind to a new socket, resuming from the peer's receive position.
 
         Evicts everything through ``peer_received``, queues every retained frame after it for
@@ -579,6 +634,10 @@ class MessageSession:
             peer_received: the ``accepted`` the peer advertised in its handshake; must satisfy
                 ``confirmed <= peer_received <= offered`` (both ends inclusive; 0 for a fresh
                 session).
+
+        Returns:
+            An :class:`Attached`: whether ``peer_received`` confirmed more of our frames, and
+            how many previously offered frames are queued again.
 
         Raises:
             SessionFailed: the session had failed, or ``peer_received`` is outside the
@@ -595,10 +654,12 @@ class MessageSession:
                 f"peer received {peer_received}, replayable range is "
                 f"[{self._confirmed}, {self._offered}]",
             )
-        if peer_received > self._confirmed:
+        confirmed_advanced = peer_received > self._confirmed
+        if confirmed_advanced:
             self._confirm(peer_received)
         self._state = SessionState.ATTACHED
         self._grace_deadline = None
+        self._fenced = False
         self._to_send = deque(self._retained)
         replayed = self._offered - peer_received  # retained frames already written before
         if replayed:
@@ -607,6 +668,7 @@ class MessageSession:
             _log.debug("replaying %d frame(s) after ordinal %d", replayed, peer_received)
         self._receipt_due = True  # the trailing receipt: the peer's replay fence
         self._receipt_forced = True
+        return Attached(confirmed_advanced, replayed)
 
     def detach(self, now: float) -> None:
         """The socket is gone: stop handing out frames and start the grace period.

@@ -41,7 +41,8 @@ executors authenticate, up to ``max_executors``.
    counts only sockets attached to a session (``max_authenticated_sockets`` plus one per
    executor a keyring listener serves), so one executor's key holder cannot fill it. Session
    listeners run before a fresh session's first packet is processed.
-3. **Attached.** The transport pumps the socket; a heartbeat task pings every
+3. **Attached.** The transport pumps the socket; a heartbeat task (its policy is the pure
+   :func:`~garcon_link.core.heartbeat.heartbeat_step`) pings every
    ``heartbeat_interval`` and closes the socket (resumably, 4007) after ``heartbeat_timeout`` with
    no inbound frame of any kind *while the socket is being read*: time the reader is held up by a
    slow consumer is back-pressure, not the peer's silence (nor evidence for a takeover probe).
@@ -102,6 +103,7 @@ from ..core.handshake import (
     listener_offer,
     peek_hello,
 )
+from ..core.heartbeat import Ping, RecheckKey, Timeout, heartbeat_step, quiet_period
 from ..core.session import RetentionPool
 from ..core.wire import CloseCode, Role
 from ..errors import (
@@ -117,9 +119,8 @@ from ..errors import (
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
+from ..net.addresses import EXECUTOR_PATH, DialTarget, is_loopback_host, parse_dial_url
 from ..net.ws import (
-    EXECUTOR_PATH,
-    DialTarget,
     FrameBudget,
     LinkStatistics,
     SocketGone,
@@ -130,11 +131,9 @@ from ..net.ws import (
     connect,
     describe_close,
     one_line,
-    parse_dial_url,
     unauthenticated_log,
     upgrade_refusal,
 )
-from ..settings.config import is_loopback_host
 from .transport import SessionTransport, TransportState
 
 __all__ = [
@@ -1034,57 +1033,49 @@ class WebSocketLink:
         await sock.close(code, refusal.detail)
 
     async def _heartbeat(self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope) -> None:
-        interval = self.limits.heartbeat_interval
-        timeout = self.limits.heartbeat_timeout
-        # How long a side hears nothing before it pings (see below); the listener's stays short
-        # of its own timeout (heartbeat_timeout > heartbeat_interval).
-        listener_quiet = min(1.5 * interval, (interval + timeout) / 2)
-        quiet = interval if self._dial is not None else listener_quiet
-        next_ping = anyio.current_time() + interval
-        recheck = self.limits.key_recheck_interval
-        next_key_check = anyio.current_time() + recheck
+        """Obey :func:`~garcon_link.core.heartbeat.heartbeat_step` until the socket ends."""
+        limits = self.limits
+        quiet = quiet_period(limits, dialer=self._dial is not None)
+        next_ping = anyio.current_time() + limits.heartbeat_interval
+        next_key_check = None
+        if self._keys is not None:
+            next_key_check = anyio.current_time() + limits.key_recheck_interval
+        now = anyio.current_time()
         while True:
-            now = anyio.current_time()
-            if self._keys is not None and now >= next_key_check:
-                next_key_check = now + recheck
+            action = heartbeat_step(
+                now,
+                reading=sock.reading,
+                last_inbound=sock.last_inbound,
+                busy=sock.busy,
+                next_ping=next_ping,
+                next_key_check=next_key_check,
+                quiet=quiet,
+                limits=limits,
+            )
+            if isinstance(action, RecheckKey):
+                next_key_check = action.next_key_check
                 if self._key_revoked(slot, sock):
                     scope.cancel()
                     return
-            if sock.reading:
-                silent = now - sock.last_inbound
-                if silent >= timeout:
-                    self._stats.heartbeat_timeouts += 1
-                    sock.local_close = (
-                        CloseCode.HEARTBEAT_TIMEOUT,
-                        f"no inbound frame for {silent:.1f}s (resumable)",
-                    )
-                    scope.cancel()
-                    return
-                deadline = sock.last_inbound + timeout
-            else:
-                # The reader is held up by our own slow consumer (back-pressure): the peer's
-                # frames wait unread, so its silence cannot be judged; the clock restarts when
-                # the reader is back (see WebSocket.receive_message).
-                deadline = now + timeout
-            if now >= next_ping:
-                next_ping = now + interval
-                if sock.reading and now - sock.last_inbound < quiet:
-                    # The peer spoke lately: a ping would prove nothing new. Only a side that
-                    # heard nothing for ``quiet`` pings: the dialer after one interval, the
-                    # listener after one and a half, so on an idle socket the dialer's pings
-                    # (and the pongs) keep both sides' silence checks satisfied and the
-                    # listener -- with many sockets -- only answers; a busy socket carries none.
-                    next_ping = sock.last_inbound + quiet
-                elif not sock.busy:
-                    # Bounded: a peer that stopped reading must not stall the silence check.
-                    with anyio.move_on_after(max(0.0, deadline - now)):
-                        try:
-                            await sock.ping()
-                        except SocketGone:
-                            scope.cancel()
-                            return
-            wake = min(next_ping, deadline)
-            await anyio.sleep_until(min(wake, next_key_check) if self._keys is not None else wake)
+                continue  # the same turn goes on with the same ``now``
+            if isinstance(action, Timeout):
+                self._stats.heartbeat_timeouts += 1
+                sock.local_close = (
+                    CloseCode.HEARTBEAT_TIMEOUT,
+                    f"no inbound frame for {action.silent:.1f}s (resumable)",
+                )
+                scope.cancel()
+                return
+            next_ping = action.next_ping
+            if isinstance(action, Ping):
+                with anyio.move_on_after(action.within):
+                    try:
+                        await sock.ping()
+                    except SocketGone:
+                        scope.cancel()
+                        return
+            await anyio.sleep_until(action.wake)
+            now = anyio.current_time()
 
     def _key_revoked(self, slot: _Slot, sock: WebSocket) -> bool:
         """Re-read the attached executor's key: gone retires the session (``REVOKED``), changed

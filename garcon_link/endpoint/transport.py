@@ -18,14 +18,25 @@ States (``TransportState``)::
 Rules implemented here:
 
 * **Replay fence**: the first receipt received on the current attachment. The peer writes it after
-  everything it replays, so when it arrives every replayed inbound frame has been seen.
-* **Pre-readiness buffer**: inbound payloads accepted before the fence are held (bounded by
-  ``max_inbound_buffer_payloads``/``_bytes``; overflow retires the session), survive another detach,
-  and drain *in order* into the delivery queue *before* ``READY`` is announced.
-* **Replay inactivity**: while replaying (fence not yet passed, or frames we replayed not yet
-  confirmed), the session is retired with ``REPLAY_STALLED`` if ``replay_inactivity`` passes with no
-  progress. Progress is a new inbound ordinal or a receipt that confirms more of our frames;
-  heartbeats and duplicates are not progress. Time the reader spends waiting for our own slow
+  everything it replays, so when it arrives every replayed inbound frame has been seen. The
+  session reports it (:class:`~garcon_link.core.session.Received`), as it reports whether a
+  message confirmed more of our frames or made a receipt due: the reader obeys those events.
+* **Pre-readiness buffer** (:class:`PreReadinessBuffer`): inbound payloads accepted before the
+  fence are held and drain *in order* into the delivery queue *before* ``READY`` is announced.
+  The bound (``max_inbound_buffer_payloads``/``_bytes``; overflow retires the session) covers what
+  the *current* attachment accepted before its fence: for an honest peer at most what it retains.
+  Nothing we accepted is in the peer's retention any more (our receipts, and the resume position
+  of the next handshake, acknowledged it), so the peer may replay a whole new window beside it.
+  Therefore a new attachment first hands over what an earlier one left -- its pre-fence payloads
+  if it ended before its fence (they survive the detach), and whatever a detach interrupted on
+  its way to the consumer -- and reads nothing until all of it is in the delivery queue
+  (back-pressure, as from a full queue; the replay inactivity clock is paused meanwhile). So the
+  pre-readiness payloads held at any time, released or not, never exceed the bound.
+* **Replay inactivity** (:class:`~garcon_link.core.replay.ReplayWatch`): while replaying (fence
+  not yet passed, or frames we replayed not yet confirmed), the session is retired with
+  ``REPLAY_STALLED`` if ``replay_inactivity`` passes with no progress. Progress is a new inbound
+  ordinal or a receipt that confirms more of our frames; heartbeats and duplicates are not
+  progress. Time the reader spends waiting for our own slow
   consumer is not the peer's inactivity: the deadline is paused meanwhile.
 * **Grace**: a detached session is retired with ``GRACE_EXPIRED`` after ``detached_grace``.
 * **Ordered delivery**: payloads go through one bounded memory stream read by one consumer
@@ -76,13 +87,20 @@ from typing import Protocol
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from ..core.replay import ReplayWatch
 from ..core.session import MessageSession, RetentionPool, SessionState, SessionStatistics
 from ..core.wire import Ordinal
 from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields
 
-__all__ = ["MessageSocket", "SessionTransport", "TransportState", "TransportStatistics"]
+__all__ = [
+    "MessageSocket",
+    "PreReadinessBuffer",
+    "SessionTransport",
+    "TransportState",
+    "TransportStatistics",
+]
 
 log = logging.getLogger("garcon_link.transport")  # the name users configure (README)
 
@@ -160,6 +178,57 @@ class TransportStatistics:
 
 Listener = Callable[[TransportState], None]
 
+
+class PreReadinessBuffer:
+    """Inbound payloads accepted before the peer's replay fence, on one attachment (sans-IO).
+
+    Bounded by ``Limits.max_inbound_buffer_payloads`` and ``max_inbound_buffer_bytes``: an
+    honest peer replays before its fence at most what it retains, and it retains nothing this
+    side accepted (acknowledged by a receipt, or by the resume position of the next handshake).
+    So what an attachment leaves here when it ends before its fence must not stay beside the
+    next attachment's replay: :meth:`attach` hands it over first.
+    """
+
+    __slots__ = ("_bodies", "_limits", "_size")
+
+    def __init__(self, limits: Limits) -> None:
+        self._limits = limits
+        self._bodies: deque[bytes] = deque()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return len(self._bodies)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the payloads held."""
+        return self._size
+
+    def hold(self, body: bytes) -> str | None:
+        """Hold ``body``, or return why it would pass the bound (then nothing is held)."""
+        limits = self._limits
+        if (
+            len(self._bodies) >= limits.max_inbound_buffer_payloads
+            or self._size + len(body) > limits.max_inbound_buffer_bytes
+        ):
+            return f"{len(self._bodies)} payloads / {self._size} bytes before the fence"
+        self._bodies.append(body)
+        self._size += len(body)
+        return None
+
+    def release(self) -> list[bytes]:
+        """Everything held, in order; the buffer is empty afterwards (the fence, retirement)."""
+        bodies = list(self._bodies)
+        self._bodies.clear()
+        self._size = 0
+        return bodies
+
+    def attach(self) -> list[bytes]:
+        """A new attachment begins: what an earlier one left (it ended before its fence), in
+        order, to hand over before anything of the new attachment is read."""
+        return self.release()
+
+
 SOCKET_GONE: tuple[type[Exception], ...] = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 """What a :class:`MessageSocket` write raises once the socket is dead (its contract): the
 attachment ends and the session waits, detached, for the next socket."""
@@ -200,8 +269,7 @@ class SessionTransport:
         self._deliver_send, self._deliver_recv = anyio.create_memory_object_stream[bytes](
             limits.delivery_queue
         )
-        self._buffer: deque[bytes] = deque()
-        self._buffer_bytes = 0
+        self._buffer = PreReadinessBuffer(limits)
         # Released payloads (fence passed) not yet in the delivery queue, and the delivery task
         # that moves them there (see _release).
         self._pending: deque[tuple[bytes, bool]] = deque()  # (payload, came from _buffer)
@@ -233,9 +301,8 @@ class SessionTransport:
         self._receipt_due_at = 0.0  # time.monotonic() when the due receipt became due
         self._coalesce_limit = min(limits.max_frame_bytes, COALESCE_BYTES)
         self._grace_scope: anyio.CancelScope | None = None
-        self._replay_done = anyio.Event()
-        self._replay_target = 0
-        self._progress_at = 0.0
+        self._replay = ReplayWatch(0, 0.0, limits.replay_inactivity)
+        self._replay_done = anyio.Event()  # set once _replay is done: wakes _replay_watch
         self._attachments = 0
         self._messages_written = 0
         self._messages_read = 0
@@ -282,7 +349,7 @@ class SessionTransport:
             attachments=self._attachments,
             # Pre-readiness payloads count as buffered until the delivery task has taken them.
             buffered_payloads=len(self._buffer) + self._pending_buffered,
-            buffered_bytes=self._buffer_bytes + self._pending_buffered_bytes,
+            buffered_bytes=self._buffer.size + self._pending_buffered_bytes,
             queued_payloads=self._deliver_send.statistics().current_buffer_used
             + len(self._pending)
             - self._pending_buffered
@@ -587,6 +654,7 @@ class SessionTransport:
         self._delivery_progress.set()
         self._capacity.set()
         self._wakeup.set()
+        self._replay.stop()
         self._replay_done.set()
         self._retired.set()
         if self._run_scope is not None:
@@ -597,9 +665,8 @@ class SessionTransport:
         return failure
 
     def _drain_buffer_nowait(self) -> None:
-        self._pending.extend((body, True) for body in self._buffer)  # after the released ones
-        self._buffer.clear()
-        self._buffer_bytes = 0
+        # After the released ones.
+        self._pending.extend((body, True) for body in self._buffer.release())
         while self._pending:
             body, _ = self._pending[0]
             try:
@@ -645,13 +712,12 @@ class SessionTransport:
         self._raise_if_failed()
         if self._run_scope is not None:
             raise RuntimeError("a socket is already attached to this session")
-        confirmed_before = self._session.confirmed
         try:
-            self._session.attach(peer_received)
+            attached = self._session.attach(peer_received)
         except SessionFailed:
             self.retire(FailureReason.RESUME_REFUSED)
             raise
-        if self._session.confirmed != confirmed_before:
+        if attached.confirmed_advanced:
             # The peer's resume position acknowledged frames whose receipts were lost: that
             # frees retention just as a receipt would, so wake senders waiting for capacity.
             self._capacity.set()
@@ -660,9 +726,10 @@ class SessionTransport:
             self._grace_scope = None
         self._attachments += 1
         self._fence_passed = False
-        self._replay_target = self._session.issued
+        self._replay = ReplayWatch(
+            self._session.issued, anyio.current_time(), self.limits.replay_inactivity
+        )
         self._replay_done = anyio.Event()
-        self._progress_at = anyio.current_time()
         self._set_state(TransportState.REPLAYING)
         self._wakeup.set()
         scope = anyio.CancelScope()
@@ -714,6 +781,13 @@ class SessionTransport:
         packet_budget = self.limits.max_packets_per_message
         unyielded_packets = 0  # handled since this task last yielded on purpose
         unyielded_bytes = 0
+        # What earlier attachments accepted and did not deliver was acknowledged, so the peer's
+        # replay may fill a whole window beside it: hand it over and read nothing until it is
+        # queued, so the pre-readiness buffer holds only this attachment's replay.
+        carried = self._buffer.attach()
+        if carried:
+            self._release(carried, buffered=True)
+        await self._wait_delivered()
         while True:
             try:
                 data = await sock.receive_message()
@@ -731,43 +805,32 @@ class SessionTransport:
                     self.retire(FailureReason.PEER_RETIRED, retired_by_peer)
                 return
             self._messages_read += 1
-            accepted_before = session.accepted
-            confirmed_before = session.confirmed
-            due_before = session.receipt_due
-            receipts_before = session.receipts_received
-            packets_before = session.packets_received
             try:
-                bodies = session.receive(data)
+                received = session.receive(data)
             except SessionFailed as failure:
                 self.retire(failure.reason, failure.detail)
                 return
-            if not due_before and session.receipt_due:
+            if received.receipt_became_due:
                 self._receipt_due_at = time.monotonic()
-            unyielded_packets += session.packets_received - packets_before
+            unyielded_packets += received.packets
             unyielded_bytes += len(data)
-            if session.confirmed != confirmed_before:
+            if received.confirmed_advanced:
                 self._capacity.set()
-            progressed = (
-                session.accepted != accepted_before or session.confirmed != confirmed_before
-            )
-            if session.receipt_urgent and not self._write_receipt_now():
+            if received.receipt_urgent and not self._write_receipt_now():
                 # Before the hand-over, which may be long (a direct consumer dispatching a
                 # replay of thousands of payloads in this task): confirming what was accepted
                 # frees the peer's retention -- at once if the socket takes it, else by the
                 # writer as soon as this task yields.
                 self._wakeup.set()
-            fence = False
+            bodies = received.bodies
             if not self._fence_passed:
                 for body in bodies:
                     if not self._buffer_payload(body):
                         return
-                if session.receipts_received != receipts_before:
-                    # Fence: first receipt on this attachment. Drain, then announce readiness.
-                    self._fence_passed = fence = True
-                    buffered = list(self._buffer)
-                    self._buffer.clear()
-                    self._buffer_bytes = 0
-                    self._release(buffered, buffered=True)
+                if received.fence:
+                    # The first receipt on this attachment. Drain, then announce readiness.
+                    self._fence_passed = True
+                    self._release(self._buffer.release(), buffered=True)
             else:
                 self._release(bodies)
             if session.receipt_due and not self._receipt_poll:
@@ -777,7 +840,7 @@ class SessionTransport:
                 self._wakeup.set()
             if self._fence_passed:
                 await self._wait_delivered()
-            if fence:
+            if received.fence:
                 self._set_state(TransportState.READY)
             yield_first = self._yield_first
             if bodies and self._fence_passed and yield_first is not None and yield_first():
@@ -791,11 +854,14 @@ class SessionTransport:
                 held = hold()
                 if held is not None:
                     await self._wait_for_consumer(held)
-            if not self._replay_done.is_set():
-                if progressed:
-                    self._progress_at = anyio.current_time()
-                if self._fence_passed and session.confirmed >= self._replay_target:
-                    self._replay_done.set()
+            replay = self._replay
+            if not replay.done and replay.observe(
+                received.progress,
+                fence_passed=self._fence_passed,
+                confirmed=session.confirmed,
+                now=anyio.current_time(),
+            ):
+                self._replay_done.set()
             if unyielded_packets >= packet_budget or unyielded_bytes >= YIELD_EVERY_BYTES:
                 # Everything this message carried was handed over: let the other tasks run
                 # before the next message, which the socket may return without yielding.
@@ -859,7 +925,7 @@ class SessionTransport:
                 await progress.wait()
         finally:
             self._consumer_wait = None
-            self._progress_at = anyio.current_time()
+            self._replay.restart(anyio.current_time())
             waiting.set()
 
     async def _wait_for_consumer(self, released: anyio.Event) -> None:
@@ -870,7 +936,7 @@ class SessionTransport:
             await released.wait()
         finally:
             self._consumer_wait = None
-            self._progress_at = anyio.current_time()
+            self._replay.restart(anyio.current_time())
             waiting.set()
 
     async def _deliver(self) -> None:
@@ -909,22 +975,12 @@ class SessionTransport:
         self._pending_buffered_bytes = 0
 
     def _buffer_payload(self, body: bytes) -> bool:
-        limits = self.limits
-        # The bound covers pre-readiness payloads released at an earlier fence whose delivery
-        # a detach interrupted: they have not reached the consumer either.
-        count = len(self._buffer) + self._pending_buffered
-        size = self._buffer_bytes + self._pending_buffered_bytes
-        if (
-            count >= limits.max_inbound_buffer_payloads
-            or size + len(body) > limits.max_inbound_buffer_bytes
-        ):
-            self.retire(
-                FailureReason.INBOUND_OVERFLOW,
-                f"{count} payloads / {size} bytes before the fence",
-            )
+        # Only this attachment's payloads count: what earlier ones left was queued before this
+        # attachment read anything (see _reader).
+        overflow = self._buffer.hold(body)
+        if overflow is not None:
+            self.retire(FailureReason.INBOUND_OVERFLOW, overflow)
             return False
-        self._buffer.append(body)
-        self._buffer_bytes += len(body)
         return True
 
     async def _writer(self, sock: MessageSocket, pumps: anyio.CancelScope) -> None:
@@ -1030,7 +1086,7 @@ class SessionTransport:
     async def _replay_watch(self) -> None:
         inactivity = self.limits.replay_inactivity
         while not self._replay_done.is_set():
-            remaining = self._progress_at + inactivity - anyio.current_time()
+            remaining = self._replay.deadline - anyio.current_time()
             if remaining <= 0:
                 waiting = self._consumer_wait
                 if waiting is not None:

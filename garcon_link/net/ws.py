@@ -21,9 +21,10 @@ a logical session; a :class:`WebSocket` satisfies the transport's ``MessageSocke
    caller's authentication must finish within ``handshake_timeout`` (else 4008).
 2. **Dialing.** :func:`connect` opens the TCP connection (``connect_timeout``) and
    :func:`client_upgrade` wraps TLS and performs the upgrade; both raise only
-   :class:`~garcon_link.errors.LinkError`. The dial URL is parsed once, by :func:`parse_dial_url`
-   (:class:`DialTarget`); it may carry the executor id as a routing hint (``?executor=<id>``) for a
-   load balancer in front of several controller processes.
+   :class:`~garcon_link.errors.LinkError`. The dial URL is parsed once, by
+   :func:`~garcon_link.net.addresses.check_dial_url` (a
+   :class:`~garcon_link.net.addresses.DialTarget`); it may carry the executor id as a routing
+   hint (``?executor=<id>``) for a load balancer in front of several controller processes.
 3. **Messages.** Messages are capped at ``max_frame_bytes`` (``max_handshake_frame_bytes`` before
    :meth:`WebSocket.authenticated`) and ``max_message_fragments`` frames while they are assembled
    (1009). A text frame is a protocol error (1003). Write back-pressure awaits the socket's drain.
@@ -86,16 +87,15 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from ..core.wire import PEER_RETIRED_CODES, CloseCode
-from ..errors import ConfigError, FrameTooLarge, HandshakeFailure, LinkError, MalformedFrame
+from ..errors import FrameTooLarge, HandshakeFailure, LinkError, MalformedFrame
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
 from . import _asyncio_stream
+from .addresses import EXECUTOR_PATH, DialTarget
 
 __all__ = [
     "BROKEN",
-    "EXECUTOR_PATH",
     "GONE",
-    "DialTarget",
     "FrameBudget",
     "LinkStatistics",
     "SocketGone",
@@ -106,16 +106,12 @@ __all__ = [
     "close_code",
     "describe_close",
     "one_line",
-    "parse_dial_url",
     "unauthenticated_log",
     "upgrade_refusal",
 ]
 
 log = logging.getLogger("garcon_link.ws")  # the name users configure (README)
 
-EXECUTOR_PATH = "/executor"
-ROUTING_PARAMETER = "executor"
-"""The one query parameter a dial URL may carry: the executor id, a hint for load balancers."""
 _READ_CHUNK = 65536
 _THROTTLE_QUANTUM = 0.01
 """A socket over its frame budget is read again once it earned this many seconds of frames (so its
@@ -665,68 +661,6 @@ def describe_close(sock: WebSocket) -> str:
 
 
 # ---------------------------------------------------------------------------------- dialing
-
-
-@dataclass(frozen=True, slots=True)
-class DialTarget:
-    """A parsed dial URL: ``ws[s]://host[:port]/executor[?executor=<id>]``."""
-
-    scheme: str
-    host: str
-    port: int
-    executor_hint: str | None = None
-
-    @property
-    def tls(self) -> bool:
-        return self.scheme == "wss"
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}{self.target}"
-
-    @property
-    def target(self) -> str:
-        """The request target of the upgrade (path and routing hint)."""
-        if self.executor_hint is None:
-            return EXECUTOR_PATH
-        return EXECUTOR_PATH + "?" + urllib.parse.urlencode({ROUTING_PARAMETER: self.executor_hint})
-
-
-def parse_dial_url(url: str) -> DialTarget:
-    """Parse a dial URL once (the config and the link use the result).
-
-    Raises:
-        ConfigError: not ``ws://`` or ``wss://``, not the ``/executor`` path, userinfo or a
-            fragment, a query other than ``executor=<id>``, or no host.
-    """
-    try:
-        parts = urllib.parse.urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"invalid dial URL {url!r}: {exc}") from exc
-    if parts.scheme not in ("ws", "wss"):
-        raise ConfigError(f"dial URL {url!r} must use ws:// or wss://")
-    if parts.username or parts.password or parts.fragment:
-        raise ConfigError(f"dial URL {url!r} must not carry userinfo or a fragment")
-    hint = None
-    if parts.query:
-        try:
-            query = urllib.parse.parse_qs(parts.query, strict_parsing=True, max_num_fields=2)
-        except ValueError as exc:
-            raise ConfigError(f"dial URL {url!r}: bad query: {exc}") from exc
-        values = query.get(ROUTING_PARAMETER)
-        if set(query) != {ROUTING_PARAMETER} or values is None or len(values) != 1:
-            raise ConfigError(
-                f"dial URL {url!r}: the only query allowed is {ROUTING_PARAMETER}=<executor id>"
-            )
-        hint = values[0]
-    if parts.path != EXECUTOR_PATH:
-        raise ConfigError(f"dial URL {url!r} must have the path {EXECUTOR_PATH}")
-    if not parts.hostname:
-        raise ConfigError(f"dial URL {url!r} has no host")
-    default = 443 if parts.scheme == "wss" else 80
-    return DialTarget(parts.scheme, parts.hostname, port or default, hint)
 
 
 async def connect(target: DialTarget, limits: Limits) -> anyio.abc.ByteStream:

@@ -33,9 +33,9 @@ client (:mod:`garcon_link.sync`) is typed by a Protocol of ``def`` methods, stre
 interface's (so it is compared with the worker's). Serving is unchanged: :func:`service_spec`
 refuses such an interface.
 
-Registration (:class:`~garcon_link.remote.Service` and a worker's services map) also checks,
-with :func:`registration_problems`, that the implementation fits the interface -- every method
-present, ``async def`` where the interface says unary, an async generator function where it
+Registration (:class:`~garcon_link.api.registration.Service` and a worker's services map) also
+checks, with :func:`registration_problems`, that the implementation fits the interface -- every
+method present, ``async def`` where the interface says unary, an async generator function where it
 says stream, the parameters accepted, no plain-class hint contradicting the interface's (``str``
 where it sends ``int``) -- and that every parameter and return hint is one msgspec can convert and
 encode (a ``Path``, or a ``Protocol`` used as a value type, is not). All problems are reported in

@@ -87,8 +87,8 @@ class Observed:
 class CallObserver:
     """The one place where every call's outcome is counted and told to the hooks.
 
-    One per endpoint (a :class:`~garcon_link.remote.RemoteExecutor`, a
-    :class:`~garcon_link.remote.Worker`), shared by all its sessions, so its counters survive
+    One per endpoint (a :class:`~garcon_link.api.controller.RemoteExecutor`, a
+    :class:`~garcon_link.api.worker.Worker`), shared by all its sessions, so its counters survive
     session replacement. Client side: :meth:`call` wraps one facade call (session lookup,
     retries and all); streams use :meth:`stream_started`/:meth:`stream_ended`. Server side: the
     session's :class:`ExecutorRpc` calls :meth:`server_started`/:meth:`server_ended` around each

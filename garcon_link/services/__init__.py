@@ -36,11 +36,12 @@ import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
-from ..api.remote import Service
+from ..api.registration import Service
 from ..errors import ConfigError
 from ..rpc.resources import ServiceScope
+from ._confined import ConfinedRoot
+from ._file_values import version_token
 from .files import (
-    ConfinedRoot,
     DirEntry,
     DirPage,
     FileKind,
@@ -50,7 +51,6 @@ from .files import (
     ReadChunk,
     ServiceLimits,
     UploadStatus,
-    version_token,
 )
 from .process import (
     ExitStatus,

@@ -72,15 +72,19 @@ spool cannot be read.
 Why the supervisors are not in a task group: the worker enters a per-session service factory in
 one task and exits it in another, and a task group's cancel scope cannot span tasks. Each
 supervisor is a backend task of its own (``asyncio`` task or ``trio`` system task) wrapped in a
-cancel scope this service cancels and awaits on close (:class:`_DetachedTasks`).
+cancel scope this service cancels and awaits on close (``_DetachedTasks``).
+
+This module is the service's face: the interface, the checks of a start and
+:class:`LocalProcessService`. Its parts live beside it: the values in ``_process_values.py``
+(importable from here), the output of a stream, in memory or spooled to disk, in ``_spool.py``,
+and the supervision of a process group (its record, signals, the detached tasks) in
+``_supervisor.py``.
 
 POSIX only (process groups, ``killpg``); tested on Linux with asyncio and trio.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import logging
 import math
@@ -91,10 +95,8 @@ import signal as sig_mod
 import subprocess
 import tempfile
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import anyio.abc
@@ -102,7 +104,17 @@ import anyio.abc
 from ..errors import ConfigError, Rejected, RemoteError
 from ..logs import peer_text
 from ..rpc.resources import ResourceRef, ServiceScope, current_scope
-from .files import ConfinedRoot, MiB, ServiceLimits, _os_errors
+from ._confined import ConfinedRoot, _os_errors
+from ._limits import MiB, ServiceLimits
+from ._process_values import (
+    ExitStatus,
+    OutputChunk,
+    ProcessInfo,
+    RunResult,
+    StreamName,
+    TruncationMarker,
+)
+from ._supervisor import _REAP_TIMEOUT, _DetachedTasks, _finished, _parse_signal, _Proc
 
 __all__ = [
     "ExitStatus",
@@ -118,112 +130,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-StreamName = Literal["stdout", "stderr"]
-
 _STREAM_CHUNK = 256 * 1024
-_FEED_CHUNK = 64 * 1024
-_REAP_TIMEOUT = 2.0
-_finish_order = itertools.count(1)
-
-
-# ---------------------------------------------------------------------------- values
-
-
-@dataclass(frozen=True, slots=True)
-class TruncationMarker:
-    """Output bytes ``[start, end)`` of one stream were dropped by retention before being read."""
-
-    start: int
-    end: int
-
-
-@dataclass(frozen=True, slots=True)
-class OutputChunk:
-    """Bytes of one output stream starting at ``offset``.
-
-    Attributes:
-        stream: ``"stdout"`` or ``"stderr"``.
-        offset: stream offset of ``data[0]`` (continue with ``offset + len(data)``).
-        data: the raw bytes (may be empty).
-        truncated: set when the requested offset was already dropped: the dropped range, which
-            ends at ``offset``.
-        eof: the stream is closed and ``data`` reaches its end.
-    """
-
-    stream: StreamName
-    offset: int
-    data: bytes
-    truncated: TruncationMarker | None
-    eof: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ExitStatus:
-    """How a process ended.
-
-    Attributes:
-        code: the exit code, or ``None`` if it died of a signal.
-        signal: the signal's name (``"SIGKILL"``) if it died of one, else ``None``.
-        timed_out: the start ``timeout`` expired and the service killed the group.
-        killed: it died of a signal the service sent on its own authority (``terminate``, the
-            start timeout, a cancelled ``run``, the end of the session) -- not ``signal()``.
-    """
-
-    code: int | None
-    signal: str | None
-    timed_out: bool
-    killed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    """What :meth:`ProcessService.run` returns.
-
-    ``stdout``/``stderr`` hold at most ``max_output`` bytes each: the **last** bytes written;
-    ``*_truncated`` says earlier bytes were dropped.
-    """
-
-    status: ExitStatus
-    stdout: bytes
-    stderr: bytes
-    stdout_truncated: bool
-    stderr_truncated: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessInfo:
-    """A snapshot of one started process.
-
-    Attributes:
-        handle: its reference.
-        argv: what was started.
-        cwd: its working directory in the caller's namespace.
-        pid: diagnostic only (also the process group id).
-        running: the leader has not exited yet.
-        status: the exit status once the leader exited and the output drained, else ``None``.
-        stdout_end, stderr_end: bytes produced so far per stream.
-        stdin_offset: stdin bytes accepted so far (``None`` if started without stdin).
-        id: the process id: the caller's (``start(id=...)``) or a generated ``p<n>``.
-        stdout_start, stderr_start: the first offset still retained per stream; everything
-            before it was dropped (a read from an earlier offset reports that exact range).
-        started_at: wall-clock time (``time.time()``) of the start.
-        exited_at: wall-clock time the record finished (exit and output drained), else ``None``.
-    """
-
-    handle: ResourceRef
-    argv: list[str]
-    cwd: str
-    pid: int
-    running: bool
-    status: ExitStatus | None
-    stdout_end: int
-    stderr_end: int
-    stdin_offset: int | None
-    id: str = ""
-    stdout_start: int = 0
-    stderr_start: int = 0
-    started_at: float = 0.0
-    exited_at: float | None = None
 
 
 # ---------------------------------------------------------------------------- interface
@@ -362,449 +269,6 @@ class ProcessService(Protocol):
         the call kills the group.
         """
         ...
-
-
-# ---------------------------------------------------------------------------- plumbing
-
-
-def _start_detached(runner: Callable[[], Awaitable[None]], name: str, refs: set[Any]) -> None:
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        import trio
-
-        trio.lowlevel.spawn_system_task(runner, name=name)
-    else:
-
-        async def main() -> None:
-            await runner()
-
-        task = loop.create_task(main(), name=name)
-        refs.add(task)  # the loop keeps only weak references to tasks
-        task.add_done_callback(refs.discard)
-
-
-class _DetachedTasks:
-    """Tasks owned by an object, cancellable and awaitable from any task (see module docstring)."""
-
-    def __init__(self) -> None:
-        self._live: dict[int, tuple[anyio.CancelScope, anyio.Event]] = {}
-        self._refs: set[Any] = set()
-        self._keys = itertools.count()
-        self._closed = False
-
-    def spawn(self, func: Callable[[], Awaitable[None]], name: str) -> None:
-        if self._closed:
-            raise RuntimeError("spawn() after aclose()")
-        key = next(self._keys)
-        scope = anyio.CancelScope()
-        done = anyio.Event()
-        self._live[key] = (scope, done)
-
-        async def runner() -> None:
-            try:
-                with scope:
-                    await func()
-            except Exception:
-                log.exception("background task %s failed", name)
-            finally:
-                self._live.pop(key, None)
-                done.set()
-
-        _start_detached(runner, name, self._refs)
-
-    async def aclose(self) -> None:
-        """Cancel every task and wait for each to finish its (shielded) cleanup."""
-        self._closed = True
-        entries = list(self._live.values())
-        for scope, _ in entries:
-            scope.cancel()
-        for _, done in entries:
-            await done.wait()
-
-
-class _Notifier:
-    """A level-less wake-up: ``wait()`` returns after the next ``notify()``."""
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-
-    def notify(self) -> None:
-        self._event.set()
-        self._event = anyio.Event()
-
-    async def wait(self) -> None:
-        await self._event.wait()
-
-
-def _clamp_offset(
-    name: str, start: int, end: int, after: int
-) -> tuple[int, TruncationMarker | None]:
-    """Where a read from ``after`` starts in a spool that keeps ``[start, end)``, and the exact
-    range lost before it, if any.
-
-    Raises:
-        Rejected: ``INVALID_OFFSET``, ``after`` is negative or past what was produced.
-    """
-    if after < 0 or after > end:
-        raise Rejected(
-            "INVALID_OFFSET", f"{name} offset {after} is outside the {end} bytes produced so far"
-        )
-    if after < start:
-        return start, TruncationMarker(after, start)
-    return after, None
-
-
-class _Output:
-    """One output stream: a bounded tail of bytes addressed by absolute stream offsets."""
-
-    def __init__(self, name: StreamName, retention: int, changed: _Notifier) -> None:
-        self.name: StreamName = name
-        self.retention = retention
-        self.start = 0  # offset of the first retained byte
-        self.end = 0  # bytes produced so far
-        self.eof = False
-        self._buf = bytearray()
-        self._changed = changed
-        self.closed = anyio.Event()
-
-    def append(self, data: bytes) -> None:
-        self._buf += data
-        self.end += len(data)
-        excess = len(self._buf) - self.retention
-        if excess > 0:
-            del self._buf[:excess]  # O(1) amortised for a bytearray's head
-            self.start += excess
-        self._changed.notify()
-
-    def close(self) -> None:
-        if not self.eof:
-            self.eof = True
-            self.closed.set()
-            self._changed.notify()
-
-    def chunk(self, after: int, max_bytes: int) -> OutputChunk:
-        after, truncated = _clamp_offset(self.name, self.start, self.end, after)
-        i = after - self.start
-        data = bytes(self._buf[i : i + max_bytes])
-        eof = self.eof and after + len(data) == self.end
-        return OutputChunk(self.name, after, data, truncated, eof)
-
-    def tail(self) -> bytes:
-        return bytes(self._buf)
-
-    def discard(self) -> None:
-        """Free what is retained (the record is being forgotten)."""
-        self._buf = bytearray()
-
-
-class _DiskOutput(_Output):
-    """One output stream spooled to segment files (``--spool-dir``).
-
-    The stream is cut into files of ``retention // 4`` bytes; when more than ``retention``
-    bytes are kept, whole oldest segments are deleted, so ``start`` (the first retained
-    offset) is always a segment boundary and every truncation range is exact. A write that
-    fails (disk full) drops everything retained so far: the reader is told exactly that range.
-    Files are written with plain ``os.write`` from the pump (local disk; short writes).
-    """
-
-    def __init__(
-        self, name: StreamName, retention: int, changed: _Notifier, directory: str, prefix: str
-    ) -> None:
-        super().__init__(name, retention, changed)
-        self._dir = directory
-        self._prefix = prefix
-        self._segment_bytes = max(retention // 4, 1)
-        self._segments: deque[list[int]] = deque()  # [start offset, length, file number]
-        self._fd: int | None = None
-        self._files = 0
-
-    def _path(self, number: int) -> str:
-        return os.path.join(self._dir, f"{self._prefix}.{self.name}.{number}")
-
-    def append(self, data: bytes) -> None:
-        try:
-            self._write(data)
-        except OSError as exc:
-            log.warning("spooling %s failed (%s): dropping what it held", self.name, exc)
-            self._drop_files()
-            self.end += len(data)
-            self.start = self.end
-        else:
-            self.end += len(data)
-            while len(self._segments) > 1 and self.end - self._segments[0][0] > self.retention:
-                os.unlink(self._path(self._segments.popleft()[2]))
-                self.start = self._segments[0][0]
-        self._changed.notify()
-
-    def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        position = self.end
-        while view:
-            last = self._segments[-1] if self._segments else None
-            if last is None or self._fd is None or last[1] >= self._segment_bytes:
-                self._close_fd()
-                number = self._files
-                self._files += 1
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-                self._fd = os.open(self._path(number), flags, 0o600)
-                last = [position, 0, number]
-                self._segments.append(last)
-                if len(self._segments) == 1:
-                    self.start = position
-            written = os.write(self._fd, view[: self._segment_bytes - last[1]])
-            last[1] += written
-            position += written
-            view = view[written:]
-
-    def chunk(self, after: int, max_bytes: int) -> OutputChunk:
-        after, truncated = _clamp_offset(self.name, self.start, self.end, after)
-        data = bytearray()
-        try:
-            for seg_start, length, number in list(self._segments):
-                if seg_start + length <= after + len(data):
-                    continue
-                want = min(seg_start + length - (after + len(data)), max_bytes - len(data))
-                if want <= 0:
-                    break
-                fd = os.open(self._path(number), os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    piece = os.pread(fd, want, after + len(data) - seg_start)
-                finally:
-                    os.close(fd)
-                data += piece
-                if len(piece) < want:
-                    break
-        except OSError as exc:
-            raise RemoteError("SPOOL_FAILED", f"cannot read the {self.name} spool: {exc}") from exc
-        eof = self.eof and after + len(data) == self.end
-        return OutputChunk(self.name, after, bytes(data), truncated, eof)
-
-    def tail(self) -> bytes:
-        return self.chunk(self.start, self.end - self.start).data
-
-    def close(self) -> None:
-        self._close_fd()
-        super().close()
-
-    def discard(self) -> None:
-        self._drop_files()
-
-    def _close_fd(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def _drop_files(self) -> None:
-        self._close_fd()
-        while self._segments:
-            with contextlib.suppress(OSError):
-                os.unlink(self._path(self._segments.popleft()[2]))
-
-
-def _finished(proc: _Proc) -> int:
-    return proc.finished
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return sig_mod.Signals(number).name
-    except ValueError:
-        return f"SIG{number}"
-
-
-def _parse_signal(name: str) -> sig_mod.Signals:
-    text = name.strip().upper()
-    try:
-        if text.isdigit():
-            return sig_mod.Signals(int(text))
-        return sig_mod.Signals[text if text.startswith("SIG") else "SIG" + text]
-    except (KeyError, ValueError):
-        raise Rejected("INVALID_SIGNAL", f"unknown signal {name!r}") from None
-
-
-class _Proc:
-    """One started process and its supervisor state."""
-
-    def __init__(
-        self,
-        proc_id: str,
-        argv: _Argv,
-        cwd: str,
-        process: anyio.abc.Process,
-        *,
-        retention: int,
-        timeout: float | None,
-        spec: tuple[object, ...] = (),
-        spool: tuple[str, str] | None = None,
-    ) -> None:
-        self.id = proc_id
-        self.argv = argv
-        self.cwd = cwd
-        self.spec = spec  # what start(id=...) compares
-        self.process = process
-        self.pid = process.pid
-        self.changed = _Notifier()
-        self.stdout: _Output
-        self.stderr: _Output
-        if spool is None:
-            self.stdout = _Output("stdout", retention, self.changed)
-            self.stderr = _Output("stderr", retention, self.changed)
-        else:
-            directory, prefix = spool
-            self.stdout = _DiskOutput("stdout", retention, self.changed, directory, prefix)
-            self.stderr = _DiskOutput("stderr", retention, self.changed, directory, prefix)
-        self.started_at = time.time()
-        self.exited_at: float | None = None
-        self.exited_mono = 0.0
-        self.has_stdin = process.stdin is not None
-        self.stdin_buf = bytearray()
-        self.stdin_pos = 0
-        self.stdin_closing = False
-        self.stdin_state: Literal["open", "closed", "broken"] = "open"
-        self.timeout = timeout
-        self.returncode: int | None = None
-        self.timed_out = False
-        self.forced = False
-        self.done = anyio.Event()
-        self.finished = 0  # order of completion, for evicting the oldest finished record
-
-    # -- signals
-
-    def killpg(self, signum: int) -> bool:
-        """Signal the group while it may exist (not after the supervisor finished)."""
-        if self.done.is_set():
-            return False
-        try:
-            os.killpg(self.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-
-    def force(self, signum: int) -> bool:
-        """Signal the group on the service's own authority (reported as ``killed``)."""
-        if self.done.is_set():
-            return False
-        self.forced = True
-        return self.killpg(signum)
-
-    def status(self) -> ExitStatus:
-        rc = self.returncode
-        if rc is None:
-            return ExitStatus(None, None, self.timed_out, False)
-        if rc < 0:
-            return ExitStatus(None, _signal_name(-rc), self.timed_out, self.forced)
-        return ExitStatus(rc, None, self.timed_out, False)
-
-    # -- supervisor
-
-    async def supervise(self) -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-                assert self.process.stdout is not None and self.process.stderr is not None
-                tg.start_soon(self._pump, self.process.stdout, self.stdout)
-                tg.start_soon(self._pump, self.process.stderr, self.stderr)
-                if self.has_stdin:
-                    tg.start_soon(self._feed)
-                if self.timeout is not None:
-                    tg.start_soon(self._watchdog, self.timeout)
-                self.returncode = await self.process.wait()
-                self.changed.notify()
-                # Drained: every member holding the pipes is gone (or closed them).
-                await self.stdout.closed.wait()
-                await self.stderr.closed.wait()
-                tg.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._finish()
-
-    async def _finish(self) -> None:
-        if self.returncode is None or not (self.stdout.eof and self.stderr.eof):
-            # Cancelled (session end, service closed) before the group finished.
-            self.force(sig_mod.SIGKILL)
-            if self.returncode is None:
-                with anyio.move_on_after(_REAP_TIMEOUT):
-                    self.returncode = await self.process.wait()
-        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
-            if stream is not None:
-                try:
-                    await stream.aclose()
-                except Exception:  # a broken pipe while closing changes nothing
-                    pass
-        self.stdout.close()
-        self.stderr.close()
-        if self.stdin_state == "open":
-            self.stdin_state = "closed"
-        self.stdin_buf.clear()
-        self.finished = next(_finish_order)
-        self.exited_at = time.time()
-        self.exited_mono = time.monotonic()
-        self.done.set()
-        self.changed.notify()
-
-    async def _pump(self, stream: anyio.abc.ByteReceiveStream, out: _Output) -> None:
-        try:
-            async for data in stream:
-                out.append(data)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass
-        finally:
-            out.close()
-
-    async def _feed(self) -> None:
-        stdin = self.process.stdin
-        assert stdin is not None
-        try:
-            while True:
-                if self.stdin_buf:
-                    chunk = bytes(self.stdin_buf[:_FEED_CHUNK])
-                    del self.stdin_buf[: len(chunk)]
-                    self.changed.notify()  # room for writers
-                    await stdin.send(chunk)
-                elif self.stdin_closing:
-                    await stdin.aclose()
-                    self.stdin_state = "closed"
-                    self.changed.notify()
-                    return
-                else:
-                    await self.changed.wait()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            self.stdin_state = "broken"
-            self.stdin_buf.clear()
-            self.changed.notify()
-
-    async def _watchdog(self, timeout: float) -> None:
-        await anyio.sleep(timeout)
-        if not self.done.is_set():
-            self.timed_out = True
-            self.force(sig_mod.SIGKILL)
-            self.changed.notify()
-
-    # -- stdin
-
-    async def enqueue(self, data: bytes, offset: int, capacity: int) -> int:
-        if not self.has_stdin:
-            raise Rejected("NO_STDIN", f"process {self.id} was started without stdin")
-        if offset < 0:
-            raise Rejected("INVALID_ARGUMENTS", "offset must be >= 0")
-        while True:
-            skip = self.stdin_pos - offset
-            if skip < 0:
-                raise Rejected(
-                    "STDIN_GAP", f"data starts at {offset}, but stdin is at {self.stdin_pos}"
-                )
-            if skip >= len(data):
-                return self.stdin_pos  # already accepted (a replayed or repeated write)
-            if self.stdin_closing or self.stdin_state != "open" or self.done.is_set():
-                raise Rejected("STDIN_CLOSED", f"stdin of process {self.id} is closed")
-            room = capacity - len(self.stdin_buf)
-            if room <= 0:
-                await self.changed.wait()
-                continue
-            part = data[skip : skip + room]
-            self.stdin_buf += part
-            self.stdin_pos += len(part)
-            self.changed.notify()
 
 
 def default_base_env(home: str) -> dict[str, str]:

@@ -1,4 +1,10 @@
-"""Link configuration: the TOML file, the secret, TLS material, and every refusal rule.
+"""Link configuration: the TOML files, their schema and loaders, TLS material, every refusal rule.
+
+Why one module of about 1,200 lines: the two file shapes (:class:`LinkConfig` and
+:class:`FleetConfig`) are checked by the same rules, with the same type, key, address and TLS
+helpers and the same message shape, so their schema and loaders read as one set of rules. The
+secret policy (:mod:`garcon_link.settings.secrets`) and the dial-URL parser
+(:mod:`garcon_link.net.addresses`) live apart: other modules use them too.
 
 Schema. ``[tls]`` and ``[limits]`` are optional; every other table or key not listed
 here is refused::
@@ -29,19 +35,18 @@ A controller of many executors (docs/design.md#fleets) has its own file shape, r
 (``keys/<executor_id>.secret``, see :mod:`garcon_link.keyring`) and optional
 ``[[executors.dial]]`` entries, and no top-level ``executor_id`` or secret. :func:`load_config`
 refuses a file with ``[executors]``, and :func:`load_fleet_config` one without. An executor id
-used as a file name obeys :func:`executor_id_problem`, which is stricter than ``executor_id``
-here: a worker keeps loading its config whatever printable id it has, but only a file-name-safe
-id can be enrolled in a keyring.
+used as a file name obeys :func:`~garcon_link.net.addresses.executor_id_problem`, which is
+stricter than ``executor_id`` here: a worker keeps loading its config whatever printable id it
+has, but only a file-name-safe id can be enrolled in a keyring.
 
-Secrets
--------
-A secret file (or an inline ``secret``) holds text. It is stripped of surrounding whitespace; if
-what remains is an even number (64 or more) of hex digits it is decoded as hex, otherwise its
-bytes are used as they are. Either way at least :data:`MIN_SECRET_BYTES` (32) bytes must remain.
-:func:`write_secret_file` (``garcon-link keygen``) writes 32 random bytes as 64 hex digits.
-The value lives in a :class:`Secret`, whose ``repr``/``str`` are redacted, whose equality is a
-constant-time compare and which refuses to be pickled (so it cannot ride into a child process).
-No message, repr or log line of this module contains a secret or a dial URL's userinfo.
+Secrets and dial URLs
+---------------------
+The secret (a file, or an inline ``secret``) is read and checked by
+:mod:`garcon_link.settings.secrets`, which holds :class:`~garcon_link.settings.secrets.Secret`
+and the policy for files that hold one; dial URLs are parsed by
+:func:`~garcon_link.net.addresses.check_dial_url`, the parser the link uses, and this module
+only words its refusals (file, field, fix). No message, repr or log line of this module contains
+a secret or a dial URL's userinfo.
 
 Refusals
 --------
@@ -62,7 +67,8 @@ configuration was built in code). Refused are:
   below one, along the path as given or its real path) that everyone may write without the
   sticky bit, or a sticky one (``/tmp``) where the directory or the path's entry in it belongs
   to another user: either lets someone else replace the secret (the message names the
-  directory and the fix; the rule and what it leaves out: ``_unsafe_directory``);
+  directory and the fix; the rule and what it leaves out:
+  :func:`~garcon_link.settings.secrets.unsafe_directory`);
 * neither or both of ``listen`` / ``dial``; a ``listen`` that is not ``host:port`` (unbracketed
   IPv6, missing or out-of-range port); a ``dial`` URL whose scheme is not ``ws``/``wss``, that
   carries userinfo, a query or a fragment, whose path is not exactly ``/executor``, whose host is
@@ -80,64 +86,56 @@ configuration was built in code). Refused are:
 from __future__ import annotations
 
 import dataclasses
-import errno
-import hmac
-import ipaddress
 import math
 import os
 import re
-import secrets
 import ssl
 import stat
-import string
-import tempfile
 import tomllib
-import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from ..core.wire import Role
 from ..errors import ConfigError
 from ..limits import Limits
-from ..net.ws import DialTarget
+from ..net.addresses import (
+    EXECUTOR_PATH,
+    MAX_EXECUTOR_ID_CHARS,
+    DialTarget,
+    DialUrlRefusal,
+    check_dial_url,
+    executor_id_problem,
+    host_problem,
+    is_loopback_host,
+)
+from .secrets import (
+    KEYGEN_HINT,
+    MIN_SECRET_BYTES,
+    Secret,
+    Source,
+    decode_secret,
+    keyring_directory_problem,
+    read_secret,
+    refusal,
+    refuse_open_mode,
+    refuse_unsafe_directory,
+)
 
 __all__ = [
     "CONFIG_ENV_VAR",
-    "MAX_EXECUTOR_ID_CHARS",
-    "MIN_SECRET_BYTES",
     "DialExecutor",
     "FleetConfig",
     "LinkConfig",
-    "Secret",
     "TlsConfig",
-    "executor_id_problem",
-    "generate_secret",
-    "is_loopback_host",
     "load_config",
     "load_fleet_config",
-    "read_secret_file",
-    "write_secret_file",
 ]
 
 CONFIG_ENV_VAR = "GARCON_LINK_CONFIG"
 """Environment variable naming the config file when :func:`load_config` gets no path."""
 
-MIN_SECRET_BYTES = 32
-"""A secret must hold at least this many bytes (after hex decoding)."""
-
-MAX_EXECUTOR_ID_CHARS = 200
-"""An executor id holds at most this many characters (config files and keyring file names)."""
-
-_GENERATED_SECRET_BYTES = 32
-_MAX_SECRET_FILE_BYTES = 64 * 1024  # read bound: a secret file is a few dozen bytes
-# A keyring file name: ASCII letters, digits, '.', '_', '-' (checked after the leading-dot rule).
-_KEYRING_ID = re.compile(r"[A-Za-z0-9._-]+")
-_EXECUTOR_PATH = "/executor"
-_DEFAULT_PORTS = {"ws": 80, "wss": 443}
-_HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\Z")
 _PORT_TEXT = re.compile(r"[0-9]{1,5}\Z")
-_HEX_DIGITS = frozenset(string.hexdigits)
 
 _TOP_LEVEL_KEYS = (
     "executor_id",
@@ -151,23 +149,9 @@ _TOP_LEVEL_KEYS = (
 )
 _CONNECTION_KEYS = ("listen", "dial")
 _TLS_KEYS = ("cert", "key", "ca")
-_KEYGEN_HINT = "generate one with `garcon-link keygen PATH`"
 
 
 # --------------------------------------------------------------------------- messages
-
-
-# A config built in code has no file: its class name stands in for it (a str "source").
-_Source = Path | str | None
-
-
-def _where(source: _Source) -> str:
-    return str(source) if source is not None else "LinkConfig"
-
-
-def _error(source: _Source, what: str, problem: str, fix: str) -> ConfigError:
-    """Build the one message shape of this module: file, field, problem, fix."""
-    return ConfigError(f"{_where(source)}: {what}: {problem}; {fix}")
 
 
 def _type_name(value: object) -> str:
@@ -190,423 +174,6 @@ def _shown_role(value: object) -> str:
     if isinstance(value, str) and len(value) < MIN_SECRET_BYTES // 2:
         return repr(value)
     return _type_name(value)
-
-
-# --------------------------------------------------------------------------- executor ids
-
-
-def executor_id_problem(value: object) -> str | None:
-    """The one rule for an executor id used as a file name (``<keyring>/<executor_id>.secret``).
-
-    Accepted: a ``str`` of 1 to :data:`MAX_EXECUTOR_ID_CHARS` characters drawn from ASCII
-    letters, digits, ``.``, ``_`` and ``-`` that does not start with ``.`` -- so never ``/``, NUL,
-    ``..``, a hidden file or a name that differs by Unicode normalization. The value may come from
-    a peer before it is authenticated: this never raises, whatever it is given (bytes, a huge
-    string, lone surrogates), and the problem text never echoes the value.
-
-    This is stricter than a config file's own ``executor_id`` (printable, no whitespace): a worker
-    whose id holds e.g. ``:`` or non-ASCII letters still loads its config, but cannot be enrolled
-    in a keyring.
-
-    Returns:
-        A short problem text ("is empty", ...), or ``None`` when ``value`` is acceptable.
-    """
-    if not isinstance(value, str):
-        return f"must be a string, not {type(value).__name__}"
-    if not value:
-        return "is empty"
-    if len(value) > MAX_EXECUTOR_ID_CHARS:
-        return f"is longer than {MAX_EXECUTOR_ID_CHARS} characters"
-    if value.startswith("."):
-        return "starts with '.'"
-    if _KEYRING_ID.fullmatch(value) is None:
-        return "may only hold ASCII letters, digits, '.', '_' and '-'"
-    return None
-
-
-# --------------------------------------------------------------------------- secrets
-
-
-class Secret:
-    """The shared link secret: redacted in every text form, compared in constant time.
-
-    A ``Secret`` is immutable. It refuses to be pickled (``TypeError``) so that it cannot be
-    shipped to a child process by accident; ``copy.copy``/``deepcopy`` return the same object.
-
-    Raises:
-        TypeError: ``value`` is not ``bytes``/``bytearray``.
-        ConfigError: ``value`` is shorter than :data:`MIN_SECRET_BYTES`.
-    """
-
-    __slots__ = ("_value",)
-
-    _value: bytes
-
-    def __init__(self, value: bytes | bytearray) -> None:
-        if not isinstance(value, bytes | bytearray):
-            raise TypeError(f"Secret takes bytes, not {type(value).__name__}")
-        if len(value) < MIN_SECRET_BYTES:
-            raise ConfigError(
-                f"secret: {len(value)} bytes is too short, at least {MIN_SECRET_BYTES} bytes are "
-                f"required; {_KEYGEN_HINT}"
-            )
-        object.__setattr__(self, "_value", bytes(value))
-
-    def reveal(self) -> bytes:
-        """Return the secret bytes. Keep the result out of logs, messages and environments."""
-        return self._value
-
-    def __len__(self) -> int:
-        return len(self._value)
-
-    def __repr__(self) -> str:
-        return f"Secret(<redacted, {len(self._value)} bytes>)"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Secret):
-            return NotImplemented
-        return hmac.compare_digest(self._value, other._value)
-
-    def __hash__(self) -> int:
-        # Python's str/bytes hash is keyed per process (SipHash), so it reveals nothing useful.
-        return hash((Secret, self._value))
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("Secret is immutable")
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("a Secret cannot be pickled: it must not leave this process")
-
-    def __copy__(self) -> Secret:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Secret:
-        return self
-
-
-def generate_secret() -> Secret:
-    """Return a fresh secret of 32 bytes from :mod:`secrets`."""
-    return Secret(secrets.token_bytes(_GENERATED_SECRET_BYTES))
-
-
-def _decode_secret(raw: bytes) -> bytes:
-    """Strip ``raw``; 64+ (even) hex digits decode as hex, anything else is used as is."""
-    text = raw.strip()
-    if (
-        len(text) >= 2 * MIN_SECRET_BYTES
-        and len(text) % 2 == 0
-        and all(chr(b) in _HEX_DIGITS for b in text)
-    ):
-        return bytes.fromhex(text.decode("ascii"))
-    return text
-
-
-def _open_mode_problem(mode: int, path: Path) -> tuple[str, str] | None:
-    """POSIX only: ``(problem, fix)`` when group or others may access a file holding a secret."""
-    if os.name == "posix" and mode & 0o077:
-        return (
-            f"{path} holds a secret but its mode {stat.S_IMODE(mode):04o} grants access to "
-            "group/others",
-            f"run `chmod 600 {path}`",
-        )
-    return None
-
-
-def _refuse_open_mode(mode: int, path: Path, source: Path | None, what: str) -> None:
-    """POSIX only: refuse a file holding a secret that group or others may access."""
-    found = _open_mode_problem(mode, path)
-    if found is not None:
-        raise _error(source, what, *found)
-
-
-def _unsafe_directory(path: Path) -> tuple[Path, str, str] | None:
-    """POSIX: a directory above ``path`` through which another user could replace it.
-
-    Returns ``(directory, problem, fix)`` or ``None``. Checked, like OpenSSH's ``StrictModes``
-    walk (``safe_path``), from ``/`` down to the file's own directory, along the path as given
-    *and* along its real path (a symlink in the chain is replaceable by whoever may write the
-    directory holding it, and its target's chain is what is finally read):
-
-    * a directory writable by everyone without the sticky bit: anyone may rename the secret
-      away and put their own file (or directory) in its place -- refused;
-    * a directory writable by everyone *with* the sticky bit (``/tmp``): only the owner of an
-      entry, the directory's owner and root may rename or delete it, so it is safe exactly when
-      the directory and the next entry of the path belong to this user or root -- refused
-      otherwise, accepted silently when so (refusing ``/tmp`` itself would break common setups
-      such as Kubernetes secret volumes and per-user temporary directories for no gain).
-
-    Not checked: group-writable directories (user-private-group setups make directories
-    group-writable for a group holding only the user; OpenSSH refuses those too), directories
-    owned by other users (volumes mounted into containers commonly belong to another uid), and
-    directories that cannot be examined (opening the file reports what is wrong there).
-    """
-    if os.name != "posix":
-        return None
-    me = os.geteuid()
-    given = Path(os.path.abspath(path))
-    chains = [given]
-    real = Path(os.path.realpath(given))
-    if real != given:
-        chains.append(real)
-    for chain in chains:
-        directories = list(reversed(chain.parents))  # "/", "/a", "/a/b", ...
-        entries = [*directories[1:], chain]  # the entry of each directory the path goes through
-        for directory, entry in zip(directories, entries, strict=True):
-            try:
-                info = os.stat(directory)
-            except OSError:
-                continue
-            mode = info.st_mode
-            if not mode & stat.S_IWOTH:
-                continue
-            shown = f"{stat.S_IMODE(mode):04o}"
-            real_directory = Path(os.path.realpath(directory))
-            if real_directory != directory:  # reached through a symlink: name the real one
-                shown += f", reached as {directory}"
-                directory = real_directory
-            if not mode & stat.S_ISVTX:
-                return (
-                    directory,
-                    f"is writable by everyone (mode {shown}) without the sticky bit, so anyone "
-                    f"can replace {path}",
-                    f"run `chmod o-w {directory}` (or `chmod +t {directory}`), or move the secret "
-                    "to a private directory",
-                )
-            try:
-                entry_owner = os.lstat(entry).st_uid
-            except OSError:
-                continue
-            for name, owner in ((directory, info.st_uid), (entry, entry_owner)):
-                if owner not in (0, me):
-                    return (
-                        directory,
-                        f"is writable by everyone (mode {shown}, sticky) and {name} belongs to "
-                        f"another user (uid {owner}), who can replace {path}",
-                        "move the secret to a directory of your own",
-                    )
-    return None
-
-
-def _refuse_unsafe_directory(path: Path, source: Path | None, what: str) -> None:
-    """Refuse a secret file that another user could replace (see :func:`_unsafe_directory`)."""
-    found = _unsafe_directory(path)
-    if found is not None:
-        directory, problem, fix = found
-        raise _error(source, what, f"the directory {directory} holding a secret {problem}", fix)
-
-
-class _SecretFileRefused(Exception):
-    """Why :func:`_load_secret_file` refused a file: ``problem`` and ``fix`` texts, never the
-    secret. ``kind`` says which rule (``missing``, ``symlink``, ``open``, ``not-regular``,
-    ``mode``, ``read``, ``too-large``, ``too-short``) so that callers may word the fix their way."""
-
-    def __init__(self, kind: str, problem: str, fix: str) -> None:
-        super().__init__(f"{problem}; {fix}")
-        self.kind = kind
-        self.problem = problem
-        self.fix = fix
-
-
-def _load_secret_file(
-    path: Path, *, follow_symlinks: bool = True, keygen_hint: str = _KEYGEN_HINT
-) -> Secret:
-    """Open, check and decode one secret file: the core shared by config files and the keyring.
-
-    The file is opened once (``O_NONBLOCK``: a FIFO must not hang the read; ``O_NOFOLLOW`` when
-    ``follow_symlinks`` is false) and everything is checked on that descriptor: a regular file,
-    on POSIX no access for group/others, at most ``_MAX_SECRET_FILE_BYTES``, and a decoded secret
-    (:func:`_decode_secret`) of at least :data:`MIN_SECRET_BYTES`. The directories above the file
-    are not examined here (see :func:`_unsafe_directory`).
-
-    Raises:
-        _SecretFileRefused: any of the above; an ``OSError`` is its ``__cause__``.
-    """
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
-    if not follow_symlinks:
-        flags |= getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError as exc:
-        raise _SecretFileRefused(
-            "missing", f"secret file {path} does not exist", f"fix the path or {keygen_hint}"
-        ) from exc
-    except OSError as exc:
-        # O_NOFOLLOW on a symlink fails with ELOOP (EMLINK on FreeBSD, EFTYPE on NetBSD).
-        if not follow_symlinks and exc.errno in (errno.ELOOP, errno.EMLINK) and path.is_symlink():
-            raise _SecretFileRefused(
-                "symlink",
-                f"{path} is a symbolic link, which is not followed here",
-                "replace the link with a copy of the file it points to",
-            ) from exc
-        raise _SecretFileRefused(
-            "open",
-            f"cannot open secret file {path} ({exc.strerror or type(exc).__name__})",
-            "check the path and its permissions",
-        ) from exc
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise _SecretFileRefused(
-                "not-regular", f"{path} is not a regular file", "point it at a file"
-            )
-        found = _open_mode_problem(info.st_mode, path)
-        if found is not None:
-            raise _SecretFileRefused("mode", *found)
-        with os.fdopen(fd, "rb") as file:
-            fd = -1  # the file object owns (and closes) it now
-            raw = file.read(_MAX_SECRET_FILE_BYTES + 1)
-    except OSError as exc:
-        raise _SecretFileRefused(
-            "read",
-            f"cannot read secret file {path} ({exc.strerror or type(exc).__name__})",
-            "check the file",
-        ) from exc
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    if len(raw) > _MAX_SECRET_FILE_BYTES:
-        raise _SecretFileRefused(
-            "too-large",
-            f"secret file {path} is larger than {_MAX_SECRET_FILE_BYTES} bytes",
-            f"point it at a secret file; {keygen_hint}",
-        )
-    value = _decode_secret(raw)
-    if len(value) < MIN_SECRET_BYTES:
-        raise _SecretFileRefused(
-            "too-short",
-            f"the secret in {path} is {len(value)} bytes, at least {MIN_SECRET_BYTES} are required",
-            keygen_hint,
-        )
-    return Secret(value)
-
-
-def _read_secret(path: Path, source: Path | None, what: str) -> Secret:
-    """Read a secret file named by a config file: every refusal is a ``ConfigError``."""
-    _refuse_unsafe_directory(path, source, what)
-    try:
-        return _load_secret_file(path)
-    except _SecretFileRefused as refused:
-        raise _error(source, what, refused.problem, refused.fix) from refused.__cause__
-
-
-def _keyring_directory_problem(directory: Path) -> tuple[str, str] | None:
-    """``(problem, fix)`` when ``directory`` cannot serve as a keyring, else ``None``.
-
-    It must exist, be a directory (symlinks to one are followed: the operator chose the path),
-    and on POSIX no directory on its path may let another user replace a key file in it
-    (:func:`_unsafe_directory`, applied to a placeholder entry ``<executor_id>.secret``).
-    """
-    try:
-        info = os.stat(directory)
-    except FileNotFoundError:
-        return (
-            f"the keyring directory {directory} does not exist",
-            "create it with `garcon-link keygen --keyring DIR --executor ID` (mode 0700)",
-        )
-    except OSError as exc:
-        return (
-            f"cannot examine the keyring directory {directory} "
-            f"({exc.strerror or type(exc).__name__})",
-            "check the path and its permissions",
-        )
-    if not stat.S_ISDIR(info.st_mode):
-        return (f"{directory} is not a directory", "point keyring at a directory of key files")
-    found = _unsafe_directory(directory / "<executor_id>.secret")
-    if found is not None:
-        unsafe, problem, fix = found
-        return (f"the directory {unsafe} holding the keyring {problem}", fix)
-    return None
-
-
-def read_secret_file(path: str | os.PathLike[str]) -> Secret:
-    """Read a secret file written by :func:`write_secret_file` (or by hand).
-
-    Args:
-        path: the file. Its stripped content is hex-decoded when it is 64+ hex digits, otherwise
-            used as bytes.
-
-    Raises:
-        ConfigError: the file is missing or unreadable, on POSIX its mode grants group/others any
-            access or a directory above it lets another user replace it, or the secret is
-            shorter than 32 bytes.
-    """
-    target = Path(path)
-    return _read_secret(target, target, "secret file")
-
-
-def write_secret_file(path: str | os.PathLike[str], *, force: bool = False) -> Path:
-    """Write a fresh secret (64 hex digits and a newline) to ``path`` with mode 0600.
-
-    Without ``force`` the file is created exclusively (``O_CREAT | O_EXCL``) at mode 0600, so an
-    existing file is never touched. With ``force`` the secret goes to a 0600 temporary file in the
-    same directory which then atomically replaces ``path``.
-
-    Returns:
-        ``path`` as a :class:`~pathlib.Path`.
-
-    Raises:
-        ConfigError: ``path`` exists and ``force`` is false, a directory above it would let
-            another user replace it (as :func:`load_config` would refuse), or the file cannot
-            be written.
-    """
-    target = Path(path)
-    found = _unsafe_directory(target)
-    if found is not None:
-        directory, problem, fix = found
-        raise ConfigError(f"{target}: the directory {directory} {problem}; {fix}")
-    data = (generate_secret().reveal().hex() + "\n").encode("ascii")
-    try:
-        if force:
-            _replace_atomically(target, data)
-        else:
-            _create_exclusively(target, data)
-    except FileExistsError as exc:
-        raise ConfigError(
-            f"{target}: refusing to overwrite an existing file; remove it or pass --force "
-            "(force=True) to replace it with a new secret"
-        ) from exc
-    except OSError as exc:
-        raise ConfigError(
-            f"{target}: cannot write the secret file ({exc.strerror or type(exc).__name__}); "
-            "check that the directory exists and is writable"
-        ) from exc
-    return target
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    os.fsync(fd)
-
-
-def _create_exclusively(target: Path, data: bytes) -> None:
-    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(target, flags, 0o600)
-    try:
-        _write_all(fd, data)
-    except BaseException:
-        os.close(fd)
-        target.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-
-
-def _replace_atomically(target: Path, data: bytes) -> None:
-    # mkstemp creates the file with O_EXCL and mode 0600 in the target's directory, so the
-    # secret is never readable by others, and os.replace swaps it in atomically.
-    fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        try:
-            _write_all(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(temp_name, target)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
 
 
 # --------------------------------------------------------------------------- TLS
@@ -735,47 +302,9 @@ class TlsConfig:
 # --------------------------------------------------------------------------- addresses
 
 
-def _host_problem(host: str) -> str | None:
-    """Return why ``host`` is not an IP address or a DNS name, or ``None`` if it is one."""
-    if not host:
-        return "the host is empty"
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        pass
-    else:
-        return None
-    name = host.removesuffix(".")
-    labels = name.split(".")
-    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
-        return f"{host!r} is neither an IP address nor a valid host name"
-    if labels[-1].isdigit():
-        return f"{host!r} is not a valid IP address"
-    return None
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ``::1``; brackets allowed).
-
-    Nothing is resolved: other names are not loopback. An IPv4-mapped literal
-    (``::ffff:127.0.0.1``) is not loopback on any Python version -- 3.13 started to call it
-    loopback, earlier versions do not, and what plain text is allowed to reach must not depend on
-    the interpreter; spell it ``127.0.0.1``.
-    """
-    if host.lower() == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return False
-    return address.is_loopback
-
-
 def _format_url(host: str, port: int, *, tls: bool) -> str:
     shown = f"[{host}]" if ":" in host else host
-    return f"{'wss' if tls else 'ws'}://{shown}:{port}{_EXECUTOR_PATH}"
+    return f"{'wss' if tls else 'ws'}://{shown}:{port}{EXECUTOR_PATH}"
 
 
 def _parse_listen(text: str, source: Path | None) -> tuple[str, int]:
@@ -785,105 +314,43 @@ def _parse_listen(text: str, source: Path | None) -> tuple[str, int]:
         end = text.find("]")
         host, rest = (text[1:end], text[end + 1 :]) if end > 0 else ("", "")
         if end < 0 or ":" not in host:
-            raise _error(source, what, "a bracketed host must be an IPv6 address", fix)
+            raise refusal(source, what, "a bracketed host must be an IPv6 address", fix)
         if not rest.startswith(":"):
-            raise _error(source, what, "the port is missing", fix)
+            raise refusal(source, what, "the port is missing", fix)
         port_text = rest[1:]
     else:
         host, colon, port_text = text.rpartition(":")
         if not colon:
-            raise _error(source, what, "the port is missing", fix)
+            raise refusal(source, what, "the port is missing", fix)
         if ":" in host:
-            raise _error(source, what, "an IPv6 address must be in brackets", fix)
+            raise refusal(source, what, "an IPv6 address must be in brackets", fix)
     if not _PORT_TEXT.match(port_text):
-        raise _error(source, what, f"the port {port_text!r} is not a number 0-65535", fix)
+        raise refusal(source, what, f"the port {port_text!r} is not a number 0-65535", fix)
     return host, int(port_text)
 
 
-def _parse_dial(
-    url: str, source: _Source, what: str = "[connection] dial"
-) -> tuple[str, int, bool]:
-    """Validate a dial URL; return ``(host, port, tls)``. Messages never echo the whole URL."""
-    fix = 'use "wss://host:port/executor" (or ws:// on loopback)'
-    if any(ch.isspace() or not ch.isprintable() for ch in url):
-        raise _error(source, what, "the URL contains whitespace or control characters", fix)
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError as exc:
-        raise _error(source, what, f"not a valid URL ({exc})", fix) from None
-    if parts.scheme not in _DEFAULT_PORTS:
-        scheme = f"{parts.scheme!r}" if parts.scheme else "no scheme"
-        raise _error(source, what, f"the scheme is {scheme}, not ws or wss", fix)
-    if "@" in parts.netloc:
-        raise _error(
-            source,
-            what,
-            "the URL carries userinfo (user:password@)",
-            "remove it: peers authenticate with the link secret, never with URL credentials",
-        )
-    if "?" in url:
-        _dial_hint(parts.query, source, what)  # the one query allowed: a routing hint
-    if "#" in url:
-        raise _error(source, what, "the URL has a fragment (#...)", "remove the fragment")
-    if parts.path != _EXECUTOR_PATH:
-        raise _error(
-            source,
-            what,
-            f"the path is {parts.path or '(empty)'!r}, not {_EXECUTOR_PATH!r}",
-            f"end the URL with {_EXECUTOR_PATH}",
-        )
-    host = parts.hostname or ""
-    problem = _host_problem(host)
-    if problem is not None:
-        raise _error(source, what, problem, fix)
-    try:
-        port = parts.port
-    except ValueError:
-        raise _error(source, what, "the port is not a number 1-65535", fix) from None
-    if port is None:
-        port = _DEFAULT_PORTS[parts.scheme]
-    if not 1 <= port <= 65535:
-        raise _error(source, what, "the port is not a number 1-65535", fix)
-    return host, port, parts.scheme == "wss"
-
-
-def _dial_hint(query: str, source: _Source, what: str) -> str:
-    """The executor id of a dial URL's query ``executor=<id>`` (a routing hint for a load
-    balancer in front of several controller processes); nothing else is allowed."""
-    fix = "the only query a dial URL may carry is ?executor=<executor id>; remove anything else"
-    try:
-        fields = urllib.parse.parse_qs(query, strict_parsing=True, max_num_fields=2)
-    except ValueError:
-        raise _error(source, what, "the URL's query is not executor=<id>", fix) from None
-    values = fields.get("executor")
-    if set(fields) != {"executor"} or values is None or len(values) != 1:
-        raise _error(source, what, "the URL's query is not executor=<id>", fix)
-    problem = executor_id_problem(values[0])
-    if problem is not None:
-        raise _error(source, what, f"the routing hint executor={values[0]!r}: {problem}", fix)
-    return values[0]
-
-
-def dial_target(url: str, source: Path | None = None) -> DialTarget:
-    """A checked dial URL, parsed once, as the link takes it."""
-    host, port, tls = _parse_dial(url, source)
-    query = urllib.parse.urlsplit(url).query
-    hint = _dial_hint(query, source, "[connection] dial") if query else None
-    return DialTarget("wss" if tls else "ws", host, port, hint)
+def _parse_dial(url: str, source: Source, what: str = "[connection] dial") -> DialTarget:
+    """A checked dial URL (:func:`~garcon_link.net.addresses.check_dial_url`, the parser the
+    link uses), its refusal worded for this file and field. Messages never echo the whole URL."""
+    found = check_dial_url(url)
+    if isinstance(found, DialUrlRefusal):
+        raise refusal(source, what, found.problem, found.fix)
+    return found
 
 
 def _check_dial(
     url: str,
     tls: TlsConfig | None,
     insecure: bool,
-    source: _Source,
+    source: Source,
     what: str = "[connection] dial",
 ) -> None:
     """A dial URL's rules: its syntax, ``[tls]`` with ``ws://`` (unused material), plain text to
     a non-loopback host without ``allow_insecure_development``."""
-    host, _, dial_tls = _parse_dial(url, source, what)
+    target = _parse_dial(url, source, what)
+    host, dial_tls = target.host, target.tls
     if tls is not None and not dial_tls:
-        raise _error(
+        raise refusal(
             source,
             "[tls]",
             "TLS material is configured but the dial URL "
@@ -891,7 +358,7 @@ def _check_dial(
             "dial wss:// or remove [tls]",
         )
     if not dial_tls and not is_loopback_host(host) and not insecure:
-        raise _error(
+        raise refusal(
             source,
             what,
             f"plain-text ws:// to non-loopback host {host!r} exposes the link's traffic",
@@ -899,7 +366,7 @@ def _check_dial(
         )
 
 
-def _check_listen(listen: object, tls: TlsConfig | None, insecure: bool, source: _Source) -> None:
+def _check_listen(listen: object, tls: TlsConfig | None, insecure: bool, source: Source) -> None:
     """A listen address's rules: a ``(host, port)`` pair, ``[tls]`` with a cert, plain text only
     on loopback without ``allow_insecure_development``."""
     what = "[connection] listen"
@@ -911,19 +378,19 @@ def _check_listen(listen: object, tls: TlsConfig | None, insecure: bool, source:
         and isinstance(listen[1], int)
         and not isinstance(listen[1], bool)
     ):
-        raise _error(source, what, "expected a (host, port) pair", fix)
+        raise refusal(source, what, "expected a (host, port) pair", fix)
     host, port = listen
-    problem = _host_problem(host)
+    problem = host_problem(host)
     if problem is not None:
-        raise _error(source, what, problem, fix)
+        raise refusal(source, what, problem, fix)
     if not 0 <= port <= 65535:
-        raise _error(source, what, f"port {port} is outside 0-65535", fix)
+        raise refusal(source, what, f"port {port} is outside 0-65535", fix)
     if tls is not None and tls.cert is None:
-        raise _error(
+        raise refusal(
             source, "[tls] cert", "a listener with [tls] needs a certificate", "set cert and key"
         )
     if tls is None and not is_loopback_host(host) and not insecure:
-        raise _error(
+        raise refusal(
             source,
             what,
             f"listening in plain text on non-loopback address {host!r} exposes the link's traffic",
@@ -936,21 +403,21 @@ def _check_listen(listen: object, tls: TlsConfig | None, insecure: bool, source:
 
 
 def _check_shared_types(
-    owner: str, src: _Source, flag: object, tls: object, limits: object, where: object
+    owner: str, src: Source, flag: object, tls: object, limits: object, where: object
 ) -> None:
     """The type checks LinkConfig and FleetConfig share (values typed ``object``: the
     annotations are promises a caller may break)."""
     if not isinstance(flag, bool):
-        raise _error(
+        raise refusal(
             src,
             "allow_insecure_development",
             f"expected a boolean, got {_type_name(flag)}",
             "write true or false (unquoted)",
         )
     if tls is not None and not isinstance(tls, TlsConfig):
-        raise _error(src, "[tls]", f"expected TlsConfig, got {_type_name(tls)}", "use TlsConfig")
+        raise refusal(src, "[tls]", f"expected TlsConfig, got {_type_name(tls)}", "use TlsConfig")
     if not isinstance(limits, Limits):
-        raise _error(
+        raise refusal(
             src, "[limits]", f"expected Limits, got {_type_name(limits)}", "use Limits(...)"
         )
     if where is not None and not isinstance(where, Path):
@@ -984,21 +451,21 @@ class LinkConfig:
         self._check_types()
         ident = self.executor_id
         if not ident or len(ident) > MAX_EXECUTOR_ID_CHARS:
-            raise _error(
+            raise refusal(
                 src,
                 "executor_id",
                 f"must be 1-{MAX_EXECUTOR_ID_CHARS} characters, got {len(ident)}",
                 'use a short name such as "build-box-1"',
             )
         if not ident.isprintable() or any(ch.isspace() for ch in ident):
-            raise _error(
+            raise refusal(
                 src,
                 "executor_id",
                 "contains whitespace or unprintable characters",
                 'use a name such as "build-box-1"',
             )
         if (self.listen is None) == (self.dial is None):
-            raise _error(
+            raise refusal(
                 src,
                 "[connection]",
                 "exactly one of listen and dial must be set",
@@ -1008,7 +475,7 @@ class LinkConfig:
             _check_dial(self.dial, self.tls, self.allow_insecure_development, src)
             hint = self.dial_target.executor_hint
             if hint is not None and hint != ident:
-                raise _error(
+                raise refusal(
                     src,
                     "[connection] dial",
                     f"the routing hint executor={hint!r} is not this config's executor_id "
@@ -1023,13 +490,13 @@ class LinkConfig:
         # Values are typed ``object`` here: the annotations are promises the caller may break.
         ident: object = self.executor_id
         if not isinstance(ident, str):
-            raise _error(
+            raise refusal(
                 src, "executor_id", f"expected a string, got {_type_name(ident)}", "quote it"
             )
         role: object = self.role
         if not isinstance(role, Role):
             if role not in ("worker", "controller"):
-                raise _error(
+                raise refusal(
                     src,
                     "role",
                     f"must be worker or controller, got {_shown_role(role)}",
@@ -1038,7 +505,7 @@ class LinkConfig:
             object.__setattr__(self, "role", Role(role))
         secret: object = self.secret
         if not isinstance(secret, Secret):
-            raise _error(
+            raise refusal(
                 src,
                 "secret",
                 f"expected a Secret, got {_type_name(secret)}",
@@ -1046,7 +513,7 @@ class LinkConfig:
             )
         dial: object = self.dial
         if dial is not None and not isinstance(dial, str):
-            raise _error(
+            raise refusal(
                 src, "[connection] dial", f"expected a string, got {_type_name(dial)}", "quote it"
             )
         _check_shared_types(
@@ -1063,12 +530,13 @@ class LinkConfig:
         """The dial URL, parsed (what the link dials). ``ValueError`` for a listener."""
         if self.dial is None:
             raise ValueError("this LinkConfig listens; it has no dial URL")
-        return dial_target(self.dial, self.source)
+        return _parse_dial(self.dial, self.source)
 
     def _dial_parts(self) -> tuple[str, int, bool]:
         if self.dial is None:
             raise ValueError("this LinkConfig listens; it has no dial URL")
-        return _parse_dial(self.dial, self.source)
+        target = _parse_dial(self.dial, self.source)
+        return target.host, target.port, target.tls
 
     @property
     def dial_host(self) -> str:
@@ -1125,16 +593,16 @@ _DIAL_ENTRY = "[[executors.dial]]"
 _MAX_MAX_EXECUTORS = 1_000_000
 
 
-def _check_dial_executor(executor_id: object, url: object, source: _Source, prefix: str) -> None:
+def _check_dial_executor(executor_id: object, url: object, source: Source, prefix: str) -> None:
     """A dial entry's own rules: its id is a keyring-safe name and its URL parses. ``prefix``
     names the entry in messages (``"[[executors.dial]] #2 "``)."""
     if not isinstance(executor_id, str):
-        raise _error(
+        raise refusal(
             source, f"{prefix}id", f"expected a string, got {_type_name(executor_id)}", "quote it"
         )
     problem = executor_id_problem(executor_id)
     if problem is not None:
-        raise _error(
+        raise refusal(
             source,
             f"{prefix}id",
             f"the executor id {problem}",
@@ -1142,7 +610,7 @@ def _check_dial_executor(executor_id: object, url: object, source: _Source, pref
             "rename the worker's executor_id to match",
         )
     if not isinstance(url, str):
-        raise _error(
+        raise refusal(
             source, f"{prefix}url", f"expected a string, got {_type_name(url)}", "quote it"
         )
     _parse_dial(url, source, f"{prefix}url")
@@ -1152,7 +620,7 @@ def _check_dial_executor(executor_id: object, url: object, source: _Source, pref
 class DialExecutor:
     """One listening worker that a fleet controller dials (an ``[[executors.dial]]`` entry).
 
-    ``executor_id`` must pass :func:`executor_id_problem`; ``url`` is a
+    ``executor_id`` must pass :func:`~garcon_link.net.addresses.executor_id_problem`; ``url`` is a
     ``ws(s)://host[:port]/executor`` URL checked like :class:`LinkConfig`'s ``dial``; ``secret``
     is that worker's own secret (loaded from the entry's ``secret_file``).
 
@@ -1169,7 +637,7 @@ class DialExecutor:
         _check_dial_executor(self.executor_id, self.url, "DialExecutor", "")
         secret: object = self.secret
         if not isinstance(secret, Secret):
-            raise _error(
+            raise refusal(
                 "DialExecutor",
                 "secret",
                 f"expected a Secret, got {_type_name(secret)}",
@@ -1210,10 +678,10 @@ class FleetConfig:
     source: Path | None = None
 
     def __post_init__(self) -> None:
-        src: _Source = self.source if self.source is not None else "FleetConfig"
+        src: Source = self.source if self.source is not None else "FleetConfig"
         self._check_types(src)
         if (self.listen is None) != (self.keyring is None):
-            raise _error(
+            raise refusal(
                 src,
                 "[executors] keyring" if self.keyring is None else "[connection] listen",
                 "a listening controller needs a keyring and a keyring needs a listener",
@@ -1221,7 +689,7 @@ class FleetConfig:
                 "or neither (and dial workers with [[executors.dial]] entries)",
             )
         if self.listen is None and not self.dial:
-            raise _error(
+            raise refusal(
                 src,
                 "[connection] listen",
                 "the controller neither listens nor dials",
@@ -1236,7 +704,7 @@ class FleetConfig:
         for number, entry in enumerate(self.dial, start=1):
             prefix = f"{_DIAL_ENTRY} #{number} "
             if entry.executor_id in seen:
-                raise _error(
+                raise refusal(
                     src,
                     f"{prefix}id",
                     f"executor {entry.executor_id!r} is already dialed by entry "
@@ -1246,33 +714,33 @@ class FleetConfig:
             seen[entry.executor_id] = number
             _check_dial(entry.url, dial_tls, self.allow_insecure_development, src, f"{prefix}url")
         if not 1 <= self.max_executors <= _MAX_MAX_EXECUTORS:
-            raise _error(
+            raise refusal(
                 src,
                 "[executors] max_executors",
                 f"must be 1-{_MAX_MAX_EXECUTORS}, got {self.max_executors}",
                 "e.g. max_executors = 10000",
             )
         if len(self.dial) > self.max_executors:
-            raise _error(
+            raise refusal(
                 src,
                 "[executors] max_executors",
                 f"{len(self.dial)} executors are dialed but max_executors is {self.max_executors}",
                 "raise max_executors or dial fewer workers",
             )
         if not (math.isfinite(self.forget_after) and self.forget_after > 0):
-            raise _error(
+            raise refusal(
                 src,
                 "[executors] forget_after",
                 f"must be a positive number of seconds, got {self.forget_after}",
                 "e.g. forget_after = 3600",
             )
 
-    def _check_types(self, src: _Source) -> None:
+    def _check_types(self, src: Source) -> None:
         # Values are typed ``object`` here: the annotations are promises the caller may break.
         keyring: object = self.keyring
         if keyring is not None and not isinstance(keyring, Path):
             if not isinstance(keyring, str | os.PathLike) or not os.fspath(keyring):
-                raise _error(
+                raise refusal(
                     src,
                     "[executors] keyring",
                     f"expected a path, got {_type_name(keyring)}",
@@ -1284,12 +752,12 @@ class FleetConfig:
             dial = tuple(dial)
             object.__setattr__(self, "dial", dial)
         if not isinstance(dial, tuple) or not all(isinstance(e, DialExecutor) for e in dial):
-            raise _error(
+            raise refusal(
                 src, _DIAL_ENTRY, "expected a tuple of DialExecutor", "use (DialExecutor(...),)"
             )
         count: object = self.max_executors
         if not isinstance(count, int) or isinstance(count, bool):
-            raise _error(
+            raise refusal(
                 src,
                 "[executors] max_executors",
                 f"expected an integer, got {_type_name(count)}",
@@ -1297,7 +765,7 @@ class FleetConfig:
             )
         after: object = self.forget_after
         if not isinstance(after, int | float) or isinstance(after, bool):
-            raise _error(
+            raise refusal(
                 src,
                 "[executors] forget_after",
                 f"expected a number of seconds, got {_type_name(after)}",
@@ -1347,7 +815,7 @@ class FleetConfig:
             raise ConfigError(
                 f"FleetConfig.dial_config: expected a DialExecutor, got {_type_name(entry)}"
             )
-        secure = _parse_dial(entry.url, self.source)[2]
+        secure = _parse_dial(entry.url, self.source).tls
         return LinkConfig(
             executor_id=entry.executor_id,
             role=Role.CONTROLLER,
@@ -1367,7 +835,7 @@ def _check_keys(table: dict[str, Any], allowed: tuple[str, ...], path: Path, whe
     for key in table:
         if key not in allowed:
             prefix = f"{where} " if where else ""
-            raise _error(
+            raise refusal(
                 path,
                 f"{prefix}{key}",
                 "unknown key",
@@ -1388,7 +856,7 @@ def _get(table: dict[str, Any], key: str, kind: type, path: Path, what: str) -> 
             str: "quote the value",
             dict: f"make it a table: [{key}]",
         }
-        raise _error(
+        raise refusal(
             path,
             what,
             f"expected {expected}, got {_type_name(value)}",
@@ -1399,7 +867,7 @@ def _get(table: dict[str, Any], key: str, kind: type, path: Path, what: str) -> 
 
 def _resolve(base: Path, value: str, path: Path, what: str) -> Path:
     if not value:
-        raise _error(path, what, "the path is empty", "give a file path")
+        raise refusal(path, what, "the path is empty", "give a file path")
     candidate = Path(value).expanduser()
     return candidate if candidate.is_absolute() else base / candidate
 
@@ -1410,7 +878,7 @@ def _load_limits(table: dict[str, Any], path: Path) -> Limits:
     changes: dict[str, Any] = {}
     for key, value in table.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _error(
+            raise refusal(
                 path,
                 f"[limits] {key}",
                 f"expected a number, got {_type_name(value)}",
@@ -1504,7 +972,7 @@ def _read_toml(source: Path) -> tuple[dict[str, Any], int]:
 
 def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
     if "executors" in doc:
-        raise _error(
+        raise refusal(
             source,
             "[executors]",
             "this is a fleet configuration (one controller, many executors)",
@@ -1515,12 +983,12 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
 
     executor_id = _get(doc, "executor_id", str, source, "executor_id")
     if executor_id is None:
-        raise _error(source, "executor_id", "missing", 'add executor_id = "build-box-1"')
+        raise refusal(source, "executor_id", "missing", 'add executor_id = "build-box-1"')
     role = _get(doc, "role", str, source, "role")
     if role is None:
-        raise _error(source, "role", "missing", 'add role = "worker" (or "controller")')
+        raise refusal(source, "role", "missing", 'add role = "worker" (or "controller")')
     if role not in ("worker", "controller"):
-        raise _error(
+        raise refusal(
             source,
             "role",
             f"must be worker or controller, got {_shown_role(role)}",
@@ -1532,32 +1000,32 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
     secret_file = _get(doc, "secret_file", str, source, "secret_file")
     if (inline is None) == (secret_file is None):
         problem = "both are set" if inline is not None else "neither is set"
-        raise _error(
+        raise refusal(
             source,
             "secret / secret_file",
             f"exactly one of secret and secret_file is required, {problem}",
-            f'use secret_file = "link.secret" ({_KEYGEN_HINT})',
+            f'use secret_file = "link.secret" ({KEYGEN_HINT})',
         )
     if inline is not None:
-        _refuse_open_mode(mode, source, source, "secret")
-        _refuse_unsafe_directory(source, source, "secret")
-        value = _decode_secret(inline.encode("utf-8"))
+        refuse_open_mode(mode, source, source, "secret")
+        refuse_unsafe_directory(source, source, "secret")
+        value = decode_secret(inline.encode("utf-8"))
         if len(value) < MIN_SECRET_BYTES:
-            raise _error(
+            raise refusal(
                 source,
                 "secret",
                 f"{len(value)} bytes is too short, at least {MIN_SECRET_BYTES} bytes are required",
-                f"use secret_file instead and {_KEYGEN_HINT}",
+                f"use secret_file instead and {KEYGEN_HINT}",
             )
         secret = Secret(value)
     else:
-        secret = _read_secret(
+        secret = read_secret(
             _resolve(base, secret_file, source, "secret_file"), source, "secret_file"
         )
 
     connection = _get(doc, "connection", dict, source, "[connection]")
     if connection is None:
-        raise _error(
+        raise refusal(
             source,
             "[connection]",
             "missing",
@@ -1637,7 +1105,7 @@ def load_fleet_config(path: str | os.PathLike[str] | None = None) -> FleetConfig
 def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
     executors = _get(doc, "executors", dict, source, "[executors]")
     if executors is None:
-        raise _error(
+        raise refusal(
             source,
             "[executors]",
             "missing: this is not a fleet configuration",
@@ -1645,7 +1113,7 @@ def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
         )
     for key in ("executor_id", "secret", "secret_file"):
         if key in doc:
-            raise _error(
+            raise refusal(
                 source,
                 key,
                 "a fleet controller has no executor id or secret of its own",
@@ -1656,9 +1124,9 @@ def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
     _check_keys(doc, _FLEET_TOP_LEVEL_KEYS, source, "")
     role = _get(doc, "role", str, source, "role")
     if role is None:
-        raise _error(source, "role", "missing", 'add role = "controller"')
+        raise refusal(source, "role", "missing", 'add role = "controller"')
     if role != "controller":
-        raise _error(
+        raise refusal(
             source,
             "role",
             f"a fleet configuration is a controller's, got {_shown_role(role)}",
@@ -1671,7 +1139,7 @@ def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
     connection = _get(doc, "connection", dict, source, "[connection]")
     if connection is not None:
         if "dial" in connection:
-            raise _error(
+            raise refusal(
                 source,
                 "[connection] dial",
                 "a fleet controller dials workers through [[executors.dial]] entries",
@@ -1686,15 +1154,15 @@ def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
     keyring_text = _get(executors, "keyring", str, source, "[executors] keyring")
     if keyring_text is not None:
         keyring = _resolve(source.parent, keyring_text, source, "[executors] keyring")
-        found = _keyring_directory_problem(keyring)
+        found = keyring_directory_problem(keyring)
         if found is not None:
-            raise _error(source, "[executors] keyring", *found)
+            raise refusal(source, "[executors] keyring", *found)
     max_executors = _get(executors, "max_executors", int, source, "[executors] max_executors")
     forget_after = executors.get("forget_after")
     if forget_after is not None and (
         not isinstance(forget_after, int | float) or isinstance(forget_after, bool)
     ):
-        raise _error(
+        raise refusal(
             source,
             "[executors] forget_after",
             f"expected a number, got {_type_name(forget_after)}",
@@ -1727,32 +1195,30 @@ def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
 def _load_dial_entry(table: object, number: int, source: Path) -> DialExecutor:
     prefix = f"{_DIAL_ENTRY} #{number}"
     if not isinstance(table, dict):
-        raise _error(
+        raise refusal(
             source,
             prefix,
             f"expected a table, got {_type_name(table)}",
             "write each entry as [[executors.dial]] with id, url and secret_file",
         )
     if "secret" in table:
-        raise _error(
+        raise refusal(
             source,
             f"{prefix} secret",
             "an inline secret is not accepted in a dial entry",
             f'put it in a file (mode 0600) and name it: secret_file = "box-1.secret" '
-            f"({_KEYGEN_HINT})",
+            f"({KEYGEN_HINT})",
         )
     _check_keys(table, _DIAL_KEYS, source, prefix)
     values: dict[str, str] = {}
     for key in _DIAL_KEYS:
         value = _get(table, key, str, source, f"{prefix} {key}")
         if value is None:
-            raise _error(
+            raise refusal(
                 source, f"{prefix} {key}", "missing", "each entry needs id, url and secret_file"
             )
         values[key] = value
     _check_dial_executor(values["id"], values["url"], source, f"{prefix} ")
     what = f"{prefix} secret_file"
-    secret = _read_secret(
-        _resolve(source.parent, values["secret_file"], source, what), source, what
-    )
+    secret = read_secret(_resolve(source.parent, values["secret_file"], source, what), source, what)
     return DialExecutor(executor_id=values["id"], url=values["url"], secret=secret)

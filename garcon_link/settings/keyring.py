@@ -50,13 +50,12 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..logs import PeerLogLimiter, log_fields
-from .config import (
-    MAX_EXECUTOR_ID_CHARS,
+from ..net.addresses import MAX_EXECUTOR_ID_CHARS, executor_id_problem
+from .secrets import (
     Secret,
-    _keyring_directory_problem,
-    _load_secret_file,
-    _SecretFileRefused,
-    executor_id_problem,
+    SecretFileRefused,
+    keyring_directory_problem,
+    load_secret_file,
     write_secret_file,
 )
 
@@ -109,7 +108,7 @@ class Keyring:
         warn_interval: float = _WARN_INTERVAL,
     ) -> None:
         self._directory = Path(os.path.abspath(os.fspath(directory)))
-        found = _keyring_directory_problem(self._directory)
+        found = keyring_directory_problem(self._directory)
         if found is not None:
             problem, fix = found
             raise ConfigError(f"keyring {self._directory}: {problem}; {fix}")
@@ -149,8 +148,8 @@ class Keyring:
             return None
         path = self._directory / f"{executor_id}{KEY_SUFFIX}"
         try:
-            return _load_secret_file(path, follow_symlinks=False, keygen_hint=_ENROLL_HINT)
-        except _SecretFileRefused as refused:
+            return load_secret_file(path, follow_symlinks=False, keygen_hint=_ENROLL_HINT)
+        except SecretFileRefused as refused:
             if refused.kind == "missing":
                 self._missing(executor_id, path)
                 return None
@@ -290,7 +289,7 @@ def enroll(directory: str | os.PathLike[str], executor_id: str, *, force: bool =
             f"keyring {folder}: cannot create the directory "
             f"({exc.strerror or type(exc).__name__}); check the path and its permissions"
         ) from exc
-    found = _keyring_directory_problem(Path(os.path.abspath(folder)))
+    found = keyring_directory_problem(Path(os.path.abspath(folder)))
     if found is not None:
         problem, fix = found
         raise ConfigError(f"keyring {folder}: {problem}; {fix}")

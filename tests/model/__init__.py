@@ -4,8 +4,9 @@ The explorer walks every interleaving of a small world -- two processes, their s
 the sockets between them -- built from the library's real sans-IO objects
 (:class:`~garcon_link.core.session.MessageSession`,
 :class:`~garcon_link.core.handshake.Handshake` with its resume rule,
-:func:`~garcon_link.core.admission.decide`), checks the invariants in every state and that
-every state of the healed network can still reach "all delivered and confirmed".
+:func:`~garcon_link.core.admission.decide`, the transport's
+:class:`~garcon_link.endpoint.transport.PreReadinessBuffer`), checks the invariants in every
+state and that every state of the healed network can still reach "all delivered and confirmed".
 
 - :mod:`.network`: the world, its actions and the network model;
 - :mod:`.invariants`: what must hold in every state, and the liveness goal;

@@ -12,7 +12,17 @@ from .network import CI, VERIFY, Bounds
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.model", description=__doc__)
     parser.add_argument("--preset", choices=("ci", "verify"), default="ci")
-    for name in ("sends", "cuts", "restarts", "expiries", "dials", "worker-frames", "pool-bytes"):
+    for name in (
+        "sends",
+        "cuts",
+        "restarts",
+        "expiries",
+        "dials",
+        "worker-frames",
+        "pool-bytes",
+        "splits",
+        "worker-sends",
+    ):
         parser.add_argument(f"--{name}", type=int, default=None)
     parser.add_argument(
         "--copy",
@@ -25,7 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     bounds = CI if args.preset == "ci" else VERIFY
     changes = {
         f: getattr(args, f)
-        for f in ("sends", "cuts", "restarts", "expiries", "dials", "worker_frames", "pool_bytes")
+        for f in (
+            "sends",
+            "cuts",
+            "restarts",
+            "expiries",
+            "dials",
+            "worker_frames",
+            "pool_bytes",
+            "splits",
+            "worker_sends",
+        )
         if getattr(args, f) is not None
     }
     if changes:

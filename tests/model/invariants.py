@@ -16,6 +16,9 @@ Safety, in every state:
 - **Retention**: within ``max_retained_frames`` and the pool's limit (a lone frame is always
   admitted), exactly the unconfirmed frames (``issued - confirmed``), and the retention pool
   counts exactly the bytes its session retains.
+- **Pre-readiness buffer**: what a side holds before the peer's replay fence never passes its
+  bound, which is what the peer can retain (checked as each payload is held, when the side
+  reads a message): an honest peer never causes ``INBOUND_OVERFLOW``.
 
 Goal (liveness): both sides attached to the only socket, in the same session, past the replay
 fence, nothing in flight, nothing left to write, and every message either side issued in it

@@ -18,6 +18,7 @@ from typing import Any
 
 from garcon_link.core import admission, handshake
 from garcon_link.core.session import MessageSession
+from garcon_link.endpoint.transport import PreReadinessBuffer
 
 from .network import Bounds
 
@@ -118,6 +119,16 @@ MUTATIONS = [
         "return Resume(supersede_attached=slot.attached)",
         "return Resume(supersede_attached=False)",
         Bounds(sends=0, cuts=1, restarts=0, expiries=0, dials=2),
+    ),
+    Mutation(
+        "pre-fence payloads carried over",
+        "an attachment keeps what one cut before its fence left in the pre-readiness buffer: the "
+        "peer evicted those (acknowledged) and its next replay fills the bound beside them",
+        PreReadinessBuffer,
+        "attach",
+        "return self.release()",
+        "return []",
+        Bounds(sends=2, cuts=1, restarts=0, expiries=0, dials=2, splits=1, worker_sends=0),
     ),
     Mutation(
         "diverging session ids",

@@ -29,7 +29,7 @@ The dialer is the worker (``w``), the listener the controller (``c``). The worke
 while it is detached (one dial loop). A dial is two steps, so that everything else can happen
 in between: ``dial`` opens the socket and composes both hellos from the slots as they are then
 (resume offers with their ``received`` positions; the listener's is what
-:func:`~garcon_link.handshake.listener_offer` lets it echo to the worker's hello); ``admit``
+:func:`~garcon_link.core.handshake.listener_offer` lets it echo to the worker's hello); ``admit``
 runs both real handshakes to completion and applies ``decide`` to each slot as it is *now* (the
 old socket may have delivered more meanwhile, a session may have expired) -- the listener
 first, because it holds its proof until it has admitted the dialer, so a refusal means the
@@ -38,6 +38,15 @@ only while the peer's end of it is open.
 
 Grace expiry is not a clock: a detached session may expire at any moment (``expire``), and the
 model calls :meth:`MessageSession.poll` at exactly its grace deadline.
+
+A flush writes what the session hands out as one WebSocket message, or -- within the ``splits``
+budget -- one message per packet (the transport's writer splits a large batch: so a replay can
+arrive without its trailing receipt, and a cut can come between them). Each side keeps the
+transport's :class:`~garcon_link.endpoint.transport.PreReadinessBuffer` as the transport does: what
+it accepts before the peer's replay fence is held, released at the fence, and what an attachment
+left is handed over when the next one begins. Its bound is what the peer can retain (an honest
+configuration); an overflow is a violation: an honest peer must never cause one. (The consumer takes
+every payload at once here, so the transport's wait for a slow one is not modelled.)
 """
 
 from __future__ import annotations
@@ -59,8 +68,14 @@ from garcon_link.core.handshake import (
     derive_key,
     listener_offer,
 )
-from garcon_link.core.session import MessageSession, RetentionPool, SessionState
+from garcon_link.core.session import (
+    MessageSession,
+    RetentionPool,
+    SessionState,
+    encoded_message_size,
+)
 from garcon_link.core.wire import Role
+from garcon_link.endpoint.transport import PreReadinessBuffer
 from garcon_link.errors import FailureReason, HandshakeFailure, RetentionFull, SessionFailed
 from garcon_link.limits import Limits
 
@@ -109,6 +124,8 @@ class Bounds:
             bytes (its frame count is unbounded): each side meets another kind of
             limit (a frame is 6 bytes: the default pool of 8 holds one; the worker retains two, so
             it writes batches of two frames).
+        splits: flushes that write one message per packet instead of one message in all.
+        worker_sends: the worker's budget of sends, when it differs from ``sends``.
     """
 
     sends: int = 1
@@ -118,17 +135,32 @@ class Bounds:
     dials: int = 3
     worker_frames: int = 2
     pool_bytes: int = 8
+    splits: int = 0
+    worker_sends: int | None = None
 
     def describe(self) -> str:
+        worker_sends = "" if self.worker_sends is None else f" sends(w)={self.worker_sends}"
         return (
             f"sends/side={self.sends} cuts={self.cuts} restarts={self.restarts} "
             f"expiries={self.expiries} dials={self.dials} frames(w)={self.worker_frames} "
-            f"pool_bytes(c)={self.pool_bytes}"
+            f"pool_bytes(c)={self.pool_bytes} splits={self.splits}{worker_sends}"
         )
 
-    def limits(self, frames: int) -> Limits:
+    def sends_of(self, x: str) -> int:
+        """Side ``x``'s budget of sends."""
+        return self.sends if x == "c" or self.worker_sends is None else self.worker_sends
+
+    def pool_frames(self) -> int:
+        """Frames the controller's pool can retain at once (each message frame of the model is
+        6 bytes while a side sends fewer than 10; a lone frame is always admitted)."""
+        return max(1, self.pool_bytes // encoded_message_size(1, 2))
+
+    def limits(self, frames: int, inbound: int) -> Limits:
+        """A side's limits: it retains ``frames``; its pre-readiness buffer holds ``inbound``
+        payloads, what its peer retains (the honest configuration)."""
         return Limits(
             max_retained_frames=frames,
+            max_inbound_buffer_payloads=inbound,
             max_retained_bytes=4096,
             max_frame_bytes=1024,
             max_handshake_frame_bytes=512,
@@ -199,9 +231,11 @@ class Side:
     stopped: bool = False
     sends: int = 0
     pool: RetentionPool = field(init=False)
+    buffer: PreReadinessBuffer = field(init=False)  # the transport's, for the current session
 
     def __post_init__(self) -> None:
         self.pool = RetentionPool(self.pool_limit)
+        self.buffer = PreReadinessBuffer(self.limits)
 
     def clone(self) -> Side:
         new = Side.__new__(Side)
@@ -209,6 +243,7 @@ class Side:
         new.pool = RetentionPool(self.pool.limit)
         new.pool.used = self.pool.used
         new.session = None if self.session is None else clone_session(self.session, new.pool)
+        new.buffer = clone_slots(self.buffer)
         new.taken_over = list(self.taken_over)
         return new
 
@@ -274,6 +309,15 @@ def clone_session(session: MessageSession, pool: RetentionPool) -> MessageSessio
     return new
 
 
+def clone_slots(obj: PreReadinessBuffer) -> PreReadinessBuffer:
+    """Copy a slotted object as :func:`clone_session` does (containers one level deep)."""
+    new = type(obj).__new__(type(obj))
+    for name in type(obj).__slots__:
+        value = getattr(obj, name)
+        setattr(new, name, value.copy() if type(value) in _CONTAINERS else value)
+    return new
+
+
 class _Runtimes(dict[tuple[str, int], bytes]):
     def __missing__(self, key: tuple[str, int]) -> bytes:
         value = self[key] = f"{key[0]}{key[1]}".encode().ljust(16, b".")
@@ -335,12 +379,13 @@ class World:
     def __init__(self, bounds: Bounds) -> None:
         self.bounds = bounds
         self.sides = {
-            "c": Side("c", bounds.limits(1 << 30), bounds.pool_bytes),
-            "w": Side("w", bounds.limits(bounds.worker_frames), 1 << 30),
+            "c": Side("c", bounds.limits(1 << 30, bounds.worker_frames), bounds.pool_bytes),
+            "w": Side("w", bounds.limits(bounds.worker_frames, bounds.pool_frames()), 1 << 30),
         }
         self.sockets: dict[int, Socket] = {}
         self.logs: dict[bytes, Log] = {}
         self.cuts = 0
+        self.splits = 0
         self.restarts = 0
         self.expiries = 0
         self.dials = 0
@@ -389,7 +434,7 @@ class World:
         for x in SIDES:
             side = self.sides[x]
             s = side.session
-            if not healed and s is not None and side.sends < b.sends:
+            if not healed and s is not None and side.sends < b.sends_of(x):
                 acts.append(("send", x))
             if (
                 s is not None
@@ -397,6 +442,8 @@ class World:
                 and (s.frames_queued or s.receipt_due)
             ):
                 acts.append(("flush", x))
+                if not healed and self.splits < b.splits and s.frames_queued + s.receipt_due > 1:
+                    acts.append(("flush", x, "split"))
             if self._readable(x) is not None:
                 acts.append(("deliver", x))
             if self._gone(x):
@@ -450,18 +497,21 @@ class World:
         self.logs[side.session_id].sent[x].append(body)
         return f"{x} sends {body.decode()} as #{ordinal} ({s.state.value})"
 
-    def _flush(self, x: str) -> str:
+    def _flush(self, x: str, split: str = "") -> str:
         side = self.sides[x]
         s = side.session
         assert s is not None
         packets = s.data_to_send()
         assert packets
         assert len(packets) <= side.limits.max_packets_per_message
-        data = b"".join(packets)
-        what = describe_packets([data]) if self.verbose else ""
+        messages = [b"".join(packets)]
+        if split:
+            self.splits += 1
+            messages = packets
+        what = "] [".join(describe_packets([m]) for m in messages) if self.verbose else ""
         sock = self.sockets.get(side.sock) if side.sock is not None else None
         if sock is not None and other(x) in sock.ends:
-            sock.queues[x].append(data)
+            sock.queues[x].extend(messages)
             return f"{x} writes [{what}]"
         return f"{x} writes [{what}] into a socket nobody reads (lost)"
 
@@ -472,17 +522,29 @@ class World:
         data = sock.queues[other(x)].popleft()
         s = side.session
         assert s is not None and side.session_id is not None
-        receipts_before = s.receipts_received
         what = describe_packets([data]) if self.verbose else ""
         try:
-            bodies = s.receive(data)
+            received = s.receive(data)
         except SessionFailed as failure:
             self._retire(x, failure.reason)
             return f"{x} reads [{what}]: session FAILED ({failure})"
+        bodies = received.bodies
         self.logs[side.session_id].delivered[x].extend(bodies)
         note = ""
-        if not side.fence_passed and s.receipts_received != receipts_before:
+        if not side.fence_passed:
+            # The transport holds what comes before the fence (the same message included).
+            for body in bodies:
+                overflow = side.buffer.hold(body)
+                if overflow is not None:
+                    raise Violation(
+                        f"{x}'s pre-readiness buffer overflowed ({overflow}; it holds what "
+                        f"the peer retains, {side.limits.max_inbound_buffer_payloads}): "
+                        "INBOUND_OVERFLOW, which an honest peer must never cause"
+                    )
+        if received.fence:
+            assert not side.fence_passed, "the session reported a second fence on one attachment"
             side.fence_passed = True
+            side.buffer.release()
             note = " (replay fence: ready)"
             if s.accepted < side.fence_target:
                 raise Violation(
@@ -567,6 +629,7 @@ class World:
         side.peer_runtime = None
         side.dialing = None
         side.fence_passed = False
+        side.buffer = PreReadinessBuffer(side.limits)
         side.taken_over = []
         side.stopped = False
         side.incarnation += 1
@@ -661,6 +724,7 @@ class World:
                     notes.append(f"{x} drops its old socket")
                 try:
                     side.session.attach(result.peer.received)
+                    side.buffer.attach()  # handed over before the new socket is read
                 except SessionFailed as failure:
                     self._retire(x, FailureReason.RESUME_REFUSED)
                     notes.append(f"{x}'s resume refused: {failure}")
@@ -683,6 +747,7 @@ class World:
                 if session_id not in self.logs:
                     self.logs[session_id] = Log()
                 side.session = MessageSession(side.limits, side.pool)
+                side.buffer = PreReadinessBuffer(side.limits)
                 side.session_id = session_id
                 side.peer_runtime = peer.runtime
                 side.session.attach(0)
@@ -712,6 +777,7 @@ class World:
             )
         self._leave(x, retired=True)
         side.session = None
+        side.buffer = PreReadinessBuffer(side.limits)  # retirement hands it over
         side.session_id = None
         side.peer_runtime = None
         self._collect()
@@ -781,6 +847,7 @@ class World:
                     None if side.dialing is None else socks[side.dialing],
                     side.fence_passed,
                     side.fence_target,
+                    len(side.buffer),
                     tuple(name(r) for r in side.taken_over),
                     side.stopped,
                     side.pool.used,
@@ -823,6 +890,7 @@ class World:
             self.sides["c"].sends,
             self.sides["w"].sends,
             self.cuts,
+            self.splits,
             self.restarts,
             self.expiries,
             self.dials,

@@ -32,10 +32,10 @@ for calls becomes: every call executed exactly once and returned its real result
 half-open sockets and partitions that retire the session while the worker lives.
 
 The CI version runs about 60 s with at least 100 cuts (the keyed mode 30 s and 50 cuts);
-``--soak-minutes N`` runs N minutes each (the cut floor scales). It runs on asyncio only: the time
-budget of ``make test`` (10 minutes on two cores) has room for 90 s of soak, not twice that;
-both backends are covered by the functional
-tests of the link and the RPC layer.
+``--soak-minutes N`` runs N minutes each (the cut floor scales). ``make test`` leaves it out
+(marker ``soak``); ``.ci/run`` runs it under each interpreter. It runs on asyncio only, to keep
+that CI time at 90 s per interpreter; both backends are covered by the functional tests of the
+link and the RPC layer.
 """
 
 from __future__ import annotations

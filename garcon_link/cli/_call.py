@@ -1,0 +1,241 @@
+"""``garcon-link call`` and ``garcon-link describe``: one call (or the manifest) of one executor,
+reached alone or through a fleet configuration."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from ..api.controller import ExecutorInfo, RemoteExecutor, connect
+from ..api.fleet import fleet
+from ..errors import NotDispatched, RemoteError
+from ..rpc.interface import MethodKind, MethodSpec, manifest_method
+from ..settings.config import FleetConfig, LinkConfig
+from ._exits import EXIT_OK, UsageError, _leaf
+from ._output import _load_any, _print_json, _setup_logging
+
+# --------------------------------------------------------------------------- call
+
+
+def dynamic_method(services: Mapping[str, Any], service: str, method: str) -> MethodSpec:
+    """A :class:`MethodSpec` for ``service.method`` built from a worker's manifest.
+
+    It accepts any arguments and passes them through untyped: the worker validates them. The
+    result (a stream's items) is checked against the return type the manifest declares, as far
+    as it can be rebuilt from its text (:func:`~garcon_link.interface.manifest_result_hint`): a
+    ``-> int`` method that returns a string fails with ``RemoteError("INVALID_RESULT")``.
+
+    Raises:
+        Rejected: the manifest has no such service or method (``UNKNOWN_SERVICE`` /
+            ``OPERATION_UNSUPPORTED``, as the worker itself would answer).
+    """
+    return manifest_method(services, service, method)
+
+
+def _split_call_operands(operands: Sequence[str]) -> tuple[str | None, str, str | None]:
+    """``[CONFIG] SERVICE.METHOD [JSON_ARGS]`` -> (config, target, json_args)."""
+    if len(operands) == 1:
+        return None, operands[0], None
+    if len(operands) == 2:
+        # A SERVICE.METHOD never starts with "[" or "{"; JSON_ARGS always does.
+        if operands[1].lstrip().startswith(("[", "{")):
+            return None, operands[0], operands[1]
+        return operands[0], operands[1], None
+    if len(operands) == 3:
+        return operands[0], operands[1], operands[2]
+    raise UsageError("call takes [CONFIG] SERVICE.METHOD [JSON_ARGS]")
+
+
+def _parse_target(text: str) -> tuple[str, str]:
+    service, dot, method = text.rpartition(".")
+    if not dot or not service or not method:
+        raise UsageError(f"{text!r}: expected SERVICE.METHOD, e.g. calc.add")
+    return service, method
+
+
+def _parse_arguments(text: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if text is None:
+        return (), {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, or an integer over Python's digit limit
+        raise UsageError(f"JSON_ARGS is not valid JSON: {exc}") from None
+    if isinstance(value, list):
+        return tuple(value), {}
+    if isinstance(value, dict):
+        return (), value
+    raise UsageError("JSON_ARGS must be a JSON array (positional) or object (keyword arguments)")
+
+
+class _CallProgress:
+    """How far ``call`` got, for the message of a Ctrl-C: once the request is handed to the link
+    it may reach the worker and run, so an interruption after that cannot say it did not."""
+
+    dispatched = False
+
+
+class CallInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``call`` (exit 130); the message says whether the call was sent."""
+
+    def __init__(self, dispatched: bool) -> None:
+        super().__init__(
+            "interrupted after the call was sent: it may have run on the worker (outcome unknown)"
+            if dispatched
+            else "interrupted before the call was sent: it did not run"
+        )
+
+
+@contextlib.asynccontextmanager
+async def _open_executor(
+    config: LinkConfig | FleetConfig, executor_id: str | None
+) -> AsyncIterator[RemoteExecutor]:
+    """The executor a command talks to: the single one of a LinkConfig, or ``executor_id``
+    through a fleet controller's configuration."""
+    if isinstance(config, LinkConfig):
+        if executor_id is not None and executor_id != config.executor_id:
+            raise UsageError(
+                f"--executor {executor_id!r}: this configuration serves only {config.executor_id!r}"
+            )
+        async with connect(config) as executor:
+            yield executor
+        return
+    if executor_id is None:
+        raise UsageError("a fleet configuration ([executors]) needs --executor ID")
+    async with fleet(config) as controller:
+        try:
+            executor = controller.executor(executor_id)
+        except ValueError as exc:
+            raise UsageError(f"--executor: {exc}") from None
+        yield executor
+
+
+async def _call(
+    config: LinkConfig | FleetConfig,
+    service: str,
+    method: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    ready_timeout: float,
+    call_timeout: float | None,
+    progress: _CallProgress | None = None,
+    executor_id: str | None = None,
+) -> None:
+    async with _open_executor(config, executor_id) as executor:
+        try:
+            await executor.wait_ready(timeout=ready_timeout)
+        except TimeoutError as exc:
+            raise NotDispatched("NOT_READY", str(exc)) from None
+        info = await executor.info()
+        spec = dynamic_method(info.services, service, method)
+        rpc = executor.current_rpc
+        if rpc is None:
+            raise NotDispatched("OFFLINE", executor.last_error or "the executor went offline")
+        if progress is not None:
+            progress.dispatched = True
+        timeout = config.limits.call_timeout if call_timeout is None else call_timeout
+        if spec.kind is MethodKind.STREAM:
+            stream = rpc.stream(service, spec, args, kwargs)
+            try:
+                async for item in stream:
+                    _print_json(item)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+        elif spec.kind is MethodKind.ONEWAY:
+            await rpc.notify(service, spec, args, kwargs)
+            # Delivery barrier: replies come back in order, so once this round trip completes
+            # the worker has received the notification (closing earlier could retire it unsent).
+            await rpc.describe_peer(timeout=timeout)
+        else:
+            _print_json(await rpc.call(service, spec, args, kwargs, timeout=timeout))
+
+
+def _cmd_call(ns: argparse.Namespace) -> int:
+    _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
+    config_path, target, json_args = _split_call_operands(ns.operands)
+    service, method = _parse_target(target)
+    args, kwargs = _parse_arguments(json_args)
+    if ns.timeout <= 0:
+        raise UsageError("--timeout must be > 0")
+    config = _load_any(config_path)
+    progress = _CallProgress()
+    try:
+        anyio.run(
+            lambda: _call(
+                config,
+                service,
+                method,
+                args,
+                kwargs,
+                ready_timeout=ns.timeout,
+                call_timeout=ns.call_timeout,
+                progress=progress,
+                executor_id=ns.executor,
+            )
+        )
+    except BaseException as exc:
+        leaf = _leaf(exc)
+        if isinstance(leaf, KeyboardInterrupt):
+            raise CallInterrupted(progress.dispatched) from None
+        if ns.verbose and isinstance(leaf, RemoteError) and leaf.remote_traceback:
+            print(leaf.remote_traceback.rstrip(), file=sys.stderr)
+        raise
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- describe
+
+
+def describe_lines(services: Mapping[str, Any]) -> list[str]:
+    """One line per method of a manifest: ``unary  calc.add(a: int, b: int) -> int``."""
+    lines = []
+    for service in sorted(services, key=str):
+        methods = services[service]
+        if not isinstance(methods, Mapping):
+            continue
+        for method in sorted(methods, key=str):
+            entry = methods[method]
+            if isinstance(entry, Mapping):
+                kind, signature = entry.get("kind"), entry.get("signature")
+                lines.append(f"{kind!s:<7}{service}.{method}{signature}")
+    return lines
+
+
+async def _describe_executor(
+    config: LinkConfig | FleetConfig, *, ready_timeout: float, executor_id: str | None = None
+) -> ExecutorInfo:
+    async with _open_executor(config, executor_id) as executor:
+        try:
+            await executor.wait_ready(timeout=ready_timeout)
+        except TimeoutError as exc:
+            raise NotDispatched("NOT_READY", str(exc)) from None
+        return await executor.info()
+
+
+def _cmd_describe(ns: argparse.Namespace) -> int:
+    _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
+    if ns.timeout <= 0:
+        raise UsageError("--timeout must be > 0")
+    config = _load_any(ns.config)
+    info = anyio.run(
+        lambda: _describe_executor(config, ready_timeout=ns.timeout, executor_id=ns.executor)
+    )
+    if ns.json:
+        _print_json(
+            {
+                "executor_id": info.executor_id,
+                "contract": info.contract,
+                "services": info.services,
+            }
+        )
+    else:
+        for line in describe_lines(info.services):
+            print(line, flush=True)
+    return EXIT_OK

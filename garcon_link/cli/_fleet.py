@@ -1,0 +1,118 @@
+"""``garcon-link fleet``: a fleet controller shown live, as a table redrawn in place or one line per
+event."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from typing import Any
+
+import anyio
+
+from ..api.fleet import Fleet, FleetEvent, fleet
+from ..settings.config import FleetConfig, LinkConfig
+from ._exits import EXIT_OK, UsageError
+from ._output import _emit, _load_any, _print_json, _setup_logging
+
+_TABLE_COLUMNS = ("executor", "availability", "session", "since", "calls", "errors")
+_REDRAW_INTERVAL = 1.0  # seconds between redraws of the terminal table (the "since" column)
+
+
+def fleet_table(controller: Fleet, now: float | None = None) -> list[str]:
+    """The lines of ``garcon-link fleet``'s table: a header, then one row per executor."""
+    now = time.time() if now is None else now
+    rows = [_TABLE_COLUMNS]
+    for executor_id, snap in sorted(controller.executors().items()):
+        rows.append(
+            (
+                executor_id,
+                snap.availability,
+                snap.session or "-",
+                _ago(now - snap.since),
+                str(snap.calls),
+                str(snap.errors),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_TABLE_COLUMNS))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s ago"
+    if seconds < 7200:
+        return f"{seconds // 60}m ago"
+    return f"{seconds // 3600}h ago"
+
+
+def _event_json(event: FleetEvent) -> dict[str, Any]:
+    out: dict[str, Any] = {"event": event.kind, "executor": event.executor_id, "at": event.at}
+    if event.kind == "lost":
+        out["lost"] = event.lost
+    return out
+
+
+async def _run_fleet(config: LinkConfig | FleetConfig, *, as_json: bool, redraw: bool) -> None:
+    try:
+        receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
+    except NotImplementedError:  # pragma: no cover - Windows: Ctrl-C raises KeyboardInterrupt
+        receiver = None
+    async with fleet(config) as controller, anyio.create_task_group() as tg:
+        where = controller.url if _fleet_listens(config) else "dialing only"
+        if as_json:
+            _print_json({"event": "listening", "url": where})
+        elif not redraw:
+            _emit(f"fleet-listening url={where}")
+        changed = anyio.Event()
+
+        async def follow() -> None:
+            nonlocal changed
+            async for event in controller.events():
+                if as_json:
+                    _print_json(_event_json(event))
+                elif not redraw:
+                    extra = f" lost={event.lost}" if event.kind == "lost" else ""
+                    _emit(f"executor={event.executor_id or '-'} event={event.kind}{extra}")
+                changed.set()
+
+        async def draw() -> None:
+            nonlocal changed
+            while True:
+                lines = fleet_table(controller)
+                sys.stdout.write("\x1b[H\x1b[J" + f"fleet on {where}\n" + "\n".join(lines) + "\n")
+                sys.stdout.flush()
+                changed = anyio.Event()
+                with anyio.move_on_after(_REDRAW_INTERVAL):
+                    await changed.wait()
+                    await anyio.sleep(0.1)  # batch a burst of events into one redraw
+
+        tg.start_soon(follow)
+        if redraw:
+            tg.start_soon(draw)
+        if receiver is None:  # pragma: no cover
+            await anyio.sleep_forever()
+        else:
+            with receiver as signals:
+                async for _signum in signals:
+                    break
+        tg.cancel_scope.cancel()
+
+
+def _fleet_listens(config: LinkConfig | FleetConfig) -> bool:
+    return config.listen is not None
+
+
+def _cmd_fleet(ns: argparse.Namespace) -> int:
+    _setup_logging(ns.verbose, quiet_by_default=False, json_lines=ns.log_json)
+    config = _load_any(ns.config)
+    if isinstance(config, LinkConfig) and config.role.value != "controller":
+        raise UsageError("fleet needs a controller configuration")
+    redraw = not ns.json and sys.stdout.isatty()
+    anyio.run(lambda: _run_fleet(config, as_json=ns.json, redraw=redraw))
+    return EXIT_OK

@@ -1,0 +1,108 @@
+"""What every command shares: its lines on stdout and stderr, JSON output, the log setup of
+``-v``/``--log-json``, and loading CONFIG."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import sys
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+from ..logs import JsonFormatter
+from ..settings.config import (
+    CONFIG_ENV_VAR,
+    FleetConfig,
+    LinkConfig,
+    load_config,
+    load_fleet_config,
+)
+
+# --------------------------------------------------------------------------- output
+
+
+def _emit(line: str) -> None:
+    print(line, flush=True)
+
+
+def _error_line(message: str) -> None:
+    # One line, whatever the message holds.
+    text = " ".join(message.split())
+    print(f"error: {text}", file=sys.stderr, flush=True)
+
+
+def jsonable(value: Any) -> Any:
+    """Convert a decoded wire value to JSON-encodable data.
+
+    ``bytes`` become base64 text; map keys become text (bytes keys base64); tuples and sets become
+    lists; anything else unknown is shown by ``str()``.
+    """
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, Mapping):
+        return {_json_key(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(v) for v in value]
+    return str(value)
+
+
+def _json_key(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bytes | bytearray):
+        return base64.b64encode(bytes(key)).decode("ascii")
+    return json.dumps(jsonable(key)) if not isinstance(key, int | float | bool) else str(key)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(jsonable(value), ensure_ascii=False), flush=True)
+
+
+# --------------------------------------------------------------------------- logging
+
+
+def _setup_logging(verbosity: int, *, quiet_by_default: bool, json_lines: bool = False) -> None:
+    """``-v`` WARNING, ``-vv`` INFO, ``-vvv`` DEBUG; without ``-v`` the worker logs WARNING and
+    the other commands log nothing (their one error line says what went wrong). ``json_lines``
+    (``--log-json``): one JSON object per line (:class:`garcon_link.logs.JsonFormatter`)."""
+    if verbosity <= 0:
+        level = logging.CRITICAL + 1 if quiet_by_default else logging.WARNING
+    else:
+        level = {1: logging.WARNING, 2: logging.INFO}.get(verbosity, logging.DEBUG)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter()
+        if json_lines
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _load(path: str | None) -> LinkConfig:
+    """Load CONFIG; ``None`` or ``-`` reads the path from ``GARCON_LINK_CONFIG``."""
+    return load_config(None if path in (None, "-") else path)
+
+
+def _load_any(path: str | None) -> LinkConfig | FleetConfig:
+    """Load CONFIG as a fleet controller's configuration if it has ``[executors]``, else as one
+    endpoint's (errors of either are reported by its own loader)."""
+    given = None if path in (None, "-") else path
+    source = given if given is not None else os.environ.get(CONFIG_ENV_VAR, "")
+    try:
+        with open(source, "rb") as file:
+            fleet_file = "executors" in tomllib.load(file)
+    except (OSError, ValueError):
+        fleet_file = False  # the loader says what is wrong with it
+    return load_fleet_config(given) if fleet_file else load_config(given)
