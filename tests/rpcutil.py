@@ -38,7 +38,7 @@ import pytest
 
 import garcon_link as gl
 from garcon_link.rpc.interface import MethodKind, MethodSpec
-from garcon_link.rpc.rpc import CALL, ExecutorRpc, _Pending
+from garcon_link.rpc.rpc import CALL, ExecutorRpc
 from garcon_link.testing import FaultProxy
 
 __all__ = [
@@ -494,9 +494,7 @@ async def raw_send(rpc: ExecutorRpc, envelope: Any) -> None:
 
 def next_call_id(rpc: ExecutorRpc) -> int:
     """Allocate the next call id the way ExecutorRpc does (ids stay increasing)."""
-    call_id = rpc._next_id
-    rpc._next_id += 1
-    return call_id
+    return rpc.next_call_id()
 
 
 async def raw_call(
@@ -511,8 +509,7 @@ async def raw_call(
 ) -> Any:
     """Send a hand-written ``call`` and return the reply's value, or raise its error."""
     call_id = next_call_id(rpc)
-    pending = _Pending(call_id, _ANY_SPEC, None)
-    rpc._pending[call_id] = pending
+    expected = rpc.expect_reply(call_id, _ANY_SPEC)
     if envelope is not None:
         message = envelope(call_id)
     else:
@@ -527,9 +524,6 @@ async def raw_call(
         ]
     try:
         await raw_send(rpc, message)
-        await pending.done.wait()
+        return await expected.wait()
     finally:
-        rpc._pending.pop(call_id, None)
-    if pending.error is not None:
-        raise pending.error
-    return pending.value
+        expected.close()

@@ -1,6 +1,6 @@
-"""Handlers started eagerly (asyncio on Python 3.12+, ``rpc._start_handler``) keep the semantics
-of handlers started as ordinary tasks: the same task from the first line to the last, cancel
-scopes bound to it, a context of their own, replies in the order the handlers ended.
+"""Handlers started eagerly (asyncio on Python 3.12+, ``handlers._start_handler``) keep the
+semantics of handlers started as ordinary tasks: the same task from the first line to the last,
+cancel scopes bound to it, a context of their own, replies in the order the handlers ended.
 
 Every test runs on both anyio backends and in both directions. On trio and on Python 3.11 no
 handler starts eagerly, so the same tests pin the behaviour the eager path must keep; on asyncio

@@ -546,7 +546,8 @@ async def test_fuzz_rpc_envelopes_serving_role(bodies: list[bytes]) -> None:
         while worker.statistics().session.delivered < len(bodies):
             await anyio.sleep(0.001)
         await anyio.sleep(0)
-        legit_id = w.rpc._last_incoming_id + 1  # after hostile ids: only the session knows
+        # After hostile ids: only the session knows.
+        legit_id = w.rpc.last_incoming_id + 1
         if legit_id.bit_length() > 8 * MAX_BIGNUM_BYTES:
             return  # the peer used up its own id space; nothing left to call with
         await w.send(encode([CALL, legit_id, "calc", "add", [2, 3], {}, 0, 0]))
@@ -691,7 +692,8 @@ async def test_fuzz_nested_parts(role: Role, attacks: list[tuple[list[bytes], by
             assert outcome == [5]
             return
         assert w.impl.counts["add"] == 0 and w.impl.notes == []
-        await w.send(encode([CALL, w.rpc._last_incoming_id + 1, "calc", "add", [2, 3], {}, 0, 0]))
+        call_id = w.rpc.last_incoming_id + 1
+        await w.send(encode([CALL, call_id, "calc", "add", [2, 3], {}, 0, 0]))
         while (envelope := await w.next_envelope())[0] != RESULT:
             pass
         assert envelope[2] == 5

@@ -165,6 +165,31 @@ async def test_counters_without_hooks_and_registered_exceptions() -> None:
     assert stats.total("client") == 4
 
 
+async def test_each_handler_is_counted_once_on_the_server() -> None:
+    # One count per handler, whatever its reply policy: unary (a result, an error), stream,
+    # notification; the internal describe of the session's install is not counted.
+    impl = MetaImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"meta": impl, "calc": CalcImpl()}) as p:
+            calc = p.calc()
+            for i in range(3):
+                assert await calc.add(i, 1) == i + 1
+            with pytest.raises(gl.RemoteError):
+                await calc.fail("x")
+            meta = p.executor.service("meta", Meta)
+            assert [i async for i in meta.numbers(2)] == [0, 1]
+            await meta.poke()
+            await impl.poked_event.wait()
+            assert p.worker is not None
+            served = p.worker.statistics().calls
+            while served.total("server") < 6:  # the server's ends follow the replies
+                await anyio.sleep(0.01)
+                served = p.worker.statistics().calls
+            await anyio.sleep(0.05)
+            served = p.worker.statistics().calls
+    assert dict(served.server) == {("ok", None): 5, ("failed", "HANDLER_FAILED"): 1}
+
+
 async def test_streams_and_notifications_are_observed_on_both_sides() -> None:
     client, server = Recorder(), Recorder()
     impl = MetaImpl()

@@ -832,7 +832,7 @@ async def test_overload_on_the_receiver(direction: str) -> None:
 def test_refusals_past_the_backlog_keep_only_their_call_ids() -> None:
     """What is kept per call refused past ``max_queued_refusals``: its id, as a delta from the
     previous one (call ids strictly increase), so about the bytes it took on the wire."""
-    from garcon_link.rpc.rpc import _CallIds
+    from garcon_link.rpc.outbox import CallIds as _CallIds
 
     ids = _CallIds()
     wanted = [1, 2, 3, 200, 70_000, 2**40, 2**70 + 5, 2**70 + 6]
@@ -927,8 +927,8 @@ async def test_hostile_controller_envelopes(direction: str) -> None:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(long_call)
                 await impl.probe.wait("started:long")
-                # The hostile envelopes below name this call: its id is private by design.
-                (long_id,) = rpc._pending
+                # The hostile envelopes below name this call (its id: the session's test seam).
+                (long_id,) = rpc.pending_call_ids()
 
                 # -- not an envelope at all
                 for body in (
@@ -997,10 +997,10 @@ async def test_hostile_controller_envelopes(direction: str) -> None:
                 with pytest.raises(gl.Rejected, match="initial credit"):
                     await raw_call(rpc, "calc", "count", [3], {}, (0, 100))
 
-                # (Hostile envelopes must name real call ids, which are private by design.)
-                last_used = rpc._next_id - 1  # answered above, so the worker has seen it
+                # (Hostile envelopes must name real call ids: the session's test seam.)
                 # -- wrong arity: dropped, the caller learns nothing (it named no valid call)
                 bad_id = next_call_id(rpc)
+                last_used = bad_id - 1  # answered above, so the worker has seen it
                 await raw_send(rpc, [CALL, bad_id, "calc", "add", [1, 2]])
                 await raw_send(rpc, [CALL, "7", "calc", "add", [1, 2], {}, 0, 0])
                 await raw_send(rpc, [CALL, True, "calc", "add", [1, 2], {}, 0, 0])
@@ -1012,14 +1012,14 @@ async def test_hostile_controller_envelopes(direction: str) -> None:
                 # -- a huge initial credit and a credit overflow on a live stream
                 stream = calc.count(50)
                 stream_items.append(await stream.__anext__())
-                stream_id = max(rpc._pending)
+                stream_id = max(rpc.pending_call_ids())
                 await raw_send(rpc, [CREDIT, stream_id, 2**64 - 1, 2**64 - 1])
                 await raw_send(rpc, [CREDIT, stream_id, -(2**63), -(2**63)])
                 stream_items.extend([i async for i in stream])
                 assert await raw_call(rpc, "calc", "add", [2, 3], {}, (2**64 - 1, 2**64 - 1)) == 5
 
                 # -- a cancel storm over every id but the unrelated call's
-                for cid in range(1, rpc._next_id + 500):
+                for cid in range(1, next_call_id(rpc) + 500):
                     if cid != long_id:
                         await raw_send(rpc, [CANCEL, cid])
                 await raw_send(rpc, cbor2.dumps([[CANCEL, i] for i in range(5000)]))
@@ -1119,7 +1119,7 @@ class EvilImpl:
         from garcon_link.rpc.rpc import current_rpc
 
         rpc = current_rpc()
-        call_id = rpc._last_incoming_id  # the id to lie about: private by design
+        call_id = rpc.last_incoming_id  # the id to lie about
         envelopes: dict[str, list[Any]] = {
             "wrong-type": [RESULT, call_id, "not an int"],
             "short-result": [RESULT, call_id],

@@ -44,6 +44,7 @@ from typing import Any
 import cbor2
 import msgspec
 
+from ..core.wire import array_prefix
 from ..logs import peer_text
 
 __all__ = [
@@ -73,6 +74,7 @@ __all__ = [
     "encode_call",
     "encode_item",
     "encode_result",
+    "envelope_head",
     "metadata_problem",
 ]
 
@@ -124,7 +126,7 @@ class Result(msgspec.Struct, frozen=True):
 
 class Error(msgspec.Struct, frozen=True):
     id: int
-    body: Any  # a map when well formed; rpc._error_from_body reads it strictly
+    body: Any  # a map when well formed; errorbody.error_from_body reads it strictly
 
     def wire(self) -> list[Any]:
         return [ERROR, self.id, self.body]
@@ -281,6 +283,23 @@ def decode(item: object) -> Envelope:
     if not CALL <= kind <= PART:
         raise BadEnvelope(kind, f"unknown kind {peer_text(kind)}")
     raise BadEnvelope(kind, f"kind {kind} with {n} elements is malformed", named)
+
+
+def envelope_head(payload: bytes) -> tuple[int, int] | None:
+    """``(kind, id)`` read from the first bytes of an envelope that did not decode as a whole.
+
+    Only the exact prefix every envelope naming a call starts with is accepted: a definite array
+    head of 2 to ``MAX_ARITY`` items, a kind of 0..7 and an unsigned integer id. This lets an
+    undecodable *reply* (e.g. a result whose value holds a tag) fail the call it names at once
+    instead of leaving it to its timeout.
+    """
+    prefix = array_prefix(payload)
+    if prefix is None:
+        return None
+    length, kind, call_id = prefix
+    if not 2 <= length <= MAX_ARITY or kind > CREDIT:
+        return None
+    return kind, call_id
 
 
 def metadata_problem(metadata: object, max_entries: int, max_bytes: int) -> str | None:

@@ -1,0 +1,691 @@
+"""The caller's side of one session: our outgoing calls, notifications and streams.
+
+Theory of operation (the rules are in the module docstring of :mod:`.rpc`): :class:`Caller`
+gives each call an id (increasing in the order calls *arrive*: a call sent in parts is renumbered
+when its turn to send comes), keeps it in the pending table until its reply, timeout, cancel or
+the session's retirement ends it, and matches the peer's ``result``/``error``/``stream_item``/
+``stream_end`` to it. Each pending call ends exactly once (:meth:`Caller._finish`). A timed-out
+call sends ``cancel`` and waits up to ``cancel_grace`` for the peer's answer. A
+:class:`RemoteStream` consumes its items against the credit it grants, and is reclaimed (its slot
+freed, ``cancel`` sent) if it is dropped without ``aclose()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import anyio
+import cbor2
+
+from ..core.wire import encode_head
+from ..endpoint.transport import SessionTransport
+from ..errors import (
+    CallError,
+    NotDispatched,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    RemoteError,
+    SessionFailed,
+    StaleResource,
+)
+from ..limits import Limits
+from ..logs import PeerLogLimiter, log_fields
+from ..net.backend import loop_scheduler
+from .chunks import ChunkSender
+from .envelopes import CALL, Cancel, Credit, End, Error, Item, Notify, Result, encode_call
+from .errorbody import (
+    INTERRUPTED,
+    NOT_STARTED,
+    encode_request,
+    error_from_body,
+    local_exception,
+)
+from .interface import MethodKind, MethodSpec, from_wire, to_wire
+from .observer import CallObserver
+from .outbox import CANCEL_KIND, CONTROL_KIND, Outbox
+from .resources import ResourceRef
+
+__all__ = ["Caller", "Expected", "RemoteStream"]
+
+log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
+
+
+class _Pending:
+    __slots__ = ("done", "error", "id", "ordinal", "receipt", "spec", "stream", "value")
+
+    def __init__(self, call_id: int, spec: MethodSpec, stream: _StreamState | None) -> None:
+        self.id = call_id
+        self.spec = spec
+        self.stream = stream
+        self.ordinal: int | None = None
+        self.done = anyio.Event()
+        self.value: Any = None
+        self.error: CallError | None = None
+        self.receipt: str | None = None  # the ``cancel`` field of the error that ended it
+
+
+class _StreamState:
+    """What a stream call has received and the credit it has granted (consumer side).
+
+    Held by the pending call, *not* by the :class:`RemoteStream` the application iterates, so
+    the session never keeps that iterator alive (see :func:`_reclaim_when_dropped`).
+    ``credit_items``/``credit_bytes`` are what the producer may still send: the initial window
+    plus every grant, minus every item received.
+    """
+
+    __slots__ = ("arrived", "credit_bytes", "credit_items", "ended", "error", "items")
+
+    def __init__(self, credit_items: int, credit_bytes: int) -> None:
+        self.items: deque[tuple[Any, int]] = deque()
+        self.arrived = anyio.Event()
+        self.ended = False
+        self.error: CallError | None = None
+        self.credit_items = credit_items
+        self.credit_bytes = credit_bytes
+
+    def deliver_item(self, value: Any, size: int) -> None:
+        self.items.append((value, size))
+        self.arrived.set()
+
+    def deliver_end(self, error: CallError | None) -> None:
+        self.ended = True
+        self.error = error
+        self.arrived.set()
+
+
+class Caller:
+    """Our calls on one session: ids, the pending table, timeouts, cancels, streams' credit.
+
+    Args:
+        transport: the session.
+        limits: budgets and windows.
+        observer: the endpoint's counters (``pending_peak``).
+        chunks: the session's sender of bodies in parts (requests go through it).
+        outbox: where ``cancel`` and ``credit`` go without a task.
+        settled: called whenever a call ends (the session's :meth:`~.rpc.ExecutorRpc.wait_idle`).
+        peer_log: the session's limiter for what the peer makes us log.
+        peer: what to call the peer in messages.
+    """
+
+    def __init__(
+        self,
+        transport: SessionTransport,
+        limits: Limits,
+        observer: CallObserver,
+        chunks: ChunkSender,
+        outbox: Outbox,
+        settled: Callable[[], None],
+        peer_log: PeerLogLimiter,
+        peer: str,
+    ) -> None:
+        self.transport = transport
+        self.limits = limits
+        self.observer = observer
+        self.peer = peer
+        self._chunks = chunks
+        self._outbox = outbox
+        self._note_settled = settled
+        self._peer_log = peer_log
+        self._retired: CallError | None = None
+        self._next_id = 1
+        self._pending: dict[int, _Pending] = {}
+        self.flow_violations = 0
+        self.malformed_replies = 0
+        self.peer_instance_id: bytes | None = None
+        # The worker's runtime: what worker-scoped references carry.
+        self.peer_worker_instance_id: bytes | None = None
+
+    @property
+    def pending(self) -> int:
+        """Calls awaiting a reply, plus abandoned ones whose ``cancel`` is still queued."""
+        return len(self._pending) + self._outbox.owed_cancels
+
+    def retire(self, why: str) -> None:
+        """Fail every pending call honestly (module docstring of :mod:`.rpc`); later calls are
+        ``NotDispatched("OFFLINE")``. Idempotent."""
+        if self._retired is not None:
+            return
+        self._retired = NotDispatched("OFFLINE", why)
+        offered = self.transport.offered
+        for pending in list(self._pending.values()):
+            if pending.ordinal is not None and pending.ordinal <= offered:
+                error: CallError = OutcomeUnknown("CONTINUITY_LOST", f"the request was sent; {why}")
+            else:
+                error = NotDispatched("CONTINUITY_LOST", f"the request never left; {why}")
+            self._finish(pending, error=error)
+        self._pending.clear()
+
+    def _check_open(self) -> None:
+        if self._retired is not None:
+            raise NotDispatched("OFFLINE", self._retired.message)
+        if self.transport.failure is not None:
+            raise NotDispatched("OFFLINE", str(self.transport.failure))
+
+    def _prepare(
+        self,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        credit: tuple[int, int],
+        key: bytes | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> tuple[_Pending | None, bytes]:
+        self._check_open()
+        try:
+            pos, kw = spec.bind(args, kwargs)
+            wire_args = to_wire(pos)
+            wire_kwargs = to_wire(kw)
+        except TypeError as exc:
+            raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
+        self._check_resources(pos, kw)
+        if spec.kind is MethodKind.ONEWAY:
+            return None, encode_request(
+                Notify(service, spec.name, wire_args, wire_kwargs, metadata)
+            )
+        if len(self._pending) + self._outbox.owed_cancels >= self.limits.max_pending_calls:
+            raise NotDispatched(
+                "OVERLOADED",
+                f"{self.limits.max_pending_calls} calls already pending on this session",
+            )
+        call_id = self._next_id
+        self._next_id += 1
+        try:
+            body = encode_call(
+                call_id, service, spec.name, wire_args, wire_kwargs, *credit, key, metadata
+            )
+        except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
+            raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
+        return _Pending(call_id, spec, None), body
+
+    def _renumber(self, pending: _Pending, body: bytes) -> tuple[bytes, int]:
+        """A fresh id for ``body`` (a ``call`` sent in parts, about to be issued): the head that
+        replaces its first bytes and how many it replaces; ``pending`` moves to the new id.
+        Calls issued while it waited for its turn have overtaken it, and the peer requires ids
+        to increase in the order calls arrive (:mod:`garcon_link.chunks`)."""
+        old, new = pending.id, self._next_id
+        self._next_id += 1
+        # [0, id, ...]: a one-byte array head (at most MAX_ARITY items), the kind, then the id.
+        assert body[0] & 0xE0 == 0x80 and body[1] == CALL
+        head = encode_head(0, old)
+        if self._pending.get(old) is pending:
+            del self._pending[old]
+            self._pending[new] = pending
+        pending.id = new
+        return body[:2] + encode_head(0, new), 2 + len(head)
+
+    def _check_resources(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
+        instance = self.peer_instance_id
+        if instance is None:
+            return
+        valid = (instance, self.peer_worker_instance_id)
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, ResourceRef) and value.instance_id not in valid:
+                raise StaleResource(message=f"{value!r} belongs to a replaced session")
+
+    async def _send_request(
+        self, body: bytes, renumber: Callable[[bytes], tuple[bytes, int]] | None = None
+    ) -> int:
+        """Issue a request envelope; a refusal before an ordinal is assigned is NOT_DISPATCHED."""
+        try:
+            return await self._chunks.send(body, renumber)
+        except PayloadTooLarge as exc:
+            raise NotDispatched("PAYLOAD_TOO_LARGE", str(exc)) from exc
+        except SessionFailed as exc:
+            raise NotDispatched("OFFLINE", str(exc)) from exc
+
+    async def _issue(self, pending: _Pending, body: bytes) -> None:
+        self._pending[pending.id] = pending
+        if len(self._pending) > self.observer.pending_peak:
+            self.observer.pending_peak = len(self._pending)
+        renumber = None
+        if len(body) > self._chunks.chunk:
+
+            def renumber(body: bytes) -> tuple[bytes, int]:
+                return self._renumber(pending, body)
+
+        try:
+            pending.ordinal = await self._send_request(body, renumber)
+        except NotDispatched:
+            self._pending.pop(pending.id, None)
+            self._note_settled()
+            raise
+
+    async def call(
+        self,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        *,
+        timeout: float | None,
+        idempotency_key: bytes | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Any:
+        """Call ``service.method`` and return its converted result.
+
+        ``idempotency_key`` (normalised bytes, see :func:`garcon_link.idempotency.normalize_key`)
+        is sent with the call; the worker runs the call at most once per key. ``metadata``
+        (already validated: :class:`CallObserver`) is sent with it.
+
+        This is one attempt on this session; the caller's outcome point (counting, hooks) is
+        the endpoint's :meth:`CallObserver.call` around it.
+
+        Raises:
+            NotDispatched, Rejected, StaleResource, OutcomeUnknown, RemoteError: per the outcome;
+                or an allow-listed remote exception type (see :func:`register_exception`).
+        """
+        if spec.kind is MethodKind.ONEWAY:
+            await self.notify(service, spec, args, kwargs, metadata)
+            return None
+        pending, body = self._prepare(
+            service, spec, args, kwargs, (0, 0), idempotency_key, metadata
+        )
+        assert pending is not None
+        # A bare cancel scope with a deadline: what fail_after does, without its generator-based
+        # context manager (this is on every call's path).
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        try:
+            with anyio.CancelScope(deadline=deadline) as scope:
+                await self._issue(pending, body)
+                await pending.done.wait()
+        except BaseException:
+            if not pending.done.is_set():
+                self._abandon(pending)
+            raise
+        if scope.cancelled_caught and not pending.done.is_set():
+            if pending.ordinal is None:
+                self._abandon(pending)
+                raise NotDispatched("TIMEOUT", f"not issued within {timeout}s")
+            await self._cancel_after_timeout(pending, timeout)
+        if pending.error is not None:
+            raise local_exception(pending.error)
+        return pending.value
+
+    async def notify(
+        self,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        """Send a one-way notification (returns once it is queued on the session)."""
+        _, body = self._prepare(service, spec, args, kwargs, (0, 0), None, metadata)
+        await self._send_request(body)
+
+    def stream(
+        self,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        metadata: Mapping[str, str] | None = None,
+    ) -> RemoteStream:
+        """Open a remote stream; the request is sent on first iteration."""
+        return RemoteStream(self, service, spec, args, kwargs, metadata)
+
+    def _abandon(self, pending: _Pending) -> None:
+        """The caller gave up: forget the call and tell the peer to cancel it (best effort)."""
+        self._pending.pop(pending.id, None)
+        self._note_settled()
+        if pending.ordinal is not None:
+            self._send_cancel(pending.id)
+
+    async def _cancel_after_timeout(self, pending: _Pending, timeout: float | None) -> None:
+        """Send ``cancel`` for a timed-out call and wait up to ``cancel_grace`` for the peer's
+        answer, the call still pending so that its answer is matched (module docstring).
+
+        Returns with ``pending`` finished by the answer (a receipt mapped to a ``TIMEOUT``
+        error); raises ``OutcomeUnknown("TIMEOUT")`` if none came.
+        """
+        self._send_cancel(pending.id)
+        try:
+            with anyio.move_on_after(self.limits.cancel_grace):
+                await pending.done.wait()
+        finally:
+            if not pending.done.is_set():
+                self._pending.pop(pending.id, None)  # a later answer is dropped
+                self._note_settled()
+        if not pending.done.is_set():
+            raise OutcomeUnknown("TIMEOUT", f"no reply within {timeout}s; cancel sent")
+        error = pending.error
+        not_started = isinstance(error, NotDispatched) and error.code == "CANCELLED"
+        if pending.receipt == NOT_STARTED or not_started:  # (an old peer: the same, unmarked)
+            pending.error = NotDispatched(
+                "TIMEOUT", f"no reply within {timeout}s; cancelled before it started"
+            )
+        elif pending.receipt == INTERRUPTED:
+            pending.error = OutcomeUnknown(
+                "TIMEOUT",
+                f"no reply within {timeout}s; cancelled while running (it may have had effects)",
+            )
+
+    def _send_cancel(self, call_id: int) -> None:
+        # A deferred cancel keeps counting as a pending call (see _prepare) until handed over.
+        self._outbox.send_soon(CANCEL_KIND, encode_request(Cancel(call_id)))
+
+    def _reclaim_stream(self, pending: _Pending) -> None:
+        """A stream's iterator was dropped without ``aclose()``: free its slot, cancel it.
+
+        Runs as a plain event-loop callback (scheduled by the iterator's finalizer), so it only
+        queues: the drain task writes the ``cancel``.
+        """
+        if self._pending.get(pending.id) is not pending:
+            return  # it ended, was closed, or the session was retired meanwhile
+        log.debug(
+            "stream %d was dropped without aclose(); cancelling it",
+            pending.id,
+            extra=log_fields(session=self.transport.session_id),
+        )
+        self._pending.pop(pending.id, None)
+        self._note_settled()
+        if pending.ordinal is not None:
+            self._outbox.defer(CANCEL_KIND, encode_request(Cancel(pending.id)))
+
+    def _finish(
+        self, pending: _Pending, *, value: Any = None, error: CallError | None = None
+    ) -> None:
+        pending.value = value
+        pending.error = error
+        if pending.stream is not None:
+            pending.stream.deliver_end(error)
+        pending.done.set()
+        self._note_settled()
+
+    # ------------------------------------------------------------------ inbound dispatch
+    # -- requests written by hand (ExecutorRpc's test seam)
+
+    def take_id(self) -> int:
+        """The next id of our calls, taken for a request written by hand."""
+        call_id = self._next_id
+        self._next_id += 1
+        return call_id
+
+    def expect(self, call_id: int, spec: MethodSpec) -> Expected:
+        """Match the peer's replies to ``call_id`` as those of a call of ``spec`` from now on."""
+        pending = self._pending[call_id] = _Pending(call_id, spec, None)
+        return Expected(self, pending)
+
+    # -- the peer's replies to our calls
+
+    def fail_call(self, call_id: int, code: str, why: str) -> None:
+        """What the peer sent about our call ``call_id`` (if still pending) is unreadable."""
+        pending = self._pending.get(call_id)
+        if pending is not None:
+            self.fail_unreadable(pending, code, why)
+
+    def fail_unreadable(self, pending: _Pending, code: str, why: str) -> None:
+        """Fail ``pending`` as ``UNKNOWN``: what the peer sent about it cannot be read, so it
+        may have run, be running or have failed. ``cancel`` in case it still runs."""
+        self.malformed_replies += 1
+        self._pending.pop(pending.id, None)
+        self._send_cancel(pending.id)
+        self._finish(pending, error=OutcomeUnknown(code, why))
+
+    def on_result(self, envelope: Result) -> None:
+        pending = self._pending.get(envelope.id)
+        if pending is None or pending.stream is not None:
+            return  # late reply to a retired, timed-out or cancelled call: dropped
+        del self._pending[pending.id]
+        try:
+            value = from_wire(envelope.value, pending.spec.result)
+        except Exception as exc:
+            # FAILED, not UNKNOWN: the call certainly ran to completion (module docstring).
+            self._finish(
+                pending,
+                error=RemoteError("INVALID_RESULT", f"result does not match the interface: {exc}"),
+            )
+            return
+        self._finish(pending, value=value)
+
+    def on_error(self, envelope: Error) -> None:
+        pending = self._pending.get(envelope.id)
+        if pending is None:
+            return
+        error = error_from_body(envelope.body)
+        if isinstance(error, OutcomeUnknown) and error.code == "MALFORMED_ERROR":
+            self.fail_unreadable(pending, error.code, error.message)
+            return
+        del self._pending[pending.id]
+        pending.receipt = envelope.body.get("cancel")  # a map: _error_from_body checked it
+        self._finish(pending, error=error)
+
+    def on_item(self, envelope: Item, size: int) -> None:
+        pending = self._pending.get(envelope.id)
+        if pending is None or pending.stream is None:
+            return
+        stream = pending.stream
+        # Byte credit is counted in encoded envelope bytes, exactly what the producer charges
+        # per item (``_produce``), after encoding it: so the last item may overdraw the bytes,
+        # never the items, and nothing may follow it until more credit is granted.
+        if stream.credit_items <= 0 or stream.credit_bytes <= 0:
+            self.flow_violations += 1
+            self._peer_log.log(
+                self.transport.label,
+                "flow",
+                "session %s: stream %d got an item beyond its credit; ending it",
+                self.transport.label,
+                pending.id,
+                extra=log_fields(session=self.transport.session_id),
+            )
+            self._end_stream(
+                pending,
+                "FLOW_CONTROL_VIOLATION",
+                f"the {self.peer} violated flow control: it sent a stream item beyond the "
+                "credit granted; the stream was cancelled (items already received stand)",
+            )
+            return
+        stream.credit_items -= 1
+        stream.credit_bytes -= size
+        try:
+            value = from_wire(envelope.value, pending.spec.result)
+        except Exception as exc:
+            self._end_stream(
+                pending, "INVALID_RESULT", f"stream item does not match the interface: {exc}"
+            )
+            return
+        stream.deliver_item(value, size)
+
+    def _end_stream(self, pending: _Pending, code: str, message: str) -> None:
+        """End a stream we can no longer trust: cancel it on the peer; ``UNKNOWN`` for the
+        consumer, after the items already buffered (module docstring)."""
+        del self._pending[pending.id]
+        self._send_cancel(pending.id)
+        self._finish(pending, error=OutcomeUnknown(code, message))
+
+    def on_end(self, envelope: End) -> None:
+        pending = self._pending.get(envelope.id)
+        if pending is None or pending.stream is None:
+            return
+        del self._pending[pending.id]
+        self._finish(pending)
+
+
+class Expected:
+    """The reply to a request written by hand (:meth:`~.rpc.ExecutorRpc.expect_reply`)."""
+
+    __slots__ = ("_caller", "_pending")
+
+    def __init__(self, caller: Caller, pending: _Pending) -> None:
+        self._caller = caller
+        self._pending = pending
+
+    async def wait(self) -> Any:
+        """The reply's value (converted to the spec's result type).
+
+        Raises:
+            CallError: the reply's error as received (no remote exception is re-created), or
+                the outcome of the session's retirement.
+        """
+        pending = self._pending
+        await pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.value
+
+    def close(self) -> None:
+        """Stop matching replies (idempotent): a later reply is dropped as for a forgotten
+        call."""
+        pending = self._pending
+        if self._caller._pending.get(pending.id) is pending:
+            del self._caller._pending[pending.id]
+            self._caller._note_settled()
+
+
+def _reclaim_when_dropped(stream: RemoteStream, caller: Caller, pending: _Pending) -> Any:
+    """Reclaim ``pending`` if ``stream`` is collected while the call still runs.
+
+    The finalizer holds no reference to ``stream`` (that would keep it alive) and only a weak
+    one to ``caller``; all it does is schedule :func:`_reclaim`, since it may run inside the
+    garbage collector, where touching the session (a dict in mid-iteration, a half-written
+    frame) is not safe. It must never raise: an exception there is "unraisable".
+    """
+    schedule = loop_scheduler()
+    finalizer = weakref.finalize(stream, _schedule_reclaim, schedule, weakref.ref(caller), pending)
+    finalizer.atexit = False  # at interpreter exit there is no loop to run it on
+    return finalizer
+
+
+def _schedule_reclaim(
+    schedule: Callable[..., object], caller: weakref.ref[Caller], pending: _Pending
+) -> None:
+    try:
+        schedule(_reclaim, caller, pending)
+    except Exception:  # the loop is closed: the session (and its slot) is gone with it
+        pass
+
+
+def _reclaim(caller_ref: weakref.ref[Caller], pending: _Pending) -> None:
+    # A plain loop callback: an exception here would reach the loop (trio: a TrioInternalError).
+    caller = caller_ref()
+    if caller is None:
+        return
+    try:
+        caller._reclaim_stream(pending)
+    except Exception:
+        log.exception("reclaiming a dropped stream failed")
+
+
+class RemoteStream(AsyncIterator[Any]):
+    """A remote async iterator with credit-based flow control.
+
+    The request is sent on the first ``__anext__``. ``aclose()`` cancels the generator on the
+    peer; so does dropping the iterator without it (``break`` out of ``async for``): once it is
+    collected its pending slot is freed and ``cancel`` is sent (see the module docstring). If the
+    session is retired mid-stream, iteration raises :class:`OutcomeUnknown` (items already
+    delivered stand); so does a flow-control violation by the producer
+    (``FLOW_CONTROL_VIOLATION``).
+    """
+
+    def __init__(
+        self,
+        caller: Caller,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        self._caller = caller
+        self._metadata = metadata
+        self._service = service
+        self._spec = spec
+        self._args = args
+        self._kwargs = kwargs
+        self._pending: _Pending | None = None
+        limits = caller.limits
+        self._state = _StreamState(limits.stream_window_items, limits.stream_window_bytes)
+        self._consumed = 0
+        self._consumed_bytes = 0
+        self._closed = False
+        self._finalizer: Any = None
+
+    def __aiter__(self) -> RemoteStream:
+        return self
+
+    async def _start(self) -> None:
+        limits = self._caller.limits
+        pending, body = self._caller._prepare(
+            self._service,
+            self._spec,
+            self._args,
+            self._kwargs,
+            (limits.stream_window_items, limits.stream_window_bytes),
+            None,
+            self._metadata,
+        )
+        assert pending is not None
+        pending.stream = self._state
+        self._pending = pending
+        self._finalizer = _reclaim_when_dropped(self, self._caller, pending)
+        try:
+            await self._caller._issue(pending, body)
+        except BaseException:
+            self._caller._abandon(pending)  # e.g. cancelled while waiting for retention capacity
+            raise
+
+    async def __anext__(self) -> Any:
+        if self._closed:
+            raise StopAsyncIteration
+        if self._pending is None:
+            try:
+                await self._start()
+            except BaseException:
+                # Not issued (offline, too large, cancelled): nothing will ever arrive, so a
+                # later iteration must not wait for it.
+                self._close()
+                raise
+        state = self._state
+        while not state.items:
+            if state.ended:
+                self._close()
+                if state.error is not None:
+                    raise local_exception(state.error)
+                raise StopAsyncIteration
+            state.arrived = anyio.Event()
+            await state.arrived.wait()
+        value, size = state.items.popleft()
+        self._grant(size)
+        return value
+
+    def _grant(self, size: int) -> None:
+        self._consumed += 1
+        self._consumed_bytes += size
+        limits = self._caller.limits
+        state = self._state
+        if state.ended or self._pending is None:
+            return
+        if (
+            self._consumed >= limits.stream_window_items // 2
+            or self._consumed_bytes >= limits.stream_window_bytes // 2
+        ):
+            items, nbytes = self._consumed, max(self._consumed_bytes, 1)
+            # What the producer may send grows with the grant at once (the consumer's view
+            # can only be ahead of the producer's, never behind: no false violation).
+            state.credit_items += items
+            state.credit_bytes += nbytes
+            self._caller._outbox.send_soon(
+                CONTROL_KIND, encode_request(Credit(self._pending.id, items, nbytes))
+            )
+            self._consumed = 0
+            self._consumed_bytes = 0
+
+    def _close(self) -> None:
+        self._closed = True
+        self._state.items.clear()
+        if self._finalizer is not None:
+            self._finalizer.detach()  # nothing left to reclaim
+
+    async def aclose(self) -> None:
+        """Stop the stream; cancels the generator on the peer if it is still running."""
+        if self._closed:
+            return
+        if self._pending is not None and not self._state.ended:
+            self._caller._abandon(self._pending)
+        self._close()

@@ -1,0 +1,74 @@
+"""The services one side exposes to its peer: name -> interface spec, implementation, scope.
+
+Names starting with ``_`` or ``$`` are refused: ``$link`` is the internal service, whose one
+method ``describe`` answers this side's manifest (``DESCRIBE_SPEC``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .interface import MethodKind, MethodSpec, ServiceSpec
+from .resources import ServiceScope, _current
+
+__all__ = ["DESCRIBE_SPEC", "INTERNAL_SERVICE", "Bound", "Registry", "in_scope"]
+
+INTERNAL_SERVICE = "$link"
+
+# The one internal method ("$link".describe): no arguments, the manifest map as its result.
+DESCRIBE_SPEC = MethodSpec(
+    name="describe",
+    kind=MethodKind.UNARY,
+    signature=inspect.Signature(),
+    hints={},
+    result=Any,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    spec: ServiceSpec
+    target: object
+    scope: ServiceScope | None = None  # set for a worker-scoped service
+
+
+class Registry:
+    """Services one side exposes: name -> (interface spec, implementation object)."""
+
+    def __init__(self) -> None:
+        self._services: dict[str, Bound] = {}
+
+    def add(
+        self, name: str, target: object, spec: ServiceSpec, *, scope: ServiceScope | None = None
+    ) -> None:
+        """Expose ``target`` as ``name``; with ``scope``, its handlers run in that scope (their
+        ``current_scope()``) instead of the session's: a worker-scoped service."""
+        if not name or name.startswith(("_", "$")):
+            raise ValueError(f"invalid service name {name!r}")
+        self._services[name] = Bound(spec, target, scope)
+
+    def get(self, name: str) -> Bound | None:
+        return self._services.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._services)
+
+    def manifest(self) -> dict[str, Any]:
+        return {name: b.spec.manifest() for name, b in sorted(self._services.items())}
+
+
+def in_scope(scope: ServiceScope, target: Callable[..., Any]) -> Callable[..., Any]:
+    """``target`` run with ``scope`` as its ``current_scope()``.
+
+    Each handler runs in a task (and context) of its own, so setting the variable for the rest
+    of that task reaches a coroutine's body and an async generator's alike.
+    """
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        _current.set(scope)
+        return target(*args, **kwargs)
+
+    return call
