@@ -901,7 +901,7 @@ class WorkerProcess:
         """SIGKILL the child if it runs, reap it, and start a new one on the same URL.
 
         Returns:
-            The URL (the same as before).
+            The URL (the child's, which does not change across restarts).
         """
         await self.aclose()
         return await self.start()

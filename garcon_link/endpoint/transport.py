@@ -878,7 +878,7 @@ class SessionTransport:
     # -- delivery: the reader hands accepted payloads over synchronously, so a socket that ends
     # (cancelling the reader) while the consumer is slow never loses a payload the session has
     # already accepted -- and acknowledged. One task per transport moves them into the bounded
-    # delivery queue, in order; the reader waits for it (back-pressure, as before).
+    # delivery queue, in order; the reader waits for it (back-pressure).
 
     def _release(self, bodies: Iterable[bytes], *, buffered: bool = False) -> None:
         if self._consumer_gone:

@@ -11,15 +11,15 @@ sides together). :class:`AsyncioByteStream` keeps the same contract with neither
 
 * **reading stays enabled** while fewer than ``READ_HIGH_WATER`` bytes wait unread, and is paused
   above it (resumed once the reader has taken them below ``READ_LOW_WATER``): memory stays
-  bounded and a peer we do not read is pushed back by TCP, as before;
+  bounded and a peer we do not read is pushed back by TCP;
 * **``send`` returns once the kernel holds the bytes** (write buffer limit 0, as anyio's), and
   waits -- the back-pressure the link's stall detection relies on -- only when it does not;
 * ``send`` yields to the event loop only when it must wait for the kernel to take the bytes;
   ``receive`` always yields once (a checkpoint, as anyio's and trio's streams do): when bytes
   are already waiting it yields *before* taking them, so a peer that keeps our buffers full
-  cannot make its reader monopolise the loop -- every read lets the other tasks run. (An earlier
-  version returned buffered bytes at once; a flood of tiny frames from a few sockets then
-  starved everything else.) The yield is one loop iteration, taken only when data was already
+  cannot make its reader monopolise the loop -- every read lets the other tasks run (returning
+  buffered bytes at once would let a flood of tiny frames from a few sockets starve everything
+  else). The yield is one loop iteration, taken only when data was already
   waiting, i.e. under load, where fairness is the point.
 
 Errors are anyio's: ``EndOfStream`` after the peer's EOF, ``BrokenResourceError`` after a
@@ -32,7 +32,7 @@ At the file-descriptor limit
 descriptor to give the next connection. The accept loop (:func:`serve_accepted`, and
 ``garcon_link.ws``'s loop over anyio's listeners on trio) then pauses for
 :data:`ACCEPT_ERROR_PAUSE` and tries again: new connections wait in the kernel's listen backlog
-(and past it are refused by the kernel), established sockets are served as before, and the
+(and past it are refused by the kernel), established sockets go on being served, and the
 first connection to arrive once descriptors are free is accepted. :class:`AcceptFailures` logs
 one warning per :data:`ACCEPT_LOG_INTERVAL` with the count of failures since the last one --
 never a line per socket or per retry.

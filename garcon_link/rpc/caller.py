@@ -207,7 +207,7 @@ class Caller:
         """A fresh id for ``body`` (a ``call`` sent in parts, about to be issued): the head that
         replaces its first bytes and how many it replaces; ``pending`` moves to the new id.
         Calls issued while it waited for its turn have overtaken it, and the peer requires ids
-        to increase in the order calls arrive (:mod:`garcon_link.chunks`)."""
+        to increase in the order calls arrive (:mod:`garcon_link.rpc.chunks`)."""
         old, new = pending.id, self._next_id
         self._next_id += 1
         # [0, id, ...]: a one-byte array head (at most MAX_ARITY items), the kind, then the id.
@@ -269,9 +269,10 @@ class Caller:
     ) -> Any:
         """Call ``service.method`` and return its converted result.
 
-        ``idempotency_key`` (normalised bytes, see :func:`garcon_link.idempotency.normalize_key`)
-        is sent with the call; the worker runs the call at most once per key. ``metadata``
-        (already validated: :class:`CallObserver`) is sent with it.
+        ``idempotency_key`` (normalised bytes, see
+        :func:`garcon_link.rpc.idempotency.normalize_key`) is sent with the call; the worker runs
+        the call at most once per key. ``metadata`` (already validated: :class:`CallObserver`) is
+        sent with it.
 
         This is one attempt on this session; the caller's outcome point (counting, hooks) is
         the endpoint's :meth:`CallObserver.call` around it.

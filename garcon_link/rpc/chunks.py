@@ -14,9 +14,9 @@ nothing below the RPC layer changes)::
     part   [8, flags, chunk]      flags: 0 more, 1 final, 2 abort (chunk empty)
 
 The receiver concatenates the chunks and, at the final part, dispatches the body exactly as if
-it had arrived whole. A body at or below the threshold is sent as one message, byte for byte as
-before (a peer of an earlier version only meets ``part`` when a body exceeds the threshold; it
-drops it as an unknown kind and the call ends at its timeout).
+it had arrived whole. A body at or below the threshold is sent as one whole envelope, so a peer
+that does not know ``part`` meets it only when a body exceeds the threshold (it drops it as an
+unknown kind and the call ends at its timeout).
 
 Rules:
 

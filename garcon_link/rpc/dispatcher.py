@@ -260,7 +260,7 @@ class Dispatcher:
             # It leaves the incoming table itself when it ends (a done callback would cost an
             # event-loop turn per call).
             # Started at the end of the message (Handlers.start_handlers): a cancel in the
-            # same message then finds it not yet started, as before eager starts.
+            # same message then finds it not yet started, eager start or not.
             handlers.to_start.append((incoming, handler))
         else:
             assert handlers.tg is not None

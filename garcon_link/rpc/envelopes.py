@@ -19,12 +19,12 @@ format; see :mod:`garcon_link.rpc.rpc` for what each kind means)::
 A ``part`` carries a slice of a body longer than ``Limits.bulk_chunk_bytes`` (any of the kinds
 above, encoded); the receiver concatenates the chunks of one transfer and decodes the whole at
 its final part (:mod:`garcon_link.rpc.chunks`, which encodes and checks parts). Only such bodies are
-sent in parts: every other envelope is encoded exactly as before.
+sent in parts: every other envelope is encoded whole.
 
-*Call metadata* is the one addition to the format of earlier versions: a map of text
+*Call metadata* is optional on the wire: a map of text
 to text (:func:`garcon_link.rpc.hooks.call_metadata`) as the tenth element of ``call`` (``key`` is
 then ``null`` for an unkeyed call) and the sixth of ``notify``, sent only when non-empty, so a call
-without metadata is encoded exactly as before. A peer of an earlier version drops such an envelope
+without metadata has no tenth element. A peer that does not know metadata drops such an envelope
 as malformed (the caller's call then ends at its timeout).
 
 :func:`decode` checks only the *shape* (the arity and that an id is an integer): an envelope of

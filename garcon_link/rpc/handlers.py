@@ -491,8 +491,8 @@ if sys.version_info >= (3, 12):
         way it is a task of its own from its first line: ``current_task()`` is that task, its
         cancel scopes bind to it, it runs in ``context`` (its own copy), and the reader's
         context and task state are untouched (asyncio swaps the current task around the eager
-        step). Replies of handlers that do not suspend are handed over in call order, as before
-        (tasks started in order ran in order).
+        step). Replies of handlers that do not suspend are handed over in call order, as those of
+        tasks started in order and run in order would be.
 
         A loop with a task factory of its own keeps it (``loop.create_task``; not eager unless that
         factory is): what it does per task is the application's choice. Python 3.11 has no eager

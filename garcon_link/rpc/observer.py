@@ -57,7 +57,7 @@ class CallStatistics:
 
     Attributes:
         client: ``{(label, code): count}`` for the calls this endpoint made; ``label`` is
-            :attr:`garcon_link.hooks.CallEnd.label` (``"ok"``, ``"cancelled"`` or an outcome's
+            :attr:`garcon_link.rpc.hooks.CallEnd.label` (``"ok"``, ``"cancelled"`` or an outcome's
             value), ``code`` is ``None`` for ``"ok"``.
         server: the same for the peer's calls this endpoint served, refusals included (calls
             refused without running: ``rejected``/``not_dispatched`` with their code).
@@ -96,7 +96,7 @@ class CallObserver:
     the only work per call is one dictionary update (and one truth test of ``hooks``).
 
     Args:
-        hooks: the endpoint's :class:`~garcon_link.hooks.CallHook` objects, in call order
+        hooks: the endpoint's :class:`~garcon_link.rpc.hooks.CallHook` objects, in call order
             (``call_ended`` runs in the reverse order).
         limits: for the metadata bounds.
         executor: the executor id hooks are told (``None`` when not known).

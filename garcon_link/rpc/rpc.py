@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 One :class:`ExecutorRpc` lives exactly as long as one
-:class:`~garcon_link.transport.SessionTransport`. It owns the transport's consumer and the
+:class:`~garcon_link.endpoint.transport.SessionTransport`. It owns the transport's consumer and the
 dispatch of envelopes, and delegates the rest: our calls to a :class:`~.caller.Caller`, the
 peer's to a :class:`~.dispatcher.Dispatcher` (admission, refusals) that hands what it admits to
 :class:`~.handlers.Handlers` (running them), small envelopes sent without a task to an
@@ -26,7 +26,7 @@ by the caller, so ``result``/``error``/``stream_item``/``stream_end`` name *our*
 A body (any of the envelopes above, encoded) longer than ``Limits.bulk_chunk_bytes`` is sent as
 ``part`` envelopes, paced so that small messages interleave with it, and dispatched whole once
 its final part arrives, through a path that refuses ``part`` (parts do not nest;
-:mod:`garcon_link.chunks`: the rules, pacing and hostile parts). A request's ordinal is that of
+:mod:`garcon_link.rpc.chunks`: the rules, pacing and hostile parts). A request's ordinal is that of
 its final part, so a call cancelled or timed out before its final part left is
 ``NOT_DISPATCHED`` (an abort part frees the peer's buffer). Call ids must increase in the order
 calls *arrive*: a call sent in parts is given a fresh id when its turn to send comes (calls
@@ -34,9 +34,9 @@ issued meanwhile overtook it), and the receiver checks and records it at the fir
 small calls with higher ids may complete before it is reassembled.
 
 The envelopes are typed (one frozen dataclass per kind) and encoded and decoded only in
-:mod:`garcon_link.envelopes`; :meth:`ExecutorRpc._dispatch` matches on them. ``call`` may carry a
-tenth element and ``notify`` a sixth, the call's *metadata* (a bounded map of text to text, sent
-only when non-empty; :mod:`garcon_link.hooks`): a peer sending more than
+:mod:`garcon_link.rpc.envelopes`; :meth:`ExecutorRpc._dispatch` matches on them. ``call`` may carry
+a tenth element and ``notify`` a sixth, the call's *metadata* (a bounded map of text to text, sent
+only when non-empty; :mod:`garcon_link.rpc.hooks`): a peer sending more than
 ``Limits.max_metadata_entries``/``max_metadata_bytes`` or a malformed map is refused
 ``Rejected("INVALID_METADATA")`` (a notification: dropped and logged).
 
@@ -49,19 +49,19 @@ there and nowhere else.
 
 ``call`` may carry a ninth element, an idempotency key: ``[0, id, service, method,
 args, kwargs, credit_items, credit_bytes, key]`` with ``key`` 1 to 128 bytes (a CBOR byte
-string). An eight-element ``call`` is unkeyed, as before. A key of another type or size, a key
+string). An eight-element ``call`` is unkeyed. A key of another type or size, a key
 on a stream, or a key sent to a side that keeps no idempotency table (the controller) is refused
 ``Rejected("INVALID_ARGUMENTS")`` (``OPERATION_UNSUPPORTED`` for the last) without running
 anything. A keyed unary call is run through the worker's
-:class:`~garcon_link.idempotency.KeyedExecutions` (see that module for what is guaranteed).
+:class:`~garcon_link.rpc.idempotency.KeyedExecutions` (see that module for what is guaranteed).
 
 A ``cancel`` is answered with what happened to the call (*cancel receipts*), in the grammar above:
-an ``error`` whose body carries ``cancel`` (a text field callers of old versions ignore):
+an ``error`` whose body carries ``cancel`` (a text field a caller that does not know it ignores):
 
 * not started -- ``[2, id, {outcome: not_dispatched, code: CANCELLED, cancel: "not_started"}]``
-  (what a cancel before dispatch always answered, now marked);
+  (the answer to any cancel before dispatch);
 * cancelled (the running handler was interrupted) -- ``[2, id, {outcome: unknown, code:
-  CANCELLED, cancel: "cancelled"}]`` (new: a handler interrupted used to end without a reply);
+  CANCELLED, cancel: "cancelled"}]``;
 * completed -- nothing more: the call's own reply (result or error) was handed to the session
   before the cancel was handled, so it precedes (session order) anything sent for the cancel.
 
@@ -266,7 +266,7 @@ class RpcStatistics:
             (asyncio on Python 3.12+ only; see :func:`.handlers._start_handler`). Always 0
             elsewhere.
         parts_sent: ``part`` envelopes we sent (bodies over ``bulk_chunk_bytes``;
-            :mod:`garcon_link.chunks`), aborts included.
+            :mod:`garcon_link.rpc.chunks`), aborts included.
         parts_received: ``part`` envelopes the peer sent us.
         transfers_received: bodies reassembled from parts and dispatched.
         transfers_aborted: transfers the peer abandoned (an abort part freed our buffer).
