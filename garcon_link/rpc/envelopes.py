@@ -259,7 +259,7 @@ def encode_reply(kind: int, call_id: int, body: bytes) -> bytes:
     """``[kind, call_id, <body>]`` with ``body`` already CBOR (a recorded ``result`` or ``error``
     replayed): ``encode(Result(call_id, cbor2.loads(body)))`` for ``kind`` RESULT, and so for
     ERROR. ``call_id`` is any integer a peer's ``call`` named."""
-    return bytes((0x83, kind)) + cbor2.dumps(call_id) + body
+    return b"\x83" + cbor2.dumps(kind) + cbor2.dumps(call_id) + body
 
 
 def renumbered_call_head(body: bytes, old_id: int, new_id: int) -> tuple[bytes, int]:
