@@ -18,7 +18,7 @@ format; see :mod:`garcon_link.rpc.rpc` for what each kind means)::
 
 A ``part`` carries a slice of a body longer than ``Limits.bulk_chunk_bytes`` (any of the kinds
 above, encoded); the receiver concatenates the chunks of one transfer and decodes the whole at
-its final part (:mod:`garcon_link.rpc.chunks`, which encodes and checks parts). Only such bodies are
+its final part (:mod:`garcon_link.rpc.chunks`, which sends and checks parts). Only such bodies are
 sent in parts: every other envelope is encoded whole.
 
 *Call metadata* is optional on the wire: a map of text
