@@ -20,11 +20,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import garcon_link as gl
 from garcon_link.api.keyed import retry_delays
 from garcon_link.rpc import rpc
+from garcon_link.rpc.envelopes import ERROR, RESULT, encode_reply
 from garcon_link.rpc.idempotency import (
     ENTRY_OVERHEAD,
-    ERROR,
     MAX_KEY_BYTES,
-    RESULT,
     STAND_IN_RESERVE,
     Await,
     Conflict,
@@ -37,7 +36,6 @@ from garcon_link.rpc.idempotency import (
     Replay,
     arguments_digest,
     normalize_key,
-    reply_envelope,
 )
 
 D1 = arguments_digest([1, 2], {})
@@ -83,7 +81,7 @@ def test_the_digest_covers_args_and_kwargs_canonically() -> None:
 def test_a_recorded_reply_is_replayed_as_a_well_formed_envelope() -> None:
     assert (RESULT, ERROR) == (rpc.RESULT, rpc.ERROR)
     body = cbor2.dumps({"x": [1, 2]})
-    assert cbor2.loads(reply_envelope(RESULT, 1234567, body)) == [RESULT, 1234567, {"x": [1, 2]}]
+    assert cbor2.loads(encode_reply(RESULT, 1234567, body)) == [RESULT, 1234567, {"x": [1, 2]}]
 
 
 def test_retry_delays_double_up_to_the_cap() -> None:

@@ -22,7 +22,6 @@ from typing import Any
 import anyio
 import cbor2
 
-from ..core.wire import encode_head
 from ..endpoint.transport import SessionTransport
 from ..errors import (
     CallError,
@@ -37,7 +36,17 @@ from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields
 from ..net.backend import loop_scheduler
 from .chunks import ChunkSender
-from .envelopes import CALL, Cancel, Credit, End, Error, Item, Notify, Result, encode_call
+from .envelopes import (
+    Cancel,
+    Credit,
+    End,
+    Error,
+    Item,
+    Notify,
+    Result,
+    encode_call,
+    renumbered_call_head,
+)
 from .errorbody import (
     INTERRUPTED,
     NOT_STARTED,
@@ -210,14 +219,11 @@ class Caller:
         to increase in the order calls arrive (:mod:`garcon_link.rpc.chunks`)."""
         old, new = pending.id, self._next_id
         self._next_id += 1
-        # [0, id, ...]: a one-byte array head (at most MAX_ARITY items), the kind, then the id.
-        assert body[0] & 0xE0 == 0x80 and body[1] == CALL
-        head = encode_head(0, old)
         if self._pending.get(old) is pending:
             del self._pending[old]
             self._pending[new] = pending
         pending.id = new
-        return body[:2] + encode_head(0, new), 2 + len(head)
+        return renumbered_call_head(body, old, new)
 
     def _check_resources(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
         instance = self.peer_instance_id

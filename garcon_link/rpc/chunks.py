@@ -72,8 +72,8 @@ from typing import Protocol
 import anyio
 
 from ..core.session import encoded_message_size
-from ..core.wire import encode_head
 from ..errors import PayloadTooLarge
+from .envelopes import PART, encode_part
 
 __all__ = [
     "ABORT",
@@ -87,12 +87,10 @@ __all__ = [
     "parse_part",
 ]
 
-PART = 8
-"""The envelope kind of a part (:mod:`garcon_link.rpc.envelopes`)."""
 MORE, FINAL, ABORT = 0, 1, 2
 """A part's flags: more follow, the last one, the transfer is abandoned."""
 
-_ABORT_PART = bytes((0x83, PART, ABORT, 0x40))
+_ABORT_PART = encode_part(ABORT, b"")
 
 INTERACTIVE_S = 0.05
 """A transfer is paced by one chunk instead of ``bulk_window_bytes`` while a small message went
@@ -104,11 +102,6 @@ MIN_CHARGE = 1024
 """What a part costs against the transfer limit at least: each part held also costs a few hundred
 bytes of objects, so a peer sending tiny parts cannot make a transfer hold many times its limit
 (Limits guarantees our own parts are at least this big, but for the last)."""
-
-
-def encode_part(flags: int, chunk: bytes | memoryview) -> bytes:
-    """The CBOR bytes of ``[8, flags, chunk]`` (what ``cbor2.dumps`` gives, in one copy)."""
-    return b"".join((bytes((0x83, PART, flags)), encode_head(2, len(chunk)), chunk))
 
 
 def parse_part(payload: bytes) -> tuple[int, memoryview] | None:

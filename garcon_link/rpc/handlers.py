@@ -42,7 +42,17 @@ from ..errors import (
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields
 from .chunks import ChunkSender
-from .envelopes import ERROR, RESULT, Cancel, Credit, End, encode, encode_item, encode_result
+from .envelopes import (
+    ERROR,
+    RESULT,
+    Cancel,
+    Credit,
+    End,
+    encode,
+    encode_item,
+    encode_reply,
+    encode_result,
+)
 from .errorbody import (
     INTERRUPTED,
     MAX_ERROR_MESSAGE,
@@ -54,7 +64,7 @@ from .errorbody import (
     handler_error,
 )
 from .hooks import _current_metadata
-from .idempotency import Await, Execute, KeyedExecutions, Replay, reply_envelope
+from .idempotency import Await, Execute, KeyedExecutions, Replay
 from .interface import MethodSpec, to_wire
 from .observer import CallObserver
 from .registry import INTERNAL_SERVICE
@@ -250,7 +260,7 @@ class Handlers:
             with incoming.scope:
                 incoming.started = True
                 kind, body = await keyed.wait(decision.entry)
-                await self.send_reply(call_id, reply_envelope(kind, call_id, body))
+                await self.send_reply(call_id, encode_reply(kind, call_id, body))
             # Cancelled. By the caller's ``cancel`` (the session is open): the call that started
             # the execution cancels it; a repeat only stops waiting. By this session's
             # retirement: the execution goes on, for the retry on the next session.

@@ -66,6 +66,7 @@ import cbor2
 
 from ..errors import CallError, NotDispatched, OutcomeUnknown, RemoteError
 from ..limits import Limits
+from .envelopes import ERROR
 
 __all__ = [
     "ENTRY_OVERHEAD",
@@ -94,8 +95,6 @@ ENTRY_OVERHEAD = 256
 STAND_IN_RESERVE = 256
 """Bytes every RUNNING entry reserves, so its stand-in reply always fits when it finishes."""
 
-# The rpc envelope kinds a recorded reply is replayed as (garcon_link.rpc RESULT, ERROR).
-RESULT, ERROR = 1, 2
 
 TableKey = tuple[str, str, bytes]  # (service, method, key)
 Reply = tuple[int, bytes]  # (RESULT or ERROR, encoded third element of that envelope)
@@ -141,11 +140,6 @@ def arguments_digest(args: list[Any], kwargs: Mapping[str, Any]) -> bytes:
     except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
         raise ValueError(f"cannot digest the arguments: {exc}") from exc
     return blake3.blake3(data).digest()
-
-
-def reply_envelope(kind: int, call_id: int, body: bytes) -> bytes:
-    """``[kind, call_id, <body>]`` with ``body`` already encoded (a recorded reply)."""
-    return b"\x83" + cbor2.dumps(kind) + cbor2.dumps(call_id) + body
 
 
 def error_reply(error: CallError) -> Reply:
