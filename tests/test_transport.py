@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import anyio
 import anyio.abc
@@ -889,6 +890,25 @@ async def test_a_consumer_that_closes_its_stream_does_not_break_the_session() ->
 # consume(): a direct, non-blocking consumer instead of the payload stream
 
 
+@dataclass
+class Direct:
+    """A :class:`~garcon_link.endpoint.transport.PayloadConsumer` that only delivers: it never
+    asks the reader to yield or to hold, and counts the ends of messages."""
+
+    deliver: Callable[[bytes], None]
+    yield_first: bool = False
+    batches: int = 0
+
+    def wants_yield(self) -> bool:
+        return self.yield_first
+
+    def hold(self) -> anyio.Event | None:
+        return None
+
+    def batch_end(self) -> None:
+        self.batches += 1
+
+
 async def test_direct_consumer_takes_over_in_order_from_a_stalled_queue() -> None:
     """Payloads already in the queue, in the delivery task's hands and pending reach the direct
     consumer first, in order; later ones are handed to it straight from the reader."""
@@ -900,7 +920,7 @@ async def test_direct_consumer_takes_over_in_order_from_a_stalled_queue() -> Non
         stats = h.t.statistics()  # all accepted: queue full, one in flight, the rest pending
         assert h.t.accepted == 6 and stats.queued_payloads + stats.buffered_payloads == 6
         direct: list[bytes] = []
-        h.tg.start_soon(h.t.consume, direct.append)
+        h.tg.start_soon(h.t.consume, Direct(direct.append))
         await wait_until(lambda: len(direct) == 6)
         sock.feed(msg(7, b"p7"), msg(8, b"p8"))
         await wait_until(lambda: len(direct) == 8)
@@ -914,7 +934,7 @@ async def test_direct_consumer_returns_at_retirement_with_pre_fence_payloads_han
         done = anyio.Event()
 
         async def consume() -> None:
-            await h.t.consume(direct.append)
+            await h.t.consume(Direct(direct.append))
             done.set()
 
         h.tg.start_soon(consume)
@@ -938,13 +958,33 @@ async def test_a_failing_direct_consumer_loses_only_that_payload(
                 raise RuntimeError("consumer bug")
             direct.append(body)
 
-        h.tg.start_soon(h.t.consume, consumer)
+        h.tg.start_soon(h.t.consume, Direct(consumer))
         sock = h.attach()
         sock.feed(rcpt(0), msg(1, b"a"), msg(2, b"bad"), msg(3, b"c"))
         await wait_until(lambda: len(direct) == 2)
         assert direct == [b"a", b"c"]
         assert h.t.state is TransportState.READY and h.t.failure is None
         assert "consumer failed" in caplog.text
+
+
+async def test_consume_takes_the_consumers_methods_once_and_ends_every_message() -> None:
+    """batch_end follows the payloads of each message (a payload from the queue is a message of
+    its own); the reader calls the methods consume() took, not what the consumer holds later."""
+    async with harness(Limits(delivery_queue=2), consume=False) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0), msg(1, b"q1"), msg(2, b"q2"))  # queued: nothing consumes yet
+        await settle()
+        direct: list[bytes] = []
+        consumer = Direct(direct.append)
+        h.tg.start_soon(h.t.consume, consumer)
+        await wait_until(lambda: len(direct) == 2)
+        assert consumer.batches == 2
+        later: list[bytes] = []
+        consumer.deliver = later.append
+        sock.feed(msg(3, b"a") + msg(4, b"b"))  # one message, two payloads
+        await wait_until(lambda: len(direct) == 4)
+        assert direct == [b"q1", b"q2", b"a", b"b"] and later == []
+        assert consumer.batches == 3
 
 
 # ------------------------------------------------------------------------------------------------
@@ -986,7 +1026,7 @@ async def test_the_writer_stops_polling_when_nothing_comes_due_and_is_woken_agai
 async def test_the_reader_lets_a_woken_lone_task_run_before_it_reads_on(
     yield_first: bool, anyio_backend: str
 ) -> None:
-    """yield_first() says the payloads woke a lone task: it runs before the reader re-arms its
+    """wants_yield() says the payloads woke a lone task: it runs before the reader re-arms its
     read (that re-arm is not on the peer's round trip); otherwise the reader reads on first.
     (trio does not promise to run the woken task first: there it is only a checkpoint.)"""
     if yield_first and anyio_backend == "trio":
@@ -1003,9 +1043,7 @@ async def test_the_reader_lets_a_woken_lone_task_run_before_it_reads_on(
             seen.append(sock.reads)
 
         h.tg.start_soon(woken_task)
-        h.tg.start_soon(
-            lambda: h.t.consume(lambda body: woken.set(), yield_first=lambda: yield_first)
-        )
+        h.tg.start_soon(h.t.consume, Direct(lambda body: woken.set(), yield_first))
         await settle()
         reads = sock.reads
         sock.feed(msg(1, b"wake"))
@@ -1033,7 +1071,7 @@ async def test_an_urgent_receipt_goes_out_before_a_long_hand_over_which_survives
             if len(direct) == 100:
                 h.t.detach_socket()  # the socket ends in the middle of the hand-over
 
-        h.tg.start_soon(h.t.consume, consumer)
+        h.tg.start_soon(h.t.consume, Direct(consumer))
         await settle()
         sock.feed(*(msg(i, b"%d" % i) for i in range(1, 201)))
         await wait_until(lambda: len(direct) == 200)
@@ -1104,7 +1142,7 @@ async def test_the_reader_yields_within_a_packet_budget_when_messages_come_witho
         await settle()
         assert h.t.state is TransportState.READY
         direct: list[bytes] = []
-        h.tg.start_soon(h.t.consume, direct.append)
+        h.tg.start_soon(h.t.consume, Direct(direct.append))
         await settle()
         ordinals = iter(range(1, 641))
         messages = [b"".join(msg(next(ordinals), b"p") for _ in range(16)) for _ in range(40)]

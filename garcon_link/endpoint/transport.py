@@ -53,8 +53,9 @@ Rules implemented here:
   waits for the consumer loses nothing (those payloads are accepted -- and acknowledged -- already).
   Pre-readiness payloads count as buffered until the delivery task takes them. A consumer that
   never blocks (the RPC dispatch) can instead take payloads straight from the reader with
-  :meth:`consume`: same order, no queue, no task switch; it back-pressures the peer by
-  asking the reader to pause between messages (``hold``) while one of its own bounds is full.
+  :meth:`consume` (a :class:`PayloadConsumer`): same order, no queue, no task switch; it
+  back-pressures the peer by asking the reader to pause between messages (``hold``) while one of
+  its own bounds is full.
 * **Socket faults**: a write to a dead socket (``BrokenResourceError``) ends the attachment, the
   session waits for the next socket; a ``ProtocolError`` from the socket (text frame, over-size
   message) retires the session like a malformed packet.
@@ -103,6 +104,7 @@ from ..logs import log_fields
 
 __all__ = [
     "MessageSocket",
+    "PayloadConsumer",
     "PreReadinessBuffer",
     "SessionTransport",
     "TransportState",
@@ -167,6 +169,40 @@ class MessageSocket(Protocol):
         Raises:
             anyio.BrokenResourceError: as :meth:`send_message`.
         """
+
+
+class PayloadConsumer(Protocol):
+    """A consumer that takes payloads straight from the socket reader
+    (:meth:`SessionTransport.consume`); the RPC layer's dispatch implements it.
+
+    Every method runs in the socket reader's task, in its turn, and must not block or raise.
+    An exception from :meth:`deliver` is logged and that payload dropped; one from
+    :meth:`batch_end` is logged; the reader goes on. :meth:`wants_yield` and :meth:`hold` are
+    not guarded: what they raise leaves the reader. The transport takes the four bound methods
+    once, when :meth:`SessionTransport.consume` is called, not again per message.
+    """
+
+    def deliver(self, payload: bytes) -> None:
+        """Take one payload, in session order, as the session accepts it."""
+
+    def wants_yield(self) -> bool:
+        """Asked after each message that delivered payloads: whether they woke a lone task that
+        should run before the reader reads on (lower latency for a request/reply at a time)."""
+
+    def hold(self) -> anyio.Event | None:
+        """Asked after each message that delivered payloads: an event when the consumer is over
+        one of its bounds (the RPC layer's refusal backlog), ``None`` otherwise.
+
+        The reader then reads nothing more until the event is set -- back-pressure on the peer,
+        like a full delivery queue (and, like it, time the peer's frames wait unread is not the
+        peer's inactivity).
+        """
+
+    def batch_end(self) -> None:
+        """Called once the payloads of one message were delivered (or one payload that went
+        through the queue): what the consumer deferred until it had seen the whole message (the
+        RPC layer starts handlers there, so a ``cancel`` in the same message finds its call not
+        yet started)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,10 +322,11 @@ class SessionTransport:
         self._delivering = False
         self._consumer_gone = False
         self._consumer_wait: anyio.Event | None = None
-        self._consumer: Callable[[bytes], None] | None = None  # see consume()
-        self._yield_first: Callable[[], bool] | None = None
-        self._hold: Callable[[], anyio.Event | None] | None = None  # see consume()
-        self._batch_end: Callable[[], None] | None = None  # see consume()
+        # A PayloadConsumer's bound methods while consume() runs, else None (all four together).
+        self._consumer: Callable[[bytes], None] | None = None
+        self._wants_yield: Callable[[], bool] | None = None
+        self._hold: Callable[[], anyio.Event | None] | None = None
+        self._batch_end: Callable[[], None] | None = None
         self._last_write_now = 0.0
         self._retired = anyio.Event()
         self._pending_added = anyio.Event()
@@ -392,64 +429,47 @@ class SessionTransport:
         """The ordered delivery stream (one consumer). Ends after retirement."""
         return self._deliver_recv
 
-    async def consume(
-        self,
-        consumer: Callable[[bytes], None],
-        *,
-        yield_first: Callable[[], bool] | None = None,
-        hold: Callable[[], anyio.Event | None] | None = None,
-        batch_end: Callable[[], None] | None = None,
-    ) -> None:
+    async def consume(self, consumer: PayloadConsumer) -> None:
         """Hand every payload to ``consumer``, in order, until the session is retired.
 
         The alternative to reading :meth:`payloads` (use one or the other) for a consumer that
-        never blocks -- the RPC layer's dispatch: the socket reader calls ``consumer(payload)``
-        directly as the session accepts each payload, which saves a queue and a task switch per
-        message. What was queued before this call is handed over first. Returns once the
-        session is retired and everything it had accepted was handed over; closes the stream
-        of :meth:`payloads` on return (as leaving ``async with transport.payloads()`` does).
-
-        ``consumer`` runs in the socket reader's task and must not raise: an exception is
-        logged and that payload is dropped. ``yield_first()``, asked after each message that
-        delivered payloads, may say that they woke a lone task which should run before the reader
-        reads on (lower latency for a request/reply at a time; see the reader). ``hold()``,
-        asked after each message that delivered payloads, may return an event: the consumer is
-        over one of its bounds (the RPC layer's refusal backlog), so the reader reads nothing
-        more until the event is set -- back-pressure on the peer, like a full delivery queue
-        (and, like it, time the peer's frames wait unread is not the peer's inactivity).
-        ``batch_end()`` is called, in the reader's turn, once the payloads of one message were
-        handed over (or one payload that went through the queue): what the consumer deferred
-        until it had seen the whole message (the RPC layer starts handlers there, so a
-        ``cancel`` in the same message finds its call not yet started). Like ``consumer``, it
-        must not raise.
+        never blocks -- the RPC layer's dispatch: the socket reader calls
+        ``consumer.deliver(payload)`` directly as the session accepts each payload, which saves a
+        queue and a task switch per message (the rules of each call: :class:`PayloadConsumer`).
+        What was queued before this call is handed over first. Returns once the session is
+        retired and everything it had accepted was handed over; closes the stream of
+        :meth:`payloads` on return (as leaving ``async with transport.payloads()`` does).
         """
+        deliver = consumer.deliver
+        batch_end = consumer.batch_end
         with self._deliver_recv:
             # Drain the queue path until nothing is left on its way through it.
-            if not await self._drain_queue(consumer, until_idle=True, batch_end=batch_end):
+            if not await self._drain_queue(deliver, batch_end, until_idle=True):
                 return
-            self._consumer = consumer
-            self._yield_first = yield_first
-            self._hold = hold
+            self._consumer = deliver
+            self._wants_yield = consumer.wants_yield
+            self._hold = consumer.hold
             self._batch_end = batch_end
             try:
                 await self._retired.wait()
             finally:
                 self._consumer = None
-                self._yield_first = None
+                self._wants_yield = None
                 self._hold = None
                 self._batch_end = None
             # What retirement handed over (pre-readiness payloads) went to the queue.
-            await self._drain_queue(consumer, until_idle=False, batch_end=batch_end)
+            await self._drain_queue(deliver, batch_end, until_idle=False)
 
     async def _drain_queue(
         self,
-        consumer: Callable[[bytes], None],
+        deliver: Callable[[bytes], None],
+        batch_end: Callable[[], None],
         *,
         until_idle: bool,
-        batch_end: Callable[[], None] | None,
     ) -> bool:
-        """Hand what the delivery queue holds to ``consumer``; with ``until_idle`` also wait for
-        what is still on its way into it (pending, in flight). ``False`` once the queue ended."""
+        """Hand what the delivery queue holds to ``deliver``, each payload a batch of its own;
+        with ``until_idle`` also wait for what is still on its way into it (pending, in flight).
+        ``False`` once the queue ended."""
         receive = self._deliver_recv
         while True:
             try:
@@ -463,9 +483,8 @@ class SessionTransport:
                     return False
             except anyio.EndOfStream:
                 return False
-            self._hand_over(consumer, body)
-            if batch_end is not None:
-                self._end_batch(batch_end)
+            self._hand_over(deliver, body)
+            self._end_batch(batch_end)
 
     def _end_batch(self, batch_end: Callable[[], None]) -> None:
         try:
@@ -477,9 +496,9 @@ class SessionTransport:
                 extra=log_fields(session=self.session_id),
             )
 
-    def _hand_over(self, consumer: Callable[[bytes], None], body: bytes) -> None:
+    def _hand_over(self, deliver: Callable[[bytes], None], body: bytes) -> None:
         try:
-            consumer(body)
+            deliver(body)
         except Exception:
             log.exception(
                 "session %s: the payload consumer failed; payload dropped",
@@ -849,8 +868,8 @@ class SessionTransport:
                 await self._wait_delivered()
             if received.fence:
                 self._set_state(TransportState.READY)
-            yield_first = self._yield_first
-            if bodies and self._fence_passed and yield_first is not None and yield_first():
+            wants_yield = self._wants_yield
+            if bodies and self._fence_passed and wants_yield is not None and wants_yield():
                 # The consumer says these payloads woke a lone task (a handler, a waiting
                 # caller): let it run before this reader re-arms its read, which is not on the
                 # peer's round trip. (Never under load: it would split the batches the writer

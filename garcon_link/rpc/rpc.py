@@ -122,7 +122,7 @@ Replies never grow without bound, whatever the peer sends and whether or not it 
 * A *refusal* -- an error reply to a call that never ran (over budget, unknown service or method,
   bad arguments) -- has no task: it is written at once if retention has room, else queued for
   the one drain task. At ``max_queued_refusals`` queued refusals the transport's reader is paused
-  (:meth:`SessionTransport.consume` ``hold``): nothing more is read from the socket until the
+  (:meth:`PayloadConsumer.hold`): nothing more is read from the socket until the
   backlog halves, so the peer is back-pressured instead of the queue growing. The payloads of the
   message being handed over when the bound is reached are still answered: past the bound they are
   refused ``OVERLOADED`` (honest: not run) and kept as call ids only, about as many bytes as the
@@ -166,7 +166,7 @@ from typing import Any
 import anyio
 
 from ..core.wire import decode_item
-from ..endpoint.transport import SessionTransport
+from ..endpoint.transport import PayloadConsumer, SessionTransport
 from ..errors import MalformedFrame, RemoteError
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_text
@@ -232,6 +232,22 @@ __all__ = [
 ]
 
 log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
+
+
+@dataclass(frozen=True, slots=True)
+class _ReaderConsumer:
+    """What :meth:`ExecutorRpc.run` hands the transport's reader (a :class:`PayloadConsumer`):
+    the dispatch and the bound methods of the halves that answer the reader's questions, held as
+    plain fields so that a message costs no call through this object."""
+
+    deliver: Callable[[bytes], None]
+    """The coordinator's dispatch, in the context of the task that runs the session."""
+    wants_yield: Callable[[], bool]
+    """:meth:`Handlers.alone`."""
+    hold: Callable[[], anyio.Event | None]
+    """:meth:`Outbox.hold_reader`: the refusal backlog's back-pressure."""
+    batch_end: Callable[[], None]
+    """:meth:`Handlers.start_handlers`."""
 
 
 def current_rpc() -> ExecutorRpc:
@@ -512,12 +528,13 @@ class ExecutorRpc:
                 self._tg = tg
                 handlers.attach(tg, loop, context)
                 tg.start_soon(self._outbox.drain)
-                await self.transport.consume(
-                    dispatch,
-                    yield_first=handlers.alone,
+                consumer: PayloadConsumer = _ReaderConsumer(
+                    deliver=dispatch,
+                    wants_yield=handlers.alone,
                     hold=self._outbox.hold_reader,
                     batch_end=handlers.start_handlers,
                 )
+                await self.transport.consume(consumer)
                 self.retire_unknown()
                 tg.cancel_scope.cancel()
         finally:
