@@ -191,8 +191,8 @@ def _indefinite(draw: st.DrawFn) -> bytes:
         chunks = draw(st.lists(st.binary(max_size=8), max_size=3))
         return b"\x5f" + b"".join(encode(c) for c in chunks) + b"\xff"
     if kind == "text":
-        chunks = draw(st.lists(st.text(max_size=8), max_size=3))
-        return b"\x7f" + b"".join(encode(c) for c in chunks) + b"\xff"
+        pieces = draw(st.lists(st.text(max_size=8), max_size=3))
+        return b"\x7f" + b"".join(encode(p) for p in pieces) + b"\xff"
     return draw(st.sampled_from([b"\x9f", b"\xbf", b"\x5f", b"\x7f", b"\x9f\x01"]))
 
 
@@ -432,7 +432,7 @@ def mutated_envelope(draw: st.DrawFn, call_id: int, kinds: list[str]) -> bytes:
     if op == "name":  # a huge name where the dispatch reads one
         name = draw(huge_names)
         if envelope[0] == ERROR:
-            body = dict(envelope[2])
+            body: dict[Any, Any] = dict(envelope[2])
             body[draw(st.sampled_from(["code", "message", "details", "remote_type"]))] = name
             envelope[2] = body
         elif envelope[0] in (CALL, NOTIFY) and len(envelope) in (6, 10) and draw(st.booleans()):
@@ -447,7 +447,7 @@ def mutated_envelope(draw: st.DrawFn, call_id: int, kinds: list[str]) -> bytes:
     elif op == "extend":
         envelope.append(draw(replacement_values))
     elif op == "body" and envelope[0] == ERROR:
-        body: dict[Any, Any] = dict(envelope[2])
+        body = dict(envelope[2])
         body[draw(st.sampled_from(["outcome", "code", "message", "remote_type", "traceback"]))] = (
             draw(replacement_values)
         )

@@ -103,7 +103,7 @@ def background(command: str, cwd: Path, env: dict[str, str]) -> Iterator[queue.Q
 
 
 def wait_line(lines: queue.Queue[str | None], prefix: str, timeout: float = DEADLINE) -> str:
-    seen = []
+    seen: list[str] = []
     for _ in range(1000):
         line = lines.get(timeout=timeout)
         if line is None:

@@ -28,8 +28,9 @@ import contextlib
 import enum
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -37,6 +38,8 @@ import cbor2
 import pytest
 
 import garcon_link as gl
+from garcon_link.api.endpoint import Endpoint
+from garcon_link.endpoint.link import WebSocketLink
 from garcon_link.rpc.interface import MethodKind, MethodSpec
 from garcon_link.rpc.rpc import CALL, ExecutorRpc
 from garcon_link.testing import FaultProxy
@@ -49,6 +52,7 @@ __all__ = [
     "CalcImpl",
     "Color",
     "Custom",
+    "Direction",
     "Pair",
     "Point",
     "Probe",
@@ -56,6 +60,7 @@ __all__ = [
     "SinkImpl",
     "both_directions",
     "next_call_id",
+    "own_link",
     "open_pair",
     "raw_call",
     "raw_send",
@@ -71,9 +76,20 @@ LIMITS = gl.Limits(
     scope_cleanup_timeout=0.5,
     call_timeout=10.0,
 )
-DIRECTIONS = ["worker-listens", "controller-listens"]
-both_directions = pytest.mark.parametrize("direction", DIRECTIONS)
 Direction = Literal["worker-listens", "controller-listens"]
+DIRECTIONS: list[Direction] = ["worker-listens", "controller-listens"]
+both_directions = pytest.mark.parametrize("direction", DIRECTIONS)
+
+
+_T = TypeVar("_T")
+
+
+def own_link(endpoint: Endpoint) -> WebSocketLink:
+    """``endpoint.link`` where the test knows it is the endpoint's own link (a worker, or an
+    executor outside a fleet), not a fleet member's :class:`ExecutorLink` view."""
+    link = endpoint.link
+    assert isinstance(link, WebSocketLink)
+    return link
 
 
 # ---------------------------------------------------------------------------------- value types
@@ -334,7 +350,7 @@ class Pair:
         )
         self._worker_host, self.worker = host, worker
         if self.direction == "worker-listens":
-            self._listen_port = worker.link.listen_address[1]
+            self._listen_port = own_link(worker).listen_address[1]
             await self._ensure_proxy(self._listen_port)
         return worker
 
@@ -346,7 +362,7 @@ class Pair:
     async def crash_worker(self) -> None:
         """Stop the worker as a killed process would: no close frame reaches the controller."""
         assert self.worker is not None
-        await self.worker.link.abort()
+        await own_link(self.worker).abort()
         await self.stop_worker()
 
     async def restart_worker(self, services: Services) -> gl.Worker:
@@ -378,7 +394,7 @@ class Pair:
         await host.start(self._task_group, executor)
         self._controller_host, self.executor = host, executor
         if self.direction == "controller-listens":
-            self._listen_port = executor.link.listen_address[1]
+            self._listen_port = own_link(executor).listen_address[1]
             await self._ensure_proxy(self._listen_port)
         return executor
 
@@ -388,6 +404,19 @@ class Pair:
         await host.stop()
 
     # -- conveniences
+
+    @property
+    def live_worker(self) -> gl.Worker:
+        """The running worker (between ``start_worker`` and ``stop_worker``)."""
+        assert self.worker is not None, "no running worker"
+        return self.worker
+
+    @property
+    def worker_rpc(self) -> ExecutorRpc:
+        """The running worker's current session."""
+        rpc = self.live_worker.current_rpc
+        assert rpc is not None, "no current session on the worker"
+        return rpc
 
     @property
     def rpc(self) -> ExecutorRpc:
@@ -459,8 +488,9 @@ class _Host:
         self._stop = anyio.Event()
         self._done = anyio.Event()
 
-    async def start(self, tg: anyio.abc.TaskGroup, cm: Any) -> Any:
-        return await tg.start(self._run, cm)
+    async def start(self, tg: anyio.abc.TaskGroup, cm: AbstractAsyncContextManager[_T]) -> _T:
+        value: _T = await tg.start(self._run, cm)
+        return value
 
     async def _run(self, cm: Any, *, task_status: anyio.abc.TaskStatus[Any]) -> None:
         try:

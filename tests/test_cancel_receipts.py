@@ -20,11 +20,11 @@ depends on how long anything took.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import anyio
 import pytest
-from rpcutil import LIMITS, CalcImpl, both_directions, open_pair
+from rpcutil import LIMITS, CalcImpl, Direction, Pair, both_directions, open_pair
 
 import garcon_link as gl
 from garcon_link.rpc.envelopes import Call, Cancel
@@ -56,11 +56,8 @@ class StubbornImpl:
         return "finished"
 
 
-def _worker_rpc(pair: Any) -> ExecutorRpc:
-    assert pair.worker is not None
-    rpc = pair.worker.current_rpc
-    assert rpc is not None
-    return rpc
+def _worker_rpc(pair: Pair) -> ExecutorRpc:
+    return pair.worker_rpc
 
 
 def _on_cancel_seen(rpc: ExecutorRpc) -> anyio.Event:
@@ -76,12 +73,12 @@ def _on_cancel_seen(rpc: ExecutorRpc) -> anyio.Event:
         handle(envelope)
         seen.set()
 
-    rpc._on_cancel = on_cancel  # type: ignore[method-assign]
+    rpc._on_cancel = on_cancel
     return seen
 
 
 @both_directions
-async def test_cancelled_before_it_started_is_not_dispatched(direction: str) -> None:
+async def test_cancelled_before_it_started_is_not_dispatched(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -103,8 +100,8 @@ async def test_cancelled_before_it_started_is_not_dispatched(direction: str) -> 
                 held_back.clear()
                 on_cancel(envelope)  # ...when the cancel is handled
 
-            rpc._on_call = hold_back  # type: ignore[method-assign]
-            rpc._on_cancel = deliver_with_cancel  # type: ignore[method-assign]
+            rpc._on_call = hold_back
+            rpc._on_cancel = deliver_with_cancel
 
             calc = gl.with_options(pair.calc(), timeout=TIMEOUT)
             with pytest.raises(gl.NotDispatched) as info:
@@ -116,7 +113,7 @@ async def test_cancelled_before_it_started_is_not_dispatched(direction: str) -> 
 
 
 @both_directions
-async def test_cancelled_while_running_is_outcome_unknown(direction: str) -> None:
+async def test_cancelled_while_running_is_outcome_unknown(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -131,7 +128,7 @@ async def test_cancelled_while_running_is_outcome_unknown(direction: str) -> Non
 
 
 @both_directions
-async def test_completed_after_the_timeout_delivers_the_result(direction: str) -> None:
+async def test_completed_after_the_timeout_delivers_the_result(direction: Direction) -> None:
     impl = StubbornImpl()
     limits = LIMITS.replace(cancel_grace=DEADLINE)  # the answer comes as soon as it is released
     with anyio.fail_after(DEADLINE):
@@ -156,7 +153,7 @@ async def test_completed_after_the_timeout_delivers_the_result(direction: str) -
 
 
 @both_directions
-async def test_no_answer_within_the_grace_is_outcome_unknown(direction: str) -> None:
+async def test_no_answer_within_the_grace_is_outcome_unknown(direction: Direction) -> None:
     impl = StubbornImpl()
     limits = LIMITS.replace(cancel_grace=0.2)
     with anyio.fail_after(DEADLINE):

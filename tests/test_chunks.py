@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import anyio
 import pytest
-from rpcutil import LIMITS, both_directions, next_call_id, open_pair, raw_send
+from rpcutil import LIMITS, Direction, both_directions, next_call_id, open_pair, raw_send
 
 import garcon_link as gl
 from garcon_link.rpc.chunks import (
@@ -310,7 +310,7 @@ async def _until(predicate: Any) -> None:
 
 
 @both_directions
-async def test_large_bodies_round_trip_byte_exact(direction: str) -> None:
+async def test_large_bodies_round_trip_byte_exact(direction: Direction) -> None:
     impl = BulkImpl()
     payload = os.urandom(5 * CHUNK + 123)
     with anyio.fail_after(DEADLINE):
@@ -324,7 +324,7 @@ async def test_large_bodies_round_trip_byte_exact(direction: str) -> None:
             assert impl.received == [payload]
             assert await bulk.echo(b"tiny") == b"tiny"  # small bodies: one message, as before
             ours = pair.rpc.statistics()
-            theirs = pair.worker.current_rpc.statistics()
+            theirs = pair.worker_rpc.statistics()
             # echo's arguments and the notification went out in 5 parts each (as many equal
             # parts as whole chunks fit)...
             assert ours.parts_sent == 10
@@ -336,7 +336,7 @@ async def test_large_bodies_round_trip_byte_exact(direction: str) -> None:
 
 
 @both_directions
-async def test_small_calls_overtake_a_large_transfer(direction: str) -> None:
+async def test_small_calls_overtake_a_large_transfer(direction: Direction) -> None:
     impl = BulkImpl()
     payload = os.urandom(64 * CHUNK)  # 64 parts, a window of 4
     with anyio.fail_after(DEADLINE):
@@ -354,7 +354,7 @@ async def test_small_calls_overtake_a_large_transfer(direction: str) -> None:
 
 
 @both_directions
-async def test_a_cut_mid_transfer_resumes_and_delivers_once(direction: str) -> None:
+async def test_a_cut_mid_transfer_resumes_and_delivers_once(direction: Direction) -> None:
     impl = BulkImpl()
     payload = os.urandom(32 * CHUNK)
     with anyio.fail_after(DEADLINE):
@@ -373,12 +373,12 @@ async def test_a_cut_mid_transfer_resumes_and_delivers_once(direction: str) -> N
             assert result == [len(payload)]
             assert impl.received == [payload]  # exactly once, byte-exact
             assert impl.ledger == ["big"]
-            assert pair.worker.current_rpc.statistics().part_buffered == 0
+            assert pair.worker_rpc.statistics().part_buffered == 0
 
 
 @both_directions
 async def test_a_timeout_mid_transfer_is_not_dispatched_and_frees_the_buffer(
-    direction: str,
+    direction: Direction,
 ) -> None:
     impl = BulkImpl()
     payload = os.urandom(64 * CHUNK)
@@ -387,7 +387,7 @@ async def test_a_timeout_mid_transfer_is_not_dispatched_and_frees_the_buffer(
             assert pair.proxy is not None
             bulk = pair.executor.service("bulk", Bulk)
             rpc = pair.rpc
-            worker_rpc = pair.worker.current_rpc
+            worker_rpc = pair.worker_rpc
             async with anyio.create_task_group() as tg:
 
                 async def heal_once_stalled() -> None:
@@ -407,7 +407,7 @@ async def test_a_timeout_mid_transfer_is_not_dispatched_and_frees_the_buffer(
             assert (stats.part_buffered, stats.transfers_received) == (0, 0)
             assert impl.ledger == []
             await pair.executor.wait_ready(5)
-            assert pair.worker.current_rpc is worker_rpc  # the same session, resumed
+            assert pair.worker_rpc is worker_rpc  # the same session, resumed
             assert await bulk.small(7) == 7
             assert await bulk.echo(payload[: 3 * CHUNK]) == payload[: 3 * CHUNK]
 
@@ -416,14 +416,14 @@ async def test_a_timeout_mid_transfer_is_not_dispatched_and_frees_the_buffer(
 
 
 @both_directions
-async def test_hostile_parts_are_dropped_and_the_session_stays(direction: str) -> None:
+async def test_hostile_parts_are_dropped_and_the_session_stays(direction: Direction) -> None:
     impl = BulkImpl()
     limits = BULK.replace(max_frame_bytes=256 * 1024)
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"bulk": impl}, limits=limits) as pair:
             bulk = pair.executor.service("bulk", Bulk)
             rpc = pair.rpc
-            worker_rpc = pair.worker.current_rpc
+            worker_rpc = pair.worker_rpc
             junk = os.urandom(60 * 1024)
             # Beyond the size limit in parts: dropped at the part that crosses it, the rest of
             # that transfer discarded unread; memory never above the limit.
@@ -444,7 +444,7 @@ async def test_hostile_parts_are_dropped_and_the_session_stays(direction: str) -
 
 
 @both_directions
-async def test_parts_do_not_nest(direction: str) -> None:
+async def test_parts_do_not_nest(direction: Direction) -> None:
     """A call wrapped in a final part is never run: neither sent as one message (a transfer of
     one part) nor as the body of a transfer in two parts, in the usual encoding (refused before
     the body is joined) or another one (refused once decoded)."""
@@ -456,7 +456,7 @@ async def test_parts_do_not_nest(direction: str) -> None:
             bulk = pair.executor.service("bulk", Bulk)
             rpc = pair.rpc
             assert await bulk.small(1) == 1
-            worker_rpc = pair.worker.current_rpc
+            worker_rpc = pair.worker_rpc
 
             def wrapped() -> bytes:
                 return cbor2.dumps([CALL, next_call_id(rpc), "bulk", "small", [2], {}, 0, 0])
@@ -482,7 +482,7 @@ async def test_parts_do_not_nest(direction: str) -> None:
 
 
 @both_directions
-async def test_a_call_in_parts_cannot_reuse_an_id(direction: str) -> None:
+async def test_a_call_in_parts_cannot_reuse_an_id(direction: Direction) -> None:
     import cbor2
 
     impl = BulkImpl()
@@ -497,12 +497,12 @@ async def test_a_call_in_parts_cannot_reuse_an_id(direction: str) -> None:
             await raw_send(rpc, encode_part(FINAL, body[CHUNK:]))
             assert await bulk.small(2) == 2
             assert impl.ledger == ["small:1", "small:2"]  # the reused id never ran
-            assert pair.worker.current_rpc.statistics().transfers_received == 1
+            assert pair.worker_rpc.statistics().transfers_received == 1
 
 
 @both_directions
 async def test_calls_waiting_for_their_turn_to_send_parts_are_not_taken_for_id_reuse(
-    direction: str,
+    direction: Direction,
 ) -> None:
     """Three large calls at once take turns; small calls issued while the later ones wait get
     higher ids and arrive first. Each large call is given a fresh id when its turn comes, so
@@ -528,17 +528,17 @@ async def test_calls_waiting_for_their_turn_to_send_parts_are_not_taken_for_id_r
                     n += 1
             assert sorted(sizes) == sorted(len(p) for p in payloads)
             assert sorted(impl.received) == sorted(payloads)
-            assert pair.worker.current_rpc.statistics().transfers_received == 3
+            assert pair.worker_rpc.statistics().transfers_received == 3
 
 
 @both_directions
-async def test_retirement_drops_a_partial_transfer(direction: str) -> None:
+async def test_retirement_drops_a_partial_transfer(direction: Direction) -> None:
     impl = BulkImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
             bulk = pair.executor.service("bulk", Bulk)
             assert await bulk.small(1) == 1
-            worker_rpc = pair.worker.current_rpc
+            worker_rpc = pair.worker_rpc
             await raw_send(pair.rpc, encode_part(MORE, b"z" * CHUNK))
             await _until(lambda: worker_rpc.statistics().part_buffered == CHUNK)
             await pair.stop_controller()  # a graceful close retires the session on both ends
@@ -565,7 +565,7 @@ async def test_nested_parts_cost_no_more_than_a_flat_message(hostile: str) -> No
     with anyio.fail_after(DEADLINE):
         async with open_pair("worker-listens", {"bulk": impl}, limits=BULK) as pair:
             bulk = pair.executor.service("bulk", Bulk)
-            sender, receiver = pair.rpc, pair.worker.current_rpc
+            sender, receiver = pair.rpc, pair.worker_rpc
             if hostile == "worker":
                 sender, receiver = receiver, sender
             peaks = []

@@ -29,6 +29,7 @@ from projectutil import command_lines, run_project, shim_path
 import garcon_link as gl
 from garcon_link import _scaffold, cli
 from garcon_link.cli import _call
+from garcon_link.cli._exits import _describe, _leaf
 from garcon_link.rpc.interface import MethodKind
 from garcon_link.settings.config import CONFIG_ENV_VAR
 from garcon_link.settings.secrets import read_secret_file
@@ -135,14 +136,14 @@ class Worker:
             if remaining <= 0:
                 raise AssertionError(f"no {prefix!r} line within {timeout}s: {self.lines}")
             try:
-                line = self._queue.get(timeout=remaining)
+                received = self._queue.get(timeout=remaining)
             except queue.Empty:
                 continue
-            if line is None:
+            if received is None:
                 raise AssertionError(f"worker exited before {prefix!r}: {self.stderr()}")
-            self.lines.append(line)
-            if line.startswith(prefix):
-                return line
+            self.lines.append(received)
+            if received.startswith(prefix):
+                return received
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 20) -> None:
         """Read lines until ``predicate()`` holds."""
@@ -699,10 +700,10 @@ def test_an_internal_error_is_one_line_and_v_shows_its_traceback(tmp_path: Path)
 
 def test_describing_a_failure_needs_no_event_loop() -> None:
     group = BaseExceptionGroup("outer", [ExceptionGroup("inner", [ValueError("bad")])])
-    assert isinstance(cli._leaf(group), ValueError)
-    assert cli._describe(cli._leaf(group)).startswith("internal error, ValueError: bad")
-    assert cli._describe(OSError(98, "Address already in use")) == "Address already in use"
-    assert cli.exit_code_for(cli._leaf(group)) == 1
+    assert isinstance(_leaf(group), ValueError)
+    assert _describe(_leaf(group)).startswith("internal error, ValueError: bad")
+    assert _describe(OSError(98, "Address already in use")) == "Address already in use"
+    assert cli.exit_code_for(_leaf(group)) == 1
 
 
 # --------------------------------------------------------------------------- exit codes

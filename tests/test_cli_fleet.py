@@ -113,12 +113,12 @@ class Lines:
             if remaining <= 0:
                 raise AssertionError(f"not within {timeout}s; lines: {self.seen}")
             try:
-                line = self._queue.get(timeout=remaining)
+                received = self._queue.get(timeout=remaining)
             except queue.Empty:
                 continue
-            if line is None:
+            if received is None:
                 raise AssertionError(f"the process exited; lines: {self.seen}")
-            self.seen.append(line)
+            self.seen.append(received)
 
 
 def test_fleet_prints_json_events_as_workers_dial_in(fleet_dir: Path) -> None:
@@ -134,7 +134,11 @@ def test_fleet_prints_json_events_as_workers_dial_in(fleet_dir: Path) -> None:
             cfg = worker_config(fleet_dir, executor_id, dial.format(executor_id))
             workers.append(start_worker(fleet_dir, cfg, executor_id))
         for executor_id in ("box-1", "box-2"):
-            lines.wait(lambda line, i=executor_id: f'"executor": "{i}"' in line and "ready" in line)
+
+            def ready(line: str, i: str = executor_id) -> bool:
+                return f'"executor": "{i}"' in line and "ready" in line
+
+            lines.wait(ready)
         events = [json.loads(line) for line in lines.seen[1:]]
         assert {(e["event"], e["executor"]) for e in events} >= {
             ("joined", "box-1"),

@@ -766,7 +766,7 @@ def test_secret_is_redacted_and_compared() -> None:
     assert copy.copy(secret) is secret
     assert copy.deepcopy(secret) is secret
     with pytest.raises(AttributeError):
-        secret._value = b"x" * 32  # type: ignore[misc]
+        secret._value = b"x" * 32
 
 
 def test_secret_cannot_be_pickled() -> None:
@@ -1304,18 +1304,18 @@ def test_fleet_config_built_in_code(tmp_path: Path) -> None:
         (lambda: FleetConfig(), ["FleetConfig", "neither listens nor dials"]),
         (lambda: FleetConfig(listen=("127.0.0.1", 0)), ["FleetConfig", "[executors] keyring"]),
         (lambda: FleetConfig(keyring=Path("k")), ["FleetConfig", "[connection] listen"]),
-        (lambda: FleetConfig(dial=("x",)), ["FleetConfig", "DialExecutor"]),
+        (lambda: FleetConfig(dial=("x",)), ["FleetConfig", "DialExecutor"]),  # type: ignore[arg-type]
         (
             lambda: FleetConfig(listen=("127.0.0.1", 0), keyring=Path("k"), max_executors=True),
             ["max_executors", "integer"],
         ),
         (
-            lambda: FleetConfig(listen=("127.0.0.1", 0), keyring=Path("k"), forget_after="1"),
+            lambda: FleetConfig(listen=("127.0.0.1", 0), keyring=Path("k"), forget_after="1"),  # type: ignore[arg-type]
             ["forget_after", "number"],
         ),
         (lambda: DialExecutor("a/b", "ws://127.0.0.1/executor", SECRET), ["DialExecutor", "id"]),
         (lambda: DialExecutor("box", "ws://127.0.0.1/x", SECRET), ["DialExecutor", "url"]),
-        (lambda: DialExecutor("box", "ws://127.0.0.1/executor", b"x" * 32), ["secret"]),
+        (lambda: DialExecutor("box", "ws://127.0.0.1/executor", b"x" * 32), ["secret"]),  # type: ignore[arg-type]
     ],
 )
 def test_fleet_refusals_in_code(build: Callable[[], object], fragments: list[str]) -> None:

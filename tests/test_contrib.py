@@ -74,7 +74,8 @@ def test_prometheus_hook_counts_and_times_calls_by_outcome() -> None:
     registry = CollectorRegistry()
     hook = PrometheusHook(registry=registry)
     call = info()
-    hook.call_ended(call, hook.call_started(call), OK)
+    hook.call_started(call)  # returns no state: call_ended gets None
+    hook.call_ended(call, None, OK)
     hook.call_ended(call, None, CallEnd(gl.Outcome.REJECTED, "INVALID_ARGUMENTS", 0.0001))
     server = info(side="server", method="count", kind="stream")
     hook.call_ended(server, None, CallEnd(gl.Outcome.UNKNOWN, None, 0.3, cancelled=True))

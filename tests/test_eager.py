@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import anyio
 import pytest
-from rpcutil import LIMITS, both_directions, open_pair
+from rpcutil import LIMITS, Direction, Pair, both_directions, open_pair
 
 import garcon_link as gl
 
@@ -132,15 +132,15 @@ async def _entered(impl: EagerImpl, token: int) -> None:
     await impl._entered(token).wait()
 
 
-def _eager_count(pair: Any) -> int:
-    stats = pair.worker.statistics().rpc
+def _eager_count(pair: Pair) -> int:
+    stats = pair.live_worker.statistics().rpc
     assert stats is not None
     return int(stats.eager_handlers)
 
 
 @both_directions
 async def test_a_handler_that_never_suspends_ends_within_its_dispatch(
-    direction: str, anyio_backend: str
+    direction: Direction, anyio_backend: str
 ) -> None:
     impl = EagerImpl()
     with anyio.fail_after(DEADLINE):
@@ -154,7 +154,9 @@ async def test_a_handler_that_never_suspends_ends_within_its_dispatch(
 
 
 @both_directions
-async def test_an_eager_handler_is_one_task_from_its_first_line_to_its_last(direction: str) -> None:
+async def test_an_eager_handler_is_one_task_from_its_first_line_to_its_last(
+    direction: Direction,
+) -> None:
     impl = EagerImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"eager": impl}) as pair:
@@ -178,7 +180,9 @@ async def test_an_eager_handler_is_one_task_from_its_first_line_to_its_last(dire
 
 
 @both_directions
-async def test_cancelling_an_eagerly_started_handler(direction: str, anyio_backend: str) -> None:
+async def test_cancelling_an_eagerly_started_handler(
+    direction: Direction, anyio_backend: str
+) -> None:
     impl = EagerImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"eager": impl}) as pair:
@@ -192,7 +196,7 @@ async def test_cancelling_an_eagerly_started_handler(direction: str, anyio_backe
                 await anyio.sleep(0.001)
             # The session and the reader carry on: later calls run (eagerly where possible).
             assert await facade.now(2) == 2
-            calls = pair.worker.statistics().calls
+            calls = pair.live_worker.statistics().calls
             eager = _eager_count(pair) - before
     assert impl.ledger == ["start 1", "cancelled 1", "finally 1", "start 2"]
     assert calls.server.get(("cancelled", "CANCELLED")) == 1
@@ -201,7 +205,7 @@ async def test_cancelling_an_eagerly_started_handler(direction: str, anyio_backe
 
 
 @both_directions
-async def test_a_handler_that_suspends_inside_its_own_cancel_scope(direction: str) -> None:
+async def test_a_handler_that_suspends_inside_its_own_cancel_scope(direction: Direction) -> None:
     impl = EagerImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"eager": impl}) as pair:
@@ -226,12 +230,12 @@ async def test_a_handler_that_suspends_inside_its_own_cancel_scope(direction: st
 
 
 @both_directions
-async def test_handlers_do_not_see_each_others_context(direction: str) -> None:
+async def test_handlers_do_not_see_each_others_context(direction: Direction) -> None:
     impl = EagerImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"eager": impl}) as pair:
             facade = pair.executor.service("eager", Eager)
-            meta = facade.with_options(metadata={"who": "first"})
+            meta = gl.with_options(facade, metadata={"who": "first"})
             async with anyio.create_task_group() as tg:
                 results: dict[str, Any] = {}
 
@@ -256,7 +260,7 @@ async def test_handlers_do_not_see_each_others_context(direction: str) -> None:
 
 
 @both_directions
-async def test_replies_leave_in_the_order_their_handlers_end(direction: str) -> None:
+async def test_replies_leave_in_the_order_their_handlers_end(direction: Direction) -> None:
     impl = EagerImpl()
     hook = EndOrder(impl.ledger)
     with anyio.fail_after(DEADLINE):
@@ -265,10 +269,10 @@ async def test_replies_leave_in_the_order_their_handlers_end(direction: str) -> 
             async with anyio.create_task_group() as tg:
                 # A handler that suspends first, then a burst of ones that do not: issued in
                 # one loop turn, they reach the worker coalesced into few messages.
-                tg.start_soon(facade.with_options(metadata={"t": "gated"}).var, 9, True)
+                tg.start_soon(gl.with_options(facade, metadata={"t": "gated"}).var, 9, True)
                 await _entered(impl, 9)
                 for i in range(16):
-                    tg.start_soon(facade.with_options(metadata={"t": str(i)}).now, i)
+                    tg.start_soon(gl.with_options(facade, metadata={"t": str(i)}).now, i)
                 while sum(entry.startswith("end") for entry in impl.ledger) < 16:
                     await anyio.sleep(0.001)
                 await facade.release(9)
@@ -287,7 +291,7 @@ async def test_replies_leave_in_the_order_their_handlers_end(direction: str) -> 
 
 
 @both_directions
-async def test_a_sequential_caller_sends_one_message_per_call(direction: str) -> None:
+async def test_a_sequential_caller_sends_one_message_per_call(direction: Direction) -> None:
     """Each call carries the receipt for the previous reply: the writer's receipt poll must not
     send a receipt alone that became due a moment ago (one tick in six did, each a message and
     a wake-up for the peer). A receipt alone is allowed only when the next call came later than

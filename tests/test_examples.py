@@ -104,7 +104,7 @@ def test_no_secret_is_committed_with_the_examples() -> None:
 README = EXAMPLES.parent / "README.md"
 
 
-def _shown(name: str, value: float) -> str:
+def _shown(name: str, value: int | float) -> str:
     if isinstance(value, float):
         return f"{value:g} s"
     if name.endswith("_bytes"):

@@ -315,7 +315,9 @@ async def test_the_same_id_twice_refuses_the_newcomer_then_supersedes_the_silent
                         10,
                         "the newcomer to be refused twice",
                     )
-                    assert first.taken_over is None and second.taken_over is None
+                    # (locals: mypy would keep the narrowing of ``taken_over`` below)
+                    first_taken, second_taken = first.taken_over, second.taken_over
+                    assert first_taken is None and second_taken is None
                     # The first goes silent (half-open): the newcomer takes over.
                     proxy.blackhole()
                     await wait_for(
@@ -488,12 +490,16 @@ async def test_a_slow_event_consumer_is_told_how_many_events_it_lost(tmp_path: P
                     await stack.enter_async_context(
                         worker(executor_id, secrets[executor_id], fleet.url)
                     )
+
                     # (Not fleet.executor(): an executor named first does not "join".)
-                    await wait_for(
-                        lambda i=executor_id: (
+                    def joined(i: str = executor_id) -> bool:
+                        return (
                             fleet.executors().get(i) is not None
                             and fleet.executors()[i].availability == "ready"
-                        ),
+                        )
+
+                    await wait_for(
+                        joined,
                         10,
                         f"{executor_id} to join",
                     )

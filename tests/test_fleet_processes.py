@@ -132,9 +132,12 @@ async def test_fifty_one_workers_in_three_processes(tmp_path: Path) -> None:
             before = {i: s.session for i, s in fleet.executors().items()}
             reconnecting: set[str] = set()
             for executor_id in ids:
-                fleet.executor(executor_id).on_availability_changed(
-                    lambda a, i=executor_id: reconnecting.add(i) if a == "reconnecting" else None
-                )
+
+                def note(a: str, i: str = executor_id) -> None:
+                    if a == "reconnecting":
+                        reconnecting.add(i)
+
+                fleet.executor(executor_id).on_availability_changed(note)
 
             async def calls(executor: gl.RemoteExecutor) -> list[str]:
                 ident = executor.service("ident", Ident)
@@ -181,11 +184,15 @@ async def test_fifty_one_workers_in_three_processes(tmp_path: Path) -> None:
             await processes[0].wait()
             await stack.enter_async_context(children(keyring, [groups[0]]))
             for executor_id in ids[:N_BIG]:
-                await wait_for(
-                    lambda i=executor_id: (
+
+                def on_a_fresh_session(i: str = executor_id) -> bool:
+                    return (
                         fleet.executors()[i].session not in (None, before[i])
                         and fleet.executor(i).availability == "ready"
-                    ),
+                    )
+
+                await wait_for(
+                    on_a_fresh_session,
                     30,
                     f"{executor_id} back on a fresh session",
                 )

@@ -305,7 +305,7 @@ def test_fuzz_session_receive(data: bytes) -> None:
         assert session.statistics().delivered == 0
         return
     assert reference is not None
-    expected = []
+    expected: list[bytes] = []
     for packet in reference:
         if isinstance(packet, Message) and packet.ordinal == len(expected) + 1:
             expected.append(packet.body)

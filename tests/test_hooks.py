@@ -19,6 +19,7 @@ import pytest
 from rpcutil import LIMITS, CalcImpl, open_pair, raw_call
 
 import garcon_link as gl
+from garcon_link.api.facades import FacadeStream
 from garcon_link.rpc import envelopes
 from garcon_link.rpc.envelopes import (
     BadEnvelope,
@@ -200,6 +201,7 @@ async def test_streams_and_notifications_are_observed_on_both_sides() -> None:
             meta = gl.with_options(p.executor.service("meta", Meta), metadata={"who": "me"})
             assert [i async for i in meta.numbers(3)] == [0, 1, 2]
             stream = meta.numbers(100)
+            assert isinstance(stream, FacadeStream)  # an async iterator that also closes
             assert await stream.__anext__() == 0
             await stream.aclose()  # closed before its end
             await meta.poke()
@@ -300,7 +302,7 @@ async def test_metadata_bounds_on_the_caller() -> None:
                 "a.b-c_1=é",
             ]
             assert await meta.seen() == ["unset"]  # none: nothing sent, nothing seen
-            cases = [
+            cases: list[dict[str, Any]] = [  # Any: one value is deliberately not text
                 {"Upper": "x"},
                 {"": "x"},
                 {"k" * 65: "x"},
@@ -309,10 +311,10 @@ async def test_metadata_bounds_on_the_caller() -> None:
             ]
             for bad in cases:
                 with pytest.raises(gl.NotDispatched) as nd:
-                    await gl.with_options(meta, metadata=bad).seen()  # type: ignore[dict-item]
+                    await gl.with_options(meta, metadata=bad).seen()
                 assert nd.value.code == "INVALID_METADATA"
                 with pytest.raises(gl.NotDispatched):
-                    await gl.with_options(meta, metadata=bad).numbers(1).__anext__()  # type: ignore[dict-item]
+                    await gl.with_options(meta, metadata=bad).numbers(1).__anext__()
             with pytest.raises(TypeError):
                 gl.with_options(meta, metadata=["not", "a", "map"])  # type: ignore[arg-type]
 

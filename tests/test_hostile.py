@@ -89,6 +89,7 @@ from faultutil import (
 
 import garcon_link as gl
 from garcon_link.core.wire import encode_message, encode_receipt
+from garcon_link.endpoint.link import WebSocketLink
 from garcon_link.endpoint.transport import TransportState
 from garcon_link.testing import WorkerProcess, free_tcp_port
 
@@ -773,9 +774,11 @@ async def test_malformed_envelopes_fail_only_what_they_name() -> None:
                     if want is None:
                         continue
                     call_id = want[0]
-                    reply = await raw.replies(
-                        lambda e, i=call_id: e[0] == 2 and e[1] == i, OUTCOME_WAIT
-                    )
+
+                    def its_error(e: Any, i: int = call_id) -> bool:
+                        return bool(e[0] == 2 and e[1] == i)
+
+                    reply = await raw.replies(its_error, OUTCOME_WAIT)
                     errors[call_id] = (reply[2]["outcome"], reply[2]["code"])
                 expected = {w[0]: (w[1], w[2]) for _, _, w in GARBAGE_ENVELOPES if w is not None}
                 assert errors == expected
@@ -891,6 +894,13 @@ async def test_shared_reference_bomb_in_an_envelope_is_cheap(
     assert longest < 64 * 1024, f"a {len(bomb)}-byte envelope produced a {longest}-char log line"
 
 
+def _listen_port(executor: gl.RemoteExecutor) -> int:
+    """The port a listening controller bound (its own link: not a fleet member)."""
+    link = executor.link
+    assert isinstance(link, WebSocketLink)
+    return link.listen_address[1]
+
+
 @asynccontextmanager
 async def hostile_worker() -> AsyncIterator[tuple[gl.RemoteExecutor, Raw, list[Any]]]:
     """A listening controller and a :class:`Raw` worker that dialed it and authenticated.
@@ -907,7 +917,7 @@ async def hostile_worker() -> AsyncIterator[tuple[gl.RemoteExecutor, Raw, list[A
     )
     async with (
         gl.connect(config) as executor,
-        Raw.connect(executor.link.listen_address[1]) as raw,
+        Raw.connect(_listen_port(executor)) as raw,
     ):
         assert await raw.upgrade()
         await raw.authenticate(role=gl.Role.WORKER)

@@ -18,7 +18,7 @@ Exactly one execution and the real result, across:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,17 @@ from faultutil import (
     wait_for,
     write_configs,
 )
-from rpcutil import LIMITS, SECRET, Calc, CalcImpl, SinkImpl, both_directions, open_pair, raw_call
+from rpcutil import (
+    LIMITS,
+    SECRET,
+    Calc,
+    CalcImpl,
+    Direction,
+    SinkImpl,
+    both_directions,
+    open_pair,
+    raw_call,
+)
 
 import garcon_link as gl
 from garcon_link.rpc.rpc import CALL
@@ -102,7 +112,7 @@ async def test_with_options_checks_keys_and_retry_unknown_up_front() -> None:
 
 @both_directions
 async def test_a_repeat_replays_the_recorded_outcome_and_other_arguments_conflict(
-    direction: str,
+    direction: Direction,
 ) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
@@ -129,8 +139,13 @@ async def test_a_repeat_replays_the_recorded_outcome_and_other_arguments_conflic
             assert (stats.executions, stats.replays, stats.conflicts) == (3, 3, 1)
 
 
+def _record_call_keyed(key: object) -> Callable[[int], list[Any]]:
+    """A raw ``calc.record(1)`` call envelope carrying ``key`` as its idempotency key."""
+    return lambda call_id: [CALL, call_id, "calc", "record", [1], {}, 0, 0, key]
+
+
 @both_directions
-async def test_malformed_keys_and_keyed_streams_are_refused_not_run(direction: str) -> None:
+async def test_malformed_keys_and_keyed_streams_are_refused_not_run(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(
@@ -143,7 +158,7 @@ async def test_malformed_keys_and_keyed_streams_are_refused_not_run(direction: s
                         rpc,
                         "calc",
                         "record",
-                        envelope=lambda i, bad=bad: [CALL, i, "calc", "record", [1], {}, 0, 0, bad],
+                        envelope=_record_call_keyed(bad),
                     )
                 assert refused.value.code == "INVALID_ARGUMENTS", bad
             with pytest.raises(gl.Rejected, match="unary calls only") as stream:
@@ -182,7 +197,7 @@ async def test_malformed_keys_and_keyed_streams_are_refused_not_run(direction: s
 
 
 @both_directions
-async def test_a_cut_mid_call_resumes_with_one_execution(direction: str) -> None:
+async def test_a_cut_mid_call_resumes_with_one_execution(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -200,7 +215,7 @@ async def test_a_cut_mid_call_resumes_with_one_execution(direction: str) -> None
 @both_directions
 @pytest.mark.parametrize("finish", ["before-retry", "during-retry"])
 async def test_a_worker_side_session_retirement_keeps_the_call_to_one_execution(
-    direction: str, finish: str
+    direction: Direction, finish: str
 ) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
@@ -246,7 +261,7 @@ async def test_a_worker_side_session_retirement_keeps_the_call_to_one_execution(
 
 
 @both_directions
-async def test_a_restarted_controller_gets_the_one_execution_s_result(direction: str) -> None:
+async def test_a_restarted_controller_gets_the_one_execution_s_result(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:

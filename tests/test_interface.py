@@ -177,7 +177,7 @@ def test_not_a_class() -> None:
 
 def test_unresolvable_hints() -> None:
     class Broken:
-        async def f(self, x: NoSuchType) -> int: ...  # type: ignore[name-defined]  # noqa: F821
+        async def f(self, x: NoSuchType) -> int: ...  # type: ignore[name-defined, empty-body]  # noqa: F821
 
     with pytest.raises(TypeError, match=r"Broken\.f"):
         service_spec(Broken)

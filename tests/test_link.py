@@ -20,6 +20,7 @@ import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import anyio.abc
@@ -43,6 +44,7 @@ from linkutil import (
     SECRET,
     Endpoint,
     RawClient,
+    SessionRecord,
     body,
     endpoint,
     link_pair,
@@ -57,7 +59,7 @@ from wsproto.events import AcceptConnection, BytesMessage, RejectConnection
 
 from garcon_link.core.admission import backoff
 from garcon_link.core.handshake import Handshake, Hello, ResumeOffer, compute_mac, derive_key
-from garcon_link.core.session import MessageSession
+from garcon_link.core.session import MessageSession, Received
 from garcon_link.core.wire import Role, encode_canonical, encode_message
 from garcon_link.endpoint.link import (
     FrameBudget,
@@ -236,7 +238,11 @@ async def test_session_comes_up_and_carries_messages_both_ways(direction: str) -
 
             # Receipts flow back, so retention drains on both sides.
             for rec in (lrec, drec):
-                await wait_until(lambda r=rec: r.transport.statistics().session.confirmed == 50)
+
+                def drained(r: SessionRecord = rec) -> bool:
+                    return r.transport.statistics().session.confirmed == 50
+
+                await wait_until(drained)
                 stats = rec.transport.statistics()
                 assert stats.state is TransportState.READY
                 assert stats.attachments == 1
@@ -321,8 +327,8 @@ async def test_cut_around_one_message_and_its_receipt(
             dst = pair.dialer if sender == "listener" else pair.listener
             src_t, dst_t = src.current.transport, dst.current.transport
             # The proxy's "down" carries listener -> dialer; client (dialer) frames are masked.
-            forward = "down" if sender == "listener" else "up"
-            backward = "up" if sender == "listener" else "down"
+            forward: Literal["up", "down"] = "down" if sender == "listener" else "up"
+            backward: Literal["up", "down"] = "up" if sender == "listener" else "down"
             first = body(0)
             size = ws_frame_size(len(encode_message(1, first)), masked=sender == "dialer")
             if cut == "message-end":
@@ -587,7 +593,11 @@ async def test_grace_expiry_retires_a_detached_session_then_a_fresh_one_starts(
             for rec in (lrec, drec):
                 failure = rec.transport.failure
                 assert failure is not None and failure.reason is FailureReason.GRACE_EXPIRED
-                await wait_until(lambda r=rec: r.ended)
+
+                def ended(r: SessionRecord = rec) -> bool:
+                    return r.ended
+
+                await wait_until(ended)
             assert pair.listener.link.transport is None and pair.dialer.link.transport is None
 
             pair.proxy.heal()
@@ -960,7 +970,11 @@ async def test_unauthenticated_sockets_are_capped_oldest_evicted(direction: str)
             try:
                 for i in range(10):  # idle sockets: connected, never a byte sent
                     idle.append(RawClient(await anyio.connect_tcp(*ep.link.listen_address)))
-                    await wait_until(lambda i=i: ep.link.statistics().connections == i + 1)
+
+                    def held(i: int = i) -> bool:
+                        return ep.link.statistics().connections == i + 1
+
+                    await wait_until(held)
                 assert ep.link.statistics().evicted_unauthenticated == 6
                 # The six oldest were closed; the four newest are still held open.
                 for client in idle[:6]:
@@ -1360,7 +1374,9 @@ async def test_closing_a_dialer_closes_its_socket_in_the_handshake(direction: st
                 dialer = await start_link(
                     tg, make_link(dial_role, limits, dial=f"ws://127.0.0.1:{port}/executor")
                 )
-                accepted = await server.listeners[0].accept()  # never answers the upgrade
+                listener = server.listeners[0]
+                assert isinstance(listener, anyio.abc.SocketListener)
+                accepted = await listener.accept()  # never answers the upgrade
                 async with accepted:
                     await accepted.receive()  # the upgrade request
                     await dialer.stop()
@@ -1493,7 +1509,7 @@ async def test_an_unexpected_exception_after_authentication_retires_only_that_se
     marker = b"\xf7 boom"
     real = MessageSession.receive
 
-    def receive(self: MessageSession, data: bytes) -> list[bytes]:
+    def receive(self: MessageSession, data: bytes) -> Received:
         if data == marker:
             raise RuntimeError("injected fault")
         return real(self, data)
@@ -1797,7 +1813,7 @@ def test_frame_budget_table(
 ) -> None:
     """The token bucket as a pure function of ``now`` (no clock, no sockets)."""
     budget = FrameBudget.full(rate, burst, 0.0)
-    got = []
+    got: list[tuple[bool, object]] = []
     for now, frames in steps:
         ok = budget.spend(now, frames)
         got.append((ok, budget.delay(now)))

@@ -27,7 +27,7 @@ import cbor2
 import pytest
 from faultutil import Raw, worker_config
 from linkutil import wait_until
-from rpcutil import CalcImpl, both_directions, open_pair, raw_call, raw_send
+from rpcutil import CalcImpl, Direction, both_directions, open_pair, own_link, raw_call, raw_send
 from test_cli import SERVICE, Worker, run_cli, write_config
 
 import garcon_link
@@ -107,7 +107,7 @@ async def test_a_socket_attached_and_closed_is_logged_with_its_fields(
     assert closed, [r.getMessage() for r in records]
     for record in closed:
         assert record.gl_session == session  # type: ignore[attr-defined]
-        assert record.gl_close_code == 1001  # type: ignore[attr-defined] -- shutting down
+        assert record.gl_close_code == 1001  # type: ignore[attr-defined]  # shutting down
     assert all(r.getMessage().isascii() for r in caplog.records)
 
 
@@ -140,7 +140,7 @@ def test_no_log_message_in_the_package_has_a_glyph() -> None:
             for node in ast.walk(call):
                 text = node.value if isinstance(node, ast.Constant) else None
                 if isinstance(text, str) and not text.isascii():
-                    offenders.append(f"{path.name}:{call.lineno}: {node.value!r}")
+                    offenders.append(f"{path.name}:{call.lineno}: {text!r}")
     assert found > 50  # the scan sees the package's log calls
     assert offenders == []
 
@@ -316,7 +316,7 @@ async def test_a_flood_of_refused_handshakes_logs_a_few_lines_and_counts_them_al
     caplog.set_level(logging.INFO, logger="garcon_link")
     with anyio.fail_after(60):
         async with gl.Worker(worker_config(FLOOD_LIMITS), {}) as worker:
-            port = worker.link.listen_address[1]
+            port = own_link(worker).listen_address[1]
 
             async def wrong_secret() -> None:
                 async with Raw.connect(port) as raw:
@@ -347,13 +347,13 @@ async def test_a_flood_of_refused_handshakes_logs_a_few_lines_and_counts_them_al
 @pytest.mark.anyio
 @both_directions
 async def test_floods_of_abort_parts_and_malformed_envelopes_log_a_line_per_reason(
-    direction: str, caplog: pytest.LogCaptureFixture
+    direction: Direction, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="garcon_link")
     with anyio.fail_after(60):
         async with open_pair(direction, {"calc": CalcImpl()}) as pair:
             rpc = pair.rpc
-            worker_rpc = pair.worker.current_rpc  # type: ignore[union-attr]
+            worker_rpc = pair.worker_rpc
             for _ in range(20_000):
                 await raw_send(rpc, encode_part(ABORT, b""))  # an abort with nothing in progress
             for n in range(3_000):
@@ -370,15 +370,14 @@ async def test_floods_of_abort_parts_and_malformed_envelopes_log_a_line_per_reas
 @pytest.mark.anyio
 @both_directions
 async def test_a_notification_naming_an_8_mib_service_costs_a_short_line_and_no_memory(
-    direction: str, caplog: pytest.LogCaptureFixture
+    direction: Direction, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="garcon_link")
     huge = "s" * (8 * 1024 * 1024)
     notify = cbor2.dumps([NOTIFY, huge, "add", [1, 2], {}])
-    call_body = [huge, "add", [1, 2], {}]
     with anyio.fail_after(60):
         async with open_pair(direction, {"calc": CalcImpl()}) as pair:
-            worker_rpc = pair.worker.current_rpc  # type: ignore[union-attr]
+            worker_rpc = pair.worker_rpc
             tracemalloc.start()
             try:
                 await raw_send(pair.rpc, notify)
@@ -387,7 +386,7 @@ async def test_a_notification_naming_an_8_mib_service_costs_a_short_line_and_no_
             finally:
                 tracemalloc.stop()
             with pytest.raises(gl.Rejected) as refused:
-                await raw_call(pair.rpc, *call_body)
+                await raw_call(pair.rpc, huge, "add", [1, 2], {})
             assert await pair.calc().add(1, 2) == 3
     longest = max((len(r.getMessage()) for r in caplog.records), default=0)
     assert longest < 500, longest

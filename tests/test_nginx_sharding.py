@@ -156,9 +156,12 @@ async def poll(
     seen: T | None = None
     try:
         with anyio.fail_after(timeout):
-            while not done(seen := await read()):
+            while True:
+                value = await read()
+                if done(value):
+                    return value
+                seen = value
                 await anyio.sleep(0.02)
-            return seen
     except TimeoutError:
         raise AssertionError(f"not within {timeout}s: {what}; last seen {seen}") from None
 

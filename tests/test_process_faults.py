@@ -51,6 +51,7 @@ from faultutil import (
 )
 
 import garcon_link as gl
+from garcon_link.endpoint.link import WebSocketLink
 from garcon_link.testing import WorkerProcess, free_tcp_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -126,7 +127,9 @@ async def test_worker_killed_mid_call_outcome_unknown_offline_then_fresh_session
                 history: list[str] = []
                 executor.on_availability_changed(history.append)
                 await executor.wait_ready(10)
-                runtime = executor.link.runtime_id
+                link = executor.link
+                assert isinstance(link, WebSocketLink)  # its own: not a fleet member
+                runtime = link.runtime_id
                 ledger = executor.service("ledger", Ledger)
                 assert await ledger.pid() == worker.pid
                 first = await executor.info()
@@ -168,7 +171,7 @@ async def test_worker_killed_mid_call_outcome_unknown_offline_then_fresh_session
                 assert history == ["ready", "reconnecting", "offline", "ready"]
 
                 # A fresh session behind the same facade; the controller was not restarted.
-                assert executor.link.runtime_id == runtime
+                assert link.runtime_id == runtime
                 assert await ledger.pid() == worker.pid
                 second = await executor.info()
                 assert second.session_id != first.session_id
@@ -366,7 +369,8 @@ async def test_worker_process_helper_reports_failures_clearly(tmp_path: Path) ->
             with pytest.raises(RuntimeError, match="has not been started"):
                 _ = worker.url
             url = await worker.start()
-            assert url.startswith("ws://127.0.0.1:") and worker.running
+            running = worker.running  # a local: mypy would keep the property's narrowing
+            assert url.startswith("ws://127.0.0.1:") and running
             with pytest.raises(RuntimeError, match="still running"):
                 await worker.start()
             with pytest.raises(RuntimeError, match="fixed port"):

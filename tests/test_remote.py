@@ -26,9 +26,11 @@ from rpcutil import (
     SECRET,
     Calc,
     CalcImpl,
+    Direction,
     SinkImpl,
     both_directions,
     open_pair,
+    own_link,
     raw_call,
 )
 
@@ -51,7 +53,7 @@ class CalcImplPlus(CalcImpl):
 
 
 @both_directions
-async def test_calls_streams_and_info(direction: str) -> None:
+async def test_calls_streams_and_info(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -119,7 +121,7 @@ async def test_serve_prints_diagnostics_and_runs_until_cancelled() -> None:
     with anyio.fail_after(DEADLINE):
         async with anyio.create_task_group() as tg:
             url = await tg.start(
-                lambda task_status: gl.serve(  # type: ignore[misc]
+                lambda task_status: gl.serve(
                     wcfg, {"calc": CalcImpl()}, on_event=lines.append, task_status=task_status
                 )
             )
@@ -187,7 +189,7 @@ async def test_start_failure_raises_the_link_error_itself() -> None:
 
 
 @both_directions
-async def test_dispose_is_final(direction: str) -> None:
+async def test_dispose_is_final(direction: Direction) -> None:
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": CalcImpl()}) as pair:
             calc = pair.calc()
@@ -211,7 +213,7 @@ async def test_dispose_is_final(direction: str) -> None:
 
 
 @both_directions
-async def test_availability_callback_errors_are_contained(direction: str) -> None:
+async def test_availability_callback_errors_are_contained(direction: Direction) -> None:
     def broken(_: str) -> None:
         raise RuntimeError("callback bug")
 
@@ -227,7 +229,7 @@ async def test_availability_callback_errors_are_contained(direction: str) -> Non
 
 
 @both_directions
-async def test_cuts_mid_stream_lose_and_double_nothing(direction: str) -> None:
+async def test_cuts_mid_stream_lose_and_double_nothing(direction: Direction) -> None:
     impl = CalcImpl()
     n = 2000
     cuts = {150, 600, 1100, 1700}
@@ -247,7 +249,7 @@ async def test_cuts_mid_stream_lose_and_double_nothing(direction: str) -> None:
 
 
 @both_directions
-async def test_cuts_mid_batch_of_concurrent_calls(direction: str) -> None:
+async def test_cuts_mid_batch_of_concurrent_calls(direction: Direction) -> None:
     impl = CalcImpl()
     n = 200
     with anyio.fail_after(DEADLINE):
@@ -280,7 +282,7 @@ async def test_cuts_mid_batch_of_concurrent_calls(direction: str) -> None:
 
 
 @both_directions
-async def test_dispatch_deadline_waits_for_a_reconnecting_executor(direction: str) -> None:
+async def test_dispatch_deadline_waits_for_a_reconnecting_executor(direction: Direction) -> None:
     impl = CalcImpl()
     limits = LIMITS.replace(detached_grace=5.0)
     with anyio.fail_after(DEADLINE):
@@ -325,7 +327,7 @@ async def test_dispatch_deadline_waits_for_a_reconnecting_executor(direction: st
 
 
 @both_directions
-async def test_worker_restart_mid_call(direction: str) -> None:
+async def test_worker_restart_mid_call(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}, limits=QUICK_GRACE) as pair:
@@ -406,7 +408,7 @@ async def test_worker_restart_mid_call(direction: str) -> None:
 
 
 @both_directions
-async def test_clean_worker_stop_retires_at_once(direction: str) -> None:
+async def test_clean_worker_stop_retires_at_once(direction: Direction) -> None:
     # A worker that shuts down cleanly closes with 1001: its session is gone, so the controller
     # retires it at once -- no waiting out the detached grace -- and goes straight to offline.
     impl = CalcImpl()
@@ -432,7 +434,7 @@ async def test_clean_worker_stop_retires_at_once(direction: str) -> None:
 
 
 @both_directions
-async def test_quick_worker_restart_replaces_the_session(direction: str) -> None:
+async def test_quick_worker_restart_replaces_the_session(direction: Direction) -> None:
     # The new worker arrives before the grace expires: the old session is replaced at once.
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
@@ -461,7 +463,7 @@ async def test_quick_worker_restart_replaces_the_session(direction: str) -> None
 
 
 @both_directions
-async def test_stale_resource_is_refused_by_the_worker_too(direction: str) -> None:
+async def test_stale_resource_is_refused_by_the_worker_too(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}, limits=QUICK_GRACE) as pair:
@@ -490,7 +492,7 @@ async def test_stale_resource_is_refused_by_the_worker_too(direction: str) -> No
 
 
 @both_directions
-async def test_changed_contract_is_refused(direction: str) -> None:
+async def test_changed_contract_is_refused(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -599,7 +601,7 @@ def test_a_plain_def_in_a_protocol_fails_at_facade_creation() -> None:
 
 @both_directions
 async def test_a_refused_session_is_retired_and_the_link_dials_again(
-    direction: str, caplog: pytest.LogCaptureFixture
+    direction: Direction, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A session refused for its contract is not left connected (it used to hold the link for
     good, so nothing redialed): it is retired with 4005 and the dialing side dials again per its
@@ -642,7 +644,7 @@ async def test_a_describe_that_times_out_retires_the_session() -> None:
     )
     with anyio.fail_after(DEADLINE):
         async with gl.connect(config) as executor:
-            async with Raw.connect(executor.link.listen_address[1]) as raw:
+            async with Raw.connect(own_link(executor).listen_address[1]) as raw:
                 assert await raw.upgrade()
                 await raw.authenticate(
                     role=gl.Role.WORKER, secret=SECRET.reveal(), executor_id="box"
@@ -672,7 +674,7 @@ async def test_a_describe_that_times_out_retires_the_session() -> None:
 
 
 @both_directions
-async def test_per_session_scope_factory(direction: str) -> None:
+async def test_per_session_scope_factory(direction: Direction) -> None:
     log: list[tuple[str, bytes]] = []
     let_exit = anyio.Event()
     impls: list[CalcImpl] = []
@@ -736,7 +738,7 @@ class WhoamiImpl:
 
 
 @both_directions
-async def test_handlers_see_context_variables_the_scope_factory_set(direction: str) -> None:
+async def test_handlers_see_context_variables_the_scope_factory_set(direction: Direction) -> None:
     """Dispatch runs in the socket reader's task, but handlers must inherit the context of
     the task that entered the service scope (a factory may set request-wide variables)."""
 
@@ -753,7 +755,7 @@ async def test_handlers_see_context_variables_the_scope_factory_set(direction: s
 
 
 @both_directions
-async def test_scope_cleanup_is_bounded(direction: str) -> None:
+async def test_scope_cleanup_is_bounded(direction: Direction) -> None:
     exits: list[str] = []
 
     @contextlib.asynccontextmanager
@@ -778,7 +780,7 @@ async def test_scope_cleanup_is_bounded(direction: str) -> None:
 
 
 @both_directions
-async def test_failing_scope_factory_retires_the_session(direction: str) -> None:
+async def test_failing_scope_factory_retires_the_session(direction: Direction) -> None:
     attempts: list[int] = []
 
     @contextlib.asynccontextmanager
@@ -801,7 +803,7 @@ async def test_failing_scope_factory_retires_the_session(direction: str) -> None
 
 
 @both_directions
-async def test_worker_calls_back_into_the_controller(direction: str) -> None:
+async def test_worker_calls_back_into_the_controller(direction: Direction) -> None:
     sink = SinkImpl()
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
@@ -822,7 +824,7 @@ async def test_worker_calls_back_into_the_controller(direction: str) -> None:
 
 
 @both_directions
-async def test_callbacks_survive_a_cut(direction: str) -> None:
+async def test_callbacks_survive_a_cut(direction: Direction) -> None:
     sink = SinkImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(
@@ -840,7 +842,7 @@ async def test_callbacks_survive_a_cut(direction: str) -> None:
 
 
 @both_directions
-async def test_peer_facade_with_unknown_controller_service(direction: str) -> None:
+async def test_peer_facade_with_unknown_controller_service(direction: Direction) -> None:
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": CalcImpl()}) as pair:
             # the controller exposes no "sink": the worker's callback is rejected, and that
@@ -865,7 +867,7 @@ async def _wait_new_instance(executor: gl.RemoteExecutor, old: bytes) -> gl.Exec
 
 
 @both_directions
-async def test_worker_scoped_references_survive_session_replacement(direction: str) -> None:
+async def test_worker_scoped_references_survive_session_replacement(direction: Direction) -> None:
     # Same implementation class served twice: per session ("calc") and worker-scoped ("jobs").
     shared, per_session = CalcImpl(), CalcImpl()
     services = {"calc": per_session, "jobs": gl.Service(shared, Calc, scope="worker")}
@@ -878,7 +880,7 @@ async def test_worker_scoped_references_survive_session_replacement(direction: s
             info = await pair.executor.info()
             assert info.worker_instance_id is not None
             assert pair.worker is not None
-            assert info.worker_instance_id == pair.worker.link.runtime_id
+            assert info.worker_instance_id == own_link(pair.worker).runtime_id
             assert wref.instance_id == info.worker_instance_id != info.instance_id
             assert sref.instance_id == info.instance_id
 

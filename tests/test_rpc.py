@@ -25,6 +25,7 @@ from rpcutil import (
     CalcImpl,
     Color,
     Custom,
+    Direction,
     Point,
     Sink,
     SinkImpl,
@@ -47,7 +48,7 @@ DEADLINE = 10  # seconds any single test may take before it is failed rather tha
 
 
 @both_directions
-async def test_invalid_arguments_are_rejected_naming_the_field(direction: str) -> None:
+async def test_invalid_arguments_are_rejected_naming_the_field(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -66,7 +67,9 @@ async def test_invalid_arguments_are_rejected_naming_the_field(direction: str) -
 
 
 @both_directions
-async def test_a_call_whose_arguments_do_not_decode_is_rejected_at_once(direction: str) -> None:
+async def test_a_call_whose_arguments_do_not_decode_is_rejected_at_once(
+    direction: Direction,
+) -> None:
     # An integer past wire.MAX_BIGNUM_BYTES encodes but the receiver's decoder refuses it: the
     # envelope's head still names the call, so it is refused (it did not run) instead of
     # leaving the caller to its timeout -- which is far beyond this test's deadline.
@@ -83,7 +86,7 @@ async def test_a_call_whose_arguments_do_not_decode_is_rejected_at_once(directio
 
 
 @both_directions
-async def test_arguments_that_cannot_be_sent_are_not_dispatched(direction: str) -> None:
+async def test_arguments_that_cannot_be_sent_are_not_dispatched(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -121,7 +124,7 @@ class ImplWithExtras(CalcImpl):
 
 
 @both_directions
-async def test_unknown_and_private_methods_are_unsupported(direction: str) -> None:
+async def test_unknown_and_private_methods_are_unsupported(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -148,7 +151,7 @@ async def test_unknown_and_private_methods_are_unsupported(direction: str) -> No
 
 
 @both_directions
-async def test_exposure_is_limited_to_the_registered_interface(direction: str) -> None:
+async def test_exposure_is_limited_to_the_registered_interface(direction: Direction) -> None:
     impl = ImplWithExtras()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": gl.Service(impl, Narrow)}) as pair:
@@ -164,7 +167,7 @@ async def test_exposure_is_limited_to_the_registered_interface(direction: str) -
 
 
 @both_directions
-async def test_handler_exception_is_a_remote_error(direction: str) -> None:
+async def test_handler_exception_is_a_remote_error(direction: Direction) -> None:
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": CalcImpl()}) as pair:
             calc = pair.calc()
@@ -183,7 +186,7 @@ async def test_handler_exception_is_a_remote_error(direction: str) -> None:
 
 
 @both_directions
-async def test_registered_exception_is_reraised_as_itself(direction: str) -> None:
+async def test_registered_exception_is_reraised_as_itself(direction: Direction) -> None:
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": CalcImpl()}) as pair:
             with pytest.raises(Custom, match="custom trouble") as info:
@@ -195,7 +198,7 @@ async def test_registered_exception_is_reraised_as_itself(direction: str) -> Non
 
 
 @both_directions
-async def test_handler_raising_rejected_keeps_its_code(direction: str) -> None:
+async def test_handler_raising_rejected_keeps_its_code(direction: Direction) -> None:
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": CalcImpl()}) as pair:
             with pytest.raises(gl.Rejected) as info:
@@ -214,7 +217,7 @@ class ExpiringImpl:
 
 
 @both_directions
-async def test_stale_resource_raised_by_a_handler_keeps_its_class(direction: str) -> None:
+async def test_stale_resource_raised_by_a_handler_keeps_its_class(direction: Direction) -> None:
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"e": ExpiringImpl()}) as pair:
             with pytest.raises(gl.StaleResource) as info:
@@ -230,7 +233,7 @@ class Liar(Protocol):
 
 
 @both_directions
-async def test_result_not_matching_the_interface_fails_the_call(direction: str) -> None:
+async def test_result_not_matching_the_interface_fails_the_call(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -329,7 +332,7 @@ def _box(i: int) -> Box:
 
 
 @both_directions
-async def test_types_round_trip(direction: str) -> None:
+async def test_types_round_trip(direction: Direction) -> None:
     impl = TypesImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"types": gl.Service(impl, Types)}) as pair:
@@ -340,7 +343,16 @@ async def test_types_round_trip(direction: str) -> None:
             when = datetime.datetime(
                 2023, 12, 31, 23, 30, tzinfo=datetime.timezone(datetime.timedelta(hours=-5))
             )
-            args = (
+            args: tuple[
+                list[Point],
+                dict[str, Color],
+                tuple[int, str],
+                int | None,
+                Literal["a", "b"],
+                bytes,
+                datetime.datetime,
+                datetime.date,
+            ] = (
                 [Point(1, 2), Point(3, 4, "four")],
                 {"r": Color.RED, "g": Color.GREEN},
                 (7, "seven"),
@@ -353,7 +365,8 @@ async def test_types_round_trip(direction: str) -> None:
             result = await types.echo_many(*args)
             assert result == args
             assert impl.received[-1] == args  # converted on the worker, too
-            assert await types.echo_many(*args[:3], 5, *args[4:]) == (*args[:3], 5, *args[4:])
+            varied = (*args[:3], 5, *args[4:])
+            assert await types.echo_many(*varied) == varied
             later = await types.later(when, 2)
             assert later == when + datetime.timedelta(days=2)
             assert later.utcoffset() == datetime.timedelta(hours=-5)
@@ -370,7 +383,7 @@ async def test_types_round_trip(direction: str) -> None:
 
 
 @both_directions
-async def test_cancelling_the_caller_cancels_the_handler(direction: str) -> None:
+async def test_cancelling_the_caller_cancels_the_handler(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -407,7 +420,9 @@ class LingeringImpl:
 
 
 @both_directions
-async def test_stopping_the_worker_waits_for_cancelled_handlers_to_end(direction: str) -> None:
+async def test_stopping_the_worker_waits_for_cancelled_handlers_to_end(
+    direction: Direction,
+) -> None:
     """Handlers are structured: the session's end cancels them and waits for them to end (on
     asyncio they are tasks the RPC object tracks itself, not task-group children)."""
     impl = LingeringImpl()
@@ -427,7 +442,7 @@ async def test_stopping_the_worker_waits_for_cancelled_handlers_to_end(direction
 
 
 @both_directions
-async def test_timeout_is_outcome_unknown_and_cancels_the_handler(direction: str) -> None:
+async def test_timeout_is_outcome_unknown_and_cancels_the_handler(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -442,7 +457,7 @@ async def test_timeout_is_outcome_unknown_and_cancels_the_handler(direction: str
 
 
 @both_directions
-async def test_stream_aclose_cancels_the_generator(direction: str) -> None:
+async def test_stream_aclose_cancels_the_generator(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -467,7 +482,7 @@ async def test_stream_aclose_cancels_the_generator(direction: str) -> None:
 
 
 @both_directions
-async def test_cancelling_a_stream_consumer_cancels_the_generator(direction: str) -> None:
+async def test_cancelling_a_stream_consumer_cancels_the_generator(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -485,7 +500,7 @@ async def test_cancelling_a_stream_consumer_cancels_the_generator(direction: str
 
 
 @both_directions
-async def test_facade_stream_closed_before_start_never_runs(direction: str) -> None:
+async def test_facade_stream_closed_before_start_never_runs(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -538,7 +553,7 @@ async def _leave_many(pair: Any, impl: CalcImpl, leave: Any) -> None:
 
 
 @both_directions
-async def test_streams_left_with_break_are_reclaimed(direction: str) -> None:
+async def test_streams_left_with_break_are_reclaimed(direction: Direction) -> None:
     """(~0.5-1 s per run)"""
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
@@ -560,7 +575,7 @@ async def test_streams_left_inside_an_async_generator_are_reclaimed() -> None:
 
 @both_directions
 async def test_a_stream_lost_in_a_reference_cycle_is_reclaimed_by_the_collector(
-    direction: str,
+    direction: Direction,
 ) -> None:
     """The finalizer then runs inside the garbage collector; it only schedules the reclaim."""
     impl = CalcImpl()
@@ -596,7 +611,7 @@ class BrokenImpl:
 
 
 @both_directions
-async def test_stream_error_after_items(direction: str) -> None:
+async def test_stream_error_after_items(direction: Direction) -> None:
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"b": BrokenImpl()}) as pair:
             broken = pair.executor.service("b", Broken)
@@ -614,7 +629,7 @@ async def test_stream_error_after_items(direction: str) -> None:
 
 
 @both_directions
-async def test_stream_credit_bounds_the_producer(direction: str) -> None:
+async def test_stream_credit_bounds_the_producer(direction: Direction) -> None:
     limits = LIMITS.replace(stream_window_items=4)
     produced: list[int] = []
 
@@ -639,7 +654,7 @@ async def test_stream_credit_bounds_the_producer(direction: str) -> None:
 
 
 @both_directions
-async def test_byte_credit_is_replenished(direction: str) -> None:
+async def test_byte_credit_is_replenished(direction: Direction) -> None:
     # A byte window far smaller than the stream: the consumer must give back exactly what the
     # producer charges per item, or a long stream stalls once the initial byte credit is spent.
     limits = LIMITS.replace(stream_window_bytes=256)
@@ -660,7 +675,7 @@ class BulkyImpl:
 
 
 @both_directions
-async def test_an_honest_producer_never_trips_the_credit_check(direction: str) -> None:
+async def test_an_honest_producer_never_trips_the_credit_check(direction: Direction) -> None:
     """Credit is enforced by the consumer (an item beyond it ends the stream), so an honest
     producer must never look like a violator: here its own window is far larger than the
     consumer's (it is capped by the grant, not by its own limits), and every item is larger than
@@ -698,7 +713,7 @@ class SizedImpl:
 
 
 @both_directions
-async def test_payload_too_large_is_not_dispatched_and_harmless(direction: str) -> None:
+async def test_payload_too_large_is_not_dispatched_and_harmless(direction: Direction) -> None:
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"s": SizedImpl()}, limits=SMALL_FRAMES) as pair:
             sized = pair.executor.service("s", Sized)
@@ -722,7 +737,7 @@ class ChunksImpl:
 
 
 @both_directions
-async def test_stream_whose_request_cannot_be_sent_ends(direction: str) -> None:
+async def test_stream_whose_request_cannot_be_sent_ends(direction: Direction) -> None:
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"c": ChunksImpl()}, limits=SMALL_FRAMES) as pair:
             stream = pair.executor.service("c", Chunks).chunks("x" * 100_000)
@@ -748,7 +763,7 @@ class RelayImpl:
 
 
 @both_directions
-async def test_failed_nested_call_fails_the_outer_call(direction: str) -> None:
+async def test_failed_nested_call_fails_the_outer_call(direction: Direction) -> None:
     # The handler ran, then a call *it* made was not dispatched. The outer call executed, so it
     # must be FAILED -- never NOT_DISPATCHED, which would tell the caller a retry is safe.
     relay, sink = RelayImpl(), SinkImpl()
@@ -773,7 +788,7 @@ async def test_failed_nested_call_fails_the_outer_call(direction: str) -> None:
 
 
 @both_directions
-async def test_overload_on_the_caller(direction: str) -> None:
+async def test_overload_on_the_caller(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -800,7 +815,7 @@ async def test_overload_on_the_caller(direction: str) -> None:
 
 
 @both_directions
-async def test_overload_on_the_receiver(direction: str) -> None:
+async def test_overload_on_the_receiver(direction: Direction) -> None:
     impl = CalcImpl()
     controller = LIMITS.replace(max_pending_calls=512)
     worker = LIMITS.replace(max_incoming_calls=256)
@@ -907,7 +922,7 @@ async def test_retire_unknown_distinguishes_offered_from_never_written() -> None
 
 
 @both_directions
-async def test_hostile_controller_envelopes(direction: str) -> None:
+async def test_hostile_controller_envelopes(direction: Direction) -> None:
     """Hand-written envelopes over an authenticated session never crash the worker and never
     disturb an unrelated call in flight."""
     impl = CalcImpl()
@@ -1053,7 +1068,7 @@ async def test_hostile_controller_envelopes(direction: str) -> None:
 
 
 @both_directions
-async def test_notification_storm_is_bounded(direction: str) -> None:
+async def test_notification_storm_is_bounded(direction: Direction) -> None:
     # A peer may notify any unary method (the worker of a plain class cannot know which ones the
     # caller's interface marks one-way), but never more handlers than the incoming budget, and
     # never a stream.
@@ -1084,7 +1099,7 @@ async def test_notification_storm_is_bounded(direction: str) -> None:
 
 
 @both_directions
-async def test_notifications_count_against_the_incoming_budget(direction: str) -> None:
+async def test_notifications_count_against_the_incoming_budget(direction: Direction) -> None:
     impl = CalcImpl()
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
@@ -1172,7 +1187,7 @@ class EvilImpl:
 
 
 @both_directions
-async def test_hostile_worker_envelopes(direction: str) -> None:
+async def test_hostile_worker_envelopes(direction: Direction) -> None:
     impl = CalcImpl()
     services = {"calc": impl, "evil": EvilImpl()}
     # A reply we cannot read says nothing about whether the call ran: UNKNOWN, never FAILED

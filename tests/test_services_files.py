@@ -16,6 +16,7 @@ import pytest
 from servicesutil import controller, linked, lone_worker
 
 import garcon_link as gl
+from garcon_link.endpoint.link import WebSocketLink
 from garcon_link.services import (
     ConfinedRoot,
     FileService,
@@ -50,7 +51,7 @@ def staged_files(directory: Path) -> list[str]:
 async def expect_refused(call: object, code: str = "PERMISSION_DENIED") -> None:
     assert hasattr(call, "__await__")
     with pytest.raises(gl.Rejected) as refused:
-        await call  # type: ignore[misc]
+        await call
     assert refused.value.code == code, refused.value
 
 
@@ -554,11 +555,11 @@ async def test_a_symlink_swapped_during_the_check_is_refused_without_the_real_pa
     link.symlink_to("inside")
     real_readlink = os.readlink
 
-    def racing_readlink(path: object, *args: object, **kwargs: object) -> str:
-        if os.fspath(path) == str(link):  # type: ignore[call-overload]
+    def racing_readlink(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> str:
+        if os.fspath(path) == str(link):
             link.unlink()
             link.write_bytes(b"now a file")  # readlink -> EINVAL, naming the real path
-        return real_readlink(path, *args, **kwargs)  # type: ignore[call-overload,no-any-return]
+        return real_readlink(path, dir_fd=dir_fd)
 
     with anyio.fail_after(30):
         async with linked(root) as executor:
@@ -768,7 +769,9 @@ async def test_a_chunk_whose_reply_was_lost_is_resumed_on_a_fresh_session(tmp_pa
     content = os.urandom(5000)
     with anyio.fail_after(60):
         async with lone_worker(tmp_path) as worker:
-            port = worker.link.listen_address[1]
+            link = worker.link
+            assert isinstance(link, WebSocketLink)  # a worker's own link
+            port = link.listen_address[1]
             async with (
                 FaultProxy("127.0.0.1", port) as proxy,
                 controller(proxy.url("/executor")) as executor,

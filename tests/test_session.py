@@ -269,7 +269,7 @@ def test_reordered_packets_within_a_message() -> None:
     pair.send("a", body(5))
     pair.send("a", body(6))
     pair.flush("a")
-    pair.reorder("a", lambda packets: [p for p in packets if isinstance(p, Message)][::-1])
+    pair.reorder("a", lambda packets: [p for p in reversed(packets) if isinstance(p, Message)])
     with pytest.raises(SessionFailed) as info:
         pair.deliver("a")
     assert info.value.reason is FailureReason.GAP

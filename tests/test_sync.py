@@ -27,6 +27,7 @@ import pytest
 from rpcutil import LIMITS, SECRET, CalcImpl
 
 import garcon_link as gl
+from garcon_link.api.sync import SyncStream
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -97,6 +98,11 @@ def worker() -> Iterator[RunningWorker]:
             yield RunningWorker(portal, impl, running.link.url)
 
 
+def _availability(executor: gl.SyncExecutor) -> str:
+    """The executor's availability, read afresh (mypy keeps a property's earlier narrowing)."""
+    return executor.availability
+
+
 def test_calls_streams_notes_and_errors(worker: RunningWorker) -> None:
     with gl.connect_sync(worker.config()) as executor:
         executor.wait_ready(WAIT)
@@ -119,7 +125,7 @@ def test_calls_streams_notes_and_errors(worker: RunningWorker) -> None:
             with pytest.raises(gl.OutcomeUnknown):
                 quick.hold("never")
         assert calc.add(2, 2) == 4  # the facade itself kept its options
-    assert executor.availability == "disposed"
+    assert _availability(executor) == "disposed"
     with pytest.raises(gl.NotDispatched) as closed:
         calc.add(1, 2)
     assert closed.value.code == "DISPOSED"
@@ -136,13 +142,16 @@ def test_leaving_a_for_loop_early_closes_the_remote_stream(worker: RunningWorker
         worker.wait_for("stream-closed:loop")
 
         kept = calc.ticks("kept")
+        assert isinstance(kept, SyncStream)  # a plain iterator that also closes
         assert next(kept) == 0
         kept.close()
         worker.wait_for("stream-closed:kept")
         with pytest.raises(StopIteration):
             next(kept)
 
-        with calc.ticks("with") as items:
+        stream = calc.ticks("with")
+        assert isinstance(stream, SyncStream)
+        with stream as items:
             assert next(items) == 0
         worker.wait_for("stream-closed:with")
 
@@ -341,9 +350,12 @@ def test_closing_from_another_thread_fails_a_blocked_call_honestly(worker: Runni
     executor = gl.connect_sync(worker.config())
     executor.wait_ready(WAIT)
     calc = executor.service("calc", CalcSync)
-    closer = threading.Thread(
-        target=lambda: (worker.wait_for("started:closed-under"), executor.close())
-    )
+
+    def close_once_started() -> None:
+        worker.wait_for("started:closed-under")
+        executor.close()
+
+    closer = threading.Thread(target=close_once_started)
     closer.start()
     try:
         with pytest.raises(gl.OutcomeUnknown):  # it was running on the worker

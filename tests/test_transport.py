@@ -21,7 +21,14 @@ from faultutil import PeakRss
 from linkutil import wait_until
 
 from garcon_link.core.session import MessageSession, SessionState, encoded_message_size
-from garcon_link.core.wire import Message, Receipt, decode_packets, encode_message, encode_receipt
+from garcon_link.core.wire import (
+    Message,
+    Ordinal,
+    Receipt,
+    decode_packets,
+    encode_message,
+    encode_receipt,
+)
 from garcon_link.endpoint import transport as transport_module
 from garcon_link.endpoint.transport import COALESCE_BYTES, SessionTransport, TransportState
 from garcon_link.errors import (
@@ -425,7 +432,10 @@ async def test_a_frame_issued_on_a_quiet_socket_is_written_at_once_with_the_rece
         written = len(sock.written)
         h.t.try_send(b"reply")  # no await: written synchronously, by this task
         assert sock.nowait_writes == 1 and len(sock.written) == written + 1
-        assert decode_packets(sock.written[-1], 1 << 20) == [Message(1, b"reply"), Receipt(1)]
+        assert decode_packets(sock.written[-1], 1 << 20) == [
+            Message(Ordinal(1), b"reply"),
+            Receipt(1),
+        ]
         await settle()
         assert len(sock.written) == written + 1  # the writer had nothing left to send
 
@@ -990,8 +1000,12 @@ async def test_lone_receipts_are_written_within_the_delay_while_the_writer_polls
         sock.feed(rcpt(0))
         for ordinal in range(1, 6):
             sock.feed(msg(ordinal, b"x"))
+
+            def receipted(o: int = ordinal) -> bool:
+                return Receipt(o) in sock.packets()
+
             with anyio.fail_after(2):
-                await wait_until(lambda o=ordinal: Receipt(o) in sock.packets())
+                await wait_until(receipted)
         assert h.t._receipt_poll  # (white box) the later ones came from the writer's ticks
 
 

@@ -471,7 +471,7 @@ def test_decode_item_maps_any_decoder_exception(
         def decode(self) -> None:
             raise error
 
-    monkeypatch.setattr(wire.cbor2, "CBORDecoder", Broken)
+    monkeypatch.setattr(cbor2, "CBORDecoder", Broken)  # the module wire decodes with
     with pytest.raises(MalformedFrame, match=type(error).__name__) as info:
         decode_item(b"\x00", BIG)
     assert info.value.__cause__ is error

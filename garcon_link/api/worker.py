@@ -31,6 +31,7 @@ import anyio
 import anyio.abc
 
 from ..core.handshake import HandshakeResult
+from ..endpoint.link import WebSocketLink
 from ..endpoint.transport import SessionTransport, TransportState
 from ..errors import ConfigError, FailureReason
 from ..limits import Limits
@@ -67,6 +68,8 @@ class Worker(Endpoint):
         hooks: per-call hooks (:mod:`garcon_link.rpc.hooks`), run around every handler this worker
             runs (and every call back it makes through :func:`peer`).
     """
+
+    link: WebSocketLink  # always its own link: a worker is never a fleet member
 
     def __init__(
         self,

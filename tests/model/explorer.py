@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .invariants import check_world, goal
 from .network import HANDSHAKES, Bounds, Violation, World
@@ -30,6 +31,8 @@ from .network import HANDSHAKES, Bounds, Violation, World
 __all__ = ["Counterexample", "Result", "explore", "replay"]
 
 Action = tuple[str, ...]
+StateKey = tuple[Any, ...]
+"""A state of the main graph (:meth:`World.key`); its first item names the healed graph's node."""
 
 
 @dataclass
@@ -88,9 +91,9 @@ def explore(
     init = World(bounds)
     check_world(init)
     key0 = init.key()
-    parent: dict[Hashable, tuple[Hashable, Action] | None] = {key0: None}
-    depth_of: dict[Hashable, int] = {key0: 0}
-    frontier: deque[tuple[Hashable, World | list[Action]]] = deque(
+    parent: dict[StateKey, tuple[StateKey, Action] | None] = {key0: None}
+    depth_of: dict[StateKey, int] = {key0: 0}
+    frontier: deque[tuple[StateKey, World | list[Action]]] = deque(
         [(key0, [] if copy_mode == "replay" else init)]
     )
     # The healed graph: node -> successor nodes; where each node comes from (for traces).
@@ -101,7 +104,7 @@ def explore(
     transitions = 0
     depth = 0
 
-    def path(key: Hashable) -> list[Action]:
+    def path(key: StateKey) -> list[Action]:
         actions: list[Action] = []
         link = parent[key]
         while link is not None:
@@ -119,6 +122,7 @@ def explore(
             actions.append(action)
             kind, prev, action = origin[prev]
         actions.reverse()
+        assert isinstance(prev, tuple)  # a "main" origin names a state of the main graph
         return path(prev) + actions
 
     def safety(actions: list[Action], action: Action, error: Violation) -> Result:
@@ -138,7 +142,7 @@ def explore(
         )
 
     def expand_healed(
-        hk: Hashable, world: World, successors: dict[Action, tuple[World, Hashable]]
+        hk: Hashable, world: World, successors: dict[Action, tuple[World, StateKey]]
     ) -> None:
         """Record ``hk``'s healed edges; queue successors only the healed graph reaches."""
         out = []
@@ -174,7 +178,7 @@ def explore(
             world, _ = replay(bounds, here)
         d = depth_of[key]
         depth = max(depth, d)
-        successors: dict[Action, tuple[World, Hashable]] = {}
+        successors: dict[Action, tuple[World, StateKey]] = {}
         for action in world.actions():
             nxt = copy.deepcopy(world) if copy_mode == "deepcopy" else world.clone()
             transitions += 1
@@ -199,8 +203,8 @@ def explore(
             if hk not in edges:
                 try:
                     expand_healed(hk, world, successors)
-                except _HealedViolation as found:
-                    return safety(healed_path(found.node), found.action, found.error)
+                except _HealedViolation as violation:
+                    return safety(healed_path(violation.node), violation.action, violation.error)
 
     if liveness:
         while healed_queue:
@@ -209,8 +213,8 @@ def explore(
                 continue
             try:
                 expand_healed(hk, world, {})
-            except _HealedViolation as found:
-                return safety(healed_path(found.node), found.action, found.error)
+            except _HealedViolation as violation:
+                return safety(healed_path(violation.node), violation.action, violation.error)
         found = _liveness(bounds, edges, is_goal, origin, healed_path)
         if found is not None:
             return finish(found)

@@ -45,6 +45,7 @@ import os
 import random
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Literal
 
 import anyio
 import anyio.abc
@@ -60,6 +61,8 @@ from faultutil import (
 )
 
 import garcon_link as gl
+from garcon_link.core.handshake import HandshakeResult
+from garcon_link.endpoint.link import WebSocketLink
 from garcon_link.endpoint.transport import SessionTransport
 from garcon_link.testing import FaultProxy
 
@@ -292,7 +295,7 @@ async def fault_schedule(
                 await pause(0.05, 0.25)
             elif kind == "cut_after":
                 budget = rng.choice((0, 10, 1_000, 50_000, 300_000))
-                direction = rng.choice(("up", "down", "both"))
+                direction: Literal["up", "down", "both"] = rng.choice(("up", "down", "both"))
                 await connected()
                 note(f"cut_after {budget} {direction}")
                 proxy.cut_after(budget, direction)
@@ -455,10 +458,16 @@ async def soak(seed: int, duration: float, min_cuts: int, keyed: bool = False) -
         async with FaultProxy("127.0.0.1", port) as proxy:
             config = controller_config(limits, proxy.url())
             async with gl.connect(config) as executor:
-                for side, link in (("controller", executor.link), ("worker", worker.link)):
-                    link.on_session(
-                        lambda transport, _result, side=side: sessions.append((side, transport))
-                    )
+                controller_link = executor.link
+                assert isinstance(controller_link, WebSocketLink)  # its own: not a fleet member
+                for side, link in (("controller", controller_link), ("worker", worker.link)):
+
+                    def record(
+                        transport: SessionTransport, _result: HandshakeResult, side: str = side
+                    ) -> None:
+                        sessions.append((side, transport))
+
+                    link.on_session(record)
                 history: list[str] = []
                 executor.on_availability_changed(history.append)
                 await executor.wait_ready(10)
