@@ -38,7 +38,7 @@ BENCH_ARGS ?=
 SOAK_MINUTES ?= 5
 SOAK_SEEDS ?=
 
-.PHONY: demo test lint typecheck unit unit-py verify soak bench bench-venv clean
+.PHONY: demo test quick lint typecheck unit unit-py verify soak bench bench-venv clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
@@ -102,6 +102,11 @@ test: lint
 	$(MAKE) --no-print-directory unit; unit=$$?; \
 	wait $$typecheck; status=$$?; cat "$$out"; rm -f "$$out"; \
 	test $$unit = 0 && test $$status = 0
+
+# The fast loop while editing: the tests without the soak and those marked `slow` (the demo, the
+# examples, end-to-end runs of child processes); no lint or typecheck. `make test` runs them all.
+quick:
+	$(MAKE) --no-print-directory unit PYTEST_MARKERS='not soak and not slow'
 
 # Exhaustive model checking of the session/resume/takeover protocol at a larger bound than the
 # test suite's (tests/test_model.py); a few minutes. Other bounds: python -m tests.model --help.
