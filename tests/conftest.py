@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -14,6 +15,15 @@ settings.register_profile(
 )
 settings.register_profile("ci", parent=settings.get_profile("default"), print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A test run started in the background of a non-interactive shell (`cmd &`, nohup, some CI
+    # runners) starts with SIGINT ignored, and an ignored signal is inherited by every child
+    # process: a worker, a CLI or a process-service child started by a test would then not react
+    # to the Ctrl-C the test sends it. The tests run with what a foreground program gets.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
