@@ -7,7 +7,7 @@ peer may call. It is shared by both sides. From it we derive, once per interface
   ``-> AsyncIterator[T]`` (or ``AsyncGenerator``/``AsyncIterable``) -> a stream of ``T``; a method
   decorated with :func:`oneway` -> a notification (no reply, no outcome). Names starting with ``_``
   are never exposed; neither is anything that is not one of those three kinds.
-* the parameter and result type hints, used to **convert and validate values on the receiving
+* the parameter and result type hints, which **convert and validate values on the receiving
   side** with msgspec (dataclasses, enums, ``list``/``dict``/``tuple``/``Optional``/``Literal``,
   ``bytes``, ``datetime``, :class:`~garcon_link.rpc.resources.ResourceRef`, ...). A hint of ``Any``
   or a missing hint passes the decoded value through unchanged.

@@ -90,7 +90,7 @@ class Keyring:
 
     Args:
         directory: the keyring directory; stored as an absolute path.
-        clock: seconds, monotonic; only used to rate-limit warnings (injectable for tests).
+        clock: seconds, monotonic; read only to rate-limit warnings (injectable for tests).
         warn_interval: a refused file's warning is repeated at most once per this many seconds
             for the same file and problem.
 
