@@ -350,6 +350,12 @@ class Limits:
                 "Limits.takeover_probe_timeout must be below handshake_timeout "
                 f"({self.takeover_probe_timeout} >= {self.handshake_timeout})"
             )
+        if self.log_interval < 1.0:
+            # Below a second the rate limit of peer-triggered log lines would not limit much:
+            # max_log_lines per interval would again grow with the attacker's rate.
+            raise ConfigError(
+                f"Limits.log_interval must be at least 1 second, got {self.log_interval!r}"
+            )
         if self.backoff_base > self.backoff_max:
             raise ConfigError("Limits.backoff_base must not exceed backoff_max")
         if self.max_packets_per_message < 2:

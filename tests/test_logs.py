@@ -394,3 +394,9 @@ async def test_a_notification_naming_an_8_mib_service_costs_a_short_line_and_no_
     # The message is sent, framed, received and decoded in this process: ~40 MiB of copies of
     # 8 MiB. Logging the name whole and formatting it into the refusal took the peak to ~104 MiB.
     assert peak < 64 * 1024 * 1024, f"peak {peak / 1024 / 1024:.0f} MiB"
+
+
+def test_log_interval_below_a_second_is_refused() -> None:
+    with pytest.raises(gl.ConfigError, match="log_interval must be at least 1 second"):
+        gl.Limits(log_interval=0.001)
+    assert gl.Limits(log_interval=1.0).log_interval == 1.0
