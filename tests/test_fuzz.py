@@ -104,7 +104,6 @@ from garcon_link.core.wire import (
     Message,
     Role,
     decode_item,
-    describe_value,
     iter_packets,
 )
 from garcon_link.endpoint.transport import SessionTransport, TransportState
@@ -116,6 +115,7 @@ from garcon_link.errors import (
     SessionFailed,
 )
 from garcon_link.limits import Limits
+from garcon_link.logs import PEER_TEXT_CHARS, peer_text
 from garcon_link.rpc.chunks import parse_part
 from garcon_link.rpc.envelopes import BadEnvelope, Part
 from garcon_link.rpc.envelopes import decode as decode_envelope
@@ -174,7 +174,7 @@ def fuzz(name: str) -> Callable[[F], F]:
 
 def check_described(value: Any, depth: int = 0) -> None:
     """Every part of a decoded value can be described and printed without raising."""
-    assert len(describe_value(value)) <= 60
+    assert len(peer_text(value)) <= PEER_TEXT_CHARS + 40
     if type(value) is int:
         # A magnitude of MAX_BIGNUM_BYTES bytes; tag 3 means -1 - magnitude: one bit more.
         assert value.bit_length() <= 8 * MAX_BIGNUM_BYTES + 1

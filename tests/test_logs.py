@@ -194,6 +194,17 @@ def test_peer_text_cuts_before_rendering_and_says_the_true_length() -> None:
     assert peer_text({"k": 1}) == "<dict of 1>" and peer_text(None) == "None"
     assert peer_text(object()) == "<object>"
     assert peer_text("x" * 500, 20).startswith("'" + "x" * 20 + "'...")
+    assert peer_text(-(10**5000)) == "<-integer of 16610 bits>"  # str() would raise
+    assert peer_text(float("nan")) == "nan" and peer_text(True) == "True"
+    assert peer_text(1, limit=0) == "1"
+
+
+def test_peer_text_survives_a_value_whose_len_raises() -> None:
+    class Evil(list):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            raise RuntimeError("no")
+
+    assert peer_text(Evil()) == "<unprintable value>"
 
 
 def test_peer_text_of_an_exception_is_its_message_on_one_line_and_bounded() -> None:

@@ -22,7 +22,6 @@ from garcon_link.core.wire import (
     Receipt,
     decode_item,
     decode_packets,
-    describe_value,
     encode_canonical,
     encode_message,
     encode_receipt,
@@ -490,42 +489,6 @@ def test_decode_item_never_compiles_a_peer_regex(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(MalformedFrame):
         decode_item(tagged(35, marker), BIG)
     assert marker not in compiled
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        (10**5000, "<integer of 16610 bits>"),
-        (-(10**5000), "<-integer of 16610 bits>"),
-        (2**64 - 1, str(2**64 - 1)),
-        (-5, "-5"),
-        ("x" * 1000, "'" + "x" * 56 + "..."),
-        (b"\x00" * 1000, "b'" + "\\x00" * 13 + "\\x0..."),
-        ([1] * 10**6, "<list of 1000000>"),
-        ({1: 2}, "<dict of 1>"),
-        (None, "None"),
-        (True, "True"),
-        (float("nan"), "nan"),
-        (object(), "<object>"),
-    ],
-    ids=[
-        "huge", "-huge", "u64", "small", "text", "bytes", "list", "dict", "none", "bool", "nan",
-        "object",
-    ],
-)  # fmt: skip
-def test_describe_value_is_short_and_never_raises(value: object, expected: str) -> None:
-    text = describe_value(value)
-    assert text == expected
-    assert len(text) <= 60
-
-
-def test_describe_value_survives_a_value_whose_len_raises() -> None:
-    class Evil(list):  # type: ignore[type-arg]
-        def __len__(self) -> int:
-            raise RuntimeError("no")
-
-    assert describe_value(Evil()) == "<Evil>"
-    assert describe_value(1, limit=0) == "1"
 
 
 def shared_dag(levels: int) -> bytes:

@@ -92,8 +92,8 @@ checked before decoding; the decoder refuses every semantic tag, bignums include
 (``decode_item(..., bignums=False)``: the grammar has no integer beyond ``2**64-1``), so every
 integer reaching the checks below fits 64 bits (plus sign) and no tag makes cbor2 build or
 compute anything; then the frame must re-encode to itself (deterministic encoding, at most
-8 KiB). Error details describe peer values with :func:`~garcon_link.core.wire.describe_value`, which
-never raises and never renders more than a few dozen characters.
+8 KiB). Error details describe peer values with :func:`~garcon_link.logs.peer_text`, which
+never raises and renders a bounded, escaped prefix (a few dozen characters here).
 
 Failure reasons (:class:`~garcon_link.errors.HandshakeFailure`) and their close codes
 -------------------------------------------------------------------------------------
@@ -136,8 +136,9 @@ from typing import Any, TypeGuard
 import blake3
 
 from ..errors import AuthenticationError, HandshakeError, HandshakeFailure, MalformedFrame
+from ..logs import peer_text
 from ..version import __version__
-from .wire import MAX_ORDINAL, Role, decode_item, describe_value, encode_canonical
+from .wire import MAX_ORDINAL, Role, decode_item, encode_canonical
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
@@ -341,25 +342,23 @@ class Hello:
             raise HandshakeError(HandshakeFailure.MALFORMED, "a hello must be a CBOR map")
         kind = obj.get("t")
         if type(kind) is not str or kind != "hello":
-            raise HandshakeError(
-                HandshakeFailure.MALFORMED, f"not a hello (t={describe_value(kind)})"
-            )
+            raise HandshakeError(HandshakeFailure.MALFORMED, f"not a hello (t={peer_text(kind)})")
         if "protocol" not in obj:
             raise HandshakeError(HandshakeFailure.MALFORMED, "hello without a protocol version")
         protocol = obj["protocol"]
         if not _is_int(protocol):
             raise HandshakeError(
                 HandshakeFailure.MALFORMED,
-                f"protocol must be an integer, not {describe_value(protocol)}",
+                f"protocol must be an integer, not {peer_text(protocol)}",
             )
         if protocol != PROTOCOL_VERSION:
             raise HandshakeError(
                 HandshakeFailure.VERSION_MISMATCH,
-                f"peer speaks protocol {describe_value(protocol)}, we speak {PROTOCOL_VERSION}",
+                f"peer speaks protocol {peer_text(protocol)}, we speak {PROTOCOL_VERSION}",
             )
         keys = set(obj)
         if keys != _HELLO_KEYS:
-            unknown = sorted(describe_value(k, 30) for k in keys - _HELLO_KEYS)[:5]
+            unknown = sorted(peer_text(k, 30) for k in keys - _HELLO_KEYS)[:5]
             missing = sorted(_HELLO_KEYS - keys)
             parts = []
             if unknown:
@@ -369,7 +368,7 @@ class Hello:
             raise HandshakeError(HandshakeFailure.MALFORMED, "hello has " + "; ".join(parts))
         role = obj["role"]
         if type(role) is not str or role not in (Role.CONTROLLER.value, Role.WORKER.value):
-            raise HandshakeError(HandshakeFailure.MALFORMED, f"unknown role {describe_value(role)}")
+            raise HandshakeError(HandshakeFailure.MALFORMED, f"unknown role {peer_text(role)}")
         try:
             return cls(
                 protocol=protocol,
@@ -499,7 +498,7 @@ def _parse_proof(obj: object) -> bytes:
     if type(mac) is not bytes or len(mac) != MAC_BYTES:
         raise HandshakeError(
             HandshakeFailure.MALFORMED,
-            f"proof mac must be {MAC_BYTES} bytes, not {describe_value(mac)}",
+            f"proof mac must be {MAC_BYTES} bytes, not {peer_text(mac)}",
         )
     return mac
 
@@ -731,7 +730,7 @@ class Handshake:
         if peer.executor != local.executor:
             raise HandshakeError(
                 HandshakeFailure.EXECUTOR_MISMATCH,
-                f"peer expects executor {describe_value(peer.executor)}, we are {local.executor!r}",
+                f"peer expects executor {peer_text(peer.executor)}, we are {local.executor!r}",
             )
         self._peer = peer
         self._state = HandshakeState.AWAIT_PROOF

@@ -37,8 +37,7 @@ Integers from a peer are bounded *while decoding*, before anything else looks at
   the integer is built. Python refuses ``str()`` of an integer over 4,300 digits, so an
   unbounded bignum would make every log line or error message that mentions it raise.
 
-:func:`describe_value` renders a peer value for an error message or a log line and never
-raises: huge integers are described by their bit length, strings and containers are cut short.
+Error messages and log lines render peer values with :func:`garcon_link.logs.peer_text`.
 """
 
 from __future__ import annotations
@@ -66,7 +65,6 @@ __all__ = [
     "array_prefix",
     "decode_item",
     "decode_packets",
-    "describe_value",
     "encode_canonical",
     "encode_head",
     "encode_message",
@@ -378,44 +376,6 @@ def decode_item(data: bytes, max_bytes: int, *, plain: bool = True, bignums: boo
     if plain:
         _check_plain(value, 0, set())
     return value
-
-
-def describe_value(value: object, limit: int = 60) -> str:
-    """A short description of a peer-supplied value for an error message or a log line.
-
-    Never raises and never costs more than ``O(limit)``: an integer over 64 bits is described
-    by its sign and bit length (``str()`` of a huge integer is quadratic, and raises past 4,300
-    digits); text and byte strings are cut before they are rendered; containers are named by
-    type and length; any other value by its type.
-
-    Args:
-        value: anything decoded from the peer.
-        limit: the most characters returned (at least 8).
-
-    Returns:
-        A printable description of at most ``limit`` characters.
-    """
-    limit = max(limit, 8)
-    try:
-        kind = type(value)
-        if kind is int:
-            number: int = value  # type: ignore[assignment]
-            if number.bit_length() > 64:
-                sign = "-" if number < 0 else ""
-                text = f"<{sign}integer of {number.bit_length()} bits>"
-            else:
-                text = str(number)
-        elif kind is str or kind is bytes:
-            text = repr(value[:limit])  # type: ignore[index]
-        elif kind in (bool, float, type(None)):
-            text = repr(value)
-        elif kind in (list, dict, tuple):
-            text = f"<{kind.__name__} of {len(value)}>"  # type: ignore[arg-type]
-        else:
-            text = f"<{kind.__name__}>"
-    except Exception:  # a hostile value must not turn a refusal into a crash
-        text = "<unprintable value>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 _PLAIN_SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
