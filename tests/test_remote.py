@@ -581,6 +581,143 @@ async def test_a_changed_return_type_is_a_contract_change() -> None:
             assert await pair.executor.service("calc").add(1, 2) == "3"
 
 
+# ---------------------------------------------------------------------------- hot inventory
+
+
+class Greeter(Protocol):
+    async def greet(self, name: str) -> str: ...
+
+
+class GreeterImpl:
+    def __init__(self) -> None:
+        self.greeted = 0
+
+    async def greet(self, name: str) -> str:
+        self.greeted += 1
+        return f"hello {name}"
+
+
+async def manifest_where(executor: gl.RemoteExecutor, holds: Any) -> gl.ExecutorInfo:
+    """The executor's description once ``holds(info)``; bounded by the caller's deadline."""
+    while not holds(info := await executor.info()):
+        await anyio.sleep(0.005)
+    return info
+
+
+@both_directions
+async def test_services_added_and_removed_while_running(direction: Direction) -> None:
+    """The controller learns the worker's new manifest on the running session (no new session,
+    no availability change); a removed service's calls fail UNSUPPORTED without being sent; a
+    new session (here: a new controller) is described with the services as they are now."""
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": CalcImpl()}) as pair:
+            executor, worker = pair.executor, pair.live_worker
+            session = (await executor.info()).session_id
+            version = (await executor.info()).versions["calc"]
+            greeter = executor.service("greeter", Greeter)
+            with pytest.raises(gl.Rejected) as absent:
+                await greeter.greet("ann")  # not served yet: refused before sending
+            assert absent.value.code == "UNSUPPORTED"
+
+            impl = GreeterImpl()
+            worker.add_service("greeter", impl)
+            info = await manifest_where(executor, lambda i: "greeter" in i.services)
+            assert info.session_id == session and pair.history == ["ready"]
+            assert set(info.versions) == {"calc", "greeter"}
+            assert info.versions["calc"] == version  # calc's own contract did not change
+            assert await greeter.greet("ann") == "hello ann"
+            assert await executor.service("greeter").greet("bob") == "hello bob"  # dynamic
+            assert executor.inventory_updates == 1
+
+            assert worker.remove_service("greeter") is True
+            assert worker.remove_service("greeter") is False  # nothing left to remove
+            await manifest_where(executor, lambda i: "greeter" not in i.services)
+            with pytest.raises(gl.Rejected) as removed:
+                await greeter.greet("ann")
+            assert removed.value.code == "UNSUPPORTED"
+            assert "greeter.greet" in removed.value.message
+            assert impl.greeted == 2  # the refused call was never sent
+            with pytest.raises(gl.Rejected, match="UNKNOWN_SERVICE"):
+                await raw_call(pair.rpc, "greeter", "greet", ["x"])  # the worker refuses too
+
+            worker.add_service("greeter", impl)
+            await manifest_where(executor, lambda i: "greeter" in i.services)
+            worker.remove_service("calc")  # one it started with
+            await manifest_where(executor, lambda i: "calc" not in i.services)
+            with pytest.raises(gl.Rejected, match="UNSUPPORTED"):
+                await pair.calc().add(1, 2)
+
+            await pair.stop_controller()
+            executor = await pair.start_controller()
+            await executor.wait_ready(5)
+            assert set((await executor.info()).services) == {"greeter"}
+            assert await executor.service("greeter", Greeter).greet("cy") == "hello cy"
+
+
+def test_add_service_checks_what_it_serves() -> None:
+    config = gl.LinkConfig(
+        executor_id="box", role=gl.Role.WORKER, secret=SECRET, listen=("127.0.0.1", 0)
+    )
+    worker = gl.Worker(config, {"calc": CalcImpl()})
+    with pytest.raises(gl.ConfigError, match=r"SyncCalc\.total is a plain"):
+        worker.add_service("sync", SyncCalc())
+    for name in ("", "_hidden", "$link"):
+        with pytest.raises(gl.ConfigError, match="invalid service name"):
+            worker.add_service(name, GreeterImpl())
+    worker.add_service("greeter", GreeterImpl())  # before start: every session will serve it
+    assert worker.remove_service("calc") is True
+
+
+async def test_hostile_inventory_announcements_are_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker (holding a key) that announces malformed, oversized, stale or a flood of
+    manifests: each bad one is dropped and counted, the manifest stays the last good one, what
+    is logged is bounded, and the session serves on. A controller is told nothing of the kind
+    (an announcement to a controller is dropped as an unreadable notification). ~0.5 s."""
+    caplog.set_level(logging.INFO, logger="garcon_link.remote")
+    fits = len(encode_canonical({"calc": service_spec(CalcImpl).manifest()}))
+    limits = LIMITS.replace(max_manifest_bytes=fits + 200)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"calc": CalcImpl()}, limits=limits) as pair:
+            executor, worker_rpc = pair.executor, pair.worker_rpc
+            good = (await executor.info()).services
+            bad: list[Any] = [
+                "junk",
+                {"calc": "junk"},
+                {"calc": {1: {}}},
+                {"calc": good["calc"], "big": {"m": {"kind": "unary", "signature": "x" * fits}}},
+            ]
+            for sequence, services in enumerate(bad, start=1):
+                await worker_rpc.announce_inventory(sequence, services)
+            await worker_rpc.transport.send(  # not [sequence, services]
+                b"\x85\x04e$linkiinventory\x81\x01\xa0"
+            )
+            flood = 500
+            for sequence in range(10, 10 + flood):
+                services = {"calc": good["calc"], f"s{sequence}": {}}
+                await worker_rpc.announce_inventory(sequence, services)
+            await worker_rpc.announce_inventory(5, {"stale": {}})  # older than one applied
+            last = f"s{9 + flood}"
+            info = await manifest_where(executor, lambda i: last in i.services)
+            await pair.calc().add(1, 1)  # a round trip: the stale one has arrived too
+            info = await executor.info()
+            assert set(info.services) == {"calc", last}
+            assert executor.inventory_dropped == len(bad) + 1
+            assert executor.inventory_updates == flood
+            assert await pair.calc().add(1, 2) == 3
+            lines = [r for r in caplog.records if "announced manifest" in r.getMessage()]
+            changes = [r for r in caplog.records if "contract changed" in r.getMessage()]
+            assert 1 <= len(lines) <= limits.max_log_lines + 1
+            assert len(changes) <= limits.max_log_lines + 1
+            assert "offline" not in pair.history  # the same session throughout
+            # an announcement the other way is nobody's to apply
+            before = worker_rpc.statistics().notifications_dropped
+            await pair.rpc.announce_inventory(1, {})
+            while worker_rpc.statistics().notifications_dropped == before:
+                await anyio.sleep(0.005)
+
+
 class CalcBad(Protocol):
     async def add(self, a: int, b: int) -> int: ...
     def blocking(self) -> int: ...

@@ -69,7 +69,7 @@ from ..errors import (
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_message, peer_text
-from ..rpc.contract import Compatibility, compare_manifests, service_version
+from ..rpc.contract import Compatibility, compare_manifests, compare_method, service_version
 from ..rpc.hooks import CallHook
 from ..rpc.interface import contract_hash, service_spec
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
@@ -411,6 +411,14 @@ class RemoteExecutor(Endpoint):
                 self._set_availability("offline")
 
     async def _install(self, transport: SessionTransport, rpc: ExecutorRpc) -> None:
+        # An announcement may arrive while describe is answered: keep the newest (they come in
+        # order) and apply it once installed, if it is newer than what describe said.
+        early: list[list[Any]] = []
+
+        def hold(args: list[Any]) -> None:
+            early[:] = [args]
+
+        rpc.on_inventory(hold)
         try:
             manifest = await rpc.describe_peer(timeout=self.limits.call_timeout)
             problem = manifest_problem(manifest["services"], self.limits.max_manifest_bytes)
@@ -432,11 +440,15 @@ class RemoteExecutor(Endpoint):
         if self._info is not None and info.contract != self._info.contract:
             self._log_changes(self._services, info.services, transport.session_id)
         self._learn(info)
-        self._inventory_seq = -1
+        # describe says which announcement its manifest includes (-1: an older worker)
+        sequence = manifest.get("inventory")
+        self._inventory_seq = sequence if type(sequence) is int else -1
         rpc.on_inventory(lambda args: self._on_inventory(rpc, args))
         rpc.peer_instance_id = info.instance_id
         rpc.peer_worker_instance_id = info.worker_instance_id
         self._rpc = rpc
+        for args in early:
+            self._on_inventory(rpc, args)
         self.last_error = None
 
         def follow(state: TransportState) -> None:
@@ -603,6 +615,52 @@ class RemoteExecutor(Endpoint):
     @property
     def current_rpc(self) -> ExecutorRpc | None:
         return self._rpc
+
+    # -- capabilities (routing by what the worker offers)
+
+    @property
+    def versions(self) -> Mapping[str, str]:
+        """Each service of the worker's manifest (as last described or announced) with its
+        contract version; empty before a session was installed."""
+        return self._info.versions if self._info is not None else {}
+
+    @property
+    def pending_calls(self) -> int:
+        """Calls and streams of this controller awaiting the worker's reply (0 offline)."""
+        rpc = self._rpc
+        return rpc.statistics().pending_calls if rpc is not None else 0
+
+    @property
+    def routable(self) -> bool:
+        """Whether new calls may be routed here: ``ready`` and not draining."""
+        # "ready" is the one availability that takes new calls; one that refuses them while it
+        # finishes the running ones (a draining worker) is excluded here as well.
+        return self._availability == "ready" and not self._draining
+
+    def offers(
+        self, service: str, method: str | None = None, *, interface: type | None = None
+    ) -> bool:
+        """Whether the worker's manifest (as last described or announced) has ``service``
+        (and ``method``); with ``interface``, whether that method (or, without ``method``,
+        every method of ``interface``) is compatible or additive to the interface's view
+        (:func:`~garcon_link.rpc.contract.compare_method`).
+
+        Raises:
+            TypeError, ConfigError: ``interface`` is not a servable interface class.
+        """
+        methods = self._services.get(service) if self._info is not None else None
+        if not isinstance(methods, Mapping):
+            return False
+        if interface is None:
+            return method is None or isinstance(methods.get(method), Mapping)
+        view = service_spec(interface_class(interface)).manifest()
+        wanted = view if method is None else {method: view.get(method)}
+        return all(
+            entry is not None
+            and compare_method(entry, methods.get(name))[0]
+            in (Compatibility.COMPATIBLE, Compatibility.ADDITIVE)
+            for name, entry in wanted.items()
+        )
 
 
 def _optional_bytes(value: object) -> bytes | None:

@@ -321,6 +321,9 @@ class Worker(Endpoint):
                 "worker_instance_id": self.worker_scope.instance_id,
                 "services": manifest,
                 "contract": contract_hash(manifest),
+                # The latest announcement sent before this answer: the controller ignores an
+                # announcement not newer (its manifest is in this one already).
+                "inventory": self._inventory_seq,
             }
 
         rpc = ExecutorRpc(
