@@ -718,6 +718,31 @@ async def test_hostile_inventory_announcements_are_bounded(
                 await anyio.sleep(0.005)
 
 
+async def test_the_changes_logged_for_a_huge_manifest_are_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker announcing a thousand new methods costs the controller a bounded number of
+    comparisons (it parses the peer's signatures): the log line names a few, counts the rest."""
+    caplog.set_level(logging.INFO, logger="garcon_link.remote")
+
+    def wide(result: str) -> dict[str, Any]:
+        methods = {
+            f"m{i:04}": {"kind": "unary", "signature": f"(a: int) -> {result}"} for i in range(1000)
+        }
+        return {"calc": service_spec(CalcImpl).manifest(), "wide": methods}
+
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"calc": CalcImpl()}) as pair:
+            await pair.worker_rpc.announce_inventory(1, wide("str"))
+            await manifest_where(pair.executor, lambda i: "wide" in i.services)
+            lines = [r.getMessage() for r in caplog.records if "contract changed" in r.getMessage()]
+            assert len(lines) == 1  # (and at most one per log_interval)
+            assert "(additive as far as compared (64))" in lines[0]
+            assert "wide.m0000: additive (new method)" in lines[0]
+            assert "and 992 more" in lines[0]  # 64 compared, 8 named, the rest counted
+            assert len(lines[0]) < 2000
+
+
 class CalcBad(Protocol):
     async def add(self, a: int, b: int) -> int: ...
     def blocking(self) -> int: ...

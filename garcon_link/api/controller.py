@@ -15,8 +15,8 @@ and a ``describe`` call; its manifest becomes the executor's, whatever it change
 compared per method by the facades (:mod:`garcon_link.api.facades`), so a worker upgraded with
 new methods or services stays usable, and only the calls of a method whose contract changed
 incompatibly (or was removed) fail, each at once. What changed is logged once per session
-(additive changes at INFO, the others at WARNING, by method;
-:func:`~garcon_link.rpc.contract.compare_manifests`). A worker may also announce a new manifest
+(additive changes at INFO, the others at WARNING, by method, at most 64 compared;
+:func:`~garcon_link.rpc.contract.compare_method`). A worker may also announce a new manifest
 on the same session (``$link.inventory``, when it adds or removes a service): it replaces the
 executor's at once if it is well formed and at most ``Limits.max_manifest_bytes``, and is
 dropped (counted, the manifest unchanged) otherwise; an older announcement than one applied is
@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast, overload
 
@@ -69,7 +69,7 @@ from ..errors import (
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_message, peer_text
-from ..rpc.contract import Compatibility, compare_manifests, compare_method, service_version
+from ..rpc.contract import Compatibility, compare_method, service_version
 from ..rpc.hooks import CallHook
 from ..rpc.interface import contract_hash, service_spec
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
@@ -86,6 +86,8 @@ _CAUSE_CHARS = 1000
 """The longest cause of a refused session, or list of contract changes in one log line."""
 _CHANGES_SHOWN = 8
 """The most changed methods one log line names (the rest are counted)."""
+_CHANGES_COMPARED = 64
+"""The most differing manifest entries compared for that line (the rest are counted)."""
 
 T = TypeVar("T")
 Availability = Literal["offline", "ready", "reconnecting", "disposed"]
@@ -125,6 +127,20 @@ def manifest_problem(services: object, limit: int) -> str | None:
     if size > limit:
         return f"the manifest is {size} bytes, over max_manifest_bytes ({limit})"
     return None
+
+
+def _differing(
+    before: Mapping[str, Any], after: Mapping[str, Any]
+) -> Iterator[tuple[str, Any, Any]]:
+    """``("service.method", old entry, new entry)`` for each entry that differs (``None``:
+    absent), without parsing anything; both are well-formed manifests (:func:`manifest_problem`)."""
+    for service in sorted(set(before) | set(after)):
+        old, new = before.get(service, {}), after.get(service, {})
+        if old == new:
+            continue
+        for method in sorted(set(old) | set(new)):
+            if old.get(method) != new.get(method):
+                yield f"{service}.{method}", old.get(method), new.get(method)
 
 
 def _versions(services: Mapping[str, Any]) -> dict[str, str]:
@@ -508,32 +524,45 @@ class RemoteExecutor(Endpoint):
     def _log_changes(
         self, before: Mapping[str, Any], after: Mapping[str, Any], session: bytes | None
     ) -> None:
-        """One line naming what changed in the worker's manifest (bounded, rate-limited)."""
-        changed = [
-            v
-            for v in compare_manifests(before, after)
-            if v.compatibility is not Compatibility.COMPATIBLE
-        ]
-        if not changed:
+        """One line naming what changed in the worker's manifest (bounded, rate-limited).
+
+        Only entries that differ are compared, and at most ``_CHANGES_COMPARED`` of them: a
+        worker's manifest is the peer's, so the parsing it costs here stays bounded however
+        many methods changed (the rest are counted)."""
+        differing = list(_differing(before, after))
+        if not differing:
             return
-        additive = all(v.compatibility is Compatibility.ADDITIVE for v in changed)
+        changed = [
+            (name, *compare_method(old, new)) for name, old, new in differing[:_CHANGES_COMPARED]
+        ]
+        changed = [c for c in changed if c[1] is not Compatibility.COMPATIBLE]
+        uncompared = len(differing) - min(len(differing), _CHANGES_COMPARED)
+        if not changed and not uncompared:
+            return  # the same contracts spelled differently
+        additive = all(c[1] is Compatibility.ADDITIVE for c in changed)
+        verdict = (
+            "calls of incompatible or removed methods fail"
+            if not additive
+            else f"additive as far as compared ({_CHANGES_COMPARED})"
+            if uncompared
+            else "additive"
+        )
         shown = "; ".join(
-            f"{v.service}.{v.method}: {v.compatibility.value} ({v.difference})"
-            for v in changed[:_CHANGES_SHOWN]
+            f"{name}: {compatibility.value} ({difference})"
+            for name, compatibility, difference in changed[:_CHANGES_SHOWN]
         )
-        more = (
-            f"; and {len(changed) - _CHANGES_SHOWN} more" if len(changed) > _CHANGES_SHOWN else ""
-        )
+        hidden = len(changed) - min(len(changed), _CHANGES_SHOWN) + uncompared
+        more = f"; and {hidden} more" if hidden else ""
         self._peer_log.log(
             self.executor_id,
             "contract changed",
             "executor %s: the worker's contract changed (%s): %s%s",
             self.executor_id,
-            "additive" if additive else "calls of incompatible or removed methods will fail",
+            verdict,
             peer_message(shown, _CAUSE_CHARS),
             more,
             extra=log_fields(executor=self.executor_id, session=session),
-            level=logging.INFO if additive else logging.WARNING,
+            level=logging.INFO if additive and not uncompared else logging.WARNING,
         )
 
     def _refuse_session(self, transport: SessionTransport, why: str) -> None:
