@@ -91,6 +91,7 @@ import garcon_link as gl
 from garcon_link.core.wire import encode_message, encode_receipt
 from garcon_link.endpoint.link import WebSocketLink
 from garcon_link.endpoint.transport import TransportState
+from garcon_link.rpc.interface import service_spec
 from garcon_link.testing import WorkerProcess, free_tcp_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -926,12 +927,13 @@ async def hostile_worker() -> AsyncIterator[tuple[gl.RemoteExecutor, Raw, list[A
         yield executor, raw, call
 
 
-def manifest(contract: Any) -> dict[str, Any]:
-    """A worker's ``describe`` answer with no services and the given contract hash."""
+def manifest(contract: Any, services: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A worker's ``describe`` answer with ``services`` (default: none) and the given contract
+    hash."""
     return {
         "executor_id": EXECUTOR_ID,
         "instance_id": os.urandom(16),
-        "services": {},
+        "services": services or {},
         "contract": contract,
     }
 
@@ -1095,7 +1097,10 @@ async def test_stream_items_beyond_credit_end_the_stream() -> None:
     items, batch, size = 100_000, 200, 1024
     with anyio.fail_after(DEADLINE):
         async with hostile_worker() as (executor, raw, describe):
-            await raw.send_envelope([1, describe[1], manifest("c" * 64)])
+            # it describes the service the controller's facade expects (else the facade would
+            # refuse the calls, UNSUPPORTED, before sending them)
+            blobs = {"blobs": service_spec(Blobs).manifest()}
+            await raw.send_envelope([1, describe[1], manifest("c" * 64, blobs)])
             await executor.wait_ready(OUTCOME_WAIT)
             remote = executor.service("blobs", Blobs)
             stream = remote.blobs()
