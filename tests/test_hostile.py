@@ -957,6 +957,48 @@ async def test_a_hostile_worker_cannot_stall_the_controller_with_a_bomb_reply() 
             )
 
 
+async def test_an_inventory_announcement_racing_describe_is_applied_once_installed() -> None:
+    """A worker announces a new manifest right behind its ``describe`` answer, before the
+    controller has installed the session: the announcement is kept (the newest only) and
+    applied once installed; one that ``describe`` already includes (its ``inventory``
+    sequence) is ignored."""
+    add = {"add": {"kind": "unary", "signature": "(a: int, b: int) -> int"}}
+    with anyio.fail_after(DEADLINE):
+        async with hostile_worker() as (executor, raw, call):
+            described = {**manifest("c" * 64, {"calc": add}), "inventory": 1}
+            # all three in one WebSocket message: dispatched before the install resumes
+            envelopes = [
+                [4, "$link", "inventory", [1, {"stale": add}], {}],
+                [1, call[1], described],
+                [4, "$link", "inventory", [2, {"calc": add, "new": add}], {}],
+            ]
+            assert await send_batch(raw, [cbor2.dumps(e) for e in envelopes])
+            await executor.wait_ready(OUTCOME_WAIT)
+            while "new" not in executor.versions:
+                await anyio.sleep(0.005)
+            assert set(executor.versions) == {"calc", "new"}
+            assert executor.inventory_updates == 1 and executor.inventory_dropped == 0
+
+
+async def test_an_announcement_that_describe_already_includes_is_ignored() -> None:
+    """``describe`` says which announcement its manifest includes (``inventory``): an
+    announcement with that sequence, arriving before the install, changes nothing."""
+    add = {"add": {"kind": "unary", "signature": "(a: int, b: int) -> int"}}
+    with anyio.fail_after(DEADLINE):
+        async with hostile_worker() as (executor, raw, call):
+            described = {**manifest("c" * 64, {"calc": add}), "inventory": 5}
+            envelopes = [
+                [1, call[1], described],
+                [4, "$link", "inventory", [5, {"stale": add}], {}],
+            ]
+            assert await send_batch(raw, [cbor2.dumps(e) for e in envelopes])
+            await executor.wait_ready(OUTCOME_WAIT)
+            await raw.send_envelope([4, "$link", "inventory", [6, {"calc": add, "new": add}], {}])
+            while "new" not in executor.versions:
+                await anyio.sleep(0.005)
+            assert executor.inventory_updates == 1  # "stale" was never applied
+
+
 # ---------------------------------------------------------------------------------- rpc bounds
 
 # An authenticated peer floods the RPC layer. The attacked process's
