@@ -233,6 +233,7 @@ class RemoteExecutor(Endpoint):
         self._info: ExecutorInfo | None = None
         self._services: Mapping[str, Any] = {}  # the worker's manifest (the current session's)
         self._manifest_version = 0  # incremented whenever _services is learned (facades.py)
+        self._contract_cache: dict[tuple[str, type], Any] = {}  # facades.py; per manifest
         self._inventory_seq = -1  # the latest inventory announcement applied on this session
         self.inventory_updates = 0
         """Manifests the worker announced on a running session and this executor applied."""
@@ -485,6 +486,7 @@ class RemoteExecutor(Endpoint):
         """Make ``info`` (and its manifest) the executor's: facades compare again."""
         self._info = info
         self._services = info.services
+        self._contract_cache = {}
         self._manifest_version += 1
 
     def _on_inventory(self, rpc: ExecutorRpc, args: list[Any]) -> None:

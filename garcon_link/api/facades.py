@@ -68,6 +68,9 @@ class FacadeHost(KeyedCaller, Protocol):
     errors: int
     _observer: CallObserver
     _manifest_version: int
+    # (service, interface) -> its refusals on the current manifest; emptied when it changes,
+    # so facades made per call compare their interface once per manifest, not per facade
+    _contract_cache: dict[tuple[str, type], dict[str, _Refusal]]
 
     def _manifest(self) -> Mapping[str, Any]: ...
 
@@ -148,9 +151,15 @@ class Facade:
     def _check_method(self, method: str | None) -> None:
         """Raise ``Rejected`` if ``method`` cannot be called on the worker's current contract
         (module docstring); compare the view again first if the manifest changed since."""
-        version = self._executor._manifest_version
+        executor = self._executor
+        version = executor._manifest_version
         if version != self._compared and self._view:
-            self._refusals = contract_refusals(self._name, self._view, self._executor._manifest())
+            key = (self._name, self._spec.interface)
+            refusals = executor._contract_cache.get(key)
+            if refusals is None:
+                refusals = contract_refusals(self._name, self._view, executor._manifest())
+                executor._contract_cache[key] = refusals
+            self._refusals = refusals
             self._compared = version
         refusal = self._refusals.get(method) if method is not None else None
         if refusal is not None:
