@@ -286,7 +286,7 @@ class FailureReason(_CodedReason):
     INBOUND_OVERFLOW = ("pre-readiness inbound buffer overflowed", 4008)
     REPLACED = ("replaced by a fresh logical session", 4005)
     PEER_RETIRED = ("the peer retired the session", 4005)
-    REFUSED = ("refused after the handshake (contract changed or describe failed)", 4005)
+    REFUSED = ("refused after the handshake (describe failed or its manifest was refused)", 4005)
     CLOSED = ("closed locally", 1001)
     REVOKED = ("the executor's key was revoked", 4001)
     TAKEN_OVER = ("another process took over this executor id", 4009)

@@ -316,6 +316,17 @@ class Limits:
         ),
     )
 
+    # contracts (garcon_link.rpc.contract)
+    max_manifest_bytes: int = field(
+        default=1 * MiB,
+        metadata=_doc(
+            "Canonical CBOR bytes of a worker's services manifest, as described for a new "
+            "session or announced on a running one when it adds or removes a service: a larger "
+            "description is refused (the session is not installed), a larger announcement "
+            "dropped (the manifest stays as it was)."
+        ),
+    )
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)

@@ -218,17 +218,27 @@ def test_a_worker_whose_id_another_process_took_over_exits_7(fleet_dir: Path) ->
         controller.communicate(timeout=10)
 
 
+SERVICES = ["s0\\n@v", "s1\\n@v", "s2\\n@v", "s3\\n@v", "+2"]
+
+
 def test_fleet_table_lists_every_executor() -> None:
     class FakeFleet:
         def executors(self) -> dict[str, gl.ExecutorSnapshot]:
             return {
                 "b": gl.ExecutorSnapshot("b", "offline", None, 100.0, 3, 1),
-                "a": gl.ExecutorSnapshot("a", "ready", "0123456789ab", 190.0, 12, 0),
+                "a": gl.ExecutorSnapshot(
+                    "a", "ready", "0123456789ab", 190.0, 12, 0, {"calc": "aaaabbbbcccc"}
+                ),
+                "c": gl.ExecutorSnapshot(
+                    "c", "ready", "ba9876543210", 190.0, 0, 0, {f"s{i}\n": "v" for i in range(6)}
+                ),
             }
 
     lines = cli.fleet_table(FakeFleet(), now=200.0)  # type: ignore[arg-type]
     assert [line.split() for line in lines] == [
-        ["executor", "availability", "session", "since", "calls", "errors"],
-        ["a", "ready", "0123456789ab", "10s", "ago", "12", "0"],
-        ["b", "offline", "-", "100s", "ago", "3", "1"],
+        ["executor", "availability", "session", "since", "calls", "errors", "services"],
+        ["a", "ready", "0123456789ab", "10s", "ago", "12", "0", "calc@aaaabbbbcccc"],
+        ["b", "offline", "-", "100s", "ago", "3", "1", "-"],
+        # each service with its contract version; a worker's names escaped, at most four shown
+        ["c", "ready", "ba9876543210", "10s", "ago", "0", "0", *SERVICES],
     ]

@@ -45,6 +45,16 @@ EXPECTED = {
         "device-1, device-2       -> {'device-1': 'device-1', 'device-2': 'device-2'}",
         "fleet: ok",
     ],
+    "rolling_upgrade": [
+        "enrolled 20 workers: keys/box-00.secret .. keys/box-19.secret",
+        "box-00 (v2)  scale(1.5) via the v1 facade -> Rejected [rejected:CONTRACT_CHANGED] "
+        "calc.scale: the worker's contract is incompatible with this interface's "
+        "(result float  =>  'str' (wider)); nothing was sent",
+        "fleet.pick('calc', 'mul') over 40 picks -> box-00\n",
+        "upgraded 20/20:",
+        "ledger: v2 scale handlers that ran for a v1 caller: 0",
+        "rolling_upgrade: ok",
+    ],
     "worker_dials": [
         "executor-dialing url=ws://127.0.0.1:",
         "[4/4] package: ok",

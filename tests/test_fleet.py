@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Protocol
@@ -528,3 +528,107 @@ async def test_a_fleet_of_one_from_a_link_config(tmp_path: Path) -> None:
             assert await executor.service("ident", Ident).whoami() == "solo"
             with pytest.raises(ValueError, match="not one this fleet serves"):
                 fleet.executor("other")
+
+
+# ------------------------------------------------------------------ routing by capability
+
+
+class Calc(Protocol):
+    async def add(self, a: int, b: int) -> int: ...
+
+
+class CalcV2(Calc, Protocol):
+    async def mul(self, a: int, b: int) -> int: ...
+
+
+class CalcV1Impl:
+    async def add(self, a: int, b: int) -> int:
+        return a + b
+
+
+class CalcV2Impl(CalcV1Impl):
+    async def mul(self, a: int, b: int) -> int:
+        return a * b
+
+
+class CalcTextImpl:
+    async def add(self, a: int, b: int) -> str:
+        return str(a + b)
+
+
+async def test_map_and_pick_route_by_what_each_manifest_offers(tmp_path: Path) -> None:
+    """Only ready executors whose manifest has what the call needs are chosen; ``pick`` takes
+    the least loaded (pending calls) and equals take turns; an executor that gains a service
+    while running becomes a candidate without a new session."""
+    keyring = tmp_path / "keys"
+    serves: dict[str, dict[str, object]] = {
+        "plain": {},
+        "v1": {"calc": CalcV1Impl()},
+        "v2": {"calc": CalcV2Impl()},
+        "text": {"calc": CalcTextImpl()},
+    }
+    with anyio.fail_after(DEADLINE):
+        async with listening_fleet(keyring) as fleet, AsyncExitStack() as stack:
+            workers: dict[str, gl.Worker] = {}
+            for executor_id, services in serves.items():
+                config = worker_config(executor_id, enroll(keyring, executor_id), fleet.url)
+                ident = IdentService(executor_id)
+                workers[executor_id] = await stack.enter_async_context(
+                    gl.Worker(config, {"ident": ident, **services})
+                )
+            for executor_id in serves:
+                await fleet.executor(executor_id).wait_ready(10)
+            fleet.executor("offline")  # known, never connects: never chosen
+
+            assert {fleet.pick("calc", "mul").executor_id for _ in range(6)} == {"v2"}
+            assert {fleet.pick("calc").executor_id for _ in range(9)} == {"v1", "v2", "text"}
+            assert {fleet.pick("calc", "add", interface=Calc).executor_id for _ in range(6)} == {
+                "v1",
+                "v2",
+            }  # "text" returns str: incompatible with Calc's add
+            assert fleet.pick("calc", interface=CalcV2).executor_id == "v2"
+            with pytest.raises(gl.NotDispatched) as none:
+                fleet.pick("files")
+            assert none.value.code == "NO_EXECUTOR"
+            assert "no ready executor offers files (4 ready)" in none.value.message
+
+            def add(ex: gl.RemoteExecutor) -> Awaitable[int]:
+                return ex.service("calc", Calc).add(2, 3)
+
+            results = await fleet.map(add, where="calc.add")
+            refused = results.pop("text")  # it has calc.add, with another contract
+            assert isinstance(refused, gl.Rejected) and refused.code == "CONTRACT_CHANGED"
+            assert results == {"v1": 5, "v2": 5}
+
+            # the least loaded: a call held on v1 and two on v2 leave "text" the only idle one
+            async with anyio.create_task_group() as tg:
+                for executor_id, count in (("v1", 1), ("v2", 2)):
+                    held = fleet.executor(executor_id).service("ident", Ident)
+                    for _ in range(count):
+                        tg.start_soon(held.hold, 30.0)  # until cancelled below
+                while fleet.executors()["v2"].pending < 2 or fleet.executors()["v1"].pending < 1:
+                    await anyio.sleep(0.005)
+                assert {fleet.pick("calc").executor_id for _ in range(4)} == {"text"}
+                assert fleet.pick("calc", interface=Calc).executor_id == "v1"
+                tg.cancel_scope.cancel()
+
+            # a service added while running: routable at once, on the same session
+            workers["plain"].add_service("calc", CalcV2Impl())
+            while "calc" not in fleet.executors()["plain"].services:
+                await anyio.sleep(0.005)
+            snapshot = fleet.executors()
+            assert snapshot["plain"].services["calc"] == snapshot["v2"].services["calc"]
+            assert snapshot["v1"].services["calc"] != snapshot["v2"].services["calc"]
+            assert {fleet.pick("calc", "mul").executor_id for _ in range(6)} == {"v2", "plain"}
+            where = await fleet.map(
+                lambda ex: ex.service("calc", CalcV2).mul(2, 3),
+                where=lambda ex: ex.offers("calc", "mul", interface=CalcV2),
+            )
+            assert where == {"plain": 6, "v2": 6}
+
+            await stack.aclose()  # every worker stops: nothing is ready
+            while any(ex.availability == "ready" for ex in map(fleet.executor, serves)):
+                await anyio.sleep(0.005)
+            with pytest.raises(gl.NotDispatched, match="NO_EXECUTOR"):
+                fleet.pick("calc")
+            assert await fleet.map(add, where="calc") == {}

@@ -91,6 +91,7 @@ import garcon_link as gl
 from garcon_link.core.wire import encode_message, encode_receipt
 from garcon_link.endpoint.link import WebSocketLink
 from garcon_link.endpoint.transport import TransportState
+from garcon_link.rpc.interface import service_spec
 from garcon_link.testing import WorkerProcess, free_tcp_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -926,12 +927,13 @@ async def hostile_worker() -> AsyncIterator[tuple[gl.RemoteExecutor, Raw, list[A
         yield executor, raw, call
 
 
-def manifest(contract: Any) -> dict[str, Any]:
-    """A worker's ``describe`` answer with no services and the given contract hash."""
+def manifest(contract: Any, services: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A worker's ``describe`` answer with ``services`` (default: none) and the given contract
+    hash."""
     return {
         "executor_id": EXECUTOR_ID,
         "instance_id": os.urandom(16),
-        "services": {},
+        "services": services or {},
         "contract": contract,
     }
 
@@ -953,6 +955,48 @@ async def test_a_hostile_worker_cannot_stall_the_controller_with_a_bomb_reply() 
             await wait_for(
                 lambda: executor.availability == "ready", OUTCOME_WAIT, "a ready controller"
             )
+
+
+async def test_an_inventory_announcement_racing_describe_is_applied_once_installed() -> None:
+    """A worker announces a new manifest right behind its ``describe`` answer, before the
+    controller has installed the session: the announcement is kept (the newest only) and
+    applied once installed; one that ``describe`` already includes (its ``inventory``
+    sequence) is ignored."""
+    add = {"add": {"kind": "unary", "signature": "(a: int, b: int) -> int"}}
+    with anyio.fail_after(DEADLINE):
+        async with hostile_worker() as (executor, raw, call):
+            described = {**manifest("c" * 64, {"calc": add}), "inventory": 1}
+            # all three in one WebSocket message: dispatched before the install resumes
+            envelopes = [
+                [4, "$link", "inventory", [1, {"stale": add}], {}],
+                [1, call[1], described],
+                [4, "$link", "inventory", [2, {"calc": add, "new": add}], {}],
+            ]
+            assert await send_batch(raw, [cbor2.dumps(e) for e in envelopes])
+            await executor.wait_ready(OUTCOME_WAIT)
+            while "new" not in executor.versions:
+                await anyio.sleep(0.005)
+            assert set(executor.versions) == {"calc", "new"}
+            assert executor.inventory_updates == 1 and executor.inventory_dropped == 0
+
+
+async def test_an_announcement_that_describe_already_includes_is_ignored() -> None:
+    """``describe`` says which announcement its manifest includes (``inventory``): an
+    announcement with that sequence, arriving before the install, changes nothing."""
+    add = {"add": {"kind": "unary", "signature": "(a: int, b: int) -> int"}}
+    with anyio.fail_after(DEADLINE):
+        async with hostile_worker() as (executor, raw, call):
+            described = {**manifest("c" * 64, {"calc": add}), "inventory": 5}
+            envelopes = [
+                [1, call[1], described],
+                [4, "$link", "inventory", [5, {"stale": add}], {}],
+            ]
+            assert await send_batch(raw, [cbor2.dumps(e) for e in envelopes])
+            await executor.wait_ready(OUTCOME_WAIT)
+            await raw.send_envelope([4, "$link", "inventory", [6, {"calc": add, "new": add}], {}])
+            while "new" not in executor.versions:
+                await anyio.sleep(0.005)
+            assert executor.inventory_updates == 1  # "stale" was never applied
 
 
 # ---------------------------------------------------------------------------------- rpc bounds
@@ -1095,7 +1139,10 @@ async def test_stream_items_beyond_credit_end_the_stream() -> None:
     items, batch, size = 100_000, 200, 1024
     with anyio.fail_after(DEADLINE):
         async with hostile_worker() as (executor, raw, describe):
-            await raw.send_envelope([1, describe[1], manifest("c" * 64)])
+            # it describes the service the controller's facade expects (else the facade would
+            # refuse the calls, UNSUPPORTED, before sending them)
+            blobs = {"blobs": service_spec(Blobs).manifest()}
+            await raw.send_envelope([1, describe[1], manifest("c" * 64, blobs)])
             await executor.wait_ready(OUTCOME_WAIT)
             remote = executor.service("blobs", Blobs)
             stream = remote.blobs()

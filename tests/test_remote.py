@@ -35,6 +35,8 @@ from rpcutil import (
 )
 
 import garcon_link as gl
+from garcon_link.core.wire import encode_canonical
+from garcon_link.rpc.interface import service_spec
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -491,60 +493,254 @@ async def test_stale_resource_is_refused_by_the_worker_too(direction: Direction)
             assert not isinstance(info.value, gl.StaleResource)  # wrong kind, not stale
 
 
-@both_directions
-async def test_changed_contract_is_refused(direction: Direction) -> None:
-    impl = CalcImpl()
-    with anyio.fail_after(DEADLINE):
-        async with open_pair(direction, {"calc": impl}) as pair:
-            calc = pair.calc()
-            assert await calc.add(1, 2) == 3
-            await pair.restart_worker({"calc": CalcImplPlus()})
-            while "contract" not in (pair.executor.last_error or ""):
-                await anyio.sleep(0.005)
-            assert pair.executor.availability == "offline"
-            # the methods that changed, not two hashes
-            assert "(changed: calc.mul: (absent)  =>  unary (a: int, b: int) -> int)" in (
-                pair.executor.last_error or ""
-            )
-            with pytest.raises(gl.NotDispatched) as info:
-                await calc.add(1, 2)
-            assert info.value.code == "CONTRACT_CHANGED"
-            assert "contract" in info.value.message
-            with pytest.raises(TimeoutError, match="contract"):
-                await pair.executor.wait_ready(0.1)
-            # a clean worker stop (1001) retires the session at once: straight to offline
-            assert pair.history == ["ready", "offline"]
+class CalcAddOnly:
+    """A worker that serves ``add`` alone: every other method of ``Calc`` was removed."""
 
-            # the original contract is accepted again
-            await pair.restart_worker({"calc": CalcImpl()})
-            await pair.executor.wait_ready(5)
-            assert await calc.add(1, 2) == 3
-            assert pair.executor.last_error is None
-            assert pair.history == ["ready", "offline", "ready"]
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {"add": 0}
+
+    async def add(self, a: int, b: int) -> int:
+        self.counts["add"] += 1
+        return a + b
 
 
 class CalcReturnsText(CalcImpl):
     """Only a return type differs from CalcImpl."""
 
     async def add(self, a: int, b: int) -> str:  # type: ignore[override]
+        self.counts["add"] += 1
         return str(a + b)
 
 
+class CalcPlus(Calc, Protocol):
+    async def mul(self, a: int, b: int) -> int: ...
+
+
+@both_directions
+async def test_changed_contract_is_refused(direction: Direction) -> None:
+    """Contracts are judged per method: a worker upgraded additively is installed behind the
+    same facades; only a method changed incompatibly, or removed, fails -- its own calls, at
+    once, nothing sent."""
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}) as pair:
+            calc = pair.calc()
+            assert await calc.add(1, 2) == 3
+            # additive: a new method. The same facade goes on; a wider view reaches ``mul``.
+            await pair.restart_worker({"calc": CalcImplPlus()})
+            await pair.executor.wait_ready(5)
+            assert await calc.add(1, 2) == 3
+            plus = pair.executor.service("calc", CalcPlus)
+            assert await plus.mul(2, 3) == 6
+            assert pair.executor.last_error is None
+            assert pair.history == ["ready", "offline", "ready"]
+
+            # incompatible: ``add`` returns text. Only ``add`` fails, before anything is sent.
+            changed = CalcReturnsText()
+            await pair.restart_worker({"calc": changed})
+            await pair.executor.wait_ready(5)
+            with pytest.raises(gl.Rejected) as info:
+                await calc.add(1, 2)
+            assert info.value.code == "CONTRACT_CHANGED"
+            assert "calc.add" in info.value.message
+            assert "result int  =>  'str' (wider)" in info.value.message
+            assert changed.counts["add"] == 0  # not run: not even sent
+            assert [i async for i in calc.count(3)] == [0, 1, 2]  # the others are fine
+            with pytest.raises(gl.Rejected, match="UNSUPPORTED"):
+                await plus.mul(1, 1)  # not offered by this worker
+            # removed: a worker serving ``add`` alone
+            await pair.restart_worker({"calc": CalcAddOnly()})
+            await pair.executor.wait_ready(5)
+            assert await calc.add(2, 2) == 4
+            with pytest.raises(gl.Rejected) as removed:
+                await calc.note("x")
+            assert removed.value.code == "UNSUPPORTED"
+            with pytest.raises(gl.Rejected, match="UNSUPPORTED"):
+                await anext(calc.count(1))
+            # and the original contract is served again by the next worker
+            await pair.restart_worker({"calc": CalcImpl()})
+            await pair.executor.wait_ready(5)
+            assert [i async for i in calc.count(2)] == [0, 1]
+            assert pair.history == ["ready"] + ["offline", "ready"] * 4
+
+
 async def test_a_changed_return_type_is_a_contract_change() -> None:
-    # Before: ``-> int`` becoming ``-> str`` kept the contract hash, so the replacement session
-    # was installed and calls failed one by one with INVALID_RESULT.
+    # ``-> int`` becoming ``-> str`` is a change the facade sees before sending: the call fails
+    # Rejected(CONTRACT_CHANGED) at once rather than running and failing INVALID_RESULT.
     with anyio.fail_after(DEADLINE):
         async with open_pair("worker-listens", {"calc": CalcImpl()}) as pair:
             calc = pair.calc()
             assert await calc.add(1, 2) == 3
-            await pair.restart_worker({"calc": CalcReturnsText()})
-            while "contract" not in (pair.executor.last_error or ""):
-                await anyio.sleep(0.005)
-            assert "calc.add: unary (a: int, b: int) -> int  =>  unary (a: int, b: int) -> str" in (
-                pair.executor.last_error or ""
-            )
-            with pytest.raises(gl.NotDispatched, match="CONTRACT_CHANGED"):
+            changed = CalcReturnsText()
+            await pair.restart_worker({"calc": changed})
+            await pair.executor.wait_ready(5)
+            with pytest.raises(gl.Rejected, match="CONTRACT_CHANGED"):
                 await calc.add(1, 2)
+            assert changed.counts["add"] == 0
+            # a facade made now is checked at once too; the dynamic one follows the worker
+            assert await pair.executor.service("calc").add(1, 2) == "3"
+
+
+# ---------------------------------------------------------------------------- hot inventory
+
+
+class Greeter(Protocol):
+    async def greet(self, name: str) -> str: ...
+
+
+class GreeterImpl:
+    def __init__(self) -> None:
+        self.greeted = 0
+
+    async def greet(self, name: str) -> str:
+        self.greeted += 1
+        return f"hello {name}"
+
+
+async def manifest_where(executor: gl.RemoteExecutor, holds: Any) -> gl.ExecutorInfo:
+    """The executor's description once ``holds(info)``; bounded by the caller's deadline."""
+    while not holds(info := await executor.info()):
+        await anyio.sleep(0.005)
+    return info
+
+
+@both_directions
+async def test_services_added_and_removed_while_running(direction: Direction) -> None:
+    """The controller learns the worker's new manifest on the running session (no new session,
+    no availability change); a removed service's calls fail UNSUPPORTED without being sent; a
+    new session (here: a new controller) is described with the services as they are now."""
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": CalcImpl()}) as pair:
+            executor, worker = pair.executor, pair.live_worker
+            session = (await executor.info()).session_id
+            version = (await executor.info()).versions["calc"]
+            greeter = executor.service("greeter", Greeter)
+            with pytest.raises(gl.Rejected) as absent:
+                await greeter.greet("ann")  # not served yet: refused before sending
+            assert absent.value.code == "UNSUPPORTED"
+
+            impl = GreeterImpl()
+            worker.add_service("greeter", impl)
+            info = await manifest_where(executor, lambda i: "greeter" in i.services)
+            assert info.session_id == session and pair.history == ["ready"]
+            assert set(info.versions) == {"calc", "greeter"}
+            assert info.versions["calc"] == version  # calc's own contract did not change
+            assert await greeter.greet("ann") == "hello ann"
+            assert await executor.service("greeter").greet("bob") == "hello bob"  # dynamic
+            assert executor.inventory_updates == 1
+
+            assert worker.remove_service("greeter") is True
+            assert worker.remove_service("greeter") is False  # nothing left to remove
+            await manifest_where(executor, lambda i: "greeter" not in i.services)
+            with pytest.raises(gl.Rejected) as removed:
+                await greeter.greet("ann")
+            assert removed.value.code == "UNSUPPORTED"
+            assert "greeter.greet" in removed.value.message
+            assert impl.greeted == 2  # the refused call was never sent
+            with pytest.raises(gl.Rejected, match="UNKNOWN_SERVICE"):
+                await raw_call(pair.rpc, "greeter", "greet", ["x"])  # the worker refuses too
+
+            worker.add_service("greeter", impl)
+            await manifest_where(executor, lambda i: "greeter" in i.services)
+            worker.remove_service("calc")  # one it started with
+            await manifest_where(executor, lambda i: "calc" not in i.services)
+            with pytest.raises(gl.Rejected, match="UNSUPPORTED"):
+                await pair.calc().add(1, 2)
+
+            await pair.stop_controller()
+            executor = await pair.start_controller()
+            await executor.wait_ready(5)
+            assert set((await executor.info()).services) == {"greeter"}
+            assert await executor.service("greeter", Greeter).greet("cy") == "hello cy"
+
+
+def test_add_service_checks_what_it_serves() -> None:
+    config = gl.LinkConfig(
+        executor_id="box", role=gl.Role.WORKER, secret=SECRET, listen=("127.0.0.1", 0)
+    )
+    worker = gl.Worker(config, {"calc": CalcImpl()})
+    with pytest.raises(gl.ConfigError, match=r"SyncCalc\.total is a plain"):
+        worker.add_service("sync", SyncCalc())
+    for name in ("", "_hidden", "$link"):
+        with pytest.raises(gl.ConfigError, match="invalid service name"):
+            worker.add_service(name, GreeterImpl())
+    worker.add_service("greeter", GreeterImpl())  # before start: every session will serve it
+    assert worker.remove_service("calc") is True
+
+
+async def test_hostile_inventory_announcements_are_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker (holding a key) that announces malformed, oversized, stale or a flood of
+    manifests: each bad one is dropped and counted, the manifest stays the last good one, what
+    is logged is bounded, and the session serves on. A controller is told nothing of the kind
+    (an announcement to a controller is dropped as an unreadable notification). ~0.5 s."""
+    caplog.set_level(logging.INFO, logger="garcon_link.remote")
+    fits = len(encode_canonical({"calc": service_spec(CalcImpl).manifest()}))
+    limits = LIMITS.replace(max_manifest_bytes=fits + 200)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"calc": CalcImpl()}, limits=limits) as pair:
+            executor, worker_rpc = pair.executor, pair.worker_rpc
+            good = (await executor.info()).services
+            bad: list[Any] = [
+                "junk",
+                {"calc": "junk"},
+                {"calc": {1: {}}},
+                {"calc": good["calc"], "big": {"m": {"kind": "unary", "signature": "x" * fits}}},
+            ]
+            for sequence, services in enumerate(bad, start=1):
+                await worker_rpc.announce_inventory(sequence, services)
+            await worker_rpc.transport.send(  # not [sequence, services]
+                b"\x85\x04e$linkiinventory\x81\x01\xa0"
+            )
+            flood = 500
+            for sequence in range(10, 10 + flood):
+                services = {"calc": good["calc"], f"s{sequence}": {}}
+                await worker_rpc.announce_inventory(sequence, services)
+            await worker_rpc.announce_inventory(5, {"stale": {}})  # older than one applied
+            last = f"s{9 + flood}"
+            info = await manifest_where(executor, lambda i: last in i.services)
+            await pair.calc().add(1, 1)  # a round trip: the stale one has arrived too
+            info = await executor.info()
+            assert set(info.services) == {"calc", last}
+            assert executor.inventory_dropped == len(bad) + 1
+            assert executor.inventory_updates == flood
+            assert await pair.calc().add(1, 2) == 3
+            lines = [r for r in caplog.records if "announced manifest" in r.getMessage()]
+            changes = [r for r in caplog.records if "contract changed" in r.getMessage()]
+            assert 1 <= len(lines) <= limits.max_log_lines + 1
+            assert len(changes) <= limits.max_log_lines + 1
+            assert "offline" not in pair.history  # the same session throughout
+            # an announcement the other way is nobody's to apply
+            before = worker_rpc.statistics().notifications_dropped
+            await pair.rpc.announce_inventory(1, {})
+            while worker_rpc.statistics().notifications_dropped == before:
+                await anyio.sleep(0.005)
+
+
+async def test_the_changes_logged_for_a_huge_manifest_are_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker announcing a thousand new methods costs the controller a bounded number of
+    comparisons (it parses the peer's signatures): the log line names a few, counts the rest."""
+    caplog.set_level(logging.INFO, logger="garcon_link.remote")
+
+    def wide(result: str) -> dict[str, Any]:
+        methods = {
+            f"m{i:04}": {"kind": "unary", "signature": f"(a: int) -> {result}"} for i in range(1000)
+        }
+        return {"calc": service_spec(CalcImpl).manifest(), "wide": methods}
+
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"calc": CalcImpl()}) as pair:
+            await pair.worker_rpc.announce_inventory(1, wide("str"))
+            await manifest_where(pair.executor, lambda i: "wide" in i.services)
+            lines = [r.getMessage() for r in caplog.records if "contract changed" in r.getMessage()]
+            assert len(lines) == 1  # (and at most one per log_interval)
+            assert "(additive as far as compared (64))" in lines[0]
+            assert "wide.m0000: additive (new method)" in lines[0]
+            assert "and 992 more" in lines[0]  # 64 compared, 8 named, the rest counted
+            assert len(lines[0]) < 2000
 
 
 class CalcBad(Protocol):
@@ -603,15 +799,18 @@ def test_a_plain_def_in_a_protocol_fails_at_facade_creation() -> None:
 async def test_a_refused_session_is_retired_and_the_link_dials_again(
     direction: Direction, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A session refused for its contract is not left connected (it used to hold the link for
-    good, so nothing redialed): it is retired with 4005 and the dialing side dials again per its
-    backoff; every new session is described afresh, and the cause stays visible. ~0.5 s."""
+    """A session that is not installed (here: its manifest is over the controller's
+    ``max_manifest_bytes``) is not left connected: it is retired with 4005 and the dialing side
+    dials again per its backoff; every new session is described afresh, and the cause stays
+    visible. ~0.5 s."""
     caplog.set_level(logging.ERROR, logger="garcon_link.remote")
+    fits = len(encode_canonical({"calc": service_spec(CalcImpl).manifest()}))
+    limits = LIMITS.replace(max_manifest_bytes=fits)
     with anyio.fail_after(DEADLINE):
-        async with open_pair(direction, {"calc": CalcImpl()}) as pair:
+        async with open_pair(direction, {"calc": CalcImpl()}, limits=limits) as pair:
             calc = pair.calc()
             assert await calc.add(1, 2) == 3
-            await pair.restart_worker({"calc": CalcImplPlus()})
+            await pair.restart_worker({"calc": CalcImplPlus()})  # one method more: too big
             stats = pair.executor.link.statistics
             base = stats().fresh_sessions
             while stats().fresh_sessions < base + 3:  # refused, retired, dialed again, ...
@@ -620,9 +819,10 @@ async def test_a_refused_session_is_retired_and_the_link_dials_again(
             assert pair.history == ["ready", "offline"]
             with pytest.raises(gl.NotDispatched) as info:
                 await calc.add(1, 2)
-            assert info.value.code == "CONTRACT_CHANGED"
-            assert "not installed: the worker's contract changed" in caplog.text
-            # the next worker with the expected contract is installed by the same dial loop
+            assert info.value.code == "OFFLINE"
+            assert "over max_manifest_bytes" in info.value.message
+            assert "not installed: describe failed" in caplog.text
+            # the next worker with a manifest that fits is installed by the same dial loop
             await pair.restart_worker({"calc": CalcImpl()})
             await pair.executor.wait_ready(5)
             assert await calc.add(1, 2) == 3

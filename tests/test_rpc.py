@@ -129,14 +129,24 @@ async def test_unknown_and_private_methods_are_unsupported(direction: Direction)
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
             plus = pair.executor.service("calc", CalcPlus)
+            # a method or service the worker's manifest lacks: the facade refuses the call,
+            # unsent; the worker refuses it too when it arrives anyway
             with pytest.raises(gl.Rejected) as info:
                 await plus.mul(2, 3)
+            assert info.value.code == "UNSUPPORTED"
+            assert "calc.mul" in info.value.message
+            rpc = pair.rpc
+            with pytest.raises(gl.Rejected) as info:
+                await raw_call(rpc, "calc", "mul", [2, 3])
             assert info.value.code == "OPERATION_UNSUPPORTED"
             assert "mul" in info.value.message
             with pytest.raises(gl.Rejected) as info:
                 await pair.executor.service("nope", Calc).add(1, 2)
+            assert info.value.code == "UNSUPPORTED"
+            assert "no service 'nope'" in info.value.message
+            with pytest.raises(gl.Rejected) as info:
+                await raw_call(rpc, "nope", "add", [1, 2])
             assert info.value.code == "UNKNOWN_SERVICE"
-            rpc = pair.rpc
             for method in ("_secret", "__init__", "__class__", "release", "_release_event", ""):
                 with pytest.raises(gl.Rejected) as info:
                     await raw_call(rpc, "calc", method)
@@ -157,10 +167,12 @@ async def test_exposure_is_limited_to_the_registered_interface(direction: Direct
         async with open_pair(direction, {"calc": gl.Service(impl, Narrow)}) as pair:
             wide = pair.executor.service("calc", Wide)
             assert await wide.add(2, 5) == 7
+            with pytest.raises(gl.Rejected, match="UNSUPPORTED"):
+                await wide.admin_reset()  # not in the manifest: refused before sending
             with pytest.raises(gl.Rejected, match="OPERATION_UNSUPPORTED"):
-                await wide.admin_reset()
+                await raw_call(pair.rpc, "calc", "admin_reset")  # and by the worker
             with pytest.raises(gl.Rejected, match="OPERATION_UNSUPPORTED"):
-                await pair.calc().hold("k")
+                await raw_call(pair.rpc, "calc", "hold", ["k"])
             assert impl.counts["admin"] == 0 and impl.counts["k"] == 0
             info = await pair.executor.info()
             assert set(info.services["calc"]) == {"add"}
@@ -232,16 +244,27 @@ class Liar(Protocol):
     async def add(self, a: int, b: int) -> str: ...
 
 
+class LyingImpl(CalcImpl):
+    """Declares ``add -> int`` (through ``Calc``) and returns text at run time."""
+
+    async def add(self, a, b):  # type: ignore[no-untyped-def]
+        self.counts["add"] += 1
+        return str(a + b)
+
+
 @both_directions
 async def test_result_not_matching_the_interface_fails_the_call(direction: Direction) -> None:
-    impl = CalcImpl()
+    impl = LyingImpl()
     with anyio.fail_after(DEADLINE):
-        async with open_pair(direction, {"calc": impl}) as pair:
+        async with open_pair(direction, {"calc": gl.Service(impl, Calc)}) as pair:
             with pytest.raises(gl.RemoteError) as info:
-                await pair.executor.service("calc", Liar).add(1, 2)
+                await pair.calc().add(1, 2)  # the manifest says int; the value is text
             assert info.value.code == "INVALID_RESULT"
             assert impl.counts["add"] == 1
-            assert await pair.calc().add(1, 2) == 3
+            # a facade whose belief contradicts the manifest is refused before sending
+            with pytest.raises(gl.Rejected, match="CONTRACT_CHANGED"):
+                await pair.executor.service("calc", Liar).add(1, 2)
+            assert impl.counts["add"] == 1
 
 
 # ---------------------------------------------------------------------------------- types

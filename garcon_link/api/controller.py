@@ -10,16 +10,22 @@ Controller availability::
     ready | reconnecting --(continuity lost: session retired)--> offline   (exactly one transition)
     any --aclose()--> disposed                                            (final)
 
-A fresh session is *installed* (made current, availability ``ready``) only after its replay fence
-and a ``describe`` call whose contract hash matches the first one seen. A changed contract is
-refused: the executor stays ``offline`` and calls raise ``NotDispatched("CONTRACT_CHANGED")``,
-whose message lists the methods that changed, with their old and new signatures (return types
-included; :func:`~garcon_link.rpc.interface.manifest_changes`).
-A session that is not installed -- contract changed, or ``describe`` failed or timed out (it is
-bounded by ``call_timeout``) -- is retired at once (close 4005, logged with its cause), never
-left connected: the dialing side dials again per its backoff, and each new session is checked
-afresh; until one is installed the cause is in :attr:`RemoteExecutor.last_error` and in every
-call's ``NotDispatched``.
+A fresh session is *installed* (made current, availability ``ready``) after its replay fence
+and a ``describe`` call; its manifest becomes the executor's, whatever it changed: contracts are
+compared per method by the facades (:mod:`garcon_link.api.facades`), so a worker upgraded with
+new methods or services stays usable, and only the calls of a method whose contract changed
+incompatibly (or was removed) fail, each at once. What changed is logged once per session
+(additive changes at INFO, the others at WARNING, by method, at most 64 compared;
+:func:`~garcon_link.rpc.contract.compare_method`). A worker may also announce a new manifest
+on the same session (``$link.inventory``, when it adds or removes a service): it replaces the
+executor's at once if it is well formed and at most ``Limits.max_manifest_bytes``, and is
+dropped (counted, the manifest unchanged) otherwise; an older announcement than one applied is
+ignored. Each change increments ``_manifest_version``, which tells facades to compare again.
+A session that is not installed -- ``describe`` failed, timed out (it is bounded by
+``call_timeout``) or answered a manifest over ``max_manifest_bytes`` -- is retired at once
+(close 4005, logged with its cause), never left connected: the dialing side dials again per its
+backoff, and each new session is checked afresh; until one is installed the cause is in
+:attr:`RemoteExecutor.last_error` and in every call's ``NotDispatched``.
 
 The facades of :meth:`RemoteExecutor.service` (:mod:`garcon_link.api.facades`) resolve the
 current session at each call through :meth:`RemoteExecutor._rpc_for_call`. Resource references
@@ -39,16 +45,18 @@ call fails ``OutcomeUnknown`` (never a result that did not happen). A worker dra
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast, overload
 
 import anyio
 import anyio.abc
 
 from ..core.handshake import HandshakeResult
+from ..core.wire import encode_canonical
 from ..endpoint.link import ExecutorLink
 from ..endpoint.transport import SessionTransport, TransportState
 from ..errors import (
@@ -60,9 +68,10 @@ from ..errors import (
     NotDispatched,
 )
 from ..limits import Limits
-from ..logs import log_fields, peer_message, peer_text
+from ..logs import PeerLogLimiter, log_fields, peer_message, peer_text
+from ..rpc.contract import Compatibility, compare_method, service_version
 from ..rpc.hooks import CallHook
-from ..rpc.interface import contract_hash, manifest_changes, service_spec
+from ..rpc.interface import contract_hash, service_spec
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
 from ..settings.config import LinkConfig
 from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
@@ -74,7 +83,11 @@ __all__ = ["Availability", "ExecutorInfo", "RemoteExecutor", "connect"]
 log = logging.getLogger("garcon_link.remote")  # the name users configure (README)
 
 _CAUSE_CHARS = 1000
-"""The longest cause of a refused session (a contract change lists the changed methods)."""
+"""The longest cause of a refused session, or list of contract changes in one log line."""
+_CHANGES_SHOWN = 8
+"""The most changed methods one log line names (the rest are counted)."""
+_CHANGES_COMPARED = 64
+"""The most differing manifest entries compared for that line (the rest are counted)."""
 
 T = TypeVar("T")
 Availability = Literal["offline", "ready", "reconnecting", "disposed"]
@@ -92,6 +105,46 @@ class ExecutorInfo:
     worker_instance_id: bytes | None = None
     """The worker's runtime id, which worker-scoped references carry (``None``: an older
     worker that does not say)."""
+    versions: Mapping[str, str] = field(default_factory=dict)
+    """Each service's contract version (:func:`~garcon_link.rpc.contract.service_version`):
+    it changes when a method of the service is added, removed or changes its signature."""
+
+
+def manifest_problem(services: object, limit: int) -> str | None:
+    """Why a worker's services manifest is refused (``None``: it is not): not a map of service
+    name to a map of method name to entry, or over ``limit`` bytes of canonical CBOR."""
+    if not isinstance(services, Mapping):
+        return "the manifest is not a map"
+    for name, methods in services.items():
+        if not isinstance(name, str) or not isinstance(methods, Mapping):
+            return f"service {peer_text(name)} is not a name and a map of methods"
+        if not all(isinstance(method, str) for method in methods):
+            return f"service {peer_text(name)} has a method name that is not text"
+    try:
+        size = len(encode_canonical(dict(services)))
+    except (TypeError, ValueError) as exc:
+        return f"the manifest does not encode: {peer_text(exc)}"
+    if size > limit:
+        return f"the manifest is {size} bytes, over max_manifest_bytes ({limit})"
+    return None
+
+
+def _differing(
+    before: Mapping[str, Any], after: Mapping[str, Any]
+) -> Iterator[tuple[str, Any, Any]]:
+    """``("service.method", old entry, new entry)`` for each entry that differs (``None``:
+    absent), without parsing anything; both are well-formed manifests (:func:`manifest_problem`)."""
+    for service in sorted(set(before) | set(after)):
+        old, new = before.get(service, {}), after.get(service, {})
+        if old == new:
+            continue
+        for method in sorted(set(old) | set(new)):
+            if old.get(method) != new.get(method):
+                yield f"{service}.{method}", old.get(method), new.get(method)
+
+
+def _versions(services: Mapping[str, Any]) -> dict[str, str]:
+    return {name: service_version(methods) for name, methods in sorted(services.items())}
 
 
 def _fresh(error: HandshakeError) -> HandshakeError:
@@ -178,11 +231,19 @@ class RemoteExecutor(Endpoint):
         self._callbacks: list[Callable[[Availability], None]] = []
         self._rpc: ExecutorRpc | None = None
         self._info: ExecutorInfo | None = None
-        self._contract: str | None = None
-        self._services: Mapping[str, Any] = {}  # the manifest that set self._contract
+        self._services: Mapping[str, Any] = {}  # the worker's manifest (the current session's)
+        self._manifest_version = 0  # incremented whenever _services is learned (facades.py)
+        self._contract_cache: dict[tuple[str, type], Any] = {}  # facades.py; per manifest
+        self._inventory_seq = -1  # the latest inventory announcement applied on this session
+        self.inventory_updates = 0
+        """Manifests the worker announced on a running session and this executor applied."""
+        self.inventory_dropped = 0
+        """Announced manifests dropped: malformed or over ``Limits.max_manifest_bytes``."""
+        self._peer_log = PeerLogLimiter(
+            log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
+        )
         self._changed = anyio.Event()
         self.last_error: str | None = None
-        self._contract_refused = False  # the latest fresh session was refused for its contract
         self._draining = False
 
     async def __aenter__(self) -> RemoteExecutor:
@@ -325,8 +386,6 @@ class RemoteExecutor(Endpoint):
             raise NotDispatched("DISPOSED", "the executor was closed")
         if state == "reconnecting":
             raise NotDispatched("RECONNECTING", "the executor is reconnecting")
-        if self._contract_refused:
-            raise NotDispatched("CONTRACT_CHANGED", self.last_error or "the contract changed")
         raise NotDispatched("OFFLINE", self.last_error or "the executor is offline")
 
     # -- sessions
@@ -369,39 +428,44 @@ class RemoteExecutor(Endpoint):
                 self._set_availability("offline")
 
     async def _install(self, transport: SessionTransport, rpc: ExecutorRpc) -> None:
+        # An announcement may arrive while describe is answered: keep the newest (they come in
+        # order) and apply it once installed, if it is newer than what describe said.
+        early: list[list[Any]] = []
+
+        def hold(args: list[Any]) -> None:
+            early[:] = [args]
+
+        rpc.on_inventory(hold)
         try:
             manifest = await rpc.describe_peer(timeout=self.limits.call_timeout)
+            problem = manifest_problem(manifest["services"], self.limits.max_manifest_bytes)
+            if problem is not None:
+                raise ValueError(problem)
+            services = dict(manifest["services"])
             info = ExecutorInfo(
                 executor_id=str(manifest["executor_id"]),
                 instance_id=bytes(manifest["instance_id"]),
                 session_id=transport.session_id,
-                services=dict(manifest["services"]),
+                services=services,
                 contract=str(manifest["contract"]),
                 worker_instance_id=_optional_bytes(manifest.get("worker_instance_id")),
+                versions=_versions(services),
             )
         except (CallError, KeyError, TypeError, ValueError) as exc:
-            self._refuse_session(transport, f"describe failed: {peer_text(exc)}", contract=False)
+            self._refuse_session(transport, f"describe failed: {peer_text(exc)}")
             return
-        if self._contract is not None and info.contract != self._contract:
-            changes = manifest_changes(self._services, info.services)
-            self._refuse_session(
-                transport,
-                "the worker's contract changed; refusing the replacement session"
-                + (
-                    " (changed: " + "; ".join(changes) + ")"
-                    if changes
-                    else f" ({self._contract[:12]} -> {info.contract[:12]})"
-                ),
-                contract=True,
-            )
-            return
-        self._contract = info.contract
-        self._services = info.services
-        self._contract_refused = False
+        if self._info is not None and info.contract != self._info.contract:
+            self._log_changes(self._services, info.services, transport.session_id)
+        self._learn(info)
+        # describe says which announcement its manifest includes (-1: an older worker)
+        sequence = manifest.get("inventory")
+        self._inventory_seq = sequence if type(sequence) is int else -1
+        rpc.on_inventory(lambda args: self._on_inventory(rpc, args))
         rpc.peer_instance_id = info.instance_id
         rpc.peer_worker_instance_id = info.worker_instance_id
-        self._info = info
         self._rpc = rpc
+        for args in early:
+            self._on_inventory(rpc, args)
         self.last_error = None
 
         def follow(state: TransportState) -> None:
@@ -418,19 +482,102 @@ class RemoteExecutor(Endpoint):
         else:
             follow(transport.state)
 
-    def _refuse_session(self, transport: SessionTransport, why: str, *, contract: bool) -> None:
+    def _learn(self, info: ExecutorInfo) -> None:
+        """Make ``info`` (and its manifest) the executor's: facades compare again."""
+        self._info = info
+        self._services = info.services
+        self._contract_cache = {}
+        self._manifest_version += 1
+
+    def _on_inventory(self, rpc: ExecutorRpc, args: list[Any]) -> None:
+        """The worker announced a new manifest on a running session (``[seq, services]``)."""
+        if self._rpc is not rpc or self._info is None:
+            return  # not the installed session (or not yet): its describe is what counts
+        problem = None
+        if len(args) != 2 or type(args[0]) is not int:
+            problem = "an announcement is [sequence, services]"
+        elif args[0] <= self._inventory_seq:
+            return  # an older announcement than one applied (they are sent in order)
+        else:
+            problem = manifest_problem(args[1], self.limits.max_manifest_bytes)
+        if problem is not None:
+            self.inventory_dropped += 1
+            self._peer_log.log(
+                self.executor_id,
+                "inventory",
+                "executor %s: dropping an announced manifest: %s",
+                self.executor_id,
+                problem,
+                extra=log_fields(executor=self.executor_id),
+            )
+            return
+        self._inventory_seq = args[0]
+        services = dict(args[1])
+        before = self._services
+        contract = contract_hash(services)
+        self.inventory_updates += 1
+        self._log_changes(before, services, None)
+        self._learn(
+            dataclasses.replace(
+                self._info, services=services, contract=contract, versions=_versions(services)
+            )
+        )
+
+    def _log_changes(
+        self, before: Mapping[str, Any], after: Mapping[str, Any], session: bytes | None
+    ) -> None:
+        """One line naming what changed in the worker's manifest (bounded, rate-limited).
+
+        Only entries that differ are compared, and at most ``_CHANGES_COMPARED`` of them: a
+        worker's manifest is the peer's, so the parsing it costs here stays bounded however
+        many methods changed (the rest are counted)."""
+        differing = list(_differing(before, after))
+        if not differing:
+            return
+        changed = [
+            (name, *compare_method(old, new)) for name, old, new in differing[:_CHANGES_COMPARED]
+        ]
+        changed = [c for c in changed if c[1] is not Compatibility.COMPATIBLE]
+        uncompared = len(differing) - min(len(differing), _CHANGES_COMPARED)
+        if not changed and not uncompared:
+            return  # the same contracts spelled differently
+        additive = all(c[1] is Compatibility.ADDITIVE for c in changed)
+        verdict = (
+            "calls of incompatible or removed methods fail"
+            if not additive
+            else f"additive as far as compared ({_CHANGES_COMPARED})"
+            if uncompared
+            else "additive"
+        )
+        shown = "; ".join(
+            f"{name}: {compatibility.value} ({difference})"
+            for name, compatibility, difference in changed[:_CHANGES_SHOWN]
+        )
+        hidden = len(changed) - min(len(changed), _CHANGES_SHOWN) + uncompared
+        more = f"; and {hidden} more" if hidden else ""
+        self._peer_log.log(
+            self.executor_id,
+            "contract changed",
+            "executor %s: the worker's contract changed (%s): %s%s",
+            self.executor_id,
+            verdict,
+            peer_message(shown, _CAUSE_CHARS),
+            more,
+            extra=log_fields(executor=self.executor_id, session=session),
+            level=logging.INFO if additive and not uncompared else logging.WARNING,
+        )
+
+    def _refuse_session(self, transport: SessionTransport, why: str) -> None:
         """Retire a fresh session that will not be installed, and say why.
 
         Left connected, it would hold the link (a healthy socket is never redialed) while every
         call fails: retiring it closes the socket with 4005, so both sides drop it and the
         dialing side dials again per its backoff -- each new session is described afresh. The
         cause stays visible meanwhile in :attr:`last_error`, in ``wait_ready``'s timeout and in
-        the ``NotDispatched`` of every call (``CONTRACT_CHANGED`` or ``OFFLINE``); availability
-        stays ``offline``.
+        the ``NotDispatched("OFFLINE")`` of every call; availability stays ``offline``.
         """
         why = peer_message(why, _CAUSE_CHARS)  # names from the worker's manifest
         self.last_error = why
-        self._contract_refused = contract
         log.error(
             "executor %s: session %s not installed: %s",
             self.executor_id,
@@ -443,7 +590,8 @@ class RemoteExecutor(Endpoint):
     # -- calls
 
     async def info(self) -> ExecutorInfo:
-        """The current session's description (executor id, instance id, services, contract)."""
+        """The current session's description (executor id, instance id, services, contract,
+        each service's contract version), as the worker last described or announced it."""
         await self._rpc_for_call(0)
         assert self._info is not None
         return self._info
@@ -481,12 +629,12 @@ class RemoteExecutor(Endpoint):
         return cast("T", Facade(self, name, service_spec(interface_class(interface)), None, None))
 
     def _manifest(self) -> Mapping[str, Any]:
-        """The services manifest of the installed contract (it cannot change afterwards).
+        """The worker's services manifest, as its current (or last) session described it.
 
         Raises:
             NotDispatched: no session was ever installed, so the manifest is not known yet.
         """
-        if not self._services and self._contract is None:
+        if self._info is None:
             if self._availability == "disposed":
                 raise NotDispatched("DISPOSED", "the executor was closed")
             raise NotDispatched(
@@ -498,6 +646,52 @@ class RemoteExecutor(Endpoint):
     @property
     def current_rpc(self) -> ExecutorRpc | None:
         return self._rpc
+
+    # -- capabilities (routing by what the worker offers)
+
+    @property
+    def versions(self) -> Mapping[str, str]:
+        """Each service of the worker's manifest (as last described or announced) with its
+        contract version; empty before a session was installed."""
+        return self._info.versions if self._info is not None else {}
+
+    @property
+    def pending_calls(self) -> int:
+        """Calls and streams of this controller awaiting the worker's reply (0 offline)."""
+        rpc = self._rpc
+        return rpc.statistics().pending_calls if rpc is not None else 0
+
+    @property
+    def routable(self) -> bool:
+        """Whether new calls may be routed here: ``ready`` and not draining."""
+        # "ready" is the one availability that takes new calls; one that refuses them while it
+        # finishes the running ones (a draining worker) is excluded here as well.
+        return self._availability == "ready" and not self._draining
+
+    def offers(
+        self, service: str, method: str | None = None, *, interface: type | None = None
+    ) -> bool:
+        """Whether the worker's manifest (as last described or announced) has ``service``
+        (and ``method``); with ``interface``, whether that method (or, without ``method``,
+        every method of ``interface``) is compatible or additive to the interface's view
+        (:func:`~garcon_link.rpc.contract.compare_method`).
+
+        Raises:
+            TypeError, ConfigError: ``interface`` is not a servable interface class.
+        """
+        methods = self._services.get(service) if self._info is not None else None
+        if not isinstance(methods, Mapping):
+            return False
+        if interface is None:
+            return method is None or isinstance(methods.get(method), Mapping)
+        view = service_spec(interface_class(interface)).manifest()
+        wanted = view if method is None else {method: view.get(method)}
+        return all(
+            entry is not None
+            and compare_method(entry, methods.get(name))[0]
+            in (Compatibility.COMPATIBLE, Compatibility.ADDITIVE)
+            for name, entry in wanted.items()
+        )
 
 
 def _optional_bytes(value: object) -> bytes | None:

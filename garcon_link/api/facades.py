@@ -4,10 +4,20 @@ Facades (:meth:`RemoteExecutor.service <garcon_link.RemoteExecutor.service>`) ho
 each call resolves the current one at call time (:meth:`FacadeHost._rpc_for_call`). While
 ``reconnecting`` a call waits up to its ``dispatch_deadline`` for ``ready``; while ``offline``
 (or past the deadline) it raises ``NotDispatched`` at once. There is no hidden offline queue. A
-facade created without an interface is *dynamic*: its methods are looked up in the manifest of
-the installed contract (which cannot change for the executor's life), arguments are validated by
-the worker only. A facade stream is its call's outcome point on the client side. Inside a
-handler, :func:`peer` gives a facade on the caller's service, bound to the handler's session.
+facade created without an interface is *dynamic*: its methods are looked up in the worker's
+current manifest, arguments are validated by the worker only. A facade stream is its call's
+outcome point on the client side. Inside a handler, :func:`peer` gives a facade on the
+caller's service, bound to the handler's session.
+
+Contracts, method by method. A typed facade's interface is its *view* of the service. Whenever
+the worker's manifest is known -- at :meth:`~garcon_link.RemoteExecutor.service` and after every
+new session or inventory change (the executor's ``_manifest_version``) -- each method of the view
+is compared with the worker's (:func:`~garcon_link.rpc.contract.compare_method`), once per
+manifest. A call of a method whose contract changed incompatibly fails at once, nothing sent,
+with ``Rejected("CONTRACT_CHANGED")`` naming the difference; of a method (or service) the worker
+no longer offers, ``Rejected("UNSUPPORTED")``. Compatible and additive methods are called as
+usual, so a worker upgraded with new methods, services or optional parameters stays usable
+behind the facades made before.
 
 Beside the public :func:`peer`, the api room uses :class:`FacadeHost` (what a facade needs of
 its executor), :class:`Facade`, :class:`DynamicFacade`, :class:`FacadeStream`,
@@ -24,6 +34,7 @@ from typing import Any, Protocol, TypeVar, cast
 from ..errors import CallError, NotDispatched, Outcome, Rejected
 from ..limits import Limits
 from ..net.backend import loop_scheduler
+from ..rpc.contract import Compatibility, compare_method
 from ..rpc.idempotency import normalize_key
 from ..rpc.interface import MethodKind, MethodSpec, ServiceSpec, manifest_method, service_spec
 from ..rpc.rpc import CallObserver, ExecutorRpc, Observed, RemoteStream, end_of
@@ -48,15 +59,61 @@ UNSET: Any = object()
 
 class FacadeHost(KeyedCaller, Protocol):
     """What a facade needs of its executor (a :class:`~garcon_link.RemoteExecutor`): its bounds
-    and counters, its calls' outcome point, the session of a call, the installed manifest."""
+    and counters, its calls' outcome point, the session of a call, the worker's manifest and
+    how many times it was learned (0: never)."""
 
     executor_id: str
     limits: Limits
     calls: int
     errors: int
     _observer: CallObserver
+    _manifest_version: int
+    # (service, interface) -> its refusals on the current manifest; emptied when it changes,
+    # so facades made per call compare their interface once per manifest, not per facade
+    _contract_cache: dict[tuple[str, type], dict[str, _Refusal]]
 
     def _manifest(self) -> Mapping[str, Any]: ...
+
+
+class _Refusal:
+    """Why one method of a view cannot be called on the worker's current contract."""
+
+    __slots__ = ("code", "message")
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        self.message = message
+
+    def error(self) -> Rejected:
+        return Rejected(self.code, self.message)  # a fresh exception per call
+
+
+def contract_refusals(
+    service: str, view: Mapping[str, Any], manifest: Mapping[str, Any]
+) -> dict[str, _Refusal]:
+    """The methods of ``view`` (one service's manifest, as the facade's interface has it) that
+    cannot be called on the worker's ``manifest`` (all its services), and why."""
+    theirs = manifest.get(service)
+    refusals: dict[str, _Refusal] = {}
+    for method, entry in view.items():
+        offered = theirs.get(method) if isinstance(theirs, Mapping) else None
+        if theirs is not None and not isinstance(theirs, Mapping):
+            compatibility, difference = Compatibility.INCOMPATIBLE, "its entry cannot be read"
+        else:
+            compatibility, difference = compare_method(entry, offered)
+        if compatibility is Compatibility.REMOVED:
+            what = f"no service {service!r}" if theirs is None else "no such method"
+            refusals[method] = _Refusal(
+                "UNSUPPORTED",
+                f"{service}.{method}: the worker does not offer it ({what}); nothing was sent",
+            )
+        elif compatibility is Compatibility.INCOMPATIBLE:
+            refusals[method] = _Refusal(
+                "CONTRACT_CHANGED",
+                f"{service}.{method}: the worker's contract is incompatible with this "
+                f"interface's ({difference}); nothing was sent",
+            )
+    return refusals
 
 
 class Facade:
@@ -84,8 +141,29 @@ class Facade:
         self._deadline = (
             executor.limits.dispatch_deadline if dispatch_deadline is None else dispatch_deadline
         )
+        self._view = spec.manifest()
+        self._refusals: dict[str, _Refusal] = {}
+        self._compared = 0  # the executor's _manifest_version the refusals were computed for
         for method in spec.methods.values():
             setattr(self, method.name, self._bind(method))
+        self._check_method(None)  # at creation, when the manifest is known already
+
+    def _check_method(self, method: str | None) -> None:
+        """Raise ``Rejected`` if ``method`` cannot be called on the worker's current contract
+        (module docstring); compare the view again first if the manifest changed since."""
+        executor = self._executor
+        version = executor._manifest_version
+        if version != self._compared and self._view:
+            key = (self._name, self._spec.interface)
+            refusals = executor._contract_cache.get(key)
+            if refusals is None:
+                refusals = contract_refusals(self._name, self._view, executor._manifest())
+                executor._contract_cache[key] = refusals
+            self._refusals = refusals
+            self._compared = version
+        refusal = self._refusals.get(method) if method is not None else None
+        if refusal is not None:
+            raise refusal.error()
 
     def __repr__(self) -> str:
         interface = self._spec.interface.__qualname__
@@ -134,7 +212,14 @@ class Facade:
                         "calls only"
                     )
                 return FacadeStream(
-                    executor, name, method, args, kwargs, facade._deadline, facade._metadata
+                    executor,
+                    name,
+                    method,
+                    args,
+                    kwargs,
+                    facade._deadline,
+                    facade._metadata,
+                    facade._check_method,
                 )
 
             open_stream.__name__ = method.name
@@ -145,6 +230,7 @@ class Facade:
 
             async def attempt(metadata: Mapping[str, str] | None) -> Any:
                 if facade._key is not None:
+                    facade._check_method(method.name)
                     return await call_with_key(
                         executor,
                         name,
@@ -158,6 +244,7 @@ class Facade:
                         metadata=metadata,
                     )
                 rpc = await executor._rpc_for_call(facade._deadline)
+                facade._check_method(method.name)  # against the manifest of that session
                 return await rpc.call(
                     name, method, args, kwargs, timeout=facade._timeout, metadata=metadata
                 )
@@ -248,8 +335,10 @@ class FacadeStream(AsyncIterator[Any]):
         kwargs: Mapping[str, Any],
         deadline: float,
         metadata: Mapping[str, str] | None = None,
+        check: Callable[[str], None] | None = None,
     ) -> None:
         self._executor = executor
+        self._check = check
         self._name = name
         self._method = method
         self._args = args
@@ -279,6 +368,8 @@ class FacadeStream(AsyncIterator[Any]):
                 if metadata:
                     observer.check_metadata(metadata)
                 rpc = await executor._rpc_for_call(self._deadline)
+                if self._check is not None:
+                    self._check(self._method.name)
                 self._stream = rpc.stream(
                     self._name, self._method, self._args, self._kwargs, metadata
                 )

@@ -27,6 +27,13 @@ Bounds
 * :meth:`Fleet.events`: each subscriber has a buffer of ``events_buffer`` events; a slow
   consumer loses the oldest ones and is told how many by a ``lost`` event.
 * :meth:`Fleet.map`: at most ``concurrency`` calls in flight.
+
+Routing by capability
+---------------------
+:meth:`Fleet.map` with ``where=`` and :meth:`Fleet.pick` choose only *routable* executors
+(:attr:`RemoteExecutor.routable`: ``ready``, not draining) whose manifest, as the worker last
+described or announced it (:mod:`garcon_link.api.controller`), offers what the call needs;
+``pick`` takes the one with the fewest pending calls, turning among equals.
 * Retention: every session of the fleet draws on one budget, ``max_total_retained_bytes``
   (:class:`~garcon_link.core.session.RetentionPool`); when it is spent, senders wait for receipts
   (back-pressure), and no session is failed for it.
@@ -37,8 +44,8 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 import anyio
@@ -49,7 +56,7 @@ from ..core.session import RetentionPool
 from ..core.wire import Role
 from ..endpoint.link import ExecutorLink, LinkStatistics, WebSocketLink
 from ..endpoint.transport import SessionTransport
-from ..errors import CallError, ConfigError
+from ..errors import CallError, ConfigError, NotDispatched
 from ..limits import Limits
 from ..rpc.hooks import CallHook
 from ..rpc.rpc import Registry
@@ -64,6 +71,9 @@ __all__ = ["ExecutorSnapshot", "Fleet", "FleetEvent", "fleet"]
 log = logging.getLogger("garcon_link.fleet")  # the name users configure (README)
 
 T = TypeVar("T")
+Where = str | Callable[[RemoteExecutor], bool]
+"""What :meth:`Fleet.map` (``where=``) routes to: ``"service"``, ``"service.method"``, or a
+predicate on an executor."""
 EventKind = Literal["joined", "ready", "reconnecting", "offline", "disposed", "forgotten", "lost"]
 DEFAULT_EVENTS_BUFFER = 1024
 
@@ -79,6 +89,9 @@ class ExecutorSnapshot:
         since: wall-clock time (``time.time()``) of its last availability change.
         calls: calls and streams started through its facades.
         errors: of those, how many raised a :class:`~garcon_link.CallError`.
+        services: each service of its manifest with its contract version (empty before its
+            first session; :func:`~garcon_link.rpc.contract.service_version`).
+        pending: its calls awaiting a reply now.
     """
 
     executor_id: str
@@ -87,6 +100,8 @@ class ExecutorSnapshot:
     since: float
     calls: int
     errors: int
+    services: Mapping[str, str] = field(default_factory=dict)
+    pending: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +179,7 @@ class Fleet:
         self._link_of: dict[str, WebSocketLink] = {}  # dial entries and a fleet of one
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
+        self._turn = 0  # pick(): which of equally loaded executors goes first
         self._build_links()
 
     def _build_links(self) -> None:
@@ -356,6 +372,8 @@ class Fleet:
                 since=member.since,
                 calls=member.calls,
                 errors=member.errors,
+                services=dict(member.versions),
+                pending=member.pending_calls,
             )
         return out
 
@@ -410,12 +428,65 @@ class Fleet:
 
     # ------------------------------------------------------------------ fan-out
 
+    def _capable(self, where: Where) -> list[RemoteExecutor]:
+        """The routable executors ``where`` admits (module docstring), in id order."""
+        if isinstance(where, str):
+            service, _, method = where.partition(".")
+            admits: Callable[[RemoteExecutor], bool] = lambda member: member.offers(  # noqa: E731
+                service, method or None
+            )
+        else:
+            admits = where
+        return [
+            member
+            for _, member in sorted(self._members.items())
+            if member.routable and admits(member)
+        ]
+
+    def pick(
+        self, service: str, method: str | None = None, *, interface: type | None = None
+    ) -> RemoteExecutor:
+        """The least loaded routable executor that offers ``service`` (and ``method``).
+
+        Args:
+            service: the service the call needs.
+            method: the method it needs (default: any method of the service).
+            interface: also require that method (every method of ``interface`` without
+                ``method``) to be compatible with, or additive to, ``interface``
+                (:meth:`RemoteExecutor.offers`).
+
+        Returns:
+            Of the ``ready``, non-draining executors whose manifest has it, the one with the
+            fewest pending calls (equals take turns).
+
+        Raises:
+            NotDispatched: code ``NO_EXECUTOR``: none qualifies now (the message says how many
+                are ready).
+        """
+        candidates = self._capable(
+            lambda member: member.offers(service, method, interface=interface)
+        )
+        if not candidates:
+            ready = sum(1 for m in self._members.values() if m.routable)
+            wanted = service if method is None else f"{service}.{method}"
+            raise NotDispatched(
+                "NO_EXECUTOR",
+                f"no ready executor offers {wanted}"
+                + (" compatibly with the interface" if interface is not None else "")
+                + f" ({ready} ready)",
+            )
+        self._turn += 1
+        start = self._turn % len(candidates)
+        rotated = candidates[start:] + candidates[:start]
+        return min(rotated, key=lambda member: member.pending_calls)
+
     async def map(
         self,
         fn: Callable[[RemoteExecutor], Awaitable[T]],
         ids: Iterable[str] | None = None,
         *,
         concurrency: int = 64,
+        where: Where | None = None,
     ) -> dict[str, T | CallError]:
         """Call ``fn(executor)`` for each executor, at most ``concurrency`` at once.
 
@@ -423,6 +494,10 @@ class Fleet:
             fn: what to do with one executor (typically one facade call).
             ids: which executors (default: every executor the fleet knows now).
             concurrency: the most calls in flight.
+            where: only the routable (``ready``, non-draining) executors among those that
+                offer what the call needs: ``"service"`` or ``"service.method"`` (their
+                manifest has it), or a predicate on a :class:`RemoteExecutor` (e.g.
+                ``lambda ex: ex.offers("calc", "mul", interface=CalcV2)``).
 
         Returns:
             ``{id: value}`` or, for an executor whose call failed, ``{id: CallError}``: one
@@ -434,6 +509,9 @@ class Fleet:
         targets = (
             [self.executor(i) for i in ids] if ids is not None else list(self._members.values())
         )
+        if where is not None:
+            capable = {id(member) for member in self._capable(where)}
+            targets = [member for member in targets if id(member) in capable]
         results: dict[str, T | CallError] = {}
         limiter = anyio.CapacityLimiter(concurrency)
 

@@ -32,9 +32,14 @@ notification (:func:`garcon_link.rpc.interface.sync_service_spec`)::
 ``executor.service("calc", CalculatorSync)`` is typed ``CalculatorSync``, so mypy and pyright
 check every call. The view is *checked*, not trusted: its manifest (the async interface's, a
 stream reading ``AsyncIterator[T]`` in both) is compared with the worker's manifest for that
-service -- when the facade is created if a session was installed already, else before its first
-call is sent -- and a difference raises :class:`~garcon_link.ConfigError` listing each method
-that differs (nothing is sent). Passing the async interface itself raises ``ConfigError`` whose
+service, method by method (:mod:`garcon_link.rpc.contract`) -- when the facade is created if a
+session was installed already, else before its first call is sent. A view with a method the
+worker does not offer, or offers with an incompatible contract, is taken for a mistake in the
+view: :class:`~garcon_link.ConfigError` lists each such method (nothing is sent); what the
+worker adds (methods, optional parameters) is fine. After that first check the facade follows
+the worker's upgrades as an async facade does: a method whose contract later changes
+incompatibly fails its own calls with ``Rejected("CONTRACT_CHANGED")``, one removed with
+``Rejected("UNSUPPORTED")``. Passing the async interface itself raises ``ConfigError`` whose
 message is the source of the sync view to paste. ``executor.service(name)`` without an interface
 is the dynamic facade (typed ``Any``), as in the async client.
 
@@ -74,6 +79,7 @@ from anyio.from_thread import BlockingPortal
 
 from ..errors import ConfigError, NotDispatched, OutcomeUnknown
 from ..limits import Limits
+from ..rpc.contract import Compatibility, compare_method
 from ..rpc.hooks import CallHook
 from ..rpc.interface import ServiceSpec, manifest_changes, sync_service_spec
 from ..settings.config import LinkConfig
@@ -245,7 +251,8 @@ class SyncExecutor:
             TypeError: ``interface`` is not a class.
             ConfigError: ``interface`` is not a sync view (the message shows the one to write
                 when it is the async interface), or a session is installed and its manifest
-                differs from ``interface`` (the message lists the methods).
+                lacks a method of ``interface`` or has it with an incompatible contract (the
+                message lists the methods).
         """
         if interface is None:
             return SyncFacade(self, DynamicFacade(self._executor, name, NO_METHODS, None, None))
@@ -370,9 +377,10 @@ class SyncFacade:
         spec: ServiceSpec = self._facade._spec
         if self._checked or not spec.methods:
             return
-        manifest = self._owner._executor._services  # the installed contract's; {} before
-        if not manifest:
-            return
+        executor = self._owner._executor
+        if not executor._manifest_version:
+            return  # no session installed yet
+        manifest = executor._manifest()
         name = self._facade._name
         worker = manifest.get(name)
         interface = spec.interface.__qualname__
@@ -382,12 +390,11 @@ class SyncFacade:
                 f"{interface}: the worker serves no service {name!r} (services: {known})"
             )
         mine = spec.manifest()
-        theirs = {m: worker.get(m) for m in mine}
-        for method, entry in mine.items():
-            # Calling a unary method one-way (not waiting for its reply) is the caller's choice.
-            if entry["kind"] == "oneway" and theirs[method] == {**entry, "kind": "unary"}:
-                theirs[method] = entry
-        changes = manifest_changes({name: theirs}, {name: mine})
+        # Only what a caller with this view cannot use (a one-way view of a unary method is the
+        # caller's choice; an optional parameter the worker added is not the view's concern).
+        unusable = [m for m in mine if not _usable(compare_method(mine[m], worker.get(m))[0])]
+        theirs = {m: worker.get(m) for m in unusable}
+        changes = manifest_changes({name: theirs}, {name: {m: mine[m] for m in unusable}})
         if changes:
             raise ConfigError(
                 f"{interface} does not match the worker's service {name!r} "
@@ -414,6 +421,10 @@ class SyncFacade:
 
         open_stream.__name__ = bound.__name__
         return open_stream
+
+
+def _usable(compatibility: Compatibility) -> bool:
+    return compatibility in (Compatibility.COMPATIBLE, Compatibility.ADDITIVE)
 
 
 class SyncStream(Iterator[Any]):

@@ -17,6 +17,14 @@ during the drain) while running handlers finish and their replies are acknowledg
 still running when the drain time is up ends as any close ends it: the caller's call fails
 ``OutcomeUnknown`` (never a result that did not happen). ``serve`` runs until cancelled, so it
 runs its worker in a shielded task of its own and drains it when cancelled.
+
+Hot inventory: :meth:`Worker.add_service` and :meth:`Worker.remove_service` change what the
+worker serves while it runs. The change applies to every session being served (and to every
+later one, on top of ``services`` or what the factory builds); each session's ``describe``
+answers its registry as it is now, and each controller is told the new manifest on its running
+session by the internal notification ``$link.inventory(sequence, services)``, numbered so that a
+controller applies only the newest; several changes made before one is sent go as one.
+Calls already running on a removed service finish.
 """
 
 from __future__ import annotations
@@ -33,12 +41,13 @@ import anyio.abc
 from ..core.handshake import HandshakeResult
 from ..endpoint.link import WebSocketLink
 from ..endpoint.transport import SessionTransport, TransportState
-from ..errors import ConfigError, FailureReason
+from ..errors import CallError, ConfigError, FailureReason
 from ..limits import Limits
 from ..logs import log_fields
 from ..rpc.hooks import CallHook
 from ..rpc.idempotency import IdempotencyStatistics, KeyedExecutions
 from ..rpc.interface import contract_hash
+from ..rpc.registry import Bound
 from ..rpc.resources import ServiceScope, WorkerScope
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
 from ..settings.config import LinkConfig
@@ -105,6 +114,89 @@ class Worker(Endpoint):
         self.drain = drain
         self._draining = False
         self._closed = False
+        # Hot inventory (module docstring): services added or removed while running, applied
+        # over ``services`` in every session; the RPCs of the sessions being served; the
+        # sequence number of the latest announcement; RPCs with an announcement due.
+        self._added: dict[str, Bound] = {}
+        self._removed: set[str] = set()
+        self._serving: set[ExecutorRpc] = set()
+        self._inventory_seq = 0
+        self._announcing: set[ExecutorRpc] = set()
+
+    def add_service(self, name: str, service: object) -> None:
+        """Serve ``service`` as ``name`` from now on, on every session (replacing a service of
+        that name); the controllers learn the new manifest without a new session.
+
+        ``service`` is an object (its class is the interface) or a :class:`Service`, checked as
+        at start-up. A worker-scoped ``Service`` runs in the worker scope.
+
+        Raises:
+            ConfigError: ``service`` cannot be served as written, or ``name`` is not a valid
+                service name (empty, or starting with ``_`` or ``$``).
+        """
+        if not isinstance(name, str) or not name or name.startswith(("_", "$")):
+            raise ConfigError(
+                f"invalid service name {name!r}: use a non-empty name that does not start with "
+                "'_' or '$'"
+            )
+        bound = registry_from({name: service}, self.worker_scope).get(name)
+        assert bound is not None
+        self._added[name] = bound
+        self._removed.discard(name)
+        for rpc in self._serving:
+            rpc.registry.add(name, bound.target, bound.spec, scope=bound.scope)
+        self._announce()
+
+    def remove_service(self, name: str) -> bool:
+        """Stop serving ``name`` on every session; the controllers learn the new manifest
+        without a new session. Calls already running finish; new ones are refused
+        ``UNKNOWN_SERVICE`` by this worker (a controller's facades refuse them first, with
+        ``UNSUPPORTED``, once they know). Returns False if no session served it and it was
+        not among the services (nothing changes then)."""
+        served = (
+            name in self._added
+            or (not callable(self._services) and name in self._services)
+            or any(rpc.registry.get(name) is not None for rpc in self._serving)
+        ) and name not in self._removed
+        self._added.pop(name, None)
+        for rpc in self._serving:
+            rpc.registry.remove(name)
+        self._removed.add(name)
+        if served:
+            self._announce()
+        return served
+
+    def _inventory(self, registry: Registry) -> Registry:
+        """``registry`` (a new session's) with the services added and removed since start."""
+        for name in self._removed:
+            registry.remove(name)
+        for name, bound in self._added.items():
+            registry.add(name, bound.target, bound.spec, scope=bound.scope)
+        return registry
+
+    def _announce(self) -> None:
+        """Schedule telling each controller served now the new manifest (coalesced: one
+        announcement due per session, which sends the manifest as it is when it goes)."""
+        if self._tg is None:
+            return  # not started: each session's describe will say it
+        for rpc in self._serving - self._announcing:
+            self._announcing.add(rpc)
+            self._tg.start_soon(self._send_inventory, rpc)
+
+    async def _send_inventory(self, rpc: ExecutorRpc) -> None:
+        self._announcing.discard(rpc)
+        if rpc.retired:
+            return
+        self._inventory_seq += 1
+        try:
+            await rpc.announce_inventory(self._inventory_seq, rpc.registry.manifest())
+        except CallError as exc:  # the session ended or the manifest does not fit: its next
+            log.warning(  # session's describe says it
+                "executor %s: could not announce the new manifest: %s",
+                self.config.executor_id,
+                exc,
+                extra=log_fields(executor=self.config.executor_id),
+            )
 
     def _spawn_keyed(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self._tg is not None
@@ -211,7 +303,7 @@ class Worker(Endpoint):
         scope = self.worker_scope.session_scope(os.urandom(16))
         assert self._tg is not None
         if not callable(self._services):
-            registry = registry_from(self._services, self.worker_scope)
+            registry = self._inventory(registry_from(self._services, self.worker_scope))
             rpc = self._make_rpc(transport, registry, scope)
             self._tg.start_soon(self._run_session, transport, rpc, scope)
         else:
@@ -221,16 +313,17 @@ class Worker(Endpoint):
     def _make_rpc(
         self, transport: SessionTransport, registry: Registry, scope: ServiceScope
     ) -> ExecutorRpc:
-        manifest = registry.manifest()
-        contract = contract_hash(manifest)
-
         def describe() -> dict[str, Any]:
+            manifest = registry.manifest()  # as it is now (hot inventory)
             return {
                 "executor_id": self.config.executor_id,
                 "instance_id": scope.instance_id,
                 "worker_instance_id": self.worker_scope.instance_id,
                 "services": manifest,
-                "contract": contract,
+                "contract": contract_hash(manifest),
+                # The latest announcement sent before this answer: the controller ignores an
+                # announcement not newer (its manifest is in this one already).
+                "inventory": self._inventory_seq,
             }
 
         rpc = ExecutorRpc(
@@ -252,7 +345,7 @@ class Worker(Endpoint):
         stack = contextlib.AsyncExitStack()
         try:
             services = await stack.enter_async_context(factory(scope))
-            registry = registry_from(services, self.worker_scope)
+            registry = self._inventory(registry_from(services, self.worker_scope))
         except Exception as exc:
             log.exception(
                 "service scope factory failed; retiring the session",
@@ -293,9 +386,11 @@ class Worker(Endpoint):
         unsubscribe = transport.add_listener(announce)
         announce(transport.state)
         self._rpc = rpc
+        self._serving.add(rpc)
         try:
             await rpc.run()
         finally:
+            self._serving.discard(rpc)
             unsubscribe()
             self._totals.ended(transport)
             if self._rpc is rpc:

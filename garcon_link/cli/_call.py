@@ -232,6 +232,7 @@ def _cmd_describe(ns: argparse.Namespace) -> int:
             {
                 "executor_id": info.executor_id,
                 "contract": info.contract,
+                "versions": dict(info.versions),
                 "services": info.services,
             }
         )

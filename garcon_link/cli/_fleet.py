@@ -7,16 +7,28 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
 
 from ..api.fleet import Fleet, FleetEvent, fleet
+from ..logs import peer_message
 from ..settings.config import FleetConfig, LinkConfig
 from ._exits import EXIT_OK, UsageError
 from ._output import _emit, _load_any, _print_json, _setup_logging
 
-_TABLE_COLUMNS = ("executor", "availability", "session", "since", "calls", "errors")
+_TABLE_COLUMNS = (
+    "executor",
+    "availability",
+    "session",
+    "since",
+    "calls",
+    "errors",
+    "services",
+)
+_SERVICES_SHOWN = 4
+"""The most services one row names, each with its contract version (the rest are counted)."""
 _REDRAW_INTERVAL = 1.0  # seconds between redraws of the terminal table (the "since" column)
 
 
@@ -33,6 +45,7 @@ def fleet_table(controller: Fleet, now: float | None = None) -> list[str]:
                 _ago(now - snap.since),
                 str(snap.calls),
                 str(snap.errors),
+                _services(snap.services),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(_TABLE_COLUMNS))]
@@ -40,6 +53,16 @@ def fleet_table(controller: Fleet, now: float | None = None) -> list[str]:
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
+
+
+def _services(versions: Mapping[str, str]) -> str:
+    """``calc@0123456789ab files@...`` (names and versions from the worker, shown bounded)."""
+    names = sorted(versions)
+    shown = " ".join(
+        f"{peer_message(name, 32)}@{versions[name]}" for name in names[:_SERVICES_SHOWN]
+    )
+    more = f" +{len(names) - _SERVICES_SHOWN}" if len(names) > _SERVICES_SHOWN else ""
+    return (shown + more) or "-"
 
 
 def _ago(seconds: float) -> str:

@@ -35,7 +35,7 @@ from .idempotency import (
 from .interface import MethodKind, MethodSpec
 from .observer import CallObserver
 from .outbox import REFUSAL_KIND, Outbox
-from .registry import DESCRIBE_SPEC, INTERNAL_SERVICE, Registry, in_scope
+from .registry import DESCRIBE_SPEC, INTERNAL_SERVICE, INVENTORY_SPEC, Registry, in_scope
 from .resources import ResourceRef, ServiceScope
 
 __all__ = ["Dispatcher"]
@@ -96,6 +96,9 @@ class Dispatcher:
         self.draining = False
         self.refusals = 0
         self.notifications_dropped = 0
+        # Told each ``$link.inventory`` notification's arguments (a list), synchronously and in
+        # session order; without one (a worker's side), such a notification is dropped.
+        self.inventory_listener: Callable[[list[Any]], None] | None = None
 
     @property
     def last_incoming_id(self) -> int:
@@ -360,6 +363,13 @@ class Dispatcher:
             envelope.args,
             envelope.kwargs,
         )
+        if service == INTERNAL_SERVICE and method == INVENTORY_SPEC.name:
+            listener = self.inventory_listener
+            if listener is None or not isinstance(args, list) or kwargs:
+                self._dropped_notification("unreadable", service, method, "not expected here")
+                return
+            listener(args)  # no handler task: it only replaces the manifest it holds
+            return
         try:
             spec, target = self._resolve(service, method)
             if spec.kind is MethodKind.STREAM:

@@ -1,7 +1,10 @@
 """The services one side exposes to its peer: name -> interface spec, implementation, scope.
 
-Names starting with ``_`` or ``$`` are refused: ``$link`` is the internal service, whose one
-method ``describe`` answers this side's manifest (``DESCRIBE_SPEC``).
+Names starting with ``_`` or ``$`` are refused: ``$link`` is the internal service. Its method
+``describe`` answers this side's manifest (``DESCRIBE_SPEC``); ``inventory`` is a notification a
+worker sends when its services change on a running session, ``[sequence, services manifest]``
+(``INVENTORY_SPEC``), which the receiving side hands to its listener instead of a handler
+(:meth:`~garcon_link.rpc.rpc.ExecutorRpc.on_inventory`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 from .interface import MethodKind, MethodSpec, ServiceSpec
 from .resources import ServiceScope, _current
 
-__all__ = ["DESCRIBE_SPEC", "INTERNAL_SERVICE", "Bound", "Registry", "in_scope"]
+__all__ = ["DESCRIBE_SPEC", "INTERNAL_SERVICE", "INVENTORY_SPEC", "Bound", "Registry", "in_scope"]
 
 INTERNAL_SERVICE = "$link"
 
@@ -25,6 +28,20 @@ DESCRIBE_SPEC = MethodSpec(
     signature=inspect.Signature(),
     hints={},
     result=Any,
+)
+
+# The internal notification ("$link".inventory): a worker's new manifest, numbered.
+INVENTORY_SPEC = MethodSpec(
+    name="inventory",
+    kind=MethodKind.ONEWAY,
+    signature=inspect.Signature(
+        [
+            inspect.Parameter("sequence", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            inspect.Parameter("services", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        ]
+    ),
+    hints={},
+    result=None,
 )
 
 
@@ -49,6 +66,10 @@ class Registry:
         if not name or name.startswith(("_", "$")):
             raise ValueError(f"invalid service name {name!r}")
         self._services[name] = Bound(spec, target, scope)
+
+    def remove(self, name: str) -> bool:
+        """Stop exposing ``name``; False if it was not exposed. Calls already running go on."""
+        return self._services.pop(name, None) is not None
 
     def get(self, name: str) -> Bound | None:
         return self._services.get(name)

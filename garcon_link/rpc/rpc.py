@@ -206,7 +206,7 @@ from .idempotency import KeyedExecutions
 from .interface import MethodSpec
 from .observer import CallObserver, CallStatistics, Observed, end_of
 from .outbox import Outbox
-from .registry import DESCRIBE_SPEC, INTERNAL_SERVICE, Registry
+from .registry import DESCRIBE_SPEC, INTERNAL_SERVICE, INVENTORY_SPEC, Registry
 from .resources import ServiceScope
 
 __all__ = [
@@ -562,6 +562,16 @@ class ExecutorRpc:
         if not isinstance(result, dict):
             raise RemoteError("MALFORMED_MANIFEST", "describe returned no map")
         return result
+
+    def on_inventory(self, listener: Callable[[list[Any]], None]) -> None:
+        """Hand every ``$link.inventory`` notification of the peer (its arguments, unchecked:
+        ``[sequence, services]`` from an honest worker) to ``listener``, in session order."""
+        self._dispatcher.inventory_listener = listener
+
+    async def announce_inventory(self, sequence: int, services: dict[str, Any]) -> None:
+        """Tell the peer this side's services changed: ``$link.inventory(sequence, services)``
+        (a notification; ``sequence`` increases with each announcement of one endpoint)."""
+        await self._caller.notify(INTERNAL_SERVICE, INVENTORY_SPEC, (sequence, services), {})
 
     # ------------------------------------------------------------------ test seam
     # For tests and tools that write envelopes by hand on the session (``transport.send``):
