@@ -1110,3 +1110,58 @@ def test_ctrl_c_before_the_call_is_sent_says_it_did_not_run(tmp_path: Path, dead
         if call.poll() is None:
             call.kill()
             call.communicate(timeout=10)
+
+
+# --------------------------------------------------------------------------- stub
+
+TYPING_FIXTURES = Path(__file__).resolve().parent / "typing"
+
+
+@pytest.mark.parametrize(("options", "view"), [(["--sync"], "LabSync"), ([], "Lab")])
+def test_stub_prints_a_view_that_pastes_as_is(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    options: list[str],
+    view: str,
+) -> None:
+    # Before: there was no ``stub`` command (exit 2), and the sync view garcon-link showed (in
+    # connect_sync's error) lacked its imports.
+    import importlib
+
+    from garcon_link.rpc.interface import service_spec, sync_service_spec
+
+    (tmp_path / "lab_interface.py").write_bytes((TYPING_FIXTURES / "lab_interface.py").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("lab_interface", "pasted_stub"):
+        monkeypatch.delitem(sys.modules, name, raising=False)  # imported afresh, forgotten after
+    assert cli.main(["stub", "lab_interface:Lab", *options]) == 0
+    printed = capsys.readouterr()
+    assert printed.err == ""
+    assert printed.out.startswith("import datetime\nimport uuid\n")
+    (tmp_path / "pasted_stub.py").write_text(printed.out, encoding="utf-8")
+    pasted = getattr(importlib.import_module("pasted_stub"), view)
+    lab = importlib.import_module("lab_interface")
+    derive = sync_service_spec if options else service_spec
+    assert derive(pasted).manifest() == service_spec(lab.Lab).manifest()
+    assert {"area", "scale", "pick", "walk", "job", "stamp", "note"} <= set(vars(pasted))
+
+
+def test_stub_refuses_what_is_not_an_interface(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "not_one.py").write_text("VALUE = 1\nclass Plain:\n    def run(self) -> int: ...\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "not_one", raising=False)
+    for target, message in [
+        ("not_one", "expected MODULE:ATTR"),
+        ("no_such_module:X", "cannot import module 'no_such_module'"),
+        ("not_one:Nope", "has no attribute 'Nope'"),
+        ("not_one:VALUE", "VALUE is not a class"),
+        ("not_one:Plain", "Plain.run is a plain `def`"),
+    ]:
+        assert cli.main(["stub", target, "--sync"]) == cli.EXIT_USAGE, target
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
