@@ -574,6 +574,82 @@ class Liar:
         worker.kill()
 
 
+def test_describe_shows_the_fields_of_the_types_a_service_uses(tmp_path: Path) -> None:
+    # Before: describe printed ``lab.area(r: bench.Rect) -> float`` and nothing about Rect, so
+    # the JSON argument of ``call`` could not be written without the worker's source.
+    (tmp_path / "bench.py").write_text(
+        """
+import dataclasses
+import enum
+
+class Shade(enum.Enum):
+    LIGHT = "light"
+    DARK = "dark"
+
+@dataclasses.dataclass
+class Point:
+    x: float
+    y: float = 0.0
+
+@dataclasses.dataclass
+class Rect:
+    w: float
+    h: float
+    corner: Point | None = None
+    shade: Shade = Shade.LIGHT
+
+class Bench:
+    async def area(self, r: Rect) -> float:
+        return r.w * r.h
+    async def corner(self, r: Rect) -> Point | None:
+        return r.corner
+""",
+        encoding="utf-8",
+    )
+    worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    worker = Worker(worker_toml, "lab=bench:Bench", cwd=tmp_path)
+    try:
+        url = worker.url()
+        controller = write_config(tmp_path, "controller.toml", "controller", f'dial = "{url}"')
+        described = run_cli("describe", str(controller))
+        assert described.returncode == 0, described.stderr
+        assert described.stdout.splitlines() == [
+            "unary  lab.area(r: bench.Rect) -> float",
+            "unary  lab.corner(r: bench.Rect) -> bench.Point | None",
+            "",
+            "dataclass bench.Rect",
+            "  w: float",
+            "  h: float",
+            "  corner: bench.Point | None = null",
+            '  shade: bench.Shade = "light"',
+            "dataclass bench.Point",
+            "  x: float",
+            "  y: float = 0.0",
+            'enum bench.Shade: "light", "dark"',
+        ]
+        # What the lines say is enough to write the argument.
+        called = run_cli(
+            "call", str(controller), "lab.corner", '{"r": {"w": 2, "h": 3, "corner": {"x": 1}}}'
+        )
+        assert called.returncode == 0, called.stderr
+        assert json.loads(called.stdout)["x"] == 1.0
+        as_json = run_cli("describe", str(controller), "--json")
+        assert as_json.returncode == 0, as_json.stderr
+        document = json.loads(as_json.stdout)
+        schema = document["types"]["lab"]["schema"]
+        assert schema["methods"]["area"]["parameters"]["properties"] == {
+            "r": {"$ref": "#/$defs/Rect"}
+        }
+        assert schema["$defs"]["Rect"]["required"] == ["w", "h"]
+        assert sorted(schema["$defs"]["Shade"]["enum"]) == ["dark", "light"]
+        assert document["services"]["lab"]["area"] == {  # the contract is what it was
+            "kind": "unary",
+            "signature": "(r: bench.Rect) -> float",
+        }
+    finally:
+        worker.kill()
+
+
 def test_describe_when_the_worker_is_down(tmp_path: Path, dead_port: int) -> None:
     controller = write_config(
         tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'

@@ -39,10 +39,11 @@ call fails ``OutcomeUnknown`` (never a result that did not happen). A worker dra
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast, overload
 
 import anyio
@@ -64,6 +65,7 @@ from ..logs import log_fields, peer_message, peer_text
 from ..rpc.hooks import CallHook
 from ..rpc.interface import contract_hash, manifest_changes, service_spec
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
+from ..rpc.typedoc import checked_type_descriptions
 from ..settings.config import LinkConfig
 from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
 from .facades import NO_METHODS, DynamicFacade, Facade
@@ -92,6 +94,18 @@ class ExecutorInfo:
     worker_instance_id: bytes | None = None
     """The worker's runtime id, which worker-scoped references carry (``None``: an older
     worker that does not say)."""
+    types: Mapping[str, Any] = field(default_factory=dict)
+    """Service name -> the description of the types its methods use (fields, defaults, a JSON
+    Schema; :mod:`garcon_link.rpc.typedoc`), as far as it is within the bounds. Documentation,
+    not contract: empty from a worker that sends none."""
+
+
+def _with_types(info: ExecutorInfo, received: Any, limits: Limits) -> ExecutorInfo:
+    """``info`` with the type descriptions the worker sent, checked (never refuses a session:
+    they are documentation; one over the bounds is replaced by a note)."""
+    return dataclasses.replace(
+        info, types=checked_type_descriptions(received, info.services, limits)
+    )
 
 
 def _fresh(error: HandshakeError) -> HandshakeError:
@@ -379,6 +393,7 @@ class RemoteExecutor(Endpoint):
                 contract=str(manifest["contract"]),
                 worker_instance_id=_optional_bytes(manifest.get("worker_instance_id")),
             )
+            info = _with_types(info, manifest.get("types"), self.limits)
         except (CallError, KeyError, TypeError, ValueError) as exc:
             self._refuse_session(transport, f"describe failed: {peer_text(exc)}", contract=False)
             return

@@ -41,6 +41,7 @@ from ..rpc.idempotency import IdempotencyStatistics, KeyedExecutions
 from ..rpc.interface import contract_hash
 from ..rpc.resources import ServiceScope, WorkerScope
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
+from ..rpc.typedoc import registry_type_descriptions
 from ..settings.config import LinkConfig
 from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
 from .registration import ServiceFactory, ServiceMap, registry_from
@@ -223,6 +224,7 @@ class Worker(Endpoint):
     ) -> ExecutorRpc:
         manifest = registry.manifest()
         contract = contract_hash(manifest)
+        types = registry_type_descriptions(registry, self.limits)  # documentation, not contract
 
         def describe() -> dict[str, Any]:
             return {
@@ -231,6 +233,7 @@ class Worker(Endpoint):
                 "worker_instance_id": self.worker_scope.instance_id,
                 "services": manifest,
                 "contract": contract,
+                "types": types,
             }
 
         rpc = ExecutorRpc(
