@@ -78,8 +78,11 @@ Commands
 
 ``garcon-link describe [CONFIG|-] [--json] [--executor ID]``
     Connect like ``call`` and print what the worker serves, one method per line (grpcurl-style):
-    ``unary  calc.add(a: int, b: int) -> int``; ``--json`` prints the executor id, the contract
-    hash and the whole manifest as one JSON object instead.
+    ``unary  calc.add(a: int, b: int) -> int``; then, after a blank line, the fields of the
+    named types the methods use (``dataclass lab.Rect``, ``  w: float``, ``  label: str = "x"``;
+    :mod:`garcon_link.rpc.typedoc`). ``--json`` prints the executor id, the contract hash, the
+    whole manifest and the type descriptions (with a JSON Schema per method) as one JSON object
+    instead.
 
 ``garcon-link stub MODULE:ATTR [--sync]``
     Import the interface class ``MODULE:ATTR`` (the current directory is importable) and print a

@@ -249,7 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Connect with a controller config, wait until the executor is ready and "
         "print one line per method: kind, SERVICE.METHOD and its signature (return type "
-        f"included). CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
+        "included); then the fields of the dataclasses, TypedDicts, Structs and enums the "
+        "methods use (type, default as JSON), to write call's JSON_ARGS from. "
+        f"CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
         epilog=_EXIT_CODES_HELP,
     )
     describe.add_argument(
@@ -261,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument(
         "--json",
         action="store_true",
-        help="print {executor_id, contract, services} as one JSON object",
+        help="print {executor_id, contract, services, types} as one JSON object (types: "
+        "per service, the fields and a JSON Schema of each method's parameters and result)",
     )
     _add_executor_option(describe, "describe")
     _add_ready_timeout(describe)
