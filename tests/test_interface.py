@@ -740,8 +740,15 @@ def test_a_view_writes_enum_defaults_and_refuses_defaults_it_cannot_write() -> N
     text = view_source(service_spec(_Painter), sync=False)
     assert f"shade: {__name__}.Color = {__name__}.Color.GREEN," in text
     assert "names: tuple[str, ...] = ('a',)" in text
-    with pytest.raises(gl.ConfigError, match=r"_Odd.run, parameter 'at': its default .* cannot"):
+    with pytest.raises(
+        gl.ConfigError,
+        match=r"_Odd.run, parameter 'at': its default datetime.date\(2020, 1, 2\) cannot",
+    ):
         view_source(service_spec(_Odd), sync=True)
+    with pytest.raises(
+        gl.ConfigError, match=r"(?s)async interface .* cannot be printed here: _Odd"
+    ):
+        sync_service_spec(_Odd)  # the refusal still says what to do
 
 
 class _Painter(Protocol):

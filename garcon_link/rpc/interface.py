@@ -54,6 +54,7 @@ import decimal
 import enum
 import inspect
 import re
+import reprlib
 import sys
 import types
 import typing
@@ -302,10 +303,14 @@ def sync_service_spec(interface: type) -> ServiceSpec:
         name = interface.__qualname__
         async_spec, async_problems = derive_spec(interface)
         if not spec_.methods and not async_problems:
+            try:
+                view = sync_view_source(async_spec)
+            except ConfigError as exc:  # a default that cannot be written as source
+                view = f"(it cannot be printed here: {exc})"
             raise ConfigError(
                 f"{name} is an async interface (its methods are `async def`): a sync client "
                 "takes a sync view of it, with the same contract (checked against the worker's "
-                "manifest):\n\n" + sync_view_source(async_spec)
+                "manifest):\n\n" + view
             )
         raise ConfigError(
             f"interface {name} cannot be used by a sync client:\n"
@@ -413,7 +418,7 @@ class _ViewImports:
             same = False
         if not same:
             raise ConfigError(
-                f"{where}: its default {peer_text(value)} cannot be written as source (only a "
+                f"{where}: its default {reprlib.repr(value)} cannot be written as source (only a "
                 "literal or an enum member can); write this method of the view by hand"
             )
         return text
@@ -425,8 +430,11 @@ class _ViewImports:
         if self.abc:
             first.append(f"from collections.abc import {', '.join(sorted(self.abc))}")
         first.append(f"from typing import {', '.join(sorted(self.typing))}")
-        second = (["import garcon_link as gl"] if self.gl else []) + [f"import {m}" for m in others]
-        return first + (["", *second] if second else [])
+        second = sorted(
+            [("garcon_link", "import garcon_link as gl")] * self.gl
+            + [(m, f"import {m}") for m in others]
+        )
+        return first + (["", *(line for _, line in second)] if second else [])
 
     @staticmethod
     def _bare(names: set[str], match: re.Match[str]) -> str:

@@ -114,7 +114,11 @@ def service_type_description(spec: ServiceSpec, limits: Limits) -> dict[str, Any
     )
     cached = _cache.get(key)
     if cached is None:
-        cached = _bounded(_description(spec, limits.described_types), limits)
+        try:
+            described = _description(spec, limits.described_types)
+        except Exception as exc:  # documentation must never keep a session from starting
+            described = {"note": f"types not described: {type(exc).__name__}: {exc}"}
+        cached = _bounded(described, limits)
         if len(_cache) >= _CACHED:
             _cache.clear()
         _cache[key] = cached
