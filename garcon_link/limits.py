@@ -298,6 +298,31 @@ class Limits:
         ),
     )
 
+    # type descriptions in the manifest (garcon_link.rpc.typedoc): documentation, not contract
+    described_types: int = field(
+        default=64,
+        metadata=_doc(
+            "Named types (dataclass, TypedDict, msgspec.Struct, NamedTuple, enum) a worker "
+            "describes per service for `describe`, nearest to the methods first; the rest are "
+            "counted, not described. A controller drops a description that lists more."
+        ),
+    )
+    type_description_bytes: int = field(
+        default=64 * 1024,
+        metadata=_doc(
+            "Largest type description of one service (encoded CBOR): a worker sends a larger one "
+            "without its JSON Schema, or not at all; a controller drops a larger one it "
+            "receives. Either way `describe` says so and the contract is unaffected."
+        ),
+    )
+    type_description_depth: int = field(
+        default=32,
+        metadata=_doc(
+            "Deepest nesting of maps and arrays in one service's type description (its JSON "
+            "Schema included); bounded like type_description_bytes."
+        ),
+    )
+
     # bulk transfers in parts (garcon_link.chunks)
     bulk_chunk_bytes: int = field(
         default=256 * 1024,

@@ -574,6 +574,82 @@ class Liar:
         worker.kill()
 
 
+def test_describe_shows_the_fields_of_the_types_a_service_uses(tmp_path: Path) -> None:
+    # Before: describe printed ``lab.area(r: bench.Rect) -> float`` and nothing about Rect, so
+    # the JSON argument of ``call`` could not be written without the worker's source.
+    (tmp_path / "bench.py").write_text(
+        """
+import dataclasses
+import enum
+
+class Shade(enum.Enum):
+    LIGHT = "light"
+    DARK = "dark"
+
+@dataclasses.dataclass
+class Point:
+    x: float
+    y: float = 0.0
+
+@dataclasses.dataclass
+class Rect:
+    w: float
+    h: float
+    corner: Point | None = None
+    shade: Shade = Shade.LIGHT
+
+class Bench:
+    async def area(self, r: Rect) -> float:
+        return r.w * r.h
+    async def corner(self, r: Rect) -> Point | None:
+        return r.corner
+""",
+        encoding="utf-8",
+    )
+    worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    worker = Worker(worker_toml, "lab=bench:Bench", cwd=tmp_path)
+    try:
+        url = worker.url()
+        controller = write_config(tmp_path, "controller.toml", "controller", f'dial = "{url}"')
+        described = run_cli("describe", str(controller))
+        assert described.returncode == 0, described.stderr
+        assert described.stdout.splitlines() == [
+            "unary  lab.area(r: bench.Rect) -> float",
+            "unary  lab.corner(r: bench.Rect) -> bench.Point | None",
+            "",
+            "dataclass bench.Rect",
+            "  w: float",
+            "  h: float",
+            "  corner: bench.Point | None = null",
+            '  shade: bench.Shade = "light"',
+            "dataclass bench.Point",
+            "  x: float",
+            "  y: float = 0.0",
+            'enum bench.Shade: "light", "dark"',
+        ]
+        # What the lines say is enough to write the argument.
+        called = run_cli(
+            "call", str(controller), "lab.corner", '{"r": {"w": 2, "h": 3, "corner": {"x": 1}}}'
+        )
+        assert called.returncode == 0, called.stderr
+        assert json.loads(called.stdout)["x"] == 1.0
+        as_json = run_cli("describe", str(controller), "--json")
+        assert as_json.returncode == 0, as_json.stderr
+        document = json.loads(as_json.stdout)
+        schema = document["types"]["lab"]["schema"]
+        assert schema["methods"]["area"]["parameters"]["properties"] == {
+            "r": {"$ref": "#/$defs/Rect"}
+        }
+        assert schema["$defs"]["Rect"]["required"] == ["w", "h"]
+        assert sorted(schema["$defs"]["Shade"]["enum"]) == ["dark", "light"]
+        assert document["services"]["lab"]["area"] == {  # the contract is what it was
+            "kind": "unary",
+            "signature": "(r: bench.Rect) -> float",
+        }
+    finally:
+        worker.kill()
+
+
 def test_describe_when_the_worker_is_down(tmp_path: Path, dead_port: int) -> None:
     controller = write_config(
         tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
@@ -1110,3 +1186,58 @@ def test_ctrl_c_before_the_call_is_sent_says_it_did_not_run(tmp_path: Path, dead
         if call.poll() is None:
             call.kill()
             call.communicate(timeout=10)
+
+
+# --------------------------------------------------------------------------- stub
+
+TYPING_FIXTURES = Path(__file__).resolve().parent / "typing"
+
+
+@pytest.mark.parametrize(("options", "view"), [(["--sync"], "LabSync"), ([], "Lab")])
+def test_stub_prints_a_view_that_pastes_as_is(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    options: list[str],
+    view: str,
+) -> None:
+    # Before: there was no ``stub`` command (exit 2), and the sync view garcon-link showed (in
+    # connect_sync's error) lacked its imports.
+    import importlib
+
+    from garcon_link.rpc.interface import service_spec, sync_service_spec
+
+    (tmp_path / "lab_interface.py").write_bytes((TYPING_FIXTURES / "lab_interface.py").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("lab_interface", "pasted_stub"):
+        monkeypatch.delitem(sys.modules, name, raising=False)  # imported afresh, forgotten after
+    assert cli.main(["stub", "lab_interface:Lab", *options]) == 0
+    printed = capsys.readouterr()
+    assert printed.err == ""
+    assert printed.out.startswith("import datetime\nimport uuid\n")
+    (tmp_path / "pasted_stub.py").write_text(printed.out, encoding="utf-8")
+    pasted = getattr(importlib.import_module("pasted_stub"), view)
+    lab = importlib.import_module("lab_interface")
+    derive = sync_service_spec if options else service_spec
+    assert derive(pasted).manifest() == service_spec(lab.Lab).manifest()
+    assert {"area", "scale", "pick", "walk", "job", "stamp", "note"} <= set(vars(pasted))
+
+
+def test_stub_refuses_what_is_not_an_interface(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "not_one.py").write_text("VALUE = 1\nclass Plain:\n    def run(self) -> int: ...\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "not_one", raising=False)
+    for target, message in [
+        ("not_one", "expected MODULE:ATTR"),
+        ("no_such_module:X", "cannot import module 'no_such_module'"),
+        ("not_one:Nope", "has no attribute 'Nope'"),
+        ("not_one:VALUE", "VALUE is not a class"),
+        ("not_one:Plain", "Plain.run is a plain `def`"),
+    ]:
+        assert cli.main(["stub", target, "--sync"]) == cli.EXIT_USAGE, target
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err

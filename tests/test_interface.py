@@ -10,8 +10,10 @@ import collections.abc
 import dataclasses
 import datetime
 import enum
+import importlib
 import inspect
 import pathlib
+import sys
 import typing
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from typing import Any, Literal, Optional, Protocol
@@ -33,6 +35,7 @@ from garcon_link.rpc.interface import (
     sync_service_spec,
     to_wire,
     unsupported_hint,
+    view_source,
 )
 
 
@@ -705,3 +708,52 @@ def test_the_async_interface_is_refused_with_the_view_to_paste() -> None:
     assert "    def count(self, n: int) -> Iterator[int]: ..." in text
     assert "    def pairs(self) -> Iterator[tuple[int, str]]: ..." in text
     assert "    @gl.oneway\n    def note(self, text: str) -> None: ..." in text
+
+
+# --------------------------------------------------------------------------- views to paste
+
+TYPING_FIXTURES = pathlib.Path(__file__).resolve().parent / "typing"
+
+
+def _import_file(monkeypatch: pytest.MonkeyPatch, directory: pathlib.Path, name: str) -> Any:
+    """Import ``directory/name.py`` as ``name``; forgotten again after the test."""
+    monkeypatch.syspath_prepend(str(directory))
+    monkeypatch.delitem(sys.modules, name, raising=False)  # restored (absent) after the test
+    return importlib.import_module(name)
+
+
+def test_the_printed_sync_view_pastes_as_is(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: the view in the message lacked its imports (Protocol, Iterator, gl, the types'
+    # modules), so the pasted file failed with NameError.
+    lab = _import_file(monkeypatch, TYPING_FIXTURES, "lab_interface")
+    with pytest.raises(gl.ConfigError) as refused:
+        sync_service_spec(lab.Lab)
+    view = str(refused.value).split("\n\n", 1)[1]
+    (tmp_path / "pasted_view.py").write_text(view, encoding="utf-8")
+    pasted = _import_file(monkeypatch, tmp_path, "pasted_view")
+    assert sync_service_spec(pasted.LabSync).manifest() == service_spec(lab.Lab).manifest()
+
+
+def test_a_view_writes_enum_defaults_and_refuses_defaults_it_cannot_write() -> None:
+    text = view_source(service_spec(_Painter), sync=False)
+    assert f"shade: {__name__}.Color = {__name__}.Color.GREEN," in text
+    assert "names: tuple[str, ...] = ('a',)" in text
+    with pytest.raises(
+        gl.ConfigError,
+        match=r"_Odd.run, parameter 'at': its default datetime.date\(2020, 1, 2\) cannot",
+    ):
+        view_source(service_spec(_Odd), sync=True)
+    with pytest.raises(
+        gl.ConfigError, match=r"(?s)async interface .* cannot be printed here: _Odd"
+    ):
+        sync_service_spec(_Odd)  # the refusal still says what to do
+
+
+class _Painter(Protocol):
+    async def paint(self, shade: Color = Color.GREEN, names: tuple[str, ...] = ("a",)) -> int: ...
+
+
+class _Odd(Protocol):
+    async def run(self, at: datetime.date = datetime.date(2020, 1, 2)) -> int: ...

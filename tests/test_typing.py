@@ -7,14 +7,15 @@ follow; setuptools' default editable install is an import hook they cannot see).
 
 ``facade_ok.py`` uses ``executor.service("calc", Calc)`` (a Protocol), ``gl.with_options``,
 ``gl.peer`` and ``gl.Service[Calc](impl, Calc)`` correctly; ``sync_ok.py`` does the same with the
-sync client (``gl.connect_sync`` and a sync view of the interface). Both must produce no
-diagnostics at all. ``facade_bad.py`` and ``sync_bad.py`` mark every line that must produce an
-error with ``# E: <message prefix>`` and every ``reveal_type`` with ``# N: <note>``; the test
-requires exactly those diagnostics, so a facade typed as ``Any`` (no errors, ``Revealed type is
-"Any"``) fails it, and so does a signature mypy refuses for Protocols. Notes that detail the error
-on their line (a Protocol's conflicting members) are not counted. ``gl.Service[Calc](WrongImpl(),
-Calc)`` must be rejected; plain ``gl.Service(WrongImpl(), Calc)`` cannot be (mypy infers ``T``
-from the target), which the ``Service`` docstring says.
+sync client (``gl.connect_sync`` and a sync view of the interface). Both must produce no diagnostics
+at all; nor may ``lab_sync.py`` and ``lab_async.py``, the views ``garcon-link stub`` prints of
+``lab_interface.py``'s interface (imports included). ``facade_bad.py`` and ``sync_bad.py`` mark
+every line that must produce an error with ``# E: <message prefix>`` and every ``reveal_type`` with
+``# N: <note>``; the test requires exactly those diagnostics, so a facade typed as ``Any`` (no
+errors, ``Revealed type is "Any"``) fails it, and so does a signature mypy refuses for Protocols.
+Notes that detail the error on their line (a Protocol's conflicting members) are not counted.
+``gl.Service[Calc](WrongImpl(), Calc)`` must be rejected; plain ``gl.Service(WrongImpl(), Calc)``
+cannot be (mypy infers ``T`` from the target), which the ``Service`` docstring says.
 
 pyright checks the same files when it is installed (the ``test`` extra installs it; it runs on the
 machine's Node.js; skipped, saying which is missing, without either): no error in the ``_ok``
@@ -37,8 +38,10 @@ from mypy import api as mypy_api
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "typing"
-OK = ("facade_ok.py", "sync_ok.py")
+OK = ("facade_ok.py", "sync_ok.py", "lab_sync.py", "lab_async.py")
 BAD = ("facade_bad.py", "sync_bad.py")
+# Written by ``garcon-link stub`` from lab_interface.py (the interface they import) in user_dir.
+STUBS = {"lab_sync.py": ["--sync"], "lab_async.py": []}
 
 _DIAGNOSTIC = re.compile(r"^(?P<path>[^:]+):(?P<line>\d+): (?P<level>error|note): (?P<text>.*)$")
 _EXPECTATION = re.compile(r"#\s*(?P<level>[EN]):\s*(?P<text>.*)$")
@@ -56,8 +59,21 @@ def user_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The fixture files, copied where a user's project would be: outside the repository."""
     directory = tmp_path_factory.mktemp("user_project")
     assert ROOT not in directory.parents
-    for name in OK + BAD:
-        shutil.copy(FIXTURES / name, directory / name)
+    for name in (*OK, *BAD, "lab_interface.py"):
+        if name not in STUBS:
+            shutil.copy(FIXTURES / name, directory / name)
+    for name, options in STUBS.items():
+        # What a user does: print the view where the interface's module is, paste it as a file.
+        printed = subprocess.run(
+            [sys.executable, "-m", "garcon_link.cli", "stub", "lab_interface:Lab", *options],
+            cwd=directory,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert printed.returncode == 0, printed.stderr
+        (directory / name).write_text(printed.stdout, encoding="utf-8")
     return directory
 
 

@@ -73,6 +73,7 @@ from ..rpc.contract import Compatibility, compare_method, service_version
 from ..rpc.hooks import CallHook
 from ..rpc.interface import contract_hash, service_spec
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
+from ..rpc.typedoc import checked_type_descriptions
 from ..settings.config import LinkConfig
 from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
 from .facades import NO_METHODS, DynamicFacade, Facade
@@ -108,6 +109,11 @@ class ExecutorInfo:
     versions: Mapping[str, str] = field(default_factory=dict)
     """Each service's contract version (:func:`~garcon_link.rpc.contract.service_version`):
     it changes when a method of the service is added, removed or changes its signature."""
+
+    types: Mapping[str, Any] = field(default_factory=dict)
+    """Service name -> the description of the types its methods use (fields, defaults, a JSON
+    Schema; :mod:`garcon_link.rpc.typedoc`), as far as it is within the bounds. Documentation,
+    not contract: empty from a worker that sends none."""
 
 
 def manifest_problem(services: object, limit: int) -> str | None:
@@ -145,6 +151,14 @@ def _differing(
 
 def _versions(services: Mapping[str, Any]) -> dict[str, str]:
     return {name: service_version(methods) for name, methods in sorted(services.items())}
+
+
+def _with_types(info: ExecutorInfo, received: Any, limits: Limits) -> ExecutorInfo:
+    """``info`` with the type descriptions the worker sent, checked (never refuses a session:
+    they are documentation; one over the bounds is replaced by a note)."""
+    return dataclasses.replace(
+        info, types=checked_type_descriptions(received, info.services, limits)
+    )
 
 
 def _fresh(error: HandshakeError) -> HandshakeError:
@@ -451,6 +465,7 @@ class RemoteExecutor(Endpoint):
                 worker_instance_id=_optional_bytes(manifest.get("worker_instance_id")),
                 versions=_versions(services),
             )
+            info = _with_types(info, manifest.get("types"), self.limits)
         except (CallError, KeyError, TypeError, ValueError) as exc:
             self._refuse_session(transport, f"describe failed: {peer_text(exc)}")
             return

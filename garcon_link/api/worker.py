@@ -50,6 +50,7 @@ from ..rpc.interface import contract_hash
 from ..rpc.registry import Bound
 from ..rpc.resources import ServiceScope, WorkerScope
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
+from ..rpc.typedoc import registry_type_descriptions
 from ..settings.config import LinkConfig
 from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
 from .registration import ServiceFactory, ServiceMap, registry_from
@@ -324,6 +325,8 @@ class Worker(Endpoint):
                 # The latest announcement sent before this answer: the controller ignores an
                 # announcement not newer (its manifest is in this one already).
                 "inventory": self._inventory_seq,
+                # documentation, not contract
+                "types": registry_type_descriptions(registry, self.limits),
             }
 
         rpc = ExecutorRpc(

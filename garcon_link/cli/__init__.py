@@ -78,8 +78,18 @@ Commands
 
 ``garcon-link describe [CONFIG|-] [--json] [--executor ID]``
     Connect like ``call`` and print what the worker serves, one method per line (grpcurl-style):
-    ``unary  calc.add(a: int, b: int) -> int``; ``--json`` prints the executor id, the contract
-    hash and the whole manifest as one JSON object instead.
+    ``unary  calc.add(a: int, b: int) -> int``; then, after a blank line, the fields of the
+    named types the methods use (``dataclass lab.Rect``, ``  w: float``, ``  label: str = "x"``;
+    :mod:`garcon_link.rpc.typedoc`). ``--json`` prints the executor id, the contract hash, the
+    whole manifest and the type descriptions (with a JSON Schema per method) as one JSON object
+    instead.
+
+``garcon-link stub MODULE:ATTR [--sync]``
+    Import the interface class ``MODULE:ATTR`` (the current directory is importable) and print a
+    module declaring it as a ``Protocol`` with the same contract, its imports first, to paste into
+    a file: with ``--sync`` its sync view (``class <Name>Sync``: ``def`` methods, streams returning
+    ``Iterator[T]``) for :func:`~garcon_link.connect_sync`, else the async interface. A parameter
+    default that is neither a literal nor an enum member cannot be written: exit 2, naming it.
 
 CONFIG may be omitted (``call`` with one argument, or whose second argument is JSON) or given as
 ``-``: the path is then read from ``GARCON_LINK_CONFIG``.
@@ -115,9 +125,9 @@ JSON objects, one per line, with the ``gl_*`` fields of :mod:`garcon_link.logs`.
 
 This package is the command line's face: :func:`main` and the names in ``__all__``. Each command
 group has its own module (``_worker.py``; ``_call.py``, with ``describe``; ``_fleet.py``;
-``_keys.py``, with ``init``; ``_demo.py``), and they share ``_exits.py`` (exit codes, and how a
-failure becomes one line and one code), ``_output.py`` (output lines, the log setup, loading
-CONFIG) and ``_parser.py`` (the argument parser).
+``_keys.py``, with ``init``; ``_stub.py``; ``_demo.py``), and they share ``_exits.py`` (exit codes,
+and how a failure becomes one line and one code), ``_output.py`` (output lines, the log setup,
+loading CONFIG) and ``_parser.py`` (the argument parser).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from ..api.controller import ExecutorInfo, RemoteExecutor, connect
 from ..api.fleet import fleet
 from ..errors import NotDispatched, RemoteError
 from ..rpc.interface import MethodKind, MethodSpec, manifest_method
+from ..rpc.typedoc import type_description_lines
 from ..settings.config import FleetConfig, LinkConfig
 from ._exits import EXIT_OK, UsageError, _leaf
 from ._output import _load_any, _print_json, _setup_logging
@@ -234,9 +235,13 @@ def _cmd_describe(ns: argparse.Namespace) -> int:
                 "contract": info.contract,
                 "versions": dict(info.versions),
                 "services": info.services,
+                "types": info.types,
             }
         )
     else:
         for line in describe_lines(info.services):
+            print(line, flush=True)
+        types = type_description_lines(info.types)
+        for line in ["", *types] if types else []:
             print(line, flush=True)
     return EXIT_OK

@@ -15,6 +15,7 @@ from ._demo import _cmd_demo
 from ._exits import _EXIT_CODES_HELP, EXIT_USAGE
 from ._fleet import _cmd_fleet
 from ._keys import _cmd_init, _cmd_keygen
+from ._stub import _cmd_stub
 from ._worker import DEFAULT_DRAIN, _cmd_worker, _drain_seconds
 
 
@@ -248,7 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Connect with a controller config, wait until the executor is ready and "
         "print one line per method: kind, SERVICE.METHOD and its signature (return type "
-        f"included). CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
+        "included); then the fields of the dataclasses, TypedDicts, Structs and enums the "
+        "methods use (type, default as JSON), to write call's JSON_ARGS from. "
+        f"CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
         epilog=_EXIT_CODES_HELP,
     )
     describe.add_argument(
@@ -260,11 +263,30 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument(
         "--json",
         action="store_true",
-        help="print {executor_id, contract, services} as one JSON object",
+        help="print {executor_id, contract, services, types} as one JSON object (types: "
+        "per service, the fields and a JSON Schema of each method's parameters and result)",
     )
     _add_executor_option(describe, "describe")
     _add_ready_timeout(describe)
     describe.set_defaults(func=_cmd_describe)
+
+    stub = commands.add_parser(
+        "stub",
+        parents=[common],
+        help="print an interface as a Protocol to paste, imports included (--sync: its sync view)",
+        description="Import MODULE:ATTR (an interface class; the current directory is "
+        "importable) and print a module declaring it as a Protocol with the same contract, "
+        "imports included: with --sync its sync view (def methods, streams returning "
+        "Iterator[T]) for connect_sync, else the async interface. Write it to a file and "
+        "import it from there.",
+        epilog="exit codes: 0 printed; 2 usage or configuration error (not importable, not a "
+        "class, a method that cannot be served, a default that cannot be written as source)",
+    )
+    stub.add_argument("target", metavar="MODULE:ATTR", help="the interface, e.g. lab:Lab")
+    stub.add_argument(
+        "--sync", action="store_true", help="print the sync view (class <Name>Sync) instead"
+    )
+    stub.set_defaults(func=_cmd_stub)
 
     fleet_cmd = commands.add_parser(
         "fleet",

@@ -54,6 +54,9 @@ import decimal
 import enum
 import inspect
 import re
+import reprlib
+import sys
+import types
 import typing
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -85,6 +88,7 @@ __all__ = [
     "sync_service_spec",
     "to_wire",
     "unsupported_hint",
+    "view_source",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -299,10 +303,14 @@ def sync_service_spec(interface: type) -> ServiceSpec:
         name = interface.__qualname__
         async_spec, async_problems = derive_spec(interface)
         if not spec_.methods and not async_problems:
+            try:
+                view = sync_view_source(async_spec)
+            except ConfigError as exc:  # a default that cannot be written as source
+                view = f"(it cannot be printed here: {exc})"
             raise ConfigError(
                 f"{name} is an async interface (its methods are `async def`): a sync client "
                 "takes a sync view of it, with the same contract (checked against the worker's "
-                "manifest):\n\n" + sync_view_source(async_spec)
+                "manifest):\n\n" + view
             )
         raise ConfigError(
             f"interface {name} cannot be used by a sync client:\n"
@@ -313,25 +321,171 @@ def sync_service_spec(interface: type) -> ServiceSpec:
 
 
 def sync_view_source(spec: ServiceSpec) -> str:
-    """The source of a sync Protocol with the contract of ``spec`` (an async interface's)."""
-    name = spec.interface.__qualname__
-    lines = [f"class {name}Sync(Protocol):"]
+    """The source of a sync Protocol with the contract of ``spec`` (an async interface's), with
+    the imports it needs: pasted into a file as is, it imports, type-checks, and a sync client
+    accepts it (its manifest is ``spec``'s). See :func:`view_source`."""
+    return view_source(spec, sync=True)
+
+
+def view_source(spec: ServiceSpec, *, sync: bool) -> str:
+    """The source of a module that declares ``spec``'s interface as a ``Protocol``.
+
+    ``sync``: its sync view, ``class <Name>Sync(Protocol)`` with ``def`` methods and streams
+    returning ``Iterator[T]``, for :func:`garcon_link.connect_sync`; else the async interface,
+    ``async def`` methods and streams returning ``AsyncIterator[T]``. Either way the class has
+    ``spec``'s manifest (so its contract), and the module starts with the imports its hints
+    need: names from ``typing`` and ``collections.abc`` are imported bare, ``ResourceRef`` and
+    :func:`oneway` come from ``garcon_link as gl``, any other type is written ``module.Name``
+    under ``import module`` (bare when it is defined in ``__main__``, where the view is pasted).
+
+    Raises:
+        ConfigError: a parameter's default cannot be written as source that recreates it (a
+            value that is not a literal or an enum member); the message names it.
+    """
+    interface = spec.interface
+    imports = _ViewImports()
+    imports.typing.add("Protocol")
+    lines = []
     for method in sorted(spec.methods.values(), key=lambda m: m.name):
-        signature = method.signature
+        returns = method.signature.return_annotation
         if method.kind is MethodKind.STREAM:
-            iterator: Any = collections.abc.Iterator
-            signature = signature.replace(return_annotation=iterator[method.result])
+            stream: Any = collections.abc.Iterator if sync else collections.abc.AsyncIterator
+            returns = stream[method.result]
+        signature = _source_signature(interface, method, returns, imports)
         if method.kind is MethodKind.ONEWAY:
+            imports.gl = True
             lines.append("    @gl.oneway")
-        text = _def_text("def", method.name, signature)
-        lines.append(f"    {_readable(text)}: ...")
-    return "\n".join(lines) + "\n"
+        asynchronous = not sync and method.kind is not MethodKind.STREAM
+        keyword = "async def" if asynchronous else "def"
+        lines.append(f"    {_def_text(keyword, method.name, signature)}: ...")
+    name = f"{interface.__name__}Sync" if sync else interface.__name__
+    what = "The sync view" if sync else "The interface"
+    doc = f'    """{what} of {interface.__module__}.{interface.__qualname__} (same contract)."""'
+    body = [f"class {name}(Protocol):", doc, *([""] if lines else []), *lines]
+    return "\n".join([*imports.lines(), "", "", *body]) + "\n"
 
 
-def _readable(text: str) -> str:
-    # Resolved hints print as "collections.abc.Iterator[int]"; the source a user pastes imports
-    # Iterator from collections.abc and garcon_link as gl.
-    return text.replace("collections.abc.", "").replace("garcon_link.rpc.resources.", "gl.")
+@dataclass(frozen=True, slots=True)
+class _SourceText:
+    """Text that ``inspect.Signature`` prints as is (an annotation's or a default's source)."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+@dataclass(slots=True)
+class _ViewImports:
+    """The imports a view's annotations and defaults need, gathered while writing them."""
+
+    typing: set[str] = field(default_factory=set)
+    abc: set[str] = field(default_factory=set)
+    modules: set[str] = field(default_factory=set)
+    gl: bool = False
+
+    def annotation(self, hint: Any) -> str:
+        """The source of ``hint``, noting what it needs imported."""
+        self._note_modules(hint)
+        if hint is None or hint is type(None):
+            text = "None"
+        elif _is_class(hint):
+            module = hint.__module__
+            text = hint.__qualname__ if module == "builtins" else f"{module}.{hint.__qualname__}"
+        else:
+            text = repr(hint)  # a generic alias, a union, a typing form: names qualified
+        text = _TYPING_NAME.sub(lambda m: self._bare(self.typing, m), text)
+        text = _ABC_NAME.sub(lambda m: self._bare(self.abc, m), text)
+        if _GL_NAME.search(text):
+            self.gl = True
+            text = _GL_NAME.sub("gl.", text)
+        return _MAIN_NAME.sub("", text)
+
+    def default(self, where: str, value: Any) -> str:
+        """The source of a parameter's default (a literal or an enum member).
+
+        Raises:
+            ConfigError: it is neither; ``where`` names the parameter.
+        """
+        if isinstance(value, enum.Enum):
+            self._note_modules(type(value))
+            return f"{self.annotation(type(value))}.{value.name}"
+        text = repr(value)
+        try:
+            again = ast.literal_eval(text)
+            same = type(again) is type(value) and again == value and repr(again) == text
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            same = False
+        if not same:
+            raise ConfigError(
+                f"{where}: its default {reprlib.repr(value)} cannot be written as source (only a "
+                "literal or an enum member can); write this method of the view by hand"
+            )
+        return text
+
+    def lines(self) -> list[str]:
+        stdlib = sorted(m for m in self.modules if m.partition(".")[0] in _STDLIB)
+        others = sorted(m for m in self.modules if m.partition(".")[0] not in _STDLIB)
+        first = [f"import {m}" for m in stdlib]
+        if self.abc:
+            first.append(f"from collections.abc import {', '.join(sorted(self.abc))}")
+        first.append(f"from typing import {', '.join(sorted(self.typing))}")
+        second = sorted(
+            [("garcon_link", "import garcon_link as gl")] * self.gl
+            + [(m, f"import {m}") for m in others]
+        )
+        return first + (["", *(line for _, line in second)] if second else [])
+
+    @staticmethod
+    def _bare(names: set[str], match: re.Match[str]) -> str:
+        names.add(match.group(1))
+        return match.group(1)
+
+    def _note_modules(self, hint: Any) -> None:
+        stack, seen = [hint], 0
+        while stack and seen < 10_000:  # a hint is finite; the count only bounds a cycle
+            node = stack.pop()
+            seen += 1
+            stack.extend(typing.get_args(node))
+            origin = typing.get_origin(node)
+            if origin is not None:
+                if origin is not types.UnionType:  # ``X | Y`` is written without an import
+                    stack.append(origin)
+            elif _is_class(node) and node.__module__ not in _IMPLICIT_MODULES:
+                self.modules.add(node.__module__)
+
+
+def _is_class(hint: Any) -> typing.TypeGuard[type]:
+    """A plain class, not a parametrised generic (``list[int]`` is not one)."""
+    return isinstance(hint, type) and typing.get_origin(hint) is None
+
+
+_TYPING_NAME = re.compile(r"\btyping\.([A-Za-z_][A-Za-z0-9_]*)")
+_ABC_NAME = re.compile(r"\bcollections\.abc\.([A-Za-z_][A-Za-z0-9_]*)")
+_GL_NAME = re.compile(r"\bgarcon_link\.rpc\.resources\.")
+_MAIN_NAME = re.compile(r"\b__main__\.")
+# Modules whose names a view writes bare (from-imported, or builtins) or not at all.
+_IMPLICIT_MODULES = frozenset(
+    {"builtins", "typing", "collections.abc", "__main__", "garcon_link.rpc.resources"}
+)
+_STDLIB = frozenset(sys.stdlib_module_names)
+
+
+def _source_signature(
+    interface: type, method: MethodSpec, returns: Any, imports: _ViewImports
+) -> inspect.Signature:
+    """``method``'s signature, returning ``returns``, with annotations and defaults as source."""
+    params = []
+    for p in method.signature.parameters.values():
+        if p.annotation is not inspect.Parameter.empty:
+            p = p.replace(annotation=_SourceText(imports.annotation(p.annotation)))
+        if p.default is not inspect.Parameter.empty:
+            where = f"{interface.__qualname__}.{method.name}, parameter {p.name!r}"
+            p = p.replace(default=_SourceText(imports.default(where, p.default)))
+        params.append(p)
+    if returns is not inspect.Signature.empty and returns is not None:
+        returns = _SourceText(imports.annotation(returns))
+    return method.signature.replace(parameters=params, return_annotation=returns)
 
 
 def derive_spec(interface: type, *, sync: bool = False) -> tuple[ServiceSpec, list[str]]:

@@ -1,0 +1,52 @@
+"""``garcon-link stub MODULE:ATTR [--sync]``: an interface's Protocol as source, imports included.
+
+The interface is imported (the current directory is importable, as for ``worker --service``) and
+its spec derived as a worker would (:func:`~garcon_link.rpc.interface.service_spec`); the printed
+module declares the same contract (:func:`~garcon_link.rpc.interface.view_source`), so a sync
+client accepts ``--sync``'s view against a worker serving the interface.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from ..rpc.interface import service_spec, view_source
+from ._exits import EXIT_OK, UsageError
+
+
+def _import_interface(text: str) -> type:
+    """Parse ``module:attr`` and import the class it names.
+
+    Raises:
+        UsageError: malformed, not importable, no such attribute, or not a class.
+    """
+    module_name, colon, attr = text.partition(":")
+    if not colon or not module_name or not attr:
+        raise UsageError(f"{text!r}: expected MODULE:ATTR, e.g. mypkg.calc:Calc")
+    if str(Path.cwd()) not in sys.path and "" not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        obj: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"{text!r}: cannot import module {module_name!r}: {exc}") from exc
+    except Exception as exc:
+        raise UsageError(
+            f"{text!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageError(f"{text!r}: {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, type):
+        raise UsageError(f"{text!r}: {attr} is not a class (an interface is a class)")
+    return obj
+
+
+def _cmd_stub(ns: argparse.Namespace) -> int:
+    interface = _import_interface(ns.target)
+    print(view_source(service_spec(interface), sync=ns.sync), end="", flush=True)
+    return EXIT_OK
