@@ -188,6 +188,7 @@ class Caller:
         self._check_open()
         try:
             pos, kw = spec.bind(args, kwargs)
+            spec.check_arguments(pos, kw)
             wire_args = to_wire(pos)
             wire_kwargs = to_wire(kw)
         except TypeError as exc:
