@@ -14,8 +14,9 @@ import dataclasses
 import datetime
 import decimal
 import enum
+import typing
 import uuid
-from typing import Any, Literal, Protocol, TypedDict
+from typing import Annotated, Any, Literal, Protocol, TypedDict
 
 import anyio
 import cbor2
@@ -152,8 +153,14 @@ TABLE = [
     Row({"n": 1, "extra": 2}, Checked, "expected `Checked`, got `dict`", wire=OK),
     Row([Rect(1), Rect("x")], list[Rect], "expected `int`, got `str` at `$[1].w`"),  # type: ignore[arg-type]
     Row(None, Rect | None, OK),
+    # constraints are the worker's to check
+    Row(3, Annotated[int, msgspec.Meta(ge=0)], OK),
+    Row(-1, Annotated[int, msgspec.Meta(ge=0)], OK, wire=">= 0"),
+    Row("3", Annotated[int, msgspec.Meta(ge=0)], "expected `int`, got `str`"),
     # Any takes what the wire carries
     Row({"any": [1, b"2"]}, Any, OK),
+    Row(None, None, OK),
+    Row(0, None, "expected `None`, got `int`"),
 ]
 
 
@@ -214,7 +221,9 @@ class Counter:
 
 
 async def test_the_table_over_a_session_the_worker_never_trusts_the_caller() -> None:
-    rows = list(enumerate(TABLE))
+    # An interface's hints are read without ``Annotated`` extras (they are not part of the
+    # contract), so the constraint rows are the unit tables' only.
+    rows = [(i, row) for i, row in enumerate(TABLE) if typing.get_origin(row.hint) is not Annotated]
     impls = {f"s{i}": Counter() for i, _ in rows}
     services = {
         name: gl.Service(impl, _interface(row.hint))

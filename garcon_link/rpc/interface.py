@@ -72,7 +72,15 @@ import msgspec.inspect
 from ..core.wire import encode_canonical
 from ..errors import ConfigError, Rejected
 from ..logs import peer_message, peer_text
-from .values import ValueMode, check_value, from_wire
+from .values import (
+    Check,
+    Convert,
+    ValueMode,
+    check_value,
+    from_wire,
+    python_check,
+    wire_convert,
+)
 
 __all__ = [
     "MAX_SIGNATURE_CHARS",
@@ -135,8 +143,13 @@ class MethodSpec:
     hints: Mapping[str, Any]  # parameter name -> type hint
     result: Any  # unary: the return type; stream: the item type; oneway: None
     # Hints of the parameters when every one is plain positional-or-keyword: then a call with
-    # exactly that many positional arguments binds without inspect.Signature.bind (hot path).
+    # exactly that many positional arguments binds without inspect.Signature.bind (hot path),
+    # and is checked (caller) or converted (receiver, a Python peer's values) by functions made
+    # once per parameter.
     _positional: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _names: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    _checks: tuple[Check | None, ...] = field(default=(), init=False, repr=False, compare=False)
+    _converts: tuple[Convert | None, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -144,6 +157,9 @@ class MethodSpec:
         if all(p.kind in plain for p in params):
             hints = tuple(self.hints.get(p.name, Any) for p in params)
             object.__setattr__(self, "_positional", hints)
+            object.__setattr__(self, "_names", tuple(p.name for p in params))
+            object.__setattr__(self, "_checks", tuple(python_check(h) for h in hints))
+            object.__setattr__(self, "_converts", tuple(wire_convert(h) for h in hints))
 
     def describe(self) -> str:
         return f"{self.kind.value} {self.name}{self.signature}"
@@ -172,9 +188,12 @@ class MethodSpec:
         """
         fast = self._positional
         if fast is not None and not kwargs and len(args) == len(fast):
-            for value, hint, name in zip(args, fast, self.signature.parameters, strict=True):
-                if hint is not Any:
-                    _check_argument(name, value, hint)
+            for value, check, name in zip(args, self._checks, self._names, strict=True):
+                if check is not None:
+                    try:
+                        check(value)
+                    except TypeError as exc:
+                        raise TypeError(f"argument {name!r}: {exc}") from None
             return
         if not self.hints or all(h is Any for h in self.hints.values()):
             return  # a manifest's method, or an untyped one: the receiver validates
@@ -209,7 +228,12 @@ class MethodSpec:
         """
         fast = self._positional
         if fast is not None and not kwargs and len(args) == len(fast):
-            names = self.signature.parameters
+            names = self._names
+            if mode == "wire":
+                return [
+                    value if convert is None else _converted(name, value, convert)
+                    for value, convert, name in zip(args, self._converts, names, strict=True)
+                ], {}
             return [
                 _convert_argument(name, value, hint, mode)
                 for value, hint, name in zip(args, fast, names, strict=True)
@@ -272,6 +296,16 @@ def _check_argument(name: str, value: Any, hint: Any) -> None:
         check_value(value, hint)
     except TypeError as exc:
         raise TypeError(f"argument {name!r}: {exc}") from None
+
+
+def _converted(name: str, value: Any, convert: Convert) -> Any:
+    """``convert(value)`` for one received argument; failures name it (``ValueError``)."""
+    try:
+        return convert(value)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"argument {name!r}: {exc}") from None
+    except TypeError as exc:
+        raise ValueError(f"argument {name!r}: cannot convert: {exc}") from None
 
 
 def _convert_argument(name: str, value: Any, hint: Any, mode: ValueMode = "wire") -> Any:

@@ -53,10 +53,14 @@ from ..logs import peer_text
 __all__ = [
     "JSON_VALUES",
     "VALUES_METADATA_KEY",
+    "Check",
+    "Convert",
     "ValueMode",
     "check_value",
     "from_wire",
+    "python_check",
     "type_text",
+    "wire_convert",
 ]
 
 ValueMode = Literal["python", "wire", "json"]
@@ -90,17 +94,9 @@ def check_value(value: Any, hint: Any) -> None:
         TypeError: the value does not fit; the message says what was expected, what was given
             (Python type names) and where.
     """
-    if hint is Any or hint is inspect.Parameter.empty:
-        return
-    node = _info(hint)
-    if node is None:  # a type msgspec cannot describe: the receiver refuses what does not fit
-        return
-    try:
-        _check(node, value, "python")
-    except _Mismatch as exc:
-        raise TypeError(exc.message()) from None
-    except RecursionError:
-        raise TypeError("the value is nested too deeply to check") from None
+    check = python_check(hint)
+    if check is not None:
+        check(value)
 
 
 def from_wire(value: Any, hint: Any, *, mode: ValueMode = "wire") -> Any:
@@ -116,29 +112,196 @@ def from_wire(value: Any, hint: Any, *, mode: ValueMode = "wire") -> Any:
         msgspec.ValidationError: the value does not fit the hint.
         TypeError: msgspec cannot convert to ``hint`` at all.
     """
+    convert = wire_convert(hint, mode)
+    return value if convert is None else convert(value)
+
+
+Check = Callable[[Any], None]
+Convert = Callable[[Any], Any]
+
+
+def python_check(hint: Any) -> Check | None:
+    """The function :func:`check_value` applies for ``hint`` (``None``: nothing to check),
+    made once per hint: a caller keeps it for each parameter of a method."""
     if hint is Any or hint is inspect.Parameter.empty:
-        return value
-    if hint is None or hint is type(None):
-        if value is not None:
-            raise msgspec.ValidationError(f"expected `None`, got `{_got(value)}`")
         return None
+    try:
+        return _python_check_cached(hint)
+    except TypeError:  # an unhashable hint: not cached
+        return _python_check(hint)
+
+
+def wire_convert(hint: Any, mode: ValueMode = "wire") -> Convert | None:
+    """The function :func:`from_wire` applies for ``hint`` in ``mode`` (``None``: the value
+    passes as decoded), made once per hint and mode."""
+    if hint is Any or hint is inspect.Parameter.empty:
+        return None
+    try:
+        return _wire_convert_cached(hint, mode)
+    except TypeError:  # an unhashable hint: not cached
+        return _wire_convert(hint, mode)
+
+
+def _python_check(hint: Any) -> Check | None:
     node = _info(hint)
-    if node is not None:
+    if node is None:  # a type msgspec cannot describe: the receiver refuses what does not fit
+        return None
+    if type(node) is mi.AnyType:
+        return None
+    leaf = _PYTHON_LEAVES.get(type(node))
+    if leaf is not None:
+        return leaf
+
+    def check(value: Any) -> None:
+        try:
+            _check(node, value, "python")
+        except _Mismatch as exc:
+            raise TypeError(exc.message()) from None
+        except RecursionError:
+            raise TypeError("the value is nested too deeply to check") from None
+
+    return check
+
+
+def _wire_convert(hint: Any, mode: ValueMode) -> Convert | None:
+    if hint is None or hint is type(None):
+        return _wire_none
+    node = _info(hint)
+    if node is None:  # msgspec decides (a hint it cannot convert to raises TypeError)
+
+        def convert_any(value: Any) -> Any:
+            return msgspec.convert(value, hint, strict=True)
+
+        return convert_any
+    kind = type(node)
+    if kind is mi.AnyType:
+        return None
+    # A leaf checked exactly, with no constraint to check: nothing to build.
+    if node == _BARE.get(kind) and not (kind is mi.BytesType and mode == "json"):
+        return _WIRE_LEAVES[kind]
+
+    def convert(value: Any) -> Any:
         try:
             _check(node, value, mode)
         except _Mismatch as exc:
             raise msgspec.ValidationError(exc.message()) from None
-        except RecursionError:  # pragma: no cover - cbor2 caps the nesting of decoded data
+        except RecursionError:  # cbor2 caps the nesting of decoded data; a deep hint may not
             raise msgspec.ValidationError("the value is nested too deeply to check") from None
-        # A leaf checked exactly, with no constraint to check: nothing to build.
-        kind = type(node)
-        if kind in _AS_IS or (kind in _BARE and node == _BARE[kind]):
-            return value
-        if kind is mi.BytesType and type(value) is bytes and node == _BARE_BYTES:
-            return value
-        if kind is mi.FloatType and node == _BARE_FLOAT:
-            return float(value)
-    return msgspec.convert(value, hint, strict=True)
+        return msgspec.convert(value, hint, strict=True)
+
+    return convert
+
+
+@functools.lru_cache(maxsize=1024)  # hints rebuilt from a peer's manifest vary: bounded
+def _python_check_cached(hint: Any) -> Check | None:
+    return _python_check(hint)
+
+
+@functools.lru_cache(maxsize=1024)
+def _wire_convert_cached(hint: Any, mode: ValueMode) -> Convert | None:
+    return _wire_convert(hint, mode)
+
+
+def _wire_none(value: Any) -> None:
+    if value is not None:
+        raise msgspec.ValidationError(f"expected `None`, got `{_got(value)}`")
+
+
+def _python_int(value: Any) -> None:
+    # An IntEnum member is an int (it is sent as its value); a bool never is.
+    if type(value) is not int and (not isinstance(value, int) or isinstance(value, bool)):
+        raise TypeError(f"expected `int`, got `{_got(value)}`")
+
+
+def _python_str(value: Any) -> None:
+    if type(value) is not str and not isinstance(value, str):
+        raise TypeError(f"expected `str`, got `{_got(value)}`")
+
+
+def _python_bool(value: Any) -> None:
+    if type(value) is not bool:
+        raise TypeError(f"expected `bool`, got `{_got(value)}`")
+
+
+def _python_float(value: Any) -> None:
+    kind = type(value)
+    if (
+        kind is not float
+        and kind is not int
+        and (not isinstance(value, int | float) or isinstance(value, bool))
+    ):
+        raise TypeError(f"expected `float`, got `{_got(value)}`")
+
+
+def _python_bytes(value: Any) -> None:
+    kind = type(value)
+    if kind is not bytes and kind is not bytearray:
+        raise TypeError(f"expected `bytes`, got `{_got(value)}`")
+
+
+def _python_none(value: Any) -> None:
+    if value is not None:
+        raise TypeError(f"expected `None`, got `{_got(value)}`")
+
+
+def _wire_int(value: Any) -> Any:
+    if type(value) is not int:
+        raise msgspec.ValidationError(f"expected `int`, got `{_got(value)}`")
+    return value
+
+
+def _wire_str(value: Any) -> Any:
+    if type(value) is not str:
+        raise msgspec.ValidationError(f"expected `str`, got `{_got(value)}`")
+    return value
+
+
+def _wire_bool(value: Any) -> Any:
+    if type(value) is not bool:
+        raise msgspec.ValidationError(f"expected `bool`, got `{_got(value)}`")
+    return value
+
+
+def _wire_float(value: Any) -> Any:
+    kind = type(value)
+    if kind is float:
+        return value
+    if kind is int:
+        return float(value)
+    raise msgspec.ValidationError(f"expected `float`, got `{_got(value)}`")
+
+
+def _wire_bytes(value: Any) -> Any:
+    if type(value) is not bytes:
+        raise msgspec.ValidationError(f"expected `bytes`, got `{_got(value)}`")
+    return value
+
+
+_PYTHON_LEAVES: dict[type, Check] = {
+    mi.NoneType: _python_none,
+    mi.BoolType: _python_bool,
+    mi.IntType: _python_int,
+    mi.FloatType: _python_float,
+    mi.StrType: _python_str,
+    mi.BytesType: _python_bytes,
+}
+_WIRE_LEAVES: dict[type, Convert] = {
+    mi.NoneType: _wire_none,
+    mi.BoolType: _wire_bool,
+    mi.IntType: _wire_int,
+    mi.FloatType: _wire_float,
+    mi.StrType: _wire_str,
+    mi.BytesType: _wire_bytes,
+}
+# The leaves with no constraint (a constrained one is built by msgspec, which checks it).
+_BARE: dict[type, mi.Type] = {
+    mi.NoneType: mi.NoneType(),
+    mi.BoolType: mi.BoolType(),
+    mi.IntType: mi.IntType(),
+    mi.FloatType: mi.FloatType(),
+    mi.StrType: mi.StrType(),
+    mi.BytesType: mi.BytesType(),
+}
 
 
 def type_text(hint: Any) -> str:
@@ -149,7 +312,7 @@ def type_text(hint: Any) -> str:
     return _text(node)
 
 
-@functools.lru_cache(maxsize=1024)  # hints rebuilt from a peer's manifest vary: bounded
+@functools.lru_cache(maxsize=1024)
 def _cached_info(hint: Any) -> mi.Type | None:
     try:
         return mi.type_info(hint)
@@ -473,14 +636,6 @@ _CHECKS: dict[type, Callable[[Any, Any, ValueMode], None]] = {
     mi.UnionType: _check_union,
     mi.Metadata: _check_metadata,
 }
-
-# Declared types whose checked wire value is the value itself: these always, and these when
-# they carry no constraint (bytes only when they arrived as bytes, not base64 text).
-_AS_IS = {mi.NoneType, mi.BoolType, mi.AnyType}
-_BARE: dict[type, mi.Type] = {mi.IntType: mi.IntType(), mi.StrType: mi.StrType()}
-_BARE_BYTES = mi.BytesType()
-_BARE_FLOAT = mi.FloatType()
-
 
 # -- Python's words for a declared type
 
