@@ -386,3 +386,19 @@ def test_the_interface_spec_checks_each_argument() -> None:
         take.check_arguments(["x"], {})
     with pytest.raises(TypeError, match="argument 'v'"):
         take.check_arguments([], {"v": "x"})
+
+
+def test_a_peers_names_and_values_are_bounded_and_escaped_in_messages() -> None:
+    hostile = "\x1b[31m" + "x" * 100_000
+    for wire, hint in [
+        ({"w": 1, hostile: 2}, Rect),
+        ({hostile: "1"}, dict[str, int]),
+        ({b"\x00" * 100_000: "1"}, dict[bytes, int]),
+        (hostile, Literal["a"]),
+        ({"w": 1, **{f"f{i}": i for i in range(10_000)}}, Rect),
+    ]:
+        with pytest.raises(msgspec.ValidationError) as info:
+            from_wire(wire, hint)
+        message = str(info.value)
+        assert len(message) < 300, message
+        assert "\x1b" not in message and message.isprintable()

@@ -70,7 +70,8 @@ VALUES_METADATA_KEY = "garcon-link.values"
 JSON_VALUES = "json"
 """Its value: ``bytes`` may arrive as base64 text and a ``Decimal`` as a number."""
 
-_SHOWN_FIELDS = 3
+_SHOWN_FIELDS = 3  # unknown fields named in a message
+_SHOWN_CHARS = 40  # characters of a peer's key, name or value shown in a message
 
 
 class _Mismatch(Exception):
@@ -438,8 +439,8 @@ def _check_literal(node: mi.LiteralType, value: Any, mode: ValueMode) -> None:
 
 
 def _shown(value: Any) -> str:
-    if isinstance(value, str | int) and len(text := repr(value)) <= 40:
-        return f"{text} (`{_got(value)}`)"
+    if isinstance(value, str | int) and not isinstance(value, bool):
+        return f"{peer_text(value, _SHOWN_CHARS)} (`{_got(value)}`)"
     return f"`{_got(value)}`"
 
 
@@ -495,13 +496,24 @@ def _check_dict(node: mi.DictType, value: Any, mode: ValueMode) -> None:
         try:
             _check(value_type, element, mode)
         except _Mismatch as exc:
-            exc.path.append(f"[{key!r}]" if not isinstance(key, str) else _key_path(key))
+            exc.path.append(_key_path(key))
             raise
 
 
-def _key_path(key: str) -> str:
-    shown = key if len(key) <= 40 else key[:37] + "..."
-    return f".{shown}" if shown.isidentifier() else f"[{shown!r}]"
+def _key_path(key: Any) -> str:
+    """A path step: ``.name`` for a plain name, else the key through the bounded formatter
+    (keys and field names may be the peer's)."""
+    return f".{key}" if _plain_name(key) else f"[{peer_text(key, _SHOWN_CHARS)}]"
+
+
+def _name(name: Any) -> str:
+    return name if _plain_name(name) else peer_text(name, _SHOWN_CHARS)
+
+
+def _plain_name(name: Any) -> bool:
+    return (
+        type(name) is str and len(name) <= _SHOWN_CHARS and name.isascii() and name.isidentifier()
+    )
 
 
 def _check_record(node: Any, value: Any, mode: ValueMode) -> None:
@@ -572,18 +584,11 @@ def _check_keys(node: Any, value: dict[Any, Any], *, by_encode_name: bool) -> No
 
 
 def _unknown(node: Any, names: list[Any]) -> _Mismatch:
-    shown = ", ".join(
-        f"`{peer_text(n)}`" if not isinstance(n, str) else f"`{_cut(n)}`"
-        for n in names[:_SHOWN_FIELDS]
-    )
+    shown = ", ".join(f"`{_name(n)}`" for n in names[:_SHOWN_FIELDS])
     more = f" and {len(names) - _SHOWN_FIELDS} more" if len(names) > _SHOWN_FIELDS else ""
     known = ", ".join(f.name for f in node.fields) or "none"
     word = "field" if len(names) == 1 else "fields"
     return _Mismatch(f"`{_text(node)}` has no {word} {shown}{more} (its fields: {known})")
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _check_union(node: mi.UnionType, value: Any, mode: ValueMode) -> None:
