@@ -167,6 +167,10 @@ class RemoteError(CallError):
         remote_type: qualified name of the remote exception type (``"builtins.ValueError"``).
         remote_traceback: the remote traceback as text, or ``None`` if the peer sent none.
         details: extra structured details sent by the peer.
+        remote_args: the remote exception's ``args`` as values (decoded wire data: a tuple
+            arrives as a list), or ``None`` if the peer sent none.
+        remote_args_note: why the peer did not send them (they do not encode, or are too
+            large), or ``None``.
     """
 
     outcome = Outcome.FAILED
@@ -179,11 +183,15 @@ class RemoteError(CallError):
         remote_type: str | None = None,
         remote_traceback: str | None = None,
         details: Mapping[str, Any] | None = None,
+        remote_args: tuple[Any, ...] | None = None,
+        remote_args_note: str | None = None,
     ) -> None:
         super().__init__(code, message)
         self.remote_type = remote_type
         self.remote_traceback = remote_traceback
         self.details: Mapping[str, Any] = dict(details or {})
+        self.remote_args = remote_args
+        self.remote_args_note = remote_args_note
 
     def __str__(self) -> str:
         base = super().__str__()

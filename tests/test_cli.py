@@ -531,6 +531,8 @@ class Liar:
         return "seven"
     async def honest(self, n: int) -> list[int]:
         return [n]
+    async def size(self, data: bytes) -> int:
+        return len(data)
     async def numbers(self) -> AsyncIterator[int]:
         yield 1
         yield "two"
@@ -545,14 +547,17 @@ class Liar:
         lied = run_cli("call", str(controller), "liar.number")
         assert lied.returncode == cli.EXIT_REMOTE_ERROR == 5, lied.stderr
         assert lied.stdout == ""
-        assert_one_error_line(lied.stderr, "[failed:INVALID_RESULT]", "Expected `int`, got `str`")
+        assert_one_error_line(lied.stderr, "[failed:INVALID_RESULT]", "expected `int`, got `str`")
         honest = run_cli("call", str(controller), "liar.honest", "[3]")
         assert (honest.returncode, honest.stdout) == (0, "[3]\n"), honest.stderr
+        # JSON has no bytes: the command sends them as base64 text, and says so to the worker.
+        sized = run_cli("call", str(controller), "liar.size", '["aGVsbG8="]')
+        assert (sized.returncode, sized.stdout) == (0, "5\n"), sized.stderr
         # A stream item that breaks the contract ends the stream: what came before stands.
         stream = run_cli("call", str(controller), "liar.numbers")
         assert stream.returncode == cli.EXIT_OUTCOME_UNKNOWN, stream.stderr
         assert stream.stdout == "1\n"
-        assert_one_error_line(stream.stderr, "Expected `int`, got `str`")
+        assert_one_error_line(stream.stderr, "expected `int`, got `str`")
 
         described = run_cli("describe", str(controller))
         assert described.returncode == 0, described.stderr
@@ -560,6 +565,7 @@ class Liar:
             "unary  liar.honest(n: int) -> list[int]",
             "unary  liar.number() -> int",
             "stream liar.numbers() -> collections.abc.AsyncIterator[int]",
+            "unary  liar.size(data: bytes) -> int",
         ]
         as_json = run_cli("describe", str(controller), "--json")
         assert as_json.returncode == 0, as_json.stderr

@@ -515,3 +515,116 @@ async def test_a_result_too_large_is_replaced_by_one_error_reply() -> None:
         ("make", "unary", "failed", "RESULT_TOO_LARGE"),
         ("make", "unary", "ok", None),
     ]
+
+
+# ---------------------------------------------------------------------------------- interceptors
+
+
+class Gate:
+    """A hook that refuses some methods (``Rejected``) or breaks on others, on one ``side``."""
+
+    def __init__(
+        self, refuse: set[str], break_on: frozenset[str] = frozenset(), side: str = "server"
+    ) -> None:
+        self.refuse = refuse
+        self.break_on = break_on
+        self.side = side
+
+    def call_started(self, call: gl.CallInfo) -> object:
+        if call.side == self.side and call.method in self.refuse:
+            raise gl.Rejected("FORBIDDEN", f"{call.service}.{call.method} is not granted")
+        if call.side == self.side and call.method in self.break_on:
+            raise RuntimeError("the grant store is down")
+        return None
+
+    def call_ended(self, call: gl.CallInfo, state: object, end: gl.CallEnd) -> None:
+        pass
+
+
+async def _served(p: Any, count: int) -> dict[tuple[str, str | None], int]:
+    """The worker's server-side counts once ``count`` calls have ended there."""
+    assert p.worker is not None
+    while p.worker.statistics().calls.total("server") < count:  # ends follow the replies
+        await anyio.sleep(0.01)
+    return dict(p.worker.statistics().calls.server)
+
+
+async def test_a_server_hook_refuses_a_call_before_the_handler_runs() -> None:
+    impl, meta = CalcImpl(), MetaImpl()
+    before, after = Recorder(), Recorder()
+    gate = Gate(refuse={"add", "numbers", "poke"})
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(
+            "worker-listens",
+            {"calc": impl, "meta": meta},
+            worker_hooks=(before, gate, after),
+        ) as p:
+            calc = p.calc()
+            with pytest.raises(gl.Rejected) as info:
+                await calc.add(1, 2)
+            assert info.value.code == "FORBIDDEN"
+            assert info.value.outcome is gl.Outcome.REJECTED
+            assert info.value.message == "calc.add is not granted"
+            # A stream is refused at its first item; a notification is dropped unrun.
+            with pytest.raises(gl.Rejected, match="not granted"):
+                [i async for i in p.executor.service("meta", Meta).numbers(3)]
+            await p.executor.service("meta", Meta).poke()
+            # The session serves on: a method the gate lets through runs.
+            assert await calc.record(7) == 14
+            served = await _served(p, 4)
+    assert impl.counts["add"] == 0 and meta.poked == []  # the ledger: no refused handler ran
+    assert served == {("rejected", "FORBIDDEN"): 3, ("ok", None): 1}
+    # Hooks before the gate are ended with the refusal; hooks after it never started.
+    assert sorted(before.ends()) == [
+        ("add", "unary", "rejected", "FORBIDDEN"),
+        ("numbers", "stream", "rejected", "FORBIDDEN"),
+        ("poke", "notify", "rejected", "FORBIDDEN"),
+        ("record", "unary", "ok", None),
+    ]
+    assert [c.method for c in after.started] == ["record"]
+
+
+async def test_a_server_hook_that_breaks_refuses_the_call_and_the_session_lives(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="garcon_link")
+    impl = CalcImpl()
+    gate = Gate(refuse=set(), break_on=frozenset({"add"}))
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"calc": impl}, worker_hooks=(gate,)) as p:
+            calc = p.calc()
+            for _ in range(2):
+                with pytest.raises(gl.Rejected) as info:
+                    await calc.add(1, 2)
+                assert info.value.code == "HOOK_FAILED"
+                assert "RuntimeError" in info.value.message
+                assert "grant store" not in info.value.message  # the details stay on the worker
+            assert await calc.record(3) == 6
+            assert p.executor.availability == "ready"
+            served = await _served(p, 3)
+    assert impl.counts["add"] == 0
+    assert served == {("rejected", "HOOK_FAILED"): 2, ("ok", None): 1}
+    logged = [r for r in caplog.records if "call hook" in r.getMessage()]
+    assert len(logged) == 1 and "HOOK_FAILED" in logged[0].getMessage()
+
+
+async def test_a_client_hook_cannot_refuse() -> None:
+    # Refusing is the serving side's decision; a client hook that raises is logged and ignored.
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        hooks = (Gate({"add"}, side="client"),)
+        async with open_pair("worker-listens", {"calc": impl}, hooks=hooks) as p:
+            assert await p.calc().add(1, 2) == 3
+    assert impl.counts["add"] == 1
+
+
+async def test_a_refused_keyed_call_is_its_recorded_reply() -> None:
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"calc": impl}, worker_hooks=(Gate({"add"}),)) as p:
+            keyed = gl.with_options(p.calc(), idempotency_key="once")
+            for _ in range(2):
+                with pytest.raises(gl.Rejected) as info:
+                    await keyed.add(1, 2)
+                assert info.value.code == "FORBIDDEN"
+    assert impl.counts["add"] == 0

@@ -53,15 +53,25 @@ async def test_invalid_arguments_are_rejected_naming_the_field(direction: Direct
     with anyio.fail_after(DEADLINE):
         async with open_pair(direction, {"calc": impl}) as pair:
             calc = pair.calc()
-            with pytest.raises(gl.Rejected) as info:
+            # The caller checks first: the call is never sent.
+            with pytest.raises(gl.Rejected) as refused:
                 await calc.add("x", 1)  # type: ignore[arg-type]
+            assert refused.value.code == "INVALID_ARGUMENTS"
+            assert "argument 'a': expected `int`, got `str`" in refused.value.message
+            # The worker checks again what a caller sends without that check.
+            with pytest.raises(gl.Rejected) as info:
+                await raw_call(pair.rpc, "calc", "add", ["x", 1])
             assert info.value.code == "INVALID_ARGUMENTS"
             assert info.value.outcome is gl.Outcome.REJECTED
             assert "'a'" in info.value.message
             with pytest.raises(gl.Rejected, match="'b'"):
                 await calc.add(1, b=2.5)  # type: ignore[arg-type]
+            with pytest.raises(gl.Rejected, match="'b'"):
+                await raw_call(pair.rpc, "calc", "add", [1], {"b": 2.5})
             with pytest.raises(gl.Rejected, match="'gated'"):
                 await calc.record(1, gated="yes")  # type: ignore[arg-type]
+            with pytest.raises(gl.Rejected, match="'gated'"):
+                await raw_call(pair.rpc, "calc", "record", [1], {"gated": "yes"})
             assert impl.counts["add"] == 0 and impl.counts[1] == 0
             assert await calc.add(1, 2) == 3
 

@@ -17,6 +17,7 @@ from ..api.fleet import fleet
 from ..errors import NotDispatched, RemoteError
 from ..rpc.interface import MethodKind, MethodSpec, manifest_method
 from ..rpc.typedoc import type_description_lines
+from ..rpc.values import JSON_VALUES, VALUES_METADATA_KEY
 from ..settings.config import FleetConfig, LinkConfig
 from ._exits import EXIT_OK, UsageError, _leaf
 from ._output import _load_any, _print_json, _setup_logging
@@ -141,8 +142,10 @@ async def _call(
         if progress is not None:
             progress.dispatched = True
         timeout = config.limits.call_timeout if call_timeout is None else call_timeout
+        # JSON has no bytes: the worker reads base64 text where bytes are declared.
+        metadata = {VALUES_METADATA_KEY: JSON_VALUES}
         if spec.kind is MethodKind.STREAM:
-            stream = rpc.stream(service, spec, args, kwargs)
+            stream = rpc.stream(service, spec, args, kwargs, metadata)
             try:
                 async for item in stream:
                     _print_json(item)
@@ -150,12 +153,13 @@ async def _call(
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
         elif spec.kind is MethodKind.ONEWAY:
-            await rpc.notify(service, spec, args, kwargs)
+            await rpc.notify(service, spec, args, kwargs, metadata)
             # Delivery barrier: replies come back in order, so once this round trip completes
             # the worker has received the notification (closing earlier could retire it unsent).
             await rpc.describe_peer(timeout=timeout)
         else:
-            _print_json(await rpc.call(service, spec, args, kwargs, timeout=timeout))
+            result = await rpc.call(service, spec, args, kwargs, timeout=timeout, metadata=metadata)
+            _print_json(result)
 
 
 def _cmd_call(ns: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ from ..errors import (
     NotDispatched,
     OutcomeUnknown,
     PayloadTooLarge,
+    Rejected,
     RemoteError,
     SessionFailed,
     StaleResource,
@@ -190,8 +191,14 @@ class Caller:
             pos, kw = spec.bind(args, kwargs)
             wire_args = to_wire(pos)
             wire_kwargs = to_wire(kw)
-        except TypeError as exc:
+        except TypeError as exc:  # not a call of this method, or values that cannot be sent
             raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
+        try:
+            spec.check_arguments(pos, kw)
+        except TypeError as exc:
+            # The worker's own check would refuse these values: the same verdict, given
+            # before sending (as a contract refusal is).
+            raise Rejected("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
         self._check_resources(pos, kw)
         if spec.kind is MethodKind.ONEWAY:
             return None, encode_request(

@@ -37,10 +37,18 @@ from .observer import CallObserver
 from .outbox import REFUSAL_KIND, Outbox
 from .registry import DESCRIBE_SPEC, INTERNAL_SERVICE, INVENTORY_SPEC, Registry, in_scope
 from .resources import ResourceRef, ServiceScope
+from .values import JSON_VALUES, VALUES_METADATA_KEY, ValueMode
 
 __all__ = ["Dispatcher"]
 
 _NO_METADATA: Mapping[str, str] = types.MappingProxyType({})
+
+
+def _value_mode(metadata: Mapping[str, str]) -> ValueMode:
+    """How the caller represents values: a JSON client says so in its metadata."""
+    if metadata and metadata.get(VALUES_METADATA_KEY) == JSON_VALUES:
+        return "json"
+    return "wire"
 
 
 class Dispatcher:
@@ -235,7 +243,7 @@ class Dispatcher:
             spec, target = self._resolve(service, method)
             if spec.kind is MethodKind.STREAM and credit == 0:
                 raise Rejected("INVALID_ARGUMENTS", "a stream call needs initial credit")
-            pos, kw = spec.convert_arguments(args, kwargs)
+            pos, kw = spec.convert_arguments(args, kwargs, mode=_value_mode(metadata))
             self._check_scope(pos, kw)
         except CallError as exc:
             self._refuse(call_id, exc)
@@ -380,7 +388,7 @@ class Dispatcher:
             if type(metadata) is str:
                 raise Rejected("INVALID_METADATA", metadata)
             assert not isinstance(metadata, str)
-            pos, kw = spec.convert_arguments(args, kwargs)
+            pos, kw = spec.convert_arguments(args, kwargs, mode=_value_mode(metadata))
         except (CallError, ValueError) as exc:
             self._dropped_notification("unreadable", service, method, peer_text(exc))
             return

@@ -2,7 +2,10 @@
 reading of one by the caller (an unreadable body is ``UNKNOWN``, never ``FAILED``).
 
 Also the allow-list of remote exception types re-raised locally as themselves
-(:func:`register_exception`).
+(:func:`register_exception`). A handler's exception is sent with its ``args`` encoded as values
+(``args``, at most :data:`MAX_ERROR_ARGS_BYTES` of CBOR; or ``args_note`` saying why they were
+not sent), so an allow-listed type is re-raised with its original arguments: ``KeyError("k")``
+arrives as ``KeyError("k")``, not as ``KeyError("'k'")``.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from ..errors import (
     StaleResource,
 )
 from .envelopes import Envelope, Error, encode
+from .interface import to_wire
 
 __all__ = [
     "INTERRUPTED",
+    "MAX_ERROR_ARGS_BYTES",
     "MAX_ERROR_MESSAGE",
     "MAX_REFUSAL_MESSAGE",
     "NOT_STARTED",
@@ -46,6 +51,9 @@ MAX_REFUSAL_MESSAGE = 512
 """Characters of a refusal's message that are sent (it may quote peer-supplied names)."""
 MAX_ERROR_MESSAGE = 16000
 """Characters of a handler's error message (and, separately, of its traceback) that are sent."""
+MAX_ERROR_ARGS_BYTES = 16000
+"""Bytes of a handler exception's encoded ``args`` that are sent; larger ones are not sent (the
+caller then re-creates an allow-listed exception from its message, with a note saying why)."""
 
 TYPE_ERROR: dict[str, Any] = {"remote_type": "TypeError"}
 
@@ -56,8 +64,10 @@ def register_exception(cls: type[BaseException]) -> type[BaseException]:
     """Allow ``cls`` raised by a remote handler to be re-raised locally as itself.
 
     Only registered classes are reconstructed (by qualified name, never by import), with the
-    remote message as their single argument; anything else arrives as :class:`RemoteError`.
-    Usable as a class decorator.
+    remote exception's ``args`` (decoded values: a tuple arrives as a list); when the peer could
+    not send them, or ``cls`` refuses them, with the remote message as the single argument and a
+    note (``add_note``) saying so. Anything else arrives as :class:`RemoteError`. Usable as a
+    class decorator; builtin types work too (``register_exception(KeyError)``).
     """
     _registered_exceptions[qualname(cls)] = cls
     return cls
@@ -83,6 +93,8 @@ _OPTIONAL_ERROR_FIELDS: dict[str, type] = {
     "traceback": str,
     "details": dict,
     "cancel": str,  # a cancel receipt (module docstring)
+    "args": list,
+    "args_note": str,
 }
 
 
@@ -118,6 +130,8 @@ def error_from_body(body: Any) -> CallError:
             remote_type=remote_type,
             remote_traceback=body.get("traceback"),
             details=body.get("details"),
+            remote_args=tuple(body["args"]) if "args" in body else None,
+            remote_args_note=body.get("args_note"),
         )
     if outcome == Outcome.UNKNOWN.value:
         return OutcomeUnknown(code, message)
@@ -128,10 +142,20 @@ def local_exception(error: CallError) -> BaseException:
     """Re-create an allow-listed remote exception, else return ``error`` itself."""
     if isinstance(error, RemoteError) and error.remote_type in _registered_exceptions:
         cls = _registered_exceptions[error.remote_type]
-        try:
-            exc = cls(error.message)
-        except Exception:
-            return error
+        note = error.remote_args_note
+        exc: BaseException | None = None
+        if error.remote_args is not None:
+            try:
+                exc = cls(*error.remote_args)
+            except Exception as refused:
+                note = f"{qualname(cls)} refused the remote arguments ({type(refused).__name__})"
+        if exc is None:
+            try:
+                exc = cls(error.message)
+            except Exception:
+                return error
+            if note is not None:
+                exc.add_note(f"garcon_link: its message stands in for its arguments: {note}")
         exc.__cause__ = error
         return exc
     return error
@@ -153,7 +177,21 @@ def handler_error(exc: Exception) -> tuple[CallError, dict[str, Any]]:
     return RemoteError("HANDLER_FAILED", str(exc)), {
         "remote_type": qualname(type(exc)),
         "traceback": tb[-MAX_ERROR_MESSAGE:],
+        **_exception_args(exc),
     }
+
+
+def _exception_args(exc: BaseException) -> dict[str, Any]:
+    """``{"args": [...]}``: ``exc.args`` as values, if they encode within
+    :data:`MAX_ERROR_ARGS_BYTES`; else ``{"args_note": why}``."""
+    try:
+        args = to_wire(list(exc.args))
+        size = len(cbor2.dumps(args))
+    except Exception as refused:  # a value msgspec or CBOR cannot encode; a cycle, ...
+        return {"args_note": f"its arguments do not encode ({type(refused).__name__})"}
+    if size > MAX_ERROR_ARGS_BYTES:
+        return {"args_note": f"its arguments encode to {size} bytes, over {MAX_ERROR_ARGS_BYTES}"}
+    return {"args": args}
 
 
 def encode_request(envelope: Envelope) -> bytes:

@@ -326,8 +326,12 @@ class Handlers:
         cancelled = False
         reply = False  # whether ``error`` is still to be sent (UNARY and STREAM)
         body = b""
+        refusal = observed.refusal if observed is not None else None
         try:
-            if policy is NOTIFY:
+            if refusal is not None:
+                # A server-side hook refused the call: the handler does not run.
+                error, reply = refusal, policy is UNARY or policy is STREAM
+            elif policy is NOTIFY:
                 result = target(*pos, **kw)
                 if hasattr(result, "__await__"):
                     await result

@@ -23,10 +23,25 @@ call that endpoint makes or serves:
   so no hook; it is counted in the endpoint's statistics. A keyed call is observed once per
   execution, not per repeat of its key. The internal ``describe`` call is not observed.
 
-Whatever ``call_started`` returns is handed back to ``call_ended`` as ``state``, so a hook keeps no
-per-call table of its own. A hook that raises is logged (once per hook and method, at WARNING) and
-otherwise ignored: a hook never changes a call's outcome. With no hook registered the call path does
-no hook work at all (one length check).
+**Refusing a call (an interceptor).** On the server side, ``call_started`` may refuse the call
+before its handler runs by raising :class:`~garcon_link.errors.Rejected` with a code of its own
+(``raise gl.Rejected("FORBIDDEN", "calc.add is not granted")``): the caller's call raises that
+``Rejected`` (code and message as raised), the handler never runs, and the endpoint's statistics
+count the call as ``("rejected", code)``. The hooks registered before the refusing one are ended
+(``call_ended`` with outcome ``REJECTED`` and the code); the refusing hook and those after it
+were never started and are not ended. A stream is refused at its first item; a notification,
+which has no reply, is dropped unrun (and counted). The rule for every other exception is *fail
+closed*: a server-side ``call_started`` that raises anything else refuses the call
+``Rejected("HOOK_FAILED")`` -- its message names only the exception's type; the traceback is
+logged on the worker, once per hook -- because a hook may be a gate, and a broken gate must not
+let calls through. Either way the session and its other calls are unaffected. For a keyed call
+the refusal is the execution's recorded reply (a repeat of the key is answered with it).
+
+Elsewhere a hook that raises is logged (once per hook and method, at WARNING) and otherwise
+ignored: a client-side hook, and ``call_ended`` on either side, never change a call's outcome.
+Whatever ``call_started`` returns is handed back to ``call_ended`` as ``state``, so a hook keeps
+no per-call table of its own. With no hook registered the call path does no hook work at all
+(one length check).
 
 *Call metadata* is a small, bounded map of text to text sent with a call (``with_options(
 metadata={...})`` on a facade, plus whatever client hooks add). A handler reads it with
@@ -122,7 +137,14 @@ class CallHook(Protocol):
     """What a per-call hook implements (see the module docstring for when each runs)."""
 
     def call_started(self, call: CallInfo) -> object:
-        """A call starts; the return value comes back as ``state`` in :meth:`call_ended`."""
+        """A call starts; the return value comes back as ``state`` in :meth:`call_ended`.
+
+        Raises:
+            Rejected: server side only (``call.side == "server"``): refuse the call before its
+                handler runs, with this code and message (module docstring). Any other
+                exception raised on the server side refuses it ``Rejected("HOOK_FAILED")``;
+                on the client side, exceptions are logged and ignored.
+        """
         ...
 
     def call_ended(self, call: CallInfo, state: object, end: CallEnd) -> None:

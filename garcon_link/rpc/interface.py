@@ -7,10 +7,14 @@ peer may call. It is shared by both sides. From it we derive, once per interface
   ``-> AsyncIterator[T]`` (or ``AsyncGenerator``/``AsyncIterable``) -> a stream of ``T``; a method
   decorated with :func:`oneway` -> a notification (no reply, no outcome). Names starting with ``_``
   are never exposed; neither is anything that is not one of those three kinds.
-* the parameter and result type hints, which **convert and validate values on the receiving
-  side** with msgspec (dataclasses, enums, ``list``/``dict``/``tuple``/``Optional``/``Literal``,
-  ``bytes``, ``datetime``, :class:`~garcon_link.rpc.resources.ResourceRef`, ...). A hint of ``Any``
-  or a missing hint passes the decoded value through unchanged.
+* the parameter and result type hints, which **check values on both sides**: the caller checks
+  its Python values before sending (:meth:`MethodSpec.check_arguments`), the receiving side
+  checks and converts what it decoded (:meth:`MethodSpec.convert_arguments`), both strictly and
+  without coercion (:mod:`garcon_link.rpc.values`: ``str`` is never ``bytes``, a dataclass map
+  with an unknown field is refused, ...). Dataclasses, enums, ``list``/``dict``/``tuple``/
+  ``set``/``Optional``/``Literal``, ``bytes``, ``datetime``, ``UUID``, ``Decimal``,
+  :class:`~garcon_link.rpc.resources.ResourceRef`, ... A hint of ``Any`` or a missing hint passes
+  the decoded value through unchanged.
 * a manifest (service -> method -> kind and signature text, *including the return type*) and its
   BLAKE3 *contract hash*, which a controller compares across session replacements: changing
   ``-> int`` to ``-> str`` is a contract change, reported as the list of methods that changed
@@ -42,7 +46,8 @@ encode (a ``Path``, or a ``Protocol`` used as a value type, is not). All problem
 one ``ConfigError``.
 
 Encoding is :func:`to_wire`: msgspec ``to_builtins`` (bytes stay bytes; datetimes become RFC 3339
-text, enums their values, dataclasses maps) -- then CBOR.
+text, enums their values, dataclasses maps) -- then CBOR. Decoding is :func:`from_wire`
+(:mod:`garcon_link.rpc.values`).
 """
 
 from __future__ import annotations
@@ -70,6 +75,15 @@ import msgspec.inspect
 from ..core.wire import encode_canonical
 from ..errors import ConfigError, Rejected
 from ..logs import peer_message, peer_text
+from .values import (
+    Check,
+    Convert,
+    ValueMode,
+    check_value,
+    from_wire,
+    python_check,
+    wire_convert,
+)
 
 __all__ = [
     "MAX_SIGNATURE_CHARS",
@@ -133,8 +147,13 @@ class MethodSpec:
     hints: Mapping[str, Any]  # parameter name -> type hint
     result: Any  # unary: the return type; stream: the item type; oneway: None
     # Hints of the parameters when every one is plain positional-or-keyword: then a call with
-    # exactly that many positional arguments binds without inspect.Signature.bind (hot path).
+    # exactly that many positional arguments binds without inspect.Signature.bind (hot path),
+    # and is checked (caller) or converted (receiver, a Python peer's values) by functions made
+    # once per parameter.
     _positional: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _names: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    _checks: tuple[Check | None, ...] = field(default=(), init=False, repr=False, compare=False)
+    _converts: tuple[Convert | None, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -142,6 +161,9 @@ class MethodSpec:
         if all(p.kind in plain for p in params):
             hints = tuple(self.hints.get(p.name, Any) for p in params)
             object.__setattr__(self, "_positional", hints)
+            object.__setattr__(self, "_names", tuple(p.name for p in params))
+            object.__setattr__(self, "_checks", tuple(python_check(h) for h in hints))
+            object.__setattr__(self, "_converts", tuple(wire_convert(h) for h in hints))
 
     def describe(self) -> str:
         return f"{self.kind.value} {self.name}{self.signature}"
@@ -160,19 +182,64 @@ class MethodSpec:
         bound = _bind(self.signature, args, kwargs)
         return list(bound.args), dict(bound.kwargs)
 
+    def check_arguments(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
+        """Check bound arguments against the declared types (caller side, before sending).
+
+        Strict, with no coercion (:func:`garcon_link.rpc.values.check_value`).
+
+        Raises:
+            TypeError: with a message naming the offending argument and what it should be.
+        """
+        fast = self._positional
+        if fast is not None and not kwargs and len(args) == len(fast):
+            for value, check, name in zip(args, self._checks, self._names, strict=True):
+                if check is not None:
+                    try:
+                        check(value)
+                    except TypeError as exc:
+                        raise TypeError(f"argument {name!r}: {exc}") from None
+            return
+        if not self.hints or all(h is Any for h in self.hints.values()):
+            return  # a manifest's method, or an untyped one: the receiver validates
+        bound = _bind(self.signature, args, kwargs)
+        for name, value in bound.arguments.items():
+            hint = self.hints.get(name, Any)
+            if hint is Any:
+                continue
+            kind = self.signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                for v in value:
+                    _check_argument(name, v, hint)
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                for v in value.values():
+                    _check_argument(name, v, hint)
+            else:
+                _check_argument(name, value, hint)
+
     def convert_arguments(
-        self, args: list[Any], kwargs: Mapping[str, Any]
+        self, args: list[Any], kwargs: Mapping[str, Any], *, mode: ValueMode = "wire"
     ) -> tuple[list[Any], dict[str, Any]]:
         """Validate and convert received arguments (receiving side).
+
+        Args:
+            args: positional arguments as decoded.
+            kwargs: keyword arguments as decoded.
+            mode: ``"wire"`` (a Python peer) or ``"json"`` (a JSON client: bytes may be base64
+                text; :mod:`garcon_link.rpc.values`).
 
         Raises:
             ValueError: with a message naming the offending argument.
         """
         fast = self._positional
         if fast is not None and not kwargs and len(args) == len(fast):
-            names = self.signature.parameters
+            names = self._names
+            if mode == "wire":
+                return [
+                    value if convert is None else _converted(name, value, convert)
+                    for value, convert, name in zip(args, self._converts, names, strict=True)
+                ], {}
             return [
-                _convert_argument(name, value, hint)
+                _convert_argument(name, value, hint, mode)
                 for value, hint, name in zip(args, fast, names, strict=True)
             ], {}
         try:
@@ -183,13 +250,13 @@ class MethodSpec:
             hint = self.hints.get(name, Any)
             kind = self.signature.parameters[name].kind
             if kind is inspect.Parameter.VAR_POSITIONAL:
-                bound.arguments[name] = tuple(_convert_argument(name, v, hint) for v in value)
+                bound.arguments[name] = tuple(_convert_argument(name, v, hint, mode) for v in value)
             elif kind is inspect.Parameter.VAR_KEYWORD:
                 bound.arguments[name] = {
-                    k: _convert_argument(name, v, hint) for k, v in value.items()
+                    k: _convert_argument(name, v, hint, mode) for k, v in value.items()
                 }
             else:
-                bound.arguments[name] = _convert_argument(name, value, hint)
+                bound.arguments[name] = _convert_argument(name, value, hint, mode)
         return list(bound.args), dict(bound.kwargs)
 
 
@@ -227,10 +294,28 @@ def _bind(
     return signature.bind(*args, **kwargs)
 
 
-def _convert_argument(name: str, value: Any, hint: Any) -> Any:
+def _check_argument(name: str, value: Any, hint: Any) -> None:
+    """:func:`~garcon_link.rpc.values.check_value` for one argument; failures name it."""
+    try:
+        check_value(value, hint)
+    except TypeError as exc:
+        raise TypeError(f"argument {name!r}: {exc}") from None
+
+
+def _converted(name: str, value: Any, convert: Convert) -> Any:
+    """``convert(value)`` for one received argument; failures name it (``ValueError``)."""
+    try:
+        return convert(value)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"argument {name!r}: {exc}") from None
+    except TypeError as exc:
+        raise ValueError(f"argument {name!r}: cannot convert: {exc}") from None
+
+
+def _convert_argument(name: str, value: Any, hint: Any, mode: ValueMode = "wire") -> Any:
     """:func:`from_wire` for one received argument; failures name it (``ValueError``)."""
     try:
-        return from_wire(value, hint)
+        return from_wire(value, hint, mode=mode)
     except msgspec.ValidationError as exc:
         raise ValueError(f"argument {name!r}: {exc}") from None
     except TypeError as exc:
@@ -1036,18 +1121,3 @@ def to_wire(value: Any) -> Any:
         TypeError: a value of an unsupported type (the message names it).
     """
     return msgspec.to_builtins(value, builtin_types=_BUILTIN_TYPES)
-
-
-def from_wire(value: Any, hint: Any) -> Any:
-    """Convert decoded wire data to ``hint`` (strictly; ``Any`` passes through).
-
-    Raises:
-        msgspec.ValidationError: the value does not fit the hint.
-    """
-    if hint is Any or hint is inspect.Parameter.empty:
-        return value
-    if hint is None or hint is type(None):
-        if value is not None:
-            raise msgspec.ValidationError(f"Expected `null`, got `{type(value).__name__}`")
-        return None
-    return msgspec.convert(value, hint, strict=True)

@@ -15,13 +15,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..errors import CallError, NotDispatched, Outcome
+from ..errors import CallError, NotDispatched, Outcome, Rejected
 from ..limits import Limits
 from .envelopes import metadata_problem
 from .hooks import CallEnd, CallHook, CallInfo, CallKind, CallSide
 from .interface import MethodKind, MethodSpec
 
-__all__ = ["CallObserver", "CallStatistics", "Observed", "end_of"]
+__all__ = ["HOOK_FAILED", "CallObserver", "CallStatistics", "Observed", "end_of", "server_refusal"]
 
 log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
 
@@ -73,15 +73,46 @@ class CallStatistics:
 
 
 class Observed:
-    """A call being observed by hooks: what ``call_ended`` needs."""
+    """A call being observed by hooks: what ``call_ended`` needs.
 
-    __slots__ = ("done", "info", "started", "states")
+    ``states`` holds one entry per hook whose ``call_started`` ran, in order; ``refusal`` is
+    the error a server-side hook refused the call with (:func:`server_refusal`), else ``None``.
+    """
 
-    def __init__(self, info: CallInfo, states: list[object], started: float) -> None:
+    __slots__ = ("done", "info", "refusal", "started", "states")
+
+    def __init__(
+        self,
+        info: CallInfo,
+        states: list[object],
+        started: float,
+        refusal: CallError | None = None,
+    ) -> None:
         self.info = info
         self.states = states
         self.started = started
+        self.refusal = refusal
         self.done = False
+
+
+HOOK_FAILED = "HOOK_FAILED"
+"""The code of a call refused because a server-side hook's ``call_started`` failed."""
+
+
+def server_refusal(exc: Exception) -> CallError:
+    """What a server-side ``call_started`` that raised ``exc`` refuses the call with.
+
+    A :class:`~garcon_link.errors.Rejected` (any code; ``StaleResource`` too) is the refusal
+    itself. Anything else is a hook that failed: the call is refused ``Rejected("HOOK_FAILED")``
+    (fail closed: a hook may be a gate, and a gate that breaks must not let calls through); its
+    message names only the exception's type, the traceback is logged on this side.
+    """
+    if isinstance(exc, Rejected):
+        return exc
+    return Rejected(
+        HOOK_FAILED,
+        f"a server-side call hook failed ({type(exc).__name__}); the call did not run",
+    )
 
 
 class CallObserver:
@@ -150,10 +181,17 @@ class CallObserver:
 
     def _start(self, info: CallInfo) -> Observed:
         states: list[object] = []
+        server = info.side == "server"
         for index, hook in enumerate(self.hooks):
             try:
                 states.append(hook.call_started(info))
-            except Exception:
+            except Exception as exc:
+                if server:
+                    # The call is refused: the hooks after this one are not started, the
+                    # ones before it are ended (with the refusal) as for any call.
+                    if not isinstance(exc, Rejected):
+                        self._hook_failed(index, hook, "call_started", refused=True)
+                    return Observed(info, states, time.monotonic(), server_refusal(exc))
                 self._hook_failed(index, hook, "call_started")
                 states.append(None)
         return Observed(info, states, time.monotonic())
@@ -162,18 +200,30 @@ class CallObserver:
         if observed.done:
             return
         observed.done = True
-        for index in range(len(self.hooks) - 1, -1, -1):
+        for index in range(len(observed.states) - 1, -1, -1):
             hook = self.hooks[index]
             try:
                 hook.call_ended(observed.info, observed.states[index], end)
             except Exception:
                 self._hook_failed(index, hook, "call_ended")
 
-    def _hook_failed(self, index: int, hook: CallHook, method: str) -> None:
-        if (index, method) in self._warned:
+    def _hook_failed(self, index: int, hook: CallHook, method: str, refused: bool = False) -> None:
+        """Log a hook that raised, once per hook and method (and per consequence)."""
+        key = (index, f"{method} refused" if refused else method)
+        if key in self._warned:
             return
-        self._warned.add((index, method))
-        log.warning("call hook %r raised in %s (ignored from now on)", hook, method, exc_info=True)
+        self._warned.add(key)
+        if refused:
+            log.warning(
+                "call hook %r raised in call_started: the call is refused %s (logged once)",
+                hook,
+                HOOK_FAILED,
+                exc_info=True,
+            )
+        else:
+            log.warning(
+                "call hook %r raised in %s (ignored from now on)", hook, method, exc_info=True
+            )
 
     def check_metadata(self, metadata: Mapping[str, str]) -> None:
         """Raise ``NotDispatched("INVALID_METADATA")`` for metadata over the bounds."""
