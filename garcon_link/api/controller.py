@@ -7,8 +7,18 @@ Controller availability::
 
     offline --(fresh session: fence passed + describe matched)--> ready
     ready <--(socket lost / replay done)--> reconnecting
-    ready | reconnecting --(continuity lost: session retired)--> offline   (exactly one transition)
+    ready --(the worker's goodbye)--> draining
+    draining <--(socket lost / replay done)--> reconnecting
+    ready | draining | reconnecting --(continuity lost: session retired)--> offline
+                                                             (exactly one transition)
     any --aclose()--> disposed                                            (final)
+
+``draining``: the worker said goodbye on the current session (it drains: a SIGTERM,
+``Worker.aclose(drain=)``; :mod:`garcon_link.rpc.rpc`, "Goodbye"). It lasts as long as that
+session -- there is no way back to ``ready`` but a new session -- so a worker repeating its
+goodbye, or sending it in a flood, makes at most one transition per session. Calls already sent
+finish as usual; a new call fails at once with ``NotDispatched("DRAINING")``, nothing sent, as
+the worker would refuse it anyway. A refusal for a drain is not counted in :attr:`errors`.
 
 A fresh session is *installed* (made current, availability ``ready``) only after its replay fence
 and a ``describe`` call whose contract hash matches the first one seen. A changed contract is
@@ -77,7 +87,7 @@ _CAUSE_CHARS = 1000
 """The longest cause of a refused session (a contract change lists the changed methods)."""
 
 T = TypeVar("T")
-Availability = Literal["offline", "ready", "reconnecting", "disposed"]
+Availability = Literal["offline", "ready", "draining", "reconnecting", "disposed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +184,8 @@ class RemoteExecutor(Endpoint):
         self.calls = 0
         """Calls and streams started through this executor's facades."""
         self.errors = 0
-        """Of those, how many raised a :class:`~garcon_link.CallError`."""
+        """Of those, how many raised a :class:`~garcon_link.CallError` (a drain's refusal,
+        ``NotDispatched("DRAINING")``, is not an error)."""
         self._callbacks: list[Callable[[Availability], None]] = []
         self._rpc: ExecutorRpc | None = None
         self._info: ExecutorInfo | None = None
@@ -323,6 +334,8 @@ class RemoteExecutor(Endpoint):
             return rpc
         if state == "disposed":
             raise NotDispatched("DISPOSED", "the executor was closed")
+        if state == "draining":
+            raise NotDispatched("DRAINING", "the worker is draining: new calls are refused")
         if state == "reconnecting":
             raise NotDispatched("RECONNECTING", "the executor is reconnecting")
         if self._contract_refused:
@@ -339,6 +352,7 @@ class RemoteExecutor(Endpoint):
             describe=self._describe_self,
             peer="worker",
             observer=self._observer,
+            on_peer_draining=lambda: self._peer_draining(transport),
         )
         assert self._tg is not None
         self._tg.start_soon(self._session_task, transport, rpc)
@@ -408,15 +422,24 @@ class RemoteExecutor(Endpoint):
             if self._rpc is not rpc:
                 return
             if state is TransportState.READY:
-                self._set_availability("ready")
+                self._set_availability("draining" if rpc.peer_draining else "ready")
             elif state in (TransportState.DETACHED, TransportState.REPLAYING):
                 self._set_availability("reconnecting")
 
         transport.add_listener(follow)
-        if transport.state is TransportState.READY:
-            self._set_availability("ready")
-        else:
-            follow(transport.state)
+        follow(transport.state)
+
+    def _peer_draining(self, transport: SessionTransport) -> None:
+        """The worker's goodbye arrived on ``transport`` (once per session): ``draining``, if
+        that session is the installed one and ready. Otherwise :meth:`_install` or its listener
+        reads ``peer_draining`` when the session is (again) ready."""
+        rpc = self._rpc
+        if (
+            rpc is not None
+            and rpc.transport is transport
+            and transport.state is TransportState.READY
+        ):
+            self._set_availability("draining")
 
     def _refuse_session(self, transport: SessionTransport, why: str, *, contract: bool) -> None:
         """Retire a fresh session that will not be installed, and say why.

@@ -1,7 +1,9 @@
 """The services one side exposes to its peer: name -> interface spec, implementation, scope.
 
-Names starting with ``_`` or ``$`` are refused: ``$link`` is the internal service, whose one
-method ``describe`` answers this side's manifest (``DESCRIBE_SPEC``).
+Names starting with ``_`` or ``$`` are refused: ``$link`` is the internal service. Its method
+``describe`` answers this side's manifest (``DESCRIBE_SPEC``); the notification ``draining``
+(``DRAINING_METHOD``, no arguments) is a side's goodbye: it is draining and admits no new call
+for the rest of the session (:meth:`~garcon_link.rpc.rpc.ExecutorRpc.start_drain`).
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from typing import Any
 from .interface import MethodKind, MethodSpec, ServiceSpec
 from .resources import ServiceScope, _current
 
-__all__ = ["DESCRIBE_SPEC", "INTERNAL_SERVICE", "Bound", "Registry", "in_scope"]
+__all__ = ["DESCRIBE_SPEC", "DRAINING_METHOD", "INTERNAL_SERVICE", "Bound", "Registry", "in_scope"]
 
 INTERNAL_SERVICE = "$link"
+
+DRAINING_METHOD = "draining"
+"""The internal notification a draining side sends once per session (its goodbye)."""
 
 # The one internal method ("$link".describe): no arguments, the manifest map as its result.
 DESCRIBE_SPEC = MethodSpec(
