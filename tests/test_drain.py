@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
-from rpcutil import LIMITS, SECRET, Calc, CalcImpl, both_directions
+from rpcutil import LIMITS, SECRET, Calc, CalcImpl, both_directions, open_pair
 
 import garcon_link as gl
 from garcon_link.api.facades import counts_as_error
@@ -205,6 +205,33 @@ async def test_the_controller_sees_the_workers_goodbye_as_draining(direction: An
         assert changes == ["draining", "offline"]
         assert executor.errors == 0  # a drain is not an error
         assert executor.statistics().calls.client[("not_dispatched", "DRAINING")] == 1
+
+
+@both_directions
+async def test_the_goodbye_outlives_socket_cuts(direction: Any) -> None:
+    """Sent while the socket is down, it is replayed on the resume; once known, a resumed session
+    goes back to ``draining``, never to ``ready``."""
+    limits = LIMITS.replace(detached_grace=5.0)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": CalcImpl()}, limits=limits, proxy=True) as pair:
+            proxy = pair.proxy
+            assert proxy is not None
+            proxy.refuse()
+            proxy.cut()
+            await pair.wait_availability("reconnecting")
+            pair.worker_rpc.start_drain()  # the goodbye waits in the worker's retention
+            proxy.heal()
+            await pair.wait_availability("draining")
+            seen = len(pair.history)
+            proxy.refuse()
+            proxy.cut()
+            await pair.wait_availability("reconnecting")
+            proxy.heal()
+            await pair.wait_availability("draining")
+            assert pair.history[seen:] == ["reconnecting", "draining"], pair.history
+            assert pair.history[:2] == ["ready", "reconnecting"], pair.history
+            assert pair.rpc.peer_draining  # the same session throughout
+            assert pair.executor.statistics().sessions == 1
 
 
 async def test_a_flood_of_goodbyes_is_one_transition(caplog: pytest.LogCaptureFixture) -> None:
