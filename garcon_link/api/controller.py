@@ -290,7 +290,8 @@ class RemoteExecutor(Endpoint):
                 )
 
     async def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until the executor is ``ready``.
+        """Wait until the executor is ``ready`` (a ``draining`` one is not: the wait goes on
+        until a new session, such as that of the restarted worker, is installed).
 
         Raises:
             TimeoutError: not ready within ``timeout`` (the message carries the last link error).
