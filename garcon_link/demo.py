@@ -687,6 +687,8 @@ class _Demo:
         draining = await worker.wait_line("executor-draining", lines_before, _STEP_TIMEOUT)
         _row(f"SIGTERM the worker (pid {worker.pid})", "draining", _ms_since(t_term))
         _note(f"  worker says: {draining}")
+        await self.availability.wait_for(executor, "draining")  # held open by the pending call
+        _row("availability", "ready -> draining (the worker's goodbye)", _ms_since(t_term))
 
         t0 = time.perf_counter()
         try:
@@ -716,7 +718,7 @@ class _Demo:
         code = await worker.wait_exit(_STEP_TIMEOUT)
         _row("the worker", f"exit {code}", detail=stopping)
         await self.availability.wait_for(executor, "offline")
-        _row("availability", "ready -> offline (the worker closed the session: 1001)")
+        _row("availability", "draining -> offline (the worker closed the session: 1001)")
         finished.ok = got == "done" and code == 0
         finished.observed = f"hold -> {shown}, worker exit {code}"
 

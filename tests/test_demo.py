@@ -61,6 +61,7 @@ def test_demo_keeps_every_promise() -> None:
     assert "(new)" in out and "(matches)" in out
     # 5: SIGTERM drains: the executing call gets its result, a new call is refused.
     assert re.search(r"executor-draining executor=demo-worker reason=SIGTERM .*running=1", out)
+    assert re.search(r"availability\s+-> ready -> draining \(the worker's goodbye\)", out)
     assert re.search(r"while draining\s+-> NotDispatched \[not_dispatched:DRAINING\]", out)
     assert re.search(r"the pending demo\.hold\(1\.5\)\s+-> 'done'", out)
     assert re.search(r"the worker\s+-> exit 0", out)

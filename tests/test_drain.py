@@ -8,7 +8,10 @@ What each test proves, on facts recorded by the worker's instrumented service (n
   (the worker refuses it unexecuted; the controller does not even send it);
 * a call still running when the drain time is up fails ``OutcomeUnknown`` (its handler is
   cancelled), never a success that did not happen;
-* the session then closes for good (the controller goes ``offline`` or ``disposed``).
+* the session then closes for good (the controller goes ``offline`` or ``disposed``);
+* the worker's goodbye: the controller's availability is ``draining`` before the call in flight
+  ends, a new call is refused there without being sent, and no drain refusal counts as an error;
+  a worker repeating its goodbye in a flood makes one transition and one log line.
 
 The 64-calls-under-SIGTERM test against a real ``garcon-link worker`` process is in
 ``tests/test_process_faults.py``.
@@ -17,15 +20,18 @@ The 64-calls-under-SIGTERM test against a real ``garcon-link worker`` process is
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import anyio.abc
 import pytest
-from rpcutil import LIMITS, SECRET, Calc, CalcImpl, both_directions
+from rpcutil import LIMITS, SECRET, Calc, CalcImpl, both_directions, open_pair
 
 import garcon_link as gl
+from garcon_link.api.facades import counts_as_error
+from garcon_link.rpc.envelopes import Notify, encode
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -158,6 +164,112 @@ async def test_worker_drain_time_up_fails_running_calls_as_unknown(direction: An
             await held_done.wait()
         assert len(held) == 1 and isinstance(held[0], gl.OutcomeUnknown), held
         assert "cancelled:stuck" in impl.probe  # the close cancelled it: no result was made up
+
+
+@both_directions
+async def test_the_controller_sees_the_workers_goodbye_as_draining(direction: Any) -> None:
+    impl = CalcImpl()
+    async with _ends(direction, impl) as (calc, executor, host), anyio.create_task_group() as tg:
+        changes: list[str] = []
+        draining = anyio.Event()
+
+        def changed(value: str) -> None:
+            changes.append(value)
+            if value == "draining":
+                draining.set()
+
+        executor.on_availability_changed(changed)
+        with anyio.fail_after(DEADLINE):
+            held, held_done = _start(tg, calc.hold("a"))
+            await impl.probe.wait("started:a")
+            sent_before = host.worker.statistics().calls.total("server")
+            host.stop(drain=DEADLINE)
+            await draining.wait()  # while "a" is held: the worker cannot have closed yet
+            assert not held_done.is_set()
+            assert executor.availability == "draining"
+            with pytest.raises(TimeoutError):
+                await executor.wait_ready(timeout=0.05)  # draining is not ready
+
+            with pytest.raises(gl.NotDispatched) as refused:
+                await calc.add(1, 2)
+            assert refused.value.code == "DRAINING"
+            assert impl.counts["add"] == 0
+            # Refused here, not sent: the worker saw no new call.
+            assert host.worker.statistics().calls.total("server") == sent_before
+
+            impl._release("a")
+            await held_done.wait()
+            assert held == ["a"]  # a call sent before the goodbye finishes as usual
+            await host.closed.wait()
+            await _wait_until(lambda: executor.availability == "offline")
+        assert changes == ["draining", "offline"]
+        assert executor.errors == 0  # a drain is not an error
+        assert executor.statistics().calls.client[("not_dispatched", "DRAINING")] == 1
+
+
+@both_directions
+async def test_the_goodbye_outlives_socket_cuts(direction: Any) -> None:
+    """Sent while the socket is down, it is replayed on the resume; once known, a resumed session
+    goes back to ``draining``, never to ``ready``."""
+    limits = LIMITS.replace(detached_grace=5.0)
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": CalcImpl()}, limits=limits, proxy=True) as pair:
+            proxy = pair.proxy
+            assert proxy is not None
+            proxy.refuse()
+            proxy.cut()
+            await pair.wait_availability("reconnecting")
+            pair.worker_rpc.start_drain()  # the goodbye waits in the worker's retention
+            proxy.heal()
+            await pair.wait_availability("draining")
+            seen = len(pair.history)
+            proxy.refuse()
+            proxy.cut()
+            await pair.wait_availability("reconnecting")
+            proxy.heal()
+            await pair.wait_availability("draining")
+            assert pair.history[seen:] == ["reconnecting", "draining"], pair.history
+            assert pair.history[:2] == ["ready", "reconnecting"], pair.history
+            assert pair.rpc.peer_draining  # the same session throughout
+            assert pair.executor.statistics().sessions == 1
+
+
+async def test_a_flood_of_goodbyes_is_one_transition(caplog: pytest.LogCaptureFixture) -> None:
+    """A worker with a key repeating its goodbye: one transition, one log line, nothing kept."""
+    caplog.set_level(logging.DEBUG, logger="garcon_link")
+    impl = CalcImpl()
+    async with _ends("worker-listens", impl) as (_, executor, host):
+        changes: list[str] = []
+        executor.on_availability_changed(changes.append)
+        worker_rpc = host.worker.current_rpc
+        controller_rpc = executor.current_rpc
+        assert worker_rpc is not None and controller_rpc is not None
+        goodbye = encode(Notify("$link", "draining", [], {}))
+        with anyio.fail_after(DEADLINE):
+            for _ in range(2000):
+                await worker_rpc.transport.send(goodbye)
+            # Envelopes are dispatched in order: once this one is dropped, all were handled.
+            await worker_rpc.transport.send(encode(Notify("nothing", "here", [], {})))
+            await _wait_until(lambda: controller_rpc.statistics().notifications_dropped >= 1)
+        stats = controller_rpc.statistics()
+        assert (stats.notifications_dropped, stats.malformed_envelopes) == (1, 0)
+        assert changes == ["draining"]
+        lines = [r.getMessage() for r in caplog.records if "draining" in r.getMessage()]
+        assert lines == ["executor box: ready -> draining"], lines
+
+
+@pytest.mark.parametrize(
+    ("error", "counted"),
+    [
+        (gl.NotDispatched("DRAINING", "draining"), False),
+        (gl.NotDispatched("OFFLINE", "offline"), True),
+        (gl.NotDispatched("OVERLOADED", "busy"), True),
+        (gl.OutcomeUnknown("DRAINING", "not a refusal: it may have run"), True),
+        (gl.Rejected("UNKNOWN_SERVICE", "no"), True),
+    ],
+)
+def test_only_a_drain_refusal_is_not_an_error(error: gl.CallError, counted: bool) -> None:
+    assert counts_as_error(error) is counted
 
 
 async def test_serve_with_drain_drains_when_cancelled() -> None:

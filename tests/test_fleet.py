@@ -16,7 +16,9 @@ id, so a call that reached the wrong executor is caught). What the tests prove:
 * the same id twice: the newcomer is refused (4004) while the first answers; once the first's
   socket stops answering the newcomer takes over, and the first gets 4009 and stops dialing;
 * ``forget_after`` drops an executor that joined by connecting and stayed offline;
-* ``events()`` is bounded and says how many events a slow consumer lost.
+* ``events()`` is bounded and says how many events a slow consumer lost;
+* a draining executor (its worker said goodbye) shows ``draining`` in the snapshot, the table
+  and the events, takes no new work from ``map``, and its drain is not counted as an error.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ import pytest
 from faultutil import Raw, wait_for
 
 import garcon_link as gl
+from garcon_link.api.fleet import _accepting_work
+from garcon_link.cli._fleet import fleet_table
 from garcon_link.core.handshake import Handshake, Hello, derive_key
 from garcon_link.settings.secrets import read_secret_file, write_secret_file
 from garcon_link.testing import FaultProxy
@@ -62,13 +66,25 @@ class Ident(Protocol):
 
     async def hold(self, seconds: float) -> str: ...
 
+    async def gated(self) -> str: ...
+
 
 class IdentService:
     def __init__(self, executor_id: str) -> None:
         self.executor_id = executor_id
         self.held = 0
+        self.asked = 0
+        self.started = anyio.Event()
+        self.gate = anyio.Event()
 
     async def whoami(self) -> str:
+        self.asked += 1
+        return self.executor_id
+
+    async def gated(self) -> str:
+        """Returns once the test opens the gate."""
+        self.started.set()
+        await self.gate.wait()
         return self.executor_id
 
     async def hold(self, seconds: float) -> str:
@@ -632,3 +648,78 @@ async def test_map_and_pick_route_by_what_each_manifest_offers(tmp_path: Path) -
             with pytest.raises(gl.NotDispatched, match="NO_EXECUTOR"):
                 fleet.pick("calc")
             assert await fleet.map(add, where="calc") == {}
+
+
+async def test_a_draining_executor_takes_no_new_work_and_is_not_an_error(tmp_path: Path) -> None:
+    keyring = tmp_path / "keys"
+    staying, leaving = enroll(keyring, "staying"), enroll(keyring, "leaving")
+    service = IdentService("leaving")
+    events: list[tuple[str, str]] = []
+    draining, stop, closed = anyio.Event(), anyio.Event(), anyio.Event()
+    held: list[str] = []
+
+    def whoami(executor: gl.RemoteExecutor) -> Awaitable[str]:
+        return executor.service("ident", Ident).whoami()
+
+    async def follow(fleet: gl.Fleet) -> None:
+        async for event in fleet.events():
+            events.append((event.kind, event.executor_id))
+            if event.kind == "draining":
+                draining.set()
+
+    async def leaving_worker(url: str) -> None:
+        # A worker is closed by the task that entered it.
+        try:
+            config = worker_config("leaving", leaving, url)
+            async with gl.Worker(config, {"ident": service}) as w:
+                await stop.wait()
+                await w.aclose(drain=DEADLINE)
+        finally:
+            closed.set()
+
+    with anyio.fail_after(DEADLINE):
+        async with listening_fleet(keyring) as fleet, anyio.create_task_group() as tg:
+            tg.start_soon(follow, fleet)
+            async with worker("staying", staying, fleet.url):
+                tg.start_soon(leaving_worker, fleet.url)
+                for executor_id in ("staying", "leaving"):
+                    await fleet.executor(executor_id).wait_ready(10)
+
+                async def held_call() -> None:
+                    held.append(await fleet.executor("leaving").service("ident", Ident).gated())
+
+                tg.start_soon(held_call)
+                await service.started.wait()
+                stop.set()  # the worker drains, its call in flight keeps it open
+                await draining.wait()
+
+                snapshot = fleet.executors()
+                assert snapshot["leaving"].availability == "draining"
+                assert not _accepting_work(snapshot["leaving"])
+                assert _accepting_work(snapshot["staying"])
+                rows = [line.split()[:2] for line in fleet_table(fleet)]
+                assert ["leaving", "draining"] in rows and ["staying", "ready"] in rows
+
+                assert await fleet.map(whoami) == {"staying": "staying"}  # left out
+                named = await fleet.map(whoami, ids=["leaving", "staying"])
+                assert named["staying"] == "staying"
+                refused = named["leaving"]
+                assert isinstance(refused, gl.NotDispatched) and refused.code == "DRAINING"
+                with pytest.raises(gl.NotDispatched) as direct:
+                    await whoami(fleet.executor("leaving"))
+                assert direct.value.code == "DRAINING"
+                assert service.asked == 0  # nothing new reached the draining worker
+
+                service.gate.set()
+                await closed.wait()
+                assert held == ["leaving"]  # the call sent before the goodbye finished
+                await wait_for(
+                    lambda: fleet.executors()["leaving"].availability == "offline",
+                    10,
+                    "the drained worker to go offline",
+                )
+                snapshot = fleet.executors()
+                assert (snapshot["leaving"].calls, snapshot["leaving"].errors) == (2, 0)
+            tg.cancel_scope.cancel()
+    mine = [kind for kind, executor_id in events if executor_id == "leaving"]
+    assert mine[-2:] == ["draining", "offline"], events

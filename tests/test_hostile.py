@@ -94,7 +94,9 @@ from garcon_link.endpoint.transport import TransportState
 from garcon_link.rpc.interface import service_spec
 from garcon_link.testing import WorkerProcess, free_tcp_port
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+# Every test here measures the legitimate peer (its latency, or that its calls all succeed) while
+# an attack runs: they run alone, after the parallel run (`latency`, see the Makefile).
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.latency]
 
 MiB = 1024 * 1024
 DEADLINE = 30.0  # no test may take longer (that would be a hang, not a result)

@@ -4,6 +4,10 @@ timeouts, streams and flow control, budgets, and hostile envelopes.
 Every end-to-end test runs in both directions (worker listens / controller listens) and on both
 anyio backends. Assertions are on what happened on the worker (handler counters, cancellation
 flags, generator closure), never on elapsed time; every wait is bounded by ``anyio.fail_after``.
+
+The load tests (overload, storms, hundreds of streams) check that the session was never retired
+(``"offline" not in pair.history``), not that its socket never dropped: the pairs' heartbeat
+timeout is half a second, which a loaded machine can miss, and a resumed session loses nothing.
 """
 
 from __future__ import annotations
@@ -582,7 +586,7 @@ async def _leave_many(pair: Any, impl: CalcImpl, leave: Any) -> None:
     await _wait_idle(pair)
     for key in keys:
         await impl.probe.wait(f"stream-closed:{key}")
-    assert pair.history == ["ready"]
+    assert "offline" not in pair.history  # never retired (see the module docstring)
 
 
 @both_directions
@@ -844,7 +848,7 @@ async def test_overload_on_the_caller(direction: Direction) -> None:
             assert sorted(results) == [2 * i for i in range(256)]
             assert await calc.add(1, 2) == 3
             assert impl.counts["add"] == 1
-            assert pair.history == ["ready"]
+            assert "offline" not in pair.history  # never retired (see the module docstring)
 
 
 @both_directions
@@ -874,7 +878,7 @@ async def test_overload_on_the_receiver(direction: Direction) -> None:
                 impl.gate.set()
             assert sorted(results) == [2 * i for i in range(256)]
             assert await calc.record(1000) == 2000
-            assert pair.history == ["ready"]
+            assert "offline" not in pair.history  # never retired (see the module docstring)
 
 
 def test_refusals_past_the_backlog_keep_only_their_call_ids() -> None:
@@ -1128,7 +1132,7 @@ async def test_notification_storm_is_bounded(direction: Direction) -> None:
                     except gl.NotDispatched:
                         await anyio.sleep(0.01)
             assert impl.counts["count"] == 0
-            assert pair.history == ["ready"]
+            assert "offline" not in pair.history  # never retired (see the module docstring)
 
 
 @both_directions
@@ -1153,7 +1157,7 @@ async def test_notifications_count_against_the_incoming_budget(direction: Direct
                     except gl.NotDispatched:
                         await anyio.sleep(0.01)
             assert impl.counts["parked"] == 256
-            assert pair.history == ["ready"]
+            assert "offline" not in pair.history  # never retired (see the module docstring)
 
 
 class Evil(Protocol):

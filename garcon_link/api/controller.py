@@ -7,8 +7,18 @@ Controller availability::
 
     offline --(fresh session: fence passed + describe matched)--> ready
     ready <--(socket lost / replay done)--> reconnecting
-    ready | reconnecting --(continuity lost: session retired)--> offline   (exactly one transition)
+    ready --(the worker's goodbye)--> draining
+    draining <--(socket lost / replay done)--> reconnecting
+    ready | draining | reconnecting --(continuity lost: session retired)--> offline
+                                                             (exactly one transition)
     any --aclose()--> disposed                                            (final)
+
+``draining``: the worker said goodbye on the current session (it drains: a SIGTERM,
+``Worker.aclose(drain=)``; :mod:`garcon_link.rpc.rpc`, "Goodbye"). It lasts as long as that
+session -- there is no way back to ``ready`` but a new session -- so a worker repeating its
+goodbye, or sending it in a flood, makes at most one transition per session. Calls already sent
+finish as usual; a new call fails at once with ``NotDispatched("DRAINING")``, nothing sent, as
+the worker would refuse it anyway. A refusal for a drain is not counted in :attr:`errors`.
 
 A fresh session is *installed* (made current, availability ``ready``) after its replay fence
 and a ``describe`` call; its manifest becomes the executor's, whatever it changed: contracts are
@@ -91,7 +101,7 @@ _CHANGES_COMPARED = 64
 """The most differing manifest entries compared for that line (the rest are counted)."""
 
 T = TypeVar("T")
-Availability = Literal["offline", "ready", "reconnecting", "disposed"]
+Availability = Literal["offline", "ready", "draining", "reconnecting", "disposed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +251,8 @@ class RemoteExecutor(Endpoint):
         self.calls = 0
         """Calls and streams started through this executor's facades."""
         self.errors = 0
-        """Of those, how many raised a :class:`~garcon_link.CallError`."""
+        """Of those, how many raised a :class:`~garcon_link.CallError` (a drain's refusal,
+        ``NotDispatched("DRAINING")``, is not an error)."""
         self._callbacks: list[Callable[[Availability], None]] = []
         self._rpc: ExecutorRpc | None = None
         self._info: ExecutorInfo | None = None
@@ -354,7 +365,8 @@ class RemoteExecutor(Endpoint):
                 )
 
     async def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until the executor is ``ready``.
+        """Wait until the executor is ``ready`` (a ``draining`` one is not: the wait goes on
+        until a new session, such as that of the restarted worker, is installed).
 
         Raises:
             TimeoutError: not ready within ``timeout`` (the message carries the last link error).
@@ -398,6 +410,8 @@ class RemoteExecutor(Endpoint):
             return rpc
         if state == "disposed":
             raise NotDispatched("DISPOSED", "the executor was closed")
+        if state == "draining":
+            raise NotDispatched("DRAINING", "the worker is draining: new calls are refused")
         if state == "reconnecting":
             raise NotDispatched("RECONNECTING", "the executor is reconnecting")
         raise NotDispatched("OFFLINE", self.last_error or "the executor is offline")
@@ -412,6 +426,7 @@ class RemoteExecutor(Endpoint):
             describe=self._describe_self,
             peer="worker",
             observer=self._observer,
+            on_peer_draining=lambda: self._peer_draining(transport),
         )
         assert self._tg is not None
         self._tg.start_soon(self._session_task, transport, rpc)
@@ -487,15 +502,24 @@ class RemoteExecutor(Endpoint):
             if self._rpc is not rpc:
                 return
             if state is TransportState.READY:
-                self._set_availability("ready")
+                self._set_availability("draining" if rpc.peer_draining else "ready")
             elif state in (TransportState.DETACHED, TransportState.REPLAYING):
                 self._set_availability("reconnecting")
 
         transport.add_listener(follow)
-        if transport.state is TransportState.READY:
-            self._set_availability("ready")
-        else:
-            follow(transport.state)
+        follow(transport.state)
+
+    def _peer_draining(self, transport: SessionTransport) -> None:
+        """The worker's goodbye arrived on ``transport`` (once per session): ``draining``, if
+        that session is the installed one and ready. Otherwise :meth:`_install` or its listener
+        reads ``peer_draining`` when the session is (again) ready."""
+        rpc = self._rpc
+        if (
+            rpc is not None
+            and rpc.transport is transport
+            and transport.state is TransportState.READY
+        ):
+            self._set_availability("draining")
 
     def _learn(self, info: ExecutorInfo) -> None:
         """Make ``info`` (and its manifest) the executor's: facades compare again."""
@@ -678,9 +702,8 @@ class RemoteExecutor(Endpoint):
 
     @property
     def routable(self) -> bool:
-        """Whether new calls may be routed here: ``ready`` and not draining."""
-        # "ready" is the one availability that takes new calls; one that refuses them while it
-        # finishes the running ones (a draining worker) is excluded here as well.
+        """Whether new calls may be routed here: ``ready`` (a worker that said goodbye is
+        ``draining``), and this controller is not draining its own calls."""
         return self._availability == "ready" and not self._draining
 
     def offers(

@@ -21,7 +21,8 @@ behind the facades made before.
 
 Beside the public :func:`peer`, the api room uses :class:`FacadeHost` (what a facade needs of
 its executor), :class:`Facade`, :class:`DynamicFacade`, :class:`FacadeStream`,
-:data:`NO_METHODS` and :data:`UNSET` (the sync client and ``with_options`` wrap them).
+:data:`NO_METHODS` and :data:`UNSET` (the sync client and ``with_options`` wrap them), and
+:func:`counts_as_error` (what an executor's ``errors`` counts).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ __all__ = [
     "Facade",
     "FacadeHost",
     "FacadeStream",
+    "counts_as_error",
     "peer",
 ]
 
@@ -114,6 +116,13 @@ def contract_refusals(
                 f"interface's ({difference}); nothing was sent",
             )
     return refusals
+
+
+def counts_as_error(exc: CallError) -> bool:
+    """Whether a failed call counts in its executor's ``errors``: every :class:`CallError` but
+    a drain's refusal (``NotDispatched("DRAINING")``, from either side), as a drain is an orderly
+    goodbye, not a fault."""
+    return not (exc.outcome is Outcome.NOT_DISPATCHED and exc.code == "DRAINING")
 
 
 class Facade:
@@ -251,8 +260,9 @@ class Facade:
 
             try:
                 return await executor._observer.call(name, method, facade._metadata, attempt)
-            except CallError:
-                executor.errors += 1
+            except CallError as exc:
+                if counts_as_error(exc):
+                    executor.errors += 1
                 raise
 
         call.__name__ = method.name
@@ -378,7 +388,7 @@ class FacadeStream(AsyncIterator[Any]):
             self._end(None, None, False)
             raise
         except BaseException as exc:
-            if isinstance(exc, CallError):
+            if isinstance(exc, CallError) and counts_as_error(exc):
                 executor.errors += 1
             self._end(*end_of(exc))
             raise

@@ -17,6 +17,11 @@ member behaves exactly as the single executor of :func:`~garcon_link.connect` (a
 ``wait_ready``, stable facades, session replacement, honest outcomes), independently of the
 others. Availability changes become :class:`FleetEvent` s on every :meth:`Fleet.events` stream.
 
+A draining executor (its worker said goodbye: availability ``draining``,
+:mod:`garcon_link.api.controller`) takes no new work: :meth:`Fleet.map` leaves it out, and
+whatever chooses executors for new work asks :func:`_accepting_work`. Its drain refusals are
+not counted in its ``errors``.
+
 Bounds
 ------
 * Slots: ``max_executors`` (the link refuses the next executor with 1013 and a reason naming the
@@ -74,7 +79,9 @@ T = TypeVar("T")
 Where = str | Callable[[RemoteExecutor], bool]
 """What :meth:`Fleet.map` (``where=``) routes to: ``"service"``, ``"service.method"``, or a
 predicate on an executor."""
-EventKind = Literal["joined", "ready", "reconnecting", "offline", "disposed", "forgotten", "lost"]
+EventKind = Literal[
+    "joined", "ready", "draining", "reconnecting", "offline", "disposed", "forgotten", "lost"
+]
 DEFAULT_EVENTS_BUFFER = 1024
 
 
@@ -84,11 +91,13 @@ class ExecutorSnapshot:
 
     Attributes:
         executor_id: its id.
-        availability: ``offline``, ``ready``, ``reconnecting`` or ``disposed``.
+        availability: ``offline``, ``ready``, ``draining`` (its worker said goodbye: no new
+            work goes to it), ``reconnecting`` or ``disposed``.
         session: the first 12 hex digits of its current logical session id, or None.
         since: wall-clock time (``time.time()``) of its last availability change.
         calls: calls and streams started through its facades.
-        errors: of those, how many raised a :class:`~garcon_link.CallError`.
+        errors: of those, how many raised a :class:`~garcon_link.CallError` (a drain's
+            refusal, ``NotDispatched("DRAINING")``, is not an error).
         services: each service of its manifest with its contract version (empty before its
             first session; :func:`~garcon_link.rpc.contract.service_version`).
         pending: its calls awaiting a reply now.
@@ -109,9 +118,9 @@ class FleetEvent:
     """A change in the fleet.
 
     Attributes:
-        kind: ``joined`` (its first session in this fleet), ``ready``, ``reconnecting``,
-            ``offline``, ``disposed``, ``forgotten``; or ``lost``: this subscriber missed
-            ``lost`` events.
+        kind: ``joined`` (its first session in this fleet), ``ready``, ``draining``,
+            ``reconnecting``, ``offline``, ``disposed``, ``forgotten``; or ``lost``: this
+            subscriber missed ``lost`` events.
         executor_id: the executor ("" for ``lost``).
         at: wall-clock time of the event.
         lost: for ``lost``, how many events were dropped.
@@ -121,6 +130,19 @@ class FleetEvent:
     executor_id: str
     at: float
     lost: int = 0
+
+
+def _accepting_work(executor: ExecutorSnapshot | RemoteExecutor) -> bool:
+    """Whether new work may go to ``executor`` now: it is ``ready`` (not ``draining``,
+    ``reconnecting``, ``offline`` or ``disposed``). What chooses an executor for new work asks
+    this."""
+    return executor.availability == "ready"
+
+
+def _leaving(executor: ExecutorSnapshot | RemoteExecutor) -> bool:
+    """Whether ``executor`` said goodbye (``draining``): a fan-out over the whole fleet leaves
+    it out rather than report it (an ``offline`` one is reported: that is a fault)."""
+    return executor.availability == "draining"
 
 
 class _Subscriber:
@@ -492,7 +514,8 @@ class Fleet:
 
         Args:
             fn: what to do with one executor (typically one facade call).
-            ids: which executors (default: every executor the fleet knows now).
+            ids: which executors (default: every executor the fleet knows now, but those
+                ``draining``, which are left out of the result).
             concurrency: the most calls in flight.
             where: only the routable (``ready``, non-draining) executors among those that
                 offer what the call needs: ``"service"`` or ``"service.method"`` (their
@@ -501,13 +524,16 @@ class Fleet:
 
         Returns:
             ``{id: value}`` or, for an executor whose call failed, ``{id: CallError}``: one
-            failure raises nothing. Any other exception from ``fn`` is a bug in it and
-            propagates.
+            failure raises nothing. An executor named in ``ids`` that is ``draining`` (when its
+            turn comes) gets ``NotDispatched("DRAINING")`` without ``fn`` being called. Any
+            other exception from ``fn`` is a bug in it and propagates.
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         targets = (
-            [self.executor(i) for i in ids] if ids is not None else list(self._members.values())
+            [self.executor(i) for i in ids]
+            if ids is not None
+            else [m for m in self._members.values() if not _leaving(m)]
         )
         if where is not None:
             capable = {id(member) for member in self._capable(where)}
@@ -517,6 +543,11 @@ class Fleet:
 
         async def one(member: RemoteExecutor) -> None:
             async with limiter:
+                if _leaving(member):
+                    results[member.executor_id] = NotDispatched(
+                        "DRAINING", "the worker is draining: new calls are refused"
+                    )
+                    return
                 try:
                     results[member.executor_id] = await fn(member)
                 except CallError as exc:

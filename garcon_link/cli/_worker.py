@@ -24,6 +24,7 @@ from ..rpc.resources import ServiceScope
 from ..settings.config import LinkConfig
 from ._exits import EXIT_OK, TakenOver, UsageError
 from ._output import _emit, _load, _setup_logging
+from ._systemd import SystemdNotifier
 
 log = logging.getLogger("garcon_link.cli")  # one logger for the whole command line
 
@@ -210,7 +211,25 @@ async def _serve_until_signal(
     drain: float = DEFAULT_DRAIN,
 ) -> None:
     """Serve until SIGINT/SIGTERM; then drain for up to ``drain`` seconds (a second signal
-    ends the drain), print ``executor-stopping`` and close gracefully."""
+    ends the drain), print ``executor-stopping`` and close gracefully. Speaks systemd's notify
+    protocol when ``NOTIFY_SOCKET`` is set (:mod:`._systemd`)."""
+    notifier = SystemdNotifier.from_environ()
+    try:
+        await _serve(
+            config, services, stop_on_stdin_eof, notifier.follow_events(on_event), drain, notifier
+        )
+    finally:
+        notifier.close()
+
+
+async def _serve(
+    config: LinkConfig,
+    services: ServiceMap | ServiceFactory,
+    stop_on_stdin_eof: bool,
+    on_event: Callable[[str], None],
+    drain: float,
+    notifier: SystemdNotifier,
+) -> None:
     try:
         receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
     except NotImplementedError:  # pragma: no cover - Windows: Ctrl-C raises KeyboardInterrupt
@@ -222,6 +241,8 @@ async def _serve_until_signal(
         if stop_on_stdin_eof:
             _StdinWatch.start()
         async with Worker(config, services, on_event=on_event) as worker:
+            how = "listening on" if config.listen is not None else "dialing"
+            notifier.ready(f"executor {config.executor_id}: {how} {worker.url}, no session yet")
             async with anyio.create_task_group() as tg:
 
                 async def taken_over() -> None:
@@ -229,16 +250,24 @@ async def _serve_until_signal(
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(taken_over)
+                tg.start_soon(notifier.beat)
                 reason = None
                 async for signum in signals:
                     reason = "stdin-closed" if _StdinWatch.closed else signal.Signals(signum).name
                     tg.cancel_scope.cancel()
                     break
             if reason is not None:
+                notifier.stopping(
+                    f"executor {config.executor_id}: {reason}, "
+                    + (f"draining for up to {drain:g}s" if drain > 0 else "stopping")
+                )
                 if drain > 0:
-                    await _drain_until_signal(worker, config.executor_id, reason, drain, signals)
+                    await _drain_until_signal(
+                        worker, config.executor_id, reason, drain, signals, notifier
+                    )
                 _emit(f"executor-stopping executor={config.executor_id} reason={reason}")
             if worker.taken_over is not None:
+                notifier.stopping(f"executor {config.executor_id}: taken over by another process")
                 _emit(f"executor-stopping executor={config.executor_id} reason=TAKEN_OVER")
                 raise TakenOver(
                     f"another process took over executor id {config.executor_id!r} "
@@ -247,7 +276,12 @@ async def _serve_until_signal(
 
 
 async def _drain_until_signal(
-    worker: Worker, executor_id: str, reason: str, seconds: float, signals: AsyncIterator[int]
+    worker: Worker,
+    executor_id: str,
+    reason: str,
+    seconds: float,
+    signals: AsyncIterator[int],
+    notifier: SystemdNotifier | None = None,
 ) -> None:
     """Drain ``worker`` (see :meth:`Worker.aclose`) for up to ``seconds``; another signal ends
     the drain at once (the worker is then closed as without one)."""
@@ -265,6 +299,8 @@ async def _drain_until_signal(
                 tg.cancel_scope.cancel()
 
         tg.start_soon(second_signal)
+        if notifier is not None:
+            tg.start_soon(notifier.beat)  # the drain is part of the service's life
         # Not worker.aclose(drain=...): that drain is shielded, and a second signal must end it.
         await worker._drain(seconds)
         tg.cancel_scope.cancel()

@@ -7,6 +7,11 @@ an unknown service or method, a keyed call the idempotency table refuses -- and 
 admitted one to :class:`~.handlers.Handlers`, which runs it. A refusal has no task: it goes to
 the session's :class:`~.outbox.Outbox` at once (:meth:`Dispatcher._refuse`, where refusals are
 counted). An excess or unreadable notification, which has no reply, is dropped and logged.
+
+The peer's goodbye (the internal notification ``draining``) is handled inline, without a task:
+it sets :attr:`Dispatcher.peer_draining` for the rest of the session -- there is no message that
+clears it -- and tells ``on_peer_draining`` the first time. A peer repeating it in a flood
+changes nothing more and costs one comparison each: nothing is logged, queued or allocated.
 """
 
 from __future__ import annotations
@@ -35,7 +40,14 @@ from .idempotency import (
 from .interface import MethodKind, MethodSpec
 from .observer import CallObserver
 from .outbox import REFUSAL_KIND, Outbox
-from .registry import DESCRIBE_SPEC, INTERNAL_SERVICE, INVENTORY_SPEC, Registry, in_scope
+from .registry import (
+    DESCRIBE_SPEC,
+    DRAINING_METHOD,
+    INTERNAL_SERVICE,
+    INVENTORY_SPEC,
+    Registry,
+    in_scope,
+)
 from .resources import ResourceRef, ServiceScope
 from .values import JSON_VALUES, VALUES_METADATA_KEY, ValueMode
 
@@ -102,6 +114,10 @@ class Dispatcher:
         # reassembled call is dispatched: on_call does not take it for a reuse.
         self.whole_id: int | None = None
         self.draining = False
+        self.peer_draining = False
+        """The peer said goodbye on this session (it drains: its new calls are refused)."""
+        self.on_peer_draining: Callable[[], None] | None = None
+        """Told once, when :attr:`peer_draining` becomes true."""
         self.refusals = 0
         self.notifications_dropped = 0
         # Told each ``$link.inventory`` notification's arguments (a list), synchronously and in
@@ -371,6 +387,13 @@ class Dispatcher:
             envelope.args,
             envelope.kwargs,
         )
+        if method == DRAINING_METHOD and service == INTERNAL_SERVICE:
+            # Arguments are ignored (a later version may send some); see the module docstring.
+            if not self.peer_draining:
+                self.peer_draining = True
+                if self.on_peer_draining is not None:
+                    self.on_peer_draining()
+            return
         if service == INTERNAL_SERVICE and method == INVENTORY_SPEC.name:
             listener = self.inventory_listener
             if listener is None or not isinstance(args, list) or kwargs:

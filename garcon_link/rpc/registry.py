@@ -5,6 +5,9 @@ Names starting with ``_`` or ``$`` are refused: ``$link`` is the internal servic
 worker sends when its services change on a running session, ``[sequence, services manifest]``
 (``INVENTORY_SPEC``), which the receiving side hands to its listener instead of a handler
 (:meth:`~garcon_link.rpc.rpc.ExecutorRpc.on_inventory`).
+The notification ``draining`` (``DRAINING_METHOD``, no arguments) is a side's goodbye: it is
+draining and admits no new call for the rest of the session
+(:meth:`~garcon_link.rpc.rpc.ExecutorRpc.start_drain`).
 """
 
 from __future__ import annotations
@@ -17,9 +20,20 @@ from typing import Any
 from .interface import MethodKind, MethodSpec, ServiceSpec
 from .resources import ServiceScope, _current
 
-__all__ = ["DESCRIBE_SPEC", "INTERNAL_SERVICE", "INVENTORY_SPEC", "Bound", "Registry", "in_scope"]
+__all__ = [
+    "DESCRIBE_SPEC",
+    "DRAINING_METHOD",
+    "INTERNAL_SERVICE",
+    "INVENTORY_SPEC",
+    "Bound",
+    "Registry",
+    "in_scope",
+]
 
 INTERNAL_SERVICE = "$link"
+
+DRAINING_METHOD = "draining"
+"""The internal notification a draining side sends once per session (its goodbye)."""
 
 # The one internal method ("$link".describe): no arguments, the manifest map as its result.
 DESCRIBE_SPEC = MethodSpec(

@@ -104,6 +104,14 @@ reply as usual; our own calls are not affected (a handler may still call back). 
 awaits :meth:`ExecutorRpc.wait_idle` and :meth:`SessionTransport.wait_acknowledged`, bounded by
 its drain time, before it closes.
 
+Goodbye: ``start_drain`` also tells the peer, once per session, with the internal notification
+``notify [4, "$link", "draining", [], {}]`` -- a session message like any other, so it is
+retained and replayed across a socket loss and arrives after everything sent before it. The
+peer's side sets :attr:`ExecutorRpc.peer_draining` for the rest of the session and tells the
+``on_peer_draining`` callback once (the controller's availability becomes ``draining``). Nothing
+clears it: draining ends with the session. A side that does not know the method drops the
+notification and logs it (at most once per ``log_interval``).
+
 Receiving side rules: arguments are converted against the interface's type hints before the
 handler runs (``Rejected("INVALID_ARGUMENTS")`` names the field); unknown services, unknown or
 private methods are ``Rejected("OPERATION_UNSUPPORTED")``; at most ``max_incoming_calls`` handlers,
@@ -200,13 +208,14 @@ from .envelopes import (
     envelope_head,
 )
 from .envelopes import decode as decode_envelope
+from .envelopes import encode as encode_envelope
 from .errorbody import MAX_REFUSAL_MESSAGE, register_exception
 from .handlers import Handlers, current_session
 from .idempotency import KeyedExecutions
 from .interface import MethodSpec
 from .observer import CallObserver, CallStatistics, Observed, end_of
-from .outbox import Outbox
-from .registry import DESCRIBE_SPEC, INTERNAL_SERVICE, INVENTORY_SPEC, Registry
+from .outbox import CONTROL_KIND, Outbox
+from .registry import DESCRIBE_SPEC, DRAINING_METHOD, INTERNAL_SERVICE, INVENTORY_SPEC, Registry
 from .resources import ServiceScope
 
 __all__ = [
@@ -335,6 +344,8 @@ class ExecutorRpc:
             calls from the peer are refused.
         observer: the endpoint's hooks and call counters (shared by all its sessions); the
             server side's outcome point (:class:`CallObserver`).
+        on_peer_draining: called once, from the dispatch of the peer's goodbye (module
+            docstring), when :attr:`peer_draining` becomes true.
     """
 
     def __init__(
@@ -348,6 +359,7 @@ class ExecutorRpc:
         peer: str = "peer",
         idempotency: KeyedExecutions | None = None,
         observer: CallObserver | None = None,
+        on_peer_draining: Callable[[], None] | None = None,
     ) -> None:
         self.idempotency = idempotency
         self.observer = observer if observer is not None else CallObserver(limits=limits)
@@ -408,6 +420,7 @@ class ExecutorRpc:
             describe=describe or (lambda: {"services": registry.manifest()}),
             idempotency=idempotency,
         )
+        self._dispatcher.on_peer_draining = on_peer_draining
         # Our calls are the caller's own methods: no indirection on the per-call path.
         self.call = caller.call
         self.notify = caller.notify
@@ -450,10 +463,23 @@ class ExecutorRpc:
     def peer_worker_instance_id(self, value: bytes | None) -> None:
         self._caller.peer_worker_instance_id = value
 
+    @property
+    def peer_draining(self) -> bool:
+        """Whether the peer said goodbye on this session (module docstring): it drains, and
+        refuses every new call until the session ends."""
+        return self._dispatcher.peer_draining
+
     def start_drain(self) -> None:
-        """Refuse the peer's new calls with ``NotDispatched("DRAINING")`` from now on; running
-        handlers and our own calls go on (module docstring). Idempotent."""
+        """Refuse the peer's new calls with ``NotDispatched("DRAINING")`` from now on, and tell
+        the peer so (its goodbye, sent once); running handlers and our own calls go on (module
+        docstring). Idempotent."""
+        if self._dispatcher.draining:
+            return
         self._dispatcher.draining = True
+        # A small control envelope: at once, or after what already waits for retention.
+        self._outbox.send_soon(
+            CONTROL_KIND, encode_envelope(Notify(INTERNAL_SERVICE, DRAINING_METHOD, [], {}))
+        )
 
     async def wait_idle(self) -> bool:
         """Wait until no call of ours awaits a reply and no handler of the peer's calls runs.

@@ -1,0 +1,269 @@
+"""systemd's notify protocol (garcon_link/cli/_systemd.py), with a fake ``NOTIFY_SOCKET``.
+
+The test binds the datagram socket systemd would (in ``tmp_path``, or in the abstract namespace)
+and reads what the notifier -- and a real ``garcon-link worker`` child process -- sends:
+``READY=1`` once the worker is up (listening, or dialing a controller that is not there),
+``WATCHDOG=1`` with a small ``WATCHDOG_USEC``, ``STOPPING=1`` on SIGTERM. A careless
+``NOTIFY_SOCKET`` (naming nothing, too long, not a path) costs one log line and the worker runs.
+Every wait is bounded; nothing depends on how fast a beat comes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import garcon_link as gl
+from garcon_link.cli._systemd import (
+    MAX_STATUS_CHARS,
+    MIN_WATCHDOG_INTERVAL,
+    SystemdNotifier,
+    notify_address,
+    watchdog_interval,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+CLI = (sys.executable, "-m", "garcon_link.cli")
+WAIT = 20.0  # the longest any datagram is waited for (a hang, not a result)
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path) -> Iterator[tuple[socket.socket, str]]:
+    """A bound datagram socket, as systemd's, and its ``NOTIFY_SOCKET`` value."""
+    path = tmp_path / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(path))
+        yield sock, str(path)
+
+
+def receive(sock: socket.socket, wanted: str, seen: list[dict[str, str]]) -> dict[str, str]:
+    """Datagrams until one assigns ``wanted`` (``KEY=value``); each is appended to ``seen``."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"no {wanted!r} within {WAIT}s; got {seen}")
+        sock.settimeout(remaining)
+        try:
+            data = sock.recv(4096)
+        except TimeoutError:
+            continue
+        message = dict(line.split("=", 1) for line in data.decode().splitlines())
+        seen.append(message)
+        key, value = wanted.split("=", 1)
+        if message.get(key) == value:
+            return message
+
+
+# ---------------------------------------------------------------------------------- pure parts
+
+
+def test_notify_address_is_a_path_or_an_abstract_name() -> None:
+    assert notify_address("/run/systemd/notify") == "/run/systemd/notify"
+    assert notify_address("@garcon/notify") == b"\0garcon/notify"
+    for careless in ("relative/notify", "@", "vsock:2:1234"):
+        with pytest.raises(ValueError, match="NOTIFY_SOCKET"):
+            notify_address(careless)
+
+
+@pytest.mark.parametrize(
+    ("usec", "watchdog_pid", "expected"),
+    [
+        (None, None, None),
+        ("", None, None),
+        ("1000000", None, 0.5),
+        ("1000000", "4242", 0.5),  # this process
+        ("1000000", "1", None),  # another process's watchdog
+        ("30000000", "", 15.0),
+        ("1", None, MIN_WATCHDOG_INTERVAL),  # no busy loop
+    ],
+)
+def test_watchdog_interval(usec: str | None, watchdog_pid: str | None, expected: float) -> None:
+    assert watchdog_interval(usec, watchdog_pid, 4242) == expected
+
+
+@pytest.mark.parametrize(
+    ("usec", "watchdog_pid"), [("x", None), ("0", None), ("-5", None), ("9", "me")]
+)
+def test_a_careless_watchdog_setting_is_refused(usec: str, watchdog_pid: str | None) -> None:
+    with pytest.raises(ValueError, match="WATCHDOG_"):
+        watchdog_interval(usec, watchdog_pid, 4242)
+
+
+def test_from_environ_reads_and_removes_the_variables(
+    notify_socket: tuple[socket.socket, str],
+) -> None:
+    _, path = notify_socket
+    env = {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "7", "HOME": "/h"}
+    notifier = SystemdNotifier.from_environ(env, pid=7)
+    assert (notifier.address, notifier.watchdog) == (path, 1.0)
+    assert env == {"HOME": "/h"}  # what the worker starts does not inherit them
+    assert not SystemdNotifier.from_environ({}).enabled
+
+
+def test_careless_variables_are_one_log_line_each(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="garcon_link")
+    notifier = SystemdNotifier.from_environ({"NOTIFY_SOCKET": "notify"})
+    assert not notifier.enabled and not notifier.send("READY=1")
+    notifier = SystemdNotifier.from_environ({"NOTIFY_SOCKET": "/n", "WATCHDOG_USEC": "soon"})
+    assert notifier.enabled and notifier.watchdog is None
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "systemd notify is off",
+        "systemd watchdog is off",
+    ]
+
+
+# ---------------------------------------------------------------------------------- sending
+
+
+def test_status_lines_reach_the_socket_flat_and_bounded(
+    notify_socket: tuple[socket.socket, str],
+) -> None:
+    sock, path = notify_socket
+    notifier = SystemdNotifier(path)
+    try:
+        notifier.ready("serving\nREADY=0 " + "x" * 1000)
+        seen: list[dict[str, str]] = []
+        message = receive(sock, "READY=1", seen)
+        assert set(message) == {"READY", "STATUS"}  # the newline did not start an assignment
+        assert message["STATUS"].startswith("serving READY=0 x")
+        assert len(message["STATUS"]) == MAX_STATUS_CHARS
+        notifier.stopping("draining")
+        assert receive(sock, "STOPPING=1", seen)["STATUS"] == "draining"
+        assert (notifier.sent, notifier.failures) == (2, 0)
+    finally:
+        notifier.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract sockets are Linux's")
+def test_an_abstract_notify_socket() -> None:
+    name = f"garcon-link-test-{os.getpid()}-{time.monotonic_ns()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(b"\0" + name.encode())
+        notifier = SystemdNotifier.from_environ({"NOTIFY_SOCKET": "@" + name})
+        try:
+            notifier.status("hello")
+            assert receive(sock, "STATUS=hello", [])
+        finally:
+            notifier.close()
+
+
+@pytest.mark.parametrize("where", ["nowhere", "too long"])
+def test_a_socket_that_cannot_be_reached_is_logged_once(
+    where: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="garcon_link")
+    path = tmp_path / "missing" / "notify" if where == "nowhere" else tmp_path / ("n" * 200)
+    notifier = SystemdNotifier(str(path), watchdog=1.0)
+    try:
+        assert not notifier.send("READY=1")
+        assert not notifier.send("WATCHDOG=1")
+        assert not notifier.send("STOPPING=1")
+    finally:
+        notifier.close()
+    assert (notifier.sent, notifier.failures) == (0, 3)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "runs on without telling systemd" in lines[0], lines
+
+
+# ---------------------------------------------------------------------------------- the worker
+
+
+def write_config(directory: Path, connection: str) -> Path:
+    gl.write_secret_file(directory / "link.secret")
+    path = directory / "worker.toml"
+    path.write_text(
+        'executor_id = "sd-box"\nrole = "worker"\nsecret_file = "link.secret"\n\n'
+        f"[connection]\n{connection}\n\n[limits]\nbackoff_base = 0.05\nbackoff_max = 0.2\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def start_worker(config: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*CLI, "worker", str(config), "--service", "demo=garcon_link.demo:DemoService"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+
+
+def stop(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    """SIGTERM (if still running), then the exit status and output."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        out, err = process.communicate(timeout=WAIT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=WAIT)
+    return process.returncode, out, err
+
+
+def test_the_worker_says_ready_watchdog_and_stopping(
+    tmp_path: Path, notify_socket: tuple[socket.socket, str]
+) -> None:
+    sock, path = notify_socket
+    config = write_config(tmp_path, 'listen = "127.0.0.1:0"')
+    process = start_worker(config, {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"})
+    seen: list[dict[str, str]] = []
+    try:
+        ready = receive(sock, "READY=1", seen)
+        assert ready["STATUS"].startswith("executor sd-box: listening on ws://127.0.0.1:")
+        receive(sock, "WATCHDOG=1", seen)
+        process.send_signal(signal.SIGTERM)
+        stopping = receive(sock, "STOPPING=1", seen)
+        assert stopping["STATUS"].startswith("executor sd-box: SIGTERM, draining")
+    finally:
+        code, out, err = stop(process)
+    assert code == 0, err
+    assert "executor-stopping executor=sd-box reason=SIGTERM" in out
+    assert "systemd" not in err  # nothing went wrong telling it
+
+
+def test_a_dialing_worker_is_ready_before_any_controller_answers(
+    tmp_path: Path, notify_socket: tuple[socket.socket, str]
+) -> None:
+    sock, path = notify_socket
+    with socket.socket() as dead:  # bound, never listening: every dial is refused
+        dead.bind(("127.0.0.1", 0))
+        port = dead.getsockname()[1]
+        config = write_config(tmp_path, f'dial = "ws://127.0.0.1:{port}/executor"')
+        process = start_worker(config, {"NOTIFY_SOCKET": path})
+        try:
+            ready = receive(sock, "READY=1", [])
+            assert ready["STATUS"].startswith("executor sd-box: dialing ws://127.0.0.1:")
+        finally:
+            code, _, err = stop(process)
+    assert code == 0, err
+
+
+def test_a_careless_notify_socket_is_one_line_and_the_worker_runs(tmp_path: Path) -> None:
+    config = write_config(tmp_path, 'listen = "127.0.0.1:0"')
+    process = start_worker(config, {"NOTIFY_SOCKET": str(tmp_path / "nobody" / "notify")})
+    assert process.stdout is not None
+    try:
+        deadline = time.monotonic() + WAIT
+        line = ""
+        while not line.startswith("executor-listening") and time.monotonic() < deadline:
+            line = process.stdout.readline()
+            assert line, "the worker exited"
+    finally:
+        code, _, err = stop(process)
+    assert code == 0, err
+    lines = [x for x in err.splitlines() if "NOTIFY_SOCKET" in x]
+    assert len(lines) == 1 and "runs on without telling systemd" in lines[0], err
