@@ -43,7 +43,7 @@ class KeyedCaller(Protocol):
     async def _rpc_for_call(self, dispatch_deadline: float) -> ExecutorRpc: ...
 
 
-_FINAL_UNKNOWN = frozenset({"TIMEOUT", "CANCELLED_WHILE_RUNNING"})
+_FINAL_UNKNOWN = frozenset({"TIMEOUT", "CANCELLED_WHILE_RUNNING", "WORKER_RESTARTED"})
 _FINAL_NOT_DISPATCHED = frozenset({"TIMEOUT", "DISPOSED", "PAYLOAD_TOO_LARGE", "INVALID_ARGUMENTS"})
 
 

@@ -14,6 +14,7 @@ here is refused::
     secret_file = "link.secret"         # exactly one of secret_file / secret
     # secret = "..."                    # inline: >= 32 bytes (UTF-8, or 64+ hex digits)
     allow_insecure_development = false  # optional boolean, default false
+    state_dir = "state"                 # optional, workers only; relative to the file's directory
 
     [connection]                        # required; exactly one of listen / dial
     listen = "127.0.0.1:8765"           # "host:port"; IPv6 as "[::1]:8765"; port 0 = ephemeral
@@ -143,6 +144,7 @@ _TOP_LEVEL_KEYS = (
     "secret",
     "secret_file",
     "allow_insecure_development",
+    "state_dir",
     "connection",
     "tls",
     "limits",
@@ -445,10 +447,12 @@ class LinkConfig:
     tls: TlsConfig | None = None
     limits: Limits = field(default_factory=Limits)
     source: Path | None = None
+    state_dir: Path | None = None
 
     def __post_init__(self) -> None:
         src = self.source
         self._check_types()
+        self._check_state_dir()
         ident = self.executor_id
         if not ident or len(ident) > MAX_EXECUTOR_ID_CHARS:
             raise refusal(
@@ -519,6 +523,27 @@ class LinkConfig:
         _check_shared_types(
             "LinkConfig", src, self.allow_insecure_development, self.tls, self.limits, self.source
         )
+
+    def _check_state_dir(self) -> None:
+        value: object = self.state_dir
+        if value is None:
+            return
+        src = self.source
+        if not isinstance(value, str | os.PathLike):
+            raise refusal(
+                src, "state_dir", f"expected a path, got {_type_name(value)}", "quote the path"
+            )
+        text = os.fspath(value)
+        if not isinstance(text, str) or not text or "\0" in text:
+            raise refusal(src, "state_dir", "the path is empty or invalid", 'state_dir = "state"')
+        if self.role is not Role.WORKER:
+            raise refusal(
+                src,
+                "state_dir",
+                "only a worker keeps a state directory",
+                "remove state_dir from the controller's configuration",
+            )
+        object.__setattr__(self, "state_dir", Path(text))
 
     @property
     def is_dialer(self) -> bool:
@@ -1039,6 +1064,8 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
     tls = _load_tls(doc, source)
     limits_table = _get(doc, "limits", dict, source, "[limits]")
     limits = Limits() if limits_table is None else _load_limits(limits_table, source)
+    state_text = _get(doc, "state_dir", str, source, "state_dir")
+    state_dir = None if state_text is None else _resolve(base, state_text, source, "state_dir")
 
     return LinkConfig(
         executor_id=executor_id,
@@ -1050,6 +1077,7 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
         tls=tls,
         limits=limits,
         source=source,
+        state_dir=state_dir,
     )
 
 
