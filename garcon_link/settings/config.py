@@ -81,7 +81,10 @@ configuration was built in code). Refused are:
 * ``[tls]`` with a ``ws://`` dial (it would be silently unused); ``[tls]`` on a listener without
   ``cert``; ``key`` without ``cert``; TLS files that are missing or do not load (reported when a
   context is built, naming the file);
-* ``[limits]`` values that :class:`~garcon_link.limits.Limits` refuses.
+* ``[limits]`` values that :class:`~garcon_link.limits.Limits` refuses;
+* a ``state_dir`` that is not a non-empty string, or one in a controller's file (only a worker
+  keeps a state directory). Whether the directory can be created, locked and used is checked
+  when the worker starts (:func:`~garcon_link.rpc.statedir.open_state_directory`).
 """
 
 from __future__ import annotations
