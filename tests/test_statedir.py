@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import sqlite3
 import subprocess
@@ -367,3 +368,15 @@ def test_sigkill_during_journal_writes_never_reports_an_unfinished_call_finished
             if row_state == "done" and replies[raw] != ERROR:
                 assert name in finished, f"round {round_}: {name} reported finished, never did"
         assert started <= {raw.decode() for raw in on_disk}, f"round {round_}: started unjournaled"
+
+
+def test_every_test_the_durability_guide_cites_exists() -> None:
+    guide = (TESTS_DIR.parent / "docs" / "guides" / "durability.md").read_text("utf-8")
+    cited = 0
+    for cell in re.findall(r"`(tests/[\w/]+\.py)::(\w+)`((?:, `::\w+`)*)", guide):
+        path, first, more = cell
+        source = (TESTS_DIR.parent / path).read_text("utf-8")
+        for name in (first, *re.findall(r"::(\w+)", more)):
+            assert re.search(rf"def {name}\(", source), f"{path}::{name} is cited, not defined"
+            cited += 1
+    assert cited >= 10
