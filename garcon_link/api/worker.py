@@ -177,6 +177,7 @@ class Worker(Endpoint):
 
         state, keys = await anyio.to_thread.run_sync(open_and_load)
         self._state = state
+        self.worker_scope.state = state
         state.start()
         self._keyed = KeyedExecutions(self.limits, self._spawn_keyed, store=keys)
         stats = self._keyed.statistics()

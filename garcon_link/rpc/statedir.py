@@ -75,6 +75,9 @@ SCHEMA_VERSION = 1
 MAX_BATCH = 512
 """Most batches one transaction takes (the rest wait for the next commit)."""
 
+MAX_PROCESS_ROWS = 65536
+"""Most process records read at open (the process service keeps fewer: its own bounds)."""
+
 Statement = tuple[str, tuple[Any, ...]]
 
 _SCHEMA = (
@@ -158,6 +161,9 @@ class StateDirectory:
         self._failed: StateUnavailable | None = None
         self._closed = False
         self._transactions = self._batches = self._statements = self._largest = 0
+        self.process_rows: list[tuple[Any, ...]] = []
+        """The ``processes`` rows the last run left, read at open (the process service takes
+        them once)."""
 
     # -- before the writer starts (the opening thread)
 
@@ -329,7 +335,15 @@ def open_state_directory(path: str | os.PathLike[str], executor_id: str) -> Stat
     except BaseException:
         os.close(lock_fd)
         raise
-    return StateDirectory(directory, lock_fd, connection)
+    state = StateDirectory(directory, lock_fd, connection)
+    try:
+        state.process_rows = state.read(
+            "SELECT id, record FROM processes LIMIT ?", (MAX_PROCESS_ROWS,)
+        )
+    except BaseException:
+        state.close_now()
+        raise
+    return state
 
 
 def _take_lock(directory: Path) -> int:
