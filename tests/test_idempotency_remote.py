@@ -377,7 +377,10 @@ async def test_a_worker_restarted_on_its_state_directory_keeps_its_keyed_calls(
                 result = await done.apply("finished", b"payload")
                 outcome = Outcome()
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(outcome.run, held.hold("held"))
+                    # retry_unknown: the caller retries on the restarted process (the same
+                    # state directory), which answers from its table.
+                    retried = gl.with_options(held, retry_unknown=True)
+                    tg.start_soon(outcome.run, retried.hold("held"))
                     await wait_for(
                         lambda: journal_count(journal, "start", "held") == 1, 10, "the call"
                     )
@@ -385,7 +388,9 @@ async def test_a_worker_restarted_on_its_state_directory_keeps_its_keyed_calls(
                     assert await worker.wait() < 0
                     await worker.restart()
                     await outcome.done.wait()
-                assert isinstance(outcome.error, gl.OutcomeUnknown)  # the session died with it
+                assert isinstance(outcome.error, gl.OutcomeUnknown), outcome.value
+                assert outcome.error.code == "WORKER_RESTARTED"
+                assert "it is not run again" in outcome.error.message  # the worker's answer
                 await executor.wait_ready(10)
                 # A retry of each, with its key, on the restarted worker process.
                 assert await done.apply("finished", b"payload") == result

@@ -171,7 +171,7 @@ async def test_writes_commit_in_order_and_share_transactions(tmp_path: Path) -> 
     db = sqlite3.connect(tmp_path / DATABASE_NAME)
     names = {name for (name,) in db.execute("SELECT name FROM meta")}
     db.close()
-    assert len(names) == 201 and "extra" not in names
+    assert len(names) == 202 and "extra" not in names  # with executor_id and state_id
 
 
 # ---------------------------------------------------------------------------------- keyed calls

@@ -92,6 +92,8 @@ class ExecutorInfo:
     worker_instance_id: bytes | None = None
     """The worker's runtime id, which worker-scoped references carry (``None``: an older
     worker that does not say)."""
+    state_id: bytes | None = None
+    """The id of the worker's state directory (``None``: it keeps none, or does not say)."""
 
 
 def _fresh(error: HandshakeError) -> HandshakeError:
@@ -378,6 +380,7 @@ class RemoteExecutor(Endpoint):
                 services=dict(manifest["services"]),
                 contract=str(manifest["contract"]),
                 worker_instance_id=_optional_bytes(manifest.get("worker_instance_id")),
+                state_id=_optional_bytes(manifest.get("state_id"), "state_id"),
             )
         except (CallError, KeyError, TypeError, ValueError) as exc:
             self._refuse_session(transport, f"describe failed: {peer_text(exc)}", contract=False)
@@ -400,6 +403,7 @@ class RemoteExecutor(Endpoint):
         self._contract_refused = False
         rpc.peer_instance_id = info.instance_id
         rpc.peer_worker_instance_id = info.worker_instance_id
+        rpc.peer_state_id = info.state_id
         self._info = info
         self._rpc = rpc
         self.last_error = None
@@ -500,11 +504,11 @@ class RemoteExecutor(Endpoint):
         return self._rpc
 
 
-def _optional_bytes(value: object) -> bytes | None:
+def _optional_bytes(value: object, name: str = "worker_instance_id") -> bytes | None:
     if value is None:
         return None
-    if not isinstance(value, bytes):
-        raise TypeError("worker_instance_id is not bytes")
+    if not isinstance(value, bytes) or len(value) > 64:
+        raise TypeError(f"{name} is not bytes of 64 or fewer")
     return value
 
 

@@ -297,6 +297,9 @@ class Worker(Endpoint):
                 "worker_instance_id": self.worker_scope.instance_id,
                 "services": manifest,
                 "contract": contract,
+                # With a state directory: its id, so a keyed caller knows a restarted worker
+                # process still holds its keys (garcon_link.api.keyed).
+                **({"state_id": self._state.state_id} if self._state is not None else {}),
             }
 
         rpc = ExecutorRpc(

@@ -161,6 +161,8 @@ class StateDirectory:
         self._failed: StateUnavailable | None = None
         self._closed = False
         self._transactions = self._batches = self._statements = self._largest = 0
+        self.state_id = b""
+        """A random id made with the database: the same directory, whatever the process."""
         self.process_rows: list[tuple[Any, ...]] = []
         """The ``processes`` rows the last run left, read at open (the process service takes
         them once)."""
@@ -337,6 +339,8 @@ def open_state_directory(path: str | os.PathLike[str], executor_id: str) -> Stat
         raise
     state = StateDirectory(directory, lock_fd, connection)
     try:
+        rows = state.read("SELECT value FROM meta WHERE name = 'state_id'")
+        state.state_id = bytes.fromhex(rows[0][0]) if rows else b""
         state.process_rows = state.read(
             "SELECT id, record FROM processes LIMIT ?", (MAX_PROCESS_ROWS,)
         )
@@ -436,6 +440,7 @@ def _prepare(db: sqlite3.Connection, database: Path, executor_id: str) -> None:
         for sql in _SCHEMA:
             db.execute(sql)
         db.execute("INSERT INTO meta (name, value) VALUES ('executor_id', ?)", (executor_id,))
+        db.execute("INSERT INTO meta (name, value) VALUES ('state_id', ?)", (os.urandom(16).hex(),))
         db.execute(f"PRAGMA application_id={APPLICATION_ID}")
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         db.execute("COMMIT")
