@@ -702,6 +702,16 @@ async def test_a_worker_restarted_on_its_state_directory_reports_its_processes(
                     assert not alive(pids[0])
                     await proc.release(doomed.handle)
                     assert {r.id for r in await proc.list()} == {"quick", "sleeper"}
+                    # What this worker learnt is kept in turn: killed again, restarted again.
+                    worker.kill()
+                    assert await worker.wait() < 0
+                    await worker.restart()
+                    await executor.wait_ready(10)
+                    records = {r.id: r for r in await proc.list()}
+                    assert set(records) == {"quick", "sleeper"}
+                    assert records["sleeper"].state == "exited"
+                    assert records["sleeper"].status == ExitStatus(None, None, False, True)
+                    assert records["quick"].status == gl_exit(3)
     finally:
         for pid in pids:
             if alive(pid):

@@ -44,6 +44,7 @@ __all__ = [
     "delete_statement",
     "exit_statement",
     "restore",
+    "restored_exit_statement",
     "same_process",
     "spec_digest",
     "start_statement",
@@ -152,6 +153,22 @@ def exit_statement(
         "stderr_end": stderr_end,
     }
     return _UPSERT, (proc_id, cbor2.dumps(record))
+
+
+def restored_exit_statement(record: Restored, status: ExitStatus, exited_at: float) -> Statement:
+    """The row of a restored record that finished under this worker (terminated)."""
+    row = {
+        "argv": record.argv,
+        "cwd": record.cwd,
+        "pid": record.pid,
+        "spec": record.spec,
+        "started_at": record.started_at,
+        "status": [status.code, status.signal, status.timed_out, status.killed],
+        "exited_at": exited_at,
+        "stdout_end": record.stdout_end,
+        "stderr_end": record.stderr_end,
+    }
+    return _UPSERT, (record.id, cbor2.dumps(row))
 
 
 def delete_statement(proc_id: str) -> Statement:

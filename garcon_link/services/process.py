@@ -131,6 +131,7 @@ from ._records import (
     delete_statement,
     exit_statement,
     restore,
+    restored_exit_statement,
     spec_digest,
     start_statement,
 )
@@ -425,10 +426,13 @@ class LocalProcessService:
         if self._state is None:
             return
         batch, self._pending = [*self._pending, *statements], []
-        try:
-            await self._state.write(batch)
-        except StateUnavailable as exc:
-            log.warning("a process record was not stored: %s", exc)
+        with anyio.move_on_after(_RECORD_TIMEOUT) as waited:
+            try:
+                await self._state.write(batch)
+            except StateUnavailable as exc:
+                log.warning("a process record was not stored: %s", exc)
+        if waited.cancelled_caught:
+            log.warning("a process record was not stored within %ss", _RECORD_TIMEOUT)
 
     def _exit_statement(self, proc: _Proc) -> Statement:
         return exit_statement(
@@ -904,6 +908,7 @@ class LocalProcessService:
             raise RemoteError("WAIT_TIMEOUT", f"process {record.id} survived SIGKILL")
         record.state, record.exited_at = "exited", time.time()
         record.status = ExitStatus(None, None, False, True)
+        await self._persist(restored_exit_statement(record, record.status, record.exited_at))
         return record.status
 
     async def release(self, handle: ResourceRef) -> None:
@@ -976,6 +981,9 @@ class LocalProcessService:
 
 _DETACHED_POLL = 0.1
 """Seconds between two looks at a detached process (not our child: it cannot be awaited)."""
+_RECORD_TIMEOUT = 10.0
+"""Seconds a start or an exit waits for its record to be committed before going on without
+(logged: the record is then not durable)."""
 
 
 def _signal_detached(record: Restored, signum: int) -> bool:
