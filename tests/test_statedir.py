@@ -380,3 +380,37 @@ def test_every_test_the_durability_guide_cites_exists() -> None:
             assert re.search(rf"def {name}\(", source), f"{path}::{name} is cited, not defined"
             cited += 1
     assert cited >= 10
+
+
+@pytest.mark.parametrize("case", ["not-a-directory", "not-a-database"])
+def test_the_command_line_says_why_in_one_line(tmp_path: Path, case: str) -> None:
+    from faultutil import write_configs
+
+    worker_toml, _ = write_configs(tmp_path, port=0, limits={})
+    target = tmp_path / "state"
+    if case == "not-a-directory":
+        target.write_text("x")
+    else:
+        target.mkdir()
+        (target / DATABASE_NAME).write_bytes(b"\x01" * 4096)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "garcon_link",
+            "worker",
+            str(worker_toml),
+            "--state-dir",
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert ("not a directory" if case == "not-a-directory" else "file is not a database") in lines[
+        0
+    ]
