@@ -656,7 +656,10 @@ async def test_a_worker_restarted_on_its_state_directory_reports_its_processes(
         with anyio.fail_after(60):
             async with WorkerProcess(worker_toml, cwd=TESTS_DIR, args=args) as worker:
                 await worker.start()
-                config = controller_config(gl.Limits(), worker.url)
+                # Redial at once when the worker is back (the default backoff may wait longer
+                # than the test waits on a loaded machine).
+                limits = gl.Limits(backoff_base=0.01, backoff_max=0.2, connect_timeout=2.0)
+                config = controller_config(limits, worker.url)
                 async with gl.connect(config) as executor:
                     await executor.wait_ready(10)
                     proc = executor.service("process", ProcessService)
@@ -672,7 +675,7 @@ async def test_a_worker_restarted_on_its_state_directory_reports_its_processes(
                     await until(lambda: not alive(pids[1]))
                     assert alive(pids[0])
                     await worker.restart()
-                    await executor.wait_ready(10)
+                    await executor.wait_ready(20)
                     records = {r.id: r for r in await proc.list()}
                     assert set(records) == {"quick", "sleeper", "doomed"}
                     assert (records["quick"].state, records["quick"].status) == (
@@ -706,7 +709,7 @@ async def test_a_worker_restarted_on_its_state_directory_reports_its_processes(
                     worker.kill()
                     assert await worker.wait() < 0
                     await worker.restart()
-                    await executor.wait_ready(10)
+                    await executor.wait_ready(20)
                     records = {r.id: r for r in await proc.list()}
                     assert set(records) == {"quick", "sleeper"}
                     assert records["sleeper"].state == "exited"
