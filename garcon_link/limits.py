@@ -274,6 +274,15 @@ class Limits:
             "runs again."
         ),
     )
+    state_write_timeout: float = field(
+        default=10.0,
+        metadata=_doc(
+            "With a state directory, how long a keyed call waits for its journal entry to be "
+            "committed before it is refused unrun (NotDispatched STATE_UNAVAILABLE), and for its "
+            "outcome before its reply is sent unrecorded (a restart then answers "
+            "WORKER_RESTARTED)."
+        ),
+    )
     cancel_grace: float = field(
         default=1.0,
         metadata=_doc(

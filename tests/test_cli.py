@@ -742,7 +742,7 @@ import anyio
 from garcon_link import cli
 from garcon_link.cli import _worker
 
-async def crash(config, services, stop_on_stdin_eof=False, on_event=None, drain=0):
+async def crash(config, services, *more):
     async with anyio.create_task_group() as tg:
         tg.start_soon(anyio.sleep_forever)
         raise RuntimeError("injected fault")

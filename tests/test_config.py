@@ -246,6 +246,27 @@ def test_invalid_limit_value_refused(tmp_path: Path, secret_file: Path) -> None:
     refused(lambda: load_config(path), str(path), "takeover_probe_timeout", "handshake_timeout")
 
 
+def test_state_dir_is_a_worker_s_path_relative_to_the_file(
+    tmp_path: Path, secret_file: Path
+) -> None:
+    path = config_file(tmp_path, body_with('listen = "127.0.0.1:8765"', head='state_dir = "st"'))
+    assert load_config(path).state_dir == tmp_path / "st"
+    assert load_config(config_file(tmp_path, LISTEN_BODY)).state_dir is None
+    path = config_file(tmp_path, body_with('listen = "127.0.0.1:8765"', head="state_dir = 3"))
+    refused(lambda: load_config(path), str(path), "state_dir", "expected a string")
+    path = config_file(tmp_path, body_with('listen = "127.0.0.1:8765"', head='state_dir = ""'))
+    refused(lambda: load_config(path), str(path), "state_dir", "the path is empty")
+    assert make(state_dir="st").state_dir == Path("st")
+    refused(lambda: make(state_dir=3), "state_dir", "expected a path")
+    refused(
+        lambda: make(
+            role=Role.CONTROLLER, listen=None, dial="ws://127.0.0.1:1/executor", state_dir="s"
+        ),
+        "state_dir",
+        "only a worker keeps a state directory",
+    )
+
+
 def test_ipv6_listen(tmp_path: Path, secret_file: Path) -> None:
     body = body_with('listen = "[::1]:8765"')
     config = load_config(config_file(tmp_path, body))

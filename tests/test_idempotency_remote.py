@@ -18,6 +18,7 @@ Exactly one execution and the real result, across:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -302,7 +303,9 @@ PROCESS_LIMITS: dict[str, Any] = {
 
 
 @asynccontextmanager
-async def worker_process(tmp_path: Path) -> AsyncIterator[tuple[WorkerProcess, Path]]:
+async def worker_process(
+    tmp_path: Path, *, state_dir: Path | None = None
+) -> AsyncIterator[tuple[WorkerProcess, Path]]:
     worker_toml, _ = write_configs(tmp_path, port=free_tcp_port(), limits=PROCESS_LIMITS)
     journal = tmp_path / "journal"
     async with WorkerProcess(
@@ -310,6 +313,7 @@ async def worker_process(tmp_path: Path) -> AsyncIterator[tuple[WorkerProcess, P
         ["ledger=faultutil:LedgerService"],
         cwd=TESTS_DIR,
         env={JOURNAL_ENV: str(journal)},
+        args=() if state_dir is None else ("--state-dir", str(state_dir)),
     ) as worker:
         await worker.start()
         yield worker, journal
@@ -349,3 +353,81 @@ async def test_a_killed_worker_ends_the_guarantee_with_an_honest_outcome_unknown
                 await executor.wait_ready(10)
                 assert await executor.service("ledger", Ledger).count_of("held") == 0
             assert journal_count(journal, "start", "held") == 1
+
+
+# ---------------------------------------------------------------------------------- state directory
+
+
+async def test_a_worker_restarted_on_its_state_directory_keeps_its_keyed_calls(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL a worker with ``--state-dir`` holding one finished and one running keyed call,
+    restart it on the same directory: the finished call's retry returns its recorded result
+    without running; the running one is ``OutcomeUnknown("WORKER_RESTARTED")`` and never runs
+    again (the journal, appended by the handlers, is the ledger of what ran)."""
+    state_dir = tmp_path / "state"
+    with anyio.fail_after(40):
+        async with worker_process(tmp_path, state_dir=state_dir) as (worker, journal):
+            limits = gl.Limits(**PROCESS_LIMITS)
+            async with gl.connect(controller_config(limits, worker.url)) as executor:
+                await executor.wait_ready(10)
+                plain = executor.service("ledger", Ledger)
+                done = gl.with_options(plain, idempotency_key="deploy-done", timeout=10)
+                held = gl.with_options(plain, idempotency_key="deploy-held", timeout=20)
+                result = await done.apply("finished", b"payload")
+                outcome = Outcome()
+                async with anyio.create_task_group() as tg:
+                    # retry_unknown: the caller retries on the restarted process (the same
+                    # state directory), which answers from its table.
+                    retried = gl.with_options(held, retry_unknown=True)
+                    tg.start_soon(outcome.run, retried.hold("held"))
+                    await wait_for(
+                        lambda: journal_count(journal, "start", "held") == 1, 10, "the call"
+                    )
+                    worker.kill()
+                    assert await worker.wait() < 0
+                    await worker.restart()
+                    await outcome.done.wait()
+                assert isinstance(outcome.error, gl.OutcomeUnknown), outcome.value
+                assert outcome.error.code == "WORKER_RESTARTED"
+                assert "it is not run again" in outcome.error.message  # the worker's answer
+                await executor.wait_ready(10)
+                # A retry of each, with its key, on the restarted worker process.
+                assert await done.apply("finished", b"payload") == result
+                with pytest.raises(gl.OutcomeUnknown) as info:
+                    await held.hold("held")
+                assert info.value.code == "WORKER_RESTARTED"
+                assert "it is not run again" in info.value.message
+                # retry_unknown gives the same honest answer, without retrying it.
+                with pytest.raises(gl.OutcomeUnknown, match="not run again"):
+                    await gl.with_options(
+                        plain, idempotency_key="deploy-held", retry_unknown=True, timeout=10
+                    ).hold("held")
+                assert await plain.count_of("finished") == 0  # this process ran nothing
+                assert await plain.count_of("held") == 0
+    assert journal_count(journal, "start", "finished") == 1
+    assert journal_count(journal, "start", "held") == 1
+
+
+async def test_a_second_worker_on_the_same_state_directory_exits_at_once(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    with anyio.fail_after(30):
+        async with worker_process(tmp_path, state_dir=state_dir) as (worker, _):
+            second = await anyio.run_process(
+                [
+                    sys.executable,
+                    "-m",
+                    "garcon_link",
+                    "worker",
+                    str(tmp_path / "worker.toml"),
+                    "--state-dir",
+                    str(state_dir),
+                ],
+                cwd=TESTS_DIR,
+                check=False,
+            )
+            assert second.returncode == 2
+            lines = second.stderr.decode().strip().splitlines()
+            assert len(lines) == 1, lines
+            assert f"is in use by another worker (pid {worker.pid}" in lines[0]
+            assert second.stdout == b""  # never listened

@@ -630,3 +630,96 @@ async def test_a_start_whose_reply_was_lost_is_found_again_by_its_id(tmp_path: P
                 assert [r.id for r in await proc.list()] == ["deploy-7"]
                 await proc.terminate(handle, grace=1)
                 assert ledger.read_text() == "ran\n"
+
+
+# ---------------------------------------------------------------------------------- state directory
+
+
+async def test_a_worker_restarted_on_its_state_directory_reports_its_processes(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL a worker (``--builtin process --state-dir``) that started three processes, kill
+    one of them while it is down, restart it on the directory: the exited one is reported with
+    its status, the killed one ``lost`` (exit unknown), the surviving one ``detached`` (same
+    pid and start time; no output) -- which can be terminated; the same start by id starts
+    nothing."""
+    from faultutil import TESTS_DIR, controller_config, write_configs
+
+    from garcon_link.testing import WorkerProcess, free_tcp_port
+
+    root = tmp_path / "root"
+    root.mkdir()
+    worker_toml, _ = write_configs(tmp_path, port=free_tcp_port(), limits={})
+    args = ("--builtin", "process", "--root", str(root), "--state-dir", str(tmp_path / "state"))
+    pids: list[int] = []
+    try:
+        with anyio.fail_after(60):
+            async with WorkerProcess(worker_toml, cwd=TESTS_DIR, args=args) as worker:
+                await worker.start()
+                # Redial at once when the worker is back (the default backoff may wait longer
+                # than the test waits on a loaded machine).
+                limits = gl.Limits(backoff_base=0.01, backoff_max=0.2, connect_timeout=2.0)
+                config = controller_config(limits, worker.url)
+                async with gl.connect(config) as executor:
+                    await executor.wait_ready(10)
+                    proc = executor.service("process", ProcessService)
+                    quick = await proc.start(id="quick", argv=["sh", "-c", "exit 3"])
+                    assert (await proc.wait(quick, timeout=10)).code == 3
+                    for name in ("sleeper", "doomed"):
+                        handle = await proc.start(id=name, argv=["sleep", "60"])
+                        pids.append((await proc.info(handle)).pid)
+                    await until(lambda: all(alive(pid) for pid in pids))
+                    worker.kill()
+                    assert await worker.wait() < 0
+                    os.kill(pids[1], 9)  # dies while no worker watches it
+                    await until(lambda: not alive(pids[1]))
+                    assert alive(pids[0])
+                    await worker.restart()
+                    await executor.wait_ready(20)
+                    records = {r.id: r for r in await proc.list()}
+                    assert set(records) == {"quick", "sleeper", "doomed"}
+                    assert (records["quick"].state, records["quick"].status) == (
+                        "exited",
+                        gl_exit(3),
+                    )
+                    sleeper, doomed = records["sleeper"], records["doomed"]
+                    assert (sleeper.state, sleeper.running, sleeper.pid) == (
+                        "detached",
+                        True,
+                        pids[0],
+                    )
+                    assert (doomed.state, doomed.running, doomed.status) == ("lost", False, None)
+                    # The same start by id starts nothing; another spec conflicts.
+                    again = await proc.start(id="sleeper", argv=["sleep", "60"])
+                    assert (await proc.info(again)).pid == pids[0]
+                    with pytest.raises(gl.Rejected, match="another spec"):
+                        await proc.start(id="sleeper", argv=["sleep", "61"])
+                    with pytest.raises(gl.Rejected) as info:
+                        await proc.read(sleeper.handle, "stdout")
+                    assert info.value.code == "PROCESS_DETACHED"
+                    with pytest.raises(gl.Rejected) as info:
+                        await proc.wait(doomed.handle, timeout=1)
+                    assert info.value.code == "PROCESS_LOST"
+                    status = await proc.terminate(sleeper.handle, grace=5)
+                    assert status.killed and status.code is None
+                    assert not alive(pids[0])
+                    await proc.release(doomed.handle)
+                    assert {r.id for r in await proc.list()} == {"quick", "sleeper"}
+                    # What this worker learnt is kept in turn: killed again, restarted again.
+                    worker.kill()
+                    assert await worker.wait() < 0
+                    await worker.restart()
+                    await executor.wait_ready(20)
+                    records = {r.id: r for r in await proc.list()}
+                    assert set(records) == {"quick", "sleeper"}
+                    assert records["sleeper"].state == "exited"
+                    assert records["sleeper"].status == ExitStatus(None, None, False, True)
+                    assert records["quick"].status == gl_exit(3)
+    finally:
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, 9)
+
+
+def gl_exit(code: int) -> ExitStatus:
+    return ExitStatus(code, None, False, False)

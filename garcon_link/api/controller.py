@@ -125,6 +125,9 @@ class ExecutorInfo:
     Schema; :mod:`garcon_link.rpc.typedoc`), as far as it is within the bounds. Documentation,
     not contract: empty from a worker that sends none."""
 
+    state_id: bytes | None = None
+    """The id of the worker's state directory (``None``: it keeps none, or does not say)."""
+
 
 def manifest_problem(services: object, limit: int) -> str | None:
     """Why a worker's services manifest is refused (``None``: it is not): not a map of service
@@ -479,6 +482,7 @@ class RemoteExecutor(Endpoint):
                 contract=str(manifest["contract"]),
                 worker_instance_id=_optional_bytes(manifest.get("worker_instance_id")),
                 versions=_versions(services),
+                state_id=_optional_bytes(manifest.get("state_id"), "state_id"),
             )
             info = _with_types(info, manifest.get("types"), self.limits)
         except (CallError, KeyError, TypeError, ValueError) as exc:
@@ -493,6 +497,7 @@ class RemoteExecutor(Endpoint):
         rpc.on_inventory(lambda args: self._on_inventory(rpc, args))
         rpc.peer_instance_id = info.instance_id
         rpc.peer_worker_instance_id = info.worker_instance_id
+        rpc.peer_state_id = info.state_id
         self._rpc = rpc
         for args in early:
             self._on_inventory(rpc, args)
@@ -732,11 +737,11 @@ class RemoteExecutor(Endpoint):
         )
 
 
-def _optional_bytes(value: object) -> bytes | None:
+def _optional_bytes(value: object, name: str = "worker_instance_id") -> bytes | None:
     if value is None:
         return None
-    if not isinstance(value, bytes):
-        raise TypeError("worker_instance_id is not bytes")
+    if not isinstance(value, bytes) or len(value) > 64:
+        raise TypeError(f"{name} is not bytes of 64 or fewer")
     return value
 
 

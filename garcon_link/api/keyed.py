@@ -12,8 +12,11 @@ never retried, nor are outcomes that retrying cannot change (``DISPOSED``, ``PAY
 binds the call to the worker *runtime* (the process start, ``SessionTransport.peer_runtime``) it
 was sent to; if a later session belongs to another runtime, the table that would have recognised
 the key died with the old process, so the call is *not* retried: it fails
-``OutcomeUnknown("WORKER_RESTARTED")``, saying the guarantee ended with the worker process. Once
-an attempt may have executed, the call never ends ``NotDispatched``.
+``OutcomeUnknown("WORKER_RESTARTED")``, saying the guarantee ended with the worker process --
+unless both runtimes said (``describe``'s ``state_id``) they keep the same state directory: the
+new process then holds the keys (:mod:`garcon_link.rpc.keystore`), and the retry goes on (a call
+that was running when the old process died is answered ``WORKER_RESTARTED`` by the worker,
+which ends it). Once an attempt may have executed, the call never ends ``NotDispatched``.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class KeyedCaller(Protocol):
     async def _rpc_for_call(self, dispatch_deadline: float) -> ExecutorRpc: ...
 
 
-_FINAL_UNKNOWN = frozenset({"TIMEOUT", "CANCELLED_WHILE_RUNNING"})
+_FINAL_UNKNOWN = frozenset({"TIMEOUT", "CANCELLED_WHILE_RUNNING", "WORKER_RESTARTED"})
 _FINAL_NOT_DISPATCHED = frozenset({"TIMEOUT", "DISPOSED", "PAYLOAD_TOO_LARGE", "INVALID_ARGUMENTS"})
 
 
@@ -88,6 +91,7 @@ async def call_with_key(
     deadline = math.inf if timeout is None else anyio.current_time() + timeout
     delays = retry_delays()
     ran_on: bytes | None = None  # the worker runtime an attempt may have executed on
+    ran_on_state: bytes | None = None  # ... and its state directory, if it keeps one
     last: CallError | None = None
     previous: object = None
     attempts = 0
@@ -104,6 +108,14 @@ async def call_with_key(
             if current is None:  # retired between the wake-up and now
                 continue
             runtime = current.transport.peer_runtime
+            if (
+                ran_on is not None
+                and runtime != ran_on
+                and ran_on_state is not None
+                and current.peer_state_id == ran_on_state
+            ):
+                # Restarted on the same state directory: the new process holds the keys.
+                ran_on = runtime
             if ran_on is not None and runtime != ran_on:
                 raise OutcomeUnknown(
                     "WORKER_RESTARTED",
@@ -130,7 +142,8 @@ async def call_with_key(
                     metadata=metadata,
                 )
             except OutcomeUnknown as exc:
-                ran_on = runtime if ran_on is None else ran_on
+                if ran_on is None:
+                    ran_on, ran_on_state = runtime, current.peer_state_id
                 if exc.code in _FINAL_UNKNOWN:
                     raise
                 last = exc

@@ -33,6 +33,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import anyio
@@ -47,9 +48,11 @@ from ..logs import log_fields
 from ..rpc.hooks import CallHook
 from ..rpc.idempotency import IdempotencyStatistics, KeyedExecutions
 from ..rpc.interface import contract_hash
+from ..rpc.keystore import DurableKeys
 from ..rpc.registry import Bound
 from ..rpc.resources import ServiceScope, WorkerScope
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
+from ..rpc.statedir import StateDirectory, StateStatistics, open_state_directory
 from ..rpc.typedoc import registry_type_descriptions
 from ..settings.config import LinkConfig
 from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
@@ -77,6 +80,12 @@ class Worker(Endpoint):
         controller_services: not used by the worker itself; see :func:`garcon_link.peer`.
         hooks: per-call hooks (:mod:`garcon_link.rpc.hooks`), run around every handler this worker
             runs (and every call back it makes through :func:`peer`).
+        state_dir: the state directory (default: the config's ``state_dir``; None keeps keyed
+            calls in memory only). Opened when the worker starts: its lock is taken, its
+            database opened and loaded (:mod:`garcon_link.rpc.statedir`); keyed calls are then
+            journaled there and survive a restart of the worker process
+            (docs/guides/durability.md). Entering the worker raises ``ConfigError`` (one line)
+            when the directory is unusable or another worker holds it.
     """
 
     link: WebSocketLink  # always its own link: a worker is never a fleet member
@@ -90,6 +99,7 @@ class Worker(Endpoint):
         on_event: EventSink | None = None,
         drain: float = 0.0,
         hooks: Sequence[CallHook] = (),
+        state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if config.role.value != "worker":
             raise ConfigError(
@@ -112,6 +122,12 @@ class Worker(Endpoint):
         closed when the worker stops."""
         # Keyed calls, for the process lifetime: shared by every session, run in our task group.
         self._keyed = KeyedExecutions(self.limits, self._spawn_keyed)
+        self.state_dir: Path | None = None
+        """The state directory, once given (as an absolute path)."""
+        chosen = state_dir if state_dir is not None else config.state_dir
+        if chosen is not None:
+            self.state_dir = Path(os.path.abspath(os.fspath(chosen)))
+        self._state: StateDirectory | None = None
         self.drain = drain
         self._draining = False
         self._closed = False
@@ -207,6 +223,10 @@ class Worker(Endpoint):
         """A snapshot of this worker's table of idempotency keys."""
         return self._keyed.statistics()
 
+    def state_statistics(self) -> StateStatistics | None:
+        """A snapshot of the state directory's writer, or None without one."""
+        return None if self._state is None else self._state.statistics()
+
     def statistics(self) -> ExecutorStatistics:
         """A snapshot of this worker's calls, sessions and link (:class:`ExecutorStatistics`)."""
         return self._totals.snapshot(
@@ -214,7 +234,13 @@ class Worker(Endpoint):
         )
 
     async def __aenter__(self) -> Worker:
-        await self._start()
+        if self.state_dir is not None:
+            await self._open_state(self.state_dir)
+        try:
+            await self._start()
+        except BaseException:
+            await self._close_state()
+            raise
         if self.config.listen is not None:
             self._on_event(
                 f"executor-listening url={self.link.url} executor={self.config.executor_id}"
@@ -227,6 +253,43 @@ class Worker(Endpoint):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    async def _open_state(self, path: Path) -> None:
+        """Take the directory's lock, open and load its database (in a thread: all of it
+        blocks), and keep keyed calls there from now on."""
+        executor_id = self.config.executor_id
+        limits = self.limits
+
+        def open_and_load() -> tuple[StateDirectory, DurableKeys]:
+            state = open_state_directory(path, executor_id)
+            try:
+                return state, DurableKeys(state, limits)
+            except BaseException:
+                state.close_now()
+                raise
+
+        state, keys = await anyio.to_thread.run_sync(open_and_load)
+        self._state = state
+        self.worker_scope.state = state
+        state.start()
+        self._keyed = KeyedExecutions(self.limits, self._spawn_keyed, store=keys)
+        stats = self._keyed.statistics()
+        log.info(
+            "executor %s: state directory %s: %d keyed call(s) restored, %d of them were "
+            "running when the previous worker process stopped (WORKER_RESTARTED)",
+            executor_id,
+            path,
+            stats.restored,
+            stats.interrupted,
+            extra=log_fields(executor=executor_id),
+        )
+
+    async def _close_state(self) -> None:
+        state, self._state = self._state, None
+        if state is not None:
+            with anyio.CancelScope(shield=True):
+                await self._keyed.flush()
+                await state.aclose()
 
     async def aclose(self, *, drain: float | None = None) -> None:
         """Stop serving and close the link (1001). Idempotent. Like
@@ -253,7 +316,10 @@ class Worker(Endpoint):
                     # After the sessions: worker-scoped objects (e.g. the process service)
                     # outlive them.
                     with anyio.CancelScope(shield=True):
-                        await self.worker_scope.aclose()
+                        try:
+                            await self.worker_scope.aclose()
+                        finally:
+                            await self._close_state()
 
     async def _drain(self, seconds: float) -> None:
         self._draining = True
@@ -327,6 +393,9 @@ class Worker(Endpoint):
                 "inventory": self._inventory_seq,
                 # documentation, not contract
                 "types": registry_type_descriptions(registry, self.limits),
+                # With a state directory: its id, so a keyed caller knows a restarted worker
+                # process still holds its keys (garcon_link.api.keyed).
+                **({"state_id": self._state.state_id} if self._state is not None else {}),
             }
 
         rpc = ExecutorRpc(
@@ -426,6 +495,7 @@ async def serve(
     on_event: EventSink | None = None,
     drain: float = 0.0,
     hooks: Sequence[CallHook] = (),
+    state_dir: str | os.PathLike[str] | None = None,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a worker until cancelled. With ``await tg.start(serve, ...)`` returns the link URL.
@@ -436,7 +506,15 @@ async def serve(
     left normally; when its enclosing scope is cancelled, the worker's tasks are cancelled with
     it, so there is nothing left to drain: use ``serve`` for that.)
     """
-    worker = Worker(config, services, limits=limits, on_event=on_event, drain=drain, hooks=hooks)
+    worker = Worker(
+        config,
+        services,
+        limits=limits,
+        on_event=on_event,
+        drain=drain,
+        hooks=hooks,
+        state_dir=state_dir,
+    )
     if drain <= 0:
         async with worker:
             task_status.started(worker.url)

@@ -165,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
         "stream) instead of memory",
     )
     worker.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="keep keyed calls (and the process records of --builtin process) in DIR, so they "
+        "survive a restart of this worker; one worker per DIR (default: the config's state_dir)",
+    )
+    worker.add_argument(
         "--stop-on-stdin-eof",
         action="store_true",
         help="stop (exit 0) when stdin is closed: ties the worker's life to a parent process",

@@ -209,6 +209,7 @@ async def _serve_until_signal(
     stop_on_stdin_eof: bool = False,
     on_event: Callable[[str], None] = _emit,
     drain: float = DEFAULT_DRAIN,
+    state_dir: str | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM; then drain for up to ``drain`` seconds (a second signal
     ends the drain), print ``executor-stopping`` and close gracefully. Speaks systemd's notify
@@ -216,7 +217,13 @@ async def _serve_until_signal(
     notifier = SystemdNotifier.from_environ()
     try:
         await _serve(
-            config, services, stop_on_stdin_eof, notifier.follow_events(on_event), drain, notifier
+            config,
+            services,
+            stop_on_stdin_eof,
+            notifier.follow_events(on_event),
+            drain,
+            notifier,
+            state_dir,
         )
     finally:
         notifier.close()
@@ -229,18 +236,19 @@ async def _serve(
     on_event: Callable[[str], None],
     drain: float,
     notifier: SystemdNotifier,
+    state_dir: str | None,
 ) -> None:
     try:
         receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
     except NotImplementedError:  # pragma: no cover - Windows: Ctrl-C raises KeyboardInterrupt
-        async with Worker(config, services, on_event=on_event):
+        async with Worker(config, services, on_event=on_event, state_dir=state_dir):
             await anyio.sleep_forever()
         return
     with receiver as signals:
         # The handlers exist from here on: only now may the watcher raise SIGTERM.
         if stop_on_stdin_eof:
             _StdinWatch.start()
-        async with Worker(config, services, on_event=on_event) as worker:
+        async with Worker(config, services, on_event=on_event, state_dir=state_dir) as worker:
             how = "listening on" if config.listen is not None else "dialing"
             notifier.ready(f"executor {config.executor_id}: {how} {worker.url}, no session yet")
             async with anyio.create_task_group() as tg:
@@ -317,5 +325,13 @@ def _cmd_worker(ns: argparse.Namespace) -> int:
     )
     config = _load(ns.config)
     on_event = _worker_events(warn_serves_nothing=not ns.service and not ns.builtin)
-    anyio.run(_serve_until_signal, config, services, ns.stop_on_stdin_eof, on_event, ns.drain)
+    anyio.run(
+        _serve_until_signal,
+        config,
+        services,
+        ns.stop_on_stdin_eof,
+        on_event,
+        ns.drain,
+        ns.state_dir,
+    )
     return EXIT_OK

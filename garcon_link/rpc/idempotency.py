@@ -54,11 +54,13 @@ retired session (serve such methods from a mapping or a worker-scoped service).
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import blake3
@@ -67,21 +69,32 @@ import cbor2
 from ..errors import CallError, NotDispatched, OutcomeUnknown, RemoteError
 from ..limits import Limits
 from .envelopes import ERROR
+from .statedir import StateUnavailable
+
+log = logging.getLogger("garcon_link.state")
 
 __all__ = [
     "ENTRY_OVERHEAD",
     "MAX_KEY_BYTES",
+    "WORKER_RESTARTED",
     "Await",
+    "Change",
     "Conflict",
     "Decision",
     "Entry",
     "EntryState",
     "Execute",
+    "Forgotten",
     "Full",
     "IdempotencyStatistics",
     "IdempotencyTable",
+    "Journaled",
+    "KeyStore",
     "KeyedExecutions",
+    "MemoryKeys",
+    "Recorded",
     "Replay",
+    "StoredCall",
     "arguments_digest",
     "normalize_key",
 ]
@@ -199,6 +212,30 @@ Decision = Execute | Await | Replay | Conflict | Full
 
 
 @dataclass(frozen=True, slots=True)
+class Journaled:
+    """A new RUNNING entry: to be stored before its handler starts."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """An entry became DONE: its reply, to be stored before it is sent."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """An entry left the table (evicted, or abandoned before it started)."""
+
+    key: TableKey
+
+
+Change = Journaled | Recorded | Forgotten
+
+
+@dataclass(frozen=True, slots=True)
 class IdempotencyStatistics:
     """A snapshot of an :class:`IdempotencyTable`.
 
@@ -213,6 +250,9 @@ class IdempotencyStatistics:
         refusals: new keys refused because the table was full of running calls.
         evictions: finished entries forgotten (for room or age).
         not_kept: replies replaced by the ``RESULT_NOT_KEPT`` stand-in.
+        restored: entries loaded from the state directory when the worker started.
+        interrupted: of those, calls that were running when the previous worker process
+            stopped (answered ``OutcomeUnknown("WORKER_RESTARTED")``, never run again).
     """
 
     entries: int
@@ -225,6 +265,8 @@ class IdempotencyStatistics:
     refusals: int
     evictions: int
     not_kept: int
+    restored: int = 0
+    interrupted: int = 0
 
 
 def _base_size(key: TableKey) -> int:
@@ -241,7 +283,9 @@ class IdempotencyTable:
         max_age: seconds a finished entry is kept after it finished.
     """
 
-    def __init__(self, max_entries: int, max_bytes: int, max_age: float) -> None:
+    def __init__(
+        self, max_entries: int, max_bytes: int, max_age: float, *, track_changes: bool = False
+    ) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.max_age = max_age
@@ -251,13 +295,22 @@ class IdempotencyTable:
         self._serial = 0
         self._executions = self._replays = self._waits = self._conflicts = 0
         self._refusals = self._evictions = self._not_kept = 0
+        self._restored = self._interrupted = 0
+        self._changes: list[Change] = []  # kept only with track_changes (a durable store)
+        self._track = track_changes
+
+    def take_changes(self) -> list[Change]:
+        """What changed since the last call, in order (what a durable store writes)."""
+        changes, self._changes = self._changes, []
+        return changes
 
     @classmethod
-    def from_limits(cls, limits: Limits) -> IdempotencyTable:
+    def from_limits(cls, limits: Limits, *, track_changes: bool = False) -> IdempotencyTable:
         return cls(
             limits.idempotency_max_entries,
             limits.idempotency_max_bytes,
             limits.idempotency_max_age,
+            track_changes=track_changes,
         )
 
     def __len__(self) -> int:
@@ -282,6 +335,8 @@ class IdempotencyTable:
             refusals=self._refusals,
             evictions=self._evictions,
             not_kept=self._not_kept,
+            restored=self._restored,
+            interrupted=self._interrupted,
         )
 
     def begin(self, key: TableKey, digest: bytes, now: float) -> Decision:
@@ -311,6 +366,7 @@ class IdempotencyTable:
         self._entries[key] = entry
         self._bytes += size
         self._executions += 1
+        self._note(Journaled(entry))
         return Execute(entry)
 
     def finish(self, entry: Entry, reply: Reply, now: float) -> Reply:
@@ -334,13 +390,49 @@ class IdempotencyTable:
         entry.finished_at = now
         entry.reply = (kind, body)
         self._finished[entry.key] = entry
+        self._note(Recorded(entry))
         return entry.reply
+
+    def restore(
+        self, key: TableKey, digest: bytes, reply: Reply, finished_at: float, *, interrupted: bool
+    ) -> bool:
+        """Put back a DONE entry a durable store kept (loading, oldest first). ``interrupted``:
+        it was RUNNING when its worker process stopped, and ``reply`` is the stand-in to record
+        in its place. False if it does not fit the bounds even after evicting older ones (it is
+        then forgotten).
+        """
+        if key in self._entries:
+            return False
+        size = _base_size(key) + len(reply[1])
+        if not self._make_room(1, size):
+            self._note(Forgotten(key))
+            return False
+        self._serial += 1
+        entry = Entry(
+            key=key,
+            digest=digest,
+            serial=self._serial,
+            started_at=finished_at,
+            size=size,
+            state=EntryState.DONE,
+            finished_at=finished_at,
+            reply=reply,
+        )
+        self._entries[key] = entry
+        self._finished[key] = entry
+        self._bytes += size
+        self._restored += 1
+        if interrupted:
+            self._interrupted += 1
+            self._note(Recorded(entry))
+        return True
 
     def abandon(self, entry: Entry) -> None:
         """Forget a RUNNING entry whose handler never started (a later call runs it)."""
         self._check_running(entry)
         del self._entries[entry.key]
         self._bytes -= entry.size
+        self._note(Forgotten(entry.key))
 
     def expire(self, now: float) -> None:
         """Forget finished entries that are ``max_age`` old or older, oldest first."""
@@ -350,6 +442,10 @@ class IdempotencyTable:
             if now - oldest.finished_at < self.max_age:
                 break
             self._evict_oldest()
+
+    def _note(self, change: Change) -> None:
+        if self._track:
+            self._changes.append(change)
 
     def _check_running(self, entry: Entry) -> None:
         if self._entries.get(entry.key) is not entry or entry.state is not EntryState.RUNNING:
@@ -372,6 +468,7 @@ class IdempotencyTable:
         del self._entries[entry.key]
         self._bytes -= entry.size
         self._evictions += 1
+        self._note(Forgotten(entry.key))
 
 
 def _stand_in(size: int) -> Reply:
@@ -399,6 +496,54 @@ _CANCELLED_WHILE_RUNNING = error_reply(
 _CANCELLED_BEFORE_START = error_reply(
     NotDispatched("CANCELLED", "the call with this idempotency key was cancelled before it started")
 )
+WORKER_RESTARTED = error_reply(
+    OutcomeUnknown(
+        "WORKER_RESTARTED",
+        "the call with this idempotency key was running when its worker process stopped (killed, "
+        "crashed or closed); it may have partly executed, and it is not run again",
+    )
+)
+"""What a keyed call that was running when the worker process stopped is answered after the
+restart (recorded in its entry's place: a retry gets it too)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCall:
+    """One keyed call a :class:`KeyStore` kept: ``reply`` None if it was still running."""
+
+    key: TableKey
+    digest: bytes
+    reply: Reply | None
+    finished_at: float  # on the caller's clock (``now`` of ``load``)
+
+
+class KeyStore(Protocol):
+    """Where a worker's keyed calls are kept beyond its memory (:class:`MemoryKeys` keeps them
+    nowhere else; :class:`~garcon_link.rpc.keystore.DurableKeys` in the state directory).
+
+    ``save`` returns once ``changes`` (the table's, in order) are stored, or raises
+    :class:`~garcon_link.rpc.statedir.StateUnavailable`; saves complete in the order they
+    were made, so an empty one waits for those made before it.
+    """
+
+    @property
+    def durable(self) -> bool: ...
+
+    def load(self, now: float) -> list[StoredCall]: ...
+
+    async def save(self, changes: Sequence[Change], now: float) -> None: ...
+
+
+class MemoryKeys:
+    """The store of a worker without a state directory: nothing outlives its process."""
+
+    durable = False
+
+    def load(self, now: float) -> list[StoredCall]:
+        return []
+
+    async def save(self, changes: Sequence[Change], now: float) -> None:
+        return None
 
 
 @dataclass(eq=False)
@@ -415,10 +560,19 @@ Spawn = Callable[..., object]  # spawn(async_fn, *args): a task group's start_so
 class KeyedExecutions:
     """A worker's keyed calls: the table plus the tasks that run them (worker lifetime).
 
+    With a durable ``store``, an ``Execute`` decision's entry is stored before its handler
+    starts (a store that fails refuses the call, ``NotDispatched("STATE_UNAVAILABLE")``, unrun)
+    and its reply before any waiter gets it (a store that fails then is logged: the reply is
+    still the truth, and the stored entry stays ``running``, so a restart answers
+    ``WORKER_RESTARTED``). Each wait is bounded by ``state_write_timeout``. What the store kept
+    is loaded first, oldest first, within the table's bounds; a call it kept as running is
+    answered :data:`WORKER_RESTARTED`.
+
     Args:
-        limits: the table's bounds (``idempotency_max_*``).
+        limits: the table's bounds (``idempotency_max_*``) and ``state_write_timeout``.
         spawn: starts a task that outlives every session (the worker's task group).
         clock: the time source of the table (default: the event loop's clock).
+        store: where entries are kept beyond memory (default :class:`MemoryKeys`).
     """
 
     def __init__(
@@ -427,11 +581,26 @@ class KeyedExecutions:
         spawn: Spawn,
         *,
         clock: Callable[[], float] = anyio.current_time,
+        store: KeyStore | None = None,
     ) -> None:
-        self.table = IdempotencyTable.from_limits(limits)
+        self.store: KeyStore = store if store is not None else MemoryKeys()
+        self.table = IdempotencyTable.from_limits(limits, track_changes=self.store.durable)
+        self._write_timeout = limits.state_write_timeout
         self._spawn = spawn
         self._clock = clock
         self._runs: dict[int, _Run] = {}
+        if self.store.durable:
+            now = clock()
+            for call in self.store.load(now):
+                interrupted = call.reply is None
+                self.table.restore(
+                    call.key,
+                    call.digest,
+                    WORKER_RESTARTED if call.reply is None else call.reply,
+                    now if interrupted else call.finished_at,
+                    interrupted=interrupted,
+                )
+            self.table.expire(now)
 
     def statistics(self) -> IdempotencyStatistics:
         return self.table.statistics()
@@ -461,11 +630,38 @@ class KeyedExecutions:
         assert entry.reply is not None, "an entry without a run is finished"
         return entry.reply
 
+    async def flush(self) -> None:
+        """Store what changed and is not stored yet (evictions, abandoned entries); a store
+        that fails is logged. For a worker that stops."""
+        if self.store.durable:
+            with anyio.move_on_after(self._write_timeout, shield=True):
+                with contextlib.suppress(StateUnavailable):
+                    await self.store.save(self.table.take_changes(), self._clock())
+
+    async def _save(self) -> StateUnavailable | None:
+        """Store the table's changes (see the class docstring); why not, or None once stored."""
+        with anyio.move_on_after(self._write_timeout):
+            try:
+                await self.store.save(self.table.take_changes(), self._clock())
+            except StateUnavailable as exc:
+                return exc
+            return None
+        return StateUnavailable(
+            f"the state database did not store a keyed call within {self._write_timeout}s"
+        )
+
     async def _execute(
         self, entry: Entry, run: _Run, execute: Callable[[], Awaitable[Reply]]
     ) -> None:
         reply: Reply | None = None
         try:
+            if self.store.durable and not run.cancelled:
+                problem = await self._save()  # the journal: before the handler starts
+                if problem is not None:
+                    self.table.abandon(entry)
+                    log.error("keyed call refused, unrun: %s", problem)
+                    run.reply = error_reply(NotDispatched("STATE_UNAVAILABLE", str(problem)))
+                    return
             if run.cancelled:
                 self.table.abandon(entry)
                 run.reply = _CANCELLED_BEFORE_START
@@ -474,7 +670,13 @@ class KeyedExecutions:
                 reply = await execute()
             if reply is None:
                 reply = _CANCELLED_WHILE_RUNNING
-            run.reply = self.table.finish(entry, reply, self._clock())
+            recorded = self.table.finish(entry, reply, self._clock())
+            if self.store.durable:
+                with anyio.CancelScope(shield=True):  # the outcome: before the reply is sent
+                    problem = await self._save()
+                if problem is not None:
+                    log.error("a keyed call's outcome was not stored: %s", problem)
+            run.reply = recorded
         finally:
             if run.reply is None:  # the worker is shutting down (its task group was cancelled)
                 run.reply = _CANCELLED_WHILE_RUNNING

@@ -33,6 +33,7 @@ from typing import Any, TypeVar, cast
 import anyio
 
 from ..errors import Rejected, StaleResource
+from .statedir import StateDirectory
 
 __all__ = ["ResourceRef", "ServiceScope", "WorkerScope", "current_scope"]
 
@@ -130,6 +131,9 @@ class WorkerScope:
         self.scope = ServiceScope(executor_id, instance_id)
         """The scope worker-scoped handlers run in: mints and checks worker references."""
         self._shared: dict[Hashable, object] = {}
+        self.state: StateDirectory | None = None
+        """The worker's state directory, once open (worker-scoped services keep records
+        there), else None."""
         self._stack = contextlib.AsyncExitStack()
         self._lock: anyio.Lock | None = None
         self._closed = False

@@ -362,6 +362,9 @@ class ExecutorRpc:
         on_peer_draining: Callable[[], None] | None = None,
     ) -> None:
         self.idempotency = idempotency
+        self.peer_state_id: bytes | None = None
+        """The id of the worker's state directory (``describe``'s ``state_id``), if it keeps
+        one: a worker process restarted on the same directory still knows its keyed calls."""
         self.observer = observer if observer is not None else CallObserver(limits=limits)
         self.transport = transport
         self.peer = peer

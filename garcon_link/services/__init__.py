@@ -39,6 +39,7 @@ from pathlib import Path
 from ..api.registration import Service
 from ..errors import ConfigError
 from ..rpc.resources import ServiceScope
+from ..rpc.statedir import StateDirectory
 from ._confined import ConfinedRoot
 from ._file_values import version_token
 from .files import (
@@ -160,8 +161,10 @@ def builtin_services(
     key = object()  # this factory's worker-lifetime process service
     files_key = object()  # ... and file service (its unfinished uploads)
 
-    def make_process() -> LocalProcessService:
-        return LocalProcessService(root_path, limits=service_limits, spool_dir=spool_dir)
+    def make_process(state: StateDirectory | None) -> LocalProcessService:
+        return LocalProcessService(
+            root_path, limits=service_limits, spool_dir=spool_dir, state=state
+        )
 
     def make_files() -> LocalFileService:
         return LocalFileService(
@@ -173,7 +176,8 @@ def builtin_services(
         async with contextlib.AsyncExitStack() as stack:
             services: dict[str, object] = {}
             if "process" in wanted and scope.worker is not None:
-                shared = await scope.worker.shared(key, make_process)
+                worker = scope.worker
+                shared = await worker.shared(key, lambda: make_process(worker.state))
                 services["process"] = Service(shared, ProcessService, scope="worker")
             elif "process" in wanted:
                 process = LocalProcessService(

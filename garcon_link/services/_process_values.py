@@ -93,6 +93,11 @@ class ProcessInfo:
             before it was dropped (a read from an earlier offset reports that exact range).
         started_at: wall-clock time (``time.time()``) of the start.
         exited_at: wall-clock time the record finished (exit and output drained), else ``None``.
+        state: ``"running"`` or ``"exited"``; for a record a previous worker process left in
+            the state directory, ``"exited"``, ``"lost"`` (it was running when that worker
+            died; its exit is unknown) or ``"detached"`` (the same process is still alive,
+            no longer supervised: its output is not captured). Empty from a worker that
+            predates the field.
     """
 
     handle: ResourceRef
@@ -109,3 +114,4 @@ class ProcessInfo:
     stderr_start: int = 0
     started_at: float = 0.0
     exited_at: float | None = None
+    state: str = ""

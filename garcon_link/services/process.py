@@ -26,9 +26,19 @@ among the last ``max_exited_processes``), the same id with the same spec returns
 handle without starting anything, so a start whose reply was lost (``OutcomeUnknown``) is safe to
 repeat; another spec is ``Rejected("CONFLICT")``. Once a record is evicted (or released) its id
 may start a new process. :meth:`~LocalProcessService.list` reports every record, running and
-exited, with exit status and output offsets, for reconcile. The guarantee ends with the worker
-process: a worker that is killed (not stopped) leaves its process groups orphaned and forgets
-them. The PID (see :meth:`~LocalProcessService.info`) is diagnostic only -- never signal it.
+exited, with exit status and output offsets, for reconcile. Without a state directory the
+guarantee ends with the worker process: a worker that is killed (not stopped) leaves its process
+groups orphaned and forgets them. With one (``state``, the worker's ``--state-dir``), each
+``start()`` record is stored before its handle is returned and again when the process finishes
+(:mod:`._records`), and a restarted worker reports what its predecessor left: ``exited`` with
+its status, ``lost`` (it was running when that worker died; exit unknown) or ``detached`` (the
+same pid, start time and boot: still alive, not supervised). Their output and stdin went with
+the old worker (the pipes die with it): reading is refused (``OUTPUT_LOST``,
+``PROCESS_DETACHED``); a detached process can be signalled and terminated (its exit status
+cannot be known: not our child) and is watched through ``/proc``; ``wait`` on a lost one is
+``PROCESS_LOST``. Handles are minted by the new worker (old ones are ``StaleResource``), and
+``start(id=...)`` with the same spec (compared by digest) starts nothing. The PID (see
+:meth:`~LocalProcessService.info`) is diagnostic only -- never signal it.
 
 Per process, one supervisor task pumps stdout and stderr into **bounded spools** -- memory
 (``ServiceLimits.output_retention_bytes`` each) by default, or segment files in a spool directory
@@ -64,6 +74,7 @@ call timeout (``Limits.call_timeout``, 120 s by default): for longer runs raise 
 
 Errors: ``Rejected`` -- ``INVALID_ARGUMENTS``, ``CONFLICT``, ``SPAWN_FAILED``,
 ``TOO_MANY_PROCESSES``, ``UNKNOWN_PROCESS``, ``PROCESS_RELEASED``, ``PROCESS_RUNNING``,
+``PROCESS_LOST``, ``PROCESS_DETACHED``, ``OUTPUT_LOST``,
 ``INVALID_OFFSET``, ``NO_STDIN``, ``STDIN_GAP``, ``STDIN_CLOSED``, ``INVALID_SIGNAL``,
 ``SHUTTING_DOWN`` and the path codes of the file service; ``RemoteError("WAIT_TIMEOUT")``
 when :meth:`~LocalProcessService.wait` gives up, ``RemoteError("SPOOL_FAILED")`` when a disk
@@ -104,6 +115,7 @@ import anyio.abc
 from ..errors import ConfigError, Rejected, RemoteError
 from ..logs import peer_text
 from ..rpc.resources import ResourceRef, ServiceScope, current_scope
+from ..rpc.statedir import StateDirectory, Statement, StateUnavailable
 from ._confined import ConfinedRoot, _os_errors
 from ._limits import MiB, ServiceLimits
 from ._process_values import (
@@ -113,6 +125,15 @@ from ._process_values import (
     RunResult,
     StreamName,
     TruncationMarker,
+)
+from ._records import (
+    Restored,
+    delete_statement,
+    exit_statement,
+    restore,
+    restored_exit_statement,
+    spec_digest,
+    start_statement,
 )
 from ._supervisor import _REAP_TIMEOUT, _DetachedTasks, _finished, _parse_signal, _Proc
 
@@ -346,6 +367,8 @@ class LocalProcessService:
         spool_dir: spool output of ``start()`` to files in a private subdirectory of this
             existing directory (bounded by ``disk_spool_bytes`` per stream; removed on close)
             instead of memory (``output_retention_bytes``).
+        state: the worker's state directory: records of ``start()`` are kept there, and those
+            a previous worker process left are restored (:mod:`._records`).
 
     Raises:
         ConfigError: ``root`` or ``spool_dir`` is not an existing directory.
@@ -359,6 +382,7 @@ class LocalProcessService:
         limits: ServiceLimits | None = None,
         base_env: Mapping[str, str] | None = None,
         spool_dir: str | os.PathLike[str] | None = None,
+        state: StateDirectory | None = None,
     ) -> None:
         self.limits = limits or ServiceLimits()
         self.root = ConfinedRoot(root, self.limits)
@@ -380,6 +404,54 @@ class LocalProcessService:
         self._next_id = 1
         self._tasks = _DetachedTasks()
         self._closed = False
+        self._state = state
+        self._durable: set[str] = set()  # ids whose record is in the state directory
+        self._pending: list[Statement] = []  # deletes not written yet
+        self._restored: dict[str, Restored] = {}
+        if state is not None:
+            self._restored, self._pending = restore(state.process_rows, str(state.database))
+            state.process_rows = []
+            self._durable.update(self._restored)
+            if self._restored:
+                lost = sum(r.state == "lost" for r in self._restored.values())
+                log.info(
+                    "restored %d process record(s) from the state directory, %d of them lost",
+                    len(self._restored),
+                    lost,
+                )
+
+    async def _persist(self, *statements: Statement) -> None:
+        """Write ``statements`` (and the pending deletes) to the state directory; a failure is
+        logged: the record is then not durable, the process is unaffected."""
+        if self._state is None:
+            return
+        batch, self._pending = [*self._pending, *statements], []
+        with anyio.move_on_after(_RECORD_TIMEOUT) as waited:
+            try:
+                await self._state.write(batch)
+            except StateUnavailable as exc:
+                log.warning("a process record was not stored: %s", exc)
+        if waited.cancelled_caught:
+            log.warning("a process record was not stored within %ss", _RECORD_TIMEOUT)
+
+    def _exit_statement(self, proc: _Proc) -> Statement:
+        return exit_statement(
+            proc.id,
+            proc.argv,
+            proc.cwd,
+            proc.pid,
+            proc.spec,
+            proc.started_at,
+            proc.status(),
+            proc.exited_at or time.time(),
+            proc.stdout.end,
+            proc.stderr.end,
+        )
+
+    async def _record_exit(self, proc: _Proc) -> None:
+        await proc.done.wait()
+        if proc.id in self._durable and self._procs.get(proc.id) is proc:
+            await self._persist(self._exit_statement(proc))
 
     async def __aenter__(self) -> LocalProcessService:
         return self
@@ -406,6 +478,14 @@ class LocalProcessService:
         with anyio.move_on_after(grace):
             for proc in live:
                 await proc.done.wait()
+        if self._state is not None:
+            finished = [
+                self._exit_statement(p)
+                for p in self._procs.values()
+                if p.id in self._durable and p.done.is_set()
+            ]
+            with anyio.CancelScope(shield=True):
+                await self._persist(*finished)
         await self._tasks.aclose()
         for proc in self._procs.values():
             proc.stdout.discard()
@@ -418,8 +498,21 @@ class LocalProcessService:
         return self._scope if self._scope is not None else current_scope()
 
     def _get(self, handle: ResourceRef) -> _Proc:
+        found = self._lookup(handle)
+        if isinstance(found, Restored):
+            raise Rejected(
+                "OUTPUT_LOST" if found.state != "detached" else "PROCESS_DETACHED",
+                f"process {found.id!r} was started by a previous worker process "
+                f"({found.state}): its output and stdin went with that process",
+            )
+        return found
+
+    def _lookup(self, handle: ResourceRef) -> _Proc | Restored:
         proc_id = self._current_scope().check(handle, "process")
         self._prune()
+        restored = self._restored.get(proc_id)
+        if restored is not None:
+            return restored
         proc = self._procs.get(proc_id)
         if proc is not None:
             return proc
@@ -434,24 +527,52 @@ class LocalProcessService:
     def _forget(self, proc: _Proc) -> None:
         if self._procs.get(proc.id) is proc:
             del self._procs[proc.id]
+            self._forget_record(proc.id)
         proc.stdout.discard()
         proc.stderr.discard()
 
+    def _forget_record(self, proc_id: str) -> None:
+        self._restored.pop(proc_id, None)
+        if proc_id in self._durable:
+            self._durable.discard(proc_id)
+            self._pending.append(delete_statement(proc_id))
+
     def _prune(self) -> None:
-        """Evict exited records beyond ``max_exited_processes`` or older than the TTL."""
+        """Evict exited records beyond ``max_exited_processes`` or older than the TTL (those a
+        previous worker left first: they are older)."""
+        over = self._over_restored()
         exited = sorted((p for p in self._procs.values() if p.done.is_set()), key=_finished)
-        excess = len(exited) - self.limits.max_exited_processes
+        excess = len(exited) + len(over) - self.limits.max_exited_processes
+        wall_cutoff = time.time() - self.limits.exited_process_ttl
+        for record in over:
+            assert record.exited_at is not None
+            if excess > 0 or record.exited_at < wall_cutoff:
+                self._forget_record(record.id)
+                excess -= 1
         cutoff = time.monotonic() - self.limits.exited_process_ttl
         for i, proc in enumerate(exited):
             if i < excess or proc.exited_mono < cutoff:
                 self._forget(proc)
 
+    def _over_restored(self) -> list[Restored]:
+        """Restored records that are over (exited or lost), oldest finish first; a detached
+        one found dead becomes lost."""
+        for record in self._restored.values():
+            if record.state == "detached" and not record.alive():
+                record.state, record.exited_at = "lost", time.time()
+        over = [r for r in self._restored.values() if r.state != "detached"]
+        return sorted(over, key=lambda r: r.exited_at or 0.0)
+
     def _make_room(self) -> None:
         if self._closed:
             raise Rejected("SHUTTING_DOWN", "the worker is stopping")
         self._prune()
-        held = len(self._procs) + len(self._runs) + self._reserved
+        held = len(self._procs) + len(self._runs) + self._reserved + len(self._restored)
         if held < self.limits.max_processes:
+            return
+        over = self._over_restored()
+        if over:
+            self._forget_record(over[0].id)
             return
         finished = [p for p in self._procs.values() if p.done.is_set()]
         if not finished:
@@ -587,6 +708,15 @@ class LocalProcessService:
         started = anyio.Event()
         if id is not None:
             _check_id(id, self.limits.max_process_id_length)
+            self._prune()
+            restored = self._restored.get(id)
+            if restored is not None:
+                # Started by a previous worker process: the same spec starts nothing.
+                if restored.spec != spec_digest(spec):
+                    raise Rejected(
+                        "CONFLICT", f"process {id!r} exists and was started with another spec"
+                    )
+                return scope.resource("process", id)
             if await self._existing(id, spec) is not None:
                 return scope.resource("process", id)
             self._starting[id] = (spec, started)
@@ -603,6 +733,17 @@ class LocalProcessService:
                 spool=True,
             )
             self._procs[proc.id] = proc
+            if self._state is not None:
+                self._durable.add(proc.id)
+                # Stored before the reply: a restarted worker knows every handle it gave.
+                with anyio.CancelScope(shield=True):
+                    record = start_statement(
+                        proc.id, proc.argv, proc.cwd, proc.pid, spec, proc.started_at
+                    )
+                    await self._persist(record)
+                self._tasks.spawn(
+                    lambda: self._record_exit(proc), f"garcon-link process record {proc.id}"
+                )
         finally:
             if id is not None:
                 del self._starting[id]
@@ -654,12 +795,18 @@ class LocalProcessService:
             proc.changed.notify()
 
     async def signal(self, handle: ResourceRef, name: str) -> bool:
-        proc = self._get(handle)
-        return proc.killpg(_parse_signal(name))
+        found = self._lookup(handle)
+        signum = _parse_signal(name)
+        if isinstance(found, Restored):
+            return _signal_detached(found, signum)
+        return found.killpg(signum)
 
     async def terminate(self, handle: ResourceRef, grace: float = 5.0) -> ExitStatus:
         _check_seconds("grace", grace, allow_zero=True)
-        proc = self._get(handle)
+        found = self._lookup(handle)
+        if isinstance(found, Restored):
+            return await self._terminate_detached(found, grace)
+        proc = found
         if proc.force(sig_mod.SIGTERM):
             with anyio.move_on_after(grace):
                 await proc.done.wait()
@@ -671,7 +818,17 @@ class LocalProcessService:
 
     async def wait(self, handle: ResourceRef, timeout: float | None = None) -> ExitStatus:
         _check_seconds("timeout", timeout, allow_zero=True)
-        proc = self._get(handle)
+        found = self._lookup(handle)
+        if isinstance(found, Restored):
+            with anyio.move_on_after(timeout):
+                # Not our child: nothing to await but a look at /proc.
+                while found.alive():  # noqa: ASYNC110
+                    await anyio.sleep(_DETACHED_POLL)
+                return _restored_status(found)
+            raise RemoteError(
+                "WAIT_TIMEOUT", f"process {found.id} has not finished within {timeout} seconds"
+            )
+        proc = found
         with anyio.move_on_after(timeout):
             await proc.done.wait()
             return proc.status()
@@ -696,21 +853,75 @@ class LocalProcessService:
             stderr_start=proc.stderr.start,
             started_at=proc.started_at,
             exited_at=proc.exited_at if done else None,
+            state="exited" if done else "running",
+        )
+
+    def _restored_info(self, scope: ServiceScope, record: Restored) -> ProcessInfo:
+        return ProcessInfo(
+            handle=scope.resource("process", record.id),
+            argv=list(record.argv),
+            cwd=record.cwd,
+            pid=record.pid,
+            running=record.state == "detached",
+            status=record.status,
+            stdout_end=record.stdout_end,
+            stderr_end=record.stderr_end,
+            stdin_offset=None,
+            id=record.id,
+            stdout_start=record.stdout_end,  # the output went with the old worker process
+            stderr_start=record.stderr_end,
+            started_at=record.started_at,
+            exited_at=record.exited_at,
+            state=record.state,
         )
 
     async def info(self, handle: ResourceRef) -> ProcessInfo:
-        return self._info(self._current_scope(), self._get(handle))
+        found = self._lookup(handle)
+        scope = self._current_scope()
+        if isinstance(found, Restored):
+            return self._restored_info(scope, found)
+        return self._info(scope, found)
 
     async def list(self) -> _Infos:
         scope = self._current_scope()
         self._prune()
-        return [self._info(scope, proc) for proc in self._procs.values()]
+        restored = [self._restored_info(scope, r) for r in self._restored.values()]
+        return [*restored, *(self._info(scope, proc) for proc in self._procs.values())]
 
     async def list_processes(self) -> _Infos:
         return await self.list()
 
+    async def _terminate_detached(self, record: Restored, grace: float) -> ExitStatus:
+        """SIGTERM, then SIGKILL after ``grace``, a detached process's group; its exit status
+        cannot be known (not our child): ``killed`` with no code or signal. A record that is
+        not detached reports its status (``PROCESS_LOST`` if none)."""
+        if record.state != "detached":
+            return _restored_status(record)
+        for signum, wait in ((sig_mod.SIGTERM, grace), (sig_mod.SIGKILL, _REAP_TIMEOUT)):
+            if not _signal_detached(record, signum):
+                break
+            with anyio.move_on_after(wait):
+                # Not our child: nothing to await but a look at /proc.
+                while record.alive():  # noqa: ASYNC110
+                    await anyio.sleep(_DETACHED_POLL)
+        if record.alive():
+            raise RemoteError("WAIT_TIMEOUT", f"process {record.id} survived SIGKILL")
+        record.state, record.exited_at = "exited", time.time()
+        record.status = ExitStatus(None, None, False, True)
+        await self._persist(restored_exit_statement(record, record.status, record.exited_at))
+        return record.status
+
     async def release(self, handle: ResourceRef) -> None:
-        proc = self._get(handle)
+        found = self._lookup(handle)
+        if isinstance(found, Restored):
+            if found.state == "detached":
+                raise Rejected(
+                    "PROCESS_RUNNING", f"{handle!r} is still running; terminate it first"
+                )
+            self._forget_record(found.id)
+            await self._persist()
+            return
+        proc = found
         if not proc.done.is_set():
             raise Rejected("PROCESS_RUNNING", f"{handle!r} is still running; terminate it first")
         self._forget(proc)
@@ -766,6 +977,36 @@ class LocalProcessService:
             return  # the program exited without reading all of it
         proc.stdin_closing = True
         proc.changed.notify()
+
+
+_DETACHED_POLL = 0.1
+"""Seconds between two looks at a detached process (not our child: it cannot be awaited)."""
+_RECORD_TIMEOUT = 10.0
+"""Seconds a start or an exit waits for its record to be committed before going on without
+(logged: the record is then not durable)."""
+
+
+def _signal_detached(record: Restored, signum: int) -> bool:
+    """Signal the group of a process a previous worker started, if it is provably still the
+    same process (pid, start time and boot checked right before)."""
+    if not record.alive():
+        return False
+    try:
+        os.killpg(record.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _restored_status(record: Restored) -> ExitStatus:
+    """The exit status of a record a previous worker left; a lost one has none."""
+    if record.status is not None:
+        return record.status
+    raise Rejected(
+        "PROCESS_LOST",
+        f"process {record.id!r} was running when the worker process that started it stopped; "
+        "its exit status is unknown",
+    )
 
 
 if TYPE_CHECKING:  # static conformance check: the implementation matches its interface

@@ -14,6 +14,7 @@ here is refused::
     secret_file = "link.secret"         # exactly one of secret_file / secret
     # secret = "..."                    # inline: >= 32 bytes (UTF-8, or 64+ hex digits)
     allow_insecure_development = false  # optional boolean, default false
+    state_dir = "state"                 # optional, workers only; relative to the file's directory
 
     [connection]                        # required; exactly one of listen / dial
     listen = "127.0.0.1:8765"           # "host:port"; IPv6 as "[::1]:8765"; port 0 = ephemeral
@@ -80,7 +81,10 @@ configuration was built in code). Refused are:
 * ``[tls]`` with a ``ws://`` dial (it would be silently unused); ``[tls]`` on a listener without
   ``cert``; ``key`` without ``cert``; TLS files that are missing or do not load (reported when a
   context is built, naming the file);
-* ``[limits]`` values that :class:`~garcon_link.limits.Limits` refuses.
+* ``[limits]`` values that :class:`~garcon_link.limits.Limits` refuses;
+* a ``state_dir`` that is not a non-empty string, or one in a controller's file (only a worker
+  keeps a state directory). Whether the directory can be created, locked and used is checked
+  when the worker starts (:func:`~garcon_link.rpc.statedir.open_state_directory`).
 """
 
 from __future__ import annotations
@@ -143,6 +147,7 @@ _TOP_LEVEL_KEYS = (
     "secret",
     "secret_file",
     "allow_insecure_development",
+    "state_dir",
     "connection",
     "tls",
     "limits",
@@ -445,10 +450,12 @@ class LinkConfig:
     tls: TlsConfig | None = None
     limits: Limits = field(default_factory=Limits)
     source: Path | None = None
+    state_dir: Path | None = None
 
     def __post_init__(self) -> None:
         src = self.source
         self._check_types()
+        self._check_state_dir()
         ident = self.executor_id
         if not ident or len(ident) > MAX_EXECUTOR_ID_CHARS:
             raise refusal(
@@ -519,6 +526,27 @@ class LinkConfig:
         _check_shared_types(
             "LinkConfig", src, self.allow_insecure_development, self.tls, self.limits, self.source
         )
+
+    def _check_state_dir(self) -> None:
+        value: object = self.state_dir
+        if value is None:
+            return
+        src = self.source
+        if not isinstance(value, str | os.PathLike):
+            raise refusal(
+                src, "state_dir", f"expected a path, got {_type_name(value)}", "quote the path"
+            )
+        text = os.fspath(value)
+        if not isinstance(text, str) or not text or "\0" in text:
+            raise refusal(src, "state_dir", "the path is empty or invalid", 'state_dir = "state"')
+        if self.role is not Role.WORKER:
+            raise refusal(
+                src,
+                "state_dir",
+                "only a worker keeps a state directory",
+                "remove state_dir from the controller's configuration",
+            )
+        object.__setattr__(self, "state_dir", Path(text))
 
     @property
     def is_dialer(self) -> bool:
@@ -1039,6 +1067,8 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
     tls = _load_tls(doc, source)
     limits_table = _get(doc, "limits", dict, source, "[limits]")
     limits = Limits() if limits_table is None else _load_limits(limits_table, source)
+    state_text = _get(doc, "state_dir", str, source, "state_dir")
+    state_dir = None if state_text is None else _resolve(base, state_text, source, "state_dir")
 
     return LinkConfig(
         executor_id=executor_id,
@@ -1050,6 +1080,7 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
         tls=tls,
         limits=limits,
         source=source,
+        state_dir=state_dir,
     )
 
 
