@@ -578,9 +578,9 @@ def test_describe_when_the_worker_is_down(tmp_path: Path, dead_port: int) -> Non
     controller = write_config(
         tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
-    done = run_cli("describe", str(controller), "--timeout", "0.5")
+    done = run_cli("describe", str(controller), "--wait", "0.5")
     assert done.returncode == cli.EXIT_NOT_DISPATCHED
-    assert_one_error_line(done.stderr, "NOT_READY")
+    assert_one_error_line(done.stderr, "NOT_READY", "last dial: cannot connect to 127.0.0.1:")
 
 
 def test_worker_serves_the_builtin_services_confined_to_root(tmp_path: Path) -> None:
@@ -710,15 +710,46 @@ def test_describing_a_failure_needs_no_event_loop() -> None:
 
 
 def test_not_dispatched_when_the_worker_is_down(tmp_path: Path, dead_port: int) -> None:
+    """--wait: the old behaviour, for a worker that is starting (refused dials go on)."""
     controller = write_config(
         tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
     started = time.monotonic()
-    done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.5")
+    done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--wait", "0.5")
     assert done.returncode == cli.EXIT_NOT_DISPATCHED == 3
     assert done.stdout == ""
     assert_one_error_line(done.stderr, "[not_dispatched:NOT_READY]", "not ready within 0.5s")
     assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize("command", ["call", "describe"])
+def test_nothing_listening_fails_fast_naming_the_address_and_the_field(
+    tmp_path: Path, dead_port: int, command: str
+) -> None:
+    """Dials refused at the TCP level end the command after a few attempts, not at --timeout:
+    exit 3 with the address, the config field that holds it, and --wait."""
+    controller = write_config(
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
+    )
+    operands = ["demo.add", "[1, 2]"] if command == "call" else []
+    started = time.monotonic()
+    done = run_cli(command, str(controller), *operands, "--timeout", "600", timeout=120)
+    assert time.monotonic() - started < 100  # a guard only: --timeout would be 600 s
+    assert done.returncode == cli.EXIT_NOT_DISPATCHED
+    assert done.stdout == ""
+    assert_one_error_line(
+        done.stderr,
+        "[not_dispatched:UNREACHABLE]",
+        f"cannot connect to 127.0.0.1:{dead_port}: Connection refused",
+        f'[connection] dial = "ws://127.0.0.1:{dead_port}/executor" in controller.toml',
+        "--wait S",
+    )
+
+
+def test_wait_must_be_positive(tmp_path: Path) -> None:
+    done = run_cli("call", "demo.add", "--wait", "0")
+    assert done.returncode == cli.EXIT_USAGE
+    assert_one_error_line(done.stderr, "--wait must be > 0", "--wait 30")
 
 
 def test_not_dispatched_when_no_worker_dials_in(tmp_path: Path) -> None:

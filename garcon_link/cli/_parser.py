@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 from .. import _scaffold
 from ..settings.config import CONFIG_ENV_VAR
-from ._call import _cmd_call, _cmd_describe
+from ._call import REFUSED_DIALS, _cmd_call, _cmd_describe
 from ._demo import _cmd_demo
 from ._exits import _EXIT_CODES_HELP, EXIT_USAGE
 from ._fleet import _cmd_fleet
@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     call = commands.add_parser(
         "call",
         parents=[common],
-        usage="garcon-link call [-h] [-v] [--timeout S] [--call-timeout S]\n"
+        usage="garcon-link call [-h] [-v] [--timeout S] [--wait S] [--call-timeout S]\n"
         "                        [--executor ID] [CONFIG|-] SERVICE.METHOD [JSON_ARGS]",
         help="make one call and print its result as JSON",
         description="Connect with a controller config, wait until the executor is ready, call "
@@ -304,4 +304,13 @@ def _add_ready_timeout(command: argparse.ArgumentParser) -> None:
         default=10.0,
         metavar="S",
         help="seconds to wait for the executor to be ready (default 10); else exit 3",
+    )
+    command.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="S",
+        help="wait up to S seconds (instead of --timeout) for a worker that is starting; "
+        f"without it, {REFUSED_DIALS} dials in a row that find nothing listening (connection "
+        "refused, or the name does not resolve) end the command at once (exit 3)",
     )
