@@ -1141,3 +1141,23 @@ def test_ctrl_c_before_the_call_is_sent_says_it_did_not_run(tmp_path: Path, dead
         if call.poll() is None:
             call.kill()
             call.communicate(timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("command", "listed", "absent"),
+    [
+        ("worker", ["  7 "], ["NotDispatched", "RemoteError", "  8 "]),
+        ("keygen", ["  2 "], ["NotDispatched", "  7 "]),
+        ("describe", ["NotDispatched", "  8 "], ["RemoteError", "Rejected", "  7 "]),
+        ("call", ["NotDispatched", "Rejected", "RemoteError", "OutcomeUnknown"], ["  7 "]),
+    ],
+)
+def test_command_help_lists_only_its_own_exit_codes(
+    command: str, listed: list[str], absent: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([command, "--help"]) == 0
+    codes = capsys.readouterr().out.split("exit codes:", 1)[1]
+    for text in listed:
+        assert text in codes, (command, text)
+    for text in absent:
+        assert text not in codes, (command, text)

@@ -78,7 +78,7 @@ from ..rpc.hooks import CallHook
 from ..rpc.interface import ServiceSpec, manifest_changes, sync_service_spec
 from ..settings.config import LinkConfig
 from .controller import Availability, ExecutorInfo, RemoteExecutor, connect
-from .facades import NO_METHODS, UNSET, DynamicFacade, Facade, FacadeStream
+from .facades import NO_METHODS, UNSET, DynamicFacade, Facade, FacadeStream, Unset
 from .registration import ServiceMap, interface_class
 
 __all__ = ["SyncExecutor", "SyncFacade", "SyncStream", "connect_sync"]
@@ -344,11 +344,11 @@ class SyncFacade:
     def with_options(
         self,
         *,
-        timeout: float | None = UNSET,
-        dispatch_deadline: float | None = UNSET,
-        idempotency_key: str | bytes | None = UNSET,
-        retry_unknown: bool = UNSET,
-        metadata: Mapping[str, str] | None = UNSET,
+        timeout: float | Unset | None = UNSET,
+        dispatch_deadline: float | Unset | None = UNSET,
+        idempotency_key: str | bytes | Unset | None = UNSET,
+        retry_unknown: bool | Unset = UNSET,
+        metadata: Mapping[str, str] | Unset | None = UNSET,
     ) -> Any:
         """A copy with other call options (see :func:`garcon_link.with_options`)."""
         copy = SyncFacade(

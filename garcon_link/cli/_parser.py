@@ -12,7 +12,7 @@ from .. import _scaffold
 from ..settings.config import CONFIG_ENV_VAR
 from ._call import REFUSED_DIALS, _cmd_call, _cmd_describe
 from ._demo import _cmd_demo
-from ._exits import _EXIT_CODES_HELP, EXIT_USAGE
+from ._exits import EXIT_USAGE, exit_codes_help
 from ._fleet import _cmd_fleet
 from ._keys import _cmd_init, _cmd_keygen
 from ._worker import DEFAULT_DRAIN, _cmd_worker, _drain_seconds
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Resumable, authenticated WebSocket RPC to Python services in a worker.\n\n"
         "New here? 'garcon-link init DIR' writes a worker/controller pair and a service to start "
         "from, and prints the two commands that run it.",
-        epilog=_EXIT_CODES_HELP,
+        epilog=exit_codes_help(),
     )
     parser.add_argument("--version", action="version", version=f"garcon-link {__version__}")
     # -v is accepted before the command too (garcon-link -v call ...); main() adds both counts.
@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A worker in a child process and a controller here, on loopback: calls, a "
         "stream, a socket cut that resumes, a worker kill and restart, a SIGTERM drain. Exit 0 "
         "only if every step behaved as promised.",
+        epilog=exit_codes_help("demo"),
     )
     demo.set_defaults(func=_cmd_demo)
 
@@ -118,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="--service NAME=module:attr: an object is served as is; a class is instantiated "
         "once with no arguments;\na function is a per-session factory: called with the "
         "session's ServiceScope, it returns an async\ncontext manager yielding the object "
-        "served for that session. The current directory is importable.\n\n" + _EXIT_CODES_HELP,
+        "served for that session. The current directory is importable.\n\n"
+        + exit_codes_help("worker"),
     )
     worker.add_argument(
         "config",
@@ -182,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         "fleet controller by writing DIR/ID.secret (DIR is created with mode 0700 if missing) "
         "and print where it went; copy that file to the worker as its secret_file. ID may hold "
         "ASCII letters, digits, '.', '_' and '-', and must not start with '.'.",
+        epilog=exit_codes_help("keygen"),
     )
     keygen.add_argument("path", nargs="?", metavar="PATH", help="the secret file to write")
     keygen.add_argument(
@@ -201,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         "secret link.secret (mode 0600) and calc.py (the README's example) into DIR, then print "
         "the two commands to run. DIR is created if missing; a non-empty DIR is refused (exit 2) "
         "unless --force.",
+        epilog=exit_codes_help("init"),
     )
     init.add_argument("dir", metavar="DIR")
     init.add_argument(
@@ -227,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one-way methods: nothing). JSON_ARGS is a JSON array (positional) or object (keyword). "
         "bytes print as base64. If the config listens, call waits for the worker to dial in. "
         f"CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
-        epilog=_EXIT_CODES_HELP,
+        epilog=exit_codes_help("call"),
     )
     call.add_argument("operands", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
     _add_ready_timeout(call)
@@ -249,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Connect with a controller config, wait until the executor is ready and "
         "print one line per method: kind, SERVICE.METHOD and its signature (return type "
         f"included). CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
-        epilog=_EXIT_CODES_HELP,
+        epilog=exit_codes_help("describe"),
     )
     describe.add_argument(
         "config",
@@ -274,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         "entries) until SIGINT/SIGTERM. On a terminal: a table of executors (availability, "
         "session, since, calls, errors) redrawn in place. Otherwise, or with --json, one line "
         f"per event. CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
+        epilog=exit_codes_help("fleet"),
     )
     fleet_cmd.add_argument(
         "config",
