@@ -303,6 +303,11 @@ class FailureReason(_CodedReason):
 class SessionFailed(_ReasonedError[FailureReason]):
     """The logical session is retired for good. Stored and re-raised by every later operation."""
 
-    def __str__(self) -> str:
-        text = f"session retired: {self.reason.description}"
+    @property
+    def cause(self) -> str:
+        """Why, without the ``session retired:`` prefix (for messages that already say so)."""
+        text = self.reason.description
         return f"{text} ({self.detail})" if self.detail else text
+
+    def __str__(self) -> str:
+        return f"session retired: {self.cause}"

@@ -339,6 +339,14 @@ def test_init_writes_a_project_whose_two_printed_commands_work(tmp_path: Path) -
     assert output == "3\n[0, 1, 2]\n"
 
 
+def test_init_in_the_current_directory_prints_commands_without_cd(tmp_path: Path) -> None:
+    done = run_cli("init", ".", "--port", str(free_port()), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "cd " not in done.stdout
+    assert "start the worker:       garcon-link worker worker.toml --service" in done.stdout
+    assert "then, in another shell: python calc.py" in done.stdout
+
+
 def test_init_refuses_a_non_empty_directory_unless_forced(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     refused = run_cli("init", str(tmp_path))
