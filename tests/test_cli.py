@@ -1035,7 +1035,7 @@ def test_v_is_accepted_before_the_command_as_well_as_after(tmp_path: Path, dead_
         tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
     # -v before the command logs as -v after it does: the dial failures are warnings.
-    done = run_cli("-v", "call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.5")
+    done = run_cli("-v", "call", str(controller), "demo.add", "[1, 2]", "--wait", "0.5")
     assert done.returncode == cli.EXIT_NOT_DISPATCHED, done.stderr
     assert "WARNING" in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("error: [not_dispatched:NOT_READY]")

@@ -221,9 +221,10 @@ class SyncExecutor:
     def last_error(self) -> str | None:
         return self._executor.last_error
 
-    def wait_ready(self, timeout: float | None = None) -> None:
-        """Block until the executor is ready; raises as :meth:`RemoteExecutor.wait_ready`."""
-        self._call(self._executor.wait_ready, timeout)
+    def wait_ready(self, timeout: float | None = None, *, refused_dials: int | None = None) -> None:
+        """Block until the executor is ready; ``refused_dials`` and what it raises are those of
+        :meth:`RemoteExecutor.wait_ready`."""
+        self._call(self._executor.wait_ready, timeout, refused_dials=refused_dials)
 
     def info(self) -> ExecutorInfo:
         """The current session's description (see :meth:`RemoteExecutor.info`)."""
