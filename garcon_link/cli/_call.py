@@ -161,8 +161,8 @@ async def _ready(
         field = _dial_field(config, executor_id) or "the dial address"
         raise NotDispatched(
             "UNREACHABLE",
-            f"{exc.message}; nothing listens there: check {field}, start the worker "
-            "(garcon-link worker), or pass --wait S to wait for a worker that is starting",
+            f"{exc.message}; check {field} and that the worker runs there (garcon-link "
+            "worker), or pass --wait S to wait for a worker that is starting",
         ) from None
 
 
