@@ -1,7 +1,23 @@
-"""garcon_link: resumable, authenticated WebSocket RPC to Python service objects in a worker.
+"""Resumable, authenticated WebSocket RPC to Python service objects in a worker.
 
-The public surface is this module's ``__all__``; see README.md for the guarantees and each
-module's docstring for its rules.
+Usage (``garcon-link init DIR`` writes such a project; ``garcon-link --help`` lists commands)::
+
+    import garcon_link as gl
+
+    class Calculator(Protocol):  # the contract, shared by both sides
+        async def add(self, a: int, b: int) -> int: ...
+
+    # worker (or: garcon-link worker worker.toml --service calc=calc:CalculatorImpl)
+    await gl.serve(gl.load_config("worker.toml"), {"calc": CalculatorImpl()})
+
+    # controller (blocking code: with gl.connect_sync(config) as executor: ...)
+    async with gl.connect(gl.load_config("controller.toml")) as executor:
+        await executor.wait_ready(timeout=10)
+        calc = executor.service("calc", Calculator)  # typed; survives reconnections
+        print(await calc.add(1, 2))
+
+Documentation: README.md and the guides in docs/ of the source tree; every bound is a field
+of :class:`Limits`. The public surface is ``__all__``; each module's docstring holds its rules.
 """
 
 from __future__ import annotations

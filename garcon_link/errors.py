@@ -17,6 +17,7 @@ The tree, split by who is at fault and what a caller can do about it::
     │   ├── OutcomeUnknown              may have executed: never retried for you
     │   └── RemoteError                 executed and raised (remote_type, remote_traceback, details)
     └── LinkError                       the link or its logical session
+        ├── Unreachable                 a dial found nothing: connection refused, name unknown
         ├── ProtocolError               the peer broke the wire protocol
         │   └── MalformedFrame          a frame that does not decode (not CBOR, bad shape, ...)
         │       └── FrameTooLarge       a frame over the configured limit (close code 1009)
@@ -55,6 +56,7 @@ __all__ = [
     "RetentionFull",
     "SessionFailed",
     "StaleResource",
+    "Unreachable",
 ]
 
 
@@ -202,6 +204,12 @@ class LinkError(GarconLinkError):
     """The link, its socket or its logical session failed."""
 
 
+class Unreachable(LinkError):
+    """A dial found nothing at its address: the TCP connection was refused (nothing listens
+    there) or the host name did not resolve. Redialing helps only if the other end is starting
+    (or the name is being published); the message names the address."""
+
+
 class ProtocolError(LinkError):
     """The peer violated the wire protocol."""
 
@@ -303,6 +311,11 @@ class FailureReason(_CodedReason):
 class SessionFailed(_ReasonedError[FailureReason]):
     """The logical session is retired for good. Stored and re-raised by every later operation."""
 
-    def __str__(self) -> str:
-        text = f"session retired: {self.reason.description}"
+    @property
+    def cause(self) -> str:
+        """Why, without the ``session retired:`` prefix (for messages that already say so)."""
+        text = self.reason.description
         return f"{text} ({self.detail})" if self.detail else text
+
+    def __str__(self) -> str:
+        return f"session retired: {self.cause}"

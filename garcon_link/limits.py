@@ -153,6 +153,15 @@ class Limits:
         default=120.0,
         metadata=_doc("Default deadline of one call; expiry raises OutcomeUnknown('TIMEOUT')."),
     )
+    stalled_call_report: float = field(
+        default=5.0,
+        metadata=_doc(
+            "A controller whose session lost its socket logs one WARNING when calls still wait "
+            "for replies after this long (the worker unreachable, the last dial error), rather "
+            "than only when detached_grace ends them; at most once per executor per "
+            "log_interval."
+        ),
+    )
     dispatch_deadline: float = field(
         default=0.0,
         metadata=_doc("How long a call waits for a reconnecting executor; 0 fails at once."),

@@ -339,6 +339,14 @@ def test_init_writes_a_project_whose_two_printed_commands_work(tmp_path: Path) -
     assert output == "3\n[0, 1, 2]\n"
 
 
+def test_init_in_the_current_directory_prints_commands_without_cd(tmp_path: Path) -> None:
+    done = run_cli("init", ".", "--port", str(free_port()), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "cd " not in done.stdout
+    assert "start the worker:       garcon-link worker worker.toml --service" in done.stdout
+    assert "then, in another shell: python calc.py" in done.stdout
+
+
 def test_init_refuses_a_non_empty_directory_unless_forced(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     refused = run_cli("init", str(tmp_path))
@@ -660,9 +668,9 @@ def test_describe_when_the_worker_is_down(tmp_path: Path, dead_port: int) -> Non
     controller = write_config(
         tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
-    done = run_cli("describe", str(controller), "--timeout", "0.5")
+    done = run_cli("describe", str(controller), "--wait", "0.5")
     assert done.returncode == cli.EXIT_NOT_DISPATCHED
-    assert_one_error_line(done.stderr, "NOT_READY")
+    assert_one_error_line(done.stderr, "NOT_READY", "last dial: cannot connect to 127.0.0.1:")
 
 
 def test_worker_serves_the_builtin_services_confined_to_root(tmp_path: Path) -> None:
@@ -792,15 +800,46 @@ def test_describing_a_failure_needs_no_event_loop() -> None:
 
 
 def test_not_dispatched_when_the_worker_is_down(tmp_path: Path, dead_port: int) -> None:
+    """--wait: the old behaviour, for a worker that is starting (refused dials go on)."""
     controller = write_config(
         tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
     started = time.monotonic()
-    done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.5")
+    done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--wait", "0.5")
     assert done.returncode == cli.EXIT_NOT_DISPATCHED == 3
     assert done.stdout == ""
     assert_one_error_line(done.stderr, "[not_dispatched:NOT_READY]", "not ready within 0.5s")
     assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize("command", ["call", "describe"])
+def test_nothing_listening_fails_fast_naming_the_address_and_the_field(
+    tmp_path: Path, dead_port: int, command: str
+) -> None:
+    """Dials refused at the TCP level end the command after a few attempts, not at --timeout:
+    exit 3 with the address, the config field that holds it, and --wait."""
+    controller = write_config(
+        tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
+    )
+    operands = ["demo.add", "[1, 2]"] if command == "call" else []
+    started = time.monotonic()
+    done = run_cli(command, str(controller), *operands, "--timeout", "600", timeout=120)
+    assert time.monotonic() - started < 100  # a guard only: --timeout would be 600 s
+    assert done.returncode == cli.EXIT_NOT_DISPATCHED
+    assert done.stdout == ""
+    assert_one_error_line(
+        done.stderr,
+        "[not_dispatched:UNREACHABLE]",
+        f"cannot connect to 127.0.0.1:{dead_port}: Connection refused",
+        f'[connection] dial = "ws://127.0.0.1:{dead_port}/executor" in controller.toml',
+        "--wait S",
+    )
+
+
+def test_wait_must_be_positive(tmp_path: Path) -> None:
+    done = run_cli("call", "demo.add", "--wait", "0")
+    assert done.returncode == cli.EXIT_USAGE
+    assert_one_error_line(done.stderr, "--wait must be > 0", "--wait 30")
 
 
 def test_not_dispatched_when_no_worker_dials_in(tmp_path: Path) -> None:
@@ -1078,7 +1117,7 @@ def test_v_is_accepted_before_the_command_as_well_as_after(tmp_path: Path, dead_
         tmp_path, "controller.toml", "controller", f'dial = "ws://127.0.0.1:{dead_port}/executor"'
     )
     # -v before the command logs as -v after it does: the dial failures are warnings.
-    done = run_cli("-v", "call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.5")
+    done = run_cli("-v", "call", str(controller), "demo.add", "[1, 2]", "--wait", "0.5")
     assert done.returncode == cli.EXIT_NOT_DISPATCHED, done.stderr
     assert "WARNING" in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("error: [not_dispatched:NOT_READY]")
@@ -1247,3 +1286,23 @@ def test_stub_refuses_what_is_not_an_interface(
         assert cli.main(["stub", target, "--sync"]) == cli.EXIT_USAGE, target
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("command", "listed", "absent"),
+    [
+        ("worker", ["  7 "], ["NotDispatched", "RemoteError", "  8 "]),
+        ("keygen", ["  2 "], ["NotDispatched", "  7 "]),
+        ("describe", ["NotDispatched", "  8 "], ["RemoteError", "Rejected", "  7 "]),
+        ("call", ["NotDispatched", "Rejected", "RemoteError", "OutcomeUnknown"], ["  7 "]),
+    ],
+)
+def test_command_help_lists_only_its_own_exit_codes(
+    command: str, listed: list[str], absent: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([command, "--help"]) == 0
+    codes = capsys.readouterr().out.split("exit codes:", 1)[1]
+    for text in listed:
+        assert text in codes, (command, text)
+    for text in absent:
+        assert text not in codes, (command, text)

@@ -16,6 +16,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_cli import CLI, FAST_LIMITS, Worker, run_cli
+from test_cli import CLI, FAST_LIMITS, Worker, assert_one_error_line, run_cli
 
 import garcon_link as gl
 from garcon_link import cli
@@ -242,3 +243,24 @@ def test_fleet_table_lists_every_executor() -> None:
         # each service with its contract version; a worker's names escaped, at most four shown
         ["c", "ready", "ba9876543210", "10s", "ago", "0", "0", *SERVICES],
     ]
+
+
+def test_a_dial_entry_with_nothing_listening_fails_fast_naming_its_url(fleet_dir: Path) -> None:
+    with socket.socket() as reserved:  # bound, never listening: dials are refused
+        reserved.bind(("127.0.0.1", 0))
+        port = reserved.getsockname()[1]
+        url = f"ws://127.0.0.1:{port}/executor"
+        config = fleet_dir / "fleet.toml"
+        config.write_text(
+            f'role = "controller"\n\n[[executors.dial]]\nid = "box-1"\nurl = "{url}"\n'
+            f'secret_file = "keys/box-1.secret"\n{FAST_LIMITS}',
+            encoding="utf-8",
+        )
+        done = run_cli("call", str(config), "--executor", "box-1", "who.whoami", "--timeout", "600")
+    assert done.returncode == cli.EXIT_NOT_DISPATCHED
+    assert_one_error_line(
+        done.stderr,
+        "[not_dispatched:UNREACHABLE]",
+        f"cannot connect to 127.0.0.1:{port}",
+        f'url = "{url}" of the [[executors.dial]] entry with id = "box-1" in fleet.toml',
+    )

@@ -179,3 +179,46 @@ def test_library_logs_stay_silent_until_the_application_configures_logging() -> 
         )
         assert done.returncode == 0, done.stderr
         assert done.stderr == expected, (mode, done.stderr)
+
+
+def test_help_starts_with_a_short_usage() -> None:
+    """``help(garcon_link)`` opens with how to use it (connect, call, where the docs are)."""
+    doc = garcon_link.__doc__
+    assert doc is not None
+    lines = doc.strip().splitlines()
+    assert 10 <= len(lines) <= 25, len(lines)
+    text = "\n".join(lines)
+    for needed in ("gl.serve(", "gl.connect(", "wait_ready", "executor.service(", "docs/"):
+        assert needed in text, needed
+
+
+def _public_signatures() -> list[tuple[str, inspect.Signature]]:
+    found = []
+    for name in garcon_link.__all__:
+        obj = getattr(garcon_link, name)
+        members = inspect.getmembers(obj) if inspect.isclass(obj) else [("", obj)]
+        for member, value in members:
+            if (member.startswith("_") and member != "__init__") or not callable(value):
+                continue
+            try:
+                found.append((f"{name}.{member}".rstrip("."), inspect.signature(value)))
+            except (TypeError, ValueError):
+                continue
+    return found
+
+
+def test_public_signatures_show_readable_defaults() -> None:
+    """A default reads as a value (``UNSET``), never as ``<object object at 0x...>``; anyio's
+    own ``task_status`` convention is left as anyio writes it."""
+    unreadable = [
+        f"{where}({parameter.name}={parameter.default!r})"
+        for where, signature in _public_signatures()
+        for parameter in signature.parameters.values()
+        if parameter.default is not inspect.Parameter.empty
+        and " at 0x" in repr(parameter.default)
+        and parameter.name != "task_status"
+    ]
+    assert unreadable == []
+    assert "timeout: 'float | Unset | None' = UNSET" in str(
+        inspect.signature(garcon_link.with_options)
+    )

@@ -4,24 +4,25 @@ The README marks its example blocks with HTML comments: ``<!-- example-file: NAM
 a file's block, ``<!-- example-commands -->`` before the shell commands and
 ``<!-- example-output -->`` before what ``python calc.py`` prints. The test writes the files
 into a temporary directory (changing only the port, to a free one), runs each command line
-through ``sh`` exactly as written with ``garcon-link`` and ``python`` on ``PATH`` as small shims
-to this interpreter (so the code under test is this checkout's), and compares the controller's
-output. Every child has a deadline and is killed in ``finally``.
+through ``sh`` exactly as written, in an environment with no venv activated (the commands name
+the checkout's ``.venv``: a stand-in checkout links it to the venv running the tests), and
+compares the controller's output. Every child has a deadline and is killed in ``finally``.
 """
 
 from __future__ import annotations
 
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from projectutil import (
     README,
     command_lines,
     free_port,
     readme_blocks,
     run_project,
-    shim_path,
 )
 
 from garcon_link import _scaffold
@@ -85,16 +86,24 @@ def test_readme_sync_example_runs_as_written(tmp_path: Path) -> None:
     files = {**readme_blocks("example-file"), **readme_blocks("sync-example-file")}
     assert set(files) == {"calc.py", "worker.toml", "controller.toml", "script.py"}
     commands = command_lines(readme_blocks("example-commands")[""])
-    assert commands[-1] == "python calc.py"
-    commands[-1] = "python script.py"
+    assert commands[-1] == "../.venv/bin/python calc.py"
+    commands[-1] = "../.venv/bin/python script.py"
     output = _run_example(tmp_path / "project", files, commands)
     assert output == readme_blocks("sync-example-output")[""]
 
 
 def _run_example(project: Path, files: dict[str, str], commands: list[str]) -> str:
-    """Write ``files`` into ``project`` (on a free port instead of 8765), run ``commands``."""
+    """Write ``files`` into ``project`` (on a free port instead of 8765), run ``commands`` as a
+    fresh shell would: no venv activated, nothing of this process's environment but a plain
+    ``PATH``. ``project``'s parent stands in for the checkout: its ``.venv`` is the venv
+    running the tests (``make test``'s ``.venv``, or ``unit-py``'s)."""
+    if sys.prefix == sys.base_prefix or not (Path(sys.prefix) / "bin" / "garcon-link").exists():
+        pytest.skip("the README's commands need the tests to run in a venv with garcon-link")
+    checkout = project.parent
+    (checkout / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
     project.mkdir()
     port = str(free_port())
     for name, content in files.items():
         (project / name).write_text(content.replace("8765", port), encoding="utf-8")
-    return run_project(project, commands, shim_path(project.parent))
+    fresh_shell = {"PATH": "/usr/bin:/bin", "HOME": str(checkout), "LANG": "C.UTF-8"}
+    return run_project(project, commands, fresh_shell)

@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import gc
 import logging
+import socket
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -871,6 +872,104 @@ async def test_a_describe_that_times_out_retires_the_session() -> None:
             async with worker:
                 await executor.wait_ready(5)
                 assert await executor.service("calc", Calc).add(1, 2) == 3
+
+
+# ---------------------------------------------------------------------------------- nothing there
+
+
+def _reserved_port() -> socket.socket:
+    """A loopback socket bound and not listening: dials to its port are refused, and no other
+    process (tests run in parallel) can take the port meanwhile."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def _dialing_controller(port: int) -> gl.LinkConfig:
+    return gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.CONTROLLER,
+        secret=SECRET,
+        dial=f"ws://127.0.0.1:{port}/executor",
+        limits=LIMITS,
+    )
+
+
+async def test_wait_ready_gives_up_after_refused_dials_naming_the_address() -> None:
+    """``refused_dials``: a dial refused at the TCP level ends the wait long before its timeout,
+    with the address and the OS's reason; the counts are in the link's statistics."""
+    with _reserved_port() as reserved, anyio.fail_after(DEADLINE):
+        port = reserved.getsockname()[1]
+        async with gl.connect(_dialing_controller(port)) as executor:
+            with pytest.raises(gl.NotDispatched) as info:
+                await executor.wait_ready(timeout=3600, refused_dials=3)
+            assert info.value.code == "UNREACHABLE"
+            assert f"cannot connect to 127.0.0.1:{port}: Connection refused" in str(info.value)
+            link = executor.statistics().link
+            assert link.dials_refused >= 3 and link.dials_refused_in_a_row >= 3
+            assert link.dials_refused <= link.dial_attempts
+            with pytest.raises(ValueError, match="refused_dials"):
+                await executor.wait_ready(timeout=1, refused_dials=0)
+
+
+async def test_wait_ready_timeout_names_the_last_dial_error() -> None:
+    with _reserved_port() as reserved, anyio.fail_after(DEADLINE):
+        port = reserved.getsockname()[1]
+        async with gl.connect(_dialing_controller(port)) as executor:
+            while executor.statistics().link.dials_refused < 1:
+                await anyio.sleep(0.005)
+            with pytest.raises(TimeoutError) as info:
+                await executor.wait_ready(timeout=0.05)
+            message = str(info.value)
+            assert "not ready within 0.05s" in message
+            assert f"last dial: cannot connect to 127.0.0.1:{port}: Connection refused" in message
+            assert executor.link.last_dial_error is not None
+
+
+async def test_refused_dials_in_a_row_restart_from_zero_once_a_dial_connects() -> None:
+    with _reserved_port() as reserved, anyio.fail_after(DEADLINE):
+        port = reserved.getsockname()[1]
+        async with gl.connect(_dialing_controller(port)) as executor:
+            stats = executor.statistics
+            while stats().link.dials_refused_in_a_row < 2:
+                await anyio.sleep(0.005)
+            reserved.listen()  # the kernel completes connections; nobody answers the upgrade
+            while stats().link.dials_refused_in_a_row != 0:
+                await anyio.sleep(0.005)
+            assert stats().link.dials_refused >= 2
+
+
+@both_directions
+async def test_a_call_stalled_on_a_lost_socket_is_logged_before_the_grace_ends(
+    direction: Direction, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker out of reach (socket cut, reconnections refused): the pending call is reported
+    after ``stalled_call_report`` with the last dial error (when the controller dials), not only
+    when ``detached_grace`` ends it; one line per executor per ``log_interval``."""
+    caplog.set_level(logging.WARNING, logger="garcon_link.remote")
+    limits = LIMITS.replace(detached_grace=600.0, stalled_call_report=0.05)
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}, limits=limits, proxy=True) as pair:
+            calc = pair.calc()
+            assert pair.proxy is not None
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(calc.hold, "k")
+                await impl.probe.wait("started:k")
+                pair.proxy.refuse()
+                pair.proxy.cut()
+                await pair.wait_availability("reconnecting")
+                while "waiting for replies" not in caplog.text:
+                    await anyio.sleep(0.005)
+                assert pair.executor.availability == "reconnecting"
+                pair.proxy.heal()
+                impl._release("k")
+    lines = [r.getMessage() for r in caplog.records if "waiting for replies" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "executor box: 1 call(s) waiting for replies" in lines[0]
+    assert "unless it is back within" in lines[0] and "(detached_grace)" in lines[0]
+    if direction == "worker-listens":
+        assert "last dial: " in lines[0]
 
 
 @both_directions

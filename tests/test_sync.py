@@ -397,3 +397,21 @@ def test_hooks_and_metadata_through_the_sync_client(worker: RunningWorker) -> No
         ("add", {"request-id": "r-2"}, "ok"),
     ]
     assert threading.get_ident() not in hook.threads  # hooks run on the client's loop thread
+
+
+def test_wait_ready_gives_up_after_refused_dials() -> None:
+    with socket.socket() as reserved:  # bound, never listening: dials are refused
+        reserved.bind(("127.0.0.1", 0))
+        port = reserved.getsockname()[1]
+        config = gl.LinkConfig(
+            executor_id="box",
+            role=gl.Role.CONTROLLER,
+            secret=SECRET,
+            dial=f"ws://127.0.0.1:{port}/executor",
+            limits=LIMITS,
+        )
+        with (
+            gl.connect_sync(config) as executor,
+            pytest.raises(gl.NotDispatched, match="UNREACHABLE"),
+        ):
+            executor.wait_ready(3600, refused_dials=3)

@@ -8,6 +8,7 @@ Waiting uses ``anyio.wait_all_tasks_blocked`` or bounded polling, never a bare s
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -1180,3 +1181,13 @@ async def test_a_hostile_message_of_tiny_packets_retires_the_session_cheaply() -
         assert failure is not None
         assert failure.reason is FailureReason.MALFORMED_PACKET
         assert failure.close_code == 4008
+
+
+async def test_the_retirement_line_says_retired_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="garcon_link.transport")
+    async with harness() as h:
+        h.t.retire(FailureReason.REPLACED, "a fresh session replaced it")
+    lines = [r.getMessage() for r in caplog.records if "retired" in r.getMessage()]
+    assert lines, caplog.text
+    assert all(line.count("retired") == 1 for line in lines), lines
+    assert "retired: replaced by a fresh logical session (a fresh session replaced it)" in lines[0]

@@ -174,6 +174,12 @@ def _with_types(info: ExecutorInfo, received: Any, limits: Limits) -> ExecutorIn
     )
 
 
+def stalled_call_log(limits: Limits) -> PeerLogLimiter:
+    """The rate limit of stalled-call warnings: one line per executor per ``log_interval``, at
+    most ``max_log_lines`` per interval (a fleet shares one among its members)."""
+    return PeerLogLimiter(log, interval=limits.log_interval, max_lines=limits.max_log_lines)
+
+
 def _fresh(error: HandshakeError) -> HandshakeError:
     """A new exception equal to a stored one (raising a stored object again would chain every
     raise's traceback onto it)."""
@@ -217,6 +223,7 @@ class RemoteExecutor(Endpoint):
         self._init_member(config.executor_id, registry_from(services or {}), hooks)
         assert self._own_link is not None
         self._own_link.on_refusal(lambda _error: self._wake())
+        self._own_link.on_dial_failed(lambda _error: self._wake())
 
     @classmethod
     def _fleet_member(
@@ -228,20 +235,29 @@ class RemoteExecutor(Endpoint):
         tg: anyio.abc.TaskGroup,
         on_change: Callable[[RemoteExecutor, Availability], None],
         hooks: Sequence[CallHook] = (),
+        stall_log: PeerLogLimiter | None = None,
     ) -> RemoteExecutor:
         """An executor of a fleet: sessions are routed to it by the fleet, which owns the link
-        and the task group; :meth:`aclose` only marks it disposed."""
+        and the task group; :meth:`aclose` only marks it disposed. ``stall_log`` is shared by
+        the fleet's members, so their stalled-call lines share one budget."""
         self = cls.__new__(cls)
         self.limits = limits
         self._own_link = None
         self.link = link
         self._tg = tg
-        self._init_member(executor_id, registry, hooks)
+        self._init_member(executor_id, registry, hooks, stall_log)
         self._callbacks.append(lambda value: on_change(self, value))
         link.on_refusal(lambda _error: self._wake())
+        link.on_dial_failed(lambda _error: self._wake())
         return self
 
-    def _init_member(self, executor_id: str, registry: Registry, hooks: Sequence[CallHook]) -> None:
+    def _init_member(
+        self,
+        executor_id: str,
+        registry: Registry,
+        hooks: Sequence[CallHook],
+        stall_log: PeerLogLimiter | None = None,
+    ) -> None:
         self.executor_id = executor_id
         # The outcome point of every call through this executor (counters and hooks), shared
         # by all its sessions (so the counters survive session replacement).
@@ -273,6 +289,9 @@ class RemoteExecutor(Endpoint):
         self._changed = anyio.Event()
         self.last_error: str | None = None
         self._draining = False
+        # Calls stuck on a session without a socket: one line per executor per log_interval.
+        self._stall_log = stall_log or stalled_call_log(self.limits)
+        self._stall_watched: ExecutorRpc | None = None  # the session a stall watch runs for
 
     async def __aenter__(self) -> RemoteExecutor:
         await self._start()
@@ -367,18 +386,32 @@ class RemoteExecutor(Endpoint):
                     "availability callback failed", extra=log_fields(executor=self.executor_id)
                 )
 
-    async def wait_ready(self, timeout: float | None = None) -> None:
+    async def wait_ready(
+        self, timeout: float | None = None, *, refused_dials: int | None = None
+    ) -> None:
         """Wait until the executor is ``ready`` (a ``draining`` one is not: the wait goes on
         until a new session, such as that of the restarted worker, is installed).
 
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+            refused_dials: give up once this many dials in a row found nothing at the dialed
+                address (connection refused, or the host name did not resolve) instead of
+                waiting out ``timeout``; ``None`` (the default) waits for a worker that is
+                starting. A listening executor never dials, so this never ends its wait.
+
         Raises:
-            TimeoutError: not ready within ``timeout`` (the message carries the last link error).
-            NotDispatched: the executor was disposed.
+            TimeoutError: not ready within ``timeout``; the message carries the last link error
+                and the last dial error.
+            NotDispatched: the executor was disposed (``DISPOSED``), or ``refused_dials`` dials
+                in a row found nothing (``UNREACHABLE``; the message names the address and the
+                operating system's reason).
             AuthenticationError: the other end refused our key (wrong secret, or an executor id
                 it does not serve), at once rather than at the timeout; the message says what
                 to fix. The link keeps redialing: a later ``wait_ready`` succeeds once fixed.
             HandshakeError: likewise for a protocol version or role mismatch.
         """
+        if refused_dials is not None and refused_dials < 1:
+            raise ValueError(f"refused_dials must be at least 1, got {refused_dials!r}")
         with anyio.move_on_after(timeout):
             while self._availability != "ready":
                 if self._availability == "disposed":
@@ -387,10 +420,35 @@ class RemoteExecutor(Endpoint):
                 if refusal is not None:
                     # Fail fast: a redial will not heal this (the link keeps dialing anyway).
                     raise _fresh(refusal)
+                unreachable = self._unreachable(refused_dials)
+                if unreachable is not None:
+                    raise unreachable
                 await self._changed.wait()
             return
-        why = self.last_error or self.link.last_error or "no session yet"
-        raise TimeoutError(f"executor {self.executor_id!r} not ready within {timeout}s: {why}")
+        raise TimeoutError(
+            f"executor {self.executor_id!r} not ready within {timeout:g}s: {self._why_not_ready()}"
+        )
+
+    def _unreachable(self, refused_dials: int | None) -> NotDispatched | None:
+        """``NotDispatched("UNREACHABLE")`` once ``refused_dials`` dials in a row found nothing."""
+        if refused_dials is None:
+            return None
+        in_a_row = self.link.statistics().dials_refused_in_a_row
+        if in_a_row < refused_dials:
+            return None
+        return NotDispatched(
+            "UNREACHABLE", f"{self.link.last_dial_error} ({in_a_row} dials in a row)"
+        )
+
+    def _why_not_ready(self) -> str:
+        """The causes known so far: the refused session's, the link's, the last dial's."""
+        causes = [self.last_error] if self.last_error else []
+        dial = self.link.last_dial_error
+        if dial is not None:
+            causes.append(f"last dial: {dial}")
+        elif not causes and self.link.last_error:
+            causes.append(self.link.last_error)
+        return "; ".join(causes) or "no session yet"
 
     def _refusal(self) -> HandshakeError | None:
         return self.link.refusal
@@ -510,6 +568,7 @@ class RemoteExecutor(Endpoint):
                 self._set_availability("draining" if rpc.peer_draining else "ready")
             elif state in (TransportState.DETACHED, TransportState.REPLAYING):
                 self._set_availability("reconnecting")
+                self._watch_stall(transport, rpc)
 
         transport.add_listener(follow)
         follow(transport.state)
@@ -609,6 +668,45 @@ class RemoteExecutor(Endpoint):
             more,
             extra=log_fields(executor=self.executor_id, session=session),
             level=logging.INFO if additive and not uncompared else logging.WARNING,
+        )
+
+    def _watch_stall(self, transport: SessionTransport, rpc: ExecutorRpc) -> None:
+        """Start the stall watch of a session that lost its socket (one per session at a time)."""
+        if self._stall_watched is rpc or self._tg is None:
+            return
+        self._stall_watched = rpc
+        self._tg.start_soon(self._report_stall, transport, rpc)
+
+    async def _report_stall(self, transport: SessionTransport, rpc: ExecutorRpc) -> None:
+        """Log a WARNING if calls still wait for replies ``Limits.stalled_call_report`` seconds
+        after the session lost its socket, rather than only when its grace ends (a dead worker
+        otherwise keeps its callers waiting without a word)."""
+        after = self.limits.stalled_call_report
+        try:
+            with anyio.move_on_after(after):
+                await _wait_state(transport, TransportState.READY, TransportState.RETIRED)
+                return
+        finally:
+            if self._stall_watched is rpc:
+                self._stall_watched = None
+        pending = rpc.statistics().pending_calls
+        if pending == 0 or self._rpc is not rpc:
+            return
+        dial = self.link.last_dial_error
+        where = f"last dial: {dial}" if dial is not None else "no new socket yet"
+        left = max(0.0, self.limits.detached_grace - after)
+        self._stall_log.log(
+            self.executor_id,
+            "STALLED",
+            "executor %s: %d call(s) waiting for replies; the worker has been unreachable for "
+            "%.1fs (%s); they end OutcomeUnknown unless it is back within %.1fs "
+            "(detached_grace)",
+            self.executor_id,
+            pending,
+            after,
+            where,
+            left,
+            extra=log_fields(executor=self.executor_id, session=transport.session_id),
         )
 
     def _refuse_session(self, transport: SessionTransport, why: str) -> None:

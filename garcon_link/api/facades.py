@@ -21,16 +21,17 @@ behind the facades made before.
 
 Beside the public :func:`peer`, the api room uses :class:`FacadeHost` (what a facade needs of
 its executor), :class:`Facade`, :class:`DynamicFacade`, :class:`FacadeStream`,
-:data:`NO_METHODS` and :data:`UNSET` (the sync client and ``with_options`` wrap them), and
-:func:`counts_as_error` (what an executor's ``errors`` counts).
+:data:`NO_METHODS` and :data:`UNSET` of type :class:`Unset` (the sync client and
+``with_options`` wrap them), and :func:`counts_as_error` (what an executor's ``errors`` counts).
 """
 
 from __future__ import annotations
 
+import enum
 import types
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Final, Protocol, TypeVar, cast
 
 from ..errors import CallError, NotDispatched, Outcome, Rejected
 from ..limits import Limits
@@ -45,6 +46,7 @@ from .registration import interface_class
 __all__ = [
     "NO_METHODS",
     "UNSET",
+    "Unset",
     "DynamicFacade",
     "Facade",
     "FacadeHost",
@@ -55,7 +57,17 @@ __all__ = [
 
 T = TypeVar("T")
 
-UNSET: Any = object()
+
+class Unset(enum.Enum):
+    """The type of :data:`UNSET` (one member, so a type checker narrows ``x is UNSET``)."""
+
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"  # how help() and signatures show the default
+
+
+UNSET: Final = Unset.UNSET
 """The default of every ``with_options`` argument: "keep the facade's value"."""
 
 
@@ -181,11 +193,11 @@ class Facade:
     def with_options(
         self,
         *,
-        timeout: float | None = UNSET,
-        dispatch_deadline: float | None = UNSET,
-        idempotency_key: str | bytes | None = UNSET,
-        retry_unknown: bool = UNSET,
-        metadata: Mapping[str, str] | None = UNSET,
+        timeout: float | Unset | None = UNSET,
+        dispatch_deadline: float | Unset | None = UNSET,
+        idempotency_key: str | bytes | Unset | None = UNSET,
+        retry_unknown: bool | Unset = UNSET,
+        metadata: Mapping[str, str] | Unset | None = UNSET,
     ) -> Any:
         key = self._key if idempotency_key is UNSET else idempotency_key
         if key is not None:

@@ -67,7 +67,7 @@ from ..rpc.hooks import CallHook
 from ..rpc.rpc import Registry
 from ..settings.config import FleetConfig, LinkConfig
 from ..settings.keyring import Keyring, executor_id_problem
-from .controller import Availability, RemoteExecutor
+from .controller import Availability, RemoteExecutor, stalled_call_log
 from .endpoint import link_from_config
 from .registration import ServiceMap, registry_from
 
@@ -202,6 +202,7 @@ class Fleet:
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
         self._turn = 0  # pick(): which of equally loaded executors goes first
+        self._stall_log = stalled_call_log(self.limits)  # one budget for all members
         self._build_links()
 
     def _build_links(self) -> None:
@@ -312,6 +313,7 @@ class Fleet:
                 "takeovers_refused",
                 "heartbeat_timeouts",
                 "dial_attempts",
+                "dials_refused",
             ):
                 setattr(total, name, getattr(total, name) + getattr(s, name))
         return total
@@ -360,6 +362,7 @@ class Fleet:
             self._tg,
             self._availability_changed,
             self._hooks,
+            self._stall_log,
         )
         self._members[executor_id] = member
         self._offline_at[executor_id] = anyio.current_time()

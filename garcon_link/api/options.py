@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypeVar, cast
 
-from .facades import UNSET, Facade
+from .facades import UNSET, Facade, Unset
 from .sync import SyncFacade
 
 __all__ = ["with_options"]
@@ -20,11 +20,11 @@ T = TypeVar("T")
 def with_options(
     facade: T,
     *,
-    timeout: float | None = UNSET,
-    dispatch_deadline: float | None = UNSET,
-    idempotency_key: str | bytes | None = UNSET,
-    retry_unknown: bool = UNSET,
-    metadata: Mapping[str, str] | None = UNSET,
+    timeout: float | Unset | None = UNSET,
+    dispatch_deadline: float | Unset | None = UNSET,
+    idempotency_key: str | bytes | Unset | None = UNSET,
+    retry_unknown: bool | Unset = UNSET,
+    metadata: Mapping[str, str] | Unset | None = UNSET,
 ) -> T:
     """A copy of ``facade`` with other call options (typed as the same interface).
 

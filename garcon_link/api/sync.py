@@ -84,7 +84,7 @@ from ..rpc.hooks import CallHook
 from ..rpc.interface import ServiceSpec, manifest_changes, sync_service_spec
 from ..settings.config import LinkConfig
 from .controller import Availability, ExecutorInfo, RemoteExecutor, connect
-from .facades import NO_METHODS, UNSET, DynamicFacade, Facade, FacadeStream
+from .facades import NO_METHODS, UNSET, DynamicFacade, Facade, FacadeStream, Unset
 from .registration import ServiceMap, interface_class
 
 __all__ = ["SyncExecutor", "SyncFacade", "SyncStream", "connect_sync"]
@@ -227,9 +227,10 @@ class SyncExecutor:
     def last_error(self) -> str | None:
         return self._executor.last_error
 
-    def wait_ready(self, timeout: float | None = None) -> None:
-        """Block until the executor is ready; raises as :meth:`RemoteExecutor.wait_ready`."""
-        self._call(self._executor.wait_ready, timeout)
+    def wait_ready(self, timeout: float | None = None, *, refused_dials: int | None = None) -> None:
+        """Block until the executor is ready; ``refused_dials`` and what it raises are those of
+        :meth:`RemoteExecutor.wait_ready`."""
+        self._call(self._executor.wait_ready, timeout, refused_dials=refused_dials)
 
     def info(self) -> ExecutorInfo:
         """The current session's description (see :meth:`RemoteExecutor.info`)."""
@@ -351,11 +352,11 @@ class SyncFacade:
     def with_options(
         self,
         *,
-        timeout: float | None = UNSET,
-        dispatch_deadline: float | None = UNSET,
-        idempotency_key: str | bytes | None = UNSET,
-        retry_unknown: bool = UNSET,
-        metadata: Mapping[str, str] | None = UNSET,
+        timeout: float | Unset | None = UNSET,
+        dispatch_deadline: float | Unset | None = UNSET,
+        idempotency_key: str | bytes | Unset | None = UNSET,
+        retry_unknown: bool | Unset = UNSET,
+        metadata: Mapping[str, str] | Unset | None = UNSET,
     ) -> Any:
         """A copy with other call options (see :func:`garcon_link.with_options`)."""
         copy = SyncFacade(

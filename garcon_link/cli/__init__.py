@@ -66,7 +66,11 @@ Commands
     arguments) or object (keyword arguments). There is no interface class here: the call is built
     from the worker's manifest and the worker validates the arguments against its type hints.
     When the configuration listens (the worker dials in), ``call`` waits up to ``--timeout`` for
-    the worker to dial. ``bytes`` in a result print as base64 text (standard alphabet, padded).
+    the worker to dial. When it dials and 3 dials in a row find nothing (connection refused, or
+    the host name does not resolve), ``call`` stops at once with ``NotDispatched("UNREACHABLE")``
+    naming the address and the configuration field that holds it; ``--wait S`` instead waits up
+    to ``S`` seconds for a worker that is starting (``describe`` alike). ``bytes`` in a result
+    print as base64 text (standard alphabet, padded).
 
 ``garcon-link call CONFIG --executor ID SERVICE.METHOD [JSON_ARGS]``
     The same through a fleet controller's configuration (``[executors]``): the call goes to
@@ -104,7 +108,8 @@ Exit codes
       an unexpected internal error (a bug: ``error: internal error, ...``)
 2     usage or configuration error (bad arguments, bad config, keygen or init
       refused)
-3     ``NotDispatched``: definitely not executed (offline, not ready in time)
+3     ``NotDispatched``: definitely not executed (offline, unreachable, not ready
+      in time)
 4     ``Rejected``: reached the worker and refused unexecuted (unknown method,
       invalid arguments, stale resource)
 5     ``RemoteError``: executed and raised

@@ -117,6 +117,57 @@ async def _open_executor(
         yield executor
 
 
+REFUSED_DIALS = 3
+"""Dials in a row that find nothing (connection refused, name not resolved) after which ``call``
+and ``describe`` give up without ``--wait``: the first retry is immediate and the next two
+follow within the first backoff steps, so the command ends in well under a second."""
+
+
+def _dial_field(config: LinkConfig | FleetConfig, executor_id: str | None) -> str | None:
+    """Where the dialed address comes from, for the message of an unreachable executor."""
+    source = config.source.name if config.source is not None else "the configuration"
+    if isinstance(config, LinkConfig):
+        if config.dial is None:
+            return None
+        return f"[connection] dial = {json.dumps(config.dial)} in {source}"
+    for entry in config.dial:
+        if entry.executor_id == executor_id:
+            return (
+                f"url = {json.dumps(entry.url)} of the [[executors.dial]] entry with "
+                f"id = {json.dumps(entry.executor_id)} in {source}"
+            )
+    return None
+
+
+async def _ready(
+    executor: RemoteExecutor,
+    config: LinkConfig | FleetConfig,
+    executor_id: str | None,
+    *,
+    ready_timeout: float,
+    wait: float | None,
+) -> None:
+    """Wait until ``executor`` is ready: up to ``ready_timeout``, giving up after
+    :data:`REFUSED_DIALS` refused dials; or, given ``wait``, up to ``wait`` whatever the dials
+    find (a worker that is starting)."""
+    try:
+        await executor.wait_ready(
+            timeout=ready_timeout if wait is None else wait,
+            refused_dials=REFUSED_DIALS if wait is None else None,
+        )
+    except TimeoutError as exc:
+        raise NotDispatched("NOT_READY", f"{exc}; is the worker running?") from None
+    except NotDispatched as exc:
+        if exc.code != "UNREACHABLE":
+            raise
+        field = _dial_field(config, executor_id) or "the dial address"
+        raise NotDispatched(
+            "UNREACHABLE",
+            f"{exc.message}; check {field} and that the worker runs there (garcon-link "
+            "worker), or pass --wait S to wait for a worker that is starting",
+        ) from None
+
+
 async def _call(
     config: LinkConfig | FleetConfig,
     service: str,
@@ -128,12 +179,10 @@ async def _call(
     call_timeout: float | None,
     progress: _CallProgress | None = None,
     executor_id: str | None = None,
+    wait: float | None = None,
 ) -> None:
     async with _open_executor(config, executor_id) as executor:
-        try:
-            await executor.wait_ready(timeout=ready_timeout)
-        except TimeoutError as exc:
-            raise NotDispatched("NOT_READY", str(exc)) from None
+        await _ready(executor, config, executor_id, ready_timeout=ready_timeout, wait=wait)
         info = await executor.info()
         spec = dynamic_method(info.services, service, method)
         rpc = executor.current_rpc
@@ -167,8 +216,7 @@ def _cmd_call(ns: argparse.Namespace) -> int:
     config_path, target, json_args = _split_call_operands(ns.operands)
     service, method = _parse_target(target)
     args, kwargs = _parse_arguments(json_args)
-    if ns.timeout <= 0:
-        raise UsageError("--timeout must be > 0")
+    _check_waits(ns)
     config = _load_any(config_path)
     progress = _CallProgress()
     try:
@@ -183,6 +231,7 @@ def _cmd_call(ns: argparse.Namespace) -> int:
                 call_timeout=ns.call_timeout,
                 progress=progress,
                 executor_id=ns.executor,
+                wait=ns.wait,
             )
         )
     except BaseException as exc:
@@ -214,23 +263,32 @@ def describe_lines(services: Mapping[str, Any]) -> list[str]:
 
 
 async def _describe_executor(
-    config: LinkConfig | FleetConfig, *, ready_timeout: float, executor_id: str | None = None
+    config: LinkConfig | FleetConfig,
+    *,
+    ready_timeout: float,
+    executor_id: str | None = None,
+    wait: float | None = None,
 ) -> ExecutorInfo:
     async with _open_executor(config, executor_id) as executor:
-        try:
-            await executor.wait_ready(timeout=ready_timeout)
-        except TimeoutError as exc:
-            raise NotDispatched("NOT_READY", str(exc)) from None
+        await _ready(executor, config, executor_id, ready_timeout=ready_timeout, wait=wait)
         return await executor.info()
+
+
+def _check_waits(ns: argparse.Namespace) -> None:
+    if ns.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0, got {ns.timeout:g}; e.g. --timeout 10")
+    if ns.wait is not None and ns.wait <= 0:
+        raise UsageError(f"--wait must be > 0, got {ns.wait:g}; e.g. --wait 30")
 
 
 def _cmd_describe(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
-    if ns.timeout <= 0:
-        raise UsageError("--timeout must be > 0")
+    _check_waits(ns)
     config = _load_any(ns.config)
     info = anyio.run(
-        lambda: _describe_executor(config, ready_timeout=ns.timeout, executor_id=ns.executor)
+        lambda: _describe_executor(
+            config, ready_timeout=ns.timeout, executor_id=ns.executor, wait=ns.wait
+        )
     )
     if ns.json:
         _print_json(

@@ -27,21 +27,59 @@ EXIT_TAKEN_OVER = 7
 EXIT_REFUSED = 8
 EXIT_INTERRUPTED = 130
 
-_EXIT_CODES_HELP = """\
-exit codes:
-  0    success
-  1    other failure (link or OS error; an internal error: -v shows why)
-  2    usage or configuration error
-  3    NotDispatched   not executed (offline, not ready within --timeout)
-  4    Rejected        refused unexecuted (unknown method, bad arguments)
-  5    RemoteError     executed and raised
-  6    OutcomeUnknown  may have executed (timeout, continuity lost)
-  7    worker: another process took over this executor id
-  8    refused by the other end: wrong secret or executor id, role, version
-  130  interrupted (call: the message says whether the call was sent)
+_EXIT_CODE_LINES = {
+    EXIT_OK: "success",
+    EXIT_OTHER: "other failure (link or OS error; an internal error: -v shows why)",
+    EXIT_USAGE: "usage or configuration error (the message says what to change)",
+    EXIT_NOT_DISPATCHED: "NotDispatched   not executed (offline, unreachable, not ready in time)",
+    EXIT_REJECTED: "Rejected        refused unexecuted (unknown method, bad arguments)",
+    EXIT_REMOTE_ERROR: "RemoteError     executed and raised",
+    EXIT_OUTCOME_UNKNOWN: "OutcomeUnknown  may have executed (timeout, continuity lost)",
+    EXIT_TAKEN_OVER: "another process took over this executor id",
+    EXIT_REFUSED: "refused by the other end: wrong secret or executor id, role, version",
+    EXIT_INTERRUPTED: "interrupted (call: the message says whether the call was sent)",
+}
 
-Errors print one line on stderr, "error: [outcome:code] message", without a traceback.
-"""
+COMMAND_EXIT_CODES: dict[str | None, tuple[int, ...]] = {
+    None: tuple(_EXIT_CODE_LINES),  # garcon-link --help: every code
+    "demo": (EXIT_OK, EXIT_OTHER),
+    "worker": (EXIT_OK, EXIT_OTHER, EXIT_USAGE, EXIT_TAKEN_OVER),
+    "keygen": (EXIT_OK, EXIT_OTHER, EXIT_USAGE),
+    "init": (EXIT_OK, EXIT_OTHER, EXIT_USAGE),
+    "call": (
+        EXIT_OK,
+        EXIT_OTHER,
+        EXIT_USAGE,
+        EXIT_NOT_DISPATCHED,
+        EXIT_REJECTED,
+        EXIT_REMOTE_ERROR,
+        EXIT_OUTCOME_UNKNOWN,
+        EXIT_REFUSED,
+        EXIT_INTERRUPTED,
+    ),
+    "describe": (
+        EXIT_OK,
+        EXIT_OTHER,
+        EXIT_USAGE,
+        EXIT_NOT_DISPATCHED,
+        EXIT_REFUSED,
+        EXIT_INTERRUPTED,
+    ),
+    "fleet": (EXIT_OK, EXIT_OTHER, EXIT_USAGE),
+    "stub": (EXIT_OK, EXIT_OTHER, EXIT_USAGE),
+}
+"""The exit codes each command can end with (``None``: the program as a whole)."""
+
+
+def exit_codes_help(command: str | None = None) -> str:
+    """The ``exit codes:`` block of a command's ``--help`` (only the codes it can end with)."""
+    lines = ["exit codes:"]
+    lines += [f"  {code:<4} {_EXIT_CODE_LINES[code]}" for code in COMMAND_EXIT_CODES[command]]
+    outcome = EXIT_NOT_DISPATCHED in COMMAND_EXIT_CODES[command]
+    shape = '"error: [outcome:code] message"' if outcome else '"error: message"'
+    return (
+        "\n".join(lines) + f"\n\nErrors print one line on stderr, {shape}, without a traceback.\n"
+    )
 
 
 class UsageError(Exception):

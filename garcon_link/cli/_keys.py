@@ -63,11 +63,13 @@ def _cmd_init(ns: argparse.Namespace) -> int:
         path = directory / name
         path.write_text(content, encoding="utf-8")
         written.append(str(path))
-    where = shlex.quote(str(directory))
+    # Already there (init .): no "cd . &&" before the commands.
+    here = directory.resolve() == Path.cwd().resolve()
+    cd = "" if here else f"cd {shlex.quote(str(directory))} && "
     _emit(f"wrote {', '.join(written)} and {secret} (the shared secret, mode 0600)")
     _emit(
-        f"start the worker:       cd {where} && garcon-link worker worker.toml "
+        f"start the worker:       {cd}garcon-link worker worker.toml "
         f"--service {_scaffold.SERVICE_ARG}"
     )
-    _emit(f"then, in another shell: cd {where} && python calc.py")
+    _emit(f"then, in another shell: {cd}python calc.py")
     return EXIT_OK

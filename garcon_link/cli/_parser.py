@@ -10,9 +10,9 @@ from typing import Any, NoReturn
 
 from .. import _scaffold
 from ..settings.config import CONFIG_ENV_VAR
-from ._call import _cmd_call, _cmd_describe
+from ._call import REFUSED_DIALS, _cmd_call, _cmd_describe
 from ._demo import _cmd_demo
-from ._exits import _EXIT_CODES_HELP, EXIT_USAGE
+from ._exits import EXIT_USAGE, exit_codes_help
 from ._fleet import _cmd_fleet
 from ._keys import _cmd_init, _cmd_keygen
 from ._stub import _cmd_stub
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Resumable, authenticated WebSocket RPC to Python services in a worker.\n\n"
         "New here? 'garcon-link init DIR' writes a worker/controller pair and a service to start "
         "from, and prints the two commands that run it.",
-        epilog=_EXIT_CODES_HELP,
+        epilog=exit_codes_help(),
     )
     parser.add_argument("--version", action="version", version=f"garcon-link {__version__}")
     # -v is accepted before the command too (garcon-link -v call ...); main() adds both counts.
@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A worker in a child process and a controller here, on loopback: calls, a "
         "stream, a socket cut that resumes, a worker kill and restart, a SIGTERM drain. Exit 0 "
         "only if every step behaved as promised.",
+        epilog=exit_codes_help("demo"),
     )
     demo.set_defaults(func=_cmd_demo)
 
@@ -119,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="--service NAME=module:attr: an object is served as is; a class is instantiated "
         "once with no arguments;\na function is a per-session factory: called with the "
         "session's ServiceScope, it returns an async\ncontext manager yielding the object "
-        "served for that session. The current directory is importable.\n\n" + _EXIT_CODES_HELP,
+        "served for that session. The current directory is importable.\n\n"
+        + exit_codes_help("worker"),
     )
     worker.add_argument(
         "config",
@@ -189,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         "fleet controller by writing DIR/ID.secret (DIR is created with mode 0700 if missing) "
         "and print where it went; copy that file to the worker as its secret_file. ID may hold "
         "ASCII letters, digits, '.', '_' and '-', and must not start with '.'.",
+        epilog=exit_codes_help("keygen"),
     )
     keygen.add_argument("path", nargs="?", metavar="PATH", help="the secret file to write")
     keygen.add_argument(
@@ -208,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         "secret link.secret (mode 0600) and calc.py (the README's example) into DIR, then print "
         "the two commands to run. DIR is created if missing; a non-empty DIR is refused (exit 2) "
         "unless --force.",
+        epilog=exit_codes_help("init"),
     )
     init.add_argument("dir", metavar="DIR")
     init.add_argument(
@@ -226,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     call = commands.add_parser(
         "call",
         parents=[common],
-        usage="garcon-link call [-h] [-v] [--timeout S] [--call-timeout S]\n"
+        usage="garcon-link call [-h] [-v] [--timeout S] [--wait S] [--call-timeout S]\n"
         "                        [--executor ID] [CONFIG|-] SERVICE.METHOD [JSON_ARGS]",
         help="make one call and print its result as JSON",
         description="Connect with a controller config, wait until the executor is ready, call "
@@ -234,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one-way methods: nothing). JSON_ARGS is a JSON array (positional) or object (keyword). "
         "bytes print as base64. If the config listens, call waits for the worker to dial in. "
         f"CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
-        epilog=_EXIT_CODES_HELP,
+        epilog=exit_codes_help("call"),
     )
     call.add_argument("operands", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
     _add_ready_timeout(call)
@@ -258,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         "included); then the fields of the dataclasses, TypedDicts, Structs and enums the "
         "methods use (type, default as JSON), to write call's JSON_ARGS from. "
         f"CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
-        epilog=_EXIT_CODES_HELP,
+        epilog=exit_codes_help("describe"),
     )
     describe.add_argument(
         "config",
@@ -285,8 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
         "imports included: with --sync its sync view (def methods, streams returning "
         "Iterator[T]) for connect_sync, else the async interface. Write it to a file and "
         "import it from there.",
-        epilog="exit codes: 0 printed; 2 usage or configuration error (not importable, not a "
-        "class, a method that cannot be served, a default that cannot be written as source)",
+        epilog=exit_codes_help("stub"),
     )
     stub.add_argument("target", metavar="MODULE:ATTR", help="the interface, e.g. lab:Lab")
     stub.add_argument(
@@ -302,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
         "entries) until SIGINT/SIGTERM. On a terminal: a table of executors (availability, "
         "session, since, calls, errors) redrawn in place. Otherwise, or with --json, one line "
         f"per event. CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
+        epilog=exit_codes_help("fleet"),
     )
     fleet_cmd.add_argument(
         "config",
@@ -332,4 +336,13 @@ def _add_ready_timeout(command: argparse.ArgumentParser) -> None:
         default=10.0,
         metavar="S",
         help="seconds to wait for the executor to be ready (default 10); else exit 3",
+    )
+    command.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="S",
+        help="wait up to S seconds (instead of --timeout) for a worker that is starting; "
+        f"without it, {REFUSED_DIALS} dials in a row that find nothing listening (connection "
+        "refused, or the name does not resolve) end the command at once (exit 3)",
     )

@@ -124,6 +124,7 @@ from ..errors import (
     LinkError,
     MalformedFrame,
     SessionFailed,
+    Unreachable,
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
@@ -339,6 +340,10 @@ class WebSocketLink:
         version, role), with the fix in its message; cleared by a completed handshake. The dial
         loop keeps dialing (the other end may be fixed meanwhile)."""
         self._refusal_listeners: list[Callable[[HandshakeError], None]] = []
+        self.last_dial_error: str | None = None
+        """Why the latest dial attempt failed (``None`` once a dial attached a socket): what a
+        caller waiting for readiness reports (a dialing link only)."""
+        self._dial_listeners: list[Callable[[LinkError], None]] = []
         self.stopped = anyio.Event()
         """Set when the link gave up for good (:attr:`taken_over`); :meth:`aclose` still needed."""
         self._tag = f"{self.role.value}[{self.runtime_id.hex()[:6]}]"
@@ -423,6 +428,14 @@ class WebSocketLink:
             self._refusal_listeners.remove(listener)
             if listener in self._refusal_listeners
             else None
+        )
+
+    def on_dial_failed(self, listener: Callable[[LinkError], None]) -> Callable[[], None]:
+        """Call ``listener(error)`` after each failed dial attempt (:class:`Unreachable` when
+        nothing listens or the name does not resolve). Returns an unsubscribe callable."""
+        self._dial_listeners.append(listener)
+        return lambda: (
+            self._dial_listeners.remove(listener) if listener in self._dial_listeners else None
         )
 
     def _refused(self, reason: HandshakeFailure, detail: str, fix: str) -> None:
@@ -565,16 +578,10 @@ class WebSocketLink:
                 admitted = await self._dial_once()
                 if admitted is not None:
                     up_since = anyio.current_time()
+                    self.last_dial_error = None
                     await admitted()
             except LinkError as exc:
-                self.last_error = str(exc)
-                log.warning(
-                    "%s dial %s failed: %s",
-                    self._tag,
-                    self.url,
-                    self.last_error,
-                    extra=log_fields(executor=self.executor_id, peer=_dial_peer(self._dial)),
-                )
+                self._dial_failed(exc)
             except Exception as exc:
                 self._peer_failed(self.url, exc)  # never the dial loop's failure: dial again
             if self._given_up():
@@ -595,9 +602,25 @@ class WebSocketLink:
             else:
                 await anyio.lowlevel.checkpoint()
 
+    def _dial_failed(self, exc: LinkError) -> None:
+        self.last_error = self.last_dial_error = str(exc)
+        if isinstance(exc, Unreachable):
+            self._stats.dials_refused += 1
+            self._stats.dials_refused_in_a_row += 1
+        log.warning(
+            "%s dial %s failed: %s",
+            self._tag,
+            self.url,
+            self.last_error,
+            extra=log_fields(executor=self.executor_id, peer=_dial_peer(self._dial)),
+        )
+        for listener in list(self._dial_listeners):
+            listener(exc)
+
     async def _dial_once(self) -> Admitted | None:
         assert self._dial is not None
         stream = await connect(self._dial, self.limits)
+        self._stats.dials_refused_in_a_row = 0
         try:
             with anyio.move_on_after(self.limits.handshake_timeout) as deadline:
                 sock = await client_upgrade(
@@ -1144,6 +1167,15 @@ class ExecutorLink:
 
     def on_refusal(self, listener: Callable[[HandshakeError], None]) -> Callable[[], None]:
         return self._link.on_refusal(listener)
+
+    @property
+    def last_dial_error(self) -> str | None:
+        """Why the link's latest dial failed (``None`` for a listening link, or once a dial
+        attached a socket)."""
+        return self._link.last_dial_error
+
+    def on_dial_failed(self, listener: Callable[[LinkError], None]) -> Callable[[], None]:
+        return self._link.on_dial_failed(listener)
 
     @property
     def url(self) -> str:

@@ -669,7 +669,7 @@ class SessionTransport:
         log.info(
             "session %s retired: %s",
             self.label,
-            failure,
+            failure.cause,
             extra=log_fields(session=self.session_id),
         )
         if self._pending or self._buffer:

@@ -329,12 +329,34 @@ async def connect(host: str, port: int) -> AsyncioByteStream:
     shutdown while dialing) can leak the socket it was connecting.
 
     Raises:
-        OSError: resolution or connection failed.
+        socket.gaierror: the name did not resolve.
+        ConnectionRefusedError: every address refused the connection.
+        OSError: otherwise, the first failure that was not a refusal.
     """
     loop = asyncio.get_running_loop()
-    transport, protocol = await loop.create_connection(_Protocol, host, port)
-    _set_nodelay(transport.get_extra_info("socket"))
-    return AsyncioByteStream(transport, protocol)
+    addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    failures: list[OSError] = []
+    for family, kind, proto, _name, address in addresses:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+            transport, protocol = await loop.create_connection(_Protocol, sock=sock)
+        except OSError as exc:
+            sock.close()
+            failures.append(exc)
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        _set_nodelay(transport.get_extra_info("socket"))
+        return AsyncioByteStream(transport, protocol)
+    if not failures:
+        raise OSError(f"{host} resolved to no address")
+    # asyncio would fold several failures into one message without an errno; keep the one
+    # that says the most: a refusal only if every address refused.
+    others = [exc for exc in failures if not isinstance(exc, ConnectionRefusedError)]
+    raise (others or failures)[0]
 
 
 def _set_nodelay(sock: socket.socket) -> None:

@@ -62,10 +62,13 @@ exception objects.
 from __future__ import annotations
 
 import asyncio
+import errno
 import http
 import logging
 import math
+import os
 import re
+import socket
 import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable, Coroutine
@@ -92,7 +95,7 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from ..core.wire import PEER_RETIRED_CODES, CloseCode
-from ..errors import FrameTooLarge, HandshakeFailure, LinkError, MalformedFrame
+from ..errors import FrameTooLarge, HandshakeFailure, LinkError, MalformedFrame, Unreachable
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
 from . import _asyncio_stream
@@ -304,6 +307,12 @@ class LinkStatistics:
     """Incoming connections whose TLS handshake failed (listening with TLS)."""
     handshakes_abandoned: int = 0
     """Sockets the peer closed before the handshake completed."""
+    dials_refused: int = 0
+    """Dials that found nothing: the connection was refused by every address, or the host name
+    did not resolve (:class:`~garcon_link.errors.Unreachable`)."""
+    dials_refused_in_a_row: int = field(default=0, metadata={"metric": "gauge"})
+    """Such dials since the last one that connected (0 once a dial connects): how long nothing
+    has listened at the dialed address, in attempts."""
 
     def count_handshake_failure(self, reason: HandshakeFailure) -> None:
         self.handshakes_failed[reason.name] = self.handshakes_failed.get(reason.name, 0) + 1
@@ -672,7 +681,8 @@ async def connect(target: DialTarget, limits: Limits) -> anyio.abc.ByteStream:
     """Open the TCP connection to ``target`` within ``connect_timeout``.
 
     Raises:
-        LinkError: timed out or refused (the OS's reason, one line).
+        Unreachable: every address refused the connection, or the host name did not resolve.
+        LinkError: timed out or failed otherwise (the OS's reason, one line).
     """
     host, port = target.host, target.port
     try:
@@ -683,7 +693,27 @@ async def connect(target: DialTarget, limits: Limits) -> anyio.abc.ByteStream:
     except TimeoutError as exc:
         raise LinkError(f"connect to {host}:{port} timed out") from exc
     except OSError as exc:
-        raise LinkError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from exc
+        if isinstance(exc, socket.gaierror):
+            raise Unreachable(
+                f"cannot resolve {host}: {exc.strerror or exc} (dialing {host}:{port})"
+            ) from exc
+        # The errno's own words: asyncio's strerror is "Connect call failed (address)".
+        why = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
+        if _refused(exc):
+            refused = os.strerror(errno.ECONNREFUSED)
+            raise Unreachable(f"cannot connect to {host}:{port}: {refused}") from exc
+        raise LinkError(f"cannot connect to {host}:{port}: {why}") from exc
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a failed connect was refused by every address it tried (anyio reports several
+    attempts as one ``OSError`` caused by a group of them)."""
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    cause = exc.__cause__
+    if isinstance(cause, BaseExceptionGroup):
+        return all(_refused(inner) for inner in cause.exceptions)
+    return cause is not None and _refused(cause)
 
 
 async def client_upgrade(
