@@ -161,6 +161,7 @@ def link_from_config(
         dial=config.dial_target if config.dial is not None else None,
         ssl_context=config.ssl_context(),
         allow_insecure_development=config.allow_insecure_development,
+        controller_id=config.controller_id,
     )
 
 

@@ -1,7 +1,11 @@
 """The worker runtime: :class:`Worker` and :func:`serve` (docs/design.md#facades).
 
-A worker serves ``services`` to one controller at a time. ``services`` is either a mapping of
-name -> object, or a factory called once per logical session with its
+A worker serves ``services`` to several controllers at once, one logical session each (up to
+``Limits.max_controllers``; docs/design.md#many-controllers): each session has its own
+:class:`~garcon_link.rpc.rpc.ExecutorRpc` (ordinals, retention, budgets, session-scoped
+resources), while worker-scoped services and the idempotency table are shared by all.
+``services`` is either a mapping of name -> object, or a factory called once per logical session
+with its
 :class:`~garcon_link.rpc.resources.ServiceScope` that returns an async context manager yielding
 that mapping (:mod:`garcon_link.api.registration` checks what it holds). A retired session's
 scope is closed in the background, bounded by ``scope_cleanup_timeout``, never blocking the new
@@ -11,7 +15,7 @@ its handlers there and ``describe`` reports it as ``worker_instance_id``
 (docs/design.md#durable-work). The worker scope is closed after the link, when the worker stops.
 
 Graceful drain (``Worker(..., drain=)``, ``Worker.aclose(drain=)``, ``serve(..., drain=)``, and
-``garcon-link worker`` on SIGTERM): the session refuses the controller's new calls, unexecuted,
+``garcon-link worker`` on SIGTERM): every session refuses its controller's new calls, unexecuted,
 with ``NotDispatched("DRAINING")`` (``ExecutorRpc.start_drain``; so does a session that begins
 during the drain) while running handlers finish and their replies are acknowledged. What is
 still running when the drain time is up ends as any close ends it: the caller's call fails
@@ -40,7 +44,7 @@ from ..rpc.hooks import CallHook
 from ..rpc.idempotency import IdempotencyStatistics, KeyedExecutions
 from ..rpc.interface import contract_hash
 from ..rpc.resources import ServiceScope, WorkerScope
-from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
+from ..rpc.rpc import CallObserver, ExecutorRpc, Registry, RpcStatistics
 from ..settings.config import LinkConfig
 from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
 from .registration import ServiceFactory, ServiceMap, registry_from
@@ -53,7 +57,7 @@ EventSink = Callable[[str], None]
 
 
 class Worker(Endpoint):
-    """The worker side: serves ``services`` to one controller at a time.
+    """The worker side: serves ``services`` to each controller in a session of its own.
 
     Args:
         config: the worker's configuration (listen or dial).
@@ -95,7 +99,7 @@ class Worker(Endpoint):
         self.sessions = 0
         self._observer = CallObserver(hooks, self.limits, config.executor_id)
         self._totals = SessionTotals()
-        self._rpc: ExecutorRpc | None = None
+        self._rpcs: list[ExecutorRpc] = []  # one per session being served, oldest first
         assert self._own_link is not None
         self.worker_scope = WorkerScope(config.executor_id, self._own_link.runtime_id)
         """Shared by every logical session of this worker (worker-scoped services);
@@ -117,8 +121,23 @@ class Worker(Endpoint):
     def statistics(self) -> ExecutorStatistics:
         """A snapshot of this worker's calls, sessions and link (:class:`ExecutorStatistics`)."""
         return self._totals.snapshot(
-            self.config.executor_id, self._observer, self.link.statistics(), self._rpc
+            self.config.executor_id, self._observer, self.link.statistics(), self.current_rpc
         )
+
+    def controllers(self) -> dict[str, RpcStatistics]:
+        """The calls of each controller this worker serves now, by controller (its
+        ``controller_id``, or its runtime id in hex), oldest session first. A worker that dials
+        has one controller, the one it dials, named ``"dialed"``."""
+        by_transport = {id(rpc.transport): rpc for rpc in self._rpcs}
+        assert self._own_link is not None
+        named = self._own_link.controllers()
+        if not named and self.config.dial is not None and self._rpcs:
+            return {"dialed": self._rpcs[-1].statistics()}
+        return {
+            label: rpc.statistics()
+            for label, transport in named.items()
+            if (rpc := by_transport.get(id(transport))) is not None
+        }
 
     async def __aenter__(self) -> Worker:
         await self._start()
@@ -164,26 +183,30 @@ class Worker(Endpoint):
 
     async def _drain(self, seconds: float) -> None:
         self._draining = True
-        rpc = self._rpc
-        if rpc is None:
+        rpcs = list(self._rpcs)
+        if not rpcs:
             return
-        rpc.start_drain()
-        stats = rpc.statistics()
+        for rpc in rpcs:
+            rpc.start_drain()
         log.info(
             "executor %s: draining %d running call(s) for up to %.1fs",
             self.config.executor_id,
-            stats.incoming_calls,
+            sum(rpc.statistics().incoming_calls for rpc in rpcs),
             seconds,
             extra=log_fields(executor=self.config.executor_id),
         )
-        if not await rpc.drained(seconds):
-            stats = rpc.statistics()
+        deadline = anyio.current_time() + seconds
+        drained = True
+        for rpc in rpcs:  # every session drains at once; this waits for each in turn
+            remaining = max(0.0, deadline - anyio.current_time())
+            drained = await rpc.drained(remaining) and drained
+        if not drained:
             log.warning(
                 "executor %s: drain time (%.1fs) is up with %d call(s) still running; closing "
                 "(their callers see OutcomeUnknown)",
                 self.config.executor_id,
                 seconds,
-                stats.incoming_calls,
+                sum(rpc.statistics().incoming_calls for rpc in rpcs),
                 extra=log_fields(executor=self.config.executor_id),
             )
 
@@ -204,8 +227,9 @@ class Worker(Endpoint):
 
     @property
     def current_rpc(self) -> ExecutorRpc | None:
-        """The RPC of the session being served (for its ``statistics()``), if any."""
-        return self._rpc
+        """The RPC of the newest session being served (for its ``statistics()``), if any;
+        :meth:`controllers` has every controller's."""
+        return self._rpcs[-1] if self._rpcs else None
 
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
         scope = self.worker_scope.session_scope(os.urandom(16))
@@ -292,14 +316,13 @@ class Worker(Endpoint):
         announced: list[bool] = []
         unsubscribe = transport.add_listener(announce)
         announce(transport.state)
-        self._rpc = rpc
+        self._rpcs.append(rpc)
         try:
             await rpc.run()
         finally:
             unsubscribe()
             self._totals.ended(transport)
-            if self._rpc is rpc:
-                self._rpc = None
+            self._rpcs.remove(rpc)
 
     async def _close_scope(self, stack: contextlib.AsyncExitStack, scope: ServiceScope) -> None:
         with anyio.move_on_after(self.limits.scope_cleanup_timeout, shield=True) as cleanup:

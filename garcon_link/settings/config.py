@@ -11,6 +11,7 @@ here is refused::
 
     executor_id = "build-box-1"         # required; 1-200 printable characters, no whitespace
     role = "worker"                     # required; "worker" or "controller"
+    # controller_id = "scheduler"       # optional, a controller's only; same rules as executor_id
     secret_file = "link.secret"         # exactly one of secret_file / secret
     # secret = "..."                    # inline: >= 32 bytes (UTF-8, or 64+ hex digits)
     allow_insecure_development = false  # optional boolean, default false
@@ -94,7 +95,7 @@ import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..core.wire import Role
 from ..errors import ConfigError
@@ -140,6 +141,7 @@ _PORT_TEXT = re.compile(r"[0-9]{1,5}\Z")
 _TOP_LEVEL_KEYS = (
     "executor_id",
     "role",
+    "controller_id",
     "secret",
     "secret_file",
     "allow_insecure_development",
@@ -424,6 +426,33 @@ def _check_shared_types(
         raise ConfigError(f"{owner}: source: expected a Path, got {_type_name(where)}")
 
 
+def _check_controller_id(value: object, role: Role | str, src: Source) -> None:
+    """``controller_id``: a controller's name for itself on every worker it talks to (a worker
+    holds one session per controller; docs/design.md#many-controllers). Same rules as an
+    ``executor_id``; None (the default) makes each process a controller of its own."""
+    if value is None:
+        return
+    fix = 'use a short name such as "scheduler", or leave it out (each process is its own)'
+    if not isinstance(value, str):
+        raise refusal(src, "controller_id", f"expected a string, got {_type_name(value)}", fix)
+    if role != Role.CONTROLLER and role != "controller":
+        raise refusal(
+            src,
+            "controller_id",
+            "only a controller has a controller_id",
+            "remove it from the worker's configuration",
+        )
+    if not value or len(value) > MAX_EXECUTOR_ID_CHARS:
+        raise refusal(
+            src,
+            "controller_id",
+            f"must be 1-{MAX_EXECUTOR_ID_CHARS} characters, got {len(value)}",
+            fix,
+        )
+    if not value.isprintable() or any(ch.isspace() for ch in value):
+        raise refusal(src, "controller_id", "contains whitespace or unprintable characters", fix)
+
+
 @dataclass(frozen=True, slots=True)
 class LinkConfig:
     """Everything one endpoint needs; loaded by :func:`load_config` or built in code.
@@ -445,10 +474,12 @@ class LinkConfig:
     tls: TlsConfig | None = None
     limits: Limits = field(default_factory=Limits)
     source: Path | None = None
+    controller_id: str | None = None
 
     def __post_init__(self) -> None:
         src = self.source
         self._check_types()
+        _check_controller_id(self.controller_id, self.role, src)
         ident = self.executor_id
         if not ident or len(ident) > MAX_EXECUTOR_ID_CHARS:
             raise refusal(
@@ -676,10 +707,12 @@ class FleetConfig:
     limits: Limits = field(default_factory=Limits)
     allow_insecure_development: bool = False
     source: Path | None = None
+    controller_id: str | None = None
 
     def __post_init__(self) -> None:
         src: Source = self.source if self.source is not None else "FleetConfig"
         self._check_types(src)
+        _check_controller_id(self.controller_id, Role.CONTROLLER, src)
         if (self.listen is None) != (self.keyring is None):
             raise refusal(
                 src,
@@ -825,6 +858,7 @@ class FleetConfig:
             tls=self.tls if secure else None,
             limits=self.limits,
             source=self.source,
+            controller_id=self.controller_id,
         )
 
 
@@ -995,6 +1029,8 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
             'role = "worker"',
         )
     insecure = _get(doc, "allow_insecure_development", bool, source, "allow_insecure_development")
+    controller_id = doc.get("controller_id")
+    _check_controller_id(controller_id, role, source)
 
     inline = _get(doc, "secret", str, source, "secret")
     secret_file = _get(doc, "secret_file", str, source, "secret_file")
@@ -1050,6 +1086,7 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
         tls=tls,
         limits=limits,
         source=source,
+        controller_id=controller_id,
     )
 
 
@@ -1057,6 +1094,7 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
 
 _FLEET_TOP_LEVEL_KEYS = (
     "role",
+    "controller_id",
     "allow_insecure_development",
     "connection",
     "executors",
@@ -1188,8 +1226,15 @@ def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
         limits=Limits() if limits_table is None else _load_limits(limits_table, source),
         allow_insecure_development=bool(insecure),
         source=source,
+        controller_id=_fleet_controller_id(doc, source),
         **extra,
     )
+
+
+def _fleet_controller_id(doc: dict[str, Any], source: Path) -> str | None:
+    value = doc.get("controller_id")
+    _check_controller_id(value, Role.CONTROLLER, source)
+    return cast("str | None", value)
 
 
 def _load_dial_entry(table: object, number: int, source: Path) -> DialExecutor:
