@@ -390,6 +390,9 @@ class Hello:
         role = obj["role"]
         if type(role) is not str or role not in (Role.CONTROLLER.value, Role.WORKER.value):
             raise HandshakeError(HandshakeFailure.MALFORMED, f"unknown role {describe_value(role)}")
+        if "controller" in obj and obj["controller"] is None:
+            # Absent means none; a null would re-encode without the key and so MAC differently.
+            raise HandshakeError(HandshakeFailure.MALFORMED, "controller must be a text string")
         try:
             return cls(
                 protocol=protocol,
