@@ -231,3 +231,59 @@ async def test_the_same_controller_id_takes_over_once_its_holder_stops_answering
             assert await other.service("calc", Calc).add(1, 1) == 2
             for stop in stops:
                 stop.set()
+
+
+async def test_a_dialing_worker_dials_several_controllers(anyio_backend: str) -> None:
+    impl = CalcImpl()
+
+    def listening() -> gl.LinkConfig:
+        return gl.LinkConfig(
+            executor_id="box",
+            role=gl.Role.CONTROLLER,
+            secret=SECRET,
+            listen=("127.0.0.1", 0),
+            limits=LIMITS,
+        )
+
+    with anyio.fail_after(30):
+        async with gl.connect(listening()) as a, gl.connect(listening()) as b:
+            urls = (a.link.url, b.link.url)
+            config = gl.LinkConfig(
+                executor_id="box",
+                role=gl.Role.WORKER,
+                secret=SECRET,
+                dial=urls[0],
+                also_dial=urls[1:],
+                limits=LIMITS,
+            )
+            assert config.dial_urls == urls
+            async with gl.Worker(config, {"calc": impl}) as worker:
+                await a.wait_ready(timeout=10)
+                await b.wait_ready(timeout=10)
+                assert await a.service("calc", Calc).add(1, 2) == 3
+                assert [x async for x in b.service("calc", Calc).count(4)] == [0, 1, 2, 3]
+                assert sorted(worker.controllers()) == sorted(urls)
+                # One worker process: both controllers see the same worker instance.
+                info_a, info_b = await a.info(), await b.info()
+                assert info_a.worker_instance_id == info_b.worker_instance_id
+
+
+def test_a_worker_config_may_dial_a_list_of_controllers(tmp_path: Path) -> None:
+    (tmp_path / "link.secret").write_bytes(SECRET.reveal())
+    (tmp_path / "link.secret").chmod(0o600)
+    path = tmp_path / "worker.toml"
+    body = 'executor_id = "box"\nrole = "{role}"\nsecret_file = "link.secret"\n\n[connection]\n'
+    urls = '["ws://127.0.0.1:1/executor", "ws://127.0.0.1:2/executor"]'
+    path.write_text(body.format(role="worker") + f"dial = {urls}\n", encoding="utf-8")
+    config = gl.load_config(path)
+    assert config.dial_urls == ("ws://127.0.0.1:1/executor", "ws://127.0.0.1:2/executor")
+    path.write_text(body.format(role="controller") + f"dial = {urls}\n", encoding="utf-8")
+    with pytest.raises(gl.ConfigError, match="only a dialing worker dials several"):
+        gl.load_config(path)
+    twice = '["ws://127.0.0.1:1/executor", "ws://127.0.0.1:1/executor"]'
+    path.write_text(body.format(role="worker") + f"dial = {twice}\n", encoding="utf-8")
+    with pytest.raises(gl.ConfigError, match="listed twice"):
+        gl.load_config(path)
+    path.write_text(body.format(role="worker") + "dial = []\n", encoding="utf-8")
+    with pytest.raises(gl.ConfigError, match="non-empty list"):
+        gl.load_config(path)

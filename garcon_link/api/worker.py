@@ -46,7 +46,7 @@ from ..rpc.interface import contract_hash
 from ..rpc.resources import ServiceScope, WorkerScope
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry, RpcStatistics
 from ..settings.config import LinkConfig
-from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
+from .endpoint import Endpoint, ExecutorStatistics, SessionTotals, link_from_config
 from .registration import ServiceFactory, ServiceMap, registry_from
 
 __all__ = ["EventSink", "Worker", "serve"]
@@ -101,6 +101,17 @@ class Worker(Endpoint):
         self._totals = SessionTotals()
         self._rpcs: list[ExecutorRpc] = []  # one per session being served, oldest first
         assert self._own_link is not None
+        own = self._own_link
+        # A worker dialing several controllers: one more link per URL, speaking for this same
+        # process (its runtime id) and drawing on the same retention budget.
+        self._more_links = [
+            link_from_config(
+                config, self.limits, own.retention, dial=url, runtime_id=own.runtime_id
+            )
+            for url in config.also_dial
+        ]
+        for link in self._more_links:
+            link.on_session(self._on_session)
         self.worker_scope = WorkerScope(config.executor_id, self._own_link.runtime_id)
         """Shared by every logical session of this worker (worker-scoped services);
         closed when the worker stops."""
@@ -125,14 +136,18 @@ class Worker(Endpoint):
         )
 
     def controllers(self) -> dict[str, RpcStatistics]:
-        """The calls of each controller this worker serves now, by controller (its
-        ``controller_id``, or its runtime id in hex), oldest session first. A worker that dials
-        has one controller, the one it dials, named ``"dialed"``."""
+        """The calls of each controller this worker serves now, by controller: its
+        ``controller_id`` or its runtime id in hex (oldest session first) for a listening worker,
+        the URL it dials for a dialing one."""
         by_transport = {id(rpc.transport): rpc for rpc in self._rpcs}
         assert self._own_link is not None
         named = self._own_link.controllers()
-        if not named and self.config.dial is not None and self._rpcs:
-            return {"dialed": self._rpcs[-1].statistics()}
+        if self.config.dial is not None:
+            named = {
+                link.url: transport
+                for link in (self._own_link, *self._more_links)
+                if (transport := link.transport) is not None
+            }
         return {
             label: rpc.statistics()
             for label, transport in named.items()
@@ -141,15 +156,32 @@ class Worker(Endpoint):
 
     async def __aenter__(self) -> Worker:
         await self._start()
+        entered: list[WebSocketLink] = []
+        try:
+            for link in self._more_links:
+                await link.__aenter__()
+                entered.append(link)
+        except BaseException:
+            await self._close_more_links(entered)
+            await self._stop()
+            raise
         if self.config.listen is not None:
             self._on_event(
                 f"executor-listening url={self.link.url} executor={self.config.executor_id}"
             )
         else:
-            self._on_event(
-                f"executor-dialing url={self.link.url} executor={self.config.executor_id}"
-            )
+            for link in (self.link, *self._more_links):
+                self._on_event(
+                    f"executor-dialing url={link.url} executor={self.config.executor_id}"
+                )
         return self
+
+    @staticmethod
+    async def _close_more_links(links: Sequence[WebSocketLink]) -> None:
+        # Each entered a task group in this task: exit them in reverse, outside any cancel scope
+        # opened since (the link shields its own close).
+        for link in reversed(links):
+            await link.__aexit__(None, None, None)
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
@@ -174,6 +206,7 @@ class Worker(Endpoint):
             if not self._closed:
                 self._closed = True
                 try:
+                    await self._close_more_links(self._more_links)
                     await self._stop()
                 finally:
                     # After the sessions: worker-scoped objects (e.g. the process service)
@@ -217,13 +250,22 @@ class Worker(Endpoint):
     @property
     def taken_over(self) -> str | None:
         """Why this worker stopped for good: another process with its executor id took over
-        its session, else None. :meth:`wait_stopped` returns once it is set."""
-        return self._own_link.taken_over if self._own_link is not None else None
+        its session (at any of the controllers it dials), else None. :meth:`wait_stopped`
+        returns once it is set."""
+        links = [self._own_link, *self._more_links] if self._own_link is not None else []
+        return next((link.taken_over for link in links if link.taken_over is not None), None)
 
     async def wait_stopped(self) -> None:
         """Return once the worker gave up for good (see :attr:`taken_over`)."""
         assert self._own_link is not None
-        await self._own_link.stopped.wait()
+        async with anyio.create_task_group() as tg:
+
+            async def wait(link: WebSocketLink) -> None:
+                await link.stopped.wait()
+                tg.cancel_scope.cancel()
+
+            for link in (self._own_link, *self._more_links):
+                tg.start_soon(wait, link)
 
     @property
     def current_rpc(self) -> ExecutorRpc | None:

@@ -298,6 +298,8 @@ class WebSocketLink:
         controller_id: a controller's name for itself, sent in its hello: a worker holds one
             session per controller, and a new process with the same ``controller_id`` takes
             over the old one's (default None: each process is a controller of its own).
+        runtime_id: this process's runtime id (16 bytes) when several links speak for one
+            process (a worker dialing several controllers); default: a new random one.
     """
 
     def __init__(
@@ -316,6 +318,7 @@ class WebSocketLink:
         rng: random.Random | None = None,
         retention: RetentionPool | None = None,
         controller_id: str | None = None,
+        runtime_id: bytes | None = None,
     ) -> None:
         if (listen is None) == (dial is None):
             raise ConfigError("a link needs exactly one of listen=(host, port) or dial=URL")
@@ -343,7 +346,7 @@ class WebSocketLink:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from exc
         self._max_executors = max_executors if keys is not None else 1
-        self.runtime_id = os.urandom(16)
+        self.runtime_id = runtime_id if runtime_id is not None else os.urandom(16)
         self._rng = rng or random.Random()
         self._listen = listen
         self._dial = parse_dial_url(dial) if isinstance(dial, str) else dial

@@ -19,6 +19,8 @@ here is refused::
     [connection]                        # required; exactly one of listen / dial
     listen = "127.0.0.1:8765"           # "host:port"; IPv6 as "[::1]:8765"; port 0 = ephemeral
     # dial = "wss://build-box-1.example:443/executor"
+    # dial = ["wss://a.example/executor", "wss://b.example/executor"]   # a worker only: one
+    #                                   # controller per URL, at most Limits.max_controllers
 
     [tls]                               # optional; paths relative to the config file's directory
     cert = "server.pem"                 # certificate chain (PEM); may also hold the key
@@ -475,11 +477,13 @@ class LinkConfig:
     limits: Limits = field(default_factory=Limits)
     source: Path | None = None
     controller_id: str | None = None
+    also_dial: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         src = self.source
         self._check_types()
         _check_controller_id(self.controller_id, self.role, src)
+        self._check_also_dial()
         ident = self.executor_id
         if not ident or len(ident) > MAX_EXECUTOR_ID_CHARS:
             raise refusal(
@@ -550,6 +554,52 @@ class LinkConfig:
         _check_shared_types(
             "LinkConfig", src, self.allow_insecure_development, self.tls, self.limits, self.source
         )
+
+    def _check_also_dial(self) -> None:
+        """``also_dial``: a dialing worker's further controllers (``dial = [...]`` in a file);
+        each URL obeys the rules of ``dial``, none twice, at most ``max_controllers`` in all."""
+        src, more = self.source, self.also_dial
+        if not isinstance(more, tuple) or not all(isinstance(url, str) for url in more):
+            raise refusal(
+                src, "[connection] dial", "expected a list of URL strings", 'dial = ["wss://..."]'
+            )
+        if not more:
+            return
+        if self.dial is None or self.role != Role.WORKER:
+            raise refusal(
+                src,
+                "[connection] dial",
+                "only a dialing worker dials several URLs (one controller each)",
+                "a controller dials several workers as a fleet: [[executors.dial]] entries",
+            )
+        urls = (self.dial, *more)
+        if len(urls) > self.limits.max_controllers:
+            raise refusal(
+                src,
+                "[connection] dial",
+                f"{len(urls)} URLs, more than max_controllers={self.limits.max_controllers}",
+                "dial fewer controllers, or raise [limits] max_controllers",
+            )
+        if len(set(urls)) != len(urls):
+            raise refusal(
+                src, "[connection] dial", "a URL is listed twice", "list each controller once"
+            )
+        for url in more:
+            _check_dial(url, self.tls, self.allow_insecure_development, src)
+            hint = _parse_dial(url, src).executor_hint
+            if hint is not None and hint != self.executor_id:
+                raise refusal(
+                    src,
+                    "[connection] dial",
+                    f"the routing hint executor={hint!r} of {url!r} is not this config's "
+                    f"executor_id {self.executor_id!r}",
+                    f"use ?executor={self.executor_id}",
+                )
+
+    @property
+    def dial_urls(self) -> tuple[str, ...]:
+        """Every URL this endpoint dials: ``dial`` and then ``also_dial`` (empty: it listens)."""
+        return () if self.dial is None else (self.dial, *self.also_dial)
 
     @property
     def is_dialer(self) -> bool:
@@ -1069,7 +1119,20 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
         )
     _check_keys(connection, _CONNECTION_KEYS, source, "[connection]")
     listen_text = _get(connection, "listen", str, source, "[connection] listen")
-    dial = _get(connection, "dial", str, source, "[connection] dial")
+    dial_value = connection.get("dial")
+    also_dial: tuple[str, ...] = ()
+    if isinstance(dial_value, list):
+        if not dial_value or not all(isinstance(url, str) for url in dial_value):
+            raise refusal(
+                source,
+                "[connection] dial",
+                "expected a URL or a non-empty list of URLs",
+                'dial = "wss://host/executor" or dial = ["wss://a/executor", "wss://b/executor"]',
+            )
+        dial: str | None = dial_value[0]
+        also_dial = tuple(dial_value[1:])
+    else:
+        dial = _get(connection, "dial", str, source, "[connection] dial")
     listen = _parse_listen(listen_text, source) if listen_text is not None else None
 
     tls = _load_tls(doc, source)
@@ -1087,6 +1150,7 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
         limits=limits,
         source=source,
         controller_id=controller_id,
+        also_dial=also_dial,
     )
 
 
