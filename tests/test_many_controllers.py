@@ -287,3 +287,37 @@ def test_a_worker_config_may_dial_a_list_of_controllers(tmp_path: Path) -> None:
     path.write_text(body.format(role="worker") + "dial = []\n", encoding="utf-8")
     with pytest.raises(gl.ConfigError, match="non-empty list"):
         gl.load_config(path)
+
+
+async def test_a_controller_at_its_budget_does_not_hold_another_back(anyio_backend: str) -> None:
+    """Each controller's calls are admitted against its own session's budget: one that holds
+    ``max_incoming_calls`` running calls is refused ``OVERLOADED`` for more, while another
+    controller's call runs at once."""
+    impl = CalcImpl()
+    limits = LIMITS.replace(max_incoming_calls=4)
+    with anyio.fail_after(30):
+        async with (
+            gl.Worker(_worker_config(limits), {"calc": impl}) as w,
+            anyio.create_task_group() as tg,
+        ):
+            stops = [anyio.Event() for _ in range(2)]
+            greedy, other = [
+                await tg.start(_hosted, _controller_config(w.url), stop) for stop in stops
+            ]
+            await greedy.wait_ready(timeout=10)
+            await other.wait_ready(timeout=10)
+            calc = greedy.service("calc", Calc)
+            async with anyio.create_task_group() as held:
+                for i in range(4):
+                    held.start_soon(calc.hold, f"k{i}")
+                for i in range(4):
+                    await impl.probe.wait(f"started:k{i}")
+                with pytest.raises(gl.NotDispatched) as refused:
+                    await calc.add(1, 1)
+                assert refused.value.code == "OVERLOADED"
+                assert await other.service("calc", Calc).add(2, 3) == 5
+                assert [x async for x in other.service("calc", Calc).count(3)] == [0, 1, 2]
+                for i in range(4):
+                    impl._release(f"k{i}")
+            for stop in stops:
+                stop.set()
