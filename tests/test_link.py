@@ -39,6 +39,7 @@ from faultutil import (
     ws_frame,
 )
 from linkutil import (
+    CONTROLLER,
     DIRECTIONS,
     EXECUTOR,
     SECRET,
@@ -1072,6 +1073,7 @@ async def listener_hello(
         runtime=runtime or os.urandom(16),
         nonce=os.urandom(32),
         resume=resume,
+        controller=CONTROLLER if role is Role.CONTROLLER else None,
     )
     async with RawClient.connect(address) as client:
         assert isinstance(await client.upgrade(), AcceptConnection)
