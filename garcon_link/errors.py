@@ -273,6 +273,7 @@ class HandshakeFailure(_CodedReason):
     RESUME_REFUSED = ("resume position refused", 4005)
     TAKEN_OVER = ("another process took over this executor id", 4009)
     REGISTRY_FULL = ("the controller serves its maximum number of executors", 1013)
+    CONTROLLERS_FULL = ("the worker serves its maximum number of controllers", 1013)
 
 
 class HandshakeError(_ReasonedError[HandshakeFailure]):

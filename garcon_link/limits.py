@@ -117,9 +117,17 @@ class Limits:
         default=4,
         metadata=_doc(
             "Sockets attached to a session at once, beyond one per executor a keyring listener "
-            "serves; past it an upgrade is answered 503. A socket still being admitted counts as "
+            "serves (one per controller a listening worker serves); past it an upgrade is "
+            "answered 503. A socket still being admitted counts as "
             "unauthenticated; at most this many detached sockets wait for the peer's close frame "
             "(others are closed without waiting)."
+        ),
+    )
+    max_controllers: int = field(
+        default=16,
+        metadata=_doc(
+            "Controllers a worker holds a logical session for at once (one each; a controller "
+            "is its controller_id, by default its runtime); the next one is refused (1013)."
         ),
     )
     receipt_interval: int = field(

@@ -21,6 +21,8 @@ gl_executor    str    the executor id
 gl_session     str    the logical session id, 64 hex digits (messages show a prefix of it)
 gl_peer        str    the remote end of the socket, ``host:port``
 gl_close_code  int    the WebSocket close code of the socket's end (``4008``, ``1001``...)
+gl_controller  str    on a worker, the controller a session belongs to: its ``controller_id``, or
+                      its runtime id in hex when it has none
 ============== ====== ============================================================================
 
 Messages are plain words (no glyphs); payloads and secrets never appear in them.
@@ -74,7 +76,7 @@ __all__ = [
     "peer_text",
 ]
 
-FIELDS = ("gl_executor", "gl_session", "gl_peer", "gl_close_code")
+FIELDS = ("gl_executor", "gl_session", "gl_peer", "gl_close_code", "gl_controller")
 """The documented ``extra`` field names (every ``gl_*`` attribute is written by the formatter)."""
 
 
@@ -84,6 +86,7 @@ def log_fields(
     session: bytes | str | None = None,
     peer: str | None = None,
     close_code: int | None = None,
+    controller: str | None = None,
 ) -> dict[str, object]:
     """The ``extra=`` mapping of a log call: the fields that are known (``None`` is left out).
 
@@ -92,6 +95,7 @@ def log_fields(
         session: the logical session id (bytes are written as hex).
         peer: the socket's remote end, ``host:port``.
         close_code: the WebSocket close code.
+        controller: the controller a worker's session belongs to (:data:`FIELDS`).
     """
     extra: dict[str, object] = {}
     if executor is not None:
@@ -102,6 +106,8 @@ def log_fields(
         extra["gl_peer"] = peer
     if close_code is not None:
         extra["gl_close_code"] = int(close_code)
+    if controller is not None:
+        extra["gl_controller"] = controller
     return extra
 
 

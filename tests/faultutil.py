@@ -60,6 +60,10 @@ from garcon_link.core.wire import (
 )
 
 EXECUTOR_ID = "fault-box"
+CONTROLLER_ID = "legit"
+"""The ``controller_id`` of the controllers here and of a raw peer's controller handshake: one
+controller, whose session a raw peer with the key tries to take over or abuse (a worker holds a
+session per controller, so a raw peer with another id would be a controller of its own)."""
 SECRET_TEXT = "5a" * 32  # 32 bytes as 64 hex digits (what `garcon-link keygen` writes)
 SECRET = gl.Secret(bytes.fromhex(SECRET_TEXT))
 JOURNAL_ENV = "GARCON_TEST_JOURNAL"
@@ -231,7 +235,7 @@ def controller_config(limits: gl.Limits, url: str, **extra: Any) -> gl.LinkConfi
         secret=SECRET,
         dial=url,
         limits=limits,
-        **extra,
+        **{"controller_id": CONTROLLER_ID, **extra},
     )
 
 
@@ -413,12 +417,14 @@ def handshake(
         runtime=os.urandom(16),
         nonce=os.urandom(32),
         resume=None,
+        controller=CONTROLLER_ID if role is gl.Role.CONTROLLER else None,
     )
 
 
 def hello_with(**changes: Any) -> bytes:
     """A canonical hello frame with ``changes`` applied to its map (keys may be added)."""
     wire = handshake().local_hello.to_wire()
+    wire.pop("controller")  # the version-1 hello's keys only, unless changes add it
     wire.update(changes)
     return encode_canonical(wire)
 

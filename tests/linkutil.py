@@ -50,6 +50,10 @@ from garcon_link.testing import FaultProxy
 
 SECRET = b"s" * 32
 EXECUTOR = "box"
+CONTROLLER = "ctl"
+"""The ``controller_id`` of every controller-role link and raw controller handshake here: a
+listening worker holds one session per controller, so the tests of one session (takeover,
+restart, refusals) are one controller's, as they are for a controller listening for a worker."""
 DIRECTIONS = ["controller-dials", "worker-dials"]
 """Who dials whom: every end-to-end test runs in both directions."""
 
@@ -242,6 +246,7 @@ def make_link(
         listen=listen,
         dial=dial,
         ssl_context=ssl_context,
+        controller_id=CONTROLLER if role is Role.CONTROLLER else None,
     )
 
 
@@ -454,6 +459,7 @@ class RawClient:
             runtime=runtime or os.urandom(16),
             nonce=os.urandom(32),
             resume=resume,
+            controller=CONTROLLER if role is Role.CONTROLLER else None,
         )
 
     async def authenticate(self, hs: Handshake) -> HandshakeResult:

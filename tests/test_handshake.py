@@ -21,6 +21,7 @@ from garcon_link.core.handshake import (
     compute_mac,
     decide_resume,
     derive_key,
+    peek_hello,
     transcript,
 )
 from garcon_link.core.wire import Role, decode_item, encode_canonical
@@ -1209,3 +1210,71 @@ def test_mutated_hellos_get_the_documented_reason(ops: list[tuple[str, Any, Any]
         assert c.peer_hello.to_wire() == d
     else:
         assert refused(c, frame).reason is expected
+
+
+# -- the controller field (several controllers on one worker) ---------------------------------
+
+
+def _controller_named(name: str | None) -> Handshake:
+    return Handshake(
+        role=Role.CONTROLLER,
+        executor_id=EXECUTOR,
+        key=KEY,
+        runtime=RT_C,
+        nonce=bytes([0x0C]) * 32,
+        resume=None,
+        controller=name,
+    )
+
+
+def test_a_controller_hello_may_name_its_controller_and_the_worker_reads_it() -> None:
+    c, w = _controller_named("scheduler"), make(Role.WORKER)
+    exchange(c, w)
+    assert w.result is not None and c.result is not None
+    assert w.result.peer.controller == "scheduler"
+    assert c.result.peer.controller is None  # a worker's hello never names one
+    assert w.result.session_id == c.result.session_id
+    assert peek_hello(c.hello_frame()).controller == "scheduler"
+
+
+def test_without_a_controller_the_hello_is_the_version_1_hello_byte_for_byte() -> None:
+    assert _controller_named(None).hello_frame() == make(Role.CONTROLLER).hello_frame()
+    assert "controller" not in decode_item(make(Role.CONTROLLER).hello_frame(), 8192)
+
+
+def test_the_controller_name_is_covered_by_both_proofs() -> None:
+    c, w = _controller_named("scheduler"), make(Role.WORKER)
+    tampered = encode_canonical({**c.local_hello.to_wire(), "controller": "intruder"})
+    proof_w = w.receive(tampered)
+    assert proof_w is not None
+    proof_c = c.receive(w.hello_frame())
+    assert proof_c is not None
+    with pytest.raises(AuthenticationError):
+        w.receive(proof_c)
+    with pytest.raises(AuthenticationError):
+        c.receive(proof_w)
+
+
+@pytest.mark.parametrize(
+    "value", ["", "x" * 201, 7, None, b"scheduler"], ids=["empty", "long", "int", "null", "bytes"]
+)
+def test_a_malformed_controller_name_is_refused(value: object) -> None:
+    w = make(Role.WORKER)
+    frame = encode_canonical({**_controller_named("a").local_hello.to_wire(), "controller": value})
+    assert refused(w, frame).reason is HandshakeFailure.MALFORMED
+
+
+def test_a_worker_hello_naming_a_controller_is_refused() -> None:
+    c = make(Role.CONTROLLER)
+    error = refused(c, encode_canonical(hello_dict(controller="scheduler")))
+    assert error.reason is HandshakeFailure.MALFORMED
+    with pytest.raises(ValueError, match="only a controller"):
+        Handshake(
+            role=Role.WORKER,
+            executor_id=EXECUTOR,
+            key=KEY,
+            runtime=RT_W,
+            nonce=bytes(32),
+            resume=None,
+            controller="scheduler",
+        )

@@ -39,6 +39,7 @@ from faultutil import (
     ws_frame,
 )
 from linkutil import (
+    CONTROLLER,
     DIRECTIONS,
     EXECUTOR,
     SECRET,
@@ -1025,10 +1026,30 @@ async def test_a_key_holder_replacing_its_own_socket_keeps_few_closes_waiting() 
 @anyio_test
 @by_direction
 async def test_authenticated_cap_answers_503(direction: str) -> None:
-    limits = small_limits(max_authenticated_sockets=1)
+    limits = small_limits(max_authenticated_sockets=1, max_controllers=1)
     with anyio.fail_after(DEADLINE):
         async with link_pair(direction, limits) as pair:
             await pair.wait_ready()
+            if direction == "controller-dials":
+                # A listening worker allows one attached socket per controller beyond the
+                # allowance: another controller's socket is upgraded, then refused at admission
+                # because max_controllers are held (1013), never attached.
+                _listen_role, dial_role = roles(direction)
+                async with RawClient.connect(pair.listener.link.listen_address) as client:
+                    assert isinstance(await client.upgrade(), AcceptConnection)
+                    other = Handshake(
+                        role=dial_role,
+                        executor_id=EXECUTOR,
+                        key=derive_key(SECRET),
+                        runtime=os.urandom(16),
+                        nonce=os.urandom(32),
+                        resume=None,
+                        controller="another-controller",
+                    )
+                    assert await client.authenticate_refused(other) == 1013
+                assert pair.listener.link.statistics().controllers_refused == 1
+                assert pair.listener.current.ready
+                return
             async with RawClient.connect(pair.listener.link.listen_address) as client:
                 event = await client.upgrade()
                 assert isinstance(event, RejectConnection) and event.status_code == 503
@@ -1052,6 +1073,7 @@ async def listener_hello(
         runtime=runtime or os.urandom(16),
         nonce=os.urandom(32),
         resume=resume,
+        controller=CONTROLLER if role is Role.CONTROLLER else None,
     )
     async with RawClient.connect(address) as client:
         assert isinstance(await client.upgrade(), AcceptConnection)

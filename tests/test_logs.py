@@ -56,7 +56,8 @@ def test_log_fields_leaves_out_what_is_not_known() -> None:
         "gl_peer": "127.0.0.1:5",
         "gl_close_code": 4008,
     }
-    assert set(log_fields(executor="a", session="b", peer="c", close_code=1)) == set(FIELDS)
+    every = log_fields(executor="a", session="b", peer="c", close_code=1, controller="d")
+    assert set(every) == set(FIELDS)
 
 
 def test_json_formatter_writes_one_object_per_line() -> None:

@@ -201,9 +201,12 @@ def start_worker(config: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     )
 
 
-def stop(process: subprocess.Popen[str]) -> tuple[int, str, str]:
-    """SIGTERM (if still running), then the exit status and output."""
-    if process.poll() is None:
+def stop(process: subprocess.Popen[str], *, signal_it: bool = True) -> tuple[int, str, str]:
+    """SIGTERM (if still running and ``signal_it``), then the exit status and output.
+
+    A worker already sent SIGTERM is not sent another: between its drain's end and its exit
+    the default disposition is back, and a second one would kill it (-15)."""
+    if signal_it and process.poll() is None:
         process.send_signal(signal.SIGTERM)
     try:
         out, err = process.communicate(timeout=WAIT)
@@ -221,15 +224,17 @@ def test_the_worker_says_ready_watchdog_and_stopping(
     config = write_config(tmp_path, 'listen = "127.0.0.1:0"')
     process = start_worker(config, {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"})
     seen: list[dict[str, str]] = []
+    signalled = False
     try:
         ready = receive(sock, "READY=1", seen)
         assert ready["STATUS"].startswith("executor sd-box: listening on ws://127.0.0.1:")
         receive(sock, "WATCHDOG=1", seen)
         process.send_signal(signal.SIGTERM)
+        signalled = True
         stopping = receive(sock, "STOPPING=1", seen)
         assert stopping["STATUS"].startswith("executor sd-box: SIGTERM, draining")
     finally:
-        code, out, err = stop(process)
+        code, out, err = stop(process, signal_it=not signalled)
     assert code == 0, err
     assert "executor-stopping executor=sd-box reason=SIGTERM" in out
     assert "systemd" not in err  # nothing went wrong telling it

@@ -849,10 +849,14 @@ def connect(
     services: ServiceMap | None = None,
     limits: Limits | None = None,
     hooks: Sequence[CallHook] = (),
+    controller_id: str | None = None,
 ) -> RemoteExecutor:
     """The controller side: ``async with connect(config) as executor: ...``.
 
     ``hooks`` (:mod:`garcon_link.rpc.hooks`) are told about every call the executor makes or serves.
+    ``controller_id`` replaces the config's: the name the worker knows this controller by (a
+    worker holds one session per controller; by default each process is a controller of its
+    own, and a new process with the same ``controller_id`` takes the old one's session over).
 
     Raises:
         ConfigError: ``config`` is not a controller configuration.
@@ -861,4 +865,6 @@ def connect(
         raise ConfigError(
             f"connect() needs a controller configuration, got role {config.role.value!r}"
         )
+    if controller_id is not None:
+        config = dataclasses.replace(config, controller_id=controller_id)
     return RemoteExecutor(config, services=services, limits=limits, hooks=hooks)

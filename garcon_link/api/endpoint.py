@@ -147,10 +147,29 @@ class SessionTotals:
 
 
 def link_from_config(
-    config: LinkConfig, limits: Limits, retention: RetentionPool | None = None
+    config: LinkConfig,
+    limits: Limits,
+    retention: RetentionPool | None = None,
+    *,
+    dial: str | None = None,
+    runtime_id: bytes | None = None,
 ) -> WebSocketLink:
     """The link ``config`` describes (dial or listen, TLS, its secret), drawing retained bytes
-    on ``retention`` when given (a fleet's shared budget)."""
+    on ``retention`` when given (a fleet's shared budget). ``dial`` picks one of
+    ``config.dial_urls`` (a worker dialing several controllers has a link per URL, all with
+    the same ``runtime_id``)."""
+    if dial is not None:
+        return WebSocketLink(
+            retention=retention,
+            role=config.role,
+            executor_id=config.executor_id,
+            secret=config.secret.reveal(),
+            limits=limits,
+            dial=dial,
+            ssl_context=config.ssl_context(),
+            allow_insecure_development=config.allow_insecure_development,
+            runtime_id=runtime_id,
+        )
     return WebSocketLink(
         retention=retention,
         role=config.role,
@@ -161,6 +180,7 @@ def link_from_config(
         dial=config.dial_target if config.dial is not None else None,
         ssl_context=config.ssl_context(),
         allow_insecure_development=config.allow_insecure_development,
+        controller_id=config.controller_id,
     )
 
 

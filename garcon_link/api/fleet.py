@@ -47,6 +47,7 @@ described or announced it (:mod:`garcon_link.api.controller`), offers what the c
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -233,6 +234,7 @@ class Fleet:
                 ssl_context=config.ssl_context(),
                 allow_insecure_development=config.allow_insecure_development,
                 retention=self._retention,
+                controller_id=config.controller_id,
             )
             self._links.append(self._listening)
         for entry in config.dial:
@@ -568,10 +570,14 @@ def fleet(
     services: ServiceMap | None = None,
     limits: Limits | None = None,
     hooks: Sequence[CallHook] = (),
+    controller_id: str | None = None,
 ) -> Fleet:
     """A controller for many executors: ``async with gl.fleet(config) as fleet: ...``.
 
     ``config`` is a :class:`~garcon_link.FleetConfig` (``gl.load_fleet_config``) or a controller
-    :class:`~garcon_link.LinkConfig` (a fleet of one executor).
+    :class:`~garcon_link.LinkConfig` (a fleet of one executor). ``controller_id`` replaces the
+    config's (docs/guides/many-callers.md): the name every worker knows this controller by.
     """
+    if controller_id is not None:
+        config = dataclasses.replace(config, controller_id=controller_id)
     return Fleet(config, services=services, limits=limits, hooks=hooks)

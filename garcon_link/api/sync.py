@@ -68,6 +68,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import inspect
 import threading
@@ -99,6 +100,7 @@ def connect_sync(
     services: ServiceMap | None = None,
     limits: Limits | None = None,
     hooks: Sequence[CallHook] = (),
+    controller_id: str | None = None,
 ) -> SyncExecutor:
     """The controller side, blocking: ``with connect_sync(config) as executor: ...``.
 
@@ -111,11 +113,14 @@ def connect_sync(
             run on the client's own loop.
         limits: overrides ``config.limits``.
         hooks: per-call hooks (:mod:`garcon_link.rpc.hooks`); they run on the client's loop thread.
+        controller_id: replaces the config's, as for :func:`garcon_link.connect`.
 
     Raises:
         ConfigError: ``config`` is not a controller configuration.
         LinkError: the executor cannot start (e.g. it cannot listen on its address).
     """
+    if controller_id is not None:
+        config = dataclasses.replace(config, controller_id=controller_id)
     return SyncExecutor(config, services=services, limits=limits, hooks=hooks)
 
 

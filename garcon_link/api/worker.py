@@ -1,7 +1,11 @@
 """The worker runtime: :class:`Worker` and :func:`serve` (docs/design.md#facades).
 
-A worker serves ``services`` to one controller at a time. ``services`` is either a mapping of
-name -> object, or a factory called once per logical session with its
+A worker serves ``services`` to several controllers at once, one logical session each (up to
+``Limits.max_controllers``; docs/design.md#many-controllers): each session has its own
+:class:`~garcon_link.rpc.rpc.ExecutorRpc` (ordinals, retention, budgets, session-scoped
+resources), while worker-scoped services and the idempotency table are shared by all.
+``services`` is either a mapping of name -> object, or a factory called once per logical session
+with its
 :class:`~garcon_link.rpc.resources.ServiceScope` that returns an async context manager yielding
 that mapping (:mod:`garcon_link.api.registration` checks what it holds). A retired session's
 scope is closed in the background, bounded by ``scope_cleanup_timeout``, never blocking the new
@@ -11,7 +15,7 @@ its handlers there and ``describe`` reports it as ``worker_instance_id``
 (docs/design.md#durable-work). The worker scope is closed after the link, when the worker stops.
 
 Graceful drain (``Worker(..., drain=)``, ``Worker.aclose(drain=)``, ``serve(..., drain=)``, and
-``garcon-link worker`` on SIGTERM): the session refuses the controller's new calls, unexecuted,
+``garcon-link worker`` on SIGTERM): every session refuses its controller's new calls, unexecuted,
 with ``NotDispatched("DRAINING")`` (``ExecutorRpc.start_drain``; so does a session that begins
 during the drain) while running handlers finish and their replies are acknowledged. What is
 still running when the drain time is up ends as any close ends it: the caller's call fails
@@ -51,11 +55,11 @@ from ..rpc.interface import contract_hash
 from ..rpc.keystore import DurableKeys
 from ..rpc.registry import Bound
 from ..rpc.resources import ServiceScope, WorkerScope
-from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
+from ..rpc.rpc import CallObserver, ExecutorRpc, Registry, RpcStatistics
 from ..rpc.statedir import StateDirectory, StateStatistics, open_state_directory
 from ..rpc.typedoc import registry_type_descriptions
 from ..settings.config import LinkConfig
-from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
+from .endpoint import Endpoint, ExecutorStatistics, SessionTotals, link_from_config
 from .registration import ServiceFactory, ServiceMap, registry_from
 
 __all__ = ["EventSink", "Worker", "serve"]
@@ -66,7 +70,7 @@ EventSink = Callable[[str], None]
 
 
 class Worker(Endpoint):
-    """The worker side: serves ``services`` to one controller at a time.
+    """The worker side: serves ``services`` to each controller in a session of its own.
 
     Args:
         config: the worker's configuration (listen or dial).
@@ -115,8 +119,19 @@ class Worker(Endpoint):
         self.sessions = 0
         self._observer = CallObserver(hooks, self.limits, config.executor_id)
         self._totals = SessionTotals()
-        self._rpc: ExecutorRpc | None = None
+        self._rpcs: list[ExecutorRpc] = []  # one per session being served, oldest first
         assert self._own_link is not None
+        own = self._own_link
+        # A worker dialing several controllers: one more link per URL, speaking for this same
+        # process (its runtime id) and drawing on the same retention budget.
+        self._more_links = [
+            link_from_config(
+                config, self.limits, own.retention, dial=url, runtime_id=own.runtime_id
+            )
+            for url in config.also_dial
+        ]
+        for link in self._more_links:
+            link.on_session(self._on_session)
         self.worker_scope = WorkerScope(config.executor_id, self._own_link.runtime_id)
         """Shared by every logical session of this worker (worker-scoped services);
         closed when the worker stops."""
@@ -230,8 +245,27 @@ class Worker(Endpoint):
     def statistics(self) -> ExecutorStatistics:
         """A snapshot of this worker's calls, sessions and link (:class:`ExecutorStatistics`)."""
         return self._totals.snapshot(
-            self.config.executor_id, self._observer, self.link.statistics(), self._rpc
+            self.config.executor_id, self._observer, self.link.statistics(), self.current_rpc
         )
+
+    def controllers(self) -> dict[str, RpcStatistics]:
+        """The calls of each controller this worker serves now, by controller: its
+        ``controller_id`` or its runtime id in hex (oldest session first) for a listening worker,
+        the URL it dials for a dialing one."""
+        by_transport = {id(rpc.transport): rpc for rpc in self._rpcs}
+        assert self._own_link is not None
+        named = self._own_link.controllers()
+        if self.config.dial is not None:
+            named = {
+                link.url: transport
+                for link in (self._own_link, *self._more_links)
+                if (transport := link.transport) is not None
+            }
+        return {
+            label: rpc.statistics()
+            for label, transport in named.items()
+            if (rpc := by_transport.get(id(transport))) is not None
+        }
 
     async def __aenter__(self) -> Worker:
         if self.state_dir is not None:
@@ -241,15 +275,33 @@ class Worker(Endpoint):
         except BaseException:
             await self._close_state()
             raise
+        entered: list[WebSocketLink] = []
+        try:
+            for link in self._more_links:
+                await link.__aenter__()
+                entered.append(link)
+        except BaseException:
+            await self._close_more_links(entered)
+            await self._stop()
+            await self._close_state()
+            raise
         if self.config.listen is not None:
             self._on_event(
                 f"executor-listening url={self.link.url} executor={self.config.executor_id}"
             )
         else:
-            self._on_event(
-                f"executor-dialing url={self.link.url} executor={self.config.executor_id}"
-            )
+            for link in (self.link, *self._more_links):
+                self._on_event(
+                    f"executor-dialing url={link.url} executor={self.config.executor_id}"
+                )
         return self
+
+    @staticmethod
+    async def _close_more_links(links: Sequence[WebSocketLink]) -> None:
+        # Each entered a task group in this task: exit them in reverse, outside any cancel scope
+        # opened since (the link shields its own close).
+        for link in reversed(links):
+            await link.__aexit__(None, None, None)
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
@@ -311,6 +363,7 @@ class Worker(Endpoint):
             if not self._closed:
                 self._closed = True
                 try:
+                    await self._close_more_links(self._more_links)
                     await self._stop()
                 finally:
                     # After the sessions: worker-scoped objects (e.g. the process service)
@@ -323,26 +376,30 @@ class Worker(Endpoint):
 
     async def _drain(self, seconds: float) -> None:
         self._draining = True
-        rpc = self._rpc
-        if rpc is None:
+        rpcs = list(self._rpcs)
+        if not rpcs:
             return
-        rpc.start_drain()
-        stats = rpc.statistics()
+        for rpc in rpcs:
+            rpc.start_drain()
         log.info(
             "executor %s: draining %d running call(s) for up to %.1fs",
             self.config.executor_id,
-            stats.incoming_calls,
+            sum(rpc.statistics().incoming_calls for rpc in rpcs),
             seconds,
             extra=log_fields(executor=self.config.executor_id),
         )
-        if not await rpc.drained(seconds):
-            stats = rpc.statistics()
+        deadline = anyio.current_time() + seconds
+        drained = True
+        for rpc in rpcs:  # every session drains at once; this waits for each in turn
+            remaining = max(0.0, deadline - anyio.current_time())
+            drained = await rpc.drained(remaining) and drained
+        if not drained:
             log.warning(
                 "executor %s: drain time (%.1fs) is up with %d call(s) still running; closing "
                 "(their callers see OutcomeUnknown)",
                 self.config.executor_id,
                 seconds,
-                stats.incoming_calls,
+                sum(rpc.statistics().incoming_calls for rpc in rpcs),
                 extra=log_fields(executor=self.config.executor_id),
             )
 
@@ -353,18 +410,28 @@ class Worker(Endpoint):
     @property
     def taken_over(self) -> str | None:
         """Why this worker stopped for good: another process with its executor id took over
-        its session, else None. :meth:`wait_stopped` returns once it is set."""
-        return self._own_link.taken_over if self._own_link is not None else None
+        its session (at any of the controllers it dials), else None. :meth:`wait_stopped`
+        returns once it is set."""
+        links = [self._own_link, *self._more_links] if self._own_link is not None else []
+        return next((link.taken_over for link in links if link.taken_over is not None), None)
 
     async def wait_stopped(self) -> None:
         """Return once the worker gave up for good (see :attr:`taken_over`)."""
         assert self._own_link is not None
-        await self._own_link.stopped.wait()
+        async with anyio.create_task_group() as tg:
+
+            async def wait(link: WebSocketLink) -> None:
+                await link.stopped.wait()
+                tg.cancel_scope.cancel()
+
+            for link in (self._own_link, *self._more_links):
+                tg.start_soon(wait, link)
 
     @property
     def current_rpc(self) -> ExecutorRpc | None:
-        """The RPC of the session being served (for its ``statistics()``), if any."""
-        return self._rpc
+        """The RPC of the newest session being served (for its ``statistics()``), if any;
+        :meth:`controllers` has every controller's."""
+        return self._rpcs[-1] if self._rpcs else None
 
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
         scope = self.worker_scope.session_scope(os.urandom(16))
@@ -457,16 +524,15 @@ class Worker(Endpoint):
         announced: list[bool] = []
         unsubscribe = transport.add_listener(announce)
         announce(transport.state)
-        self._rpc = rpc
         self._serving.add(rpc)
+        self._rpcs.append(rpc)
         try:
             await rpc.run()
         finally:
             self._serving.discard(rpc)
             unsubscribe()
             self._totals.ended(transport)
-            if self._rpc is rpc:
-                self._rpc = None
+            self._rpcs.remove(rpc)
 
     async def _close_scope(self, stack: contextlib.AsyncExitStack, scope: ServiceScope) -> None:
         with anyio.move_on_after(self.limits.scope_cleanup_timeout, shield=True) as cleanup:

@@ -6,6 +6,13 @@ handshake (:class:`Offer`), answering :class:`Resume`, :class:`Fresh`, :class:`R
 :class:`Probe` (ping the attached socket, then ask again with the result). The link
 (:mod:`garcon_link.endpoint.link`) only asks and obeys. :func:`backoff` is the dial loop's retry
 delays, a generator tested without a clock.
+
+The controller dimension: a listening worker holds one slot per controller (its
+``controller_id``, or its runtime), so other controllers' sessions are in other slots and never
+reach this slot's :func:`decide` -- a second controller is a fresh session in a slot of its own,
+admitted at once, never probed or refused as a takeover. The one thing other slots tell
+:func:`decide` is :attr:`SlotView.full`: they hold every place there is (``max_controllers``),
+so a controller without a session here is refused (1013) rather than admitted as one too many.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from ..limits import Limits
 
 __all__ = [
     "BUSY",
+    "FULL",
     "Decision",
     "Fresh",
     "Offer",
@@ -64,6 +72,8 @@ class SlotView:
         attached: a socket currently carries that session.
         admitting: another socket of this executor is being admitted (its decision, probe or
             takeover is under way).
+        full: other slots (other controllers of a listening worker) hold every place for a
+            session there is: a session in this slot would be one too many.
     """
 
     closing: bool = False
@@ -71,6 +81,7 @@ class SlotView:
     peer_runtime: bytes | None = None
     attached: bool = False
     admitting: bool = False
+    full: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +138,12 @@ Decision: TypeAlias = Resume | Fresh | Refuse | Probe
 BUSY = Refuse(HandshakeFailure.SUPERSEDED, "another socket of this executor is being admitted")
 """The refusal while another socket of the same executor is being admitted."""
 
+FULL = Refuse(
+    HandshakeFailure.CONTROLLERS_FULL,
+    "this worker holds sessions for max_controllers controllers; retry later",
+)
+"""The refusal of a controller without a session while the others hold every place."""
+
 
 def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -> Decision:
     """The resume-or-fresh decision and the takeover rule, as a pure function.
@@ -141,10 +158,12 @@ def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -
         was taken over; :data:`BUSY` (4004) while another socket of the executor is being
         admitted (one admission at a time: a key holder cannot queue sockets); for a resume,
         ``Resume`` if the slot still holds that session, else ``Refuse(SUPERSEDED)`` (it
-        changed during the handshake; the peer retries); for a fresh
-        handshake from another runtime while a socket is attached, ``Probe`` and then
-        ``Refuse(SUPERSEDED)`` (4004) if the attached socket answered or ``Fresh`` if it did not;
-        else ``Fresh``.
+        changed during the handshake; the peer retries); for a fresh handshake into a slot
+        without a session while the other slots are :attr:`~SlotView.full`, :data:`FULL`
+        (1013; a slot that holds a session keeps its place, so replacing it is never refused
+        for room); for a fresh handshake from another runtime while a socket is attached,
+        ``Probe`` and then ``Refuse(SUPERSEDED)`` (4004) if the attached socket answered or
+        ``Fresh`` if it did not; else ``Fresh``.
     """
     if slot.closing:
         return Refuse(FailureReason.CLOSED, "shutting down")
@@ -161,6 +180,8 @@ def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -
             )
         return Resume(supersede_attached=slot.attached)
     if slot.session is None:
+        if slot.full:
+            return FULL
         return Fresh(retire_current=False, taken_over=False)
     other_runtime = slot.peer_runtime != offer.runtime
     if slot.attached and other_runtime:

@@ -11,6 +11,13 @@ per WebSocket message, docs/design.md#handshake)::
      "executor": str, "runtime": bytes16, "peer_runtime": bytes16 | null,
      "session": bytes32 | null, "received": uint64, "nonce": bytes32}
 
+plus, in a controller's hello only, an optional ``"controller": str`` (1..200 characters): the
+controller's configured ``controller_id``. A listening worker holds one logical session per
+controller (docs/design.md#many-controllers) and tells controllers apart by it, or by ``runtime``
+when it is absent (the default: two processes are two controllers). A hello without it is
+byte-for-byte the version-1 hello, so the published test vector is unchanged; being in the hello,
+it is in the transcript and so covered by both proofs.
+
 ``runtime`` is the sender's per-process random id; ``session``/``peer_runtime``/``received``
 advertise the logical session it currently holds (a :class:`ResumeOffer`), or null/null/0 when it
 holds none; ``nonce`` is 32 fresh random bytes per handshake. On the peer's valid hello each side
@@ -196,6 +203,7 @@ _HELLO_KEYS = frozenset(
         "nonce",
     }
 )
+_OPTIONAL_HELLO_KEYS = frozenset({"controller"})
 _PROOF_KEYS = frozenset({"t", "mac"})
 
 
@@ -281,6 +289,8 @@ class Hello:
         session: the sender's current logical session id (32 bytes), or None.
         received: highest ordinal the sender accepted in its current session (0 when none).
         nonce: 32 fresh random bytes for this handshake.
+        controller: a controller's ``controller_id`` (1..200 characters), or None (a worker's
+            hello, or a controller known by its runtime); absent from the wire map when None.
     """
 
     protocol: int
@@ -292,6 +302,7 @@ class Hello:
     session: bytes | None
     received: int
     nonce: bytes
+    controller: str | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.protocol) or self.protocol < 0:
@@ -305,10 +316,14 @@ class Hello:
         _check_bytes("session", self.session, SESSION_ID_BYTES, nullable=True)
         _check_received(self.received)
         _check_bytes("nonce", self.nonce, NONCE_BYTES, nullable=False)
+        if self.controller is not None:
+            _check_text("controller", self.controller, allow_empty=False)
+            if self.role is not Role.CONTROLLER:
+                raise ValueError("only a controller's hello names a controller")
 
     def to_wire(self) -> dict[str, Any]:
         """The hello as the plain map that is sent and MACed."""
-        return {
+        wire: dict[str, Any] = {
             "t": "hello",
             "protocol": self.protocol,
             "package": self.package,
@@ -320,6 +335,9 @@ class Hello:
             "received": self.received,
             "nonce": self.nonce,
         }
+        if self.controller is not None:
+            wire["controller"] = self.controller
+        return wire
 
     @classmethod
     def from_wire(cls, obj: object) -> Hello:
@@ -357,8 +375,10 @@ class Hello:
                 f"peer speaks protocol {peer_text(protocol)}, we speak {PROTOCOL_VERSION}",
             )
         keys = set(obj)
-        if keys != _HELLO_KEYS:
-            unknown = sorted(peer_text(k, 30) for k in keys - _HELLO_KEYS)[:5]
+        if not _HELLO_KEYS <= keys <= _HELLO_KEYS | _OPTIONAL_HELLO_KEYS:
+            unknown = sorted(peer_text(k, 30) for k in keys - _HELLO_KEYS - _OPTIONAL_HELLO_KEYS)[
+                :5
+            ]
             missing = sorted(_HELLO_KEYS - keys)
             parts = []
             if unknown:
@@ -369,6 +389,9 @@ class Hello:
         role = obj["role"]
         if type(role) is not str or role not in (Role.CONTROLLER.value, Role.WORKER.value):
             raise HandshakeError(HandshakeFailure.MALFORMED, f"unknown role {peer_text(role)}")
+        if "controller" in obj and obj["controller"] is None:
+            # Absent means none; a null would re-encode without the key and so MAC differently.
+            raise HandshakeError(HandshakeFailure.MALFORMED, "controller must be a text string")
         try:
             return cls(
                 protocol=protocol,
@@ -380,6 +403,7 @@ class Hello:
                 session=obj["session"],
                 received=obj["received"],
                 nonce=obj["nonce"],
+                controller=obj.get("controller"),
             )
         except ValueError as exc:
             raise HandshakeError(HandshakeFailure.MALFORMED, f"hello: {exc}") from exc
@@ -566,6 +590,7 @@ class Handshake:
         resume: the logical session we hold, or None.
         package: implementation name sent in the hello; default ``"garcon-link <version>"``.
         max_frame_bytes: largest handshake frame accepted (8 KiB by default).
+        controller: our ``controller_id`` (a controller's hello only; None: known by runtime).
 
     Raises:
         ValueError: an argument is out of range, or our own hello would exceed the frame limit.
@@ -582,6 +607,7 @@ class Handshake:
         resume: ResumeOffer | None,
         package: str | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        controller: str | None = None,
     ) -> None:
         if key is not None:
             _check_key(key)
@@ -599,6 +625,7 @@ class Handshake:
             session=resume.session_id if resume is not None else None,
             received=resume.received if resume is not None else 0,
             nonce=nonce,
+            controller=controller,
         )
         self._key: bytes | None = key
         self._max_frame_bytes = max_frame_bytes

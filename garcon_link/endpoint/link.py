@@ -18,7 +18,12 @@ id -- that executor's logical session, its attached socket, the runtimes that we
 one listening controller serves many executors. A link configured with one ``executor_id`` and one
 secret has exactly one slot (as has every dialing link); a listening link given ``keys`` (a
 lookup ``executor_id -> secret``, e.g. a :class:`~garcon_link.settings.keyring.Keyring`) creates
-slots as executors authenticate, up to ``max_executors``.
+slots as executors authenticate, up to ``max_executors``. A *listening worker* holds one slot
+per controller instead (docs/design.md#many-controllers): the controller a hello comes from is its
+``controller`` (the controller's configured ``controller_id``) or, without one, its runtime, so two
+controller processes are two controllers, each with its own session, admitted side by side, up to
+``Limits.max_controllers`` sessions; the takeover rule and 4009 apply within one controller's slot
+(the same ``controller_id`` from a new runtime).
 
 1. **Handshake.** The dialer sends its ``hello`` at once (:mod:`garcon_link.core.handshake`). The
    listener first reads the dialer's hello (:func:`~garcon_link.core.handshake.peek_hello`), takes
@@ -183,6 +188,10 @@ _WILL_NOT_HEAL: dict[int, tuple[HandshakeFailure, str]] = {
 }
 """Refusals a redial will not heal: reported at once to whoever waits."""
 
+SlotKey: TypeAlias = tuple[str, str | bytes | None]
+"""A slot's key: its executor id and, on a listening worker, its controller (the hello's
+``controller``, else the controller's runtime: a str and bytes never collide); else None."""
+
 KeyLookup: TypeAlias = Callable[[str], bytes | None]
 """``executor_id -> secret`` (None: not enrolled). Called with a *claimed*, unauthenticated id."""
 
@@ -193,10 +202,21 @@ KeyLookup: TypeAlias = Callable[[str], bytes | None]
 class _Slot:
     """One executor's state in a link: its session, attached socket and taken-over runtimes."""
 
-    __slots__ = ("admitting", "attached", "executor_id", "key", "taken_over", "transport")
+    __slots__ = (
+        "admitting",
+        "attached",
+        "controller",
+        "executor_id",
+        "key",
+        "since",
+        "taken_over",
+        "transport",
+    )
 
-    def __init__(self, executor_id: str) -> None:
+    def __init__(self, executor_id: str, controller: str | bytes | None = None) -> None:
         self.executor_id = executor_id
+        self.controller = controller
+        self.since = 0  # when its current session began, in sessions begun by the link
         self.transport: SessionTransport | None = None
         self.attached: WebSocket | None = None
         # The socket being admitted (decision, probe, takeover, proof): one at a time.
@@ -209,7 +229,19 @@ class _Slot:
         t = self.transport
         return t if t is not None and t.state is not TransportState.RETIRED else None
 
-    def view(self, closing: bool, sock: WebSocket) -> SlotView:
+    @property
+    def label(self) -> str | None:
+        """The controller, as logs and snapshots name it (None: not a controller's slot)."""
+        c = self.controller
+        return c.hex() if isinstance(c, bytes) else c
+
+    @property
+    def holds_place(self) -> bool:
+        """Whether the slot counts against ``max_controllers``: a session, a socket or an
+        admission under way."""
+        return self.live is not None or self.attached is not None or self.admitting is not None
+
+    def view(self, closing: bool, sock: WebSocket, *, full: bool = False) -> SlotView:
         """The slot as :func:`decide` sees it for ``sock`` (whose own admission is not another)."""
         t = self.live
         return SlotView(
@@ -218,6 +250,7 @@ class _Slot:
             peer_runtime=t.peer_runtime if t is not None else None,
             attached=t is not None and t.attached,
             admitting=self.admitting is not None and self.admitting is not sock,
+            full=full,
         )
 
     def resume_offer(self) -> ResumeOffer | None:
@@ -263,6 +296,11 @@ class WebSocketLink:
         allow_insecure_development: permit plain text off loopback.
         retention: the retention budget to share (default: a new one of
             ``max_total_retained_bytes``).
+        controller_id: a controller's name for itself, sent in its hello: a worker holds one
+            session per controller, and a new process with the same ``controller_id`` takes
+            over the old one's (default None: each process is a controller of its own).
+        runtime_id: this process's runtime id (16 bytes) when several links speak for one
+            process (a worker dialing several controllers); default: a new random one.
     """
 
     def __init__(
@@ -280,6 +318,8 @@ class WebSocketLink:
         allow_insecure_development: bool = False,
         rng: random.Random | None = None,
         retention: RetentionPool | None = None,
+        controller_id: str | None = None,
+        runtime_id: bytes | None = None,
     ) -> None:
         if (listen is None) == (dial is None):
             raise ConfigError("a link needs exactly one of listen=(host, port) or dial=URL")
@@ -290,7 +330,13 @@ class WebSocketLink:
             raise ConfigError("a link needs executor_id and secret (or, listening, keys=)")
         if max_executors < 1:
             raise ConfigError("max_executors must be at least 1")
+        if controller_id is not None and Role(role) is not Role.CONTROLLER:
+            raise ConfigError("controller_id is a controller's; a worker has none")
         self.role = Role(role)
+        self.controller_id = controller_id
+        # A listening worker keeps one slot per controller (module docstring).
+        self._per_controller = self.role is Role.WORKER and listen is not None
+        self._sessions_begun = 0
         self.executor_id = executor_id
         self.limits = limits or Limits()
         self._keys = keys
@@ -301,7 +347,7 @@ class WebSocketLink:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from exc
         self._max_executors = max_executors if keys is not None else 1
-        self.runtime_id = os.urandom(16)
+        self.runtime_id = runtime_id if runtime_id is not None else os.urandom(16)
         self._rng = rng or random.Random()
         self._listen = listen
         self._dial = parse_dial_url(dial) if isinstance(dial, str) else dial
@@ -323,9 +369,9 @@ class WebSocketLink:
                 "(wss://, or a TLS terminator) or set allow_insecure_development"
             )
         self._tg: anyio.abc.TaskGroup | None = None
-        self._slots: dict[str, _Slot] = {}
-        if executor_id is not None:
-            self._slots[executor_id] = _Slot(executor_id)
+        self._slots: dict[SlotKey, _Slot] = {}
+        if executor_id is not None and not self._per_controller:
+            self._slots[(executor_id, None)] = _Slot(executor_id)
         self._listeners: list[SessionListener] = []
         self.retention = retention or RetentionPool(self.limits.max_total_retained_bytes)
         """The retention budget of every session of this link (shared by a fleet's links)."""
@@ -367,30 +413,48 @@ class WebSocketLink:
                 # admitted are not counted: they are still under the handshake deadline and the
                 # unauthenticated cap (and one per executor at most).
                 max_authenticated=self.limits.max_authenticated_sockets
-                + (self._max_executors if keys is not None else 0),
+                + (self._max_executors if keys is not None else 0)
+                + (self.limits.max_controllers if self._per_controller else 0),
                 occupied=lambda: self._attached,
             )
 
     # ------------------------------------------------------------------ public surface
 
-    def _only_slot(self) -> _Slot | None:
-        return self._slots.get(self.executor_id) if self.executor_id is not None else None
+    def _slots_of(self, executor_id: str | None) -> list[_Slot]:
+        return [s for s in self._slots.values() if s.executor_id == executor_id]
+
+    def _slot_key(self, hello: Hello) -> SlotKey:
+        """The slot a verified (or, for a resume offer, claimed) hello belongs to."""
+        if not self._per_controller:
+            return (hello.executor, None)
+        return (hello.executor, hello.controller if hello.controller is not None else hello.runtime)
 
     @property
     def transport(self) -> SessionTransport | None:
         """The current logical session of a single-executor link (``None`` before the first
-        handshake, after retire, and always for a ``keys`` link: see :meth:`session`)."""
-        slot = self._only_slot()
-        return slot.live if slot is not None else None
+        handshake, after retire, and always for a ``keys`` link: see :meth:`session`); on a
+        listening worker, the newest of its controllers' sessions (see :meth:`controllers`)."""
+        return self.session(self.executor_id) if self.executor_id is not None else None
 
     def session(self, executor_id: str) -> SessionTransport | None:
-        """The current logical session of ``executor_id`` (``None`` if it has none)."""
-        slot = self._slots.get(executor_id)
-        return slot.live if slot is not None else None
+        """The current logical session of ``executor_id`` (``None`` if it has none); the newest
+        one on a listening worker holding sessions for several controllers."""
+        live = [s for s in self._slots_of(executor_id) if s.live is not None]
+        newest = max(live, key=lambda s: s.since, default=None)
+        return newest.live if newest is not None else None
+
+    def controllers(self) -> dict[str, SessionTransport]:
+        """A listening worker's live sessions by controller (its ``controller_id``, or its
+        runtime id in hex), oldest session first; empty on every other link."""
+        live = sorted(
+            (s for s in self._slots.values() if s.controller is not None and s.live is not None),
+            key=lambda s: s.since,
+        )
+        return {str(s.label): t for s in live if (t := s.live) is not None}
 
     def executors(self) -> list[str]:
         """The executor ids that hold a slot (in the order they first authenticated)."""
-        return list(self._slots)
+        return list(dict.fromkeys(s.executor_id for s in self._slots.values()))
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -504,25 +568,26 @@ class WebSocketLink:
         """Drop the attached socket abruptly (as a network loss would); keep the session.
 
         Args:
-            executor_id: which executor's socket (default: the single executor's).
+            executor_id: which executor's socket (default: the single executor's; every
+                controller's socket on a listening worker).
         """
-        slot = self._slots.get(executor_id) if executor_id is not None else self._only_slot()
-        sock = slot.attached if slot is not None else None
-        if sock is not None:
-            sock.local_close = (0, "disconnect() requested")
-            await sock.abort()
+        for slot in self._slots_of(executor_id if executor_id is not None else self.executor_id):
+            sock = slot.attached
+            if sock is not None:
+                sock.local_close = (0, "disconnect() requested")
+                await sock.abort()
 
     def forget(self, executor_id: str) -> bool:
         """Retire ``executor_id``'s session and free its slot (``keys`` links only).
 
         Returns whether a slot was freed. A slot with an attached socket is kept (False).
         """
-        slot = self._slots.get(executor_id)
+        slot = self._slots.get((executor_id, None))
         if slot is None or self._keys is None or slot.attached is not None:
             return False
         if slot.transport is not None:
             slot.transport.retire(FailureReason.CLOSED, "forgotten")
-        del self._slots[executor_id]
+        del self._slots[(executor_id, None)]
         return True
 
     async def aclose(self) -> None:
@@ -686,6 +751,7 @@ class WebSocketLink:
             nonce=os.urandom(32),
             resume=resume,
             max_frame_bytes=self.limits.max_handshake_frame_bytes,
+            controller=self.controller_id,
         )
 
     async def _receive_handshake_frame(self, sock: WebSocket) -> bytes | None:
@@ -741,7 +807,7 @@ class WebSocketLink:
                 if first is None:
                     return None
                 claimed = peek_hello(first, max_frame_bytes=self.limits.max_handshake_frame_bytes)
-                slot = self._slots.get(claimed.executor)
+                slot = self._slots.get(self._slot_key(claimed))
                 offer = slot.offer_to(claimed, self.runtime_id) if slot is not None else None
                 hs = self._handshake(claimed.executor, None, offer)
                 await sock.send_message(hs.hello_frame())
@@ -760,7 +826,7 @@ class WebSocketLink:
             else:
                 assert self.executor_id is not None and self._key is not None
                 key = self._key
-                slot = self._slots.get(self.executor_id)
+                slot = self._slots.get((self.executor_id, None))
                 hs = self._handshake(
                     self.executor_id, key, slot.resume_offer() if slot is not None else None
                 )
@@ -839,14 +905,18 @@ class WebSocketLink:
         slot.key = key
         slot.attached = sock
         log.info(
-            "%s %s: attached executor=%s session=%s resumed=%s",
+            "%s %s: attached executor=%s%s session=%s resumed=%s",
             self._tag,
             sock.peer,
             slot.executor_id,
+            f" controller={peer_text(slot.label)}" if slot.label is not None else "",
             transport.session_id.hex()[:12],
             result.resume,
             extra=log_fields(
-                executor=slot.executor_id, session=transport.session_id, peer=sock.peer
+                executor=slot.executor_id,
+                session=transport.session_id,
+                peer=sock.peer,
+                controller=slot.label,
             ),
         )
         self._attached += 1
@@ -889,6 +959,7 @@ class WebSocketLink:
                 session=transport.session_id,
                 peer=sock.peer,
                 close_code=close_code(sock),
+                controller=slot.label,
             ),
         )
         code, cause = sock.local_close or (0, "")
@@ -915,14 +986,25 @@ class WebSocketLink:
         self.taken_over = reason or "another process with this executor id took over"
         self.last_error = f"taken over: {self.taken_over}"
         self._stats.taken_over += 1
-        log.error(
-            "%s another process took over executor %r (%s); not redialing: two processes claim "
-            "one executor id",
-            self._tag,
-            self.executor_id,
-            self.taken_over,
-            extra=log_fields(executor=self.executor_id),
-        )
+        if self.role is Role.CONTROLLER and self.controller_id is not None:
+            log.error(
+                "%s another process with controller_id %r took over its session on executor %r "
+                "(%s); not redialing: two processes claim one controller_id",
+                self._tag,
+                self.controller_id,
+                self.executor_id,
+                self.taken_over,
+                extra=log_fields(executor=self.executor_id),
+            )
+        else:
+            log.error(
+                "%s another process took over executor %r (%s); not redialing: two processes "
+                "claim one executor id",
+                self._tag,
+                self.executor_id,
+                self.taken_over,
+                extra=log_fields(executor=self.executor_id),
+            )
         for slot in self._slots.values():
             if slot.transport is not None:
                 slot.transport.retire(FailureReason.TAKEN_OVER, self.taken_over)
@@ -939,8 +1021,11 @@ class WebSocketLink:
         """
         assert self._tg is not None
         executor_id = result.peer.executor
-        slot = self._slots.get(executor_id)
-        if slot is None:
+        key = self._slot_key(result.peer)
+        slot = self._slots.get(key)
+        if slot is None and self._per_controller:
+            slot = self._new_controller_slot(key)
+        elif slot is None:
             if len(self._slots) >= self._max_executors:
                 self._stats.executors_refused += 1
                 await self._refuse(
@@ -951,16 +1036,16 @@ class WebSocketLink:
                     ),
                 )
                 return None
-            slot = self._slots[executor_id] = _Slot(executor_id)
+            slot = self._slots[key] = _Slot(executor_id)
         offer = Offer(
             resume=result.resume,
             session=result.session_id,
             runtime=result.peer.runtime,
             taken_over=result.peer.runtime in slot.taken_over,
         )
-        decision = decide(slot.view(self._closing, sock), offer)
+        decision = decide(slot.view(self._closing, sock, full=self._full(slot)), offer)
         if isinstance(decision, Refuse):
-            await self._refused_at_admission(sock, decision)
+            await self._refused_at_admission(sock, decision, slot)
             return None
         # Decided without an await since the view: no other socket is being admitted.
         slot.admitting = sock
@@ -1005,9 +1090,10 @@ class WebSocketLink:
                     self._tag,
                     extra=log_fields(executor=slot.executor_id, peer=sock.peer),
                 )
-            decision = decide(slot.view(self._closing, sock), offer, probe_healthy=healthy)
+            view = slot.view(self._closing, sock, full=self._full(slot))
+            decision = decide(view, offer, probe_healthy=healthy)
         if isinstance(decision, Refuse):
-            await self._refused_at_admission(sock, decision)
+            await self._refused_at_admission(sock, decision, slot)
             return None
         current = slot.live
         if isinstance(decision, Resume):
@@ -1027,7 +1113,7 @@ class WebSocketLink:
                 old = slot.attached
                 if old is not None:
                     reason = HandshakeFailure.TAKEN_OVER
-                    old.local_close = (reason.close_code, reason.description)
+                    old.local_close = (reason.close_code, self._taken_over_text(slot, reason))
             current.retire(FailureReason.REPLACED, "a fresh session replaced it")
             if current.attached:
                 await current.wait_detached()
@@ -1035,29 +1121,78 @@ class WebSocketLink:
             result.session_id, result.peer.runtime, self.limits, self._tg, pool=self.retention
         )
         slot.transport = transport
+        self._sessions_begun += 1
+        slot.since = self._sessions_begun
         self._stats.fresh_sessions += 1
         for listener in list(self._listeners):
             listener(transport, result)
         return slot, transport, 0
 
-    async def _refused_at_admission(self, sock: WebSocket, refusal: Refuse) -> None:
+    def _new_controller_slot(self, key: SlotKey) -> _Slot:
+        """A listening worker's slot for a controller it holds none for. Slots without a
+        session, socket or admission (refused or retired controllers) are dropped first, oldest
+        first, once there are ``max_controllers`` slots: what they remember (runtimes taken
+        over) is kept while there is room."""
+        if len(self._slots) >= self.limits.max_controllers:
+            for old_key, old in list(self._slots.items()):
+                if len(self._slots) < self.limits.max_controllers:
+                    break
+                if not old.holds_place:
+                    del self._slots[old_key]
+        slot = self._slots[key] = _Slot(key[0], key[1])
+        return slot
+
+    def _full(self, slot: _Slot) -> bool:
+        """Whether the other controllers' slots of a listening worker hold every place
+        (:attr:`SlotView.full`); never on other links."""
+        if not self._per_controller:
+            return False
+        others = sum(1 for s in self._slots.values() if s is not slot and s.holds_place)
+        return others >= self.limits.max_controllers
+
+    @staticmethod
+    def _taken_over_text(slot: _Slot, reason: HandshakeFailure) -> str:
+        if isinstance(slot.controller, str):
+            return "another process with this controller_id took over"
+        return reason.description
+
+    async def _refused_at_admission(self, sock: WebSocket, refusal: Refuse, slot: _Slot) -> None:
         if refusal.reason is HandshakeFailure.SUPERSEDED:
             if refusal == BUSY:
                 self._stats.admissions_busy += 1
             else:
                 self._stats.takeovers_refused += 1
-        await self._refuse(sock, refusal)
+        elif refusal.reason is HandshakeFailure.CONTROLLERS_FULL:
+            self._stats.controllers_refused += 1
+            refusal = dataclasses.replace(
+                refusal,
+                detail=f"this worker holds sessions for max_controllers="
+                f"{self.limits.max_controllers} controllers; retry later",
+            )
+        elif refusal.reason is HandshakeFailure.TAKEN_OVER:
+            refusal = dataclasses.replace(
+                refusal, detail=self._taken_over_text(slot, refusal.reason)
+            )
+        await self._refuse(sock, refusal, controller=slot.label)
 
-    async def _refuse(self, sock: WebSocket, refusal: Refuse) -> None:
+    async def _refuse(
+        self, sock: WebSocket, refusal: Refuse, *, controller: str | None = None
+    ) -> None:
+        # A full worker is the operator's business (more controllers than it was sized for):
+        # a warning, rate-limited as every line a peer can cause.
+        full = refusal.reason is HandshakeFailure.CONTROLLERS_FULL
         self._peer_log.log(
             peer_host(sock.peer),
             refusal.reason.name,
-            "%s %s: refused: %s",
+            "%s %s: refused%s: %s",
             self._tag,
             sock.peer,
+            f" controller {peer_text(controller)}" if controller is not None else "",
             refusal.detail,
-            extra=log_fields(peer=sock.peer, close_code=refusal.reason.close_code),
-            level=logging.INFO,
+            extra=log_fields(
+                peer=sock.peer, close_code=refusal.reason.close_code, controller=controller
+            ),
+            level=logging.WARNING if full else logging.INFO,
         )
         code = refusal.reason.close_code
         sock.local_close = (code, refusal.detail)

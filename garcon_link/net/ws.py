@@ -291,6 +291,9 @@ class LinkStatistics:
     """Sockets ended by an exception nobody expected (a bug, contained to that one peer)."""
     executors_refused: int = 0
     """Authenticated executors refused because ``max_executors`` slots were taken."""
+    controllers_refused: int = 0
+    """Authenticated controllers a listening worker refused (1013) because others held
+    ``max_controllers`` sessions."""
     admissions_busy: int = 0
     """Authenticated sockets refused (4004) because another socket of the same executor was
     being admitted at that moment."""

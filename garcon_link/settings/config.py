@@ -11,6 +11,7 @@ here is refused::
 
     executor_id = "build-box-1"         # required; 1-200 printable characters, no whitespace
     role = "worker"                     # required; "worker" or "controller"
+    # controller_id = "scheduler"       # optional, a controller's only; same rules as executor_id
     secret_file = "link.secret"         # exactly one of secret_file / secret
     # secret = "..."                    # inline: >= 32 bytes (UTF-8, or 64+ hex digits)
     allow_insecure_development = false  # optional boolean, default false
@@ -19,6 +20,8 @@ here is refused::
     [connection]                        # required; exactly one of listen / dial
     listen = "127.0.0.1:8765"           # "host:port"; IPv6 as "[::1]:8765"; port 0 = ephemeral
     # dial = "wss://build-box-1.example:443/executor"
+    # dial = ["wss://a.example/executor", "wss://b.example/executor"]   # a worker only: one
+    #                                   # controller per URL, at most Limits.max_controllers
 
     [tls]                               # optional; paths relative to the config file's directory
     cert = "server.pem"                 # certificate chain (PEM); may also hold the key
@@ -98,7 +101,7 @@ import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..core.wire import Role
 from ..errors import ConfigError
@@ -144,6 +147,7 @@ _PORT_TEXT = re.compile(r"[0-9]{1,5}\Z")
 _TOP_LEVEL_KEYS = (
     "executor_id",
     "role",
+    "controller_id",
     "secret",
     "secret_file",
     "allow_insecure_development",
@@ -429,6 +433,33 @@ def _check_shared_types(
         raise ConfigError(f"{owner}: source: expected a Path, got {_type_name(where)}")
 
 
+def _check_controller_id(value: object, role: Role | str, src: Source) -> None:
+    """``controller_id``: a controller's name for itself on every worker it talks to (a worker
+    holds one session per controller; docs/design.md#many-controllers). Same rules as an
+    ``executor_id``; None (the default) makes each process a controller of its own."""
+    if value is None:
+        return
+    fix = 'use a short name such as "scheduler", or leave it out (each process is its own)'
+    if not isinstance(value, str):
+        raise refusal(src, "controller_id", f"expected a string, got {_type_name(value)}", fix)
+    if role != Role.CONTROLLER and role != "controller":
+        raise refusal(
+            src,
+            "controller_id",
+            "only a controller has a controller_id",
+            "remove it from the worker's configuration",
+        )
+    if not value or len(value) > MAX_EXECUTOR_ID_CHARS:
+        raise refusal(
+            src,
+            "controller_id",
+            f"must be 1-{MAX_EXECUTOR_ID_CHARS} characters, got {len(value)}",
+            fix,
+        )
+    if not value.isprintable() or any(ch.isspace() for ch in value):
+        raise refusal(src, "controller_id", "contains whitespace or unprintable characters", fix)
+
+
 @dataclass(frozen=True, slots=True)
 class LinkConfig:
     """Everything one endpoint needs; loaded by :func:`load_config` or built in code.
@@ -451,11 +482,15 @@ class LinkConfig:
     limits: Limits = field(default_factory=Limits)
     source: Path | None = None
     state_dir: Path | None = None
+    controller_id: str | None = None
+    also_dial: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         src = self.source
         self._check_types()
         self._check_state_dir()
+        _check_controller_id(self.controller_id, self.role, src)
+        self._check_also_dial()
         ident = self.executor_id
         if not ident or len(ident) > MAX_EXECUTOR_ID_CHARS:
             raise refusal(
@@ -547,6 +582,52 @@ class LinkConfig:
                 "remove state_dir from the controller's configuration",
             )
         object.__setattr__(self, "state_dir", Path(text))
+
+    def _check_also_dial(self) -> None:
+        """``also_dial``: a dialing worker's further controllers (``dial = [...]`` in a file);
+        each URL obeys the rules of ``dial``, none twice, at most ``max_controllers`` in all."""
+        src, more = self.source, self.also_dial
+        if not isinstance(more, tuple) or not all(isinstance(url, str) for url in more):
+            raise refusal(
+                src, "[connection] dial", "expected a list of URL strings", 'dial = ["wss://..."]'
+            )
+        if not more:
+            return
+        if self.dial is None or self.role != Role.WORKER:
+            raise refusal(
+                src,
+                "[connection] dial",
+                "only a dialing worker dials several URLs (one controller each)",
+                "a controller dials several workers as a fleet: [[executors.dial]] entries",
+            )
+        urls = (self.dial, *more)
+        if len(urls) > self.limits.max_controllers:
+            raise refusal(
+                src,
+                "[connection] dial",
+                f"{len(urls)} URLs, more than max_controllers={self.limits.max_controllers}",
+                "dial fewer controllers, or raise [limits] max_controllers",
+            )
+        if len(set(urls)) != len(urls):
+            raise refusal(
+                src, "[connection] dial", "a URL is listed twice", "list each controller once"
+            )
+        for url in more:
+            _check_dial(url, self.tls, self.allow_insecure_development, src)
+            hint = _parse_dial(url, src).executor_hint
+            if hint is not None and hint != self.executor_id:
+                raise refusal(
+                    src,
+                    "[connection] dial",
+                    f"the routing hint executor={hint!r} of {url!r} is not this config's "
+                    f"executor_id {self.executor_id!r}",
+                    f"use ?executor={self.executor_id}",
+                )
+
+    @property
+    def dial_urls(self) -> tuple[str, ...]:
+        """Every URL this endpoint dials: ``dial`` and then ``also_dial`` (empty: it listens)."""
+        return () if self.dial is None else (self.dial, *self.also_dial)
 
     @property
     def is_dialer(self) -> bool:
@@ -704,10 +785,12 @@ class FleetConfig:
     limits: Limits = field(default_factory=Limits)
     allow_insecure_development: bool = False
     source: Path | None = None
+    controller_id: str | None = None
 
     def __post_init__(self) -> None:
         src: Source = self.source if self.source is not None else "FleetConfig"
         self._check_types(src)
+        _check_controller_id(self.controller_id, Role.CONTROLLER, src)
         if (self.listen is None) != (self.keyring is None):
             raise refusal(
                 src,
@@ -853,6 +936,7 @@ class FleetConfig:
             tls=self.tls if secure else None,
             limits=self.limits,
             source=self.source,
+            controller_id=self.controller_id,
         )
 
 
@@ -1023,6 +1107,8 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
             'role = "worker"',
         )
     insecure = _get(doc, "allow_insecure_development", bool, source, "allow_insecure_development")
+    controller_id = doc.get("controller_id")
+    _check_controller_id(controller_id, role, source)
 
     inline = _get(doc, "secret", str, source, "secret")
     secret_file = _get(doc, "secret_file", str, source, "secret_file")
@@ -1061,7 +1147,20 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
         )
     _check_keys(connection, _CONNECTION_KEYS, source, "[connection]")
     listen_text = _get(connection, "listen", str, source, "[connection] listen")
-    dial = _get(connection, "dial", str, source, "[connection] dial")
+    dial_value = connection.get("dial")
+    also_dial: tuple[str, ...] = ()
+    if isinstance(dial_value, list):
+        if not dial_value or not all(isinstance(url, str) for url in dial_value):
+            raise refusal(
+                source,
+                "[connection] dial",
+                "expected a URL or a non-empty list of URLs",
+                'dial = "wss://host/executor" or dial = ["wss://a/executor", "wss://b/executor"]',
+            )
+        dial: str | None = dial_value[0]
+        also_dial = tuple(dial_value[1:])
+    else:
+        dial = _get(connection, "dial", str, source, "[connection] dial")
     listen = _parse_listen(listen_text, source) if listen_text is not None else None
 
     tls = _load_tls(doc, source)
@@ -1081,6 +1180,8 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
         limits=limits,
         source=source,
         state_dir=state_dir,
+        controller_id=controller_id,
+        also_dial=also_dial,
     )
 
 
@@ -1088,6 +1189,7 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
 
 _FLEET_TOP_LEVEL_KEYS = (
     "role",
+    "controller_id",
     "allow_insecure_development",
     "connection",
     "executors",
@@ -1219,8 +1321,15 @@ def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
         limits=Limits() if limits_table is None else _load_limits(limits_table, source),
         allow_insecure_development=bool(insecure),
         source=source,
+        controller_id=_fleet_controller_id(doc, source),
         **extra,
     )
+
+
+def _fleet_controller_id(doc: dict[str, Any], source: Path) -> str | None:
+    value = doc.get("controller_id")
+    _check_controller_id(value, Role.CONTROLLER, source)
+    return cast("str | None", value)
 
 
 def _load_dial_entry(table: object, number: int, source: Path) -> DialExecutor:

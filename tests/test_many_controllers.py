@@ -1,0 +1,323 @@
+"""Several controllers on one worker (docs/guides/many-callers.md), over real loopback sockets.
+
+A listening worker holds one logical session per controller: eight in-process controllers and a
+``garcon-link call`` child process are served at once (calls, streams, and a process one of them
+starts is listed by another: the process service is worker-scoped); past
+``Limits.max_controllers`` a controller is refused (1013) until a place frees up; the same
+``controller_id`` from a new process is the takeover rule of one executor id (4004 while the
+holder answers, newest wins once it does not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+from rpcutil import Calc, CalcImpl
+
+import garcon_link as gl
+from garcon_link.services import ProcessService, builtin_services
+
+pytestmark = pytest.mark.anyio
+
+CLI = (sys.executable, "-m", "garcon_link.cli")
+LIMITS = gl.Limits(
+    heartbeat_interval=0.05,
+    heartbeat_timeout=0.5,
+    detached_grace=1.0,
+    backoff_base=0.01,
+    backoff_max=0.05,
+    scope_cleanup_timeout=0.5,
+    call_timeout=10.0,
+)
+SECRET = gl.Secret(b"m" * 32)
+
+
+def _worker_config(limits: gl.Limits = LIMITS) -> gl.LinkConfig:
+    return gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.WORKER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=limits,
+    )
+
+
+def _controller_config(url: str, controller_id: str | None = None) -> gl.LinkConfig:
+    return gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.CONTROLLER,
+        secret=SECRET,
+        dial=url,
+        limits=LIMITS,
+        controller_id=controller_id,
+    )
+
+
+def _services(root: Path, impl: CalcImpl) -> Any:
+    """``calc`` (per session) beside the built-in, worker-scoped ``process`` service."""
+    builtin = builtin_services(["process"], root)
+
+    @contextlib.asynccontextmanager
+    async def factory(scope: gl.ServiceScope) -> AsyncIterator[Mapping[str, object]]:
+        async with builtin(scope) as services:
+            yield {**services, "calc": impl}
+
+    return factory
+
+
+@contextlib.asynccontextmanager
+async def _controllers(url: str, count: int) -> AsyncIterator[list[gl.RemoteExecutor]]:
+    async with contextlib.AsyncExitStack() as stack:
+        executors = [
+            await stack.enter_async_context(gl.connect(_controller_config(url)))
+            for _ in range(count)
+        ]
+        yield executors
+
+
+async def _hosted(
+    config: gl.LinkConfig,
+    stop: anyio.Event,
+    *,
+    task_status: anyio.abc.TaskStatus[gl.RemoteExecutor] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """A controller entered and left in a task of its own (so any one of several can leave
+    first): started at once, closed when ``stop`` is set."""
+    async with gl.connect(config) as executor:
+        task_status.started(executor)
+        await stop.wait()
+
+
+def _call_subprocess(directory: Path, url: str) -> subprocess.CompletedProcess[str]:
+    """``garcon-link call`` as a user runs it: its own process, so its own controller."""
+    (directory / "link.secret").write_bytes(SECRET.reveal())
+    (directory / "link.secret").chmod(0o600)
+    config = directory / "controller.toml"
+    config.write_text(
+        f'executor_id = "box"\nrole = "controller"\nsecret_file = "link.secret"\n\n'
+        f'[connection]\ndial = "{url}"\n',
+        encoding="utf-8",
+    )
+    return subprocess.run(
+        [*CLI, "call", str(config), "calc.add", "[2, 3]"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+async def test_a_worker_serves_eight_controllers_and_the_cli_at_once(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    impl = CalcImpl()
+    root = tmp_path / "root"
+    root.mkdir()
+    with anyio.fail_after(60):
+        async with (
+            gl.Worker(_worker_config(), _services(root, impl)) as worker,
+            _controllers(worker.url, 8) as executors,
+        ):
+            for executor in executors:
+                await executor.wait_ready(timeout=10)
+            assert len(worker.controllers()) == 8
+            results: dict[int, tuple[int, list[int]]] = {}
+
+            async def use(i: int, executor: gl.RemoteExecutor) -> None:
+                calc = executor.service("calc", Calc)
+                total = await calc.add(i, 100)
+                results[i] = (total, [x async for x in calc.count(3 + i)])
+
+            async with anyio.create_task_group() as tg:
+                for i, executor in enumerate(executors):
+                    tg.start_soon(use, i, executor)
+            assert results == {i: (i + 100, list(range(3 + i))) for i in range(8)}
+
+            # A process started by one controller is found by another: the process
+            # service is the worker's, shared by every controller's session.
+            first = executors[0].service("process", ProcessService)
+            await first.start([sys.executable, "-c", "pass"], id="shared-1")
+            last = executors[-1].service("process", ProcessService)
+            assert "shared-1" in [info.id for info in await last.list()]
+
+            # A ninth controller, in another process, while the eight stay attached.
+            done = await anyio.to_thread.run_sync(_call_subprocess, tmp_path, worker.url)
+            assert (done.returncode, done.stdout) == (0, "5\n"), done.stderr
+
+            stats = worker.link.statistics()
+            assert stats.fresh_sessions == 9
+            assert stats.takeovers_refused == stats.admissions_busy == 0
+            assert stats.controllers_refused == 0
+            assert len(worker.controllers()) == 8  # the CLI closed its session (1001)
+            # Every in-process session is still the one it began with: nothing replaced.
+            assert all(e.statistics().sessions == 1 for e in executors)
+
+
+async def test_the_controller_past_max_controllers_is_refused_until_a_place_frees(
+    anyio_backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="garcon_link.link")
+    impl = CalcImpl()
+    with anyio.fail_after(30):
+        async with (
+            gl.Worker(_worker_config(LIMITS.replace(max_controllers=2)), {"calc": impl}) as w,
+            anyio.create_task_group() as tg,
+        ):
+            stops = [anyio.Event() for _ in range(3)]
+            first, second, third = [
+                await tg.start(_hosted, _controller_config(w.url), stop) for stop in stops
+            ]
+            await first.wait_ready(timeout=10)
+            await second.wait_ready(timeout=10)
+            with pytest.raises(TimeoutError, match="max_controllers=2"):
+                await third.wait_ready(timeout=0.5)
+            assert w.link.statistics().controllers_refused >= 1
+            assert len(w.controllers()) == 2
+            # The worker says so, rate-limited (one line per peer and reason and
+            # log_interval, however often the third redials).
+            refusals = [r for r in caplog.records if "refused controller" in r.getMessage()]
+            assert len(refusals) == 1 and refusals[0].levelno == logging.WARNING
+            assert "max_controllers=2" in refusals[0].getMessage()
+            assert getattr(refusals[0], "gl_close_code", None) == 1013
+            # One of the two leaves (1001: its session ends at once); the third redials
+            # and is admitted.
+            stops[0].set()
+            await third.wait_ready(timeout=10)
+            assert await third.service("calc", Calc).add(1, 2) == 3
+            assert len(w.controllers()) == 2
+            for stop in stops:
+                stop.set()
+
+
+async def test_the_same_controller_id_takes_over_once_its_holder_stops_answering(
+    anyio_backend: str,
+) -> None:
+    impl = CalcImpl()
+    with anyio.fail_after(30):
+        async with (
+            gl.Worker(_worker_config(), {"calc": impl}) as w,
+            anyio.create_task_group() as tg,
+        ):
+            stops = [anyio.Event() for _ in range(3)]
+            first, other, newer = [
+                await tg.start(_hosted, _controller_config(w.url, name), stop)
+                for name, stop in zip(("scheduler", "other", "scheduler"), stops, strict=True)
+            ]
+            await first.wait_ready(timeout=10)
+            await other.wait_ready(timeout=10)  # another controller_id: admitted at once
+            # The holder answers the probe: the newcomer is refused (4004), again and again,
+            # and the holder's session stays.
+            with pytest.raises(TimeoutError, match="4004"):
+                await newer.wait_ready(timeout=0.5)
+            assert w.link.statistics().takeovers_refused >= 1
+            assert sorted(w.controllers()) == ["other", "scheduler"]
+            held = w.controllers()["scheduler"]
+            # The holder dies without a word (no close frame): the probe fails and the newest
+            # process with that controller_id takes the place over.
+            await first.link.abort()
+            await newer.wait_ready(timeout=10)
+            assert await newer.service("calc", Calc).add(2, 2) == 4
+            assert sorted(w.controllers()) == ["other", "scheduler"]
+            assert w.controllers()["scheduler"] is not held
+            assert await other.service("calc", Calc).add(1, 1) == 2
+            for stop in stops:
+                stop.set()
+
+
+async def test_a_dialing_worker_dials_several_controllers(anyio_backend: str) -> None:
+    impl = CalcImpl()
+
+    def listening() -> gl.LinkConfig:
+        return gl.LinkConfig(
+            executor_id="box",
+            role=gl.Role.CONTROLLER,
+            secret=SECRET,
+            listen=("127.0.0.1", 0),
+            limits=LIMITS,
+        )
+
+    with anyio.fail_after(30):
+        async with gl.connect(listening()) as a, gl.connect(listening()) as b:
+            urls = (a.link.url, b.link.url)
+            config = gl.LinkConfig(
+                executor_id="box",
+                role=gl.Role.WORKER,
+                secret=SECRET,
+                dial=urls[0],
+                also_dial=urls[1:],
+                limits=LIMITS,
+            )
+            assert config.dial_urls == urls
+            async with gl.Worker(config, {"calc": impl}) as worker:
+                await a.wait_ready(timeout=10)
+                await b.wait_ready(timeout=10)
+                assert await a.service("calc", Calc).add(1, 2) == 3
+                assert [x async for x in b.service("calc", Calc).count(4)] == [0, 1, 2, 3]
+                assert sorted(worker.controllers()) == sorted(urls)
+                # One worker process: both controllers see the same worker instance.
+                info_a, info_b = await a.info(), await b.info()
+                assert info_a.worker_instance_id == info_b.worker_instance_id
+
+
+def test_a_worker_config_may_dial_a_list_of_controllers(tmp_path: Path) -> None:
+    (tmp_path / "link.secret").write_bytes(SECRET.reveal())
+    (tmp_path / "link.secret").chmod(0o600)
+    path = tmp_path / "worker.toml"
+    body = 'executor_id = "box"\nrole = "{role}"\nsecret_file = "link.secret"\n\n[connection]\n'
+    urls = '["ws://127.0.0.1:1/executor", "ws://127.0.0.1:2/executor"]'
+    path.write_text(body.format(role="worker") + f"dial = {urls}\n", encoding="utf-8")
+    config = gl.load_config(path)
+    assert config.dial_urls == ("ws://127.0.0.1:1/executor", "ws://127.0.0.1:2/executor")
+    path.write_text(body.format(role="controller") + f"dial = {urls}\n", encoding="utf-8")
+    with pytest.raises(gl.ConfigError, match="only a dialing worker dials several"):
+        gl.load_config(path)
+    twice = '["ws://127.0.0.1:1/executor", "ws://127.0.0.1:1/executor"]'
+    path.write_text(body.format(role="worker") + f"dial = {twice}\n", encoding="utf-8")
+    with pytest.raises(gl.ConfigError, match="listed twice"):
+        gl.load_config(path)
+    path.write_text(body.format(role="worker") + "dial = []\n", encoding="utf-8")
+    with pytest.raises(gl.ConfigError, match="non-empty list"):
+        gl.load_config(path)
+
+
+async def test_a_controller_at_its_budget_does_not_hold_another_back(anyio_backend: str) -> None:
+    """Each controller's calls are admitted against its own session's budget: one that holds
+    ``max_incoming_calls`` running calls is refused ``OVERLOADED`` for more, while another
+    controller's call runs at once."""
+    impl = CalcImpl()
+    limits = LIMITS.replace(max_incoming_calls=4)
+    with anyio.fail_after(30):
+        async with (
+            gl.Worker(_worker_config(limits), {"calc": impl}) as w,
+            anyio.create_task_group() as tg,
+        ):
+            stops = [anyio.Event() for _ in range(2)]
+            greedy, other = [
+                await tg.start(_hosted, _controller_config(w.url), stop) for stop in stops
+            ]
+            await greedy.wait_ready(timeout=10)
+            await other.wait_ready(timeout=10)
+            calc = greedy.service("calc", Calc)
+            async with anyio.create_task_group() as held:
+                for i in range(4):
+                    held.start_soon(calc.hold, f"k{i}")
+                for i in range(4):
+                    await impl.probe.wait(f"started:k{i}")
+                with pytest.raises(gl.NotDispatched) as refused:
+                    await calc.add(1, 1)
+                assert refused.value.code == "OVERLOADED"
+                assert await other.service("calc", Calc).add(2, 3) == 5
+                assert [x async for x in other.service("calc", Calc).count(3)] == [0, 1, 2]
+                for i in range(4):
+                    impl._release(f"k{i}")
+            for stop in stops:
+                stop.set()
