@@ -1306,3 +1306,20 @@ def test_command_help_lists_only_its_own_exit_codes(
         assert text in codes, (command, text)
     for text in absent:
         assert text not in codes, (command, text)
+
+
+def test_describe_lines_escape_what_a_hostile_worker_names() -> None:
+    """The manifest is the worker's text: an escape sequence in a method name or signature
+    reaches the terminal escaped, and a huge signature is cut."""
+    from garcon_link.cli._call import DESCRIBE_LINE_CHARS, describe_lines
+
+    services = {
+        "calc": {
+            "add\x1b[2J": {"kind": "unary", "signature": "(a: int) -> int\r\n\x07"},
+            "big": {"kind": "unary", "signature": "(" + "a" * 100_000 + ")"},
+        }
+    }
+    lines = describe_lines(services)
+    assert lines[0] == "unary  calc.add\\x1b[2J(a: int) -> int\\r\\n\\x07"
+    assert all(line.isprintable() and line.isascii() for line in lines)
+    assert len(lines[1]) <= DESCRIBE_LINE_CHARS + 40 and lines[1].endswith(" chars)")

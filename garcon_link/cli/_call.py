@@ -15,6 +15,7 @@ import anyio
 from ..api.controller import ExecutorInfo, RemoteExecutor, connect
 from ..api.fleet import fleet
 from ..errors import NotDispatched, RemoteError
+from ..logs import peer_message
 from ..rpc.interface import MethodKind, MethodSpec, manifest_method
 from ..rpc.typedoc import type_description_lines
 from ..rpc.values import JSON_VALUES, VALUES_METADATA_KEY
@@ -247,8 +248,15 @@ def _cmd_call(ns: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- describe
 
 
+DESCRIBE_LINE_CHARS = 1000
+"""The longest line ``describe`` prints for one method (the manifest is the worker's text)."""
+
+
 def describe_lines(services: Mapping[str, Any]) -> list[str]:
-    """One line per method of a manifest: ``unary  calc.add(a: int, b: int) -> int``."""
+    """One line per method of a manifest: ``unary  calc.add(a: int, b: int) -> int``.
+
+    The names and signatures are the worker's: each line is escaped to printable ASCII (a
+    control character cannot reach the terminal) and cut at :data:`DESCRIBE_LINE_CHARS`."""
     lines = []
     for service in sorted(services, key=str):
         methods = services[service]
@@ -258,7 +266,8 @@ def describe_lines(services: Mapping[str, Any]) -> list[str]:
             entry = methods[method]
             if isinstance(entry, Mapping):
                 kind, signature = entry.get("kind"), entry.get("signature")
-                lines.append(f"{kind!s:<7}{service}.{method}{signature}")
+                line = f"{kind!s:<7}{service}.{method}{signature}"
+                lines.append(peer_message(line, DESCRIBE_LINE_CHARS))
     return lines
 
 
