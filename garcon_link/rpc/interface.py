@@ -1,5 +1,10 @@
 """Service interfaces: what is callable, how values are converted, and the contract manifest.
 
+Why one module of about 1,100 lines: a method's spec, its signature text (the contract) and the
+views printed from it (the sync view, the stub) are derived from the same reading of the
+interface's hints; split apart, each would read them again and could disagree. The value checks
+live in :mod:`.values`, the comparison of contracts in :mod:`.contract`.
+
 An *interface* is a class (usually a ``typing.Protocol``) whose public methods define what a remote
 peer may call. It is shared by both sides. From it we derive, once per interface:
 
