@@ -9,12 +9,12 @@ client accepts ``--sync``'s view against a worker serving the interface.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
 from ..rpc.interface import service_spec, view_source
 from ._exits import EXIT_OK, UsageError
+from ._worker import import_attribute
 
 
 def _import_interface(text: str) -> type:
@@ -28,19 +28,7 @@ def _import_interface(text: str) -> type:
         raise UsageError(f"{text!r}: expected MODULE:ATTR, e.g. mypkg.calc:Calc")
     if str(Path.cwd()) not in sys.path and "" not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
-    try:
-        obj: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"{text!r}: cannot import module {module_name!r}: {exc}") from exc
-    except Exception as exc:
-        raise UsageError(
-            f"{text!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise UsageError(f"{text!r}: {module_name!r} has no attribute {attr!r}") from None
+    obj = import_attribute(module_name, attr, repr(text))
     if not isinstance(obj, type):
         raise UsageError(f"{text!r}: {attr} is not a class (an interface is a class)")
     return obj

@@ -44,6 +44,26 @@ def _drain_seconds(text: str) -> float:
     return value
 
 
+def import_attribute(module_name: str, attr: str, where: str) -> object:
+    """Import ``module_name`` and follow the dotted ``attr`` in it; each failure is one
+    :class:`UsageError` line starting with ``where`` (``--service ...``, ``stub``'s target).
+    """
+    try:
+        obj: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"{where}: cannot import module {module_name!r}: {exc}") from exc
+    except Exception as exc:
+        raise UsageError(
+            f"{where}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageError(f"{where}: {module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
 def _import_target(text: str) -> tuple[str, object]:
     """Parse ``NAME=module:attr`` and import what it names."""
     name, sep, target = text.partition("=")
@@ -54,23 +74,7 @@ def _import_target(text: str) -> tuple[str, object]:
         )
     if name.startswith(("_", "$")) or not name.isprintable() or any(c.isspace() for c in name):
         raise UsageError(f"--service {text!r}: invalid service name {name!r}")
-    try:
-        obj: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(
-            f"--service {text!r}: cannot import module {module_name!r}: {exc}"
-        ) from exc
-    except Exception as exc:
-        raise UsageError(
-            f"--service {text!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise UsageError(
-                f"--service {text!r}: {module_name!r} has no attribute {attr!r}"
-            ) from None
+    obj = import_attribute(module_name, attr, f"--service {text!r}")
     if isinstance(obj, type):
         try:
             obj = obj()
