@@ -27,8 +27,10 @@ import logging as _logging
 from .api.controller import Availability, ExecutorInfo, RemoteExecutor, connect
 from .api.facades import peer
 from .api.fleet import ExecutorSnapshot, Fleet, FleetEvent, fleet
+from .api.gateway import CallerSnapshot, Gateway, gateway
 from .api.options import with_options
 from .api.registration import Service
+from .api.relay import GatewayExecutor, GatewayFleet, connect_gateway
 from .api.sync import SyncExecutor, connect_sync
 from .api.worker import Worker, serve
 from .core.wire import Role
@@ -54,6 +56,13 @@ from .rpc.hooks import CallEnd, CallHook, CallInfo, call_metadata
 from .rpc.interface import oneway
 from .rpc.resources import ResourceRef, ServiceScope, WorkerScope, current_scope
 from .rpc.rpc import register_exception
+from .settings.callers import (
+    CallerConfig,
+    CallersConfig,
+    GatewayConfig,
+    load_caller_config,
+    load_gateway_config,
+)
 from .settings.config import (
     DialExecutor,
     FleetConfig,
@@ -62,6 +71,7 @@ from .settings.config import (
     load_config,
     load_fleet_config,
 )
+from .settings.grants import Grant
 from .settings.keyring import Keyring
 from .settings.secrets import Secret, generate_secret, write_secret_file
 from .version import __version__
@@ -77,6 +87,9 @@ __all__ = [
     "CallError",
     "CallHook",
     "CallInfo",
+    "CallerConfig",
+    "CallerSnapshot",
+    "CallersConfig",
     "ConfigError",
     "DialExecutor",
     "ExecutorInfo",
@@ -85,6 +98,11 @@ __all__ = [
     "FleetConfig",
     "FleetEvent",
     "GarconLinkError",
+    "Gateway",
+    "GatewayConfig",
+    "GatewayExecutor",
+    "GatewayFleet",
+    "Grant",
     "HandshakeError",
     "Keyring",
     "Limits",
@@ -112,12 +130,16 @@ __all__ = [
     "__version__",
     "call_metadata",
     "connect",
+    "connect_gateway",
     "connect_sync",
     "current_scope",
     "fleet",
+    "gateway",
     "generate_secret",
+    "load_caller_config",
     "load_config",
     "load_fleet_config",
+    "load_gateway_config",
     "oneway",
     "peer",
     "register_exception",

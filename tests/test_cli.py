@@ -273,6 +273,27 @@ def test_keygen_enrolls_an_executor_in_a_keyring(
     assert gl.load_config(worker).secret == gl.Keyring(keys).secret_for("box-1")
 
 
+def test_keygen_enrolls_a_gateway_caller(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    callers = tmp_path / "callers"
+    assert cli.main(["keygen", "--keyring", str(callers), "--caller", "web-1"]) == 0
+    path = callers / "web-1.secret"
+    assert capsys.readouterr().out == (
+        f"enrolled web-1: {path} (mode 0600); copy it to the caller as its secret_file\n"
+    )
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    # The file is the caller's secret_file as it is.
+    caller = tmp_path / "c.toml"
+    caller.write_text(
+        f'role = "caller"\ncaller_id = "web-1"\nsecret_file = "{path}"\n'
+        '[connection]\ndial = "ws://127.0.0.1:8443/executor"\n'
+    )
+    assert gl.load_caller_config(caller).secret == gl.Keyring(callers).secret_for("web-1")
+    assert cli.main(["keygen", "--keyring", "K", "--caller", "a", "--executor", "b"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
 def test_keygen_keyring_as_a_command(tmp_path: Path) -> None:
     done = run_cli("keygen", "--keyring", str(tmp_path / "keys"), "--executor", "box-1")
     assert done.returncode == 0, done.stderr

@@ -337,6 +337,22 @@ class Fleet:
         self._pinned.add(executor_id)
         return member
 
+    def _member(self, executor_id: str) -> RemoteExecutor | None:
+        """The member of ``executor_id`` if the fleet knows it; never creates one (a gateway
+        routes a caller's call by a peer-chosen id)."""
+        return self._members.get(executor_id)
+
+    def _each_member(self) -> list[tuple[str, RemoteExecutor]]:
+        """Every member, in id order."""
+        return sorted(self._members.items())
+
+    def _host(self, guest: WebSocketLink) -> None:
+        """Let ``guest`` (a hosted worker-role link: a gateway's callers) share the listener
+        (:meth:`WebSocketLink.host`). Before the fleet is entered."""
+        if self._listening is None:
+            raise ConfigError("a gateway's fleet must listen: its callers dial it")
+        self._listening.host(guest)
+
     def _check_reachable(self, executor_id: str) -> None:
         if self._tg is None or self._closed:
             raise RuntimeError("the fleet is not running: use `async with gl.fleet(config)`")

@@ -22,16 +22,36 @@ which ends it). Once an attempt may have executed, the call never ends ``NotDisp
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import anyio
 
+from ..endpoint.transport import SessionTransport
 from ..errors import CallError, NotDispatched, OutcomeUnknown
 from ..rpc.interface import MethodKind, MethodSpec
-from ..rpc.rpc import ExecutorRpc
+from ..rpc.rpc import RemoteStream
 
-__all__ = ["KeyedCaller", "call_with_key", "retry_delays"]
+__all__ = ["CallSession", "KeyedCaller", "call_with_key", "retry_delays"]
+
+
+class CallSession(Protocol):
+    """What a facade calls through: one session's :class:`~garcon_link.rpc.rpc.ExecutorRpc`,
+    or a gateway caller's view of one executor through its gateway session
+    (:mod:`garcon_link.api.relay`). ``transport.peer_runtime`` is the runtime a keyed call's
+    attempt binds to."""
+
+    @property
+    def transport(self) -> SessionTransport: ...
+
+    @property
+    def peer_state_id(self) -> bytes | None: ...
+
+    @property
+    def call(self) -> Callable[..., Awaitable[Any]]: ...
+
+    @property
+    def stream(self) -> Callable[..., RemoteStream]: ...
 
 
 class KeyedCaller(Protocol):
@@ -39,11 +59,11 @@ class KeyedCaller(Protocol):
     :class:`~garcon_link.api.controller.RemoteExecutor`, which calls it)."""
 
     @property
-    def current_rpc(self) -> ExecutorRpc | None: ...
+    def current_rpc(self) -> CallSession | None: ...
 
     async def wait_ready(self, timeout: float | None = None) -> None: ...
 
-    async def _rpc_for_call(self, dispatch_deadline: float) -> ExecutorRpc: ...
+    async def _rpc_for_call(self, dispatch_deadline: float) -> CallSession: ...
 
 
 _FINAL_UNKNOWN = frozenset({"TIMEOUT", "CANCELLED_WHILE_RUNNING", "WORKER_RESTARTED"})

@@ -18,26 +18,28 @@ from ._output import _emit, _setup_logging
 
 def _cmd_keygen(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
-    if ns.keyring is None and ns.executor is None:
+    if ns.executor is not None and ns.caller is not None:
+        raise UsageError("keygen takes --executor ID or --caller ID, not both")
+    who = ns.executor if ns.executor is not None else ns.caller
+    flag = "--executor" if ns.caller is None else "--caller"
+    if ns.keyring is None and who is None:
         if ns.path is None:
-            raise UsageError("keygen needs PATH, or --keyring DIR --executor ID")
+            raise UsageError("keygen needs PATH, or --keyring DIR --executor ID (or --caller ID)")
         path = write_secret_file(ns.path, force=ns.force)
         _emit(str(path))
         return EXIT_OK
-    if ns.keyring is None or ns.executor is None:
-        given, missing = (
-            ("--keyring", "--executor")
-            if ns.executor is None
-            else (
-                "--executor",
-                "--keyring",
-            )
+    if ns.keyring is None:
+        raise UsageError(f"keygen {flag} needs --keyring too (--keyring DIR {flag} ID)")
+    if who is None:
+        raise UsageError(
+            "keygen --keyring needs --executor too (--keyring DIR --executor ID), or --caller ID "
+            "for a gateway's caller"
         )
-        raise UsageError(f"keygen {given} needs {missing} too (--keyring DIR --executor ID)")
     if ns.path is not None:
-        raise UsageError("keygen takes either PATH or --keyring DIR --executor ID, not both")
-    path = enroll(ns.keyring, ns.executor, force=ns.force)
-    _emit(f"enrolled {ns.executor}: {path} (mode 0600); copy it to the worker as its secret_file")
+        raise UsageError(f"keygen takes either PATH or --keyring DIR {flag} ID, not both")
+    path = enroll(ns.keyring, who, force=ns.force)
+    peer = "worker" if ns.caller is None else "caller"
+    _emit(f"enrolled {who}: {path} (mode 0600); copy it to the {peer} as its secret_file")
     return EXIT_OK
 
 

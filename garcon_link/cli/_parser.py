@@ -183,14 +183,17 @@ def build_parser() -> argparse.ArgumentParser:
         "keygen",
         parents=[common],
         usage="garcon-link keygen [-h] [-v] [--force] PATH\n"
-        "       garcon-link keygen [-h] [-v] [--force] --keyring DIR --executor ID",
-        help="write a new secret file (mode 0600), or enroll an executor in a keyring",
+        "       garcon-link keygen [-h] [-v] [--force] --keyring DIR --executor ID\n"
+        "       garcon-link keygen [-h] [-v] [--force] --keyring DIR --caller ID",
+        help="write a new secret file (mode 0600), or enroll an executor or caller in a keyring",
         description="Write 32 random bytes as 64 hex digits to PATH with mode 0600 and print "
         "PATH. Refuses to overwrite an existing file (exit 2) unless --force.\n\n"
         "With --keyring DIR --executor ID instead of PATH: enroll executor ID with a listening "
         "fleet controller by writing DIR/ID.secret (DIR is created with mode 0700 if missing) "
         "and print where it went; copy that file to the worker as its secret_file. ID may hold "
-        "ASCII letters, digits, '.', '_' and '-', and must not start with '.'.",
+        "ASCII letters, digits, '.', '_' and '-', and must not start with '.'.\n\n"
+        "With --keyring DIR --caller ID: enroll caller ID with a gateway (DIR is its [callers] "
+        "keyring); copy DIR/ID.secret to the caller as its secret_file.",
         epilog=exit_codes_help("keygen"),
     )
     keygen.add_argument("path", nargs="?", metavar="PATH", help="the secret file to write")
@@ -199,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keygen.add_argument(
         "--executor", metavar="ID", help="the executor to enroll in --keyring (its executor_id)"
+    )
+    keygen.add_argument(
+        "--caller", metavar="ID", help="the gateway caller to enroll in --keyring (its caller_id)"
     )
     keygen.add_argument("--force", action="store_true", help="replace an existing file")
     keygen.set_defaults(func=_cmd_keygen)

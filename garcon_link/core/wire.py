@@ -63,6 +63,7 @@ __all__ = [
     "Packet",
     "Receipt",
     "array_prefix",
+    "argument_items",
     "decode_item",
     "decode_packets",
     "encode_canonical",
@@ -229,6 +230,84 @@ def array_prefix(data: bytes) -> tuple[int, int, int] | None:
     except MalformedFrame:
         return None
     return length, first, second
+
+
+_MAX_FRAMED_DEPTH = 64
+
+
+def _item_end(data: bytes, pos: int) -> int:
+    """The position after the one CBOR item that starts at ``pos``, read from its heads alone.
+
+    Strings are skipped by their length, never copied or decoded; containers are walked by
+    their counts. Refused (:class:`MalformedFrame`): truncation, indefinite lengths, reserved
+    heads, a ``break`` out of place, simple values but false/true/null, tags but the bignums (2
+    and 3), nesting deeper than 64. The walk costs one step per head, so at most ``len(data)``
+    steps whatever the heads declare. It frames, it does not validate: what the items hold is
+    the receiver's to check.
+    """
+    end = len(data)
+    todo = 1  # items still to read at this level
+    outer: list[int] = []  # the counts left at the levels above
+    while True:
+        while todo == 0:
+            if not outer:
+                return pos
+            todo = outer.pop()
+        todo -= 1
+        if pos >= end:
+            raise MalformedFrame("truncated CBOR item")
+        initial = data[pos]
+        major, info = initial >> 5, initial & 0x1F
+        pos += 1
+        if info < 24:
+            value = info
+        elif info <= 27:
+            width = 1 << (info - 24)
+            if pos + width > end:
+                raise MalformedFrame("truncated CBOR head")
+            value = int.from_bytes(data[pos : pos + width], "big")
+            pos += width
+        else:
+            raise MalformedFrame(f"indefinite or reserved CBOR head 0x{initial:02x}")
+        if major == 2 or major == 3:
+            pos += value
+            if pos > end:
+                raise MalformedFrame("truncated CBOR string")
+        elif major == 4 or major == 5:
+            count = value * 2 if major == 5 else value
+            if count:
+                if len(outer) >= _MAX_FRAMED_DEPTH:
+                    raise MalformedFrame(f"CBOR item nested deeper than {_MAX_FRAMED_DEPTH} levels")
+                outer.append(todo)
+                todo = count
+        elif major == 6:
+            if value not in (2, 3):
+                raise MalformedFrame(f"CBOR semantic tag {value} is not allowed")
+            todo += 1  # the tagged item
+        elif major == 7 and info < 24 and value not in (20, 21, 22):
+            raise MalformedFrame(f"CBOR simple value {value} is not allowed")
+        elif major == 7 and info == 24:
+            raise MalformedFrame("CBOR simple value is not allowed")
+
+
+def argument_items(payload: bytes) -> bytes:
+    """The encoded ``args`` array and ``kwargs`` map of ``payload`` (the CBOR array
+    ``[args, kwargs]``), checked for framing only (:func:`_item_end`): the bytes a relay
+    splices into a ``call`` envelope without decoding the values.
+
+    Raises:
+        MalformedFrame: not a definite two-item array of an array and a map, exactly.
+    """
+    if len(payload) < 3 or payload[0] != 0x82:
+        raise MalformedFrame("the arguments are not a two-item CBOR array")
+    if payload[1] >> 5 != 4:
+        raise MalformedFrame("the positional arguments are not a CBOR array")
+    middle = _item_end(payload, 1)
+    if middle >= len(payload) or payload[middle] >> 5 != 5:
+        raise MalformedFrame("the keyword arguments are not a CBOR map")
+    if _item_end(payload, middle) != len(payload):
+        raise MalformedFrame("trailing bytes after the arguments")
+    return payload[1:]
 
 
 def iter_packets(data: bytes, max_frame_bytes: int, max_packets: int) -> Iterator[Packet]:

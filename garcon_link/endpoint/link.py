@@ -320,11 +320,22 @@ class WebSocketLink:
         retention: RetentionPool | None = None,
         controller_id: str | None = None,
         runtime_id: bytes | None = None,
+        hosted: bool = False,
     ) -> None:
-        if (listen is None) == (dial is None):
+        if hosted:
+            if (
+                listen is not None
+                or dial is not None
+                or keys is None
+                or Role(role) is not Role.WORKER
+            ):
+                raise ConfigError(
+                    "hosted=True is for a worker-role link with keys=, no listen or dial"
+                )
+        elif (listen is None) == (dial is None):
             raise ConfigError("a link needs exactly one of listen=(host, port) or dial=URL")
         if keys is not None:
-            if listen is None or executor_id is not None or secret is not None:
+            if (listen is None and not hosted) or executor_id is not None or secret is not None:
                 raise ConfigError("keys= is for a listener, instead of executor_id and secret")
         elif executor_id is None or secret is None:
             raise ConfigError("a link needs executor_id and secret (or, listening, keys=)")
@@ -335,7 +346,9 @@ class WebSocketLink:
         self.role = Role(role)
         self.controller_id = controller_id
         # A listening worker keeps one slot per controller (module docstring).
-        self._per_controller = self.role is Role.WORKER and listen is not None
+        self._per_controller = self.role is Role.WORKER and (listen is not None or hosted)
+        self._hosted = hosted
+        self._guest: WebSocketLink | None = None
         self._sessions_begun = 0
         self.executor_id = executor_id
         self.limits = limits or Limits()
@@ -359,10 +372,11 @@ class WebSocketLink:
                 self._ssl = None
             host = self._dial.host
             insecure = not self._dial.tls
-        else:
-            assert listen is not None
+        elif listen is not None:
             host = listen[0]
             insecure = ssl_context is None
+        else:  # hosted: the host link's listener applies its own rule
+            host, insecure = "", False
         if insecure and not is_loopback_host(host) and not allow_insecure_development:
             raise ConfigError(
                 f"plain-text ws:// to or on non-loopback address {host!r} is refused; use TLS "
@@ -533,6 +547,23 @@ class WebSocketLink:
             handshakes_failed=dict(s.handshakes_failed),
         )
 
+    def host(self, guest: WebSocketLink) -> None:
+        """Hand every hello of *our own* role on this listener to ``guest`` (a ``hosted``
+        worker-role link): a gateway's one port admits executors (workers, to this
+        controller-role link) and callers (controllers, to the guest) alike. The guest
+        authenticates, admits and serves those sockets with its own keys, slots and bounds; the
+        listener's authenticated-socket cap grows by the guest's ``max_controllers``.
+
+        Raises:
+            ConfigError: this link does not listen, or ``guest`` is not hosted.
+        """
+        if self._listener is None or not guest._hosted or guest.role is self.role:
+            raise ConfigError("host() needs a listening link and a hosted link of the other role")
+        self._guest = guest
+        self._listener.count_also(
+            guest.limits.max_controllers, lambda: self._attached + guest._attached
+        )
+
     async def __aenter__(self) -> WebSocketLink:
         tg = anyio.create_task_group()
         await tg.__aenter__()
@@ -548,7 +579,7 @@ class WebSocketLink:
                     self.url,
                     extra=log_fields(executor=self.executor_id),
                 )
-            else:
+            elif not self._hosted:
                 tg.start_soon(self._dial_loop)
         except BaseException:
             tg.cancel_scope.cancel()
@@ -792,7 +823,9 @@ class WebSocketLink:
     async def _authenticate_incoming(self, sock: WebSocket) -> Admitted | None:
         return await self._authenticate(sock, listening=True)
 
-    async def _authenticate(self, sock: WebSocket, *, listening: bool = False) -> Admitted | None:
+    async def _authenticate(
+        self, sock: WebSocket, *, listening: bool = False, first: bytes | None = None
+    ) -> Admitted | None:
         """Exchange hello and proof, then admit the peer (the caller bounds all of it by the
         handshake deadline).
 
@@ -803,10 +836,15 @@ class WebSocketLink:
         known = True
         try:
             if listening:
-                first = await self._receive_handshake_frame(sock)
                 if first is None:
-                    return None
+                    first = await self._receive_handshake_frame(sock)
+                    if first is None:
+                        return None
                 claimed = peek_hello(first, max_frame_bytes=self.limits.max_handshake_frame_bytes)
+                guest = self._guest
+                if guest is not None and claimed.role is self.role:
+                    # A peer of our own role: the hosted link's (host()).
+                    return await guest._authenticate(sock, listening=True, first=first)
                 slot = self._slots.get(self._slot_key(claimed))
                 offer = slot.offer_to(claimed, self.runtime_id) if slot is not None else None
                 hs = self._handshake(claimed.executor, None, offer)

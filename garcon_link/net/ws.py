@@ -857,6 +857,12 @@ class WebSocketListener:
         self.closing = False
         self.address: tuple[str, int] | None = None
 
+    def count_also(self, extra: int, occupied: Callable[[], int]) -> None:
+        """Admit ``extra`` more authenticated sockets, counted from now on by ``occupied``
+        (a link hosting another link's sockets on this listener counts both)."""
+        self._max_authenticated += extra
+        self._occupied = occupied
+
     async def serve(
         self,
         host: str,

@@ -12,6 +12,7 @@ freed, ``cancel`` sent) if it is dropped without ``aclose()``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import weakref
@@ -46,6 +47,7 @@ from .envelopes import (
     Notify,
     Result,
     encode_call,
+    encode_relayed_call,
     renumbered_call_head,
 )
 from .errorbody import (
@@ -60,9 +62,15 @@ from .observer import CallObserver
 from .outbox import CANCEL_KIND, CONTROL_KIND, Outbox
 from .resources import ResourceRef
 
-__all__ = ["Caller", "Expected", "RemoteStream"]
+__all__ = ["RELAYED", "Caller", "Expected", "RemoteStream"]
 
 log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
+
+
+RELAYED = MethodSpec(
+    name="(relayed)", kind=MethodKind.UNARY, signature=inspect.Signature(), hints={}, result=Any
+)
+"""The spec of a relayed call (:meth:`Caller.call_relayed`): its reply is taken as it decoded."""
 
 
 class _Pending:
@@ -301,6 +309,45 @@ class Caller:
             service, spec, args, kwargs, (0, 0), idempotency_key, metadata
         )
         assert pending is not None
+        return await self._outcome(pending, body, timeout)
+
+    async def call_relayed(
+        self,
+        service: str,
+        method: str,
+        arguments: bytes,
+        *,
+        timeout: float | None,
+        idempotency_key: bytes | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Any:
+        """Call ``service.method`` with arguments already encoded (``arguments``: the ``args``
+        array and ``kwargs`` map back to back, as
+        :func:`~garcon_link.core.wire.argument_items` frames them), and return the reply's
+        value as decoded CBOR data, unconverted: a relay's call, which knows no interface.
+        Outcomes as :meth:`call`.
+        """
+        self._check_open()
+        if len(self._pending) + self._outbox.owed_cancels >= self.limits.max_pending_calls:
+            raise NotDispatched(
+                "OVERLOADED",
+                f"{self.limits.max_pending_calls} calls already pending on this session",
+            )
+        call_id = self._next_id
+        self._next_id += 1
+        try:
+            body = encode_relayed_call(
+                call_id, service, method, arguments, idempotency_key, metadata
+            )
+        except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
+            raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
+        return await self._outcome(_Pending(call_id, RELAYED, None), body, timeout, local=False)
+
+    async def _outcome(
+        self, pending: _Pending, body: bytes, timeout: float | None, *, local: bool = True
+    ) -> Any:
+        """Issue ``pending``'s request and wait for its outcome (:meth:`call`); ``local``:
+        raise an allow-listed remote exception as itself, else the :class:`CallError`."""
         # A bare cancel scope with a deadline: what fail_after does, without its generator-based
         # context manager (this is on every call's path).
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
@@ -318,7 +365,7 @@ class Caller:
                 raise NotDispatched("TIMEOUT", f"not issued within {timeout}s")
             await self._cancel_after_timeout(pending, timeout)
         if pending.error is not None:
-            raise local_exception(pending.error)
+            raise local_exception(pending.error) if local else pending.error
         return pending.value
 
     async def notify(

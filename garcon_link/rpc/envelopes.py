@@ -72,6 +72,7 @@ __all__ = [
     "decode",
     "encode",
     "encode_call",
+    "encode_relayed_call",
     "encode_item",
     "encode_part",
     "encode_reply",
@@ -237,6 +238,26 @@ def encode_call(
     elif key is not None:
         envelope.append(key)
     return cbor2.dumps(envelope)
+
+
+def encode_relayed_call(
+    call_id: int,
+    service: str,
+    method: str,
+    arguments: bytes,
+    key: bytes | None,
+    metadata: Mapping[str, str] | None,
+) -> bytes:
+    """``encode_call(...)`` of a unary call whose ``args`` and ``kwargs`` are already encoded:
+    ``arguments`` is their two CBOR items back to back, framed by
+    :func:`~garcon_link.core.wire.argument_items` (a relay forwards them without decoding)."""
+    tail: list[Any] = [0, 0]
+    if metadata:
+        tail += (key, metadata)
+    elif key is not None:
+        tail.append(key)
+    head = cbor2.dumps([CALL, call_id, service, method])  # 0x84 and four items
+    return b"".join((bytes((0x80 | (6 + len(tail)),)), head[1:], arguments, cbor2.dumps(tail)[1:]))
 
 
 def encode_result(call_id: int, value: Any) -> bytes:

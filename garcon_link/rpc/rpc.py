@@ -426,6 +426,7 @@ class ExecutorRpc:
         self._dispatcher.on_peer_draining = on_peer_draining
         # Our calls are the caller's own methods: no indirection on the per-call path.
         self.call = caller.call
+        self.call_relayed = caller.call_relayed
         self.notify = caller.notify
         self.stream = caller.stream
         # Where each envelope goes (read per envelope by _dispatch_whole).

@@ -1244,6 +1244,14 @@ def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
             "missing: this is not a fleet configuration",
             'add [executors] with keyring = "keys" (or load a single link with load_config())',
         )
+    if "callers" in doc:
+        raise refusal(
+            source,
+            "[callers]",
+            "this is a gateway configuration (a fleet that admits callers)",
+            'set role = "gateway" and load it with load_gateway_config(), or run '
+            "`garcon-link gateway CONFIG`",
+        )
     for key in ("executor_id", "secret", "secret_file"):
         if key in doc:
             raise refusal(

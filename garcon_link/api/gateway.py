@@ -1,0 +1,418 @@
+"""The gateway: a fleet many programs share, each with its own key and grants.
+
+Theory of operation (docs/design.md#gateway; user guide docs/guides/gateway.md)
+------------------------------------------------------------------------------
+A :class:`Gateway` is a :class:`~garcon_link.Fleet` (executors dial its listener or are dialed)
+whose listener also admits **callers**. Both kinds of peer dial the same ``/executor``: a hello
+from a *worker* is an executor's, handled by the fleet's link; a hello from a *controller* is a
+caller's, handed to a second, hosted link (``WebSocketLink.host``) that plays the worker to its
+callers. That link authenticates each caller by the key ``<callers keyring>/<caller_id>.secret``
+(the caller claims its id where a controller claims an executor id), re-reads it every
+``key_recheck_interval`` (a deleted key retires that caller's session), and holds at most
+``max_callers`` caller sessions (one per caller process; the next is refused with 1013).
+
+Each caller session serves one service, :data:`~garcon_link.api.relay.RELAY_SERVICE`
+(:class:`~garcon_link.api.relay.GatewayRelay`): the gateway is a worker to its callers, and the
+relay is an ordinary service routing by executor id. That reuses, unchanged, everything a
+worker's session has -- resumable sessions, ``max_incoming_calls`` per session as the caller's
+budget of calls in flight, metadata, hooks, drain -- and needs no new message kind.
+
+A relayed call (``call(executor, service, method, payload, key, timeout)``):
+
+1. **Grant.** :func:`~garcon_link.settings.grants.allows` for (caller, executor, service);
+   refused ``Rejected("FORBIDDEN")`` otherwise: nothing is forwarded, and the executor is not
+   even looked up (an unknown and an ungranted executor are refused alike).
+2. **Executor.** The fleet's member for that id, without creating one (a caller cannot grow the
+   registry); absent or not ready: ``NotDispatched`` (``OFFLINE``, ``RECONNECTING``,
+   ``DRAINING``), nothing forwarded.
+3. **Arguments.** ``payload`` (the CBOR array ``[args, kwargs]``) is *framed*, not decoded
+   (:func:`~garcon_link.core.wire.argument_items`: heads walked, strings skipped unread), and its
+   two items are spliced into a ``call`` envelope on the executor's session
+   (:meth:`~garcon_link.rpc.caller.Caller.call_relayed`) with the caller's metadata and
+   idempotency key. Badly framed: ``Rejected("INVALID_ARGUMENTS")``, not forwarded.
+4. **Outcome.** Whatever ended the forwarded call -- its result, or its error with outcome and
+   code (``NotDispatched`` if it never left the gateway, ``OutcomeUnknown`` if its answer was
+   lost, ``Rejected``/``RemoteError`` as the worker sent them) -- is the relay call's *result*
+   (:func:`~garcon_link.api.relay.encode_outcome`), so it crosses the second hop unchanged. The
+   relay call itself fails only as any call on the caller's session fails.
+
+Bounds: ``max_callers`` sessions; per caller session the worker-side budgets
+(``max_incoming_calls`` relayed calls at once, refusal queues, frame rates); the retention
+budget of the fleet (``max_total_retained_bytes``) shared by both hops' sessions; per-caller
+counters for at most ``max_callers`` callers with a session plus as many without.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from ..core.handshake import HandshakeResult
+from ..core.wire import Role, argument_items
+from ..endpoint.link import WebSocketLink
+from ..endpoint.transport import SessionTransport, TransportState
+from ..errors import CallError, MalformedFrame, NotDispatched, Rejected
+from ..limits import Limits
+from ..logs import log_fields, peer_text
+from ..rpc.hooks import CallHook, call_metadata
+from ..rpc.idempotency import key_problem
+from ..rpc.interface import contract_hash
+from ..rpc.rpc import ExecutorRpc, current_rpc
+from ..settings.callers import GatewayConfig
+from ..settings.grants import Grant, allows, sees
+from ..settings.keyring import Keyring, executor_id_problem
+from .controller import RemoteExecutor
+from .facades import counts_as_error
+from .fleet import Fleet
+from .registration import Service, registry_from
+from .relay import MAX_DESCRIBE_WAIT, RELAY_SERVICE, GatewayRelay, encode_outcome
+
+__all__ = ["CallerSnapshot", "Gateway", "gateway"]
+
+log = logging.getLogger("garcon_link.gateway")  # the name users configure (README)
+
+
+@dataclass(slots=True)
+class CallerSnapshot:
+    """One caller as :meth:`Gateway.callers` saw it.
+
+    Attributes:
+        caller_id: its id (its key file's name).
+        sessions: its sessions now (one per caller process).
+        calls: relayed calls it made.
+        errors: of those, how many ended with an error on either hop (``FORBIDDEN`` included).
+        forbidden: of those, how many no grant allowed.
+        bytes: argument bytes it sent through the relay.
+    """
+
+    caller_id: str
+    sessions: int = 0
+    calls: int = 0
+    errors: int = 0
+    forbidden: int = 0
+    bytes: int = 0
+
+
+class _Relay:
+    """The relay service (module docstring); one object serves every caller session."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    async def call(
+        self,
+        executor: str,
+        service: str,
+        method: str,
+        payload: bytes,
+        key: bytes | None,
+        timeout: float | None,
+    ) -> bytes:
+        gateway = self._gateway
+        caller = gateway._caller()
+        stats = gateway._stats_of(caller)
+        stats.calls += 1
+        stats.bytes += len(payload)
+        try:
+            value = await gateway._forward(caller, executor, service, method, payload, key, timeout)
+        except CallError as exc:
+            stats.errors += 1
+            if exc.code == "FORBIDDEN":
+                stats.forbidden += 1
+            return encode_outcome(error=exc)
+        return encode_outcome(value)
+
+    async def describe(self, executor: str, wait: float) -> dict[str, Any]:
+        gateway = self._gateway
+        caller = gateway._caller()
+        gateway._check_visible(caller, executor)
+        deadline = anyio.current_time() + min(max(wait, 0.0), MAX_DESCRIBE_WAIT)
+        while True:
+            member = gateway.fleet._member(executor)
+            changed = gateway._changed
+            if member is not None and member.availability == "ready":
+                break
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                break
+            with anyio.move_on_after(remaining):
+                await changed.wait()
+        return gateway._entry(caller, executor, member, manifest=True)
+
+    async def executors(self) -> list[dict[str, Any]]:
+        gateway = self._gateway
+        caller = gateway._caller()
+        grants = gateway.grants
+        return [
+            gateway._entry(caller, executor_id, member)
+            for executor_id, member in gateway.fleet._each_member()
+            if sees(grants, caller, executor_id)
+        ]
+
+
+class Gateway:
+    """A fleet that admits callers; use ``async with gl.gateway(config) as gw``.
+
+    Args:
+        config: a :class:`~garcon_link.GatewayConfig` (``gl.load_gateway_config``).
+        limits: overrides the config's limits.
+        hooks: per-call hooks given to every executor of the fleet (the forwarded calls).
+
+    Attributes:
+        fleet: the :class:`~garcon_link.Fleet` of executors (its ``executors()``, ``events()``
+            and ``map()`` serve the gateway's own process as any fleet does).
+        grants: the grants in force.
+    """
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        limits: Limits | None = None,
+        hooks: Sequence[CallHook] = (),
+    ) -> None:
+        if not isinstance(config, GatewayConfig):
+            raise TypeError(f"gateway() needs a GatewayConfig, got {type(config).__name__}")
+        self.config = config
+        self.limits = limits or config.limits
+        self.fleet = Fleet(config.fleet, limits=self.limits, hooks=hooks)
+        callers = config.callers
+        self.grants: tuple[Grant, ...] = callers.grants
+        self._keyring = Keyring(callers.keyring)
+        self._max_callers = callers.max_callers
+        self._link = WebSocketLink(
+            role=Role.WORKER,
+            keys=self._caller_key,
+            hosted=True,
+            limits=dataclasses.replace(self.limits, max_controllers=callers.max_callers),
+            retention=self.fleet._retention,
+        )
+        self.fleet._host(self._link)
+        self._registry = registry_from({RELAY_SERVICE: Service(_Relay(self), GatewayRelay)})
+        self._sessions: dict[int, tuple[str, SessionTransport]] = {}  # id(transport) -> caller
+        self._stats: dict[str, CallerSnapshot] = {}
+        self._changed = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._closed = False
+
+    def _caller_key(self, caller_id: str) -> bytes | None:
+        secret = self._keyring.secret_for(caller_id)
+        return secret.reveal() if secret is not None else None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Gateway:
+        await self.fleet.__aenter__()
+        try:
+            tg = anyio.create_task_group()
+            await tg.__aenter__()
+            self._tg = tg
+            self._link.on_session(self._on_session)
+            await self._link.__aenter__()
+            tg.start_soon(self._watch_fleet)
+        except BaseException:
+            await self.fleet.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every caller session and the fleet (pending calls fail honestly)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._link.__aexit__(None, None, None)
+        finally:
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
+                await self._tg.__aexit__(None, None, None)
+            await self.fleet.aclose()
+
+    @property
+    def url(self) -> str:
+        """The URL executors and callers dial."""
+        return self.fleet.url
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return self.fleet.listen_address
+
+    async def _watch_fleet(self) -> None:
+        async for _event in self.fleet.events():
+            self._changed.set()
+            self._changed = anyio.Event()
+
+    # ------------------------------------------------------------------ callers
+
+    def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
+        caller = result.peer.executor  # the id the caller proved with its key
+        instance = os.urandom(16)
+
+        def describe() -> dict[str, Any]:
+            manifest = self._registry.manifest()
+            return {
+                "executor_id": caller,
+                "instance_id": instance,
+                "services": manifest,
+                "contract": contract_hash(manifest),
+            }
+
+        rpc = ExecutorRpc(transport, self._registry, self.limits, describe=describe, peer="caller")
+        self._sessions[id(transport)] = (caller, transport)
+        self._stats_of(caller).sessions += 1
+        log.info(
+            "gateway: caller %s session %s began",
+            peer_text(caller),
+            transport.session_id.hex()[:12],
+            extra=log_fields(session=transport.session_id, controller=caller),
+        )
+        assert self._tg is not None
+        self._tg.start_soon(self._serve, caller, transport, rpc)
+
+    async def _serve(self, caller: str, transport: SessionTransport, rpc: ExecutorRpc) -> None:
+        try:
+            await rpc.run()
+        finally:
+            self._sessions.pop(id(transport), None)
+            stats = self._stats.get(caller)
+            if stats is not None:
+                stats.sessions -= 1
+            cause = transport.failure
+            log.info(
+                "gateway: caller %s session %s ended%s",
+                peer_text(caller),
+                transport.session_id.hex()[:12],
+                f": {cause}" if cause is not None else "",
+                extra=log_fields(session=transport.session_id, controller=caller),
+            )
+
+    def _caller(self) -> str:
+        """The caller whose relay call the current handler serves."""
+        entry = self._sessions.get(id(current_rpc().transport))
+        if entry is None:  # its session ended while the call was being admitted
+            raise Rejected("FORBIDDEN", "the caller's session is gone")
+        return entry[0]
+
+    def _stats_of(self, caller: str) -> CallerSnapshot:
+        stats = self._stats.get(caller)
+        if stats is None:
+            if len(self._stats) >= 2 * self._max_callers:
+                for old_id, old in list(self._stats.items()):
+                    if old.sessions <= 0:
+                        del self._stats[old_id]
+                        break
+            stats = self._stats[caller] = CallerSnapshot(caller)
+        return stats
+
+    def callers(self) -> dict[str, CallerSnapshot]:
+        """Every caller with a session now or lately, by id (copies)."""
+        return {k: dataclasses.replace(v) for k, v in self._stats.items()}
+
+    def caller_sessions(self) -> dict[str, int]:
+        """How many live sessions each caller holds now."""
+        out: dict[str, int] = {}
+        for caller, transport in self._sessions.values():
+            if transport.state is not TransportState.RETIRED:
+                out[caller] = out.get(caller, 0) + 1
+        return out
+
+    # ------------------------------------------------------------------ the relay
+
+    def _check_visible(self, caller: str, executor: str) -> None:
+        problem = executor_id_problem(executor)
+        if problem is not None:
+            raise Rejected("INVALID_ARGUMENTS", f"executor id {peer_text(executor)}: {problem}")
+        if not sees(self.grants, caller, executor):
+            raise Rejected(
+                "FORBIDDEN", f"caller {caller!r} has no grant for executor {peer_text(executor)}"
+            )
+
+    def _entry(
+        self, caller: str, executor: str, member: RemoteExecutor | None, *, manifest: bool = False
+    ) -> dict[str, Any]:
+        """What a caller is shown of one executor: its granted services only."""
+        if member is None:
+            return {"executor_id": executor, "availability": "offline", "services": {}}
+        grants = [g for g in self.grants if g.names(caller, executor)]
+        versions = {
+            name: version
+            for name, version in member.versions.items()
+            if any(g.covers(name) for g in grants)
+        }
+        entry: dict[str, Any] = {
+            "executor_id": executor,
+            "availability": member.availability,
+            "since": member.since,
+            "services": versions,
+        }
+        if manifest and member.versions:
+            services = member._manifest()
+            entry["manifest"] = {name: services[name] for name in versions if name in services}
+        return entry
+
+    async def _forward(
+        self,
+        caller: str,
+        executor: str,
+        service: str,
+        method: str,
+        payload: bytes,
+        key: bytes | None,
+        timeout: float | None,
+    ) -> Any:
+        problem = executor_id_problem(executor)
+        if problem is not None:
+            raise Rejected("INVALID_ARGUMENTS", f"executor id {peer_text(executor)}: {problem}")
+        if not allows(self.grants, caller, executor, service):
+            raise Rejected(
+                "FORBIDDEN",
+                f"caller {caller!r} has no grant for {peer_text(service)} on executor "
+                f"{peer_text(executor)}; nothing was forwarded",
+            )
+        if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+            raise Rejected("INVALID_ARGUMENTS", "timeout must be a positive number of seconds")
+        if key is not None and (why := key_problem(key)) is not None:
+            raise Rejected("INVALID_ARGUMENTS", why)
+        try:
+            arguments = argument_items(payload)
+        except MalformedFrame as exc:
+            raise Rejected("INVALID_ARGUMENTS", f"the arguments do not frame: {exc}") from exc
+        member = self.fleet._member(executor)
+        if member is None:
+            raise NotDispatched(
+                "OFFLINE", f"executor {peer_text(executor)} is not connected to the gateway"
+            )
+        rpc = await member._rpc_for_call(self.limits.dispatch_deadline)
+        metadata: Mapping[str, str] = call_metadata()
+        member.calls += 1
+        try:
+            return await rpc.call_relayed(
+                service,
+                method,
+                arguments,
+                timeout=self.limits.call_timeout if timeout is None else timeout,
+                idempotency_key=key,
+                metadata=dict(metadata) if metadata else None,
+            )
+        except CallError as exc:
+            if counts_as_error(exc):
+                member.errors += 1
+            raise
+
+
+def gateway(
+    config: GatewayConfig, *, limits: Limits | None = None, hooks: Sequence[CallHook] = ()
+) -> Gateway:
+    """A gateway: ``async with gl.gateway(config) as gw: ...`` (:class:`Gateway`)."""
+    return Gateway(config, limits=limits, hooks=hooks)

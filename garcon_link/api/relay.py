@@ -1,0 +1,579 @@
+"""A gateway's caller: the :class:`~garcon_link.Fleet` surface over one session to a gateway.
+
+Theory of operation (docs/guides/gateway.md; the gateway's side is
+:mod:`garcon_link.api.gateway`)
+---------------------------------------------------------------------------------------------
+A caller (``role = "caller"``, :class:`~garcon_link.settings.callers.CallerConfig`) dials its
+gateway as a controller dials a worker: one logical session, authenticated with the caller's own
+key, whose "worker" serves one service, :data:`RELAY_SERVICE`, of interface
+:class:`GatewayRelay`. :func:`connect_gateway` returns a :class:`GatewayFleet`, whose
+:meth:`~GatewayFleet.executor` handles (:class:`GatewayExecutor`) give the typed and dynamic
+facades of :class:`~garcon_link.RemoteExecutor`. A facade call of executor ``X`` is checked and
+encoded here, against the caller's interface, exactly as a direct call is; the encoded ``[args,
+kwargs]`` travel as one byte string in the relay call ``call(X, service, method, payload, key,
+timeout)``. The gateway checks the caller's grant, frames the bytes without decoding them and
+forwards them to ``X``'s session; it answers with an *outcome* (:func:`encode_outcome`): the
+executor's result, or the error that ended the call on either hop, with its outcome and code.
+So the caller raises what a direct call would have raised, and the relay call itself fails
+only when the caller-gateway hop fails -- then with that hop's honest outcome
+(``NotDispatched`` if the request never left, ``OutcomeUnknown`` if it may have been forwarded).
+
+The relay call's own deadline is the call's ``timeout`` plus ``cancel_grace``: the gateway's
+verdict on the forwarded call (a ``TIMEOUT`` with its cancel receipt) arrives before the
+caller's own timer would cut the first hop.
+
+Executors a caller may not see (no grant names both) are absent from :meth:`~GatewayFleet.
+executors`; their calls are refused ``Rejected("FORBIDDEN")`` by the gateway, never forwarded.
+The caller's view of the fleet is refreshed every ``refresh_interval`` seconds (and at
+``wait_ready``): ``executors()`` is that snapshot and :meth:`GatewayFleet.events` the changes
+between two snapshots, so an event can be as late as one interval.
+
+Not yet relayed: streams, one-way methods (``Rejected("UNSUPPORTED")``, nothing sent).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, cast, overload
+
+import anyio
+import anyio.abc
+import cbor2
+
+from ..core.wire import decode_item
+from ..endpoint.transport import SessionTransport
+from ..errors import (
+    CallError,
+    HandshakeError,
+    MalformedFrame,
+    NotDispatched,
+    Outcome,
+    OutcomeUnknown,
+    Rejected,
+    RemoteError,
+)
+from ..limits import Limits
+from ..rpc.errorbody import MAX_ERROR_MESSAGE, error_body, error_from_body, local_exception
+from ..rpc.hooks import CallHook
+from ..rpc.interface import MethodKind, MethodSpec, from_wire, service_spec, to_wire
+from ..rpc.rpc import CallObserver, ExecutorRpc, RemoteStream
+from ..settings.callers import CallerConfig
+from ..settings.keyring import executor_id_problem
+from .controller import Availability, RemoteExecutor
+from .facades import NO_METHODS, DynamicFacade, Facade
+from .fleet import EventKind, ExecutorSnapshot, FleetEvent, Where, _Subscriber
+from .registration import interface_class
+
+__all__ = [
+    "RELAY_SERVICE",
+    "GatewayExecutor",
+    "GatewayFleet",
+    "GatewayRelay",
+    "connect_gateway",
+    "decode_outcome",
+    "encode_outcome",
+]
+
+T = TypeVar("T")
+
+RELAY_SERVICE = "gateway"
+"""The service a gateway serves its callers."""
+MAX_DESCRIBE_WAIT = 30.0
+"""Seconds the gateway waits, at most, for an executor to be ready in one ``describe``."""
+DEFAULT_REFRESH_INTERVAL = 1.0
+_OK, _FAILED = 1, 2
+
+
+class GatewayRelay(Protocol):
+    """The gateway's service to its callers (module docstring); not for applications."""
+
+    async def call(
+        self,
+        executor: str,
+        service: str,
+        method: str,
+        payload: bytes,
+        key: bytes | None,
+        timeout: float | None,
+    ) -> bytes:
+        """Forward one unary call; the outcome, encoded (:func:`encode_outcome`)."""
+        ...
+
+    async def describe(self, executor: str, wait: float) -> dict[str, Any]:
+        """``executor``'s availability and manifest (its granted services), after waiting up
+        to ``wait`` seconds for it to be ready."""
+        ...
+
+    async def executors(self) -> list[dict[str, Any]]:
+        """A snapshot of every executor the caller may see."""
+        ...
+
+
+_RELAY_SPEC = service_spec(GatewayRelay)
+RELAY_CALL: MethodSpec = _RELAY_SPEC.methods["call"]
+
+
+def encode_outcome(value: Any = None, error: CallError | None = None) -> bytes:
+    """A relayed call's outcome: ``[1, value]`` (``value`` is decoded CBOR data, as received)
+    or ``[2, error body]`` (the body an error envelope carries)."""
+    if error is None:
+        return b"\x82\x01" + cbor2.dumps(value)
+    message = error.message
+    if len(message) > MAX_ERROR_MESSAGE:
+        message = message[:MAX_ERROR_MESSAGE] + "... (cut)"
+    extra: dict[str, Any] = {}
+    if isinstance(error, RemoteError):
+        extra = {
+            "remote_type": error.remote_type,
+            "traceback": error.remote_traceback,
+            "details": error.details,
+            "args": list(error.remote_args) if error.remote_args is not None else None,
+            "args_note": error.remote_args_note,
+        }
+    return cbor2.dumps([_FAILED, error_body(error.outcome, error.code, message, **extra)])
+
+
+def decode_outcome(data: bytes, max_bytes: int) -> tuple[Any, CallError | None]:
+    """``(value, None)`` or ``(None, error)`` from :func:`encode_outcome`'s bytes. Bytes that
+    do not read are ``OutcomeUnknown("MALFORMED_REPLY")``: they say nothing about execution."""
+    try:
+        item = decode_item(data, max_bytes)
+    except MalformedFrame as exc:
+        return None, OutcomeUnknown(
+            "MALFORMED_REPLY", f"the gateway's outcome is unreadable: {exc}"
+        )
+    if type(item) is list and len(item) == 2 and item[0] in (_OK, _FAILED):
+        if item[0] == _OK:
+            return item[1], None
+        return None, error_from_body(item[1])
+    return None, OutcomeUnknown("MALFORMED_REPLY", "the gateway's outcome has the wrong shape")
+
+
+class _RelaySession:
+    """One executor's calls through the current gateway session: what a facade calls through
+    (:class:`~garcon_link.api.keyed.CallSession`)."""
+
+    __slots__ = ("_executor", "_rpc", "peer_state_id", "transport")
+
+    def __init__(self, executor: GatewayExecutor, rpc: ExecutorRpc) -> None:
+        self._executor = executor
+        self._rpc = rpc
+        self.transport: SessionTransport = rpc.transport
+        # A keyed retry binds to the gateway's runtime: the gateway binds its forwards.
+        self.peer_state_id: bytes | None = None
+
+    async def call(
+        self,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        *,
+        timeout: float | None,
+        idempotency_key: bytes | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Any:
+        if spec.kind is not MethodKind.UNARY:
+            raise Rejected(
+                "UNSUPPORTED",
+                f"{service}.{spec.name} is a {spec.kind.value} method: a gateway relays unary "
+                "calls only so far; nothing was sent",
+            )
+        try:
+            pos, kw = spec.bind(args, kwargs)
+            payload = cbor2.dumps([to_wire(pos), to_wire(kw)])
+        except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
+            raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
+        try:
+            spec.check_arguments(pos, kw)
+        except TypeError as exc:
+            raise Rejected("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
+        limits = self._executor.limits
+        reply = await self._rpc.call(
+            RELAY_SERVICE,
+            RELAY_CALL,
+            (self._executor.executor_id, service, spec.name, payload, idempotency_key, timeout),
+            {},
+            timeout=None if timeout is None else timeout + limits.cancel_grace,
+            metadata=metadata,
+        )
+        value, error = decode_outcome(reply, limits.max_frame_bytes)
+        if error is not None:
+            raise local_exception(error)
+        try:
+            return from_wire(value, spec.result)
+        except Exception as exc:
+            raise RemoteError(
+                "INVALID_RESULT", f"result does not match the interface: {exc}"
+            ) from exc
+
+    def stream(self, service: str, spec: MethodSpec, *args: Any, **kwargs: Any) -> RemoteStream:
+        raise Rejected(
+            "UNSUPPORTED",
+            f"{service}.{spec.name} is a stream: a gateway relays unary calls only so far; "
+            "nothing was sent",
+        )
+
+
+class GatewayExecutor:
+    """One executor as a gateway's caller sees it: :class:`~garcon_link.RemoteExecutor`'s
+    calling surface (``service()``, ``wait_ready()``, ``info``-like properties), made by
+    :meth:`GatewayFleet.executor`."""
+
+    def __init__(self, fleet: GatewayFleet, executor_id: str) -> None:
+        self.executor_id = executor_id
+        self.limits = fleet.limits
+        self._fleet = fleet
+        self.calls = 0
+        """Calls started through this handle's facades."""
+        self.errors = 0
+        """Of those, how many raised a :class:`~garcon_link.CallError`."""
+        self._observer = CallObserver(fleet._hooks, fleet.limits, executor_id)
+        self._manifest_version = 0
+        self._contract_cache: dict[tuple[str, type], Any] = {}
+        self._services: Mapping[str, Any] = {}
+        self._known = False
+        self.availability: Availability = "offline"
+        """As the gateway last reported it."""
+        self.since = time.time()
+        self._versions: Mapping[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"<GatewayExecutor {self.executor_id} ({self.availability})>"
+
+    # -- what the gateway reports
+
+    def _apply(self, entry: Mapping[str, Any]) -> None:
+        availability = entry.get("availability")
+        if availability in ("offline", "ready", "draining", "reconnecting", "disposed"):
+            if availability != self.availability:
+                self.since = time.time()
+            self.availability = cast("Availability", availability)
+        versions = entry.get("services")
+        if isinstance(versions, dict):
+            self._versions = {str(k): str(v) for k, v in versions.items()}
+        manifest = entry.get("manifest")
+        if isinstance(manifest, dict) and (not self._known or manifest != self._services):
+            self._services = manifest
+            self._known = True
+            self._contract_cache = {}
+            self._manifest_version += 1
+
+    def _manifest(self) -> Mapping[str, Any]:
+        if not self._known:
+            raise NotDispatched(
+                "OFFLINE",
+                "the executor's manifest is not known yet: await executor.wait_ready() first",
+            )
+        return self._services
+
+    @property
+    def versions(self) -> Mapping[str, str]:
+        """Each granted service of the executor with its contract version."""
+        return dict(self._versions)
+
+    @property
+    def routable(self) -> bool:
+        return self.availability == "ready"
+
+    @property
+    def pending_calls(self) -> int:
+        return 0  # the gateway's count is its own; a caller sees only its calls' outcomes
+
+    def offers(self, service: str, method: str | None = None) -> bool:
+        """Whether the executor's granted manifest (as last learned) has ``service``
+        (and ``method``)."""
+        methods = self._services.get(service) if self._known else None
+        if not isinstance(methods, Mapping):
+            return False
+        return method is None or isinstance(methods.get(method), Mapping)
+
+    # -- facades
+
+    @overload
+    def service(self, name: str) -> Any: ...
+
+    @overload
+    def service(self, name: str, interface: Callable[..., T]) -> T: ...
+
+    def service(self, name: str, interface: Callable[..., T] | None = None) -> T | Any:
+        """A stable facade for service ``name`` of this executor, through the gateway
+        (:meth:`RemoteExecutor.service <garcon_link.RemoteExecutor.service>`)."""
+        if interface is None:
+            return DynamicFacade(self, name, NO_METHODS, None, None)
+        return cast("T", Facade(self, name, service_spec(interface_class(interface)), None, None))
+
+    # -- sessions
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until the gateway reports this executor ``ready`` (and learn its manifest).
+
+        Raises:
+            TimeoutError: not ready within ``timeout``.
+            Rejected: ``FORBIDDEN``: no grant lets this caller see the executor.
+            CallError: the gateway session failed meanwhile.
+        """
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        gateway = self._fleet._gateway
+        while True:
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                break
+            try:
+                await gateway.wait_ready(None if math.isinf(remaining) else remaining)
+            except TimeoutError:
+                break
+            wait = min(remaining, MAX_DESCRIBE_WAIT)
+            try:
+                entry = await self._fleet._relay.describe(self.executor_id, wait)
+            except CallError as exc:
+                if exc.outcome is Outcome.REJECTED:
+                    raise
+                continue  # the gateway session went away meanwhile: wait for the next one
+            self._apply(entry)
+            if self.availability == "ready":
+                return
+        raise TimeoutError(
+            f"executor {self.executor_id!r} not ready within {timeout:g}s through the gateway "
+            f"(it is {self.availability})"
+        )
+
+    async def _rpc_for_call(self, dispatch_deadline: float) -> _RelaySession:
+        return _RelaySession(self, await self._fleet._gateway._rpc_for_call(dispatch_deadline))
+
+    @property
+    def current_rpc(self) -> _RelaySession | None:
+        rpc = self._fleet._gateway.current_rpc
+        return _RelaySession(self, rpc) if rpc is not None else None
+
+
+class GatewayFleet:
+    """What :func:`connect_gateway` returns: :class:`~garcon_link.Fleet`'s surface over a
+    gateway (module docstring). Use ``async with gl.connect_gateway(config) as fleet``.
+
+    Args:
+        config: the caller's configuration.
+        limits: overrides the config's.
+        hooks: per-call hooks told about every call made through the executors' facades.
+        refresh_interval: seconds between two snapshots of the executors the caller may see.
+        events_buffer: events kept per :meth:`events` subscriber.
+    """
+
+    def __init__(
+        self,
+        config: CallerConfig,
+        *,
+        limits: Limits | None = None,
+        hooks: Sequence[CallHook] = (),
+        refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
+        events_buffer: int = 1024,
+    ) -> None:
+        if not isinstance(config, CallerConfig):
+            raise TypeError(f"connect_gateway() needs a CallerConfig, got {type(config).__name__}")
+        if not refresh_interval > 0:
+            raise ValueError("refresh_interval must be positive")
+        self.config = config
+        self.limits = limits or config.limits
+        self._hooks = tuple(hooks)
+        self._refresh_interval = refresh_interval
+        self._events_buffer = events_buffer
+        self._gateway = RemoteExecutor(config.link_config(), limits=self.limits)
+        self._relay = self._gateway.service(RELAY_SERVICE, GatewayRelay)
+        self._members: dict[str, GatewayExecutor] = {}
+        self._visible: list[str] = []
+        self._subscribers: list[_Subscriber] = []
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._closed = False
+
+    @property
+    def caller_id(self) -> str:
+        return self.config.caller_id
+
+    @property
+    def gateway(self) -> RemoteExecutor:
+        """The session to the gateway itself (availability, statistics)."""
+        return self._gateway
+
+    async def __aenter__(self) -> GatewayFleet:
+        await self._gateway.__aenter__()
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        tg.start_soon(self._refresh_loop)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the gateway session (pending calls fail honestly). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for subscriber in self._subscribers:
+            subscriber.wakeup.set()
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+        await self._gateway.aclose()
+
+    # -- members
+
+    def executor(self, executor_id: str) -> GatewayExecutor:
+        """The stable handle of ``executor_id`` (through the gateway).
+
+        Raises:
+            ValueError: the id cannot name an executor.
+            RuntimeError: the fleet is not entered, or closed.
+        """
+        if self._tg is None or self._closed:
+            raise RuntimeError("the gateway fleet is not running: use `async with`")
+        member = self._members.get(executor_id)
+        if member is None:
+            problem = executor_id_problem(executor_id)
+            if problem is not None:
+                raise ValueError(f"executor id {executor_id!r}: {problem}")
+            member = self._members[executor_id] = GatewayExecutor(self, executor_id)
+        return member
+
+    def executors(self) -> dict[str, ExecutorSnapshot]:
+        """The executors this caller may see, as the gateway last reported them (refreshed
+        every ``refresh_interval`` and by :meth:`refresh`)."""
+        out = {}
+        for executor_id in self._visible:
+            member = self._members[executor_id]
+            out[executor_id] = ExecutorSnapshot(
+                executor_id=executor_id,
+                availability=member.availability,
+                session=None,
+                since=member.since,
+                calls=member.calls,
+                errors=member.errors,
+                services=member.versions,
+            )
+        return out
+
+    async def refresh(self) -> dict[str, ExecutorSnapshot]:
+        """Ask the gateway now; returns :meth:`executors`."""
+        entries = await self._relay.executors()
+        visible = []
+        for entry in entries:
+            executor_id = entry.get("executor_id") if isinstance(entry, dict) else None
+            if not isinstance(executor_id, str) or executor_id_problem(executor_id) is not None:
+                continue
+            member = self._members.get(executor_id)
+            before = member.availability if member is not None else None
+            if member is None:
+                member = self._members[executor_id] = GatewayExecutor(self, executor_id)
+            member._apply(entry)
+            visible.append(executor_id)
+            if before is None and executor_id not in self._visible:
+                self._publish("joined", executor_id)
+            if member.availability != before:
+                self._publish(member.availability, executor_id)
+        for executor_id in self._visible:
+            if executor_id not in visible:
+                self._publish("forgotten", executor_id)
+        self._visible = visible
+        return self.executors()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            try:
+                await self._gateway.wait_ready()
+                await self.refresh()
+            except (CallError, HandshakeError):
+                # The gateway session went away, or refused us (wait_ready says why to whoever
+                # waits): the next round asks again.
+                pass
+            await anyio.sleep(self._refresh_interval)
+
+    # -- events
+
+    def _publish(self, kind: EventKind, executor_id: str) -> None:
+        event = FleetEvent(kind, executor_id, time.time())
+        for subscriber in list(self._subscribers):
+            subscriber.push(event)
+
+    async def events(self) -> AsyncIterator[FleetEvent]:
+        """Changes between two snapshots (module docstring), bounded as
+        :meth:`Fleet.events <garcon_link.Fleet.events>` is."""
+        subscriber = _Subscriber(self._events_buffer)
+        self._subscribers.append(subscriber)
+        try:
+            while not self._closed:
+                if subscriber.lost:
+                    lost, subscriber.lost = subscriber.lost, 0
+                    yield FleetEvent("lost", "", time.time(), lost=lost)
+                    continue
+                if subscriber.queue:
+                    yield subscriber.queue.popleft()
+                    continue
+                subscriber.wakeup = anyio.Event()
+                await subscriber.wakeup.wait()
+        finally:
+            self._subscribers.remove(subscriber)
+
+    # -- fan-out
+
+    async def map(
+        self,
+        fn: Callable[[GatewayExecutor], Awaitable[T]],
+        ids: Iterable[str] | None = None,
+        *,
+        concurrency: int = 64,
+        where: Where | None = None,
+    ) -> dict[str, T | CallError]:
+        """:meth:`Fleet.map <garcon_link.Fleet.map>` through the gateway: ``fn(executor)`` for
+        each executor (default: every one this caller may see, but those ``draining``), at most
+        ``concurrency`` at once; ``{id: value | CallError}``."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if ids is not None:
+            targets = [self.executor(i) for i in ids]
+        else:
+            targets = [
+                self._members[i]
+                for i in self._visible
+                if self._members[i].availability != "draining"
+            ]
+        if where is not None:
+            if isinstance(where, str):
+                service, _, method = where.partition(".")
+                targets = [m for m in targets if m.routable and m.offers(service, method or None)]
+            else:
+                admits = cast("Callable[[Any], bool]", where)
+                targets = [m for m in targets if m.routable and admits(m)]
+        results: dict[str, T | CallError] = {}
+        limiter = anyio.CapacityLimiter(concurrency)
+
+        async def one(member: GatewayExecutor) -> None:
+            async with limiter:
+                try:
+                    results[member.executor_id] = await fn(member)
+                except CallError as exc:
+                    results[member.executor_id] = exc
+
+        async with anyio.create_task_group() as tg:
+            for member in targets:
+                tg.start_soon(one, member)
+        return {member.executor_id: results[member.executor_id] for member in targets}
+
+
+def connect_gateway(
+    config: CallerConfig,
+    *,
+    limits: Limits | None = None,
+    hooks: Sequence[CallHook] = (),
+    refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
+) -> GatewayFleet:
+    """A caller's fleet through a gateway: ``async with gl.connect_gateway(config) as fleet``.
+
+    ``config`` is a :class:`~garcon_link.CallerConfig` (``gl.load_caller_config``). The result
+    has :class:`~garcon_link.Fleet`'s surface (``executor(id)`` with typed and dynamic facades,
+    ``executors()``, ``events()``, ``map()``), so code written against an in-process fleet runs
+    unchanged; see docs/guides/gateway.md for what each outcome means across the two hops.
+    """
+    return GatewayFleet(config, limits=limits, hooks=hooks, refresh_interval=refresh_interval)

@@ -1,0 +1,375 @@
+"""The gateway (docs/guides/gateway.md): callers with their own keys and grants share a fleet.
+
+In one process over loopback: a gateway (a listening fleet with an executor keyring and a caller
+keyring), in-process workers dialing it, each serving ``ident`` (its own id, a per-worker ledger
+of executions) and ``admin``, and callers connecting with :func:`gl.connect_gateway`. What the
+tests prove:
+
+* a granted call reaches the executor it names, through the gateway, with the worker's outcome
+  (result, ``RemoteError``, ``Rejected`` with their codes) and the caller's metadata;
+* no grant, no access: ``Rejected("FORBIDDEN")``, and the worker's ledger shows the call never
+  arrived; ungranted executors and services are absent from the caller's snapshot;
+* the outcome across two hops: an executor not connected is ``NotDispatched`` (never forwarded);
+  a forwarded call whose executor vanished is ``OutcomeUnknown``;
+* a keyed call through the gateway runs once on the worker, whatever the retries;
+* revoking a caller's key (deleting its file) retires its session within
+  ``key_recheck_interval``, and an unknown caller is refused as a wrong key is;
+* ``max_callers`` refuses the next caller session, and arguments that do not frame are refused
+  at the gateway;
+* code written for ``gl.fleet`` (``executor``, typed and dynamic facades, ``map``) runs unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import cbor2
+import pytest
+from faultutil import wait_for
+
+import garcon_link as gl
+from garcon_link.api.relay import RELAY_CALL, RELAY_SERVICE, decode_outcome
+from garcon_link.settings.secrets import read_secret_file, write_secret_file
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+DEADLINE = 30.0
+LIMITS = gl.Limits(
+    handshake_timeout=2.0,
+    heartbeat_interval=0.1,
+    heartbeat_timeout=1.0,
+    detached_grace=2.0,
+    close_timeout=0.3,
+    backoff_base=0.01,
+    backoff_max=0.1,
+    connect_timeout=1.0,
+    takeover_probe_timeout=0.3,
+    call_timeout=5.0,
+    key_recheck_interval=0.1,
+    cancel_grace=0.5,
+)
+
+
+class Ident(Protocol):
+    async def whoami(self) -> str: ...
+
+    async def record(self, tag: str) -> int: ...
+
+    async def fail(self, text: str) -> str: ...
+
+    async def hold(self, seconds: float) -> str: ...
+
+    async def metadata(self) -> dict[str, str]: ...
+
+
+class Admin(Protocol):
+    async def reset(self) -> str: ...
+
+
+class IdentService:
+    def __init__(self, executor_id: str) -> None:
+        self.executor_id = executor_id
+        self.ledger: list[str] = []
+        self.started = anyio.Event()
+
+    async def whoami(self) -> str:
+        self.ledger.append("whoami")
+        return self.executor_id
+
+    async def record(self, tag: str) -> int:
+        self.ledger.append(tag)
+        return len(self.ledger)
+
+    async def fail(self, text: str) -> str:
+        self.ledger.append("fail")
+        raise ValueError(text)
+
+    async def hold(self, seconds: float) -> str:
+        self.ledger.append("hold")
+        self.started.set()
+        await anyio.sleep(seconds)
+        return self.executor_id
+
+    async def metadata(self) -> dict[str, str]:
+        return dict(gl.call_metadata())
+
+
+class AdminService:
+    def __init__(self, ident: IdentService) -> None:
+        self.ident = ident
+
+    async def reset(self) -> str:
+        self.ident.ledger.append("reset")
+        return "reset"
+
+
+def enroll(keyring: Path, name: str) -> gl.Secret:
+    keyring.mkdir(mode=0o700, exist_ok=True)
+    return read_secret_file(write_secret_file(keyring / f"{name}.secret"))
+
+
+GRANTS = (
+    gl.Grant(callers=("web-*",), executors=("box-*",), services=("ident",)),
+    gl.Grant(callers=("ops",), executors=("*",)),
+)
+
+
+@asynccontextmanager
+async def running_gateway(
+    tmp_path: Path, grants: tuple[gl.Grant, ...] = GRANTS, max_callers: int = 8
+) -> AsyncIterator[gl.Gateway]:
+    keys = tmp_path / "keys"
+    callers = tmp_path / "callers"
+    keys.mkdir(mode=0o700, exist_ok=True)
+    callers.mkdir(mode=0o700, exist_ok=True)
+    config = gl.GatewayConfig(
+        fleet=gl.FleetConfig(listen=("127.0.0.1", 0), keyring=keys, limits=LIMITS),
+        callers=gl.CallersConfig(keyring=callers, grants=grants, max_callers=max_callers),
+    )
+    async with gl.gateway(config) as gw:
+        yield gw
+
+
+@asynccontextmanager
+async def device(
+    tmp_path: Path, executor_id: str, url: str
+) -> AsyncIterator[tuple[gl.Worker, IdentService]]:
+    secret = enroll(tmp_path / "keys", executor_id)
+    service = IdentService(executor_id)
+    config = gl.LinkConfig(
+        executor_id=executor_id, role=gl.Role.WORKER, secret=secret, dial=url, limits=LIMITS
+    )
+    async with gl.Worker(config, {"ident": service, "admin": AdminService(service)}) as w:
+        yield w, service
+
+
+def caller_config(tmp_path: Path, caller_id: str, url: str) -> gl.CallerConfig:
+    secret = enroll(tmp_path / "callers", caller_id)
+    return gl.CallerConfig(caller_id=caller_id, secret=secret, dial=url, limits=LIMITS)
+
+
+@asynccontextmanager
+async def caller(tmp_path: Path, caller_id: str, url: str) -> AsyncIterator[gl.GatewayFleet]:
+    config = caller_config(tmp_path, caller_id, url)
+    async with gl.connect_gateway(config, refresh_interval=0.05) as fleet:
+        await fleet.gateway.wait_ready(10)
+        yield fleet
+
+
+async def test_a_granted_call_reaches_the_executor_it_names(tmp_path: Path) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            services = {}
+            for executor_id in ("box-1", "box-2"):
+                _, services[executor_id] = await stack.enter_async_context(
+                    device(tmp_path, executor_id, gw.url)
+                )
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            for executor_id in ("box-1", "box-2"):
+                ex = web.executor(executor_id)
+                await ex.wait_ready(10)
+                assert await ex.service("ident", Ident).whoami() == executor_id
+                assert await ex.service("ident").record("dyn") == 2  # a dynamic facade
+            # The worker's outcomes cross both hops with their codes.
+            ident = web.executor("box-1").service("ident", Ident)
+            with pytest.raises(gl.RemoteError) as failed:
+                await ident.fail("boom")
+            assert failed.value.code == "HANDLER_FAILED" and "boom" in failed.value.message
+            assert failed.value.remote_type == "builtins.ValueError"
+            tagged = gl.with_options(ident, metadata={"trace": "t-1"})
+            assert (await tagged.metadata())["trace"] == "t-1"
+            with pytest.raises(gl.Rejected) as unsupported:  # not in its manifest: not sent
+                await web.executor("box-1").service("nothing", Ident).whoami()
+            assert unsupported.value.code == "UNSUPPORTED"
+            with pytest.raises(AttributeError):  # as on a direct executor
+                web.executor("box-1").service("nothing").anything  # noqa: B018
+            stats = gw.callers()["web-1"]
+            assert stats.calls >= 5 and stats.sessions == 1
+
+
+async def test_no_grant_no_access_and_the_ledger_proves_it(tmp_path: Path) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            _, box = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            _, other = await stack.enter_async_context(device(tmp_path, "db-1", gw.url))
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            ops = await stack.enter_async_context(caller(tmp_path, "ops", gw.url))
+            await ops.executor("db-1").wait_ready(10)
+            await ops.executor("box-1").wait_ready(10)
+            # web-1 may call ident on box-*, nothing else.
+            admin = web.executor("box-1").service("admin", Admin)
+            with pytest.raises(gl.Rejected) as refused:
+                await admin.reset()
+            assert refused.value.code == "FORBIDDEN"
+            with pytest.raises(gl.Rejected) as refused:
+                await web.executor("db-1").service("ident", Ident).whoami()
+            assert refused.value.code == "FORBIDDEN"
+            with pytest.raises(gl.Rejected) as refused:
+                await web.executor("db-1").wait_ready(1)
+            assert refused.value.code == "FORBIDDEN"
+            assert box.ledger == [] and other.ledger == []  # nothing was forwarded
+            # What web-1 sees: box-1 only, and only its granted service.
+            snapshot = await web.refresh()
+            assert set(snapshot) == {"box-1"}
+            assert set(snapshot["box-1"].services) == {"ident"}
+            # ops has a grant for everything.
+            assert await ops.executor("box-1").service("admin", Admin).reset() == "reset"
+            assert await ops.executor("db-1").service("ident", Ident).whoami() == "db-1"
+            assert box.ledger == ["reset"] and other.ledger == ["whoami"]
+            assert set(await ops.refresh()) == {"box-1", "db-1"}
+            assert gw.callers()["web-1"].forbidden == 2
+
+
+async def test_outcomes_across_two_hops(tmp_path: Path) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            # Not connected to the gateway: never forwarded.
+            with pytest.raises(gl.NotDispatched) as offline:
+                await web.executor("box-9").service("ident", Ident).whoami()
+            assert offline.value.code == "OFFLINE"
+            # Forwarded, then the executor vanished with the call: may have run.
+            outcome: list[BaseException] = []
+            ident = web.executor("box-1").service("ident", Ident)
+
+            async def held() -> None:
+                try:
+                    await ident.hold(30)
+                except gl.CallError as exc:
+                    outcome.append(exc)
+
+            # The worker closes (leaving its block) with the call running.
+            async with anyio.create_task_group() as tg:  # noqa: SIM117
+                async with device(tmp_path, "box-1", gw.url) as (_, service):
+                    await web.executor("box-1").wait_ready(10)
+                    tg.start_soon(held)
+                    await service.started.wait()
+            assert isinstance(outcome[0], gl.OutcomeUnknown), outcome
+            assert outcome[0].code == "CONTINUITY_LOST"
+            # A timeout the executor answered: cancelled while running.
+            async with device(tmp_path, "box-2", gw.url) as (_, service):
+                await web.executor("box-2").wait_ready(10)
+                quick = gl.with_options(web.executor("box-2").service("ident", Ident), timeout=0.2)
+                with pytest.raises(gl.OutcomeUnknown) as timed_out:
+                    await quick.hold(30)
+                assert timed_out.value.code == "TIMEOUT"
+
+
+async def test_a_keyed_call_runs_once_through_the_gateway(tmp_path: Path) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            await web.executor("box-1").wait_ready(10)
+            ident = web.executor("box-1").service("ident", Ident)
+            keyed = gl.with_options(ident, idempotency_key="k-1", retry_unknown=True)
+            first = await keyed.record("once")
+            assert await keyed.record("once") == first
+            other = await stack.enter_async_context(caller(tmp_path, "web-2", gw.url))
+            again = gl.with_options(
+                other.executor("box-1").service("ident", Ident), idempotency_key="k-1"
+            )
+            assert await again.record("once") == first  # the key is the worker's
+            assert service.ledger.count("once") == 1
+
+
+async def test_revoking_a_caller_retires_its_session(tmp_path: Path) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            await web.executor("box-1").wait_ready(10)
+            assert gw.caller_sessions() == {"web-1": 1}
+            (tmp_path / "callers" / "web-1.secret").unlink()
+            # key_recheck_interval is 0.1 s: retired well within a second.
+            await wait_for(lambda: gw.caller_sessions() == {}, 1, "the revoked session retired")
+            with pytest.raises(gl.CallError):  # the gateway no longer serves it
+                await web.executor("box-1").service("ident", Ident).whoami()
+            assert service.ledger == []
+            with pytest.raises(gl.AuthenticationError):  # and refuses its redial
+                await web.gateway.wait_ready(5)
+            # An unknown caller is refused as a wrong key is.
+            stranger = gl.CallerConfig(
+                caller_id="web-9", secret=gl.generate_secret(), dial=gw.url, limits=LIMITS
+            )
+            async with gl.connect_gateway(stranger) as refused:
+                with pytest.raises(gl.AuthenticationError):
+                    await refused.gateway.wait_ready(5)
+
+
+async def test_max_callers_refuses_the_next_caller(tmp_path: Path) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path, max_callers=1) as gw, AsyncExitStack() as stack:
+            await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            config = caller_config(tmp_path, "web-2", gw.url)
+            async with gl.connect_gateway(config) as second:
+                with pytest.raises(TimeoutError):
+                    await second.gateway.wait_ready(1)
+            assert set(gw.caller_sessions()) == {"web-1"}
+
+
+async def test_arguments_that_do_not_frame_are_refused_at_the_gateway(tmp_path: Path) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            await web.executor("box-1").wait_ready(10)
+            rpc = web.gateway.current_rpc
+            assert rpc is not None
+            args = cbor2.dumps([["x"], {}])
+            bad = [
+                b"",
+                b"\x81\x80",  # one item
+                args + b"\x00",  # trailing
+                b"\x82\x80\xa0\x00",  # a third item
+                b"\x82\x9f\xff\xa0",  # indefinite
+                b"\x82\x80\x85\x00",  # an array where kwargs go
+                b"\x82\x81\xc1\x00\xa0",  # a tag
+                b"\x82\x81\x5a\xff\xff\xff\xff\xa0",  # a string longer than the payload
+                b"\x82" + b"\x81" * 70 + b"\x80\xa0",  # too deep
+            ]
+            for payload in bad:
+                reply: Any = await rpc.call(
+                    RELAY_SERVICE,
+                    RELAY_CALL,
+                    ("box-1", "ident", "record", payload, None, 5.0),
+                    {},
+                    timeout=5,
+                )
+                _, error = decode_outcome(reply, LIMITS.max_frame_bytes)
+                assert isinstance(error, gl.Rejected), (payload, error)
+                assert error.code == "INVALID_ARGUMENTS"
+            assert service.ledger == []
+            reply = await rpc.call(
+                RELAY_SERVICE,
+                RELAY_CALL,
+                ("box-1", "ident", "record", args, None, 5.0),
+                {},
+                timeout=5,
+            )
+            assert decode_outcome(reply, LIMITS.max_frame_bytes) == (1, None)
+            assert service.ledger == ["x"]
+
+
+async def test_fleet_code_runs_unchanged_through_a_gateway(tmp_path: Path) -> None:
+    async def survey(fleet: Any, ids: list[str]) -> dict[str, Any]:
+        for executor_id in ids:
+            await fleet.executor(executor_id).wait_ready(10)
+        return dict(
+            await fleet.map(lambda ex: ex.service("ident", Ident).whoami(), ids, concurrency=2)
+        )
+
+    ids = ["box-1", "box-2", "box-3"]
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            for executor_id in ids:
+                await stack.enter_async_context(device(tmp_path, executor_id, gw.url))
+            direct = await survey(gw.fleet, ids)
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            assert await survey(web, ids) == direct == {i: i for i in ids}
+            await wait_for(lambda: set(web.executors()) == set(ids), 5, "the snapshot")
+            assert all(s.availability == "ready" for s in web.executors().values())
