@@ -52,6 +52,10 @@ Commands
     it went, never the secret. Copy the file to the worker as its ``secret_file``. ``ID`` must be
     a file-name-safe id (ASCII letters, digits, ``.``, ``_``, ``-``; not starting with ``.``).
 
+``garcon-link keygen --keyring DIR --caller ID [--force]``
+    Enroll a caller with a gateway: the same, in the gateway's ``[callers] keyring``; copy the
+    file to the caller as its ``secret_file``.
+
 ``garcon-link init DIR [--port N] [--force]``
     Write a starter project into ``DIR`` (created if missing): ``worker.toml`` and
     ``controller.toml`` (a matched pair on loopback, port 8765 unless ``--port``), a fresh secret
@@ -81,6 +85,12 @@ Commands
     SIGINT/SIGTERM and show its executors: on a terminal a table redrawn in place (executor,
     availability, session, since, calls, errors); otherwise, or with ``--json``, one line per
     event (``joined``, ``ready``, ``reconnecting``, ``offline``, ``forgotten``, ``lost``).
+
+``garcon-link gateway [CONFIG|-] [--json]``
+    Run a gateway (``role = "gateway"``: a listening fleet with ``[callers]``, docs/guides/
+    gateway.md) until SIGINT/SIGTERM: executors and callers dial its one URL. On a terminal the
+    executors' table and the callers' table (caller, sessions, calls, errors, forbidden, bytes)
+    redrawn in place; otherwise, or with ``--json``, one line per executor event.
 
 ``garcon-link describe [CONFIG|-] [--json] [--executor ID]``
     Connect like ``call`` and print what the worker serves, one method per line (grpcurl-style):
@@ -132,9 +142,9 @@ JSON objects, one per line, with the ``gl_*`` fields of :mod:`garcon_link.logs`.
 
 This package is the command line's face: :func:`main` and the names in ``__all__``. Each command
 group has its own module (``_worker.py``; ``_call.py``, with ``describe``; ``_fleet.py``;
-``_keys.py``, with ``init``; ``_stub.py``; ``_demo.py``), and they share ``_exits.py`` (exit codes,
-and how a failure becomes one line and one code), ``_output.py`` (output lines, the log setup,
-loading CONFIG) and ``_parser.py`` (the argument parser).
+``_gateway.py``; ``_keys.py``, with ``init``; ``_stub.py``; ``_demo.py``), and they share
+``_exits.py`` (exit codes, and how a failure becomes one line and one code), ``_output.py``
+(output lines, the log setup, loading CONFIG) and ``_parser.py`` (the argument parser).
 """
 
 from __future__ import annotations

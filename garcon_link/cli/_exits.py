@@ -66,6 +66,7 @@ COMMAND_EXIT_CODES: dict[str | None, tuple[int, ...]] = {
         EXIT_INTERRUPTED,
     ),
     "fleet": (EXIT_OK, EXIT_OTHER, EXIT_USAGE),
+    "gateway": (EXIT_OK, EXIT_OTHER, EXIT_USAGE),
     "stub": (EXIT_OK, EXIT_OTHER, EXIT_USAGE),
 }
 """The exit codes each command can end with (``None``: the program as a whole)."""

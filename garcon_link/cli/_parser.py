@@ -14,6 +14,7 @@ from ._call import REFUSED_DIALS, _cmd_call, _cmd_describe
 from ._demo import _cmd_demo
 from ._exits import EXIT_USAGE, exit_codes_help
 from ._fleet import _cmd_fleet
+from ._gateway import _cmd_gateway
 from ._keys import _cmd_init, _cmd_keygen
 from ._stub import _cmd_stub
 from ._worker import DEFAULT_DRAIN, _cmd_worker, _drain_seconds
@@ -323,6 +324,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print one JSON object per event instead"
     )
     fleet_cmd.set_defaults(func=_cmd_fleet)
+
+    gateway_cmd = commands.add_parser(
+        "gateway",
+        parents=[common],
+        help="run a gateway: a fleet that callers share, each with its own key and grants",
+        description='Run a gateway (role = "gateway": a listening fleet with [callers]) until '
+        "SIGINT/SIGTERM. Executors and callers dial the same URL. On a terminal: the executors' "
+        "table and the callers' table (caller, sessions, calls, errors, forbidden, bytes) "
+        f"redrawn in place. Otherwise, or with --json, one line per event. CONFIG omitted or "
+        f"'-': ${CONFIG_ENV_VAR}.",
+        epilog=exit_codes_help("gateway"),
+    )
+    gateway_cmd.add_argument(
+        "config",
+        nargs="?",
+        metavar="CONFIG",
+        help=f"gateway TOML config; omitted or '-': ${CONFIG_ENV_VAR}",
+    )
+    gateway_cmd.add_argument(
+        "--json", action="store_true", help="print one JSON object per event instead"
+    )
+    gateway_cmd.set_defaults(func=_cmd_gateway)
     return parser
 
 

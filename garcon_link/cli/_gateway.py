@@ -1,0 +1,98 @@
+"""``garcon-link gateway``: a gateway shown live: its executors' table and its callers' table
+(redrawn in place on a terminal), or one line per event."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+import anyio
+
+from ..api.gateway import Gateway, gateway
+from ..logs import peer_message
+from ..settings.callers import GatewayConfig, load_gateway_config
+from ._exits import EXIT_OK
+from ._fleet import _REDRAW_INTERVAL, _event_json, fleet_table
+from ._output import _emit, _print_json, _setup_logging
+
+_CALLER_COLUMNS = ("caller", "sessions", "calls", "errors", "forbidden", "bytes")
+
+
+def callers_table(gw: Gateway) -> list[str]:
+    """The lines of the callers' table: a header, then one row per caller."""
+    rows = [_CALLER_COLUMNS]
+    for caller_id, snap in sorted(gw.callers().items()):
+        rows.append(
+            (
+                peer_message(caller_id, 64),
+                str(snap.sessions),
+                str(snap.calls),
+                str(snap.errors),
+                str(snap.forbidden),
+                str(snap.bytes),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_CALLER_COLUMNS))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+async def _run_gateway(config: GatewayConfig, *, as_json: bool, redraw: bool) -> None:
+    try:
+        receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
+    except NotImplementedError:  # pragma: no cover - Windows: Ctrl-C raises KeyboardInterrupt
+        receiver = None
+    async with gateway(config) as gw, anyio.create_task_group() as tg:
+        if as_json:
+            _print_json({"event": "listening", "url": gw.url})
+        elif not redraw:
+            _emit(f"gateway-listening url={gw.url}")
+        changed = anyio.Event()
+
+        async def follow() -> None:
+            nonlocal changed
+            async for event in gw.fleet.events():
+                if as_json:
+                    _print_json(_event_json(event))
+                elif not redraw:
+                    extra = f" lost={event.lost}" if event.kind == "lost" else ""
+                    _emit(f"executor={event.executor_id or '-'} event={event.kind}{extra}")
+                changed.set()
+
+        async def draw() -> None:
+            nonlocal changed
+            while True:
+                lines = [
+                    f"gateway on {gw.url}",
+                    *fleet_table(gw.fleet),
+                    "",
+                    *callers_table(gw),
+                ]
+                sys.stdout.write("\x1b[H\x1b[J" + "\n".join(lines) + "\n")
+                sys.stdout.flush()
+                changed = anyio.Event()
+                with anyio.move_on_after(_REDRAW_INTERVAL):
+                    await changed.wait()
+                    await anyio.sleep(0.1)  # batch a burst of events into one redraw
+
+        tg.start_soon(follow)
+        if redraw:
+            tg.start_soon(draw)
+        if receiver is None:  # pragma: no cover
+            await anyio.sleep_forever()
+        else:
+            with receiver as signals:
+                async for _signum in signals:
+                    break
+        tg.cancel_scope.cancel()
+
+
+def _cmd_gateway(ns: argparse.Namespace) -> int:
+    _setup_logging(ns.verbose, quiet_by_default=False, json_lines=ns.log_json)
+    config = load_gateway_config(None if ns.config in (None, "-") else ns.config)
+    redraw = not ns.json and sys.stdout.isatty()
+    anyio.run(lambda: _run_gateway(config, as_json=ns.json, redraw=redraw))
+    return EXIT_OK

@@ -1,0 +1,95 @@
+"""``garcon-link gateway CONFIG``, as an operator runs it: a worker process dials in, a caller
+(with its key enrolled by ``keygen --caller``) calls it through the gateway, a caller without a
+grant is refused, and SIGTERM ends the gateway with exit 0."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+from typing import Protocol
+
+import anyio
+import pytest
+from test_cli import CLI, FAST_LIMITS, run_cli
+from test_cli_fleet import SERVICE_MODULE, Lines, start_worker, worker_config
+
+import garcon_link as gl
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Who(Protocol):
+    async def whoami(self) -> str: ...
+
+
+def test_the_gateway_command_serves_callers_and_stops_on_sigterm(tmp_path: Path) -> None:
+    (tmp_path / "svc.py").write_text(SERVICE_MODULE, encoding="utf-8")
+    assert (
+        run_cli("keygen", "--keyring", str(tmp_path / "keys"), "--executor", "box-1").returncode
+        == 0
+    )
+    for caller_id in ("web-1", "intruder"):
+        done = run_cli("keygen", "--keyring", str(tmp_path / "callers"), "--caller", caller_id)
+        assert done.returncode == 0 and "copy it to the caller" in done.stdout, done.stderr
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
+        '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["web-*"]\n'
+        f'executors = ["box-*"]\n{FAST_LIMITS}',
+        encoding="utf-8",
+    )
+    process = subprocess.Popen(
+        [*CLI, "gateway", str(config), "--json"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    worker = None
+    try:
+        lines = Lines(process)
+        url = json.loads(lines.wait(lambda line: '"listening"' in line))["url"]
+        worker = start_worker(tmp_path, worker_config(tmp_path, "box-1", f'dial = "{url}"'), "b1")
+        lines.wait(lambda line: '"box-1"' in line and '"ready"' in line)
+
+        def key(caller_id: str) -> gl.Secret:
+            secret = gl.Keyring(tmp_path / "callers").secret_for(caller_id)
+            assert secret is not None
+            return secret
+
+        async def calls() -> None:
+            limits = gl.Limits(backoff_base=0.05, backoff_max=0.2, connect_timeout=2.0)
+            web = gl.CallerConfig(
+                caller_id="web-1",
+                secret=key("web-1"),
+                dial=url,
+                limits=limits,
+            )
+            async with gl.connect_gateway(web) as fleet:
+                ex = fleet.executor("box-1")
+                await ex.wait_ready(20)
+                assert await ex.service("who", Who).whoami() == "b1"
+            intruder = gl.CallerConfig(
+                caller_id="intruder",
+                secret=key("intruder"),
+                dial=url,
+                limits=limits,
+            )
+            async with gl.connect_gateway(intruder) as fleet:
+                await fleet.gateway.wait_ready(20)
+                with pytest.raises(gl.Rejected) as refused:
+                    await fleet.executor("box-1").service("who", Who).whoami()
+                assert refused.value.code == "FORBIDDEN"
+
+        anyio.run(calls)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    finally:
+        if worker is not None:
+            worker.kill()
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=10)
