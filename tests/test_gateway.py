@@ -65,6 +65,13 @@ class Ident(Protocol):
 
     async def metadata(self) -> dict[str, str]: ...
 
+    def count(self, n: int) -> AsyncIterator[int]: ...
+
+    def broken(self, n: int) -> AsyncIterator[int]: ...
+
+    @gl.oneway
+    async def note(self, text: str) -> None: ...
+
 
 class Admin(Protocol):
     async def reset(self) -> str: ...
@@ -75,6 +82,10 @@ class IdentService:
         self.executor_id = executor_id
         self.ledger: list[str] = []
         self.started = anyio.Event()
+        self.cancelled = anyio.Event()
+        self.noted = anyio.Event()
+        self.stream_closed = anyio.Event()
+        self.produced = 0
 
     async def whoami(self) -> str:
         self.ledger.append("whoami")
@@ -91,11 +102,33 @@ class IdentService:
     async def hold(self, seconds: float) -> str:
         self.ledger.append("hold")
         self.started.set()
-        await anyio.sleep(seconds)
+        try:
+            await anyio.sleep(seconds)
+        except BaseException:
+            self.cancelled.set()
+            raise
         return self.executor_id
 
     async def metadata(self) -> dict[str, str]:
         return dict(gl.call_metadata())
+
+    async def count(self, n: int) -> AsyncIterator[int]:
+        self.ledger.append("count")
+        try:
+            for i in range(n):
+                self.produced = i + 1
+                yield i
+        finally:
+            self.stream_closed.set()
+
+    async def broken(self, n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            yield i
+        raise KeyError("broken")
+
+    async def note(self, text: str) -> None:
+        self.ledger.append(f"note:{text}")
+        self.noted.set()
 
 
 class AdminService:
@@ -373,3 +406,63 @@ async def test_fleet_code_runs_unchanged_through_a_gateway(tmp_path: Path) -> No
             assert await survey(web, ids) == direct == {i: i for i in ids}
             await wait_for(lambda: set(web.executors()) == set(ids), 5, "the snapshot")
             assert all(s.availability == "ready" for s in web.executors().values())
+
+
+async def test_streams_notifications_and_cancels_pass_through(tmp_path: Path) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            await web.executor("box-1").wait_ready(10)
+            ident = web.executor("box-1").service("ident", Ident)
+            assert [i async for i in ident.count(50)] == list(range(50))
+            # A stream that fails on the worker ends with the worker's error and code.
+            seen: list[int] = []
+
+            async def drain() -> None:
+                async for i in ident.broken(3):
+                    seen.append(i)
+
+            with pytest.raises(gl.RemoteError) as failed:
+                await drain()
+            assert seen == [0, 1, 2] and failed.value.code == "HANDLER_FAILED"
+            # Leaving a stream early cancels it on the worker, through the gateway.
+            service.stream_closed = anyio.Event()
+            stream = ident.count(10_000)
+            async for i in stream:
+                if i == 3:
+                    break
+            await stream.aclose()
+            await service.stream_closed.wait()
+            assert service.produced < 10_000
+            # A notification arrives.
+            await ident.note("hi")
+            await service.noted.wait()
+            assert "note:hi" in service.ledger
+            # Cancelling the caller's task cancels the handler on the worker.
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ident.hold, 30)
+                await service.started.wait()
+                tg.cancel_scope.cancel()
+            await service.cancelled.wait()
+
+
+async def test_a_slow_caller_slows_the_producer_not_the_gateway(tmp_path: Path) -> None:
+    limits = LIMITS.replace(stream_window_items=8, stream_window_bytes=1 << 20)
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            config = caller_config(tmp_path, "web-1", gw.url)
+            web = await stack.enter_async_context(gl.connect_gateway(config, limits=limits))
+            await web.executor("box-1").wait_ready(10)
+            stream = web.executor("box-1").service("ident", Ident).count(100_000)
+            assert await stream.__anext__() == 0
+            # The caller takes nothing more: the worker's producer fills the gateway's window
+            # (LIMITS') and stops there, never running on into the gateway's memory. The bound
+            # holds at every instant; the pause only gives a runaway producer time to show.
+            window = LIMITS.stream_window_items
+            await wait_for(lambda: service.produced >= window, 5, "the gateway's window filled")
+            await anyio.sleep(0.3)
+            bound = 1 + 8 * 2 + window * 2
+            assert service.produced <= bound, service.produced
+            await stream.aclose()

@@ -39,8 +39,8 @@ from ..net.backend import loop_scheduler
 from ..rpc.contract import Compatibility, compare_method
 from ..rpc.idempotency import normalize_key
 from ..rpc.interface import MethodKind, MethodSpec, ServiceSpec, manifest_method, service_spec
-from ..rpc.rpc import CallObserver, ExecutorRpc, Observed, RemoteStream, end_of
-from .keyed import KeyedCaller, call_with_key
+from ..rpc.rpc import CallObserver, ExecutorRpc, Observed, end_of
+from .keyed import ItemStream, KeyedCaller, call_with_key
 from .registration import interface_class
 
 __all__ = [
@@ -367,7 +367,7 @@ class FacadeStream(AsyncIterator[Any]):
         self._kwargs = kwargs
         self._deadline = deadline
         self._metadata = metadata
-        self._stream: RemoteStream | None = None
+        self._stream: ItemStream | None = None
         self._outcome: _StreamOutcome | None = None
         self._finalizer: Any = None
         self._closed = False

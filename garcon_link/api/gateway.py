@@ -48,7 +48,7 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,11 +61,11 @@ from ..endpoint.link import WebSocketLink
 from ..endpoint.transport import SessionTransport, TransportState
 from ..errors import CallError, MalformedFrame, NotDispatched, Rejected
 from ..limits import Limits
-from ..logs import log_fields, peer_text
+from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..rpc.hooks import CallHook, call_metadata
 from ..rpc.idempotency import key_problem
 from ..rpc.interface import contract_hash
-from ..rpc.rpc import ExecutorRpc, current_rpc
+from ..rpc.rpc import ExecutorRpc, RemoteStream, current_rpc
 from ..settings.callers import GatewayConfig
 from ..settings.grants import Grant, allows, sees
 from ..settings.keyring import Keyring, executor_id_problem
@@ -129,6 +129,56 @@ class _Relay:
                 stats.forbidden += 1
             return encode_outcome(error=exc)
         return encode_outcome(value)
+
+    async def stream(
+        self, executor: str, service: str, method: str, payload: bytes
+    ) -> AsyncIterator[bytes]:
+        gateway = self._gateway
+        caller = gateway._caller()
+        stats = gateway._stats_of(caller)
+        stats.calls += 1
+        stats.bytes += len(payload)
+        inner: RemoteStream | None = None
+        try:
+            inner = await gateway._open_stream(caller, executor, service, method, payload)
+            # This generator is pulled only when the caller's credit allows one more item, and
+            # the inner stream grants the executor credit only as items are taken from it.
+            async for value in inner:
+                yield encode_outcome(value)
+        except CallError as exc:
+            stats.errors += 1
+            if exc.code == "FORBIDDEN":
+                stats.forbidden += 1
+            yield encode_outcome(error=exc)
+        finally:
+            if inner is not None:
+                await inner.aclose()
+
+    async def notify(self, executor: str, service: str, method: str, payload: bytes) -> None:
+        gateway = self._gateway
+        caller = gateway._caller()
+        stats = gateway._stats_of(caller)
+        stats.calls += 1
+        stats.bytes += len(payload)
+        try:
+            arguments = gateway._admit(caller, executor, service, payload)
+            member = gateway._connected(executor)
+            rpc = await member._rpc_for_call(0)
+            metadata = call_metadata()
+            await rpc.notify_relayed(service, method, arguments, dict(metadata) or None)
+        except CallError as exc:  # a notification has no reply: counted and logged
+            stats.errors += 1
+            if exc.code == "FORBIDDEN":
+                stats.forbidden += 1
+            gateway._log.log(
+                caller,
+                f"notify {exc.code}",
+                "gateway: caller %s: notification to %s dropped: %s",
+                peer_text(caller),
+                peer_text(executor),
+                exc,
+                extra=log_fields(controller=caller, executor=executor),
+            )
 
     async def describe(self, executor: str, wait: float) -> dict[str, Any]:
         gateway = self._gateway
@@ -202,6 +252,10 @@ class Gateway:
         self._changed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
+        # What callers make the gateway log: one line per caller and reason per log_interval.
+        self._log = PeerLogLimiter(
+            log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
+        )
 
     def _caller_key(self, caller_id: str) -> bytes | None:
         secret = self._keyring.secret_for(caller_id)
@@ -361,6 +415,41 @@ class Gateway:
             entry["manifest"] = {name: services[name] for name in versions if name in services}
         return entry
 
+    def _admit(self, caller: str, executor: str, service: str, payload: bytes) -> bytes:
+        """The grant and the framing of one relayed request (module docstring, steps 1 and 3):
+        its ``args`` and ``kwargs`` items, or the refusal."""
+        problem = executor_id_problem(executor)
+        if problem is not None:
+            raise Rejected("INVALID_ARGUMENTS", f"executor id {peer_text(executor)}: {problem}")
+        if not allows(self.grants, caller, executor, service):
+            raise Rejected(
+                "FORBIDDEN",
+                f"caller {caller!r} has no grant for {peer_text(service)} on executor "
+                f"{peer_text(executor)}; nothing was forwarded",
+            )
+        try:
+            return argument_items(payload)
+        except MalformedFrame as exc:
+            raise Rejected("INVALID_ARGUMENTS", f"the arguments do not frame: {exc}") from exc
+
+    def _connected(self, executor: str) -> RemoteExecutor:
+        member = self.fleet._member(executor)
+        if member is None:
+            raise NotDispatched(
+                "OFFLINE", f"executor {peer_text(executor)} is not connected to the gateway"
+            )
+        return member
+
+    async def _open_stream(
+        self, caller: str, executor: str, service: str, method: str, payload: bytes
+    ) -> RemoteStream:
+        arguments = self._admit(caller, executor, service, payload)
+        member = self._connected(executor)
+        rpc = await member._rpc_for_call(self.limits.dispatch_deadline)
+        metadata = call_metadata()
+        member.calls += 1
+        return rpc.stream_relayed(service, method, arguments, dict(metadata) or None)
+
     async def _forward(
         self,
         caller: str,
@@ -371,28 +460,12 @@ class Gateway:
         key: bytes | None,
         timeout: float | None,
     ) -> Any:
-        problem = executor_id_problem(executor)
-        if problem is not None:
-            raise Rejected("INVALID_ARGUMENTS", f"executor id {peer_text(executor)}: {problem}")
-        if not allows(self.grants, caller, executor, service):
-            raise Rejected(
-                "FORBIDDEN",
-                f"caller {caller!r} has no grant for {peer_text(service)} on executor "
-                f"{peer_text(executor)}; nothing was forwarded",
-            )
+        arguments = self._admit(caller, executor, service, payload)
         if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
             raise Rejected("INVALID_ARGUMENTS", "timeout must be a positive number of seconds")
         if key is not None and (why := key_problem(key)) is not None:
             raise Rejected("INVALID_ARGUMENTS", why)
-        try:
-            arguments = argument_items(payload)
-        except MalformedFrame as exc:
-            raise Rejected("INVALID_ARGUMENTS", f"the arguments do not frame: {exc}") from exc
-        member = self.fleet._member(executor)
-        if member is None:
-            raise NotDispatched(
-                "OFFLINE", f"executor {peer_text(executor)} is not connected to the gateway"
-            )
+        member = self._connected(executor)
         rpc = await member._rpc_for_call(self.limits.dispatch_deadline)
         metadata: Mapping[str, str] = call_metadata()
         member.calls += 1

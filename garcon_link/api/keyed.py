@@ -30,9 +30,19 @@ import anyio
 from ..endpoint.transport import SessionTransport
 from ..errors import CallError, NotDispatched, OutcomeUnknown
 from ..rpc.interface import MethodKind, MethodSpec
-from ..rpc.rpc import RemoteStream
 
-__all__ = ["CallSession", "KeyedCaller", "call_with_key", "retry_delays"]
+__all__ = ["CallSession", "ItemStream", "KeyedCaller", "call_with_key", "retry_delays"]
+
+
+class ItemStream(Protocol):
+    """A stream a facade iterates: a :class:`~garcon_link.rpc.rpc.RemoteStream`, or a gateway
+    caller's relayed one."""
+
+    def __aiter__(self) -> ItemStream: ...
+
+    async def __anext__(self) -> Any: ...
+
+    async def aclose(self) -> None: ...
 
 
 class CallSession(Protocol):
@@ -51,7 +61,7 @@ class CallSession(Protocol):
     def call(self) -> Callable[..., Awaitable[Any]]: ...
 
     @property
-    def stream(self) -> Callable[..., RemoteStream]: ...
+    def stream(self) -> Callable[..., ItemStream]: ...
 
 
 class KeyedCaller(Protocol):

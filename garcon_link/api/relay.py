@@ -28,7 +28,11 @@ The caller's view of the fleet is refreshed every ``refresh_interval`` seconds (
 ``wait_ready``): ``executors()`` is that snapshot and :meth:`GatewayFleet.events` the changes
 between two snapshots, so an event can be as late as one interval.
 
-Not yet relayed: streams, one-way methods (``Rejected("UNSUPPORTED")``, nothing sent).
+Streams are relayed with credit end to end: the gateway pulls an item from the executor only
+when the caller's credit lets it send one, so a slow caller slows the executor's producer and the
+gateway holds at most one window of items per stream. Each item is an encoded outcome too, and a
+stream that fails on either hop ends with an error item carrying its outcome and code.
+One-way methods are relayed as notifications (no reply, no outcome).
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from ..errors import (
 from ..limits import Limits
 from ..rpc.errorbody import MAX_ERROR_MESSAGE, error_body, error_from_body, local_exception
 from ..rpc.hooks import CallHook
-from ..rpc.interface import MethodKind, MethodSpec, from_wire, service_spec, to_wire
+from ..rpc.interface import MethodKind, MethodSpec, from_wire, oneway, service_spec, to_wire
 from ..rpc.rpc import CallObserver, ExecutorRpc, RemoteStream
 from ..settings.callers import CallerConfig
 from ..settings.keyring import executor_id_problem
@@ -101,6 +105,18 @@ class GatewayRelay(Protocol):
         """Forward one unary call; the outcome, encoded (:func:`encode_outcome`)."""
         ...
 
+    def stream(
+        self, executor: str, service: str, method: str, payload: bytes
+    ) -> AsyncIterator[bytes]:
+        """Forward one stream; each item an encoded outcome (:func:`encode_outcome`): the
+        executor's items, then, if the stream failed, its error."""
+        ...
+
+    @oneway
+    async def notify(self, executor: str, service: str, method: str, payload: bytes) -> None:
+        """Forward one notification (dropped, and counted, if no grant allows it)."""
+        ...
+
     async def describe(self, executor: str, wait: float) -> dict[str, Any]:
         """``executor``'s availability and manifest (its granted services), after waiting up
         to ``wait`` seconds for it to be ready."""
@@ -113,6 +129,8 @@ class GatewayRelay(Protocol):
 
 _RELAY_SPEC = service_spec(GatewayRelay)
 RELAY_CALL: MethodSpec = _RELAY_SPEC.methods["call"]
+RELAY_STREAM: MethodSpec = _RELAY_SPEC.methods["stream"]
+RELAY_NOTIFY: MethodSpec = _RELAY_SPEC.methods["notify"]
 
 
 def encode_outcome(value: Any = None, error: CallError | None = None) -> bytes:
@@ -175,26 +193,27 @@ class _RelaySession:
         idempotency_key: bytes | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> Any:
+        payload = _payload(service, spec, args, kwargs)
+        executor = self._executor.executor_id
+        if spec.kind is MethodKind.ONEWAY:
+            await self._rpc.call(
+                RELAY_SERVICE,
+                RELAY_NOTIFY,
+                (executor, service, spec.name, payload),
+                {},
+                timeout=None,
+                metadata=metadata,
+            )
+            return None
         if spec.kind is not MethodKind.UNARY:
             raise Rejected(
-                "UNSUPPORTED",
-                f"{service}.{spec.name} is a {spec.kind.value} method: a gateway relays unary "
-                "calls only so far; nothing was sent",
+                "UNSUPPORTED", f"{service}.{spec.name} is a stream: open it with its facade"
             )
-        try:
-            pos, kw = spec.bind(args, kwargs)
-            payload = cbor2.dumps([to_wire(pos), to_wire(kw)])
-        except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
-            raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
-        try:
-            spec.check_arguments(pos, kw)
-        except TypeError as exc:
-            raise Rejected("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
         limits = self._executor.limits
         reply = await self._rpc.call(
             RELAY_SERVICE,
             RELAY_CALL,
-            (self._executor.executor_id, service, spec.name, payload, idempotency_key, timeout),
+            (executor, service, spec.name, payload, idempotency_key, timeout),
             {},
             timeout=None if timeout is None else timeout + limits.cancel_grace,
             metadata=metadata,
@@ -209,12 +228,70 @@ class _RelaySession:
                 "INVALID_RESULT", f"result does not match the interface: {exc}"
             ) from exc
 
-    def stream(self, service: str, spec: MethodSpec, *args: Any, **kwargs: Any) -> RemoteStream:
-        raise Rejected(
-            "UNSUPPORTED",
-            f"{service}.{spec.name} is a stream: a gateway relays unary calls only so far; "
-            "nothing was sent",
+    def stream(
+        self,
+        service: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        metadata: Mapping[str, str] | None = None,
+    ) -> _RelayedItems:
+        payload = _payload(service, spec, args, kwargs)
+        executor = self._executor.executor_id
+        inner = self._rpc.stream(
+            RELAY_SERVICE, RELAY_STREAM, (executor, service, spec.name, payload), {}, metadata
         )
+        return _RelayedItems(inner, spec, self._executor.limits.max_frame_bytes)
+
+
+def _payload(
+    service: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> bytes:
+    """``[args, kwargs]`` bound, checked and encoded as a direct call's would be."""
+    try:
+        pos, kw = spec.bind(args, kwargs)
+        payload = cbor2.dumps([to_wire(pos), to_wire(kw)])
+    except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
+        raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
+    try:
+        spec.check_arguments(pos, kw)
+    except TypeError as exc:
+        raise Rejected("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
+    return payload
+
+
+class _RelayedItems(AsyncIterator[Any]):
+    """A relayed stream as its facade iterates it: each outcome item of the gateway's stream
+    decoded and converted to the method's item type; an error item raised as its outcome. The
+    credit the caller grants the gateway is the inner stream's, granted as items are taken."""
+
+    def __init__(self, inner: RemoteStream, spec: MethodSpec, max_bytes: int) -> None:
+        self._inner = inner
+        self._spec = spec
+        self._max_bytes = max_bytes
+
+    def __aiter__(self) -> _RelayedItems:
+        return self
+
+    async def __anext__(self) -> Any:
+        item = await self._inner.__anext__()
+        if type(item) is not bytes:
+            await self._inner.aclose()
+            raise OutcomeUnknown("MALFORMED_REPLY", "the gateway sent a stream item of no outcome")
+        value, error = decode_outcome(item, self._max_bytes)
+        if error is not None:
+            await self._inner.aclose()
+            raise local_exception(error)
+        try:
+            return from_wire(value, self._spec.result)
+        except Exception as exc:
+            await self._inner.aclose()
+            raise RemoteError(
+                "INVALID_RESULT", f"stream item does not match the interface: {exc}"
+            ) from exc
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 class GatewayExecutor:

@@ -48,6 +48,7 @@ from .envelopes import (
     Result,
     encode_call,
     encode_relayed_call,
+    encode_relayed_notify,
     renumbered_call_head,
 )
 from .errorbody import (
@@ -62,7 +63,7 @@ from .observer import CallObserver
 from .outbox import CANCEL_KIND, CONTROL_KIND, Outbox
 from .resources import ResourceRef
 
-__all__ = ["RELAYED", "Caller", "Expected", "RemoteStream"]
+__all__ = ["RELAYED", "RELAYED_STREAM", "Caller", "Expected", "RemoteStream"]
 
 log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
 
@@ -71,6 +72,9 @@ RELAYED = MethodSpec(
     name="(relayed)", kind=MethodKind.UNARY, signature=inspect.Signature(), hints={}, result=Any
 )
 """The spec of a relayed call (:meth:`Caller.call_relayed`): its reply is taken as it decoded."""
+RELAYED_STREAM = MethodSpec(
+    name="(relayed)", kind=MethodKind.STREAM, signature=inspect.Signature(), hints={}, result=Any
+)
 
 
 class _Pending:
@@ -327,6 +331,21 @@ class Caller:
         value as decoded CBOR data, unconverted: a relay's call, which knows no interface.
         Outcomes as :meth:`call`.
         """
+        pending, body = self._prepare_relayed(
+            RELAYED, service, method, arguments, idempotency_key, metadata, (0, 0)
+        )
+        return await self._outcome(pending, body, timeout, local=False)
+
+    def _prepare_relayed(
+        self,
+        spec: MethodSpec,
+        service: str,
+        method: str,
+        arguments: bytes,
+        key: bytes | None,
+        metadata: Mapping[str, str] | None,
+        credit: tuple[int, int],
+    ) -> tuple[_Pending, bytes]:
         self._check_open()
         if len(self._pending) + self._outbox.owed_cancels >= self.limits.max_pending_calls:
             raise NotDispatched(
@@ -336,12 +355,30 @@ class Caller:
         call_id = self._next_id
         self._next_id += 1
         try:
-            body = encode_relayed_call(
-                call_id, service, method, arguments, idempotency_key, metadata
-            )
+            body = encode_relayed_call(call_id, service, method, arguments, key, metadata, credit)
         except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
             raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
-        return await self._outcome(_Pending(call_id, RELAYED, None), body, timeout, local=False)
+        return _Pending(call_id, spec, None), body
+
+    async def notify_relayed(
+        self, service: str, method: str, arguments: bytes, metadata: Mapping[str, str] | None
+    ) -> None:
+        """Send a one-way notification whose arguments are already encoded (as
+        :meth:`call_relayed`); returns once it is queued on the session."""
+        self._check_open()
+        try:
+            body = encode_relayed_notify(service, method, arguments, metadata)
+        except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
+            raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
+        await self._send_request(body)
+
+    def stream_relayed(
+        self, service: str, method: str, arguments: bytes, metadata: Mapping[str, str] | None
+    ) -> RemoteStream:
+        """Open a remote stream whose arguments are already encoded (as :meth:`call_relayed`);
+        its items are the decoded CBOR data, unconverted, and it ends with the
+        :class:`CallError` itself (no remote exception is re-created)."""
+        return _RelayedStream(self, service, method, arguments, metadata)
 
     async def _outcome(
         self, pending: _Pending, body: bytes, timeout: float | None, *, local: bool = True
@@ -670,7 +707,9 @@ class RemoteStream(AsyncIterator[Any]):
     def __aiter__(self) -> RemoteStream:
         return self
 
-    async def _start(self) -> None:
+    _local = True  # a stream's error is raised as local_exception() makes it
+
+    def _request(self) -> tuple[_Pending, bytes]:
         limits = self._caller.limits
         pending, body = self._caller._prepare(
             self._service,
@@ -682,6 +721,10 @@ class RemoteStream(AsyncIterator[Any]):
             self._metadata,
         )
         assert pending is not None
+        return pending, body
+
+    async def _start(self) -> None:
+        pending, body = self._request()
         pending.stream = self._state
         self._pending = pending
         self._finalizer = _reclaim_when_dropped(self, self._caller, pending)
@@ -707,7 +750,7 @@ class RemoteStream(AsyncIterator[Any]):
             if state.ended:
                 self._close()
                 if state.error is not None:
-                    raise local_exception(state.error)
+                    raise local_exception(state.error) if self._local else state.error
                 raise StopAsyncIteration
             state.arrived = anyio.Event()
             await state.arrived.wait()
@@ -750,3 +793,33 @@ class RemoteStream(AsyncIterator[Any]):
         if self._pending is not None and not self._state.ended:
             self._caller._abandon(self._pending)
         self._close()
+
+
+class _RelayedStream(RemoteStream):
+    """A stream whose arguments are already encoded (:meth:`Caller.stream_relayed`)."""
+
+    _local = False
+
+    def __init__(
+        self,
+        caller: Caller,
+        service: str,
+        method: str,
+        arguments: bytes,
+        metadata: Mapping[str, str] | None,
+    ) -> None:
+        super().__init__(caller, service, RELAYED_STREAM, (), {}, metadata)
+        self._method = method
+        self._arguments = arguments
+
+    def _request(self) -> tuple[_Pending, bytes]:
+        limits = self._caller.limits
+        return self._caller._prepare_relayed(
+            RELAYED_STREAM,
+            self._service,
+            self._method,
+            self._arguments,
+            None,
+            self._metadata,
+            (limits.stream_window_items, limits.stream_window_bytes),
+        )

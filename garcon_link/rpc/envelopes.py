@@ -73,6 +73,7 @@ __all__ = [
     "encode",
     "encode_call",
     "encode_relayed_call",
+    "encode_relayed_notify",
     "encode_item",
     "encode_part",
     "encode_reply",
@@ -247,17 +248,28 @@ def encode_relayed_call(
     arguments: bytes,
     key: bytes | None,
     metadata: Mapping[str, str] | None,
+    credit: tuple[int, int] = (0, 0),
 ) -> bytes:
-    """``encode_call(...)`` of a unary call whose ``args`` and ``kwargs`` are already encoded:
+    """``encode_call(...)`` of a call whose ``args`` and ``kwargs`` are already encoded:
     ``arguments`` is their two CBOR items back to back, framed by
     :func:`~garcon_link.core.wire.argument_items` (a relay forwards them without decoding)."""
-    tail: list[Any] = [0, 0]
+    tail: list[Any] = list(credit)
     if metadata:
         tail += (key, metadata)
     elif key is not None:
         tail.append(key)
     head = cbor2.dumps([CALL, call_id, service, method])  # 0x84 and four items
     return b"".join((bytes((0x80 | (6 + len(tail)),)), head[1:], arguments, cbor2.dumps(tail)[1:]))
+
+
+def encode_relayed_notify(
+    service: str, method: str, arguments: bytes, metadata: Mapping[str, str] | None
+) -> bytes:
+    """``encode(Notify(...))`` with ``args`` and ``kwargs`` already encoded (as
+    :func:`encode_relayed_call`)."""
+    head = cbor2.dumps([NOTIFY, service, method])  # 0x83 and three items
+    tail = cbor2.dumps(metadata) if metadata else b""
+    return b"".join((bytes((0x85 if not metadata else 0x86,)), head[1:], arguments, tail))
 
 
 def encode_result(call_id: int, value: Any) -> bytes:

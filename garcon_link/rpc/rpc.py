@@ -427,6 +427,8 @@ class ExecutorRpc:
         # Our calls are the caller's own methods: no indirection on the per-call path.
         self.call = caller.call
         self.call_relayed = caller.call_relayed
+        self.notify_relayed = caller.notify_relayed
+        self.stream_relayed = caller.stream_relayed
         self.notify = caller.notify
         self.stream = caller.stream
         # Where each envelope goes (read per envelope by _dispatch_whole).
