@@ -432,7 +432,7 @@ async def test_streams_notifications_and_cancels_pass_through(tmp_path: Path) ->
             async for i in stream:
                 if i == 3:
                     break
-            await stream.aclose()
+            await stream.aclose()  # type: ignore[attr-defined]
             await service.stream_closed.wait()
             assert service.produced < 10_000
             # A notification arrives.
@@ -465,4 +465,4 @@ async def test_a_slow_caller_slows_the_producer_not_the_gateway(tmp_path: Path) 
             await anyio.sleep(0.3)
             bound = 1 + 8 * 2 + window * 2
             assert service.produced <= bound, service.produced
-            await stream.aclose()
+            await stream.aclose()  # type: ignore[attr-defined]
