@@ -141,8 +141,10 @@ class AdminService:
 
 
 def enroll(keyring: Path, name: str) -> gl.Secret:
+    """``name``'s key in ``keyring``: written on first use, read after (a restart)."""
     keyring.mkdir(mode=0o700, exist_ok=True)
-    return read_secret_file(write_secret_file(keyring / f"{name}.secret"))
+    path = keyring / f"{name}.secret"
+    return read_secret_file(path if path.exists() else write_secret_file(path))
 
 
 GRANTS = (
@@ -466,3 +468,32 @@ async def test_a_slow_caller_slows_the_producer_not_the_gateway(tmp_path: Path) 
             bound = 1 + 8 * 2 + window * 2
             assert service.produced <= bound, service.produced
             await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_keyed_retry_never_runs_on_a_restarted_executor(tmp_path: Path) -> None:
+    """A keyed call cut on the gateway-executor hop may have run on that worker process; its
+    retry reaches a restarted one (whose table of keys is new) only as WORKER_RESTARTED."""
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            ident = web.executor("box-1").service("ident", Ident)
+            keyed = gl.with_options(ident, idempotency_key="k-9", retry_unknown=True, timeout=20)
+            outcome: list[BaseException] = []
+
+            async def call() -> None:
+                try:
+                    await keyed.hold(30)
+                except gl.CallError as exc:
+                    outcome.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                async with device(tmp_path, "box-1", gw.url) as (_, first):
+                    await web.executor("box-1").wait_ready(10)
+                    tg.start_soon(call)
+                    await first.started.wait()
+                # The first worker process is gone with the call running; a new one comes.
+                async with device(tmp_path, "box-1", gw.url) as (_, second):
+                    await wait_for(lambda: bool(outcome), 15, "the keyed call's outcome")
+            assert isinstance(outcome[0], gl.OutcomeUnknown), outcome
+            assert outcome[0].code == "WORKER_RESTARTED"
+            assert first.ledger == ["hold"] and second.ledger == []

@@ -44,6 +44,7 @@ counters for at most ``max_callers`` callers with a session plus as many without
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -59,7 +60,7 @@ from ..core.handshake import HandshakeResult
 from ..core.wire import Role, argument_items
 from ..endpoint.link import WebSocketLink
 from ..endpoint.transport import SessionTransport, TransportState
-from ..errors import CallError, MalformedFrame, NotDispatched, Rejected
+from ..errors import CallError, MalformedFrame, NotDispatched, OutcomeUnknown, Rejected
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..rpc.hooks import CallHook, call_metadata
@@ -249,6 +250,7 @@ class Gateway:
         self._registry = registry_from({RELAY_SERVICE: Service(_Relay(self), GatewayRelay)})
         self._sessions: dict[int, tuple[str, SessionTransport]] = {}  # id(transport) -> caller
         self._stats: dict[str, CallerSnapshot] = {}
+        self._bindings: dict[str, _Bindings] = {}  # by caller
         self._changed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
@@ -467,21 +469,89 @@ class Gateway:
             raise Rejected("INVALID_ARGUMENTS", why)
         member = self._connected(executor)
         rpc = await member._rpc_for_call(self.limits.dispatch_deadline)
+        timeout = self.limits.call_timeout if timeout is None else timeout
+        runtime, state = rpc.transport.peer_runtime, rpc.peer_state_id
+        slot = (executor, service, method, key) if key is not None else None
+        if slot is not None:
+            self._bindings_of(caller).check(slot, runtime, state)
         metadata: Mapping[str, str] = call_metadata()
         member.calls += 1
         try:
-            return await rpc.call_relayed(
+            value = await rpc.call_relayed(
                 service,
                 method,
                 arguments,
-                timeout=self.limits.call_timeout if timeout is None else timeout,
+                timeout=timeout,
                 idempotency_key=key,
                 metadata=dict(metadata) if metadata else None,
             )
         except CallError as exc:
             if counts_as_error(exc):
                 member.errors += 1
+            if slot is not None:
+                bindings = self._bindings_of(caller)
+                if isinstance(exc, OutcomeUnknown):
+                    bindings.bind(slot, runtime, state, anyio.current_time() + 2 * timeout)
+                else:
+                    bindings.release(slot)
             raise
+        if slot is not None:
+            self._bindings_of(caller).release(slot)
+        return value
+
+    def _bindings_of(self, caller: str) -> _Bindings:
+        bindings = self._bindings.get(caller)
+        if bindings is None:
+            if len(self._bindings) >= 2 * self._max_callers:
+                self._bindings.pop(next(iter(self._bindings)))
+            bindings = self._bindings[caller] = _Bindings(self.limits.max_incoming_calls)
+        return bindings
+
+
+class _Bindings:
+    """One caller's keyed calls that may have run on an executor's worker process: a retry
+    with the same key is forwarded only to that process (or one on the same state directory),
+    whose table of keys knows the key; to another it is ``OutcomeUnknown("WORKER_RESTARTED")``,
+    never run again (docs/design.md#gateway). At most ``capacity`` bindings, each kept until
+    twice its call's timeout has passed (the caller's retries stop at its timeout): a caller
+    that makes more keyed calls end unknown than that at once loses its oldest bindings."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._held: collections.OrderedDict[
+            tuple[str, str, str, bytes], tuple[bytes, bytes | None, float]
+        ] = collections.OrderedDict()
+
+    def check(self, slot: tuple[str, str, str, bytes], runtime: bytes, state: bytes | None) -> None:
+        held = self._held.get(slot)
+        if held is None:
+            return
+        bound, bound_state, expires = held
+        if expires < anyio.current_time():
+            del self._held[slot]
+            return
+        if runtime == bound or (bound_state is not None and bound_state == state):
+            return
+        raise OutcomeUnknown(
+            "WORKER_RESTARTED",
+            f"an attempt with this key may have executed on worker process {bound.hex()[:12]} "
+            f"of executor {peer_text(slot[0])}, which is gone (now {runtime.hex()[:12]}): its "
+            "table of keys went with it, so the gateway did not forward the call again",
+        )
+
+    def bind(
+        self,
+        slot: tuple[str, str, str, bytes],
+        runtime: bytes,
+        state: bytes | None,
+        expires: float,
+    ) -> None:
+        if slot not in self._held and len(self._held) >= self.capacity:
+            self._held.popitem(last=False)
+        self._held.setdefault(slot, (runtime, state, expires))
+
+    def release(self, slot: tuple[str, str, str, bytes]) -> None:
+        self._held.pop(slot, None)
 
 
 def gateway(
