@@ -94,13 +94,13 @@ async def test_chaos_on_both_hops_keeps_every_outcome_honest(
             for caller_id in CALLERS:
                 proxy = await stack.enter_async_context(FaultProxy("127.0.0.1", port))
                 proxies.append(proxy)
-                config = gl.CallerConfig(
+                caller_config = gl.CallerConfig(
                     caller_id=caller_id,
                     secret=enroll(tmp_path / "callers", caller_id),
                     dial=proxy.url(),
                     limits=CHAOS_LIMITS,
                 )
-                fleets.append(await stack.enter_async_context(gl.connect_gateway(config)))
+                fleets.append(await stack.enter_async_context(gl.connect_gateway(caller_config)))
             for fleet in fleets:
                 for executor_id in EXECUTORS:
                     await fleet.executor(executor_id).wait_ready(30)
