@@ -155,14 +155,17 @@ GRANTS = (
 
 @asynccontextmanager
 async def running_gateway(
-    tmp_path: Path, grants: tuple[gl.Grant, ...] = GRANTS, max_callers: int = 8
+    tmp_path: Path,
+    grants: tuple[gl.Grant, ...] = GRANTS,
+    max_callers: int = 8,
+    limits: gl.Limits = LIMITS,
 ) -> AsyncIterator[gl.Gateway]:
     keys = tmp_path / "keys"
     callers = tmp_path / "callers"
     keys.mkdir(mode=0o700, exist_ok=True)
     callers.mkdir(mode=0o700, exist_ok=True)
     config = gl.GatewayConfig(
-        fleet=gl.FleetConfig(listen=("127.0.0.1", 0), keyring=keys, limits=LIMITS),
+        fleet=gl.FleetConfig(listen=("127.0.0.1", 0), keyring=keys, limits=limits),
         callers=gl.CallersConfig(keyring=callers, grants=grants, max_callers=max_callers),
     )
     async with gl.gateway(config) as gw:
@@ -497,3 +500,39 @@ async def test_a_keyed_retry_never_runs_on_a_restarted_executor(tmp_path: Path) 
             assert isinstance(outcome[0], gl.OutcomeUnknown), outcome
             assert outcome[0].code == "WORKER_RESTARTED"
             assert first.ledger == ["hold"] and second.ledger == []
+
+
+async def test_a_flooding_caller_is_held_to_its_budget(tmp_path: Path) -> None:
+    """Each caller session's relayed calls in flight are bounded (the gateway's
+    max_incoming_calls); the excess is refused NotDispatched("OVERLOADED") at the gateway, never
+    forwarded, and another caller is served meanwhile."""
+    budget = 4
+    with anyio.fail_after(DEADLINE):
+        async with (
+            running_gateway(tmp_path, limits=LIMITS.replace(max_incoming_calls=budget)) as gw,
+            AsyncExitStack() as stack,
+        ):
+            _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            flood = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            other = await stack.enter_async_context(caller(tmp_path, "web-2", gw.url))
+            await flood.executor("box-1").wait_ready(10)
+            await other.executor("box-1").wait_ready(10)
+            ident = flood.executor("box-1").service("ident", Ident)
+            refused: list[gl.CallError] = []
+
+            async def one() -> None:
+                try:
+                    await ident.hold(30)
+                except gl.NotDispatched as exc:
+                    refused.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(40):
+                    tg.start_soon(one)
+                await wait_for(lambda: len(refused) >= 40 - budget, 10, "the excess refused")
+                assert {e.code for e in refused} == {"OVERLOADED"}
+                assert service.ledger.count("hold") <= budget
+                # Another caller's session has its own budget.
+                served = other.executor("box-1").service("ident", Ident)
+                assert await served.whoami() == "box-1"
+                tg.cancel_scope.cancel()
