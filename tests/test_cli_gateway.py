@@ -85,6 +85,21 @@ def test_the_gateway_command_serves_callers_and_stops_on_sigterm(tmp_path: Path)
                 assert refused.value.code == "FORBIDDEN"
 
         anyio.run(calls)
+        # The command line, with a caller's configuration.
+        for caller_id in ("web-1", "intruder"):
+            (tmp_path / f"{caller_id}.toml").write_text(
+                f'role = "caller"\ncaller_id = "{caller_id}"\n'
+                f'secret_file = "callers/{caller_id}.secret"\n[connection]\ndial = "{url}"\n',
+                encoding="utf-8",
+            )
+        done = run_cli("call", str(tmp_path / "web-1.toml"), "--executor", "box-1", "who.whoami")
+        assert (done.returncode, done.stdout) == (0, '"b1"\n'), done.stderr
+        done = run_cli("describe", str(tmp_path / "web-1.toml"), "--executor", "box-1")
+        assert done.returncode == 0 and "who.whoami() -> str" in done.stdout, done.stderr
+        done = run_cli("call", str(tmp_path / "intruder.toml"), "--executor", "box-1", "who.whoami")
+        assert done.returncode == 4 and "[rejected:FORBIDDEN]" in done.stderr, done.stderr
+        done = run_cli("call", str(tmp_path / "web-1.toml"), "who.whoami")
+        assert done.returncode == 2 and "needs --executor ID" in done.stderr, done.stderr
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
     finally:

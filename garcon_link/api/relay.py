@@ -346,6 +346,15 @@ class GatewayExecutor:
             )
         return self._services
 
+    def manifest(self) -> Mapping[str, Any]:
+        """The executor's granted services and their methods, as the gateway last reported
+        them (:meth:`wait_ready` learns them).
+
+        Raises:
+            NotDispatched: not learned yet.
+        """
+        return self._manifest()
+
     @property
     def versions(self) -> Mapping[str, str]:
         """Each granted service of the executor with its contract version."""

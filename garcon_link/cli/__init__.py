@@ -79,6 +79,8 @@ Commands
 ``garcon-link call CONFIG --executor ID SERVICE.METHOD [JSON_ARGS]``
     The same through a fleet controller's configuration (``[executors]``): the call goes to
     executor ``ID`` (with a single-executor configuration ``ID`` must be its ``executor_id``).
+    With a gateway caller's configuration (``role = "caller"``) the call goes to executor ``ID``
+    through the gateway (``describe`` alike).
 
 ``garcon-link fleet [CONFIG|-] [--json]``
     Run a fleet controller (``[executors]``: a keyring listener and/or dial entries) until

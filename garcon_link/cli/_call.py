@@ -14,14 +14,16 @@ import anyio
 
 from ..api.controller import ExecutorInfo, RemoteExecutor, connect
 from ..api.fleet import fleet
+from ..api.relay import GatewayExecutor, connect_gateway
 from ..errors import NotDispatched, RemoteError
 from ..logs import peer_message
 from ..rpc.interface import MethodKind, MethodSpec, manifest_method
 from ..rpc.typedoc import type_description_lines
 from ..rpc.values import JSON_VALUES, VALUES_METADATA_KEY
+from ..settings.callers import CallerConfig
 from ..settings.config import FleetConfig, LinkConfig
 from ._exits import EXIT_OK, UsageError, _leaf
-from ._output import _load_any, _print_json, _setup_logging
+from ._output import _load_caller_or_any, _print_json, _setup_logging
 
 # --------------------------------------------------------------------------- call
 
@@ -169,8 +171,86 @@ async def _ready(
         ) from None
 
 
+@contextlib.asynccontextmanager
+async def _open_through_gateway(
+    config: CallerConfig, executor_id: str | None, *, ready_timeout: float, wait: float | None
+) -> AsyncIterator[GatewayExecutor]:
+    """``executor_id`` through the gateway a caller's configuration dials, once ready."""
+    if executor_id is None:
+        raise UsageError('a caller configuration (role = "caller") needs --executor ID')
+    async with connect_gateway(config) as gateway:
+        try:
+            executor = gateway.executor(executor_id)
+        except ValueError as exc:
+            raise UsageError(f"--executor: {exc}") from None
+        await _ready(
+            gateway.gateway, config.link_config(), None, ready_timeout=ready_timeout, wait=wait
+        )
+        try:
+            await executor.wait_ready(ready_timeout if wait is None else wait)
+        except TimeoutError as exc:
+            raise NotDispatched(
+                "NOT_READY", f"{exc}; is the worker connected to the gateway?"
+            ) from None
+        yield executor
+
+
+async def _call_through_gateway(
+    config: CallerConfig,
+    service: str,
+    method: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    ready_timeout: float,
+    call_timeout: float | None,
+    progress: _CallProgress | None,
+    executor_id: str | None,
+    wait: float | None,
+) -> None:
+    async with _open_through_gateway(
+        config, executor_id, ready_timeout=ready_timeout, wait=wait
+    ) as executor:
+        spec = dynamic_method(executor.manifest(), service, method)
+        session = await executor._rpc_for_call(0)
+        if progress is not None:
+            progress.dispatched = True
+        timeout = config.limits.call_timeout if call_timeout is None else call_timeout
+        metadata = {VALUES_METADATA_KEY: JSON_VALUES}
+        if spec.kind is MethodKind.STREAM:
+            stream = session.stream(service, spec, args, kwargs, metadata)
+            try:
+                async for item in stream:
+                    _print_json(item)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+        else:
+            result = await session.call(
+                service, spec, args, kwargs, timeout=timeout, metadata=metadata
+            )
+            if spec.kind is not MethodKind.ONEWAY:
+                _print_json(result)
+
+
+def _describe_through_gateway(config: CallerConfig, ns: argparse.Namespace) -> int:
+    async def manifest() -> tuple[Mapping[str, Any], Mapping[str, str]]:
+        async with _open_through_gateway(
+            config, ns.executor, ready_timeout=ns.timeout, wait=ns.wait
+        ) as executor:
+            return executor.manifest(), executor.versions
+
+    services, versions = anyio.run(manifest)
+    if ns.json:
+        _print_json({"executor_id": ns.executor, "versions": dict(versions), "services": services})
+    else:
+        for line in describe_lines(services):
+            print(line, flush=True)
+    return EXIT_OK
+
+
 async def _call(
-    config: LinkConfig | FleetConfig,
+    config: LinkConfig | FleetConfig | CallerConfig,
     service: str,
     method: str,
     args: tuple[Any, ...],
@@ -182,6 +262,20 @@ async def _call(
     executor_id: str | None = None,
     wait: float | None = None,
 ) -> None:
+    if isinstance(config, CallerConfig):
+        await _call_through_gateway(
+            config,
+            service,
+            method,
+            args,
+            kwargs,
+            ready_timeout=ready_timeout,
+            call_timeout=call_timeout,
+            progress=progress,
+            executor_id=executor_id,
+            wait=wait,
+        )
+        return
     async with _open_executor(config, executor_id) as executor:
         await _ready(executor, config, executor_id, ready_timeout=ready_timeout, wait=wait)
         info = await executor.info()
@@ -218,7 +312,7 @@ def _cmd_call(ns: argparse.Namespace) -> int:
     service, method = _parse_target(target)
     args, kwargs = _parse_arguments(json_args)
     _check_waits(ns)
-    config = _load_any(config_path)
+    config = _load_caller_or_any(config_path)
     progress = _CallProgress()
     try:
         anyio.run(
@@ -293,7 +387,9 @@ def _check_waits(ns: argparse.Namespace) -> None:
 def _cmd_describe(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
     _check_waits(ns)
-    config = _load_any(ns.config)
+    config = _load_caller_or_any(ns.config)
+    if isinstance(config, CallerConfig):
+        return _describe_through_gateway(config, ns)
     info = anyio.run(
         lambda: _describe_executor(
             config, ready_timeout=ns.timeout, executor_id=ns.executor, wait=ns.wait

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..logs import JsonFormatter
+from ..settings.callers import CallerConfig, load_caller_config
 from ..settings.config import (
     CONFIG_ENV_VAR,
     FleetConfig,
@@ -95,14 +96,30 @@ def _load(path: str | None) -> LinkConfig:
     return load_config(None if path in (None, "-") else path)
 
 
+def _shape(given: str | None) -> str:
+    """``"fleet"`` (``[executors]``), ``"caller"`` (``role = "caller"``) or ``"link"``: which
+    loader reads CONFIG (a file that does not read is the plain loader's to report)."""
+    source = given if given is not None else os.environ.get(CONFIG_ENV_VAR, "")
+    try:
+        with open(source, "rb") as file:
+            document = tomllib.load(file)
+    except (OSError, ValueError):
+        return "link"
+    if document.get("role") == "caller":
+        return "caller"
+    return "fleet" if "executors" in document else "link"
+
+
 def _load_any(path: str | None) -> LinkConfig | FleetConfig:
     """Load CONFIG as a fleet controller's configuration if it has ``[executors]``, else as one
     endpoint's (errors of either are reported by its own loader)."""
     given = None if path in (None, "-") else path
-    source = given if given is not None else os.environ.get(CONFIG_ENV_VAR, "")
-    try:
-        with open(source, "rb") as file:
-            fleet_file = "executors" in tomllib.load(file)
-    except (OSError, ValueError):
-        fleet_file = False  # the loader says what is wrong with it
-    return load_fleet_config(given) if fleet_file else load_config(given)
+    return load_fleet_config(given) if _shape(given) == "fleet" else load_config(given)
+
+
+def _load_caller_or_any(path: str | None) -> LinkConfig | FleetConfig | CallerConfig:
+    """:func:`_load_any`, or a gateway caller's configuration (``role = "caller"``)."""
+    given = None if path in (None, "-") else path
+    if _shape(given) == "caller":
+        return load_caller_config(given)
+    return _load_any(path)
