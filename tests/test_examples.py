@@ -12,6 +12,17 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 EXPECTED = {
+    "gateway": [
+        "enrolled guest: callers/guest.secret (mode 0600); copy it to the caller",
+        '$ garcon-link call web-1.toml --executor device-1 sensors.whoami\n  "device-1"   (exit 0)',
+        "error: [rejected:FORBIDDEN] caller 'guest' has no grant for executor 'device-1'   "
+        "(exit 4)",
+        "21.5   (exit 0)",
+        "web-2 sees ['device-1']",
+        "(resumed); whoami x3 -> ['device-1', 'device-1', 'device-1']",
+        "keyed bump() retried on a new session -> 1; device-1 ran it 1 time(s)",
+        "gateway: ok",
+    ],
     "kvstore": [
         "executor-listening url=ws://127.0.0.1:",
         "kv.get('color')           -> 'blue'",
@@ -100,10 +111,10 @@ def test_no_secret_is_committed_with_the_examples() -> None:
     assert not [path for path in tracked if path.endswith(".secret")]
     for config in EXAMPLES.rglob("*.toml"):
         text = config.read_text(encoding="utf-8")
-        # A pair shares link.secret; a fleet device has its own key; a fleet controller has a
-        # keyring of them instead of a secret.
+        # A pair shares link.secret; a fleet device has its own key, and a gateway's caller
+        # too; a fleet controller has a keyring of them instead of a secret.
         assert re.search(
-            r"^secret_file = \"(link|keys/[\w.-]+)\.secret\"", text, re.MULTILINE
+            r"^secret_file = \"(link|(keys|callers)/[\w.-]+)\.secret\"", text, re.MULTILINE
         ) or re.search(r"^keyring = \"keys\"", text, re.MULTILINE), config
         assert not re.search(r"^secret\s*=", text, re.MULTILINE), config
 

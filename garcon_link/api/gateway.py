@@ -184,7 +184,12 @@ class _Relay:
     async def describe(self, executor: str, wait: float) -> dict[str, Any]:
         gateway = self._gateway
         caller = gateway._caller()
-        gateway._check_visible(caller, executor)
+        try:
+            gateway._check_visible(caller, executor)
+        except Rejected as exc:
+            if exc.code == "FORBIDDEN":
+                gateway._stats_of(caller).forbidden += 1
+            raise
         deadline = anyio.current_time() + min(max(wait, 0.0), MAX_DESCRIBE_WAIT)
         while True:
             member = gateway.fleet._member(executor)

@@ -419,6 +419,8 @@ class GatewayExecutor:
                     raise
                 continue  # the gateway session went away meanwhile: wait for the next one
             self._apply(entry)
+            if self.executor_id not in self._fleet._visible:
+                self._fleet._visible.append(self.executor_id)  # the gateway showed it to us
             if self.availability == "ready":
                 return
         raise TimeoutError(
