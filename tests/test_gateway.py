@@ -259,7 +259,7 @@ async def test_no_grant_no_access_and_the_ledger_proves_it(tmp_path: Path) -> No
             assert await ops.executor("db-1").service("ident", Ident).whoami() == "db-1"
             assert box.ledger == ["reset"] and other.ledger == ["whoami"]
             assert set(await ops.refresh()) == {"box-1", "db-1"}
-            assert gw.callers()["web-1"].forbidden == 2
+            assert gw.callers()["web-1"].forbidden == 3  # two calls and one wait_ready
 
 
 async def test_outcomes_across_two_hops(tmp_path: Path) -> None:
