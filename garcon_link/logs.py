@@ -23,6 +23,7 @@ gl_peer        str    the remote end of the socket, ``host:port``
 gl_close_code  int    the WebSocket close code of the socket's end (``4008``, ``1001``...)
 gl_controller  str    on a worker, the controller a session belongs to: its ``controller_id``, or
                       its runtime id in hex when it has none
+gl_caller      str    on a gateway, the caller (its ``caller_id``) a line is about
 ============== ====== ============================================================================
 
 Messages are plain words (no glyphs); payloads and secrets never appear in them.
@@ -76,7 +77,7 @@ __all__ = [
     "peer_text",
 ]
 
-FIELDS = ("gl_executor", "gl_session", "gl_peer", "gl_close_code", "gl_controller")
+FIELDS = ("gl_executor", "gl_session", "gl_peer", "gl_close_code", "gl_controller", "gl_caller")
 """The documented ``extra`` field names (every ``gl_*`` attribute is written by the formatter)."""
 
 
@@ -87,6 +88,7 @@ def log_fields(
     peer: str | None = None,
     close_code: int | None = None,
     controller: str | None = None,
+    caller: str | None = None,
 ) -> dict[str, object]:
     """The ``extra=`` mapping of a log call: the fields that are known (``None`` is left out).
 
@@ -96,6 +98,7 @@ def log_fields(
         peer: the socket's remote end, ``host:port``.
         close_code: the WebSocket close code.
         controller: the controller a worker's session belongs to (:data:`FIELDS`).
+        caller: the gateway caller a line is about.
     """
     extra: dict[str, object] = {}
     if executor is not None:
@@ -108,6 +111,8 @@ def log_fields(
         extra["gl_close_code"] = int(close_code)
     if controller is not None:
         extra["gl_controller"] = controller
+    if caller is not None:
+        extra["gl_caller"] = caller
     return extra
 
 

@@ -56,7 +56,9 @@ def test_log_fields_leaves_out_what_is_not_known() -> None:
         "gl_peer": "127.0.0.1:5",
         "gl_close_code": 4008,
     }
-    every = log_fields(executor="a", session="b", peer="c", close_code=1, controller="d")
+    every = log_fields(
+        executor="a", session="b", peer="c", close_code=1, controller="d", caller="e"
+    )
     assert set(every) == set(FIELDS)
 
 

@@ -80,6 +80,9 @@ __all__ = ["CallerSnapshot", "Gateway", "gateway"]
 
 log = logging.getLogger("garcon_link.gateway")  # the name users configure (README)
 
+MAX_NAME_CHARS = 256
+"""The longest service or method name a relayed request may carry."""
+
 
 @dataclass(slots=True)
 class CallerSnapshot:
@@ -162,7 +165,7 @@ class _Relay:
         stats.calls += 1
         stats.bytes += len(payload)
         try:
-            arguments = gateway._admit(caller, executor, service, payload)
+            arguments = gateway._admit(caller, executor, service, method, payload)
             member = gateway._connected(executor)
             rpc = await member._rpc_for_call(0)
             metadata = call_metadata()
@@ -178,7 +181,7 @@ class _Relay:
                 peer_text(caller),
                 peer_text(executor),
                 exc,
-                extra=log_fields(controller=caller, executor=executor),
+                extra=log_fields(caller=caller, executor=executor),
             )
 
     async def describe(self, executor: str, wait: float) -> dict[str, Any]:
@@ -190,7 +193,8 @@ class _Relay:
             if exc.code == "FORBIDDEN":
                 gateway._stats_of(caller).forbidden += 1
             raise
-        deadline = anyio.current_time() + min(max(wait, 0.0), MAX_DESCRIBE_WAIT)
+        wait = min(max(wait, 0.0), MAX_DESCRIBE_WAIT) if math.isfinite(wait) else 0.0
+        deadline = anyio.current_time() + wait
         while True:
             member = gateway.fleet._member(executor)
             changed = gateway._changed
@@ -336,7 +340,7 @@ class Gateway:
             "gateway: caller %s session %s began",
             peer_text(caller),
             transport.session_id.hex()[:12],
-            extra=log_fields(session=transport.session_id, controller=caller),
+            extra=log_fields(session=transport.session_id, caller=caller),
         )
         assert self._tg is not None
         self._tg.start_soon(self._serve, caller, transport, rpc)
@@ -355,7 +359,7 @@ class Gateway:
                 peer_text(caller),
                 transport.session_id.hex()[:12],
                 f": {cause}" if cause is not None else "",
-                extra=log_fields(session=transport.session_id, controller=caller),
+                extra=log_fields(session=transport.session_id, caller=caller),
             )
 
     def _caller(self) -> str:
@@ -422,12 +426,18 @@ class Gateway:
             entry["manifest"] = {name: services[name] for name in versions if name in services}
         return entry
 
-    def _admit(self, caller: str, executor: str, service: str, payload: bytes) -> bytes:
+    def _admit(
+        self, caller: str, executor: str, service: str, method: str, payload: bytes
+    ) -> bytes:
         """The grant and the framing of one relayed request (module docstring, steps 1 and 3):
         its ``args`` and ``kwargs`` items, or the refusal."""
         problem = executor_id_problem(executor)
         if problem is not None:
             raise Rejected("INVALID_ARGUMENTS", f"executor id {peer_text(executor)}: {problem}")
+        if len(service) > MAX_NAME_CHARS or len(method) > MAX_NAME_CHARS:
+            raise Rejected(
+                "INVALID_ARGUMENTS", f"service and method names are at most {MAX_NAME_CHARS} long"
+            )
         if not allows(self.grants, caller, executor, service):
             raise Rejected(
                 "FORBIDDEN",
@@ -450,7 +460,7 @@ class Gateway:
     async def _open_stream(
         self, caller: str, executor: str, service: str, method: str, payload: bytes
     ) -> RemoteStream:
-        arguments = self._admit(caller, executor, service, payload)
+        arguments = self._admit(caller, executor, service, method, payload)
         member = self._connected(executor)
         rpc = await member._rpc_for_call(self.limits.dispatch_deadline)
         metadata = call_metadata()
@@ -467,7 +477,7 @@ class Gateway:
         key: bytes | None,
         timeout: float | None,
     ) -> Any:
-        arguments = self._admit(caller, executor, service, payload)
+        arguments = self._admit(caller, executor, service, method, payload)
         if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
             raise Rejected("INVALID_ARGUMENTS", "timeout must be a positive number of seconds")
         if key is not None and (why := key_problem(key)) is not None:
