@@ -21,7 +21,7 @@ tests prove:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -536,3 +536,27 @@ async def test_a_flooding_caller_is_held_to_its_budget(tmp_path: Path) -> None:
                 served = other.executor("box-1").service("ident", Ident)
                 assert await served.whoami() == "box-1"
                 tg.cancel_scope.cancel()
+
+
+class IdentSync(Protocol):
+    def whoami(self) -> str: ...
+
+    def count(self, n: int) -> Iterator[int]: ...
+
+
+async def test_connect_sync_takes_a_caller_config(tmp_path: Path) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            config = caller_config(tmp_path, "web-1", gw.url)
+
+            def blocking() -> tuple[str, list[int], str]:
+                with gl.connect_sync(config, executor_id="box-1") as executor:
+                    executor.wait_ready(10, refused_dials=3)
+                    ident = executor.service("ident", IdentSync)
+                    dynamic = executor.service("ident")
+                    return ident.whoami(), list(ident.count(3)), dynamic.whoami()
+
+            assert await anyio.to_thread.run_sync(blocking) == ("box-1", [0, 1, 2], "box-1")
+            with pytest.raises(gl.ConfigError, match="executor_id"):
+                gl.connect_sync(config)

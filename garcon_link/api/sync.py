@@ -78,15 +78,17 @@ from typing import Any, TypeVar, cast, overload
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from ..errors import ConfigError, NotDispatched, OutcomeUnknown
+from ..errors import ConfigError, NotDispatched, OutcomeUnknown, Rejected
 from ..limits import Limits
 from ..rpc.contract import Compatibility, compare_method
 from ..rpc.hooks import CallHook
 from ..rpc.interface import ServiceSpec, manifest_changes, sync_service_spec
+from ..settings.callers import CallerConfig
 from ..settings.config import LinkConfig
 from .controller import Availability, ExecutorInfo, RemoteExecutor, connect
 from .facades import NO_METHODS, UNSET, DynamicFacade, Facade, FacadeStream, Unset
 from .registration import ServiceMap, interface_class
+from .relay import GatewayExecutor, GatewayFleet, connect_gateway
 
 __all__ = ["SyncExecutor", "SyncFacade", "SyncStream", "connect_sync"]
 
@@ -95,12 +97,13 @@ R = TypeVar("R")
 
 
 def connect_sync(
-    config: LinkConfig,
+    config: LinkConfig | CallerConfig,
     *,
     services: ServiceMap | None = None,
     limits: Limits | None = None,
     hooks: Sequence[CallHook] = (),
     controller_id: str | None = None,
+    executor_id: str | None = None,
 ) -> SyncExecutor:
     """The controller side, blocking: ``with connect_sync(config) as executor: ...``.
 
@@ -114,11 +117,25 @@ def connect_sync(
         limits: overrides ``config.limits``.
         hooks: per-call hooks (:mod:`garcon_link.rpc.hooks`); they run on the client's loop thread.
         controller_id: replaces the config's, as for :func:`garcon_link.connect`.
+        executor_id: with a gateway caller's configuration (:class:`~garcon_link.CallerConfig`),
+            the executor to talk to through the gateway (:func:`garcon_link.connect_gateway`);
+            required then, refused otherwise.
 
     Raises:
-        ConfigError: ``config`` is not a controller configuration.
+        ConfigError: ``config`` is not a controller (or caller) configuration, or
+            ``executor_id`` is missing with a caller's or given with another.
         LinkError: the executor cannot start (e.g. it cannot listen on its address).
     """
+    if isinstance(config, CallerConfig):
+        if executor_id is None:
+            raise ConfigError(
+                "connect_sync(caller config) needs executor_id=: the executor to call"
+            )
+        if services or controller_id is not None:
+            raise ConfigError("a gateway caller serves no services and has no controller_id")
+        return SyncExecutor(config, limits=limits, hooks=hooks, executor_id=executor_id)
+    if executor_id is not None:
+        raise ConfigError("executor_id= is for a gateway caller's configuration (role = caller)")
     if controller_id is not None:
         config = dataclasses.replace(config, controller_id=controller_id)
     return SyncExecutor(config, services=services, limits=limits, hooks=hooks)
@@ -160,24 +177,41 @@ class SyncExecutor:
 
     def __init__(
         self,
-        config: LinkConfig,
+        config: LinkConfig | CallerConfig,
         *,
         services: ServiceMap | None = None,
         limits: Limits | None = None,
         hooks: Sequence[CallHook] = (),
+        executor_id: str | None = None,
     ) -> None:
         self._closed = False
         self._lock = threading.Lock()
         self._drain = 0.0
         self._loop = _LoopThread()
+        self._gateway: GatewayFleet | None = None
         try:
             # Built on the loop thread: its events belong to that loop, never to a loop the
             # calling thread may be running (Jupyter's).
-            self._executor: RemoteExecutor = self._loop.portal.call(
-                functools.partial(connect, config, services=services, limits=limits, hooks=hooks)
-            )
-            self._cm = self._loop.portal.wrap_async_context_manager(self._hold())
-            self._cm.__enter__()
+            if isinstance(config, CallerConfig):
+                assert executor_id is not None
+                self._gateway = self._loop.portal.call(
+                    functools.partial(connect_gateway, config, limits=limits, hooks=hooks)
+                )
+                self._cm = self._loop.portal.wrap_async_context_manager(
+                    self._hold_gateway(self._gateway)
+                )
+                self._cm.__enter__()
+                self._executor: RemoteExecutor | GatewayExecutor = self._loop.portal.call(
+                    self._gateway.executor, executor_id
+                )
+            else:
+                self._executor = self._loop.portal.call(
+                    functools.partial(
+                        connect, config, services=services, limits=limits, hooks=hooks
+                    )
+                )
+                self._cm = self._loop.portal.wrap_async_context_manager(self._hold())
+                self._cm.__enter__()
         except BaseException:
             self._loop.stop()
             raise
@@ -186,9 +220,16 @@ class SyncExecutor:
     @contextlib.asynccontextmanager
     async def _hold(self) -> AsyncIterator[RemoteExecutor]:
         # One task enters and leaves the executor (its task group requires it).
-        async with self._executor as executor:
+        executor = self._executor
+        assert isinstance(executor, RemoteExecutor)
+        async with executor:
             yield executor
             await executor.aclose(drain=self._drain)
+
+    @contextlib.asynccontextmanager
+    async def _hold_gateway(self, gateway: GatewayFleet) -> AsyncIterator[RemoteExecutor]:
+        async with gateway:
+            yield gateway.gateway
 
     def __enter__(self) -> SyncExecutor:
         return self
@@ -216,8 +257,9 @@ class SyncExecutor:
     # -- the executor's surface
 
     @property
-    def executor(self) -> RemoteExecutor:
-        """The async executor underneath (its methods must run on the client's loop)."""
+    def executor(self) -> RemoteExecutor | GatewayExecutor:
+        """The async executor underneath (its methods must run on the client's loop): a
+        :class:`~garcon_link.GatewayExecutor` through a gateway."""
         return self._executor
 
     @property
@@ -230,16 +272,37 @@ class SyncExecutor:
 
     @property
     def last_error(self) -> str | None:
-        return self._executor.last_error
+        executor = self._executor
+        if isinstance(executor, GatewayExecutor):
+            return executor._fleet.gateway.last_error
+        return executor.last_error
 
     def wait_ready(self, timeout: float | None = None, *, refused_dials: int | None = None) -> None:
         """Block until the executor is ready; ``refused_dials`` and what it raises are those of
-        :meth:`RemoteExecutor.wait_ready`."""
-        self._call(self._executor.wait_ready, timeout, refused_dials=refused_dials)
+        :meth:`RemoteExecutor.wait_ready` (through a gateway, the dials are the gateway's)."""
+        executor = self._executor
+        if isinstance(executor, GatewayExecutor):
+            if refused_dials is not None:
+                gateway = executor._fleet.gateway
+                self._call(gateway.wait_ready, timeout, refused_dials=refused_dials)
+            self._call(executor.wait_ready, timeout)
+            return
+        self._call(executor.wait_ready, timeout, refused_dials=refused_dials)
 
     def info(self) -> ExecutorInfo:
-        """The current session's description (see :meth:`RemoteExecutor.info`)."""
-        return cast("ExecutorInfo", self._call(self._executor.info))
+        """The current session's description (see :meth:`RemoteExecutor.info`).
+
+        Raises:
+            Rejected: ``UNSUPPORTED`` through a gateway (its executors' sessions are the
+                gateway's: use ``service()``).
+        """
+        executor = self._executor
+        if isinstance(executor, GatewayExecutor):
+            raise Rejected(
+                "UNSUPPORTED",
+                "info() of an executor through a gateway: its session is the gateway's",
+            )
+        return cast("ExecutorInfo", self._call(executor.info))
 
     @overload
     def service(self, name: str) -> Any: ...

@@ -1,0 +1,292 @@
+"""The gateway's relay, measured against a direct fleet: what the second hop costs.
+
+``python -m benchmarks.relay`` (``--quick``: fewer calls and executors). It prints one JSON
+object and a short table; it is not part of ``python -m benchmarks`` (yet).
+
+Processes
+---------
+* **direct**: this process runs a listening :class:`gl.Fleet`; a **workers** child
+  (``python -m benchmarks.relay workers``) runs the executors as ``gl.Worker`` endpoints dialing
+  it. Calls go this process -> worker child.
+* **gateway**: a **gateway** child (``garcon-link gateway CONFIG``) listens; the workers child
+  dials it, and this process is a caller (``gl.connect_gateway``). Calls go this process ->
+  gateway child -> worker child.
+
+Both use default :class:`gl.Limits`, loopback and the same service (``ident.echo(bytes) ->
+bytes``). What is measured, in each arrangement:
+
+1. **p50/p99 latency** of ``calls`` sequential 32-byte echo calls to one executor;
+2. **calls/s with 64 in flight**: 64 tasks calling one executor for ``seconds``;
+3. **map** (``--executors`` executors, ``--callers`` callers): each caller runs ``fleet.map`` of
+   one echo over every executor, all callers at once; the figure is the wall time of one round
+   (the median of ``maps`` rounds). Direct, the callers are ``--callers`` tasks sharing the one
+   fleet.
+
+Targets (issue 26): the hop adds at most 1.5x to the p50 and keeps at least 0.7x of the direct
+calls/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+
+import garcon_link as gl
+from garcon_link.settings.secrets import read_secret_file, write_secret_file
+
+P50_FACTOR_TARGET = 1.5
+THROUGHPUT_RATIO_TARGET = 0.7
+PAYLOAD = b"x" * 32
+
+
+class Ident(Protocol):
+    async def echo(self, data: bytes) -> bytes: ...
+
+
+class _IdentImpl:
+    async def echo(self, data: bytes) -> bytes:
+        return data
+
+
+def executor_id(index: int) -> str:
+    return f"relay-{index:04d}"
+
+
+# ------------------------------------------------------------------------ workers child
+
+
+async def _workers_main(url: str, keyring: Path, count: int) -> None:
+    async with AsyncExitStack() as stack:
+        for index in range(count):
+            name = executor_id(index)
+            config = gl.LinkConfig(
+                executor_id=name,
+                role=gl.Role.WORKER,
+                secret=read_secret_file(keyring / f"{name}.secret"),
+                dial=url,
+            )
+            await stack.enter_async_context(
+                gl.Worker(config, {"ident": gl.Service(_IdentImpl(), Ident)})
+            )
+        print("started", flush=True)
+        lines = anyio.wrap_file(sys.stdin)
+        while await lines.readline():
+            pass
+        os._exit(0)
+
+
+# ------------------------------------------------------------------------ measuring
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _latency(call: Callable[[], Awaitable[Any]], n: int) -> dict[str, float]:
+    for _ in range(min(50, n)):
+        await call()
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        await call()
+        samples.append((time.perf_counter() - start) * 1e6)
+    return {"p50_us": _p(samples, 0.5), "p99_us": _p(samples, 0.99)}
+
+
+async def _throughput(call: Callable[[], Awaitable[Any]], seconds: float) -> float:
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def lane() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await call()
+            done += 1
+
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(64):
+            tg.start_soon(lane)
+    return done / (time.perf_counter() - start)
+
+
+async def _maps(fleets: list[Any], rounds: int) -> float:
+    async def one(fleet: Any) -> None:
+        results = await fleet.map(lambda ex: ex.service("ident", Ident).echo(PAYLOAD))
+        failed = [k for k, v in results.items() if isinstance(v, BaseException)]
+        if failed:
+            raise RuntimeError(f"{len(failed)} map calls failed, e.g. {results[failed[0]]}")
+
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for fleet in fleets:
+                tg.start_soon(one, fleet)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@asynccontextmanager
+async def _workers(url: str, keyring: Path, count: int) -> AsyncIterator[None]:
+    command = [sys.executable, "-m", "benchmarks.relay", "workers", url, str(keyring), str(count)]
+    process = await anyio.open_process(command, stdin=subprocess.PIPE, stderr=None)
+    try:
+        assert process.stdout is not None
+        buffer = b""
+        with anyio.fail_after(120):
+            while b"started" not in buffer:
+                buffer += await process.stdout.receive()
+        yield
+    finally:
+        process.kill()
+        await process.wait()
+        await process.aclose()
+
+
+async def _measure(
+    executor: Callable[[str], Any], fleets: list[Any], args: argparse.Namespace
+) -> dict[str, float]:
+    first = executor(executor_id(0))
+    await first.wait_ready(60)
+    for index in range(args.executors):
+        await executor(executor_id(index)).wait_ready(120)
+    ident = first.service("ident", Ident)
+
+    async def call() -> Any:
+        return await ident.echo(PAYLOAD)
+
+    out = await _latency(call, args.calls)
+    out["calls_per_s_64"] = await _throughput(call, args.seconds)
+    out["map_s"] = await _maps(fleets, args.maps)
+    return out
+
+
+async def _direct(root: Path, args: argparse.Namespace) -> dict[str, float]:
+    config = gl.FleetConfig(listen=("127.0.0.1", 0), keyring=root / "keys")
+    async with gl.fleet(config) as fleet, _workers(fleet.url, root / "keys", args.executors):
+        return await _measure(fleet.executor, [fleet] * args.callers, args)
+
+
+async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, float]:
+    config = root / "gateway.toml"
+    config.write_text(
+        'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
+        '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["*"]\nexecutors = ["*"]\n',
+        encoding="utf-8",
+    )
+    command = [sys.executable, "-m", "garcon_link.cli", "gateway", str(config), "--json"]
+    gateway = await anyio.open_process(command, stdin=subprocess.DEVNULL, stderr=None, cwd=root)
+    try:
+        assert gateway.stdout is not None
+        buffer = b""
+        with anyio.fail_after(60):
+            while b"\n" not in buffer:
+                buffer += await gateway.stdout.receive()
+        url = json.loads(buffer.split(b"\n")[0])["url"]
+        async with _workers(url, root / "keys", args.executors), AsyncExitStack() as stack:
+            fleets = []
+            for number in range(args.callers):
+                caller = gl.CallerConfig(
+                    caller_id=f"bench-{number}",
+                    secret=read_secret_file(root / "callers" / f"bench-{number}.secret"),
+                    dial=url,
+                )
+                fleets.append(await stack.enter_async_context(gl.connect_gateway(caller)))
+            await fleets[0].gateway.wait_ready(60)
+            return await _measure(fleets[0].executor, fleets, args)
+    finally:
+        gateway.kill()
+        await gateway.wait()
+        await gateway.aclose()
+
+
+async def _main(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="garcon-link-relay-") as tmp:
+        root = Path(tmp)
+        for directory in ("keys", "callers"):
+            (root / directory).mkdir(mode=0o700)
+        for index in range(args.executors):
+            write_secret_file(root / "keys" / f"{executor_id(index)}.secret")
+        for number in range(args.callers):
+            write_secret_file(root / "callers" / f"bench-{number}.secret")
+        direct = await _direct(root, args)
+        relayed = await _through_gateway(root, args)
+    ratios = {
+        "p50_factor": relayed["p50_us"] / direct["p50_us"],
+        "calls_per_s_ratio": relayed["calls_per_s_64"] / direct["calls_per_s_64"],
+        "map_factor": relayed["map_s"] / direct["map_s"],
+    }
+    return {
+        "settings": vars(args),
+        "direct": direct,
+        "gateway": relayed,
+        "ratios": ratios,
+        "targets": {
+            "p50_factor_at_most": P50_FACTOR_TARGET,
+            "calls_per_s_ratio_at_least": THROUGHPUT_RATIO_TARGET,
+        },
+        "met": ratios["p50_factor"] <= P50_FACTOR_TARGET
+        and ratios["calls_per_s_ratio"] >= THROUGHPUT_RATIO_TARGET,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.relay", description=__doc__)
+    sub = parser.add_subparsers(dest="command")
+    workers = sub.add_parser("workers")
+    workers.add_argument("url")
+    workers.add_argument("keyring", type=Path)
+    workers.add_argument("count", type=int)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--executors", type=int, default=1000)
+    parser.add_argument("--callers", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--maps", type=int, default=5)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "workers":
+        anyio.run(_workers_main, args.url, args.keyring, args.count)
+        return 0
+    if args.quick:
+        args.executors, args.calls, args.seconds, args.maps = 20, 300, 1.0, 2
+    doc = anyio.run(_main, args)
+    text = json.dumps(doc, indent=2, default=str)
+    if args.output is not None:
+        args.output.write_text(text + "\n", encoding="utf-8")
+    print(text)
+    d, g, r = doc["direct"], doc["gateway"], doc["ratios"]
+    print(f"{'':<22}{'direct':>12}{'gateway':>12}{'ratio':>9}", file=sys.stderr)
+    print(
+        f"{'p50 (us)':<22}{d['p50_us']:>12.0f}{g['p50_us']:>12.0f}{r['p50_factor']:>9.2f}",
+        file=sys.stderr,
+    )
+    print(
+        f"{'calls/s, 64 in flight':<22}{d['calls_per_s_64']:>12.0f}{g['calls_per_s_64']:>12.0f}"
+        f"{r['calls_per_s_ratio']:>9.2f}",
+        file=sys.stderr,
+    )
+    print(
+        f"{'map, all callers (s)':<22}{d['map_s']:>12.3f}{g['map_s']:>12.3f}"
+        f"{r['map_factor']:>9.2f}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
