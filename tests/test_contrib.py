@@ -194,6 +194,25 @@ def test_collector_types_nests_and_maps_a_snapshot_and_a_mapping_of_them() -> No
     assert samples(registry) == {}
 
 
+def test_collector_labels_a_gateways_callers_capped() -> None:
+    registry = CollectorRegistry()
+    collector = StatisticsCollector(registry=registry, max_executors=2)
+    callers = {
+        f"web-{i}": gl.CallerSnapshot(f"web-{i}", sessions=1, calls=10 * i, forbidden=i)
+        for i in range(1, 5)
+    }
+    collector.add("gateway_callers", lambda: callers, label="caller")
+    text = generate_latest(registry).decode()
+    got = samples(registry)
+    assert "# TYPE garcon_link_gateway_callers_sessions gauge" in text
+    assert got["garcon_link_gateway_callers_calls_total", labels(caller="web-1")] == 10
+    assert got["garcon_link_gateway_callers_calls_total", labels(caller="web-2")] == 20
+    # Past the cap, the rest are summed under "other".
+    assert got["garcon_link_gateway_callers_calls_total", labels(caller=OTHER)] == 70
+    with pytest.raises(ValueError, match="label"):
+        collector.add("x", dict, label="tenant")
+
+
 def test_collector_reads_an_executor_statistics_snapshot_with_outcome_keys() -> None:
     registry = CollectorRegistry()
     collector = StatisticsCollector(registry=registry)

@@ -86,7 +86,9 @@ MAX_NAME_CHARS = 256
 
 @dataclass(slots=True)
 class CallerSnapshot:
-    """One caller as :meth:`Gateway.callers` saw it.
+    """One caller as :meth:`Gateway.callers` saw it (a statistics snapshot:
+    ``StatisticsCollector.add("gateway_callers", gw.callers, label="caller")`` exports it, the
+    caller label capped as the executor label is).
 
     Attributes:
         caller_id: its id (its key file's name).
@@ -98,7 +100,7 @@ class CallerSnapshot:
     """
 
     caller_id: str
-    sessions: int = 0
+    sessions: int = dataclasses.field(default=0, metadata={"metric": "gauge"})
     calls: int = 0
     errors: int = 0
     forbidden: int = 0

@@ -196,6 +196,7 @@ class _Watched:
     source: Source
     executor: str | None
     failed: bool = False
+    label: str = "executor"
 
 
 @dataclasses.dataclass(slots=True)
@@ -236,7 +237,12 @@ class StatisticsCollector(Collector):
             registry.register(self)
 
     def add(
-        self, subsystem: str, source: Source, *, executor: str | None = None
+        self,
+        subsystem: str,
+        source: Source,
+        *,
+        executor: str | None = None,
+        label: str = "executor",
     ) -> Callable[[], None]:
         """Read ``source()`` at every scrape; returns a callable that removes it.
 
@@ -245,10 +251,15 @@ class StatisticsCollector(Collector):
             source: returns a dataclass snapshot, or a mapping of executor id to one (each
                 labelled with its executor).
             executor: the ``executor`` label of a single snapshot (``None``: no label).
+            label: the label's name: ``"executor"``, or ``"caller"`` for a gateway's callers
+                (``collector.add("gateway_callers", gw.callers, label="caller")``); each label
+                name has its own cap of ``max_executors`` values per scrape.
         """
         if not subsystem or _METRIC_NAME.search(subsystem):
             raise ValueError(f"subsystem must be [a-zA-Z0-9_]+, not {subsystem!r}")
-        watched = _Watched(subsystem, source, executor)
+        if label not in ("executor", "caller"):
+            raise ValueError(f"label must be 'executor' or 'caller', not {label!r}")
+        watched = _Watched(subsystem, source, executor, label=label)
         self._sources.append(watched)
 
         def remove() -> None:
@@ -264,7 +275,10 @@ class StatisticsCollector(Collector):
     def collect(self) -> Iterator[Any]:
         """Read every source once and yield one metric family per field."""
         families: dict[str, _Family] = {}
-        executors = _Fold(self._max_executors, 256)
+        folds = {
+            "executor": _Fold(self._max_executors, 256),
+            "caller": _Fold(self._max_executors, 256),
+        }
         for watched in list(self._sources):
             try:
                 snapshot = watched.source()
@@ -279,8 +293,9 @@ class StatisticsCollector(Collector):
                 items = [(str(k), v) for k, v in snapshot.items()]
             else:
                 items = [(watched.executor, snapshot)]
+            fold = folds[watched.label]
             for executor, value in items:
-                labels = {} if executor is None else {"executor": executors(executor, executor)}
+                labels = {} if executor is None else {watched.label: fold(executor, executor)}
                 self._add_fields(families, prefix, value, labels)
         for name, family in families.items():
             yield _build(name, family)
