@@ -22,7 +22,7 @@ bytes``). What is measured, in each arrangement:
    (the median of ``maps`` rounds). Direct, the callers are ``--callers`` tasks sharing the one
    fleet.
 
-Targets (issue 26): the hop adds at most 1.5x to the p50 and keeps at least 0.7x of the direct
+Targets: the hop adds at most 1.5x to the p50 and keeps at least 0.7x of the direct
 calls/s.
 """
 
