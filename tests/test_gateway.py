@@ -560,3 +560,39 @@ async def test_connect_sync_takes_a_caller_config(tmp_path: Path) -> None:
             assert await anyio.to_thread.run_sync(blocking) == ("box-1", [0, 1, 2], "box-1")
             with pytest.raises(gl.ConfigError, match="executor_id"):
                 gl.connect_sync(config)
+
+
+async def test_events_show_a_caller_only_its_executors(tmp_path: Path) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            seen: list[tuple[str, str]] = []
+
+            async def follow() -> None:
+                async for event in web.events():
+                    seen.append((event.kind, event.executor_id))
+
+            async with anyio.create_task_group() as tg, AsyncExitStack() as devices:
+                tg.start_soon(follow)
+                await anyio.sleep(0)  # subscribed
+                await devices.enter_async_context(device(tmp_path, "db-1", gw.url))
+                await devices.enter_async_context(device(tmp_path, "box-1", gw.url))
+                await wait_for(lambda: ("ready", "box-1") in seen, 5, "box-1 ready")
+                await gw.fleet.executor("db-1").wait_ready(10)
+                await web.refresh()
+                await devices.aclose()
+                tg.cancel_scope.cancel()
+            assert ("joined", "box-1") in seen
+            assert not any(executor == "db-1" for _, executor in seen)
+
+
+async def test_an_executor_key_is_no_caller_key(tmp_path: Path) -> None:
+    """The two keyrings are apart: an executor's key does not make its holder a caller."""
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw:
+            secret = enroll(tmp_path / "keys", "web-7")  # an *executor* named like a caller
+            config = gl.CallerConfig(caller_id="web-7", secret=secret, dial=gw.url, limits=LIMITS)
+            async with gl.connect_gateway(config) as fleet:
+                with pytest.raises(gl.AuthenticationError):
+                    await fleet.gateway.wait_ready(5)
+            assert gw.caller_sessions() == {}

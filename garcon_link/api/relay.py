@@ -316,6 +316,7 @@ class GatewayExecutor:
         """As the gateway last reported it."""
         self.since = time.time()
         self._versions: Mapping[str, str] = {}
+        self._session: _RelaySession | None = None
 
     def __repr__(self) -> str:
         return f"<GatewayExecutor {self.executor_id} ({self.availability})>"
@@ -429,12 +430,20 @@ class GatewayExecutor:
         )
 
     async def _rpc_for_call(self, dispatch_deadline: float) -> _RelaySession:
-        return _RelaySession(self, await self._fleet._gateway._rpc_for_call(dispatch_deadline))
+        return self._session_on(await self._fleet._gateway._rpc_for_call(dispatch_deadline))
 
     @property
     def current_rpc(self) -> _RelaySession | None:
         rpc = self._fleet._gateway.current_rpc
-        return _RelaySession(self, rpc) if rpc is not None else None
+        return self._session_on(rpc) if rpc is not None else None
+
+    def _session_on(self, rpc: ExecutorRpc) -> _RelaySession:
+        """One view per gateway session: a keyed retry tells "the same session refused again"
+        (and backs off) by identity."""
+        session = self._session
+        if session is None or session._rpc is not rpc:
+            session = self._session = _RelaySession(self, rpc)
+        return session
 
 
 class GatewayFleet:
