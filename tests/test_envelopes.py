@@ -8,7 +8,12 @@ from typing import Any
 
 import cbor2
 import pytest
+from cbor_strategies import any_item
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from garcon_link.core.wire import argument_items, decode_item
+from garcon_link.errors import MalformedFrame
 from garcon_link.rpc.envelopes import (
     CALL,
     CANCEL,
@@ -36,6 +41,8 @@ from garcon_link.rpc.envelopes import (
     encode_call,
     encode_item,
     encode_part,
+    encode_relayed_call,
+    encode_relayed_notify,
     encode_reply,
     encode_result,
     envelope_head,
@@ -232,3 +239,82 @@ def test_metadata_problem(metadata: object, problem: str | None) -> None:
         assert found is None
     else:
         assert found is not None and problem in found
+
+
+# -- relayed calls: arguments framed, not decoded (a gateway's forward) ---------------------------
+
+_plain = st.recursive(
+    st.one_of(
+        st.integers(-(2**64) + 1, 2**64 - 1),
+        st.text(max_size=8),
+        st.binary(max_size=8),
+        st.floats(allow_nan=False),
+        st.booleans(),
+        st.none(),
+    ),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(st.text(max_size=4), children, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=200)
+@given(
+    args=st.lists(_plain, max_size=4),
+    kwargs=st.dictionaries(st.text(max_size=6), _plain, max_size=3),
+    call_id=st.sampled_from([1, 23, 24, 255, 256, 65536, 2**32, 2**64 - 1]),
+    key=st.one_of(st.none(), st.binary(min_size=1, max_size=8)),
+    metadata=st.one_of(st.none(), st.just({"trace": "t"})),
+    credit=st.sampled_from([(0, 0), (256, 1 << 20)]),
+)
+def test_a_relayed_call_is_byte_for_byte_the_call_it_relays(
+    args: list[Any],
+    kwargs: dict[str, Any],
+    call_id: int,
+    key: bytes | None,
+    metadata: dict[str, str] | None,
+    credit: tuple[int, int],
+) -> None:
+    payload = cbor2.dumps([args, kwargs])
+    arguments = argument_items(payload)
+    assert arguments == payload[1:]
+    relayed = encode_relayed_call(call_id, "svc", "m", arguments, key, metadata, credit)
+    assert relayed == encode_call(call_id, "svc", "m", args, kwargs, *credit, key, metadata)
+    notify = encode_relayed_notify("svc", "m", arguments, metadata)
+    assert notify == encode(Notify("svc", "m", args, kwargs, metadata))
+
+
+@settings(max_examples=300)
+@given(data=st.binary(max_size=64))
+def test_framing_refuses_anything_else_with_malformed_frame_only(data: bytes) -> None:
+    try:
+        arguments = argument_items(data)
+    except MalformedFrame:
+        return
+    # Whatever passes is an array then a map, and nothing after them.
+    assert data[0] == 0x82 and arguments == data[1:]
+
+
+@settings(max_examples=300)
+@given(first=any_item, second=any_item, extra=st.one_of(st.just(b""), any_item))
+def test_hostile_arguments_cannot_change_what_the_relay_writes(
+    first: bytes, second: bytes, extra: bytes
+) -> None:
+    """Whatever a caller puts in its arguments, a relayed call that passes the framing decodes
+    (if it decodes at all) as a call with exactly the id, names, credit, key and metadata the
+    relay wrote: the arguments cannot spill into the fields after them."""
+    payload = b"\x82" + first + second + extra
+    try:
+        arguments = argument_items(payload)
+    except MalformedFrame:
+        return
+    body = encode_relayed_call(7, "svc", "m", arguments, b"k", {"a": "b"}, (3, 4))
+    try:
+        envelope = decode(decode_item(body, 1 << 20))
+    except (MalformedFrame, BadEnvelope):
+        return  # refused by the worker, as any call that does not decode
+    assert isinstance(envelope, Call)
+    assert (envelope.id, envelope.service, envelope.method) == (7, "svc", "m")
+    assert (envelope.credit_items, envelope.credit_bytes) == (3, 4)
+    assert (envelope.key, envelope.metadata) == (b"k", {"a": "b"})

@@ -277,16 +277,20 @@ class Gateway:
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Gateway:
-        await self.fleet.__aenter__()
+        # The callers' link and the task group that serves its sessions come first: the
+        # fleet's listener hands callers to them from its first socket on.
+        self._link.on_session(self._on_session)
+        await self._link.__aenter__()
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
         try:
-            tg = anyio.create_task_group()
-            await tg.__aenter__()
-            self._tg = tg
-            self._link.on_session(self._on_session)
-            await self._link.__aenter__()
+            await self.fleet.__aenter__()
             tg.start_soon(self._watch_fleet)
         except BaseException:
-            await self.fleet.aclose()
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+            await self._link.__aexit__(None, None, None)
             raise
         return self
 
@@ -294,17 +298,19 @@ class Gateway:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close every caller session and the fleet (pending calls fail honestly)."""
+        """Close the fleet and every caller session (pending calls fail honestly)."""
         if self._closed:
             return
         self._closed = True
         try:
-            await self._link.__aexit__(None, None, None)
-        finally:
-            if self._tg is not None:
-                self._tg.cancel_scope.cancel()
-                await self._tg.__aexit__(None, None, None)
             await self.fleet.aclose()
+        finally:
+            try:
+                if self._tg is not None:
+                    self._tg.cancel_scope.cancel()
+                    await self._tg.__aexit__(None, None, None)
+            finally:
+                await self._link.__aexit__(None, None, None)
 
     @property
     def url(self) -> str:
