@@ -86,7 +86,9 @@ RELAY_SERVICE = "gateway"
 """The service a gateway serves its callers."""
 MAX_DESCRIBE_WAIT = 30.0
 """Seconds the gateway waits, at most, for an executor to be ready in one ``describe``."""
-DEFAULT_REFRESH_INTERVAL = 1.0
+DEFAULT_REFRESH_INTERVAL = 5.0
+"""Seconds between two snapshots a caller asks its gateway for: each costs the gateway one
+entry per executor the caller may see."""
 _OK, _FAILED = 1, 2
 
 
