@@ -596,3 +596,35 @@ async def test_an_executor_key_is_no_caller_key(tmp_path: Path) -> None:
                 with pytest.raises(gl.AuthenticationError):
                     await fleet.gateway.wait_ready(5)
             assert gw.caller_sessions() == {}
+
+
+async def test_one_caller_cannot_fill_an_executors_session(tmp_path: Path) -> None:
+    """Per caller and executor, a share of the gateway's session to that executor
+    (max_pending_calls // 4): the excess is refused at the gateway; another caller still gets
+    through to the same executor."""
+    limits = LIMITS.replace(max_pending_calls=8)  # a share of 2
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path, limits=limits) as gw, AsyncExitStack() as stack:
+            _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            greedy = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            other = await stack.enter_async_context(caller(tmp_path, "web-2", gw.url))
+            await greedy.executor("box-1").wait_ready(10)
+            await other.executor("box-1").wait_ready(10)
+            ident = greedy.executor("box-1").service("ident", Ident)
+            refused: list[gl.CallError] = []
+
+            async def one() -> None:
+                try:
+                    await ident.hold(30)
+                except gl.NotDispatched as exc:
+                    refused.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(5):
+                    tg.start_soon(one)
+                await wait_for(lambda: len(refused) == 3, 10, "the excess refused")
+                assert all("its share" in e.message for e in refused)
+                await wait_for(lambda: service.ledger.count("hold") == 2, 10, "two running")
+                served = other.executor("box-1").service("ident", Ident)
+                assert await served.whoami() == "box-1"
+                tg.cancel_scope.cancel()

@@ -37,9 +37,12 @@ A relayed call (``call(executor, service, method, payload, key, timeout)``):
    relay call itself fails only as any call on the caller's session fails.
 
 Bounds: ``max_callers`` sessions; per caller session the worker-side budgets
-(``max_incoming_calls`` relayed calls at once, refusal queues, frame rates); the retention
-budget of the fleet (``max_total_retained_bytes``) shared by both hops' sessions; per-caller
-counters for at most ``max_callers`` callers with a session plus as many without.
+(``max_incoming_calls`` relayed calls at once, refusal queues, frame rates); per caller and
+executor, a share of the gateway's session to that executor (``max_pending_calls // 4`` calls
+and streams in flight; past it ``NotDispatched("OVERLOADED")``, not forwarded), so one caller
+cannot fill an executor's session for the others; the retention budget of the fleet
+(``max_total_retained_bytes``) shared by both hops' sessions; per-caller counters for at most
+``max_callers`` callers with a session plus as many without.
 """
 
 from __future__ import annotations
@@ -145,7 +148,9 @@ class _Relay:
         stats.calls += 1
         stats.bytes += len(payload)
         inner: RemoteStream | None = None
+        share: tuple[str, str] | None = None
         try:
+            share = gateway._take_share(caller, executor)
             inner = await gateway._open_stream(caller, executor, service, method, payload)
             # This generator is pulled only when the caller's credit allows one more item, and
             # the inner stream grants the executor credit only as items are taken from it.
@@ -157,6 +162,8 @@ class _Relay:
                 stats.forbidden += 1
             yield encode_outcome(error=exc)
         finally:
+            if share is not None:
+                gateway._give_share(share)
             if inner is not None:
                 await inner.aclose()
 
@@ -262,6 +269,9 @@ class Gateway:
         self._sessions: dict[int, tuple[str, SessionTransport]] = {}  # id(transport) -> caller
         self._stats: dict[str, CallerSnapshot] = {}
         self._bindings: dict[str, _Bindings] = {}  # by caller
+        # (caller, executor) -> calls and streams in flight (only those above zero).
+        self._in_flight: dict[tuple[str, str], int] = {}
+        self._share = max(1, self.limits.max_pending_calls // 4)
         self._changed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
@@ -491,6 +501,48 @@ class Gateway:
         if key is not None and (why := key_problem(key)) is not None:
             raise Rejected("INVALID_ARGUMENTS", why)
         member = self._connected(executor)
+        share = self._take_share(caller, executor)
+        try:
+            return await self._forward_to(
+                caller, member, executor, service, method, arguments, key, timeout
+            )
+        finally:
+            self._give_share(share)
+
+    def _take_share(self, caller: str, executor: str) -> tuple[str, str]:
+        """Count one more call or stream of ``caller`` in flight to ``executor``, within its
+        share: a quarter of the gateway's session to that executor (``max_pending_calls // 4``),
+        so one caller cannot fill it for the others."""
+        share = (caller, executor)
+        held = self._in_flight.get(share, 0)
+        if held >= self._share:
+            raise NotDispatched(
+                "OVERLOADED",
+                f"caller {caller!r} has {held} calls in flight to executor {peer_text(executor)}, "
+                f"its share of the gateway's session to it (max_pending_calls // 4 = "
+                f"{self._share}); nothing was forwarded",
+            )
+        self._in_flight[share] = held + 1
+        return share
+
+    def _give_share(self, share: tuple[str, str]) -> None:
+        held = self._in_flight.get(share, 0) - 1
+        if held > 0:
+            self._in_flight[share] = held
+        else:
+            self._in_flight.pop(share, None)
+
+    async def _forward_to(
+        self,
+        caller: str,
+        member: RemoteExecutor,
+        executor: str,
+        service: str,
+        method: str,
+        arguments: bytes,
+        key: bytes | None,
+        timeout: float | None,
+    ) -> Any:
         rpc = await member._rpc_for_call(self.limits.dispatch_deadline)
         timeout = self.limits.call_timeout if timeout is None else timeout
         runtime, state = rpc.transport.peer_runtime, rpc.peer_state_id
