@@ -628,3 +628,57 @@ async def test_one_caller_cannot_fill_an_executors_session(tmp_path: Path) -> No
                 served = other.executor("box-1").service("ident", Ident)
                 assert await served.whoami() == "box-1"
                 tg.cancel_scope.cancel()
+
+
+async def test_one_trace_runs_from_caller_through_gateway_to_worker(tmp_path: Path) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from garcon_link.contrib.otel import OpenTelemetryHook
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    hook = OpenTelemetryHook(tracer_provider=provider)
+    keys, callers = tmp_path / "keys", tmp_path / "callers"
+    for directory in (keys, callers):
+        directory.mkdir(mode=0o700)
+    config = gl.GatewayConfig(
+        fleet=gl.FleetConfig(listen=("127.0.0.1", 0), keyring=keys, limits=LIMITS),
+        callers=gl.CallersConfig(keyring=callers, grants=GRANTS),
+    )
+    with anyio.fail_after(DEADLINE):
+        async with gl.gateway(config, hooks=[hook]) as gw, AsyncExitStack() as stack:
+            worker_config = gl.LinkConfig(
+                executor_id="box-1",
+                role=gl.Role.WORKER,
+                secret=enroll(keys, "box-1"),
+                dial=gw.url,
+                limits=LIMITS,
+            )
+            await stack.enter_async_context(
+                gl.Worker(worker_config, {"ident": IdentService("box-1")}, hooks=[hook])
+            )
+            web = await stack.enter_async_context(
+                gl.connect_gateway(caller_config(tmp_path, "web-1", gw.url), hooks=[hook])
+            )
+            await web.executor("box-1").wait_ready(10)
+            exporter.clear()
+            assert await web.executor("box-1").service("ident", Ident).whoami() == "box-1"
+            await wait_for(lambda: len(exporter.get_finished_spans()) >= 4, 5, "four spans")
+    by_name: dict[str, list[Any]] = {}
+    for span in exporter.get_finished_spans():
+        by_name.setdefault(span.name, []).append(span)
+    caller_span = next(
+        s for s in by_name["ident/whoami"] if s.kind.name == "CLIENT" and s.parent is None
+    )
+    relay_span = by_name["gateway/call"][0]
+    forward = next(
+        s for s in by_name["ident/whoami"] if s.kind.name == "CLIENT" and s.parent is not None
+    )
+    worker_span = next(s for s in by_name["ident/whoami"] if s.kind.name == "SERVER")
+    assert relay_span.parent.span_id == caller_span.context.span_id
+    assert forward.parent.span_id == relay_span.context.span_id
+    assert worker_span.parent.span_id == forward.context.span_id
+    assert len({s.context.trace_id for s in exporter.get_finished_spans()}) == 1

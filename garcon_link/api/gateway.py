@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import logging
 import math
 import os
@@ -68,7 +69,8 @@ from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..rpc.hooks import CallHook, call_metadata
 from ..rpc.idempotency import key_problem
-from ..rpc.interface import contract_hash
+from ..rpc.interface import MethodKind, MethodSpec, contract_hash
+from ..rpc.observer import CallObserver
 from ..rpc.rpc import ExecutorRpc, RemoteStream, current_rpc
 from ..settings.callers import GatewayConfig
 from ..settings.grants import Grant, allows, sees
@@ -233,7 +235,9 @@ class Gateway:
     Args:
         config: a :class:`~garcon_link.GatewayConfig` (``gl.load_gateway_config``).
         limits: overrides the config's limits.
-        hooks: per-call hooks given to every executor of the fleet (the forwarded calls).
+        hooks: per-call hooks: told about every relay call a caller makes (server side) and
+            every call forwarded to an executor (client side), so a tracing hook chains caller,
+            gateway and worker spans in one trace.
 
     Attributes:
         fleet: the :class:`~garcon_link.Fleet` of executors (its ``executors()``, ``events()``
@@ -253,6 +257,9 @@ class Gateway:
         self.config = config
         self.limits = limits or config.limits
         self.fleet = Fleet(config.fleet, limits=self.limits, hooks=hooks)
+        # The relay calls' outcome point on the callers' side (server hooks: a tracing hook's
+        # span per relay call, the parent of the forwarded call's client span).
+        self._observer = CallObserver(hooks, self.limits)
         callers = config.callers
         self.grants: tuple[Grant, ...] = callers.grants
         self._keyring = Keyring(callers.keyring)
@@ -351,7 +358,14 @@ class Gateway:
                 "contract": contract_hash(manifest),
             }
 
-        rpc = ExecutorRpc(transport, self._registry, self.limits, describe=describe, peer="caller")
+        rpc = ExecutorRpc(
+            transport,
+            self._registry,
+            self.limits,
+            describe=describe,
+            peer="caller",
+            observer=self._observer,
+        )
         self._sessions[id(transport)] = (caller, transport)
         self._stats_of(caller).sessions += 1
         log.info(
@@ -551,14 +565,23 @@ class Gateway:
             self._bindings_of(caller).check(slot, runtime, state)
         metadata: Mapping[str, str] = call_metadata()
         member.calls += 1
-        try:
-            value = await rpc.call_relayed(
+
+        async def attempt(sent: Mapping[str, str] | None) -> Any:
+            return await rpc.call_relayed(
                 service,
                 method,
                 arguments,
                 timeout=timeout,
                 idempotency_key=key,
-                metadata=dict(metadata) if metadata else None,
+                metadata=dict(sent) if sent else None,
+            )
+
+        try:
+            # The executor's outcome point: its counters, and the gateway's hooks (a tracing
+            # hook's client span is the child of the relay call's server span, and its context
+            # replaces the caller's in the metadata forwarded).
+            value = await member._observer.call(
+                service, _relayed_spec(method), dict(metadata) or None, attempt
             )
         except CallError as exc:
             if counts_as_error(exc):
@@ -627,6 +650,16 @@ class _Bindings:
 
     def release(self, slot: tuple[str, str, str, bytes]) -> None:
         self._held.pop(slot, None)
+
+
+def _relayed_spec(method: str) -> MethodSpec:
+    """What the gateway's hooks are told a forwarded call is: ``method``, unary, untyped."""
+    return MethodSpec(
+        name=method, kind=MethodKind.UNARY, signature=_NO_SIGNATURE, hints={}, result=Any
+    )
+
+
+_NO_SIGNATURE = inspect.Signature()
 
 
 def gateway(
