@@ -21,6 +21,9 @@ bytes``). What is measured, in each arrangement:
    one echo over every executor, all callers at once; the figure is the wall time of one round
    (the median of ``maps`` rounds). Direct, the callers are ``--callers`` tasks sharing the one
    fleet.
+4. **flood** (gateway only): a caller enrolled but granted nothing keeps 64 calls in flight
+   (each refused ``FORBIDDEN``) while a granted caller makes ``calls`` sequential calls: their
+   p99 against the same caller's idle p99 (target: at most 5x).
 
 Targets: the hop adds at most 1.5x to the p50 and keeps at least 0.7x of the direct
 calls/s.
@@ -48,6 +51,7 @@ from garcon_link.settings.secrets import read_secret_file, write_secret_file
 
 P50_FACTOR_TARGET = 1.5
 THROUGHPUT_RATIO_TARGET = 0.7
+FLOOD_P99_FACTOR_TARGET = 5.0
 PAYLOAD = b"x" * 32
 
 
@@ -175,6 +179,39 @@ async def _measure(
     return out
 
 
+async def _flooded(
+    fleet: gl.GatewayFleet, flooder: gl.GatewayFleet, args: argparse.Namespace
+) -> dict[str, float]:
+    """A caller without a grant floods the gateway (64 calls in flight, each refused
+    ``FORBIDDEN``) while a granted one makes sequential calls: their p99 against the idle p99."""
+    ident = fleet.executor(executor_id(0)).service("ident", Ident)
+    refused = flooder.executor(executor_id(0)).service("ident", Ident)
+    idle = await _latency(lambda: ident.echo(PAYLOAD), args.calls)
+    stop = False
+    flooded = 0
+
+    async def lane() -> None:
+        nonlocal flooded
+        while not stop:
+            try:
+                await refused.echo(PAYLOAD)
+            except gl.Rejected:
+                flooded += 1
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(64):
+            tg.start_soon(lane)
+        await anyio.sleep(0.2)
+        during = await _latency(lambda: ident.echo(PAYLOAD), args.calls)
+        stop = True
+    return {
+        "flood_idle_p99_us": idle["p99_us"],
+        "flood_p99_us": during["p99_us"],
+        "flood_p99_factor": during["p99_us"] / idle["p99_us"],
+        "flood_refused": float(flooded),
+    }
+
+
 async def _direct(root: Path, args: argparse.Namespace) -> dict[str, float]:
     config = gl.FleetConfig(listen=("127.0.0.1", 0), keyring=root / "keys")
     async with gl.fleet(config) as fleet, _workers(fleet.url, root / "keys", args.executors):
@@ -185,7 +222,8 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
     config = root / "gateway.toml"
     config.write_text(
         'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
-        '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["*"]\nexecutors = ["*"]\n',
+        '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["bench-*"]\n'
+        'executors = ["*"]\n',
         encoding="utf-8",
     )
     command = [sys.executable, "-m", "garcon_link.cli", "gateway", str(config), "--json"]
@@ -207,7 +245,16 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
                 )
                 fleets.append(await stack.enter_async_context(gl.connect_gateway(caller)))
             await fleets[0].gateway.wait_ready(60)
-            return await _measure(fleets[0].executor, fleets, args)
+            out = await _measure(fleets[0].executor, fleets, args)
+            intruder = gl.CallerConfig(
+                caller_id="intruder",
+                secret=read_secret_file(root / "callers" / "intruder.secret"),
+                dial=url,
+            )
+            flooder = await stack.enter_async_context(gl.connect_gateway(intruder))
+            await flooder.gateway.wait_ready(60)
+            out.update(await _flooded(fleets[0], flooder, args))
+            return out
     finally:
         gateway.kill()
         await gateway.wait()
@@ -223,12 +270,14 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             write_secret_file(root / "keys" / f"{executor_id(index)}.secret")
         for number in range(args.callers):
             write_secret_file(root / "callers" / f"bench-{number}.secret")
+        write_secret_file(root / "callers" / "intruder.secret")  # enrolled, granted nothing
         direct = await _direct(root, args)
         relayed = await _through_gateway(root, args)
     ratios = {
         "p50_factor": relayed["p50_us"] / direct["p50_us"],
         "calls_per_s_ratio": relayed["calls_per_s_64"] / direct["calls_per_s_64"],
         "map_factor": relayed["map_s"] / direct["map_s"],
+        "flood_p99_factor": relayed["flood_p99_factor"],
     }
     return {
         "settings": vars(args),
@@ -238,6 +287,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         "targets": {
             "p50_factor_at_most": P50_FACTOR_TARGET,
             "calls_per_s_ratio_at_least": THROUGHPUT_RATIO_TARGET,
+            "flood_p99_factor_at_most": FLOOD_P99_FACTOR_TARGET,
         },
         "met": ratios["p50_factor"] <= P50_FACTOR_TARGET
         and ratios["calls_per_s_ratio"] >= THROUGHPUT_RATIO_TARGET,
@@ -283,6 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'map, all callers (s)':<22}{d['map_s']:>12.3f}{g['map_s']:>12.3f}"
         f"{r['map_factor']:>9.2f}",
+        file=sys.stderr,
+    )
+    print(
+        f"ungranted flood: p99 {g['flood_idle_p99_us']:.0f} -> {g['flood_p99_us']:.0f} us "
+        f"({r['flood_p99_factor']:.2f}x; {g['flood_refused']:.0f} calls refused FORBIDDEN)",
         file=sys.stderr,
     )
     return 0

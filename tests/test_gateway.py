@@ -682,3 +682,36 @@ async def test_one_trace_runs_from_caller_through_gateway_to_worker(tmp_path: Pa
     assert forward.parent.span_id == relay_span.context.span_id
     assert worker_span.parent.span_id == forward.context.span_id
     assert len({s.context.trace_id for s in exporter.get_finished_spans()}) == 1
+
+
+async def test_a_caller_flooding_forbidden_calls_slows_itself_down(tmp_path: Path) -> None:
+    """Past its allowance (a burst of FORBIDDEN_BURST, then FORBIDDEN_RATE a second), a
+    caller's FORBIDDEN answers wait, up to FORBIDDEN_MAX_DELAY: 200 at once take at least about
+    a second to be answered (without the pause: a few milliseconds each); each still FORBIDDEN."""
+    from garcon_link.api.gateway import FORBIDDEN_BURST, FORBIDDEN_MAX_DELAY
+
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            await web.executor("box-1").wait_ready(10)
+            ungranted = web.executor("db-1").service("ident", Ident)  # no grant for db-*
+            codes: list[str] = []
+
+            async def one() -> None:
+                try:
+                    await ungranted.whoami()
+                except gl.Rejected as exc:
+                    codes.append(exc.code)
+
+            started = anyio.current_time()
+            async with anyio.create_task_group() as tg:
+                for _ in range(int(FORBIDDEN_BURST) * 2):
+                    tg.start_soon(one)
+            elapsed = anyio.current_time() - started
+            assert codes == ["FORBIDDEN"] * int(FORBIDDEN_BURST) * 2
+            assert elapsed >= FORBIDDEN_MAX_DELAY * 0.8, elapsed
+            assert service.ledger == []
+            # Another caller is not held back by it.
+            other = await stack.enter_async_context(caller(tmp_path, "web-2", gw.url))
+            assert await other.executor("box-1").service("ident", Ident).whoami() == "box-1"

@@ -40,7 +40,9 @@ Bounds: ``max_callers`` sessions; per caller session the worker-side budgets
 (``max_incoming_calls`` relayed calls at once, refusal queues, frame rates); per caller and
 executor, a share of the gateway's session to that executor (``max_pending_calls // 4`` calls
 and streams in flight; past it ``NotDispatched("OVERLOADED")``, not forwarded), so one caller
-cannot fill an executor's session for the others; the retention budget of the fleet
+cannot fill an executor's session for the others; ``FORBIDDEN`` answers past a caller's
+allowance (:data:`FORBIDDEN_RATE`, :data:`FORBIDDEN_BURST`) wait their turn, so a caller
+flooding what it may not call slows itself, not the gateway; the retention budget of the fleet
 (``max_total_retained_bytes``) shared by both hops' sessions; per-caller counters for at most
 ``max_callers`` callers with a session plus as many without.
 """
@@ -87,6 +89,12 @@ log = logging.getLogger("garcon_link.gateway")  # the name users configure (READ
 
 MAX_NAME_CHARS = 256
 """The longest service or method name a relayed request may carry."""
+FORBIDDEN_RATE = 50.0
+"""``FORBIDDEN`` answers per second a caller gets at once (after a burst of
+:data:`FORBIDDEN_BURST`); past it each waits its turn (:meth:`Gateway._failed`)."""
+FORBIDDEN_BURST = 100.0
+FORBIDDEN_MAX_DELAY = 1.0
+"""The longest pause before a ``FORBIDDEN`` answer."""
 
 
 @dataclass(slots=True)
@@ -135,9 +143,7 @@ class _Relay:
         try:
             value = await gateway._forward(caller, executor, service, method, payload, key, timeout)
         except CallError as exc:
-            stats.errors += 1
-            if exc.code == "FORBIDDEN":
-                stats.forbidden += 1
+            await gateway._failed(caller, exc)
             return encode_outcome(error=exc)
         return encode_outcome(value)
 
@@ -159,9 +165,7 @@ class _Relay:
             async for value in inner:
                 yield encode_outcome(value)
         except CallError as exc:
-            stats.errors += 1
-            if exc.code == "FORBIDDEN":
-                stats.forbidden += 1
+            await gateway._failed(caller, exc)
             yield encode_outcome(error=exc)
         finally:
             if share is not None:
@@ -182,9 +186,7 @@ class _Relay:
             metadata = call_metadata()
             await rpc.notify_relayed(service, method, arguments, dict(metadata) or None)
         except CallError as exc:  # a notification has no reply: counted and logged
-            stats.errors += 1
-            if exc.code == "FORBIDDEN":
-                stats.forbidden += 1
+            await gateway._failed(caller, exc)
             gateway._log.log(
                 caller,
                 f"notify {exc.code}",
@@ -201,8 +203,7 @@ class _Relay:
         try:
             gateway._check_visible(caller, executor)
         except Rejected as exc:
-            if exc.code == "FORBIDDEN":
-                gateway._stats_of(caller).forbidden += 1
+            await gateway._failed(caller, exc, counted=False)
             raise
         wait = min(max(wait, 0.0), MAX_DESCRIBE_WAIT) if math.isfinite(wait) else 0.0
         deadline = anyio.current_time() + wait
@@ -278,6 +279,8 @@ class Gateway:
         self._bindings: dict[str, _Bindings] = {}  # by caller
         # (caller, executor) -> calls and streams in flight (only those above zero).
         self._in_flight: dict[tuple[str, str], int] = {}
+        # caller -> (FORBIDDEN allowance left, when it was last counted): _failed().
+        self._forbidden: dict[str, tuple[float, float]] = {}
         self._share = max(1, self.limits.max_pending_calls // 4)
         self._changed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -411,6 +414,27 @@ class Gateway:
                         break
             stats = self._stats[caller] = CallerSnapshot(caller)
         return stats
+
+    async def _failed(self, caller: str, exc: CallError, *, counted: bool = True) -> None:
+        """Count a relayed request's failure; a ``FORBIDDEN`` one past the caller's allowance
+        (:data:`FORBIDDEN_RATE` per second, bursts of :data:`FORBIDDEN_BURST`) is answered
+        only after a pause, up to :data:`FORBIDDEN_MAX_DELAY`: a caller that keeps asking for
+        what it may not have holds its own handler slots (``max_incoming_calls``) and slows
+        itself down, not the gateway. The answer is the same, only later."""
+        stats = self._stats_of(caller)
+        if counted:
+            stats.errors += 1
+        if exc.code != "FORBIDDEN":
+            return
+        stats.forbidden += 1
+        now = anyio.current_time()
+        tokens, since = self._forbidden.get(caller, (FORBIDDEN_BURST, now))
+        tokens = min(FORBIDDEN_BURST, tokens + (now - since) * FORBIDDEN_RATE) - 1
+        if len(self._forbidden) >= 2 * self._max_callers and caller not in self._forbidden:
+            self._forbidden.pop(next(iter(self._forbidden)))
+        self._forbidden[caller] = (max(tokens, -FORBIDDEN_RATE * FORBIDDEN_MAX_DELAY), now)
+        if tokens < 0:
+            await anyio.sleep(min(-tokens / FORBIDDEN_RATE, FORBIDDEN_MAX_DELAY))
 
     def callers(self) -> dict[str, CallerSnapshot]:
         """Every caller with a session now or lately, by id (copies)."""
