@@ -32,9 +32,11 @@ endif
 # or BENCH_ARGS='--only floor,ours --repetitions 3'.
 BENCH_ARGS ?=
 
-# `make soak`: the chaos soak (tests/soak/test_chaos.py), plain and keyed, SOAK_MINUTES each, once
-# per seed of SOAK_SEEDS (a seed replays a fault schedule; none: one run with a fresh seed, which
-# the soak prints), e.g. make soak SOAK_MINUTES=15 SOAK_SEEDS='2789515527 17'.
+# `make soak`: the chaos soak (tests/soak/test_chaos.py), plain and keyed, and the kill soak
+# (tests/soak/test_kill_soak.py: a worker SIGKILLed and restarted on its state directory),
+# SOAK_MINUTES each, once per seed of SOAK_SEEDS (a seed replays a fault or kill schedule; none:
+# the chaos soak draws a fresh seed and the kill soak uses its fixed one, each printed), e.g.
+# make soak SOAK_MINUTES=15 SOAK_SEEDS='2789515527 17'.
 SOAK_MINUTES ?= 5
 SOAK_SEEDS ?=
 
@@ -125,9 +127,10 @@ soak: $(VENV)/.installed-test
 	@status=0; \
 	for seed in $(or $(strip $(SOAK_SEEDS)),fresh); do \
 	  if [ "$$seed" = fresh ]; then unset GARCON_SOAK_SEED; else export GARCON_SOAK_SEED=$$seed; fi; \
-	  echo "== chaos soak: $(SOAK_MINUTES) min per mode, seed $$seed"; \
-	  $(BIN)/python -m pytest -q -s tests/soak/test_chaos.py --soak-minutes $(SOAK_MINUTES) \
-	    || { echo "== chaos soak FAILED: seed $$seed"; status=1; }; \
+	  echo "== chaos and kill soaks: $(SOAK_MINUTES) min per mode, seed $$seed"; \
+	  $(BIN)/python -m pytest -q -s tests/soak/test_chaos.py tests/soak/test_kill_soak.py \
+	    --soak-minutes $(SOAK_MINUTES) \
+	    || { echo "== a soak FAILED: seed $$seed"; status=1; }; \
 	done; \
 	exit $$status
 
