@@ -89,7 +89,7 @@ def test_installs_are_visible_to_type_checkers() -> None:
     makefile = (root / "Makefile").read_text("utf-8")
     assert "EDITABLE := --config-settings editable_mode=compat" in makefile
     installs = [line for line in makefile.splitlines() if "pip install" in line and " -e " in line]
-    assert len(installs) == 4  # .installed, -test, -bench and its fallback
+    assert len(installs) == 5  # .installed, -test, -docs, -bench and its fallback
     assert all("$(EDITABLE) -e " in line for line in installs), installs
     tutorial = TUTORIAL.read_text("utf-8")
     editable = [line for line in tutorial.splitlines() if "pip install" in line and "-e ." in line]
