@@ -62,9 +62,11 @@ def on_config(config: Any) -> Any:
 
 
 _ROLE = re.compile(r":(?:class|func|meth|data|attr|mod|exc|obj):(?=<code>)")
+_SHORT = re.compile(r"<code>~(?:[\w.]*\.)?(\w+)</code>")
 
 
 def on_page_content(html: str, **_: Any) -> str:
     """Docstrings cite names with Sphinx roles (``:class:`Limits```), which Markdown renders as
-    ``:class:`` before the code span: drop the role, keep the code."""
-    return _ROLE.sub("", html)
+    ``:class:`` before the code span: drop the role, keep the code; a ``~`` path shows its
+    last name, as Sphinx does (``:meth:`~a.B.c``` reads ``c``)."""
+    return _SHORT.sub(r"<code>\1</code>", _ROLE.sub("", html))
