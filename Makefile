@@ -40,7 +40,7 @@ BENCH_ARGS ?=
 SOAK_MINUTES ?= 5
 SOAK_SEEDS ?=
 
-.PHONY: demo test quick lint typecheck unit unit-py verify soak bench bench-venv clean
+.PHONY: demo test quick lint typecheck unit unit-py docs verify soak bench bench-venv clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
@@ -51,8 +51,13 @@ $(VENV)/.installed: pyproject.toml Makefile $(VERSION_FILE) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(EDITABLE) -e .
 	@touch $@
 
+# The test extra and the docs extra in one pip run: `make test` also builds the site.
 $(VENV)/.installed-test: pyproject.toml Makefile $(VERSION_FILE) | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[test]'
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[test,docs]'
+	@touch $@ $(VENV)/.installed $(VENV)/.installed-docs
+
+$(VENV)/.installed-docs: pyproject.toml Makefile $(VERSION_FILE) | $(BIN)/python
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[docs]'
 	@touch $@ $(VENV)/.installed
 
 # The peers (bench extra) and uvloop (fast extra); a peer that does not install under this
@@ -103,14 +108,25 @@ unit-py:
 	$(MAKE) unit PYTHON='$(PY)' \
 		VENV=.venv-$$('$(PY)' -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
-# lint first (seconds); then mypy runs alongside the tests (it needs about one core for under a
-# minute, while the tests wait on sockets and timers), its output printed after theirs.
+# lint first (seconds); then mypy and, after it, the documentation site's strict build run
+# alongside the tests (one core for about a minute in all, while the tests wait on sockets and
+# timers), their output printed after the tests'.
 test: lint
-	@out=$$(mktemp); \
-	$(MAKE) --no-print-directory typecheck > "$$out" 2>&1 & typecheck=$$!; \
+	@out=$$(mktemp); site=$$(mktemp); \
+	{ $(MAKE) --no-print-directory typecheck > "$$out" 2>&1; echo $$? > "$$out.status"; \
+	  $(MAKE) --no-print-directory docs > "$$site" 2>&1; } & checks=$$!; \
 	$(MAKE) --no-print-directory unit; unit=$$?; \
-	wait $$typecheck; status=$$?; cat "$$out"; rm -f "$$out"; \
-	test $$unit = 0 && test $$status = 0
+	wait $$checks; docs=$$?; status=$$(cat "$$out.status"); cat "$$out"; \
+	if test $$docs = 0; then echo "docs: the site builds (make docs)"; \
+	else cat "$$site"; echo "docs: the site does not build in strict mode (make docs)"; fi; \
+	rm -f "$$out" "$$out.status" "$$site"; \
+	test $$unit = 0 && test $$status = 0 && test $$docs = 0
+
+# The documentation site, from docs/ and the docstrings (mkdocs.yml), into site/; strict: a
+# warning (a broken link or anchor, a docstring griffe cannot read) fails the build.
+# NO_MKDOCS_2_WARNING: mkdocs-material's banner about its successor, printed on every build.
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The fast loop while editing: the tests without the soak and those marked `slow` (the demo, the
 # examples, end-to-end runs of child processes); no lint or typecheck. `make test` runs them all.
@@ -156,4 +172,4 @@ bench:
 	"$$first" -m benchmarks $$pythons $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-3.* build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-3.* build site *.egg-info .mypy_cache .pytest_cache .ruff_cache

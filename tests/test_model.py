@@ -33,7 +33,7 @@ def test_the_ci_bound_has_no_counterexample(capsys: pytest.CaptureFixture[str]) 
     result = explore(CI)
     report(capsys, result.summary())
     assert result.counterexample is None, result.counterexample.render()
-    # The exploration really happened at the size the README states (a model that silently
+    # The exploration really happened at the size the guarantees page states (a model that silently
     # stopped exploring would pass the line above).
     assert result.states > 20_000, result.summary()
     assert result.healed_states > 5_000, result.summary()

@@ -34,7 +34,7 @@ __all__ = ["Endpoint", "ExecutorStatistics", "SessionTotals", "link_from_config"
 @dataclass(frozen=True, slots=True)
 class ExecutorStatistics:
     """A snapshot of one endpoint (:meth:`RemoteExecutor.statistics`, :meth:`Worker.statistics`):
-    its calls, its sessions, its link. README "Operating it" lists what each field means.
+    its calls, its sessions, its link. docs/reference/statistics.md lists what each field means.
 
     Counters (``calls``, ``*_peak``, ``sessions``, ``replays``, ``replayed_frames``) cover the
     endpoint's lifetime, across session replacements; ``pending_calls``, ``incoming_calls``,

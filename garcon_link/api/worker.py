@@ -75,13 +75,13 @@ class Worker(Endpoint):
     Args:
         config: the worker's configuration (listen or dial).
         services: name -> object (or :class:`Service`), or a per-session scope factory.
+        limits: overrides ``config.limits``.
         on_event: receives one ``key=value`` diagnostic line per event (``executor-listening``,
             ``executor-ready``); the CLI prints them.
         drain: seconds :meth:`aclose` (and so leaving ``async with``) drains before it closes
             (module docstring); 0, the default, closes at once. A block left because its
             enclosing scope was cancelled has had its tasks cancelled too: no drain then
             (:func:`serve` drains on cancellation).
-        controller_services: not used by the worker itself; see :func:`garcon_link.peer`.
         hooks: per-call hooks (:mod:`garcon_link.rpc.hooks`), run around every handler this worker
             runs (and every call back it makes through :func:`peer`).
         state_dir: the state directory (default: the config's ``state_dir``; None keeps keyed
