@@ -125,6 +125,7 @@ test: lint
 # The documentation site, from docs/ and the docstrings (mkdocs.yml), into site/; strict: a
 # warning (a broken link or anchor, a docstring griffe cannot read) fails the build.
 # NO_MKDOCS_2_WARNING: mkdocs-material's banner about its successor, printed on every build.
+# No --quiet: it hides the warnings that --strict turns into the failure being looked for.
 docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
