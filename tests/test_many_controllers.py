@@ -11,6 +11,7 @@ holder answers, newest wins once it does not).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import subprocess
 import sys
@@ -21,10 +22,12 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+from faultutil import TESTS_DIR, kill_and_reap, wait_for
 from rpcutil import Calc, CalcImpl
 
 import garcon_link as gl
-from garcon_link.services import ProcessService, builtin_services
+from garcon_link.services import builtin_services
 
 pytestmark = pytest.mark.anyio
 
@@ -97,8 +100,54 @@ async def _hosted(
         await stop.wait()
 
 
-def _call_subprocess(directory: Path, url: str) -> subprocess.CompletedProcess[str]:
-    """``garcon-link call`` as a user runs it: its own process, so its own controller."""
+class Child:
+    """One controller child process and its line protocol (tests/controller_child.py)."""
+
+    def __init__(self, process: anyio.abc.Process) -> None:
+        assert process.stdin is not None and process.stdout is not None
+        self.process = process
+        self._out = BufferedByteReceiveStream(process.stdout)
+        self.runtime = ""
+
+    async def line(self) -> str:
+        with anyio.fail_after(20):
+            return (await self._out.receive_until(b"\n", 1 << 20)).decode()
+
+    async def ready(self) -> None:
+        first = await self.line()
+        assert first.startswith("READY "), first
+        self.runtime = first.split()[1]
+
+    async def ask(self, command: str) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        await self.process.stdin.send(command.encode() + b"\n")
+        answer: dict[str, Any] = json.loads(await self.line())
+        assert "error" not in answer, answer
+        return answer
+
+
+@contextlib.asynccontextmanager
+async def _children(
+    directory: Path, url: str, count: int, backend: str, controller_id: str = ""
+) -> AsyncIterator[list[Child]]:
+    """``count`` controller processes (with ``controller_id``, if any), each ready (started at
+    once, so they connect side by side); killed and reaped on the way out."""
+    secret = directory / "child.secret"
+    secret.write_bytes(SECRET.reveal())
+    async with contextlib.AsyncExitStack() as stack:
+        children = []
+        for _ in range(count):
+            command = [sys.executable, str(TESTS_DIR / "controller_child.py"), url, str(secret)]
+            command += [backend, controller_id]
+            process = await anyio.open_process(command, stderr=subprocess.DEVNULL)
+            stack.push_async_callback(kill_and_reap, process)
+            children.append(Child(process))
+        for child in children:
+            await child.ready()
+        yield children
+
+
+def _cli_config(directory: Path, url: str) -> Path:
     (directory / "link.secret").write_bytes(SECRET.reveal())
     (directory / "link.secret").chmod(0o600)
     config = directory / "controller.toml"
@@ -107,59 +156,65 @@ def _call_subprocess(directory: Path, url: str) -> subprocess.CompletedProcess[s
         f'[connection]\ndial = "{url}"\n',
         encoding="utf-8",
     )
-    return subprocess.run(
-        [*CLI, "call", str(config), "calc.add", "[2, 3]"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    return config
 
 
-async def test_a_worker_serves_eight_controllers_and_the_cli_at_once(
+async def _cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """``garcon-link ARGS`` as a user runs it: its own process, so its own controller."""
+    with anyio.fail_after(30):
+        return await anyio.run_process([*CLI, *args], check=False, stdin=subprocess.DEVNULL)
+
+
+async def test_a_worker_serves_eight_controller_processes_and_the_cli_at_once(
     anyio_backend: str, tmp_path: Path
 ) -> None:
+    """The acceptance of several controllers: 8 controller processes and the CLI (``call`` and
+    ``describe``, two more processes) use one worker at once -- calls, streams, and a process
+    one controller starts is listed by every other (the process service is the worker's)."""
     impl = CalcImpl()
     root = tmp_path / "root"
     root.mkdir()
     with anyio.fail_after(60):
         async with (
             gl.Worker(_worker_config(), _services(root, impl)) as worker,
-            _controllers(worker.url, 8) as executors,
+            _children(tmp_path, worker.url, 8, anyio_backend) as children,
         ):
-            for executor in executors:
-                await executor.wait_ready(timeout=10)
-            assert len(worker.controllers()) == 8
-            results: dict[int, tuple[int, list[int]]] = {}
+            assert sorted(worker.controllers()) == sorted(c.runtime for c in children)
+            config = str(_cli_config(tmp_path, worker.url))
+            results: dict[int, dict[str, Any]] = {}
+            cli: dict[str, subprocess.CompletedProcess[bytes]] = {}
 
-            async def use(i: int, executor: gl.RemoteExecutor) -> None:
-                calc = executor.service("calc", Calc)
-                total = await calc.add(i, 100)
-                results[i] = (total, [x async for x in calc.count(3 + i)])
+            async def use(i: int, child: Child) -> None:
+                results[i] = await child.ask(f"use {i}")
+                await child.ask(f"start shared-{i}")
+
+            async def run_cli(name: str, *args: str) -> None:
+                cli[name] = await _cli(*args)
 
             async with anyio.create_task_group() as tg:
-                for i, executor in enumerate(executors):
-                    tg.start_soon(use, i, executor)
-            assert results == {i: (i + 100, list(range(3 + i))) for i in range(8)}
+                tg.start_soon(run_cli, "call", "call", config, "calc.add", "[2, 3]")
+                tg.start_soon(run_cli, "describe", "describe", config)
+                for i, child in enumerate(children):
+                    tg.start_soon(use, i, child)
+            assert results == {i: {"add": i + 100, "count": list(range(3 + i))} for i in range(8)}
+            assert (cli["call"].returncode, cli["call"].stdout) == (0, b"5\n"), cli["call"]
+            assert cli["describe"].returncode == 0, cli["describe"]
+            assert b"calc.add" in cli["describe"].stdout, cli["describe"].stdout
 
-            # A process started by one controller is found by another: the process
-            # service is the worker's, shared by every controller's session.
-            first = executors[0].service("process", ProcessService)
-            await first.start([sys.executable, "-c", "pass"], id="shared-1")
-            last = executors[-1].service("process", ProcessService)
-            assert "shared-1" in [info.id for info in await last.list()]
-
-            # A ninth controller, in another process, while the eight stay attached.
-            done = await anyio.to_thread.run_sync(_call_subprocess, tmp_path, worker.url)
-            assert (done.returncode, done.stdout) == (0, "5\n"), done.stderr
+            # Every process started by one controller is in every controller's list.
+            started = sorted(f"shared-{i}" for i in range(8))
+            for child in children:
+                assert (await child.ask("list"))["ids"] == started
 
             stats = worker.link.statistics()
-            assert stats.fresh_sessions == 9
+            assert stats.fresh_sessions == 10  # 8 children, call, describe
             assert stats.takeovers_refused == stats.admissions_busy == 0
-            assert stats.controllers_refused == 0
-            assert len(worker.controllers()) == 8  # the CLI closed its session (1001)
-            # Every in-process session is still the one it began with: nothing replaced.
-            assert all(e.statistics().sessions == 1 for e in executors)
+            assert stats.controllers_refused == stats.controllers_evicted == 0
+            # The CLI runs closed their sessions (1001); the children's are the ones they
+            # began with: nothing replaced, nothing resumed.
+            assert sorted(worker.controllers()) == sorted(c.runtime for c in children)
+            for child in children:
+                assert await child.ask("stats") == {"sessions": 1}
 
 
 async def test_the_controller_past_max_controllers_is_refused_until_a_place_frees(
@@ -198,21 +253,66 @@ async def test_the_controller_past_max_controllers_is_refused_until_a_place_free
                 stop.set()
 
 
-async def test_the_same_controller_id_takes_over_once_its_holder_stops_answering(
-    anyio_backend: str,
+async def test_a_crashed_controller_gives_its_place_to_a_live_one(
+    anyio_backend: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """With every place held, a newcomer takes the place of the session detached the longest
+    (its socket gone) instead of waiting out that session's grace (30 s here: the test would
+    time out long before it); with every place's socket live, it is refused."""
+    caplog.set_level(logging.INFO, logger="garcon_link.link")
     impl = CalcImpl()
-    with anyio.fail_after(30):
+    limits = LIMITS.replace(max_controllers=2, detached_grace=30.0)
+    with anyio.fail_after(40):
         async with (
-            gl.Worker(_worker_config(), {"calc": impl}) as w,
+            gl.Worker(_worker_config(limits), {"calc": impl}) as w,
+            _children(tmp_path, w.url, 2, anyio_backend) as (crashed, live),
             anyio.create_task_group() as tg,
         ):
-            stops = [anyio.Event() for _ in range(3)]
-            first, other, newer = [
+            assert sorted(w.controllers()) == sorted([crashed.runtime, live.runtime])
+            crashed_session = w.link.controllers()[crashed.runtime]
+            # Killed: no close frame, so the worker keeps its session, detached, for the grace.
+            await kill_and_reap(crashed.process)
+            await wait_for(lambda: not crashed_session.attached, 10, "the socket is gone")
+            assert crashed.runtime in w.controllers()  # held, detached
+            stops = [anyio.Event() for _ in range(2)]
+            newcomer = await tg.start(_hosted, _controller_config(w.url), stops[0])
+            await newcomer.wait_ready(timeout=10)
+            assert await newcomer.service("calc", Calc).add(1, 2) == 3
+            assert w.link.statistics().controllers_evicted == 1
+            failure = crashed_session.failure
+            assert failure is not None and failure.reason is gl.errors.FailureReason.EVICTED
+            assert len(w.controllers()) == 2 and crashed.runtime not in w.controllers()
+            evictions = [r for r in caplog.records if "in the place of" in r.getMessage()]
+            assert len(evictions) == 1 and evictions[0].levelno == logging.WARNING
+            assert getattr(evictions[0], "gl_controller", None) == crashed.runtime
+            # Both places now have a socket: the next one is refused (1013), nobody evicted.
+            fourth = await tg.start(_hosted, _controller_config(w.url), stops[1])
+            with pytest.raises(TimeoutError, match="max_controllers=2"):
+                await fourth.wait_ready(timeout=0.5)
+            assert w.link.statistics().controllers_evicted == 1
+            assert (await live.ask("use 1"))["add"] == 101
+            assert await newcomer.service("calc", Calc).add(2, 2) == 4
+            for stop in stops:
+                stop.set()
+
+
+async def test_the_same_controller_id_takes_over_once_its_holder_stops_answering(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    impl = CalcImpl()
+    # A grace longer than the test: the old session ends by the takeover, not by expiring.
+    limits = LIMITS.replace(detached_grace=30.0)
+    with anyio.fail_after(40):
+        async with (
+            gl.Worker(_worker_config(limits), {"calc": impl}) as w,
+            _children(tmp_path, w.url, 1, anyio_backend, "scheduler") as (first,),
+            anyio.create_task_group() as tg,
+        ):
+            stops = [anyio.Event() for _ in range(2)]
+            other, newer = [
                 await tg.start(_hosted, _controller_config(w.url, name), stop)
-                for name, stop in zip(("scheduler", "other", "scheduler"), stops, strict=True)
+                for name, stop in zip(("other", "scheduler"), stops, strict=True)
             ]
-            await first.wait_ready(timeout=10)
             await other.wait_ready(timeout=10)  # another controller_id: admitted at once
             # The holder answers the probe: the newcomer is refused (4004), again and again,
             # and the holder's session stays.
@@ -220,15 +320,18 @@ async def test_the_same_controller_id_takes_over_once_its_holder_stops_answering
                 await newer.wait_ready(timeout=0.5)
             assert w.link.statistics().takeovers_refused >= 1
             assert sorted(w.controllers()) == ["other", "scheduler"]
-            held = w.controllers()["scheduler"]
-            # The holder dies without a word (no close frame): the probe fails and the newest
+            held = w.link.controllers()["scheduler"]
+            # The holder's process dies (SIGKILL: no close frame, nothing retired): the newest
             # process with that controller_id takes the place over.
-            await first.link.abort()
+            await kill_and_reap(first.process)
             await newer.wait_ready(timeout=10)
             assert await newer.service("calc", Calc).add(2, 2) == 4
             assert sorted(w.controllers()) == ["other", "scheduler"]
-            assert w.controllers()["scheduler"] is not held
+            assert w.link.controllers()["scheduler"] is not held
+            failure = held.failure
+            assert failure is not None and failure.reason is gl.errors.FailureReason.REPLACED
             assert await other.service("calc", Calc).add(1, 1) == 2
+            assert w.link.statistics().controllers_evicted == 0
             for stop in stops:
                 stop.set()
 
