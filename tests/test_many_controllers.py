@@ -27,6 +27,7 @@ from faultutil import TESTS_DIR, kill_and_reap, wait_for
 from rpcutil import Calc, CalcImpl
 
 import garcon_link as gl
+from garcon_link.endpoint.link import WebSocketLink
 from garcon_link.services import builtin_services
 
 pytestmark = pytest.mark.anyio
@@ -85,6 +86,13 @@ async def _controllers(url: str, count: int) -> AsyncIterator[list[gl.RemoteExec
             for _ in range(count)
         ]
         yield executors
+
+
+def _runtime(executor: gl.RemoteExecutor) -> str:
+    """The name a listening worker knows a controller without a controller_id by."""
+    link = executor.link
+    assert isinstance(link, WebSocketLink)
+    return link.runtime_id.hex()
 
 
 async def _hosted(
@@ -334,6 +342,65 @@ async def test_the_same_controller_id_takes_over_once_its_holder_stops_answering
             assert w.link.statistics().controllers_evicted == 0
             for stop in stops:
                 stop.set()
+
+
+async def test_the_worker_statistics_count_every_controller(anyio_backend: str) -> None:
+    """Worker.statistics() sums the levels over every controller's session and breaks them
+    down by controller (not only the newest session's)."""
+    impl = CalcImpl()
+    with anyio.fail_after(30):
+        async with (
+            gl.Worker(_worker_config(), {"calc": impl}) as w,
+            _controllers(w.url, 3) as executors,
+            anyio.create_task_group() as tg,
+        ):
+            for executor in executors:
+                await executor.wait_ready(timeout=10)
+            labels = list(w.controllers())
+            assert len(labels) == 3
+            # The two older controllers each hold a call in their handler; the newest none.
+            for i, executor in enumerate(executors[:2]):
+                tg.start_soon(executor.service("calc", Calc).hold, f"held-{i}")
+                await impl.probe.wait(f"started:held-{i}")
+            stats = w.statistics()
+            assert stats.incoming_calls == 2
+            assert stats.rpc is not None and stats.rpc.incoming_calls <= 1  # the newest's
+            assert list(stats.controllers) == labels
+            runtimes = [_runtime(e) for e in executors]
+            assert {label: c.incoming_calls for label, c in stats.controllers.items()} == dict(
+                zip(runtimes, [1, 1, 0], strict=True)
+            )
+            assert all(c.attached for c in stats.controllers.values())
+            assert stats.controllers_omitted == 0
+            assert stats.fresh_sessions == 3 and stats.sessions == 3
+            impl._release("held-0")
+            impl._release("held-1")
+        ended = w.statistics()
+        assert ended.incoming_calls == 0 and not ended.controllers
+        assert ended.incoming_calls_peak == 1  # the most running at once on one session
+        assert ended.calls.server[("ok", None)] == 2
+
+
+async def test_the_per_controller_breakdown_is_capped(anyio_backend: str) -> None:
+    impl = CalcImpl()
+    with anyio.fail_after(30):
+        async with (
+            gl.Worker(_worker_config(), {"calc": impl}) as w,
+            _controllers(w.url, 3) as executors,
+        ):
+            for executor in executors:
+                await executor.wait_ready(timeout=10)
+            labels = list(w.controllers())
+            full = w.statistics()
+            assert list(full.controllers) == labels and full.controllers_omitted == 0
+            capped = w.statistics(max_rows=2)
+            assert list(capped.controllers) == labels[:2]  # the oldest
+            assert capped.controllers_omitted == 1
+            assert capped.fresh_sessions == 3  # the sums still cover every session
+            none = w.statistics(max_rows=0)
+            assert not none.controllers and none.controllers_omitted == 3
+            with pytest.raises(ValueError, match="max_rows"):
+                w.statistics(max_rows=-1)
 
 
 async def test_a_dialing_worker_dials_several_controllers(anyio_backend: str) -> None:
