@@ -47,6 +47,7 @@ from garcon_link.core.admission import (
     SlotView,
     decide,
     evictee,
+    places,
     slot_key,
 )
 from garcon_link.errors import FailureReason, HandshakeFailure
@@ -284,8 +285,8 @@ class ControllerCase:
 
     def decide(self) -> tuple[bool, Decision]:
         """What the link asks: the slot :func:`slot_key` names, and :func:`decide` on it with
-        the places the other slots hold (as ``Link._places`` counts them). Returns whether the
-        newcomer met the held slot, and the decision."""
+        the places the other slots hold (:func:`places`). Returns whether the newcomer met the
+        held slot, and the decision."""
         held_key = slot_key(
             "box", HELD_ID if self.held == "id" else None, RUNTIME, per_controller=True
         )
@@ -296,18 +297,17 @@ class ControllerCase:
         held = (True, not self.attached)
         third = {"none": (False, False), "live": (True, False), "detached": (True, True)}
         others = [third[self.third]] if key == held_key else [held, third[self.third]]
-        taken = [evictable for holds, evictable in others if holds]
-        full = len(taken) >= MAX_CONTROLLERS
+        full, evictable = places(others, MAX_CONTROLLERS)
         if key == held_key:
             view = SlotView(
                 session=OTHER_SESSION,
                 peer_runtime=RUNTIME,
                 attached=self.attached,
                 full=full,
-                evictable=full and any(taken),
+                evictable=evictable,
             )
         else:
-            view = SlotView(full=full, evictable=full and any(taken))
+            view = SlotView(full=full, evictable=evictable)
         offer = Offer(resume=False, session=OFFERED, runtime=runtime)
         return key == held_key, decide(view, offer, probe_healthy=self.probe)
 
@@ -402,3 +402,14 @@ def test_the_session_detached_the_longest_gives_its_place_up() -> None:
     assert evictee([("a", 5), ("b", 2), ("c", 9)]) == "b"
     assert evictee([("a", 3), ("b", 3)]) == "a"  # the first of equals
     assert admission.EVICT == EVICT and admission.EVICT.evict_detached
+
+
+def test_places_count_only_the_slots_that_hold_one() -> None:
+    # (holds a place, evictable) of the other slots
+    assert places([], 1) == (False, False)
+    assert places([(True, False)], 2) == (False, False)
+    assert places([(True, False), (False, False), (True, False)], 2) == (True, False)
+    assert places([(True, False), (True, True)], 2) == (True, True)
+    # An evictable session counts only while the places are full.
+    assert places([(True, True)], 2) == (False, False)
+    assert places([(False, True), (True, False)], 1) == (True, False)

@@ -46,6 +46,7 @@ __all__ = [
     "SlotKey",
     "decide",
     "evictee",
+    "places",
     "slot_key",
 ]
 
@@ -178,6 +179,24 @@ socket."""
 
 EVICT = Fresh(retire_current=False, taken_over=False, evict_detached=True)
 """A controller without a session, admitted in the place of another's detached session."""
+
+
+def places(others: Iterable[tuple[bool, bool]], max_controllers: int) -> tuple[bool, bool]:
+    """:attr:`SlotView.full` and :attr:`SlotView.evictable` for one slot of a listening worker.
+
+    Args:
+        others: each *other* slot as ``(holds a place, evictable)``: it holds a place with a
+            session, a socket or an admission under way; it is evictable if it holds only a
+            detached session (no socket, no admission).
+        max_controllers: the places there are.
+
+    Returns:
+        ``(full, evictable)``: the others hold every place; and (only then) one of those is
+        evictable.
+    """
+    held = [evictable for holds, evictable in others if holds]
+    full = len(held) >= max_controllers
+    return full, full and any(held)
 
 
 def evictee(detached: Iterable[tuple[K, int]]) -> K | None:

@@ -108,6 +108,7 @@ from ..core.admission import (
     backoff,
     decide,
     evictee,
+    places,
     slot_key,
 )
 from ..core.handshake import (
@@ -1162,14 +1163,12 @@ class WebSocketLink:
         return slot
 
     def _places(self, slot: _Slot) -> tuple[bool, bool]:
-        """Whether the other controllers' slots of a listening worker hold every place
-        (:attr:`SlotView.full`), and whether one of those holds only a detached session
-        (:attr:`SlotView.evictable`); never on other links."""
+        """:attr:`SlotView.full` and :attr:`SlotView.evictable` for ``slot`` of a listening
+        worker (:func:`~garcon_link.core.admission.places`); never full on other links."""
         if not self._per_controller:
             return False, False
-        others = [s for s in self._slots.values() if s is not slot and s.holds_place]
-        full = len(others) >= self.limits.max_controllers
-        return full, full and any(s.evictable for s in others)
+        others = ((s.holds_place, s.evictable) for s in self._slots.values() if s is not slot)
+        return places(others, self.limits.max_controllers)
 
     def _evict(self, slot: _Slot, sock: WebSocket) -> None:
         """Retire the other controllers' session detached the longest, so that ``slot`` takes
