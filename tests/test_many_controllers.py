@@ -28,6 +28,7 @@ from rpcutil import Calc, CalcImpl
 
 import garcon_link as gl
 from garcon_link.endpoint.link import WebSocketLink
+from garcon_link.testing import FaultProxy
 from garcon_link.services import builtin_services
 
 pytestmark = pytest.mark.anyio
@@ -300,6 +301,56 @@ async def test_a_crashed_controller_gives_its_place_to_a_live_one(
             assert w.link.statistics().controllers_evicted == 1
             assert (await live.ask("use 1"))["add"] == 101
             assert await newcomer.service("calc", Calc).add(2, 2) == 4
+            for stop in stops:
+                stop.set()
+
+
+async def test_an_evicted_controller_that_returns_gets_honest_outcomes(
+    anyio_backend: str,
+) -> None:
+    """A controller cut off (not crashed) loses its detached session to a newcomer; when it gets
+    through again it is served on a fresh session, and the call it had running is
+    OutcomeUnknown (written, maybe executed), never re-sent nor reported done."""
+    impl = CalcImpl()
+    limits = LIMITS.replace(max_controllers=2, detached_grace=30.0)
+    with anyio.fail_after(30):
+        async with (
+            gl.Worker(_worker_config(limits), {"calc": impl}) as w,
+            FaultProxy("127.0.0.1", w.link.listen_address[1]) as proxy,
+            anyio.create_task_group() as tg,
+        ):
+            stops = [anyio.Event() for _ in range(3)]
+            cut_off = await tg.start(_hosted, _controller_config(proxy.url()), stops[0])
+            live = await tg.start(_hosted, _controller_config(w.url), stops[1])
+            await cut_off.wait_ready(timeout=10)
+            await live.wait_ready(timeout=10)
+            outcome: list[BaseException] = []
+
+            async def held_call() -> None:
+                try:
+                    await cut_off.service("calc", Calc).hold("evicted")
+                except gl.CallError as exc:
+                    outcome.append(exc)
+
+            tg.start_soon(held_call)
+            await impl.probe.wait("started:evicted")
+            held = w.link.controllers()[_runtime(cut_off)]
+            proxy.refuse()
+            proxy.cut()
+            await wait_for(lambda: not held.attached, 10, "the worker sees the cut")
+            newcomer = await tg.start(_hosted, _controller_config(w.url), stops[2])
+            await newcomer.wait_ready(timeout=10)
+            failure = held.failure
+            assert failure is not None and failure.reason is gl.errors.FailureReason.EVICTED
+            await impl.probe.wait("cancelled:evicted")  # the session's handler ends with it
+            stops[2].set()  # the newcomer leaves: a place frees up
+            await wait_for(lambda: len(w.controllers()) == 1, 10, "the newcomer left")
+            proxy.heal()
+            await wait_for(lambda: bool(outcome), 10, "the held call's outcome")
+            assert isinstance(outcome[0], gl.OutcomeUnknown), outcome
+            assert await cut_off.service("calc", Calc).add(3, 4) == 7
+            assert cut_off.statistics().sessions == 2  # a fresh one, not a resume
+            assert impl.counts["evicted"] == 1  # never re-sent
             for stop in stops:
                 stop.set()
 
