@@ -1,11 +1,17 @@
 """Several controllers on one worker (docs/guides/many-callers.md), over real loopback sockets.
 
-A listening worker holds one logical session per controller: eight in-process controllers and a
-``garcon-link call`` child process are served at once (calls, streams, and a process one of them
-starts is listed by another: the process service is worker-scoped); past
-``Limits.max_controllers`` a controller is refused (1013) until a place frees up; the same
+A listening worker holds one logical session per controller: eight controller processes
+(tests/controller_child.py) and the CLI (``garcon-link call`` and ``describe``) are served at once
+(calls, streams, and a process one of them starts is listed by every other: the process service
+is worker-scoped); past ``Limits.max_controllers`` a controller is refused (1013) while every
+place has a live socket, and admitted in the place of a crashed or cut-off controller's detached
+session otherwise (``EVICTED``: its controller, back, gets honest outcomes); the same
 ``controller_id`` from a new process is the takeover rule of one executor id (4004 while the
-holder answers, newest wins once it does not).
+holder answers, newest wins once it does not); ``Worker.statistics()`` counts every controller.
+
+A controller meant to crash is a child process killed with SIGKILL, not an in-process
+``link.abort()``: that cancels the task group hosting the controller, silently ending the test
+body there.
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ from rpcutil import Calc, CalcImpl
 
 import garcon_link as gl
 from garcon_link.endpoint.link import WebSocketLink
-from garcon_link.testing import FaultProxy
 from garcon_link.services import builtin_services
+from garcon_link.testing import FaultProxy
 
 pytestmark = pytest.mark.anyio
 
@@ -348,6 +354,7 @@ async def test_an_evicted_controller_that_returns_gets_honest_outcomes(
             proxy.heal()
             await wait_for(lambda: bool(outcome), 10, "the held call's outcome")
             assert isinstance(outcome[0], gl.OutcomeUnknown), outcome
+            await cut_off.wait_ready(timeout=10)  # its fresh session installed
             assert await cut_off.service("calc", Calc).add(3, 4) == 7
             assert cut_off.statistics().sessions == 2  # a fresh one, not a resume
             assert impl.counts["evicted"] == 1  # never re-sent
