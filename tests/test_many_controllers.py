@@ -491,6 +491,12 @@ async def test_a_dialing_worker_dials_several_controllers(anyio_backend: str) ->
                 assert await a.service("calc", Calc).add(1, 2) == 3
                 assert [x async for x in b.service("calc", Calc).count(4)] == [0, 1, 2, 3]
                 assert sorted(worker.controllers()) == sorted(urls)
+                # The statistics cover both links: their sessions, handshakes and bytes.
+                stats = worker.statistics()
+                assert sorted(stats.controllers) == sorted(urls)
+                assert stats.fresh_sessions == 2
+                assert stats.link.fresh_sessions == 1  # the first link's own snapshot
+                assert stats.bytes_received > stats.link.bytes_received > 0
                 # One worker process: both controllers see the same worker instance.
                 info_a, info_b = await a.info(), await b.info()
                 assert info_a.worker_instance_id == info_b.worker_instance_id
