@@ -41,9 +41,9 @@ __all__ = [
     "Probe",
     "Refuse",
     "Resume",
+    "SlotKey",
     "SlotView",
     "backoff",
-    "SlotKey",
     "decide",
     "evictee",
     "places",
@@ -73,7 +73,8 @@ def backoff(limits: Limits, rng: random.Random | None = None) -> Iterator[float]
 
 SlotKey: TypeAlias = tuple[str, str | bytes | None]
 """A link's slot: ``(executor_id, controller)``; the controller is None but on a listening
-worker, where it is the ``controller_id`` or else the runtime (:func:`slot_key`)."""
+worker, where it is the ``controller_id`` or else the runtime (:func:`slot_key`; a str and bytes
+never collide)."""
 
 
 def slot_key(
@@ -174,8 +175,8 @@ FULL = Refuse(
     HandshakeFailure.CONTROLLERS_FULL,
     "this worker holds sessions for max_controllers controllers; retry later",
 )
-"""The refusal of a controller without a session while the others hold every place, each with a
-socket."""
+"""The refusal of a controller without a session while the others hold every place, none of
+them with a detached session alone (each has a socket or an admission under way)."""
 
 EVICT = Fresh(retire_current=False, taken_over=False, evict_detached=True)
 """A controller without a session, admitted in the place of another's detached session."""
