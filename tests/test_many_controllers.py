@@ -180,6 +180,7 @@ async def _cli(*args: str) -> subprocess.CompletedProcess[bytes]:
         return await anyio.run_process([*CLI, *args], check=False, stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.slow  # ten child processes: about 5 s per backend
 async def test_a_worker_serves_eight_controller_processes_and_the_cli_at_once(
     anyio_backend: str, tmp_path: Path
 ) -> None:
