@@ -135,9 +135,11 @@ quick:
 	$(MAKE) --no-print-directory unit PYTEST_MARKERS='not soak and not slow'
 
 # Exhaustive model checking of the session/resume/takeover protocol at a larger bound than the
-# test suite's (tests/test_model.py); a few minutes. Other bounds: python -m tests.model --help.
+# test suite's (tests/test_model.py), then two controllers on one worker; a few minutes. Other
+# bounds: python -m tests.model --help.
 verify: $(VENV)/.installed-test
 	$(BIN)/python -m tests.model --preset verify
+	$(BIN)/python -m tests.model --preset controllers
 
 # Every seed runs even when one fails; the exit status says whether any did.
 soak: $(VENV)/.installed-test

@@ -293,7 +293,10 @@ class LinkStatistics:
     """Authenticated executors refused because ``max_executors`` slots were taken."""
     controllers_refused: int = 0
     """Authenticated controllers a listening worker refused (1013) because others held
-    ``max_controllers`` sessions."""
+    ``max_controllers`` sessions, each with a socket."""
+    controllers_evicted: int = 0
+    """Detached controllers' sessions a listening worker retired (``EVICTED``) to admit a new
+    controller while ``max_controllers`` places were held."""
     admissions_busy: int = 0
     """Authenticated sockets refused (4004) because another socket of the same executor was
     being admitted at that moment."""
