@@ -521,30 +521,26 @@ class SessionTransport:
             PayloadTooLarge: the encoded frame exceeds ``max_frame_bytes``; nothing was issued.
             SessionFailed: the session is retired; nothing was issued.
         """
-        ordinal = None
-        if not self._senders:
-            try:
-                ordinal = self._session.send(body)
-            except RetentionFull:
-                pass
-        if ordinal is None:
-            me = object()
-            self._senders.append(me)
-            try:
-                while True:
-                    if self._senders[0] is me:
-                        try:
-                            ordinal = self._session.send(body)
-                            break
-                        except RetentionFull:
-                            pass
-                    if self._capacity.is_set():
-                        self._capacity = anyio.Event()
-                    await self._capacity.wait()
-            finally:
-                self._senders.remove(me)
-                if self._senders:
-                    self._capacity.set()  # the next in line retries (or leaves if failed)
+        ordinal = self.send_nowait(body)
+        if ordinal is not None:
+            return ordinal
+        me = object()
+        self._senders.append(me)
+        try:
+            while True:
+                if self._senders[0] is me:
+                    try:
+                        ordinal = self._session.send(body)
+                        break
+                    except RetentionFull:
+                        pass
+                if self._capacity.is_set():
+                    self._capacity = anyio.Event()
+                await self._capacity.wait()
+        finally:
+            self._senders.remove(me)
+            if self._senders:
+                self._capacity.set()  # the next in line retries (or leaves if failed)
         if not self._write_now(len(body)):
             self._wakeup.set()
         return ordinal
@@ -588,6 +584,19 @@ class SessionTransport:
     def has_capacity(self, size: int) -> bool:
         """Whether retention would admit a ``size``-byte body now (``False`` once retired)."""
         return self._session.has_capacity(size)
+
+    def send_nowait(self, body: bytes) -> Ordinal | None:
+        """:meth:`send` if it need not wait (no earlier sender waits, retention admits
+        ``body``); ``None`` (nothing issued) otherwise."""
+        if self._senders:
+            return None
+        try:
+            ordinal = self._session.send(body)
+        except RetentionFull:
+            return None
+        if not self._write_now(len(body)):
+            self._wakeup.set()
+        return ordinal
 
     def try_send(self, body: bytes) -> Ordinal | None:
         """Like :meth:`send` but returns ``None`` instead of waiting when retention is full."""
