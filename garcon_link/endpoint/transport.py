@@ -101,6 +101,7 @@ from ..core.wire import Ordinal
 from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields
+from ..net.backend import checkpointer
 
 __all__ = [
     "MessageSocket",
@@ -813,6 +814,7 @@ class SessionTransport:
 
     async def _reader(self, sock: MessageSocket) -> None:
         session = self._session
+        checkpoint = checkpointer()
         packet_budget = self.limits.max_packets_per_message
         unyielded_packets = 0  # handled since this task last yielded on purpose
         unyielded_bytes = 0
@@ -883,7 +885,7 @@ class SessionTransport:
                 # caller): let it run before this reader re-arms its read, which is not on the
                 # peer's round trip. (Never under load: it would split the batches the writer
                 # coalesces.) After READY: what the task does next sees the session ready.
-                await anyio.lowlevel.checkpoint()
+                await checkpoint()
             hold = self._hold
             if bodies and self._fence_passed and hold is not None:
                 held = hold()
@@ -901,7 +903,7 @@ class SessionTransport:
                 # Everything this message carried was handed over: let the other tasks run
                 # before the next message, which the socket may return without yielding.
                 unyielded_packets = unyielded_bytes = 0
-                await anyio.lowlevel.checkpoint()
+                await checkpoint()
 
     # -- delivery: the reader hands accepted payloads over synchronously, so a socket that ends
     # (cancelling the reader) while the consumer is slow never loses a payload the session has

@@ -273,7 +273,9 @@ class Dispatcher:
             )
             return
         handlers = self._handlers
-        incoming = Incoming(min(credit, self.limits.stream_window_items * 4), credit_bytes)
+        incoming = Incoming(
+            min(credit, self.limits.stream_window_items * 4), credit_bytes, handlers.new_scope()
+        )
         self._incoming[call_id] = incoming
         if len(self._incoming) + handlers.notifications > self.observer.incoming_peak:
             handlers.note_incoming()
