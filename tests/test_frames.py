@@ -143,14 +143,18 @@ def test_payloads_over_the_limit_go_to_wsproto() -> None:
 def test_nothing_is_taken_while_wsproto_holds_a_partial_frame_or_message() -> None:
     client, server = _pair()
     fast = _fast(server)
+    assert fast.idle()
     whole = client.send(BytesMessage(data=b"x" * 40))
     server.receive_data(whole[:5])  # a partial frame in wsproto's buffer
     assert list(server.events()) == []
+    assert not fast.idle()
     assert fast.parse(client.send(BytesMessage(data=b"later")), FAST_LIMIT) is None
     assert _messages(server, whole[5:]) == [b"x" * 40]
+    assert fast.idle()
     # A fragmented message under way in wsproto.
     server.receive_data(client.send(BytesMessage(data=b"head", message_finished=False)))
     assert [bytes(e.data) for e in server.events()] == [b"head"]  # type: ignore[attr-defined]
+    assert not fast.idle()
     assert fast.parse(client.send(BytesMessage(data=b"later")), FAST_LIMIT) is None
 
 

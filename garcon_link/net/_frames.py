@@ -86,7 +86,9 @@ class FastFrames:
             return None
         return cls(ws, conn)
 
-    def _idle(self) -> bool:
+    def idle(self) -> bool:
+        """Whether wsproto holds nothing: no event, byte or message under way (then its
+        ``events()`` would yield nothing)."""
         decoder = self._decoder
         conn = self._conn
         return (
@@ -120,10 +122,10 @@ class FastFrames:
         if length > limit:
             return None
         if self._client:
-            if second & _MASKED or size != head + length or not self._idle():
+            if second & _MASKED or size != head + length or not self.idle():
                 return None
             return data[head:]
-        if not second & _MASKED or size != head + 4 + length or not self._idle():
+        if not second & _MASKED or size != head + 4 + length or not self.idle():
             return None
         return mask(data[head + 4 :], data[head : head + 4])
 

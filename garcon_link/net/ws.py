@@ -521,7 +521,10 @@ class WebSocket:
                 self.last_inbound = max(self.last_inbound, now)
             # wsproto parses frames lazily, one per event: leaving this loop early (a message,
             # or the budget spent) leaves the rest unparsed in its buffer for the next pass.
-            for event in self.ws.events():
+            # (When it holds nothing, there is nothing to ask it.)
+            fast = self._fast
+            events = () if fast is not None and fast.idle() else self.ws.events()
+            for event in events:
                 if isinstance(event, BytesMessage):
                     size = self._size + len(event.data)
                     if size > self.max_message:
@@ -593,7 +596,6 @@ class WebSocket:
                 if self._probe is not None:
                     self._probe.set()
                     self._probe = None
-                fast = self._fast
                 if fast is not None:
                     payload = fast.parse(data, self.max_message)
                     if payload is not None:
