@@ -496,15 +496,15 @@ class WebSocket:
             FrameTooLarge: a message grew past ``max_message`` (nothing beyond it was buffered).
             MalformedFrame: a text frame or broken WebSocket framing.
         """
-        self.last_inbound = max(self.last_inbound, self._clock())
+        now = self._clock()
+        self.last_inbound = max(self.last_inbound, now)
         self.reading = True
         try:
-            return await self._receive_message()
+            return await self._receive_message(now)
         finally:
             self.reading = False
 
-    async def _receive_message(self) -> bytes | None:
-        now = self._clock()
+    async def _receive_message(self, now: float) -> bytes | None:
         while True:
             if self._budget.tokens < 0:
                 # Over the frame budget (only an authenticated socket gets here: an

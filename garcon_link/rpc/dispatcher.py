@@ -221,7 +221,7 @@ class Dispatcher:
         if (
             not isinstance(args, list)
             or not isinstance(kwargs, dict)
-            or not all(isinstance(k, str) for k in kwargs)
+            or (kwargs and not all(isinstance(k, str) for k in kwargs))
         ):
             self._refuse(
                 call_id, Rejected("INVALID_ARGUMENTS", "args must be a list and kwargs a map")

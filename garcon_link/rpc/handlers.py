@@ -435,7 +435,8 @@ class Handlers:
         """Hand a result over; if it is too large, send the error that replaces it (and return
         it: what the caller is told)."""
         try:
-            await self._chunks.send(body)
+            if self._chunks.send_nowait(body) is None:  # (no coroutine when it need not wait)
+                await self._chunks.send(body)
         except PayloadTooLarge as exc:
             error = RemoteError("RESULT_TOO_LARGE", str(exc), remote_type="PayloadTooLarge")
             await self._send_error(call_id, error)
