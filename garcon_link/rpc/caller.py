@@ -374,7 +374,11 @@ class Caller:
         resolving it at the deadline (the call is then still pending: the timeout path). The
         same outcomes as the cancel scope, without one (this is on every call's path)."""
         waiter = pending.waiter = loop.create_future()
-        timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
+        timer = (
+            None
+            if timeout is None or timeout == math.inf
+            else loop.call_later(timeout, _expire, waiter)
+        )
         try:
             await waiter
         except BaseException:
