@@ -32,13 +32,15 @@ endif
 # or BENCH_ARGS='--only floor,ours --repetitions 3'.
 BENCH_ARGS ?=
 
-# `make soak`: the chaos soak (tests/soak/test_chaos.py), plain and keyed, SOAK_MINUTES each, once
-# per seed of SOAK_SEEDS (a seed replays a fault schedule; none: one run with a fresh seed, which
-# the soak prints), e.g. make soak SOAK_MINUTES=15 SOAK_SEEDS='2789515527 17'.
+# `make soak`: the chaos soak (tests/soak/test_chaos.py), plain and keyed, and the kill soak
+# (tests/soak/test_kill_soak.py: a worker SIGKILLed and restarted on its state directory),
+# SOAK_MINUTES each, once per seed of SOAK_SEEDS (a seed replays a fault or kill schedule; none:
+# the chaos soak draws a fresh seed and the kill soak uses its fixed one, each printed), e.g.
+# make soak SOAK_MINUTES=15 SOAK_SEEDS='2789515527 17'.
 SOAK_MINUTES ?= 5
 SOAK_SEEDS ?=
 
-.PHONY: demo test quick lint typecheck unit unit-py verify soak bench bench-venv clean
+.PHONY: demo test quick lint typecheck unit unit-py docs verify soak bench bench-venv clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
@@ -49,8 +51,13 @@ $(VENV)/.installed: pyproject.toml Makefile $(VERSION_FILE) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(EDITABLE) -e .
 	@touch $@
 
+# The test extra and the docs extra in one pip run: `make test` also builds the site.
 $(VENV)/.installed-test: pyproject.toml Makefile $(VERSION_FILE) | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[test]'
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[test,docs]'
+	@touch $@ $(VENV)/.installed $(VENV)/.installed-docs
+
+$(VENV)/.installed-docs: pyproject.toml Makefile $(VERSION_FILE) | $(BIN)/python
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[docs]'
 	@touch $@ $(VENV)/.installed
 
 # The peers (bench extra) and uvloop (fast extra); a peer that does not install under this
@@ -101,14 +108,26 @@ unit-py:
 	$(MAKE) unit PYTHON='$(PY)' \
 		VENV=.venv-$$('$(PY)' -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
-# lint first (seconds); then mypy runs alongside the tests (it needs about one core for under a
-# minute, while the tests wait on sockets and timers), its output printed after theirs.
+# lint first (seconds); then mypy and, after it, the documentation site's strict build run
+# alongside the tests (one core for about a minute in all, while the tests wait on sockets and
+# timers), their output printed after the tests'.
 test: lint
-	@out=$$(mktemp); \
-	$(MAKE) --no-print-directory typecheck > "$$out" 2>&1 & typecheck=$$!; \
+	@out=$$(mktemp); site=$$(mktemp); \
+	{ $(MAKE) --no-print-directory typecheck > "$$out" 2>&1; echo $$? > "$$out.status"; \
+	  $(MAKE) --no-print-directory docs > "$$site" 2>&1; } & checks=$$!; \
 	$(MAKE) --no-print-directory unit; unit=$$?; \
-	wait $$typecheck; status=$$?; cat "$$out"; rm -f "$$out"; \
-	test $$unit = 0 && test $$status = 0
+	wait $$checks; docs=$$?; status=$$(cat "$$out.status"); cat "$$out"; \
+	if test $$docs = 0; then echo "docs: the site builds (make docs)"; \
+	else cat "$$site"; echo "docs: the site does not build in strict mode (make docs)"; fi; \
+	rm -f "$$out" "$$out.status" "$$site"; \
+	test $$unit = 0 && test $$status = 0 && test $$docs = 0
+
+# The documentation site, from docs/ and the docstrings (mkdocs.yml), into site/; strict: a
+# warning (a broken link or anchor, a docstring griffe cannot read) fails the build.
+# NO_MKDOCS_2_WARNING: mkdocs-material's banner about its successor, printed on every build.
+# No --quiet: it hides the warnings that --strict turns into the failure being looked for.
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The fast loop while editing: the tests without the soak and those marked `slow` (the demo, the
 # examples, end-to-end runs of child processes); no lint or typecheck. `make test` runs them all.
@@ -116,18 +135,21 @@ quick:
 	$(MAKE) --no-print-directory unit PYTEST_MARKERS='not soak and not slow'
 
 # Exhaustive model checking of the session/resume/takeover protocol at a larger bound than the
-# test suite's (tests/test_model.py); a few minutes. Other bounds: python -m tests.model --help.
+# test suite's (tests/test_model.py), then two controllers on one worker; a few minutes. Other
+# bounds: python -m tests.model --help.
 verify: $(VENV)/.installed-test
 	$(BIN)/python -m tests.model --preset verify
+	$(BIN)/python -m tests.model --preset controllers
 
 # Every seed runs even when one fails; the exit status says whether any did.
 soak: $(VENV)/.installed-test
 	@status=0; \
 	for seed in $(or $(strip $(SOAK_SEEDS)),fresh); do \
 	  if [ "$$seed" = fresh ]; then unset GARCON_SOAK_SEED; else export GARCON_SOAK_SEED=$$seed; fi; \
-	  echo "== chaos soak: $(SOAK_MINUTES) min per mode, seed $$seed"; \
-	  $(BIN)/python -m pytest -q -s tests/soak/test_chaos.py --soak-minutes $(SOAK_MINUTES) \
-	    || { echo "== chaos soak FAILED: seed $$seed"; status=1; }; \
+	  echo "== chaos and kill soaks: $(SOAK_MINUTES) min per mode, seed $$seed"; \
+	  $(BIN)/python -m pytest -q -s tests/soak/test_chaos.py tests/soak/test_kill_soak.py \
+	    --soak-minutes $(SOAK_MINUTES) \
+	    || { echo "== a soak FAILED: seed $$seed"; status=1; }; \
 	done; \
 	exit $$status
 
@@ -153,4 +175,4 @@ bench:
 	"$$first" -m benchmarks $$pythons $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-3.* build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-3.* build site *.egg-info .mypy_cache .pytest_cache .ruff_cache

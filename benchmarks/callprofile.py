@@ -9,7 +9,11 @@ server child process, same client, 32-byte echo), this counts per call:
 - **messages** the client wrote and read (garcon_link only: its transport statistics);
 - with ``--instructions``, **instructions** executed by each side during the measured calls
   (valgrind's callgrind, instrumentation switched on for those calls only; the run is about
-  50 times slower). Instructions are repeatable whatever else the machine does.
+  50 times slower), and for ``ours-call`` their ratio to the ``wsproto`` floor's, per side.
+  Instructions do not depend on the machine's speed, but they do on its load a little: how
+  the two processes' loop turns interleave decides how often a receipt rides alone or a
+  writer wakes, which moves a count by up to a tenth between runs on a busy machine (compare
+  runs made back to back).
 
 The output is a Markdown table (``benchmarks/README.md`` quotes one). Usage::
 
@@ -230,6 +234,15 @@ def _self_instrument(entry: str, calls: int) -> None:
     _measure(entry, calls, around=around, prefix=[])
 
 
+def _instructions(row: dict[str, Any], floor: dict[str, Any] | None, key: str) -> str:
+    """``row``'s count of ``key`` in thousands, with its ratio to the wsproto floor's (when
+    the floor was measured too and this is another entry)."""
+    cell = f"{row[key] / 1000:.0f}k"
+    if floor is not None and floor is not row and floor.get(key):
+        cell += f" ({row[key] / floor[key]:.2f}x)"
+    return cell
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.callprofile", description=__doc__)
     parser.add_argument("--calls", type=int, default=2000, help="measured calls (default 2000)")
@@ -257,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             row["client_instructions"] = counted["client_instructions"]
             row["server_instructions"] = counted["server_instructions"]
         rows.append((entry, row))
+    floor = dict(rows).get("wsproto")
     print(f"Per sequential 32-byte call, CPython {version}, {args.calls} calls:\n")
     header = ["entry", "client loop turns", "client msgs out/in", "server syscalls (top 5)"]
     if args.instructions:
@@ -281,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if args.instructions:
             cells += [
-                f"{row['client_instructions'] / 1000:.0f}k",
-                f"{row['server_instructions'] / 1000:.0f}k",
+                _instructions(row, floor, "client_instructions"),
+                _instructions(row, floor, "server_instructions"),
             ]
         print("| " + " | ".join(cells) + " |")
     return 0

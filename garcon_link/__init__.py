@@ -16,7 +16,8 @@ Usage (``garcon-link init DIR`` writes such a project; ``garcon-link --help`` li
         calc = executor.service("calc", Calculator)  # typed; survives reconnections
         print(await calc.add(1, 2))
 
-Documentation: README.md and the guides in docs/ of the source tree; every bound is a field
+Documentation: the site built from docs/ of the source tree (``make docs``: a tutorial, how-to
+guides, the reference of every public name, explanations); every bound is a field
 of :class:`Limits`. The public surface is ``__all__``; each module's docstring holds its rules.
 """
 

@@ -1,12 +1,13 @@
-"""The starter project of ``garcon-link init`` (and of README.md's *Example*).
+"""The starter project of ``garcon-link init`` (and of the examples of README.md and the tutorial).
 
-One source for both: ``tests/test_readme.py`` checks that the README's ``calc.py``,
-``worker.toml`` and ``controller.toml`` blocks are exactly what :func:`files` writes for the
-default port, so the README and ``init`` cannot drift apart.
+One source for all: ``tests/test_readme.py`` checks that the tutorial's ``calc.py``,
+``worker.toml`` and ``controller.toml`` blocks (docs/tutorial.md) and the README's ``calc.py``
+are exactly what :func:`files` writes for the default port, so they and ``init`` cannot drift
+apart.
 
 The pair listens and dials plain ``ws://`` on loopback, which the configuration allows without
 ``allow_insecure_development`` (it refuses plain text off loopback); a deployment adds ``[tls]``
-(README, *Deployment*).
+(docs/guides/deployment.md).
 """
 
 from __future__ import annotations

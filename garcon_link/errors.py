@@ -307,6 +307,7 @@ class FailureReason(_CodedReason):
     CLOSED = ("closed locally", 1001)
     REVOKED = ("the executor's key was revoked", 4001)
     TAKEN_OVER = ("another process took over this executor id", 4009)
+    EVICTED = ("detached, and its place given to another controller (max_controllers)", 4005)
 
 
 class SessionFailed(_ReasonedError[FailureReason]):

@@ -1,5 +1,6 @@
 """Run a small project's commands as a user would: shell lines through ``sh`` with ``garcon-link``
-and ``python`` shimmed to this interpreter and checkout (used by test_readme.py and test_cli.py).
+and ``python`` shimmed to this interpreter and checkout (used by test_readme.py and test_cli.py),
+and read the example blocks the README and the tutorial (docs/tutorial.md) mark.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+TUTORIAL = README.parent / "docs" / "tutorial.md"
 DEADLINE = 30.0
 
 
-def readme_blocks(marker: str) -> dict[str, str]:
-    """``<!-- MARKER[: NAME] -->`` followed by a fenced block -> {NAME or "": block content}."""
+def readme_blocks(marker: str, page: Path = README) -> dict[str, str]:
+    """``<!-- MARKER[: NAME] -->`` followed by a fenced block in ``page`` (the README or a page of
+    docs/) -> {NAME or "": block content}."""
     pattern = re.compile(
         r"<!-- " + re.escape(marker) + r"(?::\s*(\S+))? -->\n```[a-z]*\n(.*?)```\n", re.DOTALL
     )
-    return {m.group(1) or "": m.group(2) for m in pattern.finditer(README.read_text("utf-8"))}
+    return {m.group(1) or "": m.group(2) for m in pattern.finditer(page.read_text("utf-8"))}
 
 
 def free_port() -> int:

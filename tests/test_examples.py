@@ -119,10 +119,11 @@ def test_no_secret_is_committed_with_the_examples() -> None:
         assert not re.search(r"^secret\s*=", text, re.MULTILINE), config
 
 
-# --------------------------------------------------------------------------- README in sync
+# -------------------------------------------------------------------- reference pages in sync
 
 
-README = EXAMPLES.parent / "README.md"
+LIMITS_PAGE = EXAMPLES.parent / "docs" / "reference" / "limits.md"
+CLI_PAGE = EXAMPLES.parent / "docs" / "reference" / "cli.md"
 
 
 def _shown(name: str, value: int | float) -> str:
@@ -136,7 +137,8 @@ def _shown(name: str, value: int | float) -> str:
 
 
 def render_limits_table() -> str:
-    """The README's ``[limits]`` table, from ``Limits.describe()`` and the defaults."""
+    """The ``[limits]`` table of docs/reference/limits.md, from ``Limits.describe()`` and the
+    defaults."""
     import dataclasses
 
     from garcon_link import Limits
@@ -151,17 +153,20 @@ def render_limits_table() -> str:
     return "\n".join(rows)
 
 
-def test_readme_limits_table_matches_the_code() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_limits_page_table_matches_the_code() -> None:
+    text = LIMITS_PAGE.read_text(encoding="utf-8")
     begin, end = "<!-- limits-table:begin -->\n", "\n<!-- limits-table:end -->"
     table = text[text.index(begin) + len(begin) : text.index(end)]
-    assert table == render_limits_table(), "regenerate the table with render_limits_table()"
+    assert table == render_limits_table(), (
+        "docs/reference/limits.md: the [limits] table differs from Limits; regenerate it with "
+        "`.venv/bin/python tests/test_examples.py`"
+    )
 
 
-def test_readme_exit_codes_match_the_cli() -> None:
+def test_cli_page_exit_codes_match_the_cli() -> None:
     from garcon_link import cli
 
-    text = README.read_text(encoding="utf-8")
+    text = CLI_PAGE.read_text(encoding="utf-8")
     for code, name in [
         (cli.EXIT_NOT_DISPATCHED, "NotDispatched"),
         (cli.EXIT_REJECTED, "Rejected"),
@@ -171,14 +176,15 @@ def test_readme_exit_codes_match_the_cli() -> None:
         assert f"| {code} | `{name}`" in text
 
 
-def write_readme_limits_table() -> None:
-    """Regenerate the README's ``[limits]`` table: ``python tests/test_examples.py``."""
-    text = README.read_text(encoding="utf-8")
+def write_limits_table() -> None:
+    """Regenerate the ``[limits]`` table of docs/reference/limits.md:
+    ``python tests/test_examples.py``."""
+    text = LIMITS_PAGE.read_text(encoding="utf-8")
     begin, end = "<!-- limits-table:begin -->\n", "\n<!-- limits-table:end -->"
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
-    README.write_text(head + begin + render_limits_table() + end + tail, encoding="utf-8")
+    LIMITS_PAGE.write_text(head + begin + render_limits_table() + end + tail, encoding="utf-8")
 
 
 if __name__ == "__main__":
-    write_readme_limits_table()
+    write_limits_table()

@@ -19,22 +19,14 @@ Exactly one execution and the real result, across:
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from faultutil import (
-    JOURNAL_ENV,
-    TESTS_DIR,
-    Ledger,
-    controller_config,
-    journal_count,
-    wait_for,
-    write_configs,
-)
+from faultutil import TESTS_DIR, Ledger, controller_config, journal_count, wait_for
+from keyedworker import PROCESS_LIMITS, worker_process
 from rpcutil import (
     LIMITS,
     SECRET,
@@ -49,7 +41,6 @@ from rpcutil import (
 
 import garcon_link as gl
 from garcon_link.rpc.rpc import CALL
-from garcon_link.testing import WorkerProcess, free_tcp_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -286,37 +277,6 @@ async def test_a_restarted_controller_gets_the_one_execution_s_result(direction:
 
 
 # ---------------------------------------------------------------------------------- worker killed
-
-PROCESS_LIMITS: dict[str, Any] = {
-    "heartbeat_interval": 0.05,
-    "heartbeat_timeout": 0.5,
-    "detached_grace": 20.0,
-    "handshake_timeout": 2.0,
-    "takeover_probe_timeout": 0.3,
-    "connect_timeout": 1.0,
-    "backoff_base": 0.01,
-    "backoff_max": 0.1,
-    "close_timeout": 0.3,
-    "scope_cleanup_timeout": 0.5,
-    "call_timeout": 20.0,
-}
-
-
-@asynccontextmanager
-async def worker_process(
-    tmp_path: Path, *, state_dir: Path | None = None
-) -> AsyncIterator[tuple[WorkerProcess, Path]]:
-    worker_toml, _ = write_configs(tmp_path, port=free_tcp_port(), limits=PROCESS_LIMITS)
-    journal = tmp_path / "journal"
-    async with WorkerProcess(
-        worker_toml,
-        ["ledger=faultutil:LedgerService"],
-        cwd=TESTS_DIR,
-        env={JOURNAL_ENV: str(journal)},
-        args=() if state_dir is None else ("--state-dir", str(state_dir)),
-    ) as worker:
-        await worker.start()
-        yield worker, journal
 
 
 async def test_a_killed_worker_ends_the_guarantee_with_an_honest_outcome_unknown(

@@ -15,7 +15,7 @@ needs from an upper one is passed in, or is a Protocol of the lower room. Import
 ``pkg.mod`` runs ``pkg/__init__.py`` first; that implicit import is not an edge (the room
 packages' ``__init__`` modules import nothing).
 
-The README's layer diagram (``## Layers``) is checked against the same table: the rooms in
+The layer diagram of docs/explanation/layers.md is checked against the same table: the rooms in
 order, top first, each listing exactly its modules.
 """
 
@@ -31,7 +31,7 @@ import pytest
 
 PACKAGE = "garcon_link"
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+LAYERS_PAGE = ROOT / "docs" / "explanation" / "layers.md"
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,13 +242,13 @@ def _cycle_in(component: set[str], graph: Mapping[str, set[str]]) -> list[str]:
     raise AssertionError("a strongly connected component without a cycle")
 
 
-# ------------------------------------------------------------------------------ the README
+# ------------------------------------------------------------------------------ the layers page
 
 
 def diagram_units(
     rooms: tuple[Room, ...], modules: Mapping[str, Path]
 ) -> list[tuple[str, list[str]]]:
-    """What the README's diagram must list, top room first: ``(room heading, units)``, where a
+    """What the layers page's diagram must list, top room first: ``(room heading, units)``, where a
     unit is a file (``ws.py``, relative to the room's folder or the package) or a subpackage
     of a top-level room (``services/``); a room folder's ``__init__.py`` is the room itself."""
     listed: dict[str, set[str]] = {room.name: set() for room in rooms}
@@ -274,9 +274,10 @@ _UNITS = re.compile(rf"^  ({_UNIT}(?:, {_UNIT})*)(?:\s|$)")
 
 
 def readme_diagram(text: str) -> list[tuple[str, list[str]]]:
-    """The rooms and units the README's ``## Layers`` diagram lists, top first: a heading is a
-    line in column 0 (its first word), units are the file names that start an indented line."""
-    section = text[text.index("\n## Layers\n") :]
+    """The rooms and units the layers page's diagram (its first code block) lists, top first: a
+    heading is a line in column 0 (its first word), units are the file names that start an
+    indented line."""
+    section = text[text.index("# Layers\n") :]
     block = section[section.index("```\n") + 4 :]
     block = block[: block.index("```")]
     found: list[tuple[str, list[str]]] = []
@@ -331,9 +332,11 @@ def test_the_sans_io_rooms_import_no_event_loop_socket_or_clock() -> None:
     assert not found, "\n".join(found)
 
 
-def test_the_readme_diagram_lists_the_rooms_in_order_with_their_modules() -> None:
+def test_the_layers_page_diagram_lists_the_rooms_in_order_with_their_modules() -> None:
     expected = diagram_units(ROOMS, discover(ROOT, PACKAGE))
-    assert readme_diagram(README.read_text("utf-8")) == expected
+    assert readme_diagram(LAYERS_PAGE.read_text("utf-8")) == expected, (
+        "docs/explanation/layers.md: its diagram must list each room's modules"
+    )
 
 
 def _write(root: Path, files: Mapping[str, str]) -> None:
@@ -419,8 +422,8 @@ def test_a_module_outside_every_room_is_reported(tmp_path: Path) -> None:
     ]
 
 
-def test_the_readme_check_sees_a_module_in_the_wrong_room() -> None:
-    text = README.read_text("utf-8")
+def test_the_diagram_check_sees_a_module_in_the_wrong_room() -> None:
+    text = LAYERS_PAGE.read_text("utf-8")
     expected = diagram_units(ROOMS, discover(ROOT, PACKAGE))
     moved = re.sub(r"\n  ws\.py", "\n  wsx.py", text, count=1)
     assert readme_diagram(moved) != expected

@@ -1,16 +1,23 @@
 """Several controllers on one worker (docs/guides/many-callers.md), over real loopback sockets.
 
-A listening worker holds one logical session per controller: eight in-process controllers and a
-``garcon-link call`` child process are served at once (calls, streams, and a process one of them
-starts is listed by another: the process service is worker-scoped); past
-``Limits.max_controllers`` a controller is refused (1013) until a place frees up; the same
+A listening worker holds one logical session per controller: eight controller processes
+(tests/controller_child.py) and the CLI (``garcon-link call`` and ``describe``) are served at once
+(calls, streams, and a process one of them starts is listed by every other: the process service
+is worker-scoped); past ``Limits.max_controllers`` a controller is refused (1013) while every
+place has a live socket, and admitted in the place of a crashed or cut-off controller's detached
+session otherwise (``EVICTED``: its controller, back, gets honest outcomes); the same
 ``controller_id`` from a new process is the takeover rule of one executor id (4004 while the
-holder answers, newest wins once it does not).
+holder answers, newest wins once it does not); ``Worker.statistics()`` counts every controller.
+
+A controller meant to crash is a child process killed with SIGKILL, not an in-process
+``link.abort()``: that cancels the task group hosting the controller, silently ending the test
+body there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import subprocess
 import sys
@@ -21,10 +28,14 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+from faultutil import TESTS_DIR, kill_and_reap, wait_for
 from rpcutil import Calc, CalcImpl
 
 import garcon_link as gl
-from garcon_link.services import ProcessService, builtin_services
+from garcon_link.endpoint.link import WebSocketLink
+from garcon_link.services import builtin_services
+from garcon_link.testing import FaultProxy
 
 pytestmark = pytest.mark.anyio
 
@@ -84,6 +95,13 @@ async def _controllers(url: str, count: int) -> AsyncIterator[list[gl.RemoteExec
         yield executors
 
 
+def _runtime(executor: gl.RemoteExecutor) -> str:
+    """The name a listening worker knows a controller without a controller_id by."""
+    link = executor.link
+    assert isinstance(link, WebSocketLink)
+    return link.runtime_id.hex()
+
+
 async def _hosted(
     config: gl.LinkConfig,
     stop: anyio.Event,
@@ -97,8 +115,54 @@ async def _hosted(
         await stop.wait()
 
 
-def _call_subprocess(directory: Path, url: str) -> subprocess.CompletedProcess[str]:
-    """``garcon-link call`` as a user runs it: its own process, so its own controller."""
+class Child:
+    """One controller child process and its line protocol (tests/controller_child.py)."""
+
+    def __init__(self, process: anyio.abc.Process) -> None:
+        assert process.stdin is not None and process.stdout is not None
+        self.process = process
+        self._out = BufferedByteReceiveStream(process.stdout)
+        self.runtime = ""
+
+    async def line(self) -> str:
+        with anyio.fail_after(20):
+            return (await self._out.receive_until(b"\n", 1 << 20)).decode()
+
+    async def ready(self) -> None:
+        first = await self.line()
+        assert first.startswith("READY "), first
+        self.runtime = first.split()[1]
+
+    async def ask(self, command: str) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        await self.process.stdin.send(command.encode() + b"\n")
+        answer: dict[str, Any] = json.loads(await self.line())
+        assert "error" not in answer, answer
+        return answer
+
+
+@contextlib.asynccontextmanager
+async def _children(
+    directory: Path, url: str, count: int, backend: str, controller_id: str = ""
+) -> AsyncIterator[list[Child]]:
+    """``count`` controller processes (with ``controller_id``, if any), each ready (started at
+    once, so they connect side by side); killed and reaped on the way out."""
+    secret = directory / "child.secret"
+    secret.write_bytes(SECRET.reveal())
+    async with contextlib.AsyncExitStack() as stack:
+        children = []
+        for _ in range(count):
+            command = [sys.executable, str(TESTS_DIR / "controller_child.py"), url, str(secret)]
+            command += [backend, controller_id]
+            process = await anyio.open_process(command, stderr=subprocess.DEVNULL)
+            stack.push_async_callback(kill_and_reap, process)
+            children.append(Child(process))
+        for child in children:
+            await child.ready()
+        yield children
+
+
+def _cli_config(directory: Path, url: str) -> Path:
     (directory / "link.secret").write_bytes(SECRET.reveal())
     (directory / "link.secret").chmod(0o600)
     config = directory / "controller.toml"
@@ -107,59 +171,66 @@ def _call_subprocess(directory: Path, url: str) -> subprocess.CompletedProcess[s
         f'[connection]\ndial = "{url}"\n',
         encoding="utf-8",
     )
-    return subprocess.run(
-        [*CLI, "call", str(config), "calc.add", "[2, 3]"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    return config
 
 
-async def test_a_worker_serves_eight_controllers_and_the_cli_at_once(
+async def _cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """``garcon-link ARGS`` as a user runs it: its own process, so its own controller."""
+    with anyio.fail_after(30):
+        return await anyio.run_process([*CLI, *args], check=False, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow  # ten child processes: about 5 s per backend
+async def test_a_worker_serves_eight_controller_processes_and_the_cli_at_once(
     anyio_backend: str, tmp_path: Path
 ) -> None:
+    """The acceptance of several controllers: 8 controller processes and the CLI (``call`` and
+    ``describe``, two more processes) use one worker at once -- calls, streams, and a process
+    one controller starts is listed by every other (the process service is the worker's)."""
     impl = CalcImpl()
     root = tmp_path / "root"
     root.mkdir()
     with anyio.fail_after(60):
         async with (
             gl.Worker(_worker_config(), _services(root, impl)) as worker,
-            _controllers(worker.url, 8) as executors,
+            _children(tmp_path, worker.url, 8, anyio_backend) as children,
         ):
-            for executor in executors:
-                await executor.wait_ready(timeout=10)
-            assert len(worker.controllers()) == 8
-            results: dict[int, tuple[int, list[int]]] = {}
+            assert sorted(worker.controllers()) == sorted(c.runtime for c in children)
+            config = str(_cli_config(tmp_path, worker.url))
+            results: dict[int, dict[str, Any]] = {}
+            cli: dict[str, subprocess.CompletedProcess[bytes]] = {}
 
-            async def use(i: int, executor: gl.RemoteExecutor) -> None:
-                calc = executor.service("calc", Calc)
-                total = await calc.add(i, 100)
-                results[i] = (total, [x async for x in calc.count(3 + i)])
+            async def use(i: int, child: Child) -> None:
+                results[i] = await child.ask(f"use {i}")
+                await child.ask(f"start shared-{i}")
+
+            async def run_cli(name: str, *args: str) -> None:
+                cli[name] = await _cli(*args)
 
             async with anyio.create_task_group() as tg:
-                for i, executor in enumerate(executors):
-                    tg.start_soon(use, i, executor)
-            assert results == {i: (i + 100, list(range(3 + i))) for i in range(8)}
+                tg.start_soon(run_cli, "call", "call", config, "calc.add", "[2, 3]")
+                tg.start_soon(run_cli, "describe", "describe", config)
+                for i, child in enumerate(children):
+                    tg.start_soon(use, i, child)
+            assert results == {i: {"add": i + 100, "count": list(range(3 + i))} for i in range(8)}
+            assert (cli["call"].returncode, cli["call"].stdout) == (0, b"5\n"), cli["call"]
+            assert cli["describe"].returncode == 0, cli["describe"]
+            assert b"calc.add" in cli["describe"].stdout, cli["describe"].stdout
 
-            # A process started by one controller is found by another: the process
-            # service is the worker's, shared by every controller's session.
-            first = executors[0].service("process", ProcessService)
-            await first.start([sys.executable, "-c", "pass"], id="shared-1")
-            last = executors[-1].service("process", ProcessService)
-            assert "shared-1" in [info.id for info in await last.list()]
-
-            # A ninth controller, in another process, while the eight stay attached.
-            done = await anyio.to_thread.run_sync(_call_subprocess, tmp_path, worker.url)
-            assert (done.returncode, done.stdout) == (0, "5\n"), done.stderr
+            # Every process started by one controller is in every controller's list.
+            started = sorted(f"shared-{i}" for i in range(8))
+            for child in children:
+                assert (await child.ask("list"))["ids"] == started
 
             stats = worker.link.statistics()
-            assert stats.fresh_sessions == 9
+            assert stats.fresh_sessions == 10  # 8 children, call, describe
             assert stats.takeovers_refused == stats.admissions_busy == 0
-            assert stats.controllers_refused == 0
-            assert len(worker.controllers()) == 8  # the CLI closed its session (1001)
-            # Every in-process session is still the one it began with: nothing replaced.
-            assert all(e.statistics().sessions == 1 for e in executors)
+            assert stats.controllers_refused == stats.controllers_evicted == 0
+            # The CLI runs closed their sessions (1001); the children's are the ones they
+            # began with: nothing replaced, nothing resumed.
+            assert sorted(worker.controllers()) == sorted(c.runtime for c in children)
+            for child in children:
+                assert await child.ask("stats") == {"sessions": 1}
 
 
 async def test_the_controller_past_max_controllers_is_refused_until_a_place_frees(
@@ -198,21 +269,117 @@ async def test_the_controller_past_max_controllers_is_refused_until_a_place_free
                 stop.set()
 
 
-async def test_the_same_controller_id_takes_over_once_its_holder_stops_answering(
+async def test_a_crashed_controller_gives_its_place_to_a_live_one(
+    anyio_backend: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With every place held, a newcomer takes the place of the session detached the longest
+    (its socket gone) instead of waiting out that session's grace (30 s here: the test would
+    time out long before it); with every place's socket live, it is refused."""
+    caplog.set_level(logging.INFO, logger="garcon_link.link")
+    impl = CalcImpl()
+    limits = LIMITS.replace(max_controllers=2, detached_grace=30.0)
+    with anyio.fail_after(40):
+        async with (
+            gl.Worker(_worker_config(limits), {"calc": impl}) as w,
+            _children(tmp_path, w.url, 2, anyio_backend) as (crashed, live),
+            anyio.create_task_group() as tg,
+        ):
+            assert sorted(w.controllers()) == sorted([crashed.runtime, live.runtime])
+            crashed_session = w.link.controllers()[crashed.runtime]
+            # Killed: no close frame, so the worker keeps its session, detached, for the grace.
+            await kill_and_reap(crashed.process)
+            await wait_for(lambda: not crashed_session.attached, 10, "the socket is gone")
+            assert crashed.runtime in w.controllers()  # held, detached
+            stops = [anyio.Event() for _ in range(2)]
+            newcomer = await tg.start(_hosted, _controller_config(w.url), stops[0])
+            await newcomer.wait_ready(timeout=10)
+            assert await newcomer.service("calc", Calc).add(1, 2) == 3
+            assert w.link.statistics().controllers_evicted == 1
+            failure = crashed_session.failure
+            assert failure is not None and failure.reason is gl.errors.FailureReason.EVICTED
+            assert len(w.controllers()) == 2 and crashed.runtime not in w.controllers()
+            evictions = [r for r in caplog.records if "in the place of" in r.getMessage()]
+            assert len(evictions) == 1 and evictions[0].levelno == logging.WARNING
+            assert getattr(evictions[0], "gl_controller", None) == crashed.runtime
+            # Both places now have a socket: the next one is refused (1013), nobody evicted.
+            fourth = await tg.start(_hosted, _controller_config(w.url), stops[1])
+            with pytest.raises(TimeoutError, match="max_controllers=2"):
+                await fourth.wait_ready(timeout=0.5)
+            assert w.link.statistics().controllers_evicted == 1
+            assert (await live.ask("use 1"))["add"] == 101
+            assert await newcomer.service("calc", Calc).add(2, 2) == 4
+            for stop in stops:
+                stop.set()
+
+
+async def test_an_evicted_controller_that_returns_gets_honest_outcomes(
     anyio_backend: str,
 ) -> None:
+    """A controller cut off (not crashed) loses its detached session to a newcomer; when it gets
+    through again it is served on a fresh session, and the call it had running is
+    OutcomeUnknown (written, maybe executed), never re-sent nor reported done."""
     impl = CalcImpl()
+    limits = LIMITS.replace(max_controllers=2, detached_grace=30.0)
     with anyio.fail_after(30):
         async with (
-            gl.Worker(_worker_config(), {"calc": impl}) as w,
+            gl.Worker(_worker_config(limits), {"calc": impl}) as w,
+            FaultProxy("127.0.0.1", w.link.listen_address[1]) as proxy,
             anyio.create_task_group() as tg,
         ):
             stops = [anyio.Event() for _ in range(3)]
-            first, other, newer = [
+            cut_off = await tg.start(_hosted, _controller_config(proxy.url()), stops[0])
+            live = await tg.start(_hosted, _controller_config(w.url), stops[1])
+            await cut_off.wait_ready(timeout=10)
+            await live.wait_ready(timeout=10)
+            outcome: list[BaseException] = []
+
+            async def held_call() -> None:
+                try:
+                    await cut_off.service("calc", Calc).hold("evicted")
+                except gl.CallError as exc:
+                    outcome.append(exc)
+
+            tg.start_soon(held_call)
+            await impl.probe.wait("started:evicted")
+            held = w.link.controllers()[_runtime(cut_off)]
+            proxy.refuse()
+            proxy.cut()
+            await wait_for(lambda: not held.attached, 10, "the worker sees the cut")
+            newcomer = await tg.start(_hosted, _controller_config(w.url), stops[2])
+            await newcomer.wait_ready(timeout=10)
+            failure = held.failure
+            assert failure is not None and failure.reason is gl.errors.FailureReason.EVICTED
+            await impl.probe.wait("cancelled:evicted")  # the session's handler ends with it
+            stops[2].set()  # the newcomer leaves: a place frees up
+            await wait_for(lambda: len(w.controllers()) == 1, 10, "the newcomer left")
+            proxy.heal()
+            await wait_for(lambda: bool(outcome), 10, "the held call's outcome")
+            assert isinstance(outcome[0], gl.OutcomeUnknown), outcome
+            await cut_off.wait_ready(timeout=10)  # its fresh session installed
+            assert await cut_off.service("calc", Calc).add(3, 4) == 7
+            assert cut_off.statistics().sessions == 2  # a fresh one, not a resume
+            assert impl.counts["evicted"] == 1  # never re-sent
+            for stop in stops:
+                stop.set()
+
+
+async def test_the_same_controller_id_takes_over_once_its_holder_stops_answering(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    impl = CalcImpl()
+    # A grace longer than the test: the old session ends by the takeover, not by expiring.
+    limits = LIMITS.replace(detached_grace=30.0)
+    with anyio.fail_after(40):
+        async with (
+            gl.Worker(_worker_config(limits), {"calc": impl}) as w,
+            _children(tmp_path, w.url, 1, anyio_backend, "scheduler") as (first,),
+            anyio.create_task_group() as tg,
+        ):
+            stops = [anyio.Event() for _ in range(2)]
+            other, newer = [
                 await tg.start(_hosted, _controller_config(w.url, name), stop)
-                for name, stop in zip(("scheduler", "other", "scheduler"), stops, strict=True)
+                for name, stop in zip(("other", "scheduler"), stops, strict=True)
             ]
-            await first.wait_ready(timeout=10)
             await other.wait_ready(timeout=10)  # another controller_id: admitted at once
             # The holder answers the probe: the newcomer is refused (4004), again and again,
             # and the holder's session stays.
@@ -220,17 +387,79 @@ async def test_the_same_controller_id_takes_over_once_its_holder_stops_answering
                 await newer.wait_ready(timeout=0.5)
             assert w.link.statistics().takeovers_refused >= 1
             assert sorted(w.controllers()) == ["other", "scheduler"]
-            held = w.controllers()["scheduler"]
-            # The holder dies without a word (no close frame): the probe fails and the newest
+            held = w.link.controllers()["scheduler"]
+            # The holder's process dies (SIGKILL: no close frame, nothing retired): the newest
             # process with that controller_id takes the place over.
-            await first.link.abort()
+            await kill_and_reap(first.process)
             await newer.wait_ready(timeout=10)
             assert await newer.service("calc", Calc).add(2, 2) == 4
             assert sorted(w.controllers()) == ["other", "scheduler"]
-            assert w.controllers()["scheduler"] is not held
+            assert w.link.controllers()["scheduler"] is not held
+            failure = held.failure
+            assert failure is not None and failure.reason is gl.errors.FailureReason.REPLACED
             assert await other.service("calc", Calc).add(1, 1) == 2
+            assert w.link.statistics().controllers_evicted == 0
             for stop in stops:
                 stop.set()
+
+
+async def test_the_worker_statistics_count_every_controller(anyio_backend: str) -> None:
+    """Worker.statistics() sums the levels over every controller's session and breaks them
+    down by controller (not only the newest session's)."""
+    impl = CalcImpl()
+    with anyio.fail_after(30):
+        async with (
+            gl.Worker(_worker_config(), {"calc": impl}) as w,
+            _controllers(w.url, 3) as executors,
+            anyio.create_task_group() as tg,
+        ):
+            for executor in executors:
+                await executor.wait_ready(timeout=10)
+            labels = list(w.controllers())
+            assert len(labels) == 3
+            # The two older controllers each hold a call in their handler; the newest none.
+            for i, executor in enumerate(executors[:2]):
+                tg.start_soon(executor.service("calc", Calc).hold, f"held-{i}")
+                await impl.probe.wait(f"started:held-{i}")
+            stats = w.statistics()
+            assert stats.incoming_calls == 2
+            assert stats.rpc is not None and stats.rpc.incoming_calls <= 1  # the newest's
+            assert list(stats.controllers) == labels
+            runtimes = [_runtime(e) for e in executors]
+            assert {label: c.incoming_calls for label, c in stats.controllers.items()} == dict(
+                zip(runtimes, [1, 1, 0], strict=True)
+            )
+            assert all(c.attached for c in stats.controllers.values())
+            assert stats.controllers_omitted == 0
+            assert stats.fresh_sessions == 3 and stats.sessions == 3
+            impl._release("held-0")
+            impl._release("held-1")
+        ended = w.statistics()
+        assert ended.incoming_calls == 0 and not ended.controllers
+        assert ended.incoming_calls_peak == 1  # the most running at once on one session
+        assert ended.calls.server[("ok", None)] == 2
+
+
+async def test_the_per_controller_breakdown_is_capped(anyio_backend: str) -> None:
+    impl = CalcImpl()
+    with anyio.fail_after(30):
+        async with (
+            gl.Worker(_worker_config(), {"calc": impl}) as w,
+            _controllers(w.url, 3) as executors,
+        ):
+            for executor in executors:
+                await executor.wait_ready(timeout=10)
+            labels = list(w.controllers())
+            full = w.statistics()
+            assert list(full.controllers) == labels and full.controllers_omitted == 0
+            capped = w.statistics(max_rows=2)
+            assert list(capped.controllers) == labels[:2]  # the oldest
+            assert capped.controllers_omitted == 1
+            assert capped.fresh_sessions == 3  # the sums still cover every session
+            none = w.statistics(max_rows=0)
+            assert not none.controllers and none.controllers_omitted == 3
+            with pytest.raises(ValueError, match="max_rows"):
+                w.statistics(max_rows=-1)
 
 
 async def test_a_dialing_worker_dials_several_controllers(anyio_backend: str) -> None:
@@ -263,6 +492,12 @@ async def test_a_dialing_worker_dials_several_controllers(anyio_backend: str) ->
                 assert await a.service("calc", Calc).add(1, 2) == 3
                 assert [x async for x in b.service("calc", Calc).count(4)] == [0, 1, 2, 3]
                 assert sorted(worker.controllers()) == sorted(urls)
+                # The statistics cover both links: their sessions, handshakes and bytes.
+                stats = worker.statistics()
+                assert sorted(stats.controllers) == sorted(urls)
+                assert stats.fresh_sessions == 2
+                assert stats.link.fresh_sessions == 1  # the first link's own snapshot
+                assert stats.bytes_received > stats.link.bytes_received > 0
                 # One worker process: both controllers see the same worker instance.
                 info_a, info_b = await a.info(), await b.info()
                 assert info_a.worker_instance_id == info_b.worker_instance_id

@@ -3,9 +3,10 @@
 The explorer (``tests/model``) walks every interleaving of two processes, their session slots
 and the sockets between them, over the library's real sans-IO objects, and checks the
 invariants in every state and that every state of the healed network can still reach "all
-delivered and confirmed". Here: the CI bound must be clean, and each known failure mode,
-planted in the real code, must be found -- at a bound where the unplanted code is clean, so
-each of these tests can fail.
+delivered and confirmed" -- and, in a second world (tests/model/controllers.py), two
+controllers on one listening worker. Here: the CI bounds must be clean, and each known failure
+mode, planted in the real code, must be found -- at a bound where the unplanted code is clean,
+so each of these tests can fail.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import pytest
 from model import CI, Bounds, explore
 from model.__main__ import main
+from model.controllers import CONTROLLERS_CI, ControllerBounds
 from model.mutations import MUTATIONS, Mutation, mutated
 
 from garcon_link.core import admission
@@ -33,10 +35,50 @@ def test_the_ci_bound_has_no_counterexample(capsys: pytest.CaptureFixture[str]) 
     result = explore(CI)
     report(capsys, result.summary())
     assert result.counterexample is None, result.counterexample.render()
-    # The exploration really happened at the size the README states (a model that silently
+    # The exploration really happened at the size the guarantees page states (a model that silently
     # stopped exploring would pass the line above).
     assert result.states > 20_000, result.summary()
     assert result.healed_states > 5_000, result.summary()
+
+
+@pytest.mark.parametrize("bounds", CONTROLLERS_CI, ids=["sends-and-a-cut", "a-cut-and-a-restart"])
+def test_two_controllers_on_one_worker_have_no_counterexample(
+    bounds: ControllerBounds, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two controllers, each with its session to one listening worker, cuts and restarts
+    interleaved: every invariant per session, and neither disturbs the other's."""
+    result = explore(bounds)
+    report(capsys, result.summary())
+    assert result.counterexample is None, result.counterexample.render()
+    assert result.states > 1_000, result.summary()
+    assert result.healed_states > 1_000, result.summary()
+
+
+def test_the_two_controller_world_reaches_an_eviction_and_a_takeover() -> None:
+    """The restart bound really explores what it is for: a restarted controller without a
+    controller_id takes a detached session's place, one with a controller_id takes its own
+    session over."""
+    from model.controllers import ControllersWorld
+
+    world = ControllersWorld(ControllerBounds(sends=0, cuts=0, restarts=2, dials=2))
+    steps = [
+        ("restart", "b"),
+        ("notice", "w2"),
+        ("dial", "b"),
+        ("admit", "b"),
+        ("restart", "a"),
+        ("notice", "w1"),
+        ("dial", "a"),
+        ("admit", "a"),
+    ]
+    said: list[str] = []
+    for step in steps:
+        assert step in world.actions(), (step, said)
+        said.append(world.apply(step))
+        world.check()
+    assert "the worker (w3): Fresh; w2 (b's, detached) evicted" in said[3], said
+    assert "the worker (w1): Fresh" in said[7] and "a: Fresh" in said[7], said
+    assert world.sides["w1"].taken_over  # a's first runtime, taken over
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.label.replace(" ", "-"))

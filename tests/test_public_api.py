@@ -111,7 +111,7 @@ def test_star_import_gives_exactly_all() -> None:
 
 
 def test_names_used_in_examples_are_public() -> None:
-    # The names the README and docs/design.md use in examples must stay reachable as ``gl.<name>``.
+    # The names the README and docs/ use in examples must stay reachable as ``gl.<name>``.
     for name in (
         "load_config",
         "LinkConfig",

@@ -2,7 +2,7 @@
 
 The fixture files under tests/typing/ are copied to a directory *outside the repository* and
 checked there, with ``MYPYPATH`` removed: the package must be visible to the type checkers the
-way the README installs it (a plain or ``editable_mode=compat`` install puts a path entry they
+way the tutorial installs it (a plain or ``editable_mode=compat`` install puts a path entry they
 follow; setuptools' default editable install is an import hook they cannot see).
 
 ``facade_ok.py`` uses ``executor.service("calc", Calc)`` (a Protocol), ``gl.with_options``,

@@ -14,8 +14,8 @@ both), :class:`SessionTotals` (the counters that outlive a session) and
 from __future__ import annotations
 
 import types
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
@@ -28,19 +28,75 @@ from ..limits import Limits
 from ..rpc.rpc import CallObserver, CallStatistics, ExecutorRpc, RpcStatistics
 from ..settings.config import LinkConfig
 
-__all__ = ["Endpoint", "ExecutorStatistics", "SessionTotals", "link_from_config"]
+__all__ = [
+    "CONTROLLER_ROWS",
+    "ControllerStatistics",
+    "Endpoint",
+    "ExecutorStatistics",
+    "SessionTotals",
+    "link_from_config",
+]
+
+CONTROLLER_ROWS = 64
+"""By default, at most this many controllers in :attr:`ExecutorStatistics.controllers` (the
+oldest sessions; the others are counted in ``controllers_omitted``, and always in the sums)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerStatistics:
+    """One controller's session on a worker, in :attr:`ExecutorStatistics.controllers`.
+
+    Attributes:
+        attached: a socket carries the session now.
+        pending_calls: the worker's calls to that controller awaiting a reply.
+        incoming_calls: that controller's calls whose handlers run now.
+        retained_frames: frames to that controller awaiting its receipt.
+        retained_bytes: bytes of those frames.
+        replays: attachments that re-sent frames a lost socket may not have delivered.
+        replayed_frames: frames re-sent by those replays.
+    """
+
+    attached: bool
+    pending_calls: int
+    incoming_calls: int
+    retained_frames: int
+    retained_bytes: int
+    replays: int
+    replayed_frames: int
+
+    @classmethod
+    def of(cls, rpc: ExecutorRpc) -> ControllerStatistics:
+        transport = rpc.transport.statistics()
+        calls = rpc.statistics()
+        session = transport.session
+        return cls(
+            attached=rpc.transport.attached,
+            pending_calls=calls.pending_calls,
+            incoming_calls=calls.incoming_calls,
+            retained_frames=session.retained_frames,
+            retained_bytes=session.retained_bytes,
+            replays=session.replays,
+            replayed_frames=session.replayed_frames,
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class ExecutorStatistics:
     """A snapshot of one endpoint (:meth:`RemoteExecutor.statistics`, :meth:`Worker.statistics`):
-    its calls, its sessions, its link. README "Operating it" lists what each field means.
+    its calls, its sessions, its link. docs/reference/statistics.md lists what each field means.
 
     Counters (``calls``, ``*_peak``, ``sessions``, ``replays``, ``replayed_frames``) cover the
     endpoint's lifetime, across session replacements; ``pending_calls``, ``incoming_calls``,
     ``retained_*`` (without ``_peak``) are the current session's, 0 without one. The link's
     figures (``resumes``, ``fresh_sessions``, ``handshakes_failed``, ``bytes_*``) are its link's:
     for a fleet member, the fleet's link it shares with the other members.
+
+    A worker serving several controllers (docs/guides/many-callers.md) has a session per
+    controller: its ``pending_calls``, ``incoming_calls`` and ``retained_*`` are the sums over
+    every session it serves now, its ``*_peak`` the most any one session reached, its
+    ``replays`` and ``replayed_frames`` those of every session, its link figures the sums over
+    the links it dials (a dialing worker has one per controller URL); ``transport`` and ``rpc``
+    stay the newest session's, and ``controllers`` breaks the sessions down by controller.
 
     Attributes:
         executor_id: the executor this endpoint is (worker) or talks to (controller).
@@ -65,6 +121,12 @@ class ExecutorStatistics:
         link: the link's full :class:`~garcon_link.endpoint.link.LinkStatistics`.
         transport: the current session's transport snapshot, if any.
         rpc: the current session's :class:`~garcon_link.rpc.rpc.RpcStatistics`, if any.
+        controllers: a worker's sessions by controller (its ``controller_id`` or runtime id in
+            hex, or the URL a dialing worker dials), oldest first, at most
+            :data:`CONTROLLER_ROWS` of them (``Worker.statistics(max_rows=...)``); empty for a
+            controller.
+        controllers_omitted: the worker's sessions past that bound, not in ``controllers``
+            (they are in the sums).
     """
 
     executor_id: str
@@ -88,6 +150,10 @@ class ExecutorStatistics:
     link: LinkStatistics
     transport: TransportStatistics | None
     rpc: RpcStatistics | None
+    controllers: Mapping[str, ControllerStatistics] = field(
+        default_factory=lambda: types.MappingProxyType({})
+    )
+    controllers_omitted: int = field(default=0, metadata={"metric": "gauge"})
 
 
 class SessionTotals:
@@ -112,37 +178,62 @@ class SessionTotals:
         observer: CallObserver,
         link: LinkStatistics,
         rpc: ExecutorRpc | None,
+        *,
+        live: Sequence[ExecutorRpc] | None = None,
+        more_links: Sequence[LinkStatistics] = (),
+        controllers: Mapping[str, ExecutorRpc] | None = None,
+        max_rows: int = 0,
     ) -> ExecutorStatistics:
+        """The endpoint's snapshot; ``rpc`` is the newest session's.
+
+        A worker also passes ``live`` (every session it serves now: the levels are their sums),
+        ``more_links`` (the other links it dials: their figures are added to ``link``'s) and
+        ``controllers`` (its sessions by controller, oldest first: the breakdown, at most
+        ``max_rows`` of them).
+        """
         transport = rpc.transport.statistics() if rpc is not None else None
         calls = rpc.statistics() if rpc is not None else None
-        session = transport.session if transport is not None else None
+        sessions = [r.transport.statistics().session for r in live or ()]
+        rpcs = [r.statistics() for r in live or ()]
+        if live is None:
+            session = transport.session if transport is not None else None
+            sessions = [session] if session is not None else []
+            rpcs = [calls] if calls is not None else []
+        links = [link, *more_links]
+        failed: dict[str, int] = {}
+        for one in links:
+            for reason, count in one.handshakes_failed.items():
+                failed[reason] = failed.get(reason, 0) + count
+        rows = dict(controllers or {})
+        shown = dict(list(rows.items())[:max_rows])
         return ExecutorStatistics(
             executor_id=executor_id,
             calls=observer.statistics(),
-            pending_calls=calls.pending_calls if calls is not None else 0,
+            pending_calls=sum(c.pending_calls for c in rpcs),
             pending_calls_peak=observer.pending_peak,
-            incoming_calls=calls.incoming_calls if calls is not None else 0,
+            incoming_calls=sum(c.incoming_calls for c in rpcs),
             incoming_calls_peak=observer.incoming_peak,
-            retained_frames=session.retained_frames if session is not None else 0,
+            retained_frames=sum(s.retained_frames for s in sessions),
             retained_frames_peak=max(
-                self.frames_peak, session.retained_frames_peak if session is not None else 0
+                [self.frames_peak, *(s.retained_frames_peak for s in sessions)]
             ),
-            retained_bytes=session.retained_bytes if session is not None else 0,
-            retained_bytes_peak=max(
-                self.bytes_peak, session.retained_bytes_peak if session is not None else 0
-            ),
+            retained_bytes=sum(s.retained_bytes for s in sessions),
+            retained_bytes_peak=max([self.bytes_peak, *(s.retained_bytes_peak for s in sessions)]),
             sessions=self.sessions,
-            resumes=link.resumed,
-            fresh_sessions=link.fresh_sessions,
-            replays=self.replays + (session.replays if session is not None else 0),
-            replayed_frames=self.replayed_frames
-            + (session.replayed_frames if session is not None else 0),
-            handshakes_failed=types.MappingProxyType(dict(link.handshakes_failed)),
-            bytes_sent=link.bytes_sent,
-            bytes_received=link.bytes_received,
+            resumes=sum(one.resumed for one in links),
+            fresh_sessions=sum(one.fresh_sessions for one in links),
+            replays=self.replays + sum(s.replays for s in sessions),
+            replayed_frames=self.replayed_frames + sum(s.replayed_frames for s in sessions),
+            handshakes_failed=types.MappingProxyType(failed),
+            bytes_sent=sum(one.bytes_sent for one in links),
+            bytes_received=sum(one.bytes_received for one in links),
             link=link,
             transport=transport,
             rpc=calls,
+            controllers=types.MappingProxyType(
+                {label: ControllerStatistics.of(r) for label, r in shown.items()}
+            ),
+            controllers_omitted=len(rows) - len(shown),
         )
 
 

@@ -59,7 +59,13 @@ from ..rpc.rpc import CallObserver, ExecutorRpc, Registry, RpcStatistics
 from ..rpc.statedir import StateDirectory, StateStatistics, open_state_directory
 from ..rpc.typedoc import registry_type_descriptions
 from ..settings.config import LinkConfig
-from .endpoint import Endpoint, ExecutorStatistics, SessionTotals, link_from_config
+from .endpoint import (
+    CONTROLLER_ROWS,
+    Endpoint,
+    ExecutorStatistics,
+    SessionTotals,
+    link_from_config,
+)
 from .registration import ServiceFactory, ServiceMap, registry_from
 
 __all__ = ["EventSink", "Worker", "serve"]
@@ -75,13 +81,13 @@ class Worker(Endpoint):
     Args:
         config: the worker's configuration (listen or dial).
         services: name -> object (or :class:`Service`), or a per-session scope factory.
+        limits: overrides ``config.limits``.
         on_event: receives one ``key=value`` diagnostic line per event (``executor-listening``,
             ``executor-ready``); the CLI prints them.
         drain: seconds :meth:`aclose` (and so leaving ``async with``) drains before it closes
             (module docstring); 0, the default, closes at once. A block left because its
             enclosing scope was cancelled has had its tasks cancelled too: no drain then
             (:func:`serve` drains on cancellation).
-        controller_services: not used by the worker itself; see :func:`garcon_link.peer`.
         hooks: per-call hooks (:mod:`garcon_link.rpc.hooks`), run around every handler this worker
             runs (and every call back it makes through :func:`peer`).
         state_dir: the state directory (default: the config's ``state_dir``; None keeps keyed
@@ -242,16 +248,38 @@ class Worker(Endpoint):
         """A snapshot of the state directory's writer, or None without one."""
         return None if self._state is None else self._state.statistics()
 
-    def statistics(self) -> ExecutorStatistics:
-        """A snapshot of this worker's calls, sessions and link (:class:`ExecutorStatistics`)."""
+    def statistics(self, *, max_rows: int = CONTROLLER_ROWS) -> ExecutorStatistics:
+        """A snapshot of this worker's calls, sessions and links (:class:`ExecutorStatistics`):
+        the levels summed over every controller's session, and broken down by controller.
+
+        Args:
+            max_rows: at most this many controllers in the breakdown (``controllers``: the
+                oldest sessions; the rest counted in ``controllers_omitted``); 0 for none.
+
+        Raises:
+            ValueError: ``max_rows`` is negative.
+        """
+        if max_rows < 0:
+            raise ValueError(f"max_rows must be 0 or more, got {max_rows}")
         return self._totals.snapshot(
-            self.config.executor_id, self._observer, self.link.statistics(), self.current_rpc
+            self.config.executor_id,
+            self._observer,
+            self.link.statistics(),
+            self.current_rpc,
+            live=list(self._rpcs),
+            more_links=[link.statistics() for link in self._more_links],
+            controllers=self._controller_rpcs(),
+            max_rows=max_rows,
         )
 
     def controllers(self) -> dict[str, RpcStatistics]:
         """The calls of each controller this worker serves now, by controller: its
         ``controller_id`` or its runtime id in hex (oldest session first) for a listening worker,
-        the URL it dials for a dialing one."""
+        the URL it dials for a dialing one. :meth:`statistics` has each one's session figures
+        (``controllers``)."""
+        return {label: rpc.statistics() for label, rpc in self._controller_rpcs().items()}
+
+    def _controller_rpcs(self) -> dict[str, ExecutorRpc]:
         by_transport = {id(rpc.transport): rpc for rpc in self._rpcs}
         assert self._own_link is not None
         named = self._own_link.controllers()
@@ -262,7 +290,7 @@ class Worker(Endpoint):
                 if (transport := link.transport) is not None
             }
         return {
-            label: rpc.statistics()
+            label: rpc
             for label, transport in named.items()
             if (rpc := by_transport.get(id(transport))) is not None
         }

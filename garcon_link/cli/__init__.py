@@ -59,9 +59,9 @@ Commands
 ``garcon-link init DIR [--port N] [--force]``
     Write a starter project into ``DIR`` (created if missing): ``worker.toml`` and
     ``controller.toml`` (a matched pair on loopback, port 8765 unless ``--port``), a fresh secret
-    ``link.secret`` (mode 0600, as ``keygen`` writes it) and ``calc.py`` (README.md's example);
-    then print the two commands to run. A non-empty ``DIR`` is refused (exit 2) unless
-    ``--force``, which replaces files of the same names.
+    ``link.secret`` (mode 0600, as ``keygen`` writes it) and ``calc.py`` (the example of the
+    README and the tutorial); then print the two commands to run. A non-empty ``DIR`` is
+    refused (exit 2) unless ``--force``, which replaces files of the same names.
 
 ``garcon-link call [CONFIG|-] SERVICE.METHOD [JSON_ARGS]``
     Connect with a controller configuration, wait until the executor is ready (``--timeout``), make

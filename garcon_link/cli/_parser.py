@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="write a starter project: worker/controller configs, a secret, calc.py",
         description="Write worker.toml and controller.toml (a matched pair on loopback), a fresh "
-        "secret link.secret (mode 0600) and calc.py (the README's example) into DIR, then print "
+        "secret link.secret (mode 0600) and calc.py (the tutorial's example) into DIR, then print "
         "the two commands to run. DIR is created if missing; a non-empty DIR is refused (exit 2) "
         "unless --force.",
         epilog=exit_codes_help("init"),

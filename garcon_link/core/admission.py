@@ -10,23 +10,30 @@ delays, a generator tested without a clock.
 The controller dimension: a listening worker holds one slot per controller (its
 ``controller_id``, or its runtime), so other controllers' sessions are in other slots and never
 reach this slot's :func:`decide` -- a second controller is a fresh session in a slot of its own,
-admitted at once, never probed or refused as a takeover. The one thing other slots tell
-:func:`decide` is :attr:`SlotView.full`: they hold every place there is (``max_controllers``),
-so a controller without a session here is refused (1013) rather than admitted as one too many.
+admitted at once, never probed or refused as a takeover. What other slots tell :func:`decide`
+is :attr:`SlotView.full` -- they hold every place there is (``max_controllers``) -- and
+:attr:`SlotView.evictable` -- one of them holds only a detached session (no socket, no admission
+under way). A controller without a session here is then admitted in the place of the session
+detached the longest (:data:`EVICT`; the link picks it with :func:`evictee`), and refused (1013)
+only while every place has a socket (:data:`FULL`): a crashed controller's session cannot keep a
+live newcomer out for its whole grace.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TypeAlias, TypeVar
 
 from ..errors import FailureReason, HandshakeFailure
 from ..limits import Limits
 
+K = TypeVar("K")
+
 __all__ = [
     "BUSY",
+    "EVICT",
     "FULL",
     "Decision",
     "Fresh",
@@ -34,9 +41,13 @@ __all__ = [
     "Probe",
     "Refuse",
     "Resume",
+    "SlotKey",
     "SlotView",
     "backoff",
     "decide",
+    "evictee",
+    "places",
+    "slot_key",
 ]
 
 
@@ -60,6 +71,23 @@ def backoff(limits: Limits, rng: random.Random | None = None) -> Iterator[float]
 
 # ---------------------------------------------------------------------------------- decide()
 
+SlotKey: TypeAlias = tuple[str, str | bytes | None]
+"""A link's slot: ``(executor_id, controller)``; the controller is None but on a listening
+worker, where it is the ``controller_id`` or else the runtime (:func:`slot_key`; a str and bytes
+never collide)."""
+
+
+def slot_key(
+    executor: str, controller_id: str | None, runtime: bytes, *, per_controller: bool
+) -> SlotKey:
+    """The slot a verified hello belongs to: the executor's one slot, or, on a listening worker
+    (``per_controller``), the controller's -- its ``controller_id`` if it sent one, else its
+    runtime (each process its own controller). Two hellos meet in one slot, where
+    :func:`decide` resumes, probes or takes over, only if this says so."""
+    if not per_controller:
+        return (executor, None)
+    return (executor, controller_id if controller_id is not None else runtime)
+
 
 @dataclass(frozen=True, slots=True)
 class SlotView:
@@ -74,6 +102,8 @@ class SlotView:
             takeover is under way).
         full: other slots (other controllers of a listening worker) hold every place for a
             session there is: a session in this slot would be one too many.
+        evictable: (with ``full``) one of those other slots holds only a detached session: no
+            socket carries it and none is being admitted for it.
     """
 
     closing: bool = False
@@ -82,6 +112,7 @@ class SlotView:
     attached: bool = False
     admitting: bool = False
     full: bool = False
+    evictable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +145,12 @@ class Fresh:
     """Start a fresh session; retire the slot's current one first, if any.
 
     ``taken_over``: the retired session belonged to another runtime, which is remembered and,
-    if its socket is still attached, closed with 4009."""
+    if its socket is still attached, closed with 4009. ``evict_detached``: first retire the
+    other controllers' session detached the longest (:func:`evictee`), to free its place."""
 
     retire_current: bool
     taken_over: bool
+    evict_detached: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +175,46 @@ FULL = Refuse(
     HandshakeFailure.CONTROLLERS_FULL,
     "this worker holds sessions for max_controllers controllers; retry later",
 )
-"""The refusal of a controller without a session while the others hold every place."""
+"""The refusal of a controller without a session while the others hold every place, none of
+them with a detached session alone (each has a socket or an admission under way)."""
+
+EVICT = Fresh(retire_current=False, taken_over=False, evict_detached=True)
+"""A controller without a session, admitted in the place of another's detached session."""
+
+
+def places(others: Iterable[tuple[bool, bool]], max_controllers: int) -> tuple[bool, bool]:
+    """:attr:`SlotView.full` and :attr:`SlotView.evictable` for one slot of a listening worker.
+
+    Args:
+        others: each *other* slot as ``(holds a place, evictable)``: it holds a place with a
+            session, a socket or an admission under way; it is evictable if it holds only a
+            detached session (no socket, no admission).
+        max_controllers: the places there are.
+
+    Returns:
+        ``(full, evictable)``: the others hold every place; and (only then) one of those is
+        evictable.
+    """
+    held = [evictable for holds, evictable in others if holds]
+    full = len(held) >= max_controllers
+    return full, full and any(held)
+
+
+def evictee(detached: Iterable[tuple[K, int]]) -> K | None:
+    """Which detached session gives its place up: the one detached the longest.
+
+    Args:
+        detached: the other controllers' evictable sessions, each as ``(key, order)`` where
+            ``order`` counts detachments (smaller: detached earlier); no clock is involved.
+
+    Returns:
+        The key of the earliest detached (the first of equals), or None if there is none.
+    """
+    best: tuple[K, int] | None = None
+    for key, order in detached:
+        if best is None or order < best[1]:
+            best = (key, order)
+    return None if best is None else best[0]
 
 
 def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -> Decision:
@@ -159,11 +231,12 @@ def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -
         admitted (one admission at a time: a key holder cannot queue sockets); for a resume,
         ``Resume`` if the slot still holds that session, else ``Refuse(SUPERSEDED)`` (it
         changed during the handshake; the peer retries); for a fresh handshake into a slot
-        without a session while the other slots are :attr:`~SlotView.full`, :data:`FULL`
-        (1013; a slot that holds a session keeps its place, so replacing it is never refused
-        for room); for a fresh handshake from another runtime while a socket is attached,
-        ``Probe`` and then ``Refuse(SUPERSEDED)`` (4004) if the attached socket answered or
-        ``Fresh`` if it did not; else ``Fresh``.
+        without a session while the other slots are :attr:`~SlotView.full`, :data:`EVICT` if
+        one of them is :attr:`~SlotView.evictable`, else :data:`FULL` (1013; a slot that holds
+        a session keeps its place, so replacing it is never refused for room); for a fresh
+        handshake from another runtime while a socket is attached, ``Probe`` and then
+        ``Refuse(SUPERSEDED)`` (4004) if the attached socket answered or ``Fresh`` if it did
+        not; else ``Fresh``.
     """
     if slot.closing:
         return Refuse(FailureReason.CLOSED, "shutting down")
@@ -181,7 +254,7 @@ def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -
         return Resume(supersede_attached=slot.attached)
     if slot.session is None:
         if slot.full:
-            return FULL
+            return EVICT if slot.evictable else FULL
         return Fresh(retire_current=False, taken_over=False)
     other_runtime = slot.peer_runtime != offer.runtime
     if slot.attached and other_runtime:

@@ -103,9 +103,13 @@ from ..core.admission import (
     Probe,
     Refuse,
     Resume,
+    SlotKey,
     SlotView,
     backoff,
     decide,
+    evictee,
+    places,
+    slot_key,
 )
 from ..core.handshake import (
     Handshake,
@@ -188,10 +192,6 @@ _WILL_NOT_HEAL: dict[int, tuple[HandshakeFailure, str]] = {
 }
 """Refusals a redial will not heal: reported at once to whoever waits."""
 
-SlotKey: TypeAlias = tuple[str, str | bytes | None]
-"""A slot's key: its executor id and, on a listening worker, its controller (the hello's
-``controller``, else the controller's runtime: a str and bytes never collide); else None."""
-
 KeyLookup: TypeAlias = Callable[[str], bytes | None]
 """``executor_id -> secret`` (None: not enrolled). Called with a *claimed*, unauthenticated id."""
 
@@ -206,6 +206,7 @@ class _Slot:
         "admitting",
         "attached",
         "controller",
+        "detached",
         "executor_id",
         "key",
         "since",
@@ -217,6 +218,7 @@ class _Slot:
         self.executor_id = executor_id
         self.controller = controller
         self.since = 0  # when its current session began, in sessions begun by the link
+        self.detached = 0  # when its socket last detached, in detachments seen by the link
         self.transport: SessionTransport | None = None
         self.attached: WebSocket | None = None
         # The socket being admitted (decision, probe, takeover, proof): one at a time.
@@ -241,7 +243,16 @@ class _Slot:
         admission under way."""
         return self.live is not None or self.attached is not None or self.admitting is not None
 
-    def view(self, closing: bool, sock: WebSocket, *, full: bool = False) -> SlotView:
+    @property
+    def evictable(self) -> bool:
+        """Whether the slot holds only a detached session (no socket carries it and none is
+        being admitted for it): a crashed or cut-off controller's, which may give its place up."""
+        t = self.live
+        return t is not None and not t.attached and self.attached is None and self.admitting is None
+
+    def view(
+        self, closing: bool, sock: WebSocket, *, full: bool = False, evictable: bool = False
+    ) -> SlotView:
         """The slot as :func:`decide` sees it for ``sock`` (whose own admission is not another)."""
         t = self.live
         return SlotView(
@@ -251,6 +262,7 @@ class _Slot:
             attached=t is not None and t.attached,
             admitting=self.admitting is not None and self.admitting is not sock,
             full=full,
+            evictable=evictable,
         )
 
     def resume_offer(self) -> ResumeOffer | None:
@@ -350,6 +362,7 @@ class WebSocketLink:
         self._hosted = hosted
         self._guest: WebSocketLink | None = None
         self._sessions_begun = 0
+        self._detachments = 0  # sockets detached from a slot (orders slots by detachment)
         self.executor_id = executor_id
         self.limits = limits or Limits()
         self._keys = keys
@@ -439,9 +452,9 @@ class WebSocketLink:
 
     def _slot_key(self, hello: Hello) -> SlotKey:
         """The slot a verified (or, for a resume offer, claimed) hello belongs to."""
-        if not self._per_controller:
-            return (hello.executor, None)
-        return (hello.executor, hello.controller if hello.controller is not None else hello.runtime)
+        return slot_key(
+            hello.executor, hello.controller, hello.runtime, per_controller=self._per_controller
+        )
 
     @property
     def transport(self) -> SessionTransport | None:
@@ -975,6 +988,8 @@ class WebSocketLink:
             self._attached -= 1
             if slot.attached is sock:
                 slot.attached = None
+                self._detachments += 1
+                slot.detached = self._detachments
         if sock.peer_close is not None and sock.peer_close[0] == CloseCode.TAKEN_OVER:
             self._was_taken_over(sock.peer_close[1])
         # The cause: ours if we ended it (4007, 1009, 4004...), the session's failure if it was
@@ -1081,7 +1096,9 @@ class WebSocketLink:
             runtime=result.peer.runtime,
             taken_over=result.peer.runtime in slot.taken_over,
         )
-        decision = decide(slot.view(self._closing, sock, full=self._full(slot)), offer)
+        full, evictable = self._places(slot)
+        view = slot.view(self._closing, sock, full=full, evictable=evictable)
+        decision = decide(view, offer)
         if isinstance(decision, Refuse):
             await self._refused_at_admission(sock, decision, slot)
             return None
@@ -1128,7 +1145,8 @@ class WebSocketLink:
                     self._tag,
                     extra=log_fields(executor=slot.executor_id, peer=sock.peer),
                 )
-            view = slot.view(self._closing, sock, full=self._full(slot))
+            full, evictable = self._places(slot)
+            view = slot.view(self._closing, sock, full=full, evictable=evictable)
             decision = decide(view, offer, probe_healthy=healthy)
         if isinstance(decision, Refuse):
             await self._refused_at_admission(sock, decision, slot)
@@ -1145,6 +1163,8 @@ class WebSocketLink:
             self._stats.resumed += 1
             return slot, current, result.peer.received
         assert isinstance(decision, Fresh)
+        if decision.evict_detached:
+            self._evict(slot, sock)
         if current is not None and decision.retire_current:
             if decision.taken_over:
                 slot.taken_over.append(current.peer_runtime)
@@ -1180,13 +1200,48 @@ class WebSocketLink:
         slot = self._slots[key] = _Slot(key[0], key[1])
         return slot
 
-    def _full(self, slot: _Slot) -> bool:
-        """Whether the other controllers' slots of a listening worker hold every place
-        (:attr:`SlotView.full`); never on other links."""
+    def _places(self, slot: _Slot) -> tuple[bool, bool]:
+        """:attr:`SlotView.full` and :attr:`SlotView.evictable` for ``slot`` of a listening
+        worker (:func:`~garcon_link.core.admission.places`); never full on other links."""
         if not self._per_controller:
-            return False
-        others = sum(1 for s in self._slots.values() if s is not slot and s.holds_place)
-        return others >= self.limits.max_controllers
+            return False, False
+        others = ((s.holds_place, s.evictable) for s in self._slots.values() if s is not slot)
+        return places(others, self.limits.max_controllers)
+
+    def _evict(self, slot: _Slot, sock: WebSocket) -> None:
+        """Retire the other controllers' session detached the longest, so that ``slot`` takes
+        its place (:data:`~garcon_link.core.admission.EVICT`). Its controller, if it comes back,
+        finds no session to resume: a fresh one, and the outcome rule for what it had pending."""
+        candidates = [
+            (key, s.detached)
+            for key, s in self._slots.items()
+            if s is not slot and s.evictable and s.holds_place
+        ]
+        key = evictee(candidates)
+        assert key is not None, "decide() said evict without an evictable session"
+        victim = self._slots[key]
+        transport = victim.live
+        assert transport is not None
+        transport.retire(
+            FailureReason.EVICTED,
+            f"max_controllers={self.limits.max_controllers} places held; controller "
+            f"{peer_text(slot.label)} took this detached session's place",
+        )
+        self._stats.controllers_evicted += 1
+        self._peer_log.log(
+            peer_host(sock.peer),
+            "EVICTED",
+            "%s %s: controller %s admitted in the place of controller %s, detached (%d of "
+            "max_controllers=%d places held)",
+            self._tag,
+            sock.peer,
+            peer_text(slot.label),
+            peer_text(victim.label),
+            self.limits.max_controllers,
+            self.limits.max_controllers,
+            extra=log_fields(peer=sock.peer, controller=victim.label),
+            level=logging.WARNING,
+        )
 
     @staticmethod
     def _taken_over_text(slot: _Slot, reason: HandshakeFailure) -> str:

@@ -101,6 +101,7 @@ from ..core.wire import Ordinal
 from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields
+from ..net.backend import checkpointer
 
 __all__ = [
     "MessageSocket",
@@ -521,30 +522,26 @@ class SessionTransport:
             PayloadTooLarge: the encoded frame exceeds ``max_frame_bytes``; nothing was issued.
             SessionFailed: the session is retired; nothing was issued.
         """
-        ordinal = None
-        if not self._senders:
-            try:
-                ordinal = self._session.send(body)
-            except RetentionFull:
-                pass
-        if ordinal is None:
-            me = object()
-            self._senders.append(me)
-            try:
-                while True:
-                    if self._senders[0] is me:
-                        try:
-                            ordinal = self._session.send(body)
-                            break
-                        except RetentionFull:
-                            pass
-                    if self._capacity.is_set():
-                        self._capacity = anyio.Event()
-                    await self._capacity.wait()
-            finally:
-                self._senders.remove(me)
-                if self._senders:
-                    self._capacity.set()  # the next in line retries (or leaves if failed)
+        ordinal = self.send_nowait(body)
+        if ordinal is not None:
+            return ordinal
+        me = object()
+        self._senders.append(me)
+        try:
+            while True:
+                if self._senders[0] is me:
+                    try:
+                        ordinal = self._session.send(body)
+                        break
+                    except RetentionFull:
+                        pass
+                if self._capacity.is_set():
+                    self._capacity = anyio.Event()
+                await self._capacity.wait()
+        finally:
+            self._senders.remove(me)
+            if self._senders:
+                self._capacity.set()  # the next in line retries (or leaves if failed)
         if not self._write_now(len(body)):
             self._wakeup.set()
         return ordinal
@@ -588,6 +585,19 @@ class SessionTransport:
     def has_capacity(self, size: int) -> bool:
         """Whether retention would admit a ``size``-byte body now (``False`` once retired)."""
         return self._session.has_capacity(size)
+
+    def send_nowait(self, body: bytes) -> Ordinal | None:
+        """:meth:`send` if it need not wait (no earlier sender waits, retention admits
+        ``body``); ``None`` (nothing issued) otherwise."""
+        if self._senders:
+            return None
+        try:
+            ordinal = self._session.send(body)
+        except RetentionFull:
+            return None
+        if not self._write_now(len(body)):
+            self._wakeup.set()
+        return ordinal
 
     def try_send(self, body: bytes) -> Ordinal | None:
         """Like :meth:`send` but returns ``None`` instead of waiting when retention is full."""
@@ -804,6 +814,7 @@ class SessionTransport:
 
     async def _reader(self, sock: MessageSocket) -> None:
         session = self._session
+        checkpoint = checkpointer()
         packet_budget = self.limits.max_packets_per_message
         unyielded_packets = 0  # handled since this task last yielded on purpose
         unyielded_bytes = 0
@@ -874,7 +885,7 @@ class SessionTransport:
                 # caller): let it run before this reader re-arms its read, which is not on the
                 # peer's round trip. (Never under load: it would split the batches the writer
                 # coalesces.) After READY: what the task does next sees the session ready.
-                await anyio.lowlevel.checkpoint()
+                await checkpoint()
             hold = self._hold
             if bodies and self._fence_passed and hold is not None:
                 held = hold()
@@ -892,7 +903,7 @@ class SessionTransport:
                 # Everything this message carried was handed over: let the other tasks run
                 # before the next message, which the socket may return without yielding.
                 unyielded_packets = unyielded_bytes = 0
-                await anyio.lowlevel.checkpoint()
+                await checkpoint()
 
     # -- delivery: the reader hands accepted payloads over synchronously, so a socket that ends
     # (cancelling the reader) while the consumer is slow never loses a payload the session has

@@ -7,11 +7,35 @@ is private to this room).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+
+import anyio
+import anyio.lowlevel
 
 from ._asyncio_stream import on_asyncio
 
-__all__ = ["loop_scheduler", "on_asyncio"]
+__all__ = ["cancel_scope_factory", "checkpointer", "loop_scheduler", "on_asyncio"]
+
+
+def _asyncio_checkpoint() -> Awaitable[None]:
+    return asyncio.sleep(0)
+
+
+def checkpointer() -> Callable[[], Awaitable[None]]:
+    """The running backend's checkpoint, looked up once: on asyncio ``asyncio.sleep(0)``, which
+    is what ``anyio.lowlevel.checkpoint()`` awaits there after looking up the backend (sniffio)
+    on every call; else anyio's."""
+    return _asyncio_checkpoint if on_asyncio() else anyio.lowlevel.checkpoint
+
+
+def cancel_scope_factory() -> Callable[[], anyio.CancelScope]:
+    """Makes a new ``anyio.CancelScope()`` (no deadline, not shielded) for the running backend,
+    the backend looked up once: on asyncio the backend's own scope class, which
+    ``anyio.CancelScope()`` instantiates after looking up the backend (sniffio) every time."""
+    if on_asyncio():
+        scope_class: Callable[[], anyio.CancelScope] = type(anyio.CancelScope())
+        return scope_class
+    return anyio.CancelScope
 
 
 def loop_scheduler() -> Callable[..., object]:

@@ -33,6 +33,9 @@ protocol.
 3. **Messages.** Messages are capped at ``max_frame_bytes`` (``max_handshake_frame_bytes`` before
    :meth:`WebSocket.authenticated`) and ``max_message_fragments`` frames while they are assembled
    (1009). A text frame is a protocol error (1003). Write back-pressure awaits the socket's drain.
+   Once authenticated, a read that is exactly one whole small binary frame, and a whole small
+   message written, skip wsproto's per-frame objects (:mod:`._frames`, only while wsproto holds
+   no state the frame depends on); every other frame goes through wsproto.
 
 Sharing the event loop with hostile peers
 -----------------------------------------
@@ -99,6 +102,7 @@ from ..errors import FrameTooLarge, HandshakeFailure, LinkError, MalformedFrame,
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
 from . import _asyncio_stream
+from ._frames import FastFrames
 from .addresses import EXECUTOR_PATH, DialTarget
 
 __all__ = [
@@ -293,7 +297,10 @@ class LinkStatistics:
     """Authenticated executors refused because ``max_executors`` slots were taken."""
     controllers_refused: int = 0
     """Authenticated controllers a listening worker refused (1013) because others held
-    ``max_controllers`` sessions."""
+    ``max_controllers`` sessions, each with a socket."""
+    controllers_evicted: int = 0
+    """Detached controllers' sessions a listening worker retired (``EVICTED``) to admit a new
+    controller while ``max_controllers`` places were held."""
     admissions_busy: int = 0
     """Authenticated sockets refused (4004) because another socket of the same executor was
     being admitted at that moment."""
@@ -364,6 +371,8 @@ class WebSocket:
         self._probe: anyio.Event | None = None
         self.held_proof: bytes | None = None
         self._closed = False
+        # Whole small binary frames without wsproto's per-frame work, once authenticated.
+        self._fast: FastFrames | None = None
 
     # -- send path: check state, write under the lock, await drain, map errors
 
@@ -371,6 +380,7 @@ class WebSocket:
         """The peer is admitted: from now on the session's bounds apply (message size, frame
         rate) instead of the handshake's."""
         self.max_message = self.limits.max_frame_bytes
+        self._fast = FastFrames.of(self.ws)
         self._budget = FrameBudget.full(
             self.limits.frame_rate, self.limits.frame_burst, self._clock()
         )
@@ -398,7 +408,20 @@ class WebSocket:
             await self._write(data)
 
     async def send_message(self, data: bytes) -> None:
-        await self._send_event(BytesMessage(data=data))
+        fast = self._fast
+        if fast is None:
+            await self._send_event(BytesMessage(data=data))
+            return
+        async with self._lock:
+            if self._closed or self.ws.state is not ConnectionState.OPEN:
+                raise SocketGone("socket is closed")
+            frame = fast.build(data)
+            if frame is None:
+                try:
+                    frame = self.ws.send(BytesMessage(data=data))
+                except GONE as exc:
+                    raise self._gone(exc) from exc
+            await self._write(frame)
 
     def writable_now(self) -> bool:
         """Whether :meth:`send_message_nowait` can write a message now without waiting (open,
@@ -421,7 +444,11 @@ class WebSocket:
         stream = self._nowait
         assert stream is not None and not self._lock.locked()
         try:
-            stream.send_nowait(self.ws.send(BytesMessage(data=data)))
+            fast = self._fast
+            frame = None if fast is None else fast.build(data)
+            stream.send_nowait(
+                frame if frame is not None else self.ws.send(BytesMessage(data=data))
+            )
         except GONE as e:
             raise self._gone(e) from e
 
@@ -472,15 +499,15 @@ class WebSocket:
             FrameTooLarge: a message grew past ``max_message`` (nothing beyond it was buffered).
             MalformedFrame: a text frame or broken WebSocket framing.
         """
-        self.last_inbound = max(self.last_inbound, self._clock())
+        now = self._clock()
+        self.last_inbound = max(self.last_inbound, now)
         self.reading = True
         try:
-            return await self._receive_message()
+            return await self._receive_message(now)
         finally:
             self.reading = False
 
-    async def _receive_message(self) -> bytes | None:
-        now = self._clock()
+    async def _receive_message(self, now: float) -> bytes | None:
         while True:
             if self._budget.tokens < 0:
                 # Over the frame budget (only an authenticated socket gets here: an
@@ -497,7 +524,10 @@ class WebSocket:
                 self.last_inbound = max(self.last_inbound, now)
             # wsproto parses frames lazily, one per event: leaving this loop early (a message,
             # or the budget spent) leaves the rest unparsed in its buffer for the next pass.
-            for event in self.ws.events():
+            # (When it holds nothing, there is nothing to ask it.)
+            fast = self._fast
+            events = () if fast is not None and fast.idle() else self.ws.events()
+            for event in events:
                 if isinstance(event, BytesMessage):
                     size = self._size + len(event.data)
                     if size > self.max_message:
@@ -569,6 +599,12 @@ class WebSocket:
                 if self._probe is not None:
                     self._probe.set()
                     self._probe = None
+                if fast is not None:
+                    payload = fast.parse(data, self.max_message)
+                    if payload is not None:
+                        self._count_frame(now)
+                        self._fragments = 0
+                        return payload
                 try:
                     self.ws.receive_data(data)
                 except BROKEN as exc:

@@ -12,6 +12,7 @@ freed, ``cancel`` sent) if it is dropped without ``aclose()``.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import math
@@ -36,7 +37,7 @@ from ..errors import (
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields
-from ..net.backend import loop_scheduler
+from ..net.backend import loop_scheduler, on_asyncio
 from .chunks import ChunkSender
 from .envelopes import (
     Cancel,
@@ -78,17 +79,38 @@ RELAYED_STREAM = MethodSpec(
 
 
 class _Pending:
-    __slots__ = ("done", "error", "id", "ordinal", "receipt", "spec", "stream", "value")
+    __slots__ = ("ended", "error", "id", "ordinal", "receipt", "spec", "stream", "value", "waiter")
 
     def __init__(self, call_id: int, spec: MethodSpec, stream: _StreamState | None) -> None:
         self.id = call_id
         self.spec = spec
         self.stream = stream
         self.ordinal: int | None = None
-        self.done = anyio.Event()
+        self.ended = False  # set once, by Caller._finish
+        # Whoever waits for the end: an asyncio future (asyncio) or an anyio.Event, made only
+        # when someone waits (most calls on asyncio make a future and nothing else).
+        self.waiter: asyncio.Future[None] | anyio.Event | None = None
         self.value: Any = None
         self.error: CallError | None = None
         self.receipt: str | None = None  # the ``cancel`` field of the error that ended it
+
+    def end(self) -> None:
+        self.ended = True
+        waiter = self.waiter
+        if waiter is None:
+            return
+        if isinstance(waiter, anyio.Event):
+            waiter.set()
+        elif not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self) -> None:
+        """Until :meth:`end` (a checkpoint, like ``anyio.Event.wait``)."""
+        if self.ended:
+            await anyio.lowlevel.checkpoint()
+            return
+        event = self.waiter = anyio.Event()
+        await event.wait()
 
 
 class _StreamState:
@@ -161,6 +183,9 @@ class Caller:
         self.peer_instance_id: bytes | None = None
         # The worker's runtime: what worker-scoped references carry.
         self.peer_worker_instance_id: bytes | None = None
+        # The running asyncio loop (asyncio's calls wait on a future and a timer, not on a cancel
+        # scope and an event), None on another backend; False until the first call looks.
+        self._loop: asyncio.AbstractEventLoop | bool | None = False
 
     @property
     def pending(self) -> int:
@@ -264,6 +289,23 @@ class Caller:
         except SessionFailed as exc:
             raise NotDispatched("OFFLINE", str(exc)) from exc
 
+    def _issue_nowait(self, pending: _Pending, body: bytes) -> bool:
+        """Issue a small call at once if the session admits it without waiting; ``False``
+        (nothing issued, nothing registered) otherwise."""
+        try:
+            ordinal = self._chunks.send_nowait(body)
+        except PayloadTooLarge as exc:
+            raise NotDispatched("PAYLOAD_TOO_LARGE", str(exc)) from exc
+        except SessionFailed as exc:
+            raise NotDispatched("OFFLINE", str(exc)) from exc
+        if ordinal is None:
+            return False
+        pending.ordinal = ordinal
+        self._pending[pending.id] = pending
+        if len(self._pending) > self.observer.pending_peak:
+            self.observer.pending_peak = len(self._pending)
+        return True
+
     async def _issue(self, pending: _Pending, body: bytes) -> None:
         self._pending[pending.id] = pending
         if len(self._pending) > self.observer.pending_peak:
@@ -313,7 +355,7 @@ class Caller:
             service, spec, args, kwargs, (0, 0), idempotency_key, metadata
         )
         assert pending is not None
-        return await self._outcome(pending, body, timeout)
+        return await self._complete(pending, body, timeout)
 
     async def call_relayed(
         self,
@@ -329,12 +371,13 @@ class Caller:
         array and ``kwargs`` map back to back, as
         :func:`~garcon_link.core.wire.argument_items` frames them), and return the reply's
         value as decoded CBOR data, unconverted: a relay's call, which knows no interface.
-        Outcomes as :meth:`call`.
+        Outcomes as :meth:`call`, the :class:`CallError` itself (no remote exception is
+        re-created).
         """
         pending, body = self._prepare_relayed(
             RELAYED, service, method, arguments, idempotency_key, metadata, (0, 0)
         )
-        return await self._outcome(pending, body, timeout, local=False)
+        return await self._complete(pending, body, timeout, local=False)
 
     def _prepare_relayed(
         self,
@@ -380,27 +423,66 @@ class Caller:
         :class:`CallError` itself (no remote exception is re-created)."""
         return _RelayedStream(self, service, method, arguments, metadata)
 
-    async def _outcome(
+    async def _complete(
         self, pending: _Pending, body: bytes, timeout: float | None, *, local: bool = True
     ) -> Any:
         """Issue ``pending``'s request and wait for its outcome (:meth:`call`); ``local``:
         raise an allow-listed remote exception as itself, else the :class:`CallError`."""
+        loop = self._loop
+        if loop is False:
+            loop = self._loop = asyncio.get_running_loop() if on_asyncio() else None
+        if loop is not None and self._issue_nowait(pending, body):
+            assert isinstance(loop, asyncio.AbstractEventLoop)
+            return await self._wait_on_asyncio(loop, pending, timeout, local)
         # A bare cancel scope with a deadline: what fail_after does, without its generator-based
-        # context manager (this is on every call's path).
+        # context manager.
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
         try:
             with anyio.CancelScope(deadline=deadline) as scope:
                 await self._issue(pending, body)
-                await pending.done.wait()
+                await pending.wait()
         except BaseException:
-            if not pending.done.is_set():
+            if not pending.ended:
                 self._abandon(pending)
             raise
-        if scope.cancelled_caught and not pending.done.is_set():
+        if scope.cancelled_caught and not pending.ended:
             if pending.ordinal is None:
                 self._abandon(pending)
                 raise NotDispatched("TIMEOUT", f"not issued within {timeout}s")
             await self._cancel_after_timeout(pending, timeout)
+        return self._outcome(pending, local)
+
+    async def _wait_on_asyncio(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        pending: _Pending,
+        timeout: float | None,
+        local: bool = True,
+    ) -> Any:
+        """Wait for an issued call's end on asyncio: a future its reply resolves, and a timer
+        resolving it at the deadline (the call is then still pending: the timeout path). The
+        same outcomes as the cancel scope, without one (this is on every call's path)."""
+        waiter = pending.waiter = loop.create_future()
+        timer = (
+            None
+            if timeout is None or timeout == math.inf
+            else loop.call_later(timeout, _expire, waiter)
+        )
+        try:
+            await waiter
+        except BaseException:
+            if not pending.ended:
+                self._abandon(pending)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if not pending.ended:
+            await self._cancel_after_timeout(pending, timeout)
+        return self._outcome(pending, local)
+
+    @staticmethod
+    def _outcome(pending: _Pending, local: bool = True) -> Any:
         if pending.error is not None:
             raise local_exception(pending.error) if local else pending.error
         return pending.value
@@ -445,12 +527,12 @@ class Caller:
         self._send_cancel(pending.id)
         try:
             with anyio.move_on_after(self.limits.cancel_grace):
-                await pending.done.wait()
+                await pending.wait()
         finally:
-            if not pending.done.is_set():
+            if not pending.ended:
                 self._pending.pop(pending.id, None)  # a later answer is dropped
                 self._note_settled()
-        if not pending.done.is_set():
+        if not pending.ended:
             raise OutcomeUnknown("TIMEOUT", f"no reply within {timeout}s; cancel sent")
         error = pending.error
         not_started = isinstance(error, NotDispatched) and error.code == "CANCELLED"
@@ -493,7 +575,7 @@ class Caller:
         pending.error = error
         if pending.stream is not None:
             pending.stream.deliver_end(error)
-        pending.done.set()
+        pending.end()
         self._note_settled()
 
     # ------------------------------------------------------------------ inbound dispatch
@@ -622,7 +704,7 @@ class Expected:
                 the outcome of the session's retirement.
         """
         pending = self._pending
-        await pending.done.wait()
+        await pending.wait()
         if pending.error is not None:
             raise pending.error
         return pending.value
@@ -634,6 +716,12 @@ class Expected:
         if self._caller._pending.get(pending.id) is pending:
             del self._caller._pending[pending.id]
             self._caller._note_settled()
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    """A call's deadline passed: stop its wait (it is still pending: the caller times it out)."""
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _reclaim_when_dropped(stream: RemoteStream, caller: Caller, pending: _Pending) -> Any:

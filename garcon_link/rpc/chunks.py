@@ -234,6 +234,8 @@ class Reassembler:
 class _Transport(Protocol):
     async def send(self, body: bytes) -> int: ...
 
+    def send_nowait(self, body: bytes) -> int | None: ...
+
     def try_send(self, body: bytes) -> int | None: ...
 
     async def wait_retained_below(self, size: int) -> bool: ...
@@ -277,6 +279,20 @@ class ChunkSender:
         self.parts_sent = 0
         self.aborts_sent = 0
         self.on_abort: Callable[[], None] | None = None
+
+    def send_nowait(self, body: bytes) -> int | None:
+        """Issue a body sent whole (at most :attr:`chunk` bytes) if the session admits it without
+        waiting: its ordinal, or ``None`` (nothing issued) for a larger body or a full session.
+
+        Raises:
+            PayloadTooLarge, SessionFailed: as :meth:`send`.
+        """
+        if len(body) > self.chunk:
+            return None
+        ordinal = self._transport.send_nowait(body)
+        if ordinal is not None:
+            self._small_at = self._clock()
+        return ordinal
 
     async def send(
         self, body: bytes, renumber: Callable[[bytes], tuple[bytes, int]] | None = None

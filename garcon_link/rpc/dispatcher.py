@@ -221,7 +221,7 @@ class Dispatcher:
         if (
             not isinstance(args, list)
             or not isinstance(kwargs, dict)
-            or not all(isinstance(k, str) for k in kwargs)
+            or (kwargs and not all(isinstance(k, str) for k in kwargs))
         ):
             self._refuse(
                 call_id, Rejected("INVALID_ARGUMENTS", "args must be a list and kwargs a map")
@@ -273,7 +273,9 @@ class Dispatcher:
             )
             return
         handlers = self._handlers
-        incoming = Incoming(min(credit, self.limits.stream_window_items * 4), credit_bytes)
+        incoming = Incoming(
+            min(credit, self.limits.stream_window_items * 4), credit_bytes, handlers.new_scope()
+        )
         self._incoming[call_id] = incoming
         if len(self._incoming) + handlers.notifications > self.observer.incoming_peak:
             handlers.note_incoming()

@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields
+from ..net.backend import cancel_scope_factory
 from .chunks import ChunkSender
 from .envelopes import (
     ERROR,
@@ -93,8 +94,8 @@ class Incoming:
 
     __slots__ = ("cancelled", "credit", "credit_bytes", "credit_event", "scope", "started", "task")
 
-    def __init__(self, credit: int, credit_bytes: int) -> None:
-        self.scope = anyio.CancelScope()
+    def __init__(self, credit: int, credit_bytes: int, scope: anyio.CancelScope) -> None:
+        self.scope = scope
         self.cancelled = False
         self.started = False
         self.credit = credit
@@ -154,6 +155,8 @@ class Handlers:
         self.tg: anyio.abc.TaskGroup | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._context = contextvars.copy_context()
+        # A call's cancel scope, for the backend that runs them (set by attach).
+        self.new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
         # asyncio: handlers of the message being dispatched, started at its end.
         self.to_start: deque[tuple[Incoming, Coroutine[Any, Any, None]]] = deque()
 
@@ -171,6 +174,7 @@ class Handlers:
         """Where handlers run from now on: ``tg`` (trio, notifications), ``loop`` (asyncio call
         handlers as plain tasks), each in a copy of ``context``."""
         self.tg, self.loop, self._context = tg, loop, context
+        self.new_scope = cancel_scope_factory()
 
     def retire(self) -> None:
         """Cancel every running handler (idempotent)."""
@@ -229,7 +233,7 @@ class Handlers:
     ) -> None:
         """Hold ``call_id``'s slot while it waits for the reply of its keyed execution (run in
         the worker's task group: it outlives this session), then send that reply."""
-        incoming = Incoming(0, 0)
+        incoming = Incoming(0, 0, self.new_scope())
         self.incoming[call_id] = incoming
         self.note_incoming()
         waiter = self._wait_keyed(
@@ -431,7 +435,8 @@ class Handlers:
         """Hand a result over; if it is too large, send the error that replaces it (and return
         it: what the caller is told)."""
         try:
-            await self._chunks.send(body)
+            if self._chunks.send_nowait(body) is None:  # (no coroutine when it need not wait)
+                await self._chunks.send(body)
         except PayloadTooLarge as exc:
             error = RemoteError("RESULT_TOO_LARGE", str(exc), remote_type="PayloadTooLarge")
             await self._send_error(call_id, error)

@@ -13,10 +13,13 @@ state and that every state of the healed network can still reach "all delivered 
 - :mod:`.explorer`: breadth-first search with state merging, the healed-graph check and
   counterexample traces;
 - :mod:`.mutations`: the seeded bugs the tests plant in the real code to show the explorer
-  finds them.
+  finds them;
+- :mod:`.controllers`: two controllers on one listening worker (its slots, places and
+  evictions), explored the same way, with isolation between the controllers' sessions checked
+  in every state.
 
 ``python -m tests.model --help`` runs it from the repository root; ``make verify`` runs the
-larger bound, ``tests/test_model.py`` the CI bound and the seeded bugs.
+larger bounds, ``tests/test_model.py`` the CI bounds and the seeded bugs.
 """
 
 from .explorer import Counterexample, Result, explore, replay

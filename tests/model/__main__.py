@@ -5,13 +5,20 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .controllers import CONTROLLERS_VERIFY
 from .explorer import explore
 from .network import CI, VERIFY, Bounds
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.model", description=__doc__)
-    parser.add_argument("--preset", choices=("ci", "verify"), default="ci")
+    parser.add_argument(
+        "--preset",
+        choices=("ci", "verify", "controllers"),
+        default="ci",
+        help="controllers: two controllers on one listening worker (tests/model/controllers.py), "
+        "at the bound make verify explores; the bound flags are for the others",
+    )
     for name in (
         "sends",
         "cuts",
@@ -32,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-liveness", action="store_true")
     args = parser.parse_args(argv)
+    if args.preset == "controllers":
+        result = explore(CONTROLLERS_VERIFY, liveness=not args.no_liveness, copy_mode=args.copy)
+        if result.counterexample is not None:
+            print(result.counterexample.render())
+        print(result.summary())
+        return 0 if result.counterexample is None else 1
     bounds = CI if args.preset == "ci" else VERIFY
     changes = {
         f: getattr(args, f)

@@ -25,8 +25,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .invariants import check_world, goal
-from .network import HANDSHAKES, Bounds, Violation, World
+from .network import HANDSHAKES, Violation, World
 
 __all__ = ["Counterexample", "Result", "explore", "replay"]
 
@@ -51,7 +50,7 @@ class Counterexample:
 
 @dataclass
 class Result:
-    bounds: Bounds
+    bounds: Any
     states: int  # distinct states of the bounded graph
     healed_states: int  # distinct nodes of the healed graph
     transitions: int
@@ -68,9 +67,10 @@ class Result:
         )
 
 
-def replay(bounds: Bounds, actions: list[Action]) -> tuple[World, list[str]]:
-    """Rebuild the state reached by ``actions``; also return what each step did."""
-    world = World(bounds)
+def replay(bounds: Any, actions: list[Action]) -> tuple[World, list[str]]:
+    """Rebuild the state reached by ``actions``; also return what each step did (the world is
+    the one ``bounds.world()`` builds)."""
+    world = bounds.world()
     world.verbose = True
     steps = []
     for action in actions:
@@ -79,17 +79,19 @@ def replay(bounds: Bounds, actions: list[Action]) -> tuple[World, list[str]]:
 
 
 def explore(
-    bounds: Bounds,
+    bounds: Any,
     *,
     liveness: bool = True,
     copy_mode: str = "clone",
     max_states: int | None = None,
 ) -> Result:
-    """Explore every interleaving within ``bounds``; stop at the first violation."""
+    """Explore every interleaving within ``bounds`` (of the world ``bounds.world()`` builds:
+    :class:`~.network.Bounds` or :class:`~.controllers.ControllerBounds`); stop at the first
+    violation."""
     started = time.perf_counter()
     HANDSHAKES.clear()
-    init = World(bounds)
-    check_world(init)
+    init = bounds.world()
+    init.check()
     key0 = init.key()
     parent: dict[StateKey, tuple[StateKey, Action] | None] = {key0: None}
     depth_of: dict[StateKey, int] = {key0: 0}
@@ -146,7 +148,7 @@ def explore(
     ) -> None:
         """Record ``hk``'s healed edges; queue successors only the healed graph reaches."""
         out = []
-        if goal(world):
+        if world.goal():
             is_goal.add(hk)
         for action in world.actions(healed=True):
             known = successors.get(action)
@@ -154,7 +156,7 @@ def explore(
                 nxt = world.clone()
                 try:
                     nxt.apply(action)
-                    check_world(nxt)
+                    nxt.check()
                 except Violation as error:
                     raise _HealedViolation(hk, action, error) from error
                 nhk = nxt.key()[0]
@@ -184,7 +186,7 @@ def explore(
             transitions += 1
             try:
                 nxt.apply(action)
-                check_world(nxt)
+                nxt.check()
             except Violation as error:
                 return safety(path(key), action, error)
             nkey = nxt.key()
@@ -230,7 +232,7 @@ class _HealedViolation(Exception):
 
 
 def _liveness(
-    bounds: Bounds,
+    bounds: Any,
     edges: dict[Hashable, list[Hashable]],
     is_goal: set[Hashable],
     origin: dict[Hashable, tuple[str, Hashable, Action | None]],

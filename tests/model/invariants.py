@@ -27,12 +27,14 @@ delivered and confirmed.
 
 from __future__ import annotations
 
+from garcon_link.errors import FailureReason
+
 from .network import ALLOWED_RETIREMENTS, SIDES, Log, Violation, World, other
 
 __all__ = ["check_log", "check_world", "goal"]
 
 
-def check_log(log: Log) -> None:
+def check_log(log: Log, allowed: frozenset[FailureReason] = ALLOWED_RETIREMENTS) -> None:
     for x in SIDES:
         delivered = log.delivered[x]
         sent = log.sent[other(x)]
@@ -44,7 +46,7 @@ def check_log(log: Log) -> None:
         retired = log.retired.get(x)
         if retired is None:
             continue
-        if retired.reason not in ALLOWED_RETIREMENTS:
+        if retired.reason not in allowed:
             raise Violation(
                 f"{x} retired its session for {retired.reason.name}, which an honest network "
                 "never causes"

@@ -20,6 +20,7 @@ from garcon_link.core import admission, handshake
 from garcon_link.core.session import MessageSession
 from garcon_link.endpoint.transport import PreReadinessBuffer
 
+from .controllers import ControllerBounds
 from .network import Bounds
 
 __all__ = ["MUTATIONS", "Mutation", "mutated"]
@@ -35,7 +36,7 @@ class Mutation:
     name: str
     old: str
     new: str
-    bounds: Bounds  # small bounds within which the explorer finds it
+    bounds: Bounds | ControllerBounds  # small bounds within which the explorer finds it
 
 
 MUTATIONS = [
@@ -129,6 +130,36 @@ MUTATIONS = [
         "return self.release()",
         "return []",
         Bounds(sends=2, cuts=1, restarts=0, expiries=0, dials=2, splits=1, worker_sends=0),
+    ),
+    Mutation(
+        "one slot for every controller",
+        "a listening worker files every controller's hello in one slot: a second controller's "
+        "handshake meets the first one's session (refused while it answers, else taking it over)",
+        admission,
+        "slot_key",
+        "return (executor, controller_id if controller_id is not None else runtime)",
+        "return (executor, None)",
+        ControllerBounds(sends=0, cuts=0, restarts=0, dials=0, connected=False),
+    ),
+    Mutation(
+        "a detached session keeps its place",
+        "with every place held, a crashed controller's detached session is never given up: the "
+        "restarted controller is refused (1013) for as long as the session waits",
+        admission,
+        "places",
+        "return full, full and any(held)",
+        "return full, False",
+        ControllerBounds(sends=0, cuts=0, restarts=1, dials=1),
+    ),
+    Mutation(
+        "a live session evicted",
+        "with every place held, a newcomer is admitted in the place of a session whose socket "
+        "is still attached",
+        admission,
+        "places",
+        "return full, full and any(held)",
+        "return full, full",
+        ControllerBounds(sends=0, cuts=0, restarts=1, dials=1),
     ),
     Mutation(
         "diverging session ids",

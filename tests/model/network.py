@@ -146,6 +146,10 @@ class Bounds:
             f"pool_bytes(c)={self.pool_bytes} splits={self.splits}{worker_sends}"
         )
 
+    def world(self) -> World:
+        """The initial state of an exploration within these bounds."""
+        return World(self)
+
     def sends_of(self, x: str) -> int:
         """Side ``x``'s budget of sends."""
         return self.sends if x == "c" or self.worker_sends is None else self.worker_sends
@@ -219,6 +223,9 @@ class Side:
     name: str
     limits: Limits
     pool_limit: int
+    role: str = ""  # "c" or "w": how sockets and logs name it (its name, in the two-side world)
+    process: str = ""  # the process it is a slot of (its name, unless it is a worker's slot)
+    controller_id: str | None = None  # a controller's, if it has one
     incarnation: int = 0
     session: MessageSession | None = None
     session_id: bytes | None = None
@@ -234,14 +241,20 @@ class Side:
     buffer: PreReadinessBuffer = field(init=False)  # the transport's, for the current session
 
     def __post_init__(self) -> None:
+        self.role = self.role or self.name
+        self.process = self.process or self.name
         self.pool = RetentionPool(self.pool_limit)
         self.buffer = PreReadinessBuffer(self.limits)
 
-    def clone(self) -> Side:
+    def clone(self, pool: RetentionPool | None = None) -> Side:
+        """A copy; ``pool``: the copy of a pool it shares with other sides (a process's slots),
+        else its own pool is copied."""
         new = Side.__new__(Side)
         new.__dict__.update(self.__dict__)
-        new.pool = RetentionPool(self.pool.limit)
-        new.pool.used = self.pool.used
+        if pool is None:
+            pool = RetentionPool(self.pool.limit)
+            pool.used = self.pool.used
+        new.pool = pool
         new.session = None if self.session is None else clone_session(self.session, new.pool)
         new.buffer = clone_slots(self.buffer)
         new.taken_over = list(self.taken_over)
@@ -249,7 +262,7 @@ class Side:
 
     @property
     def runtime(self) -> bytes:
-        return _RUNTIMES[self.name, self.incarnation]
+        return _RUNTIMES[self.process, self.incarnation]
 
     def offer(self) -> ResumeOffer | None:
         s = self.session
@@ -278,6 +291,8 @@ class Socket:
     ends: set[str] = field(default_factory=set)  # the sides attached to it (their end is open)
     hellos: tuple[ResumeOffer | None, ResumeOffer | None] | None = None  # handshake under way
     retired_by: str | None = None  # closed by a side that retired the session
+    dialer: str = ""  # the side that dialed it (a world with several controllers)
+    slot: str = ""  # the listener's side it was admitted to (a world with several controllers)
 
     def clone(self) -> Socket:
         return Socket(
@@ -286,6 +301,8 @@ class Socket:
             set(self.ends),
             self.hellos,
             self.retired_by,
+            self.dialer,
+            self.slot,
         )
 
 
@@ -334,10 +351,15 @@ around an exploration is always run."""
 
 
 def handshake_results(
-    runtime_c: bytes, runtime_w: bytes, offers: dict[str, ResumeOffer | None], number: int
+    runtime_c: bytes,
+    runtime_w: bytes,
+    offers: dict[str, ResumeOffer | None],
+    number: int,
+    controller: str | None = None,
 ) -> tuple[HandshakeResult, HandshakeResult]:
-    """Run both sides' real handshakes on one socket (hello, proof, resume rule, session id)."""
-    key = (runtime_c, runtime_w, offers["c"], offers["w"], number)
+    """Run both sides' real handshakes on one socket (hello, proof, resume rule, session id);
+    ``controller``: the controller's ``controller_id``, if it has one."""
+    key = (runtime_c, runtime_w, offers["c"], offers["w"], number, controller)
     known = HANDSHAKES.get(key)
     if known is not None:
         return known
@@ -352,6 +374,7 @@ def handshake_results(
             nonce=nonce,
             resume=offers[x],
             package="model",
+            controller=controller if x == "c" else None,
         )
         for x in SIDES
     }
@@ -375,6 +398,20 @@ class World:
 
     verbose = False
     """Describe packets in what :meth:`apply` returns (set when a trace is printed)."""
+    allowed_retirements = ALLOWED_RETIREMENTS
+    """Why a session may be retired in this world (:data:`ALLOWED_RETIREMENTS`)."""
+
+    def check(self) -> None:
+        """Raise :class:`Violation` unless every invariant holds (:mod:`.invariants`)."""
+        from .invariants import check_world  # a cycle-free late import
+
+        check_world(self)
+
+    def goal(self) -> bool:
+        """The liveness goal (:func:`.invariants.goal`)."""
+        from .invariants import goal
+
+        return goal(self)
 
     def __init__(self, bounds: Bounds) -> None:
         self.bounds = bounds
@@ -417,7 +454,7 @@ class World:
         """The socket ``x`` is attached to, if it still has something for ``x`` to read."""
         n = self.sides[x].sock
         sock = self.sockets.get(n) if n is not None else None
-        return sock if sock is not None and sock.queues[other(x)] else None
+        return sock if sock is not None and sock.queues[self._peer_role(x)] else None
 
     def _gone(self, x: str) -> bool:
         """``x`` is attached to a socket that is dead, or closed by the peer and drained."""
@@ -425,7 +462,12 @@ class World:
         if n is None:
             return False
         sock = self.sockets.get(n)
-        return sock is None or (other(x) not in sock.ends and not sock.queues[other(x)])
+        peer = self._peer_role(x)
+        return sock is None or (peer not in sock.ends and not sock.queues[peer])
+
+    def _peer_role(self, x: str) -> str:
+        """The role of ``x``'s peer: how ``x``'s socket names the other end."""
+        return other(self.sides[x].role)
 
     def actions(self, healed: bool = False) -> list[tuple[str, ...]]:
         """The actions enabled now (``healed``: only those of a network that no longer fails)."""
@@ -450,7 +492,7 @@ class World:
                 acts.append(("notice", x))
             if not healed and self.cuts < b.cuts and side.sock is not None:
                 sock = self.sockets.get(side.sock)
-                if sock is not None and other(x) in sock.ends:
+                if sock is not None and self._peer_role(x) in sock.ends:
                     acts.append(("close", x))
             if (
                 not healed
@@ -494,7 +536,7 @@ class World:
             ordinal = s.send(body)
         except RetentionFull:
             return f"{x} send {body.decode()}: retention full, not issued (the caller gives up)"
-        self.logs[side.session_id].sent[x].append(body)
+        self.logs[side.session_id].sent[side.role].append(body)
         return f"{x} sends {body.decode()} as #{ordinal} ({s.state.value})"
 
     def _flush(self, x: str, split: str = "") -> str:
@@ -510,8 +552,8 @@ class World:
             messages = packets
         what = "] [".join(describe_packets([m]) for m in messages) if self.verbose else ""
         sock = self.sockets.get(side.sock) if side.sock is not None else None
-        if sock is not None and other(x) in sock.ends:
-            sock.queues[x].extend(messages)
+        if sock is not None and self._peer_role(x) in sock.ends:
+            sock.queues[side.role].extend(messages)
             return f"{x} writes [{what}]"
         return f"{x} writes [{what}] into a socket nobody reads (lost)"
 
@@ -519,7 +561,7 @@ class World:
         side = self.sides[x]
         sock = self._readable(x)
         assert sock is not None
-        data = sock.queues[other(x)].popleft()
+        data = sock.queues[self._peer_role(x)].popleft()
         s = side.session
         assert s is not None and side.session_id is not None
         what = describe_packets([data]) if self.verbose else ""
@@ -529,7 +571,7 @@ class World:
             self._retire(x, failure.reason)
             return f"{x} reads [{what}]: session FAILED ({failure})"
         bodies = received.bodies
-        self.logs[side.session_id].delivered[x].extend(bodies)
+        self.logs[side.session_id].delivered[side.role].extend(bodies)
         note = ""
         if not side.fence_passed:
             # The transport holds what comes before the fence (the same message included).
@@ -581,10 +623,10 @@ class World:
         if side.sock is not None:
             sock = self.sockets.get(side.sock)
             if sock is not None:
-                sock.ends.discard(x)
-                sock.queues[other(x)].clear()
+                sock.ends.discard(side.role)
+                sock.queues[self._peer_role(x)].clear()
                 if retired:
-                    sock.retired_by = x
+                    sock.retired_by = side.role
                 if not sock.ends:
                     del self.sockets[sock.number]
         side.sock = None
@@ -618,7 +660,7 @@ class World:
     def _restart(self, x: str) -> str:
         side = self.sides[x]
         if side.session_id is not None and side.session is not None:
-            self.logs[side.session_id].crashed.add(x)
+            self.logs[side.session_id].crashed.add(side.role)
         self._leave(x)  # the kernel closes the dead process's socket (after what it wrote)
         w = self.sides["w"]
         if w.dialing is not None:  # a handshake under way dies with either end
@@ -768,19 +810,23 @@ class World:
         assert s is not None and side.session_id is not None
         failure = s.fail(reason)
         stats = s.statistics()
-        self.logs[side.session_id].retired[x] = Retired(
+        self.logs[side.session_id].retired[side.role] = Retired(
             failure.reason, stats.issued, stats.offered, stats.confirmed
         )
-        if side.pool.used != 0:
-            raise Violation(
-                f"{x}'s retention pool holds {side.pool.used} bytes after its only session retired"
-            )
+        self._check_pool_after_retire(x)
         self._leave(x, retired=True)
         side.session = None
         side.buffer = PreReadinessBuffer(side.limits)  # retirement hands it over
         side.session_id = None
         side.peer_runtime = None
         self._collect()
+
+    def _check_pool_after_retire(self, x: str) -> None:
+        side = self.sides[x]
+        if side.pool.used != 0:
+            raise Violation(
+                f"{x}'s retention pool holds {side.pool.used} bytes after its only session retired"
+            )
 
     def _collect(self) -> None:
         """Forget the logs of sessions neither side holds any more (after a last check)."""
@@ -789,7 +835,7 @@ class World:
             if sid not in held:
                 from .invariants import check_log  # a cycle-free late import
 
-                check_log(self.logs[sid])
+                check_log(self.logs[sid], self.allowed_retirements)
                 del self.logs[sid]
 
     def _name(self, number: int) -> str:

@@ -1,0 +1,151 @@
+"""Whole small binary frames read and written without wsproto's per-frame machinery.
+
+A call's messages are small, whole, binary WebSocket frames, and wsproto spends more on each
+(a buffer, a header object, a masker object, two generators, a message decoder and an event) than
+the rest of the socket path together. :class:`FastFrames` handles exactly that case itself, and
+only while wsproto holds no state the frame could depend on: the connection open, no event
+queued, no partial frame buffered, no fragmented message under way, no extension (none is ever
+negotiated: :mod:`.ws`). Everything else -- any other opcode, a reserved bit, a fragment, a
+length in a longer form than needed, the wrong masking for the side, a frame split across reads
+or sharing one with another frame, a payload over :data:`FAST_LIMIT` -- goes to wsproto, which
+stays the one judge of framing and its errors. The frames taken here are the ones wsproto would
+turn into one finished ``BytesMessage`` with the same payload, and they leave its state as they
+found it.
+
+The checks read wsproto's own state (private attributes of wsproto 1.2 and 1.3);
+:meth:`FastFrames.of` returns ``None`` -- wsproto for every frame -- if they are not where they
+are expected.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from wsproto import WSConnection
+from wsproto.connection import ConnectionState
+
+__all__ = ["FAST_LIMIT", "FastFrames", "mask"]
+
+FAST_LIMIT = 0xFFFF
+"""The largest payload handled here (the 2-byte length form); larger frames go to wsproto."""
+
+_BINARY_FIN = 0x82  # FIN, no reserved bit, opcode 2 (binary)
+_MASKED = 0x80
+_OPEN = ConnectionState.OPEN
+
+
+def mask(payload: bytes, key: bytes) -> bytes:
+    """``payload`` XOR the 4-byte ``key`` repeated (RFC 6455 masking; its own inverse)."""
+    size = len(payload)
+    if not size:
+        return b""
+    stream = (key * (size // 4 + 1))[:size]
+    return (int.from_bytes(payload, "little") ^ int.from_bytes(stream, "little")).to_bytes(
+        size, "little"
+    )
+
+
+class FastFrames:
+    """Reads and writes whole binary frames of up to :data:`FAST_LIMIT` bytes for one open
+    wsproto connection, whenever wsproto's state allows (module docstring)."""
+
+    __slots__ = ("_client", "_conn", "_decoder", "_handshake", "_messages", "_proto")
+
+    def __init__(self, ws: WSConnection, conn: Any) -> None:
+        self._handshake: Any = ws.handshake
+        self._conn = conn
+        self._proto: Any = conn._proto
+        self._decoder: Any = self._proto._frame_decoder
+        self._messages: Any = self._proto._message_decoder
+        self._client: bool = conn.client
+
+    @classmethod
+    def of(cls, ws: WSConnection) -> FastFrames | None:
+        """For ``ws`` once its upgrade is done, or ``None`` (wsproto for every frame)."""
+        conn: Any = ws.connection
+        if conn is None:
+            return None
+        try:
+            proto = conn._proto
+            probes = (
+                ws.handshake._events,
+                conn._events,
+                conn._state,
+                conn.client,
+                proto._outbound_opcode,
+                proto._frame_decoder.header,
+                proto._frame_decoder.buffer.buffer,
+                proto._message_decoder.opcode,
+            )
+            extensions = proto.extensions
+        except AttributeError:
+            return None
+        del probes
+        if extensions:
+            return None
+        return cls(ws, conn)
+
+    def idle(self) -> bool:
+        """Whether wsproto holds nothing: no event, byte or message under way (then its
+        ``events()`` would yield nothing)."""
+        decoder = self._decoder
+        conn = self._conn
+        return (
+            conn._state is _OPEN
+            and not conn._events
+            and not self._handshake._events
+            and decoder.header is None
+            and not decoder.buffer.buffer
+            and self._messages.opcode is None
+        )
+
+    def parse(self, data: bytes, limit: int) -> bytes | None:
+        """The payload of ``data`` if it is exactly one whole binary frame of at most ``limit``
+        (and :data:`FAST_LIMIT`) bytes, masked as the peer must, and wsproto is idle; else
+        ``None``: hand ``data`` to wsproto."""
+        size = len(data)
+        if size < 2 or data[0] != _BINARY_FIN:
+            return None
+        second = data[1]
+        length = second & 0x7F
+        head = 2
+        if length == 126:
+            if size < 4:
+                return None
+            length = int.from_bytes(data[2:4], "big")
+            if length <= 125:  # wsproto refuses a longer length form than needed
+                return None
+            head = 4
+        elif length == 127:
+            return None
+        if length > limit:
+            return None
+        if self._client:
+            if second & _MASKED or size != head + length or not self.idle():
+                return None
+            return data[head:]
+        if not second & _MASKED or size != head + 4 + length or not self.idle():
+            return None
+        return mask(data[head + 4 :], data[head : head + 4])
+
+    def build(self, payload: bytes) -> bytes | None:
+        """The frame of one whole binary message ``payload`` (masked with a fresh random key
+        on the client side), or ``None``: let wsproto build it (too large, the connection not
+        open, or a message under way)."""
+        size = len(payload)
+        if (
+            size > FAST_LIMIT
+            or self._conn._state is not _OPEN
+            or self._proto._outbound_opcode is not None
+        ):
+            return None
+        masked = _MASKED if self._client else 0
+        if size <= 125:
+            head = bytes((_BINARY_FIN, size | masked))
+        else:
+            head = bytes((_BINARY_FIN, 126 | masked)) + size.to_bytes(2, "big")
+        if not masked:
+            return head + payload
+        key = os.urandom(4)  # RFC 6455 5.3: a fresh, unpredictable key per frame, as wsproto
+        return head + key + mask(payload, key)

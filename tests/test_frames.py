@@ -1,0 +1,169 @@
+"""garcon_link.net._frames: whole small binary frames without wsproto's per-frame work.
+
+What it must do: read exactly the frames wsproto would turn into one whole binary message with the
+same payload, write frames wsproto reads back as that message, and leave everything else --
+every other opcode, reserved bits, fragments, non-minimal lengths, wrong masking, split or shared
+reads, wsproto mid-frame or mid-message, oversize payloads -- to wsproto (``None``).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, BytesMessage, Request
+
+from garcon_link.net._frames import FAST_LIMIT, FastFrames, mask
+
+SIZES = (0, 1, 3, 4, 5, 125, 126, 127, 1000, FAST_LIMIT)
+
+
+def _pair() -> tuple[WSConnection, WSConnection]:
+    client, server = WSConnection(ConnectionType.CLIENT), WSConnection(ConnectionType.SERVER)
+    server.receive_data(client.send(Request(host="localhost", target="/executor")))
+    assert any(isinstance(e, Request) for e in server.events())
+    client.receive_data(server.send(AcceptConnection()))
+    assert any(isinstance(e, AcceptConnection) for e in client.events())
+    return client, server
+
+
+def _fast(ws: WSConnection) -> FastFrames:
+    fast = FastFrames.of(ws)
+    assert fast is not None
+    return fast
+
+
+def _messages(ws: WSConnection, data: bytes) -> list[bytes]:
+    ws.receive_data(data)
+    out = []
+    for event in ws.events():
+        assert isinstance(event, BytesMessage)
+        assert event.frame_finished and event.message_finished
+        out.append(bytes(event.data))
+    return out
+
+
+def _frame(first: int, payload: bytes, *, masked: bool, length_form: str = "minimal") -> bytes:
+    """A frame written by hand (for the forms wsproto never writes)."""
+    flag = 0x80 if masked else 0
+    size = len(payload)
+    if length_form == "minimal" and size <= 125:
+        head = bytes((first, size | flag))
+    elif length_form in ("minimal", "two") and size <= 0xFFFF:
+        head = bytes((first, 126 | flag)) + struct.pack("!H", size)
+    else:
+        head = bytes((first, 127 | flag)) + struct.pack("!Q", size)
+    if not masked:
+        return head + payload
+    key = os.urandom(4)
+    return head + key + mask(payload, key)
+
+
+def test_mask_is_rfc_6455_masking_and_its_own_inverse() -> None:
+    key = b"\x01\x02\x03\xff"
+    payload = bytes(range(11))
+    expected = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    assert mask(payload, key) == expected
+    assert mask(expected, key) == payload
+    assert mask(b"", key) == b""
+    assert mask(b"\x00" * 9, b"\x00" * 4) == b"\x00" * 9  # leading zero bytes kept
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_frames_written_here_read_back_by_wsproto_and_here(size: int) -> None:
+    payload = os.urandom(size)
+    client, server = _pair()
+    to_server = _fast(client).build(payload)
+    to_client = _fast(server).build(payload)
+    assert to_server is not None and to_client is not None
+    assert to_server[1] & 0x80 and not to_client[1] & 0x80  # only the client masks
+    assert _fast(server).parse(to_server, FAST_LIMIT) == payload
+    assert _fast(client).parse(to_client, FAST_LIMIT) == payload
+    assert _messages(server, to_server) == [payload]
+    assert _messages(client, to_client) == [payload]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_frames_wsproto_writes_read_here_as_wsproto_reads_them(size: int) -> None:
+    payload = os.urandom(size)
+    client, server = _pair()
+    fast_client, fast_server = _fast(client), _fast(server)
+    assert fast_server.parse(client.send(BytesMessage(data=payload)), FAST_LIMIT) == payload
+    assert fast_client.parse(server.send(BytesMessage(data=payload)), FAST_LIMIT) == payload
+    # The state is as wsproto left it: it reads the next frames as usual.
+    assert _messages(server, client.send(BytesMessage(data=b"next"))) == [b"next"]
+    assert fast_server.parse(client.send(BytesMessage(data=b"again")), FAST_LIMIT) == b"again"
+
+
+def test_a_masking_key_is_fresh_per_frame() -> None:
+    client, _ = _pair()
+    fast = _fast(client)
+    frames = {fast.build(b"x" * 8) for _ in range(8)}
+    assert len(frames) == 8
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(_frame(0x81, b"text", masked=True), id="text"),
+        pytest.param(_frame(0x02, b"part", masked=True), id="first-fragment"),
+        pytest.param(_frame(0x80, b"tail", masked=True), id="continuation"),
+        pytest.param(_frame(0xC2, b"rsv1", masked=True), id="rsv1"),
+        pytest.param(_frame(0x89, b"", masked=True), id="ping"),
+        pytest.param(_frame(0x88, b"\x03\xe8", masked=True), id="close"),
+        pytest.param(_frame(0x82, b"x" * 5, masked=True, length_form="two"), id="long-form-2"),
+        pytest.param(_frame(0x82, b"x" * 300, masked=True, length_form="eight"), id="long-form-8"),
+        pytest.param(_frame(0x82, b"unmasked", masked=False), id="unmasked-to-server"),
+        pytest.param(_frame(0x82, b"x" * 10, masked=True)[:-1], id="truncated"),
+        pytest.param(_frame(0x82, b"ab", masked=True) * 2, id="two-frames"),
+        pytest.param(b"\x82", id="one-byte"),
+        pytest.param(b"", id="empty"),
+    ],
+)
+def test_the_server_leaves_every_other_frame_to_wsproto(frame: bytes) -> None:
+    _, server = _pair()
+    assert _fast(server).parse(frame, FAST_LIMIT) is None
+
+
+def test_the_client_leaves_masked_frames_to_wsproto() -> None:
+    client, _ = _pair()
+    assert _fast(client).parse(_frame(0x82, b"masked", masked=True), FAST_LIMIT) is None
+
+
+def test_payloads_over_the_limit_go_to_wsproto() -> None:
+    client, server = _pair()
+    fast = _fast(server)
+    assert fast.parse(client.send(BytesMessage(data=b"x" * 11)), 10) is None
+    assert fast.parse(client.send(BytesMessage(data=b"x" * 10)), 10) == b"x" * 10
+    assert _fast(client).build(b"x" * (FAST_LIMIT + 1)) is None
+
+
+def test_nothing_is_taken_while_wsproto_holds_a_partial_frame_or_message() -> None:
+    client, server = _pair()
+    fast = _fast(server)
+    assert fast.idle()
+    whole = client.send(BytesMessage(data=b"x" * 40))
+    server.receive_data(whole[:5])  # a partial frame in wsproto's buffer
+    assert list(server.events()) == []
+    assert not fast.idle()
+    assert fast.parse(client.send(BytesMessage(data=b"later")), FAST_LIMIT) is None
+    assert _messages(server, whole[5:]) == [b"x" * 40]
+    assert fast.idle()
+    # A fragmented message under way in wsproto.
+    server.receive_data(client.send(BytesMessage(data=b"head", message_finished=False)))
+    assert [bytes(e.data) for e in server.events()] == [b"head"]  # type: ignore[attr-defined]
+    assert not fast.idle()
+    assert fast.parse(client.send(BytesMessage(data=b"later")), FAST_LIMIT) is None
+
+
+def test_a_message_under_way_is_written_by_wsproto() -> None:
+    client, _ = _pair()
+    fast = _fast(client)
+    client.send(BytesMessage(data=b"head", message_finished=False))
+    assert fast.build(b"more") is None
+
+
+def test_before_the_upgrade_there_is_no_fast_path() -> None:
+    assert FastFrames.of(WSConnection(ConnectionType.CLIENT)) is None
