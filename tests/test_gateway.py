@@ -715,3 +715,30 @@ async def test_a_caller_flooding_forbidden_calls_slows_itself_down(tmp_path: Pat
             # Another caller is not held back by it.
             other = await stack.enter_async_context(caller(tmp_path, "web-2", gw.url))
             assert await other.executor("box-1").service("ident", Ident).whoami() == "box-1"
+
+
+async def test_a_gateway_drains_its_callers_calls_before_closing(tmp_path: Path) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            await web.executor("box-1").wait_ready(10)
+            ident = web.executor("box-1").service("ident", Ident)
+            results: list[object] = []
+
+            async def held() -> None:
+                try:
+                    results.append(await ident.hold(0.5))
+                except gl.CallError as exc:
+                    results.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(held)
+                await service.started.wait()
+                tg.start_soon(gw.drain, 10)
+                await wait_for(lambda: web.gateway.availability != "ready", 5, "the goodbye")
+                with pytest.raises(gl.NotDispatched) as refused:
+                    await ident.whoami()
+                assert refused.value.code == "DRAINING"
+            assert results == ["box-1"]  # the call in flight finished
+            assert service.ledger == ["hold"]

@@ -274,7 +274,9 @@ class Gateway:
         )
         self.fleet._host(self._link)
         self._registry = registry_from({RELAY_SERVICE: Service(_Relay(self), GatewayRelay)})
-        self._sessions: dict[int, tuple[str, SessionTransport]] = {}  # id(transport) -> caller
+        # id(transport) -> its caller, itself, its RPC
+        self._sessions: dict[int, tuple[str, SessionTransport, ExecutorRpc]] = {}
+        self._draining = False
         self._stats: dict[str, CallerSnapshot] = {}
         self._bindings: dict[str, _Bindings] = {}  # by caller
         # (caller, executor) -> calls and streams in flight (only those above zero).
@@ -317,10 +319,19 @@ class Gateway:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
-        """Close the fleet and every caller session (pending calls fail honestly)."""
+    async def aclose(self, *, drain: float = 0.0) -> None:
+        """Close the fleet and every caller session (pending calls fail honestly). Idempotent.
+
+        Args:
+            drain: seconds to drain first: every caller session refuses new relayed calls
+                (``NotDispatched("DRAINING")``, never forwarded; its caller is told, as a
+                worker's controller is) while the calls already relayed finish and their replies
+                are acknowledged; what still runs when the time is up ends as on any close.
+        """
         if self._closed:
             return
+        if drain > 0:
+            await self.drain(drain)
         self._closed = True
         try:
             await self.fleet.aclose()
@@ -331,6 +342,27 @@ class Gateway:
                     await self._tg.__aexit__(None, None, None)
             finally:
                 await self._link.__aexit__(None, None, None)
+
+    async def drain(self, seconds: float) -> bool:
+        """Stop admitting relayed calls, and wait up to ``seconds`` for those already relayed to
+        finish and be acknowledged (``aclose(drain=...)`` does this first; callable from any
+        task). New calls are ``NotDispatched("DRAINING")`` from now on, never forwarded, and
+        each caller is told (its gateway session's availability becomes ``draining``).
+
+        Returns:
+            Whether everything finished in time.
+        """
+        self._draining = True
+        rpcs = [rpc for _, _, rpc in self._sessions.values()]
+        for rpc in rpcs:
+            rpc.start_drain()
+        deadline = anyio.current_time() + seconds
+        for rpc in rpcs:
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0 or not await rpc.drained(remaining):
+                log.warning("gateway: drain time (%.1fs) is up", seconds)
+                return False
+        return True
 
     @property
     def url(self) -> str:
@@ -369,7 +401,9 @@ class Gateway:
             peer="caller",
             observer=self._observer,
         )
-        self._sessions[id(transport)] = (caller, transport)
+        if self._draining:
+            rpc.start_drain()  # a session that begins during the drain admits no call either
+        self._sessions[id(transport)] = (caller, transport, rpc)
         self._stats_of(caller).sessions += 1
         log.info(
             "gateway: caller %s session %s began",
@@ -443,7 +477,7 @@ class Gateway:
     def caller_sessions(self) -> dict[str, int]:
         """How many live sessions each caller holds now."""
         out: dict[str, int] = {}
-        for caller, transport in self._sessions.values():
+        for caller, transport, _ in self._sessions.values():
             if transport.state is not TransportState.RETIRED:
                 out[caller] = out.get(caller, 0) + 1
         return out
