@@ -59,6 +59,7 @@ from .interface import MethodKind, MethodSpec, from_wire, to_wire
 from .observer import CallObserver
 from .outbox import CANCEL_KIND, CONTROL_KIND, Outbox
 from .resources import ResourceRef
+from .splice import SPLICE_BYTES, Spliced
 
 __all__ = ["Caller", "Expected", "RemoteStream"]
 
@@ -185,7 +186,7 @@ class Caller:
         credit: tuple[int, int],
         key: bytes | None = None,
         metadata: Mapping[str, str] | None = None,
-    ) -> tuple[_Pending | None, bytes]:
+    ) -> tuple[_Pending | None, bytes | Spliced]:
         self._check_open()
         try:
             pos, kw = spec.bind(args, kwargs)
@@ -213,7 +214,15 @@ class Caller:
         self._next_id += 1
         try:
             body = encode_call(
-                call_id, service, spec.name, wire_args, wire_kwargs, *credit, key, metadata
+                call_id,
+                service,
+                spec.name,
+                wire_args,
+                wire_kwargs,
+                *credit,
+                key,
+                metadata,
+                splice=SPLICE_BYTES,
             )
         except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
             raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
@@ -242,7 +251,7 @@ class Caller:
                 raise StaleResource(message=f"{value!r} belongs to a replaced session")
 
     async def _send_request(
-        self, body: bytes, renumber: Callable[[bytes], tuple[bytes, int]] | None = None
+        self, body: bytes | Spliced, renumber: Callable[[bytes], tuple[bytes, int]] | None = None
     ) -> int:
         """Issue a request envelope; a refusal before an ordinal is assigned is NOT_DISPATCHED."""
         try:
@@ -252,7 +261,7 @@ class Caller:
         except SessionFailed as exc:
             raise NotDispatched("OFFLINE", str(exc)) from exc
 
-    async def _issue(self, pending: _Pending, body: bytes) -> None:
+    async def _issue(self, pending: _Pending, body: bytes | Spliced) -> None:
         self._pending[pending.id] = pending
         if len(self._pending) > self.observer.pending_peak:
             self.observer.pending_peak = len(self._pending)

@@ -46,6 +46,7 @@ import msgspec
 
 from ..core.wire import array_prefix, encode_head
 from ..logs import peer_text
+from .splice import Spliced, encode_envelope
 
 __all__ = [
     "CALL",
@@ -229,24 +230,40 @@ def encode_call(
     credit_bytes: int,
     key: bytes | None,
     metadata: Mapping[str, str] | None,
-) -> bytes:
-    """``encode(Call(...))`` without building the ``Call``."""
+    *,
+    splice: int = 0,
+) -> bytes | Spliced:
+    """``encode(Call(...))`` without building the ``Call``; with ``splice``, byte strings of
+    at least that many bytes among the arguments are spliced in, not copied
+    (:func:`~garcon_link.rpc.splice.encode_envelope`)."""
     envelope = [CALL, call_id, service, method, args, kwargs, credit_items, credit_bytes]
     if metadata:
         envelope += (key, metadata)
     elif key is not None:
         envelope.append(key)
+    if splice:
+        return encode_envelope(envelope, _CALL_VALUES, splice, 2)
     return cbor2.dumps(envelope)
 
 
-def encode_result(call_id: int, value: Any) -> bytes:
-    """``encode(Result(call_id, value))`` without building the ``Result``."""
+def encode_result(call_id: int, value: Any, *, splice: int = 0) -> bytes | Spliced:
+    """``encode(Result(call_id, value))`` without building the ``Result`` (``splice``: as for
+    :func:`encode_call`)."""
+    if splice:
+        return encode_envelope([RESULT, call_id, value], _VALUE, splice)
     return cbor2.dumps([RESULT, call_id, value])
 
 
-def encode_item(call_id: int, value: Any) -> bytes:
-    """``encode(Item(call_id, value))`` without building the ``Item``."""
+def encode_item(call_id: int, value: Any, *, splice: int = 0) -> bytes | Spliced:
+    """``encode(Item(call_id, value))`` without building the ``Item`` (``splice``: as for
+    :func:`encode_call`)."""
+    if splice:
+        return encode_envelope([ITEM, call_id, value], _VALUE, splice)
     return cbor2.dumps([ITEM, call_id, value])
+
+
+_CALL_VALUES = range(4, 6)  # a call's args and kwargs
+_VALUE = range(2, 3)  # a result's or an item's value
 
 
 def encode_part(flags: int, chunk: bytes | memoryview) -> bytes:
