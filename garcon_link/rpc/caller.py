@@ -59,9 +59,11 @@ from .interface import MethodKind, MethodSpec, from_wire, to_wire
 from .observer import CallObserver
 from .outbox import CANCEL_KIND, CONTROL_KIND, Outbox
 from .resources import ResourceRef
-from .splice import SPLICE_BYTES, Spliced
+from .splice import SPLICE_BYTES, Spliced, encode_envelope
 
 __all__ = ["Caller", "Expected", "RemoteStream"]
+
+_NOTIFY_VALUES = range(3, 5)  # a notification's args and kwargs
 
 log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
 
@@ -202,9 +204,13 @@ class Caller:
             raise Rejected("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
         self._check_resources(pos, kw)
         if spec.kind is MethodKind.ONEWAY:
-            return None, encode_request(
-                Notify(service, spec.name, wire_args, wire_kwargs, metadata)
-            )
+            notify = Notify(service, spec.name, wire_args, wire_kwargs, metadata).wire()
+            try:
+                return None, encode_envelope(notify, _NOTIFY_VALUES, SPLICE_BYTES, 2)
+            except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
+                raise NotDispatched(
+                    "INVALID_ARGUMENTS", f"cannot encode the request: {exc}"
+                ) from exc
         if len(self._pending) + self._outbox.owed_cancels >= self.limits.max_pending_calls:
             raise NotDispatched(
                 "OVERLOADED",

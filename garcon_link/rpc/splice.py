@@ -11,14 +11,15 @@ the wire are exactly those of the whole envelope, so a peer that joins and decod
 unchanged.
 
 * **Sending** (:func:`encode_envelope`): ``bytes`` values (not ``bytearray``: another task
-  could change one while its parts go out) of at least
-  ``threshold`` bytes among an envelope's values -- a call's arguments and keyword arguments, a
-  result, a stream item, and the elements of a list or the values of a map among those (at most
-  :data:`MAX_SCAN` of each container are looked at) -- are replaced by a marker before
-  encoding. The encoder writes each one's CBOR head and a per-process random marker; the result
-  is a :class:`Spliced` body: the encoded pieces around each value and the value itself, never
-  joined. :class:`~garcon_link.rpc.chunks.ChunkSender` cuts parts from it as from one buffer,
-  so each part copies at most its own bytes. Values elsewhere, or smaller, are encoded whole.
+  could change one while its parts go out) of at least ``threshold`` bytes among an envelope's
+  values -- the arguments and keyword arguments of a call or a notification (and the elements
+  of a list or the values of a map among them), a result or a stream item (and the same one
+  level inside it); at most :data:`MAX_SCAN` elements of each container are looked at -- are
+  replaced by a marker before encoding. The encoder writes each one's CBOR head and a
+  per-process random marker; the result is a :class:`Spliced` body: the encoded pieces around
+  each value and the value itself, never joined. :class:`~garcon_link.rpc.chunks.ChunkSender`
+  cuts parts from it as from one buffer, so each part copies at most its own bytes. Values
+  elsewhere, or smaller, are encoded whole.
 * **Receiving** (:class:`Splicer`): the reassembler hands each part's chunk to a flat scan of
   the CBOR heads it holds (an item is a head, then its bytes for a string; arrays, maps and
   tags are heads followed by their items, so no nesting is tracked). A byte string of at least
