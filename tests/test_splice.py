@@ -17,6 +17,8 @@ import random
 import tracemalloc
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import cbor2
 import pytest
 
@@ -237,3 +239,40 @@ def test_many_small_items_or_indefinite_lengths_are_decoded_whole() -> None:
 def test_encode_envelope_without_threshold_is_plain_cbor() -> None:
     envelope = [1, 2, os.urandom(SPLICE_BYTES)]
     assert encode_envelope(envelope, range(2, 3), 0) == cbor2.dumps(envelope)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio shuffles a batch: no turn order
+async def test_one_part_per_loop_turn() -> None:
+    """With room in the window for every part, the sender still issues one part per loop turn:
+    a ticker task that counts loop turns (asyncio runs ready tasks in order) sees a different
+    count at every part."""
+    turns = 0
+    stop = anyio.Event()
+
+    async def ticker() -> None:
+        nonlocal turns
+        for _ in range(10_000):
+            if stop.is_set():
+                return
+            turns += 1
+            await anyio.lowlevel.checkpoint()
+
+    seen: list[int] = []
+
+    class Transport(_RecordingTransport):
+        async def send(self, body: bytes) -> int:
+            seen.append(turns)
+            self.issued += 1
+            return self.issued
+
+    chunk = 64 * 1024
+    sender = ChunkSender(Transport(), chunk, 64 * chunk, LIMIT, clock=lambda: 0.0)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            await anyio.lowlevel.checkpoint()
+            await sender.send(_call([os.urandom(16 * chunk)], {}))
+            stop.set()
+    assert len(seen) == 16
+    assert len(set(seen)) == len(seen), seen

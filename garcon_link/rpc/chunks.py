@@ -38,7 +38,10 @@ Rules:
   window (and its throughput). The session marks a receipt urgent once
   ``Limits.receipt_bytes`` were accepted since the last one
   (:attr:`~garcon_link.core.session.MessageSession.receipt_urgent`), so the window drains at the
-  speed of the link, not of ``receipt_delay``.
+  speed of the link, not of ``receipt_delay``. The sender also yields to the event loop
+  before each further part, so one loop turn encodes and writes at most one part (a window's
+  worth of parts is never issued in one turn), and large ``bytes`` values are copied into parts
+  a part at a time (:mod:`garcon_link.rpc.splice`).
 * **Same size limit.** A body that would have been refused as one message
   (:class:`~garcon_link.errors.PayloadTooLarge`: its frame would exceed ``max_frame_bytes``) is
   refused the same way before any part is sent. The receiver refuses a transfer whose chunks add
@@ -70,6 +73,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 import anyio
+import anyio.lowlevel
 
 from ..core.session import encoded_message_size
 from ..core.wire import encode_head
@@ -380,6 +384,9 @@ class ChunkSender:
             try:
                 for start in range(0, end, step):
                     if start:
+                        # One part per loop turn at most, even when the window has room for
+                        # several: what a small call waits for is one part's work, not a window's.
+                        await anyio.lowlevel.checkpoint()
                         await self._transport.wait_retained_below(self._pace())
                     flags = FINAL if start + step >= end else MORE
                     want = min(step, end - start)
