@@ -33,6 +33,7 @@ from garcon_link.rpc.splice import (
     SPLICE_TAG,
     Spliced,
     encode_envelope,
+    holds_large,
 )
 
 MiB = 1024 * 1024
@@ -86,6 +87,31 @@ def test_only_large_bytes_within_reach_are_spliced() -> None:
     args = [big]
     _call(args, {})
     assert args == [big]  # the caller's containers are never changed
+
+
+def test_the_quick_check_agrees_with_the_walk() -> None:
+    """holds_large (every call pays it) says yes exactly when encode_envelope splices."""
+    big = os.urandom(SPLICE_BYTES)
+    values: list[Any] = [
+        big,
+        b"small",
+        [big],
+        [[big]],
+        [[[big]]],
+        {"k": [big]},
+        {"k": {"j": big}},
+        [0] * MAX_SCAN + [big],
+        [[0] * MAX_SCAN + [big]],
+        [bytearray(big)],
+        [1, "x", None, [2.5, {"a": b"b"}]],
+    ]
+    for value in values:
+        for depth in (1, 2):
+            spliced = encode_envelope([1, 2, value], range(2, 3), SPLICE_BYTES, depth)
+            assert holds_large(value, SPLICE_BYTES, depth) is isinstance(spliced, Spliced), (
+                value if len(repr(value)) < 200 else type(value),
+                depth,
+            )
 
 
 class _RecordingTransport:

@@ -59,7 +59,7 @@ from .interface import MethodKind, MethodSpec, from_wire, to_wire
 from .observer import CallObserver
 from .outbox import CANCEL_KIND, CONTROL_KIND, Outbox
 from .resources import ResourceRef
-from .splice import SPLICE_BYTES, Spliced, encode_envelope
+from .splice import SPLICE_BYTES, Spliced, encode_envelope, holds_large
 
 __all__ = ["Caller", "Expected", "RemoteStream"]
 
@@ -204,9 +204,13 @@ class Caller:
             raise Rejected("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
         self._check_resources(pos, kw)
         if spec.kind is MethodKind.ONEWAY:
-            notify = Notify(service, spec.name, wire_args, wire_kwargs, metadata).wire()
+            notify = Notify(service, spec.name, wire_args, wire_kwargs, metadata)
+            if not (
+                holds_large(wire_args, SPLICE_BYTES, 2) or holds_large(wire_kwargs, SPLICE_BYTES, 2)
+            ):
+                return None, encode_request(notify)
             try:
-                return None, encode_envelope(notify, _NOTIFY_VALUES, SPLICE_BYTES, 2)
+                return None, encode_envelope(notify.wire(), _NOTIFY_VALUES, SPLICE_BYTES, 2)
             except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
                 raise NotDispatched(
                     "INVALID_ARGUMENTS", f"cannot encode the request: {exc}"

@@ -46,7 +46,7 @@ import msgspec
 
 from ..core.wire import array_prefix, encode_head
 from ..logs import peer_text
-from .splice import Spliced, encode_envelope
+from .splice import Spliced, encode_envelope, holds_large
 
 __all__ = [
     "CALL",
@@ -241,7 +241,7 @@ def encode_call(
         envelope += (key, metadata)
     elif key is not None:
         envelope.append(key)
-    if splice:
+    if splice and (holds_large(args, splice, 2) or holds_large(kwargs, splice, 2)):
         return encode_envelope(envelope, _CALL_VALUES, splice, 2)
     return cbor2.dumps(envelope)
 
@@ -249,7 +249,7 @@ def encode_call(
 def encode_result(call_id: int, value: Any, *, splice: int = 0) -> bytes | Spliced:
     """``encode(Result(call_id, value))`` without building the ``Result`` (``splice``: as for
     :func:`encode_call`)."""
-    if splice:
+    if splice and holds_large(value, splice, 1):
         return encode_envelope([RESULT, call_id, value], _VALUE, splice)
     return cbor2.dumps([RESULT, call_id, value])
 
@@ -257,7 +257,7 @@ def encode_result(call_id: int, value: Any, *, splice: int = 0) -> bytes | Splic
 def encode_item(call_id: int, value: Any, *, splice: int = 0) -> bytes | Spliced:
     """``encode(Item(call_id, value))`` without building the ``Item`` (``splice``: as for
     :func:`encode_call`)."""
-    if splice:
+    if splice and holds_large(value, splice, 1):
         return encode_envelope([ITEM, call_id, value], _VALUE, splice)
     return cbor2.dumps([ITEM, call_id, value])
 

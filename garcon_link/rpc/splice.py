@@ -60,6 +60,7 @@ __all__ = [
     "SpliceOverrun",
     "Splicer",
     "encode_envelope",
+    "holds_large",
 ]
 
 SPLICE_BYTES = 64 * 1024
@@ -108,38 +109,55 @@ class Spliced:
 def _swap(value: Any, threshold: int, found: list[bytes], depth: int) -> Any:
     """``value`` with its large byte strings (down to ``depth`` containers) replaced by
     :class:`_Big` markers, appended to ``found`` in encoding order; containers on the way are
-    copied, never changed."""
+    copied, never changed. Every call's arguments pass here: scalars cost one type check."""
     kind = type(value)
     if kind is bytes:  # not bytearray: a caller's task could change it while parts go out
         if len(value) >= threshold:
             found.append(value)
             return _Big(value)
         return value
-    if not depth:
+    if kind is not list and kind is not dict:
         return value
-    if kind is list:
-        if len(value) > MAX_SCAN:
-            return value
-        copy: Any = None
-        for index, item in enumerate(value):
-            new = _swap(item, threshold, found, depth - 1)
-            if new is not item:
-                if copy is None:
-                    copy = list(value)
-                copy[index] = new
-        return value if copy is None else copy
-    if kind is dict:
-        if len(value) > MAX_SCAN:
-            return value
-        copy = None
-        for key, item in value.items():
-            new = _swap(item, threshold, found, depth - 1)
-            if new is not item:
-                if copy is None:
-                    copy = dict(value)
-                copy[key] = new
-        return value if copy is None else copy
-    return value
+    if not depth or len(value) > MAX_SCAN:
+        return value
+    copy: Any = None
+    deeper = depth - 1
+    items = enumerate(value) if kind is list else value.items()
+    for key, item in items:
+        inner = type(item)
+        if inner is bytes:
+            if len(item) < threshold:
+                continue
+        elif not deeper or (inner is not list and inner is not dict):
+            continue
+        new = _swap(item, threshold, found, deeper)
+        if new is not item:
+            if copy is None:
+                copy = list(value) if kind is list else dict(value)
+            copy[key] = new
+    return value if copy is None else copy
+
+
+def holds_large(value: Any, threshold: int, depth: int) -> bool:
+    """Whether :func:`encode_envelope` would splice something out of ``value`` (the same walk,
+    nothing built): the check every call, result and item pays, so it stays one loop."""
+    kind = type(value)
+    if kind is bytes:
+        return len(value) >= threshold
+    if (kind is not list and kind is not dict) or not depth or len(value) > MAX_SCAN:
+        return False
+    for item in value if kind is list else value.values():
+        inner = type(item)
+        if inner is bytes:
+            if len(item) >= threshold:
+                return True
+        elif (
+            (inner is list or inner is dict)
+            and depth > 1
+            and holds_large(item, threshold, depth - 1)
+        ):
+            return True
+    return False
 
 
 def _write_marker(encoder: Any, big: Any) -> None:
@@ -163,20 +181,25 @@ def encode_envelope(
     """
     if threshold:
         found: list[bytes] = []
-        swapped = list(envelope)
+        swapped: list[Any] | None = None
         for index in values:
             if index < len(envelope):
-                swapped[index] = _swap(envelope[index], threshold, found, depth)
-        if found:
+                value = envelope[index]
+                new = _swap(value, threshold, found, depth)
+                if new is not value:
+                    if swapped is None:
+                        swapped = list(envelope)
+                    swapped[index] = new
+        if swapped is not None:
             skeleton = cbor2.dumps(swapped, default=_write_marker)
             pieces: list[bytes | bytearray | memoryview] = []
             view = memoryview(skeleton)
             start = 0
-            for value in found:
+            for big in found:
                 at = skeleton.find(_MARKER, start)
                 if at < 0:
                     break
-                pieces += (view[start:at], value)
+                pieces += (view[start:at], big)
                 start = at + len(_MARKER)
             else:
                 if skeleton.find(_MARKER, start) < 0:
