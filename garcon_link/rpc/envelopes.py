@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, overload
 
 import cbor2
 import msgspec
@@ -220,6 +220,32 @@ def encode(envelope: Envelope) -> bytes:
 # instead of 1,377 ns, which the receiving side pays for every envelope.
 
 
+@overload
+def encode_call(
+    call_id: int,
+    service: str,
+    method: str,
+    args: Any,
+    kwargs: Any,
+    credit_items: int,
+    credit_bytes: int,
+    key: bytes | None,
+    metadata: Mapping[str, str] | None,
+) -> bytes: ...
+@overload
+def encode_call(
+    call_id: int,
+    service: str,
+    method: str,
+    args: Any,
+    kwargs: Any,
+    credit_items: int,
+    credit_bytes: int,
+    key: bytes | None,
+    metadata: Mapping[str, str] | None,
+    *,
+    splice: int,
+) -> bytes | Spliced: ...
 def encode_call(
     call_id: int,
     service: str,
@@ -246,6 +272,10 @@ def encode_call(
     return cbor2.dumps(envelope)
 
 
+@overload
+def encode_result(call_id: int, value: Any) -> bytes: ...
+@overload
+def encode_result(call_id: int, value: Any, *, splice: int) -> bytes | Spliced: ...
 def encode_result(call_id: int, value: Any, *, splice: int = 0) -> bytes | Spliced:
     """``encode(Result(call_id, value))`` without building the ``Result`` (``splice``: as for
     :func:`encode_call`)."""
@@ -254,6 +284,10 @@ def encode_result(call_id: int, value: Any, *, splice: int = 0) -> bytes | Splic
     return cbor2.dumps([RESULT, call_id, value])
 
 
+@overload
+def encode_item(call_id: int, value: Any) -> bytes: ...
+@overload
+def encode_item(call_id: int, value: Any, *, splice: int) -> bytes | Spliced: ...
 def encode_item(call_id: int, value: Any, *, splice: int = 0) -> bytes | Spliced:
     """``encode(Item(call_id, value))`` without building the ``Item`` (``splice``: as for
     :func:`encode_call`)."""
