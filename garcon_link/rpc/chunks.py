@@ -53,12 +53,13 @@ Rules:
   that moment it is owed: the next chunked send writes it first, so the receiver never sees the
   parts of two bodies run together.
 * **Hostile parts** (:class:`Reassembler`): a malformed part, an abort or a final part with no
-  transfer in progress, an empty non-final part, a transfer beyond ``max_frame_bytes``, or one
+  transfer in progress, an empty non-final part, a transfer beyond ``max_frame_bytes``, one
   whose body is itself a part (told by its first two bytes, as :func:`encode_part` writes
   them, before the body is joined; the RPC layer refuses a part in any other encoding once
-  decoded) is a violation: the partial body is dropped (memory freed at once), the rest of
-  that transfer, up to its final or abort part, is discarded unread, and the RPC layer logs it
-  and counts it
+  decoded), and, with splicing, a byte string declared longer than the transfer may still hold
+  or a transfer that ends inside one (:class:`~garcon_link.rpc.splice.Splicer`) is a
+  violation: the partial body is dropped (memory freed at once), the rest of that transfer, up
+  to its final or abort part, is discarded unread, and the RPC layer logs it and counts it
   (``RpcStatistics.part_violations``); the session stays. Each part costs O(its size) and the
   buffer is bounded by ``max_frame_bytes``, each part counting at least :data:`MIN_CHARGE` bytes
   (so tiny parts cannot multiply what is held by their per-object overhead: at most about
