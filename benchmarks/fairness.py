@@ -15,6 +15,10 @@ session:
    sequential 32-byte echo calls until the bulk task ends. Their p99 against the idle p99 is the
    figure; the bulk rate (argument bytes per second, each echoed back) is reported beside it.
 
+``fairness-1mib`` echoes the same bytes as 1 MiB values; ``fairness-256mib`` as one value of
+256 MiB, with ``max_frame_bytes`` (and the retention and inbound budgets) of both ends raised
+to let it through.
+
 Before chunking, every small call issued behind an 8 MiB body waited for the
 whole of it, both ways; see ``benchmarks/README.md`` for the figures before and after.
 """
@@ -39,10 +43,11 @@ MiB = 1024 * 1024
 _SECRET = gl.Secret(b"garcon-link-benchmark-secret-000")
 _EXECUTOR = "bench-fairness"
 
-NAMES = ("fairness", "fairness-1mib")
+NAMES = ("fairness", "fairness-1mib", "fairness-256mib")
 DESCRIPTIONS = {
     "fairness": "garcon_link small-call p99 while 256 MiB is echoed in the same session",
     "fairness-1mib": "the same with the 256 MiB echoed as 256 values of 1 MiB",
+    "fairness-256mib": "the same with the 256 MiB echoed as one value (frame limits raised)",
 }
 P99_FACTOR_TARGET = 5.0
 """Target: small-call p99 during a bulk transfer <= 5x its idle p99."""
@@ -67,6 +72,9 @@ class FairnessSettings:
     transfer_bytes: int = 8 * MiB
     limit_s: float = 120.0
     server_start_s: float = 30.0
+    frame_mib: int = 0
+    """``max_frame_bytes`` (and the retention and inbound budgets with it) of both ends, in MiB;
+    0: the default ``Limits``."""
 
     @classmethod
     def from_runner(cls, settings: harness.Settings, quick: bool) -> FairnessSettings:
@@ -88,16 +96,28 @@ class FairnessSettings:
         )
 
 
-def _config(port_or_url: int | str) -> gl.LinkConfig:
+def _limits(frame_mib: int) -> gl.Limits:
+    if not frame_mib:
+        return gl.Limits()
+    size = frame_mib * MiB
+    return gl.Limits(max_frame_bytes=size, max_retained_bytes=size, max_inbound_buffer_bytes=size)
+
+
+def _config(port_or_url: int | str, frame_mib: int = 0) -> gl.LinkConfig:
     if isinstance(port_or_url, int):
         return gl.LinkConfig(
             executor_id=_EXECUTOR,
             role=gl.Role.WORKER,
             secret=_SECRET,
             listen=("127.0.0.1", port_or_url),
+            limits=_limits(frame_mib),
         )
     return gl.LinkConfig(
-        executor_id=_EXECUTOR, role=gl.Role.CONTROLLER, secret=_SECRET, dial=port_or_url
+        executor_id=_EXECUTOR,
+        role=gl.Role.CONTROLLER,
+        secret=_SECRET,
+        dial=port_or_url,
+        limits=_limits(frame_mib),
     )
 
 
@@ -116,8 +136,12 @@ async def _small_call(echo: Echo, payload: bytes, latencies: list[int]) -> None:
 async def _once(port: int, settings: FairnessSettings) -> dict[str, Any]:
     rng = random.Random(7)
     small = rng.randbytes(settings.small_bytes)
-    big = rng.randbytes(settings.transfer_bytes)
-    config = _config(f"ws://127.0.0.1:{port}/executor")
+    # Random bytes (nothing gains by compressing them), a MiB of them repeated for larger values.
+    tile = rng.randbytes(min(settings.transfer_bytes, MiB))
+    big = (
+        tile * (settings.transfer_bytes // len(tile)) + tile[: settings.transfer_bytes % len(tile)]
+    )
+    config = _config(f"ws://127.0.0.1:{port}/executor", settings.frame_mib)
     async with gl.connect(config) as executor:
         await executor.wait_ready(timeout=10)
         echo = executor.service("echo", Echo)
@@ -173,6 +197,8 @@ def _worker_process(loop: str, settings: FairnessSettings) -> harness.ServerProc
         "-m",
         "benchmarks.fairness",
         "worker",
+        "--frame-mib",
+        str(settings.frame_mib),
         *server.command[server.command.index("--port") :],
     ]
     return server
@@ -234,6 +260,13 @@ def _measure(
             None,
         ),
         _figure(
+            f"{key}_during_max_ms",
+            "longest small call during the transfer",
+            "ms",
+            summary("during_max_ms"),
+            None,
+        ),
+        _figure(
             f"{key}_bulk_mb_per_s",
             "bulk rate during it (argument bytes, each echoed back; higher is better)",
             "MB/s",
@@ -265,6 +298,14 @@ def run(
         )
         if not quick
         else replace(mine, transfers=mine.transfers * 4, transfer_bytes=mine.transfer_bytes // 4),
+        # The same bytes as one value: a transfer of a thousand parts, with every limit raised
+        # to let one 256 MiB value through.
+        "fairness-256mib": replace(
+            mine,
+            transfers=1,
+            transfer_bytes=mine.transfers * mine.transfer_bytes,
+            frame_mib=mine.transfers * mine.transfer_bytes // MiB + 16,
+        ),
     }
     results = []
     try:
@@ -292,12 +333,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--loop", choices=eventloop.CHOICES, default="asyncio")
     parser.add_argument("--max-seconds", type=float, default=600.0)
+    parser.add_argument("--frame-mib", type=int, default=0)
     args = parser.parse_args(argv)
     start_watchdog(args.max_seconds)
 
     async def worker() -> None:
         services = {"echo": gl.Service(_EchoImpl(), Echo)}
-        async with gl.Worker(_config(args.port), services) as endpoint:
+        async with gl.Worker(_config(args.port, args.frame_mib), services) as endpoint:
             announce(endpoint.link.listen_address[1])
             await anyio.sleep_forever()
 

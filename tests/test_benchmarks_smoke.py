@@ -234,6 +234,7 @@ def test_quick_run_of_the_fairness_benchmark_measures_every_figure(tmp_path: Pat
         "fairness_p99_factor",
         "fairness_idle_p99_ms",
         "fairness_during_p99_ms",
+        "fairness_during_max_ms",
         "fairness_bulk_mb_per_s",
     ]
     for item in result["figures"]:

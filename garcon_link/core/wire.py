@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import enum
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NewType
 
@@ -399,7 +399,14 @@ def encode_canonical(value: Any) -> bytes:
     return cbor2.dumps(value, canonical=True)
 
 
-def decode_item(data: bytes, max_bytes: int, *, plain: bool = True, bignums: bool = True) -> Any:
+def decode_item(
+    data: bytes,
+    max_bytes: int,
+    *,
+    plain: bool = True,
+    bignums: bool = True,
+    splice: tuple[int, Callable[[Any], Any]] | None = None,
+) -> Any:
     """Decode exactly one CBOR item with cbor2, mapping every failure to :class:`MalformedFrame`.
 
     Handshake and envelope values are plain CBOR data: maps, arrays, text and byte strings,
@@ -421,6 +428,10 @@ def decode_item(data: bytes, max_bytes: int, *, plain: bool = True, bignums: boo
             (for tests of the decoder itself).
         bignums: accept bignum tags (bounded); ``False`` refuses them, so every integer returned
             is in ``-2**64 .. 2**64-1`` (what a CBOR head can hold).
+        splice: ``(tag, resolve)``: an item under this one private tag is replaced by
+            ``resolve(the CBORTag)``, which raises ``ValueError`` for one it does not know
+            (refused like any tag). The receiver's placeholders for byte strings it filled
+            part by part (:mod:`garcon_link.rpc.splice`); ``resolve`` returns plain data.
 
     Raises:
         FrameTooLarge: ``len(data) > max_bytes``.
@@ -438,7 +449,8 @@ def decode_item(data: bytes, max_bytes: int, *, plain: bool = True, bignums: boo
         else (_PLAIN_NO_BIGNUM_DECODERS if plain else _NO_BIGNUM_DECODERS)
     )
     try:
-        decoder = cbor2.CBORDecoder(stream, tag_hook=_refuse_tag, semantic_decoders=decoders)
+        hook = _refuse_tag if splice is None else _splice_hook(*splice)
+        decoder = cbor2.CBORDecoder(stream, tag_hook=hook, semantic_decoders=decoders)
         value = decoder.decode()
     except MalformedFrame:
         raise
@@ -495,6 +507,18 @@ def _check_plain(value: Any, depth: int, seen: set[int]) -> None:
 
 def _refuse_tag(decoder: Any, tag: Any) -> Any:
     raise MalformedFrame(f"CBOR semantic tag {tag.tag} is not allowed")
+
+
+def _splice_hook(number: int, resolve: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+    def hook(tag: Any, immutable: Any = False) -> Any:  # cbor2 6: (CBORTag, immutable)
+        if tag.tag == number:
+            try:
+                return resolve(tag)
+            except ValueError:
+                pass
+        raise MalformedFrame(f"CBOR semantic tag {tag.tag} is not allowed")
+
+    return hook
 
 
 def _refuse_known_tag(tag: int) -> Any:

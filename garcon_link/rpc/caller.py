@@ -63,8 +63,11 @@ from .interface import MethodKind, MethodSpec, from_wire, to_wire
 from .observer import CallObserver
 from .outbox import CANCEL_KIND, CONTROL_KIND, Outbox
 from .resources import ResourceRef
+from .splice import SPLICE_BYTES, Spliced, encode_envelope, holds_large
 
 __all__ = ["RELAYED", "RELAYED_STREAM", "Caller", "Expected", "RemoteStream"]
+
+_NOTIFY_VALUES = range(3, 5)  # a notification's args and kwargs
 
 log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
 
@@ -222,7 +225,7 @@ class Caller:
         credit: tuple[int, int],
         key: bytes | None = None,
         metadata: Mapping[str, str] | None = None,
-    ) -> tuple[_Pending | None, bytes]:
+    ) -> tuple[_Pending | None, bytes | Spliced]:
         self._check_open()
         try:
             pos, kw = spec.bind(args, kwargs)
@@ -238,9 +241,17 @@ class Caller:
             raise Rejected("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
         self._check_resources(pos, kw)
         if spec.kind is MethodKind.ONEWAY:
-            return None, encode_request(
-                Notify(service, spec.name, wire_args, wire_kwargs, metadata)
-            )
+            notify = Notify(service, spec.name, wire_args, wire_kwargs, metadata)
+            if not (
+                holds_large(wire_args, SPLICE_BYTES, 2) or holds_large(wire_kwargs, SPLICE_BYTES, 2)
+            ):
+                return None, encode_request(notify)
+            try:
+                return None, encode_envelope(notify.wire(), _NOTIFY_VALUES, SPLICE_BYTES, 2)
+            except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
+                raise NotDispatched(
+                    "INVALID_ARGUMENTS", f"cannot encode the request: {exc}"
+                ) from exc
         if len(self._pending) + self._outbox.owed_cancels >= self.limits.max_pending_calls:
             raise NotDispatched(
                 "OVERLOADED",
@@ -250,7 +261,15 @@ class Caller:
         self._next_id += 1
         try:
             body = encode_call(
-                call_id, service, spec.name, wire_args, wire_kwargs, *credit, key, metadata
+                call_id,
+                service,
+                spec.name,
+                wire_args,
+                wire_kwargs,
+                *credit,
+                key,
+                metadata,
+                splice=SPLICE_BYTES,
             )
         except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
             raise NotDispatched("INVALID_ARGUMENTS", f"cannot encode the request: {exc}") from exc
@@ -279,7 +298,7 @@ class Caller:
                 raise StaleResource(message=f"{value!r} belongs to a replaced session")
 
     async def _send_request(
-        self, body: bytes, renumber: Callable[[bytes], tuple[bytes, int]] | None = None
+        self, body: bytes | Spliced, renumber: Callable[[bytes], tuple[bytes, int]] | None = None
     ) -> int:
         """Issue a request envelope; a refusal before an ordinal is assigned is NOT_DISPATCHED."""
         try:
@@ -306,7 +325,7 @@ class Caller:
             self.observer.pending_peak = len(self._pending)
         return True
 
-    async def _issue(self, pending: _Pending, body: bytes) -> None:
+    async def _issue(self, pending: _Pending, body: bytes | Spliced) -> None:
         self._pending[pending.id] = pending
         if len(self._pending) > self.observer.pending_peak:
             self.observer.pending_peak = len(self._pending)
@@ -424,14 +443,15 @@ class Caller:
         return _RelayedStream(self, service, method, arguments, metadata)
 
     async def _complete(
-        self, pending: _Pending, body: bytes, timeout: float | None, *, local: bool = True
+        self, pending: _Pending, body: bytes | Spliced, timeout: float | None, *, local: bool = True
     ) -> Any:
         """Issue ``pending``'s request and wait for its outcome (:meth:`call`); ``local``:
         raise an allow-listed remote exception as itself, else the :class:`CallError`."""
         loop = self._loop
         if loop is False:
             loop = self._loop = asyncio.get_running_loop() if on_asyncio() else None
-        if loop is not None and self._issue_nowait(pending, body):
+        # A spliced body (a large bytes value in it) is sent in parts: never the quick path.
+        if loop is not None and isinstance(body, bytes) and self._issue_nowait(pending, body):
             assert isinstance(loop, asyncio.AbstractEventLoop)
             return await self._wait_on_asyncio(loop, pending, timeout, local)
         # A bare cancel scope with a deadline: what fail_after does, without its generator-based
@@ -797,7 +817,7 @@ class RemoteStream(AsyncIterator[Any]):
 
     _local = True  # a stream's error is raised as local_exception() makes it
 
-    def _request(self) -> tuple[_Pending, bytes]:
+    def _request(self) -> tuple[_Pending, bytes | Spliced]:
         limits = self._caller.limits
         pending, body = self._caller._prepare(
             self._service,
@@ -900,7 +920,7 @@ class _RelayedStream(RemoteStream):
         self._method = method
         self._arguments = arguments
 
-    def _request(self) -> tuple[_Pending, bytes]:
+    def _request(self) -> tuple[_Pending, bytes | Spliced]:
         limits = self._caller.limits
         return self._caller._prepare_relayed(
             RELAYED_STREAM,

@@ -38,7 +38,10 @@ Rules:
   window (and its throughput). The session marks a receipt urgent once
   ``Limits.receipt_bytes`` were accepted since the last one
   (:attr:`~garcon_link.core.session.MessageSession.receipt_urgent`), so the window drains at the
-  speed of the link, not of ``receipt_delay``.
+  speed of the link, not of ``receipt_delay``. The sender also yields to the event loop
+  before each further part, so one loop turn encodes and writes at most one part (a window's
+  worth of parts is never issued in one turn), and large ``bytes`` values are copied into parts
+  a part at a time (:mod:`garcon_link.rpc.splice`).
 * **Same size limit.** A body that would have been refused as one message
   (:class:`~garcon_link.errors.PayloadTooLarge`: its frame would exceed ``max_frame_bytes``) is
   refused the same way before any part is sent. The receiver refuses a transfer whose chunks add
@@ -50,12 +53,13 @@ Rules:
   that moment it is owed: the next chunked send writes it first, so the receiver never sees the
   parts of two bodies run together.
 * **Hostile parts** (:class:`Reassembler`): a malformed part, an abort or a final part with no
-  transfer in progress, an empty non-final part, a transfer beyond ``max_frame_bytes``, or one
+  transfer in progress, an empty non-final part, a transfer beyond ``max_frame_bytes``, one
   whose body is itself a part (told by its first two bytes, as :func:`encode_part` writes
   them, before the body is joined; the RPC layer refuses a part in any other encoding once
-  decoded) is a violation: the partial body is dropped (memory freed at once), the rest of
-  that transfer, up to its final or abort part, is discarded unread, and the RPC layer logs it
-  and counts it
+  decoded), and, with splicing, a byte string declared longer than the transfer may still hold
+  or a transfer that ends inside one (:class:`~garcon_link.rpc.splice.Splicer`) is a
+  violation: the partial body is dropped (memory freed at once), the rest of that transfer, up
+  to its final or abort part, is discarded unread, and the RPC layer logs it and counts it
   (``RpcStatistics.part_violations``); the session stays. Each part costs O(its size) and the
   buffer is bounded by ``max_frame_bytes``, each part counting at least :data:`MIN_CHARGE` bytes
   (so tiny parts cannot multiply what is held by their per-object overhead: at most about
@@ -70,10 +74,13 @@ from collections.abc import Callable
 from typing import Protocol
 
 import anyio
+import anyio.lowlevel
 
 from ..core.session import encoded_message_size
+from ..core.wire import encode_head
 from ..errors import PayloadTooLarge
 from .envelopes import PART, encode_part
+from .splice import Spliced, SpliceOverrun, Splicer
 
 __all__ = [
     "ABORT",
@@ -136,33 +143,48 @@ class Reassembler:
 
     Args:
         limit: the most bytes one reassembled body may hold (``max_frame_bytes``).
+        splice: fill large byte strings part by part (:class:`~garcon_link.rpc.splice.Splicer`):
+            :meth:`feed` then returns the rest of the body, to be decoded with
+            :attr:`splicer`'s placeholders resolved.
     """
 
     __slots__ = (
         "_charged",
         "_chunks",
         "_discarding",
+        "_first",
         "_limit",
         "_size",
+        "_splice",
+        "_splicer",
         "aborted",
+        "body_size",
         "completed",
         "parts",
+        "splicer",
     )
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, splice: bool = False) -> None:
         self._limit = limit
+        self._splice = splice
         self._chunks: list[bytes | memoryview] = []
+        self._first = b""  # the transfer's first bytes as sent (at most 64)
+        self._splicer: Splicer | None = None
         self._size = 0
         self._charged = 0
         self._discarding = False
         self.parts = 0
         self.completed = 0
         self.aborted = 0
+        self.body_size = 0
+        """The length of the last body completed, as sent (spliced values included)."""
+        self.splicer: Splicer | None = None
+        """The last body's splicer when it holds values filled part by part, else ``None``."""
 
     @property
     def in_progress(self) -> bool:
         """Whether a transfer was begun and not yet completed, aborted or discarded."""
-        return bool(self._chunks)
+        return bool(self._first)
 
     @property
     def buffered(self) -> int:
@@ -170,7 +192,8 @@ class Reassembler:
         return self._size
 
     def feed(self, flags: object, chunk: object) -> bytes | None:
-        """Take one part; return the whole body at its final part, else ``None``.
+        """Take one part; return the whole body at its final part, else ``None`` (with
+        splicing, the body without its spliced values: see :attr:`splicer`).
 
         Raises:
             PartViolation: the part is refused; the partial body is dropped and the rest of the
@@ -188,47 +211,77 @@ class Reassembler:
                 self._discarding = False
             return None
         if flags == ABORT:
-            if chunk or not self._chunks:
+            if chunk or not self._first:
                 raise self._violation("an abort part is empty and ends a transfer in progress")
             self.aborted += 1
             self.reset()
             return None
         if flags == MORE and not chunk:
             raise self._violation("an empty part that is not the last")
-        if flags == FINAL and not self._chunks:
+        if flags == FINAL and not self._first:
             raise self._violation("a final part with no transfer in progress (a one-part transfer)")
+        received = self._size
         self._size += len(chunk)
         self._charged += max(len(chunk), MIN_CHARGE)
         if self._charged > self._limit:
             raise self._violation(f"a transfer exceeds {self._limit} bytes ({self.parts} parts)")
-        self._chunks.append(chunk)
+        if len(self._first) < 64:
+            self._first += bytes(chunk[: 64 - len(self._first)])
+        if self._splice:
+            if self._splicer is None:
+                self._splicer = Splicer(self._limit)
+            try:
+                self._chunks += self._splicer.take(chunk, received)
+            except SpliceOverrun as exc:
+                if flags != MORE:
+                    self.reset()  # the transfer ended here: nothing of it is left to discard
+                raise self._violation(str(exc)) from None
+        else:
+            self._chunks.append(chunk)
         if flags == MORE:
             return None
         # Parts do not nest: a body that is a part is refused before it is joined (the first
         # chunk of a transfer is not empty, but it may be a single byte).
-        head = b"".join(bytes(piece[:2]) for piece in self._chunks[:2])[:2]
-        if head == _PART_HEAD:
+        if self._first[:2] == _PART_HEAD:
             self.reset()  # the transfer ended here: nothing of it is left to discard
             raise self._violation("a body sent in parts is itself a part")
+        splicer = self._splicer
+        if splicer is not None and not splicer.complete:
+            self.reset()
+            raise self._violation("a transfer ends inside a byte string")
         body = b"".join(self._chunks)
         self.completed += 1
+        self.body_size = self._size
+        self.splicer = splicer if splicer is not None and splicer.values else None
         self.reset()
         return body
 
     def first_chunk(self) -> bytes | None:
         """The first bytes (at most 64) of the transfer in progress (its envelope's head)."""
-        return bytes(self._chunks[0][:64]) if self._chunks else None
+        return self._first or None
 
     def reset(self) -> None:
         """Drop the partial body (a retired session, an abort)."""
         self._chunks = []
+        self._first = b""
+        self._splicer = None
         self._size = self._charged = 0
 
     def _violation(self, why: str) -> PartViolation:
         # The rest of a transfer begun before this part is discarded up to its last part.
-        self._discarding = bool(self._chunks) or self._discarding
+        self._discarding = bool(self._first) or self._discarding
         self.reset()
         return PartViolation(why)
+
+
+def _pieces(body: bytes | Spliced) -> tuple[bytes | bytearray | memoryview, ...]:
+    return body.pieces if isinstance(body, Spliced) else (body,)
+
+
+def _encode_part(flags: int, pieces: list[memoryview]) -> bytes:
+    """``encode_part(flags, b"".join(pieces))`` in one copy of the pieces."""
+    size = sum(len(piece) for piece in pieces)
+    return b"".join((bytes((0x83, PART, flags)), encode_head(2, size), *pieces))
 
 
 class _Transport(Protocol):
@@ -295,9 +348,14 @@ class ChunkSender:
         return ordinal
 
     async def send(
-        self, body: bytes, renumber: Callable[[bytes], tuple[bytes, int]] | None = None
+        self,
+        body: bytes | Spliced,
+        renumber: Callable[[bytes], tuple[bytes, int]] | None = None,
     ) -> int:
         """Issue ``body``; returns the ordinal of its last message (the final part).
+
+        ``body`` may be :class:`~garcon_link.rpc.splice.Spliced` (large values not copied into
+        it): each part then copies only its own bytes from the pieces.
 
         ``renumber`` (a call's body) is asked, once this send's turn has come and just before
         its first part is issued, for a new head and the length of ``body``'s head it replaces
@@ -311,7 +369,7 @@ class ChunkSender:
         """
         if len(body) <= self.chunk:
             self._small_at = self._clock()
-            return await self._transport.send(body)
+            return await self._transport.send(body.joined() if isinstance(body, Spliced) else body)
         size = encoded_message_size(self._transport.issued + 1, len(body))
         if size > self._limit:
             raise PayloadTooLarge(size, self._limit)
@@ -323,10 +381,14 @@ class ChunkSender:
             # The first part is paced too (a transfer right behind another one), before the
             # renumbering: nothing may run between a fresh id and its first part.
             await self._transport.wait_retained_below(self._pace())
-            head, skip = renumber(body) if renumber is not None else (b"", 0)
-            view = memoryview(body)[skip:]
-            lead = len(head)
-            end = lead + len(view)
+            pieces = [memoryview(piece) for piece in _pieces(body)]
+            if renumber is not None:
+                # A call's head (array head, kind, id) is within its first bytes, which are
+                # encoded bytes in front of any spliced value.
+                head, skip = renumber(bytes(pieces[0][:16]))
+                pieces[0] = pieces[0][skip:]
+                pieces.insert(0, memoryview(head))
+            end = sum(len(piece) for piece in pieces)
             # Equal parts, as many as whole chunks fit (at least two): no short tail part that
             # would wait a round trip for the window (a 1 MiB body goes as four parts, at once).
             # Never one part (the receiver refuses a final part that begins no transfer): end
@@ -335,16 +397,26 @@ class ChunkSender:
             count = max(2, end // self.chunk)
             step = -(-end // count)
             ordinal = 0
+            index = offset = 0  # where the next part begins: pieces[index][offset:]
             try:
                 for start in range(0, end, step):
                     if start:
+                        # One part per loop turn at most, even when the window has room for
+                        # several: what a small call waits for is one part's work, not a window's.
+                        await anyio.lowlevel.checkpoint()
                         await self._transport.wait_retained_below(self._pace())
                     flags = FINAL if start + step >= end else MORE
-                    if start:
-                        chunk: bytes | memoryview = view[start - lead : start - lead + step]
-                    else:
-                        chunk = b"".join((head, view[: step - lead]))
-                    ordinal = await self._transport.send(encode_part(flags, chunk))
+                    want = min(step, end - start)
+                    taken: list[memoryview] = []
+                    while want:
+                        piece = pieces[index]
+                        size = min(want, len(piece) - offset)
+                        taken.append(piece[offset : offset + size])
+                        want -= size
+                        offset += size
+                        if offset == len(piece):
+                            index, offset = index + 1, 0
+                    ordinal = await self._transport.send(_encode_part(flags, taken))
                     self.parts_sent += 1
             except BaseException:
                 if ordinal:  # parts were issued, the final one was not

@@ -70,6 +70,7 @@ from .interface import MethodSpec, to_wire
 from .observer import CallObserver
 from .registry import INTERNAL_SERVICE
 from .resources import ServiceScope, _current
+from .splice import SPLICE_BYTES, Spliced
 
 __all__ = ["Handlers", "Incoming", "ReplyPolicy", "current_session"]
 
@@ -354,13 +355,15 @@ class Handlers:
                         else:
                             result = await target(*pos, **kw)
                             try:
-                                body = encode_result(call_id, to_wire(result))
+                                reply_body = encode_result(
+                                    call_id, to_wire(result), splice=SPLICE_BYTES
+                                )
                             except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
                                 error = RemoteError("UNENCODABLE_RESULT", str(exc))
                                 extra, reply = TYPE_ERROR, True
                             else:
                                 # A result, or the error that replaced it, is sent.
-                                error = await self.send_reply(call_id, body)
+                                error = await self.send_reply(call_id, reply_body)
                     if incoming.scope.cancelled_caught:
                         # Interrupted (by the caller's cancel; by retirement nothing can be
                         # sent): a receipt tells the caller it ran, perhaps partly.
@@ -431,11 +434,12 @@ class Handlers:
             return b"", error, {"remote_type": "PayloadTooLarge"}
         return body, None, {}
 
-    async def send_reply(self, call_id: int, body: bytes) -> CallError | None:
+    async def send_reply(self, call_id: int, body: bytes | Spliced) -> CallError | None:
         """Hand a result over; if it is too large, send the error that replaces it (and return
         it: what the caller is told)."""
         try:
-            if self._chunks.send_nowait(body) is None:  # (no coroutine when it need not wait)
+            # No coroutine when it need not wait; a spliced body (in parts) always goes by send.
+            if not isinstance(body, bytes) or self._chunks.send_nowait(body) is None:
                 await self._chunks.send(body)
         except PayloadTooLarge as exc:
             error = RemoteError("RESULT_TOO_LARGE", str(exc), remote_type="PayloadTooLarge")
@@ -460,7 +464,7 @@ class Handlers:
                 except StopAsyncIteration:
                     break
                 try:
-                    body = encode_item(call_id, to_wire(item))
+                    body = encode_item(call_id, to_wire(item), splice=SPLICE_BYTES)
                 except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
                     raise TypeError(f"cannot encode stream item: {exc}") from exc
                 incoming.credit -= 1

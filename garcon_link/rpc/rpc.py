@@ -217,6 +217,7 @@ from .observer import CallObserver, CallStatistics, Observed, end_of
 from .outbox import CONTROL_KIND, Outbox
 from .registry import DESCRIBE_SPEC, DRAINING_METHOD, INTERNAL_SERVICE, INVENTORY_SPEC, Registry
 from .resources import ServiceScope
+from .splice import SPLICE_TAG, Splicer
 
 __all__ = [
     "CALL",
@@ -375,7 +376,7 @@ class ExecutorRpc:
         self._chunks = ChunkSender(
             transport, limits.bulk_chunk_bytes, limits.bulk_window_bytes, limits.max_frame_bytes
         )
-        self._reassembler = Reassembler(limits.max_frame_bytes)
+        self._reassembler = Reassembler(limits.max_frame_bytes, splice=True)
         self._claimed: int | None = None  # the call id claimed by the transfer in progress
         self._part_violations = 0
         self._malformed_envelopes = 0
@@ -646,13 +647,18 @@ class ExecutorRpc:
         elif envelope is not None:
             self._dispatch_whole(envelope, len(payload))
 
-    def _decode(self, payload: bytes) -> Envelope | None:
-        """The envelope ``payload`` holds; ``None`` when it is dropped (and logged) as
-        undecodable or malformed."""
+    def _decode(self, payload: bytes, splicer: Splicer | None = None) -> Envelope | None:
+        """The envelope ``payload`` holds (with ``splicer``: a body whose large byte strings
+        were filled part by part, placeholders in their stead); ``None`` when it is dropped
+        (and logged) as undecodable or malformed."""
         try:
             # plain=True: refuses shared references and cycles, so no envelope can expand into
             # a structure larger than its own bytes (a DAG of 2**n paths) later on.
-            item = decode_item(payload, self.limits.max_frame_bytes)
+            item = decode_item(
+                payload,
+                self.limits.max_frame_bytes,
+                splice=None if splicer is None else (SPLICE_TAG, splicer.resolve),
+            )
         except MalformedFrame as exc:
             self._dropped_envelope(None, peer_text(exc))
             self._undecodable(payload)
@@ -716,12 +722,13 @@ class ExecutorRpc:
         try:
             # Never through _dispatch: a body is not a part (the reassembler refused the usual
             # encoding of one before joining it; any other is refused here, once decoded).
-            whole = self._decode(body)
+            whole = self._decode(body, reassembler.splicer)
+            reassembler.splicer = None  # its values now belong to the envelope
             if isinstance(whole, Part):
                 self._part_violations += 1
                 self._malformed(BadEnvelope(PART, "a body sent in parts is itself a part"))
             elif whole is not None:
-                self._dispatch_whole(whole, len(body))
+                self._dispatch_whole(whole, reassembler.body_size)
         finally:
             self._dispatcher.whole_id = None
 
