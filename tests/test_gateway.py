@@ -73,6 +73,11 @@ class Ident(Protocol):
     async def note(self, text: str) -> None: ...
 
 
+class BrokenStream(Exception):
+    """Never registered (``register_exception``), so it crosses as a ``RemoteError`` whatever
+    other tests in the same process registered (``tests/test_errorbody.py`` registers KeyError)."""
+
+
 class Admin(Protocol):
     async def reset(self) -> str: ...
 
@@ -124,7 +129,7 @@ class IdentService:
     async def broken(self, n: int) -> AsyncIterator[int]:
         for i in range(n):
             yield i
-        raise KeyError("broken")
+        raise BrokenStream("broken")
 
     async def note(self, text: str) -> None:
         self.ledger.append(f"note:{text}")
