@@ -9,12 +9,14 @@ each signal to the event loop (``call_soon_threadsafe``, or trio's ``run_sync_so
 says ``STOPPING=1``, drains for up to ``--drain`` seconds while a second signal may cut the drain
 short, and prints ``<what>-stopping``.
 
-The handlers are never put back. Once :class:`StopSignals` is left -- the served object is
-closed by then -- every further SIGINT or SIGTERM is ignored until the process exits, so a
-signal sent after the drain (systemd and Docker send one, an operator a second Ctrl-C) can never
-find the default disposition and kill the process by signal (exit -15 / 143 and no clean exit)
-between the close and the exit. anyio's signal receiver is not used for this reason: it puts
-the default disposition back when it closes, and so does asyncio's loop when it closes.
+The previous handlers are never put back. Once :class:`StopSignals` is left -- the served
+object is closed by then -- SIGINT and SIGTERM are ignored (``SIG_IGN``) until the process exits,
+so a signal sent after the drain (a supervisor's, an operator's second Ctrl-C) can never find the
+default disposition and kill the process by signal (-15, no clean exit) between the close and
+the exit. anyio's signal receiver is not used for this reason: it puts the default disposition
+back when it closes, and so does asyncio's loop when it closes; and the interpreter's
+finalization does so for a Python handler, but leaves ``SIG_IGN`` alone. Processes started
+before the exit would inherit ``SIG_IGN``; none are started once the served object is closed.
 
 Ignoring signals during the teardown is safe because the teardown is bounded: closing a worker
 or a gateway is bounded by the library's own timeouts (``close_timeout``,
@@ -100,7 +102,12 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.listening = False  # the handlers stay, ignoring: see the module docstring
+        # Ignored from now until the exit (module docstring). SIG_IGN, not a handler that does
+        # nothing: the interpreter's finalization puts SIG_DFL back in place of a Python
+        # handler, never of SIG_IGN. Both are "caught or ignored": no default in between.
+        self.listening = False
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
 
     def restore(self) -> None:
         """Put back the handlers found on entry (only for a process that goes on running)."""
