@@ -23,10 +23,17 @@ MiB = 1024 * 1024
 
 
 def _doc(
-    text: str, *, maximum: float | None = None, minimum: float | None = None
+    text: str,
+    *,
+    maximum: float | None = None,
+    minimum: float | None = None,
+    unit: str | None = None,
 ) -> dict[str, Any]:
-    """A field's metadata: its documentation, and bounds beyond "positive and finite"."""
+    """A field's metadata: its documentation, bounds beyond "positive and finite", and the unit
+    of a float that is not seconds (``"per second"``; ``""`` for a fraction)."""
     meta: dict[str, Any] = {"doc": text}
+    if unit is not None:
+        meta["unit"] = unit
     if maximum is not None:
         meta["max"] = maximum
     if minimum is not None:
@@ -398,6 +405,7 @@ class Limits:
             "(gateway_forbidden_burst) is spent; each answer past it waits its turn, so a caller "
             "asking for what no grant allows slows itself down, not the gateway.",
             maximum=1_000_000,
+            unit="per second",
         ),
     )
     gateway_forbidden_burst: int = field(
@@ -423,6 +431,7 @@ class Limits:
             "streams in flight) one caller may hold; past it the caller's next call to that "
             "executor is NotDispatched(OVERLOADED), not forwarded. At least one call each.",
             maximum=1.0,
+            unit="",
         ),
     )
     gateway_refresh_interval: float = field(
