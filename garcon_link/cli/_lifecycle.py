@@ -1,5 +1,5 @@
 """Serving until a signal, then draining and stopping: what ``garcon-link worker`` and
-``garcon-link gateway`` share.
+``garcon-link gateway`` share (``garcon-link fleet``, which does not drain, shares the signals).
 
 Theory of operation
 -------------------
