@@ -77,15 +77,14 @@ _QUEUED = 8  # signals kept until the loop reads them (more are dropped: one is 
 
 class StopSignals:
     """SIGINT and SIGTERM as a stream of signal numbers for the running event loop (module
-    docstring). ``with StopSignals() as signals:`` from inside the loop; leaving it does not put
-    the previous handlers back (:meth:`restore` does, for a caller that is not about to exit).
+    docstring). ``with StopSignals() as signals:`` from inside the loop, in a process that exits
+    once it is left: leaving it ignores both signals from then on.
     """
 
     def __init__(self) -> None:
         self._queue: collections.deque[int] = collections.deque(maxlen=_QUEUED)
         self._arrived = anyio.Event()
         self._wake: Callable[[Callable[[], None]], Any] | None = None
-        self._previous: dict[int, Any] = {}
         self.listening = False
         """Whether signals reach :meth:`next` (false once left: they are ignored)."""
 
@@ -96,9 +95,9 @@ class StopSignals:
             import trio
 
             self._wake = trio.lowlevel.current_trio_token().run_sync_soon
-        for signum in STOP_SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._handler)
         self.listening = True
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._handler)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -108,12 +107,6 @@ class StopSignals:
         self.listening = False
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
-
-    def restore(self) -> None:
-        """Put back the handlers found on entry (only for a process that goes on running)."""
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous.clear()
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         # In the main thread, between two bytecodes: only hand the signal to the loop.
