@@ -191,9 +191,12 @@ def write_config(directory: Path, connection: str) -> Path:
     return path
 
 
+DEMO = "demo=garcon_link.demo:DemoService"
+
+
 def start_worker(config: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*CLI, "worker", str(config), "--service", "demo=garcon_link.demo:DemoService"],
+        [*CLI, "worker", str(config), "--service", DEMO],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -304,3 +307,64 @@ def test_signals_after_the_drain_do_not_kill_the_worker(tmp_path: Path) -> None:
         _, _, err = stop(process)
     assert code == 0, err
     assert line == "executor-stopping executor=sd-box reason=SIGTERM\n"
+
+
+def test_a_second_signal_cuts_the_drain_short(tmp_path: Path) -> None:
+    """A call holds the worker's 60 s drain; a second SIGTERM ends it: the worker exits 0 (long
+    before the drain's end: the wait is shorter than it), and the call still running ends
+    OutcomeUnknown for its caller (exit 6), as on any close."""
+    config = write_config(tmp_path, 'listen = "127.0.0.1:0"')
+    process = subprocess.Popen(
+        [*CLI, "worker", str(config), "--drain", "60", "--service", DEMO],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    call = None
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("executor-listening url="), line
+        url = line.split()[1].removeprefix("url=")
+        controller = tmp_path / "controller.toml"
+        controller.write_text(
+            'executor_id = "sd-box"\nrole = "controller"\nsecret_file = "link.secret"\n\n'
+            f'[connection]\ndial = "{url}"\n',
+            encoding="utf-8",
+        )
+        call = subprocess.Popen(
+            [*CLI, "call", str(controller), "demo.hold", "[120]", "--timeout", "150"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(40):  # until the call holds (each look is a fresh `call` process)
+            held = subprocess.run(
+                [*CLI, "call", str(controller), "demo.holding"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=WAIT,
+            )
+            if held.stdout.strip() == "1":
+                break
+        else:
+            raise AssertionError(f"the call never held the worker: {held.stderr}")
+        process.send_signal(signal.SIGTERM)
+        while not line.startswith("executor-draining"):
+            line = process.stdout.readline()
+            assert line, "the worker exited"
+        assert "reason=SIGTERM seconds=60 running=1" in line, line
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=WAIT) == 0
+        _, err = call.communicate(timeout=WAIT)
+        assert (call.returncode, err.split("]")[0]) == (6, "error: [unknown:CONTINUITY_LOST"), err
+    finally:
+        if call is not None and call.poll() is None:
+            call.kill()
+            call.communicate(timeout=WAIT)
+        _, out, err = stop(process)
+    assert "executor-stopping executor=sd-box reason=SIGTERM" in out, out
+    assert "the drain is cut short" in err, err
