@@ -22,8 +22,27 @@ __all__ = ["Limits"]
 MiB = 1024 * 1024
 
 
-def _doc(text: str) -> dict[str, Any]:
-    return {"doc": text}
+def _doc(
+    text: str,
+    *,
+    maximum: float | None = None,
+    minimum: float | None = None,
+    unit: str | None = None,
+) -> dict[str, Any]:
+    """A field's metadata: its documentation, bounds beyond "positive and finite", and the unit
+    of a float that is not seconds (``"per second"``; ``""`` for a fraction)."""
+    meta: dict[str, Any] = {"doc": text}
+    if unit is not None:
+        meta["unit"] = unit
+    if maximum is not None:
+        meta["max"] = maximum
+    if minimum is not None:
+        meta["min"] = minimum
+    return meta
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,6 +397,54 @@ class Limits:
         ),
     )
 
+    # the gateway (garcon_link.api.gateway, and a caller's garcon_link.api.relay)
+    gateway_forbidden_rate: float = field(
+        default=50.0,
+        metadata=_doc(
+            "FORBIDDEN answers per second a gateway gives one caller once its burst "
+            "(gateway_forbidden_burst) is spent; each answer past it waits its turn, so a caller "
+            "asking for what no grant allows slows itself down, not the gateway.",
+            maximum=1_000_000,
+            unit="per second",
+        ),
+    )
+    gateway_forbidden_burst: int = field(
+        default=100,
+        metadata=_doc(
+            "FORBIDDEN answers a gateway gives one caller at once, before "
+            "gateway_forbidden_rate paces them.",
+            maximum=1_000_000,
+        ),
+    )
+    gateway_forbidden_delay: float = field(
+        default=1.0,
+        metadata=_doc(
+            "The longest pause before one paced FORBIDDEN answer (the pause holds one of the "
+            "caller's own handler slots); keep it well below the callers' call timeouts.",
+            maximum=30.0,
+        ),
+    )
+    gateway_caller_share: float = field(
+        default=0.25,
+        metadata=_doc(
+            "The fraction of a gateway's session to one executor (max_pending_calls calls and "
+            "streams in flight) one caller may hold; past it the caller's next call to that "
+            "executor is NotDispatched(OVERLOADED), not forwarded. At least one call each.",
+            maximum=1.0,
+            unit="",
+        ),
+    )
+    gateway_refresh_interval: float = field(
+        default=5.0,
+        metadata=_doc(
+            "A gateway caller's (gl.connect_gateway) seconds between two snapshots of the "
+            "executors it may see (executors() and events()); each costs the gateway one entry "
+            "per such executor.",
+            minimum=0.01,
+            maximum=3600.0,
+        ),
+    )
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
@@ -393,6 +460,17 @@ class Limits:
                     raise ConfigError(f"Limits.{f.name} must be >= 0, got {value!r}")
             elif value <= 0:
                 raise ConfigError(f"Limits.{f.name} must be > 0, got {value!r}")
+            low, high = f.metadata.get("min"), f.metadata.get("max")
+            if low is not None and value < low:
+                raise ConfigError(
+                    f"Limits.{f.name} must be at least {_number(low)}, got {value!r} "
+                    f"(default {f.default!r})"
+                )
+            if high is not None and value > high:
+                raise ConfigError(
+                    f"Limits.{f.name} must be at most {_number(high)}, got {value!r} "
+                    f"(default {f.default!r})"
+                )
         if self.max_frame_bytes > self.max_retained_bytes:
             raise ConfigError(
                 "Limits.max_frame_bytes must not exceed max_retained_bytes "

@@ -1,19 +1,24 @@
 """``garcon-link gateway CONFIG``, as an operator runs it: a worker process dials in, a caller
 (with its key enrolled by ``keygen --caller``) calls it through the gateway, a caller without a
-grant is refused, and SIGTERM ends the gateway with exit 0."""
+grant is refused, and SIGTERM ends the gateway with exit 0: after a drain in which a relayed call
+still running finishes, with systemd told (a fake ``NOTIFY_SOCKET``), and never killed by the
+signals that follow."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 from typing import Protocol
 
 import anyio
 import pytest
-from test_cli import CLI, FAST_LIMITS, run_cli
+from test_cli import CLI, FAST_LIMITS, Worker, run_cli
 from test_cli_fleet import SERVICE_MODULE, Lines, start_worker, worker_config
+from test_systemd import notify_socket, receive, signal_until_exit
 
 import garcon_link as gl
 
@@ -108,3 +113,102 @@ def test_the_gateway_command_serves_callers_and_stops_on_sigterm(tmp_path: Path)
         if process.poll() is None:
             process.kill()
         process.communicate(timeout=10)
+
+
+SLOW_MODULE = """
+import anyio
+
+
+class Slow:
+    async def wait(self, seconds: float) -> str:
+        print("slow-started", flush=True)
+        await anyio.sleep(seconds)
+        return "finished"
+"""
+
+__all__ = ["notify_socket"]  # a fixture, imported for the test below
+
+
+def test_the_gateway_drains_on_sigterm_and_tells_systemd(
+    tmp_path: Path, notify_socket: tuple[socket.socket, str]
+) -> None:
+    """SIGTERM with a relayed call running: STOPPING=1, a ``gateway-draining`` event counting
+    it, the call's result reaches its caller, ``gateway-stopping``, exit 0 -- and SIGTERM after
+    SIGTERM until the exit does not kill the gateway."""
+    sock, notify_path = notify_socket
+    (tmp_path / "svc.py").write_text(SLOW_MODULE, encoding="utf-8")
+    assert (
+        run_cli("keygen", "--keyring", str(tmp_path / "keys"), "--executor", "box-1").returncode
+        == 0
+    )
+    assert (
+        run_cli("keygen", "--keyring", str(tmp_path / "callers"), "--caller", "web-1").returncode
+        == 0
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
+        '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["web-*"]\n'
+        f'executors = ["box-*"]\n{FAST_LIMITS}',
+        encoding="utf-8",
+    )
+    process = subprocess.Popen(
+        [*CLI, "gateway", str(config), "--json", "--drain", "10"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "NOTIFY_SOCKET": notify_path},
+    )
+    worker = call = None
+    seen: list[dict[str, str]] = []
+    try:
+        lines = Lines(process)
+        url = json.loads(lines.wait(lambda line: '"listening"' in line))["url"]
+        assert receive(sock, "READY=1", seen)["STATUS"] == f"gateway: listening on {url}"
+        worker = Worker(
+            worker_config(tmp_path, "box-1", f'dial = "{url}"'),
+            "slow=svc:Slow",
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        )
+        lines.wait(lambda line: '"box-1"' in line and '"ready"' in line)
+        (tmp_path / "web-1.toml").write_text(
+            'role = "caller"\ncaller_id = "web-1"\nsecret_file = "callers/web-1.secret"\n'
+            f'[connection]\ndial = "{url}"\n',
+            encoding="utf-8",
+        )
+        slow_call = ("slow.wait", "[1.0]", "--timeout", "20")
+        call = subprocess.Popen(
+            [*CLI, "call", str(tmp_path / "web-1.toml"), "--executor", "box-1", *slow_call],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        worker.wait_line("slow-started")
+        process.send_signal(signal.SIGTERM)
+        stopping = receive(sock, "STOPPING=1", seen)
+        assert stopping["STATUS"] == "gateway: SIGTERM, draining for up to 10s"
+        draining = json.loads(lines.wait(lambda line: '"gateway-draining"' in line))
+        assert draining == {
+            "event": "gateway-draining",
+            "reason": "SIGTERM",
+            "seconds": 10.0,
+            "running": 1,
+        }
+        out, err = call.communicate(timeout=30)
+        assert (call.returncode, out) == (0, '"finished"\n'), err
+        stopped = json.loads(lines.wait(lambda line: '"gateway-stopping"' in line))
+        assert stopped == {"event": "gateway-stopping", "reason": "SIGTERM"}
+        assert signal_until_exit(process) == 0
+    finally:
+        for child in (worker.process if worker is not None else None, call):
+            if child is not None and child.poll() is None:
+                child.kill()
+                child.communicate(timeout=10)
+        if process.poll() is None:
+            process.kill()
+        _, err = process.communicate(timeout=10)
+    assert "systemd" not in err and "Traceback" not in err, err

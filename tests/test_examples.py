@@ -126,9 +126,9 @@ LIMITS_PAGE = EXAMPLES.parent / "docs" / "reference" / "limits.md"
 CLI_PAGE = EXAMPLES.parent / "docs" / "reference" / "cli.md"
 
 
-def _shown(name: str, value: int | float) -> str:
+def _shown(name: str, value: int | float, unit: str = "s") -> str:
     if isinstance(value, float):
-        return f"{value:g} s"
+        return f"{value:g} {unit}".rstrip()
     if name.endswith("_bytes"):
         for unit, size in (("MiB", 1024 * 1024), ("KiB", 1024)):
             if value >= size and value % size == 0:
@@ -147,9 +147,8 @@ def render_limits_table() -> str:
     defaults = Limits()
     rows = ["| `[limits]` key | default | meaning |", "|---|---|---|"]
     for f in dataclasses.fields(Limits):
-        rows.append(
-            f"| `{f.name}` | {_shown(f.name, getattr(defaults, f.name))} | {docs[f.name]} |"
-        )
+        shown = _shown(f.name, getattr(defaults, f.name), f.metadata.get("unit", "s"))
+        rows.append(f"| `{f.name}` | {shown} | {docs[f.name]} |")
     return "\n".join(rows)
 
 

@@ -35,6 +35,7 @@ from garcon_link.testing import free_tcp_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 UNIT = EXAMPLES / "systemd" / "garcon-link-worker.service"
+GATEWAY_UNIT = EXAMPLES / "systemd" / "garcon-link-gateway.service"
 CONTAINER = EXAMPLES / "container"
 DOCKERFILE = CONTAINER / "Dockerfile"
 DOCKER_STOP_TIMEOUT = 10.0  # docker stop's default grace before SIGKILL
@@ -48,10 +49,10 @@ def parse_cli(argv: list[str]) -> dict[str, object]:
 # ---------------------------------------------------------------------------------- systemd
 
 
-def unit() -> configparser.ConfigParser:
+def unit(path: Path = UNIT) -> configparser.ConfigParser:
     parser = configparser.ConfigParser(interpolation=None, strict=True, empty_lines_in_values=False)
     parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys are case-sensitive
-    parser.read_string(UNIT.read_text(encoding="utf-8"), source=str(UNIT))
+    parser.read_string(path.read_text(encoding="utf-8"), source=str(path))
     return parser
 
 
@@ -87,6 +88,23 @@ def test_the_unit_file_runs_a_worker_the_cli_accepts() -> None:
     drain = ns["drain"]
     assert isinstance(drain, float) and 0 < drain < float(service["TimeoutStopSec"])
     assert service["KillSignal"] == "SIGTERM"  # what starts the drain
+
+
+def test_the_gateway_unit_file_is_a_notify_service_that_drains() -> None:
+    parsed = unit(GATEWAY_UNIT)
+    assert parsed.sections() == ["Unit", "Service", "Install"]
+    service = parsed["Service"]
+    assert (service["Type"], service["NotifyAccess"]) == ("notify", "main")
+    assert int(service["WatchdogSec"]) > 0
+    assert EXIT_USAGE in {int(code) for code in service["RestartPreventExitStatus"].split()}
+    assert "AF_UNIX" in service["RestrictAddressFamilies"].split()
+    program, *argv = shlex.split(service["ExecStart"])
+    assert program.endswith("/garcon-link")
+    ns = parse_cli(argv)
+    assert ns["command"] == "gateway" and ns["config"] == "/etc/garcon-link/gateway.toml"
+    drain = ns["drain"]
+    assert isinstance(drain, float) and 0 < drain < float(service["TimeoutStopSec"])
+    assert service["KillSignal"] == "SIGTERM"
 
 
 # ---------------------------------------------------------------------------------- container

@@ -21,6 +21,7 @@ tests prove:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -605,9 +606,10 @@ async def test_an_executor_key_is_no_caller_key(tmp_path: Path) -> None:
 
 async def test_one_caller_cannot_fill_an_executors_session(tmp_path: Path) -> None:
     """Per caller and executor, a share of the gateway's session to that executor
-    (max_pending_calls // 4): the excess is refused at the gateway; another caller still gets
-    through to the same executor."""
-    limits = LIMITS.replace(max_pending_calls=8)  # a share of 2
+    (gateway_caller_share of max_pending_calls): the excess is refused at the gateway; another
+    caller still gets through to the same executor."""
+    # A share of 2, where the default fraction (a quarter) would allow 4.
+    limits = LIMITS.replace(max_pending_calls=16, gateway_caller_share=0.125)
     with anyio.fail_after(DEADLINE):
         async with running_gateway(tmp_path, limits=limits) as gw, AsyncExitStack() as stack:
             _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
@@ -633,6 +635,28 @@ async def test_one_caller_cannot_fill_an_executors_session(tmp_path: Path) -> No
                 served = other.executor("box-1").service("ident", Ident)
                 assert await served.whoami() == "box-1"
                 tg.cancel_scope.cancel()
+
+
+async def test_a_caller_refreshes_its_view_as_its_limits_say(tmp_path: Path) -> None:
+    """Without ``refresh_interval``, a caller snapshots the executors it may see every
+    ``Limits.gateway_refresh_interval`` (here 0.05 s; by default 5 s, longer than the 3 s this
+    test waits): an executor that joins shows in ``executors()``."""
+    limits = LIMITS.replace(gateway_refresh_interval=0.05)
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            config = dataclasses.replace(caller_config(tmp_path, "web-1", gw.url), limits=limits)
+            fleet = await stack.enter_async_context(gl.connect_gateway(config))
+            await fleet.gateway.wait_ready(10)
+            await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            # No wait_ready, which asks at once: only the periodic snapshot can show it.
+            await wait_for(
+                lambda: (
+                    "box-1" in fleet.executors()
+                    and fleet.executors()["box-1"].availability == "ready"
+                ),
+                3,
+                "box-1 in the caller's snapshot",
+            )
 
 
 async def test_one_trace_runs_from_caller_through_gateway_to_worker(tmp_path: Path) -> None:
@@ -690,13 +714,16 @@ async def test_one_trace_runs_from_caller_through_gateway_to_worker(tmp_path: Pa
 
 
 async def test_a_caller_flooding_forbidden_calls_slows_itself_down(tmp_path: Path) -> None:
-    """Past its allowance (a burst of FORBIDDEN_BURST, then FORBIDDEN_RATE a second), a
-    caller's FORBIDDEN answers wait, up to FORBIDDEN_MAX_DELAY: 200 at once take at least about
-    a second to be answered (without the pause: a few milliseconds each); each still FORBIDDEN."""
-    from garcon_link.api.gateway import FORBIDDEN_BURST, FORBIDDEN_MAX_DELAY
-
+    """Past its allowance (a burst of gateway_forbidden_burst, then gateway_forbidden_rate a
+    second), a caller's FORBIDDEN answers wait, up to gateway_forbidden_delay: with a burst of 4
+    and 2 a second, 12 at once take at least about the longest pause, 0.4 s, to be answered
+    (within the default burst of 100: a few milliseconds each); each still FORBIDDEN."""
+    burst, delay = 4, 0.4
+    limits = LIMITS.replace(
+        gateway_forbidden_burst=burst, gateway_forbidden_rate=2.0, gateway_forbidden_delay=delay
+    )
     with anyio.fail_after(DEADLINE):
-        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+        async with running_gateway(tmp_path, limits=limits) as gw, AsyncExitStack() as stack:
             _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
             web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
             await web.executor("box-1").wait_ready(10)
@@ -711,11 +738,12 @@ async def test_a_caller_flooding_forbidden_calls_slows_itself_down(tmp_path: Pat
 
             started = anyio.current_time()
             async with anyio.create_task_group() as tg:
-                for _ in range(int(FORBIDDEN_BURST) * 2):
+                for _ in range(burst * 3):
                     tg.start_soon(one)
             elapsed = anyio.current_time() - started
-            assert codes == ["FORBIDDEN"] * int(FORBIDDEN_BURST) * 2
-            assert elapsed >= FORBIDDEN_MAX_DELAY * 0.8, elapsed
+            assert codes == ["FORBIDDEN"] * burst * 3
+            assert elapsed >= delay * 0.8, elapsed
+            assert gw.callers()["web-1"].forbidden == burst * 3
             assert service.ledger == []
             # Another caller is not held back by it.
             other = await stack.enter_async_context(caller(tmp_path, "web-2", gw.url))

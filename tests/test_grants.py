@@ -144,6 +144,52 @@ def test_a_gateway_file_is_refused_naming_file_and_field(
     assert text.startswith(f"{path}: {field}: ") and problem in text and "; " in text
 
 
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("gateway_forbidden_rate = 0", "must be > 0, got 0.0"),
+        ("gateway_forbidden_rate = -5", "must be > 0"),
+        ("gateway_forbidden_rate = nan", "must be finite"),
+        ("gateway_forbidden_rate = 1e12", "must be at most 1000000, got 1000000000000.0"),
+        ("gateway_forbidden_burst = 0", "must be > 0"),
+        ("gateway_forbidden_burst = 2.5", "must be an integer"),
+        ("gateway_forbidden_burst = 1_000_000_000", "must be at most 1000000"),
+        ("gateway_forbidden_delay = inf", "must be finite"),
+        ("gateway_forbidden_delay = 3600", "must be at most 30"),
+        ("gateway_caller_share = 0", "must be > 0"),
+        ("gateway_caller_share = 4", "must be at most 1, got 4.0 (default 0.25)"),
+        ("gateway_refresh_interval = 0.0001", "must be at least 0.01"),
+        ("gateway_refresh_interval = 1e9", "must be at most 3600"),
+    ],
+)
+def test_a_careless_gateway_limit_is_one_line_naming_it(
+    tmp_path: Path, line: str, problem: str
+) -> None:
+    path = _gateway_file(tmp_path, f'[callers]\nkeyring = "callers"\n[limits]\n{line}\n')
+    with pytest.raises(gl.ConfigError) as refused:
+        gl.load_gateway_config(path)
+    text = str(refused.value)
+    key = line.split(" = ")[0]
+    assert "\n" not in text and f"Limits.{key} {problem}" in text, text
+    assert text.startswith(f"{path}: [limits]: ") and text.endswith("; fix the value in [limits]")
+
+
+def test_the_gateway_limits_load_from_the_gateway_file(tmp_path: Path) -> None:
+    path = _gateway_file(
+        tmp_path,
+        '[callers]\nkeyring = "callers"\n[limits]\ngateway_forbidden_rate = 5\n'
+        "gateway_forbidden_burst = 3\ngateway_forbidden_delay = 0.5\n"
+        "gateway_caller_share = 0.5\n",
+    )
+    limits = gl.load_gateway_config(path).limits
+    assert (
+        limits.gateway_forbidden_rate,
+        limits.gateway_forbidden_burst,
+        limits.gateway_forbidden_delay,
+        limits.gateway_caller_share,
+    ) == (5.0, 3, 0.5, 0.5)
+
+
 def test_a_fleet_loader_points_a_gateway_file_to_its_loader(tmp_path: Path) -> None:
     path = _gateway_file(tmp_path, '[callers]\nkeyring = "callers"\n')
     text = path.read_text().replace('role = "gateway"', 'role = "controller"')

@@ -10,6 +10,7 @@ Every wait is bounded; nothing depends on how fast a beat comes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -190,9 +191,12 @@ def write_config(directory: Path, connection: str) -> Path:
     return path
 
 
+DEMO = "demo=garcon_link.demo:DemoService"
+
+
 def start_worker(config: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*CLI, "worker", str(config), "--service", "demo=garcon_link.demo:DemoService"],
+        [*CLI, "worker", str(config), "--service", DEMO],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -201,12 +205,9 @@ def start_worker(config: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     )
 
 
-def stop(process: subprocess.Popen[str], *, signal_it: bool = True) -> tuple[int, str, str]:
-    """SIGTERM (if still running and ``signal_it``), then the exit status and output.
-
-    A worker already sent SIGTERM is not sent another: between its drain's end and its exit
-    the default disposition is back, and a second one would kill it (-15)."""
-    if signal_it and process.poll() is None:
+def stop(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    """SIGTERM (if still running), then the exit status and output."""
+    if process.poll() is None:
         process.send_signal(signal.SIGTERM)
     try:
         out, err = process.communicate(timeout=WAIT)
@@ -224,17 +225,15 @@ def test_the_worker_says_ready_watchdog_and_stopping(
     config = write_config(tmp_path, 'listen = "127.0.0.1:0"')
     process = start_worker(config, {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"})
     seen: list[dict[str, str]] = []
-    signalled = False
     try:
         ready = receive(sock, "READY=1", seen)
         assert ready["STATUS"].startswith("executor sd-box: listening on ws://127.0.0.1:")
         receive(sock, "WATCHDOG=1", seen)
         process.send_signal(signal.SIGTERM)
-        signalled = True
         stopping = receive(sock, "STOPPING=1", seen)
         assert stopping["STATUS"].startswith("executor sd-box: SIGTERM, draining")
     finally:
-        code, out, err = stop(process, signal_it=not signalled)
+        code, out, err = stop(process)  # a second SIGTERM, if it has not exited yet
     assert code == 0, err
     assert "executor-stopping executor=sd-box reason=SIGTERM" in out
     assert "systemd" not in err  # nothing went wrong telling it
@@ -272,3 +271,100 @@ def test_a_careless_notify_socket_is_one_line_and_the_worker_runs(tmp_path: Path
     assert code == 0, err
     lines = [x for x in err.splitlines() if "NOTIFY_SOCKET" in x]
     assert len(lines) == 1 and "runs on without telling systemd" in lines[0], err
+
+
+def signal_until_exit(process: subprocess.Popen[str], sends: int = 5000) -> int:
+    """SIGTERM ``process`` again and again, about a millisecond apart, until it exits (at most
+    ``sends`` times); its exit status. Some signal lands in whatever moment of its exit path
+    the process is in: between its close and its exit too."""
+    for _ in range(sends):
+        if process.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        time.sleep(0.001)
+    return process.wait(timeout=WAIT)
+
+
+def test_signals_after_the_drain_do_not_kill_the_worker(tmp_path: Path) -> None:
+    """SIGTERM, then SIGTERM after SIGTERM until the worker exits: it exits 0, never by a
+    signal, whichever step of its close and exit the later ones find it in."""
+    config = write_config(tmp_path, 'listen = "127.0.0.1:0"')
+    process = start_worker(config, {})
+    assert process.stdout is not None
+    try:
+        deadline = time.monotonic() + WAIT
+        line = ""
+        while not line.startswith("executor-listening") and time.monotonic() < deadline:
+            line = process.stdout.readline()
+            assert line, "the worker exited"
+        process.send_signal(signal.SIGTERM)
+        while not line.startswith("executor-stopping") and time.monotonic() < deadline:
+            line = process.stdout.readline()
+            assert line, "the worker exited"
+        code = signal_until_exit(process)
+    finally:
+        _, _, err = stop(process)
+    assert code == 0, err
+    assert line == "executor-stopping executor=sd-box reason=SIGTERM\n"
+
+
+def test_a_second_signal_cuts_the_drain_short(tmp_path: Path) -> None:
+    """A call holds the worker's 60 s drain; a second SIGTERM ends it: the worker exits 0 (long
+    before the drain's end: the wait is shorter than it), and the call still running ends
+    OutcomeUnknown for its caller (exit 6), as on any close."""
+    config = write_config(tmp_path, 'listen = "127.0.0.1:0"')
+    process = subprocess.Popen(
+        [*CLI, "worker", str(config), "--drain", "60", "--service", DEMO],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    call = None
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("executor-listening url="), line
+        url = line.split()[1].removeprefix("url=")
+        controller = tmp_path / "controller.toml"
+        controller.write_text(
+            'executor_id = "sd-box"\nrole = "controller"\nsecret_file = "link.secret"\n\n'
+            f'[connection]\ndial = "{url}"\n',
+            encoding="utf-8",
+        )
+        call = subprocess.Popen(
+            [*CLI, "call", str(controller), "demo.hold", "[120]", "--timeout", "150"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(40):  # until the call holds (each look is a fresh `call` process)
+            held = subprocess.run(
+                [*CLI, "call", str(controller), "demo.holding"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=WAIT,
+            )
+            if held.stdout.strip() == "1":
+                break
+        else:
+            raise AssertionError(f"the call never held the worker: {held.stderr}")
+        process.send_signal(signal.SIGTERM)
+        while not line.startswith("executor-draining"):
+            line = process.stdout.readline()
+            assert line, "the worker exited"
+        assert "reason=SIGTERM seconds=60 running=1" in line, line
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=WAIT) == 0
+        _, err = call.communicate(timeout=WAIT)
+        assert (call.returncode, err.split("]")[0]) == (6, "error: [unknown:CONTINUITY_LOST"), err
+    finally:
+        if call is not None and call.poll() is None:
+            call.kill()
+            call.communicate(timeout=WAIT)
+        _, out, err = stop(process)
+    assert "executor-stopping executor=sd-box reason=SIGTERM" in out, out
+    assert "the drain is cut short" in err, err

@@ -38,10 +38,12 @@ A relayed call (``call(executor, service, method, payload, key, timeout)``):
 
 Bounds: ``max_callers`` sessions; per caller session the worker-side budgets
 (``max_incoming_calls`` relayed calls at once, refusal queues, frame rates); per caller and
-executor, a share of the gateway's session to that executor (``max_pending_calls // 4`` calls
-and streams in flight; past it ``NotDispatched("OVERLOADED")``, not forwarded), so one caller
-cannot fill an executor's session for the others; ``FORBIDDEN`` answers past a caller's
-allowance (:data:`FORBIDDEN_RATE`, :data:`FORBIDDEN_BURST`) wait their turn, so a caller
+executor, a share of the gateway's session to that executor (``gateway_caller_share`` of
+``max_pending_calls`` calls and streams in flight; past it ``NotDispatched("OVERLOADED")``, not
+forwarded), so one caller cannot fill an executor's session for the others; ``FORBIDDEN``
+answers past a caller's allowance (``gateway_forbidden_rate`` per second after a burst of
+``gateway_forbidden_burst``, each paused at most ``gateway_forbidden_delay``; all
+:class:`~garcon_link.Limits` fields) wait their turn, so a caller
 flooding what it may not call slows itself, not the gateway; the retention budget of the fleet
 (``max_total_retained_bytes``) shared by both hops' sessions; per-caller counters for at most
 ``max_callers`` callers with a session plus as many without.
@@ -89,12 +91,6 @@ log = logging.getLogger("garcon_link.gateway")  # the name users configure (READ
 
 MAX_NAME_CHARS = 256
 """The longest service or method name a relayed request may carry."""
-FORBIDDEN_RATE = 50.0
-"""``FORBIDDEN`` answers per second a caller gets at once (after a burst of
-:data:`FORBIDDEN_BURST`); past it each waits its turn (:meth:`Gateway._failed`)."""
-FORBIDDEN_BURST = 100.0
-FORBIDDEN_MAX_DELAY = 1.0
-"""The longest pause before a ``FORBIDDEN`` answer."""
 
 
 @dataclass(slots=True)
@@ -283,7 +279,7 @@ class Gateway:
         self._in_flight: dict[tuple[str, str], int] = {}
         # caller -> (FORBIDDEN allowance left, when it was last counted): _failed().
         self._forbidden: dict[str, tuple[float, float]] = {}
-        self._share = max(1, self.limits.max_pending_calls // 4)
+        self._share = max(1, int(self.limits.max_pending_calls * self.limits.gateway_caller_share))
         self._changed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
@@ -451,8 +447,8 @@ class Gateway:
 
     async def _failed(self, caller: str, exc: CallError, *, counted: bool = True) -> None:
         """Count a relayed request's failure; a ``FORBIDDEN`` one past the caller's allowance
-        (:data:`FORBIDDEN_RATE` per second, bursts of :data:`FORBIDDEN_BURST`) is answered
-        only after a pause, up to :data:`FORBIDDEN_MAX_DELAY`: a caller that keeps asking for
+        (``gateway_forbidden_rate`` per second, bursts of ``gateway_forbidden_burst``) is answered
+        only after a pause, up to ``gateway_forbidden_delay``: a caller that keeps asking for
         what it may not have holds its own handler slots (``max_incoming_calls``) and slows
         itself down, not the gateway. The answer is the same, only later."""
         stats = self._stats_of(caller)
@@ -462,13 +458,15 @@ class Gateway:
             return
         stats.forbidden += 1
         now = anyio.current_time()
-        tokens, since = self._forbidden.get(caller, (FORBIDDEN_BURST, now))
-        tokens = min(FORBIDDEN_BURST, tokens + (now - since) * FORBIDDEN_RATE) - 1
+        limits = self.limits
+        rate, burst = limits.gateway_forbidden_rate, limits.gateway_forbidden_burst
+        tokens, since = self._forbidden.get(caller, (burst, now))
+        tokens = min(burst, tokens + (now - since) * rate) - 1
         if len(self._forbidden) >= 2 * self._max_callers and caller not in self._forbidden:
             self._forbidden.pop(next(iter(self._forbidden)))
-        self._forbidden[caller] = (max(tokens, -FORBIDDEN_RATE * FORBIDDEN_MAX_DELAY), now)
+        self._forbidden[caller] = (max(tokens, -rate * limits.gateway_forbidden_delay), now)
         if tokens < 0:
-            await anyio.sleep(min(-tokens / FORBIDDEN_RATE, FORBIDDEN_MAX_DELAY))
+            await anyio.sleep(min(-tokens / rate, limits.gateway_forbidden_delay))
 
     def callers(self) -> dict[str, CallerSnapshot]:
         """Every caller with a session now or lately, by id (copies)."""
@@ -583,16 +581,16 @@ class Gateway:
 
     def _take_share(self, caller: str, executor: str) -> tuple[str, str]:
         """Count one more call or stream of ``caller`` in flight to ``executor``, within its
-        share: a quarter of the gateway's session to that executor (``max_pending_calls // 4``),
-        so one caller cannot fill it for the others."""
+        share of the gateway's session to that executor (``gateway_caller_share`` of
+        ``max_pending_calls``), so one caller cannot fill it for the others."""
         share = (caller, executor)
         held = self._in_flight.get(share, 0)
         if held >= self._share:
             raise NotDispatched(
                 "OVERLOADED",
                 f"caller {caller!r} has {held} calls in flight to executor {peer_text(executor)}, "
-                f"its share of the gateway's session to it (max_pending_calls // 4 = "
-                f"{self._share}); nothing was forwarded",
+                f"its share of the gateway's session to it (gateway_caller_share of "
+                f"max_pending_calls = {self._share}); nothing was forwarded",
             )
         self._in_flight[share] = held + 1
         return share

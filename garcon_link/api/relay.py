@@ -24,7 +24,8 @@ caller's own timer would cut the first hop.
 
 Executors a caller may not see (no grant names both) are absent from :meth:`~GatewayFleet.
 executors`; their calls are refused ``Rejected("FORBIDDEN")`` by the gateway, never forwarded.
-The caller's view of the fleet is refreshed every ``refresh_interval`` seconds (and at
+The caller's view of the fleet is refreshed every ``refresh_interval`` seconds
+(``Limits.gateway_refresh_interval`` unless given; and at
 ``wait_ready``): ``executors()`` is that snapshot and :meth:`GatewayFleet.events` the changes
 between two snapshots, so an event can be as late as one interval.
 
@@ -86,9 +87,6 @@ RELAY_SERVICE = "gateway"
 """The service a gateway serves its callers."""
 MAX_DESCRIBE_WAIT = 30.0
 """Seconds the gateway waits, at most, for an executor to be ready in one ``describe``."""
-DEFAULT_REFRESH_INTERVAL = 5.0
-"""Seconds between two snapshots a caller asks its gateway for: each costs the gateway one
-entry per executor the caller may see."""
 _OK, _FAILED = 1, 2
 
 
@@ -456,7 +454,8 @@ class GatewayFleet:
         config: the caller's configuration.
         limits: overrides the config's.
         hooks: per-call hooks told about every call made through the executors' facades.
-        refresh_interval: seconds between two snapshots of the executors the caller may see.
+        refresh_interval: seconds between two snapshots of the executors the caller may see
+            (default: the limits' ``gateway_refresh_interval``).
         events_buffer: events kept per :meth:`events` subscriber.
     """
 
@@ -466,17 +465,19 @@ class GatewayFleet:
         *,
         limits: Limits | None = None,
         hooks: Sequence[CallHook] = (),
-        refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
+        refresh_interval: float | None = None,
         events_buffer: int = 1024,
     ) -> None:
         if not isinstance(config, CallerConfig):
             raise TypeError(f"connect_gateway() needs a CallerConfig, got {type(config).__name__}")
-        if not refresh_interval > 0:
+        if refresh_interval is not None and not refresh_interval > 0:
             raise ValueError("refresh_interval must be positive")
         self.config = config
         self.limits = limits or config.limits
         self._hooks = tuple(hooks)
-        self._refresh_interval = refresh_interval
+        self._refresh_interval = (
+            self.limits.gateway_refresh_interval if refresh_interval is None else refresh_interval
+        )
         self._events_buffer = events_buffer
         self._gateway = RemoteExecutor(config.link_config(), limits=self.limits)
         self._relay = self._gateway.service(RELAY_SERVICE, GatewayRelay)
@@ -666,7 +667,7 @@ def connect_gateway(
     *,
     limits: Limits | None = None,
     hooks: Sequence[CallHook] = (),
-    refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
+    refresh_interval: float | None = None,
 ) -> GatewayFleet:
     """A caller's fleet through a gateway: ``async with gl.connect_gateway(config) as fleet``.
 

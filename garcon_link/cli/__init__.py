@@ -88,11 +88,16 @@ Commands
     availability, session, since, calls, errors); otherwise, or with ``--json``, one line per
     event (``joined``, ``ready``, ``reconnecting``, ``offline``, ``forgotten``, ``lost``).
 
-``garcon-link gateway [CONFIG|-] [--json]``
+``garcon-link gateway [CONFIG|-] [--json] [--drain S]``
     Run a gateway (``role = "gateway"``: a listening fleet with ``[callers]``, docs/guides/
     gateway.md) until SIGINT/SIGTERM: executors and callers dial its one URL. On a terminal the
     executors' table and the callers' table (caller, sessions, calls, errors, forbidden, bytes)
-    redrawn in place; otherwise, or with ``--json``, one line per executor event.
+    redrawn in place; otherwise, or with ``--json``, one line per executor event. A signal
+    drains as for ``worker`` (``--drain S``, default 10 s): new relayed calls are refused
+    ``NotDispatched("DRAINING")`` and the callers told, while the relayed calls in flight
+    finish (``gateway-draining reason=SIGTERM seconds=S running=N``, a second signal cuts it
+    short), then ``gateway-stopping`` and exit 0. It speaks systemd's notify protocol as
+    ``worker`` does (:mod:`garcon_link.cli._lifecycle`).
 
 ``garcon-link describe [CONFIG|-] [--json] [--executor ID]``
     Connect like ``call`` and print what the worker serves, one method per line (grpcurl-style):

@@ -4,7 +4,6 @@ event."""
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from ..api.fleet import Fleet, FleetEvent, fleet
 from ..logs import peer_message
 from ..settings.config import FleetConfig, LinkConfig
 from ._exits import EXIT_OK, UsageError
+from ._lifecycle import StopSignals
 from ._output import _emit, _load_any, _print_json, _setup_logging
 
 _TABLE_COLUMNS = (
@@ -82,10 +82,15 @@ def _event_json(event: FleetEvent) -> dict[str, Any]:
 
 
 async def _run_fleet(config: LinkConfig | FleetConfig, *, as_json: bool, redraw: bool) -> None:
-    try:
-        receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
-    except NotImplementedError:  # pragma: no cover - Windows: Ctrl-C raises KeyboardInterrupt
-        receiver = None
+    # The worker's and the gateway's signal handling, without a drain: a signal after the
+    # first, while the fleet closes, is ignored rather than fatal.
+    with StopSignals() as signals:
+        await _serve(config, signals, as_json=as_json, redraw=redraw)
+
+
+async def _serve(
+    config: LinkConfig | FleetConfig, signals: StopSignals, *, as_json: bool, redraw: bool
+) -> None:
     async with fleet(config) as controller, anyio.create_task_group() as tg:
         where = controller.url if _fleet_listens(config) else "dialing only"
         if as_json:
@@ -118,12 +123,7 @@ async def _run_fleet(config: LinkConfig | FleetConfig, *, as_json: bool, redraw:
         tg.start_soon(follow)
         if redraw:
             tg.start_soon(draw)
-        if receiver is None:  # pragma: no cover
-            await anyio.sleep_forever()
-        else:
-            with receiver as signals:
-                async for _signum in signals:
-                    break
+        await signals.next()
         tg.cancel_scope.cancel()
 
 

@@ -16,8 +16,9 @@ from ._exits import EXIT_USAGE, exit_codes_help
 from ._fleet import _cmd_fleet
 from ._gateway import _cmd_gateway
 from ._keys import _cmd_init, _cmd_keygen
+from ._lifecycle import DEFAULT_DRAIN, drain_seconds
 from ._stub import _cmd_stub
-from ._worker import DEFAULT_DRAIN, _cmd_worker, _drain_seconds
+from ._worker import _cmd_worker
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -155,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--drain",
-        type=_drain_seconds,
+        type=drain_seconds,
         default=DEFAULT_DRAIN,
         metavar="S",
         help="on SIGINT/SIGTERM, let running calls finish for up to S seconds while new calls "
@@ -344,6 +345,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gateway_cmd.add_argument(
         "--json", action="store_true", help="print one JSON object per event instead"
+    )
+    gateway_cmd.add_argument(
+        "--drain",
+        type=drain_seconds,
+        default=DEFAULT_DRAIN,
+        metavar="S",
+        help="on SIGINT/SIGTERM, let relayed calls finish for up to S seconds while new ones "
+        f"are refused (DRAINING); 0 stops at once (default {DEFAULT_DRAIN:g})",
     )
     gateway_cmd.set_defaults(func=_cmd_gateway)
     return parser

@@ -23,25 +23,11 @@ from ..api.worker import Worker
 from ..rpc.resources import ServiceScope
 from ..settings.config import LinkConfig
 from ._exits import EXIT_OK, TakenOver, UsageError
+from ._lifecycle import DEFAULT_DRAIN, StopSignals, run_until_signal
 from ._output import _emit, _load, _setup_logging
 from ._systemd import SystemdNotifier
 
 log = logging.getLogger("garcon_link.cli")  # one logger for the whole command line
-
-
-DEFAULT_DRAIN = 10.0
-"""Seconds ``garcon-link worker`` drains on a signal unless ``--drain`` says otherwise."""
-
-
-def _drain_seconds(text: str) -> float:
-    """``--drain``'s value: finite seconds >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be >= 0 and finite, got {text!r}")
-    return value
 
 
 def import_attribute(module_name: str, attr: str, where: str) -> object:
@@ -242,80 +228,44 @@ async def _serve(
     notifier: SystemdNotifier,
     state_dir: str | None,
 ) -> None:
-    try:
-        receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
-    except NotImplementedError:  # pragma: no cover - Windows: Ctrl-C raises KeyboardInterrupt
-        async with Worker(config, services, on_event=on_event, state_dir=state_dir):
-            await anyio.sleep_forever()
-        return
-    with receiver as signals:
+    executor_id = config.executor_id
+    with StopSignals() as signals:
         # The handlers exist from here on: only now may the watcher raise SIGTERM.
         if stop_on_stdin_eof:
             _StdinWatch.start()
         async with Worker(config, services, on_event=on_event, state_dir=state_dir) as worker:
             how = "listening on" if config.listen is not None else "dialing"
-            notifier.ready(f"executor {config.executor_id}: {how} {worker.url}, no session yet")
-            async with anyio.create_task_group() as tg:
+            notifier.ready(f"executor {executor_id}: {how} {worker.url}, no session yet")
 
-                async def taken_over() -> None:
-                    await worker.wait_stopped()
-                    tg.cancel_scope.cancel()
+            def running() -> int:
+                rpc = worker.current_rpc
+                return rpc.statistics().incoming_calls if rpc is not None else 0
 
-                tg.start_soon(taken_over)
-                tg.start_soon(notifier.beat)
-                reason = None
-                async for signum in signals:
-                    reason = "stdin-closed" if _StdinWatch.closed else signal.Signals(signum).name
-                    tg.cancel_scope.cancel()
-                    break
-            if reason is not None:
-                notifier.stopping(
-                    f"executor {config.executor_id}: {reason}, "
-                    + (f"draining for up to {drain:g}s" if drain > 0 else "stopping")
-                )
-                if drain > 0:
-                    await _drain_until_signal(
-                        worker, config.executor_id, reason, drain, signals, notifier
-                    )
-                _emit(f"executor-stopping executor={config.executor_id} reason={reason}")
+            await run_until_signal(
+                signals,
+                notifier,
+                what="executor",
+                fields=f"executor={executor_id}",
+                status=f"executor {executor_id}",
+                drain=drain,
+                # Not worker.aclose(drain=...): that drain is shielded, and a second signal
+                # must end it.
+                drain_for=worker._drain,
+                running=running,
+                stopped=worker.wait_stopped,
+                reason_of=_reason,
+            )
             if worker.taken_over is not None:
-                notifier.stopping(f"executor {config.executor_id}: taken over by another process")
-                _emit(f"executor-stopping executor={config.executor_id} reason=TAKEN_OVER")
+                notifier.stopping(f"executor {executor_id}: taken over by another process")
+                _emit(f"executor-stopping executor={executor_id} reason=TAKEN_OVER")
                 raise TakenOver(
-                    f"another process took over executor id {config.executor_id!r} "
+                    f"another process took over executor id {executor_id!r} "
                     f"({worker.taken_over}); two workers must not share one executor id"
                 )
 
 
-async def _drain_until_signal(
-    worker: Worker,
-    executor_id: str,
-    reason: str,
-    seconds: float,
-    signals: AsyncIterator[int],
-    notifier: SystemdNotifier | None = None,
-) -> None:
-    """Drain ``worker`` (see :meth:`Worker.aclose`) for up to ``seconds``; another signal ends
-    the drain at once (the worker is then closed as without one)."""
-    rpc = worker.current_rpc
-    running = rpc.statistics().incoming_calls if rpc is not None else 0
-    _emit(
-        f"executor-draining executor={executor_id} reason={reason} seconds={seconds:g} "
-        f"running={running}"
-    )
-    async with anyio.create_task_group() as tg:
-
-        async def second_signal() -> None:
-            async for _ in signals:
-                log.warning("a second signal: the drain is cut short")
-                tg.cancel_scope.cancel()
-
-        tg.start_soon(second_signal)
-        if notifier is not None:
-            tg.start_soon(notifier.beat)  # the drain is part of the service's life
-        # Not worker.aclose(drain=...): that drain is shielded, and a second signal must end it.
-        await worker._drain(seconds)
-        tg.cancel_scope.cancel()
+def _reason(signum: int) -> str:
+    return "stdin-closed" if _StdinWatch.closed else signal.Signals(signum).name
 
 
 def _cmd_worker(ns: argparse.Namespace) -> int:
