@@ -218,6 +218,27 @@ class TransportStatistics:
     queued_payloads: int
     messages_written: int
     messages_read: int
+    capacity_wakeups: int
+    """Tasks woken to re-check retention (a sender waiting for room, a wait for receipts):
+    a receipt that frees room wakes the first waiting sender only, and a receipt wait only
+    once what it waits for holds (or at retirement, which wakes every waiter)."""
+
+
+class _Waiter:
+    """One task waiting on the transport, with an event of its own (woken alone)."""
+
+    __slots__ = ("done", "event", "size")
+
+    def __init__(self, size: int = 0, done: Callable[[], bool] | None = None) -> None:
+        self.event = anyio.Event()
+        self.size = size  # a sender's body size
+        self.done = done  # a receipt wait's condition; None for a sender
+
+    async def wait(self) -> None:
+        event = self.event
+        if event.is_set():
+            event = self.event = anyio.Event()
+        await event.wait()
 
 
 Listener = Callable[[TransportState], None]
@@ -334,11 +355,16 @@ class SessionTransport:
         self._delivery_progress = anyio.Event()
         self._fence_passed = False
         self._wakeup = anyio.Event()
-        self._capacity = anyio.Event()
         # Senders waiting for retention capacity, in arrival order: only the first may retry,
         # and a newcomer queues behind them, so bodies are issued in the order send() was
         # called (call ids must reach the peer increasing, whatever order waiters wake in).
-        self._senders: deque[object] = deque()
+        # Each has an event of its own: freed room wakes the first only, which wakes the next
+        # as it leaves (see _capacity_freed).
+        self._senders: deque[_Waiter] = deque()
+        # Tasks waiting for receipts (wait_acknowledged, wait_retained_below), each woken
+        # once its condition holds.
+        self._receipt_waiters: list[_Waiter] = []
+        self._capacity_wakeups = 0
         self._run_scope: anyio.CancelScope | None = None
         self._run_done = anyio.Event()
         self._sock: MessageSocket | None = None  # while attached
@@ -401,6 +427,7 @@ class SessionTransport:
             + self._in_flight,
             messages_written=self._messages_written,
             messages_read=self._messages_read,
+            capacity_wakeups=self._capacity_wakeups,
         )
 
     def _set_state(self, state: TransportState) -> None:
@@ -525,23 +552,27 @@ class SessionTransport:
         ordinal = self.send_nowait(body)
         if ordinal is not None:
             return ordinal
-        me = object()
-        self._senders.append(me)
+        me = _Waiter(len(body))
+        senders = self._senders
+        senders.append(me)
         try:
             while True:
-                if self._senders[0] is me:
+                if senders[0] is me:
                     try:
                         ordinal = self._session.send(body)
                         break
                     except RetentionFull:
                         pass
-                if self._capacity.is_set():
-                    self._capacity = anyio.Event()
-                await self._capacity.wait()
+                else:
+                    self._raise_if_failed()  # retirement wakes every waiter
+                # The first in line is woken when receipts free room, the next one when the
+                # first leaves with room left for its body.
+                await me.wait()
         finally:
-            self._senders.remove(me)
-            if self._senders:
-                self._capacity.set()  # the next in line retries (or leaves if failed)
+            first = senders[0] is me
+            senders.remove(me)
+            if first and senders and self._session.has_capacity(senders[0].size):
+                self._wake(senders[0])
         if not self._write_now(len(body)):
             self._wakeup.set()
         return ordinal
@@ -567,15 +598,38 @@ class SessionTransport:
         return await self._wait_for_receipts(lambda: self._session.retained_bytes < size)
 
     async def _wait_for_receipts(self, done: Callable[[], bool]) -> bool:
-        while not done():
-            if self._session.failure is not None:
-                return False
-            # Receipts set this event (senders waiting for capacity share it; a new one is
-            # made only once it was set, so no waiter misses a wake-up).
-            if self._capacity.is_set():
-                self._capacity = anyio.Event()
-            await self._capacity.wait()
+        if done():
+            return True
+        me = _Waiter(done=done)
+        self._receipt_waiters.append(me)
+        try:
+            while not done():
+                if self._session.failure is not None:
+                    return False
+                # Woken by _capacity_freed once done() holds, or by retirement.
+                await me.wait()
+        finally:
+            self._receipt_waiters.remove(me)
         return True
+
+    def _wake(self, waiter: _Waiter) -> None:
+        if not waiter.event.is_set():
+            waiter.event.set()
+            self._capacity_wakeups += 1
+
+    def _capacity_freed(self) -> None:
+        """Receipts confirmed frames: wake the first waiting sender (one task, however many
+        wait) and the receipt waits whose condition now holds."""
+        if self._senders:
+            self._wake(self._senders[0])
+        for waiter in self._receipt_waiters:
+            if waiter.done is not None and waiter.done():
+                self._wake(waiter)
+
+    def _wake_all(self) -> None:
+        """Retirement: every waiter leaves (a sender raises, a receipt wait returns False)."""
+        for waiter in (*self._senders, *self._receipt_waiters):
+            self._wake(waiter)
 
     @property
     def issued(self) -> int:
@@ -688,7 +742,7 @@ class SessionTransport:
         self._deliver_send.close()
         self._pending_added.set()  # the delivery task ends
         self._delivery_progress.set()
-        self._capacity.set()
+        self._wake_all()
         self._wakeup.set()
         self._replay.stop()
         self._replay_done.set()
@@ -756,7 +810,7 @@ class SessionTransport:
         if attached.confirmed_advanced:
             # The peer's resume position acknowledged frames whose receipts were lost: that
             # frees retention just as a receipt would, so wake senders waiting for capacity.
-            self._capacity.set()
+            self._capacity_freed()
         if self._grace_scope is not None:
             self._grace_scope.cancel()
             self._grace_scope = None
@@ -852,7 +906,7 @@ class SessionTransport:
             unyielded_packets += received.packets
             unyielded_bytes += len(data)
             if received.confirmed_advanced:
-                self._capacity.set()
+                self._capacity_freed()
             if received.receipt_urgent and not self._write_receipt_now():
                 # Before the hand-over, which may be long (a direct consumer dispatching a
                 # replay of thousands of payloads in this task): confirming what was accepted
