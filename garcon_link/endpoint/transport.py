@@ -88,7 +88,7 @@ import enum
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -96,7 +96,13 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..core.replay import ReplayWatch
-from ..core.session import MessageSession, RetentionPool, SessionState, SessionStatistics
+from ..core.session import (
+    MessageSession,
+    Received,
+    RetentionPool,
+    SessionState,
+    SessionStatistics,
+)
 from ..core.wire import Ordinal
 from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
 from ..limits import Limits
@@ -218,6 +224,9 @@ class TransportStatistics:
     queued_payloads: int
     messages_written: int
     messages_read: int
+    messages_read_directly: int
+    """Of ``messages_read``, those handled in the socket's callback (asyncio: a whole small
+    frame that arrived while the reader waited), a loop turn before the reader would have."""
     capacity_wakeups: int
     """Tasks woken to re-check retention (a sender waiting for room, a wait for receipts):
     a receipt that frees room wakes the first waiting sender only, and a receipt wait only
@@ -375,8 +384,13 @@ class SessionTransport:
         self._replay = ReplayWatch(0, 0.0, limits.replay_inactivity)
         self._replay_done = anyio.Event()  # set once _replay is done: wakes _replay_watch
         self._attachments = 0
+        # The socket's callback hands messages to _take_nowait while the reader waits (see
+        # there): a hold that stops the reader from reading on, and an error to raise in run().
+        self._direct_held: anyio.Event | None = None
+        self._direct_error: Exception | None = None
         self._messages_written = 0
         self._messages_read = 0
+        self._messages_read_directly = 0
         self._ever_ready = False
 
     # ------------------------------------------------------------------ observation
@@ -427,6 +441,7 @@ class SessionTransport:
             + self._in_flight,
             messages_written=self._messages_written,
             messages_read=self._messages_read,
+            messages_read_directly=self._messages_read_directly,
             capacity_wakeups=self._capacity_wakeups,
         )
 
@@ -836,8 +851,12 @@ class SessionTransport:
         finally:
             self._sock = None
             self._run_scope = None
+            self._direct_held = None
             self._run_done.set()
             self._after_socket()
+        error, self._direct_error = self._direct_error, None
+        if error is not None:
+            raise error
         self._raise_if_failed()
 
     def _after_socket(self) -> None:
@@ -867,11 +886,7 @@ class SessionTransport:
     # ------------------------------------------------------------------ pumps
 
     async def _reader(self, sock: MessageSocket) -> None:
-        session = self._session
         checkpoint = checkpointer()
-        packet_budget = self.limits.max_packets_per_message
-        unyielded_packets = 0  # handled since this task last yielded on purpose
-        unyielded_bytes = 0
         # What earlier attachments accepted and did not deliver was acknowledged, so the peer's
         # replay may fill a whole window beside it: hand it over and read nothing until it is
         # queued, so the pre-readiness buffer holds only this attachment's replay.
@@ -879,6 +894,26 @@ class SessionTransport:
         if carried:
             self._release(carried, buffered=True)
         await self._wait_delivered()
+        # While this task waits for the next message with nothing buffered, the socket may hand
+        # a small one to _take_nowait in its callback instead (asyncio: one loop turn less).
+        take_directly: Callable[[Callable[[bytes], bool] | None], bool] | None = getattr(
+            sock, "take_messages_directly", None
+        )
+        if take_directly is not None and not take_directly(self._take_nowait):
+            take_directly = None
+        try:
+            await self._read_messages(sock, checkpoint)
+        finally:
+            if take_directly is not None:
+                take_directly(None)
+
+    async def _read_messages(
+        self, sock: MessageSocket, checkpoint: Callable[[], Awaitable[None]]
+    ) -> None:
+        session = self._session
+        packet_budget = self.limits.max_packets_per_message
+        unyielded_packets = 0  # handled since this task last yielded on purpose
+        unyielded_bytes = 0
         while True:
             try:
                 data = await sock.receive_message()
@@ -895,24 +930,17 @@ class SessionTransport:
                     # here too, before detaching, so observers see one transition (to RETIRED).
                     self.retire(FailureReason.PEER_RETIRED, retired_by_peer)
                 return
-            self._messages_read += 1
-            try:
-                received = session.receive(data)
-            except SessionFailed as failure:
-                self.retire(failure.reason, failure.detail)
+            held = self._direct_held
+            if held is not None:
+                # A message taken in the socket's callback asked the reader to read nothing
+                # more until the consumer releases it: this one waits until then.
+                self._direct_held = None
+                await self._wait_for_consumer(held)
+            received = self._accept(data)
+            if received is None:
                 return
-            if received.receipt_became_due:
-                self._receipt_due_at = time.monotonic()
             unyielded_packets += received.packets
             unyielded_bytes += len(data)
-            if received.confirmed_advanced:
-                self._capacity_freed()
-            if received.receipt_urgent and not self._write_receipt_now():
-                # Before the hand-over, which may be long (a direct consumer dispatching a
-                # replay of thousands of payloads in this task): confirming what was accepted
-                # frees the peer's retention -- at once if the socket takes it, else by the
-                # writer as soon as this task yields.
-                self._wakeup.set()
             bodies = received.bodies
             if not self._fence_passed:
                 for body in bodies:
@@ -958,6 +986,75 @@ class SessionTransport:
                 # before the next message, which the socket may return without yielding.
                 unyielded_packets = unyielded_bytes = 0
                 await checkpoint()
+
+    def _accept(self, data: bytes) -> Received | None:
+        """The session's reading of one message, and the receipts it makes due or urgent;
+        ``None`` if it retired the session."""
+        self._messages_read += 1
+        try:
+            received = self._session.receive(data)
+        except SessionFailed as failure:
+            self.retire(failure.reason, failure.detail)
+            return None
+        if received.receipt_became_due:
+            self._receipt_due_at = time.monotonic()
+        if received.confirmed_advanced:
+            self._capacity_freed()
+        if received.receipt_urgent and not self._write_receipt_now():
+            # Before the hand-over, which may be long (a direct consumer dispatching a
+            # replay of thousands of payloads in this task): confirming what was accepted
+            # frees the peer's retention -- at once if the socket takes it, else by the
+            # writer as soon as this task yields.
+            self._wakeup.set()
+        return received
+
+    def _take_nowait(self, data: bytes) -> bool:
+        """One message, taken in the socket's callback as the waiting reader (asyncio): what
+        the reader would do with it, when that needs no wait -- the replay fence has passed,
+        the consumer is direct (:meth:`consume`) and nothing awaits delivery or a hold. The
+        reader's yield to the task a payload woke is not needed here: that task runs before
+        the loop polls the socket again. ``False`` (nothing done): the reader reads it."""
+        scope = self._run_scope
+        consumer = self._consumer
+        if (
+            consumer is None
+            or not self._fence_passed
+            or scope is None
+            or scope.cancel_called
+            or self._direct_held is not None
+            or self._direct_error is not None
+            or self._undelivered()
+        ):
+            return False
+        self._messages_read_directly += 1
+        try:
+            received = self._accept(data)
+            if received is None:
+                return True
+            bodies = received.bodies
+            if bodies:
+                self._release(bodies)
+            session = self._session
+            if session.receipt_due and not self._receipt_poll:
+                self._wakeup.set()  # after the release, as in the reader
+            if received.fence:
+                self._set_state(TransportState.READY)
+            hold = self._hold
+            if bodies and hold is not None:
+                self._direct_held = hold()
+            replay = self._replay
+            if not replay.done and replay.observe(
+                received.progress,
+                fence_passed=True,
+                confirmed=session.confirmed,
+                now=anyio.current_time(),
+            ):
+                self._replay_done.set()
+        except Exception as exc:
+            # Raised by run(), as if the reader had raised it; the socket is let go.
+            self._direct_error = exc
+            self.detach_socket()
+        return True
 
     # -- delivery: the reader hands accepted payloads over synchronously, so a socket that ends
     # (cancelling the reader) while the consumer is slow never loses a payload the session has
