@@ -154,6 +154,37 @@ async def test_a_handler_that_never_suspends_ends_within_its_dispatch(
 
 
 @both_directions
+async def test_small_messages_are_read_in_the_socket_callback_on_asyncio(
+    direction: Direction, anyio_backend: str
+) -> None:
+    """On asyncio the calls and replies of a sequential caller are handled in the socket's
+    callback (as the reader task, a loop turn early), each side, in order; trio reads them in
+    the reader task."""
+    impl = EagerImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"eager": impl}) as pair:
+            facade = pair.executor.service("eager", Eager)
+            worker_before = _direct(pair, worker=True)
+            caller_before = _direct(pair, worker=False)
+            assert [await facade.now(i) for i in range(40)] == list(range(40))
+            worker_direct = _direct(pair, worker=True) - worker_before
+            caller_direct = _direct(pair, worker=False) - caller_before
+    assert impl.ledger[:40] == [f"start {i}" for i in range(40)]
+    if anyio_backend == "asyncio":
+        # (a message that arrives with another, or split, goes the reader's way)
+        assert worker_direct >= 30 and caller_direct >= 30
+    else:
+        assert worker_direct == caller_direct == 0
+
+
+def _direct(pair: Pair, *, worker: bool) -> int:
+    ends = pair.live_worker if worker else pair.executor
+    transport = ends.statistics().transport
+    assert transport is not None
+    return transport.messages_read_directly
+
+
+@both_directions
 async def test_an_eager_handler_is_one_task_from_its_first_line_to_its_last(
     direction: Direction,
 ) -> None:

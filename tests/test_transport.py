@@ -584,6 +584,58 @@ async def test_waiting_senders_are_admitted_in_the_order_they_called() -> None:
         assert sock.bodies() == [b"0", *waiting]
 
 
+async def test_a_freed_slot_wakes_one_waiting_sender_not_all() -> None:
+    """Each waiting sender has its own event: a receipt that frees one slot wakes the first in
+    line only (one wake-up, however many wait), and room for several is handed down the line,
+    one wake-up per sender admitted."""
+    limits = Limits(max_retained_frames=1)
+    async with harness(limits) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await h.t.send(b"0")
+        order: list[bytes] = []
+
+        async def sender(body: bytes) -> None:
+            await h.t.send(body)
+            order.append(body)
+
+        waiting = [str(i).encode() for i in range(1, 9)]
+        for body in waiting:
+            h.tg.start_soon(sender, body)
+            await settle()  # each is waiting before the next calls send()
+        assert order == [] and h.t.statistics().capacity_wakeups == 0
+        for through in range(1, 9):
+            sock.feed(rcpt(through))
+            await wait_until(lambda n=through: len(order) == n)  # type: ignore[misc]
+            await settle()
+            assert h.t.statistics().capacity_wakeups == through
+        assert order == waiting
+
+    limits = Limits(max_retained_frames=4)
+    async with harness(limits) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        for i in range(4):
+            await h.t.send(b"%d" % i)
+        done: list[int] = []
+
+        async def waiter(body: bytes) -> None:
+            done.append(await h.t.send(body))
+
+        for body in (b"a", b"b", b"c", b"d", b"e"):
+            h.tg.start_soon(waiter, body)
+        await settle()
+        assert done == []
+        sock.feed(rcpt(3))  # three slots: the first three senders, one wake-up each
+        await wait_until(lambda: len(done) == 3)
+        await settle()
+        assert done == [5, 6, 7]
+        assert h.t.statistics().capacity_wakeups == 3
+        sock.feed(rcpt(7))
+        await wait_until(lambda: len(done) == 5)
+        assert done == [5, 6, 7, 8, 9] and h.t.statistics().capacity_wakeups == 5
+
+
 async def test_waiting_sender_is_released_when_the_resume_position_confirms_its_frames() -> None:
     """Regression: receipts lost with the old socket, the peer's hello confirmed them; the
     attach freed retention but never woke the sender waiting for capacity (it hung)."""

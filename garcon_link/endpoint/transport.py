@@ -88,7 +88,7 @@ import enum
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -96,7 +96,13 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..core.replay import ReplayWatch
-from ..core.session import MessageSession, RetentionPool, SessionState, SessionStatistics
+from ..core.session import (
+    MessageSession,
+    Received,
+    RetentionPool,
+    SessionState,
+    SessionStatistics,
+)
 from ..core.wire import Ordinal
 from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
 from ..limits import Limits
@@ -218,6 +224,30 @@ class TransportStatistics:
     queued_payloads: int
     messages_written: int
     messages_read: int
+    messages_read_directly: int
+    """Of ``messages_read``, those handled in the socket's callback (asyncio: a whole small
+    frame that arrived while the reader waited), a loop turn before the reader would have."""
+    capacity_wakeups: int
+    """Tasks woken to re-check retention (a sender waiting for room, a wait for receipts):
+    a receipt that frees room wakes the first waiting sender only, and a receipt wait only
+    once what it waits for holds (or at retirement, which wakes every waiter)."""
+
+
+class _Waiter:
+    """One task waiting on the transport, with an event of its own (woken alone)."""
+
+    __slots__ = ("done", "event", "size")
+
+    def __init__(self, size: int = 0, done: Callable[[], bool] | None = None) -> None:
+        self.event = anyio.Event()
+        self.size = size  # a sender's body size
+        self.done = done  # a receipt wait's condition; None for a sender
+
+    async def wait(self) -> None:
+        event = self.event
+        if event.is_set():
+            event = self.event = anyio.Event()
+        await event.wait()
 
 
 Listener = Callable[[TransportState], None]
@@ -334,11 +364,16 @@ class SessionTransport:
         self._delivery_progress = anyio.Event()
         self._fence_passed = False
         self._wakeup = anyio.Event()
-        self._capacity = anyio.Event()
         # Senders waiting for retention capacity, in arrival order: only the first may retry,
         # and a newcomer queues behind them, so bodies are issued in the order send() was
         # called (call ids must reach the peer increasing, whatever order waiters wake in).
-        self._senders: deque[object] = deque()
+        # Each has an event of its own: freed room wakes the first only, which wakes the next
+        # as it leaves (see _capacity_freed).
+        self._senders: deque[_Waiter] = deque()
+        # Tasks waiting for receipts (wait_acknowledged, wait_retained_below), each woken
+        # once its condition holds.
+        self._receipt_waiters: list[_Waiter] = []
+        self._capacity_wakeups = 0
         self._run_scope: anyio.CancelScope | None = None
         self._run_done = anyio.Event()
         self._sock: MessageSocket | None = None  # while attached
@@ -349,8 +384,13 @@ class SessionTransport:
         self._replay = ReplayWatch(0, 0.0, limits.replay_inactivity)
         self._replay_done = anyio.Event()  # set once _replay is done: wakes _replay_watch
         self._attachments = 0
+        # The socket's callback hands messages to _take_nowait while the reader waits (see
+        # there): a hold that stops the reader from reading on, and an error to raise in run().
+        self._direct_held: anyio.Event | None = None
+        self._direct_error: Exception | None = None
         self._messages_written = 0
         self._messages_read = 0
+        self._messages_read_directly = 0
         self._ever_ready = False
 
     # ------------------------------------------------------------------ observation
@@ -401,6 +441,8 @@ class SessionTransport:
             + self._in_flight,
             messages_written=self._messages_written,
             messages_read=self._messages_read,
+            messages_read_directly=self._messages_read_directly,
+            capacity_wakeups=self._capacity_wakeups,
         )
 
     def _set_state(self, state: TransportState) -> None:
@@ -525,23 +567,27 @@ class SessionTransport:
         ordinal = self.send_nowait(body)
         if ordinal is not None:
             return ordinal
-        me = object()
-        self._senders.append(me)
+        me = _Waiter(len(body))
+        senders = self._senders
+        senders.append(me)
         try:
             while True:
-                if self._senders[0] is me:
+                if senders[0] is me:
                     try:
                         ordinal = self._session.send(body)
                         break
                     except RetentionFull:
                         pass
-                if self._capacity.is_set():
-                    self._capacity = anyio.Event()
-                await self._capacity.wait()
+                else:
+                    self._raise_if_failed()  # retirement wakes every waiter
+                # The first in line is woken when receipts free room, the next one when the
+                # first leaves with room left for its body.
+                await me.wait()
         finally:
-            self._senders.remove(me)
-            if self._senders:
-                self._capacity.set()  # the next in line retries (or leaves if failed)
+            first = senders[0] is me
+            senders.remove(me)
+            if first and senders and self._session.has_capacity(senders[0].size):
+                self._wake(senders[0])
         if not self._write_now(len(body)):
             self._wakeup.set()
         return ordinal
@@ -567,15 +613,38 @@ class SessionTransport:
         return await self._wait_for_receipts(lambda: self._session.retained_bytes < size)
 
     async def _wait_for_receipts(self, done: Callable[[], bool]) -> bool:
-        while not done():
-            if self._session.failure is not None:
-                return False
-            # Receipts set this event (senders waiting for capacity share it; a new one is
-            # made only once it was set, so no waiter misses a wake-up).
-            if self._capacity.is_set():
-                self._capacity = anyio.Event()
-            await self._capacity.wait()
+        if done():
+            return True
+        me = _Waiter(done=done)
+        self._receipt_waiters.append(me)
+        try:
+            while not done():
+                if self._session.failure is not None:
+                    return False
+                # Woken by _capacity_freed once done() holds, or by retirement.
+                await me.wait()
+        finally:
+            self._receipt_waiters.remove(me)
         return True
+
+    def _wake(self, waiter: _Waiter) -> None:
+        if not waiter.event.is_set():
+            waiter.event.set()
+            self._capacity_wakeups += 1
+
+    def _capacity_freed(self) -> None:
+        """Receipts confirmed frames: wake the first waiting sender (one task, however many
+        wait) and the receipt waits whose condition now holds."""
+        if self._senders:
+            self._wake(self._senders[0])
+        for waiter in self._receipt_waiters:
+            if waiter.done is not None and waiter.done():
+                self._wake(waiter)
+
+    def _wake_all(self) -> None:
+        """Retirement: every waiter leaves (a sender raises, a receipt wait returns False)."""
+        for waiter in (*self._senders, *self._receipt_waiters):
+            self._wake(waiter)
 
     @property
     def issued(self) -> int:
@@ -688,7 +757,7 @@ class SessionTransport:
         self._deliver_send.close()
         self._pending_added.set()  # the delivery task ends
         self._delivery_progress.set()
-        self._capacity.set()
+        self._wake_all()
         self._wakeup.set()
         self._replay.stop()
         self._replay_done.set()
@@ -756,7 +825,7 @@ class SessionTransport:
         if attached.confirmed_advanced:
             # The peer's resume position acknowledged frames whose receipts were lost: that
             # frees retention just as a receipt would, so wake senders waiting for capacity.
-            self._capacity.set()
+            self._capacity_freed()
         if self._grace_scope is not None:
             self._grace_scope.cancel()
             self._grace_scope = None
@@ -782,8 +851,12 @@ class SessionTransport:
         finally:
             self._sock = None
             self._run_scope = None
+            self._direct_held = None
             self._run_done.set()
             self._after_socket()
+        error, self._direct_error = self._direct_error, None
+        if error is not None:
+            raise error
         self._raise_if_failed()
 
     def _after_socket(self) -> None:
@@ -813,11 +886,7 @@ class SessionTransport:
     # ------------------------------------------------------------------ pumps
 
     async def _reader(self, sock: MessageSocket) -> None:
-        session = self._session
         checkpoint = checkpointer()
-        packet_budget = self.limits.max_packets_per_message
-        unyielded_packets = 0  # handled since this task last yielded on purpose
-        unyielded_bytes = 0
         # What earlier attachments accepted and did not deliver was acknowledged, so the peer's
         # replay may fill a whole window beside it: hand it over and read nothing until it is
         # queued, so the pre-readiness buffer holds only this attachment's replay.
@@ -825,6 +894,26 @@ class SessionTransport:
         if carried:
             self._release(carried, buffered=True)
         await self._wait_delivered()
+        # While this task waits for the next message with nothing buffered, the socket may hand
+        # a small one to _take_nowait in its callback instead (asyncio: one loop turn less).
+        take_directly: Callable[[Callable[[bytes], bool] | None], bool] | None = getattr(
+            sock, "take_messages_directly", None
+        )
+        if take_directly is not None and not take_directly(self._take_nowait):
+            take_directly = None
+        try:
+            await self._read_messages(sock, checkpoint)
+        finally:
+            if take_directly is not None:
+                take_directly(None)
+
+    async def _read_messages(
+        self, sock: MessageSocket, checkpoint: Callable[[], Awaitable[None]]
+    ) -> None:
+        session = self._session
+        packet_budget = self.limits.max_packets_per_message
+        unyielded_packets = 0  # handled since this task last yielded on purpose
+        unyielded_bytes = 0
         while True:
             try:
                 data = await sock.receive_message()
@@ -841,24 +930,17 @@ class SessionTransport:
                     # here too, before detaching, so observers see one transition (to RETIRED).
                     self.retire(FailureReason.PEER_RETIRED, retired_by_peer)
                 return
-            self._messages_read += 1
-            try:
-                received = session.receive(data)
-            except SessionFailed as failure:
-                self.retire(failure.reason, failure.detail)
+            held = self._direct_held
+            if held is not None:
+                # A message taken in the socket's callback asked the reader to read nothing
+                # more until the consumer releases it: this one waits until then.
+                self._direct_held = None
+                await self._wait_for_consumer(held)
+            received = self._accept(data)
+            if received is None:
                 return
-            if received.receipt_became_due:
-                self._receipt_due_at = time.monotonic()
             unyielded_packets += received.packets
             unyielded_bytes += len(data)
-            if received.confirmed_advanced:
-                self._capacity.set()
-            if received.receipt_urgent and not self._write_receipt_now():
-                # Before the hand-over, which may be long (a direct consumer dispatching a
-                # replay of thousands of payloads in this task): confirming what was accepted
-                # frees the peer's retention -- at once if the socket takes it, else by the
-                # writer as soon as this task yields.
-                self._wakeup.set()
             bodies = received.bodies
             if not self._fence_passed:
                 for body in bodies:
@@ -904,6 +986,75 @@ class SessionTransport:
                 # before the next message, which the socket may return without yielding.
                 unyielded_packets = unyielded_bytes = 0
                 await checkpoint()
+
+    def _accept(self, data: bytes) -> Received | None:
+        """The session's reading of one message, and the receipts it makes due or urgent;
+        ``None`` if it retired the session."""
+        self._messages_read += 1
+        try:
+            received = self._session.receive(data)
+        except SessionFailed as failure:
+            self.retire(failure.reason, failure.detail)
+            return None
+        if received.receipt_became_due:
+            self._receipt_due_at = time.monotonic()
+        if received.confirmed_advanced:
+            self._capacity_freed()
+        if received.receipt_urgent and not self._write_receipt_now():
+            # Before the hand-over, which may be long (a direct consumer dispatching a
+            # replay of thousands of payloads in this task): confirming what was accepted
+            # frees the peer's retention -- at once if the socket takes it, else by the
+            # writer as soon as this task yields.
+            self._wakeup.set()
+        return received
+
+    def _take_nowait(self, data: bytes) -> bool:
+        """One message, taken in the socket's callback as the waiting reader (asyncio): what
+        the reader would do with it, when that needs no wait -- the replay fence has passed,
+        the consumer is direct (:meth:`consume`) and nothing awaits delivery or a hold. The
+        reader's yield to the task a payload woke is not needed here: that task runs before
+        the loop polls the socket again. ``False`` (nothing done): the reader reads it."""
+        scope = self._run_scope
+        consumer = self._consumer
+        if (
+            consumer is None
+            or not self._fence_passed
+            or scope is None
+            or scope.cancel_called
+            or self._direct_held is not None
+            or self._direct_error is not None
+            or self._undelivered()
+        ):
+            return False
+        self._messages_read_directly += 1
+        try:
+            received = self._accept(data)
+            if received is None:
+                return True
+            bodies = received.bodies
+            if bodies:
+                self._release(bodies)
+            session = self._session
+            if session.receipt_due and not self._receipt_poll:
+                self._wakeup.set()  # after the release, as in the reader
+            if received.fence:
+                self._set_state(TransportState.READY)
+            hold = self._hold
+            if bodies and hold is not None:
+                self._direct_held = hold()
+            replay = self._replay
+            if not replay.done and replay.observe(
+                received.progress,
+                fence_passed=True,
+                confirmed=session.confirmed,
+                now=anyio.current_time(),
+            ):
+                self._replay_done.set()
+        except Exception as exc:
+            # Raised by run(), as if the reader had raised it; the socket is let go.
+            self._direct_error = exc
+            self.detach_socket()
+        return True
 
     # -- delivery: the reader hands accepted payloads over synchronously, so a socket that ends
     # (cancelling the reader) while the consumer is slow never loses a payload the session has

@@ -123,6 +123,9 @@ class _Protocol(asyncio.Protocol):
         self.read_waiter: asyncio.Future[None] | None = None
         self.drain_waiter: asyncio.Future[None] | None = None
         self.writing_paused = False
+        # Offered what the transport delivers while the reader waits on an empty buffer, before
+        # it is buffered; returns True if it took the bytes (AsyncioByteStream.set_direct).
+        self.direct: Callable[[bytes], bool] | None = None
 
     # -- transport callbacks
 
@@ -134,7 +137,14 @@ class _Protocol(asyncio.Protocol):
         self.transport.set_write_buffer_limits(0)
 
     def data_received(self, data: bytes) -> None:
-        self.chunks.append(bytes(data))  # some loops deliver a bytearray
+        if type(data) is not bytes:
+            data = bytes(data)  # some loops deliver a bytearray
+        direct = self.direct
+        if direct is not None and not self.chunks:
+            waiter = self.read_waiter
+            if waiter is not None and not waiter.done() and direct(data):
+                return
+        self.chunks.append(data)
         self.buffered += len(data)
         if self.buffered >= READ_HIGH_WATER and not self.reading_paused:
             assert self.transport is not None
@@ -182,6 +192,18 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         self._closed = False
         self._receiving = False
         self._sending = False
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this stream runs on."""
+        return self._loop
+
+    def set_direct(self, take: Callable[[bytes], bool] | None) -> None:
+        """Offer ``take`` the bytes that arrive while a :meth:`receive` waits on an empty
+        buffer, in the protocol's callback, before they are buffered: if it returns ``True``
+        they were consumed (that ``receive`` goes on waiting), else they are buffered and the
+        ``receive`` returns them as usual. ``None`` stops it."""
+        self._protocol.direct = take
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:

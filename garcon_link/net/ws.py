@@ -74,6 +74,7 @@ import re
 import socket
 import ssl
 import urllib.parse
+from asyncio.tasks import _enter_task, _leave_task
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -373,6 +374,10 @@ class WebSocket:
         self._closed = False
         # Whole small binary frames without wsproto's per-frame work, once authenticated.
         self._fast: FastFrames | None = None
+        # take_messages_directly: the consumer, and the task whose receive_message it stands in
+        # for.
+        self._direct: Callable[[bytes], bool] | None = None
+        self._direct_task: asyncio.Task[Any] | None = None
 
     # -- send path: check state, write under the lock, await drain, map errors
 
@@ -487,6 +492,62 @@ class WebSocket:
         return False
 
     # -- receive path
+
+    def take_messages_directly(self, take: Callable[[bytes], bool] | None) -> bool:
+        """Offer ``take`` each message that arrives whole while the calling task waits in
+        :meth:`receive_message` with nothing buffered, in the socket's callback (asyncio only):
+        ``take`` runs as the calling task (``asyncio.current_task()`` is that task), and
+        returns ``True`` if it took the message (the ``receive_message`` goes on waiting) or
+        ``False`` (the message is buffered and that ``receive_message`` returns it). Only a
+        single binary frame of a small message, once authenticated and within the frame budget,
+        is offered; everything else goes the ``receive_message`` way. ``take`` must not await
+        and should not raise. ``None`` stops it. Returns ``False`` (nothing changed) if the
+        socket cannot do this (not on an asyncio stream)."""
+        stream = self._nowait
+        if stream is None:
+            return False
+        if take is None:
+            stream.set_direct(None)
+            self._direct = self._direct_task = None
+            return True
+        self._direct = take
+        self._direct_task = asyncio.current_task(stream.loop)
+        stream.set_direct(self._message_nowait)
+        return True
+
+    def _message_nowait(self, data: bytes) -> bool:
+        """The stream's direct consumer: ``data`` as one whole message to ``_direct``."""
+        fast = self._fast
+        take = self._direct
+        task = self._direct_task
+        if (
+            fast is None
+            or take is None
+            or task is None
+            or not self.reading
+            or self._closed
+            or self._parts
+            or self._budget.tokens < 0
+            or self._probe is not None
+        ):
+            return False
+        payload = fast.parse(data, self.max_message)
+        if payload is None:
+            return False
+        loop = task.get_loop()
+        if asyncio.current_task(loop) is not None:
+            return False  # (not from a task: a protocol callback only)
+        _enter_task(loop, task)
+        try:
+            taken = take(payload)
+        finally:
+            _leave_task(loop, task)
+        if taken:
+            self._stats.bytes_received += len(data)
+            now = self.last_inbound = self._clock()
+            self._count_frame(now)
+            self._fragments = 0
+        return taken
 
     async def receive_message(self) -> bytes | None:
         """The next binary message, or ``None`` once closed.
