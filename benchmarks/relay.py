@@ -91,6 +91,31 @@ async def _workers_main(url: str, keyring: Path, count: int) -> None:
         os._exit(0)
 
 
+# ------------------------------------------------------------------------ gateway child
+
+
+async def _gateway_main(config_path: Path, profile: Path | None) -> None:
+    """The gateway in a child of its own (``--profile-gateway``): ``garcon-link gateway``'s
+    work without its table, under cProfile, the profile written when stdin closes."""
+    import cProfile
+
+    config = gl.load_gateway_config(config_path)
+    # CPU time, not wall time: a send that wakes a peer may lose the core to it (2 cores,
+    # three busy processes), which is scheduling, not the gateway's cost.
+    profiler = cProfile.Profile(time.process_time) if profile is not None else None
+    async with gl.gateway(config) as gw:
+        print(json.dumps({"event": "listening", "url": gw.url}), flush=True)
+        if profiler is not None:
+            profiler.enable()
+        lines = anyio.wrap_file(sys.stdin)
+        while await lines.readline():
+            pass
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
+        os._exit(0)
+
+
 # ------------------------------------------------------------------------ measuring
 
 
@@ -226,8 +251,12 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
         'executors = ["*"]\n',
         encoding="utf-8",
     )
-    command = [sys.executable, "-m", "garcon_link.cli", "gateway", str(config), "--json"]
-    gateway = await anyio.open_process(command, stdin=subprocess.DEVNULL, stderr=None, cwd=root)
+    if args.profile_gateway is None:
+        command = [sys.executable, "-m", "garcon_link.cli", "gateway", str(config), "--json"]
+    else:
+        command = [sys.executable, "-m", "benchmarks.relay", "gateway", str(config)]
+        command.append(str(args.profile_gateway.resolve()))
+    gateway = await anyio.open_process(command, stdin=subprocess.PIPE, stderr=None, cwd=root)
     try:
         assert gateway.stdout is not None
         buffer = b""
@@ -256,7 +285,12 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
             out.update(await _flooded(fleets[0], flooder, args))
             return out
     finally:
-        gateway.kill()
+        if args.profile_gateway is not None and gateway.stdin is not None:
+            await gateway.stdin.aclose()  # the child writes its profile and exits
+            with anyio.move_on_after(30):
+                await gateway.wait()
+        if gateway.returncode is None:
+            gateway.kill()
         await gateway.wait()
         await gateway.aclose()
 
@@ -301,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     workers.add_argument("url")
     workers.add_argument("keyring", type=Path)
     workers.add_argument("count", type=int)
+    gateway = sub.add_parser("gateway")
+    gateway.add_argument("config", type=Path)
+    gateway.add_argument("profile", type=Path, nargs="?")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--executors", type=int, default=1000)
     parser.add_argument("--callers", type=int, default=8)
@@ -308,9 +345,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--maps", type=int, default=5)
     parser.add_argument("--output", type=Path)
+    parser.add_argument(
+        "--profile-gateway",
+        type=Path,
+        metavar="PATH",
+        help="run the gateway child under cProfile (not the CLI) and write its stats to PATH",
+    )
     args = parser.parse_args(argv)
     if args.command == "workers":
         anyio.run(_workers_main, args.url, args.keyring, args.count)
+        return 0
+    if args.command == "gateway":
+        anyio.run(_gateway_main, args.config, args.profile)
         return 0
     if args.quick:
         args.executors, args.calls, args.seconds, args.maps = 20, 300, 1.0, 2

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import inspect
 import logging
 import math
@@ -95,6 +96,9 @@ FORBIDDEN_RATE = 50.0
 FORBIDDEN_BURST = 100.0
 FORBIDDEN_MAX_DELAY = 1.0
 """The longest pause before a ``FORBIDDEN`` answer."""
+MAX_VERDICTS = 4096
+"""Grant verdicts, by (caller, executor, service), the gateway remembers
+(:meth:`Gateway._allowed`); one more clears them all."""
 
 
 @dataclass(slots=True)
@@ -284,6 +288,10 @@ class Gateway:
         # caller -> (FORBIDDEN allowance left, when it was last counted): _failed().
         self._forbidden: dict[str, tuple[float, float]] = {}
         self._share = max(1, self.limits.max_pending_calls // 4)
+        # (caller, executor, service) -> whether a grant allows it, for the grants in
+        # ``_verdicts_of`` (replacing ``grants`` forgets them); only well-formed names enter.
+        self._verdicts: dict[tuple[str, str, str], bool] = {}
+        self._verdicts_of: tuple[Grant, ...] = self.grants
         self._changed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
@@ -521,14 +529,11 @@ class Gateway:
     ) -> bytes:
         """The grant and the framing of one relayed request (module docstring, steps 1 and 3):
         its ``args`` and ``kwargs`` items, or the refusal."""
-        problem = executor_id_problem(executor)
-        if problem is not None:
-            raise Rejected("INVALID_ARGUMENTS", f"executor id {peer_text(executor)}: {problem}")
-        if len(service) > MAX_NAME_CHARS or len(method) > MAX_NAME_CHARS:
+        if len(method) > MAX_NAME_CHARS:
             raise Rejected(
                 "INVALID_ARGUMENTS", f"service and method names are at most {MAX_NAME_CHARS} long"
             )
-        if not allows(self.grants, caller, executor, service):
+        if not self._allowed(caller, executor, service):
             raise Rejected(
                 "FORBIDDEN",
                 f"caller {caller!r} has no grant for {peer_text(service)} on executor "
@@ -538,6 +543,33 @@ class Gateway:
             return argument_items(payload)
         except MalformedFrame as exc:
             raise Rejected("INVALID_ARGUMENTS", f"the arguments do not frame: {exc}") from exc
+
+    def _allowed(self, caller: str, executor: str, service: str) -> bool:
+        """Whether a grant allows ``caller`` to call ``service`` on ``executor``, remembered
+        (at most :data:`MAX_VERDICTS`) so that a call repeated costs one lookup.
+
+        Raises:
+            Rejected: ``INVALID_ARGUMENTS``: a malformed executor id or too long a name.
+        """
+        grants = self.grants
+        if grants is not self._verdicts_of:
+            self._verdicts.clear()
+            self._verdicts_of = grants
+        key = (caller, executor, service)
+        verdict = self._verdicts.get(key)
+        if verdict is not None:
+            return verdict
+        problem = executor_id_problem(executor)
+        if problem is not None:
+            raise Rejected("INVALID_ARGUMENTS", f"executor id {peer_text(executor)}: {problem}")
+        if len(service) > MAX_NAME_CHARS:
+            raise Rejected(
+                "INVALID_ARGUMENTS", f"service and method names are at most {MAX_NAME_CHARS} long"
+            )
+        if len(self._verdicts) >= MAX_VERDICTS:
+            self._verdicts.clear()
+        verdict = self._verdicts[key] = allows(grants, caller, executor, service)
+        return verdict
 
     def _connected(self, executor: str) -> RemoteExecutor:
         member = self.fleet._member(executor)
@@ -710,8 +742,10 @@ class _Bindings:
         self._held.pop(slot, None)
 
 
+@functools.lru_cache(maxsize=256)
 def _relayed_spec(method: str) -> MethodSpec:
-    """What the gateway's hooks are told a forwarded call is: ``method``, unary, untyped."""
+    """What the gateway's hooks are told a forwarded call is: ``method``, unary, untyped
+    (the specs of the 256 names used last are kept: a spec costs a signature walk)."""
     return MethodSpec(
         name=method, kind=MethodKind.UNARY, signature=_NO_SIGNATURE, hints={}, result=Any
     )
