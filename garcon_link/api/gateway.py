@@ -96,16 +96,11 @@ FORBIDDEN_RATE = 50.0
 FORBIDDEN_BURST = 100.0
 FORBIDDEN_MAX_DELAY = 1.0
 """The longest pause before a ``FORBIDDEN`` answer."""
-MAX_RELAYED_STREAMS = 4
+MAX_RELAYED_STREAMS = 8
 """Streams one caller may have open through the gateway to one executor at once; the next is
 refused ``NotDispatched("OVERLOADED")``, not forwarded. With the window of each
 (``stream_window_items``), it bounds the items of one caller queued on an executor's session
 ahead of another caller's reply."""
-MAX_FORWARDED_CALLS = 16
-"""Unary calls the gateway has forwarded to one executor and not yet seen end; the next wait
-at the gateway, in one queue per caller, served in turn (a caller with many waiting gets one
-turn in each round): a caller keeping its whole share busy delays another's call by at most
-this many calls queued at the executor, not by its share."""
 MAX_VERDICTS = 4096
 """Grant verdicts, by (caller, executor, service), the gateway remembers
 (:meth:`Gateway._allowed`); one more clears them all."""
@@ -295,8 +290,6 @@ class Gateway:
         self._bindings: dict[str, _Bindings] = {}  # by caller
         # (caller, executor) -> calls and streams in flight (only those above zero).
         self._in_flight: dict[tuple[str, str], int] = {}
-        # executor -> its forwarded calls and the callers waiting for a turn (_take_turn).
-        self._turns: dict[str, _Turns] = {}
         # (caller, executor) -> of those, streams (only those above zero).
         self._streams: dict[tuple[str, str], int] = {}
         # caller -> (FORBIDDEN allowance left, when it was last counted): _failed().
@@ -630,69 +623,11 @@ class Gateway:
         member = self._connected(executor)
         share = self._take_share(caller, executor)
         try:
-            timeout = self.limits.call_timeout if timeout is None else timeout
-            turns, waited = await self._take_turn(caller, executor, timeout)
-            try:
-                return await self._forward_to(
-                    caller, member, executor, service, method, arguments, key, timeout - waited
-                )
-            finally:
-                self._give_turn(executor, turns)
+            return await self._forward_to(
+                caller, member, executor, service, method, arguments, key, timeout
+            )
         finally:
             self._give_share(share)
-
-    async def _take_turn(self, caller: str, executor: str, timeout: float) -> tuple[_Turns, float]:
-        """A turn to forward one call to ``executor`` (:data:`MAX_FORWARDED_CALLS`) and the
-        seconds waited for it, taken from the call's ``timeout``.
-
-        Raises:
-            NotDispatched: ``TIMEOUT``: no turn within ``timeout``; nothing was forwarded.
-        """
-        turns = self._turns.get(executor)
-        if turns is None:
-            turns = self._turns[executor] = _Turns()
-        if turns.held < MAX_FORWARDED_CALLS and not turns.order:
-            turns.held += 1
-            return turns, 0.0
-        start = anyio.current_time()
-        event = anyio.Event()
-        queue = turns.waiting.get(caller)
-        if queue is None:
-            queue = turns.waiting[caller] = collections.deque()
-            turns.order.append(caller)
-        queue.append(event)
-        try:
-            with anyio.move_on_after(timeout):
-                await event.wait()
-        except BaseException:
-            self._drop_turn(executor, turns, caller, event)
-            raise
-        waited = anyio.current_time() - start
-        if not event.is_set() or waited >= timeout:
-            self._drop_turn(executor, turns, caller, event)
-            raise NotDispatched(
-                "TIMEOUT",
-                f"no turn to forward the call to executor {peer_text(executor)} within "
-                f"{timeout:g}s (its calls in flight through the gateway are at most "
-                f"{MAX_FORWARDED_CALLS}); nothing was forwarded",
-            )
-        return turns, waited
-
-    def _drop_turn(self, executor: str, turns: _Turns, caller: str, event: anyio.Event) -> None:
-        """A waiting call gave up: its turn, if it came meanwhile, goes on to the next."""
-        if event.is_set():
-            self._give_turn(executor, turns)
-            return
-        turns.forget(caller, event)
-        if turns.idle and self._turns.get(executor) is turns:
-            del self._turns[executor]
-
-    def _give_turn(self, executor: str, turns: _Turns) -> None:
-        """Hand a turn on to the next caller in the round, or give it back."""
-        if not turns.pass_on():
-            turns.held -= 1
-            if turns.idle and self._turns.get(executor) is turns:
-                del self._turns[executor]
 
     def _take_share(self, caller: str, executor: str, *, stream: bool = False) -> tuple[str, str]:
         """Count one more call or stream of ``caller`` in flight to ``executor``, within its
@@ -792,51 +727,6 @@ class Gateway:
                 self._bindings.pop(next(iter(self._bindings)))
             bindings = self._bindings[caller] = _Bindings(self.limits.max_incoming_calls)
         return bindings
-
-
-class _Turns:
-    """One executor's forwarded unary calls (``held``) and, past
-    :data:`MAX_FORWARDED_CALLS`, the calls waiting for a turn: one queue per caller, the
-    callers in round order (each caller once, while it has a call waiting)."""
-
-    __slots__ = ("held", "order", "waiting")
-
-    def __init__(self) -> None:
-        self.held = 0
-        self.order: collections.deque[str] = collections.deque()
-        self.waiting: dict[str, collections.deque[anyio.Event]] = {}
-
-    @property
-    def idle(self) -> bool:
-        return self.held == 0 and not self.order
-
-    def pass_on(self) -> bool:
-        """Give a finished call's turn to the first waiting call of the next caller in the
-        round; ``False`` if none waits."""
-        while self.order:
-            caller = self.order.popleft()
-            queue = self.waiting[caller]
-            event = queue.popleft()
-            if queue:
-                self.order.append(caller)
-            else:
-                del self.waiting[caller]
-            event.set()
-            return True
-        return False
-
-    def forget(self, caller: str, event: anyio.Event) -> None:
-        """A waiting call gave up (timed out or cancelled) before its turn."""
-        queue = self.waiting.get(caller)
-        if queue is None:
-            return
-        try:
-            queue.remove(event)
-        except ValueError:
-            return
-        if not queue:
-            del self.waiting[caller]
-            self.order.remove(caller)
 
 
 class _Bindings:
