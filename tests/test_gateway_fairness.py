@@ -1,10 +1,10 @@
 """A granted caller flooding the gateway with streams is held to its budget.
 
-The budget of one caller's streams through the gateway to one executor is
-:data:`~garcon_link.api.gateway.MAX_RELAYED_STREAMS`: past it a stream is refused
-``NotDispatched("OVERLOADED")`` at the gateway and never reaches the worker (its ledger proves
-it), a stream that ends gives its place back, and another caller is served meanwhile. No timing
-is asserted; the gateway's helpers are those of tests/test_gateway.py.
+One caller's streams through the gateway to one executor count against its share of the
+gateway's session to that executor (``max_pending_calls // 4``, here 2): past it a stream is
+refused ``NotDispatched("OVERLOADED")`` at the gateway and never reaches the worker (its ledger
+proves it), a stream that ends gives its place back, and another caller is served meanwhile. No
+timing is asserted; the gateway's helpers are those of tests/test_gateway.py.
 """
 
 from __future__ import annotations
@@ -16,17 +16,19 @@ from typing import Any
 import anyio
 import pytest
 from faultutil import wait_for
-from test_gateway import DEADLINE, Ident, caller, device, running_gateway
+from test_gateway import DEADLINE, LIMITS, Ident, caller, device, running_gateway
 
 import garcon_link as gl
-from garcon_link.api.gateway import MAX_RELAYED_STREAMS
+
+SHARE = 2
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 
 async def test_a_caller_opening_streams_is_held_to_its_budget(tmp_path: Path) -> None:
     with anyio.fail_after(DEADLINE):
-        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+        limits = LIMITS.replace(max_pending_calls=SHARE * 4)
+        async with running_gateway(tmp_path, limits=limits) as gw, AsyncExitStack() as stack:
             _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
             greedy = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
             other = await stack.enter_async_context(caller(tmp_path, "web-2", gw.url))
@@ -34,7 +36,7 @@ async def test_a_caller_opening_streams_is_held_to_its_budget(tmp_path: Path) ->
             await other.executor("box-1").wait_ready(10)
             ident = greedy.executor("box-1").service("ident", Ident)
             held: list[Any] = []
-            for _ in range(MAX_RELAYED_STREAMS):
+            for _ in range(SHARE):
                 stream = ident.count(100_000)
                 assert await stream.__anext__() == 0  # open, and forwarded
                 held.append(stream)
@@ -43,8 +45,8 @@ async def test_a_caller_opening_streams_is_held_to_its_budget(tmp_path: Path) ->
                 with pytest.raises(gl.NotDispatched) as refused:
                     await excess.__anext__()
                 assert refused.value.code == "OVERLOADED"
-                assert "MAX_RELAYED_STREAMS" in refused.value.message
-            assert service.ledger.count("count") == MAX_RELAYED_STREAMS  # none forwarded
+                assert "its share" in refused.value.message
+            assert service.ledger.count("count") == SHARE  # none forwarded
             # Another caller has a budget of its own.
             theirs = other.executor("box-1").service("ident", Ident)
             mine = theirs.count(3)
@@ -70,7 +72,7 @@ async def test_a_caller_opening_streams_is_held_to_its_budget(tmp_path: Path) ->
                 await anyio.sleep(0.02)
             assert opened, "the place of the closed stream was not given back"
             await wait_for(
-                lambda: service.ledger.count("count") == MAX_RELAYED_STREAMS + 2,
+                lambda: service.ledger.count("count") == SHARE + 2,
                 5,
                 "the reopened stream forwarded",
             )

@@ -40,9 +40,10 @@ Bounds: ``max_callers`` sessions; per caller session the worker-side budgets
 (``max_incoming_calls`` relayed calls at once, refusal queues, frame rates); per caller and
 executor, a share of the gateway's session to that executor (``max_pending_calls // 4`` calls
 and streams in flight; past it ``NotDispatched("OVERLOADED")``, not forwarded), so one caller
-cannot fill an executor's session for the others; ``FORBIDDEN`` answers past a caller's
-allowance (:data:`FORBIDDEN_RATE`, :data:`FORBIDDEN_BURST`) wait their turn, so a caller
-flooding what it may not call slows itself, not the gateway; the retention budget of the fleet
+cannot fill an executor's session for the others; ``FORBIDDEN`` answers past a caller's allowance
+(:data:`FORBIDDEN_RATE`, :data:`FORBIDDEN_BURST`) wait their turn, so a caller flooding what it
+may not call slows itself, not the gateway, and so do ``OVERLOADED`` ones, on an allowance of
+their own; the retention budget of the fleet
 (``max_total_retained_bytes``) shared by both hops' sessions; per-caller counters for at most
 ``max_callers`` callers with a session plus as many without.
 """
@@ -96,11 +97,6 @@ FORBIDDEN_RATE = 50.0
 FORBIDDEN_BURST = 100.0
 FORBIDDEN_MAX_DELAY = 1.0
 """The longest pause before a ``FORBIDDEN`` answer."""
-MAX_RELAYED_STREAMS = 8
-"""Streams one caller may have open through the gateway to one executor at once; the next is
-refused ``NotDispatched("OVERLOADED")``, not forwarded. With the window of each
-(``stream_window_items``), it bounds the items of one caller queued on an executor's session
-ahead of another caller's reply."""
 MAX_VERDICTS = 4096
 """Grant verdicts, by (caller, executor, service), the gateway remembers
 (:meth:`Gateway._allowed`); one more clears them all."""
@@ -167,7 +163,7 @@ class _Relay:
         inner: RemoteStream | None = None
         share: tuple[str, str] | None = None
         try:
-            share = gateway._take_share(caller, executor, stream=True)
+            share = gateway._take_share(caller, executor)
             inner = await gateway._open_stream(caller, executor, service, method, payload)
             # This generator is pulled only when the caller's credit allows one more item, and
             # the inner stream grants the executor credit only as items are taken from it.
@@ -178,7 +174,7 @@ class _Relay:
             yield encode_outcome(error=exc)
         finally:
             if share is not None:
-                gateway._give_share(share, stream=True)
+                gateway._give_share(share)
             if inner is not None:
                 await inner.aclose()
 
@@ -290,8 +286,6 @@ class Gateway:
         self._bindings: dict[str, _Bindings] = {}  # by caller
         # (caller, executor) -> calls and streams in flight (only those above zero).
         self._in_flight: dict[tuple[str, str], int] = {}
-        # (caller, executor) -> of those, streams (only those above zero).
-        self._streams: dict[tuple[str, str], int] = {}
         # caller -> (FORBIDDEN allowance left, when it was last counted): _failed().
         self._forbidden: dict[str, tuple[float, float]] = {}
         # caller -> the same, for the OVERLOADED answers of the gateway's shares.
@@ -472,8 +466,8 @@ class Gateway:
         only after a pause, up to :data:`FORBIDDEN_MAX_DELAY`: a caller that keeps asking for
         what it may not have holds its own handler slots (``max_incoming_calls``) and slows
         itself down, not the gateway. The answer is the same, only later. An ``OVERLOADED``
-        one (a caller past its share of an executor, or past :data:`MAX_RELAYED_STREAMS`, asking
-        again at once) is paced alike, on an allowance of its own."""
+        one (a caller past its share of an executor, asking again at once) is paced alike, on
+        an allowance of its own."""
         stats = self._stats_of(caller)
         if counted:
             stats.errors += 1
@@ -629,11 +623,10 @@ class Gateway:
         finally:
             self._give_share(share)
 
-    def _take_share(self, caller: str, executor: str, *, stream: bool = False) -> tuple[str, str]:
+    def _take_share(self, caller: str, executor: str) -> tuple[str, str]:
         """Count one more call or stream of ``caller`` in flight to ``executor``, within its
         share: a quarter of the gateway's session to that executor (``max_pending_calls // 4``),
-        so one caller cannot fill it for the others; and for a stream, within
-        :data:`MAX_RELAYED_STREAMS`."""
+        so one caller cannot fill it for the others."""
         share = (caller, executor)
         held = self._in_flight.get(share, 0)
         if held >= self._share:
@@ -643,31 +636,15 @@ class Gateway:
                 f"its share of the gateway's session to it (max_pending_calls // 4 = "
                 f"{self._share}); nothing was forwarded",
             )
-        if stream:
-            streams = self._streams.get(share, 0)
-            if streams >= MAX_RELAYED_STREAMS:
-                raise NotDispatched(
-                    "OVERLOADED",
-                    f"caller {caller!r} has {streams} streams open to executor "
-                    f"{peer_text(executor)}, as many as one caller may (MAX_RELAYED_STREAMS); "
-                    "nothing was forwarded",
-                )
-            self._streams[share] = streams + 1
         self._in_flight[share] = held + 1
         return share
 
-    def _give_share(self, share: tuple[str, str], *, stream: bool = False) -> None:
+    def _give_share(self, share: tuple[str, str]) -> None:
         held = self._in_flight.get(share, 0) - 1
         if held > 0:
             self._in_flight[share] = held
         else:
             self._in_flight.pop(share, None)
-        if stream:
-            streams = self._streams.get(share, 0) - 1
-            if streams > 0:
-                self._streams[share] = streams
-            else:
-                self._streams.pop(share, None)
 
     async def _forward_to(
         self,
