@@ -427,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-gateway",
         type=Path,
         metavar="PATH",
-        help="run the gateway child under cProfile (not the CLI) and write its stats to PATH",
+        help="run the gateway child under cProfile (not the CLI) and write its stats to PATH; "
+        "CPU-time profiling slows the gateway several times over, and the flood phases with it",
     )
     args = parser.parse_args(argv)
     if args.command == "workers":
