@@ -21,9 +21,11 @@ bytes``). What is measured, in each arrangement:
    one echo over every executor, all callers at once; the figure is the wall time of one round
    (the median of ``maps`` rounds). Direct, the callers are ``--callers`` tasks sharing the one
    fleet.
-4. **flood** (gateway only): a caller enrolled but granted nothing keeps 64 calls in flight
-   (each refused ``FORBIDDEN``) while a granted caller makes ``calls`` sequential calls: their
-   p99 against the same caller's idle p99 (target: at most 5x).
+4. **floods** (gateway only): a flooding caller, in a process of its own, keeps 128 tasks busy
+   against executor 0 while a granted caller here makes ``calls`` sequential calls to it: their
+   p99 against the same caller's idle p99 (target: at most 5x). Three floods: a caller enrolled
+   but granted nothing (each call refused ``FORBIDDEN``), a granted caller's echo calls, a
+   granted caller's streams (:func:`_flooded`).
 
 Targets: the hop adds at most 1.5x to the p50 and keeps at least 0.7x of the direct
 calls/s.
