@@ -21,9 +21,11 @@ bytes``). What is measured, in each arrangement:
    one echo over every executor, all callers at once; the figure is the wall time of one round
    (the median of ``maps`` rounds). Direct, the callers are ``--callers`` tasks sharing the one
    fleet.
-4. **flood** (gateway only): a caller enrolled but granted nothing keeps 64 calls in flight
-   (each refused ``FORBIDDEN``) while a granted caller makes ``calls`` sequential calls: their
-   p99 against the same caller's idle p99 (target: at most 5x).
+4. **floods** (gateway only): a flooding caller, in a process of its own, keeps 128 tasks busy
+   against executor 0 while a granted caller here makes ``calls`` sequential calls to it: their
+   p99 against the same caller's idle p99 (target: at most 5x). Three floods: a caller enrolled
+   but granted nothing (each call refused ``FORBIDDEN``), a granted caller's echo calls, a
+   granted caller's streams (:func:`_flooded`).
 
 Targets: the hop adds at most 1.5x to the p50 and keeps at least 0.7x of the direct
 calls/s.
@@ -58,10 +60,16 @@ PAYLOAD = b"x" * 32
 class Ident(Protocol):
     async def echo(self, data: bytes) -> bytes: ...
 
+    def ticks(self, n: int) -> AsyncIterator[int]: ...
+
 
 class _IdentImpl:
     async def echo(self, data: bytes) -> bytes:
         return data
+
+    async def ticks(self, n: int) -> AsyncIterator[int]:
+        for index in range(n):
+            yield index
 
 
 def executor_id(index: int) -> str:
@@ -88,6 +96,73 @@ async def _workers_main(url: str, keyring: Path, count: int) -> None:
         lines = anyio.wrap_file(sys.stdin)
         while await lines.readline():
             pass
+        os._exit(0)
+
+
+# ------------------------------------------------------------------------ flooder child
+
+
+async def _flooder_main(url: str, secret: Path, caller_id: str, kind: str) -> None:
+    """A caller flooding the gateway from a process of its own (:func:`_flooded`) until stdin
+    closes; then it prints its counts as one JSON line."""
+    config = gl.CallerConfig(caller_id=caller_id, secret=read_secret_file(secret), dial=url)
+    counts = {"ok": 0, "refused": 0, "items": 0}
+    async with gl.connect_gateway(config) as fleet:
+        await fleet.gateway.wait_ready(60)
+        if kind != "ungranted":
+            await fleet.executor(executor_id(0)).wait_ready(60)
+        target = fleet.executor(executor_id(0)).service("ident", Ident)
+        stop = False
+
+        async def lane() -> None:
+            while not stop:
+                try:
+                    if kind == "streams":
+                        async for _ in target.ticks(1000):
+                            counts["items"] += 1
+                            if stop:
+                                break
+                    else:
+                        await target.echo(PAYLOAD)
+                    counts["ok"] += 1
+                except (gl.Rejected, gl.NotDispatched):
+                    counts["refused"] += 1
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(FLOOD_LANES):
+                tg.start_soon(lane)
+            print("started", flush=True)
+            lines = anyio.wrap_file(sys.stdin)
+            while await lines.readline():
+                pass
+            stop = True
+            tg.cancel_scope.cancel()
+    print(json.dumps(counts), flush=True)
+    os._exit(0)
+
+
+# ------------------------------------------------------------------------ gateway child
+
+
+async def _gateway_main(config_path: Path, profile: Path | None) -> None:
+    """The gateway in a child of its own (``--profile-gateway``): ``garcon-link gateway``'s
+    work without its table, under cProfile, the profile written when stdin closes."""
+    import cProfile
+
+    config = gl.load_gateway_config(config_path)
+    # CPU time, not wall time: a send that wakes a peer may lose the core to it (2 cores,
+    # three busy processes), which is scheduling, not the gateway's cost.
+    profiler = cProfile.Profile(time.process_time) if profile is not None else None
+    async with gl.gateway(config) as gw:
+        print(json.dumps({"event": "listening", "url": gw.url}), flush=True)
+        if profiler is not None:
+            profiler.enable()
+        lines = anyio.wrap_file(sys.stdin)
+        while await lines.readline():
+            pass
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
         os._exit(0)
 
 
@@ -179,36 +254,58 @@ async def _measure(
     return out
 
 
+FLOOD_LANES = 128
+"""Tasks a flooding caller keeps busy: twice its share of the gateway's session to one
+executor (``gateway_caller_share`` of ``max_pending_calls`` = 64 by default), so part of its
+flood is refused."""
+
+
 async def _flooded(
-    fleet: gl.GatewayFleet, flooder: gl.GatewayFleet, args: argparse.Namespace
+    fleet: gl.GatewayFleet,
+    url: str,
+    root: Path,
+    caller_id: str,
+    kind: str,
+    args: argparse.Namespace,
 ) -> dict[str, float]:
-    """A caller without a grant floods the gateway (64 calls in flight, each refused
-    ``FORBIDDEN``) while a granted one makes sequential calls: their p99 against the idle p99."""
+    """A flooding caller (a child process, :func:`_flooder_main`) keeps :data:`FLOOD_LANES`
+    tasks busy against executor 0 while a granted caller here makes sequential calls to it:
+    their p99 against the same caller's idle p99 (taken just before). ``kind``: ``ungranted``
+    (a caller granted nothing: each call refused ``FORBIDDEN``), ``calls`` (a granted caller's
+    echo calls, each lane calling again as soon as the last ended, refused or not),
+    ``streams`` (a granted caller's streams of 1,000 items, each lane opening the next as soon
+    as the last ended)."""
     ident = fleet.executor(executor_id(0)).service("ident", Ident)
-    refused = flooder.executor(executor_id(0)).service("ident", Ident)
     idle = await _latency(lambda: ident.echo(PAYLOAD), args.calls)
-    stop = False
-    flooded = 0
-
-    async def lane() -> None:
-        nonlocal flooded
-        while not stop:
-            try:
-                await refused.echo(PAYLOAD)
-            except gl.Rejected:
-                flooded += 1
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(64):
-            tg.start_soon(lane)
-        await anyio.sleep(0.2)
+    secret = root / "callers" / f"{caller_id}.secret"
+    command = [sys.executable, "-m", "benchmarks.relay", "flood", url, str(secret), caller_id, kind]
+    process = await anyio.open_process(command, stdin=subprocess.PIPE, stderr=None)
+    try:
+        assert process.stdout is not None and process.stdin is not None
+        buffer = b""
+        with anyio.fail_after(120):
+            while b"started" not in buffer:
+                buffer += await process.stdout.receive()
+        await anyio.sleep(0.3)
         during = await _latency(lambda: ident.echo(PAYLOAD), args.calls)
-        stop = True
+        await process.stdin.aclose()
+        with anyio.fail_after(60):
+            while b"}" not in buffer:
+                buffer += await process.stdout.receive()
+        counts = json.loads(buffer[buffer.index(b"{") :].split(b"\n")[0])
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+        await process.aclose()
+    prefix = "flood" if kind == "ungranted" else f"flood_{kind}"
     return {
-        "flood_idle_p99_us": idle["p99_us"],
-        "flood_p99_us": during["p99_us"],
-        "flood_p99_factor": during["p99_us"] / idle["p99_us"],
-        "flood_refused": float(flooded),
+        f"{prefix}_idle_p99_us": idle["p99_us"],
+        f"{prefix}_p99_us": during["p99_us"],
+        f"{prefix}_p99_factor": during["p99_us"] / idle["p99_us"],
+        f"{prefix}_ok": float(counts["ok"]),
+        f"{prefix}_refused": float(counts["refused"]),
+        f"{prefix}_items": float(counts["items"]),
     }
 
 
@@ -226,8 +323,12 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
         'executors = ["*"]\n',
         encoding="utf-8",
     )
-    command = [sys.executable, "-m", "garcon_link.cli", "gateway", str(config), "--json"]
-    gateway = await anyio.open_process(command, stdin=subprocess.DEVNULL, stderr=None, cwd=root)
+    if args.profile_gateway is None:
+        command = [sys.executable, "-m", "garcon_link.cli", "gateway", str(config), "--json"]
+    else:
+        command = [sys.executable, "-m", "benchmarks.relay", "gateway", str(config)]
+        command.append(str(args.profile_gateway.resolve()))
+    gateway = await anyio.open_process(command, stdin=subprocess.PIPE, stderr=None, cwd=root)
     try:
         assert gateway.stdout is not None
         buffer = b""
@@ -246,17 +347,17 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
                 fleets.append(await stack.enter_async_context(gl.connect_gateway(caller)))
             await fleets[0].gateway.wait_ready(60)
             out = await _measure(fleets[0].executor, fleets, args)
-            intruder = gl.CallerConfig(
-                caller_id="intruder",
-                secret=read_secret_file(root / "callers" / "intruder.secret"),
-                dial=url,
-            )
-            flooder = await stack.enter_async_context(gl.connect_gateway(intruder))
-            await flooder.gateway.wait_ready(60)
-            out.update(await _flooded(fleets[0], flooder, args))
+            out.update(await _flooded(fleets[0], url, root, "intruder", "ungranted", args))
+            out.update(await _flooded(fleets[0], url, root, "bench-greedy", "calls", args))
+            out.update(await _flooded(fleets[0], url, root, "bench-greedy", "streams", args))
             return out
     finally:
-        gateway.kill()
+        if args.profile_gateway is not None and gateway.stdin is not None:
+            await gateway.stdin.aclose()  # the child writes its profile and exits
+            with anyio.move_on_after(30):
+                await gateway.wait()
+        if gateway.returncode is None:
+            gateway.kill()
         await gateway.wait()
         await gateway.aclose()
 
@@ -271,6 +372,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         for number in range(args.callers):
             write_secret_file(root / "callers" / f"bench-{number}.secret")
         write_secret_file(root / "callers" / "intruder.secret")  # enrolled, granted nothing
+        write_secret_file(root / "callers" / "bench-greedy.secret")  # granted, floods
         direct = await _direct(root, args)
         relayed = await _through_gateway(root, args)
     ratios = {
@@ -278,6 +380,8 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         "calls_per_s_ratio": relayed["calls_per_s_64"] / direct["calls_per_s_64"],
         "map_factor": relayed["map_s"] / direct["map_s"],
         "flood_p99_factor": relayed["flood_p99_factor"],
+        "flood_calls_p99_factor": relayed["flood_calls_p99_factor"],
+        "flood_streams_p99_factor": relayed["flood_streams_p99_factor"],
     }
     return {
         "settings": vars(args),
@@ -291,6 +395,12 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         },
         "met": ratios["p50_factor"] <= P50_FACTOR_TARGET
         and ratios["calls_per_s_ratio"] >= THROUGHPUT_RATIO_TARGET,
+        "flood_met": max(
+            ratios["flood_p99_factor"],
+            ratios["flood_calls_p99_factor"],
+            ratios["flood_streams_p99_factor"],
+        )
+        <= FLOOD_P99_FACTOR_TARGET,
     }
 
 
@@ -301,6 +411,14 @@ def main(argv: list[str] | None = None) -> int:
     workers.add_argument("url")
     workers.add_argument("keyring", type=Path)
     workers.add_argument("count", type=int)
+    flood = sub.add_parser("flood")
+    flood.add_argument("url")
+    flood.add_argument("secret", type=Path)
+    flood.add_argument("caller_id")
+    flood.add_argument("kind", choices=("ungranted", "calls", "streams"))
+    gateway = sub.add_parser("gateway")
+    gateway.add_argument("config", type=Path)
+    gateway.add_argument("profile", type=Path, nargs="?")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--executors", type=int, default=1000)
     parser.add_argument("--callers", type=int, default=8)
@@ -308,9 +426,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--maps", type=int, default=5)
     parser.add_argument("--output", type=Path)
+    parser.add_argument(
+        "--profile-gateway",
+        type=Path,
+        metavar="PATH",
+        help="run the gateway child under cProfile (not the CLI) and write its stats to PATH; "
+        "CPU-time profiling slows the gateway several times over, and the flood phases with it",
+    )
     args = parser.parse_args(argv)
     if args.command == "workers":
         anyio.run(_workers_main, args.url, args.keyring, args.count)
+        return 0
+    if args.command == "flood":
+        anyio.run(_flooder_main, args.url, args.secret, args.caller_id, args.kind)
+        return 0
+    if args.command == "gateway":
+        anyio.run(_gateway_main, args.config, args.profile)
         return 0
     if args.quick:
         args.executors, args.calls, args.seconds, args.maps = 20, 300, 1.0, 2
@@ -338,6 +469,18 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"ungranted flood: p99 {g['flood_idle_p99_us']:.0f} -> {g['flood_p99_us']:.0f} us "
         f"({r['flood_p99_factor']:.2f}x; {g['flood_refused']:.0f} calls refused FORBIDDEN)",
+        file=sys.stderr,
+    )
+    print(
+        f"granted call flood: p99 {g['flood_calls_idle_p99_us']:.0f} -> "
+        f"{g['flood_calls_p99_us']:.0f} us ({r['flood_calls_p99_factor']:.2f}x; "
+        f"{g['flood_calls_ok']:.0f} served, {g['flood_calls_refused']:.0f} refused)",
+        file=sys.stderr,
+    )
+    print(
+        f"granted stream flood: p99 {g['flood_streams_idle_p99_us']:.0f} -> "
+        f"{g['flood_streams_p99_us']:.0f} us ({r['flood_streams_p99_factor']:.2f}x; "
+        f"{g['flood_streams_items']:.0f} items, {g['flood_streams_refused']:.0f} refused)",
         file=sys.stderr,
     )
     return 0

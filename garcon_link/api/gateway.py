@@ -44,7 +44,8 @@ forwarded), so one caller cannot fill an executor's session for the others; ``FO
 answers past a caller's allowance (``gateway_forbidden_rate`` per second after a burst of
 ``gateway_forbidden_burst``, each paused at most ``gateway_forbidden_delay``; all
 :class:`~garcon_link.Limits` fields) wait their turn, so a caller
-flooding what it may not call slows itself, not the gateway; the retention budget of the fleet
+flooding what it may not call slows itself, not the gateway, and so do ``OVERLOADED`` ones, on
+an allowance of their own; the retention budget of the fleet
 (``max_total_retained_bytes``) shared by both hops' sessions; per-caller counters for at most
 ``max_callers`` callers with a session plus as many without.
 """
@@ -53,6 +54,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import inspect
 import logging
 import math
@@ -91,6 +93,9 @@ log = logging.getLogger("garcon_link.gateway")  # the name users configure (READ
 
 MAX_NAME_CHARS = 256
 """The longest service or method name a relayed request may carry."""
+MAX_VERDICTS = 4096
+"""Grant verdicts, by (caller, executor, service), the gateway remembers
+(:meth:`Gateway._allowed`); one more clears them all."""
 
 
 @dataclass(slots=True)
@@ -279,7 +284,13 @@ class Gateway:
         self._in_flight: dict[tuple[str, str], int] = {}
         # caller -> (FORBIDDEN allowance left, when it was last counted): _failed().
         self._forbidden: dict[str, tuple[float, float]] = {}
+        # caller -> the same, for the OVERLOADED answers of the gateway's shares.
+        self._overloaded: dict[str, tuple[float, float]] = {}
         self._share = max(1, int(self.limits.max_pending_calls * self.limits.gateway_caller_share))
+        # (caller, executor, service) -> whether a grant allows it, for the grants in
+        # ``_verdicts_of`` (replacing ``grants`` forgets them); only well-formed names enter.
+        self._verdicts: dict[tuple[str, str, str], bool] = {}
+        self._verdicts_of: tuple[Grant, ...] = self.grants
         self._changed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
@@ -450,21 +461,28 @@ class Gateway:
         (``gateway_forbidden_rate`` per second, bursts of ``gateway_forbidden_burst``) is answered
         only after a pause, up to ``gateway_forbidden_delay``: a caller that keeps asking for
         what it may not have holds its own handler slots (``max_incoming_calls``) and slows
-        itself down, not the gateway. The answer is the same, only later."""
+        itself down, not the gateway. The answer is the same, only later. An ``OVERLOADED``
+        one (a caller past its share of an executor, asking again at once) is paced alike, on
+        an allowance of its own."""
         stats = self._stats_of(caller)
         if counted:
             stats.errors += 1
-        if exc.code != "FORBIDDEN":
-            return
-        stats.forbidden += 1
+        if exc.code == "FORBIDDEN":
+            stats.forbidden += 1
+            await self._pace(self._forbidden, caller)
+        elif exc.code == "OVERLOADED":
+            await self._pace(self._overloaded, caller)
+
+    async def _pace(self, buckets: dict[str, tuple[float, float]], caller: str) -> None:
+        """Take one refusal from ``caller``'s allowance in ``buckets``; past it, pause."""
         now = anyio.current_time()
         limits = self.limits
         rate, burst = limits.gateway_forbidden_rate, limits.gateway_forbidden_burst
-        tokens, since = self._forbidden.get(caller, (burst, now))
+        tokens, since = buckets.get(caller, (burst, now))
         tokens = min(burst, tokens + (now - since) * rate) - 1
-        if len(self._forbidden) >= 2 * self._max_callers and caller not in self._forbidden:
-            self._forbidden.pop(next(iter(self._forbidden)))
-        self._forbidden[caller] = (max(tokens, -rate * limits.gateway_forbidden_delay), now)
+        if len(buckets) >= 2 * self._max_callers and caller not in buckets:
+            buckets.pop(next(iter(buckets)))
+        buckets[caller] = (max(tokens, -rate * limits.gateway_forbidden_delay), now)
         if tokens < 0:
             await anyio.sleep(min(-tokens / rate, limits.gateway_forbidden_delay))
 
@@ -519,14 +537,11 @@ class Gateway:
     ) -> bytes:
         """The grant and the framing of one relayed request (module docstring, steps 1 and 3):
         its ``args`` and ``kwargs`` items, or the refusal."""
-        problem = executor_id_problem(executor)
-        if problem is not None:
-            raise Rejected("INVALID_ARGUMENTS", f"executor id {peer_text(executor)}: {problem}")
-        if len(service) > MAX_NAME_CHARS or len(method) > MAX_NAME_CHARS:
+        if len(method) > MAX_NAME_CHARS:
             raise Rejected(
                 "INVALID_ARGUMENTS", f"service and method names are at most {MAX_NAME_CHARS} long"
             )
-        if not allows(self.grants, caller, executor, service):
+        if not self._allowed(caller, executor, service):
             raise Rejected(
                 "FORBIDDEN",
                 f"caller {caller!r} has no grant for {peer_text(service)} on executor "
@@ -536,6 +551,33 @@ class Gateway:
             return argument_items(payload)
         except MalformedFrame as exc:
             raise Rejected("INVALID_ARGUMENTS", f"the arguments do not frame: {exc}") from exc
+
+    def _allowed(self, caller: str, executor: str, service: str) -> bool:
+        """Whether a grant allows ``caller`` to call ``service`` on ``executor``, remembered
+        (at most :data:`MAX_VERDICTS`) so that a call repeated costs one lookup.
+
+        Raises:
+            Rejected: ``INVALID_ARGUMENTS``: a malformed executor id or too long a name.
+        """
+        grants = self.grants
+        if grants is not self._verdicts_of:
+            self._verdicts.clear()
+            self._verdicts_of = grants
+        key = (caller, executor, service)
+        verdict = self._verdicts.get(key)
+        if verdict is not None:
+            return verdict
+        problem = executor_id_problem(executor)
+        if problem is not None:
+            raise Rejected("INVALID_ARGUMENTS", f"executor id {peer_text(executor)}: {problem}")
+        if len(service) > MAX_NAME_CHARS:
+            raise Rejected(
+                "INVALID_ARGUMENTS", f"service and method names are at most {MAX_NAME_CHARS} long"
+            )
+        if len(self._verdicts) >= MAX_VERDICTS:
+            self._verdicts.clear()
+        verdict = self._verdicts[key] = allows(grants, caller, executor, service)
+        return verdict
 
     def _connected(self, executor: str) -> RemoteExecutor:
         member = self.fleet._member(executor)
@@ -708,8 +750,10 @@ class _Bindings:
         self._held.pop(slot, None)
 
 
+@functools.lru_cache(maxsize=256)
 def _relayed_spec(method: str) -> MethodSpec:
-    """What the gateway's hooks are told a forwarded call is: ``method``, unary, untyped."""
+    """What the gateway's hooks are told a forwarded call is: ``method``, unary, untyped
+    (the specs of the 256 names used last are kept: a spec costs a signature walk)."""
     return MethodSpec(
         name=method, kind=MethodKind.UNARY, signature=_NO_SIGNATURE, hints={}, result=Any
     )
