@@ -4,7 +4,8 @@ One caller's streams through the gateway to one executor count against its share
 gateway's session to that executor (``gateway_caller_share`` of ``max_pending_calls``, here 2):
 past it a stream is refused ``NotDispatched("OVERLOADED")`` at the gateway and never reaches
 the worker (its ledger proves it), a stream that ends gives its place back, and another caller
-is served meanwhile. No timing is asserted; the gateway's helpers are those of tests/test_gateway.py.
+is served meanwhile. No timing is asserted; the gateway's helpers are those of
+tests/test_gateway.py.
 """
 
 from __future__ import annotations
