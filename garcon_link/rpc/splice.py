@@ -35,8 +35,9 @@ unchanged.
   is joined and decoded; :func:`garcon_link.core.wire.decode_item` resolves each placeholder to
   its value.
 * **Bounded.** The scan reads at most :data:`MAX_HEADS` heads per transfer and stops at an
-  indefinite length; the rest of such a body is kept verbatim and decoded as a whole (as before),
-  so a body of many small items costs the scan no more than a bounded amount of Python work.
+  indefinite length; the rest of such a body is kept verbatim and decoded as a whole, as an
+  unspliced body is, so a body of many small items costs the scan no more than a bounded amount
+  of Python work.
   Declared lengths are checked before anything is allocated: a transfer still holds at most
   ``max_frame_bytes`` in all.
 """
