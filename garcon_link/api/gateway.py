@@ -190,7 +190,7 @@ class _Relay:
             await gateway._failed(caller, exc)
             gateway._log.log(
                 caller,
-                f"notify {exc.code}",
+                "notification dropped",  # the limiter's reason: our words, not the code
                 "gateway: caller %s: notification to %s dropped: %s",
                 peer_text(caller),
                 peer_text(executor),
@@ -412,11 +412,16 @@ class Gateway:
             rpc.start_drain()  # a session that begins during the drain admits no call either
         self._sessions[id(transport)] = (caller, transport, rpc)
         self._stats_of(caller).sessions += 1
-        log.info(
+        # A caller with a key can open sessions as fast as handshakes are admitted: its lines
+        # go through the per-caller limiter.
+        self._log.log(
+            caller,
+            "session began",
             "gateway: caller %s session %s began",
             peer_text(caller),
             transport.session_id.hex()[:12],
             extra=log_fields(session=transport.session_id, caller=caller),
+            level=logging.INFO,
         )
         assert self._tg is not None
         self._tg.start_soon(self._serve, caller, transport, rpc)
@@ -430,12 +435,15 @@ class Gateway:
             if stats is not None:
                 stats.sessions -= 1
             cause = transport.failure
-            log.info(
+            self._log.log(
+                caller,
+                "session ended",
                 "gateway: caller %s session %s ended%s",
                 peer_text(caller),
                 transport.session_id.hex()[:12],
                 f": {cause}" if cause is not None else "",
                 extra=log_fields(session=transport.session_id, caller=caller),
+                level=logging.INFO,
             )
 
     def _caller(self) -> str:
