@@ -46,7 +46,7 @@ from typing import Any
 from garcon_link.core import admission
 from garcon_link.core.admission import Fresh, Offer, Probe, Refuse, Resume, SlotKey, SlotView
 from garcon_link.core.handshake import PROTOCOL_VERSION, Hello, listener_offer
-from garcon_link.core.session import MessageSession, RetentionPool, SessionState
+from garcon_link.core.session import MessageSession, RetentionPool
 from garcon_link.core.wire import Role
 from garcon_link.endpoint.transport import PreReadinessBuffer
 from garcon_link.errors import FailureReason, HandshakeFailure, SessionFailed
@@ -232,34 +232,8 @@ class ControllersWorld(World):
         b = self.bounds
         assert isinstance(b, ControllerBounds)
         for x, side in self.sides.items():
-            s = side.session
             budget = b.sends if side.role == "c" else b.worker_sends
-            if not healed and s is not None and side.sends < budget:
-                acts.append(("send", x))
-            if (
-                s is not None
-                and s.state is SessionState.ATTACHED
-                and (s.frames_queued or s.receipt_due)
-            ):
-                acts.append(("flush", x))
-                if not healed and self.splits < b.splits and s.frames_queued + s.receipt_due > 1:
-                    acts.append(("flush", x, "split"))
-            if self._readable(x) is not None:
-                acts.append(("deliver", x))
-            if self._gone(x):
-                acts.append(("notice", x))
-            if not healed and self.cuts < b.cuts and side.sock is not None:
-                sock = self.sockets.get(side.sock)
-                if sock is not None and self._peer_role(x) in sock.ends:
-                    acts.append(("close", x))
-            if (
-                not healed
-                and self.expiries < b.expiries
-                and s is not None
-                and s.state is SessionState.DETACHED
-                and s.grace_deadline is not None
-            ):
-                acts.append(("expire", x))
+            acts += self._side_actions(x, budget, healed)
         if not healed and self.restarts < b.restarts:
             acts.extend(("restart", x) for x in CONTROLLERS)
         if not healed and self.worker_restarts < b.worker_restarts:

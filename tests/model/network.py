@@ -469,39 +469,47 @@ class World:
         """The role of ``x``'s peer: how ``x``'s socket names the other end."""
         return other(self.sides[x].role)
 
+    def _side_actions(self, x: str, send_budget: int, healed: bool) -> list[tuple[str, ...]]:
+        """What side ``x`` may do now through its session and socket (``send_budget``: the
+        sends it may make in all); :meth:`actions` adds restarts and cuts."""
+        acts: list[tuple[str, ...]] = []
+        b = self.bounds
+        side = self.sides[x]
+        s = side.session
+        if not healed and s is not None and side.sends < send_budget:
+            acts.append(("send", x))
+        if (
+            s is not None
+            and s.state is SessionState.ATTACHED
+            and (s.frames_queued or s.receipt_due)
+        ):
+            acts.append(("flush", x))
+            if not healed and self.splits < b.splits and s.frames_queued + s.receipt_due > 1:
+                acts.append(("flush", x, "split"))
+        if self._readable(x) is not None:
+            acts.append(("deliver", x))
+        if self._gone(x):
+            acts.append(("notice", x))
+        if not healed and self.cuts < b.cuts and side.sock is not None:
+            sock = self.sockets.get(side.sock)
+            if sock is not None and self._peer_role(x) in sock.ends:
+                acts.append(("close", x))
+        if (
+            not healed
+            and self.expiries < b.expiries
+            and s is not None
+            and s.state is SessionState.DETACHED
+            and s.grace_deadline is not None
+        ):
+            acts.append(("expire", x))
+        return acts
+
     def actions(self, healed: bool = False) -> list[tuple[str, ...]]:
         """The actions enabled now (``healed``: only those of a network that no longer fails)."""
         acts: list[tuple[str, ...]] = []
         b = self.bounds
         for x in SIDES:
-            side = self.sides[x]
-            s = side.session
-            if not healed and s is not None and side.sends < b.sends_of(x):
-                acts.append(("send", x))
-            if (
-                s is not None
-                and s.state is SessionState.ATTACHED
-                and (s.frames_queued or s.receipt_due)
-            ):
-                acts.append(("flush", x))
-                if not healed and self.splits < b.splits and s.frames_queued + s.receipt_due > 1:
-                    acts.append(("flush", x, "split"))
-            if self._readable(x) is not None:
-                acts.append(("deliver", x))
-            if self._gone(x):
-                acts.append(("notice", x))
-            if not healed and self.cuts < b.cuts and side.sock is not None:
-                sock = self.sockets.get(side.sock)
-                if sock is not None and self._peer_role(x) in sock.ends:
-                    acts.append(("close", x))
-            if (
-                not healed
-                and self.expiries < b.expiries
-                and s is not None
-                and s.state is SessionState.DETACHED
-                and s.grace_deadline is not None
-            ):
-                acts.append(("expire", x))
+            acts += self._side_actions(x, b.sends_of(x), healed)
             if not healed and self.restarts < b.restarts:
                 acts.append(("restart", x))
         if not healed and self.cuts < b.cuts:
