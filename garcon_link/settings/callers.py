@@ -52,6 +52,7 @@ from .config import (
     _check_keys,
     _config_path,
     _get,
+    _keyring_path,
     _load_limits,
     _load_tls,
     _read_toml,
@@ -121,15 +122,8 @@ class CallersConfig:
     def __post_init__(self) -> None:
         src: Source = self.source if self.source is not None else "CallersConfig"
         keyring: object = self.keyring
-        if not isinstance(keyring, Path):
-            if not isinstance(keyring, str | os.PathLike) or not os.fspath(keyring):
-                raise refusal(
-                    src,
-                    "[callers] keyring",
-                    f"expected a path, got {_type_name(keyring)}",
-                    'e.g. keyring = "callers"',
-                )
-            object.__setattr__(self, "keyring", Path(keyring))
+        path = _keyring_path(keyring, src, "[callers] keyring", 'e.g. keyring = "callers"')
+        object.__setattr__(self, "keyring", path)
         grants: object = self.grants
         if isinstance(grants, list):
             grants = tuple(grants)

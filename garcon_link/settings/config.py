@@ -163,6 +163,16 @@ _TLS_KEYS = ("cert", "key", "ca")
 # --------------------------------------------------------------------------- messages
 
 
+def _keyring_path(value: object, src: Source, field: str, example: str) -> Path:
+    """``value`` (a keyring field as given: a path, a string, or anything a caller passed) as a
+    :class:`Path`; anything else, or an empty string, is a one-line refusal naming ``field``."""
+    if isinstance(value, Path):
+        return value
+    if not isinstance(value, str | os.PathLike) or not os.fspath(value):
+        raise refusal(src, field, f"expected a path, got {_type_name(value)}", example)
+    return Path(value)
+
+
 def _type_name(value: object) -> str:
     """Name the TOML type of ``value``. Only types are shown for bad values: one may be a secret."""
     for kind, name in (
@@ -849,15 +859,9 @@ class FleetConfig:
     def _check_types(self, src: Source) -> None:
         # Values are typed ``object`` here: the annotations are promises the caller may break.
         keyring: object = self.keyring
-        if keyring is not None and not isinstance(keyring, Path):
-            if not isinstance(keyring, str | os.PathLike) or not os.fspath(keyring):
-                raise refusal(
-                    src,
-                    "[executors] keyring",
-                    f"expected a path, got {_type_name(keyring)}",
-                    'e.g. keyring = "keys"',
-                )
-            object.__setattr__(self, "keyring", Path(keyring))
+        if keyring is not None:
+            path = _keyring_path(keyring, src, "[executors] keyring", 'e.g. keyring = "keys"')
+            object.__setattr__(self, "keyring", path)
         dial: object = self.dial
         if isinstance(dial, list):
             dial = tuple(dial)
