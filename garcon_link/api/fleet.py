@@ -159,6 +159,44 @@ class _Subscriber:
         self.wakeup.set()
 
 
+class _EventFeed:
+    """A fleet's events, fanned out to every :meth:`follow` in progress: one queue of at most
+    ``capacity`` events per follower, the oldest dropped (and counted in a ``lost`` event)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._subscribers: list[_Subscriber] = []
+        self._closed = False
+
+    def publish(self, kind: EventKind, executor_id: str) -> None:
+        event = FleetEvent(kind, executor_id, time.time())
+        for subscriber in list(self._subscribers):
+            subscriber.push(event)
+
+    def close(self) -> None:
+        """End every :meth:`follow` (now, or when it next waits) and any later one."""
+        self._closed = True
+        for subscriber in self._subscribers:
+            subscriber.wakeup.set()
+
+    async def follow(self) -> AsyncIterator[FleetEvent]:
+        subscriber = _Subscriber(self._capacity)
+        self._subscribers.append(subscriber)
+        try:
+            while not self._closed:
+                if subscriber.lost:
+                    lost, subscriber.lost = subscriber.lost, 0
+                    yield FleetEvent("lost", "", time.time(), lost=lost)
+                    continue
+                if subscriber.queue:
+                    yield subscriber.queue.popleft()
+                    continue
+                subscriber.wakeup = anyio.Event()
+                await subscriber.wakeup.wait()
+        finally:
+            self._subscribers.remove(subscriber)
+
+
 class Fleet:
     """A controller for many executors; use ``async with gl.fleet(config) as fleet``.
 
@@ -190,12 +228,11 @@ class Fleet:
         self._hooks = tuple(hooks)
         self.limits = limits or config.limits
         self._registry: Registry = registry_from(services or {})
-        self._events_buffer = events_buffer
         self._members: dict[str, RemoteExecutor] = {}
         self._pinned: set[str] = set()
         self._joined: set[str] = set()  # ids that had a session (bounded like the members)
         self._offline_at: dict[str, float] = {}
-        self._subscribers: list[_Subscriber] = []
+        self._events = _EventFeed(events_buffer)
         self._links: list[WebSocketLink] = []
         self._entered: list[WebSocketLink] = []
         self._listening: WebSocketLink | None = None
@@ -273,6 +310,7 @@ class Fleet:
         if self._closed:
             return
         self._closed = True
+        self._events.close()
         for member in list(self._members.values()):
             await member.aclose()
         await self._close_links()
@@ -443,31 +481,15 @@ class Fleet:
     # ------------------------------------------------------------------ events
 
     def _publish(self, kind: EventKind, executor_id: str) -> None:
-        event = FleetEvent(kind, executor_id, time.time())
-        for subscriber in list(self._subscribers):
-            subscriber.push(event)
+        self._events.publish(kind, executor_id)
 
-    async def events(self) -> AsyncIterator[FleetEvent]:
+    def events(self) -> AsyncIterator[FleetEvent]:
         """Every change from now on, in order, until the fleet closes.
 
         Bounded: a consumer that falls more than ``events_buffer`` events behind loses the
         oldest, and gets one ``lost`` event saying how many before the next ones.
         """
-        subscriber = _Subscriber(self._events_buffer)
-        self._subscribers.append(subscriber)
-        try:
-            while not self._closed:
-                if subscriber.lost:
-                    lost, subscriber.lost = subscriber.lost, 0
-                    yield FleetEvent("lost", "", time.time(), lost=lost)
-                    continue
-                if subscriber.queue:
-                    yield subscriber.queue.popleft()
-                    continue
-                subscriber.wakeup = anyio.Event()
-                await subscriber.wakeup.wait()
-        finally:
-            self._subscribers.remove(subscriber)
+        return self._events.follow()
 
     # ------------------------------------------------------------------ fan-out
 

@@ -68,7 +68,7 @@ from ..settings.callers import CallerConfig
 from ..settings.keyring import executor_id_problem
 from .controller import Availability, RemoteExecutor
 from .facades import NO_METHODS, DynamicFacade, Facade
-from .fleet import EventKind, ExecutorSnapshot, FleetEvent, Where, _Subscriber
+from .fleet import EventKind, ExecutorSnapshot, FleetEvent, Where, _EventFeed
 from .registration import interface_class
 
 __all__ = [
@@ -478,12 +478,11 @@ class GatewayFleet:
         self._refresh_interval = (
             self.limits.gateway_refresh_interval if refresh_interval is None else refresh_interval
         )
-        self._events_buffer = events_buffer
         self._gateway = RemoteExecutor(config.link_config(), limits=self.limits)
         self._relay = self._gateway.service(RELAY_SERVICE, GatewayRelay)
         self._members: dict[str, GatewayExecutor] = {}
         self._visible: list[str] = []
-        self._subscribers: list[_Subscriber] = []
+        self._events = _EventFeed(events_buffer)
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
 
@@ -512,8 +511,7 @@ class GatewayFleet:
         if self._closed:
             return
         self._closed = True
-        for subscriber in self._subscribers:
-            subscriber.wakeup.set()
+        self._events.close()
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
@@ -593,28 +591,12 @@ class GatewayFleet:
     # -- events
 
     def _publish(self, kind: EventKind, executor_id: str) -> None:
-        event = FleetEvent(kind, executor_id, time.time())
-        for subscriber in list(self._subscribers):
-            subscriber.push(event)
+        self._events.publish(kind, executor_id)
 
-    async def events(self) -> AsyncIterator[FleetEvent]:
+    def events(self) -> AsyncIterator[FleetEvent]:
         """Changes between two snapshots (module docstring), bounded as
         :meth:`Fleet.events <garcon_link.Fleet.events>` is."""
-        subscriber = _Subscriber(self._events_buffer)
-        self._subscribers.append(subscriber)
-        try:
-            while not self._closed:
-                if subscriber.lost:
-                    lost, subscriber.lost = subscriber.lost, 0
-                    yield FleetEvent("lost", "", time.time(), lost=lost)
-                    continue
-                if subscriber.queue:
-                    yield subscriber.queue.popleft()
-                    continue
-                subscriber.wakeup = anyio.Event()
-                await subscriber.wakeup.wait()
-        finally:
-            self._subscribers.remove(subscriber)
+        return self._events.follow()
 
     # -- fan-out
 
