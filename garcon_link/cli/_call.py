@@ -8,7 +8,7 @@ import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -218,13 +218,7 @@ async def _call_through_gateway(
         timeout = config.limits.call_timeout if call_timeout is None else call_timeout
         metadata = {VALUES_METADATA_KEY: JSON_VALUES}
         if spec.kind is MethodKind.STREAM:
-            stream = session.stream(service, spec, args, kwargs, metadata)
-            try:
-                async for item in stream:
-                    _print_json(item)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await stream.aclose()
+            await _print_stream(session.stream(service, spec, args, kwargs, metadata))
         else:
             result = await session.call(
                 service, spec, args, kwargs, timeout=timeout, metadata=metadata
@@ -247,6 +241,24 @@ def _describe_through_gateway(config: CallerConfig, ns: argparse.Namespace) -> i
         for line in describe_lines(services):
             print(line, flush=True)
     return EXIT_OK
+
+
+class _RemoteItems(Protocol):
+    """A remote stream as the CLI prints it (``RemoteStream``, or a relayed one)."""
+
+    def __aiter__(self) -> AsyncIterator[Any]: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def _print_stream(stream: _RemoteItems) -> None:
+    """Print each item of a remote stream as a JSON line; close it however the loop ends."""
+    try:
+        async for item in stream:
+            _print_json(item)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await stream.aclose()
 
 
 async def _call(
@@ -289,13 +301,7 @@ async def _call(
         # JSON has no bytes: the worker reads base64 text where bytes are declared.
         metadata = {VALUES_METADATA_KEY: JSON_VALUES}
         if spec.kind is MethodKind.STREAM:
-            stream = rpc.stream(service, spec, args, kwargs, metadata)
-            try:
-                async for item in stream:
-                    _print_json(item)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await stream.aclose()
+            await _print_stream(rpc.stream(service, spec, args, kwargs, metadata))
         elif spec.kind is MethodKind.ONEWAY:
             await rpc.notify(service, spec, args, kwargs, metadata)
             # Delivery barrier: replies come back in order, so once this round trip completes
