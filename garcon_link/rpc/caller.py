@@ -308,7 +308,7 @@ class Caller:
         except SessionFailed as exc:
             raise NotDispatched("OFFLINE", str(exc)) from exc
 
-    def _issue_nowait(self, pending: _Pending, body: bytes) -> bool:
+    def _issue_nowait(self, pending: _Pending, body: bytes | Spliced) -> bool:
         """Issue a small call at once if the session admits it without waiting; ``False``
         (nothing issued, nothing registered) otherwise."""
         try:
@@ -450,8 +450,7 @@ class Caller:
         loop = self._loop
         if loop is False:
             loop = self._loop = asyncio.get_running_loop() if on_asyncio() else None
-        # A spliced body (a large bytes value in it) is sent in parts: never the quick path.
-        if loop is not None and isinstance(body, bytes) and self._issue_nowait(pending, body):
+        if loop is not None and self._issue_nowait(pending, body):
             assert isinstance(loop, asyncio.AbstractEventLoop)
             return await self._wait_on_asyncio(loop, pending, timeout, local)
         # A bare cancel scope with a deadline: what fail_after does, without its generator-based

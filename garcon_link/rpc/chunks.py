@@ -333,14 +333,15 @@ class ChunkSender:
         self.aborts_sent = 0
         self.on_abort: Callable[[], None] | None = None
 
-    def send_nowait(self, body: bytes) -> int | None:
+    def send_nowait(self, body: bytes | Spliced) -> int | None:
         """Issue a body sent whole (at most :attr:`chunk` bytes) if the session admits it without
-        waiting: its ordinal, or ``None`` (nothing issued) for a larger body or a full session.
+        waiting: its ordinal, or ``None`` (nothing issued) for a larger body, a spliced one (sent
+        in parts by :meth:`send`) or a full session.
 
         Raises:
             PayloadTooLarge, SessionFailed: as :meth:`send`.
         """
-        if len(body) > self.chunk:
+        if type(body) is not bytes or len(body) > self.chunk:
             return None
         ordinal = self._transport.send_nowait(body)
         if ordinal is not None:

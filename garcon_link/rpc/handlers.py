@@ -438,8 +438,7 @@ class Handlers:
         """Hand a result over; if it is too large, send the error that replaces it (and return
         it: what the caller is told)."""
         try:
-            # No coroutine when it need not wait; a spliced body (in parts) always goes by send.
-            if not isinstance(body, bytes) or self._chunks.send_nowait(body) is None:
+            if self._chunks.send_nowait(body) is None:  # (no coroutine when it need not wait)
                 await self._chunks.send(body)
         except PayloadTooLarge as exc:
             error = RemoteError("RESULT_TOO_LARGE", str(exc), remote_type="PayloadTooLarge")
