@@ -204,6 +204,28 @@ async def caller(tmp_path: Path, caller_id: str, url: str) -> AsyncIterator[gl.G
         yield fleet
 
 
+@asynccontextmanager
+async def one_device_two_callers(
+    tmp_path: Path, limits: gl.Limits = LIMITS
+) -> AsyncIterator[tuple[gl.Gateway, IdentService, gl.GatewayFleet, gl.GatewayFleet]]:
+    """A gateway with device ``box-1`` and callers ``web-1`` and ``web-2``, both ready for it."""
+    async with running_gateway(tmp_path, limits=limits) as gw, AsyncExitStack() as stack:
+        _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+        first = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+        second = await stack.enter_async_context(caller(tmp_path, "web-2", gw.url))
+        await first.executor("box-1").wait_ready(10)
+        await second.executor("box-1").wait_ready(10)
+        yield gw, service, first, second
+
+
+async def hold_or_refused(ident: Ident, refused: list[gl.CallError]) -> None:
+    """Call ``ident.hold(30)``; a ``NotDispatched`` refusal goes to ``refused``."""
+    try:
+        await ident.hold(30)
+    except gl.NotDispatched as exc:
+        refused.append(exc)
+
+
 async def test_a_granted_call_reaches_the_executor_it_names(tmp_path: Path) -> None:
     with anyio.fail_after(DEADLINE):
         async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
@@ -514,27 +536,13 @@ async def test_a_flooding_caller_is_held_to_its_budget(tmp_path: Path) -> None:
     forwarded, and another caller is served meanwhile."""
     budget = 4
     with anyio.fail_after(DEADLINE):
-        async with (
-            running_gateway(tmp_path, limits=LIMITS.replace(max_incoming_calls=budget)) as gw,
-            AsyncExitStack() as stack,
-        ):
-            _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
-            flood = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
-            other = await stack.enter_async_context(caller(tmp_path, "web-2", gw.url))
-            await flood.executor("box-1").wait_ready(10)
-            await other.executor("box-1").wait_ready(10)
+        limits = LIMITS.replace(max_incoming_calls=budget)
+        async with one_device_two_callers(tmp_path, limits) as (_gw, service, flood, other):
             ident = flood.executor("box-1").service("ident", Ident)
             refused: list[gl.CallError] = []
-
-            async def one() -> None:
-                try:
-                    await ident.hold(30)
-                except gl.NotDispatched as exc:
-                    refused.append(exc)
-
             async with anyio.create_task_group() as tg:
                 for _ in range(40):
-                    tg.start_soon(one)
+                    tg.start_soon(hold_or_refused, ident, refused)
                 await wait_for(lambda: len(refused) >= 40 - budget, 10, "the excess refused")
                 assert {e.code for e in refused} == {"OVERLOADED"}
                 assert service.ledger.count("hold") <= budget
@@ -611,24 +619,12 @@ async def test_one_caller_cannot_fill_an_executors_session(tmp_path: Path) -> No
     # A share of 2, where the default fraction (a quarter) would allow 4.
     limits = LIMITS.replace(max_pending_calls=16, gateway_caller_share=0.125)
     with anyio.fail_after(DEADLINE):
-        async with running_gateway(tmp_path, limits=limits) as gw, AsyncExitStack() as stack:
-            _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
-            greedy = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
-            other = await stack.enter_async_context(caller(tmp_path, "web-2", gw.url))
-            await greedy.executor("box-1").wait_ready(10)
-            await other.executor("box-1").wait_ready(10)
+        async with one_device_two_callers(tmp_path, limits) as (_gw, service, greedy, other):
             ident = greedy.executor("box-1").service("ident", Ident)
             refused: list[gl.CallError] = []
-
-            async def one() -> None:
-                try:
-                    await ident.hold(30)
-                except gl.NotDispatched as exc:
-                    refused.append(exc)
-
             async with anyio.create_task_group() as tg:
                 for _ in range(5):
-                    tg.start_soon(one)
+                    tg.start_soon(hold_or_refused, ident, refused)
                 await wait_for(lambda: len(refused) == 3, 10, "the excess refused")
                 assert all("its share" in e.message for e in refused)
                 await wait_for(lambda: service.ledger.count("hold") == 2, 10, "two running")

@@ -10,14 +10,13 @@ tests/test_gateway.py.
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from faultutil import wait_for
-from test_gateway import DEADLINE, LIMITS, Ident, caller, device, running_gateway
+from test_gateway import DEADLINE, LIMITS, Ident, one_device_two_callers
 
 import garcon_link as gl
 
@@ -29,12 +28,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 async def test_a_caller_opening_streams_is_held_to_its_budget(tmp_path: Path) -> None:
     with anyio.fail_after(DEADLINE):
         limits = LIMITS.replace(max_pending_calls=SHARE * 4)
-        async with running_gateway(tmp_path, limits=limits) as gw, AsyncExitStack() as stack:
-            _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
-            greedy = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
-            other = await stack.enter_async_context(caller(tmp_path, "web-2", gw.url))
-            await greedy.executor("box-1").wait_ready(10)
-            await other.executor("box-1").wait_ready(10)
+        async with one_device_two_callers(tmp_path, limits) as (_gw, service, greedy, other):
             ident = greedy.executor("box-1").service("ident", Ident)
             held: list[Any] = []
             for _ in range(SHARE):
