@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, cast, overload
+from typing import Any, Protocol, TypeVar, cast, get_args, overload
 
 import anyio
 import anyio.abc
@@ -67,7 +67,7 @@ from ..rpc.rpc import CallObserver, ExecutorRpc, RemoteStream
 from ..settings.callers import CallerConfig
 from ..settings.keyring import executor_id_problem
 from .controller import Availability, RemoteExecutor
-from .facades import NO_METHODS, DynamicFacade, Facade
+from .facades import NO_METHODS, DynamicFacade, Facade, FacadeStream
 from .fleet import EventKind, ExecutorSnapshot, FleetEvent, Where, _EventFeed
 from .registration import interface_class
 
@@ -87,6 +87,13 @@ RELAY_SERVICE = "gateway"
 """The service a gateway serves its callers."""
 MAX_DESCRIBE_WAIT = 30.0
 """Seconds the gateway waits, at most, for an executor to be ready in one ``describe``."""
+MAX_WATCH_ENTRIES = 256
+"""Executors one ``watch`` message names at most: a longer snapshot or backlog takes several."""
+MAX_WATCH_EVENTS = 8
+"""Events one ``watch`` entry carries at most for its executor: while a caller is behind, the
+gateway keeps that many per executor, drops the oldest beyond and says how many (``lost``)."""
+WATCH_RETRY = 1.0
+"""Seconds, at most, a caller waits before opening its watch again after one ended."""
 _OK, _FAILED = 1, 2
 
 
@@ -126,8 +133,17 @@ class GatewayRelay(Protocol):
         """A snapshot of every executor the caller may see."""
         ...
 
+    def watch(self) -> AsyncIterator[dict[str, Any]]:
+        """The executors the caller may see, pushed: a snapshot (one or more messages marked
+        ``snapshot``, the last also ``last``), then each change as it happens (module
+        docstring). One watch per caller session."""
+        ...
+
 
 _RELAY_SPEC = service_spec(GatewayRelay)
+_NO_WATCH = frozenset({"UNKNOWN_SERVICE", "OPERATION_UNSUPPORTED", "UNSUPPORTED"})
+"""The refusals of a gateway without ``watch``: its callers poll it instead."""
+_WATCH_KINDS = frozenset(get_args(EventKind)) - {"lost"}
 RELAY_CALL: MethodSpec = _RELAY_SPEC.methods["call"]
 RELAY_STREAM: MethodSpec = _RELAY_SPEC.methods["stream"]
 RELAY_NOTIFY: MethodSpec = _RELAY_SPEC.methods["notify"]
@@ -500,7 +516,7 @@ class GatewayFleet:
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
-        tg.start_soon(self._refresh_loop)
+        tg.start_soon(self._view_loop)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -556,37 +572,135 @@ class GatewayFleet:
     async def refresh(self) -> dict[str, ExecutorSnapshot]:
         """Ask the gateway now; returns :meth:`executors`."""
         entries = await self._relay.executors()
-        visible = []
-        for entry in entries:
-            executor_id = entry.get("executor_id") if isinstance(entry, dict) else None
-            if not isinstance(executor_id, str) or executor_id_problem(executor_id) is not None:
-                continue
-            member = self._members.get(executor_id)
-            before = member.availability if member is not None else None
-            if member is None:
-                member = self._members[executor_id] = GatewayExecutor(self, executor_id)
-            member._apply(entry)
-            visible.append(executor_id)
-            if before is None and executor_id not in self._visible:
-                self._publish("joined", executor_id)
-            if member.availability != before:
-                self._publish(member.availability, executor_id)
-        for executor_id in self._visible:
-            if executor_id not in visible:
-                self._publish("forgotten", executor_id)
-        self._visible = visible
+        self._replace_view(entries if isinstance(entries, list) else [])
         return self.executors()
 
-    async def _refresh_loop(self) -> None:
+    def _replace_view(self, entries: Iterable[Any]) -> None:
+        """A whole snapshot: apply each entry, and forget what it no longer shows."""
+        fresh: set[str] = set()
+        for entry in entries:
+            executor_id = self._take(entry, None)
+            if executor_id is not None:
+                fresh.add(executor_id)
+        self._forget_all_but(fresh)
+
+    def _forget_all_but(self, fresh: set[str]) -> None:
+        for executor_id in [i for i in self._visible if i not in fresh]:
+            self._visible.remove(executor_id)
+            self._publish("forgotten", executor_id)
+
+    def _take(self, entry: Any, kinds: Sequence[EventKind] | None) -> str | None:
+        """Apply one executor's entry; publish ``kinds``, or, without them, what changed since
+        the last entry (``joined`` for a new one, then its availability if it moved). The
+        executor's id, or None if the entry names none."""
+        executor_id = entry.get("executor_id") if isinstance(entry, dict) else None
+        if not isinstance(executor_id, str) or executor_id_problem(executor_id) is not None:
+            return None
+        assert isinstance(entry, dict)
+        member = self._members.get(executor_id)
+        was_visible = executor_id in self._visible
+        before = member.availability if member is not None and was_visible else None
+        if member is None:
+            member = self._members[executor_id] = GatewayExecutor(self, executor_id)
+        member._apply(entry)
+        if not was_visible:
+            self._visible.append(executor_id)
+        if kinds is not None:
+            for kind in kinds:
+                self._publish(kind, executor_id)
+            return executor_id
+        if before is None:
+            self._publish("joined", executor_id)
+            if member.availability != "offline":
+                self._publish(member.availability, executor_id)
+        elif member.availability != before:
+            self._publish(member.availability, executor_id)
+        return executor_id
+
+    async def _view_loop(self) -> None:
+        """Keep :meth:`executors` current: through the gateway's ``watch`` when it has one,
+        else by a snapshot every ``refresh_interval``."""
+        polled: object = None  # the gateway session that refused a watch
         while True:
+            pause = self._refresh_interval
             try:
                 await self._gateway.wait_ready()
-                await self.refresh()
+                rpc = self._gateway.current_rpc
+                if rpc is not polled and self._gateway.offers(RELAY_SERVICE, "watch"):
+                    pause = min(pause, WATCH_RETRY)
+                    try:
+                        await self._follow_watch()
+                    except Rejected as exc:
+                        if exc.code not in _NO_WATCH:
+                            raise
+                        polled, pause = rpc, 0  # an older gateway (DESIGN §16): poll it
+                else:
+                    await self.refresh()
             except (CallError, HandshakeError):
                 # The gateway session went away, or refused us (wait_ready says why to whoever
                 # waits): the next round asks again.
                 pass
-            await anyio.sleep(self._refresh_interval)
+            await anyio.sleep(pause)
+
+    async def _follow_watch(self) -> None:
+        """Apply the gateway's ``watch`` messages until the stream ends (the session went, or
+        the gateway drains).
+
+        Raises:
+            CallError: the stream failed, or the gateway sent a message that does not read
+                (``OutcomeUnknown("MALFORMED_REPLY")``).
+        """
+        stream = cast("FacadeStream", self._relay.watch())
+        fresh: set[str] | None = None
+        try:
+            async for message in stream:
+                entries = message.get("entries") if isinstance(message, dict) else None
+                if not isinstance(entries, list) or len(entries) > MAX_WATCH_ENTRIES:
+                    raise OutcomeUnknown(
+                        "MALFORMED_REPLY",
+                        f"the gateway's watch message is not a list of at most "
+                        f"{MAX_WATCH_ENTRIES} executors",
+                    )
+                if message.get("snapshot") is True:
+                    fresh = set() if fresh is None else fresh
+                    for entry in entries:
+                        executor_id = self._take(entry, None)
+                        if executor_id is not None:
+                            fresh.add(executor_id)
+                    if message.get("last") is True:
+                        self._forget_all_but(fresh)
+                        fresh = None
+                    continue
+                for entry in entries:
+                    self._change(entry)
+        finally:
+            await stream.aclose()
+
+    def _change(self, entry: Any) -> None:
+        """One executor's change from the gateway's ``watch``: its state now and its events
+        (a malformed entry is skipped)."""
+        if not isinstance(entry, dict):
+            return
+        executor_id = entry.get("executor_id")
+        if not isinstance(executor_id, str) or executor_id_problem(executor_id) is not None:
+            return
+        kinds = entry.get("events")
+        if not (
+            isinstance(kinds, list)
+            and len(kinds) <= MAX_WATCH_EVENTS
+            and all(kind in _WATCH_KINDS for kind in kinds)
+        ):
+            kinds = None  # derived from the state instead
+        lost = entry.get("lost", 0)
+        if type(lost) is int and 0 < lost < 2**31:
+            self._events.publish("lost", executor_id, lost=lost)
+        if entry.get("gone") is True:
+            if executor_id in self._visible:
+                self._visible.remove(executor_id)
+            for kind in kinds or ["forgotten"]:
+                self._publish(kind, executor_id)
+            return
+        self._take(entry, kinds)
 
     # -- events
 
@@ -594,7 +708,8 @@ class GatewayFleet:
         self._events.publish(kind, executor_id)
 
     def events(self) -> AsyncIterator[FleetEvent]:
-        """Changes between two snapshots (module docstring), bounded as
+        """Every change of the executors this caller may see, as the gateway pushes it (or,
+        from a gateway without ``watch``, between two snapshots: module docstring), bounded as
         :meth:`Fleet.events <garcon_link.Fleet.events>` is."""
         return self._events.follow()
 
