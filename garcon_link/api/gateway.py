@@ -36,6 +36,13 @@ A relayed call (``call(executor, service, method, payload, key, timeout)``):
    (:func:`~garcon_link.api.relay.encode_outcome`), so it crosses the second hop unchanged. The
    relay call itself fails only as any call on the caller's session fails.
 
+A caller's **watch** (``watch()``, one per caller session): the gateway's fleet tells the
+gateway of each event as it is published (:meth:`Fleet._tap`); each watch whose caller a grant
+lets see that executor notes it (:class:`_Watch`: at most one pending entry per executor, its
+last :data:`~garcon_link.api.relay.MAX_WATCH_EVENTS` events), and the watch's stream sends the
+pending entries, each with its executor's state at send time, whenever the caller's credit lets
+it send a message. Replacing :attr:`Gateway.grants` re-filters every watch; the drain ends them.
+
 Bounds: ``max_callers`` sessions; per caller session the worker-side budgets
 (``max_incoming_calls`` relayed calls at once, refusal queues, frame rates); per caller and
 executor, a share of the gateway's session to that executor (``gateway_caller_share`` of

@@ -24,10 +24,23 @@ caller's own timer would cut the first hop.
 
 Executors a caller may not see (no grant names both) are absent from :meth:`~GatewayFleet.
 executors`; their calls are refused ``Rejected("FORBIDDEN")`` by the gateway, never forwarded.
-The caller's view of the fleet is refreshed every ``refresh_interval`` seconds
-(``Limits.gateway_refresh_interval`` unless given; and at
-``wait_ready``): ``executors()`` is that snapshot and :meth:`GatewayFleet.events` the changes
-between two snapshots, so an event can be as late as one interval.
+
+The caller's view of the fleet is pushed: once its session is ready the caller opens the relay
+stream ``watch()``, one per session. The gateway sends the snapshot of the executors the caller
+may see (in messages of at most :data:`MAX_WATCH_ENTRIES` entries, the first and last marked),
+then, as the gateway's fleet publishes each event of such an executor, an entry with that
+executor's state now and its events (``joined``, ``ready``, ``draining``, ``reconnecting``,
+``offline``, ``disposed``, ``forgotten``), in the order they happened. :meth:`GatewayFleet.
+executors` is that view and :meth:`GatewayFleet.events` those events, so both are current within
+one message of a change. The watch is a relayed stream with credit: while the caller does not
+take its messages, the gateway keeps one pending entry per executor (the latest state wins) with
+its last :data:`MAX_WATCH_EVENTS` events, and counts the older ones, which the caller's
+followers get as a ``lost`` event naming the executor. Replacing the gateway's grants
+re-filters every watch at once (``joined`` for an executor now seen, ``forgotten`` for one no
+longer seen); a revoked caller's session, and its watch, end. A gateway without ``watch`` (an
+older one: its manifest lacks it, or it refuses the method) is polled instead: a snapshot every
+``refresh_interval`` seconds (``Limits.gateway_refresh_interval`` unless given), the events
+being the changes between two snapshots.
 
 Streams are relayed with credit end to end: the gateway pulls an item from the executor only
 when the caller's credit lets it send one, so a slow caller slows the executor's producer and the
@@ -92,6 +105,9 @@ MAX_WATCH_ENTRIES = 256
 MAX_WATCH_EVENTS = 8
 """Events one ``watch`` entry carries at most for its executor: while a caller is behind, the
 gateway keeps that many per executor, drops the oldest beyond and says how many (``lost``)."""
+MAX_VIEW = 1_000_000
+"""Executors a caller keeps, at most, of what its gateway shows it (a fleet's largest
+``max_executors``): an entry for one more is ignored."""
 WATCH_RETRY = 1.0
 """Seconds, at most, a caller waits before opening its watch again after one ended."""
 _OK, _FAILED = 1, 2
@@ -436,8 +452,7 @@ class GatewayExecutor:
                     raise
                 continue  # the gateway session went away meanwhile: wait for the next one
             self._apply(entry)
-            if self.executor_id not in self._fleet._visible:
-                self._fleet._visible.append(self.executor_id)  # the gateway showed it to us
+            self._fleet._visible.setdefault(self.executor_id)  # the gateway showed it to us
             if self.availability == "ready":
                 return
         raise TimeoutError(
@@ -470,8 +485,8 @@ class GatewayFleet:
         config: the caller's configuration.
         limits: overrides the config's.
         hooks: per-call hooks told about every call made through the executors' facades.
-        refresh_interval: seconds between two snapshots of the executors the caller may see
-            (default: the limits' ``gateway_refresh_interval``).
+        refresh_interval: seconds between two snapshots of the executors the caller may see,
+            from a gateway without ``watch`` (default: the limits' ``gateway_refresh_interval``).
         events_buffer: events kept per :meth:`events` subscriber.
     """
 
@@ -497,7 +512,7 @@ class GatewayFleet:
         self._gateway = RemoteExecutor(config.link_config(), limits=self.limits)
         self._relay = self._gateway.service(RELAY_SERVICE, GatewayRelay)
         self._members: dict[str, GatewayExecutor] = {}
-        self._visible: list[str] = []
+        self._visible: dict[str, None] = {}  # in the order the gateway first showed them
         self._events = _EventFeed(events_buffer)
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
@@ -553,8 +568,9 @@ class GatewayFleet:
         return member
 
     def executors(self) -> dict[str, ExecutorSnapshot]:
-        """The executors this caller may see, as the gateway last reported them (refreshed
-        every ``refresh_interval`` and by :meth:`refresh`)."""
+        """The executors this caller may see, as the gateway last reported them (pushed as they
+        change; from a gateway without ``watch``, every ``refresh_interval`` and at
+        :meth:`refresh`)."""
         out = {}
         for executor_id in self._visible:
             member = self._members[executor_id]
@@ -586,7 +602,7 @@ class GatewayFleet:
 
     def _forget_all_but(self, fresh: set[str]) -> None:
         for executor_id in [i for i in self._visible if i not in fresh]:
-            self._visible.remove(executor_id)
+            del self._visible[executor_id]
             self._publish("forgotten", executor_id)
 
     def _take(self, entry: Any, kinds: Sequence[EventKind] | None) -> str | None:
@@ -598,13 +614,15 @@ class GatewayFleet:
             return None
         assert isinstance(entry, dict)
         member = self._members.get(executor_id)
+        if member is None and len(self._members) >= MAX_VIEW:
+            return None
         was_visible = executor_id in self._visible
         before = member.availability if member is not None and was_visible else None
         if member is None:
             member = self._members[executor_id] = GatewayExecutor(self, executor_id)
         member._apply(entry)
         if not was_visible:
-            self._visible.append(executor_id)
+            self._visible[executor_id] = None
         if kinds is not None:
             for kind in kinds:
                 self._publish(kind, executor_id)
@@ -695,8 +713,7 @@ class GatewayFleet:
         if type(lost) is int and 0 < lost < 2**31:
             self._events.publish("lost", executor_id, lost=lost)
         if entry.get("gone") is True:
-            if executor_id in self._visible:
-                self._visible.remove(executor_id)
+            self._visible.pop(executor_id, None)
             for kind in kinds or ["forgotten"]:
                 self._publish(kind, executor_id)
             return
