@@ -146,6 +146,11 @@ async def test_an_ungranted_executor_never_reaches_a_caller(tmp_path: Path) -> N
                     assert "db-1" not in web.executors()
 
                     original = gw.grants
+                    with pytest.raises(TypeError, match="gl.Grant"):
+                        gw.grants = ("db-*",)  # type: ignore[assignment]
+                    with pytest.raises(ValueError, match="more than 1024"):
+                        gw.grants = original * 1025
+                    assert gw.grants == original
                     gw.grants = (*original, gl.Grant(callers=("web-*",), executors=("db-*",)))
                     await wait_for(lambda: "db-1" in web.executors(), PUSH_WAIT, "db-1 shown")
                     assert web.executors()["db-1"].availability == "ready"

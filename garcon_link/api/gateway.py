@@ -86,7 +86,7 @@ from ..rpc.interface import MethodKind, MethodSpec, contract_hash
 from ..rpc.observer import CallObserver
 from ..rpc.rpc import ExecutorRpc, RemoteStream, current_rpc
 from ..settings.callers import GatewayConfig
-from ..settings.grants import Grant, allows, sees
+from ..settings.grants import MAX_GRANTS, Grant, allows, sees
 from ..settings.keyring import Keyring, executor_id_problem
 from .controller import RemoteExecutor
 from .facades import counts_as_error
@@ -472,7 +472,12 @@ class Gateway:
 
     @grants.setter
     def grants(self, grants: Sequence[Grant]) -> None:
-        self._grants = tuple(grants)
+        grants = tuple(grants)
+        if not all(isinstance(grant, Grant) for grant in grants):
+            raise TypeError("Gateway.grants takes gl.Grant objects only")
+        if len(grants) > MAX_GRANTS:
+            raise ValueError(f"{len(grants)} grants, more than {MAX_GRANTS}: merge some")
+        self._grants = grants
         for watch in self._watches.values():
             for executor_id in sorted(watch.shown):
                 if not sees(self._grants, watch.caller, executor_id):
