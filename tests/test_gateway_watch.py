@@ -146,7 +146,7 @@ async def test_an_ungranted_executor_never_reaches_a_caller(tmp_path: Path) -> N
                     assert "db-1" not in web.executors()
 
                     original = gw.grants
-                    with pytest.raises(TypeError, match="gl.Grant"):
+                    with pytest.raises(TypeError, match=r"gl\.Grant"):
                         gw.grants = ("db-*",)  # type: ignore[assignment]
                     with pytest.raises(ValueError, match="more than 1024"):
                         gw.grants = original * 1025
@@ -286,3 +286,99 @@ async def test_a_gateway_without_watch_is_polled(tmp_path: Path) -> None:
                 relay.shown = []
                 await wait_for(lambda: "box-1" not in fleet.executors(), 5, "box-1 gone")
                 assert seen == [("joined", "box-1"), ("ready", "box-1"), ("forgotten", "box-1")]
+
+
+class UnrulyRelay:
+    """A gateway's relay whose watch sends what a gateway must not: entries that do not read,
+    too many events, unknown kinds, and then a message of too many entries."""
+
+    def __init__(self) -> None:
+        self.watches = 0
+
+    async def call(
+        self,
+        executor: str,
+        service: str,
+        method: str,
+        payload: bytes,
+        key: bytes | None,
+        timeout: float | None,
+    ) -> bytes:
+        raise NotImplementedError
+
+    async def stream(
+        self, executor: str, service: str, method: str, payload: bytes
+    ) -> AsyncIterator[bytes]:
+        nothing: tuple[bytes, ...] = ()
+        for item in nothing:  # an async generator that yields nothing
+            yield item
+
+    async def notify(self, executor: str, service: str, method: str, payload: bytes) -> None:
+        raise NotImplementedError
+
+    async def describe(self, executor: str, wait: float) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def executors(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    async def watch(self) -> AsyncIterator[dict[str, Any]]:
+        self.watches += 1
+        ready = {"availability": "ready", "services": {}}
+        yield {"snapshot": True, "last": True, "entries": [{"executor_id": "box-1", **ready}]}
+        if self.watches > 1:
+            await anyio.sleep_forever()
+        yield {
+            "entries": [
+                "not an entry",
+                {"executor_id": "../x", **ready, "events": ["joined"]},
+                {"executor_id": "box-2", **ready, "events": ["ready"] * (MAX_WATCH_EVENTS + 1)},
+                {"executor_id": "box-3", **ready, "events": ["exploded"], "lost": 2**40},
+                {"executor_id": "box-4", **ready, "events": ["joined", "ready"], "lost": 3},
+            ]
+        }
+        yield {"entries": [{"executor_id": "box-5", **ready}] * 257}
+        await anyio.sleep_forever()
+
+
+async def test_a_watch_message_that_does_not_read_is_refused(tmp_path: Path) -> None:
+    """What a gateway's watch sends is checked: an entry that names no executor is skipped,
+    events that are too many or of no known kind are replaced by what the state shows, a
+    ``lost`` count out of bounds is ignored (one in bounds is a ``lost`` event), and a message
+    of more than MAX_WATCH_ENTRIES entries ends the watch: the caller opens another, whose
+    snapshot replaces its view."""
+    secret = enroll(tmp_path / "callers", "web-1")
+    relay = UnrulyRelay()
+    config = gl.LinkConfig(
+        executor_id="web-1",
+        role=gl.Role.WORKER,
+        secret=secret,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    with anyio.fail_after(DEADLINE):
+        async with gl.Worker(config, {RELAY_SERVICE: gl.Service(relay, GatewayRelay)}) as unruly:
+            caller = gl.CallerConfig(
+                caller_id="web-1", secret=secret, dial=unruly.url, limits=LIMITS
+            )
+            async with (
+                gl.connect_gateway(caller, refresh_interval=0.05) as fleet,
+                following(fleet.events()) as seen,
+            ):
+                await wait_for(lambda: ("forgotten", "box-4") in seen, 5, "the second snapshot")
+                assert relay.watches == 2
+                assert seen == [
+                    ("joined", "box-1"),
+                    ("ready", "box-1"),
+                    ("joined", "box-2"),
+                    ("ready", "box-2"),
+                    ("joined", "box-3"),
+                    ("ready", "box-3"),
+                    ("lost", "box-4"),
+                    ("joined", "box-4"),
+                    ("ready", "box-4"),
+                    ("forgotten", "box-2"),
+                    ("forgotten", "box-3"),
+                    ("forgotten", "box-4"),
+                ]
+                assert list(fleet.executors()) == ["box-1"]
