@@ -262,7 +262,8 @@ class OldRelay:
 
 async def test_a_gateway_without_watch_is_polled(tmp_path: Path) -> None:
     """An older gateway, played by a worker serving the relay without ``watch`` to the caller's
-    key: the caller polls it every refresh interval, and its events are the snapshots' changes."""
+    key: the caller polls it every ``Limits.gateway_refresh_interval``, and its events are the
+    snapshots' changes."""
     secret = enroll(tmp_path / "callers", "web-1")
     relay = OldRelay()
     config = gl.LinkConfig(
@@ -274,9 +275,10 @@ async def test_a_gateway_without_watch_is_polled(tmp_path: Path) -> None:
     )
     with anyio.fail_after(DEADLINE):
         async with gl.Worker(config, {RELAY_SERVICE: gl.Service(relay, OldGatewayRelay)}) as old:
-            caller = gl.CallerConfig(caller_id="web-1", secret=secret, dial=old.url, limits=LIMITS)
+            polled = LIMITS.replace(gateway_refresh_interval=0.05)
+            caller = gl.CallerConfig(caller_id="web-1", secret=secret, dial=old.url, limits=polled)
             async with (
-                gl.connect_gateway(caller, refresh_interval=0.05) as fleet,
+                gl.connect_gateway(caller) as fleet,
                 following(fleet.events()) as seen,
             ):
                 relay.shown = [{"executor_id": "box-1", "availability": "ready", "services": {}}]
