@@ -651,7 +651,7 @@ class GatewayFleet:
                     except Rejected as exc:
                         if exc.code not in _NO_WATCH:
                             raise
-                        polled, pause = rpc, 0  # an older gateway (DESIGN §16): poll it
+                        polled, pause = rpc, 0  # a gateway older than its caller: poll it
                 else:
                     await self.refresh()
             except (CallError, HandshakeError):
