@@ -11,7 +11,9 @@ In one process over loopback, with the helpers of tests/test_gateway.py. What th
   at most ``MAX_WATCH_EVENTS`` events and the count of those dropped: the gateway's backlog for
   it is bounded whatever the executors do meanwhile;
 * a caller session holds one watch at most;
-* a gateway without ``watch`` (an older one) is polled every refresh interval instead.
+* a gateway without ``watch`` (an older one), or one that refuses it, is polled every refresh
+  interval instead;
+* what a gateway's watch sends is checked, and a message that does not read ends the watch.
 """
 
 from __future__ import annotations
@@ -383,4 +385,42 @@ async def test_a_watch_message_that_does_not_read_is_refused(tmp_path: Path) -> 
                     ("forgotten", "box-3"),
                     ("forgotten", "box-4"),
                 ]
+                assert list(fleet.executors()) == ["box-1"]
+
+
+class RefusingRelay(UnrulyRelay):
+    """A relay whose manifest names ``watch`` but whose handler refuses it, as a gateway that
+    removed the method would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    async def executors(self) -> list[dict[str, Any]]:
+        self.asked += 1
+        return [{"executor_id": "box-1", "availability": "ready", "services": {}}]
+
+    async def watch(self) -> AsyncIterator[dict[str, Any]]:
+        self.watches += 1
+        if self.watches > 0:  # always: the generator refuses at its first step
+            raise gl.Rejected("UNSUPPORTED", "no watch here")
+        yield {}
+
+
+async def test_a_refused_watch_means_polling_that_session(tmp_path: Path) -> None:
+    secret = enroll(tmp_path / "callers", "web-1")
+    relay = RefusingRelay()
+    config = gl.LinkConfig(
+        executor_id="web-1",
+        role=gl.Role.WORKER,
+        secret=secret,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    with anyio.fail_after(DEADLINE):
+        async with gl.Worker(config, {RELAY_SERVICE: gl.Service(relay, GatewayRelay)}) as old:
+            caller = gl.CallerConfig(caller_id="web-1", secret=secret, dial=old.url, limits=LIMITS)
+            async with gl.connect_gateway(caller, refresh_interval=0.05) as fleet:
+                await wait_for(lambda: relay.asked >= 3, 5, "polled three times")
+                assert relay.watches == 1
                 assert list(fleet.executors()) == ["box-1"]
