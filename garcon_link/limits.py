@@ -438,8 +438,8 @@ class Limits:
         default=5.0,
         metadata=_doc(
             "A gateway caller's (gl.connect_gateway) seconds between two snapshots of the "
-            "executors it may see (executors() and events()); each costs the gateway one entry "
-            "per such executor.",
+            "executors it may see, from a gateway without watch (a current one pushes each "
+            "change); each costs the gateway one entry per such executor.",
             minimum=0.01,
             maximum=3600.0,
         ),

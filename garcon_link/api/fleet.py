@@ -122,7 +122,8 @@ class FleetEvent:
         kind: ``joined`` (its first session in this fleet), ``ready``, ``draining``,
             ``reconnecting``, ``offline``, ``disposed``, ``forgotten``; or ``lost``: this
             subscriber missed ``lost`` events.
-        executor_id: the executor ("" for ``lost``).
+        executor_id: the executor (for ``lost``, "" when this subscriber fell behind; through a
+            gateway, the executor whose events the gateway dropped while the caller was behind).
         at: wall-clock time of the event.
         lost: for ``lost``, how many events were dropped.
     """
@@ -166,10 +167,18 @@ class _EventFeed:
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
         self._subscribers: list[_Subscriber] = []
+        self._taps: list[Callable[[FleetEvent], None]] = []
         self._closed = False
 
-    def publish(self, kind: EventKind, executor_id: str) -> None:
-        event = FleetEvent(kind, executor_id, time.time())
+    def tap(self, listener: Callable[[FleetEvent], None]) -> None:
+        """Call ``listener`` with every event as it is published, before any follower sees it
+        (a gateway's watches: it must be quick and must not raise)."""
+        self._taps.append(listener)
+
+    def publish(self, kind: EventKind, executor_id: str, lost: int = 0) -> None:
+        event = FleetEvent(kind, executor_id, time.time(), lost=lost)
+        for listener in self._taps:
+            listener(event)
         for subscriber in list(self._subscribers):
             subscriber.push(event)
 
@@ -482,6 +491,10 @@ class Fleet:
 
     def _publish(self, kind: EventKind, executor_id: str) -> None:
         self._events.publish(kind, executor_id)
+
+    def _tap(self, listener: Callable[[FleetEvent], None]) -> None:
+        """Call ``listener`` with every event as it happens (:meth:`_EventFeed.tap`)."""
+        self._events.tap(listener)
 
     def events(self) -> AsyncIterator[FleetEvent]:
         """Every change from now on, in order, until the fleet closes.

@@ -36,6 +36,13 @@ A relayed call (``call(executor, service, method, payload, key, timeout)``):
    (:func:`~garcon_link.api.relay.encode_outcome`), so it crosses the second hop unchanged. The
    relay call itself fails only as any call on the caller's session fails.
 
+A caller's **watch** (``watch()``, one per caller session): the gateway's fleet tells the
+gateway of each event as it is published (:meth:`Fleet._tap`); each watch whose caller a grant
+lets see that executor notes it (:class:`_Watch`: at most one pending entry per executor, its
+last :data:`~garcon_link.api.relay.MAX_WATCH_EVENTS` events), and the watch's stream sends the
+pending entries, each with its executor's state at send time, whenever the caller's credit lets
+it send a message. Replacing :attr:`Gateway.grants` re-filters every watch; the drain ends them.
+
 Bounds: ``max_callers`` sessions; per caller session the worker-side budgets
 (``max_incoming_calls`` relayed calls at once, refusal queues, frame rates); per caller and
 executor, a share of the gateway's session to that executor (``gateway_caller_share`` of
@@ -79,13 +86,20 @@ from ..rpc.interface import MethodKind, MethodSpec, contract_hash
 from ..rpc.observer import CallObserver
 from ..rpc.rpc import ExecutorRpc, RemoteStream, current_rpc
 from ..settings.callers import GatewayConfig
-from ..settings.grants import Grant, allows, sees
+from ..settings.grants import MAX_GRANTS, Grant, allows, sees
 from ..settings.keyring import Keyring, executor_id_problem
 from .controller import RemoteExecutor
 from .facades import counts_as_error
-from .fleet import Fleet
+from .fleet import EventKind, Fleet, FleetEvent
 from .registration import Service, registry_from
-from .relay import MAX_DESCRIBE_WAIT, RELAY_SERVICE, GatewayRelay, encode_outcome
+from .relay import (
+    MAX_DESCRIBE_WAIT,
+    MAX_WATCH_ENTRIES,
+    MAX_WATCH_EVENTS,
+    RELAY_SERVICE,
+    GatewayRelay,
+    encode_outcome,
+)
 
 __all__ = ["CallerSnapshot", "Gateway", "gateway"]
 
@@ -223,12 +237,72 @@ class _Relay:
     async def executors(self) -> list[dict[str, Any]]:
         gateway = self._gateway
         caller = gateway._caller()
-        grants = gateway.grants
-        return [
-            gateway._entry(caller, executor_id, member)
-            for executor_id, member in gateway.fleet._each_member()
-            if sees(grants, caller, executor_id)
-        ]
+        return gateway._snapshot(caller)
+
+    async def watch(self) -> AsyncIterator[dict[str, Any]]:
+        gateway = self._gateway
+        caller = gateway._caller()
+        session = id(current_rpc().transport)
+        if session in gateway._watches:
+            raise Rejected(
+                "ALREADY_WATCHING", "this caller session has a watch open already (one each)"
+            )
+        watch = _Watch(caller)
+        gateway._watches[session] = watch
+        try:
+            # Registered and snapshotted with no await between: every later change is pending.
+            snapshot = gateway._snapshot(caller)
+            watch.shown.update(entry["executor_id"] for entry in snapshot)
+            for start in range(0, max(len(snapshot), 1), MAX_WATCH_ENTRIES):
+                yield {
+                    "snapshot": True,
+                    "last": start + MAX_WATCH_ENTRIES >= len(snapshot),
+                    "entries": snapshot[start : start + MAX_WATCH_ENTRIES],
+                }
+            # Pulled only when the caller's credit allows one more message: while it does not,
+            # changes wait in ``watch.pending``, at most one entry per executor.
+            while not watch.ended:
+                if watch.pending:
+                    yield {"entries": gateway._watch_entries(watch)}
+                    continue
+                watch.wakeup = anyio.Event()
+                await watch.wakeup.wait()
+        finally:
+            if gateway._watches.get(session) is watch:
+                del gateway._watches[session]
+
+
+class _Watch:
+    """One caller session's watch (:meth:`_Relay.watch`): the executors it was shown, and the
+    events not yet sent, by executor in the order of their first one, each executor's at most
+    :data:`~garcon_link.api.relay.MAX_WATCH_EVENTS` (the older ones dropped and counted). Its
+    size is bounded by the executors the caller may see."""
+
+    __slots__ = ("caller", "ended", "pending", "shown", "wakeup")
+
+    def __init__(self, caller: str) -> None:
+        self.caller = caller
+        self.shown: set[str] = set()
+        self.pending: dict[str, tuple[list[EventKind], int]] = {}
+        self.wakeup = anyio.Event()
+        self.ended = False
+
+    def note(self, executor: str, kind: EventKind) -> None:
+        kinds, dropped = self.pending.get(executor) or ([], 0)
+        if len(kinds) >= MAX_WATCH_EVENTS:
+            del kinds[0]
+            dropped += 1
+        kinds.append(kind)
+        self.pending[executor] = (kinds, dropped)
+        if kind == "forgotten":
+            self.shown.discard(executor)
+        else:
+            self.shown.add(executor)
+        self.wakeup.set()
+
+    def end(self) -> None:
+        self.ended = True
+        self.wakeup.set()
 
 
 class Gateway:
@@ -263,7 +337,7 @@ class Gateway:
         # span per relay call, the parent of the forwarded call's client span).
         self._observer = CallObserver(hooks, self.limits)
         callers = config.callers
-        self.grants: tuple[Grant, ...] = callers.grants
+        self._grants: tuple[Grant, ...] = callers.grants
         self._keyring = Keyring(callers.keyring)
         self._max_callers = callers.max_callers
         self._link = WebSocketLink(
@@ -292,6 +366,9 @@ class Gateway:
         self._verdicts: dict[tuple[str, str, str], bool] = {}
         self._verdicts_of: tuple[Grant, ...] = self.grants
         self._changed = anyio.Event()
+        # id(transport) -> the watch of that caller session (one each)
+        self._watches: dict[int, _Watch] = {}
+        self.fleet._tap(self._fleet_event)
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
         # What callers make the gateway log: one line per caller and reason per log_interval.
@@ -360,6 +437,8 @@ class Gateway:
             Whether everything finished in time.
         """
         self._draining = True
+        for watch in self._watches.values():
+            watch.end()  # a watch never ends by itself: the drain ends it
         rpcs = [rpc for _, _, rpc in self._sessions.values()]
         for rpc in rpcs:
             rpc.start_drain()
@@ -384,6 +463,66 @@ class Gateway:
         async for _event in self.fleet.events():
             self._changed.set()
             self._changed = anyio.Event()
+
+    @property
+    def grants(self) -> tuple[Grant, ...]:
+        """The grants in force. Replacing them applies to the next relayed request, and every
+        caller's watch is told at once of the executors it may now see or no longer see."""
+        return self._grants
+
+    @grants.setter
+    def grants(self, grants: Sequence[Grant]) -> None:
+        grants = tuple(grants)
+        if not all(isinstance(grant, Grant) for grant in grants):
+            raise TypeError("Gateway.grants takes gl.Grant objects only")
+        if len(grants) > MAX_GRANTS:
+            raise ValueError(f"{len(grants)} grants, more than {MAX_GRANTS}: merge some")
+        self._grants = grants
+        for watch in self._watches.values():
+            for executor_id in sorted(watch.shown):
+                if not sees(self._grants, watch.caller, executor_id):
+                    watch.note(executor_id, "forgotten")
+            for executor_id, member in self.fleet._each_member():
+                if executor_id not in watch.shown and sees(self._grants, watch.caller, executor_id):
+                    watch.note(executor_id, "joined")
+                    if member.availability != "offline":
+                        watch.note(executor_id, member.availability)
+
+    def _fleet_event(self, event: FleetEvent) -> None:
+        """Pass one of the fleet's events to every watch whose caller may see its executor."""
+        if event.kind == "lost" or not self._watches:
+            return
+        for watch in self._watches.values():
+            if sees(self._grants, watch.caller, event.executor_id):
+                watch.note(event.executor_id, event.kind)
+
+    def _snapshot(self, caller: str) -> list[dict[str, Any]]:
+        """Every executor ``caller`` may see, as :meth:`_entry` shows it."""
+        grants = self._grants
+        return [
+            self._entry(caller, executor_id, member)
+            for executor_id, member in self.fleet._each_member()
+            if sees(grants, caller, executor_id)
+        ]
+
+    def _watch_entries(self, watch: _Watch) -> list[dict[str, Any]]:
+        """Take up to :data:`~garcon_link.api.relay.MAX_WATCH_ENTRIES` executors' pending events
+        from ``watch``, each with its executor's state now (the latest state wins)."""
+        entries: list[dict[str, Any]] = []
+        pending = watch.pending
+        while pending and len(entries) < MAX_WATCH_ENTRIES:
+            executor_id = next(iter(pending))
+            kinds, dropped = pending.pop(executor_id)
+            member = self.fleet._member(executor_id)
+            if member is None or not sees(self._grants, watch.caller, executor_id):
+                entry: dict[str, Any] = {"executor_id": executor_id, "gone": True}
+            else:
+                entry = self._entry(watch.caller, executor_id, member)
+            entry["events"] = list(kinds)
+            if dropped:
+                entry["lost"] = dropped
+            entries.append(entry)
+        return entries
 
     # ------------------------------------------------------------------ callers
 

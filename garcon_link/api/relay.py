@@ -24,10 +24,23 @@ caller's own timer would cut the first hop.
 
 Executors a caller may not see (no grant names both) are absent from :meth:`~GatewayFleet.
 executors`; their calls are refused ``Rejected("FORBIDDEN")`` by the gateway, never forwarded.
-The caller's view of the fleet is refreshed every ``refresh_interval`` seconds
-(``Limits.gateway_refresh_interval`` unless given; and at
-``wait_ready``): ``executors()`` is that snapshot and :meth:`GatewayFleet.events` the changes
-between two snapshots, so an event can be as late as one interval.
+
+The caller's view of the fleet is pushed: once its session is ready the caller opens the relay
+stream ``watch()``, one per session. The gateway sends the snapshot of the executors the caller
+may see (in messages of at most :data:`MAX_WATCH_ENTRIES` entries, the first and last marked),
+then, as the gateway's fleet publishes each event of such an executor, an entry with that
+executor's state now and its events (``joined``, ``ready``, ``draining``, ``reconnecting``,
+``offline``, ``disposed``, ``forgotten``), in the order they happened. :meth:`GatewayFleet.
+executors` is that view and :meth:`GatewayFleet.events` those events, so both are current within
+one message of a change. The watch is a relayed stream with credit: while the caller does not
+take its messages, the gateway keeps one pending entry per executor (the latest state wins) with
+its last :data:`MAX_WATCH_EVENTS` events, and counts the older ones, which the caller's
+followers get as a ``lost`` event naming the executor. Replacing the gateway's grants
+re-filters every watch at once (``joined`` for an executor now seen, ``forgotten`` for one no
+longer seen); a revoked caller's session, and its watch, end. A gateway without ``watch`` (an
+older one: its manifest lacks it, or it refuses the method) is polled instead: a snapshot every
+``refresh_interval`` seconds (``Limits.gateway_refresh_interval`` unless given), the events
+being the changes between two snapshots.
 
 Streams are relayed with credit end to end: the gateway pulls an item from the executor only
 when the caller's credit lets it send one, so a slow caller slows the executor's producer and the
@@ -41,7 +54,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, cast, overload
+from typing import Any, Protocol, TypeVar, cast, get_args, overload
 
 import anyio
 import anyio.abc
@@ -67,7 +80,7 @@ from ..rpc.rpc import CallObserver, ExecutorRpc, RemoteStream
 from ..settings.callers import CallerConfig
 from ..settings.keyring import executor_id_problem
 from .controller import Availability, RemoteExecutor
-from .facades import NO_METHODS, DynamicFacade, Facade
+from .facades import NO_METHODS, DynamicFacade, Facade, FacadeStream
 from .fleet import EventKind, ExecutorSnapshot, FleetEvent, Where, _EventFeed
 from .registration import interface_class
 
@@ -87,6 +100,16 @@ RELAY_SERVICE = "gateway"
 """The service a gateway serves its callers."""
 MAX_DESCRIBE_WAIT = 30.0
 """Seconds the gateway waits, at most, for an executor to be ready in one ``describe``."""
+MAX_WATCH_ENTRIES = 256
+"""Executors one ``watch`` message names at most: a longer snapshot or backlog takes several."""
+MAX_WATCH_EVENTS = 8
+"""Events one ``watch`` entry carries at most for its executor: while a caller is behind, the
+gateway keeps that many per executor, drops the oldest beyond and says how many (``lost``)."""
+MAX_VIEW = 1_000_000
+"""Executors a caller keeps, at most, of what its gateway shows it (a fleet's largest
+``max_executors``): an entry for one more is ignored."""
+WATCH_RETRY = 1.0
+"""Seconds, at most, a caller waits before opening its watch again after one ended."""
 _OK, _FAILED = 1, 2
 
 
@@ -126,8 +149,17 @@ class GatewayRelay(Protocol):
         """A snapshot of every executor the caller may see."""
         ...
 
+    def watch(self) -> AsyncIterator[dict[str, Any]]:
+        """The executors the caller may see, pushed: a snapshot (one or more messages marked
+        ``snapshot``, the last also ``last``), then each change as it happens (module
+        docstring). One watch per caller session."""
+        ...
+
 
 _RELAY_SPEC = service_spec(GatewayRelay)
+_NO_WATCH = frozenset({"UNKNOWN_SERVICE", "OPERATION_UNSUPPORTED", "UNSUPPORTED"})
+"""The refusals of a gateway without ``watch``: its callers poll it instead."""
+_WATCH_KINDS = frozenset(get_args(EventKind)) - {"lost"}
 RELAY_CALL: MethodSpec = _RELAY_SPEC.methods["call"]
 RELAY_STREAM: MethodSpec = _RELAY_SPEC.methods["stream"]
 RELAY_NOTIFY: MethodSpec = _RELAY_SPEC.methods["notify"]
@@ -420,8 +452,7 @@ class GatewayExecutor:
                     raise
                 continue  # the gateway session went away meanwhile: wait for the next one
             self._apply(entry)
-            if self.executor_id not in self._fleet._visible:
-                self._fleet._visible.append(self.executor_id)  # the gateway showed it to us
+            self._fleet._visible.setdefault(self.executor_id)  # the gateway showed it to us
             if self.availability == "ready":
                 return
         raise TimeoutError(
@@ -454,8 +485,8 @@ class GatewayFleet:
         config: the caller's configuration.
         limits: overrides the config's.
         hooks: per-call hooks told about every call made through the executors' facades.
-        refresh_interval: seconds between two snapshots of the executors the caller may see
-            (default: the limits' ``gateway_refresh_interval``).
+        refresh_interval: seconds between two snapshots of the executors the caller may see,
+            from a gateway without ``watch`` (default: the limits' ``gateway_refresh_interval``).
         events_buffer: events kept per :meth:`events` subscriber.
     """
 
@@ -481,7 +512,7 @@ class GatewayFleet:
         self._gateway = RemoteExecutor(config.link_config(), limits=self.limits)
         self._relay = self._gateway.service(RELAY_SERVICE, GatewayRelay)
         self._members: dict[str, GatewayExecutor] = {}
-        self._visible: list[str] = []
+        self._visible: dict[str, None] = {}  # in the order the gateway first showed them
         self._events = _EventFeed(events_buffer)
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
@@ -500,7 +531,7 @@ class GatewayFleet:
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
-        tg.start_soon(self._refresh_loop)
+        tg.start_soon(self._view_loop)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -537,8 +568,9 @@ class GatewayFleet:
         return member
 
     def executors(self) -> dict[str, ExecutorSnapshot]:
-        """The executors this caller may see, as the gateway last reported them (refreshed
-        every ``refresh_interval`` and by :meth:`refresh`)."""
+        """The executors this caller may see, as the gateway last reported them (pushed as they
+        change; from a gateway without ``watch``, every ``refresh_interval`` and at
+        :meth:`refresh`)."""
         out = {}
         for executor_id in self._visible:
             member = self._members[executor_id]
@@ -556,37 +588,136 @@ class GatewayFleet:
     async def refresh(self) -> dict[str, ExecutorSnapshot]:
         """Ask the gateway now; returns :meth:`executors`."""
         entries = await self._relay.executors()
-        visible = []
-        for entry in entries:
-            executor_id = entry.get("executor_id") if isinstance(entry, dict) else None
-            if not isinstance(executor_id, str) or executor_id_problem(executor_id) is not None:
-                continue
-            member = self._members.get(executor_id)
-            before = member.availability if member is not None else None
-            if member is None:
-                member = self._members[executor_id] = GatewayExecutor(self, executor_id)
-            member._apply(entry)
-            visible.append(executor_id)
-            if before is None and executor_id not in self._visible:
-                self._publish("joined", executor_id)
-            if member.availability != before:
-                self._publish(member.availability, executor_id)
-        for executor_id in self._visible:
-            if executor_id not in visible:
-                self._publish("forgotten", executor_id)
-        self._visible = visible
+        self._replace_view(entries if isinstance(entries, list) else [])
         return self.executors()
 
-    async def _refresh_loop(self) -> None:
+    def _replace_view(self, entries: Iterable[Any]) -> None:
+        """A whole snapshot: apply each entry, and forget what it no longer shows."""
+        fresh: set[str] = set()
+        for entry in entries:
+            executor_id = self._take(entry, None)
+            if executor_id is not None:
+                fresh.add(executor_id)
+        self._forget_all_but(fresh)
+
+    def _forget_all_but(self, fresh: set[str]) -> None:
+        for executor_id in [i for i in self._visible if i not in fresh]:
+            del self._visible[executor_id]
+            self._publish("forgotten", executor_id)
+
+    def _take(self, entry: Any, kinds: Sequence[EventKind] | None) -> str | None:
+        """Apply one executor's entry; publish ``kinds``, or, without them, what changed since
+        the last entry (``joined`` for a new one, then its availability if it moved). The
+        executor's id, or None if the entry names none."""
+        executor_id = entry.get("executor_id") if isinstance(entry, dict) else None
+        if not isinstance(executor_id, str) or executor_id_problem(executor_id) is not None:
+            return None
+        assert isinstance(entry, dict)
+        member = self._members.get(executor_id)
+        if member is None and len(self._members) >= MAX_VIEW:
+            return None
+        was_visible = executor_id in self._visible
+        before = member.availability if member is not None and was_visible else None
+        if member is None:
+            member = self._members[executor_id] = GatewayExecutor(self, executor_id)
+        member._apply(entry)
+        if not was_visible:
+            self._visible[executor_id] = None
+        if kinds is not None:
+            for kind in kinds:
+                self._publish(kind, executor_id)
+            return executor_id
+        if before is None:
+            self._publish("joined", executor_id)
+            if member.availability != "offline":
+                self._publish(member.availability, executor_id)
+        elif member.availability != before:
+            self._publish(member.availability, executor_id)
+        return executor_id
+
+    async def _view_loop(self) -> None:
+        """Keep :meth:`executors` current: through the gateway's ``watch`` when it has one,
+        else by a snapshot every ``refresh_interval``."""
+        polled: object = None  # the gateway session that refused a watch
         while True:
+            pause = self._refresh_interval
             try:
                 await self._gateway.wait_ready()
-                await self.refresh()
+                rpc = self._gateway.current_rpc
+                if rpc is not polled and self._gateway.offers(RELAY_SERVICE, "watch"):
+                    pause = min(pause, WATCH_RETRY)
+                    try:
+                        await self._follow_watch()
+                    except Rejected as exc:
+                        if exc.code not in _NO_WATCH:
+                            raise
+                        polled, pause = rpc, 0  # a gateway older than its caller: poll it
+                else:
+                    await self.refresh()
             except (CallError, HandshakeError):
                 # The gateway session went away, or refused us (wait_ready says why to whoever
                 # waits): the next round asks again.
                 pass
-            await anyio.sleep(self._refresh_interval)
+            await anyio.sleep(pause)
+
+    async def _follow_watch(self) -> None:
+        """Apply the gateway's ``watch`` messages until the stream ends (the session went, or
+        the gateway drains).
+
+        Raises:
+            CallError: the stream failed, or the gateway sent a message that does not read
+                (``OutcomeUnknown("MALFORMED_REPLY")``).
+        """
+        stream = cast("FacadeStream", self._relay.watch())
+        fresh: set[str] | None = None
+        try:
+            async for message in stream:
+                entries = message.get("entries") if isinstance(message, dict) else None
+                if not isinstance(entries, list) or len(entries) > MAX_WATCH_ENTRIES:
+                    raise OutcomeUnknown(
+                        "MALFORMED_REPLY",
+                        f"the gateway's watch message is not a list of at most "
+                        f"{MAX_WATCH_ENTRIES} executors",
+                    )
+                if message.get("snapshot") is True:
+                    fresh = set() if fresh is None else fresh
+                    for entry in entries:
+                        executor_id = self._take(entry, None)
+                        if executor_id is not None:
+                            fresh.add(executor_id)
+                    if message.get("last") is True:
+                        self._forget_all_but(fresh)
+                        fresh = None
+                    continue
+                for entry in entries:
+                    self._change(entry)
+        finally:
+            await stream.aclose()
+
+    def _change(self, entry: Any) -> None:
+        """One executor's change from the gateway's ``watch``: its state now and its events
+        (a malformed entry is skipped)."""
+        if not isinstance(entry, dict):
+            return
+        executor_id = entry.get("executor_id")
+        if not isinstance(executor_id, str) or executor_id_problem(executor_id) is not None:
+            return
+        kinds = entry.get("events")
+        if not (
+            isinstance(kinds, list)
+            and len(kinds) <= MAX_WATCH_EVENTS
+            and all(kind in _WATCH_KINDS for kind in kinds)
+        ):
+            kinds = None  # derived from the state instead
+        lost = entry.get("lost", 0)
+        if type(lost) is int and 0 < lost < 2**31:
+            self._events.publish("lost", executor_id, lost=lost)
+        if entry.get("gone") is True:
+            self._visible.pop(executor_id, None)
+            for kind in kinds or ["forgotten"]:
+                self._publish(kind, executor_id)
+            return
+        self._take(entry, kinds)
 
     # -- events
 
@@ -594,7 +725,8 @@ class GatewayFleet:
         self._events.publish(kind, executor_id)
 
     def events(self) -> AsyncIterator[FleetEvent]:
-        """Changes between two snapshots (module docstring), bounded as
+        """Every change of the executors this caller may see, as the gateway pushes it (or,
+        from a gateway without ``watch``, between two snapshots: module docstring), bounded as
         :meth:`Fleet.events <garcon_link.Fleet.events>` is."""
         return self._events.follow()
 
