@@ -1248,3 +1248,41 @@ async def test_worker_scope_shares_one_object_and_closes_it_once() -> None:
     assert closed == ["thing"]
     with pytest.raises(RuntimeError):
         await scope.shared("k", make)
+
+
+# ---------------------------------------------------------------------------------- abort
+
+
+async def test_abort_inside_connect_ends_the_link_not_the_body() -> None:
+    """``executor.link.abort()`` from the body ends the link only: later calls fail honestly
+    and the body runs on to its end (no foreign cancellation out of the host task)."""
+    wcfg = gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.WORKER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    reached = []
+    with anyio.fail_after(DEADLINE):
+        async with gl.Worker(wcfg, {"calc": CalcImpl()}) as worker:
+            ccfg = gl.LinkConfig(
+                executor_id="box",
+                role=gl.Role.CONTROLLER,
+                secret=SECRET,
+                dial=worker.url,
+                limits=LIMITS,
+            )
+            async with gl.connect(ccfg) as executor:
+                calc = executor.service("calc", Calc)
+                await executor.wait_ready(5)
+                assert await calc.add(1, 2) == 3
+                await executor.link.abort()  # type: ignore[union-attr]
+                with pytest.raises((gl.NotDispatched, gl.OutcomeUnknown)):
+                    await calc.add(1, 2)
+                await anyio.sleep(0)
+                reached.append("controller")
+            await own_link(worker).abort()
+            await anyio.sleep(0)
+            reached.append("worker")
+    assert reached == ["controller", "worker"]
