@@ -279,6 +279,45 @@ def test_convert_arguments_validates_and_names_the_field() -> None:
         unary.convert_arguments([True], {})  # strict: a bool is not an int
 
 
+class Bounded(Protocol):
+    async def take(
+        self,
+        n: typing.Annotated[int, msgspec.Meta(ge=0)],
+        tag: typing.Annotated[str, msgspec.Meta(max_length=3)] = "a",
+    ) -> int: ...
+
+
+def test_meta_constraints_of_parameters_are_enforced_and_name_the_field() -> None:
+    take = service_spec(Bounded).methods["take"]
+    assert take.convert_arguments([0], {}) == ([0], {})
+    assert take.convert_arguments([1, "abc"], {}) == ([1, "abc"], {})
+    for args, kwargs in (([-1], {}), ([], {"n": -1})):  # the positional fast path and bind
+        with pytest.raises(ValueError, match=r"argument 'n': Expected `int` >= 0"):
+            take.convert_arguments(args, kwargs)
+    with pytest.raises(ValueError, match=r"argument 'tag': Expected `str` of length <= 3"):
+        take.convert_arguments([1, "abcd"], {})
+    with pytest.raises(ValueError, match=r"argument 'n'"):
+        take.convert_arguments([-1], {}, mode="json")
+    # The caller checks types, not constraints: the receiver refuses the value.
+    take.check_arguments([-1], {})
+    with pytest.raises(TypeError, match="argument 'n'"):
+        take.check_arguments(["1"], {})
+
+
+def test_meta_constraints_leave_the_manifest_and_the_hint_checks_alone() -> None:
+    class Plain(Protocol):
+        async def take(self, n: int, tag: str = "a") -> int: ...
+
+    assert service_spec(Bounded).manifest() == service_spec(Plain).manifest()
+
+    class WrongTypes:
+        async def take(self, n: str, tag: str = "a") -> int:
+            return 0
+
+    (problem,) = registration_problems(WrongTypes(), service_spec(Bounded))
+    assert "WrongTypes.take is str, but the interface sends int" in problem
+
+
 def test_an_unexpected_keyword_is_named_not_reported_as_a_missing_one() -> None:
     # Before: add(a=1, c=2) read "missing a required argument: 'b'" on both sides.
     add = service_spec(Calculator).methods["add"]

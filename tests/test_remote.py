@@ -16,10 +16,11 @@ import gc
 import logging
 import socket
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import anyio
 import anyio.abc
+import msgspec
 import pytest
 from faultutil import Raw
 from rpcutil import (
@@ -1286,3 +1287,29 @@ async def test_abort_inside_connect_ends_the_link_not_the_body() -> None:
             await anyio.sleep(0)
             reached.append("worker")
     assert reached == ["controller", "worker"]
+
+
+class Bounded(Protocol):
+    async def take(self, n: Annotated[int, msgspec.Meta(ge=0)]) -> int: ...
+
+
+class BoundedImpl:
+    def __init__(self) -> None:
+        self.taken: list[int] = []
+
+    async def take(self, n: Annotated[int, msgspec.Meta(ge=0)]) -> int:
+        self.taken.append(n)
+        return n
+
+
+async def test_a_meta_constraint_is_enforced_by_the_worker() -> None:
+    impl = BoundedImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"b": gl.Service(impl, Bounded)}) as pair:
+            typed = pair.executor.service("b", Bounded)
+            dynamic = pair.executor.service("b")  # no hints on this side: the worker decides
+            assert await typed.take(0) == 0
+            for facade in (typed, dynamic):
+                with pytest.raises(gl.Rejected, match=r"INVALID_ARGUMENTS.*'n'.*>= 0"):
+                    await facade.take(-1)
+    assert impl.taken == [0]

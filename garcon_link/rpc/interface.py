@@ -608,6 +608,9 @@ def _method_spec(
     ``sync``: as a sync client sees it (plain ``def``; streams return ``Iterator[T]``)."""
     try:
         hints = typing.get_type_hints(func)
+        # With ``Annotated`` kept: the receiver enforces ``msgspec.Meta`` constraints of the
+        # parameters. The signature (so the manifest and the contract hash) keeps bare types.
+        constrained = typing.get_type_hints(func, include_extras=True)
     except Exception as exc:
         raise TypeError(
             f"cannot resolve type hints of {interface.__qualname__}.{name}: {exc}"
@@ -632,7 +635,7 @@ def _method_spec(
             else returns
         ),
     )
-    param_hints = {p.name: hints.get(p.name, Any) for p in params}
+    param_hints = {p.name: constrained.get(p.name, Any) for p in params}
     where = f"{interface.__qualname__}.{name}"
     if sync:
         return _sync_method_spec(where, func, signature, param_hints, returns)
@@ -799,6 +802,11 @@ def _plain(hint: object) -> typing.TypeGuard[type]:
     return isinstance(hint, type) and hint is not Any
 
 
+def _bare(hint: Any) -> Any:
+    """``hint`` without an outer ``Annotated[...]`` (its constraints)."""
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
+
+
 def _accepts(wider: type, narrower: type) -> bool:
     try:
         return issubclass(narrower, wider) or narrower in _ACCEPTS.get(wider, ())
@@ -836,7 +844,7 @@ def _hint_conflicts(
             receiver = p.name
         else:
             continue
-        declared = method.hints.get(p.name)
+        declared = _bare(method.hints.get(p.name))
         got = hints.get(receiver) if receiver is not None else None
         if _plain(declared) and _plain(got) and not _accepts(got, declared):
             problems.append(
