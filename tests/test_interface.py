@@ -30,6 +30,7 @@ from garcon_link.rpc.interface import (
     from_wire,
     manifest_changes,
     manifest_result_hint,
+    omits_defaults,
     registration_problems,
     service_spec,
     sync_service_spec,
@@ -473,6 +474,64 @@ def test_to_wire_plain_forms() -> None:
     assert to_wire(Inner("n", [])) == {"name": "n", "tags": []}
     assert to_wire(b"raw") == b"raw"
     assert to_wire(bytearray(b"raw")) == bytearray(b"raw")
+
+
+class Sparse(msgspec.Struct, omit_defaults=True, tag=True, rename="camel"):
+    the_n: int
+    the_tags: list[str] = []
+    maybe: int | msgspec.UnsetType = msgspec.UNSET
+
+
+class Full(msgspec.Struct, tag="Sparse", rename="camel"):
+    """What Sparse is without omit_defaults (its tag is Sparse's)."""
+
+    the_n: int
+    the_tags: list[str] = []
+    maybe: int | msgspec.UnsetType = msgspec.UNSET
+
+
+class SparseRow(msgspec.Struct, omit_defaults=True, array_like=True):
+    a: int
+    b: int = 0
+
+
+@dataclasses.dataclass
+class Holder:
+    inner: list[Sparse]
+    by_key: dict[str, Sparse]
+    pair: tuple[Sparse, int]
+    row: SparseRow | None = None
+
+
+def test_with_defaults_writes_every_field_of_a_struct_that_omits_defaults() -> None:
+    assert to_wire(Sparse(1)) == {"type": "Sparse", "theN": 1}  # msgspec's own encoding
+    assert to_wire(Sparse(1), with_defaults=True) == to_wire(Full(1))
+    assert to_wire(Sparse(1, ["t"], 3), with_defaults=True) == to_wire(Full(1, ["t"], 3))
+    holder = Holder([Sparse(1)], {"k": Sparse(2)}, (Sparse(3), 4), SparseRow(5))
+    assert to_wire(holder, with_defaults=True) == {
+        "inner": [to_wire(Full(1))],
+        "by_key": {"k": to_wire(Full(2))},
+        "pair": [to_wire(Full(3)), 4],
+        "row": [5, 0],
+    }
+    assert to_wire([1, "x", b"y", None], with_defaults=True) == [1, "x", b"y", None]
+
+
+def test_omits_defaults_follows_the_declared_types() -> None:
+    assert omits_defaults(Sparse) and omits_defaults(Holder) and omits_defaults(list[Sparse])
+    assert omits_defaults(typing.Optional[dict[str, tuple[Sparse, ...]]])  # noqa: UP045
+    assert not omits_defaults(Full) and not omits_defaults(Inner) and not omits_defaults(int)
+    assert not omits_defaults(Any)
+
+    class Api(Protocol):
+        async def put(self, h: Holder) -> int: ...
+        async def get(self, n: int) -> Sparse: ...
+        def rows(self) -> AsyncIterator[SparseRow]: ...
+
+    methods = service_spec(Api).methods
+    assert methods["put"].args_with_defaults and not methods["put"].result_with_defaults
+    assert not methods["get"].args_with_defaults and methods["get"].result_with_defaults
+    assert methods["rows"].result_with_defaults
 
 
 def test_oneway_marks_and_returns_the_function() -> None:

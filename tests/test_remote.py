@@ -1313,3 +1313,54 @@ async def test_a_meta_constraint_is_enforced_by_the_worker() -> None:
                 with pytest.raises(gl.Rejected, match=r"INVALID_ARGUMENTS.*'n'.*>= 0"):
                     await facade.take(-1)
     assert impl.taken == [0]
+
+
+class Reply(msgspec.Struct, omit_defaults=True):
+    n: int
+    mode: str = "fast"
+
+
+class OtherReply(msgspec.Struct, omit_defaults=True):
+    """The same type in a caller of another version: same name, another default."""
+
+    n: int
+    mode: str = "slow"
+
+
+OtherReply.__qualname__ = "Reply"  # the same type text in the signature: the same contract
+
+
+class Echo(Protocol):
+    async def echo(self, r: Reply) -> Reply: ...
+    def echoes(self, r: Reply) -> AsyncIterator[list[Reply]]: ...
+
+
+class OtherEcho(Protocol):
+    async def echo(self, r: OtherReply) -> OtherReply: ...
+    def echoes(self, r: OtherReply) -> AsyncIterator[list[OtherReply]]: ...
+
+
+class EchoImpl:
+    def __init__(self) -> None:
+        self.got: list[Reply] = []
+
+    async def echo(self, r: Reply) -> Reply:
+        self.got.append(r)
+        return Reply(r.n)
+
+    async def echoes(self, r: Reply) -> AsyncIterator[list[Reply]]:
+        self.got.append(r)
+        yield [Reply(r.n)]
+
+
+async def test_default_valued_fields_are_sent_so_another_version_reads_the_senders_values() -> None:
+    impl = EchoImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"e": gl.Service(impl, Echo)}) as pair:
+            other = pair.executor.service("e", OtherEcho)
+            got = await other.echo(OtherReply(1))
+            assert (got.n, got.mode) == (1, "fast")  # the worker's value, not the caller's default
+            assert [
+                [(r.n, r.mode) for r in items] async for items in other.echoes(OtherReply(2))
+            ] == [[(2, "fast")]]
+    assert [(r.n, r.mode) for r in impl.got] == [(1, "slow"), (2, "slow")]

@@ -51,17 +51,22 @@ encode (a ``Path``, or a ``Protocol`` used as a value type, is not). All problem
 one ``ConfigError``.
 
 Encoding is :func:`to_wire`: msgspec ``to_builtins`` (bytes stay bytes; datetimes become RFC 3339
-text, enums their values, dataclasses maps) -- then CBOR. Decoding is :func:`from_wire`
-(:mod:`garcon_link.rpc.values`).
+text, enums their values, dataclasses maps) -- then CBOR. Every field is sent, a default too: a
+``msgspec.Struct`` declared ``omit_defaults=True`` is written out in full wherever a method's
+declared types can hold one (:func:`omits_defaults`), since a peer of another version may
+declare another default and the contract does not compare fields. Decoding is
+:func:`from_wire` (:mod:`garcon_link.rpc.values`).
 """
 
 from __future__ import annotations
 
 import ast
 import collections.abc
+import dataclasses
 import datetime
 import decimal
 import enum
+import functools
 import inspect
 import re
 import reprlib
@@ -101,6 +106,7 @@ __all__ = [
     "manifest_changes",
     "manifest_method",
     "manifest_result_hint",
+    "omits_defaults",
     "oneway",
     "registration_problems",
     "service_spec",
@@ -159,8 +165,16 @@ class MethodSpec:
     _names: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
     _checks: tuple[Check | None, ...] = field(default=(), init=False, repr=False, compare=False)
     _converts: tuple[Convert | None, ...] = field(default=(), init=False, repr=False, compare=False)
+    # Whether the arguments / the result (each stream item) may hold a ``msgspec.Struct`` that
+    # leaves its defaults out: then they are sent ``to_wire(..., with_defaults=True)``.
+    args_with_defaults: bool = field(default=False, init=False, repr=False, compare=False)
+    result_with_defaults: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "args_with_defaults", any(omits_defaults(h) for h in self.hints.values())
+        )
+        object.__setattr__(self, "result_with_defaults", omits_defaults(self.result))
         plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         params = self.signature.parameters.values()
         if all(p.kind in plain for p in params):
@@ -1127,10 +1141,98 @@ def contract_hash(manifest: Mapping[str, Any]) -> str:
 _BUILTIN_TYPES = (bytes, bytearray)
 
 
-def to_wire(value: Any) -> Any:
+def to_wire(value: Any, *, with_defaults: bool = False) -> Any:
     """Convert ``value`` to plain CBOR-encodable data.
+
+    Args:
+        value: what to send.
+        with_defaults: also send the fields a ``msgspec.Struct`` declared ``omit_defaults=True``
+            leaves out when they hold their default (:func:`omits_defaults` says when a declared
+            type needs it). A receiver of another version may declare another default: the
+            value sent is the sender's, never the receiver's guess.
 
     Raises:
         TypeError: a value of an unsupported type (the message names it).
     """
+    if with_defaults:
+        value = _every_field(value)
     return msgspec.to_builtins(value, builtin_types=_BUILTIN_TYPES)
+
+
+def omits_defaults(hint: Any) -> bool:
+    """Whether a value of ``hint`` may hold a ``msgspec.Struct`` declared ``omit_defaults=True``
+    (then :func:`to_wire` needs ``with_defaults``). Made once per hint."""
+    if hint is Any or hint is inspect.Parameter.empty or hint is None:
+        return False
+    try:
+        return _omits_defaults_cached(hint)
+    except TypeError:  # an unhashable hint: not cached
+        return _omits_defaults(hint)
+
+
+@functools.lru_cache(maxsize=1024)  # hints rebuilt from a peer's manifest vary: bounded
+def _omits_defaults_cached(hint: Any) -> bool:
+    return _omits_defaults(hint)
+
+
+def _omits_defaults(hint: Any) -> bool:
+    try:
+        info = msgspec.inspect.type_info(hint)
+    except TypeError:  # not a type msgspec knows: nothing it would leave out
+        return False
+    seen: set[int] = set()
+    stack: list[Any] = [info]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, msgspec.inspect.StructType):
+            if node.cls.__struct_config__.omit_defaults:
+                return True
+            stack.extend(f.type for f in node.fields)
+        elif isinstance(node, msgspec.inspect.DataclassType | msgspec.inspect.TypedDictType):
+            stack.extend(f.type for f in node.fields)
+        elif isinstance(node, msgspec.inspect.UnionType):
+            stack.extend(node.types)
+        elif isinstance(node, msgspec.inspect.TupleType):
+            stack.extend(node.item_types)
+        elif isinstance(node, msgspec.inspect.DictType):
+            stack.extend((node.key_type, node.value_type))
+        elif isinstance(node, msgspec.inspect.Metadata):
+            stack.append(node.type)
+        elif (item := getattr(node, "item_type", None)) is not None:
+            stack.append(item)
+    return False
+
+
+def _every_field(value: Any) -> Any:
+    """``value`` with every ``msgspec.Struct`` written out as ``to_builtins`` would write it
+    without ``omit_defaults`` (its tag, its encoded field names, ``UNSET`` fields left out);
+    dataclasses and containers walked to reach the structs inside them. Only run when a
+    declared type holds such a struct (:func:`omits_defaults`): plain values pass untouched."""
+    if isinstance(value, msgspec.Struct):
+        config = value.__struct_config__
+        names = zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True)
+        pairs = [
+            (encoded, _every_field(field_value))
+            for name, encoded in names
+            if (field_value := getattr(value, name)) is not msgspec.UNSET
+        ]
+        if config.array_like:
+            items = [v for _, v in pairs]
+            return [config.tag, *items] if config.tag_field is not None else items
+        record = {config.tag_field: config.tag} if config.tag_field is not None else {}
+        record.update(pairs)
+        return record
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: _every_field(field_value)
+            for f in dataclasses.fields(value)
+            if (field_value := getattr(value, f.name)) is not msgspec.UNSET
+        }
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_every_field(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _every_field(item) for key, item in value.items()}
+    return value
