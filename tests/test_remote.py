@@ -1289,6 +1289,45 @@ async def test_abort_inside_connect_ends_the_link_not_the_body() -> None:
     assert reached == ["controller", "worker"]
 
 
+async def test_a_call_in_flight_when_the_host_aborts_the_link_ends_honestly() -> None:
+    """Aborted from the body of ``async with gl.connect(...)``: the call in flight ends
+    ``OutcomeUnknown`` (it may have run), the body goes on."""
+    impl = CalcImpl()
+    wcfg = gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.WORKER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    outcome: list[BaseException] = []
+    with anyio.fail_after(DEADLINE):
+        async with gl.Worker(wcfg, {"calc": impl}) as worker:
+            ccfg = gl.LinkConfig(
+                executor_id="box",
+                role=gl.Role.CONTROLLER,
+                secret=SECRET,
+                dial=worker.url,
+                limits=LIMITS,
+            )
+            async with gl.connect(ccfg) as executor:
+                await executor.wait_ready(5)
+                calc = executor.service("calc", Calc)
+
+                async def held() -> None:
+                    try:
+                        await calc.hold("k")
+                    except gl.CallError as exc:
+                        outcome.append(exc)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(held)
+                    await impl.probe.wait("started:k")
+                    await own_link(executor).abort()
+                outcome.append(RuntimeError("the body ran on"))
+    assert [type(e) for e in outcome] == [gl.OutcomeUnknown, RuntimeError]
+
+
 class Bounded(Protocol):
     async def take(self, n: Annotated[int, msgspec.Meta(ge=0)]) -> int: ...
 
