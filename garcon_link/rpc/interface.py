@@ -1178,7 +1178,7 @@ def _omits_defaults_cached(hint: Any) -> bool:
 def _omits_defaults(hint: Any) -> bool:
     try:
         info = msgspec.inspect.type_info(hint)
-    except TypeError:  # not a type msgspec knows: nothing it would leave out
+    except Exception:  # not a type msgspec knows (a MethodSpec is never refused for it)
         return False
     seen: set[int] = set()
     stack: list[Any] = [info]
