@@ -305,6 +305,29 @@ def test_meta_constraints_of_parameters_are_enforced_and_name_the_field() -> Non
         take.check_arguments(["1"], {})
 
 
+class BoundedResults(Protocol):
+    async def one(self) -> typing.Annotated[int, msgspec.Meta(ge=0)]: ...
+    def many(self) -> AsyncIterator[typing.Annotated[str, msgspec.Meta(max_length=2)]]: ...
+
+
+def test_meta_constraints_of_results_and_stream_items_hold_for_the_caller() -> None:
+    methods = service_spec(BoundedResults).methods
+    assert from_wire(3, methods["one"].result) == 3
+    with pytest.raises(msgspec.ValidationError, match=">= 0"):
+        from_wire(-1, methods["one"].result)
+    assert from_wire("ab", methods["many"].result) == "ab"
+    with pytest.raises(msgspec.ValidationError, match="length <= 2"):
+        from_wire("abc", methods["many"].result)
+
+    class Plain(Protocol):
+        async def one(self) -> int: ...
+        def many(self) -> AsyncIterator[str]: ...
+
+    assert service_spec(BoundedResults).manifest() == service_spec(Plain).manifest()
+    for sync in (False, True):
+        assert "Annotated" not in view_source(service_spec(BoundedResults), sync=sync)
+
+
 def test_meta_constraints_leave_the_manifest_and_the_hint_checks_alone() -> None:
     class Plain(Protocol):
         async def take(self, n: int, tag: str = "a") -> int: ...

@@ -1341,6 +1341,26 @@ class BoundedImpl:
         return n
 
 
+class BoundedOut(Protocol):
+    async def give(self, n: int) -> Annotated[int, msgspec.Meta(ge=0)]: ...
+
+
+class BoundedOutImpl:
+    async def give(self, n: int) -> int:  # does not keep the interface's promise
+        return n
+
+
+async def test_a_result_outside_its_meta_constraint_is_refused_by_the_caller() -> None:
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(
+            "worker-listens", {"b": gl.Service(BoundedOutImpl(), BoundedOut)}
+        ) as pair:
+            out = pair.executor.service("b", BoundedOut)
+            assert await out.give(1) == 1
+            with pytest.raises(gl.RemoteError, match=r"INVALID_RESULT.*>= 0"):
+                await out.give(-1)
+
+
 async def test_a_meta_constraint_is_enforced_by_the_worker() -> None:
     impl = BoundedImpl()
     with anyio.fail_after(DEADLINE):

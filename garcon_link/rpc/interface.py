@@ -454,7 +454,8 @@ def view_source(spec: ServiceSpec, *, sync: bool) -> str:
         returns = method.signature.return_annotation
         if method.kind is MethodKind.STREAM:
             stream: Any = collections.abc.Iterator if sync else collections.abc.AsyncIterator
-            returns = stream[method.result]
+            items = typing.get_args(returns)  # the bare item type (the signature's)
+            returns = stream[items[0] if items else Any]
         signature = _source_signature(interface, method, returns, imports)
         if method.kind is MethodKind.ONEWAY:
             imports.gl = True
@@ -623,7 +624,8 @@ def _method_spec(
     try:
         hints = typing.get_type_hints(func)
         # With ``Annotated`` kept: the receiver enforces ``msgspec.Meta`` constraints of the
-        # parameters. The signature (so the manifest and the contract hash) keeps bare types.
+        # parameters (the worker) and of the result or stream items (the caller). The signature
+        # (so the manifest and the contract hash) keeps bare types.
         constrained = typing.get_type_hints(func, include_extras=True)
     except Exception as exc:
         raise TypeError(
@@ -650,16 +652,17 @@ def _method_spec(
         ),
     )
     param_hints = {p.name: constrained.get(p.name, Any) for p in params}
+    checked = constrained.get("return", Any)
     where = f"{interface.__qualname__}.{name}"
     if sync:
-        return _sync_method_spec(where, func, signature, param_hints, returns)
+        return _sync_method_spec(where, func, signature, param_hints, returns, checked)
     if getattr(func, _ONEWAY_ATTR, False):
         return MethodSpec(name, MethodKind.ONEWAY, signature, param_hints, None)
     origin = typing.get_origin(returns)
     if origin in _STREAM_ORIGINS or returns in _STREAM_ORIGINS:
-        return _stream_spec(name, signature, param_hints, returns)
+        return _stream_spec(name, signature, param_hints, returns, checked)
     if inspect.iscoroutinefunction(func):
-        return MethodSpec(name, MethodKind.UNARY, signature, param_hints, returns)
+        return MethodSpec(name, MethodKind.UNARY, signature, param_hints, checked)
     if inspect.isasyncgenfunction(func):
         return (
             f"{where} is an async generator but is not annotated as a stream: "
@@ -679,6 +682,7 @@ def _sync_method_spec(
     signature: inspect.Signature,
     param_hints: dict[str, Any],
     returns: Any,
+    checked: Any,
 ) -> MethodSpec | str:
     name = func.__name__
     origin = typing.get_origin(returns)
@@ -692,14 +696,19 @@ def _sync_method_spec(
     if origin in _STREAM_ORIGINS or returns in _STREAM_ORIGINS:
         return f"{where} returns an async iterator; a sync client's stream returns `Iterator[T]`"
     if origin in _SYNC_STREAM_ORIGINS or returns in _SYNC_STREAM_ORIGINS:
-        return _stream_spec(name, signature, param_hints, returns)
-    return MethodSpec(name, MethodKind.UNARY, signature, param_hints, returns)
+        return _stream_spec(name, signature, param_hints, returns, checked)
+    return MethodSpec(name, MethodKind.UNARY, signature, param_hints, checked)
 
 
 def _stream_spec(
-    name: str, signature: inspect.Signature, param_hints: dict[str, Any], returns: Any
+    name: str,
+    signature: inspect.Signature,
+    param_hints: dict[str, Any],
+    returns: Any,
+    checked: Any,
 ) -> MethodSpec:
-    """A stream of the item type ``returns`` declares, its return spelled ``AsyncIterator[T]``.
+    """A stream of the item type ``returns`` declares, its return spelled ``AsyncIterator[T]``
+    (``checked``: the same with its ``Annotated`` constraints, which the items are held to).
 
     One spelling for every stream (typing or collections.abc, ``AsyncGenerator[T, None]`` or
     ``AsyncIterable[T]``, and a sync client's ``Iterator[T]``): the wire behaviour is the same,
@@ -708,7 +717,9 @@ def _stream_spec(
     item = item_args[0] if item_args else Any
     stream_of: Any = collections.abc.AsyncIterator
     signature = signature.replace(return_annotation=stream_of[item])
-    return MethodSpec(name, MethodKind.STREAM, signature, param_hints, item)
+    checked_args = typing.get_args(_bare(checked))
+    checked_item = checked_args[0] if checked_args else item
+    return MethodSpec(name, MethodKind.STREAM, signature, param_hints, checked_item)
 
 
 def registration_problems(target: object, spec: ServiceSpec) -> list[str]:
@@ -867,7 +878,7 @@ def _hint_conflicts(
                 f"match the interface: `{wanted}`"
             )
     got = hints.get("return")
-    declared = method.result
+    declared = _bare(method.result)
     if (
         method.kind is MethodKind.UNARY
         and _plain(declared)
