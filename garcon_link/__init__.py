@@ -56,7 +56,7 @@ from .limits import Limits
 from .rpc.hooks import CallEnd, CallHook, CallInfo, call_metadata
 from .rpc.interface import oneway
 from .rpc.resources import ResourceRef, ServiceScope, WorkerScope, current_scope
-from .rpc.rpc import register_exception
+from .rpc.rpc import register_exception, unregister_exception
 from .settings.callers import (
     CallerConfig,
     CallersConfig,
@@ -145,6 +145,7 @@ __all__ = [
     "peer",
     "register_exception",
     "serve",
+    "unregister_exception",
     "with_options",
     "write_secret_file",
 ]

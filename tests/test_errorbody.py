@@ -8,6 +8,7 @@ registered builtin exception.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import anyio
@@ -26,9 +27,14 @@ from garcon_link.rpc.errorbody import (
 
 pytestmark = [pytest.mark.timeout(60)]
 
-# Process-wide, as an application would do it; no other test expects a remote KeyError to
-# arrive as RemoteError.
-gl.register_exception(KeyError)
+
+@pytest.fixture(autouse=True)
+def key_error_registered() -> Iterator[None]:
+    """KeyError re-raised as itself for each test of this module only: every other test still
+    sees a remote KeyError arrive as RemoteError."""
+    gl.register_exception(KeyError)
+    yield
+    assert gl.unregister_exception(KeyError)
 
 
 def _received(exc: Exception) -> BaseException:
@@ -44,6 +50,24 @@ def test_a_registered_builtin_exception_keeps_its_args() -> None:
     assert received.args == ("missing-key",)
     assert isinstance(received.__cause__, gl.RemoteError)
     assert received.__cause__.remote_args == ("missing-key",)
+
+
+def test_an_unregistered_type_arrives_as_remote_error_again() -> None:
+    assert not gl.unregister_exception(ValueError)  # never registered: nothing changes
+    assert gl.unregister_exception(KeyError)
+    try:
+        received = _received(KeyError("k"))
+        assert type(received) is gl.RemoteError
+        assert received.remote_type == "builtins.KeyError"
+        assert not gl.unregister_exception(KeyError)
+    finally:
+        gl.register_exception(KeyError)  # what the fixture undoes
+
+
+def test_a_namesake_class_does_not_unregister_the_registered_one() -> None:
+    namesake = type("KeyError", (Exception,), {"__module__": "builtins"})
+    assert not gl.unregister_exception(namesake)
+    assert type(_received(KeyError("k"))) is KeyError
 
 
 def test_args_are_values() -> None:

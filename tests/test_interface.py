@@ -30,6 +30,7 @@ from garcon_link.rpc.interface import (
     from_wire,
     manifest_changes,
     manifest_result_hint,
+    omits_defaults,
     registration_problems,
     service_spec,
     sync_service_spec,
@@ -279,6 +280,68 @@ def test_convert_arguments_validates_and_names_the_field() -> None:
         unary.convert_arguments([True], {})  # strict: a bool is not an int
 
 
+class Bounded(Protocol):
+    async def take(
+        self,
+        n: typing.Annotated[int, msgspec.Meta(ge=0)],
+        tag: typing.Annotated[str, msgspec.Meta(max_length=3)] = "a",
+    ) -> int: ...
+
+
+def test_meta_constraints_of_parameters_are_enforced_and_name_the_field() -> None:
+    take = service_spec(Bounded).methods["take"]
+    assert take.convert_arguments([0], {}) == ([0], {})
+    assert take.convert_arguments([1, "abc"], {}) == ([1, "abc"], {})
+    for args, kwargs in (([-1], {}), ([], {"n": -1})):  # the positional fast path and bind
+        with pytest.raises(ValueError, match=r"argument 'n': Expected `int` >= 0"):
+            take.convert_arguments(args, kwargs)
+    with pytest.raises(ValueError, match=r"argument 'tag': Expected `str` of length <= 3"):
+        take.convert_arguments([1, "abcd"], {})
+    with pytest.raises(ValueError, match=r"argument 'n'"):
+        take.convert_arguments([-1], {}, mode="json")
+    # The caller checks types, not constraints: the receiver refuses the value.
+    take.check_arguments([-1], {})
+    with pytest.raises(TypeError, match="argument 'n'"):
+        take.check_arguments(["1"], {})
+
+
+class BoundedResults(Protocol):
+    async def one(self) -> typing.Annotated[int, msgspec.Meta(ge=0)]: ...
+    def many(self) -> AsyncIterator[typing.Annotated[str, msgspec.Meta(max_length=2)]]: ...
+
+
+def test_meta_constraints_of_results_and_stream_items_hold_for_the_caller() -> None:
+    methods = service_spec(BoundedResults).methods
+    assert from_wire(3, methods["one"].result) == 3
+    with pytest.raises(msgspec.ValidationError, match=">= 0"):
+        from_wire(-1, methods["one"].result)
+    assert from_wire("ab", methods["many"].result) == "ab"
+    with pytest.raises(msgspec.ValidationError, match="length <= 2"):
+        from_wire("abc", methods["many"].result)
+
+    class Plain(Protocol):
+        async def one(self) -> int: ...
+        def many(self) -> AsyncIterator[str]: ...
+
+    assert service_spec(BoundedResults).manifest() == service_spec(Plain).manifest()
+    for sync in (False, True):
+        assert "Annotated" not in view_source(service_spec(BoundedResults), sync=sync)
+
+
+def test_meta_constraints_leave_the_manifest_and_the_hint_checks_alone() -> None:
+    class Plain(Protocol):
+        async def take(self, n: int, tag: str = "a") -> int: ...
+
+    assert service_spec(Bounded).manifest() == service_spec(Plain).manifest()
+
+    class WrongTypes:
+        async def take(self, n: str, tag: str = "a") -> int:
+            return 0
+
+    (problem,) = registration_problems(WrongTypes(), service_spec(Bounded))
+    assert "WrongTypes.take is str, but the interface sends int" in problem
+
+
 def test_an_unexpected_keyword_is_named_not_reported_as_a_missing_one() -> None:
     # Before: add(a=1, c=2) read "missing a required argument: 'b'" on both sides.
     add = service_spec(Calculator).methods["add"]
@@ -434,6 +497,64 @@ def test_to_wire_plain_forms() -> None:
     assert to_wire(Inner("n", [])) == {"name": "n", "tags": []}
     assert to_wire(b"raw") == b"raw"
     assert to_wire(bytearray(b"raw")) == bytearray(b"raw")
+
+
+class Sparse(msgspec.Struct, omit_defaults=True, tag=True, rename="camel"):
+    the_n: int
+    the_tags: list[str] = []
+    maybe: int | msgspec.UnsetType = msgspec.UNSET
+
+
+class Full(msgspec.Struct, tag="Sparse", rename="camel"):
+    """What Sparse is without omit_defaults (its tag is Sparse's)."""
+
+    the_n: int
+    the_tags: list[str] = []
+    maybe: int | msgspec.UnsetType = msgspec.UNSET
+
+
+class SparseRow(msgspec.Struct, omit_defaults=True, array_like=True):
+    a: int
+    b: int = 0
+
+
+@dataclasses.dataclass
+class Holder:
+    inner: list[Sparse]
+    by_key: dict[str, Sparse]
+    pair: tuple[Sparse, int]
+    row: SparseRow | None = None
+
+
+def test_with_defaults_writes_every_field_of_a_struct_that_omits_defaults() -> None:
+    assert to_wire(Sparse(1)) == {"type": "Sparse", "theN": 1}  # msgspec's own encoding
+    assert to_wire(Sparse(1), with_defaults=True) == to_wire(Full(1))
+    assert to_wire(Sparse(1, ["t"], 3), with_defaults=True) == to_wire(Full(1, ["t"], 3))
+    holder = Holder([Sparse(1)], {"k": Sparse(2)}, (Sparse(3), 4), SparseRow(5))
+    assert to_wire(holder, with_defaults=True) == {
+        "inner": [to_wire(Full(1))],
+        "by_key": {"k": to_wire(Full(2))},
+        "pair": [to_wire(Full(3)), 4],
+        "row": [5, 0],
+    }
+    assert to_wire([1, "x", b"y", None], with_defaults=True) == [1, "x", b"y", None]
+
+
+def test_omits_defaults_follows_the_declared_types() -> None:
+    assert omits_defaults(Sparse) and omits_defaults(Holder) and omits_defaults(list[Sparse])
+    assert omits_defaults(typing.Optional[dict[str, tuple[Sparse, ...]]])  # noqa: UP045
+    assert not omits_defaults(Full) and not omits_defaults(Inner) and not omits_defaults(int)
+    assert not omits_defaults(Any)
+
+    class Api(Protocol):
+        async def put(self, h: Holder) -> int: ...
+        async def get(self, n: int) -> Sparse: ...
+        def rows(self) -> AsyncIterator[SparseRow]: ...
+
+    methods = service_spec(Api).methods
+    assert methods["put"].args_with_defaults and not methods["put"].result_with_defaults
+    assert not methods["get"].args_with_defaults and methods["get"].result_with_defaults
+    assert methods["rows"].result_with_defaults
 
 
 def test_oneway_marks_and_returns_the_function() -> None:

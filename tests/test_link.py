@@ -1845,3 +1845,28 @@ def test_frame_budget_table(
 def test_unauthenticated_share_must_be_smaller_than_the_authenticated_one() -> None:
     with pytest.raises(ConfigError, match="max_handshake_frames"):
         Limits(max_handshake_frames=64, frame_burst=64)
+
+
+@anyio_test
+@pytest.mark.parametrize("how", ["abort", "aclose"])
+async def test_closing_a_link_from_its_hosts_body_ends_the_link_not_the_body(how: str) -> None:
+    """The link's tasks run in a group of their own: ``abort()`` or ``aclose()`` from the task
+    that entered the link ends the link, and the body runs on (a fleet, a gateway, a worker and
+    a controller all host their links this way)."""
+    reached: list[str] = []
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            listener = make_link(Role.WORKER, small_limits(), listen=("127.0.0.1", 0))
+            async with endpoint(tg, listener):
+                dialer = make_link(Role.CONTROLLER, small_limits(), dial=listener.url)
+                async with endpoint(tg, dialer) as dialing:
+                    record = await dialing.wait_ready()
+                    await getattr(dialer, how)()
+                    await anyio.sleep(0)
+                    # The link's honest state, seen by the body it did not cancel.
+                    assert record.transport.state is TransportState.RETIRED
+                    reached.append("dialer")
+                await getattr(listener, how)()
+                await anyio.sleep(0)
+                reached.append("listener")
+    assert reached == ["dialer", "listener"]

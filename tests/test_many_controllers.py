@@ -9,9 +9,8 @@ session otherwise (``EVICTED``: its controller, back, gets honest outcomes); the
 ``controller_id`` from a new process is the takeover rule of one executor id (4004 while the
 holder answers, newest wins once it does not); ``Worker.statistics()`` counts every controller.
 
-A controller meant to crash is a child process killed with SIGKILL, not an in-process
-``link.abort()``: that cancels the task group hosting the controller, silently ending the test
-body there.
+A controller meant to crash is a child process killed with SIGKILL: its sockets, its tasks and
+its memory end at once, as a real crash ends them.
 """
 
 from __future__ import annotations

@@ -80,6 +80,7 @@ EXPECTED = [
     "peer",
     "register_exception",
     "serve",
+    "unregister_exception",
     "with_options",
     "write_secret_file",
 ]

@@ -16,10 +16,11 @@ import gc
 import logging
 import socket
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import anyio
 import anyio.abc
+import msgspec
 import pytest
 from faultutil import Raw
 from rpcutil import (
@@ -1248,3 +1249,177 @@ async def test_worker_scope_shares_one_object_and_closes_it_once() -> None:
     assert closed == ["thing"]
     with pytest.raises(RuntimeError):
         await scope.shared("k", make)
+
+
+# ---------------------------------------------------------------------------------- abort
+
+
+async def test_abort_inside_connect_ends_the_link_not_the_body() -> None:
+    """``executor.link.abort()`` from the body ends the link only: later calls fail honestly
+    and the body runs on to its end (no foreign cancellation out of the host task)."""
+    wcfg = gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.WORKER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    reached = []
+    with anyio.fail_after(DEADLINE):
+        async with gl.Worker(wcfg, {"calc": CalcImpl()}) as worker:
+            ccfg = gl.LinkConfig(
+                executor_id="box",
+                role=gl.Role.CONTROLLER,
+                secret=SECRET,
+                dial=worker.url,
+                limits=LIMITS,
+            )
+            async with gl.connect(ccfg) as executor:
+                calc = executor.service("calc", Calc)
+                await executor.wait_ready(5)
+                assert await calc.add(1, 2) == 3
+                await executor.link.abort()  # type: ignore[union-attr]
+                with pytest.raises((gl.NotDispatched, gl.OutcomeUnknown)):
+                    await calc.add(1, 2)
+                await anyio.sleep(0)
+                reached.append("controller")
+            await own_link(worker).abort()
+            await anyio.sleep(0)
+            reached.append("worker")
+    assert reached == ["controller", "worker"]
+
+
+async def test_a_call_in_flight_when_the_host_aborts_the_link_ends_honestly() -> None:
+    """Aborted from the body of ``async with gl.connect(...)``: the call in flight ends
+    ``OutcomeUnknown`` (it may have run), the body goes on."""
+    impl = CalcImpl()
+    wcfg = gl.LinkConfig(
+        executor_id="box",
+        role=gl.Role.WORKER,
+        secret=SECRET,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    outcome: list[BaseException] = []
+    with anyio.fail_after(DEADLINE):
+        async with gl.Worker(wcfg, {"calc": impl}) as worker:
+            ccfg = gl.LinkConfig(
+                executor_id="box",
+                role=gl.Role.CONTROLLER,
+                secret=SECRET,
+                dial=worker.url,
+                limits=LIMITS,
+            )
+            async with gl.connect(ccfg) as executor:
+                await executor.wait_ready(5)
+                calc = executor.service("calc", Calc)
+
+                async def held() -> None:
+                    try:
+                        await calc.hold("k")
+                    except gl.CallError as exc:
+                        outcome.append(exc)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(held)
+                    await impl.probe.wait("started:k")
+                    await own_link(executor).abort()
+                outcome.append(RuntimeError("the body ran on"))
+    assert [type(e) for e in outcome] == [gl.OutcomeUnknown, RuntimeError]
+
+
+class Bounded(Protocol):
+    async def take(self, n: Annotated[int, msgspec.Meta(ge=0)]) -> int: ...
+
+
+class BoundedImpl:
+    def __init__(self) -> None:
+        self.taken: list[int] = []
+
+    async def take(self, n: Annotated[int, msgspec.Meta(ge=0)]) -> int:
+        self.taken.append(n)
+        return n
+
+
+class BoundedOut(Protocol):
+    async def give(self, n: int) -> Annotated[int, msgspec.Meta(ge=0)]: ...
+
+
+class BoundedOutImpl:
+    async def give(self, n: int) -> int:  # does not keep the interface's promise
+        return n
+
+
+async def test_a_result_outside_its_meta_constraint_is_refused_by_the_caller() -> None:
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(
+            "worker-listens", {"b": gl.Service(BoundedOutImpl(), BoundedOut)}
+        ) as pair:
+            out = pair.executor.service("b", BoundedOut)
+            assert await out.give(1) == 1
+            with pytest.raises(gl.RemoteError, match=r"INVALID_RESULT.*>= 0"):
+                await out.give(-1)
+
+
+async def test_a_meta_constraint_is_enforced_by_the_worker() -> None:
+    impl = BoundedImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"b": gl.Service(impl, Bounded)}) as pair:
+            typed = pair.executor.service("b", Bounded)
+            dynamic = pair.executor.service("b")  # no hints on this side: the worker decides
+            assert await typed.take(0) == 0
+            for facade in (typed, dynamic):
+                with pytest.raises(gl.Rejected, match=r"INVALID_ARGUMENTS.*'n'.*>= 0"):
+                    await facade.take(-1)
+    assert impl.taken == [0]
+
+
+class Reply(msgspec.Struct, omit_defaults=True):
+    n: int
+    mode: str = "fast"
+
+
+class OtherReply(msgspec.Struct, omit_defaults=True):
+    """The same type in a caller of another version: same name, another default."""
+
+    n: int
+    mode: str = "slow"
+
+
+OtherReply.__qualname__ = "Reply"  # the same type text in the signature: the same contract
+
+
+class Echo(Protocol):
+    async def echo(self, r: Reply) -> Reply: ...
+    def echoes(self, r: Reply) -> AsyncIterator[list[Reply]]: ...
+
+
+class OtherEcho(Protocol):
+    async def echo(self, r: OtherReply) -> OtherReply: ...
+    def echoes(self, r: OtherReply) -> AsyncIterator[list[OtherReply]]: ...
+
+
+class EchoImpl:
+    def __init__(self) -> None:
+        self.got: list[Reply] = []
+
+    async def echo(self, r: Reply) -> Reply:
+        self.got.append(r)
+        return Reply(r.n)
+
+    async def echoes(self, r: Reply) -> AsyncIterator[list[Reply]]:
+        self.got.append(r)
+        yield [Reply(r.n)]
+
+
+async def test_default_valued_fields_are_sent_so_another_version_reads_the_senders_values() -> None:
+    impl = EchoImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"e": gl.Service(impl, Echo)}) as pair:
+            other = pair.executor.service("e", OtherEcho)
+            got = await other.echo(OtherReply(1))
+            assert (got.n, got.mode) == (1, "fast")  # the worker's value, not the caller's default
+            assert [
+                [(r.n, r.mode) for r in items] async for items in other.echoes(OtherReply(2))
+            ] == [[(2, "fast")]]
+    assert [(r.n, r.mode) for r in impl.got] == [(1, "slow"), (2, "slow")]

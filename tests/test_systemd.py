@@ -1,4 +1,4 @@
-"""systemd's notify protocol (garcon_link/cli/_systemd.py), with a fake ``NOTIFY_SOCKET``.
+"""systemd's notify protocol (garcon_link/api/systemd.py), with a fake ``NOTIFY_SOCKET``.
 
 The test binds the datagram socket systemd would (in ``tmp_path``, or in the abstract namespace)
 and reads what the notifier -- and a real ``garcon-link worker`` child process -- sends:
@@ -11,6 +11,7 @@ Every wait is bounded; nothing depends on how fast a beat comes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -21,10 +22,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 import garcon_link as gl
-from garcon_link.cli._systemd import (
+from garcon_link.api.systemd import (
     MAX_STATUS_CHARS,
     MIN_WATCHDOG_INTERVAL,
     SystemdNotifier,
@@ -47,8 +49,11 @@ def notify_socket(tmp_path: Path) -> Iterator[tuple[socket.socket, str]]:
         yield sock, str(path)
 
 
-def receive(sock: socket.socket, wanted: str, seen: list[dict[str, str]]) -> dict[str, str]:
-    """Datagrams until one assigns ``wanted`` (``KEY=value``); each is appended to ``seen``."""
+def receive(
+    sock: socket.socket, wanted: str, seen: list[dict[str, str]], prefix: bool = False
+) -> dict[str, str]:
+    """Datagrams until one assigns ``wanted`` (``KEY=value``; with ``prefix``, a value starting
+    so); each is appended to ``seen``."""
     deadline = time.monotonic() + WAIT
     while True:
         remaining = deadline - time.monotonic()
@@ -62,7 +67,8 @@ def receive(sock: socket.socket, wanted: str, seen: list[dict[str, str]]) -> dic
         message = dict(line.split("=", 1) for line in data.decode().splitlines())
         seen.append(message)
         key, value = wanted.split("=", 1)
-        if message.get(key) == value:
+        got = message.get(key)
+        if got == value or (prefix and got is not None and got.startswith(value)):
             return message
 
 
@@ -368,3 +374,58 @@ def test_a_second_signal_cuts_the_drain_short(tmp_path: Path) -> None:
         _, out, err = stop(process)
     assert "executor-stopping executor=sd-box reason=SIGTERM" in out, out
     assert "the drain is cut short" in err, err
+
+
+# ------------------------------------------------------------------------------ a library worker
+
+
+def _library_worker_config() -> gl.LinkConfig:
+    return gl.LinkConfig(
+        executor_id="lib-box",
+        role=gl.Role.WORKER,
+        secret=gl.Secret(b"s" * 32),
+        listen=("127.0.0.1", 0),
+    )
+
+
+@pytest.mark.anyio
+async def test_a_library_worker_with_systemd_says_ready_status_watchdog_and_stopping(
+    notify_socket: tuple[socket.socket, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sock, path = notify_socket
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+    monkeypatch.setenv("WATCHDOG_USEC", "100000")
+    cfg = _library_worker_config()
+    seen: list[dict[str, str]] = []
+    with anyio.fail_after(WAIT):
+        async with gl.Worker(cfg, {}, systemd=True, drain=0.5) as worker:
+            assert "NOTIFY_SOCKET" not in os.environ  # what it starts cannot speak for it
+            ready = receive(sock, "READY=1", seen)  # sent before the body runs
+            assert ready["STATUS"] == f"executor lib-box: listening on {worker.url}, no session yet"
+            await anyio.to_thread.run_sync(receive, sock, "WATCHDOG=1", seen)
+            controller = dataclasses.replace(
+                cfg, role=gl.Role.CONTROLLER, listen=None, dial=worker.url
+            )
+            async with gl.connect(controller) as executor:
+                await executor.wait_ready(5)
+                status = await anyio.to_thread.run_sync(
+                    receive, sock, "STATUS=executor-ready executor=lib-box", seen, True
+                )
+                assert "READY" not in status
+    stopping = receive(sock, "STOPPING=1", seen)  # sent when the close began
+    assert stopping["STATUS"] == "executor lib-box: draining for up to 0.5s"
+    assert [m for m in seen if "READY" in m] == [ready]
+
+
+@pytest.mark.anyio
+async def test_a_library_worker_without_the_option_leaves_systemd_alone(
+    notify_socket: tuple[socket.socket, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sock, path = notify_socket
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+    with anyio.fail_after(WAIT):
+        async with gl.Worker(_library_worker_config(), {}):
+            assert os.environ["NOTIFY_SOCKET"] == path  # not read: the program's to use
+    sock.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        sock.recv(4096)

@@ -317,3 +317,31 @@ async def test_the_controller_gets_the_description_beside_an_unchanged_contract(
             assert info.contract == contract_hash(info.services)
             lab = pair.executor.service("lab", Lab)
             assert await lab.area(Rect(2, 3)) == 6
+
+
+def test_a_description_is_built_once_per_interface_and_bounds() -> None:
+    class Once(Protocol):
+        async def where(self, p: Point) -> Shade: ...
+
+    spec = service_spec(Once)
+    first = service_type_description(spec, LIMITS)
+    assert service_type_description(spec, LIMITS) is first  # every later session: no rebuild
+    assert service_type_description(service_spec(Once), LIMITS) is first
+    smaller = LIMITS.replace(described_types=1)
+    assert service_type_description(spec, smaller) is not first  # other bounds: its own entry
+
+
+def test_the_interface_described_most_recently_stays_cached_past_the_bound() -> None:
+    class Served(Protocol):
+        async def where(self, p: Point) -> Shade: ...
+
+    served = service_spec(Served)
+    kept = service_type_description(served, LIMITS)
+    for i in range(300):  # more interfaces than the cache holds, as tests (not workers) make
+        other: Any = type(f"Other{i}", (), {"f": _one_method})
+        service_type_description(service_spec(other), LIMITS)
+        assert service_type_description(served, LIMITS) is kept  # used all along: never dropped
+
+
+async def _one_method(self: Any, n: int) -> int:
+    return n

@@ -282,7 +282,8 @@ def _payload(
     """``[args, kwargs]`` bound, checked and encoded as a direct call's would be."""
     try:
         pos, kw = spec.bind(args, kwargs)
-        payload = cbor2.dumps([to_wire(pos), to_wire(kw)])
+        full = spec.args_with_defaults
+        payload = cbor2.dumps([to_wire(pos, with_defaults=full), to_wire(kw, with_defaults=full)])
     except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
         raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
     try:

@@ -67,6 +67,7 @@ from .endpoint import (
     link_from_config,
 )
 from .registration import ServiceFactory, ServiceMap, registry_from
+from .systemd import SystemdNotifier
 
 __all__ = ["EventSink", "Worker", "serve"]
 
@@ -96,6 +97,12 @@ class Worker(Endpoint):
             journaled there and survive a restart of the worker process
             (docs/guides/durability.md). Entering the worker raises ``ConfigError`` (one line)
             when the directory is unusable or another worker holds it.
+        systemd: speak systemd's notify protocol when ``NOTIFY_SOCKET`` is set, as
+            ``garcon-link worker`` does (:mod:`garcon_link.api.systemd`): ``READY=1`` once
+            entered (listening, or dialing), ``STATUS=`` when a session is ready, ``WATCHDOG=1``
+            every ``WatchdogSec / 2`` from the worker's event loop, ``STOPPING=1`` when
+            :meth:`aclose` begins (before its drain). The variables are read, and removed from
+            the environment, when the worker is entered. Without ``NOTIFY_SOCKET``: nothing.
     """
 
     link: WebSocketLink  # always its own link: a worker is never a fleet member
@@ -110,6 +117,7 @@ class Worker(Endpoint):
         drain: float = 0.0,
         hooks: Sequence[CallHook] = (),
         state_dir: str | os.PathLike[str] | None = None,
+        systemd: bool = False,
     ) -> None:
         if config.role.value != "worker":
             raise ConfigError(
@@ -152,6 +160,8 @@ class Worker(Endpoint):
         self.drain = drain
         self._draining = False
         self._closed = False
+        self._systemd = systemd
+        self._notifier: SystemdNotifier | None = None  # once entered, with ``systemd``
         # Hot inventory (module docstring): services added or removed while running, applied
         # over ``services`` in every session; the RPCs of the sessions being served; the
         # sequence number of the latest announcement; RPCs with an announcement due.
@@ -296,6 +306,29 @@ class Worker(Endpoint):
         }
 
     async def __aenter__(self) -> Worker:
+        if self._systemd:
+            self._notifier = SystemdNotifier.from_environ()
+            self._on_event = self._notifier.follow_events(self._on_event)
+        try:
+            await self._enter()
+        except BaseException:
+            self._close_notifier()
+            raise
+        if self._notifier is not None:
+            how = "listening on" if self.config.listen is not None else "dialing"
+            self._notifier.ready(
+                f"executor {self.config.executor_id}: {how} {self.url}, no session yet"
+            )
+            assert self._tg is not None
+            self._tg.start_soon(self._notifier.beat)  # until _stop cancels the task group
+        return self
+
+    def _close_notifier(self) -> None:
+        notifier, self._notifier = self._notifier, None
+        if notifier is not None:
+            notifier.close()
+
+    async def _enter(self) -> None:
         if self.state_dir is not None:
             await self._open_state(self.state_dir)
         try:
@@ -322,7 +355,6 @@ class Worker(Endpoint):
                 self._on_event(
                     f"executor-dialing url={link.url} executor={self.config.executor_id}"
                 )
-        return self
 
     @staticmethod
     async def _close_more_links(links: Sequence[WebSocketLink]) -> None:
@@ -383,6 +415,11 @@ class Worker(Endpoint):
         if self._closed:
             return
         seconds = self.drain if drain is None else drain
+        if self._notifier is not None and not self._draining:
+            self._notifier.stopping(
+                f"executor {self.config.executor_id}: "
+                + (f"draining for up to {seconds:g}s" if seconds > 0 else "stopping")
+            )
         try:
             if seconds > 0 and not self._draining:
                 with anyio.CancelScope(shield=True):
@@ -400,6 +437,7 @@ class Worker(Endpoint):
                         try:
                             await self.worker_scope.aclose()
                         finally:
+                            self._close_notifier()
                             await self._close_state()
 
     async def _drain(self, seconds: float) -> None:
@@ -590,9 +628,11 @@ async def serve(
     drain: float = 0.0,
     hooks: Sequence[CallHook] = (),
     state_dir: str | os.PathLike[str] | None = None,
+    systemd: bool = False,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a worker until cancelled. With ``await tg.start(serve, ...)`` returns the link URL.
+    The keyword arguments are :class:`Worker`'s.
 
     With ``drain`` > 0, cancellation drains first (up to ``drain`` seconds, shielded): new calls
     are refused with ``NotDispatched("DRAINING")`` while running ones finish (see
@@ -608,6 +648,7 @@ async def serve(
         drain=drain,
         hooks=hooks,
         state_dir=state_dir,
+        systemd=systemd,
     )
     if drain <= 0:
         async with worker:

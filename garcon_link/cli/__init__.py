@@ -22,7 +22,7 @@ Commands
     With no ``--service`` and no ``--builtin`` it warns on stderr (one line) that it serves
     nothing. Under systemd (``NOTIFY_SOCKET`` set) it speaks the notify protocol: ``READY=1``
     once it listens or dials, ``STOPPING=1`` when the drain starts, ``WATCHDOG=1`` when the unit
-    sets ``WatchdogSec=`` (:mod:`garcon_link.cli._systemd`; docs/guides/supervision.md).
+    sets ``WatchdogSec=`` (:mod:`garcon_link.api.systemd`; docs/guides/supervision.md).
 
     ``attr`` may be a dotted path inside ``module``; the current directory is importable (as with
     ``python -m``). What it names decides how it is served:

@@ -10,13 +10,13 @@ import sys
 import anyio
 
 from ..api.gateway import Gateway, gateway
+from ..api.systemd import SystemdNotifier
 from ..logs import peer_message
 from ..settings.callers import GatewayConfig, load_gateway_config
 from ._exits import EXIT_OK
 from ._fleet import _REDRAW_INTERVAL, _event_json, fleet_table
 from ._lifecycle import DEFAULT_DRAIN, StopSignals, event_line, run_until_signal
 from ._output import _emit, _print_json, _setup_logging
-from ._systemd import SystemdNotifier
 
 _CALLER_COLUMNS = ("caller", "sessions", "calls", "errors", "forbidden", "bytes")
 
@@ -47,7 +47,8 @@ async def _run_gateway(
 ) -> None:
     """Serve until SIGINT/SIGTERM; then drain for up to ``drain`` seconds (new relayed calls
     refused ``DRAINING``, a second signal ends the drain), print ``gateway-stopping`` and close.
-    Speaks systemd's notify protocol when ``NOTIFY_SOCKET`` is set (:mod:`._systemd`)."""
+    Speaks systemd's notify protocol when ``NOTIFY_SOCKET`` is set
+    (:mod:`garcon_link.api.systemd`)."""
     notifier = SystemdNotifier.from_environ()
     try:
         with StopSignals() as signals:

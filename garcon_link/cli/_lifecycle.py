@@ -39,8 +39,8 @@ from typing import Any
 
 import anyio
 
+from ..api.systemd import SystemdNotifier
 from ._output import _emit
-from ._systemd import SystemdNotifier
 
 __all__ = [
     "DEFAULT_DRAIN",

@@ -19,13 +19,13 @@ from typing import Any
 import anyio
 
 from ..api.registration import ServiceFactory, ServiceMap
+from ..api.systemd import SystemdNotifier
 from ..api.worker import Worker
 from ..rpc.resources import ServiceScope
 from ..settings.config import LinkConfig
 from ._exits import EXIT_OK, TakenOver, UsageError
 from ._lifecycle import DEFAULT_DRAIN, StopSignals, run_until_signal
 from ._output import _emit, _load, _setup_logging
-from ._systemd import SystemdNotifier
 
 log = logging.getLogger("garcon_link.cli")  # one logger for the whole command line
 
@@ -203,7 +203,7 @@ async def _serve_until_signal(
 ) -> None:
     """Serve until SIGINT/SIGTERM; then drain for up to ``drain`` seconds (a second signal
     ends the drain), print ``executor-stopping`` and close gracefully. Speaks systemd's notify
-    protocol when ``NOTIFY_SOCKET`` is set (:mod:`._systemd`)."""
+    protocol when ``NOTIFY_SOCKET`` is set (:mod:`garcon_link.api.systemd`)."""
     notifier = SystemdNotifier.from_environ()
     try:
         await _serve(

@@ -395,6 +395,7 @@ class WebSocketLink:
                 f"plain-text ws:// to or on non-loopback address {host!r} is refused; use TLS "
                 "(wss://, or a TLS terminator) or set allow_insecure_development"
             )
+        self._host_tg: anyio.abc.TaskGroup | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._slots: dict[SlotKey, _Slot] = {}
         if executor_id is not None and not self._per_controller:
@@ -577,7 +578,27 @@ class WebSocketLink:
             guest.limits.max_controllers, lambda: self._attached + guest._attached
         )
 
+    # The link's own tasks (listener, dial loop, sockets, heartbeats) run in an inner task group
+    # hosted by a child task of the task group entered in the host's task. ``_shutdown`` cancels
+    # only the inner group, so ``abort()``/``aclose()`` from the host's body end the link, never
+    # the body: the body goes on and sees the link's state (calls fail NotDispatched or
+    # OutcomeUnknown), not a cancellation it did not ask for.
+
     async def __aenter__(self) -> WebSocketLink:
+        host = anyio.create_task_group()
+        await host.__aenter__()
+        self._host_tg = host
+        try:
+            await host.start(self._run_tasks)
+        except BaseException:
+            host.cancel_scope.cancel()
+            await host.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def _run_tasks(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        # Entered by hand, not ``async with``: a start-up failure (e.g. LinkError "cannot
+        # listen") then reaches the caller of ``__aenter__`` itself, not an ExceptionGroup.
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -598,15 +619,20 @@ class WebSocketLink:
             tg.cancel_scope.cancel()
             await tg.__aexit__(None, None, None)
             raise
-        return self
+        task_status.started()
+        try:
+            await anyio.sleep_forever()  # until _shutdown cancels ``tg``
+        except BaseException as exc:
+            if not await tg.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
 
     async def __aexit__(self, *exc_info: object) -> None:
-        assert self._tg is not None
+        assert self._host_tg is not None
         try:
             with anyio.CancelScope(shield=True):
                 await self.aclose()
         finally:
-            await self._tg.__aexit__(None, None, None)
+            await self._host_tg.__aexit__(None, None, None)
 
     async def disconnect(self, executor_id: str | None = None) -> None:
         """Drop the attached socket abruptly (as a network loss would); keep the session.

@@ -229,8 +229,8 @@ class Caller:
         self._check_open()
         try:
             pos, kw = spec.bind(args, kwargs)
-            wire_args = to_wire(pos)
-            wire_kwargs = to_wire(kw)
+            wire_args = to_wire(pos, with_defaults=spec.args_with_defaults)
+            wire_kwargs = to_wire(kw, with_defaults=spec.args_with_defaults)
         except TypeError as exc:  # not a call of this method, or values that cannot be sent
             raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
         try:

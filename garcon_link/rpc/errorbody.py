@@ -2,10 +2,10 @@
 reading of one by the caller (an unreadable body is ``UNKNOWN``, never ``FAILED``).
 
 Also the allow-list of remote exception types re-raised locally as themselves
-(:func:`register_exception`). A handler's exception is sent with its ``args`` encoded as values
-(``args``, at most :data:`MAX_ERROR_ARGS_BYTES` of CBOR; or ``args_note`` saying why they were
-not sent), so an allow-listed type is re-raised with its original arguments: ``KeyError("k")``
-arrives as ``KeyError("k")``, not as ``KeyError("'k'")``.
+(:func:`register_exception`, undone by :func:`unregister_exception`). A handler's exception is
+sent with its ``args`` encoded as values (``args``, at most :data:`MAX_ERROR_ARGS_BYTES` of CBOR;
+or ``args_note`` saying why they were not sent), so an allow-listed type is re-raised with its
+original arguments: ``KeyError("k")`` arrives as ``KeyError("k")``, not as ``KeyError("'k'")``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ __all__ = [
     "local_exception",
     "qualname",
     "register_exception",
+    "unregister_exception",
 ]
 
 # The ``cancel`` field of an error body that answers a cancel (cancel receipts, rpc.py).
@@ -71,6 +72,21 @@ def register_exception(cls: type[BaseException]) -> type[BaseException]:
     """
     _registered_exceptions[qualname(cls)] = cls
     return cls
+
+
+def unregister_exception(cls: type[BaseException]) -> bool:
+    """Undo :func:`register_exception`: ``cls`` raised by a remote handler arrives as
+    :class:`RemoteError` again.
+
+    Returns:
+        Whether ``cls`` was registered; ``False`` changes nothing (also when another class of
+        the same qualified name is registered: that one stays).
+    """
+    name = qualname(cls)
+    if _registered_exceptions.get(name) is not cls:
+        return False
+    del _registered_exceptions[name]
+    return True
 
 
 def qualname(cls: type) -> str:

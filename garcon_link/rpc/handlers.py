@@ -341,7 +341,7 @@ class Handlers:
                 if hasattr(result, "__await__"):
                     await result
             elif policy is KEYED:
-                body, error, extra = self._recordable(await target(*pos, **kw))
+                body, error, extra = self._recordable(await target(*pos, **kw), spec)
             else:
                 assert incoming is not None  # a call's handler holds its slot
                 if incoming.cancelled:
@@ -351,12 +351,14 @@ class Handlers:
                     with incoming.scope:
                         incoming.started = True
                         if policy is STREAM:
-                            await self._produce(call_id, incoming, target(*pos, **kw))
+                            await self._produce(call_id, incoming, target(*pos, **kw), spec)
                         else:
                             result = await target(*pos, **kw)
                             try:
                                 reply_body = encode_result(
-                                    call_id, to_wire(result), splice=SPLICE_BYTES
+                                    call_id,
+                                    to_wire(result, with_defaults=spec.result_with_defaults),
+                                    splice=SPLICE_BYTES,
                                 )
                             except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
                                 error = RemoteError("UNENCODABLE_RESULT", str(exc))
@@ -421,10 +423,12 @@ class Handlers:
             return ERROR, cbor2.dumps(error_body(error.outcome, error.code, message, **extra))
         return RESULT, body
 
-    def _recordable(self, result: Any) -> tuple[bytes, CallError | None, dict[str, Any]]:
+    def _recordable(
+        self, result: Any, spec: MethodSpec
+    ) -> tuple[bytes, CallError | None, dict[str, Any]]:
         """A keyed handler's result as the body to record, or the error that replaces it."""
         try:
-            body = cbor2.dumps(to_wire(result))
+            body = cbor2.dumps(to_wire(result, with_defaults=spec.result_with_defaults))
         except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
             return b"", RemoteError("UNENCODABLE_RESULT", str(exc)), TYPE_ERROR
         if len(body) + 16 > self._max_body:
@@ -448,7 +452,9 @@ class Handlers:
             pass
         return None
 
-    async def _produce(self, call_id: int, incoming: Incoming, iterator: Any) -> None:
+    async def _produce(
+        self, call_id: int, incoming: Incoming, iterator: Any, spec: MethodSpec
+    ) -> None:
         if not hasattr(iterator, "__anext__"):
             raise TypeError(
                 f"stream handler returned {type(iterator).__name__}, not an async iterator"
@@ -463,7 +469,11 @@ class Handlers:
                 except StopAsyncIteration:
                     break
                 try:
-                    body = encode_item(call_id, to_wire(item), splice=SPLICE_BYTES)
+                    body = encode_item(
+                        call_id,
+                        to_wire(item, with_defaults=spec.result_with_defaults),
+                        splice=SPLICE_BYTES,
+                    )
                 except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
                     raise TypeError(f"cannot encode stream item: {exc}") from exc
                 incoming.credit -= 1

@@ -51,17 +51,22 @@ encode (a ``Path``, or a ``Protocol`` used as a value type, is not). All problem
 one ``ConfigError``.
 
 Encoding is :func:`to_wire`: msgspec ``to_builtins`` (bytes stay bytes; datetimes become RFC 3339
-text, enums their values, dataclasses maps) -- then CBOR. Decoding is :func:`from_wire`
-(:mod:`garcon_link.rpc.values`).
+text, enums their values, dataclasses maps) -- then CBOR. Every field is sent, a default too: a
+``msgspec.Struct`` declared ``omit_defaults=True`` is written out in full wherever a method's
+declared types can hold one (:func:`omits_defaults`), since a peer of another version may
+declare another default and the contract does not compare fields. Decoding is
+:func:`from_wire` (:mod:`garcon_link.rpc.values`).
 """
 
 from __future__ import annotations
 
 import ast
 import collections.abc
+import dataclasses
 import datetime
 import decimal
 import enum
+import functools
 import inspect
 import re
 import reprlib
@@ -101,6 +106,7 @@ __all__ = [
     "manifest_changes",
     "manifest_method",
     "manifest_result_hint",
+    "omits_defaults",
     "oneway",
     "registration_problems",
     "service_spec",
@@ -159,8 +165,16 @@ class MethodSpec:
     _names: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
     _checks: tuple[Check | None, ...] = field(default=(), init=False, repr=False, compare=False)
     _converts: tuple[Convert | None, ...] = field(default=(), init=False, repr=False, compare=False)
+    # Whether the arguments / the result (each stream item) may hold a ``msgspec.Struct`` that
+    # leaves its defaults out: then they are sent ``to_wire(..., with_defaults=True)``.
+    args_with_defaults: bool = field(default=False, init=False, repr=False, compare=False)
+    result_with_defaults: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "args_with_defaults", any(omits_defaults(h) for h in self.hints.values())
+        )
+        object.__setattr__(self, "result_with_defaults", omits_defaults(self.result))
         plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         params = self.signature.parameters.values()
         if all(p.kind in plain for p in params):
@@ -440,7 +454,8 @@ def view_source(spec: ServiceSpec, *, sync: bool) -> str:
         returns = method.signature.return_annotation
         if method.kind is MethodKind.STREAM:
             stream: Any = collections.abc.Iterator if sync else collections.abc.AsyncIterator
-            returns = stream[method.result]
+            items = typing.get_args(returns)  # the bare item type (the signature's)
+            returns = stream[items[0] if items else Any]
         signature = _source_signature(interface, method, returns, imports)
         if method.kind is MethodKind.ONEWAY:
             imports.gl = True
@@ -608,6 +623,10 @@ def _method_spec(
     ``sync``: as a sync client sees it (plain ``def``; streams return ``Iterator[T]``)."""
     try:
         hints = typing.get_type_hints(func)
+        # With ``Annotated`` kept: the receiver enforces ``msgspec.Meta`` constraints of the
+        # parameters (the worker) and of the result or stream items (the caller). The signature
+        # (so the manifest and the contract hash) keeps bare types.
+        constrained = typing.get_type_hints(func, include_extras=True)
     except Exception as exc:
         raise TypeError(
             f"cannot resolve type hints of {interface.__qualname__}.{name}: {exc}"
@@ -632,17 +651,18 @@ def _method_spec(
             else returns
         ),
     )
-    param_hints = {p.name: hints.get(p.name, Any) for p in params}
+    param_hints = {p.name: constrained.get(p.name, Any) for p in params}
+    checked = constrained.get("return", Any)
     where = f"{interface.__qualname__}.{name}"
     if sync:
-        return _sync_method_spec(where, func, signature, param_hints, returns)
+        return _sync_method_spec(where, func, signature, param_hints, returns, checked)
     if getattr(func, _ONEWAY_ATTR, False):
         return MethodSpec(name, MethodKind.ONEWAY, signature, param_hints, None)
     origin = typing.get_origin(returns)
     if origin in _STREAM_ORIGINS or returns in _STREAM_ORIGINS:
-        return _stream_spec(name, signature, param_hints, returns)
+        return _stream_spec(name, signature, param_hints, returns, checked)
     if inspect.iscoroutinefunction(func):
-        return MethodSpec(name, MethodKind.UNARY, signature, param_hints, returns)
+        return MethodSpec(name, MethodKind.UNARY, signature, param_hints, checked)
     if inspect.isasyncgenfunction(func):
         return (
             f"{where} is an async generator but is not annotated as a stream: "
@@ -662,6 +682,7 @@ def _sync_method_spec(
     signature: inspect.Signature,
     param_hints: dict[str, Any],
     returns: Any,
+    checked: Any,
 ) -> MethodSpec | str:
     name = func.__name__
     origin = typing.get_origin(returns)
@@ -675,14 +696,19 @@ def _sync_method_spec(
     if origin in _STREAM_ORIGINS or returns in _STREAM_ORIGINS:
         return f"{where} returns an async iterator; a sync client's stream returns `Iterator[T]`"
     if origin in _SYNC_STREAM_ORIGINS or returns in _SYNC_STREAM_ORIGINS:
-        return _stream_spec(name, signature, param_hints, returns)
-    return MethodSpec(name, MethodKind.UNARY, signature, param_hints, returns)
+        return _stream_spec(name, signature, param_hints, returns, checked)
+    return MethodSpec(name, MethodKind.UNARY, signature, param_hints, checked)
 
 
 def _stream_spec(
-    name: str, signature: inspect.Signature, param_hints: dict[str, Any], returns: Any
+    name: str,
+    signature: inspect.Signature,
+    param_hints: dict[str, Any],
+    returns: Any,
+    checked: Any,
 ) -> MethodSpec:
-    """A stream of the item type ``returns`` declares, its return spelled ``AsyncIterator[T]``.
+    """A stream of the item type ``returns`` declares, its return spelled ``AsyncIterator[T]``
+    (``checked``: the same with its ``Annotated`` constraints, which the items are held to).
 
     One spelling for every stream (typing or collections.abc, ``AsyncGenerator[T, None]`` or
     ``AsyncIterable[T]``, and a sync client's ``Iterator[T]``): the wire behaviour is the same,
@@ -691,7 +717,9 @@ def _stream_spec(
     item = item_args[0] if item_args else Any
     stream_of: Any = collections.abc.AsyncIterator
     signature = signature.replace(return_annotation=stream_of[item])
-    return MethodSpec(name, MethodKind.STREAM, signature, param_hints, item)
+    checked_args = typing.get_args(_bare(checked))
+    checked_item = checked_args[0] if checked_args else item
+    return MethodSpec(name, MethodKind.STREAM, signature, param_hints, checked_item)
 
 
 def registration_problems(target: object, spec: ServiceSpec) -> list[str]:
@@ -799,6 +827,11 @@ def _plain(hint: object) -> typing.TypeGuard[type]:
     return isinstance(hint, type) and hint is not Any
 
 
+def _bare(hint: Any) -> Any:
+    """``hint`` without an outer ``Annotated[...]`` (its constraints)."""
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
+
+
 def _accepts(wider: type, narrower: type) -> bool:
     try:
         return issubclass(narrower, wider) or narrower in _ACCEPTS.get(wider, ())
@@ -836,7 +869,7 @@ def _hint_conflicts(
             receiver = p.name
         else:
             continue
-        declared = method.hints.get(p.name)
+        declared = _bare(method.hints.get(p.name))
         got = hints.get(receiver) if receiver is not None else None
         if _plain(declared) and _plain(got) and not _accepts(got, declared):
             problems.append(
@@ -845,7 +878,7 @@ def _hint_conflicts(
                 f"match the interface: `{wanted}`"
             )
     got = hints.get("return")
-    declared = method.result
+    declared = _bare(method.result)
     if (
         method.kind is MethodKind.UNARY
         and _plain(declared)
@@ -1119,10 +1152,98 @@ def contract_hash(manifest: Mapping[str, Any]) -> str:
 _BUILTIN_TYPES = (bytes, bytearray)
 
 
-def to_wire(value: Any) -> Any:
+def to_wire(value: Any, *, with_defaults: bool = False) -> Any:
     """Convert ``value`` to plain CBOR-encodable data.
+
+    Args:
+        value: what to send.
+        with_defaults: also send the fields a ``msgspec.Struct`` declared ``omit_defaults=True``
+            leaves out when they hold their default (:func:`omits_defaults` says when a declared
+            type needs it). A receiver of another version may declare another default: the
+            value sent is the sender's, never the receiver's guess.
 
     Raises:
         TypeError: a value of an unsupported type (the message names it).
     """
+    if with_defaults:
+        value = _every_field(value)
     return msgspec.to_builtins(value, builtin_types=_BUILTIN_TYPES)
+
+
+def omits_defaults(hint: Any) -> bool:
+    """Whether a value of ``hint`` may hold a ``msgspec.Struct`` declared ``omit_defaults=True``
+    (then :func:`to_wire` needs ``with_defaults``). Made once per hint."""
+    if hint is Any or hint is inspect.Parameter.empty or hint is None:
+        return False
+    try:
+        return _omits_defaults_cached(hint)
+    except TypeError:  # an unhashable hint: not cached
+        return _omits_defaults(hint)
+
+
+@functools.lru_cache(maxsize=1024)  # hints rebuilt from a peer's manifest vary: bounded
+def _omits_defaults_cached(hint: Any) -> bool:
+    return _omits_defaults(hint)
+
+
+def _omits_defaults(hint: Any) -> bool:
+    try:
+        info = msgspec.inspect.type_info(hint)
+    except Exception:  # not a type msgspec knows (a MethodSpec is never refused for it)
+        return False
+    seen: set[int] = set()
+    stack: list[Any] = [info]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, msgspec.inspect.StructType):
+            if node.cls.__struct_config__.omit_defaults:
+                return True
+            stack.extend(f.type for f in node.fields)
+        elif isinstance(node, msgspec.inspect.DataclassType | msgspec.inspect.TypedDictType):
+            stack.extend(f.type for f in node.fields)
+        elif isinstance(node, msgspec.inspect.UnionType):
+            stack.extend(node.types)
+        elif isinstance(node, msgspec.inspect.TupleType):
+            stack.extend(node.item_types)
+        elif isinstance(node, msgspec.inspect.DictType):
+            stack.extend((node.key_type, node.value_type))
+        elif isinstance(node, msgspec.inspect.Metadata):
+            stack.append(node.type)
+        elif (item := getattr(node, "item_type", None)) is not None:
+            stack.append(item)
+    return False
+
+
+def _every_field(value: Any) -> Any:
+    """``value`` with every ``msgspec.Struct`` written out as ``to_builtins`` would write it
+    without ``omit_defaults`` (its tag, its encoded field names, ``UNSET`` fields left out);
+    dataclasses and containers walked to reach the structs inside them. Only run when a
+    declared type holds such a struct (:func:`omits_defaults`): plain values pass untouched."""
+    if isinstance(value, msgspec.Struct):
+        config = value.__struct_config__
+        names = zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True)
+        pairs = [
+            (encoded, _every_field(field_value))
+            for name, encoded in names
+            if (field_value := getattr(value, name)) is not msgspec.UNSET
+        ]
+        if config.array_like:
+            items = [v for _, v in pairs]
+            return [config.tag, *items] if config.tag_field is not None else items
+        record = {config.tag_field: config.tag} if config.tag_field is not None else {}
+        record.update(pairs)
+        return record
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: _every_field(field_value)
+            for f in dataclasses.fields(value)
+            if (field_value := getattr(value, f.name)) is not msgspec.UNSET
+        }
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_every_field(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _every_field(item) for key, item in value.items()}
+    return value

@@ -209,7 +209,7 @@ from .envelopes import (
 )
 from .envelopes import decode as decode_envelope
 from .envelopes import encode as encode_envelope
-from .errorbody import MAX_REFUSAL_MESSAGE, register_exception
+from .errorbody import MAX_REFUSAL_MESSAGE, register_exception, unregister_exception
 from .handlers import Handlers, current_session
 from .idempotency import KeyedExecutions
 from .interface import MethodSpec
@@ -239,6 +239,7 @@ __all__ = [
     "current_rpc",
     "end_of",
     "register_exception",
+    "unregister_exception",
 ]
 
 log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)

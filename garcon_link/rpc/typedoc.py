@@ -87,6 +87,9 @@ _DOC_CHARS = 200
 # ------------------------------------------------------------------------------ the worker side
 
 
+# Descriptions built once per interface and bounds, however many sessions describe them; the
+# least recently described is dropped past _CACHED (a dict keeps the order of use: a hit moves
+# its entry to the end).
 _cache: dict[tuple[type, int, int, int], dict[str, Any]] = {}
 _CACHED = 256  # interfaces a process serves are few; tests make many
 
@@ -102,7 +105,9 @@ def registry_type_descriptions(registry: Registry, limits: Limits) -> dict[str, 
 
 
 def service_type_description(spec: ServiceSpec, limits: Limits) -> dict[str, Any]:
-    """The type description of one service (cached per interface and bounds).
+    """The type description of one service: built once per interface and bounds, and the same
+    object for every session that describes it (the :data:`_CACHED` most recently described
+    are kept).
 
     Never raises: a hint msgspec cannot describe leaves the schema out, with a ``note``.
     """
@@ -112,7 +117,7 @@ def service_type_description(spec: ServiceSpec, limits: Limits) -> dict[str, Any
         limits.type_description_bytes,
         limits.type_description_depth,
     )
-    cached = _cache.get(key)
+    cached = _cache.pop(key, None)
     if cached is None:
         try:
             described = _description(spec, limits.described_types)
@@ -120,8 +125,8 @@ def service_type_description(spec: ServiceSpec, limits: Limits) -> dict[str, Any
             described = {"note": f"types not described: {type(exc).__name__}: {exc}"}
         cached = _bounded(described, limits)
         if len(_cache) >= _CACHED:
-            _cache.clear()
-        _cache[key] = cached
+            del _cache[next(iter(_cache))]  # the least recently described
+    _cache[key] = cached
     return cached
 
 

@@ -1,4 +1,6 @@
-"""systemd's notify protocol for ``garcon-link worker``, without a dependency.
+"""systemd's notify protocol, without a dependency: for ``garcon-link worker`` and
+``garcon-link gateway``, and for a worker in a program of its own (``gl.Worker(...,
+systemd=True)``).
 
 Theory of operation
 -------------------
@@ -10,8 +12,9 @@ When systemd starts a ``Type=notify`` service it sets ``NOTIFY_SOCKET``: the add
   its dial loop has started. Not at the first session: a controller that is down would then keep
   the unit "activating" until systemd's start timeout killed the worker, and restarting it would
   not bring the controller back. Whether a session is up shows in ``STATUS=``.
-* ``STOPPING=1`` when a signal starts the drain (or the stop, without one), or when another
-  process took the executor id over.
+* ``STOPPING=1`` when the worker starts to stop: a signal to the command (its drain, or the stop
+  without one), a library worker's ``aclose()`` (leaving its ``async with``), or another process
+  took the executor id over.
 * ``WATCHDOG=1`` every ``WATCHDOG_USEC / 2`` when ``WATCHDOG_USEC`` is set and ``WATCHDOG_PID``
   is unset or this process's pid; it comes from a task on the worker's event loop, so it stops
   when the loop is stuck, which is what systemd's ``WatchdogSec=`` is there to notice.
@@ -46,7 +49,7 @@ __all__ = [
     "watchdog_interval",
 ]
 
-log = logging.getLogger("garcon_link.cli")  # one logger for the whole command line
+log = logging.getLogger("garcon_link.remote")  # the worker's: the name users configure (README)
 
 MIN_WATCHDOG_INTERVAL = 0.05
 """The shortest pause (seconds) between two ``WATCHDOG=1``, whatever ``WATCHDOG_USEC`` says."""
