@@ -222,7 +222,9 @@ async def test_a_worker_serves_eight_controller_processes_and_the_cli_at_once(
                 assert (await child.ask("list"))["ids"] == started
 
             stats = worker.link.statistics()
-            assert stats.fresh_sessions == 10  # 8 children, call, describe
+            # 8 children (one session each, asked below) and at least one per CLI run: a CLI
+            # run whose first dial times out on a loaded machine dials again, a new session.
+            assert stats.fresh_sessions >= 10
             assert stats.takeovers_refused == stats.admissions_busy == 0
             assert stats.controllers_refused == stats.controllers_evicted == 0
             # The CLI runs closed their sessions (1001); the children's are the ones they
