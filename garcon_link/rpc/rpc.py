@@ -22,11 +22,14 @@ by the caller, so ``result``/``error``/``stream_item``/``stream_end`` name *our*
     stream_end   [6, id]
     credit       [7, id, items, bytes]
     part         [8, flags, chunk]
+                 [8, flags, transfer, chunk]
 
 A body (any of the envelopes above, encoded) longer than ``Limits.bulk_chunk_bytes`` is sent as
 ``part`` envelopes, paced so that small messages interleave with it, and dispatched whole once
 its final part arrives, through a path that refuses ``part`` (parts do not nest;
-:mod:`garcon_link.rpc.chunks`: the rules, pacing and hostile parts). A request's ordinal is that of
+:mod:`garcon_link.rpc.chunks`: the rules, pacing and hostile parts). Parts name their transfer
+once the peer said it reads ids (the internal notification ``$link.parts``), so several
+transfers interleave. A request's ordinal is that of
 its final part, so a call cancelled or timed out before its final part left is
 ``NOT_DISPATCHED`` (an abort part frees the peer's buffer). Call ids must increase in the order
 calls *arrive*: a call sent in parts is given a fresh id when its turn to send comes (calls
@@ -307,8 +310,10 @@ class RpcStatistics:
         transfers_received: bodies reassembled from parts and dispatched.
         transfers_aborted: transfers the peer abandoned (an abort part freed our buffer).
         part_violations: parts refused as malformed, out of turn (an abort or a final part
-            with no transfer in progress) or beyond the size limit, and transfers whose body
-            is itself a part (parts do not nest); all dropped.
+            with no transfer in progress; a transfer id unknown, reused, of another type or
+            size, or one transfer beyond :data:`~garcon_link.rpc.chunks.MAX_TRANSFERS`) or
+            beyond the size limit, and transfers whose body is itself a part (parts do not
+            nest); all dropped.
         part_buffered: bytes of the peer's transfers in progress held now (0 between transfers).
         transfers_in_progress: the peer's transfers begun and not yet ended (at most
             :data:`~garcon_link.rpc.chunks.MAX_TRANSFERS` with ids, and one without).
