@@ -842,6 +842,34 @@ async def test_two_large_calls_in_one_session_make_progress_together(
             assert pair.rpc.statistics().transfers_sending == 0
 
 
+@both_directions
+async def test_two_large_results_in_one_session_make_progress_together(
+    direction: Direction,
+) -> None:
+    """The same the other way: two 64-part results at once alternate, so when the first
+    echo returns the caller holds most of the other result's parts too."""
+    impl = BulkImpl()
+    payloads = [os.urandom(64 * CHUNK), os.urandom(64 * CHUNK + 1)]
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            rpc = pair.rpc
+            assert await bulk.echo(payloads[0][: 2 * CHUNK]) == payloads[0][: 2 * CHUNK]
+            before = rpc.statistics().parts_received
+            seen: list[int] = []
+
+            async def echo(payload: bytes) -> None:
+                assert await bulk.echo(payload) == payload
+                seen.append(rpc.statistics().parts_received - before)
+
+            async with anyio.create_task_group() as tg:
+                for payload in payloads:
+                    tg.start_soon(echo, payload)
+            assert seen[0] >= 120, seen
+            stats = rpc.statistics()
+            assert (stats.part_violations, stats.transfers_in_progress) == (0, 0)
+
+
 # Every CBOR major type and some sizes as a transfer id: each a part violation, nothing held.
 _BAD_IDS = [
     0,
