@@ -589,7 +589,8 @@ class ChunkSender:
         try:
             while True:
                 async with turn:
-                    await self._issue_owed()
+                    if self._owed:
+                        await self._issue_owed()
                     if self._active < (MAX_TRANSFERS if self.interleave else 1):
                         self._active += 1
                         self._sending += 1
@@ -619,7 +620,9 @@ class ChunkSender:
                         ordinal, index, offset = await self._part(
                             transfer, pieces, 0, step, end, 0, 0
                         )
-                        self._issued_by(me)
+                        self._last = me
+                        if self._progress is not None:
+                            self._issued_by(me)  # wakes a transfer waiting for its turn
                         break
                 slot = self._slot = self._slot or anyio.Event()
                 await slot.wait()
@@ -633,12 +636,15 @@ class ChunkSender:
                     progress = self._progress = self._progress or anyio.Event()
                     await progress.wait()
                 async with turn:
-                    await self._issue_owed()
+                    if self._owed:
+                        await self._issue_owed()
                     await transport.wait_retained_below(self._pace())
                     ordinal, index, offset = await self._part(
                         transfer, pieces, start, step, end, index, offset
                     )
-                    self._issued_by(me)
+                    self._last = me
+                    if self._progress is not None:
+                        self._issued_by(me)
         except BaseException:
             if begun:
                 self._sending -= 1
