@@ -37,6 +37,7 @@ from garcon_link.core.wire import MAX_BIGNUM_BYTES, encode_message, encode_recei
 __all__ = [
     "KNOWN_TAGS",
     "PART_HEAD",
+    "PART_HEADS",
     "any_item",
     "array_bytes",
     "cbor_values",
@@ -466,6 +467,8 @@ def mutated_envelope(draw: st.DrawFn, call_id: int, kinds: list[str]) -> bytes:
 
 PART_HEAD = bytes((0x83, PART))
 """How a part begins in the encoding garcon_link.chunks writes (and its reassembler checks)."""
+PART_HEADS = (PART_HEAD, bytes((0x84, PART)))
+"""How a part begins, without and with a transfer id (both checked before a body is joined)."""
 
 
 def _wrapped(flags: int, chunk: bytes, encoding: str) -> bytes:
@@ -482,6 +485,8 @@ def _wrapped(flags: int, chunk: bytes, encoding: str) -> bytes:
         return head(4, 3, 1) + bytes((PART, flags)) + encode(chunk)
     if encoding == "wide-kind":
         return b"\x83" + head(0, PART, 2) + bytes((flags,)) + encode(chunk)
+    if encoding == "with-transfer":  # [8, flags, transfer, chunk]
+        return bytes((0x84, PART, flags)) + head(0, 7) + head(2, len(chunk)) + chunk
     assert encoding == "bignum-kind"  # tag 2: an integer decode_item admits
     return b"\x83\xc2\x41" + bytes((PART, flags)) + encode(chunk)
 
@@ -495,6 +500,7 @@ PART_ENCODINGS = [
     "wide-array-head",
     "wide-kind",
     "bignum-kind",
+    "with-transfer",
 ]
 
 

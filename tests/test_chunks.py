@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import anyio
+import anyio.lowlevel
 import pytest
 from rpcutil import LIMITS, Direction, both_directions, next_call_id, open_pair, raw_send
 
@@ -24,16 +25,20 @@ from garcon_link.rpc.chunks import (
     ABORT,
     FINAL,
     INTERACTIVE_S,
+    MAX_TRANSFER_ID,
+    MAX_TRANSFERS,
     MIN_CHARGE,
     MORE,
     PART,
     ChunkSender,
     PartViolation,
     Reassembler,
+    Transfers,
     encode_part,
     parse_part,
+    parse_transfer_part,
 )
-from garcon_link.rpc.rpc import CALL
+from garcon_link.rpc.rpc import CALL, current_rpc
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -268,6 +273,210 @@ async def test_the_sender_sends_at_least_two_parts_that_reassemble(extra: int) -
         assert receiver.feed(*part) is None
     assert last is not None and last[0] == FINAL
     assert receiver.feed(*last) == body
+
+
+# ---------------------------------------------------------------------------------- transfer ids
+
+
+def test_transfers_with_ids_interleave_part_by_part() -> None:
+    t = Transfers(100 * MIN_CHARGE)
+    fed = t.feed(1, MORE, b"a1")
+    assert fed is not None and fed[1:] == (True, None)
+    assert t.feed(2, MORE, b"b1") is not None
+    assert t.feed(None, MORE, b"c1") is not None  # the transfer without an id, alongside
+    assert (t.in_progress, t.buffered) == (3, 6)
+    assert t.feed(1, MORE, b"a2") is not None
+    fed = t.feed(2, FINAL, b"b2")
+    assert fed is not None and fed[1:] == (False, b"b1b2")
+    fed = t.feed(1, FINAL, b"a3")
+    assert fed is not None and fed[2] == b"a1a2a3"
+    fed = t.feed(None, FINAL, b"c2")
+    assert fed is not None and fed[2] == b"c1c2"
+    assert (t.in_progress, t.buffered, t.completed, t.parts) == (0, 0, 3, 7)
+    assert t.feed(3, MORE, b"x") is not None
+    assert t.feed(3, ABORT, b"") is not None
+    assert (t.in_progress, t.buffered, t.aborted) == (0, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "transfer",
+    [
+        0,
+        -1,
+        MAX_TRANSFER_ID + 1,
+        2**64 - 1,
+        2**200,
+        b"\x01",
+        "1",
+        [1],
+        {1: 1},
+        1.5,
+        True,
+        [[[[1]]]],
+    ],
+)
+def test_a_transfer_id_of_another_type_or_size_is_a_violation(transfer: Any) -> None:
+    t = Transfers(100 * MIN_CHARGE)
+    with pytest.raises(PartViolation, match="transfer id"):
+        t.feed(transfer, MORE, b"x")
+    assert (t.in_progress, t.buffered) == (0, 0)
+    assert t.feed(1, MORE, b"x") is not None  # nothing of it stays
+
+
+def test_unknown_reused_and_too_many_transfers_are_violations() -> None:
+    t = Transfers(100 * MIN_CHARGE)
+    assert t.feed(5, MORE, b"x") is not None
+    assert t.feed(5, FINAL, b"y") is not None
+    for reused in (5, 4, 1):  # ended, or never begun below the highest id seen
+        with pytest.raises(PartViolation, match="unknown or ended"):
+            t.feed(reused, MORE, b"x")
+    with pytest.raises(PartViolation, match="no transfer in progress"):
+        t.feed(6, FINAL, b"x")  # a final part begins no transfer
+    with pytest.raises(PartViolation, match="ends a transfer in progress"):
+        t.feed(7, ABORT, b"")
+    opened = range(10, 10 + MAX_TRANSFERS)
+    for transfer in opened:
+        assert t.feed(transfer, MORE, b"x") is not None
+    with pytest.raises(PartViolation, match="transfers at once"):
+        t.feed(20, MORE, b"x")
+    assert t.feed(20, MORE, b"x") is None  # the rest of the refused one: discarded unread
+    assert t.feed(20, FINAL, b"x") is None
+    with pytest.raises(PartViolation, match="unknown or ended"):
+        t.feed(20, MORE, b"x")  # ended with its final part
+    assert t.in_progress == MAX_TRANSFERS
+    for transfer in opened:
+        assert t.feed(transfer, ABORT, b"") is not None
+    assert (t.in_progress, t.buffered, t.aborted) == (0, 0, MAX_TRANSFERS)
+
+
+def test_a_violation_inside_a_transfer_discards_only_its_rest() -> None:
+    t = Transfers(4 * MIN_CHARGE)
+    assert t.feed(1, MORE, b"a") is not None
+    assert t.feed(2, MORE, b"b") is not None
+    with pytest.raises(PartViolation, match="exceeds"):
+        t.feed(1, MORE, b"x" * 4 * MIN_CHARGE)
+    assert t.feed(1, MORE, b"x") is None  # discarded to its end
+    assert t.feed(1, FINAL, b"x") is None
+    fed = t.feed(2, FINAL, b"c")
+    assert fed is not None and fed[2] == b"bc"
+    assert (t.in_progress, t.buffered) == (0, 0)
+
+
+def test_parse_transfer_part_reads_what_encode_part_writes() -> None:
+    for transfer in (1, 23, 24, 255, 256, 65536, 2**32, MAX_TRANSFER_ID):
+        for chunk in (b"", b"abc", bytes(300)):
+            encoded = encode_part(MORE, chunk, transfer)
+            parsed = parse_transfer_part(encoded)
+            assert parsed is not None and parsed[:2] == (MORE, transfer)
+            assert parsed[2] == chunk and parsed[2].obj is encoded  # a view: no copy
+            assert parse_part(encoded) is None
+            assert parse_transfer_part(encode_part(MORE, chunk)) is None
+    ok = encode_part(FINAL, b"abc", 300)
+    for bad in (ok[:-1], ok + b"x", ok[:3], b"\x84\x08\x03" + ok[3:], b"\x84\x08\x00\x20\x43abc"):
+        assert parse_transfer_part(bad) is None
+
+
+def _parts(bodies: list[bytes]) -> list[tuple[int, int | None]]:
+    """``(flags, transfer)`` of each part the sender issued."""
+    parts: list[tuple[int, int | None]] = []
+    for body in bodies:
+        numbered = parse_transfer_part(body)
+        if numbered is not None:
+            parts.append((numbered[0], numbered[1]))
+        else:
+            plain = parse_part(body)
+            assert plain is not None
+            parts.append((plain[0], None))
+    return parts
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+async def test_two_transfers_take_turns_part_by_part(interleave: bool) -> None:
+    """With transfer ids two sends alternate part by part; without (a peer that does not read
+    them), the second waits for the first to end and its parts carry no id."""
+    transport = _RecordingTransport()
+    chunk = 16 * 1024
+    sender = ChunkSender(transport, chunk, 4 * chunk, 16 * 1024 * 1024, clock=lambda: 0.0)
+    sender.interleave = interleave
+    bodies = [os.urandom(8 * chunk), os.urandom(8 * chunk + 1)]
+    async with anyio.create_task_group() as tg:
+        for body in bodies:
+            tg.start_soon(sender.send, body)
+    parts = _parts(transport.bodies)
+    ids = [transfer for _, transfer in parts]
+    if interleave:
+        assert ids == [1, 2] * 8
+    else:
+        assert ids == [None] * 16
+        assert [flags for flags, _ in parts] == ([MORE] * 7 + [FINAL]) * 2
+    receiver = Transfers(16 * 1024 * 1024)
+    done = []
+    for body, (_, transfer) in zip(transport.bodies, parts, strict=True):
+        fed = receiver.feed(transfer, *_flags_chunk(body))
+        assert fed is not None
+        if fed[2] is not None:
+            done.append(fed[2])
+    assert sorted(done) == sorted(bodies)
+    assert sender.active == 0
+
+
+def _flags_chunk(body: bytes) -> tuple[int, memoryview]:
+    numbered = parse_transfer_part(body)
+    if numbered is not None:
+        return numbered[0], numbered[2]
+    plain = parse_part(body)
+    assert plain is not None
+    return plain
+
+
+async def test_more_transfers_than_the_bound_wait_for_a_slot() -> None:
+    transport = _RecordingTransport()
+    chunk = 16 * 1024
+    sender = ChunkSender(transport, chunk, 4 * chunk, 16 * 1024 * 1024, clock=lambda: 0.0)
+    sender.interleave = True
+    count = MAX_TRANSFERS + 2
+    async with anyio.create_task_group() as tg:
+        for n in range(count):
+            tg.start_soon(sender.send, os.urandom(4 * chunk + n))
+    receiver = Transfers(16 * 1024 * 1024)  # refuses a transfer beyond the bound: none here
+    ids = []
+    for body in transport.bodies:
+        numbered = parse_transfer_part(body)
+        assert numbered is not None
+        ids.append(numbered[1])
+        assert receiver.feed(numbered[1], numbered[0], numbered[2]) is not None
+        assert receiver.in_progress <= MAX_TRANSFERS
+    assert sorted(set(ids)) == list(range(1, count + 1))
+    assert receiver.completed == count
+
+
+class _FullTransport(_RecordingTransport):
+    """Retention that has no room for an abort part sent without waiting."""
+
+    def try_send(self, body: bytes) -> int | None:
+        return None
+
+
+async def test_an_owed_abort_frees_its_slot_when_issued() -> None:
+    transport = _FullTransport()
+    chunk = 16 * 1024
+    sender = ChunkSender(transport, chunk, 4 * chunk, 16 * 1024 * 1024, clock=lambda: 0.0)
+    sender.interleave = True
+    async with anyio.create_task_group() as tg:
+        for _ in range(MAX_TRANSFERS):
+            tg.start_soon(sender.send, os.urandom(4 * chunk))
+        while sender.active < MAX_TRANSFERS:  # each began: issued its first part
+            await anyio.lowlevel.checkpoint()
+        tg.cancel_scope.cancel()
+    assert sender.active == MAX_TRANSFERS  # every abort owed: every slot taken
+    await sender.send(os.urandom(4 * chunk))  # issues the owed aborts, then goes
+    assert sender.active == 0 and sender.aborts_sent == MAX_TRANSFERS
+    receiver = Transfers(16 * 1024 * 1024)
+    for body in transport.bodies:
+        numbered = parse_transfer_part(body)
+        assert numbered is not None
+        assert receiver.feed(numbered[1], numbered[0], numbered[2]) is not None
+    assert (receiver.aborted, receiver.completed, receiver.in_progress) == (MAX_TRANSFERS, 1, 0)
 
 
 class Bulk(Protocol):
@@ -588,3 +797,136 @@ async def test_nested_parts_cost_no_more_than_a_flat_message(hostile: str) -> No
             assert (stats.parts_received, stats.part_violations) == (2, 2)
             assert (stats.transfers_received, stats.part_buffered) == (0, 0)
             assert impl.ledger == ["small:1", "small:1"]
+
+
+class _Witness(BulkImpl):
+    """Records, as each large call begins, how many parts the serving side had received."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts_at_start: list[int] = []
+
+    async def big(self, data: bytes) -> int:
+        self.parts_at_start.append(current_rpc().statistics().parts_received)
+        return await super().big(data)
+
+
+@both_directions
+@pytest.mark.parametrize("warm", [True, False])
+async def test_two_large_calls_in_one_session_make_progress_together(
+    direction: Direction, warm: bool
+) -> None:
+    """Two 64-part calls at once: their parts alternate, so when the first one is whole the
+    other is nearly whole too (without transfer ids it would not have begun). On a fresh
+    session the first transfer goes without an id until the peer's ``$link.parts`` arrives
+    (a round trip into it); the second begins then, with one."""
+    impl = _Witness()
+    payloads = [os.urandom(64 * CHUNK), os.urandom(64 * CHUNK + 1)]
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            if warm:  # parts both ways: each side has read the other's $link.parts
+                assert await bulk.echo(payloads[0][: 2 * CHUNK]) == payloads[0][: 2 * CHUNK]
+                impl.received.clear()
+            async with anyio.create_task_group() as tg:
+                for payload in payloads:
+                    tg.start_soon(bulk.big, payload)
+            assert sorted(impl.received) == sorted(payloads)
+            stats = pair.worker_rpc.statistics()
+            assert (stats.transfers_received - warm, stats.part_violations) == (2, 0)
+            assert (stats.transfers_in_progress, stats.part_buffered) == (0, 0)
+            # The first call began after its 64th part and at least 60 of the other's (32
+            # when the other waited for the peer's $link.parts).
+            before = 2 if warm else 0
+            assert impl.parts_at_start[0] - before >= (124 if warm else 96), impl.parts_at_start
+            assert pair.rpc.statistics().transfers_sending == 0
+
+
+@both_directions
+async def test_two_large_results_in_one_session_make_progress_together(
+    direction: Direction,
+) -> None:
+    """The same the other way: two 64-part results at once alternate, so when the first
+    echo returns the caller holds most of the other result's parts too."""
+    impl = BulkImpl()
+    payloads = [os.urandom(64 * CHUNK), os.urandom(64 * CHUNK + 1)]
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            rpc = pair.rpc
+            assert await bulk.echo(payloads[0][: 2 * CHUNK]) == payloads[0][: 2 * CHUNK]
+            before = rpc.statistics().parts_received
+            seen: list[int] = []
+
+            async def echo(payload: bytes) -> None:
+                assert await bulk.echo(payload) == payload
+                seen.append(rpc.statistics().parts_received - before)
+
+            async with anyio.create_task_group() as tg:
+                for payload in payloads:
+                    tg.start_soon(echo, payload)
+            assert seen[0] >= 120, seen
+            stats = rpc.statistics()
+            assert (stats.part_violations, stats.transfers_in_progress) == (0, 0)
+
+
+# Every CBOR major type and some sizes as a transfer id: each a part violation, nothing held.
+_BAD_IDS = [
+    0,
+    MAX_TRANSFER_ID + 1,
+    2**64 - 1,
+    -1,
+    b"\x01",
+    "1",
+    [1],
+    {1: 1},
+    1.5,
+    True,
+    [[[[[[[[1]]]]]]]],
+]
+
+
+@both_directions
+async def test_hostile_transfer_ids_are_violations_and_the_session_stays(
+    direction: Direction,
+) -> None:
+    import cbor2
+
+    impl = BulkImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            rpc, worker_rpc = pair.rpc, pair.worker_rpc
+            assert await bulk.small(0) == 0
+            for bad in _BAD_IDS:
+                await raw_send(rpc, [PART, MORE, bad, b"x"])
+            await raw_send(rpc, [PART, MORE, cbor2.CBORTag(2, b"\x01" * 20), b"x"])  # a bignum
+            # A null id is no id: a four-element part of the wrong shape (malformed).
+            await raw_send(rpc, [PART, MORE, None, b"x"])
+            stats = worker_rpc.statistics()
+            base = len(_BAD_IDS) + 1
+            # Ids out of turn: reused after an abort, below the highest seen, a final or an
+            # abort part that begins nothing; one transfer more than the bound (its rest is
+            # discarded unread).
+            await raw_send(rpc, encode_part(MORE, b"y" * CHUNK, 1000))
+            await raw_send(rpc, encode_part(ABORT, b"", 1000))
+            await raw_send(rpc, encode_part(MORE, b"y", 1000))
+            await raw_send(rpc, encode_part(MORE, b"y", 999))
+            await raw_send(rpc, encode_part(FINAL, b"y", 1001))
+            await raw_send(rpc, encode_part(ABORT, b"", 1002))
+            for transfer in range(2000, 2000 + MAX_TRANSFERS + 1):
+                await raw_send(rpc, encode_part(MORE, b"z" * CHUNK, transfer))
+            await raw_send(rpc, encode_part(MORE, b"z", 2000 + MAX_TRANSFERS))  # discarded
+            assert await bulk.small(1) == 1  # in order behind all of the above
+            stats = worker_rpc.statistics()
+            assert stats.part_violations == base + 5
+            assert stats.malformed_envelopes == 1
+            assert stats.transfers_in_progress == MAX_TRANSFERS
+            assert stats.part_buffered == MAX_TRANSFERS * CHUNK
+            for transfer in range(2000, 2000 + MAX_TRANSFERS):
+                await raw_send(rpc, encode_part(ABORT, b"", transfer))
+            assert await bulk.small(2) == 2
+            stats = worker_rpc.statistics()
+            assert (stats.transfers_in_progress, stats.part_buffered) == (0, 0)
+            assert (stats.transfers_aborted, stats.transfers_received) == (1 + MAX_TRANSFERS, 0)
+            assert impl.ledger == ["small:0", "small:1", "small:2"]

@@ -127,6 +127,10 @@ def test_encode_part_writes_the_canonical_part(size: int) -> None:
         expected = canonical([PART, flags, chunk])
         assert encode_part(flags, chunk) == expected == encode(Part(flags, chunk))
         assert encode_part(flags, memoryview(chunk)) == expected
+        for transfer in IDS:  # a transfer id at every head width
+            expected = canonical([PART, flags, transfer, chunk])
+            assert encode_part(flags, chunk, transfer) == expected
+            assert expected == encode(Part(flags, chunk, transfer))
 
 
 def test_encode_reply_writes_the_canonical_reply() -> None:
@@ -177,7 +181,7 @@ def test_a_renumbered_call_is_the_call_encoded_with_its_new_id() -> None:
         ([CREDIT, 10, 1.0, 2], CREDIT, 10),
         ([PART, "f"], PART, None),
         ([PART, 1], PART, 1),  # an integer second element is reported whatever the kind
-        ([PART, 1, b"", b""], PART, 1),
+        ([PART, 1, 2, b"", b""], PART, 1),
     ],
 )
 def test_the_decoder_refuses_a_malformed_envelope(
@@ -193,6 +197,7 @@ def test_the_decoder_leaves_contents_to_the_receiver() -> None:
     call = decode([CALL, 1, 2, 3, 4, 5, "six", None, 8.0, []])
     assert call == Call(1, 2, 3, 4, 5, "six", None, 8.0, [])
     assert decode([PART, "f", 0]) == Part("f", 0)
+    assert decode([PART, "f", [1], 0]) == Part("f", 0, [1])  # a transfer id of any type too
     assert decode([NOTIFY, 1, 2, 3, 4]) == Notify(1, 2, 3, 4)
 
 

@@ -30,16 +30,19 @@ in parts, several levels, each in one of  is fed to the reassembler once (no bod
 the encodings a decoder reads as a part;  part: at most one body per message), what the parts
 sent as one message or as the body of a   wrap never acts (no call runs, no pending call ends),
 transfer), both roles                     the session serves on
+Transfer ids (``[8, flags, transfer,      an integer 1..2**63-1 above every earlier id begins a
+chunk]`` with an id of every CBOR type,   transfer; anything else is one ``part_violations`` or
+size and depth)                           one ``malformed_envelopes``; the session serves on
 ========================================  ========================================================
 
 Reproducibility: every test runs with ``derandomize=True`` (Hypothesis derives the seed from the
 test's name, so CI runs the same examples every time), no example database and no "explain"
 phase. Example counts per test are in :data:`EXAMPLES` (400 for ``decode_item``, the packet
 decoder and the session; 150 per role and state for the handshake; 80 and 60 per anyio backend
-for the serving and calling RPC roles; 30 per role and backend for nested parts): 2,200
-examples, ~30 s on 2 shared cores. Each fuzzer also replays explicit ``@example`` seeds: known
-hostile inputs (integers past 4,300 digits where the code describes or compares them) and the
-largest integer the decoder admits.
+for the serving and calling RPC roles; 30 per role and backend for nested parts; 40 per
+backend for transfer ids): 2,280 examples, ~30 s on 2 shared cores. Each fuzzer also replays
+explicit ``@example`` seeds: known hostile inputs (integers past 4,300 digits where the code
+describes or compares them) and the largest integer the decoder admits.
 
 Longer campaigns: ``GARCON_FUZZ_SCALE=20`` multiplies every count; ``GARCON_FUZZ_SEED=<int>``
 replaces the derived seed with that one (and turns derandomization off), e.g.::
@@ -80,7 +83,7 @@ from cbor_strategies import (
     ERROR,
     ITEM,
     NOTIFY,
-    PART_HEAD,
+    PART_HEADS,
     RESULT,
     any_item,
     cbor_values,
@@ -116,7 +119,13 @@ from garcon_link.errors import (
 )
 from garcon_link.limits import Limits
 from garcon_link.logs import PEER_TEXT_CHARS, peer_text
-from garcon_link.rpc.chunks import parse_part
+from garcon_link.rpc.chunks import (
+    FINAL,
+    MAX_TRANSFERS,
+    MORE,
+    PART,
+    parse_part,
+)
 from garcon_link.rpc.envelopes import BadEnvelope, Part
 from garcon_link.rpc.envelopes import decode as decode_envelope
 from garcon_link.rpc.interface import service_spec
@@ -142,6 +151,7 @@ EXAMPLES = {
     "rpc_serving": 80,  # x 2 backends
     "rpc_calling": 60,  # x 2 backends
     "rpc_nested_parts": 30,  # x 2 roles x 2 backends
+    "rpc_transfer_ids": 40,  # x 2 backends
 }
 
 
@@ -661,7 +671,7 @@ async def test_fuzz_nested_parts(role: Role, attacks: list[tuple[list[bytes], by
     messages = [message for sent, _ in attacks for message in sent]
     # Transfers whose body the reassembler cannot tell from an envelope by its first two bytes:
     # joined, then refused once decoded.
-    joined = sum(1 for sent, body in attacks if len(sent) > 1 and body[:2] != PART_HEAD)
+    joined = sum(1 for sent, body in attacks if len(sent) > 1 and body[:2] not in PART_HEADS)
     async with wired(role) as w:
         outcome: list[Any] = []
 
@@ -745,3 +755,67 @@ def test_strategies_produce_every_major_type_and_the_hostile_sizes() -> None:
     expected |= {"tag 2", "tag 3", "other tag", "beyond 64 bits", "over 4,300 digits"}
     expected.add("deeper than 64")
     assert expected <= seen, expected - seen
+
+
+# ---------------------------------------------------------------------------------- transfer ids
+
+
+@pytest.mark.anyio
+@fuzz("rpc_transfer_ids")
+@given(ids=st.lists(cbor_values, min_size=1, max_size=MAX_TRANSFERS, unique_by=encode))
+@example(ids=[0, -1, 2**63, 2**64 - 1, 2**64])
+@example(ids=[None, [[[[[[1]]]]]], {1: 1}, b"\x01"])
+async def test_fuzz_transfer_ids(ids: list[Any]) -> None:
+    """A part's transfer id of every CBOR type, size and depth: an integer 1..2**63-1 above
+    every id before it begins a transfer, anything else is a part violation, or a malformed
+    envelope when the part does not decode (a null id, a value past the decoder's bounds);
+    never a crash, nothing held beyond the transfers begun, and the session serves the next
+    call."""
+    async with wired(Role.WORKER) as w:
+        for value in ids:
+            await w.send(encode([PART, MORE, value, b"x"]))
+        call_id = w.rpc.last_incoming_id + 1
+        await w.send(encode([CALL, call_id, "calc", "add", [2, 3], {}, 0, 0]))
+        while (envelope := await w.next_envelope())[0] != RESULT:
+            pass  # the worker's $link.parts, at the first part
+        assert envelope == [RESULT, call_id, 5]
+        stats = w.rpc.statistics()
+        begun = highest = 0  # an id must be above every id before it
+        for value in ids:
+            if type(value) is int and highest < value < 2**63:
+                begun, highest = begun + 1, value
+        assert stats.transfers_in_progress == begun
+        assert stats.part_buffered == begun
+        assert stats.parts_received == stats.part_violations + begun
+        assert stats.parts_received + stats.malformed_envelopes == len(ids)
+
+
+def _sent_parts(envelopes: list[Any]) -> list[tuple[int, int | None]]:
+    """``(flags, transfer)`` of each part among ``envelopes`` (``None``: without an id)."""
+    return [(e[1], None if len(e) == 3 else e[2]) for e in envelopes if e and e[0] == PART]
+
+
+@pytest.mark.anyio
+async def test_a_peer_that_does_not_say_it_reads_transfer_ids_gets_parts_without_them() -> None:
+    """A peer of an earlier version never sends ``$link.parts``: two large notifications at
+    once go one after the other, their parts without an id. Once it says so, the next two
+    interleave, each part naming its transfer."""
+    note = CALC.methods["note"]
+    text = "x" * (3 * Limits().bulk_chunk_bytes)  # three parts
+
+    async def two(w: Wired) -> list[tuple[int, int | None]]:
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(w.rpc.notify, "calc", note, (text,), {})
+        envelopes = [await w.next_envelope() for _ in range(6)]
+        return _sent_parts(envelopes)
+
+    async with wired(Role.CONTROLLER) as w:
+        assert await two(w) == [(MORE, None), (MORE, None), (FINAL, None)] * 2
+        await w.send(encode([NOTIFY, "$link", "parts", [], {}]))
+        while w.rpc.statistics().malformed_envelopes == 0:  # a marker behind it, in order
+            await w.send(encode([99]))
+            await anyio.sleep(0.001)
+        parts = await two(w)
+        assert [transfer for _, transfer in parts] == [1, 2] * 3
+        assert [flags for flags, _ in parts] == [MORE] * 4 + [FINAL] * 2

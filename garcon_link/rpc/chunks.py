@@ -11,7 +11,8 @@ less than 1.5 chunks, and no short tail waits a round trip for the window), each
 session message (so replay after a cut and the cumulative receipts are exact per part, and
 nothing below the RPC layer changes)::
 
-    part   [8, flags, chunk]      flags: 0 more, 1 final, 2 abort (chunk empty)
+    part   [8, flags, chunk]              flags: 0 more, 1 final, 2 abort (chunk empty)
+           [8, flags, transfer, chunk]    transfer: 1..2**63-1, per direction of a session
 
 The receiver concatenates the chunks and, at the final part, dispatches the body exactly as if
 it had arrived whole. A body at or below the threshold is sent as one whole envelope, so a peer
@@ -20,9 +21,18 @@ unknown kind and the call ends at its timeout).
 
 Rules:
 
-* **One transfer at a time per direction.** The sender runs chunked sends one after the other,
-  in call order (:class:`ChunkSender`'s FIFO lock), so parts carry no transfer id: every part
-  continues the one transfer in progress. The receiver holds at most one partial body.
+* **Transfers interleave part by part.** Each side sends, once per session when the peer's first
+  part arrives, the internal notification ``$link.parts``: it reads parts with a transfer id.
+  Once the peer's has arrived (a round trip into the first transfer),
+  :class:`ChunkSender` numbers its transfers (1, 2, ... per direction) and runs up to
+  :data:`MAX_TRANSFERS` at once, taking turns part by part (while another transfer sends, each
+  waits for a part of another's after its own), so two bulk producers in one session both make
+  progress and neither waits for the other's whole body; a further one waits for a slot. Until
+  then -- and always with a peer that does not know the notification (it drops it and logs it
+  once) -- it sends one transfer at a time, in call order, its parts without an id: every
+  such part continues the one transfer without an id in progress. The receiver
+  (:class:`Transfers`) holds that one and up to :data:`MAX_TRANSFERS` with ids, each in its own
+  :class:`Reassembler`, so it holds at most ``MAX_TRANSFERS + 1`` partial bodies.
 * **A transfer is at least two parts, and its body is never a part.** Only a body longer than a
   chunk is sent in parts, and it is cut into at least two (:meth:`ChunkSender.send`), so a final
   part with no transfer in progress is never sent by a sender that keeps to these rules. A
@@ -50,9 +60,13 @@ Rules:
   timeout or cancellation) sends an ``abort`` part without waiting, so the receiver frees its
   buffer; the interrupted body was never delivered (for a call: ``NotDispatched``, as its
   ordinal is that of the final part, never assigned). If retention has no room for the abort at
-  that moment it is owed: the next chunked send writes it first, so the receiver never sees the
-  parts of two bodies run together.
-* **Hostile parts** (:class:`Reassembler`): a malformed part, an abort or a final part with no
+  that moment it is owed: the next part of any transfer is preceded by it (a transfer waiting
+  for a slot is woken to write it), so the receiver never sees the parts of two bodies without
+  an id run together, and an aborted transfer keeps its slot until its abort is written.
+* **Hostile parts** (:class:`Transfers`, :class:`Reassembler`): a transfer id that is not an
+  integer 1..:data:`MAX_TRANSFER_ID` (any other CBOR type, a bignum, a nested item), an id
+  that is neither in progress nor above every id seen (unknown or reused), a transfer begun
+  while :data:`MAX_TRANSFERS` are in progress, a malformed part, an abort or a final part with no
   transfer in progress, an empty non-final part, a transfer beyond ``max_frame_bytes``, one
   whose body is itself a part (told by its first two bytes, as :func:`encode_part` writes
   them, before the body is joined; the RPC layer refuses a part in any other encoding once
@@ -61,9 +75,9 @@ Rules:
   violation: the partial body is dropped (memory freed at once), the rest of that transfer, up
   to its final or abort part, is discarded unread, and the RPC layer logs it and counts it
   (``RpcStatistics.part_violations``); the session stays. Each part costs O(its size) and the
-  buffer is bounded by ``max_frame_bytes``, each part counting at least :data:`MIN_CHARGE` bytes
-  (so tiny parts cannot multiply what is held by their per-object overhead: at most about
-  1.25 times the limit in all).
+  buffer of each transfer is bounded by ``max_frame_bytes``, each part counting at least
+  :data:`MIN_CHARGE` bytes (so tiny parts cannot multiply what is held by their per-object
+  overhead: at most about 1.25 times the limit per transfer, ``MAX_TRANSFERS + 1`` transfers).
 """
 
 from __future__ import annotations
@@ -97,13 +111,19 @@ __all__ = [
 MORE, FINAL, ABORT = 0, 1, 2
 """A part's flags: more follow, the last one, the transfer is abandoned."""
 
-_ABORT_PART = encode_part(ABORT, b"")
-
 INTERACTIVE_S = 0.05
 """A transfer is paced by one chunk instead of ``bulk_window_bytes`` while a small message went
 out through the same :class:`ChunkSender` less than this long ago (seconds)."""
 
-_PART_HEAD = bytes((0x83, PART))  # how a part's bytes begin (encode_part, parse_part)
+_PART_HEADS = (bytes((0x83, PART)), bytes((0x84, PART)))
+"""How a part's bytes begin, without and with a transfer id (encode_part, parse_part)."""
+
+MAX_TRANSFERS = 4
+"""The most transfers with an id one direction of a session holds in progress at once (the
+sender waits for one to end before it begins another; the receiver refuses one more)."""
+
+MAX_TRANSFER_ID = 2**63 - 1
+"""The highest transfer id (ids begin at 1 and increase per direction of a session)."""
 
 MIN_CHARGE = 1024
 """What a part costs against the transfer limit at least: each part held also costs a few hundred
@@ -134,6 +154,36 @@ def parse_part(payload: bytes) -> tuple[int, memoryview] | None:
     return payload[2], memoryview(payload)[start:]
 
 
+def _uint(payload: bytes, at: int, major: int) -> tuple[int, int] | None:
+    """``(value, end)`` of a definite CBOR head of ``major`` at ``payload[at]``, else ``None``."""
+    if at >= len(payload) or payload[at] >> 5 != major:
+        return None
+    info = payload[at] & 0x1F
+    if info < 24:
+        return info, at + 1
+    if info > 27:
+        return None
+    end = at + 1 + (1 << (info - 24))
+    if end > len(payload):
+        return None
+    return int.from_bytes(payload[at + 1 : end], "big"), end
+
+
+def parse_transfer_part(payload: bytes) -> tuple[int, int, memoryview] | None:
+    """``(flags, transfer, chunk)`` of a part with a transfer id as :func:`encode_part` writes
+    it, the chunk a view of ``payload``; ``None`` for anything else (decoded as any envelope,
+    then checked by :class:`Transfers`). Never raises."""
+    if len(payload) < 5 or payload[0] != 0x84 or payload[1] != PART or payload[2] > ABORT:
+        return None
+    transfer = _uint(payload, 3, 0)
+    if transfer is None:
+        return None
+    size = _uint(payload, transfer[1], 2)
+    if size is None or size[1] + size[0] != len(payload):
+        return None
+    return payload[2], transfer[0], memoryview(payload)[size[1] :]
+
+
 class PartViolation(Exception):
     """A part the receiver refuses (see the module docstring); the transfer is discarded."""
 
@@ -159,6 +209,7 @@ class Reassembler:
         "_splicer",
         "aborted",
         "body_size",
+        "claimed",
         "completed",
         "parts",
         "splicer",
@@ -180,6 +231,8 @@ class Reassembler:
         """The length of the last body completed, as sent (spliced values included)."""
         self.splicer: Splicer | None = None
         """The last body's splicer when it holds values filled part by part, else ``None``."""
+        self.claimed: int | None = None
+        """The RPC layer's note of the call id the transfer in progress claimed."""
 
     @property
     def in_progress(self) -> bool:
@@ -242,7 +295,7 @@ class Reassembler:
             return None
         # Parts do not nest: a body that is a part is refused before it is joined (the first
         # chunk of a transfer is not empty, but it may be a single byte).
-        if self._first[:2] == _PART_HEAD:
+        if self._first[:2] in _PART_HEADS:
             self.reset()  # the transfer ended here: nothing of it is left to discard
             raise self._violation("a body sent in parts is itself a part")
         splicer = self._splicer
@@ -274,14 +327,141 @@ class Reassembler:
         return PartViolation(why)
 
 
+class Transfers:
+    """The receiving side of one direction's transfers: the one without an id in progress (a
+    peer that does not send ids) and up to :data:`MAX_TRANSFERS` with ids, each reassembled by
+    its own :class:`Reassembler` (sans-IO, no clock, no I/O).
+
+    A transfer id is an integer 1..:data:`MAX_TRANSFER_ID`; a part naming an id above every id
+    seen so far begins that transfer, one naming an id in progress continues it. A part naming
+    any other id (ended, refused or never begun: unknown or reused), an id of another type or
+    size, or beginning a transfer while :data:`MAX_TRANSFERS` are in progress is a
+    :class:`PartViolation`; so is every violation of :class:`Reassembler` within a transfer.
+    After a violation the rest of that transfer is discarded unread (ids remembered for it:
+    at most :data:`MAX_TRANSFERS`).
+
+    Args:
+        limit, splice: as :class:`Reassembler`'s, per transfer.
+    """
+
+    __slots__ = (
+        "_discarding",
+        "_highest",
+        "_limit",
+        "_open",
+        "_splice",
+        "aborted",
+        "completed",
+        "legacy",
+        "parts",
+    )
+
+    def __init__(self, limit: int, *, splice: bool = False) -> None:
+        self._limit = limit
+        self._splice = splice
+        self.legacy = Reassembler(limit, splice=splice)
+        """The transfer without an id."""
+        self._open: dict[int, Reassembler] = {}
+        self._discarding: dict[int, None] = {}  # ids whose rest is dropped, oldest first
+        self._highest = 0
+        self.parts = 0
+        self.completed = 0
+        self.aborted = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of partial bodies held now, all transfers together."""
+        return self.legacy.buffered + sum(r.buffered for r in self._open.values())
+
+    @property
+    def in_progress(self) -> int:
+        """How many transfers (with an id or not) were begun and not yet ended."""
+        return len(self._open) + self.legacy.in_progress
+
+    def feed(
+        self, transfer: object, flags: object, chunk: object
+    ) -> tuple[Reassembler, bool, bytes | None] | None:
+        """Take one part (``transfer`` ``None``: the transfer without an id).
+
+        Returns:
+            ``None`` for a part discarded unread (the rest of a refused transfer), else the
+            transfer's reassembler, whether this part began it, and the whole body at its final
+            part (as :meth:`Reassembler.feed`).
+
+        Raises:
+            PartViolation: the part is refused (the class docstring).
+        """
+        self.parts += 1
+        if transfer is None:
+            reassembler = self.legacy
+            starting = not reassembler.in_progress
+            aborted = reassembler.aborted
+            body = reassembler.feed(flags, chunk)
+            self.aborted += reassembler.aborted - aborted
+            if body is not None:
+                self.completed += 1
+            return reassembler, starting, body
+        if type(transfer) is not int or not 0 < transfer <= MAX_TRANSFER_ID:
+            raise PartViolation(f"a transfer id is an integer 1..{MAX_TRANSFER_ID}")
+        known = self._open.get(transfer)
+        starting = known is None
+        if known is not None:
+            reassembler = known
+        else:
+            if transfer in self._discarding:
+                if flags != MORE:
+                    del self._discarding[transfer]
+                return None
+            if transfer <= self._highest:
+                raise PartViolation(f"a part of transfer {transfer}, unknown or ended")
+            self._highest = transfer
+            if len(self._open) >= MAX_TRANSFERS:
+                if flags == MORE:
+                    self._discard(transfer)
+                raise PartViolation(f"more than {MAX_TRANSFERS} transfers at once")
+            reassembler = Reassembler(self._limit, splice=self._splice)
+        try:
+            body = reassembler.feed(flags, chunk)
+        except PartViolation:
+            self._open.pop(transfer, None)
+            if flags == MORE:
+                self._discard(transfer)
+            raise
+        if reassembler.aborted:
+            self.aborted += 1
+            del self._open[transfer]
+        elif body is not None:
+            self.completed += 1
+            self._open.pop(transfer, None)
+        elif starting:
+            self._open[transfer] = reassembler
+        return reassembler, starting, body
+
+    def _discard(self, transfer: int) -> None:
+        if len(self._discarding) >= MAX_TRANSFERS:
+            del self._discarding[next(iter(self._discarding))]
+        self._discarding[transfer] = None
+
+    def reset(self) -> None:
+        """Drop every partial body (a retired session)."""
+        self.legacy.reset()
+        for reassembler in self._open.values():
+            reassembler.reset()
+        self._open.clear()
+
+
 def _pieces(body: bytes | Spliced) -> tuple[bytes | bytearray | memoryview, ...]:
     return body.pieces if isinstance(body, Spliced) else (body,)
 
 
-def _encode_part(flags: int, pieces: list[memoryview]) -> bytes:
-    """``encode_part(flags, b"".join(pieces))`` in one copy of the pieces."""
+def _encode_part(flags: int, transfer: int | None, pieces: list[memoryview]) -> bytes:
+    """``encode_part(flags, b"".join(pieces), transfer)`` in one copy of the pieces."""
     size = sum(len(piece) for piece in pieces)
-    return b"".join((bytes((0x83, PART, flags)), encode_head(2, size), *pieces))
+    if transfer is None:
+        head = bytes((0x83, PART, flags)) + encode_head(2, size)
+    else:
+        head = bytes((0x84, PART, flags)) + encode_head(0, transfer) + encode_head(2, size)
+    return b"".join((head, *pieces))
 
 
 class _Transport(Protocol):
@@ -299,6 +479,11 @@ class _Transport(Protocol):
 
 class ChunkSender:
     """The sending side: :meth:`send` issues a body whole or in paced parts.
+
+    Transfers take turns part by part (a FIFO lock held for one part): with :attr:`interleave`
+    (the peer reads transfer ids) up to :data:`MAX_TRANSFERS` are in progress at once, each
+    part naming its transfer, so two bulk producers each send a part in turn; without it one
+    transfer at a time, its parts without an id.
 
     Args:
         transport: the session (a :class:`~garcon_link.endpoint.transport.SessionTransport`).
@@ -327,11 +512,31 @@ class ChunkSender:
         self._window = window
         self._limit = limit
         self._small_at = -math.inf  # clock() when the last small body was sent
-        self._lock = anyio.Lock()
-        self._abort_owed = False
+        self._turn = anyio.Lock(fast_acquire=True)  # held while one part is issued
+        self._active = 0  # transfers begun and not ended (an owed abort's included)
+        self._slot: anyio.Event | None = None  # set when _active drops or an abort is owed
+        self._owed: list[bytes] = []  # abort parts not yet issued
+        self._sending = 0  # transfers whose send() is between its first and its last part
+        self._last: object = None  # the transfer that issued the last part
+        self._progress: anyio.Event | None = None  # set when a part is issued or a send ends
+        self._transfers = 0  # the last transfer id used
+        self.interleave = False
+        """Whether the peer reads transfer ids (it said so: ``$link.parts``)."""
         self.parts_sent = 0
         self.aborts_sent = 0
         self.on_abort: Callable[[], None] | None = None
+
+    def read_ids(self) -> None:
+        """The peer reads transfer ids (it said so): further transfers are numbered and
+        interleave, beside a transfer without an id still in progress."""
+        if not self.interleave:
+            self.interleave = True
+            self._wake()  # a transfer waiting for a slot may begin now
+
+    @property
+    def active(self) -> int:
+        """Transfers in progress (aborted ones whose abort part is still owed included)."""
+        return self._active
 
     def send_nowait(self, body: bytes | Spliced) -> int | None:
         """Issue a body sent whole (at most :attr:`chunk` bytes) if the session admits it without
@@ -374,56 +579,119 @@ class ChunkSender:
         size = encoded_message_size(self._transport.issued + 1, len(body))
         if size > self._limit:
             raise PayloadTooLarge(size, self._limit)
-        async with self._lock:
-            if self._abort_owed:
-                await self._transport.send(_ABORT_PART)
-                self._abort_owed = False
-                self.aborts_sent += 1
-            # The first part is paced too (a transfer right behind another one), before the
-            # renumbering: nothing may run between a fresh id and its first part.
-            await self._transport.wait_retained_below(self._pace())
-            pieces = [memoryview(piece) for piece in _pieces(body)]
-            if renumber is not None:
-                # A call's head (array head, kind, id) is within its first bytes, which are
-                # encoded bytes in front of any spliced value.
-                head, skip = renumber(bytes(pieces[0][:16]))
-                pieces[0] = pieces[0][skip:]
-                pieces.insert(0, memoryview(head))
-            end = sum(len(piece) for piece in pieces)
-            # Equal parts, as many as whole chunks fit (at least two): no short tail part that
-            # would wait a round trip for the window (a 1 MiB body goes as four parts, at once).
-            # Never one part (the receiver refuses a final part that begins no transfer): end
-            # >= len(body) > self.chunk >= 2 (a fresh id's head is no shorter than the one it
-            # replaces), so step = ceil(end / count) < end.
-            count = max(2, end // self.chunk)
-            step = -(-end // count)
-            ordinal = 0
-            index = offset = 0  # where the next part begins: pieces[index][offset:]
-            try:
-                for start in range(0, end, step):
-                    if start:
-                        # One part per loop turn at most, even when the window has room for
-                        # several: what a small call waits for is one part's work, not a window's.
-                        await anyio.lowlevel.checkpoint()
-                        await self._transport.wait_retained_below(self._pace())
-                    flags = FINAL if start + step >= end else MORE
-                    want = min(step, end - start)
-                    taken: list[memoryview] = []
-                    while want:
-                        piece = pieces[index]
-                        size = min(want, len(piece) - offset)
-                        taken.append(piece[offset : offset + size])
-                        want -= size
-                        offset += size
-                        if offset == len(piece):
-                            index, offset = index + 1, 0
-                    ordinal = await self._transport.send(_encode_part(flags, taken))
-                    self.parts_sent += 1
-            except BaseException:
-                if ordinal:  # parts were issued, the final one was not
-                    self._abort()
-                raise
+        pieces = [memoryview(piece) for piece in _pieces(body)]
+        transport = self._transport
+        turn = self._turn
+        ordinal = 0
+        transfer: int | None = None
+        begun = False
+        me = object()
+        try:
+            while True:
+                async with turn:
+                    if self._owed:
+                        await self._issue_owed()
+                    if self._active < (MAX_TRANSFERS if self.interleave else 1):
+                        self._active += 1
+                        self._sending += 1
+                        begun = True
+                        # The first part is paced too (a transfer right behind another one),
+                        # before the renumbering: nothing may run between a fresh id and its
+                        # first part.
+                        await transport.wait_retained_below(self._pace())
+                        if renumber is not None:
+                            # A call's head (array head, kind, id) is within its first bytes,
+                            # which are encoded bytes in front of any spliced value.
+                            head, skip = renumber(bytes(pieces[0][:16]))
+                            pieces[0] = pieces[0][skip:]
+                            pieces.insert(0, memoryview(head))
+                        if self.interleave:
+                            self._transfers += 1
+                            transfer = self._transfers
+                        end = sum(len(piece) for piece in pieces)
+                        # Equal parts, as many as whole chunks fit (at least two): no short
+                        # tail part that would wait a round trip for the window (a 1 MiB body
+                        # goes as four parts, at once). Never one part (the receiver refuses a
+                        # final part that begins no transfer): end >= len(body) > self.chunk
+                        # >= 2 (a fresh id's head is no shorter than the one it replaces), so
+                        # step = ceil(end / count) < end.
+                        count = max(2, end // self.chunk)
+                        step = -(-end // count)
+                        ordinal, index, offset = await self._part(
+                            transfer, pieces, 0, step, end, 0, 0
+                        )
+                        self._last = me
+                        if self._progress is not None:
+                            self._issued_by(me)  # wakes a transfer waiting for its turn
+                        break
+                slot = self._slot = self._slot or anyio.Event()
+                await slot.wait()
+            for start in range(step, end, step):
+                # One part per loop turn at most, even when the window has room for several:
+                # what a small call waits for is one part's work, not a window's. Other
+                # transfers take turns with it: while another one sends, each waits for a part
+                # of another's after its own (on any backend's scheduling order).
+                await anyio.lowlevel.checkpoint()
+                while self._sending > 1 and self._last is me:
+                    progress = self._progress = self._progress or anyio.Event()
+                    await progress.wait()
+                async with turn:
+                    if self._owed:
+                        await self._issue_owed()
+                    await transport.wait_retained_below(self._pace())
+                    ordinal, index, offset = await self._part(
+                        transfer, pieces, start, step, end, index, offset
+                    )
+                    self._last = me
+                    if self._progress is not None:
+                        self._issued_by(me)
+        except BaseException:
+            if begun:
+                self._sending -= 1
+                self._issued_by(None)
+            if ordinal:  # parts were issued, the final one was not
+                self._abort(transfer)
+            elif begun:
+                self._end()
+            raise
+        self._sending -= 1
+        self._issued_by(None)
+        self._end()
         return ordinal
+
+    def _issued_by(self, transfer: object) -> None:
+        """A part of ``transfer``'s was issued (``None``: a send ended): the turn passes."""
+        self._last = transfer
+        progress, self._progress = self._progress, None
+        if progress is not None:
+            progress.set()
+
+    async def _part(
+        self,
+        transfer: int | None,
+        pieces: list[memoryview],
+        start: int,
+        step: int,
+        end: int,
+        index: int,
+        offset: int,
+    ) -> tuple[int, int, int]:
+        """Issue the part of ``pieces`` at ``start`` (``pieces[index][offset:]``): its ordinal
+        and where the next part begins."""
+        flags = FINAL if start + step >= end else MORE
+        want = min(step, end - start)
+        taken: list[memoryview] = []
+        while want:
+            piece = pieces[index]
+            size = min(want, len(piece) - offset)
+            taken.append(piece[offset : offset + size])
+            want -= size
+            offset += size
+            if offset == len(piece):
+                index, offset = index + 1, 0
+        ordinal = await self._transport.send(_encode_part(flags, transfer, taken))
+        self.parts_sent += 1
+        return ordinal, index, offset
 
     def _pace(self) -> int:
         """The unconfirmed bytes below which the next part may go: the window, or one chunk
@@ -432,12 +700,36 @@ class ChunkSender:
             return min(self._window, self.chunk)
         return self._window
 
-    def _abort(self) -> None:
+    def _end(self) -> None:
+        """A transfer ended (its final or abort part issued, or nothing of it sent)."""
+        self._active -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.set()
+
+    async def _issue_owed(self) -> None:
+        """Issue the abort parts owed (before any further part; each frees its transfer)."""
+        while self._owed:
+            await self._transport.send(self._owed[0])
+            del self._owed[0]
+            self.aborts_sent += 1
+            self._end()
+
+    def _abort(self, transfer: int | None) -> None:
+        part = encode_part(ABORT, b"", transfer)
         try:
-            sent = self._transport.try_send(_ABORT_PART) is not None
+            sent = self._transport.try_send(part) is not None
         except Exception:  # a retired session: nothing to free on the peer
+            self._end()
             return
         if sent:
             self.aborts_sent += 1
+            self._end()
         else:
-            self._abort_owed = True
+            # Owed: the next turn issues it first, and a transfer waiting for a slot is woken
+            # to take that turn.
+            self._owed.append(part)
+            self._wake()

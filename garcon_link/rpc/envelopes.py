@@ -15,11 +15,15 @@ format; see :mod:`garcon_link.rpc.rpc` for what each kind means)::
     stream_end   [6, id]
     credit       [7, id, items, bytes]
     part         [8, flags, chunk]          flags: 0 more, 1 final, 2 abort
+                 [8, flags, transfer, chunk]
 
 A ``part`` carries a slice of a body longer than ``Limits.bulk_chunk_bytes`` (any of the kinds
 above, encoded); the receiver concatenates the chunks of one transfer and decodes the whole at
-its final part (:mod:`garcon_link.rpc.chunks`, which sends and checks parts). Only such bodies are
-sent in parts: every other envelope is encoded whole.
+its final part. ``transfer`` (an unsigned integer) names the transfer a part belongs to, so
+several transfers in one direction interleave; it is sent only to a peer that said it reads it
+(the internal notification ``$link.parts``), and a part without it continues the one transfer
+without an id in progress (:mod:`garcon_link.rpc.chunks`, which sends and checks parts). Only
+such bodies are sent in parts: every other envelope is encoded whole.
 
 *Call metadata* is optional on the wire: a map of text
 to text (:func:`garcon_link.rpc.hooks.call_metadata`) as the tenth element of ``call`` (``key`` is
@@ -184,11 +188,14 @@ class Credit(msgspec.Struct, frozen=True):
 
 
 class Part(msgspec.Struct, frozen=True):
-    flags: Any  # checked by chunks.Reassembler (as are the chunk's type and size)
+    flags: Any  # checked by chunks.Transfers (as are the chunk's type and size, and transfer)
     chunk: Any
+    transfer: Any = None  # None: a part of the transfer without an id
 
     def wire(self) -> list[Any]:
-        return [PART, self.flags, self.chunk]
+        if self.transfer is None:
+            return [PART, self.flags, self.chunk]
+        return [PART, self.flags, self.transfer, self.chunk]
 
 
 Whole = Call | Result | Error | Cancel | Notify | Item | End | Credit
@@ -333,10 +340,13 @@ _CALL_VALUES = range(4, 6)  # a call's args and kwargs
 _VALUE = range(2, 3)  # a result's or an item's value
 
 
-def encode_part(flags: int, chunk: bytes | memoryview) -> bytes:
-    """``encode(Part(flags, chunk))`` in one copy of ``chunk`` (``flags`` is 0..23, as
-    :mod:`garcon_link.rpc.chunks` sends them)."""
-    return b"".join((bytes((0x83, PART, flags)), encode_head(2, len(chunk)), chunk))
+def encode_part(flags: int, chunk: bytes | memoryview, transfer: int | None = None) -> bytes:
+    """``encode(Part(flags, chunk, transfer))`` in one copy of ``chunk`` (``flags`` is 0..23, as
+    :mod:`garcon_link.rpc.chunks` sends them; ``transfer`` an unsigned integer or ``None``)."""
+    if transfer is None:
+        return b"".join((bytes((0x83, PART, flags)), encode_head(2, len(chunk)), chunk))
+    head = bytes((0x84, PART, flags)) + encode_head(0, transfer) + encode_head(2, len(chunk))
+    return b"".join((head, chunk))
 
 
 def encode_reply(kind: int, call_id: int, body: bytes) -> bytes:
@@ -389,6 +399,8 @@ def decode(item: object) -> Envelope:
             return Notify(*item[1:])
         case 8 if n == 3:
             return Part(item[1], item[2])
+        case 8 if n == 4 and item[2] is not None:  # None is no id: a three-element part
+            return Part(item[1], item[3], item[2])
     if not CALL <= kind <= PART:
         raise BadEnvelope(kind, f"unknown kind {peer_text(kind)}")
     raise BadEnvelope(kind, f"kind {kind} with {n} elements is malformed", named)

@@ -7,7 +7,9 @@ worker sends when its services change on a running session, ``[sequence, service
 (:meth:`~garcon_link.rpc.rpc.ExecutorRpc.on_inventory`).
 The notification ``draining`` (``DRAINING_METHOD``, no arguments) is a side's goodbye: it is
 draining and admits no new call for the rest of the session
-(:meth:`~garcon_link.rpc.rpc.ExecutorRpc.start_drain`).
+(:meth:`~garcon_link.rpc.rpc.ExecutorRpc.start_drain`). The notification ``parts``
+(``PARTS_METHOD``, no arguments), sent once per session when the peer's first part arrives, says
+the side reads parts with transfer ids (:mod:`garcon_link.rpc.chunks`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ __all__ = [
     "DRAINING_METHOD",
     "INTERNAL_SERVICE",
     "INVENTORY_SPEC",
+    "PARTS_METHOD",
     "Bound",
     "Registry",
     "in_scope",
@@ -34,6 +37,11 @@ INTERNAL_SERVICE = "$link"
 
 DRAINING_METHOD = "draining"
 """The internal notification a draining side sends once per session (its goodbye)."""
+
+PARTS_METHOD = "parts"
+"""The internal notification a side sends once per session, when the peer's first part arrives:
+it reads parts with transfer ids, so the peer may interleave its transfers
+(:mod:`garcon_link.rpc.chunks`)."""
 
 # The one internal method ("$link".describe): no arguments, the manifest map as its result.
 DESCRIBE_SPEC = MethodSpec(

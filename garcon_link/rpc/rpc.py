@@ -22,11 +22,14 @@ by the caller, so ``result``/``error``/``stream_item``/``stream_end`` name *our*
     stream_end   [6, id]
     credit       [7, id, items, bytes]
     part         [8, flags, chunk]
+                 [8, flags, transfer, chunk]
 
 A body (any of the envelopes above, encoded) longer than ``Limits.bulk_chunk_bytes`` is sent as
 ``part`` envelopes, paced so that small messages interleave with it, and dispatched whole once
 its final part arrives, through a path that refuses ``part`` (parts do not nest;
-:mod:`garcon_link.rpc.chunks`: the rules, pacing and hostile parts). A request's ordinal is that of
+:mod:`garcon_link.rpc.chunks`: the rules, pacing and hostile parts). Parts name their transfer
+once the peer said it reads ids (the internal notification ``$link.parts``), so several
+transfers interleave. A request's ordinal is that of
 its final part, so a call cancelled or timed out before its final part left is
 ``NOT_DISPATCHED`` (an abort part frees the peer's buffer). Call ids must increase in the order
 calls *arrive*: a call sent in parts is given a fresh id when its turn to send comes (calls
@@ -180,7 +183,7 @@ from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..net.backend import on_asyncio
 from .caller import Caller, Expected, RemoteStream
-from .chunks import ChunkSender, PartViolation, Reassembler, parse_part
+from .chunks import ChunkSender, PartViolation, Transfers, parse_part, parse_transfer_part
 from .dispatcher import Dispatcher
 from .envelopes import (
     CALL,
@@ -215,7 +218,14 @@ from .idempotency import KeyedExecutions
 from .interface import MethodSpec
 from .observer import CallObserver, CallStatistics, Observed, end_of
 from .outbox import CONTROL_KIND, Outbox
-from .registry import DESCRIBE_SPEC, DRAINING_METHOD, INTERNAL_SERVICE, INVENTORY_SPEC, Registry
+from .registry import (
+    DESCRIBE_SPEC,
+    DRAINING_METHOD,
+    INTERNAL_SERVICE,
+    INVENTORY_SPEC,
+    PARTS_METHOD,
+    Registry,
+)
 from .resources import ServiceScope
 from .splice import SPLICE_TAG, Splicer
 
@@ -243,6 +253,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
+
+_PARTS_NOTICE = encode_envelope(Notify(INTERNAL_SERVICE, PARTS_METHOD, [], {}))
+"""What a side sends once per session, at the peer's first part: it reads transfer ids."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,9 +311,15 @@ class RpcStatistics:
         transfers_received: bodies reassembled from parts and dispatched.
         transfers_aborted: transfers the peer abandoned (an abort part freed our buffer).
         part_violations: parts refused as malformed, out of turn (an abort or a final part
-            with no transfer in progress) or beyond the size limit, and transfers whose body
-            is itself a part (parts do not nest); all dropped.
-        part_buffered: bytes of the peer's transfer in progress held now (0 between transfers).
+            with no transfer in progress; a transfer id unknown, reused, of another type or
+            size, or one transfer beyond :data:`~garcon_link.rpc.chunks.MAX_TRANSFERS`) or
+            beyond the size limit, and transfers whose body is itself a part (parts do not
+            nest); all dropped.
+        part_buffered: bytes of the peer's transfers in progress held now (0 between transfers).
+        transfers_in_progress: the peer's transfers begun and not yet ended (at most
+            :data:`~garcon_link.rpc.chunks.MAX_TRANSFERS` with ids, and one without).
+        transfers_sending: our transfers in progress (aborted ones whose abort part is owed
+            included).
         malformed_envelopes: the peer's envelopes dropped as malformed or undecodable (a call
             id that does not increase included).
         notifications_dropped: the peer's notifications dropped (unknown or unreadable,
@@ -323,6 +342,8 @@ class RpcStatistics:
     transfers_aborted: int = 0
     part_violations: int = 0
     part_buffered: int = 0
+    transfers_in_progress: int = 0
+    transfers_sending: int = 0
     malformed_envelopes: int = 0
     notifications_dropped: int = 0
 
@@ -377,8 +398,8 @@ class ExecutorRpc:
         self._chunks = ChunkSender(
             transport, limits.bulk_chunk_bytes, limits.bulk_window_bytes, limits.max_frame_bytes
         )
-        self._reassembler = Reassembler(limits.max_frame_bytes, splice=True)
-        self._claimed: int | None = None  # the call id claimed by the transfer in progress
+        self._transfers = Transfers(limits.max_frame_bytes, splice=True)
+        self._parts_told = False  # whether $link.parts was sent (at the peer's first part)
         self._part_violations = 0
         self._malformed_envelopes = 0
         # What the peer makes us log: at most one line per reason per log_interval (the exact
@@ -439,7 +460,7 @@ class ExecutorRpc:
         self._on_item = caller.on_item
         self._on_end = caller.on_end
         self._on_call = self._dispatcher.on_call
-        self._on_notify = self._dispatcher.on_notify
+        self._on_notify = self._notify
         self._on_cancel = handlers.on_cancel
         self._on_credit = handlers.on_credit
 
@@ -536,13 +557,15 @@ class ExecutorRpc:
             malformed_replies=caller.malformed_replies,
             eager_handlers=handlers.eager_handlers,
             parts_sent=self._chunks.parts_sent + self._chunks.aborts_sent,
-            parts_received=self._reassembler.parts,
-            transfers_received=self._reassembler.completed,
-            transfers_aborted=self._reassembler.aborted,
+            parts_received=self._transfers.parts,
+            transfers_received=self._transfers.completed,
+            transfers_aborted=self._transfers.aborted,
             part_violations=self._part_violations,
             malformed_envelopes=self._malformed_envelopes,
             notifications_dropped=dispatcher.notifications_dropped,
-            part_buffered=self._reassembler.buffered,
+            part_buffered=self._transfers.buffered,
+            transfers_in_progress=self._transfers.in_progress,
+            transfers_sending=self._chunks.active,
         )
 
     async def run(self) -> None:
@@ -584,7 +607,7 @@ class ExecutorRpc:
         failure = self.transport.failure
         self._caller.retire(str(failure) if failure is not None else "session ended")
         self._handlers.retire()
-        self._reassembler.reset()  # a partial transfer of the peer's never completes
+        self._transfers.reset()  # a partial transfer of the peer's never completes
         self._outbox.retire()  # nothing queued can be sent any more
         self._note_settled()
         if self._tg is not None:
@@ -637,11 +660,18 @@ class ExecutorRpc:
     def _dispatch(self, payload: bytes) -> None:
         """One session message's envelope: a part goes to the transfer in progress
         (:meth:`_on_part`), any other kind is dispatched whole."""
-        if len(payload) > 1 and payload[1] == PART and payload[0] == 0x83:
-            part = parse_part(payload)  # the chunk without a copy (else decoded as any other)
-            if part is not None:
-                self._on_part(Part(*part))
-                return
+        if len(payload) > 1 and payload[1] == PART:
+            # The chunk without a copy (else decoded as any other).
+            if payload[0] == 0x84:
+                numbered = parse_transfer_part(payload)
+                if numbered is not None:
+                    self._on_part(Part(numbered[0], numbered[2], numbered[1]))
+                    return
+            elif payload[0] == 0x83:
+                part = parse_part(payload)
+                if part is not None:
+                    self._on_part(Part(*part))
+                    return
         envelope = self._decode(payload)
         if isinstance(envelope, Part):
             self._on_part(envelope)
@@ -695,10 +725,13 @@ class ExecutorRpc:
         """A part of a body sent in parts: buffered; the whole is dispatched at its final part
         as if it had arrived in one message. A call's id is claimed at its first part, so small
         calls with later ids may complete meanwhile (module docstring of :mod:`.chunks`)."""
-        reassembler = self._reassembler
-        starting = not reassembler.in_progress
+        if not self._parts_told:
+            # The peer sends parts: tell it, once, that this side reads transfer ids, so that
+            # it may interleave its transfers (a peer that does not know it drops this).
+            self._parts_told = True
+            self._outbox.send_soon(CONTROL_KIND, _PARTS_NOTICE)
         try:
-            body = reassembler.feed(envelope.flags, envelope.chunk)
+            fed = self._transfers.feed(envelope.transfer, envelope.flags, envelope.chunk)
         except PartViolation as exc:
             self._part_violations += 1
             self._peer_log.log(
@@ -710,13 +743,16 @@ class ExecutorRpc:
                 extra=log_fields(session=self.transport.session_id),
             )
             return
+        if fed is None:
+            return  # the rest of a refused transfer
+        reassembler, starting, body = fed
         if starting:  # its first part (a transfer is at least two parts)
             first = reassembler.first_chunk()  # None: the rest of a refused one is discarded
             if first is not None:
-                self._claimed = self._dispatcher.claim(first)
+                reassembler.claimed = self._dispatcher.claim(first)
         if body is None:
             return
-        claimed, self._claimed = self._claimed, None
+        claimed, reassembler.claimed = reassembler.claimed, None
         if claimed == -1:
             return  # a reused call id, dropped (and logged) at its first part
         self._dispatcher.whole_id = claimed
@@ -732,6 +768,15 @@ class ExecutorRpc:
                 self._dispatch_whole(whole, reassembler.body_size)
         finally:
             self._dispatcher.whole_id = None
+
+    def _notify(self, envelope: Notify) -> None:
+        """A notification: the peer's ``$link.parts`` (it reads transfer ids) here, without a
+        task, any other to the dispatcher."""
+        if envelope.method == PARTS_METHOD and envelope.service == INTERNAL_SERVICE:
+            # Arguments are ignored (a later version may send some): one comparison per repeat.
+            self._chunks.read_ids()
+            return
+        self._dispatcher.on_notify(envelope)
 
     def _malformed(self, exc: BadEnvelope) -> None:
         """An envelope of the wrong shape: dropped; a reply naming a call of ours fails it."""
