@@ -431,6 +431,12 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 storm_evicted_unauthenticated=(
                     after.evicted_unauthenticated - before.evicted_unauthenticated
                 ),
+                storm_handshakes_failed={
+                    k: v - before.handshakes_failed.get(k, 0)
+                    for k, v in after.handshakes_failed.items()
+                    if v > before.handshakes_failed.get(k, 0)
+                },
+                storm_handshakes_abandoned=after.handshakes_abandoned - before.handshakes_abandoned,
                 storm_calls=len(storm_calls),
                 storm_call_errors=storm_errors,
                 storm_p50_ms=_p(storm_calls, 50) if storm_calls else None,

@@ -89,6 +89,35 @@ async def test_steps_are_let_through_per_turn_in_arrival_order() -> None:
     assert stats.handshake_steps_waiting == 0
 
 
+async def test_a_step_that_waited_max_wait_is_let_through_regardless_of_the_budget() -> None:
+    """With ``max_wait=0`` every step in line is overdue at the next turn: all ten run in the
+    same turn (a starved process must not make handshakes outlast their deadline)."""
+    budget = TurnBudget(1, LinkStatistics(), max_wait=0.0)
+    turn = 0
+    ran: list[int] = []
+    ticking = True
+
+    async def ticker() -> None:
+        nonlocal turn
+        while ticking:
+            turn += 1
+            await anyio.sleep(0)
+
+    async def one() -> None:
+        await budget.step()
+        ran.append(turn)
+
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            for _ in range(10):
+                tg.start_soon(one)
+            while len(ran) < 10:
+                await anyio.sleep(0)
+            ticking = False
+    assert len(set(ran)) == 1, ran
+
+
 async def test_a_cancelled_step_leaves_the_line() -> None:
     stats = LinkStatistics()
     budget = TurnBudget(1, stats)

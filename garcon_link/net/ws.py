@@ -220,13 +220,21 @@ class TurnBudget:
     sockets, at most one step each, so ``Limits.max_unauthenticated_sockets`` bounds the line
     (past it the oldest unauthenticated socket is evicted, and leaves its place).
 
+    A step never waits longer than ``max_wait`` seconds: once the first in line has waited that
+    long, every step that has is let through at the next turn. In a process starved of CPU the
+    turns grow long, and ``per_turn`` steps a turn would otherwise let handshakes outlast their
+    deadline (the dialers would give up and redial, and the storm would last longer); the
+    listener passes ``handshake_timeout / 4``.
+
     On asyncio only; elsewhere :meth:`step` returns at once.
     """
 
-    def __init__(self, per_turn: int, stats: LinkStatistics) -> None:
+    def __init__(self, per_turn: int, stats: LinkStatistics, max_wait: float = math.inf) -> None:
         self._per_turn = per_turn
+        self._max_wait = max_wait
         self._stats = stats
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # (the loop time it was asked at, its future), oldest first
+        self._waiters: collections.deque[tuple[float, asyncio.Future[None]]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None  # a _next_turn is scheduled on it
 
     async def step(self) -> None:
@@ -236,7 +244,7 @@ class TurnBudget:
             return
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
-        self._waiters.append(waiter)
+        self._waiters.append((loop.time(), waiter))
         if len(self._waiters) > self._per_turn:
             self._stats.handshake_steps_deferred += 1
         self._stats.handshake_steps_waiting = len(self._waiters)
@@ -254,8 +262,9 @@ class TurnBudget:
         next turn)."""
         loop, self._loop = self._loop, None
         waiters, granted = self._waiters, 0
-        while waiters and granted < self._per_turn:
-            waiter = waiters.popleft()
+        overdue = loop.time() - self._max_wait if loop is not None else -math.inf
+        while waiters and (granted < self._per_turn or waiters[0][0] <= overdue):
+            _, waiter = waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 granted += 1
@@ -1019,7 +1028,9 @@ class WebSocketListener:
         self._tag = tag
         self._on_error = on_error
         self._unauthenticated: dict[int, anyio.CancelScope] = {}
-        self.turns = TurnBudget(limits.handshake_steps_per_turn, stats)
+        self.turns = TurnBudget(
+            limits.handshake_steps_per_turn, stats, max_wait=limits.handshake_timeout / 4
+        )
         """The budget of handshake steps per event-loop turn (see :class:`TurnBudget`)."""
         self._authenticated = 0
         self.closing = False
