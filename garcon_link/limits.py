@@ -136,9 +136,9 @@ class Limits:
         default=4,
         metadata=_doc(
             "Handshake steps (answering an upgrade request, a hello, a proof with the admission "
-            "or resume it leads to; tearing down a socket that ended) a listener runs per "
-            "event-loop turn, alongside the turn's authenticated traffic; the others wait for "
-            "later turns (asyncio), at most a quarter of handshake_timeout. A reconnect storm "
+            "or resume it leads to) a listener runs per event-loop turn, alongside the turn's "
+            "authenticated traffic; the others wait for later turns (asyncio), at most a tenth "
+            "of handshake_timeout. A reconnect storm "
             "then delays established sessions by this many steps' work per turn at most.",
             maximum=1024,
         ),

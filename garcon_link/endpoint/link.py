@@ -994,10 +994,6 @@ class WebSocketLink:
                 slot.attached = None
                 self._detachments += 1
                 slot.detached = self._detachments
-        if sock.turns is not None:
-            # The rest (the log line, the close) is a step of the listener's handshake budget:
-            # hundreds of sockets lost at once must not hold up the sessions still attached.
-            await sock.turns.step()
         if sock.peer_close is not None and sock.peer_close[0] == CloseCode.TAKEN_OVER:
             self._was_taken_over(sock.peer_close[1])
         # The cause: ours if we ended it (4007, 1009, 4004...), the session's failure if it was

@@ -212,19 +212,19 @@ class TurnBudget:
 
     A step is the work between two reads of an unauthenticated socket: answering its upgrade
     request, answering its hello, checking its proof and admitting it (a resume's decision
-    included), and the teardown of an admitted socket once it ended. Each step waits in line
-    (:meth:`step`); once per turn the first ``per_turn`` waiters are let through, and they run in
-    the next turn, together with whatever else is ready then (authenticated sockets' reads, calls
-    completing): a storm of reconnecting sockets delays established sessions by at most
-    ``per_turn`` steps' work per turn, not by the whole storm's. The waiters are the listener's
-    sockets, at most one step each, so ``Limits.max_unauthenticated_sockets`` bounds the line
-    (past it the oldest unauthenticated socket is evicted, and leaves its place).
+    included). Each step waits in line (:meth:`step`); once per turn the first ``per_turn``
+    waiters are let through, and they run in the next turn, together with whatever else is ready
+    then (authenticated sockets' reads, calls completing): a storm of reconnecting sockets
+    delays established sessions by at most ``per_turn`` steps' work per turn, not by the whole
+    storm's. The waiters are the listener's unauthenticated sockets, one step each, so
+    ``Limits.max_unauthenticated_sockets`` bounds the line (past it the oldest unauthenticated
+    socket is evicted, and leaves its place).
 
     A step never waits longer than ``max_wait`` seconds: once the first in line has waited that
     long, every step that has is let through at the next turn. In a process starved of CPU the
     turns grow long, and ``per_turn`` steps a turn would otherwise let handshakes outlast their
     deadline (the dialers would give up and redial, and the storm would last longer); the
-    listener passes ``handshake_timeout / 4``.
+    listener passes ``handshake_timeout / 10``.
 
     On asyncio only; elsewhere :meth:`step` returns at once.
     """
@@ -391,10 +391,10 @@ class LinkStatistics:
     """Dials that found nothing: the connection was refused by every address, or the host name
     did not resolve (:class:`~garcon_link.errors.Unreachable`)."""
     handshake_steps_deferred: int = 0
-    """Handshake steps (an upgrade request, a hello, a proof, an ended socket's teardown) a
-    listener put off by a turn or more because ``handshake_steps_per_turn`` others were ahead."""
+    """Handshake steps (an upgrade request, a hello, a proof) a listener put off by a turn or
+    more because ``handshake_steps_per_turn`` others were ahead."""
     handshake_steps_waiting: int = field(default=0, metadata={"metric": "gauge"})
-    """Handshake steps waiting in line now (at most one per socket of the listener)."""
+    """Handshake steps waiting in line now (at most one per unauthenticated socket)."""
     dials_refused_in_a_row: int = field(default=0, metadata={"metric": "gauge"})
     """Such dials since the last one that connected (0 once a dial connects): how long nothing
     has listened at the dialed address, in attempts."""
@@ -447,8 +447,7 @@ class WebSocket:
         self.held_proof: bytes | None = None
         self.turns: TurnBudget | None = None
         """The listener's budget of handshake steps per loop turn (None when dialing): the
-        handshake asks it before each step, and the endpoint before tearing down the socket
-        once it ended."""
+        handshake asks it before each step."""
         self._closed = False
         # Whole small binary frames without wsproto's per-frame work, once authenticated.
         self._fast: FastFrames | None = None
@@ -1029,7 +1028,7 @@ class WebSocketListener:
         self._on_error = on_error
         self._unauthenticated: dict[int, anyio.CancelScope] = {}
         self.turns = TurnBudget(
-            limits.handshake_steps_per_turn, stats, max_wait=limits.handshake_timeout / 4
+            limits.handshake_steps_per_turn, stats, max_wait=limits.handshake_timeout / 10
         )
         """The budget of handshake steps per event-loop turn (see :class:`TurnBudget`)."""
         self._authenticated = 0
