@@ -138,8 +138,8 @@ class Limits:
             "Handshake steps (answering an upgrade request, a hello, a proof with the admission "
             "or resume it leads to) a listener runs per event-loop turn, alongside the turn's "
             "authenticated traffic; the others wait for later turns (asyncio), at most a tenth "
-            "of handshake_timeout. A reconnect storm "
-            "then delays established sessions by this many steps' work per turn at most.",
+            "of handshake_timeout. A reconnect storm then delays established sessions by this "
+            "many steps' work per turn at most.",
             maximum=1024,
         ),
     )

@@ -208,7 +208,7 @@ class FrameBudget:
 
 
 class TurnBudget:
-    """How many handshake steps a listener runs per event-loop turn, after the turn's other work.
+    """How many handshake steps a listener runs per event-loop turn, beside the turn's other work.
 
     A step is the work between two reads of an unauthenticated socket: answering its upgrade
     request, answering its hello, checking its proof and admitting it (a resume's decision
