@@ -218,9 +218,13 @@ class _Tracker:
 
 
 async def _sequential_calls(
-    fleet: gl.Fleet, ids: list[str], stop: Callable[[int], bool]
+    fleet: gl.Fleet,
+    ids: list[str],
+    stop: Callable[[int], bool],
+    starts: list[float] | None = None,
 ) -> tuple[list[float], int]:
-    """Call ``whoami`` round robin over ``ids`` until ``stop(n)``; latencies in ms, errors."""
+    """Call ``whoami`` round robin over ``ids`` until ``stop(n)``; latencies in ms, errors
+    (and each answered call's start, ``perf_counter``, appended to ``starts``)."""
     facades = [fleet.executor(i).service("ident", Ident) for i in ids]
     latencies: list[float] = []
     errors = 0
@@ -234,6 +238,8 @@ async def _sequential_calls(
             errors += 1
         else:
             latencies.append((time.perf_counter() - started) * 1000)
+            if starts is not None:
+                starts.append(started)
             if reply != expected:
                 raise harness.MeasurementError(f"{expected} answered {reply!r}")
         n += 1
@@ -366,28 +372,32 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 ) == len(ids)
 
             storm_calls: list[float] = []
+            storm_starts: list[float] = []
             storm_errors = 0
             done = anyio.Event()
 
             async def call_spared() -> None:
                 nonlocal storm_errors
                 latencies, storm_errors = await _sequential_calls(
-                    fleet, spared, lambda _: done.is_set()
+                    fleet, spared, lambda _: done.is_set(), storm_starts
                 )
                 storm_calls.extend(latencies)
 
-            async with anyio.create_task_group() as storm:
-                storm.start_soon(sample)
-                storm_start = time.perf_counter()
-                samples.append((storm_start, before.connections, before.handshakes_completed))
-                for proc in procs[1:]:
-                    assert proc.stdin is not None
-                    await proc.stdin.send(b"cut\n")
-                storm.start_soon(call_spared)
-                await tracker.until(all_back, args.limit, "every cut executor ready again")
-                storm_end = time.perf_counter()
-                done.set()
-                sampling.set()
+            with _profiled("storm"), _loop_lag("storm"):
+                async with anyio.create_task_group() as storm:
+                    storm.start_soon(sample)
+                    cpu_before = _cpu_seconds(procs)
+                    storm_start = time.perf_counter()
+                    samples.append((storm_start, before.connections, before.handshakes_completed))
+                    for proc in procs[1:]:
+                        assert proc.stdin is not None
+                        await proc.stdin.send(b"cut\n")
+                    storm.start_soon(call_spared)
+                    await tracker.until(all_back, args.limit, "every cut executor ready again")
+                    storm_end = time.perf_counter()
+                    cpu_after = _cpu_seconds(procs)
+                    done.set()
+                    sampling.set()
             after = fleet.statistics()
             samples.append((time.perf_counter(), after.connections, after.handshakes_completed))
             recovered = storm_end - storm_start
@@ -405,6 +415,12 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                         peak = max(peak, (h1 - h0) / (t1 - t0))
                         break
             first_arrival = min(arrivals, default=0.0)
+            slow = 3 * result["idle_p99_ms"]
+            slow_offsets = [
+                t - storm_start
+                for t, ms in zip(storm_starts, storm_calls, strict=True)
+                if ms > slow
+            ]
             result.update(
                 storm_cut=len(cut),
                 storm_recovered_s=recovered,
@@ -415,6 +431,12 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 storm_evicted_unauthenticated=(
                     after.evicted_unauthenticated - before.evicted_unauthenticated
                 ),
+                storm_handshakes_failed={
+                    k: v - before.handshakes_failed.get(k, 0)
+                    for k, v in after.handshakes_failed.items()
+                    if v > before.handshakes_failed.get(k, 0)
+                },
+                storm_handshakes_abandoned=after.handshakes_abandoned - before.handshakes_abandoned,
                 storm_calls=len(storm_calls),
                 storm_call_errors=storm_errors,
                 storm_p50_ms=_p(storm_calls, 50) if storm_calls else None,
@@ -423,16 +445,31 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 storm_ready_p99_s=_p(offsets, 99),
                 redial_histogram=histogram(arrivals),
                 ready_histogram=histogram(offsets),
+                slow_call_histogram=histogram(slow_offsets),
                 handshakes_per_s_peak=peak,
                 handshakes_per_s_mean=handshakes / max(recovered - first_arrival, 1e-6),
                 events_lost=tracker.lost,
+                storm_cpu_s={
+                    "controller": cpu_after[0] - cpu_before[0],
+                    "spared child": cpu_after[1] - cpu_before[1],
+                    "cut children": sum(cpu_after[2:]) - sum(cpu_before[2:]),
+                },
             )
             _progress(
                 f"storm: {len(cut)} cut, all ready again in {recovered:.2f} s "
                 f"({result['storm_connections']} connections, {handshakes} handshakes, "
                 f"{result['storm_resumed']} resumed); spared p99 "
                 f"{result['storm_p99_ms']} ms over {len(storm_calls)} calls; handshakes/s "
-                f"peak {peak:.0f}"
+                f"peak {peak:.0f}; CPU s during it: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in result["storm_cpu_s"].items())
+            )
+            _progress(
+                "storm: redials "
+                + describe_histogram(result["redial_histogram"])
+                + "; ready again "
+                + describe_histogram(result["ready_histogram"])
+                + f"; spared calls slower than {slow:.1f} ms (3x idle p99), by start "
+                + describe_histogram(result["slow_call_histogram"])
             )
             for proc in procs:
                 proc.kill()
@@ -466,6 +503,153 @@ def _profiled(phase: str) -> Iterator[None]:
             os.unlink(path + ".new")
         else:
             profile.dump_stats(path)
+
+
+@contextlib.contextmanager
+def _loop_lag(phase: str) -> Iterator[None]:
+    """With ``GL_FLEET_BENCH_LOOPLAG`` set (asyncio only; diagnosis): time every loop turn and
+    every callback of this phase, and print on stderr how long the turns were and which tasks'
+    steps took the most time."""
+    if not os.environ.get("GL_FLEET_BENCH_LOOPLAG"):
+        yield
+        return
+    import asyncio
+    import asyncio.base_events
+    import asyncio.events
+
+    turns: list[tuple[float, int]] = []
+    by_name: dict[str, list[float]] = {}
+    base = asyncio.base_events.BaseEventLoop
+    run_once, handle_run = base._run_once, asyncio.events.Handle._run  # type: ignore[attr-defined]
+    perf = time.perf_counter
+
+    waits: list[float] = []  # time in the selector, per turn
+    this_turn: list[tuple[str, float]] = []
+    long_turns: list[str] = []
+    start = perf()
+    cpu = time.thread_time
+    off_cpu: list[float] = []  # time outside the selector and off the CPU, per turn
+
+    def timed_run_once(loop: Any) -> None:
+        selector = loop._selector
+        if not hasattr(selector, "_gl_timed"):
+            select = selector.select
+
+            def timed_select(timeout: float | None = None) -> Any:
+                t = perf()
+                try:
+                    return select(timeout)
+                finally:
+                    waits.append(perf() - t)
+
+            selector.select = timed_select
+            selector._gl_timed = True
+        t, c = perf(), cpu()
+        n = len(loop._ready)
+        before = len(waits)
+        run_once(loop)
+        waited = waits[-1] if len(waits) > before else 0.0
+        wall = perf() - t - waited
+        turns.append((wall, n))
+        off_cpu.append(max(0.0, wall - (cpu() - c)))
+        if wall > 0.01:
+            ranked = sorted(this_turn, key=lambda nd: -nd[1])[:3]
+            long_turns.append(
+                f"  at {t - start:.3f} s: {wall * 1000:.1f} ms ({off_cpu[-1] * 1000:.1f} off the "
+                f"CPU), {len(this_turn)} steps; "
+                + "; ".join(f"{d * 1000:.1f} ms {name}" for name, d in ranked)
+            )
+        this_turn.clear()
+
+    def name_of(handle: Any) -> str:
+        cb = handle._callback
+        owner = getattr(cb, "__self__", None)
+        if isinstance(owner, asyncio.Task):
+            coro = owner.get_coro()
+            frames = []
+            while coro is not None and len(frames) < 8:
+                code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None)
+                if code is not None:
+                    frames.append(code.co_qualname)
+                coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+            tail = " .. " + frames[-1] if len(frames) > 2 else ""
+            return "task " + " > ".join(frames[:2]) + tail
+        return getattr(cb, "__qualname__", repr(cb))[:80]
+
+    def timed_handle_run(handle: Any) -> None:
+        name = name_of(handle)
+        t = perf()
+        handle_run(handle)
+        by_name.setdefault(name, []).append(perf() - t)
+        this_turn.append((name, by_name[name][-1]))
+
+    collections: list[tuple[int, float]] = []
+    gc_started = [0.0]
+
+    def gc_timer(event: str, info: dict[str, int]) -> None:
+        if event == "start":
+            gc_started[0] = perf()
+        else:
+            collections.append((info["generation"], perf() - gc_started[0]))
+
+    gc.callbacks.append(gc_timer)
+    base._run_once = timed_run_once  # type: ignore[attr-defined]
+    asyncio.events.Handle._run = timed_handle_run  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        base._run_once = run_once  # type: ignore[attr-defined]
+        gc.callbacks.remove(gc_timer)
+        for generation in (0, 1, 2):
+            times = [d for g, d in collections if g == generation]
+            if times:
+                _progress(
+                    f"{phase}: gc generation {generation}: {len(times)} collections, "
+                    f"{sum(times) * 1000:.1f} ms, longest {max(times) * 1000:.1f} ms"
+                )
+        asyncio.events.Handle._run = handle_run  # type: ignore[method-assign]
+        lengths = sorted(d for d, _ in turns)
+        total = sum(lengths)
+        _progress(
+            f"{phase}: {sum(waits):.2f} s waiting in the selector, {sum(off_cpu):.2f} s of the "
+            f"turns' work off the CPU (preempted); off-CPU per turn p99 "
+            f"{_p(off_cpu, 99) * 1000:.2f} ms, max {max(off_cpu) * 1000:.2f} ms"
+        )
+        on_cpu = [wall - off for (wall, _), off in zip(turns, off_cpu, strict=True)]
+        _progress(
+            f"{phase}: on-CPU work per turn p50 {_p(on_cpu, 50) * 1000:.2f} ms, p99 "
+            f"{_p(on_cpu, 99) * 1000:.2f} ms, p99.9 {_p(on_cpu, 99.9) * 1000:.2f} ms, max "
+            f"{max(on_cpu) * 1000:.2f} ms; turns over 5 ms on the CPU: "
+            f"{sum(1 for w in on_cpu if w > 0.005)}"
+        )
+        _progress(
+            f"{phase}: {len(turns)} loop turns, {total:.2f} s working in them; turn p50 "
+            f"{_p(lengths, 50) * 1000:.2f} ms, p99 {_p(lengths, 99) * 1000:.2f} ms, max "
+            f"{lengths[-1] * 1000:.2f} ms; ready handles per turn p50 "
+            f"{_p([float(n) for _, n in turns], 50):.0f}, max {max(n for _, n in turns)}"
+        )
+        for line in long_turns[:60]:
+            _progress(line)
+        ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+        for name, durations in ranked[:25]:
+            _progress(
+                f"  {sum(durations) * 1000:8.1f} ms {len(durations):6d} steps, max "
+                f"{max(durations) * 1000:6.2f} ms: {name}"
+            )
+
+
+def _cpu_seconds(procs: list[anyio.abc.Process]) -> list[float]:
+    """CPU seconds (user + system) so far of this process, then of each child in ``procs``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = [time.process_time()]
+    for proc in procs:
+        try:
+            with open(f"/proc/{proc.pid}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            out.append((int(fields[11]) + int(fields[12])) / tick)
+        except (OSError, IndexError, ValueError):
+            out.append(0.0)
+    return out
 
 
 def _split(n: int, parts: int) -> list[range]:

@@ -132,6 +132,17 @@ class Limits:
         default=64,
         metadata=_doc("Sockets still in HTTP upgrade or handshake; the oldest is evicted past it."),
     )
+    handshake_steps_per_turn: int = field(
+        default=4,
+        metadata=_doc(
+            "Handshake steps (answering an upgrade request, a hello, a proof with the admission "
+            "or resume it leads to) a listener runs per event-loop turn, alongside the turn's "
+            "authenticated traffic; the others wait for later turns (asyncio), at most a tenth "
+            "of handshake_timeout. A reconnect storm then delays established sessions by this "
+            "many steps' work per turn at most.",
+            maximum=1024,
+        ),
+    )
     max_authenticated_sockets: int = field(
         default=4,
         metadata=_doc(

@@ -831,6 +831,10 @@ class WebSocketLink:
             raise HandshakeError(HandshakeFailure.OVERSIZE, str(exc)) from exc
         except MalformedFrame as exc:
             raise HandshakeError(HandshakeFailure.MALFORMED, str(exc)) from exc
+        if frame is not None and sock.turns is not None:
+            # Listening: what this frame leads to (our hello, or the proof's check and the
+            # admission) is one step of the listener's per-turn handshake budget.
+            await sock.turns.step()
         if frame is None:
             why = describe_close(sock)
             self.last_error = f"peer closed during handshake ({why})"

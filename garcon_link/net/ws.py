@@ -65,6 +65,7 @@ exception objects.
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import http
 import logging
@@ -112,6 +113,7 @@ __all__ = [
     "FrameBudget",
     "LinkStatistics",
     "SocketGone",
+    "TurnBudget",
     "WebSocket",
     "WebSocketListener",
     "client_upgrade",
@@ -203,6 +205,73 @@ class FrameBudget:
             return math.inf
         target = min(self.burst, max(1.0, self.rate * quantum))
         return (target - self.tokens) / self.rate
+
+
+class TurnBudget:
+    """How many handshake steps a listener runs per event-loop turn, beside the turn's other work.
+
+    A step is the work between two reads of an unauthenticated socket: answering its upgrade
+    request, answering its hello, checking its proof and admitting it (a resume's decision
+    included). Each step waits in line (:meth:`step`); once per turn the first ``per_turn``
+    waiters are let through, and they run in the next turn, together with whatever else is ready
+    then (authenticated sockets' reads, calls completing): a storm of reconnecting sockets
+    delays established sessions by at most ``per_turn`` steps' work per turn, not by the whole
+    storm's. The waiters are the listener's unauthenticated sockets, one step each, so
+    ``Limits.max_unauthenticated_sockets`` bounds the line (past it the oldest unauthenticated
+    socket is evicted, and leaves its place).
+
+    A step never waits longer than ``max_wait`` seconds: once the first in line has waited that
+    long, every step that has is let through at the next turn. In a process starved of CPU the
+    turns grow long, and ``per_turn`` steps a turn would otherwise let handshakes outlast their
+    deadline (the dialers would give up and redial, and the storm would last longer); the
+    listener passes ``handshake_timeout / 10``.
+
+    On asyncio only; elsewhere :meth:`step` returns at once.
+    """
+
+    def __init__(self, per_turn: int, stats: LinkStatistics, max_wait: float = math.inf) -> None:
+        self._per_turn = per_turn
+        self._max_wait = max_wait
+        self._stats = stats
+        # (the loop time it was asked at, its future), oldest first
+        self._waiters: collections.deque[tuple[float, asyncio.Future[None]]] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None  # a _next_turn is scheduled on it
+
+    async def step(self) -> None:
+        """Return when this step may run (a later turn). Cancellable while waiting: the place
+        in line is given up."""
+        if not _asyncio_stream.on_asyncio():
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append((loop.time(), waiter))
+        if len(self._waiters) > self._per_turn:
+            self._stats.handshake_steps_deferred += 1
+        self._stats.handshake_steps_waiting = len(self._waiters)
+        if self._loop is None:
+            self._loop = loop
+            loop.call_soon(self._next_turn)
+        try:
+            await waiter
+        finally:
+            if not waiter.done():  # cancelled while waiting: _next_turn skips it
+                waiter.cancel()
+
+    def _next_turn(self) -> None:
+        """Once per turn while steps wait: let the first ``per_turn`` through (they run in the
+        next turn)."""
+        loop, self._loop = self._loop, None
+        waiters, granted = self._waiters, 0
+        overdue = loop.time() - self._max_wait if loop is not None else -math.inf
+        while waiters and (granted < self._per_turn or waiters[0][0] <= overdue):
+            _, waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                granted += 1
+        self._stats.handshake_steps_waiting = len(waiters)
+        if waiters and loop is not None:
+            self._loop = loop
+            loop.call_soon(self._next_turn)
 
 
 def upgrade_refusal(request: h11.Request, head: bytes, *, max_headers: int) -> str | None:
@@ -321,6 +390,11 @@ class LinkStatistics:
     dials_refused: int = 0
     """Dials that found nothing: the connection was refused by every address, or the host name
     did not resolve (:class:`~garcon_link.errors.Unreachable`)."""
+    handshake_steps_deferred: int = 0
+    """Handshake steps (an upgrade request, a hello, a proof) a listener put off by a turn or
+    more because ``handshake_steps_per_turn`` others were ahead."""
+    handshake_steps_waiting: int = field(default=0, metadata={"metric": "gauge"})
+    """Handshake steps waiting in line now (at most one per unauthenticated socket)."""
     dials_refused_in_a_row: int = field(default=0, metadata={"metric": "gauge"})
     """Such dials since the last one that connected (0 once a dial connects): how long nothing
     has listened at the dialed address, in attempts."""
@@ -371,6 +445,9 @@ class WebSocket:
         self._size = 0
         self._probe: anyio.Event | None = None
         self.held_proof: bytes | None = None
+        self.turns: TurnBudget | None = None
+        """The listener's budget of handshake steps per loop turn (None when dialing): the
+        handshake asks it before each step."""
         self._closed = False
         # Whole small binary frames without wsproto's per-frame work, once authenticated.
         self._fast: FastFrames | None = None
@@ -950,6 +1027,10 @@ class WebSocketListener:
         self._tag = tag
         self._on_error = on_error
         self._unauthenticated: dict[int, anyio.CancelScope] = {}
+        self.turns = TurnBudget(
+            limits.handshake_steps_per_turn, stats, max_wait=limits.handshake_timeout / 10
+        )
+        """The budget of handshake steps per event-loop turn (see :class:`TurnBudget`)."""
         self._authenticated = 0
         self.closing = False
         self.address: tuple[str, int] | None = None
@@ -1057,6 +1138,7 @@ class WebSocketListener:
                     return None
             ws = WSConnection(ConnectionType.SERVER)
             sock = WebSocket(byte_stream, ws, peer=peer, limits=self.limits, stats=self._stats)
+            sock.turns = self.turns
             if not await self._upgrade(sock):
                 return None
             return await authenticate(sock)
@@ -1104,6 +1186,7 @@ class WebSocketListener:
                 break
             if event is not h11.NEED_DATA:
                 return False  # (h11 yields nothing else before a request; defensive)
+        await self.turns.step()
         pipelined = parser.trailing_data[0]  # everything after the request's head
         why = upgrade_refusal(
             event,

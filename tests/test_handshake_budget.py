@@ -1,0 +1,210 @@
+"""The listener's per-turn budget of handshake steps (``Limits.handshake_steps_per_turn``).
+
+Counted in steps and arrivals, never timed: sockets that are mid-handshake all at once must not
+hold up a session that is already attached, and the line of waiting steps is bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
+
+import anyio
+import pytest
+from faultutil import OP_BINARY, upgrade_request, ws_frame
+from linkutil import link_pair, small_limits, wait_until
+
+from garcon_link.net.ws import LinkStatistics, TurnBudget
+
+pytestmark = pytest.mark.anyio
+
+DEADLINE = 20.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the budget orders asyncio's loop turns (elsewhere a step runs at once)
+
+
+@contextlib.contextmanager
+def raw_sockets(port: int, count: int) -> Iterator[list[socket.socket]]:
+    """``count`` plain non-blocking TCP sockets to the listener (connected, nothing sent)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.setblocking(False)
+            socks.append(s)
+        yield socks
+    finally:
+        for s in socks:
+            s.close()
+
+
+async def read_101(s: socket.socket) -> None:
+    """Read the listener's answer to our upgrade request, up to the end of its head."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        await anyio.wait_readable(s)
+        chunk = s.recv(4096)
+        assert chunk, "the listener closed instead of answering the upgrade"
+        head += chunk
+    assert head.startswith(b"HTTP/1.1 101"), head[:40]
+
+
+async def test_steps_are_let_through_per_turn_in_arrival_order() -> None:
+    """Ten steps asked at once with a budget of two: two per loop turn, in the order asked."""
+    stats = LinkStatistics()
+    budget = TurnBudget(2, stats)
+    turn = 0
+    ran: list[tuple[int, int]] = []  # (step, turn it ran in)
+    ticking = True
+
+    async def ticker() -> None:
+        nonlocal turn
+        while ticking:  # one increment per loop turn (sleep(0) is one turn)
+            turn += 1
+            await anyio.sleep(0)
+
+    async def one(i: int) -> None:
+        await budget.step()
+        ran.append((i, turn))
+
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            for i in range(10):
+                tg.start_soon(one, i)
+            while len(ran) < 10:
+                await anyio.sleep(0)
+            ticking = False
+    assert [i for i, _ in ran] == list(range(10))
+    per_turn: dict[int, int] = {}
+    for _, t in ran:
+        per_turn[t] = per_turn.get(t, 0) + 1
+    assert max(per_turn.values()) <= 2, per_turn
+    assert len(per_turn) >= 5, per_turn
+    assert stats.handshake_steps_deferred == 8  # all but the first two waited past a turn
+    assert stats.handshake_steps_waiting == 0
+
+
+async def test_a_step_that_waited_max_wait_is_let_through_regardless_of_the_budget() -> None:
+    """With ``max_wait=0`` every step in line is overdue at the next turn: all ten run in the
+    same turn (a starved process must not make handshakes outlast their deadline)."""
+    budget = TurnBudget(1, LinkStatistics(), max_wait=0.0)
+    turn = 0
+    ran: list[int] = []
+    ticking = True
+
+    async def ticker() -> None:
+        nonlocal turn
+        while ticking:
+            turn += 1
+            await anyio.sleep(0)
+
+    async def one() -> None:
+        await budget.step()
+        ran.append(turn)
+
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            for _ in range(10):
+                tg.start_soon(one)
+            while len(ran) < 10:
+                await anyio.sleep(0)
+            ticking = False
+    assert len(set(ran)) == 1, ran
+
+
+async def test_a_cancelled_step_leaves_the_line() -> None:
+    stats = LinkStatistics()
+    budget = TurnBudget(1, stats)
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            with anyio.CancelScope() as scope:
+                tg.start_soon(budget.step)
+                tg.start_soon(budget.step)
+                scope.cancel()
+            with anyio.move_on_after(0) as gone:
+                await budget.step()  # cancelled while waiting (its deadline is now)
+            assert gone.cancelled_caught
+            await budget.step()  # the line moves on without it
+    assert stats.handshake_steps_waiting == 0
+
+
+async def test_an_attached_session_is_served_before_a_burst_of_handshakes_is() -> None:
+    """``burst`` upgraded sockets send a broken hello at once (each fails the handshake when
+    its step runs), then the attached session delivers a few messages one after the other. With
+    one step per turn they have arrived when only a few of the hellos were handled; without the
+    budget every hello is handled in the turn after they arrived, before the second message."""
+    burst, rounds = 40, 4
+    limits = small_limits(
+        handshake_steps_per_turn=1, max_unauthenticated_sockets=64, handshake_timeout=10.0
+    )
+    with anyio.fail_after(DEADLINE):
+        async with link_pair("worker-dials", limits) as pair:
+            listening, dialing = await pair.wait_ready()
+            link = pair.listener.link
+
+            def failed() -> int:
+                return sum(link.statistics().handshakes_failed.values())
+
+            at_arrival: list[int] = []
+            arrived = anyio.Event()
+
+            class Recording(list[bytes]):
+                def append(self, item: bytes) -> None:
+                    at_arrival.append(failed())
+                    arrived.set()
+                    super().append(item)
+
+            listening.received = Recording()
+            with raw_sockets(link.listen_address[1], burst) as socks:
+                for s in socks:
+                    s.sendall(upgrade_request())
+                for s in socks:
+                    await read_101(s)
+                before = failed()
+                hello = ws_frame(OP_BINARY, b"\xff not a hello")
+                for s in socks:  # no await between these writes and the message below
+                    s.sendall(hello)
+                for i in range(rounds):  # each message once the previous one arrived
+                    arrived = anyio.Event()
+                    await dialing.transport.send(b"attached %d" % i)
+                    await arrived.wait()
+                await wait_until(lambda: failed() == before + burst, 10.0, "every broken hello")
+    assert at_arrival[-1] - before < burst // 2, (at_arrival, before)
+    assert link.statistics().handshake_steps_deferred >= burst // 2
+    assert link.statistics().handshakes_failed.get("MALFORMED", 0) >= burst
+
+
+async def test_the_line_is_bounded_by_the_unauthenticated_cap() -> None:
+    """More sockets than ``max_unauthenticated_sockets`` upgrade at once: the oldest are
+    evicted (counted), the line never holds more than the cap, and it empties."""
+    cap, extra = 8, 4
+    limits = small_limits(
+        handshake_steps_per_turn=1, max_unauthenticated_sockets=cap, handshake_timeout=10.0
+    )
+    with anyio.fail_after(DEADLINE):
+        async with link_pair("worker-dials", limits) as pair:
+            await pair.wait_ready()
+            link = pair.listener.link
+            waiting: list[int] = []
+            with raw_sockets(link.listen_address[1], cap + extra) as socks:
+                for s in socks:
+                    s.sendall(upgrade_request())
+                for _ in range(200):  # bounded: every socket upgraded or evicted by then
+                    waiting.append(link.statistics().handshake_steps_waiting)
+                    await anyio.sleep(0)
+                await wait_until(
+                    lambda: link.statistics().evicted_unauthenticated == extra,
+                    5.0,
+                    "the oldest sockets evicted",
+                )
+                await wait_until(
+                    lambda: link.statistics().handshake_steps_waiting == 0, 5.0, "an empty line"
+                )
+            assert max(waiting) <= cap, waiting
+            assert link.statistics().evicted_unauthenticated == extra
