@@ -351,9 +351,9 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
                 out: dict[str, float] = {}
             else:
                 out = await _measure(fleets[0].executor, fleets, args)
-            out.update(await _flooded(fleets[0], url, root, "intruder", "ungranted", args))
-            out.update(await _flooded(fleets[0], url, root, "bench-greedy", "calls", args))
-            out.update(await _flooded(fleets[0], url, root, "bench-greedy", "streams", args))
+            for kind in args.floods.split(","):
+                flooder = "intruder" if kind == "ungranted" else "bench-greedy"
+                out.update(await _flooded(fleets[0], url, root, flooder, kind, args))
             return out
     finally:
         if args.profile_gateway is not None and gateway.stdin is not None:
@@ -436,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
         "--floods-only",
         action="store_true",
         help="only the flood phases (gateway, one executor); prints their figures",
+    )
+    parser.add_argument(
+        "--floods",
+        default="ungranted,calls,streams",
+        help="with --floods-only: which flood phases, comma-separated",
     )
     parser.add_argument(
         "--profile-gateway",
