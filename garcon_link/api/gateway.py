@@ -46,8 +46,13 @@ it send a message. Replacing :attr:`Gateway.grants` re-filters every watch; the 
 Bounds: ``max_callers`` sessions; per caller session the worker-side budgets
 (``max_incoming_calls`` relayed calls at once, refusal queues, frame rates); per caller and
 executor, a share of the gateway's session to that executor (``gateway_caller_share`` of
-``max_pending_calls`` calls and streams in flight; past it ``NotDispatched("OVERLOADED")``, not
-forwarded), so one caller cannot fill an executor's session for the others; ``FORBIDDEN``
+``max_pending_calls`` calls and streams in flight while it is the only caller active there,
+else ``gateway_contended_window`` split evenly between the callers active there, a caller
+being active until ``gateway_active_window`` after its last call there ended:
+:meth:`Gateway.share_of`; past it ``NotDispatched("OVERLOADED")``, not forwarded), so one
+caller cannot fill an executor's session for the others nor queue more than a few calls ahead
+of theirs; ``gateway_stream_window_items`` of credit granted the executor per relayed stream,
+so a caller's streams queue at most its share times that many items there; ``FORBIDDEN``
 answers past a caller's allowance (``gateway_forbidden_rate`` per second after a burst of
 ``gateway_forbidden_burst``, each paused at most ``gateway_forbidden_delay``; all
 :class:`~garcon_link.Limits` fields) wait their turn, so a caller
@@ -309,6 +314,12 @@ class _Watch:
 
 class Gateway:
     """A fleet that admits callers; use ``async with gl.gateway(config) as gw``.
+
+    Bounds between callers (module docstring): per caller and executor, calls and streams in
+    flight up to :meth:`share_of` -- ``gateway_caller_share`` of ``max_pending_calls`` for a
+    caller alone there, an even split of ``gateway_contended_window`` between the callers
+    active there otherwise -- and ``gateway_stream_window_items`` of executor credit per
+    relayed stream; past a share, ``NotDispatched("OVERLOADED")``, never forwarded.
 
     Args:
         config: a :class:`~garcon_link.GatewayConfig` (``gl.load_gateway_config``).
