@@ -180,17 +180,28 @@ class _Relay:
         stats.bytes += len(payload)
         inner: RemoteStream | None = None
         share: tuple[str, str] | None = None
+        token = object()
         try:
             share, inner = await gateway._open_stream(caller, executor, service, method, payload)
+            streams = gateway._streams.setdefault(share, {})
+            streams[token] = None
             # This generator is pulled only when the caller's credit allows one more item, and
-            # the inner stream grants the executor credit only as items are taken from it.
+            # the inner stream grants the executor credit only as items are taken from it: a
+            # stream past its caller's share waits here, and its producer with it.
             async for value in inner:
                 yield encode_outcome(value)
+                if gateway._in_flight.get(share, 0) > gateway._limit_now(executor):
+                    await gateway._wait_turn(share, token)
         except CallError as exc:
             await gateway._failed(caller, exc)
             yield encode_outcome(error=exc)
         finally:
             if share is not None:
+                opened = gateway._streams.get(share)
+                if opened is not None:
+                    opened.pop(token, None)
+                    if not opened:
+                        del gateway._streams[share]
                 gateway._give_share(share)
             if inner is not None:
                 await inner.aclose()
@@ -372,6 +383,10 @@ class Gateway:
         # executor -> {caller: when its last call or stream there began or ended}: the callers
         # active on it (_take_share); a caller's entry goes once it is idle past the window.
         self._active: dict[str, dict[str, float]] = {}
+        # (caller, executor) -> its relayed streams there, in the order they opened (_wait_turn).
+        self._streams: dict[tuple[str, str], dict[object, None]] = {}
+        # executor -> set (and replaced) when a call or stream there ends (_wait_turn).
+        self._ended: dict[str, anyio.Event] = {}
         # caller -> (FORBIDDEN allowance left, when it was last counted): _failed().
         self._forbidden: dict[str, tuple[float, float]] = {}
         # caller -> the same, for the OVERLOADED answers of the gateway's shares.
@@ -830,6 +845,43 @@ class Gateway:
         active = self._active.get(share[1])
         if active is not None:
             active[share[0]] = anyio.current_time()
+        ended = self._ended.pop(share[1], None)
+        if ended is not None:
+            ended.set()
+
+    def _limit_now(self, executor: str) -> int:
+        """A caller's share of ``executor`` now, counting every caller remembered active there
+        (idle ones included until :meth:`_take_share` or :meth:`_wait_turn` forgets them)."""
+        active = self._active.get(executor)
+        return self._limit(len(active)) if active else self._share
+
+    async def _wait_turn(self, share: tuple[str, str], token: object) -> None:
+        """Hold a relayed stream (no item taken from the executor, so no credit granted it)
+        while its caller is past its share of the executor and this stream is not among the
+        first of its streams there, in opening order, that the share covers: when another
+        caller arrives, a caller's streams opened while it was alone go on a share's worth at a
+        time. Rechecked as each call or stream there ends, and every ``gateway_active_window``
+        (the other callers may have gone idle)."""
+        executor = share[1]
+        while True:
+            now = anyio.current_time()
+            active = self._active.get(executor)
+            if active is not None:
+                self._forget_idle_callers(executor, active, now)
+            limit = self._limit(len(active)) if active else self._share
+            if self._in_flight.get(share, 0) <= limit:
+                return
+            streams = self._streams.get(share, {})
+            for rank, other in enumerate(streams):
+                if other is token:
+                    return
+                if rank + 1 >= limit:
+                    break
+            ended = self._ended.get(executor)
+            if ended is None:
+                ended = self._ended[executor] = anyio.Event()
+            with anyio.move_on_after(self.limits.gateway_active_window):
+                await ended.wait()
 
     def _limit(self, active: int) -> int:
         """One caller's share of an executor's session while ``active`` callers are active
