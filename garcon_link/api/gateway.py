@@ -52,7 +52,8 @@ being active until ``gateway_active_window`` after its last call there ended:
 :meth:`Gateway.share_of`; past it ``NotDispatched("OVERLOADED")``, not forwarded), so one
 caller cannot fill an executor's session for the others nor queue more than a few calls ahead
 of theirs; ``gateway_stream_window_items`` of credit granted the executor per relayed stream,
-so a caller's streams queue at most its share times that many items there; ``FORBIDDEN``
+so a caller's streams queue at most its share times that many items there (streams past a
+share that shrank under them take no item until their turn: ``_wait_turn``); ``FORBIDDEN``
 answers past a caller's allowance (``gateway_forbidden_rate`` per second after a burst of
 ``gateway_forbidden_burst``, each paused at most ``gateway_forbidden_delay``; all
 :class:`~garcon_link.Limits` fields) wait their turn, so a caller
