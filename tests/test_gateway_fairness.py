@@ -9,8 +9,8 @@ is served meanwhile. While another caller has a call or stream there, each calle
 ``gateway_contended_window`` split between them: the worker's ledger shows the flooder's calls
 running at once held to it, the whole share returns once the other caller left, a caller's
 streams opened while it was alone are fed only a share's worth at a time (the rest stand still
-at the worker), and a caller refused for want of a grant does not count. No timing is asserted; the gateway's helpers are
-those of tests/test_gateway.py.
+at the worker), and a caller refused for want of a grant does not count. No timing is
+asserted; the gateway's helpers are those of tests/test_gateway.py.
 """
 
 from __future__ import annotations
