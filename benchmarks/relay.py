@@ -346,10 +346,14 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
                 )
                 fleets.append(await stack.enter_async_context(gl.connect_gateway(caller)))
             await fleets[0].gateway.wait_ready(60)
-            out = await _measure(fleets[0].executor, fleets, args)
-            out.update(await _flooded(fleets[0], url, root, "intruder", "ungranted", args))
-            out.update(await _flooded(fleets[0], url, root, "bench-greedy", "calls", args))
-            out.update(await _flooded(fleets[0], url, root, "bench-greedy", "streams", args))
+            if args.floods_only:
+                await fleets[0].executor(executor_id(0)).wait_ready(60)
+                out: dict[str, float] = {}
+            else:
+                out = await _measure(fleets[0].executor, fleets, args)
+            for kind in args.floods.split(","):
+                flooder = "intruder" if kind == "ungranted" else "bench-greedy"
+                out.update(await _flooded(fleets[0], url, root, flooder, kind, args))
             return out
     finally:
         if args.profile_gateway is not None and gateway.stdin is not None:
@@ -362,7 +366,7 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
         await gateway.aclose()
 
 
-async def _main(args: argparse.Namespace) -> dict[str, Any]:
+async def _main(args: argparse.Namespace) -> Any:
     with tempfile.TemporaryDirectory(prefix="garcon-link-relay-") as tmp:
         root = Path(tmp)
         for directory in ("keys", "callers"):
@@ -373,6 +377,8 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             write_secret_file(root / "callers" / f"bench-{number}.secret")
         write_secret_file(root / "callers" / "intruder.secret")  # enrolled, granted nothing
         write_secret_file(root / "callers" / "bench-greedy.secret")  # granted, floods
+        if args.floods_only:
+            return await _through_gateway(root, args)
         direct = await _direct(root, args)
         relayed = await _through_gateway(root, args)
     ratios = {
@@ -427,6 +433,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--maps", type=int, default=5)
     parser.add_argument("--output", type=Path)
     parser.add_argument(
+        "--floods-only",
+        action="store_true",
+        help="only the flood phases (gateway, one executor); prints their figures",
+    )
+    parser.add_argument(
+        "--floods",
+        default="ungranted,calls,streams",
+        help="with --floods-only: which flood phases, comma-separated",
+    )
+    parser.add_argument(
         "--profile-gateway",
         type=Path,
         metavar="PATH",
@@ -445,6 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.executors, args.calls, args.seconds, args.maps = 20, 300, 1.0, 2
+    if args.floods_only:
+        args.executors = 1
+        print(json.dumps(anyio.run(_main, args), indent=2))
+        return 0
     doc = anyio.run(_main, args)
     text = json.dumps(doc, indent=2, default=str)
     if args.output is not None:

@@ -445,6 +445,35 @@ class Limits:
             unit="",
         ),
     )
+    gateway_contended_window: int = field(
+        default=16,
+        metadata=_doc(
+            "Calls and streams in flight to one executor that the callers active on it share "
+            "evenly while there are two or more (each gets this divided by their number, at "
+            "least one, at most its gateway_caller_share); past it a caller's next call there "
+            "is NotDispatched(OVERLOADED), not forwarded. A lone caller keeps its whole share. "
+            "A call waits at the executor behind about this many of the other callers' calls.",
+            maximum=1_000_000,
+        ),
+    )
+    gateway_active_window: float = field(
+        default=0.5,
+        metadata=_doc(
+            "Seconds a caller still counts as active on an executor (for "
+            "gateway_contended_window) after its last call or stream there ended: a caller "
+            "making one call after another stays active between them.",
+            maximum=60.0,
+        ),
+    )
+    gateway_stream_window_items: int = field(
+        default=8,
+        metadata=_doc(
+            "Stream credit, in items, a gateway grants the executor of each relayed stream "
+            "(the caller grants the gateway its own stream_window_items): what one stream may "
+            "have queued on the executor's session ahead of other callers' replies.",
+            maximum=1_000_000,
+        ),
+    )
     gateway_refresh_interval: float = field(
         default=5.0,
         metadata=_doc(

@@ -490,10 +490,11 @@ async def test_a_slow_caller_slows_the_producer_not_the_gateway(tmp_path: Path) 
             await web.executor("box-1").wait_ready(10)
             stream = web.executor("box-1").service("ident", Ident).count(100_000)
             assert await stream.__anext__() == 0
-            # The caller takes nothing more: the worker's producer fills the gateway's window
-            # (LIMITS') and stops there, never running on into the gateway's memory. The bound
-            # holds at every instant; the pause only gives a runaway producer time to show.
-            window = LIMITS.stream_window_items
+            # The caller takes nothing more: the worker's producer fills the window the gateway
+            # grants it (LIMITS.gateway_stream_window_items) and stops there, never running on
+            # into the gateway's memory. The bound holds at every instant; the pause only gives
+            # a runaway producer time to show.
+            window = LIMITS.gateway_stream_window_items
             await wait_for(lambda: service.produced >= window, 5, "the gateway's window filled")
             await anyio.sleep(0.3)
             bound = 1 + 8 * 2 + window * 2

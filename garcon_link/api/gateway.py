@@ -46,8 +46,14 @@ it send a message. Replacing :attr:`Gateway.grants` re-filters every watch; the 
 Bounds: ``max_callers`` sessions; per caller session the worker-side budgets
 (``max_incoming_calls`` relayed calls at once, refusal queues, frame rates); per caller and
 executor, a share of the gateway's session to that executor (``gateway_caller_share`` of
-``max_pending_calls`` calls and streams in flight; past it ``NotDispatched("OVERLOADED")``, not
-forwarded), so one caller cannot fill an executor's session for the others; ``FORBIDDEN``
+``max_pending_calls`` calls and streams in flight while it is the only caller active there,
+else ``gateway_contended_window`` split evenly between the callers active there, a caller
+being active until ``gateway_active_window`` after its last call there ended:
+:meth:`Gateway.share_of`; past it ``NotDispatched("OVERLOADED")``, not forwarded), so one
+caller cannot fill an executor's session for the others nor queue more than a few calls ahead
+of theirs; ``gateway_stream_window_items`` of credit granted the executor per relayed stream,
+so a caller's streams queue at most its share times that many items there (streams past a
+share that shrank under them take no item until their turn: ``_wait_turn``); ``FORBIDDEN``
 answers past a caller's allowance (``gateway_forbidden_rate`` per second after a burst of
 ``gateway_forbidden_burst``, each paused at most ``gateway_forbidden_delay``; all
 :class:`~garcon_link.Limits` fields) wait their turn, so a caller
@@ -107,6 +113,9 @@ log = logging.getLogger("garcon_link.gateway")  # the name users configure (READ
 
 MAX_NAME_CHARS = 256
 """The longest service or method name a relayed request may carry."""
+MAX_ACTIVE_EXECUTORS = 4096
+"""Executors whose callers the gateway remembers (:meth:`Gateway.share_of`) before it forgets
+those where every caller went idle."""
 MAX_VERDICTS = 4096
 """Grant verdicts, by (caller, executor, service), the gateway remembers
 (:meth:`Gateway._allowed`); one more clears them all."""
@@ -172,18 +181,28 @@ class _Relay:
         stats.bytes += len(payload)
         inner: RemoteStream | None = None
         share: tuple[str, str] | None = None
+        token = object()
         try:
-            share = gateway._take_share(caller, executor)
-            inner = await gateway._open_stream(caller, executor, service, method, payload)
+            share, inner = await gateway._open_stream(caller, executor, service, method, payload)
+            streams = gateway._streams.setdefault(share, {})
+            streams[token] = None
             # This generator is pulled only when the caller's credit allows one more item, and
-            # the inner stream grants the executor credit only as items are taken from it.
+            # the inner stream grants the executor credit only as items are taken from it: a
+            # stream past its caller's share waits here, and its producer with it.
             async for value in inner:
                 yield encode_outcome(value)
+                if gateway._in_flight.get(share, 0) > gateway._limit_now(executor):
+                    await gateway._wait_turn(share, token)
         except CallError as exc:
             await gateway._failed(caller, exc)
             yield encode_outcome(error=exc)
         finally:
             if share is not None:
+                opened = gateway._streams.get(share)
+                if opened is not None:
+                    opened.pop(token, None)
+                    if not opened:
+                        del gateway._streams[share]
                 gateway._give_share(share)
             if inner is not None:
                 await inner.aclose()
@@ -308,6 +327,12 @@ class _Watch:
 class Gateway:
     """A fleet that admits callers; use ``async with gl.gateway(config) as gw``.
 
+    Bounds between callers (module docstring): per caller and executor, calls and streams in
+    flight up to :meth:`share_of` -- ``gateway_caller_share`` of ``max_pending_calls`` for a
+    caller alone there, an even split of ``gateway_contended_window`` between the callers
+    active there otherwise -- and ``gateway_stream_window_items`` of executor credit per
+    relayed stream; past a share, ``NotDispatched("OVERLOADED")``, never forwarded.
+
     Args:
         config: a :class:`~garcon_link.GatewayConfig` (``gl.load_gateway_config``).
         limits: overrides the config's limits.
@@ -356,6 +381,13 @@ class Gateway:
         self._bindings: dict[str, _Bindings] = {}  # by caller
         # (caller, executor) -> calls and streams in flight (only those above zero).
         self._in_flight: dict[tuple[str, str], int] = {}
+        # executor -> {caller: when its last call or stream there began or ended}: the callers
+        # active on it (_take_share); a caller's entry goes once it is idle past the window.
+        self._active: dict[str, dict[str, float]] = {}
+        # (caller, executor) -> its relayed streams there, in the order they opened (_wait_turn).
+        self._streams: dict[tuple[str, str], dict[object, None]] = {}
+        # executor -> set (and replaced) when a call or stream there ends (_wait_turn).
+        self._ended: dict[str, anyio.Event] = {}
         # caller -> (FORBIDDEN allowance left, when it was last counted): _failed().
         self._forbidden: dict[str, tuple[float, float]] = {}
         # caller -> the same, for the OVERLOADED answers of the gateway's shares.
@@ -736,13 +768,21 @@ class Gateway:
 
     async def _open_stream(
         self, caller: str, executor: str, service: str, method: str, payload: bytes
-    ) -> RemoteStream:
+    ) -> tuple[tuple[str, str], RemoteStream]:
+        """A relayed stream, admitted, within its caller's share (given back by the caller of
+        this once the stream ends), granting the executor ``gateway_stream_window_items``."""
         arguments = self._admit(caller, executor, service, method, payload)
         member = self._connected(executor)
-        rpc = await member._rpc_for_call(self.limits.dispatch_deadline)
+        share = self._take_share(caller, executor)
+        try:
+            rpc = await member._rpc_for_call(self.limits.dispatch_deadline)
+        except BaseException:
+            self._give_share(share)
+            raise
         metadata = call_metadata()
         member.calls += 1
-        return rpc.stream_relayed(service, method, arguments, dict(metadata) or None)
+        window = self.limits.gateway_stream_window_items
+        return share, rpc.stream_relayed(service, method, arguments, dict(metadata) or None, window)
 
     async def _forward(
         self,
@@ -770,16 +810,29 @@ class Gateway:
 
     def _take_share(self, caller: str, executor: str) -> tuple[str, str]:
         """Count one more call or stream of ``caller`` in flight to ``executor``, within its
-        share of the gateway's session to that executor (``gateway_caller_share`` of
-        ``max_pending_calls``), so one caller cannot fill it for the others."""
+        share of the gateway's session to that executor (:meth:`share_of`), so one caller
+        cannot fill it, nor queue much of its work there ahead of another caller's call."""
         share = (caller, executor)
         held = self._in_flight.get(share, 0)
-        if held >= self._share:
+        now = anyio.current_time()
+        active = self._active.get(executor)
+        if active is None:
+            if len(self._active) >= MAX_ACTIVE_EXECUTORS:
+                self._forget_idle(now)
+            active = self._active[executor] = {}
+        active[caller] = now
+        limit = self._share
+        if len(active) > 1:
+            self._forget_idle_callers(executor, active, now)
+            limit = self._limit(len(active))
+        if held >= limit:
             raise NotDispatched(
                 "OVERLOADED",
-                f"caller {caller!r} has {held} calls in flight to executor {peer_text(executor)}, "
-                f"its share of the gateway's session to it (gateway_caller_share of "
-                f"max_pending_calls = {self._share}); nothing was forwarded",
+                f"caller {caller!r} has {held} calls in flight to executor "
+                f"{peer_text(executor)}, its share of the gateway's session to it now ({limit}: "
+                f"gateway_caller_share of max_pending_calls while it is the only caller active "
+                f"there, else gateway_contended_window split between the callers active "
+                f"there); nothing was forwarded",
             )
         self._in_flight[share] = held + 1
         return share
@@ -790,6 +843,88 @@ class Gateway:
             self._in_flight[share] = held
         else:
             self._in_flight.pop(share, None)
+        active = self._active.get(share[1])
+        if active is not None:
+            active[share[0]] = anyio.current_time()
+        ended = self._ended.pop(share[1], None)
+        if ended is not None:
+            ended.set()
+
+    def _limit_now(self, executor: str) -> int:
+        """A caller's share of ``executor`` now, counting every caller remembered active there
+        (idle ones included until :meth:`_take_share` or :meth:`_wait_turn` forgets them)."""
+        active = self._active.get(executor)
+        return self._limit(len(active)) if active else self._share
+
+    async def _wait_turn(self, share: tuple[str, str], token: object) -> None:
+        """Hold a relayed stream (no item taken from the executor, so no credit granted it)
+        while its caller is past its share of the executor and this stream is not among the
+        first of its streams there, in opening order, that the share covers: when another
+        caller arrives, a caller's streams opened while it was alone go on a share's worth at a
+        time. Rechecked as each call or stream there ends, and every ``gateway_active_window``
+        (the other callers may have gone idle)."""
+        executor = share[1]
+        while True:
+            now = anyio.current_time()
+            active = self._active.get(executor)
+            if active is not None:
+                self._forget_idle_callers(executor, active, now)
+            limit = self._limit(len(active)) if active else self._share
+            if self._in_flight.get(share, 0) <= limit:
+                return
+            streams = self._streams.get(share, {})
+            for rank, other in enumerate(streams):
+                if other is token:
+                    return
+                if rank + 1 >= limit:
+                    break
+            ended = self._ended.get(executor)
+            if ended is None:
+                ended = self._ended[executor] = anyio.Event()
+            with anyio.move_on_after(self.limits.gateway_active_window):
+                await ended.wait()
+
+    def _limit(self, active: int) -> int:
+        """One caller's share of an executor's session while ``active`` callers are active
+        there (:meth:`share_of`)."""
+        if active <= 1:
+            return self._share
+        return min(self._share, max(1, self.limits.gateway_contended_window // active))
+
+    def _idle(self, caller: str, executor: str, seen: float, now: float) -> bool:
+        return (
+            now - seen > self.limits.gateway_active_window
+            and (caller, executor) not in self._in_flight
+        )
+
+    def _forget_idle_callers(self, executor: str, active: dict[str, float], now: float) -> None:
+        for caller, seen in list(active.items()):
+            if self._idle(caller, executor, seen, now):
+                del active[caller]
+
+    def _forget_idle(self, now: float) -> None:
+        """Drop the executors where every caller went idle (``_active`` stays bounded: the
+        executors are the fleet's members, and their idle entries go here)."""
+        for executor, active in list(self._active.items()):
+            self._forget_idle_callers(executor, active, now)
+            if not active:
+                del self._active[executor]
+
+    def share_of(self, caller: str, executor: str) -> int:
+        """How many calls and streams ``caller`` may have in flight to ``executor`` now: its
+        whole share (``gateway_caller_share`` of ``max_pending_calls``) while no other caller is
+        active there (one with a call or stream in flight there, or one ended within
+        ``gateway_active_window``); else ``gateway_contended_window`` divided by the number of
+        callers active there, itself included, at least one. Past it, its next call there is
+        ``NotDispatched("OVERLOADED")``, never forwarded."""
+        now = anyio.current_time()
+        active = self._active.get(executor, {})
+        others = sum(
+            1
+            for c, seen in active.items()
+            if c != caller and not self._idle(c, executor, seen, now)
+        )
+        return self._limit(1 + others)
 
     async def _forward_to(
         self,

@@ -435,12 +435,18 @@ class Caller:
         await self._send_request(body)
 
     def stream_relayed(
-        self, service: str, method: str, arguments: bytes, metadata: Mapping[str, str] | None
+        self,
+        service: str,
+        method: str,
+        arguments: bytes,
+        metadata: Mapping[str, str] | None,
+        window_items: int | None = None,
     ) -> RemoteStream:
         """Open a remote stream whose arguments are already encoded (as :meth:`call_relayed`);
         its items are the decoded CBOR data, unconverted, and it ends with the
-        :class:`CallError` itself (no remote exception is re-created)."""
-        return _RelayedStream(self, service, method, arguments, metadata)
+        :class:`CallError` itself (no remote exception is re-created). ``window_items``: the
+        credit in items granted the producer (default ``Limits.stream_window_items``)."""
+        return _RelayedStream(self, service, method, arguments, metadata, window_items)
 
     async def _complete(
         self, pending: _Pending, body: bytes | Spliced, timeout: float | None, *, local: bool = True
@@ -796,6 +802,7 @@ class RemoteStream(AsyncIterator[Any]):
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
         metadata: Mapping[str, str] | None = None,
+        window_items: int | None = None,
     ) -> None:
         self._caller = caller
         self._metadata = metadata
@@ -805,7 +812,9 @@ class RemoteStream(AsyncIterator[Any]):
         self._kwargs = kwargs
         self._pending: _Pending | None = None
         limits = caller.limits
-        self._state = _StreamState(limits.stream_window_items, limits.stream_window_bytes)
+        # The credit, in items, granted the producer: the limits' unless the opener chose.
+        self._window = limits.stream_window_items if window_items is None else window_items
+        self._state = _StreamState(self._window, limits.stream_window_bytes)
         self._consumed = 0
         self._consumed_bytes = 0
         self._closed = False
@@ -823,7 +832,7 @@ class RemoteStream(AsyncIterator[Any]):
             self._spec,
             self._args,
             self._kwargs,
-            (limits.stream_window_items, limits.stream_window_bytes),
+            (self._window, limits.stream_window_bytes),
             None,
             self._metadata,
         )
@@ -873,7 +882,7 @@ class RemoteStream(AsyncIterator[Any]):
         if state.ended or self._pending is None:
             return
         if (
-            self._consumed >= limits.stream_window_items // 2
+            self._consumed >= max(1, self._window // 2)
             or self._consumed_bytes >= limits.stream_window_bytes // 2
         ):
             items, nbytes = self._consumed, max(self._consumed_bytes, 1)
@@ -914,8 +923,9 @@ class _RelayedStream(RemoteStream):
         method: str,
         arguments: bytes,
         metadata: Mapping[str, str] | None,
+        window_items: int | None,
     ) -> None:
-        super().__init__(caller, service, RELAYED_STREAM, (), {}, metadata)
+        super().__init__(caller, service, RELAYED_STREAM, (), {}, metadata, window_items)
         self._method = method
         self._arguments = arguments
 
@@ -928,5 +938,5 @@ class _RelayedStream(RemoteStream):
             self._arguments,
             None,
             self._metadata,
-            (limits.stream_window_items, limits.stream_window_bytes),
+            (self._window, limits.stream_window_bytes),
         )
