@@ -36,6 +36,14 @@ A relayed call (``call(executor, service, method, payload, key, timeout)``):
    (:func:`~garcon_link.api.relay.encode_outcome`), so it crosses the second hop unchanged. The
    relay call itself fails only as any call on the caller's session fails.
 
+On asyncio, with no hooks installed, a unary relay call runs no handler task
+(:meth:`Gateway._relay_now`): the steps above are taken in the dispatch of the caller's message,
+the forward is issued at once (:meth:`~garcon_link.rpc.caller.Caller.forward`) and the call
+held in its session's incoming table; the executor's reply completes it from the dispatch of
+*that* session's message, a whole result's value passed on as the bytes it arrived as. What
+cannot be done in one step (an executor reconnecting, a session waiting for capacity, hooks,
+trio) goes through the relay service's handler, :meth:`_Relay.call`, with the same outcomes.
+
 Bounds: ``max_callers`` sessions; per caller session the worker-side budgets
 (``max_incoming_calls`` relayed calls at once, refusal queues, frame rates); per caller and
 executor, a share of the gateway's session to that executor (``gateway_caller_share`` of
