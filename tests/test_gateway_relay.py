@@ -143,8 +143,9 @@ async def test_a_relayed_timeout_and_cancel_reach_the_executor(tmp_path: Path) -
             assert stats.calls == 3 and stats.errors == 1
             # Nothing of the relay is left in flight on either hop.
             await wait_for(
-                lambda: web.gateway.pending_calls == 0
-                and gw.fleet.executors()["box-1"].pending == 0,
+                lambda: (
+                    web.gateway.pending_calls == 0 and gw.fleet.executors()["box-1"].pending == 0
+                ),
                 10,
                 "no relayed call left pending",
             )
