@@ -668,7 +668,11 @@ class Gateway:
             or type(method) is not str
             or type(payload) is not bytes
             or (key is not None and type(key) is not bytes)
-            or (timeout is not None and type(timeout) is not float and type(timeout) is not int)
+            or not (
+                timeout is None
+                or type(timeout) is float
+                or (type(timeout) is int and abs(timeout) <= _MAX_TIMEOUT_INT)
+            )
         ):
             return False
         call_id = envelope.id
@@ -957,6 +961,11 @@ class _Relayed:
             self.member._observer.client_ended(None, error.outcome, error.code, True)
         assert self.incoming is not None
         self.rpc.release_held(self.call_id, self.incoming, error, True)
+
+
+_MAX_TIMEOUT_INT = 2**53
+"""The largest integer timeout the direct path takes (it converts exactly to a float); a larger
+one goes through the relay service's handler, whose argument check refuses it."""
 
 
 def _ignore_cancel(retired: bool) -> None:
