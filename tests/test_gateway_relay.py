@@ -15,11 +15,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+import cbor2
 import pytest
 from faultutil import wait_for
+from rpcutil import raw_call
 from test_gateway import DEADLINE, LIMITS, caller, enroll, running_gateway
 
 import garcon_link as gl
+from garcon_link.api.relay import RELAY_SERVICE, decode_outcome
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -149,3 +152,36 @@ async def test_a_relayed_timeout_and_cancel_reach_the_executor(tmp_path: Path) -
                 10,
                 "no relayed call left pending",
             )
+
+
+async def test_a_relay_call_of_the_wrong_shape_is_refused_not_forwarded(tmp_path: Path) -> None:
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            service = await stack.enter_async_context(echo_device(tmp_path, gw.url))
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            await web.executor("box-1").wait_ready(10)
+            rpc = web.gateway.current_rpc
+            assert rpc is not None
+            payload = cbor2.dumps([["x"], {}])
+            # Not a timeout at all: the relay call itself is refused.
+            odd: tuple[Any, ...] = (10**400, "5", [1])
+            for timeout in odd:
+                arguments = ["box-1", "ident", "echo", payload, None, timeout]
+                with pytest.raises(gl.Rejected) as refused:
+                    await raw_call(rpc, RELAY_SERVICE, "call", arguments)
+                assert refused.value.code == "INVALID_ARGUMENTS", timeout
+            # A number that is no timeout: refused by the relay, the refusal as its outcome.
+            numbers: tuple[Any, ...] = (-1, 0, 0.0, float("nan"), float("inf"))
+            for timeout in numbers:
+                arguments = ["box-1", "ident", "echo", payload, None, timeout]
+                reply = await raw_call(rpc, RELAY_SERVICE, "call", arguments)
+                _, error = decode_outcome(reply, LIMITS.max_frame_bytes)
+                assert isinstance(error, gl.Rejected), timeout
+                assert error.code == "INVALID_ARGUMENTS" and "timeout" in error.message
+            assert service.calls == 0
+            # The same call with a sound timeout goes through.
+            reply = await raw_call(
+                rpc, RELAY_SERVICE, "call", ["box-1", "ident", "echo", payload, None, 5]
+            )
+            assert decode_outcome(reply, LIMITS.max_frame_bytes) == ("x", None)
+            assert service.calls == 1
