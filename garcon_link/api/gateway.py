@@ -43,6 +43,14 @@ last :data:`~garcon_link.api.relay.MAX_WATCH_EVENTS` events), and the watch's st
 pending entries, each with its executor's state at send time, whenever the caller's credit lets
 it send a message. Replacing :attr:`Gateway.grants` re-filters every watch; the drain ends them.
 
+On asyncio, with no hooks installed, a unary relay call runs no handler task
+(:meth:`Gateway._relay_now`): the steps above are taken in the dispatch of the caller's message,
+the forward is issued at once (:meth:`~garcon_link.rpc.caller.Caller.forward`) and the call
+held in its session's incoming table; the executor's reply completes it from the dispatch of
+*that* session's message, a whole result's value passed on as the bytes it arrived as. What
+cannot be done in one step (an executor reconnecting, a session waiting for capacity, hooks,
+trio) goes through the relay service's handler, :meth:`_Relay.call`, with the same outcomes.
+
 Bounds: ``max_callers`` sessions; per caller session the worker-side budgets
 (``max_incoming_calls`` relayed calls at once, refusal queues, frame rates); per caller and
 executor, a share of the gateway's session to that executor (``gateway_caller_share`` of
@@ -80,17 +88,20 @@ import anyio
 import anyio.abc
 
 from ..core.handshake import HandshakeResult
-from ..core.wire import Role, argument_items
+from ..core.wire import Role, argument_items, encode_head
 from ..endpoint.link import WebSocketLink
 from ..endpoint.transport import SessionTransport, TransportState
 from ..errors import CallError, MalformedFrame, NotDispatched, OutcomeUnknown, Rejected
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_text
+from ..net.backend import on_asyncio
+from ..rpc.envelopes import Call
+from ..rpc.errorbody import error_envelope
 from ..rpc.hooks import CallHook, call_metadata
 from ..rpc.idempotency import key_problem
 from ..rpc.interface import MethodKind, MethodSpec, contract_hash
 from ..rpc.observer import CallObserver
-from ..rpc.rpc import ExecutorRpc, RemoteStream, current_rpc
+from ..rpc.rpc import ExecutorRpc, Forward, Incoming, RemoteStream, current_rpc
 from ..settings.callers import GatewayConfig
 from ..settings.grants import MAX_GRANTS, Grant, allows, sees
 from ..settings.keyring import Keyring, executor_id_problem
@@ -594,6 +605,8 @@ class Gateway:
             extra=log_fields(session=transport.session_id, caller=caller),
             level=logging.INFO,
         )
+        if on_asyncio() and not self._observer.hooks:
+            rpc.serve_directly(functools.partial(self._relay_now, caller, rpc))
         assert self._tg is not None
         self._tg.start_soon(self._serve, caller, transport, rpc)
 
@@ -808,6 +821,119 @@ class Gateway:
         finally:
             self._give_share(share)
 
+    def _relay_now(
+        self, caller: str, rpc: ExecutorRpc, envelope: Call, metadata: Mapping[str, str]
+    ) -> bool:
+        """A unary relay call without a handler task (``Dispatcher.direct``; docs/design.md
+        #gateway): checked (grant, framing, bounds, share, binding) and forwarded on the
+        executor's session from the dispatch of the caller's message, and answered from the
+        dispatch of the executor's reply, whose value's bytes pass through undecoded. ``False``
+        (nothing counted, nothing sent) for what the relay service's handler does instead: any
+        other call, an unusual shape, an executor not ready this instant, a session that must
+        wait for capacity."""
+        if (
+            envelope.method != "call"
+            or envelope.service != RELAY_SERVICE
+            or envelope.key is not None
+            or envelope.kwargs
+            or type(envelope.args) is not list
+            or len(envelope.args) != 6
+        ):
+            return False
+        executor, service, method, payload, key, timeout = envelope.args
+        if (
+            type(executor) is not str
+            or type(service) is not str
+            or type(method) is not str
+            or type(payload) is not bytes
+            or (key is not None and type(key) is not bytes)
+            or not (
+                timeout is None
+                or type(timeout) is float
+                or (type(timeout) is int and abs(timeout) <= _MAX_TIMEOUT_INT)
+            )
+        ):
+            return False
+        call_id = envelope.id
+        try:
+            arguments = self._admit(caller, executor, service, method, payload)
+            if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+                raise Rejected("INVALID_ARGUMENTS", "timeout must be a positive number of seconds")
+            if key is not None and (why := key_problem(key)) is not None:
+                raise Rejected("INVALID_ARGUMENTS", why)
+            member = self._connected(executor)
+        except CallError as exc:
+            self._counted(caller, payload)
+            self._answer_error(caller, rpc, call_id, rpc.hold(call_id, _ignore_cancel), exc)
+            return True
+        target = member._rpc
+        if (
+            member._availability != "ready"
+            or target is None
+            or member._draining
+            or member._observer.hooks
+        ):
+            return False
+        try:
+            share = self._take_share(caller, executor)
+        except CallError as exc:
+            self._counted(caller, payload)
+            self._answer_error(caller, rpc, call_id, rpc.hold(call_id, _ignore_cancel), exc)
+            return True
+        seconds = self.limits.call_timeout if timeout is None else float(timeout)
+        runtime, state = target.transport.peer_runtime, target.peer_state_id
+        slot = (executor, service, method, key) if key is not None else None
+        relayed = _Relayed(self, caller, rpc, call_id, member, share, slot, runtime, state, seconds)
+        try:
+            if slot is not None:
+                self._bindings_of(caller).check(slot, runtime, state)
+            forward = target.forward(
+                service, method, arguments, key, dict(metadata) or None, seconds, relayed.ended
+            )
+        except OutcomeUnknown as exc:  # a binding's verdict: not forwarded, not counted
+            self._give_share(share)
+            self._counted(caller, payload)
+            self._answer_error(caller, rpc, call_id, rpc.hold(call_id, _ignore_cancel), exc)
+            return True
+        except CallError as exc:  # refused by the executor's session before sending
+            self._counted(caller, payload)
+            member.calls += 1
+            relayed.incoming = rpc.hold(call_id, relayed.cancelled)
+            relayed.failed(exc)
+            return True
+        if forward is None:
+            self._give_share(share)
+            return False
+        self._counted(caller, payload)
+        member.calls += 1
+        relayed.forward = forward
+        relayed.incoming = rpc.hold(call_id, relayed.cancelled)
+        return True
+
+    def _counted(self, caller: str, payload: bytes) -> None:
+        stats = self._stats_of(caller)
+        stats.calls += 1
+        stats.bytes += len(payload)
+
+    def _answer_error(
+        self, caller: str, rpc: ExecutorRpc, call_id: int, incoming: Incoming, exc: CallError
+    ) -> None:
+        """Answer a held relay call with ``exc`` as its outcome, counted (and paced) as
+        :meth:`_failed` does: a ``FORBIDDEN`` or ``OVERLOADED`` one from a task that keeps the
+        slot while it waits its turn."""
+        body = _result_envelope(call_id, encode_outcome(error=exc))
+        if exc.code != "FORBIDDEN" and exc.code != "OVERLOADED":
+            self._stats_of(caller).errors += 1
+            rpc.reply_held(call_id, incoming, body)
+            return
+
+        async def paced() -> None:
+            await self._failed(caller, exc)
+            rpc.reply_held(call_id, incoming, body)
+
+        assert self._tg is not None
+        self._tg.start_soon(paced)
+
     def _take_share(self, caller: str, executor: str) -> tuple[str, str]:
         """Count one more call or stream of ``caller`` in flight to ``executor``, within its
         share of the gateway's session to that executor (:meth:`share_of`), so one caller
@@ -984,6 +1110,146 @@ class Gateway:
                 self._bindings.pop(next(iter(self._bindings)))
             bindings = self._bindings[caller] = _Bindings(self.limits.max_incoming_calls)
         return bindings
+
+
+class _Relayed:
+    """One relay call answered without a handler task (:meth:`Gateway._relay_now`): what its
+    forward's end (:meth:`ended`), its caller's cancel and its session's retirement
+    (:meth:`cancelled`) do -- the counters, the share, the binding of its key, the reply."""
+
+    __slots__ = (
+        "call_id",
+        "caller",
+        "forward",
+        "gateway",
+        "incoming",
+        "member",
+        "rpc",
+        "runtime",
+        "share",
+        "slot",
+        "state",
+        "timeout",
+        "was_cancelled",
+    )
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        caller: str,
+        rpc: ExecutorRpc,
+        call_id: int,
+        member: RemoteExecutor,
+        share: tuple[str, str],
+        slot: tuple[str, str, str, bytes] | None,
+        runtime: bytes,
+        state: bytes | None,
+        timeout: float,
+    ) -> None:
+        self.gateway = gateway
+        self.caller = caller
+        self.rpc = rpc
+        self.call_id = call_id
+        self.member = member
+        self.share: tuple[str, str] | None = share
+        self.slot = slot
+        self.runtime = runtime
+        self.state = state
+        self.timeout = timeout
+        self.forward: Forward | None = None
+        self.incoming: Incoming | None = None
+        self.was_cancelled = False
+
+    def _settle(self, error: CallError | None) -> None:
+        """The forward's counters, share and binding, once it ended."""
+        gateway, member, slot = self.gateway, self.member, self.slot
+        if self.share is not None:
+            gateway._give_share(self.share)
+            self.share = None
+        if error is None:
+            member._observer.client_ended(None, None, None, False)
+        else:
+            member._observer.client_ended(None, error.outcome, error.code, False)
+            if counts_as_error(error):
+                member.errors += 1
+        if slot is not None:
+            bindings = gateway._bindings_of(self.caller)
+            if isinstance(error, OutcomeUnknown):
+                bindings.bind(
+                    slot, self.runtime, self.state, anyio.current_time() + 2 * self.timeout
+                )
+            else:
+                bindings.release(slot)
+
+    def ended(self, forward: Forward) -> None:
+        """The forwarded call ended (from the dispatch of its reply, or a timer)."""
+        error = forward.error
+        self._settle(error)
+        incoming = self.incoming
+        assert incoming is not None
+        call_id = self.call_id
+        if error is None:
+            encoded = forward.encoded
+            if encoded is not None:
+                body = b"".join(
+                    (
+                        b"\x83\x01",
+                        encode_head(0, call_id),
+                        encode_head(2, len(encoded) + 2),
+                        b"\x82\x01",
+                        encoded,
+                    )
+                )
+            else:
+                body = _result_envelope(call_id, encode_outcome(forward.value))
+            self.rpc.reply_held(call_id, incoming, body)
+        elif self.was_cancelled and forward.receipt is not None:
+            # The caller cancelled the relay call: the executor's answer to the cancel, its
+            # receipt included, is the relay call's.
+            body = error_envelope(call_id, error, cancel=forward.receipt)
+            self.rpc.reply_held(call_id, incoming, body, error, True)
+        else:
+            self.gateway._answer_error(self.caller, self.rpc, call_id, incoming, error)
+
+    def failed(self, error: CallError) -> None:
+        """The executor's session refused the forward before it was sent."""
+        self._settle(error)
+        assert self.incoming is not None
+        self.gateway._answer_error(self.caller, self.rpc, self.call_id, self.incoming, error)
+
+    def cancelled(self, retired: bool) -> None:
+        """The caller cancelled the relay call (its cancel goes on to the executor), or its
+        session retired (the forward is abandoned, as a handler's would be)."""
+        forward = self.forward
+        if not retired:
+            self.was_cancelled = True
+            if forward is not None:
+                forward.cancel()
+            return
+        error = OutcomeUnknown("CANCELLED", "the caller's session ended")
+        if forward is not None and not forward.pending.ended:
+            forward.abandon()
+            if self.share is not None:
+                self.gateway._give_share(self.share)
+                self.share = None
+            self.member._observer.client_ended(None, error.outcome, error.code, True)
+        assert self.incoming is not None
+        self.rpc.release_held(self.call_id, self.incoming, error, True)
+
+
+_MAX_TIMEOUT_INT = 2**53
+"""The largest integer timeout the direct path takes (it converts exactly to a float); a larger
+one goes through the relay service's handler, whose argument check refuses it."""
+
+
+def _ignore_cancel(retired: bool) -> None:
+    """A held relay call answered without a forward: a cancel changes nothing (its answer says
+    it was not forwarded); a retirement frees its slot when the answer finds no session."""
+
+
+def _result_envelope(call_id: int, outcome: bytes) -> bytes:
+    """``encode_result(call_id, outcome)`` for the byte string ``outcome``."""
+    return b"".join((b"\x83\x01", encode_head(0, call_id), encode_head(2, len(outcome)), outcome))
 
 
 class _Bindings:

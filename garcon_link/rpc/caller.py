@@ -65,7 +65,7 @@ from .outbox import CANCEL_KIND, CONTROL_KIND, Outbox
 from .resources import ResourceRef
 from .splice import SPLICE_BYTES, Spliced, encode_envelope, holds_large
 
-__all__ = ["RELAYED", "RELAYED_STREAM", "Caller", "Expected", "RemoteStream"]
+__all__ = ["RELAYED", "RELAYED_STREAM", "Caller", "Expected", "Forward", "RemoteStream"]
 
 _NOTIFY_VALUES = range(3, 5)  # a notification's args and kwargs
 
@@ -82,7 +82,18 @@ RELAYED_STREAM = MethodSpec(
 
 
 class _Pending:
-    __slots__ = ("ended", "error", "id", "ordinal", "receipt", "spec", "stream", "value", "waiter")
+    __slots__ = (
+        "ended",
+        "error",
+        "forward",
+        "id",
+        "ordinal",
+        "receipt",
+        "spec",
+        "stream",
+        "value",
+        "waiter",
+    )
 
     def __init__(self, call_id: int, spec: MethodSpec, stream: _StreamState | None) -> None:
         self.id = call_id
@@ -96,9 +107,13 @@ class _Pending:
         self.value: Any = None
         self.error: CallError | None = None
         self.receipt: str | None = None  # the ``cancel`` field of the error that ended it
+        self.forward: Forward | None = None  # a forwarded call ends by callback, not a wait
 
     def end(self) -> None:
         self.ended = True
+        if self.forward is not None:
+            self.forward.ended()
+            return
         waiter = self.waiter
         if waiter is None:
             return
@@ -181,6 +196,9 @@ class Caller:
         self._retired: CallError | None = None
         self._next_id = 1
         self._pending: dict[int, _Pending] = {}
+        # Whether a forwarded call (forward()) was ever issued here: only then is a result's
+        # value looked for undecoded (on_raw_result).
+        self.forwards = False
         self.flow_violations = 0
         self.malformed_replies = 0
         self.peer_instance_id: bytes | None = None
@@ -448,6 +466,59 @@ class Caller:
         credit in items granted the producer (default ``Limits.stream_window_items``)."""
         return _RelayedStream(self, service, method, arguments, metadata, window_items)
 
+    def forward(
+        self,
+        service: str,
+        method: str,
+        arguments: bytes,
+        key: bytes | None,
+        metadata: Mapping[str, str] | None,
+        timeout: float,
+        on_end: Callable[[Forward], None],
+    ) -> Forward | None:
+        """Issue a relayed call (as :meth:`call_relayed`) without a task: ``on_end`` is told
+        its outcome (:class:`Forward`), from the dispatch of its reply or from a timer. ``None``
+        when it cannot be issued at once (not on asyncio, or the session must wait for
+        capacity): nothing was sent or registered; :meth:`call_relayed` is then the way.
+
+        Raises:
+            NotDispatched: as :meth:`call_relayed` before anything is sent.
+        """
+        loop = self._loop
+        if loop is False:
+            loop = self._loop = asyncio.get_running_loop() if on_asyncio() else None
+        if loop is None:
+            return None
+        assert isinstance(loop, asyncio.AbstractEventLoop)
+        pending, body = self._prepare_relayed(
+            RELAYED, service, method, arguments, key, metadata, (0, 0)
+        )
+        if not self._issue_nowait(pending, body):
+            return None
+        self.forwards = True
+        forward = pending.forward = Forward(self, pending, loop, timeout, on_end)
+        return forward
+
+    def on_raw_result(self, payload: bytes) -> bool:
+        """A ``result`` envelope (``payload``, undecoded) for a call of :meth:`forward`: its
+        value's bytes, as received, end the call (``True``). ``False`` for any other (it is
+        then decoded as usual)."""
+        first = payload[2] if len(payload) > 2 else 0xFF
+        if first < 24:
+            call_id, start = first, 3
+        elif 24 <= first <= 27:
+            start = 3 + (1 << (first - 24))
+            call_id = int.from_bytes(payload[3:start], "big")
+        else:
+            return False
+        pending = self._pending.get(call_id)
+        if pending is None or pending.forward is None or len(payload) <= start:
+            return False
+        del self._pending[call_id]
+        pending.forward.encoded = payload[start:]
+        self._finish(pending)
+        return True
+
     async def _complete(
         self, pending: _Pending, body: bytes | Spliced, timeout: float | None, *, local: bool = True
     ) -> Any:
@@ -710,6 +781,130 @@ class Caller:
             return
         del self._pending[pending.id]
         self._finish(pending)
+
+
+class Forward:
+    """A relayed call issued by :meth:`Caller.forward`, ended by callback.
+
+    Its end is told once to ``on_end``: :attr:`encoded` (the result's value as received, when it
+    came whole), else :attr:`value` (decoded, when it came in parts) or :attr:`error` with
+    :attr:`receipt` (the ``cancel`` field of the error that ended it). Past ``timeout`` it is
+    cancelled and, as :meth:`Caller.call` does, its end is the peer's answer to the cancel
+    within ``cancel_grace`` (a receipt mapped to a ``TIMEOUT``), else
+    ``OutcomeUnknown("TIMEOUT")``. :meth:`cancel` (the relay's caller cancelled) sends the
+    ``cancel`` and ends it with the peer's answer, its receipt kept, or, past ``cancel_grace``,
+    ``OutcomeUnknown("CANCELLED")``. :meth:`abandon` forgets it: nothing is told.
+    """
+
+    __slots__ = (
+        "_caller",
+        "_cancelled",
+        "_loop",
+        "_timed_out",
+        "_timeout",
+        "_timer",
+        "encoded",
+        "error",
+        "on_end",
+        "pending",
+        "receipt",
+        "value",
+    )
+
+    def __init__(
+        self,
+        caller: Caller,
+        pending: _Pending,
+        loop: asyncio.AbstractEventLoop,
+        timeout: float,
+        on_end: Callable[[Forward], None],
+    ) -> None:
+        self._caller = caller
+        self.pending = pending
+        self._loop = loop
+        self._timeout = timeout
+        self.on_end = on_end
+        self._timed_out = False
+        self._cancelled = False
+        self.encoded: bytes | None = None
+        self.value: Any = None
+        self.error: CallError | None = None
+        self.receipt: str | None = None
+        self._timer: asyncio.TimerHandle | None = loop.call_later(timeout, self._expire)
+
+    def _expire(self) -> None:
+        if self.pending.ended or self._cancelled:
+            return
+        self._timed_out = True
+        self._caller._send_cancel(self.pending.id)
+        self._timer = self._loop.call_later(self._caller.limits.cancel_grace, self._give_up)
+
+    def cancel(self) -> None:
+        """Cancel it on the peer; its end is the peer's answer (class docstring)."""
+        if self.pending.ended or self._cancelled or self._timed_out:
+            return
+        self._cancelled = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self._caller._send_cancel(self.pending.id)
+        self._timer = self._loop.call_later(self._caller.limits.cancel_grace, self._give_up)
+
+    def _give_up(self) -> None:
+        """No answer to the ``cancel`` within ``cancel_grace``: a later one is dropped."""
+        self._timer = None
+        pending, caller = self.pending, self._caller
+        if pending.ended:
+            return
+        caller._pending.pop(pending.id, None)
+        if self._cancelled:
+            self.receipt = INTERRUPTED
+            error: CallError = OutcomeUnknown(
+                "CANCELLED", "cancelled while running; it may have had effects"
+            )
+        else:
+            error = OutcomeUnknown("TIMEOUT", f"no reply within {self._timeout}s; cancel sent")
+            self._timed_out = False  # the error is final, not a receipt to map
+        caller._finish(pending, error=error)
+
+    def abandon(self) -> None:
+        """Forget it and cancel it on the peer (best effort); ``on_end`` is not told."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending = self.pending
+        if not pending.ended:
+            pending.forward = None
+            self._caller._abandon(pending)
+
+    def ended(self) -> None:
+        """The pending call ended (:meth:`_Pending.end`): tell ``on_end``."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending = self.pending
+        self.value, self.error = pending.value, pending.error
+        receipt = self.receipt if self.receipt is not None else pending.receipt
+        self.receipt = receipt
+        error = self.error
+        if self._cancelled:
+            pass  # the receipt is the relay's caller's
+        elif self._timed_out and error is not None:
+            timeout = self._timeout
+            not_started = isinstance(error, NotDispatched) and error.code == "CANCELLED"
+            if receipt == NOT_STARTED or not_started:
+                self.error = NotDispatched(
+                    "TIMEOUT", f"no reply within {timeout}s; cancelled before it started"
+                )
+            elif receipt == INTERRUPTED:
+                self.error = OutcomeUnknown(
+                    "TIMEOUT",
+                    f"no reply within {timeout}s; cancelled while running "
+                    "(it may have had effects)",
+                )
+            self.receipt = None  # the timeout is the forward's own: its caller needs no receipt
+        else:
+            self.receipt = None
+        self.on_end(self)
 
 
 class Expected:

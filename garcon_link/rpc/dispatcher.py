@@ -123,6 +123,10 @@ class Dispatcher:
         # Told each ``$link.inventory`` notification's arguments (a list), synchronously and in
         # session order; without one (a worker's side), such a notification is dropped.
         self.inventory_listener: Callable[[list[Any]], None] | None = None
+        # Offered every call admitted so far (not draining, well formed, within the budget)
+        # before it is resolved: ``True`` if it took the call (it answers it itself, e.g. from
+        # a held slot: Handlers.hold), ``False`` to serve it as usual.
+        self.direct: Callable[[Call, Mapping[str, str]], bool] | None = None
 
     @property
     def last_incoming_id(self) -> int:
@@ -254,6 +258,9 @@ class Dispatcher:
                     "OVERLOADED", f"{self.limits.max_incoming_calls} calls already running"
                 ),
             )
+            return
+        direct = self.direct
+        if direct is not None and direct(envelope, metadata):
             return
         try:
             spec, target = self._resolve(service, method)

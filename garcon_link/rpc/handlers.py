@@ -93,7 +93,16 @@ UNARY, STREAM, NOTIFY, KEYED = ReplyPolicy
 class Incoming:
     """One peer call's slot: its cancel scope, the credit it may use, its task."""
 
-    __slots__ = ("cancelled", "credit", "credit_bytes", "credit_event", "scope", "started", "task")
+    __slots__ = (
+        "cancelled",
+        "credit",
+        "credit_bytes",
+        "credit_event",
+        "on_cancel",
+        "scope",
+        "started",
+        "task",
+    )
 
     def __init__(self, credit: int, credit_bytes: int, scope: anyio.CancelScope) -> None:
         self.scope = scope
@@ -105,6 +114,9 @@ class Incoming:
         self.credit_event: anyio.Event | None = None
         # The handler's task, on asyncio (see Dispatcher.on_call).
         self.task: asyncio.Task[None] | None = None
+        # A call held without a handler (Handlers.hold): told of its cancel (False) or of the
+        # session's retirement (True) instead of a scope.
+        self.on_cancel: Callable[[bool], None] | None = None
 
 
 class Handlers:
@@ -178,11 +190,14 @@ class Handlers:
         self.new_scope = cancel_scope_factory()
 
     def retire(self) -> None:
-        """Cancel every running handler (idempotent)."""
+        """Cancel every running handler and held call (idempotent)."""
         self._retired = True
-        for incoming in self.incoming.values():
+        for incoming in list(self.incoming.values()):
             incoming.cancelled = True
-            incoming.scope.cancel()
+            if incoming.on_cancel is not None:
+                incoming.on_cancel(True)
+            else:
+                incoming.scope.cancel()
 
     def close_unstarted(self) -> None:
         """Drop the handlers of a message whose dispatch was cut short by an exception."""
@@ -278,7 +293,80 @@ class Handlers:
         incoming = self.incoming.get(envelope.id)
         if incoming is not None:
             incoming.cancelled = True
-            incoming.scope.cancel()
+            if incoming.on_cancel is not None:
+                incoming.on_cancel(False)
+            else:
+                incoming.scope.cancel()
+
+    # -- calls held without a handler task (a relay's forwarded calls)
+
+    def hold(self, call_id: int, on_cancel: Callable[[bool], None]) -> Incoming:
+        """Give the admitted call ``call_id`` its slot without a handler: whoever holds it
+        answers with :meth:`reply_held` or gives it up with :meth:`release_held`; a ``cancel``
+        or the session's retirement is told to ``on_cancel`` (``True``: retired, nothing can be
+        sent)."""
+        incoming = Incoming(0, 0, self.new_scope())
+        incoming.started = True
+        incoming.on_cancel = on_cancel
+        self.incoming[call_id] = incoming
+        if len(self.incoming) + self.notifications > self.observer.incoming_peak:
+            self.note_incoming()
+        return incoming
+
+    def reply_held(
+        self,
+        call_id: int,
+        incoming: Incoming,
+        body: bytes,
+        error: CallError | None = None,
+        cancelled: bool = False,
+    ) -> None:
+        """Hand a held call's reply (``body``, an encoded ``result`` or ``error``) to the
+        session -- at once if it admits it, else from a task that keeps the slot meanwhile --
+        and free its slot; ``error`` is what the observer is told it ended with."""
+        if self.incoming.get(call_id) is not incoming:
+            return  # released meanwhile (the session retired)
+        incoming.on_cancel = None
+        try:
+            if self._chunks.send_nowait(body) is not None:
+                self.release_held(call_id, incoming, error, cancelled)
+                return
+        except SessionFailed:
+            self.release_held(call_id, incoming, error, cancelled)
+            return
+        except PayloadTooLarge:
+            pass  # send_reply replaces it with its error
+        sender = self._send_held(call_id, incoming, body, error, cancelled)
+        if self.loop is not None:
+            incoming.task = self.loop.create_task(sender, context=self._context.copy())
+        else:
+            assert self.tg is not None
+            self.tg.start_soon(lambda: sender)
+
+    async def _send_held(
+        self,
+        call_id: int,
+        incoming: Incoming,
+        body: bytes,
+        error: CallError | None,
+        cancelled: bool,
+    ) -> None:
+        replaced = None
+        try:
+            replaced = await self.send_reply(call_id, body)
+        finally:
+            self.release_held(call_id, incoming, replaced or error, cancelled)
+
+    def release_held(
+        self, call_id: int, incoming: Incoming, error: CallError | None, cancelled: bool
+    ) -> None:
+        """Free a held call's slot (its reply handed over, or none can be sent)."""
+        if self.incoming.get(call_id) is not incoming:
+            return
+        del self.incoming[call_id]
+        incoming.on_cancel = None
+        self._note_settled()
+        self.observer.server_ended(None, error, cancelled)
 
     def on_credit(self, envelope: Credit) -> None:
         call_id, items, nbytes = envelope.id, envelope.items, envelope.bytes

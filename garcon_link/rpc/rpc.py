@@ -170,7 +170,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,11 +178,11 @@ import anyio
 
 from ..core.wire import decode_item
 from ..endpoint.transport import PayloadConsumer, SessionTransport
-from ..errors import MalformedFrame, RemoteError
+from ..errors import CallError, MalformedFrame, RemoteError
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..net.backend import on_asyncio
-from .caller import Caller, Expected, RemoteStream
+from .caller import Caller, Expected, Forward, RemoteStream
 from .chunks import ChunkSender, PartViolation, Transfers, parse_part, parse_transfer_part
 from .dispatcher import Dispatcher
 from .envelopes import (
@@ -213,7 +213,7 @@ from .envelopes import (
 from .envelopes import decode as decode_envelope
 from .envelopes import encode as encode_envelope
 from .errorbody import MAX_REFUSAL_MESSAGE, register_exception, unregister_exception
-from .handlers import Handlers, current_session
+from .handlers import Handlers, Incoming, current_session
 from .idempotency import KeyedExecutions
 from .interface import MethodSpec
 from .observer import CallObserver, CallStatistics, Observed, end_of
@@ -242,6 +242,8 @@ __all__ = [
     "NOTIFY",
     "RESULT",
     "ExecutorRpc",
+    "Forward",
+    "Incoming",
     "Observed",
     "Registry",
     "RemoteStream",
@@ -450,6 +452,7 @@ class ExecutorRpc:
         # Our calls are the caller's own methods: no indirection on the per-call path.
         self.call = caller.call
         self.call_relayed = caller.call_relayed
+        self.forward = caller.forward
         self.notify_relayed = caller.notify_relayed
         self.stream_relayed = caller.stream_relayed
         self.notify = caller.notify
@@ -630,6 +633,35 @@ class ExecutorRpc:
         (a notification; ``sequence`` increases with each announcement of one endpoint)."""
         await self._caller.notify(INTERNAL_SERVICE, INVENTORY_SPEC, (sequence, services), {})
 
+    # ------------------------------------------------------------------ relaying without tasks
+    # A relay (the gateway) answers a call of its peer with a call of its own on another
+    # session, each end completing the other from its dispatch (docs/design.md#gateway).
+
+    def serve_directly(self, direct: Callable[[Call, Mapping[str, str]], bool]) -> None:
+        """Offer each admitted call of the peer to ``direct`` first (``Dispatcher.direct``)."""
+        self._dispatcher.direct = direct
+
+    def hold(self, call_id: int, on_cancel: Callable[[bool], None]) -> Incoming:
+        """A slot for the peer's call ``call_id`` without a handler (:meth:`Handlers.hold`)."""
+        return self._handlers.hold(call_id, on_cancel)
+
+    def reply_held(
+        self,
+        call_id: int,
+        incoming: Incoming,
+        body: bytes,
+        error: CallError | None = None,
+        cancelled: bool = False,
+    ) -> None:
+        """Answer a held call (:meth:`Handlers.reply_held`)."""
+        self._handlers.reply_held(call_id, incoming, body, error, cancelled)
+
+    def release_held(
+        self, call_id: int, incoming: Incoming, error: CallError | None, cancelled: bool
+    ) -> None:
+        """Free a held call's slot without an answer (:meth:`Handlers.release_held`)."""
+        self._handlers.release_held(call_id, incoming, error, cancelled)
+
     # ------------------------------------------------------------------ test seam
     # For tests and tools that write envelopes by hand on the session (``transport.send``):
     # the ids they must use and the replies they await, without reaching into the halves.
@@ -659,7 +691,14 @@ class ExecutorRpc:
 
     def _dispatch(self, payload: bytes) -> None:
         """One session message's envelope: a part goes to the transfer in progress
-        (:meth:`_on_part`), any other kind is dispatched whole."""
+        (:meth:`_on_part`), a result of a forwarded call ends it undecoded
+        (:meth:`Caller.on_raw_result`), any other kind is dispatched whole."""
+        if (
+            self._caller.forwards
+            and payload[:2] == b"\x83\x01"
+            and self._caller.on_raw_result(payload)
+        ):
+            return
         if len(payload) > 1 and payload[1] == PART:
             # The chunk without a copy (else decoded as any other).
             if payload[0] == 0x84:

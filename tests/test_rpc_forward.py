@@ -1,0 +1,112 @@
+"""``ExecutorRpc.forward``: a relayed call issued without a task and ended by callback (what a
+gateway forwards a caller's unary call with). Its result's value is handed over as the bytes the
+peer sent, never decoded; its timeout and its caller's cancel end it with the peer's receipt.
+
+Over live loopback pairs, both directions; ``forward`` is asyncio's (on trio it declines, and
+the gateway's handler path forwards instead).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import cbor2
+import pytest
+from rpcutil import CalcImpl, Direction, both_directions, open_pair, raw_send
+
+import garcon_link as gl
+from garcon_link.rpc.errorbody import INTERRUPTED
+from garcon_link.rpc.rpc import ExecutorRpc, Forward
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+DEADLINE = 10
+
+
+class Ends:
+    """What ``on_end`` was told, and an event per end."""
+
+    def __init__(self) -> None:
+        self.ended: list[Forward] = []
+        self.event = anyio.Event()
+
+    def __call__(self, forward: Forward) -> None:
+        self.ended.append(forward)
+        self.event.set()
+
+    async def one(self) -> Forward:
+        await self.event.wait()
+        self.event = anyio.Event()
+        return self.ended[-1]
+
+
+def arguments(*args: Any, **kwargs: Any) -> bytes:
+    return cbor2.dumps(list(args)) + cbor2.dumps(kwargs)
+
+
+def forward(
+    rpc: ExecutorRpc, method: str, args: bytes, ends: Ends, timeout: float = 5.0
+) -> Forward:
+    issued = rpc.forward("calc", method, args, None, None, timeout, ends)
+    assert issued is not None
+    return issued
+
+
+@both_directions
+async def test_a_forwarded_result_is_handed_over_as_sent(
+    direction: Direction, anyio_backend: str
+) -> None:
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}) as pair:
+            ends = Ends()
+            if anyio_backend != "asyncio":
+                assert pair.rpc.forward("calc", "add", arguments(1, 2), None, None, 5, ends) is None
+                return
+            forward(pair.rpc, "add", arguments(2, 3), ends)
+            done = await ends.one()
+            assert done.error is None and done.encoded == cbor2.dumps(5)
+            # A peer's result is passed on unread: whatever bytes follow the call id.
+            held = forward(pair.rpc, "hold", arguments("k"), ends)
+            await impl.probe.wait("started:k")
+            await raw_send(pair.worker_rpc, b"\x83\x01" + cbor2.dumps(held.pending.id) + b"\xf7")
+            done = await ends.one()
+            assert done.error is None and done.encoded == b"\xf7"
+            # An error is decoded as usual.
+            forward(pair.rpc, "fail", arguments("boom"), ends)
+            done = await ends.one()
+            assert isinstance(done.error, gl.RemoteError) and done.encoded is None
+            impl._release("k")
+            assert len(ends.ended) == 3  # the late reply to the held call was dropped
+
+
+@both_directions
+async def test_a_forwards_timeout_and_cancel_end_with_the_peers_receipt(
+    direction: Direction, anyio_backend: str
+) -> None:
+    if anyio_backend != "asyncio":
+        pytest.skip("forward() is asyncio's")
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}) as pair:
+            ends = Ends()
+            forward(pair.rpc, "hold", arguments("t"), ends, timeout=0.2)
+            await impl.probe.wait("cancelled:t")
+            done = await ends.one()
+            assert isinstance(done.error, gl.OutcomeUnknown) and done.error.code == "TIMEOUT"
+            assert done.receipt is None
+            cancelled = forward(pair.rpc, "hold", arguments("c"), ends)
+            await impl.probe.wait("started:c")
+            cancelled.cancel()
+            await impl.probe.wait("cancelled:c")
+            done = await ends.one()
+            assert isinstance(done.error, gl.OutcomeUnknown) and done.error.code == "CANCELLED"
+            assert done.receipt == INTERRUPTED
+            # Abandoned: cancelled on the peer, and nothing is told.
+            abandoned = forward(pair.rpc, "hold", arguments("a"), ends)
+            await impl.probe.wait("started:a")
+            abandoned.abandon()
+            await impl.probe.wait("cancelled:a")
+            assert len(ends.ended) == 2
+            assert pair.rpc.statistics().pending_calls == 0
