@@ -129,6 +129,8 @@ async def test_a_relayed_timeout_and_cancel_reach_the_executor(tmp_path: Path) -
             service = await stack.enter_async_context(echo_device(tmp_path, gw.url))
             web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
             await web.executor("box-1").wait_ready(10)
+            # The caller's own watch of the fleet is a relay stream open all along.
+            watching = web.gateway.pending_calls
             echo = web.executor("box-1").service("ident", Echo)
             quick = gl.with_options(echo, timeout=0.2)
             with pytest.raises(gl.OutcomeUnknown) as timed_out:
@@ -147,7 +149,8 @@ async def test_a_relayed_timeout_and_cancel_reach_the_executor(tmp_path: Path) -
             # Nothing of the relay is left in flight on either hop.
             await wait_for(
                 lambda: (
-                    web.gateway.pending_calls == 0 and gw.fleet.executors()["box-1"].pending == 0
+                    web.gateway.pending_calls == watching
+                    and gw.fleet.executors()["box-1"].pending == 0
                 ),
                 10,
                 "no relayed call left pending",
