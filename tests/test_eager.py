@@ -1,17 +1,17 @@
-"""Handlers started eagerly (asyncio on Python 3.12+, ``handlers._start_handler``) keep the
-semantics of handlers started as ordinary tasks: the same task from the first line to the last,
-cancel scopes bound to it, a context of their own, replies in the order the handlers ended.
+"""Handlers started eagerly (asyncio: ``eager_start`` on Python 3.12+, the task's first step
+run at once on 3.11; ``handlers._start_handler``) keep the semantics of handlers started as
+ordinary tasks: the same task from the first line to the last, cancel scopes bound to it, a
+context of their own, replies in the order the handlers ended.
 
-Every test runs on both anyio backends and in both directions. On trio and on Python 3.11 no
-handler starts eagerly, so the same tests pin the behaviour the eager path must keep; on asyncio
-3.12+ ``eager_handlers`` in the worker's statistics proves the eager path was taken.
+Every test runs on both anyio backends and in both directions. On trio no handler starts
+eagerly, so the same tests pin the behaviour the eager path must keep; on asyncio
+``eager_handlers`` in the worker's statistics proves the eager path was taken.
 """
 
 from __future__ import annotations
 
 import contextvars
 import dataclasses
-import sys
 from typing import Any, Protocol
 
 import anyio
@@ -27,7 +27,7 @@ VAR: contextvars.ContextVar[int] = contextvars.ContextVar("VAR")
 
 
 def eager_expected(anyio_backend: str) -> bool:
-    return anyio_backend == "asyncio" and sys.version_info >= (3, 12)
+    return anyio_backend == "asyncio"
 
 
 class Eager(Protocol):
