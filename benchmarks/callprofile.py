@@ -6,7 +6,9 @@ server child process, same client, 32-byte echo), this counts per call:
 
 - **loop turns** of the client's event loop (``BaseEventLoop._run_once``);
 - **syscalls** of the server process by name (``strace -c -f``; needs strace);
-- **messages** the client wrote and read (garcon_link only: its transport statistics);
+- **messages** the client wrote and read (garcon_link only: its transport statistics), for
+  sequential calls and, after them, for :data:`IN_FLIGHT` calls in flight (what coalescing
+  leaves: several calls' frames in one message, one socket write);
 - with ``--instructions``, **instructions** executed by each side during the measured calls
   (valgrind's callgrind, instrumentation switched on for those calls only; the run is about
   50 times slower), and for ``ours-call`` their ratio to the ``wsproto`` floor's, per side.
@@ -41,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ENTRIES = ("wsproto", "ours-call")
 PAYLOAD = b"x" * 32
 WARMUP = 300
+IN_FLIGHT = 64
 
 
 def _server(entry: str, prefix: list[str]) -> tuple[subprocess.Popen[str], int]:
@@ -124,6 +127,19 @@ def _measure(
             if stats is not None and after is not None:
                 result["client_written"] = (after[0] - stats[0]) / calls
                 result["client_read"] = (after[1] - stats[1]) / calls
+                # The same calls, IN_FLIGHT at a time (not counted by strace or callgrind).
+                per_task = max(1, calls // IN_FLIGHT)
+
+                async def caller() -> None:
+                    for _ in range(per_task):
+                        if await echo.call(PAYLOAD) != PAYLOAD:
+                            raise RuntimeError("echo mismatch")
+
+                await asyncio.gather(*(caller() for _ in range(IN_FLIGHT)))
+                flight = _transport(echo)
+                assert flight is not None
+                result["flight_written"] = (flight[0] - after[0]) / (per_task * IN_FLIGHT)
+                result["flight_read"] = (flight[1] - after[1]) / (per_task * IN_FLIGHT)
 
     try:
         loop.run_until_complete(client())
@@ -272,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((entry, row))
     floor = dict(rows).get("wsproto")
     print(f"Per sequential 32-byte call, CPython {version}, {args.calls} calls:\n")
-    header = ["entry", "client loop turns", "client msgs out/in", "server syscalls (top 5)"]
+    header = ["entry", "client loop turns", "client msgs out/in", f"same, {IN_FLIGHT} in flight"]
+    header.append("server syscalls (top 5)")
     if args.instructions:
         header += ["client instructions", "server instructions"]
     print("| " + " | ".join(header) + " |")
@@ -287,10 +304,16 @@ def main(argv: list[str] | None = None) -> int:
             if "client_written" in row
             else "-"
         )
+        flight = (
+            f"{row['flight_written']:.3f} / {row['flight_read']:.3f}"
+            if "flight_written" in row
+            else "-"
+        )
         cells = [
             entry,
             f"{row['client_turns']:.2f}",
             messages,
+            flight,
             f"{sum(counts.values()):.2f}: {shown}",
         ]
         if args.instructions:

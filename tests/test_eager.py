@@ -1,17 +1,18 @@
-"""Handlers started eagerly (asyncio on Python 3.12+, ``handlers._start_handler``) keep the
-semantics of handlers started as ordinary tasks: the same task from the first line to the last,
-cancel scopes bound to it, a context of their own, replies in the order the handlers ended.
+"""Handlers started eagerly (asyncio: ``eager_start`` on Python 3.12+, the task's first step
+run at once on 3.11; ``handlers._start_handler``) keep the semantics of handlers started as
+ordinary tasks: the same task from the first line to the last, cancel scopes bound to it, a
+context of their own, replies in the order the handlers ended.
 
-Every test runs on both anyio backends and in both directions. On trio and on Python 3.11 no
-handler starts eagerly, so the same tests pin the behaviour the eager path must keep; on asyncio
-3.12+ ``eager_handlers`` in the worker's statistics proves the eager path was taken.
+Every test runs on both anyio backends and in both directions. On trio no handler starts
+eagerly, so the same tests pin the behaviour the eager path must keep; on asyncio
+``eager_handlers`` in the worker's statistics proves the eager path was taken.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import dataclasses
-import sys
 from typing import Any, Protocol
 
 import anyio
@@ -27,7 +28,7 @@ VAR: contextvars.ContextVar[int] = contextvars.ContextVar("VAR")
 
 
 def eager_expected(anyio_backend: str) -> bool:
-    return anyio_backend == "asyncio" and sys.version_info >= (3, 12)
+    return anyio_backend == "asyncio"
 
 
 class Eager(Protocol):
@@ -151,6 +152,34 @@ async def test_a_handler_that_never_suspends_ends_within_its_dispatch(
             eager = _eager_count(pair) - before
     assert eager == (20 if eager_expected(anyio_backend) else 0)
     assert impl.ledger == [f"start {i}" for i in range(20)]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_loop_with_a_task_factory_of_its_own_keeps_it(anyio_backend: str) -> None:
+    """Every handler task is made by the loop's own task factory, none starts eagerly, and the
+    calls' results are the same."""
+    loop = asyncio.get_running_loop()
+    made: list[asyncio.Task[Any]] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        made.append(task)
+        return task
+
+    impl = EagerImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"eager": impl}) as pair:
+            facade = pair.executor.service("eager", Eager)
+            before = _eager_count(pair)
+            loop.set_task_factory(factory)
+            try:
+                made.clear()
+                assert [await facade.now(i) for i in range(5)] == list(range(5))
+            finally:
+                loop.set_task_factory(None)
+            assert _eager_count(pair) - before == 0
+    # The caller's tasks may come from the factory too: at least one per handler did.
+    assert len(made) >= 5
 
 
 @both_directions

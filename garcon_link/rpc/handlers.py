@@ -10,7 +10,7 @@ incoming table (what ``max_incoming_calls`` counts, with the notifications runni
 reply is handed to the session; a ``cancel`` or the session's retirement cancels its scope.
 
 On asyncio a call's handler is a plain task started at the end of the message that carried its
-call (:meth:`Handlers.start_handlers`; eagerly on Python 3.12+, :func:`_start_handler`); on trio
+call (:meth:`Handlers.start_handlers`; eagerly, :func:`_start_handler`); on trio
 a child of the session's task group, as notifications are on both.
 """
 
@@ -22,6 +22,7 @@ import contextvars
 import enum
 import logging
 import sys
+from asyncio.tasks import _enter_task, _leave_task
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sized
 from typing import Any
@@ -615,8 +616,8 @@ if sys.version_info >= (3, 12):
         tasks started in order and run in order would be.
 
         A loop with a task factory of its own keeps it (``loop.create_task``; not eager unless that
-        factory is): what it does per task is the application's choice. Python 3.11 has no eager
-        tasks, and trio never starts a task eagerly (handlers there are task-group children).
+        factory is): what it does per task is the application's choice. Trio never starts a task
+        eagerly (handlers there are task-group children).
         """
         if loop.get_task_factory() is None:
             return asyncio.Task(coro, loop=loop, context=context, eager_start=True)
@@ -629,5 +630,32 @@ else:
         coro: Coroutine[Any, Any, None],
         context: contextvars.Context,
     ) -> asyncio.Task[None]:
-        """Start a handler task on asyncio (Python 3.11: never eagerly)."""
-        return loop.create_task(coro, context=context)
+        """Start a handler task on asyncio, its first step at once (Python 3.11).
+
+        Python 3.11 has no eager tasks; this does what 3.12's ``eager_start`` does, on asyncio's
+        own event loop (``BaseEventLoop``, whose ready queue is the deque ``_ready``): the new
+        task's first step, which ``Task()`` has just appended to that queue, is taken back out
+        and run here, with the task as asyncio's current task (the task running now, if any,
+        is set aside meanwhile and put back after). So the task is the same from its first line
+        to its last, its cancel scopes bind to it, it runs in ``context``; a handler that never
+        suspends ends here, one loop turn earlier, and one that suspends goes on as an ordinary
+        task. On any other loop (uvloop) or a loop with a task factory of its own, an ordinary
+        task.
+        """
+        ready = getattr(loop, "_ready", None)
+        if type(ready) is not deque or loop.get_task_factory() is not None:
+            return loop.create_task(coro, context=context)
+        queued = len(ready)
+        task = asyncio.Task(coro, loop=loop, context=context)
+        if len(ready) != queued + 1:  # (not the one step a new task schedules)
+            return task
+        step: asyncio.Handle = ready.pop()
+        current = asyncio.current_task(loop)
+        if current is not None:
+            _leave_task(loop, current)
+        try:
+            step._run()
+        finally:
+            if current is not None:
+                _enter_task(loop, current)
+        return task

@@ -305,8 +305,8 @@ class RpcStatistics:
         malformed_replies: our calls failed by a reply or error we could not read.
         eager_handlers: the peer's calls whose handler ran to its end (reply handed over)
             within the dispatch of the message that carried them, without a task switch
-            (asyncio on Python 3.12+ only; see :func:`.handlers._start_handler`). Always 0
-            elsewhere.
+            (asyncio only; on 3.11 asyncio's own loop, not uvloop; see
+            :func:`.handlers._start_handler`). Always 0 elsewhere.
         parts_sent: ``part`` envelopes we sent (bodies over ``bulk_chunk_bytes``;
             :mod:`garcon_link.rpc.chunks`), aborts included.
         parts_received: ``part`` envelopes the peer sent us.
