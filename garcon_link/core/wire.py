@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import enum
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NewType
 
@@ -58,6 +58,7 @@ __all__ = [
     "CloseCode",
     "PEER_RETIRED_CODES",
     "Role",
+    "Gathered",
     "Message",
     "Ordinal",
     "Packet",
@@ -151,6 +152,30 @@ class Receipt:
 Packet = Message | Receipt
 
 
+class Gathered:
+    """A message body given as the buffers it is the concatenation of (a part's head and the
+    views of the value it carries): :func:`encode_message` joins them straight into the frame,
+    so a large body is copied once on its way to the session's retention, not once into the
+    body and again into the frame. ``len()`` is the body's length in bytes.
+
+    The buffers must not change until the body is issued (they are read then, not before).
+    """
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self, pieces: Iterable[bytes | bytearray | memoryview]) -> None:
+        self.pieces: tuple[bytes | bytearray | memoryview, ...] = tuple(pieces)
+        self.size: int = sum(
+            piece.nbytes if type(piece) is memoryview else len(piece) for piece in self.pieces
+        )
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.pieces)
+
+
 def encode_head(major: int, value: int) -> bytes:
     """Shortest-form CBOR head for ``major`` type and unsigned ``value`` (< 2**64), as
     ``cbor2.dumps`` writes it: the session packets here, the RPC layer's parts and renumbered
@@ -167,19 +192,22 @@ def encode_head(major: int, value: int) -> bytes:
     return bytes((mt | 27,)) + value.to_bytes(8, "big")
 
 
-def encode_message(ordinal: int, body: bytes) -> bytes:
+def encode_message(ordinal: int, body: bytes | Gathered) -> bytes:
     """Encode ``[0, ordinal, body]``.
 
     Args:
         ordinal: 1 .. 2**64-1.
-        body: the payload; empty is allowed.
+        body: the payload (joined into the frame if :class:`Gathered`); empty is allowed.
 
     Raises:
         ValueError: the ordinal is out of range (a programming error, not peer input).
     """
     if not 1 <= ordinal <= MAX_ORDINAL:
         raise ValueError(f"ordinal out of range: {ordinal}")
-    return b"\x83\x00" + encode_head(0, ordinal) + encode_head(2, len(body)) + body
+    head = b"\x83\x00" + encode_head(0, ordinal) + encode_head(2, len(body))
+    if isinstance(body, Gathered):
+        return b"".join((head, *body.pieces))
+    return head + body
 
 
 def encode_receipt(through: int) -> bytes:

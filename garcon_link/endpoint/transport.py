@@ -103,7 +103,7 @@ from ..core.session import (
     SessionState,
     SessionStatistics,
 )
-from ..core.wire import Ordinal
+from ..core.wire import Gathered, Ordinal
 from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields
@@ -549,7 +549,7 @@ class SessionTransport:
                 extra=log_fields(session=self.session_id),
             )
 
-    async def send(self, body: bytes) -> Ordinal:
+    async def send(self, body: bytes | Gathered) -> Ordinal:
         """Issue ``body`` as the next message of this session.
 
         Waits while retention is full (back-pressure, never failure); waiting senders are
@@ -655,7 +655,7 @@ class SessionTransport:
         """Whether retention would admit a ``size``-byte body now (``False`` once retired)."""
         return self._session.has_capacity(size)
 
-    def send_nowait(self, body: bytes) -> Ordinal | None:
+    def send_nowait(self, body: bytes | Gathered) -> Ordinal | None:
         """:meth:`send` if it need not wait (no earlier sender waits, retention admits
         ``body``); ``None`` (nothing issued) otherwise."""
         if self._senders:
@@ -668,7 +668,7 @@ class SessionTransport:
             self._wakeup.set()
         return ordinal
 
-    def try_send(self, body: bytes) -> Ordinal | None:
+    def try_send(self, body: bytes | Gathered) -> Ordinal | None:
         """Like :meth:`send` but returns ``None`` instead of waiting when retention is full."""
         try:
             ordinal = self._session.send(body)
