@@ -199,7 +199,7 @@ class Received:
         receipt_urgent: :attr:`MessageSession.receipt_urgent` after the call.
     """
 
-    bodies: list[bytes]
+    bodies: list[bytes | memoryview]
     packets: int
     fence: bool
     confirmed_advanced: bool
@@ -556,7 +556,7 @@ class MessageSession:
         accepted = self._accepted
         through_max = self._confirmed
         offered = self._offered
-        bodies: list[bytes] = []
+        bodies: list[bytes | memoryview] = []
         size = 0
         count = 0
         duplicates = 0

@@ -131,7 +131,7 @@ bytes of objects, so a peer sending tiny parts cannot make a transfer hold many 
 (Limits guarantees our own parts are at least this big, but for the last)."""
 
 
-def parse_part(payload: bytes) -> tuple[int, memoryview] | None:
+def parse_part(payload: bytes | memoryview) -> tuple[int, memoryview] | None:
     """``(flags, chunk)`` of a part encoded as :func:`encode_part` writes it, the chunk a view
     of ``payload`` (not a copy); ``None`` for anything else (the caller then decodes it as any
     envelope). Never raises."""
@@ -154,7 +154,7 @@ def parse_part(payload: bytes) -> tuple[int, memoryview] | None:
     return payload[2], memoryview(payload)[start:]
 
 
-def _uint(payload: bytes, at: int, major: int) -> tuple[int, int] | None:
+def _uint(payload: bytes | memoryview, at: int, major: int) -> tuple[int, int] | None:
     """``(value, end)`` of a definite CBOR head of ``major`` at ``payload[at]``, else ``None``."""
     if at >= len(payload) or payload[at] >> 5 != major:
         return None
@@ -169,7 +169,7 @@ def _uint(payload: bytes, at: int, major: int) -> tuple[int, int] | None:
     return int.from_bytes(payload[at + 1 : end], "big"), end
 
 
-def parse_transfer_part(payload: bytes) -> tuple[int, int, memoryview] | None:
+def parse_transfer_part(payload: bytes | memoryview) -> tuple[int, int, memoryview] | None:
     """``(flags, transfer, chunk)`` of a part with a transfer id as :func:`encode_part` writes
     it, the chunk a view of ``payload``; ``None`` for anything else (decoded as any envelope,
     then checked by :class:`Transfers`). Never raises."""
