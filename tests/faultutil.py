@@ -635,7 +635,7 @@ class Raw:
                 accepted = None
                 for packet in decode_packets(data, 1 << 30):
                     if isinstance(packet, Message):
-                        self.received.append(packet.body)
+                        self.received.append(bytes(packet.body))
                         accepted = packet.ordinal
                 if accepted is not None:
                     await self.send_message(encode_receipt(accepted))

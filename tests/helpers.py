@@ -141,8 +141,9 @@ class SessionPair:
             sender.last_delivered = data
             event = receiver.session.receive(data)
             receiver.events.append(event)
-            receiver.received.extend(event.bodies)
-            delivered.extend(event.bodies)
+            bodies = [bytes(body) for body in event.bodies]
+            receiver.received.extend(bodies)
+            delivered.extend(bodies)
         return delivered
 
     def inject(self, name: str, data: bytes) -> list[bytes]:
@@ -150,8 +151,9 @@ class SessionPair:
         receiver = self.peer(name)
         event = receiver.session.receive(data)
         receiver.events.append(event)
-        receiver.received.extend(event.bodies)
-        return event.bodies
+        bodies = [bytes(body) for body in event.bodies]
+        receiver.received.extend(bodies)
+        return bodies
 
     # -- faults ---------------------------------------------------------------------------------
 

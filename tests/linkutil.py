@@ -432,7 +432,7 @@ class RawClient:
         while len(bodies) < n:
             for packet in decode_packets(await self.next_message(), 1 << 30):
                 if isinstance(packet, Message):
-                    bodies.append(packet.body)
+                    bodies.append(bytes(packet.body))
         return bodies
 
     async def wait_closed(self, *, answer_pings: bool = True) -> int | None:

@@ -21,6 +21,7 @@ import pytest
 from rpcutil import LIMITS, Direction, both_directions, next_call_id, open_pair, raw_send
 
 import garcon_link as gl
+from garcon_link.core.wire import Gathered
 from garcon_link.rpc.chunks import (
     ABORT,
     FINAL,
@@ -204,16 +205,16 @@ class _PacedTransport:
         self.waits: list[int] = []
         self.sizes: list[int] = []
 
-    async def send(self, body: bytes) -> int:
+    async def send(self, body: bytes | Gathered) -> int:
         self.issued += 1
         self.sizes.append(len(body))
         return self.issued
 
-    def try_send(self, body: bytes) -> int | None:
+    def try_send(self, body: bytes | Gathered) -> int | None:
         self.issued += 1
         return self.issued
 
-    def send_nowait(self, body: bytes) -> int | None:
+    def send_nowait(self, body: bytes | Gathered) -> int | None:
         return None  # (ChunkSender.send_nowait only: these tests go through send)
 
     async def wait_retained_below(self, size: int) -> bool:
@@ -251,8 +252,8 @@ class _RecordingTransport(_PacedTransport):
         super().__init__()
         self.bodies: list[bytes] = []
 
-    async def send(self, body: bytes) -> int:
-        self.bodies.append(body)
+    async def send(self, body: bytes | Gathered) -> int:
+        self.bodies.append(bytes(body))  # joined when issued, as the session joins it
         return await super().send(body)
 
 
@@ -453,7 +454,7 @@ async def test_more_transfers_than_the_bound_wait_for_a_slot() -> None:
 class _FullTransport(_RecordingTransport):
     """Retention that has no room for an abort part sent without waiting."""
 
-    def try_send(self, body: bytes) -> int | None:
+    def try_send(self, body: bytes | Gathered) -> int | None:
         return None
 
 

@@ -75,9 +75,9 @@ def test_mask_is_rfc_6455_masking_and_its_own_inverse() -> None:
 def test_frames_written_here_read_back_by_wsproto_and_here(size: int) -> None:
     payload = os.urandom(size)
     client, server = _pair()
-    to_server = _fast(client).build(payload)
-    to_client = _fast(server).build(payload)
-    assert to_server is not None and to_client is not None
+    built = _fast(client).build(payload), _fast(server).build(payload)
+    assert built[0] is not None and built[1] is not None
+    to_server, to_client = bytes(built[0]), bytes(built[1])
     assert to_server[1] & 0x80 and not to_client[1] & 0x80  # only the client masks
     assert _fast(server).parse(to_server, FAST_LIMIT) == payload
     assert _fast(client).parse(to_client, FAST_LIMIT) == payload
@@ -137,7 +137,28 @@ def test_payloads_over_the_limit_go_to_wsproto() -> None:
     fast = _fast(server)
     assert fast.parse(client.send(BytesMessage(data=b"x" * 11)), 10) is None
     assert fast.parse(client.send(BytesMessage(data=b"x" * 10)), 10) == b"x" * 10
-    assert _fast(client).build(b"x" * (FAST_LIMIT + 1)) is None
+    assert fast.parse(client.send(BytesMessage(data=b"x" * (FAST_LIMIT + 1))), 1 << 20) is None
+
+
+@pytest.mark.parametrize("size", [FAST_LIMIT + 1, FAST_LIMIT + 2, FAST_LIMIT + 3, 256 * 1024 + 13])
+def test_large_frames_written_here_are_what_wsproto_writes_and_reads(size: int) -> None:
+    """Over FAST_LIMIT a frame takes the 8-byte length form: unmasked, byte for byte wsproto's
+    frame; masked, wsproto's but for the random key. wsproto reads both as the payload, and
+    its state is left as it was (it writes and reads the next frames as usual)."""
+    payload = os.urandom(size)
+    client, server = _pair()
+    to_server = _fast(client).build(payload)
+    to_client = _fast(server).build(payload)
+    assert to_server is not None and to_client is not None
+    assert to_client == server.send(BytesMessage(data=payload))
+    reference = client.send(BytesMessage(data=payload))
+    assert len(to_server) == len(reference) and to_server[:10] == reference[:10]
+    assert to_server[10:14] != reference[10:14]  # a fresh key (2**-32 to be the same)
+    assert bytes(to_server[14:]) == mask(payload, bytes(to_server[10:14]))
+    assert _messages(server, bytes(to_server)) == [payload]
+    assert _messages(client, bytes(to_client)) == [payload]
+    assert _messages(server, client.send(BytesMessage(data=b"next"))) == [b"next"]
+    assert _messages(client, bytes(_fast(server).build(b"again") or b"")) == [b"again"]
 
 
 def test_nothing_is_taken_while_wsproto_holds_a_partial_frame_or_message() -> None:

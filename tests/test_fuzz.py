@@ -318,7 +318,7 @@ def test_fuzz_session_receive(data: bytes) -> None:
     expected: list[bytes] = []
     for packet in reference:
         if isinstance(packet, Message) and packet.ordinal == len(expected) + 1:
-            expected.append(packet.body)
+            expected.append(bytes(packet.body))
     assert bodies == expected
     assert session.accepted == len(bodies)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import tracemalloc
 
 import pytest
 from faultutil import PeakRss
@@ -16,7 +17,13 @@ from garcon_link.core.session import (
     SessionState,
     encoded_message_size,
 )
-from garcon_link.core.wire import Message, decode_packets, encode_message, encode_receipt
+from garcon_link.core.wire import (
+    Gathered,
+    Message,
+    decode_packets,
+    encode_message,
+    encode_receipt,
+)
 from garcon_link.errors import (
     ConfigError,
     FailureReason,
@@ -68,6 +75,27 @@ def test_first_attach_emits_fence_receipt_zero() -> None:
     assert session.state is SessionState.ATTACHED
     assert session.data_to_send() == [encode_receipt(0)]
     assert session.data_to_send() == []
+
+
+def test_a_gathered_body_is_joined_once_straight_into_its_frame() -> None:
+    """A body given as buffers (a part's head and views of the value) becomes the same frame
+    as the joined bytes would, allocating the frame and nothing else of its size."""
+    size = 256 * 1024
+    value = bytes(range(256)) * (size // 256)
+    view = memoryview(value)
+    pieces = (b"\x83\x18\x20", view[: size // 2], bytearray(view[size // 2 :]))
+    gathered = Gathered(pieces)
+    assert len(gathered) == size + 3 and bytes(gathered) == b"".join(pieces)
+    session = attached_session()
+    session.data_to_send()
+    tracemalloc.start()
+    try:
+        session.send(gathered)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size + 16 * 1024  # the frame once, not the body and then the frame
+    assert session.data_to_send() == [encode_message(1, b"".join(pieces))]
 
 
 def test_attach_twice_and_receive_while_detached_are_programming_errors() -> None:

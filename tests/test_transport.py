@@ -107,7 +107,7 @@ class FakeSocket:
         return [p for data in self.written for p in decode_packets(data, 1 << 30)]
 
     def bodies(self) -> list[bytes]:
-        return [p.body for p in self.packets() if isinstance(p, Message)]
+        return [bytes(p.body) for p in self.packets() if isinstance(p, Message)]
 
     def close(self) -> None:
         self._tx.close()
@@ -948,7 +948,7 @@ class Direct:
     """A :class:`~garcon_link.endpoint.transport.PayloadConsumer` that only delivers: it never
     asks the reader to yield or to hold, and counts the ends of messages."""
 
-    deliver: Callable[[bytes], None]
+    deliver: Callable[[bytes | memoryview], None]
     yield_first: bool = False
     batches: int = 0
 
@@ -972,7 +972,7 @@ async def test_direct_consumer_takes_over_in_order_from_a_stalled_queue() -> Non
         await settle()
         stats = h.t.statistics()  # all accepted: queue full, one in flight, the rest pending
         assert h.t.accepted == 6 and stats.queued_payloads + stats.buffered_payloads == 6
-        direct: list[bytes] = []
+        direct: list[bytes | memoryview] = []
         h.tg.start_soon(h.t.consume, Direct(direct.append))
         await wait_until(lambda: len(direct) == 6)
         sock.feed(msg(7, b"p7"), msg(8, b"p8"))
@@ -983,7 +983,7 @@ async def test_direct_consumer_takes_over_in_order_from_a_stalled_queue() -> Non
 
 async def test_direct_consumer_returns_at_retirement_with_pre_fence_payloads_handed_over() -> None:
     async with harness(consume=False) as h:
-        direct: list[bytes] = []
+        direct: list[bytes | memoryview] = []
         done = anyio.Event()
 
         async def consume() -> None:
@@ -1004,9 +1004,9 @@ async def test_a_failing_direct_consumer_loses_only_that_payload(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with harness(consume=False) as h:
-        direct: list[bytes] = []
+        direct: list[bytes | memoryview] = []
 
-        def consumer(body: bytes) -> None:
+        def consumer(body: bytes | memoryview) -> None:
             if body == b"bad":
                 raise RuntimeError("consumer bug")
             direct.append(body)
@@ -1027,12 +1027,12 @@ async def test_consume_takes_the_consumers_methods_once_and_ends_every_message()
         sock = h.attach()
         sock.feed(rcpt(0), msg(1, b"q1"), msg(2, b"q2"))  # queued: nothing consumes yet
         await settle()
-        direct: list[bytes] = []
+        direct: list[bytes | memoryview] = []
         consumer = Direct(direct.append)
         h.tg.start_soon(h.t.consume, consumer)
         await wait_until(lambda: len(direct) == 2)
         assert consumer.batches == 2
-        later: list[bytes] = []
+        later: list[bytes | memoryview] = []
         consumer.deliver = later.append
         sock.feed(msg(3, b"a") + msg(4, b"b"))  # one message, two payloads
         await wait_until(lambda: len(direct) == 4)
@@ -1114,10 +1114,10 @@ async def test_an_urgent_receipt_goes_out_before_a_long_hand_over_which_survives
         sock = attach_nowait(h)
         sock.feed(rcpt(0))
         await settle()
-        direct: list[bytes] = []
+        direct: list[bytes | memoryview] = []
         receipt_out_at: list[int] = []
 
-        def consumer(body: bytes) -> None:
+        def consumer(body: bytes | memoryview) -> None:
             if not receipt_out_at and Receipt(200) in sock.packets():
                 receipt_out_at.append(len(direct))
             direct.append(body)
@@ -1194,7 +1194,7 @@ async def test_the_reader_yields_within_a_packet_budget_when_messages_come_witho
         sock.feed(rcpt(0))
         await settle()
         assert h.t.state is TransportState.READY
-        direct: list[bytes] = []
+        direct: list[bytes | memoryview] = []
         h.tg.start_soon(h.t.consume, Direct(direct.append))
         await settle()
         ordinals = iter(range(1, 641))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import tracemalloc
 from typing import Any
 
 import cbor2
@@ -561,3 +562,35 @@ def test_fuzz_decode_item_random_bytes(data: bytes, plain: bool) -> None:
 @given(data=cbor_tokens(), plain=st.booleans())
 def test_fuzz_decode_item_structured(data: bytes, plain: bool) -> None:
     check_item(data, plain)
+
+
+def test_a_large_body_is_decoded_as_a_view_of_its_message_not_a_copy() -> None:
+    """A body of at least VIEW_BYTES that is most of its message comes as a view of the
+    (immutable) message: decoding a 256 KiB part allocates nothing of its size. Smaller bodies,
+    bodies sharing a message with more than their size of others, and bodies of a mutable
+    message are copied out of it."""
+    big = bytes(range(256)) * 1024  # 256 KiB
+    data = wire.encode_message(7, big) + wire.encode_receipt(3)
+    tracemalloc.start()
+    try:
+        packets = list(wire.iter_packets(data, 1 << 20, 8))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 1024  # not 256 KiB
+    message = packets[0]
+    assert isinstance(message, wire.Message) and type(message.body) is memoryview
+    assert message.body == big and message.body.obj is data
+    assert packets[1] == wire.Receipt(3)
+
+    edge = big[: wire.VIEW_BYTES]
+    small = big[: wire.VIEW_BYTES - 1]
+    shared = wire.encode_message(1, edge) + wire.encode_message(2, big)  # edge < half of it
+    for message_bytes, expected in [
+        (wire.encode_message(1, edge), [memoryview]),
+        (wire.encode_message(1, small), [bytes]),
+        (shared, [bytes, memoryview]),
+        (bytearray(wire.encode_message(1, big)), [bytearray]),  # a copy: the buffer may change
+    ]:
+        decoded = wire.decode_packets(message_bytes, 1 << 20)  # type: ignore[arg-type]
+        assert [type(p.body) for p in decoded if isinstance(p, wire.Message)] == expected

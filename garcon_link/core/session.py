@@ -107,6 +107,7 @@ from ..errors import (
 )
 from ..limits import Limits
 from .wire import (
+    Gathered,
     Message,
     Ordinal,
     encode_message,
@@ -198,7 +199,7 @@ class Received:
         receipt_urgent: :attr:`MessageSession.receipt_urgent` after the call.
     """
 
-    bodies: list[bytes]
+    bodies: list[bytes | memoryview]
     packets: int
     fence: bool
     confirmed_advanced: bool
@@ -447,7 +448,7 @@ class MessageSession:
             return False
         return self._admits(encoded_message_size(self._issued + 1, size))
 
-    def send(self, body: bytes) -> Ordinal:
+    def send(self, body: bytes | Gathered) -> Ordinal:
         """Assign the next ordinal to ``body`` and retain its encoded frame until acknowledged.
 
         Works in both DETACHED (the frame waits for the next attach) and ATTACHED (queued for the
@@ -455,7 +456,8 @@ class MessageSession:
         send gets the ordinal this one would have had.
 
         Args:
-            body: the payload; empty is allowed.
+            body: the payload (a :class:`~garcon_link.core.wire.Gathered` one is joined straight
+                into the frame); empty is allowed.
 
         Returns:
             The assigned ordinal, ``issued`` after the call (the first is 1).
@@ -554,7 +556,7 @@ class MessageSession:
         accepted = self._accepted
         through_max = self._confirmed
         offered = self._offered
-        bodies: list[bytes] = []
+        bodies: list[bytes | memoryview] = []
         size = 0
         count = 0
         duplicates = 0

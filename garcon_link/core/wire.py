@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import enum
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NewType
 
@@ -55,9 +55,11 @@ from ..errors import FrameTooLarge, MalformedFrame
 __all__ = [
     "MAX_BIGNUM_BYTES",
     "MAX_ORDINAL",
+    "VIEW_BYTES",
     "CloseCode",
     "PEER_RETIRED_CODES",
     "Role",
+    "Gathered",
     "Message",
     "Ordinal",
     "Packet",
@@ -80,6 +82,11 @@ MAX_ORDINAL = (1 << 64) - 1
 
 MAX_BIGNUM_BYTES = 1024
 """Largest magnitude of a bignum (CBOR tags 2/3) :func:`decode_item` accepts: 8,192 bits."""
+
+VIEW_BYTES = 64 * 1024
+"""A message body at least this long that is at least half of its WebSocket message is decoded
+as a view of the message (:func:`iter_packets`), not copied out of it: the message is immutable
+``bytes``, and the view pins little more than the body itself."""
 
 _TAG_MESSAGE = 0
 _TAG_RECEIPT = 1
@@ -135,10 +142,11 @@ class Role(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """A session message packet: ``[0, ordinal, body]``."""
+    """A session message packet: ``[0, ordinal, body]``; ``body`` is a view of the received
+    message when it is large (:data:`VIEW_BYTES`)."""
 
     ordinal: Ordinal
-    body: bytes
+    body: bytes | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +157,30 @@ class Receipt:
 
 
 Packet = Message | Receipt
+
+
+class Gathered:
+    """A message body given as the buffers it is the concatenation of (a part's head and the
+    views of the value it carries): :func:`encode_message` joins them straight into the frame,
+    so a large body is copied once on its way to the session's retention, not once into the
+    body and again into the frame. ``len()`` is the body's length in bytes.
+
+    The buffers must not change until the body is issued (they are read then, not before).
+    """
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self, pieces: Iterable[bytes | bytearray | memoryview]) -> None:
+        self.pieces: tuple[bytes | bytearray | memoryview, ...] = tuple(pieces)
+        self.size: int = sum(
+            piece.nbytes if type(piece) is memoryview else len(piece) for piece in self.pieces
+        )
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.pieces)
 
 
 def encode_head(major: int, value: int) -> bytes:
@@ -167,19 +199,22 @@ def encode_head(major: int, value: int) -> bytes:
     return bytes((mt | 27,)) + value.to_bytes(8, "big")
 
 
-def encode_message(ordinal: int, body: bytes) -> bytes:
+def encode_message(ordinal: int, body: bytes | memoryview | Gathered) -> bytes:
     """Encode ``[0, ordinal, body]``.
 
     Args:
         ordinal: 1 .. 2**64-1.
-        body: the payload; empty is allowed.
+        body: the payload (joined into the frame if :class:`Gathered`); empty is allowed.
 
     Raises:
         ValueError: the ordinal is out of range (a programming error, not peer input).
     """
     if not 1 <= ordinal <= MAX_ORDINAL:
         raise ValueError(f"ordinal out of range: {ordinal}")
-    return b"\x83\x00" + encode_head(0, ordinal) + encode_head(2, len(body)) + body
+    head = b"\x83\x00" + encode_head(0, ordinal) + encode_head(2, len(body))
+    if isinstance(body, Gathered):
+        return b"".join((head, *body.pieces))
+    return head + body
 
 
 def encode_receipt(through: int) -> bytes:
@@ -316,6 +351,8 @@ def iter_packets(data: bytes, max_frame_bytes: int, max_packets: int) -> Iterato
     The size and emptiness checks run at once (before the first packet is asked for); each
     packet is decoded only when the caller asks for it, so a caller that stops at the first bad
     packet never decodes the rest, and nothing proportional to the packet count is held here.
+    A body of at least :data:`VIEW_BYTES` that is at least half of ``data`` comes as a
+    ``memoryview`` of ``data`` (when ``data`` is ``bytes``), any other as ``bytes``.
 
     Args:
         data: the whole message.
@@ -357,7 +394,10 @@ def _packets(data: bytes, max_packets: int) -> Iterator[Packet]:
             if pos + length > size:
                 raise MalformedFrame("message body runs past the end of the frame")
             end = pos + length
-            yield Message(Ordinal(ordinal), data[pos:end])
+            if length >= VIEW_BYTES and 2 * length >= size and type(data) is bytes:
+                yield Message(Ordinal(ordinal), memoryview(data)[pos:end])
+            else:
+                yield Message(Ordinal(ordinal), data[pos:end])
             pos = end
         elif first == 0x82:
             if data[pos + 1 : pos + 2] != b"\x01":

@@ -103,7 +103,7 @@ from ..core.session import (
     SessionState,
     SessionStatistics,
 )
-from ..core.wire import Ordinal
+from ..core.wire import Gathered, Ordinal
 from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields
@@ -189,8 +189,10 @@ class PayloadConsumer(Protocol):
     once, when :meth:`SessionTransport.consume` is called, not again per message.
     """
 
-    def deliver(self, payload: bytes) -> None:
-        """Take one payload, in session order, as the session accepts it."""
+    def deliver(self, payload: bytes | memoryview) -> None:
+        """Take one payload, in session order, as the session accepts it: a large one as a
+        view of the received message (:data:`~garcon_link.core.wire.VIEW_BYTES`; the message
+        is immutable ``bytes``), any other as ``bytes``."""
 
     def wants_yield(self) -> bool:
         """Asked after each message that delivered payloads: whether they woke a lone task that
@@ -267,7 +269,7 @@ class PreReadinessBuffer:
 
     def __init__(self, limits: Limits) -> None:
         self._limits = limits
-        self._bodies: deque[bytes] = deque()
+        self._bodies: deque[bytes | memoryview] = deque()
         self._size = 0
 
     def __len__(self) -> int:
@@ -278,7 +280,7 @@ class PreReadinessBuffer:
         """Bytes of the payloads held."""
         return self._size
 
-    def hold(self, body: bytes) -> str | None:
+    def hold(self, body: bytes | memoryview) -> str | None:
         """Hold ``body``, or return why it would pass the bound (then nothing is held)."""
         limits = self._limits
         if (
@@ -290,14 +292,14 @@ class PreReadinessBuffer:
         self._size += len(body)
         return None
 
-    def release(self) -> list[bytes]:
+    def release(self) -> list[bytes | memoryview]:
         """Everything held, in order; the buffer is empty afterwards (the fence, retirement)."""
         bodies = list(self._bodies)
         self._bodies.clear()
         self._size = 0
         return bodies
 
-    def attach(self) -> list[bytes]:
+    def attach(self) -> list[bytes | memoryview]:
         """A new attachment begins: what an earlier one left (it ended before its fence), in
         order, to hand over before anything of the new attachment is read."""
         return self.release()
@@ -354,7 +356,7 @@ class SessionTransport:
         self._consumer_gone = False
         self._consumer_wait: anyio.Event | None = None
         # A PayloadConsumer's bound methods while consume() runs, else None (all four together).
-        self._consumer: Callable[[bytes], None] | None = None
+        self._consumer: Callable[[bytes | memoryview], None] | None = None
         self._wants_yield: Callable[[], bool] | None = None
         self._hold: Callable[[], anyio.Event | None] | None = None
         self._batch_end: Callable[[], None] | None = None
@@ -505,7 +507,7 @@ class SessionTransport:
 
     async def _drain_queue(
         self,
-        deliver: Callable[[bytes], None],
+        deliver: Callable[[bytes | memoryview], None],
         batch_end: Callable[[], None],
         *,
         until_idle: bool,
@@ -539,7 +541,9 @@ class SessionTransport:
                 extra=log_fields(session=self.session_id),
             )
 
-    def _hand_over(self, deliver: Callable[[bytes], None], body: bytes) -> None:
+    def _hand_over(
+        self, deliver: Callable[[bytes | memoryview], None], body: bytes | memoryview
+    ) -> None:
         try:
             deliver(body)
         except Exception:
@@ -549,7 +553,7 @@ class SessionTransport:
                 extra=log_fields(session=self.session_id),
             )
 
-    async def send(self, body: bytes) -> Ordinal:
+    async def send(self, body: bytes | Gathered) -> Ordinal:
         """Issue ``body`` as the next message of this session.
 
         Waits while retention is full (back-pressure, never failure); waiting senders are
@@ -655,7 +659,7 @@ class SessionTransport:
         """Whether retention would admit a ``size``-byte body now (``False`` once retired)."""
         return self._session.has_capacity(size)
 
-    def send_nowait(self, body: bytes) -> Ordinal | None:
+    def send_nowait(self, body: bytes | Gathered) -> Ordinal | None:
         """:meth:`send` if it need not wait (no earlier sender waits, retention admits
         ``body``); ``None`` (nothing issued) otherwise."""
         if self._senders:
@@ -668,7 +672,7 @@ class SessionTransport:
             self._wakeup.set()
         return ordinal
 
-    def try_send(self, body: bytes) -> Ordinal | None:
+    def try_send(self, body: bytes | Gathered) -> Ordinal | None:
         """Like :meth:`send` but returns ``None`` instead of waiting when retention is full."""
         try:
             ordinal = self._session.send(body)
@@ -771,7 +775,9 @@ class SessionTransport:
 
     def _drain_buffer_nowait(self) -> None:
         # After the released ones.
-        self._pending.extend((body, True) for body in self._buffer.release())
+        self._pending.extend(
+            (body if type(body) is bytes else bytes(body), True) for body in self._buffer.release()
+        )
         while self._pending:
             body, _ = self._pending[0]
             try:
@@ -1061,7 +1067,7 @@ class SessionTransport:
     # already accepted -- and acknowledged. One task per transport moves them into the bounded
     # delivery queue, in order; the reader waits for it (back-pressure).
 
-    def _release(self, bodies: Iterable[bytes], *, buffered: bool = False) -> None:
+    def _release(self, bodies: Iterable[bytes | memoryview], *, buffered: bool = False) -> None:
         if self._consumer_gone:
             return
         consumer = self._consumer
@@ -1073,6 +1079,8 @@ class SessionTransport:
             return
         send_nowait = self._deliver_send.send_nowait
         for body in bodies:
+            if type(body) is memoryview:
+                body = body.tobytes()  # the queue's readers are given bytes
             if not self._pending and not self._in_flight:
                 # Fast path: nothing is ahead of it, so hand it straight to the queue if there
                 # is room. send_nowait either queues it or raises, so nothing can be lost here.
@@ -1162,7 +1170,7 @@ class SessionTransport:
         self._pending_buffered = 0
         self._pending_buffered_bytes = 0
 
-    def _buffer_payload(self, body: bytes) -> bool:
+    def _buffer_payload(self, body: bytes | memoryview) -> bool:
         # Only this attachment's payloads count: what earlier ones left was queued before this
         # attachment read anything (see _reader).
         overflow = self._buffer.hold(body)

@@ -287,7 +287,7 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         """Whether :meth:`send_nowait` would write now: open, no send in progress, not paused."""
         return not (self._sending or self._protocol.writing_paused) and self._unwritable() is None
 
-    def send_nowait(self, item: bytes) -> None:
+    def send_nowait(self, item: bytes | bytearray) -> None:
         """Write without waiting; only when :meth:`writable_now` (what the kernel does not take
         yet stays in the transport's buffer, and the next :meth:`send` waits for it to drain).
 
@@ -300,7 +300,7 @@ class AsyncioByteStream(anyio.abc.ByteStream):
             raise RuntimeError("send_nowait() while a send is in progress or writing is paused")
         self._write(item)
 
-    def _write(self, item: bytes) -> None:
+    def _write(self, item: bytes | bytearray) -> None:
         try:
             self._transport.write(item)
         except RuntimeError as exc:  # the transport was closed under us

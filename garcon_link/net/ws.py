@@ -78,7 +78,7 @@ import urllib.parse
 from asyncio.tasks import _enter_task, _leave_task
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -467,9 +467,11 @@ class WebSocket:
             self.limits.frame_rate, self.limits.frame_burst, self._clock()
         )
 
-    async def _write(self, data: bytes) -> None:
+    async def _write(self, data: bytes | bytearray) -> None:
         try:
-            await self.stream.send(data)
+            # A large masked frame is a bytearray, never changed once built; anyio's streams
+            # (typed ``bytes``) hand any bytes-like object to the socket or the transport.
+            await self.stream.send(cast("bytes", data))
         except GONE as e:
             raise self._gone(e) from e
         self._stats.bytes_sent += len(data)

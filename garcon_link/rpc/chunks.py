@@ -91,7 +91,7 @@ import anyio
 import anyio.lowlevel
 
 from ..core.session import encoded_message_size
-from ..core.wire import encode_head
+from ..core.wire import Gathered, encode_head
 from ..errors import PayloadTooLarge
 from .envelopes import PART, encode_part
 from .splice import Spliced, SpliceOverrun, Splicer
@@ -131,7 +131,7 @@ bytes of objects, so a peer sending tiny parts cannot make a transfer hold many 
 (Limits guarantees our own parts are at least this big, but for the last)."""
 
 
-def parse_part(payload: bytes) -> tuple[int, memoryview] | None:
+def parse_part(payload: bytes | memoryview) -> tuple[int, memoryview] | None:
     """``(flags, chunk)`` of a part encoded as :func:`encode_part` writes it, the chunk a view
     of ``payload`` (not a copy); ``None`` for anything else (the caller then decodes it as any
     envelope). Never raises."""
@@ -154,7 +154,7 @@ def parse_part(payload: bytes) -> tuple[int, memoryview] | None:
     return payload[2], memoryview(payload)[start:]
 
 
-def _uint(payload: bytes, at: int, major: int) -> tuple[int, int] | None:
+def _uint(payload: bytes | memoryview, at: int, major: int) -> tuple[int, int] | None:
     """``(value, end)`` of a definite CBOR head of ``major`` at ``payload[at]``, else ``None``."""
     if at >= len(payload) or payload[at] >> 5 != major:
         return None
@@ -169,7 +169,7 @@ def _uint(payload: bytes, at: int, major: int) -> tuple[int, int] | None:
     return int.from_bytes(payload[at + 1 : end], "big"), end
 
 
-def parse_transfer_part(payload: bytes) -> tuple[int, int, memoryview] | None:
+def parse_transfer_part(payload: bytes | memoryview) -> tuple[int, int, memoryview] | None:
     """``(flags, transfer, chunk)`` of a part with a transfer id as :func:`encode_part` writes
     it, the chunk a view of ``payload``; ``None`` for anything else (decoded as any envelope,
     then checked by :class:`Transfers`). Never raises."""
@@ -454,22 +454,23 @@ def _pieces(body: bytes | Spliced) -> tuple[bytes | bytearray | memoryview, ...]
     return body.pieces if isinstance(body, Spliced) else (body,)
 
 
-def _encode_part(flags: int, transfer: int | None, pieces: list[memoryview]) -> bytes:
-    """``encode_part(flags, b"".join(pieces), transfer)`` in one copy of the pieces."""
-    size = sum(len(piece) for piece in pieces)
+def _encode_part(flags: int, transfer: int | None, pieces: list[memoryview]) -> Gathered:
+    """``encode_part(flags, b"".join(pieces), transfer)`` as the buffers it joins: the session
+    joins them straight into the message's frame (one copy of the pieces, not two)."""
+    size = sum(piece.nbytes for piece in pieces)
     if transfer is None:
         head = bytes((0x83, PART, flags)) + encode_head(2, size)
     else:
         head = bytes((0x84, PART, flags)) + encode_head(0, transfer) + encode_head(2, size)
-    return b"".join((head, *pieces))
+    return Gathered((head, *pieces))
 
 
 class _Transport(Protocol):
-    async def send(self, body: bytes) -> int: ...
+    async def send(self, body: bytes | Gathered) -> int: ...
 
-    def send_nowait(self, body: bytes) -> int | None: ...
+    def send_nowait(self, body: bytes | Gathered) -> int | None: ...
 
-    def try_send(self, body: bytes) -> int | None: ...
+    def try_send(self, body: bytes | Gathered) -> int | None: ...
 
     async def wait_retained_below(self, size: int) -> bool: ...
 
@@ -575,7 +576,9 @@ class ChunkSender:
         """
         if len(body) <= self.chunk:
             self._small_at = self._clock()
-            return await self._transport.send(body.joined() if isinstance(body, Spliced) else body)
+            return await self._transport.send(
+                Gathered(body.pieces) if isinstance(body, Spliced) else body
+            )
         size = encoded_message_size(self._transport.issued + 1, len(body))
         if size > self._limit:
             raise PayloadTooLarge(size, self._limit)

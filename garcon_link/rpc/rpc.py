@@ -266,7 +266,7 @@ class _ReaderConsumer:
     the dispatch and the bound methods of the halves that answer the reader's questions, held as
     plain fields so that a message costs no call through this object."""
 
-    deliver: Callable[[bytes], None]
+    deliver: Callable[[bytes | memoryview], None]
     """The coordinator's dispatch, in the context of the task that runs the session."""
     wants_yield: Callable[[], bool]
     """:meth:`Handlers.alone`."""
@@ -580,7 +580,7 @@ class ExecutorRpc:
         loop = asyncio.get_running_loop() if on_asyncio() else None
         handlers = self._handlers
 
-        def dispatch(payload: bytes) -> None:
+        def dispatch(payload: bytes | memoryview) -> None:
             context.run(self._dispatch, payload)
 
         try:
@@ -689,16 +689,11 @@ class ExecutorRpc:
 
     # ------------------------------------------------------------------ inbound dispatch
 
-    def _dispatch(self, payload: bytes) -> None:
+    def _dispatch(self, payload: bytes | memoryview) -> None:
         """One session message's envelope: a part goes to the transfer in progress
-        (:meth:`_on_part`), a result of a forwarded call ends it undecoded
-        (:meth:`Caller.on_raw_result`), any other kind is dispatched whole."""
-        if (
-            self._caller.forwards
-            and payload[:2] == b"\x83\x01"
-            and self._caller.on_raw_result(payload)
-        ):
-            return
+        (:meth:`_on_part`; a large one is a view of the received message, its chunk not
+        copied until the value is built from it), a result of a forwarded call ends it
+        undecoded (:meth:`Caller.on_raw_result`), any other kind is dispatched whole."""
         if len(payload) > 1 and payload[1] == PART:
             # The chunk without a copy (else decoded as any other).
             if payload[0] == 0x84:
@@ -711,6 +706,14 @@ class ExecutorRpc:
                 if part is not None:
                     self._on_part(Part(*part))
                     return
+        if type(payload) is memoryview:
+            payload = payload.tobytes()  # not a part: what follows keeps what it is given
+        if (
+            self._caller.forwards
+            and payload[:2] == b"\x83\x01"
+            and self._caller.on_raw_result(payload)
+        ):
+            return
         envelope = self._decode(payload)
         if isinstance(envelope, Part):
             self._on_part(envelope)

@@ -578,7 +578,7 @@ class World:
         except SessionFailed as failure:
             self._retire(x, failure.reason)
             return f"{x} reads [{what}]: session FAILED ({failure})"
-        bodies = received.bodies
+        bodies = [bytes(body) for body in received.bodies]
         self.logs[side.session_id].delivered[side.role].extend(bodies)
         note = ""
         if not side.fence_passed:
@@ -968,7 +968,7 @@ def describe_packets(packets: list[bytes]) -> str:
     for packet in packets:
         for p in iter_packets(packet, 1 << 20, 1 << 10):
             if isinstance(p, Message):
-                words.append(f"#{p.ordinal}:{p.body.decode()}")
+                words.append(f"#{p.ordinal}:{bytes(p.body).decode()}")
             else:
                 words.append(f"receipt<={p.through}")
     return " ".join(words)
