@@ -64,7 +64,12 @@ Rules implemented here:
   socket takes it without waiting: the link's asyncio sockets); otherwise the socket writer is
   woken, and it coalesces every packet ready at that moment into one WebSocket message (bounded by
   ``COALESCE_BYTES``, the frame limit and ``Limits.max_packets_per_message``: what we write never
-  exceeds what our peer's session accepts in one message).
+  exceeds what our peer's session accepts in one message). Frames issued while one inbound
+  message is handed to a direct consumer (the RPC dispatch: replies, a gateway's forwards and
+  answers, on this transport or another) are held instead and each transport that got some writes
+  them as one message at the end of that hand-over, in the same callback (:meth:`_write_now`):
+  one write per destination per inbound message, no task switch to the writer. Past the
+  bounds of one message a transport stops holding and its writer sends what it has queued.
 * **Bounded synchronous work**: one inbound message costs at most ``max_packets_per_message``
   packets of session work and consumer hand-overs (the session refuses more). The socket may hand
   over messages it already buffered without yielding (the link's does), so the reader also
@@ -86,6 +91,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -135,6 +141,17 @@ WRITE_NOW_QUIET = 100e-6
 """A frame issued at least this many seconds after the previous one, on an idle socket, is
 written at once by the task that issued it instead of by the writer task (one task switch less
 on a quiet link); frames issued closer together are left to the writer, which coalesces them."""
+
+
+class _HeldWrites(threading.local):
+    """The transports holding frames issued while one inbound message is handed to a direct
+    consumer (``batch``: ``None`` outside such a hand-over), per thread: each event loop's
+    dispatch is synchronous, so the hand-over in progress on this thread is the one issuing."""
+
+    batch: list[SessionTransport] | None = None
+
+
+_held_writes = _HeldWrites()
 
 
 class TransportState(enum.Enum):
@@ -359,6 +376,10 @@ class SessionTransport:
         self._hold: Callable[[], anyio.Event | None] | None = None
         self._batch_end: Callable[[], None] | None = None
         self._last_write_now = 0.0
+        # The batch of held writes this transport is in (_hold_write): it holds frames while
+        # that is the hand-over's batch in progress.
+        self._held_in: list[SessionTransport] | None = None
+        self._held_bytes = 0
         self._retired = anyio.Event()
         self._pending_added = anyio.Event()
         self._delivery_progress = anyio.Event()
@@ -679,13 +700,18 @@ class SessionTransport:
         return ordinal
 
     def _write_now(self, size: int) -> bool:
-        """Write the frame of ``size`` body bytes just queued, with a due receipt, from this task.
+        """Write the frame of ``size`` body bytes just queued, with a due receipt, from this task
+        -- or hold it to be written at the end of the inbound hand-over in progress.
 
-        Only when the previous frame was issued at least ``WRITE_NOW_QUIET`` ago (frames issued
-        in a burst are left to the writer, which coalesces them), it is the only frame queued,
-        the replay fence has passed and the socket takes it without waiting; returns ``False``
-        (nothing taken) otherwise.
+        During a direct consumer's hand-over of one inbound message (any transport's), the frame
+        is held (:meth:`_hold_write`). Otherwise only when the previous frame was issued at least
+        ``WRITE_NOW_QUIET`` ago (frames issued in a burst are left to the writer, which
+        coalesces them), it is the only frame queued, the replay fence has passed and the
+        socket takes it without waiting. Returns ``False`` (the writer must send it) otherwise.
         """
+        batch = _held_writes.batch
+        if batch is not None and self._fence_passed:
+            return self._hold_write(batch, size)
         now = time.monotonic()
         quiet = now - self._last_write_now >= WRITE_NOW_QUIET
         self._last_write_now = now
@@ -696,6 +722,40 @@ class SessionTransport:
             and size + _INLINE_MARGIN <= self._coalesce_limit
             and self._write_queued_now()
         )
+
+    def _hold_write(self, batch: list[SessionTransport], size: int) -> bool:
+        """Hold the frame just queued for :meth:`_flush_held` at the end of the hand-over.
+
+        A transport starts holding only with nothing else queued (else the writer has frames to
+        send already: this one joins them), so while it holds, what it has queued is what it
+        held. That stays within one message's bounds -- ``COALESCE_BYTES`` and the frame limit
+        (with heads and a receipt), ``max_packets_per_message`` (with a receipt) -- or the
+        transport stops holding and its writer sends everything queued, split at those bounds.
+        ``False``: the writer sends it."""
+        holding = self._held_in is batch
+        held = (self._held_bytes if holding else 0) + size + _INLINE_MARGIN
+        if (
+            held > self._coalesce_limit
+            or self._session.frames_queued >= self.limits.max_packets_per_message
+            or not (holding or self._session.frames_queued == 1)
+        ):
+            self._held_in = None
+            return False
+        if not holding:
+            self._held_in = batch
+            batch.append(self)
+        self._held_bytes = held
+        return True
+
+    def _flush_held(self, batch: list[SessionTransport]) -> None:
+        """The end of the hand-over of ``batch``: write what this transport held as one
+        message, or wake the writer if the socket does not take it now."""
+        if self._held_in is not batch:
+            return  # it stopped holding: the writer was woken
+        self._held_in = None
+        self._last_write_now = time.monotonic()
+        if not self._write_queued_now():
+            self._wakeup.set()
 
     def _write_receipt_now(self) -> bool:
         """Write a due receipt at once from this task if nothing else is queued and the socket
@@ -1066,10 +1126,18 @@ class SessionTransport:
             return
         consumer = self._consumer
         if consumer is not None:
-            for body in bodies:
-                self._hand_over(consumer, body)
-            if self._batch_end is not None:
-                self._end_batch(self._batch_end)
+            held = _held_writes
+            if held.batch is not None:  # (a hand-over never starts in another's: no reads)
+                self._hand_over_all(consumer, bodies)
+                return
+            batch: list[SessionTransport] = []
+            held.batch = batch
+            try:
+                self._hand_over_all(consumer, bodies)
+            finally:
+                held.batch = None
+                for transport in batch:
+                    transport._flush_held(batch)
             return
         send_nowait = self._deliver_send.send_nowait
         for body in bodies:
@@ -1092,6 +1160,12 @@ class SessionTransport:
         if not self._delivering:
             self._delivering = True
             self._tg.start_soon(self._deliver)
+
+    def _hand_over_all(self, consumer: Callable[[bytes], None], bodies: Iterable[bytes]) -> None:
+        for body in bodies:
+            self._hand_over(consumer, body)
+        if self._batch_end is not None:
+            self._end_batch(self._batch_end)
 
     def _undelivered(self) -> bool:
         return bool(self._pending or self._in_flight) and not (
