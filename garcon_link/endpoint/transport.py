@@ -94,7 +94,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -376,10 +376,11 @@ class SessionTransport:
         self._hold: Callable[[], anyio.Event | None] | None = None
         self._batch_end: Callable[[], None] | None = None
         self._last_write_now = 0.0
-        # The batch of held writes this transport is in (_hold_write): it holds frames while
-        # that is the hand-over's batch in progress.
+        # The batch of held writes this transport is in (_write_now): it holds frames while that
+        # is the hand-over's batch in progress; what it holds, in bytes with heads.
         self._held_in: list[SessionTransport] | None = None
         self._held_bytes = 0
+        self._max_packets = limits.max_packets_per_message
         self._retired = anyio.Event()
         self._pending_added = anyio.Event()
         self._delivery_progress = anyio.Event()
@@ -701,17 +702,37 @@ class SessionTransport:
 
     def _write_now(self, size: int) -> bool:
         """Write the frame of ``size`` body bytes just queued, with a due receipt, from this task
-        -- or hold it to be written at the end of the inbound hand-over in progress.
+        -- or hold it, to be written at the end of the inbound hand-over in progress.
 
-        During a direct consumer's hand-over of one inbound message (any transport's), the frame
-        is held (:meth:`_hold_write`). Otherwise only when the previous frame was issued at least
+        During a direct consumer's hand-over of one inbound message (any transport's, on this
+        thread), a transport with nothing else queued starts holding the frames it is given
+        (else the writer has frames to send already: this one joins them); while it holds,
+        what it has queued is what it held, and :meth:`_release` writes it as one message at
+        the end of the hand-over. That message stays within the bounds of one --
+        ``COALESCE_BYTES`` and the frame limit (with heads and a receipt),
+        ``max_packets_per_message`` (with a receipt) -- or the transport stops holding and its
+        writer sends everything queued, split at those bounds.
+
+        Outside a hand-over, only when the previous frame issued outside one was issued at least
         ``WRITE_NOW_QUIET`` ago (frames issued in a burst are left to the writer, which
         coalesces them), it is the only frame queued, the replay fence has passed and the
         socket takes it without waiting. Returns ``False`` (the writer must send it) otherwise.
         """
         batch = _held_writes.batch
         if batch is not None and self._fence_passed:
-            return self._hold_write(batch, size)
+            held = size + _INLINE_MARGIN
+            if self._held_in is batch:
+                held += self._held_bytes
+                if held <= self._coalesce_limit and self._session.frames_queued < self._max_packets:
+                    self._held_bytes = held
+                    return True
+            elif self._session.frames_queued == 1 and held <= self._coalesce_limit:
+                self._held_in = batch
+                self._held_bytes = held
+                batch.append(self)
+                return True
+            self._held_in = None
+            return False
         now = time.monotonic()
         quiet = now - self._last_write_now >= WRITE_NOW_QUIET
         self._last_write_now = now
@@ -722,40 +743,6 @@ class SessionTransport:
             and size + _INLINE_MARGIN <= self._coalesce_limit
             and self._write_queued_now()
         )
-
-    def _hold_write(self, batch: list[SessionTransport], size: int) -> bool:
-        """Hold the frame just queued for :meth:`_flush_held` at the end of the hand-over.
-
-        A transport starts holding only with nothing else queued (else the writer has frames to
-        send already: this one joins them), so while it holds, what it has queued is what it
-        held. That stays within one message's bounds -- ``COALESCE_BYTES`` and the frame limit
-        (with heads and a receipt), ``max_packets_per_message`` (with a receipt) -- or the
-        transport stops holding and its writer sends everything queued, split at those bounds.
-        ``False``: the writer sends it."""
-        holding = self._held_in is batch
-        held = (self._held_bytes if holding else 0) + size + _INLINE_MARGIN
-        if (
-            held > self._coalesce_limit
-            or self._session.frames_queued >= self.limits.max_packets_per_message
-            or not (holding or self._session.frames_queued == 1)
-        ):
-            self._held_in = None
-            return False
-        if not holding:
-            self._held_in = batch
-            batch.append(self)
-        self._held_bytes = held
-        return True
-
-    def _flush_held(self, batch: list[SessionTransport]) -> None:
-        """The end of the hand-over of ``batch``: write what this transport held as one
-        message, or wake the writer if the socket does not take it now."""
-        if self._held_in is not batch:
-            return  # it stopped holding: the writer was woken
-        self._held_in = None
-        self._last_write_now = time.monotonic()
-        if not self._write_queued_now():
-            self._wakeup.set()
 
     def _write_receipt_now(self) -> bool:
         """Write a due receipt at once from this task if nothing else is queued and the socket
@@ -1121,23 +1108,18 @@ class SessionTransport:
     # already accepted -- and acknowledged. One task per transport moves them into the bounded
     # delivery queue, in order; the reader waits for it (back-pressure).
 
-    def _release(self, bodies: Iterable[bytes], *, buffered: bool = False) -> None:
+    def _release(self, bodies: list[bytes], *, buffered: bool = False) -> None:
         if self._consumer_gone:
             return
         consumer = self._consumer
         if consumer is not None:
-            held = _held_writes
-            if held.batch is not None:  # (a hand-over never starts in another's: no reads)
-                self._hand_over_all(consumer, bodies)
+            if len(bodies) > 1 and _held_writes.batch is None:
+                self._hand_over_holding(consumer, bodies)
                 return
-            batch: list[SessionTransport] = []
-            held.batch = batch
-            try:
-                self._hand_over_all(consumer, bodies)
-            finally:
-                held.batch = None
-                for transport in batch:
-                    transport._flush_held(batch)
+            for body in bodies:
+                self._hand_over(consumer, body)
+            if self._batch_end is not None:
+                self._end_batch(self._batch_end)
             return
         send_nowait = self._deliver_send.send_nowait
         for body in bodies:
@@ -1161,11 +1143,25 @@ class SessionTransport:
             self._delivering = True
             self._tg.start_soon(self._deliver)
 
-    def _hand_over_all(self, consumer: Callable[[bytes], None], bodies: Iterable[bytes]) -> None:
-        for body in bodies:
-            self._hand_over(consumer, body)
-        if self._batch_end is not None:
-            self._end_batch(self._batch_end)
+    def _hand_over_holding(self, consumer: Callable[[bytes], None], bodies: list[bytes]) -> None:
+        """Hand ``bodies`` (one inbound message's) to the direct consumer, holding the frames
+        issued meanwhile (:meth:`_write_now`) and writing them at the end: one message per
+        transport that got some. (A single payload is handed over without: nothing to merge.)"""
+        held = _held_writes
+        batch: list[SessionTransport] = []
+        held.batch = batch  # (no hand-over starts inside this one: nothing here reads)
+        try:
+            for body in bodies:
+                self._hand_over(consumer, body)
+            if self._batch_end is not None:
+                self._end_batch(self._batch_end)
+        finally:
+            held.batch = None
+            for transport in batch:
+                if transport._held_in is batch:  # (else it gave its frames to its writer)
+                    transport._held_in = None
+                    if not transport._write_queued_now():
+                        transport._wakeup.set()
 
     def _undelivered(self) -> bool:
         return bool(self._pending or self._in_flight) and not (
