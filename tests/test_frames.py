@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import os
 import struct
+from collections import deque
 
+import anyio
+import anyio.abc
+import anyio.lowlevel
 import pytest
 from wsproto import ConnectionType, WSConnection
-from wsproto.events import AcceptConnection, BytesMessage, Request
+from wsproto.events import AcceptConnection, BytesMessage, Ping, Request
 
+from garcon_link.limits import Limits
 from garcon_link.net._frames import FAST_LIMIT, FastFrames, mask
+from garcon_link.net.ws import WebSocket
 
 SIZES = (0, 1, 3, 4, 5, 125, 126, 127, 1000, FAST_LIMIT)
 
@@ -188,3 +194,83 @@ def test_a_message_under_way_is_written_by_wsproto() -> None:
 
 def test_before_the_upgrade_there_is_no_fast_path() -> None:
     assert FastFrames.of(WSConnection(ConnectionType.CLIENT)) is None
+
+
+# ------------------------------------------------------------------------ several frames a read
+
+
+def test_parse_at_takes_whole_frames_one_by_one_and_stops_at_a_part_or_another_kind() -> None:
+    client, server = _pair()
+    fast = _fast(server)
+    first, second = (
+        client.send(BytesMessage(data=b"one")),
+        client.send(BytesMessage(data=b"2" * 300)),
+    )
+    ping = _frame(0x89, b"", masked=True)
+    data = first + second + ping + first
+    assert fast.parse_at(data, 0, FAST_LIMIT) == (b"one", len(first))
+    assert fast.parse_at(data, len(first), FAST_LIMIT) == (b"2" * 300, len(first + second))
+    assert fast.parse_at(data, len(first + second), FAST_LIMIT) is None  # a ping: wsproto's
+    assert fast.parse_at(first + second[:-1], len(first), FAST_LIMIT) is None  # a part
+    assert fast.parse_at(first, len(first), FAST_LIMIT) is None  # nothing left
+    assert fast.parse_at(second, 0, 299) is None  # over the limit
+
+
+class _Reads(anyio.abc.ByteStream):
+    """Hands out ``chunks`` one read at a time, then end of stream; keeps what is sent."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self._chunks = deque(chunks)
+        self.sent = bytearray()
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        await anyio.lowlevel.checkpoint()
+        if not self._chunks:
+            raise anyio.EndOfStream
+        return self._chunks.popleft()
+
+    async def send(self, item: bytes) -> None:
+        self.sent += item
+
+    async def send_eof(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _read_messages(chunks: list[bytes], *, fast: bool) -> tuple[list[bytes], int]:
+    """What a listener's socket reads from ``chunks`` (a client's frames), with the fast
+    frames or without (wsproto only), and how many bytes it sent back (pongs)."""
+
+    async def run() -> tuple[list[bytes], int]:
+        _, server = _pair()
+        stream = _Reads(chunks)
+        sock = WebSocket(stream, server, peer="test", limits=Limits())
+        sock.authenticated()
+        if not fast:
+            sock._fast = None
+        out = []
+        with anyio.fail_after(5):
+            while (message := await sock.receive_message()) is not None:
+                out.append(message)
+        return out, len(stream.sent)
+
+    return anyio.run(run)
+
+
+def test_several_frames_in_a_read_are_read_as_wsproto_reads_them() -> None:
+    client, _ = _pair()
+    payloads = [bytes([i]) * size for i, size in enumerate((0, 5, 125, 126, 1000, 7, FAST_LIMIT))]
+    frames = [client.send(BytesMessage(data=p)) for p in payloads]
+    ping = client.send(Ping(b"hi"))
+    fragmented = client.send(BytesMessage(data=b"fr", message_finished=False)) + client.send(
+        BytesMessage(data=b"ag")
+    )
+    data = b"".join(frames[:3]) + ping + b"".join(frames[3:]) + fragmented + frames[1]
+    cut = len(frames[0]) + len(frames[1]) + 3  # a read ends inside the third frame
+    for chunks in ([data], [data[:cut], data[cut:]], [data[:cut], data[cut:-2], data[-2:]]):
+        fast_read = _read_messages(chunks, fast=True)
+        assert fast_read == _read_messages(chunks, fast=False)
+        assert fast_read[0] == [*payloads, b"frag", payloads[1]]
+        assert fast_read[1] > 0  # the ping was answered

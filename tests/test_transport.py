@@ -1041,6 +1041,104 @@ async def test_consume_takes_the_consumers_methods_once_and_ends_every_message()
 
 
 # ------------------------------------------------------------------------------------------------
+# writes held while one inbound message is handed to a direct consumer
+
+
+@asynccontextmanager
+async def relay_target(
+    h: Harness, limits: Limits | None = None, *, nowait: bool = True
+) -> AsyncIterator[tuple[SessionTransport, FakeSocket]]:
+    """A second transport, ready, on a socket of its own in ``h``'s task group: where a
+    consumer of ``h.t`` forwards (a gateway's executor session)."""
+    target = SessionTransport(b"T" * 32, PEER_RUNTIME, limits or Limits(), h.tg)
+    sock = FakeSocket()
+    sock.nowait = nowait
+
+    async def run() -> None:
+        with pytest.raises(SessionFailed):  # retired when the test is over
+            await target.run(sock, 0)
+
+    h.tg.start_soon(run)
+    sock.feed(rcpt(0))
+    await wait_until(lambda: target.state is TransportState.READY)
+    try:
+        yield target, sock
+    finally:
+        target.retire(FailureReason.CLOSED, "test over")
+        target.payloads().close()  # nothing reads them
+        sock.close()
+
+
+@pytest.mark.usefixtures("always_quiet")
+async def test_frames_issued_during_one_hand_over_are_one_write_per_destination() -> None:
+    """A consumer that forwards each payload of one inbound message to another transport and
+    answers it on this one: each destination gets one message, written synchronously at the
+    end of the hand-over (not one per frame, though each would be written at once alone)."""
+    async with harness(Limits(receipt_delay=60.0), consume=False) as h:
+        sock = attach_nowait(h)
+        async with relay_target(h) as (target, target_sock):
+            before, target_before = h.t.statistics(), target.statistics()
+            at_once = sock.nowait_writes + target_sock.nowait_writes
+
+            def relay(body: bytes | memoryview) -> None:
+                assert target.try_send(b"fwd-" + body) is not None
+                assert h.t.try_send(b"re-" + body) is not None
+
+            h.tg.start_soon(h.t.consume, Direct(relay))
+            sock.feed(rcpt(0))
+            await settle()  # the consumer took over: payloads are handed to it by the reader
+            sock.feed(*(msg(i, f"p{i}".encode()) for i in range(1, 6)))
+            await wait_until(lambda: h.t.statistics().session.issued == 5)
+            assert target.statistics().messages_written == target_before.messages_written + 1
+            assert h.t.statistics().messages_written == before.messages_written + 1
+            assert sock.nowait_writes + target_sock.nowait_writes == at_once + 2
+            assert target_sock.bodies() == [f"fwd-p{i}".encode() for i in range(1, 6)]
+            assert decode_packets(sock.written[-1], 1 << 20) == [
+                *(Message(Ordinal(i), f"re-p{i}".encode()) for i in range(1, 6)),
+                Receipt(5),  # the receipt rides with the answers
+            ]
+            await settle()
+            assert target.statistics().messages_written == target_before.messages_written + 1
+
+
+@pytest.mark.usefixtures("always_quiet")
+async def test_held_writes_past_one_messages_bound_go_to_the_writer_split_at_it() -> None:
+    small = Limits(max_frame_bytes=4096, max_handshake_frame_bytes=4096)
+    async with harness(consume=False) as h:
+        sock = attach_nowait(h)
+        async with relay_target(h, small) as (target, target_sock):
+            bodies = [bytes([i]) * 1000 for i in range(10)]
+
+            def relay(body: bytes | memoryview) -> None:
+                assert target.try_send(bytes(body)) is not None
+
+            h.tg.start_soon(h.t.consume, Direct(relay))
+            sock.feed(rcpt(0))
+            await settle()
+            sock.feed(*(msg(i + 1, body) for i, body in enumerate(bodies)))
+            await wait_until(lambda: target_sock.bodies() == bodies)
+            sizes = [len(data) for data in target_sock.written]
+            assert len(sizes) >= 3 and max(sizes) <= small.max_frame_bytes, sizes
+
+
+async def test_held_writes_go_to_the_writer_when_the_socket_does_not_take_them_now() -> None:
+    async with harness(consume=False) as h:
+        sock = attach_nowait(h)
+        async with relay_target(h, nowait=False) as (target, target_sock):
+            written = len(target_sock.written)
+
+            def relay(body: bytes | memoryview) -> None:
+                assert target.try_send(bytes(body)) is not None
+
+            h.tg.start_soon(h.t.consume, Direct(relay))
+            sock.feed(rcpt(0))
+            await settle()
+            sock.feed(msg(1, b"a"), msg(2, b"b"), msg(3, b"c"))
+            await wait_until(lambda: target_sock.bodies() == [b"a", b"b", b"c"])
+            assert len(target_sock.written) == written + 1  # coalesced by the writer
+
+
+# ------------------------------------------------------------------------------------------------
 # lone receipts: the writer polls for them while they keep coming due
 
 

@@ -64,7 +64,12 @@ Rules implemented here:
   socket takes it without waiting: the link's asyncio sockets); otherwise the socket writer is
   woken, and it coalesces every packet ready at that moment into one WebSocket message (bounded by
   ``COALESCE_BYTES``, the frame limit and ``Limits.max_packets_per_message``: what we write never
-  exceeds what our peer's session accepts in one message).
+  exceeds what our peer's session accepts in one message). Frames issued while one inbound
+  message is handed to a direct consumer (the RPC dispatch: replies, a gateway's forwards and
+  answers, on this transport or another) are held instead and each transport that got some writes
+  them as one message at the end of that hand-over, in the same callback (:meth:`_write_now`):
+  one write per destination per inbound message, no task switch to the writer. Past the
+  bounds of one message a transport stops holding and its writer sends what it has queued.
 * **Bounded synchronous work**: one inbound message costs at most ``max_packets_per_message``
   packets of session work and consumer hand-overs (the session refuses more). The socket may hand
   over messages it already buffered without yielding (the link's does), so the reader also
@@ -86,9 +91,10 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -135,6 +141,17 @@ WRITE_NOW_QUIET = 100e-6
 """A frame issued at least this many seconds after the previous one, on an idle socket, is
 written at once by the task that issued it instead of by the writer task (one task switch less
 on a quiet link); frames issued closer together are left to the writer, which coalesces them."""
+
+
+class _HeldWrites(threading.local):
+    """The transports holding frames issued while one inbound message is handed to a direct
+    consumer (``batch``: ``None`` outside such a hand-over), per thread: each event loop's
+    dispatch is synchronous, so the hand-over in progress on this thread is the one issuing."""
+
+    batch: list[SessionTransport] | None = None
+
+
+_held_writes = _HeldWrites()
 
 
 class TransportState(enum.Enum):
@@ -361,6 +378,11 @@ class SessionTransport:
         self._hold: Callable[[], anyio.Event | None] | None = None
         self._batch_end: Callable[[], None] | None = None
         self._last_write_now = 0.0
+        # The batch of held writes this transport is in (_write_now): it holds frames while that
+        # is the hand-over's batch in progress; what it holds, in bytes with heads.
+        self._held_in: list[SessionTransport] | None = None
+        self._held_bytes = 0
+        self._max_packets = limits.max_packets_per_message
         self._retired = anyio.Event()
         self._pending_added = anyio.Event()
         self._delivery_progress = anyio.Event()
@@ -683,13 +705,38 @@ class SessionTransport:
         return ordinal
 
     def _write_now(self, size: int) -> bool:
-        """Write the frame of ``size`` body bytes just queued, with a due receipt, from this task.
+        """Write the frame of ``size`` body bytes just queued, with a due receipt, from this task
+        -- or hold it, to be written at the end of the inbound hand-over in progress.
 
-        Only when the previous frame was issued at least ``WRITE_NOW_QUIET`` ago (frames issued
-        in a burst are left to the writer, which coalesces them), it is the only frame queued,
-        the replay fence has passed and the socket takes it without waiting; returns ``False``
-        (nothing taken) otherwise.
+        During a direct consumer's hand-over of one inbound message (any transport's, on this
+        thread), a transport with nothing else queued starts holding the frames it is given
+        (else the writer has frames to send already: this one joins them); while it holds,
+        what it has queued is what it held, and :meth:`_release` writes it as one message at
+        the end of the hand-over. That message stays within the bounds of one --
+        ``COALESCE_BYTES`` and the frame limit (with heads and a receipt),
+        ``max_packets_per_message`` (with a receipt) -- or the transport stops holding and its
+        writer sends everything queued, split at those bounds.
+
+        Outside a hand-over, only when the previous frame issued outside one was issued at least
+        ``WRITE_NOW_QUIET`` ago (frames issued in a burst are left to the writer, which
+        coalesces them), it is the only frame queued, the replay fence has passed and the
+        socket takes it without waiting. Returns ``False`` (the writer must send it) otherwise.
         """
+        batch = _held_writes.batch
+        if batch is not None and self._fence_passed:
+            held = size + _INLINE_MARGIN
+            if self._held_in is batch:
+                held += self._held_bytes
+                if held <= self._coalesce_limit and self._session.frames_queued < self._max_packets:
+                    self._held_bytes = held
+                    return True
+            elif self._session.frames_queued == 1 and held <= self._coalesce_limit:
+                self._held_in = batch
+                self._held_bytes = held
+                batch.append(self)
+                return True
+            self._held_in = None
+            return False
         now = time.monotonic()
         quiet = now - self._last_write_now >= WRITE_NOW_QUIET
         self._last_write_now = now
@@ -1067,11 +1114,14 @@ class SessionTransport:
     # already accepted -- and acknowledged. One task per transport moves them into the bounded
     # delivery queue, in order; the reader waits for it (back-pressure).
 
-    def _release(self, bodies: Iterable[bytes | memoryview], *, buffered: bool = False) -> None:
+    def _release(self, bodies: Sequence[bytes | memoryview], *, buffered: bool = False) -> None:
         if self._consumer_gone:
             return
         consumer = self._consumer
         if consumer is not None:
+            if len(bodies) > 1 and _held_writes.batch is None:
+                self._hand_over_holding(consumer, bodies)
+                return
             for body in bodies:
                 self._hand_over(consumer, body)
             if self._batch_end is not None:
@@ -1100,6 +1150,28 @@ class SessionTransport:
         if not self._delivering:
             self._delivering = True
             self._tg.start_soon(self._deliver)
+
+    def _hand_over_holding(
+        self, consumer: Callable[[bytes | memoryview], None], bodies: Sequence[bytes | memoryview]
+    ) -> None:
+        """Hand ``bodies`` (one inbound message's) to the direct consumer, holding the frames
+        issued meanwhile (:meth:`_write_now`) and writing them at the end: one message per
+        transport that got some. (A single payload is handed over without: nothing to merge.)"""
+        held = _held_writes
+        batch: list[SessionTransport] = []
+        held.batch = batch  # (no hand-over starts inside this one: nothing here reads)
+        try:
+            for body in bodies:
+                self._hand_over(consumer, body)
+            if self._batch_end is not None:
+                self._end_batch(self._batch_end)
+        finally:
+            held.batch = None
+            for transport in batch:
+                if transport._held_in is batch:  # (else it gave its frames to its writer)
+                    transport._held_in = None
+                    if not transport._write_queued_now():
+                        transport._wakeup.set()
 
     def _undelivered(self) -> bool:
         return bool(self._pending or self._in_flight) and not (

@@ -7,10 +7,11 @@ only while wsproto holds no state the frame could depend on: the connection open
 queued, no partial frame buffered, no fragmented message under way, no extension (none is ever
 negotiated: :mod:`.ws`). Everything else -- any other opcode, a reserved bit, a fragment, a
 length in a longer form than needed, the wrong masking for the side, a frame split across reads
-or sharing one with another frame, a payload over :data:`FAST_LIMIT` -- goes to wsproto, which
-stays the one judge of framing and its errors. The frames taken here are the ones wsproto would
-turn into one finished ``BytesMessage`` with the same payload, and they leave its state as they
-found it.
+or a payload over :data:`FAST_LIMIT` -- goes to wsproto, which stays the one judge of framing and
+its errors. Several whole frames in one read are taken one by one (:meth:`FastFrames.parse_at`);
+what follows the last one taken (a part of a frame, or a frame of another kind) goes to wsproto.
+The frames taken here are the ones wsproto would turn into one finished ``BytesMessage`` with the
+same payload, and they leave its state as they found it.
 
 Whole binary frames are *written* here at any size (:meth:`FastFrames.build`), each the bytes
 wsproto would write for it but for the random masking key. For a large message that is most of
@@ -136,6 +137,37 @@ class FastFrames:
         if not second & _MASKED or size != head + 4 + length or not self.idle():
             return None
         return mask(data[head + 4 :], data[head : head + 4])
+
+    def parse_at(self, data: bytes, start: int, limit: int) -> tuple[bytes, int] | None:
+        """The payload of the whole binary frame at ``data[start:]`` -- which may be followed by
+        more bytes, the next frames -- and the offset where the frame ends, under the same
+        conditions as :meth:`parse`; else ``None``: hand ``data[start:]`` to wsproto."""
+        size = len(data) - start
+        if size < 2 or data[start] != _BINARY_FIN:
+            return None
+        second = data[start + 1]
+        length = second & 0x7F
+        head = start + 2
+        if length == 126:
+            if size < 4:
+                return None
+            length = int.from_bytes(data[head : head + 2], "big")
+            if length <= 125:  # wsproto refuses a longer length form than needed
+                return None
+            head += 2
+        elif length == 127:
+            return None
+        if length > limit:
+            return None
+        if self._client:
+            end = head + length
+            if second & _MASKED or end > len(data) or not self.idle():
+                return None
+            return data[head:end], end
+        end = head + 4 + length
+        if not second & _MASKED or end > len(data) or not self.idle():
+            return None
+        return mask(data[head + 4 : end], data[head : head + 4]), end
 
     def build(self, payload: bytes) -> bytes | bytearray | None:
         """The frame of one whole binary message ``payload`` (masked with a fresh random key

@@ -451,6 +451,9 @@ class WebSocket:
         self._closed = False
         # Whole small binary frames without wsproto's per-frame work, once authenticated.
         self._fast: FastFrames | None = None
+        # What followed the last whole frame taken from a read by _fast, not yet parsed:
+        # (the read, the offset where it begins); it goes before anything read later.
+        self._rest: tuple[bytes, int] | None = None
         # take_messages_directly: the consumer, and the task whose receive_message it stands in
         # for.
         self._direct: Callable[[bytes], bool] | None = None
@@ -606,6 +609,7 @@ class WebSocket:
             or not self.reading
             or self._closed
             or self._parts
+            or self._rest is not None
             or self._budget.tokens < 0
             or self._probe is not None
         ):
@@ -720,33 +724,44 @@ class WebSocket:
             else:
                 if self._closed:
                     return None
-                # A receive is a checkpoint (anyio's contract, kept by the asyncio stream too): a
-                # peer that keeps our buffers full still lets the other tasks run between reads.
-                try:
-                    data = await self.stream.receive(_READ_CHUNK)
-                except GONE as exc:
-                    if not isinstance(exc, anyio.EndOfStream):
-                        log.debug(
-                            "%s: read failed: %s",
-                            self.peer,
-                            repr(exc),
-                            extra=log_fields(peer=self.peer),
-                        )
-                    self._closed = True
-                    return None
-                self._stats.bytes_received += len(data)
-                now = self.last_inbound = self._clock()
-                if self._probe is not None:
-                    self._probe.set()
-                    self._probe = None
+                rest = self._rest
+                if rest is not None:
+                    # The frames after the last one taken from an earlier read, first.
+                    self._rest = None
+                    data, start = rest
+                else:
+                    # A receive is a checkpoint (anyio's contract, kept by the asyncio stream
+                    # too): a peer that keeps our buffers full still lets the other tasks run
+                    # between reads.
+                    try:
+                        data = await self.stream.receive(_READ_CHUNK)
+                    except GONE as exc:
+                        if not isinstance(exc, anyio.EndOfStream):
+                            log.debug(
+                                "%s: read failed: %s",
+                                self.peer,
+                                repr(exc),
+                                extra=log_fields(peer=self.peer),
+                            )
+                        self._closed = True
+                        return None
+                    start = 0
+                    self._stats.bytes_received += len(data)
+                    now = self.last_inbound = self._clock()
+                    if self._probe is not None:
+                        self._probe.set()
+                        self._probe = None
                 if fast is not None:
-                    payload = fast.parse(data, self.max_message)
-                    if payload is not None:
+                    taken = fast.parse_at(data, start, self.max_message)
+                    if taken is not None:
+                        payload, end = taken
+                        if end < len(data):
+                            self._rest = (data, end)
                         self._count_frame(now)
                         self._fragments = 0
                         return payload
                 try:
-                    self.ws.receive_data(data)
+                    self.ws.receive_data(data[start:] if start else data)
                 except BROKEN as exc:
                     self.local_close = (CloseCode.PROTOCOL, "bad WebSocket framing")
                     raise MalformedFrame(f"bad WebSocket framing: {exc}") from exc
@@ -817,9 +832,15 @@ class WebSocket:
         before the peer reads it, and the peer would never learn why.
         """
         parsing = True
+        rest = self._rest
+        self._rest = None
         while self.ws.state is not ConnectionState.CLOSED:
             try:
-                data = await self.stream.receive(_READ_CHUNK)
+                if rest is not None:  # what a read left unparsed comes first
+                    data = rest[0][rest[1] :]
+                    rest = None
+                else:
+                    data = await self.stream.receive(_READ_CHUNK)
                 if not parsing:
                     continue
                 self.ws.receive_data(data)
