@@ -763,7 +763,7 @@ async def test_relayed_streams_and_notifications_are_traced_through_the_gateway(
             await wait_for(lambda: done("ident/count") and done("ident/note"), 5, "the spans")
             statistics = gw.fleet.executors()["box-1"]
             assert statistics.errors == 0
-    spans = exporter.get_finished_spans()
+    spans: list[Any] = list(exporter.get_finished_spans())
     for name, relay, kind in (
         ("ident/count", "gateway/stream", "stream"),
         ("ident/note", "gateway/notify", "notify"),
