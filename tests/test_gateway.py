@@ -760,15 +760,22 @@ async def test_relayed_streams_and_notifications_are_traced_through_the_gateway(
             def done(name: str) -> bool:
                 return sum(s.name == name for s in exporter.get_finished_spans()) >= 2
 
-            await wait_for(lambda: done("ident/count") and done("ident/note"), 5, "the spans")
-            statistics = gw.fleet.executors()["box-1"]
-            assert statistics.errors == 0
+            with pytest.raises(gl.RemoteError):
+                async for _ in ident.broken(2):
+                    pass
+            await wait_for(
+                lambda: done("ident/count") and done("ident/note") and done("ident/broken"),
+                5,
+                "the spans",
+            )
+            assert gw.fleet.executors()["box-1"].errors == 1  # the broken stream's forward
     spans: list[Any] = list(exporter.get_finished_spans())
-    for name, relay, kind in (
-        ("ident/count", "gateway/stream", "stream"),
-        ("ident/note", "gateway/notify", "notify"),
+    for name, relay, kind, label in (
+        ("ident/count", "gateway/stream", "stream", "ok"),
+        ("ident/note", "gateway/notify", "notify", "ok"),
+        ("ident/broken", "gateway/stream", "stream", "failed"),
     ):
-        relay_span = next(s for s in spans if s.name == relay)
+        relays = {s.context.span_id: s for s in spans if s.name == relay}
         forward = next(
             (
                 s
@@ -776,14 +783,15 @@ async def test_relayed_streams_and_notifications_are_traced_through_the_gateway(
                 if s.name == name
                 and s.kind.name == "CLIENT"
                 and s.parent is not None
-                and s.parent.span_id == relay_span.context.span_id
+                and s.parent.span_id in relays
             ),
             None,
         )
         assert forward is not None, f"no client span of the gateway for {name}"
+        relay_span = relays[forward.parent.span_id]
         worker_span = next(s for s in spans if s.name == name and s.kind.name == "SERVER")
         assert worker_span.parent.span_id == forward.context.span_id, name
-        assert forward.attributes["garcon_link.outcome"] == "ok"
+        assert forward.attributes["garcon_link.outcome"] == label, name
         assert forward.attributes["garcon_link.call_kind"] == kind
         assert forward.context.trace_id == relay_span.context.trace_id
 
