@@ -712,6 +712,90 @@ async def test_one_trace_runs_from_caller_through_gateway_to_worker(tmp_path: Pa
     assert len({s.context.trace_id for s in spans}) == 1
 
 
+async def test_relayed_streams_and_notifications_are_traced_through_the_gateway(
+    tmp_path: Path,
+) -> None:
+    """As for a unary call: the gateway's hooks see the stream's and the notification's
+    forward (client side), and the worker's span is its child."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from garcon_link.contrib.otel import OpenTelemetryHook
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    hook = OpenTelemetryHook(tracer_provider=provider)
+    keys, callers = tmp_path / "keys", tmp_path / "callers"
+    for directory in (keys, callers):
+        directory.mkdir(mode=0o700)
+    config = gl.GatewayConfig(
+        fleet=gl.FleetConfig(listen=("127.0.0.1", 0), keyring=keys, limits=LIMITS),
+        callers=gl.CallersConfig(keyring=callers, grants=GRANTS),
+    )
+    service = IdentService("box-1")
+    with anyio.fail_after(DEADLINE):
+        async with gl.gateway(config, hooks=[hook]) as gw, AsyncExitStack() as stack:
+            worker_config = gl.LinkConfig(
+                executor_id="box-1",
+                role=gl.Role.WORKER,
+                secret=enroll(keys, "box-1"),
+                dial=gw.url,
+                limits=LIMITS,
+            )
+            await stack.enter_async_context(
+                gl.Worker(worker_config, {"ident": service}, hooks=[hook])
+            )
+            web = await stack.enter_async_context(
+                gl.connect_gateway(caller_config(tmp_path, "web-1", gw.url), hooks=[hook])
+            )
+            await web.executor("box-1").wait_ready(10)
+            ident = web.executor("box-1").service("ident", Ident)
+            exporter.clear()
+            assert [i async for i in ident.count(3)] == [0, 1, 2]
+            await ident.note("hi")
+            await service.noted.wait()
+
+            def done(name: str) -> bool:
+                return sum(s.name == name for s in exporter.get_finished_spans()) >= 2
+
+            with pytest.raises(gl.RemoteError):
+                async for _ in ident.broken(2):
+                    pass
+            await wait_for(
+                lambda: done("ident/count") and done("ident/note") and done("ident/broken"),
+                5,
+                "the spans",
+            )
+            assert gw.fleet.executors()["box-1"].errors == 1  # the broken stream's forward
+    spans: list[Any] = list(exporter.get_finished_spans())
+    for name, relay, kind, label in (
+        ("ident/count", "gateway/stream", "stream", "ok"),
+        ("ident/note", "gateway/notify", "notify", "ok"),
+        ("ident/broken", "gateway/stream", "stream", "failed"),
+    ):
+        relays = {s.context.span_id: s for s in spans if s.name == relay}
+        forward = next(
+            (
+                s
+                for s in spans
+                if s.name == name
+                and s.kind.name == "CLIENT"
+                and s.parent is not None
+                and s.parent.span_id in relays
+            ),
+            None,
+        )
+        assert forward is not None, f"no client span of the gateway for {name}"
+        relay_span = relays[forward.parent.span_id]
+        worker_span = next(s for s in spans if s.name == name and s.kind.name == "SERVER")
+        assert worker_span.parent.span_id == forward.context.span_id, name
+        assert forward.attributes["garcon_link.outcome"] == label, name
+        assert forward.attributes["garcon_link.call_kind"] == kind
+        assert forward.context.trace_id == relay_span.context.trace_id
+
+
 async def test_a_caller_flooding_forbidden_calls_slows_itself_down(tmp_path: Path) -> None:
     """Past its allowance (a burst of gateway_forbidden_burst, then gateway_forbidden_rate a
     second), a caller's FORBIDDEN answers wait, up to gateway_forbidden_delay: with a burst of 4

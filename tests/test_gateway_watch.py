@@ -424,3 +424,55 @@ async def test_a_refused_watch_means_polling_that_session(tmp_path: Path) -> Non
                 await wait_for(lambda: relay.asked >= 3, 5, "polled three times")
                 assert relay.watches == 1
                 assert list(fleet.executors()) == ["box-1"]
+
+
+class ScriptedRelay(UnrulyRelay):
+    """A relay whose watch shows box-1 ready, then, once ``go`` is set, box-1 offline and
+    box-2 joined; its snapshot (``executors``) already shows box-1 offline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = anyio.Event()
+
+    async def executors(self) -> list[dict[str, Any]]:
+        return [{"executor_id": "box-1", "availability": "offline", "services": {}}]
+
+    async def watch(self) -> AsyncIterator[dict[str, Any]]:
+        entry = {"executor_id": "box-1", "availability": "ready", "services": {}}
+        yield {"snapshot": True, "last": True, "entries": [entry]}
+        await self.go.wait()
+        offline = {**entry, "availability": "offline", "events": ["offline"]}
+        joined = {"executor_id": "box-2", "availability": "offline", "events": ["joined"]}
+        yield {"entries": [offline, joined]}
+        await anyio.sleep_forever()
+
+
+async def test_a_refresh_while_watching_repeats_no_event(tmp_path: Path) -> None:
+    """A refresh asked for by hand while the watch is open publishes nothing the watch also
+    delivers: each change is one event, pushed."""
+    secret = enroll(tmp_path / "callers", "web-1")
+    relay = ScriptedRelay()
+    config = gl.LinkConfig(
+        executor_id="web-1",
+        role=gl.Role.WORKER,
+        secret=secret,
+        listen=("127.0.0.1", 0),
+        limits=LIMITS,
+    )
+    with anyio.fail_after(DEADLINE):
+        async with gl.Worker(config, {RELAY_SERVICE: gl.Service(relay, GatewayRelay)}) as fake:
+            caller = gl.CallerConfig(caller_id="web-1", secret=secret, dial=fake.url, limits=LIMITS)
+            async with (
+                gl.connect_gateway(caller, refresh_interval=HOUR) as fleet,
+                following(fleet.events()) as seen,
+            ):
+                await wait_for(lambda: ("ready", "box-1") in seen, 5, "the snapshot")
+                await fleet.refresh()
+                relay.go.set()
+                await wait_for(lambda: ("joined", "box-2") in seen, 5, "the pushed change")
+                assert seen == [
+                    ("joined", "box-1"),
+                    ("ready", "box-1"),
+                    ("offline", "box-1"),
+                    ("joined", "box-2"),
+                ]

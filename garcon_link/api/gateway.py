@@ -100,7 +100,7 @@ from ..rpc.errorbody import error_envelope
 from ..rpc.hooks import CallHook, call_metadata
 from ..rpc.idempotency import key_problem
 from ..rpc.interface import MethodKind, MethodSpec, contract_hash
-from ..rpc.observer import CallObserver
+from ..rpc.observer import CallObserver, Observed, end_of
 from ..rpc.rpc import ExecutorRpc, Forward, Incoming, RemoteStream, current_rpc
 from ..settings.callers import GatewayConfig
 from ..settings.grants import MAX_GRANTS, Grant, allows, sees
@@ -192,9 +192,13 @@ class _Relay:
         stats.bytes += len(payload)
         inner: RemoteStream | None = None
         share: tuple[str, str] | None = None
+        member: RemoteExecutor | None = None
+        observed: Observed | None = None
         token = object()
         try:
-            share, inner = await gateway._open_stream(caller, executor, service, method, payload)
+            share, member, inner, observed = await gateway._open_stream(
+                caller, executor, service, method, payload
+            )
             streams = gateway._streams.setdefault(share, {})
             streams[token] = None
             # This generator is pulled only when the caller's credit allows one more item, and
@@ -205,8 +209,17 @@ class _Relay:
                 if gateway._in_flight.get(share, 0) > gateway._limit_now(executor):
                     await gateway._wait_turn(share, token)
         except CallError as exc:
+            if member is not None:
+                _stream_ended(member, observed, exc)
             await gateway._failed(caller, exc)
             yield encode_outcome(error=exc)
+        except BaseException as exc:  # the caller left early, or the gateway is closing
+            if member is not None:
+                _stream_ended(member, observed, exc)
+            raise
+        else:
+            if member is not None:
+                _stream_ended(member, observed, None)
         finally:
             if share is not None:
                 opened = gateway._streams.get(share)
@@ -228,8 +241,14 @@ class _Relay:
             arguments = gateway._admit(caller, executor, service, method, payload)
             member = gateway._connected(executor)
             rpc = await member._rpc_for_call(0)
-            metadata = call_metadata()
-            await rpc.notify_relayed(service, method, arguments, dict(metadata) or None)
+
+            async def send(sent: Mapping[str, str] | None) -> None:
+                await rpc.notify_relayed(service, method, arguments, dict(sent) if sent else None)
+
+            # As a forwarded call's: the executor's counters and the gateway's hooks.
+            await member._observer.call(
+                service, _relayed_spec(method, MethodKind.ONEWAY), call_metadata() or None, send
+            )
         except CallError as exc:  # a notification has no reply: counted and logged
             await gateway._failed(caller, exc)
             gateway._log.log(
@@ -781,9 +800,10 @@ class Gateway:
 
     async def _open_stream(
         self, caller: str, executor: str, service: str, method: str, payload: bytes
-    ) -> tuple[tuple[str, str], RemoteStream]:
+    ) -> tuple[tuple[str, str], RemoteExecutor, RemoteStream, Observed | None]:
         """A relayed stream, admitted, within its caller's share (given back by the caller of
-        this once the stream ends), granting the executor ``gateway_stream_window_items``."""
+        this once the stream ends), granting the executor ``gateway_stream_window_items``, and
+        its executor and its hooks' handle: the caller of this ends it (:func:`_stream_ended`)."""
         arguments = self._admit(caller, executor, service, method, payload)
         member = self._connected(executor)
         share = self._take_share(caller, executor)
@@ -792,10 +812,25 @@ class Gateway:
         except BaseException:
             self._give_share(share)
             raise
-        metadata = call_metadata()
+        metadata: Mapping[str, str] = call_metadata()
+        observer = member._observer
+        # As a forwarded call's: a tracing hook's client span is the child of the relay
+        # stream's server span, and its context replaces the caller's in the metadata sent.
+        observed = observer.stream_started(
+            service, _relayed_spec(method, MethodKind.STREAM), metadata or None
+        )
+        if observed is not None:
+            metadata = observed.info.metadata
+            try:
+                observer.check_metadata(metadata)
+            except CallError as exc:
+                self._give_share(share)
+                observer.client_ended(observed, exc.outcome, exc.code, False)
+                raise
         member.calls += 1
         window = self.limits.gateway_stream_window_items
-        return share, rpc.stream_relayed(service, method, arguments, dict(metadata) or None, window)
+        stream = rpc.stream_relayed(service, method, arguments, dict(metadata) or None, window)
+        return share, member, stream, observed
 
     async def _forward(
         self,
@@ -1087,7 +1122,7 @@ class Gateway:
             # hook's client span is the child of the relay call's server span, and its context
             # replaces the caller's in the metadata forwarded).
             value = await member._observer.call(
-                service, _relayed_spec(method), dict(metadata) or None, attempt
+                service, _relayed_spec(method, MethodKind.UNARY), dict(metadata) or None, attempt
             )
         except CallError as exc:
             if counts_as_error(exc):
@@ -1298,13 +1333,25 @@ class _Bindings:
         self._held.pop(slot, None)
 
 
+def _stream_ended(
+    member: RemoteExecutor, observed: Observed | None, exc: BaseException | None
+) -> None:
+    """A relayed stream's end at its executor's outcome point (counters and hooks)."""
+    if exc is None:
+        member._observer.client_ended(observed, None, None, False)
+        return
+    outcome, code, cancelled = end_of(exc)
+    if isinstance(exc, CallError) and counts_as_error(exc):
+        member.errors += 1
+    member._observer.client_ended(observed, outcome, code, cancelled)
+
+
 @functools.lru_cache(maxsize=256)
-def _relayed_spec(method: str) -> MethodSpec:
-    """What the gateway's hooks are told a forwarded call is: ``method``, unary, untyped
-    (the specs of the 256 names used last are kept: a spec costs a signature walk)."""
-    return MethodSpec(
-        name=method, kind=MethodKind.UNARY, signature=_NO_SIGNATURE, hints={}, result=Any
-    )
+def _relayed_spec(method: str, kind: MethodKind) -> MethodSpec:
+    """What the gateway's hooks are told a forwarded call, stream or notification is:
+    ``method``, of ``kind``, untyped (the specs of the 256 used last are kept: a spec costs a
+    signature walk)."""
+    return MethodSpec(name=method, kind=kind, signature=_NO_SIGNATURE, hints={}, result=Any)
 
 
 _NO_SIGNATURE = inspect.Signature()

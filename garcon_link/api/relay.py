@@ -517,6 +517,7 @@ class GatewayFleet:
         self._events = _EventFeed(events_buffer)
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
+        self._watching = False  # a watch is open and its snapshot applied
 
     @property
     def caller_id(self) -> str:
@@ -587,9 +588,14 @@ class GatewayFleet:
         return out
 
     async def refresh(self) -> dict[str, ExecutorSnapshot]:
-        """Ask the gateway now; returns :meth:`executors`."""
+        """Ask the gateway now; returns :meth:`executors`. While the gateway's ``watch`` is
+        open, the view it keeps is the answer (the gateway is not asked): a snapshot applied
+        beside the watch would publish again the changes the watch delivers."""
+        if self._watching:
+            return self.executors()
         entries = await self._relay.executors()
-        self._replace_view(entries if isinstance(entries, list) else [])
+        if not self._watching:  # else the watch's snapshot came first, and is newer
+            self._replace_view(entries if isinstance(entries, list) else [])
         return self.executors()
 
     def _replace_view(self, entries: Iterable[Any]) -> None:
@@ -689,10 +695,12 @@ class GatewayFleet:
                     if message.get("last") is True:
                         self._forget_all_but(fresh)
                         fresh = None
+                        self._watching = True
                     continue
                 for entry in entries:
                     self._change(entry)
         finally:
+            self._watching = False
             await stream.aclose()
 
     def _change(self, entry: Any) -> None:
