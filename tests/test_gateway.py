@@ -768,7 +768,9 @@ async def test_relayed_streams_and_notifications_are_traced_through_the_gateway(
                 5,
                 "the spans",
             )
-            assert gw.fleet.executors()["box-1"].errors == 1  # the broken stream's forward
+            forwarded = gw.fleet.executors()["box-1"]
+            assert forwarded.errors == 1  # the broken stream's forward
+            assert forwarded.calls == 3  # two streams and the notification, as a direct fleet
     spans: list[Any] = list(exporter.get_finished_spans())
     for name, relay, kind, label in (
         ("ident/count", "gateway/stream", "stream", "ok"),

@@ -241,6 +241,7 @@ class _Relay:
             arguments = gateway._admit(caller, executor, service, method, payload)
             member = gateway._connected(executor)
             rpc = await member._rpc_for_call(0)
+            member.calls += 1  # as a direct facade counts a one-way call
 
             async def send(sent: Mapping[str, str] | None) -> None:
                 await rpc.notify_relayed(service, method, arguments, dict(sent) if sent else None)
