@@ -262,12 +262,13 @@ class OldRelay:
         return list(self.shown)
 
 
-async def test_a_gateway_without_watch_is_polled(tmp_path: Path) -> None:
-    """An older gateway, played by a worker serving the relay without ``watch`` to the caller's
-    key: the caller polls it every ``Limits.gateway_refresh_interval``, and its events are the
-    snapshots' changes."""
+@asynccontextmanager
+async def fake_gateway(
+    tmp_path: Path, relay: object, interface: type = GatewayRelay, limits: gl.Limits = LIMITS
+) -> AsyncIterator[gl.CallerConfig]:
+    """A worker playing a gateway (``relay`` served as the relay service, of ``interface``) to
+    caller web-1's key; yields that caller's config, with ``limits``."""
     secret = enroll(tmp_path / "callers", "web-1")
-    relay = OldRelay()
     config = gl.LinkConfig(
         executor_id="web-1",
         role=gl.Role.WORKER,
@@ -275,21 +276,29 @@ async def test_a_gateway_without_watch_is_polled(tmp_path: Path) -> None:
         listen=("127.0.0.1", 0),
         limits=LIMITS,
     )
+    async with gl.Worker(config, {RELAY_SERVICE: gl.Service(relay, interface)}) as worker:
+        yield gl.CallerConfig(caller_id="web-1", secret=secret, dial=worker.url, limits=limits)
+
+
+async def test_a_gateway_without_watch_is_polled(tmp_path: Path) -> None:
+    """An older gateway, played by a worker serving the relay without ``watch`` to the caller's
+    key: the caller polls it every ``Limits.gateway_refresh_interval``, and its events are the
+    snapshots' changes."""
+    relay = OldRelay()
+    polled = LIMITS.replace(gateway_refresh_interval=0.05)
     with anyio.fail_after(DEADLINE):
-        async with gl.Worker(config, {RELAY_SERVICE: gl.Service(relay, OldGatewayRelay)}) as old:
-            polled = LIMITS.replace(gateway_refresh_interval=0.05)
-            caller = gl.CallerConfig(caller_id="web-1", secret=secret, dial=old.url, limits=polled)
-            async with (
-                gl.connect_gateway(caller) as fleet,
-                following(fleet.events()) as seen,
-            ):
-                relay.shown = [{"executor_id": "box-1", "availability": "ready", "services": {}}]
-                await wait_for(lambda: "box-1" in fleet.executors(), 5, "box-1 polled")
-                asked = relay.asked
-                await wait_for(lambda: relay.asked >= asked + 2, 5, "polled again")
-                relay.shown = []
-                await wait_for(lambda: "box-1" not in fleet.executors(), 5, "box-1 gone")
-                assert seen == [("joined", "box-1"), ("ready", "box-1"), ("forgotten", "box-1")]
+        async with (
+            fake_gateway(tmp_path, relay, OldGatewayRelay, polled) as caller,
+            gl.connect_gateway(caller) as fleet,
+            following(fleet.events()) as seen,
+        ):
+            relay.shown = [{"executor_id": "box-1", "availability": "ready", "services": {}}]
+            await wait_for(lambda: "box-1" in fleet.executors(), 5, "box-1 polled")
+            asked = relay.asked
+            await wait_for(lambda: relay.asked >= asked + 2, 5, "polled again")
+            relay.shown = []
+            await wait_for(lambda: "box-1" not in fleet.executors(), 5, "box-1 gone")
+            assert seen == [("joined", "box-1"), ("ready", "box-1"), ("forgotten", "box-1")]
 
 
 class UnrulyRelay:
@@ -351,41 +360,30 @@ async def test_a_watch_message_that_does_not_read_is_refused(tmp_path: Path) -> 
     ``lost`` count out of bounds is ignored (one in bounds is a ``lost`` event), and a message
     of more than MAX_WATCH_ENTRIES entries ends the watch: the caller opens another, whose
     snapshot replaces its view."""
-    secret = enroll(tmp_path / "callers", "web-1")
     relay = UnrulyRelay()
-    config = gl.LinkConfig(
-        executor_id="web-1",
-        role=gl.Role.WORKER,
-        secret=secret,
-        listen=("127.0.0.1", 0),
-        limits=LIMITS,
-    )
     with anyio.fail_after(DEADLINE):
-        async with gl.Worker(config, {RELAY_SERVICE: gl.Service(relay, GatewayRelay)}) as unruly:
-            caller = gl.CallerConfig(
-                caller_id="web-1", secret=secret, dial=unruly.url, limits=LIMITS
-            )
-            async with (
-                gl.connect_gateway(caller, refresh_interval=0.05) as fleet,
-                following(fleet.events()) as seen,
-            ):
-                await wait_for(lambda: ("forgotten", "box-4") in seen, 5, "the second snapshot")
-                assert relay.watches == 2
-                assert seen == [
-                    ("joined", "box-1"),
-                    ("ready", "box-1"),
-                    ("joined", "box-2"),
-                    ("ready", "box-2"),
-                    ("joined", "box-3"),
-                    ("ready", "box-3"),
-                    ("lost", "box-4"),
-                    ("joined", "box-4"),
-                    ("ready", "box-4"),
-                    ("forgotten", "box-2"),
-                    ("forgotten", "box-3"),
-                    ("forgotten", "box-4"),
-                ]
-                assert list(fleet.executors()) == ["box-1"]
+        async with (
+            fake_gateway(tmp_path, relay) as caller,
+            gl.connect_gateway(caller, refresh_interval=0.05) as fleet,
+            following(fleet.events()) as seen,
+        ):
+            await wait_for(lambda: ("forgotten", "box-4") in seen, 5, "the second snapshot")
+            assert relay.watches == 2
+            assert seen == [
+                ("joined", "box-1"),
+                ("ready", "box-1"),
+                ("joined", "box-2"),
+                ("ready", "box-2"),
+                ("joined", "box-3"),
+                ("ready", "box-3"),
+                ("lost", "box-4"),
+                ("joined", "box-4"),
+                ("ready", "box-4"),
+                ("forgotten", "box-2"),
+                ("forgotten", "box-3"),
+                ("forgotten", "box-4"),
+            ]
+            assert list(fleet.executors()) == ["box-1"]
 
 
 class RefusingRelay(UnrulyRelay):
@@ -408,22 +406,15 @@ class RefusingRelay(UnrulyRelay):
 
 
 async def test_a_refused_watch_means_polling_that_session(tmp_path: Path) -> None:
-    secret = enroll(tmp_path / "callers", "web-1")
     relay = RefusingRelay()
-    config = gl.LinkConfig(
-        executor_id="web-1",
-        role=gl.Role.WORKER,
-        secret=secret,
-        listen=("127.0.0.1", 0),
-        limits=LIMITS,
-    )
     with anyio.fail_after(DEADLINE):
-        async with gl.Worker(config, {RELAY_SERVICE: gl.Service(relay, GatewayRelay)}) as old:
-            caller = gl.CallerConfig(caller_id="web-1", secret=secret, dial=old.url, limits=LIMITS)
-            async with gl.connect_gateway(caller, refresh_interval=0.05) as fleet:
-                await wait_for(lambda: relay.asked >= 3, 5, "polled three times")
-                assert relay.watches == 1
-                assert list(fleet.executors()) == ["box-1"]
+        async with (
+            fake_gateway(tmp_path, relay) as caller,
+            gl.connect_gateway(caller, refresh_interval=0.05) as fleet,
+        ):
+            await wait_for(lambda: relay.asked >= 3, 5, "polled three times")
+            assert relay.watches == 1
+            assert list(fleet.executors()) == ["box-1"]
 
 
 class ScriptedRelay(UnrulyRelay):
@@ -450,29 +441,20 @@ class ScriptedRelay(UnrulyRelay):
 async def test_a_refresh_while_watching_repeats_no_event(tmp_path: Path) -> None:
     """A refresh asked for by hand while the watch is open publishes nothing the watch also
     delivers: each change is one event, pushed."""
-    secret = enroll(tmp_path / "callers", "web-1")
     relay = ScriptedRelay()
-    config = gl.LinkConfig(
-        executor_id="web-1",
-        role=gl.Role.WORKER,
-        secret=secret,
-        listen=("127.0.0.1", 0),
-        limits=LIMITS,
-    )
     with anyio.fail_after(DEADLINE):
-        async with gl.Worker(config, {RELAY_SERVICE: gl.Service(relay, GatewayRelay)}) as fake:
-            caller = gl.CallerConfig(caller_id="web-1", secret=secret, dial=fake.url, limits=LIMITS)
-            async with (
-                gl.connect_gateway(caller, refresh_interval=HOUR) as fleet,
-                following(fleet.events()) as seen,
-            ):
-                await wait_for(lambda: ("ready", "box-1") in seen, 5, "the snapshot")
-                await fleet.refresh()
-                relay.go.set()
-                await wait_for(lambda: ("joined", "box-2") in seen, 5, "the pushed change")
-                assert seen == [
-                    ("joined", "box-1"),
-                    ("ready", "box-1"),
-                    ("offline", "box-1"),
-                    ("joined", "box-2"),
-                ]
+        async with (
+            fake_gateway(tmp_path, relay) as caller,
+            gl.connect_gateway(caller, refresh_interval=HOUR) as fleet,
+            following(fleet.events()) as seen,
+        ):
+            await wait_for(lambda: ("ready", "box-1") in seen, 5, "the snapshot")
+            await fleet.refresh()
+            relay.go.set()
+            await wait_for(lambda: ("joined", "box-2") in seen, 5, "the pushed change")
+            assert seen == [
+                ("joined", "box-1"),
+                ("ready", "box-1"),
+                ("offline", "box-1"),
+                ("joined", "box-2"),
+            ]
