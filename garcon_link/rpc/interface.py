@@ -74,7 +74,7 @@ import sys
 import types
 import typing
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -900,13 +900,7 @@ def unsupported_hint(hint: Any) -> str | None:
         info = msgspec.inspect.type_info(hint)
     except TypeError as exc:
         return f"{_hint_text(hint)}: {exc}"
-    seen: set[int] = set()
-    stack: list[Any] = [info]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
+    for node in _type_nodes(info):
         if isinstance(node, msgspec.inspect.CustomType):
             inner = node.cls.__qualname__
             where = "" if node is info else f" (it contains {inner})"
@@ -915,11 +909,24 @@ def unsupported_hint(hint: Any) -> str | None:
                 "use a plain type (str, int, bytes, list, dict, a dataclass, an enum, ...)"
                 + (" -- e.g. str for a path" if _is_path(node.cls) else "")
             )
+    return None
+
+
+def _type_nodes(info: Any) -> Iterator[Any]:
+    """Every node of a msgspec type description (``msgspec.inspect.type_info``), each once:
+    the types, their fields and the types within them, to any depth."""
+    seen: set[int] = set()
+    stack: list[Any] = [info]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
         if isinstance(node, msgspec.inspect.Type | msgspec.inspect.Field):
             stack.extend(getattr(node, f) for f in node.__struct_fields__)
         elif isinstance(node, tuple):
             stack.extend(node)
-    return None
 
 
 def _is_path(cls: type) -> bool:
@@ -1191,30 +1198,10 @@ def _omits_defaults(hint: Any) -> bool:
         info = msgspec.inspect.type_info(hint)
     except Exception:  # not a type msgspec knows (a MethodSpec is never refused for it)
         return False
-    seen: set[int] = set()
-    stack: list[Any] = [info]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, msgspec.inspect.StructType):
-            if node.cls.__struct_config__.omit_defaults:
-                return True
-            stack.extend(f.type for f in node.fields)
-        elif isinstance(node, msgspec.inspect.DataclassType | msgspec.inspect.TypedDictType):
-            stack.extend(f.type for f in node.fields)
-        elif isinstance(node, msgspec.inspect.UnionType):
-            stack.extend(node.types)
-        elif isinstance(node, msgspec.inspect.TupleType):
-            stack.extend(node.item_types)
-        elif isinstance(node, msgspec.inspect.DictType):
-            stack.extend((node.key_type, node.value_type))
-        elif isinstance(node, msgspec.inspect.Metadata):
-            stack.append(node.type)
-        elif (item := getattr(node, "item_type", None)) is not None:
-            stack.append(item)
-    return False
+    return any(
+        isinstance(node, msgspec.inspect.StructType) and node.cls.__struct_config__.omit_defaults
+        for node in _type_nodes(info)
+    )
 
 
 def _every_field(value: Any) -> Any:
