@@ -656,7 +656,9 @@ async def test_a_caller_sees_an_executor_join_without_asking(tmp_path: Path) -> 
             )
 
 
-async def test_one_trace_runs_from_caller_through_gateway_to_worker(tmp_path: Path) -> None:
+def _traced_gateway(tmp_path: Path) -> tuple[Any, gl.CallHook, gl.GatewayConfig]:
+    """An in-memory span exporter, the OpenTelemetry hook writing to it, and a gateway config
+    whose executor and caller keyrings are empty directories under ``tmp_path``."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -666,7 +668,6 @@ async def test_one_trace_runs_from_caller_through_gateway_to_worker(tmp_path: Pa
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    hook = OpenTelemetryHook(tracer_provider=provider)
     keys, callers = tmp_path / "keys", tmp_path / "callers"
     for directory in (keys, callers):
         directory.mkdir(mode=0o700)
@@ -674,6 +675,12 @@ async def test_one_trace_runs_from_caller_through_gateway_to_worker(tmp_path: Pa
         fleet=gl.FleetConfig(listen=("127.0.0.1", 0), keyring=keys, limits=LIMITS),
         callers=gl.CallersConfig(keyring=callers, grants=GRANTS),
     )
+    return exporter, OpenTelemetryHook(tracer_provider=provider), config
+
+
+async def test_one_trace_runs_from_caller_through_gateway_to_worker(tmp_path: Path) -> None:
+    exporter, hook, config = _traced_gateway(tmp_path)
+    keys = tmp_path / "keys"
     with anyio.fail_after(DEADLINE):
         async with gl.gateway(config, hooks=[hook]) as gw, AsyncExitStack() as stack:
             worker_config = gl.LinkConfig(
@@ -717,23 +724,8 @@ async def test_relayed_streams_and_notifications_are_traced_through_the_gateway(
 ) -> None:
     """As for a unary call: the gateway's hooks see the stream's and the notification's
     forward (client side), and the worker's span is its child."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from garcon_link.contrib.otel import OpenTelemetryHook
-
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    hook = OpenTelemetryHook(tracer_provider=provider)
-    keys, callers = tmp_path / "keys", tmp_path / "callers"
-    for directory in (keys, callers):
-        directory.mkdir(mode=0o700)
-    config = gl.GatewayConfig(
-        fleet=gl.FleetConfig(listen=("127.0.0.1", 0), keyring=keys, limits=LIMITS),
-        callers=gl.CallersConfig(keyring=callers, grants=GRANTS),
-    )
+    exporter, hook, config = _traced_gateway(tmp_path)
+    keys = tmp_path / "keys"
     service = IdentService("box-1")
     with anyio.fail_after(DEADLINE):
         async with gl.gateway(config, hooks=[hook]) as gw, AsyncExitStack() as stack:
@@ -758,7 +750,7 @@ async def test_relayed_streams_and_notifications_are_traced_through_the_gateway(
             await service.noted.wait()
 
             def done(name: str) -> bool:
-                return sum(s.name == name for s in exporter.get_finished_spans()) >= 2
+                return bool(sum(s.name == name for s in exporter.get_finished_spans()) >= 2)
 
             with pytest.raises(gl.RemoteError):
                 async for _ in ident.broken(2):
