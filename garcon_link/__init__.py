@@ -64,17 +64,12 @@ from .settings.callers import (
     load_caller_config,
     load_gateway_config,
 )
-from .settings.config import (
-    DialExecutor,
-    FleetConfig,
-    LinkConfig,
-    TlsConfig,
-    load_config,
-    load_fleet_config,
-)
+from .settings.config import LinkConfig, load_config
+from .settings.fleet import DialExecutor, FleetConfig, load_fleet_config
 from .settings.grants import Grant
 from .settings.keyring import Keyring
 from .settings.secrets import Secret, generate_secret, write_secret_file
+from .settings.tls import TlsConfig
 from .version import __version__
 
 # A library leaves logging to the application: without a handler here, Python's last-resort

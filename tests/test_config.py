@@ -1,4 +1,4 @@
-"""Tests of garcon_link.settings.config: loading, every refusal, secrets, and TLS contexts."""
+"""Tests of garcon_link.settings.config, .fleet and .tls: loading, refusals, secrets, TLS."""
 
 from __future__ import annotations
 
@@ -17,15 +17,8 @@ import trustme
 from garcon_link.core.wire import Role
 from garcon_link.errors import ConfigError
 from garcon_link.limits import Limits
-from garcon_link.settings.config import (
-    CONFIG_ENV_VAR,
-    DialExecutor,
-    FleetConfig,
-    LinkConfig,
-    TlsConfig,
-    load_config,
-    load_fleet_config,
-)
+from garcon_link.settings.config import CONFIG_ENV_VAR, LinkConfig, load_config
+from garcon_link.settings.fleet import DialExecutor, FleetConfig, load_fleet_config
 from garcon_link.settings.secrets import (
     MIN_SECRET_BYTES,
     Secret,
@@ -33,6 +26,7 @@ from garcon_link.settings.secrets import (
     read_secret_file,
     write_secret_file,
 )
+from garcon_link.settings.tls import TlsConfig
 
 POSIX = os.name == "posix"
 posix_only = pytest.mark.skipif(not POSIX, reason="file modes are only checked on POSIX")

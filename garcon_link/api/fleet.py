@@ -66,7 +66,8 @@ from ..errors import CallError, ConfigError, NotDispatched
 from ..limits import Limits
 from ..rpc.hooks import CallHook
 from ..rpc.rpc import Registry
-from ..settings.config import FleetConfig, LinkConfig
+from ..settings.config import LinkConfig
+from ..settings.fleet import FleetConfig
 from ..settings.keyring import Keyring, executor_id_problem
 from .controller import Availability, RemoteExecutor, stalled_call_log
 from .endpoint import link_from_config

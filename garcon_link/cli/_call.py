@@ -21,7 +21,8 @@ from ..rpc.interface import MethodKind, MethodSpec, manifest_method
 from ..rpc.typedoc import type_description_lines
 from ..rpc.values import JSON_VALUES, VALUES_METADATA_KEY
 from ..settings.callers import CallerConfig
-from ..settings.config import FleetConfig, LinkConfig
+from ..settings.config import LinkConfig
+from ..settings.fleet import FleetConfig
 from ._exits import EXIT_OK, UsageError, _leaf
 from ._output import _load_caller_or_any, _print_json, _setup_logging
 

@@ -13,7 +13,8 @@ import anyio
 
 from ..api.fleet import Fleet, FleetEvent, fleet
 from ..logs import peer_message
-from ..settings.config import FleetConfig, LinkConfig
+from ..settings.config import LinkConfig
+from ..settings.fleet import FleetConfig
 from ._exits import EXIT_OK, UsageError
 from ._lifecycle import StopSignals
 from ._output import _emit, _load_any, _print_json, _setup_logging

@@ -14,13 +14,8 @@ from typing import Any
 
 from ..logs import JsonFormatter
 from ..settings.callers import CallerConfig, load_caller_config
-from ..settings.config import (
-    CONFIG_ENV_VAR,
-    FleetConfig,
-    LinkConfig,
-    load_config,
-    load_fleet_config,
-)
+from ..settings.config import CONFIG_ENV_VAR, LinkConfig, load_config
+from ..settings.fleet import FleetConfig, load_fleet_config
 
 # --------------------------------------------------------------------------- output
 

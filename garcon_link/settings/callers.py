@@ -44,24 +44,20 @@ from ..core.wire import Role
 from ..errors import ConfigError
 from ..limits import Limits
 from ..net.addresses import executor_id_problem
-from .config import (
-    FleetConfig,
-    LinkConfig,
-    TlsConfig,
-    _build_fleet,
+from ._toml import (
     _check_keys,
-    _config_path,
     _get,
     _keyring_path,
     _load_limits,
-    _load_tls,
-    _read_toml,
     _resolve,
     _shown_role,
     _type_name,
 )
+from .config import LinkConfig, _config_path, _read_toml
+from .fleet import FleetConfig, _build_fleet
 from .grants import Grant, check_grant_count
 from .secrets import KEYGEN_HINT, Secret, Source, keyring_directory_problem, read_secret, refusal
+from .tls import TlsConfig, _load_tls
 
 __all__ = [
     "MAX_MAX_CALLERS",
