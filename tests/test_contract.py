@@ -16,7 +16,8 @@ from garcon_link.rpc.contract import (
     compare_method,
     service_version,
 )
-from garcon_link.rpc.interface import MAX_SIGNATURE_CHARS, service_spec
+from garcon_link.rpc.interface import service_spec
+from garcon_link.rpc.manifest import MAX_SIGNATURE_CHARS
 
 C, A, I, R = (  # noqa: E741 -- one letter per column of the table
     Compatibility.COMPATIBLE,

@@ -1,4 +1,4 @@
-"""Tests of garcon_link.rpc.interface: what is exposed, how values convert, the contract hash.
+"""Tests of garcon_link.rpc.interface and .manifest: what is exposed, values, the contract hash.
 
 No sockets here: interfaces are derived, arguments bound and converted, values round-tripped
 through ``to_wire`` + CBOR + ``from_wire`` exactly as the RPC layer does.
@@ -24,12 +24,8 @@ import pytest
 
 import garcon_link as gl
 from garcon_link.rpc.interface import (
-    MAX_SIGNATURE_CHARS,
     MethodKind,
-    contract_hash,
     from_wire,
-    manifest_changes,
-    manifest_result_hint,
     omits_defaults,
     registration_problems,
     service_spec,
@@ -37,6 +33,12 @@ from garcon_link.rpc.interface import (
     to_wire,
     unsupported_hint,
     view_source,
+)
+from garcon_link.rpc.manifest import (
+    MAX_SIGNATURE_CHARS,
+    contract_hash,
+    manifest_changes,
+    manifest_result_hint,
 )
 
 

@@ -21,7 +21,8 @@ from rpcutil import open_pair
 
 import garcon_link as gl
 from garcon_link.core.wire import encode_canonical
-from garcon_link.rpc.interface import contract_hash, service_spec
+from garcon_link.rpc.interface import service_spec
+from garcon_link.rpc.manifest import contract_hash
 from garcon_link.rpc.typedoc import (
     checked_type_descriptions,
     service_type_description,

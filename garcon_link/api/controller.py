@@ -81,7 +81,8 @@ from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_message, peer_text
 from ..rpc.contract import Compatibility, compare_method, service_version
 from ..rpc.hooks import CallHook
-from ..rpc.interface import contract_hash, service_spec
+from ..rpc.interface import service_spec
+from ..rpc.manifest import contract_hash
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
 from ..rpc.typedoc import checked_type_descriptions
 from ..settings.config import LinkConfig

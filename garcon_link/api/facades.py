@@ -38,7 +38,8 @@ from ..limits import Limits
 from ..net.backend import loop_scheduler
 from ..rpc.contract import Compatibility, compare_method
 from ..rpc.idempotency import normalize_key
-from ..rpc.interface import MethodKind, MethodSpec, ServiceSpec, manifest_method, service_spec
+from ..rpc.interface import MethodKind, MethodSpec, ServiceSpec, service_spec
+from ..rpc.manifest import manifest_method
 from ..rpc.rpc import CallObserver, ExecutorRpc, Observed, end_of
 from .keyed import ItemStream, KeyedCaller, call_with_key
 from .registration import interface_class

@@ -99,7 +99,8 @@ from ..rpc.envelopes import Call
 from ..rpc.errorbody import error_envelope
 from ..rpc.hooks import CallHook, call_metadata
 from ..rpc.idempotency import key_problem
-from ..rpc.interface import MethodKind, MethodSpec, contract_hash
+from ..rpc.interface import MethodKind, MethodSpec
+from ..rpc.manifest import contract_hash
 from ..rpc.observer import CallObserver, Observed, end_of
 from ..rpc.rpc import ExecutorRpc, Forward, Incoming, RemoteStream, current_rpc
 from ..settings.callers import GatewayConfig

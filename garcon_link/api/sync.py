@@ -82,7 +82,8 @@ from ..errors import ConfigError, NotDispatched, OutcomeUnknown, Rejected
 from ..limits import Limits
 from ..rpc.contract import Compatibility, compare_method
 from ..rpc.hooks import CallHook
-from ..rpc.interface import ServiceSpec, manifest_changes, sync_service_spec
+from ..rpc.interface import ServiceSpec, sync_service_spec
+from ..rpc.manifest import manifest_changes
 from ..settings.callers import CallerConfig
 from ..settings.config import LinkConfig
 from .controller import Availability, ExecutorInfo, RemoteExecutor, connect

@@ -51,8 +51,8 @@ from ..limits import Limits
 from ..logs import log_fields
 from ..rpc.hooks import CallHook
 from ..rpc.idempotency import IdempotencyStatistics, KeyedExecutions
-from ..rpc.interface import contract_hash
 from ..rpc.keystore import DurableKeys
+from ..rpc.manifest import contract_hash
 from ..rpc.registry import Bound
 from ..rpc.resources import ServiceScope, WorkerScope
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry, RpcStatistics

@@ -17,7 +17,8 @@ from ..api.fleet import fleet
 from ..api.relay import GatewayExecutor, connect_gateway
 from ..errors import NotDispatched, RemoteError
 from ..logs import peer_message
-from ..rpc.interface import MethodKind, MethodSpec, manifest_method
+from ..rpc.interface import MethodKind, MethodSpec
+from ..rpc.manifest import manifest_method
 from ..rpc.typedoc import type_description_lines
 from ..rpc.values import JSON_VALUES, VALUES_METADATA_KEY
 from ..settings.callers import CallerConfig
@@ -34,7 +35,7 @@ def dynamic_method(services: Mapping[str, Any], service: str, method: str) -> Me
 
     It accepts any arguments and passes them through untyped: the worker validates them. The
     result (a stream's items) is checked against the return type the manifest declares, as far
-    as it can be rebuilt from its text (:func:`~garcon_link.rpc.interface.manifest_result_hint`): a
+    as it can be rebuilt from its text (:func:`~garcon_link.rpc.manifest.manifest_result_hint`): a
     ``-> int`` method that returns a string fails with ``RemoteError("INVALID_RESULT")``.
 
     Raises:

@@ -43,7 +43,7 @@ import blake3
 
 from ..core.wire import encode_canonical
 from ..logs import peer_text
-from .interface import MAX_SIGNATURE_CHARS
+from .manifest import MAX_SIGNATURE_CHARS
 
 __all__ = [
     "Compatibility",

@@ -1,9 +1,10 @@
 """Service interfaces: what is callable, how values are converted, and the contract manifest.
 
-Why one module of about 1,100 lines: a method's spec, its signature text (the contract) and the
-views printed from it (the sync view, the stub) are derived from the same reading of the
-interface's hints; split apart, each would read them again and could disagree. The value checks
-live in :mod:`.values`, the comparison of contracts in :mod:`.contract`.
+A method's spec and its signature text (the contract) are derived here, from one reading of the
+interface's hints, and so are the views printed from a spec (the sync view, the stub). What is
+built from the manifest -- its hash, the changes between two, a spec rebuilt from a worker's --
+reads the signature text, never the hints again: it is :mod:`.manifest`'s. The value checks live
+in :mod:`.values`, the comparison of contracts in :mod:`.contract`.
 
 An *interface* is a class (usually a ``typing.Protocol``) whose public methods define what a remote
 peer may call. It is shared by both sides. From it we derive, once per interface:
@@ -23,7 +24,7 @@ peer may call. It is shared by both sides. From it we derive, once per interface
 * a manifest (service -> method -> kind and signature text, *including the return type*) and its
   BLAKE3 *contract hash*, which a controller compares across session replacements: changing
   ``-> int`` to ``-> str`` is a contract change, reported as the list of methods that changed
-  (:func:`manifest_changes`).
+  (:func:`~garcon_link.rpc.manifest.manifest_changes`).
 
 Plain ``def`` methods are refused, not run in a thread. A public method that is neither
 ``async def``, nor declared a stream, nor :func:`oneway` makes :func:`service_spec` raise
@@ -63,8 +64,6 @@ from __future__ import annotations
 import ast
 import collections.abc
 import dataclasses
-import datetime
-import decimal
 import enum
 import functools
 import inspect
@@ -73,18 +72,15 @@ import reprlib
 import sys
 import types
 import typing
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import blake3
 import msgspec
 import msgspec.inspect
 
-from ..core.wire import encode_canonical
-from ..errors import ConfigError, Rejected
-from ..logs import peer_message, peer_text
+from ..errors import ConfigError
+from ..logs import peer_text
 from .values import (
     Check,
     Convert,
@@ -96,16 +92,11 @@ from .values import (
 )
 
 __all__ = [
-    "MAX_SIGNATURE_CHARS",
     "MethodKind",
     "MethodSpec",
     "ServiceSpec",
-    "contract_hash",
     "derive_spec",
     "from_wire",
-    "manifest_changes",
-    "manifest_method",
-    "manifest_result_hint",
     "omits_defaults",
     "oneway",
     "registration_problems",
@@ -937,223 +928,6 @@ def _is_path(cls: type) -> bool:
 
 def _hint_text(hint: Any) -> str:
     return hint.__qualname__ if isinstance(hint, type) else repr(hint)
-
-
-def manifest_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """The differences between two services manifests, one line per changed method.
-
-    ``"calc.add: (a: int, b: int) -> int  =>  (a: int, b: int) -> str"``; a service or method
-    that only one side has reads ``(absent)`` on the other. Malformed entries compare as text.
-    """
-    lines: list[str] = []
-    for service in sorted(set(old) | set(new), key=str):
-        before, after = old.get(service), new.get(service)
-        if not isinstance(before, Mapping) or not isinstance(after, Mapping):
-            if before != after:
-                lines.append(
-                    f"{service}: {'(absent)' if before is None else 'service'}  =>  "
-                    f"{'(absent)' if after is None else 'service'}"
-                )
-            continue
-        for method in sorted(set(before) | set(after), key=str):
-            b, a = before.get(method), after.get(method)
-            if b != a:
-                lines.append(f"{service}.{method}: {_method_text(b)}  =>  {_method_text(a)}")
-    return lines
-
-
-# Names a manifest's signature text may use that rebuild to a type without importing anything
-# (resolved hints print builtins bare and other types as ``module.qualname``).
-_KNOWN_NAMES: dict[str, Any] = {
-    "int": int,
-    "str": str,
-    "float": float,
-    "bool": bool,
-    "bytes": bytes,
-    "bytearray": bytearray,
-    "None": None,
-    "NoneType": None,
-    "list": list,
-    "dict": dict,
-    "tuple": tuple,
-    "set": set,
-    "frozenset": frozenset,
-    "Any": Any,
-    "typing.Any": Any,
-    "datetime.datetime": datetime.datetime,
-    "datetime.date": datetime.date,
-    "datetime.time": datetime.time,
-    "datetime.timedelta": datetime.timedelta,
-    "uuid.UUID": uuid.UUID,
-    "decimal.Decimal": decimal.Decimal,
-}
-_KNOWN_GENERICS: dict[str, Any] = {
-    **{name: _KNOWN_NAMES[name] for name in ("list", "dict", "tuple", "set", "frozenset")},
-    **{
-        f"{prefix}{name}": getattr(typing, name)
-        for prefix in ("", "typing.")
-        for name in ("Optional", "Union", "Literal", "List", "Dict", "Tuple", "Set", "FrozenSet")
-    },
-}
-
-
-# A method known only from a manifest accepts any arguments: the worker validates them.
-_DYNAMIC_SIGNATURE = inspect.Signature(
-    [
-        inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
-        inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
-    ]
-)
-
-
-def _names(manifest: Mapping[Any, Any], shown: int = 20) -> str:
-    """The first ``shown`` names of a worker's manifest, for an error message (bounded)."""
-    names = sorted(manifest, key=str)
-    text = ", ".join(
-        name if _PLAIN_NAME.fullmatch(name) else peer_text(name)
-        for name in (str(n) for n in names[:shown])
-    )
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return peer_message(text or "none") + more
-
-
-_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
-
-
-def manifest_method(services: Mapping[str, Any], service: str, method: str) -> MethodSpec:
-    """A :class:`MethodSpec` for ``service.method`` built from a worker's manifest.
-
-    It accepts any arguments and passes them through untyped (the worker validates them); its
-    result (a stream's items) is checked against :func:`manifest_result_hint`.
-
-    Raises:
-        Rejected: the manifest has no such service or method (``UNKNOWN_SERVICE`` /
-            ``OPERATION_UNSUPPORTED``, as the worker itself would answer), or an unknown kind.
-    """
-    methods = services.get(service)
-    if not isinstance(methods, Mapping):
-        known = _names(services)
-        raise Rejected("UNKNOWN_SERVICE", f"no service named {service!r} (services: {known})")
-    entry = methods.get(method)
-    if not isinstance(entry, Mapping) or method.startswith("_"):
-        known = _names(methods)
-        raise Rejected(
-            "OPERATION_UNSUPPORTED",
-            f"{service!r} has no callable method {method!r} (methods: {known})",
-        )
-    try:
-        kind = MethodKind(entry.get("kind"))
-    except ValueError:
-        raise Rejected(
-            "OPERATION_UNSUPPORTED", f"{service}.{method} has an unknown kind {entry.get('kind')!r}"
-        ) from None
-    return MethodSpec(method, kind, _DYNAMIC_SIGNATURE, {}, manifest_result_hint(entry))
-
-
-MAX_SIGNATURE_CHARS = 65536
-"""Longest manifest signature text :func:`manifest_result_hint` parses; a longer one is ``Any``."""
-
-
-def manifest_result_hint(entry: Mapping[str, Any]) -> Any:
-    """The result type (a stream's item type) a manifest entry declares, as far as it is known.
-
-    Rebuilt from the signature text without importing or evaluating anything: builtins,
-    containers, ``Optional``/``Union``/``Literal``, ``X | Y``, datetimes, ``UUID`` and
-    ``Decimal`` are rebuilt; any other name (a dataclass, an enum, a ``ResourceRef``) becomes
-    ``Any`` where it occurs, so values there pass unchecked. No return annotation, text that
-    does not parse, or text longer than :data:`MAX_SIGNATURE_CHARS` (the peer wrote it, and
-    parsing costs time and memory in its length): ``Any``.
-    """
-    signature = entry.get("signature")
-    if not isinstance(signature, str) or len(signature) > MAX_SIGNATURE_CHARS:
-        return Any
-    try:
-        tree = ast.parse(f"def f{signature}: pass")
-        func = tree.body[0]
-        assert isinstance(func, ast.FunctionDef)
-        if func.returns is None:
-            return Any
-        hint = _hint_from_node(func.returns)
-    except (SyntaxError, ValueError, TypeError, AssertionError, RecursionError):
-        return Any
-    if entry.get("kind") == MethodKind.STREAM.value:
-        args = typing.get_args(hint)
-        return args[0] if len(args) == 1 and typing.get_origin(hint) in _STREAM_ORIGINS else Any
-    if entry.get("kind") == MethodKind.ONEWAY.value:
-        return None
-    return hint
-
-
-def _hint_from_node(node: ast.expr) -> Any:
-    if isinstance(node, ast.Constant):
-        if node.value is None:
-            return None
-        if isinstance(node.value, str | int | bool | bytes):  # a Literal's value
-            return _Literal(node.value)
-        return Any
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        left, right = _hint_from_node(node.left), _hint_from_node(node.right)
-        return Any if Any in (left, right) else typing.Union[left, right]  # noqa: UP007
-    name = _dotted(node)
-    if name is not None:
-        if name in _STREAM_NAMES:
-            return _STREAM_NAMES[name]
-        return _KNOWN_NAMES.get(name, Any)
-    if isinstance(node, ast.Subscript):
-        origin_name = _dotted(node.value)
-        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        if origin_name in _STREAM_NAMES:
-            return _STREAM_NAMES[origin_name][_hint_from_node(items[0])]
-        origin = _KNOWN_GENERICS.get(origin_name or "")
-        if origin is None:
-            return Any
-        if origin is typing.Literal:
-            values = [_hint_from_node(item) for item in items]
-            if not all(isinstance(v, _Literal) for v in values):
-                return Any
-            return typing.Literal[tuple(v.value for v in values)]
-        args = tuple(
-            ... if isinstance(item, ast.Constant) and item.value is ... else _hint_from_node(item)
-            for item in items
-        )
-        if any(isinstance(a, _Literal) for a in args):
-            return Any
-        return origin[args if len(args) > 1 else args[0]]
-    return Any
-
-
-@dataclass(frozen=True, slots=True)
-class _Literal:
-    value: Any
-
-
-_STREAM_NAMES: dict[str, Any] = {
-    f"{prefix}{name}": getattr(collections.abc, name)
-    for prefix in ("", "collections.abc.", "typing.")
-    for name in ("AsyncIterator", "AsyncGenerator", "AsyncIterable")
-}
-
-
-def _dotted(node: Any) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return None if base is None else f"{base}.{node.attr}"
-    return None
-
-
-def _method_text(entry: Any) -> str:
-    if entry is None:
-        return "(absent)"
-    if isinstance(entry, Mapping):
-        return f"{entry.get('kind')} {entry.get('signature')}"
-    return repr(entry)
-
-
-def contract_hash(manifest: Mapping[str, Any]) -> str:
-    """BLAKE3 hex digest of the canonical CBOR of a services manifest."""
-    return blake3.blake3(encode_canonical(dict(manifest))).hexdigest()
 
 
 _BUILTIN_TYPES = (bytes, bytearray)
