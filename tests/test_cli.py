@@ -1271,7 +1271,8 @@ def test_stub_prints_a_view_that_pastes_as_is(
     # connect_sync's error) lacked its imports.
     import importlib
 
-    from garcon_link.rpc.interface import service_spec, sync_service_spec
+    from garcon_link.rpc.interface import service_spec
+    from garcon_link.rpc.views import sync_service_spec
 
     (tmp_path / "lab_interface.py").write_bytes((TYPING_FIXTURES / "lab_interface.py").read_bytes())
     monkeypatch.chdir(tmp_path)

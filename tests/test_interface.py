@@ -1,4 +1,4 @@
-"""Tests of garcon_link.rpc.interface and .manifest: what is exposed, values, the contract hash.
+"""Tests of garcon_link.rpc.interface, .manifest and .views: what is exposed, values, the contract.
 
 No sockets here: interfaces are derived, arguments bound and converted, values round-tripped
 through ``to_wire`` + CBOR + ``from_wire`` exactly as the RPC layer does.
@@ -29,10 +29,8 @@ from garcon_link.rpc.interface import (
     omits_defaults,
     registration_problems,
     service_spec,
-    sync_service_spec,
     to_wire,
     unsupported_hint,
-    view_source,
 )
 from garcon_link.rpc.manifest import (
     MAX_SIGNATURE_CHARS,
@@ -40,6 +38,7 @@ from garcon_link.rpc.manifest import (
     manifest_changes,
     manifest_result_hint,
 )
+from garcon_link.rpc.views import sync_service_spec, view_source
 
 
 class Color(enum.Enum):

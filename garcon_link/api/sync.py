@@ -23,7 +23,7 @@ run on the worker).
 Typing. A sync facade cannot be derived from an async ``Protocol`` by a type checker, so the sync
 client is typed by a **sync view** of the interface: a ``Protocol`` of plain ``def`` methods, a
 stream returning ``Iterator[T]`` (or ``Iterable``/``Generator``), ``@gl.oneway def`` for a
-notification (:func:`garcon_link.rpc.interface.sync_service_spec`)::
+notification (:func:`garcon_link.rpc.views.sync_service_spec`)::
 
     class CalculatorSync(Protocol):
         def add(self, a: int, b: int) -> int: ...
@@ -82,8 +82,9 @@ from ..errors import ConfigError, NotDispatched, OutcomeUnknown, Rejected
 from ..limits import Limits
 from ..rpc.contract import Compatibility, compare_method
 from ..rpc.hooks import CallHook
-from ..rpc.interface import ServiceSpec, sync_service_spec
+from ..rpc.interface import ServiceSpec
 from ..rpc.manifest import manifest_changes
+from ..rpc.views import sync_service_spec
 from ..settings.callers import CallerConfig
 from ..settings.config import LinkConfig
 from .controller import Availability, ExecutorInfo, RemoteExecutor, connect

@@ -2,7 +2,7 @@
 
 The interface is imported (the current directory is importable, as for ``worker --service``) and
 its spec derived as a worker would (:func:`~garcon_link.rpc.interface.service_spec`); the printed
-module declares the same contract (:func:`~garcon_link.rpc.interface.view_source`), so a sync
+module declares the same contract (:func:`~garcon_link.rpc.views.view_source`), so a sync
 client accepts ``--sync``'s view against a worker serving the interface.
 """
 
@@ -12,7 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..rpc.interface import service_spec, view_source
+from ..rpc.interface import service_spec
+from ..rpc.views import view_source
 from ._exits import EXIT_OK, UsageError
 from ._worker import import_attribute
 
