@@ -29,6 +29,15 @@ bytes``). What is measured, in each arrangement:
 
 Targets: the hop adds at most 1.5x to the p50 and keeps at least 0.7x of the direct
 calls/s.
+
+``--instructions`` (needs valgrind) measures instead the gateway's own work in instructions
+per relayed call, a figure the machine's load does not move: the gateway child runs under
+callgrind with instrumentation off, one executor and one caller (this process); after a warm-up,
+the counters are zeroed, switched on around ``--instructions-calls`` sequential calls, off and
+dumped, then the same around as many calls made 64 at a time (:func:`_instructions`). The
+gateway's ``receipt_delay`` is raised to 2 s so that its writer's poll ticks (one per
+``receipt_delay`` while receipts are due) do not grow with valgrind's wall time.
+``--callgrind-dir DIR`` keeps the two dumps there for ``callgrind_annotate``.
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -366,17 +377,131 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
         await gateway.aclose()
 
 
+INSTRUCTIONS_LANES = 64
+INSTRUCTIONS_RECEIPT_DELAY = 2.0
+
+
+async def _callgrind(pid: int, *switches: str) -> None:
+    for switch in switches:
+        await anyio.run_process(["callgrind_control", *switch.split(), str(pid)], check=False)
+
+
+def _dump_totals(directory: Path, seen: set[Path]) -> tuple[int, Path]:
+    """The instructions of the one dump written since ``seen`` was taken, and its path."""
+    fresh = sorted(set(directory.glob("gateway.*")) - seen)
+    if len(fresh) != 1:
+        raise RuntimeError(f"expected one new callgrind dump in {directory}, found {fresh}")
+    text = fresh[0].read_text(errors="replace")
+    match = re.search(r"^totals:\s+(\d+)", text, re.M) or re.search(
+        r"^summary:\s+(\d+)", text, re.M
+    )
+    if match is None:
+        raise RuntimeError(f"no totals in {fresh[0]}")
+    return int(match.group(1)), fresh[0]
+
+
+async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Instructions the gateway child executes per relayed call (callgrind; see the module
+    docstring): sequential, then 64 in flight, each over ``args.instructions_calls`` calls."""
+    config = root / "gateway.toml"
+    config.write_text(
+        'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
+        '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["bench-*"]\n'
+        f'executors = ["*"]\n[limits]\nreceipt_delay = {INSTRUCTIONS_RECEIPT_DELAY}\n',
+        encoding="utf-8",
+    )
+    dumps = root / "callgrind"
+    dumps.mkdir()
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        f"--callgrind-out-file={dumps / 'gateway.%p'}",
+        sys.executable,
+        "-m",
+        "benchmarks.relay",
+        "gateway",
+        str(config),
+    ]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    gateway = await anyio.open_process(
+        command, stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=root, env=env
+    )
+    calls = args.instructions_calls
+    per_lane = max(1, calls // INSTRUCTIONS_LANES)
+    out: dict[str, Any] = {"calls": calls, "lanes": INSTRUCTIONS_LANES}
+    try:
+        assert gateway.stdout is not None
+        buffer = b""
+        with anyio.fail_after(300):
+            while b"\n" not in buffer:
+                buffer += await gateway.stdout.receive()
+        url = json.loads(buffer.split(b"\n")[0])["url"]
+        caller = gl.CallerConfig(
+            caller_id="bench-0",
+            secret=read_secret_file(root / "callers" / "bench-0.secret"),
+            dial=url,
+        )
+        async with _workers(url, root / "keys", 1), gl.connect_gateway(caller) as fleet:
+            await fleet.gateway.wait_ready(300)
+            target = fleet.executor(executor_id(0))
+            await target.wait_ready(300)
+            ident = target.service("ident", Ident)
+
+            async def sequential() -> None:
+                for _ in range(calls):
+                    await ident.echo(PAYLOAD)
+
+            async def in_flight() -> None:
+                async def lane() -> None:
+                    for _ in range(per_lane):
+                        await ident.echo(PAYLOAD)
+
+                async with anyio.create_task_group() as tg:
+                    for _ in range(INSTRUCTIONS_LANES):
+                        tg.start_soon(lane)
+
+            for _ in range(50):  # warm-up, instrumentation off
+                await ident.echo(PAYLOAD)
+            with anyio.fail_after(600):
+                for name, phase, count in (
+                    ("sequential", sequential, calls),
+                    ("in_flight_64", in_flight, per_lane * INSTRUCTIONS_LANES),
+                ):
+                    seen = set(dumps.glob("gateway.*"))
+                    await _callgrind(gateway.pid, "-z", "-i on")
+                    await phase()
+                    await _callgrind(gateway.pid, "-i off", "-d")
+                    total, dump = _dump_totals(dumps, seen)
+                    out[f"{name}_instructions_per_call"] = total / count
+                    if args.callgrind_dir is not None:
+                        args.callgrind_dir.mkdir(parents=True, exist_ok=True)
+                        shutil.copy(dump, args.callgrind_dir / f"gateway.{name}")
+    finally:
+        if gateway.returncode is None:
+            gateway.kill()
+        await gateway.wait()
+        await gateway.aclose()
+    return out
+
+
+def _keys(root: Path, args: argparse.Namespace) -> None:
+    for directory in ("keys", "callers"):
+        (root / directory).mkdir(mode=0o700)
+    for index in range(args.executors):
+        write_secret_file(root / "keys" / f"{executor_id(index)}.secret")
+    for number in range(args.callers):
+        write_secret_file(root / "callers" / f"bench-{number}.secret")
+    write_secret_file(root / "callers" / "intruder.secret")  # enrolled, granted nothing
+    write_secret_file(root / "callers" / "bench-greedy.secret")  # granted, floods
+
+
 async def _main(args: argparse.Namespace) -> Any:
     with tempfile.TemporaryDirectory(prefix="garcon-link-relay-") as tmp:
         root = Path(tmp)
-        for directory in ("keys", "callers"):
-            (root / directory).mkdir(mode=0o700)
-        for index in range(args.executors):
-            write_secret_file(root / "keys" / f"{executor_id(index)}.secret")
-        for number in range(args.callers):
-            write_secret_file(root / "callers" / f"bench-{number}.secret")
-        write_secret_file(root / "callers" / "intruder.secret")  # enrolled, granted nothing
-        write_secret_file(root / "callers" / "bench-greedy.secret")  # granted, floods
+        _keys(root, args)
+        if args.instructions:
+            return await _instructions(root, args)
         if args.floods_only:
             return await _through_gateway(root, args)
         direct = await _direct(root, args)
@@ -443,6 +568,25 @@ def main(argv: list[str] | None = None) -> int:
         help="with --floods-only: which flood phases, comma-separated",
     )
     parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="only count the gateway's instructions per relayed call under callgrind (needs "
+        "valgrind; one executor, one caller): sequential, then 64 in flight",
+    )
+    parser.add_argument(
+        "--instructions-calls",
+        type=int,
+        default=640,
+        metavar="N",
+        help="with --instructions: calls counted in each of the two phases (default 640)",
+    )
+    parser.add_argument(
+        "--callgrind-dir",
+        type=Path,
+        metavar="DIR",
+        help="with --instructions: keep the two callgrind dumps in DIR",
+    )
+    parser.add_argument(
         "--profile-gateway",
         type=Path,
         metavar="PATH",
@@ -461,6 +605,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.executors, args.calls, args.seconds, args.maps = 20, 300, 1.0, 2
+    if args.instructions:
+        if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+            parser.error("--instructions needs valgrind (callgrind_control)")
+        if args.instructions_calls < 1:
+            parser.error("--instructions-calls must be at least 1")
+        args.executors, args.callers = 1, 1
+        doc = anyio.run(_main, args)
+        print(json.dumps(doc, indent=2))
+        print(
+            f"gateway instructions per relayed call: sequential "
+            f"{doc['sequential_instructions_per_call'] / 1000:.0f}k, 64 in flight "
+            f"{doc['in_flight_64_instructions_per_call'] / 1000:.0f}k",
+            file=sys.stderr,
+        )
+        return 0
     if args.floods_only:
         args.executors = 1
         print(json.dumps(anyio.run(_main, args), indent=2))

@@ -272,6 +272,7 @@ _plain = st.recursive(
     key=st.one_of(st.none(), st.binary(min_size=1, max_size=8)),
     metadata=st.one_of(st.none(), st.just({"trace": "t"})),
     credit=st.sampled_from([(0, 0), (256, 1 << 20)]),
+    service=st.sampled_from(["svc", "", "s" * 30, "s\u00e9rvice", "\u670d\u52a1" * 50]),
 )
 def test_a_relayed_call_is_byte_for_byte_the_call_it_relays(
     args: list[Any],
@@ -280,12 +281,13 @@ def test_a_relayed_call_is_byte_for_byte_the_call_it_relays(
     key: bytes | None,
     metadata: dict[str, str] | None,
     credit: tuple[int, int],
+    service: str,
 ) -> None:
     payload = cbor2.dumps([args, kwargs])
     arguments = argument_items(payload)
     assert arguments == payload[1:]
-    relayed = encode_relayed_call(call_id, "svc", "m", arguments, key, metadata, credit)
-    assert relayed == encode_call(call_id, "svc", "m", args, kwargs, *credit, key, metadata)
+    relayed = encode_relayed_call(call_id, service, "m", arguments, key, metadata, credit)
+    assert relayed == encode_call(call_id, service, "m", args, kwargs, *credit, key, metadata)
     notify = encode_relayed_notify("svc", "m", arguments, metadata)
     assert notify == encode(Notify("svc", "m", args, kwargs, metadata))
 

@@ -110,3 +110,31 @@ async def test_a_forwards_timeout_and_cancel_end_with_the_peers_receipt(
             await impl.probe.wait("cancelled:a")
             assert len(ends.ended) == 2
             assert pair.rpc.statistics().pending_calls == 0
+
+
+@both_directions
+async def test_forwards_time_out_each_at_its_own_deadline(
+    direction: Direction, anyio_backend: str
+) -> None:
+    """The session's forwards share one timer: one ended early, one with a later deadline and
+    one with an earlier deadline than those queued before it each keep their own outcome."""
+    if anyio_backend != "asyncio":
+        pytest.skip("forward() is asyncio's")
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": impl}) as pair:
+            ends = Ends()
+            answered = forward(pair.rpc, "hold", arguments("a"), ends, timeout=1.0)
+            late = forward(pair.rpc, "hold", arguments("b"), ends, timeout=1.2)
+            early = forward(pair.rpc, "hold", arguments("c"), ends, timeout=0.3)
+            await impl.probe.wait("started:a")
+            impl._release("a")
+            for _ in range(3):
+                await ends.one()
+            assert answered.error is None and answered.encoded == cbor2.dumps("a")
+            assert ends.ended.index(early) < ends.ended.index(late)
+            for done in (early, late):
+                assert isinstance(done.error, gl.OutcomeUnknown) and done.error.code == "TIMEOUT"
+            assert ["cancelled:a" in impl.probe, "cancelled:b" in impl.probe] == [False, True]
+            assert "cancelled:c" in impl.probe
+            assert pair.rpc.statistics().pending_calls == 0

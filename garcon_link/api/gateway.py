@@ -73,6 +73,7 @@ an allowance of their own; the retention budget of the fleet
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import functools
@@ -80,7 +81,7 @@ import inspect
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -434,6 +435,8 @@ class Gateway:
         self._watches: dict[int, _Watch] = {}
         self.fleet._tap(self._fleet_event)
         self._tg: anyio.abc.TaskGroup | None = None
+        # The loop's clock, looked up once (anyio.current_time looks up the backend per call).
+        self._now: Callable[[], float] = anyio.current_time
         self._closed = False
         # What callers make the gateway log: one line per caller and reason per log_interval.
         self._log = PeerLogLimiter(
@@ -449,6 +452,8 @@ class Gateway:
     async def __aenter__(self) -> Gateway:
         # The callers' link and the task group that serves its sessions come first: the
         # fleet's listener hands callers to them from its first socket on.
+        if on_asyncio():
+            self._now = asyncio.get_running_loop().time
         self._link.on_session(self._on_session)
         await self._link.__aenter__()
         tg = anyio.create_task_group()
@@ -977,7 +982,7 @@ class Gateway:
         cannot fill it, nor queue much of its work there ahead of another caller's call."""
         share = (caller, executor)
         held = self._in_flight.get(share, 0)
-        now = anyio.current_time()
+        now = self._now()
         active = self._active.get(executor)
         if active is None:
             if len(self._active) >= MAX_ACTIVE_EXECUTORS:
@@ -1008,7 +1013,7 @@ class Gateway:
             self._in_flight.pop(share, None)
         active = self._active.get(share[1])
         if active is not None:
-            active[share[0]] = anyio.current_time()
+            active[share[0]] = self._now()
         ended = self._ended.pop(share[1], None)
         if ended is not None:
             ended.set()

@@ -207,6 +207,8 @@ class Caller:
         # The running asyncio loop (asyncio's calls wait on a future and a timer, not on a cancel
         # scope and an event), None on another backend; False until the first call looks.
         self._loop: asyncio.AbstractEventLoop | bool | None = False
+        # The forwards' deadlines (forward()), made with the first forward.
+        self._deadlines: _Deadlines | None = None
 
     @property
     def pending(self) -> int:
@@ -227,6 +229,8 @@ class Caller:
                 error = NotDispatched("CONTINUITY_LOST", f"the request never left; {why}")
             self._finish(pending, error=error)
         self._pending.clear()
+        if self._deadlines is not None:
+            self._deadlines.clear()
 
     def _check_open(self) -> None:
         if self._retired is not None:
@@ -496,7 +500,10 @@ class Caller:
         if not self._issue_nowait(pending, body):
             return None
         self.forwards = True
-        forward = pending.forward = Forward(self, pending, loop, timeout, on_end)
+        deadlines = self._deadlines
+        if deadlines is None:
+            deadlines = self._deadlines = _Deadlines(loop, self._pending)
+        forward = pending.forward = Forward(self, pending, loop, timeout, on_end, deadlines)
         return forward
 
     def on_raw_result(self, payload: bytes) -> bool:
@@ -803,6 +810,7 @@ class Forward:
         "_timed_out",
         "_timeout",
         "_timer",
+        "armed",
         "encoded",
         "error",
         "on_end",
@@ -818,6 +826,7 @@ class Forward:
         loop: asyncio.AbstractEventLoop,
         timeout: float,
         on_end: Callable[[Forward], None],
+        deadlines: _Deadlines | None = None,
     ) -> None:
         self._caller = caller
         self.pending = pending
@@ -830,9 +839,14 @@ class Forward:
         self.value: Any = None
         self.error: CallError | None = None
         self.receipt: str | None = None
-        self._timer: asyncio.TimerHandle | None = loop.call_later(timeout, self._expire)
+        self._timer: asyncio.TimerHandle | None = None
+        # While it waits on ``deadlines`` (the usual case), it has no timer of its own.
+        self.armed = deadlines is not None and deadlines.add(self, loop.time() + timeout)
+        if not self.armed:
+            self._timer = loop.call_later(timeout, self._expire)
 
     def _expire(self) -> None:
+        self.armed = False
         if self.pending.ended or self._cancelled:
             return
         self._timed_out = True
@@ -844,6 +858,7 @@ class Forward:
         if self.pending.ended or self._cancelled or self._timed_out:
             return
         self._cancelled = True
+        self.armed = False
         if self._timer is not None:
             self._timer.cancel()
         self._caller._send_cancel(self.pending.id)
@@ -868,6 +883,7 @@ class Forward:
 
     def abandon(self) -> None:
         """Forget it and cancel it on the peer (best effort); ``on_end`` is not told."""
+        self.armed = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -878,6 +894,7 @@ class Forward:
 
     def ended(self) -> None:
         """The pending call ended (:meth:`_Pending.end`): tell ``on_end``."""
+        self.armed = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -905,6 +922,69 @@ class Forward:
         else:
             self.receipt = None
         self.on_end(self)
+
+
+class _Deadlines:
+    """The deadlines of one session's forwards, with one loop timer for all of them (a timer
+    per forward costs a heap push and a cancel on every relayed call).
+
+    Forwards come in the order of their deadlines as long as their timeouts are alike (the
+    relay's default ``call_timeout``): each is appended, and the timer is armed for the first
+    one still waiting. One whose deadline is earlier than the last one's is refused
+    (:meth:`add` returns ``False``) and keeps a timer of its own. A forward that ends, is
+    cancelled or abandoned only clears its ``armed`` flag; the entries it leaves are dropped
+    from the front as new ones come, and the whole queue is compacted once it holds more than
+    twice the session's pending calls (plus :attr:`SLACK`), so it stays within a small multiple
+    of ``max_pending_calls`` whatever the order in which forwards end.
+    """
+
+    SLACK = 64
+
+    __slots__ = ("_loop", "_pending", "_queue", "_timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pending: Mapping[int, _Pending]) -> None:
+        self._loop = loop
+        self._pending = pending
+        self._queue: deque[tuple[float, Forward]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def add(self, forward: Forward, deadline: float) -> bool:
+        queue = self._queue
+        while queue and not queue[0][1].armed:
+            queue.popleft()
+        if queue and deadline < queue[-1][0]:
+            return False
+        if len(queue) > 2 * len(self._pending) + self.SLACK:
+            self._queue = queue = deque(entry for entry in queue if entry[1].armed)
+        queue.append((deadline, forward))
+        if self._timer is None:
+            self._timer = self._loop.call_at(queue[0][0], self._fire)
+        return True
+
+    def _fire(self) -> None:
+        self._timer = None
+        queue = self._queue
+        now = self._loop.time()
+        while queue:
+            deadline, forward = queue[0]
+            if not forward.armed:
+                queue.popleft()
+            elif deadline <= now:
+                queue.popleft()
+                forward._expire()
+            else:
+                self._timer = self._loop.call_at(deadline, self._fire)
+                return
+
+    def clear(self) -> None:
+        """Forget every deadline (the session retired: its forwards have ended)."""
+        self._queue.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class Expected:

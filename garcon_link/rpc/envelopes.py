@@ -293,13 +293,32 @@ def encode_relayed_call(
     """``encode_call(...)`` of a call whose ``args`` and ``kwargs`` are already encoded:
     ``arguments`` is their two CBOR items back to back, framed by
     :func:`~garcon_link.core.wire.argument_items` (a relay forwards them without decoding)."""
-    tail: list[Any] = list(credit)
+    # Written by hand (what cbor2.dumps of the call would write, heads in shortest form): it
+    # is on every relayed call's path, and only the key and metadata need an encoder.
+    items, credit_items, credit_bytes = 8, *credit
     if metadata:
-        tail += (key, metadata)
+        items += 2
+        tail = cbor2.dumps(key) + cbor2.dumps(metadata)
     elif key is not None:
-        tail.append(key)
-    head = cbor2.dumps([CALL, call_id, service, method])  # 0x84 and four items
-    return b"".join((bytes((0x80 | (6 + len(tail)),)), head[1:], arguments, cbor2.dumps(tail)[1:]))
+        items += 1
+        tail = cbor2.dumps(key)
+    else:
+        tail = b""
+    service_bytes, method_bytes = service.encode(), method.encode()
+    return b"".join(
+        (
+            bytes((0x80 | items, CALL)),
+            encode_head(0, call_id),
+            encode_head(3, len(service_bytes)),
+            service_bytes,
+            encode_head(3, len(method_bytes)),
+            method_bytes,
+            arguments,
+            encode_head(0, credit_items),
+            encode_head(0, credit_bytes),
+            tail,
+        )
+    )
 
 
 def encode_relayed_notify(

@@ -171,6 +171,9 @@ class Handlers:
         self._context = contextvars.copy_context()
         # A call's cancel scope, for the backend that runs them (set by attach).
         self.new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
+        # The scope of every held call (hold): never entered, as no handler runs for one; a
+        # cancel or a retirement is told to its on_cancel instead.
+        self._held_scope: anyio.CancelScope | None = None
         # asyncio: handlers of the message being dispatched, started at its end.
         self.to_start: deque[tuple[Incoming, Coroutine[Any, Any, None]]] = deque()
 
@@ -306,7 +309,10 @@ class Handlers:
         answers with :meth:`reply_held` or gives it up with :meth:`release_held`; a ``cancel``
         or the session's retirement is told to ``on_cancel`` (``True``: retired, nothing can be
         sent)."""
-        incoming = Incoming(0, 0, self.new_scope())
+        scope = self._held_scope
+        if scope is None:
+            scope = self._held_scope = self.new_scope()
+        incoming = Incoming(0, 0, scope)
         incoming.started = True
         incoming.on_cancel = on_cancel
         self.incoming[call_id] = incoming
