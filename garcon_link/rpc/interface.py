@@ -136,7 +136,9 @@ def oneway(func: F) -> F:
     """Mark an interface method as a one-way notification: sent, never answered.
 
     The facade method returns once the notification is queued on the session; the handler's
-    result and exceptions are discarded (exceptions are logged on the receiving side).
+    result and exceptions are discarded (exceptions are logged on the receiving side). Arguments
+    the receiver refuses (types, constraints) are counted there (``oneway_refused`` in its
+    statistics) and logged, at most once per ``Limits.log_interval``; the caller is not told.
     """
     setattr(func, _ONEWAY_ATTR, True)
     return func
