@@ -80,7 +80,11 @@ async def _run(size: int, bodies: int, rounds: int) -> None:
     limits = Limits()
     transport = _Loopback(limits)
     sender = ChunkSender(
-        transport, limits.bulk_chunk_bytes, limits.bulk_window_bytes, limits.max_frame_bytes
+        transport,
+        limits.bulk_chunk_bytes,
+        limits.bulk_window_bytes,
+        limits.max_frame_bytes,
+        transfers=limits.bulk_transfers,
     )
     body = bytes(range(256)) * (size // 256)
     for _ in range(3):

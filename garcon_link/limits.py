@@ -396,6 +396,17 @@ class Limits:
             "call (one chunk while small messages are sent alongside)."
         ),
     )
+    bulk_transfers: int = field(
+        default=4,
+        metadata=_doc(
+            "Transfers in parts one direction of a session runs at once, taking turns part by "
+            "part (a further one waits for a slot). This side tells its peer its own count, "
+            "and each sends at most the smaller of its own and the peer's; a peer sending one "
+            "more has it refused. A receiver holds up to this many partial bodies (each up to "
+            "max_frame_bytes), plus one from a peer that does not number its transfers.",
+            maximum=64,
+        ),
+    )
 
     # contracts (garcon_link.rpc.contract)
     max_manifest_bytes: int = field(

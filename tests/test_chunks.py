@@ -27,7 +27,6 @@ from garcon_link.rpc.chunks import (
     FINAL,
     INTERACTIVE_S,
     MAX_TRANSFER_ID,
-    MAX_TRANSFERS,
     MIN_CHARGE,
     MORE,
     PART,
@@ -39,13 +38,14 @@ from garcon_link.rpc.chunks import (
     parse_part,
     parse_transfer_part,
 )
-from garcon_link.rpc.rpc import CALL, current_rpc
+from garcon_link.rpc.rpc import CALL, NOTIFY, current_rpc
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 DEADLINE = 20
 CHUNK = 16 * 1024
 BULK = LIMITS.replace(bulk_chunk_bytes=CHUNK, bulk_window_bytes=4 * CHUNK, receipt_bytes=CHUNK)
+TRANSFERS = BULK.bulk_transfers
 
 
 # ---------------------------------------------------------------------------------- reassembler
@@ -229,7 +229,9 @@ async def test_a_transfer_yields_to_small_messages_sent_alongside() -> None:
     now = [100.0]
     transport = _PacedTransport()
     chunk, window = 64 * 1024, 256 * 1024
-    sender = ChunkSender(transport, chunk, window, 16 * 1024 * 1024, clock=lambda: now[0])
+    sender = ChunkSender(
+        transport, chunk, window, 16 * 1024 * 1024, transfers=TRANSFERS, clock=lambda: now[0]
+    )
     body = os.urandom(4 * chunk + 100)
 
     await sender.send(body)
@@ -263,7 +265,9 @@ async def test_the_sender_sends_at_least_two_parts_that_reassemble(extra: int) -
     one), from one byte over the chunk up; the receiver gets it back whole."""
     transport = _RecordingTransport()
     chunk = 64 * 1024
-    sender = ChunkSender(transport, chunk, 4 * chunk, 16 * 1024 * 1024, clock=lambda: 0.0)
+    sender = ChunkSender(
+        transport, chunk, 4 * chunk, 16 * 1024 * 1024, transfers=TRANSFERS, clock=lambda: 0.0
+    )
     body = os.urandom(chunk + extra)
     await sender.send(body)
     assert len(transport.bodies) >= 2
@@ -280,7 +284,7 @@ async def test_the_sender_sends_at_least_two_parts_that_reassemble(extra: int) -
 
 
 def test_transfers_with_ids_interleave_part_by_part() -> None:
-    t = Transfers(100 * MIN_CHARGE)
+    t = Transfers(100 * MIN_CHARGE, transfers=TRANSFERS)
     fed = t.feed(1, MORE, b"a1")
     assert fed is not None and fed[1:] == (True, None)
     assert t.feed(2, MORE, b"b1") is not None
@@ -317,7 +321,7 @@ def test_transfers_with_ids_interleave_part_by_part() -> None:
     ],
 )
 def test_a_transfer_id_of_another_type_or_size_is_a_violation(transfer: Any) -> None:
-    t = Transfers(100 * MIN_CHARGE)
+    t = Transfers(100 * MIN_CHARGE, transfers=TRANSFERS)
     with pytest.raises(PartViolation, match="transfer id"):
         t.feed(transfer, MORE, b"x")
     assert (t.in_progress, t.buffered) == (0, 0)
@@ -325,7 +329,7 @@ def test_a_transfer_id_of_another_type_or_size_is_a_violation(transfer: Any) -> 
 
 
 def test_unknown_reused_and_too_many_transfers_are_violations() -> None:
-    t = Transfers(100 * MIN_CHARGE)
+    t = Transfers(100 * MIN_CHARGE, transfers=TRANSFERS)
     assert t.feed(5, MORE, b"x") is not None
     assert t.feed(5, FINAL, b"y") is not None
     for reused in (5, 4, 1):  # ended, or never begun below the highest id seen
@@ -335,7 +339,7 @@ def test_unknown_reused_and_too_many_transfers_are_violations() -> None:
         t.feed(6, FINAL, b"x")  # a final part begins no transfer
     with pytest.raises(PartViolation, match="ends a transfer in progress"):
         t.feed(7, ABORT, b"")
-    opened = range(10, 10 + MAX_TRANSFERS)
+    opened = range(10, 10 + TRANSFERS)
     for transfer in opened:
         assert t.feed(transfer, MORE, b"x") is not None
     with pytest.raises(PartViolation, match="transfers at once"):
@@ -344,14 +348,14 @@ def test_unknown_reused_and_too_many_transfers_are_violations() -> None:
     assert t.feed(20, FINAL, b"x") is None
     with pytest.raises(PartViolation, match="unknown or ended"):
         t.feed(20, MORE, b"x")  # ended with its final part
-    assert t.in_progress == MAX_TRANSFERS
+    assert t.in_progress == TRANSFERS
     for transfer in opened:
         assert t.feed(transfer, ABORT, b"") is not None
-    assert (t.in_progress, t.buffered, t.aborted) == (0, 0, MAX_TRANSFERS)
+    assert (t.in_progress, t.buffered, t.aborted) == (0, 0, TRANSFERS)
 
 
 def test_a_violation_inside_a_transfer_discards_only_its_rest() -> None:
-    t = Transfers(4 * MIN_CHARGE)
+    t = Transfers(4 * MIN_CHARGE, transfers=TRANSFERS)
     assert t.feed(1, MORE, b"a") is not None
     assert t.feed(2, MORE, b"b") is not None
     with pytest.raises(PartViolation, match="exceeds"):
@@ -397,8 +401,11 @@ async def test_two_transfers_take_turns_part_by_part(interleave: bool) -> None:
     them), the second waits for the first to end and its parts carry no id."""
     transport = _RecordingTransport()
     chunk = 16 * 1024
-    sender = ChunkSender(transport, chunk, 4 * chunk, 16 * 1024 * 1024, clock=lambda: 0.0)
-    sender.interleave = interleave
+    sender = ChunkSender(
+        transport, chunk, 4 * chunk, 16 * 1024 * 1024, transfers=TRANSFERS, clock=lambda: 0.0
+    )
+    if interleave:
+        sender.read_ids(TRANSFERS)
     bodies = [os.urandom(8 * chunk), os.urandom(8 * chunk + 1)]
     async with anyio.create_task_group() as tg:
         for body in bodies:
@@ -410,7 +417,7 @@ async def test_two_transfers_take_turns_part_by_part(interleave: bool) -> None:
     else:
         assert ids == [None] * 16
         assert [flags for flags, _ in parts] == ([MORE] * 7 + [FINAL]) * 2
-    receiver = Transfers(16 * 1024 * 1024)
+    receiver = Transfers(16 * 1024 * 1024, transfers=TRANSFERS)
     done = []
     for body, (_, transfer) in zip(transport.bodies, parts, strict=True):
         fed = receiver.feed(transfer, *_flags_chunk(body))
@@ -430,23 +437,68 @@ def _flags_chunk(body: bytes) -> tuple[int, memoryview]:
     return plain
 
 
+@pytest.mark.parametrize(("ours", "theirs"), [(4, 2), (2, 4), (3, 3)])
+async def test_the_sender_runs_the_smaller_of_its_and_the_peers_transfers(
+    ours: int, theirs: int
+) -> None:
+    """A sender whose peer said it holds ``theirs`` transfers at once runs at most
+    ``min(ours, theirs)``: a receiver bounded by ``theirs`` refuses none of them."""
+    transport = _RecordingTransport()
+    chunk = 16 * 1024
+    sender = ChunkSender(
+        transport, chunk, 4 * chunk, 16 * 1024 * 1024, transfers=ours, clock=lambda: 0.0
+    )
+    sender.read_ids(theirs)
+    assert sender.most == min(ours, theirs)
+    peak = 0
+
+    async def send(n: int) -> None:
+        await sender.send(os.urandom(4 * chunk + n))
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, sender.active)
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        async with anyio.create_task_group() as senders:
+            for n in range(6):
+                senders.start_soon(send, n)
+        tg.cancel_scope.cancel()
+    assert peak == min(ours, theirs)
+    receiver = Transfers(16 * 1024 * 1024, transfers=theirs)
+    most = 0
+    for body in transport.bodies:
+        numbered = parse_transfer_part(body)
+        assert numbered is not None
+        assert receiver.feed(numbered[1], numbered[0], numbered[2]) is not None
+        most = max(most, receiver.in_progress)
+    assert (receiver.completed, most) == (6, min(ours, theirs))
+
+
 async def test_more_transfers_than_the_bound_wait_for_a_slot() -> None:
     transport = _RecordingTransport()
     chunk = 16 * 1024
-    sender = ChunkSender(transport, chunk, 4 * chunk, 16 * 1024 * 1024, clock=lambda: 0.0)
-    sender.interleave = True
-    count = MAX_TRANSFERS + 2
+    sender = ChunkSender(
+        transport, chunk, 4 * chunk, 16 * 1024 * 1024, transfers=TRANSFERS, clock=lambda: 0.0
+    )
+    sender.read_ids(TRANSFERS)
+    count = TRANSFERS + 2
     async with anyio.create_task_group() as tg:
         for n in range(count):
             tg.start_soon(sender.send, os.urandom(4 * chunk + n))
-    receiver = Transfers(16 * 1024 * 1024)  # refuses a transfer beyond the bound: none here
+    receiver = Transfers(
+        16 * 1024 * 1024, transfers=TRANSFERS
+    )  # refuses a transfer beyond the bound: none here
     ids = []
     for body in transport.bodies:
         numbered = parse_transfer_part(body)
         assert numbered is not None
         ids.append(numbered[1])
         assert receiver.feed(numbered[1], numbered[0], numbered[2]) is not None
-        assert receiver.in_progress <= MAX_TRANSFERS
+        assert receiver.in_progress <= TRANSFERS
     assert sorted(set(ids)) == list(range(1, count + 1))
     assert receiver.completed == count
 
@@ -461,23 +513,25 @@ class _FullTransport(_RecordingTransport):
 async def test_an_owed_abort_frees_its_slot_when_issued() -> None:
     transport = _FullTransport()
     chunk = 16 * 1024
-    sender = ChunkSender(transport, chunk, 4 * chunk, 16 * 1024 * 1024, clock=lambda: 0.0)
-    sender.interleave = True
+    sender = ChunkSender(
+        transport, chunk, 4 * chunk, 16 * 1024 * 1024, transfers=TRANSFERS, clock=lambda: 0.0
+    )
+    sender.read_ids(TRANSFERS)
     async with anyio.create_task_group() as tg:
-        for _ in range(MAX_TRANSFERS):
+        for _ in range(TRANSFERS):
             tg.start_soon(sender.send, os.urandom(4 * chunk))
-        while sender.active < MAX_TRANSFERS:  # each began: issued its first part
+        while sender.active < TRANSFERS:  # each began: issued its first part
             await anyio.lowlevel.checkpoint()
         tg.cancel_scope.cancel()
-    assert sender.active == MAX_TRANSFERS  # every abort owed: every slot taken
+    assert sender.active == TRANSFERS  # every abort owed: every slot taken
     await sender.send(os.urandom(4 * chunk))  # issues the owed aborts, then goes
-    assert sender.active == 0 and sender.aborts_sent == MAX_TRANSFERS
-    receiver = Transfers(16 * 1024 * 1024)
+    assert sender.active == 0 and sender.aborts_sent == TRANSFERS
+    receiver = Transfers(16 * 1024 * 1024, transfers=TRANSFERS)
     for body in transport.bodies:
         numbered = parse_transfer_part(body)
         assert numbered is not None
         assert receiver.feed(numbered[1], numbered[0], numbered[2]) is not None
-    assert (receiver.aborted, receiver.completed, receiver.in_progress) == (MAX_TRANSFERS, 1, 0)
+    assert (receiver.aborted, receiver.completed, receiver.in_progress) == (TRANSFERS, 1, 0)
 
 
 class Bulk(Protocol):
@@ -871,6 +925,79 @@ async def test_two_large_results_in_one_session_make_progress_together(
             assert (stats.part_violations, stats.transfers_in_progress) == (0, 0)
 
 
+class _Together(BulkImpl):
+    """Echoes after the first hold their results until ``count`` echoes have begun, so the
+    results go out together."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self._count = count
+        self._begun = 0
+        self._all = anyio.Event()
+
+    async def echo(self, data: bytes) -> bytes:
+        self._begun += 1
+        if self._begun == self._count:
+            self._all.set()
+        elif self._begun > 1:
+            await self._all.wait()
+        return data
+
+
+@both_directions
+@pytest.mark.parametrize("smaller", ["worker", "controller"])
+async def test_each_side_sends_no_more_transfers_than_the_peer_holds(
+    direction: Direction, smaller: str
+) -> None:
+    """One side holds one transfer at a time (``bulk_transfers=1``), the other four: the
+    ``$link.parts`` each sends carries its count, so three large echoes at once (arguments one
+    way, results the other, released together) are never refused by either side."""
+    one = BULK.replace(bulk_transfers=1)
+    limits, worker_limits = (BULK, one) if smaller == "worker" else (one, BULK)
+    impl = _Together(4)  # the warm-up echo, then the three
+    payloads = [os.urandom(8 * CHUNK + n) for n in range(3)]
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(
+            direction, {"bulk": impl}, limits=limits, worker_limits=worker_limits
+        ) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            # Parts both ways first: each side has read the other's $link.parts.
+            assert await bulk.echo(payloads[0][: 2 * CHUNK]) == payloads[0][: 2 * CHUNK]
+            results: list[bytes] = []
+
+            async def echo(payload: bytes) -> None:
+                results.append(await bulk.echo(payload))
+
+            async with anyio.create_task_group() as tg:
+                for payload in payloads:
+                    tg.start_soon(echo, payload)
+            assert sorted(results) == sorted(payloads)
+            for stats in (pair.rpc.statistics(), pair.worker_rpc.statistics()):
+                assert (stats.part_violations, stats.transfers_received) == (0, 4)
+
+
+@both_directions
+async def test_a_parts_notice_with_a_bad_count_is_dropped(direction: Direction) -> None:
+    """A ``$link.parts`` whose count is not an integer >= 1 is dropped and counted; the side
+    that got it keeps sending one transfer at a time, and the session serves on."""
+    impl = BulkImpl()
+    bad_counts: list[Any] = [0, -1, "4", True, 1.5, None, [4]]
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"bulk": impl}, limits=BULK) as pair:
+            bulk = pair.executor.service("bulk", Bulk)
+            for bad in bad_counts:
+                await raw_send(pair.rpc, [NOTIFY, "$link", "parts", [bad], {}])
+            assert await bulk.small(0) == 0  # in order behind the notices
+            stats = pair.worker_rpc.statistics()
+            assert (stats.malformed_envelopes, stats.notifications_dropped) == (
+                len(bad_counts),
+                0,
+            )
+            payload = os.urandom(8 * CHUNK)
+            assert await bulk.echo(payload) == payload
+            assert pair.worker_rpc.statistics().part_violations == 0
+
+
 # Every CBOR major type and some sizes as a transfer id: each a part violation, nothing held.
 _BAD_IDS = [
     0,
@@ -915,19 +1042,19 @@ async def test_hostile_transfer_ids_are_violations_and_the_session_stays(
             await raw_send(rpc, encode_part(MORE, b"y", 999))
             await raw_send(rpc, encode_part(FINAL, b"y", 1001))
             await raw_send(rpc, encode_part(ABORT, b"", 1002))
-            for transfer in range(2000, 2000 + MAX_TRANSFERS + 1):
+            for transfer in range(2000, 2000 + TRANSFERS + 1):
                 await raw_send(rpc, encode_part(MORE, b"z" * CHUNK, transfer))
-            await raw_send(rpc, encode_part(MORE, b"z", 2000 + MAX_TRANSFERS))  # discarded
+            await raw_send(rpc, encode_part(MORE, b"z", 2000 + TRANSFERS))  # discarded
             assert await bulk.small(1) == 1  # in order behind all of the above
             stats = worker_rpc.statistics()
             assert stats.part_violations == base + 5
             assert stats.malformed_envelopes == 1
-            assert stats.transfers_in_progress == MAX_TRANSFERS
-            assert stats.part_buffered == MAX_TRANSFERS * CHUNK
-            for transfer in range(2000, 2000 + MAX_TRANSFERS):
+            assert stats.transfers_in_progress == TRANSFERS
+            assert stats.part_buffered == TRANSFERS * CHUNK
+            for transfer in range(2000, 2000 + TRANSFERS):
                 await raw_send(rpc, encode_part(ABORT, b"", transfer))
             assert await bulk.small(2) == 2
             stats = worker_rpc.statistics()
             assert (stats.transfers_in_progress, stats.part_buffered) == (0, 0)
-            assert (stats.transfers_aborted, stats.transfers_received) == (1 + MAX_TRANSFERS, 0)
+            assert (stats.transfers_aborted, stats.transfers_received) == (1 + TRANSFERS, 0)
             assert impl.ledger == ["small:0", "small:1", "small:2"]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from test_cli import CLI, FAST_LIMITS, Worker, assert_one_error_line, run_cli
+from test_systemd import rest
 
 import garcon_link as gl
 from garcon_link import cli
@@ -52,8 +53,10 @@ def worker_config(directory: Path, executor_id: str, connection: str) -> Path:
     return path
 
 
-def start_worker(directory: Path, config: Path, who: str) -> Worker:
-    env = {**os.environ, "WHO": who, "PYTHONPATH": str(directory)}
+def start_worker(
+    directory: Path, config: Path, who: str, env: dict[str, str] | None = None
+) -> Worker:
+    env = {**os.environ, "WHO": who, "PYTHONPATH": str(directory), **(env or {})}
     return Worker(config, "who=svc:Who", cwd=directory, env=env)
 
 
@@ -193,13 +196,18 @@ def test_call_reaches_the_executor_named_with_executor(fleet_dir: Path) -> None:
 
 
 def test_a_worker_whose_id_another_process_took_over_exits_7(fleet_dir: Path) -> None:
+    """The first worker exits 7 and, under systemd, says ``STOPPING=1`` once, naming the
+    takeover (its worker's own close says no other)."""
     controller = start_fleet(listening_fleet_config(fleet_dir, 0), fleet_dir)
     first = second = None
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(fleet_dir / "notify"))
     try:
         lines = Lines(controller)
         url = json.loads(lines.wait(lambda line: '"listening"' in line))["url"]
         cfg = worker_config(fleet_dir, "box-1", f'dial = "{url}"')
-        first = start_worker(fleet_dir, cfg, "first")
+        systemd = {"NOTIFY_SOCKET": str(fleet_dir / "notify")}
+        first = start_worker(fleet_dir, cfg, "first", env=systemd)
         first.wait_line("executor-ready")
         first.process.send_signal(signal.SIGSTOP)  # its socket stops answering
         second = start_worker(fleet_dir, cfg, "second")
@@ -210,7 +218,11 @@ def test_a_worker_whose_id_another_process_took_over_exits_7(fleet_dir: Path) ->
         errors = [line for line in first.stderr().splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and "another process took over executor id 'box-1'" in errors[0]
         assert second.process.poll() is None  # the newer one keeps serving
+        said = [message for message in rest(notify) if "STOPPING" in message]
+        status = "executor box-1: taken over by another process"
+        assert said == [{"STOPPING": "1", "STATUS": status}]
     finally:
+        notify.close()
         for worker in (first, second):
             if worker is not None:
                 worker.process.send_signal(signal.SIGCONT)

@@ -3,9 +3,11 @@ worker's, every kind of change in both directions, from real interfaces and from
 
 from __future__ import annotations
 
+import types
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+import msgspec
 import pytest
 
 import garcon_link as gl
@@ -17,7 +19,7 @@ from garcon_link.rpc.contract import (
     service_version,
 )
 from garcon_link.rpc.interface import service_spec
-from garcon_link.rpc.manifest import MAX_SIGNATURE_CHARS
+from garcon_link.rpc.manifest import MAX_SIGNATURE_CHARS, manifest_changes
 
 C, A, I, R = (  # noqa: E741 -- one letter per column of the table
     Compatibility.COMPATIBLE,
@@ -287,3 +289,135 @@ def test_the_service_version_is_the_contract_not_its_descriptions() -> None:
     assert service_version(methods) == service_version(described)
     assert len(service_version(methods)) == 12
     assert service_version(methods) != service_version({"add": unary("(a: int) -> str")})
+
+
+# msgspec Structs declared ``array_like=True`` travel as arrays: their fields by position. The
+# signature text names the type only, so the manifest says how such a type is laid out.
+
+
+class PointV1(msgspec.Struct, array_like=True):
+    x: int
+    y: int
+
+
+class PointReordered(msgspec.Struct, array_like=True):
+    y: int
+    x: int
+
+
+class PointRemoved(msgspec.Struct, array_like=True):
+    x: int
+
+
+class PointAppended(msgspec.Struct, array_like=True):
+    x: int
+    y: int
+    z: int = 0
+
+
+class PointAppendedRequired(msgspec.Struct, array_like=True):
+    x: int
+    y: int
+    z: int
+
+
+class PointRetyped(msgspec.Struct, array_like=True):
+    x: int
+    y: str
+
+
+class PointAsMap(msgspec.Struct):
+    x: int
+    y: int
+
+
+class PointMapReordered(msgspec.Struct):
+    y: int
+    x: int
+
+
+def _shapes(point: type) -> dict[str, Any]:
+    """A ``geo`` service whose methods take and return ``point`` (also nested), declared under
+    one name, ``Point``, as two versions of one program would."""
+    point.__qualname__ = point.__name__ = "Point"
+
+    async def move(self: Any, p: Any, by: int = 1) -> Any: ...
+
+    async def bounds(self: Any) -> Any: ...
+
+    move.__annotations__ = {"p": point, "by": int, "return": point}
+    bounds.__annotations__ = {"return": list[point]}  # type: ignore[valid-type]
+    geo = types.new_class(
+        "Geo", (Protocol,), exec_body=lambda ns: ns.update(move=move, bounds=bounds)
+    )
+    return service_spec(geo).manifest()
+
+
+@pytest.mark.parametrize(
+    ("worker", "verdict", "difference"),
+    [
+        (PointV1, C, ""),
+        (PointReordered, I, "positional"),
+        (PointRemoved, I, "positional"),
+        (PointRetyped, I, "positional"),
+        (PointAppendedRequired, I, "positional"),
+        (PointAppended, A, "new optional field"),
+    ],
+    ids=["same", "reordered", "removed", "retyped", "appended-required", "appended"],
+)
+def test_an_array_like_struct_is_compared_by_position(
+    worker: type, verdict: Compatibility, difference: str
+) -> None:
+    """Reordering, removing, retyping the fields of an ``array_like`` struct, or appending a
+    required one, changes what each position means: incompatible, though the signature text is
+    the same. An optional field appended at the end is additive (msgspec fills it in from a
+    shorter array, and ignores it in a longer one)."""
+    view = _shapes(PointV1)
+    offered = _shapes(worker)
+    for method in ("move", "bounds"):
+        got, text = compare_method(view[method], offered[method])
+        assert got is verdict, (method, text)
+        assert difference in text
+        assert (text == "") is (got is C)
+    if worker is not PointV1:
+        assert service_version(view) != service_version(offered)
+        changes = manifest_changes({"geo": view}, {"geo": offered})
+        assert len(changes) == 2 and "positional" in changes[0], changes
+
+
+def test_a_worker_listing_no_layouts_is_compared_on_its_signature() -> None:
+    """A worker of an earlier version lists no layouts: its methods are compared on their
+    signature text, as before, so callers may be upgraded first. A worker that lists layouts,
+    but not of a struct the view has as ``array_like``, has dropped ``array_like`` from it."""
+    view = _shapes(PointV1)
+    old_worker = {
+        name: {k: v for k, v in entry.items() if k != "positional"} for name, entry in view.items()
+    }
+    assert compare_method(view["move"], old_worker["move"]) == (C, "")
+    as_map = _shapes(PointAsMap)["move"]
+    assert "positional" not in as_map
+    assert compare_method(view["move"], as_map) == (C, "")  # the one case this cannot tell
+    other = {**as_map, "positional": {"Other": ["x: int"]}}
+    got, text = compare_method(view["move"], other)
+    assert got is I and "not positional" in text, text
+
+
+def test_a_map_struct_may_reorder_its_fields() -> None:
+    """A struct without ``array_like`` travels as a map keyed by field name: its field order is
+    not part of the contract, and its manifest entry is the signature alone."""
+    view, offered = _shapes(PointAsMap), _shapes(PointMapReordered)
+    assert compare_method(view["move"], offered["move"]) == (C, "")
+    assert set(view["move"]) == {"kind", "signature"}
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["junk", {"Point": "x: int"}, {"Point": [1, 2]}, {"Point": ["x: int"] * 10_000}, {1: []}],
+    ids=["text", "fields-text", "fields-numbers", "long", "name-number"],
+)
+def test_a_worker_layout_that_cannot_be_read_is_incompatible(layout: Any) -> None:
+    view = _shapes(PointV1)["move"]
+    offered = {**view, "positional": layout}
+    got, text = compare_method(view, offered)
+    assert got is I
+    assert len(text) < 600

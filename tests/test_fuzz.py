@@ -121,7 +121,6 @@ from garcon_link.limits import Limits
 from garcon_link.logs import PEER_TEXT_CHARS, peer_text
 from garcon_link.rpc.chunks import (
     FINAL,
-    MAX_TRANSFERS,
     MORE,
     PART,
     parse_part,
@@ -762,7 +761,7 @@ def test_strategies_produce_every_major_type_and_the_hostile_sizes() -> None:
 
 @pytest.mark.anyio
 @fuzz("rpc_transfer_ids")
-@given(ids=st.lists(cbor_values, min_size=1, max_size=MAX_TRANSFERS, unique_by=encode))
+@given(ids=st.lists(cbor_values, min_size=1, max_size=Limits().bulk_transfers, unique_by=encode))
 @example(ids=[0, -1, 2**63, 2**64 - 1, 2**64])
 @example(ids=[None, [[[[[[1]]]]]], {1: 1}, b"\x01"])
 async def test_fuzz_transfer_ids(ids: list[Any]) -> None:

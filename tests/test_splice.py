@@ -149,7 +149,7 @@ async def test_a_large_value_is_sent_a_part_at_a_time() -> None:
     chunk = 256 * 1024
     value = os.urandom(8 * MiB)
     transport = _RecordingTransport()
-    sender = ChunkSender(transport, chunk, 4 * chunk, LIMIT, clock=lambda: 0.0)
+    sender = ChunkSender(transport, chunk, 4 * chunk, LIMIT, transfers=4, clock=lambda: 0.0)
     _call([value], {})  # once before: first-use caches of the splice path are not the call's
     tracemalloc.start()
     try:
@@ -298,7 +298,7 @@ async def test_one_part_per_loop_turn() -> None:
             return self.issued
 
     chunk = 64 * 1024
-    sender = ChunkSender(Transport(), chunk, 64 * chunk, LIMIT, clock=lambda: 0.0)
+    sender = ChunkSender(Transport(), chunk, 64 * chunk, LIMIT, transfers=4, clock=lambda: 0.0)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(ticker)

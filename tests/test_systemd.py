@@ -224,9 +224,26 @@ def stop(process: subprocess.Popen[str]) -> tuple[int, str, str]:
     return process.returncode, out, err
 
 
+def rest(sock: socket.socket) -> list[dict[str, str]]:
+    """The datagrams already waiting on ``sock`` (once the sender has exited: all it sent)."""
+    got: list[dict[str, str]] = []
+    sock.setblocking(False)
+    try:
+        while True:
+            try:
+                data = sock.recv(4096)
+            except BlockingIOError:
+                return got
+            got.append(dict(line.split("=", 1) for line in data.decode().splitlines()))
+    finally:
+        sock.setblocking(True)
+
+
 def test_the_worker_says_ready_watchdog_and_stopping(
     tmp_path: Path, notify_socket: tuple[socket.socket, str]
 ) -> None:
+    """The command's worker is a ``gl.Worker(systemd=True)`` told the signal: one ``READY=1``,
+    beats, and one ``STOPPING=1`` naming the signal (closing the worker says no other)."""
     sock, path = notify_socket
     config = write_config(tmp_path, 'listen = "127.0.0.1:0"')
     process = start_worker(config, {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"})
@@ -243,6 +260,9 @@ def test_the_worker_says_ready_watchdog_and_stopping(
     assert code == 0, err
     assert "executor-stopping executor=sd-box reason=SIGTERM" in out
     assert "systemd" not in err  # nothing went wrong telling it
+    seen += rest(sock)
+    assert [m for m in seen if "READY" in m] == [ready]
+    assert [m for m in seen if "STOPPING" in m] == [stopping]
 
 
 def test_a_dialing_worker_is_ready_before_any_controller_answers(

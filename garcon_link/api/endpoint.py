@@ -127,6 +127,11 @@ class ExecutorStatistics:
             controller.
         controllers_omitted: the worker's sessions past that bound, not in ``controllers``
             (they are in the sums).
+        oneway_refused: the peer's one-way calls (``gl.oneway`` methods, notifications) refused
+            without running because their arguments or metadata failed the method's contract
+            (types, constraints): no reply tells the caller, so this count and a rate-limited
+            WARNING are where it shows. Each is also in ``calls.server`` (``rejected`` and its
+            code, as a refused call).
     """
 
     executor_id: str
@@ -154,6 +159,7 @@ class ExecutorStatistics:
         default_factory=lambda: types.MappingProxyType({})
     )
     controllers_omitted: int = field(default=0, metadata={"metric": "gauge"})
+    oneway_refused: int = 0
 
 
 class SessionTotals:
@@ -234,6 +240,7 @@ class SessionTotals:
                 {label: ControllerStatistics.of(r) for label, r in shown.items()}
             ),
             controllers_omitted=len(rows) - len(shown),
+            oneway_refused=observer.oneway_refused,
         )
 
 

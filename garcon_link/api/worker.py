@@ -162,6 +162,7 @@ class Worker(Endpoint):
         self._closed = False
         self._systemd = systemd
         self._notifier: SystemdNotifier | None = None  # once entered, with ``systemd``
+        self._said_stopping = False  # STOPPING=1 is sent once
         # Hot inventory (module docstring): services added or removed while running, applied
         # over ``services`` in every session; the RPCs of the sessions being served; the
         # sequence number of the latest announcement; RPCs with an announcement due.
@@ -415,8 +416,8 @@ class Worker(Endpoint):
         if self._closed:
             return
         seconds = self.drain if drain is None else drain
-        if self._notifier is not None and not self._draining:
-            self._notifier.stopping(
+        if not self._draining:
+            self._stopping(
                 f"executor {self.config.executor_id}: "
                 + (f"draining for up to {seconds:g}s" if seconds > 0 else "stopping")
             )
@@ -439,6 +440,14 @@ class Worker(Endpoint):
                         finally:
                             self._close_notifier()
                             await self._close_state()
+
+    def _stopping(self, status: str) -> None:
+        """Tell systemd the worker is stopping (``STOPPING=1``, ``STATUS=status``), once; nothing
+        without ``systemd``. :meth:`aclose` says it; ``garcon-link worker`` says it first, with
+        the signal that stops it."""
+        if self._notifier is not None and not self._said_stopping:
+            self._said_stopping = True
+            self._notifier.stopping(status)
 
     async def _drain(self, seconds: float) -> None:
         self._draining = True

@@ -5,9 +5,10 @@ Theory of operation
 -------------------
 :class:`StopSignals` catches SIGINT and SIGTERM with plain ``signal.signal`` handlers that hand
 each signal to the event loop (``call_soon_threadsafe``, or trio's ``run_sync_soon``).
-:func:`run_until_signal` then waits for the first one (beating systemd's watchdog meanwhile),
-says ``STOPPING=1``, drains for up to ``--drain`` seconds while a second signal may cut the drain
-short, and prints ``<what>-stopping``.
+:func:`run_until_signal` then waits for the first one (beating systemd's watchdog meanwhile,
+unless the served object does: a ``gl.Worker(systemd=True)``), says ``STOPPING=1``, drains for
+up to ``--drain`` seconds while a second signal may cut the drain short, and prints
+``<what>-stopping``.
 
 The previous handlers are never put back. Once :class:`StopSignals` is left -- the served
 object is closed by then -- SIGINT and SIGTERM are ignored (``SIG_IGN``) until the process exits,
@@ -141,7 +142,7 @@ def event_line(name: str, values: dict[str, object], fields: str = "") -> str:
 
 async def run_until_signal(
     signals: StopSignals,
-    notifier: SystemdNotifier,
+    notifier: SystemdNotifier | None,
     *,
     what: str,
     fields: str = "",
@@ -151,18 +152,22 @@ async def run_until_signal(
     running: Callable[[], int],
     stopped: Callable[[], Awaitable[None]] | None = None,
     reason_of: Callable[[int], str] | None = None,
+    stopping: Callable[[str], None] | None = None,
     on_signal: Callable[[], None] | None = None,
     emit: Callable[[str, dict[str, object]], None] | None = None,
 ) -> str | None:
     """Serve until a signal; then drain and say so. Called once the served object is up (its
     ``READY=1`` sent), inside its ``async with``.
 
-    Until the first signal systemd's watchdog beats. The signal (``reason_of(signum)``, by
-    default its name) is told to systemd (``STOPPING=1``, ``STATUS=<status>: <reason>, draining
-    ...``) and ``on_signal`` is called; with ``drain`` > 0 a ``<what>-draining`` event (the
-    reason, the seconds, ``running()``) is emitted and ``drain_for(drain)`` runs, beating the
-    watchdog, until it returns or another signal cuts it short. Then ``<what>-stopping`` is
-    emitted. Events go to ``emit(name, fields)``; by default one line ``name [fields] k=v ...``.
+    Until the first signal ``notifier``'s watchdog beats (``None``: the served object speaks to
+    systemd itself, as a ``gl.Worker(systemd=True)`` does, its watchdog included). The signal
+    (``reason_of(signum)``, by default its name) is told to systemd (``STOPPING=1``,
+    ``STATUS=<status>: <reason>, draining ...``: through ``stopping(status)``, by default
+    ``notifier.stopping``) and ``on_signal`` is called; with ``drain`` > 0 a ``<what>-draining``
+    event (the reason, the seconds, ``running()``) is emitted and ``drain_for(drain)`` runs,
+    beating the watchdog, until it returns or another signal cuts it short. Then
+    ``<what>-stopping`` is emitted. Events go to ``emit(name, fields)``; by default one line
+    ``name [fields] k=v ...``.
 
     Returns:
         The reason, or ``None`` if ``stopped`` returned first (the object stopped by itself:
@@ -183,15 +188,20 @@ async def run_until_signal(
 
         if stopped is not None:
             tg.start_soon(stopped_by_itself)
-        tg.start_soon(notifier.beat)
+        if notifier is not None:
+            tg.start_soon(notifier.beat)
         signum = await signals.next()
         reason = reason_of(signum) if reason_of is not None else signal.Signals(signum).name
         tg.cancel_scope.cancel()
     if reason is None:
         return None
-    notifier.stopping(
-        f"{status}: {reason}, " + (f"draining for up to {drain:g}s" if drain > 0 else "stopping")
-    )
+    if stopping is None and notifier is not None:
+        stopping = notifier.stopping
+    if stopping is not None:
+        stopping(
+            f"{status}: {reason}, "
+            + (f"draining for up to {drain:g}s" if drain > 0 else "stopping")
+        )
     if on_signal is not None:
         on_signal()
     if drain > 0:
@@ -204,7 +214,8 @@ async def run_until_signal(
                 tg.cancel_scope.cancel()
 
             tg.start_soon(second_signal)
-            tg.start_soon(notifier.beat)  # the drain is part of the service's life
+            if notifier is not None:
+                tg.start_soon(notifier.beat)  # the drain is part of the service's life
             await drain_for(drain)
             tg.cancel_scope.cancel()
     emit(f"{what}-stopping", {"reason": reason})

@@ -19,7 +19,6 @@ from typing import Any
 import anyio
 
 from ..api.registration import ServiceFactory, ServiceMap
-from ..api.systemd import SystemdNotifier
 from ..api.worker import Worker
 from ..rpc.resources import ServiceScope
 from ..settings.config import LinkConfig
@@ -203,39 +202,16 @@ async def _serve_until_signal(
 ) -> None:
     """Serve until SIGINT/SIGTERM; then drain for up to ``drain`` seconds (a second signal
     ends the drain), print ``executor-stopping`` and close gracefully. Speaks systemd's notify
-    protocol when ``NOTIFY_SOCKET`` is set (:mod:`garcon_link.api.systemd`)."""
-    notifier = SystemdNotifier.from_environ()
-    try:
-        await _serve(
-            config,
-            services,
-            stop_on_stdin_eof,
-            notifier.follow_events(on_event),
-            drain,
-            notifier,
-            state_dir,
-        )
-    finally:
-        notifier.close()
-
-
-async def _serve(
-    config: LinkConfig,
-    services: ServiceMap | ServiceFactory,
-    stop_on_stdin_eof: bool,
-    on_event: Callable[[str], None],
-    drain: float,
-    notifier: SystemdNotifier,
-    state_dir: str | None,
-) -> None:
+    protocol when ``NOTIFY_SOCKET`` is set: the worker's own (``gl.Worker(systemd=True)``,
+    :mod:`garcon_link.api.systemd`), told the signal that stops it."""
     executor_id = config.executor_id
     with StopSignals() as signals:
         # The handlers exist from here on: only now may the watcher raise SIGTERM.
         if stop_on_stdin_eof:
             _StdinWatch.start()
-        async with Worker(config, services, on_event=on_event, state_dir=state_dir) as worker:
-            how = "listening on" if config.listen is not None else "dialing"
-            notifier.ready(f"executor {executor_id}: {how} {worker.url}, no session yet")
+        async with Worker(
+            config, services, on_event=on_event, state_dir=state_dir, systemd=True
+        ) as worker:
 
             def running() -> int:
                 rpc = worker.current_rpc
@@ -243,7 +219,7 @@ async def _serve(
 
             await run_until_signal(
                 signals,
-                notifier,
+                None,  # the worker beats systemd's watchdog itself
                 what="executor",
                 fields=f"executor={executor_id}",
                 status=f"executor {executor_id}",
@@ -254,9 +230,10 @@ async def _serve(
                 running=running,
                 stopped=worker.wait_stopped,
                 reason_of=_reason,
+                stopping=worker._stopping,
             )
             if worker.taken_over is not None:
-                notifier.stopping(f"executor {executor_id}: taken over by another process")
+                worker._stopping(f"executor {executor_id}: taken over by another process")
                 _emit(f"executor-stopping executor={executor_id} reason=TAKEN_OVER")
                 raise TakenOver(
                     f"another process took over executor id {executor_id!r} "

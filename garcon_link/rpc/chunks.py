@@ -22,17 +22,21 @@ unknown kind and the call ends at its timeout).
 Rules:
 
 * **Transfers interleave part by part.** Each side sends, once per session when the peer's first
-  part arrives, the internal notification ``$link.parts``: it reads parts with a transfer id.
-  Once the peer's has arrived (a round trip into the first transfer),
-  :class:`ChunkSender` numbers its transfers (1, 2, ... per direction) and runs up to
-  :data:`MAX_TRANSFERS` at once, taking turns part by part (while another transfer sends, each
+  part arrives, the internal notification ``$link.parts`` with one argument, its
+  ``Limits.bulk_transfers``: it reads parts with a transfer id, and holds that many transfers
+  with ids at once. Once the peer's has arrived (a round trip into the first transfer),
+  :class:`ChunkSender` numbers its transfers (1, 2, ... per direction) and runs up to the
+  smaller of its own ``bulk_transfers`` and the peer's count at once (a notice without a count:
+  :data:`PEER_TRANSFERS`), taking turns part by part (while another transfer sends, each
   waits for a part of another's after its own), so two bulk producers in one session both make
   progress and neither waits for the other's whole body; a further one waits for a slot. Until
   then -- and always with a peer that does not know the notification (it drops it and logs it
   once) -- it sends one transfer at a time, in call order, its parts without an id: every
   such part continues the one transfer without an id in progress. The receiver
-  (:class:`Transfers`) holds that one and up to :data:`MAX_TRANSFERS` with ids, each in its own
-  :class:`Reassembler`, so it holds at most ``MAX_TRANSFERS + 1`` partial bodies.
+  (:class:`Transfers`) holds that one and up to its ``bulk_transfers`` with ids, each in its own
+  :class:`Reassembler`, so it holds at most ``bulk_transfers + 1`` partial bodies. The receiver's
+  bound is the one that matters (it refuses one more); the sender's own is what it chooses to
+  run at once, and it honours the smaller.
 * **A transfer is at least two parts, and its body is never a part.** Only a body longer than a
   chunk is sent in parts, and it is cut into at least two (:meth:`ChunkSender.send`), so a final
   part with no transfer in progress is never sent by a sender that keeps to these rules. A
@@ -66,7 +70,7 @@ Rules:
 * **Hostile parts** (:class:`Transfers`, :class:`Reassembler`): a transfer id that is not an
   integer 1..:data:`MAX_TRANSFER_ID` (any other CBOR type, a bignum, a nested item), an id
   that is neither in progress nor above every id seen (unknown or reused), a transfer begun
-  while :data:`MAX_TRANSFERS` are in progress, a malformed part, an abort or a final part with no
+  while ``bulk_transfers`` are in progress, a malformed part, an abort or a final part with no
   transfer in progress, an empty non-final part, a transfer beyond ``max_frame_bytes``, one
   whose body is itself a part (told by its first two bytes, as :func:`encode_part` writes
   them, before the body is joined; the RPC layer refuses a part in any other encoding once
@@ -77,7 +81,7 @@ Rules:
   (``RpcStatistics.part_violations``); the session stays. Each part costs O(its size) and the
   buffer of each transfer is bounded by ``max_frame_bytes``, each part counting at least
   :data:`MIN_CHARGE` bytes (so tiny parts cannot multiply what is held by their per-object
-  overhead: at most about 1.25 times the limit per transfer, ``MAX_TRANSFERS + 1`` transfers).
+  overhead: at most about 1.25 times the limit per transfer, ``bulk_transfers + 1`` transfers).
 """
 
 from __future__ import annotations
@@ -118,9 +122,9 @@ out through the same :class:`ChunkSender` less than this long ago (seconds)."""
 _PART_HEADS = (bytes((0x83, PART)), bytes((0x84, PART)))
 """How a part's bytes begin, without and with a transfer id (encode_part, parse_part)."""
 
-MAX_TRANSFERS = 4
-"""The most transfers with an id one direction of a session holds in progress at once (the
-sender waits for one to end before it begins another; the receiver refuses one more)."""
+PEER_TRANSFERS = 4
+"""How many transfers with an id a peer whose ``$link.parts`` gives no count holds at once (the
+default of ``Limits.bulk_transfers``); the sender runs at most the smaller of this and its own."""
 
 MAX_TRANSFER_ID = 2**63 - 1
 """The highest transfer id (ids begin at 1 and increase per direction of a session)."""
@@ -329,25 +333,27 @@ class Reassembler:
 
 class Transfers:
     """The receiving side of one direction's transfers: the one without an id in progress (a
-    peer that does not send ids) and up to :data:`MAX_TRANSFERS` with ids, each reassembled by
-    its own :class:`Reassembler` (sans-IO, no clock, no I/O).
+    peer that does not send ids) and up to ``transfers`` with ids, each reassembled by its own
+    :class:`Reassembler` (sans-IO, no clock, no I/O).
 
     A transfer id is an integer 1..:data:`MAX_TRANSFER_ID`; a part naming an id above every id
     seen so far begins that transfer, one naming an id in progress continues it. A part naming
     any other id (ended, refused or never begun: unknown or reused), an id of another type or
-    size, or beginning a transfer while :data:`MAX_TRANSFERS` are in progress is a
+    size, or beginning a transfer while ``transfers`` are in progress is a
     :class:`PartViolation`; so is every violation of :class:`Reassembler` within a transfer.
     After a violation the rest of that transfer is discarded unread (ids remembered for it:
-    at most :data:`MAX_TRANSFERS`).
+    at most ``transfers``).
 
     Args:
         limit, splice: as :class:`Reassembler`'s, per transfer.
+        transfers: ``Limits.bulk_transfers``, the transfers with ids held at once.
     """
 
     __slots__ = (
         "_discarding",
         "_highest",
         "_limit",
+        "_most",
         "_open",
         "_splice",
         "aborted",
@@ -356,8 +362,9 @@ class Transfers:
         "parts",
     )
 
-    def __init__(self, limit: int, *, splice: bool = False) -> None:
+    def __init__(self, limit: int, *, transfers: int, splice: bool = False) -> None:
         self._limit = limit
+        self._most = transfers
         self._splice = splice
         self.legacy = Reassembler(limit, splice=splice)
         """The transfer without an id."""
@@ -415,10 +422,10 @@ class Transfers:
             if transfer <= self._highest:
                 raise PartViolation(f"a part of transfer {transfer}, unknown or ended")
             self._highest = transfer
-            if len(self._open) >= MAX_TRANSFERS:
+            if len(self._open) >= self._most:
                 if flags == MORE:
                     self._discard(transfer)
-                raise PartViolation(f"more than {MAX_TRANSFERS} transfers at once")
+                raise PartViolation(f"more than {self._most} transfers at once")
             reassembler = Reassembler(self._limit, splice=self._splice)
         try:
             body = reassembler.feed(flags, chunk)
@@ -438,7 +445,7 @@ class Transfers:
         return reassembler, starting, body
 
     def _discard(self, transfer: int) -> None:
-        if len(self._discarding) >= MAX_TRANSFERS:
+        if len(self._discarding) >= self._most:
             del self._discarding[next(iter(self._discarding))]
         self._discarding[transfer] = None
 
@@ -482,8 +489,8 @@ class ChunkSender:
     """The sending side: :meth:`send` issues a body whole or in paced parts.
 
     Transfers take turns part by part (a FIFO lock held for one part): with :attr:`interleave`
-    (the peer reads transfer ids) up to :data:`MAX_TRANSFERS` are in progress at once, each
-    part naming its transfer, so two bulk producers each send a part in turn; without it one
+    (the peer reads transfer ids) up to :attr:`most` are in progress at once, each part naming
+    its transfer, so two bulk producers each send a part in turn; without it one
     transfer at a time, its parts without an id.
 
     Args:
@@ -491,6 +498,7 @@ class ChunkSender:
         chunk: ``Limits.bulk_chunk_bytes``; bodies longer than this are sent in parts.
         window: ``Limits.bulk_window_bytes``.
         limit: ``Limits.max_frame_bytes`` (the size limit of a whole body's frame).
+        transfers: ``Limits.bulk_transfers``, the most transfers with ids run at once.
         clock: seconds, for the interactive pacing (``INTERACTIVE_S``); tests inject one.
     """
 
@@ -501,9 +509,11 @@ class ChunkSender:
         window: int,
         limit: int,
         *,
+        transfers: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._transport = transport
+        self._own = transfers
         self._clock = clock
         # A part holds less than two chunks (see send) and its frame (with the envelope's and
         # the message's heads, at most 32 bytes) fits the frame limit.
@@ -523,15 +533,19 @@ class ChunkSender:
         self._transfers = 0  # the last transfer id used
         self.interleave = False
         """Whether the peer reads transfer ids (it said so: ``$link.parts``)."""
+        self.most = 1
+        """Transfers run at once: 1 until the peer reads ids, then the smaller of ours and its."""
         self.parts_sent = 0
         self.aborts_sent = 0
         self.on_abort: Callable[[], None] | None = None
 
-    def read_ids(self) -> None:
-        """The peer reads transfer ids (it said so): further transfers are numbered and
-        interleave, beside a transfer without an id still in progress."""
+    def read_ids(self, transfers: int = PEER_TRANSFERS) -> None:
+        """The peer reads transfer ids and holds ``transfers`` (at least 1) at once (it said
+        so): further transfers are numbered and interleave, at most the smaller of its count
+        and ours at once, beside a transfer without an id still in progress."""
         if not self.interleave:
             self.interleave = True
+            self.most = max(1, min(self._own, transfers))
             self._wake()  # a transfer waiting for a slot may begin now
 
     @property
@@ -594,7 +608,7 @@ class ChunkSender:
                 async with turn:
                     if self._owed:
                         await self._issue_owed()
-                    if self._active < (MAX_TRANSFERS if self.interleave else 1):
+                    if self._active < self.most:
                         self._active += 1
                         self._sending += 1
                         begun = True

@@ -1,7 +1,9 @@
 """Contracts compared method by method: what a caller expects against what a worker offers.
 
 A manifest (:meth:`~garcon_link.rpc.interface.ServiceSpec.manifest`) maps service -> method ->
-``{"kind", "signature"}`` (other keys, such as descriptions, are not part of the contract). A
+``{"kind", "signature"}``, and ``"positional"`` when the method's types hold ``msgspec.Struct``
+types declared ``array_like=True`` (other keys, such as descriptions, are not part of the
+contract). A
 caller's *view* is the manifest of the interface its facade was made with; the worker's manifest
 is what its current session described (or announced since). :func:`compare_method` decides, for
 one method, one of four :class:`Compatibility` values, and names the difference:
@@ -17,6 +19,16 @@ one method, one of four :class:`Compatibility` values, and names the difference:
   required or of another kind, a changed default value, a narrower parameter type, a wider
   result type, a signature that cannot be read;
 * ``REMOVED`` -- the view's method (or its whole service) is not offered.
+
+A struct declared ``array_like=True`` is encoded as an array, its fields by position, while
+the signature text names the type only: its fields in order are the entry's ``"positional"``
+(:func:`~garcon_link.rpc.interface.positional_layouts`). For each such type the view names, the
+worker's fields must be the same, in the same order, or the same followed by fields with
+defaults (``ADDITIVE``: msgspec fills a missing trailing field in and ignores an extra one);
+anything else -- a field reordered, removed, renamed, retyped, a required one appended, the type
+no longer ``array_like`` or newly so -- is ``INCOMPATIBLE``, as each position would then mean
+something else. A struct encoded as a map (the default) is matched by field name, so the order
+of its fields is not part of the contract.
 
 Types are compared on the signature text, without importing or evaluating anything: a union
 (``X | Y``, ``Optional[X]``, ``Union[X, Y]``) is the set of its members, ``Any`` (or no
@@ -35,6 +47,7 @@ from __future__ import annotations
 
 import ast
 import enum
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -222,8 +235,11 @@ def compare_method(expected: object, offered: object) -> tuple[Compatibility, st
             f"kind {want_kind}  =>  {peer_text(got_kind, _SHOWN)}",
         )
     want_text, got_text = expected.get("signature"), offered.get("signature")
+    layout = _compare_layouts(expected.get("positional"), offered.get("positional"), want_text)
+    if layout is not None and layout[0] is Compatibility.INCOMPATIBLE:
+        return layout
     if want_text == got_text:
-        return Compatibility.COMPATIBLE, ""
+        return layout or (Compatibility.COMPATIBLE, "")
     try:
         mine = _parse(want_text, str(want_kind))
     except _Unreadable:
@@ -240,10 +256,91 @@ def compare_method(expected: object, offered: object) -> tuple[Compatibility, st
     incompatible, additive = _differences(mine, theirs)
     if incompatible:
         return Compatibility.INCOMPATIBLE, incompatible[0]
+    if layout is not None:
+        additive.append(layout[1])
     if additive:
         return Compatibility.ADDITIVE, "; ".join(additive[:4])
     # The same parameters and types spelled differently (e.g. Optional[int] and int | None).
     return Compatibility.COMPATIBLE, ""
+
+
+MAX_LAYOUT_FIELDS = 1024
+"""The most types and fields a worker's ``"positional"`` entry may list for one method, all
+counted together; more is unreadable (incompatible)."""
+
+
+def _layouts(value: object) -> dict[str, list[str]] | None:
+    """A ``"positional"`` entry as ``{type: [field, ...]}``; ``None`` if it is not one."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        return None
+    layouts: dict[str, list[str]] = {}
+    total = 0
+    for name, fields in value.items():
+        if not isinstance(name, str) or not isinstance(fields, list):
+            return None
+        total += 1 + len(fields)  # each name is searched for in the signature text
+        if total > MAX_LAYOUT_FIELDS or not all(isinstance(f, str) for f in fields):
+            return None
+        layouts[name] = fields
+    return layouts
+
+
+def _compare_layouts(
+    expected: object, offered: object, signature: object
+) -> tuple[Compatibility, str] | None:
+    """The ``array_like`` structs of one method (module docstring): ``INCOMPATIBLE`` or
+    ``ADDITIVE`` and the difference, or ``None`` when they match or the worker lists none.
+
+    A worker that lists no layouts for the method (no ``"positional"`` key) is either of an
+    earlier version, which never lists them, or one whose types for it hold no ``array_like``
+    struct: the two cannot be told apart, so the method is compared on its signature alone, as
+    earlier versions compared it. Callers may then be upgraded before workers; what is missed is
+    a worker that dropped ``array_like`` from every struct of the method, whose values then fail
+    to decode (an array where a map is expected) rather than being misread."""
+    if offered is None:
+        return None
+    mine, theirs = _layouts(expected), _layouts(offered)
+    if theirs is None:
+        return Compatibility.INCOMPATIBLE, "the worker's positional struct layout cannot be read"
+    if mine is None:  # ours, and always readable; nothing to compare otherwise
+        return None
+    text = signature if isinstance(signature, str) else ""
+    for name in sorted(theirs):
+        if name not in mine and re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", text):
+            return (
+                Compatibility.INCOMPATIBLE,
+                f"{peer_text(name, _SHOWN)} is positional (array_like) on the worker",
+            )
+    appended: list[str] = []
+    for name, want in sorted(mine.items()):
+        got_fields = theirs.get(name)
+        if got_fields is None:
+            return (
+                Compatibility.INCOMPATIBLE,
+                f"{name} is not positional (array_like) on the worker",
+            )
+        if got_fields == want:
+            continue
+        extra = got_fields[len(want) :]
+        if got_fields[: len(want)] == want and all(f.endswith(" = ...") for f in extra):
+            appended.append(f"{name}: new optional field(s) {peer_text(', '.join(extra), _SHOWN)}")
+            continue
+        index = next(
+            (i for i, (a, b) in enumerate(zip(want, got_fields, strict=False)) if a != b),
+            min(len(want), len(got_fields)),
+        )
+        mine_text = want[index] if index < len(want) else "(none)"
+        theirs_text = got_fields[index] if index < len(got_fields) else "(none)"
+        return (
+            Compatibility.INCOMPATIBLE,
+            f"{name} (positional, array_like): field {index} {mine_text}  =>  "
+            f"{peer_text(theirs_text, _SHOWN)}",
+        )
+    if appended:
+        return Compatibility.ADDITIVE, "; ".join(appended[:4])
+    return None
 
 
 def _differences(mine: _Signature, theirs: _Signature) -> tuple[list[str], list[str]]:
@@ -364,11 +461,16 @@ def _method_names(methods: object) -> Iterable[str]:
 
 
 def service_version(methods: Mapping[str, Any]) -> str:
-    """A service's contract version: 12 hex digits of the BLAKE3 hash of its methods' kinds and
-    signatures (other keys of an entry, such as descriptions, do not change it)."""
+    """A service's contract version: 12 hex digits of the BLAKE3 hash of its methods' kinds,
+    signatures and positional struct layouts (other keys of an entry, such as descriptions, do
+    not change it)."""
     contract = {
         str(name): (
-            {"kind": entry.get("kind"), "signature": entry.get("signature")}
+            {
+                "kind": entry.get("kind"),
+                "signature": entry.get("signature"),
+                **({"positional": entry["positional"]} if "positional" in entry else {}),
+            }
             if isinstance(entry, Mapping)
             else None
         )

@@ -412,6 +412,10 @@ class Dispatcher:
             return
         try:
             spec, target = self._resolve(service, method)
+        except CallError as exc:
+            self._dropped_notification("unreadable", service, method, peer_text(exc))
+            return
+        try:
             if spec.kind is MethodKind.STREAM:
                 raise Rejected("OPERATION_UNSUPPORTED", f"stream {spec.name!r} cannot be notified")
             if not isinstance(args, list) or not isinstance(kwargs, dict):
@@ -422,7 +426,14 @@ class Dispatcher:
             assert not isinstance(metadata, str)
             pos, kw = spec.convert_arguments(args, kwargs, mode=_value_mode(metadata))
         except (CallError, ValueError) as exc:
-            self._dropped_notification("unreadable", service, method, peer_text(exc))
+            # A one-way call of a method we serve, refused by its contract: nobody gets an
+            # answer, so it is counted (the endpoint's oneway_refused, and in its calls as a
+            # refused call is) and logged, at most once per log_interval.
+            error = exc if isinstance(exc, CallError) else Rejected("INVALID_ARGUMENTS", str(exc))
+            self.observer.refused_oneway(error)
+            self._dropped_notification(
+                "refused", service, method, peer_text(exc), "refusing one-way call"
+            )
             return
         if self.draining:
             self._dropped_notification("draining", service, method, "draining")
@@ -443,14 +454,22 @@ class Dispatcher:
         assert handlers.tg is not None
         handlers.tg.start_soon(self._run, NOTIFY, 0, None, service, spec, target, pos, kw, metadata)
 
-    def _dropped_notification(self, reason: str, service: object, method: object, why: str) -> None:
+    def _dropped_notification(
+        self,
+        reason: str,
+        service: object,
+        method: object,
+        why: str,
+        what: str = "dropping notification",
+    ) -> None:
         """Count a dropped notification; log it, at most once per reason per ``log_interval``."""
         self.notifications_dropped += 1
         self._peer_log.log(
             self.transport.label,
             f"notification {reason}",
-            "session %s: dropping notification %s.%s: %s",
+            "session %s: %s %s.%s: %s",
             self.transport.label,
+            what,
             peer_text(service),
             peer_text(method),
             why,

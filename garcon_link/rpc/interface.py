@@ -119,7 +119,9 @@ def oneway(func: F) -> F:
     """Mark an interface method as a one-way notification: sent, never answered.
 
     The facade method returns once the notification is queued on the session; the handler's
-    result and exceptions are discarded (exceptions are logged on the receiving side).
+    result and exceptions are discarded (exceptions are logged on the receiving side). Arguments
+    the receiver refuses (types, constraints) are counted there (``oneway_refused`` in its
+    statistics) and logged, at most once per ``Limits.log_interval``; the caller is not told.
     """
     setattr(func, _ONEWAY_ATTR, True)
     return func
@@ -333,11 +335,16 @@ class ServiceSpec:
     interface: type
     methods: Mapping[str, MethodSpec]
 
-    def manifest(self) -> dict[str, dict[str, str]]:
-        return {
-            name: {"kind": m.kind.value, "signature": str(m.signature)}
-            for name, m in sorted(self.methods.items())
-        }
+    def manifest(self) -> dict[str, dict[str, Any]]:
+        manifest: dict[str, dict[str, Any]] = {}
+        for name, m in sorted(self.methods.items()):
+            entry: dict[str, Any] = {"kind": m.kind.value, "signature": str(m.signature)}
+            # array_like structs travel by position, which the signature text does not show.
+            layouts = positional_layouts((*m.hints.values(), m.result))
+            if layouts:
+                entry["positional"] = layouts
+            manifest[name] = entry
+        return manifest
 
 
 _spec_cache: dict[type, ServiceSpec] = {}
@@ -708,6 +715,50 @@ def _is_path(cls: type) -> bool:
 
 def _hint_text(hint: Any) -> str:
     return hint.__qualname__ if isinstance(hint, type) else repr(hint)
+
+
+def positional_layouts(hints: Sequence[Any]) -> dict[str, list[str]]:
+    """The ``msgspec.Struct`` types declared ``array_like=True`` that values of ``hints`` may
+    hold, at any depth: ``{type: [field, ...]}``, each field ``"name: type"`` (``" = ..."``
+    when it has a default) in wire order, a tagged struct's ``"tag <value>"`` first. Such a
+    struct is encoded as an array, so its fields' order is part of a method's contract
+    (:func:`garcon_link.rpc.contract.compare_method`); names are as the signature text writes
+    them (:func:`inspect.formatannotation`)."""
+    layouts: dict[str, list[str]] = {}
+    for hint in hints:
+        try:
+            found = _positional_cached(hint)
+        except TypeError:  # an unhashable hint: not cached
+            found = _positional(hint)
+        for name, fields in found:
+            layouts[name] = list(fields)
+    return layouts
+
+
+@functools.lru_cache(maxsize=1024)
+def _positional_cached(hint: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return _positional(hint)
+
+
+def _positional(hint: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    if hint is Any or hint is inspect.Parameter.empty or hint is None:
+        return ()
+    try:
+        info = msgspec.inspect.type_info(hint)
+    except Exception:  # not a type msgspec knows
+        return ()
+    found: dict[str, tuple[str, ...]] = {}
+    for node in _type_nodes(info):
+        if isinstance(node, msgspec.inspect.StructType):
+            config = node.cls.__struct_config__
+            if not config.array_like:
+                continue
+            fields = [f"tag {config.tag!r}"] if config.tag_field is not None else []
+            for f in msgspec.structs.fields(node.cls):
+                optional = "" if f.required else " = ..."
+                fields.append(f"{f.encode_name}: {inspect.formatannotation(f.type)}{optional}")
+            found[inspect.formatannotation(node.cls)] = tuple(fields)
+    return tuple(sorted(found.items()))
 
 
 _BUILTIN_TYPES = (bytes, bytearray)

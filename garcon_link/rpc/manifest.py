@@ -23,6 +23,7 @@ import collections.abc
 import datetime
 import decimal
 import inspect
+import itertools
 import re
 import typing
 import uuid
@@ -256,7 +257,15 @@ def _method_text(entry: Any) -> str:
     if entry is None:
         return "(absent)"
     if isinstance(entry, Mapping):
-        return f"{entry.get('kind')} {entry.get('signature')}"
+        positional = entry.get("positional")
+        layout = ""
+        if isinstance(positional, Mapping):  # the peer's: shown bounded
+            shown = "; ".join(
+                f"{name}({', '.join(map(str, fields)) if isinstance(fields, list) else fields})"
+                for name, fields in itertools.islice(positional.items(), 8)
+            )
+            layout = f" positional {peer_text(shown)}"
+        return f"{entry.get('kind')} {entry.get('signature')}{layout}"
     return repr(entry)
 
 

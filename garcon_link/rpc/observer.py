@@ -141,6 +141,7 @@ class CallObserver:
         "hooks",
         "incoming_peak",
         "limits",
+        "oneway_refused",
         "pending_peak",
     )
 
@@ -159,6 +160,9 @@ class CallObserver:
         # The most calls pending / handlers running at once on any session of the endpoint.
         self.pending_peak = 0
         self.incoming_peak = 0
+        self.oneway_refused = 0
+        """The peer's one-way calls (notifications) of a method served here that were refused
+        without running (their arguments or metadata failed the contract's checks)."""
 
     def statistics(self) -> CallStatistics:
         return CallStatistics(
@@ -320,6 +324,12 @@ class CallObserver:
 
     def refused(self, error: CallError) -> None:
         """A peer's call refused without running (no hooks: no handler ran)."""
+        self._count(self._server, error.outcome, error.code, False)
+
+    def refused_oneway(self, error: CallError) -> None:
+        """A peer's one-way call refused without running: counted as :meth:`refused` and in
+        :attr:`oneway_refused` (no reply tells the caller)."""
+        self.oneway_refused += 1
         self._count(self._server, error.outcome, error.code, False)
 
 

@@ -8,8 +8,9 @@ worker sends when its services change on a running session, ``[sequence, service
 The notification ``draining`` (``DRAINING_METHOD``, no arguments) is a side's goodbye: it is
 draining and admits no new call for the rest of the session
 (:meth:`~garcon_link.rpc.rpc.ExecutorRpc.start_drain`). The notification ``parts``
-(``PARTS_METHOD``, no arguments), sent once per session when the peer's first part arrives, says
-the side reads parts with transfer ids (:mod:`garcon_link.rpc.chunks`).
+(``PARTS_METHOD``, ``[count]``), sent once per session when the peer's first part arrives, says
+the side reads parts with transfer ids and holds ``count`` (its ``Limits.bulk_transfers``) at once
+(:mod:`garcon_link.rpc.chunks`).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ DRAINING_METHOD = "draining"
 
 PARTS_METHOD = "parts"
 """The internal notification a side sends once per session, when the peer's first part arrives:
-it reads parts with transfer ids, so the peer may interleave its transfers
-(:mod:`garcon_link.rpc.chunks`)."""
+it reads parts with transfer ids, so the peer may interleave its transfers, as many at once as
+its one argument says (:mod:`garcon_link.rpc.chunks`)."""
 
 # The one internal method ("$link".describe): no arguments, the manifest map as its result.
 DESCRIBE_SPEC = MethodSpec(

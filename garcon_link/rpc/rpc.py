@@ -256,9 +256,6 @@ __all__ = [
 
 log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
 
-_PARTS_NOTICE = encode_envelope(Notify(INTERNAL_SERVICE, PARTS_METHOD, [], {}))
-"""What a side sends once per session, at the peer's first part: it reads transfer ids."""
-
 
 @dataclass(frozen=True, slots=True)
 class _ReaderConsumer:
@@ -314,12 +311,12 @@ class RpcStatistics:
         transfers_aborted: transfers the peer abandoned (an abort part freed our buffer).
         part_violations: parts refused as malformed, out of turn (an abort or a final part
             with no transfer in progress; a transfer id unknown, reused, of another type or
-            size, or one transfer beyond :data:`~garcon_link.rpc.chunks.MAX_TRANSFERS`) or
+            size, or one transfer beyond ``Limits.bulk_transfers``) or
             beyond the size limit, and transfers whose body is itself a part (parts do not
             nest); all dropped.
         part_buffered: bytes of the peer's transfers in progress held now (0 between transfers).
         transfers_in_progress: the peer's transfers begun and not yet ended (at most
-            :data:`~garcon_link.rpc.chunks.MAX_TRANSFERS` with ids, and one without).
+            ``Limits.bulk_transfers`` with ids, and one without).
         transfers_sending: our transfers in progress (aborted ones whose abort part is owed
             included).
         malformed_envelopes: the peer's envelopes dropped as malformed or undecodable (a call
@@ -398,9 +395,15 @@ class ExecutorRpc:
         self.scope = scope
         # Bodies over bulk_chunk_bytes go in parts (garcon_link.chunks), both ways.
         self._chunks = ChunkSender(
-            transport, limits.bulk_chunk_bytes, limits.bulk_window_bytes, limits.max_frame_bytes
+            transport,
+            limits.bulk_chunk_bytes,
+            limits.bulk_window_bytes,
+            limits.max_frame_bytes,
+            transfers=limits.bulk_transfers,
         )
-        self._transfers = Transfers(limits.max_frame_bytes, splice=True)
+        self._transfers = Transfers(
+            limits.max_frame_bytes, transfers=limits.bulk_transfers, splice=True
+        )
         self._parts_told = False  # whether $link.parts was sent (at the peer's first part)
         self._part_violations = 0
         self._malformed_envelopes = 0
@@ -769,9 +772,11 @@ class ExecutorRpc:
         calls with later ids may complete meanwhile (module docstring of :mod:`.chunks`)."""
         if not self._parts_told:
             # The peer sends parts: tell it, once, that this side reads transfer ids, so that
-            # it may interleave its transfers (a peer that does not know it drops this).
+            # it may interleave its transfers, as many at once as we hold (a peer that does not
+            # know it drops this).
             self._parts_told = True
-            self._outbox.send_soon(CONTROL_KIND, _PARTS_NOTICE)
+            notice = Notify(INTERNAL_SERVICE, PARTS_METHOD, [self.limits.bulk_transfers], {})
+            self._outbox.send_soon(CONTROL_KIND, encode_envelope(notice))
         try:
             fed = self._transfers.feed(envelope.transfer, envelope.flags, envelope.chunk)
         except PartViolation as exc:
@@ -815,8 +820,15 @@ class ExecutorRpc:
         """A notification: the peer's ``$link.parts`` (it reads transfer ids) here, without a
         task, any other to the dispatcher."""
         if envelope.method == PARTS_METHOD and envelope.service == INTERNAL_SERVICE:
-            # Arguments are ignored (a later version may send some): one comparison per repeat.
-            self._chunks.read_ids()
+            # Its first argument, if any, is how many transfers the peer holds at once (further
+            # ones are ignored: a later version may send some).
+            args = envelope.args
+            if not isinstance(args, list) or not args:
+                self._chunks.read_ids()
+            elif type(args[0]) is int and args[0] >= 1:
+                self._chunks.read_ids(args[0])
+            else:  # transfers stay one at a time without ids, which any receiver reads
+                self._dropped_envelope(NOTIFY, "$link.parts: the count is not an integer >= 1")
             return
         self._dispatcher.on_notify(envelope)
 
