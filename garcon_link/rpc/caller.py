@@ -7,7 +7,8 @@ the session's retirement ends it, and matches the peer's ``result``/``error``/``
 ``stream_end`` to it. Each pending call ends exactly once (:meth:`Caller._finish`). A timed-out
 call sends ``cancel`` and waits up to ``cancel_grace`` for the peer's answer. A
 :class:`RemoteStream` consumes its items against the credit it grants, and is reclaimed (its slot
-freed, ``cancel`` sent) if it is dropped without ``aclose()``.
+freed, ``cancel`` sent) if it is dropped without ``aclose()``. The pending calls and the
+forwards' timers are :mod:`.pending`, the streams :mod:`.streams`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import asyncio
 import inspect
 import logging
 import math
-import weakref
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -37,11 +36,10 @@ from ..errors import (
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields
-from ..net.backend import loop_scheduler, on_asyncio
+from ..net.backend import on_asyncio
 from .chunks import ChunkSender
 from .envelopes import (
     Cancel,
-    Credit,
     End,
     Error,
     Item,
@@ -61,9 +59,11 @@ from .errorbody import (
 )
 from .interface import MethodKind, MethodSpec, from_wire, to_wire
 from .observer import CallObserver
-from .outbox import CANCEL_KIND, CONTROL_KIND, Outbox
+from .outbox import CANCEL_KIND, Outbox
+from .pending import Forward, _Deadlines, _Pending
 from .resources import ResourceRef
 from .splice import SPLICE_BYTES, Spliced, encode_envelope, holds_large
+from .streams import RELAYED_STREAM, RemoteStream, _RelayedStream
 
 __all__ = ["RELAYED", "RELAYED_STREAM", "Caller", "Expected", "Forward", "RemoteStream"]
 
@@ -76,88 +76,6 @@ RELAYED = MethodSpec(
     name="(relayed)", kind=MethodKind.UNARY, signature=inspect.Signature(), hints={}, result=Any
 )
 """The spec of a relayed call (:meth:`Caller.call_relayed`): its reply is taken as it decoded."""
-RELAYED_STREAM = MethodSpec(
-    name="(relayed)", kind=MethodKind.STREAM, signature=inspect.Signature(), hints={}, result=Any
-)
-
-
-class _Pending:
-    __slots__ = (
-        "ended",
-        "error",
-        "forward",
-        "id",
-        "ordinal",
-        "receipt",
-        "spec",
-        "stream",
-        "value",
-        "waiter",
-    )
-
-    def __init__(self, call_id: int, spec: MethodSpec, stream: _StreamState | None) -> None:
-        self.id = call_id
-        self.spec = spec
-        self.stream = stream
-        self.ordinal: int | None = None
-        self.ended = False  # set once, by Caller._finish
-        # Whoever waits for the end: an asyncio future (asyncio) or an anyio.Event, made only
-        # when someone waits (most calls on asyncio make a future and nothing else).
-        self.waiter: asyncio.Future[None] | anyio.Event | None = None
-        self.value: Any = None
-        self.error: CallError | None = None
-        self.receipt: str | None = None  # the ``cancel`` field of the error that ended it
-        self.forward: Forward | None = None  # a forwarded call ends by callback, not a wait
-
-    def end(self) -> None:
-        self.ended = True
-        if self.forward is not None:
-            self.forward.ended()
-            return
-        waiter = self.waiter
-        if waiter is None:
-            return
-        if isinstance(waiter, anyio.Event):
-            waiter.set()
-        elif not waiter.done():
-            waiter.set_result(None)
-
-    async def wait(self) -> None:
-        """Until :meth:`end` (a checkpoint, like ``anyio.Event.wait``)."""
-        if self.ended:
-            await anyio.lowlevel.checkpoint()
-            return
-        event = self.waiter = anyio.Event()
-        await event.wait()
-
-
-class _StreamState:
-    """What a stream call has received and the credit it has granted (consumer side).
-
-    Held by the pending call, *not* by the :class:`RemoteStream` the application iterates, so
-    the session never keeps that iterator alive (see :func:`_reclaim_when_dropped`).
-    ``credit_items``/``credit_bytes`` are what the producer may still send: the initial window
-    plus every grant, minus every item received.
-    """
-
-    __slots__ = ("arrived", "credit_bytes", "credit_items", "ended", "error", "items")
-
-    def __init__(self, credit_items: int, credit_bytes: int) -> None:
-        self.items: deque[tuple[Any, int]] = deque()
-        self.arrived = anyio.Event()
-        self.ended = False
-        self.error: CallError | None = None
-        self.credit_items = credit_items
-        self.credit_bytes = credit_bytes
-
-    def deliver_item(self, value: Any, size: int) -> None:
-        self.items.append((value, size))
-        self.arrived.set()
-
-    def deliver_end(self, error: CallError | None) -> None:
-        self.ended = True
-        self.error = error
-        self.arrived.set()
 
 
 class Caller:
@@ -790,203 +708,6 @@ class Caller:
         self._finish(pending)
 
 
-class Forward:
-    """A relayed call issued by :meth:`Caller.forward`, ended by callback.
-
-    Its end is told once to ``on_end``: :attr:`encoded` (the result's value as received, when it
-    came whole), else :attr:`value` (decoded, when it came in parts) or :attr:`error` with
-    :attr:`receipt` (the ``cancel`` field of the error that ended it). Past ``timeout`` it is
-    cancelled and, as :meth:`Caller.call` does, its end is the peer's answer to the cancel
-    within ``cancel_grace`` (a receipt mapped to a ``TIMEOUT``), else
-    ``OutcomeUnknown("TIMEOUT")``. :meth:`cancel` (the relay's caller cancelled) sends the
-    ``cancel`` and ends it with the peer's answer, its receipt kept, or, past ``cancel_grace``,
-    ``OutcomeUnknown("CANCELLED")``. :meth:`abandon` forgets it: nothing is told.
-    """
-
-    __slots__ = (
-        "_caller",
-        "_cancelled",
-        "_loop",
-        "_timed_out",
-        "_timeout",
-        "_timer",
-        "armed",
-        "encoded",
-        "error",
-        "on_end",
-        "pending",
-        "receipt",
-        "value",
-    )
-
-    def __init__(
-        self,
-        caller: Caller,
-        pending: _Pending,
-        loop: asyncio.AbstractEventLoop,
-        timeout: float,
-        on_end: Callable[[Forward], None],
-        deadlines: _Deadlines | None = None,
-    ) -> None:
-        self._caller = caller
-        self.pending = pending
-        self._loop = loop
-        self._timeout = timeout
-        self.on_end = on_end
-        self._timed_out = False
-        self._cancelled = False
-        self.encoded: bytes | None = None
-        self.value: Any = None
-        self.error: CallError | None = None
-        self.receipt: str | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        # While it waits on ``deadlines`` (the usual case), it has no timer of its own.
-        self.armed = deadlines is not None and deadlines.add(self, loop.time() + timeout)
-        if not self.armed:
-            self._timer = loop.call_later(timeout, self._expire)
-
-    def _expire(self) -> None:
-        self.armed = False
-        if self.pending.ended or self._cancelled:
-            return
-        self._timed_out = True
-        self._caller._send_cancel(self.pending.id)
-        self._timer = self._loop.call_later(self._caller.limits.cancel_grace, self._give_up)
-
-    def cancel(self) -> None:
-        """Cancel it on the peer; its end is the peer's answer (class docstring)."""
-        if self.pending.ended or self._cancelled or self._timed_out:
-            return
-        self._cancelled = True
-        self.armed = False
-        if self._timer is not None:
-            self._timer.cancel()
-        self._caller._send_cancel(self.pending.id)
-        self._timer = self._loop.call_later(self._caller.limits.cancel_grace, self._give_up)
-
-    def _give_up(self) -> None:
-        """No answer to the ``cancel`` within ``cancel_grace``: a later one is dropped."""
-        self._timer = None
-        pending, caller = self.pending, self._caller
-        if pending.ended:
-            return
-        caller._pending.pop(pending.id, None)
-        if self._cancelled:
-            self.receipt = INTERRUPTED
-            error: CallError = OutcomeUnknown(
-                "CANCELLED", "cancelled while running; it may have had effects"
-            )
-        else:
-            error = OutcomeUnknown("TIMEOUT", f"no reply within {self._timeout}s; cancel sent")
-            self._timed_out = False  # the error is final, not a receipt to map
-        caller._finish(pending, error=error)
-
-    def abandon(self) -> None:
-        """Forget it and cancel it on the peer (best effort); ``on_end`` is not told."""
-        self.armed = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        pending = self.pending
-        if not pending.ended:
-            pending.forward = None
-            self._caller._abandon(pending)
-
-    def ended(self) -> None:
-        """The pending call ended (:meth:`_Pending.end`): tell ``on_end``."""
-        self.armed = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        pending = self.pending
-        self.value, self.error = pending.value, pending.error
-        receipt = self.receipt if self.receipt is not None else pending.receipt
-        self.receipt = receipt
-        error = self.error
-        if self._cancelled:
-            pass  # the receipt is the relay's caller's
-        elif self._timed_out and error is not None:
-            timeout = self._timeout
-            not_started = isinstance(error, NotDispatched) and error.code == "CANCELLED"
-            if receipt == NOT_STARTED or not_started:
-                self.error = NotDispatched(
-                    "TIMEOUT", f"no reply within {timeout}s; cancelled before it started"
-                )
-            elif receipt == INTERRUPTED:
-                self.error = OutcomeUnknown(
-                    "TIMEOUT",
-                    f"no reply within {timeout}s; cancelled while running "
-                    "(it may have had effects)",
-                )
-            self.receipt = None  # the timeout is the forward's own: its caller needs no receipt
-        else:
-            self.receipt = None
-        self.on_end(self)
-
-
-class _Deadlines:
-    """The deadlines of one session's forwards, with one loop timer for all of them (a timer
-    per forward costs a heap push and a cancel on every relayed call).
-
-    Forwards come in the order of their deadlines as long as their timeouts are alike (the
-    relay's default ``call_timeout``): each is appended, and the timer is armed for the first
-    one still waiting. One whose deadline is earlier than the last one's is refused
-    (:meth:`add` returns ``False``) and keeps a timer of its own. A forward that ends, is
-    cancelled or abandoned only clears its ``armed`` flag; the entries it leaves are dropped
-    from the front as new ones come, and the whole queue is compacted once it holds more than
-    twice the session's pending calls (plus :attr:`SLACK`), so it stays within a small multiple
-    of ``max_pending_calls`` whatever the order in which forwards end.
-    """
-
-    SLACK = 64
-
-    __slots__ = ("_loop", "_pending", "_queue", "_timer")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, pending: Mapping[int, _Pending]) -> None:
-        self._loop = loop
-        self._pending = pending
-        self._queue: deque[tuple[float, Forward]] = deque()
-        self._timer: asyncio.TimerHandle | None = None
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def add(self, forward: Forward, deadline: float) -> bool:
-        queue = self._queue
-        while queue and not queue[0][1].armed:
-            queue.popleft()
-        if queue and deadline < queue[-1][0]:
-            return False
-        if len(queue) > 2 * len(self._pending) + self.SLACK:
-            self._queue = queue = deque(entry for entry in queue if entry[1].armed)
-        queue.append((deadline, forward))
-        if self._timer is None:
-            self._timer = self._loop.call_at(queue[0][0], self._fire)
-        return True
-
-    def _fire(self) -> None:
-        self._timer = None
-        queue = self._queue
-        now = self._loop.time()
-        while queue:
-            deadline, forward = queue[0]
-            if not forward.armed:
-                queue.popleft()
-            elif deadline <= now:
-                queue.popleft()
-                forward._expire()
-            else:
-                self._timer = self._loop.call_at(deadline, self._fire)
-                return
-
-    def clear(self) -> None:
-        """Forget every deadline (the session retired: its forwards have ended)."""
-        self._queue.clear()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
 class Expected:
     """The reply to a request written by hand (:meth:`~.rpc.ExecutorRpc.expect_reply`)."""
 
@@ -1022,196 +743,3 @@ def _expire(waiter: asyncio.Future[None]) -> None:
     """A call's deadline passed: stop its wait (it is still pending: the caller times it out)."""
     if not waiter.done():
         waiter.set_result(None)
-
-
-def _reclaim_when_dropped(stream: RemoteStream, caller: Caller, pending: _Pending) -> Any:
-    """Reclaim ``pending`` if ``stream`` is collected while the call still runs.
-
-    The finalizer holds no reference to ``stream`` (that would keep it alive) and only a weak
-    one to ``caller``; all it does is schedule :func:`_reclaim`, since it may run inside the
-    garbage collector, where touching the session (a dict in mid-iteration, a half-written
-    frame) is not safe. It must never raise: an exception there is "unraisable".
-    """
-    schedule = loop_scheduler()
-    finalizer = weakref.finalize(stream, _schedule_reclaim, schedule, weakref.ref(caller), pending)
-    finalizer.atexit = False  # at interpreter exit there is no loop to run it on
-    return finalizer
-
-
-def _schedule_reclaim(
-    schedule: Callable[..., object], caller: weakref.ref[Caller], pending: _Pending
-) -> None:
-    try:
-        schedule(_reclaim, caller, pending)
-    except Exception:  # the loop is closed: the session (and its slot) is gone with it
-        pass
-
-
-def _reclaim(caller_ref: weakref.ref[Caller], pending: _Pending) -> None:
-    # A plain loop callback: an exception here would reach the loop (trio: a TrioInternalError).
-    caller = caller_ref()
-    if caller is None:
-        return
-    try:
-        caller._reclaim_stream(pending)
-    except Exception:
-        log.exception("reclaiming a dropped stream failed")
-
-
-class RemoteStream(AsyncIterator[Any]):
-    """A remote async iterator with credit-based flow control.
-
-    The request is sent on the first ``__anext__``. ``aclose()`` cancels the generator on the
-    peer; so does dropping the iterator without it (``break`` out of ``async for``): once it is
-    collected its pending slot is freed and ``cancel`` is sent (see the module docstring). If the
-    session is retired mid-stream, iteration raises :class:`OutcomeUnknown` (items already
-    delivered stand); so does a flow-control violation by the producer
-    (``FLOW_CONTROL_VIOLATION``).
-    """
-
-    def __init__(
-        self,
-        caller: Caller,
-        service: str,
-        spec: MethodSpec,
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        metadata: Mapping[str, str] | None = None,
-        window_items: int | None = None,
-    ) -> None:
-        self._caller = caller
-        self._metadata = metadata
-        self._service = service
-        self._spec = spec
-        self._args = args
-        self._kwargs = kwargs
-        self._pending: _Pending | None = None
-        limits = caller.limits
-        # The credit, in items, granted the producer: the limits' unless the opener chose.
-        self._window = limits.stream_window_items if window_items is None else window_items
-        self._state = _StreamState(self._window, limits.stream_window_bytes)
-        self._consumed = 0
-        self._consumed_bytes = 0
-        self._closed = False
-        self._finalizer: Any = None
-
-    def __aiter__(self) -> RemoteStream:
-        return self
-
-    _local = True  # a stream's error is raised as local_exception() makes it
-
-    def _request(self) -> tuple[_Pending, bytes | Spliced]:
-        limits = self._caller.limits
-        pending, body = self._caller._prepare(
-            self._service,
-            self._spec,
-            self._args,
-            self._kwargs,
-            (self._window, limits.stream_window_bytes),
-            None,
-            self._metadata,
-        )
-        assert pending is not None
-        return pending, body
-
-    async def _start(self) -> None:
-        pending, body = self._request()
-        pending.stream = self._state
-        self._pending = pending
-        self._finalizer = _reclaim_when_dropped(self, self._caller, pending)
-        try:
-            await self._caller._issue(pending, body)
-        except BaseException:
-            self._caller._abandon(pending)  # e.g. cancelled while waiting for retention capacity
-            raise
-
-    async def __anext__(self) -> Any:
-        if self._closed:
-            raise StopAsyncIteration
-        if self._pending is None:
-            try:
-                await self._start()
-            except BaseException:
-                # Not issued (offline, too large, cancelled): nothing will ever arrive, so a
-                # later iteration must not wait for it.
-                self._close()
-                raise
-        state = self._state
-        while not state.items:
-            if state.ended:
-                self._close()
-                if state.error is not None:
-                    raise local_exception(state.error) if self._local else state.error
-                raise StopAsyncIteration
-            state.arrived = anyio.Event()
-            await state.arrived.wait()
-        value, size = state.items.popleft()
-        self._grant(size)
-        return value
-
-    def _grant(self, size: int) -> None:
-        self._consumed += 1
-        self._consumed_bytes += size
-        limits = self._caller.limits
-        state = self._state
-        if state.ended or self._pending is None:
-            return
-        if (
-            self._consumed >= max(1, self._window // 2)
-            or self._consumed_bytes >= limits.stream_window_bytes // 2
-        ):
-            items, nbytes = self._consumed, max(self._consumed_bytes, 1)
-            # What the producer may send grows with the grant at once (the consumer's view
-            # can only be ahead of the producer's, never behind: no false violation).
-            state.credit_items += items
-            state.credit_bytes += nbytes
-            self._caller._outbox.send_soon(
-                CONTROL_KIND, encode_request(Credit(self._pending.id, items, nbytes))
-            )
-            self._consumed = 0
-            self._consumed_bytes = 0
-
-    def _close(self) -> None:
-        self._closed = True
-        self._state.items.clear()
-        if self._finalizer is not None:
-            self._finalizer.detach()  # nothing left to reclaim
-
-    async def aclose(self) -> None:
-        """Stop the stream; cancels the generator on the peer if it is still running."""
-        if self._closed:
-            return
-        if self._pending is not None and not self._state.ended:
-            self._caller._abandon(self._pending)
-        self._close()
-
-
-class _RelayedStream(RemoteStream):
-    """A stream whose arguments are already encoded (:meth:`Caller.stream_relayed`)."""
-
-    _local = False
-
-    def __init__(
-        self,
-        caller: Caller,
-        service: str,
-        method: str,
-        arguments: bytes,
-        metadata: Mapping[str, str] | None,
-        window_items: int | None,
-    ) -> None:
-        super().__init__(caller, service, RELAYED_STREAM, (), {}, metadata, window_items)
-        self._method = method
-        self._arguments = arguments
-
-    def _request(self) -> tuple[_Pending, bytes | Spliced]:
-        limits = self._caller.limits
-        return self._caller._prepare_relayed(
-            RELAYED_STREAM,
-            self._service,
-            self._method,
-            self._arguments,
-            None,
-            self._metadata,
-            (self._window, limits.stream_window_bytes),
-        )
