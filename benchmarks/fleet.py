@@ -92,6 +92,8 @@ SETTLE_S = 2.0
 """Pause before reading the idle RSS (late receipts, heartbeats settle)."""
 RESUME_TAIL_S = 0.2
 """``per-resume``: CPU still counted after the last resume (late receipts, replays' ends)."""
+PER_RESUME_PAUSE_S = 1.0
+"""``per-resume``: pause between rounds; the workers' ``backoff_reset_after`` is half of it."""
 
 
 class Ident(Protocol):
@@ -169,9 +171,19 @@ def _p(values: list[float], q: float) -> float:
 # ------------------------------------------------------------------------ worker child
 
 
-async def _workers_main(url: str, keyring: Path, first: int, count: int) -> None:
-    """Run ``count`` workers; on a ``cut`` line on stdin abort all their sockets; exit on EOF."""
+async def _workers_main(
+    url: str, keyring: Path, first: int, count: int, backoff_reset_after: float | None = None
+) -> None:
+    """Run ``count`` workers; on a ``cut`` line on stdin abort all their sockets; exit on EOF.
+
+    ``backoff_reset_after`` (``per-resume``): a shorter :class:`~garcon_link.Limits` field, so
+    that every round's first redial is immediate, as the storm's is."""
     raise_nofile()
+    limits = (
+        gl.Limits()
+        if backoff_reset_after is None
+        else gl.Limits(backoff_reset_after=backoff_reset_after)
+    )
     async with AsyncExitStack() as stack:
         workers = []
         for index in range(first, first + count):
@@ -182,7 +194,9 @@ async def _workers_main(url: str, keyring: Path, first: int, count: int) -> None
                 secret=read_secret_file(keyring / f"{name}.secret"),
                 dial=url,
             )
-            worker = gl.Worker(config, {"ident": gl.Service(_IdentImpl(name), Ident)})
+            worker = gl.Worker(
+                config, {"ident": gl.Service(_IdentImpl(name), Ident)}, limits=limits
+            )
             workers.append(await stack.enter_async_context(worker))
         print("started", flush=True)
         lines = anyio.wrap_file(sys.stdin)
@@ -525,7 +539,7 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
             command = [
                 *(sys.executable, "-m", "benchmarks.fleet", "workers", "--url", fleet.url),
                 *("--keyring", str(keyring), "--first", "0", "--count", str(n)),
-                *("--loop", args.loop),
+                *("--loop", args.loop, "--backoff-reset-after", str(PER_RESUME_PAUSE_S / 2)),
             ]
             proc = await anyio.open_process(command, stderr=None)
             children.push_async_callback(_stop, proc)
@@ -579,7 +593,7 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
                     f"{rounds[-1]['controller_ms_per_resume']:.2f} ms, worker "
                     f"{rounds[-1]['worker_ms_per_resume']:.2f} ms"
                 )
-                await anyio.sleep(SETTLE_S / 4)
+                await anyio.sleep(PER_RESUME_PAUSE_S)
             proc.kill()
             tg.cancel_scope.cancel()
     result: dict[str, Any] = {
@@ -980,6 +994,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first", type=int, default=0)
     parser.add_argument("--count", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=5, help="per-resume: cuts of all workers")
+    parser.add_argument("--backoff-reset-after", type=float, default=None)
     args = parser.parse_args(argv)
     log_dir = os.environ.get("GL_FLEET_BENCH_LOG_DIR")  # for diagnosis: the library's log lines
     if log_dir:
@@ -991,7 +1006,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.mode == "workers":
 
         async def workers() -> None:
-            await _workers_main(args.url, args.keyring, args.first, args.count)
+            await _workers_main(
+                args.url, args.keyring, args.first, args.count, args.backoff_reset_after
+            )
 
         run_asyncio(workers, args.loop)
         return
