@@ -356,7 +356,13 @@ async def connect(host: str, port: int) -> AsyncioByteStream:
         OSError: otherwise, the first failure that was not a refusal.
     """
     loop = asyncio.get_running_loop()
-    addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    try:
+        # An address literal resolves without a lookup: no executor thread for it.
+        addresses = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+        )
+    except (socket.gaierror, UnicodeError):
+        addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     failures: list[OSError] = []
     for family, kind, proto, _name, address in addresses:
         sock = socket.socket(family, kind, proto)
