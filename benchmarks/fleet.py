@@ -39,6 +39,15 @@ CPU per resume
 listening controller and one worker child of ``--workers`` workers, all of whose sockets are cut
 ``--rounds`` times. Per round and side, the CPU seconds from the cut until all are ``ready``
 again, less the idle rate, divided by the resumes; the median of the rounds is printed.
+
+Instructions instead of CPU time (not disturbed by other load): run it under cachegrind, the
+worker child too, once with ``--rounds 1`` and once with ``--rounds 4``; the difference of the
+``I refs`` over ``3 * workers`` is the count per resume, each side::
+
+    W="valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/tmp/w.%p"
+    GL_FLEET_BENCH_WORKER_WRAP="$W" valgrind --tool=cachegrind --cache-sim=no \
+        --cachegrind-out-file=/tmp/c.%p python -m benchmarks.fleet per-resume --workers 50 \
+        --rounds 1
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ import json
 import logging
 import os
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -184,20 +194,28 @@ async def _workers_main(
         if backoff_reset_after is None
         else gl.Limits(backoff_reset_after=backoff_reset_after)
     )
-    async with AsyncExitStack() as stack:
-        workers = []
+
+    async def run_worker(
+        name: str, *, task_status: anyio.abc.TaskStatus[gl.Worker] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        config = gl.LinkConfig(
+            executor_id=name,
+            role=gl.Role.WORKER,
+            secret=read_secret_file(keyring / f"{name}.secret"),
+            dial=url,
+        )
+        services = {"ident": gl.Service(_IdentImpl(name), Ident)}
+        async with gl.Worker(config, services, limits=limits) as worker:
+            task_status.started(worker)
+            await anyio.sleep_forever()
+
+    # Each worker in a task of its own, as each would be in a process of its own: entered one
+    # inside the other (an exit stack), every cancel scope of the last would have the hundreds
+    # of the others as ancestors, and anyio walks that chain at every scope's exit.
+    async with anyio.create_task_group() as tg:
+        workers: list[gl.Worker] = []
         for index in range(first, first + count):
-            name = executor_id(index)
-            config = gl.LinkConfig(
-                executor_id=name,
-                role=gl.Role.WORKER,
-                secret=read_secret_file(keyring / f"{name}.secret"),
-                dial=url,
-            )
-            worker = gl.Worker(
-                config, {"ident": gl.Service(_IdentImpl(name), Ident)}, limits=limits
-            )
-            workers.append(await stack.enter_async_context(worker))
+            workers.append(await tg.start(run_worker, executor_id(index)))
         print("started", flush=True)
         lines = anyio.wrap_file(sys.stdin)
         profile_prefix = os.environ.get("GL_FLEET_BENCH_PROFILE")
@@ -536,7 +554,9 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
             tg.start_soon(tracker.follow, fleet)
             for _ in range(3):
                 await anyio.sleep(0)
+            wrap = shlex.split(os.environ.get("GL_FLEET_BENCH_WORKER_WRAP", ""))
             command = [
+                *wrap,
                 *(sys.executable, "-m", "benchmarks.fleet", "workers", "--url", fleet.url),
                 *("--keyring", str(keyring), "--first", "0", "--count", str(n)),
                 *("--loop", args.loop, "--backoff-reset-after", str(PER_RESUME_PAUSE_S / 2)),
@@ -594,7 +614,9 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
                     f"{rounds[-1]['worker_ms_per_resume']:.2f} ms"
                 )
                 await anyio.sleep(PER_RESUME_PAUSE_S)
-            proc.kill()
+            await proc.stdin.aclose()  # the child exits on its own (a wrapper writes its counts)
+            with anyio.move_on_after(args.limit):
+                await proc.wait()
             tg.cancel_scope.cancel()
     result: dict[str, Any] = {
         "workers": n,
