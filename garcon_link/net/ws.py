@@ -1222,18 +1222,17 @@ class WebSocketListener:
                 return False  # (h11 yields nothing else before a request; defensive)
         await self.turns.step()
         pipelined = parser.trailing_data[0]  # everything after the request's head
-        why = upgrade_refusal(
-            event,
-            bytes(received[: len(received) - len(pipelined)]),
-            max_headers=self.limits.max_upgrade_headers,
-        )
+        head = bytes(received[: len(received) - len(pipelined)])
+        why = upgrade_refusal(event, head, max_headers=self.limits.max_upgrade_headers)
         if why is not None:
             await self._refuse(sock, 400, why)
             return False
         ws = sock.ws
         try:
-            # wsproto's own checks (Upgrade, Connection, Sec-WebSocket-Key/-Version, Host).
-            ws.initiate_upgrade_connection(list(event.headers), event.target)
+            # wsproto's own checks (Upgrade, Connection, Sec-WebSocket-Key/-Version, Host), on
+            # the head as received (initiate_upgrade_connection would build a request from the
+            # parsed headers, serialize it and parse it again).
+            ws.receive_data(head)
             request = next((e for e in ws.events() if isinstance(e, Request)), None)
         except BROKEN as exc:
             await self._refuse(sock, 400, f"bad upgrade request: {peer_text(exc)}")
