@@ -32,6 +32,22 @@ What the controller measures, in order
    ``ready`` again (a ``ready`` event after the cut), the p99 of the spared executors' calls
    during that time against their idle p99, and the listener's handshake throughput (its best
    :data:`RATE_WINDOW_S` window, and the average over the storm).
+
+CPU per resume
+--------------
+``python -m benchmarks.fleet per-resume --workers 200 --rounds 5`` (not part of the runner): a
+listening controller and one worker child of ``--workers`` workers, all of whose sockets are cut
+``--rounds`` times. Per round and side, the CPU seconds from the cut until all are ``ready``
+again, less the idle rate, divided by the resumes; the median of the rounds is printed.
+
+Instructions instead of CPU time (not disturbed by other load): run it under cachegrind, the
+worker child too, once with ``--rounds 1`` and once with ``--rounds 4``; the difference of the
+``I refs`` over ``3 * workers`` is the count per resume, each side::
+
+    W="valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/tmp/w.%p"
+    GL_FLEET_BENCH_WORKER_WRAP="$W" valgrind --tool=cachegrind --cache-sim=no \
+        --cachegrind-out-file=/tmp/c.%p python -m benchmarks.fleet per-resume --workers 50 \
+        --rounds 1
 """
 
 from __future__ import annotations
@@ -44,6 +60,7 @@ import json
 import logging
 import os
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -83,6 +100,10 @@ HISTOGRAM_BUCKETS = 30
 """At most this many buckets (of 0.1 s, 0.2 s, 0.5 s, 1 s, 2 s, 5 s... as the spread needs)."""
 SETTLE_S = 2.0
 """Pause before reading the idle RSS (late receipts, heartbeats settle)."""
+RESUME_TAIL_S = 0.2
+"""``per-resume``: CPU still counted after the last resume (late receipts, replays' ends)."""
+PER_RESUME_PAUSE_S = 1.0
+"""``per-resume``: pause between rounds; the workers' ``backoff_reset_after`` is half of it."""
 
 
 class Ident(Protocol):
@@ -160,28 +181,59 @@ def _p(values: list[float], q: float) -> float:
 # ------------------------------------------------------------------------ worker child
 
 
-async def _workers_main(url: str, keyring: Path, first: int, count: int) -> None:
-    """Run ``count`` workers; on a ``cut`` line on stdin abort all their sockets; exit on EOF."""
+async def _workers_main(
+    url: str, keyring: Path, first: int, count: int, backoff_reset_after: float | None = None
+) -> None:
+    """Run ``count`` workers; on a ``cut`` line on stdin abort all their sockets; exit on EOF.
+
+    ``backoff_reset_after`` (``per-resume``): a shorter :class:`~garcon_link.Limits` field, so
+    that every round's first redial is immediate, as the storm's is."""
     raise_nofile()
-    async with AsyncExitStack() as stack:
-        workers = []
+    limits = (
+        gl.Limits()
+        if backoff_reset_after is None
+        else gl.Limits(backoff_reset_after=backoff_reset_after)
+    )
+
+    async def run_worker(
+        name: str, *, task_status: anyio.abc.TaskStatus[gl.Worker] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        config = gl.LinkConfig(
+            executor_id=name,
+            role=gl.Role.WORKER,
+            secret=read_secret_file(keyring / f"{name}.secret"),
+            dial=url,
+        )
+        services = {"ident": gl.Service(_IdentImpl(name), Ident)}
+        async with gl.Worker(config, services, limits=limits) as worker:
+            task_status.started(worker)
+            await anyio.sleep_forever()
+
+    # Each worker in a task of its own, as each would be in a process of its own: entered one
+    # inside the other (an exit stack), every cancel scope of the last would have the hundreds
+    # of the others as ancestors, and anyio walks that chain at every scope's exit.
+    async with anyio.create_task_group() as tg:
+        workers: list[gl.Worker] = []
         for index in range(first, first + count):
-            name = executor_id(index)
-            config = gl.LinkConfig(
-                executor_id=name,
-                role=gl.Role.WORKER,
-                secret=read_secret_file(keyring / f"{name}.secret"),
-                dial=url,
-            )
-            worker = gl.Worker(config, {"ident": gl.Service(_IdentImpl(name), Ident)})
-            workers.append(await stack.enter_async_context(worker))
+            workers.append(await tg.start(run_worker, executor_id(index)))
         print("started", flush=True)
         lines = anyio.wrap_file(sys.stdin)
+        profile_prefix = os.environ.get("GL_FLEET_BENCH_PROFILE")
+        profile: Any = None
         while line := await lines.readline():
             if line.strip() == "cut":
+                if profile_prefix and profile is None:
+                    import cProfile
+
+                    profile = cProfile.Profile()
+                    profile.enable()
                 for worker in workers:
                     await worker.link.disconnect()
                 print("cut", flush=True)
+            elif line.strip() == "dump" and profile is not None:
+                profile.disable()
+                _add_stats(profile, f"{profile_prefix}.worker.prof")
+                profile = None
         os._exit(0)  # stdin closed: the controller is done (no graceful close to wait for)
 
 
@@ -477,6 +529,111 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
+    """CPU time per resume, each side: ``args.workers`` workers in one child, all cut at once
+    ``args.rounds`` times. Per round, the CPU seconds (user + system, ``/proc``) of the
+    controller and of the worker child from the cut until every executor is ``ready`` again
+    plus :data:`RESUME_TAIL_S` (late receipts), less their idle rate over that time, divided by
+    the resumes. With ``GL_FLEET_BENCH_PROFILE=P``: cProfile of the rounds, ``P.resume.prof``
+    (controller) and ``P.worker.prof``."""
+    raise_nofile()
+    n = args.workers
+    ids = [executor_id(i) for i in range(n)]
+    with tempfile.TemporaryDirectory(prefix="gl-fleet-bench-") as tmp:
+        keyring = Path(tmp) / "keys"
+        keyring.mkdir(mode=0o700)
+        for name in ids:
+            write_secret_file(keyring / f"{name}.secret")
+        config = gl.FleetConfig(listen=("127.0.0.1", 0), keyring=keyring, max_executors=n)
+        tracker = _Tracker()
+        async with (
+            gl.Fleet(config, events_buffer=8 * n + 64) as fleet,
+            anyio.create_task_group() as tg,
+            AsyncExitStack() as children,
+        ):
+            tg.start_soon(tracker.follow, fleet)
+            for _ in range(3):
+                await anyio.sleep(0)
+            wrap = shlex.split(os.environ.get("GL_FLEET_BENCH_WORKER_WRAP", ""))
+            command = [
+                *wrap,
+                *(sys.executable, "-m", "benchmarks.fleet", "workers", "--url", fleet.url),
+                *("--keyring", str(keyring), "--first", "0", "--count", str(n)),
+                *("--loop", args.loop, "--backoff-reset-after", str(PER_RESUME_PAUSE_S / 2)),
+            ]
+            proc = await anyio.open_process(command, stderr=None)
+            children.push_async_callback(_stop, proc)
+            assert proc.stdin is not None
+            await tracker.until(lambda: len(tracker.ready) == n, args.limit, "cold start")
+            await anyio.sleep(SETTLE_S)
+            idle_before = _cpu_seconds([proc])
+            t0 = time.perf_counter()
+            await anyio.sleep(SETTLE_S)
+            idle_after = _cpu_seconds([proc])
+            idle_s = time.perf_counter() - t0
+            idle_rate = [(b - a) / idle_s for a, b in zip(idle_before, idle_after, strict=True)]
+            rounds: list[dict[str, float]] = []
+            for _ in range(args.rounds):
+                before = fleet.statistics()
+                with _profiled("resume"):
+                    cpu_before = _cpu_seconds([proc])
+                    start = time.perf_counter()
+                    await proc.stdin.send(b"cut\n")
+
+                    def all_back(start: float = start) -> bool:
+                        return len(tracker.ready) == n and all(
+                            tracker.ready_at.get(i, 0.0) > start for i in ids
+                        )
+
+                    await tracker.until(all_back, args.limit, "every executor ready again")
+                    recovered = time.perf_counter() - start
+                    await anyio.sleep(RESUME_TAIL_S)
+                    cpu_after = _cpu_seconds([proc])
+                    window = time.perf_counter() - start
+                await proc.stdin.send(b"dump\n")
+                after = fleet.statistics()
+                resumed = after.resumed - before.resumed
+                if resumed != n:
+                    raise harness.MeasurementError(f"{resumed} resumed of {n} cut")
+                spent = [
+                    b - a - rate * window
+                    for a, b, rate in zip(cpu_before, cpu_after, idle_rate, strict=True)
+                ]
+                rounds.append(
+                    {
+                        "recovered_s": recovered,
+                        "connections": after.connections - before.connections,
+                        "controller_ms_per_resume": spent[0] / n * 1000,
+                        "worker_ms_per_resume": spent[1] / n * 1000,
+                    }
+                )
+                _progress(
+                    f"round {len(rounds)}: {n} resumed in {recovered:.2f} s "
+                    f"({rounds[-1]['connections']} connections); CPU per resume: controller "
+                    f"{rounds[-1]['controller_ms_per_resume']:.2f} ms, worker "
+                    f"{rounds[-1]['worker_ms_per_resume']:.2f} ms"
+                )
+                await anyio.sleep(PER_RESUME_PAUSE_S)
+            await proc.stdin.aclose()  # the child exits on its own (a wrapper writes its counts)
+            with anyio.move_on_after(args.limit):
+                await proc.wait()
+            tg.cancel_scope.cancel()
+    result: dict[str, Any] = {
+        "workers": n,
+        "rounds": rounds,
+        "idle_cpu_percent": {"controller": idle_rate[0] * 100, "worker": idle_rate[1] * 100},
+    }
+    for key in ("controller_ms_per_resume", "worker_ms_per_resume", "recovered_s"):
+        result[key] = statistics.median(r[key] for r in rounds)
+    _progress(
+        f"CPU per resume, median of {len(rounds)} rounds of {n}: controller "
+        f"{result['controller_ms_per_resume']:.2f} ms, worker "
+        f"{result['worker_ms_per_resume']:.2f} ms (idle CPU: controller "
+        f"{idle_rate[0] * 100:.1f} %, worker {idle_rate[1] * 100:.1f} %)"
+    )
+    return result
+
+
 @contextlib.contextmanager
 def _profiled(phase: str) -> Iterator[None]:
     """cProfile this phase into ``$GL_FLEET_BENCH_PROFILE.<phase>.prof`` (diagnosis only)."""
@@ -492,17 +649,21 @@ def _profiled(phase: str) -> Iterator[None]:
         yield
     finally:
         profile.disable()
-        path = f"{prefix}.{phase}.prof"
-        if os.path.exists(path):  # several repetitions: keep adding
-            profile.dump_stats(path + ".new")
-            import pstats
+        _add_stats(profile, f"{prefix}.{phase}.prof")
 
-            stats = pstats.Stats(path)
-            stats.add(path + ".new")
-            stats.dump_stats(path)
-            os.unlink(path + ".new")
-        else:
-            profile.dump_stats(path)
+
+def _add_stats(profile: Any, path: str) -> None:
+    """Write ``profile`` to ``path``, added to what is there (several repetitions)."""
+    if os.path.exists(path):
+        profile.dump_stats(path + ".new")
+        import pstats
+
+        stats = pstats.Stats(path)
+        stats.add(path + ".new")
+        stats.dump_stats(path)
+        os.unlink(path + ".new")
+    else:
+        profile.dump_stats(path)
 
 
 @contextlib.contextmanager
@@ -842,7 +1003,7 @@ def main(argv: list[str] | None = None) -> None:
     from .servers._common import run_asyncio
 
     parser = argparse.ArgumentParser(description="Children of the fleet benchmark.")
-    parser.add_argument("mode", choices=("controller", "workers"))
+    parser.add_argument("mode", choices=("controller", "workers", "per-resume"))
     parser.add_argument("--loop", choices=eventloop.CHOICES, default="asyncio")
     parser.add_argument("--workers", type=int, default=1000)
     parser.add_argument("--processes", type=int, default=4)
@@ -854,6 +1015,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keyring", type=Path)
     parser.add_argument("--first", type=int, default=0)
     parser.add_argument("--count", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=5, help="per-resume: cuts of all workers")
+    parser.add_argument("--backoff-reset-after", type=float, default=None)
     args = parser.parse_args(argv)
     log_dir = os.environ.get("GL_FLEET_BENCH_LOG_DIR")  # for diagnosis: the library's log lines
     if log_dir:
@@ -865,7 +1028,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.mode == "workers":
 
         async def workers() -> None:
-            await _workers_main(args.url, args.keyring, args.first, args.count)
+            await _workers_main(
+                args.url, args.keyring, args.first, args.count, args.backoff_reset_after
+            )
 
         run_asyncio(workers, args.loop)
         return
@@ -873,7 +1038,10 @@ def main(argv: list[str] | None = None) -> None:
 
     async def controller() -> None:
         with anyio.fail_after(4 * args.limit):
-            box.append(await _controller_main(args))
+            if args.mode == "per-resume":
+                box.append(await _per_resume_main(args))
+            else:
+                box.append(await _controller_main(args))
 
     run_asyncio(controller, args.loop)
     print("RESULT " + json.dumps(box[0]), flush=True)

@@ -146,6 +146,7 @@ from ..net.ws import (
     WebSocketListener,
     client_upgrade,
     close_code,
+    close_stream,
     connect,
     describe_close,
     one_line,
@@ -764,9 +765,9 @@ class WebSocketLink:
                 return await self._authenticate(sock)
         except BaseException:
             # Shutdown (cancellation) included: never drop a connected stream unclosed.
-            await anyio.aclose_forcefully(stream)
+            await close_stream(stream)
             raise
-        await anyio.aclose_forcefully(stream)
+        await close_stream(stream)
         if deadline.cancelled_caught:
             self._stats.count_handshake_failure(HandshakeFailure.TIMEOUT)
             peer = f"{self._dial.host}:{self._dial.port}"

@@ -331,6 +331,12 @@ class AsyncioByteStream(anyio.abc.ByteStream):
 
     async def aclose(self) -> None:
         """Close at once (abort), like anyio's ``SocketStream.aclose``: unsent bytes are dropped."""
+        self.abort()
+        await anyio.lowlevel.checkpoint()
+
+    def abort(self) -> None:
+        """:meth:`aclose` without its checkpoint: for a ``finally`` that must not wait, and costs
+        no cancel scope (``anyio.aclose_forcefully`` makes and cancels one)."""
         if not self._closed:
             self._closed = True
             self._transport.abort()
@@ -341,7 +347,6 @@ class AsyncioByteStream(anyio.abc.ByteStream):
             self._protocol.buffered = 0
             self._protocol._wake_reader()
             self._protocol.resume_writing()
-        await anyio.lowlevel.checkpoint()
 
 
 async def connect(host: str, port: int) -> AsyncioByteStream:
@@ -356,7 +361,13 @@ async def connect(host: str, port: int) -> AsyncioByteStream:
         OSError: otherwise, the first failure that was not a refusal.
     """
     loop = asyncio.get_running_loop()
-    addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    try:
+        # An address literal resolves without a lookup: no executor thread for it.
+        addresses = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+        )
+    except (socket.gaierror, UnicodeError):
+        addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     failures: list[OSError] = []
     for family, kind, proto, _name, address in addresses:
         sock = socket.socket(family, kind, proto)

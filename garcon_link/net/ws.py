@@ -821,7 +821,7 @@ class WebSocket:
             if sent and drain and code != CloseCode.HEARTBEAT_TIMEOUT:
                 await self._await_peer_close()
         self._closed = True
-        await anyio.aclose_forcefully(self.stream)
+        await close_stream(self.stream)
 
     async def _await_peer_close(self) -> None:
         """Read (and discard) until the peer's close frame or EOF; the caller bounds the time.
@@ -854,7 +854,7 @@ class WebSocket:
 
     async def abort(self) -> None:
         self._closed = True
-        await anyio.aclose_forcefully(self.stream)
+        await close_stream(self.stream)
 
 
 def close_code(sock: WebSocket) -> int | None:
@@ -875,6 +875,17 @@ def describe_close(sock: WebSocket) -> str:
 
 
 # ---------------------------------------------------------------------------------- dialing
+
+
+async def close_stream(stream: anyio.abc.ByteStream) -> None:
+    """Close ``stream`` at once (unsent bytes dropped) and never wait: asyncio's stream is
+    aborted in place, any other goes through ``anyio.aclose_forcefully`` (a TLS stream's close
+    would otherwise wait for the peer). Every socket a resume replaces ends here, so the
+    asyncio path costs no cancel scope and no checkpoint."""
+    if isinstance(stream, _asyncio_stream.AsyncioByteStream):
+        stream.abort()
+    else:
+        await anyio.aclose_forcefully(stream)
 
 
 async def connect(target: DialTarget, limits: Limits) -> anyio.abc.ByteStream:
@@ -1134,7 +1145,7 @@ class WebSocketListener:
         finally:
             # Every exit, shutdown (cancellation) included, closes the socket: a dropped stream
             # would stay open until garbage collection and the peer would hang.
-            await anyio.aclose_forcefully(stream)
+            await close_stream(stream)
 
     async def _accept(
         self, stream: anyio.abc.ByteStream, peer: str, authenticate: Authenticate
@@ -1211,18 +1222,17 @@ class WebSocketListener:
                 return False  # (h11 yields nothing else before a request; defensive)
         await self.turns.step()
         pipelined = parser.trailing_data[0]  # everything after the request's head
-        why = upgrade_refusal(
-            event,
-            bytes(received[: len(received) - len(pipelined)]),
-            max_headers=self.limits.max_upgrade_headers,
-        )
+        head = bytes(received[: len(received) - len(pipelined)])
+        why = upgrade_refusal(event, head, max_headers=self.limits.max_upgrade_headers)
         if why is not None:
             await self._refuse(sock, 400, why)
             return False
         ws = sock.ws
         try:
-            # wsproto's own checks (Upgrade, Connection, Sec-WebSocket-Key/-Version, Host).
-            ws.initiate_upgrade_connection(list(event.headers), event.target)
+            # wsproto's own checks (Upgrade, Connection, Sec-WebSocket-Key/-Version, Host), on
+            # the head as received (initiate_upgrade_connection would build a request from the
+            # parsed headers, serialize it and parse it again).
+            ws.receive_data(head)
             request = next((e for e in ws.events() if isinstance(e, Request)), None)
         except BROKEN as exc:
             await self._refuse(sock, 400, f"bad upgrade request: {peer_text(exc)}")

@@ -65,7 +65,7 @@ KEYGEN_HINT = "generate one with `garcon-link keygen PATH`"
 
 _GENERATED_SECRET_BYTES = 32
 _MAX_SECRET_FILE_BYTES = 64 * 1024  # read bound: a secret file is a few dozen bytes
-_HEX_DIGITS = frozenset(string.hexdigits)
+_HEX_DIGITS = string.hexdigits.encode("ascii")
 
 
 # --------------------------------------------------------------------------- messages
@@ -154,7 +154,7 @@ def decode_secret(raw: bytes) -> bytes:
     if (
         len(text) >= 2 * MIN_SECRET_BYTES
         and len(text) % 2 == 0
-        and all(chr(b) in _HEX_DIGITS for b in text)
+        and not text.translate(None, _HEX_DIGITS)  # nothing left once the hex digits go
     ):
         return bytes.fromhex(text.decode("ascii"))
     return text
