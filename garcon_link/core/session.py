@@ -479,7 +479,12 @@ class MessageSession:
         if size > limit:
             raise PayloadTooLarge(size, limit)
         retained = self._retained
-        if retained and not self._admits(size):
+        pool = self._pool
+        if retained and not (  # _admits, inline: a lone frame is always admitted
+            len(retained) < self._limits.max_retained_frames
+            and self._retained_bytes + size <= self._limits.max_retained_bytes
+            and (pool is None or pool.used + size <= pool.limit)
+        ):
             raise RetentionFull(
                 f"retention is full ({len(retained)} frames, {self._retained_bytes} bytes)"
             )
@@ -492,8 +497,8 @@ class MessageSession:
             self._retained_bytes_peak = retained_bytes
         if len(retained) > self._retained_frames_peak:
             self._retained_frames_peak = len(retained)
-        if self._pool is not None:
-            self._pool.used += size
+        if pool is not None:
+            pool.used += size
         if self._state is SessionState.ATTACHED:
             self._to_send.append(item)
         return ordinal  # type: ignore[return-value]  # an Ordinal: the NewType costs a call
