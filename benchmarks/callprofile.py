@@ -11,7 +11,11 @@ server child process, same client, 32-byte echo), this counts per call:
   leaves: several calls' frames in one message, one socket write);
 - with ``--instructions``, **instructions** executed by each side during the measured calls
   (valgrind's callgrind, instrumentation switched on for those calls only; the run is about
-  50 times slower), and for ``ours-call`` their ratio to the ``wsproto`` floor's, per side.
+  50 times slower), and for ``ours-call`` their ratio to the ``wsproto`` floor's, per side:
+  once for the sequential calls and once for the calls made :data:`IN_FLIGHT` at a time (each
+  phase zeroed before and dumped after, so neither counts the other). The side not being
+  counted runs at full speed, so in flight the counted side is the slow one: its reads find
+  more of the other side's messages waiting than they would at full speed on both sides.
   Instructions do not depend on the machine's speed, but they do on its load a little: how
   the two processes' loop turns interleave decides how often a receipt rides alone or a
   writer wakes, which moves a count by up to a tenth between runs on a busy machine (compare
@@ -44,6 +48,12 @@ ENTRIES = ("wsproto", "ours-call")
 PAYLOAD = b"x" * 32
 WARMUP = 300
 IN_FLIGHT = 64
+INSTRUCTIONS = (
+    "client_instructions",
+    "server_instructions",
+    "client_flight_instructions",
+    "server_flight_instructions",
+)
 
 
 def _server(entry: str, prefix: list[str]) -> tuple[subprocess.Popen[str], int]:
@@ -80,31 +90,50 @@ def _counting_loop() -> tuple[asyncio.AbstractEventLoop, list[int]]:
     return loop, count
 
 
-def _callgrind(pid: int, switch: str) -> None:
+def _callgrind(pid: int, option: str) -> None:
     subprocess.run(
-        ["callgrind_control", "-i", switch, str(pid)],
+        ["callgrind_control", option, str(pid)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         check=False,
     )
 
 
-def _totals(pattern: Path) -> int:
-    total = 0
+def _totals(pattern: Path) -> dict[str, int]:
+    """The instructions of each phase in callgrind's dumps (``pattern``: a glob), by phase:
+    each dump's description names the phase it closed (see :func:`_callgrind_phases`)."""
+    totals: dict[str, int] = {}
     for path in pattern.parent.glob(pattern.name):
-        match = re.search(r"^totals:\s+(\d+)", path.read_text(errors="replace"), re.M)
-        if match:
-            total += int(match.group(1))
-    return total
+        text = path.read_text(errors="replace")
+        match = re.search(r"^totals:\s+(\d+)", text, re.M)
+        phase = re.search(r"^desc: Trigger: .*?phase-(\w+)", text, re.M)
+        if match and phase:
+            totals[phase.group(1)] = totals.get(phase.group(1), 0) + int(match.group(1))
+    return totals
 
 
-def _measure(
-    entry: str,
-    calls: int,
-    *,
-    around: Callable[[subprocess.Popen[str]], tuple[Callable[[], None], Callable[[], None]]],
-    prefix: list[str],
-) -> dict[str, Any]:
+def _callgrind_phases(pid: int) -> tuple[Phase, Phase]:
+    """Counters zeroed and instrumentation on at a phase's start; off and a dump named after
+    the phase at its end."""
+
+    def start(phase: str) -> None:
+        _callgrind(pid, "--zero")
+        _callgrind(pid, "--instr=on")
+
+    def stop(phase: str) -> None:
+        _callgrind(pid, "--instr=off")
+        _callgrind(pid, f"--dump=phase-{phase}")
+
+    return start, stop
+
+
+Phase = Callable[[str], None]
+"""Called with ``"calls"`` (the sequential calls) or ``"flight"`` (the calls in flight)."""
+Around = Callable[[subprocess.Popen[str]], tuple[Phase, Phase]]
+"""Given the server process: what to do right before and right after each measured phase."""
+
+
+def _measure(entry: str, calls: int, *, around: Around, prefix: list[str]) -> dict[str, Any]:
     proc, port = _server(entry, prefix)
     _, connect = BY_NAME[entry].load_client()
     loop, turns = _counting_loop()
@@ -117,29 +146,32 @@ def _measure(
             start, stop = around(proc)
             stats = _transport(echo)
             turns_before = turns[0]
-            start()
+            start("calls")
             for _ in range(calls):
                 if await echo.call(PAYLOAD) != PAYLOAD:
                     raise RuntimeError("echo mismatch")
-            stop()
+            stop("calls")
             result["client_turns"] = (turns[0] - turns_before) / calls
             after = _transport(echo)
             if stats is not None and after is not None:
                 result["client_written"] = (after[0] - stats[0]) / calls
                 result["client_read"] = (after[1] - stats[1]) / calls
-                # The same calls, IN_FLIGHT at a time (not counted by strace or callgrind).
-                per_task = max(1, calls // IN_FLIGHT)
+            # The same number of calls (to a multiple of IN_FLIGHT), IN_FLIGHT at a time.
+            per_task = max(1, calls // IN_FLIGHT)
 
-                async def caller() -> None:
-                    for _ in range(per_task):
-                        if await echo.call(PAYLOAD) != PAYLOAD:
-                            raise RuntimeError("echo mismatch")
+            async def caller() -> None:
+                for _ in range(per_task):
+                    if await echo.call(PAYLOAD) != PAYLOAD:
+                        raise RuntimeError("echo mismatch")
 
-                await asyncio.gather(*(caller() for _ in range(IN_FLIGHT)))
-                flight = _transport(echo)
-                assert flight is not None
-                result["flight_written"] = (flight[0] - after[0]) / (per_task * IN_FLIGHT)
-                result["flight_read"] = (flight[1] - after[1]) / (per_task * IN_FLIGHT)
+            start("flight")
+            await asyncio.gather(*(caller() for _ in range(IN_FLIGHT)))
+            stop("flight")
+            result["flight_calls"] = per_task * IN_FLIGHT
+            flight = _transport(echo)
+            if after is not None and flight is not None:
+                result["flight_written"] = (flight[0] - after[0]) / result["flight_calls"]
+                result["flight_read"] = (flight[1] - after[1]) / result["flight_calls"]
 
     try:
         loop.run_until_complete(client())
@@ -165,8 +197,10 @@ def syscalls(entry: str, calls: int) -> dict[str, Any]:
         out = Path(tmp) / "strace.txt"
         tracer: list[subprocess.Popen[bytes]] = []
 
-        def around(proc: subprocess.Popen[str]) -> tuple[Callable[[], None], Callable[[], None]]:
-            def start() -> None:
+        def around(proc: subprocess.Popen[str]) -> tuple[Phase, Phase]:
+            def start(phase: str) -> None:
+                if phase != "calls":  # strace counts the sequential calls only
+                    return
                 tracer.append(
                     subprocess.Popen(
                         ["strace", "-c", "-f", "-o", str(out), "-p", str(proc.pid)],
@@ -176,7 +210,9 @@ def syscalls(entry: str, calls: int) -> dict[str, Any]:
                 # strace attaches asynchronously: give it time before the measured calls.
                 time.sleep(0.5)
 
-            def stop() -> None:
+            def stop(phase: str) -> None:
+                if phase != "calls":
+                    return
                 tracer[0].terminate()
                 tracer[0].wait(timeout=30)
 
@@ -202,17 +238,13 @@ def instructions(entry: str, calls: int) -> dict[str, Any]:
             f"--callgrind-out-file={server_out}",
         ]
 
-        def around(proc: subprocess.Popen[str]) -> tuple[Callable[[], None], Callable[[], None]]:
-            def start() -> None:
-                _callgrind(proc.pid, "on")
-
-            def stop() -> None:
-                _callgrind(proc.pid, "off")
-
-            return start, stop
+        def around(proc: subprocess.Popen[str]) -> tuple[Phase, Phase]:
+            return _callgrind_phases(proc.pid)
 
         result = _measure(entry, calls, around=around, prefix=prefix)
-        result["server_instructions"] = _totals(Path(tmp) / "server.*") / calls
+        server = _totals(Path(tmp) / "server.*")
+        result["server_instructions"] = server["calls"] / calls
+        result["server_flight_instructions"] = server["flight"] / result["flight_calls"]
         # The client side: this module again, under callgrind, measuring itself.
         client_out = Path(tmp) / "client.%p"
         subprocess.run(
@@ -236,7 +268,9 @@ def instructions(entry: str, calls: int) -> dict[str, Any]:
             stderr=subprocess.DEVNULL,
             check=True,
         )
-        result["client_instructions"] = _totals(Path(tmp) / "client.*") / calls
+        client = _totals(Path(tmp) / "client.*")
+        result["client_instructions"] = client["calls"] / calls
+        result["client_flight_instructions"] = client["flight"] / result["flight_calls"]
         return result
 
 
@@ -244,8 +278,8 @@ def _self_instrument(entry: str, calls: int) -> None:
     """Run under callgrind by :func:`instructions`: count this process's measured calls."""
     me = os.getpid()
 
-    def around(proc: subprocess.Popen[str]) -> tuple[Callable[[], None], Callable[[], None]]:
-        return (lambda: _callgrind(me, "on")), (lambda: _callgrind(me, "off"))
+    def around(proc: subprocess.Popen[str]) -> tuple[Phase, Phase]:
+        return _callgrind_phases(me)
 
     _measure(entry, calls, around=around, prefix=[])
 
@@ -283,8 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.instructions:
             counted = instructions(entry, min(args.calls, 1000))
             # Only the instructions: turns and messages come from the run at full speed.
-            row["client_instructions"] = counted["client_instructions"]
-            row["server_instructions"] = counted["server_instructions"]
+            for key in INSTRUCTIONS:
+                row[key] = counted[key]
         rows.append((entry, row))
     floor = dict(rows).get("wsproto")
     print(f"Per sequential 32-byte call, CPython {version}, {args.calls} calls:\n")
@@ -292,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     header.append("server syscalls (top 5)")
     if args.instructions:
         header += ["client instructions", "server instructions"]
+        header += [f"client, {IN_FLIGHT} in flight", f"server, {IN_FLIGHT} in flight"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for entry, row in rows:
@@ -317,10 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{sum(counts.values()):.2f}: {shown}",
         ]
         if args.instructions:
-            cells += [
-                _instructions(row, floor, "client_instructions"),
-                _instructions(row, floor, "server_instructions"),
-            ]
+            cells += [_instructions(row, floor, key) for key in INSTRUCTIONS]
         print("| " + " | ".join(cells) + " |")
     return 0
 

@@ -397,6 +397,37 @@ def test_stale_receipts_are_ignored_but_counted() -> None:
     assert session.receipts_received == 4
 
 
+def test_batches_with_every_head_width_deliver_each_body_once_in_order() -> None:
+    """Ordinals and body lengths on both sides of each head width (1, 2, 3 and 5 bytes), large
+    bodies (views), duplicates and receipts mixed in: each body is delivered once, in order,
+    and each packet counted."""
+    sizes = [0, 1, 23, 24, 255, 256, 65535, 65536, 70000]
+    session = attached_session(Limits(max_packets_per_message=512))
+    for i in range(3):
+        session.send(b"out-%d" % i)
+    session.data_to_send()  # offered 3
+    sent: list[bytes] = []
+    ordinal = 0
+    for batch in range(4):
+        packets: list[bytes] = []
+        expected: list[bytes] = []
+        for i in range(90 if batch < 3 else 1):
+            ordinal += 1
+            body = bytes([i % 251]) * sizes[(ordinal + batch) % len(sizes)] if i % 10 else b""
+            packets.append(encode_message(ordinal, body))
+            expected.append(body)
+            if i % 29 == 7:  # a duplicate of the one just sent, then a receipt
+                packets.append(encode_message(ordinal, body))
+                packets.append(encode_receipt(min(batch + i % 3, 3)))
+        received = session.receive(b"".join(packets))
+        assert [bytes(body) for body in received.bodies] == expected
+        assert received.packets == len(packets)
+        sent += expected
+    assert session.accepted == ordinal == len(sent) == 271
+    assert session.statistics().delivered == 271
+    assert session.confirmed == 3
+
+
 # -- resume position ----------------------------------------------------------------------------
 
 

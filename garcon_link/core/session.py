@@ -62,11 +62,12 @@ Rules implemented (docs/design.md#session)
   ``Limits.receipt_interval`` messages accepted since the last receipt ("at most every 64"), or
   ``Limits.receipt_bytes`` of their bodies (a bulk transfer's pacing waits for receipts).
 - **Atomic batches, decoded incrementally.** :meth:`receive` decodes the WebSocket message one
-  packet at a time (:func:`~garcon_link.core.wire.iter_packets`) and checks each packet as it is
-  decoded, against local copies of the counters; it applies the batch only if every packet is
-  acceptable: a message that is malformed, has a gap or a receipt beyond ``offered`` anywhere
-  delivers nothing. The only thing held while checking is the list of bodies to deliver (the
-  packet objects are dropped as they are checked), and the first bad packet stops the decoding.
+  packet at a time (the next message in order inline, anything else with
+  :func:`~garcon_link.core.wire.iter_packets`) and checks each packet as it is decoded, against
+  local copies of the counters; it applies the batch only if every packet is acceptable: a message
+  that is malformed, has a gap or a receipt beyond ``offered`` anywhere delivers nothing. The only
+  thing held while checking is the list of bodies to deliver (the packet objects are dropped as they
+  are checked), and the first bad packet stops the decoding.
 - **Events, not counters.** :meth:`receive` returns a :class:`Received` saying what the message
   did -- the bodies, its packet count, whether it passed the replay fence (the first receipt on
   this attachment), advanced ``confirmed``, made a receipt due, left a due receipt urgent -- so
@@ -107,12 +108,13 @@ from ..errors import (
 )
 from ..limits import Limits
 from .wire import (
+    VIEW_BYTES,
     Gathered,
     Message,
     Ordinal,
-    encode_message,
     encode_receipt,
     iter_packets,
+    message_head,
 )
 
 __all__ = [
@@ -471,27 +473,35 @@ class MessageSession:
         if self._failure is not None:
             raise self._failure
         ordinal = self._issued + 1
-        size = encoded_message_size(ordinal, len(body))
+        head = message_head(ordinal, len(body))
+        size = len(head) + len(body)
         limit = self._limits.max_frame_bytes
         if size > limit:
             raise PayloadTooLarge(size, limit)
-        if not self._admits(size):
+        retained = self._retained
+        pool = self._pool
+        if retained and not (  # _admits, inline: a lone frame is always admitted
+            len(retained) < self._limits.max_retained_frames
+            and self._retained_bytes + size <= self._limits.max_retained_bytes
+            and (pool is None or pool.used + size <= pool.limit)
+        ):
             raise RetentionFull(
-                f"retention is full ({len(self._retained)} frames, {self._retained_bytes} bytes)"
+                f"retention is full ({len(retained)} frames, {self._retained_bytes} bytes)"
             )
-        frame = encode_message(ordinal, body)
+        frame = b"".join((head, *body.pieces)) if isinstance(body, Gathered) else head + body
         self._issued = ordinal
-        self._retained.append((ordinal, frame))
-        self._retained_bytes += size
-        if self._retained_bytes > self._retained_bytes_peak:
-            self._retained_bytes_peak = self._retained_bytes
-        if len(self._retained) > self._retained_frames_peak:
-            self._retained_frames_peak = len(self._retained)
-        if self._pool is not None:
-            self._pool.used += size
+        item = (ordinal, frame)
+        retained.append(item)
+        retained_bytes = self._retained_bytes = self._retained_bytes + size
+        if retained_bytes > self._retained_bytes_peak:
+            self._retained_bytes_peak = retained_bytes
+        if len(retained) > self._retained_frames_peak:
+            self._retained_frames_peak = len(retained)
+        if pool is not None:
+            pool.used += size
         if self._state is SessionState.ATTACHED:
-            self._to_send.append((ordinal, frame))
-        return Ordinal(ordinal)
+            self._to_send.append(item)
+        return ordinal  # type: ignore[return-value]  # an Ordinal: the NewType costs a call
 
     def data_to_send(self) -> list[bytes]:
         """Hand out the packets to write to the current socket now, in order.
@@ -561,9 +571,65 @@ class MessageSession:
         count = 0
         duplicates = 0
         receipts = 0
+        max_packets = limits.max_packets_per_message
+        total = len(data)
+        pos = 0
+        if 0 < total <= limits.max_frame_bytes:
+            # The packets of a batch are mostly the next message after another, each with its
+            # ordinal and length in the shortest head: those are read here, inline (a packet
+            # object, a generator step and two calls less each). At the first packet that is
+            # anything else -- a receipt, a duplicate, a gap, a large body, or bytes that are no
+            # packet -- iter_packets takes over from where this stopped, and judges it.
+            append = bodies.append
+            while pos < total and count < max_packets:
+                if data[pos] != 0x83 or pos + 3 >= total or data[pos + 1]:
+                    break
+                at = pos + 2
+                initial = data[at]
+                if initial < 24:
+                    ordinal = initial
+                    at += 1
+                elif initial < 28:
+                    width = 1 << (initial - 24)
+                    end = at + 1 + width
+                    if end > total:
+                        break
+                    ordinal = int.from_bytes(data[at + 1 : end], "big")
+                    if ordinal < (24 if width == 1 else 1 << (4 * width)):
+                        break
+                    at = end
+                else:
+                    break
+                if ordinal != accepted + 1 or at >= total:
+                    break
+                initial = data[at]
+                if 0x40 <= initial < 0x58:
+                    length = initial - 0x40
+                    at += 1
+                elif 0x58 <= initial < 0x5C:
+                    width = 1 << (initial - 0x58)
+                    end = at + 1 + width
+                    if end > total:
+                        break
+                    length = int.from_bytes(data[at + 1 : end], "big")
+                    if length < (24 if width == 1 else 1 << (4 * width)):
+                        break
+                    at = end
+                else:
+                    break
+                end = at + length
+                if end > total or length >= VIEW_BYTES:
+                    break
+                accepted = ordinal
+                append(data[at:end])
+                size += length
+                count += 1
+                pos = end
         try:
-            for packet in iter_packets(
-                data, limits.max_frame_bytes, limits.max_packets_per_message
+            for packet in (
+                iter_packets(data, limits.max_frame_bytes, max_packets, start=pos, counted=count)
+                if pos < total or not total
+                else ()
             ):
                 count += 1
                 if isinstance(packet, Message):

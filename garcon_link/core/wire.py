@@ -73,6 +73,7 @@ __all__ = [
     "encode_message",
     "encode_receipt",
     "iter_packets",
+    "message_head",
 ]
 
 Ordinal = NewType("Ordinal", int)
@@ -199,6 +200,32 @@ def encode_head(major: int, value: int) -> bytes:
     return bytes((mt | 27,)) + value.to_bytes(8, "big")
 
 
+_SMALL_UINT_HEADS = tuple(encode_head(0, value) for value in range(0x100))
+_SMALL_BYTES_HEADS = tuple(encode_head(2, value) for value in range(0x100))
+
+
+def message_head(ordinal: int, size: int) -> bytes:
+    """The bytes of ``[0, ordinal, body]`` that come before a body of ``size`` bytes (so the
+    frame's length is ``len(message_head(ordinal, size)) + size``).
+
+    Raises:
+        ValueError: the ordinal is out of range (a programming error, not peer input).
+    """
+    if ordinal < 0x100:
+        if ordinal < 1:
+            raise ValueError(f"ordinal out of range: {ordinal}")
+        head = b"\x83\x00" + _SMALL_UINT_HEADS[ordinal]
+    elif ordinal < 0x10000:
+        head = b"\x83\x00\x19" + ordinal.to_bytes(2, "big")
+    elif ordinal <= MAX_ORDINAL:
+        head = b"\x83\x00" + encode_head(0, ordinal)
+    else:
+        raise ValueError(f"ordinal out of range: {ordinal}")
+    if size < 0x100:
+        return head + _SMALL_BYTES_HEADS[size]
+    return head + encode_head(2, size)
+
+
 def encode_message(ordinal: int, body: bytes | memoryview | Gathered) -> bytes:
     """Encode ``[0, ordinal, body]``.
 
@@ -209,9 +236,7 @@ def encode_message(ordinal: int, body: bytes | memoryview | Gathered) -> bytes:
     Raises:
         ValueError: the ordinal is out of range (a programming error, not peer input).
     """
-    if not 1 <= ordinal <= MAX_ORDINAL:
-        raise ValueError(f"ordinal out of range: {ordinal}")
-    head = b"\x83\x00" + encode_head(0, ordinal) + encode_head(2, len(body))
+    head = message_head(ordinal, len(body))
     if isinstance(body, Gathered):
         return b"".join((head, *body.pieces))
     return head + body
@@ -345,7 +370,9 @@ def argument_items(payload: bytes) -> bytes:
     return payload[1:]
 
 
-def iter_packets(data: bytes, max_frame_bytes: int, max_packets: int) -> Iterator[Packet]:
+def iter_packets(
+    data: bytes, max_frame_bytes: int, max_packets: int, *, start: int = 0, counted: int = 0
+) -> Iterator[Packet]:
     """Decode one WebSocket message into its session packets, one at a time.
 
     The size and emptiness checks run at once (before the first packet is asked for); each
@@ -358,9 +385,13 @@ def iter_packets(data: bytes, max_frame_bytes: int, max_packets: int) -> Iterato
         data: the whole message.
         max_frame_bytes: the frame limit; checked before anything is decoded.
         max_packets: the most packets one message may hold (``Limits.max_packets_per_message``).
+        start: where the packets to decode start: ``data[:start]`` holds ``counted`` packets
+            the caller decoded itself (:meth:`~garcon_link.core.session.MessageSession.receive`
+            reads the common ones inline); they count towards ``max_packets``.
 
     Returns:
-        An iterator over the packets in order (at least one, or it raises).
+        An iterator over the packets in order (at least one, unless ``start`` > 0, or it
+        raises).
 
     Raises:
         FrameTooLarge: ``len(data) > max_frame_bytes`` (raised by this call).
@@ -372,13 +403,11 @@ def iter_packets(data: bytes, max_frame_bytes: int, max_packets: int) -> Iterato
         raise FrameTooLarge(size, max_frame_bytes)
     if size == 0:
         raise MalformedFrame("empty message: a message holds at least one packet")
-    return _packets(data, max_packets)
+    return _packets(data, max_packets, start, counted)
 
 
-def _packets(data: bytes, max_packets: int) -> Iterator[Packet]:
+def _packets(data: bytes, max_packets: int, pos: int, count: int) -> Iterator[Packet]:
     size = len(data)
-    pos = 0
-    count = 0
     while pos < size:
         if count == max_packets:
             raise MalformedFrame(f"more than {max_packets} packets in one message")
