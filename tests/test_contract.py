@@ -4,6 +4,7 @@ worker's, every kind of change in both directions, from real interfaces and from
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NamedTuple, Optional, Protocol, Required, TypedDict, TypeVar
@@ -480,6 +481,28 @@ class InnerReordered(msgspec.Struct, array_like=True):
     a: int
 
 
+@_as("Point")
+class PointEnum(enum.Enum):
+    ORIGIN = 0
+
+
+@_as("Box")
+class BoxOfEnum(msgspec.Struct):
+    corner: PointEnum
+    items: list[InnerV1] = []
+
+
+@_as("Holder")
+class HolderV1(msgspec.Struct):
+    corner: MapV1 | None = None
+    n: int = 0
+
+
+@_as("Holder")
+class HolderWithout(msgspec.Struct):
+    n: int = 0
+
+
 @_as("Box")
 class BoxV1(msgspec.Struct):
     corner: MapV1
@@ -542,6 +565,7 @@ STRUCT_TABLE: list[
     ("array_like turned off", ArrayV1, ArrayAsMap, I, I, I, I, "Point: encoded as"),
     ("NamedTuple field appended", TupleV1, TupleAppended, A, I, I, A, "Point.z"),
     ("nested type's field changed", BoxV1, BoxInnerChanged, I, I, I, I, "Point.x"),
+    ("field holding a record removed", HolderV1, HolderWithout, I, A, A, A, "Holder.corner"),
     ("type nested in a list changed", BoxV1, BoxDeepChanged, I, I, I, I, "field 0 is"),
 ]
 
@@ -589,6 +613,14 @@ def test_a_changed_field_is_named_with_its_type() -> None:
     assert "Point.x: int  =>  'str' (narrower)" in got[1]
     got = compare_method(_uses(MapV1, "result"), _uses(MapAddedOptional, "result"))
     assert got[0] is A and got[1].endswith("Point.z: new field (ignored here)"), got
+
+
+def test_a_record_type_that_is_no_longer_one_on_the_worker() -> None:
+    """A type the view lists that the worker does not, though the worker still names it (here
+    an enum of the same name), is incompatible; one the worker no longer reaches is left to what
+    reached it (the table's removed field)."""
+    got, text = compare_method(_uses(BoxV1, "argument"), _uses(BoxOfEnum, "argument"))
+    assert got is I and text.endswith("Point is not a record type on the worker"), text
 
 
 def test_the_manifest_lists_every_record_type_by_use() -> None:

@@ -253,7 +253,7 @@ def compare_method(expected: object, offered: object) -> tuple[Compatibility, st
             f"kind {want_kind}  =>  {peer_text(got_kind, _SHOWN)}",
         )
     want_text, got_text = expected.get("signature"), offered.get("signature")
-    layout = _compare_structs(expected.get("structs"), offered.get("structs"))
+    layout = _compare_structs(expected.get("structs"), offered.get("structs"), got_text)
     if layout is not None and layout[0] is Compatibility.INCOMPATIBLE:
         return layout
     if want_text == got_text:
@@ -361,7 +361,9 @@ class _Struct:
     fields: list[_Field]
 
 
-def _compare_structs(expected: object, offered: object) -> tuple[Compatibility, str] | None:
+def _compare_structs(
+    expected: object, offered: object, signature: object
+) -> tuple[Compatibility, str] | None:
     """The record types of one method (module docstring): ``INCOMPATIBLE`` or ``ADDITIVE`` and
     the difference, or ``None`` when they match or either side lists none.
 
@@ -379,16 +381,34 @@ def _compare_structs(expected: object, offered: object) -> tuple[Compatibility, 
     if mine is None:  # ours, and always readable; nothing to compare otherwise
         return None
     additive: list[str] = []
+    named: set[str] | None = None
     for name, want in sorted(mine.items()):
         got = theirs.get(name)
         if got is None:
-            return Compatibility.INCOMPATIBLE, f"{name} is not a record type on the worker"
+            # The worker's values hold no such record: what reached it (a parameter, a field)
+            # is compared on its own, unless the worker still names the type (then it is no
+            # longer a record there, e.g. an enum of the same name).
+            if named is None:
+                named = _names_in(signature, theirs.values())
+            if name in named:
+                return Compatibility.INCOMPATIBLE, f"{name} is not a record type on the worker"
+            continue
         problem = _compare_struct(name, want, got, additive)
         if problem is not None:
             return Compatibility.INCOMPATIBLE, problem
     if additive:
         return Compatibility.ADDITIVE, "; ".join(additive[:4])
     return None
+
+
+_NAME = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def _names_in(signature: object, structs: Iterable[_Struct]) -> set[str]:
+    """The (dotted) names the worker's signature text and field types use."""
+    texts = [signature if isinstance(signature, str) else ""]
+    texts.extend(f.type for struct in structs for f in struct.fields)
+    return {match for text in texts for match in _NAME.findall(text)}
 
 
 _AS = {"map": "a map", "array": "an array"}

@@ -22,7 +22,8 @@ peer may call. It is shared by both sides. From it we derive, once per interface
   ``set``/``Optional``/``Literal``, ``bytes``, ``datetime``, ``UUID``, ``Decimal``,
   :class:`~garcon_link.rpc.resources.ResourceRef`, ... A hint of ``Any`` or a missing hint passes
   the decoded value through unchanged.
-* a manifest (service -> method -> kind and signature text, *including the return type*) and its
+* a manifest (service -> method -> kind and signature text, *including the return type*, and
+  the fields of the record types the method reaches, :func:`struct_layouts`) and its
   BLAKE3 *contract hash*, which a controller compares across session replacements: changing
   ``-> int`` to ``-> str`` is a contract change, reported as the list of methods that changed
   (:func:`~garcon_link.rpc.manifest.manifest_changes`).
@@ -54,7 +55,8 @@ Encoding is :func:`to_wire`: msgspec ``to_builtins`` (bytes stay bytes; datetime
 text, enums their values, dataclasses maps) -- then CBOR. Every field is sent, a default too: a
 ``msgspec.Struct`` declared ``omit_defaults=True`` is written out in full wherever a method's
 declared types can hold one (:func:`omits_defaults`), since a peer of another version may
-declare another default and the contract does not compare fields. Decoding is
+declare another default (the contract compares fields, :func:`struct_layouts`, but not their
+default values). Decoding is
 :func:`from_wire` (:mod:`garcon_link.rpc.values`).
 """
 

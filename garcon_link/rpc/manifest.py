@@ -1,7 +1,9 @@
 """The contract manifest: what a worker declares it serves, compared, hashed and read back.
 
 A worker's manifest maps service -> method -> ``{kind, signature}``, the signature text (the
-return type included) of each :class:`~garcon_link.rpc.interface.MethodSpec`
+return type included) of each :class:`~garcon_link.rpc.interface.MethodSpec`, and ``structs``,
+the fields of the record types it reaches
+(:func:`~garcon_link.rpc.interface.struct_layouts`), when it reaches any
 (:meth:`~garcon_link.rpc.interface.ServiceSpec.manifest`). From it come:
 
 * its BLAKE3 *contract hash* (:func:`contract_hash`), which a controller compares across session
