@@ -20,7 +20,7 @@ from garcon_link.rpc.contract import (
     compare_method,
     service_version,
 )
-from garcon_link.rpc.interface import service_spec
+from garcon_link.rpc.interface import MAX_STRUCT_FIELDS, service_spec
 from garcon_link.rpc.manifest import MAX_SIGNATURE_CHARS, manifest_changes
 
 C, A, I, R = (  # noqa: E741 -- one letter per column of the table
@@ -623,28 +623,55 @@ def test_a_record_type_that_is_no_longer_one_on_the_worker() -> None:
     assert got is I and text.endswith("Point is not a record type on the worker"), text
 
 
+class Plain(Protocol):
+    async def add(self, a: int, b: list[int]) -> dict[str, int]: ...
+
+
 def test_the_manifest_lists_every_record_type_by_use() -> None:
-    entry = _uses(BoxV1, "both")
-    structs = entry["structs"]
-    names = {name.rsplit(".", 1)[-1] for name in structs}
-    assert names == {"Box", "Point", "Inner"}
-    box = next(record for name, record in structs.items() if name.endswith("Box"))
-    assert box == {
-        "use": "both",
-        "encoding": "map",
-        "unknown": "ignored",
-        "tag": None,
-        "fields": [["corner", box["fields"][0][1], False], ["items", box["fields"][1][1], True]],
+    """Every record type a method reaches, at any depth (``Inner`` inside a list inside
+    ``Box``), with how the method uses it; a method of plain types lists none (its entry is
+    what an earlier version's was)."""
+    structs = _uses(BoxV1, "both")["structs"]
+    prefix = next(iter(structs)).rsplit(".", 1)[0]  # the test module, as Python names it
+    assert structs == {
+        f"{prefix}.Box": {
+            "use": "both",
+            "encoding": "map",
+            "unknown": "ignored",
+            "tag": None,
+            "fields": [
+                ["corner", f"{prefix}.Point", False],
+                ["items", f"list[{prefix}.Inner]", True],
+            ],
+        },
+        f"{prefix}.Inner": {
+            "use": "both",
+            "encoding": "array",
+            "unknown": "refused",
+            "tag": None,
+            "fields": [["a", "int", False], ["b", "int", False]],
+        },
+        f"{prefix}.Point": {
+            "use": "both",
+            "encoding": "map",
+            "unknown": "ignored",
+            "tag": None,
+            "fields": [["x", "int", False], ["y", "int", True]],
+        },
     }
-    assert _uses(DataV1, "result")["structs"].popitem()[1]["unknown"] == "refused"
-    assert "structs" not in unary_entry_of_plain_types()
+    assert _uses(MapV1, "argument")["structs"][f"{prefix}.Point"]["use"] == "argument"
+    assert _uses(DataV1, "result")["structs"][f"{prefix}.Point"]["unknown"] == "refused"
+    assert _uses(MapTagged, "result")["structs"][f"{prefix}.Point"]["tag"] == ["type", "p"]
+    assert set(service_spec(Plain).manifest()["add"]) == {"kind", "signature"}
 
 
-def unary_entry_of_plain_types() -> dict[str, Any]:
-    class Plain(Protocol):
-        async def add(self, a: int, b: list[int]) -> dict[str, int]: ...
-
-    return service_spec(Plain).manifest()["add"]
+def test_types_with_more_fields_than_the_bound_are_not_listed() -> None:
+    """Past MAX_STRUCT_FIELDS types and fields a method lists none (compared on its signature
+    alone, as an earlier version's is) rather than a listing a worker could not send back."""
+    wide = msgspec.defstruct("Wide", [(f"f{i}", int) for i in range(MAX_STRUCT_FIELDS)])
+    narrow = msgspec.defstruct("Narrow", [(f"f{i}", int) for i in range(MAX_STRUCT_FIELDS - 1)])
+    assert "structs" not in _uses(wide, "argument")
+    assert len(_uses(narrow, "argument")["structs"]) == 1
 
 
 def test_a_worker_listing_no_fields_is_compared_on_its_signature() -> None:

@@ -88,6 +88,8 @@ from .values import (
 )
 
 __all__ = [
+    "MAX_STRUCT_FIELDS",
+    "MAX_STRUCT_TEXT",
     "MethodKind",
     "MethodSpec",
     "ServiceSpec",
@@ -97,6 +99,7 @@ __all__ = [
     "oneway",
     "registration_problems",
     "service_spec",
+    "struct_layouts",
     "to_wire",
     "unsupported_hint",
 ]
