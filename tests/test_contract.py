@@ -3,9 +3,11 @@ worker's, every kind of change in both directions, from real interfaces and from
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import types
-from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Any, NamedTuple, Optional, Protocol, Required, TypedDict, TypeVar
 
 import msgspec
 import pytest
@@ -18,7 +20,7 @@ from garcon_link.rpc.contract import (
     compare_method,
     service_version,
 )
-from garcon_link.rpc.interface import service_spec
+from garcon_link.rpc.interface import MAX_STRUCT_FIELDS, service_spec
 from garcon_link.rpc.manifest import MAX_SIGNATURE_CHARS, manifest_changes
 
 C, A, I, R = (  # noqa: E741 -- one letter per column of the table
@@ -291,133 +293,462 @@ def test_the_service_version_is_the_contract_not_its_descriptions() -> None:
     assert service_version(methods) != service_version({"add": unary("(a: int) -> str")})
 
 
-# msgspec Structs declared ``array_like=True`` travel as arrays: their fields by position. The
-# signature text names the type only, so the manifest says how such a type is laid out.
+# The fields of record types (msgspec Structs, dataclasses, TypedDicts, NamedTuples) the
+# signature text only names. Each class below is one version of a type named ``Point`` (or
+# ``Box``), as two versions of one program would declare it.
+
+T = TypeVar("T", bound=type)
 
 
-class PointV1(msgspec.Struct, array_like=True):
+def _as(name: str) -> Callable[[T], T]:
+    def rename(cls: T) -> T:
+        cls.__qualname__ = cls.__name__ = name
+        return cls
+
+    return rename
+
+
+@_as("Point")
+class MapV1(msgspec.Struct):
+    x: int
+    y: int = 0
+
+
+@_as("Point")
+class MapReordered(msgspec.Struct):
+    y: int = 0
+    x: int = 0
+
+
+@_as("Point")
+class MapAddedOptional(msgspec.Struct):
+    x: int
+    y: int = 0
+    z: int = 0
+
+
+@_as("Point")
+class MapAddedRequired(msgspec.Struct):
+    x: int
+    z: int
+    y: int = 0
+
+
+@_as("Point")
+class MapRemovedOptional(msgspec.Struct):
+    x: int
+
+
+@_as("Point")
+class MapRemovedRequired(msgspec.Struct):
+    y: int = 0
+
+
+@_as("Point")
+class MapRenamed(msgspec.Struct):
+    x: int
+    w: int = 0
+
+
+@_as("Point")
+class MapEncodedRenamed(msgspec.Struct, rename={"y": "why"}):
+    x: int
+    y: int = 0
+
+
+@_as("Point")
+class MapWidened(msgspec.Struct):
+    x: int | None
+    y: int = 0
+
+
+@_as("Point")
+class MapRetyped(msgspec.Struct):
+    x: str
+    y: int = 0
+
+
+@_as("Point")
+class MapSpelledOtherwise(msgspec.Struct):
+    x: Optional[int]  # noqa: UP045 -- MapWidened's type spelled otherwise
+    y: int = 0
+
+
+@_as("Point")
+class MapTagged(msgspec.Struct, tag="p"):
+    x: int
+    y: int = 0
+
+
+@_as("Point")
+class StrictV1(msgspec.Struct, forbid_unknown_fields=True):
+    x: int
+
+
+@_as("Point")
+class StrictAdded(msgspec.Struct, forbid_unknown_fields=True):
+    x: int
+    z: int = 0
+
+
+@_as("Point")
+@dataclasses.dataclass
+class DataV1:
+    x: int
+
+
+@_as("Point")
+@dataclasses.dataclass
+class DataAdded:
+    x: int
+    z: int = 0
+
+
+@_as("Point")
+class DictV1(TypedDict):
+    x: int
+
+
+@_as("Point")
+class DictAdded(TypedDict, total=False):
+    x: Required[int]
+    z: int
+
+
+@_as("Point")
+class ArrayV1(msgspec.Struct, array_like=True):
     x: int
     y: int
 
 
-class PointReordered(msgspec.Struct, array_like=True):
+@_as("Point")
+class ArrayReordered(msgspec.Struct, array_like=True):
     y: int
     x: int
 
 
-class PointRemoved(msgspec.Struct, array_like=True):
-    x: int
-
-
-class PointAppended(msgspec.Struct, array_like=True):
+@_as("Point")
+class ArrayAppended(msgspec.Struct, array_like=True):
     x: int
     y: int
     z: int = 0
 
 
-class PointAppendedRequired(msgspec.Struct, array_like=True):
+@_as("Point")
+class ArrayAppendedRequired(msgspec.Struct, array_like=True):
     x: int
     y: int
     z: int
 
 
-class PointRetyped(msgspec.Struct, array_like=True):
+@_as("Point")
+class ArrayRemoved(msgspec.Struct, array_like=True):
+    x: int
+
+
+@_as("Point")
+class ArrayRetyped(msgspec.Struct, array_like=True):
     x: int
     y: str
 
 
-class PointAsMap(msgspec.Struct):
+@_as("Point")
+class ArrayAsMap(msgspec.Struct):
     x: int
     y: int
 
 
-class PointMapReordered(msgspec.Struct):
-    y: int
+@_as("Point")
+class TupleV1(NamedTuple):
     x: int
 
 
-def _shapes(point: type) -> dict[str, Any]:
-    """A ``geo`` service whose methods take and return ``point`` (also nested), declared under
-    one name, ``Point``, as two versions of one program would."""
-    point.__qualname__ = point.__name__ = "Point"
-
-    async def move(self: Any, p: Any, by: int = 1) -> Any: ...
-
-    async def bounds(self: Any) -> Any: ...
-
-    move.__annotations__ = {"p": point, "by": int, "return": point}
-    bounds.__annotations__ = {"return": list[point]}  # type: ignore[valid-type]
-    geo = types.new_class(
-        "Geo", (Protocol,), exec_body=lambda ns: ns.update(move=move, bounds=bounds)
-    )
-    return service_spec(geo).manifest()
+@_as("Point")
+class TupleAppended(NamedTuple):
+    x: int
+    z: int = 0
 
 
-@pytest.mark.parametrize(
-    ("worker", "verdict", "difference"),
-    [
-        (PointV1, C, ""),
-        (PointReordered, I, "positional"),
-        (PointRemoved, I, "positional"),
-        (PointRetyped, I, "positional"),
-        (PointAppendedRequired, I, "positional"),
-        (PointAppended, A, "new optional field"),
-    ],
-    ids=["same", "reordered", "removed", "retyped", "appended-required", "appended"],
-)
-def test_an_array_like_struct_is_compared_by_position(
-    worker: type, verdict: Compatibility, difference: str
-) -> None:
-    """Reordering, removing, retyping the fields of an ``array_like`` struct, or appending a
-    required one, changes what each position means: incompatible, though the signature text is
-    the same. An optional field appended at the end is additive (msgspec fills it in from a
-    shorter array, and ignores it in a longer one)."""
-    view = _shapes(PointV1)
-    offered = _shapes(worker)
-    for method in ("move", "bounds"):
-        got, text = compare_method(view[method], offered[method])
-        assert got is verdict, (method, text)
-        assert difference in text
-        assert (text == "") is (got is C)
-    if worker is not PointV1:
-        assert service_version(view) != service_version(offered)
-        changes = manifest_changes({"geo": view}, {"geo": offered})
-        assert len(changes) == 2 and "positional" in changes[0], changes
+@_as("Inner")
+class InnerV1(msgspec.Struct, array_like=True):
+    a: int
+    b: int
 
 
-def test_a_worker_listing_no_layouts_is_compared_on_its_signature() -> None:
-    """A worker of an earlier version lists no layouts: its methods are compared on their
-    signature text, as before, so callers may be upgraded first. A worker that lists layouts,
-    but not of a struct the view has as ``array_like``, has dropped ``array_like`` from it."""
-    view = _shapes(PointV1)
-    old_worker = {
-        name: {k: v for k, v in entry.items() if k != "positional"} for name, entry in view.items()
+@_as("Inner")
+class InnerReordered(msgspec.Struct, array_like=True):
+    b: int
+    a: int
+
+
+@_as("Point")
+class PointEnum(enum.Enum):
+    ORIGIN = 0
+
+
+@_as("Box")
+class BoxOfEnum(msgspec.Struct):
+    corner: PointEnum
+    items: list[InnerV1] = []
+
+
+@_as("Holder")
+class HolderV1(msgspec.Struct):
+    corner: MapV1 | None = None
+    n: int = 0
+
+
+@_as("Holder")
+class HolderWithout(msgspec.Struct):
+    n: int = 0
+
+
+@_as("Box")
+class BoxV1(msgspec.Struct):
+    corner: MapV1
+    items: list[InnerV1] = []
+
+
+@_as("Box")
+class BoxInnerChanged(msgspec.Struct):
+    corner: MapRetyped
+    items: list[InnerV1] = []
+
+
+@_as("Box")
+class BoxDeepChanged(msgspec.Struct):
+    corner: MapV1
+    items: list[InnerReordered] = []
+
+
+def _uses(point: Any, use: str) -> dict[str, Any]:
+    """The manifest entry of a method that takes ``point`` (``use`` "argument"), returns it
+    ("result") or both."""
+
+    async def method(self: Any, p: Any) -> Any: ...
+
+    method.__annotations__ = {
+        "p": point if use != "result" else int,
+        "return": point if use != "argument" else int,
     }
-    assert compare_method(view["move"], old_worker["move"]) == (C, "")
-    as_map = _shapes(PointAsMap)["move"]
-    assert "positional" not in as_map
-    assert compare_method(view["move"], as_map) == (C, "")  # the one case this cannot tell
-    other = {**as_map, "positional": {"Other": ["x: int"]}}
-    got, text = compare_method(view["move"], other)
-    assert got is I and "not positional" in text, text
+    api = types.new_class("Geo", (Protocol,), exec_body=lambda ns: ns.update(method=method))
+    return service_spec(api).manifest()["method"]
 
 
-def test_a_map_struct_may_reorder_its_fields() -> None:
-    """A struct without ``array_like`` travels as a map keyed by field name: its field order is
-    not part of the contract, and its manifest entry is the signature alone."""
-    view, offered = _shapes(PointAsMap), _shapes(PointMapReordered)
-    assert compare_method(view["move"], offered["move"]) == (C, "")
-    assert set(view["move"]) == {"kind", "signature"}
+# (what changed, the old type, the new type, then the verdict old -> new and new -> old where
+#  the type is an argument, then the same where it is a result, and a fragment every
+#  difference that is not compatible names). A type used both ways is judged both ways: the
+#  worse of the two.
+STRUCT_TABLE: list[
+    tuple[str, Any, Any, Compatibility, Compatibility, Compatibility, Compatibility, str]
+] = [
+    ("same", MapV1, MapV1, C, C, C, C, ""),
+    ("map fields reordered", MapV1, MapReordered, C, C, C, C, ""),
+    ("same type spelled otherwise", MapWidened, MapSpelledOtherwise, C, C, C, C, ""),
+    ("optional field added", MapV1, MapAddedOptional, A, I, A, A, "Point.z"),
+    ("required field added", MapV1, MapAddedRequired, I, I, A, I, "Point.z"),
+    ("optional field removed", MapV1, MapRemovedOptional, I, A, A, A, "Point.y"),
+    ("required field removed", MapV1, MapRemovedRequired, I, I, I, A, "Point.x"),
+    ("field renamed", MapV1, MapRenamed, I, I, A, A, "Point."),
+    ("field's encoded name changed", MapV1, MapEncodedRenamed, I, I, A, A, "Point."),
+    ("field type widened", MapV1, MapWidened, A, I, I, A, "Point.x"),
+    ("field type changed", MapV1, MapRetyped, I, I, I, I, "Point.x"),
+    ("tag added", MapV1, MapTagged, I, I, I, I, "Point: tag"),
+    ("field added, unknown fields forbidden", StrictV1, StrictAdded, A, I, I, A, "Point.z"),
+    ("dataclass field added", DataV1, DataAdded, A, I, I, A, "Point.z"),
+    ("TypedDict key added", DictV1, DictAdded, A, I, I, A, "Point.z"),
+    ("array fields reordered", ArrayV1, ArrayReordered, I, I, I, I, "field 0 is"),
+    ("array field appended", ArrayV1, ArrayAppended, A, I, I, A, "Point.z"),
+    ("array required field appended", ArrayV1, ArrayAppendedRequired, I, I, I, I, "Point.z"),
+    ("array field removed", ArrayV1, ArrayRemoved, I, I, I, I, "Point.y"),
+    ("array field retyped", ArrayV1, ArrayRetyped, I, I, I, I, "Point.y"),
+    ("array_like turned off", ArrayV1, ArrayAsMap, I, I, I, I, "Point: encoded as"),
+    ("NamedTuple field appended", TupleV1, TupleAppended, A, I, I, A, "Point.z"),
+    ("nested type's field changed", BoxV1, BoxInnerChanged, I, I, I, I, "Point.x"),
+    ("field holding a record removed", HolderV1, HolderWithout, I, A, A, A, "Holder.corner"),
+    ("type nested in a list changed", BoxV1, BoxDeepChanged, I, I, I, I, "field 0 is"),
+]
+
+
+def _worse(a: Compatibility, b: Compatibility) -> Compatibility:
+    order = [C, A, I]
+    return max(a, b, key=order.index)
 
 
 @pytest.mark.parametrize(
-    "layout",
-    ["junk", {"Point": "x: int"}, {"Point": [1, 2]}, {"Point": ["x: int"] * 10_000}, {1: []}],
-    ids=["text", "fields-text", "fields-numbers", "long", "name-number"],
+    ("old", "new", "arg_forward", "arg_backward", "res_forward", "res_backward", "named"),
+    [row[1:] for row in STRUCT_TABLE],
+    ids=[row[0] for row in STRUCT_TABLE],
 )
-def test_a_worker_layout_that_cannot_be_read_is_incompatible(layout: Any) -> None:
-    view = _shapes(PointV1)["move"]
-    offered = {**view, "positional": layout}
-    got, text = compare_method(view, offered)
+def test_every_change_of_a_record_types_fields_by_use_and_direction(
+    old: Any,
+    new: Any,
+    arg_forward: Compatibility,
+    arg_backward: Compatibility,
+    res_forward: Compatibility,
+    res_backward: Compatibility,
+    named: str,
+) -> None:
+    """The view (the caller's) is the first type, the worker's the second (forward), then the
+    reverse (backward). The signature text is the same in every case: only the fields differ."""
+    expected = {
+        "argument": (arg_forward, arg_backward),
+        "result": (res_forward, res_backward),
+        "both": (_worse(arg_forward, res_forward), _worse(arg_backward, res_backward)),
+    }
+    for use, verdicts in expected.items():
+        mine, theirs = _uses(old, use), _uses(new, use)
+        assert mine["signature"] == theirs["signature"]
+        for (view, worker), want in zip(((mine, theirs), (theirs, mine)), verdicts, strict=True):
+            got, text = compare_method(view, worker)
+            assert got is want, (use, text)
+            assert (text == "") is (got is C), (use, text)
+            if got is not C:
+                assert named in text, (use, text)
+
+
+def test_a_changed_field_is_named_with_its_type() -> None:
+    got = compare_method(_uses(MapV1, "argument"), _uses(MapRetyped, "argument"))
+    assert got[0] is I
+    assert "Point.x: int  =>  'str' (narrower)" in got[1]
+    got = compare_method(_uses(MapV1, "result"), _uses(MapAddedOptional, "result"))
+    assert got[0] is A and got[1].endswith("Point.z: new field (ignored here)"), got
+
+
+def test_a_record_type_that_is_no_longer_one_on_the_worker() -> None:
+    """A type the view lists that the worker does not, though the worker still names it (here
+    an enum of the same name), is incompatible; one the worker no longer reaches is left to what
+    reached it (the table's removed field)."""
+    got, text = compare_method(_uses(BoxV1, "argument"), _uses(BoxOfEnum, "argument"))
+    assert got is I and text.endswith("Point is not a record type on the worker"), text
+
+
+class Plain(Protocol):
+    async def add(self, a: int, b: list[int]) -> dict[str, int]: ...
+
+
+def test_the_manifest_lists_every_record_type_by_use() -> None:
+    """Every record type a method reaches, at any depth (``Inner`` inside a list inside
+    ``Box``), with how the method uses it; a method of plain types lists none (its entry is
+    what an earlier version's was)."""
+    structs = _uses(BoxV1, "both")["structs"]
+    prefix = next(iter(structs)).rsplit(".", 1)[0]  # the test module, as Python names it
+    assert structs == {
+        f"{prefix}.Box": {
+            "use": "both",
+            "encoding": "map",
+            "unknown": "ignored",
+            "tag": None,
+            "fields": [
+                ["corner", f"{prefix}.Point", False],
+                ["items", f"list[{prefix}.Inner]", True],
+            ],
+        },
+        f"{prefix}.Inner": {
+            "use": "both",
+            "encoding": "array",
+            "unknown": "refused",
+            "tag": None,
+            "fields": [["a", "int", False], ["b", "int", False]],
+        },
+        f"{prefix}.Point": {
+            "use": "both",
+            "encoding": "map",
+            "unknown": "ignored",
+            "tag": None,
+            "fields": [["x", "int", False], ["y", "int", True]],
+        },
+    }
+    assert _uses(MapV1, "argument")["structs"][f"{prefix}.Point"]["use"] == "argument"
+    assert _uses(DataV1, "result")["structs"][f"{prefix}.Point"]["unknown"] == "refused"
+    assert _uses(MapTagged, "result")["structs"][f"{prefix}.Point"]["tag"] == ["type", "p"]
+    assert set(service_spec(Plain).manifest()["add"]) == {"kind", "signature"}
+
+
+def test_types_with_more_fields_than_the_bound_are_not_listed() -> None:
+    """Past MAX_STRUCT_FIELDS types and fields a method lists none (compared on its signature
+    alone, as an earlier version's is) rather than a listing a worker could not send back."""
+    wide = msgspec.defstruct("Wide", [(f"f{i}", int) for i in range(MAX_STRUCT_FIELDS)])
+    narrow = msgspec.defstruct("Narrow", [(f"f{i}", int) for i in range(MAX_STRUCT_FIELDS - 1)])
+    assert "structs" not in _uses(wide, "argument")
+    assert len(_uses(narrow, "argument")["structs"]) == 1
+
+
+def test_a_worker_listing_no_fields_is_compared_on_its_signature() -> None:
+    """A worker of an earlier version lists no record types: its methods are compared on their
+    signature text, as before, so callers may be upgraded first; a view without them likewise
+    (an earlier worker's entry against its successor's, as a controller logs a change)."""
+    view = _uses(MapV1, "both")
+    old_worker = {k: v for k, v in _uses(MapRetyped, "both").items() if k != "structs"}
+    assert compare_method(view, old_worker) == (C, "")
+    assert compare_method(old_worker, view) == (C, "")
+
+
+def test_the_service_version_does_not_change_with_the_listing() -> None:
+    """The same interfaces on a worker of an earlier version (no ``"structs"``) and of this one
+    have the same service version; a changed field alone does not change it either (it shows
+    in compare_method's verdict)."""
+    new = {"method": _uses(MapV1, "both")}
+    old = {"method": {k: v for k, v in new["method"].items() if k != "structs"}}
+    assert service_version(new) == service_version(old)
+    assert service_version(new) == service_version({"method": _uses(MapRetyped, "both")})
+
+
+def test_a_changed_field_is_shown_in_the_manifest_changes() -> None:
+    before, after = _uses(MapV1, "argument"), _uses(MapRetyped, "argument")
+    changes = manifest_changes({"geo": {"m": before}}, {"geo": {"m": after}})
+    assert len(changes) == 1 and "x: str" in changes[0], changes
+
+
+_FIELD = ["x", "int", False]
+_RECORD = {"use": "both", "encoding": "map", "unknown": "ignored", "tag": None}
+
+
+@pytest.mark.parametrize(
+    "structs",
+    [
+        "junk",
+        {"Point": "x: int"},
+        {"Point": {**_RECORD, "fields": "x"}},
+        {"Point": {**_RECORD, "fields": [["x", "int"]]}},
+        {"Point": {**_RECORD, "fields": [["x", 1, False]]}},
+        {"Point": {**_RECORD, "fields": [["x", "int", "no"]]}},
+        {"Point": {**_RECORD, "fields": [_FIELD, _FIELD]}},
+        {"Point": {**_RECORD, "fields": [_FIELD] * 10_000}},
+        {"Point": {**_RECORD, "fields": [["x", "int" * 10_000, False]]}},
+        {"x" * 10_000: {**_RECORD, "fields": []}},
+        {1: {**_RECORD, "fields": []}},
+        {"Point": {**_RECORD, "encoding": "tree", "fields": []}},
+        {"Point": {**_RECORD, "use": None, "fields": []}},
+        {"Point": {**_RECORD, "tag": [1, 2, 3], "fields": []}},
+    ],
+    ids=[
+        "text",
+        "record-text",
+        "fields-text",
+        "field-short",
+        "field-type-number",
+        "field-default-text",
+        "field-twice",
+        "many-fields",
+        "long-type",
+        "long-name",
+        "name-number",
+        "encoding",
+        "use",
+        "tag",
+    ],
+)
+def test_a_worker_listing_that_cannot_be_read_is_incompatible(structs: Any) -> None:
+    view = _uses(MapV1, "both")
+    got, text = compare_method(view, {**view, "structs": structs})
     assert got is I
     assert len(text) < 600
+
+
+def test_a_worker_field_type_that_does_not_parse_is_compared_as_text() -> None:
+    view = _uses(MapV1, "argument")
+    ((name, record),) = view["structs"].items()
+    odd = {**record, "fields": [["x", "int)(", False], ["y", "int", True]]}
+    got, text = compare_method(view, {**view, "structs": {name: odd}})
+    assert got is I and "Point.x: int  =>  'int)('" in text, text

@@ -583,6 +583,57 @@ async def test_a_changed_return_type_is_a_contract_change() -> None:
             assert await pair.executor.service("calc").add(1, 2) == "3"
 
 
+class LabelV1(msgspec.Struct):
+    text: str
+    size: int = 1
+
+
+class LabelV2(msgspec.Struct):
+    """LabelV1 with ``size`` renamed: a V2 worker would silently read a V1 caller's ``size``
+    as its default."""
+
+    text: str
+    points: int = 1
+
+
+LabelV1.__qualname__ = LabelV1.__name__ = LabelV2.__qualname__ = LabelV2.__name__ = "Label"
+
+
+class Labeler(Protocol):
+    async def measure(self, label: LabelV1) -> int: ...
+
+
+class LabelerV1:
+    async def measure(self, label: LabelV1) -> int:
+        return label.size
+
+
+class LabelerV2:
+    def __init__(self) -> None:
+        self.runs = 0
+
+    async def measure(self, label: LabelV2) -> int:
+        self.runs += 1
+        return label.points
+
+
+async def test_a_renamed_struct_field_is_a_contract_change() -> None:
+    # The signature text is the same on both workers (``(label: test_remote.Label) -> int``):
+    # only the manifest's field listing shows the rename, and the call fails before sending.
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"labels": LabelerV1()}) as pair:
+            labels = pair.executor.service("labels", Labeler)
+            assert await labels.measure(LabelV1("a", size=3)) == 3
+            changed = LabelerV2()
+            await pair.restart_worker({"labels": changed})
+            await pair.executor.wait_ready(5)
+            with pytest.raises(gl.Rejected) as info:
+                await labels.measure(LabelV1("a", size=3))
+            assert info.value.code == "CONTRACT_CHANGED"
+            assert "Label.size removed or renamed on the worker" in info.value.message
+            assert changed.runs == 0
+
+
 # ---------------------------------------------------------------------------- hot inventory
 
 

@@ -1,11 +1,10 @@
 """Contracts compared method by method: what a caller expects against what a worker offers.
 
 A manifest (:meth:`~garcon_link.rpc.interface.ServiceSpec.manifest`) maps service -> method ->
-``{"kind", "signature"}``, and ``"positional"`` when the method's types hold ``msgspec.Struct``
-types declared ``array_like=True`` (other keys, such as descriptions, are not part of the
-contract). A
-caller's *view* is the manifest of the interface its facade was made with; the worker's manifest
-is what its current session described (or announced since). :func:`compare_method` decides, for
+``{"kind", "signature"}``, and ``"structs"`` when the method's types hold record types (below;
+other keys, such as descriptions, are not part of the contract). A caller's *view* is the
+manifest of the interface its facade was made with; the worker's manifest is what its current
+session described (or announced since). :func:`compare_method` decides, for
 one method, one of four :class:`Compatibility` values, and names the difference:
 
 * ``COMPATIBLE`` -- the same kind and signature text;
@@ -20,15 +19,33 @@ one method, one of four :class:`Compatibility` values, and names the difference:
   result type, a signature that cannot be read;
 * ``REMOVED`` -- the view's method (or its whole service) is not offered.
 
-A struct declared ``array_like=True`` is encoded as an array, its fields by position, while
-the signature text names the type only: its fields in order are the entry's ``"positional"``
-(:func:`~garcon_link.rpc.interface.positional_layouts`). For each such type the view names, the
-worker's fields must be the same, in the same order, or the same followed by fields with
-defaults (``ADDITIVE``: msgspec fills a missing trailing field in and ignores an extra one);
-anything else -- a field reordered, removed, renamed, retyped, a required one appended, the type
-no longer ``array_like`` or newly so -- is ``INCOMPATIBLE``, as each position would then mean
-something else. A struct encoded as a map (the default) is matched by field name, so the order
-of its fields is not part of the contract.
+The signature text names a record type -- a ``msgspec.Struct``, a dataclass, a ``TypedDict``, a
+``NamedTuple`` -- but not its fields, so an entry also lists, under ``"structs"``, the fields of
+every record type its parameters and result hold at any depth
+(:func:`~garcon_link.rpc.interface.struct_layouts`), and each is judged as the view uses it:
+
+* in an *argument* (the caller builds it, the worker reads it): a field the worker added with a
+  default is ``ADDITIVE`` (the worker fills it in), one added without a default, one it removed
+  or renamed (the caller's value would be dropped or refused), or a field's type the worker
+  narrowed is ``INCOMPATIBLE``; a wider type is ``ADDITIVE``;
+* in a *result* (the worker builds it, the caller reads it): a field the worker added is
+  ``ADDITIVE`` only where the view's type ignores unknown fields (a map-encoded
+  ``msgspec.Struct`` without ``forbid_unknown_fields``; a dataclass or ``TypedDict`` refuses
+  one), else ``INCOMPATIBLE``; a field the worker removed is ``ADDITIVE`` when the view's has a
+  default (filled in), else ``INCOMPATIBLE``; a wider type is ``INCOMPATIBLE``, a narrower one
+  ``ADDITIVE``;
+* a type used both ways is judged both ways;
+* a map-encoded type matches fields by name (their order is not part of the contract); an
+  array-encoded one (a ``NamedTuple``, a struct declared ``array_like=True``) by position: the
+  same names in the same order, and only trailing fields a reader fills in from defaults may
+  differ (an argument's at the worker's end, a result's at the view's: a reader refuses a longer
+  array). Another encoding or another tag is ``INCOMPATIBLE``.
+
+Whether a field both sides have has a default does not matter: every field is sent, a default
+too (:func:`~garcon_link.rpc.interface.to_wire`). A worker's entry without ``"structs"`` (a
+worker of an earlier version) is compared on its signature alone (:func:`_compare_structs`); one
+that cannot be read, or lists more than
+:data:`~garcon_link.rpc.interface.MAX_STRUCT_FIELDS` types and fields, is ``INCOMPATIBLE``.
 
 Types are compared on the signature text, without importing or evaluating anything: a union
 (``X | Y``, ``Optional[X]``, ``Union[X, Y]``) is the set of its members, ``Any`` (or no
@@ -56,6 +73,7 @@ import blake3
 
 from ..core.wire import encode_canonical
 from ..logs import peer_text
+from .interface import MAX_STRUCT_FIELDS, MAX_STRUCT_TEXT
 from .manifest import MAX_SIGNATURE_CHARS
 
 __all__ = [
@@ -235,7 +253,7 @@ def compare_method(expected: object, offered: object) -> tuple[Compatibility, st
             f"kind {want_kind}  =>  {peer_text(got_kind, _SHOWN)}",
         )
     want_text, got_text = expected.get("signature"), offered.get("signature")
-    layout = _compare_layouts(expected.get("positional"), offered.get("positional"), want_text)
+    layout = _compare_structs(expected.get("structs"), offered.get("structs"), got_text)
     if layout is not None and layout[0] is Compatibility.INCOMPATIBLE:
         return layout
     if want_text == got_text:
@@ -264,83 +282,259 @@ def compare_method(expected: object, offered: object) -> tuple[Compatibility, st
     return Compatibility.COMPATIBLE, ""
 
 
-MAX_LAYOUT_FIELDS = 1024
-"""The most types and fields a worker's ``"positional"`` entry may list for one method, all
-counted together; more is unreadable (incompatible)."""
-
-
-def _layouts(value: object) -> dict[str, list[str]] | None:
-    """A ``"positional"`` entry as ``{type: [field, ...]}``; ``None`` if it is not one."""
-    if value is None:
-        return {}
+def _read_structs(value: object) -> dict[str, _Struct] | None:
+    """A ``"structs"`` entry (:func:`~garcon_link.rpc.interface.struct_layouts`) as
+    ``{type: _Struct}``; ``None`` if it is not one within the bounds."""
     if not isinstance(value, Mapping):
         return None
-    layouts: dict[str, list[str]] = {}
+    structs: dict[str, _Struct] = {}
     total = 0
-    for name, fields in value.items():
-        if not isinstance(name, str) or not isinstance(fields, list):
+    for name, record in value.items():
+        if not _short_text(name) or not isinstance(record, Mapping):
             return None
-        total += 1 + len(fields)  # each name is searched for in the signature text
-        if total > MAX_LAYOUT_FIELDS or not all(isinstance(f, str) for f in fields):
+        fields = record.get("fields")
+        if not isinstance(fields, list):
             return None
-        layouts[name] = fields
-    return layouts
+        total += 1 + len(fields)
+        if total > MAX_STRUCT_FIELDS:
+            return None
+        read: list[_Field] = []
+        for item in fields:
+            if not (
+                isinstance(item, list)
+                and len(item) == 3
+                and _short_text(item[0])
+                and _short_text(item[1])
+                and isinstance(item[2], bool)
+            ):
+                return None
+            read.append(_Field(item[0], item[1], item[2]))
+        use, encoding, unknown = record.get("use"), record.get("encoding"), record.get("unknown")
+        tag = record.get("tag")
+        if (
+            use not in ("argument", "result", "both")
+            or encoding not in ("map", "array")
+            or unknown not in ("ignored", "refused")
+            or not (
+                tag is None
+                or (
+                    isinstance(tag, list)
+                    and len(tag) == 2
+                    and _short_text(tag[0])
+                    and (_short_text(tag[1]) or type(tag[1]) is int)
+                )
+            )
+            or len({f.name for f in read}) != len(read)
+        ):
+            return None
+        tag_text = None if tag is None else f"{_name(tag[0])}={peer_text(tag[1], 64)}"
+        structs[name] = _Struct(str(use), str(encoding), unknown == "ignored", tag_text, read)
+    return structs
 
 
-def _compare_layouts(
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,199}")
+
+
+def _name(value: str) -> str:
+    """A field or type name of the worker's, shown as is when it is a plain (dotted) name,
+    else bounded and escaped."""
+    return value if _PLAIN_NAME.fullmatch(value) else peer_text(value, _SHOWN)
+
+
+def _short_text(value: object) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_STRUCT_TEXT
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str  # as encoded
+    type: str
+    has_default: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Struct:
+    use: str  # "argument", "result", "both"
+    encoding: str  # "map", "array"
+    ignores_unknown: bool
+    tag: str | None
+    fields: list[_Field]
+
+
+def _compare_structs(
     expected: object, offered: object, signature: object
 ) -> tuple[Compatibility, str] | None:
-    """The ``array_like`` structs of one method (module docstring): ``INCOMPATIBLE`` or
-    ``ADDITIVE`` and the difference, or ``None`` when they match or the worker lists none.
+    """The record types of one method (module docstring): ``INCOMPATIBLE`` or ``ADDITIVE`` and
+    the difference, or ``None`` when they match or either side lists none.
 
-    A worker that lists no layouts for the method (no ``"positional"`` key) is either of an
-    earlier version, which never lists them, or one whose types for it hold no ``array_like``
-    struct: the two cannot be told apart, so the method is compared on its signature alone, as
-    earlier versions compared it. Callers may then be upgraded before workers; what is missed is
-    a worker that dropped ``array_like`` from every struct of the method, whose values then fail
-    to decode (an array where a map is expected) rather than being misread."""
-    if offered is None:
+    A worker that lists no record types for the method (no ``"structs"`` key) is either of an
+    earlier version, which never lists them, or one whose types for it hold none: the two
+    cannot be told apart, so the method is compared on its signature alone, as earlier versions
+    compared it (callers may be upgraded before workers). The same holds for a view without the
+    key (an earlier worker's entry compared with its successor's in a controller's log)."""
+    if offered is None or expected is None:
         return None
-    mine, theirs = _layouts(expected), _layouts(offered)
+    theirs = _read_structs(offered)
     if theirs is None:
-        return Compatibility.INCOMPATIBLE, "the worker's positional struct layout cannot be read"
+        return Compatibility.INCOMPATIBLE, "the worker's struct fields cannot be read"
+    mine = _read_structs(expected)
     if mine is None:  # ours, and always readable; nothing to compare otherwise
         return None
-    text = signature if isinstance(signature, str) else ""
-    for name in sorted(theirs):
-        if name not in mine and re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", text):
-            return (
-                Compatibility.INCOMPATIBLE,
-                f"{peer_text(name, _SHOWN)} is positional (array_like) on the worker",
-            )
-    appended: list[str] = []
+    additive: list[str] = []
+    named: set[str] | None = None
     for name, want in sorted(mine.items()):
-        got_fields = theirs.get(name)
-        if got_fields is None:
-            return (
-                Compatibility.INCOMPATIBLE,
-                f"{name} is not positional (array_like) on the worker",
-            )
-        if got_fields == want:
+        got = theirs.get(name)
+        if got is None:
+            # The worker's values hold no such record: what reached it (a parameter, a field)
+            # is compared on its own, unless the worker still names the type (then it is no
+            # longer a record there, e.g. an enum of the same name).
+            if named is None:
+                named = _names_in(signature, theirs.values())
+            if name in named:
+                return Compatibility.INCOMPATIBLE, f"{name} is not a record type on the worker"
             continue
-        extra = got_fields[len(want) :]
-        if got_fields[: len(want)] == want and all(f.endswith(" = ...") for f in extra):
-            appended.append(f"{name}: new optional field(s) {peer_text(', '.join(extra), _SHOWN)}")
-            continue
-        index = next(
-            (i for i, (a, b) in enumerate(zip(want, got_fields, strict=False)) if a != b),
-            min(len(want), len(got_fields)),
-        )
-        mine_text = want[index] if index < len(want) else "(none)"
-        theirs_text = got_fields[index] if index < len(got_fields) else "(none)"
-        return (
-            Compatibility.INCOMPATIBLE,
-            f"{name} (positional, array_like): field {index} {mine_text}  =>  "
-            f"{peer_text(theirs_text, _SHOWN)}",
-        )
-    if appended:
-        return Compatibility.ADDITIVE, "; ".join(appended[:4])
+        problem = _compare_struct(name, want, got, additive)
+        if problem is not None:
+            return Compatibility.INCOMPATIBLE, problem
+    if additive:
+        return Compatibility.ADDITIVE, "; ".join(additive[:4])
     return None
+
+
+_NAME = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def _names_in(signature: object, structs: Iterable[_Struct]) -> set[str]:
+    """The (dotted) names the worker's signature text and field types use."""
+    texts = [signature if isinstance(signature, str) else ""]
+    texts.extend(f.type for struct in structs for f in struct.fields)
+    return {match for text in texts for match in _NAME.findall(text)}
+
+
+_AS = {"map": "a map", "array": "an array"}
+
+
+def _compare_struct(name: str, want: _Struct, got: _Struct, additive: list[str]) -> str | None:
+    """The first incompatible difference of one record type (``None``: none), judged as the
+    view uses it (an argument, a result or both); additive differences go to ``additive``."""
+    if want.encoding != got.encoding:
+        return f"{name}: encoded as {_AS[want.encoding]}  =>  as {_AS[got.encoding]}"
+    if want.tag != got.tag:
+        return f"{name}: tag {want.tag or '(none)'}  =>  {got.tag or '(none)'}"
+    notes: list[str] = []
+    for direction in ("argument", "result"):
+        if want.use not in (direction, "both"):
+            continue
+        judge = _judge_array if want.encoding == "array" else _judge_map
+        problem = judge(name, want, got, direction == "argument", notes)
+        if problem is not None:
+            return problem
+    additive.extend(dict.fromkeys(notes))  # a type used both ways notes a difference once
+    return None
+
+
+def _judge_map(
+    name: str, want: _Struct, got: _Struct, argument: bool, notes: list[str]
+) -> str | None:
+    """A map-encoded type, its fields matched by name. ``argument``: the caller builds it (the
+    view's fields) and the worker reads it; else the worker builds it and the caller reads it."""
+    theirs = {f.name: f for f in got.fields}
+    known = {f.name for f in want.fields}
+    for field in want.fields:
+        other = theirs.get(field.name)
+        if other is None:
+            if argument:
+                return (
+                    f"{name}.{field.name} removed or renamed on the worker "
+                    "(the caller's value would be dropped or refused)"
+                )
+            if not field.has_default:
+                return f"{name}.{field.name} removed or renamed on the worker (required here)"
+            notes.append(f"{name}.{field.name} removed on the worker (defaulted here)")
+            continue
+        problem = _compare_field_type(f"{name}.{field.name}", field, other, argument, notes)
+        if problem is not None:
+            return problem
+    for other in got.fields:
+        if other.name in known:
+            continue
+        shown = f"{name}.{_name(other.name)}"
+        if argument:
+            if not other.has_default:
+                return f"{shown}: new required field on the worker"
+            notes.append(f"{shown}: new optional field")
+        elif not want.ignores_unknown:
+            return f"{shown}: new on the worker, and {name} refuses unknown fields here"
+        else:
+            notes.append(f"{shown}: new field (ignored here)")
+    return None
+
+
+def _judge_array(
+    name: str, want: _Struct, got: _Struct, argument: bool, notes: list[str]
+) -> str | None:
+    """An array-encoded type, its fields matched by position: the same names in the same order,
+    then either side may have more only where the reader fills them in from defaults (a
+    reader refuses an array longer than its fields)."""
+    for index, (field, other) in enumerate(zip(want.fields, got.fields, strict=False)):
+        if field.name != other.name:
+            return (
+                f"{name}.{field.name}: field {index} is {_name(other.name)} on the worker "
+                "(by position)"
+            )
+        problem = _compare_field_type(f"{name}.{field.name}", field, other, argument, notes)
+        if problem is not None:
+            return problem
+    mine_extra = want.fields[len(got.fields) :]
+    theirs_extra = got.fields[len(want.fields) :]
+    if theirs_extra:
+        first = f"{name}.{_name(theirs_extra[0].name)}"
+        if not argument:
+            return f"{first}: new at the end on the worker (by position: refused here)"
+        required = next((f for f in theirs_extra if not f.has_default), None)
+        if required is not None:
+            return f"{name}.{_name(required.name)}: new required field on the worker"
+        notes.append(f"{first}: new optional field at the end")
+    if mine_extra:
+        first = f"{name}.{mine_extra[0].name}"
+        if argument:
+            return f"{first}: removed at the end on the worker (by position: refused there)"
+        required = next((f for f in mine_extra if not f.has_default), None)
+        if required is not None:
+            return f"{name}.{required.name}: removed on the worker (required here)"
+        notes.append(f"{first}: removed at the end on the worker (defaulted here)")
+    return None
+
+
+def _compare_field_type(
+    path: str, want: _Field, got: _Field, argument: bool, notes: list[str]
+) -> str | None:
+    """One field both sides have: its type by the parameters' rules (an argument's may get
+    wider, a result's narrower). Whether it has a default does not matter: every field is sent,
+    a default too (:func:`~garcon_link.rpc.interface.to_wire`)."""
+    if want.type == got.type:
+        return None
+    mine, theirs = _field_members(want.type), _field_members(got.type)
+    if mine is None or theirs is None:  # compared as text
+        return f"{path}: {want.type[:_SHOWN]}  =>  {peer_text(got.type, _SHOWN)}"
+    if mine == theirs:
+        return None  # the same type spelled differently
+    reader, written = (theirs, mine) if argument else (mine, theirs)
+    if not _accepts(reader, written):
+        how = "narrower" if argument else "wider"
+        return f"{path}: {_type_text(mine)}  =>  {peer_text(_type_text(theirs), _SHOWN)} ({how})"
+    how = "wider" if argument else "narrower"
+    notes.append(f"{how} {path}: {peer_text(_type_text(theirs), _SHOWN)}")
+    return None
+
+
+def _field_members(text: str) -> frozenset[str] | None:
+    """A field's type text as a set of union members (``None``: it does not parse)."""
+    try:
+        tree = ast.parse(text, mode="eval")
+        return _members(tree.body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
 
 
 def _differences(mine: _Signature, theirs: _Signature) -> tuple[list[str], list[str]]:
@@ -461,16 +655,14 @@ def _method_names(methods: object) -> Iterable[str]:
 
 
 def service_version(methods: Mapping[str, Any]) -> str:
-    """A service's contract version: 12 hex digits of the BLAKE3 hash of its methods' kinds,
-    signatures and positional struct layouts (other keys of an entry, such as descriptions, do
-    not change it)."""
+    """A service's contract version: 12 hex digits of the BLAKE3 hash of its methods' kinds and
+    signatures. Other keys of an entry do not change it: descriptions, and the fields of its
+    record types (``"structs"``), which a worker of an earlier version does not list -- so a
+    worker upgraded to this version with the same interfaces keeps its version, and a change of
+    a struct's fields alone shows in :func:`compare_method`'s verdicts, not in the version."""
     contract = {
         str(name): (
-            {
-                "kind": entry.get("kind"),
-                "signature": entry.get("signature"),
-                **({"positional": entry["positional"]} if "positional" in entry else {}),
-            }
+            {"kind": entry.get("kind"), "signature": entry.get("signature")}
             if isinstance(entry, Mapping)
             else None
         )

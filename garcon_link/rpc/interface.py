@@ -22,7 +22,8 @@ peer may call. It is shared by both sides. From it we derive, once per interface
   ``set``/``Optional``/``Literal``, ``bytes``, ``datetime``, ``UUID``, ``Decimal``,
   :class:`~garcon_link.rpc.resources.ResourceRef`, ... A hint of ``Any`` or a missing hint passes
   the decoded value through unchanged.
-* a manifest (service -> method -> kind and signature text, *including the return type*) and its
+* a manifest (service -> method -> kind and signature text, *including the return type*, and
+  the fields of the record types the method reaches, :func:`struct_layouts`) and its
   BLAKE3 *contract hash*, which a controller compares across session replacements: changing
   ``-> int`` to ``-> str`` is a contract change, reported as the list of methods that changed
   (:func:`~garcon_link.rpc.manifest.manifest_changes`).
@@ -54,7 +55,8 @@ Encoding is :func:`to_wire`: msgspec ``to_builtins`` (bytes stay bytes; datetime
 text, enums their values, dataclasses maps) -- then CBOR. Every field is sent, a default too: a
 ``msgspec.Struct`` declared ``omit_defaults=True`` is written out in full wherever a method's
 declared types can hold one (:func:`omits_defaults`), since a peer of another version may
-declare another default and the contract does not compare fields. Decoding is
+declare another default (the contract compares fields, :func:`struct_layouts`, but not their
+default values). Decoding is
 :func:`from_wire` (:mod:`garcon_link.rpc.values`).
 """
 
@@ -86,6 +88,8 @@ from .values import (
 )
 
 __all__ = [
+    "MAX_STRUCT_FIELDS",
+    "MAX_STRUCT_TEXT",
     "MethodKind",
     "MethodSpec",
     "ServiceSpec",
@@ -95,6 +99,7 @@ __all__ = [
     "oneway",
     "registration_problems",
     "service_spec",
+    "struct_layouts",
     "to_wire",
     "unsupported_hint",
 ]
@@ -339,10 +344,10 @@ class ServiceSpec:
         manifest: dict[str, dict[str, Any]] = {}
         for name, m in sorted(self.methods.items()):
             entry: dict[str, Any] = {"kind": m.kind.value, "signature": str(m.signature)}
-            # array_like structs travel by position, which the signature text does not show.
-            layouts = positional_layouts((*m.hints.values(), m.result))
-            if layouts:
-                entry["positional"] = layouts
+            # The fields of its record types, which the signature text does not show.
+            structs = struct_layouts(tuple(m.hints.values()), m.result)
+            if structs:
+                entry["structs"] = structs
             manifest[name] = entry
         return manifest
 
@@ -717,47 +722,109 @@ def _hint_text(hint: Any) -> str:
     return hint.__qualname__ if isinstance(hint, type) else repr(hint)
 
 
-def positional_layouts(hints: Sequence[Any]) -> dict[str, list[str]]:
-    """The ``msgspec.Struct`` types declared ``array_like=True`` that values of ``hints`` may
-    hold, at any depth: ``{type: [field, ...]}``, each field ``"name: type"`` (``" = ..."``
-    when it has a default) in wire order, a tagged struct's ``"tag <value>"`` first. Such a
-    struct is encoded as an array, so its fields' order is part of a method's contract
-    (:func:`garcon_link.rpc.contract.compare_method`); names are as the signature text writes
-    them (:func:`inspect.formatannotation`)."""
-    layouts: dict[str, list[str]] = {}
-    for hint in hints:
+MAX_STRUCT_FIELDS = 1024
+"""The most types and fields (counted together) a manifest entry's ``"structs"`` lists: a
+method whose types have more lists none (it is compared on its signature alone), and a worker's
+entry with more cannot be read (:mod:`garcon_link.rpc.contract`)."""
+
+MAX_STRUCT_TEXT = 4096
+"""The longest type name or field type text a manifest entry's ``"structs"`` holds (longer: as
+:data:`MAX_STRUCT_FIELDS`)."""
+
+_RECORD_TYPES = (
+    msgspec.inspect.StructType,
+    msgspec.inspect.DataclassType,
+    msgspec.inspect.TypedDictType,
+    msgspec.inspect.NamedTupleType,
+)
+
+
+def struct_layouts(params: Sequence[Any], result: Any) -> dict[str, dict[str, Any]]:
+    """The record types -- ``msgspec.Struct``, dataclass (or attrs class), ``TypedDict``,
+    ``NamedTuple`` -- that values of the parameter hints ``params`` and the result hint
+    ``result`` may hold, at any depth, as a manifest entry's ``"structs"``: ``{type: record}``,
+    the type named as the signature text writes it (:func:`inspect.formatannotation`), each
+    record a map of
+
+    * ``"use"``: ``"argument"`` (the caller builds it), ``"result"`` (the worker builds it) or
+      ``"both"``;
+    * ``"encoding"``: ``"map"`` (keyed by field name) or ``"array"`` (by position: a
+      ``NamedTuple``, a struct declared ``array_like=True``);
+    * ``"unknown"``: ``"ignored"`` or ``"refused"``, what this side's decoding does with a field
+      it does not know (only a map-encoded ``msgspec.Struct`` without
+      ``forbid_unknown_fields`` ignores one: :func:`from_wire` refuses the rest);
+    * ``"tag"``: a tagged struct's ``[tag field, tag]``, else ``None``;
+    * ``"fields"``: ``[[name as encoded, type text, has a default], ...]`` in wire order.
+
+    The fields of such types are part of a method's contract, which the signature text (naming
+    the type only) does not show (:func:`garcon_link.rpc.contract.compare_method`). Empty when
+    the types hold none, or more than :data:`MAX_STRUCT_FIELDS` types and fields. Made once per
+    hint (cached)."""
+    layouts: dict[str, dict[str, Any]] = {}
+    for hint, use in [*((p, "argument") for p in params), (result, "result")]:
         try:
-            found = _positional_cached(hint)
+            found = _records_cached(hint)
         except TypeError:  # an unhashable hint: not cached
-            found = _positional(hint)
-        for name, fields in found:
-            layouts[name] = list(fields)
-    return layouts
+            found = _records(hint)
+        for name, (encoding, unknown, tag, fields) in found:
+            record = layouts.get(name)
+            if record is None:
+                layouts[name] = {
+                    "use": use,
+                    "encoding": encoding,
+                    "unknown": unknown,
+                    "tag": None if tag is None else list(tag),
+                    "fields": [list(f) for f in fields],
+                }
+            elif record["use"] != use:
+                record["use"] = "both"
+    size = sum(1 + len(record["fields"]) for record in layouts.values())
+    return dict(sorted(layouts.items())) if size <= MAX_STRUCT_FIELDS else {}
+
+
+_Record = tuple[str, str, tuple[str, Any] | None, tuple[tuple[str, str, bool], ...]]
 
 
 @functools.lru_cache(maxsize=1024)
-def _positional_cached(hint: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    return _positional(hint)
+def _records_cached(hint: Any) -> tuple[tuple[str, _Record], ...]:
+    return _records(hint)
 
 
-def _positional(hint: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _records(hint: Any) -> tuple[tuple[str, _Record], ...]:
     if hint is Any or hint is inspect.Parameter.empty or hint is None:
         return ()
     try:
         info = msgspec.inspect.type_info(hint)
     except Exception:  # not a type msgspec knows
         return ()
-    found: dict[str, tuple[str, ...]] = {}
+    found: dict[str, _Record] = {}
     for node in _type_nodes(info):
+        if not isinstance(node, _RECORD_TYPES):
+            continue
+        try:
+            hints = typing.get_type_hints(node.cls)
+        except Exception:  # msgspec resolved them; a class whose hints typing cannot read
+            hints = {}
+        fields = tuple(
+            (
+                f.encode_name,
+                inspect.formatannotation(hints.get(f.name, Any)),
+                not f.required,
+            )
+            for f in node.fields
+        )
+        array = isinstance(node, msgspec.inspect.NamedTupleType)
+        ignores, tag = False, None
         if isinstance(node, msgspec.inspect.StructType):
-            config = node.cls.__struct_config__
-            if not config.array_like:
-                continue
-            fields = [f"tag {config.tag!r}"] if config.tag_field is not None else []
-            for f in msgspec.structs.fields(node.cls):
-                optional = "" if f.required else " = ..."
-                fields.append(f"{f.encode_name}: {inspect.formatannotation(f.type)}{optional}")
-            found[inspect.formatannotation(node.cls)] = tuple(fields)
+            array = node.array_like
+            ignores = not array and not node.forbid_unknown_fields
+            tag = None if node.tag_field is None else (node.tag_field, node.tag)
+        found[inspect.formatannotation(node.cls)] = (
+            "array" if array else "map",
+            "ignored" if ignores else "refused",
+            tag,
+            fields,
+        )
     return tuple(sorted(found.items()))
 
 

@@ -1,7 +1,9 @@
 """The contract manifest: what a worker declares it serves, compared, hashed and read back.
 
 A worker's manifest maps service -> method -> ``{kind, signature}``, the signature text (the
-return type included) of each :class:`~garcon_link.rpc.interface.MethodSpec`
+return type included) of each :class:`~garcon_link.rpc.interface.MethodSpec`, and ``structs``,
+the fields of the record types it reaches
+(:func:`~garcon_link.rpc.interface.struct_layouts`), when it reaches any
 (:meth:`~garcon_link.rpc.interface.ServiceSpec.manifest`). From it come:
 
 * its BLAKE3 *contract hash* (:func:`contract_hash`), which a controller compares across session
@@ -257,16 +259,28 @@ def _method_text(entry: Any) -> str:
     if entry is None:
         return "(absent)"
     if isinstance(entry, Mapping):
-        positional = entry.get("positional")
-        layout = ""
-        if isinstance(positional, Mapping):  # the peer's: shown bounded
-            shown = "; ".join(
-                f"{name}({', '.join(map(str, fields)) if isinstance(fields, list) else fields})"
-                for name, fields in itertools.islice(positional.items(), 8)
+        structs = entry.get("structs")
+        shown = ""
+        if isinstance(structs, Mapping):  # the peer's: shown bounded
+            shown = " structs " + peer_text(
+                "; ".join(
+                    f"{name}({_fields_text(record)})"
+                    for name, record in itertools.islice(structs.items(), 8)
+                )
             )
-            layout = f" positional {peer_text(shown)}"
-        return f"{entry.get('kind')} {entry.get('signature')}{layout}"
+        return f"{entry.get('kind')} {entry.get('signature')}{shown}"
     return repr(entry)
+
+
+def _fields_text(record: Any) -> str:
+    """A ``"structs"`` record's fields as ``x: int, y: int = ...`` (at most 16 shown)."""
+    fields = record.get("fields") if isinstance(record, Mapping) else None
+    if not isinstance(fields, list):
+        return "?"
+    return ", ".join(
+        f"{f[0]}: {f[1]}{' = ...' if f[2] else ''}" if isinstance(f, list) and len(f) == 3 else "?"
+        for f in itertools.islice(fields, 16)
+    )
 
 
 def contract_hash(manifest: Mapping[str, Any]) -> str:
