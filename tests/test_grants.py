@@ -126,6 +126,30 @@ def test_a_gateway_file_loads(tmp_path: Path) -> None:
             "[[callers.grant]] #1 callers",
             "expected a list",
         ),
+        # An explicit services that names nothing is refused, never read as "every service".
+        (
+            '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["a"]\n'
+            'executors = ["b"]\nservices = []\n',
+            "[[callers.grant]] #1 services",
+            "remove the field to grant every service",
+        ),
+        (
+            '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["a"]\n'
+            'executors = ["b"]\nservices = false\n',
+            "[[callers.grant]] #1 services",
+            "expected a list of patterns, got a boolean",
+        ),
+        (
+            '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["a"]\n'
+            'executors = ["b"]\nservices = 0\n',
+            "[[callers.grant]] #1 services",
+            "expected a list of patterns, got an integer",
+        ),
+        (
+            '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = [1]\nexecutors = ["b"]\n',
+            "[[callers.grant]] #1 callers",
+            "a pattern is an integer, not a string",
+        ),
         (
             '[callers]\nkeyring = "callers"\n'
             + '[[callers.grant]]\ncallers = ["a"]\nexecutors = ["b"]\n' * (MAX_GRANTS + 1),

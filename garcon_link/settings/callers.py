@@ -55,7 +55,7 @@ from ._toml import (
 )
 from .config import LinkConfig, _config_path, _read_toml
 from .fleet import FleetConfig, _build_fleet
-from .grants import Grant, check_grant_count
+from .grants import Grant, check_grant_count, check_patterns
 from .secrets import KEYGEN_HINT, Secret, Source, keyring_directory_problem, read_secret, refusal
 from .tls import TlsConfig, _load_tls
 
@@ -291,7 +291,7 @@ def _load_callers(table: dict[str, Any], source: Path) -> CallersConfig:
             Grant(
                 callers=entry["callers"],
                 executors=entry["executors"],
-                services=entry.get("services") or (),
+                services=_grant_services(entry, source, prefix),
                 source=source,
                 number=number,
             )
@@ -302,6 +302,23 @@ def _load_callers(table: dict[str, Any], source: Path) -> CallersConfig:
         max_callers=DEFAULT_MAX_CALLERS if max_callers is None else max_callers,
         source=source,
     )
+
+
+def _grant_services(entry: dict[str, Any], source: Path, prefix: str) -> tuple[str, ...]:
+    """A grant's ``services``: absent means every service; present, it must name at least one
+    pattern (an empty list or a false value is refused, never read as "every service")."""
+    if "services" not in entry:
+        return ()
+    value = entry["services"]
+    if isinstance(value, list) and not value:
+        raise refusal(
+            source,
+            f"{prefix} services",
+            "the list is empty",
+            'name at least one service pattern, e.g. services = ["calc"] (remove the field to '
+            "grant every service)",
+        )
+    return check_patterns(value, source, f"{prefix} services", required=True)
 
 
 def load_caller_config(path: str | os.PathLike[str] | None = None) -> CallerConfig:
