@@ -127,6 +127,30 @@ def test_a_newer_schema_and_another_executor_are_refused(tmp_path: Path) -> None
     assert "written by a newer garcon-link (state schema 99" in refusal(target)
 
 
+@pytest.mark.parametrize("version", [0, -5])
+def test_a_schema_version_this_version_never_wrote_is_refused(tmp_path: Path, version: int) -> None:
+    target = tmp_path / "s"
+    open_state_directory(target, "box").close_now()
+    db = sqlite3.connect(target / DATABASE_NAME)
+    db.execute(f"PRAGMA user_version={version}")
+    db.commit()
+    db.close()
+    text = refusal(target)
+    assert str(target / DATABASE_NAME) in text and f"unknown state schema {version}" in text
+
+
+@pytest.mark.parametrize("state_id", ["zz", "", "ab" * 300])
+def test_a_damaged_state_id_is_refused_naming_the_file(tmp_path: Path, state_id: str) -> None:
+    target = tmp_path / "s"
+    open_state_directory(target, "box").close_now()
+    db = sqlite3.connect(target / DATABASE_NAME)
+    db.execute("UPDATE meta SET value = ? WHERE name = 'state_id'", (state_id,))
+    db.commit()
+    db.close()
+    text = refusal(target)
+    assert str(target / DATABASE_NAME) in text and "state_id" in text and "damaged" in text
+
+
 def test_a_worker_with_an_unusable_state_directory_fails_to_start(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     config = gl.LinkConfig(

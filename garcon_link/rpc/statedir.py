@@ -340,7 +340,7 @@ def open_state_directory(path: str | os.PathLike[str], executor_id: str) -> Stat
     state = StateDirectory(directory, lock_fd, connection)
     try:
         rows = state.read("SELECT value FROM meta WHERE name = 'state_id'")
-        state.state_id = bytes.fromhex(rows[0][0]) if rows else b""
+        state.state_id = _state_id(rows, state.database)
         state.process_rows = state.read(
             "SELECT id, record FROM processes LIMIT ?", (MAX_PROCESS_ROWS,)
         )
@@ -348,6 +348,22 @@ def open_state_directory(path: str | os.PathLike[str], executor_id: str) -> Stat
         state.close_now()
         raise
     return state
+
+
+def _state_id(rows: list[tuple[Any, ...]], database: Path) -> bytes:
+    """The database's ``state_id``: 32 hex digits, as :func:`_prepare` writes it. Callers retry
+    across worker processes that report the same id, so a missing or unreadable one is damage,
+    not an empty id two directories could share."""
+    value = rows[0][0] if rows else None
+    if isinstance(value, str) and len(value) == 32:
+        try:
+            return bytes.fromhex(value)
+        except ValueError:
+            pass
+    problem = "missing" if value is None else "not 32 hex digits"
+    raise ConfigError(
+        f"{database}: the state database is damaged (its state_id is {problem}); {_MOVE_AWAY}"
+    )
 
 
 def _take_lock(directory: Path) -> int:
@@ -427,6 +443,11 @@ def _prepare(db: sqlite3.Connection, database: Path, executor_id: str) -> None:
             f"{database}: written by a newer garcon-link (state schema {version}; this version "
             f"reads up to {SCHEMA_VERSION}); run the newer version, or give this worker another "
             "state directory"
+        )
+    elif version < 1:
+        raise ConfigError(
+            f"{database}: a garcon-link state database of an unknown state schema {version} (this "
+            f"version writes {SCHEMA_VERSION}); {_MOVE_AWAY}"
         )
     mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
     if str(mode).lower() != "wal":
