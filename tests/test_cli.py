@@ -318,6 +318,9 @@ def test_keygen_keyring_as_a_command(tmp_path: Path) -> None:
         ([], ["needs PATH"]),
         (["--keyring", "K", "--executor", "box:1"], ["ASCII letters", "still loads its config"]),
         (["--keyring", "K", "--executor", "../x"], ["starts with '.'", "rename"]),
+        (["--keyring", "K", "--caller", "a/b"], ["caller id 'a/b'", "ASCII letters", "web-1"]),
+        (["--keyring", "K", "--caller", ".."], ["caller id '..'", "starts with '.'"]),
+        (["--keyring", "K", "--caller", "a" * 1000], ["caller id", "longer than 200"]),
     ],
 )
 def test_keygen_keyring_usage_errors(
@@ -332,7 +335,24 @@ def test_keygen_keyring_usage_errors(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert_one_error_line(captured.err, *fragments)
+    if "--caller" in args:  # a caller's id is not worded as a worker's
+        assert "executor" not in captured.err and "worker" not in captured.err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_gateway_s_missing_caller_keyring_names_the_caller_enrollment(tmp_path: Path) -> None:
+    (tmp_path / "keys").mkdir(mode=0o700)
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
+        '[callers]\nkeyring = "callers"\n',
+        encoding="utf-8",
+    )
+    done = run_cli("gateway", str(config))
+    assert done.returncode == 2
+    assert_one_error_line(
+        done.stderr, str(config), "[callers] keyring", "--keyring DIR --caller ID"
+    )
 
 
 # --------------------------------------------------------------------------- init

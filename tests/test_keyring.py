@@ -232,6 +232,22 @@ def test_group_or_world_readable_key_is_refused_with_the_fix(
 
 
 @posix_only
+def test_a_caller_keyring_names_callers_in_its_warnings(
+    keys: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    callers = Keyring(keys, kind="caller")
+    path = write_key(keys / "web-1.secret", mode=0o644)
+    assert callers.secret_for("web-1") is None
+    path.write_bytes(b"")
+    path.chmod(0o600)
+    assert callers.secret_for("web-1") is None
+    warnings = warnings_of(caplog)
+    assert len(warnings) == 2 and all(w.startswith("caller web-1 refused: ") for w in warnings)
+    assert "--keyring DIR --caller ID --force" in warnings[1]
+    assert not any("executor" in w for w in warnings), warnings
+
+
+@posix_only
 def test_refusal_warning_is_rate_limited_per_file_and_problem(
     keys: Path, keyring: Keyring, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:

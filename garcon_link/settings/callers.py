@@ -262,7 +262,7 @@ def _load_callers(table: dict[str, Any], source: Path) -> CallersConfig:
             'add keyring = "callers" (enroll: garcon-link keygen --keyring callers --caller ID)',
         )
     keyring = _resolve(source.parent, keyring_text, source, "[callers] keyring")
-    found = keyring_directory_problem(keyring)
+    found = keyring_directory_problem(keyring, "caller")
     if found is not None:
         raise refusal(source, "[callers] keyring", *found)
     max_callers = _get(table, "max_callers", int, source, "[callers] max_callers")
