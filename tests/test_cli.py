@@ -900,6 +900,17 @@ def test_wrong_secret_exits_8_at_once_and_says_what_to_fix(
     done = run_cli("call", str(wrong), "demo.add", "[1, 2]", "--timeout", "30")
     assert done.returncode == cli.EXIT_REFUSED == 8
     assert_one_error_line(done.stderr, "proof did not verify", "same secret (secret_file)")
+    # A gateway's caller is told where a gateway keeps its key.
+    gl.write_secret_file(tmp_path / "web-1.secret")
+    caller = tmp_path / "caller.toml"
+    caller.write_text(
+        'role = "caller"\ncaller_id = "web-1"\nsecret_file = "web-1.secret"\n'
+        f'[connection]\ndial = "{worker.url()}"\n',
+        encoding="utf-8",
+    )
+    done = run_cli("call", str(caller), "--executor", "box-1", "demo.add", "[1, 2]")
+    assert done.returncode == cli.EXIT_REFUSED
+    assert_one_error_line(done.stderr, "proof did not verify", "callers/<caller_id>.secret")
 
 
 @pytest.mark.parametrize(

@@ -182,7 +182,8 @@ _WILL_NOT_HEAL: dict[int, tuple[HandshakeFailure, str]] = {
     4001: (
         HandshakeFailure.AUTH_FAILED,
         "both ends must use the same secret (secret_file), and the executor id must be the one "
-        "the other end serves (a fleet controller needs keys/<executor_id>.secret)",
+        "the other end serves (a fleet controller or gateway needs keys/<executor_id>.secret; "
+        "a gateway holds a caller's key as callers/<caller_id>.secret)",
     ),
     4002: (HandshakeFailure.VERSION_MISMATCH, "upgrade garcon-link on one end to match the other"),
     4003: (
