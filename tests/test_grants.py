@@ -7,6 +7,7 @@ naming the file, the field and the fix, within the bounds on counts and pattern 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -249,7 +250,8 @@ def test_a_caller_file_loads(tmp_path: Path) -> None:
     [
         (CALLER.replace('"caller"', '"worker"'), "role", "role caller"),
         (CALLER.replace('"web-1"\n', '"../x"\n', 1), "caller_id", "caller id"),
-        (CALLER.replace('caller_id = "web-1"\n', ""), "caller_id", "expected a string"),
+        (CALLER.replace('caller_id = "web-1"\n', ""), "caller_id", "missing"),
+        (CALLER.replace('caller_id = "web-1"', "caller_id = 7"), "caller_id", "expected a string"),
         (CALLER.replace('secret_file = "web-1.secret"\n', ""), "secret_file", "missing"),
         (CALLER.replace("[connection]", 'secret = "x"\n[connection]'), "secret", "inline"),
         (CALLER.replace("ws://127.0.0.1:8443", "ws://example.com"), "[connection] dial", ""),
@@ -266,3 +268,20 @@ def test_a_caller_file_is_refused_naming_file_and_field(
     text = str(refused.value)
     assert f": {field}: " in text and problem in text, text
     assert str(path) in text or "CallerConfig" in text or "LinkConfig" in text
+
+
+@pytest.mark.parametrize("loader", [gl.load_config, gl.load_fleet_config])
+def test_a_gateway_or_caller_file_given_to_another_loader_names_its_command(
+    tmp_path: Path, loader: Callable[[Path], object]
+) -> None:
+    caller = _caller_file(tmp_path, CALLER)
+    with pytest.raises(gl.ConfigError) as refused:
+        loader(caller)
+    assert str(refused.value).startswith(f"{caller}: role: ")
+    assert "garcon-link call CONFIG --executor ID" in str(refused.value)
+    gateway = _gateway_file(tmp_path, '[callers]\nkeyring = "callers"\n')
+    with pytest.raises(gl.ConfigError) as refused:
+        loader(gateway)
+    assert str(refused.value).startswith(f"{gateway}: role: ")
+    assert "garcon-link gateway CONFIG" in str(refused.value)
+    assert 'role = "caller"' in str(refused.value)

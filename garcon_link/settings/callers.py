@@ -87,6 +87,13 @@ _CALLER_TOP_LEVEL_KEYS = (
 
 def _check_caller_id(value: object, src: Source, what: str = "caller_id") -> str:
     fix = 'use ASCII letters, digits, ".", "_" and "-", not starting with "." (e.g. "web-1")'
+    if value is None:
+        raise refusal(
+            src,
+            what,
+            "missing: a caller is known to its gateway by its id",
+            'add caller_id = "web-1", the name of its key file in the gateway\'s [callers] keyring',
+        )
     if not isinstance(value, str):
         raise refusal(src, what, f"expected a string, got {_type_name(value)}", fix)
     problem = executor_id_problem(value)

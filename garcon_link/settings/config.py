@@ -108,7 +108,15 @@ from ..net.addresses import (
     host_problem,
     is_loopback_host,
 )
-from ._toml import _check_keys, _get, _load_limits, _resolve, _shown_role, _type_name
+from ._toml import (
+    _check_keys,
+    _get,
+    _load_limits,
+    _refuse_gateway_roles,
+    _resolve,
+    _shown_role,
+    _type_name,
+)
 from .secrets import (
     KEYGEN_HINT,
     MIN_SECRET_BYTES,
@@ -597,6 +605,7 @@ def _read_toml(source: Path) -> tuple[dict[str, Any], int]:
 
 
 def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
+    _refuse_gateway_roles(doc, source)
     if "executors" in doc:
         raise refusal(
             source,
