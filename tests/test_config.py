@@ -240,6 +240,23 @@ def test_invalid_limit_value_refused(tmp_path: Path, secret_file: Path) -> None:
     refused(lambda: load_config(path), str(path), "takeover_probe_timeout", "handshake_timeout")
 
 
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("max_controllers = 0", "must be > 0"),
+        ("max_controllers = -3", "must be > 0"),
+        ("max_controllers = 2.5", "must be an integer"),
+        ("max_controllers = 99999999999999999", "must be at most 4096"),
+    ],
+)
+def test_a_careless_max_controllers_is_refused(
+    tmp_path: Path, secret_file: Path, line: str, problem: str
+) -> None:
+    # Each controller's place also widens the authenticated-socket cap: it is bounded.
+    path = config_file(tmp_path, LISTEN_BODY + f"[limits]\n{line}\n")
+    refused(lambda: load_config(path), str(path), "Limits.max_controllers", problem)
+
+
 def test_state_dir_is_a_worker_s_path_relative_to_the_file(
     tmp_path: Path, secret_file: Path
 ) -> None:
