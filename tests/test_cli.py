@@ -340,6 +340,17 @@ def test_keygen_keyring_usage_errors(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")
+@pytest.mark.parametrize("command", ["call", "worker", "gateway"])
+def test_a_config_that_is_a_fifo_is_one_line_not_a_hang(tmp_path: Path, command: str) -> None:
+    fifo = tmp_path / "link.toml"
+    os.mkfifo(fifo)
+    args = [command, str(fifo)] + (["calc.add"] if command == "call" else [])
+    done = run_cli(*args, timeout=10)
+    assert done.returncode == 2
+    assert_one_error_line(done.stderr, str(fifo), "not a regular file")
+
+
 def test_a_gateway_s_missing_caller_keyring_names_the_caller_enrollment(tmp_path: Path) -> None:
     (tmp_path / "keys").mkdir(mode=0o700)
     config = tmp_path / "gateway.toml"
