@@ -343,6 +343,31 @@ async def test_a_journal_that_cannot_be_written_refuses_the_call_unrun(tmp_path:
         assert not isinstance(keyed.admit(key("k"), b"d" * 32), Await | Replay)
 
 
+@pytest.mark.anyio
+async def test_a_call_refused_unrun_is_answered_to_a_waiter_that_comes_after(
+    tmp_path: Path,
+) -> None:
+    """Once the writer has stopped, a keyed call is refused at once: its execution can end
+    before the session's waiter asks for the reply, which must still be the refusal."""
+
+    async def handler() -> Reply:
+        raise AssertionError("ran")
+
+    async with keyed_on_disk(tmp_path) as (keyed, state):
+        with pytest.raises(StateUnavailable):
+            await state.write([("INSERT INTO nowhere VALUES (1)", ())])
+        decision = keyed.admit(key("k"), b"d" * 32)
+        assert isinstance(decision, Execute)
+        keyed.start(decision.entry, handler)
+        for _ in range(100):  # let the execution end first
+            if keyed.statistics().entries == 0:
+                break
+            await anyio.lowlevel.checkpoint()
+        assert keyed.statistics().entries == 0
+        with anyio.fail_after(5):
+            assert decode(await keyed.wait(decision.entry)) == ("error", "STATE_UNAVAILABLE")
+
+
 # ---------------------------------------------------------------------------------- crashes
 
 

@@ -171,7 +171,8 @@ class EntryState(enum.Enum):
 
 @dataclass(slots=True, eq=False)
 class Entry:
-    """One keyed call the worker remembers (mutated only by :class:`IdempotencyTable`)."""
+    """One keyed call the worker remembers (mutated by :class:`IdempotencyTable`; once the table
+    has abandoned it, :class:`KeyedExecutions` sets its ``reply`` for late waiters)."""
 
     key: TableKey
     digest: bytes
@@ -680,5 +681,10 @@ class KeyedExecutions:
         finally:
             if run.reply is None:  # the worker is shutting down (its task group was cancelled)
                 run.reply = _CANCELLED_WHILE_RUNNING
+            if entry.reply is None and self.table.get(entry.key) is not entry:
+                # Abandoned (refused unrun, or cancelled before it started): the table forgot
+                # it, so a waiter that asks after this run ended reads its answer here. A store
+                # that has stopped refuses at once, before the session's waiter has asked.
+                entry.reply = run.reply
             del self._runs[entry.serial]
             run.done.set()
