@@ -199,6 +199,20 @@ def test_a_careless_gateway_limit_is_one_line_naming_it(
     assert text.startswith(f"{path}: [limits]: ") and text.endswith("; fix the value in [limits]")
 
 
+def test_a_gateway_whose_callers_share_the_executors_keyring_is_refused(tmp_path: Path) -> None:
+    # One directory for both would let an executor's key call as a caller of that id, and a
+    # caller's key join the fleet as an executor of its id.
+    path = _gateway_file(tmp_path, '[callers]\nkeyring = "keys"\n')
+    with pytest.raises(gl.ConfigError) as refused:
+        gl.load_gateway_config(path)
+    text = str(refused.value)
+    assert text.startswith(f"{path}: [callers] keyring: ") and "[executors] keyring" in text
+    (tmp_path / "alias").symlink_to(tmp_path / "keys")  # the same directory by another name
+    path = _gateway_file(tmp_path, '[callers]\nkeyring = "alias"\n')
+    with pytest.raises(gl.ConfigError, match="the same directory"):
+        gl.load_gateway_config(path)
+
+
 def test_the_gateway_limits_load_from_the_gateway_file(tmp_path: Path) -> None:
     path = _gateway_file(
         tmp_path,

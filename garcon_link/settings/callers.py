@@ -170,10 +170,26 @@ class GatewayConfig:
                 "a gateway must listen: its callers dial it",
                 'set [connection] listen = "0.0.0.0:8443" and [executors] keyring = "keys"',
             )
+        executors = self.fleet.keyring
+        if executors is not None and _same_directory(executors, self.callers.keyring):
+            raise refusal(
+                self.callers.source or self.fleet.source or "GatewayConfig",
+                "[callers] keyring",
+                f"{self.callers.keyring} is the same directory as [executors] keyring: an "
+                "executor's key would admit it as a caller, and a caller's as an executor",
+                'give callers a directory of their own, e.g. keyring = "callers"',
+            )
 
     @property
     def limits(self) -> Limits:
         return self.fleet.limits
+
+
+def _same_directory(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one is missing: the keyring checks name that
+        return os.path.abspath(a) == os.path.abspath(b)
 
 
 @dataclass(frozen=True, slots=True)
