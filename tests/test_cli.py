@@ -351,6 +351,15 @@ def test_a_config_that_is_a_fifo_is_one_line_not_a_hang(tmp_path: Path, command:
     assert_one_error_line(done.stderr, str(fifo), "not a regular file")
 
 
+def test_keygen_into_a_keyring_that_is_a_file_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "callers").write_text("x")
+    keyring = str(tmp_path / "callers")
+    assert cli.main(["keygen", "--keyring", keyring, "--caller", "web-1"]) == cli.EXIT_USAGE
+    assert_one_error_line(capsys.readouterr().err, keyring, "is not a directory")
+
+
 def test_a_gateway_s_missing_caller_keyring_names_the_caller_enrollment(tmp_path: Path) -> None:
     (tmp_path / "keys").mkdir(mode=0o700)
     config = tmp_path / "gateway.toml"

@@ -308,6 +308,11 @@ def enroll(
             'letters) still loads its config but cannot be enrolled: rename it, e.g. "box-1"'
         )
     folder = Path(directory)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(
+            f"keyring {folder}: is not a directory; name a directory for the keyring (it is "
+            "created if missing)"
+        )
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
