@@ -309,6 +309,23 @@ def test_keygen_keyring_as_a_command(tmp_path: Path) -> None:
     assert forced.returncode == 0, forced.stderr
 
 
+def test_a_caller_that_dials_a_worker_is_told_it_is_not_a_gateway(
+    listening_worker: tuple[Worker, Path], tmp_path: Path
+) -> None:
+    """The worker's own id and secret get the caller through the handshake: what it reached
+    must still be named, not reported as a missing service of the call."""
+    worker, controller = listening_worker
+    caller = tmp_path / "caller.toml"
+    caller.write_text(
+        f'role = "caller"\ncaller_id = "cli-box"\nsecret_file = "{controller.parent}/link.secret"'
+        f'\n[connection]\ndial = "{worker.url()}"\n',
+        encoding="utf-8",
+    )
+    done = run_cli("call", str(caller), "--executor", "box-1", "demo.add", "[1, 2]")
+    assert done.returncode == cli.EXIT_USAGE
+    assert_one_error_line(done.stderr, worker.url(), "not a gateway", str(caller))
+
+
 @pytest.mark.parametrize(
     ("args", "fragments"),
     [

@@ -14,8 +14,8 @@ import anyio
 
 from ..api.controller import ExecutorInfo, RemoteExecutor, connect
 from ..api.fleet import fleet
-from ..api.relay import GatewayExecutor, connect_gateway
-from ..errors import NotDispatched, RemoteError
+from ..api.relay import RELAY_SERVICE, GatewayExecutor, connect_gateway
+from ..errors import ConfigError, NotDispatched, RemoteError
 from ..logs import peer_message
 from ..rpc.interface import MethodKind, MethodSpec
 from ..rpc.manifest import manifest_method
@@ -188,6 +188,12 @@ async def _open_through_gateway(
         await _ready(
             gateway.gateway, config.link_config(), None, ready_timeout=ready_timeout, wait=wait
         )
+        if not gateway.gateway.offers(RELAY_SERVICE):
+            where = f" in {config.source}" if config.source is not None else ""
+            raise ConfigError(
+                f"{config.dial}: not a gateway (it serves no {RELAY_SERVICE!r} service: a "
+                f"worker?); point [connection] dial{where} at a gateway (garcon-link gateway)"
+            )
         try:
             await executor.wait_ready(ready_timeout if wait is None else wait)
         except TimeoutError as exc:
