@@ -151,6 +151,20 @@ def test_a_damaged_state_id_is_refused_naming_the_file(tmp_path: Path, state_id:
     assert str(target / DATABASE_NAME) in text and "state_id" in text and "damaged" in text
 
 
+@pytest.mark.parametrize("name", [LOCK_NAME, DATABASE_NAME])
+def test_a_symlink_in_the_directory_is_refused_and_its_target_untouched(
+    tmp_path: Path, name: str
+) -> None:
+    target = tmp_path / "s"
+    target.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (target / name).symlink_to(victim)
+    text = refusal(target)
+    assert str(target / name) in text and "symbolic link" in text
+    assert victim.read_text() == "precious"
+
+
 def test_a_worker_with_an_unusable_state_directory_fails_to_start(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     config = gl.LinkConfig(

@@ -38,11 +38,13 @@ commit left, which SQLite keeps consistent whatever happens to the process.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
 import queue
 import sqlite3
+import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -366,10 +368,33 @@ def _state_id(rows: list[tuple[Any, ...]], database: Path) -> bytes:
     )
 
 
+def _open_own_file(path: Path, what: str, fix: str) -> int:
+    """Open (creating, 0600) a file of the directory, refusing a symbolic link (its target,
+    anywhere, would be written) and anything but a regular file."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(
+                f"{path}: a symbolic link; remove it (the worker writes only its own files in "
+                "its state directory)"
+            ) from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            fix = f"let this worker's user read and write it (chown, chmod 600 {path})"
+        raise ConfigError(f"{what}: {_one_line(exc)}; {fix}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"{path}: not a regular file; {_MOVE_AWAY}")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _take_lock(directory: Path) -> int:
     lock = directory / LOCK_NAME
-    with _refusing(f"state directory {directory}: cannot open its lock file {lock}", "fix it"):
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = _open_own_file(
+        lock, f"state directory {directory}: cannot open its lock file {lock}", "fix it"
+    )
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -407,9 +432,9 @@ def _read_pid(fd: int) -> str:
 
 def _open_database(database: Path, executor_id: str) -> sqlite3.Connection:
     what = f"{database}: cannot open the state database"
+    # Created here, 0600, so the database (and its WAL, which takes its mode) is private.
+    os.close(_open_own_file(database, what, _MOVE_AWAY))
     with _refusing(what, _MOVE_AWAY):
-        # Created here, 0600, so the database (and its WAL, which takes its mode) is private.
-        os.close(os.open(database, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
         db = sqlite3.connect(
             os.fspath(database), timeout=0, isolation_level=None, check_same_thread=False
         )
