@@ -232,6 +232,21 @@ def test_group_or_world_readable_key_is_refused_with_the_fix(
 
 
 @posix_only
+@pytest.mark.skipif(POSIX and os.geteuid() == 0, reason="root reads any directory")
+@pytest.mark.parametrize("mode", [0o300, 0o600, 0o000])
+def test_a_keyring_this_user_cannot_read_fails_at_startup(tmp_path: Path, mode: int) -> None:
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o700)
+    keys.chmod(mode)
+    try:
+        with pytest.raises(ConfigError, match="cannot be read by this user") as refused:
+            Keyring(keys, kind="caller")
+        assert str(keys) in str(refused.value) and "\n" not in str(refused.value)
+    finally:
+        keys.chmod(0o700)
+
+
+@posix_only
 def test_a_caller_keyring_names_callers_in_its_warnings(
     keys: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -371,6 +371,12 @@ def keyring_directory_problem(directory: Path, kind: str = "executor") -> tuple[
         )
     if not stat.S_ISDIR(info.st_mode):
         return (f"{directory} is not a directory", "point keyring at a directory of key files")
+    if not os.access(directory, os.R_OK | os.X_OK):
+        # Every handshake would fail, one warning per peer: say it once, at startup.
+        return (
+            f"the keyring directory {directory} cannot be read by this user",
+            f"let this process's user read it (chown it to that user; chmod 700 {directory})",
+        )
     found = unsafe_directory(directory / f"<{kind}_id>.secret")
     if found is not None:
         unsafe, problem, fix = found
