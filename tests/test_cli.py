@@ -377,6 +377,32 @@ def test_keygen_into_a_keyring_that_is_a_file_says_so(
     assert_one_error_line(capsys.readouterr().err, keyring, "is not a directory")
 
 
+def test_a_gateway_without_grants_warns_at_startup(tmp_path: Path) -> None:
+    for directory in ("keys", "callers"):
+        (tmp_path / directory).mkdir(mode=0o700)
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
+        '[callers]\nkeyring = "callers"\n',
+        encoding="utf-8",
+    )
+    process = subprocess.Popen(
+        [*CLI, "gateway", str(config), "--json", "--drain", "0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        warning = process.stderr.readline()
+        assert warning.startswith("warning: ") and "no [[callers.grant]]" in warning
+        assert str(config) in warning and "FORBIDDEN" in warning
+    finally:
+        process.terminate()
+        process.communicate(timeout=10)
+
+
 def test_a_gateway_s_missing_caller_keyring_names_the_caller_enrollment(tmp_path: Path) -> None:
     (tmp_path / "keys").mkdir(mode=0o700)
     config = tmp_path / "gateway.toml"

@@ -127,6 +127,11 @@ def test_a_gateway_file_loads(tmp_path: Path) -> None:
             "[[callers.grant]] #1 callers",
             "expected a list",
         ),
+        (
+            '[callers]\nkeyring = "callers"\n[callers.grant]\ncallers = ["a"]\nexecutors = ["b"]\n',
+            "[[callers.grant]]",
+            "double brackets",
+        ),
         # An explicit services that names nothing is refused, never read as "every service".
         (
             '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["a"]\n'

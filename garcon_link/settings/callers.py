@@ -289,6 +289,13 @@ def _load_callers(table: dict[str, Any], source: Path) -> CallersConfig:
     if found is not None:
         raise refusal(source, "[callers] keyring", *found)
     max_callers = _get(table, "max_callers", int, source, "[callers] max_callers")
+    if isinstance(table.get("grant"), dict):
+        raise refusal(
+            source,
+            "[[callers.grant]]",
+            "written as one table, [callers.grant]",
+            "write each grant as [[callers.grant]] (double brackets: a list of grants)",
+        )
     tables = _get(table, "grant", list, source, "[[callers.grant]]") or []
     check_grant_count(len(tables), source)
     grants = []
