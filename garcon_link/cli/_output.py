@@ -9,13 +9,12 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from ..logs import JsonFormatter
 from ..settings.callers import CallerConfig, load_caller_config
-from ..settings.config import CONFIG_ENV_VAR, LinkConfig, _read_toml, load_config
+from ..settings.config import CONFIG_ENV_VAR, LinkConfig, load_config, read_document
 from ..settings.fleet import FleetConfig, load_fleet_config
 
 # --------------------------------------------------------------------------- output
@@ -99,7 +98,7 @@ def _shape(given: str | None) -> str:
     if not source:
         return "link"
     try:  # the loaders' own reader: a regular file, bounded, never blocking
-        document, _ = _read_toml(Path(os.path.abspath(source)))
+        document = read_document(source)
     except ConfigError:
         return "link"
     if document.get("role") == "caller":

@@ -586,6 +586,17 @@ def _config_path(path: str | os.PathLike[str] | None, example: str) -> Path:
     return Path(os.path.abspath(os.fspath(path)))
 
 
+def read_document(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The parsed TOML document at ``path``, read as every loader reads its file (a regular
+    file of at most :data:`MAX_CONFIG_BYTES`, never blocking), before any schema check: for a
+    caller that must choose a loader.
+
+    Raises:
+        ConfigError: the file does not read or parse (one line naming it).
+    """
+    return _read_toml(Path(os.path.abspath(os.fspath(path))))[0]
+
+
 def _read_toml(source: Path) -> tuple[dict[str, Any], int]:
     """Return the parsed document and the file's mode (from the same open file: no race).
 
