@@ -132,6 +132,12 @@ def test_a_gateway_file_loads(tmp_path: Path) -> None:
             "[[callers.grant]]",
             "double brackets",
         ),
+        (
+            '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["a"]\n'
+            'executors = ["b"]\nservices = ["calc", "$describe"]\n',
+            "[[callers.grant]] #1 services",
+            "internal service",
+        ),
         # An explicit services that names nothing is refused, never read as "every service".
         (
             '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["a"]\n'

@@ -348,7 +348,17 @@ def _grant_services(entry: dict[str, Any], source: Path, prefix: str) -> tuple[s
             'name at least one service pattern, e.g. services = ["calc"] (remove the field to '
             "grant every service)",
         )
-    return check_patterns(value, source, f"{prefix} services", required=True)
+    patterns = check_patterns(value, source, f"{prefix} services", required=True)
+    for pattern in patterns:
+        if pattern.startswith("$"):
+            raise refusal(
+                source,
+                f"{prefix} services",
+                f"{pattern!r} names an internal service ($...), which no grant covers: the "
+                "gateway answers those itself",
+                'remove it; name the services callers may call, e.g. services = ["calc"]',
+            )
+    return patterns
 
 
 def load_caller_config(path: str | os.PathLike[str] | None = None) -> CallerConfig:
