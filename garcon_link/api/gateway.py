@@ -401,6 +401,7 @@ class Gateway:
             role=Role.WORKER,
             keys=self._caller_key,
             hosted=True,
+            names=("gateway", "caller"),
             limits=dataclasses.replace(self.limits, max_controllers=callers.max_callers),
             retention=self.fleet._retention,
         )

@@ -151,25 +151,27 @@ async def _ready(
     *,
     ready_timeout: float,
     wait: float | None,
+    peer: str = "worker",
 ) -> None:
     """Wait until ``executor`` is ready: up to ``ready_timeout``, giving up after
     :data:`REFUSED_DIALS` refused dials; or, given ``wait``, up to ``wait`` whatever the dials
-    find (a worker that is starting)."""
+    find (a worker that is starting). ``peer`` is what was dialed (``"gateway"`` for a
+    caller), as the messages name it."""
     try:
         await executor.wait_ready(
             timeout=ready_timeout if wait is None else wait,
             refused_dials=REFUSED_DIALS if wait is None else None,
         )
     except TimeoutError as exc:
-        raise NotDispatched("NOT_READY", f"{exc}; is the worker running?") from None
+        raise NotDispatched("NOT_READY", f"{exc}; is the {peer} running?") from None
     except NotDispatched as exc:
         if exc.code != "UNREACHABLE":
             raise
         field = _dial_field(config, executor_id) or "the dial address"
         raise NotDispatched(
             "UNREACHABLE",
-            f"{exc.message}; check {field} and that the worker runs there (garcon-link "
-            "worker), or pass --wait S to wait for a worker that is starting",
+            f"{exc.message}; check {field} and that the {peer} runs there (garcon-link "
+            f"{peer}), or pass --wait S to wait for a {peer} that is starting",
         ) from None
 
 
@@ -186,7 +188,12 @@ async def _open_through_gateway(
         except ValueError as exc:
             raise UsageError(f"--executor: {exc}") from None
         await _ready(
-            gateway.gateway, config.link_config(), None, ready_timeout=ready_timeout, wait=wait
+            gateway.gateway,
+            config.link_config(),
+            None,
+            ready_timeout=ready_timeout,
+            wait=wait,
+            peer="gateway",
         )
         if not gateway.gateway.offers(RELAY_SERVICE):
             where = f" in {config.source}" if config.source is not None else ""
