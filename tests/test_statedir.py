@@ -445,6 +445,42 @@ def test_every_test_the_durability_guide_cites_exists() -> None:
     assert cited >= 10
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="POSIX file size limits")
+def test_a_database_that_cannot_be_written_at_startup_names_free_space(tmp_path: Path) -> None:
+    """A full disk, as a file size limit simulates it (writes past it fail): the worker says to
+    free space, not to move the file away."""
+    import resource
+
+    from faultutil import write_configs
+
+    worker_toml, _ = write_configs(tmp_path, port=0, limits={})
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "garcon_link",
+            "worker",
+            str(worker_toml),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        preexec_fn=small_files,  # only signal() and setrlimit() in the child
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert str(tmp_path / "state" / DATABASE_NAME) in lines[0] and "free space" in lines[0]
+
+
 @pytest.mark.parametrize("case", ["not-a-directory", "not-a-database"])
 def test_the_command_line_says_why_in_one_line(tmp_path: Path, case: str) -> None:
     from faultutil import write_configs

@@ -140,7 +140,20 @@ def _refusing(what: str, fix: str) -> Iterator[None]:
     try:
         yield
     except (OSError, sqlite3.Error) as exc:
+        if _cannot_write(exc):  # the file is not at fault: moving it away would not help
+            fix = "free space on its file system (or give this worker another state directory)"
         raise ConfigError(f"{what}: {_one_line(exc)}; {fix}") from exc
+
+
+_SQLITE_IOERR, _SQLITE_FULL = 10, 13  # primary result codes (the extended ones add high bits)
+
+
+def _cannot_write(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk refused a write (full, quota, I/O error)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in (_SQLITE_IOERR, _SQLITE_FULL)
 
 
 class StateDirectory:
