@@ -9,6 +9,7 @@ leaves a database that opens and never reports finished a call whose handler did
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -380,6 +381,26 @@ async def test_a_call_refused_unrun_is_answered_to_a_waiter_that_comes_after(
         assert keyed.statistics().entries == 0
         with anyio.fail_after(5):
             assert decode(await keyed.wait(decision.entry)) == ("error", "STATE_UNAVAILABLE")
+
+
+@pytest.mark.anyio
+async def test_calls_refused_by_a_stopped_writer_log_one_line_per_interval(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def handler() -> Reply:
+        raise AssertionError("ran")
+
+    async with keyed_on_disk(tmp_path) as (keyed, state):
+        with pytest.raises(StateUnavailable):
+            await state.write([("INSERT INTO nowhere VALUES (1)", ())])
+        for i in range(20):
+            decision = keyed.admit(key(f"k{i}"), b"d" * 32)
+            assert isinstance(decision, Execute)
+            keyed.start(decision.entry, handler)
+            with anyio.fail_after(5):
+                assert decode(await keyed.wait(decision.entry)) == ("error", "STATE_UNAVAILABLE")
+    refused = [r for r in caplog.records if "keyed call refused, unrun" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].levelno == logging.ERROR
 
 
 # ---------------------------------------------------------------------------------- crashes
