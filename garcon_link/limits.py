@@ -157,7 +157,9 @@ class Limits:
         default=16,
         metadata=_doc(
             "Controllers a worker holds a logical session for at once (one each; a controller "
-            "is its controller_id, by default its runtime); the next one is refused (1013)."
+            "is its controller_id, by default its runtime); the next one is refused (1013). At "
+            "most 4096.",
+            maximum=4096,
         ),
     )
     receipt_interval: int = field(

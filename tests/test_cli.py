@@ -309,6 +309,23 @@ def test_keygen_keyring_as_a_command(tmp_path: Path) -> None:
     assert forced.returncode == 0, forced.stderr
 
 
+def test_a_caller_that_dials_a_worker_is_told_it_is_not_a_gateway(
+    listening_worker: tuple[Worker, Path], tmp_path: Path
+) -> None:
+    """The worker's own id and secret get the caller through the handshake: what it reached
+    must still be named, not reported as a missing service of the call."""
+    worker, controller = listening_worker
+    caller = tmp_path / "caller.toml"
+    caller.write_text(
+        f'role = "caller"\ncaller_id = "cli-box"\nsecret_file = "{controller.parent}/link.secret"'
+        f'\n[connection]\ndial = "{worker.url()}"\n',
+        encoding="utf-8",
+    )
+    done = run_cli("call", str(caller), "--executor", "box-1", "demo.add", "[1, 2]")
+    assert done.returncode == cli.EXIT_USAGE
+    assert_one_error_line(done.stderr, worker.url(), "not a gateway", str(caller))
+
+
 @pytest.mark.parametrize(
     ("args", "fragments"),
     [
@@ -318,6 +335,9 @@ def test_keygen_keyring_as_a_command(tmp_path: Path) -> None:
         ([], ["needs PATH"]),
         (["--keyring", "K", "--executor", "box:1"], ["ASCII letters", "still loads its config"]),
         (["--keyring", "K", "--executor", "../x"], ["starts with '.'", "rename"]),
+        (["--keyring", "K", "--caller", "a/b"], ["caller id 'a/b'", "ASCII letters", "web-1"]),
+        (["--keyring", "K", "--caller", ".."], ["caller id '..'", "starts with '.'"]),
+        (["--keyring", "K", "--caller", "a" * 1000], ["caller id", "longer than 200"]),
     ],
 )
 def test_keygen_keyring_usage_errors(
@@ -332,7 +352,70 @@ def test_keygen_keyring_usage_errors(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert_one_error_line(captured.err, *fragments)
+    if "--caller" in args:  # a caller's id is not worded as a worker's
+        assert "executor" not in captured.err and "worker" not in captured.err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")
+@pytest.mark.parametrize("command", ["call", "worker", "gateway"])
+def test_a_config_that_is_a_fifo_is_one_line_not_a_hang(tmp_path: Path, command: str) -> None:
+    fifo = tmp_path / "link.toml"
+    os.mkfifo(fifo)
+    args = [command, str(fifo)] + (["calc.add"] if command == "call" else [])
+    done = run_cli(*args, timeout=10)
+    assert done.returncode == 2
+    assert_one_error_line(done.stderr, str(fifo), "not a regular file")
+
+
+def test_keygen_into_a_keyring_that_is_a_file_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "callers").write_text("x")
+    keyring = str(tmp_path / "callers")
+    assert cli.main(["keygen", "--keyring", keyring, "--caller", "web-1"]) == cli.EXIT_USAGE
+    assert_one_error_line(capsys.readouterr().err, keyring, "is not a directory")
+
+
+def test_a_gateway_without_grants_warns_at_startup(tmp_path: Path) -> None:
+    for directory in ("keys", "callers"):
+        (tmp_path / directory).mkdir(mode=0o700)
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
+        '[callers]\nkeyring = "callers"\n',
+        encoding="utf-8",
+    )
+    process = subprocess.Popen(
+        [*CLI, "gateway", str(config), "--json", "--drain", "0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        warning = process.stderr.readline()
+        assert warning.startswith("warning: ") and "no [[callers.grant]]" in warning
+        assert str(config) in warning and "FORBIDDEN" in warning
+    finally:
+        process.terminate()
+        process.communicate(timeout=10)
+
+
+def test_a_gateway_s_missing_caller_keyring_names_the_caller_enrollment(tmp_path: Path) -> None:
+    (tmp_path / "keys").mkdir(mode=0o700)
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
+        '[callers]\nkeyring = "callers"\n',
+        encoding="utf-8",
+    )
+    done = run_cli("gateway", str(config))
+    assert done.returncode == 2
+    assert_one_error_line(
+        done.stderr, str(config), "[callers] keyring", "--keyring DIR --caller ID"
+    )
 
 
 # --------------------------------------------------------------------------- init
@@ -879,6 +962,17 @@ def test_wrong_secret_exits_8_at_once_and_says_what_to_fix(
     done = run_cli("call", str(wrong), "demo.add", "[1, 2]", "--timeout", "30")
     assert done.returncode == cli.EXIT_REFUSED == 8
     assert_one_error_line(done.stderr, "proof did not verify", "same secret (secret_file)")
+    # A gateway's caller is told where a gateway keeps its key.
+    gl.write_secret_file(tmp_path / "web-1.secret")
+    caller = tmp_path / "caller.toml"
+    caller.write_text(
+        'role = "caller"\ncaller_id = "web-1"\nsecret_file = "web-1.secret"\n'
+        f'[connection]\ndial = "{worker.url()}"\n',
+        encoding="utf-8",
+    )
+    done = run_cli("call", str(caller), "--executor", "box-1", "demo.add", "[1, 2]")
+    assert done.returncode == cli.EXIT_REFUSED
+    assert_one_error_line(done.stderr, "proof did not verify", "callers/<caller_id>.secret")
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,8 @@ import trustme
 from garcon_link.core.wire import Role
 from garcon_link.errors import ConfigError
 from garcon_link.limits import Limits
-from garcon_link.settings.config import CONFIG_ENV_VAR, LinkConfig, load_config
+from garcon_link.settings.callers import load_gateway_config
+from garcon_link.settings.config import CONFIG_ENV_VAR, MAX_CONFIG_BYTES, LinkConfig, load_config
 from garcon_link.settings.fleet import DialExecutor, FleetConfig, load_fleet_config
 from garcon_link.settings.secrets import (
     MIN_SECRET_BYTES,
@@ -238,6 +239,41 @@ def test_invalid_limit_value_refused(tmp_path: Path, secret_file: Path) -> None:
     # Admission, a takeover probe included, runs under the handshake deadline.
     path = config_file(tmp_path, LISTEN_BODY + "[limits]\nhandshake_timeout = 2\n")
     refused(lambda: load_config(path), str(path), "takeover_probe_timeout", "handshake_timeout")
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("max_controllers = 0", "must be > 0"),
+        ("max_controllers = -3", "must be > 0"),
+        ("max_controllers = 2.5", "must be an integer"),
+        ("max_controllers = 99999999999999999", "must be at most 4096"),
+    ],
+)
+def test_a_careless_max_controllers_is_refused(
+    tmp_path: Path, secret_file: Path, line: str, problem: str
+) -> None:
+    # Each controller's place also widens the authenticated-socket cap: it is bounded.
+    path = config_file(tmp_path, LISTEN_BODY + f"[limits]\n{line}\n")
+    refused(lambda: load_config(path), str(path), "Limits.max_controllers", problem)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")
+def test_a_config_path_that_is_no_regular_file_is_refused_without_reading(tmp_path: Path) -> None:
+    # A FIFO would block the loader until a writer came; /dev/zero would never end.
+    fifo = tmp_path / "link.toml"
+    os.mkfifo(fifo)
+    for loader in (load_config, load_fleet_config, load_gateway_config):
+        refused(lambda: loader(fifo), str(fifo), "not a regular file")  # noqa: B023
+    if os.path.exists("/dev/zero"):
+        refused(lambda: load_config("/dev/zero"), "/dev/zero", "not a regular file")
+
+
+def test_a_config_file_past_the_size_bound_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "link.toml"
+    with open(path, "wb") as file:
+        file.truncate(MAX_CONFIG_BYTES + 1)  # sparse: nothing is written
+    refused(lambda: load_config(path), str(path), f"larger than {MAX_CONFIG_BYTES} bytes")
 
 
 def test_state_dir_is_a_worker_s_path_relative_to_the_file(

@@ -7,6 +7,7 @@ naming the file, the field and the fix, within the bounds on counts and pattern 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,41 @@ def test_a_gateway_file_loads(tmp_path: Path) -> None:
             "expected a list",
         ),
         (
+            '[callers]\nkeyring = "callers"\n[callers.grant]\ncallers = ["a"]\nexecutors = ["b"]\n',
+            "[[callers.grant]]",
+            "double brackets",
+        ),
+        (
+            '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["a"]\n'
+            'executors = ["b"]\nservices = ["calc", "$describe"]\n',
+            "[[callers.grant]] #1 services",
+            "internal service",
+        ),
+        # An explicit services that names nothing is refused, never read as "every service".
+        (
+            '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["a"]\n'
+            'executors = ["b"]\nservices = []\n',
+            "[[callers.grant]] #1 services",
+            "remove the field to grant every service",
+        ),
+        (
+            '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["a"]\n'
+            'executors = ["b"]\nservices = false\n',
+            "[[callers.grant]] #1 services",
+            "expected a list of patterns, got a boolean",
+        ),
+        (
+            '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["a"]\n'
+            'executors = ["b"]\nservices = 0\n',
+            "[[callers.grant]] #1 services",
+            "expected a list of patterns, got an integer",
+        ),
+        (
+            '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = [1]\nexecutors = ["b"]\n',
+            "[[callers.grant]] #1 callers",
+            "a pattern is an integer, not a string",
+        ),
+        (
             '[callers]\nkeyring = "callers"\n'
             + '[[callers.grant]]\ncallers = ["a"]\nexecutors = ["b"]\n' * (MAX_GRANTS + 1),
             "[[callers.grant]]",
@@ -172,6 +208,20 @@ def test_a_careless_gateway_limit_is_one_line_naming_it(
     key = line.split(" = ")[0]
     assert "\n" not in text and f"Limits.{key} {problem}" in text, text
     assert text.startswith(f"{path}: [limits]: ") and text.endswith("; fix the value in [limits]")
+
+
+def test_a_gateway_whose_callers_share_the_executors_keyring_is_refused(tmp_path: Path) -> None:
+    # One directory for both would let an executor's key call as a caller of that id, and a
+    # caller's key join the fleet as an executor of its id.
+    path = _gateway_file(tmp_path, '[callers]\nkeyring = "keys"\n')
+    with pytest.raises(gl.ConfigError) as refused:
+        gl.load_gateway_config(path)
+    text = str(refused.value)
+    assert text.startswith(f"{path}: [callers] keyring: ") and "[executors] keyring" in text
+    (tmp_path / "alias").symlink_to(tmp_path / "keys")  # the same directory by another name
+    path = _gateway_file(tmp_path, '[callers]\nkeyring = "alias"\n')
+    with pytest.raises(gl.ConfigError, match="the same directory"):
+        gl.load_gateway_config(path)
 
 
 def test_the_gateway_limits_load_from_the_gateway_file(tmp_path: Path) -> None:
@@ -225,7 +275,8 @@ def test_a_caller_file_loads(tmp_path: Path) -> None:
     [
         (CALLER.replace('"caller"', '"worker"'), "role", "role caller"),
         (CALLER.replace('"web-1"\n', '"../x"\n', 1), "caller_id", "caller id"),
-        (CALLER.replace('caller_id = "web-1"\n', ""), "caller_id", "expected a string"),
+        (CALLER.replace('caller_id = "web-1"\n', ""), "caller_id", "missing"),
+        (CALLER.replace('caller_id = "web-1"', "caller_id = 7"), "caller_id", "expected a string"),
         (CALLER.replace('secret_file = "web-1.secret"\n', ""), "secret_file", "missing"),
         (CALLER.replace("[connection]", 'secret = "x"\n[connection]'), "secret", "inline"),
         (CALLER.replace("ws://127.0.0.1:8443", "ws://example.com"), "[connection] dial", ""),
@@ -242,3 +293,20 @@ def test_a_caller_file_is_refused_naming_file_and_field(
     text = str(refused.value)
     assert f": {field}: " in text and problem in text, text
     assert str(path) in text or "CallerConfig" in text or "LinkConfig" in text
+
+
+@pytest.mark.parametrize("loader", [gl.load_config, gl.load_fleet_config])
+def test_a_gateway_or_caller_file_given_to_another_loader_names_its_command(
+    tmp_path: Path, loader: Callable[[Path], object]
+) -> None:
+    caller = _caller_file(tmp_path, CALLER)
+    with pytest.raises(gl.ConfigError) as refused:
+        loader(caller)
+    assert str(refused.value).startswith(f"{caller}: role: ")
+    assert "garcon-link call CONFIG --executor ID" in str(refused.value)
+    gateway = _gateway_file(tmp_path, '[callers]\nkeyring = "callers"\n')
+    with pytest.raises(gl.ConfigError) as refused:
+        loader(gateway)
+    assert str(refused.value).startswith(f"{gateway}: role: ")
+    assert "garcon-link gateway CONFIG" in str(refused.value)
+    assert 'role = "caller"' in str(refused.value)

@@ -232,6 +232,37 @@ def test_group_or_world_readable_key_is_refused_with_the_fix(
 
 
 @posix_only
+@pytest.mark.skipif(POSIX and os.geteuid() == 0, reason="root reads any directory")
+@pytest.mark.parametrize("mode", [0o300, 0o600, 0o000])
+def test_a_keyring_this_user_cannot_read_fails_at_startup(tmp_path: Path, mode: int) -> None:
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o700)
+    keys.chmod(mode)
+    try:
+        with pytest.raises(ConfigError, match="cannot be read by this user") as refused:
+            Keyring(keys, kind="caller")
+        assert str(keys) in str(refused.value) and "\n" not in str(refused.value)
+    finally:
+        keys.chmod(0o700)
+
+
+@posix_only
+def test_a_caller_keyring_names_callers_in_its_warnings(
+    keys: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    callers = Keyring(keys, kind="caller")
+    path = write_key(keys / "web-1.secret", mode=0o644)
+    assert callers.secret_for("web-1") is None
+    path.write_bytes(b"")
+    path.chmod(0o600)
+    assert callers.secret_for("web-1") is None
+    warnings = warnings_of(caplog)
+    assert len(warnings) == 2 and all(w.startswith("caller web-1 refused: ") for w in warnings)
+    assert "--keyring DIR --caller ID --force" in warnings[1]
+    assert not any("executor" in w for w in warnings), warnings
+
+
+@posix_only
 def test_refusal_warning_is_rate_limited_per_file_and_problem(
     keys: Path, keyring: Keyring, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -9,6 +9,7 @@ leaves a database that opens and never reports finished a call whose handler did
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -125,6 +126,44 @@ def test_a_newer_schema_and_another_executor_are_refused(tmp_path: Path) -> None
     db.commit()
     db.close()
     assert "written by a newer garcon-link (state schema 99" in refusal(target)
+
+
+@pytest.mark.parametrize("version", [0, -5])
+def test_a_schema_version_this_version_never_wrote_is_refused(tmp_path: Path, version: int) -> None:
+    target = tmp_path / "s"
+    open_state_directory(target, "box").close_now()
+    db = sqlite3.connect(target / DATABASE_NAME)
+    db.execute(f"PRAGMA user_version={version}")
+    db.commit()
+    db.close()
+    text = refusal(target)
+    assert str(target / DATABASE_NAME) in text and f"unknown state schema {version}" in text
+
+
+@pytest.mark.parametrize("state_id", ["zz", "", "ab" * 300])
+def test_a_damaged_state_id_is_refused_naming_the_file(tmp_path: Path, state_id: str) -> None:
+    target = tmp_path / "s"
+    open_state_directory(target, "box").close_now()
+    db = sqlite3.connect(target / DATABASE_NAME)
+    db.execute("UPDATE meta SET value = ? WHERE name = 'state_id'", (state_id,))
+    db.commit()
+    db.close()
+    text = refusal(target)
+    assert str(target / DATABASE_NAME) in text and "state_id" in text and "damaged" in text
+
+
+@pytest.mark.parametrize("name", [LOCK_NAME, DATABASE_NAME])
+def test_a_symlink_in_the_directory_is_refused_and_its_target_untouched(
+    tmp_path: Path, name: str
+) -> None:
+    target = tmp_path / "s"
+    target.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (target / name).symlink_to(victim)
+    text = refusal(target)
+    assert str(target / name) in text and "symbolic link" in text
+    assert victim.read_text() == "precious"
 
 
 def test_a_worker_with_an_unusable_state_directory_fails_to_start(tmp_path: Path) -> None:
@@ -319,6 +358,51 @@ async def test_a_journal_that_cannot_be_written_refuses_the_call_unrun(tmp_path:
         assert not isinstance(keyed.admit(key("k"), b"d" * 32), Await | Replay)
 
 
+@pytest.mark.anyio
+async def test_a_call_refused_unrun_is_answered_to_a_waiter_that_comes_after(
+    tmp_path: Path,
+) -> None:
+    """Once the writer has stopped, a keyed call is refused at once: its execution can end
+    before the session's waiter asks for the reply, which must still be the refusal."""
+
+    async def handler() -> Reply:
+        raise AssertionError("ran")
+
+    async with keyed_on_disk(tmp_path) as (keyed, state):
+        with pytest.raises(StateUnavailable):
+            await state.write([("INSERT INTO nowhere VALUES (1)", ())])
+        decision = keyed.admit(key("k"), b"d" * 32)
+        assert isinstance(decision, Execute)
+        keyed.start(decision.entry, handler)
+        for _ in range(100):  # let the execution end first
+            if keyed.statistics().entries == 0:
+                break
+            await anyio.lowlevel.checkpoint()
+        assert keyed.statistics().entries == 0
+        with anyio.fail_after(5):
+            assert decode(await keyed.wait(decision.entry)) == ("error", "STATE_UNAVAILABLE")
+
+
+@pytest.mark.anyio
+async def test_calls_refused_by_a_stopped_writer_log_one_line_per_interval(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def handler() -> Reply:
+        raise AssertionError("ran")
+
+    async with keyed_on_disk(tmp_path) as (keyed, state):
+        with pytest.raises(StateUnavailable):
+            await state.write([("INSERT INTO nowhere VALUES (1)", ())])
+        for i in range(20):
+            decision = keyed.admit(key(f"k{i}"), b"d" * 32)
+            assert isinstance(decision, Execute)
+            keyed.start(decision.entry, handler)
+            with anyio.fail_after(5):
+                assert decode(await keyed.wait(decision.entry)) == ("error", "STATE_UNAVAILABLE")
+    refused = [r for r in caplog.records if "keyed call refused, unrun" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].levelno == logging.ERROR
+
+
 # ---------------------------------------------------------------------------------- crashes
 
 
@@ -380,6 +464,42 @@ def test_every_test_the_durability_guide_cites_exists() -> None:
             assert re.search(rf"def {name}\(", source), f"{path}::{name} is cited, not defined"
             cited += 1
     assert cited >= 10
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="POSIX file size limits")
+def test_a_database_that_cannot_be_written_at_startup_names_free_space(tmp_path: Path) -> None:
+    """A full disk, as a file size limit simulates it (writes past it fail): the worker says to
+    free space, not to move the file away."""
+    import resource
+
+    from faultutil import write_configs
+
+    worker_toml, _ = write_configs(tmp_path, port=0, limits={})
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "garcon_link",
+            "worker",
+            str(worker_toml),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        preexec_fn=small_files,  # only signal() and setrlimit() in the child
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert str(tmp_path / "state" / DATABASE_NAME) in lines[0] and "free space" in lines[0]
 
 
 @pytest.mark.parametrize("case", ["not-a-directory", "not-a-database"])

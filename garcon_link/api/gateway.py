@@ -143,12 +143,13 @@ class Gateway:
         self._observer = CallObserver(hooks, self.limits)
         callers = config.callers
         self._grants: tuple[Grant, ...] = callers.grants
-        self._keyring = Keyring(callers.keyring)
+        self._keyring = Keyring(callers.keyring, kind="caller")
         self._max_callers = callers.max_callers
         self._link = WebSocketLink(
             role=Role.WORKER,
             keys=self._caller_key,
             hosted=True,
+            names=("gateway", "caller"),
             limits=dataclasses.replace(self.limits, max_controllers=callers.max_callers),
             retention=self.fleet._retention,
         )

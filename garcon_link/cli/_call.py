@@ -14,8 +14,8 @@ import anyio
 
 from ..api.controller import ExecutorInfo, RemoteExecutor, connect
 from ..api.fleet import fleet
-from ..api.relay import GatewayExecutor, connect_gateway
-from ..errors import NotDispatched, RemoteError
+from ..api.relay import RELAY_SERVICE, GatewayExecutor, connect_gateway
+from ..errors import ConfigError, NotDispatched, RemoteError
 from ..logs import peer_message
 from ..rpc.interface import MethodKind, MethodSpec
 from ..rpc.manifest import manifest_method
@@ -151,25 +151,27 @@ async def _ready(
     *,
     ready_timeout: float,
     wait: float | None,
+    peer: str = "worker",
 ) -> None:
     """Wait until ``executor`` is ready: up to ``ready_timeout``, giving up after
     :data:`REFUSED_DIALS` refused dials; or, given ``wait``, up to ``wait`` whatever the dials
-    find (a worker that is starting)."""
+    find (a worker that is starting). ``peer`` is what was dialed (``"gateway"`` for a
+    caller), as the messages name it."""
     try:
         await executor.wait_ready(
             timeout=ready_timeout if wait is None else wait,
             refused_dials=REFUSED_DIALS if wait is None else None,
         )
     except TimeoutError as exc:
-        raise NotDispatched("NOT_READY", f"{exc}; is the worker running?") from None
+        raise NotDispatched("NOT_READY", f"{exc}; is the {peer} running?") from None
     except NotDispatched as exc:
         if exc.code != "UNREACHABLE":
             raise
         field = _dial_field(config, executor_id) or "the dial address"
         raise NotDispatched(
             "UNREACHABLE",
-            f"{exc.message}; check {field} and that the worker runs there (garcon-link "
-            "worker), or pass --wait S to wait for a worker that is starting",
+            f"{exc.message}; check {field} and that the {peer} runs there (garcon-link "
+            f"{peer}), or pass --wait S to wait for a {peer} that is starting",
         ) from None
 
 
@@ -186,8 +188,19 @@ async def _open_through_gateway(
         except ValueError as exc:
             raise UsageError(f"--executor: {exc}") from None
         await _ready(
-            gateway.gateway, config.link_config(), None, ready_timeout=ready_timeout, wait=wait
+            gateway.gateway,
+            config.link_config(),
+            None,
+            ready_timeout=ready_timeout,
+            wait=wait,
+            peer="gateway",
         )
+        if not gateway.gateway.offers(RELAY_SERVICE):
+            where = f" in {config.source}" if config.source is not None else ""
+            raise ConfigError(
+                f"{config.dial}: not a gateway (it serves no {RELAY_SERVICE!r} service: a "
+                f"worker?); point [connection] dial{where} at a gateway (garcon-link gateway)"
+            )
         try:
             await executor.wait_ready(ready_timeout if wait is None else wait)
         except TimeoutError as exc:

@@ -134,6 +134,14 @@ async def _serve(
 def _cmd_gateway(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=False, json_lines=ns.log_json)
     config = load_gateway_config(None if ns.config in (None, "-") else ns.config)
+    if not config.callers.grants:
+        print(
+            f"warning: {config.callers.source or 'the configuration'} has no [[callers.grant]]: "
+            "every caller's call will be refused (FORBIDDEN); add a grant, e.g. "
+            'callers = ["web-*"], executors = ["device-*"]',
+            file=sys.stderr,
+            flush=True,
+        )
     redraw = not ns.json and sys.stdout.isatty()
     anyio.run(lambda: _run_gateway(config, as_json=ns.json, redraw=redraw, drain=ns.drain))
     return EXIT_OK

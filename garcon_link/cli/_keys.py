@@ -37,7 +37,9 @@ def _cmd_keygen(ns: argparse.Namespace) -> int:
         )
     if ns.path is not None:
         raise UsageError(f"keygen takes either PATH or --keyring DIR {flag} ID, not both")
-    path = enroll(ns.keyring, who, force=ns.force)
+    path = enroll(
+        ns.keyring, who, force=ns.force, kind="executor" if ns.caller is None else "caller"
+    )
     peer = "worker" if ns.caller is None else "caller"
     _emit(f"enrolled {who}: {path} (mode 0600); copy it to the {peer} as its secret_file")
     return EXIT_OK

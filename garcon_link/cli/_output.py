@@ -8,13 +8,13 @@ import json
 import logging
 import os
 import sys
-import tomllib
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import ConfigError
 from ..logs import JsonFormatter
 from ..settings.callers import CallerConfig, load_caller_config
-from ..settings.config import CONFIG_ENV_VAR, LinkConfig, load_config
+from ..settings.config import CONFIG_ENV_VAR, LinkConfig, load_config, read_document
 from ..settings.fleet import FleetConfig, load_fleet_config
 
 # --------------------------------------------------------------------------- output
@@ -95,10 +95,11 @@ def _shape(given: str | None) -> str:
     """``"fleet"`` (``[executors]``), ``"caller"`` (``role = "caller"``) or ``"link"``: which
     loader reads CONFIG (a file that does not read is the plain loader's to report)."""
     source = given if given is not None else os.environ.get(CONFIG_ENV_VAR, "")
-    try:
-        with open(source, "rb") as file:
-            document = tomllib.load(file)
-    except (OSError, ValueError):
+    if not source:
+        return "link"
+    try:  # the loaders' own reader: a regular file, bounded, never blocking
+        document = read_document(source)
+    except ConfigError:
         return "link"
     if document.get("role") == "caller":
         return "caller"

@@ -183,7 +183,8 @@ _WILL_NOT_HEAL: dict[int, tuple[HandshakeFailure, str]] = {
     4001: (
         HandshakeFailure.AUTH_FAILED,
         "both ends must use the same secret (secret_file), and the executor id must be the one "
-        "the other end serves (a fleet controller needs keys/<executor_id>.secret)",
+        "the other end serves (a fleet controller or gateway needs keys/<executor_id>.secret; "
+        "a gateway holds a caller's key as callers/<caller_id>.secret)",
     ),
     4002: (HandshakeFailure.VERSION_MISMATCH, "upgrade garcon-link on one end to match the other"),
     4003: (
@@ -314,6 +315,8 @@ class WebSocketLink:
             over the old one's (default None: each process is a controller of its own).
         runtime_id: this process's runtime id (16 bytes) when several links speak for one
             process (a worker dialing several controllers); default: a new random one.
+        names: who holds the ``max_controllers`` places and who takes them, as refusals and
+            evictions word them (a gateway's callers link: ``("gateway", "caller")``).
     """
 
     def __init__(
@@ -334,6 +337,7 @@ class WebSocketLink:
         controller_id: str | None = None,
         runtime_id: bytes | None = None,
         hosted: bool = False,
+        names: tuple[str, str] = ("worker", "controller"),
     ) -> None:
         if hosted:
             if (
@@ -361,6 +365,9 @@ class WebSocketLink:
         # A listening worker keeps one slot per controller (module docstring).
         self._per_controller = self.role is Role.WORKER and (listen is not None or hosted)
         self._hosted = hosted
+        # Who holds the places and who takes them, as refusals name them ("this worker holds
+        # sessions for max_controllers=N controllers"; a gateway's callers link passes its own).
+        self._names = names
         self._guest: WebSocketLink | None = None
         self._sessions_begun = 0
         self._detachments = 0  # sockets detached from a slot (orders slots by detachment)
@@ -1255,20 +1262,22 @@ class WebSocketLink:
         assert transport is not None
         transport.retire(
             FailureReason.EVICTED,
-            f"max_controllers={self.limits.max_controllers} places held; controller "
+            f"max_{self._names[1]}s={self.limits.max_controllers} places held; {self._names[1]} "
             f"{peer_text(slot.label)} took this detached session's place",
         )
         self._stats.controllers_evicted += 1
         self._peer_log.log(
             peer_host(sock.peer),
             "EVICTED",
-            "%s %s: controller %s admitted in the place of controller %s, detached (%d of "
-            "max_controllers=%d places held)",
+            "%s %s: %s %s admitted in the place of %s %s, detached (%d of max_%ss=%d places held)",
             self._tag,
             sock.peer,
+            self._names[1],
             peer_text(slot.label),
+            self._names[1],
             peer_text(victim.label),
             self.limits.max_controllers,
+            self._names[1],
             self.limits.max_controllers,
             extra=log_fields(peer=sock.peer, controller=victim.label),
             level=logging.WARNING,
@@ -1290,8 +1299,8 @@ class WebSocketLink:
             self._stats.controllers_refused += 1
             refusal = dataclasses.replace(
                 refusal,
-                detail=f"this worker holds sessions for max_controllers="
-                f"{self.limits.max_controllers} controllers; retry later",
+                detail=f"this {self._names[0]} holds sessions for max_{self._names[1]}s="
+                f"{self.limits.max_controllers} {self._names[1]}s; retry later",
             )
         elif refusal.reason is HandshakeFailure.TAKEN_OVER:
             refusal = dataclasses.replace(

@@ -171,7 +171,8 @@ class EntryState(enum.Enum):
 
 @dataclass(slots=True, eq=False)
 class Entry:
-    """One keyed call the worker remembers (mutated only by :class:`IdempotencyTable`)."""
+    """One keyed call the worker remembers (mutated by :class:`IdempotencyTable`; once the table
+    has abandoned it, :class:`KeyedExecutions` sets its ``reply`` for late waiters)."""
 
     key: TableKey
     digest: bytes
@@ -589,6 +590,10 @@ class KeyedExecutions:
         self._spawn = spawn
         self._clock = clock
         self._runs: dict[int, _Run] = {}
+        # A stopped store fails every keyed call alike: one error line per kind and
+        # log_interval, counting the calls it stands for (callers cannot flood the log).
+        self._log_interval = limits.log_interval
+        self._logged: dict[str, tuple[float, int]] = {}  # message -> (last line at, quiet)
         if self.store.durable:
             now = clock()
             for call in self.store.load(now):
@@ -650,6 +655,17 @@ class KeyedExecutions:
             f"the state database did not store a keyed call within {self._write_timeout}s"
         )
 
+    def _log_failure(self, what: str, problem: StateUnavailable) -> None:
+        now = self._clock()
+        last = self._logged.get(what)
+        if last is not None and now - last[0] < self._log_interval:
+            self._logged[what] = (last[0], last[1] + 1)
+            return
+        quiet = last[1] if last is not None else 0
+        self._logged[what] = (now, 0)
+        since = f" ({quiet} more since the last such line)" if quiet else ""
+        log.error("%s: %s%s", what, problem, since)
+
     async def _execute(
         self, entry: Entry, run: _Run, execute: Callable[[], Awaitable[Reply]]
     ) -> None:
@@ -659,7 +675,7 @@ class KeyedExecutions:
                 problem = await self._save()  # the journal: before the handler starts
                 if problem is not None:
                     self.table.abandon(entry)
-                    log.error("keyed call refused, unrun: %s", problem)
+                    self._log_failure("keyed call refused, unrun", problem)
                     run.reply = error_reply(NotDispatched("STATE_UNAVAILABLE", str(problem)))
                     return
             if run.cancelled:
@@ -675,10 +691,15 @@ class KeyedExecutions:
                 with anyio.CancelScope(shield=True):  # the outcome: before the reply is sent
                     problem = await self._save()
                 if problem is not None:
-                    log.error("a keyed call's outcome was not stored: %s", problem)
+                    self._log_failure("a keyed call's outcome was not stored", problem)
             run.reply = recorded
         finally:
             if run.reply is None:  # the worker is shutting down (its task group was cancelled)
                 run.reply = _CANCELLED_WHILE_RUNNING
+            if entry.reply is None and self.table.get(entry.key) is not entry:
+                # Abandoned (refused unrun, or cancelled before it started): the table forgot
+                # it, so a waiter that asks after this run ended reads its answer here. A store
+                # that has stopped refuses at once, before the session's waiter has asked.
+                entry.reply = run.reply
             del self._runs[entry.serial]
             run.done.set()

@@ -38,11 +38,13 @@ commit left, which SQLite keeps consistent whatever happens to the process.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
 import queue
 import sqlite3
+import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -138,7 +140,20 @@ def _refusing(what: str, fix: str) -> Iterator[None]:
     try:
         yield
     except (OSError, sqlite3.Error) as exc:
+        if _cannot_write(exc):  # the file is not at fault: moving it away would not help
+            fix = "free space on its file system (or give this worker another state directory)"
         raise ConfigError(f"{what}: {_one_line(exc)}; {fix}") from exc
+
+
+_SQLITE_IOERR, _SQLITE_FULL = 10, 13  # primary result codes (the extended ones add high bits)
+
+
+def _cannot_write(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk refused a write (full, quota, I/O error)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in (_SQLITE_IOERR, _SQLITE_FULL)
 
 
 class StateDirectory:
@@ -340,7 +355,7 @@ def open_state_directory(path: str | os.PathLike[str], executor_id: str) -> Stat
     state = StateDirectory(directory, lock_fd, connection)
     try:
         rows = state.read("SELECT value FROM meta WHERE name = 'state_id'")
-        state.state_id = bytes.fromhex(rows[0][0]) if rows else b""
+        state.state_id = _state_id(rows, state.database)
         state.process_rows = state.read(
             "SELECT id, record FROM processes LIMIT ?", (MAX_PROCESS_ROWS,)
         )
@@ -350,10 +365,49 @@ def open_state_directory(path: str | os.PathLike[str], executor_id: str) -> Stat
     return state
 
 
+def _state_id(rows: list[tuple[Any, ...]], database: Path) -> bytes:
+    """The database's ``state_id``: 32 hex digits, as :func:`_prepare` writes it. Callers retry
+    across worker processes that report the same id, so a missing or unreadable one is damage,
+    not an empty id two directories could share."""
+    value = rows[0][0] if rows else None
+    if isinstance(value, str) and len(value) == 32:
+        try:
+            return bytes.fromhex(value)
+        except ValueError:
+            pass
+    problem = "missing" if value is None else "not 32 hex digits"
+    raise ConfigError(
+        f"{database}: the state database is damaged (its state_id is {problem}); {_MOVE_AWAY}"
+    )
+
+
+def _open_own_file(path: Path, what: str, fix: str) -> int:
+    """Open (creating, 0600) a file of the directory, refusing a symbolic link (its target,
+    anywhere, would be written) and anything but a regular file."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(
+                f"{path}: a symbolic link; remove it (the worker writes only its own files in "
+                "its state directory)"
+            ) from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            fix = f"let this worker's user read and write it (chown, chmod 600 {path})"
+        raise ConfigError(f"{what}: {_one_line(exc)}; {fix}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"{path}: not a regular file; {_MOVE_AWAY}")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _take_lock(directory: Path) -> int:
     lock = directory / LOCK_NAME
-    with _refusing(f"state directory {directory}: cannot open its lock file {lock}", "fix it"):
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = _open_own_file(
+        lock, f"state directory {directory}: cannot open its lock file {lock}", "fix it"
+    )
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -391,9 +445,9 @@ def _read_pid(fd: int) -> str:
 
 def _open_database(database: Path, executor_id: str) -> sqlite3.Connection:
     what = f"{database}: cannot open the state database"
+    # Created here, 0600, so the database (and its WAL, which takes its mode) is private.
+    os.close(_open_own_file(database, what, _MOVE_AWAY))
     with _refusing(what, _MOVE_AWAY):
-        # Created here, 0600, so the database (and its WAL, which takes its mode) is private.
-        os.close(os.open(database, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
         db = sqlite3.connect(
             os.fspath(database), timeout=0, isolation_level=None, check_same_thread=False
         )
@@ -427,6 +481,11 @@ def _prepare(db: sqlite3.Connection, database: Path, executor_id: str) -> None:
             f"{database}: written by a newer garcon-link (state schema {version}; this version "
             f"reads up to {SCHEMA_VERSION}); run the newer version, or give this worker another "
             "state directory"
+        )
+    elif version < 1:
+        raise ConfigError(
+            f"{database}: a garcon-link state database of an unknown state schema {version} (this "
+            f"version writes {SCHEMA_VERSION}); {_MOVE_AWAY}"
         )
     mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
     if str(mode).lower() != "wal":

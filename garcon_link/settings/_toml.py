@@ -54,6 +54,30 @@ def _shown_role(value: object) -> str:
     return _type_name(value)
 
 
+def _refuse_gateway_roles(doc: dict[str, Any], source: Path) -> None:
+    """Refuse a gateway's or a caller's file given to the worker/controller/fleet loaders, in
+    one line that names the command and loader that read it (rather than its first key those
+    loaders do not know)."""
+    role = doc.get("role")
+    if role == "caller":
+        raise refusal(
+            source,
+            "role",
+            'role = "caller" is a gateway caller\'s configuration',
+            "call through the gateway with `garcon-link call CONFIG --executor ID` (in code: "
+            "gl.connect_gateway(gl.load_caller_config(...)))",
+        )
+    if role == "gateway":
+        raise refusal(
+            source,
+            "role",
+            'role = "gateway" is a gateway\'s own configuration',
+            "run it with `garcon-link gateway CONFIG` (in code: gl.load_gateway_config); to call "
+            'through it, write a caller\'s configuration (role = "caller", caller_id, '
+            "secret_file, dial)",
+        )
+
+
 # --------------------------------------------------------------------------- tables
 
 

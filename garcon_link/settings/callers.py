@@ -55,7 +55,7 @@ from ._toml import (
 )
 from .config import LinkConfig, _config_path, _read_toml
 from .fleet import FleetConfig, _build_fleet
-from .grants import Grant, check_grant_count
+from .grants import Grant, check_grant_count, check_patterns
 from .secrets import KEYGEN_HINT, Secret, Source, keyring_directory_problem, read_secret, refusal
 from .tls import TlsConfig, _load_tls
 
@@ -87,6 +87,13 @@ _CALLER_TOP_LEVEL_KEYS = (
 
 def _check_caller_id(value: object, src: Source, what: str = "caller_id") -> str:
     fix = 'use ASCII letters, digits, ".", "_" and "-", not starting with "." (e.g. "web-1")'
+    if value is None:
+        raise refusal(
+            src,
+            what,
+            "missing: a caller is known to its gateway by its id",
+            'add caller_id = "web-1", the name of its key file in the gateway\'s [callers] keyring',
+        )
     if not isinstance(value, str):
         raise refusal(src, what, f"expected a string, got {_type_name(value)}", fix)
     problem = executor_id_problem(value)
@@ -163,10 +170,26 @@ class GatewayConfig:
                 "a gateway must listen: its callers dial it",
                 'set [connection] listen = "0.0.0.0:8443" and [executors] keyring = "keys"',
             )
+        executors = self.fleet.keyring
+        if executors is not None and _same_directory(executors, self.callers.keyring):
+            raise refusal(
+                self.callers.source or self.fleet.source or "GatewayConfig",
+                "[callers] keyring",
+                f"{self.callers.keyring} is the same directory as [executors] keyring: an "
+                "executor's key would admit it as a caller, and a caller's as an executor",
+                'give callers a directory of their own, e.g. keyring = "callers"',
+            )
 
     @property
     def limits(self) -> Limits:
         return self.fleet.limits
+
+
+def _same_directory(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one is missing: the keyring checks name that
+        return os.path.abspath(a) == os.path.abspath(b)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,10 +285,17 @@ def _load_callers(table: dict[str, Any], source: Path) -> CallersConfig:
             'add keyring = "callers" (enroll: garcon-link keygen --keyring callers --caller ID)',
         )
     keyring = _resolve(source.parent, keyring_text, source, "[callers] keyring")
-    found = keyring_directory_problem(keyring)
+    found = keyring_directory_problem(keyring, "caller")
     if found is not None:
         raise refusal(source, "[callers] keyring", *found)
     max_callers = _get(table, "max_callers", int, source, "[callers] max_callers")
+    if isinstance(table.get("grant"), dict):
+        raise refusal(
+            source,
+            "[[callers.grant]]",
+            "written as one table, [callers.grant]",
+            "write each grant as [[callers.grant]] (double brackets: a list of grants)",
+        )
     tables = _get(table, "grant", list, source, "[[callers.grant]]") or []
     check_grant_count(len(tables), source)
     grants = []
@@ -291,7 +321,7 @@ def _load_callers(table: dict[str, Any], source: Path) -> CallersConfig:
             Grant(
                 callers=entry["callers"],
                 executors=entry["executors"],
-                services=entry.get("services") or (),
+                services=_grant_services(entry, source, prefix),
                 source=source,
                 number=number,
             )
@@ -302,6 +332,33 @@ def _load_callers(table: dict[str, Any], source: Path) -> CallersConfig:
         max_callers=DEFAULT_MAX_CALLERS if max_callers is None else max_callers,
         source=source,
     )
+
+
+def _grant_services(entry: dict[str, Any], source: Path, prefix: str) -> tuple[str, ...]:
+    """A grant's ``services``: absent means every service; present, it must name at least one
+    pattern (an empty list or a false value is refused, never read as "every service")."""
+    if "services" not in entry:
+        return ()
+    value = entry["services"]
+    if isinstance(value, list) and not value:
+        raise refusal(
+            source,
+            f"{prefix} services",
+            "the list is empty",
+            'name at least one service pattern, e.g. services = ["calc"] (remove the field to '
+            "grant every service)",
+        )
+    patterns = check_patterns(value, source, f"{prefix} services", required=True)
+    for pattern in patterns:
+        if pattern.startswith("$"):
+            raise refusal(
+                source,
+                f"{prefix} services",
+                f"{pattern!r} names an internal service ($...), which no grant covers: the "
+                "gateway answers those itself",
+                'remove it; name the services callers may call, e.g. services = ["calc"]',
+            )
+    return patterns
 
 
 def load_caller_config(path: str | os.PathLike[str] | None = None) -> CallerConfig:

@@ -91,6 +91,7 @@ from __future__ import annotations
 import os
 import re
 import ssl
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,7 +109,15 @@ from ..net.addresses import (
     host_problem,
     is_loopback_host,
 )
-from ._toml import _check_keys, _get, _load_limits, _resolve, _shown_role, _type_name
+from ._toml import (
+    _check_keys,
+    _get,
+    _load_limits,
+    _refuse_gateway_roles,
+    _resolve,
+    _shown_role,
+    _type_name,
+)
 from .secrets import (
     KEYGEN_HINT,
     MIN_SECRET_BYTES,
@@ -122,8 +131,13 @@ from .secrets import (
 )
 from .tls import TlsConfig, _load_tls
 
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+"""The largest configuration file the loaders read (a fleet's ``[[executors.dial]]`` list is
+the long part of a file)."""
+
 __all__ = [
     "CONFIG_ENV_VAR",
+    "MAX_CONFIG_BYTES",
     "LinkConfig",
     "TlsConfig",
     "load_config",
@@ -572,12 +586,44 @@ def _config_path(path: str | os.PathLike[str] | None, example: str) -> Path:
     return Path(os.path.abspath(os.fspath(path)))
 
 
+def read_document(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The parsed TOML document at ``path``, read as every loader reads its file (a regular
+    file of at most :data:`MAX_CONFIG_BYTES`, never blocking), before any schema check: for a
+    caller that must choose a loader.
+
+    Raises:
+        ConfigError: the file does not read or parse (one line naming it).
+    """
+    return _read_toml(Path(os.path.abspath(os.fspath(path))))[0]
+
+
 def _read_toml(source: Path) -> tuple[dict[str, Any], int]:
-    """Return the parsed document and the file's mode (from the same open file: no race)."""
+    """Return the parsed document and the file's mode (from the same open file: no race).
+
+    Only a regular file of at most :data:`MAX_CONFIG_BYTES` is read: it is opened without
+    blocking (a FIFO without a writer would hang the loader) and its size is checked before a
+    byte is read (``/dev/zero`` would never end)."""
     try:
-        with open(source, "rb") as file:
-            mode = os.fstat(file.fileno()).st_mode
-            document = tomllib.load(file)
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as file:
+            info = os.fstat(fd)
+            mode = info.st_mode
+            if not stat.S_ISREG(mode):
+                raise ConfigError(
+                    f"{source}: not a regular file; point the configuration at a TOML file"
+                )
+            if info.st_size > MAX_CONFIG_BYTES:
+                raise ConfigError(
+                    f"{source}: the configuration file is larger than {MAX_CONFIG_BYTES} bytes; "
+                    "point the configuration at a TOML file"
+                )
+            data = file.read(MAX_CONFIG_BYTES + 1)
+            if len(data) > MAX_CONFIG_BYTES:  # grew while read
+                raise ConfigError(
+                    f"{source}: the configuration file is larger than {MAX_CONFIG_BYTES} bytes; "
+                    "point the configuration at a TOML file"
+                )
+            document = tomllib.loads(data.decode("utf-8"))
     except FileNotFoundError as exc:
         raise ConfigError(
             f"{source}: configuration file not found; check the path (or {CONFIG_ENV_VAR})"
@@ -597,6 +643,7 @@ def _read_toml(source: Path) -> tuple[dict[str, Any], int]:
 
 
 def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
+    _refuse_gateway_roles(doc, source)
     if "executors" in doc:
         raise refusal(
             source,

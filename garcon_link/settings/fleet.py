@@ -30,7 +30,16 @@ from ..core.wire import Role
 from ..errors import ConfigError
 from ..limits import Limits
 from ..net.addresses import executor_id_problem
-from ._toml import _check_keys, _get, _keyring_path, _load_limits, _resolve, _shown_role, _type_name
+from ._toml import (
+    _check_keys,
+    _get,
+    _keyring_path,
+    _load_limits,
+    _refuse_gateway_roles,
+    _resolve,
+    _shown_role,
+    _type_name,
+)
 from .config import (
     LinkConfig,
     _check_controller_id,
@@ -335,6 +344,7 @@ def load_fleet_config(path: str | os.PathLike[str] | None = None) -> FleetConfig
 
 
 def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
+    _refuse_gateway_roles(doc, source)
     executors = _get(doc, "executors", dict, source, "[executors]")
     if executors is None:
         raise refusal(

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._toml import _type_name
 from .secrets import Source, refusal
 
 __all__ = ["MAX_GRANTS", "MAX_PATTERNS", "MAX_PATTERN_CHARS", "Grant", "allows", "sees"]
@@ -49,13 +50,14 @@ _GRANT = "[[callers.grant]]"
 _FIX = 'e.g. callers = ["web-*"], executors = ["device-*"], services = ["calc"]'
 
 
-def _check_patterns(value: object, src: Source, what: str, *, required: bool) -> tuple[str, ...]:
+def check_patterns(value: object, src: Source, what: str, *, required: bool) -> tuple[str, ...]:
+    """The patterns of one grant field, checked (module docstring's bounds)."""
     if value is None and not required:
         return ()
     if isinstance(value, list | tuple):
         patterns = tuple(value)
     else:
-        raise refusal(src, what, f"expected a list of patterns, got {type(value).__name__}", _FIX)
+        raise refusal(src, what, f"expected a list of patterns, got {_type_name(value)}", _FIX)
     if not patterns:
         raise refusal(
             src, what, "the list is empty", "name at least one pattern, or remove the field"
@@ -69,7 +71,7 @@ def _check_patterns(value: object, src: Source, what: str, *, required: bool) ->
         )
     for pattern in patterns:
         if not isinstance(pattern, str):
-            raise refusal(src, what, f"a pattern is a {type(pattern).__name__}, not a string", _FIX)
+            raise refusal(src, what, f"a pattern is {_type_name(pattern)}, not a string", _FIX)
         if not pattern or len(pattern) > MAX_PATTERN_CHARS:
             raise refusal(
                 src,
@@ -113,9 +115,9 @@ class Grant:
     def __post_init__(self) -> None:
         src: Source = self.source if self.source is not None else "Grant"
         prefix = f"{_GRANT} #{self.number} "
-        callers = _check_patterns(self.callers, src, f"{prefix}callers", required=True)
-        executors = _check_patterns(self.executors, src, f"{prefix}executors", required=True)
-        services = _check_patterns(self.services or None, src, f"{prefix}services", required=False)
+        callers = check_patterns(self.callers, src, f"{prefix}callers", required=True)
+        executors = check_patterns(self.executors, src, f"{prefix}executors", required=True)
+        services = check_patterns(self.services or None, src, f"{prefix}services", required=False)
         object.__setattr__(self, "callers", callers)
         object.__setattr__(self, "executors", executors)
         object.__setattr__(self, "services", services)

@@ -76,7 +76,11 @@ MAX_ENROLLED_SCAN = 100_000
 
 _WARN_INTERVAL = 60.0
 _MAX_WARNED = 1024  # rate-limit memory: (path, problem) pairs remembered at once
-_ENROLL_HINT = "re-enroll with `garcon-link keygen --keyring DIR --executor ID --force`"
+
+
+def _enroll_hint(kind: str) -> str:
+    return f"re-enroll with `garcon-link keygen --keyring DIR --{kind} ID --force`"
+
 
 log = logging.getLogger("garcon_link.keyring")  # the name users configure (README)
 
@@ -93,6 +97,8 @@ class Keyring:
         clock: seconds, monotonic; read only to rate-limit warnings (injectable for tests).
         warn_interval: a refused file's warning is repeated at most once per this many seconds
             for the same file and problem.
+        kind: what the keyring enrolls, as its log lines and fixes name it: ``"executor"`` (a
+            fleet's keyring) or ``"caller"`` (a gateway's ``[callers] keyring``).
 
     Raises:
         ConfigError: ``directory`` does not exist, is not a directory, or (POSIX) a directory on
@@ -106,9 +112,13 @@ class Keyring:
         *,
         clock: Callable[[], float] = time.monotonic,
         warn_interval: float = _WARN_INTERVAL,
+        kind: str = "executor",
     ) -> None:
+        if kind not in ("executor", "caller"):
+            raise ValueError(f"Keyring kind must be 'executor' or 'caller', got {kind!r}")
+        self._kind = kind
         self._directory = Path(os.path.abspath(os.fspath(directory)))
-        found = keyring_directory_problem(self._directory)
+        found = keyring_directory_problem(self._directory, kind)
         if found is not None:
             problem, fix = found
             raise ConfigError(f"keyring {self._directory}: {problem}; {fix}")
@@ -147,15 +157,16 @@ class Keyring:
             self._lookups.log("", "refused id", "key lookup refused: the executor id %s", problem)
             return None
         path = self._directory / f"{executor_id}{KEY_SUFFIX}"
+        hint = _enroll_hint(self._kind)
         try:
-            return load_secret_file(path, follow_symlinks=False, keygen_hint=_ENROLL_HINT)
+            return load_secret_file(path, follow_symlinks=False, keygen_hint=hint)
         except SecretFileRefused as refused:
             if refused.kind == "missing":
                 self._missing(executor_id, path)
                 return None
             fix = refused.fix
             if refused.kind == "not-regular":
-                fix = f"replace it with a key file: {_ENROLL_HINT}"
+                fix = f"replace it with a key file: {hint}"
             self._warn(executor_id, path, refused.problem, fix)
             return None
 
@@ -209,7 +220,8 @@ class Keyring:
             self._lookups.log(
                 executor_id,
                 "not enrolled",
-                "executor %s is not enrolled (no %s)",
+                "%s %s is not enrolled (no %s)",
+                self._kind,
                 executor_id,
                 path,
                 extra=_extra(executor_id),
@@ -219,7 +231,7 @@ class Keyring:
         self._warn(
             executor_id,
             self._directory,
-            "the keyring directory is gone, so no executor can authenticate",
+            f"the keyring directory is gone, so no {self._kind} can authenticate",
             "restore the directory (and its key files)",
         )
 
@@ -232,7 +244,7 @@ class Keyring:
         if last is None and len(self._warned) >= _MAX_WARNED:
             self._forget_warnings(now)
         self._warned[key] = now
-        who = f"executor {executor_id}" if executor_id is not None else "keyring"
+        who = f"{self._kind} {executor_id}" if executor_id is not None else "keyring"
         log.warning(
             "%s refused: %s; %s (repeated at most every %gs)",
             who,
@@ -254,7 +266,13 @@ def _extra(executor_id: str | None) -> dict[str, object]:
     return log_fields(executor=executor_id)
 
 
-def enroll(directory: str | os.PathLike[str], executor_id: str, *, force: bool = False) -> Path:
+def enroll(
+    directory: str | os.PathLike[str],
+    executor_id: str,
+    *,
+    force: bool = False,
+    kind: str = "executor",
+) -> Path:
     """Enroll an executor: write a fresh key to ``<directory>/<executor_id>.secret`` (mode 0600).
 
     The directory is created with mode 0700 if missing (its parents too, with default modes).
@@ -265,6 +283,8 @@ def enroll(directory: str | os.PathLike[str], executor_id: str, *, force: bool =
         executor_id: the worker's ``executor_id``; must pass :func:`executor_id_problem`.
         force: replace an existing key (rotation: the old key stops working at the next
             handshake).
+        kind: ``"caller"`` to enroll a gateway's caller (``executor_id`` is then its
+            ``caller_id``; refusals name a caller).
 
     Returns:
         The path of the key file (``directory`` joined as given, not made absolute).
@@ -274,6 +294,12 @@ def enroll(directory: str | os.PathLike[str], executor_id: str, *, force: bool =
             the directory cannot be created or is unsafe, or the file exists without ``force``.
     """
     problem = executor_id_problem(executor_id)
+    if problem is not None and kind == "caller":
+        shown = _shown_id(executor_id) if isinstance(executor_id, str) else "the caller id"
+        raise ConfigError(
+            f"caller id {shown} cannot name a keyring file: it {problem}; give the caller an id "
+            "of ASCII letters, digits, '.', '_' and '-', not starting with '.' (e.g. \"web-1\")"
+        )
     if problem is not None:
         shown = _shown_id(executor_id) if isinstance(executor_id, str) else "the executor id"
         raise ConfigError(
@@ -282,6 +308,11 @@ def enroll(directory: str | os.PathLike[str], executor_id: str, *, force: bool =
             'letters) still loads its config but cannot be enrolled: rename it, e.g. "box-1"'
         )
     folder = Path(directory)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(
+            f"keyring {folder}: is not a directory; name a directory for the keyring (it is "
+            "created if missing)"
+        )
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
@@ -289,7 +320,7 @@ def enroll(directory: str | os.PathLike[str], executor_id: str, *, force: bool =
             f"keyring {folder}: cannot create the directory "
             f"({exc.strerror or type(exc).__name__}); check the path and its permissions"
         ) from exc
-    found = keyring_directory_problem(Path(os.path.abspath(folder)))
+    found = keyring_directory_problem(Path(os.path.abspath(folder)), kind)
     if found is not None:
         problem, fix = found
         raise ConfigError(f"keyring {folder}: {problem}; {fix}")

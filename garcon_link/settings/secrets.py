@@ -348,19 +348,20 @@ def read_secret(path: Path, source: Path | None, what: str) -> Secret:
         raise refusal(source, what, refused.problem, refused.fix) from refused.__cause__
 
 
-def keyring_directory_problem(directory: Path) -> tuple[str, str] | None:
+def keyring_directory_problem(directory: Path, kind: str = "executor") -> tuple[str, str] | None:
     """``(problem, fix)`` when ``directory`` cannot serve as a keyring, else ``None``.
 
     It must exist, be a directory (symlinks to one are followed: the operator chose the path),
     and on POSIX no directory on its path may let another user replace a key file in it
     (:func:`unsafe_directory`, applied to a placeholder entry ``<executor_id>.secret``).
+    ``kind`` (``"executor"`` or ``"caller"``) is what the keyring enrolls, as the fix names it.
     """
     try:
         info = os.stat(directory)
     except FileNotFoundError:
         return (
             f"the keyring directory {directory} does not exist",
-            "create it with `garcon-link keygen --keyring DIR --executor ID` (mode 0700)",
+            f"create it with `garcon-link keygen --keyring DIR --{kind} ID` (mode 0700)",
         )
     except OSError as exc:
         return (
@@ -370,7 +371,13 @@ def keyring_directory_problem(directory: Path) -> tuple[str, str] | None:
         )
     if not stat.S_ISDIR(info.st_mode):
         return (f"{directory} is not a directory", "point keyring at a directory of key files")
-    found = unsafe_directory(directory / "<executor_id>.secret")
+    if not os.access(directory, os.R_OK | os.X_OK):
+        # Every handshake would fail, one warning per peer: say it once, at startup.
+        return (
+            f"the keyring directory {directory} cannot be read by this user",
+            f"let this process's user read it (chown it to that user; chmod 700 {directory})",
+        )
+    found = unsafe_directory(directory / f"<{kind}_id>.secret")
     if found is not None:
         unsafe, problem, fix = found
         return (f"the directory {unsafe} holding the keyring {problem}", fix)
