@@ -1,11 +1,12 @@
 """The session endpoint: authenticated sockets, one session slot per executor (docs/design.md#link).
 
-Why one module of about 1,150 lines, and :class:`WebSocketLink` of about 880: the slot table, the
-admission of authenticated sockets, the heartbeat of each attached socket and the dial loop all
+Why one module of about 1,370 lines, and :class:`WebSocketLink` of about 1,110: the slot table,
+the admission of authenticated sockets, the heartbeat of each attached socket and the dial loop all
 read and change the same slots within one loop turn (an admission must see the socket a heartbeat
-just closed, the dial loop the session an admission just installed). The decisions themselves are
-pure functions elsewhere (:func:`~garcon_link.core.admission.decide`,
-:func:`~garcon_link.core.heartbeat.heartbeat_step`, :func:`~garcon_link.core.admission.backoff`);
+just closed, the dial loop the session an admission just installed), and each of them uses a dozen
+or more of the link's members. The decisions themselves are pure functions elsewhere
+(:func:`~garcon_link.core.admission.decide`, :func:`~garcon_link.core.heartbeat.heartbeat_step`,
+:func:`~garcon_link.core.admission.backoff`), one slot is :mod:`garcon_link.endpoint._slots`;
 what is left here is carrying them out. The dial loop is the next piece to move to its own class.
 
 Theory of operation
@@ -83,7 +84,6 @@ capture, a memory handler) would otherwise keep every refused socket's frames an
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import os
@@ -104,7 +104,6 @@ from ..core.admission import (
     Refuse,
     Resume,
     SlotKey,
-    SlotView,
     backoff,
     decide,
     evictee,
@@ -117,7 +116,6 @@ from ..core.handshake import (
     Hello,
     ResumeOffer,
     derive_key,
-    listener_offer,
     peek_hello,
 )
 from ..core.heartbeat import Ping, RecheckKey, Timeout, heartbeat_step, quiet_period
@@ -153,7 +151,8 @@ from ..net.ws import (
     unauthenticated_log,
     upgrade_refusal,
 )
-from .transport import SessionTransport, TransportState
+from ._slots import _Slot
+from .transport import SessionTransport
 
 __all__ = [
     "EXECUTOR_PATH",
@@ -175,8 +174,6 @@ def _dial_peer(target: DialTarget | None) -> str | None:
 
 _UNEXPECTED = "unexpected error"
 """The close reason a peer gets for a socket ended by an unexpected error (details are logged)."""
-_TAKEN_OVER_MEMORY = 16
-"""Runtimes per slot remembered as taken over (older ones fall back to the takeover rule)."""
 
 _WILL_NOT_HEAL: dict[int, tuple[HandshakeFailure, str]] = {
     # close code -> (reason, what the operator must fix); a redial cannot change any of these.
@@ -196,93 +193,6 @@ _WILL_NOT_HEAL: dict[int, tuple[HandshakeFailure, str]] = {
 
 KeyLookup: TypeAlias = Callable[[str], bytes | None]
 """``executor_id -> secret`` (None: not enrolled). Called with a *claimed*, unauthenticated id."""
-
-
-# ---------------------------------------------------------------------------------- slots
-
-
-class _Slot:
-    """One executor's state in a link: its session, attached socket and taken-over runtimes."""
-
-    __slots__ = (
-        "admitting",
-        "attached",
-        "controller",
-        "detached",
-        "executor_id",
-        "key",
-        "since",
-        "taken_over",
-        "transport",
-    )
-
-    def __init__(self, executor_id: str, controller: str | bytes | None = None) -> None:
-        self.executor_id = executor_id
-        self.controller = controller
-        self.since = 0  # when its current session began, in sessions begun by the link
-        self.detached = 0  # when its socket last detached, in detachments seen by the link
-        self.transport: SessionTransport | None = None
-        self.attached: WebSocket | None = None
-        # The socket being admitted (decision, probe, takeover, proof): one at a time.
-        self.admitting: WebSocket | None = None
-        self.taken_over: collections.deque[bytes] = collections.deque(maxlen=_TAKEN_OVER_MEMORY)
-        self.key: bytes | None = None  # the key the attached socket authenticated with
-
-    @property
-    def live(self) -> SessionTransport | None:
-        t = self.transport
-        return t if t is not None and t.state is not TransportState.RETIRED else None
-
-    @property
-    def label(self) -> str | None:
-        """The controller, as logs and snapshots name it (None: not a controller's slot)."""
-        c = self.controller
-        return c.hex() if isinstance(c, bytes) else c
-
-    @property
-    def holds_place(self) -> bool:
-        """Whether the slot counts against ``max_controllers``: a session, a socket or an
-        admission under way."""
-        return self.live is not None or self.attached is not None or self.admitting is not None
-
-    @property
-    def evictable(self) -> bool:
-        """Whether the slot holds only a detached session (no socket carries it and none is
-        being admitted for it): a crashed or cut-off controller's, which may give its place up."""
-        t = self.live
-        return t is not None and not t.attached and self.attached is None and self.admitting is None
-
-    def view(
-        self, closing: bool, sock: WebSocket, *, full: bool = False, evictable: bool = False
-    ) -> SlotView:
-        """The slot as :func:`decide` sees it for ``sock`` (whose own admission is not another)."""
-        t = self.live
-        return SlotView(
-            closing=closing,
-            session=t.session_id if t is not None else None,
-            peer_runtime=t.peer_runtime if t is not None else None,
-            attached=t is not None and t.attached,
-            admitting=self.admitting is not None and self.admitting is not sock,
-            full=full,
-            evictable=evictable,
-        )
-
-    def resume_offer(self) -> ResumeOffer | None:
-        t = self.live
-        if t is None:
-            return None
-        return ResumeOffer(
-            session_id=t.session_id, peer_runtime=t.peer_runtime, received=t.accepted
-        )
-
-    def offer_to(self, peer: Hello, runtime: bytes) -> ResumeOffer | None:
-        """What a listener (runtime ``runtime``) advertises to ``peer``'s unverified hello
-        (:func:`listener_offer`). The offer is built only for a hello that names the live
-        session, so every other hello costs what an unknown executor's does."""
-        t = self.live
-        if t is None or peer.session != t.session_id:
-            return None
-        return listener_offer(peer, self.resume_offer(), runtime)
 
 
 SessionListener = Callable[[SessionTransport, HandshakeResult], None]
