@@ -1,11 +1,13 @@
 """SessionTransport: one logical session carried over a succession of sockets.
 
-Why one module of about 1,100 lines, and :class:`SessionTransport` of about 870: one state machine
-(below) whose pumps -- reader, writer, delivery task, grace and replay watches -- share the
+Why one module of about 1,230 lines, and :class:`SessionTransport` of about 1,050: one state
+machine (below) whose pumps -- reader, writer, delivery task, grace and replay watches -- share the
 session's state and must see each other's changes synchronously, within the loop turn that made
 them (a fence passed, a receipt due, retention freed). The rules that need no I/O are sans-IO
-objects of their own (:class:`PreReadinessBuffer`, :class:`~garcon_link.core.replay.ReplayWatch`,
-the session itself); the writer's receipt polling is the next candidate.
+objects of their own (:class:`~garcon_link.endpoint.transport_types.PreReadinessBuffer`,
+:class:`~garcon_link.core.replay.ReplayWatch`, the session itself); the writer's receipt polling
+is the next candidate. What the transport meets -- the socket, the consumer, its states and
+statistics -- is :mod:`garcon_link.endpoint.transport_types`, all imported from here too.
 
 Theory of operation
 -------------------
@@ -89,14 +91,11 @@ delivery stream is closed, so the consumer sees them and then the end; :attr:`fa
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -107,13 +106,20 @@ from ..core.session import (
     Received,
     RetentionPool,
     SessionState,
-    SessionStatistics,
 )
 from ..core.wire import Gathered, Ordinal
 from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields
 from ..net.backend import checkpointer
+from .transport_types import (
+    SOCKET_GONE,
+    MessageSocket,
+    PayloadConsumer,
+    PreReadinessBuffer,
+    TransportState,
+    TransportStatistics,
+)
 
 __all__ = [
     "MessageSocket",
@@ -154,104 +160,6 @@ class _HeldWrites(threading.local):
 _held_writes = _HeldWrites()
 
 
-class TransportState(enum.Enum):
-    DETACHED = "detached"
-    REPLAYING = "replaying"
-    READY = "ready"
-    RETIRED = "retired"
-
-
-class MessageSocket(Protocol):
-    """What the transport needs of an authenticated socket (implemented by the link)."""
-
-    async def send_message(self, data: bytes) -> None:
-        """Write one binary WebSocket message, awaiting drain.
-
-        Raises:
-            anyio.BrokenResourceError: (or a subclass, or ``ClosedResourceError``) the socket is
-                dead; the transport ends the attachment, the session stays.
-        """
-
-    async def receive_message(self) -> bytes | None:
-        """Return the next whole binary message, or ``None`` once the socket has closed.
-
-        Raises:
-            ProtocolError: the peer broke the WebSocket protocol (a text frame, a message over
-                the frame limit, bad framing); the transport retires the session.
-        """
-
-    def retired_by_peer(self) -> str | None:
-        """After ``receive_message`` returned ``None``: why, if the peer's close said that it
-        retired the logical session (e.g. ``"peer closed with 1001"``); else ``None``."""
-
-    def writable_now(self) -> bool:
-        """Whether :meth:`send_message_nowait` may be called now (``False`` if never)."""
-
-    def send_message_nowait(self, data: bytes) -> None:
-        """Write one binary message without waiting; only after :meth:`writable_now`.
-
-        Raises:
-            anyio.BrokenResourceError: as :meth:`send_message`.
-        """
-
-
-class PayloadConsumer(Protocol):
-    """A consumer that takes payloads straight from the socket reader
-    (:meth:`SessionTransport.consume`); the RPC layer's dispatch implements it.
-
-    Every method runs in the socket reader's task, in its turn, and must not block or raise.
-    An exception from :meth:`deliver` is logged and that payload dropped; one from
-    :meth:`batch_end` is logged; the reader goes on. :meth:`wants_yield` and :meth:`hold` are
-    not guarded: what they raise leaves the reader. The transport takes the four bound methods
-    once, when :meth:`SessionTransport.consume` is called, not again per message.
-    """
-
-    def deliver(self, payload: bytes | memoryview) -> None:
-        """Take one payload, in session order, as the session accepts it: a large one as a
-        view of the received message (:data:`~garcon_link.core.wire.VIEW_BYTES`; the message
-        is immutable ``bytes``), any other as ``bytes``."""
-
-    def wants_yield(self) -> bool:
-        """Asked after each message that delivered payloads: whether they woke a lone task that
-        should run before the reader reads on (lower latency for a request/reply at a time)."""
-
-    def hold(self) -> anyio.Event | None:
-        """Asked after each message that delivered payloads: an event when the consumer is over
-        one of its bounds (the RPC layer's refusal backlog), ``None`` otherwise.
-
-        The reader then reads nothing more until the event is set -- back-pressure on the peer,
-        like a full delivery queue (and, like it, time the peer's frames wait unread is not the
-        peer's inactivity).
-        """
-
-    def batch_end(self) -> None:
-        """Called once the payloads of one message were delivered (or one payload that went
-        through the queue): what the consumer deferred until it had seen the whole message (the
-        RPC layer starts handlers there, so a ``cancel`` in the same message finds its call not
-        yet started)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TransportStatistics:
-    """Snapshot of a transport: its session plus the transport's own counters."""
-
-    state: TransportState
-    session: SessionStatistics
-    attachments: int
-    buffered_payloads: int
-    buffered_bytes: int
-    queued_payloads: int
-    messages_written: int
-    messages_read: int
-    messages_read_directly: int
-    """Of ``messages_read``, those handled in the socket's callback (asyncio: a whole small
-    frame that arrived while the reader waited), a loop turn before the reader would have."""
-    capacity_wakeups: int
-    """Tasks woken to re-check retention (a sender waiting for room, a wait for receipts):
-    a receipt that frees room wakes the first waiting sender only, and a receipt wait only
-    once what it waits for holds (or at retirement, which wakes every waiter)."""
-
-
 class _Waiter:
     """One task waiting on the transport, with an event of its own (woken alone)."""
 
@@ -270,61 +178,6 @@ class _Waiter:
 
 
 Listener = Callable[[TransportState], None]
-
-
-class PreReadinessBuffer:
-    """Inbound payloads accepted before the peer's replay fence, on one attachment (sans-IO).
-
-    Bounded by ``Limits.max_inbound_buffer_payloads`` and ``max_inbound_buffer_bytes``: an
-    honest peer replays before its fence at most what it retains, and it retains nothing this
-    side accepted (acknowledged by a receipt, or by the resume position of the next handshake).
-    So what an attachment leaves here when it ends before its fence must not stay beside the
-    next attachment's replay: :meth:`attach` hands it over first.
-    """
-
-    __slots__ = ("_bodies", "_limits", "_size")
-
-    def __init__(self, limits: Limits) -> None:
-        self._limits = limits
-        self._bodies: deque[bytes | memoryview] = deque()
-        self._size = 0
-
-    def __len__(self) -> int:
-        return len(self._bodies)
-
-    @property
-    def size(self) -> int:
-        """Bytes of the payloads held."""
-        return self._size
-
-    def hold(self, body: bytes | memoryview) -> str | None:
-        """Hold ``body``, or return why it would pass the bound (then nothing is held)."""
-        limits = self._limits
-        if (
-            len(self._bodies) >= limits.max_inbound_buffer_payloads
-            or self._size + len(body) > limits.max_inbound_buffer_bytes
-        ):
-            return f"{len(self._bodies)} payloads / {self._size} bytes before the fence"
-        self._bodies.append(body)
-        self._size += len(body)
-        return None
-
-    def release(self) -> list[bytes | memoryview]:
-        """Everything held, in order; the buffer is empty afterwards (the fence, retirement)."""
-        bodies = list(self._bodies)
-        self._bodies.clear()
-        self._size = 0
-        return bodies
-
-    def attach(self) -> list[bytes | memoryview]:
-        """A new attachment begins: what an earlier one left (it ended before its fence), in
-        order, to hand over before anything of the new attachment is read."""
-        return self.release()
-
-
-SOCKET_GONE: tuple[type[Exception], ...] = (anyio.BrokenResourceError, anyio.ClosedResourceError)
-"""What a :class:`MessageSocket` write raises once the socket is dead (its contract): the
-attachment ends and the session waits, detached, for the next socket."""
 
 
 class SessionTransport:
