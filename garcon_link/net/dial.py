@@ -1,0 +1,121 @@
+"""Dialing: the TCP connection to a dial target, and the client's TLS and WebSocket upgrade.
+
+:func:`connect` opens the connection within ``connect_timeout`` (a refusal by every address, or
+a name that does not resolve, is :class:`~garcon_link.errors.Unreachable`); :func:`client_upgrade`
+wraps TLS for ``wss://`` and upgrades the stream to a
+:class:`~garcon_link.net.websocket.WebSocket`. Both are imported from :mod:`garcon_link.net.ws`
+too (docs/design.md#link).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import ssl
+
+import anyio
+import anyio.abc
+from anyio.streams.tls import TLSStream
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, RejectConnection, Request
+
+from ..errors import LinkError, Unreachable
+from ..limits import Limits
+from ..logs import peer_text
+from . import _asyncio_stream
+from .addresses import DialTarget
+from .budgets import LinkStatistics
+from .websocket import _READ_CHUNK, BROKEN, GONE, WebSocket
+
+__all__ = ["client_upgrade", "connect"]
+
+
+async def connect(target: DialTarget, limits: Limits) -> anyio.abc.ByteStream:
+    """Open the TCP connection to ``target`` within ``connect_timeout``.
+
+    Raises:
+        Unreachable: every address refused the connection, or the host name did not resolve.
+        LinkError: timed out or failed otherwise (the OS's reason, one line).
+    """
+    host, port = target.host, target.port
+    try:
+        with anyio.fail_after(limits.connect_timeout):
+            if _asyncio_stream.on_asyncio():
+                return await _asyncio_stream.connect(host, port)
+            return await anyio.connect_tcp(host, port)
+    except TimeoutError as exc:
+        raise LinkError(f"connect to {host}:{port} timed out") from exc
+    except OSError as exc:
+        if isinstance(exc, socket.gaierror):
+            raise Unreachable(
+                f"cannot resolve {host}: {exc.strerror or exc} (dialing {host}:{port})"
+            ) from exc
+        # The errno's own words: asyncio's strerror is "Connect call failed (address)".
+        why = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
+        if _refused(exc):
+            refused = os.strerror(errno.ECONNREFUSED)
+            raise Unreachable(f"cannot connect to {host}:{port}: {refused}") from exc
+        raise LinkError(f"cannot connect to {host}:{port}: {why}") from exc
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a failed connect was refused by every address it tried (anyio reports several
+    attempts as one ``OSError`` caused by a group of them)."""
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    cause = exc.__cause__
+    if isinstance(cause, BaseExceptionGroup):
+        return all(_refused(inner) for inner in cause.exceptions)
+    return cause is not None and _refused(cause)
+
+
+async def client_upgrade(
+    stream: anyio.abc.ByteStream,
+    target: DialTarget,
+    *,
+    ssl_context: ssl.SSLContext | None,
+    limits: Limits,
+    stats: LinkStatistics,
+) -> WebSocket:
+    """Wrap TLS (for ``wss://``) and perform the WebSocket upgrade on a connected stream.
+
+    The caller bounds the time (the handshake deadline) and owns ``stream``: it closes it on
+    any exception, cancellation included.
+
+    Raises:
+        LinkError: TLS failed, the connection was lost, the upgrade was refused or the response
+            was not a valid upgrade.
+    """
+    peer = f"{target.host}:{target.port}"
+    try:
+        if ssl_context is not None:
+            stream = await TLSStream.wrap(
+                stream,
+                server_side=False,
+                hostname=target.host,
+                ssl_context=ssl_context,
+                standard_compatible=False,
+            )
+        ws = WSConnection(ConnectionType.CLIENT)
+        sock = WebSocket(stream, ws, peer=peer, limits=limits, stats=stats)
+        host = f"[{target.host}]" if ":" in target.host else target.host
+        await sock._write(ws.send(Request(host=f"{host}:{target.port}", target=target.target)))
+        while True:
+            data = await stream.receive(_READ_CHUNK)
+            try:
+                ws.receive_data(data)
+                # Lazily: frames that arrived in the same read as the 101 (the peer's hello,
+                # typically) must stay queued in wsproto for receive_message, not be consumed.
+                for event in ws.events():
+                    if isinstance(event, AcceptConnection):
+                        sock.last_inbound = anyio.current_time()
+                        return sock
+                    if isinstance(event, RejectConnection):
+                        raise LinkError(f"{peer} refused the upgrade: HTTP {event.status_code}")
+            except BROKEN as exc:
+                raise LinkError(f"bad upgrade response from {peer}: {peer_text(exc)}") from exc
+    except ssl.SSLError as exc:
+        raise LinkError(f"TLS handshake with {peer} failed: {exc.reason or exc}") from exc
+    except GONE as exc:
+        raise LinkError(f"connection to {peer} lost during upgrade: {exc}") from exc
