@@ -7,7 +7,7 @@ just closed, the dial loop the session an admission just installed), and each of
 or more of the link's members. The decisions themselves are pure functions elsewhere
 (:func:`~garcon_link.core.admission.decide`, :func:`~garcon_link.core.heartbeat.heartbeat_step`,
 :func:`~garcon_link.core.admission.backoff`), one slot is :mod:`garcon_link.endpoint._slots`;
-what is left here is carrying them out. The dial loop is the next piece to move to its own class.
+what is left here is carrying them out.
 
 Theory of operation
 -------------------
