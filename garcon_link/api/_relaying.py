@@ -15,11 +15,13 @@ A relayed call (``call(executor, service, method, payload, key, timeout)``):
 2. **Executor.** The fleet's member for that id, without creating one (a caller cannot grow the
    registry); absent or not ready: ``NotDispatched`` (``OFFLINE``, ``RECONNECTING``,
    ``DRAINING``), nothing forwarded.
-3. **Arguments.** ``payload`` (the CBOR array ``[args, kwargs]``) is *framed*, not decoded
-   (:func:`~garcon_link.core.wire.argument_items`: heads walked, strings skipped unread), and its
+3. **Arguments.** ``payload`` (the CBOR array ``[args, kwargs]``) is *framed*
+   (:func:`~garcon_link.core.wire.argument_items`: heads walked, strings skipped unread) and
+   checked to decode as the worker would decode it (values dropped, nothing converted), and its
    two items are spliced into a ``call`` envelope on the executor's session
    (:meth:`~garcon_link.rpc.caller.Caller.call_relayed`) with the caller's metadata and
-   idempotency key. Badly framed: ``Rejected("INVALID_ARGUMENTS")``, not forwarded.
+   idempotency key. Badly framed, or not decodable: ``Rejected("INVALID_ARGUMENTS")``, not
+   forwarded.
 4. **Outcome.** Whatever ended the forwarded call -- its result, or its error with outcome and
    code (``NotDispatched`` if it never left the gateway, ``OutcomeUnknown`` if its answer was
    lost, ``Rejected``/``RemoteError`` as the worker sent them) -- is the relay call's *result*
