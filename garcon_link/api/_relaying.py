@@ -447,6 +447,11 @@ class _Relayed:
         self.rpc.release_held(self.call_id, self.incoming, error, True)
 
 
+_MAX_HEAD_ID = 2**64 - 1
+"""The largest call id a CBOR head holds: the direct path writes its replies by hand
+(:func:`_result_envelope`); a caller's call with a larger id goes through the relay service's
+handler, whose reply cbor2 encodes (a bignum)."""
+
 _MAX_TIMEOUT_INT = 2**53
 """The largest integer timeout the direct path takes (it converts exactly to a float); a larger
 one goes through the relay service's handler, whose argument check refuses it."""

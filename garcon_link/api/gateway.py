@@ -75,6 +75,7 @@ from ..settings.callers import GatewayConfig
 from ..settings.grants import MAX_GRANTS, Grant, allows, sees
 from ..settings.keyring import Keyring, executor_id_problem
 from ._relaying import (
+    _MAX_HEAD_ID,
     _MAX_TIMEOUT_INT,
     CallerSnapshot,
     _Bindings,
@@ -632,7 +633,8 @@ class Gateway:
         other call, an unusual shape, an executor not ready this instant, a session that must
         wait for capacity."""
         if (
-            envelope.method != "call"
+            envelope.id > _MAX_HEAD_ID  # its reply, written by hand, needs the id in one head
+            or envelope.method != "call"
             or envelope.service != RELAY_SERVICE
             or envelope.key is not None
             or envelope.kwargs
