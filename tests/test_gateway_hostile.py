@@ -431,6 +431,10 @@ async def hostile_caller(env: Env, bodies: list[bytes]) -> None:
             await _until(
                 lambda: f"note:{sentinel}" in env.box.ledger or rpc.retired, "the sentinel"
             )
+            # While it is there, it holds no more of the gateway's session to box-1 than its
+            # share (the hostile streams it opened included).
+            share = int(LIMITS.max_pending_calls * LIMITS.gateway_caller_share)
+            assert gw.fleet.executors()["box-1"].pending <= share
     # The hostile caller left: the gateway holds nothing of it, and box-1 served only what
     # parses as a call.
     await _until(lambda: "web-9" not in gw.caller_sessions(), "the session's end")
@@ -451,6 +455,24 @@ async def hostile_caller(env: Env, bodies: list[bytes]) -> None:
 @example(bodies=[shape("call", 2**64 + 7)])  # an id no CBOR head holds
 @example(bodies=[shape("call", 2**64 + 7, b"")])
 @example(bodies=[shape("call", i) for i in (1_000, 1_000, 999, 1_001)])
+# An integer past a float's range where a float goes (describe's ``wait``, a call's timeout).
+@example(bodies=[encode([CALL, 1_000, RELAY, "describe", ["box-1", 10**400], {}, 0, 0])])
+@example(
+    bodies=[
+        encode(
+            [
+                CALL,
+                1_000,
+                RELAY,
+                "call",
+                ["box-1", "ident", "record", ARGS, None, 10**400],
+                {},
+                0,
+                0,
+            ]
+        )
+    ]
+)
 @example(
     bodies=[
         shape("watch"),
@@ -506,13 +528,27 @@ def executor_attack(draw: st.DrawFn) -> tuple[bool, list[Callable[[int], list[by
     stream = draw(st.booleans())
     replies: list[Callable[[int], list[bytes]]] = []
     for _ in range(draw(st.integers(1, 5))):
-        how = draw(st.sampled_from(["mutated", "mutated", "raw-value", "past-credit", "other-id"]))
+        how = draw(
+            st.sampled_from(
+                ["mutated", "mutated", "raw-value", "past-credit", "other-id", "receipt"]
+            )
+        )
         if how == "mutated":  # tests/cbor_strategies.py's mutations of each reply kind
             body = draw(mutated_envelope(PLACEHOLDER, REPLY_KINDS))
             replies.append(functools.partial(_mutated, body, encode(PLACEHOLDER)))
         elif how == "raw-value":  # a result or an item whose value is not one CBOR item
             raw = draw(st.one_of(raw_items, st.binary(max_size=20), any_item.map(lambda b: b + b)))
             replies.append(functools.partial(_raw_value, ITEM if stream else RESULT, raw))
+        elif how == "receipt":  # an error carrying a cancel receipt, for this call or another
+            receipt = draw(st.one_of(cbor_values, hostile_scalars))
+            error: dict[str, Any] = {"outcome": "unknown", "code": "CANCELLED", "message": "m"}
+            error["cancel"] = receipt
+            delta = draw(st.sampled_from([0, 0, 1, -1]))
+            try:
+                encode(error)
+            except (cbor2.CBOREncodeError, TypeError, ValueError):
+                error["cancel"] = None
+            replies.append(functools.partial(_other_id, delta, ERROR, [error]))
         elif how == "past-credit":
             replies.append(functools.partial(_items, draw(st.integers(9, 40))))
         else:  # replies for calls it never got
