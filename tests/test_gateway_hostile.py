@@ -29,8 +29,9 @@ drives them from the test's thread.
   logged at ERROR; box-1's session is unchanged and ``web-1``'s next call through it succeeds.
 
 Reproducible as tests/test_fuzz.py is: ``derandomize=True``, no database, no explain phase;
-``GARCON_FUZZ_SCALE=N`` multiplies the example counts (:data:`EXAMPLES`) for a longer campaign,
-e.g. ``GARCON_FUZZ_SCALE=20 pytest tests/test_gateway_hostile.py --timeout=3000``.
+``GARCON_FUZZ_SCALE=N`` multiplies the example counts (:data:`EXAMPLES`) for a longer campaign and
+``GARCON_FUZZ_SEED=<int>`` replaces the derived seed, e.g.
+``GARCON_FUZZ_SCALE=20 GARCON_FUZZ_SEED=1 pytest tests/test_gateway_hostile.py --timeout=3000``.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from cbor_strategies import (
     mutated_envelope,
     raw_items,
 )
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 from test_gateway import GRANTS, LIMITS, Ident, IdentService, caller_config, enroll
 
@@ -84,6 +85,7 @@ pytestmark = [
 ]
 
 SCALE = int(os.environ.get("GARCON_FUZZ_SCALE", "1"))
+SEED = os.environ.get("GARCON_FUZZ_SEED")
 EXAMPLES = {"caller": 60, "executor": 50}
 """Examples per backend (``GARCON_FUZZ_SCALE`` multiplies them)."""
 DEADLINE = 20.0
@@ -100,9 +102,9 @@ HOSTILE_GRANTS = (
 
 def fuzz(name: str) -> Callable[[F], F]:
     """Hypothesis settings for one fuzzer (as tests/test_fuzz.py's)."""
-    return settings(
+    configured = settings(
         max_examples=EXAMPLES[name] * SCALE,
-        derandomize=True,
+        derandomize=SEED is None,
         database=None,
         deadline=None,
         phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
@@ -112,6 +114,7 @@ def fuzz(name: str) -> Callable[[F], F]:
             HealthCheck.function_scoped_fixture,
         ],
     )
+    return (lambda test: seed(int(SEED))(configured(test))) if SEED is not None else configured
 
 
 # ------------------------------------------------------------------------------ the environment
