@@ -67,18 +67,28 @@ async def test_a_forwarded_result_is_handed_over_as_sent(
             forward(pair.rpc, "add", arguments(2, 3), ends)
             done = await ends.one()
             assert done.error is None and done.encoded == cbor2.dumps(5)
-            # A peer's result is passed on unread: whatever bytes follow the call id.
+            # A peer's result is passed on as sent (here not in shortest form), not re-encoded.
             held = forward(pair.rpc, "hold", arguments("k"), ends)
             await impl.probe.wait("started:k")
+            await raw_send(
+                pair.worker_rpc, b"\x83\x01" + cbor2.dumps(held.pending.id) + b"\x18\x05"
+            )
+            done = await ends.one()
+            assert done.error is None and done.encoded == b"\x18\x05"
+            # One that does not decode as plain data (undefined) fails the call, as unreadable.
+            held = forward(pair.rpc, "hold", arguments("j"), ends)
+            await impl.probe.wait("started:j")
             await raw_send(pair.worker_rpc, b"\x83\x01" + cbor2.dumps(held.pending.id) + b"\xf7")
             done = await ends.one()
-            assert done.error is None and done.encoded == b"\xf7"
+            assert isinstance(done.error, gl.OutcomeUnknown), done.error
+            assert done.error.code == "MALFORMED_REPLY" and done.encoded is None
             # An error is decoded as usual.
             forward(pair.rpc, "fail", arguments("boom"), ends)
             done = await ends.one()
             assert isinstance(done.error, gl.RemoteError) and done.encoded is None
             impl._release("k")
-            assert len(ends.ended) == 3  # the late reply to the held call was dropped
+            impl._release("j")
+            assert len(ends.ended) == 4  # the late replies to the held calls were dropped
 
 
 @both_directions

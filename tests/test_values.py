@@ -253,6 +253,15 @@ async def test_the_table_over_a_session_the_worker_never_trusts_the_caller() -> 
                     assert impls[name].runs == runs, row  # the handler did not run
 
 
+def test_an_integer_past_a_floats_range_is_refused_where_a_float_goes() -> None:
+    # The caller lets it through (an int is a float); the receiver refuses it, not a crash.
+    check_value(10**400, float)
+    with pytest.raises(msgspec.ValidationError, match="out of range"):
+        from_wire(10**400, float)
+    with pytest.raises(msgspec.ValidationError, match="out of range"):
+        from_wire([10**400], list[float])
+
+
 # ---------------------------------------------------------------------------------- the stumbles
 
 

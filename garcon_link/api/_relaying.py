@@ -15,11 +15,13 @@ A relayed call (``call(executor, service, method, payload, key, timeout)``):
 2. **Executor.** The fleet's member for that id, without creating one (a caller cannot grow the
    registry); absent or not ready: ``NotDispatched`` (``OFFLINE``, ``RECONNECTING``,
    ``DRAINING``), nothing forwarded.
-3. **Arguments.** ``payload`` (the CBOR array ``[args, kwargs]``) is *framed*, not decoded
-   (:func:`~garcon_link.core.wire.argument_items`: heads walked, strings skipped unread), and its
+3. **Arguments.** ``payload`` (the CBOR array ``[args, kwargs]``) is *framed*
+   (:func:`~garcon_link.core.wire.argument_items`: heads walked, strings skipped unread) and
+   checked to decode as the worker would decode it (values dropped, nothing converted), and its
    two items are spliced into a ``call`` envelope on the executor's session
    (:meth:`~garcon_link.rpc.caller.Caller.call_relayed`) with the caller's metadata and
-   idempotency key. Badly framed: ``Rejected("INVALID_ARGUMENTS")``, not forwarded.
+   idempotency key. Badly framed, or not decodable: ``Rejected("INVALID_ARGUMENTS")``, not
+   forwarded.
 4. **Outcome.** Whatever ended the forwarded call -- its result, or its error with outcome and
    code (``NotDispatched`` if it never left the gateway, ``OutcomeUnknown`` if its answer was
    lost, ``Rejected``/``RemoteError`` as the worker sent them) -- is the relay call's *result*
@@ -444,6 +446,11 @@ class _Relayed:
         assert self.incoming is not None
         self.rpc.release_held(self.call_id, self.incoming, error, True)
 
+
+_MAX_HEAD_ID = 2**64 - 1
+"""The largest call id a CBOR head holds: the direct path writes its replies by hand
+(:func:`_result_envelope`); a caller's call with a larger id goes through the relay service's
+handler, whose reply cbor2 encodes (a bignum)."""
 
 _MAX_TIMEOUT_INT = 2**53
 """The largest integer timeout the direct path takes (it converts exactly to a float); a larger

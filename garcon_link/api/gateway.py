@@ -17,9 +17,10 @@ relay is an ordinary service routing by executor id. That reuses, unchanged, eve
 worker's session has -- resumable sessions, ``max_incoming_calls`` per session as the caller's
 budget of calls in flight, metadata, hooks, drain -- and needs no new message kind.
 
-A relayed call's steps (grant, executor, arguments framed not decoded, the outcome as data),
-and the direct path of a unary one without a handler task (:meth:`Gateway._relay_now`), are in
-:mod:`._relaying`; a caller's watch of the executors it may see is in :mod:`._watches`.
+A relayed call's steps (grant, executor, arguments framed and checked but not converted, the
+outcome as data), and the direct path of a unary one without a handler task
+(:meth:`Gateway._relay_now`), are in :mod:`._relaying`; a caller's watch of the executors it
+may see is in :mod:`._watches`.
 
 Bounds: ``max_callers`` sessions; per caller session the worker-side budgets
 (``max_incoming_calls`` relayed calls at once, refusal queues, frame rates); per caller and
@@ -56,7 +57,7 @@ import anyio
 import anyio.abc
 
 from ..core.handshake import HandshakeResult
-from ..core.wire import Role, argument_items
+from ..core.wire import Role, argument_items, decode_item
 from ..endpoint.link import WebSocketLink
 from ..endpoint.transport import SessionTransport, TransportState
 from ..errors import CallError, MalformedFrame, NotDispatched, OutcomeUnknown, Rejected
@@ -74,6 +75,7 @@ from ..settings.callers import GatewayConfig
 from ..settings.grants import MAX_GRANTS, Grant, allows, sees
 from ..settings.keyring import Keyring, executor_id_problem
 from ._relaying import (
+    _MAX_HEAD_ID,
     _MAX_TIMEOUT_INT,
     CallerSnapshot,
     _Bindings,
@@ -514,9 +516,18 @@ class Gateway:
                 f"{peer_text(executor)}; nothing was forwarded",
             )
         try:
-            return argument_items(payload)
+            arguments = argument_items(payload)
         except MalformedFrame as exc:
             raise Rejected("INVALID_ARGUMENTS", f"the arguments do not frame: {exc}") from exc
+        # Framing reads heads only. What a worker's decoder refuses inside well-framed items
+        # (text that is not UTF-8, a bignum past its bound or around other than bytes, an array
+        # as a map key) is refused here, so that every call forwarded is one the worker reads;
+        # the values are dropped, the bytes forwarded as they came.
+        try:
+            decode_item(payload, self.limits.max_frame_bytes)
+        except MalformedFrame as exc:
+            raise Rejected("INVALID_ARGUMENTS", f"the arguments do not decode: {exc}") from exc
+        return arguments
 
     def _allowed(self, caller: str, executor: str, service: str) -> bool:
         """Whether a grant allows ``caller`` to call ``service`` on ``executor``, remembered
@@ -623,7 +634,8 @@ class Gateway:
         other call, an unusual shape, an executor not ready this instant, a session that must
         wait for capacity."""
         if (
-            envelope.method != "call"
+            envelope.id > _MAX_HEAD_ID  # its reply, written by hand, needs the id in one head
+            or envelope.method != "call"
             or envelope.service != RELAY_SERVICE
             or envelope.key is not None
             or envelope.kwargs

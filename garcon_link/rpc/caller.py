@@ -23,9 +23,11 @@ from typing import Any
 import anyio
 import cbor2
 
+from ..core.wire import decode_item
 from ..endpoint.transport import SessionTransport
 from ..errors import (
     CallError,
+    MalformedFrame,
     NotDispatched,
     OutcomeUnknown,
     PayloadTooLarge,
@@ -115,7 +117,7 @@ class Caller:
         self._next_id = 1
         self._pending: dict[int, _Pending] = {}
         # Whether a forwarded call (forward()) was ever issued here: only then is a result's
-        # value looked for undecoded (on_raw_result).
+        # value taken as the bytes it came as (on_raw_result, checked to decode).
         self.forwards = False
         self.flow_violations = 0
         self.malformed_replies = 0
@@ -425,9 +427,11 @@ class Caller:
         return forward
 
     def on_raw_result(self, payload: bytes) -> bool:
-        """A ``result`` envelope (``payload``, undecoded) for a call of :meth:`forward`: its
-        value's bytes, as received, end the call (``True``). ``False`` for any other (it is
-        then decoded as usual)."""
+        """A ``result`` envelope (``payload``) for a call of :meth:`forward`: its value's
+        bytes, as received, end the call (``True``). ``False`` for any other, and for a value
+        that does not decode as one item of plain data (it is then decoded as usual, so an
+        unreadable one fails the call ``MALFORMED_REPLY`` and is counted, as for any call,
+        instead of being passed on for a gateway's caller to find unreadable)."""
         first = payload[2] if len(payload) > 2 else 0xFF
         if first < 24:
             call_id, start = first, 3
@@ -439,8 +443,13 @@ class Caller:
         pending = self._pending.get(call_id)
         if pending is None or pending.forward is None or len(payload) <= start:
             return False
+        encoded = payload[start:]
+        try:
+            decode_item(encoded, self.limits.max_frame_bytes)
+        except MalformedFrame:
+            return False
         del self._pending[call_id]
-        pending.forward.encoded = payload[start:]
+        pending.forward.encoded = encoded
         self._finish(pending)
         return True
 

@@ -268,7 +268,10 @@ def _wire_float(value: Any) -> Any:
     if kind is float:
         return value
     if kind is int:
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # past a float's range: refused as msgspec.convert refuses it
+            raise msgspec.ValidationError("expected `float`, got `int` out of range") from None
     raise msgspec.ValidationError(f"expected `float`, got `{_got(value)}`")
 
 
