@@ -5,8 +5,9 @@ machine (below) whose pumps -- reader, writer, delivery task, grace and replay w
 session's state and must see each other's changes synchronously, within the loop turn that made
 them (a fence passed, a receipt due, retention freed). The rules that need no I/O are sans-IO
 objects of their own (:class:`~garcon_link.endpoint.transport_types.PreReadinessBuffer`,
-:class:`~garcon_link.core.replay.ReplayWatch`, the session itself). What the transport meets -- the socket, the consumer, its states and
-statistics -- is :mod:`garcon_link.endpoint.transport_types`, all imported from here too.
+:class:`~garcon_link.core.replay.ReplayWatch`, the session itself). What the transport meets --
+the socket, the consumer, its states and statistics -- is
+:mod:`garcon_link.endpoint.transport_types`, all imported from here too.
 
 Theory of operation
 -------------------
