@@ -53,6 +53,7 @@ worker child too, once with ``--rounds 1`` and once with ``--rounds 4``; the dif
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import gc
 import itertools
@@ -104,6 +105,8 @@ RESUME_TAIL_S = 0.2
 """``per-resume``: CPU still counted after the last resume (late receipts, replays' ends)."""
 PER_RESUME_PAUSE_S = 1.0
 """``per-resume``: pause between rounds; the workers' ``backoff_reset_after`` is half of it."""
+TOP_TYPES = 25
+"""Types listed in the GC-tracked objects per session."""
 
 
 class Ident(Protocol):
@@ -178,17 +181,106 @@ def _p(values: list[float], q: float) -> float:
     return harness.percentile(sorted(values), q)
 
 
+def tracked_by_type() -> collections.Counter[str]:
+    """Objects the garbage collector tracks now, by type name, after a full collection."""
+    gc.collect()
+    return collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+
+
+def tracked_per_session(
+    base: collections.Counter[str], now: collections.Counter[str], sessions: int
+) -> dict[str, Any]:
+    """GC-tracked objects per session between ``base`` (no session) and ``now`` (``sessions``),
+    in all and for the :data:`TOP_TYPES` types that grew most."""
+    grown = now.copy()
+    grown.subtract(base)
+    per = max(sessions, 1)
+    return {
+        "sessions": sessions,
+        "tracked_before": sum(base.values()),
+        "tracked_after": sum(now.values()),
+        "per_session": (sum(now.values()) - sum(base.values())) / per,
+        "types_per_session": {
+            name: round(count / per, 2) for name, count in grown.most_common(TOP_TYPES)
+        },
+    }
+
+
+class GcLog:
+    """Every garbage collection (``gc.callbacks``) in the phases run under :meth:`phase`: its
+    generation, its pause (wall time, preemption included) and what it collected."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, float, int]] = []
+        self._started = 0.0
+        self.phases: dict[str, dict[str, Any]] = {}
+
+    def _callback(self, event: str, info: dict[str, int]) -> None:
+        if event == "start":
+            self._started = time.perf_counter()
+        else:
+            self.passes.append(
+                (info["generation"], time.perf_counter() - self._started, info["collected"])
+            )
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        before = {"count": list(gc.get_count()), "tracked": len(gc.get_objects())}
+        self.passes = []
+        gc.callbacks.append(self._callback)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(self._callback)
+            after = {"count": list(gc.get_count()), "tracked": len(gc.get_objects())}
+            by_generation: dict[str, Any] = {}
+            for generation in (0, 1, 2):
+                mine = [(d, c) for g, d, c in self.passes if g == generation]
+                if mine:
+                    by_generation[str(generation)] = {
+                        "count": len(mine),
+                        "total_ms": sum(d for d, _ in mine) * 1000,
+                        "longest_ms": max(d for d, _ in mine) * 1000,
+                        "collected": sum(c for _, c in mine),
+                    }
+            self.phases[name] = {"before": before, "after": after, "passes": by_generation}
+            _progress(f"{name}: {describe_gc(self.phases[name])}")
+
+
+def describe_gc(phase: dict[str, Any]) -> str:
+    """One line of a :class:`GcLog` phase."""
+    passes = phase["passes"]
+    parts = [
+        f"gen {g}: {p['count']} passes, {p['total_ms']:.1f} ms, longest {p['longest_ms']:.1f} "
+        f"ms, {p['collected']} collected"
+        for g, p in sorted(passes.items())
+    ] or ["no collection"]
+    before, after = phase["before"], phase["after"]
+    return (
+        "; ".join(parts) + f" (tracked {before['tracked']:,} -> {after['tracked']:,}, "
+        f"counts {before['count']} -> {after['count']})"
+    )
+
+
 # ------------------------------------------------------------------------ worker child
 
 
 async def _workers_main(
-    url: str, keyring: Path, first: int, count: int, backoff_reset_after: float | None = None
+    url: str,
+    keyring: Path,
+    first: int,
+    count: int,
+    backoff_reset_after: float | None = None,
+    gc_freeze: bool = False,
 ) -> None:
-    """Run ``count`` workers; on a ``cut`` line on stdin abort all their sockets; exit on EOF.
+    """Run ``count`` workers; on a ``cut`` line on stdin abort all their sockets; on a ``gc``
+    line print ``GC {json}`` (the GC-tracked objects per worker) on stdout, then with
+    ``gc_freeze`` call ``gc.freeze()``; exit on EOF.
 
     ``backoff_reset_after`` (``per-resume``): a shorter :class:`~garcon_link.Limits` field, so
     that every round's first redial is immediate, as the storm's is."""
     raise_nofile()
+    tracked_base = tracked_by_type()
     limits = (
         gl.Limits()
         if backoff_reset_after is None
@@ -230,6 +322,11 @@ async def _workers_main(
                 for worker in workers:
                     await worker.link.disconnect()
                 print("cut", flush=True)
+            elif line.strip() == "gc":
+                measured = tracked_per_session(tracked_base, tracked_by_type(), count)
+                print("GC " + json.dumps(measured), flush=True)
+                if gc_freeze:
+                    gc.freeze()
             elif line.strip() == "dump" and profile is not None:
                 profile.disable()
                 _add_stats(profile, f"{profile_prefix}.worker.prof")
@@ -325,6 +422,8 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 await anyio.sleep(0)
             gc.collect()
             result["rss_listening_bytes"] = read_rss()
+            tracked_base = tracked_by_type()
+            gc_log = GcLog()
 
             # 1. cold start
             started = time.perf_counter()
@@ -346,12 +445,14 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                     str(share),
                     "--loop",
                     args.loop,
+                    *(["--gc-freeze"] if args.gc_freeze else []),
                 ]
                 first += share
                 proc = await anyio.open_process(command, stderr=None)
                 children.push_async_callback(_stop, proc)
                 procs.append(proc)
-            await tracker.until(lambda: len(tracker.ready) == n, args.limit, "cold start")
+            with gc_log.phase("cold start"):
+                await tracker.until(lambda: len(tracker.ready) == n, args.limit, "cold start")
             cold = time.perf_counter() - started
             stats = fleet.statistics()
             result.update(
@@ -367,7 +468,7 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
 
             # 2. idle RSS (and the controller's CPU time while idle: heartbeats, timers)
             cpu = time.process_time()
-            with _profiled("idle"):
+            with _profiled("idle"), gc_log.phase("idle"):
                 await anyio.sleep(SETTLE_S)
             result["idle_cpu_percent"] = (time.process_time() - cpu) / SETTLE_S * 100
             gc.collect()
@@ -376,6 +477,23 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 f"idle RSS {result['rss_idle_bytes'] / 2**20:.1f} MiB, idle CPU "
                 f"{result['idle_cpu_percent']:.0f} %"
             )
+            # GC-tracked objects per idle session, here and in the first worker child
+            result["gc_tracked_controller"] = tracked_per_session(
+                tracked_base, tracked_by_type(), n
+            )
+            result["gc_tracked_worker"] = await _child_gc(procs[0], args.limit)
+            for side in ("controller", "worker"):
+                measured = result[f"gc_tracked_{side}"]
+                _progress(
+                    f"GC-tracked objects per idle session, {side}: "
+                    f"{measured['per_session']:.1f} ({measured['sessions']} sessions); "
+                    + ", ".join(f"{k} {v}" for k, v in measured["types_per_session"].items())
+                )
+            if args.gc_freeze:
+                gc.freeze()
+                result["gc_frozen"] = gc.get_freeze_count()
+                _progress(f"gc.freeze(): {result['gc_frozen']:,} objects frozen")
+            result["gc"] = gc_log.phases
             if args.rss_only:
                 tg.cancel_scope.cancel()
                 return result
@@ -383,9 +501,10 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
             # 3. idle latency over the first child's executors (spared by the storm)
             spared = ids[: shares[0]]
             cut = set(ids[shares[0] :])
-            idle, idle_errors = await _sequential_calls(
-                fleet, spared, lambda i: i >= args.idle_calls
-            )
+            with gc_log.phase("idle calls"):
+                idle, idle_errors = await _sequential_calls(
+                    fleet, spared, lambda i: i >= args.idle_calls
+                )
             result.update(
                 idle_p50_ms=_p(idle, 50), idle_p99_ms=_p(idle, 99), idle_errors=idle_errors
             )
@@ -398,7 +517,7 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
             maps: list[float] = []
             for _ in range(args.maps):
                 t = time.perf_counter()
-                with _profiled("map"):
+                with _profiled("map"), gc_log.phase(f"map {len(maps) + 1}"):
                     replies = await fleet.map(whoami, ids)
                 maps.append(time.perf_counter() - t)
                 wrong = [i for i, reply in replies.items() if reply != i]
@@ -435,7 +554,7 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 storm_calls.extend(latencies)
 
-            with _profiled("storm"), _loop_lag("storm"):
+            with _profiled("storm"), _loop_lag("storm"), gc_log.phase("storm"):
                 async with anyio.create_task_group() as storm:
                     storm.start_soon(sample)
                     cpu_before = _cpu_seconds(procs)
@@ -527,6 +646,21 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 proc.kill()
             tg.cancel_scope.cancel()
     return result
+
+
+async def _child_gc(proc: anyio.abc.Process, limit: float) -> dict[str, Any]:
+    """Ask a worker child for its GC-tracked objects per worker (its ``GC`` line)."""
+    assert proc.stdin is not None and proc.stdout is not None
+    await proc.stdin.send(b"gc\n")
+    buffer = b""
+    with anyio.fail_after(limit):
+        while True:
+            buffer += await proc.stdout.receive()
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.startswith(b"GC "):
+                    measured: dict[str, Any] = json.loads(line[3:])
+                    return measured
 
 
 async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
@@ -1011,6 +1145,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--maps", type=int, default=10)
     parser.add_argument("--limit", type=float, default=120.0)
     parser.add_argument("--rss-only", action="store_true")
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() in every process once the fleet is up (after the idle RSS)",
+    )
     parser.add_argument("--url", default="")
     parser.add_argument("--keyring", type=Path)
     parser.add_argument("--first", type=int, default=0)
@@ -1029,7 +1168,12 @@ def main(argv: list[str] | None = None) -> None:
 
         async def workers() -> None:
             await _workers_main(
-                args.url, args.keyring, args.first, args.count, args.backoff_reset_after
+                args.url,
+                args.keyring,
+                args.first,
+                args.count,
+                args.backoff_reset_after,
+                args.gc_freeze,
             )
 
         run_asyncio(workers, args.loop)
