@@ -105,7 +105,7 @@ RESUME_TAIL_S = 0.2
 """``per-resume``: CPU still counted after the last resume (late receipts, replays' ends)."""
 PER_RESUME_PAUSE_S = 1.0
 """``per-resume``: pause between rounds; the workers' ``backoff_reset_after`` is half of it."""
-TOP_TYPES = 25
+TOP_TYPES = 40
 """Types listed in the GC-tracked objects per session."""
 
 
@@ -182,9 +182,27 @@ def _p(values: list[float], q: float) -> float:
 
 
 def tracked_by_type() -> collections.Counter[str]:
-    """Objects the garbage collector tracks now, by type name, after a full collection."""
+    """Objects the garbage collector tracks now, by type name, after a full collection; and
+    (asyncio) the tasks, as ``task <coroutine's qualname>``."""
     gc.collect()
-    return collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+    counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+    try:
+        import asyncio
+
+        tasks = asyncio.all_tasks()
+    except RuntimeError:  # not asyncio
+        return counts
+    for task in tasks:
+        coro: Any = task.get_coro()
+        name = "?"
+        while coro is not None:  # the outermost coroutine that is not anyio's wrapper
+            code = getattr(coro, "cr_code", None)
+            if code is not None and "anyio" not in code.co_filename:
+                name = code.co_qualname
+                break
+            coro = getattr(coro, "cr_await", None)
+        counts["task " + name] += 1
+    return counts
 
 
 def tracked_per_session(
@@ -197,13 +215,63 @@ def tracked_per_session(
     per = max(sessions, 1)
     return {
         "sessions": sessions,
-        "tracked_before": sum(base.values()),
-        "tracked_after": sum(now.values()),
-        "per_session": (sum(now.values()) - sum(base.values())) / per,
+        "tracked_before": _objects(base),
+        "tracked_after": _objects(now),
+        "per_session": (_objects(now) - _objects(base)) / per,
         "types_per_session": {
-            name: round(count / per, 2) for name, count in grown.most_common(TOP_TYPES)
+            name: round(count / per, 2)
+            for name, count in itertools.islice(
+                ((k, v) for k, v in grown.most_common() if not k.startswith("task ")), TOP_TYPES
+            )
+        },
+        "tasks_per_session": {
+            name[5:]: round(count / per, 2)
+            for name, count in grown.most_common()
+            if name.startswith("task ") and count >= per / 2
         },
     }
+
+
+def tracked_owners() -> collections.Counter[str]:
+    """Diagnosis (``GL_FLEET_BENCH_GCWHO``): GC-tracked objects by type and by what refers to
+    them (a bound method by its function, a function by its name, anything else by the types
+    of its referrers, looking through dicts and cells to their own referrers)."""
+    gc.collect()
+    objects = gc.get_objects()
+    referrers: dict[int, list[Any]] = {}
+    for o in objects:
+        for r in gc.get_referents(o):
+            referrers.setdefault(id(r), []).append(o)
+
+    def owner(o: Any, depth: int = 0) -> str:
+        names = []
+        for r in referrers.get(id(o), [])[:3]:
+            kind = type(r).__qualname__
+            if kind in ("dict", "cell", "list", "tuple") and depth < 2:
+                kind = f"{kind}<{owner(r, depth + 1)}"
+            elif kind == "function":
+                kind = f"function {r.__qualname__}"
+            elif kind == "coroutine":
+                kind = f"coroutine {r.cr_code.co_qualname}"
+            names.append(kind)
+        return "|".join(sorted(names)) or "-"
+
+    counts: collections.Counter[str] = collections.Counter()
+    for o in objects:
+        kind = type(o).__qualname__
+        if kind == "method":
+            counts[f"method {getattr(o.__func__, '__qualname__', '?')}"] += 1
+        elif kind == "function":
+            counts[f"function {o.__qualname__}"] += 1
+        elif kind == "coroutine":
+            counts[f"coroutine {o.cr_code.co_qualname}"] += 1
+        else:
+            counts[f"{kind} < {owner(o)}"] += 1
+    return counts
+
+
+def _objects(counts: collections.Counter[str]) -> int:
+    return sum(v for k, v in counts.items() if not k.startswith("task "))
 
 
 class GcLog:
@@ -423,6 +491,8 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
             gc.collect()
             result["rss_listening_bytes"] = read_rss()
             tracked_base = tracked_by_type()
+            if os.environ.get("GL_FLEET_BENCH_GCWHO"):
+                owners_base = tracked_owners()
             gc_log = GcLog()
 
             # 1. cold start
@@ -477,6 +547,11 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 f"idle RSS {result['rss_idle_bytes'] / 2**20:.1f} MiB, idle CPU "
                 f"{result['idle_cpu_percent']:.0f} %"
             )
+            if os.environ.get("GL_FLEET_BENCH_GCWHO"):
+                grown = tracked_owners()
+                grown.subtract(owners_base)
+                for name, count in grown.most_common(120):
+                    _progress(f"  {count / n:6.2f} {name[:200]}")
             # GC-tracked objects per idle session, here and in the first worker child
             result["gc_tracked_controller"] = tracked_per_session(
                 tracked_base, tracked_by_type(), n
@@ -488,6 +563,8 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                     f"GC-tracked objects per idle session, {side}: "
                     f"{measured['per_session']:.1f} ({measured['sessions']} sessions); "
                     + ", ".join(f"{k} {v}" for k, v in measured["types_per_session"].items())
+                    + "; tasks: "
+                    + ", ".join(f"{k} {v}" for k, v in measured["tasks_per_session"].items())
                 )
             if args.gc_freeze:
                 gc.freeze()
@@ -708,6 +785,9 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
             idle_rate = [(b - a) / idle_s for a, b in zip(idle_before, idle_after, strict=True)]
             rounds: list[dict[str, float]] = []
             for _ in range(args.rounds):
+                if os.environ.get("GL_FLEET_BENCH_GARBAGE"):
+                    gc.collect()
+                    gc.set_debug(gc.DEBUG_SAVEALL)
                 before = fleet.statistics()
                 with _profiled("resume"):
                     cpu_before = _cpu_seconds([proc])
@@ -725,6 +805,8 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
                     cpu_after = _cpu_seconds([proc])
                     window = time.perf_counter() - start
                 await proc.stdin.send(b"dump\n")
+                if os.environ.get("GL_FLEET_BENCH_GARBAGE"):
+                    _report_garbage(n)
                 after = fleet.statistics()
                 resumed = after.resumed - before.resumed
                 if resumed != n:
@@ -766,6 +848,24 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
         f"{idle_rate[0] * 100:.1f} %, worker {idle_rate[1] * 100:.1f} %)"
     )
     return result
+
+
+def _report_garbage(resumes: int) -> None:
+    """With ``GL_FLEET_BENCH_GARBAGE`` set (``per-resume``; diagnosis): the cyclic garbage of
+    the round (``gc.DEBUG_SAVEALL``), by type, per resume, on stderr."""
+    gc.collect()
+    gc.set_debug(0)
+    counts = collections.Counter(type(o).__qualname__ for o in gc.garbage)
+    frames = collections.Counter(
+        f"{o.f_code.co_qualname}" for o in gc.garbage if type(o).__name__ == "frame"
+    )
+    gc.garbage.clear()
+    _progress(
+        f"cyclic garbage per resume: {sum(counts.values()) / resumes:.1f}; "
+        + ", ".join(f"{k} {v / resumes:.2f}" for k, v in counts.most_common(30))
+        + "; frames: "
+        + ", ".join(f"{k} {v / resumes:.2f}" for k, v in frames.most_common(30))
+    )
 
 
 @contextlib.contextmanager
