@@ -33,6 +33,17 @@ What the controller measures, in order
    during that time against their idle p99, and the listener's handshake throughput (its best
    :data:`RATE_WINDOW_S` window, and the average over the storm).
 
+Garbage collection: every phase records each collection (``gc.callbacks``): per generation the
+passes, their pauses (total, longest) and what they collected, with ``gc.get_count()`` and the
+objects the GC tracks before and after (the result's ``gc``). After the idle phase the
+controller and the first worker child count the GC-tracked objects per idle session (with N
+sessions less with none, by type, and the tasks by coroutine; ``gc_tracked_controller``,
+``gc_tracked_worker``). ``--gc-freeze`` calls ``gc.freeze()`` in every process once the fleet is
+up (after those counts): the runner runs the full controller a second time with it and reports
+it beside the default. Diagnosis: ``GL_FLEET_BENCH_GCWHO=1`` groups the controller's tracked
+objects per session by what refers to them; ``GL_FLEET_BENCH_GARBAGE=1`` (``per-resume``) saves
+each round's cyclic garbage and prints it per resume, by type and by frame.
+
 CPU per resume
 --------------
 ``python -m benchmarks.fleet per-resume --workers 200 --rounds 5`` (not part of the runner): a
@@ -1069,7 +1080,12 @@ async def _stop(process: anyio.abc.Process) -> None:
 
 
 def _controller(
-    settings: FleetSettings, workers: int, processes: int, loop: str, rss_only: bool
+    settings: FleetSettings,
+    workers: int,
+    processes: int,
+    loop: str,
+    rss_only: bool,
+    gc_freeze: bool = False,
 ) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(harness.ROOT), env.get("PYTHONPATH")]))
@@ -1091,6 +1107,7 @@ def _controller(
         "--loop",
         loop,
         *(["--rss-only"] if rss_only else []),
+        *(["--gc-freeze"] if gc_freeze else []),
     ]
     try:
         completed = subprocess.run(
@@ -1133,9 +1150,14 @@ def _measure(settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
     low_processes = max(1, settings.processes * settings.rss_low // settings.workers)
     low = _controller(settings, settings.rss_low, low_processes, loop, rss_only=True)
     full = _controller(settings, settings.workers, settings.processes, loop, rss_only=False)
+    # The same with gc.freeze() once the fleet is up (an operator's choice), beside the default.
+    frozen = _controller(
+        settings, settings.workers, settings.processes, loop, rss_only=False, gc_freeze=True
+    )
     n, n0 = full["workers"], low["workers"]
     slope_kib = (full["rss_idle_bytes"] - low["rss_idle_bytes"]) / (n - n0) / KiB
     factor = full["storm_p99_ms"] / full["idle_p99_ms"] if full["storm_p99_ms"] else None
+    inf = float("inf")
     figures = [
         _figure(
             "cold_start_s",
@@ -1192,6 +1214,31 @@ def _measure(settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
             [],
         ),
         _figure(
+            "storm_gc_pause_ms",
+            f"the controller's GC pauses during the storm, in all ({describe_passes(full)})",
+            "ms",
+            storm_gc_ms(full),
+            None,
+            [],
+        ),
+        _figure(
+            "storm_p99_factor_gc_freeze",
+            f"the same with gc.freeze() once the fleet is up (another run: "
+            f"{frozen['storm_p99_ms']:.2f} ms / idle p99 {frozen['idle_p99_ms']:.2f} ms)",
+            "x",
+            frozen["storm_p99_ms"] / frozen["idle_p99_ms"] if frozen["storm_p99_ms"] else inf,
+            STORM_P99_FACTOR_TARGET,
+            [],
+        ),
+        _figure(
+            "storm_gc_pause_ms_gc_freeze",
+            f"its GC pauses during the storm, in all ({describe_passes(frozen)})",
+            "ms",
+            storm_gc_ms(frozen),
+            None,
+            [],
+        ),
+        _figure(
             "handshakes_per_s_peak",
             f"listener handshake throughput, best {RATE_WINDOW_S:g} s window of the storm "
             f"(mean over the storm {full['handshakes_per_s_mean']:.0f}/s; higher is better)",
@@ -1207,7 +1254,21 @@ def _measure(settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
         file=log,
         flush=True,
     )
-    return {"figures": figures, "runs": [low, full]}
+    return {"figures": figures, "runs": [low, full, frozen]}
+
+
+def storm_gc_ms(result: dict[str, Any]) -> float:
+    """All the controller's GC pauses during the storm, in ms."""
+    return float(sum(p["total_ms"] for p in result["gc"]["storm"]["passes"].values()))
+
+
+def describe_passes(result: dict[str, Any]) -> str:
+    """The storm's passes per generation: ``gen 2: 1 pass, longest 253 ms; ...``."""
+    passes = result["gc"]["storm"]["passes"]
+    return "; ".join(
+        f"gen {g}: {p['count']} passes, longest {p['longest_ms']:.0f} ms"
+        for g, p in sorted(passes.items())
+    )
 
 
 def run_entry(name: str, settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
