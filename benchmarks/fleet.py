@@ -287,25 +287,34 @@ def _objects(counts: collections.Counter[str]) -> int:
 
 class GcLog:
     """Every garbage collection (``gc.callbacks``) in the phases run under :meth:`phase`: its
-    generation, its pause (wall time, preemption included) and what it collected."""
+    generation, its pause (wall time, preemption included; and the thread's CPU time, which
+    other processes' load does not inflate) and what it collected."""
 
     def __init__(self) -> None:
-        self.passes: list[tuple[int, float, int]] = []
-        self._started = 0.0
+        self.passes: list[tuple[int, float, float, int]] = []
+        self.spans: list[tuple[int, float, float]] = []  # generation, start, end (perf_counter)
+        self._started = (0.0, 0.0)
         self.phases: dict[str, dict[str, Any]] = {}
 
     def _callback(self, event: str, info: dict[str, int]) -> None:
         if event == "start":
-            self._started = time.perf_counter()
+            self._started = (time.perf_counter(), time.thread_time())
         else:
+            wall, cpu = self._started
+            self.spans.append((info["generation"], wall, time.perf_counter()))
             self.passes.append(
-                (info["generation"], time.perf_counter() - self._started, info["collected"])
+                (
+                    info["generation"],
+                    time.perf_counter() - wall,
+                    time.thread_time() - cpu,
+                    info["collected"],
+                )
             )
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         before = {"count": list(gc.get_count()), "tracked": len(gc.get_objects())}
-        self.passes = []
+        self.passes, self.spans = [], []
         gc.callbacks.append(self._callback)
         try:
             yield
@@ -314,13 +323,15 @@ class GcLog:
             after = {"count": list(gc.get_count()), "tracked": len(gc.get_objects())}
             by_generation: dict[str, Any] = {}
             for generation in (0, 1, 2):
-                mine = [(d, c) for g, d, c in self.passes if g == generation]
+                mine = [(d, u, c) for g, d, u, c in self.passes if g == generation]
                 if mine:
                     by_generation[str(generation)] = {
                         "count": len(mine),
-                        "total_ms": sum(d for d, _ in mine) * 1000,
-                        "longest_ms": max(d for d, _ in mine) * 1000,
-                        "collected": sum(c for _, c in mine),
+                        "total_ms": sum(d for d, _, _ in mine) * 1000,
+                        "longest_ms": max(d for d, _, _ in mine) * 1000,
+                        "cpu_total_ms": sum(u for _, u, _ in mine) * 1000,
+                        "cpu_longest_ms": max(u for _, u, _ in mine) * 1000,
+                        "collected": sum(c for _, _, c in mine),
                     }
             self.phases[name] = {"before": before, "after": after, "passes": by_generation}
             _progress(f"{name}: {describe_gc(self.phases[name])}")
@@ -331,7 +342,8 @@ def describe_gc(phase: dict[str, Any]) -> str:
     passes = phase["passes"]
     parts = [
         f"gen {g}: {p['count']} passes, {p['total_ms']:.1f} ms, longest {p['longest_ms']:.1f} "
-        f"ms, {p['collected']} collected"
+        f"ms (CPU {p['cpu_total_ms']:.1f}, longest {p['cpu_longest_ms']:.1f}), "
+        f"{p['collected']} collected"
         for g, p in sorted(passes.items())
     ] or ["no collection"]
     before, after = phase["before"], phase["after"]
@@ -674,6 +686,23 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                         peak = max(peak, (h1 - h0) / (t1 - t0))
                         break
             first_arrival = min(arrivals, default=0.0)
+            # Which of the spared calls an older-generation GC pass (1 or 2) of this process
+            # fell in (wall time); young passes are too many and short to single out.
+            spans = [(a, b) for g, a, b in gc_log.spans if g >= 1]
+            in_gc = [
+                any(a < t + ms / 1000 and b > t for a, b in spans)
+                for t, ms in zip(storm_starts, storm_calls, strict=True)
+            ]
+            tail = _p(storm_calls, 99) if storm_calls else 0.0
+            without = [ms for ms, hit in zip(storm_calls, in_gc, strict=True) if not hit]
+            result.update(
+                storm_calls_in_gc=sum(in_gc),
+                storm_tail_calls=sum(1 for ms in storm_calls if ms >= tail),
+                storm_tail_calls_in_gc=sum(
+                    1 for ms, hit in zip(storm_calls, in_gc, strict=True) if hit and ms >= tail
+                ),
+                storm_p99_without_gc_ms=_p(without, 99) if without else None,
+            )
             slow = 3 * result["idle_p99_ms"]
             slow_offsets = [
                 t - storm_start
@@ -729,6 +758,13 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 + describe_histogram(result["ready_histogram"])
                 + f"; spared calls slower than {slow:.1f} ms (3x idle p99), by start "
                 + describe_histogram(result["slow_call_histogram"])
+            )
+            _progress(
+                f"storm: {result['storm_calls_in_gc']} of {len(storm_calls)} spared calls had a "
+                "generation-1 or -2 GC pass of the controller inside them; of the "
+                f"{result['storm_tail_calls']} at or above the p99, "
+                f"{result['storm_tail_calls_in_gc']}; the p99 of the others "
+                f"{result['storm_p99_without_gc_ms'] or 0:.2f} ms"
             )
             for proc in procs:
                 proc.kill()
