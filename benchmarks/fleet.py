@@ -33,6 +33,17 @@ What the controller measures, in order
    during that time against their idle p99, and the listener's handshake throughput (its best
    :data:`RATE_WINDOW_S` window, and the average over the storm).
 
+Garbage collection: every phase records each collection (``gc.callbacks``): per generation the
+passes, their pauses (total, longest) and what they collected, with ``gc.get_count()`` and the
+objects the GC tracks before and after (the result's ``gc``). After the idle phase the
+controller and the first worker child count the GC-tracked objects per idle session (with N
+sessions less with none, by type, and the tasks by coroutine; ``gc_tracked_controller``,
+``gc_tracked_worker``). ``--gc-freeze`` calls ``gc.freeze()`` in every process once the fleet is
+up (after those counts): the runner runs the full controller a second time with it and reports
+it beside the default. Diagnosis: ``GL_FLEET_BENCH_GCWHO=1`` groups the controller's tracked
+objects per session by what refers to them; ``GL_FLEET_BENCH_GARBAGE=1`` (``per-resume``) saves
+each round's cyclic garbage and prints it per resume, by type and by frame.
+
 CPU per resume
 --------------
 ``python -m benchmarks.fleet per-resume --workers 200 --rounds 5`` (not part of the runner): a
@@ -53,6 +64,7 @@ worker child too, once with ``--rounds 1`` and once with ``--rounds 4``; the dif
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import gc
 import itertools
@@ -104,6 +116,8 @@ RESUME_TAIL_S = 0.2
 """``per-resume``: CPU still counted after the last resume (late receipts, replays' ends)."""
 PER_RESUME_PAUSE_S = 1.0
 """``per-resume``: pause between rounds; the workers' ``backoff_reset_after`` is half of it."""
+TOP_TYPES = 40
+"""Types listed in the GC-tracked objects per session."""
 
 
 class Ident(Protocol):
@@ -178,17 +192,186 @@ def _p(values: list[float], q: float) -> float:
     return harness.percentile(sorted(values), q)
 
 
+def tracked_by_type() -> collections.Counter[str]:
+    """Objects the garbage collector tracks now, by type name, after a full collection; and
+    (asyncio) the tasks, as ``task <coroutine's qualname>``."""
+    gc.collect()
+    counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+    try:
+        import asyncio
+
+        tasks = asyncio.all_tasks()
+    except RuntimeError:  # not asyncio
+        return counts
+    for task in tasks:
+        coro: Any = task.get_coro()
+        name = "?"
+        while coro is not None:  # the outermost coroutine that is not anyio's wrapper
+            code = getattr(coro, "cr_code", None)
+            if code is not None and "anyio" not in code.co_filename:
+                name = code.co_qualname
+                break
+            coro = getattr(coro, "cr_await", None)
+        counts["task " + name] += 1
+    return counts
+
+
+def tracked_per_session(
+    base: collections.Counter[str], now: collections.Counter[str], sessions: int
+) -> dict[str, Any]:
+    """GC-tracked objects per session between ``base`` (no session) and ``now`` (``sessions``),
+    in all and for the :data:`TOP_TYPES` types that grew most."""
+    grown = now.copy()
+    grown.subtract(base)
+    per = max(sessions, 1)
+    return {
+        "sessions": sessions,
+        "tracked_before": _objects(base),
+        "tracked_after": _objects(now),
+        "per_session": (_objects(now) - _objects(base)) / per,
+        "types_per_session": {
+            name: round(count / per, 2)
+            for name, count in itertools.islice(
+                ((k, v) for k, v in grown.most_common() if not k.startswith("task ")), TOP_TYPES
+            )
+        },
+        "tasks_per_session": {
+            name[5:]: round(count / per, 2)
+            for name, count in grown.most_common()
+            if name.startswith("task ") and count >= per / 2
+        },
+    }
+
+
+def tracked_owners() -> collections.Counter[str]:
+    """Diagnosis (``GL_FLEET_BENCH_GCWHO``): GC-tracked objects by type and by what refers to
+    them (a bound method by its function, a function by its name, anything else by the types
+    of its referrers, looking through dicts and cells to their own referrers)."""
+    gc.collect()
+    objects = gc.get_objects()
+    referrers: dict[int, list[Any]] = {}
+    for o in objects:
+        for r in gc.get_referents(o):
+            referrers.setdefault(id(r), []).append(o)
+
+    def owner(o: Any, depth: int = 0) -> str:
+        names = []
+        for r in referrers.get(id(o), [])[:3]:
+            kind = type(r).__qualname__
+            if kind in ("dict", "cell", "list", "tuple") and depth < 2:
+                kind = f"{kind}<{owner(r, depth + 1)}"
+            elif kind == "function":
+                kind = f"function {r.__qualname__}"
+            elif kind == "coroutine":
+                kind = f"coroutine {r.cr_code.co_qualname}"
+            names.append(kind)
+        return "|".join(sorted(names)) or "-"
+
+    counts: collections.Counter[str] = collections.Counter()
+    for o in objects:
+        kind = type(o).__qualname__
+        if kind == "method":
+            counts[f"method {getattr(o.__func__, '__qualname__', '?')}"] += 1
+        elif kind == "function":
+            counts[f"function {o.__qualname__}"] += 1
+        elif kind == "coroutine":
+            counts[f"coroutine {o.cr_code.co_qualname}"] += 1
+        else:
+            counts[f"{kind} < {owner(o)}"] += 1
+    return counts
+
+
+def _objects(counts: collections.Counter[str]) -> int:
+    return sum(v for k, v in counts.items() if not k.startswith("task "))
+
+
+class GcLog:
+    """Every garbage collection (``gc.callbacks``) in the phases run under :meth:`phase`: its
+    generation, its pause (wall time, preemption included; and the thread's CPU time, which
+    other processes' load does not inflate) and what it collected."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, float, float, int]] = []
+        self.spans: list[tuple[int, float, float]] = []  # generation, start, end (perf_counter)
+        self._started = (0.0, 0.0)
+        self.phases: dict[str, dict[str, Any]] = {}
+
+    def _callback(self, event: str, info: dict[str, int]) -> None:
+        if event == "start":
+            self._started = (time.perf_counter(), time.thread_time())
+        else:
+            wall, cpu = self._started
+            self.spans.append((info["generation"], wall, time.perf_counter()))
+            self.passes.append(
+                (
+                    info["generation"],
+                    time.perf_counter() - wall,
+                    time.thread_time() - cpu,
+                    info["collected"],
+                )
+            )
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        before = {"count": list(gc.get_count()), "tracked": len(gc.get_objects())}
+        self.passes, self.spans = [], []
+        gc.callbacks.append(self._callback)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(self._callback)
+            after = {"count": list(gc.get_count()), "tracked": len(gc.get_objects())}
+            by_generation: dict[str, Any] = {}
+            for generation in (0, 1, 2):
+                mine = [(d, u, c) for g, d, u, c in self.passes if g == generation]
+                if mine:
+                    by_generation[str(generation)] = {
+                        "count": len(mine),
+                        "total_ms": sum(d for d, _, _ in mine) * 1000,
+                        "longest_ms": max(d for d, _, _ in mine) * 1000,
+                        "cpu_total_ms": sum(u for _, u, _ in mine) * 1000,
+                        "cpu_longest_ms": max(u for _, u, _ in mine) * 1000,
+                        "collected": sum(c for _, _, c in mine),
+                    }
+            self.phases[name] = {"before": before, "after": after, "passes": by_generation}
+            _progress(f"{name}: {describe_gc(self.phases[name])}")
+
+
+def describe_gc(phase: dict[str, Any]) -> str:
+    """One line of a :class:`GcLog` phase."""
+    passes = phase["passes"]
+    parts = [
+        f"gen {g}: {p['count']} passes, {p['total_ms']:.1f} ms, longest {p['longest_ms']:.1f} "
+        f"ms (CPU {p['cpu_total_ms']:.1f}, longest {p['cpu_longest_ms']:.1f}), "
+        f"{p['collected']} collected"
+        for g, p in sorted(passes.items())
+    ] or ["no collection"]
+    before, after = phase["before"], phase["after"]
+    return (
+        "; ".join(parts) + f" (tracked {before['tracked']:,} -> {after['tracked']:,}, "
+        f"counts {before['count']} -> {after['count']})"
+    )
+
+
 # ------------------------------------------------------------------------ worker child
 
 
 async def _workers_main(
-    url: str, keyring: Path, first: int, count: int, backoff_reset_after: float | None = None
+    url: str,
+    keyring: Path,
+    first: int,
+    count: int,
+    backoff_reset_after: float | None = None,
+    gc_freeze: bool = False,
 ) -> None:
-    """Run ``count`` workers; on a ``cut`` line on stdin abort all their sockets; exit on EOF.
+    """Run ``count`` workers; on a ``cut`` line on stdin abort all their sockets; on a ``gc``
+    line print ``GC {json}`` (the GC-tracked objects per worker) on stdout, then with
+    ``gc_freeze`` call ``gc.freeze()``; exit on EOF.
 
     ``backoff_reset_after`` (``per-resume``): a shorter :class:`~garcon_link.Limits` field, so
     that every round's first redial is immediate, as the storm's is."""
     raise_nofile()
+    tracked_base = tracked_by_type()
     limits = (
         gl.Limits()
         if backoff_reset_after is None
@@ -230,6 +413,11 @@ async def _workers_main(
                 for worker in workers:
                     await worker.link.disconnect()
                 print("cut", flush=True)
+            elif line.strip() == "gc":
+                measured = tracked_per_session(tracked_base, tracked_by_type(), count)
+                print("GC " + json.dumps(measured), flush=True)
+                if gc_freeze:
+                    gc.freeze()
             elif line.strip() == "dump" and profile is not None:
                 profile.disable()
                 _add_stats(profile, f"{profile_prefix}.worker.prof")
@@ -325,6 +513,10 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 await anyio.sleep(0)
             gc.collect()
             result["rss_listening_bytes"] = read_rss()
+            tracked_base = tracked_by_type()
+            if os.environ.get("GL_FLEET_BENCH_GCWHO"):
+                owners_base = tracked_owners()
+            gc_log = GcLog()
 
             # 1. cold start
             started = time.perf_counter()
@@ -346,12 +538,14 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                     str(share),
                     "--loop",
                     args.loop,
+                    *(["--gc-freeze"] if args.gc_freeze else []),
                 ]
                 first += share
                 proc = await anyio.open_process(command, stderr=None)
                 children.push_async_callback(_stop, proc)
                 procs.append(proc)
-            await tracker.until(lambda: len(tracker.ready) == n, args.limit, "cold start")
+            with gc_log.phase("cold start"):
+                await tracker.until(lambda: len(tracker.ready) == n, args.limit, "cold start")
             cold = time.perf_counter() - started
             stats = fleet.statistics()
             result.update(
@@ -367,7 +561,7 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
 
             # 2. idle RSS (and the controller's CPU time while idle: heartbeats, timers)
             cpu = time.process_time()
-            with _profiled("idle"):
+            with _profiled("idle"), gc_log.phase("idle"):
                 await anyio.sleep(SETTLE_S)
             result["idle_cpu_percent"] = (time.process_time() - cpu) / SETTLE_S * 100
             gc.collect()
@@ -376,6 +570,30 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 f"idle RSS {result['rss_idle_bytes'] / 2**20:.1f} MiB, idle CPU "
                 f"{result['idle_cpu_percent']:.0f} %"
             )
+            if os.environ.get("GL_FLEET_BENCH_GCWHO"):
+                grown = tracked_owners()
+                grown.subtract(owners_base)
+                for name, count in grown.most_common(120):
+                    _progress(f"  {count / n:6.2f} {name[:200]}")
+            # GC-tracked objects per idle session, here and in the first worker child
+            result["gc_tracked_controller"] = tracked_per_session(
+                tracked_base, tracked_by_type(), n
+            )
+            result["gc_tracked_worker"] = await _child_gc(procs[0], args.limit)
+            for side in ("controller", "worker"):
+                measured = result[f"gc_tracked_{side}"]
+                _progress(
+                    f"GC-tracked objects per idle session, {side}: "
+                    f"{measured['per_session']:.1f} ({measured['sessions']} sessions); "
+                    + ", ".join(f"{k} {v}" for k, v in measured["types_per_session"].items())
+                    + "; tasks: "
+                    + ", ".join(f"{k} {v}" for k, v in measured["tasks_per_session"].items())
+                )
+            if args.gc_freeze:
+                gc.freeze()
+                result["gc_frozen"] = gc.get_freeze_count()
+                _progress(f"gc.freeze(): {result['gc_frozen']:,} objects frozen")
+            result["gc"] = gc_log.phases
             if args.rss_only:
                 tg.cancel_scope.cancel()
                 return result
@@ -383,9 +601,10 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
             # 3. idle latency over the first child's executors (spared by the storm)
             spared = ids[: shares[0]]
             cut = set(ids[shares[0] :])
-            idle, idle_errors = await _sequential_calls(
-                fleet, spared, lambda i: i >= args.idle_calls
-            )
+            with gc_log.phase("idle calls"):
+                idle, idle_errors = await _sequential_calls(
+                    fleet, spared, lambda i: i >= args.idle_calls
+                )
             result.update(
                 idle_p50_ms=_p(idle, 50), idle_p99_ms=_p(idle, 99), idle_errors=idle_errors
             )
@@ -398,7 +617,7 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
             maps: list[float] = []
             for _ in range(args.maps):
                 t = time.perf_counter()
-                with _profiled("map"):
+                with _profiled("map"), gc_log.phase(f"map {len(maps) + 1}"):
                     replies = await fleet.map(whoami, ids)
                 maps.append(time.perf_counter() - t)
                 wrong = [i for i, reply in replies.items() if reply != i]
@@ -435,7 +654,7 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 storm_calls.extend(latencies)
 
-            with _profiled("storm"), _loop_lag("storm"):
+            with _profiled("storm"), _loop_lag("storm"), gc_log.phase("storm"):
                 async with anyio.create_task_group() as storm:
                     storm.start_soon(sample)
                     cpu_before = _cpu_seconds(procs)
@@ -467,6 +686,23 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                         peak = max(peak, (h1 - h0) / (t1 - t0))
                         break
             first_arrival = min(arrivals, default=0.0)
+            # Which of the spared calls an older-generation GC pass (1 or 2) of this process
+            # fell in (wall time); young passes are too many and short to single out.
+            spans = [(a, b) for g, a, b in gc_log.spans if g >= 1]
+            in_gc = [
+                any(a < t + ms / 1000 and b > t for a, b in spans)
+                for t, ms in zip(storm_starts, storm_calls, strict=True)
+            ]
+            tail = _p(storm_calls, 99) if storm_calls else 0.0
+            without = [ms for ms, hit in zip(storm_calls, in_gc, strict=True) if not hit]
+            result.update(
+                storm_calls_in_gc=sum(in_gc),
+                storm_tail_calls=sum(1 for ms in storm_calls if ms >= tail),
+                storm_tail_calls_in_gc=sum(
+                    1 for ms, hit in zip(storm_calls, in_gc, strict=True) if hit and ms >= tail
+                ),
+                storm_p99_without_gc_ms=_p(without, 99) if without else None,
+            )
             slow = 3 * result["idle_p99_ms"]
             slow_offsets = [
                 t - storm_start
@@ -523,10 +759,32 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 + f"; spared calls slower than {slow:.1f} ms (3x idle p99), by start "
                 + describe_histogram(result["slow_call_histogram"])
             )
+            _progress(
+                f"storm: {result['storm_calls_in_gc']} of {len(storm_calls)} spared calls had a "
+                "generation-1 or -2 GC pass of the controller inside them; of the "
+                f"{result['storm_tail_calls']} at or above the p99, "
+                f"{result['storm_tail_calls_in_gc']}; the p99 of the others "
+                f"{result['storm_p99_without_gc_ms'] or 0:.2f} ms"
+            )
             for proc in procs:
                 proc.kill()
             tg.cancel_scope.cancel()
     return result
+
+
+async def _child_gc(proc: anyio.abc.Process, limit: float) -> dict[str, Any]:
+    """Ask a worker child for its GC-tracked objects per worker (its ``GC`` line)."""
+    assert proc.stdin is not None and proc.stdout is not None
+    await proc.stdin.send(b"gc\n")
+    buffer = b""
+    with anyio.fail_after(limit):
+        while True:
+            buffer += await proc.stdout.receive()
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.startswith(b"GC "):
+                    measured: dict[str, Any] = json.loads(line[3:])
+                    return measured
 
 
 async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
@@ -574,6 +832,9 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
             idle_rate = [(b - a) / idle_s for a, b in zip(idle_before, idle_after, strict=True)]
             rounds: list[dict[str, float]] = []
             for _ in range(args.rounds):
+                if os.environ.get("GL_FLEET_BENCH_GARBAGE"):
+                    gc.collect()
+                    gc.set_debug(gc.DEBUG_SAVEALL)
                 before = fleet.statistics()
                 with _profiled("resume"):
                     cpu_before = _cpu_seconds([proc])
@@ -591,6 +852,8 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
                     cpu_after = _cpu_seconds([proc])
                     window = time.perf_counter() - start
                 await proc.stdin.send(b"dump\n")
+                if os.environ.get("GL_FLEET_BENCH_GARBAGE"):
+                    _report_garbage(n)
                 after = fleet.statistics()
                 resumed = after.resumed - before.resumed
                 if resumed != n:
@@ -632,6 +895,24 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
         f"{idle_rate[0] * 100:.1f} %, worker {idle_rate[1] * 100:.1f} %)"
     )
     return result
+
+
+def _report_garbage(resumes: int) -> None:
+    """With ``GL_FLEET_BENCH_GARBAGE`` set (``per-resume``; diagnosis): the cyclic garbage of
+    the round (``gc.DEBUG_SAVEALL``), by type, per resume, on stderr."""
+    gc.collect()
+    gc.set_debug(0)
+    counts = collections.Counter(type(o).__qualname__ for o in gc.garbage)
+    frames = collections.Counter(
+        f"{o.f_code.co_qualname}" for o in gc.garbage if type(o).__name__ == "frame"
+    )
+    gc.garbage.clear()
+    _progress(
+        f"cyclic garbage per resume: {sum(counts.values()) / resumes:.1f}; "
+        + ", ".join(f"{k} {v / resumes:.2f}" for k, v in counts.most_common(30))
+        + "; frames: "
+        + ", ".join(f"{k} {v / resumes:.2f}" for k, v in frames.most_common(30))
+    )
 
 
 @contextlib.contextmanager
@@ -835,7 +1116,12 @@ async def _stop(process: anyio.abc.Process) -> None:
 
 
 def _controller(
-    settings: FleetSettings, workers: int, processes: int, loop: str, rss_only: bool
+    settings: FleetSettings,
+    workers: int,
+    processes: int,
+    loop: str,
+    rss_only: bool,
+    gc_freeze: bool = False,
 ) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(harness.ROOT), env.get("PYTHONPATH")]))
@@ -857,6 +1143,7 @@ def _controller(
         "--loop",
         loop,
         *(["--rss-only"] if rss_only else []),
+        *(["--gc-freeze"] if gc_freeze else []),
     ]
     try:
         completed = subprocess.run(
@@ -899,9 +1186,14 @@ def _measure(settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
     low_processes = max(1, settings.processes * settings.rss_low // settings.workers)
     low = _controller(settings, settings.rss_low, low_processes, loop, rss_only=True)
     full = _controller(settings, settings.workers, settings.processes, loop, rss_only=False)
+    # The same with gc.freeze() once the fleet is up (an operator's choice), beside the default.
+    frozen = _controller(
+        settings, settings.workers, settings.processes, loop, rss_only=False, gc_freeze=True
+    )
     n, n0 = full["workers"], low["workers"]
     slope_kib = (full["rss_idle_bytes"] - low["rss_idle_bytes"]) / (n - n0) / KiB
     factor = full["storm_p99_ms"] / full["idle_p99_ms"] if full["storm_p99_ms"] else None
+    inf = float("inf")
     figures = [
         _figure(
             "cold_start_s",
@@ -958,6 +1250,31 @@ def _measure(settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
             [],
         ),
         _figure(
+            "storm_gc_pause_ms",
+            f"the controller's GC pauses during the storm, in all ({describe_passes(full)})",
+            "ms",
+            storm_gc_ms(full),
+            None,
+            [],
+        ),
+        _figure(
+            "storm_p99_factor_gc_freeze",
+            f"the same with gc.freeze() once the fleet is up (another run: "
+            f"{frozen['storm_p99_ms']:.2f} ms / idle p99 {frozen['idle_p99_ms']:.2f} ms)",
+            "x",
+            frozen["storm_p99_ms"] / frozen["idle_p99_ms"] if frozen["storm_p99_ms"] else inf,
+            STORM_P99_FACTOR_TARGET,
+            [],
+        ),
+        _figure(
+            "storm_gc_pause_ms_gc_freeze",
+            f"its GC pauses during the storm, in all ({describe_passes(frozen)})",
+            "ms",
+            storm_gc_ms(frozen),
+            None,
+            [],
+        ),
+        _figure(
             "handshakes_per_s_peak",
             f"listener handshake throughput, best {RATE_WINDOW_S:g} s window of the storm "
             f"(mean over the storm {full['handshakes_per_s_mean']:.0f}/s; higher is better)",
@@ -973,7 +1290,21 @@ def _measure(settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
         file=log,
         flush=True,
     )
-    return {"figures": figures, "runs": [low, full]}
+    return {"figures": figures, "runs": [low, full, frozen]}
+
+
+def storm_gc_ms(result: dict[str, Any]) -> float:
+    """All the controller's GC pauses during the storm, in ms."""
+    return float(sum(p["total_ms"] for p in result["gc"]["storm"]["passes"].values()))
+
+
+def describe_passes(result: dict[str, Any]) -> str:
+    """The storm's passes per generation: ``gen 2: 1 pass, longest 253 ms; ...``."""
+    passes = result["gc"]["storm"]["passes"]
+    return "; ".join(
+        f"gen {g}: {p['count']} passes, longest {p['longest_ms']:.0f} ms"
+        for g, p in sorted(passes.items())
+    )
 
 
 def run_entry(name: str, settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
@@ -1011,6 +1342,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--maps", type=int, default=10)
     parser.add_argument("--limit", type=float, default=120.0)
     parser.add_argument("--rss-only", action="store_true")
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() in every process once the fleet is up (after the idle RSS)",
+    )
     parser.add_argument("--url", default="")
     parser.add_argument("--keyring", type=Path)
     parser.add_argument("--first", type=int, default=0)
@@ -1029,7 +1365,12 @@ def main(argv: list[str] | None = None) -> None:
 
         async def workers() -> None:
             await _workers_main(
-                args.url, args.keyring, args.first, args.count, args.backoff_reset_after
+                args.url,
+                args.keyring,
+                args.first,
+                args.count,
+                args.backoff_reset_after,
+                args.gc_freeze,
             )
 
         run_asyncio(workers, args.loop)

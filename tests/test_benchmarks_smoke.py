@@ -138,12 +138,22 @@ def test_quick_run_of_the_fleet_benchmark_measures_every_figure(tmp_path: Path) 
         "idle_p99_ms",
         "storm_recovered_s",
         "storm_p99_factor",
+        "storm_gc_pause_ms",
+        "storm_p99_factor_gc_freeze",
+        "storm_gc_pause_ms_gc_freeze",
         "handshakes_per_s_peak",
     ]
     for item in result["figures"]:
         assert 0 < item["summary"]["median"] < float("inf"), item
-    low, full = result["runs"]
-    assert (low["workers"], full["workers"]) == (10, 50)
+    low, full, frozen = result["runs"]
+    assert (low["workers"], full["workers"], frozen["workers"]) == (10, 50, 50)
+    # Every phase's collections, and the GC-tracked objects per idle session on each side.
+    assert {"cold start", "idle", "idle calls", "storm"} <= full["gc"].keys()
+    assert full["gc"]["storm"]["passes"]["0"]["count"] > 0
+    for side in ("controller", "worker"):
+        assert full[f"gc_tracked_{side}"]["per_session"] > 0
+    assert "gc_frozen" not in full
+    assert frozen["gc_frozen"] > 0
     # The storm cut every worker of the second child; each came back on a new socket.
     assert full["storm_cut"] == 25
     assert full["storm_connections"] >= 25

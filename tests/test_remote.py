@@ -233,6 +233,32 @@ async def test_availability_callback_errors_are_contained(direction: Direction) 
 
 
 @both_directions
+async def test_a_cut_and_resume_leave_no_exception_in_a_reference_cycle(
+    direction: Direction,
+) -> None:
+    """What a detach ends (heartbeat, writer, replay watch) returns instead of dying of a
+    cancellation that anyio's asyncio task group keeps in a cycle with its traceback and
+    frames: at 1,000 sessions such garbage makes the cyclic collector's full passes more
+    frequent."""
+    cuts = 3
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"calc": CalcImpl()}) as pair:
+            assert await pair.calc().add(1, 2) == 3
+            gc.collect()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                for i in range(cuts):
+                    await pair.disconnect()
+                    assert await pair.calc().add(i, 1) == i + 1
+                gc.collect()
+                caught = [o for o in gc.garbage if isinstance(o, BaseException)]
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+    assert [type(e).__name__ for e in caught] == []
+
+
+@both_directions
 async def test_cuts_mid_stream_lose_and_double_nothing(direction: Direction) -> None:
     impl = CalcImpl()
     n = 2000

@@ -921,7 +921,11 @@ class WebSocketLink:
         self._attached += 1
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._heartbeat, slot, sock, tg.cancel_scope)
+                # The heartbeat ends in a scope of its own, so that its task returns instead of
+                # ending in a CancelledError (anyio's task group keeps that in a reference cycle
+                # with its traceback: garbage for the cyclic collector at every detach).
+                beat = anyio.CancelScope()
+                tg.start_soon(self._heartbeat, slot, sock, tg.cancel_scope, beat)
                 try:
                     await transport.run(sock, peer_received)
                 except SessionFailed:
@@ -931,7 +935,7 @@ class WebSocketLink:
                     # inconsistent after it, so it is retired (a broken machine stays broken).
                     why = self._peer_failed(sock.peer, exc)
                     transport.retire(FailureReason.MALFORMED_PACKET, why)
-                tg.cancel_scope.cancel()
+                beat.cancel()
         finally:
             self._attached -= 1
             if slot.attached is sock:
@@ -1241,8 +1245,15 @@ class WebSocketLink:
         sock.local_close = (code, refusal.detail)
         await sock.close(code, refusal.detail)
 
-    async def _heartbeat(self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope) -> None:
-        """Obey :func:`~garcon_link.core.heartbeat.heartbeat_step` until the socket ends."""
+    async def _heartbeat(
+        self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope, beat: anyio.CancelScope
+    ) -> None:
+        """Obey :func:`~garcon_link.core.heartbeat.heartbeat_step` until the socket ends
+        (``scope``: the socket's, cancelled to end it) or ``beat`` is cancelled."""
+        with beat:
+            await self._beat(slot, sock, scope)
+
+    async def _beat(self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope) -> None:
         limits = self.limits
         quiet = quiet_period(limits, dialer=self._dial is not None)
         next_ping = anyio.current_time() + limits.heartbeat_interval

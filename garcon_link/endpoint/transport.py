@@ -763,11 +763,15 @@ class SessionTransport:
         try:
             with scope:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._writer, sock, tg.cancel_scope)
-                    tg.start_soon(self._replay_watch)
+                    # The writer and the watch end in scopes of their own: see
+                    # WebSocketLink._heartbeat.
+                    writing, watching = anyio.CancelScope(), anyio.CancelScope()
+                    tg.start_soon(self._writer, sock, tg.cancel_scope, writing)
+                    tg.start_soon(self._replay_watch, watching)
                     self._sock = sock
                     await self._reader(sock)
-                    tg.cancel_scope.cancel()
+                    writing.cancel()
+                    watching.cancel()
         finally:
             self._sock = None
             self._run_scope = None
@@ -1116,9 +1120,12 @@ class SessionTransport:
             return False
         return True
 
-    async def _writer(self, sock: MessageSocket, pumps: anyio.CancelScope) -> None:
+    async def _writer(
+        self, sock: MessageSocket, pumps: anyio.CancelScope, writing: anyio.CancelScope
+    ) -> None:
         try:
-            await self._write_packets(sock)
+            with writing:
+                await self._write_packets(sock)
         except SOCKET_GONE as exc:
             # The socket died under a write: end this attachment (the reader may still be
             # waiting for bytes that will never come); the session waits for the next socket.
@@ -1216,7 +1223,11 @@ class SessionTransport:
             await self._wakeup.wait()
         return tick.cancelled_caught
 
-    async def _replay_watch(self) -> None:
+    async def _replay_watch(self, watching: anyio.CancelScope) -> None:
+        with watching:
+            await self._watch_replay()
+
+    async def _watch_replay(self) -> None:
         inactivity = self.limits.replay_inactivity
         while not self._replay_done.is_set():
             remaining = self._replay.deadline - anyio.current_time()

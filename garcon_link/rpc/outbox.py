@@ -1,9 +1,10 @@
 """The session's outbox for small envelopes sent without a task: refusals, and our own
-``cancel``/``credit``, written at once when retention has room, else queued for one drain task.
+``cancel``/``credit``, written at once when retention has room, else queued for one drain task,
+started when something is queued and ended when the queue is empty (an idle session has none).
 
 Theory of operation (the bounds are in the module docstring of :mod:`.rpc`): a refusal or a
 control envelope that meets full retention waits in one queue, written in order by
-:meth:`Outbox.drain` as the peer's receipts free capacity. At ``max_queued_refusals`` queued
+:meth:`Outbox._drain` as the peer's receipts free capacity. At ``max_queued_refusals`` queued
 refusals the transport's reader is held (:meth:`Outbox.hold_reader`) until the backlog halves;
 refusals past the bound within the message being handed over are kept as bare call ids
 (:class:`CallIds`) and all answered ``OVERLOADED``. A queued ``cancel`` keeps counting as a
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 
 import anyio
+import anyio.abc
 
 from ..endpoint.transport import SessionTransport
 from ..errors import NotDispatched, PayloadTooLarge, SessionFailed
@@ -97,12 +99,13 @@ class Outbox:
     """
 
     __slots__ = (
-        "_added",
         "_deferred",
+        "_draining",
         "_hold",
         "_overflow",
         "_peer_log",
         "_retired",
+        "_tg",
         "limits",
         "owed_cancels",
         "queued_controls",
@@ -128,7 +131,8 @@ class Outbox:
         self.queued_refusals = 0  # REFUSAL_KIND entries in _deferred, plus len(_overflow)
         self.owed_cancels = 0  # CANCEL_KIND entries in _deferred: they count as pending calls
         self.queued_controls = 0  # CANCEL_KIND and CONTROL_KIND entries in _deferred
-        self._added = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._draining = False  # the drain task runs
         self._hold: anyio.Event | None = None  # set when the reader may read on
         self.reader_holds = 0
 
@@ -144,6 +148,7 @@ class Outbox:
     def retire(self) -> None:
         """Nothing queued can be sent any more: drop it all and let the reader go (idempotent)."""
         self._retired = True
+        self._tg = None
         self._deferred.clear()
         self._overflow.clear()
         self.queued_refusals = self.owed_cancels = self.queued_controls = 0
@@ -172,36 +177,54 @@ class Outbox:
             self.queued_controls += 1
             if kind == CANCEL_KIND:
                 self.owed_cancels += 1
-        self._added.set()
+        self._start_drain()
 
-    async def drain(self) -> None:
-        """The one task that writes what met full retention, in order, as capacity frees."""
-        while True:
-            if self._deferred:
-                kind, body = self._deferred.popleft()
-            elif self._overflow:
-                kind, body = REFUSAL_KIND, self._overloaded(self._overflow.popleft())
-            else:
-                added = self._added = anyio.Event()
-                await added.wait()
-                continue
-            try:
-                await self.transport.send(body)
-            except PayloadTooLarge:
-                pass  # never for these small envelopes; nothing else to do with one
-            except SessionFailed:
-                return
-            finally:
-                # Only now is its slot free: a refusal or cancel counts until handed over.
-                if kind == REFUSAL_KIND:
-                    if self.queued_refusals:
-                        self.queued_refusals -= 1
-                    if self.queued_refusals <= self.limits.max_queued_refusals // 2:
-                        self.release_hold()
-                elif self.queued_controls:  # not reset by a retirement meanwhile
-                    self.queued_controls -= 1
-                    if kind == CANCEL_KIND and self.owed_cancels:
-                        self.owed_cancels -= 1
+    def attach(self, tg: anyio.abc.TaskGroup) -> None:
+        """Run the drain task in ``tg`` (the session's), whenever something is queued."""
+        self._tg = tg
+        self._start_drain()
+
+    def _start_drain(self) -> None:
+        if not self._draining and self._tg is not None and (self._deferred or self._overflow):
+            self._draining = True
+            self._tg.start_soon(self._drain)
+
+    async def _drain(self) -> None:
+        """The one task that writes what met full retention, in order, as capacity frees; it
+        ends when nothing is left (the next :meth:`defer` starts another)."""
+        try:
+            while not self._retired:
+                if self._deferred:
+                    kind, body = self._deferred.popleft()
+                elif self._overflow:
+                    kind, body = REFUSAL_KIND, self._overloaded(self._overflow.popleft())
+                else:
+                    return
+                if not await self._send(kind, body):
+                    return
+        finally:
+            self._draining = False
+
+    async def _send(self, kind: int, body: bytes) -> bool:
+        """Write one queued envelope; whether the session still takes more."""
+        try:
+            await self.transport.send(body)
+        except PayloadTooLarge:
+            pass  # never for these small envelopes; nothing else to do with one
+        except SessionFailed:
+            return False
+        finally:
+            # Only now is its slot free: a refusal or cancel counts until handed over.
+            if kind == REFUSAL_KIND:
+                if self.queued_refusals:
+                    self.queued_refusals -= 1
+                if self.queued_refusals <= self.limits.max_queued_refusals // 2:
+                    self.release_hold()
+            elif self.queued_controls:  # not reset by a retirement meanwhile
+                self.queued_controls -= 1
+                if kind == CANCEL_KIND and self.owed_cancels:
+                    self.owed_cancels -= 1
+        return True
 
     def hold_reader(self) -> anyio.Event | None:
         """Asked by the transport's reader after each message: an event to wait for while the
@@ -230,7 +253,7 @@ class Outbox:
             return
         self._overflow.append(call_id)
         self.queued_refusals += 1
-        self._added.set()
+        self._start_drain()
 
     def _overloaded(self, call_id: int) -> bytes:
         """The refusal of a call kept past ``max_queued_refusals`` (see :meth:`overflow`)."""

@@ -590,7 +590,7 @@ class ExecutorRpc:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 handlers.attach(tg, loop, context)
-                tg.start_soon(self._outbox.drain)
+                self._outbox.attach(tg)
                 consumer: PayloadConsumer = _ReaderConsumer(
                     deliver=dispatch,
                     wants_yield=handlers.alone,
