@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import errno
 import http
 import logging
@@ -100,7 +101,14 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from ..core.wire import PEER_RETIRED_CODES, CloseCode
-from ..errors import FrameTooLarge, HandshakeFailure, LinkError, MalformedFrame, Unreachable
+from ..errors import (
+    FrameTooLarge,
+    HandshakeFailure,
+    LinkError,
+    MalformedFrame,
+    Unreachable,
+    WrongScheme,
+)
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
 from . import _asyncio_stream
@@ -128,6 +136,20 @@ __all__ = [
 log = logging.getLogger("garcon_link.ws")  # the name users configure (README)
 
 _READ_CHUNK = 65536
+
+_SPEAKS_TLS = "answered with TLS, not plain text (a wss:// server); dial wss://"
+_TLS_BODY = b"426 this address speaks TLS: dial wss://\n"
+_TLS_REQUIRED = (
+    b"HTTP/1.1 426 Upgrade Required\r\nupgrade: TLS/1.2, HTTP/1.1\r\nconnection: close\r\n"
+    b"content-type: text/plain\r\ncontent-length: %d\r\n\r\n%s" % (len(_TLS_BODY), _TLS_BODY)
+)
+"""What a TLS listener answers, in plain text, to a plain-text HTTP request (RFC 2817's 426)."""
+
+
+def _asks_for_tls(headers: Any) -> bool:
+    return any(k.lower() == b"upgrade" and b"tls/" in v.lower() for k, v in headers)
+
+
 _THROTTLE_QUANTUM = 0.01
 """A socket over its frame budget is read again once it earned this many seconds of frames (so its
 reader wakes at most ~100 times a second, each time for a bounded batch)."""
@@ -388,16 +410,17 @@ class LinkStatistics:
     handshakes_abandoned: int = 0
     """Sockets the peer closed before the handshake completed."""
     dials_refused: int = 0
-    """Dials that found nothing: the connection was refused by every address, or the host name
-    did not resolve (:class:`~garcon_link.errors.Unreachable`)."""
+    """Dials that found nothing: the connection was refused by every address, the host name
+    did not resolve, or the server spoke the other scheme (TLS to a ``ws://`` dial, plain text
+    to a ``wss://`` one) (:class:`~garcon_link.errors.Unreachable`)."""
     handshake_steps_deferred: int = 0
     """Handshake steps (an upgrade request, a hello, a proof) a listener put off by a turn or
     more because ``handshake_steps_per_turn`` others were ahead."""
     handshake_steps_waiting: int = field(default=0, metadata={"metric": "gauge"})
     """Handshake steps waiting in line now (at most one per unauthenticated socket)."""
     dials_refused_in_a_row: int = field(default=0, metadata={"metric": "gauge"})
-    """Such dials since the last one that connected (0 once a dial connects): how long nothing
-    has listened at the dialed address, in attempts."""
+    """Such dials since the last one that connected to a server of its scheme (0 once one
+    does): how long nothing has listened at the dialed address, in attempts."""
 
     def count_handshake_failure(self, reason: HandshakeFailure) -> None:
         self.handshakes_failed[reason.name] = self.handshakes_failed.get(reason.name, 0) + 1
@@ -960,6 +983,8 @@ async def client_upgrade(
         await sock._write(ws.send(Request(host=f"{host}:{target.port}", target=target.target)))
         while True:
             data = await stream.receive(_READ_CHUNK)
+            if ssl_context is None and data[:1] in (b"\x15", b"\x16") and data[1:2] == b"\x03":
+                raise WrongScheme(f"{target.url}: {peer} {_SPEAKS_TLS}")  # a TLS record
             try:
                 ws.receive_data(data)
                 # Lazily: frames that arrived in the same read as the 101 (the peer's hello,
@@ -969,10 +994,17 @@ async def client_upgrade(
                         sock.last_inbound = anyio.current_time()
                         return sock
                     if isinstance(event, RejectConnection):
+                        if event.status_code == 426 and _asks_for_tls(event.headers):
+                            raise WrongScheme(f"{target.url}: {peer} {_SPEAKS_TLS}")
                         raise LinkError(f"{peer} refused the upgrade: HTTP {event.status_code}")
             except BROKEN as exc:
                 raise LinkError(f"bad upgrade response from {peer}: {peer_text(exc)}") from exc
     except ssl.SSLError as exc:
+        if exc.reason == "WRONG_VERSION_NUMBER":  # where a TLS record was due
+            raise WrongScheme(
+                f"{target.url}: {peer} answered in plain text, not TLS (a ws:// server?); "
+                "dial ws:// or its TLS port"
+            ) from exc
         raise LinkError(f"TLS handshake with {peer} failed: {exc.reason or exc}") from exc
     except GONE as exc:
         raise LinkError(f"connection to {peer} lost during upgrade: {exc}") from exc
@@ -1160,6 +1192,9 @@ class WebSocketListener:
                     )
                 except GONE as e:
                     self._stats.tls_handshakes_failed += 1
+                    if isinstance(e, ssl.SSLError) and e.reason == "HTTP_REQUEST":
+                        with contextlib.suppress(*GONE):  # a ws:// dialer: tell it to use wss://
+                            await stream.send(_TLS_REQUIRED)
                     self.peer_log.log(
                         peer_host(peer),
                         "TLS",
