@@ -77,11 +77,11 @@ _SHOWN_FIELDS = 3  # unknown fields named in a message
 _SHOWN_CHARS = 40  # characters of a peer's key, name or value shown in a message
 
 
-def record_class(cls: Any) -> type:
+def record_class(cls: Any) -> Any:
     """The class of a record type msgspec describes: ``Box`` for a generic ``Box[int]`` (whose
     ``msgspec.inspect`` node's ``cls`` is the alias, which ``isinstance`` refuses), else ``cls``."""
     origin = typing.get_origin(cls)
-    return origin if isinstance(origin, type) else typing.cast("type", cls)
+    return origin if isinstance(origin, type) else cls
 
 
 def record_hints(cls: Any) -> dict[str, Any]:
