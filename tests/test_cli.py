@@ -954,6 +954,7 @@ def test_a_wss_dial_at_a_plain_text_worker_fails_fast_naming_the_url(
     assert_one_error_line(
         done.stderr, "[not_dispatched:UNREACHABLE]", url, "answered in plain text, not TLS"
     )
+    assert "dials in a row" not in done.stderr  # the first such dial ends the command
 
 
 def test_wait_must_be_positive(tmp_path: Path) -> None:

@@ -998,6 +998,35 @@ def _dialing_controller(port: int) -> gl.LinkConfig:
     )
 
 
+async def test_wait_ready_gives_up_at_the_first_dial_that_meets_the_other_scheme() -> None:
+    """A ``wss://`` dial answered in plain text meets the same answer at every redial: one such
+    dial ends a ``refused_dials`` wait, however many it allows, naming the URL."""
+
+    async def plain_text(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                await stream.receive()
+                await stream.send(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+
+    with anyio.fail_after(DEADLINE):
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        config = dataclasses.replace(
+            _dialing_controller(port), dial=f"wss://127.0.0.1:{port}/executor"
+        )
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, plain_text)
+            async with gl.connect(config) as executor:
+                with pytest.raises(gl.NotDispatched) as info:
+                    await executor.wait_ready(timeout=3600, refused_dials=1000)
+                assert info.value.code == "UNREACHABLE"
+                assert str(info.value).endswith(
+                    f"wss://127.0.0.1:{port}/executor: 127.0.0.1:{port} answered in plain text, "
+                    "not TLS (a ws:// server?); dial ws:// or its TLS port"
+                )
+            tg.cancel_scope.cancel()
+
+
 async def test_wait_ready_gives_up_after_refused_dials_naming_the_address() -> None:
     """``refused_dials``: a dial refused at the TCP level ends the wait long before its timeout,
     with the address and the OS's reason; the counts are in the link's statistics."""
