@@ -18,6 +18,7 @@ The tree, split by who is at fault and what a caller can do about it::
     │   └── RemoteError                 executed and raised (remote_type, remote_traceback, details)
     └── LinkError                       the link or its logical session
         ├── Unreachable                 a dial found nothing: connection refused, name unknown
+        │   └── WrongScheme             TLS asked, plain text answered (wss:// at ws://), or back
         ├── ProtocolError               the peer broke the wire protocol
         │   └── MalformedFrame          a frame that does not decode (not CBOR, bad shape, ...)
         │       └── FrameTooLarge       a frame over the configured limit (close code 1009)
@@ -57,6 +58,7 @@ __all__ = [
     "SessionFailed",
     "StaleResource",
     "Unreachable",
+    "WrongScheme",
 ]
 
 
@@ -208,6 +210,12 @@ class Unreachable(LinkError):
     """A dial found nothing at its address: the TCP connection was refused (nothing listens
     there) or the host name did not resolve. Redialing helps only if the other end is starting
     (or the name is being published); the message names the address."""
+
+
+class WrongScheme(Unreachable):
+    """A dial found the other scheme at its address: a ``wss://`` dial answered in plain text,
+    or a ``ws://`` dial answered with TLS. A redial meets the same server, so it is counted as
+    a dial that found nothing; the message names the URL, what came back and the fix."""
 
 
 class ProtocolError(LinkError):

@@ -41,6 +41,24 @@ def _doc(
     return meta
 
 
+_SPANS = {60: "a minute", 600: "10 minutes", 3600: "an hour", 86400: "a day", 604800: "a week"}
+
+
+def _span(seconds: float) -> str:
+    """``seconds`` in words: ``an hour``, ``30 days``, ``30 s``."""
+    if seconds in _SPANS:
+        return _SPANS[int(seconds)]
+    if seconds % 86400 == 0:
+        return f"{int(seconds) // 86400} days"
+    return f"{_number(seconds)} s"
+
+
+def _seconds(text: str, *, maximum: float, minimum: float | None = None) -> dict[str, Any]:
+    """A duration's metadata (:func:`_doc`): every duration has a maximum, which its
+    documentation states (a longer one would read as "never", and is refused at load)."""
+    return _doc(f"{text} At most {_span(maximum)}.", maximum=maximum, minimum=minimum)
+
+
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(value)
 
@@ -77,17 +95,23 @@ class Limits:
     )
     detached_grace: float = field(
         default=30.0,
-        metadata=_doc("How long a logical session survives without a socket before retirement."),
+        metadata=_seconds(
+            "How long a logical session survives without a socket before retirement.",
+            maximum=86_400,
+        ),
     )
     replay_inactivity: float = field(
         default=30.0,
-        metadata=_doc("Replay deadline, refreshed only by replay progress (not by heartbeats)."),
+        metadata=_seconds(
+            "Replay deadline, refreshed only by replay progress (not by heartbeats).", maximum=3_600
+        ),
     )
     handshake_timeout: float = field(
         default=5.0,
-        metadata=_doc(
+        metadata=_seconds(
             "Whole handshake deadline, from socket open to verified proof and admission (a "
-            "takeover probe included)."
+            "takeover probe included).",
+            maximum=600,
         ),
     )
     max_handshake_frame_bytes: int = field(
@@ -96,37 +120,46 @@ class Limits:
     )
     heartbeat_interval: float = field(
         default=5.0,
-        metadata=_doc(
+        metadata=_seconds(
             "A socket's dialer pings after this long without an inbound frame (its listener "
-            "after 1.5 times as long): an idle socket carries one ping and pong per interval."
+            "after 1.5 times as long): an idle socket carries one ping and pong per interval.",
+            maximum=3_600,
         ),
     )
     heartbeat_timeout: float = field(
         default=15.0,
-        metadata=_doc("Close the socket (resumably) after this long without any inbound frame."),
+        metadata=_seconds(
+            "Close the socket (resumably) after this long without any inbound frame.",
+            maximum=86_400,
+        ),
     )
     takeover_probe_timeout: float = field(
         default=2.0,
-        metadata=_doc(
+        metadata=_seconds(
             "How long the attached socket may take to answer a probe before takeover; below "
-            "handshake_timeout, which the probe runs under."
+            "handshake_timeout, which the probe runs under.",
+            maximum=600,
         ),
     )
     connect_timeout: float = field(
         default=5.0,
-        metadata=_doc("TCP (and TLS) connect deadline of one dial attempt."),
+        metadata=_seconds("TCP (and TLS) connect deadline of one dial attempt.", maximum=600),
     )
     backoff_base: float = field(
         default=0.25,
-        metadata=_doc("First non-immediate dial backoff ceiling; doubles per failed attempt."),
+        metadata=_seconds(
+            "First non-immediate dial backoff ceiling; doubles per failed attempt.", maximum=3_600
+        ),
     )
     backoff_max: float = field(
         default=30.0,
-        metadata=_doc("Ceiling of the full-jitter exponential dial backoff."),
+        metadata=_seconds("Ceiling of the full-jitter exponential dial backoff.", maximum=86_400),
     )
     backoff_reset_after: float = field(
         default=10.0,
-        metadata=_doc("A socket that stayed attached this long resets the backoff."),
+        metadata=_seconds(
+            "A socket that stayed attached this long resets the backoff.", maximum=86_400
+        ),
     )
     max_unauthenticated_sockets: int = field(
         default=64,
@@ -175,7 +208,9 @@ class Limits:
     )
     receipt_delay: float = field(
         default=0.005,
-        metadata=_doc("How long a lone, non-urgent receipt waits to share a message with frames."),
+        metadata=_seconds(
+            "How long a lone, non-urgent receipt waits to share a message with frames.", maximum=60
+        ),
     )
     delivery_queue: int = field(
         default=256,
@@ -191,20 +226,26 @@ class Limits:
     )
     call_timeout: float = field(
         default=120.0,
-        metadata=_doc("Default deadline of one call; expiry raises OutcomeUnknown('TIMEOUT')."),
+        metadata=_seconds(
+            "Default deadline of one call; expiry raises OutcomeUnknown('TIMEOUT').",
+            maximum=604_800,
+        ),
     )
     stalled_call_report: float = field(
         default=5.0,
-        metadata=_doc(
+        metadata=_seconds(
             "A controller whose session lost its socket logs one WARNING when calls still wait "
             "for replies after this long (the worker unreachable, the last dial error), rather "
             "than only when detached_grace ends them; at most once per executor per "
-            "log_interval."
+            "log_interval.",
+            maximum=86_400,
         ),
     )
     dispatch_deadline: float = field(
         default=0.0,
-        metadata=_doc("How long a call waits for a reconnecting executor; 0 fails at once."),
+        metadata=_seconds(
+            "How long a call waits for a reconnecting executor; 0 fails at once.", maximum=86_400
+        ),
     )
     stream_window_items: int = field(
         default=256,
@@ -216,11 +257,15 @@ class Limits:
     )
     scope_cleanup_timeout: float = field(
         default=2.0,
-        metadata=_doc("Best-effort wait for a retired session's service scope to close."),
+        metadata=_seconds(
+            "Best-effort wait for a retired session's service scope to close.", maximum=3_600
+        ),
     )
     close_timeout: float = field(
         default=2.0,
-        metadata=_doc("How long a closing socket waits for the peer's close frame."),
+        metadata=_seconds(
+            "How long a closing socket waits for the peer's close frame.", maximum=600
+        ),
     )
     # hostile-input bounds (codec)
     max_packets_per_message: int = field(
@@ -281,17 +326,19 @@ class Limits:
     )
     key_recheck_interval: float = field(
         default=5.0,
-        metadata=_doc(
+        metadata=_seconds(
             "A keyring listener re-reads an attached executor's key this often: how long a "
-            "revoked executor stays attached."
+            "revoked executor stays attached.",
+            maximum=3_600,
         ),
     )
     log_interval: float = field(
         default=60.0,
-        metadata=_doc(
+        metadata=_seconds(
             "What a peer makes us log is logged at most once per this many seconds per peer and "
             "reason (the rest counted, the next line says how many); unauthenticated failures "
-            "log at INFO plus one WARNING summary per interval."
+            "log at INFO plus one WARNING summary per interval.",
+            maximum=86_400,
         ),
     )
     max_log_lines: int = field(
@@ -318,25 +365,28 @@ class Limits:
     )
     idempotency_max_age: float = field(
         default=3600.0,
-        metadata=_doc(
+        metadata=_seconds(
             "A finished keyed call is forgotten this long after it finished; the same key then "
-            "runs again."
+            "runs again.",
+            maximum=2_592_000,
         ),
     )
     state_write_timeout: float = field(
         default=10.0,
-        metadata=_doc(
+        metadata=_seconds(
             "With a state directory, how long a keyed call waits for its journal entry to be "
             "committed before it is refused unrun (NotDispatched STATE_UNAVAILABLE), and for its "
             "outcome before its reply is sent unrecorded (a restart then answers "
-            "WORKER_RESTARTED)."
+            "WORKER_RESTARTED).",
+            maximum=3_600,
         ),
     )
     cancel_grace: float = field(
         default=1.0,
-        metadata=_doc(
+        metadata=_seconds(
             "After a call's timeout sends cancel, how long the caller waits for the worker's "
-            "answer (its result, or whether the handler had started) before OutcomeUnknown."
+            "answer (its result, or whether the handler had started) before OutcomeUnknown.",
+            maximum=3_600,
         ),
     )
     # call metadata (garcon_link.hooks)
@@ -442,7 +492,7 @@ class Limits:
     )
     gateway_forbidden_delay: float = field(
         default=1.0,
-        metadata=_doc(
+        metadata=_seconds(
             "The longest pause before one paced FORBIDDEN answer (the pause holds one of the "
             "caller's own handler slots); keep it well below the callers' call timeouts.",
             maximum=30.0,
@@ -471,7 +521,7 @@ class Limits:
     )
     gateway_active_window: float = field(
         default=0.5,
-        metadata=_doc(
+        metadata=_seconds(
             "Seconds a caller still counts as active on an executor (for "
             "gateway_contended_window) after its last call or stream there ended: a caller "
             "making one call after another stays active between them.",
@@ -489,7 +539,7 @@ class Limits:
     )
     gateway_refresh_interval: float = field(
         default=5.0,
-        metadata=_doc(
+        metadata=_seconds(
             "A gateway caller's (gl.connect_gateway) seconds between two snapshots of the "
             "executors it may see, from a gateway without watch (a current one pushes each "
             "change); each costs the gateway one entry per such executor.",
@@ -520,8 +570,10 @@ class Limits:
                     f"(default {f.default!r})"
                 )
             if high is not None and value > high:
+                seconds = f.type == "float" and "unit" not in f.metadata
+                within = f" ({_span(high)})" if seconds else ""
                 raise ConfigError(
-                    f"Limits.{f.name} must be at most {_number(high)}, got {value!r} "
+                    f"Limits.{f.name} must be at most {_number(high)}{within}, got {value!r} "
                     f"(default {f.default!r})"
                 )
         if self.max_frame_bytes > self.max_retained_bytes:

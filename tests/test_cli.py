@@ -939,6 +939,24 @@ def test_nothing_listening_fails_fast_naming_the_address_and_the_field(
     )
 
 
+def test_a_wss_dial_at_a_plain_text_worker_fails_fast_naming_the_url(
+    listening_worker: tuple[Worker, Path], tmp_path: Path
+) -> None:
+    """A server that answers in plain text where TLS was asked for will answer the same way to
+    every redial: the command ends as for a refused dial, not at --timeout."""
+    worker, _ = listening_worker
+    url = worker.url().replace("ws://", "wss://")
+    controller = write_config(tmp_path, "controller.toml", "controller", f'dial = "{url}"')
+    started = time.monotonic()
+    done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "600", timeout=120)
+    assert time.monotonic() - started < 100  # a guard only: --timeout would be 600 s
+    assert done.returncode == cli.EXIT_NOT_DISPATCHED
+    assert_one_error_line(
+        done.stderr, "[not_dispatched:UNREACHABLE]", url, "answered in plain text, not TLS"
+    )
+    assert "dials in a row" not in done.stderr  # the first such dial ends the command
+
+
 def test_wait_must_be_positive(tmp_path: Path) -> None:
     done = run_cli("call", "demo.add", "--wait", "0")
     assert done.returncode == cli.EXIT_USAGE

@@ -103,6 +103,19 @@ def test_the_gateway_command_serves_callers_and_stops_on_sigterm(tmp_path: Path)
         assert done.returncode == 0 and "who.whoami() -> str" in done.stdout, done.stderr
         done = run_cli("call", str(tmp_path / "intruder.toml"), "--executor", "box-1", "who.whoami")
         assert done.returncode == 4 and "[rejected:FORBIDDEN]" in done.stderr, done.stderr
+        # An executor the gateway has never seen, that a grant names: after a second, one line
+        # says what the command waits for; it goes on waiting until --timeout.
+        web = str(tmp_path / "web-1.toml")
+        done = run_cli("call", web, "--executor", "box-9", "who.whoami", "--timeout", "2.5")
+        notice, error = done.stderr.strip().splitlines()
+        assert done.returncode == 3, done.stderr
+        assert notice.startswith("waiting for executor 'box-9': not connected to the gateway")
+        assert "up to 2.5s" in notice
+        assert error.startswith("error: [not_dispatched:NOT_READY]") and "2.5s" in error, error
+        # One no grant names is refused at once, without the line.
+        done = run_cli("call", web, "--executor", "other-1", "who.whoami", "--timeout", "30")
+        assert done.returncode == 4 and "[rejected:FORBIDDEN]" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         done = run_cli("call", str(tmp_path / "web-1.toml"), "who.whoami")
         assert done.returncode == 2 and "needs --executor ID" in done.stderr, done.stderr
         process.send_signal(signal.SIGTERM)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import pickle
@@ -239,6 +240,26 @@ def test_invalid_limit_value_refused(tmp_path: Path, secret_file: Path) -> None:
     # Admission, a takeover probe included, runs under the handshake deadline.
     path = config_file(tmp_path, LISTEN_BODY + "[limits]\nhandshake_timeout = 2\n")
     refused(lambda: load_config(path), str(path), "takeover_probe_timeout", "handshake_timeout")
+
+
+DURATIONS = [
+    f.name for f in dataclasses.fields(Limits) if f.type == "float" and "unit" not in f.metadata
+]
+
+
+@pytest.mark.parametrize("name", DURATIONS)
+def test_every_duration_has_a_documented_upper_bound_refused_at_load(
+    tmp_path: Path, secret_file: Path, name: str
+) -> None:
+    """A duration too long to mean anything but "never" (1e300 s) is refused at load with one
+    line naming the key and the bound, which the key's documentation states."""
+    field = next(f for f in dataclasses.fields(Limits) if f.name == name)
+    high = field.metadata["max"]
+    assert "At most " in Limits.describe()[name]
+    assert high <= 30 * 86400 and high >= field.default
+    path = config_file(tmp_path, LISTEN_BODY + f"[limits]\n{name} = 1e300\n")
+    exc = refused(lambda: load_config(path), str(path), f"Limits.{name} must be at most")
+    assert "\n" not in str(exc)
 
 
 @pytest.mark.parametrize(
@@ -1242,6 +1263,7 @@ FLEET_REFUSALS = [
     ("forget_after = 90", "forget_after = -1.5", ["[executors] forget_after", "positive"]),
     ("forget_after = 90", "forget_after = inf", ["[executors] forget_after", "positive"]),
     ("forget_after = 90", "forget_after = nan", ["[executors] forget_after", "positive"]),
+    ("forget_after = 90", "forget_after = 1e300", ["[executors] forget_after", "30 days"]),
     ("forget_after = 90", 'forget_after = "90"', ["[executors] forget_after", "number"]),
     ('id = "box-2"', 'id = "box-1"', ["[[executors.dial]] #2 id", "already dialed by entry #1"]),
     ('id = "box-2"', 'id = "../box"', ["[[executors.dial]] #2 id", "starts with '.'", "rename"]),

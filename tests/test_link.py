@@ -1334,6 +1334,42 @@ async def test_tls_dialer_that_does_not_trust_the_certificate_fails_clearly(
             tg.cancel_scope.cancel()
 
 
+@anyio_test
+@pytest.mark.parametrize("listener_tls", [True, False], ids=["ws-at-tls", "wss-at-plain"])
+async def test_a_dial_of_the_other_scheme_counts_as_refused_and_says_so(
+    listener_tls: bool, ca: trustme.CA
+) -> None:
+    """``ws://`` at a TLS listener (answered with a plain-text 426 asking for TLS) and ``wss://``
+    at a plain-text one meet the same answer at every redial: counted as refused dials in a
+    row (what ``wait_ready(refused_dials=...)`` gives up on), the error naming the URL."""
+    listen_role, dial_role = roles("controller-dials")
+    limits = small_limits()
+    client_ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    ca.configure_trust(client_ctx)
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            listener_link = make_link(
+                listen_role,
+                limits,
+                listen=("127.0.0.1", 0),
+                ssl_context=server_context(ca) if listener_tls else None,
+            )
+            async with endpoint(tg, listener_link):
+                scheme = ("wss://", "ws://") if listener_tls else ("ws://", "wss://")
+                url = listener_link.url.replace(*scheme)
+                dialer_link = make_link(dial_role, limits, dial=url, ssl_context=client_ctx)
+                async with endpoint(tg, dialer_link):
+                    await wait_until(lambda: dialer_link.statistics().dials_refused_in_a_row >= 3)
+                    error = dialer_link.last_dial_error
+                    assert error is not None and error.startswith(f"{url}: ")
+                    if listener_tls:
+                        assert "answered with TLS, not plain text" in error and "wss://" in error
+                        assert listener_link.statistics().tls_handshakes_failed >= 3
+                    else:
+                        assert "answered in plain text, not TLS" in error
+            tg.cancel_scope.cancel()
+
+
 # ------------------------------------------------------------------------------------------------
 # shutdown
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import gc
 import logging
 import socket
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Generic, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -660,6 +661,56 @@ async def test_a_renamed_struct_field_is_a_contract_change() -> None:
             assert changed.runs == 0
 
 
+T = TypeVar("T")
+
+
+class Box(msgspec.Struct, Generic[T], omit_defaults=True):
+    item: T
+    note: str = ""
+
+
+@dataclasses.dataclass
+class Crate(Generic[T]):
+    items: list[T]
+
+
+class Boxes(Protocol):
+    async def double(self, box: Box[int]) -> Box[int]: ...
+    async def pack(self, crates: list[Crate[str]]) -> Crate[str]: ...
+
+
+class BoxesImpl:
+    async def double(self, box: Box[int]) -> Box[int]:
+        return Box(box.item * 2, note=box.note)
+
+    async def pack(self, crates: list[Crate[str]]) -> Crate[str]:
+        return Crate([item for crate in crates for item in crate.items])
+
+
+async def test_generic_structs_and_dataclasses_cross_a_real_worker() -> None:
+    """A generic ``msgspec.Struct`` or dataclass, parametrized (``Box[int]``), is a record
+    type like any other: registered, listed in the manifest with its fields' bound types,
+    checked on the caller's side and converted on the worker's."""
+    manifest = service_spec(Boxes).manifest()
+    (name, layout), *_ = manifest["double"]["structs"].items()
+    assert name.endswith("Box[int]") and layout["use"] == "both"
+    assert layout["fields"] == [["item", "int", False], ["note", "str", True]]
+    (name, layout), *_ = manifest["pack"]["structs"].items()
+    assert name.endswith("Crate[str]") and layout["fields"] == [["items", "list[str]", False]]
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"boxes": BoxesImpl()}) as pair:
+            boxes = pair.executor.service("boxes", Boxes)
+            assert await boxes.double(Box(21)) == Box(42)
+            assert await boxes.double(Box(1, note="n")) == Box(2, note="n")
+            assert await boxes.pack([Crate(["a"]), Crate(["b", "c"])]) == Crate(["a", "b", "c"])
+            with pytest.raises(gl.Rejected, match=r"expected `int`, got `str` at `\$\.item`"):
+                await boxes.double(Box("x"))  # type: ignore[arg-type]
+            with pytest.raises(gl.Rejected, match=r"expected `Box\[int\]`, got `int`"):
+                await boxes.double(3)  # type: ignore[arg-type]
+            dynamic = pair.executor.service("boxes")
+            assert await dynamic.double({"item": 5}) == {"item": 10, "note": ""}
+
+
 # ---------------------------------------------------------------------------- hot inventory
 
 
@@ -971,6 +1022,35 @@ def _dialing_controller(port: int) -> gl.LinkConfig:
         dial=f"ws://127.0.0.1:{port}/executor",
         limits=LIMITS,
     )
+
+
+async def test_wait_ready_gives_up_at_the_first_dial_that_meets_the_other_scheme() -> None:
+    """A ``wss://`` dial answered in plain text meets the same answer at every redial: one such
+    dial ends a ``refused_dials`` wait, however many it allows, naming the URL."""
+
+    async def plain_text(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                await stream.receive()
+                await stream.send(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+
+    with anyio.fail_after(DEADLINE):
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        config = dataclasses.replace(
+            _dialing_controller(port), dial=f"wss://127.0.0.1:{port}/executor"
+        )
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, plain_text)
+            async with gl.connect(config) as executor:
+                with pytest.raises(gl.NotDispatched) as info:
+                    await executor.wait_ready(timeout=3600, refused_dials=1000)
+                assert info.value.code == "UNREACHABLE"
+                assert str(info.value).endswith(
+                    f"wss://127.0.0.1:{port}/executor: 127.0.0.1:{port} answered in plain text, "
+                    "not TLS (a ws:// server?); dial ws:// or its TLS port"
+                )
+            tg.cancel_scope.cancel()
 
 
 async def test_wait_ready_gives_up_after_refused_dials_naming_the_address() -> None:

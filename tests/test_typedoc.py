@@ -12,7 +12,7 @@ import dataclasses
 import datetime
 import enum
 from collections.abc import AsyncIterator
-from typing import Any, NamedTuple, Protocol, TypedDict
+from typing import Any, Generic, NamedTuple, Protocol, TypedDict, TypeVar
 
 import anyio
 import msgspec
@@ -347,3 +347,26 @@ def test_the_interface_described_most_recently_stays_cached_past_the_bound() -> 
 
 async def _one_method(self: Any, n: int) -> int:
     return n
+
+
+T = TypeVar("T")
+
+
+class Twin(msgspec.Struct, Generic[T]):
+    """Two of a kind."""
+
+    left: T
+    right: list[T] = []
+
+
+class Twins(Protocol):
+    async def swap(self, pair: Twin[int]) -> Twin[str]: ...
+
+
+def test_a_generic_struct_is_described_with_its_bound_field_types() -> None:
+    types = service_type_description(service_spec(Twins), LIMITS)["types"]
+    by_name = {t["name"].rsplit(".", 1)[-1]: t for t in types}
+    assert set(by_name) == {"Twin[int]", "Twin[str]"}
+    fields = [(f["name"], f["type"]) for f in by_name["Twin[int]"]["fields"]]
+    assert fields == [("left", "int"), ("right", "list[int]")]
+    assert by_name["Twin[str]"]["doc"] == "Two of a kind."

@@ -75,7 +75,9 @@ from ..errors import (
     ConfigError,
     FailureReason,
     HandshakeError,
+    LinkError,
     NotDispatched,
+    WrongScheme,
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_message, peer_text
@@ -224,7 +226,7 @@ class RemoteExecutor(Endpoint):
         self._init_member(config.executor_id, registry_from(services or {}), hooks)
         assert self._own_link is not None
         self._own_link.on_refusal(lambda _error: self._wake())
-        self._own_link.on_dial_failed(lambda _error: self._wake())
+        self._own_link.on_dial_failed(self._dial_failed)
 
     @classmethod
     def _fleet_member(
@@ -249,7 +251,7 @@ class RemoteExecutor(Endpoint):
         self._init_member(executor_id, registry, hooks, stall_log)
         self._callbacks.append(lambda value: on_change(self, value))
         link.on_refusal(lambda _error: self._wake())
-        link.on_dial_failed(lambda _error: self._wake())
+        link.on_dial_failed(self._dial_failed)
         return self
 
     def _init_member(
@@ -266,6 +268,7 @@ class RemoteExecutor(Endpoint):
         self._totals = SessionTotals()
         self._registry = registry
         self._availability: Availability = "offline"
+        self._wrong_scheme = False  # the last dial failed on a server of the other scheme
         self.since = time.time()
         """Wall-clock time of the last availability change (for tables and events)."""
         self.calls = 0
@@ -397,8 +400,10 @@ class RemoteExecutor(Endpoint):
             timeout: seconds to wait (``None``: no limit).
             refused_dials: give up once this many dials in a row found nothing at the dialed
                 address (connection refused, or the host name did not resolve) instead of
-                waiting out ``timeout``; ``None`` (the default) waits for a worker that is
-                starting. A listening executor never dials, so this never ends its wait.
+                waiting out ``timeout``, or once one met a server of the other scheme
+                (:class:`~garcon_link.errors.WrongScheme`); ``None`` (the default) waits for a
+                worker that is starting. A listening executor never dials, so this never ends
+                its wait.
 
         Raises:
             TimeoutError: not ready within ``timeout``; the message carries the last link error
@@ -435,11 +440,15 @@ class RemoteExecutor(Endpoint):
         if refused_dials is None:
             return None
         in_a_row = self.link.statistics().dials_refused_in_a_row
-        if in_a_row < refused_dials:
+        # A server of the other scheme answers every redial the same way: one such dial is final.
+        if in_a_row < refused_dials and not (in_a_row and self._wrong_scheme):
             return None
-        return NotDispatched(
-            "UNREACHABLE", f"{self.link.last_dial_error} ({in_a_row} dials in a row)"
-        )
+        count = "" if self._wrong_scheme else f" ({in_a_row} dials in a row)"
+        return NotDispatched("UNREACHABLE", f"{self.link.last_dial_error}{count}")
+
+    def _dial_failed(self, error: LinkError) -> None:
+        self._wrong_scheme = isinstance(error, WrongScheme)
+        self._wake()
 
     def _why_not_ready(self) -> str:
         """The causes known so far: the refused session's, the link's, the last dial's."""

@@ -201,13 +201,47 @@ async def _open_through_gateway(
                 f"{config.dial}: not a gateway (it serves no {RELAY_SERVICE!r} service: a "
                 f"worker?); point [connection] dial{where} at a gateway (garcon-link gateway)"
             )
-        try:
-            await executor.wait_ready(ready_timeout if wait is None else wait)
-        except TimeoutError as exc:
-            raise NotDispatched(
-                "NOT_READY", f"{exc}; is the worker connected to the gateway?"
-            ) from None
+        await _executor_ready(executor, ready_timeout if wait is None else wait)
         yield executor
+
+
+NOTICE_AFTER = 1.0
+"""Seconds ``call`` and ``describe`` wait for an executor through a gateway before saying, in
+one line on stderr, what they wait for (and going on waiting)."""
+
+
+async def _executor_ready(executor: GatewayExecutor, timeout: float) -> None:
+    """``executor.wait_ready(timeout)``; past :data:`NOTICE_AFTER`, one stderr line says what the
+    gateway reports of it. The gateway refuses (``FORBIDDEN``) an executor none of the caller's
+    grants names, at once: one still waited for is named by a grant, and the gateway does not
+    have it ready (an id it has never seen reads as ``offline``, like one that left)."""
+    started = anyio.current_time()
+    try:
+        if timeout > NOTICE_AFTER:
+            try:
+                await executor.wait_ready(NOTICE_AFTER)
+                return
+            except TimeoutError:
+                pass
+            state = executor.availability
+            what = (
+                "not connected to the gateway"
+                if state in ("offline", "disposed")
+                else f"{state} at the gateway"
+            )
+            print(
+                f"waiting for executor {executor.executor_id!r}: {what} (a grant of yours names "
+                f"it); waiting up to {timeout:g}s in all",
+                file=sys.stderr,
+                flush=True,
+            )
+        await executor.wait_ready(max(timeout - (anyio.current_time() - started), 0.0))
+    except TimeoutError:
+        raise NotDispatched(
+            "NOT_READY",
+            f"executor {executor.executor_id!r} not ready within {timeout:g}s through the "
+            f"gateway (it is {executor.availability}); is the worker connected to the gateway?",
+        ) from None
 
 
 async def _call_through_gateway(

@@ -657,9 +657,11 @@ class WebSocketLink:
 
     def _dial_failed(self, exc: LinkError) -> None:
         self.last_error = self.last_dial_error = str(exc)
-        if isinstance(exc, Unreachable):
+        if isinstance(exc, Unreachable):  # WrongScheme too: a redial meets the same server
             self._stats.dials_refused += 1
             self._stats.dials_refused_in_a_row += 1
+        else:  # it connected and found something of its scheme
+            self._stats.dials_refused_in_a_row = 0
         log.warning(
             "%s dial %s failed: %s",
             self._tag,
@@ -673,12 +675,12 @@ class WebSocketLink:
     async def _dial_once(self) -> Admitted | None:
         assert self._dial is not None
         stream = await connect(self._dial, self.limits)
-        self._stats.dials_refused_in_a_row = 0
         try:
             with anyio.move_on_after(self.limits.handshake_timeout) as deadline:
                 sock = await client_upgrade(
                     stream, self._dial, ssl_context=self._ssl, limits=self.limits, stats=self._stats
                 )
+                self._stats.dials_refused_in_a_row = 0
                 return await self._authenticate(sock)
         except BaseException:
             # Shutdown (cancellation) included: never drop a connected stream unclosed.

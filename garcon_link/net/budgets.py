@@ -189,16 +189,17 @@ class LinkStatistics:
     handshakes_abandoned: int = 0
     """Sockets the peer closed before the handshake completed."""
     dials_refused: int = 0
-    """Dials that found nothing: the connection was refused by every address, or the host name
-    did not resolve (:class:`~garcon_link.errors.Unreachable`)."""
+    """Dials that found nothing: the connection was refused by every address, the host name
+    did not resolve, or the server spoke the other scheme (TLS to a ``ws://`` dial, plain text
+    to a ``wss://`` one) (:class:`~garcon_link.errors.Unreachable`)."""
     handshake_steps_deferred: int = 0
     """Handshake steps (an upgrade request, a hello, a proof) a listener put off by a turn or
     more because ``handshake_steps_per_turn`` others were ahead."""
     handshake_steps_waiting: int = field(default=0, metadata={"metric": "gauge"})
     """Handshake steps waiting in line now (at most one per unauthenticated socket)."""
     dials_refused_in_a_row: int = field(default=0, metadata={"metric": "gauge"})
-    """Such dials since the last one that connected (0 once a dial connects): how long nothing
-    has listened at the dialed address, in attempts."""
+    """Such dials since the last one that connected to a server of its scheme (0 once one
+    does): how long nothing has listened at the dialed address, in attempts."""
 
     def count_handshake_failure(self, reason: HandshakeFailure) -> None:
         self.handshakes_failed[reason.name] = self.handshakes_failed.get(reason.name, 0) + 1

@@ -13,6 +13,7 @@ import errno
 import os
 import socket
 import ssl
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -20,13 +21,20 @@ from anyio.streams.tls import TLSStream
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, RejectConnection, Request
 
-from ..errors import LinkError, Unreachable
+from ..errors import LinkError, Unreachable, WrongScheme
 from ..limits import Limits
 from ..logs import peer_text
 from . import _asyncio_stream
 from .addresses import DialTarget
 from .budgets import LinkStatistics
 from .websocket import _READ_CHUNK, BROKEN, GONE, WebSocket
+
+_SPEAKS_TLS = "answered with TLS, not plain text (a wss:// server); dial wss://"
+
+
+def _asks_for_tls(headers: Any) -> bool:
+    return any(k.lower() == b"upgrade" and b"tls/" in v.lower() for k, v in headers)
+
 
 __all__ = ["client_upgrade", "connect"]
 
@@ -103,6 +111,8 @@ async def client_upgrade(
         await sock._write(ws.send(Request(host=f"{host}:{target.port}", target=target.target)))
         while True:
             data = await stream.receive(_READ_CHUNK)
+            if ssl_context is None and data[:1] in (b"\x15", b"\x16") and data[1:2] == b"\x03":
+                raise WrongScheme(f"{target.url}: {peer} {_SPEAKS_TLS}")  # a TLS record
             try:
                 ws.receive_data(data)
                 # Lazily: frames that arrived in the same read as the 101 (the peer's hello,
@@ -112,10 +122,17 @@ async def client_upgrade(
                         sock.last_inbound = anyio.current_time()
                         return sock
                     if isinstance(event, RejectConnection):
+                        if event.status_code == 426 and _asks_for_tls(event.headers):
+                            raise WrongScheme(f"{target.url}: {peer} {_SPEAKS_TLS}")
                         raise LinkError(f"{peer} refused the upgrade: HTTP {event.status_code}")
             except BROKEN as exc:
                 raise LinkError(f"bad upgrade response from {peer}: {peer_text(exc)}") from exc
     except ssl.SSLError as exc:
+        if exc.reason == "WRONG_VERSION_NUMBER":  # where a TLS record was due
+            raise WrongScheme(
+                f"{target.url}: {peer} answered in plain text, not TLS (a ws:// server?); "
+                "dial ws:// or its TLS port"
+            ) from exc
         raise LinkError(f"TLS handshake with {peer} failed: {exc.reason or exc}") from exc
     except GONE as exc:
         raise LinkError(f"connection to {peer} lost during upgrade: {exc}") from exc

@@ -68,6 +68,7 @@ exception objects.
 
 from __future__ import annotations
 
+import contextlib
 import http
 import logging
 import ssl
@@ -102,6 +103,13 @@ from .websocket import (
     close_stream,
     describe_close,
 )
+
+_TLS_BODY = b"426 this address speaks TLS: dial wss://\n"
+_TLS_REQUIRED = (
+    b"HTTP/1.1 426 Upgrade Required\r\nupgrade: TLS/1.2, HTTP/1.1\r\nconnection: close\r\n"
+    b"content-type: text/plain\r\ncontent-length: %d\r\n\r\n%s" % (len(_TLS_BODY), _TLS_BODY)
+)
+"""What a TLS listener answers, in plain text, to a plain-text HTTP request (RFC 2817's 426)."""
 
 __all__ = [
     "BROKEN",
@@ -307,6 +315,9 @@ class WebSocketListener:
                     )
                 except GONE as e:
                     self._stats.tls_handshakes_failed += 1
+                    if isinstance(e, ssl.SSLError) and e.reason == "HTTP_REQUEST":
+                        with contextlib.suppress(*GONE):  # a ws:// dialer: tell it to use wss://
+                            await stream.send(_TLS_REQUIRED)
                     self.peer_log.log(
                         peer_host(peer),
                         "TLS",

@@ -84,6 +84,8 @@ from .values import (
     check_value,
     from_wire,
     python_check,
+    record_class,
+    record_hints,
     wire_convert,
 )
 
@@ -801,10 +803,7 @@ def _records(hint: Any) -> tuple[tuple[str, _Record], ...]:
     for node in _type_nodes(info):
         if not isinstance(node, _RECORD_TYPES):
             continue
-        try:
-            hints = typing.get_type_hints(node.cls)
-        except Exception:  # msgspec resolved them; a class whose hints typing cannot read
-            hints = {}
+        hints = record_hints(node.cls)  # {} when typing cannot read them (msgspec did)
         fields = tuple(
             (
                 f.encode_name,
@@ -871,7 +870,8 @@ def _omits_defaults(hint: Any) -> bool:
     except Exception:  # not a type msgspec knows (a MethodSpec is never refused for it)
         return False
     return any(
-        isinstance(node, msgspec.inspect.StructType) and node.cls.__struct_config__.omit_defaults
+        isinstance(node, msgspec.inspect.StructType)
+        and record_class(node.cls).__struct_config__.omit_defaults
         for node in _type_nodes(info)
     )
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 import collections
 import inspect
 import json
-import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,6 +55,7 @@ from ..limits import Limits
 from ..logs import peer_message, peer_text
 from .interface import MethodKind, MethodSpec, ServiceSpec
 from .registry import Registry
+from .values import record_class, record_hints
 
 __all__ = [
     "checked_type_descriptions",
@@ -201,18 +201,18 @@ def _named_types(hints: list[Any], max_types: int) -> tuple[list[Any], int]:
 
 
 def _type_entry(node: Any) -> dict[str, Any]:
-    cls = node.cls
-    entry: dict[str, Any] = {"name": inspect.formatannotation(cls), "kind": _KINDS[type(node)]}
+    cls = record_class(node.cls)  # Box for a generic Box[int]
+    entry: dict[str, Any] = {
+        "name": inspect.formatannotation(node.cls),
+        "kind": _KINDS[type(node)],
+    }
     doc = cls.__dict__.get("__doc__")
     if isinstance(doc, str) and doc.strip() and not doc.startswith(f"{cls.__name__}("):
         entry["doc"] = doc.strip().splitlines()[0][:_DOC_CHARS]  # not a dataclass's own
     if isinstance(node, msgspec.inspect.EnumType):
         entry["values"] = [_json_value(member.value) for member in cls]
         return entry
-    try:
-        annotations = typing.get_type_hints(cls)
-    except Exception:  # unresolvable annotations: msgspec resolved them, so rarely
-        annotations = {}
+    annotations = record_hints(node.cls)  # {} when unresolvable: msgspec resolved them, so rarely
     fields: list[dict[str, Any]] = []
     if isinstance(node, msgspec.inspect.StructType):
         if node.array_like:

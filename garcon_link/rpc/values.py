@@ -41,6 +41,7 @@ import datetime
 import decimal
 import functools
 import inspect
+import typing
 import uuid
 from collections.abc import Callable
 from typing import Any, Literal
@@ -59,6 +60,8 @@ __all__ = [
     "check_value",
     "from_wire",
     "python_check",
+    "record_class",
+    "record_hints",
     "type_text",
     "wire_convert",
 ]
@@ -72,6 +75,41 @@ JSON_VALUES = "json"
 
 _SHOWN_FIELDS = 3  # unknown fields named in a message
 _SHOWN_CHARS = 40  # characters of a peer's key, name or value shown in a message
+
+
+def record_class(cls: Any) -> Any:
+    """The class of a record type msgspec describes: ``Box`` for a generic ``Box[int]`` (whose
+    ``msgspec.inspect`` node's ``cls`` is the alias, which ``isinstance`` refuses), else ``cls``."""
+    origin = typing.get_origin(cls)
+    return origin if isinstance(origin, type) else cls
+
+
+def record_hints(cls: Any) -> dict[str, Any]:
+    """The field hints of a record type, with a generic's parameters replaced by the alias's
+    arguments (``item: T`` of ``Box[int]`` is ``int``); empty when ``typing`` cannot resolve
+    them (msgspec did, so rarely)."""
+    origin = record_class(cls)
+    try:
+        hints = typing.get_type_hints(origin)
+    except Exception:  # unresolvable annotations
+        return {}
+    if origin is cls:
+        return hints
+    parameters = getattr(origin, "__parameters__", ())
+    bound = dict(zip(parameters, typing.get_args(cls), strict=False))
+    return {name: _bind(hint, bound) for name, hint in hints.items()}
+
+
+def _bind(hint: Any, bound: dict[Any, Any]) -> Any:
+    if hint in bound:
+        return bound[hint]
+    parameters = getattr(hint, "__parameters__", ())
+    if not parameters or not all(p in bound for p in parameters):
+        return hint
+    try:
+        return hint[tuple(bound[p] for p in parameters)]
+    except TypeError:  # not subscriptable with them: left as declared
+        return hint
 
 
 class _Mismatch(Exception):
@@ -521,7 +559,7 @@ def _plain_name(name: Any) -> bool:
 
 def _check_record(node: Any, value: Any, mode: ValueMode) -> None:
     """A dataclass, a ``msgspec.Struct``, a ``TypedDict`` or a ``NamedTuple``."""
-    cls = node.cls
+    cls = record_class(node.cls)
     fields: tuple[mi.Field, ...] = node.fields
     if mode == "python":
         if isinstance(node, mi.TypedDictType):
@@ -670,6 +708,9 @@ def _text(node: Any) -> str:
     cls = getattr(node, "cls", None)
     if isinstance(cls, type):
         return cls.__qualname__
+    if cls is not None and isinstance(typing.get_origin(cls), type):  # a generic: Box[int]
+        arguments = ", ".join(type_text(a) for a in typing.get_args(cls))
+        return f"{record_class(cls).__qualname__}[{arguments}]"
     return kind.__name__.removesuffix("Type")
 
 

@@ -59,6 +59,7 @@ __all__ = ["DialExecutor", "FleetConfig", "load_fleet_config"]
 
 _DIAL_ENTRY = "[[executors.dial]]"
 _MAX_MAX_EXECUTORS = 1_000_000
+_MAX_FORGET_AFTER = 30 * 86400  # 30 days: an executor offline longer is gone, not starting
 
 
 def _check_dial_executor(executor_id: object, url: object, source: Source, prefix: str) -> None:
@@ -129,7 +130,8 @@ class FleetConfig:
             :class:`~garcon_link.Keyring`, not here.
         dial: the listening workers to dial, ids unique.
         max_executors: how many executors the registry holds at once (1 to 1,000,000).
-        forget_after: seconds an executor stays offline before it leaves the registry (> 0).
+        forget_after: seconds an executor stays offline before it leaves the registry (> 0, at
+            most 30 days).
 
     Raises:
         ConfigError: a field breaks a rule; the message names the field and the fix.
@@ -197,11 +199,12 @@ class FleetConfig:
                 f"{len(self.dial)} executors are dialed but max_executors is {self.max_executors}",
                 "raise max_executors or dial fewer workers",
             )
-        if not (math.isfinite(self.forget_after) and self.forget_after > 0):
+        if not (math.isfinite(self.forget_after) and 0 < self.forget_after <= _MAX_FORGET_AFTER):
             raise refusal(
                 src,
                 "[executors] forget_after",
-                f"must be a positive number of seconds, got {self.forget_after}",
+                f"must be a positive number of seconds, at most {_MAX_FORGET_AFTER} (30 days), "
+                f"got {self.forget_after}",
                 "e.g. forget_after = 3600",
             )
 
