@@ -76,6 +76,7 @@ import anyio
 import anyio.abc
 
 import garcon_link as gl
+from garcon_link.services import builtin_services
 from garcon_link.settings.secrets import read_secret_file, write_secret_file
 
 from . import eventloop, harness
@@ -182,13 +183,21 @@ def _p(values: list[float], q: float) -> float:
 
 
 async def _workers_main(
-    url: str, keyring: Path, first: int, count: int, backoff_reset_after: float | None = None
+    url: str,
+    keyring: Path,
+    first: int,
+    count: int,
+    backoff_reset_after: float | None = None,
+    builtin: bool = False,
 ) -> None:
     """Run ``count`` workers; on a ``cut`` line on stdin abort all their sockets; exit on EOF.
 
     ``backoff_reset_after`` (``per-resume``): a shorter :class:`~garcon_link.Limits` field, so
-    that every round's first redial is immediate, as the storm's is."""
+    that every round's first redial is immediate, as the storm's is. ``builtin``: each worker
+    serves the built-in process and file services too (rooted in a temporary directory), so
+    that its manifest is theirs (``--builtin``: the controller's memory per manifest)."""
     raise_nofile()
+    root = tempfile.mkdtemp(prefix="gl-fleet-bench-root-") if builtin else None
     limits = (
         gl.Limits()
         if backoff_reset_after is None
@@ -204,7 +213,16 @@ async def _workers_main(
             secret=read_secret_file(keyring / f"{name}.secret"),
             dial=url,
         )
-        services = {"ident": gl.Service(_IdentImpl(name), Ident)}
+        ident = {"ident": gl.Service(_IdentImpl(name), Ident)}
+        services: Any = ident
+        if root is not None:
+            factory = builtin_services(["process", "files"], root=root)
+
+            @contextlib.asynccontextmanager
+            async def services(scope: Any) -> Any:
+                async with factory(scope) as builtins:
+                    yield {**builtins, **ident}
+
         async with gl.Worker(config, services, limits=limits) as worker:
             task_status.started(worker)
             await anyio.sleep_forever()
@@ -346,6 +364,7 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                     str(share),
                     "--loop",
                     args.loop,
+                    *(["--builtin"] if args.builtin else []),
                 ]
                 first += share
                 proc = await anyio.open_process(command, stderr=None)
@@ -1017,6 +1036,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=5, help="per-resume: cuts of all workers")
     parser.add_argument("--backoff-reset-after", type=float, default=None)
+    parser.add_argument(
+        "--builtin", action="store_true", help="workers serve the built-in services too"
+    )
     args = parser.parse_args(argv)
     log_dir = os.environ.get("GL_FLEET_BENCH_LOG_DIR")  # for diagnosis: the library's log lines
     if log_dir:
@@ -1029,7 +1051,12 @@ def main(argv: list[str] | None = None) -> None:
 
         async def workers() -> None:
             await _workers_main(
-                args.url, args.keyring, args.first, args.count, args.backoff_reset_after
+                args.url,
+                args.keyring,
+                args.first,
+                args.count,
+                args.backoff_reset_after,
+                args.builtin,
             )
 
         run_asyncio(workers, args.loop)
