@@ -79,15 +79,16 @@ from ..errors import (
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_message, peer_text
-from ..rpc.contract import Compatibility, compare_method, service_version
+from ..rpc.contract import Compatibility, compare_method
 from ..rpc.hooks import CallHook
 from ..rpc.interface import service_spec
 from ..rpc.manifest import contract_hash
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
 from ..rpc.typedoc import checked_type_descriptions
 from ..settings.config import LinkConfig
+from .described import Described, described, shared_types
 from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
-from .facades import NO_METHODS, DynamicFacade, Facade
+from .facades import NO_METHODS, DynamicFacade, Facade, contract_refusals
 from .registration import ServiceMap, interface_class, registry_from
 
 __all__ = ["Availability", "ExecutorInfo", "RemoteExecutor", "connect"]
@@ -113,7 +114,10 @@ class ExecutorInfo:
     instance_id: bytes
     session_id: bytes
     services: Mapping[str, Any]
+    """The services manifest; one copy shared by every executor that described the same one
+    (:mod:`garcon_link.api.described`): read it, never change it."""
     contract: str
+    """The BLAKE3 hash of the manifest's canonical CBOR, as this controller computed it."""
     worker_instance_id: bytes | None = None
     """The worker's runtime id, which worker-scoped references carry (``None``: an older
     worker that does not say)."""
@@ -133,20 +137,33 @@ class ExecutorInfo:
 def manifest_problem(services: object, limit: int) -> str | None:
     """Why a worker's services manifest is refused (``None``: it is not): not a map of service
     name to a map of method name to entry, or over ``limit`` bytes of canonical CBOR."""
+    try:
+        _encoded_manifest(services, limit)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _encoded_manifest(services: object, limit: int) -> bytes:
+    """The canonical CBOR of a worker's services manifest (what :func:`described` interns).
+
+    Raises:
+        ValueError: why it is refused (:func:`manifest_problem`).
+    """
     if not isinstance(services, Mapping):
-        return "the manifest is not a map"
+        raise ValueError("the manifest is not a map")
     for name, methods in services.items():
         if not isinstance(name, str) or not isinstance(methods, Mapping):
-            return f"service {peer_text(name)} is not a name and a map of methods"
+            raise ValueError(f"service {peer_text(name)} is not a name and a map of methods")
         if not all(isinstance(method, str) for method in methods):
-            return f"service {peer_text(name)} has a method name that is not text"
+            raise ValueError(f"service {peer_text(name)} has a method name that is not text")
     try:
-        size = len(encode_canonical(dict(services)))
+        encoded = encode_canonical(dict(services))
     except (TypeError, ValueError) as exc:
-        return f"the manifest does not encode: {peer_text(exc)}"
-    if size > limit:
-        return f"the manifest is {size} bytes, over max_manifest_bytes ({limit})"
-    return None
+        raise ValueError(f"the manifest does not encode: {peer_text(exc)}") from None
+    if len(encoded) > limit:
+        raise ValueError(f"the manifest is {len(encoded)} bytes, over max_manifest_bytes ({limit})")
+    return encoded
 
 
 def _differing(
@@ -163,15 +180,12 @@ def _differing(
                 yield f"{service}.{method}", old.get(method), new.get(method)
 
 
-def _versions(services: Mapping[str, Any]) -> dict[str, str]:
-    return {name: service_version(methods) for name, methods in sorted(services.items())}
-
-
 def _with_types(info: ExecutorInfo, received: Any, limits: Limits) -> ExecutorInfo:
     """``info`` with the type descriptions the worker sent, checked (never refuses a session:
-    they are documentation; one over the bounds is replaced by a note)."""
+    they are documentation; one over the bounds is replaced by a note), the one copy of them
+    (:func:`~garcon_link.api.described.shared_types`)."""
     return dataclasses.replace(
-        info, types=checked_type_descriptions(received, info.services, limits)
+        info, types=shared_types(checked_type_descriptions(received, info.services, limits))
     )
 
 
@@ -278,7 +292,10 @@ class RemoteExecutor(Endpoint):
         self._info: ExecutorInfo | None = None
         self._services: Mapping[str, Any] = {}  # the worker's manifest (the current session's)
         self._manifest_version = 0  # incremented whenever _services is learned (facades.py)
-        self._contract_cache: dict[tuple[str, type], Any] = {}  # facades.py; per manifest
+        # facades.py and offers(): the current manifest's comparisons, shared by every executor
+        # with the same manifest (described.py)
+        self._contract_cache: dict[tuple[str, type], Any] = {}
+        self._described: Described | None = None
         self._inventory_seq = -1  # the latest inventory announcement applied on this session
         self.inventory_updates = 0
         """Manifests the worker announced on a running session and this executor applied."""
@@ -529,18 +546,18 @@ class RemoteExecutor(Endpoint):
         rpc.on_inventory(hold)
         try:
             manifest = await rpc.describe_peer(timeout=self.limits.call_timeout)
-            problem = manifest_problem(manifest["services"], self.limits.max_manifest_bytes)
-            if problem is not None:
-                raise ValueError(problem)
-            services = dict(manifest["services"])
+            encoded = _encoded_manifest(manifest["services"], self.limits.max_manifest_bytes)
+            # The one copy of this manifest in the process, by the hash of what was received
+            # (the worker's own "contract" is not trusted for it).
+            shared = described(dict(manifest["services"]), encoded)
             info = ExecutorInfo(
                 executor_id=str(manifest["executor_id"]),
                 instance_id=bytes(manifest["instance_id"]),
                 session_id=transport.session_id,
-                services=services,
-                contract=str(manifest["contract"]),
+                services=shared.services,
+                contract=shared.contract,
                 worker_instance_id=_optional_bytes(manifest.get("worker_instance_id")),
-                versions=_versions(services),
+                versions=shared.versions,
                 state_id=_optional_bytes(manifest.get("state_id"), "state_id"),
             )
             info = _with_types(info, manifest.get("types"), self.limits)
@@ -549,7 +566,7 @@ class RemoteExecutor(Endpoint):
             return
         if self._info is not None and info.contract != self._info.contract:
             self._log_changes(self._services, info.services, transport.session_id)
-        self._learn(info)
+        self._learn(info, shared)
         # describe says which announcement its manifest includes (-1: an older worker)
         sequence = manifest.get("inventory")
         self._inventory_seq = sequence if type(sequence) is int else -1
@@ -586,11 +603,13 @@ class RemoteExecutor(Endpoint):
         ):
             self._set_availability("draining")
 
-    def _learn(self, info: ExecutorInfo) -> None:
-        """Make ``info`` (and its manifest) the executor's: facades compare again."""
+    def _learn(self, info: ExecutorInfo, shared: Described) -> None:
+        """Make ``info`` (and its manifest, ``shared``) the executor's: facades compare again
+        (once per distinct manifest: the comparisons are ``shared``'s)."""
         self._info = info
-        self._services = info.services
-        self._contract_cache = {}
+        self._described = shared  # (the table refers to it weakly: held while it is the current)
+        self._services = shared.services
+        self._contract_cache = shared.refusals
         self._manifest_version += 1
 
     def _on_inventory(self, rpc: ExecutorRpc, args: list[Any]) -> None:
@@ -598,12 +617,16 @@ class RemoteExecutor(Endpoint):
         if self._rpc is not rpc or self._info is None:
             return  # not the installed session (or not yet): its describe is what counts
         problem = None
+        encoded = b""
         if len(args) != 2 or type(args[0]) is not int:
             problem = "an announcement is [sequence, services]"
         elif args[0] <= self._inventory_seq:
             return  # an older announcement than one applied (they are sent in order)
         else:
-            problem = manifest_problem(args[1], self.limits.max_manifest_bytes)
+            try:
+                encoded = _encoded_manifest(args[1], self.limits.max_manifest_bytes)
+            except ValueError as exc:
+                problem = str(exc)
         if problem is not None:
             self.inventory_dropped += 1
             self._peer_log.log(
@@ -616,15 +639,17 @@ class RemoteExecutor(Endpoint):
             )
             return
         self._inventory_seq = args[0]
-        services = dict(args[1])
-        before = self._services
-        contract = contract_hash(services)
+        shared = described(dict(args[1]), encoded)
         self.inventory_updates += 1
-        self._log_changes(before, services, None)
+        self._log_changes(self._services, shared.services, None)
         self._learn(
             dataclasses.replace(
-                self._info, services=services, contract=contract, versions=_versions(services)
-            )
+                self._info,
+                services=shared.services,
+                contract=shared.contract,
+                versions=shared.versions,
+            ),
+            shared,
         )
 
     def _log_changes(
@@ -826,14 +851,15 @@ class RemoteExecutor(Endpoint):
             return False
         if interface is None:
             return method is None or isinstance(methods.get(method), Mapping)
-        view = service_spec(interface_class(interface)).manifest()
-        wanted = view if method is None else {method: view.get(method)}
-        return all(
-            entry is not None
-            and compare_method(entry, methods.get(name))[0]
-            in (Compatibility.COMPATIBLE, Compatibility.ADDITIVE)
-            for name, entry in wanted.items()
-        )
+        spec = service_spec(interface_class(interface))
+        # Compared once per distinct manifest and interface, as facades compare theirs.
+        key = (service, spec.interface)
+        refusals = self._contract_cache.get(key)
+        if refusals is None:
+            refusals = contract_refusals(service, spec.manifest(), self._services)
+            self._contract_cache[key] = refusals
+        wanted = spec.methods if method is None else (method,)
+        return all(name in spec.methods and name not in refusals for name in wanted)
 
 
 def _optional_bytes(value: object, name: str = "worker_instance_id") -> bytes | None:
