@@ -66,7 +66,6 @@ import anyio
 import anyio.abc
 
 from ..core.handshake import HandshakeResult
-from ..core.wire import encode_canonical
 from ..endpoint.link import ExecutorLink
 from ..endpoint.transport import SessionTransport, TransportState
 from ..errors import (
@@ -86,7 +85,7 @@ from ..rpc.manifest import contract_hash
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
 from ..rpc.typedoc import checked_type_descriptions
 from ..settings.config import LinkConfig
-from .described import Described, described, shared_types
+from .described import Described, described, manifest_bytes, shared_types
 from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
 from .facades import NO_METHODS, DynamicFacade, Facade, contract_refusals
 from .registration import ServiceMap, interface_class, registry_from
@@ -138,32 +137,10 @@ def manifest_problem(services: object, limit: int) -> str | None:
     """Why a worker's services manifest is refused (``None``: it is not): not a map of service
     name to a map of method name to entry, or over ``limit`` bytes of canonical CBOR."""
     try:
-        _encoded_manifest(services, limit)
+        manifest_bytes(services, limit)
     except ValueError as exc:
         return str(exc)
     return None
-
-
-def _encoded_manifest(services: object, limit: int) -> bytes:
-    """The canonical CBOR of a worker's services manifest (what :func:`described` interns).
-
-    Raises:
-        ValueError: why it is refused (:func:`manifest_problem`).
-    """
-    if not isinstance(services, Mapping):
-        raise ValueError("the manifest is not a map")
-    for name, methods in services.items():
-        if not isinstance(name, str) or not isinstance(methods, Mapping):
-            raise ValueError(f"service {peer_text(name)} is not a name and a map of methods")
-        if not all(isinstance(method, str) for method in methods):
-            raise ValueError(f"service {peer_text(name)} has a method name that is not text")
-    try:
-        encoded = encode_canonical(dict(services))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"the manifest does not encode: {peer_text(exc)}") from None
-    if len(encoded) > limit:
-        raise ValueError(f"the manifest is {len(encoded)} bytes, over max_manifest_bytes ({limit})")
-    return encoded
 
 
 def _differing(
@@ -546,7 +523,7 @@ class RemoteExecutor(Endpoint):
         rpc.on_inventory(hold)
         try:
             manifest = await rpc.describe_peer(timeout=self.limits.call_timeout)
-            encoded = _encoded_manifest(manifest["services"], self.limits.max_manifest_bytes)
+            encoded = manifest_bytes(manifest["services"], self.limits.max_manifest_bytes)
             # The one copy of this manifest in the process, by the hash of what was received
             # (the worker's own "contract" is not trusted for it).
             shared = described(dict(manifest["services"]), encoded)
@@ -624,7 +601,7 @@ class RemoteExecutor(Endpoint):
             return  # an older announcement than one applied (they are sent in order)
         else:
             try:
-                encoded = _encoded_manifest(args[1], self.limits.max_manifest_bytes)
+                encoded = manifest_bytes(args[1], self.limits.max_manifest_bytes)
             except ValueError as exc:
                 problem = str(exc)
         if problem is not None:

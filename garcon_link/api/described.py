@@ -32,9 +32,10 @@ from typing import Any
 import blake3
 
 from ..core.wire import encode_canonical
+from ..logs import peer_text
 from ..rpc.contract import service_version
 
-__all__ = ["Described", "described", "interned_counts", "shared_types"]
+__all__ = ["Described", "described", "interned_counts", "manifest_bytes", "shared_types"]
 
 
 class Described:
@@ -65,10 +66,34 @@ _manifests: weakref.WeakValueDictionary[str, Described] = weakref.WeakValueDicti
 _types: weakref.WeakValueDictionary[str, _Types] = weakref.WeakValueDictionary()
 
 
+def manifest_bytes(services: object, limit: int) -> bytes:
+    """The canonical CBOR of a worker's services manifest (what :func:`described` interns): a
+    map of service name to a map of method name to entry, at most ``limit`` bytes.
+
+    Raises:
+        ValueError: why it is refused
+            (:func:`~garcon_link.api.controller.manifest_problem` says the same).
+    """
+    if not isinstance(services, Mapping):
+        raise ValueError("the manifest is not a map")
+    for name, methods in services.items():
+        if not isinstance(name, str) or not isinstance(methods, Mapping):
+            raise ValueError(f"service {peer_text(name)} is not a name and a map of methods")
+        if not all(isinstance(method, str) for method in methods):
+            raise ValueError(f"service {peer_text(name)} has a method name that is not text")
+    try:
+        encoded = encode_canonical(dict(services))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the manifest does not encode: {peer_text(exc)}") from None
+    if len(encoded) > limit:
+        raise ValueError(f"the manifest is {len(encoded)} bytes, over max_manifest_bytes ({limit})")
+    return encoded
+
+
 def described(services: dict[str, Any], encoded: bytes) -> Described:
     """The one :class:`Described` of a manifest: ``services``, decoded from the worker's message,
-    and ``encoded``, its canonical CBOR (as :func:`~garcon_link.api.controller.manifest_problem`
-    checked it). ``services`` itself is dropped when an equal manifest is held already."""
+    and ``encoded``, its canonical CBOR (:func:`manifest_bytes`). ``services`` itself is dropped
+    when an equal manifest is held already."""
     contract = blake3.blake3(encoded).hexdigest()
     with _lock:
         held = _manifests.get(contract)
