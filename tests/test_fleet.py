@@ -37,7 +37,7 @@ import pytest
 from faultutil import Raw, wait_for
 
 import garcon_link as gl
-from garcon_link.api import facades
+from garcon_link.api import controller, facades
 from garcon_link.api.fleet import _accepting_work
 from garcon_link.cli._fleet import fleet_table
 from garcon_link.core.handshake import Handshake, Hello, derive_key
@@ -596,7 +596,8 @@ async def test_executors_describing_the_same_manifest_share_one_copy(
     """The controller holds one decoded copy of each distinct manifest and type descriptions
     however many executors described them, and compares an interface with each distinct
     manifest once: the facades and ``offers`` of an executor reuse the comparison another
-    executor with the same manifest made."""
+    executor with the same manifest made, and the changes logged when two executors' manifest
+    changes the same way are compared once."""
 
     class Area(Protocol):  # a class per run: no comparison with it is cached yet
         async def area(self, box: Box) -> int: ...
@@ -608,13 +609,24 @@ async def test_executors_describing_the_same_manifest_share_one_copy(
         return compare_method(expected, offered)
 
     monkeypatch.setattr(facades, "compare_method", counting)
+    logged: list[str] = []
+
+    def counting_logged(expected: object, offered: object) -> tuple[Compatibility, str]:
+        logged.append("compared")
+        return compare_method(expected, offered)
+
+    monkeypatch.setattr(controller, "compare_method", counting_logged)
+    extra = f"extra{os.urandom(4).hex()}"  # a manifest no earlier run held
     keyring = tmp_path / "keys"
     serves = {"a": AreaImpl, "b": AreaImpl, "c": AreaPlusImpl}
     with anyio.fail_after(DEADLINE):
         async with listening_fleet(keyring) as fleet, AsyncExitStack() as stack:
+            workers = {}
             for executor_id, impl in serves.items():
                 config = worker_config(executor_id, enroll(keyring, executor_id), fleet.url)
-                await stack.enter_async_context(gl.Worker(config, {"area": impl()}))
+                workers[executor_id] = await stack.enter_async_context(
+                    gl.Worker(config, {"area": impl()})
+                )
             infos = {}
             for executor_id in serves:
                 await fleet.executor(executor_id).wait_ready(10)
@@ -630,6 +642,13 @@ async def test_executors_describing_the_same_manifest_share_one_copy(
                     assert await executor.service("area", Area).area(Box(2, 3)) == 6
                     assert executor.offers("area", "area", interface=Area)
             assert len(compared) == 2  # area.area, once per distinct manifest
+
+            for executor_id in ("a", "b"):
+                workers[executor_id].add_service(extra, AreaImpl())
+            for executor_id in ("a", "b"):
+                while extra not in fleet.executor(executor_id).versions:
+                    await anyio.sleep(0.005)
+            assert logged == ["compared"]  # the new extra.area, for both executors
 
 
 async def test_map_and_pick_route_by_what_each_manifest_offers(tmp_path: Path) -> None:

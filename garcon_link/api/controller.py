@@ -157,6 +157,38 @@ def _differing(
                 yield f"{service}.{method}", old.get(method), new.get(method)
 
 
+_PAIRS_KEPT = 8
+"""The most earlier manifests a manifest keeps its changes from (:func:`_changes`)."""
+
+
+def _changes(
+    before: Described, after: Described
+) -> tuple[list[tuple[str, Compatibility, str]], int]:
+    """The entries of ``after`` that are not compatible with ``before``'s (name, verdict,
+    difference), and how many differing entries were not compared.
+
+    Only entries that differ are compared, and at most ``_CHANGES_COMPARED`` of them: a
+    worker's manifest is the peer's, so the parsing it costs here stays bounded however many
+    methods changed (the rest are counted). Computed once per pair of distinct manifests (an
+    upgrade of many executors to the same code changes each from the same one): ``after``
+    keeps the last :data:`_PAIRS_KEPT`."""
+    known = after.changes_from.get(before.contract)
+    if known is not None:
+        return known
+    differing = list(_differing(before.services, after.services))
+    compared = [
+        (name, *compare_method(old, new)) for name, old, new in differing[:_CHANGES_COMPARED]
+    ]
+    known = (
+        [c for c in compared if c[1] is not Compatibility.COMPATIBLE],
+        len(differing) - min(len(differing), _CHANGES_COMPARED),
+    )
+    if len(after.changes_from) >= _PAIRS_KEPT:
+        after.changes_from.pop(next(iter(after.changes_from)), None)
+    after.changes_from[before.contract] = known
+    return known
+
+
 def _with_types(info: ExecutorInfo, received: Any, limits: Limits) -> ExecutorInfo:
     """``info`` with the type descriptions the worker sent, checked (never refuses a session:
     they are documentation; one over the bounds is replaced by a note), the one copy of them
@@ -541,8 +573,8 @@ class RemoteExecutor(Endpoint):
         except (CallError, KeyError, TypeError, ValueError) as exc:
             self._refuse_session(transport, f"describe failed: {peer_text(exc)}")
             return
-        if self._info is not None and info.contract != self._info.contract:
-            self._log_changes(self._services, info.services, transport.session_id)
+        if self._described is not None and shared is not self._described:
+            self._log_changes(self._described, shared, transport.session_id)
         self._learn(info, shared)
         # describe says which announcement its manifest includes (-1: an older worker)
         sequence = manifest.get("inventory")
@@ -618,7 +650,8 @@ class RemoteExecutor(Endpoint):
         self._inventory_seq = args[0]
         shared = described(dict(args[1]), encoded)
         self.inventory_updates += 1
-        self._log_changes(self._services, shared.services, None)
+        if self._described is not None and shared is not self._described:
+            self._log_changes(self._described, shared, None)
         self._learn(
             dataclasses.replace(
                 self._info,
@@ -629,22 +662,9 @@ class RemoteExecutor(Endpoint):
             shared,
         )
 
-    def _log_changes(
-        self, before: Mapping[str, Any], after: Mapping[str, Any], session: bytes | None
-    ) -> None:
-        """One line naming what changed in the worker's manifest (bounded, rate-limited).
-
-        Only entries that differ are compared, and at most ``_CHANGES_COMPARED`` of them: a
-        worker's manifest is the peer's, so the parsing it costs here stays bounded however
-        many methods changed (the rest are counted)."""
-        differing = list(_differing(before, after))
-        if not differing:
-            return
-        changed = [
-            (name, *compare_method(old, new)) for name, old, new in differing[:_CHANGES_COMPARED]
-        ]
-        changed = [c for c in changed if c[1] is not Compatibility.COMPATIBLE]
-        uncompared = len(differing) - min(len(differing), _CHANGES_COMPARED)
+    def _log_changes(self, before: Described, after: Described, session: bytes | None) -> None:
+        """One line naming what changed in the worker's manifest (bounded, rate-limited)."""
+        changed, uncompared = _changes(before, after)
         if not changed and not uncompared:
             return  # the same contracts spelled differently
         additive = all(c[1] is Compatibility.ADDITIVE for c in changed)

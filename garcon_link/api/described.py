@@ -8,7 +8,8 @@ shared with every other executor, of this controller or of another in the proces
 members, a gateway's fleet), that described the same bytes. What is derived from a manifest --
 each service's contract version, the facades' contract comparisons
 (:func:`~garcon_link.api.facades.contract_refusals`), :meth:`RemoteExecutor.offers
-<garcon_link.RemoteExecutor.offers>` -- is computed once per distinct manifest, not per executor.
+<garcon_link.RemoteExecutor.offers>`, the changes logged when a manifest replaces another -- is
+computed once per distinct manifest (or pair of them), not per executor.
 
 The key is the BLAKE3 hash of the canonical CBOR of what was received, computed here, never the
 hash the worker states (``contract``): a worker cannot make its manifest stand for another's.
@@ -33,7 +34,7 @@ import blake3
 
 from ..core.wire import encode_canonical
 from ..logs import peer_text
-from ..rpc.contract import service_version
+from ..rpc.contract import Compatibility, service_version
 
 __all__ = ["Described", "described", "interned_counts", "manifest_bytes", "shared_types"]
 
@@ -42,7 +43,7 @@ class Described:
     """One distinct services manifest and what is derived from it, shared by every executor
     that described it."""
 
-    __slots__ = ("__weakref__", "contract", "refusals", "services", "versions")
+    __slots__ = ("__weakref__", "changes_from", "contract", "refusals", "services", "versions")
 
     def __init__(self, services: dict[str, Any], contract: str) -> None:
         self.services: Mapping[str, Any] = services
@@ -55,6 +56,9 @@ class Described:
         """(service, interface) -> the methods of the interface's view the manifest refuses
         (:func:`~garcon_link.api.facades.contract_refusals`), for facades and
         :meth:`RemoteExecutor.offers <garcon_link.RemoteExecutor.offers>`."""
+        self.changes_from: dict[str, tuple[list[tuple[str, Compatibility, str]], int]] = {}
+        """An earlier manifest's contract -> what changed from it to this one, as a controller
+        logs it (the last few: ``garcon_link.api.controller._changes``)."""
 
 
 class _Types(dict[str, Any]):
