@@ -88,6 +88,7 @@ import anyio
 import anyio.abc
 
 import garcon_link as gl
+from garcon_link.services import builtin_services
 from garcon_link.settings.secrets import read_secret_file, write_secret_file
 
 from . import eventloop, harness
@@ -363,15 +364,19 @@ async def _workers_main(
     count: int,
     backoff_reset_after: float | None = None,
     gc_freeze: bool = False,
+    builtin: bool = False,
 ) -> None:
     """Run ``count`` workers; on a ``cut`` line on stdin abort all their sockets; on a ``gc``
     line print ``GC {json}`` (the GC-tracked objects per worker) on stdout, then with
     ``gc_freeze`` call ``gc.freeze()``; exit on EOF.
 
     ``backoff_reset_after`` (``per-resume``): a shorter :class:`~garcon_link.Limits` field, so
-    that every round's first redial is immediate, as the storm's is."""
+    that every round's first redial is immediate, as the storm's is. ``builtin``: each worker
+    serves the built-in process and file services too (rooted in a temporary directory), so
+    that its manifest is theirs (``--builtin``: the controller's memory per manifest)."""
     raise_nofile()
     tracked_base = tracked_by_type()
+    root = tempfile.mkdtemp(prefix="gl-fleet-bench-root-") if builtin else None
     limits = (
         gl.Limits()
         if backoff_reset_after is None
@@ -387,7 +392,16 @@ async def _workers_main(
             secret=read_secret_file(keyring / f"{name}.secret"),
             dial=url,
         )
-        services = {"ident": gl.Service(_IdentImpl(name), Ident)}
+        ident = {"ident": gl.Service(_IdentImpl(name), Ident)}
+        services: Any = ident
+        if root is not None:
+            factory = builtin_services(["process", "files"], root=root)
+
+            @contextlib.asynccontextmanager
+            async def services(scope: Any) -> Any:
+                async with factory(scope) as builtins:
+                    yield {**builtins, **ident}
+
         async with gl.Worker(config, services, limits=limits) as worker:
             task_status.started(worker)
             await anyio.sleep_forever()
@@ -539,6 +553,7 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                     "--loop",
                     args.loop,
                     *(["--gc-freeze"] if args.gc_freeze else []),
+                    *(["--builtin"] if args.builtin else []),
                 ]
                 first += share
                 proc = await anyio.open_process(command, stderr=None)
@@ -1353,6 +1368,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=5, help="per-resume: cuts of all workers")
     parser.add_argument("--backoff-reset-after", type=float, default=None)
+    parser.add_argument(
+        "--builtin", action="store_true", help="workers serve the built-in services too"
+    )
     args = parser.parse_args(argv)
     log_dir = os.environ.get("GL_FLEET_BENCH_LOG_DIR")  # for diagnosis: the library's log lines
     if log_dir:
@@ -1371,6 +1389,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.count,
                 args.backoff_reset_after,
                 args.gc_freeze,
+                args.builtin,
             )
 
         run_asyncio(workers, args.loop)

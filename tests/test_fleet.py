@@ -37,9 +37,11 @@ import pytest
 from faultutil import Raw, wait_for
 
 import garcon_link as gl
+from garcon_link.api import controller, facades
 from garcon_link.api.fleet import _accepting_work
 from garcon_link.cli._fleet import fleet_table
 from garcon_link.core.handshake import Handshake, Hello, derive_key
+from garcon_link.rpc.contract import Compatibility, compare_method
 from garcon_link.settings.secrets import read_secret_file, write_secret_file
 from garcon_link.testing import FaultProxy
 
@@ -570,6 +572,83 @@ class CalcV2Impl(CalcV1Impl):
 class CalcTextImpl:
     async def add(self, a: int, b: int) -> str:
         return str(a + b)
+
+
+@dataclasses.dataclass
+class Box:
+    w: int
+    h: int
+
+
+class AreaImpl:
+    async def area(self, box: Box) -> int:
+        return box.w * box.h
+
+
+class AreaPlusImpl(AreaImpl):
+    async def perimeter(self, box: Box) -> int:
+        return 2 * (box.w + box.h)
+
+
+async def test_executors_describing_the_same_manifest_share_one_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller holds one decoded copy of each distinct manifest and type descriptions
+    however many executors described them, and compares an interface with each distinct
+    manifest once: the facades and ``offers`` of an executor reuse the comparison another
+    executor with the same manifest made, and the changes logged when two executors' manifest
+    changes the same way are compared once."""
+
+    class Area(Protocol):  # a class per run: no comparison with it is cached yet
+        async def area(self, box: Box) -> int: ...
+
+    compared: list[str] = []
+
+    def counting(expected: object, offered: object) -> tuple[Compatibility, str]:
+        compared.append("compared")
+        return compare_method(expected, offered)
+
+    monkeypatch.setattr(facades, "compare_method", counting)
+    logged: list[str] = []
+
+    def counting_logged(expected: object, offered: object) -> tuple[Compatibility, str]:
+        logged.append("compared")
+        return compare_method(expected, offered)
+
+    monkeypatch.setattr(controller, "compare_method", counting_logged)
+    extra = f"extra{os.urandom(4).hex()}"  # a manifest no earlier run held
+    keyring = tmp_path / "keys"
+    serves = {"a": AreaImpl, "b": AreaImpl, "c": AreaPlusImpl}
+    with anyio.fail_after(DEADLINE):
+        async with listening_fleet(keyring) as fleet, AsyncExitStack() as stack:
+            workers = {}
+            for executor_id, impl in serves.items():
+                config = worker_config(executor_id, enroll(keyring, executor_id), fleet.url)
+                workers[executor_id] = await stack.enter_async_context(
+                    gl.Worker(config, {"area": impl()})
+                )
+            infos = {}
+            for executor_id in serves:
+                await fleet.executor(executor_id).wait_ready(10)
+                infos[executor_id] = await fleet.executor(executor_id).info()
+            a, b, c = infos["a"], infos["b"], infos["c"]
+            assert a.services is b.services and a.versions is b.versions
+            assert a.types is b.types and "Box" in str(a.types)
+            assert a.contract == b.contract != c.contract
+            assert c.services is not a.services and "perimeter" in c.services["area"]
+            for executor_id in serves:
+                executor = fleet.executor(executor_id)
+                for _ in range(3):
+                    assert await executor.service("area", Area).area(Box(2, 3)) == 6
+                    assert executor.offers("area", "area", interface=Area)
+            assert len(compared) == 2  # area.area, once per distinct manifest
+
+            for executor_id in ("a", "b"):
+                workers[executor_id].add_service(extra, AreaImpl())
+            for executor_id in ("a", "b"):
+                while extra not in fleet.executor(executor_id).versions:
+                    await anyio.sleep(0.005)
+            assert logged == ["compared"]  # the new extra.area, for both executors
 
 
 async def test_map_and_pick_route_by_what_each_manifest_offers(tmp_path: Path) -> None:

@@ -240,6 +240,8 @@ async def test_a_granted_call_reaches_the_executor_it_names(tmp_path: Path) -> N
                 await ex.wait_ready(10)
                 assert await ex.service("ident", Ident).whoami() == executor_id
                 assert await ex.service("ident").record("dyn") == 2  # a dynamic facade
+            # the same manifest through the gateway: one copy held for both
+            assert web.executor("box-1").manifest() is web.executor("box-2").manifest()
             # The worker's outcomes cross both hops with their codes.
             ident = web.executor("box-1").service("ident", Ident)
             with pytest.raises(gl.RemoteError) as failed:

@@ -88,10 +88,12 @@ from faultutil import (
 )
 
 import garcon_link as gl
-from garcon_link.core.wire import encode_message, encode_receipt
+from garcon_link.api.described import described
+from garcon_link.core.wire import encode_canonical, encode_message, encode_receipt
 from garcon_link.endpoint.link import WebSocketLink
 from garcon_link.endpoint.transport import TransportState
 from garcon_link.rpc.interface import service_spec
+from garcon_link.rpc.manifest import contract_hash
 from garcon_link.testing import WorkerProcess, free_tcp_port
 
 # Every test here measures the legitimate peer (its latency, or that its calls all succeed) while
@@ -1053,6 +1055,27 @@ async def test_an_announcement_that_describe_already_includes_is_ignored() -> No
             while "new" not in executor.versions:
                 await anyio.sleep(0.005)
             assert executor.inventory_updates == 1  # "stale" was never applied
+
+
+class Adder(Protocol):
+    async def add(self, a: int, b: int) -> int: ...
+
+
+async def test_a_worker_stating_another_manifests_hash_gets_its_own_manifest() -> None:
+    """The controller keeps one copy of each distinct manifest, keyed by the hash of the bytes
+    it received: a worker stating the contract hash of a manifest the process holds is still
+    held to, and shown, the manifest it sent."""
+    held = {"calc": service_spec(Adder).manifest()}
+    shared = described(dict(held), encode_canonical(held))  # as another executor's would be
+    sent = {"calc": {"add": {"kind": "unary", "signature": "(a: str) -> str"}}}
+    with anyio.fail_after(DEADLINE):
+        async with hostile_worker() as (executor, raw, call):
+            await raw.send_envelope([1, call[1], manifest(contract_hash(held), sent)])
+            await executor.wait_ready(OUTCOME_WAIT)
+            info = await executor.info()
+            assert info.services == sent and info.contract == contract_hash(sent)
+            assert not executor.offers("calc", "add", interface=Adder)
+            assert shared.services == held
 
 
 # ---------------------------------------------------------------------------------- rpc bounds

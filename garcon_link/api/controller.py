@@ -66,7 +66,6 @@ import anyio
 import anyio.abc
 
 from ..core.handshake import HandshakeResult
-from ..core.wire import encode_canonical
 from ..endpoint.link import ExecutorLink
 from ..endpoint.transport import SessionTransport, TransportState
 from ..errors import (
@@ -81,15 +80,16 @@ from ..errors import (
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_message, peer_text
-from ..rpc.contract import Compatibility, compare_method, service_version
+from ..rpc.contract import Compatibility, compare_method
 from ..rpc.hooks import CallHook
 from ..rpc.interface import service_spec
 from ..rpc.manifest import contract_hash
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
 from ..rpc.typedoc import checked_type_descriptions
 from ..settings.config import LinkConfig
+from .described import Described, described, manifest_bytes, shared_types
 from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
-from .facades import NO_METHODS, DynamicFacade, Facade
+from .facades import NO_METHODS, DynamicFacade, Facade, contract_refusals
 from .registration import ServiceMap, interface_class, registry_from
 
 __all__ = ["Availability", "ExecutorInfo", "RemoteExecutor", "connect"]
@@ -115,7 +115,10 @@ class ExecutorInfo:
     instance_id: bytes
     session_id: bytes
     services: Mapping[str, Any]
+    """The services manifest; one copy shared by every executor that described the same one
+    (:mod:`garcon_link.api.described`): read it, never change it."""
     contract: str
+    """The BLAKE3 hash of the manifest's canonical CBOR, as this controller computed it."""
     worker_instance_id: bytes | None = None
     """The worker's runtime id, which worker-scoped references carry (``None``: an older
     worker that does not say)."""
@@ -135,19 +138,10 @@ class ExecutorInfo:
 def manifest_problem(services: object, limit: int) -> str | None:
     """Why a worker's services manifest is refused (``None``: it is not): not a map of service
     name to a map of method name to entry, or over ``limit`` bytes of canonical CBOR."""
-    if not isinstance(services, Mapping):
-        return "the manifest is not a map"
-    for name, methods in services.items():
-        if not isinstance(name, str) or not isinstance(methods, Mapping):
-            return f"service {peer_text(name)} is not a name and a map of methods"
-        if not all(isinstance(method, str) for method in methods):
-            return f"service {peer_text(name)} has a method name that is not text"
     try:
-        size = len(encode_canonical(dict(services)))
-    except (TypeError, ValueError) as exc:
-        return f"the manifest does not encode: {peer_text(exc)}"
-    if size > limit:
-        return f"the manifest is {size} bytes, over max_manifest_bytes ({limit})"
+        manifest_bytes(services, limit)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 
@@ -165,15 +159,44 @@ def _differing(
                 yield f"{service}.{method}", old.get(method), new.get(method)
 
 
-def _versions(services: Mapping[str, Any]) -> dict[str, str]:
-    return {name: service_version(methods) for name, methods in sorted(services.items())}
+_PAIRS_KEPT = 8
+"""The most earlier manifests a manifest keeps its changes from (:func:`_changes`)."""
+
+
+def _changes(
+    before: Described, after: Described
+) -> tuple[list[tuple[str, Compatibility, str]], int]:
+    """The entries of ``after`` that are not compatible with ``before``'s (name, verdict,
+    difference), and how many differing entries were not compared.
+
+    Only entries that differ are compared, and at most ``_CHANGES_COMPARED`` of them: a
+    worker's manifest is the peer's, so the parsing it costs here stays bounded however many
+    methods changed (the rest are counted). Computed once per pair of distinct manifests (an
+    upgrade of many executors to the same code changes each from the same one): ``after``
+    keeps the last :data:`_PAIRS_KEPT`."""
+    known = after.changes_from.get(before.contract)
+    if known is not None:
+        return known
+    differing = list(_differing(before.services, after.services))
+    compared = [
+        (name, *compare_method(old, new)) for name, old, new in differing[:_CHANGES_COMPARED]
+    ]
+    known = (
+        [c for c in compared if c[1] is not Compatibility.COMPATIBLE],
+        len(differing) - min(len(differing), _CHANGES_COMPARED),
+    )
+    if len(after.changes_from) >= _PAIRS_KEPT:
+        after.changes_from.pop(next(iter(after.changes_from)), None)
+    after.changes_from[before.contract] = known
+    return known
 
 
 def _with_types(info: ExecutorInfo, received: Any, limits: Limits) -> ExecutorInfo:
     """``info`` with the type descriptions the worker sent, checked (never refuses a session:
-    they are documentation; one over the bounds is replaced by a note)."""
+    they are documentation; one over the bounds is replaced by a note), the one copy of them
+    (:func:`~garcon_link.api.described.shared_types`)."""
     return dataclasses.replace(
-        info, types=checked_type_descriptions(received, info.services, limits)
+        info, types=shared_types(checked_type_descriptions(received, info.services, limits))
     )
 
 
@@ -281,7 +304,10 @@ class RemoteExecutor(Endpoint):
         self._info: ExecutorInfo | None = None
         self._services: Mapping[str, Any] = {}  # the worker's manifest (the current session's)
         self._manifest_version = 0  # incremented whenever _services is learned (facades.py)
-        self._contract_cache: dict[tuple[str, type], Any] = {}  # facades.py; per manifest
+        # facades.py and offers(): the current manifest's comparisons, shared by every executor
+        # with the same manifest (described.py)
+        self._contract_cache: dict[tuple[str, type], Any] = {}
+        self._described: Described | None = None
         self._inventory_seq = -1  # the latest inventory announcement applied on this session
         self.inventory_updates = 0
         """Manifests the worker announced on a running session and this executor applied."""
@@ -538,27 +564,27 @@ class RemoteExecutor(Endpoint):
         rpc.on_inventory(hold)
         try:
             manifest = await rpc.describe_peer(timeout=self.limits.call_timeout)
-            problem = manifest_problem(manifest["services"], self.limits.max_manifest_bytes)
-            if problem is not None:
-                raise ValueError(problem)
-            services = dict(manifest["services"])
+            encoded = manifest_bytes(manifest["services"], self.limits.max_manifest_bytes)
+            # The one copy of this manifest in the process, by the hash of what was received
+            # (the worker's own "contract" is not trusted for it).
+            shared = described(dict(manifest["services"]), encoded)
             info = ExecutorInfo(
                 executor_id=str(manifest["executor_id"]),
                 instance_id=bytes(manifest["instance_id"]),
                 session_id=transport.session_id,
-                services=services,
-                contract=str(manifest["contract"]),
+                services=shared.services,
+                contract=shared.contract,
                 worker_instance_id=_optional_bytes(manifest.get("worker_instance_id")),
-                versions=_versions(services),
+                versions=shared.versions,
                 state_id=_optional_bytes(manifest.get("state_id"), "state_id"),
             )
             info = _with_types(info, manifest.get("types"), self.limits)
         except (CallError, KeyError, TypeError, ValueError) as exc:
             self._refuse_session(transport, f"describe failed: {peer_text(exc)}")
             return
-        if self._info is not None and info.contract != self._info.contract:
-            self._log_changes(self._services, info.services, transport.session_id)
-        self._learn(info)
+        if self._described is not None and shared is not self._described:
+            self._log_changes(self._described, shared, transport.session_id)
+        self._learn(info, shared)
         # describe says which announcement its manifest includes (-1: an older worker)
         sequence = manifest.get("inventory")
         self._inventory_seq = sequence if type(sequence) is int else -1
@@ -595,11 +621,13 @@ class RemoteExecutor(Endpoint):
         ):
             self._set_availability("draining")
 
-    def _learn(self, info: ExecutorInfo) -> None:
-        """Make ``info`` (and its manifest) the executor's: facades compare again."""
+    def _learn(self, info: ExecutorInfo, shared: Described) -> None:
+        """Make ``info`` (and its manifest, ``shared``) the executor's: facades compare again
+        (once per distinct manifest: the comparisons are ``shared``'s)."""
         self._info = info
-        self._services = info.services
-        self._contract_cache = {}
+        self._described = shared  # (the table refers to it weakly: held while it is the current)
+        self._services = shared.services
+        self._contract_cache = shared.refusals
         self._manifest_version += 1
 
     def _on_inventory(self, rpc: ExecutorRpc, args: list[Any]) -> None:
@@ -607,12 +635,16 @@ class RemoteExecutor(Endpoint):
         if self._rpc is not rpc or self._info is None:
             return  # not the installed session (or not yet): its describe is what counts
         problem = None
+        encoded = b""
         if len(args) != 2 or type(args[0]) is not int:
             problem = "an announcement is [sequence, services]"
         elif args[0] <= self._inventory_seq:
             return  # an older announcement than one applied (they are sent in order)
         else:
-            problem = manifest_problem(args[1], self.limits.max_manifest_bytes)
+            try:
+                encoded = manifest_bytes(args[1], self.limits.max_manifest_bytes)
+            except ValueError as exc:
+                problem = str(exc)
         if problem is not None:
             self.inventory_dropped += 1
             self._peer_log.log(
@@ -625,33 +657,23 @@ class RemoteExecutor(Endpoint):
             )
             return
         self._inventory_seq = args[0]
-        services = dict(args[1])
-        before = self._services
-        contract = contract_hash(services)
+        shared = described(dict(args[1]), encoded)
         self.inventory_updates += 1
-        self._log_changes(before, services, None)
+        if self._described is not None and shared is not self._described:
+            self._log_changes(self._described, shared, None)
         self._learn(
             dataclasses.replace(
-                self._info, services=services, contract=contract, versions=_versions(services)
-            )
+                self._info,
+                services=shared.services,
+                contract=shared.contract,
+                versions=shared.versions,
+            ),
+            shared,
         )
 
-    def _log_changes(
-        self, before: Mapping[str, Any], after: Mapping[str, Any], session: bytes | None
-    ) -> None:
-        """One line naming what changed in the worker's manifest (bounded, rate-limited).
-
-        Only entries that differ are compared, and at most ``_CHANGES_COMPARED`` of them: a
-        worker's manifest is the peer's, so the parsing it costs here stays bounded however
-        many methods changed (the rest are counted)."""
-        differing = list(_differing(before, after))
-        if not differing:
-            return
-        changed = [
-            (name, *compare_method(old, new)) for name, old, new in differing[:_CHANGES_COMPARED]
-        ]
-        changed = [c for c in changed if c[1] is not Compatibility.COMPATIBLE]
-        uncompared = len(differing) - min(len(differing), _CHANGES_COMPARED)
+    def _log_changes(self, before: Described, after: Described, session: bytes | None) -> None:
+        """One line naming what changed in the worker's manifest (bounded, rate-limited)."""
+        changed, uncompared = _changes(before, after)
         if not changed and not uncompared:
             return  # the same contracts spelled differently
         additive = all(c[1] is Compatibility.ADDITIVE for c in changed)
@@ -835,14 +857,15 @@ class RemoteExecutor(Endpoint):
             return False
         if interface is None:
             return method is None or isinstance(methods.get(method), Mapping)
-        view = service_spec(interface_class(interface)).manifest()
-        wanted = view if method is None else {method: view.get(method)}
-        return all(
-            entry is not None
-            and compare_method(entry, methods.get(name))[0]
-            in (Compatibility.COMPATIBLE, Compatibility.ADDITIVE)
-            for name, entry in wanted.items()
-        )
+        spec = service_spec(interface_class(interface))
+        # Compared once per distinct manifest and interface, as facades compare theirs.
+        key = (service, spec.interface)
+        refusals = self._contract_cache.get(key)
+        if refusals is None:
+            refusals = contract_refusals(service, spec.manifest(), self._services)
+            self._contract_cache[key] = refusals
+        wanted = spec.methods if method is None else (method,)
+        return all(name in spec.methods and name not in refusals for name in wanted)
 
 
 def _optional_bytes(value: object, name: str = "worker_instance_id") -> bytes | None:

@@ -80,6 +80,7 @@ from ..rpc.rpc import CallObserver, ExecutorRpc, RemoteStream
 from ..settings.callers import CallerConfig
 from ..settings.keyring import executor_id_problem
 from .controller import Availability, RemoteExecutor
+from .described import Described, described, manifest_bytes
 from .facades import NO_METHODS, DynamicFacade, Facade, FacadeStream
 from .fleet import EventKind, ExecutorSnapshot, FleetEvent, Where, _EventFeed
 from .registration import interface_class
@@ -343,6 +344,7 @@ class GatewayExecutor:
         self._observer = CallObserver(fleet._hooks, fleet.limits, executor_id)
         self._manifest_version = 0
         self._contract_cache: dict[tuple[str, type], Any] = {}
+        self._described: Described | None = None  # what _services and _contract_cache are of
         self._services: Mapping[str, Any] = {}
         self._known = False
         self.availability: Availability = "offline"
@@ -367,9 +369,17 @@ class GatewayExecutor:
             self._versions = {str(k): str(v) for k, v in versions.items()}
         manifest = entry.get("manifest")
         if isinstance(manifest, dict) and (not self._known or manifest != self._services):
-            self._services = manifest
+            try:  # one copy per distinct manifest, as a controller's executors hold theirs
+                encoded = manifest_bytes(manifest, self.limits.max_manifest_bytes)
+            except ValueError:  # not one a controller would install: this executor's own
+                self._described = None
+                self._services = manifest
+                self._contract_cache = {}
+            else:
+                self._described = described(manifest, encoded)
+                self._services = self._described.services
+                self._contract_cache = self._described.refusals
             self._known = True
-            self._contract_cache = {}
             self._manifest_version += 1
 
     def _manifest(self) -> Mapping[str, Any]:
