@@ -190,8 +190,9 @@ class Limits:
         default=16,
         metadata=_doc(
             "Controllers a worker holds a logical session for at once (one each; a controller "
-            "is its controller_id, by default its runtime); the next one is refused (1013). At "
-            "most 4096.",
+            "is its controller_id, by default its runtime); the next one takes the place of the "
+            "session detached the longest (EVICTED), or is refused (1013) when every place has "
+            "a live socket. At most 4096.",
             maximum=4096,
         ),
     )

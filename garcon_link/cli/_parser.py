@@ -281,8 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument(
         "--json",
         action="store_true",
-        help="print {executor_id, contract, services, types} as one JSON object (types: "
-        "per service, the fields and a JSON Schema of each method's parameters and result)",
+        help="print {executor_id, contract, versions, services, types} as one JSON object "
+        "(types: per service, the fields and a JSON Schema of each method's parameters and "
+        "result)",
     )
     _add_executor_option(describe, "describe")
     _add_ready_timeout(describe)
