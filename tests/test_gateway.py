@@ -481,6 +481,38 @@ async def test_streams_notifications_and_cancels_pass_through(tmp_path: Path) ->
             await service.cancelled.wait()
 
 
+async def test_a_callers_streams_and_watch_are_counted_while_open(tmp_path: Path) -> None:
+    """``gw.callers()`` shows what a caller holds now: its open streams (within the calls and
+    streams in flight, against its budget), the items they passed on, its watch; all back to 0
+    as it lets go."""
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            await web.executor("box-1").wait_ready(10)
+            await wait_for(lambda: gw.callers()["web-1"].watches == 1, 5, "web-1's watch")
+            idle = gw.callers()["web-1"]
+            assert (idle.streams, idle.in_flight, idle.stream_items) == (0, 0, 0)
+            assert idle.budget == LIMITS.max_incoming_calls  # one session
+            ident = web.executor("box-1").service("ident", Ident)
+            first, second = ident.count(10_000), ident.count(10_000)
+            assert await first.__anext__() == 0
+            assert await second.__anext__() == 0
+            held = gw.callers()["web-1"]
+            assert (held.streams, held.in_flight) == (2, 2)
+            assert held.stream_items >= 2
+            await first.aclose()  # type: ignore[attr-defined]
+            await wait_for(lambda: gw.callers()["web-1"].streams == 1, 5, "one stream closed")
+            assert gw.callers()["web-1"].in_flight == 1
+            await second.aclose()  # type: ignore[attr-defined]
+            await wait_for(lambda: gw.callers()["web-1"].streams == 0, 5, "both closed")
+            assert gw.callers()["web-1"].in_flight == 0
+            await web.aclose()
+            await wait_for(lambda: gw.callers()["web-1"].sessions == 0, 5, "web-1 gone")
+            gone = gw.callers()["web-1"]
+            assert (gone.watches, gone.streams, gone.in_flight, gone.budget) == (0, 0, 0, 0)
+
+
 async def test_a_slow_caller_slows_the_producer_not_the_gateway(tmp_path: Path) -> None:
     limits = LIMITS.replace(stream_window_items=8, stream_window_bytes=1 << 20)
     with anyio.fail_after(DEADLINE):
