@@ -449,9 +449,19 @@ async def hostile_caller(env: Env, bodies: list[bytes]) -> None:
             # share (the hostile streams it opened included).
             share = int(LIMITS.max_pending_calls * LIMITS.gateway_caller_share)
             assert gw.fleet.executors()["box-1"].pending <= share
+            # Nor more streams and calls in flight than its sessions' budget, nor more than
+            # one watch per session.
+            held = gw.callers()["web-9"]
+            assert held.streams <= held.in_flight <= min(held.budget, share), held
+            assert held.watches <= max(held.sessions, 0) <= 1, held
     # The hostile caller left: the gateway holds nothing of it, and box-1 served only what
     # parses as a call.
     await _until(lambda: "web-9" not in gw.caller_sessions(), "the session's end")
+
+    def holds(snap: gl.CallerSnapshot) -> tuple[int, int, int]:
+        return (snap.streams, snap.watches, snap.in_flight)
+
+    await _until(lambda: holds(gw.callers()["web-9"]) == (0, 0, 0), "its streams and watch")
     await _until(lambda: gw.fleet.executors()["box-1"].pending == 0, "box-1's calls")
     await _until(lambda: _worker_counts(env.worker)[1] == 0, "box-1's handlers")
     # A call whose arguments do not match its method's types is the worker's to refuse (the
