@@ -34,6 +34,7 @@ from faultutil import wait_for
 
 import garcon_link as gl
 from garcon_link.api.relay import RELAY_CALL, RELAY_SERVICE, decode_outcome
+from garcon_link.cli._gateway import callers_table
 from garcon_link.settings.secrets import read_secret_file, write_secret_file
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -501,6 +502,11 @@ async def test_a_callers_streams_and_watch_are_counted_while_open(tmp_path: Path
             held = gw.callers()["web-1"]
             assert (held.streams, held.in_flight) == (2, 2)
             assert held.stream_items >= 2
+            # `garcon-link gateway`'s callers table: the open streams against the budget.
+            header, row = callers_table(gw)
+            assert header.split()[-2:] == ["streams", "watches"]
+            assert row.split()[0] == "web-1"
+            assert row.split()[-2:] == [f"2/{LIMITS.max_incoming_calls}", "1"]
             await first.aclose()  # type: ignore[attr-defined]
             await wait_for(lambda: gw.callers()["web-1"].streams == 1, 5, "one stream closed")
             assert gw.callers()["web-1"].in_flight == 1
@@ -571,7 +577,7 @@ async def test_a_flooding_caller_is_held_to_its_budget(tmp_path: Path) -> None:
     budget = 4
     with anyio.fail_after(DEADLINE):
         limits = LIMITS.replace(max_incoming_calls=budget)
-        async with one_device_two_callers(tmp_path, limits) as (_gw, service, flood, other):
+        async with one_device_two_callers(tmp_path, limits) as (gw, service, flood, other):
             ident = flood.executor("box-1").service("ident", Ident)
             refused: list[gl.CallError] = []
             async with anyio.create_task_group() as tg:
@@ -580,6 +586,9 @@ async def test_a_flooding_caller_is_held_to_its_budget(tmp_path: Path) -> None:
                 await wait_for(lambda: len(refused) >= 40 - budget, 10, "the excess refused")
                 assert {e.code for e in refused} == {"OVERLOADED"}
                 assert service.ledger.count("hold") <= budget
+                # What an operator sees: the caller's calls in flight at its budget.
+                held = gw.callers()["web-1"]
+                assert held.budget == budget and 0 < held.in_flight <= budget, held
                 # Another caller's session has its own budget.
                 served = other.executor("box-1").service("ident", Ident)
                 assert await served.whoami() == "box-1"
@@ -653,7 +662,7 @@ async def test_one_caller_cannot_fill_an_executors_session(tmp_path: Path) -> No
     # A share of 2, where the default fraction (a quarter) would allow 4.
     limits = LIMITS.replace(max_pending_calls=16, gateway_caller_share=0.125)
     with anyio.fail_after(DEADLINE):
-        async with one_device_two_callers(tmp_path, limits) as (_gw, service, greedy, other):
+        async with one_device_two_callers(tmp_path, limits) as (gw, service, greedy, other):
             ident = greedy.executor("box-1").service("ident", Ident)
             refused: list[gl.CallError] = []
             async with anyio.create_task_group() as tg:
@@ -662,6 +671,9 @@ async def test_one_caller_cannot_fill_an_executors_session(tmp_path: Path) -> No
                 await wait_for(lambda: len(refused) == 3, 10, "the excess refused")
                 assert all("its share" in e.message for e in refused)
                 await wait_for(lambda: service.ledger.count("hold") == 2, 10, "two running")
+                held = gw.callers()["web-1"]
+                assert (held.overloaded, held.in_flight) == (3, 2), held
+                assert held.in_flight == gw.share_of("web-1", "box-1")
                 served = other.executor("box-1").service("ident", Ident)
                 assert await served.whoami() == "box-1"
                 tg.cancel_scope.cancel()
