@@ -16,9 +16,11 @@ drives them from the test's thread.
   do not frame, or frame but do not decode. After each example: the gateway logged nothing at
   ERROR or with a traceback, no line longer than :data:`LINE_BOUND`, at most
   :data:`WARNINGS_BOUND` warnings; box-1's worker saw no call it cannot parse (its
-  ``malformed_envelopes`` did not grow: the gateway refused such a call itself); once the
-  hostile caller left, the gateway holds nothing of it (no caller session, no pending call to
-  box-1, no handler running there); the gateway's session to box-1 is the same one (its id
+  ``malformed_envelopes`` did not grow: the gateway refused such a call itself); while the
+  hostile caller is connected, its streams and calls in flight stay within its budget and its
+  share of box-1, and it holds at most one watch (``gw.callers()``); once it left, the gateway
+  holds nothing of it (no caller session, no stream, watch or pending call to box-1, no handler
+  running there); the gateway's session to box-1 is the same one (its id
   unchanged) and ``web-1``'s next call through it succeeds.
 * **A hostile executor** (box-2) answers a relayed unary call or stream of ``web-2`` with
   hostile replies: values that are not one CBOR item, items past credit, mutated results,
