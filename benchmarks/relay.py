@@ -237,9 +237,15 @@ async def _workers(url: str, keyring: Path, count: int) -> AsyncIterator[None]:
     try:
         assert process.stdout is not None
         buffer = b""
-        with anyio.fail_after(120):
-            while b"started" not in buffer:
-                buffer += await process.stdout.receive()
+        try:
+            with anyio.fail_after(120):
+                while b"started" not in buffer:
+                    buffer += await process.stdout.receive()
+        except anyio.EndOfStream:
+            code = await process.wait()
+            raise RuntimeError(
+                f"the workers' process exited (status {code}) before they started"
+            ) from None
         yield
     finally:
         process.kill()
@@ -263,6 +269,28 @@ async def _measure(
     out["calls_per_s_64"] = await _throughput(call, args.seconds)
     out["map_s"] = await _maps(fleets, args.maps)
     return out
+
+
+FLOOD_KINDS = ("ungranted", "calls", "streams")
+"""The flood phases (:func:`_flooded`), in the order they run by default."""
+
+
+def flood_kinds(text: str) -> list[str]:
+    """``--floods``: flood phases, comma-separated; ``none`` (or ``0``, or nothing): none.
+
+    Raises:
+        ValueError: a phase that is not one of :data:`FLOOD_KINDS`.
+    """
+    kinds = [kind.strip() for kind in text.split(",") if kind.strip()]
+    if kinds in ([], ["none"], ["0"]):
+        return []
+    unknown = [kind for kind in kinds if kind not in FLOOD_KINDS]
+    if unknown:
+        raise ValueError(
+            f"--floods: unknown phase {', '.join(map(repr, unknown))}: choose from "
+            f"{', '.join(FLOOD_KINDS)} (comma-separated), or none"
+        )
+    return kinds
 
 
 FLOOD_LANES = 128
@@ -294,9 +322,15 @@ async def _flooded(
     try:
         assert process.stdout is not None and process.stdin is not None
         buffer = b""
-        with anyio.fail_after(120):
-            while b"started" not in buffer:
-                buffer += await process.stdout.receive()
+        try:
+            with anyio.fail_after(120):
+                while b"started" not in buffer:
+                    buffer += await process.stdout.receive()
+        except anyio.EndOfStream:
+            code = await process.wait()
+            raise RuntimeError(
+                f"the {kind} flooder exited (status {code}) before it started"
+            ) from None
         await anyio.sleep(0.3)
         during = await _latency(lambda: ident.echo(PAYLOAD), args.calls)
         await process.stdin.aclose()
@@ -362,7 +396,7 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
                 out: dict[str, float] = {}
             else:
                 out = await _measure(fleets[0].executor, fleets, args)
-            for kind in args.floods.split(","):
+            for kind in args.floods:
                 flooder = "intruder" if kind == "ungranted" else "bench-greedy"
                 out.update(await _flooded(fleets[0], url, root, flooder, kind, args))
             return out
@@ -510,10 +544,11 @@ async def _main(args: argparse.Namespace) -> Any:
         "p50_factor": relayed["p50_us"] / direct["p50_us"],
         "calls_per_s_ratio": relayed["calls_per_s_64"] / direct["calls_per_s_64"],
         "map_factor": relayed["map_s"] / direct["map_s"],
-        "flood_p99_factor": relayed["flood_p99_factor"],
-        "flood_calls_p99_factor": relayed["flood_calls_p99_factor"],
-        "flood_streams_p99_factor": relayed["flood_streams_p99_factor"],
     }
+    floods = [
+        f"{'flood' if kind == 'ungranted' else f'flood_{kind}'}_p99_factor" for kind in args.floods
+    ]
+    ratios.update({name: relayed[name] for name in floods})
     return {
         "settings": vars(args),
         "direct": direct,
@@ -526,12 +561,10 @@ async def _main(args: argparse.Namespace) -> Any:
         },
         "met": ratios["p50_factor"] <= P50_FACTOR_TARGET
         and ratios["calls_per_s_ratio"] >= THROUGHPUT_RATIO_TARGET,
-        "flood_met": max(
-            ratios["flood_p99_factor"],
-            ratios["flood_calls_p99_factor"],
-            ratios["flood_streams_p99_factor"],
-        )
-        <= FLOOD_P99_FACTOR_TARGET,
+        # None: no flood phase ran (--floods none).
+        "flood_met": max(ratios[name] for name in floods) <= FLOOD_P99_FACTOR_TARGET
+        if floods
+        else None,
     }
 
 
@@ -564,8 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--floods",
-        default="ungranted,calls,streams",
-        help="with --floods-only: which flood phases, comma-separated",
+        default=",".join(FLOOD_KINDS),
+        help="which flood phases, comma-separated (of ungranted, calls, streams); none: none",
     )
     parser.add_argument(
         "--instructions",
@@ -603,6 +636,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "gateway":
         anyio.run(_gateway_main, args.config, args.profile)
         return 0
+    try:
+        args.floods = flood_kinds(args.floods)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.quick:
         args.executors, args.calls, args.seconds, args.maps = 20, 300, 1.0, 2
     if args.instructions:
@@ -645,23 +682,26 @@ def main(argv: list[str] | None = None) -> int:
         f"{r['map_factor']:>9.2f}",
         file=sys.stderr,
     )
-    print(
-        f"ungranted flood: p99 {g['flood_idle_p99_us']:.0f} -> {g['flood_p99_us']:.0f} us "
-        f"({r['flood_p99_factor']:.2f}x; {g['flood_refused']:.0f} calls refused FORBIDDEN)",
-        file=sys.stderr,
-    )
-    print(
-        f"granted call flood: p99 {g['flood_calls_idle_p99_us']:.0f} -> "
-        f"{g['flood_calls_p99_us']:.0f} us ({r['flood_calls_p99_factor']:.2f}x; "
-        f"{g['flood_calls_ok']:.0f} served, {g['flood_calls_refused']:.0f} refused)",
-        file=sys.stderr,
-    )
-    print(
-        f"granted stream flood: p99 {g['flood_streams_idle_p99_us']:.0f} -> "
-        f"{g['flood_streams_p99_us']:.0f} us ({r['flood_streams_p99_factor']:.2f}x; "
-        f"{g['flood_streams_items']:.0f} items, {g['flood_streams_refused']:.0f} refused)",
-        file=sys.stderr,
-    )
+    if "ungranted" in args.floods:
+        print(
+            f"ungranted flood: p99 {g['flood_idle_p99_us']:.0f} -> {g['flood_p99_us']:.0f} us "
+            f"({r['flood_p99_factor']:.2f}x; {g['flood_refused']:.0f} calls refused FORBIDDEN)",
+            file=sys.stderr,
+        )
+    if "calls" in args.floods:
+        print(
+            f"granted call flood: p99 {g['flood_calls_idle_p99_us']:.0f} -> "
+            f"{g['flood_calls_p99_us']:.0f} us ({r['flood_calls_p99_factor']:.2f}x; "
+            f"{g['flood_calls_ok']:.0f} served, {g['flood_calls_refused']:.0f} refused)",
+            file=sys.stderr,
+        )
+    if "streams" in args.floods:
+        print(
+            f"granted stream flood: p99 {g['flood_streams_idle_p99_us']:.0f} -> "
+            f"{g['flood_streams_p99_us']:.0f} us ({r['flood_streams_p99_factor']:.2f}x; "
+            f"{g['flood_streams_items']:.0f} items, {g['flood_streams_refused']:.0f} refused)",
+            file=sys.stderr,
+        )
     return 0
 
 

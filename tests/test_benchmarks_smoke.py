@@ -252,3 +252,20 @@ def test_quick_run_of_the_fairness_benchmark_measures_every_figure(tmp_path: Pat
     [run] = result["runs"]
     assert run["bulk_bytes"] == 4 * 2 * 1024 * 1024
     assert run["during_calls"] >= 1
+
+
+def test_the_relay_benchmark_refuses_an_unknown_flood_phase_before_it_starts() -> None:
+    """``--floods`` is checked up front (``none`` runs no flood phase): an unknown phase is a
+    usage error naming the choices, not a flooder child that dies and a crash in the parent."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.relay", "--quick", "--floods", "calls,bogus"],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert completed.returncode == 2, completed.stdout + completed.stderr
+    assert "unknown phase 'bogus'" in completed.stderr
+    assert "ungranted, calls, streams" in completed.stderr and "Traceback" not in completed.stderr

@@ -198,17 +198,24 @@ def test_collector_labels_a_gateways_callers_capped() -> None:
     registry = CollectorRegistry()
     collector = StatisticsCollector(registry=registry, max_executors=2)
     callers = {
-        f"web-{i}": gl.CallerSnapshot(f"web-{i}", sessions=1, calls=10 * i, forbidden=i)
+        f"web-{i}": gl.CallerSnapshot(
+            f"web-{i}", sessions=1, calls=10 * i, forbidden=i, budget=256, streams=i, watches=1
+        )
         for i in range(1, 5)
     }
     collector.add("gateway_callers", lambda: callers, label="caller")
     text = generate_latest(registry).decode()
     got = samples(registry)
-    assert "# TYPE garcon_link_gateway_callers_sessions gauge" in text
+    for gauge in ("sessions", "in_flight", "budget", "streams", "watches"):
+        assert f"# TYPE garcon_link_gateway_callers_{gauge} gauge" in text
+    assert "# TYPE garcon_link_gateway_callers_stream_items_total counter" in text
     assert got["garcon_link_gateway_callers_calls_total", labels(caller="web-1")] == 10
     assert got["garcon_link_gateway_callers_calls_total", labels(caller="web-2")] == 20
+    assert got["garcon_link_gateway_callers_streams", labels(caller="web-2")] == 2
+    assert got["garcon_link_gateway_callers_budget", labels(caller="web-1")] == 256
     # Past the cap, the rest are summed under "other".
     assert got["garcon_link_gateway_callers_calls_total", labels(caller=OTHER)] == 70
+    assert got["garcon_link_gateway_callers_streams", labels(caller=OTHER)] == 7
     with pytest.raises(ValueError, match="label"):
         collector.add("x", dict, label="tenant")
 

@@ -34,6 +34,7 @@ from faultutil import wait_for
 
 import garcon_link as gl
 from garcon_link.api.relay import RELAY_CALL, RELAY_SERVICE, decode_outcome
+from garcon_link.cli._gateway import callers_table
 from garcon_link.settings.secrets import read_secret_file, write_secret_file
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -483,6 +484,43 @@ async def test_streams_notifications_and_cancels_pass_through(tmp_path: Path) ->
             await service.cancelled.wait()
 
 
+async def test_a_callers_streams_and_watch_are_counted_while_open(tmp_path: Path) -> None:
+    """``gw.callers()`` shows what a caller holds now: its open streams (within the calls and
+    streams in flight, against its budget), the items they passed on, its watch; all back to 0
+    as it lets go."""
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            await web.executor("box-1").wait_ready(10)
+            await wait_for(lambda: gw.callers()["web-1"].watches == 1, 5, "web-1's watch")
+            idle = gw.callers()["web-1"]
+            assert (idle.streams, idle.in_flight, idle.stream_items) == (0, 0, 0)
+            assert idle.budget == LIMITS.max_incoming_calls  # one session
+            ident = web.executor("box-1").service("ident", Ident)
+            first, second = ident.count(10_000), ident.count(10_000)
+            assert await first.__anext__() == 0
+            assert await second.__anext__() == 0
+            held = gw.callers()["web-1"]
+            assert (held.streams, held.in_flight) == (2, 2)
+            assert held.stream_items >= 2
+            # `garcon-link gateway`'s callers table: the open streams against the budget.
+            header, row = callers_table(gw)
+            assert header.split()[-2:] == ["streams", "watches"]
+            assert row.split()[0] == "web-1"
+            assert row.split()[-2:] == [f"2/{LIMITS.max_incoming_calls}", "1"]
+            await first.aclose()  # type: ignore[attr-defined]
+            await wait_for(lambda: gw.callers()["web-1"].streams == 1, 5, "one stream closed")
+            assert gw.callers()["web-1"].in_flight == 1
+            await second.aclose()  # type: ignore[attr-defined]
+            await wait_for(lambda: gw.callers()["web-1"].streams == 0, 5, "both closed")
+            assert gw.callers()["web-1"].in_flight == 0
+            await web.aclose()
+            await wait_for(lambda: gw.callers()["web-1"].sessions == 0, 5, "web-1 gone")
+            gone = gw.callers()["web-1"]
+            assert (gone.watches, gone.streams, gone.in_flight, gone.budget) == (0, 0, 0, 0)
+
+
 async def test_a_slow_caller_slows_the_producer_not_the_gateway(tmp_path: Path) -> None:
     limits = LIMITS.replace(stream_window_items=8, stream_window_bytes=1 << 20)
     with anyio.fail_after(DEADLINE):
@@ -541,7 +579,7 @@ async def test_a_flooding_caller_is_held_to_its_budget(tmp_path: Path) -> None:
     budget = 4
     with anyio.fail_after(DEADLINE):
         limits = LIMITS.replace(max_incoming_calls=budget)
-        async with one_device_two_callers(tmp_path, limits) as (_gw, service, flood, other):
+        async with one_device_two_callers(tmp_path, limits) as (gw, service, flood, other):
             ident = flood.executor("box-1").service("ident", Ident)
             refused: list[gl.CallError] = []
             async with anyio.create_task_group() as tg:
@@ -550,6 +588,9 @@ async def test_a_flooding_caller_is_held_to_its_budget(tmp_path: Path) -> None:
                 await wait_for(lambda: len(refused) >= 40 - budget, 10, "the excess refused")
                 assert {e.code for e in refused} == {"OVERLOADED"}
                 assert service.ledger.count("hold") <= budget
+                # What an operator sees: the caller's calls in flight at its budget.
+                held = gw.callers()["web-1"]
+                assert held.budget == budget and 0 < held.in_flight <= budget, held
                 # Another caller's session has its own budget.
                 served = other.executor("box-1").service("ident", Ident)
                 assert await served.whoami() == "box-1"
@@ -623,7 +664,7 @@ async def test_one_caller_cannot_fill_an_executors_session(tmp_path: Path) -> No
     # A share of 2, where the default fraction (a quarter) would allow 4.
     limits = LIMITS.replace(max_pending_calls=16, gateway_caller_share=0.125)
     with anyio.fail_after(DEADLINE):
-        async with one_device_two_callers(tmp_path, limits) as (_gw, service, greedy, other):
+        async with one_device_two_callers(tmp_path, limits) as (gw, service, greedy, other):
             ident = greedy.executor("box-1").service("ident", Ident)
             refused: list[gl.CallError] = []
             async with anyio.create_task_group() as tg:
@@ -632,6 +673,9 @@ async def test_one_caller_cannot_fill_an_executors_session(tmp_path: Path) -> No
                 await wait_for(lambda: len(refused) == 3, 10, "the excess refused")
                 assert all("its share" in e.message for e in refused)
                 await wait_for(lambda: service.ledger.count("hold") == 2, 10, "two running")
+                held = gw.callers()["web-1"]
+                assert (held.overloaded, held.in_flight) == (3, 2), held
+                assert held.in_flight == gw.share_of("web-1", "box-1")
                 served = other.executor("box-1").service("ident", Ident)
                 assert await served.whoami() == "box-1"
                 tg.cancel_scope.cancel()

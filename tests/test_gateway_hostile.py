@@ -16,9 +16,11 @@ drives them from the test's thread.
   do not frame, or frame but do not decode. After each example: the gateway logged nothing at
   ERROR or with a traceback, no line longer than :data:`LINE_BOUND`, at most
   :data:`WARNINGS_BOUND` warnings; box-1's worker saw no call it cannot parse (its
-  ``malformed_envelopes`` did not grow: the gateway refused such a call itself); once the
-  hostile caller left, the gateway holds nothing of it (no caller session, no pending call to
-  box-1, no handler running there); the gateway's session to box-1 is the same one (its id
+  ``malformed_envelopes`` did not grow: the gateway refused such a call itself); while the
+  hostile caller is connected, its streams and calls in flight stay within its budget and its
+  share of box-1, and it holds at most one watch (``gw.callers()``); once it left, the gateway
+  holds nothing of it (no caller session, no stream, watch or pending call to box-1, no handler
+  running there); the gateway's session to box-1 is the same one (its id
   unchanged) and ``web-1``'s next call through it succeeds.
 * **A hostile executor** (box-2) answers a relayed unary call or stream of ``web-2`` with
   hostile replies: values that are not one CBOR item, items past credit, mutated results,
@@ -449,9 +451,19 @@ async def hostile_caller(env: Env, bodies: list[bytes]) -> None:
             # share (the hostile streams it opened included).
             share = int(LIMITS.max_pending_calls * LIMITS.gateway_caller_share)
             assert gw.fleet.executors()["box-1"].pending <= share
+            # Nor more streams and calls in flight than its sessions' budget, nor more than
+            # one watch per session.
+            held = gw.callers()["web-9"]
+            assert held.streams <= held.in_flight <= min(held.budget, share), held
+            assert held.watches <= max(held.sessions, 0) <= 1, held
     # The hostile caller left: the gateway holds nothing of it, and box-1 served only what
     # parses as a call.
     await _until(lambda: "web-9" not in gw.caller_sessions(), "the session's end")
+
+    def holds(snap: gl.CallerSnapshot) -> tuple[int, int, int]:
+        return (snap.streams, snap.watches, snap.in_flight)
+
+    await _until(lambda: holds(gw.callers()["web-9"]) == (0, 0, 0), "its streams and watch")
     await _until(lambda: gw.fleet.executors()["box-1"].pending == 0, "box-1's calls")
     await _until(lambda: _worker_counts(env.worker)[1] == 0, "box-1's handlers")
     # A call whose arguments do not match its method's types is the worker's to refuse (the

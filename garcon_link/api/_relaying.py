@@ -81,7 +81,18 @@ class CallerSnapshot:
         calls: relayed calls it made.
         errors: of those, how many ended with an error on either hop (``FORBIDDEN`` included).
         forbidden: of those, how many no grant allowed.
+        overloaded: of those, how many ended ``OVERLOADED``, never run: past the caller's share
+            of an executor (:meth:`~garcon_link.api.gateway.Gateway.share_of`; not forwarded), or
+            refused by the executor. Those its own sessions refused past ``budget`` are not
+            relayed calls: its side counts them.
         bytes: argument bytes it sent through the relay.
+        in_flight: its relayed calls and streams in flight to executors now (each within its
+            share of that executor).
+        budget: how many relayed calls and streams its sessions may have in flight at once now
+            (``max_incoming_calls`` per session); past it, the next is ``OVERLOADED``.
+        streams: its relayed streams open now (counted in ``in_flight`` and ``budget``).
+        stream_items: items its relayed streams passed on to it.
+        watches: its watches open now (at most one per session).
     """
 
     caller_id: str
@@ -89,7 +100,13 @@ class CallerSnapshot:
     calls: int = 0
     errors: int = 0
     forbidden: int = 0
+    overloaded: int = 0
     bytes: int = 0
+    in_flight: int = dataclasses.field(default=0, metadata={"metric": "gauge"})
+    budget: int = dataclasses.field(default=0, metadata={"metric": "gauge"})
+    streams: int = dataclasses.field(default=0, metadata={"metric": "gauge"})
+    stream_items: int = 0
+    watches: int = dataclasses.field(default=0, metadata={"metric": "gauge"})
 
 
 class _Host(Protocol):
@@ -200,10 +217,12 @@ class _Relay:
             )
             streams = gateway._streams.setdefault(share, {})
             streams[token] = None
+            stats.streams += 1
             # This generator is pulled only when the caller's credit allows one more item, and
             # the inner stream grants the executor credit only as items are taken from it: a
             # stream past its caller's share waits here, and its producer with it.
             async for value in inner:
+                stats.stream_items += 1
                 yield encode_outcome(value)
                 if gateway._in_flight.get(share, 0) > gateway._limit_now(executor):
                     await gateway._wait_turn(share, token)
@@ -221,6 +240,7 @@ class _Relay:
                 _stream_ended(member, observed, None)
         finally:
             if share is not None:
+                stats.streams -= 1
                 opened = gateway._streams.get(share)
                 if opened is not None:
                     opened.pop(token, None)
@@ -298,6 +318,8 @@ class _Relay:
             )
         watch = _Watch(caller)
         gateway._watches[session] = watch
+        stats = gateway._stats_of(caller)
+        stats.watches += 1
         try:
             # Registered and snapshotted with no await between: every later change is pending.
             snapshot = gateway._snapshot(caller)
@@ -317,6 +339,7 @@ class _Relay:
                 watch.wakeup = anyio.Event()
                 await watch.wakeup.wait()
         finally:
+            stats.watches -= 1
             if gateway._watches.get(session) is watch:
                 del gateway._watches[session]
 

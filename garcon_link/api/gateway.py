@@ -439,6 +439,7 @@ class Gateway:
             stats.forbidden += 1
             await self._pace(self._forbidden, caller)
         elif exc.code == "OVERLOADED":
+            stats.overloaded += 1
             await self._pace(self._overloaded, caller)
 
     async def _pace(self, buckets: dict[str, tuple[float, float]], caller: str) -> None:
@@ -455,8 +456,18 @@ class Gateway:
             await anyio.sleep(min(-tokens / rate, limits.gateway_forbidden_delay))
 
     def callers(self) -> dict[str, CallerSnapshot]:
-        """Every caller with a session now or lately, by id (copies)."""
-        return {k: dataclasses.replace(v) for k, v in self._stats.items()}
+        """Every caller with a session now or lately, by id (copies), with what each holds now:
+        its calls and streams in flight against its budget, its open streams and watches."""
+        budget = self.limits.max_incoming_calls
+        out = {
+            k: dataclasses.replace(v, in_flight=0, budget=max(v.sessions, 0) * budget)
+            for k, v in self._stats.items()
+        }
+        for (caller, _executor), held in self._in_flight.items():
+            snap = out.get(caller)
+            if snap is not None:
+                snap.in_flight += held
+        return out
 
     def caller_sessions(self) -> dict[str, int]:
         """How many live sessions each caller holds now."""

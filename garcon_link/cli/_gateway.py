@@ -18,11 +18,21 @@ from ._fleet import _REDRAW_INTERVAL, _event_json, fleet_table
 from ._lifecycle import DEFAULT_DRAIN, StopSignals, event_line, run_until_signal
 from ._output import _emit, _print_json, _setup_logging
 
-_CALLER_COLUMNS = ("caller", "sessions", "calls", "errors", "forbidden", "bytes")
+_CALLER_COLUMNS = (
+    "caller",
+    "sessions",
+    "calls",
+    "errors",
+    "forbidden",
+    "bytes",
+    "streams",
+    "watches",
+)
 
 
 def callers_table(gw: Gateway) -> list[str]:
-    """The lines of the callers' table: a header, then one row per caller."""
+    """The lines of the callers' table: a header, then one row per caller; ``streams`` is its
+    open relayed streams against its budget of calls and streams in flight (``3/128``)."""
     rows = [_CALLER_COLUMNS]
     for caller_id, snap in sorted(gw.callers().items()):
         rows.append(
@@ -33,6 +43,8 @@ def callers_table(gw: Gateway) -> list[str]:
                 str(snap.errors),
                 str(snap.forbidden),
                 str(snap.bytes),
+                f"{snap.streams}/{snap.budget}",
+                str(snap.watches),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(_CALLER_COLUMNS))]
