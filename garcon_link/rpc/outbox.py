@@ -13,6 +13,7 @@ pending call (``owed_cancels``) until it is handed over. Once retired, nothing m
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 
 import anyio
@@ -87,6 +88,14 @@ class CallIds:
         self._data.clear()
         self._head = self._count = 0
         self._last_out = self._last_in
+
+
+def _running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio loop of this thread, or ``None`` (another backend, or none)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class Outbox:
@@ -187,7 +196,22 @@ class Outbox:
     def _start_drain(self) -> None:
         if not self._draining and self._tg is not None and (self._deferred or self._overflow):
             self._draining = True
-            self._tg.start_soon(self._drain)
+            loop = _running_asyncio_loop()
+            if loop is not None and asyncio.current_task(loop) is None:
+                # A loop callback (a call's timer, a dropped stream's reclaim): anyio starts a
+                # task only from a task, so one of asyncio's own hands the drain to the group.
+                loop.create_task(self._start_from_task())
+            else:
+                self._tg.start_soon(self._drain)
+
+    async def _start_from_task(self) -> None:
+        tg = self._tg
+        try:
+            if tg is None or self._retired:
+                raise RuntimeError("the session has ended")
+            tg.start_soon(self._drain)
+        except RuntimeError:  # retired meanwhile, or its task group has ended: nothing to send
+            self._draining = False
 
     async def _drain(self) -> None:
         """The one task that writes what met full retention, in order, as capacity frees; it
