@@ -169,8 +169,9 @@ async def _gateway_main(config_path: Path, profile: Path | None) -> None:
         if profiler is not None:
             profiler.enable()
         lines = anyio.wrap_file(sys.stdin)
-        while await lines.readline():
-            pass
+        while line := await lines.readline():
+            if line.strip() == "wakeups":  # asked by --instructions, between its phases
+                print(json.dumps({"writer_wakeups": _writer_wakeups()}), flush=True)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(profile)
@@ -178,6 +179,17 @@ async def _gateway_main(config_path: Path, profile: Path | None) -> None:
 
 
 # ------------------------------------------------------------------------ measuring
+
+
+def _writer_wakeups() -> int:
+    """The socket writer wake-ups of every session transport alive in this process."""
+    import gc
+
+    from garcon_link.endpoint.transport import SessionTransport
+
+    return sum(
+        o.statistics().writer_wakeups for o in gc.get_objects() if isinstance(o, SessionTransport)
+    )
 
 
 def _p(values: list[float], q: float) -> float:
@@ -434,6 +446,22 @@ def _dump_totals(directory: Path, seen: set[Path]) -> tuple[int, Path]:
     return int(match.group(1)), fresh[0]
 
 
+async def _gateway_wakeups(gateway: anyio.abc.Process, buffer: bytes) -> tuple[int, bytes]:
+    """Ask the gateway child for its writer wake-ups so far (see :func:`_gateway_main`);
+    ``buffer``: what was read from its stdout and not used yet, before and after."""
+    assert gateway.stdin is not None and gateway.stdout is not None
+    await gateway.stdin.send(b"wakeups\n")
+    with anyio.fail_after(60):
+        while True:
+            line, sep, rest = buffer.partition(b"\n")
+            if sep and b"writer_wakeups" in line:
+                return int(json.loads(line)["writer_wakeups"]), rest
+            if sep:
+                buffer = rest
+                continue
+            buffer += await gateway.stdout.receive()
+
+
 async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Instructions the gateway child executes per relayed call (callgrind; see the module
     docstring): sequential, then 64 in flight, each over ``args.instructions_calls`` calls."""
@@ -503,11 +531,18 @@ async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
                     ("in_flight_64", in_flight, per_lane * INSTRUCTIONS_LANES),
                 ):
                     seen = set(dumps.glob("gateway.*"))
+                    gateway_woke, buffer = await _gateway_wakeups(gateway, buffer)
+                    caller_woke = _writer_wakeups()
                     await _callgrind(gateway.pid, "-z", "-i on")
                     await phase()
                     await _callgrind(gateway.pid, "-i off", "-d")
                     total, dump = _dump_totals(dumps, seen)
                     out[f"{name}_instructions_per_call"] = total / count
+                    woke, buffer = await _gateway_wakeups(gateway, buffer)
+                    out[f"{name}_gateway_writer_wakeups_per_call"] = (woke - gateway_woke) / count
+                    out[f"{name}_caller_writer_wakeups_per_call"] = (
+                        _writer_wakeups() - caller_woke
+                    ) / count
                     if args.callgrind_dir is not None:
                         args.callgrind_dir.mkdir(parents=True, exist_ok=True)
                         shutil.copy(dump, args.callgrind_dir / f"gateway.{name}")
@@ -653,7 +688,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"gateway instructions per relayed call: sequential "
             f"{doc['sequential_instructions_per_call'] / 1000:.0f}k, 64 in flight "
-            f"{doc['in_flight_64_instructions_per_call'] / 1000:.0f}k",
+            f"{doc['in_flight_64_instructions_per_call'] / 1000:.0f}k; writer wake-ups per "
+            f"call, gateway / caller: sequential "
+            f"{doc['sequential_gateway_writer_wakeups_per_call']:.3f} / "
+            f"{doc['sequential_caller_writer_wakeups_per_call']:.3f}, 64 in flight "
+            f"{doc['in_flight_64_gateway_writer_wakeups_per_call']:.3f} / "
+            f"{doc['in_flight_64_caller_writer_wakeups_per_call']:.3f}",
             file=sys.stderr,
         )
         return 0

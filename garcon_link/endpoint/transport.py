@@ -251,6 +251,7 @@ class SessionTransport:
         # once its condition holds.
         self._receipt_waiters: list[_Waiter] = []
         self._capacity_wakeups = 0
+        self._writer_wakeups = 0
         self._run_scope: anyio.CancelScope | None = None
         self._run_done = anyio.Event()
         self._sock: MessageSocket | None = None  # while attached
@@ -320,6 +321,7 @@ class SessionTransport:
             messages_read=self._messages_read,
             messages_read_directly=self._messages_read_directly,
             capacity_wakeups=self._capacity_wakeups,
+            writer_wakeups=self._writer_wakeups,
         )
 
     def _set_state(self, state: TransportState) -> None:
@@ -1218,9 +1220,11 @@ class SessionTransport:
         ``True`` if the time ran out (a poll tick)."""
         if timeout is None:
             await self._wakeup.wait()
+            self._writer_wakeups += 1
             return False
         with anyio.move_on_after(timeout) as tick:
             await self._wakeup.wait()
+        self._writer_wakeups += 1
         return tick.cancelled_caught
 
     async def _replay_watch(self, watching: anyio.CancelScope) -> None:

@@ -127,6 +127,9 @@ class TransportStatistics:
     """Tasks woken to re-check retention (a sender waiting for room, a wait for receipts):
     a receipt that frees room wakes the first waiting sender only, and a receipt wait only
     once what it waits for holds (or at retirement, which wakes every waiter)."""
+    writer_wakeups: int
+    """Times the socket writer task resumed from a wait: woken for frames or a receipt to
+    write, or at a receipt poll tick (each a task switch, whether it found work or not)."""
 
 
 class PreReadinessBuffer:
