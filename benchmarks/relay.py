@@ -35,8 +35,10 @@ per relayed call, a figure the machine's load does not move: the gateway child r
 callgrind with instrumentation off, one executor and one caller (this process); after a warm-up,
 the counters are zeroed, switched on around ``--instructions-calls`` sequential calls, off and
 dumped, then the same around as many calls made 64 at a time (:func:`_instructions`). The
-gateway's ``receipt_delay`` is raised to 2 s so that its writer's poll ticks (one per
-``receipt_delay`` while receipts are due) do not grow with valgrind's wall time.
+gateway's ``receipt_delay`` is raised to 2 s (``--instructions-receipt-delay``) so that its
+receipt timer's work (at most once per ``receipt_delay`` while receipts are due) does not grow
+with valgrind's wall time. Both phases also report the writer wake-ups per call of the gateway
+(asked over its stdin) and of the caller (``TransportStatistics.writer_wakeups``).
 ``--callgrind-dir DIR`` keeps the two dumps there for ``callgrind_annotate``.
 """
 
@@ -469,7 +471,7 @@ async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     config.write_text(
         'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
         '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["bench-*"]\n'
-        f'executors = ["*"]\n[limits]\nreceipt_delay = {INSTRUCTIONS_RECEIPT_DELAY}\n',
+        f'executors = ["*"]\n[limits]\nreceipt_delay = {args.instructions_receipt_delay}\n',
         encoding="utf-8",
     )
     dumps = root / "callgrind"
@@ -647,6 +649,14 @@ def main(argv: list[str] | None = None) -> int:
         default=640,
         metavar="N",
         help="with --instructions: calls counted in each of the two phases (default 640)",
+    )
+    parser.add_argument(
+        "--instructions-receipt-delay",
+        type=float,
+        default=INSTRUCTIONS_RECEIPT_DELAY,
+        metavar="SECONDS",
+        help="with --instructions: the gateway's receipt_delay (default "
+        f"{INSTRUCTIONS_RECEIPT_DELAY:g}; the library's own is 0.005)",
     )
     parser.add_argument(
         "--callgrind-dir",
