@@ -8,7 +8,8 @@ server child process, same client, 32-byte echo), this counts per call:
 - **syscalls** of the server process by name (``strace -c -f``; needs strace);
 - **messages** the client wrote and read (garcon_link only: its transport statistics), for
   sequential calls and, after them, for :data:`IN_FLIGHT` calls in flight (what coalescing
-  leaves: several calls' frames in one message, one socket write);
+  leaves: several calls' frames in one message, one socket write), and the times its socket
+  writer task woke (``TransportStatistics.writer_wakeups``: each a task switch);
 - with ``--instructions``, **instructions** executed by each side during the measured calls
   (valgrind's callgrind, instrumentation switched on for those calls only; the run is about
   50 times slower), and for ``ours-call`` their ratio to the ``wsproto`` floor's, per side:
@@ -156,6 +157,7 @@ def _measure(entry: str, calls: int, *, around: Around, prefix: list[str]) -> di
             if stats is not None and after is not None:
                 result["client_written"] = (after[0] - stats[0]) / calls
                 result["client_read"] = (after[1] - stats[1]) / calls
+                result["client_wakeups"] = (after[2] - stats[2]) / calls
             # The same number of calls (to a multiple of IN_FLIGHT), IN_FLIGHT at a time.
             per_task = max(1, calls // IN_FLIGHT)
 
@@ -172,6 +174,7 @@ def _measure(entry: str, calls: int, *, around: Around, prefix: list[str]) -> di
             if after is not None and flight is not None:
                 result["flight_written"] = (flight[0] - after[0]) / result["flight_calls"]
                 result["flight_read"] = (flight[1] - after[1]) / result["flight_calls"]
+                result["flight_wakeups"] = (flight[2] - after[2]) / result["flight_calls"]
 
     try:
         loop.run_until_complete(client())
@@ -183,13 +186,15 @@ def _measure(entry: str, calls: int, *, around: Around, prefix: list[str]) -> di
     return result
 
 
-def _transport(echo: Any) -> tuple[int, int] | None:
-    """garcon_link's client: (messages written, messages read) so far."""
+def _transport(echo: Any) -> tuple[int, int, int] | None:
+    """garcon_link's client: (messages written, messages read, writer wake-ups) so far."""
     executor = getattr(echo, "executor", None)
     if executor is None:
         return None
     stats = executor.statistics().transport
-    return None if stats is None else (stats.messages_written, stats.messages_read)
+    if stats is None:
+        return None
+    return (stats.messages_written, stats.messages_read, stats.writer_wakeups)
 
 
 def syscalls(entry: str, calls: int) -> dict[str, Any]:
@@ -323,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     floor = dict(rows).get("wsproto")
     print(f"Per sequential 32-byte call, CPython {version}, {args.calls} calls:\n")
     header = ["entry", "client loop turns", "client msgs out/in", f"same, {IN_FLIGHT} in flight"]
+    header.append(f"client writer wake-ups (sequential / {IN_FLIGHT} in flight)")
     header.append("server syscalls (top 5)")
     if args.instructions:
         header += ["client instructions", "server instructions"]
@@ -349,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['client_turns']:.2f}",
             messages,
             flight,
+            f"{row['client_wakeups']:.3f} / {row['flight_wakeups']:.3f}"
+            if "flight_wakeups" in row
+            else "-",
             f"{sum(counts.values()):.2f}: {shown}",
         ]
         if args.instructions:

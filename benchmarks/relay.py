@@ -35,8 +35,10 @@ per relayed call, a figure the machine's load does not move: the gateway child r
 callgrind with instrumentation off, one executor and one caller (this process); after a warm-up,
 the counters are zeroed, switched on around ``--instructions-calls`` sequential calls, off and
 dumped, then the same around as many calls made 64 at a time (:func:`_instructions`). The
-gateway's ``receipt_delay`` is raised to 2 s so that its writer's poll ticks (one per
-``receipt_delay`` while receipts are due) do not grow with valgrind's wall time.
+gateway's ``receipt_delay`` is raised to 2 s (``--instructions-receipt-delay``) so that its
+receipt timer's work (at most once per ``receipt_delay`` while receipts are due) does not grow
+with valgrind's wall time. Both phases also report the writer wake-ups per call of the gateway
+(asked over its stdin) and of the caller (``TransportStatistics.writer_wakeups``).
 ``--callgrind-dir DIR`` keeps the two dumps there for ``callgrind_annotate``.
 """
 
@@ -169,8 +171,9 @@ async def _gateway_main(config_path: Path, profile: Path | None) -> None:
         if profiler is not None:
             profiler.enable()
         lines = anyio.wrap_file(sys.stdin)
-        while await lines.readline():
-            pass
+        while line := await lines.readline():
+            if line.strip() == "wakeups":  # asked by --instructions, between its phases
+                print(json.dumps({"writer_wakeups": _writer_wakeups()}), flush=True)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(profile)
@@ -178,6 +181,17 @@ async def _gateway_main(config_path: Path, profile: Path | None) -> None:
 
 
 # ------------------------------------------------------------------------ measuring
+
+
+def _writer_wakeups() -> int:
+    """The socket writer wake-ups of every session transport alive in this process."""
+    import gc
+
+    from garcon_link.endpoint.transport import SessionTransport
+
+    return sum(
+        o.statistics().writer_wakeups for o in gc.get_objects() if isinstance(o, SessionTransport)
+    )
 
 
 def _p(values: list[float], q: float) -> float:
@@ -434,6 +448,22 @@ def _dump_totals(directory: Path, seen: set[Path]) -> tuple[int, Path]:
     return int(match.group(1)), fresh[0]
 
 
+async def _gateway_wakeups(gateway: anyio.abc.Process, buffer: bytes) -> tuple[int, bytes]:
+    """Ask the gateway child for its writer wake-ups so far (see :func:`_gateway_main`);
+    ``buffer``: what was read from its stdout and not used yet, before and after."""
+    assert gateway.stdin is not None and gateway.stdout is not None
+    await gateway.stdin.send(b"wakeups\n")
+    with anyio.fail_after(60):
+        while True:
+            line, sep, rest = buffer.partition(b"\n")
+            if sep and b"writer_wakeups" in line:
+                return int(json.loads(line)["writer_wakeups"]), rest
+            if sep:
+                buffer = rest
+                continue
+            buffer += await gateway.stdout.receive()
+
+
 async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Instructions the gateway child executes per relayed call (callgrind; see the module
     docstring): sequential, then 64 in flight, each over ``args.instructions_calls`` calls."""
@@ -441,7 +471,7 @@ async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     config.write_text(
         'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
         '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["bench-*"]\n'
-        f'executors = ["*"]\n[limits]\nreceipt_delay = {INSTRUCTIONS_RECEIPT_DELAY}\n',
+        f'executors = ["*"]\n[limits]\nreceipt_delay = {args.instructions_receipt_delay}\n',
         encoding="utf-8",
     )
     dumps = root / "callgrind"
@@ -503,11 +533,18 @@ async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
                     ("in_flight_64", in_flight, per_lane * INSTRUCTIONS_LANES),
                 ):
                     seen = set(dumps.glob("gateway.*"))
+                    gateway_woke, buffer = await _gateway_wakeups(gateway, buffer)
+                    caller_woke = _writer_wakeups()
                     await _callgrind(gateway.pid, "-z", "-i on")
                     await phase()
                     await _callgrind(gateway.pid, "-i off", "-d")
                     total, dump = _dump_totals(dumps, seen)
                     out[f"{name}_instructions_per_call"] = total / count
+                    woke, buffer = await _gateway_wakeups(gateway, buffer)
+                    out[f"{name}_gateway_writer_wakeups_per_call"] = (woke - gateway_woke) / count
+                    out[f"{name}_caller_writer_wakeups_per_call"] = (
+                        _writer_wakeups() - caller_woke
+                    ) / count
                     if args.callgrind_dir is not None:
                         args.callgrind_dir.mkdir(parents=True, exist_ok=True)
                         shutil.copy(dump, args.callgrind_dir / f"gateway.{name}")
@@ -614,6 +651,14 @@ def main(argv: list[str] | None = None) -> int:
         help="with --instructions: calls counted in each of the two phases (default 640)",
     )
     parser.add_argument(
+        "--instructions-receipt-delay",
+        type=float,
+        default=INSTRUCTIONS_RECEIPT_DELAY,
+        metavar="SECONDS",
+        help="with --instructions: the gateway's receipt_delay (default "
+        f"{INSTRUCTIONS_RECEIPT_DELAY:g}; the library's own is 0.005)",
+    )
+    parser.add_argument(
         "--callgrind-dir",
         type=Path,
         metavar="DIR",
@@ -653,7 +698,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"gateway instructions per relayed call: sequential "
             f"{doc['sequential_instructions_per_call'] / 1000:.0f}k, 64 in flight "
-            f"{doc['in_flight_64_instructions_per_call'] / 1000:.0f}k",
+            f"{doc['in_flight_64_instructions_per_call'] / 1000:.0f}k; writer wake-ups per "
+            f"call, gateway / caller: sequential "
+            f"{doc['sequential_gateway_writer_wakeups_per_call']:.3f} / "
+            f"{doc['sequential_caller_writer_wakeups_per_call']:.3f}, 64 in flight "
+            f"{doc['in_flight_64_gateway_writer_wakeups_per_call']:.3f} / "
+            f"{doc['in_flight_64_caller_writer_wakeups_per_call']:.3f}",
             file=sys.stderr,
         )
         return 0

@@ -1142,10 +1142,12 @@ async def test_held_writes_go_to_the_writer_when_the_socket_does_not_take_them_n
 # lone receipts: the writer polls for them while they keep coming due
 
 
-async def test_lone_receipts_are_written_within_the_delay_while_the_writer_polls() -> None:
+async def test_lone_receipts_are_written_within_the_delay_while_the_writer_polls(
+    anyio_backend: str,
+) -> None:
     """Once receipts keep coming due, the reader stops waking the writer for each one; the
     writer's own ticks must still send every lone receipt (a receipt never sent would stall the
-    peer's retention)."""
+    peer's retention). On asyncio a loop timer sends them instead of the writer's ticks."""
     async with harness(Limits(receipt_delay=0.02)) as h:
         sock = h.attach()
         sock.feed(rcpt(0))
@@ -1157,20 +1159,111 @@ async def test_lone_receipts_are_written_within_the_delay_while_the_writer_polls
 
             with anyio.fail_after(2):
                 await wait_until(receipted)
-        assert h.t._receipt_poll  # (white box) the later ones came from the writer's ticks
+        if anyio_backend == "trio":
+            assert h.t._receipt_poll  # (white box) the later ones came from the writer's ticks
+        else:
+            assert h.t.statistics().receipt_timer_fires >= 5  # ... from the timer, each one
 
 
-async def test_the_writer_stops_polling_when_nothing_comes_due_and_is_woken_again() -> None:
+async def test_the_writer_stops_polling_when_nothing_comes_due_and_is_woken_again(
+    anyio_backend: str,
+) -> None:
+    """(The writer polls where no loop timer sends lone receipts: trio.)"""
     async with harness(Limits(receipt_delay=0.005)) as h:
         sock = h.attach()
         sock.feed(rcpt(0), msg(1, b"x"))
         await wait_until(lambda: Receipt(1) in sock.packets())
-        assert h.t._receipt_poll
-        with anyio.fail_after(2):  # _POLL_QUIET_TICKS ticks of 5 ms
-            await wait_until(lambda: not h.t._receipt_poll)
+        if anyio_backend == "trio":
+            assert h.t._receipt_poll
+            with anyio.fail_after(2):  # _POLL_QUIET_TICKS ticks of 5 ms
+                await wait_until(lambda: not h.t._receipt_poll)
         sock.feed(msg(2, b"y"))  # the reader wakes the writer again
         with anyio.fail_after(2):
             await wait_until(lambda: Receipt(2) in sock.packets())
+
+
+async def test_a_lone_receipt_is_sent_within_the_delay_without_waking_the_writer(
+    anyio_backend: str,
+) -> None:
+    """Counted, not timed: a receipt due with no frame to ride with is written once it has
+    waited receipt_delay -- on asyncio by the loop timer, straight to a socket that takes it
+    at once, so the writer task is not woken for it at all."""
+    async with harness(Limits(receipt_delay=0.01)) as h:
+        sock = h.attach()
+        sock.nowait = True
+        sock.feed(rcpt(0))
+        await wait_until(lambda: h.t.state is TransportState.READY)
+        await settle()
+        before = h.t.statistics()
+        sock.feed(msg(1, b"x"))
+        with anyio.fail_after(2):
+            await wait_until(lambda: Receipt(1) in sock.packets())
+        await settle()
+        after = h.t.statistics()
+        assert after.session.receipts_sent == before.session.receipts_sent + 1
+        assert after.messages_written == before.messages_written + 1
+        if anyio_backend == "asyncio":
+            assert after.writer_wakeups == before.writer_wakeups
+            assert after.receipt_timer_fires >= 1 and sock.nowait_writes == 1
+
+
+async def test_a_lone_receipt_the_socket_cannot_take_at_once_is_handed_to_the_writer(
+    anyio_backend: str,
+) -> None:
+    """The timer's fallback (asyncio): a socket that would make the write wait gets the due
+    receipt from the writer, woken once for it. (trio: the writer polls, see above.)"""
+    if anyio_backend == "trio":
+        pytest.skip("no receipt timer on trio: the writer polls")
+    async with harness(Limits(receipt_delay=0.01)) as h:
+        sock = h.attach()  # nowait off: no synchronous writes
+        sock.feed(rcpt(0))
+        await wait_until(lambda: h.t.state is TransportState.READY)
+        await settle()
+        before = h.t.statistics()
+        sock.feed(msg(1, b"x"))
+        with anyio.fail_after(2):
+            await wait_until(lambda: Receipt(1) in sock.packets())
+        await settle()
+        after = h.t.statistics()
+        assert after.messages_written == before.messages_written + 1
+        assert after.writer_wakeups == before.writer_wakeups + 1
+
+
+async def test_replies_carry_due_receipts_without_a_write_or_a_wakeup_of_their_own(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sequential calls, counted: each inbound message makes a receipt due and each reply
+    carries it -- one write per reply, no lone receipt, and the writer is never woken (the
+    replies are written by the task issuing them, the receipts wait on one timer; on trio
+    the reader wakes the polling writer instead)."""
+    monkeypatch.setattr(transport_module, "WRITE_NOW_QUIET", 0.0)  # every reply written now
+    async with harness(Limits(receipt_delay=30)) as h:
+        sock = h.attach()
+        sock.nowait = True
+        sock.feed(rcpt(0))
+        await wait_until(lambda: h.t.state is TransportState.READY)
+        await settle()
+        before = h.t.statistics()
+        written = len(sock.written)
+        for ordinal in range(1, 21):
+            sock.feed(msg(ordinal, b"call"))
+
+            def accepted(o: int = ordinal) -> bool:
+                return h.t.accepted == o
+
+            await wait_until(accepted)
+            await settle()
+            await h.t.send(b"reply")
+            assert sock.packets()[-2:] == [
+                Message(Ordinal(h.t.issued), b"reply"),
+                Receipt(Ordinal(ordinal)),
+            ]
+        after = h.t.statistics()
+        assert len(sock.written) == written + 20
+        assert after.messages_written == before.messages_written + 20
+        assert after.session.receipts_sent == before.session.receipts_sent + 20
+        if anyio_backend == "asyncio":
+            assert after.writer_wakeups == before.writer_wakeups
 
 
 @pytest.mark.parametrize("yield_first", [True, False])

@@ -1,6 +1,6 @@
 """SessionTransport: one logical session carried over a succession of sockets.
 
-Why one module of about 1,230 lines, and :class:`SessionTransport` of about 1,050: one state
+Why one module of about 1,310 lines, and :class:`SessionTransport` of about 1,120: one state
 machine (below) whose pumps -- reader, writer, delivery task, grace and replay watches -- share the
 session's state and must see each other's changes synchronously, within the loop turn that made
 them (a fence passed, a receipt due, retention freed). The rules that need no I/O are sans-IO
@@ -81,8 +81,13 @@ Rules implemented here:
   taken after a message was completely handed over, where a cancellation loses nothing.
 * **Receipts** ride with outgoing frames when they can. An urgent one (the fence, or
   ``receipt_interval`` messages unconfirmed) goes out at once, before the payloads are handed
-  over; a lone one waits at most ``receipt_delay`` -- while receipts keep coming due the writer
-  polls for them at that period instead of being woken for each.
+  over; a lone one waits at most ``receipt_delay``. On asyncio one loop timer per attachment
+  sees to that (:meth:`_receipt_waits`): armed when a receipt comes due and none is armed, it
+  writes a receipt that has waited ``receipt_delay`` straight to a socket that takes it at once
+  (else wakes the writer for it), re-arms for a younger one, and does nothing if a frame carried
+  it -- so the writer task is never woken for a receipt a reply carries. Elsewhere (trio) the
+  writer polls for them at that period while they keep coming due, instead of being woken for
+  each.
 
 At retirement the payloads accepted but not yet queued are handed over if the delivery queue has
 room (the rest are dropped, with a warning: the RPC layer drops late replies anyway), then the
@@ -91,6 +96,7 @@ delivery stream is closed, so the consumer sees them and then the end; :attr:`fa
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -111,7 +117,7 @@ from ..core.wire import Gathered, Ordinal
 from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields
-from ..net.backend import checkpointer
+from ..net.backend import checkpointer, on_asyncio
 from .transport_types import (
     SOCKET_GONE,
     MessageSocket,
@@ -135,6 +141,7 @@ log = logging.getLogger("garcon_link.transport")  # the name users configure (RE
 _INLINE_MARGIN = 64  # room for the encoded frame's head and a receipt beside a written body
 
 _POLL_QUIET_TICKS = 2  # receipt_delay ticks with nothing due before the writer stops polling
+# (the writer polls only where no loop timer looks after lone receipts: see _receipt_waits)
 
 COALESCE_BYTES = 256 * 1024
 """Packets ready together are merged into WebSocket messages of at most this many bytes."""
@@ -251,11 +258,17 @@ class SessionTransport:
         # once its condition holds.
         self._receipt_waiters: list[_Waiter] = []
         self._capacity_wakeups = 0
+        self._writer_wakeups = 0
+        self._receipt_timer_fires = 0
         self._run_scope: anyio.CancelScope | None = None
         self._run_done = anyio.Event()
         self._sock: MessageSocket | None = None  # while attached
         self._receipt_poll = False  # the writer checks for lone receipts on its own
         self._receipt_due_at = 0.0  # time.monotonic() when the due receipt became due
+        # On asyncio (while attached): the loop whose timer sends lone receipts instead of the
+        # writer's poll, and that timer while armed (see _receipt_waits).
+        self._receipt_loop: asyncio.AbstractEventLoop | None = None
+        self._receipt_timer: asyncio.TimerHandle | None = None
         self._coalesce_limit = min(limits.max_frame_bytes, COALESCE_BYTES)
         self._grace_scope: anyio.CancelScope | None = None
         self._replay = ReplayWatch(0, 0.0, limits.replay_inactivity)
@@ -320,6 +333,8 @@ class SessionTransport:
             messages_read=self._messages_read,
             messages_read_directly=self._messages_read_directly,
             capacity_wakeups=self._capacity_wakeups,
+            writer_wakeups=self._writer_wakeups,
+            receipt_timer_fires=self._receipt_timer_fires,
         )
 
     def _set_state(self, state: TransportState) -> None:
@@ -680,6 +695,7 @@ class SessionTransport:
         self._replay.stop()
         self._replay_done.set()
         self._retired.set()
+        self._cancel_receipt_timer()
         if self._run_scope is not None:
             self._run_scope.cancel()
         if self._grace_scope is not None:
@@ -757,6 +773,7 @@ class SessionTransport:
         self._replay_done = anyio.Event()
         self._set_state(TransportState.REPLAYING)
         self._wakeup.set()
+        self._receipt_loop = asyncio.get_running_loop() if on_asyncio() else None
         scope = anyio.CancelScope()
         self._run_scope = scope
         self._run_done = anyio.Event()
@@ -776,6 +793,8 @@ class SessionTransport:
             self._sock = None
             self._run_scope = None
             self._direct_held = None
+            self._receipt_loop = None
+            self._cancel_receipt_timer()  # the next attachment's replay ends with a receipt
             self._run_done.set()
             self._after_socket()
         error, self._direct_error = self._direct_error, None
@@ -876,11 +895,10 @@ class SessionTransport:
                     self._release(self._buffer.release(), buffered=True)
             else:
                 self._release(bodies)
-            if session.receipt_due and not self._receipt_poll:
-                # Woken *after* the release: the tasks the payloads woke (a handler, a caller)
-                # run first and usually queue a frame, which the receipt then rides with. A
-                # polling writer need not be woken for a receipt that can wait (see there).
-                self._wakeup.set()
+            if session.receipt_due:
+                # *After* the release: the tasks the payloads woke (a handler, a caller) run
+                # first and usually queue a frame, which the receipt then rides with.
+                self._receipt_waits()
             if self._fence_passed:
                 await self._wait_delivered()
             if received.fence:
@@ -959,8 +977,8 @@ class SessionTransport:
             if bodies:
                 self._release(bodies)
             session = self._session
-            if session.receipt_due and not self._receipt_poll:
-                self._wakeup.set()  # after the release, as in the reader
+            if session.receipt_due:
+                self._receipt_waits()  # after the release, as in the reader
             if received.fence:
                 self._set_state(TransportState.READY)
             hold = self._hold
@@ -1145,7 +1163,9 @@ class SessionTransport:
         keep coming due, the writer *polls*: it wakes every ``receipt_delay`` and sends a lone
         receipt that has waited that long by then (a younger one waits out its delay: a frame
         may still carry it), so the reader need not wake it for each one (``_receipt_poll``); after
-        ``_POLL_QUIET_TICKS`` ticks with nothing due it stops and waits to be woken again.
+        ``_POLL_QUIET_TICKS`` ticks with nothing due it stops and waits to be woken again. On
+        asyncio it does not poll: the receipt timer (:meth:`_receipt_waits`) sends lone
+        receipts, and wakes the writer only for one the socket cannot take at once.
         """
         session = self._session
         # Coalescing amortises per-message cost for *small* packets; merging megabytes gains
@@ -1154,6 +1174,7 @@ class SessionTransport:
         limit = self._coalesce_limit
         max_packets = self.limits.max_packets_per_message  # what the peer accepts per message
         delay = self.limits.receipt_delay
+        timed = self._receipt_loop is not None  # a loop timer sends lone receipts: no polling
         quiet_ticks = 0
         ticked = False  # the last wait ended by the poll timer, not by a wake-up
         try:
@@ -1165,7 +1186,13 @@ class SessionTransport:
                 lone_receipt = (
                     session.receipt_due and not session.frames_queued and not session.receipt_urgent
                 )
-                if lone_receipt and not self._receipt_poll:
+                if lone_receipt and timed:
+                    if self._receipt_due_at + delay > time.monotonic():
+                        # Young: the timer sends it unless a frame carries it first.
+                        self._receipt_waits()
+                        await self._wait_for_wakeup(None)
+                        continue
+                elif lone_receipt and not self._receipt_poll:
                     # Woken by the reader for it: start polling, give frames a chance to come.
                     self._receipt_poll = True
                     quiet_ticks = 0
@@ -1184,7 +1211,7 @@ class SessionTransport:
                 if not packets:
                     if session.state is not SessionState.ATTACHED:
                         return
-                    if not ticked:
+                    if not ticked and not timed:
                         # Woken for nothing: the reader woke us for a receipt that a frame
                         # written meanwhile carried. Poll from now on instead.
                         self._receipt_poll = True
@@ -1218,10 +1245,45 @@ class SessionTransport:
         ``True`` if the time ran out (a poll tick)."""
         if timeout is None:
             await self._wakeup.wait()
+            self._writer_wakeups += 1
             return False
         with anyio.move_on_after(timeout) as tick:
             await self._wakeup.wait()
+        self._writer_wakeups += 1
         return tick.cancelled_caught
+
+    def _receipt_waits(self) -> None:
+        """A receipt is due after an inbound message: see that it goes out within
+        ``receipt_delay`` unless a frame carries it first. (An urgent one :meth:`_accept` has
+        written or handed to the writer already.) On asyncio a loop timer looks after it --
+        armed once, however many receipts come due and ride with frames meanwhile -- and the
+        writer is not woken; otherwise the writer is woken for it and polls (see there)."""
+        loop = self._receipt_loop
+        if loop is not None:
+            if self._receipt_timer is None:
+                wait = self._receipt_due_at + self.limits.receipt_delay - time.monotonic()
+                self._receipt_timer = loop.call_later(max(wait, 0.0), self._receipt_timer_fired)
+        elif not self._receipt_poll:
+            self._wakeup.set()
+
+    def _receipt_timer_fired(self) -> None:
+        """The receipt timer (asyncio, in the loop's callback): a receipt still due once it has
+        waited ``receipt_delay`` is written at once if the socket takes it and nothing else is
+        queued, else by the writer, which is woken for it; a younger one (the one the timer was
+        armed for went out with a frame) gets a timer of its own; none due, nothing to do."""
+        self._receipt_timer = None
+        if not self._session.receipt_due or self._receipt_loop is None:
+            return
+        self._receipt_timer_fires += 1
+        if self._receipt_due_at + self.limits.receipt_delay > time.monotonic():
+            self._receipt_waits()
+        elif not self._write_receipt_now():
+            self._wakeup.set()
+
+    def _cancel_receipt_timer(self) -> None:
+        timer, self._receipt_timer = self._receipt_timer, None
+        if timer is not None:
+            timer.cancel()
 
     async def _replay_watch(self, watching: anyio.CancelScope) -> None:
         with watching:

@@ -127,6 +127,14 @@ class TransportStatistics:
     """Tasks woken to re-check retention (a sender waiting for room, a wait for receipts):
     a receipt that frees room wakes the first waiting sender only, and a receipt wait only
     once what it waits for holds (or at retirement, which wakes every waiter)."""
+    writer_wakeups: int
+    """Times the socket writer task resumed from a wait: woken for frames or a receipt to
+    write, or at a receipt poll tick (each a task switch, whether it found work or not)."""
+    receipt_timer_fires: int
+    """Times the receipt timer (asyncio) found a receipt due: it sent a lone receipt that had
+    waited ``receipt_delay``, handed one to the writer, or re-armed itself for a younger one.
+    (A timer that finds the receipt already carried by a frame does nothing and is not
+    counted.)"""
 
 
 class PreReadinessBuffer:
