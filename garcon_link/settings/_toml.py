@@ -122,7 +122,11 @@ def _resolve(base: Path, value: str, path: Path, what: str) -> Path:
     return candidate if candidate.is_absolute() else base / candidate
 
 
-def _load_limits(table: dict[str, Any], path: Path) -> Limits:
+def _load_limits(doc: dict[str, Any], path: Path) -> Limits:
+    """The document's ``[limits]`` table as :class:`Limits` (the defaults when it has none)."""
+    table = _get(doc, "limits", dict, path, "[limits]")
+    if table is None:
+        return Limits()
     kinds = {f.name: f.type for f in dataclasses.fields(Limits)}
     _check_keys(table, tuple(kinds), path, "[limits]")
     changes: dict[str, Any] = {}

@@ -428,13 +428,12 @@ def _build_caller(doc: dict[str, Any], source: Path) -> CallerConfig:
             'add dial = "wss://gateway.example/executor"',
         )
     insecure = _get(doc, "allow_insecure_development", bool, source, "allow_insecure_development")
-    limits_table = _get(doc, "limits", dict, source, "[limits]")
     return CallerConfig(
         caller_id=caller_id,
         secret=secret,
         dial=dial,
         tls=_load_tls(doc, source),
-        limits=Limits() if limits_table is None else _load_limits(limits_table, source),
+        limits=_load_limits(doc, source),
         allow_insecure_development=bool(insecure),
         source=source,
     )

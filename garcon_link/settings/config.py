@@ -725,8 +725,7 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
     listen = _parse_listen(listen_text, source) if listen_text is not None else None
 
     tls = _load_tls(doc, source)
-    limits_table = _get(doc, "limits", dict, source, "[limits]")
-    limits = Limits() if limits_table is None else _load_limits(limits_table, source)
+    limits = _load_limits(doc, source)
     state_text = _get(doc, "state_dir", str, source, "state_dir")
     state_dir = None if state_text is None else _resolve(base, state_text, source, "state_dir")
 

@@ -432,13 +432,12 @@ def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
         extra["max_executors"] = max_executors
     if forget_after is not None:
         extra["forget_after"] = forget_after
-    limits_table = _get(doc, "limits", dict, source, "[limits]")
     return FleetConfig(
         listen=listen,
         keyring=keyring,
         dial=dial,
         tls=_load_tls(doc, source),
-        limits=Limits() if limits_table is None else _load_limits(limits_table, source),
+        limits=_load_limits(doc, source),
         allow_insecure_development=bool(insecure),
         source=source,
         controller_id=_fleet_controller_id(doc, source),
