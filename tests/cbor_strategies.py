@@ -27,12 +27,48 @@ layer behind the decoder.
 from __future__ import annotations
 
 import math
-from typing import Any
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import cbor2
+from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 
 from garcon_link.core.wire import MAX_BIGNUM_BYTES, encode_message, encode_receipt
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SCALE = int(os.environ.get("GARCON_FUZZ_SCALE", "1"))
+"""Multiplies every fuzzer's example count, for a longer campaign."""
+SEED = os.environ.get("GARCON_FUZZ_SEED")
+"""Replaces the seed Hypothesis derives from each test (``derandomize``) for another campaign."""
+
+
+def fuzz_settings(examples: int) -> Callable[[F], F]:
+    """Hypothesis settings for one fuzzer: ``examples`` x :data:`SCALE` examples, reproducible
+    by default (:data:`SEED` for another run), no deadline and no example database."""
+
+    def decorate(test: F) -> F:
+        configured = settings(
+            max_examples=examples * SCALE,
+            derandomize=SEED is None,
+            database=None,
+            deadline=None,
+            # No "explain" phase: it re-runs and parses source, which is slow and (CPython
+            # 3.11.7) can fail with "AST constructor recursion depth mismatch" after a
+            # RecursionError elsewhere in the run.
+            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+            suppress_health_check=[
+                HealthCheck.too_slow,
+                HealthCheck.data_too_large,
+                HealthCheck.function_scoped_fixture,  # anyio_backend: a plain string
+            ],
+        )(test)
+        return seed(int(SEED))(configured) if SEED is not None else configured
+
+    return decorate
+
 
 __all__ = [
     "KNOWN_TAGS",

@@ -67,10 +67,9 @@ the process (pytest's traceback formatting); rerun with ``--tb=native`` to see t
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -85,10 +84,12 @@ from cbor_strategies import (
     NOTIFY,
     PART_HEADS,
     RESULT,
+    F,
     any_item,
     cbor_values,
     encode,
     envelope_shapes,
+    fuzz_settings,
     map_bytes,
     mutated_envelope,
     mutated_hello,
@@ -96,7 +97,7 @@ from cbor_strategies import (
     mutated_proof,
     nested_parts,
 )
-from hypothesis import HealthCheck, Phase, example, given, seed, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from rpcutil import Calc, CalcImpl
 
@@ -130,14 +131,10 @@ from garcon_link.rpc.envelopes import decode as decode_envelope
 from garcon_link.rpc.interface import service_spec
 from garcon_link.rpc.rpc import ExecutorRpc, Registry
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 # A falsifying example can be megabytes of CBOR; Hypothesis warns before printing it, and the
 # warning must not replace the failure it reports.
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
-SCALE = int(os.environ.get("GARCON_FUZZ_SCALE", "1"))
-SEED = os.environ.get("GARCON_FUZZ_SEED")
 
 HUGE = 10**5000  # past Python's 4,300-digit int-to-str limit; a ~2 KiB canonical bignum
 BIGGEST = 2 ** (8 * MAX_BIGNUM_BYTES) - 1  # the largest integer decode_item lets through
@@ -156,26 +153,7 @@ EXAMPLES = {
 
 def fuzz(name: str) -> Callable[[F], F]:
     """Hypothesis settings for one fuzzer: a fixed example count, reproducible by default."""
-
-    def decorate(test: F) -> F:
-        configured = settings(
-            max_examples=EXAMPLES[name] * SCALE,
-            derandomize=SEED is None,
-            database=None,
-            deadline=None,
-            # No "explain" phase: it re-runs and parses source, which is slow and (CPython
-            # 3.11.7) can fail with "AST constructor recursion depth mismatch" after a
-            # RecursionError elsewhere in the run.
-            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
-            suppress_health_check=[
-                HealthCheck.too_slow,
-                HealthCheck.data_too_large,
-                HealthCheck.function_scoped_fixture,  # anyio_backend: a plain string
-            ],
-        )(test)
-        return seed(int(SEED))(configured) if SEED is not None else configured
-
-    return decorate
+    return fuzz_settings(EXAMPLES[name])
 
 
 # ---------------------------------------------------------------------------------- decode_item

@@ -52,11 +52,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import anyio
 import anyio.from_thread
@@ -71,18 +70,20 @@ from cbor_strategies import (
     ITEM,
     NOTIFY,
     RESULT,
+    F,
     Spliced,
     any_item,
     array_bytes,
     cbor_values,
     encode,
+    fuzz_settings,
     head,
     hostile_scalars,
     huge_names,
     mutated_envelope,
     raw_items,
 )
-from hypothesis import HealthCheck, Phase, example, given, seed, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 from test_gateway import GRANTS, LIMITS, Ident, IdentService, caller_config, enroll
 
@@ -90,15 +91,11 @@ import garcon_link as gl
 from garcon_link.core.wire import MAX_BIGNUM_BYTES
 from garcon_link.rpc.chunks import PART
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Generating overly large repr"),
     pytest.mark.timeout(120),
 ]
 
-SCALE = int(os.environ.get("GARCON_FUZZ_SCALE", "1"))
-SEED = os.environ.get("GARCON_FUZZ_SEED")
 EXAMPLES = {"caller": 60, "executor": 50}
 """Examples per backend (``GARCON_FUZZ_SCALE`` multiplies them)."""
 DEADLINE = 20.0
@@ -115,19 +112,7 @@ HOSTILE_GRANTS = (
 
 def fuzz(name: str) -> Callable[[F], F]:
     """Hypothesis settings for one fuzzer (as tests/test_fuzz.py's)."""
-    configured = settings(
-        max_examples=EXAMPLES[name] * SCALE,
-        derandomize=SEED is None,
-        database=None,
-        deadline=None,
-        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
-        suppress_health_check=[
-            HealthCheck.too_slow,
-            HealthCheck.data_too_large,
-            HealthCheck.function_scoped_fixture,
-        ],
-    )
-    return (lambda test: seed(int(SEED))(configured(test))) if SEED is not None else configured
+    return fuzz_settings(EXAMPLES[name])
 
 
 # ------------------------------------------------------------------------------ the environment
