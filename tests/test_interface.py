@@ -224,6 +224,20 @@ def test_manifest_and_contract_hash() -> None:
     assert contract_hash({"renamed": service_spec(Api).manifest()}) != first
 
 
+def test_a_changed_manifest_copy_leaves_the_next_one_alone() -> None:
+    """manifest() is built once per spec (a facade asks for it each time one is made); what it
+    returns is the caller's to change."""
+    spec = service_spec(Api)
+    first = spec.manifest()
+    first["unary"]["signature"] = "(changed)"
+    first["added"] = {"kind": "unary", "signature": "()"}
+    del first["stream"]
+    again = spec.manifest()
+    assert again["unary"]["signature"] == "(a: int, b: str = 'x') -> list[int]"
+    assert "added" not in again and again["stream"]["kind"] == "stream"
+    assert again == spec.manifest() and again is not spec.manifest()
+
+
 def test_manifest_does_not_depend_on_annotation_spelling() -> None:
     # This module uses ``from __future__ import annotations`` (string annotations); the same
     # interface compiled without it must have the same manifest, or a cosmetic change to the

@@ -341,17 +341,26 @@ class ServiceSpec:
 
     interface: type
     methods: Mapping[str, MethodSpec]
+    # The manifest, built at the first manifest() (a facade asks for it each time it is made).
+    _manifest: dict[str, dict[str, Any]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def manifest(self) -> dict[str, dict[str, Any]]:
-        manifest: dict[str, dict[str, Any]] = {}
-        for name, m in sorted(self.methods.items()):
-            entry: dict[str, Any] = {"kind": m.kind.value, "signature": str(m.signature)}
-            # The fields of its record types, which the signature text does not show.
-            structs = struct_layouts(tuple(m.hints.values()), m.result)
-            if structs:
-                entry["structs"] = structs
-            manifest[name] = entry
-        return manifest
+        """``{method: {"kind", "signature"[, "structs"]}}``. The mapping and each entry are
+        fresh copies a caller may change; an entry's ``"structs"`` listing is shared: read it."""
+        built = self._manifest
+        if built is None:
+            built = {}
+            for name, m in sorted(self.methods.items()):
+                entry: dict[str, Any] = {"kind": m.kind.value, "signature": str(m.signature)}
+                # The fields of its record types, which the signature text does not show.
+                structs = struct_layouts(tuple(m.hints.values()), m.result)
+                if structs:
+                    entry["structs"] = structs
+                built[name] = entry
+            object.__setattr__(self, "_manifest", built)  # frozen: set once, like a cache
+        return {name: dict(entry) for name, entry in built.items()}
 
 
 _spec_cache: dict[type, ServiceSpec] = {}
