@@ -80,7 +80,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff format --check garcon_link
 
 typecheck: $(VENV)/.installed-test
-	$(BIN)/mypy --strict garcon_link tests
+	$(BIN)/mypy --strict garcon_link tests benchmarks
 
 # Bytecode is written even where PYTHONDONTWRITEBYTECODE is set (compileall first, the variable
 # emptied for pytest): the suite starts a few hundred Python child processes (CLI, workers,

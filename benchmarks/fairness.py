@@ -27,6 +27,7 @@ whole of it, both ways; see ``benchmarks/README.md`` for the figures before and 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import time
@@ -339,7 +340,7 @@ def run(
                         name,
                         DESCRIPTIONS[name],
                         asdict(chosen),
-                        lambda chosen=chosen, name=name: _measure(chosen, loop, log, name),
+                        functools.partial(_measure, chosen, loop, log, name),
                         log,
                     )
                 )

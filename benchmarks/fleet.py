@@ -1022,8 +1022,8 @@ def _loop_lag(phase: str) -> Iterator[None]:
         cb = handle._callback
         owner = getattr(cb, "__self__", None)
         if isinstance(owner, asyncio.Task):
-            coro = owner.get_coro()
-            frames = []
+            coro: Any = owner.get_coro()
+            frames: list[str] = []
             while coro is not None and len(frames) < 8:
                 code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None)
                 if code is not None:
@@ -1051,7 +1051,7 @@ def _loop_lag(phase: str) -> Iterator[None]:
 
     gc.callbacks.append(gc_timer)
     base._run_once = timed_run_once  # type: ignore[attr-defined]
-    asyncio.events.Handle._run = timed_handle_run  # type: ignore[method-assign]
+    asyncio.events.Handle._run = timed_handle_run  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:

@@ -125,16 +125,13 @@ async def _flooder_main(url: str, secret: Path, caller_id: str, kind: str) -> No
         if kind != "ungranted":
             await fleet.executor(executor_id(0)).wait_ready(60)
         target = fleet.executor(executor_id(0)).service("ident", Ident)
-        stop = False
 
         async def lane() -> None:
-            while not stop:
+            while True:  # until the task group is cancelled
                 try:
                     if kind == "streams":
                         async for _ in target.ticks(1000):
                             counts["items"] += 1
-                            if stop:
-                                break
                     else:
                         await target.echo(PAYLOAD)
                     counts["ok"] += 1
@@ -148,7 +145,6 @@ async def _flooder_main(url: str, secret: Path, caller_id: str, kind: str) -> No
             lines = anyio.wrap_file(sys.stdin)
             while await lines.readline():
                 pass
-            stop = True
             tg.cancel_scope.cancel()
     print(json.dumps(counts), flush=True)
     os._exit(0)
@@ -174,7 +170,7 @@ async def _gateway_main(config_path: Path, profile: Path | None) -> None:
         while line := await lines.readline():
             if line.strip() == "wakeups":  # asked by --instructions, between its phases
                 print(json.dumps({"writer_wakeups": _writer_wakeups()}), flush=True)
-        if profiler is not None:
+        if profiler is not None and profile is not None:
             profiler.disable()
             profiler.dump_stats(profile)
         os._exit(0)
