@@ -240,22 +240,27 @@ async def _maps(fleets: list[Any], rounds: int) -> float:
     return statistics.median(times)
 
 
+async def _started(process: anyio.abc.Process, what: str) -> bytes:
+    """Wait (at most 120 s) for a child's ``started`` line and return what it wrote so far; one
+    that exits first is an error naming it."""
+    assert process.stdout is not None
+    buffer = b""
+    try:
+        with anyio.fail_after(120):
+            while b"started" not in buffer:
+                buffer += await process.stdout.receive()
+    except anyio.EndOfStream:
+        code = await process.wait()
+        raise RuntimeError(f"{what} exited (status {code}) before it started") from None
+    return buffer
+
+
 @asynccontextmanager
 async def _workers(url: str, keyring: Path, count: int) -> AsyncIterator[None]:
     command = [sys.executable, "-m", "benchmarks.relay", "workers", url, str(keyring), str(count)]
     process = await anyio.open_process(command, stdin=subprocess.PIPE, stderr=None)
     try:
-        assert process.stdout is not None
-        buffer = b""
-        try:
-            with anyio.fail_after(120):
-                while b"started" not in buffer:
-                    buffer += await process.stdout.receive()
-        except anyio.EndOfStream:
-            code = await process.wait()
-            raise RuntimeError(
-                f"the workers' process exited (status {code}) before they started"
-            ) from None
+        await _started(process, "the workers' process")
         yield
     finally:
         process.kill()
@@ -330,17 +335,8 @@ async def _flooded(
     command = [sys.executable, "-m", "benchmarks.relay", "flood", url, str(secret), caller_id, kind]
     process = await anyio.open_process(command, stdin=subprocess.PIPE, stderr=None)
     try:
-        assert process.stdout is not None and process.stdin is not None
-        buffer = b""
-        try:
-            with anyio.fail_after(120):
-                while b"started" not in buffer:
-                    buffer += await process.stdout.receive()
-        except anyio.EndOfStream:
-            code = await process.wait()
-            raise RuntimeError(
-                f"the {kind} flooder exited (status {code}) before it started"
-            ) from None
+        assert process.stdin is not None and process.stdout is not None
+        buffer = await _started(process, f"the {kind} flooder")
         await anyio.sleep(0.3)
         during = await _latency(lambda: ident.echo(PAYLOAD), args.calls)
         await process.stdin.aclose()
