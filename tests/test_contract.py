@@ -21,7 +21,7 @@ from garcon_link.rpc.contract import (
     service_version,
 )
 from garcon_link.rpc.interface import MAX_STRUCT_FIELDS, service_spec
-from garcon_link.rpc.manifest import MAX_SIGNATURE_CHARS, manifest_changes
+from garcon_link.rpc.manifest import MAX_SIGNATURE_CHARS, manifest_changes, method_entries
 
 C, A, I, R = (  # noqa: E741 -- one letter per column of the table
     Compatibility.COMPATIBLE,
@@ -532,7 +532,7 @@ def _uses(point: Any, use: str) -> dict[str, Any]:
         "return": point if use != "argument" else int,
     }
     api = types.new_class("Geo", (Protocol,), exec_body=lambda ns: ns.update(method=method))
-    return service_spec(api).manifest()["method"]
+    return dict(method_entries(service_spec(api).manifest())["method"])
 
 
 # (what changed, the old type, the new type, then the verdict old -> new and new -> old where

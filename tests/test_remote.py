@@ -41,6 +41,7 @@ import garcon_link as gl
 from garcon_link.api.described import interned_counts
 from garcon_link.core.wire import encode_canonical
 from garcon_link.rpc.interface import service_spec
+from garcon_link.rpc.manifest import method_entries
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -692,7 +693,7 @@ async def test_generic_structs_and_dataclasses_cross_a_real_worker() -> None:
     """A generic ``msgspec.Struct`` or dataclass, parametrized (``Box[int]``), is a record
     type like any other: registered, listed in the manifest with its fields' bound types,
     checked on the caller's side and converted on the worker's."""
-    manifest = service_spec(Boxes).manifest()
+    manifest = method_entries(service_spec(Boxes).manifest())
     (name, layout), *_ = manifest["double"]["structs"].items()
     assert name.endswith("Box[int]") and layout["use"] == "both"
     assert layout["fields"] == [["item", "int", False], ["note", "str", True]]

@@ -73,8 +73,8 @@ import blake3
 
 from ..core.wire import encode_canonical
 from ..logs import peer_text
-from .interface import MAX_STRUCT_FIELDS, MAX_STRUCT_TEXT
-from .manifest import MAX_SIGNATURE_CHARS
+from .interface import MAX_STRUCT_FIELDS, MAX_STRUCT_TEXT, UNSET_FIELD
+from .manifest import MAX_SIGNATURE_CHARS, UnreadableRecords, method_entries
 
 __all__ = [
     "Compatibility",
@@ -305,10 +305,10 @@ def _read_structs(value: object) -> dict[str, _Struct] | None:
                 and len(item) == 3
                 and _short_text(item[0])
                 and _short_text(item[1])
-                and isinstance(item[2], bool)
+                and (isinstance(item[2], bool) or item[2] == UNSET_FIELD)
             ):
                 return None
-            read.append(_Field(item[0], item[1], item[2]))
+            read.append(_field(item[0], item[1], item[2]))
         use, encoding, unknown = record.get("use"), record.get("encoding"), record.get("unknown")
         tag = record.get("tag")
         if (
@@ -349,7 +349,22 @@ def _short_text(value: object) -> bool:
 class _Field:
     name: str  # as encoded
     type: str
-    has_default: bool
+    has_default: bool  # a reader fills it in when it is missing (an unset one too)
+    unset: bool  # a writer may leave it out (UNSET_FIELD)
+
+
+_UNSET_TYPES = frozenset({"msgspec.UnsetType", "UnsetType"})
+
+
+def _field(name: str, type_text: str, default: bool | str) -> _Field:
+    """A listed field. ``default`` is ``True``, ``False`` or :data:`UNSET_FIELD`; a worker of
+    the version that listed record types per method wrote ``True`` for an ``UNSET`` default, so
+    a field with a default whose type admits ``msgspec.UnsetType`` is taken as unset too."""
+    unset = default == UNSET_FIELD
+    if default is True and "UnsetType" in type_text:
+        members = _field_members(type_text)
+        unset = members is not None and not members.isdisjoint(_UNSET_TYPES)
+    return _Field(name, type_text, default is not False, unset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +389,8 @@ def _compare_structs(
     key (an earlier worker's entry compared with its successor's in a controller's log)."""
     if offered is None or expected is None:
         return None
+    if isinstance(offered, UnreadableRecords):
+        return Compatibility.INCOMPATIBLE, f"the worker's record types cannot be read ({offered})"
     theirs = _read_structs(offered)
     if theirs is None:
         return Compatibility.INCOMPATIBLE, "the worker's struct fields cannot be read"
@@ -510,17 +527,27 @@ def _compare_field_type(
     path: str, want: _Field, got: _Field, argument: bool, notes: list[str]
 ) -> str | None:
     """One field both sides have: its type by the parameters' rules (an argument's may get
-    wider, a result's narrower). Whether it has a default does not matter: every field is sent,
-    a default too (:func:`~garcon_link.rpc.interface.to_wire`)."""
+    wider, a result's narrower), ``msgspec.UnsetType`` aside, and whether the writer may leave
+    it out where the reader requires it. Whether a field the writer always writes has a default
+    does not matter: every such field is sent, a default too
+    (:func:`~garcon_link.rpc.interface.to_wire`)."""
+    writer, reader = (want, got) if argument else (got, want)
+    who, where = ("the caller", "on the worker") if argument else ("the worker", "here")
+    if writer.unset and not reader.has_default:
+        return f"{path}: {who} may leave it out (unset), required {where}"
+    if want.unset != got.unset:
+        change = "may be left out (unset)" if got.unset else "is always written"
+        notes.append(f"{path} {change} on the worker")
     if want.type == got.type:
         return None
     mine, theirs = _field_members(want.type), _field_members(got.type)
     if mine is None or theirs is None:  # compared as text
         return f"{path}: {want.type[:_SHOWN]}  =>  {peer_text(got.type, _SHOWN)}"
+    mine, theirs = mine - _UNSET_TYPES, theirs - _UNSET_TYPES  # never a value on the wire
     if mine == theirs:
         return None  # the same type spelled differently
-    reader, written = (theirs, mine) if argument else (mine, theirs)
-    if not _accepts(reader, written):
+    reader_types, written = (theirs, mine) if argument else (mine, theirs)
+    if not _accepts(reader_types, written):
         how = "narrower" if argument else "wider"
         return f"{path}: {_type_text(mine)}  =>  {peer_text(_type_text(theirs), _SHOWN)} ({how})"
     how = "wider" if argument else "narrower"
@@ -644,6 +671,7 @@ def compare_manifests(expected: Mapping[str, Any], offered: Mapping[str, Any]) -
                     )
                 )
             continue
+        mine, theirs = method_entries(mine), method_entries(theirs)
         for method in sorted(set(mine) | set(theirs), key=str):
             compatibility, difference = compare_method(mine.get(method), theirs.get(method))
             verdicts.append(Verdict(name, str(method), compatibility, difference))
