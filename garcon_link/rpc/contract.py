@@ -1,11 +1,14 @@
 """Contracts compared method by method: what a caller expects against what a worker offers.
 
 A manifest (:meth:`~garcon_link.rpc.interface.ServiceSpec.manifest`) maps service -> method ->
-``{"kind", "signature"}``, and ``"structs"`` when the method's types hold record types (below;
-other keys, such as descriptions, are not part of the contract). A caller's *view* is the
-manifest of the interface its facade was made with; the worker's manifest is what its current
-session described (or announced since). :func:`compare_method` decides, for
-one method, one of four :class:`Compatibility` values, and names the difference:
+``{"kind", "signature"}``, and the record types the method's types hold (below; other keys,
+such as descriptions, are not part of the contract). :func:`compare_method` compares two
+entries each holding its own record types under ``"structs"``: a manifest lists them once per
+service (``"records"`` and ``"uses"``), and :func:`compare_manifests` expands both sides with
+:func:`~garcon_link.rpc.manifest.method_entries` first, as must any other caller. A caller's
+*view* is the manifest of the interface its facade was made with; the worker's manifest is what
+its current session described (or announced since). :func:`compare_method` decides, for one
+method, one of four :class:`Compatibility` values, and names the difference:
 
 * ``COMPATIBLE`` -- the same kind and signature text;
 * ``ADDITIVE`` -- different, but every call the view makes binds to the worker's signature with
@@ -22,7 +25,8 @@ one method, one of four :class:`Compatibility` values, and names the difference:
 The signature text names a record type -- a ``msgspec.Struct``, a dataclass, a ``TypedDict``, a
 ``NamedTuple`` -- but not its fields, so an entry also lists, under ``"structs"``, the fields of
 every record type its parameters and result hold at any depth
-(:func:`~garcon_link.rpc.interface.struct_layouts`), and each is judged as the view uses it:
+(:func:`~garcon_link.rpc.interface.struct_layouts`, expanded from the service's table), and
+each is judged as the view uses it:
 
 * in an *argument* (the caller builds it, the worker reads it): a field the worker added with a
   default is ``ADDITIVE`` (the worker fills it in), one added without a default, one it removed
@@ -41,11 +45,21 @@ every record type its parameters and result hold at any depth
   differ (an argument's at the worker's end, a result's at the view's: a reader refuses a longer
   array). Another encoding or another tag is ``INCOMPATIBLE``.
 
-Whether a field both sides have has a default does not matter: every field is sent, a default
-too (:func:`~garcon_link.rpc.interface.to_wire`). A worker's entry without ``"structs"`` (a
-worker of an earlier version) is compared on its signature alone (:func:`_compare_structs`); one
-that cannot be read, or lists more than
-:data:`~garcon_link.rpc.interface.MAX_STRUCT_FIELDS` types and fields, is ``INCOMPATIBLE``.
+Whether a field both sides have has a default does not matter when its writer always sends
+it: every field is sent, a default too (:func:`~garcon_link.rpc.interface.to_wire`). A field
+the writer may leave out (:data:`~garcon_link.rpc.interface.UNSET_FIELD`: a ``msgspec.UNSET``
+default, a ``TypedDict`` key that is not required) needs a default on the reader's side -- the
+worker's for an argument, the view's for a result -- else ``INCOMPATIBLE``; a difference in
+whether it may be left out that the reader copes with is ``ADDITIVE``. ``msgspec.UnsetType`` in
+a field's type is never a value on the wire and is left out of type comparisons. An entry
+listed per method by the version before the table marked such a field ``True``; one whose type
+admits ``UnsetType`` is read as ``"unset"``.
+
+A worker's entry without ``"structs"`` (0.1.0, which lists no record types) is compared on its
+signature alone (:func:`_compare_structs`); one that cannot be read, refers to a table that
+cannot be (:class:`~garcon_link.rpc.manifest.UnreadableRecords`, naming why), or lists more
+than :data:`~garcon_link.rpc.interface.MAX_STRUCT_FIELDS` types and fields, is
+``INCOMPATIBLE``.
 
 Types are compared on the signature text, without importing or evaluating anything: a union
 (``X | Y``, ``Optional[X]``, ``Union[X, Y]``) is the set of its members, ``Any`` (or no

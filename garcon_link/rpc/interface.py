@@ -23,7 +23,8 @@ peer may call. It is shared by both sides. From it we derive, once per interface
   :class:`~garcon_link.rpc.resources.ResourceRef`, ... A hint of ``Any`` or a missing hint passes
   the decoded value through unchanged.
 * a manifest (service -> method -> kind and signature text, *including the return type*, and
-  the fields of the record types the method reaches, :func:`struct_layouts`) and its
+  the fields of the record types the method reaches, :func:`struct_layouts`, listed once per
+  service, :func:`record_table`) and its
   BLAKE3 *contract hash*, which a controller compares across session replacements: changing
   ``-> int`` to ``-> str`` is a contract change, reported as the list of methods that changed
   (:func:`~garcon_link.rpc.manifest.manifest_changes`).
