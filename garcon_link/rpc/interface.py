@@ -821,18 +821,18 @@ def struct_layouts(params: Sequence[Any], result: Any) -> dict[str, dict[str, An
 
 def record_table(
     methods: Sequence[tuple[Iterable[Any], Any]],
-) -> tuple[list[dict[str, Any]], list[list[list[Any]]]]:
+) -> tuple[list[list[Any]], list[list[list[Any]]]]:
     """One service's record types, each listed once, and what each method uses of them.
 
     ``methods``: each method's parameter hints and result hint, in the manifest's order.
-    Returns the *record table* -- ``[{"name", "encoding", "unknown", "tag", "fields"}, ...]``,
-    a :func:`struct_layouts` record without its use, named -- and, per method, its ``"uses"``:
+    Returns the *record table* -- ``[[name, encoding, unknown, tag, fields], ...]``, a
+    :func:`struct_layouts` record without its use, named -- and, per method, its ``"uses"``:
     ``[[index into the table, use], ...]`` in the order of the types' names (empty: none). A
     method whose types :func:`struct_layouts` lists none of, or whose new types would take the
     table past :data:`MAX_RECORD_TABLE` types and fields, uses none (it is compared on its
     signature alone). Two methods that reach different types of one name (the name is what
     the signature text writes) list each."""
-    table: list[dict[str, Any]] = []
+    table: list[list[Any]] = []
     index: dict[tuple[str, str, str, Any, Any], int] = {}
     size = 0
     uses: list[list[list[Any]]] = []
@@ -848,12 +848,7 @@ def record_table(
             if keys[name] not in index:
                 index[keys[name]] = len(table)
                 record = layouts[name]
-                table.append(
-                    {
-                        "name": name,
-                        **{k: record[k] for k in ("encoding", "unknown", "tag", "fields")},
-                    }
-                )
+                table.append([name, *(record[k] for k in ("encoding", "unknown", "tag", "fields"))])
         size += extra
         uses.append([[index[keys[name]], record["use"]] for name, record in layouts.items()])
     return table, uses

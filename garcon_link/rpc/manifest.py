@@ -102,16 +102,17 @@ def method_entries(methods: object) -> dict[str, Any]:
     (:func:`~garcon_link.rpc.interface.struct_layouts`' form), in place of ``"uses"``, and no
     ``"records"``.
 
-    A manifest lists each record type once per service: the *record table* in one method's
-    ``"records"`` (the first method by name that uses one, as this version writes it), and
-    each method's ``"uses"``, ``[[index into the table, use], ...]``
+    A manifest lists each record type once per service: the *record table*,
+    ``[[name, encoding, unknown, tag, fields], ...]``, in one method's ``"records"`` (the first
+    method by name that uses one, as this version writes it), and each method's ``"uses"``,
+    ``[[index into the table, use], ...]``
     (:func:`~garcon_link.rpc.interface.record_table`). An entry without ``"uses"`` is as it
     was sent: with ``"structs"`` of its own (a worker of the version that listed them per
     method), or with no record types (one that listed none). Entries that are not maps stay as
     they are, and the record contents are checked where they are compared
     (:mod:`garcon_link.rpc.contract`).
 
-    The worker wrote it: a table that is not a list of named maps of at most
+    The worker wrote it: a table that is not a list of named records of at most
     :data:`~garcon_link.rpc.interface.MAX_RECORD_TABLE` types and fields, a second table, a use
     that is not ``[index in range, use]`` or names a type twice, or a method's uses over
     :data:`~garcon_link.rpc.interface.MAX_STRUCT_FIELDS` make ``"structs"`` an
@@ -138,8 +139,10 @@ def method_entries(methods: object) -> dict[str, Any]:
     return entries
 
 
-def _record_table(holders: list[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], str | None]:
-    """The record table of the one entry of ``holders`` (``[]``: none), or why it is refused."""
+def _record_table(holders: list[Mapping[str, Any]]) -> tuple[list[list[Any]], str | None]:
+    """The record table of the one entry of ``holders`` (``[]``: none), or why it is refused:
+    a list of ``[name, encoding, unknown, tag, fields]``, the fields a list (their contents are
+    checked where they are compared)."""
     if not holders:
         return [], "no method lists the record table"
     if len(holders) > 1:
@@ -149,9 +152,9 @@ def _record_table(holders: list[Mapping[str, Any]]) -> tuple[list[Mapping[str, A
         return [], "the record table is not a list"
     size = 0
     for index, record in enumerate(table):
-        if not isinstance(record, Mapping):
-            return [], f"record {index} is not a map"
-        name, fields = record.get("name"), record.get("fields")
+        if not isinstance(record, list) or len(record) != len(_RECORD_KEYS) + 1:
+            return [], f"record {index} is not [name, encoding, unknown, tag, fields]"
+        name, fields = record[0], record[-1]
         if not isinstance(name, str) or not name or len(name) > MAX_STRUCT_TEXT:
             return [], f"record {index} has no name of at most {MAX_STRUCT_TEXT} characters"
         if not isinstance(fields, list):
@@ -162,8 +165,12 @@ def _record_table(holders: list[Mapping[str, Any]]) -> tuple[list[Mapping[str, A
     return table, None
 
 
+_RECORD_KEYS = ("encoding", "unknown", "tag", "fields")
+"""A table record's items after its name, as :func:`method_entries` names them."""
+
+
 def _resolve_uses(
-    uses: object, table: list[Mapping[str, Any]], shared: dict[tuple[int, str], dict[str, Any]]
+    uses: object, table: list[list[Any]], shared: dict[tuple[int, str], dict[str, Any]]
 ) -> dict[str, Any] | UnreadableRecords:
     """One method's ``"uses"`` as ``{type: record with its use}``."""
     if not isinstance(uses, list) or len(uses) > len(table):
@@ -178,17 +185,17 @@ def _resolve_uses(
         index, use = item
         if not 0 <= index < len(table):
             return UnreadableRecords(f"a use refers to record {index} of {len(table)}")
-        record = table[index]
-        name = record["name"]
+        name, *rest = table[index]
         if name in structs:
             return UnreadableRecords(f"it uses {peer_text(name, 80)} twice")
-        size += 1 + len(record["fields"])
+        size += 1 + len(rest[-1])
         if size > MAX_STRUCT_FIELDS:
             return UnreadableRecords(f"its record types hold over {MAX_STRUCT_FIELDS} fields")
         resolved = shared.get((index, use))
         if resolved is None:
-            resolved = shared[(index, use)] = {"use": use} | {
-                key: record.get(key) for key in ("encoding", "unknown", "tag", "fields")
+            resolved = shared[(index, use)] = {
+                "use": use,
+                **dict(zip(_RECORD_KEYS, rest, strict=True)),
             }
         structs[name] = resolved
     return dict(sorted(structs.items()))
