@@ -699,7 +699,8 @@ def _method_names(methods: object) -> Iterable[str]:
 def service_version(methods: Mapping[str, Any]) -> str:
     """A service's contract version: 12 hex digits of the BLAKE3 hash of its methods' kinds and
     signatures. Other keys of an entry do not change it: descriptions, and the fields of its
-    record types (``"structs"``), which a worker of an earlier version does not list -- so a
+    record types (``"records"``, ``"uses"``; ``"structs"`` in the per-method form), which a
+    worker of 0.1.0 does not list, and which are listed in another form than before -- so a
     worker upgraded to this version with the same interfaces keeps its version, and a change of
     a struct's fields alone shows in :func:`compare_method`'s verdicts, not in the version."""
     contract = {

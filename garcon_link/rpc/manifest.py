@@ -1,10 +1,14 @@
 """The contract manifest: what a worker declares it serves, compared, hashed and read back.
 
 A worker's manifest maps service -> method -> ``{kind, signature}``, the signature text (the
-return type included) of each :class:`~garcon_link.rpc.interface.MethodSpec`, and ``structs``,
-the fields of the record types it reaches
-(:func:`~garcon_link.rpc.interface.struct_layouts`), when it reaches any
-(:meth:`~garcon_link.rpc.interface.ServiceSpec.manifest`). From it come:
+return type included) of each :class:`~garcon_link.rpc.interface.MethodSpec`, and the fields of
+the record types it reaches (:func:`~garcon_link.rpc.interface.struct_layouts`), when it
+reaches any, listed once per service: a table in one method's ``"records"``, each method's
+``"uses"`` referring to it (:meth:`~garcon_link.rpc.interface.ServiceSpec.manifest`). From it
+come:
+
+* each method's entry with its own record types (:func:`method_entries`), what a comparison
+  reads, from either form a worker may send (the table, or ``"structs"`` in each entry);
 
 * its BLAKE3 *contract hash* (:func:`contract_hash`), which a controller compares across session
   replacements, and the list of methods that changed between two manifests
