@@ -630,10 +630,14 @@ LabelV1.__qualname__ = LabelV1.__name__ = LabelV2.__qualname__ = LabelV2.__name_
 
 class Labeler(Protocol):
     async def measure(self, label: LabelV1) -> int: ...
+    async def weigh(self, label: LabelV1) -> int: ...
 
 
 class LabelerV1:
     async def measure(self, label: LabelV1) -> int:
+        return label.size
+
+    async def weigh(self, label: LabelV1) -> int:
         return label.size
 
 
@@ -645,10 +649,18 @@ class LabelerV2:
         self.runs += 1
         return label.points
 
+    async def weigh(self, label: LabelV2) -> int:
+        self.runs += 1
+        return label.points
 
-async def test_a_renamed_struct_field_is_a_contract_change() -> None:
+
+async def test_a_renamed_struct_field_is_a_contract_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # The signature text is the same on both workers (``(label: test_remote.Label) -> int``):
     # only the manifest's field listing shows the rename, and the call fails before sending.
+    # Label is listed once, in measure's entry: weigh only refers to it, and is refused too.
+    caplog.set_level(logging.INFO, logger="garcon_link.remote")
     with anyio.fail_after(DEADLINE):
         async with open_pair("worker-listens", {"labels": LabelerV1()}) as pair:
             labels = pair.executor.service("labels", Labeler)
@@ -660,7 +672,14 @@ async def test_a_renamed_struct_field_is_a_contract_change() -> None:
                 await labels.measure(LabelV1("a", size=3))
             assert info.value.code == "CONTRACT_CHANGED"
             assert "Label.size removed or renamed on the worker" in info.value.message
+            with pytest.raises(gl.Rejected) as info:
+                await labels.weigh(LabelV1("a", size=3))
+            assert "Label.size removed or renamed on the worker" in info.value.message
             assert changed.runs == 0
+            (line,) = [
+                r.getMessage() for r in caplog.records if "contract changed" in r.getMessage()
+            ]
+            assert "labels.measure: incompatible" in line and "labels.weigh: incompatible" in line
 
 
 T = TypeVar("T")
