@@ -94,8 +94,8 @@ __all__ = [
     "MAX_RECORD_TABLE",
     "MAX_STRUCT_FIELDS",
     "MAX_STRUCT_TEXT",
-    "MethodKind",
     "UNSET_FIELD",
+    "MethodKind",
     "MethodSpec",
     "ServiceSpec",
     "derive_spec",
@@ -840,18 +840,20 @@ def record_table(
         layouts = struct_layouts(tuple(params), result)
         keys = {name: _record_key(name, record) for name, record in layouts.items()}
         new = [name for name, key in keys.items() if key not in index]
-        extra = sum(1 + len(layouts[name]["fields"]) for name in dict.fromkeys(new))
+        extra = sum(1 + len(layouts[name]["fields"]) for name in new)
         if not layouts or size + extra > MAX_RECORD_TABLE:
             uses.append([])
             continue
         for name in new:
-            if keys[name] not in index:
-                index[keys[name]] = len(table)
-                record = layouts[name]
-                table.append([name, *(record[k] for k in ("encoding", "unknown", "tag", "fields"))])
+            index[keys[name]] = len(table)
+            table.append([name, *(layouts[name][k] for k in _TABLE_ITEMS)])
         size += extra
-        uses.append([[index[keys[name]], record["use"]] for name, record in layouts.items()])
+        uses.append([[index[keys[name]], layouts[name]["use"]] for name in layouts])
     return table, uses
+
+
+_TABLE_ITEMS = ("encoding", "unknown", "tag", "fields")
+"""A record table entry's items after the type's name."""
 
 
 def _record_key(name: str, record: dict[str, Any]) -> tuple[str, str, str, Any, Any]:
