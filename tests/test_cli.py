@@ -762,7 +762,8 @@ class Bench:
         assert sorted(schema["$defs"]["Shade"]["enum"]) == ["dark", "light"]
         area = document["services"]["lab"]["area"]  # the contract: the fields are part of it
         assert (area["kind"], area["signature"]) == ("unary", "(r: bench.Rect) -> float")
-        assert sorted(area["structs"]) == ["bench.Point", "bench.Rect"]
+        records = [r[0] for m in document["services"]["lab"].values() for r in m.get("records", [])]
+        assert sorted(records[i] for i, _ in area["uses"]) == ["bench.Point", "bench.Rect"]
     finally:
         worker.kill()
 

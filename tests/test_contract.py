@@ -7,7 +7,16 @@ import dataclasses
 import enum
 import types
 from collections.abc import AsyncIterator, Callable
-from typing import Any, NamedTuple, Optional, Protocol, Required, TypedDict, TypeVar
+from typing import (
+    Any,
+    NamedTuple,
+    NotRequired,
+    Optional,
+    Protocol,
+    Required,
+    TypedDict,
+    TypeVar,
+)
 
 import msgspec
 import pytest
@@ -21,7 +30,7 @@ from garcon_link.rpc.contract import (
     service_version,
 )
 from garcon_link.rpc.interface import MAX_STRUCT_FIELDS, service_spec
-from garcon_link.rpc.manifest import MAX_SIGNATURE_CHARS, manifest_changes
+from garcon_link.rpc.manifest import MAX_SIGNATURE_CHARS, manifest_changes, method_entries
 
 C, A, I, R = (  # noqa: E741 -- one letter per column of the table
     Compatibility.COMPATIBLE,
@@ -521,6 +530,87 @@ class BoxDeepChanged(msgspec.Struct):
     items: list[InnerReordered] = []
 
 
+# Fields a writer may leave out: a msgspec.UNSET default (left out while it holds it), a
+# TypedDict key that is not required (left out while absent).
+@_as("Point")
+class UnsetNone(msgspec.Struct):
+    x: int
+
+
+@_as("Point")
+class UnsetAdded(msgspec.Struct):
+    x: int
+    z: int | msgspec.UnsetType = msgspec.UNSET
+
+
+@_as("Point")
+class UnsetRetyped(msgspec.Struct):
+    x: int
+    z: str | msgspec.UnsetType = msgspec.UNSET
+
+
+@_as("Point")
+class UnsetWidened(msgspec.Struct):
+    x: int
+    z: int | str | msgspec.UnsetType = msgspec.UNSET
+
+
+@_as("Point")
+class UnsetAsDefault(msgspec.Struct):
+    x: int
+    z: int = 0
+
+
+@_as("Point")
+class UnsetAsRequired(msgspec.Struct):
+    x: int
+    z: int
+
+
+@_as("Point")
+class UnsetPlainType(msgspec.Struct):
+    """An UNSET default on a type that does not name UnsetType (msgspec accepts it)."""
+
+    x: int
+    z: int = msgspec.UNSET  # type: ignore[assignment]
+
+
+@_as("Point")
+class UnsetStrictNone(msgspec.Struct, forbid_unknown_fields=True):
+    x: int
+
+
+@_as("Point")
+class UnsetStrictAdded(msgspec.Struct, forbid_unknown_fields=True):
+    x: int
+    z: int | msgspec.UnsetType = msgspec.UNSET
+
+
+@_as("Point")
+@dataclasses.dataclass
+class UnsetDataNone:
+    x: int
+
+
+@_as("Point")
+@dataclasses.dataclass
+class UnsetDataAdded:
+    x: int
+    z: int | msgspec.UnsetType = msgspec.UNSET
+
+
+@_as("Point")
+class DictKeyOptional(TypedDict):
+    x: int
+    z: NotRequired[int]
+
+
+@_as("Point")
+class DictKeyRequired(TypedDict):
+    x: int
+    z: int
+
+
 def _uses(point: Any, use: str) -> dict[str, Any]:
     """The manifest entry of a method that takes ``point`` (``use`` "argument"), returns it
     ("result") or both."""
@@ -532,7 +622,7 @@ def _uses(point: Any, use: str) -> dict[str, Any]:
         "return": point if use != "argument" else int,
     }
     api = types.new_class("Geo", (Protocol,), exec_body=lambda ns: ns.update(method=method))
-    return service_spec(api).manifest()["method"]
+    return dict(method_entries(service_spec(api).manifest())["method"])
 
 
 # (what changed, the old type, the new type, then the verdict old -> new and new -> old where
@@ -567,6 +657,35 @@ STRUCT_TABLE: list[
     ("nested type's field changed", BoxV1, BoxInnerChanged, I, I, I, I, "Point.x"),
     ("field holding a record removed", HolderV1, HolderWithout, I, A, A, A, "Holder.corner"),
     ("type nested in a list changed", BoxV1, BoxDeepChanged, I, I, I, I, "field 0 is"),
+    # A field a writer may leave out (UNSET, a TypedDict key not required): the reader must
+    # have a default for it, whether or not the type text names UnsetType.
+    ("unset field added", UnsetNone, UnsetAdded, A, I, A, A, "Point.z"),
+    (
+        "unset field added, unknown refused",
+        UnsetStrictNone,
+        UnsetStrictAdded,
+        A,
+        I,
+        I,
+        A,
+        "Point.z",
+    ),
+    ("dataclass unset field added", UnsetDataNone, UnsetDataAdded, A, I, I, A, "Point.z"),
+    ("unset field retyped", UnsetAdded, UnsetRetyped, I, I, I, I, "Point.z"),
+    ("unset field widened", UnsetAdded, UnsetWidened, A, I, I, A, "Point.z"),
+    ("unset field given a default", UnsetAdded, UnsetAsDefault, A, A, A, A, "Point.z"),
+    ("unset field made required", UnsetAdded, UnsetAsRequired, I, A, A, I, "Point.z"),
+    (
+        "UNSET default on a plain type required",
+        UnsetPlainType,
+        UnsetAsRequired,
+        I,
+        A,
+        A,
+        I,
+        "Point.z",
+    ),
+    ("TypedDict key made required", DictKeyOptional, DictKeyRequired, I, A, A, I, "Point.z"),
 ]
 
 

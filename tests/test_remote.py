@@ -41,6 +41,7 @@ import garcon_link as gl
 from garcon_link.api.described import interned_counts
 from garcon_link.core.wire import encode_canonical
 from garcon_link.rpc.interface import service_spec
+from garcon_link.rpc.manifest import method_entries
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -629,10 +630,14 @@ LabelV1.__qualname__ = LabelV1.__name__ = LabelV2.__qualname__ = LabelV2.__name_
 
 class Labeler(Protocol):
     async def measure(self, label: LabelV1) -> int: ...
+    async def weigh(self, label: LabelV1) -> int: ...
 
 
 class LabelerV1:
     async def measure(self, label: LabelV1) -> int:
+        return label.size
+
+    async def weigh(self, label: LabelV1) -> int:
         return label.size
 
 
@@ -644,10 +649,18 @@ class LabelerV2:
         self.runs += 1
         return label.points
 
+    async def weigh(self, label: LabelV2) -> int:
+        self.runs += 1
+        return label.points
 
-async def test_a_renamed_struct_field_is_a_contract_change() -> None:
+
+async def test_a_renamed_struct_field_is_a_contract_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # The signature text is the same on both workers (``(label: test_remote.Label) -> int``):
     # only the manifest's field listing shows the rename, and the call fails before sending.
+    # Label is listed once, in measure's entry: weigh only refers to it, and is refused too.
+    caplog.set_level(logging.INFO, logger="garcon_link.remote")
     with anyio.fail_after(DEADLINE):
         async with open_pair("worker-listens", {"labels": LabelerV1()}) as pair:
             labels = pair.executor.service("labels", Labeler)
@@ -659,7 +672,14 @@ async def test_a_renamed_struct_field_is_a_contract_change() -> None:
                 await labels.measure(LabelV1("a", size=3))
             assert info.value.code == "CONTRACT_CHANGED"
             assert "Label.size removed or renamed on the worker" in info.value.message
+            with pytest.raises(gl.Rejected) as info:
+                await labels.weigh(LabelV1("a", size=3))
+            assert "Label.size removed or renamed on the worker" in info.value.message
             assert changed.runs == 0
+            (line,) = [
+                r.getMessage() for r in caplog.records if "contract changed" in r.getMessage()
+            ]
+            assert "labels.measure: incompatible" in line and "labels.weigh: incompatible" in line
 
 
 T = TypeVar("T")
@@ -692,7 +712,7 @@ async def test_generic_structs_and_dataclasses_cross_a_real_worker() -> None:
     """A generic ``msgspec.Struct`` or dataclass, parametrized (``Box[int]``), is a record
     type like any other: registered, listed in the manifest with its fields' bound types,
     checked on the caller's side and converted on the worker's."""
-    manifest = service_spec(Boxes).manifest()
+    manifest = method_entries(service_spec(Boxes).manifest())
     (name, layout), *_ = manifest["double"]["structs"].items()
     assert name.endswith("Box[int]") and layout["use"] == "both"
     assert layout["fields"] == [["item", "int", False], ["note", "str", True]]

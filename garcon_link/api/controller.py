@@ -83,7 +83,7 @@ from ..logs import PeerLogLimiter, log_fields, peer_message, peer_text
 from ..rpc.contract import Compatibility, compare_method
 from ..rpc.hooks import CallHook
 from ..rpc.interface import service_spec
-from ..rpc.manifest import contract_hash
+from ..rpc.manifest import contract_hash, method_entries
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
 from ..rpc.typedoc import checked_type_descriptions
 from ..settings.config import LinkConfig
@@ -154,6 +154,7 @@ def _differing(
         old, new = before.get(service, {}), after.get(service, {})
         if old == new:
             continue
+        old, new = method_entries(old), method_entries(new)  # each with its record types
         for method in sorted(set(old) | set(new)):
             if old.get(method) != new.get(method):
                 yield f"{service}.{method}", old.get(method), new.get(method)

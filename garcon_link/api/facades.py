@@ -39,7 +39,7 @@ from ..net.backend import loop_scheduler
 from ..rpc.contract import Compatibility, compare_method
 from ..rpc.idempotency import normalize_key
 from ..rpc.interface import MethodKind, MethodSpec, ServiceSpec, service_spec
-from ..rpc.manifest import manifest_method
+from ..rpc.manifest import manifest_method, method_entries
 from ..rpc.rpc import CallObserver, ExecutorRpc, Observed, end_of
 from .keyed import ItemStream, KeyedCaller, call_with_key
 from .registration import interface_class
@@ -109,8 +109,10 @@ def contract_refusals(
     """The methods of ``view`` (one service's manifest, as the facade's interface has it) that
     cannot be called on the worker's ``manifest`` (all its services), and why."""
     theirs = manifest.get(service)
+    if isinstance(theirs, Mapping):  # each method's record types in its entry
+        theirs = method_entries(theirs)
     refusals: dict[str, _Refusal] = {}
-    for method, entry in view.items():
+    for method, entry in method_entries(view).items():
         offered = theirs.get(method) if isinstance(theirs, Mapping) else None
         if theirs is not None and not isinstance(theirs, Mapping):
             compatibility, difference = Compatibility.INCOMPATIBLE, "its entry cannot be read"

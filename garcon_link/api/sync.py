@@ -83,7 +83,7 @@ from ..limits import Limits
 from ..rpc.contract import Compatibility, compare_method
 from ..rpc.hooks import CallHook
 from ..rpc.interface import ServiceSpec
-from ..rpc.manifest import manifest_changes
+from ..rpc.manifest import manifest_changes, method_entries
 from ..rpc.views import sync_service_spec
 from ..settings.callers import CallerConfig
 from ..settings.config import LinkConfig
@@ -460,7 +460,7 @@ class SyncFacade:
             raise ConfigError(
                 f"{interface}: the worker serves no service {name!r} (services: {known})"
             )
-        mine = spec.manifest()
+        mine, worker = method_entries(spec.manifest()), method_entries(worker)
         # Only what a caller with this view cannot use (a one-way view of a unary method is the
         # caller's choice; an optional parameter the worker added is not the view's concern).
         unusable = [m for m in mine if not _usable(compare_method(mine[m], worker.get(m))[0])]

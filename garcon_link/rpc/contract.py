@@ -1,11 +1,14 @@
 """Contracts compared method by method: what a caller expects against what a worker offers.
 
 A manifest (:meth:`~garcon_link.rpc.interface.ServiceSpec.manifest`) maps service -> method ->
-``{"kind", "signature"}``, and ``"structs"`` when the method's types hold record types (below;
-other keys, such as descriptions, are not part of the contract). A caller's *view* is the
-manifest of the interface its facade was made with; the worker's manifest is what its current
-session described (or announced since). :func:`compare_method` decides, for
-one method, one of four :class:`Compatibility` values, and names the difference:
+``{"kind", "signature"}``, and the record types the method's types hold (below; other keys,
+such as descriptions, are not part of the contract). :func:`compare_method` compares two
+entries each holding its own record types under ``"structs"``: a manifest lists them once per
+service (``"records"`` and ``"uses"``), and :func:`compare_manifests` expands both sides with
+:func:`~garcon_link.rpc.manifest.method_entries` first, as must any other caller. A caller's
+*view* is the manifest of the interface its facade was made with; the worker's manifest is what
+its current session described (or announced since). :func:`compare_method` decides, for one
+method, one of four :class:`Compatibility` values, and names the difference:
 
 * ``COMPATIBLE`` -- the same kind and signature text;
 * ``ADDITIVE`` -- different, but every call the view makes binds to the worker's signature with
@@ -22,7 +25,8 @@ one method, one of four :class:`Compatibility` values, and names the difference:
 The signature text names a record type -- a ``msgspec.Struct``, a dataclass, a ``TypedDict``, a
 ``NamedTuple`` -- but not its fields, so an entry also lists, under ``"structs"``, the fields of
 every record type its parameters and result hold at any depth
-(:func:`~garcon_link.rpc.interface.struct_layouts`), and each is judged as the view uses it:
+(:func:`~garcon_link.rpc.interface.struct_layouts`, expanded from the service's table), and
+each is judged as the view uses it:
 
 * in an *argument* (the caller builds it, the worker reads it): a field the worker added with a
   default is ``ADDITIVE`` (the worker fills it in), one added without a default, one it removed
@@ -41,11 +45,21 @@ every record type its parameters and result hold at any depth
   differ (an argument's at the worker's end, a result's at the view's: a reader refuses a longer
   array). Another encoding or another tag is ``INCOMPATIBLE``.
 
-Whether a field both sides have has a default does not matter: every field is sent, a default
-too (:func:`~garcon_link.rpc.interface.to_wire`). A worker's entry without ``"structs"`` (a
-worker of an earlier version) is compared on its signature alone (:func:`_compare_structs`); one
-that cannot be read, or lists more than
-:data:`~garcon_link.rpc.interface.MAX_STRUCT_FIELDS` types and fields, is ``INCOMPATIBLE``.
+Whether a field both sides have has a default does not matter when its writer always sends
+it: every field is sent, a default too (:func:`~garcon_link.rpc.interface.to_wire`). A field
+the writer may leave out (:data:`~garcon_link.rpc.interface.UNSET_FIELD`: a ``msgspec.UNSET``
+default, a ``TypedDict`` key that is not required) needs a default on the reader's side -- the
+worker's for an argument, the view's for a result -- else ``INCOMPATIBLE``; a difference in
+whether it may be left out that the reader copes with is ``ADDITIVE``. ``msgspec.UnsetType`` in
+a field's type is never a value on the wire and is left out of type comparisons. An entry
+listed per method by the version before the table marked such a field ``True``; one whose type
+admits ``UnsetType`` is read as ``"unset"``.
+
+A worker's entry without ``"structs"`` (0.1.0, which lists no record types) is compared on its
+signature alone (:func:`_compare_structs`); one that cannot be read, refers to a table that
+cannot be (:class:`~garcon_link.rpc.manifest.UnreadableRecords`, naming why), or lists more
+than :data:`~garcon_link.rpc.interface.MAX_STRUCT_FIELDS` types and fields, is
+``INCOMPATIBLE``.
 
 Types are compared on the signature text, without importing or evaluating anything: a union
 (``X | Y``, ``Optional[X]``, ``Union[X, Y]``) is the set of its members, ``Any`` (or no
@@ -73,8 +87,8 @@ import blake3
 
 from ..core.wire import encode_canonical
 from ..logs import peer_text
-from .interface import MAX_STRUCT_FIELDS, MAX_STRUCT_TEXT
-from .manifest import MAX_SIGNATURE_CHARS
+from .interface import MAX_STRUCT_FIELDS, MAX_STRUCT_TEXT, UNSET_FIELD
+from .manifest import MAX_SIGNATURE_CHARS, UnreadableRecords, method_entries
 
 __all__ = [
     "Compatibility",
@@ -305,10 +319,10 @@ def _read_structs(value: object) -> dict[str, _Struct] | None:
                 and len(item) == 3
                 and _short_text(item[0])
                 and _short_text(item[1])
-                and isinstance(item[2], bool)
+                and (isinstance(item[2], bool) or item[2] == UNSET_FIELD)
             ):
                 return None
-            read.append(_Field(item[0], item[1], item[2]))
+            read.append(_field(item[0], item[1], item[2]))
         use, encoding, unknown = record.get("use"), record.get("encoding"), record.get("unknown")
         tag = record.get("tag")
         if (
@@ -349,7 +363,22 @@ def _short_text(value: object) -> bool:
 class _Field:
     name: str  # as encoded
     type: str
-    has_default: bool
+    has_default: bool  # a reader fills it in when it is missing (an unset one too)
+    unset: bool  # a writer may leave it out (UNSET_FIELD)
+
+
+_UNSET_TYPES = frozenset({"msgspec.UnsetType", "UnsetType"})
+
+
+def _field(name: str, type_text: str, default: bool | str) -> _Field:
+    """A listed field. ``default`` is ``True``, ``False`` or :data:`UNSET_FIELD`; a worker of
+    the version that listed record types per method wrote ``True`` for an ``UNSET`` default, so
+    a field with a default whose type admits ``msgspec.UnsetType`` is taken as unset too."""
+    unset = default == UNSET_FIELD
+    if default is True and "UnsetType" in type_text:
+        members = _field_members(type_text)
+        unset = members is not None and not members.isdisjoint(_UNSET_TYPES)
+    return _Field(name, type_text, default is not False, unset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +403,8 @@ def _compare_structs(
     key (an earlier worker's entry compared with its successor's in a controller's log)."""
     if offered is None or expected is None:
         return None
+    if isinstance(offered, UnreadableRecords):
+        return Compatibility.INCOMPATIBLE, f"the worker's record types cannot be read ({offered})"
     theirs = _read_structs(offered)
     if theirs is None:
         return Compatibility.INCOMPATIBLE, "the worker's struct fields cannot be read"
@@ -510,17 +541,27 @@ def _compare_field_type(
     path: str, want: _Field, got: _Field, argument: bool, notes: list[str]
 ) -> str | None:
     """One field both sides have: its type by the parameters' rules (an argument's may get
-    wider, a result's narrower). Whether it has a default does not matter: every field is sent,
-    a default too (:func:`~garcon_link.rpc.interface.to_wire`)."""
+    wider, a result's narrower), ``msgspec.UnsetType`` aside, and whether the writer may leave
+    it out where the reader requires it. Whether a field the writer always writes has a default
+    does not matter: every such field is sent, a default too
+    (:func:`~garcon_link.rpc.interface.to_wire`)."""
+    writer, reader = (want, got) if argument else (got, want)
+    who, where = ("the caller", "on the worker") if argument else ("the worker", "here")
+    if writer.unset and not reader.has_default:
+        return f"{path}: {who} may leave it out (unset), required {where}"
+    if want.unset != got.unset:
+        change = "may be left out (unset)" if got.unset else "is always written"
+        notes.append(f"{path} {change} on the worker")
     if want.type == got.type:
         return None
     mine, theirs = _field_members(want.type), _field_members(got.type)
     if mine is None or theirs is None:  # compared as text
         return f"{path}: {want.type[:_SHOWN]}  =>  {peer_text(got.type, _SHOWN)}"
+    mine, theirs = mine - _UNSET_TYPES, theirs - _UNSET_TYPES  # never a value on the wire
     if mine == theirs:
         return None  # the same type spelled differently
-    reader, written = (theirs, mine) if argument else (mine, theirs)
-    if not _accepts(reader, written):
+    reader_types, written = (theirs, mine) if argument else (mine, theirs)
+    if not _accepts(reader_types, written):
         how = "narrower" if argument else "wider"
         return f"{path}: {_type_text(mine)}  =>  {peer_text(_type_text(theirs), _SHOWN)} ({how})"
     how = "wider" if argument else "narrower"
@@ -644,6 +685,7 @@ def compare_manifests(expected: Mapping[str, Any], offered: Mapping[str, Any]) -
                     )
                 )
             continue
+        mine, theirs = method_entries(mine), method_entries(theirs)
         for method in sorted(set(mine) | set(theirs), key=str):
             compatibility, difference = compare_method(mine.get(method), theirs.get(method))
             verdicts.append(Verdict(name, str(method), compatibility, difference))
@@ -657,7 +699,8 @@ def _method_names(methods: object) -> Iterable[str]:
 def service_version(methods: Mapping[str, Any]) -> str:
     """A service's contract version: 12 hex digits of the BLAKE3 hash of its methods' kinds and
     signatures. Other keys of an entry do not change it: descriptions, and the fields of its
-    record types (``"structs"``), which a worker of an earlier version does not list -- so a
+    record types (``"records"``, ``"uses"``; ``"structs"`` in the per-method form), which a
+    worker of 0.1.0 does not list, and which are listed in another form than before -- so a
     worker upgraded to this version with the same interfaces keeps its version, and a change of
     a struct's fields alone shows in :func:`compare_method`'s verdicts, not in the version."""
     contract = {

@@ -23,7 +23,8 @@ peer may call. It is shared by both sides. From it we derive, once per interface
   :class:`~garcon_link.rpc.resources.ResourceRef`, ... A hint of ``Any`` or a missing hint passes
   the decoded value through unchanged.
 * a manifest (service -> method -> kind and signature text, *including the return type*, and
-  the fields of the record types the method reaches, :func:`struct_layouts`) and its
+  the fields of the record types the method reaches, :func:`struct_layouts`, listed once per
+  service, :func:`record_table`) and its
   BLAKE3 *contract hash*, which a controller compares across session replacements: changing
   ``-> int`` to ``-> str`` is a contract change, reported as the list of methods that changed
   (:func:`~garcon_link.rpc.manifest.manifest_changes`).
@@ -68,7 +69,7 @@ import enum
 import functools
 import inspect
 import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -90,8 +91,10 @@ from .values import (
 )
 
 __all__ = [
+    "MAX_RECORD_TABLE",
     "MAX_STRUCT_FIELDS",
     "MAX_STRUCT_TEXT",
+    "UNSET_FIELD",
     "MethodKind",
     "MethodSpec",
     "ServiceSpec",
@@ -99,6 +102,7 @@ __all__ = [
     "from_wire",
     "omits_defaults",
     "oneway",
+    "record_table",
     "registration_problems",
     "service_spec",
     "struct_layouts",
@@ -347,18 +351,27 @@ class ServiceSpec:
     )
 
     def manifest(self) -> dict[str, dict[str, Any]]:
-        """``{method: {"kind", "signature"[, "structs"]}}``. The mapping and each entry are
-        fresh copies a caller may change; an entry's ``"structs"`` listing is shared: read it."""
+        """``{method: {"kind", "signature"[, "uses"][, "records"]}}``: the record types the
+        methods reach listed once, in ``"records"`` of the first method (by name) that uses
+        one, and each method's ``"uses"`` referring to them (:func:`record_table`). The
+        mapping and each entry are fresh copies a caller may change; ``"records"`` and
+        ``"uses"`` are shared: read them."""
         built = self._manifest
         if built is None:
             built = {}
-            for name, m in sorted(self.methods.items()):
+            names = sorted(self.methods)
+            table, uses = record_table(
+                [(self.methods[n].hints.values(), self.methods[n].result) for n in names]
+            )
+            for name, used in zip(names, uses, strict=True):
+                m = self.methods[name]
                 entry: dict[str, Any] = {"kind": m.kind.value, "signature": str(m.signature)}
-                # The fields of its record types, which the signature text does not show.
-                structs = struct_layouts(tuple(m.hints.values()), m.result)
-                if structs:
-                    entry["structs"] = structs
+                if used:
+                    entry["uses"] = used
                 built[name] = entry
+            if table:  # on the first method that uses one
+                holder = next(n for n, used in zip(names, uses, strict=True) if used)
+                built[holder]["records"] = table
             object.__setattr__(self, "_manifest", built)  # frozen: set once, like a cache
         return {name: dict(entry) for name, entry in built.items()}
 
@@ -734,13 +747,25 @@ def _hint_text(hint: Any) -> str:
 
 
 MAX_STRUCT_FIELDS = 1024
-"""The most types and fields (counted together) a manifest entry's ``"structs"`` lists: a
-method whose types have more lists none (it is compared on its signature alone), and a worker's
-entry with more cannot be read (:mod:`garcon_link.rpc.contract`)."""
+"""The most types and fields (counted together) one method's record types may hold to be
+listed: a method whose types have more lists none (it is compared on its signature alone), and
+a worker's method that refers to more cannot be read (:mod:`garcon_link.rpc.contract`)."""
+
+MAX_RECORD_TABLE = 8192
+"""The most types and fields (counted together) one service's record table lists
+(:func:`record_table`): a method whose record types would take the table past it lists none,
+and a worker's table over it cannot be read (:func:`~garcon_link.rpc.manifest.method_entries`)."""
 
 MAX_STRUCT_TEXT = 4096
-"""The longest type name or field type text a manifest entry's ``"structs"`` holds (longer: as
+"""The longest type name or field type text a record type's listing holds (longer: as
 :data:`MAX_STRUCT_FIELDS`)."""
+
+UNSET_FIELD = "unset"
+"""The third item of a listed field a writer may leave out of a value: one whose default is
+``msgspec.UNSET`` (left out while it holds it), or a ``TypedDict``'s key that is not required
+(left out while absent). A reader takes such a field as unset, or fills in its default. The
+other fields are always written: ``False``, required (a reader refuses a value without it), or
+``True``, with a default (a reader fills it in when it is missing)."""
 
 _RECORD_TYPES = (
     msgspec.inspect.StructType,
@@ -753,7 +778,7 @@ _RECORD_TYPES = (
 def struct_layouts(params: Sequence[Any], result: Any) -> dict[str, dict[str, Any]]:
     """The record types -- ``msgspec.Struct``, dataclass (or attrs class), ``TypedDict``,
     ``NamedTuple`` -- that values of the parameter hints ``params`` and the result hint
-    ``result`` may hold, at any depth, as a manifest entry's ``"structs"``: ``{type: record}``,
+    ``result`` may hold, at any depth, as one method's contract reads them: ``{type: record}``,
     the type named as the signature text writes it (:func:`inspect.formatannotation`), each
     record a map of
 
@@ -765,12 +790,13 @@ def struct_layouts(params: Sequence[Any], result: Any) -> dict[str, dict[str, An
       it does not know (only a map-encoded ``msgspec.Struct`` without
       ``forbid_unknown_fields`` ignores one: :func:`from_wire` refuses the rest);
     * ``"tag"``: a tagged struct's ``[tag field, tag]``, else ``None``;
-    * ``"fields"``: ``[[name as encoded, type text, has a default], ...]`` in wire order.
+    * ``"fields"``: ``[[name as encoded, type text, has a default], ...]`` in wire order, the
+      third item :data:`UNSET_FIELD` for a field a writer may leave out.
 
     The fields of such types are part of a method's contract, which the signature text (naming
-    the type only) does not show (:func:`garcon_link.rpc.contract.compare_method`). Empty when
-    the types hold none, or more than :data:`MAX_STRUCT_FIELDS` types and fields. Made once per
-    hint (cached)."""
+    the type only) does not show (:func:`garcon_link.rpc.contract.compare_method`). A manifest
+    lists each type once per service (:func:`record_table`). Empty when the types hold none, or
+    more than :data:`MAX_STRUCT_FIELDS` types and fields. Made once per hint (cached)."""
     layouts: dict[str, dict[str, Any]] = {}
     for hint, use in [*((p, "argument") for p in params), (result, "result")]:
         try:
@@ -793,7 +819,55 @@ def struct_layouts(params: Sequence[Any], result: Any) -> dict[str, dict[str, An
     return dict(sorted(layouts.items())) if size <= MAX_STRUCT_FIELDS else {}
 
 
-_Record = tuple[str, str, tuple[str, Any] | None, tuple[tuple[str, str, bool], ...]]
+def record_table(
+    methods: Sequence[tuple[Iterable[Any], Any]],
+) -> tuple[list[list[Any]], list[list[list[Any]]]]:
+    """One service's record types, each listed once, and what each method uses of them.
+
+    ``methods``: each method's parameter hints and result hint, in the manifest's order.
+    Returns the *record table* -- ``[[name, encoding, unknown, tag, fields], ...]``, a
+    :func:`struct_layouts` record without its use, named -- and, per method, its ``"uses"``:
+    ``[[index into the table, use], ...]`` in the order of the types' names (empty: none). A
+    method whose types :func:`struct_layouts` lists none of, or whose new types would take the
+    table past :data:`MAX_RECORD_TABLE` types and fields, uses none (it is compared on its
+    signature alone). Two methods that reach different types of one name (the name is what
+    the signature text writes) list each."""
+    table: list[list[Any]] = []
+    index: dict[tuple[str, str, str, Any, Any], int] = {}
+    size = 0
+    uses: list[list[list[Any]]] = []
+    for params, result in methods:
+        layouts = struct_layouts(tuple(params), result)
+        keys = {name: _record_key(name, record) for name, record in layouts.items()}
+        new = [name for name, key in keys.items() if key not in index]
+        extra = sum(1 + len(layouts[name]["fields"]) for name in new)
+        if not layouts or size + extra > MAX_RECORD_TABLE:
+            uses.append([])
+            continue
+        for name in new:
+            index[keys[name]] = len(table)
+            table.append([name, *(layouts[name][k] for k in _TABLE_ITEMS)])
+        size += extra
+        uses.append([[index[keys[name]], layouts[name]["use"]] for name in layouts])
+    return table, uses
+
+
+_TABLE_ITEMS = ("encoding", "unknown", "tag", "fields")
+"""A record table entry's items after the type's name."""
+
+
+def _record_key(name: str, record: dict[str, Any]) -> tuple[str, str, str, Any, Any]:
+    """What makes two listings one record of the table (all but the use)."""
+    return (
+        name,
+        record["encoding"],
+        record["unknown"],
+        None if record["tag"] is None else tuple(record["tag"]),
+        tuple(tuple(f) for f in record["fields"]),
+    )
+
+
+_Record = tuple[str, str, tuple[str, Any] | None, tuple[tuple[str, str, bool | str], ...]]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -813,11 +887,12 @@ def _records(hint: Any) -> tuple[tuple[str, _Record], ...]:
         if not isinstance(node, _RECORD_TYPES):
             continue
         hints = record_hints(node.cls)  # {} when typing cannot read them (msgspec did)
+        unset = _unset_fields(node)
         fields = tuple(
             (
                 f.encode_name,
                 inspect.formatannotation(hints.get(f.name, Any)),
-                not f.required,
+                UNSET_FIELD if f.name in unset else not f.required,
             )
             for f in node.fields
         )
@@ -834,6 +909,28 @@ def _records(hint: Any) -> tuple[tuple[str, _Record], ...]:
             fields,
         )
     return tuple(sorted(found.items()))
+
+
+def _unset_fields(node: Any) -> set[str]:
+    """The fields of a record type a writer may leave out of a value: those whose default is
+    ``msgspec.UNSET`` (which ``msgspec.inspect`` does not show), and a ``TypedDict``'s keys
+    that are not required."""
+    if isinstance(node, msgspec.inspect.TypedDictType):
+        return {f.name for f in node.fields if not f.required}
+    cls = record_class(node.cls)
+    defaults: dict[str, Any] = {}
+    if isinstance(node, msgspec.inspect.StructType):
+        names = cls.__struct_fields__
+        values = cls.__struct_defaults__
+        defaults = dict(zip(names[len(names) - len(values) :], values, strict=True))
+    elif isinstance(node, msgspec.inspect.NamedTupleType):
+        defaults = dict(getattr(cls, "_field_defaults", {}))
+    elif dataclasses.is_dataclass(cls):
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    else:  # an attrs class
+        attributes = getattr(cls, "__attrs_attrs__", ())
+        defaults = {a.name: a.default for a in attributes}
+    return {name for name, value in defaults.items() if value is msgspec.UNSET}
 
 
 _BUILTIN_TYPES = (bytes, bytearray)

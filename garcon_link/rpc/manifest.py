@@ -1,10 +1,14 @@
 """The contract manifest: what a worker declares it serves, compared, hashed and read back.
 
 A worker's manifest maps service -> method -> ``{kind, signature}``, the signature text (the
-return type included) of each :class:`~garcon_link.rpc.interface.MethodSpec`, and ``structs``,
-the fields of the record types it reaches
-(:func:`~garcon_link.rpc.interface.struct_layouts`), when it reaches any
-(:meth:`~garcon_link.rpc.interface.ServiceSpec.manifest`). From it come:
+return type included) of each :class:`~garcon_link.rpc.interface.MethodSpec`, and the fields of
+the record types it reaches (:func:`~garcon_link.rpc.interface.struct_layouts`), when it
+reaches any, listed once per service: a table in one method's ``"records"``, each method's
+``"uses"`` referring to it (:meth:`~garcon_link.rpc.interface.ServiceSpec.manifest`). From it
+come:
+
+* each method's entry with its own record types (:func:`method_entries`), what a comparison
+  reads, from either form a worker may send (the table, or ``"structs"`` in each entry);
 
 * its BLAKE3 *contract hash* (:func:`contract_hash`), which a controller compares across session
   replacements, and the list of methods that changed between two manifests
@@ -38,7 +42,15 @@ import blake3
 from ..core.wire import encode_canonical
 from ..errors import Rejected
 from ..logs import peer_message, peer_text
-from .interface import _STREAM_ORIGINS, MethodKind, MethodSpec
+from .interface import (
+    _STREAM_ORIGINS,
+    MAX_RECORD_TABLE,
+    MAX_STRUCT_FIELDS,
+    MAX_STRUCT_TEXT,
+    UNSET_FIELD,
+    MethodKind,
+    MethodSpec,
+)
 
 __all__ = [
     "MAX_SIGNATURE_CHARS",
@@ -46,6 +58,8 @@ __all__ = [
     "manifest_changes",
     "manifest_method",
     "manifest_result_hint",
+    "method_entries",
+    "UnreadableRecords",
 ]
 
 
@@ -54,6 +68,8 @@ def manifest_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
 
     ``"calc.add: (a: int, b: int) -> int  =>  (a: int, b: int) -> str"``; a service or method
     that only one side has reads ``(absent)`` on the other. Malformed entries compare as text.
+    A method's record types are its own (:func:`method_entries`): a changed type shows in each
+    method that uses it.
     """
     lines: list[str] = []
     for service in sorted(set(old) | set(new), key=str):
@@ -65,11 +81,128 @@ def manifest_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
                     f"{'(absent)' if after is None else 'service'}"
                 )
             continue
+        before, after = method_entries(before), method_entries(after)
         for method in sorted(set(before) | set(after), key=str):
             b, a = before.get(method), after.get(method)
             if b != a:
                 lines.append(f"{service}.{method}: {_method_text(b)}  =>  {_method_text(a)}")
     return lines
+
+
+USES = ("argument", "result", "both")
+"""How a method uses a record type it reaches (the second item of each of its ``"uses"``)."""
+
+
+class UnreadableRecords(str):
+    """In place of a method's ``"structs"`` (:func:`method_entries`): why the record types it
+    refers to cannot be read (a comparison finds the method incompatible)."""
+
+    __slots__ = ()
+
+
+def method_entries(methods: object) -> dict[str, Any]:
+    """Each method's entry of one service's manifest (method -> entry) with its record types
+    in it, as one method's contract reads them: ``"structs"``, ``{type: record}``
+    (:func:`~garcon_link.rpc.interface.struct_layouts`' form), in place of ``"uses"``, and no
+    ``"records"``.
+
+    A manifest lists each record type once per service: the *record table*,
+    ``[[name, encoding, unknown, tag, fields], ...]``, in one method's ``"records"`` (the first
+    method by name that uses one, as this version writes it), and each method's ``"uses"``,
+    ``[[index into the table, use], ...]``
+    (:func:`~garcon_link.rpc.interface.record_table`). An entry without ``"uses"`` is as it
+    was sent: with ``"structs"`` of its own (a worker of the version that listed them per
+    method), or with no record types (one that listed none). Entries that are not maps stay as
+    they are, and the record contents are checked where they are compared
+    (:mod:`garcon_link.rpc.contract`).
+
+    The worker wrote it: a table that is not a list of named records of at most
+    :data:`~garcon_link.rpc.interface.MAX_RECORD_TABLE` types and fields, a second table, a use
+    that is not ``[index in range, use]`` or names a type twice, or a method's uses over
+    :data:`~garcon_link.rpc.interface.MAX_STRUCT_FIELDS` make ``"structs"`` an
+    :class:`UnreadableRecords` naming why, for each method that refers to the table (a method
+    without ``"uses"`` is unaffected). Costs one pass over the table and each method's uses."""
+    if not isinstance(methods, Mapping):
+        return {}
+    holders = [e for e in methods.values() if isinstance(e, Mapping) and "records" in e]
+    table, problem = _record_table(holders)
+    entries: dict[str, Any] = {}
+    shared: dict[tuple[int, str], dict[str, Any]] = {}  # one record map per (type, use)
+    for name, entry in methods.items():
+        if not isinstance(entry, Mapping) or ("uses" not in entry and "records" not in entry):
+            entries[name] = entry
+            continue
+        resolved = {k: v for k, v in entry.items() if k not in ("uses", "records", "structs")}
+        if "uses" in entry:
+            resolved["structs"] = (
+                UnreadableRecords(problem)
+                if problem is not None
+                else _resolve_uses(entry["uses"], table, shared)
+            )
+        entries[name] = resolved
+    return entries
+
+
+def _record_table(holders: list[Mapping[str, Any]]) -> tuple[list[list[Any]], str | None]:
+    """The record table of the one entry of ``holders`` (``[]``: none), or why it is refused:
+    a list of ``[name, encoding, unknown, tag, fields]``, the fields a list (their contents are
+    checked where they are compared)."""
+    if not holders:
+        return [], "no method lists the record table"
+    if len(holders) > 1:
+        return [], f"{len(holders)} methods list a record table (one does)"
+    table = holders[0]["records"]
+    if not isinstance(table, list):
+        return [], "the record table is not a list"
+    size = 0
+    for index, record in enumerate(table):
+        if not isinstance(record, list) or len(record) != len(_RECORD_KEYS) + 1:
+            return [], f"record {index} is not [name, encoding, unknown, tag, fields]"
+        name, fields = record[0], record[-1]
+        if not isinstance(name, str) or not name or len(name) > MAX_STRUCT_TEXT:
+            return [], f"record {index} has no name of at most {MAX_STRUCT_TEXT} characters"
+        if not isinstance(fields, list):
+            return [], f"record {index} ({peer_text(name, 80)}) has no list of fields"
+        size += 1 + len(fields)
+        if size > MAX_RECORD_TABLE:
+            return [], f"the record table lists over {MAX_RECORD_TABLE} types and fields"
+    return table, None
+
+
+_RECORD_KEYS = ("encoding", "unknown", "tag", "fields")
+"""A table record's items after its name, as :func:`method_entries` names them."""
+
+
+def _resolve_uses(
+    uses: object, table: list[list[Any]], shared: dict[tuple[int, str], dict[str, Any]]
+) -> dict[str, Any] | UnreadableRecords:
+    """One method's ``"uses"`` as ``{type: record with its use}``."""
+    if not isinstance(uses, list) or len(uses) > len(table):
+        return UnreadableRecords("its uses are not a list of at most one per record")
+    structs: dict[str, Any] = {}
+    size = 0
+    for item in uses:
+        if not (
+            isinstance(item, list) and len(item) == 2 and type(item[0]) is int and item[1] in USES
+        ):
+            return UnreadableRecords("a use is not [index, 'argument' | 'result' | 'both']")
+        index, use = item
+        if not 0 <= index < len(table):
+            return UnreadableRecords(f"a use refers to record {index} of {len(table)}")
+        name, *rest = table[index]
+        if name in structs:
+            return UnreadableRecords(f"it uses {peer_text(name, 80)} twice")
+        size += 1 + len(rest[-1])
+        if size > MAX_STRUCT_FIELDS:
+            return UnreadableRecords(f"its record types hold over {MAX_STRUCT_FIELDS} fields")
+        resolved = shared.get((index, use))
+        if resolved is None:
+            resolved = shared[(index, use)] = {
+                "use": use,
+                **dict(zip(_RECORD_KEYS, rest, strict=True)),
+            }
+        structs[name] = resolved
+    return dict(sorted(structs.items()))
 
 
 # Names a manifest's signature text may use that rebuild to a type without importing anything
@@ -261,7 +394,9 @@ def _method_text(entry: Any) -> str:
     if isinstance(entry, Mapping):
         structs = entry.get("structs")
         shown = ""
-        if isinstance(structs, Mapping):  # the peer's: shown bounded
+        if isinstance(structs, UnreadableRecords):
+            shown = f" structs unreadable ({peer_text(str(structs))})"
+        elif isinstance(structs, Mapping):  # the peer's: shown bounded
             shown = " structs " + peer_text(
                 "; ".join(
                     f"{name}({_fields_text(record)})"
@@ -278,9 +413,15 @@ def _fields_text(record: Any) -> str:
     if not isinstance(fields, list):
         return "?"
     return ", ".join(
-        f"{f[0]}: {f[1]}{' = ...' if f[2] else ''}" if isinstance(f, list) and len(f) == 3 else "?"
+        f"{f[0]}: {f[1]}{_default_text(f[2])}" if isinstance(f, list) and len(f) == 3 else "?"
         for f in itertools.islice(fields, 16)
     )
+
+
+def _default_text(default: object) -> str:
+    if default is False:
+        return ""
+    return " = UNSET" if default == UNSET_FIELD else " = ..."
 
 
 def contract_hash(manifest: Mapping[str, Any]) -> str:
