@@ -229,13 +229,11 @@ class _RelaySession:
         payload = _payload(service, spec, args, kwargs)
         executor = self._executor.executor_id
         if spec.kind is MethodKind.ONEWAY:
-            await self._rpc.call(
+            await self._rpc.notify_relayed(
                 RELAY_SERVICE,
-                RELAY_NOTIFY,
-                (executor, service, spec.name, payload),
-                {},
-                timeout=None,
-                metadata=metadata,
+                RELAY_NOTIFY.name,
+                _relay_arguments(executor, service, spec.name, payload),
+                metadata,
             )
             return None
         if spec.kind is not MethodKind.UNARY:
@@ -243,14 +241,17 @@ class _RelaySession:
                 "UNSUPPORTED", f"{service}.{spec.name} is a stream: open it with its facade"
             )
         limits = self._executor.limits
-        reply = await self._rpc.call(
+        if timeout is not None:
+            timeout = float(timeout)
+        reply = await self._rpc.call_relayed(
             RELAY_SERVICE,
-            RELAY_CALL,
-            (executor, service, spec.name, payload, idempotency_key, timeout),
-            {},
+            RELAY_CALL.name,
+            _relay_arguments(executor, service, spec.name, payload, idempotency_key, timeout),
             timeout=None if timeout is None else timeout + limits.cancel_grace,
             metadata=metadata,
         )
+        if type(reply) is not bytes:
+            raise OutcomeUnknown("MALFORMED_REPLY", "the gateway's reply is not an outcome")
         value, error = decode_outcome(reply, limits.max_frame_bytes)
         if error is not None:
             raise local_exception(error)
@@ -275,6 +276,15 @@ class _RelaySession:
             RELAY_SERVICE, RELAY_STREAM, (executor, service, spec.name, payload), {}, metadata
         )
         return _RelayedItems(inner, spec, self._executor.limits.max_frame_bytes)
+
+
+def _relay_arguments(*args: str | bytes | float | None) -> bytes:
+    """The relay method's ``args`` array and empty ``kwargs`` map, encoded back to back (the
+    ``arguments`` of :meth:`~garcon_link.rpc.caller.Caller.call_relayed`). The values are built
+    here, of the relay interface's own types, so the per-call binding and checking of a typed
+    call has nothing to find: the gateway checks them against :class:`GatewayRelay` as it
+    checks any caller's."""
+    return cbor2.dumps(list(args)) + b"\xa0"
 
 
 def _payload(

@@ -323,7 +323,7 @@ class LocalFileService:
     unfinished uploads outlive sessions. Use ``async with`` (or :meth:`aclose`) to discard
     unfinished uploads. Expose it through ``gl.Service`` so only the interface is callable.
 
-    One class of about 600 lines because it is one interface of 16 methods, each a short
+    One class, although a long one, because it is one interface of 16 methods, each a short
     composition of the same parts: the path check (``_confined.py``), the two kinds of thread
     (``_threads.py``) and staging and publishing (``_staging.py``); the upload table stays
     here because every upload method reads and changes it under the upload's lock.

@@ -1,6 +1,6 @@
 """The built-in process service: run programs on the worker, stream their output (POSIX).
 
-Why one module of about 1,000 lines: the service's methods and their records are one state
+Why one module, although a long one: the service's methods and their records are one state
 machine (start, output, exit, release, and the records that survive a worker restart); the
 supervision of one process group is in :mod:`._supervisor`, the stored records in
 :mod:`._records`, the spools in :mod:`._spool`.
