@@ -57,10 +57,10 @@ import anyio
 import anyio.abc
 
 from ..core.handshake import HandshakeResult
-from ..core.wire import Role, argument_items, decode_item
+from ..core.wire import Role
 from ..endpoint.link import WebSocketLink
 from ..endpoint.transport import SessionTransport, TransportState
-from ..errors import CallError, MalformedFrame, NotDispatched, OutcomeUnknown, Rejected
+from ..errors import CallError, NotDispatched, OutcomeUnknown, Rejected
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..net.backend import on_asyncio
@@ -74,6 +74,7 @@ from ..rpc.rpc import ExecutorRpc, Incoming, RemoteStream, current_rpc
 from ..settings.callers import GatewayConfig
 from ..settings.grants import MAX_GRANTS, Grant, allows, sees
 from ..settings.keyring import Keyring, executor_id_problem
+from ._framing import relay_arguments
 from ._relaying import (
     _MAX_HEAD_ID,
     _MAX_TIMEOUT_INT,
@@ -526,19 +527,10 @@ class Gateway:
                 f"caller {caller!r} has no grant for {peer_text(service)} on executor "
                 f"{peer_text(executor)}; nothing was forwarded",
             )
-        try:
-            arguments = argument_items(payload)
-        except MalformedFrame as exc:
-            raise Rejected("INVALID_ARGUMENTS", f"the arguments do not frame: {exc}") from exc
-        # Framing reads heads only. What a worker's decoder refuses inside well-framed items
-        # (text that is not UTF-8, a bignum past its bound or around other than bytes, an array
-        # as a map key) is refused here, so that every call forwarded is one the worker reads;
-        # the values are dropped, the bytes forwarded as they came.
-        try:
-            decode_item(payload, self.limits.max_frame_bytes)
-        except MalformedFrame as exc:
-            raise Rejected("INVALID_ARGUMENTS", f"the arguments do not decode: {exc}") from exc
-        return arguments
+        # Framed, and refused if a worker's decoder would refuse them (text that is not UTF-8,
+        # a bignum past its bound or around other than bytes, an array as a map key), so that
+        # every call forwarded is one the worker reads; the bytes forwarded as they came.
+        return relay_arguments(payload, self.limits.max_frame_bytes)
 
     def _allowed(self, caller: str, executor: str, service: str) -> bool:
         """Whether a grant allows ``caller`` to call ``service`` on ``executor``, remembered
