@@ -23,10 +23,13 @@ of the full check, which it would otherwise repeat (a 32-byte echo call: 0.7 µs
 
 from __future__ import annotations
 
+import struct
+from typing import TypeAlias
+
 from ..core.wire import argument_items, decode_item
 from ..errors import MalformedFrame, Rejected
 
-__all__ = ["MAX_SCAN_DEPTH", "relay_arguments"]
+__all__ = ["MAX_SCAN_DEPTH", "RelayCall", "relay_arguments", "relay_call"]
 
 MAX_SCAN_DEPTH = 16
 """Containers nested deeper than this are left to the full check (the decoders refuse at 64)."""
@@ -116,3 +119,91 @@ def _vouch(data: bytes) -> bool:
         # else an integer (major 0, 1) or a float (major 7, info 25-27)
         if pos > end:
             return False
+
+
+_RELAY_CALL_NAMES = b"\x67gateway\x64call\x86"
+"""What follows a relay call's id in its ``call`` envelope: the service ``"gateway"``, the method
+``"call"`` and the head of its six arguments (:data:`~garcon_link.api.relay.RELAY_SERVICE`)."""
+
+_FLOATS = {0xF9: struct.Struct(">e"), 0xFA: struct.Struct(">f"), 0xFB: struct.Struct(">d")}
+
+RelayCall: TypeAlias = tuple[int, str, str, str, bytes, bytes | None, float | int | None]
+"""A relay call read from its envelope: its id, then ``call``'s arguments (executor, service,
+method, payload, key, timeout)."""
+
+
+def relay_call(data: bytes) -> RelayCall | None:
+    """A caller's relay call, read from its ``call`` envelope's bytes without decoding it:
+    ``[0, id, "gateway", "call", [executor, service, method, payload, key, timeout], {}, items,
+    bytes]``, exactly (no envelope key, no metadata), its names UTF-8, ``key`` null or a byte
+    string, ``timeout`` null, a float or an unsigned integer, and nothing after it. ``None``
+    for any other envelope, or one of another shape: the usual decode then handles it, and its
+    verdict is the same as if this had not looked (anything accepted here decodes there)."""
+    end = len(data)
+    if end < 24 or data[0] != 0x88 or data[1] != 0:
+        return None
+    try:
+        call_id, pos = _head(data, 2, 0)
+        if not data.startswith(_RELAY_CALL_NAMES, pos):
+            return None
+        pos += len(_RELAY_CALL_NAMES)
+        size, pos = _head(data, pos, 3)
+        executor = data[pos : pos + size].decode()
+        pos += size
+        size, pos = _head(data, pos, 3)
+        service = data[pos : pos + size].decode()
+        pos += size
+        size, pos = _head(data, pos, 3)
+        method = data[pos : pos + size].decode()
+        pos += size
+        size, pos = _head(data, pos, 2)
+        payload = data[pos : pos + size]
+        pos += size
+        key: bytes | None = None
+        if data[pos] == 0xF6:
+            pos += 1
+        else:
+            size, pos = _head(data, pos, 2)
+            key = data[pos : pos + size]
+            pos += size
+        timeout: float | int | None = None
+        initial = data[pos]
+        if initial == 0xF6:
+            pos += 1
+        elif initial in _FLOATS:
+            unpack = _FLOATS[initial]
+            (timeout,) = unpack.unpack_from(data, pos + 1)
+            pos += 1 + unpack.size
+        else:
+            timeout, pos = _head(data, pos, 0)
+        if data[pos] != 0xA0:
+            return None
+        _, pos = _head(data, pos + 1, 0)
+        _, pos = _head(data, pos, 0)
+    except (IndexError, ValueError, struct.error):  # truncated, not this shape, not UTF-8
+        return None
+    if pos != end:
+        return None
+    return call_id, executor, service, method, payload, key, timeout
+
+
+def _head(data: bytes, pos: int, major: int) -> tuple[int, int]:
+    """The value of the head of ``major`` type at ``pos``, and the position after it (and
+    after the string it heads, if that fits: else ``ValueError``)."""
+    initial = data[pos]
+    if initial >> 5 != major:
+        raise ValueError("another type")
+    info = initial & 0x1F
+    if info < 24:
+        value, pos = info, pos + 1
+    elif info < 28:
+        width = 1 << (info - 24)
+        if pos + 1 + width > len(data):
+            raise ValueError("truncated")
+        value = int.from_bytes(data[pos + 1 : pos + 1 + width], "big")
+        pos += 1 + width
+    else:
+        raise ValueError("indefinite")
+    if major >= 2 and pos + value > len(data):
+        raise ValueError("truncated")
+    return value, pos

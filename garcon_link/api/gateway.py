@@ -74,7 +74,7 @@ from ..rpc.rpc import ExecutorRpc, Incoming, RemoteStream, current_rpc
 from ..settings.callers import GatewayConfig
 from ..settings.grants import MAX_GRANTS, Grant, allows, sees
 from ..settings.keyring import Keyring, executor_id_problem
-from ._framing import relay_arguments
+from ._framing import relay_arguments, relay_call
 from ._relaying import (
     _MAX_HEAD_ID,
     _MAX_TIMEOUT_INT,
@@ -384,6 +384,7 @@ class Gateway:
         )
         if on_asyncio() and not self._observer.hooks:
             rpc.serve_directly(functools.partial(self._relay_now, caller, rpc))
+            rpc.serve_raw_calls(functools.partial(self._relay_raw, caller, rpc))
         assert self._tg is not None
         self._tg.start_soon(self._serve, caller, transport, rpc)
 
@@ -653,14 +654,51 @@ class Gateway:
             or type(method) is not str
             or type(payload) is not bytes
             or (key is not None and type(key) is not bytes)
-            or not (
-                timeout is None
-                or type(timeout) is float
-                or (type(timeout) is int and abs(timeout) <= _MAX_TIMEOUT_INT)
-            )
         ):
             return False
-        call_id = envelope.id
+        return self._relay_call(
+            caller, rpc, envelope.id, executor, service, method, payload, key, timeout, metadata
+        )
+
+    def _relay_raw(self, caller: str, rpc: ExecutorRpc, data: bytes) -> bool:
+        """:meth:`_relay_now` for a relay call read from its envelope's bytes, undecoded
+        (:meth:`ExecutorRpc.serve_raw_calls`; :func:`~garcon_link.api._framing.relay_call`): one
+        of the usual shape, without metadata, that the session admits now. ``False`` (nothing
+        counted, nothing sent, the call id not taken) for any other: it goes the usual way."""
+        read = relay_call(data)
+        if read is None:
+            return False
+        call_id, executor, service, method, payload, key, timeout = read
+        if not rpc.admits_raw_call(call_id):
+            return False
+        if not self._relay_call(
+            caller, rpc, call_id, executor, service, method, payload, key, timeout, None
+        ):
+            return False
+        rpc.took_raw_call(call_id)
+        return True
+
+    def _relay_call(
+        self,
+        caller: str,
+        rpc: ExecutorRpc,
+        call_id: int,
+        executor: str,
+        service: str,
+        method: str,
+        payload: bytes,
+        key: bytes | None,
+        timeout: object,
+        metadata: Mapping[str, str] | None,
+    ) -> bool:
+        """:meth:`_relay_now` once the relay call's arguments are read (``timeout`` as the
+        caller sent it, unchecked)."""
+        if not (
+            timeout is None
+            or type(timeout) is float
+            or (type(timeout) is int and abs(timeout) <= _MAX_TIMEOUT_INT)
+        ):
+            return False
         try:
             arguments = self._admit(caller, executor, service, method, payload)
             if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
@@ -694,7 +732,13 @@ class Gateway:
             if slot is not None:
                 self._bindings_of(caller).check(slot, runtime, state)
             forward = target.forward(
-                service, method, arguments, key, dict(metadata) or None, seconds, relayed.ended
+                service,
+                method,
+                arguments,
+                key,
+                dict(metadata) if metadata else None,
+                seconds,
+                relayed.ended,
             )
         except OutcomeUnknown as exc:  # a binding's verdict: not forwarded, not counted
             self._give_share(share)
