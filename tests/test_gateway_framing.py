@@ -154,6 +154,7 @@ def _as_decoded(data: bytes) -> RelayCall | None:
         ["box-1", "s", "m", b"\x82\x80\xa0", b"k" * 16, 2.5],
         ["ünï", "s", "m", b"", None, 30],
         ["box-1", "s", "m", b"\x82\x80\xa0", None, 2**40],
+        ["e" * 23, "s" * 24, "m" * 300, b"p" * 70_000, b"k" * 128, 0.5],
     ],
 )
 @pytest.mark.parametrize("call_id", [1, 23, 24, 255, 256, 2**16, 2**32, 2**64 - 1])

@@ -147,16 +147,32 @@ def relay_call(data: bytes) -> RelayCall | None:
         if not data.startswith(_RELAY_CALL_NAMES, pos):
             return None
         pos += len(_RELAY_CALL_NAMES)
-        size, pos = _head(data, pos, 3)
-        executor = data[pos : pos + size].decode()
-        pos += size
-        size, pos = _head(data, pos, 3)
-        service = data[pos : pos + size].decode()
-        pos += size
-        size, pos = _head(data, pos, 3)
-        method = data[pos : pos + size].decode()
-        pos += size
-        size, pos = _head(data, pos, 2)
+        # Three names, each by its one-byte head when shorter than 24 bytes (the usual).
+        initial = data[pos]
+        if 0x60 <= initial < 0x78:
+            stop = pos + initial - 0x5F
+            executor = data[pos + 1 : stop].decode()
+        else:
+            size, pos = _head(data, pos, 3)
+            stop = pos + size
+            executor = data[pos:stop].decode()
+        initial = data[stop]
+        if 0x60 <= initial < 0x78:
+            pos = stop + initial - 0x5F
+            service = data[stop + 1 : pos].decode()
+        else:
+            size, stop = _head(data, stop, 3)
+            pos = stop + size
+            service = data[stop:pos].decode()
+        initial = data[pos]
+        if 0x60 <= initial < 0x78:
+            stop = pos + initial - 0x5F
+            method = data[pos + 1 : stop].decode()
+        else:
+            size, pos = _head(data, pos, 3)
+            stop = pos + size
+            method = data[pos:stop].decode()
+        size, pos = _head(data, stop, 2)
         payload = data[pos : pos + size]
         pos += size
         key: bytes | None = None
@@ -176,10 +192,13 @@ def relay_call(data: bytes) -> RelayCall | None:
             pos += 1 + unpack.size
         else:
             timeout, pos = _head(data, pos, 0)
-        if data[pos] != 0xA0:
-            return None
-        _, pos = _head(data, pos + 1, 0)
-        _, pos = _head(data, pos, 0)
+        if data[pos : pos + 3] == b"\xa0\x00\x00":  # no kwargs, no credit: the usual
+            pos += 3
+        else:
+            if data[pos] != 0xA0:
+                return None
+            _, pos = _head(data, pos + 1, 0)
+            _, pos = _head(data, pos, 0)
     except (IndexError, ValueError, struct.error):  # truncated, not this shape, not UTF-8
         return None
     if pos != end:
