@@ -522,7 +522,14 @@ class Gateway:
             raise Rejected(
                 "INVALID_ARGUMENTS", f"service and method names are at most {MAX_NAME_CHARS} long"
             )
-        if not self._allowed(caller, executor, service):
+        verdict = (
+            self._verdicts.get((caller, executor, service))
+            if self._grants is self._verdicts_of
+            else None
+        )
+        if verdict is None:
+            verdict = self._allowed(caller, executor, service)
+        if not verdict:
             raise Rejected(
                 "FORBIDDEN",
                 f"caller {caller!r} has no grant for {peer_text(service)} on executor "
@@ -705,7 +712,7 @@ class Gateway:
                 raise Rejected("INVALID_ARGUMENTS", "timeout must be a positive number of seconds")
             if key is not None and (why := key_problem(key)) is not None:
                 raise Rejected("INVALID_ARGUMENTS", why)
-            member = self._connected(executor)
+            member = self.fleet._members.get(executor) or self._connected(executor)
         except CallError as exc:
             self._counted(caller, payload)
             self._answer_error(caller, rpc, call_id, rpc.hold(call_id, _ignore_cancel), exc)
@@ -754,7 +761,9 @@ class Gateway:
         if forward is None:
             self._give_share(share)
             return False
-        self._counted(caller, payload)
+        stats = self._stats.get(caller) or self._stats_of(caller)
+        stats.calls += 1
+        stats.bytes += len(payload)
         member.calls += 1
         relayed.forward = forward
         relayed.incoming = rpc.hold(call_id, relayed.cancelled)
