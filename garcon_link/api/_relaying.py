@@ -15,9 +15,9 @@ A relayed call (``call(executor, service, method, payload, key, timeout)``):
 2. **Executor.** The fleet's member for that id, without creating one (a caller cannot grow the
    registry); absent or not ready: ``NotDispatched`` (``OFFLINE``, ``RECONNECTING``,
    ``DRAINING``), nothing forwarded.
-3. **Arguments.** ``payload`` (the CBOR array ``[args, kwargs]``) is *framed*
-   (:func:`~garcon_link.core.wire.argument_items`: heads walked, strings skipped unread) and
-   checked to decode as the worker would decode it (values dropped, nothing converted), and its
+3. **Arguments.** ``payload`` (the CBOR array ``[args, kwargs]``) is *framed* and checked to
+   decode as the worker would decode it, nothing converted
+   (:func:`~garcon_link.api._framing.relay_arguments`: one walk of the heads), and its
    two items are spliced into a ``call`` envelope on the executor's session
    (:meth:`~garcon_link.rpc.caller.Caller.call_relayed`) with the caller's metadata and
    idempotency key. Badly framed, or not decodable: ``Rejected("INVALID_ARGUMENTS")``, not
@@ -30,7 +30,9 @@ A relayed call (``call(executor, service, method, payload, key, timeout)``):
 
 On asyncio, with no hooks installed, a unary relay call runs no handler task
 (:meth:`~garcon_link.api.gateway.Gateway._relay_now`): the steps above are taken in the dispatch of
-the caller's message, the forward is issued at once (:meth:`~garcon_link.rpc.caller.Caller.forward`)
+the caller's message -- read from its bytes, not decoded, when it has the usual shape
+(:meth:`~garcon_link.api.gateway.Gateway._relay_raw`, :func:`~garcon_link.api._framing.relay_call`)
+--, the forward is issued at once (:meth:`~garcon_link.rpc.caller.Caller.forward`)
 and the call held in its session's incoming table (:class:`_Relayed`); the executor's reply
 completes it from the dispatch of *that* session's message, a whole result's value passed on as the
 bytes it arrived as. What cannot be done in one step (an executor reconnecting, a session waiting

@@ -57,10 +57,10 @@ import anyio
 import anyio.abc
 
 from ..core.handshake import HandshakeResult
-from ..core.wire import Role, argument_items, decode_item
+from ..core.wire import Role
 from ..endpoint.link import WebSocketLink
 from ..endpoint.transport import SessionTransport, TransportState
-from ..errors import CallError, MalformedFrame, NotDispatched, OutcomeUnknown, Rejected
+from ..errors import CallError, NotDispatched, OutcomeUnknown, Rejected
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..net.backend import on_asyncio
@@ -74,6 +74,7 @@ from ..rpc.rpc import ExecutorRpc, Incoming, RemoteStream, current_rpc
 from ..settings.callers import GatewayConfig
 from ..settings.grants import MAX_GRANTS, Grant, allows, sees
 from ..settings.keyring import Keyring, executor_id_problem
+from ._framing import relay_arguments, relay_call
 from ._relaying import (
     _MAX_HEAD_ID,
     _MAX_TIMEOUT_INT,
@@ -383,6 +384,7 @@ class Gateway:
         )
         if on_asyncio() and not self._observer.hooks:
             rpc.serve_directly(functools.partial(self._relay_now, caller, rpc))
+            rpc.serve_raw_calls(functools.partial(self._relay_raw, caller, rpc))
         assert self._tg is not None
         self._tg.start_soon(self._serve, caller, transport, rpc)
 
@@ -520,25 +522,23 @@ class Gateway:
             raise Rejected(
                 "INVALID_ARGUMENTS", f"service and method names are at most {MAX_NAME_CHARS} long"
             )
-        if not self._allowed(caller, executor, service):
+        verdict = (
+            self._verdicts.get((caller, executor, service))
+            if self._grants is self._verdicts_of
+            else None
+        )
+        if verdict is None:
+            verdict = self._allowed(caller, executor, service)
+        if not verdict:
             raise Rejected(
                 "FORBIDDEN",
                 f"caller {caller!r} has no grant for {peer_text(service)} on executor "
                 f"{peer_text(executor)}; nothing was forwarded",
             )
-        try:
-            arguments = argument_items(payload)
-        except MalformedFrame as exc:
-            raise Rejected("INVALID_ARGUMENTS", f"the arguments do not frame: {exc}") from exc
-        # Framing reads heads only. What a worker's decoder refuses inside well-framed items
-        # (text that is not UTF-8, a bignum past its bound or around other than bytes, an array
-        # as a map key) is refused here, so that every call forwarded is one the worker reads;
-        # the values are dropped, the bytes forwarded as they came.
-        try:
-            decode_item(payload, self.limits.max_frame_bytes)
-        except MalformedFrame as exc:
-            raise Rejected("INVALID_ARGUMENTS", f"the arguments do not decode: {exc}") from exc
-        return arguments
+        # Framed, and refused if a worker's decoder would refuse them (text that is not UTF-8,
+        # a bignum past its bound or around other than bytes, an array as a map key), so that
+        # every call forwarded is one the worker reads; the bytes forwarded as they came.
+        return relay_arguments(payload, self.limits.max_frame_bytes)
 
     def _allowed(self, caller: str, executor: str, service: str) -> bool:
         """Whether a grant allows ``caller`` to call ``service`` on ``executor``, remembered
@@ -661,21 +661,58 @@ class Gateway:
             or type(method) is not str
             or type(payload) is not bytes
             or (key is not None and type(key) is not bytes)
-            or not (
-                timeout is None
-                or type(timeout) is float
-                or (type(timeout) is int and abs(timeout) <= _MAX_TIMEOUT_INT)
-            )
         ):
             return False
-        call_id = envelope.id
+        return self._relay_call(
+            caller, rpc, envelope.id, executor, service, method, payload, key, timeout, metadata
+        )
+
+    def _relay_raw(self, caller: str, rpc: ExecutorRpc, data: bytes) -> bool:
+        """:meth:`_relay_now` for a relay call read from its envelope's bytes, undecoded
+        (:meth:`ExecutorRpc.serve_raw_calls`; :func:`~garcon_link.api._framing.relay_call`): one
+        of the usual shape, without metadata, that the session admits now. ``False`` (nothing
+        counted, nothing sent, the call id not taken) for any other: it goes the usual way."""
+        read = relay_call(data)
+        if read is None:
+            return False
+        call_id, executor, service, method, payload, key, timeout = read
+        if not rpc.admits_raw_call(call_id):
+            return False
+        if not self._relay_call(
+            caller, rpc, call_id, executor, service, method, payload, key, timeout, None
+        ):
+            return False
+        rpc.took_raw_call(call_id)
+        return True
+
+    def _relay_call(
+        self,
+        caller: str,
+        rpc: ExecutorRpc,
+        call_id: int,
+        executor: str,
+        service: str,
+        method: str,
+        payload: bytes,
+        key: bytes | None,
+        timeout: object,
+        metadata: Mapping[str, str] | None,
+    ) -> bool:
+        """:meth:`_relay_now` once the relay call's arguments are read (``timeout`` as the
+        caller sent it, unchecked)."""
+        if not (
+            timeout is None
+            or type(timeout) is float
+            or (type(timeout) is int and abs(timeout) <= _MAX_TIMEOUT_INT)
+        ):
+            return False
         try:
             arguments = self._admit(caller, executor, service, method, payload)
             if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
                 raise Rejected("INVALID_ARGUMENTS", "timeout must be a positive number of seconds")
             if key is not None and (why := key_problem(key)) is not None:
                 raise Rejected("INVALID_ARGUMENTS", why)
-            member = self._connected(executor)
+            member = self.fleet._members.get(executor) or self._connected(executor)
         except CallError as exc:
             self._counted(caller, payload)
             self._answer_error(caller, rpc, call_id, rpc.hold(call_id, _ignore_cancel), exc)
@@ -702,7 +739,13 @@ class Gateway:
             if slot is not None:
                 self._bindings_of(caller).check(slot, runtime, state)
             forward = target.forward(
-                service, method, arguments, key, dict(metadata) or None, seconds, relayed.ended
+                service,
+                method,
+                arguments,
+                key,
+                dict(metadata) if metadata else None,
+                seconds,
+                relayed.ended,
             )
         except OutcomeUnknown as exc:  # a binding's verdict: not forwarded, not counted
             self._give_share(share)
@@ -718,7 +761,9 @@ class Gateway:
         if forward is None:
             self._give_share(share)
             return False
-        self._counted(caller, payload)
+        stats = self._stats.get(caller) or self._stats_of(caller)
+        stats.calls += 1
+        stats.bytes += len(payload)
         member.calls += 1
         relayed.forward = forward
         relayed.incoming = rpc.hold(call_id, relayed.cancelled)

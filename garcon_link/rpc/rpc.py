@@ -468,6 +468,8 @@ class ExecutorRpc:
         self._on_call = self._dispatcher.on_call
         self._on_notify = self._notify
         self._on_cancel = handlers.on_cancel
+        # serve_raw_calls: offered each whole ``call`` envelope before it is decoded.
+        self._raw_calls: Callable[[bytes], bool] | None = None
         self._on_credit = handlers.on_credit
 
     # ------------------------------------------------------------------ lifecycle
@@ -644,6 +646,30 @@ class ExecutorRpc:
         """Offer each admitted call of the peer to ``direct`` first (``Dispatcher.direct``)."""
         self._dispatcher.direct = direct
 
+    def serve_raw_calls(self, raw: Callable[[bytes], bool]) -> None:
+        """Offer each ``call`` envelope of the peer that arrives whole (not in parts) to
+        ``raw`` as its bytes, before it is decoded: ``True`` when ``raw`` took it (checked with
+        :meth:`admits_raw_call`, then answered or held, and :meth:`took_raw_call` told), else
+        ``False``, and it goes the usual way as if ``raw`` had not seen it."""
+        self._raw_calls = raw
+
+    def admits_raw_call(self, call_id: int) -> bool:
+        """Whether the dispatcher would admit the peer's call ``call_id`` now and offer it to
+        ``Dispatcher.direct``: its id increases, the session is not draining, and fewer than
+        ``max_incoming_calls`` calls are running. Otherwise the usual way refuses or drops it."""
+        dispatcher = self._dispatcher
+        return (
+            call_id > dispatcher._last_incoming_id
+            and not dispatcher.draining
+            and len(dispatcher._incoming) + self._handlers.notifications
+            < self.limits.max_incoming_calls
+        )
+
+    def took_raw_call(self, call_id: int) -> None:
+        """``raw`` (:meth:`serve_raw_calls`) took the peer's call ``call_id``, which
+        :meth:`admits_raw_call` admitted: a later call must have a higher id."""
+        self._dispatcher._last_incoming_id = call_id
+
     def hold(self, call_id: int, on_cancel: Callable[[bool], None]) -> Incoming:
         """A slot for the peer's call ``call_id`` without a handler (:meth:`Handlers.hold`)."""
         return self._handlers.hold(call_id, on_cancel)
@@ -696,7 +722,8 @@ class ExecutorRpc:
         """One session message's envelope: a part goes to the transfer in progress
         (:meth:`_on_part`; a large one is a view of the received message, its chunk not
         copied until the value is built from it), a result of a forwarded call ends it
-        undecoded (:meth:`Caller.on_raw_result`), any other kind is dispatched whole."""
+        undecoded (:meth:`Caller.on_raw_result`), a whole call is offered undecoded to
+        :meth:`serve_raw_calls`' taker first, any other kind is dispatched whole."""
         if len(payload) > 1 and payload[1] == PART:
             # The chunk without a copy (else decoded as any other).
             if payload[0] == 0x84:
@@ -711,6 +738,13 @@ class ExecutorRpc:
                     return
         if type(payload) is memoryview:
             payload = payload.tobytes()  # not a part: what follows keeps what it is given
+        if (
+            self._raw_calls is not None
+            and payload[1:2] == b"\x00"
+            and 0x88 <= payload[0] <= 0x8A
+            and self._raw_calls(payload)
+        ):
+            return
         if (
             self._caller.forwards
             and payload[:2] == b"\x83\x01"

@@ -1,0 +1,206 @@
+"""The gateway's reading of relay calls without decoding them (``garcon_link.api._framing``):
+its quick scan of the arguments vouches only for arguments the full check (framing, then the
+worker's decode) also passes, with the same bytes to splice, and whatever it does not vouch for
+gets the full check's verdict; a relay call read from its envelope's bytes reads as the usual
+decode reads it, and any other envelope is left to that decode. Differential: the same inputs
+through both."""
+
+from __future__ import annotations
+
+import cbor2
+import pytest
+from cbor_strategies import any_item, cbor_values, fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
+
+from garcon_link.api._framing import (
+    MAX_SCAN_DEPTH,
+    RelayCall,
+    _vouch,
+    relay_arguments,
+    relay_call,
+)
+from garcon_link.core.wire import argument_items, decode_item
+from garcon_link.errors import MalformedFrame, Rejected
+from garcon_link.rpc.envelopes import BadEnvelope, Call, encode_call
+from garcon_link.rpc.envelopes import decode as decode_envelope
+
+MAX_BYTES = 1 << 20
+
+
+def _full(payload: bytes) -> bytes | None:
+    """The full check's verdict: the bytes to splice, or None (refused)."""
+    try:
+        arguments = argument_items(payload)
+        decode_item(payload, MAX_BYTES)
+    except MalformedFrame:
+        return None
+    return arguments
+
+
+def _check(payload: bytes) -> None:
+    expected = _full(payload)
+    if _vouch(payload):
+        assert expected == payload[1:]
+    if expected is None:
+        with pytest.raises(Rejected) as info:
+            relay_arguments(payload, MAX_BYTES)
+        assert info.value.code == "INVALID_ARGUMENTS"
+    else:
+        assert relay_arguments(payload, MAX_BYTES) == expected
+
+
+@fuzz_settings(600)
+@given(first=any_item, second=any_item, extra=st.one_of(st.just(b""), any_item))
+def test_the_scan_vouches_only_for_what_the_full_check_passes(
+    first: bytes, second: bytes, extra: bytes
+) -> None:
+    _check(b"\x82" + first + second + extra)
+
+
+@fuzz_settings(300)
+@given(
+    args=st.lists(cbor_values, max_size=4),
+    kwargs=st.dictionaries(st.text(max_size=8), cbor_values, max_size=4),
+)
+def test_well_formed_arguments_pass_either_way(
+    args: list[object], kwargs: dict[str, object]
+) -> None:
+    try:
+        payload = cbor2.dumps([args, kwargs])
+    except (cbor2.CBOREncodeError, ValueError, TypeError):
+        return
+    _check(payload)
+
+
+@fuzz_settings(300)
+@given(data=st.binary(max_size=48))
+def test_any_bytes_get_the_full_checks_verdict(data: bytes) -> None:
+    _check(data)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        cbor2.dumps([[b"x" * 32], {}]),
+        cbor2.dumps([["text", 1, -2, 1.5, None, True, False], {"k": [1, {"n": 2}], 3: "v"}]),
+        cbor2.dumps([[[[]]], {}]),
+    ],
+)
+def test_plain_arguments_are_vouched_for(payload: bytes) -> None:
+    assert _vouch(payload)
+    assert relay_arguments(payload, MAX_BYTES) == payload[1:]
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"\x82\x81\x62\xff\xfe\xa0", "do not decode"),  # text that is not UTF-8
+        (cbor2.dumps([[], {(1, 2): 1}]), "do not decode"),  # an array as a map key
+        (cbor2.dumps([[b"k"], {b"k": 1}]), "do not decode"),  # a byte string as a map key
+        (b"\x82\x81\xc2\x59\x04\x01" + b"\x01" * 1025 + b"\xa0", "do not decode"),  # bignum
+        (b"\x82\x9f\xff\xa0", "do not frame"),  # indefinite length
+        (cbor2.dumps([{}, {}]), "do not frame"),
+        (cbor2.dumps([[1], {}, 3]), "do not frame"),
+        (cbor2.dumps([[1], {}]) + b"\x00", "do not frame"),
+        (b"\x82\x81\x58\x20\x00\xa0", "do not frame"),  # a string past the end
+    ],
+)
+def test_what_a_worker_would_not_read_is_refused(payload: bytes, reason: str) -> None:
+    assert not _vouch(payload)
+    with pytest.raises(Rejected) as info:
+        relay_arguments(payload, MAX_BYTES)
+    assert info.value.code == "INVALID_ARGUMENTS" and reason in info.value.message
+
+
+def test_deep_nesting_and_large_payloads_get_the_full_check() -> None:
+    deep: object = []
+    for _ in range(MAX_SCAN_DEPTH + 1):
+        deep = [deep]
+    payload = cbor2.dumps([[deep], {}])
+    assert not _vouch(payload)
+    assert relay_arguments(payload, MAX_BYTES) == payload[1:]  # the full check passes it
+    big = cbor2.dumps([[b"x" * 64], {}])
+    with pytest.raises(Rejected, match="do not decode"):
+        relay_arguments(big, len(big) - 1)  # past the frame limit: as the decoder refuses it
+
+
+def _relay_envelope(
+    call_id: int = 7, args: list[object] | None = None, kwargs: dict[str, object] | None = None
+) -> bytes:
+    payload = cbor2.dumps([[b"x" * 32], {}])
+    call_args = ["box-1", "ident", "echo", payload, None, 30.0] if args is None else args
+    return encode_call(call_id, "gateway", "call", call_args, kwargs or {}, 0, 0, None, None)
+
+
+def _as_decoded(data: bytes) -> RelayCall | None:
+    """What the usual decode reads of ``data``, in :func:`relay_call`'s terms, if it decodes."""
+    try:
+        envelope = decode_envelope(decode_item(data, MAX_BYTES))
+    except (MalformedFrame, BadEnvelope):
+        return None
+    if not isinstance(envelope, Call) or type(envelope.args) is not list:
+        return None
+    if len(envelope.args) != 6:
+        return None
+    executor, service, method, payload, key, timeout = envelope.args
+    return (envelope.id, executor, service, method, payload, key, timeout)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["box-1", "ident", "echo", b"\x82\x80\xa0", None, None],
+        ["box-1", "s", "m", b"\x82\x80\xa0", b"k" * 16, 2.5],
+        ["ünï", "s", "m", b"", None, 30],
+        ["box-1", "s", "m", b"\x82\x80\xa0", None, 2**40],
+        ["e" * 23, "s" * 24, "m" * 300, b"p" * 70_000, b"k" * 128, 0.5],
+    ],
+)
+@pytest.mark.parametrize("call_id", [1, 23, 24, 255, 256, 2**16, 2**32, 2**64 - 1])
+def test_a_relay_call_is_read_as_the_decoder_reads_it(args: list[object], call_id: int) -> None:
+    data = _relay_envelope(call_id, args)
+    assert relay_call(data) == _as_decoded(data)
+    assert relay_call(data) is not None
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _relay_envelope(kwargs={"a": 1}),  # kwargs
+        _relay_envelope(args=["box-1", "s", "m", b"", None]),  # five arguments
+        _relay_envelope(args=["box-1", "s", "m", "text", None, None]),  # payload not bytes
+        _relay_envelope(args=["box-1", "s", "m", b"", None, -1]),  # a negative timeout
+        _relay_envelope(args=["box-1", "s", "m", b"", None, "1"]),
+        encode_call(7, "gateway", "call", ["b", "s", "m", b"", None, None], {}, 0, 0, b"k", None),
+        encode_call(
+            7, "gateway", "call", ["b", "s", "m", b"", None, None], {}, 0, 0, None, {"a": "b"}
+        ),
+        encode_call(7, "gateway", "stream", ["b", "s", "m", b"", None, None], {}, 0, 0, None, None),
+        encode_call(7, "other", "call", ["b", "s", "m", b"", None, None], {}, 0, 0, None, None),
+        _relay_envelope() + b"\x00",
+        _relay_envelope()[:-1],
+        _relay_envelope().replace(b"box-1", b"box\xff1"),  # not UTF-8
+    ],
+)
+def test_any_other_envelope_is_left_to_the_decoder(data: bytes) -> None:
+    assert relay_call(data) is None
+
+
+@fuzz_settings(600)
+@given(data=st.data())
+def test_a_mutated_relay_call_is_read_only_as_the_decoder_reads_it(data: st.DataObject) -> None:
+    envelope = bytearray(_relay_envelope(data.draw(st.sampled_from([5, 300, 70_000]))))
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(envelope) - 1))
+        action = data.draw(st.sampled_from(["set", "cut", "insert"]))
+        if action == "set":
+            envelope[at] = data.draw(st.integers(0, 255))
+        elif action == "cut":
+            del envelope[at]
+        else:
+            envelope.insert(at, data.draw(st.integers(0, 255)))
+    raw = bytes(envelope)
+    read = relay_call(raw)
+    if read is not None:
+        assert read == _as_decoded(raw)
