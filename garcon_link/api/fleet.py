@@ -69,7 +69,7 @@ from ..rpc.rpc import Registry
 from ..settings.config import LinkConfig
 from ..settings.fleet import FleetConfig
 from ..settings.keyring import Keyring, executor_id_problem
-from .controller import Availability, RemoteExecutor, stalled_call_log
+from .controller import Availability, RemoteExecutor, describer, stalled_call_log
 from .endpoint import link_from_config
 from .registration import ServiceMap, registry_from
 
@@ -238,6 +238,7 @@ class Fleet:
         self._hooks = tuple(hooks)
         self.limits = limits or config.limits
         self._registry: Registry = registry_from(services or {})
+        self._describe = describer(self._registry)  # one for every member's sessions
         self._members: dict[str, RemoteExecutor] = {}
         self._pinned: set[str] = set()
         self._joined: set[str] = set()  # ids that had a session (bounded like the members)
@@ -429,6 +430,7 @@ class Fleet:
             self._availability_changed,
             self._hooks,
             self._stall_log,
+            self._describe,
         )
         self._members[executor_id] = member
         self._offline_at[executor_id] = anyio.current_time()
