@@ -344,11 +344,15 @@ class RemoteExecutor(Endpoint):
         hooks: Sequence[CallHook] = (),
         stall_log: PeerLogLimiter | None = None,
         describe: Callable[[], dict[str, Any]] | None = None,
+        *,
+        dials: bool = True,
     ) -> RemoteExecutor:
         """An executor of a fleet: sessions are routed to it by the fleet, which owns the link
         and the task group; :meth:`aclose` only marks it disposed. ``stall_log`` is shared by
         the fleet's members, so their stalled-call lines share one budget; so is ``describe``
-        (:func:`describer` of ``registry``), as they share the registry."""
+        (:func:`describer` of ``registry``), as they share the registry. ``dials=False``: the
+        link only listens (a keyring listener), so it never reports a refusal or a failed dial
+        and the member does not listen for them."""
         self = cls.__new__(cls)
         self.limits = limits
         self._own_link = None
@@ -356,8 +360,9 @@ class RemoteExecutor(Endpoint):
         self._tg = tg
         self._init_member(executor_id, registry, hooks, stall_log, describe or describer(registry))
         self._on_change = on_change
-        link.on_refusal(self._wake)
-        link.on_dial_failed(self._dial_failed)
+        if dials:
+            link.on_refusal(self._wake)
+            link.on_dial_failed(self._dial_failed)
         return self
 
     def _init_member(

@@ -431,6 +431,8 @@ class Fleet:
             self._hooks,
             self._stall_log,
             self._describe,
+            # the keyring listener never dials: no refusal or dial failure to hear of
+            dials=not (link is self._listening and isinstance(self.config, FleetConfig)),
         )
         self._members[executor_id] = member
         self._offline_at[executor_id] = anyio.current_time()
