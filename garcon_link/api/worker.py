@@ -508,6 +508,25 @@ class Worker(Endpoint):
         :meth:`controllers` has every controller's."""
         return self._rpcs[-1] if self._rpcs else None
 
+    def _describe(self, registry: Registry, scope: ServiceScope) -> dict[str, Any]:
+        """What a session's ``describe`` answers: its registry as it is now (hot inventory)."""
+        manifest = registry.manifest()
+        return {
+            "executor_id": self.config.executor_id,
+            "instance_id": scope.instance_id,
+            "worker_instance_id": self.worker_scope.instance_id,
+            "services": manifest,
+            "contract": contract_hash(manifest),
+            # The latest announcement sent before this answer: the controller ignores an
+            # announcement not newer (its manifest is in this one already).
+            "inventory": self._inventory_seq,
+            # documentation, not contract
+            "types": registry_type_descriptions(registry, self.limits),
+            # With a state directory: its id, so a keyed caller knows a restarted worker
+            # process still holds its keys (garcon_link.api.keyed).
+            **({"state_id": self._state.state_id} if self._state is not None else {}),
+        }
+
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
         scope = self.worker_scope.session_scope(os.urandom(16))
         assert self._tg is not None
@@ -522,30 +541,12 @@ class Worker(Endpoint):
     def _make_rpc(
         self, transport: SessionTransport, registry: Registry, scope: ServiceScope
     ) -> ExecutorRpc:
-        def describe() -> dict[str, Any]:
-            manifest = registry.manifest()  # as it is now (hot inventory)
-            return {
-                "executor_id": self.config.executor_id,
-                "instance_id": scope.instance_id,
-                "worker_instance_id": self.worker_scope.instance_id,
-                "services": manifest,
-                "contract": contract_hash(manifest),
-                # The latest announcement sent before this answer: the controller ignores an
-                # announcement not newer (its manifest is in this one already).
-                "inventory": self._inventory_seq,
-                # documentation, not contract
-                "types": registry_type_descriptions(registry, self.limits),
-                # With a state directory: its id, so a keyed caller knows a restarted worker
-                # process still holds its keys (garcon_link.api.keyed).
-                **({"state_id": self._state.state_id} if self._state is not None else {}),
-            }
-
         rpc = ExecutorRpc(
             transport,
             registry,
             self.limits,
             scope=scope,
-            describe=describe,
+            describe=_Describe(self, registry, scope),
             peer="controller",
             idempotency=self._keyed,
             observer=self._observer,
@@ -586,28 +587,25 @@ class Worker(Endpoint):
     ) -> None:
         self.sessions += 1
         self._totals.sessions += 1
-
-        def announce(state: TransportState) -> None:
-            if state is TransportState.READY and not announced:
-                announced.append(True)
-                self._on_event(
-                    f"executor-ready executor={self.config.executor_id} "
-                    f"session={transport.session_id.hex()} instance={scope.instance_id.hex()} "
-                    "resumed=false"
-                )
-
-        announced: list[bool] = []
-        unsubscribe = transport.add_listener(announce)
-        announce(transport.state)
+        announcer = _Announcer(self, transport, scope)
+        announcer.unsubscribe = transport.add_listener(announcer)
+        announcer(transport.state)
         self._serving.add(rpc)
         self._rpcs.append(rpc)
         try:
             await rpc.run()
         finally:
             self._serving.discard(rpc)
-            unsubscribe()
+            announcer.stop()
             self._totals.ended(transport)
             self._rpcs.remove(rpc)
+
+    def _announce_ready(self, transport: SessionTransport, scope: ServiceScope) -> None:
+        self._on_event(
+            f"executor-ready executor={self.config.executor_id} "
+            f"session={transport.session_id.hex()} instance={scope.instance_id.hex()} "
+            "resumed=false"
+        )
 
     async def _close_scope(self, stack: contextlib.AsyncExitStack, scope: ServiceScope) -> None:
         with anyio.move_on_after(self.limits.scope_cleanup_timeout, shield=True) as cleanup:
@@ -626,6 +624,46 @@ class Worker(Endpoint):
                 self.limits.scope_cleanup_timeout,
                 extra=log_fields(executor=scope.executor_id),
             )
+
+
+class _Describe:
+    """A session's ``describe`` callback (:meth:`Worker._describe`), without a closure."""
+
+    __slots__ = ("registry", "scope", "worker")
+
+    def __init__(self, worker: Worker, registry: Registry, scope: ServiceScope) -> None:
+        self.worker = worker
+        self.registry = registry
+        self.scope = scope
+
+    def __call__(self) -> dict[str, Any]:
+        return self.worker._describe(self.registry, self.scope)
+
+
+class _Announcer:
+    """A session's state listener until it is first ready, when it writes the
+    ``executor-ready`` event and unsubscribes: an idle session keeps only this object, emptied."""
+
+    __slots__ = ("scope", "transport", "unsubscribe", "worker")
+
+    def __init__(self, worker: Worker, transport: SessionTransport, scope: ServiceScope) -> None:
+        self.worker: Worker | None = worker
+        self.transport = transport
+        self.scope: ServiceScope | None = scope
+        self.unsubscribe: Callable[[], None] | None = None
+
+    def __call__(self, state: TransportState) -> None:
+        worker, scope = self.worker, self.scope
+        if state is TransportState.READY and worker is not None and scope is not None:
+            self.stop()
+            worker._announce_ready(self.transport, scope)
+
+    def stop(self) -> None:
+        """No announcement from now on (idempotent)."""
+        self.worker = self.scope = None
+        unsubscribe, self.unsubscribe = self.unsubscribe, None
+        if unsubscribe is not None:
+            unsubscribe()
 
 
 async def serve(
