@@ -239,6 +239,7 @@ class Fleet:
         self.limits = limits or config.limits
         self._registry: Registry = registry_from(services or {})
         self._describe = describer(self._registry)  # one for every member's sessions
+        self._on_member_change = self._availability_changed  # one bound method for all members
         self._members: dict[str, RemoteExecutor] = {}
         self._pinned: set[str] = set()
         self._joined: set[str] = set()  # ids that had a session (bounded like the members)
@@ -427,7 +428,7 @@ class Fleet:
             self._registry,
             self.limits,
             self._tg,
-            self._availability_changed,
+            self._on_member_change,
             self._hooks,
             self._stall_log,
             self._describe,

@@ -76,6 +76,10 @@ log = logging.getLogger("garcon_link.remote")  # the name users configure (READM
 EventSink = Callable[[str], None]
 
 
+def _no_event(line: str) -> None:
+    """The event sink of a worker given none."""
+
+
 class Worker(Endpoint):
     """The worker side: serves ``services`` to each controller in a session of its own.
 
@@ -126,7 +130,7 @@ class Worker(Endpoint):
         super().__init__(config, limits=limits)
         self.config = config
         self._services = services
-        self._on_event = on_event or (lambda line: None)
+        self._on_event = on_event or _no_event
         if not callable(services):
             # Validate the exposure once, up front, so a bad interface fails at start-up.
             registry_from(services)
