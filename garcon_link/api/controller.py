@@ -55,6 +55,7 @@ call fails ``OutcomeUnknown`` (never a result that did not happen). A worker dra
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import functools
@@ -202,10 +203,41 @@ def _with_types(info: ExecutorInfo, received: Any, limits: Limits) -> ExecutorIn
     )
 
 
-def stalled_call_log(limits: Limits) -> PeerLogLimiter:
-    """The rate limit of stalled-call warnings: one line per executor per ``log_interval``, at
-    most ``max_log_lines`` per interval (a fleet shares one among its members)."""
-    return PeerLogLimiter(log, interval=limits.log_interval, max_lines=limits.max_log_lines)
+class StallWatch:
+    """When to look for calls stalled on a session that lost its socket
+    (:meth:`RemoteExecutor._stall_due`): one entry per detached session in a deque, in the
+    order they detached (each is due ``Limits.stalled_call_report`` later), and one task that
+    runs while it is not empty, for every executor sharing the watch (a fleet's members). Its
+    warnings are rate-limited together: one line per executor per ``log_interval``, at most
+    ``max_log_lines`` per interval."""
+
+    __slots__ = ("_due", "_running", "after", "log")
+
+    def __init__(self, limits: Limits) -> None:
+        self.after = limits.stalled_call_report
+        self.log = PeerLogLimiter(log, interval=limits.log_interval, max_lines=limits.max_log_lines)
+        self._due: collections.deque[tuple[float, _Session, int]] = collections.deque()
+        self._running = False
+
+    def watch(self, tg: anyio.abc.TaskGroup, session: _Session) -> None:
+        self._due.append((anyio.current_time() + self.after, session, session.settled))
+        if not self._running:
+            self._running = True
+            tg.start_soon(self._run)
+
+    async def _run(self) -> None:
+        try:
+            while self._due:
+                due, session, settled = self._due[0]
+                wait = due - anyio.current_time()
+                if wait > 0:
+                    await anyio.sleep(wait)
+                    continue
+                self._due.popleft()
+                if session.settled == settled:  # neither ready nor retired since
+                    session.executor._stall_due(session)
+        finally:
+            self._running = False
 
 
 def _fresh(error: HandshakeError) -> HandshakeError:
@@ -240,7 +272,7 @@ class _Session:
     idle session has no task of the executor's (only its RPC's) and no closures. It lives as
     long as its transport."""
 
-    __slots__ = ("early", "executor", "rpc", "stage", "transport")
+    __slots__ = ("early", "executor", "rpc", "settled", "stage", "stall_watched", "transport")
 
     def __init__(self, executor: RemoteExecutor, transport: SessionTransport) -> None:
         self.executor = executor
@@ -248,6 +280,8 @@ class _Session:
         self.rpc: ExecutorRpc
         self.stage = _Stage.NEW
         self.early: list[Any] | None = None  # the newest announcement before it is installed
+        self.stall_watched = False  # lost its socket: in the StallWatch
+        self.settled = 0  # times it was ready or retired while watched
 
     def __call__(self, state: TransportState) -> None:
         self.executor._session_state(self, state)
@@ -260,18 +294,6 @@ class _Session:
 
     def peer_draining(self) -> None:
         self.executor._peer_draining(self.transport)
-
-
-async def _wait_state(transport: SessionTransport, *states: TransportState) -> TransportState:
-    if transport.state in states:
-        return transport.state
-    event = anyio.Event()
-    unsubscribe = transport.add_listener(lambda s: event.set() if s in states else None)
-    try:
-        await event.wait()
-    finally:
-        unsubscribe()
-    return transport.state
 
 
 class RemoteExecutor(Endpoint):
@@ -304,8 +326,7 @@ class RemoteExecutor(Endpoint):
         "_registry",
         "_rpc",
         "_services",
-        "_stall_log",
-        "_stall_watched",
+        "_stall_watch",
         "_totals",
         "_wrong_scheme",
         "calls",
@@ -342,14 +363,14 @@ class RemoteExecutor(Endpoint):
         tg: anyio.abc.TaskGroup,
         on_change: Callable[[RemoteExecutor, Availability], None],
         hooks: Sequence[CallHook] = (),
-        stall_log: PeerLogLimiter | None = None,
+        stall_watch: StallWatch | None = None,
         describe: Callable[[], dict[str, Any]] | None = None,
         *,
         dials: bool = True,
     ) -> RemoteExecutor:
         """An executor of a fleet: sessions are routed to it by the fleet, which owns the link
-        and the task group; :meth:`aclose` only marks it disposed. ``stall_log`` is shared by
-        the fleet's members, so their stalled-call lines share one budget; so is ``describe``
+        and the task group; :meth:`aclose` only marks it disposed. ``stall_watch`` is shared by
+        the fleet's members (one task, and one budget of stalled-call lines); so is ``describe``
         (:func:`describer` of ``registry``), as they share the registry. ``dials=False``: the
         link only listens (a keyring listener), so it never reports a refusal or a failed dial
         and the member does not listen for them."""
@@ -358,7 +379,9 @@ class RemoteExecutor(Endpoint):
         self._own_link = None
         self.link = link
         self._tg = tg
-        self._init_member(executor_id, registry, hooks, stall_log, describe or describer(registry))
+        self._init_member(
+            executor_id, registry, hooks, stall_watch, describe or describer(registry)
+        )
         self._on_change = on_change
         if dials:
             link.on_refusal(self._wake)
@@ -370,7 +393,7 @@ class RemoteExecutor(Endpoint):
         executor_id: str,
         registry: Registry,
         hooks: Sequence[CallHook],
-        stall_log: PeerLogLimiter | None,
+        stall_watch: StallWatch | None,
         describe: Callable[[], dict[str, Any]],
     ) -> None:
         self.executor_id = executor_id
@@ -410,8 +433,7 @@ class RemoteExecutor(Endpoint):
         self.last_error: str | None = None
         self._draining = False
         # Calls stuck on a session without a socket: one line per executor per log_interval.
-        self._stall_log = stall_log or stalled_call_log(self.limits)
-        self._stall_watched: ExecutorRpc | None = None  # the session a stall watch runs for
+        self._stall_watch = stall_watch or StallWatch(self.limits)
 
     async def __aenter__(self) -> RemoteExecutor:
         await self._start()
@@ -652,6 +674,9 @@ class RemoteExecutor(Endpoint):
         once first ready, make its states the executor's while it is the installed one, count
         it and go ``offline`` when it is retired."""
         rpc = session.rpc
+        if session.stall_watched and state in (TransportState.READY, TransportState.RETIRED):
+            session.stall_watched = False  # its StallWatch entry is void
+            session.settled += 1
         if state is TransportState.RETIRED:
             if session.stage is not _Stage.RETIRED:
                 session.stage = _Stage.RETIRED
@@ -668,7 +693,7 @@ class RemoteExecutor(Endpoint):
                 self._set_availability("draining" if rpc.peer_draining else "ready")
             elif state in (TransportState.DETACHED, TransportState.REPLAYING):
                 self._set_availability("reconnecting")
-                self._watch_stall(session.transport, rpc)
+                self._watch_stall(session)
 
     async def _install(self, session: _Session) -> None:
         # An announcement may arrive while describe is answered: the session keeps the newest
@@ -814,32 +839,27 @@ class RemoteExecutor(Endpoint):
             level=logging.INFO if additive and not uncompared else logging.WARNING,
         )
 
-    def _watch_stall(self, transport: SessionTransport, rpc: ExecutorRpc) -> None:
-        """Start the stall watch of a session that lost its socket (one per session at a time)."""
-        if self._stall_watched is rpc or self._tg is None:
+    def _watch_stall(self, session: _Session) -> None:
+        """Put a session that lost its socket in the stall watch (once until it is ready again)."""
+        if session.stall_watched or self._tg is None:
             return
-        self._stall_watched = rpc
-        self._tg.start_soon(self._report_stall, transport, rpc)
+        session.stall_watched = True
+        self._stall_watch.watch(self._tg, session)
 
-    async def _report_stall(self, transport: SessionTransport, rpc: ExecutorRpc) -> None:
+    def _stall_due(self, session: _Session) -> None:
         """Log a WARNING if calls still wait for replies ``Limits.stalled_call_report`` seconds
-        after the session lost its socket, rather than only when its grace ends (a dead worker
-        otherwise keeps its callers waiting without a word)."""
-        after = self.limits.stalled_call_report
-        try:
-            with anyio.move_on_after(after):
-                await _wait_state(transport, TransportState.READY, TransportState.RETIRED)
-                return
-        finally:
-            if self._stall_watched is rpc:
-                self._stall_watched = None
+        after the session lost its socket (and it was not ready since), rather than only when
+        its grace ends (a dead worker otherwise keeps its callers waiting without a word)."""
+        session.stall_watched = False
+        rpc = session.rpc
         pending = rpc.statistics().pending_calls
         if pending == 0 or self._rpc is not rpc:
             return
+        after = self._stall_watch.after
         dial = self.link.last_dial_error
         where = f"last dial: {dial}" if dial is not None else "no new socket yet"
         left = max(0.0, self.limits.detached_grace - after)
-        self._stall_log.log(
+        self._stall_watch.log.log(
             self.executor_id,
             "STALLED",
             "executor %s: %d call(s) waiting for replies; the worker has been unreachable for "
@@ -850,7 +870,7 @@ class RemoteExecutor(Endpoint):
             after,
             where,
             left,
-            extra=log_fields(executor=self.executor_id, session=transport.session_id),
+            extra=log_fields(executor=self.executor_id, session=session.transport.session_id),
         )
 
     def _refuse_session(self, transport: SessionTransport, why: str) -> None:
