@@ -169,12 +169,13 @@ class Worker(Endpoint):
         self._said_stopping = False  # STOPPING=1 is sent once
         # Hot inventory (module docstring): services added or removed while running, applied
         # over ``services`` in every session; the RPCs of the sessions being served; the
-        # sequence number of the latest announcement; RPCs with an announcement due.
+        # sequence number of the latest announcement; RPCs with an announcement due. The
+        # frozensets are replaced when they change (rarely: no set per worker until then).
         self._added: dict[str, Bound] = {}
-        self._removed: set[str] = set()
+        self._removed: frozenset[str] = frozenset()
         self._serving: set[ExecutorRpc] = set()
         self._inventory_seq = 0
-        self._announcing: set[ExecutorRpc] = set()
+        self._announcing: frozenset[ExecutorRpc] = frozenset()
 
     def add_service(self, name: str, service: object) -> None:
         """Serve ``service`` as ``name`` from now on, on every session (replacing a service of
@@ -195,7 +196,7 @@ class Worker(Endpoint):
         bound = registry_from({name: service}, self.worker_scope).get(name)
         assert bound is not None
         self._added[name] = bound
-        self._removed.discard(name)
+        self._removed -= {name}
         for rpc in self._serving:
             rpc.registry.add(name, bound.target, bound.spec, scope=bound.scope)
         self._announce()
@@ -214,7 +215,7 @@ class Worker(Endpoint):
         self._added.pop(name, None)
         for rpc in self._serving:
             rpc.registry.remove(name)
-        self._removed.add(name)
+        self._removed |= {name}
         if served:
             self._announce()
         return served
@@ -232,12 +233,13 @@ class Worker(Endpoint):
         announcement due per session, which sends the manifest as it is when it goes)."""
         if self._tg is None:
             return  # not started: each session's describe will say it
-        for rpc in self._serving - self._announcing:
-            self._announcing.add(rpc)
+        due = self._serving - self._announcing
+        self._announcing |= due
+        for rpc in due:
             self._tg.start_soon(self._send_inventory, rpc)
 
     async def _send_inventory(self, rpc: ExecutorRpc) -> None:
-        self._announcing.discard(rpc)
+        self._announcing -= {rpc}
         if rpc.retired:
             return
         self._inventory_seq += 1
