@@ -24,6 +24,7 @@ id, so a call that reached the wrong executor is caught). What the tests prove:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
@@ -164,6 +165,57 @@ async def test_map_reports_a_failure_per_executor_and_raises_nothing(tmp_path: P
             failure = results["never-connects"]
             assert isinstance(failure, gl.NotDispatched) and failure.code == "OFFLINE"
             assert fleet.executors()["never-connects"].errors == 1
+
+
+async def test_calls_stalled_on_lost_sockets_are_reported_per_executor(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Four executors lose their sockets at once (redials refused), three with a call pending:
+    after ``stalled_call_report`` each of the three is reported once (one watch serves all the
+    members), the idle one is not; healed, every call completes."""
+    caplog.set_level(logging.WARNING, logger="garcon_link.remote")
+    keyring = tmp_path / "keys"
+    keyring.mkdir(mode=0o700)
+    stalled, ids = ["s0", "s1", "s2"], ["s0", "s1", "s2", "idle"]
+    limits = LIMITS.replace(detached_grace=600.0, stalled_call_report=0.05)
+    config = gl.FleetConfig(listen=("127.0.0.1", 0), keyring=keyring, limits=limits)
+    with anyio.fail_after(DEADLINE):
+        async with gl.fleet(config) as fleet, AsyncExitStack() as stack:
+            services, proxies = {}, {}
+            for executor_id in ids:
+                secret = enroll(keyring, executor_id)
+                proxy = FaultProxy("127.0.0.1", fleet.listen_address[1])
+                proxies[executor_id] = await stack.enter_async_context(proxy)
+                services[executor_id] = IdentService(executor_id)
+                await stack.enter_async_context(
+                    gl.Worker(
+                        worker_config(executor_id, secret, proxy.url()),
+                        {"ident": services[executor_id]},
+                    )
+                )
+            for executor_id in ids:
+                await fleet.executor(executor_id).wait_ready(10)
+            async with anyio.create_task_group() as tg:
+                for executor_id in stalled:
+                    tg.start_soon(fleet.executor(executor_id).service("ident", Ident).gated)
+                    await services[executor_id].started.wait()
+                for proxy in proxies.values():
+                    proxy.refuse()
+                    proxy.cut()
+                await wait_for(
+                    lambda: all(
+                        f"executor {i}: 1 call(s) waiting for replies" in caplog.text
+                        for i in stalled
+                    ),
+                    10,
+                    "a stall line for each executor with a call pending",
+                )
+                for proxy in proxies.values():
+                    proxy.heal()
+                for executor_id in stalled:
+                    services[executor_id].gate.set()
+    lines = [r.getMessage() for r in caplog.records if "waiting for replies" in r.getMessage()]
+    assert sorted(line.split(":")[0] for line in lines) == [f"executor {i}" for i in stalled]
 
 
 async def test_revoking_a_key_takes_only_that_executor_out(tmp_path: Path) -> None:

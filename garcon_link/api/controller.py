@@ -55,7 +55,10 @@ call fails ``OutcomeUnknown`` (never a result that did not happen). A worker dra
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import enum
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -201,10 +204,41 @@ def _with_types(info: ExecutorInfo, received: Any, limits: Limits) -> ExecutorIn
     )
 
 
-def stalled_call_log(limits: Limits) -> PeerLogLimiter:
-    """The rate limit of stalled-call warnings: one line per executor per ``log_interval``, at
-    most ``max_log_lines`` per interval (a fleet shares one among its members)."""
-    return PeerLogLimiter(log, interval=limits.log_interval, max_lines=limits.max_log_lines)
+class StallWatch:
+    """When to look for calls stalled on a session that lost its socket
+    (:meth:`RemoteExecutor._stall_due`): one entry per detached session in a deque, in the
+    order they detached (each is due ``Limits.stalled_call_report`` later), and one task that
+    runs while it is not empty, for every executor sharing the watch (a fleet's members). Its
+    warnings are rate-limited together: one line per executor per ``log_interval``, at most
+    ``max_log_lines`` per interval."""
+
+    __slots__ = ("_due", "_running", "after", "log")
+
+    def __init__(self, limits: Limits) -> None:
+        self.after = limits.stalled_call_report
+        self.log = PeerLogLimiter(log, interval=limits.log_interval, max_lines=limits.max_log_lines)
+        self._due: collections.deque[tuple[float, _Session, int]] = collections.deque()
+        self._running = False
+
+    def watch(self, tg: anyio.abc.TaskGroup, session: _Session) -> None:
+        self._due.append((anyio.current_time() + self.after, session, session.settled))
+        if not self._running:
+            self._running = True
+            tg.start_soon(self._run)
+
+    async def _run(self) -> None:
+        try:
+            while self._due:
+                due, session, settled = self._due[0]
+                wait = due - anyio.current_time()
+                if wait > 0:
+                    await anyio.sleep(wait)
+                    continue
+                self._due.popleft()
+                if session.settled == settled:  # neither ready nor retired since
+                    session.executor._stall_due(session)
+        finally:
+            self._running = False
 
 
 def _fresh(error: HandshakeError) -> HandshakeError:
@@ -215,16 +249,52 @@ def _fresh(error: HandshakeError) -> HandshakeError:
     return HandshakeError(error.reason, error.detail)
 
 
-async def _wait_state(transport: SessionTransport, *states: TransportState) -> TransportState:
-    if transport.state in states:
-        return transport.state
-    event = anyio.Event()
-    unsubscribe = transport.add_listener(lambda s: event.set() if s in states else None)
-    try:
-        await event.wait()
-    finally:
-        unsubscribe()
-    return transport.state
+def _describe_registry(registry: Registry) -> dict[str, Any]:
+    manifest = registry.manifest()
+    return {"services": manifest, "contract": contract_hash(manifest)}
+
+
+def describer(registry: Registry) -> Callable[[], dict[str, Any]]:
+    """What a controller answers its workers' ``describe`` (its callback services in
+    ``registry``): one callable for every session of every executor sharing the registry."""
+    return functools.partial(_describe_registry, registry)
+
+
+class _Stage(enum.Enum):
+    NEW = "new"  # not yet ready
+    INSTALLING = "installing"  # describe in flight
+    INSTALLED = "installed"
+    RETIRED = "retired"
+
+
+class _Session:
+    """One logical session of a :class:`RemoteExecutor`: its transport's state listener
+    (:meth:`RemoteExecutor._session_state`) and its RPC's callbacks, in one slotted object: an
+    idle session has no task of the executor's (only its RPC's) and no closures. It lives as
+    long as its transport."""
+
+    __slots__ = ("early", "executor", "rpc", "settled", "stage", "stall_watched", "transport")
+
+    def __init__(self, executor: RemoteExecutor, transport: SessionTransport) -> None:
+        self.executor = executor
+        self.transport = transport
+        self.rpc: ExecutorRpc
+        self.stage = _Stage.NEW
+        self.early: list[Any] | None = None  # the newest announcement before it is installed
+        self.stall_watched = False  # lost its socket: in the StallWatch
+        self.settled = 0  # times it was ready or retired while watched
+
+    def __call__(self, state: TransportState) -> None:
+        self.executor._session_state(self, state)
+
+    def inventory(self, args: list[Any]) -> None:
+        if self.stage is _Stage.INSTALLED:
+            self.executor._on_inventory(self.rpc, args)
+        else:
+            self.early = args
+
+    def peer_draining(self) -> None:
+        self.executor._peer_draining(self.transport)
 
 
 class RemoteExecutor(Endpoint):
@@ -238,6 +308,37 @@ class RemoteExecutor(Endpoint):
             this executor's facades and every call back from the worker it serves.
     """
 
+    # A fleet holds one per executor: slots keep each small, however many attributes it has.
+    __slots__ = (
+        "__weakref__",
+        "_availability",
+        "_callbacks",
+        "_changed",
+        "_contract_cache",
+        "_describe",
+        "_described",
+        "_draining",
+        "_info",
+        "_inventory_seq",
+        "_manifest_version",
+        "_observer",
+        "_on_change",
+        "_peer_limiter",
+        "_registry",
+        "_rpc",
+        "_services",
+        "_stall_watch",
+        "_totals",
+        "_wrong_scheme",
+        "calls",
+        "errors",
+        "executor_id",
+        "inventory_dropped",
+        "inventory_updates",
+        "last_error",
+        "since",
+    )
+
     def __init__(
         self,
         config: LinkConfig,
@@ -247,9 +348,10 @@ class RemoteExecutor(Endpoint):
         hooks: Sequence[CallHook] = (),
     ) -> None:
         super().__init__(config, limits=limits)
-        self._init_member(config.executor_id, registry_from(services or {}), hooks)
+        registry = registry_from(services or {})
+        self._init_member(config.executor_id, registry, hooks, None, describer(registry))
         assert self._own_link is not None
-        self._own_link.on_refusal(lambda _error: self._wake())
+        self._own_link.on_refusal(self._wake)
         self._own_link.on_dial_failed(self._dial_failed)
 
     @classmethod
@@ -262,20 +364,29 @@ class RemoteExecutor(Endpoint):
         tg: anyio.abc.TaskGroup,
         on_change: Callable[[RemoteExecutor, Availability], None],
         hooks: Sequence[CallHook] = (),
-        stall_log: PeerLogLimiter | None = None,
+        stall_watch: StallWatch | None = None,
+        describe: Callable[[], dict[str, Any]] | None = None,
+        *,
+        dials: bool = True,
     ) -> RemoteExecutor:
         """An executor of a fleet: sessions are routed to it by the fleet, which owns the link
-        and the task group; :meth:`aclose` only marks it disposed. ``stall_log`` is shared by
-        the fleet's members, so their stalled-call lines share one budget."""
+        and the task group; :meth:`aclose` only marks it disposed. ``stall_watch`` is shared by
+        the fleet's members (one task, and one budget of stalled-call lines); so is ``describe``
+        (:func:`describer` of ``registry``), as they share the registry. ``dials=False``: the
+        link only listens (a keyring listener), so it never reports a refusal or a failed dial
+        and the member does not listen for them."""
         self = cls.__new__(cls)
         self.limits = limits
         self._own_link = None
         self.link = link
         self._tg = tg
-        self._init_member(executor_id, registry, hooks, stall_log)
-        self._callbacks.append(lambda value: on_change(self, value))
-        link.on_refusal(lambda _error: self._wake())
-        link.on_dial_failed(self._dial_failed)
+        self._init_member(
+            executor_id, registry, hooks, stall_watch, describe or describer(registry)
+        )
+        self._on_change = on_change
+        if dials:
+            link.on_refusal(self._wake)
+            link.on_dial_failed(self._dial_failed)
         return self
 
     def _init_member(
@@ -283,7 +394,8 @@ class RemoteExecutor(Endpoint):
         executor_id: str,
         registry: Registry,
         hooks: Sequence[CallHook],
-        stall_log: PeerLogLimiter | None = None,
+        stall_watch: StallWatch | None,
+        describe: Callable[[], dict[str, Any]],
     ) -> None:
         self.executor_id = executor_id
         # The outcome point of every call through this executor (counters and hooks), shared
@@ -300,7 +412,10 @@ class RemoteExecutor(Endpoint):
         self.errors = 0
         """Of those, how many raised a :class:`~garcon_link.CallError` (a drain's refusal,
         ``NotDispatched("DRAINING")``, is not an error)."""
-        self._callbacks: list[Callable[[Availability], None]] = []
+        # on_availability_changed()'s subscribers (allocated with the first) and the fleet's
+        self._callbacks: list[Callable[[Availability], None]] | None = None
+        self._on_change: Callable[[RemoteExecutor, Availability], None] | None = None
+        self._describe = describe  # what the worker's describe of this controller answers
         self._rpc: ExecutorRpc | None = None
         self._info: ExecutorInfo | None = None
         self._services: Mapping[str, Any] = {}  # the worker's manifest (the current session's)
@@ -314,15 +429,12 @@ class RemoteExecutor(Endpoint):
         """Manifests the worker announced on a running session and this executor applied."""
         self.inventory_dropped = 0
         """Announced manifests dropped: malformed or over ``Limits.max_manifest_bytes``."""
-        self._peer_log = PeerLogLimiter(
-            log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
-        )
-        self._changed = anyio.Event()
+        self._peer_limiter: PeerLogLimiter | None = None  # made by the first line (_peer_log)
+        self._changed: anyio.Event | None = None  # made by the first waiter (_wait_changed)
         self.last_error: str | None = None
         self._draining = False
         # Calls stuck on a session without a socket: one line per executor per log_interval.
-        self._stall_log = stall_log or stalled_call_log(self.limits)
-        self._stall_watched: ExecutorRpc | None = None  # the session a stall watch runs for
+        self._stall_watch = stall_watch or StallWatch(self.limits)
 
     async def __aenter__(self) -> RemoteExecutor:
         await self._start()
@@ -392,8 +504,14 @@ class RemoteExecutor(Endpoint):
         self, callback: Callable[[Availability], None]
     ) -> Callable[[], None]:
         """Call ``callback(new_availability)`` on each transition; returns an unsubscriber."""
+        if self._callbacks is None:
+            self._callbacks = []
         self._callbacks.append(callback)
-        return lambda: self._callbacks.remove(callback) if callback in self._callbacks else None
+        return functools.partial(self._unsubscribe, callback)
+
+    def _unsubscribe(self, callback: Callable[[Availability], None]) -> None:
+        if self._callbacks is not None and callback in self._callbacks:
+            self._callbacks.remove(callback)
 
     def _set_availability(self, value: Availability) -> None:
         if self._availability == value or self._availability == "disposed":
@@ -407,15 +525,19 @@ class RemoteExecutor(Endpoint):
         )
         self._availability = value
         self.since = time.time()
-        self._changed.set()
-        self._changed = anyio.Event()
-        for callback in list(self._callbacks):
-            try:
-                callback(value)
-            except Exception:
-                log.exception(
-                    "availability callback failed", extra=log_fields(executor=self.executor_id)
-                )
+        self._wake()
+        if self._on_change is not None:
+            self._call_back(functools.partial(self._on_change, self), value)
+        for callback in list(self._callbacks or ()):
+            self._call_back(callback, value)
+
+    def _call_back(self, callback: Callable[[Availability], None], value: Availability) -> None:
+        try:
+            callback(value)
+        except Exception:
+            log.exception(
+                "availability callback failed", extra=log_fields(executor=self.executor_id)
+            )
 
     async def wait_ready(
         self, timeout: float | None = None, *, refused_dials: int | None = None
@@ -456,7 +578,7 @@ class RemoteExecutor(Endpoint):
                 unreachable = self._unreachable(refused_dials)
                 if unreachable is not None:
                     raise unreachable
-                await self._changed.wait()
+                await self._wait_changed()
             return
         raise TimeoutError(
             f"executor {self.executor_id!r} not ready within {timeout:g}s: {self._why_not_ready()}"
@@ -490,16 +612,24 @@ class RemoteExecutor(Endpoint):
     def _refusal(self) -> HandshakeError | None:
         return self.link.refusal
 
-    def _wake(self) -> None:
-        """Wake every waiter on ``_changed`` (availability or a refusal)."""
-        self._changed.set()
-        self._changed = anyio.Event()
+    def _wake(self, _refusal: object = None) -> None:
+        """Wake every waiter on ``_changed`` (availability or a refusal: the link's
+        ``on_refusal`` listener)."""
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+    async def _wait_changed(self) -> None:
+        """Until the next :meth:`_wake` (the event is made by the first waiter)."""
+        if self._changed is None:
+            self._changed = anyio.Event()
+        await self._changed.wait()
 
     async def _rpc_for_call(self, dispatch_deadline: float) -> ExecutorRpc:
         if self._availability == "reconnecting" and dispatch_deadline > 0 and not self._draining:
             with anyio.move_on_after(dispatch_deadline):
                 while self._availability == "reconnecting":
-                    await self._changed.wait()
+                    await self._wait_changed()
         if self._draining and self._availability != "disposed":
             raise NotDispatched("DRAINING", "the executor is closing: new calls are refused")
         rpc = self._rpc
@@ -517,21 +647,22 @@ class RemoteExecutor(Endpoint):
     # -- sessions
 
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
-        rpc = ExecutorRpc(
+        session = _Session(self, transport)
+        rpc = session.rpc = ExecutorRpc(
             transport,
             self._registry,
             self.limits,
-            describe=self._describe_self,
+            describe=self._describe,
             peer="worker",
             observer=self._observer,
-            on_peer_draining=lambda: self._peer_draining(transport),
+            on_peer_draining=session.peer_draining,
         )
+        rpc.on_inventory(session.inventory)
+        self._totals.sessions += 1
         assert self._tg is not None
-        self._tg.start_soon(self._session_task, transport, rpc)
-
-    def _describe_self(self) -> dict[str, Any]:
-        manifest = self._registry.manifest()
-        return {"services": manifest, "contract": contract_hash(manifest)}
+        self._tg.start_soon(rpc.run)
+        transport.add_listener(session)
+        session(transport.state)
 
     def statistics(self) -> ExecutorStatistics:
         """A snapshot of this executor's calls, sessions and link (:class:`ExecutorStatistics`)."""
@@ -539,30 +670,36 @@ class RemoteExecutor(Endpoint):
             self.executor_id, self._observer, self.link.statistics(), self._rpc
         )
 
-    async def _session_task(self, transport: SessionTransport, rpc: ExecutorRpc) -> None:
-        self._totals.sessions += 1
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(rpc.run)
-            if (
-                await _wait_state(transport, TransportState.READY, TransportState.RETIRED)
-                is TransportState.READY
-            ):
-                await self._install(transport, rpc)
-            await _wait_state(transport, TransportState.RETIRED)
-            self._totals.ended(transport)  # (and self._rpc is no longer it: no double count)
+    def _session_state(self, session: _Session, state: TransportState) -> None:
+        """Follow one session's transport (its state listener, :class:`_Session`): install it
+        once first ready, make its states the executor's while it is the installed one, count
+        it and go ``offline`` when it is retired."""
+        rpc = session.rpc
+        if session.stall_watched and state in (TransportState.READY, TransportState.RETIRED):
+            session.stall_watched = False  # its StallWatch entry is void
+            session.settled += 1
+        if state is TransportState.RETIRED:
+            if session.stage is not _Stage.RETIRED:
+                session.stage = _Stage.RETIRED
+                self._totals.ended(session.transport)  # once (self._rpc is no longer it)
             if self._rpc is rpc:
                 self._rpc = None
                 self._set_availability("offline")
+        elif session.stage is _Stage.NEW:
+            if state is TransportState.READY and self._tg is not None:
+                session.stage = _Stage.INSTALLING
+                self._tg.start_soon(self._install, session)
+        elif session.stage is _Stage.INSTALLED and self._rpc is rpc:
+            if state is TransportState.READY:
+                self._set_availability("draining" if rpc.peer_draining else "ready")
+            elif state in (TransportState.DETACHED, TransportState.REPLAYING):
+                self._set_availability("reconnecting")
+                self._watch_stall(session)
 
-    async def _install(self, transport: SessionTransport, rpc: ExecutorRpc) -> None:
-        # An announcement may arrive while describe is answered: keep the newest (they come in
-        # order) and apply it once installed, if it is newer than what describe said.
-        early: list[list[Any]] = []
-
-        def hold(args: list[Any]) -> None:
-            early[:] = [args]
-
-        rpc.on_inventory(hold)
+    async def _install(self, session: _Session) -> None:
+        # An announcement may arrive while describe is answered: the session keeps the newest
+        # (they come in order), applied once installed if it is newer than what describe said.
+        transport, rpc = session.transport, session.rpc
         try:
             manifest = await rpc.describe_peer(timeout=self.limits.call_timeout)
             encoded = manifest_bytes(manifest["services"], self.limits.max_manifest_bytes)
@@ -589,26 +726,17 @@ class RemoteExecutor(Endpoint):
         # describe says which announcement its manifest includes (-1: an older worker)
         sequence = manifest.get("inventory")
         self._inventory_seq = sequence if type(sequence) is int else -1
-        rpc.on_inventory(lambda args: self._on_inventory(rpc, args))
         rpc.peer_instance_id = info.instance_id
         rpc.peer_worker_instance_id = info.worker_instance_id
         rpc.peer_state_id = info.state_id
         self._rpc = rpc
-        for args in early:
-            self._on_inventory(rpc, args)
+        if session.stage is _Stage.INSTALLING:
+            session.stage = _Stage.INSTALLED
+        early, session.early = session.early, None
+        if early is not None:
+            self._on_inventory(rpc, early)
         self.last_error = None
-
-        def follow(state: TransportState) -> None:
-            if self._rpc is not rpc:
-                return
-            if state is TransportState.READY:
-                self._set_availability("draining" if rpc.peer_draining else "ready")
-            elif state in (TransportState.DETACHED, TransportState.REPLAYING):
-                self._set_availability("reconnecting")
-                self._watch_stall(transport, rpc)
-
-        transport.add_listener(follow)
-        follow(transport.state)
+        self._session_state(session, transport.state)
 
     def _peer_draining(self, transport: SessionTransport) -> None:
         """The worker's goodbye arrived on ``transport`` (once per session): ``draining``, if
@@ -648,7 +776,7 @@ class RemoteExecutor(Endpoint):
                 problem = str(exc)
         if problem is not None:
             self.inventory_dropped += 1
-            self._peer_log.log(
+            self._peer_log().log(
                 self.executor_id,
                 "inventory",
                 "executor %s: dropping an announced manifest: %s",
@@ -672,6 +800,15 @@ class RemoteExecutor(Endpoint):
             shared,
         )
 
+    def _peer_log(self) -> PeerLogLimiter:
+        """The rate limit of this executor's lines about what the worker sent (made once
+        needed: most executors never write one)."""
+        if self._peer_limiter is None:
+            self._peer_limiter = PeerLogLimiter(
+                log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
+            )
+        return self._peer_limiter
+
     def _log_changes(self, before: Described, after: Described, session: bytes | None) -> None:
         """One line naming what changed in the worker's manifest (bounded, rate-limited)."""
         changed, uncompared = _changes(before, after)
@@ -691,7 +828,7 @@ class RemoteExecutor(Endpoint):
         )
         hidden = len(changed) - min(len(changed), _CHANGES_SHOWN) + uncompared
         more = f"; and {hidden} more" if hidden else ""
-        self._peer_log.log(
+        self._peer_log().log(
             self.executor_id,
             "contract changed",
             "executor %s: the worker's contract changed (%s): %s%s",
@@ -703,32 +840,27 @@ class RemoteExecutor(Endpoint):
             level=logging.INFO if additive and not uncompared else logging.WARNING,
         )
 
-    def _watch_stall(self, transport: SessionTransport, rpc: ExecutorRpc) -> None:
-        """Start the stall watch of a session that lost its socket (one per session at a time)."""
-        if self._stall_watched is rpc or self._tg is None:
+    def _watch_stall(self, session: _Session) -> None:
+        """Put a session that lost its socket in the stall watch (once until it is ready again)."""
+        if session.stall_watched or self._tg is None:
             return
-        self._stall_watched = rpc
-        self._tg.start_soon(self._report_stall, transport, rpc)
+        session.stall_watched = True
+        self._stall_watch.watch(self._tg, session)
 
-    async def _report_stall(self, transport: SessionTransport, rpc: ExecutorRpc) -> None:
+    def _stall_due(self, session: _Session) -> None:
         """Log a WARNING if calls still wait for replies ``Limits.stalled_call_report`` seconds
-        after the session lost its socket, rather than only when its grace ends (a dead worker
-        otherwise keeps its callers waiting without a word)."""
-        after = self.limits.stalled_call_report
-        try:
-            with anyio.move_on_after(after):
-                await _wait_state(transport, TransportState.READY, TransportState.RETIRED)
-                return
-        finally:
-            if self._stall_watched is rpc:
-                self._stall_watched = None
+        after the session lost its socket (and it was not ready since), rather than only when
+        its grace ends (a dead worker otherwise keeps its callers waiting without a word)."""
+        session.stall_watched = False
+        rpc = session.rpc
         pending = rpc.statistics().pending_calls
         if pending == 0 or self._rpc is not rpc:
             return
+        after = self._stall_watch.after
         dial = self.link.last_dial_error
         where = f"last dial: {dial}" if dial is not None else "no new socket yet"
         left = max(0.0, self.limits.detached_grace - after)
-        self._stall_log.log(
+        self._stall_watch.log.log(
             self.executor_id,
             "STALLED",
             "executor %s: %d call(s) waiting for replies; the worker has been unreachable for "
@@ -739,7 +871,7 @@ class RemoteExecutor(Endpoint):
             after,
             where,
             left,
-            extra=log_fields(executor=self.executor_id, session=transport.session_id),
+            extra=log_fields(executor=self.executor_id, session=session.transport.session_id),
         )
 
     def _refuse_session(self, transport: SessionTransport, why: str) -> None:

@@ -289,6 +289,8 @@ class Endpoint:
     (``RemoteExecutor._fleet_member``) shares its fleet's link and task group.
     """
 
+    __slots__ = ("_own_link", "_tg", "limits", "link")
+
     def __init__(self, config: LinkConfig, *, limits: Limits | None = None) -> None:
         self.limits = limits or config.limits
         self._own_link: WebSocketLink | None = link_from_config(config, self.limits)

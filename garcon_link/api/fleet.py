@@ -69,7 +69,7 @@ from ..rpc.rpc import Registry
 from ..settings.config import LinkConfig
 from ..settings.fleet import FleetConfig
 from ..settings.keyring import Keyring, executor_id_problem
-from .controller import Availability, RemoteExecutor, stalled_call_log
+from .controller import Availability, RemoteExecutor, StallWatch, describer
 from .endpoint import link_from_config
 from .registration import ServiceMap, registry_from
 
@@ -238,6 +238,8 @@ class Fleet:
         self._hooks = tuple(hooks)
         self.limits = limits or config.limits
         self._registry: Registry = registry_from(services or {})
+        self._describe = describer(self._registry)  # one for every member's sessions
+        self._on_member_change = self._availability_changed  # one bound method for all members
         self._members: dict[str, RemoteExecutor] = {}
         self._pinned: set[str] = set()
         self._joined: set[str] = set()  # ids that had a session (bounded like the members)
@@ -250,7 +252,7 @@ class Fleet:
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
         self._turn = 0  # pick(): which of equally loaded executors goes first
-        self._stall_log = stalled_call_log(self.limits)  # one budget for all members
+        self._stall_watch = StallWatch(self.limits)  # one task and one budget for all members
         self._build_links()
 
     def _build_links(self) -> None:
@@ -426,9 +428,12 @@ class Fleet:
             self._registry,
             self.limits,
             self._tg,
-            self._availability_changed,
+            self._on_member_change,
             self._hooks,
-            self._stall_log,
+            self._stall_watch,
+            self._describe,
+            # the keyring listener never dials: no refusal or dial failure to hear of
+            dials=not (link is self._listening and isinstance(self.config, FleetConfig)),
         )
         self._members[executor_id] = member
         self._offline_at[executor_id] = anyio.current_time()

@@ -76,6 +76,10 @@ log = logging.getLogger("garcon_link.remote")  # the name users configure (READM
 EventSink = Callable[[str], None]
 
 
+def _no_event(line: str) -> None:
+    """The event sink of a worker given none."""
+
+
 class Worker(Endpoint):
     """The worker side: serves ``services`` to each controller in a session of its own.
 
@@ -126,7 +130,7 @@ class Worker(Endpoint):
         super().__init__(config, limits=limits)
         self.config = config
         self._services = services
-        self._on_event = on_event or (lambda line: None)
+        self._on_event = on_event or _no_event
         if not callable(services):
             # Validate the exposure once, up front, so a bad interface fails at start-up.
             registry_from(services)
@@ -165,12 +169,13 @@ class Worker(Endpoint):
         self._said_stopping = False  # STOPPING=1 is sent once
         # Hot inventory (module docstring): services added or removed while running, applied
         # over ``services`` in every session; the RPCs of the sessions being served; the
-        # sequence number of the latest announcement; RPCs with an announcement due.
+        # sequence number of the latest announcement; RPCs with an announcement due. The
+        # frozensets are replaced when they change (rarely: no set per worker until then).
         self._added: dict[str, Bound] = {}
-        self._removed: set[str] = set()
+        self._removed: frozenset[str] = frozenset()
         self._serving: set[ExecutorRpc] = set()
         self._inventory_seq = 0
-        self._announcing: set[ExecutorRpc] = set()
+        self._announcing: frozenset[ExecutorRpc] = frozenset()
 
     def add_service(self, name: str, service: object) -> None:
         """Serve ``service`` as ``name`` from now on, on every session (replacing a service of
@@ -191,7 +196,7 @@ class Worker(Endpoint):
         bound = registry_from({name: service}, self.worker_scope).get(name)
         assert bound is not None
         self._added[name] = bound
-        self._removed.discard(name)
+        self._removed -= {name}
         for rpc in self._serving:
             rpc.registry.add(name, bound.target, bound.spec, scope=bound.scope)
         self._announce()
@@ -210,7 +215,7 @@ class Worker(Endpoint):
         self._added.pop(name, None)
         for rpc in self._serving:
             rpc.registry.remove(name)
-        self._removed.add(name)
+        self._removed |= {name}
         if served:
             self._announce()
         return served
@@ -228,12 +233,13 @@ class Worker(Endpoint):
         announcement due per session, which sends the manifest as it is when it goes)."""
         if self._tg is None:
             return  # not started: each session's describe will say it
-        for rpc in self._serving - self._announcing:
-            self._announcing.add(rpc)
+        due = self._serving - self._announcing
+        self._announcing |= due
+        for rpc in due:
             self._tg.start_soon(self._send_inventory, rpc)
 
     async def _send_inventory(self, rpc: ExecutorRpc) -> None:
-        self._announcing.discard(rpc)
+        self._announcing -= {rpc}
         if rpc.retired:
             return
         self._inventory_seq += 1
@@ -508,6 +514,25 @@ class Worker(Endpoint):
         :meth:`controllers` has every controller's."""
         return self._rpcs[-1] if self._rpcs else None
 
+    def _describe(self, registry: Registry, scope: ServiceScope) -> dict[str, Any]:
+        """What a session's ``describe`` answers: its registry as it is now (hot inventory)."""
+        manifest = registry.manifest()
+        return {
+            "executor_id": self.config.executor_id,
+            "instance_id": scope.instance_id,
+            "worker_instance_id": self.worker_scope.instance_id,
+            "services": manifest,
+            "contract": contract_hash(manifest),
+            # The latest announcement sent before this answer: the controller ignores an
+            # announcement not newer (its manifest is in this one already).
+            "inventory": self._inventory_seq,
+            # documentation, not contract
+            "types": registry_type_descriptions(registry, self.limits),
+            # With a state directory: its id, so a keyed caller knows a restarted worker
+            # process still holds its keys (garcon_link.api.keyed).
+            **({"state_id": self._state.state_id} if self._state is not None else {}),
+        }
+
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
         scope = self.worker_scope.session_scope(os.urandom(16))
         assert self._tg is not None
@@ -522,30 +547,12 @@ class Worker(Endpoint):
     def _make_rpc(
         self, transport: SessionTransport, registry: Registry, scope: ServiceScope
     ) -> ExecutorRpc:
-        def describe() -> dict[str, Any]:
-            manifest = registry.manifest()  # as it is now (hot inventory)
-            return {
-                "executor_id": self.config.executor_id,
-                "instance_id": scope.instance_id,
-                "worker_instance_id": self.worker_scope.instance_id,
-                "services": manifest,
-                "contract": contract_hash(manifest),
-                # The latest announcement sent before this answer: the controller ignores an
-                # announcement not newer (its manifest is in this one already).
-                "inventory": self._inventory_seq,
-                # documentation, not contract
-                "types": registry_type_descriptions(registry, self.limits),
-                # With a state directory: its id, so a keyed caller knows a restarted worker
-                # process still holds its keys (garcon_link.api.keyed).
-                **({"state_id": self._state.state_id} if self._state is not None else {}),
-            }
-
         rpc = ExecutorRpc(
             transport,
             registry,
             self.limits,
             scope=scope,
-            describe=describe,
+            describe=_Describe(self, registry, scope),
             peer="controller",
             idempotency=self._keyed,
             observer=self._observer,
@@ -586,28 +593,25 @@ class Worker(Endpoint):
     ) -> None:
         self.sessions += 1
         self._totals.sessions += 1
-
-        def announce(state: TransportState) -> None:
-            if state is TransportState.READY and not announced:
-                announced.append(True)
-                self._on_event(
-                    f"executor-ready executor={self.config.executor_id} "
-                    f"session={transport.session_id.hex()} instance={scope.instance_id.hex()} "
-                    "resumed=false"
-                )
-
-        announced: list[bool] = []
-        unsubscribe = transport.add_listener(announce)
-        announce(transport.state)
+        announcer = _Announcer(self, transport, scope)
+        announcer.unsubscribe = transport.add_listener(announcer)
+        announcer(transport.state)
         self._serving.add(rpc)
         self._rpcs.append(rpc)
         try:
             await rpc.run()
         finally:
             self._serving.discard(rpc)
-            unsubscribe()
+            announcer.stop()
             self._totals.ended(transport)
             self._rpcs.remove(rpc)
+
+    def _announce_ready(self, transport: SessionTransport, scope: ServiceScope) -> None:
+        self._on_event(
+            f"executor-ready executor={self.config.executor_id} "
+            f"session={transport.session_id.hex()} instance={scope.instance_id.hex()} "
+            "resumed=false"
+        )
 
     async def _close_scope(self, stack: contextlib.AsyncExitStack, scope: ServiceScope) -> None:
         with anyio.move_on_after(self.limits.scope_cleanup_timeout, shield=True) as cleanup:
@@ -626,6 +630,46 @@ class Worker(Endpoint):
                 self.limits.scope_cleanup_timeout,
                 extra=log_fields(executor=scope.executor_id),
             )
+
+
+class _Describe:
+    """A session's ``describe`` callback (:meth:`Worker._describe`), without a closure."""
+
+    __slots__ = ("registry", "scope", "worker")
+
+    def __init__(self, worker: Worker, registry: Registry, scope: ServiceScope) -> None:
+        self.worker = worker
+        self.registry = registry
+        self.scope = scope
+
+    def __call__(self) -> dict[str, Any]:
+        return self.worker._describe(self.registry, self.scope)
+
+
+class _Announcer:
+    """A session's state listener until it is first ready, when it writes the
+    ``executor-ready`` event and unsubscribes: an idle session keeps only this object, emptied."""
+
+    __slots__ = ("scope", "transport", "unsubscribe", "worker")
+
+    def __init__(self, worker: Worker, transport: SessionTransport, scope: ServiceScope) -> None:
+        self.worker: Worker | None = worker
+        self.transport = transport
+        self.scope: ServiceScope | None = scope
+        self.unsubscribe: Callable[[], None] | None = None
+
+    def __call__(self, state: TransportState) -> None:
+        worker, scope = self.worker, self.scope
+        if state is TransportState.READY and worker is not None and scope is not None:
+            self.stop()
+            worker._announce_ready(self.transport, scope)
+
+    def stop(self) -> None:
+        """No announcement from now on (idempotent)."""
+        self.worker = self.scope = None
+        unsubscribe, self.unsubscribe = self.unsubscribe, None
+        if unsubscribe is not None:
+            unsubscribe()
 
 
 async def serve(
