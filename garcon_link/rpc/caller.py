@@ -127,8 +127,10 @@ class Caller:
         # The running asyncio loop (asyncio's calls wait on a future and a timer, not on a cancel
         # scope and an event), None on another backend; False until the first call looks.
         self._loop: asyncio.AbstractEventLoop | bool | None = False
-        # The forwards' deadlines (forward()), made with the first forward.
+        # The forwards' deadlines (forward()), made with the first forward; the deadlines of
+        # calls waiting on asyncio, made with the first one.
         self._deadlines: _Deadlines | None = None
+        self._call_deadlines: _Deadlines | None = None
 
     @property
     def pending(self) -> int:
@@ -151,6 +153,8 @@ class Caller:
         self._pending.clear()
         if self._deadlines is not None:
             self._deadlines.clear()
+        if self._call_deadlines is not None:
+            self._call_deadlines.clear()
 
     def _check_open(self) -> None:
         if self._retired is not None:
@@ -493,11 +497,15 @@ class Caller:
         resolving it at the deadline (the call is then still pending: the timeout path). The
         same outcomes as the cancel scope, without one (this is on every call's path)."""
         waiter = pending.waiter = loop.create_future()
-        timer = (
-            None
-            if timeout is None or timeout == math.inf
-            else loop.call_later(timeout, _expire, waiter)
-        )
+        timer = None
+        if timeout is not None and timeout != math.inf:
+            # On the session's one queue of call deadlines (calls of one timeout come in
+            # deadline order), else on a timer of its own.
+            deadlines = self._call_deadlines
+            if deadlines is None:
+                deadlines = self._call_deadlines = _Deadlines(loop, self._pending)
+            if not deadlines.add(pending, loop.time() + timeout):
+                timer = loop.call_later(timeout, _expire, waiter)
         try:
             await waiter
         except BaseException:
@@ -505,6 +513,7 @@ class Caller:
                 self._abandon(pending)
             raise
         finally:
+            pending.armed = False
             if timer is not None:
                 timer.cancel()
         if not pending.ended:
