@@ -467,7 +467,33 @@ class Caller:
             loop = self._loop = asyncio.get_running_loop() if on_asyncio() else None
         if loop is not None and self._issue_nowait(pending, body):
             assert isinstance(loop, asyncio.AbstractEventLoop)
-            return await self._wait_on_asyncio(loop, pending, timeout, local)
+            # Issued at once on asyncio (every call's path, so here and not in a coroutine of
+            # its own): wait on a future its reply resolves, and on a deadline resolving it
+            # (the call is then still pending: the timeout path). The same outcomes as the
+            # cancel scope below, without one.
+            waiter = pending.waiter = loop.create_future()
+            timer = None
+            if timeout is not None and timeout != math.inf:
+                # On the session's one queue of call deadlines (calls of one timeout come in
+                # deadline order), else on a timer of its own.
+                deadlines = self._call_deadlines
+                if deadlines is None:
+                    deadlines = self._call_deadlines = _Deadlines(loop, self._pending)
+                if not deadlines.add(pending, loop.time() + timeout):
+                    timer = loop.call_later(timeout, _expire, waiter)
+            try:
+                await waiter
+            except BaseException:
+                if not pending.ended:
+                    self._abandon(pending)
+                raise
+            finally:
+                pending.armed = False
+                if timer is not None:
+                    timer.cancel()
+            if not pending.ended:
+                await self._cancel_after_timeout(pending, timeout)
+            return self._outcome(pending, local)
         # A bare cancel scope with a deadline: what fail_after does, without its generator-based
         # context manager.
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
@@ -483,40 +509,6 @@ class Caller:
             if pending.ordinal is None:
                 self._abandon(pending)
                 raise NotDispatched("TIMEOUT", f"not issued within {timeout}s")
-            await self._cancel_after_timeout(pending, timeout)
-        return self._outcome(pending, local)
-
-    async def _wait_on_asyncio(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        pending: _Pending,
-        timeout: float | None,
-        local: bool = True,
-    ) -> Any:
-        """Wait for an issued call's end on asyncio: a future its reply resolves, and a timer
-        resolving it at the deadline (the call is then still pending: the timeout path). The
-        same outcomes as the cancel scope, without one (this is on every call's path)."""
-        waiter = pending.waiter = loop.create_future()
-        timer = None
-        if timeout is not None and timeout != math.inf:
-            # On the session's one queue of call deadlines (calls of one timeout come in
-            # deadline order), else on a timer of its own.
-            deadlines = self._call_deadlines
-            if deadlines is None:
-                deadlines = self._call_deadlines = _Deadlines(loop, self._pending)
-            if not deadlines.add(pending, loop.time() + timeout):
-                timer = loop.call_later(timeout, _expire, waiter)
-        try:
-            await waiter
-        except BaseException:
-            if not pending.ended:
-                self._abandon(pending)
-            raise
-        finally:
-            pending.armed = False
-            if timer is not None:
-                timer.cancel()
-        if not pending.ended:
             await self._cancel_after_timeout(pending, timeout)
         return self._outcome(pending, local)
 
