@@ -382,12 +382,17 @@ class Dispatcher:
         self._handlers.start_keyed(call_id, keyed, decision)
 
     def _check_scope(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
-        if self.scope is None:
+        scope = self.scope
+        if scope is None:
             return
-        for value in (*args, *kwargs.values()):
+        for value in args:
             # The session's references or its worker's (worker-scoped services).
-            if isinstance(value, ResourceRef) and not self.scope.admits(value):
-                self.scope.check(value)  # raises StaleResource
+            if isinstance(value, ResourceRef) and not scope.admits(value):
+                scope.check(value)  # raises StaleResource
+        if kwargs:
+            for value in kwargs.values():
+                if isinstance(value, ResourceRef) and not scope.admits(value):
+                    scope.check(value)
 
     def on_notify(self, envelope: Notify) -> None:
         service, method, args, kwargs = (

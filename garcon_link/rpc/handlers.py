@@ -190,8 +190,19 @@ class Handlers:
     ) -> None:
         """Where handlers run from now on: ``tg`` (trio, notifications), ``loop`` (asyncio call
         handlers as plain tasks), each in a copy of ``context``."""
-        self.tg, self.loop, self._context = tg, loop, context
+        self.tg, self.loop = tg, loop
+        # The asyncio call handlers' tasks copy this one, where the session and its service
+        # scope are already set (run() sets them in every other handler's own context).
+        self._context = context.copy()
+        self._context.run(self._enter_session)
         self.new_scope = cancel_scope_factory()
+
+    def _enter_session(self) -> None:
+        """Set, in the current context, what a handler of this session sees: ``current_rpc()``
+        and ``current_scope()``."""
+        current_session.set(self._session)
+        if self.scope is not None:
+            _current.set(self.scope)
 
     def retire(self) -> None:
         """Cancel every running handler and held call (idempotent)."""
@@ -410,15 +421,15 @@ class Handlers:
         propagates), else ``None``. A keyed execution is observed once, not per repeat of its
         key; the internal ``describe`` is no application call: neither hooked nor counted.
         """
-        current_session.set(self._session)
-        if self.scope is not None:
-            _current.set(self.scope)
+        if (policy is not UNARY and policy is not STREAM) or self.loop is None:
+            # (an asyncio call handler's task inherits them: attach)
+            self._enter_session()
         # A handler's own task and context (a keyed execution's task is the worker's: reset).
         token = _current_metadata.set(metadata) if metadata else None
         observer = self.observer if policy is not UNARY or service != INTERNAL_SERVICE else None
         observed = (
             observer.server_started(service, spec, metadata, "notify" if policy is NOTIFY else None)
-            if observer
+            if observer is not None and observer.hooks
             else None
         )
         error: CallError | None = None
