@@ -172,11 +172,12 @@ class Caller:
         key: bytes | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> tuple[_Pending | None, bytes | Spliced]:
-        self._check_open()
+        if self._retired is not None or self.transport.failure is not None:
+            self._check_open()
         try:
             pos, kw = spec.bind(args, kwargs)
             wire_args = to_wire(pos, with_defaults=spec.args_with_defaults)
-            wire_kwargs = to_wire(kw, with_defaults=spec.args_with_defaults)
+            wire_kwargs = to_wire(kw, with_defaults=spec.args_with_defaults) if kw else {}
         except TypeError as exc:  # not a call of this method, or values that cannot be sent
             raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
         try:
@@ -185,7 +186,8 @@ class Caller:
             # The worker's own check would refuse these values: the same verdict, given
             # before sending (as a contract refusal is).
             raise Rejected("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
-        self._check_resources(pos, kw)
+        if self.peer_instance_id is not None:
+            self._check_resources(pos, kw)
         if spec.kind is MethodKind.ONEWAY:
             notify = Notify(service, spec.name, wire_args, wire_kwargs, metadata)
             if not (
@@ -239,9 +241,13 @@ class Caller:
         if instance is None:
             return
         valid = (instance, self.peer_worker_instance_id)
-        for value in (*args, *kwargs.values()):
+        for value in args:
             if isinstance(value, ResourceRef) and value.instance_id not in valid:
                 raise StaleResource(message=f"{value!r} belongs to a replaced session")
+        if kwargs:
+            for value in kwargs.values():
+                if isinstance(value, ResourceRef) and value.instance_id not in valid:
+                    raise StaleResource(message=f"{value!r} belongs to a replaced session")
 
     async def _send_request(
         self, body: bytes | Spliced, renumber: Callable[[bytes], tuple[bytes, int]] | None = None
