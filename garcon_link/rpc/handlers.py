@@ -22,6 +22,7 @@ import contextvars
 import enum
 import logging
 import sys
+import types
 from asyncio.tasks import _enter_task, _leave_task
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sized
@@ -74,6 +75,8 @@ from .resources import ServiceScope, _current
 from .splice import SPLICE_BYTES, Spliced
 
 __all__ = ["Handlers", "Incoming", "ReplyPolicy", "current_session"]
+
+_NO_EXTRA: Mapping[str, Any] = types.MappingProxyType({})
 
 # The session a handler runs in (the coordinator, ``rpc.ExecutorRpc``): ``rpc.current_rpc``.
 current_session: contextvars.ContextVar[Any] = contextvars.ContextVar("garcon_link_rpc")
@@ -433,7 +436,7 @@ class Handlers:
             else None
         )
         error: CallError | None = None
-        extra: dict[str, Any] = {}
+        extra: Mapping[str, Any] = _NO_EXTRA
         cancelled = False
         reply = False  # whether ``error`` is still to be sent (UNARY and STREAM)
         body = b""
@@ -470,8 +473,15 @@ class Handlers:
                                 error = RemoteError("UNENCODABLE_RESULT", str(exc))
                                 extra, reply = TYPE_ERROR, True
                             else:
-                                # A result, or the error that replaced it, is sent.
-                                error = await self.send_reply(call_id, reply_body)
+                                # A result, or the error that replaced it, is sent: at once
+                                # when the session admits it (no coroutine), else by
+                                # send_reply (which also handles what send_nowait raised).
+                                try:
+                                    sent = self._chunks.send_nowait(reply_body) is not None
+                                except (PayloadTooLarge, SessionFailed):
+                                    sent = False
+                                if not sent:
+                                    error = await self.send_reply(call_id, reply_body)
                     if incoming.scope.cancelled_caught:
                         # Interrupted (by the caller's cancel; by retirement nothing can be
                         # sent): a receipt tells the caller it ran, perhaps partly.
