@@ -427,12 +427,15 @@ def decode(item: object) -> Envelope:
         raise BadEnvelope(None, "not [kind, ...]")
     kind, n = item[0], len(item)
     named = item[1] if n > 1 and type(item[1]) is int else None
-    # The kinds of the hot paths first (a stream item, a result), then the rest.
-    if n == 3 and named is not None:
-        if kind == ITEM:
-            return Item(named, item[2])
-        if kind == RESULT:
-            return Result(named, item[2])
+    # The kinds of the hot paths first (a stream item, a result, a call), then the rest.
+    if named is not None:
+        if n == 3:
+            if kind == ITEM:
+                return Item(named, item[2])
+            if kind == RESULT:
+                return Result(named, item[2])
+        elif kind == CALL and 8 <= n <= MAX_ARITY:
+            return Call(named, *item[2:])
     match kind:
         case 1 if n == 3 and named is not None:
             return Result(named, item[2])
