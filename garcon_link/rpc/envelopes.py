@@ -271,7 +271,7 @@ def encode_call(
     """``encode(Call(...))`` without building the ``Call``; with ``splice``, byte strings of
     at least that many bytes among the arguments are spliced in, not copied
     (:func:`~garcon_link.rpc.splice.encode_envelope`)."""
-    if splice and (holds_large(args, splice, 2) or holds_large(kwargs, splice, 2)):
+    if splice and (holds_large(args, splice, 2) or (kwargs and holds_large(kwargs, splice, 2))):
         envelope = [CALL, call_id, service, method, args, kwargs, credit_items, credit_bytes]
         if metadata:
             envelope += (key, metadata)
