@@ -127,8 +127,10 @@ class Caller:
         # The running asyncio loop (asyncio's calls wait on a future and a timer, not on a cancel
         # scope and an event), None on another backend; False until the first call looks.
         self._loop: asyncio.AbstractEventLoop | bool | None = False
-        # The forwards' deadlines (forward()), made with the first forward.
+        # The forwards' deadlines (forward()), made with the first forward; the deadlines of
+        # calls waiting on asyncio, made with the first one.
         self._deadlines: _Deadlines | None = None
+        self._call_deadlines: _Deadlines | None = None
 
     @property
     def pending(self) -> int:
@@ -151,6 +153,8 @@ class Caller:
         self._pending.clear()
         if self._deadlines is not None:
             self._deadlines.clear()
+        if self._call_deadlines is not None:
+            self._call_deadlines.clear()
 
     def _check_open(self) -> None:
         if self._retired is not None:
@@ -168,11 +172,12 @@ class Caller:
         key: bytes | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> tuple[_Pending | None, bytes | Spliced]:
-        self._check_open()
+        if self._retired is not None or self.transport.failure is not None:
+            self._check_open()
         try:
             pos, kw = spec.bind(args, kwargs)
             wire_args = to_wire(pos, with_defaults=spec.args_with_defaults)
-            wire_kwargs = to_wire(kw, with_defaults=spec.args_with_defaults)
+            wire_kwargs = to_wire(kw, with_defaults=spec.args_with_defaults) if kw else {}
         except TypeError as exc:  # not a call of this method, or values that cannot be sent
             raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
         try:
@@ -181,7 +186,8 @@ class Caller:
             # The worker's own check would refuse these values: the same verdict, given
             # before sending (as a contract refusal is).
             raise Rejected("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
-        self._check_resources(pos, kw)
+        if self.peer_instance_id is not None:
+            self._check_resources(pos, kw)
         if spec.kind is MethodKind.ONEWAY:
             notify = Notify(service, spec.name, wire_args, wire_kwargs, metadata)
             if not (
@@ -235,9 +241,13 @@ class Caller:
         if instance is None:
             return
         valid = (instance, self.peer_worker_instance_id)
-        for value in (*args, *kwargs.values()):
+        for value in args:
             if isinstance(value, ResourceRef) and value.instance_id not in valid:
                 raise StaleResource(message=f"{value!r} belongs to a replaced session")
+        if kwargs:
+            for value in kwargs.values():
+                if isinstance(value, ResourceRef) and value.instance_id not in valid:
+                    raise StaleResource(message=f"{value!r} belongs to a replaced session")
 
     async def _send_request(
         self, body: bytes | Spliced, renumber: Callable[[bytes], tuple[bytes, int]] | None = None
@@ -463,7 +473,33 @@ class Caller:
             loop = self._loop = asyncio.get_running_loop() if on_asyncio() else None
         if loop is not None and self._issue_nowait(pending, body):
             assert isinstance(loop, asyncio.AbstractEventLoop)
-            return await self._wait_on_asyncio(loop, pending, timeout, local)
+            # Issued at once on asyncio (every call's path, so here and not in a coroutine of
+            # its own): wait on a future its reply resolves, and on a deadline resolving it
+            # (the call is then still pending: the timeout path). The same outcomes as the
+            # cancel scope below, without one.
+            waiter = pending.waiter = loop.create_future()
+            timer = None
+            if timeout is not None and timeout != math.inf:
+                # On the session's one queue of call deadlines (calls of one timeout come in
+                # deadline order), else on a timer of its own.
+                deadlines = self._call_deadlines
+                if deadlines is None:
+                    deadlines = self._call_deadlines = _Deadlines(loop, self._pending)
+                if not deadlines.add(pending, loop.time() + timeout):
+                    timer = loop.call_later(timeout, _expire, waiter)
+            try:
+                await waiter
+            except BaseException:
+                if not pending.ended:
+                    self._abandon(pending)
+                raise
+            finally:
+                pending.armed = False
+                if timer is not None:
+                    timer.cancel()
+            if not pending.ended:
+                await self._cancel_after_timeout(pending, timeout)
+            return self._outcome(pending, local)
         # A bare cancel scope with a deadline: what fail_after does, without its generator-based
         # context manager.
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
@@ -479,35 +515,6 @@ class Caller:
             if pending.ordinal is None:
                 self._abandon(pending)
                 raise NotDispatched("TIMEOUT", f"not issued within {timeout}s")
-            await self._cancel_after_timeout(pending, timeout)
-        return self._outcome(pending, local)
-
-    async def _wait_on_asyncio(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        pending: _Pending,
-        timeout: float | None,
-        local: bool = True,
-    ) -> Any:
-        """Wait for an issued call's end on asyncio: a future its reply resolves, and a timer
-        resolving it at the deadline (the call is then still pending: the timeout path). The
-        same outcomes as the cancel scope, without one (this is on every call's path)."""
-        waiter = pending.waiter = loop.create_future()
-        timer = (
-            None
-            if timeout is None or timeout == math.inf
-            else loop.call_later(timeout, _expire, waiter)
-        )
-        try:
-            await waiter
-        except BaseException:
-            if not pending.ended:
-                self._abandon(pending)
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-        if not pending.ended:
             await self._cancel_after_timeout(pending, timeout)
         return self._outcome(pending, local)
 

@@ -110,6 +110,7 @@ class Dispatcher:
         self._dropped_envelope = dropped
         self._peer_log = peer_log
         self._last_incoming_id = 0
+        self._max_credit = limits.stream_window_items * 4  # a stream's credit is capped here
         # The call id of a call sent in parts, claimed at its first part (claim()), while the
         # reassembled call is dispatched: on_call does not take it for a reuse.
         self.whole_id: int | None = None
@@ -205,15 +206,15 @@ class Dispatcher:
         call_id, service, method = envelope.id, envelope.service, envelope.method
         args, kwargs, key = envelope.args, envelope.kwargs, envelope.key
         credit, credit_bytes = envelope.credit_items, envelope.credit_bytes
-        if call_id <= self._last_incoming_id and call_id != self.whole_id:
+        if call_id > self._last_incoming_id:
+            self._last_incoming_id = call_id
+        elif call_id != self.whole_id:
             self._dropped_envelope(
                 CALL,
                 f"call id {peer_text(call_id)} does not increase "
                 f"(last {peer_text(self._last_incoming_id)})",
             )
             return
-        if call_id > self._last_incoming_id:
-            self._last_incoming_id = call_id
         if self.draining and service != INTERNAL_SERVICE:
             self._refuse(
                 call_id,
@@ -266,7 +267,9 @@ class Dispatcher:
             spec, target = self._resolve(service, method)
             if spec.kind is MethodKind.STREAM and credit == 0:
                 raise Rejected("INVALID_ARGUMENTS", "a stream call needs initial credit")
-            pos, kw = spec.convert_arguments(args, kwargs, mode=_value_mode(metadata))
+            pos, kw = spec.convert_arguments(
+                args, kwargs, mode=_value_mode(metadata) if metadata else "wire"
+            )
             self._check_scope(pos, kw)
         except CallError as exc:
             self._refuse(call_id, exc)
@@ -280,9 +283,7 @@ class Dispatcher:
             )
             return
         handlers = self._handlers
-        incoming = Incoming(
-            min(credit, self.limits.stream_window_items * 4), credit_bytes, handlers.new_scope()
-        )
+        incoming = Incoming(min(credit, self._max_credit), credit_bytes, handlers.new_scope())
         self._incoming[call_id] = incoming
         if len(self._incoming) + handlers.notifications > self.observer.incoming_peak:
             handlers.note_incoming()
@@ -382,12 +383,17 @@ class Dispatcher:
         self._handlers.start_keyed(call_id, keyed, decision)
 
     def _check_scope(self, args: list[Any], kwargs: Mapping[str, Any]) -> None:
-        if self.scope is None:
+        scope = self.scope
+        if scope is None:
             return
-        for value in (*args, *kwargs.values()):
+        for value in args:
             # The session's references or its worker's (worker-scoped services).
-            if isinstance(value, ResourceRef) and not self.scope.admits(value):
-                self.scope.check(value)  # raises StaleResource
+            if isinstance(value, ResourceRef) and not scope.admits(value):
+                scope.check(value)  # raises StaleResource
+        if kwargs:
+            for value in kwargs.values():
+                if isinstance(value, ResourceRef) and not scope.admits(value):
+                    scope.check(value)
 
     def on_notify(self, envelope: Notify) -> None:
         service, method, args, kwargs = (

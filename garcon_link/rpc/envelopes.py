@@ -271,14 +271,48 @@ def encode_call(
     """``encode(Call(...))`` without building the ``Call``; with ``splice``, byte strings of
     at least that many bytes among the arguments are spliced in, not copied
     (:func:`~garcon_link.rpc.splice.encode_envelope`)."""
-    envelope = [CALL, call_id, service, method, args, kwargs, credit_items, credit_bytes]
-    if metadata:
-        envelope += (key, metadata)
-    elif key is not None:
-        envelope.append(key)
-    if splice and (holds_large(args, splice, 2) or holds_large(kwargs, splice, 2)):
+    if splice and (holds_large(args, splice, 2) or (kwargs and holds_large(kwargs, splice, 2))):
+        envelope = [CALL, call_id, service, method, args, kwargs, credit_items, credit_bytes]
+        if metadata:
+            envelope += (key, metadata)
+        elif key is not None:
+            envelope.append(key)
         return encode_envelope(envelope, _CALL_VALUES, splice, 2)
-    return cbor2.dumps(envelope)
+    # Framed by hand around the values (cbor2 pays more for each array it encodes than for
+    # the values in it): the same bytes as cbor2.dumps of the envelope, as each element of
+    # an array is encoded as it would be alone.
+    names = _NAMES.get((service, method))
+    if names is None:
+        names = cbor2.dumps(service) + cbor2.dumps(method)
+        if len(_NAMES) >= _MAX_NAMES:
+            _NAMES.clear()
+        _NAMES[service, method] = names
+    if metadata:
+        arity, tail = b"\x8a\x00", cbor2.dumps(key) + cbor2.dumps(metadata)
+    elif key is not None:
+        arity, tail = b"\x89\x00", cbor2.dumps(key)
+    else:
+        arity, tail = b"\x88\x00", b""
+    return b"".join(
+        (
+            arity,
+            cbor2.dumps(call_id),
+            names,
+            b"\x81" + cbor2.dumps(args[0])
+            if type(args) is list and len(args) == 1
+            else cbor2.dumps(args),
+            b"\xa0" if type(kwargs) is dict and not kwargs else cbor2.dumps(kwargs),
+            b"\x00\x00"
+            if credit_items == 0 and credit_bytes == 0
+            else cbor2.dumps(credit_items) + cbor2.dumps(credit_bytes),
+            tail,
+        )
+    )
+
+
+_NAMES: dict[tuple[str, str], bytes] = {}
+"""The encoded service and method names of the calls made so far (at most ``_MAX_NAMES``)."""
+_MAX_NAMES = 1024
 
 
 def encode_relayed_call(
@@ -340,7 +374,7 @@ def encode_result(call_id: int, value: Any, *, splice: int = 0) -> bytes | Splic
     :func:`encode_call`)."""
     if splice and holds_large(value, splice, 1):
         return encode_envelope([RESULT, call_id, value], _VALUE, splice)
-    return cbor2.dumps([RESULT, call_id, value])
+    return b"".join((b"\x83\x01", cbor2.dumps(call_id), cbor2.dumps(value)))  # as encode_call
 
 
 @overload
@@ -352,7 +386,7 @@ def encode_item(call_id: int, value: Any, *, splice: int = 0) -> bytes | Spliced
     :func:`encode_call`)."""
     if splice and holds_large(value, splice, 1):
         return encode_envelope([ITEM, call_id, value], _VALUE, splice)
-    return cbor2.dumps([ITEM, call_id, value])
+    return b"".join((b"\x83\x05", cbor2.dumps(call_id), cbor2.dumps(value)))  # as encode_call
 
 
 _CALL_VALUES = range(4, 6)  # a call's args and kwargs
@@ -393,12 +427,15 @@ def decode(item: object) -> Envelope:
         raise BadEnvelope(None, "not [kind, ...]")
     kind, n = item[0], len(item)
     named = item[1] if n > 1 and type(item[1]) is int else None
-    # The kinds of the hot paths first (a stream item, a result), then the rest.
-    if n == 3 and named is not None:
-        if kind == ITEM:
-            return Item(named, item[2])
-        if kind == RESULT:
-            return Result(named, item[2])
+    # The kinds of the hot paths first (a stream item, a result, a call), then the rest.
+    if named is not None:
+        if n == 3:
+            if kind == ITEM:
+                return Item(named, item[2])
+            if kind == RESULT:
+                return Result(named, item[2])
+        elif kind == CALL and 8 <= n <= MAX_ARITY:
+            return Call(named, *item[2:])
     match kind:
         case 1 if n == 3 and named is not None:
             return Result(named, item[2])

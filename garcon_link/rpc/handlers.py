@@ -22,6 +22,7 @@ import contextvars
 import enum
 import logging
 import sys
+import types
 from asyncio.tasks import _enter_task, _leave_task
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sized
@@ -74,6 +75,8 @@ from .resources import ServiceScope, _current
 from .splice import SPLICE_BYTES, Spliced
 
 __all__ = ["Handlers", "Incoming", "ReplyPolicy", "current_session"]
+
+_NO_EXTRA: Mapping[str, Any] = types.MappingProxyType({})
 
 # The session a handler runs in (the coordinator, ``rpc.ExecutorRpc``): ``rpc.current_rpc``.
 current_session: contextvars.ContextVar[Any] = contextvars.ContextVar("garcon_link_rpc")
@@ -190,8 +193,19 @@ class Handlers:
     ) -> None:
         """Where handlers run from now on: ``tg`` (trio, notifications), ``loop`` (asyncio call
         handlers as plain tasks), each in a copy of ``context``."""
-        self.tg, self.loop, self._context = tg, loop, context
+        self.tg, self.loop = tg, loop
+        # The asyncio call handlers' tasks copy this one, where the session and its service
+        # scope are already set (run() sets them in every other handler's own context).
+        self._context = context.copy()
+        self._context.run(self._enter_session)
         self.new_scope = cancel_scope_factory()
+
+    def _enter_session(self) -> None:
+        """Set, in the current context, what a handler of this session sees: ``current_rpc()``
+        and ``current_scope()``."""
+        current_session.set(self._session)
+        if self.scope is not None:
+            _current.set(self.scope)
 
     def retire(self) -> None:
         """Cancel every running handler and held call (idempotent)."""
@@ -410,19 +424,19 @@ class Handlers:
         propagates), else ``None``. A keyed execution is observed once, not per repeat of its
         key; the internal ``describe`` is no application call: neither hooked nor counted.
         """
-        current_session.set(self._session)
-        if self.scope is not None:
-            _current.set(self.scope)
+        if (policy is not UNARY and policy is not STREAM) or self.loop is None:
+            # (an asyncio call handler's task inherits them: attach)
+            self._enter_session()
         # A handler's own task and context (a keyed execution's task is the worker's: reset).
         token = _current_metadata.set(metadata) if metadata else None
         observer = self.observer if policy is not UNARY or service != INTERNAL_SERVICE else None
         observed = (
             observer.server_started(service, spec, metadata, "notify" if policy is NOTIFY else None)
-            if observer
+            if observer is not None and observer.hooks
             else None
         )
         error: CallError | None = None
-        extra: dict[str, Any] = {}
+        extra: Mapping[str, Any] = _NO_EXTRA
         cancelled = False
         reply = False  # whether ``error`` is still to be sent (UNARY and STREAM)
         body = b""
@@ -459,8 +473,15 @@ class Handlers:
                                 error = RemoteError("UNENCODABLE_RESULT", str(exc))
                                 extra, reply = TYPE_ERROR, True
                             else:
-                                # A result, or the error that replaced it, is sent.
-                                error = await self.send_reply(call_id, reply_body)
+                                # A result, or the error that replaced it, is sent: at once
+                                # when the session admits it (no coroutine), else by
+                                # send_reply (which also handles what send_nowait raised).
+                                try:
+                                    sent = self._chunks.send_nowait(reply_body) is not None
+                                except (PayloadTooLarge, SessionFailed):
+                                    sent = False
+                                if not sent:
+                                    error = await self.send_reply(call_id, reply_body)
                     if incoming.scope.cancelled_caught:
                         # Interrupted (by the caller's cancel; by retirement nothing can be
                         # sent): a receipt tells the caller it ran, perhaps partly.

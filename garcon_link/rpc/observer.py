@@ -310,6 +310,10 @@ class CallObserver:
         self, observed: Observed | None, error: CallError | None, cancelled: bool
     ) -> None:
         """A handler ended: ``error`` is what its caller is told (``None``: it succeeded)."""
+        if observed is None and error is None and not cancelled:  # (every call's path)
+            counts = self._server
+            counts[_OK] = counts.get(_OK, 0) + 1
+            return
         if error is None:
             outcome: Outcome | None = None
             code = None

@@ -28,6 +28,7 @@ from .splice import Spliced
 
 class _Pending:
     __slots__ = (
+        "armed",
         "ended",
         "error",
         "forward",
@@ -53,6 +54,16 @@ class _Pending:
         self.error: CallError | None = None
         self.receipt: str | None = None  # the ``cancel`` field of the error that ended it
         self.forward: Forward | None = None  # a forwarded call ends by callback, not a wait
+        # Whether its deadline waits in the caller's queue (_Deadlines) on its asyncio waiter.
+        self.armed = False
+
+    def _expire(self) -> None:
+        """Its deadline passed (:class:`_Deadlines`): stop the wait (it is still pending: the
+        caller times it out)."""
+        self.armed = False
+        waiter = self.waiter
+        if isinstance(waiter, asyncio.Future) and not waiter.done():
+            waiter.set_result(None)
 
     def end(self) -> None:
         self.ended = True
@@ -284,34 +295,46 @@ class Forward:
         self.on_end(self)
 
 
-class _Deadlines:
-    """The deadlines of one session's forwards, with one loop timer for all of them (a timer
-    per forward costs a heap push and a cancel on every relayed call).
+class _Deadline(Protocol):
+    """What waits on :class:`_Deadlines`: a :class:`Forward`, or a :class:`_Pending` call
+    waiting on asyncio."""
 
-    Forwards come in the order of their deadlines as long as their timeouts are alike (the
-    relay's default ``call_timeout``): each is appended, and the timer is armed for the first
-    one still waiting. One whose deadline is earlier than the last one's is refused
-    (:meth:`add` returns ``False``) and keeps a timer of its own. A forward that ends, is
+    armed: bool
+
+    def _expire(self) -> None: ...
+
+
+class _Deadlines:
+    """The deadlines of one session's forwards (or of its calls waiting on asyncio), with one
+    loop timer for all of them (a timer per call costs a heap push and a cancel on every call).
+
+    Entries come in the order of their deadlines as long as their timeouts are alike (a
+    facade's or the relay's default timeout): each is appended, and the timer is armed for the
+    first one still waiting. One whose deadline is earlier than the last one's is refused
+    (:meth:`add` returns ``False``) and keeps a timer of its own. An entry that ends, is
     cancelled or abandoned only clears its ``armed`` flag; the entries it leaves are dropped
     from the front as new ones come, and the whole queue is compacted once it holds more than
     twice the session's pending calls (plus :attr:`SLACK`), so it stays within a small multiple
-    of ``max_pending_calls`` whatever the order in which forwards end.
+    of ``max_pending_calls`` whatever the order in which entries end.
     """
 
     SLACK = 64
 
-    __slots__ = ("_loop", "_pending", "_queue", "_timer")
+    __slots__ = ("_loop", "_pending", "_queue", "_timer", "_when")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, pending: Mapping[int, _Pending]) -> None:
         self._loop = loop
         self._pending = pending
-        self._queue: deque[tuple[float, Forward]] = deque()
+        self._queue: deque[tuple[float, _Deadline]] = deque()
         self._timer: asyncio.TimerHandle | None = None
+        self._when = 0.0  # when the timer fires
 
     def __len__(self) -> int:
         return len(self._queue)
 
-    def add(self, forward: Forward, deadline: float) -> bool:
+    def add(self, entry: _Deadline, deadline: float) -> bool:
+        """Queue ``entry`` (and set its ``armed``); ``False`` (not queued) if ``deadline``
+        comes before the last queued one's."""
         queue = self._queue
         while queue and not queue[0][1].armed:
             queue.popleft()
@@ -319,9 +342,16 @@ class _Deadlines:
             return False
         if len(queue) > 2 * len(self._pending) + self.SLACK:
             self._queue = queue = deque(entry for entry in queue if entry[1].armed)
-        queue.append((deadline, forward))
-        if self._timer is None:
-            self._timer = self._loop.call_at(queue[0][0], self._fire)
+        queue.append((deadline, entry))
+        entry.armed = True
+        first = queue[0][0]
+        timer = self._timer
+        if timer is None or first < self._when:
+            # (the timer may be set for entries since dropped, later than the first now)
+            if timer is not None:
+                timer.cancel()
+            self._when = first
+            self._timer = self._loop.call_at(first, self._fire)
         return True
 
     def _fire(self) -> None:
@@ -329,18 +359,19 @@ class _Deadlines:
         queue = self._queue
         now = self._loop.time()
         while queue:
-            deadline, forward = queue[0]
-            if not forward.armed:
+            deadline, entry = queue[0]
+            if not entry.armed:
                 queue.popleft()
             elif deadline <= now:
                 queue.popleft()
-                forward._expire()
+                entry._expire()
             else:
+                self._when = deadline
                 self._timer = self._loop.call_at(deadline, self._fire)
                 return
 
     def clear(self) -> None:
-        """Forget every deadline (the session retired: its forwards have ended)."""
+        """Forget every deadline (the session retired: its calls have ended)."""
         self._queue.clear()
         if self._timer is not None:
             self._timer.cancel()
