@@ -624,8 +624,10 @@ async def hostile_executor(env: Env, stream: bool, replies: Replies) -> None:
 @fuzz("executor")
 @given(attack=executor_attack())
 # Seeds: a result whose value is a lone break, two items, text that is not UTF-8, a tag; items
-# past credit; an item that declares more text than it holds; replies for calls never made.
+# past credit; an item that declares more text than it holds; replies for calls never made;
+# a value nested 64 deep, which a caller reads one level further down, inside its outcome.
 @example(attack=(False, [functools.partial(_raw_value, RESULT, b"\xff")]))
+@example(attack=(False, [functools.partial(_raw_value, RESULT, b"\x81" * 64 + b"\x05")]))
 @example(attack=(False, [functools.partial(_raw_value, RESULT, b"\x05\x05")]))
 @example(attack=(False, [functools.partial(_raw_value, RESULT, b"\x62\xff\xfe")]))
 @example(attack=(False, [functools.partial(_raw_value, RESULT, b"\xc1\x00")]))

@@ -475,6 +475,7 @@ def decode_item(
     plain: bool = True,
     bignums: bool = True,
     splice: tuple[int, Callable[[Any], Any]] | None = None,
+    depth: int = 0,
 ) -> Any:
     """Decode exactly one CBOR item with cbor2, mapping every failure to :class:`MalformedFrame`.
 
@@ -501,6 +502,9 @@ def decode_item(
             ``resolve(the CBORTag)``, which raises ``ValueError`` for one it does not know
             (refused like any tag). The receiver's placeholders for byte strings it filled
             part by part (:mod:`garcon_link.rpc.splice`); ``resolve`` returns plain data.
+        depth: the level at which the item will sit inside the value its reader decodes (a
+            relayed result checked alone, that its caller reads inside an outcome): the plain
+            walk's nesting limit counts from there.
 
     Raises:
         FrameTooLarge: ``len(data) > max_bytes``.
@@ -534,7 +538,7 @@ def decode_item(
     if stream.tell() != len(data):
         raise MalformedFrame(f"{len(data) - stream.tell()} trailing byte(s) after the CBOR item")
     if plain:
-        _check_plain(value, 0, set())
+        _check_plain(value, depth, set())
     return value
 
 

@@ -455,7 +455,8 @@ class Caller:
             return False
         encoded = payload[start:]
         try:
-            decode_item(encoded, self.limits.max_frame_bytes)
+            # A relay passes the value on inside an outcome, ``[1, value]``: one level deeper.
+            decode_item(encoded, self.limits.max_frame_bytes, depth=1)
         except MalformedFrame:
             return False
         del self._pending[call_id]
