@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
@@ -69,6 +70,28 @@ async def test_echo_round_trip_keeps_bytes_in_order_and_exposes_addresses() -> N
             async with anyio.create_task_group() as tg:
                 tg.start_soon(stream.send, payload)
                 assert await receive_exactly(stream, len(payload)) == payload
+
+
+def test_event_loops_in_two_threads_read_their_own_bytes() -> None:
+    # Reads land in a buffer that is reused: one per thread, or two loops reading at once
+    # (each read releases the GIL) would write into each other's bytes.
+    results: list[bool] = []
+
+    async def round_trip() -> None:
+        async with served(echo) as port:
+            stream = await _asyncio_stream.connect("127.0.0.1", port)
+            async with stream:
+                payload = os.urandom(2_000_000)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(stream.send, payload)
+                    results.append(await receive_exactly(stream, len(payload)) == payload)
+
+    threads = [threading.Thread(target=anyio.run, args=(round_trip,)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == [True, True]
 
 
 async def test_receive_joins_queued_chunks_up_to_max_bytes_and_splits_larger_ones() -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
@@ -109,10 +110,37 @@ def on_asyncio() -> bool:
     return asyncio.current_task() is not None
 
 
-class _Protocol(asyncio.Protocol):
-    """Buffers what the transport delivers and wakes the one reader / the one writer."""
+RECEIVE_BUFFER = 256 * 1024
+"""Bytes one socket read may take at most: the size of the buffer reads land in (asyncio's own
+read size)."""
+
+_threads = threading.local()
+
+
+def _receive_buffer() -> memoryview:
+    """This thread's receive buffer: every connection served by this thread's event loop
+    reads into it, each read copied out before the next (:meth:`_Protocol.buffer_updated`)."""
+    view: memoryview | None = getattr(_threads, "receive_buffer", None)
+    if view is None:
+        view = _threads.receive_buffer = memoryview(bytearray(RECEIVE_BUFFER))
+    return view
+
+
+class _Protocol(asyncio.BufferedProtocol):
+    """Buffers what the transport delivers and wakes the one reader / the one writer.
+
+    Reads land in one buffer per thread, reused (:func:`_receive_buffer`), and what each read
+    took is copied out as ``bytes`` at once. asyncio's plain protocols get a fresh ``bytes`` of
+    the full read size per read instead, shrunk to what arrived; while the C allocator serves a
+    block that large by ``mmap`` (as it does in a process that never freed one) that is three
+    system calls per read (``mmap``, ``mremap``, ``munmap``) and fresh pages to fault in. The
+    transport calls :meth:`get_buffer` and :meth:`buffer_updated` in one callback, with nothing
+    in between that could read into the buffer again; a buffer per thread keeps event loops in
+    other threads out of it.
+    """
 
     def __init__(self) -> None:
+        self._buffer = _receive_buffer()
         self.transport: asyncio.Transport | None = None
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
@@ -136,9 +164,15 @@ class _Protocol(asyncio.Protocol):
         # waits for it to take them (anyio's SocketStream does the same).
         self.transport.set_write_buffer_limits(0)
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(self._buffer[:nbytes]))
+
     def data_received(self, data: bytes) -> None:
         if type(data) is not bytes:
-            data = bytes(data)  # some loops deliver a bytearray
+            data = bytes(data)  # a loop that calls this instead delivered a bytearray
         direct = self.direct
         if direct is not None and not self.chunks:
             waiter = self.read_waiter
