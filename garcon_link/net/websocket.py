@@ -127,6 +127,10 @@ class WebSocket:
         self.turns: TurnBudget | None = None
         """The listener's budget of handshake steps per loop turn (None when dialing): the
         handshake asks it before each step."""
+        self._admitted = False  # authenticated() was called
+        self.teardowns: TurnBudget | None = None
+        """The listener's budget of teardowns per loop turn (None when dialing): once
+        authenticated, :meth:`receive_message` asks it before it says the socket ended."""
         self._closed = False
         # Whole small binary frames without wsproto's per-frame work, once authenticated.
         self._fast: FastFrames | None = None
@@ -144,6 +148,7 @@ class WebSocket:
         """The peer is admitted: from now on the session's bounds apply (message size, frame
         rate) instead of the handshake's."""
         self.max_message = self.limits.max_frame_bytes
+        self._admitted = True
         self._fast = FastFrames.of(self.ws)
         self._budget = FrameBudget.full(
             self.limits.frame_rate, self.limits.frame_burst, self._clock()
@@ -326,9 +331,14 @@ class WebSocket:
         self.last_inbound = max(self.last_inbound, now)
         self.reading = True
         try:
-            return await self._receive_message(now)
+            message = await self._receive_message(now)
         finally:
             self.reading = False
+        if message is None and self._admitted and self.teardowns is not None:
+            # The end of an authenticated socket: what it leads to (the session's detach, the
+            # close) waits its turn behind the other lost sockets', beside everyone's traffic.
+            await self.teardowns.step()
+        return message
 
     async def _receive_message(self, now: float) -> bytes | None:
         while True:
