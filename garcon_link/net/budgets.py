@@ -98,7 +98,8 @@ class TurnBudget:
     one step's cost (the mean of the last measurement and the previous estimate), and lets
     through ``seconds_per_turn / cost`` steps, at least one. (A step that awaits something
     before its work is done finishes in a later turn, unmeasured: the budget bounds the part
-    that runs at once.) The clock is a parameter, for tests.
+    that runs at once.) The clock is the thread's CPU time, so that time this process spent
+    preempted by others is not taken for the steps' cost; it is a parameter, for tests.
 
     The handshake line holds the listener's unauthenticated sockets, one step each, so
     ``Limits.max_unauthenticated_sockets`` bounds it (past it the oldest unauthenticated socket
@@ -109,7 +110,10 @@ class TurnBudget:
     long, every step that has is let through at the next turn. In a process starved of CPU the
     turns grow long, and a few steps a turn would otherwise let handshakes outlast their
     deadline (the dialers would give up and redial, and the storm would last longer); the
-    listener passes ``handshake_timeout / 10``.
+    listener passes ``handshake_timeout / 10`` for handshakes. Overdue steps all go at once, so
+    the teardown line, where a long wait costs less (a session looks attached to a lost socket
+    a little longer; a resume of its executor or a failed write ends the wait at once), gets
+    ``handshake_timeout``: a burst of lost sockets is not let through whole after a tenth of it.
 
     Counted in ``stats`` under ``counters``: (steps put off by a turn or more, steps waiting
     now).
@@ -124,7 +128,7 @@ class TurnBudget:
         max_wait: float = math.inf,
         *,
         seconds_per_turn: float = math.inf,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = time.thread_time,
         counters: tuple[str, str] = ("handshake_steps_deferred", "handshake_steps_waiting"),
     ) -> None:
         self._per_turn = per_turn

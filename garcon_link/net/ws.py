@@ -226,7 +226,7 @@ class WebSocketListener:
         self.teardowns = TurnBudget(
             limits.handshake_steps_per_turn,
             stats,
-            max_wait=limits.handshake_timeout / 10,
+            max_wait=limits.handshake_timeout,
             seconds_per_turn=limits.handshake_seconds_per_turn,
             counters=("teardowns_deferred", "teardowns_waiting"),
         )
