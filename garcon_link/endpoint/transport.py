@@ -1216,6 +1216,7 @@ class SessionTransport:
         timed = self._receipt_loop is not None  # a loop timer sends lone receipts: no polling
         quiet_ticks = 0
         ticked = False  # the last wait ended by the poll timer, not by a wake-up
+        written = False  # a message was written on this attachment
         try:
             while True:
                 # A fresh event first (if this one was used): anything issued after this point
@@ -1276,6 +1277,13 @@ class SessionTransport:
                     size += len(packet)
                 await sock.send_message(batch[0] if len(batch) == 1 else b"".join(batch))
                 self._messages_written += 1
+                if not written:
+                    # The attachment's first frames (the replay fence) are out -- and with
+                    # them, on a listener, its proof: the peer can replay from now on, so the
+                    # replay's inactivity clock starts here, not at the attach.
+                    written = True
+                    if not self._replay.done:
+                        self._replay.restart(anyio.current_time())
         finally:
             self._receipt_poll = False
 
