@@ -304,8 +304,11 @@ class WebSocket:
         """True if any inbound frame arrives within ``timeout`` after a ping.
 
         Also True while nobody reads the socket (the reader is held up by a slow consumer): a
-        pong could not be seen then, so there is no evidence against the peer.
+        pong could not be seen then, so there is no evidence against the peer. False once the
+        socket ended (its teardown may still wait its turn).
         """
+        if self._closed:
+            return False
         if not self.reading:
             return True
         event = anyio.Event()
