@@ -33,6 +33,16 @@ What the controller measures, in order
    during that time against their idle p99, and the listener's handshake throughput (its best
    :data:`RATE_WINDOW_S` window, and the average over the storm).
 
+The storm's three children and the controller share this machine's CPUs; in production the
+storming executors run elsewhere. ``--storm-nice`` models that: from the cut on, the cut children
+run at ``nice 19`` (every thread), so they get only the CPU the controller and the spared child
+leave, and the controller's ``max_unauthenticated_sockets`` is raised to the fleet's size: a
+starved child connects but answers its upgrade late, and past the default cap the listener would
+evict it (redials that executors on machines of their own would not cause). The runner runs the
+full controller with it too and reports both figures (see benchmarks/README.md for which one the
+target is judged on). Should the storm still take more connections than resumes, the controller
+says that the model did not hold.
+
 Garbage collection: every phase records each collection (``gc.callbacks``): per generation the
 passes, their pauses (total, longest) and what they collected, with ``gc.get_count()`` and the
 objects the GC tracks before and after (the result's ``gc``). After the idle phase the
@@ -66,6 +76,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import gc
 import itertools
 import json
@@ -418,7 +429,9 @@ async def _workers_main(
         profile_prefix = os.environ.get("GL_FLEET_BENCH_PROFILE")
         profile: Any = None
         while line := await lines.readline():
-            if line.strip() == "cut":
+            if line.split()[:1] == ["cut"]:
+                if line.split()[1:] == ["idle"]:
+                    _run_when_idle()
                 if profile_prefix and profile is None:
                     import cProfile
 
@@ -437,6 +450,22 @@ async def _workers_main(
                 _add_stats(profile, f"{profile_prefix}.worker.prof")
                 profile = None
         os._exit(0)  # stdin closed: the controller is done (no graceful close to wait for)
+
+
+def _threads(pid: int | str = "self") -> list[int]:
+    """The thread ids of process ``pid``."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def _run_when_idle() -> None:
+    """``--storm-nice``, in a cut child: every thread of this process to ``nice 19``, so that it
+    runs on what CPU the controller and the spared child leave (as if on other machines)."""
+    for tid in _threads():
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, 19)
 
 
 # -------------------------------------------------------------------- controller child
@@ -514,9 +543,23 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
         keyring.mkdir(mode=0o700)
         for name in ids:
             write_secret_file(keyring / f"{name}.secret")
-        config = gl.FleetConfig(listen=("127.0.0.1", 0), keyring=keyring, max_executors=n)
+        # --storm-nice: the niced children answer their upgrade late when starved, and past
+        # max_unauthenticated_sockets the listener would evict them (redials that executors on
+        # machines of their own would not cause): the model lets all of them wait.
+        limits = gl.Limits()
+        if args.storm_nice:
+            cap = max(n, limits.max_unauthenticated_sockets)
+            limits = dataclasses.replace(limits, max_unauthenticated_sockets=cap)
+        config = gl.FleetConfig(
+            listen=("127.0.0.1", 0), keyring=keyring, max_executors=n, limits=limits
+        )
         tracker = _Tracker()
-        result: dict[str, Any] = {"workers": n, "processes": processes, "nofile_soft": nofile}
+        result: dict[str, Any] = {
+            "workers": n,
+            "processes": processes,
+            "nofile_soft": nofile,
+            "storm_nice": args.storm_nice,
+        }
         async with (
             gl.Fleet(config, events_buffer=8 * n + 64) as fleet,
             anyio.create_task_group() as tg,
@@ -677,7 +720,7 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                     samples.append((storm_start, before.connections, before.handshakes_completed))
                     for proc in procs[1:]:
                         assert proc.stdin is not None
-                        await proc.stdin.send(b"cut\n")
+                        await proc.stdin.send(b"cut idle\n" if args.storm_nice else b"cut\n")
                     storm.start_soon(call_spared)
                     await tracker.until(all_back, args.limit, "every cut executor ready again")
                     storm_end = time.perf_counter()
@@ -781,6 +824,13 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 f"{result['storm_tail_calls_in_gc']}; the p99 of the others "
                 f"{result['storm_p99_without_gc_ms'] or 0:.2f} ms"
             )
+            if args.storm_nice and result["storm_connections"] > 1.1 * len(cut):
+                # Starved (other load on the machine): redials and evictions, not this model.
+                _progress(
+                    f"--storm-nice: {result['storm_connections']} connections for {len(cut)} "
+                    "resumes: the niced children were starved, the figure does not model the "
+                    "storm (an idle machine is needed)"
+                )
             for proc in procs:
                 proc.kill()
             tg.cancel_scope.cancel()
@@ -1137,6 +1187,7 @@ def _controller(
     loop: str,
     rss_only: bool,
     gc_freeze: bool = False,
+    storm_nice: bool = False,
 ) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(harness.ROOT), env.get("PYTHONPATH")]))
@@ -1159,6 +1210,7 @@ def _controller(
         loop,
         *(["--rss-only"] if rss_only else []),
         *(["--gc-freeze"] if gc_freeze else []),
+        *(["--storm-nice"] if storm_nice else []),
     ]
     try:
         completed = subprocess.run(
@@ -1204,6 +1256,11 @@ def _measure(settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
     # The same with gc.freeze() once the fleet is up (an operator's choice), beside the default.
     frozen = _controller(
         settings, settings.workers, settings.processes, loop, rss_only=False, gc_freeze=True
+    )
+    # The storming executors as if on other machines (their children at nice 19 from the cut on):
+    # the controller's own share of the inflation, beside the figure with all of them on its CPUs.
+    modelled = _controller(
+        settings, settings.workers, settings.processes, loop, rss_only=False, storm_nice=True
     )
     n, n0 = full["workers"], low["workers"]
     slope_kib = (full["rss_idle_bytes"] - low["rss_idle_bytes"]) / (n - n0) / KiB
@@ -1273,6 +1330,17 @@ def _measure(settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
             [],
         ),
         _figure(
+            "storm_p99_factor_storm_nice",
+            f"the same with the storming children at nice 19 from the cut (another run: "
+            f"{modelled['storm_p99_ms']:.2f} ms / idle p99 {modelled['idle_p99_ms']:.2f} ms; all "
+            f"ready in {modelled['storm_recovered_s']:.2f} s, {modelled['storm_connections']:,} "
+            "connections)",
+            "x",
+            modelled["storm_p99_ms"] / modelled["idle_p99_ms"] if modelled["storm_p99_ms"] else inf,
+            STORM_P99_FACTOR_TARGET,
+            [],
+        ),
+        _figure(
             "storm_p99_factor_gc_freeze",
             f"the same with gc.freeze() once the fleet is up (another run: "
             f"{frozen['storm_p99_ms']:.2f} ms / idle p99 {frozen['idle_p99_ms']:.2f} ms)",
@@ -1305,7 +1373,7 @@ def _measure(settings: FleetSettings, loop: str, log: TextIO) -> dict[str, Any]:
         file=log,
         flush=True,
     )
-    return {"figures": figures, "runs": [low, full, frozen]}
+    return {"figures": figures, "runs": [low, full, frozen, modelled]}
 
 
 def storm_gc_ms(result: dict[str, Any]) -> float:
@@ -1361,6 +1429,12 @@ def main(argv: list[str] | None = None) -> None:
         "--gc-freeze",
         action="store_true",
         help="gc.freeze() in every process once the fleet is up (after the idle RSS)",
+    )
+    parser.add_argument(
+        "--storm-nice",
+        action="store_true",
+        help="the cut children run at nice 19 from the cut on: the CPU the controller and the "
+        "spared child leave (as if the storming executors ran on other machines)",
     )
     parser.add_argument("--url", default="")
     parser.add_argument("--keyring", type=Path)

@@ -172,8 +172,18 @@ class Limits:
             "or resume it leads to) a listener runs per event-loop turn, alongside the turn's "
             "authenticated traffic; the others wait for later turns (asyncio), at most a tenth "
             "of handshake_timeout. A reconnect storm then delays established sessions by this "
-            "many steps' work per turn at most.",
+            "many steps' work per turn at most. Lost authenticated sockets' teardowns wait in "
+            "a line of their own, as many per turn.",
             maximum=1024,
+        ),
+    )
+    handshake_seconds_per_turn: float = field(
+        default=0.0005,
+        metadata=_seconds(
+            "Time a listener spends per event-loop turn on handshake steps, and as much on "
+            "teardowns: fewer than handshake_steps_per_turn (at least one) go through when the "
+            "steps it measured take longer.",
+            maximum=1.0,
         ),
     )
     max_authenticated_sockets: int = field(

@@ -139,14 +139,17 @@ def test_quick_run_of_the_fleet_benchmark_measures_every_figure(tmp_path: Path) 
         "storm_recovered_s",
         "storm_p99_factor",
         "storm_gc_pause_ms",
+        "storm_p99_factor_storm_nice",
         "storm_p99_factor_gc_freeze",
         "storm_gc_pause_ms_gc_freeze",
         "handshakes_per_s_peak",
     ]
     for item in result["figures"]:
         assert 0 < item["summary"]["median"] < float("inf"), item
-    low, full, frozen = result["runs"]
+    low, full, frozen, modelled = result["runs"]
     assert (low["workers"], full["workers"], frozen["workers"]) == (10, 50, 50)
+    assert (full["storm_nice"], modelled["storm_nice"]) == (False, True)
+    assert modelled["storm_resumed"] + modelled["storm_fresh_sessions"] >= 25
     # Every phase's collections, and the GC-tracked objects per idle session on each side.
     assert {"cold start", "idle", "idle calls", "storm"} <= full["gc"].keys()
     assert full["gc"]["storm"]["passes"]["0"]["count"] > 0

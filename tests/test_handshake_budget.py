@@ -9,13 +9,17 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
+from pathlib import Path
 
 import anyio
 import pytest
 from faultutil import OP_BINARY, upgrade_request, ws_frame
 from linkutil import link_pair, small_limits, wait_until
 
+import garcon_link as gl
 from garcon_link.net.ws import LinkStatistics, TurnBudget
+from garcon_link.settings.secrets import read_secret_file, write_secret_file
 
 pytestmark = pytest.mark.anyio
 
@@ -208,3 +212,84 @@ async def test_the_line_is_bounded_by_the_unauthenticated_cap() -> None:
                 )
             assert max(waiting) <= cap, waiting
             assert link.statistics().evicted_unauthenticated == extra
+
+
+async def test_steps_are_let_through_by_their_measured_cost() -> None:
+    """Eight steps a turn at most and three units of time a turn, each step costing one unit
+    (an injected clock): the first turn lets eight through, unmeasured; every later one three."""
+    now = [0.0]
+    stats = LinkStatistics()
+    budget = TurnBudget(8, stats, seconds_per_turn=3.0, clock=lambda: now[0])
+    turn = 0
+    ran: list[int] = []  # the turn each step ran in
+    ticking = True
+
+    async def ticker() -> None:
+        nonlocal turn
+        while ticking:
+            turn += 1
+            await anyio.sleep(0)
+
+    async def one() -> None:
+        await budget.step()
+        ran.append(turn)
+        now[0] += 1.0  # this step's work
+
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            for _ in range(26):
+                tg.start_soon(one)
+            while len(ran) < 26:
+                await anyio.sleep(0)
+            ticking = False
+    per_turn = [ran.count(t) for t in sorted(set(ran))]
+    assert per_turn == [8, 3, 3, 3, 3, 3, 3], per_turn
+    assert budget.allowance == 3
+    assert stats.handshake_steps_deferred == 26 - 8
+    assert stats.handshake_steps_waiting == 0
+
+
+async def test_a_burst_of_lost_sockets_is_torn_down_a_few_per_turn(tmp_path: Path) -> None:
+    """Eight executors' sockets are cut in one turn: their teardowns wait in a line of their
+    own (one a turn here), counted apart from handshakes; every session resumes and the line
+    empties."""
+    count = 8
+    limits = small_limits(handshake_steps_per_turn=1, handshake_timeout=10.0)
+    keyring = tmp_path / "keys"
+    keyring.mkdir(mode=0o700)
+    ids = [f"box-{i}" for i in range(count)]
+    secrets = {i: read_secret_file(write_secret_file(keyring / f"{i}.secret")) for i in ids}
+    config = gl.FleetConfig(listen=("127.0.0.1", 0), keyring=keyring, limits=limits)
+    with anyio.fail_after(DEADLINE):
+        async with gl.fleet(config) as fleet, AsyncExitStack() as stack:
+            workers = [
+                await stack.enter_async_context(
+                    gl.Worker(
+                        gl.LinkConfig(
+                            executor_id=i,
+                            role=gl.Role.WORKER,
+                            secret=secrets[i],
+                            dial=fleet.url,
+                            limits=limits,
+                        ),
+                        {},
+                    )
+                )
+                for i in ids
+            ]
+            for i in ids:
+                await fleet.executor(i).wait_ready(10)
+            before = fleet.statistics()
+            async with anyio.create_task_group() as tg:
+                for w in workers:  # all in one turn
+                    tg.start_soon(w.link.disconnect)
+            await wait_until(
+                lambda: fleet.statistics().resumed == before.resumed + count,
+                10.0,
+                "every session resumed",
+            )
+            after = fleet.statistics()
+    assert after.teardowns_deferred - before.teardowns_deferred >= count // 2, after
+    assert after.teardowns_waiting == 0
+    assert after.handshake_steps_deferred >= before.handshake_steps_deferred

@@ -1063,7 +1063,9 @@ class WebSocketLink:
             if admitted is None:
                 return None
             proof, sock.held_proof = sock.held_proof, None
-            if proof is not None:
+            # On asyncio the proof goes out in one write with the session's first frames (the
+            # replay fence the writer sends as soon as the session is attached, next turn).
+            if proof is not None and not sock.hold_message_nowait(proof):
                 try:
                     await sock.send_message(proof)
                 except SocketGone:

@@ -273,6 +273,13 @@ class SessionTransport:
         self._grace_scope: anyio.CancelScope | None = None
         self._replay = ReplayWatch(0, 0.0, limits.replay_inactivity)
         self._replay_done = anyio.Event()  # set once _replay is done: wakes _replay_watch
+        # On asyncio the replay and grace watches are loop timers, not tasks: the loop (None
+        # elsewhere), the timers while armed, and whether the replay timer fired while our own
+        # consumer held the reader up (it is armed again when that wait ends).
+        self._loop = asyncio.get_running_loop() if on_asyncio() else None
+        self._replay_timer: asyncio.TimerHandle | None = None
+        self._replay_parked = False
+        self._grace_timer: asyncio.TimerHandle | None = None
         self._attachments = 0
         # The socket's callback hands messages to _take_nowait while the reader waits (see
         # there): a hold that stops the reader from reading on, and an error to raise in run().
@@ -696,6 +703,8 @@ class SessionTransport:
         self._replay_done.set()
         self._retired.set()
         self._cancel_receipt_timer()
+        self._cancel_replay_timer()
+        self._cancel_grace_timer()
         if self._run_scope is not None:
             self._run_scope.cancel()
         if self._grace_scope is not None:
@@ -765,6 +774,7 @@ class SessionTransport:
         if self._grace_scope is not None:
             self._grace_scope.cancel()
             self._grace_scope = None
+        self._cancel_grace_timer()
         self._attachments += 1
         self._fence_passed = False
         self._replay = ReplayWatch(
@@ -782,19 +792,26 @@ class SessionTransport:
                 async with anyio.create_task_group() as tg:
                     # The writer and the watch end in scopes of their own: see
                     # WebSocketLink._heartbeat.
-                    writing, watching = anyio.CancelScope(), anyio.CancelScope()
+                    writing = anyio.CancelScope()
                     tg.start_soon(self._writer, sock, tg.cancel_scope, writing)
-                    tg.start_soon(self._replay_watch, watching)
+                    watching = None
+                    if self._loop is not None:
+                        self._arm_replay_timer()
+                    else:
+                        watching = anyio.CancelScope()
+                        tg.start_soon(self._replay_watch, watching)
                     self._sock = sock
                     await self._reader(sock)
                     writing.cancel()
-                    watching.cancel()
+                    if watching is not None:
+                        watching.cancel()
         finally:
             self._sock = None
             self._run_scope = None
             self._direct_held = None
             self._receipt_loop = None
             self._cancel_receipt_timer()  # the next attachment's replay ends with a receipt
+            self._cancel_replay_timer()
             self._run_done.set()
             self._after_socket()
         error, self._direct_error = self._direct_error, None
@@ -811,7 +828,27 @@ class SessionTransport:
         now = anyio.current_time()
         self._session.detach(now)
         self._set_state(TransportState.DETACHED)
-        self._tg.start_soon(self._grace_watch)
+        loop = self._loop
+        if loop is None:
+            self._tg.start_soon(self._grace_watch)
+            return
+        deadline = self._session.next_deadline()
+        if deadline is not None:  # (anyio's clock on asyncio is the loop's)
+            self._grace_timer = loop.call_at(deadline, self._grace_timer_fired)
+
+    def _grace_timer_fired(self) -> None:
+        """The grace watch on asyncio (a loop callback): as :meth:`_grace_watch` at its
+        deadline."""
+        self._grace_timer = None
+        assert self._loop is not None
+        failure = self._session.poll(self._loop.time())
+        if failure is not None:
+            self.retire(failure.reason)
+
+    def _cancel_grace_timer(self) -> None:
+        timer, self._grace_timer = self._grace_timer, None
+        if timer is not None:
+            timer.cancel()
 
     async def _grace_watch(self) -> None:
         with anyio.CancelScope() as scope:
@@ -1082,6 +1119,7 @@ class SessionTransport:
             self._consumer_wait = None
             self._replay.restart(anyio.current_time())
             waiting.set()
+            self._unpark_replay_timer()
 
     async def _wait_for_consumer(self, released: anyio.Event) -> None:
         """Read nothing until the direct consumer's ``released`` is set (see :meth:`consume`);
@@ -1093,6 +1131,7 @@ class SessionTransport:
             self._consumer_wait = None
             self._replay.restart(anyio.current_time())
             waiting.set()
+            self._unpark_replay_timer()
 
     async def _deliver(self) -> None:
         """The delivery task: runs until retirement (or until the consumer goes away)."""
@@ -1177,6 +1216,7 @@ class SessionTransport:
         timed = self._receipt_loop is not None  # a loop timer sends lone receipts: no polling
         quiet_ticks = 0
         ticked = False  # the last wait ended by the poll timer, not by a wake-up
+        written = False  # a message was written on this attachment
         try:
             while True:
                 # A fresh event first (if this one was used): anything issued after this point
@@ -1237,6 +1277,13 @@ class SessionTransport:
                     size += len(packet)
                 await sock.send_message(batch[0] if len(batch) == 1 else b"".join(batch))
                 self._messages_written += 1
+                if not written:
+                    # The attachment's first frames (the replay fence) are out -- and with
+                    # them, on a listener, its proof: the peer can replay from now on, so the
+                    # replay's inactivity clock starts here, not at the attach.
+                    written = True
+                    if not self._replay.done:
+                        self._replay.restart(anyio.current_time())
         finally:
             self._receipt_poll = False
 
@@ -1288,6 +1335,41 @@ class SessionTransport:
     async def _replay_watch(self, watching: anyio.CancelScope) -> None:
         with watching:
             await self._watch_replay()
+
+    def _arm_replay_timer(self) -> None:
+        """The replay watch on asyncio: a loop timer at the replay's deadline (see
+        :meth:`_replay_timer_fired`)."""
+        assert self._loop is not None
+        self._replay_timer = self._loop.call_at(self._replay.deadline, self._replay_timer_fired)
+
+    def _replay_timer_fired(self) -> None:
+        """As :meth:`_watch_replay`, in a loop callback: nothing once the replay is done or the
+        socket detached; armed again while the deadline moved on with progress; parked while our
+        own consumer holds the reader up (:meth:`_unpark_replay_timer` arms it again when that
+        wait ends, with the clock restarted); else the replay stalled and the session retires."""
+        self._replay_timer = None
+        if self._replay.done or self._run_scope is None:
+            return
+        assert self._loop is not None
+        if self._replay.deadline > self._loop.time():
+            self._arm_replay_timer()
+        elif self._consumer_wait is not None:
+            self._replay_parked = True
+        else:
+            inactivity = self.limits.replay_inactivity
+            self.retire(FailureReason.REPLAY_STALLED, f"no replay progress for {inactivity:g}s")
+
+    def _unpark_replay_timer(self) -> None:
+        if self._replay_parked:
+            self._replay_parked = False
+            if self._run_scope is not None and not self._replay.done:
+                self._arm_replay_timer()
+
+    def _cancel_replay_timer(self) -> None:
+        self._replay_parked = False
+        timer, self._replay_timer = self._replay_timer, None
+        if timer is not None:
+            timer.cancel()
 
     async def _watch_replay(self) -> None:
         inactivity = self.limits.replay_inactivity

@@ -1,10 +1,10 @@
 """Budgets of sockets and the link's counters: frames a socket may send, handshake steps per turn.
 
 :class:`FrameBudget` is the token bucket of one socket's inbound frames (pure: the caller passes
-``now``); :class:`TurnBudget` lets a listener run a bounded number of handshake steps per
-event-loop turn; :class:`LinkStatistics` holds the counters of one link, which the budgets,
-:class:`~garcon_link.net.websocket.WebSocket`, the listener and the endpoint count into. All are
-imported from :mod:`garcon_link.net.ws` too (docs/design.md#link).
+``now``); :class:`TurnBudget` lets a listener run a bounded amount of handshake steps, and of
+lost sockets' teardowns, per event-loop turn; :class:`LinkStatistics` holds the counters of one
+link, which the budgets, :class:`~garcon_link.net.websocket.WebSocket`, the listener and the
+endpoint count into. All are imported from :mod:`garcon_link.net.ws` too (docs/design.md#link).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import HandshakeFailure
@@ -78,34 +80,77 @@ class FrameBudget:
 
 
 class TurnBudget:
-    """How many handshake steps a listener runs per event-loop turn, beside the turn's other work.
+    """How many steps of one kind a listener runs per event-loop turn, beside the turn's other
+    work: handshake steps, or the teardowns of lost sockets (a line each).
 
-    A step is the work between two reads of an unauthenticated socket: answering its upgrade
-    request, answering its hello, checking its proof and admitting it (a resume's decision
-    included). Each step waits in line (:meth:`step`); once per turn the first ``per_turn``
-    waiters are let through, and they run in the next turn, together with whatever else is ready
-    then (authenticated sockets' reads, calls completing): a storm of reconnecting sockets
-    delays established sessions by at most ``per_turn`` steps' work per turn, not by the whole
-    storm's. The waiters are the listener's unauthenticated sockets, one step each, so
-    ``Limits.max_unauthenticated_sockets`` bounds the line (past it the oldest unauthenticated
-    socket is evicted, and leaves its place).
+    A handshake step is the work between two reads of an unauthenticated socket: answering its
+    upgrade request, answering its hello, checking its proof and admitting it (a resume's
+    decision included). A teardown is what follows an authenticated socket's end: its reader's
+    last read, the session's detach, the heartbeat's end and the close. Each step waits in line
+    (:meth:`step`); once per turn the first ones are let through, and they run in the next turn,
+    together with whatever else is ready then (authenticated sockets' reads, calls completing):
+    a storm of reconnecting sockets -- or of lost ones -- delays established sessions by a
+    bounded amount of work per turn, not by the whole storm's.
+
+    How many go through per turn: at most ``per_turn``, and fewer when they take long: the
+    budget measures the time from the first granted step's start to the end of the turn's
+    granted steps (this object's own callback, which runs right after them), keeps an estimate of
+    one step's cost (the mean of the last measurement and the previous estimate), and lets
+    through ``seconds_per_turn / cost`` steps, at least one. (A step that awaits something
+    before its work is done finishes in a later turn, unmeasured: the budget bounds the part
+    that runs at once.) The clock is the thread's CPU time, so that time this process spent
+    preempted by others is not taken for the steps' cost; it is a parameter, for tests.
+
+    The handshake line holds the listener's unauthenticated sockets, one step each, so
+    ``Limits.max_unauthenticated_sockets`` bounds it (past it the oldest unauthenticated socket
+    is evicted, and leaves its place); the teardown line holds at most one step per
+    authenticated socket.
 
     A step never waits longer than ``max_wait`` seconds: once the first in line has waited that
     long, every step that has is let through at the next turn. In a process starved of CPU the
-    turns grow long, and ``per_turn`` steps a turn would otherwise let handshakes outlast their
+    turns grow long, and a few steps a turn would otherwise let handshakes outlast their
     deadline (the dialers would give up and redial, and the storm would last longer); the
-    listener passes ``handshake_timeout / 10``.
+    listener passes ``handshake_timeout / 10`` for handshakes. Overdue steps all go at once, so
+    the teardown line, where a long wait costs less (a session looks attached to a lost socket
+    a little longer; a resume of its executor or a failed write ends the wait at once), gets
+    ``handshake_timeout``: a burst of lost sockets is not let through whole after a tenth of it.
+
+    Counted in ``stats`` under ``counters``: (steps put off by a turn or more, steps waiting
+    now).
 
     On asyncio only; elsewhere :meth:`step` returns at once.
     """
 
-    def __init__(self, per_turn: int, stats: LinkStatistics, max_wait: float = math.inf) -> None:
+    def __init__(
+        self,
+        per_turn: int,
+        stats: LinkStatistics,
+        max_wait: float = math.inf,
+        *,
+        seconds_per_turn: float = math.inf,
+        clock: Callable[[], float] = time.thread_time,
+        counters: tuple[str, str] = ("handshake_steps_deferred", "handshake_steps_waiting"),
+    ) -> None:
         self._per_turn = per_turn
         self._max_wait = max_wait
+        self._seconds = seconds_per_turn
+        self._clock = clock
         self._stats = stats
+        self._deferred, self._waiting = counters
         # (the loop time it was asked at, its future), oldest first
         self._waiters: collections.deque[tuple[float, asyncio.Future[None]]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None  # a _next_turn is scheduled on it
+        self._cost = 0.0  # estimated seconds of one step (0: none measured yet)
+        self._granted = 0  # steps let through at the last _next_turn
+        self._started: float | None = None  # when the first of them began to run
+
+    @property
+    def allowance(self) -> int:
+        """Steps let through at the next turn (``max_wait`` aside): ``per_turn``, or fewer by
+        the estimated cost of a step (at least one)."""
+        if self._cost <= 0.0 or math.isinf(self._seconds):
+            return self._per_turn
+        return max(1, min(self._per_turn, int(self._seconds / self._cost)))
 
     async def step(self) -> None:
         """Return when this step may run (a later turn). Cancellable while waiting: the place
@@ -115,9 +160,9 @@ class TurnBudget:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append((loop.time(), waiter))
-        if len(self._waiters) > self._per_turn:
-            self._stats.handshake_steps_deferred += 1
-        self._stats.handshake_steps_waiting = len(self._waiters)
+        if len(self._waiters) > self.allowance:
+            setattr(self._stats, self._deferred, getattr(self._stats, self._deferred) + 1)
+        setattr(self._stats, self._waiting, len(self._waiters))
         if self._loop is None:
             self._loop = loop
             loop.call_soon(self._next_turn)
@@ -126,20 +171,29 @@ class TurnBudget:
         finally:
             if not waiter.done():  # cancelled while waiting: _next_turn skips it
                 waiter.cancel()
+        if self._started is None:
+            self._started = self._clock()
 
     def _next_turn(self) -> None:
-        """Once per turn while steps wait: let the first ``per_turn`` through (they run in the
-        next turn)."""
+        """Once per turn while steps wait: measure the steps let through last time (they ran
+        just before this callback), then let the next ones through (they run in the next
+        turn)."""
+        if self._started is not None and self._granted:
+            measured = (self._clock() - self._started) / self._granted
+            self._cost = measured if self._cost <= 0.0 else (self._cost + measured) / 2
+        self._started = None
         loop, self._loop = self._loop, None
-        waiters, granted = self._waiters, 0
+        waiters, granted, allowance = self._waiters, 0, self.allowance
         overdue = loop.time() - self._max_wait if loop is not None else -math.inf
-        while waiters and (granted < self._per_turn or waiters[0][0] <= overdue):
+        while waiters and (granted < allowance or waiters[0][0] <= overdue):
             _, waiter = waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 granted += 1
-        self._stats.handshake_steps_waiting = len(waiters)
-        if waiters and loop is not None:
+        self._granted = granted
+        setattr(self._stats, self._waiting, len(waiters))
+        if (waiters or granted) and loop is not None:
+            # Again next turn: to let the rest through, or to measure what was let through.
             self._loop = loop
             loop.call_soon(self._next_turn)
 
@@ -197,6 +251,11 @@ class LinkStatistics:
     more because ``handshake_steps_per_turn`` others were ahead."""
     handshake_steps_waiting: int = field(default=0, metadata={"metric": "gauge"})
     """Handshake steps waiting in line now (at most one per unauthenticated socket)."""
+    teardowns_deferred: int = 0
+    """Teardowns of lost authenticated sockets a listener put off by a turn or more because
+    others were ahead (see ``handshake_steps_per_turn``)."""
+    teardowns_waiting: int = field(default=0, metadata={"metric": "gauge"})
+    """Teardowns waiting in line now (at most one per authenticated socket)."""
     dials_refused_in_a_row: int = field(default=0, metadata={"metric": "gauge"})
     """Such dials since the last one that connected to a server of its scheme (0 once one
     does): how long nothing has listened at the dialed address, in attempts."""

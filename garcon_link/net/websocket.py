@@ -46,6 +46,9 @@ __all__ = [
 log = logging.getLogger("garcon_link.ws")  # the name users configure (README)
 
 _READ_CHUNK = 65536
+_JOIN_HELD = 65536
+"""A held frame is joined to a write of up to this many bytes (copied once); in front of a
+larger one it is written just before it."""
 
 # The one classification of lower-library exceptions (STYLE 16), used by every receive and send:
 # the byte stream or the WebSocket is gone (anyio's and the OS's errors -- ssl.SSLError is an
@@ -124,9 +127,15 @@ class WebSocket:
         self._size = 0
         self._probe: anyio.Event | None = None
         self.held_proof: bytes | None = None
+        # A whole frame to write in front of the next write (hold_message_nowait).
+        self._held_out: bytes | None = None
         self.turns: TurnBudget | None = None
         """The listener's budget of handshake steps per loop turn (None when dialing): the
         handshake asks it before each step."""
+        self._admitted = False  # authenticated() was called
+        self.teardowns: TurnBudget | None = None
+        """The listener's budget of teardowns per loop turn (None when dialing): once
+        authenticated, :meth:`receive_message` asks it before it says the socket ended."""
         self._closed = False
         # Whole small binary frames without wsproto's per-frame work, once authenticated.
         self._fast: FastFrames | None = None
@@ -144,12 +153,20 @@ class WebSocket:
         """The peer is admitted: from now on the session's bounds apply (message size, frame
         rate) instead of the handshake's."""
         self.max_message = self.limits.max_frame_bytes
+        self._admitted = True
         self._fast = FastFrames.of(self.ws)
         self._budget = FrameBudget.full(
             self.limits.frame_rate, self.limits.frame_burst, self._clock()
         )
 
     async def _write(self, data: bytes | bytearray) -> None:
+        held = self._held_out
+        if held is not None:
+            self._held_out = None
+            if len(data) <= _JOIN_HELD:
+                data = held + data
+            else:
+                await self._write(held)
         try:
             # A large masked frame is a bytearray, never changed once built; anyio's streams
             # (typed ``bytes``) hand any bytes-like object to the socket or the transport.
@@ -157,6 +174,51 @@ class WebSocket:
         except GONE as e:
             raise self._gone(e) from e
         self._stats.bytes_sent += len(data)
+
+    def hold_message_nowait(self, data: bytes) -> bool:
+        """Frame one binary message now and write it in front of the next write, in one
+        system call with it; if nothing was written two loop turns later, on its own then.
+        ``False`` (nothing done; send it) unless on an asyncio stream and open.
+
+        The listener holds its proof this way: the session's first frames (the replay fence,
+        which every attachment writes at once) follow it in the next turn."""
+        stream = self._nowait
+        if (
+            stream is None
+            or self._closed
+            or self._held_out is not None
+            or self.ws.state is not ConnectionState.OPEN
+        ):
+            return False
+        try:
+            self._held_out = self.ws.send(BytesMessage(data=data))
+        except GONE:
+            return False
+        loop = stream.loop
+        loop.call_soon(loop.call_soon, self._flush_held)
+        return True
+
+    def _flush_held(self) -> None:
+        """The held frame, on its own, if no write took it along (a loop callback)."""
+        held = self._held_out
+        if held is None:
+            return
+        stream = self._nowait
+        assert stream is not None
+        if self._closed:
+            self._held_out = None
+            return
+        if self._lock.locked() or not stream.writable_now():
+            # A write under way (it did not start with it) or back-pressure: next turn.
+            stream.loop.call_soon(self._flush_held)
+            return
+        self._held_out = None
+        try:
+            stream.send_nowait(held)
+        except GONE as e:
+            self._gone(e)
+            return
+        self._stats.bytes_sent += len(held)
 
     def _gone(self, cause: BaseException) -> SocketGone:
         """The socket is dead from now on; the error that says so, naming ``cause``."""
@@ -212,9 +274,14 @@ class WebSocket:
         try:
             fast = self._fast
             frame = None if fast is None else fast.build(data)
-            stream.send_nowait(
-                frame if frame is not None else self.ws.send(BytesMessage(data=data))
-            )
+            if frame is None:
+                frame = self.ws.send(BytesMessage(data=data))
+            held, self._held_out = self._held_out, None
+            if held is not None:
+                self._stats.bytes_sent += len(held)
+                stream.send_nowait(held + frame)
+            else:
+                stream.send_nowait(frame)
         except GONE as e:
             raise self._gone(e) from e
 
@@ -237,8 +304,11 @@ class WebSocket:
         """True if any inbound frame arrives within ``timeout`` after a ping.
 
         Also True while nobody reads the socket (the reader is held up by a slow consumer): a
-        pong could not be seen then, so there is no evidence against the peer.
+        pong could not be seen then, so there is no evidence against the peer. False once the
+        socket ended (its teardown may still wait its turn).
         """
+        if self._closed:
+            return False
         if not self.reading:
             return True
         event = anyio.Event()
@@ -326,9 +396,14 @@ class WebSocket:
         self.last_inbound = max(self.last_inbound, now)
         self.reading = True
         try:
-            return await self._receive_message(now)
+            message = await self._receive_message(now)
         finally:
             self.reading = False
+        if message is None and self._admitted and self.teardowns is not None:
+            # The end of an authenticated socket: what it leads to (the session's detach, the
+            # close) waits its turn behind the other lost sockets', beside everyone's traffic.
+            await self.teardowns.step()
+        return message
 
     async def _receive_message(self, now: float) -> bytes | None:
         while True:

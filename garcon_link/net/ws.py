@@ -217,9 +217,21 @@ class WebSocketListener:
         self._on_error = on_error
         self._unauthenticated: dict[int, anyio.CancelScope] = {}
         self.turns = TurnBudget(
-            limits.handshake_steps_per_turn, stats, max_wait=limits.handshake_timeout / 10
+            limits.handshake_steps_per_turn,
+            stats,
+            max_wait=limits.handshake_timeout / 10,
+            seconds_per_turn=limits.handshake_seconds_per_turn,
         )
         """The budget of handshake steps per event-loop turn (see :class:`TurnBudget`)."""
+        self.teardowns = TurnBudget(
+            limits.handshake_steps_per_turn,
+            stats,
+            max_wait=limits.handshake_timeout,
+            seconds_per_turn=limits.handshake_seconds_per_turn,
+            counters=("teardowns_deferred", "teardowns_waiting"),
+        )
+        """The budget of lost authenticated sockets' teardowns per event-loop turn, a line apart
+        from the handshakes' (a burst of lost sockets does not stand ahead of their resumes)."""
         self._authenticated = 0
         self.closing = False
         self.address: tuple[str, int] | None = None
@@ -331,6 +343,7 @@ class WebSocketListener:
             ws = WSConnection(ConnectionType.SERVER)
             sock = WebSocket(byte_stream, ws, peer=peer, limits=self.limits, stats=self._stats)
             sock.turns = self.turns
+            sock.teardowns = self.teardowns
             if not await self._upgrade(sock):
                 return None
             return await authenticate(sock)
