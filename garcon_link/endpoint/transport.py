@@ -1,6 +1,6 @@
 """SessionTransport: one logical session carried over a succession of sockets.
 
-Why one module of about 1,310 lines, and :class:`SessionTransport` of about 1,120: one state
+Why one long module, and one long class, :class:`SessionTransport`: one state
 machine (below) whose pumps -- reader, writer, delivery task, grace and replay watches -- share the
 session's state and must see each other's changes synchronously, within the loop turn that made
 them (a fence passed, a receipt due, retention freed). The rules that need no I/O are sans-IO
