@@ -30,16 +30,21 @@ bytes``). What is measured, in each arrangement:
 Targets: the hop adds at most 1.5x to the p50 and keeps at least 0.7x of the direct
 calls/s.
 
-``--instructions`` (needs valgrind) measures instead the gateway's own work in instructions
-per relayed call, a figure the machine's load does not move: the gateway child runs under
-callgrind with instrumentation off, one executor and one caller (this process); after a warm-up,
-the counters are zeroed, switched on around ``--instructions-calls`` sequential calls, off and
-dumped, then the same around as many calls made 64 at a time (:func:`_instructions`). The
-gateway's ``receipt_delay`` is raised to 2 s (``--instructions-receipt-delay``) so that its
-receipt timer's work (at most once per ``receipt_delay`` while receipts are due) does not grow
-with valgrind's wall time. Both phases also report the writer wake-ups per call of the gateway
-(asked over its stdin) and of the caller (``TransportStatistics.writer_wakeups``).
-``--callgrind-dir DIR`` keeps the two dumps there for ``callgrind_annotate``.
+``--instructions`` (needs valgrind) measures instead instructions per call, a figure the
+machine's load does not move, of three processes, each counted on its own run (one slowed by
+callgrind batches its peers' work less, so only one is slowed at a time): the gateway child, a
+caller child through it, and a direct fleet's caller child (the fleet listening in it), one
+executor each time (:func:`_instructions`). The counted child runs under callgrind with
+instrumentation off; after a warm-up, the counters are zeroed, switched on around
+``--instructions-calls`` sequential calls, off and dumped, then the same around as many calls
+made 64 at a time. The caller child runs each phase when told on its stdin
+(:func:`_caller_main`). The gateway's ``receipt_delay`` is raised to 2 s
+(``--instructions-receipt-delay``) so that its receipt timer's work (at most once per
+``receipt_delay`` while receipts are due) does not grow with valgrind's wall time. Each phase
+also reports the counted process's writer wake-ups per call. ``--instructions-metadata``: every
+call carries metadata (a client hook adds it, as a tracing hook does). ``--callgrind-dir DIR``
+keeps the dumps there (``gateway.sequential``, ``caller.in_flight_64``, ...) for
+``callgrind_annotate``.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -173,6 +178,66 @@ async def _gateway_main(config_path: Path, profile: Path | None) -> None:
         if profiler is not None and profile is not None:
             profiler.disable()
             profiler.dump_stats(profile)
+        os._exit(0)
+
+
+# ------------------------------------------------------------------------ caller child
+
+
+class _TraceHook:
+    """A client hook adding one metadata entry to every call, as a tracing hook does
+    (``--instructions-metadata``)."""
+
+    def call_started(self, call: gl.CallInfo) -> object:
+        assert isinstance(call.metadata, MutableMapping)  # a client hook's: writable
+        call.metadata["traceparent"] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        return None
+
+    def call_ended(self, call: gl.CallInfo, state: object, end: gl.CallEnd) -> None:
+        pass
+
+
+async def _caller_main(mode: str, where: str, metadata: bool) -> None:
+    """A caller in a child of its own, so that ``--instructions`` counts its work under
+    callgrind as it does the gateway's: ``mode`` ``gateway`` (``where``: the gateway's URL and
+    the caller's secret file, joined by a space) or ``direct`` (``where``: the executors'
+    keyring; this child listens as a fleet and prints its URL first). Once executor 0 is
+    ready it prints ``ready``, then runs each phase named on stdin (``sequential N``,
+    ``in_flight N``: N calls, 64 at a time; ``warm N``) and answers each with a JSON line of
+    its writer wake-ups so far. ``metadata``: every call carries metadata (:class:`_TraceHook`)."""
+    hooks: list[gl.CallHook] = [_TraceHook()] if metadata else []
+    async with AsyncExitStack() as stack:
+        if mode == "gateway":
+            url, secret = where.split(" ", 1)
+            config = gl.CallerConfig(
+                caller_id="bench-0", secret=read_secret_file(Path(secret)), dial=url
+            )
+            fleet: Any = await stack.enter_async_context(gl.connect_gateway(config, hooks=hooks))
+            await fleet.gateway.wait_ready(300)
+        else:
+            fleet_config = gl.FleetConfig(listen=("127.0.0.1", 0), keyring=Path(where))
+            fleet = await stack.enter_async_context(gl.fleet(fleet_config, hooks=hooks))
+            print(json.dumps({"url": fleet.url}), flush=True)
+        target = fleet.executor(executor_id(0))
+        await target.wait_ready(300)
+        ident = target.service("ident", Ident)
+
+        async def lane(count: int) -> None:
+            for _ in range(count):
+                await ident.echo(PAYLOAD)
+
+        print("ready", flush=True)
+        lines = anyio.wrap_file(sys.stdin)
+        while line := await lines.readline():
+            phase, _, text = line.strip().partition(" ")
+            count = int(text or 0)
+            if phase == "in_flight":
+                async with anyio.create_task_group() as tg:
+                    for _ in range(INSTRUCTIONS_LANES):
+                        tg.start_soon(lane, max(1, count // INSTRUCTIONS_LANES))
+            elif phase != "wakeups":
+                await lane(count)
+            print(json.dumps({"writer_wakeups": _writer_wakeups()}), flush=True)
         os._exit(0)
 
 
@@ -426,9 +491,10 @@ async def _callgrind(pid: int, *switches: str) -> None:
         await anyio.run_process(["callgrind_control", *switch.split(), str(pid)], check=False)
 
 
-def _dump_totals(directory: Path, seen: set[Path]) -> tuple[int, Path]:
-    """The instructions of the one dump written since ``seen`` was taken, and its path."""
-    fresh = sorted(set(directory.glob("gateway.*")) - seen)
+def _dump_totals(directory: Path, prefix: str, seen: set[Path]) -> tuple[int, Path]:
+    """The instructions of the one dump of ``prefix`` written since ``seen`` was taken, and
+    its path."""
+    fresh = sorted(set(directory.glob(f"{prefix}.*")) - seen)
     if len(fresh) != 1:
         raise RuntimeError(f"expected one new callgrind dump in {directory}, found {fresh}")
     text = fresh[0].read_text(errors="replace")
@@ -440,25 +506,93 @@ def _dump_totals(directory: Path, seen: set[Path]) -> tuple[int, Path]:
     return int(match.group(1)), fresh[0]
 
 
-async def _gateway_wakeups(gateway: anyio.abc.Process, buffer: bytes) -> tuple[int, bytes]:
-    """Ask the gateway child for its writer wake-ups so far (see :func:`_gateway_main`);
-    ``buffer``: what was read from its stdout and not used yet, before and after."""
-    assert gateway.stdin is not None and gateway.stdout is not None
-    await gateway.stdin.send(b"wakeups\n")
-    with anyio.fail_after(60):
-        while True:
-            line, sep, rest = buffer.partition(b"\n")
-            if sep and b"writer_wakeups" in line:
-                return int(json.loads(line)["writer_wakeups"]), rest
-            if sep:
-                buffer = rest
-                continue
-            buffer += await gateway.stdout.receive()
+class _Child:
+    """A child process under callgrind (instrumentation off until switched on) and the lines
+    it writes."""
+
+    def __init__(self, name: str, process: anyio.abc.Process) -> None:
+        self.name = name
+        self.process = process
+        self._buffer = b""
+
+    @classmethod
+    async def start(
+        cls, name: str, argv: list[str], dumps: Path, root: Path, *, counted: bool = True
+    ) -> _Child:
+        """``counted``: under callgrind; else a plain child."""
+        command = [sys.executable, "-m", "benchmarks.relay", *argv]
+        if counted:
+            valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+            command = [*valgrind, f"--callgrind-out-file={dumps / name}.%p", *command]
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+        process = await anyio.open_process(
+            command, stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=root, env=env
+        )
+        return cls(name, process)
+
+    async def line(self, needle: bytes, timeout: float = 300) -> bytes:
+        """The next line holding ``needle`` (lines before it are skipped)."""
+        assert self.process.stdout is not None
+        with anyio.fail_after(timeout):
+            while True:
+                line, sep, rest = self._buffer.partition(b"\n")
+                if sep:
+                    self._buffer = rest
+                    if needle in line:
+                        return line
+                    continue
+                try:
+                    self._buffer += await self.process.stdout.receive()
+                except anyio.EndOfStream:
+                    raise RuntimeError(f"the {self.name} child exited early") from None
+
+    async def ask(self, request: str) -> dict[str, Any]:
+        """Write ``request`` and read the JSON line that answers it."""
+        assert self.process.stdin is not None
+        await self.process.stdin.send(request.encode() + b"\n")
+        answer: dict[str, Any] = json.loads(await self.line(b"writer_wakeups", 600))
+        return answer
+
+    async def aclose(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+        await self.process.wait()
+        await self.process.aclose()
+
+
+async def _count_phases(
+    counted: _Child, caller: _Child, dumps: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The phases of ``--instructions`` run by ``caller``: ``counted``'s instructions per call
+    (``{phase}_{name}_instructions_per_call``) and writer wake-ups per call."""
+    calls = args.instructions_calls
+    per_lane = max(1, calls // INSTRUCTIONS_LANES)
+    out: dict[str, Any] = {}
+    await caller.ask("warm 50")  # instrumentation off
+    for name, count in (("sequential", calls), ("in_flight_64", per_lane * INSTRUCTIONS_LANES)):
+        seen = set(dumps.glob(f"{counted.name}.*"))
+        before = (await counted.ask("wakeups"))["writer_wakeups"]
+        await _callgrind(counted.process.pid, "-z", "-i on")
+        woke = await caller.ask(f"{name.removesuffix('_64')} {count}")
+        await _callgrind(counted.process.pid, "-i off", "-d")
+        total, dump = _dump_totals(dumps, counted.name, seen)
+        out[f"{name}_{counted.name}_instructions_per_call"] = total / count
+        after = woke if counted is caller else await counted.ask("wakeups")
+        out[f"{name}_{counted.name}_writer_wakeups_per_call"] = (
+            after["writer_wakeups"] - before
+        ) / count
+        if args.callgrind_dir is not None:
+            args.callgrind_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy(dump, args.callgrind_dir / f"{counted.name}.{name}")
+    return out
 
 
 async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Instructions the gateway child executes per relayed call (callgrind; see the module
-    docstring): sequential, then 64 in flight, each over ``args.instructions_calls`` calls."""
+    """Instructions per relayed call of the gateway child, then of a caller child through it,
+    then of a direct fleet's caller child (callgrind; see the module docstring), sequential and
+    64 in flight, each over ``args.instructions_calls`` calls. One process is counted at a
+    time: one slowed by callgrind batches its peers' work less, and a count taken with two of
+    them would depend on that."""
     config = root / "gateway.toml"
     config.write_text(
         'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
@@ -468,83 +602,39 @@ async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     )
     dumps = root / "callgrind"
     dumps.mkdir()
-    command = [
-        "valgrind",
-        "--tool=callgrind",
-        "--instr-atstart=no",
-        f"--callgrind-out-file={dumps / 'gateway.%p'}",
-        sys.executable,
-        "-m",
-        "benchmarks.relay",
-        "gateway",
-        str(config),
-    ]
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    gateway = await anyio.open_process(
-        command, stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=root, env=env
+    metadata = ["--metadata"] if args.instructions_metadata else []
+    out: dict[str, Any] = {"calls": args.instructions_calls, "lanes": INSTRUCTIONS_LANES}
+    secret = root / "callers" / "bench-0.secret"
+    for counted in ("gateway", "caller"):
+        children: list[_Child] = []
+        try:
+            gateway = await _Child.start(
+                "gateway", ["gateway", str(config)], dumps, root, counted=counted == "gateway"
+            )
+            children.append(gateway)
+            url = json.loads(await gateway.line(b"url"))["url"]
+            async with _workers(url, root / "keys", 1):
+                argv = ["caller", "gateway", f"{url} {secret}", *metadata]
+                caller = await _Child.start(
+                    "caller", argv, dumps, root, counted=counted == "caller"
+                )
+                children.append(caller)
+                await caller.line(b"ready")
+                measured = gateway if counted == "gateway" else caller
+                out.update(await _count_phases(measured, caller, dumps, args))
+        finally:
+            for child in children:
+                await child.aclose()
+    direct = await _Child.start(
+        "direct", ["caller", "direct", str(root / "keys"), *metadata], dumps, root
     )
-    calls = args.instructions_calls
-    per_lane = max(1, calls // INSTRUCTIONS_LANES)
-    out: dict[str, Any] = {"calls": calls, "lanes": INSTRUCTIONS_LANES}
     try:
-        assert gateway.stdout is not None
-        buffer = b""
-        with anyio.fail_after(300):
-            while b"\n" not in buffer:
-                buffer += await gateway.stdout.receive()
-        url = json.loads(buffer.split(b"\n")[0])["url"]
-        caller = gl.CallerConfig(
-            caller_id="bench-0",
-            secret=read_secret_file(root / "callers" / "bench-0.secret"),
-            dial=url,
-        )
-        async with _workers(url, root / "keys", 1), gl.connect_gateway(caller) as fleet:
-            await fleet.gateway.wait_ready(300)
-            target = fleet.executor(executor_id(0))
-            await target.wait_ready(300)
-            ident = target.service("ident", Ident)
-
-            async def sequential() -> None:
-                for _ in range(calls):
-                    await ident.echo(PAYLOAD)
-
-            async def in_flight() -> None:
-                async def lane() -> None:
-                    for _ in range(per_lane):
-                        await ident.echo(PAYLOAD)
-
-                async with anyio.create_task_group() as tg:
-                    for _ in range(INSTRUCTIONS_LANES):
-                        tg.start_soon(lane)
-
-            for _ in range(50):  # warm-up, instrumentation off
-                await ident.echo(PAYLOAD)
-            with anyio.fail_after(600):
-                for name, phase, count in (
-                    ("sequential", sequential, calls),
-                    ("in_flight_64", in_flight, per_lane * INSTRUCTIONS_LANES),
-                ):
-                    seen = set(dumps.glob("gateway.*"))
-                    gateway_woke, buffer = await _gateway_wakeups(gateway, buffer)
-                    caller_woke = _writer_wakeups()
-                    await _callgrind(gateway.pid, "-z", "-i on")
-                    await phase()
-                    await _callgrind(gateway.pid, "-i off", "-d")
-                    total, dump = _dump_totals(dumps, seen)
-                    out[f"{name}_instructions_per_call"] = total / count
-                    woke, buffer = await _gateway_wakeups(gateway, buffer)
-                    out[f"{name}_gateway_writer_wakeups_per_call"] = (woke - gateway_woke) / count
-                    out[f"{name}_caller_writer_wakeups_per_call"] = (
-                        _writer_wakeups() - caller_woke
-                    ) / count
-                    if args.callgrind_dir is not None:
-                        args.callgrind_dir.mkdir(parents=True, exist_ok=True)
-                        shutil.copy(dump, args.callgrind_dir / f"gateway.{name}")
+        url = json.loads(await direct.line(b"url"))["url"]
+        async with _workers(url, root / "keys", 1):
+            await direct.line(b"ready")
+            out.update(await _count_phases(direct, direct, dumps, args))
     finally:
-        if gateway.returncode is None:
-            gateway.kill()
-        await gateway.wait()
-        await gateway.aclose()
+        await direct.aclose()
     return out
 
 
@@ -612,6 +702,10 @@ def main(argv: list[str] | None = None) -> int:
     gateway = sub.add_parser("gateway")
     gateway.add_argument("config", type=Path)
     gateway.add_argument("profile", type=Path, nargs="?")
+    caller = sub.add_parser("caller")
+    caller.add_argument("mode", choices=("gateway", "direct"))
+    caller.add_argument("where")
+    caller.add_argument("--metadata", action="store_true")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--executors", type=int, default=1000)
     parser.add_argument("--callers", type=int, default=8)
@@ -651,6 +745,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{INSTRUCTIONS_RECEIPT_DELAY:g}; the library's own is 0.005)",
     )
     parser.add_argument(
+        "--instructions-metadata",
+        action="store_true",
+        help="with --instructions: every call carries metadata, added by a client hook (as a "
+        "tracing hook adds its context)",
+    )
+    parser.add_argument(
         "--callgrind-dir",
         type=Path,
         metavar="DIR",
@@ -673,6 +773,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "gateway":
         anyio.run(_gateway_main, args.config, args.profile)
         return 0
+    if args.command == "caller":
+        anyio.run(_caller_main, args.mode, args.where, args.metadata)
+        return 0
     try:
         args.floods = flood_kinds(args.floods)
     except ValueError as exc:
@@ -687,17 +790,18 @@ def main(argv: list[str] | None = None) -> int:
         args.executors, args.callers = 1, 1
         doc = anyio.run(_main, args)
         print(json.dumps(doc, indent=2))
-        print(
-            f"gateway instructions per relayed call: sequential "
-            f"{doc['sequential_instructions_per_call'] / 1000:.0f}k, 64 in flight "
-            f"{doc['in_flight_64_instructions_per_call'] / 1000:.0f}k; writer wake-ups per "
-            f"call, gateway / caller: sequential "
-            f"{doc['sequential_gateway_writer_wakeups_per_call']:.3f} / "
-            f"{doc['sequential_caller_writer_wakeups_per_call']:.3f}, 64 in flight "
-            f"{doc['in_flight_64_gateway_writer_wakeups_per_call']:.3f} / "
-            f"{doc['in_flight_64_caller_writer_wakeups_per_call']:.3f}",
-            file=sys.stderr,
-        )
+        for phase, label in (("sequential", "sequential"), ("in_flight_64", "64 in flight")):
+            print(
+                f"instructions per call, {label}: gateway "
+                f"{doc[f'{phase}_gateway_instructions_per_call'] / 1000:.0f}k, caller through "
+                f"it {doc[f'{phase}_caller_instructions_per_call'] / 1000:.0f}k, caller of a "
+                f"direct fleet {doc[f'{phase}_direct_instructions_per_call'] / 1000:.0f}k; "
+                f"writer wake-ups per call, gateway / caller / direct: "
+                f"{doc[f'{phase}_gateway_writer_wakeups_per_call']:.3f} / "
+                f"{doc[f'{phase}_caller_writer_wakeups_per_call']:.3f} / "
+                f"{doc[f'{phase}_direct_writer_wakeups_per_call']:.3f}",
+                file=sys.stderr,
+            )
         return 0
     if args.floods_only:
         args.executors = 1
