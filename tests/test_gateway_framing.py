@@ -17,12 +17,13 @@ from garcon_link.api._framing import (
     MAX_SCAN_DEPTH,
     RelayCall,
     _vouch,
+    read_relay_call,
     relay_arguments,
     relay_call,
 )
 from garcon_link.core.wire import argument_items, decode_item
 from garcon_link.errors import MalformedFrame, Rejected
-from garcon_link.rpc.envelopes import BadEnvelope, Call, encode_call
+from garcon_link.rpc.envelopes import BadEnvelope, Call, encode_call, metadata_problem
 from garcon_link.rpc.envelopes import decode as decode_envelope
 
 MAX_BYTES = 1 << 20
@@ -204,3 +205,90 @@ def test_a_mutated_relay_call_is_read_only_as_the_decoder_reads_it(data: st.Data
     read = relay_call(raw)
     if read is not None:
         assert read == _as_decoded(raw)
+
+
+METADATA_ENTRIES, METADATA_BYTES = 4, 64
+
+
+def _with_metadata(metadata: object, key: bytes | None = None) -> bytes:
+    """A relay envelope with ``metadata`` (encoded as given: a map, or a map's bytes)."""
+    args = ["box-1", "ident", "echo", b"\x82\x80\xa0", None, 30.0]
+    base = encode_call(7, "gateway", "call", args, {}, 0, 0, None, None)
+    tail = metadata if isinstance(metadata, bytes) else cbor2.dumps(metadata)
+    return b"\x8a" + base[1:] + cbor2.dumps(key) + tail
+
+
+def _metadata_verdict(data: bytes) -> object:
+    """What the usual decode and the dispatcher's check make of ``data``'s metadata: the map,
+    or ``"refused"``."""
+    envelope = decode_envelope(decode_item(data, MAX_BYTES))
+    assert isinstance(envelope, Call)
+    if envelope.key is not None:
+        return "refused"
+    problem = metadata_problem(envelope.metadata, METADATA_ENTRIES, METADATA_BYTES)
+    return "refused" if problem is not None else envelope.metadata
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"traceparent": "00-0af7651916cd43dd-01"},
+        {"a": "", "b.c_d-9": "ünï", "x" * 30: "y" * 10, "z": "w"},
+        {},
+    ],
+)
+def test_a_relay_call_s_metadata_is_read_as_the_dispatcher_reads_it(
+    metadata: dict[str, str],
+) -> None:
+    data = _with_metadata(metadata)
+    read = read_relay_call(data, METADATA_ENTRIES, METADATA_BYTES)
+    assert read is not None
+    call, encoded = read
+    assert call == _as_decoded(data)
+    assert (cbor2.loads(encoded) if encoded is not None else {}) == _metadata_verdict(data)
+    assert relay_call(data) is None if metadata else relay_call(data) == call
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _with_metadata({f"k{i}": "v" for i in range(METADATA_ENTRIES + 1)}),  # too many
+        _with_metadata({"a": "v" * METADATA_BYTES}),  # too large
+        _with_metadata({"Upper": "v"}),  # not a metadata key
+        _with_metadata({"": "v"}),
+        _with_metadata({"k" * 65: "v"}),
+        _with_metadata({"a": 1}),  # not text
+        _with_metadata({1: "v"}),
+        _with_metadata(["a", "b"]),  # not a map
+        _with_metadata(b"\xa2\x61a\x61b\x61a\x61c"),  # a key twice
+        _with_metadata(b"\xa1\x61a\x62\xff\xfe"),  # not UTF-8
+        _with_metadata({"a": "b"}, key=b"k" * 16),  # an envelope key
+    ],
+)
+def test_metadata_the_dispatcher_refuses_is_left_to_it(data: bytes) -> None:
+    assert read_relay_call(data, METADATA_ENTRIES, METADATA_BYTES) is None
+
+
+@fuzz_settings(600)
+@given(data=st.data())
+def test_a_mutated_relay_call_with_metadata_is_read_only_as_the_dispatcher_reads_it(
+    data: st.DataObject,
+) -> None:
+    envelope = bytearray(_with_metadata({"trace": "t-1", "b": "ü"}))
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(envelope) - 1))
+        action = data.draw(st.sampled_from(["set", "cut", "insert"]))
+        if action == "set":
+            envelope[at] = data.draw(st.integers(0, 255))
+        elif action == "cut":
+            del envelope[at]
+        else:
+            envelope.insert(at, data.draw(st.integers(0, 255)))
+    raw = bytes(envelope)
+    read = read_relay_call(raw, METADATA_ENTRIES, METADATA_BYTES)
+    if read is not None:
+        call, encoded = read
+        assert call == _as_decoded(raw)
+        verdict = _metadata_verdict(raw)
+        assert verdict != "refused"
+        assert (cbor2.loads(encoded) if encoded is not None else {}) == verdict

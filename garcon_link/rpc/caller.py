@@ -357,7 +357,7 @@ class Caller:
         method: str,
         arguments: bytes,
         key: bytes | None,
-        metadata: Mapping[str, str] | None,
+        metadata: Mapping[str, str] | bytes | None,
         credit: tuple[int, int],
     ) -> tuple[_Pending, bytes]:
         self._check_open()
@@ -406,11 +406,12 @@ class Caller:
         method: str,
         arguments: bytes,
         key: bytes | None,
-        metadata: Mapping[str, str] | None,
+        metadata: Mapping[str, str] | bytes | None,
         timeout: float,
         on_end: Callable[[Forward], None],
     ) -> Forward | None:
-        """Issue a relayed call (as :meth:`call_relayed`) without a task: ``on_end`` is told
+        """Issue a relayed call (as :meth:`call_relayed`; ``metadata`` may be a checked map's
+        encoding, sent as it is) without a task: ``on_end`` is told
         its outcome (:class:`Forward`), from the dispatch of its reply or from a timer. ``None``
         when it cannot be issued at once (not on asyncio, or the session must wait for
         capacity): nothing was sent or registered; :meth:`call_relayed` is then the way.

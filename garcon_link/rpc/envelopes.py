@@ -321,18 +321,20 @@ def encode_relayed_call(
     method: str,
     arguments: bytes,
     key: bytes | None,
-    metadata: Mapping[str, str] | None,
+    metadata: Mapping[str, str] | bytes | None,
     credit: tuple[int, int] = (0, 0),
 ) -> bytes:
     """``encode_call(...)`` of a call whose ``args`` and ``kwargs`` are already encoded:
     ``arguments`` is their two CBOR items back to back, framed by
-    :func:`~garcon_link.core.wire.argument_items` (a relay forwards them without decoding)."""
+    :func:`~garcon_link.core.wire.argument_items` (a relay forwards them without decoding).
+    ``metadata``: a map, or one map's encoding (a relay's, checked as it arrived)."""
     # Written by hand (what cbor2.dumps of the call would write, heads in shortest form): it
     # is on every relayed call's path, and only the key and metadata need an encoder.
     items, credit_items, credit_bytes = 8, *credit
     if metadata:
         items += 2
-        tail = cbor2.dumps(key) + cbor2.dumps(metadata)
+        encoded = metadata if type(metadata) is bytes else cbor2.dumps(metadata)
+        tail = cbor2.dumps(key) + encoded
     elif key is not None:
         items += 1
         tail = cbor2.dumps(key)
