@@ -7,6 +7,8 @@ through both."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import cbor2
 import pytest
 from cbor_strategies import any_item, cbor_values, fuzz_settings
@@ -21,10 +23,12 @@ from garcon_link.api._framing import (
     relay_arguments,
     relay_call,
 )
+from garcon_link.api.relay import _call_arguments, _payload
 from garcon_link.core.wire import argument_items, decode_item
 from garcon_link.errors import MalformedFrame, Rejected
 from garcon_link.rpc.envelopes import BadEnvelope, Call, encode_call, metadata_problem
 from garcon_link.rpc.envelopes import decode as decode_envelope
+from garcon_link.rpc.interface import service_spec, to_wire
 
 MAX_BYTES = 1 << 20
 
@@ -292,3 +296,41 @@ def test_a_mutated_relay_call_with_metadata_is_read_only_as_the_dispatcher_reads
         verdict = _metadata_verdict(raw)
         assert verdict != "refused"
         assert (cbor2.loads(encoded) if encoded is not None else {}) == verdict
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("box-1", "ident", "echo", b"\x82\x81\x41x\xa0", None, None),
+        ("ünï" * 10, "s" * 30, "m" * 300, b"p" * 70_000, b"k" * 128, 0.5),
+        ("e", "s", "m", b"", b"", 30.0),
+    ],
+)
+def test_a_caller_frames_a_relay_call_s_arguments_as_cbor2_does(
+    args: tuple[str, str, str, bytes, bytes | None, float | None],
+) -> None:
+    """The wire stays as it was: the caller's hand-framed relay arguments and payload are the
+    bytes cbor2 writes for them."""
+    assert _call_arguments(*args) == cbor2.dumps(list(args)) + b"\xa0"
+    assert relay_call(encode_call(7, "gateway", "call", list(args), {}, 0, 0, None, None)) == (
+        7,
+        *args,
+    )
+
+
+class _Echo(Protocol):
+    async def echo(self, data: bytes, *, times: int = 1, tag: str | None = None) -> bytes: ...
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((b"x" * 32,), {}), ((b"x",), {"times": 3}), ((b"",), {"times": 2, "tag": "ü"})],
+)
+def test_a_caller_encodes_a_relayed_payload_as_cbor2_does(
+    args: tuple[object, ...], kwargs: dict[str, object]
+) -> None:
+    spec = service_spec(_Echo).methods["echo"]
+    pos, kw = spec.bind(args, kwargs)
+    full = spec.args_with_defaults
+    expected = cbor2.dumps([to_wire(pos, with_defaults=full), to_wire(kw, with_defaults=full)])
+    assert _payload("echo", spec, args, kwargs) == expected

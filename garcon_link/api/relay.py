@@ -60,7 +60,7 @@ import anyio
 import anyio.abc
 import cbor2
 
-from ..core.wire import decode_item
+from ..core.wire import decode_item, encode_head
 from ..endpoint.transport import SessionTransport
 from ..errors import (
     CallError,
@@ -246,15 +246,23 @@ class _RelaySession:
         reply = await self._rpc.call_relayed(
             RELAY_SERVICE,
             RELAY_CALL.name,
-            _relay_arguments(executor, service, spec.name, payload, idempotency_key, timeout),
+            _call_arguments(executor, service, spec.name, payload, idempotency_key, timeout),
             timeout=None if timeout is None else timeout + limits.cancel_grace,
             metadata=metadata,
         )
         if type(reply) is not bytes:
             raise OutcomeUnknown("MALFORMED_REPLY", "the gateway's reply is not an outcome")
-        value, error = decode_outcome(reply, limits.max_frame_bytes)
-        if error is not None:
-            raise local_exception(error)
+        if reply[:2] == b"\x82\x01":  # a value: read alone, at the depth it has in the outcome
+            try:
+                value = decode_item(reply[2:], limits.max_frame_bytes, depth=1)
+            except MalformedFrame as exc:
+                raise OutcomeUnknown(
+                    "MALFORMED_REPLY", f"the gateway's outcome is unreadable: {exc}"
+                ) from None
+        else:
+            value, error = decode_outcome(reply, limits.max_frame_bytes)
+            if error is not None:
+                raise local_exception(error)
         try:
             return from_wire(value, spec.result)
         except Exception as exc:
@@ -287,14 +295,57 @@ def _relay_arguments(*args: str | bytes | float | None) -> bytes:
     return cbor2.dumps(list(args)) + b"\xa0"
 
 
+_NAMES: dict[tuple[str, str, str], bytes] = {}
+"""The head of a relay call's ``args`` up to its payload, per executor, service and method."""
+_MAX_NAMES = 4096
+"""Entries :data:`_NAMES` holds at most: past that it starts over."""
+
+
+def _call_arguments(
+    executor: str,
+    service: str,
+    method: str,
+    payload: bytes,
+    key: bytes | None,
+    timeout: float | None,
+) -> bytes:
+    """:func:`_relay_arguments` of a unary call, framed by hand around the values (the same
+    bytes: each element of an array is encoded as it would be alone, and the names' part is
+    kept per executor and method): on every relayed call's path."""
+    names = _NAMES.get((executor, service, method))
+    if names is None:
+        names = b"\x86" + cbor2.dumps(executor) + cbor2.dumps(service) + cbor2.dumps(method)
+        if len(_NAMES) >= _MAX_NAMES:
+            _NAMES.clear()
+        _NAMES[executor, service, method] = names
+    return b"".join(
+        (
+            names,
+            encode_head(2, len(payload)),
+            payload,
+            b"\xf6" if key is None else cbor2.dumps(key),
+            b"\xf6\xa0" if timeout is None else cbor2.dumps(timeout) + b"\xa0",
+        )
+    )
+
+
 def _payload(
     service: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> bytes:
-    """``[args, kwargs]`` bound, checked and encoded as a direct call's would be."""
+    """``[args, kwargs]`` bound, checked and encoded as a direct call's would be (framed by
+    hand around them: the bytes of ``cbor2.dumps([args, kwargs])``)."""
     try:
         pos, kw = spec.bind(args, kwargs)
         full = spec.args_with_defaults
-        payload = cbor2.dumps([to_wire(pos, with_defaults=full), to_wire(kw, with_defaults=full)])
+        wire = to_wire(pos, with_defaults=full)
+        payload = b"".join(
+            (
+                b"\x82\x81" + cbor2.dumps(wire[0])
+                if type(wire) is list and len(wire) == 1
+                else b"\x82" + cbor2.dumps(wire),
+                cbor2.dumps(to_wire(kw, with_defaults=full)) if kw else b"\xa0",
+            )
+        )
     except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
         raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
     try:

@@ -116,8 +116,8 @@ class Caller:
         self._retired: CallError | None = None
         self._next_id = 1
         self._pending: dict[int, _Pending] = {}
-        # Whether a forwarded call (forward()) was ever issued here: only then is a result's
-        # value taken as the bytes it came as (on_raw_result, checked to decode).
+        # Whether a forwarded call (forward()) or a relayed one (call_relayed()) was ever
+        # issued here: only then are results looked at before they are decoded (on_raw_result).
         self.forwards = False
         self.flow_violations = 0
         self.malformed_replies = 0
@@ -348,6 +348,7 @@ class Caller:
         pending, body = self._prepare_relayed(
             RELAYED, service, method, arguments, idempotency_key, metadata, (0, 0)
         )
+        self.forwards = True
         return await self._complete(pending, body, timeout, local=False)
 
     def _prepare_relayed(
@@ -442,7 +443,11 @@ class Caller:
         bytes, as received, end the call (``True``). ``False`` for any other, and for a value
         that does not decode as one item of plain data (it is then decoded as usual, so an
         unreadable one fails the call ``MALFORMED_REPLY`` and is counted, as for any call,
-        instead of being passed on for a gateway's caller to find unreadable)."""
+        instead of being passed on for a gateway's caller to find unreadable).
+
+        For a unary call of :meth:`call_relayed` whose value is one byte string of definite
+        length filling the rest of the envelope (a gateway's outcome), that string ends it, as
+        decoding would have read it (``True``); ``False`` for any other value."""
         first = payload[2] if len(payload) > 2 else 0xFF
         if first < 24:
             call_id, start = first, 3
@@ -452,8 +457,24 @@ class Caller:
         else:
             return False
         pending = self._pending.get(call_id)
-        if pending is None or pending.forward is None or len(payload) <= start:
+        if pending is None or len(payload) <= start:
             return False
+        if pending.forward is None:
+            if pending.spec is not RELAYED or pending.stream is not None:
+                return False
+            initial = payload[start]
+            if 0x40 <= initial < 0x58:
+                begin, size = start + 1, initial - 0x40
+            elif 0x58 <= initial <= 0x5B:
+                begin = start + 1 + (1 << (initial - 0x58))
+                size = int.from_bytes(payload[start + 1 : begin], "big")
+            else:
+                return False
+            if begin + size != len(payload):
+                return False
+            del self._pending[call_id]
+            self._finish(pending, value=payload[begin:])
+            return True
         encoded = payload[start:]
         try:
             # A relay passes the value on inside an outcome, ``[1, value]``: one level deeper.
