@@ -533,7 +533,13 @@ class GatewayExecutor:
         )
 
     async def _rpc_for_call(self, dispatch_deadline: float) -> _RelaySession:
-        return self._session_on(await self._fleet._gateway._rpc_for_call(dispatch_deadline))
+        gateway = self._fleet._gateway
+        rpc = gateway._rpc
+        if rpc is not None and gateway._availability == "ready" and not gateway._draining:
+            # What the gateway's own _rpc_for_call returns at once, without its coroutine.
+            session = self._session
+            return session if session is not None and session._rpc is rpc else self._session_on(rpc)
+        return self._session_on(await gateway._rpc_for_call(dispatch_deadline))
 
     @property
     def current_rpc(self) -> _RelaySession | None:

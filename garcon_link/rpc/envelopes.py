@@ -330,28 +330,28 @@ def encode_relayed_call(
     ``metadata``: a map, or one map's encoding (a relay's, checked as it arrived)."""
     # Written by hand (what cbor2.dumps of the call would write, heads in shortest form): it
     # is on every relayed call's path, and only the key and metadata need an encoder.
-    items, credit_items, credit_bytes = 8, *credit
+    names = _NAMES.get((service, method))
+    if names is None:
+        names = cbor2.dumps(service) + cbor2.dumps(method)
+        if len(_NAMES) >= _MAX_NAMES:
+            _NAMES.clear()
+        _NAMES[service, method] = names
     if metadata:
-        items += 2
         encoded = metadata if type(metadata) is bytes else cbor2.dumps(metadata)
-        tail = cbor2.dumps(key) + encoded
+        arity, tail = b"\x8a\x00", cbor2.dumps(key) + encoded
     elif key is not None:
-        items += 1
-        tail = cbor2.dumps(key)
+        arity, tail = b"\x89\x00", cbor2.dumps(key)
     else:
-        tail = b""
-    service_bytes, method_bytes = service.encode(), method.encode()
+        arity, tail = b"\x88\x00", b""
     return b"".join(
         (
-            bytes((0x80 | items, CALL)),
+            arity,
             encode_head(0, call_id),
-            encode_head(3, len(service_bytes)),
-            service_bytes,
-            encode_head(3, len(method_bytes)),
-            method_bytes,
+            names,
             arguments,
-            encode_head(0, credit_items),
-            encode_head(0, credit_bytes),
+            b"\x00\x00"
+            if credit == (0, 0)
+            else encode_head(0, credit[0]) + encode_head(0, credit[1]),
             tail,
         )
     )
