@@ -73,6 +73,7 @@ from ..errors import (
     RemoteError,
 )
 from ..limits import Limits
+from ..rpc.envelopes import byte_string_at
 from ..rpc.errorbody import MAX_ERROR_MESSAGE, error_body, error_from_body, local_exception
 from ..rpc.hooks import CallHook
 from ..rpc.interface import MethodKind, MethodSpec, from_wire, oneway, service_spec, to_wire
@@ -252,13 +253,17 @@ class _RelaySession:
         )
         if type(reply) is not bytes:
             raise OutcomeUnknown("MALFORMED_REPLY", "the gateway's reply is not an outcome")
-        if reply[:2] == b"\x82\x01":  # a value: read alone, at the depth it has in the outcome
-            try:
-                value = decode_item(reply[2:], limits.max_frame_bytes, depth=1)
-            except MalformedFrame as exc:
-                raise OutcomeUnknown(
-                    "MALFORMED_REPLY", f"the gateway's outcome is unreadable: {exc}"
-                ) from None
+        if reply[:2] == b"\x82\x01" and len(reply) > 2:
+            # A value: a byte string taken as it is, else read alone, at the depth it has in
+            # the outcome.
+            value = byte_string_at(reply, 2)
+            if value is None:
+                try:
+                    value = decode_item(reply[2:], limits.max_frame_bytes, depth=1)
+                except MalformedFrame as exc:
+                    raise OutcomeUnknown(
+                        "MALFORMED_REPLY", f"the gateway's outcome is unreadable: {exc}"
+                    ) from None
         else:
             value, error = decode_outcome(reply, limits.max_frame_bytes)
             if error is not None:

@@ -47,9 +47,11 @@ from .envelopes import (
     Item,
     Notify,
     Result,
+    byte_string_at,
     encode_call,
     encode_relayed_call,
     encode_relayed_notify,
+    plain_scalar,
     renumbered_call_head,
 )
 from .errorbody import (
@@ -462,25 +464,20 @@ class Caller:
         if pending.forward is None:
             if pending.spec is not RELAYED or pending.stream is not None:
                 return False
-            initial = payload[start]
-            if 0x40 <= initial < 0x58:
-                begin, size = start + 1, initial - 0x40
-            elif 0x58 <= initial <= 0x5B:
-                begin = start + 1 + (1 << (initial - 0x58))
-                size = int.from_bytes(payload[start + 1 : begin], "big")
-            else:
-                return False
-            if begin + size != len(payload):
+            value = byte_string_at(payload, start)
+            if value is None:
                 return False
             del self._pending[call_id]
-            self._finish(pending, value=payload[begin:])
+            self._finish(pending, value=value)
             return True
         encoded = payload[start:]
-        try:
-            # A relay passes the value on inside an outcome, ``[1, value]``: one level deeper.
-            decode_item(encoded, self.limits.max_frame_bytes, depth=1)
-        except MalformedFrame:
-            return False
+        if not plain_scalar(encoded):
+            try:
+                # A relay passes the value on inside an outcome, ``[1, value]``: one level
+                # deeper.
+                decode_item(encoded, self.limits.max_frame_bytes, depth=1)
+            except MalformedFrame:
+                return False
         del self._pending[call_id]
         pending.forward.encoded = encoded
         self._finish(pending)

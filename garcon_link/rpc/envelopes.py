@@ -481,6 +481,57 @@ def envelope_head(payload: bytes) -> tuple[int, int] | None:
     return kind, call_id
 
 
+def byte_string_at(data: bytes, start: int) -> bytes | None:
+    """The byte string whose head is at ``start`` and whose end is ``data``'s, as decoding it
+    would read it; ``None`` for anything else (another item, an indefinite length, bytes
+    before or after): decode that."""
+    initial = data[start]
+    if 0x40 <= initial < 0x58:
+        begin, size = start + 1, initial - 0x40
+    elif 0x58 <= initial <= 0x5B:
+        begin = start + 1 + (1 << (initial - 0x58))
+        size = int.from_bytes(data[start + 1 : begin], "big")
+    else:
+        return None
+    return data[begin:] if begin + size == len(data) else None
+
+
+_SCALAR_SIZES = {0xF4: 1, 0xF5: 1, 0xF6: 1, 0xF9: 3, 0xFA: 5, 0xFB: 9}
+"""false, true, null and the three floats: their encoded sizes."""
+
+
+def plain_scalar(data: bytes) -> bool:
+    """Whether ``data`` is, exactly, one item that every decoder of ours reads as plain data
+    without building a container: an integer (a head of at most 64 bits), a definite byte
+    string, definite UTF-8 text, a float, false, true or null. ``False`` says nothing either
+    way (a container, a tag, anything else): decode it."""
+    end = len(data)
+    if not end:
+        return False
+    initial = data[0]
+    major, info = initial >> 5, initial & 0x1F
+    if major == 7:
+        return _SCALAR_SIZES.get(initial) == end
+    if info < 24:
+        begin, value = 1, info
+    elif info < 28:
+        begin = 1 + (1 << (info - 24))
+        value = int.from_bytes(data[1:begin], "big")
+    else:
+        return False
+    if major < 2:
+        return begin == end
+    if major == 2:
+        return begin + value == end
+    if major == 3 and begin + value == end:
+        try:
+            data[begin:].decode()
+        except UnicodeDecodeError:
+            return False
+        return True
+    return False
+
+
 def metadata_problem(metadata: object, max_entries: int, max_bytes: int) -> str | None:
     """Why ``metadata`` is not acceptable call metadata, or ``None`` (:mod:`garcon_link.rpc.hooks`).
 
