@@ -63,6 +63,21 @@ def test_the_scan_vouches_only_for_what_the_full_check_passes(
     _check(b"\x82" + first + second + extra)
 
 
+@fuzz_settings(600)
+@given(item=any_item, cut=st.integers(0, 2))
+def test_one_argument_gets_the_full_checks_verdict(item: bytes, cut: int) -> None:
+    """``[[item], {}]``, the shape whose one scalar argument its head vouches for."""
+    _check(b"\x82\x81" + (item[: len(item) - cut] if cut < len(item) else item) + b"\xa0")
+
+
+@pytest.mark.parametrize(
+    "item",
+    [b"\xf7", b"\xf8\x20", b"\xe0", b"\x61\xff", b"\x62a", b"\x5f\x41a\xff", b"\xc2\x41\x01"],
+)
+def test_one_argument_a_worker_might_not_read_gets_the_full_check(item: bytes) -> None:
+    _check(b"\x82\x81" + item + b"\xa0")
+
+
 @fuzz_settings(300)
 @given(
     args=st.lists(cbor_values, max_size=4),

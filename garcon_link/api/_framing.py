@@ -29,6 +29,7 @@ from typing import TypeAlias
 
 from ..core.wire import argument_items, decode_item
 from ..errors import MalformedFrame, Rejected
+from ..rpc.envelopes import plain_scalar
 
 __all__ = ["MAX_SCAN_DEPTH", "RelayCall", "read_relay_call", "relay_arguments", "relay_call"]
 
@@ -43,7 +44,11 @@ def relay_arguments(payload: bytes, max_bytes: int) -> bytes:
         Rejected: ``INVALID_ARGUMENTS``: they do not frame as ``[args, kwargs]``, or a worker
             would not decode them (module docstring).
     """
-    if len(payload) <= max_bytes and _vouch(payload):
+    if len(payload) <= max_bytes and (
+        # One plain scalar argument and no keyword (the usual small call): its head says it.
+        (payload[:2] == b"\x82\x81" and payload[-1:] == b"\xa0" and plain_scalar(payload[2:-1]))
+        or _vouch(payload)
+    ):
         return payload[1:]
     try:
         arguments = argument_items(payload)
