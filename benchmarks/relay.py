@@ -321,12 +321,12 @@ async def _started(process: anyio.abc.Process, what: str) -> bytes:
 
 
 @asynccontextmanager
-async def _workers(url: str, keyring: Path, count: int) -> AsyncIterator[None]:
+async def _workers(url: str, keyring: Path, count: int) -> AsyncIterator[anyio.abc.Process]:
     command = [sys.executable, "-m", "benchmarks.relay", "workers", url, str(keyring), str(count)]
     process = await anyio.open_process(command, stdin=subprocess.PIPE, stderr=None)
     try:
         await _started(process, "the workers' process")
-        yield
+        yield process
     finally:
         process.kill()
         await process.wait()
@@ -638,6 +638,60 @@ async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) process ``pid`` has used so far (``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _cpu(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """CPU time per call of each process (``/proc``), ``args.cpu_calls`` calls made 64 at a
+    time by a caller child: through a gateway child (caller, gateway, worker), then direct to
+    a fleet (caller, worker); none under callgrind. Load moves it less than wall time, but
+    more than instructions (caches, frequency)."""
+    config = root / "gateway.toml"
+    config.write_text(
+        'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
+        '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["bench-*"]\n'
+        'executors = ["*"]\n',
+        encoding="utf-8",
+    )
+    calls = max(1, args.cpu_calls // INSTRUCTIONS_LANES) * INSTRUCTIONS_LANES
+    out: dict[str, Any] = {"calls": calls, "lanes": INSTRUCTIONS_LANES}
+    secret = root / "callers" / "bench-0.secret"
+    for arrangement in ("gateway", "direct"):
+        children: list[_Child] = []
+        try:
+            if arrangement == "gateway":
+                argv = ["gateway", str(config)]
+                children.append(await _Child.start("gateway", argv, root, root, counted=False))
+                url = json.loads(await children[0].line(b"url"))["url"]
+                argv = ["caller", "gateway", f"{url} {secret}"]
+                caller = await _Child.start("caller", argv, root, root, counted=False)
+            else:
+                argv = ["caller", "direct", str(root / "keys")]
+                caller = await _Child.start("caller", argv, root, root, counted=False)
+                url = json.loads(await caller.line(b"url"))["url"]
+            children.append(caller)
+            async with _workers(url, root / "keys", 1) as workers:
+                await caller.line(b"ready")
+                await caller.ask("warm 2000")
+                pids = {child.name: child.process.pid for child in children}
+                pids["worker"] = workers.pid
+                before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+                start = time.perf_counter()
+                await caller.ask(f"in_flight {calls}")
+                wall = time.perf_counter() - start
+                for name, pid in pids.items():
+                    used = _cpu_seconds(pid) - before[name]
+                    out[f"{arrangement}_{name}_cpu_us_per_call"] = used * 1e6 / calls
+                out[f"{arrangement}_calls_per_s_64"] = calls / wall
+        finally:
+            for child in children:
+                await child.aclose()
+    return out
+
+
 def _keys(root: Path, args: argparse.Namespace) -> None:
     for directory in ("keys", "callers"):
         (root / directory).mkdir(mode=0o700)
@@ -655,6 +709,8 @@ async def _main(args: argparse.Namespace) -> Any:
         _keys(root, args)
         if args.instructions:
             return await _instructions(root, args)
+        if args.cpu:
+            return await _cpu(root, args)
         if args.floods_only:
             return await _through_gateway(root, args)
         direct = await _direct(root, args)
@@ -745,6 +801,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{INSTRUCTIONS_RECEIPT_DELAY:g}; the library's own is 0.005)",
     )
     parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="only measure CPU time per call of each process (/proc), 64 calls in flight, "
+        "through a gateway and direct (one executor, one caller)",
+    )
+    parser.add_argument(
+        "--cpu-calls",
+        type=int,
+        default=64_000,
+        metavar="N",
+        help="with --cpu: calls measured in each arrangement (default 64,000)",
+    )
+    parser.add_argument(
         "--instructions-metadata",
         action="store_true",
         help="with --instructions: every call carries metadata, added by a client hook (as a "
@@ -782,6 +851,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.quick:
         args.executors, args.calls, args.seconds, args.maps = 20, 300, 1.0, 2
+    if args.cpu:
+        args.executors, args.callers = 1, 1
+        doc = anyio.run(_main, args)
+        print(json.dumps(doc, indent=2))
+        for arrangement in ("gateway", "direct"):
+            used = {
+                key.split("_")[1]: value
+                for key, value in doc.items()
+                if key.startswith(f"{arrangement}_") and key.endswith("_cpu_us_per_call")
+            }
+            print(
+                f"{arrangement}: {doc[f'{arrangement}_calls_per_s_64']:.0f} calls/s; CPU per "
+                f"call {', '.join(f'{k} {v:.1f} us' for k, v in used.items())}, total "
+                f"{sum(used.values()):.1f} us",
+                file=sys.stderr,
+            )
+        return 0
     if args.instructions:
         if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
             parser.error("--instructions needs valgrind (callgrind_control)")
