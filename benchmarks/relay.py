@@ -45,6 +45,10 @@ also reports the counted process's writer wake-ups per call. ``--instructions-me
 call carries metadata (a client hook adds it, as a tracing hook does). ``--callgrind-dir DIR``
 keeps the dumps there (``gateway.sequential``, ``caller.in_flight_64``, ...) for
 ``callgrind_annotate``.
+
+``--cpu`` measures each process's CPU time per call (``/proc``) instead, ``--cpu-calls`` calls
+made 64 at a time by a caller child, through a gateway child and then direct to a fleet, none
+under callgrind (:func:`_cpu`).
 """
 
 from __future__ import annotations
