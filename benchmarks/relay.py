@@ -30,16 +30,25 @@ bytes``). What is measured, in each arrangement:
 Targets: the hop adds at most 1.5x to the p50 and keeps at least 0.7x of the direct
 calls/s.
 
-``--instructions`` (needs valgrind) measures instead the gateway's own work in instructions
-per relayed call, a figure the machine's load does not move: the gateway child runs under
-callgrind with instrumentation off, one executor and one caller (this process); after a warm-up,
-the counters are zeroed, switched on around ``--instructions-calls`` sequential calls, off and
-dumped, then the same around as many calls made 64 at a time (:func:`_instructions`). The
-gateway's ``receipt_delay`` is raised to 2 s (``--instructions-receipt-delay``) so that its
-receipt timer's work (at most once per ``receipt_delay`` while receipts are due) does not grow
-with valgrind's wall time. Both phases also report the writer wake-ups per call of the gateway
-(asked over its stdin) and of the caller (``TransportStatistics.writer_wakeups``).
-``--callgrind-dir DIR`` keeps the two dumps there for ``callgrind_annotate``.
+``--instructions`` (needs valgrind) measures instead instructions per call, a figure the
+machine's load does not move, of three processes, each counted on its own run (one slowed by
+callgrind batches its peers' work less, so only one is slowed at a time): the gateway child, a
+caller child through it, and a direct fleet's caller child (the fleet listening in it), one
+executor each time (:func:`_instructions`). The counted child runs under callgrind with
+instrumentation off; after a warm-up, the counters are zeroed, switched on around
+``--instructions-calls`` sequential calls, off and dumped, then the same around as many calls
+made 64 at a time. The caller child runs each phase when told on its stdin
+(:func:`_caller_main`). The gateway's ``receipt_delay`` is raised to 2 s
+(``--instructions-receipt-delay``) so that its receipt timer's work (at most once per
+``receipt_delay`` while receipts are due) does not grow with valgrind's wall time. Each phase
+also reports the counted process's writer wake-ups per call. ``--instructions-metadata``: every
+call carries metadata (a client hook adds it, as a tracing hook does). ``--callgrind-dir DIR``
+keeps the dumps there (``gateway.sequential``, ``caller.in_flight_64``, ...) for
+``callgrind_annotate``.
+
+``--cpu`` measures each process's CPU time per call (``/proc``) instead, ``--cpu-calls`` calls
+made 64 at a time by a caller child, through a gateway child and then direct to a fleet, none
+under callgrind (:func:`_cpu`).
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -176,6 +185,66 @@ async def _gateway_main(config_path: Path, profile: Path | None) -> None:
         os._exit(0)
 
 
+# ------------------------------------------------------------------------ caller child
+
+
+class _TraceHook:
+    """A client hook adding one metadata entry to every call, as a tracing hook does
+    (``--instructions-metadata``)."""
+
+    def call_started(self, call: gl.CallInfo) -> object:
+        assert isinstance(call.metadata, MutableMapping)  # a client hook's: writable
+        call.metadata["traceparent"] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        return None
+
+    def call_ended(self, call: gl.CallInfo, state: object, end: gl.CallEnd) -> None:
+        pass
+
+
+async def _caller_main(mode: str, where: str, metadata: bool) -> None:
+    """A caller in a child of its own, so that ``--instructions`` counts its work under
+    callgrind as it does the gateway's: ``mode`` ``gateway`` (``where``: the gateway's URL and
+    the caller's secret file, joined by a space) or ``direct`` (``where``: the executors'
+    keyring; this child listens as a fleet and prints its URL first). Once executor 0 is
+    ready it prints ``ready``, then runs each phase named on stdin (``sequential N``,
+    ``in_flight N``: N calls, 64 at a time; ``warm N``) and answers each with a JSON line of
+    its writer wake-ups so far. ``metadata``: every call carries metadata (:class:`_TraceHook`)."""
+    hooks: list[gl.CallHook] = [_TraceHook()] if metadata else []
+    async with AsyncExitStack() as stack:
+        if mode == "gateway":
+            url, secret = where.split(" ", 1)
+            config = gl.CallerConfig(
+                caller_id="bench-0", secret=read_secret_file(Path(secret)), dial=url
+            )
+            fleet: Any = await stack.enter_async_context(gl.connect_gateway(config, hooks=hooks))
+            await fleet.gateway.wait_ready(300)
+        else:
+            fleet_config = gl.FleetConfig(listen=("127.0.0.1", 0), keyring=Path(where))
+            fleet = await stack.enter_async_context(gl.fleet(fleet_config, hooks=hooks))
+            print(json.dumps({"url": fleet.url}), flush=True)
+        target = fleet.executor(executor_id(0))
+        await target.wait_ready(300)
+        ident = target.service("ident", Ident)
+
+        async def lane(count: int) -> None:
+            for _ in range(count):
+                await ident.echo(PAYLOAD)
+
+        print("ready", flush=True)
+        lines = anyio.wrap_file(sys.stdin)
+        while line := await lines.readline():
+            phase, _, text = line.strip().partition(" ")
+            count = int(text or 0)
+            if phase == "in_flight":
+                async with anyio.create_task_group() as tg:
+                    for _ in range(INSTRUCTIONS_LANES):
+                        tg.start_soon(lane, max(1, count // INSTRUCTIONS_LANES))
+            elif phase != "wakeups":
+                await lane(count)
+            print(json.dumps({"writer_wakeups": _writer_wakeups()}), flush=True)
+        os._exit(0)
+
+
 # ------------------------------------------------------------------------ measuring
 
 
@@ -256,12 +325,12 @@ async def _started(process: anyio.abc.Process, what: str) -> bytes:
 
 
 @asynccontextmanager
-async def _workers(url: str, keyring: Path, count: int) -> AsyncIterator[None]:
+async def _workers(url: str, keyring: Path, count: int) -> AsyncIterator[anyio.abc.Process]:
     command = [sys.executable, "-m", "benchmarks.relay", "workers", url, str(keyring), str(count)]
     process = await anyio.open_process(command, stdin=subprocess.PIPE, stderr=None)
     try:
         await _started(process, "the workers' process")
-        yield
+        yield process
     finally:
         process.kill()
         await process.wait()
@@ -426,9 +495,10 @@ async def _callgrind(pid: int, *switches: str) -> None:
         await anyio.run_process(["callgrind_control", *switch.split(), str(pid)], check=False)
 
 
-def _dump_totals(directory: Path, seen: set[Path]) -> tuple[int, Path]:
-    """The instructions of the one dump written since ``seen`` was taken, and its path."""
-    fresh = sorted(set(directory.glob("gateway.*")) - seen)
+def _dump_totals(directory: Path, prefix: str, seen: set[Path]) -> tuple[int, Path]:
+    """The instructions of the one dump of ``prefix`` written since ``seen`` was taken, and
+    its path."""
+    fresh = sorted(set(directory.glob(f"{prefix}.*")) - seen)
     if len(fresh) != 1:
         raise RuntimeError(f"expected one new callgrind dump in {directory}, found {fresh}")
     text = fresh[0].read_text(errors="replace")
@@ -440,25 +510,93 @@ def _dump_totals(directory: Path, seen: set[Path]) -> tuple[int, Path]:
     return int(match.group(1)), fresh[0]
 
 
-async def _gateway_wakeups(gateway: anyio.abc.Process, buffer: bytes) -> tuple[int, bytes]:
-    """Ask the gateway child for its writer wake-ups so far (see :func:`_gateway_main`);
-    ``buffer``: what was read from its stdout and not used yet, before and after."""
-    assert gateway.stdin is not None and gateway.stdout is not None
-    await gateway.stdin.send(b"wakeups\n")
-    with anyio.fail_after(60):
-        while True:
-            line, sep, rest = buffer.partition(b"\n")
-            if sep and b"writer_wakeups" in line:
-                return int(json.loads(line)["writer_wakeups"]), rest
-            if sep:
-                buffer = rest
-                continue
-            buffer += await gateway.stdout.receive()
+class _Child:
+    """A child process under callgrind (instrumentation off until switched on) and the lines
+    it writes."""
+
+    def __init__(self, name: str, process: anyio.abc.Process) -> None:
+        self.name = name
+        self.process = process
+        self._buffer = b""
+
+    @classmethod
+    async def start(
+        cls, name: str, argv: list[str], dumps: Path, root: Path, *, counted: bool = True
+    ) -> _Child:
+        """``counted``: under callgrind; else a plain child."""
+        command = [sys.executable, "-m", "benchmarks.relay", *argv]
+        if counted:
+            valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+            command = [*valgrind, f"--callgrind-out-file={dumps / name}.%p", *command]
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+        process = await anyio.open_process(
+            command, stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=root, env=env
+        )
+        return cls(name, process)
+
+    async def line(self, needle: bytes, timeout: float = 300) -> bytes:
+        """The next line holding ``needle`` (lines before it are skipped)."""
+        assert self.process.stdout is not None
+        with anyio.fail_after(timeout):
+            while True:
+                line, sep, rest = self._buffer.partition(b"\n")
+                if sep:
+                    self._buffer = rest
+                    if needle in line:
+                        return line
+                    continue
+                try:
+                    self._buffer += await self.process.stdout.receive()
+                except anyio.EndOfStream:
+                    raise RuntimeError(f"the {self.name} child exited early") from None
+
+    async def ask(self, request: str) -> dict[str, Any]:
+        """Write ``request`` and read the JSON line that answers it."""
+        assert self.process.stdin is not None
+        await self.process.stdin.send(request.encode() + b"\n")
+        answer: dict[str, Any] = json.loads(await self.line(b"writer_wakeups", 600))
+        return answer
+
+    async def aclose(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+        await self.process.wait()
+        await self.process.aclose()
+
+
+async def _count_phases(
+    counted: _Child, caller: _Child, dumps: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The phases of ``--instructions`` run by ``caller``: ``counted``'s instructions per call
+    (``{phase}_{name}_instructions_per_call``) and writer wake-ups per call."""
+    calls = args.instructions_calls
+    per_lane = max(1, calls // INSTRUCTIONS_LANES)
+    out: dict[str, Any] = {}
+    await caller.ask("warm 50")  # instrumentation off
+    for name, count in (("sequential", calls), ("in_flight_64", per_lane * INSTRUCTIONS_LANES)):
+        seen = set(dumps.glob(f"{counted.name}.*"))
+        before = (await counted.ask("wakeups"))["writer_wakeups"]
+        await _callgrind(counted.process.pid, "-z", "-i on")
+        woke = await caller.ask(f"{name.removesuffix('_64')} {count}")
+        await _callgrind(counted.process.pid, "-i off", "-d")
+        total, dump = _dump_totals(dumps, counted.name, seen)
+        out[f"{name}_{counted.name}_instructions_per_call"] = total / count
+        after = woke if counted is caller else await counted.ask("wakeups")
+        out[f"{name}_{counted.name}_writer_wakeups_per_call"] = (
+            after["writer_wakeups"] - before
+        ) / count
+        if args.callgrind_dir is not None:
+            args.callgrind_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy(dump, args.callgrind_dir / f"{counted.name}.{name}")
+    return out
 
 
 async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Instructions the gateway child executes per relayed call (callgrind; see the module
-    docstring): sequential, then 64 in flight, each over ``args.instructions_calls`` calls."""
+    """Instructions per relayed call of the gateway child, then of a caller child through it,
+    then of a direct fleet's caller child (callgrind; see the module docstring), sequential and
+    64 in flight, each over ``args.instructions_calls`` calls. One process is counted at a
+    time: one slowed by callgrind batches its peers' work less, and a count taken with two of
+    them would depend on that."""
     config = root / "gateway.toml"
     config.write_text(
         'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
@@ -468,83 +606,93 @@ async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     )
     dumps = root / "callgrind"
     dumps.mkdir()
-    command = [
-        "valgrind",
-        "--tool=callgrind",
-        "--instr-atstart=no",
-        f"--callgrind-out-file={dumps / 'gateway.%p'}",
-        sys.executable,
-        "-m",
-        "benchmarks.relay",
-        "gateway",
-        str(config),
-    ]
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    gateway = await anyio.open_process(
-        command, stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=root, env=env
+    metadata = ["--metadata"] if args.instructions_metadata else []
+    out: dict[str, Any] = {"calls": args.instructions_calls, "lanes": INSTRUCTIONS_LANES}
+    secret = root / "callers" / "bench-0.secret"
+    for counted in ("gateway", "caller"):
+        children: list[_Child] = []
+        try:
+            gateway = await _Child.start(
+                "gateway", ["gateway", str(config)], dumps, root, counted=counted == "gateway"
+            )
+            children.append(gateway)
+            url = json.loads(await gateway.line(b"url"))["url"]
+            async with _workers(url, root / "keys", 1):
+                argv = ["caller", "gateway", f"{url} {secret}", *metadata]
+                caller = await _Child.start(
+                    "caller", argv, dumps, root, counted=counted == "caller"
+                )
+                children.append(caller)
+                await caller.line(b"ready")
+                measured = gateway if counted == "gateway" else caller
+                out.update(await _count_phases(measured, caller, dumps, args))
+        finally:
+            for child in children:
+                await child.aclose()
+    direct = await _Child.start(
+        "direct", ["caller", "direct", str(root / "keys"), *metadata], dumps, root
     )
-    calls = args.instructions_calls
-    per_lane = max(1, calls // INSTRUCTIONS_LANES)
-    out: dict[str, Any] = {"calls": calls, "lanes": INSTRUCTIONS_LANES}
     try:
-        assert gateway.stdout is not None
-        buffer = b""
-        with anyio.fail_after(300):
-            while b"\n" not in buffer:
-                buffer += await gateway.stdout.receive()
-        url = json.loads(buffer.split(b"\n")[0])["url"]
-        caller = gl.CallerConfig(
-            caller_id="bench-0",
-            secret=read_secret_file(root / "callers" / "bench-0.secret"),
-            dial=url,
-        )
-        async with _workers(url, root / "keys", 1), gl.connect_gateway(caller) as fleet:
-            await fleet.gateway.wait_ready(300)
-            target = fleet.executor(executor_id(0))
-            await target.wait_ready(300)
-            ident = target.service("ident", Ident)
-
-            async def sequential() -> None:
-                for _ in range(calls):
-                    await ident.echo(PAYLOAD)
-
-            async def in_flight() -> None:
-                async def lane() -> None:
-                    for _ in range(per_lane):
-                        await ident.echo(PAYLOAD)
-
-                async with anyio.create_task_group() as tg:
-                    for _ in range(INSTRUCTIONS_LANES):
-                        tg.start_soon(lane)
-
-            for _ in range(50):  # warm-up, instrumentation off
-                await ident.echo(PAYLOAD)
-            with anyio.fail_after(600):
-                for name, phase, count in (
-                    ("sequential", sequential, calls),
-                    ("in_flight_64", in_flight, per_lane * INSTRUCTIONS_LANES),
-                ):
-                    seen = set(dumps.glob("gateway.*"))
-                    gateway_woke, buffer = await _gateway_wakeups(gateway, buffer)
-                    caller_woke = _writer_wakeups()
-                    await _callgrind(gateway.pid, "-z", "-i on")
-                    await phase()
-                    await _callgrind(gateway.pid, "-i off", "-d")
-                    total, dump = _dump_totals(dumps, seen)
-                    out[f"{name}_instructions_per_call"] = total / count
-                    woke, buffer = await _gateway_wakeups(gateway, buffer)
-                    out[f"{name}_gateway_writer_wakeups_per_call"] = (woke - gateway_woke) / count
-                    out[f"{name}_caller_writer_wakeups_per_call"] = (
-                        _writer_wakeups() - caller_woke
-                    ) / count
-                    if args.callgrind_dir is not None:
-                        args.callgrind_dir.mkdir(parents=True, exist_ok=True)
-                        shutil.copy(dump, args.callgrind_dir / f"gateway.{name}")
+        url = json.loads(await direct.line(b"url"))["url"]
+        async with _workers(url, root / "keys", 1):
+            await direct.line(b"ready")
+            out.update(await _count_phases(direct, direct, dumps, args))
     finally:
-        if gateway.returncode is None:
-            gateway.kill()
-        await gateway.wait()
-        await gateway.aclose()
+        await direct.aclose()
+    return out
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) process ``pid`` has used so far (``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _cpu(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """CPU time per call of each process (``/proc``), ``args.cpu_calls`` calls made 64 at a
+    time by a caller child: through a gateway child (caller, gateway, worker), then direct to
+    a fleet (caller, worker); none under callgrind. Load moves it less than wall time, but
+    more than instructions (caches, frequency)."""
+    config = root / "gateway.toml"
+    config.write_text(
+        'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
+        '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["bench-*"]\n'
+        'executors = ["*"]\n',
+        encoding="utf-8",
+    )
+    calls = max(1, args.cpu_calls // INSTRUCTIONS_LANES) * INSTRUCTIONS_LANES
+    out: dict[str, Any] = {"calls": calls, "lanes": INSTRUCTIONS_LANES}
+    secret = root / "callers" / "bench-0.secret"
+    for arrangement in ("gateway", "direct"):
+        children: list[_Child] = []
+        try:
+            if arrangement == "gateway":
+                argv = ["gateway", str(config)]
+                children.append(await _Child.start("gateway", argv, root, root, counted=False))
+                url = json.loads(await children[0].line(b"url"))["url"]
+                argv = ["caller", "gateway", f"{url} {secret}"]
+                caller = await _Child.start("caller", argv, root, root, counted=False)
+            else:
+                argv = ["caller", "direct", str(root / "keys")]
+                caller = await _Child.start("caller", argv, root, root, counted=False)
+                url = json.loads(await caller.line(b"url"))["url"]
+            children.append(caller)
+            async with _workers(url, root / "keys", 1) as workers:
+                await caller.line(b"ready")
+                await caller.ask("warm 2000")
+                pids = {child.name: child.process.pid for child in children}
+                pids["worker"] = workers.pid
+                before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+                start = time.perf_counter()
+                await caller.ask(f"in_flight {calls}")
+                wall = time.perf_counter() - start
+                for name, pid in pids.items():
+                    used = _cpu_seconds(pid) - before[name]
+                    out[f"{arrangement}_{name}_cpu_us_per_call"] = used * 1e6 / calls
+                out[f"{arrangement}_calls_per_s_64"] = calls / wall
+        finally:
+            for child in children:
+                await child.aclose()
     return out
 
 
@@ -565,6 +713,8 @@ async def _main(args: argparse.Namespace) -> Any:
         _keys(root, args)
         if args.instructions:
             return await _instructions(root, args)
+        if args.cpu:
+            return await _cpu(root, args)
         if args.floods_only:
             return await _through_gateway(root, args)
         direct = await _direct(root, args)
@@ -612,6 +762,10 @@ def main(argv: list[str] | None = None) -> int:
     gateway = sub.add_parser("gateway")
     gateway.add_argument("config", type=Path)
     gateway.add_argument("profile", type=Path, nargs="?")
+    caller = sub.add_parser("caller")
+    caller.add_argument("mode", choices=("gateway", "direct"))
+    caller.add_argument("where")
+    caller.add_argument("--metadata", action="store_true")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--executors", type=int, default=1000)
     parser.add_argument("--callers", type=int, default=8)
@@ -651,6 +805,25 @@ def main(argv: list[str] | None = None) -> int:
         f"{INSTRUCTIONS_RECEIPT_DELAY:g}; the library's own is 0.005)",
     )
     parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="only measure CPU time per call of each process (/proc), 64 calls in flight, "
+        "through a gateway and direct (one executor, one caller)",
+    )
+    parser.add_argument(
+        "--cpu-calls",
+        type=int,
+        default=64_000,
+        metavar="N",
+        help="with --cpu: calls measured in each arrangement (default 64,000)",
+    )
+    parser.add_argument(
+        "--instructions-metadata",
+        action="store_true",
+        help="with --instructions: every call carries metadata, added by a client hook (as a "
+        "tracing hook adds its context)",
+    )
+    parser.add_argument(
         "--callgrind-dir",
         type=Path,
         metavar="DIR",
@@ -673,12 +846,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "gateway":
         anyio.run(_gateway_main, args.config, args.profile)
         return 0
+    if args.command == "caller":
+        anyio.run(_caller_main, args.mode, args.where, args.metadata)
+        return 0
     try:
         args.floods = flood_kinds(args.floods)
     except ValueError as exc:
         parser.error(str(exc))
     if args.quick:
         args.executors, args.calls, args.seconds, args.maps = 20, 300, 1.0, 2
+    if args.cpu:
+        args.executors, args.callers = 1, 1
+        doc = anyio.run(_main, args)
+        print(json.dumps(doc, indent=2))
+        for arrangement in ("gateway", "direct"):
+            used = {
+                key.split("_")[1]: value
+                for key, value in doc.items()
+                if key.startswith(f"{arrangement}_") and key.endswith("_cpu_us_per_call")
+            }
+            print(
+                f"{arrangement}: {doc[f'{arrangement}_calls_per_s_64']:.0f} calls/s; CPU per "
+                f"call {', '.join(f'{k} {v:.1f} us' for k, v in used.items())}, total "
+                f"{sum(used.values()):.1f} us",
+                file=sys.stderr,
+            )
+        return 0
     if args.instructions:
         if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
             parser.error("--instructions needs valgrind (callgrind_control)")
@@ -687,17 +880,18 @@ def main(argv: list[str] | None = None) -> int:
         args.executors, args.callers = 1, 1
         doc = anyio.run(_main, args)
         print(json.dumps(doc, indent=2))
-        print(
-            f"gateway instructions per relayed call: sequential "
-            f"{doc['sequential_instructions_per_call'] / 1000:.0f}k, 64 in flight "
-            f"{doc['in_flight_64_instructions_per_call'] / 1000:.0f}k; writer wake-ups per "
-            f"call, gateway / caller: sequential "
-            f"{doc['sequential_gateway_writer_wakeups_per_call']:.3f} / "
-            f"{doc['sequential_caller_writer_wakeups_per_call']:.3f}, 64 in flight "
-            f"{doc['in_flight_64_gateway_writer_wakeups_per_call']:.3f} / "
-            f"{doc['in_flight_64_caller_writer_wakeups_per_call']:.3f}",
-            file=sys.stderr,
-        )
+        for phase, label in (("sequential", "sequential"), ("in_flight_64", "64 in flight")):
+            print(
+                f"instructions per call, {label}: gateway "
+                f"{doc[f'{phase}_gateway_instructions_per_call'] / 1000:.0f}k, caller through "
+                f"it {doc[f'{phase}_caller_instructions_per_call'] / 1000:.0f}k, caller of a "
+                f"direct fleet {doc[f'{phase}_direct_instructions_per_call'] / 1000:.0f}k; "
+                f"writer wake-ups per call, gateway / caller / direct: "
+                f"{doc[f'{phase}_gateway_writer_wakeups_per_call']:.3f} / "
+                f"{doc[f'{phase}_caller_writer_wakeups_per_call']:.3f} / "
+                f"{doc[f'{phase}_direct_writer_wakeups_per_call']:.3f}",
+                file=sys.stderr,
+            )
         return 0
     if args.floods_only:
         args.executors = 1

@@ -36,6 +36,7 @@ from garcon_link.rpc.envelopes import (
     Notify,
     Part,
     Result,
+    byte_string_at,
     decode,
     encode,
     encode_call,
@@ -47,6 +48,7 @@ from garcon_link.rpc.envelopes import (
     encode_result,
     envelope_head,
     metadata_problem,
+    plain_scalar,
     renumbered_call_head,
 )
 
@@ -325,3 +327,69 @@ def test_hostile_arguments_cannot_change_what_the_relay_writes(
     assert (envelope.id, envelope.service, envelope.method) == (7, "svc", "m")
     assert (envelope.credit_items, envelope.credit_bytes) == (3, 4)
     assert (envelope.key, envelope.metadata) == (b"k", {"a": "b"})
+
+
+def _decodes(data: bytes) -> tuple[bool, object]:
+    try:
+        return True, decode_item(data, 1 << 20, depth=1)
+    except MalformedFrame:
+        return False, None
+
+
+@settings(max_examples=600, deadline=None)
+@given(item=any_item, cut=st.integers(0, 3), extra=st.sampled_from([b"", b"\x00", b"\xff"]))
+def test_a_plain_scalar_or_byte_string_read_from_its_bytes_decodes_the_same(
+    item: bytes, cut: int, extra: bytes
+) -> None:
+    """What ``plain_scalar`` vouches for decodes, and ``byte_string_at`` reads what the decode
+    reads (any item, cut short or with a byte after it)."""
+    data = (item[: len(item) - cut] if cut < len(item) else item) + extra
+    if not data:
+        return
+    decodes, value = _decodes(data)
+    if plain_scalar(data):
+        assert decodes
+    taken = byte_string_at(b"\x83\x01\x07" + data, 3)
+    if taken is not None:
+        assert decodes and value == taken
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x00",
+        b"\x1b" + b"\xff" * 8,
+        b"\x38\x10",
+        b"\xf4",
+        b"\xf6",
+        b"\xf9\x7e\x00",
+        b"\xfb" + b"\x00" * 8,
+        b"\x43abc",
+        b"\x59\x00\x01x",
+        b"\x62\xc3\xa9",
+        b"\x60",
+    ],
+)
+def test_plain_scalars_are_vouched_for(data: bytes) -> None:
+    assert plain_scalar(data) and _decodes(data)[0]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\x00\x00",
+        b"\x1c",
+        b"\x5f\x41a\xff",
+        b"\x62\xc3",
+        b"\x61\xff",
+        b"\xf7",
+        b"\xf8\x20",
+        b"\x80",
+        b"\xa0",
+        b"\xc2\x41\x01",
+        b"\x43ab",
+    ],
+)
+def test_anything_else_is_left_to_the_decoder(data: bytes) -> None:
+    assert not plain_scalar(data)

@@ -7,6 +7,8 @@ through both."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import cbor2
 import pytest
 from cbor_strategies import any_item, cbor_values, fuzz_settings
@@ -17,13 +19,16 @@ from garcon_link.api._framing import (
     MAX_SCAN_DEPTH,
     RelayCall,
     _vouch,
+    read_relay_call,
     relay_arguments,
     relay_call,
 )
+from garcon_link.api.relay import _call_arguments, _payload
 from garcon_link.core.wire import argument_items, decode_item
 from garcon_link.errors import MalformedFrame, Rejected
-from garcon_link.rpc.envelopes import BadEnvelope, Call, encode_call
+from garcon_link.rpc.envelopes import BadEnvelope, Call, encode_call, metadata_problem
 from garcon_link.rpc.envelopes import decode as decode_envelope
+from garcon_link.rpc.interface import service_spec, to_wire
 
 MAX_BYTES = 1 << 20
 
@@ -56,6 +61,21 @@ def test_the_scan_vouches_only_for_what_the_full_check_passes(
     first: bytes, second: bytes, extra: bytes
 ) -> None:
     _check(b"\x82" + first + second + extra)
+
+
+@fuzz_settings(600)
+@given(item=any_item, cut=st.integers(0, 2))
+def test_one_argument_gets_the_full_checks_verdict(item: bytes, cut: int) -> None:
+    """``[[item], {}]``, the shape whose one scalar argument its head vouches for."""
+    _check(b"\x82\x81" + (item[: len(item) - cut] if cut < len(item) else item) + b"\xa0")
+
+
+@pytest.mark.parametrize(
+    "item",
+    [b"\xf7", b"\xf8\x20", b"\xe0", b"\x61\xff", b"\x62a", b"\x5f\x41a\xff", b"\xc2\x41\x01"],
+)
+def test_one_argument_a_worker_might_not_read_gets_the_full_check(item: bytes) -> None:
+    _check(b"\x82\x81" + item + b"\xa0")
 
 
 @fuzz_settings(300)
@@ -204,3 +224,128 @@ def test_a_mutated_relay_call_is_read_only_as_the_decoder_reads_it(data: st.Data
     read = relay_call(raw)
     if read is not None:
         assert read == _as_decoded(raw)
+
+
+METADATA_ENTRIES, METADATA_BYTES = 4, 64
+
+
+def _with_metadata(metadata: object, key: bytes | None = None) -> bytes:
+    """A relay envelope with ``metadata`` (encoded as given: a map, or a map's bytes)."""
+    args = ["box-1", "ident", "echo", b"\x82\x80\xa0", None, 30.0]
+    base = encode_call(7, "gateway", "call", args, {}, 0, 0, None, None)
+    tail = metadata if isinstance(metadata, bytes) else cbor2.dumps(metadata)
+    return b"\x8a" + base[1:] + cbor2.dumps(key) + tail
+
+
+def _metadata_verdict(data: bytes) -> object:
+    """What the usual decode and the dispatcher's check make of ``data``'s metadata: the map,
+    or ``"refused"``."""
+    envelope = decode_envelope(decode_item(data, MAX_BYTES))
+    assert isinstance(envelope, Call)
+    if envelope.key is not None:
+        return "refused"
+    problem = metadata_problem(envelope.metadata, METADATA_ENTRIES, METADATA_BYTES)
+    return "refused" if problem is not None else envelope.metadata
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"traceparent": "00-0af7651916cd43dd-01"},
+        {"a": "", "b.c_d-9": "ünï", "x" * 30: "y" * 10, "z": "w"},
+        {},
+    ],
+)
+def test_a_relay_call_s_metadata_is_read_as_the_dispatcher_reads_it(
+    metadata: dict[str, str],
+) -> None:
+    data = _with_metadata(metadata)
+    read = read_relay_call(data, METADATA_ENTRIES, METADATA_BYTES)
+    assert read is not None
+    call, encoded = read
+    assert call == _as_decoded(data)
+    assert (cbor2.loads(encoded) if encoded is not None else {}) == _metadata_verdict(data)
+    assert relay_call(data) is None if metadata else relay_call(data) == call
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _with_metadata({f"k{i}": "v" for i in range(METADATA_ENTRIES + 1)}),  # too many
+        _with_metadata({"a": "v" * METADATA_BYTES}),  # too large
+        _with_metadata({"Upper": "v"}),  # not a metadata key
+        _with_metadata({"": "v"}),
+        _with_metadata({"k" * 65: "v"}),
+        _with_metadata({"a": 1}),  # not text
+        _with_metadata({1: "v"}),
+        _with_metadata(["a", "b"]),  # not a map
+        _with_metadata(b"\xa2\x61a\x61b\x61a\x61c"),  # a key twice
+        _with_metadata(b"\xa1\x61a\x62\xff\xfe"),  # not UTF-8
+        _with_metadata({"a": "b"}, key=b"k" * 16),  # an envelope key
+    ],
+)
+def test_metadata_the_dispatcher_refuses_is_left_to_it(data: bytes) -> None:
+    assert read_relay_call(data, METADATA_ENTRIES, METADATA_BYTES) is None
+
+
+@fuzz_settings(600)
+@given(data=st.data())
+def test_a_mutated_relay_call_with_metadata_is_read_only_as_the_dispatcher_reads_it(
+    data: st.DataObject,
+) -> None:
+    envelope = bytearray(_with_metadata({"trace": "t-1", "b": "ü"}))
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(envelope) - 1))
+        action = data.draw(st.sampled_from(["set", "cut", "insert"]))
+        if action == "set":
+            envelope[at] = data.draw(st.integers(0, 255))
+        elif action == "cut":
+            del envelope[at]
+        else:
+            envelope.insert(at, data.draw(st.integers(0, 255)))
+    raw = bytes(envelope)
+    read = read_relay_call(raw, METADATA_ENTRIES, METADATA_BYTES)
+    if read is not None:
+        call, encoded = read
+        assert call == _as_decoded(raw)
+        verdict = _metadata_verdict(raw)
+        assert verdict != "refused"
+        assert (cbor2.loads(encoded) if encoded is not None else {}) == verdict
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("box-1", "ident", "echo", b"\x82\x81\x41x\xa0", None, None),
+        ("ünï" * 10, "s" * 30, "m" * 300, b"p" * 70_000, b"k" * 128, 0.5),
+        ("e", "s", "m", b"", b"", 30.0),
+    ],
+)
+def test_a_caller_frames_a_relay_call_s_arguments_as_cbor2_does(
+    args: tuple[str, str, str, bytes, bytes | None, float | None],
+) -> None:
+    """The wire stays as it was: the caller's hand-framed relay arguments and payload are the
+    bytes cbor2 writes for them."""
+    assert _call_arguments(*args) == cbor2.dumps(list(args)) + b"\xa0"
+    assert relay_call(encode_call(7, "gateway", "call", list(args), {}, 0, 0, None, None)) == (
+        7,
+        *args,
+    )
+
+
+class _Echo(Protocol):
+    async def echo(self, data: bytes, *, times: int = 1, tag: str | None = None) -> bytes: ...
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((b"x" * 32,), {}), ((b"x",), {"times": 3}), ((b"",), {"times": 2, "tag": "ü"})],
+)
+def test_a_caller_encodes_a_relayed_payload_as_cbor2_does(
+    args: tuple[object, ...], kwargs: dict[str, object]
+) -> None:
+    spec = service_spec(_Echo).methods["echo"]
+    pos, kw = spec.bind(args, kwargs)
+    full = spec.args_with_defaults
+    expected = cbor2.dumps([to_wire(pos, with_defaults=full), to_wire(kw, with_defaults=full)])
+    assert _payload("echo", spec, args, kwargs) == expected

@@ -148,3 +148,39 @@ async def test_forwards_time_out_each_at_its_own_deadline(
             assert ["cancelled:a" in impl.probe, "cancelled:b" in impl.probe] == [False, True]
             assert "cancelled:c" in impl.probe
             assert pair.rpc.statistics().pending_calls == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (b"\x43abc", b"abc"),  # a byte string: read from the envelope's bytes
+        (b"\x58\x03abc", b"abc"),  # with a longer head than it needs
+        (b"\x59\x00\x00", b""),
+        (b"\x5f\x41a\x42bc\xff", b"abc"),  # indefinite: decoded as usual
+        (b"\x18\x05", 5),  # not a byte string: decoded as usual
+        (b"\x82\x01\x41z", [1, b"z"]),
+    ],
+)
+async def test_a_relayed_call_s_result_reads_as_its_decode_would(
+    value: bytes, expected: object, anyio_backend: str
+) -> None:
+    """``call_relayed``'s reply whose value is a byte string is taken from the envelope's bytes
+    without decoding it: the same value as the decode gives, any other decoded as usual."""
+    impl = CalcImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair("worker-listens", {"calc": impl}) as pair:
+            async with anyio.create_task_group() as tg:
+                got: list[object] = []
+
+                async def call() -> None:
+                    got.append(
+                        await pair.rpc.call_relayed("calc", "hold", arguments("k"), timeout=5)
+                    )
+
+                tg.start_soon(call)
+                await impl.probe.wait("started:k")
+                (call_id,) = pair.rpc.pending_call_ids()
+                await raw_send(pair.worker_rpc, b"\x83\x01" + cbor2.dumps(call_id) + value)
+            impl._release("k")
+            assert got == [expected]
+            assert pair.rpc.statistics().pending_calls == 0

@@ -23,13 +23,15 @@ of the full check, which it would otherwise repeat (a 32-byte echo call: 0.7 µs
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import TypeAlias
 
 from ..core.wire import argument_items, decode_item
 from ..errors import MalformedFrame, Rejected
+from ..rpc.envelopes import plain_scalar
 
-__all__ = ["MAX_SCAN_DEPTH", "RelayCall", "relay_arguments", "relay_call"]
+__all__ = ["MAX_SCAN_DEPTH", "RelayCall", "read_relay_call", "relay_arguments", "relay_call"]
 
 MAX_SCAN_DEPTH = 16
 """Containers nested deeper than this are left to the full check (the decoders refuse at 64)."""
@@ -42,7 +44,11 @@ def relay_arguments(payload: bytes, max_bytes: int) -> bytes:
         Rejected: ``INVALID_ARGUMENTS``: they do not frame as ``[args, kwargs]``, or a worker
             would not decode them (module docstring).
     """
-    if len(payload) <= max_bytes and _vouch(payload):
+    if len(payload) <= max_bytes and (
+        # One plain scalar argument and no keyword (the usual small call): its head says it.
+        (payload[:2] == b"\x82\x81" and payload[-1:] == b"\xa0" and plain_scalar(payload[2:-1]))
+        or _vouch(payload)
+    ):
         return payload[1:]
     try:
         arguments = argument_items(payload)
@@ -133,14 +139,30 @@ method, payload, key, timeout)."""
 
 
 def relay_call(data: bytes) -> RelayCall | None:
-    """A caller's relay call, read from its ``call`` envelope's bytes without decoding it:
-    ``[0, id, "gateway", "call", [executor, service, method, payload, key, timeout], {}, items,
-    bytes]``, exactly (no envelope key, no metadata), its names UTF-8, ``key`` null or a byte
-    string, ``timeout`` null, a float or an unsigned integer, and nothing after it. ``None``
-    for any other envelope, or one of another shape: the usual decode then handles it, and its
-    verdict is the same as if this had not looked (anything accepted here decodes there)."""
+    """:func:`read_relay_call` of a call without metadata; ``None`` for one with."""
+    read = read_relay_call(data, 0, 0)
+    return read[0] if read is not None and read[1] is None else None
+
+
+_METADATA_KEY = re.compile(rb"[a-z0-9._-]{1,64}")
+"""A metadata key, as :func:`~garcon_link.rpc.envelopes.metadata_problem` accepts it."""
+
+
+def read_relay_call(
+    data: bytes, max_entries: int, max_bytes: int
+) -> tuple[RelayCall, bytes | None] | None:
+    """A caller's relay call, read from its ``call`` envelope's bytes without decoding it, and
+    its metadata's encoded map (``None``: none, or an empty map): ``[0, id, "gateway", "call",
+    [executor, service, method, payload, key, timeout], {}, items, bytes]``, exactly, or the
+    same followed by a null envelope key and a map of metadata that
+    :func:`~garcon_link.rpc.envelopes.metadata_problem` accepts with these bounds (at most
+    ``max_entries`` entries of ``max_bytes``, keys of ``[a-z0-9._-]``, text values, no key
+    twice); its names UTF-8, ``key`` null or a byte string, ``timeout`` null, a float or an
+    unsigned integer, and nothing after it. ``None`` for any other envelope, or one of another
+    shape: the usual decode then handles it, and its verdict is the same as if this had not
+    looked (anything accepted here decodes there, to the same values)."""
     end = len(data)
-    if end < 24 or data[0] != 0x88 or data[1] != 0:
+    if end < 24 or (data[0] != 0x88 and data[0] != 0x8A) or data[1] != 0:
         return None
     try:
         call_id, pos = _head(data, 2, 0)
@@ -199,11 +221,47 @@ def relay_call(data: bytes) -> RelayCall | None:
                 return None
             _, pos = _head(data, pos + 1, 0)
             _, pos = _head(data, pos, 0)
+        metadata: bytes | None = None
+        if data[0] == 0x8A:  # an envelope key, null here, then the metadata
+            if data[pos] != 0xF6:
+                return None
+            start = pos + 1
+            pos = _metadata_end(data, start, max_entries, max_bytes)
+            if pos > start + 1:  # not an empty map
+                metadata = data[start:pos]
     except (IndexError, ValueError, struct.error):  # truncated, not this shape, not UTF-8
         return None
     if pos != end:
         return None
-    return call_id, executor, service, method, payload, key, timeout
+    return (call_id, executor, service, method, payload, key, timeout), metadata
+
+
+def _metadata_end(data: bytes, pos: int, max_entries: int, max_bytes: int) -> int:
+    """Where the map of metadata at ``pos`` ends, if it is one that
+    :func:`~garcon_link.rpc.envelopes.metadata_problem` accepts and no key comes twice; else
+    ``ValueError``."""
+    count, pos = _head(data, pos, 5)
+    if count > max_entries:
+        raise ValueError("too many entries")
+    size = 0
+    keys: set[bytes] | None = set() if count > 1 else None
+    for _ in range(count):
+        length, pos = _head(data, pos, 3)
+        name = data[pos : pos + length]
+        if _METADATA_KEY.fullmatch(name) is None:
+            raise ValueError("not a metadata key")
+        if keys is not None:
+            if name in keys:
+                raise ValueError("a key twice")
+            keys.add(name)
+        length, pos = _head(data, pos + length, 3)
+        stop = pos + length
+        data[pos:stop].decode()
+        pos = stop
+        size += len(name) + length
+        if size > max_bytes:
+            raise ValueError("too large")
+    return pos
 
 
 def _head(data: bytes, pos: int, major: int) -> tuple[int, int]:

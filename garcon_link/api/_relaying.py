@@ -31,7 +31,8 @@ A relayed call (``call(executor, service, method, payload, key, timeout)``):
 On asyncio, with no hooks installed, a unary relay call runs no handler task
 (:meth:`~garcon_link.api.gateway.Gateway._relay_now`): the steps above are taken in the dispatch of
 the caller's message -- read from its bytes, not decoded, when it has the usual shape
-(:meth:`~garcon_link.api.gateway.Gateway._relay_raw`, :func:`~garcon_link.api._framing.relay_call`)
+(:meth:`~garcon_link.api.gateway.Gateway._relay_raw`,
+:func:`~garcon_link.api._framing.read_relay_call`)
 --, the forward is issued at once (:meth:`~garcon_link.rpc.caller.Caller.forward`)
 and the call held in its session's incoming table (:class:`_Relayed`); the executor's reply
 completes it from the dispatch of *that* session's message, a whole result's value passed on as the

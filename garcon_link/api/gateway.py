@@ -74,7 +74,7 @@ from ..rpc.rpc import ExecutorRpc, Incoming, RemoteStream, current_rpc
 from ..settings.callers import GatewayConfig
 from ..settings.grants import MAX_GRANTS, Grant, allows, sees
 from ..settings.keyring import Keyring, executor_id_problem
-from ._framing import relay_arguments, relay_call
+from ._framing import read_relay_call, relay_arguments
 from ._relaying import (
     _MAX_HEAD_ID,
     _MAX_TIMEOUT_INT,
@@ -669,17 +669,19 @@ class Gateway:
 
     def _relay_raw(self, caller: str, rpc: ExecutorRpc, data: bytes) -> bool:
         """:meth:`_relay_now` for a relay call read from its envelope's bytes, undecoded
-        (:meth:`ExecutorRpc.serve_raw_calls`; :func:`~garcon_link.api._framing.relay_call`): one
-        of the usual shape, without metadata, that the session admits now. ``False`` (nothing
-        counted, nothing sent, the call id not taken) for any other: it goes the usual way."""
-        read = relay_call(data)
+        (:meth:`ExecutorRpc.serve_raw_calls`; :func:`~garcon_link.api._framing.read_relay_call`):
+        one of the usual shape, its metadata (if any) forwarded as the bytes it came as, that
+        the session admits now. ``False`` (nothing counted, nothing sent, the call id not taken)
+        for any other: it goes the usual way."""
+        limits = rpc.limits
+        read = read_relay_call(data, limits.max_metadata_entries, limits.max_metadata_bytes)
         if read is None:
             return False
-        call_id, executor, service, method, payload, key, timeout = read
+        (call_id, executor, service, method, payload, key, timeout), metadata = read
         if not rpc.admits_raw_call(call_id):
             return False
         if not self._relay_call(
-            caller, rpc, call_id, executor, service, method, payload, key, timeout, None
+            caller, rpc, call_id, executor, service, method, payload, key, timeout, metadata
         ):
             return False
         rpc.took_raw_call(call_id)
@@ -696,10 +698,10 @@ class Gateway:
         payload: bytes,
         key: bytes | None,
         timeout: object,
-        metadata: Mapping[str, str] | None,
+        metadata: Mapping[str, str] | bytes | None,
     ) -> bool:
         """:meth:`_relay_now` once the relay call's arguments are read (``timeout`` as the
-        caller sent it, unchecked)."""
+        caller sent it, unchecked; ``metadata`` checked, as a map or its encoding)."""
         if not (
             timeout is None
             or type(timeout) is float
@@ -743,7 +745,7 @@ class Gateway:
                 method,
                 arguments,
                 key,
-                dict(metadata) if metadata else None,
+                metadata if isinstance(metadata, bytes) else dict(metadata) if metadata else None,
                 seconds,
                 relayed.ended,
             )

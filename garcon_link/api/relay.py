@@ -60,7 +60,7 @@ import anyio
 import anyio.abc
 import cbor2
 
-from ..core.wire import decode_item
+from ..core.wire import decode_item, encode_head
 from ..endpoint.transport import SessionTransport
 from ..errors import (
     CallError,
@@ -73,6 +73,7 @@ from ..errors import (
     RemoteError,
 )
 from ..limits import Limits
+from ..rpc.envelopes import byte_string_at
 from ..rpc.errorbody import MAX_ERROR_MESSAGE, error_body, error_from_body, local_exception
 from ..rpc.hooks import CallHook
 from ..rpc.interface import MethodKind, MethodSpec, from_wire, oneway, service_spec, to_wire
@@ -246,15 +247,27 @@ class _RelaySession:
         reply = await self._rpc.call_relayed(
             RELAY_SERVICE,
             RELAY_CALL.name,
-            _relay_arguments(executor, service, spec.name, payload, idempotency_key, timeout),
+            _call_arguments(executor, service, spec.name, payload, idempotency_key, timeout),
             timeout=None if timeout is None else timeout + limits.cancel_grace,
             metadata=metadata,
         )
         if type(reply) is not bytes:
             raise OutcomeUnknown("MALFORMED_REPLY", "the gateway's reply is not an outcome")
-        value, error = decode_outcome(reply, limits.max_frame_bytes)
-        if error is not None:
-            raise local_exception(error)
+        if reply[:2] == b"\x82\x01" and len(reply) > 2:
+            # A value: a byte string taken as it is, else read alone, at the depth it has in
+            # the outcome.
+            value = byte_string_at(reply, 2)
+            if value is None:
+                try:
+                    value = decode_item(reply[2:], limits.max_frame_bytes, depth=1)
+                except MalformedFrame as exc:
+                    raise OutcomeUnknown(
+                        "MALFORMED_REPLY", f"the gateway's outcome is unreadable: {exc}"
+                    ) from None
+        else:
+            value, error = decode_outcome(reply, limits.max_frame_bytes)
+            if error is not None:
+                raise local_exception(error)
         try:
             return from_wire(value, spec.result)
         except Exception as exc:
@@ -287,14 +300,57 @@ def _relay_arguments(*args: str | bytes | float | None) -> bytes:
     return cbor2.dumps(list(args)) + b"\xa0"
 
 
+_NAMES: dict[tuple[str, str, str], bytes] = {}
+"""The head of a relay call's ``args`` up to its payload, per executor, service and method."""
+_MAX_NAMES = 4096
+"""Entries :data:`_NAMES` holds at most: past that it starts over."""
+
+
+def _call_arguments(
+    executor: str,
+    service: str,
+    method: str,
+    payload: bytes,
+    key: bytes | None,
+    timeout: float | None,
+) -> bytes:
+    """:func:`_relay_arguments` of a unary call, framed by hand around the values (the same
+    bytes: each element of an array is encoded as it would be alone, and the names' part is
+    kept per executor and method): on every relayed call's path."""
+    names = _NAMES.get((executor, service, method))
+    if names is None:
+        names = b"\x86" + cbor2.dumps(executor) + cbor2.dumps(service) + cbor2.dumps(method)
+        if len(_NAMES) >= _MAX_NAMES:
+            _NAMES.clear()
+        _NAMES[executor, service, method] = names
+    return b"".join(
+        (
+            names,
+            encode_head(2, len(payload)),
+            payload,
+            b"\xf6" if key is None else cbor2.dumps(key),
+            b"\xf6\xa0" if timeout is None else cbor2.dumps(timeout) + b"\xa0",
+        )
+    )
+
+
 def _payload(
     service: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> bytes:
-    """``[args, kwargs]`` bound, checked and encoded as a direct call's would be."""
+    """``[args, kwargs]`` bound, checked and encoded as a direct call's would be (framed by
+    hand around them: the bytes of ``cbor2.dumps([args, kwargs])``)."""
     try:
         pos, kw = spec.bind(args, kwargs)
         full = spec.args_with_defaults
-        payload = cbor2.dumps([to_wire(pos, with_defaults=full), to_wire(kw, with_defaults=full)])
+        wire = to_wire(pos, with_defaults=full)
+        payload = b"".join(
+            (
+                b"\x82\x81" + cbor2.dumps(wire[0])
+                if type(wire) is list and len(wire) == 1
+                else b"\x82" + cbor2.dumps(wire),
+                cbor2.dumps(to_wire(kw, with_defaults=full)) if kw else b"\xa0",
+            )
+        )
     except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
         raise NotDispatched("INVALID_ARGUMENTS", f"{service}.{spec.name}: {exc}") from exc
     try:
@@ -482,7 +538,13 @@ class GatewayExecutor:
         )
 
     async def _rpc_for_call(self, dispatch_deadline: float) -> _RelaySession:
-        return self._session_on(await self._fleet._gateway._rpc_for_call(dispatch_deadline))
+        gateway = self._fleet._gateway
+        rpc = gateway._rpc
+        if rpc is not None and gateway._availability == "ready" and not gateway._draining:
+            # What the gateway's own _rpc_for_call returns at once, without its coroutine.
+            session = self._session
+            return session if session is not None and session._rpc is rpc else self._session_on(rpc)
+        return self._session_on(await gateway._rpc_for_call(dispatch_deadline))
 
     @property
     def current_rpc(self) -> _RelaySession | None:

@@ -47,9 +47,11 @@ from .envelopes import (
     Item,
     Notify,
     Result,
+    byte_string_at,
     encode_call,
     encode_relayed_call,
     encode_relayed_notify,
+    plain_scalar,
     renumbered_call_head,
 )
 from .errorbody import (
@@ -116,8 +118,8 @@ class Caller:
         self._retired: CallError | None = None
         self._next_id = 1
         self._pending: dict[int, _Pending] = {}
-        # Whether a forwarded call (forward()) was ever issued here: only then is a result's
-        # value taken as the bytes it came as (on_raw_result, checked to decode).
+        # Whether a forwarded call (forward()) or a relayed one (call_relayed()) was ever
+        # issued here: only then are results looked at before they are decoded (on_raw_result).
         self.forwards = False
         self.flow_violations = 0
         self.malformed_replies = 0
@@ -348,6 +350,7 @@ class Caller:
         pending, body = self._prepare_relayed(
             RELAYED, service, method, arguments, idempotency_key, metadata, (0, 0)
         )
+        self.forwards = True
         return await self._complete(pending, body, timeout, local=False)
 
     def _prepare_relayed(
@@ -357,7 +360,7 @@ class Caller:
         method: str,
         arguments: bytes,
         key: bytes | None,
-        metadata: Mapping[str, str] | None,
+        metadata: Mapping[str, str] | bytes | None,
         credit: tuple[int, int],
     ) -> tuple[_Pending, bytes]:
         self._check_open()
@@ -406,11 +409,12 @@ class Caller:
         method: str,
         arguments: bytes,
         key: bytes | None,
-        metadata: Mapping[str, str] | None,
+        metadata: Mapping[str, str] | bytes | None,
         timeout: float,
         on_end: Callable[[Forward], None],
     ) -> Forward | None:
-        """Issue a relayed call (as :meth:`call_relayed`) without a task: ``on_end`` is told
+        """Issue a relayed call (as :meth:`call_relayed`; ``metadata`` may be a checked map's
+        encoding, sent as it is) without a task: ``on_end`` is told
         its outcome (:class:`Forward`), from the dispatch of its reply or from a timer. ``None``
         when it cannot be issued at once (not on asyncio, or the session must wait for
         capacity): nothing was sent or registered; :meth:`call_relayed` is then the way.
@@ -441,7 +445,11 @@ class Caller:
         bytes, as received, end the call (``True``). ``False`` for any other, and for a value
         that does not decode as one item of plain data (it is then decoded as usual, so an
         unreadable one fails the call ``MALFORMED_REPLY`` and is counted, as for any call,
-        instead of being passed on for a gateway's caller to find unreadable)."""
+        instead of being passed on for a gateway's caller to find unreadable).
+
+        For a unary call of :meth:`call_relayed` whose value is one byte string of definite
+        length filling the rest of the envelope (a gateway's outcome), that string ends it, as
+        decoding would have read it (``True``); ``False`` for any other value."""
         first = payload[2] if len(payload) > 2 else 0xFF
         if first < 24:
             call_id, start = first, 3
@@ -451,14 +459,25 @@ class Caller:
         else:
             return False
         pending = self._pending.get(call_id)
-        if pending is None or pending.forward is None or len(payload) <= start:
+        if pending is None or len(payload) <= start:
             return False
+        if pending.forward is None:
+            if pending.spec is not RELAYED or pending.stream is not None:
+                return False
+            value = byte_string_at(payload, start)
+            if value is None:
+                return False
+            del self._pending[call_id]
+            self._finish(pending, value=value)
+            return True
         encoded = payload[start:]
-        try:
-            # A relay passes the value on inside an outcome, ``[1, value]``: one level deeper.
-            decode_item(encoded, self.limits.max_frame_bytes, depth=1)
-        except MalformedFrame:
-            return False
+        if not plain_scalar(encoded):
+            try:
+                # A relay passes the value on inside an outcome, ``[1, value]``: one level
+                # deeper.
+                decode_item(encoded, self.limits.max_frame_bytes, depth=1)
+            except MalformedFrame:
+                return False
         del self._pending[call_id]
         pending.forward.encoded = encoded
         self._finish(pending)

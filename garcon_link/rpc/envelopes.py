@@ -321,35 +321,37 @@ def encode_relayed_call(
     method: str,
     arguments: bytes,
     key: bytes | None,
-    metadata: Mapping[str, str] | None,
+    metadata: Mapping[str, str] | bytes | None,
     credit: tuple[int, int] = (0, 0),
 ) -> bytes:
     """``encode_call(...)`` of a call whose ``args`` and ``kwargs`` are already encoded:
     ``arguments`` is their two CBOR items back to back, framed by
-    :func:`~garcon_link.core.wire.argument_items` (a relay forwards them without decoding)."""
+    :func:`~garcon_link.core.wire.argument_items` (a relay forwards them without decoding).
+    ``metadata``: a map, or one map's encoding (a relay's, checked as it arrived)."""
     # Written by hand (what cbor2.dumps of the call would write, heads in shortest form): it
     # is on every relayed call's path, and only the key and metadata need an encoder.
-    items, credit_items, credit_bytes = 8, *credit
+    names = _NAMES.get((service, method))
+    if names is None:
+        names = cbor2.dumps(service) + cbor2.dumps(method)
+        if len(_NAMES) >= _MAX_NAMES:
+            _NAMES.clear()
+        _NAMES[service, method] = names
     if metadata:
-        items += 2
-        tail = cbor2.dumps(key) + cbor2.dumps(metadata)
+        encoded = metadata if type(metadata) is bytes else cbor2.dumps(metadata)
+        arity, tail = b"\x8a\x00", cbor2.dumps(key) + encoded
     elif key is not None:
-        items += 1
-        tail = cbor2.dumps(key)
+        arity, tail = b"\x89\x00", cbor2.dumps(key)
     else:
-        tail = b""
-    service_bytes, method_bytes = service.encode(), method.encode()
+        arity, tail = b"\x88\x00", b""
     return b"".join(
         (
-            bytes((0x80 | items, CALL)),
+            arity,
             encode_head(0, call_id),
-            encode_head(3, len(service_bytes)),
-            service_bytes,
-            encode_head(3, len(method_bytes)),
-            method_bytes,
+            names,
             arguments,
-            encode_head(0, credit_items),
-            encode_head(0, credit_bytes),
+            b"\x00\x00"
+            if credit == (0, 0)
+            else encode_head(0, credit[0]) + encode_head(0, credit[1]),
             tail,
         )
     )
@@ -477,6 +479,57 @@ def envelope_head(payload: bytes) -> tuple[int, int] | None:
     if not 2 <= length <= MAX_ARITY or kind > CREDIT:
         return None
     return kind, call_id
+
+
+def byte_string_at(data: bytes, start: int) -> bytes | None:
+    """The byte string whose head is at ``start`` and whose end is ``data``'s, as decoding it
+    would read it; ``None`` for anything else (another item, an indefinite length, bytes
+    before or after): decode that."""
+    initial = data[start]
+    if 0x40 <= initial < 0x58:
+        begin, size = start + 1, initial - 0x40
+    elif 0x58 <= initial <= 0x5B:
+        begin = start + 1 + (1 << (initial - 0x58))
+        size = int.from_bytes(data[start + 1 : begin], "big")
+    else:
+        return None
+    return data[begin:] if begin + size == len(data) else None
+
+
+_SCALAR_SIZES = {0xF4: 1, 0xF5: 1, 0xF6: 1, 0xF9: 3, 0xFA: 5, 0xFB: 9}
+"""false, true, null and the three floats: their encoded sizes."""
+
+
+def plain_scalar(data: bytes) -> bool:
+    """Whether ``data`` is, exactly, one item that every decoder of ours reads as plain data
+    without building a container: an integer (a head of at most 64 bits), a definite byte
+    string, definite UTF-8 text, a float, false, true or null. ``False`` says nothing either
+    way (a container, a tag, anything else): decode it."""
+    end = len(data)
+    if not end:
+        return False
+    initial = data[0]
+    major, info = initial >> 5, initial & 0x1F
+    if major == 7:
+        return _SCALAR_SIZES.get(initial) == end
+    if info < 24:
+        begin, value = 1, info
+    elif info < 28:
+        begin = 1 + (1 << (info - 24))
+        value = int.from_bytes(data[1:begin], "big")
+    else:
+        return False
+    if major < 2:
+        return begin == end
+    if major == 2:
+        return begin + value == end
+    if major == 3 and begin + value == end:
+        try:
+            data[begin:].decode()
+        except UnicodeDecodeError:
+            return False
+        return True
+    return False
 
 
 def metadata_problem(metadata: object, max_entries: int, max_bytes: int) -> str | None:
