@@ -1048,13 +1048,33 @@ def test_config_errors_and_wrong_role(tmp_path: Path, capsys: pytest.CaptureFixt
     bad.write_text("executor_id = \n", encoding="utf-8")
     assert cli.main(["call", str(bad), "demo.add"]) == 2
     assert_one_error_line(capsys.readouterr().err, "TOML syntax error")
+    # A file of the other role names the command and the file it needs, not an API function.
     worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
-    assert cli.main(["call", str(worker_toml), "demo.add"]) == 2
-    assert_one_error_line(capsys.readouterr().err, "controller configuration")
+    controller_toml = write_config(
+        tmp_path, "controller.toml", "controller", 'dial = "ws://127.0.0.1:1/executor"'
+    )
+    for argv, command, role in (
+        (["call", str(worker_toml), "demo.add"], "call", "controller"),
+        (["describe", str(worker_toml)], "describe", "controller"),
+        (["fleet", str(worker_toml)], "fleet", "controller"),
+        (["worker", str(controller_toml)], "worker", "worker"),
+    ):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert_one_error_line(err, f"`garcon-link {command}` needs a {role}'s", f"{role}.toml")
+        assert "()" not in err, err
+    # No CONFIG and no $GARCON_LINK_CONFIG: the command line to write, not load_config().
     env_missing = {k: v for k, v in os.environ.items() if k != CONFIG_ENV_VAR}
-    done = run_cli("call", "demo.add", env=env_missing)
-    assert done.returncode == 2
-    assert_one_error_line(done.stderr, CONFIG_ENV_VAR)
+    for argv, example in (
+        (["call", "demo.add"], "garcon-link call controller.toml demo.add"),
+        (["describe"], "garcon-link describe controller.toml"),
+        (["worker"], "garcon-link worker worker.toml"),
+        (["gateway"], "garcon-link gateway gateway.toml"),
+    ):
+        done = run_cli(*argv, env=env_missing)
+        assert done.returncode == 2
+        assert_one_error_line(done.stderr, CONFIG_ENV_VAR, example)
+        assert "load_config" not in done.stderr, done.stderr
 
 
 def test_port_in_use_is_exit_1(tmp_path: Path) -> None:

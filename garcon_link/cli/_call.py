@@ -367,7 +367,9 @@ def _cmd_call(ns: argparse.Namespace) -> int:
     service, method = _parse_target(target)
     args, kwargs = _parse_arguments(json_args)
     _check_waits(ns)
-    config = _load_caller_or_any(config_path)
+    config = _load_caller_or_any(
+        config_path, "call", f"garcon-link call controller.toml {target} '[...]'"
+    )
     progress = _CallProgress()
     try:
         anyio.run(
@@ -442,7 +444,7 @@ def _check_waits(ns: argparse.Namespace) -> None:
 def _cmd_describe(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
     _check_waits(ns)
-    config = _load_caller_or_any(ns.config)
+    config = _load_caller_or_any(ns.config, "describe", "garcon-link describe controller.toml")
     if isinstance(config, CallerConfig):
         return _describe_through_gateway(config, ns)
     info = anyio.run(

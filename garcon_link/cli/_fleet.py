@@ -15,7 +15,7 @@ from ..api.fleet import Fleet, FleetEvent, fleet
 from ..logs import peer_message
 from ..settings.config import LinkConfig
 from ..settings.fleet import FleetConfig
-from ._exits import EXIT_OK, UsageError
+from ._exits import EXIT_OK
 from ._lifecycle import StopSignals
 from ._output import _emit, _load_any, _print_json, _setup_logging
 
@@ -134,9 +134,7 @@ def _fleet_listens(config: LinkConfig | FleetConfig) -> bool:
 
 def _cmd_fleet(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=False, json_lines=ns.log_json)
-    config = _load_any(ns.config)
-    if isinstance(config, LinkConfig) and config.role.value != "controller":
-        raise UsageError("fleet needs a controller configuration")
+    config = _load_any(ns.config, "fleet", "garcon-link fleet fleet.toml")
     redraw = not ns.json and sys.stdout.isatty()
     anyio.run(lambda: _run_fleet(config, as_json=ns.json, redraw=redraw))
     return EXIT_OK
