@@ -1085,7 +1085,12 @@ def test_port_in_use_is_exit_1(tmp_path: Path) -> None:
         config = write_config(tmp_path, "worker.toml", "worker", f'listen = "127.0.0.1:{port}"')
         done = run_cli("worker", str(config))
     assert done.returncode == 1
-    assert_one_error_line(done.stderr, f"cannot listen on 127.0.0.1:{port}")
+    assert_one_error_line(
+        done.stderr,
+        f"cannot listen on 127.0.0.1:{port}",
+        "another process listens there",
+        "change [connection] listen",
+    )
 
 
 @pytest.mark.parametrize(

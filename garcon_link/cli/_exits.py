@@ -4,12 +4,14 @@ and one exit code (the table is in :mod:`garcon_link.cli`)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import sys
 
 from ..errors import (
     ConfigError,
     GarconLinkError,
     HandshakeError,
+    LinkError,
     NotDispatched,
     OutcomeUnknown,
     Rejected,
@@ -135,9 +137,30 @@ def _is_expected(exc: BaseException) -> bool:
     return isinstance(exc, UsageError | GarconLinkError | OSError | KeyboardInterrupt)
 
 
+_LISTEN_HINTS = {
+    errno.EADDRINUSE: "another process listens there (the same worker or gateway already "
+    "running?); stop it, or change [connection] listen (port 0 picks a free one)",
+    errno.EACCES: "ports below 1024 need privileges; listen on a port from 1024 up (a proxy "
+    "or the firewall can forward a low port to it)",
+    errno.EADDRNOTAVAIL: "no interface of this machine has that address; listen on one of its "
+    "addresses, or 0.0.0.0 for all of them (with [tls])",
+}
+
+
+def _listen_hint(exc: BaseException) -> str:
+    """What to do about an address a listener could not bind (empty for any other failure)."""
+    cause = exc.__cause__
+    if not isinstance(exc, LinkError) or not isinstance(cause, OSError):
+        return ""
+    if not str(exc).startswith("cannot listen on"):
+        return ""
+    hint = _LISTEN_HINTS.get(cause.errno or 0)
+    return f"; {hint}" if hint else ""
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, UsageError | GarconLinkError):
-        return str(exc)
+        return str(exc) + _listen_hint(exc)
     if isinstance(exc, KeyboardInterrupt):
         return str(exc) or "interrupted"
     if isinstance(exc, OSError) and exc.strerror:
