@@ -1281,7 +1281,13 @@ def test_v_is_accepted_before_the_command_as_well_as_after(tmp_path: Path, dead_
     assert done.stderr.strip().splitlines()[-1].startswith("error: [not_dispatched:NOT_READY]")
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["worker"], ["keygen"], ["init"], ["call"]])
+HELP_COMMANDS = ("demo", "worker", "keygen", "init", "call", "describe", "stub", "fleet", "gateway")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[], *([name] for name in HELP_COMMANDS)],
+)
 def test_help_is_wrapped_to_the_terminal(
     command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1291,6 +1297,24 @@ def test_help_is_wrapped_to_the_terminal(
     assert text.startswith("usage: garcon-link")
     too_long = [line for line in text.splitlines() if len(line) > 80]
     assert not too_long, too_long
+    # Every operand and option says what it is: argparse prints one without help text as its
+    # name alone, with no description beside it or indented below it.
+    undescribed, section = [], False
+    lines = text.splitlines()
+    for line, following in zip(lines, [*lines[1:], ""], strict=True):
+        if line in ("positional arguments:", "options:"):
+            section = True
+        elif not line.strip():
+            section = False
+        elif (
+            section
+            and line.startswith("  ")
+            and not line.startswith("   ")
+            and "  " not in line.strip()
+            and not following.startswith("   ")
+        ):
+            undescribed.append(line.strip())
+    assert not undescribed, undescribed
 
 
 def test_a_worker_with_no_services_warns_on_one_line(tmp_path: Path) -> None:
