@@ -695,6 +695,17 @@ def test_group_or_world_accessible_secret_file_refused(tmp_path: Path, mode: int
 
 
 @posix_only
+def test_an_empty_secret_file_open_to_others_is_refused_for_its_mode(tmp_path: Path) -> None:
+    # The mode is checked before the content: the message says what the file is for, not that
+    # it holds a secret (it holds nothing yet).
+    secret = write(tmp_path / "link.secret", "", 0o644)
+    path = config_file(tmp_path, LISTEN_BODY)
+    refused(
+        lambda: load_config(path), str(path), "is for a secret", "0644", f"chmod 600 {secret}"
+    )
+
+
+@posix_only
 def test_config_with_inline_secret_must_be_private(tmp_path: Path) -> None:
     body = LISTEN_BODY.replace('secret_file = "link.secret"', f'secret = "{SECRET_TEXT}"')
     path = config_file(tmp_path, body, mode=0o640)
