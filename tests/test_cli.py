@@ -444,11 +444,30 @@ def test_init_writes_a_project_whose_two_printed_commands_work(tmp_path: Path) -
 
 
 def test_init_in_the_current_directory_prints_commands_without_cd(tmp_path: Path) -> None:
-    done = run_cli("init", ".", "--port", str(free_port()), cwd=tmp_path)
+    # This interpreter's directory first on PATH (an activated venv): the plain names.
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = run_cli("init", ".", "--port", str(free_port()), cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     assert "cd " not in done.stdout
     assert "start the worker:       garcon-link worker worker.toml --service" in done.stdout
     assert "then, in another shell: python calc.py" in done.stdout
+
+
+def test_init_names_its_own_programs_when_path_finds_others(tmp_path: Path) -> None:
+    # A fresh shell (no venv activated): a plain `python calc.py` there could not import
+    # garcon_link, so init prints the paths of the programs it runs with.
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "python").is_file():
+        pytest.skip("the interpreter's directory has no `python`")
+    env = {**os.environ, "PATH": str(tmp_path / "empty")}
+    done = run_cli("init", "proj", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[2].startswith("then, in another shell: cd proj && "), lines
+    program, script = lines[2].split(" && ", 1)[1].split()
+    assert script == "calc.py"
+    assert os.path.samefile(tmp_path / "proj" / program, bin_dir / "python"), program
 
 
 def test_init_refuses_a_non_empty_directory_unless_forced(tmp_path: Path) -> None:
