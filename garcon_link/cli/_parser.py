@@ -264,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="deadline of the call itself (default: call_timeout of the config's [limits], "
-        f"{Limits().call_timeout:g} unless set); else exit 6",
+        f"{Limits().call_timeout:g} unless set); else exit 6. A stream has no deadline: it "
+        "prints items until it ends (Ctrl-C stops it)",
     )
     call.set_defaults(func=_cmd_call)
 
