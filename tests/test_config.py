@@ -437,6 +437,21 @@ def test_non_utf8_refused(tmp_path: Path) -> None:
             id="unknown-connection-key",
         ),
         pytest.param(
+            "secret_flie = 1\n" + LISTEN_BODY,
+            ["secret_flie", "unknown key", "did you mean 'secret_file'?", "allowed keys"],
+            id="misspelt-top-level-key",
+        ),
+        pytest.param(
+            LISTEN_BODY + "call_timout = 5\n",  # below [connection]: in that table
+            ["[connection] call_timout", "'call_timeout' is a [limits] field: move it under"],
+            id="limits-field-in-connection",
+        ),
+        pytest.param(
+            LISTEN_BODY + "[limits]\nheartbeat_intervall = 3\n",
+            ["[limits] heartbeat_intervall", "did you mean 'heartbeat_interval'?"],
+            id="misspelt-limits-field",
+        ),
+        pytest.param(
             LISTEN_BODY + '[tls]\ncert = "a"\nkeyfile = "b"\n',
             ["[tls] keyfile", "unknown key", "cert, key, ca"],
             id="unknown-tls-key",
