@@ -490,6 +490,12 @@ def test_init_refuses_a_file_and_a_bad_port(tmp_path: Path) -> None:
     bad = run_cli("init", str(tmp_path / "d"), "--port", "0")
     assert bad.returncode == cli.EXIT_USAGE
     assert not (tmp_path / "d").exists()
+    # Under a file: the directory cannot be created; the line says which and what to give.
+    under_file = run_cli("init", str(tmp_path / "f" / "project"))
+    assert under_file.returncode == cli.EXIT_USAGE
+    assert_one_error_line(
+        under_file.stderr, str(tmp_path / "f" / "project"), "cannot create the directory"
+    )
 
 
 # --------------------------------------------------------------------------- worker + call

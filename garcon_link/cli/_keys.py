@@ -63,7 +63,13 @@ def _cmd_init(ns: argparse.Namespace) -> int:
             f"{directory}: the directory is not empty; give a new or empty directory, or pass "
             "--force to write the starter files there (replacing files of the same names)"
         )
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"{directory}: cannot create the directory ({exc.strerror or type(exc).__name__}); "
+            "give a path where you may create one"
+        ) from None
     secret = write_secret_file(directory / _scaffold.SECRET_FILE, force=ns.force)
     written = []
     for name, content in _scaffold.files(ns.port).items():
