@@ -518,6 +518,34 @@ def test_call_stream_prints_one_json_line_per_item(listening_worker: tuple[Worke
     assert [json.loads(line) for line in done.stdout.splitlines()] == [0, 1, 2, 3]
 
 
+def test_a_stream_piped_into_a_reader_that_leaves_ends_quietly(
+    listening_worker: tuple[Worker, Path],
+) -> None:
+    # `garcon-link call ... demo.count '[1000000]' | head -1`: once head has its line and
+    # closes the pipe, call stops (the stream is closed on the worker) without an error line.
+    _, controller = listening_worker
+    process = subprocess.Popen(
+        [*CLI, "call", str(controller), "demo.count", "[1000000]"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "0\n"
+        process.stdout.close()
+        assert process.wait(timeout=30) == cli.EXIT_OTHER
+        assert process.stderr is not None
+        assert process.stderr.read() == ""
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+
+
 def test_worker_prints_listening_and_ready_lines(listening_worker: tuple[Worker, Path]) -> None:
     worker, controller = listening_worker
     assert run_cli("call", str(controller), "demo.holding").returncode == 0
@@ -1124,6 +1152,7 @@ def test_port_in_use_is_exit_1(tmp_path: Path) -> None:
         (["call", "cfg.toml", "demo.add", "[1,"], "not valid JSON"),
         (["call", "cfg.toml", "demo.add", "[" + "9" * 5000 + "]"], "not valid JSON"),
         (["call", "cfg.toml", "demo.add", '"x"'], "JSON array"),
+        (["call", "cfg.toml", "demo.add", "[" * 100_000], "nests arrays or objects too deeply"),
         (["call", "cfg.toml", "noservice"], "SERVICE.METHOD"),
         (["call", "a", "b", "c", "d"], "SERVICE.METHOD"),
         (["call", "cfg.toml", "demo.add", "--timeout", "0"], "--timeout"),

@@ -25,7 +25,7 @@ from ..settings.callers import CallerConfig
 from ..settings.config import LinkConfig
 from ..settings.fleet import FleetConfig
 from ._exits import EXIT_OK, UsageError, _leaf
-from ._output import _load_caller_or_any, _print_json, _setup_logging
+from ._output import _emit, _load_caller_or_any, _print_json, _setup_logging
 
 # --------------------------------------------------------------------------- call
 
@@ -73,6 +73,11 @@ def _parse_arguments(text: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]
         value = json.loads(text)
     except ValueError as exc:  # JSONDecodeError, or an integer over Python's digit limit
         raise UsageError(f"JSON_ARGS is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(
+            "JSON_ARGS nests arrays or objects too deeply to read; no call takes such a value, "
+            "so check the brackets"
+        ) from None
     if isinstance(value, list):
         return tuple(value), {}
     if isinstance(value, dict):
@@ -288,7 +293,7 @@ def _describe_through_gateway(config: CallerConfig, ns: argparse.Namespace) -> i
         _print_json({"executor_id": ns.executor, "versions": dict(versions), "services": services})
     else:
         for line in describe_lines(services):
-            print(line, flush=True)
+            _emit(line)
     return EXIT_OK
 
 
@@ -464,8 +469,8 @@ def _cmd_describe(ns: argparse.Namespace) -> int:
         )
     else:
         for line in describe_lines(info.services):
-            print(line, flush=True)
+            _emit(line)
         types = type_description_lines(info.types)
         for line in ["", *types] if types else []:
-            print(line, flush=True)
+            _emit(line)
     return EXIT_OK

@@ -89,6 +89,11 @@ class UsageError(Exception):
     """Bad command-line input (exit code 2)."""
 
 
+class StdoutClosed(Exception):
+    """The reader of stdout went away (``garcon-link call ... | head -1``): the command ends
+    quietly, exit 1, as a Unix filter does."""
+
+
 class TakenOver(GarconLinkError):
     """A worker stopped because another process took over its executor id (exit code 7)."""
 
@@ -134,7 +139,9 @@ def _is_cancellation(exc: BaseException) -> bool:
 
 def _is_expected(exc: BaseException) -> bool:
     """A failure the one error line fully explains (anything else is a bug: -v shows it)."""
-    return isinstance(exc, UsageError | GarconLinkError | OSError | KeyboardInterrupt)
+    return isinstance(
+        exc, UsageError | GarconLinkError | OSError | KeyboardInterrupt | StdoutClosed
+    )
 
 
 _LISTEN_HINTS = {
@@ -163,6 +170,8 @@ def _describe(exc: BaseException) -> str:
         return str(exc) + _listen_hint(exc)
     if isinstance(exc, KeyboardInterrupt):
         return str(exc) or "interrupted"
+    if isinstance(exc, StdoutClosed):
+        return "stdout was closed: nobody reads this command's output any more"
     if isinstance(exc, OSError) and exc.strerror:
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{exc.strerror}{where}"

@@ -16,13 +16,21 @@ from ..logs import JsonFormatter
 from ..settings.callers import CallerConfig, load_caller_config
 from ..settings.config import CONFIG_ENV_VAR, LinkConfig, load_config, read_document
 from ..settings.fleet import FleetConfig, load_fleet_config
-from ._exits import UsageError
+from ._exits import StdoutClosed, UsageError
 
 # --------------------------------------------------------------------------- output
 
 
 def _emit(line: str) -> None:
-    print(line, flush=True)
+    """Print one line of output on stdout, at once.
+
+    Raises:
+        StdoutClosed: nobody reads stdout any more (a closed pipe).
+    """
+    try:
+        print(line, flush=True)
+    except BrokenPipeError as exc:
+        raise StdoutClosed from exc
 
 
 def _error_line(message: str) -> None:
@@ -57,7 +65,7 @@ def _json_key(key: Any) -> str:
 
 
 def _print_json(value: Any) -> None:
-    print(json.dumps(jsonable(value), ensure_ascii=False), flush=True)
+    _emit(json.dumps(jsonable(value), ensure_ascii=False))
 
 
 # --------------------------------------------------------------------------- logging
