@@ -444,11 +444,30 @@ def test_init_writes_a_project_whose_two_printed_commands_work(tmp_path: Path) -
 
 
 def test_init_in_the_current_directory_prints_commands_without_cd(tmp_path: Path) -> None:
-    done = run_cli("init", ".", "--port", str(free_port()), cwd=tmp_path)
+    # This interpreter's directory first on PATH (an activated venv): the plain names.
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = run_cli("init", ".", "--port", str(free_port()), cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     assert "cd " not in done.stdout
     assert "start the worker:       garcon-link worker worker.toml --service" in done.stdout
     assert "then, in another shell: python calc.py" in done.stdout
+
+
+def test_init_names_its_own_programs_when_path_finds_others(tmp_path: Path) -> None:
+    # A fresh shell (no venv activated): a plain `python calc.py` there could not import
+    # garcon_link, so init prints the paths of the programs it runs with.
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "python").is_file():
+        pytest.skip("the interpreter's directory has no `python`")
+    env = {**os.environ, "PATH": str(tmp_path / "empty")}
+    done = run_cli("init", "proj", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[2].startswith("then, in another shell: cd proj && "), lines
+    program, script = lines[2].split(" && ", 1)[1].split()
+    assert script == "calc.py"
+    assert os.path.samefile(tmp_path / "proj" / program, bin_dir / "python"), program
 
 
 def test_init_refuses_a_non_empty_directory_unless_forced(tmp_path: Path) -> None:
@@ -471,6 +490,12 @@ def test_init_refuses_a_file_and_a_bad_port(tmp_path: Path) -> None:
     bad = run_cli("init", str(tmp_path / "d"), "--port", "0")
     assert bad.returncode == cli.EXIT_USAGE
     assert not (tmp_path / "d").exists()
+    # Under a file: the directory cannot be created; the line says which and what to give.
+    under_file = run_cli("init", str(tmp_path / "f" / "project"))
+    assert under_file.returncode == cli.EXIT_USAGE
+    assert_one_error_line(
+        under_file.stderr, str(tmp_path / "f" / "project"), "cannot create the directory"
+    )
 
 
 # --------------------------------------------------------------------------- worker + call
@@ -491,6 +516,34 @@ def test_call_stream_prints_one_json_line_per_item(listening_worker: tuple[Worke
     done = run_cli("call", str(controller), "demo.count", "[4]")
     assert done.returncode == 0, done.stderr
     assert [json.loads(line) for line in done.stdout.splitlines()] == [0, 1, 2, 3]
+
+
+def test_a_stream_piped_into_a_reader_that_leaves_ends_quietly(
+    listening_worker: tuple[Worker, Path],
+) -> None:
+    # `garcon-link call ... demo.count '[1000000]' | head -1`: once head has its line and
+    # closes the pipe, call stops (the stream is closed on the worker) without an error line.
+    _, controller = listening_worker
+    process = subprocess.Popen(
+        [*CLI, "call", str(controller), "demo.count", "[1000000]"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "0\n"
+        process.stdout.close()
+        assert process.wait(timeout=30) == cli.EXIT_OTHER
+        assert process.stderr is not None
+        assert process.stderr.read() == ""
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def test_worker_prints_listening_and_ready_lines(listening_worker: tuple[Worker, Path]) -> None:
@@ -1048,13 +1101,33 @@ def test_config_errors_and_wrong_role(tmp_path: Path, capsys: pytest.CaptureFixt
     bad.write_text("executor_id = \n", encoding="utf-8")
     assert cli.main(["call", str(bad), "demo.add"]) == 2
     assert_one_error_line(capsys.readouterr().err, "TOML syntax error")
+    # A file of the other role names the command and the file it needs, not an API function.
     worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
-    assert cli.main(["call", str(worker_toml), "demo.add"]) == 2
-    assert_one_error_line(capsys.readouterr().err, "controller configuration")
+    controller_toml = write_config(
+        tmp_path, "controller.toml", "controller", 'dial = "ws://127.0.0.1:1/executor"'
+    )
+    for argv, command, role in (
+        (["call", str(worker_toml), "demo.add"], "call", "controller"),
+        (["describe", str(worker_toml)], "describe", "controller"),
+        (["fleet", str(worker_toml)], "fleet", "controller"),
+        (["worker", str(controller_toml)], "worker", "worker"),
+    ):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert_one_error_line(err, f"`garcon-link {command}` needs a {role}'s", f"{role}.toml")
+        assert "()" not in err, err
+    # No CONFIG and no $GARCON_LINK_CONFIG: the command line to write, not load_config().
     env_missing = {k: v for k, v in os.environ.items() if k != CONFIG_ENV_VAR}
-    done = run_cli("call", "demo.add", env=env_missing)
-    assert done.returncode == 2
-    assert_one_error_line(done.stderr, CONFIG_ENV_VAR)
+    for argv, example in (
+        (["call", "demo.add"], "garcon-link call controller.toml demo.add"),
+        (["describe"], "garcon-link describe controller.toml"),
+        (["worker"], "garcon-link worker worker.toml"),
+        (["gateway"], "garcon-link gateway gateway.toml"),
+    ):
+        done = run_cli(*argv, env=env_missing)
+        assert done.returncode == 2
+        assert_one_error_line(done.stderr, CONFIG_ENV_VAR, example)
+        assert "load_config" not in done.stderr, done.stderr
 
 
 def test_port_in_use_is_exit_1(tmp_path: Path) -> None:
@@ -1065,7 +1138,12 @@ def test_port_in_use_is_exit_1(tmp_path: Path) -> None:
         config = write_config(tmp_path, "worker.toml", "worker", f'listen = "127.0.0.1:{port}"')
         done = run_cli("worker", str(config))
     assert done.returncode == 1
-    assert_one_error_line(done.stderr, f"cannot listen on 127.0.0.1:{port}")
+    assert_one_error_line(
+        done.stderr,
+        f"cannot listen on 127.0.0.1:{port}",
+        "another process listens there",
+        "change [connection] listen",
+    )
 
 
 @pytest.mark.parametrize(
@@ -1074,6 +1152,7 @@ def test_port_in_use_is_exit_1(tmp_path: Path) -> None:
         (["call", "cfg.toml", "demo.add", "[1,"], "not valid JSON"),
         (["call", "cfg.toml", "demo.add", "[" + "9" * 5000 + "]"], "not valid JSON"),
         (["call", "cfg.toml", "demo.add", '"x"'], "JSON array"),
+        (["call", "cfg.toml", "demo.add", "[" * 100_000], "nests arrays or objects too deeply"),
         (["call", "cfg.toml", "noservice"], "SERVICE.METHOD"),
         (["call", "a", "b", "c", "d"], "SERVICE.METHOD"),
         (["call", "cfg.toml", "demo.add", "--timeout", "0"], "--timeout"),
@@ -1256,7 +1335,13 @@ def test_v_is_accepted_before_the_command_as_well_as_after(tmp_path: Path, dead_
     assert done.stderr.strip().splitlines()[-1].startswith("error: [not_dispatched:NOT_READY]")
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["worker"], ["keygen"], ["init"], ["call"]])
+HELP_COMMANDS = ("demo", "worker", "keygen", "init", "call", "describe", "stub", "fleet", "gateway")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[], *([name] for name in HELP_COMMANDS)],
+)
 def test_help_is_wrapped_to_the_terminal(
     command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1266,6 +1351,24 @@ def test_help_is_wrapped_to_the_terminal(
     assert text.startswith("usage: garcon-link")
     too_long = [line for line in text.splitlines() if len(line) > 80]
     assert not too_long, too_long
+    # Every operand and option says what it is: argparse prints one without help text as its
+    # name alone, with no description beside it or indented below it.
+    undescribed, section = [], False
+    lines = text.splitlines()
+    for line, following in zip(lines, [*lines[1:], ""], strict=True):
+        if line in ("positional arguments:", "options:"):
+            section = True
+        elif not line.strip():
+            section = False
+        elif (
+            section
+            and line.startswith("  ")
+            and not line.startswith("   ")
+            and "  " not in line.strip()
+            and not following.startswith("   ")
+        ):
+            undescribed.append(line.strip())
+    assert not undescribed, undescribed
 
 
 def test_a_worker_with_no_services_warns_on_one_line(tmp_path: Path) -> None:

@@ -190,6 +190,22 @@ def test_call_reaches_the_executor_named_with_executor(fleet_dir: Path) -> None:
         assert done.returncode == cli.EXIT_USAGE
         assert "box-9" in done.stderr and "not one this fleet serves" in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+        # `garcon-link fleet` on it, not on a terminal: a fleet that only dials says whom, not
+        # that it listens.
+        fleet_process = subprocess.Popen(
+            [*CLI, "fleet", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=fleet_dir,
+        )
+        try:
+            first = Lines(fleet_process).wait(lambda line: line.startswith("fleet-"))
+            assert first == "fleet-dialing executors=box-1,box-2"
+        finally:
+            fleet_process.kill()
+            fleet_process.communicate(timeout=10)
     finally:
         for worker in workers.values():
             worker.kill()

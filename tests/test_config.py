@@ -437,6 +437,21 @@ def test_non_utf8_refused(tmp_path: Path) -> None:
             id="unknown-connection-key",
         ),
         pytest.param(
+            "secret_flie = 1\n" + LISTEN_BODY,
+            ["secret_flie", "unknown key", "did you mean 'secret_file'?", "allowed keys"],
+            id="misspelt-top-level-key",
+        ),
+        pytest.param(
+            LISTEN_BODY + "call_timout = 5\n",  # below [connection]: in that table
+            ["[connection] call_timout", "'call_timeout' is a [limits] field: move it under"],
+            id="limits-field-in-connection",
+        ),
+        pytest.param(
+            LISTEN_BODY + "[limits]\nheartbeat_intervall = 3\n",
+            ["[limits] heartbeat_intervall", "did you mean 'heartbeat_interval'?"],
+            id="misspelt-limits-field",
+        ),
+        pytest.param(
             LISTEN_BODY + '[tls]\ncert = "a"\nkeyfile = "b"\n',
             ["[tls] keyfile", "unknown key", "cert, key, ca"],
             id="unknown-tls-key",
@@ -692,6 +707,17 @@ def test_group_or_world_accessible_secret_file_refused(tmp_path: Path, mode: int
     path = config_file(tmp_path, LISTEN_BODY)
     refused(lambda: load_config(path), str(path), "secret_file", f"chmod 600 {secret}")
     refused(lambda: read_secret_file(secret), f"chmod 600 {secret}")
+
+
+@posix_only
+def test_an_empty_secret_file_open_to_others_is_refused_for_its_mode(tmp_path: Path) -> None:
+    # The mode is checked before the content: the message says what the file is for, not that
+    # it holds a secret (it holds nothing yet).
+    secret = write(tmp_path / "link.secret", "", 0o644)
+    path = config_file(tmp_path, LISTEN_BODY)
+    refused(
+        lambda: load_config(path), str(path), "is for a secret", "0644", f"chmod 600 {secret}"
+    )
 
 
 @posix_only

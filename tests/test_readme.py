@@ -67,7 +67,12 @@ def test_readme_example_runs_as_written_in_a_fresh_shell(tmp_path: Path) -> None
     env = _fresh_shell(checkout)
     cwd = checkout
     init, cd, worker, controller = commands
-    _run(init, cwd, env)
+    printed = _run(init, cwd, env)
+    # What init prints to do next is what the README says, in the same fresh shell.
+    assert [line.split(": ", 1)[1].strip() for line in printed.splitlines()[1:]] == [
+        f"{cd} && {worker}",
+        f"{cd} && {controller}",
+    ], printed
     cwd = cwd / shlex.split(cd)[1]
     port = str(free_port())
     for name in ("worker.toml", "controller.toml"):  # the only change: a free port

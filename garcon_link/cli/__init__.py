@@ -158,6 +158,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -174,6 +175,7 @@ from ._exits import (
     EXIT_REMOTE_ERROR,
     EXIT_TAKEN_OVER,
     EXIT_USAGE,
+    StdoutClosed,
     UsageError,
     _describe,
     _is_expected,
@@ -240,6 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         leaf = _leaf(exc)
         if isinstance(leaf, SystemExit):
             raise leaf from None
+        if isinstance(leaf, StdoutClosed):
+            # stdout goes to /dev/null so that the interpreter's own flush at exit does not
+            # fail on the pipe again. A command whose output was read and cut short (call,
+            # describe piped into head) ends quietly; a worker or fleet says why it stopped.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            if ns.command in ("call", "describe"):
+                return EXIT_OTHER
         log.debug("command failed", exc_info=exc)
         text = _describe(leaf)
         if not _is_expected(leaf):

@@ -25,7 +25,7 @@ from ..settings.callers import CallerConfig
 from ..settings.config import LinkConfig
 from ..settings.fleet import FleetConfig
 from ._exits import EXIT_OK, UsageError, _leaf
-from ._output import _load_caller_or_any, _print_json, _setup_logging
+from ._output import _emit, _load_caller_or_any, _print_json, _setup_logging
 
 # --------------------------------------------------------------------------- call
 
@@ -73,6 +73,11 @@ def _parse_arguments(text: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]
         value = json.loads(text)
     except ValueError as exc:  # JSONDecodeError, or an integer over Python's digit limit
         raise UsageError(f"JSON_ARGS is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(
+            "JSON_ARGS nests arrays or objects too deeply to read; no call takes such a value, "
+            "so check the brackets"
+        ) from None
     if isinstance(value, list):
         return tuple(value), {}
     if isinstance(value, dict):
@@ -288,7 +293,7 @@ def _describe_through_gateway(config: CallerConfig, ns: argparse.Namespace) -> i
         _print_json({"executor_id": ns.executor, "versions": dict(versions), "services": services})
     else:
         for line in describe_lines(services):
-            print(line, flush=True)
+            _emit(line)
     return EXIT_OK
 
 
@@ -367,7 +372,9 @@ def _cmd_call(ns: argparse.Namespace) -> int:
     service, method = _parse_target(target)
     args, kwargs = _parse_arguments(json_args)
     _check_waits(ns)
-    config = _load_caller_or_any(config_path)
+    config = _load_caller_or_any(
+        config_path, "call", f"garcon-link call controller.toml {target} '[...]'"
+    )
     progress = _CallProgress()
     try:
         anyio.run(
@@ -442,7 +449,7 @@ def _check_waits(ns: argparse.Namespace) -> None:
 def _cmd_describe(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
     _check_waits(ns)
-    config = _load_caller_or_any(ns.config)
+    config = _load_caller_or_any(ns.config, "describe", "garcon-link describe controller.toml")
     if isinstance(config, CallerConfig):
         return _describe_through_gateway(config, ns)
     info = anyio.run(
@@ -462,8 +469,8 @@ def _cmd_describe(ns: argparse.Namespace) -> int:
         )
     else:
         for line in describe_lines(info.services):
-            print(line, flush=True)
+            _emit(line)
         types = type_description_lines(info.types)
         for line in ["", *types] if types else []:
-            print(line, flush=True)
+            _emit(line)
     return EXIT_OK

@@ -4,12 +4,14 @@ and one exit code (the table is in :mod:`garcon_link.cli`)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import sys
 
 from ..errors import (
     ConfigError,
     GarconLinkError,
     HandshakeError,
+    LinkError,
     NotDispatched,
     OutcomeUnknown,
     Rejected,
@@ -87,6 +89,11 @@ class UsageError(Exception):
     """Bad command-line input (exit code 2)."""
 
 
+class StdoutClosed(Exception):
+    """The reader of stdout went away (``garcon-link call ... | head -1``): the command ends
+    quietly, exit 1, as a Unix filter does."""
+
+
 class TakenOver(GarconLinkError):
     """A worker stopped because another process took over its executor id (exit code 7)."""
 
@@ -132,14 +139,39 @@ def _is_cancellation(exc: BaseException) -> bool:
 
 def _is_expected(exc: BaseException) -> bool:
     """A failure the one error line fully explains (anything else is a bug: -v shows it)."""
-    return isinstance(exc, UsageError | GarconLinkError | OSError | KeyboardInterrupt)
+    return isinstance(
+        exc, UsageError | GarconLinkError | OSError | KeyboardInterrupt | StdoutClosed
+    )
+
+
+_LISTEN_HINTS = {
+    errno.EADDRINUSE: "another process listens there (the same worker or gateway already "
+    "running?); stop it, or change [connection] listen (port 0 picks a free one)",
+    errno.EACCES: "ports below 1024 need privileges; listen on a port from 1024 up (a proxy "
+    "or the firewall can forward a low port to it)",
+    errno.EADDRNOTAVAIL: "no interface of this machine has that address; listen on one of its "
+    "addresses, or 0.0.0.0 for all of them (with [tls])",
+}
+
+
+def _listen_hint(exc: BaseException) -> str:
+    """What to do about an address a listener could not bind (empty for any other failure)."""
+    cause = exc.__cause__
+    if not isinstance(exc, LinkError) or not isinstance(cause, OSError):
+        return ""
+    if not str(exc).startswith("cannot listen on"):
+        return ""
+    hint = _LISTEN_HINTS.get(cause.errno or 0)
+    return f"; {hint}" if hint else ""
 
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, UsageError | GarconLinkError):
-        return str(exc)
+        return str(exc) + _listen_hint(exc)
     if isinstance(exc, KeyboardInterrupt):
         return str(exc) or "interrupted"
+    if isinstance(exc, StdoutClosed):
+        return "stdout was closed: nobody reads this command's output any more"
     if isinstance(exc, OSError) and exc.strerror:
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{exc.strerror}{where}"

@@ -15,7 +15,7 @@ from ..api.fleet import Fleet, FleetEvent, fleet
 from ..logs import peer_message
 from ..settings.config import LinkConfig
 from ..settings.fleet import FleetConfig
-from ._exits import EXIT_OK, UsageError
+from ._exits import EXIT_OK
 from ._lifecycle import StopSignals
 from ._output import _emit, _load_any, _print_json, _setup_logging
 
@@ -93,11 +93,17 @@ async def _serve(
     config: LinkConfig | FleetConfig, signals: StopSignals, *, as_json: bool, redraw: bool
 ) -> None:
     async with fleet(config) as controller, anyio.create_task_group() as tg:
-        where = controller.url if _fleet_listens(config) else "dialing only"
+        listens = _fleet_listens(config)
+        where = controller.url if listens else "dialing only"
         if as_json:
             _print_json({"event": "listening", "url": where})
         elif not redraw:
-            _emit(f"fleet-listening url={where}")
+            _emit(
+                f"fleet-listening url={where}"
+                if listens
+                else f"fleet-dialing executors={','.join(_dialed(config))}"
+            )
+        title = f"fleet on {where}" if listens else f"fleet dialing {', '.join(_dialed(config))}"
         changed = anyio.Event()
 
         async def follow() -> None:
@@ -114,7 +120,7 @@ async def _serve(
             nonlocal changed
             while True:
                 lines = fleet_table(controller)
-                sys.stdout.write("\x1b[H\x1b[J" + f"fleet on {where}\n" + "\n".join(lines) + "\n")
+                sys.stdout.write("\x1b[H\x1b[J" + f"{title}\n" + "\n".join(lines) + "\n")
                 sys.stdout.flush()
                 changed = anyio.Event()
                 with anyio.move_on_after(_REDRAW_INTERVAL):
@@ -132,11 +138,16 @@ def _fleet_listens(config: LinkConfig | FleetConfig) -> bool:
     return config.listen is not None
 
 
+def _dialed(config: LinkConfig | FleetConfig) -> list[str]:
+    """The executor ids a fleet that does not listen dials."""
+    if isinstance(config, LinkConfig):
+        return [config.executor_id]
+    return [entry.executor_id for entry in config.dial]
+
+
 def _cmd_fleet(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=False, json_lines=ns.log_json)
-    config = _load_any(ns.config)
-    if isinstance(config, LinkConfig) and config.role.value != "controller":
-        raise UsageError("fleet needs a controller configuration")
+    config = _load_any(ns.config, "fleet", "garcon-link fleet fleet.toml")
     redraw = not ns.json and sys.stdout.isatty()
     anyio.run(lambda: _run_fleet(config, as_json=ns.json, redraw=redraw))
     return EXIT_OK

@@ -16,7 +16,7 @@ from ..settings.callers import GatewayConfig, load_gateway_config
 from ._exits import EXIT_OK
 from ._fleet import _REDRAW_INTERVAL, _event_json, fleet_table
 from ._lifecycle import DEFAULT_DRAIN, StopSignals, event_line, run_until_signal
-from ._output import _emit, _print_json, _setup_logging
+from ._output import _emit, _given, _print_json, _setup_logging
 
 _CALLER_COLUMNS = (
     "caller",
@@ -145,7 +145,7 @@ async def _serve(
 
 def _cmd_gateway(ns: argparse.Namespace) -> int:
     _setup_logging(ns.verbose, quiet_by_default=False, json_lines=ns.log_json)
-    config = load_gateway_config(None if ns.config in (None, "-") else ns.config)
+    config = load_gateway_config(_given(ns.config, "garcon-link gateway gateway.toml"))
     if not config.callers.grants:
         print(
             f"warning: {config.callers.source or 'the configuration'} has no [[callers.grant]]: "

@@ -4,7 +4,10 @@ project."""
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import shutil
+import sys
 from pathlib import Path
 
 from .. import _scaffold
@@ -60,7 +63,13 @@ def _cmd_init(ns: argparse.Namespace) -> int:
             f"{directory}: the directory is not empty; give a new or empty directory, or pass "
             "--force to write the starter files there (replacing files of the same names)"
         )
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"{directory}: cannot create the directory ({exc.strerror or type(exc).__name__}); "
+            "give a path where you may create one"
+        ) from None
     secret = write_secret_file(directory / _scaffold.SECRET_FILE, force=ns.force)
     written = []
     for name, content in _scaffold.files(ns.port).items():
@@ -70,10 +79,40 @@ def _cmd_init(ns: argparse.Namespace) -> int:
     # Already there (init .): no "cd . &&" before the commands.
     here = directory.resolve() == Path.cwd().resolve()
     cd = "" if here else f"cd {shlex.quote(str(directory))} && "
+    garcon_link, python = (_program(name, directory) for name in ("garcon-link", "python"))
     _emit(f"wrote {', '.join(written)} and {secret} (the shared secret, mode 0600)")
     _emit(
-        f"start the worker:       {cd}garcon-link worker worker.toml "
+        f"start the worker:       {cd}{garcon_link} worker worker.toml "
         f"--service {_scaffold.SERVICE_ARG}"
     )
-    _emit(f"then, in another shell: {cd}python calc.py")
+    _emit(f"then, in another shell: {cd}{python} calc.py")
     return EXIT_OK
+
+
+def _bin_dir() -> Path:
+    """The directory of the programs running this command: the ``garcon-link`` script's as it
+    was started (a venv's ``bin``, through whatever link it was named by), else the
+    interpreter's (``python -m garcon_link``)."""
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if script is not None and script.name == "garcon-link":
+        return Path(os.path.abspath(script.parent))
+    return Path(os.path.abspath(os.path.dirname(sys.executable)))
+
+
+def _program(name: str, directory: Path) -> str:
+    """How a shell in ``directory`` runs this installation's ``name`` (``garcon-link`` or
+    ``python``): the plain name when ``PATH`` finds it there first (an activated venv), else
+    its path, relative to ``directory`` when that is shorter (``../.venv/bin/python`` in a
+    fresh shell, where a plain ``python`` could not import garcon_link)."""
+    bin_dir = _bin_dir()
+    program = bin_dir / name
+    found = shutil.which(name)
+    try:
+        on_path = found is not None and os.path.samefile(os.path.dirname(found), bin_dir)
+    except OSError:
+        on_path = False
+    if on_path or not program.is_file():
+        return name
+    absolute = str(program)
+    relative = os.path.relpath(absolute, os.path.abspath(directory))
+    return shlex.quote(relative if len(relative) < len(absolute) else absolute)

@@ -16,12 +16,21 @@ from ..logs import JsonFormatter
 from ..settings.callers import CallerConfig, load_caller_config
 from ..settings.config import CONFIG_ENV_VAR, LinkConfig, load_config, read_document
 from ..settings.fleet import FleetConfig, load_fleet_config
+from ._exits import StdoutClosed, UsageError
 
 # --------------------------------------------------------------------------- output
 
 
 def _emit(line: str) -> None:
-    print(line, flush=True)
+    """Print one line of output on stdout, at once.
+
+    Raises:
+        StdoutClosed: nobody reads stdout any more (a closed pipe).
+    """
+    try:
+        print(line, flush=True)
+    except BrokenPipeError as exc:
+        raise StdoutClosed from exc
 
 
 def _error_line(message: str) -> None:
@@ -56,7 +65,7 @@ def _json_key(key: Any) -> str:
 
 
 def _print_json(value: Any) -> None:
-    print(json.dumps(jsonable(value), ensure_ascii=False), flush=True)
+    _emit(json.dumps(jsonable(value), ensure_ascii=False))
 
 
 # --------------------------------------------------------------------------- logging
@@ -86,9 +95,40 @@ def _setup_logging(verbosity: int, *, quiet_by_default: bool, json_lines: bool =
 # --------------------------------------------------------------------------- config
 
 
-def _load(path: str | None) -> LinkConfig:
-    """Load CONFIG; ``None`` or ``-`` reads the path from ``GARCON_LINK_CONFIG``."""
-    return load_config(None if path in (None, "-") else path)
+def _given(path: str | None, example: str) -> str | None:
+    """CONFIG as the loaders take it: ``None`` (or ``-``) reads ``GARCON_LINK_CONFIG``. Neither
+    given: a usage error showing ``example``, the command with a CONFIG."""
+    given = None if path in (None, "-") else path
+    if given is None and not os.environ.get(CONFIG_ENV_VAR, ""):
+        raise UsageError(
+            f"no CONFIG given and {CONFIG_ENV_VAR} is not set; name the configuration file, "
+            f"e.g. `{example}`, or set {CONFIG_ENV_VAR}=/path/to/it.toml"
+        )
+    return given
+
+
+_ROLE_FILES = {"worker": "worker.toml", "controller": "controller.toml"}
+
+
+def _require_role(config: LinkConfig, role: str, command: str) -> None:
+    """Refuse a configuration of the other role, naming the file, the command and the fix."""
+    if config.role.value == role:
+        return
+    source = config.source if config.source is not None else "the configuration"
+    raise ConfigError(
+        f'{source}: role: role = "{config.role.value}" is a {config.role.value}\'s '
+        f'configuration, and `garcon-link {command}` needs a {role}\'s (role = "{role}"); '
+        f"give it the {role}'s file instead (`garcon-link init DIR` writes a matching "
+        f"{_ROLE_FILES[role]})"
+    )
+
+
+def _load(path: str | None, role: str, command: str) -> LinkConfig:
+    """Load CONFIG for ``command``, which needs a configuration of ``role``; ``None`` or ``-``
+    reads the path from ``GARCON_LINK_CONFIG``."""
+    config = load_config(_given(path, f"garcon-link {command} {_ROLE_FILES[role]}"))
+    _require_role(config, role, command)
+    return config
 
 
 def _shape(given: str | None) -> str:
@@ -106,16 +146,23 @@ def _shape(given: str | None) -> str:
     return "fleet" if "executors" in document else "link"
 
 
-def _load_any(path: str | None) -> LinkConfig | FleetConfig:
+def _load_any(path: str | None, command: str, example: str) -> LinkConfig | FleetConfig:
     """Load CONFIG as a fleet controller's configuration if it has ``[executors]``, else as one
-    endpoint's (errors of either are reported by its own loader)."""
-    given = None if path in (None, "-") else path
-    return load_fleet_config(given) if _shape(given) == "fleet" else load_config(given)
+    controller's (errors of either are reported by its own loader). ``example`` is ``command``
+    with a CONFIG, for the message when none is given."""
+    given = _given(path, example)
+    if _shape(given) == "fleet":
+        return load_fleet_config(given)
+    config = load_config(given)
+    _require_role(config, "controller", command)
+    return config
 
 
-def _load_caller_or_any(path: str | None) -> LinkConfig | FleetConfig | CallerConfig:
+def _load_caller_or_any(
+    path: str | None, command: str, example: str
+) -> LinkConfig | FleetConfig | CallerConfig:
     """:func:`_load_any`, or a gateway caller's configuration (``role = "caller"``)."""
-    given = None if path in (None, "-") else path
+    given = _given(path, example)
     if _shape(given) == "caller":
         return load_caller_config(given)
-    return _load_any(path)
+    return _load_any(given, command, example)

@@ -9,6 +9,7 @@ import textwrap
 from typing import Any, NoReturn
 
 from .. import _scaffold
+from ..limits import Limits
 from ..settings.config import CONFIG_ENV_VAR
 from ._call import REFUSED_DIALS, _cmd_call, _cmd_describe
 from ._demo import _cmd_demo
@@ -146,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--root",
         metavar="DIR",
-        help="with --builtin: the directory the services are confined to ('/' for callers)",
+        help="the directory the built-in services are confined to, as callers see it ('/'); "
+        "required with --builtin",
     )
     worker.add_argument(
         "--allow-special-mode-bits",
@@ -200,7 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keygen.add_argument("path", nargs="?", metavar="PATH", help="the secret file to write")
     keygen.add_argument(
-        "--keyring", metavar="DIR", help="a fleet controller's key directory (with --executor)"
+        "--keyring",
+        metavar="DIR",
+        help="a key directory: a fleet controller's [executors] keyring (with --executor) or a "
+        "gateway's [callers] keyring (with --caller)",
     )
     keygen.add_argument(
         "--executor", metavar="ID", help="the executor to enroll in --keyring (its executor_id)"
@@ -221,11 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
         "unless --force.",
         epilog=exit_codes_help("init"),
     )
-    init.add_argument("dir", metavar="DIR")
+    init.add_argument("dir", metavar="DIR", help="the project directory ('.': the current one)")
     init.add_argument(
         "--port",
         type=int,
         default=_scaffold.DEFAULT_PORT,
+        metavar="N",
         help=f"the loopback port the worker listens on (default {_scaffold.DEFAULT_PORT})",
     )
     init.add_argument(
@@ -238,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     call = commands.add_parser(
         "call",
         parents=[common],
-        usage="garcon-link call [-h] [-v] [--timeout S] [--wait S] [--call-timeout S]\n"
-        "                        [--executor ID] [CONFIG|-] SERVICE.METHOD [JSON_ARGS]",
+        usage="garcon-link call [-h] [-v] [--log-json] [--timeout S] [--wait S]\n"
+        "                        [--call-timeout S] [--executor ID]\n"
+        "                        [CONFIG|-] SERVICE.METHOD [JSON_ARGS]",
         help="make one call and print its result as JSON",
         description="Connect with a controller config, wait until the executor is ready, call "
         "SERVICE.METHOD once and print the result as one JSON line (streams: one line per item; "
@@ -256,7 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="S",
-        help="deadline of the call itself (default: the config's call_timeout); else exit 6",
+        help="deadline of the call itself (default: call_timeout of the config's [limits], "
+        f"{Limits().call_timeout:g} unless set); else exit 6. A stream has no deadline: it "
+        "prints items until it ends (Ctrl-C stops it)",
     )
     call.set_defaults(func=_cmd_call)
 
@@ -264,12 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
         "describe",
         parents=[common],
         help="print the services, methods and signatures the worker serves",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Connect with a controller config, wait until the executor is ready and "
         "print one line per method: kind, SERVICE.METHOD and its signature (return type "
         "included); then the fields of the dataclasses, TypedDicts, Structs and enums the "
-        "methods use (type, default as JSON), to write call's JSON_ARGS from. "
-        f"CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
+        "methods use (type, default as JSON), to write call's JSON_ARGS from. Through a gateway "
+        '(a caller\'s config, role = "caller") only the methods: the gateway relays no type '
+        f"descriptions. CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
         epilog=exit_codes_help("describe"),
     )
     describe.add_argument(
@@ -283,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print {executor_id, contract, versions, services, types} as one JSON object "
         "(types: per service, the fields and a JSON Schema of each method's parameters and "
-        "result)",
+        "result; through a gateway only executor_id, versions and services)",
     )
     _add_executor_option(describe, "describe")
     _add_ready_timeout(describe)
@@ -364,7 +373,8 @@ def _add_executor_option(command: argparse.ArgumentParser, verb: str) -> None:
         "--executor",
         default=None,
         metavar="ID",
-        help=f"the executor to {verb} (required with a fleet configuration, [executors])",
+        help=f"the executor to {verb} (required with a fleet configuration, [executors], and "
+        'with a gateway caller\'s, role = "caller")',
     )
 
 

@@ -254,7 +254,7 @@ def _cmd_worker(ns: argparse.Namespace) -> int:
         allow_special_mode_bits=ns.allow_special_mode_bits,
         spool_dir=ns.spool_dir,
     )
-    config = _load(ns.config)
+    config = _load(ns.config, "worker", "worker")
     on_event = _worker_events(warn_serves_nothing=not ns.service and not ns.builtin)
     anyio.run(
         _serve_until_signal,

@@ -11,6 +11,7 @@ Only the type of a bad value is shown, never the value: it may be a secret.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,28 @@ def _refuse_gateway_roles(doc: dict[str, Any], source: Path) -> None:
 # --------------------------------------------------------------------------- tables
 
 
+_SUGGESTED_KEY_CHARS = 100
+"""The longest unknown key a close allowed one is looked for (a longer one is no typo)."""
+
+
+def _suggestion(key: str, allowed: tuple[str, ...], where: str) -> str:
+    """``did you mean 'x'?`` for a misspelt key: the closest allowed one, or the ``[limits]``
+    field closest to a key written in another table (a key below ``[connection]`` is in that
+    table); else empty."""
+    if len(key) > _SUGGESTED_KEY_CHARS:
+        return ""
+    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.75)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    if where == "[limits]":
+        return ""
+    fields = tuple(field.name for field in dataclasses.fields(Limits))
+    close = difflib.get_close_matches(key, fields, n=1, cutoff=0.75)
+    if close:
+        return f"{close[0]!r} is a [limits] field: move it under [limits]"
+    return ""
+
+
 def _check_keys(table: dict[str, Any], allowed: tuple[str, ...], path: Path, where: str) -> None:
     for key in table:
         if key not in allowed:
@@ -89,8 +112,8 @@ def _check_keys(table: dict[str, Any], allowed: tuple[str, ...], path: Path, whe
                 path,
                 f"{prefix}{key}",
                 "unknown key",
-                f"remove it or fix its spelling; allowed keys{' in ' + where if where else ''}: "
-                f"{', '.join(allowed)}",
+                f"{_suggestion(key, allowed, where) or 'remove it or fix its spelling'}; "
+                f"allowed keys{' in ' + where if where else ''}: {', '.join(allowed)}",
             )
 
 

@@ -164,8 +164,8 @@ def open_mode_problem(mode: int, path: Path) -> tuple[str, str] | None:
     """POSIX only: ``(problem, fix)`` when group or others may access a file holding a secret."""
     if os.name == "posix" and mode & 0o077:
         return (
-            f"{path} holds a secret but its mode {stat.S_IMODE(mode):04o} grants access to "
-            "group/others",
+            f"{path} is for a secret, which only its owner may read, but its mode "
+            f"{stat.S_IMODE(mode):04o} grants access to group/others",
             f"run `chmod 600 {path}`",
         )
     return None
