@@ -69,7 +69,7 @@ from garcon_link.endpoint.link import (
     upgrade_refusal,
 )
 from garcon_link.endpoint.transport import TransportState
-from garcon_link.errors import ConfigError, FailureReason, SessionFailed
+from garcon_link.errors import ConfigError, FailureReason, LinkError, SessionFailed
 from garcon_link.limits import Limits
 from garcon_link.settings.keyring import Keyring
 from garcon_link.settings.secrets import write_secret_file
@@ -1367,6 +1367,50 @@ async def test_a_dial_of_the_other_scheme_counts_as_refused_and_says_so(
                         assert listener_link.statistics().tls_handshakes_failed >= 3
                     else:
                         assert "answered in plain text, not TLS" in error
+            tg.cancel_scope.cancel()
+
+
+@anyio_test
+@pytest.mark.parametrize(
+    ("answer", "refused", "words"),
+    [
+        (b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n", True, "HTTP 404: no garcon"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", True, "did not answer the WebSocket upgrade in HTTP"),
+        (b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n", False, "HTTP 502"),
+    ],
+    ids=["404", "not-http", "502"],
+)
+async def test_a_dial_answered_by_another_server_counts_as_refused_unless_it_may_change(
+    answer: bytes, refused: bool, words: str
+) -> None:
+    """A 404 to the upgrade, or an answer that is not HTTP, is what every redial meets (the
+    wrong path, another program on that port): counted as refused dials in a row, which
+    ``wait_ready(refused_dials=...)`` gives up on. A proxy's 502 (the worker behind it
+    restarting) is worth redialing: not counted."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(SocketAttribute.local_port)
+
+    async def answer_once(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                await stream.receive()
+                await stream.send(answer)
+
+    _, dial_role = roles("controller-dials")
+    with anyio.fail_after(DEADLINE):
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, answer_once)
+            dialer = make_link(dial_role, small_limits(), dial=f"ws://127.0.0.1:{port}/executor")
+            failures: list[LinkError] = []
+            dialer.on_dial_failed(failures.append)
+            async with endpoint(tg, dialer):
+                await wait_until(lambda: len(failures) >= 3)
+                assert all(words in str(failure) for failure in failures), failures
+                stats = dialer.statistics()
+                if refused:
+                    assert stats.dials_refused >= 3 and stats.dials_refused_in_a_row >= 3
+                else:
+                    assert stats.dials_refused == 0
             tg.cancel_scope.cancel()
 
 

@@ -244,8 +244,9 @@ class LinkStatistics:
     """Sockets the peer closed before the handshake completed."""
     dials_refused: int = 0
     """Dials that found nothing: the connection was refused by every address, the host name
-    did not resolve, or the server spoke the other scheme (TLS to a ``ws://`` dial, plain text
-    to a ``wss://`` one) (:class:`~garcon_link.errors.Unreachable`)."""
+    did not resolve, the server spoke the other scheme (TLS to a ``ws://`` dial, plain text
+    to a ``wss://`` one), or it answered the upgrade with an HTTP client error (a 404: nothing
+    at that path) or not in HTTP at all (:class:`~garcon_link.errors.Unreachable`)."""
     handshake_steps_deferred: int = 0
     """Handshake steps (an upgrade request, a hello, a proof) a listener put off by a turn or
     more because ``handshake_steps_per_turn`` others were ahead."""

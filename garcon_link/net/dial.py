@@ -32,6 +32,25 @@ from .websocket import _READ_CHUNK, BROKEN, GONE, WebSocket
 _SPEAKS_TLS = "answered with TLS, not plain text (a wss:// server); dial wss://"
 
 
+_HTTP = b"HTTP/"
+_TRANSIENT_REFUSALS = frozenset({408, 425, 429})
+"""Client-error answers that a later dial may not meet (timeout, too early, rate limited)."""
+
+
+def _refused_upgrade(peer: str, path: str, status: int) -> LinkError:
+    """A refused upgrade's error: a client error (a 404 for a path nothing serves, a 403) is
+    the same answer on every redial, so it is :class:`Unreachable` -- a dial that found no
+    endpoint -- and waits for a worker end early; a server error (a proxy's 502 while the
+    worker behind it restarts) or a rate limit is worth redialing."""
+    if 400 <= status < 500 and status not in _TRANSIENT_REFUSALS:
+        return Unreachable(
+            f"{peer} answered the WebSocket upgrade of {peer_text(path, 200)} with HTTP "
+            f"{status}: no garcon-link endpoint there (check the URL's path, or another "
+            "program on that port?)"
+        )
+    return LinkError(f"{peer} refused the upgrade: HTTP {status}")
+
+
 def _asks_for_tls(headers: Any) -> bool:
     return any(k.lower() == b"upgrade" and b"tls/" in v.lower() for k, v in headers)
 
@@ -92,8 +111,11 @@ async def client_upgrade(
     any exception, cancellation included.
 
     Raises:
-        LinkError: TLS failed, the connection was lost, the upgrade was refused or the response
-            was not a valid upgrade.
+        Unreachable: the answer is not HTTP, or an HTTP client error such as a 404 (a redial
+            meets the same: :func:`_refused_upgrade`); :class:`WrongScheme` for the other
+            scheme.
+        LinkError: TLS failed, the connection was lost, the upgrade was refused otherwise or
+            the response was not a valid upgrade.
     """
     peer = f"{target.host}:{target.port}"
     try:
@@ -109,10 +131,21 @@ async def client_upgrade(
         sock = WebSocket(stream, ws, peer=peer, limits=limits, stats=stats)
         host = f"[{target.host}]" if ":" in target.host else target.host
         await sock._write(ws.send(Request(host=f"{host}:{target.port}", target=target.target)))
+        head = b""  # the answer's first bytes, until there are enough to tell it is HTTP
         while True:
             data = await stream.receive(_READ_CHUNK)
             if ssl_context is None and data[:1] in (b"\x15", b"\x16") and data[1:2] == b"\x03":
                 raise WrongScheme(f"{target.url}: {peer} {_SPEAKS_TLS}")  # a TLS record
+            if len(head) < 5:
+                head += data[: 5 - len(head)]
+                if not _HTTP.startswith(head[:5]):
+                    # Another protocol answers there (an SSH or database banner, say), and a
+                    # redial meets it again.
+                    raise Unreachable(
+                        f"{peer} did not answer the WebSocket upgrade in HTTP (it sent "
+                        f"{peer_text(repr(data[:24]), 60)}): not a garcon-link endpoint "
+                        "(another program on that port?)"
+                    )
             try:
                 ws.receive_data(data)
                 # Lazily: frames that arrived in the same read as the 101 (the peer's hello,
@@ -124,9 +157,15 @@ async def client_upgrade(
                     if isinstance(event, RejectConnection):
                         if event.status_code == 426 and _asks_for_tls(event.headers):
                             raise WrongScheme(f"{target.url}: {peer} {_SPEAKS_TLS}")
-                        raise LinkError(f"{peer} refused the upgrade: HTTP {event.status_code}")
+                        raise _refused_upgrade(peer, target.target, event.status_code)
             except BROKEN as exc:
-                raise LinkError(f"bad upgrade response from {peer}: {peer_text(exc)}") from exc
+                # Bytes that are not an HTTP response: another protocol listens there, and a
+                # redial meets it again.
+                raise Unreachable(
+                    f"{peer} did not answer the WebSocket upgrade in HTTP "
+                    f"({peer_text(exc)}): not a garcon-link endpoint (another program on that "
+                    "port?)"
+                ) from exc
     except ssl.SSLError as exc:
         if exc.reason == "WRONG_VERSION_NUMBER":  # where a TLS record was due
             raise WrongScheme(
