@@ -65,10 +65,11 @@ controller processes are two controllers, each with its own session, admitted si
    session (``REVOKED``), so revoking needs no restart and no reconnection. A close from the peer
    with 1001 (shutdown), 4005, 4006, 4008 or 4009 means the peer retired the session: it is
    retired here at once, not after the grace.
-4. **Dialing.** One dial loop per dialing link: connect (``connect_timeout``), upgrade,
-   handshake, run; between attempts the delay comes from :func:`backoff` -- first retry
-   immediate, then full-jitter exponential capped at ``backoff_max``, reset after a socket stayed
-   up ``backoff_reset_after``. A 4009 close stops the loop for good.
+4. **Dialing.** One dial loop per dialing link, :class:`~garcon_link.endpoint._dialing.Dialer`:
+   connect, upgrade, then this module's handshake and admission, run, back off, repeat. The
+   dialer also keeps what handshakes learn of this end's standing: a refusal a redial will not
+   heal (:attr:`WebSocketLink.refusal`) and a takeover (4009: :attr:`WebSocketLink.taken_over`,
+   every session retired, dialing stopped for good).
 
 Failures
 --------
@@ -104,7 +105,6 @@ from ..core.admission import (
     Refuse,
     Resume,
     SlotKey,
-    backoff,
     decide,
     evictee,
     places,
@@ -122,7 +122,6 @@ from ..core.heartbeat import Ping, RecheckKey, Timeout, heartbeat_step, quiet_pe
 from ..core.session import RetentionPool
 from ..core.wire import CloseCode, Role
 from ..errors import (
-    AuthenticationError,
     ConfigError,
     FailureReason,
     FrameTooLarge,
@@ -131,7 +130,6 @@ from ..errors import (
     LinkError,
     MalformedFrame,
     SessionFailed,
-    Unreachable,
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
@@ -142,15 +140,13 @@ from ..net.ws import (
     SocketGone,
     WebSocket,
     WebSocketListener,
-    client_upgrade,
     close_code,
-    close_stream,
-    connect,
     describe_close,
     one_line,
     unauthenticated_log,
     upgrade_refusal,
 )
+from ._dialing import Dialer
 from ._slots import _Slot
 from .transport import SessionTransport
 
@@ -165,11 +161,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("garcon_link.link")  # the name users configure (README)
-
-
-def _dial_peer(target: DialTarget | None) -> str | None:
-    """The ``gl_peer`` log field of a dial target (``host:port``, as its socket's peer)."""
-    return None if target is None else f"{target.host}:{target.port}"
 
 
 _UNEXPECTED = "unexpected error"
@@ -292,7 +283,6 @@ class WebSocketLink:
                 raise ConfigError(str(exc)) from exc
         self._max_executors = max_executors if keys is not None else 1
         self.runtime_id = runtime_id if runtime_id is not None else os.urandom(16)
-        self._rng = rng or random.Random()
         self._listen = listen
         self._dial = parse_dial_url(dial) if isinstance(dial, str) else dial
         self._ssl = ssl_context
@@ -325,20 +315,23 @@ class WebSocketLink:
         self._closed = anyio.Event()
         self._stats = LinkStatistics()
         self.last_error: str | None = None
-        self.taken_over: str | None = None
-        """Set (the cause) when another process with this executor id took over: dialing stopped."""
-        self.refusal: HandshakeError | None = None
-        """The latest refusal of ours that a redial will not heal (wrong secret or executor id,
-        version, role), with the fix in its message; cleared by a completed handshake. The dial
-        loop keeps dialing (the other end may be fixed meanwhile)."""
-        self._refusal_listeners: list[Callable[[HandshakeError], None]] = []
-        self.last_dial_error: str | None = None
-        """Why the latest dial attempt failed (``None`` once a dial attached a socket): what a
-        caller waiting for readiness reports (a dialing link only)."""
-        self._dial_listeners: list[Callable[[LinkError], None]] = []
-        self.stopped = anyio.Event()
-        """Set when the link gave up for good (:attr:`taken_over`); :meth:`aclose` still needed."""
         self._tag = f"{self.role.value}[{self.runtime_id.hex()[:6]}]"
+        self._dialer = Dialer(
+            self._dial,
+            limits=self.limits,
+            stats=self._stats,
+            rng=rng or random.Random(),
+            ssl_context=self._ssl,
+            tag=self._tag,
+            role=self.role,
+            executor_id=executor_id,
+            controller_id=controller_id,
+            closing=lambda: self._closing,
+            authenticate=self._authenticate,
+            peer_failed=self._peer_failed,
+            note_error=self._note_error,
+            retire_sessions=self._retire_sessions,
+        )
         self._attached = 0  # sockets attached to a slot (what the authenticated cap counts)
         self._closing_sockets = 0  # detached sockets waiting for the peer's close frame
         self._unauthenticated_log = unauthenticated_log(self.limits)
@@ -433,43 +426,45 @@ class WebSocketLink:
     def on_refusal(self, listener: Callable[[HandshakeError], None]) -> Callable[[], None]:
         """Call ``listener(error)`` when the peer refuses this dialing link for a reason a
         redial will not heal (see :attr:`refusal`). Returns an unsubscribe callable."""
-        self._refusal_listeners.append(listener)
-        return lambda: (
-            self._refusal_listeners.remove(listener)
-            if listener in self._refusal_listeners
-            else None
-        )
+        return self._dialer.on_refusal(listener)
 
     def on_dial_failed(self, listener: Callable[[LinkError], None]) -> Callable[[], None]:
         """Call ``listener(error)`` after each failed dial attempt (:class:`Unreachable` when
         nothing listens or the name does not resolve). Returns an unsubscribe callable."""
-        self._dial_listeners.append(listener)
-        return lambda: (
-            self._dial_listeners.remove(listener) if listener in self._dial_listeners else None
-        )
+        return self._dialer.on_dial_failed(listener)
 
-    def _refused(self, reason: HandshakeFailure, detail: str, fix: str) -> None:
-        """Record a refusal that will not heal (dialing only: a listener cannot tell its own
-        peers from strangers) and report it once per reason until a handshake succeeds."""
-        if self._dial is None:
-            return
-        error: HandshakeError = (
-            AuthenticationError(f"{detail}; {fix}")
-            if reason is HandshakeFailure.AUTH_FAILED
-            else HandshakeError(reason, f"{detail}; {fix}")
-        )
-        first = self.refusal is None or self.refusal.reason is not reason
-        self.refusal = error
-        if first:
-            log.warning(
-                "%s %s refused us: %s",
-                self._tag,
-                self.url,
-                error,
-                extra=log_fields(executor=self.executor_id, peer=_dial_peer(self._dial)),
-            )
-        for listener in list(self._refusal_listeners):
-            listener(error)
+    @property
+    def taken_over(self) -> str | None:
+        """Set (the cause) when another process with this executor id took over: dialing
+        stopped."""
+        return self._dialer.taken_over
+
+    @property
+    def refusal(self) -> HandshakeError | None:
+        """The latest refusal of ours that a redial will not heal (wrong secret or executor id,
+        version, role), with the fix in its message; cleared by a completed handshake. The dial
+        loop keeps dialing (the other end may be fixed meanwhile)."""
+        return self._dialer.refusal
+
+    @property
+    def last_dial_error(self) -> str | None:
+        """Why the latest dial attempt failed (``None`` once a dial attached a socket): what a
+        caller waiting for readiness reports (a dialing link only)."""
+        return self._dialer.last_dial_error
+
+    @property
+    def stopped(self) -> anyio.Event:
+        """Set when the link gave up for good (:attr:`taken_over`); :meth:`aclose` still
+        needed."""
+        return self._dialer.stopped
+
+    def _note_error(self, why: str) -> None:
+        self.last_error = why
+
+    def _retire_sessions(self, reason: FailureReason, detail: str) -> None:
+        for slot in self._slots.values():
+            if slot.transport is not None:
+                slot.transport.retire(reason, detail)
 
     def statistics(self) -> LinkStatistics:
         s = self._stats
@@ -532,7 +527,7 @@ class WebSocketLink:
                     extra=log_fields(executor=self.executor_id),
                 )
             elif not self._hosted:
-                tg.start_soon(self._dial_loop)
+                tg.start_soon(self._dialer.run)
         except BaseException:
             tg.cancel_scope.cancel()
             await tg.__aexit__(None, None, None)
@@ -619,80 +614,6 @@ class WebSocketLink:
             self._tg.cancel_scope.cancel()
         self._closed.set()
 
-    # ------------------------------------------------------------------ dialer
-
-    async def _dial_loop(self) -> None:
-        assert self._dial is not None
-        delays = backoff(self.limits, self._rng)
-        while not self._closing and self.taken_over is None:
-            self._stats.dial_attempts += 1
-            up_since: float | None = None
-            try:
-                admitted = await self._dial_once()
-                if admitted is not None:
-                    up_since = anyio.current_time()
-                    self.last_dial_error = None
-                    await admitted()
-            except LinkError as exc:
-                self._dial_failed(exc)
-            except Exception as exc:
-                self._peer_failed(self.url, exc)  # never the dial loop's failure: dial again
-            if self._given_up():
-                return
-            if up_since is not None and (
-                anyio.current_time() - up_since >= self.limits.backoff_reset_after
-            ):
-                delays = backoff(self.limits, self._rng)
-            delay = next(delays)
-            if delay:
-                log.debug(
-                    "%s next dial in %.2fs",
-                    self._tag,
-                    delay,
-                    extra=log_fields(executor=self.executor_id),
-                )
-                await anyio.sleep(delay)
-            else:
-                await anyio.lowlevel.checkpoint()
-
-    def _dial_failed(self, exc: LinkError) -> None:
-        self.last_error = self.last_dial_error = str(exc)
-        if isinstance(exc, Unreachable):  # WrongScheme too: a redial meets the same server
-            self._stats.dials_refused += 1
-            self._stats.dials_refused_in_a_row += 1
-        else:  # it connected and found something of its scheme
-            self._stats.dials_refused_in_a_row = 0
-        log.warning(
-            "%s dial %s failed: %s",
-            self._tag,
-            self.url,
-            self.last_error,
-            extra=log_fields(executor=self.executor_id, peer=_dial_peer(self._dial)),
-        )
-        for listener in list(self._dial_listeners):
-            listener(exc)
-
-    async def _dial_once(self) -> Admitted | None:
-        assert self._dial is not None
-        stream = await connect(self._dial, self.limits)
-        try:
-            with anyio.move_on_after(self.limits.handshake_timeout) as deadline:
-                sock = await client_upgrade(
-                    stream, self._dial, ssl_context=self._ssl, limits=self.limits, stats=self._stats
-                )
-                self._stats.dials_refused_in_a_row = 0
-                return await self._authenticate(sock)
-        except BaseException:
-            # Shutdown (cancellation) included: never drop a connected stream unclosed.
-            await close_stream(stream)
-            raise
-        await close_stream(stream)
-        if deadline.cancelled_caught:
-            self._stats.count_handshake_failure(HandshakeFailure.TIMEOUT)
-            peer = f"{self._dial.host}:{self._dial.port}"
-            raise LinkError(f"upgrade and handshake with {peer} exceeded the deadline")
-        return None
-
     # ------------------------------------------------------------------ handshake
 
     def _peer_failed(self, peer: str, exc: Exception) -> str:
@@ -774,10 +695,10 @@ class WebSocketLink:
             if sock.peer_close is not None:
                 code, reason = sock.peer_close
                 if code == CloseCode.TAKEN_OVER:
-                    self._was_taken_over(reason)
+                    self._dialer.was_taken_over(reason)
                 elif code in _WILL_NOT_HEAL:
                     failure, fix = _WILL_NOT_HEAL[code]
-                    self._refused(
+                    self._dialer.refused(
                         failure, f"{sock.peer} closed with {code} ({peer_text(reason)})", fix
                     )
             await sock.abort()
@@ -863,7 +784,7 @@ class WebSocketLink:
             )
             if exc.close_code in _WILL_NOT_HEAL:
                 _failure, fix = _WILL_NOT_HEAL[exc.close_code]
-                self._refused(exc.reason, f"we refused {sock.peer}: {exc}", fix)
+                self._dialer.refused(exc.reason, f"we refused {sock.peer}: {exc}", fix)
             await sock.close(exc.close_code, exc.reason.description)
             return None
         except SocketGone:
@@ -875,7 +796,7 @@ class WebSocketLink:
             await sock.close(CloseCode.PROTOCOL_ERROR, _UNEXPECTED)
             return None
         self._stats.handshakes_completed += 1
-        self.refusal = None
+        self._dialer.handshake_completed()
         result = hs.result
         admitted = await self._admit(sock, result)
         if admitted is None:
@@ -945,7 +866,7 @@ class WebSocketLink:
                 self._detachments += 1
                 slot.detached = self._detachments
         if sock.peer_close is not None and sock.peer_close[0] == CloseCode.TAKEN_OVER:
-            self._was_taken_over(sock.peer_close[1])
+            self._dialer.was_taken_over(sock.peer_close[1])
         # The cause: ours if we ended it (4007, 1009, 4004...), the session's failure if it was
         # retired, else a plain end -- not 1001, which a peer still reading would take for a
         # shutdown and retire the session.
@@ -982,40 +903,6 @@ class WebSocketLink:
             await sock.close(int(code) or CloseCode.NORMAL, cause or "socket ended", drain=drain)
         finally:
             self._closing_sockets -= 1
-
-    def _given_up(self) -> bool:
-        return self.taken_over is not None
-
-    def _was_taken_over(self, reason: str) -> None:
-        """The peer says another runtime of our executor took over: stop for good."""
-        if self.taken_over is not None:
-            return
-        self.taken_over = reason or "another process with this executor id took over"
-        self.last_error = f"taken over: {self.taken_over}"
-        self._stats.taken_over += 1
-        if self.role is Role.CONTROLLER and self.controller_id is not None:
-            log.error(
-                "%s another process with controller_id %r took over its session on executor %r "
-                "(%s); not redialing: two processes claim one controller_id",
-                self._tag,
-                self.controller_id,
-                self.executor_id,
-                self.taken_over,
-                extra=log_fields(executor=self.executor_id),
-            )
-        else:
-            log.error(
-                "%s another process took over executor %r (%s); not redialing: two processes "
-                "claim one executor id",
-                self._tag,
-                self.executor_id,
-                self.taken_over,
-                extra=log_fields(executor=self.executor_id),
-            )
-        for slot in self._slots.values():
-            if slot.transport is not None:
-                slot.transport.retire(FailureReason.TAKEN_OVER, self.taken_over)
-        self.stopped.set()
 
     async def _admit(
         self, sock: WebSocket, result: HandshakeResult
