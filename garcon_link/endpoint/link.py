@@ -1,13 +1,11 @@
 """The session endpoint: authenticated sockets, one session slot per executor (docs/design.md#link).
 
-Why one module of about 1,370 lines, and :class:`WebSocketLink` of about 1,110: the slot table,
-the admission of authenticated sockets, the heartbeat of each attached socket and the dial loop all
-read and change the same slots within one loop turn (an admission must see the socket a heartbeat
-just closed, the dial loop the session an admission just installed), and each of them uses a dozen
-or more of the link's members. The decisions themselves are pure functions elsewhere
-(:func:`~garcon_link.core.admission.decide`, :func:`~garcon_link.core.heartbeat.heartbeat_step`,
-:func:`~garcon_link.core.admission.backoff`), one slot is :mod:`garcon_link.endpoint._slots`;
-what is left here is carrying them out.
+The decisions are pure functions elsewhere (:func:`~garcon_link.core.admission.decide`,
+:func:`~garcon_link.core.heartbeat.heartbeat_step`, :func:`~garcon_link.core.admission.backoff`);
+one slot is :mod:`garcon_link.endpoint._slots`, the dial loop
+:mod:`garcon_link.endpoint._dialing`, an attached socket's heartbeat
+:mod:`garcon_link.endpoint._heartbeat`. This module keeps the slot table, the handshake and
+admission of sockets, and the link's public surface.
 
 Theory of operation
 -------------------
@@ -55,16 +53,12 @@ controller processes are two controllers, each with its own session, admitted si
    counts only sockets attached to a session (``max_authenticated_sockets`` plus one per
    executor a keyring listener serves), so one executor's key holder cannot fill it. Session
    listeners run before a fresh session's first packet is processed.
-3. **Attached.** The transport pumps the socket; a heartbeat task (its policy is the pure
-   :func:`~garcon_link.core.heartbeat.heartbeat_step`) pings every
-   ``heartbeat_interval`` and closes the socket (resumably, 4007) after ``heartbeat_timeout`` with
-   no inbound frame of any kind *while the socket is being read*: time the reader is held up by a
-   slow consumer is back-pressure, not the peer's silence (nor evidence for a takeover probe).
-   With ``keys``, the heartbeat also re-reads the executor's key every
-   ``key_recheck_interval`` seconds: a deleted key file ends the socket (4001) and retires the
-   session (``REVOKED``), so revoking needs no restart and no reconnection. A close from the peer
-   with 1001 (shutdown), 4005, 4006, 4008 or 4009 means the peer retired the session: it is
-   retired here at once, not after the grace.
+3. **Attached.** The transport pumps the socket; beside it runs the socket's heartbeat
+   (:class:`~garcon_link.endpoint._heartbeat.Heartbeat`): pings, a resumable close (4007) after
+   ``heartbeat_timeout`` of silence while the socket is being read, and with ``keys`` the
+   re-read of the executor's key (a deleted key file ends the socket, 4001, and retires the
+   session, ``REVOKED``). A close from the peer with 1001 (shutdown), 4005, 4006, 4008 or 4009
+   means the peer retired the session: it is retired here at once, not after the grace.
 4. **Dialing.** One dial loop per dialing link, :class:`~garcon_link.endpoint._dialing.Dialer`:
    connect, upgrade, then this module's handshake and admission, run, back off, repeat. The
    dialer also keeps what handshakes learn of this end's standing: a refusal a redial will not
@@ -118,7 +112,6 @@ from ..core.handshake import (
     derive_key,
     peek_hello,
 )
-from ..core.heartbeat import Ping, RecheckKey, Timeout, heartbeat_step, quiet_period
 from ..core.session import RetentionPool
 from ..core.wire import CloseCode, Role
 from ..errors import (
@@ -147,6 +140,7 @@ from ..net.ws import (
     upgrade_refusal,
 )
 from ._dialing import Dialer
+from ._heartbeat import Heartbeat
 from ._slots import _Slot
 from .transport import SessionTransport
 
@@ -331,6 +325,13 @@ class WebSocketLink:
             peer_failed=self._peer_failed,
             note_error=self._note_error,
             retire_sessions=self._retire_sessions,
+        )
+        self._heartbeat = Heartbeat(
+            self.limits,
+            self._stats,
+            dialer=self._dial is not None,
+            tag=self._tag,
+            key_for=self._key_for if keys is not None else None,
         )
         self._attached = 0  # sockets attached to a slot (what the authenticated cap counts)
         self._closing_sockets = 0  # detached sockets waiting for the peer's close frame
@@ -848,7 +849,7 @@ class WebSocketLink:
                 # ending in a CancelledError (anyio's task group keeps that in a reference cycle
                 # with its traceback: garbage for the cyclic collector at every detach).
                 beat = anyio.CancelScope()
-                tg.start_soon(self._heartbeat, slot, sock, tg.cancel_scope, beat)
+                tg.start_soon(self._heartbeat.run, slot, sock, tg.cancel_scope, beat)
                 try:
                     await transport.run(sock, peer_received)
                 except SessionFailed:
@@ -1135,86 +1136,6 @@ class WebSocketLink:
         code = refusal.reason.close_code
         sock.local_close = (code, refusal.detail)
         await sock.close(code, refusal.detail)
-
-    async def _heartbeat(
-        self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope, beat: anyio.CancelScope
-    ) -> None:
-        """Obey :func:`~garcon_link.core.heartbeat.heartbeat_step` until the socket ends
-        (``scope``: the socket's, cancelled to end it) or ``beat`` is cancelled."""
-        with beat:
-            await self._beat(slot, sock, scope)
-
-    async def _beat(self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope) -> None:
-        limits = self.limits
-        quiet = quiet_period(limits, dialer=self._dial is not None)
-        next_ping = anyio.current_time() + limits.heartbeat_interval
-        next_key_check = None
-        if self._keys is not None:
-            next_key_check = anyio.current_time() + limits.key_recheck_interval
-        now = anyio.current_time()
-        while True:
-            action = heartbeat_step(
-                now,
-                reading=sock.reading,
-                last_inbound=sock.last_inbound,
-                busy=sock.busy,
-                next_ping=next_ping,
-                next_key_check=next_key_check,
-                quiet=quiet,
-                limits=limits,
-            )
-            if isinstance(action, RecheckKey):
-                next_key_check = action.next_key_check
-                if self._key_revoked(slot, sock):
-                    scope.cancel()
-                    return
-                continue  # the same turn goes on with the same ``now``
-            if isinstance(action, Timeout):
-                self._stats.heartbeat_timeouts += 1
-                sock.local_close = (
-                    CloseCode.HEARTBEAT_TIMEOUT,
-                    f"no inbound frame for {action.silent:.1f}s (resumable)",
-                )
-                scope.cancel()
-                return
-            next_ping = action.next_ping
-            if isinstance(action, Ping):
-                with anyio.move_on_after(action.within):
-                    try:
-                        await sock.ping()
-                    except SocketGone:
-                        scope.cancel()
-                        return
-            await anyio.sleep_until(action.wake)
-            now = anyio.current_time()
-
-    def _key_revoked(self, slot: _Slot, sock: WebSocket) -> bool:
-        """Re-read the attached executor's key: gone retires the session (``REVOKED``), changed
-        ends the socket (the next handshake, with the new key, may resume)."""
-        key = self._key_for(slot.executor_id)
-        if key is not None and key == slot.key:
-            return False
-        reason = FailureReason.REVOKED
-        fields = log_fields(executor=slot.executor_id, peer=sock.peer, close_code=reason.close_code)
-        if key is None:
-            log.warning(
-                "%s executor %r: key revoked; retiring its session",
-                self._tag,
-                slot.executor_id,
-                extra=fields,
-            )
-            sock.local_close = (reason.close_code, reason.description)
-            if slot.transport is not None:
-                slot.transport.retire(reason, "its key file is gone")
-        else:
-            log.info(
-                "%s executor %r: key changed; closing its socket",
-                self._tag,
-                slot.executor_id,
-                extra=fields,
-            )
-            sock.local_close = (reason.close_code, "the executor's key changed")
-        return True
 
 
 Admitted: TypeAlias = Callable[[], Awaitable[None]]
