@@ -2,10 +2,11 @@
 
 The decisions are pure functions elsewhere (:func:`~garcon_link.core.admission.decide`,
 :func:`~garcon_link.core.heartbeat.heartbeat_step`, :func:`~garcon_link.core.admission.backoff`);
-one slot is :mod:`garcon_link.endpoint._slots`, the dial loop
-:mod:`garcon_link.endpoint._dialing`, an attached socket's heartbeat
-:mod:`garcon_link.endpoint._heartbeat`. This module keeps the slot table, the handshake and
-admission of sockets, and the link's public surface.
+one slot is :mod:`garcon_link.endpoint._slots`, the hello and proof exchange
+:mod:`garcon_link.endpoint._handshaking`, the dial loop :mod:`garcon_link.endpoint._dialing`, an
+attached socket's heartbeat :mod:`garcon_link.endpoint._heartbeat`. This module keeps the slot
+table, the admission of authenticated sockets and their attachment, and the link's public
+surface.
 
 Theory of operation
 -------------------
@@ -24,21 +25,18 @@ controller processes are two controllers, each with its own session, admitted si
 ``Limits.max_controllers`` sessions; the takeover rule and 4009 apply within one controller's slot
 (the same ``controller_id`` from a new runtime).
 
-1. **Handshake.** The dialer sends its ``hello`` at once (:mod:`garcon_link.core.handshake`). The
-   listener first reads the dialer's hello (:func:`~garcon_link.core.handshake.peek_hello`), takes
-   the executor id it *claims* and sends its own hello, which echoes the claimed id and advertises
-   the session it holds for that id only if the dialer's hello already names it
-   (:func:`~garcon_link.core.handshake.listener_offer`): nothing of the listener's identity, nor
-   whether that executor is enrolled or online, goes out before the peer has proved its key.
-   Only then does it look up the claimed executor's key (a file read for a keyring), so the
-   hello leaves after the same work whether the id is enrolled or not. An id the listener does
-   not know (not enrolled, revoked, or not its configured one) gets a random key, so the peer's
-   proof fails exactly as a wrong secret does: same close code (4001), same reason, same
-   messages exchanged. The dialer sends its ``proof`` as soon as it has the listener's hello; the
-   listener verifies it and sends its own only once it has admitted the peer (step 2), so a
-   refused peer never completes a handshake and a listener never hands out a proof that could be
-   reflected. Upgrade, handshake and admission must finish within ``handshake_timeout`` (else
-   4008). A refusal closes with the reason's close code.
+1. **Handshake.** :class:`~garcon_link.endpoint._handshaking.Handshaker` exchanges hello and
+   proof (:mod:`garcon_link.core.handshake`): the dialer's hello goes at once; the listener
+   reads the dialer's hello first and answers it with its own, which advertises the session it
+   holds for the claimed executor id only if the dialer's hello already names it
+   (:func:`~garcon_link.core.handshake.listener_offer`, the slot's ``offer_to``): nothing of the
+   listener's identity, nor whether that executor is enrolled or online, goes out before the
+   peer has proved its key, and an id the listener does not know fails exactly as a wrong
+   secret does (4001). A hello of the listener's own role goes to the hosted link
+   (:meth:`WebSocketLink.host`). The listener sends its own proof only once it has admitted the
+   peer (step 2), so a refused peer never completes a handshake and a listener never hands out
+   a proof that could be reflected. Upgrade, handshake and admission must finish within
+   ``handshake_timeout`` (else 4008). A refusal closes with the reason's close code.
 2. **Admission** is :func:`decide`, a pure function of the slot (:class:`SlotView`) and the
    verified handshake (:class:`Offer`): ``Resume`` iff runtimes cross-match and session ids match;
    else ``Fresh`` (the current session is retired, ``REPLACED``); the *takeover rule* -- a fresh
@@ -108,7 +106,6 @@ from ..core.handshake import (
     Handshake,
     HandshakeResult,
     Hello,
-    ResumeOffer,
     derive_key,
     peek_hello,
 )
@@ -117,11 +114,9 @@ from ..core.wire import CloseCode, Role
 from ..errors import (
     ConfigError,
     FailureReason,
-    FrameTooLarge,
     HandshakeError,
     HandshakeFailure,
     LinkError,
-    MalformedFrame,
     SessionFailed,
 )
 from ..limits import Limits
@@ -140,6 +135,7 @@ from ..net.ws import (
     upgrade_refusal,
 )
 from ._dialing import Dialer
+from ._handshaking import Handshaker
 from ._heartbeat import Heartbeat
 from ._slots import _Slot
 from .transport import SessionTransport
@@ -156,25 +152,6 @@ __all__ = [
 
 log = logging.getLogger("garcon_link.link")  # the name users configure (README)
 
-
-_UNEXPECTED = "unexpected error"
-"""The close reason a peer gets for a socket ended by an unexpected error (details are logged)."""
-
-_WILL_NOT_HEAL: dict[int, tuple[HandshakeFailure, str]] = {
-    # close code -> (reason, what the operator must fix); a redial cannot change any of these.
-    4001: (
-        HandshakeFailure.AUTH_FAILED,
-        "both ends must use the same secret (secret_file), and the executor id must be the one "
-        "the other end serves (a fleet controller or gateway needs keys/<executor_id>.secret; "
-        "a gateway holds a caller's key as callers/<caller_id>.secret)",
-    ),
-    4002: (HandshakeFailure.VERSION_MISMATCH, "upgrade garcon-link on one end to match the other"),
-    4003: (
-        HandshakeFailure.ROLE_CONFLICT,
-        'one end must be role = "worker" and the other role = "controller"',
-    ),
-}
-"""Refusals a redial will not heal: reported at once to whoever waits."""
 
 KeyLookup: TypeAlias = Callable[[str], bytes | None]
 """``executor_id -> secret`` (None: not enrolled). Called with a *claimed*, unauthenticated id."""
@@ -326,16 +303,32 @@ class WebSocketLink:
             note_error=self._note_error,
             retire_sessions=self._retire_sessions,
         )
+        self._unauthenticated_log = unauthenticated_log(self.limits)
+        self._handshaker = Handshaker(
+            role=self.role,
+            runtime_id=self.runtime_id,
+            controller_id=controller_id,
+            executor_id=executor_id,
+            key=self._key,
+            keys=keys,
+            limits=self.limits,
+            stats=self._stats,
+            tag=self._tag,
+            peer_log=self._unauthenticated_log,
+            refused=self._dialer.refused,
+            taken_over=self._dialer.was_taken_over,
+            peer_failed=self._peer_failed,
+            note_error=self._note_error,
+        )
         self._heartbeat = Heartbeat(
             self.limits,
             self._stats,
             dialer=self._dial is not None,
             tag=self._tag,
-            key_for=self._key_for if keys is not None else None,
+            key_for=self._handshaker.key_for if keys is not None else None,
         )
         self._attached = 0  # sockets attached to a slot (what the authenticated cap counts)
         self._closing_sockets = 0  # detached sockets waiting for the peer's close frame
-        self._unauthenticated_log = unauthenticated_log(self.limits)
         # Authenticated peers' events (admission refusals, unexpected errors): rate-limited too.
         self._peer_log = PeerLogLimiter(
             log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
@@ -641,70 +634,6 @@ class WebSocketLink:
         )
         return why
 
-    def _key_for(self, executor_id: str) -> bytes | None:
-        """The handshake key of ``executor_id`` (a claimed, unauthenticated id), or None."""
-        if self._keys is None:
-            return self._key if executor_id == self.executor_id else None
-        try:
-            secret = self._keys(executor_id)
-            return derive_key(secret) if secret is not None else None
-        except Exception as exc:  # a lookup must not fail the listener; the peer is refused
-            self._peer_failed(f"key lookup for {peer_text(executor_id)}", exc)
-            return None
-
-    def _handshake(
-        self, executor_id: str, key: bytes | None, resume: ResumeOffer | None
-    ) -> Handshake:
-        return Handshake(
-            role=self.role,
-            executor_id=executor_id,
-            key=key,
-            runtime=self.runtime_id,
-            nonce=os.urandom(32),
-            resume=resume,
-            max_frame_bytes=self.limits.max_handshake_frame_bytes,
-            controller=self.controller_id,
-        )
-
-    async def _receive_handshake_frame(self, sock: WebSocket) -> bytes | None:
-        try:
-            frame = await sock.receive_message()
-        except FrameTooLarge as exc:
-            raise HandshakeError(HandshakeFailure.OVERSIZE, str(exc)) from exc
-        except MalformedFrame as exc:
-            raise HandshakeError(HandshakeFailure.MALFORMED, str(exc)) from exc
-        if frame is not None and sock.turns is not None:
-            # Listening: what this frame leads to (our hello, or the proof's check and the
-            # admission) is one step of the listener's per-turn handshake budget.
-            await sock.turns.step()
-        if frame is None:
-            why = describe_close(sock)
-            self.last_error = f"peer closed during handshake ({why})"
-            self._stats.handshakes_abandoned += 1
-            self._unauthenticated_log.log(
-                peer_host(sock.peer),
-                "closed",
-                "%s %s: handshake ended: %s",
-                self._tag,
-                sock.peer,
-                why,
-                extra=log_fields(
-                    executor=self.executor_id, peer=sock.peer, close_code=close_code(sock)
-                ),
-                logger=log,
-            )
-            if sock.peer_close is not None:
-                code, reason = sock.peer_close
-                if code == CloseCode.TAKEN_OVER:
-                    self._dialer.was_taken_over(reason)
-                elif code in _WILL_NOT_HEAL:
-                    failure, fix = _WILL_NOT_HEAL[code]
-                    self._dialer.refused(
-                        failure, f"{sock.peer} closed with {code} ({peer_text(reason)})", fix
-                    )
-            await sock.abort()
-        return frame
-
     async def _authenticate_incoming(self, sock: WebSocket) -> Admitted | None:
         return await self._authenticate(sock, listening=True)
 
@@ -718,11 +647,13 @@ class WebSocketLink:
         admitted (:meth:`_admit`); dialing, our hello goes first and our proof as soon as we
         have the listener's hello, so nothing deadlocks.
         """
+        shake = self._handshaker
+        hs: Handshake | None = None
         known = True
         try:
             if listening:
                 if first is None:
-                    first = await self._receive_handshake_frame(sock)
+                    first = await shake.receive_frame(sock)
                     if first is None:
                         return None
                 claimed = peek_hello(first, max_frame_bytes=self.limits.max_handshake_frame_bytes)
@@ -732,73 +663,26 @@ class WebSocketLink:
                     return await guest._authenticate(sock, listening=True, first=first)
                 slot = self._slots.get(self._slot_key(claimed))
                 offer = slot.offer_to(claimed, self.runtime_id) if slot is not None else None
-                hs = self._handshake(claimed.executor, None, offer)
-                await sock.send_message(hs.hello_frame())
-                # The key only now, after the hello: reading it (a file for a keyring) takes
-                # longer when it exists, and the hello must not wait for that.
-                key = self._key_for(claimed.executor)
-                if key is None:
-                    # Not enrolled, revoked, or not ours: a random key makes the peer's proof
-                    # fail exactly as a wrong secret does (same code, reason and exchange).
-                    known = False
-                    key = os.urandom(32)
-                hs.set_key(key)
-                proof = hs.receive(first)
-                assert proof is not None  # a valid hello always yields our proof
-                sock.held_proof = proof
+                hs, key, known = await shake.answer(sock, first, claimed, offer)
             else:
-                assert self.executor_id is not None and self._key is not None
-                key = self._key
+                assert self.executor_id is not None
                 slot = self._slots.get((self.executor_id, None))
-                hs = self._handshake(
-                    self.executor_id, key, slot.resume_offer() if slot is not None else None
-                )
-                await sock.send_message(hs.hello_frame())
-            log.debug("%s %s: hello sent", self._tag, sock.peer, extra=log_fields(peer=sock.peer))
-            while hs.result is None:
-                frame = await self._receive_handshake_frame(sock)
-                if frame is None:
-                    return None
-                reply = hs.receive(frame)
-                if reply is not None:
-                    await sock.send_message(reply)
-                    log.debug(
-                        "%s %s: proof sent", self._tag, sock.peer, extra=log_fields(peer=sock.peer)
-                    )
+                hs, key = await shake.greet(sock, slot.resume_offer() if slot is not None else None)
+            result = await shake.complete(sock, hs)
+            if result is None:
+                return None
         except HandshakeError as exc:
-            self._stats.count_handshake_failure(exc.reason)
-            self.last_error = str(exc)
-            if not known:
-                claimed_id = hs.local_hello.executor
-                self.last_error += f" (executor {peer_text(claimed_id)} is not enrolled here)"
-            self._unauthenticated_log.log(
-                peer_host(sock.peer),
-                exc.reason.name,
-                "%s %s: handshake refused: %s",
-                self._tag,
-                sock.peer,
-                self.last_error,
-                extra=log_fields(
-                    executor=self.executor_id, peer=sock.peer, close_code=exc.close_code
-                ),
-                logger=log,
-            )
-            if exc.close_code in _WILL_NOT_HEAL:
-                _failure, fix = _WILL_NOT_HEAL[exc.close_code]
-                self._dialer.refused(exc.reason, f"we refused {sock.peer}: {exc}", fix)
-            await sock.close(exc.close_code, exc.reason.description)
+            unknown = hs.local_hello.executor if not known and hs is not None else None
+            await shake.failed(sock, exc, unknown)
             return None
         except SocketGone:
             await sock.abort()
             return None
         except Exception as exc:
-            self._peer_failed(sock.peer, exc)
-            sock.local_close = (CloseCode.PROTOCOL_ERROR, _UNEXPECTED)
-            await sock.close(CloseCode.PROTOCOL_ERROR, _UNEXPECTED)
+            await shake.unexpected(sock, exc)
             return None
         self._stats.handshakes_completed += 1
         self._dialer.handshake_completed()
-        result = hs.result
         admitted = await self._admit(sock, result)
         if admitted is None:
             return None
