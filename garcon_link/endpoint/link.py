@@ -4,9 +4,9 @@ The decisions are pure functions elsewhere (:func:`~garcon_link.core.admission.d
 :func:`~garcon_link.core.heartbeat.heartbeat_step`, :func:`~garcon_link.core.admission.backoff`);
 one slot is :mod:`garcon_link.endpoint._slots`, the hello and proof exchange
 :mod:`garcon_link.endpoint._handshaking`, the dial loop :mod:`garcon_link.endpoint._dialing`, an
-attached socket's heartbeat :mod:`garcon_link.endpoint._heartbeat`. This module keeps the slot
-table, the admission of authenticated sockets and their attachment, and the link's public
-surface.
+attached socket's life :mod:`garcon_link.endpoint._attaching` and its heartbeat
+:mod:`garcon_link.endpoint._heartbeat`. This module keeps the slot table, the admission of
+authenticated sockets, and the link's public surface.
 
 Theory of operation
 -------------------
@@ -51,12 +51,14 @@ controller processes are two controllers, each with its own session, admitted si
    counts only sockets attached to a session (``max_authenticated_sockets`` plus one per
    executor a keyring listener serves), so one executor's key holder cannot fill it. Session
    listeners run before a fresh session's first packet is processed.
-3. **Attached.** The transport pumps the socket; beside it runs the socket's heartbeat
+3. **Attached.** :class:`~garcon_link.endpoint._attaching.Attachments` attaches the admitted
+   socket to its slot and runs the session's pump beside the socket's heartbeat
    (:class:`~garcon_link.endpoint._heartbeat.Heartbeat`): pings, a resumable close (4007) after
    ``heartbeat_timeout`` of silence while the socket is being read, and with ``keys`` the
    re-read of the executor's key (a deleted key file ends the socket, 4001, and retires the
-   session, ``REVOKED``). A close from the peer with 1001 (shutdown), 4005, 4006, 4008 or 4009
-   means the peer retired the session: it is retired here at once, not after the grace.
+   session, ``REVOKED``); then detaches and closes it with its cause. A close from the peer
+   with 1001 (shutdown), 4005, 4006, 4008 or 4009 means the peer retired the session: it is
+   retired here at once, not after the grace.
 4. **Dialing.** One dial loop per dialing link, :class:`~garcon_link.endpoint._dialing.Dialer`:
    connect, upgrade, then this module's handshake and admission, run, back off, repeat. The
    dialer also keeps what handshakes learn of this end's standing: a refusal a redial will not
@@ -117,7 +119,6 @@ from ..errors import (
     HandshakeError,
     HandshakeFailure,
     LinkError,
-    SessionFailed,
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
@@ -128,12 +129,11 @@ from ..net.ws import (
     SocketGone,
     WebSocket,
     WebSocketListener,
-    close_code,
-    describe_close,
     one_line,
     unauthenticated_log,
     upgrade_refusal,
 )
+from ._attaching import Attachments
 from ._dialing import Dialer
 from ._handshaking import Handshaker
 from ._heartbeat import Heartbeat
@@ -242,7 +242,6 @@ class WebSocketLink:
         self._names = names
         self._guest: WebSocketLink | None = None
         self._sessions_begun = 0
-        self._detachments = 0  # sockets detached from a slot (orders slots by detachment)
         self.executor_id = executor_id
         self.limits = limits or Limits()
         self._keys = keys
@@ -320,15 +319,21 @@ class WebSocketLink:
             peer_failed=self._peer_failed,
             note_error=self._note_error,
         )
-        self._heartbeat = Heartbeat(
+        heartbeat = Heartbeat(
             self.limits,
             self._stats,
             dialer=self._dial is not None,
             tag=self._tag,
             key_for=self._handshaker.key_for if keys is not None else None,
         )
-        self._attached = 0  # sockets attached to a slot (what the authenticated cap counts)
-        self._closing_sockets = 0  # detached sockets waiting for the peer's close frame
+        self._attachments = Attachments(
+            self.limits,
+            self._stats,
+            tag=self._tag,
+            heartbeat=heartbeat.run,
+            peer_failed=self._peer_failed,
+            taken_over=self._dialer.was_taken_over,
+        )
         # Authenticated peers' events (admission refusals, unexpected errors): rate-limited too.
         self._peer_log = PeerLogLimiter(
             log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
@@ -348,7 +353,7 @@ class WebSocketLink:
                 max_authenticated=self.limits.max_authenticated_sockets
                 + (self._max_executors if keys is not None else 0)
                 + (self.limits.max_controllers if self._per_controller else 0),
-                occupied=lambda: self._attached,
+                occupied=lambda: self._attachments.count,
             )
 
     # ------------------------------------------------------------------ public surface
@@ -482,7 +487,7 @@ class WebSocketLink:
             raise ConfigError("host() needs a listening link and a hosted link of the other role")
         self._guest = guest
         self._listener.count_also(
-            guest.limits.max_controllers, lambda: self._attached + guest._attached
+            guest.limits.max_controllers, lambda: self._attachments.count + guest._attachments.count
         )
 
     # The link's own tasks (listener, dial loop, sockets, heartbeats) run in an inner task group
@@ -690,104 +695,13 @@ class WebSocketLink:
 
         async def attached() -> None:
             try:
-                await self._run_socket(sock, slot, transport, peer_received, result, key)
+                await self._attachments.run(sock, slot, transport, peer_received, result, key)
             finally:
                 await sock.abort()  # a no-op after a close; closes the socket on cancellation
 
         return attached
 
-    # ------------------------------------------------------------------ admission & attach
-
-    async def _run_socket(
-        self,
-        sock: WebSocket,
-        slot: _Slot,
-        transport: SessionTransport,
-        peer_received: int,
-        result: HandshakeResult,
-        key: bytes,
-    ) -> None:
-        # Nothing awaited between the admission and here: the slot sees this socket attached
-        # before any other socket of its executor can be admitted.
-        slot.key = key
-        slot.attached = sock
-        log.info(
-            "%s %s: attached executor=%s%s session=%s resumed=%s",
-            self._tag,
-            sock.peer,
-            slot.executor_id,
-            f" controller={peer_text(slot.label)}" if slot.label is not None else "",
-            transport.session_id.hex()[:12],
-            result.resume,
-            extra=log_fields(
-                executor=slot.executor_id,
-                session=transport.session_id,
-                peer=sock.peer,
-                controller=slot.label,
-            ),
-        )
-        self._attached += 1
-        try:
-            async with anyio.create_task_group() as tg:
-                # The heartbeat ends in a scope of its own, so that its task returns instead of
-                # ending in a CancelledError (anyio's task group keeps that in a reference cycle
-                # with its traceback: garbage for the cyclic collector at every detach).
-                beat = anyio.CancelScope()
-                tg.start_soon(self._heartbeat.run, slot, sock, tg.cancel_scope, beat)
-                try:
-                    await transport.run(sock, peer_received)
-                except SessionFailed:
-                    pass  # stored as transport.failure; the close below reports it
-                except Exception as exc:
-                    # That peer's failure, not the link's. What the session holds may be
-                    # inconsistent after it, so it is retired (a broken machine stays broken).
-                    why = self._peer_failed(sock.peer, exc)
-                    transport.retire(FailureReason.MALFORMED_PACKET, why)
-                beat.cancel()
-        finally:
-            self._attached -= 1
-            if slot.attached is sock:
-                slot.attached = None
-                self._detachments += 1
-                slot.detached = self._detachments
-        if sock.peer_close is not None and sock.peer_close[0] == CloseCode.TAKEN_OVER:
-            self._dialer.was_taken_over(sock.peer_close[1])
-        # The cause: ours if we ended it (4007, 1009, 4004...), the session's failure if it was
-        # retired, else a plain end -- not 1001, which a peer still reading would take for a
-        # shutdown and retire the session.
-        if sock.local_close is None and sock.peer_close is None:
-            failure = transport.failure
-            sock.local_close = (
-                (failure.close_code, str(failure))
-                if failure is not None
-                else (int(CloseCode.NORMAL), "socket ended")
-            )
-        log.info(
-            "%s %s: socket %s",
-            self._tag,
-            sock.peer,
-            describe_close(sock),
-            extra=log_fields(
-                executor=slot.executor_id,
-                session=transport.session_id,
-                peer=sock.peer,
-                close_code=close_code(sock),
-                controller=slot.label,
-            ),
-        )
-        code, cause = sock.local_close or (0, "")
-        # A detached socket no longer counts as attached; while it waits for the peer's close
-        # frame it is one of at most max_authenticated_sockets such sockets: past them the close
-        # frame is sent without waiting (a key holder replacing its own socket in a loop would
-        # otherwise keep one descriptor per replacement for close_timeout).
-        drain = self._closing_sockets < self.limits.max_authenticated_sockets
-        if not drain:
-            self._stats.closes_not_drained += 1
-        self._closing_sockets += 1
-        try:
-            await sock.close(int(code) or CloseCode.NORMAL, cause or "socket ended", drain=drain)
-        finally:
-            self._closing_sockets -= 1
+    # ------------------------------------------------------------------ admission
 
     async def _admit(
         self, sock: WebSocket, result: HandshakeResult
