@@ -5,7 +5,8 @@ The decisions are pure functions elsewhere (:func:`~garcon_link.core.admission.d
 one slot is :mod:`garcon_link.endpoint._slots`, the hello and proof exchange
 :mod:`garcon_link.endpoint._handshaking`, the dial loop :mod:`garcon_link.endpoint._dialing`, an
 attached socket's life :mod:`garcon_link.endpoint._attaching` and its heartbeat
-:mod:`garcon_link.endpoint._heartbeat`. This module keeps the slot table, the admission of
+:mod:`garcon_link.endpoint._heartbeat`, a listening worker's ``max_controllers`` places
+:mod:`garcon_link.endpoint._places`. This module keeps the slot table, the admission of
 authenticated sockets, and the link's public surface.
 
 Theory of operation
@@ -100,8 +101,6 @@ from ..core.admission import (
     Resume,
     SlotKey,
     decide,
-    evictee,
-    places,
     slot_key,
 )
 from ..core.handshake import (
@@ -137,6 +136,7 @@ from ._attaching import Attachments
 from ._dialing import Dialer
 from ._handshaking import Handshaker
 from ._heartbeat import Heartbeat
+from ._places import Places
 from ._slots import _Slot
 from .transport import SessionTransport
 
@@ -237,9 +237,6 @@ class WebSocketLink:
         # A listening worker keeps one slot per controller (module docstring).
         self._per_controller = self.role is Role.WORKER and (listen is not None or hosted)
         self._hosted = hosted
-        # Who holds the places and who takes them, as refusals name them ("this worker holds
-        # sessions for max_controllers=N controllers"; a gateway's callers link passes its own).
-        self._names = names
         self._guest: WebSocketLink | None = None
         self._sessions_begun = 0
         self.executor_id = executor_id
@@ -337,6 +334,17 @@ class WebSocketLink:
         # Authenticated peers' events (admission refusals, unexpected errors): rate-limited too.
         self._peer_log = PeerLogLimiter(
             log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
+        )
+        # Who holds the places and who takes them, as refusals name them ("this worker holds
+        # sessions for max_controllers=N controllers"; a gateway's callers link passes its own).
+        self._places = Places(
+            self._slots,
+            self.limits,
+            self._stats,
+            per_controller=self._per_controller,
+            names=names,
+            tag=self._tag,
+            peer_log=self._peer_log,
         )
         self._listener: WebSocketListener | None = None
         if listen is not None:
@@ -717,7 +725,7 @@ class WebSocketLink:
         key = self._slot_key(result.peer)
         slot = self._slots.get(key)
         if slot is None and self._per_controller:
-            slot = self._new_controller_slot(key)
+            slot = self._places.new_slot(key)
         elif slot is None:
             if len(self._slots) >= self._max_executors:
                 self._stats.executors_refused += 1
@@ -736,7 +744,7 @@ class WebSocketLink:
             runtime=result.peer.runtime,
             taken_over=result.peer.runtime in slot.taken_over,
         )
-        full, evictable = self._places(slot)
+        full, evictable = self._places.of(slot)
         view = slot.view(self._closing, sock, full=full, evictable=evictable)
         decision = decide(view, offer)
         if isinstance(decision, Refuse):
@@ -787,7 +795,7 @@ class WebSocketLink:
                     self._tag,
                     extra=log_fields(executor=slot.executor_id, peer=sock.peer),
                 )
-            full, evictable = self._places(slot)
+            full, evictable = self._places.of(slot)
             view = slot.view(self._closing, sock, full=full, evictable=evictable)
             decision = decide(view, offer, probe_healthy=healthy)
         if isinstance(decision, Refuse):
@@ -806,7 +814,7 @@ class WebSocketLink:
             return slot, current, result.peer.received
         assert isinstance(decision, Fresh)
         if decision.evict_detached:
-            self._evict(slot, sock)
+            self._places.evict(slot, sock)
         if current is not None and decision.retire_current:
             if decision.taken_over:
                 slot.taken_over.append(current.peer_runtime)
@@ -828,65 +836,6 @@ class WebSocketLink:
             listener(transport, result)
         return slot, transport, 0
 
-    def _new_controller_slot(self, key: SlotKey) -> _Slot:
-        """A listening worker's slot for a controller it holds none for. Slots without a
-        session, socket or admission (refused or retired controllers) are dropped first, oldest
-        first, once there are ``max_controllers`` slots: what they remember (runtimes taken
-        over) is kept while there is room."""
-        if len(self._slots) >= self.limits.max_controllers:
-            for old_key, old in list(self._slots.items()):
-                if len(self._slots) < self.limits.max_controllers:
-                    break
-                if not old.holds_place:
-                    del self._slots[old_key]
-        slot = self._slots[key] = _Slot(key[0], key[1])
-        return slot
-
-    def _places(self, slot: _Slot) -> tuple[bool, bool]:
-        """:attr:`SlotView.full` and :attr:`SlotView.evictable` for ``slot`` of a listening
-        worker (:func:`~garcon_link.core.admission.places`); never full on other links."""
-        if not self._per_controller:
-            return False, False
-        others = ((s.holds_place, s.evictable) for s in self._slots.values() if s is not slot)
-        return places(others, self.limits.max_controllers)
-
-    def _evict(self, slot: _Slot, sock: WebSocket) -> None:
-        """Retire the other controllers' session detached the longest, so that ``slot`` takes
-        its place (:data:`~garcon_link.core.admission.EVICT`). Its controller, if it comes back,
-        finds no session to resume: a fresh one, and the outcome rule for what it had pending."""
-        candidates = [
-            (key, s.detached)
-            for key, s in self._slots.items()
-            if s is not slot and s.evictable and s.holds_place
-        ]
-        key = evictee(candidates)
-        assert key is not None, "decide() said evict without an evictable session"
-        victim = self._slots[key]
-        transport = victim.live
-        assert transport is not None
-        transport.retire(
-            FailureReason.EVICTED,
-            f"max_{self._names[1]}s={self.limits.max_controllers} places held; {self._names[1]} "
-            f"{peer_text(slot.label)} took this detached session's place",
-        )
-        self._stats.controllers_evicted += 1
-        self._peer_log.log(
-            peer_host(sock.peer),
-            "EVICTED",
-            "%s %s: %s %s admitted in the place of %s %s, detached (%d of max_%ss=%d places held)",
-            self._tag,
-            sock.peer,
-            self._names[1],
-            peer_text(slot.label),
-            self._names[1],
-            peer_text(victim.label),
-            self.limits.max_controllers,
-            self._names[1],
-            self.limits.max_controllers,
-            extra=log_fields(peer=sock.peer, controller=victim.label),
-            level=logging.WARNING,
-        )
-
     @staticmethod
     def _taken_over_text(slot: _Slot, reason: HandshakeFailure) -> str:
         if isinstance(slot.controller, str):
@@ -901,11 +850,7 @@ class WebSocketLink:
                 self._stats.takeovers_refused += 1
         elif refusal.reason is HandshakeFailure.CONTROLLERS_FULL:
             self._stats.controllers_refused += 1
-            refusal = dataclasses.replace(
-                refusal,
-                detail=f"this {self._names[0]} holds sessions for max_{self._names[1]}s="
-                f"{self.limits.max_controllers} {self._names[1]}s; retry later",
-            )
+            refusal = dataclasses.replace(refusal, detail=self._places.full_detail())
         elif refusal.reason is HandshakeFailure.TAKEN_OVER:
             refusal = dataclasses.replace(
                 refusal, detail=self._taken_over_text(slot, refusal.reason)
