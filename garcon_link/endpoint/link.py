@@ -1,13 +1,13 @@
 """The session endpoint: authenticated sockets, one session slot per executor (docs/design.md#link).
 
-Why one module of about 1,370 lines, and :class:`WebSocketLink` of about 1,110: the slot table,
-the admission of authenticated sockets, the heartbeat of each attached socket and the dial loop all
-read and change the same slots within one loop turn (an admission must see the socket a heartbeat
-just closed, the dial loop the session an admission just installed), and each of them uses a dozen
-or more of the link's members. The decisions themselves are pure functions elsewhere
-(:func:`~garcon_link.core.admission.decide`, :func:`~garcon_link.core.heartbeat.heartbeat_step`,
-:func:`~garcon_link.core.admission.backoff`), one slot is :mod:`garcon_link.endpoint._slots`;
-what is left here is carrying them out.
+The decisions are pure functions elsewhere (:func:`~garcon_link.core.admission.decide`,
+:func:`~garcon_link.core.heartbeat.heartbeat_step`, :func:`~garcon_link.core.admission.backoff`);
+one slot is :mod:`garcon_link.endpoint._slots`, the hello and proof exchange
+:mod:`garcon_link.endpoint._handshaking`, the dial loop :mod:`garcon_link.endpoint._dialing`, an
+attached socket's life :mod:`garcon_link.endpoint._attaching` and its heartbeat
+:mod:`garcon_link.endpoint._heartbeat`, a listening worker's ``max_controllers`` places
+:mod:`garcon_link.endpoint._places`. This module keeps the slot table, the admission of
+authenticated sockets, and the link's public surface.
 
 Theory of operation
 -------------------
@@ -26,21 +26,18 @@ controller processes are two controllers, each with its own session, admitted si
 ``Limits.max_controllers`` sessions; the takeover rule and 4009 apply within one controller's slot
 (the same ``controller_id`` from a new runtime).
 
-1. **Handshake.** The dialer sends its ``hello`` at once (:mod:`garcon_link.core.handshake`). The
-   listener first reads the dialer's hello (:func:`~garcon_link.core.handshake.peek_hello`), takes
-   the executor id it *claims* and sends its own hello, which echoes the claimed id and advertises
-   the session it holds for that id only if the dialer's hello already names it
-   (:func:`~garcon_link.core.handshake.listener_offer`): nothing of the listener's identity, nor
-   whether that executor is enrolled or online, goes out before the peer has proved its key.
-   Only then does it look up the claimed executor's key (a file read for a keyring), so the
-   hello leaves after the same work whether the id is enrolled or not. An id the listener does
-   not know (not enrolled, revoked, or not its configured one) gets a random key, so the peer's
-   proof fails exactly as a wrong secret does: same close code (4001), same reason, same
-   messages exchanged. The dialer sends its ``proof`` as soon as it has the listener's hello; the
-   listener verifies it and sends its own only once it has admitted the peer (step 2), so a
-   refused peer never completes a handshake and a listener never hands out a proof that could be
-   reflected. Upgrade, handshake and admission must finish within ``handshake_timeout`` (else
-   4008). A refusal closes with the reason's close code.
+1. **Handshake.** :class:`~garcon_link.endpoint._handshaking.Handshaker` exchanges hello and
+   proof (:mod:`garcon_link.core.handshake`): the dialer's hello goes at once; the listener
+   reads the dialer's hello first and answers it with its own, which advertises the session it
+   holds for the claimed executor id only if the dialer's hello already names it
+   (:func:`~garcon_link.core.handshake.listener_offer`, the slot's ``offer_to``): nothing of the
+   listener's identity, nor whether that executor is enrolled or online, goes out before the
+   peer has proved its key, and an id the listener does not know fails exactly as a wrong
+   secret does (4001). A hello of the listener's own role goes to the hosted link
+   (:meth:`WebSocketLink.host`). The listener sends its own proof only once it has admitted the
+   peer (step 2), so a refused peer never completes a handshake and a listener never hands out
+   a proof that could be reflected. Upgrade, handshake and admission must finish within
+   ``handshake_timeout`` (else 4008). A refusal closes with the reason's close code.
 2. **Admission** is :func:`decide`, a pure function of the slot (:class:`SlotView`) and the
    verified handshake (:class:`Offer`): ``Resume`` iff runtimes cross-match and session ids match;
    else ``Fresh`` (the current session is retired, ``REPLACED``); the *takeover rule* -- a fresh
@@ -55,20 +52,19 @@ controller processes are two controllers, each with its own session, admitted si
    counts only sockets attached to a session (``max_authenticated_sockets`` plus one per
    executor a keyring listener serves), so one executor's key holder cannot fill it. Session
    listeners run before a fresh session's first packet is processed.
-3. **Attached.** The transport pumps the socket; a heartbeat task (its policy is the pure
-   :func:`~garcon_link.core.heartbeat.heartbeat_step`) pings every
-   ``heartbeat_interval`` and closes the socket (resumably, 4007) after ``heartbeat_timeout`` with
-   no inbound frame of any kind *while the socket is being read*: time the reader is held up by a
-   slow consumer is back-pressure, not the peer's silence (nor evidence for a takeover probe).
-   With ``keys``, the heartbeat also re-reads the executor's key every
-   ``key_recheck_interval`` seconds: a deleted key file ends the socket (4001) and retires the
-   session (``REVOKED``), so revoking needs no restart and no reconnection. A close from the peer
+3. **Attached.** :class:`~garcon_link.endpoint._attaching.Attachments` attaches the admitted
+   socket to its slot and runs the session's pump beside the socket's heartbeat
+   (:class:`~garcon_link.endpoint._heartbeat.Heartbeat`): pings, a resumable close (4007) after
+   ``heartbeat_timeout`` of silence while the socket is being read, and with ``keys`` the
+   re-read of the executor's key (a deleted key file ends the socket, 4001, and retires the
+   session, ``REVOKED``); then detaches and closes it with its cause. A close from the peer
    with 1001 (shutdown), 4005, 4006, 4008 or 4009 means the peer retired the session: it is
    retired here at once, not after the grace.
-4. **Dialing.** One dial loop per dialing link: connect (``connect_timeout``), upgrade,
-   handshake, run; between attempts the delay comes from :func:`backoff` -- first retry
-   immediate, then full-jitter exponential capped at ``backoff_max``, reset after a socket stayed
-   up ``backoff_reset_after``. A 4009 close stops the loop for good.
+4. **Dialing.** One dial loop per dialing link, :class:`~garcon_link.endpoint._dialing.Dialer`:
+   connect, upgrade, then this module's handshake and admission, run, back off, repeat. The
+   dialer also keeps what handshakes learn of this end's standing: a refusal a redial will not
+   heal (:attr:`WebSocketLink.refusal`) and a takeover (4009: :attr:`WebSocketLink.taken_over`,
+   every session retired, dialing stopped for good).
 
 Failures
 --------
@@ -104,34 +100,24 @@ from ..core.admission import (
     Refuse,
     Resume,
     SlotKey,
-    backoff,
     decide,
-    evictee,
-    places,
     slot_key,
 )
 from ..core.handshake import (
     Handshake,
     HandshakeResult,
     Hello,
-    ResumeOffer,
     derive_key,
     peek_hello,
 )
-from ..core.heartbeat import Ping, RecheckKey, Timeout, heartbeat_step, quiet_period
 from ..core.session import RetentionPool
 from ..core.wire import CloseCode, Role
 from ..errors import (
-    AuthenticationError,
     ConfigError,
     FailureReason,
-    FrameTooLarge,
     HandshakeError,
     HandshakeFailure,
     LinkError,
-    MalformedFrame,
-    SessionFailed,
-    Unreachable,
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
@@ -142,15 +128,15 @@ from ..net.ws import (
     SocketGone,
     WebSocket,
     WebSocketListener,
-    client_upgrade,
-    close_code,
-    close_stream,
-    connect,
-    describe_close,
     one_line,
     unauthenticated_log,
     upgrade_refusal,
 )
+from ._attaching import Attachments
+from ._dialing import Dialer
+from ._handshaking import Handshaker
+from ._heartbeat import Heartbeat
+from ._places import Places
 from ._slots import _Slot
 from .transport import SessionTransport
 
@@ -167,35 +153,69 @@ __all__ = [
 log = logging.getLogger("garcon_link.link")  # the name users configure (README)
 
 
-def _dial_peer(target: DialTarget | None) -> str | None:
-    """The ``gl_peer`` log field of a dial target (``host:port``, as its socket's peer)."""
-    return None if target is None else f"{target.host}:{target.port}"
-
-
-_UNEXPECTED = "unexpected error"
-"""The close reason a peer gets for a socket ended by an unexpected error (details are logged)."""
-
-_WILL_NOT_HEAL: dict[int, tuple[HandshakeFailure, str]] = {
-    # close code -> (reason, what the operator must fix); a redial cannot change any of these.
-    4001: (
-        HandshakeFailure.AUTH_FAILED,
-        "both ends must use the same secret (secret_file), and the executor id must be the one "
-        "the other end serves (a fleet controller or gateway needs keys/<executor_id>.secret; "
-        "a gateway holds a caller's key as callers/<caller_id>.secret)",
-    ),
-    4002: (HandshakeFailure.VERSION_MISMATCH, "upgrade garcon-link on one end to match the other"),
-    4003: (
-        HandshakeFailure.ROLE_CONFLICT,
-        'one end must be role = "worker" and the other role = "controller"',
-    ),
-}
-"""Refusals a redial will not heal: reported at once to whoever waits."""
-
 KeyLookup: TypeAlias = Callable[[str], bytes | None]
 """``executor_id -> secret`` (None: not enrolled). Called with a *claimed*, unauthenticated id."""
 
 
 SessionListener = Callable[[SessionTransport, HandshakeResult], None]
+
+
+def _check_arguments(
+    role: Role,
+    *,
+    executor_id: str | None,
+    secret: bytes | None,
+    keys: KeyLookup | None,
+    max_executors: int,
+    listen: tuple[str, int] | None,
+    dial: str | DialTarget | None,
+    hosted: bool,
+    controller_id: str | None,
+) -> None:
+    """Raise :class:`ConfigError` for a combination of :class:`WebSocketLink` arguments that
+    makes no link."""
+    if hosted:
+        if listen is not None or dial is not None or keys is None or Role(role) is not Role.WORKER:
+            raise ConfigError("hosted=True is for a worker-role link with keys=, no listen or dial")
+    elif (listen is None) == (dial is None):
+        raise ConfigError("a link needs exactly one of listen=(host, port) or dial=URL")
+    if keys is not None:
+        if (listen is None and not hosted) or executor_id is not None or secret is not None:
+            raise ConfigError("keys= is for a listener, instead of executor_id and secret")
+    elif executor_id is None or secret is None:
+        raise ConfigError("a link needs executor_id and secret (or, listening, keys=)")
+    if max_executors < 1:
+        raise ConfigError("max_executors must be at least 1")
+    if controller_id is not None and Role(role) is not Role.CONTROLLER:
+        raise ConfigError("controller_id is a controller's; a worker has none")
+
+
+def _tls_context(
+    dial: DialTarget | None,
+    listen: tuple[str, int] | None,
+    ssl_context: ssl.SSLContext | None,
+    allow_insecure_development: bool,
+) -> ssl.SSLContext | None:
+    """The link's TLS context: a dialer's for ``wss://`` only (a default one unless given), a
+    listener's as given. Plain text off loopback is refused unless allowed."""
+    if dial is not None:
+        if dial.tls and ssl_context is None:
+            ssl_context = ssl.create_default_context()
+        if not dial.tls:
+            ssl_context = None
+        host = dial.host
+        insecure = not dial.tls
+    elif listen is not None:
+        host = listen[0]
+        insecure = ssl_context is None
+    else:  # hosted: the host link's listener applies its own rule
+        host, insecure = "", False
+    if insecure and not is_loopback_host(host) and not allow_insecure_development:
+        raise ConfigError(
+            f"plain-text ws:// to or on non-loopback address {host!r} is refused; use TLS "
+            "(wss://, or a TLS terminator) or set allow_insecure_development"
+        )
+    return ssl_context
 
 
 class WebSocketLink:
@@ -249,38 +269,24 @@ class WebSocketLink:
         hosted: bool = False,
         names: tuple[str, str] = ("worker", "controller"),
     ) -> None:
-        if hosted:
-            if (
-                listen is not None
-                or dial is not None
-                or keys is None
-                or Role(role) is not Role.WORKER
-            ):
-                raise ConfigError(
-                    "hosted=True is for a worker-role link with keys=, no listen or dial"
-                )
-        elif (listen is None) == (dial is None):
-            raise ConfigError("a link needs exactly one of listen=(host, port) or dial=URL")
-        if keys is not None:
-            if (listen is None and not hosted) or executor_id is not None or secret is not None:
-                raise ConfigError("keys= is for a listener, instead of executor_id and secret")
-        elif executor_id is None or secret is None:
-            raise ConfigError("a link needs executor_id and secret (or, listening, keys=)")
-        if max_executors < 1:
-            raise ConfigError("max_executors must be at least 1")
-        if controller_id is not None and Role(role) is not Role.CONTROLLER:
-            raise ConfigError("controller_id is a controller's; a worker has none")
+        _check_arguments(
+            role,
+            executor_id=executor_id,
+            secret=secret,
+            keys=keys,
+            max_executors=max_executors,
+            listen=listen,
+            dial=dial,
+            hosted=hosted,
+            controller_id=controller_id,
+        )
         self.role = Role(role)
         self.controller_id = controller_id
         # A listening worker keeps one slot per controller (module docstring).
         self._per_controller = self.role is Role.WORKER and (listen is not None or hosted)
         self._hosted = hosted
-        # Who holds the places and who takes them, as refusals name them ("this worker holds
-        # sessions for max_controllers=N controllers"; a gateway's callers link passes its own).
-        self._names = names
         self._guest: WebSocketLink | None = None
         self._sessions_begun = 0
-        self._detachments = 0  # sockets detached from a slot (orders slots by detachment)
         self.executor_id = executor_id
         self.limits = limits or Limits()
         self._keys = keys
@@ -292,27 +298,9 @@ class WebSocketLink:
                 raise ConfigError(str(exc)) from exc
         self._max_executors = max_executors if keys is not None else 1
         self.runtime_id = runtime_id if runtime_id is not None else os.urandom(16)
-        self._rng = rng or random.Random()
         self._listen = listen
         self._dial = parse_dial_url(dial) if isinstance(dial, str) else dial
-        self._ssl = ssl_context
-        if self._dial is not None:
-            if self._dial.tls and self._ssl is None:
-                self._ssl = ssl.create_default_context()
-            if not self._dial.tls:
-                self._ssl = None
-            host = self._dial.host
-            insecure = not self._dial.tls
-        elif listen is not None:
-            host = listen[0]
-            insecure = ssl_context is None
-        else:  # hosted: the host link's listener applies its own rule
-            host, insecure = "", False
-        if insecure and not is_loopback_host(host) and not allow_insecure_development:
-            raise ConfigError(
-                f"plain-text ws:// to or on non-loopback address {host!r} is refused; use TLS "
-                "(wss://, or a TLS terminator) or set allow_insecure_development"
-            )
+        self._ssl = _tls_context(self._dial, listen, ssl_context, allow_insecure_development)
         self._host_tg: anyio.abc.TaskGroup | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._slots: dict[SlotKey, _Slot] = {}
@@ -325,26 +313,69 @@ class WebSocketLink:
         self._closed = anyio.Event()
         self._stats = LinkStatistics()
         self.last_error: str | None = None
-        self.taken_over: str | None = None
-        """Set (the cause) when another process with this executor id took over: dialing stopped."""
-        self.refusal: HandshakeError | None = None
-        """The latest refusal of ours that a redial will not heal (wrong secret or executor id,
-        version, role), with the fix in its message; cleared by a completed handshake. The dial
-        loop keeps dialing (the other end may be fixed meanwhile)."""
-        self._refusal_listeners: list[Callable[[HandshakeError], None]] = []
-        self.last_dial_error: str | None = None
-        """Why the latest dial attempt failed (``None`` once a dial attached a socket): what a
-        caller waiting for readiness reports (a dialing link only)."""
-        self._dial_listeners: list[Callable[[LinkError], None]] = []
-        self.stopped = anyio.Event()
-        """Set when the link gave up for good (:attr:`taken_over`); :meth:`aclose` still needed."""
         self._tag = f"{self.role.value}[{self.runtime_id.hex()[:6]}]"
-        self._attached = 0  # sockets attached to a slot (what the authenticated cap counts)
-        self._closing_sockets = 0  # detached sockets waiting for the peer's close frame
+        self._dialer = Dialer(
+            self._dial,
+            limits=self.limits,
+            stats=self._stats,
+            rng=rng or random.Random(),
+            ssl_context=self._ssl,
+            tag=self._tag,
+            role=self.role,
+            executor_id=executor_id,
+            controller_id=controller_id,
+            closing=lambda: self._closing,
+            authenticate=self._authenticate,
+            peer_failed=self._peer_failed,
+            note_error=self._note_error,
+            retire_sessions=self._retire_sessions,
+        )
         self._unauthenticated_log = unauthenticated_log(self.limits)
+        self._handshaker = Handshaker(
+            role=self.role,
+            runtime_id=self.runtime_id,
+            controller_id=controller_id,
+            executor_id=executor_id,
+            key=self._key,
+            keys=keys,
+            limits=self.limits,
+            stats=self._stats,
+            tag=self._tag,
+            peer_log=self._unauthenticated_log,
+            refused=self._dialer.refused,
+            taken_over=self._dialer.was_taken_over,
+            peer_failed=self._peer_failed,
+            note_error=self._note_error,
+        )
+        heartbeat = Heartbeat(
+            self.limits,
+            self._stats,
+            dialer=self._dial is not None,
+            tag=self._tag,
+            key_for=self._handshaker.key_for if keys is not None else None,
+        )
+        self._attachments = Attachments(
+            self.limits,
+            self._stats,
+            tag=self._tag,
+            heartbeat=heartbeat.run,
+            peer_failed=self._peer_failed,
+            taken_over=self._dialer.was_taken_over,
+        )
         # Authenticated peers' events (admission refusals, unexpected errors): rate-limited too.
         self._peer_log = PeerLogLimiter(
             log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
+        )
+        # Who holds the places and who takes them, as refusals name them ("this worker holds
+        # sessions for max_controllers=N controllers"; a gateway's callers link passes its own).
+        self._places = Places(
+            self._slots,
+            self.limits,
+            self._stats,
+            per_controller=self._per_controller,
+            names=names,
+            tag=self._tag,
+            peer_log=self._peer_log,
         )
         self._listener: WebSocketListener | None = None
         if listen is not None:
@@ -361,7 +392,7 @@ class WebSocketLink:
                 max_authenticated=self.limits.max_authenticated_sockets
                 + (self._max_executors if keys is not None else 0)
                 + (self.limits.max_controllers if self._per_controller else 0),
-                occupied=lambda: self._attached,
+                occupied=lambda: self._attachments.count,
             )
 
     # ------------------------------------------------------------------ public surface
@@ -433,43 +464,45 @@ class WebSocketLink:
     def on_refusal(self, listener: Callable[[HandshakeError], None]) -> Callable[[], None]:
         """Call ``listener(error)`` when the peer refuses this dialing link for a reason a
         redial will not heal (see :attr:`refusal`). Returns an unsubscribe callable."""
-        self._refusal_listeners.append(listener)
-        return lambda: (
-            self._refusal_listeners.remove(listener)
-            if listener in self._refusal_listeners
-            else None
-        )
+        return self._dialer.on_refusal(listener)
 
     def on_dial_failed(self, listener: Callable[[LinkError], None]) -> Callable[[], None]:
         """Call ``listener(error)`` after each failed dial attempt (:class:`Unreachable` when
         nothing listens or the name does not resolve). Returns an unsubscribe callable."""
-        self._dial_listeners.append(listener)
-        return lambda: (
-            self._dial_listeners.remove(listener) if listener in self._dial_listeners else None
-        )
+        return self._dialer.on_dial_failed(listener)
 
-    def _refused(self, reason: HandshakeFailure, detail: str, fix: str) -> None:
-        """Record a refusal that will not heal (dialing only: a listener cannot tell its own
-        peers from strangers) and report it once per reason until a handshake succeeds."""
-        if self._dial is None:
-            return
-        error: HandshakeError = (
-            AuthenticationError(f"{detail}; {fix}")
-            if reason is HandshakeFailure.AUTH_FAILED
-            else HandshakeError(reason, f"{detail}; {fix}")
-        )
-        first = self.refusal is None or self.refusal.reason is not reason
-        self.refusal = error
-        if first:
-            log.warning(
-                "%s %s refused us: %s",
-                self._tag,
-                self.url,
-                error,
-                extra=log_fields(executor=self.executor_id, peer=_dial_peer(self._dial)),
-            )
-        for listener in list(self._refusal_listeners):
-            listener(error)
+    @property
+    def taken_over(self) -> str | None:
+        """Set (the cause) when another process with this executor id took over: dialing
+        stopped."""
+        return self._dialer.taken_over
+
+    @property
+    def refusal(self) -> HandshakeError | None:
+        """The latest refusal of ours that a redial will not heal (wrong secret or executor id,
+        version, role), with the fix in its message; cleared by a completed handshake. The dial
+        loop keeps dialing (the other end may be fixed meanwhile)."""
+        return self._dialer.refusal
+
+    @property
+    def last_dial_error(self) -> str | None:
+        """Why the latest dial attempt failed (``None`` once a dial attached a socket): what a
+        caller waiting for readiness reports (a dialing link only)."""
+        return self._dialer.last_dial_error
+
+    @property
+    def stopped(self) -> anyio.Event:
+        """Set when the link gave up for good (:attr:`taken_over`); :meth:`aclose` still
+        needed."""
+        return self._dialer.stopped
+
+    def _note_error(self, why: str) -> None:
+        self.last_error = why
+
+    def _retire_sessions(self, reason: FailureReason, detail: str) -> None:
+        for slot in self._slots.values():
+            if slot.transport is not None:
+                slot.transport.retire(reason, detail)
 
     def statistics(self) -> LinkStatistics:
         s = self._stats
@@ -493,7 +526,7 @@ class WebSocketLink:
             raise ConfigError("host() needs a listening link and a hosted link of the other role")
         self._guest = guest
         self._listener.count_also(
-            guest.limits.max_controllers, lambda: self._attached + guest._attached
+            guest.limits.max_controllers, lambda: self._attachments.count + guest._attachments.count
         )
 
     # The link's own tasks (listener, dial loop, sockets, heartbeats) run in an inner task group
@@ -532,7 +565,7 @@ class WebSocketLink:
                     extra=log_fields(executor=self.executor_id),
                 )
             elif not self._hosted:
-                tg.start_soon(self._dial_loop)
+                tg.start_soon(self._dialer.run)
         except BaseException:
             tg.cancel_scope.cancel()
             await tg.__aexit__(None, None, None)
@@ -619,80 +652,6 @@ class WebSocketLink:
             self._tg.cancel_scope.cancel()
         self._closed.set()
 
-    # ------------------------------------------------------------------ dialer
-
-    async def _dial_loop(self) -> None:
-        assert self._dial is not None
-        delays = backoff(self.limits, self._rng)
-        while not self._closing and self.taken_over is None:
-            self._stats.dial_attempts += 1
-            up_since: float | None = None
-            try:
-                admitted = await self._dial_once()
-                if admitted is not None:
-                    up_since = anyio.current_time()
-                    self.last_dial_error = None
-                    await admitted()
-            except LinkError as exc:
-                self._dial_failed(exc)
-            except Exception as exc:
-                self._peer_failed(self.url, exc)  # never the dial loop's failure: dial again
-            if self._given_up():
-                return
-            if up_since is not None and (
-                anyio.current_time() - up_since >= self.limits.backoff_reset_after
-            ):
-                delays = backoff(self.limits, self._rng)
-            delay = next(delays)
-            if delay:
-                log.debug(
-                    "%s next dial in %.2fs",
-                    self._tag,
-                    delay,
-                    extra=log_fields(executor=self.executor_id),
-                )
-                await anyio.sleep(delay)
-            else:
-                await anyio.lowlevel.checkpoint()
-
-    def _dial_failed(self, exc: LinkError) -> None:
-        self.last_error = self.last_dial_error = str(exc)
-        if isinstance(exc, Unreachable):  # WrongScheme too: a redial meets the same server
-            self._stats.dials_refused += 1
-            self._stats.dials_refused_in_a_row += 1
-        else:  # it connected and found something of its scheme
-            self._stats.dials_refused_in_a_row = 0
-        log.warning(
-            "%s dial %s failed: %s",
-            self._tag,
-            self.url,
-            self.last_error,
-            extra=log_fields(executor=self.executor_id, peer=_dial_peer(self._dial)),
-        )
-        for listener in list(self._dial_listeners):
-            listener(exc)
-
-    async def _dial_once(self) -> Admitted | None:
-        assert self._dial is not None
-        stream = await connect(self._dial, self.limits)
-        try:
-            with anyio.move_on_after(self.limits.handshake_timeout) as deadline:
-                sock = await client_upgrade(
-                    stream, self._dial, ssl_context=self._ssl, limits=self.limits, stats=self._stats
-                )
-                self._stats.dials_refused_in_a_row = 0
-                return await self._authenticate(sock)
-        except BaseException:
-            # Shutdown (cancellation) included: never drop a connected stream unclosed.
-            await close_stream(stream)
-            raise
-        await close_stream(stream)
-        if deadline.cancelled_caught:
-            self._stats.count_handshake_failure(HandshakeFailure.TIMEOUT)
-            peer = f"{self._dial.host}:{self._dial.port}"
-            raise LinkError(f"upgrade and handshake with {peer} exceeded the deadline")
-        return None
-
     # ------------------------------------------------------------------ handshake
 
     def _peer_failed(self, peer: str, exc: Exception) -> str:
@@ -719,70 +678,6 @@ class WebSocketLink:
         )
         return why
 
-    def _key_for(self, executor_id: str) -> bytes | None:
-        """The handshake key of ``executor_id`` (a claimed, unauthenticated id), or None."""
-        if self._keys is None:
-            return self._key if executor_id == self.executor_id else None
-        try:
-            secret = self._keys(executor_id)
-            return derive_key(secret) if secret is not None else None
-        except Exception as exc:  # a lookup must not fail the listener; the peer is refused
-            self._peer_failed(f"key lookup for {peer_text(executor_id)}", exc)
-            return None
-
-    def _handshake(
-        self, executor_id: str, key: bytes | None, resume: ResumeOffer | None
-    ) -> Handshake:
-        return Handshake(
-            role=self.role,
-            executor_id=executor_id,
-            key=key,
-            runtime=self.runtime_id,
-            nonce=os.urandom(32),
-            resume=resume,
-            max_frame_bytes=self.limits.max_handshake_frame_bytes,
-            controller=self.controller_id,
-        )
-
-    async def _receive_handshake_frame(self, sock: WebSocket) -> bytes | None:
-        try:
-            frame = await sock.receive_message()
-        except FrameTooLarge as exc:
-            raise HandshakeError(HandshakeFailure.OVERSIZE, str(exc)) from exc
-        except MalformedFrame as exc:
-            raise HandshakeError(HandshakeFailure.MALFORMED, str(exc)) from exc
-        if frame is not None and sock.turns is not None:
-            # Listening: what this frame leads to (our hello, or the proof's check and the
-            # admission) is one step of the listener's per-turn handshake budget.
-            await sock.turns.step()
-        if frame is None:
-            why = describe_close(sock)
-            self.last_error = f"peer closed during handshake ({why})"
-            self._stats.handshakes_abandoned += 1
-            self._unauthenticated_log.log(
-                peer_host(sock.peer),
-                "closed",
-                "%s %s: handshake ended: %s",
-                self._tag,
-                sock.peer,
-                why,
-                extra=log_fields(
-                    executor=self.executor_id, peer=sock.peer, close_code=close_code(sock)
-                ),
-                logger=log,
-            )
-            if sock.peer_close is not None:
-                code, reason = sock.peer_close
-                if code == CloseCode.TAKEN_OVER:
-                    self._was_taken_over(reason)
-                elif code in _WILL_NOT_HEAL:
-                    failure, fix = _WILL_NOT_HEAL[code]
-                    self._refused(
-                        failure, f"{sock.peer} closed with {code} ({peer_text(reason)})", fix
-                    )
-            await sock.abort()
-        return frame
-
     async def _authenticate_incoming(self, sock: WebSocket) -> Admitted | None:
         return await self._authenticate(sock, listening=True)
 
@@ -796,11 +691,13 @@ class WebSocketLink:
         admitted (:meth:`_admit`); dialing, our hello goes first and our proof as soon as we
         have the listener's hello, so nothing deadlocks.
         """
+        shake = self._handshaker
+        hs: Handshake | None = None
         known = True
         try:
             if listening:
                 if first is None:
-                    first = await self._receive_handshake_frame(sock)
+                    first = await shake.receive_frame(sock)
                     if first is None:
                         return None
                 claimed = peek_hello(first, max_frame_bytes=self.limits.max_handshake_frame_bytes)
@@ -810,73 +707,26 @@ class WebSocketLink:
                     return await guest._authenticate(sock, listening=True, first=first)
                 slot = self._slots.get(self._slot_key(claimed))
                 offer = slot.offer_to(claimed, self.runtime_id) if slot is not None else None
-                hs = self._handshake(claimed.executor, None, offer)
-                await sock.send_message(hs.hello_frame())
-                # The key only now, after the hello: reading it (a file for a keyring) takes
-                # longer when it exists, and the hello must not wait for that.
-                key = self._key_for(claimed.executor)
-                if key is None:
-                    # Not enrolled, revoked, or not ours: a random key makes the peer's proof
-                    # fail exactly as a wrong secret does (same code, reason and exchange).
-                    known = False
-                    key = os.urandom(32)
-                hs.set_key(key)
-                proof = hs.receive(first)
-                assert proof is not None  # a valid hello always yields our proof
-                sock.held_proof = proof
+                hs, key, known = await shake.answer(sock, first, claimed, offer)
             else:
-                assert self.executor_id is not None and self._key is not None
-                key = self._key
+                assert self.executor_id is not None
                 slot = self._slots.get((self.executor_id, None))
-                hs = self._handshake(
-                    self.executor_id, key, slot.resume_offer() if slot is not None else None
-                )
-                await sock.send_message(hs.hello_frame())
-            log.debug("%s %s: hello sent", self._tag, sock.peer, extra=log_fields(peer=sock.peer))
-            while hs.result is None:
-                frame = await self._receive_handshake_frame(sock)
-                if frame is None:
-                    return None
-                reply = hs.receive(frame)
-                if reply is not None:
-                    await sock.send_message(reply)
-                    log.debug(
-                        "%s %s: proof sent", self._tag, sock.peer, extra=log_fields(peer=sock.peer)
-                    )
+                hs, key = await shake.greet(sock, slot.resume_offer() if slot is not None else None)
+            result = await shake.complete(sock, hs)
+            if result is None:
+                return None
         except HandshakeError as exc:
-            self._stats.count_handshake_failure(exc.reason)
-            self.last_error = str(exc)
-            if not known:
-                claimed_id = hs.local_hello.executor
-                self.last_error += f" (executor {peer_text(claimed_id)} is not enrolled here)"
-            self._unauthenticated_log.log(
-                peer_host(sock.peer),
-                exc.reason.name,
-                "%s %s: handshake refused: %s",
-                self._tag,
-                sock.peer,
-                self.last_error,
-                extra=log_fields(
-                    executor=self.executor_id, peer=sock.peer, close_code=exc.close_code
-                ),
-                logger=log,
-            )
-            if exc.close_code in _WILL_NOT_HEAL:
-                _failure, fix = _WILL_NOT_HEAL[exc.close_code]
-                self._refused(exc.reason, f"we refused {sock.peer}: {exc}", fix)
-            await sock.close(exc.close_code, exc.reason.description)
+            unknown = hs.local_hello.executor if not known and hs is not None else None
+            await shake.failed(sock, exc, unknown)
             return None
         except SocketGone:
             await sock.abort()
             return None
         except Exception as exc:
-            self._peer_failed(sock.peer, exc)
-            sock.local_close = (CloseCode.PROTOCOL_ERROR, _UNEXPECTED)
-            await sock.close(CloseCode.PROTOCOL_ERROR, _UNEXPECTED)
+            await shake.unexpected(sock, exc)
             return None
         self._stats.handshakes_completed += 1
-        self.refusal = None
-        result = hs.result
+        self._dialer.handshake_completed()
         admitted = await self._admit(sock, result)
         if admitted is None:
             return None
@@ -884,138 +734,13 @@ class WebSocketLink:
 
         async def attached() -> None:
             try:
-                await self._run_socket(sock, slot, transport, peer_received, result, key)
+                await self._attachments.run(sock, slot, transport, peer_received, result, key)
             finally:
                 await sock.abort()  # a no-op after a close; closes the socket on cancellation
 
         return attached
 
-    # ------------------------------------------------------------------ admission & attach
-
-    async def _run_socket(
-        self,
-        sock: WebSocket,
-        slot: _Slot,
-        transport: SessionTransport,
-        peer_received: int,
-        result: HandshakeResult,
-        key: bytes,
-    ) -> None:
-        # Nothing awaited between the admission and here: the slot sees this socket attached
-        # before any other socket of its executor can be admitted.
-        slot.key = key
-        slot.attached = sock
-        log.info(
-            "%s %s: attached executor=%s%s session=%s resumed=%s",
-            self._tag,
-            sock.peer,
-            slot.executor_id,
-            f" controller={peer_text(slot.label)}" if slot.label is not None else "",
-            transport.session_id.hex()[:12],
-            result.resume,
-            extra=log_fields(
-                executor=slot.executor_id,
-                session=transport.session_id,
-                peer=sock.peer,
-                controller=slot.label,
-            ),
-        )
-        self._attached += 1
-        try:
-            async with anyio.create_task_group() as tg:
-                # The heartbeat ends in a scope of its own, so that its task returns instead of
-                # ending in a CancelledError (anyio's task group keeps that in a reference cycle
-                # with its traceback: garbage for the cyclic collector at every detach).
-                beat = anyio.CancelScope()
-                tg.start_soon(self._heartbeat, slot, sock, tg.cancel_scope, beat)
-                try:
-                    await transport.run(sock, peer_received)
-                except SessionFailed:
-                    pass  # stored as transport.failure; the close below reports it
-                except Exception as exc:
-                    # That peer's failure, not the link's. What the session holds may be
-                    # inconsistent after it, so it is retired (a broken machine stays broken).
-                    why = self._peer_failed(sock.peer, exc)
-                    transport.retire(FailureReason.MALFORMED_PACKET, why)
-                beat.cancel()
-        finally:
-            self._attached -= 1
-            if slot.attached is sock:
-                slot.attached = None
-                self._detachments += 1
-                slot.detached = self._detachments
-        if sock.peer_close is not None and sock.peer_close[0] == CloseCode.TAKEN_OVER:
-            self._was_taken_over(sock.peer_close[1])
-        # The cause: ours if we ended it (4007, 1009, 4004...), the session's failure if it was
-        # retired, else a plain end -- not 1001, which a peer still reading would take for a
-        # shutdown and retire the session.
-        if sock.local_close is None and sock.peer_close is None:
-            failure = transport.failure
-            sock.local_close = (
-                (failure.close_code, str(failure))
-                if failure is not None
-                else (int(CloseCode.NORMAL), "socket ended")
-            )
-        log.info(
-            "%s %s: socket %s",
-            self._tag,
-            sock.peer,
-            describe_close(sock),
-            extra=log_fields(
-                executor=slot.executor_id,
-                session=transport.session_id,
-                peer=sock.peer,
-                close_code=close_code(sock),
-                controller=slot.label,
-            ),
-        )
-        code, cause = sock.local_close or (0, "")
-        # A detached socket no longer counts as attached; while it waits for the peer's close
-        # frame it is one of at most max_authenticated_sockets such sockets: past them the close
-        # frame is sent without waiting (a key holder replacing its own socket in a loop would
-        # otherwise keep one descriptor per replacement for close_timeout).
-        drain = self._closing_sockets < self.limits.max_authenticated_sockets
-        if not drain:
-            self._stats.closes_not_drained += 1
-        self._closing_sockets += 1
-        try:
-            await sock.close(int(code) or CloseCode.NORMAL, cause or "socket ended", drain=drain)
-        finally:
-            self._closing_sockets -= 1
-
-    def _given_up(self) -> bool:
-        return self.taken_over is not None
-
-    def _was_taken_over(self, reason: str) -> None:
-        """The peer says another runtime of our executor took over: stop for good."""
-        if self.taken_over is not None:
-            return
-        self.taken_over = reason or "another process with this executor id took over"
-        self.last_error = f"taken over: {self.taken_over}"
-        self._stats.taken_over += 1
-        if self.role is Role.CONTROLLER and self.controller_id is not None:
-            log.error(
-                "%s another process with controller_id %r took over its session on executor %r "
-                "(%s); not redialing: two processes claim one controller_id",
-                self._tag,
-                self.controller_id,
-                self.executor_id,
-                self.taken_over,
-                extra=log_fields(executor=self.executor_id),
-            )
-        else:
-            log.error(
-                "%s another process took over executor %r (%s); not redialing: two processes "
-                "claim one executor id",
-                self._tag,
-                self.executor_id,
-                self.taken_over,
-                extra=log_fields(executor=self.executor_id),
-            )
-        for slot in self._slots.values():
-            if slot.transport is not None:
-                slot.transport.retire(FailureReason.TAKEN_OVER, self.taken_over)
-        self.stopped.set()
+    # ------------------------------------------------------------------ admission
 
     async def _admit(
         self, sock: WebSocket, result: HandshakeResult
@@ -1031,7 +756,7 @@ class WebSocketLink:
         key = self._slot_key(result.peer)
         slot = self._slots.get(key)
         if slot is None and self._per_controller:
-            slot = self._new_controller_slot(key)
+            slot = self._places.new_slot(key)
         elif slot is None:
             if len(self._slots) >= self._max_executors:
                 self._stats.executors_refused += 1
@@ -1050,7 +775,7 @@ class WebSocketLink:
             runtime=result.peer.runtime,
             taken_over=result.peer.runtime in slot.taken_over,
         )
-        full, evictable = self._places(slot)
+        full, evictable = self._places.of(slot)
         view = slot.view(self._closing, sock, full=full, evictable=evictable)
         decision = decide(view, offer)
         if isinstance(decision, Refuse):
@@ -1101,7 +826,7 @@ class WebSocketLink:
                     self._tag,
                     extra=log_fields(executor=slot.executor_id, peer=sock.peer),
                 )
-            full, evictable = self._places(slot)
+            full, evictable = self._places.of(slot)
             view = slot.view(self._closing, sock, full=full, evictable=evictable)
             decision = decide(view, offer, probe_healthy=healthy)
         if isinstance(decision, Refuse):
@@ -1120,7 +845,7 @@ class WebSocketLink:
             return slot, current, result.peer.received
         assert isinstance(decision, Fresh)
         if decision.evict_detached:
-            self._evict(slot, sock)
+            self._places.evict(slot, sock)
         if current is not None and decision.retire_current:
             if decision.taken_over:
                 slot.taken_over.append(current.peer_runtime)
@@ -1142,65 +867,6 @@ class WebSocketLink:
             listener(transport, result)
         return slot, transport, 0
 
-    def _new_controller_slot(self, key: SlotKey) -> _Slot:
-        """A listening worker's slot for a controller it holds none for. Slots without a
-        session, socket or admission (refused or retired controllers) are dropped first, oldest
-        first, once there are ``max_controllers`` slots: what they remember (runtimes taken
-        over) is kept while there is room."""
-        if len(self._slots) >= self.limits.max_controllers:
-            for old_key, old in list(self._slots.items()):
-                if len(self._slots) < self.limits.max_controllers:
-                    break
-                if not old.holds_place:
-                    del self._slots[old_key]
-        slot = self._slots[key] = _Slot(key[0], key[1])
-        return slot
-
-    def _places(self, slot: _Slot) -> tuple[bool, bool]:
-        """:attr:`SlotView.full` and :attr:`SlotView.evictable` for ``slot`` of a listening
-        worker (:func:`~garcon_link.core.admission.places`); never full on other links."""
-        if not self._per_controller:
-            return False, False
-        others = ((s.holds_place, s.evictable) for s in self._slots.values() if s is not slot)
-        return places(others, self.limits.max_controllers)
-
-    def _evict(self, slot: _Slot, sock: WebSocket) -> None:
-        """Retire the other controllers' session detached the longest, so that ``slot`` takes
-        its place (:data:`~garcon_link.core.admission.EVICT`). Its controller, if it comes back,
-        finds no session to resume: a fresh one, and the outcome rule for what it had pending."""
-        candidates = [
-            (key, s.detached)
-            for key, s in self._slots.items()
-            if s is not slot and s.evictable and s.holds_place
-        ]
-        key = evictee(candidates)
-        assert key is not None, "decide() said evict without an evictable session"
-        victim = self._slots[key]
-        transport = victim.live
-        assert transport is not None
-        transport.retire(
-            FailureReason.EVICTED,
-            f"max_{self._names[1]}s={self.limits.max_controllers} places held; {self._names[1]} "
-            f"{peer_text(slot.label)} took this detached session's place",
-        )
-        self._stats.controllers_evicted += 1
-        self._peer_log.log(
-            peer_host(sock.peer),
-            "EVICTED",
-            "%s %s: %s %s admitted in the place of %s %s, detached (%d of max_%ss=%d places held)",
-            self._tag,
-            sock.peer,
-            self._names[1],
-            peer_text(slot.label),
-            self._names[1],
-            peer_text(victim.label),
-            self.limits.max_controllers,
-            self._names[1],
-            self.limits.max_controllers,
-            extra=log_fields(peer=sock.peer, controller=victim.label),
-            level=logging.WARNING,
-        )
-
     @staticmethod
     def _taken_over_text(slot: _Slot, reason: HandshakeFailure) -> str:
         if isinstance(slot.controller, str):
@@ -1215,11 +881,7 @@ class WebSocketLink:
                 self._stats.takeovers_refused += 1
         elif refusal.reason is HandshakeFailure.CONTROLLERS_FULL:
             self._stats.controllers_refused += 1
-            refusal = dataclasses.replace(
-                refusal,
-                detail=f"this {self._names[0]} holds sessions for max_{self._names[1]}s="
-                f"{self.limits.max_controllers} {self._names[1]}s; retry later",
-            )
+            refusal = dataclasses.replace(refusal, detail=self._places.full_detail())
         elif refusal.reason is HandshakeFailure.TAKEN_OVER:
             refusal = dataclasses.replace(
                 refusal, detail=self._taken_over_text(slot, refusal.reason)
@@ -1248,86 +910,6 @@ class WebSocketLink:
         code = refusal.reason.close_code
         sock.local_close = (code, refusal.detail)
         await sock.close(code, refusal.detail)
-
-    async def _heartbeat(
-        self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope, beat: anyio.CancelScope
-    ) -> None:
-        """Obey :func:`~garcon_link.core.heartbeat.heartbeat_step` until the socket ends
-        (``scope``: the socket's, cancelled to end it) or ``beat`` is cancelled."""
-        with beat:
-            await self._beat(slot, sock, scope)
-
-    async def _beat(self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope) -> None:
-        limits = self.limits
-        quiet = quiet_period(limits, dialer=self._dial is not None)
-        next_ping = anyio.current_time() + limits.heartbeat_interval
-        next_key_check = None
-        if self._keys is not None:
-            next_key_check = anyio.current_time() + limits.key_recheck_interval
-        now = anyio.current_time()
-        while True:
-            action = heartbeat_step(
-                now,
-                reading=sock.reading,
-                last_inbound=sock.last_inbound,
-                busy=sock.busy,
-                next_ping=next_ping,
-                next_key_check=next_key_check,
-                quiet=quiet,
-                limits=limits,
-            )
-            if isinstance(action, RecheckKey):
-                next_key_check = action.next_key_check
-                if self._key_revoked(slot, sock):
-                    scope.cancel()
-                    return
-                continue  # the same turn goes on with the same ``now``
-            if isinstance(action, Timeout):
-                self._stats.heartbeat_timeouts += 1
-                sock.local_close = (
-                    CloseCode.HEARTBEAT_TIMEOUT,
-                    f"no inbound frame for {action.silent:.1f}s (resumable)",
-                )
-                scope.cancel()
-                return
-            next_ping = action.next_ping
-            if isinstance(action, Ping):
-                with anyio.move_on_after(action.within):
-                    try:
-                        await sock.ping()
-                    except SocketGone:
-                        scope.cancel()
-                        return
-            await anyio.sleep_until(action.wake)
-            now = anyio.current_time()
-
-    def _key_revoked(self, slot: _Slot, sock: WebSocket) -> bool:
-        """Re-read the attached executor's key: gone retires the session (``REVOKED``), changed
-        ends the socket (the next handshake, with the new key, may resume)."""
-        key = self._key_for(slot.executor_id)
-        if key is not None and key == slot.key:
-            return False
-        reason = FailureReason.REVOKED
-        fields = log_fields(executor=slot.executor_id, peer=sock.peer, close_code=reason.close_code)
-        if key is None:
-            log.warning(
-                "%s executor %r: key revoked; retiring its session",
-                self._tag,
-                slot.executor_id,
-                extra=fields,
-            )
-            sock.local_close = (reason.close_code, reason.description)
-            if slot.transport is not None:
-                slot.transport.retire(reason, "its key file is gone")
-        else:
-            log.info(
-                "%s executor %r: key changed; closing its socket",
-                self._tag,
-                slot.executor_id,
-                extra=fields,
-            )
-            sock.local_close = (reason.close_code, "the executor's key changed")
-        return True
 
 
 Admitted: TypeAlias = Callable[[], Awaitable[None]]

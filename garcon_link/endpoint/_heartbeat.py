@@ -1,0 +1,147 @@
+"""The heartbeat of an attached socket, and the re-read of its executor's key
+(docs/design.md#heartbeats).
+
+Theory of operation
+-------------------
+One :class:`Heartbeat` per link; :meth:`Heartbeat.run` is one task per attached socket, beside
+the session's pump. It obeys the pure :func:`~garcon_link.core.heartbeat.heartbeat_step`: ping
+every ``heartbeat_interval``, and close the socket (resumably, 4007) after ``heartbeat_timeout``
+with no inbound frame of any kind *while the socket is being read*: time the reader is held up
+by a slow consumer is back-pressure, not the peer's silence (nor evidence for a takeover probe).
+A dialer's quiet period and a listener's differ (:func:`~garcon_link.core.heartbeat.quiet_period`).
+
+With ``keys``, the heartbeat also re-reads the executor's key every ``key_recheck_interval``
+seconds: a deleted key file ends the socket (4001) and retires the session (``REVOKED``), so
+revoking needs no restart and no reconnection; a changed key ends the socket only (the next
+handshake, with the new key, may resume).
+
+The heartbeat ends the socket by cancelling the socket's scope, after setting the socket's
+``local_close`` (the cause the link logs and sends); it reaches its link only through the key
+lookup it is given.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import anyio
+
+from ..core.heartbeat import Ping, RecheckKey, Timeout, heartbeat_step, quiet_period
+from ..core.wire import CloseCode
+from ..errors import FailureReason
+from ..limits import Limits
+from ..logs import log_fields
+from ..net.ws import LinkStatistics, SocketGone, WebSocket
+from ._slots import _Slot
+
+log = logging.getLogger("garcon_link.link")  # the link's logger: the name users configure (README)
+
+
+class Heartbeat:
+    """The heartbeat of a link's attached sockets.
+
+    Args:
+        limits: the link's bounds (intervals, timeouts).
+        stats: the link's counters (``heartbeat_timeouts``).
+        dialer: whether the link dials (its quiet period).
+        tag: the link's log prefix.
+        key_for: with ``keys``, the link's lookup of an executor's handshake key (``None``: not
+            enrolled) to re-read every ``key_recheck_interval``; ``None``: no re-reads.
+    """
+
+    def __init__(
+        self,
+        limits: Limits,
+        stats: LinkStatistics,
+        *,
+        dialer: bool,
+        tag: str,
+        key_for: Callable[[str], bytes | None] | None,
+    ) -> None:
+        self._limits = limits
+        self._stats = stats
+        self._dialer = dialer
+        self._tag = tag
+        self._key_for = key_for
+
+    async def run(
+        self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope, beat: anyio.CancelScope
+    ) -> None:
+        """Obey :func:`~garcon_link.core.heartbeat.heartbeat_step` until the socket ends
+        (``scope``: the socket's, cancelled to end it) or ``beat`` is cancelled."""
+        with beat:
+            await self._beat(slot, sock, scope)
+
+    async def _beat(self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope) -> None:
+        limits = self._limits
+        quiet = quiet_period(limits, dialer=self._dialer)
+        next_ping = anyio.current_time() + limits.heartbeat_interval
+        next_key_check = None
+        if self._key_for is not None:
+            next_key_check = anyio.current_time() + limits.key_recheck_interval
+        now = anyio.current_time()
+        while True:
+            action = heartbeat_step(
+                now,
+                reading=sock.reading,
+                last_inbound=sock.last_inbound,
+                busy=sock.busy,
+                next_ping=next_ping,
+                next_key_check=next_key_check,
+                quiet=quiet,
+                limits=limits,
+            )
+            if isinstance(action, RecheckKey):
+                next_key_check = action.next_key_check
+                if self._key_revoked(slot, sock):
+                    scope.cancel()
+                    return
+                continue  # the same turn goes on with the same ``now``
+            if isinstance(action, Timeout):
+                self._stats.heartbeat_timeouts += 1
+                sock.local_close = (
+                    CloseCode.HEARTBEAT_TIMEOUT,
+                    f"no inbound frame for {action.silent:.1f}s (resumable)",
+                )
+                scope.cancel()
+                return
+            next_ping = action.next_ping
+            if isinstance(action, Ping):
+                with anyio.move_on_after(action.within):
+                    try:
+                        await sock.ping()
+                    except SocketGone:
+                        scope.cancel()
+                        return
+            await anyio.sleep_until(action.wake)
+            now = anyio.current_time()
+
+    def _key_revoked(self, slot: _Slot, sock: WebSocket) -> bool:
+        """Re-read the attached executor's key: gone retires the session (``REVOKED``), changed
+        ends the socket (the next handshake, with the new key, may resume)."""
+        assert self._key_for is not None
+        key = self._key_for(slot.executor_id)
+        if key is not None and key == slot.key:
+            return False
+        reason = FailureReason.REVOKED
+        fields = log_fields(executor=slot.executor_id, peer=sock.peer, close_code=reason.close_code)
+        if key is None:
+            log.warning(
+                "%s executor %r: key revoked; retiring its session",
+                self._tag,
+                slot.executor_id,
+                extra=fields,
+            )
+            sock.local_close = (reason.close_code, reason.description)
+            if slot.transport is not None:
+                slot.transport.retire(reason, "its key file is gone")
+        else:
+            log.info(
+                "%s executor %r: key changed; closing its socket",
+                self._tag,
+                slot.executor_id,
+                extra=fields,
+            )
+            sock.local_close = (reason.close_code, "the executor's key changed")
+        return True
