@@ -56,7 +56,7 @@ from linkutil import (
     start_link,
     wait_until,
 )
-from wsproto.events import AcceptConnection, BytesMessage, RejectConnection
+from wsproto.events import AcceptConnection, BytesMessage, CloseConnection, RejectConnection
 
 from garcon_link.core.admission import backoff
 from garcon_link.core.handshake import Handshake, Hello, ResumeOffer, compute_mac, derive_key
@@ -71,6 +71,8 @@ from garcon_link.endpoint.link import (
 from garcon_link.endpoint.transport import TransportState
 from garcon_link.errors import ConfigError, FailureReason, LinkError, SessionFailed
 from garcon_link.limits import Limits
+from garcon_link.net.addresses import parse_dial_url
+from garcon_link.net.ws import LinkStatistics, client_upgrade, connect
 from garcon_link.settings.keyring import Keyring
 from garcon_link.settings.secrets import write_secret_file
 from garcon_link.testing import FaultProxy
@@ -1411,6 +1413,67 @@ async def test_a_dial_answered_by_another_server_counts_as_refused_unless_it_may
                     assert stats.dials_refused >= 3 and stats.dials_refused_in_a_row >= 3
                 else:
                     assert stats.dials_refused == 0
+            tg.cancel_scope.cancel()
+
+
+@anyio_test
+@by_direction
+@pytest.mark.parametrize("code", [4009, 4001], ids=["taken-over", "wrong-key"])
+async def test_a_stranger_closing_with_a_refusal_code_does_not_stop_a_listener(
+    direction: str, code: int
+) -> None:
+    """4009 (taken over) and 4001 (bad key) tell a *dialer* it was refused. A listener's peer
+    that upgrades and closes with one before sending a hello has proved nothing: the listener
+    counts an abandoned handshake and goes on -- not taken over, not stopped, no refusal
+    recorded -- and serves the next, genuine dialer."""
+    listen_role, dial_role = roles(direction)
+    limits = small_limits()
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            listener = make_link(listen_role, limits, listen=("127.0.0.1", 0))
+            async with endpoint(tg, listener) as served:
+                target = parse_dial_url(listener.url)
+                stream = await connect(target, limits)
+                sock = await client_upgrade(
+                    stream, target, ssl_context=None, limits=limits, stats=LinkStatistics()
+                )
+                await sock.close(code, "you were taken over")
+                await wait_until(lambda: listener.statistics().handshakes_abandoned >= 1)
+                assert listener.taken_over is None and listener.refusal is None
+                assert not listener.stopped.is_set()
+                assert listener.statistics().taken_over == 0
+                dialer = make_link(dial_role, limits, dial=listener.url)
+                async with endpoint(tg, dialer):
+                    await wait_until(lambda: len(served.sessions) == 1)
+            tg.cancel_scope.cancel()
+
+
+@anyio_test
+@by_direction
+async def test_an_authenticated_dialer_closing_with_4009_retires_only_its_session(
+    direction: str,
+) -> None:
+    """A dialer holding the key that closes its attached socket with 4009 ends its own session
+    (a peer's 4009 retires it at once); the listener is not taken over and serves the next
+    dialer -- one executor's key must not stop a fleet's listener."""
+    listen_role, dial_role = roles(direction)
+    limits = small_limits()
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            listener = make_link(listen_role, limits, listen=("127.0.0.1", 0))
+            async with endpoint(tg, listener) as served:
+                async with RawClient.connect(listener.listen_address) as client:
+                    assert isinstance(await client.upgrade(), AcceptConnection)
+                    await client.authenticate(client.handshake(dial_role))
+                    await wait_until(lambda: len(served.sessions) == 1)
+                    await client.write(client.ws.send(CloseConnection(code=4009, reason="mine")))
+                    retired = served.sessions[0].transport
+                    await wait_until(lambda: retired.state is TransportState.RETIRED)
+                assert listener.taken_over is None and not listener.stopped.is_set()
+                assert listener.statistics().taken_over == 0
+                dialer = make_link(dial_role, limits, dial=listener.url)
+                async with endpoint(tg, dialer):
+                    await wait_until(lambda: len(served.sessions) == 2)
             tg.cancel_scope.cancel()
 
 

@@ -134,7 +134,12 @@ class Attachments:
                 slot.attached = None
                 self._detachments += 1
                 slot.detached = self._detachments
-        if sock.peer_close is not None and sock.peer_close[0] == CloseCode.TAKEN_OVER:
+        if (
+            sock.dialed
+            and sock.peer_close is not None
+            and sock.peer_close[0] == CloseCode.TAKEN_OVER
+        ):
+            # A listener takes over; a dialer's 4009 to a listener means nothing.
             self._taken_over(sock.peer_close[1])
         # The cause: ours if we ended it (4007, 1009, 4004...), the session's failure if it was
         # retired, else a plain end -- not 1001, which a peer still reading would take for a

@@ -167,7 +167,9 @@ class Handshaker:
                 ),
                 logger=log,
             )
-            if sock.peer_close is not None:
+            if sock.peer_close is not None and sock.dialed:
+                # Only a dialer was refused: a listener's peer has proved nothing yet, and
+                # its close cannot stop this link or stand as its refusal.
                 code, reason = sock.peer_close
                 if code == CloseCode.TAKEN_OVER:
                     self._taken_over(reason)

@@ -147,6 +147,13 @@ class WebSocket:
         self._direct: Callable[[bytes], bool] | None = None
         self._direct_task: asyncio.Task[Any] | None = None
 
+    @property
+    def dialed(self) -> bool:
+        """This side dialed (the WebSocket client): what the peer says of our executor's
+        standing (a takeover, a refusal that will not heal) is for a dialer to act on; a
+        listener hears it from a peer it may not have authenticated."""
+        return bool(self.ws.client)
+
     # -- send path: check state, write under the lock, await drain, map errors
 
     def authenticated(self) -> None:
