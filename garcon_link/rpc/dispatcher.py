@@ -152,13 +152,14 @@ class Dispatcher:
         self._last_incoming_id = call_id
         return call_id
 
-    def on_undecodable_call(self, call_id: int) -> None:
-        """A ``call`` that did not decode: refused ``Rejected("INVALID_ARGUMENTS")`` at once if
-        its id is new (it did not run; its caller need not wait for its timeout), else dropped."""
+    def on_undecodable_call(self, call_id: int, why: str) -> None:
+        """A ``call`` that did not decode (``why``: the decoder's reason, bounded): refused
+        ``Rejected("INVALID_ARGUMENTS")`` at once if its id is new (it did not run; its caller
+        need not wait for its timeout), else dropped."""
         if call_id > self._last_incoming_id or call_id == self.whole_id:
             self._last_incoming_id = max(call_id, self._last_incoming_id)
             self._refuse(
-                call_id, Rejected("INVALID_ARGUMENTS", "the call's arguments do not decode")
+                call_id, Rejected("INVALID_ARGUMENTS", f"the call's arguments do not decode: {why}")
             )
 
     def _refuse(self, call_id: int, error: CallError) -> None:

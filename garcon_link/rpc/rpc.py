@@ -771,7 +771,7 @@ class ExecutorRpc:
             )
         except MalformedFrame as exc:
             self._dropped_envelope(None, peer_text(exc))
-            self._undecodable(payload)
+            self._undecodable(payload, exc)
             return None
         try:
             return decode_envelope(item)
@@ -891,20 +891,21 @@ class ExecutorRpc:
             extra=log_fields(session=self.transport.session_id),
         )
 
-    def _undecodable(self, payload: bytes) -> None:
+    def _undecodable(self, payload: bytes, why: MalformedFrame) -> None:
         """An envelope that did not decode, named by its head (``[kind, id``) where it has one.
 
         A reply kind naming one of our calls: that call's reply is unreadable (``UNKNOWN``). A
         ``call`` with a new id: refused ``Rejected("INVALID_ARGUMENTS")`` at once -- it did not
         run, and its caller need not wait for its timeout (a value past the decoder's bounds,
         such as a bignum over ``wire.MAX_BIGNUM_BYTES``, is the usual cause). Anything else
-        stays dropped.
+        stays dropped. The refusal names why (``why``, bounded): the caller's own values that a
+        decoder bound refused.
         """
         head = envelope_head(payload)
         if head is None:
             return
         kind, call_id = head
         if kind == CALL:
-            self._dispatcher.on_undecodable_call(call_id)
+            self._dispatcher.on_undecodable_call(call_id, peer_text(why, 200))
         elif kind in (RESULT, ERROR, ITEM, END):
             self._caller.fail_call(call_id, "MALFORMED_REPLY", "the peer's reply does not decode")
