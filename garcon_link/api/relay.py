@@ -25,6 +25,14 @@ caller's own timer would cut the first hop.
 Executors a caller may not see (no grant names both) are absent from :meth:`~GatewayFleet.
 executors`; their calls are refused ``Rejected("FORBIDDEN")`` by the gateway, never forwarded.
 
+What a caller learns of one executor comes from the relay's ``describe``: its availability,
+the manifest of its granted services and their type descriptions (the gateway sends no other
+service's). The caller interns the manifest, computes its contract hash itself (as a controller
+does a worker's: the executor's own hash covers services the caller may not see, and the gateway
+does not send it) and checks the type descriptions as a controller checks a worker's
+(:func:`~garcon_link.rpc.typedoc.checked_type_descriptions`): :meth:`GatewayExecutor.info`.
+An older gateway's answer has no ``types`` (none, then); an older caller does not look them up.
+
 The caller's view of the fleet is pushed: once its session is ready the caller opens the relay
 stream ``watch()``, one per session. The gateway sends the snapshot of the executors the caller
 may see (in messages of at most :data:`MAX_WATCH_ENTRIES` entries, the first and last marked),
