@@ -612,6 +612,7 @@ async def test_connect_sync_takes_a_caller_config(tmp_path: Path) -> None:
             def blocking() -> tuple[str, list[int], str]:
                 with gl.connect_sync(config, executor_id="box-1") as executor:
                     executor.wait_ready(10, refused_dials=3)
+                    assert set(executor.info().services) == {"ident"}  # web-1's grant
                     ident = executor.service("ident", IdentSync)
                     dynamic = executor.service("ident")
                     return ident.whoami(), list(ident.count(3)), dynamic.whoami()

@@ -57,7 +57,7 @@ import anyio
 import anyio.abc
 
 from ..core.handshake import HandshakeResult
-from ..core.wire import Role
+from ..core.wire import Role, encode_canonical
 from ..endpoint.link import WebSocketLink
 from ..endpoint.transport import SessionTransport, TransportState
 from ..errors import CallError, NotDispatched, OutcomeUnknown, Rejected
@@ -105,6 +105,9 @@ those where every caller went idle."""
 MAX_VERDICTS = 4096
 """Grant verdicts, by (caller, executor, service), the gateway remembers
 (:meth:`Gateway._allowed`); one more clears them all."""
+_DESCRIBE_SLACK = 64 * 1024
+"""Bytes of a ``describe`` answer kept for what is neither manifest nor types (its envelope,
+the executor id, availability and versions)."""
 
 
 class Gateway:
@@ -510,8 +513,31 @@ class Gateway:
         }
         if manifest and member.versions:
             services = member._manifest()
-            entry["manifest"] = {name: services[name] for name in versions if name in services}
+            granted = {name: services[name] for name in versions if name in services}
+            entry["manifest"] = granted
+            entry["types"] = self._granted_types(member, granted)
         return entry
+
+    def _granted_types(self, member: RemoteExecutor, granted: Mapping[str, Any]) -> dict[str, Any]:
+        """The executor's type descriptions of the ``granted`` services only (as the gateway's
+        fleet checked them when the executor described itself), within what one ``describe``
+        answer carries: a frame less a whole manifest. Each is at most the fleet's
+        ``type_description_bytes``, so only when that many of them could be over the budget are
+        they measured, and one past it is replaced by a note (they are documentation)."""
+        info = member._info
+        if info is None:
+            return {}
+        kept = {name: info.types[name] for name in granted if name in info.types}
+        budget = self.limits.max_frame_bytes - self.limits.max_manifest_bytes - _DESCRIBE_SLACK
+        if len(kept) * member.limits.type_description_bytes <= budget:
+            return kept
+        for name, description in kept.items():
+            size = len(encode_canonical(description))
+            if size <= budget:
+                budget -= size
+            else:
+                kept[name] = {"note": "dropped: over what one describe answer of a gateway holds"}
+        return kept
 
     def _admit(
         self, caller: str, executor: str, service: str, method: str, payload: bytes

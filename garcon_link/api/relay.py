@@ -25,6 +25,14 @@ caller's own timer would cut the first hop.
 Executors a caller may not see (no grant names both) are absent from :meth:`~GatewayFleet.
 executors`; their calls are refused ``Rejected("FORBIDDEN")`` by the gateway, never forwarded.
 
+What a caller learns of one executor comes from the relay's ``describe``: its availability,
+the manifest of its granted services and their type descriptions (the gateway sends no other
+service's). The caller interns the manifest, computes its contract hash itself (as a controller
+does a worker's: the executor's own hash covers services the caller may not see, and the gateway
+does not send it) and checks the type descriptions as a controller checks a worker's
+(:func:`~garcon_link.rpc.typedoc.checked_type_descriptions`): :meth:`GatewayExecutor.info`.
+An older gateway's answer has no ``types`` (none, then); an older caller does not look them up.
+
 The caller's view of the fleet is pushed: once its session is ready the caller opens the relay
 stream ``watch()``, one per session. The gateway sends the snapshot of the executors the caller
 may see (in messages of at most :data:`MAX_WATCH_ENTRIES` entries, the first and last marked),
@@ -78,10 +86,11 @@ from ..rpc.errorbody import MAX_ERROR_MESSAGE, error_body, error_from_body, loca
 from ..rpc.hooks import CallHook
 from ..rpc.interface import MethodKind, MethodSpec, from_wire, oneway, service_spec, to_wire
 from ..rpc.rpc import CallObserver, ExecutorRpc, RemoteStream
+from ..rpc.typedoc import checked_type_descriptions
 from ..settings.callers import CallerConfig
 from ..settings.keyring import executor_id_problem
-from .controller import Availability, RemoteExecutor
-from .described import Described, described, manifest_bytes
+from .controller import Availability, ExecutorInfo, RemoteExecutor
+from .described import Described, described, manifest_bytes, shared_types
 from .facades import NO_METHODS, DynamicFacade, Facade, FacadeStream
 from .fleet import EventKind, ExecutorSnapshot, FleetEvent, Where, _EventFeed
 from .registration import interface_class
@@ -143,8 +152,8 @@ class GatewayRelay(Protocol):
         ...
 
     async def describe(self, executor: str, wait: float) -> dict[str, Any]:
-        """``executor``'s availability and manifest (its granted services), after waiting up
-        to ``wait`` seconds for it to be ready."""
+        """``executor``'s availability, manifest and type descriptions (of its granted services
+        only), after waiting up to ``wait`` seconds for it to be ready."""
         ...
 
     async def executors(self) -> list[dict[str, Any]]:
@@ -412,6 +421,7 @@ class GatewayExecutor:
         self._contract_cache: dict[tuple[str, type], Any] = {}
         self._described: Described | None = None  # what _services and _contract_cache are of
         self._services: Mapping[str, Any] = {}
+        self._types: Mapping[str, Any] = {}
         self._known = False
         self.availability: Availability = "offline"
         """As the gateway last reported it."""
@@ -447,6 +457,12 @@ class GatewayExecutor:
                 self._contract_cache = self._described.refusals
             self._known = True
             self._manifest_version += 1
+        if isinstance(manifest, dict):
+            # Checked and bounded as a controller checks a worker's: the gateway is a peer too.
+            # Nothing (an older gateway): none.
+            self._types = shared_types(
+                checked_type_descriptions(entry.get("types"), self._services, self.limits)
+            )
 
     def _manifest(self) -> Mapping[str, Any]:
         if not self._known:
@@ -469,6 +485,59 @@ class GatewayExecutor:
     def versions(self) -> Mapping[str, str]:
         """Each granted service of the executor with its contract version."""
         return dict(self._versions)
+
+    async def info(self) -> ExecutorInfo:
+        """What the gateway shows of the executor now (asked at once, without waiting), as
+        :meth:`RemoteExecutor.info <garcon_link.RemoteExecutor.info>` gives it: the granted
+        services, their contract versions and type descriptions.
+
+        ``contract`` is the hash this caller computes over the granted manifest it received
+        (as a controller computes a worker's, never the peer's word): it equals the executor's
+        own only when every service of the executor is granted. ``instance_id`` and
+        ``session_id`` are empty and ``worker_instance_id`` and ``state_id`` ``None``: a caller
+        sees no sessions of the gateway's executors. ``types`` is empty from a gateway that
+        relays none (an older one).
+
+        Raises:
+            NotDispatched: the executor is not ready at the gateway (``OFFLINE``, ``DRAINING``,
+                ``RECONNECTING``, ``DISPOSED``, as a direct executor's), or the gateway session
+                is not.
+            Rejected: ``FORBIDDEN``: no grant lets this caller see the executor.
+            OutcomeUnknown: ``MALFORMED_REPLY``: the gateway's manifest is not one a controller
+                would install.
+        """
+        entry = await self._fleet._relay.describe(self.executor_id, 0.0)
+        if not isinstance(entry, dict):
+            raise OutcomeUnknown("MALFORMED_REPLY", "the gateway's describe answer is not a map")
+        self._apply(entry)
+        self._fleet._visible.setdefault(self.executor_id)  # the gateway showed it to us
+        state = self.availability
+        if state != "ready":
+            raise NotDispatched(
+                state.upper(), f"executor {self.executor_id!r} is {state} at the gateway"
+            )
+        manifest = entry.get("manifest")
+        types: Mapping[str, Any] = {}
+        if manifest is None and not entry.get("services"):
+            # A ready executor with no (granted) service: the gateway sends no manifest.
+            shown = described({}, manifest_bytes({}, 1))
+        elif isinstance(manifest, dict) and self._described is not None:
+            shown, types = self._described, self._types
+        else:
+            raise OutcomeUnknown(
+                "MALFORMED_REPLY",
+                f"the gateway's manifest of executor {self.executor_id!r} is not one a "
+                "controller would install",
+            )
+        return ExecutorInfo(
+            executor_id=self.executor_id,
+            instance_id=b"",
+            session_id=b"",
+            services=shown.services,
+            contract=shown.contract,
+            versions=shown.versions,
+            types=types,
+        )
 
     @property
     def routable(self) -> bool:

@@ -78,7 +78,7 @@ from typing import Any, TypeVar, cast, overload
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from ..errors import ConfigError, NotDispatched, OutcomeUnknown, Rejected
+from ..errors import ConfigError, NotDispatched, OutcomeUnknown
 from ..limits import Limits
 from ..rpc.contract import Compatibility, compare_method
 from ..rpc.hooks import CallHook
@@ -292,19 +292,10 @@ class SyncExecutor:
         self._call(executor.wait_ready, timeout, refused_dials=refused_dials)
 
     def info(self) -> ExecutorInfo:
-        """The current session's description (see :meth:`RemoteExecutor.info`).
-
-        Raises:
-            Rejected: ``UNSUPPORTED`` through a gateway (its executors' sessions are the
-                gateway's: use ``service()``).
-        """
-        executor = self._executor
-        if isinstance(executor, GatewayExecutor):
-            raise Rejected(
-                "UNSUPPORTED",
-                "info() of an executor through a gateway: its session is the gateway's",
-            )
-        return cast("ExecutorInfo", self._call(executor.info))
+        """The current session's description (see :meth:`RemoteExecutor.info`); through a
+        gateway, that of the granted services (:meth:`GatewayExecutor.info
+        <garcon_link.api.relay.GatewayExecutor.info>`)."""
+        return cast("ExecutorInfo", self._call(self._executor.info))
 
     @overload
     def service(self, name: str) -> Any: ...

@@ -105,7 +105,8 @@ Commands
     named types the methods use (``dataclass lab.Rect``, ``  w: float``, ``  label: str = "x"``;
     :mod:`garcon_link.rpc.typedoc`). ``--json`` prints the executor id, the contract hash, the
     whole manifest and the type descriptions (with a JSON Schema per method) as one JSON object
-    instead.
+    instead. Through a gateway, the same of the services the caller is granted, the contract
+    being the hash of that manifest (``"contract_of": "granted"``).
 
 ``garcon-link stub MODULE:ATTR [--sync]``
     Import the interface class ``MODULE:ATTR`` (the current directory is importable) and print a

@@ -282,18 +282,13 @@ async def _call_through_gateway(
 
 
 def _describe_through_gateway(config: CallerConfig, ns: argparse.Namespace) -> int:
-    async def manifest() -> tuple[Mapping[str, Any], Mapping[str, str]]:
+    async def describe() -> ExecutorInfo:
         async with _open_through_gateway(
             config, ns.executor, ready_timeout=ns.timeout, wait=ns.wait
         ) as executor:
-            return executor.manifest(), executor.versions
+            return await executor.info()
 
-    services, versions = anyio.run(manifest)
-    if ns.json:
-        _print_json({"executor_id": ns.executor, "versions": dict(versions), "services": services})
-    else:
-        for line in describe_lines(services):
-            _emit(line)
+    _print_description(anyio.run(describe), ns.json, granted=True)
     return EXIT_OK
 
 
@@ -457,20 +452,29 @@ def _cmd_describe(ns: argparse.Namespace) -> int:
             config, ready_timeout=ns.timeout, executor_id=ns.executor, wait=ns.wait
         )
     )
-    if ns.json:
+    _print_description(info, ns.json)
+    return EXIT_OK
+
+
+def _print_description(info: ExecutorInfo, as_json: bool, *, granted: bool = False) -> None:
+    """What ``describe`` prints of ``info``: one line per method then the types' fields, or,
+    ``as_json``, one object. ``granted``: through a gateway, where the services are those the
+    caller is granted and ``contract`` the hash of that manifest (``"contract_of": "granted"``
+    says so; the executor's own hash covers every service it serves)."""
+    if as_json:
         _print_json(
             {
                 "executor_id": info.executor_id,
                 "contract": info.contract,
+                **({"contract_of": "granted"} if granted else {}),
                 "versions": dict(info.versions),
                 "services": info.services,
                 "types": info.types,
             }
         )
-    else:
-        for line in describe_lines(info.services):
-            _emit(line)
-        types = type_description_lines(info.types)
-        for line in ["", *types] if types else []:
-            _emit(line)
-    return EXIT_OK
+        return
+    for line in describe_lines(info.services):
+        _emit(line)
+    types = type_description_lines(info.types)
+    for line in ["", *types] if types else []:
+        _emit(line)

@@ -277,8 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
         "print one line per method: kind, SERVICE.METHOD and its signature (return type "
         "included); then the fields of the dataclasses, TypedDicts, Structs and enums the "
         "methods use (type, default as JSON), to write call's JSON_ARGS from. Through a gateway "
-        '(a caller\'s config, role = "caller") only the methods: the gateway relays no type '
-        f"descriptions. CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
+        '(a caller\'s config, role = "caller") the same, of the services the caller is '
+        f"granted. CONFIG omitted or '-': ${CONFIG_ENV_VAR}.",
         epilog=exit_codes_help("describe"),
     )
     describe.add_argument(
@@ -292,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print {executor_id, contract, versions, services, types} as one JSON object "
         "(types: per service, the fields and a JSON Schema of each method's parameters and "
-        "result; through a gateway only executor_id, versions and services)",
+        "result; through a gateway of the granted services, the contract being the hash of "
+        'those, marked "contract_of": "granted")',
     )
     _add_executor_option(describe, "describe")
     _add_ready_timeout(describe)
