@@ -121,7 +121,9 @@ class ExecutorInfo:
     """The services manifest; one copy shared by every executor that described the same one
     (:mod:`garcon_link.api.described`): read it, never change it."""
     contract: str
-    """The BLAKE3 hash of the manifest's canonical CBOR, as this controller computed it."""
+    """The BLAKE3 hash of the manifest's canonical CBOR, as this controller computed it.
+    Through a gateway, the manifest is the granted services' only, so the hash equals the
+    executor's own only when every service is granted."""
     worker_instance_id: bytes | None = None
     """The worker's runtime id, which worker-scoped references carry (``None``: an older
     worker that does not say)."""
