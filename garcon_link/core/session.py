@@ -576,12 +576,40 @@ class MessageSession:
         pos = 0
         if 0 < total <= limits.max_frame_bytes:
             # The packets of a batch are mostly the next message after another, each with its
-            # ordinal and length in the shortest head: those are read here, inline (a packet
-            # object, a generator step and two calls less each). At the first packet that is
-            # anything else -- a receipt, a duplicate, a gap, a large body, or bytes that are no
-            # packet -- iter_packets takes over from where this stopped, and judges it.
+            # ordinal and length in the shortest head, and a receipt within ``offered`` in the
+            # shortest head: those are read here, inline (a packet object, a generator step and
+            # two calls less each). At the first packet that is anything else -- a duplicate, a
+            # gap, a receipt beyond ``offered``, a large body, or bytes that are no packet --
+            # iter_packets takes over from where this stopped, and judges it.
             append = bodies.append
             while pos < total and count < max_packets:
+                if data[pos] == 0x82:  # a receipt, [1, through], at most ``offered``
+                    at = pos + 2
+                    if at >= total or data[pos + 1] != 1:
+                        break
+                    initial = data[at]
+                    if initial < 24:
+                        through = initial
+                        at += 1
+                    elif initial < 28:
+                        width = 1 << (initial - 24)
+                        end = at + 1 + width
+                        if end > total:
+                            break
+                        through = int.from_bytes(data[at + 1 : end], "big")
+                        if through < (24 if width == 1 else 1 << (4 * width)):
+                            break
+                        at = end
+                    else:
+                        break
+                    if through > offered:
+                        break
+                    if through > through_max:
+                        through_max = through
+                    receipts += 1
+                    count += 1
+                    pos = at
+                    continue
                 if data[pos] != 0x83 or pos + 3 >= total or data[pos + 1]:
                     break
                 at = pos + 2
