@@ -98,6 +98,7 @@ import enum
 import logging
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import (
     FailureReason,
@@ -184,10 +185,10 @@ class SessionStatistics:
     retained_bytes_peak: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Received:
+class Received(NamedTuple):
     """What one :meth:`MessageSession.receive` call did: the adapter asks this instead of
-    comparing counters around the call.
+    comparing counters around the call. A named tuple: one is made per message, and a tuple is
+    made in one step where a frozen dataclass sets each field through ``object.__setattr__``.
 
     Attributes:
         bodies: the newly accepted bodies, in order (``[]`` for a batch of duplicates and
@@ -686,22 +687,29 @@ class MessageSession:
             raise self.fail(FailureReason.MALFORMED_PACKET, str(exc)) from exc
 
         self._packets_received += count
-        self._duplicates += duplicates
-        self._receipts_received += receipts
+        if duplicates:
+            self._duplicates += duplicates
         fence = False
-        if receipts and not self._fenced:
-            self._fenced = fence = True  # fence: first receipt on this attachment
+        if receipts:
+            self._receipts_received += receipts
+            if not self._fenced:
+                self._fenced = fence = True  # fence: first receipt on this attachment
         confirmed_advanced = through_max > self._confirmed
         if confirmed_advanced:
             self._confirm(through_max)
-        became_due = False
         if bodies:
             self._accepted = accepted
             self._delivered += len(bodies)
-            self._receipt_bytes += size
+            receipt_bytes = self._receipt_bytes = self._receipt_bytes + size
             became_due = not self._receipt_due
             self._receipt_due = True
-        return Received(bodies, count, fence, confirmed_advanced, became_due, self.receipt_urgent)
+            urgent = (  # receipt_urgent, inline
+                self._receipt_forced
+                or accepted - self._receipt_through >= limits.receipt_interval
+                or receipt_bytes >= limits.receipt_bytes
+            )
+            return Received(bodies, count, fence, confirmed_advanced, became_due, urgent)
+        return Received(bodies, count, fence, confirmed_advanced, False, self.receipt_urgent)
 
     def _confirm(self, through: int) -> None:
         """Record that the peer holds every ordinal ``<= through``; evict those frames."""
