@@ -142,6 +142,11 @@ class SessionState(enum.Enum):
     """Terminally retired; every operation raises the stored cause."""
 
 
+# Members read on every message: an ``Enum`` member read through its class costs a lookup
+# through the enum's metaclass (CPython 3.11), a module global one dictionary read.
+_ATTACHED = SessionState.ATTACHED
+
+
 @dataclass(frozen=True, slots=True)
 class SessionStatistics:
     """A snapshot of one session's counters (see :meth:`MessageSession.statistics`).
@@ -500,7 +505,7 @@ class MessageSession:
             self._retained_frames_peak = len(retained)
         if pool is not None:
             pool.used += size
-        if self._state is SessionState.ATTACHED:
+        if self._state is _ATTACHED:
             self._to_send.append(item)
         return ordinal  # type: ignore[return-value]  # an Ordinal: the NewType costs a call
 
@@ -516,13 +521,21 @@ class MessageSession:
             session is DETACHED or FAILED. The adapter may concatenate several into one
             WebSocket message as long as it stays within the frame limit.
         """
-        if self._state is not SessionState.ATTACHED:
+        if self._state is not _ATTACHED:
             return []
         queue = self._to_send
-        out = [frame for _, frame in queue]
         if queue:
-            self._offered = max(self._offered, queue[-1][0])
-            queue.clear()
+            if len(queue) == 1:
+                ordinal, frame = queue.popleft()
+                out = [frame]
+            else:
+                out = [frame for _, frame in queue]
+                ordinal = queue[-1][0]
+                queue.clear()
+            if ordinal > self._offered:
+                self._offered = ordinal
+        else:
+            out = []
         if self._receipt_due:
             self._receipt_due = False
             self._receipt_forced = False
@@ -560,7 +573,7 @@ class MessageSession:
         """
         if self._failure is not None:
             raise self._failure
-        if self._state is not SessionState.ATTACHED:
+        if self._state is not _ATTACHED:
             raise RuntimeError("MessageSession.receive() while detached")
         limits = self._limits
         # Check each packet as it is decoded, against local copies, then commit: all or nothing.
@@ -750,7 +763,7 @@ class MessageSession:
         """
         if self._failure is not None:
             raise self._failure
-        if self._state is SessionState.ATTACHED:
+        if self._state is _ATTACHED:
             raise RuntimeError("MessageSession.attach() while already attached")
         if not self._confirmed <= peer_received <= self._offered:
             raise self.fail(
@@ -784,7 +797,7 @@ class MessageSession:
         Args:
             now: the current time; ``grace_deadline`` becomes ``now + limits.detached_grace``.
         """
-        if self._state is not SessionState.ATTACHED:
+        if self._state is not _ATTACHED:
             return
         self._state = SessionState.DETACHED
         self._grace_deadline = now + self._limits.detached_grace
