@@ -131,11 +131,23 @@ class FastFrames:
         if length > limit:
             return None
         if self._client:
-            if second & _MASKED or size != head + length or not self.idle():
+            if second & _MASKED or size != head + length:
                 return None
-            return data[head:]
-        if not second & _MASKED or size != head + 4 + length or not self.idle():
+        elif not second & _MASKED or size != head + 4 + length:
             return None
+        decoder = self._decoder
+        conn = self._conn
+        if not (  # idle(), inline: this runs for every message read
+            conn._state is _OPEN
+            and not conn._events
+            and not self._handshake._events
+            and decoder.header is None
+            and not decoder.buffer.buffer
+            and self._messages.opcode is None
+        ):
+            return None
+        if self._client:
+            return data[head:]
         return mask(data[head + 4 :], data[head : head + 4])
 
     def parse_at(self, data: bytes, start: int, limit: int) -> tuple[bytes, int] | None:
