@@ -524,18 +524,10 @@ class MessageSession:
         if self._state is not _ATTACHED:
             return []
         queue = self._to_send
+        out = [frame for _, frame in queue]
         if queue:
-            if len(queue) == 1:
-                ordinal, frame = queue.popleft()
-                out = [frame]
-            else:
-                out = [frame for _, frame in queue]
-                ordinal = queue[-1][0]
-                queue.clear()
-            if ordinal > self._offered:
-                self._offered = ordinal
-        else:
-            out = []
+            self._offered = max(self._offered, queue[-1][0])
+            queue.clear()
         if self._receipt_due:
             self._receipt_due = False
             self._receipt_forced = False
