@@ -20,7 +20,7 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, BytesMessage, Ping, Request
 
 from garcon_link.limits import Limits
-from garcon_link.net._frames import FAST_LIMIT, FastFrames, mask
+from garcon_link.net._frames import FAST_LIMIT, KEY_POOL, FastFrames, mask
 from garcon_link.net.ws import WebSocket
 
 SIZES = (0, 1, 3, 4, 5, 125, 126, 127, 1000, FAST_LIMIT)
@@ -274,3 +274,15 @@ def test_several_frames_in_a_read_are_read_as_wsproto_reads_them() -> None:
         assert fast_read == _read_messages(chunks, fast=False)
         assert fast_read[0] == [*payloads, b"frag", payloads[1]]
         assert fast_read[1] > 0  # the ping was answered
+
+
+def test_masking_keys_stay_fresh_across_the_key_pool() -> None:
+    # Keys come from os.urandom a pool at a time: frames on both sides of a refill, and of the
+    # next, each get a key of their own (a repeat by chance: about 1 in 10**7).
+    client, server = _pair()
+    fast = _fast(client)
+    count = 2 * KEY_POOL // 4 + 2
+    frames = [fast.build(b"x" * 8) for _ in range(count)]
+    keys = {bytes(frame[2:6]) for frame in frames if frame is not None}
+    assert len(keys) == count
+    assert all(_messages(server, bytes(frame or b"")) == [b"x" * 8] for frame in frames)

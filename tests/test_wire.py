@@ -9,6 +9,7 @@ from typing import Any
 
 import cbor2
 import pytest
+from cbor_strategies import cbor_values, fuzz_settings
 from helpers import encode_packets
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -594,3 +595,72 @@ def test_a_large_body_is_decoded_as_a_view_of_its_message_not_a_copy() -> None:
     ]:
         decoded = wire.decode_packets(message_bytes, 1 << 20)  # type: ignore[arg-type]
         assert [type(p.body) for p in decoded if isinstance(p, wire.Message)] == expected
+
+
+# -- the plain walk against a reference walk -----------------------------------------------------
+
+_REFERENCE_SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
+_REFERENCE_KEYS = frozenset({str, int, bool})
+
+
+def _reference_check_plain(value: Any, depth: int, seen: set[int]) -> None:
+    """The plain walk item by item, with no fast path: what ``wire._check_plain`` must match."""
+    kind = type(value)
+    if kind in _REFERENCE_SCALARS:
+        return
+    if kind is list:
+        items: Any = value
+    elif kind is dict:
+        for key in value:
+            if type(key) not in _REFERENCE_KEYS:
+                raise MalformedFrame(f"map key of type {type(key).__name__} is not allowed")
+        items = value.values()
+    else:
+        raise MalformedFrame(f"CBOR value of type {kind.__name__} is not plain data")
+    if depth >= 64:
+        raise MalformedFrame("CBOR item nested deeper than 64 levels")
+    if id(value) in seen:
+        raise MalformedFrame("CBOR item shares a container (shared reference or cycle)")
+    seen.add(id(value))
+    for item in items:
+        if type(item) not in _REFERENCE_SCALARS:
+            _reference_check_plain(item, depth + 1, seen)
+
+
+def _plain_verdict(walk: Any, value: Any, depth: int) -> str | None:
+    try:
+        walk(value, depth)
+    except MalformedFrame as exc:
+        return str(exc)
+    return None
+
+
+@st.composite
+def _shared_values(draw: st.DrawFn) -> Any:
+    """Values from ``cbor_values`` some of whose containers hold one another more than once
+    (a DAG) or themselves (a cycle): what no decoder here builds, but the walk must refuse."""
+    pool: list[Any] = [draw(cbor_values) for _ in range(draw(st.integers(1, 4)))]
+    for _ in range(draw(st.integers(0, 4))):
+        picks = draw(st.lists(st.integers(0, len(pool) - 1), max_size=4))
+        pool.append([pool[i] for i in picks] + draw(st.lists(plain_scalars, max_size=2)))
+    if draw(st.booleans()):
+        containers = [item for item in pool if type(item) in (list, dict)]
+        if containers:
+            which = st.integers(0, len(containers) - 1)
+            target, other = containers[draw(which)], containers[draw(which)]
+            if type(target) is list:
+                target.append(other)
+            else:
+                target["loop"] = other
+    return pool[draw(st.integers(0, len(pool) - 1))]
+
+
+@fuzz_settings(400)
+@given(
+    value=st.one_of(cbor_values, plain_values, _shared_values()),
+    depth=st.sampled_from([0, 1, 62, 63, 64]),
+)
+def test_plain_walk_refuses_exactly_what_the_reference_walk_refuses(value: Any, depth: int) -> None:
+    expected = _plain_verdict(lambda v, d: _reference_check_plain(v, d, set()), value, depth)
+    assert _plain_verdict(wire._check_plain, value, depth) == expected
+    assert _plain_verdict(lambda v, d: wire._check_plain(v, d, set()), value, depth) == expected

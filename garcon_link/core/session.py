@@ -98,6 +98,7 @@ import enum
 import logging
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import (
     FailureReason,
@@ -139,6 +140,11 @@ class SessionState(enum.Enum):
     """Bound to one socket: frames are handed out and inbound packets accepted."""
     FAILED = "failed"
     """Terminally retired; every operation raises the stored cause."""
+
+
+# Members read on every message: an ``Enum`` member read through its class costs a lookup
+# through the enum's metaclass (CPython 3.11), a module global one dictionary read.
+_ATTACHED = SessionState.ATTACHED
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,10 +190,10 @@ class SessionStatistics:
     retained_bytes_peak: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Received:
+class Received(NamedTuple):
     """What one :meth:`MessageSession.receive` call did: the adapter asks this instead of
-    comparing counters around the call.
+    comparing counters around the call. A named tuple: one is made per message, and a tuple is
+    made in one step where a frozen dataclass sets each field through ``object.__setattr__``.
 
     Attributes:
         bodies: the newly accepted bodies, in order (``[]`` for a batch of duplicates and
@@ -499,7 +505,7 @@ class MessageSession:
             self._retained_frames_peak = len(retained)
         if pool is not None:
             pool.used += size
-        if self._state is SessionState.ATTACHED:
+        if self._state is _ATTACHED:
             self._to_send.append(item)
         return ordinal  # type: ignore[return-value]  # an Ordinal: the NewType costs a call
 
@@ -515,7 +521,7 @@ class MessageSession:
             session is DETACHED or FAILED. The adapter may concatenate several into one
             WebSocket message as long as it stays within the frame limit.
         """
-        if self._state is not SessionState.ATTACHED:
+        if self._state is not _ATTACHED:
             return []
         queue = self._to_send
         out = [frame for _, frame in queue]
@@ -559,7 +565,7 @@ class MessageSession:
         """
         if self._failure is not None:
             raise self._failure
-        if self._state is not SessionState.ATTACHED:
+        if self._state is not _ATTACHED:
             raise RuntimeError("MessageSession.receive() while detached")
         limits = self._limits
         # Check each packet as it is decoded, against local copies, then commit: all or nothing.
@@ -576,12 +582,40 @@ class MessageSession:
         pos = 0
         if 0 < total <= limits.max_frame_bytes:
             # The packets of a batch are mostly the next message after another, each with its
-            # ordinal and length in the shortest head: those are read here, inline (a packet
-            # object, a generator step and two calls less each). At the first packet that is
-            # anything else -- a receipt, a duplicate, a gap, a large body, or bytes that are no
-            # packet -- iter_packets takes over from where this stopped, and judges it.
+            # ordinal and length in the shortest head, and a receipt within ``offered`` in the
+            # shortest head: those are read here, inline (a packet object, a generator step and
+            # two calls less each). At the first packet that is anything else -- a duplicate, a
+            # gap, a receipt beyond ``offered``, a large body, or bytes that are no packet --
+            # iter_packets takes over from where this stopped, and judges it.
             append = bodies.append
             while pos < total and count < max_packets:
+                if data[pos] == 0x82:  # a receipt, [1, through], at most ``offered``
+                    at = pos + 2
+                    if at >= total or data[pos + 1] != 1:
+                        break
+                    initial = data[at]
+                    if initial < 24:
+                        through = initial
+                        at += 1
+                    elif initial < 28:
+                        width = 1 << (initial - 24)
+                        end = at + 1 + width
+                        if end > total:
+                            break
+                        through = int.from_bytes(data[at + 1 : end], "big")
+                        if through < (24 if width == 1 else 1 << (4 * width)):
+                            break
+                        at = end
+                    else:
+                        break
+                    if through > offered:
+                        break
+                    if through > through_max:
+                        through_max = through
+                    receipts += 1
+                    count += 1
+                    pos = at
+                    continue
                 if data[pos] != 0x83 or pos + 3 >= total or data[pos + 1]:
                     break
                 at = pos + 2
@@ -658,22 +692,29 @@ class MessageSession:
             raise self.fail(FailureReason.MALFORMED_PACKET, str(exc)) from exc
 
         self._packets_received += count
-        self._duplicates += duplicates
-        self._receipts_received += receipts
+        if duplicates:
+            self._duplicates += duplicates
         fence = False
-        if receipts and not self._fenced:
-            self._fenced = fence = True  # fence: first receipt on this attachment
+        if receipts:
+            self._receipts_received += receipts
+            if not self._fenced:
+                self._fenced = fence = True  # fence: first receipt on this attachment
         confirmed_advanced = through_max > self._confirmed
         if confirmed_advanced:
             self._confirm(through_max)
-        became_due = False
         if bodies:
             self._accepted = accepted
             self._delivered += len(bodies)
-            self._receipt_bytes += size
+            receipt_bytes = self._receipt_bytes = self._receipt_bytes + size
             became_due = not self._receipt_due
             self._receipt_due = True
-        return Received(bodies, count, fence, confirmed_advanced, became_due, self.receipt_urgent)
+            urgent = (  # receipt_urgent, inline
+                self._receipt_forced
+                or accepted - self._receipt_through >= limits.receipt_interval
+                or receipt_bytes >= limits.receipt_bytes
+            )
+            return Received(bodies, count, fence, confirmed_advanced, became_due, urgent)
+        return Received(bodies, count, fence, confirmed_advanced, False, self.receipt_urgent)
 
     def _confirm(self, through: int) -> None:
         """Record that the peer holds every ordinal ``<= through``; evict those frames."""
@@ -714,7 +755,7 @@ class MessageSession:
         """
         if self._failure is not None:
             raise self._failure
-        if self._state is SessionState.ATTACHED:
+        if self._state is _ATTACHED:
             raise RuntimeError("MessageSession.attach() while already attached")
         if not self._confirmed <= peer_received <= self._offered:
             raise self.fail(
@@ -748,7 +789,7 @@ class MessageSession:
         Args:
             now: the current time; ``grace_deadline`` becomes ``now + limits.detached_grace``.
         """
-        if self._state is not SessionState.ATTACHED:
+        if self._state is not _ATTACHED:
             return
         self._state = SessionState.DETACHED
         self._grace_deadline = now + self._limits.detached_grace

@@ -538,7 +538,7 @@ def decode_item(
     if stream.tell() != len(data):
         raise MalformedFrame(f"{len(data) - stream.tell()} trailing byte(s) after the CBOR item")
     if plain:
-        _check_plain(value, depth, set())
+        _check_plain(value, depth)
     return value
 
 
@@ -547,14 +547,16 @@ _PLAIN_KEYS = frozenset({str, int, bool})
 _MAX_PLAIN_DEPTH = 64
 
 
-def _check_plain(value: Any, depth: int, seen: set[int]) -> None:
+def _check_plain(value: Any, depth: int, seen: set[int] | None = None) -> None:
     """Walk ``value``; each container may appear once (a tree, not a DAG or a cycle).
 
     With the shared-reference tags (28/29) refused while decoding a DAG cannot arise here; the
     check stays as a second line against a decoder change (a few hundred bytes can describe a
     DAG with 2**60 paths, and refusing any container seen twice keeps the walk linear in the
     number of containers actually decoded). Scalars are checked inline (exact types: cbor2
-    makes no subclasses of them), containers recursively.
+    makes no subclasses of them), containers recursively. ``seen`` (the containers walked so
+    far) is ``None`` at the top and made when the first nested container is reached: a
+    container of scalars only, the common envelope, needs no set.
     """
     kind = type(value)
     if kind in _PLAIN_SCALARS:
@@ -570,11 +572,14 @@ def _check_plain(value: Any, depth: int, seen: set[int]) -> None:
         raise MalformedFrame(f"CBOR value of type {kind.__name__} is not plain data")
     if depth >= _MAX_PLAIN_DEPTH:
         raise MalformedFrame(f"CBOR item nested deeper than {_MAX_PLAIN_DEPTH} levels")
-    if id(value) in seen:
-        raise MalformedFrame("CBOR item shares a container (shared reference or cycle)")
-    seen.add(id(value))
+    if seen is not None:
+        if id(value) in seen:
+            raise MalformedFrame("CBOR item shares a container (shared reference or cycle)")
+        seen.add(id(value))
     for item in items:
         if type(item) not in _PLAIN_SCALARS:
+            if seen is None:
+                seen = {id(value)}
             _check_plain(item, depth + 1, seen)
 
 

@@ -1002,7 +1002,7 @@ class SessionTransport:
             or scope.cancel_called
             or self._direct_held is not None
             or self._direct_error is not None
-            or self._undelivered()
+            or ((self._pending or self._in_flight) and self._undelivered())
         ):
             return False
         self._messages_read_directly += 1
@@ -1048,7 +1048,15 @@ class SessionTransport:
             if len(bodies) > 1 and _held_writes.batch is None:
                 self._hand_over_holding(consumer, bodies)
                 return
-            self._hand_over_all(consumer, bodies)
+            for body in bodies:  # _hand_over_all, inline: this runs for every message
+                try:
+                    consumer(body)
+                except Exception:
+                    log.exception(
+                        "session %s: the payload consumer failed; payload dropped",
+                        self.label,
+                        extra=log_fields(session=self.session_id),
+                    )
             if self._batch_end is not None:
                 self._end_batch(self._batch_end)
             return
@@ -1086,7 +1094,15 @@ class SessionTransport:
         batch: list[SessionTransport] = []
         held.batch = batch  # (no hand-over starts inside this one: nothing here reads)
         try:
-            self._hand_over_all(consumer, bodies)
+            for body in bodies:  # _hand_over_all, inline: this runs for every message
+                try:
+                    consumer(body)
+                except Exception:
+                    log.exception(
+                        "session %s: the payload consumer failed; payload dropped",
+                        self.label,
+                        extra=log_fields(session=self.session_id),
+                    )
             if self._batch_end is not None:
                 self._end_batch(self._batch_end)
         finally:

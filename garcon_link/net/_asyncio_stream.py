@@ -319,7 +319,15 @@ class AsyncioByteStream(anyio.abc.ByteStream):
 
     def writable_now(self) -> bool:
         """Whether :meth:`send_nowait` would write now: open, no send in progress, not paused."""
-        return not (self._sending or self._protocol.writing_paused) and self._unwritable() is None
+        protocol = self._protocol
+        return not (  # _unwritable() is None, inline: this runs before every direct write
+            self._sending
+            or protocol.writing_paused
+            or self._closed
+            or protocol.error is not None
+            or protocol.lost
+            or self._transport.is_closing()
+        )
 
     def send_nowait(self, item: bytes | bytearray) -> None:
         """Write without waiting; only when :meth:`writable_now` (what the kernel does not take
@@ -332,7 +340,10 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         if not self.writable_now():
             self._check_writable()
             raise RuntimeError("send_nowait() while a send is in progress or writing is paused")
-        self._write(item)
+        try:  # _write, inline
+            self._transport.write(item)
+        except RuntimeError as exc:  # the transport was closed under us
+            raise anyio.BrokenResourceError from exc
 
     def _write(self, item: bytes | bytearray) -> None:
         try:

@@ -34,10 +34,13 @@ from wsproto.connection import ConnectionState
 
 _XOR_TABLES = tuple(bytes(b ^ k for b in range(256)) for k in range(256))
 
-__all__ = ["FAST_LIMIT", "FastFrames", "mask"]
+__all__ = ["FAST_LIMIT", "KEY_POOL", "FastFrames", "mask"]
 
 FAST_LIMIT = 0xFFFF
 """The largest payload read here (the 2-byte length form); larger frames go to wsproto."""
+
+KEY_POOL = 1024
+"""Bytes of masking keys a client's connection draws from ``os.urandom`` at once (256 frames)."""
 
 _BINARY_FIN = 0x82  # FIN, no reserved bit, opcode 2 (binary)
 _MASKED = 0x80
@@ -59,7 +62,16 @@ class FastFrames:
     """Reads and writes whole binary frames of up to :data:`FAST_LIMIT` bytes for one open
     wsproto connection, whenever wsproto's state allows (module docstring)."""
 
-    __slots__ = ("_client", "_conn", "_decoder", "_handshake", "_messages", "_proto")
+    __slots__ = (
+        "_client",
+        "_conn",
+        "_decoder",
+        "_handshake",
+        "_key_at",
+        "_keys",
+        "_messages",
+        "_proto",
+    )
 
     def __init__(self, ws: WSConnection, conn: Any) -> None:
         self._handshake: Any = ws.handshake
@@ -68,6 +80,10 @@ class FastFrames:
         self._decoder: Any = self._proto._frame_decoder
         self._messages: Any = self._proto._message_decoder
         self._client: bool = conn.client
+        # Masking keys (client side): drawn from os.urandom a pool at a time, four bytes per
+        # frame, each used once -- one system call per KEY_POOL // 4 frames, not per frame.
+        self._keys = b""
+        self._key_at = 0
 
     @classmethod
     def of(cls, ws: WSConnection) -> FastFrames | None:
@@ -131,11 +147,23 @@ class FastFrames:
         if length > limit:
             return None
         if self._client:
-            if second & _MASKED or size != head + length or not self.idle():
+            if second & _MASKED or size != head + length:
                 return None
-            return data[head:]
-        if not second & _MASKED or size != head + 4 + length or not self.idle():
+        elif not second & _MASKED or size != head + 4 + length:
             return None
+        decoder = self._decoder
+        conn = self._conn
+        if not (  # idle(), inline: this runs for every message read
+            conn._state is _OPEN
+            and not conn._events
+            and not self._handshake._events
+            and decoder.header is None
+            and not decoder.buffer.buffer
+            and self._messages.opcode is None
+        ):
+            return None
+        if self._client:
+            return data[head:]
         return mask(data[head + 4 :], data[head : head + 4])
 
     def parse_at(self, data: bytes, start: int, limit: int) -> tuple[bytes, int] | None:
@@ -188,7 +216,13 @@ class FastFrames:
                 return _masked_frame(head, payload)
         if not masked:
             return head + payload
-        key = os.urandom(4)  # RFC 6455 5.3: a fresh, unpredictable key per frame, as wsproto
+        # RFC 6455 5.3: a fresh, unpredictable key per frame (from os.urandom, as wsproto's).
+        at = self._key_at
+        if at >= len(self._keys):
+            self._keys = os.urandom(KEY_POOL)
+            at = 0
+        self._key_at = at + 4
+        key = self._keys[at : at + 4]
         return head + key + mask(payload, key)
 
 

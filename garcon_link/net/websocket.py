@@ -46,6 +46,7 @@ __all__ = [
 log = logging.getLogger("garcon_link.ws")  # the name users configure (README)
 
 _READ_CHUNK = 65536
+_OPEN = ConnectionState.OPEN  # read per message: a module global, not an enum class lookup
 _JOIN_HELD = 65536
 """A held frame is joined to a write of up to this many bytes (copied once); in front of a
 larger one it is written just before it."""
@@ -194,7 +195,7 @@ class WebSocket:
             stream is None
             or self._closed
             or self._held_out is not None
-            or self.ws.state is not ConnectionState.OPEN
+            or self.ws.state is not _OPEN
         ):
             return False
         try:
@@ -234,7 +235,7 @@ class WebSocket:
 
     async def _send_event(self, event: Any) -> None:
         async with self._lock:
-            if self._closed or self.ws.state is not ConnectionState.OPEN:
+            if self._closed or self.ws.state is not _OPEN:
                 raise SocketGone("socket is closed")
             try:
                 data = self.ws.send(event)
@@ -248,7 +249,7 @@ class WebSocket:
             await self._send_event(BytesMessage(data=data))
             return
         async with self._lock:
-            if self._closed or self.ws.state is not ConnectionState.OPEN:
+            if self._closed or self.ws.state is not _OPEN:
                 raise SocketGone("socket is closed")
             frame = fast.build(data)
             if frame is None:
@@ -266,7 +267,7 @@ class WebSocket:
             stream is not None
             and not self._closed
             and not self._lock.locked()
-            and self.ws.state is ConnectionState.OPEN
+            and self.ws.state is _OPEN
             and stream.writable_now()
         )
 
@@ -462,7 +463,7 @@ class WebSocket:
                 elif isinstance(event, Pong):
                     self._count_frame(now)
                 elif isinstance(event, CloseConnection):
-                    if self.ws.state is ConnectionState.OPEN:
+                    if self.ws.state is _OPEN:
                         # wsproto reports broken framing (reserved bits or opcodes, an unmasked
                         # client frame, ...) as a *synthetic* close event without changing
                         # state; a real close from the peer moves it to REMOTE_CLOSING.
@@ -573,7 +574,7 @@ class WebSocket:
         sent = False
         with anyio.move_on_after(self.limits.close_timeout, shield=True):
             async with self._lock:
-                if not self._closed and self.ws.state is ConnectionState.OPEN:
+                if not self._closed and self.ws.state is _OPEN:
                     try:
                         await self._write(self.ws.send(CloseConnection(code=code, reason=reason)))
                         sent = True
