@@ -790,8 +790,9 @@ class SessionTransport:
         try:
             with scope:
                 async with anyio.create_task_group() as tg:
-                    # The writer and the watch end in scopes of their own: see
-                    # WebSocketLink._heartbeat.
+                    # The writer and the watch end in scopes of their own, so that their tasks
+                    # return instead of ending in a CancelledError (garbage in a reference
+                    # cycle at every detach), as the heartbeat does (endpoint._attaching).
                     writing = anyio.CancelScope()
                     tg.start_soon(self._writer, sock, tg.cancel_scope, writing)
                     watching = None
