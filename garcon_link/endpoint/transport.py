@@ -438,17 +438,22 @@ class SessionTransport:
                 extra=log_fields(session=self.session_id),
             )
 
+    def _consumer_failed(self) -> None:
+        """Log the exception the payload consumer just raised (called in its ``except``; the
+        payload is dropped, the session goes on)."""
+        log.exception(
+            "session %s: the payload consumer failed; payload dropped",
+            self.label,
+            extra=log_fields(session=self.session_id),
+        )
+
     def _hand_over(
         self, deliver: Callable[[bytes | memoryview], None], body: bytes | memoryview
     ) -> None:
         try:
             deliver(body)
         except Exception:
-            log.exception(
-                "session %s: the payload consumer failed; payload dropped",
-                self.label,
-                extra=log_fields(session=self.session_id),
-            )
+            self._consumer_failed()
 
     def _hand_over_all(
         self, deliver: Callable[[bytes | memoryview], None], bodies: Sequence[bytes | memoryview]
@@ -458,11 +463,7 @@ class SessionTransport:
             try:
                 deliver(body)
             except Exception:
-                log.exception(
-                    "session %s: the payload consumer failed; payload dropped",
-                    self.label,
-                    extra=log_fields(session=self.session_id),
-                )
+                self._consumer_failed()
 
     async def send(self, body: bytes | Gathered) -> Ordinal:
         """Issue ``body`` as the next message of this session.
@@ -1053,11 +1054,7 @@ class SessionTransport:
                 try:
                     consumer(body)
                 except Exception:
-                    log.exception(
-                        "session %s: the payload consumer failed; payload dropped",
-                        self.label,
-                        extra=log_fields(session=self.session_id),
-                    )
+                    self._consumer_failed()
             if self._batch_end is not None:
                 self._end_batch(self._batch_end)
             return
@@ -1099,11 +1096,7 @@ class SessionTransport:
                 try:
                     consumer(body)
                 except Exception:
-                    log.exception(
-                        "session %s: the payload consumer failed; payload dropped",
-                        self.label,
-                        extra=log_fields(session=self.session_id),
-                    )
+                    self._consumer_failed()
             if self._batch_end is not None:
                 self._end_batch(self._batch_end)
         finally:
