@@ -169,32 +169,10 @@ def read_relay_call(
         if not data.startswith(_RELAY_CALL_NAMES, pos):
             return None
         pos += len(_RELAY_CALL_NAMES)
-        # Three names, each by its one-byte head when shorter than 24 bytes (the usual).
-        initial = data[pos]
-        if 0x60 <= initial < 0x78:
-            stop = pos + initial - 0x5F
-            executor = data[pos + 1 : stop].decode()
-        else:
-            size, pos = _head(data, pos, 3)
-            stop = pos + size
-            executor = data[pos:stop].decode()
-        initial = data[stop]
-        if 0x60 <= initial < 0x78:
-            pos = stop + initial - 0x5F
-            service = data[stop + 1 : pos].decode()
-        else:
-            size, stop = _head(data, stop, 3)
-            pos = stop + size
-            service = data[stop:pos].decode()
-        initial = data[pos]
-        if 0x60 <= initial < 0x78:
-            stop = pos + initial - 0x5F
-            method = data[pos + 1 : stop].decode()
-        else:
-            size, pos = _head(data, pos, 3)
-            stop = pos + size
-            method = data[pos:stop].decode()
-        size, pos = _head(data, stop, 2)
+        executor, pos = _text(data, pos)
+        service, pos = _text(data, pos)
+        method, pos = _text(data, pos)
+        size, pos = _head(data, pos, 2)
         payload = data[pos : pos + size]
         pos += size
         key: bytes | None = None
@@ -262,6 +240,18 @@ def _metadata_end(data: bytes, pos: int, max_entries: int, max_bytes: int) -> in
         if size > max_bytes:
             raise ValueError("too large")
     return pos
+
+
+def _text(data: bytes, pos: int) -> tuple[str, int]:
+    """The UTF-8 text string at ``pos`` and the position after it; a head of one byte (under
+    24 bytes: the usual name) read here, any other by :func:`_head`. A string cut short ends
+    past ``len(data)``, and the next read there raises ``IndexError``."""
+    initial = data[pos]
+    if 0x60 <= initial < 0x78:
+        stop = pos + initial - 0x5F
+        return data[pos + 1 : stop].decode(), stop
+    size, pos = _head(data, pos, 3)
+    return data[pos : pos + size].decode(), pos + size
 
 
 def _head(data: bytes, pos: int, major: int) -> tuple[int, int]:
