@@ -281,12 +281,7 @@ def encode_call(
     # Framed by hand around the values (cbor2 pays more for each array it encodes than for
     # the values in it): the same bytes as cbor2.dumps of the envelope, as each element of
     # an array is encoded as it would be alone.
-    names = _NAMES.get((service, method))
-    if names is None:
-        names = cbor2.dumps(service) + cbor2.dumps(method)
-        if len(_NAMES) >= _MAX_NAMES:
-            _NAMES.clear()
-        _NAMES[service, method] = names
+    names = _NAMES.get((service, method)) or _names(service, method)
     if metadata:
         arity, tail = b"\x8a\x00", cbor2.dumps(key) + cbor2.dumps(metadata)
     elif key is not None:
@@ -315,6 +310,16 @@ _NAMES: dict[tuple[str, str], bytes] = {}
 _MAX_NAMES = 1024
 
 
+def _names(service: str, method: str) -> bytes:
+    """``service`` and ``method`` encoded back to back, kept in ``_NAMES`` (emptied when
+    full): the calls' side of a miss, the hit being one ``dict.get`` where they are used."""
+    names = cbor2.dumps(service) + cbor2.dumps(method)
+    if len(_NAMES) >= _MAX_NAMES:
+        _NAMES.clear()
+    _NAMES[service, method] = names
+    return names
+
+
 def encode_relayed_call(
     call_id: int,
     service: str,
@@ -330,12 +335,7 @@ def encode_relayed_call(
     ``metadata``: a map, or one map's encoding (a relay's, checked as it arrived)."""
     # Written by hand (what cbor2.dumps of the call would write, heads in shortest form): it
     # is on every relayed call's path, and only the key and metadata need an encoder.
-    names = _NAMES.get((service, method))
-    if names is None:
-        names = cbor2.dumps(service) + cbor2.dumps(method)
-        if len(_NAMES) >= _MAX_NAMES:
-            _NAMES.clear()
-        _NAMES[service, method] = names
+    names = _NAMES.get((service, method)) or _names(service, method)
     if metadata:
         encoded = metadata if type(metadata) is bytes else cbor2.dumps(metadata)
         arity, tail = b"\x8a\x00", cbor2.dumps(key) + encoded
