@@ -435,14 +435,21 @@ async def _direct(root: Path, args: argparse.Namespace) -> dict[str, float]:
         return await _measure(fleet.executor, [fleet] * args.callers, args)
 
 
-async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, float]:
+def _gateway_config(root: Path, extra: str = "") -> Path:
+    """The gateway child's config in ``root``: executors and callers from the keyrings there,
+    every ``bench-*`` caller granted every executor, then ``extra`` (TOML tables)."""
     config = root / "gateway.toml"
     config.write_text(
         'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
         '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["bench-*"]\n'
-        'executors = ["*"]\n',
+        'executors = ["*"]\n' + extra,
         encoding="utf-8",
     )
+    return config
+
+
+async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, float]:
+    config = _gateway_config(root)
     if args.profile_gateway is None:
         command = [sys.executable, "-m", "garcon_link.cli", "gateway", str(config), "--json"]
     else:
@@ -597,13 +604,7 @@ async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     64 in flight, each over ``args.instructions_calls`` calls. One process is counted at a
     time: one slowed by callgrind batches its peers' work less, and a count taken with two of
     them would depend on that."""
-    config = root / "gateway.toml"
-    config.write_text(
-        'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
-        '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["bench-*"]\n'
-        f'executors = ["*"]\n[limits]\nreceipt_delay = {args.instructions_receipt_delay}\n',
-        encoding="utf-8",
-    )
+    config = _gateway_config(root, f"[limits]\nreceipt_delay = {args.instructions_receipt_delay}\n")
     dumps = root / "callgrind"
     dumps.mkdir()
     metadata = ["--metadata"] if args.instructions_metadata else []
@@ -653,13 +654,7 @@ async def _cpu(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     time by a caller child: through a gateway child (caller, gateway, worker), then direct to
     a fleet (caller, worker); none under callgrind. Load moves it less than wall time, but
     more than instructions (caches, frequency)."""
-    config = root / "gateway.toml"
-    config.write_text(
-        'role = "gateway"\n[connection]\nlisten = "127.0.0.1:0"\n[executors]\nkeyring = "keys"\n'
-        '[callers]\nkeyring = "callers"\n[[callers.grant]]\ncallers = ["bench-*"]\n'
-        'executors = ["*"]\n',
-        encoding="utf-8",
-    )
+    config = _gateway_config(root)
     calls = max(1, args.cpu_calls // INSTRUCTIONS_LANES) * INSTRUCTIONS_LANES
     out: dict[str, Any] = {"calls": calls, "lanes": INSTRUCTIONS_LANES}
     secret = root / "callers" / "bench-0.secret"
