@@ -27,6 +27,12 @@ bytes``). What is measured, in each arrangement:
    but granted nothing (each call refused ``FORBIDDEN``), a granted caller's echo calls, a
    granted caller's streams (:func:`_flooded`).
 
+5. **the hop's floor** (:mod:`benchmarks.relayfloor`): the raw wsproto echo of
+   ``python -m benchmarks --only wsproto`` direct, through a byte-forwarding proxy child and
+   through a wsproto-level relay child, p50 and calls/s with 64 in flight measured as above.
+   ``floor_bytes_*`` (proxy over direct) is what a third process costs anything on this
+   machine; ``*_over_floor`` is the gateway's ratio to direct divided by that.
+
 Targets: the hop adds at most 1.5x to the p50 and keeps at least 0.7x of the direct
 calls/s.
 
@@ -72,6 +78,8 @@ import anyio
 
 import garcon_link as gl
 from garcon_link.settings.secrets import read_secret_file, write_secret_file
+
+from . import relayfloor
 
 P50_FACTOR_TARGET = 1.5
 THROUGHPUT_RATIO_TARGET = 0.7
@@ -714,11 +722,21 @@ async def _main(args: argparse.Namespace) -> Any:
             return await _through_gateway(root, args)
         direct = await _direct(root, args)
         relayed = await _through_gateway(root, args)
+        floor = await relayfloor.measure(PAYLOAD, _latency, _throughput, args.calls, args.seconds)
     ratios = {
         "p50_factor": relayed["p50_us"] / direct["p50_us"],
         "calls_per_s_ratio": relayed["calls_per_s_64"] / direct["calls_per_s_64"],
         "map_factor": relayed["map_s"] / direct["map_s"],
     }
+    # The hop's own floor: a byte-forwarding proxy between the raw wsproto echo's ends
+    # (benchmarks/relayfloor.py), and the gateway's ratios over it.
+    for kind in relayfloor.KINDS:
+        ratios[f"floor_{kind}_p50_factor"] = floor[f"{kind}_p50_factor"]
+        ratios[f"floor_{kind}_calls_per_s_ratio"] = floor[f"{kind}_calls_per_s_ratio"]
+    ratios["p50_factor_over_floor"] = ratios["p50_factor"] / floor["bytes_p50_factor"]
+    ratios["calls_per_s_ratio_over_floor"] = (
+        ratios["calls_per_s_ratio"] / floor["bytes_calls_per_s_ratio"]
+    )
     floods = [
         f"{'flood' if kind == 'ungranted' else f'flood_{kind}'}_p99_factor" for kind in args.floods
     ]
@@ -727,6 +745,7 @@ async def _main(args: argparse.Namespace) -> Any:
         "settings": vars(args),
         "direct": direct,
         "gateway": relayed,
+        "floor": floor,
         "ratios": ratios,
         "targets": {
             "p50_factor_at_most": P50_FACTOR_TARGET,
@@ -911,6 +930,21 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'map, all callers (s)':<22}{d['map_s']:>12.3f}{g['map_s']:>12.3f}"
         f"{r['map_factor']:>9.2f}",
+        file=sys.stderr,
+    )
+    f = doc["floor"]
+    for kind, label in (("bytes", "byte proxy"), ("ws", "wsproto relay")):
+        print(
+            f"{'floor p50 (us), ' + label:<34}{f['direct_p50_us']:>8.0f}{f[kind + '_p50_us']:>8.0f}"
+            f"{f[kind + '_p50_factor']:>7.2f}x; calls/s {f['direct_calls_per_s_64']:>6.0f}"
+            f"{f[kind + '_calls_per_s_64']:>7.0f}{f[kind + '_calls_per_s_ratio']:>7.2f}x",
+            file=sys.stderr,
+        )
+    print(
+        f"hop: floor (byte proxy) {r['floor_bytes_p50_factor']:.2f}x p50, "
+        f"{r['floor_bytes_calls_per_s_ratio']:.2f}x calls/s; ours {r['p50_factor']:.2f}x, "
+        f"{r['calls_per_s_ratio']:.2f}x; ours over the floor hop {r['p50_factor_over_floor']:.2f}x"
+        f" p50, {r['calls_per_s_ratio_over_floor']:.2f}x calls/s",
         file=sys.stderr,
     )
     if "ungranted" in args.floods:
