@@ -346,8 +346,13 @@ async def _workers(url: str, keyring: Path, count: int) -> AsyncIterator[anyio.a
 
 
 async def _measure(
-    executor: Callable[[str], Any], fleets: list[Any], args: argparse.Namespace
+    executor: Callable[[str], Any],
+    fleets: list[Any],
+    args: argparse.Namespace,
+    gateway: int | None = None,
 ) -> dict[str, float]:
+    """The figures of one arrangement; ``gateway``: the gateway child's pid, whose CPU time
+    per call with 64 in flight is reported too (``gateway_cpu_us_per_call_64``)."""
     first = executor(executor_id(0))
     await first.wait_ready(60)
     for index in range(args.executors):
@@ -358,7 +363,11 @@ async def _measure(
         return await ident.echo(PAYLOAD)
 
     out = await _latency(call, args.calls)
+    used, start = relayfloor.cpu_seconds(gateway), time.perf_counter()
     out["calls_per_s_64"] = await _throughput(call, args.seconds)
+    if gateway is not None:
+        calls = out["calls_per_s_64"] * (time.perf_counter() - start)
+        out["gateway_cpu_us_per_call_64"] = (relayfloor.cpu_seconds(gateway) - used) * 1e6 / calls
     out["map_s"] = await _maps(fleets, args.maps)
     return out
 
@@ -485,7 +494,7 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
                 await fleets[0].executor(executor_id(0)).wait_ready(60)
                 out: dict[str, float] = {}
             else:
-                out = await _measure(fleets[0].executor, fleets, args)
+                out = await _measure(fleets[0].executor, fleets, args, gateway.pid)
             for kind in args.floods:
                 flooder = "intruder" if kind == "ungranted" else "bench-greedy"
                 out.update(await _flooded(fleets[0], url, root, flooder, kind, args))
@@ -651,12 +660,6 @@ async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _cpu_seconds(pid: int) -> float:
-    """The CPU time (user and system) process ``pid`` has used so far (``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _cpu(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """CPU time per call of each process (``/proc``), ``args.cpu_calls`` calls made 64 at a
     time by a caller child: through a gateway child (caller, gateway, worker), then direct to
@@ -685,12 +688,12 @@ async def _cpu(root: Path, args: argparse.Namespace) -> dict[str, Any]:
                 await caller.ask("warm 2000")
                 pids = {child.name: child.process.pid for child in children}
                 pids["worker"] = workers.pid
-                before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+                before = {name: relayfloor.cpu_seconds(pid) for name, pid in pids.items()}
                 start = time.perf_counter()
                 await caller.ask(f"in_flight {calls}")
                 wall = time.perf_counter() - start
                 for name, pid in pids.items():
-                    used = _cpu_seconds(pid) - before[name]
+                    used = relayfloor.cpu_seconds(pid) - before[name]
                     out[f"{arrangement}_{name}_cpu_us_per_call"] = used * 1e6 / calls
                 out[f"{arrangement}_calls_per_s_64"] = calls / wall
         finally:
@@ -940,6 +943,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{f[kind + '_calls_per_s_64']:>7.0f}{f[kind + '_calls_per_s_ratio']:>7.2f}x",
             file=sys.stderr,
         )
+    print(
+        f"CPU per call forwarded, 64 in flight: byte proxy "
+        f"{f['bytes_proxy_cpu_us_per_call_64']:.1f} us, wsproto relay "
+        f"{f['ws_proxy_cpu_us_per_call_64']:.1f} us, gateway "
+        f"{g['gateway_cpu_us_per_call_64']:.1f} us",
+        file=sys.stderr,
+    )
     print(
         f"hop: floor (byte proxy) {r['floor_bytes_p50_factor']:.2f}x p50, "
         f"{r['floor_bytes_calls_per_s_ratio']:.2f}x calls/s; ours {r['p50_factor']:.2f}x, "

@@ -21,10 +21,13 @@ The proxy child is ``python -m benchmarks.relayfloor {bytes,ws} UPSTREAM_PORT``:
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -170,9 +173,19 @@ def main(argv: list[str] | None = None) -> None:
 # ------------------------------------------------------------------------ measuring
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """The CPU time (user and system) process ``pid`` has used so far (``/proc``); 0 for
+    ``None``."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @asynccontextmanager
-async def _child(command: list[str], what: str) -> AsyncIterator[int]:
-    """A child announcing ``READY port``: the port; it exits when its stdin closes."""
+async def _child(command: list[str], what: str) -> AsyncIterator[tuple[int, int]]:
+    """A child announcing ``READY port``: the port and its pid; it exits when its stdin
+    closes."""
     process = await anyio.open_process(command, stdin=subprocess.PIPE, stderr=None)
     try:
         assert process.stdout is not None
@@ -183,7 +196,7 @@ async def _child(command: list[str], what: str) -> AsyncIterator[int]:
                     buffer += await process.stdout.receive()
                 except anyio.EndOfStream:
                     raise RuntimeError(f"{what} exited before it was ready") from None
-        yield int(buffer.partition(b"READY ")[2].split(b"\n")[0])
+        yield int(buffer.partition(b"READY ")[2].split(b"\n")[0]), process.pid
     finally:
         if process.returncode is None:
             process.kill()
@@ -204,13 +217,13 @@ async def measure(
     out: dict[str, float] = {}
     python = sys.executable
     server = [python, "-m", "benchmarks.servers.wsproto_anyio", "--port", "0"]
-    async with _child(server, "the wsproto echo server") as port:
+    async with _child(server, "the wsproto echo server") as (port, _):
         for arrangement in ("direct", *KINDS):
             async with AsyncExitStack() as stack:
-                target = port
+                target, pid = port, None
                 if arrangement != "direct":
                     proxy = [python, "-m", "benchmarks.relayfloor", arrangement, str(port)]
-                    target = await stack.enter_async_context(
+                    target, pid = await stack.enter_async_context(
                         _child(proxy, f"the {arrangement} proxy")
                     )
                 client = await stack.enter_async_context(connect(target))
@@ -222,7 +235,14 @@ async def measure(
                 figures = await latency(call, calls)
                 out[f"{arrangement}_p50_us"] = figures["p50_us"]
                 out[f"{arrangement}_p99_us"] = figures["p99_us"]
-                out[f"{arrangement}_calls_per_s_64"] = await throughput(call, seconds)
+                used, start = cpu_seconds(pid), time.perf_counter()
+                rate = await throughput(call, seconds)
+                wall = time.perf_counter() - start
+                out[f"{arrangement}_calls_per_s_64"] = rate
+                if pid is not None:  # the proxy's CPU time per call forwarded, 64 in flight
+                    calls_made = rate * wall
+                    cpu = cpu_seconds(pid) - used
+                    out[f"{arrangement}_proxy_cpu_us_per_call_64"] = cpu * 1e6 / calls_made
     for kind in KINDS:
         out[f"{kind}_p50_factor"] = out[f"{kind}_p50_us"] / out["direct_p50_us"]
         out[f"{kind}_calls_per_s_ratio"] = (
