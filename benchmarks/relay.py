@@ -32,6 +32,7 @@ bytes``). What is measured, in each arrangement:
    through a wsproto-level relay child, p50 and calls/s with 64 in flight measured as above.
    ``floor_bytes_*`` (proxy over direct) is what a third process costs anything on this
    machine; ``*_over_floor`` is the gateway's ratio to direct divided by that.
+   ``--floor-only`` measures only this.
 
 Targets: the hop adds at most 1.5x to the p50 and keeps at least 0.7x of the direct
 calls/s.
@@ -723,6 +724,10 @@ async def _main(args: argparse.Namespace) -> Any:
             return await _cpu(root, args)
         if args.floods_only:
             return await _through_gateway(root, args)
+        if args.floor_only:
+            return await relayfloor.measure(
+                PAYLOAD, _latency, _throughput, args.calls, args.seconds
+            )
         direct = await _direct(root, args)
         relayed = await _through_gateway(root, args)
         floor = await relayfloor.measure(PAYLOAD, _latency, _throughput, args.calls, args.seconds)
@@ -794,6 +799,12 @@ def main(argv: list[str] | None = None) -> int:
         "--floods-only",
         action="store_true",
         help="only the flood phases (gateway, one executor); prints their figures",
+    )
+    parser.add_argument(
+        "--floor-only",
+        action="store_true",
+        help="only the hop's floor (the raw wsproto echo direct, through a byte-forwarding "
+        "proxy and through a wsproto-level relay); prints its figures",
     )
     parser.add_argument(
         "--floods",
@@ -913,6 +924,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.floods_only:
         args.executors = 1
         print(json.dumps(anyio.run(_main, args), indent=2))
+        return 0
+    if args.floor_only:
+        args.executors, args.callers = 1, 1
+        floor = anyio.run(_main, args)
+        print(json.dumps(floor, indent=2))
+        print(
+            f"floor p50 {floor['direct_p50_us']:.0f} us direct, {floor['bytes_p50_us']:.0f} us "
+            f"through the byte proxy ({floor['bytes_p50_factor']:.2f}x), "
+            f"{floor['ws_p50_us']:.0f} us through the wsproto relay "
+            f"({floor['ws_p50_factor']:.2f}x); calls/s with 64 in flight "
+            f"{floor['direct_calls_per_s_64']:.0f}, {floor['bytes_calls_per_s_64']:.0f} "
+            f"({floor['bytes_calls_per_s_ratio']:.2f}x), {floor['ws_calls_per_s_64']:.0f} "
+            f"({floor['ws_calls_per_s_ratio']:.2f}x)",
+            file=sys.stderr,
+        )
         return 0
     doc = anyio.run(_main, args)
     text = json.dumps(doc, indent=2, default=str)
