@@ -32,7 +32,9 @@ bytes``). What is measured, in each arrangement:
    through a wsproto-level relay child, p50 and calls/s with 64 in flight measured as above.
    ``floor_bytes_*`` (proxy over direct) is what a third process costs anything on this
    machine; ``*_over_floor`` is the gateway's ratio to direct divided by that.
-   ``--floor-only`` measures only this.
+   ``--floor-only`` measures only this; ``--floor-instructions`` counts instead the proxies'
+   instructions per sequential call forwarded (callgrind), to set beside the gateway's
+   ``--instructions``.
 
 Targets: the hop adds at most 1.5x to the p50 and keeps at least 0.7x of the direct
 calls/s.
@@ -807,6 +809,12 @@ def main(argv: list[str] | None = None) -> int:
         "proxy and through a wsproto-level relay); prints its figures",
     )
     parser.add_argument(
+        "--floor-instructions",
+        action="store_true",
+        help="only count the floor proxies' instructions per sequential call forwarded "
+        "(valgrind; --instructions-calls sets N: the difference of N and 3N calls)",
+    )
+    parser.add_argument(
         "--floods",
         default=",".join(FLOOD_KINDS),
         help="which flood phases, comma-separated (of ungranted, calls, streams); none: none",
@@ -924,6 +932,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.floods_only:
         args.executors = 1
         print(json.dumps(anyio.run(_main, args), indent=2))
+        return 0
+    if args.floor_instructions:
+        if shutil.which("valgrind") is None:
+            parser.error("--floor-instructions needs valgrind")
+        if args.instructions_calls < 1:
+            parser.error("--instructions-calls must be at least 1")
+        counts = anyio.run(relayfloor.instructions, PAYLOAD, args.instructions_calls)
+        print(json.dumps(counts, indent=2))
+        print(
+            "instructions per sequential call forwarded: byte proxy "
+            f"{counts['bytes_instructions_per_call'] / 1000:.0f}k, wsproto relay "
+            f"{counts['ws_instructions_per_call'] / 1000:.0f}k",
+            file=sys.stderr,
+        )
         return 0
     if args.floor_only:
         args.executors, args.callers = 1, 1

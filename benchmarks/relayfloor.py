@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -183,10 +185,12 @@ def cpu_seconds(pid: int | None) -> float:
 
 
 @asynccontextmanager
-async def _child(command: list[str], what: str) -> AsyncIterator[tuple[int, int]]:
-    """A child announcing ``READY port``: the port and its pid; it exits when its stdin
-    closes."""
-    process = await anyio.open_process(command, stdin=subprocess.PIPE, stderr=None)
+async def _child(
+    command: list[str], what: str, stderr: int | None = None
+) -> AsyncIterator[tuple[int, int]]:
+    """A child announcing ``READY port``: the port and its pid. At the end its stdin is closed
+    and it is given 60 s to exit (a child under callgrind writes its dump then), else killed."""
+    process = await anyio.open_process(command, stdin=subprocess.PIPE, stderr=stderr)
     try:
         assert process.stdout is not None
         buffer = b""
@@ -198,6 +202,10 @@ async def _child(command: list[str], what: str) -> AsyncIterator[tuple[int, int]
                     raise RuntimeError(f"{what} exited before it was ready") from None
         yield int(buffer.partition(b"READY ")[2].split(b"\n")[0]), process.pid
     finally:
+        if process.stdin is not None:
+            await process.stdin.aclose()
+            with anyio.move_on_after(60):
+                await process.wait()
         if process.returncode is None:
             process.kill()
         await process.wait()
@@ -248,6 +256,40 @@ async def measure(
         out[f"{kind}_calls_per_s_ratio"] = (
             out[f"{kind}_calls_per_s_64"] / out["direct_calls_per_s_64"]
         )
+    return out
+
+
+async def instructions(payload: bytes, calls: int) -> dict[str, float]:
+    """Instructions per sequential call forwarded by each proxy of :data:`KINDS` (valgrind's
+    callgrind over the whole proxy child, instrumentation on from its start): two runs, after
+    ``calls`` and after ``3 * calls`` calls (each after 50 unmeasured), their difference over
+    ``2 * calls`` (start-up and shutdown cancel out); ``{kind}_instructions_per_call``."""
+    out: dict[str, float] = {}
+    python = sys.executable
+    server = [python, "-m", "benchmarks.servers.wsproto_anyio", "--port", "0"]
+    with tempfile.TemporaryDirectory(prefix="garcon-link-relayfloor-") as tmp:
+        async with _child(server, "the wsproto echo server") as (port, _):
+            for kind in KINDS:
+                totals = []
+                for count in (calls, 3 * calls):
+                    dump = Path(tmp) / f"{kind}.{count}"
+                    proxy = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dump}"]
+                    proxy += [python, "-m", "benchmarks.relayfloor", kind, str(port)]
+                    what = f"the {kind} proxy under callgrind"
+                    async with (
+                        _child(proxy, what, subprocess.DEVNULL) as (target, _),
+                        connect(target) as client,
+                    ):
+                        for _ in range(50 + count):
+                            if await client.call(payload) != payload:
+                                raise RuntimeError(f"wrong echo through {kind}")
+                    # _child closed its stdin: the proxy exited and callgrind wrote its dump.
+                    text = dump.read_text(errors="replace")
+                    found = re.search(r"^(?:totals|summary):\s+(\d+)", text, re.M)
+                    if found is None:
+                        raise RuntimeError(f"no totals in {dump}")
+                    totals.append(int(found.group(1)))
+                out[f"{kind}_instructions_per_call"] = (totals[1] - totals[0]) / (2 * calls)
     return out
 
 
