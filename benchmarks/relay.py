@@ -27,6 +27,15 @@ bytes``). What is measured, in each arrangement:
    but granted nothing (each call refused ``FORBIDDEN``), a granted caller's echo calls, a
    granted caller's streams (:func:`_flooded`).
 
+5. **the hop's floor** (:mod:`benchmarks.relayfloor`): the raw wsproto echo of
+   ``python -m benchmarks --only wsproto`` direct, through a byte-forwarding proxy child and
+   through a wsproto-level relay child, p50 and calls/s with 64 in flight measured as above.
+   ``floor_bytes_*`` (proxy over direct) is what a third process costs anything on this
+   machine; ``*_over_floor`` is the gateway's ratio to direct divided by that.
+   ``--floor-only`` measures only this; ``--floor-instructions`` counts instead the proxies'
+   instructions per sequential call forwarded (callgrind), to set beside the gateway's
+   ``--instructions``.
+
 Targets: the hop adds at most 1.5x to the p50 and keeps at least 0.7x of the direct
 calls/s.
 
@@ -72,6 +81,8 @@ import anyio
 
 import garcon_link as gl
 from garcon_link.settings.secrets import read_secret_file, write_secret_file
+
+from . import relayfloor
 
 P50_FACTOR_TARGET = 1.5
 THROUGHPUT_RATIO_TARGET = 0.7
@@ -338,8 +349,13 @@ async def _workers(url: str, keyring: Path, count: int) -> AsyncIterator[anyio.a
 
 
 async def _measure(
-    executor: Callable[[str], Any], fleets: list[Any], args: argparse.Namespace
+    executor: Callable[[str], Any],
+    fleets: list[Any],
+    args: argparse.Namespace,
+    gateway: int | None = None,
 ) -> dict[str, float]:
+    """The figures of one arrangement; ``gateway``: the gateway child's pid, whose CPU time
+    per call with 64 in flight is reported too (``gateway_cpu_us_per_call_64``)."""
     first = executor(executor_id(0))
     await first.wait_ready(60)
     for index in range(args.executors):
@@ -350,7 +366,11 @@ async def _measure(
         return await ident.echo(PAYLOAD)
 
     out = await _latency(call, args.calls)
+    used, start = relayfloor.cpu_seconds(gateway), time.perf_counter()
     out["calls_per_s_64"] = await _throughput(call, args.seconds)
+    if gateway is not None:
+        calls = out["calls_per_s_64"] * (time.perf_counter() - start)
+        out["gateway_cpu_us_per_call_64"] = (relayfloor.cpu_seconds(gateway) - used) * 1e6 / calls
     out["map_s"] = await _maps(fleets, args.maps)
     return out
 
@@ -477,7 +497,7 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
                 await fleets[0].executor(executor_id(0)).wait_ready(60)
                 out: dict[str, float] = {}
             else:
-                out = await _measure(fleets[0].executor, fleets, args)
+                out = await _measure(fleets[0].executor, fleets, args, gateway.pid)
             for kind in args.floods:
                 flooder = "intruder" if kind == "ungranted" else "bench-greedy"
                 out.update(await _flooded(fleets[0], url, root, flooder, kind, args))
@@ -643,12 +663,6 @@ async def _instructions(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _cpu_seconds(pid: int) -> float:
-    """The CPU time (user and system) process ``pid`` has used so far (``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _cpu(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """CPU time per call of each process (``/proc``), ``args.cpu_calls`` calls made 64 at a
     time by a caller child: through a gateway child (caller, gateway, worker), then direct to
@@ -677,12 +691,12 @@ async def _cpu(root: Path, args: argparse.Namespace) -> dict[str, Any]:
                 await caller.ask("warm 2000")
                 pids = {child.name: child.process.pid for child in children}
                 pids["worker"] = workers.pid
-                before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+                before = {name: relayfloor.cpu_seconds(pid) for name, pid in pids.items()}
                 start = time.perf_counter()
                 await caller.ask(f"in_flight {calls}")
                 wall = time.perf_counter() - start
                 for name, pid in pids.items():
-                    used = _cpu_seconds(pid) - before[name]
+                    used = relayfloor.cpu_seconds(pid) - before[name]
                     out[f"{arrangement}_{name}_cpu_us_per_call"] = used * 1e6 / calls
                 out[f"{arrangement}_calls_per_s_64"] = calls / wall
         finally:
@@ -712,13 +726,27 @@ async def _main(args: argparse.Namespace) -> Any:
             return await _cpu(root, args)
         if args.floods_only:
             return await _through_gateway(root, args)
+        if args.floor_only:
+            return await relayfloor.measure(
+                PAYLOAD, _latency, _throughput, args.calls, args.seconds
+            )
         direct = await _direct(root, args)
         relayed = await _through_gateway(root, args)
+        floor = await relayfloor.measure(PAYLOAD, _latency, _throughput, args.calls, args.seconds)
     ratios = {
         "p50_factor": relayed["p50_us"] / direct["p50_us"],
         "calls_per_s_ratio": relayed["calls_per_s_64"] / direct["calls_per_s_64"],
         "map_factor": relayed["map_s"] / direct["map_s"],
     }
+    # The hop's own floor: a byte-forwarding proxy between the raw wsproto echo's ends
+    # (benchmarks/relayfloor.py), and the gateway's ratios over it.
+    for kind in relayfloor.KINDS:
+        ratios[f"floor_{kind}_p50_factor"] = floor[f"{kind}_p50_factor"]
+        ratios[f"floor_{kind}_calls_per_s_ratio"] = floor[f"{kind}_calls_per_s_ratio"]
+    ratios["p50_factor_over_floor"] = ratios["p50_factor"] / floor["bytes_p50_factor"]
+    ratios["calls_per_s_ratio_over_floor"] = (
+        ratios["calls_per_s_ratio"] / floor["bytes_calls_per_s_ratio"]
+    )
     floods = [
         f"{'flood' if kind == 'ungranted' else f'flood_{kind}'}_p99_factor" for kind in args.floods
     ]
@@ -727,6 +755,7 @@ async def _main(args: argparse.Namespace) -> Any:
         "settings": vars(args),
         "direct": direct,
         "gateway": relayed,
+        "floor": floor,
         "ratios": ratios,
         "targets": {
             "p50_factor_at_most": P50_FACTOR_TARGET,
@@ -772,6 +801,18 @@ def main(argv: list[str] | None = None) -> int:
         "--floods-only",
         action="store_true",
         help="only the flood phases (gateway, one executor); prints their figures",
+    )
+    parser.add_argument(
+        "--floor-only",
+        action="store_true",
+        help="only the hop's floor (the raw wsproto echo direct, through a byte-forwarding "
+        "proxy and through a wsproto-level relay); prints its figures",
+    )
+    parser.add_argument(
+        "--floor-instructions",
+        action="store_true",
+        help="only count the floor proxies' instructions per sequential call forwarded "
+        "(valgrind; --instructions-calls sets N: the difference of N and 3N calls)",
     )
     parser.add_argument(
         "--floods",
@@ -892,6 +933,35 @@ def main(argv: list[str] | None = None) -> int:
         args.executors = 1
         print(json.dumps(anyio.run(_main, args), indent=2))
         return 0
+    if args.floor_instructions:
+        if shutil.which("valgrind") is None:
+            parser.error("--floor-instructions needs valgrind")
+        if args.instructions_calls < 1:
+            parser.error("--instructions-calls must be at least 1")
+        counts = anyio.run(relayfloor.instructions, PAYLOAD, args.instructions_calls)
+        print(json.dumps(counts, indent=2))
+        print(
+            "instructions per sequential call forwarded: byte proxy "
+            f"{counts['bytes_instructions_per_call'] / 1000:.0f}k, wsproto relay "
+            f"{counts['ws_instructions_per_call'] / 1000:.0f}k",
+            file=sys.stderr,
+        )
+        return 0
+    if args.floor_only:
+        args.executors, args.callers = 1, 1
+        floor = anyio.run(_main, args)
+        print(json.dumps(floor, indent=2))
+        print(
+            f"floor p50 {floor['direct_p50_us']:.0f} us direct, {floor['bytes_p50_us']:.0f} us "
+            f"through the byte proxy ({floor['bytes_p50_factor']:.2f}x), "
+            f"{floor['ws_p50_us']:.0f} us through the wsproto relay "
+            f"({floor['ws_p50_factor']:.2f}x); calls/s with 64 in flight "
+            f"{floor['direct_calls_per_s_64']:.0f}, {floor['bytes_calls_per_s_64']:.0f} "
+            f"({floor['bytes_calls_per_s_ratio']:.2f}x), {floor['ws_calls_per_s_64']:.0f} "
+            f"({floor['ws_calls_per_s_ratio']:.2f}x)",
+            file=sys.stderr,
+        )
+        return 0
     doc = anyio.run(_main, args)
     text = json.dumps(doc, indent=2, default=str)
     if args.output is not None:
@@ -911,6 +981,28 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'map, all callers (s)':<22}{d['map_s']:>12.3f}{g['map_s']:>12.3f}"
         f"{r['map_factor']:>9.2f}",
+        file=sys.stderr,
+    )
+    f = doc["floor"]
+    for kind, label in (("bytes", "byte proxy"), ("ws", "wsproto relay")):
+        print(
+            f"{'floor p50 (us), ' + label:<34}{f['direct_p50_us']:>8.0f}{f[kind + '_p50_us']:>8.0f}"
+            f"{f[kind + '_p50_factor']:>7.2f}x; calls/s {f['direct_calls_per_s_64']:>6.0f}"
+            f"{f[kind + '_calls_per_s_64']:>7.0f}{f[kind + '_calls_per_s_ratio']:>7.2f}x",
+            file=sys.stderr,
+        )
+    print(
+        f"CPU per call forwarded, 64 in flight: byte proxy "
+        f"{f['bytes_proxy_cpu_us_per_call_64']:.1f} us, wsproto relay "
+        f"{f['ws_proxy_cpu_us_per_call_64']:.1f} us, gateway "
+        f"{g['gateway_cpu_us_per_call_64']:.1f} us",
+        file=sys.stderr,
+    )
+    print(
+        f"hop: floor (byte proxy) {r['floor_bytes_p50_factor']:.2f}x p50, "
+        f"{r['floor_bytes_calls_per_s_ratio']:.2f}x calls/s; ours {r['p50_factor']:.2f}x, "
+        f"{r['calls_per_s_ratio']:.2f}x; ours over the floor hop {r['p50_factor_over_floor']:.2f}x"
+        f" p50, {r['calls_per_s_ratio_over_floor']:.2f}x calls/s",
         file=sys.stderr,
     )
     if "ungranted" in args.floods:

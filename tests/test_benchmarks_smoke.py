@@ -272,3 +272,28 @@ def test_the_relay_benchmark_refuses_an_unknown_flood_phase_before_it_starts() -
     assert completed.returncode == 2, completed.stdout + completed.stderr
     assert "unknown phase 'bogus'" in completed.stderr
     assert "ungranted, calls, streams" in completed.stderr and "Traceback" not in completed.stderr
+
+
+def test_the_relay_benchmarks_floor_echoes_through_each_proxy_and_reports_its_ratios() -> None:
+    """``--floor-only``: the raw wsproto echo direct, through the byte-forwarding proxy and
+    through the wsproto-level relay (a wrong echo through either fails the run), each with
+    positive figures, the proxies' CPU per call, and the ratios the relay run prints."""
+    command = [sys.executable, "-m", "benchmarks.relay", "--floor-only", "--calls", "100"]
+    completed = subprocess.run(
+        [*command, "--seconds", "0.3"],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    floor = json.loads(completed.stdout)
+    for arrangement in ("direct", "bytes", "ws"):
+        for figure in ("p50_us", "p99_us", "calls_per_s_64"):
+            assert 0 < floor[f"{arrangement}_{figure}"] < float("inf"), (arrangement, figure)
+    for kind in ("bytes", "ws"):
+        assert floor[f"{kind}_proxy_cpu_us_per_call_64"] >= 0
+        assert floor[f"{kind}_p50_factor"] == floor[f"{kind}_p50_us"] / floor["direct_p50_us"]
+    assert "through the byte proxy" in completed.stderr
