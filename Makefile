@@ -77,7 +77,7 @@ demo: $(VENV)/.installed
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check garcon_link
+	$(BIN)/ruff format --check garcon_link tests benchmarks examples
 
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy --strict garcon_link tests benchmarks

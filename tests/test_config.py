@@ -715,9 +715,7 @@ def test_an_empty_secret_file_open_to_others_is_refused_for_its_mode(tmp_path: P
     # it holds a secret (it holds nothing yet).
     secret = write(tmp_path / "link.secret", "", 0o644)
     path = config_file(tmp_path, LISTEN_BODY)
-    refused(
-        lambda: load_config(path), str(path), "is for a secret", "0644", f"chmod 600 {secret}"
-    )
+    refused(lambda: load_config(path), str(path), "is for a secret", "0644", f"chmod 600 {secret}")
 
 
 @posix_only
