@@ -284,7 +284,7 @@ class Dispatcher:
             )
             return
         handlers = self._handlers
-        incoming = Incoming(min(credit, self._max_credit), credit_bytes, handlers.new_scope())
+        incoming = Incoming(min(credit, self._max_credit), credit_bytes, None)
         self._incoming[call_id] = incoming
         if len(self._incoming) + handlers.notifications > self.observer.incoming_peak:
             handlers.note_incoming()
