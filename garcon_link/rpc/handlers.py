@@ -686,6 +686,7 @@ if sys.version_info >= (3, 12):
         return loop.create_task(coro, context=context)
 
 else:
+    from asyncio.tasks import _current_tasks  # type: ignore[attr-defined]
 
     def _start_handler(
         loop: asyncio.AbstractEventLoop,
@@ -712,7 +713,7 @@ else:
         if len(ready) != queued + 1:  # (not the one step a new task schedules)
             return task
         step: asyncio.Handle = ready.pop()
-        current = asyncio.current_task(loop)
+        current = _current_tasks.get(loop)  # asyncio.current_task(loop), one call less
         if current is not None:
             _leave_task(loop, current)
         try:
