@@ -25,6 +25,7 @@ DEADLINE = 10
 class Scoped(Protocol):
     async def shielded(self, token: int) -> None: ...
     async def nested(self, token: int) -> None: ...
+    async def group(self, token: int) -> None: ...
     async def now(self, token: int) -> int: ...
     async def release(self, token: int) -> None: ...
 
@@ -63,6 +64,24 @@ class ScopedImpl:
                     await self._gate(token).wait()
             self.ledger.append(f"left {token}")
             await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            self.ledger.append(f"cancelled {token}")
+            raise
+
+    async def group(self, token: int) -> None:
+        """Suspends first waiting for a task group of its own, whose child waits forever."""
+
+        async def child() -> None:
+            try:
+                self._entered(token).set()
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                self.ledger.append(f"child cancelled {token}")
+                raise
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child)
         except anyio.get_cancelled_exc_class():
             self.ledger.append(f"cancelled {token}")
             raise
@@ -148,3 +167,21 @@ async def test_retiring_the_session_cancels_a_handler_inside_its_own_scopes(
                 await impl._entered(1).wait()
                 await pair.stop_worker()  # waits for the session's handlers to end
                 assert impl.ledger == ["cancelled 1"]
+
+
+@both_directions
+async def test_a_cancel_reaches_the_children_of_the_handlers_task_group(
+    direction: Direction,
+) -> None:
+    impl = ScopedImpl()
+    with anyio.fail_after(DEADLINE):
+        async with open_pair(direction, {"scoped": impl}) as pair:
+            facade = pair.executor.service("scoped", Scoped)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(facade.group, 1)
+                await impl._entered(1).wait()
+                tg.cancel_scope.cancel()
+            await _until(impl, "cancelled 1")
+            assert impl.ledger == ["child cancelled 1", "cancelled 1"]
+            assert _cancelled(pair) == 1
+            assert await facade.now(2) == 2
