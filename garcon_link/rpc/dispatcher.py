@@ -271,7 +271,8 @@ class Dispatcher:
             pos, kw = spec.convert_arguments(
                 args, kwargs, mode=_value_mode(metadata) if metadata else "wire"
             )
-            self._check_scope(pos, kw)
+            if self.scope is not None:  # (no call per call without one)
+                self._check_scope(pos, kw)
         except CallError as exc:
             self._refuse(call_id, exc)
             return
@@ -284,7 +285,7 @@ class Dispatcher:
             )
             return
         handlers = self._handlers
-        incoming = Incoming(min(credit, self._max_credit), credit_bytes, handlers.new_scope())
+        incoming = Incoming(min(credit, self._max_credit), credit_bytes, None)
         self._incoming[call_id] = incoming
         if len(self._incoming) + handlers.notifications > self.observer.incoming_peak:
             handlers.note_incoming()

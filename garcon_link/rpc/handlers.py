@@ -8,6 +8,8 @@ returned to be recorded in the worker's idempotency table. That runner is the se
 outcome point: the reply it decides is what the observer is told. A call keeps its slot in the
 incoming table (what ``max_incoming_calls`` counts, with the notifications running) until its
 reply is handed to the session; a ``cancel`` or the session's retirement cancels its scope.
+On asyncio a unary call's handler enters that scope only if it suspends (:meth:`Handlers.run`):
+one that runs to its end in its first step could not have been cancelled, and pays for none.
 
 On asyncio a call's handler is a plain task started at the end of the message that carried its
 call (:meth:`Handlers.start_handlers`; eagerly, :func:`_start_handler`); on trio
@@ -25,8 +27,8 @@ import sys
 import types
 from asyncio.tasks import _enter_task, _leave_task
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sized
-from typing import Any
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sized
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -43,7 +45,7 @@ from ..errors import (
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields
-from ..net.backend import cancel_scope_factory
+from ..net.backend import OutermostScope, cancel_scope_factory, late_scopes
 from .chunks import ChunkSender
 from .envelopes import (
     ERROR,
@@ -77,6 +79,7 @@ from .splice import SPLICE_BYTES, Spliced
 __all__ = ["Handlers", "Incoming", "ReplyPolicy", "current_session"]
 
 _NO_EXTRA: Mapping[str, Any] = types.MappingProxyType({})
+_T = TypeVar("_T")
 
 # The session a handler runs in (the coordinator, ``rpc.ExecutorRpc``): ``rpc.current_rpc``.
 current_session: contextvars.ContextVar[Any] = contextvars.ContextVar("garcon_link_rpc")
@@ -104,14 +107,14 @@ class Incoming:
         "credit_event",
         "on_cancel",
         "scope",
-        "started",
         "task",
     )
 
-    def __init__(self, credit: int, credit_bytes: int, scope: anyio.CancelScope) -> None:
+    def __init__(self, credit: int, credit_bytes: int, scope: anyio.CancelScope | None) -> None:
+        # None until the handler enters one (Handlers.run): a cancel or retirement meanwhile
+        # sets ``cancelled``, which the handler reads before it starts and when it enters it.
         self.scope = scope
         self.cancelled = False
-        self.started = False
         self.credit = credit
         self.credit_bytes = credit_bytes
         # Created by the producer only when it has to wait for credit.
@@ -174,6 +177,8 @@ class Handlers:
         self._context = contextvars.copy_context()
         # A call's cancel scope, for the backend that runs them (set by attach).
         self.new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
+        # Whether a unary call's handler enters its scope only once it suspends (run).
+        self.late_scopes = False
         # The scope of every held call (hold): never entered, as no handler runs for one; a
         # cancel or a retirement is told to its on_cancel instead.
         self._held_scope: anyio.CancelScope | None = None
@@ -199,6 +204,7 @@ class Handlers:
         self._context = context.copy()
         self._context.run(self._enter_session)
         self.new_scope = cancel_scope_factory()
+        self.late_scopes = loop is not None and late_scopes()
 
     def _enter_session(self) -> None:
         """Set, in the current context, what a handler of this session sees: ``current_rpc()``
@@ -214,7 +220,7 @@ class Handlers:
             incoming.cancelled = True
             if incoming.on_cancel is not None:
                 incoming.on_cancel(True)
-            else:
+            elif incoming.scope is not None:
                 incoming.scope.cancel()
 
     def close_unstarted(self) -> None:
@@ -295,8 +301,8 @@ class Handlers:
         owner: bool,
     ) -> None:
         try:
+            assert incoming.scope is not None
             with incoming.scope:
-                incoming.started = True
                 kind, body = await keyed.wait(decision.entry)
                 await self.send_reply(call_id, encode_reply(kind, call_id, body))
             # Cancelled. By the caller's ``cancel`` (the session is open): the call that started
@@ -313,7 +319,7 @@ class Handlers:
             incoming.cancelled = True
             if incoming.on_cancel is not None:
                 incoming.on_cancel(False)
-            else:
+            elif incoming.scope is not None:
                 incoming.scope.cancel()
 
     # -- calls held without a handler task (a relay's forwarded calls)
@@ -327,7 +333,6 @@ class Handlers:
         if scope is None:
             scope = self._held_scope = self.new_scope()
         incoming = Incoming(0, 0, scope)
-        incoming.started = True
         incoming.on_cancel = on_cancel
         self.incoming[call_id] = incoming
         if len(self.incoming) + self.notifications > self.observer.incoming_peak:
@@ -456,39 +461,33 @@ class Handlers:
                 if incoming.cancelled:
                     error = NotDispatched("CANCELLED", "cancelled before dispatch")
                     extra, cancelled, reply = {"cancel": NOT_STARTED}, True, True
+                elif self.late_scopes and policy is UNARY:
+                    # asyncio: the handler's first step runs without a cancel scope: nothing
+                    # can cancel it before it suspends (a cancel or the session's retirement is
+                    # read by another task, or the socket's callback, neither of which runs
+                    # meanwhile). Only a handler that suspends -- until its reply is handed
+                    # over -- gets its scope, there, as the outermost of its task's scopes:
+                    # from then on it is cancelled as if that scope had been entered first.
+                    unary = self._unary(call_id, target, pos, kw, spec)
+                    try:
+                        waiting = unary.send(None)
+                    except StopIteration as stop:
+                        error, extra, reply = stop.value
+                    else:
+                        scope = self._enter_scope(incoming)
+                        with OutermostScope(scope):
+                            error, extra, reply = await _resume(unary, waiting)
+                        if scope.cancelled_caught:
+                            error, extra, cancelled, reply = *_interrupted(), True, True
                 else:
-                    with incoming.scope:
-                        incoming.started = True
+                    scope = self._enter_scope(incoming)
+                    with scope:
                         if policy is STREAM:
                             await self._produce(call_id, incoming, target(*pos, **kw), spec)
                         else:
-                            result = await target(*pos, **kw)
-                            try:
-                                reply_body = encode_result(
-                                    call_id,
-                                    to_wire(result, with_defaults=spec.result_with_defaults),
-                                    splice=SPLICE_BYTES,
-                                )
-                            except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
-                                error = RemoteError("UNENCODABLE_RESULT", str(exc))
-                                extra, reply = TYPE_ERROR, True
-                            else:
-                                # A result, or the error that replaced it, is sent: at once
-                                # when the session admits it (no coroutine), else by
-                                # send_reply (which also handles what send_nowait raised).
-                                try:
-                                    sent = self._chunks.send_nowait(reply_body) is not None
-                                except (PayloadTooLarge, SessionFailed):
-                                    sent = False
-                                if not sent:
-                                    error = await self.send_reply(call_id, reply_body)
-                    if incoming.scope.cancelled_caught:
-                        # Interrupted (by the caller's cancel; by retirement nothing can be
-                        # sent): a receipt tells the caller it ran, perhaps partly.
-                        error = OutcomeUnknown(
-                            "CANCELLED", "cancelled while running; it may have had effects"
-                        )
-                        extra, cancelled, reply = {"cancel": INTERRUPTED}, True, True
+                            error, extra, reply = await self._unary(call_id, target, pos, kw, spec)
+                    if scope.cancelled_caught:
+                        error, extra, cancelled, reply = *_interrupted(), True, True
         except Exception as exc:
             error, extra = handler_error(exc)
             reply = policy is UNARY or policy is STREAM
@@ -538,6 +537,42 @@ class Handlers:
                 message = message[:MAX_ERROR_MESSAGE] + "... (cut)"
             return ERROR, cbor2.dumps(error_body(error.outcome, error.code, message, **extra))
         return RESULT, body
+
+    def _enter_scope(self, incoming: Incoming) -> anyio.CancelScope:
+        """The call's cancel scope, about to be entered: cancelled already if the call was
+        meanwhile (a handler's first step can retire its own session)."""
+        scope = incoming.scope = self.new_scope()
+        if incoming.cancelled:
+            scope.cancel()
+        return scope
+
+    async def _unary(
+        self,
+        call_id: int,
+        target: Callable[..., Any],
+        pos: list[Any],
+        kw: dict[str, Any],
+        spec: MethodSpec,
+    ) -> tuple[CallError | None, Mapping[str, Any], bool]:
+        """A unary call's handler, then its result handed over: the error that replaced the
+        result, its extra fields, and whether that error is still to be sent."""
+        result = await target(*pos, **kw)
+        try:
+            reply_body = encode_result(
+                call_id,
+                to_wire(result, with_defaults=spec.result_with_defaults),
+                splice=SPLICE_BYTES,
+            )
+        except (TypeError, ValueError, cbor2.CBOREncodeError) as exc:
+            return RemoteError("UNENCODABLE_RESULT", str(exc)), TYPE_ERROR, True
+        # The result, or the error that replaced it, is sent: at once when the session admits
+        # it (no coroutine), else by send_reply (which also handles what send_nowait raised).
+        try:
+            if self._chunks.send_nowait(reply_body) is not None:
+                return None, _NO_EXTRA, False
+        except (PayloadTooLarge, SessionFailed):
+            pass
+        return await self.send_reply(call_id, reply_body), _NO_EXTRA, False
 
     def _recordable(
         self, result: Any, spec: MethodSpec
@@ -651,6 +686,7 @@ if sys.version_info >= (3, 12):
         return loop.create_task(coro, context=context)
 
 else:
+    from asyncio.tasks import _current_tasks  # type: ignore[attr-defined]
 
     def _start_handler(
         loop: asyncio.AbstractEventLoop,
@@ -677,7 +713,7 @@ else:
         if len(ready) != queued + 1:  # (not the one step a new task schedules)
             return task
         step: asyncio.Handle = ready.pop()
-        current = asyncio.current_task(loop)
+        current = _current_tasks.get(loop)  # asyncio.current_task(loop), one call less
         if current is not None:
             _leave_task(loop, current)
         try:
@@ -686,3 +722,34 @@ else:
             if current is not None:
                 _enter_task(loop, current)
         return task
+
+
+def _interrupted() -> tuple[CallError, Mapping[str, Any]]:
+    """A call interrupted by its scope (the caller's cancel; by retirement nothing can be sent):
+    a receipt tells the caller it ran, perhaps partly."""
+    error = OutcomeUnknown("CANCELLED", "cancelled while running; it may have had effects")
+    return error, {"cancel": INTERRUPTED}
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, _T], waiting: Any) -> Generator[Any, Any, _T]:
+    """Await ``coro`` from where its last step stopped (``waiting``: what that step yielded to
+    the event loop), as ``await coro`` would have gone on."""
+    while True:
+        try:
+            sent = yield waiting
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # (a cancellation, thrown into the task)
+            try:
+                waiting = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            continue
+        if sent is None:  # (what asyncio sends: the rest is plain delegation)
+            return (yield from coro)  # type: ignore[no-any-return]
+        try:
+            waiting = coro.send(sent)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
