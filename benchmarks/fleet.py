@@ -548,6 +548,9 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
         # max_unauthenticated_sockets the listener would evict them (redials that executors on
         # machines of their own would not cause): the model lets all of them wait.
         limits = gl.Limits()
+        if args.turn_budget_ms is not None:
+            seconds = args.turn_budget_ms / 1000
+            limits = dataclasses.replace(limits, handshake_seconds_per_turn=seconds)
         if args.storm_nice:
             cap = max(n, limits.max_unauthenticated_sockets)
             limits = dataclasses.replace(limits, max_unauthenticated_sockets=cap)
@@ -1653,6 +1656,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="the cut children run at nice 19 from the cut on: the CPU the controller and the "
         "spared child leave (as if the storming executors ran on other machines)",
+    )
+    parser.add_argument(
+        "--turn-budget-ms",
+        type=float,
+        default=None,
+        help="the controller's Limits.handshake_seconds_per_turn, in ms (default: the Limits')",
     )
     parser.add_argument("--url", default="")
     parser.add_argument("--keyring", type=Path)

@@ -27,6 +27,7 @@ authenticated-socket cap counts.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -134,6 +135,11 @@ class Attachments:
                 slot.attached = None
                 self._detachments += 1
                 slot.detached = self._detachments
+        if sock.teardowns is not None and anyio.current_effective_deadline() != -math.inf:
+            # Listening, and not cancelled (a shutdown closes at once): the rest of the end
+            # (the log line, the close frame, the socket's close) is a teardown step of its own,
+            # in line behind the other lost sockets', as the socket's end was.
+            await sock.teardowns.step()
         if (
             sock.dialed
             and sock.peer_close is not None

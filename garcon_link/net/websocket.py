@@ -509,6 +509,10 @@ class WebSocket:
                         return None
                     start = 0
                     self._stats.bytes_received += len(data)
+                    if not self._admitted and self.turns is not None:
+                        # Listening, unauthenticated: parsing what was read is a step of the
+                        # listener's handshake line (what a whole frame leads to is another).
+                        await self.turns.step()
                     now = self.last_inbound = self._clock()
                     if self._probe is not None:
                         self._probe.set()
