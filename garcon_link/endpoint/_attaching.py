@@ -38,14 +38,16 @@ from ..core.wire import CloseCode
 from ..errors import FailureReason, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields, peer_text
+from ..net.backend import on_asyncio
 from ..net.ws import LinkStatistics, WebSocket, close_code, describe_close
+from ._heartbeat import Heartbeat
 from ._slots import _Slot
 from .transport import SessionTransport
 
 log = logging.getLogger("garcon_link.link")  # the link's logger: the name users configure (README)
 
-Beat = Callable[[_Slot, WebSocket, anyio.CancelScope, anyio.CancelScope], Coroutine[Any, Any, None]]
-"""An attached socket's heartbeat: ``(slot, sock, the socket's scope, the beat's own scope)``."""
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+"""Starts a task in the link's task group (a heartbeat's ping that waits for the socket)."""
 
 
 class Attachments:
@@ -56,6 +58,7 @@ class Attachments:
         stats: the link's counters.
         tag: the link's log prefix.
         heartbeat: the heartbeat to run beside each attached socket's pump.
+        spawn: starts a task in the link's task group.
         peer_failed: the link's mapping of an unexpected exception (logged, counted).
         taken_over: the link's record of a takeover (a peer's 4009).
     """
@@ -66,7 +69,8 @@ class Attachments:
         stats: LinkStatistics,
         *,
         tag: str,
-        heartbeat: Beat,
+        heartbeat: Heartbeat,
+        spawn: Spawn,
         peer_failed: Callable[[str, Exception], str],
         taken_over: Callable[[str], None],
     ) -> None:
@@ -74,12 +78,24 @@ class Attachments:
         self._stats = stats
         self._tag = tag
         self._heartbeat = heartbeat
+        self._spawn = spawn
         self._peer_failed = peer_failed
         self._taken_over = taken_over
         self.count = 0
         """Sockets attached to a slot (what the authenticated cap counts)."""
         self._detachments = 0  # sockets detached from a slot (orders slots by detachment)
         self._closing_sockets = 0  # detached sockets waiting for the peer's close frame
+
+    async def _pump(self, sock: WebSocket, transport: SessionTransport, peer_received: int) -> None:
+        try:
+            await transport.run(sock, peer_received)
+        except SessionFailed:
+            pass  # stored as transport.failure; the close below reports it
+        except Exception as exc:
+            # That peer's failure, not the link's. What the session holds may be inconsistent
+            # after it, so it is retired (a broken machine stays broken).
+            why = self._peer_failed(sock.peer, exc)
+            transport.retire(FailureReason.MALFORMED_PACKET, why)
 
     async def run(
         self,
@@ -113,22 +129,24 @@ class Attachments:
         )
         self.count += 1
         try:
-            async with anyio.create_task_group() as tg:
-                # The heartbeat ends in a scope of its own, so that its task returns instead of
-                # ending in a CancelledError (anyio's task group keeps that in a reference cycle
-                # with its traceback: garbage for the cyclic collector at every detach).
-                beat = anyio.CancelScope()
-                tg.start_soon(self._heartbeat, slot, sock, tg.cancel_scope, beat)
-                try:
-                    await transport.run(sock, peer_received)
-                except SessionFailed:
-                    pass  # stored as transport.failure; the close below reports it
-                except Exception as exc:
-                    # That peer's failure, not the link's. What the session holds may be
-                    # inconsistent after it, so it is retired (a broken machine stays broken).
-                    why = self._peer_failed(sock.peer, exc)
-                    transport.retire(FailureReason.MALFORMED_PACKET, why)
-                beat.cancel()
+            if on_asyncio():
+                # The heartbeat as loop timers: no task (nor task group) per attachment.
+                with anyio.CancelScope() as scope:
+                    beating = self._heartbeat.start(slot, sock, scope, self._spawn)
+                    try:
+                        await self._pump(sock, transport, peer_received)
+                    finally:
+                        beating.stop()
+            else:
+                async with anyio.create_task_group() as tg:
+                    # The heartbeat ends in a scope of its own, so that its task returns
+                    # instead of ending in a CancelledError (anyio's task group keeps that in a
+                    # reference cycle with its traceback: garbage for the cyclic collector at
+                    # every detach).
+                    beat = anyio.CancelScope()
+                    tg.start_soon(self._heartbeat.run, slot, sock, tg.cancel_scope, beat)
+                    await self._pump(sock, transport, peer_received)
+                    beat.cancel()
         finally:
             self.count -= 1
             if slot.attached is sock:
