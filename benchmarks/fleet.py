@@ -54,6 +54,14 @@ it beside the default. Diagnosis: ``GL_FLEET_BENCH_GCWHO=1`` groups the controll
 objects per session by what refers to them; ``GL_FLEET_BENCH_GARBAGE=1`` (``per-resume``) saves
 each round's cyclic garbage and prints it per resume, by type and by frame.
 
+Loop turns: ``GL_FLEET_BENCH_TURNS=1`` traces the controller's storm turn by turn (the CPU of
+every turn and of every ready handle in it, filed by category: budgeted handshake and teardown
+steps, handshake work outside them, accept, socket reads of new and of established sockets,
+pumps, heartbeats, the lost sockets' ends, GC) and prints what ran in all turns, in the turns
+over 0.5 ms, and in the turns that overlapped the spared calls at or over their p99 (see
+``_turn_trace``; the storm runs slower under it). ``--turn-budget-ms`` sets the controller's
+``Limits.handshake_seconds_per_turn``.
+
 CPU per resume
 --------------
 ``python -m benchmarks.fleet per-resume --workers 200 --rounds 5`` (not part of the runner): a
@@ -1164,7 +1172,7 @@ _TURN_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("handshake step (budgeted)", ("TurnBudget.step",)),
     ("accept", ("_accept_loop", "_add_reader", "wait_readable.<locals>.cb")),
     ("lost socket: connection_lost", ("_call_connection_lost",)),
-    ("heartbeat", ("Heartbeat.run",)),
+    ("heartbeat", ("Heartbeat.run", "_Beating")),
     ("session writer", ("SessionTransport._writer",)),
     ("receipt timers", ("_receipt_timer_fired",)),
     ("session reader", ("SessionTransport._reader", "_read_messages", "_take_nowait")),
