@@ -46,8 +46,9 @@ from .transport import SessionTransport
 
 log = logging.getLogger("garcon_link.link")  # the link's logger: the name users configure (README)
 
-Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
-"""Starts a task in the link's task group (a heartbeat's ping that waits for the socket)."""
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], bool]
+"""Starts a task in the link's task group (a heartbeat's ping that waits for the socket);
+whether it did."""
 
 
 class Attachments:

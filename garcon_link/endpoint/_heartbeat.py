@@ -76,7 +76,7 @@ class Heartbeat:
         slot: _Slot,
         sock: WebSocket,
         scope: anyio.CancelScope,
-        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None],
+        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool],
     ) -> _Beating:
         """On asyncio: follow :func:`~garcon_link.core.heartbeat.heartbeat_step` for ``sock``
         with loop timers until :meth:`_Beating.stop` (``scope``: the socket's, cancelled to end
@@ -196,7 +196,7 @@ class _Beating:
         slot: _Slot,
         sock: WebSocket,
         scope: anyio.CancelScope,
-        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None],
+        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool],
     ) -> None:
         self._beat = beat
         self._slot = slot
@@ -261,8 +261,9 @@ class _Beating:
                     self._end_socket()
                     return
                 if not written:
-                    self._pinging = True
-                    self._spawn(functools.partial(self._ping, action.within))
+                    self._pinging = True  # (before: a task run at once clears it in its end)
+                    if not self._spawn(functools.partial(self._ping, action.within)):
+                        self._pinging = False  # the link has ended
             self._timer = self._loop.call_at(action.wake, self._step)
             return
 

@@ -679,10 +679,13 @@ class WebSocketLink:
         )
         return why
 
-    def _spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Start ``task`` in the link's task group (a heartbeat's ping that waits)."""
-        if self._tg is not None:
-            self._tg.start_soon(task)
+    def _spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> bool:
+        """Start ``task`` in the link's task group (a heartbeat's ping that waits); whether it
+        was started (not once the link has ended)."""
+        if self._tg is None or self._tg.cancel_scope.cancel_called:
+            return False
+        self._tg.start_soon(task)
+        return True
 
     async def _authenticate_incoming(self, sock: WebSocket) -> Admitted | None:
         return await self._authenticate(sock, listening=True)
