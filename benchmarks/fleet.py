@@ -54,6 +54,14 @@ it beside the default. Diagnosis: ``GL_FLEET_BENCH_GCWHO=1`` groups the controll
 objects per session by what refers to them; ``GL_FLEET_BENCH_GARBAGE=1`` (``per-resume``) saves
 each round's cyclic garbage and prints it per resume, by type and by frame.
 
+Loop turns: ``GL_FLEET_BENCH_TURNS=1`` traces the controller's storm turn by turn (the CPU of
+every turn and of every ready handle in it, filed by category: budgeted handshake and teardown
+steps, handshake work outside them, accept, socket reads of new and of established sockets,
+pumps, heartbeats, the lost sockets' ends, GC) and prints what ran in all turns, in the turns
+over 0.5 ms, and in the turns that overlapped the spared calls at or over their p99 (see
+``_turn_trace``; the storm runs slower under it). ``--turn-budget-ms`` sets the controller's
+``Limits.handshake_seconds_per_turn``.
+
 CPU per resume
 --------------
 ``python -m benchmarks.fleet per-resume --workers 200 --rounds 5`` (not part of the runner): a
@@ -74,6 +82,7 @@ worker child too, once with ``--rounds 1`` and once with ``--rounds 4``; the dif
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import contextlib
 import dataclasses
@@ -547,6 +556,9 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
         # max_unauthenticated_sockets the listener would evict them (redials that executors on
         # machines of their own would not cause): the model lets all of them wait.
         limits = gl.Limits()
+        if args.turn_budget_ms is not None:
+            seconds = args.turn_budget_ms / 1000
+            limits = dataclasses.replace(limits, handshake_seconds_per_turn=seconds)
         if args.storm_nice:
             cap = max(n, limits.max_unauthenticated_sockets)
             limits = dataclasses.replace(limits, max_unauthenticated_sockets=cap)
@@ -712,7 +724,12 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 storm_calls.extend(latencies)
 
-            with _profiled("storm"), _loop_lag("storm"), gc_log.phase("storm"):
+            with (
+                _profiled("storm"),
+                _loop_lag("storm"),
+                _turn_trace("storm", (storm_starts, storm_calls)),
+                gc_log.phase("storm"),
+            ):
                 async with anyio.create_task_group() as storm:
                     storm.start_soon(sample)
                     cpu_before = _cpu_seconds(procs)
@@ -1145,6 +1162,218 @@ def _loop_lag(phase: str) -> Iterator[None]:
             )
 
 
+_TURN_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # (category, substrings of a ready handle's name: the callback's qualified name, or for a
+    # task step the chain of coroutines it resumes, outermost first), first match wins
+    ("spared calls (the benchmark's caller)", ("call_spared", "Caller._complete")),
+    ("benchmark bookkeeping", ("_Tracker.follow", "_controller_main", ".sample")),
+    ("budget lines' own callback", ("TurnBudget._next_turn",)),
+    ("teardown step (budgeted)", ("receive_message > TurnBudget.step",)),
+    ("handshake step (budgeted)", ("TurnBudget.step",)),
+    ("accept", ("_accept_loop", "_add_reader", "wait_readable.<locals>.cb")),
+    ("lost socket: connection_lost", ("_call_connection_lost",)),
+    ("heartbeat", ("Heartbeat.run", "_Beating")),
+    ("session writer", ("SessionTransport._writer",)),
+    ("receipt timers", ("_receipt_timer_fired",)),
+    ("session reader", ("SessionTransport._reader", "_read_messages", "_take_nowait")),
+    ("attachment's end (after the teardown step)", ("attached > Attachments.run",)),
+    ("handshake, unbudgeted", ("_accept >", "_authenticate", "_upgrade", "start of _handle")),
+    ("attachment's end (task group exit)", ("TaskGroup.__aexit__",)),
+    ("task bookkeeping (task_done, cancel delivery)", ("task_done", "_deliver_cancellation")),
+)
+_AGED = ("heartbeat", "session writer", "session reader")
+"""Categories split by task age: a task of the phase's start (old) or a new one."""
+_DETAILED = ("handshake, unbudgeted", "attachment's end", "other")
+"""Categories split further by where the task was suspended (its innermost coroutine)."""
+
+
+@contextlib.contextmanager
+def _turn_trace(phase: str, calls: tuple[list[float], list[float]]) -> Iterator[None]:
+    """With ``GL_FLEET_BENCH_TURNS`` set (asyncio only; diagnosis): time every loop turn of this
+    phase and every ready handle in it on the CPU, file each handle under a category (the
+    handshake line's budgeted steps, what of a handshake runs outside them, accept, socket reads
+    of new and of established sockets, the sessions' pumps, heartbeats, the lost sockets'
+    ends, GC...: ``_TURN_CATEGORIES``), and print on stderr: the turns' lengths on the CPU;
+    what ran in all turns, in the turns longer than 0.5 ms, and in the turns that overlapped
+    the spared calls at or over their p99 (``calls``: their starts, ``perf_counter``, and
+    latencies in ms, filled by the time the phase ends), by category. A new socket is one the
+    loop did not watch when the phase began, a new task one that did not exist then (a resumed
+    session's pumps are new, a spared one's old). It allocates no GC-tracked object per turn
+    (flat arrays), so that it does not add GC passes of its own; its CPU cost per handle is
+    about that of a small handle (the storm runs slower under it).
+    """
+    if not os.environ.get("GL_FLEET_BENCH_TURNS"):
+        yield
+        return
+    import array
+    import asyncio
+    import asyncio.base_events
+    import asyncio.events
+
+    base = asyncio.base_events.BaseEventLoop
+    run_once, handle_run = base._run_once, asyncio.events.Handle._run  # type: ignore[attr-defined]
+    perf, cpu = time.perf_counter, time.thread_time
+    selector: Any = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
+    old_transports = {
+        id(getattr(key.data[0]._callback, "__self__", None))
+        for key in selector.get_map().values()
+        if key.data[0] is not None
+    }
+    old_tasks = {id(t) for t in asyncio.all_tasks()}
+    width = 96  # categories at most (the rest are "other")
+    names: list[str] = []
+    index: dict[str, int] = {}
+    starts, ends, on_cpu = array.array("d"), array.array("d"), array.array("d")
+    cells, seconds = array.array("q"), array.array("d")  # (turn * width + category, seconds)
+    current = [0.0] * width
+    touched: list[int] = []
+    gc_cpu = [0.0, 0.0]  # CPU seconds of GC in this turn; when the running pass started
+
+    def category(handle: Any) -> str:
+        cb = handle._callback
+        owner = getattr(cb, "__self__", None)
+        if isinstance(owner, asyncio.Task):
+            coro: Any = owner.get_coro()
+            name, inner, depth = "", "", 0
+            while coro is not None and depth < 16:
+                code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None)
+                if code is not None:
+                    inner = code.co_qualname
+                    name = name + " > " + inner if name else inner
+                awaited = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+                if awaited is None and inner == "TaskHandle._run_coro" and depth == 0:
+                    started = getattr(coro.cr_frame.f_locals.get("self"), "_coro", None)
+                    inner = "start of " + getattr(started, "__qualname__", "?")
+                    name = inner
+                coro, depth = awaited, depth + 1
+            age = " [old task]" if id(owner) in old_tasks else " [new task]"
+        else:
+            name = inner = getattr(cb, "__qualname__", repr(cb))
+            age = ""
+            if name.endswith("_read_ready"):
+                old = id(owner) in old_transports
+                return "socket read, " + ("established socket" if old else "new socket")
+        for label, needles in _TURN_CATEGORIES:
+            if any(n in name for n in needles):
+                if label.startswith(_AGED):
+                    return label + age
+                return label + (": " + inner[:70] if label.startswith(_DETAILED) else "")
+        return "other: " + inner[:70]
+
+    def traced_run_once(self: Any) -> None:
+        gc_cpu[0] = 0.0
+        t, c = perf(), cpu()
+        run_once(self)
+        turn = len(starts)
+        starts.append(t)
+        ends.append(perf())
+        on_cpu.append(cpu() - c)
+        for i in touched:
+            cells.append(turn * width + i)
+            seconds.append(current[i])
+            current[i] = 0.0
+        touched.clear()
+        if gc_cpu[0]:
+            cells.append(turn * width + slot("GC"))
+            seconds.append(gc_cpu[0])
+
+    def slot(label: str) -> int:
+        i = index.get(label)
+        if i is None:
+            if len(names) >= width - 1:
+                label = "other"
+                i = index.get(label)
+            if i is None:
+                i = index[label] = len(names)
+                names.append(label)
+        return i
+
+    def traced_handle_run(handle: Any) -> None:
+        i = slot(category(handle))
+        t, g = cpu(), gc_cpu[0]
+        handle_run(handle)
+        if current[i] == 0.0:
+            touched.append(i)
+        current[i] += (cpu() - t) - (gc_cpu[0] - g) or 1e-9
+
+    def gc_timer(event: str, info: dict[str, int]) -> None:
+        if event == "start":
+            gc_cpu[1] = cpu()
+        else:
+            gc_cpu[0] += cpu() - gc_cpu[1]
+
+    gc.callbacks.append(gc_timer)
+    base._run_once = traced_run_once  # type: ignore[attr-defined]
+    asyncio.events.Handle._run = traced_handle_run  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        base._run_once = run_once  # type: ignore[attr-defined]
+        asyncio.events.Handle._run = handle_run  # type: ignore[method-assign]
+        gc.callbacks.remove(gc_timer)
+        by_turn: dict[int, dict[str, float]] = {}
+        for cell, s in zip(cells, seconds, strict=True):
+            turn, i = divmod(cell, width)
+            by_turn.setdefault(turn, {})[names[i]] = s
+        turns = [(starts[i], ends[i], on_cpu[i], by_turn.get(i, {})) for i in range(len(starts))]
+        _report_turns(phase, turns, calls)
+
+
+def _report_turns(
+    phase: str,
+    turns: list[tuple[float, float, float, dict[str, float]]],
+    calls: tuple[list[float], list[float]],
+) -> None:
+    if not turns:
+        return
+    on_cpu = [c for _, _, c, _ in turns]
+    long = [turn for turn in turns if turn[2] > 0.0005]
+    _progress(
+        f"{phase} turns: {len(turns)}, on the CPU p50 {_p(on_cpu, 50) * 1000:.2f} ms, p90 "
+        f"{_p(on_cpu, 90) * 1000:.2f}, p99 {_p(on_cpu, 99) * 1000:.2f}, max "
+        f"{max(on_cpu) * 1000:.2f} ms; {len(long)} turns over 0.5 ms hold "
+        f"{sum(c for _, _, c, _ in long):.3f} of {sum(on_cpu):.3f} CPU-s"
+    )
+
+    def table(title: str, chosen: list[tuple[float, float, float, dict[str, float]]]) -> None:
+        totals: dict[str, float] = {}
+        present: dict[str, int] = {}
+        for _, _, _, cats in chosen:
+            for label, s in cats.items():
+                totals[label] = totals.get(label, 0.0) + s
+                present[label] = present.get(label, 0) + 1
+        whole = sum(totals.values()) or 1.0
+        _progress(f"{phase} {title} ({len(chosen)} turns), CPU by category:")
+        for label, s in sorted(totals.items(), key=lambda kv: -kv[1])[:24]:
+            _progress(
+                f"  {s * 1000:8.1f} ms {s / whole * 100:5.1f} %  in {present[label]:5d} turns, "
+                f"{s / present[label] * 1e6:6.0f} us per turn: {label}"
+            )
+
+    table("all turns", turns)
+    table("turns over 0.5 ms on the CPU", long)
+    starts, latencies = calls
+    if latencies:
+        threshold = _p(latencies, 99)
+        slow = [
+            (s, s + ms / 1000) for s, ms in zip(starts, latencies, strict=True) if ms >= threshold
+        ]
+        # (turns are in order and do not overlap: those from the last one starting before a
+        # call's start to the last one starting before its end)
+        turn_starts = [start for start, _, _, _ in turns]
+        chosen: set[int] = set()
+        for a, b in slow:
+            first = max(0, bisect.bisect_right(turn_starts, a) - 1)
+            chosen.update(range(first, bisect.bisect_left(turn_starts, b)))
+        overlapping = [turns[i] for i in sorted(chosen)]
+        _progress(
+            f"{phase}: the {len(slow)} spared calls at or over the p99 ({threshold:.2f} ms) "
+            f"overlapped {len(overlapping)} turns, "
+            f"{sum(c for _, _, c, _ in overlapping) * 1000:.1f} ms on the CPU"
+        )
+        table("turns overlapping the p99 spared calls", overlapping)
+
+
 def _cpu_seconds(procs: list[anyio.abc.Process]) -> list[float]:
     """CPU seconds (user + system) so far of this process, then of each child in ``procs``."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -1435,6 +1664,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="the cut children run at nice 19 from the cut on: the CPU the controller and the "
         "spared child leave (as if the storming executors ran on other machines)",
+    )
+    parser.add_argument(
+        "--turn-budget-ms",
+        type=float,
+        default=None,
+        help="the controller's Limits.handshake_seconds_per_turn, in ms (default: the Limits')",
     )
     parser.add_argument("--url", default="")
     parser.add_argument("--keyring", type=Path)

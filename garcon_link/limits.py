@@ -178,7 +178,7 @@ class Limits:
         ),
     )
     handshake_seconds_per_turn: float = field(
-        default=0.0005,
+        default=0.0002,
         metadata=_seconds(
             "Time a listener spends per event-loop turn on handshake steps, and as much on "
             "teardowns: fewer than handshake_steps_per_turn (at least one) go through when the "

@@ -252,8 +252,8 @@ async def test_steps_are_let_through_by_their_measured_cost() -> None:
 
 async def test_a_burst_of_lost_sockets_is_torn_down_a_few_per_turn(tmp_path: Path) -> None:
     """Eight executors' sockets are cut in one turn: their teardowns wait in a line of their
-    own (one a turn here), counted apart from handshakes; every session resumes and the line
-    empties."""
+    own (one step a turn here; two steps a socket, its end and then its close), counted apart
+    from handshakes; every session resumes and the line empties."""
     count = 8
     limits = small_limits(handshake_steps_per_turn=1, handshake_timeout=10.0)
     keyring = tmp_path / "keys"
@@ -290,6 +290,35 @@ async def test_a_burst_of_lost_sockets_is_torn_down_a_few_per_turn(tmp_path: Pat
                 "every session resumed",
             )
             after = fleet.statistics()
-    assert after.teardowns_deferred - before.teardowns_deferred >= count // 2, after
+    # Two teardown steps a socket (its end, then its close), one a turn.
+    assert after.teardowns_deferred - before.teardowns_deferred >= count + count // 2, after
     assert after.teardowns_waiting == 0
     assert after.handshake_steps_deferred >= before.handshake_steps_deferred
+
+
+async def test_an_upgrade_is_two_steps_its_parse_in_the_line() -> None:
+    """``burst`` accepted sockets send their upgrade requests at once, one step a turn: each
+    request is read, then parsed in a step of its own (h11's scan of the head), then checked
+    and answered in a second one, so nearly all of the 2 x ``burst`` steps wait past a turn (with
+    the parse outside the line there would be ``burst`` steps, at most ``burst - 1`` deferred)."""
+    burst = 12
+    limits = small_limits(
+        handshake_steps_per_turn=1, max_unauthenticated_sockets=64, handshake_timeout=10.0
+    )
+    with anyio.fail_after(DEADLINE):
+        async with link_pair("worker-dials", limits) as pair:
+            await pair.wait_ready()
+            link = pair.listener.link
+            before = link.statistics()
+            with raw_sockets(link.listen_address[1], burst) as socks:
+                await wait_until(
+                    lambda: link.statistics().connections == before.connections + burst,
+                    5.0,
+                    "every socket accepted",
+                )
+                for s in socks:  # no await between these writes: read in one turn
+                    s.sendall(upgrade_request())
+                for s in socks:
+                    await read_101(s)
+            deferred = link.statistics().handshake_steps_deferred - before.handshake_steps_deferred
+    assert deferred >= burst + burst // 2, deferred

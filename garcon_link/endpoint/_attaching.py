@@ -27,6 +27,7 @@ authenticated-socket cap counts.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -37,14 +38,17 @@ from ..core.wire import CloseCode
 from ..errors import FailureReason, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields, peer_text
+from ..net.backend import on_asyncio
 from ..net.ws import LinkStatistics, WebSocket, close_code, describe_close
+from ._heartbeat import Heartbeat
 from ._slots import _Slot
 from .transport import SessionTransport
 
 log = logging.getLogger("garcon_link.link")  # the link's logger: the name users configure (README)
 
-Beat = Callable[[_Slot, WebSocket, anyio.CancelScope, anyio.CancelScope], Coroutine[Any, Any, None]]
-"""An attached socket's heartbeat: ``(slot, sock, the socket's scope, the beat's own scope)``."""
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], bool]
+"""Starts a task in the link's task group (a heartbeat's ping that waits for the socket);
+whether it did."""
 
 
 class Attachments:
@@ -55,6 +59,7 @@ class Attachments:
         stats: the link's counters.
         tag: the link's log prefix.
         heartbeat: the heartbeat to run beside each attached socket's pump.
+        spawn: starts a task in the link's task group.
         peer_failed: the link's mapping of an unexpected exception (logged, counted).
         taken_over: the link's record of a takeover (a peer's 4009).
     """
@@ -65,7 +70,8 @@ class Attachments:
         stats: LinkStatistics,
         *,
         tag: str,
-        heartbeat: Beat,
+        heartbeat: Heartbeat,
+        spawn: Spawn,
         peer_failed: Callable[[str, Exception], str],
         taken_over: Callable[[str], None],
     ) -> None:
@@ -73,12 +79,24 @@ class Attachments:
         self._stats = stats
         self._tag = tag
         self._heartbeat = heartbeat
+        self._spawn = spawn
         self._peer_failed = peer_failed
         self._taken_over = taken_over
         self.count = 0
         """Sockets attached to a slot (what the authenticated cap counts)."""
         self._detachments = 0  # sockets detached from a slot (orders slots by detachment)
         self._closing_sockets = 0  # detached sockets waiting for the peer's close frame
+
+    async def _pump(self, sock: WebSocket, transport: SessionTransport, peer_received: int) -> None:
+        try:
+            await transport.run(sock, peer_received)
+        except SessionFailed:
+            pass  # stored as transport.failure; the close below reports it
+        except Exception as exc:
+            # That peer's failure, not the link's. What the session holds may be inconsistent
+            # after it, so it is retired (a broken machine stays broken).
+            why = self._peer_failed(sock.peer, exc)
+            transport.retire(FailureReason.MALFORMED_PACKET, why)
 
     async def run(
         self,
@@ -112,28 +130,35 @@ class Attachments:
         )
         self.count += 1
         try:
-            async with anyio.create_task_group() as tg:
-                # The heartbeat ends in a scope of its own, so that its task returns instead of
-                # ending in a CancelledError (anyio's task group keeps that in a reference cycle
-                # with its traceback: garbage for the cyclic collector at every detach).
-                beat = anyio.CancelScope()
-                tg.start_soon(self._heartbeat, slot, sock, tg.cancel_scope, beat)
-                try:
-                    await transport.run(sock, peer_received)
-                except SessionFailed:
-                    pass  # stored as transport.failure; the close below reports it
-                except Exception as exc:
-                    # That peer's failure, not the link's. What the session holds may be
-                    # inconsistent after it, so it is retired (a broken machine stays broken).
-                    why = self._peer_failed(sock.peer, exc)
-                    transport.retire(FailureReason.MALFORMED_PACKET, why)
-                beat.cancel()
+            if on_asyncio():
+                # The heartbeat as loop timers: no task (nor task group) per attachment.
+                with anyio.CancelScope() as scope:
+                    beating = self._heartbeat.start(slot, sock, scope, self._spawn)
+                    try:
+                        await self._pump(sock, transport, peer_received)
+                    finally:
+                        beating.stop()
+            else:
+                async with anyio.create_task_group() as tg:
+                    # The heartbeat ends in a scope of its own, so that its task returns
+                    # instead of ending in a CancelledError (anyio's task group keeps that in a
+                    # reference cycle with its traceback: garbage for the cyclic collector at
+                    # every detach).
+                    beat = anyio.CancelScope()
+                    tg.start_soon(self._heartbeat.run, slot, sock, tg.cancel_scope, beat)
+                    await self._pump(sock, transport, peer_received)
+                    beat.cancel()
         finally:
             self.count -= 1
             if slot.attached is sock:
                 slot.attached = None
                 self._detachments += 1
                 slot.detached = self._detachments
+        if sock.teardowns is not None and anyio.current_effective_deadline() != -math.inf:
+            # Listening, and not cancelled (a shutdown closes at once): the rest of the end
+            # (the log line, the close frame, the socket's close) is a teardown step of its own,
+            # in line behind the other lost sockets', as the socket's end was.
+            await sock.teardowns.step()
         if (
             sock.dialed
             and sock.peer_close is not None

@@ -3,8 +3,11 @@
 
 Theory of operation
 -------------------
-One :class:`Heartbeat` per link; :meth:`Heartbeat.run` is one task per attached socket, beside
-the session's pump. It obeys the pure :func:`~garcon_link.core.heartbeat.heartbeat_step`: ping
+One :class:`Heartbeat` per link. On asyncio an attached socket's heartbeat is loop timers
+(:meth:`Heartbeat.start`, no task: a resume storm allocates and wakes less per socket; a ping
+that cannot be written at once goes out from a short task of the link's); elsewhere
+:meth:`Heartbeat.run` is one task per attached socket, beside the session's pump. Both follow
+the same steps. It obeys the pure :func:`~garcon_link.core.heartbeat.heartbeat_step`: ping
 every ``heartbeat_interval``, and close the socket (resumably, 4007) after ``heartbeat_timeout``
 with no inbound frame of any kind *while the socket is being read*: time the reader is held up
 by a slow consumer is back-pressure, not the peer's silence (nor evidence for a takeover probe).
@@ -22,8 +25,11 @@ lookup it is given.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import anyio
 
@@ -65,6 +71,18 @@ class Heartbeat:
         self._tag = tag
         self._key_for = key_for
 
+    def start(
+        self,
+        slot: _Slot,
+        sock: WebSocket,
+        scope: anyio.CancelScope,
+        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool],
+    ) -> _Beating:
+        """On asyncio: follow :func:`~garcon_link.core.heartbeat.heartbeat_step` for ``sock``
+        with loop timers until :meth:`_Beating.stop` (``scope``: the socket's, cancelled to end
+        it; ``spawn``: starts a task, for a ping that has to wait for the socket)."""
+        return _Beating(self, slot, sock, scope, spawn)
+
     async def run(
         self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope, beat: anyio.CancelScope
     ) -> None:
@@ -99,11 +117,7 @@ class Heartbeat:
                     return
                 continue  # the same turn goes on with the same ``now``
             if isinstance(action, Timeout):
-                self._stats.heartbeat_timeouts += 1
-                sock.local_close = (
-                    CloseCode.HEARTBEAT_TIMEOUT,
-                    f"no inbound frame for {action.silent:.1f}s (resumable)",
-                )
+                self._timed_out(sock, action)
                 scope.cancel()
                 return
             next_ping = action.next_ping
@@ -116,6 +130,13 @@ class Heartbeat:
                         return
             await anyio.sleep_until(action.wake)
             now = anyio.current_time()
+
+    def _timed_out(self, sock: WebSocket, action: Timeout) -> None:
+        self._stats.heartbeat_timeouts += 1
+        sock.local_close = (
+            CloseCode.HEARTBEAT_TIMEOUT,
+            f"no inbound frame for {action.silent:.1f}s (resumable)",
+        )
 
     def _key_revoked(self, slot: _Slot, sock: WebSocket) -> bool:
         """Re-read the attached executor's key: gone retires the session (``REVOKED``), changed
@@ -145,3 +166,116 @@ class Heartbeat:
             )
             sock.local_close = (reason.close_code, "the executor's key changed")
         return True
+
+
+class _Beating:
+    """One attached socket's heartbeat as loop timers (asyncio): the steps of
+    :meth:`Heartbeat.run`, each at its wake time in a loop callback. A ping is written at once
+    when the socket can take it, else by a task (``spawn``) that waits for the socket at most
+    the step's ``within``, as :meth:`Heartbeat.run` does; while that task waits, no other ping
+    is started."""
+
+    __slots__ = (
+        "_beat",
+        "_done",
+        "_loop",
+        "_next_key_check",
+        "_next_ping",
+        "_pinging",
+        "_quiet",
+        "_scope",
+        "_slot",
+        "_sock",
+        "_spawn",
+        "_timer",
+    )
+
+    def __init__(
+        self,
+        beat: Heartbeat,
+        slot: _Slot,
+        sock: WebSocket,
+        scope: anyio.CancelScope,
+        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool],
+    ) -> None:
+        self._beat = beat
+        self._slot = slot
+        self._sock = sock
+        self._scope = scope
+        self._spawn = spawn
+        limits = beat._limits
+        self._quiet = quiet_period(limits, dialer=beat._dialer)
+        loop = self._loop = asyncio.get_running_loop()
+        now = loop.time()  # (anyio's clock on asyncio)
+        self._next_ping = now + limits.heartbeat_interval
+        self._next_key_check = (
+            now + limits.key_recheck_interval if beat._key_for is not None else None
+        )
+        self._pinging = False
+        self._done = False
+        self._timer: asyncio.Handle | None = loop.call_soon(self._step)
+
+    def stop(self) -> None:
+        """End the heartbeat (the socket ended); a ping task still waiting gives up."""
+        self._done = True
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _end_socket(self) -> None:
+        self.stop()
+        self._scope.cancel()
+
+    def _step(self) -> None:
+        self._timer = None
+        if self._done:
+            return
+        beat, sock = self._beat, self._sock
+        now = self._loop.time()
+        while True:
+            action = heartbeat_step(
+                now,
+                reading=sock.reading,
+                last_inbound=sock.last_inbound,
+                busy=sock.busy,
+                next_ping=self._next_ping,
+                next_key_check=self._next_key_check,
+                quiet=self._quiet,
+                limits=beat._limits,
+            )
+            if isinstance(action, RecheckKey):
+                self._next_key_check = action.next_key_check
+                if beat._key_revoked(self._slot, sock):
+                    self._end_socket()
+                    return
+                continue  # the same step goes on with the same ``now``
+            if isinstance(action, Timeout):
+                beat._timed_out(sock, action)
+                self._end_socket()
+                return
+            self._next_ping = action.next_ping
+            if isinstance(action, Ping) and not self._pinging:
+                try:
+                    written = sock.ping_nowait()
+                except SocketGone:
+                    self._end_socket()
+                    return
+                if not written:
+                    self._pinging = True  # (before: a task run at once clears it in its end)
+                    if not self._spawn(functools.partial(self._ping, action.within)):
+                        self._pinging = False  # the link has ended
+            self._timer = self._loop.call_at(action.wake, self._step)
+            return
+
+    async def _ping(self, within: float) -> None:
+        """A ping that waits for the socket (a write in progress, or paused), at most
+        ``within`` seconds."""
+        try:
+            if not self._done:
+                with anyio.move_on_after(within):
+                    await self._sock.ping()
+        except SocketGone:
+            if not self._done:
+                self._end_socket()
+        finally:
+            self._pinging = False

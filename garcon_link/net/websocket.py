@@ -308,6 +308,27 @@ class WebSocket:
     async def ping(self) -> None:
         await self._send_event(Ping())
 
+    def ping_nowait(self) -> bool:
+        """Write a ping synchronously if :meth:`writable_now`; ``False`` (nothing written:
+        :meth:`ping` it) otherwise.
+
+        Raises:
+            anyio.BrokenResourceError: the socket is dead (as :meth:`ping`).
+        """
+        stream = self._nowait
+        if stream is None or not self.writable_now():
+            return False
+        try:
+            data = self.ws.send(Ping())
+            held, self._held_out = self._held_out, None
+            if held is not None:
+                data = held + data
+            stream.send_nowait(data)
+        except GONE as e:
+            raise self._gone(e) from e
+        self._stats.bytes_sent += len(data)
+        return True
+
     async def probe(self, timeout: float) -> bool:
         """True if any inbound frame arrives within ``timeout`` after a ping.
 
@@ -509,6 +530,10 @@ class WebSocket:
                         return None
                     start = 0
                     self._stats.bytes_received += len(data)
+                    if not self._admitted and self.turns is not None:
+                        # Listening, unauthenticated: parsing what was read is a step of the
+                        # listener's handshake line (what a whole frame leads to is another).
+                        await self.turns.step()
                     now = self.last_inbound = self._clock()
                     if self._probe is not None:
                         self._probe.set()

@@ -380,6 +380,9 @@ class WebSocketListener:
                 data = await sock.stream.receive(_READ_CHUNK)
             except GONE:
                 return False
+            # Parsing what was read (h11's head scan) is a step of the handshake line; so is
+            # wsproto's check of the head and the answer, below: two steps of the upgrade.
+            await self.turns.step()
             received += data
             try:
                 parser.receive_data(data)
