@@ -791,22 +791,26 @@ class SessionTransport:
         try:
             with scope:
                 async with anyio.create_task_group() as tg:
-                    # The writer and the watch end in scopes of their own, so that their tasks
-                    # return instead of ending in a CancelledError (garbage in a reference
-                    # cycle at every detach), as the heartbeat does (endpoint._attaching).
-                    writing = anyio.CancelScope()
+                    # The writer and the watch end in scopes of their own, shielded from the
+                    # run's (a detach, a retirement, the link's end cancel that one), so that
+                    # their tasks return instead of ending in a CancelledError (garbage in a
+                    # reference cycle at every detach), as the heartbeat does
+                    # (endpoint._attaching). The reader ends them, however it ends.
+                    writing = anyio.CancelScope(shield=True)
                     tg.start_soon(self._writer, sock, tg.cancel_scope, writing)
                     watching = None
                     if self._loop is not None:
                         self._arm_replay_timer()
                     else:
-                        watching = anyio.CancelScope()
+                        watching = anyio.CancelScope(shield=True)
                         tg.start_soon(self._replay_watch, watching)
                     self._sock = sock
-                    await self._reader(sock)
-                    writing.cancel()
-                    if watching is not None:
-                        watching.cancel()
+                    try:
+                        await self._reader(sock)
+                    finally:
+                        writing.cancel()
+                        if watching is not None:
+                            watching.cancel()
         finally:
             self._sock = None
             self._run_scope = None
