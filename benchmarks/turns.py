@@ -21,7 +21,9 @@ callback shorter than a sample, to the callback: its task's coroutine or its fun
 
 Every turn longer than ``threshold_ms`` is written as one JSON line (its start on
 ``time.perf_counter_ns``, which is ``CLOCK_MONOTONIC``: comparable across the processes of one
-machine), with its busy time, callbacks, time per category and its three costliest innermost
+machine), with its busy time, the CPU time of the thread in it (less than the busy time when the
+process was preempted: on a machine of few cores, a write that wakes the peer process can hand
+it our core), callbacks, time per category and its three costliest innermost
 frames; :meth:`TurnTracer.mark` writes a marker line (the benchmark marks the span of the bulk
 phase). :func:`report` reads the files of both processes and prints, for the marked spans only,
 the histogram of long turns by what dominated them.
@@ -141,6 +143,7 @@ class TurnTracer:
         self._cats: defaultdict[str, int] = defaultdict(int)
         self._leaves: defaultdict[str, int] = defaultdict(int)
         self._gc_start = 0
+        self._cpu = 0
         self._handle: asyncio.Handle | None = None
         self.turns = 0
 
@@ -150,11 +153,13 @@ class TurnTracer:
         original_run = asyncio.events.Handle._run
         tracer = self
         clock = self._clock
+        cpu = time.thread_time_ns
 
         def traced_run(handle: asyncio.Handle) -> None:
             start = clock()
             if not tracer._handles:
                 tracer._first = start
+                tracer._cpu = cpu()
                 signal.setitimer(signal.ITIMER_REAL, SAMPLE_S, SAMPLE_S)
             tracer._handles += 1
             tracer._handle = handle
@@ -220,11 +225,13 @@ class TurnTracer:
         busy = end - self._first
         if busy < self._threshold:
             return
+        cpu = time.thread_time_ns() - self._cpu
         leaves = sorted(self._leaves.items(), key=lambda item: -item[1])[:3]
         record = {
             "role": self._role,
             "t0": self._first,
             "busy_us": busy // 1000,
+            "cpu_us": cpu // 1000,
             "handles": self._handles,
             "cats": {key: value // 1000 for key, value in self._cats.items() if value >= 1000},
             "leaves": [[leaf, spent // 1000] for leaf, spent in leaves],
@@ -275,6 +282,7 @@ def report(paths: Iterable[Path], out: TextIO = sys.stdout, mark: str = "bulk") 
             and any(start <= r["t0"] <= end for start, end in spans)
         ]
         by_length = Counter(_bucket(t["busy_us"] / 1000) for t in turns)
+        by_cpu = Counter(_bucket(t["cpu_us"] / 1000) for t in turns if t.get("cpu_us", 0) >= 300)
         dominant: Counter[str] = Counter()
         spent: Counter[str] = Counter()
         leaves: Counter[str] = Counter()
@@ -285,12 +293,22 @@ def report(paths: Iterable[Path], out: TextIO = sys.stdout, mark: str = "bulk") 
             spent.update(cats)
             leaves.update(dict(turn["leaves"]))
         total_ms = sum(t["busy_us"] for t in turns) / 1000
-        print(f"\n[{role}] {len(turns)} turns > threshold, {total_ms:.0f} ms in them", file=out)
+        cpu_ms = sum(t.get("cpu_us", 0) for t in turns) / 1000
+        print(
+            f"\n[{role}] {len(turns)} turns > threshold, {total_ms:.0f} ms in them, of which "
+            f"{cpu_ms:.0f} ms on the CPU (the rest: the process was not running)",
+            file=out,
+        )
         print(
             "  by length: "
             + ", ".join(
                 f"{name}: {by_length[name]}" for name in sorted(by_length, key=_bucket_order)
             ),
+            file=out,
+        )
+        print(
+            "  on the CPU > 0.3 ms: "
+            + ", ".join(f"{name}: {by_cpu[name]}" for name in sorted(by_cpu, key=_bucket_order)),
             file=out,
         )
         print("  by what dominated them (turns):", file=out)
@@ -313,6 +331,7 @@ def report(paths: Iterable[Path], out: TextIO = sys.stdout, mark: str = "bulk") 
         summary[role] = {
             "turns": len(turns),
             "by_length": dict(by_length),
+            "by_cpu": dict(by_cpu),
             "dominant": dict(dominant),
             "ms_by_category": {name: us / 1000 for name, us in spent.items()},
         }

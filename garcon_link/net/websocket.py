@@ -30,7 +30,7 @@ from ..errors import FrameTooLarge, MalformedFrame
 from ..limits import Limits
 from ..logs import log_fields
 from . import _asyncio_stream
-from ._frames import FastFrames
+from ._frames import FastFrames, MaskedFrame
 from .budgets import FrameBudget, LinkStatistics, TurnBudget
 
 __all__ = [
@@ -162,12 +162,12 @@ class WebSocket:
         rate) instead of the handshake's."""
         self.max_message = self.limits.max_frame_bytes
         self._admitted = True
-        self._fast = FastFrames.of(self.ws)
+        self._fast = FastFrames.of(self.ws, deferred=self._nowait is not None)
         self._budget = FrameBudget.full(
             self.limits.frame_rate, self.limits.frame_burst, self._clock()
         )
 
-    async def _write(self, data: bytes | bytearray) -> None:
+    async def _write(self, data: bytes | bytearray | MaskedFrame) -> None:
         held = self._held_out
         if held is not None:
             self._held_out = None
