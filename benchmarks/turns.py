@@ -284,12 +284,15 @@ def report(paths: Iterable[Path], out: TextIO = sys.stdout, mark: str = "bulk") 
         by_length = Counter(_bucket(t["busy_us"] / 1000) for t in turns)
         by_cpu = Counter(_bucket(t["cpu_us"] / 1000) for t in turns if t.get("cpu_us", 0) >= 300)
         dominant: Counter[str] = Counter()
+        dominant_cpu: Counter[str] = Counter()
         spent: Counter[str] = Counter()
         leaves: Counter[str] = Counter()
         for turn in turns:
             cats = turn["cats"]
             if cats:
                 dominant[max(cats, key=cats.get)] += 1
+                if turn.get("cpu_us", 0) >= 300:
+                    dominant_cpu[max(cats, key=cats.get)] += 1
             spent.update(cats)
             leaves.update(dict(turn["leaves"]))
         total_ms = sum(t["busy_us"] for t in turns) / 1000
@@ -314,6 +317,9 @@ def report(paths: Iterable[Path], out: TextIO = sys.stdout, mark: str = "bulk") 
         print("  by what dominated them (turns):", file=out)
         for name, count in dominant.most_common(12):
             print(f"    {count:6d}  {name}", file=out)
+        print("  of those > 0.3 ms on the CPU, by what dominated them (turns):", file=out)
+        for name, count in dominant_cpu.most_common(8):
+            print(f"    {count:6d}  {name}", file=out)
         print("  time in them by category (ms):", file=out)
         for name, us in spent.most_common(14):
             print(f"    {us / 1000:8.1f}  {name}", file=out)
@@ -333,6 +339,7 @@ def report(paths: Iterable[Path], out: TextIO = sys.stdout, mark: str = "bulk") 
             "by_length": dict(by_length),
             "by_cpu": dict(by_cpu),
             "dominant": dict(dominant),
+            "dominant_on_cpu": dict(dominant_cpu),
             "ms_by_category": {name: us / 1000 for name, us in spent.items()},
         }
     return summary
