@@ -320,6 +320,8 @@ class AsyncioByteStream(anyio.abc.ByteStream):
             self._receiving = False
 
     async def send(self, item: bytes) -> None:
+        """Write ``item`` (bytes-like, or a :class:`~._frames.MaskedFrame`); returns once the
+        kernel took all of it (a large item: every slice)."""
         if self._sending:
             raise anyio.BusyResourceError("writing to")
         protocol = self._protocol

@@ -93,7 +93,7 @@ class FastFrames:
     @classmethod
     def of(cls, ws: WSConnection, *, deferred: bool = False) -> FastFrames | None:
         """For ``ws`` once its upgrade is done, or ``None`` (wsproto for every frame).
-        ``deferred``: :meth:`build` returns a large masked frame as a :class:`MaskedFrame`
+        ``deferred``: :meth:`frame` returns a large masked frame as a :class:`MaskedFrame`
         (only for a stream that takes one: :class:`~._asyncio_stream.AsyncioByteStream`)."""
         conn: Any = ws.connection
         if conn is None:
@@ -204,11 +204,25 @@ class FastFrames:
             return None
         return mask(data[head + 4 : end], data[head : head + 4]), end
 
-    def build(self, payload: bytes) -> bytes | bytearray | MaskedFrame | None:
+    def frame(self, payload: bytes) -> bytes | bytearray | MaskedFrame | None:
+        """:meth:`build`, but a large masked frame is a :class:`MaskedFrame` if ``deferred``
+        (masked as it is written)."""
+        if (
+            self._deferred
+            and len(payload) > FAST_LIMIT
+            and self._client
+            and self._conn._state is _OPEN
+            and self._proto._outbound_opcode is None
+        ):
+            head = bytes((_BINARY_FIN, 127 | _MASKED)) + len(payload).to_bytes(8, "big")
+            return MaskedFrame(head + os.urandom(4), payload)  # (a fresh key, as wsproto's)
+        return self.build(payload)
+
+    def build(self, payload: bytes) -> bytes | bytearray | None:
         """The frame of one whole binary message ``payload`` (masked with a fresh random key
         on the client side), or ``None``: let wsproto build it (the connection not open, or a
         message under way). The caller must not change the frame (a ``bytearray`` when
-        large and masked; a :class:`MaskedFrame` then if ``deferred``)."""
+        large and masked)."""
         if self._conn._state is not _OPEN or self._proto._outbound_opcode is not None:
             return None
         size = len(payload)
@@ -220,8 +234,6 @@ class FastFrames:
         else:
             head = bytes((_BINARY_FIN, 127 | masked)) + size.to_bytes(8, "big")
             if masked:
-                if self._deferred:
-                    return MaskedFrame(head + os.urandom(4), payload)
                 return _masked_frame(head, payload)
         if not masked:
             return head + payload
