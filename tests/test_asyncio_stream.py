@@ -226,6 +226,9 @@ class _RecordingTransport:
     def write(self, data: Any) -> None:
         self.writes.append(bytes(data))
 
+    def write_eof(self) -> None:
+        self.writes.append(b"<eof>")
+
     def is_closing(self) -> bool:
         return False
 
@@ -255,6 +258,12 @@ async def test_a_large_item_is_written_a_slice_per_loop_turn_and_nothing_overtak
     assert [len(w) for w in transport.writes] == [WRITE_SLICE] * 3 + [5, 4]
     assert b"".join(transport.writes) == item + b"next"
     assert turns >= 3  # a slice per loop turn, not all at once
+
+    transport.writes.clear()
+    stream.send_nowait(item)
+    with anyio.fail_after(5):
+        await stream.send_eof()  # after the item's last slice
+    assert b"".join(transport.writes) == item + b"<eof>"
 
 
 async def test_a_masked_frame_goes_out_masked_and_abort_ends_a_large_write() -> None:

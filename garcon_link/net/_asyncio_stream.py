@@ -454,6 +454,13 @@ class AsyncioByteStream(anyio.abc.ByteStream):
             raise error
 
     async def send_eof(self) -> None:
+        protocol = self._protocol
+        while self._rest is not None:  # the end of the stream goes after a large item's rest
+            waiter = protocol.drain_waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                protocol.drain_waiter = None
         try:
             self._transport.write_eof()
         except OSError:
