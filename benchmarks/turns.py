@@ -129,7 +129,9 @@ def _describe(handle: asyncio.Handle) -> str:
 class TurnTracer:
     """Times every turn of one asyncio loop and writes the long ones (module docstring)."""
 
-    def __init__(self, path: str | Path, role: str, threshold_ms: float = 0.3) -> None:
+    def __init__(self, path: str | Path, role: str, threshold_ms: float | None = None) -> None:
+        if threshold_ms is None:
+            threshold_ms = float(os.environ.get("GARCON_BENCH_TURN_MS", "0.3"))
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._role = role
         self._threshold = int(threshold_ms * 1e6)
