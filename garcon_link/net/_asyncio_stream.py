@@ -153,7 +153,9 @@ class _Protocol(asyncio.BufferedProtocol):
     def __init__(self) -> None:
         self._buffer = _receive_buffer()
         self.transport: asyncio.Transport | None = None
-        self.chunks: deque[bytes] = deque()
+        # What was read and not taken yet; the rest of a read taken in part is a view of it
+        # (no copy of the rest per receive).
+        self.chunks: deque[bytes | memoryview] = deque()
         self.buffered = 0
         self.reading_paused = False
         self.at_eof = False
@@ -297,10 +299,11 @@ class AsyncioByteStream(anyio.abc.ByteStream):
                     await waiter
                 finally:
                     protocol.read_waiter = None
-            chunk = protocol.chunks.popleft()
+            chunk: bytes | memoryview = protocol.chunks.popleft()
             if len(chunk) > max_bytes:
-                protocol.chunks.appendleft(chunk[max_bytes:])
-                chunk = chunk[:max_bytes]
+                view = memoryview(chunk)
+                protocol.chunks.appendleft(view[max_bytes:])
+                chunk = view[:max_bytes]
             elif protocol.chunks and len(chunk) + len(protocol.chunks[0]) <= max_bytes:
                 # Several small reads queued up while we were busy: hand them over at once.
                 parts = [chunk]
@@ -315,7 +318,7 @@ class AsyncioByteStream(anyio.abc.ByteStream):
                 protocol.reading_paused = False
                 if not self._transport.is_closing():
                     self._transport.resume_reading()
-            return chunk
+            return chunk if type(chunk) is bytes else bytes(chunk)
         finally:
             self._receiving = False
 
