@@ -248,6 +248,7 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         # A large item being written a slice per loop turn, and how much of it is written.
         self._rest: bytes | bytearray | MaskedFrame | None = None
         self._rest_at = 0
+        self._rest_waiters: list[asyncio.Future[None]] = []  # send_eof's, woken at its end
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -438,6 +439,10 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         waiter = self._protocol.drain_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        waiters, self._rest_waiters = self._rest_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _unwritable(self) -> Exception | None:
         """Why nothing can be written any more (the exception to raise), or ``None``."""
@@ -457,13 +462,14 @@ class AsyncioByteStream(anyio.abc.ByteStream):
             raise error
 
     async def send_eof(self) -> None:
-        protocol = self._protocol
-        while self._rest is not None:  # the end of the stream goes after a large item's rest
-            waiter = protocol.drain_waiter = self._loop.create_future()
+        if self._rest is not None:  # the end of the stream goes after a large item's rest
+            waiter = self._loop.create_future()
+            self._rest_waiters.append(waiter)
             try:
                 await waiter
             finally:
-                protocol.drain_waiter = None
+                if waiter in self._rest_waiters:
+                    self._rest_waiters.remove(waiter)
         try:
             self._transport.write_eof()
         except OSError:
@@ -479,8 +485,7 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         no cancel scope (``anyio.aclose_forcefully`` makes and cancels one)."""
         if not self._closed:
             self._closed = True
-            self._rest = None
-            self._protocol.drained = None
+            self._rest_done()  # (the rest is dropped with the connection)
             self._transport.abort()
             # Unread bytes are of no use now: free them at once, not when the garbage collector
             # gets to a reference cycle that may still hold this stream (a closed flood of
