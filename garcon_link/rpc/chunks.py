@@ -597,6 +597,7 @@ class ChunkSender:
         if size > self._limit:
             raise PayloadTooLarge(size, self._limit)
         pieces = [memoryview(piece) for piece in _pieces(body)]
+        transport = self._transport
         turn = self._turn
         ordinal = 0
         transfer: int | None = None
@@ -614,7 +615,7 @@ class ChunkSender:
                         # The first part is paced too (a transfer right behind another one),
                         # before the renumbering: nothing may run between a fresh id and its
                         # first part.
-                        await self._paced()
+                        await transport.wait_retained_below(self._pace())
                         if renumber is not None:
                             # A call's head (array head, kind, id) is within its first bytes,
                             # which are encoded bytes in front of any spliced value.
@@ -654,7 +655,7 @@ class ChunkSender:
                 async with turn:
                     if self._owed:
                         await self._issue_owed()
-                    await self._paced()
+                    await transport.wait_retained_below(self._pace())
                     ordinal, index, offset = await self._part(
                         transfer, pieces, start, step, end, index, offset
                     )
@@ -708,17 +709,6 @@ class ChunkSender:
         ordinal = await self._transport.send(_encode_part(flags, transfer, taken))
         self.parts_sent += 1
         return ordinal, index, offset
-
-    async def _paced(self) -> None:
-        """Wait for the pace (:meth:`_pace`); while small messages are sent alongside, then
-        yield once: the receipts that let the part go arrive with the replies of small calls,
-        and the tasks those woke write their next small message ahead of the part instead of
-        behind it (else each small call waits for a whole part, in lock step with the
-        transfer)."""
-        pace = self._pace()
-        await self._transport.wait_retained_below(pace)
-        if pace < self._window:
-            await anyio.lowlevel.checkpoint()
 
     def _pace(self) -> int:
         """The unconfirmed bytes below which the next part may go: the window, or one chunk
