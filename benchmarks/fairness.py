@@ -12,7 +12,7 @@ session:
 2. **during bulk**: one task makes ``transfers`` sequential echo calls of ``transfer_bytes``
    each (256 MiB of arguments in all by default: 32 x 8 MiB, as a 16 MiB argument's frame is
    just over the default ``max_frame_bytes``), every echo checked (``COMPARE_SLICE`` bytes per
-   loop turn); meanwhile another task makes
+   loop turn; an echo of ``KEEP_BYTES`` or more kept until the end); meanwhile another task makes
    sequential 32-byte echo calls until the bulk task ends. Their p99 against the idle p99 is the
    figure; the bulk rate (argument bytes per second, each echoed back) is reported beside it.
 
@@ -27,11 +27,14 @@ whole of it, both ways; see ``benchmarks/README.md`` for the figures before and 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
+import json
 import random
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 import anyio
@@ -39,7 +42,7 @@ import anyio.lowlevel
 
 import garcon_link as gl
 
-from . import eventloop, harness
+from . import eventloop, harness, turns
 from .resume import _figure
 
 MiB = 1024 * 1024
@@ -133,6 +136,14 @@ COMPARE_SLICE = 4 * MiB
 holds the controller's loop for tens of milliseconds (its own work, not garcon_link's)."""
 
 
+KEEP_BYTES = 32 * MiB
+"""The benchmark drops the bulk echoes it received of at least this size only once the small
+calls are done: freeing one is an ``munmap`` of the whole value in one call (glibc maps blocks
+of over 32 MiB at most on their own), 15-20 ms for 256 MiB here -- the benchmark's own work
+ahead of the small calls, as its check would be. Smaller ones are dropped as they are checked
+(their memory is reused by the next one)."""
+
+
 async def _same(value: bytes, expected: bytes) -> bool:
     """``value == expected``, a slice per loop turn (``COMPARE_SLICE``)."""
     if len(value) != len(expected):
@@ -157,7 +168,10 @@ async def _small_call(echo: Echo, payload: bytes, latencies: list[int]) -> None:
     latencies.append(clock() - start)
 
 
-async def _once(port: int, settings: FairnessSettings) -> dict[str, Any]:
+async def _once(port: int, settings: FairnessSettings, trace: Path | None = None) -> dict[str, Any]:
+    if trace is not None:
+        tracer = turns.TurnTracer(trace, "controller")
+        tracer.install(asyncio.get_running_loop())
     rng = random.Random(7)
     small = rng.randbytes(settings.small_bytes)
     # Random bytes (nothing gains by compressing them), a MiB of them repeated for larger values.
@@ -179,22 +193,31 @@ async def _once(port: int, settings: FairnessSettings) -> dict[str, Any]:
         during: list[int] = []
         done = anyio.Event()
         bulk_s = 0.0
+        kept: list[bytes] = []
 
         async def bulk() -> None:
             nonlocal bulk_s
             start = time.perf_counter()
             try:
                 for _ in range(settings.transfers):
-                    if not await _same(await echo.echo(big), big):
+                    result = await echo.echo(big)
+                    if not await _same(result, big):
                         raise harness.MeasurementError("a bulk echo came back different")
+                    if len(result) >= KEEP_BYTES:
+                        kept.append(result)  # freed after the measurement (KEEP_BYTES)
+                    del result
             finally:
                 bulk_s = time.perf_counter() - start
                 done.set()
 
+        span_start = time.perf_counter_ns()
         async with anyio.create_task_group() as tg:
             tg.start_soon(bulk)
             while not done.is_set():
                 await _small_call(echo, small, during)
+        if trace is not None:
+            tracer.mark("bulk", span_start, time.perf_counter_ns())
+        kept.clear()
     total = settings.transfers * settings.transfer_bytes
     idle_p99 = _p99_ms(idle)
     during_p99 = _p99_ms(during)
@@ -212,7 +235,9 @@ async def _once(port: int, settings: FairnessSettings) -> dict[str, Any]:
     }
 
 
-def _worker_process(loop: str, settings: FairnessSettings) -> harness.ServerProcess:
+def _worker_process(
+    loop: str, settings: FairnessSettings, trace: Path | None = None
+) -> harness.ServerProcess:
     max_seconds = settings.repetitions * settings.limit_s + 60
     server = harness.ServerProcess("ours", loop, settings.server_start_s, max_seconds)
     server.module = "fairness-worker"
@@ -223,21 +248,29 @@ def _worker_process(loop: str, settings: FairnessSettings) -> harness.ServerProc
         "worker",
         "--frame-mib",
         str(settings.frame_mib),
+        *(("--trace-turns", str(trace)) if trace is not None else ()),
         *server.command[server.command.index("--port") :],
     ]
     return server
 
 
 def _measure(
-    settings: FairnessSettings, loop: str, log: TextIO, name: str = "fairness"
+    settings: FairnessSettings,
+    loop: str,
+    log: TextIO,
+    name: str = "fairness",
+    trace: Path | None = None,
 ) -> dict[str, Any]:
+    """The benchmark's repetitions; with ``trace`` (a directory), each process's long loop
+    turns are written to ``controller.jsonl`` and ``worker.jsonl`` in it (:mod:`.turns`)."""
     runs: list[dict[str, Any]] = []
-    with _worker_process(loop, settings) as server:
+    traced = {role: trace / f"{role}.jsonl" for role in ("controller", "worker")} if trace else {}
+    with _worker_process(loop, settings, traced.get("worker")) as server:
         for repetition in range(1, settings.repetitions + 1):
 
             async def main() -> dict[str, Any]:
                 with anyio.fail_after(settings.limit_s):
-                    return await _once(server.port, settings)
+                    return await _once(server.port, settings, traced.get("controller"))
 
             run = anyio.run(
                 main, backend="asyncio", backend_options={"loop_factory": eventloop.factory(loop)}
@@ -301,17 +334,8 @@ def _measure(
     return {"figures": figures, "runs": runs, "server_cpu_seconds": server_cpu}
 
 
-def run(
-    names: list[str],
-    settings: harness.Settings,
-    quick: bool,
-    loop_choice: str,
-    log: TextIO = sys.stderr,
-) -> list[dict[str, Any]]:
-    """Measure the named entries of this module; the results as written to JSON."""
-    loop = eventloop.resolve(loop_choice)
-    mine = FairnessSettings.from_runner(settings, quick)
-    variants = {
+def _variants(mine: FairnessSettings, quick: bool) -> dict[str, FairnessSettings]:
+    return {
         "fairness": mine,
         # The same bytes in values an eighth the size: what is left ahead of a small call is
         # then bounded by the pacing (parts), not by the whole-value copies of 8 MiB bodies.
@@ -331,6 +355,18 @@ def run(
             frame_mib=mine.transfers * mine.transfer_bytes // MiB + 16,
         ),
     }
+
+
+def run(
+    names: list[str],
+    settings: harness.Settings,
+    quick: bool,
+    loop_choice: str,
+    log: TextIO = sys.stderr,
+) -> list[dict[str, Any]]:
+    """Measure the named entries of this module; the results as written to JSON."""
+    loop = eventloop.resolve(loop_choice)
+    variants = _variants(FairnessSettings.from_runner(settings, quick), quick)
     results = []
     try:
         for name, chosen in variants.items():
@@ -352,22 +388,48 @@ def run(
 def main(argv: list[str] | None = None) -> None:
     from .servers._common import announce, run_asyncio, start_watchdog
 
-    parser = argparse.ArgumentParser(description="The worker child of the fairness benchmark.")
-    parser.add_argument("mode", choices=("worker",))
+    parser = argparse.ArgumentParser(
+        description="The worker child of the fairness benchmark (worker), or a run of it with "
+        "every long loop turn of both processes traced (trace: benchmarks/turns.py)."
+    )
+    parser.add_argument("mode", choices=("worker", "trace"))
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--loop", choices=eventloop.CHOICES, default="asyncio")
     parser.add_argument("--max-seconds", type=float, default=600.0)
     parser.add_argument("--frame-mib", type=int, default=0)
+    parser.add_argument("--trace-turns", type=Path, help="worker: the file of its long turns")
+    parser.add_argument("--variant", choices=NAMES, default="fairness", help="trace: which")
+    parser.add_argument("--repetitions", type=int, default=1, help="trace: how many")
+    parser.add_argument("--out", type=Path, default=Path("results/turns"), help="trace: where")
     args = parser.parse_args(argv)
+    if args.mode == "trace":
+        _trace(args.variant, args.repetitions, args.out)
+        return
     start_watchdog(args.max_seconds)
 
     async def worker() -> None:
+        if args.trace_turns is not None:
+            turns.TurnTracer(args.trace_turns, "worker").install(asyncio.get_running_loop())
         services = {"echo": gl.Service(_EchoImpl(), Echo)}
         async with gl.Worker(_config(args.port, args.frame_mib), services) as endpoint:
             announce(endpoint.link.listen_address[1])
             await anyio.sleep_forever()
 
     run_asyncio(worker, args.loop)
+
+
+def _trace(variant: str, repetitions: int, out: Path) -> None:
+    """Run ``variant`` traced (plain asyncio loop) and print the long turns of its bulk phase."""
+    settings = _variants(replace(FairnessSettings(), repetitions=repetitions), False)[variant]
+    out.mkdir(parents=True, exist_ok=True)
+    for role in ("controller", "worker"):
+        (out / f"{role}.jsonl").unlink(missing_ok=True)
+    try:
+        _measure(settings, "asyncio", sys.stderr, variant, out)
+    finally:
+        harness.stop_all_servers()
+    summary = turns.report([out / "controller.jsonl", out / "worker.jsonl"])
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
 
 if __name__ == "__main__":

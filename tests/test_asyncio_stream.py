@@ -13,14 +13,16 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import anyio
+import anyio.lowlevel
 import pytest
 from anyio.abc import SocketAttribute
 
 from garcon_link.net import _asyncio_stream
-from garcon_link.net._asyncio_stream import READ_HIGH_WATER, AsyncioByteStream
+from garcon_link.net._asyncio_stream import READ_HIGH_WATER, WRITE_SLICE, AsyncioByteStream
+from garcon_link.net._frames import MaskedFrame
 
 pytestmark = pytest.mark.anyio
 
@@ -210,6 +212,83 @@ async def test_send_waits_while_the_peer_does_not_read() -> None:
             while sum(received) < sent:
                 await anyio.sleep(0.01)
         await stream.aclose()
+
+
+class _RecordingTransport:
+    """Takes every write at once (as a kernel with room would) and records its size."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
+
+    def write_eof(self) -> None:
+        self.writes.append(b"<eof>")
+
+    def is_closing(self) -> bool:
+        return False
+
+    def abort(self) -> None:
+        pass
+
+
+async def test_a_large_item_is_written_a_slice_per_loop_turn_and_nothing_overtakes_it() -> None:
+    """Over WRITE_SLICE bytes, an item goes to the transport a slice per loop turn: until its
+    last slice the stream is not writable_now and a further send waits, so the next item's
+    bytes follow it whole."""
+    transport = _RecordingTransport()
+    protocol = _asyncio_stream._Protocol()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    stream = AsyncioByteStream(transport, protocol)  # type: ignore[arg-type]
+    item = os.urandom(3 * WRITE_SLICE + 5)
+    stream.send_nowait(item)
+    assert [len(w) for w in transport.writes] == [WRITE_SLICE]
+    assert not stream.writable_now()
+    turns = 0
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stream.send, b"next")
+            while not stream.writable_now() and turns < 100:
+                await anyio.lowlevel.checkpoint()
+                turns += 1
+    assert [len(w) for w in transport.writes] == [WRITE_SLICE] * 3 + [5, 4]
+    assert b"".join(transport.writes) == item + b"next"
+    assert turns >= 3  # a slice per loop turn, not all at once
+
+    transport.writes.clear()
+    stream.send_nowait(item)
+    with anyio.fail_after(5):
+        await stream.send_eof()  # after the item's last slice
+    assert b"".join(transport.writes) == item + b"<eof>"
+
+
+async def test_a_masked_frame_goes_out_masked_and_abort_ends_a_large_write() -> None:
+    transport = _RecordingTransport()
+    protocol = _asyncio_stream._Protocol()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    stream = AsyncioByteStream(transport, protocol)  # type: ignore[arg-type]
+    frame = MaskedFrame(b"\x82\xff" + bytes(8) + os.urandom(4), os.urandom(2 * WRITE_SLICE))
+    with anyio.fail_after(5):
+        await stream.send(cast("bytes", frame))  # (typed bytes as anyio's; takes a frame)
+    assert b"".join(transport.writes) == bytes(frame)
+
+    transport.writes.clear()
+    stream.send_nowait(os.urandom(4 * WRITE_SLICE))
+    with anyio.fail_after(5):  # (a send_eof left waiting by abort() would hang here)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stream.send_eof)  # waits for the rest, which abort() drops
+            await anyio.lowlevel.checkpoint()
+            stream.abort()
+            written = len(transport.writes)
+    assert 1 <= written < 4
+    with anyio.fail_after(5), pytest.raises(anyio.ClosedResourceError):
+        await stream.send(b"after")
+    await anyio.lowlevel.checkpoint()
+    assert transport.writes[written:] == [b"<eof>"]  # no slice more once aborted
 
 
 async def test_end_of_stream_after_the_peer_closes_its_side() -> None:

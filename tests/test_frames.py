@@ -8,6 +8,7 @@ reads, wsproto mid-frame or mid-message, oversize payloads -- to wsproto (``None
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 from collections import deque
@@ -20,7 +21,7 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, BytesMessage, Ping, Request
 
 from garcon_link.limits import Limits
-from garcon_link.net._frames import FAST_LIMIT, KEY_POOL, FastFrames, mask
+from garcon_link.net._frames import FAST_LIMIT, KEY_POOL, FastFrames, MaskedFrame, mask
 from garcon_link.net.ws import WebSocket
 
 SIZES = (0, 1, 3, 4, 5, 125, 126, 127, 1000, FAST_LIMIT)
@@ -165,6 +166,33 @@ def test_large_frames_written_here_are_what_wsproto_writes_and_reads(size: int) 
     assert _messages(client, bytes(to_client)) == [payload]
     assert _messages(server, client.send(BytesMessage(data=b"next"))) == [b"next"]
     assert _messages(client, bytes(_fast(server).build(b"again") or b"")) == [b"again"]
+
+
+@pytest.mark.parametrize("size", [FAST_LIMIT + 1, FAST_LIMIT + 2, 256 * 1024 + 13])
+def test_a_deferred_masked_frame_is_masked_slice_by_slice_into_the_same_frame(size: int) -> None:
+    """With ``deferred``, a large client frame is a MaskedFrame: any cut of it into slices,
+    each masked on its own, joins into one frame wsproto reads as the payload; a prefix written
+    in front of it (a held frame) stays unmasked; small frames are built as before."""
+    payload = os.urandom(size)
+    client, server = _pair()
+    fast = FastFrames.of(client, deferred=True)
+    assert fast is not None
+    frame = fast.frame(payload)
+    assert isinstance(frame, MaskedFrame)
+    whole = bytes(frame)
+    assert len(frame) == len(whole) == size + 14
+    assert whole[14:] == mask(payload, whole[10:14])
+    for step in (1, 3, 4, 7, 65536):
+        cuts = range(0, len(frame), step) if step > 1 else (0, 1, 2, 13, 14, 15, len(frame))
+        bounds = sorted({*cuts, len(frame)})
+        slices = [frame.slice(a, b) for a, b in itertools.pairwise(bounds)]
+        assert b"".join(slices) == whole
+    held = server.send(BytesMessage(data=b"held"))  # a frame from the peer's side: any bytes
+    prefixed = held + frame
+    assert isinstance(prefixed, MaskedFrame)
+    assert bytes(prefixed) == held + whole
+    assert _messages(server, whole) == [payload]
+    assert isinstance(fast.frame(b"x" * 200), bytes)  # small: masked at once
 
 
 def test_nothing_is_taken_while_wsproto_holds_a_partial_frame_or_message() -> None:

@@ -30,7 +30,7 @@ from ..errors import FrameTooLarge, MalformedFrame
 from ..limits import Limits
 from ..logs import log_fields
 from . import _asyncio_stream
-from ._frames import FastFrames
+from ._frames import FastFrames, MaskedFrame
 from .budgets import FrameBudget, LinkStatistics, TurnBudget
 
 __all__ = [
@@ -162,12 +162,12 @@ class WebSocket:
         rate) instead of the handshake's."""
         self.max_message = self.limits.max_frame_bytes
         self._admitted = True
-        self._fast = FastFrames.of(self.ws)
+        self._fast = FastFrames.of(self.ws, deferred=self._nowait is not None)
         self._budget = FrameBudget.full(
             self.limits.frame_rate, self.limits.frame_burst, self._clock()
         )
 
-    async def _write(self, data: bytes | bytearray) -> None:
+    async def _write(self, data: bytes | bytearray | MaskedFrame) -> None:
         held = self._held_out
         if held is not None:
             self._held_out = None
@@ -176,8 +176,9 @@ class WebSocket:
             else:
                 await self._write(held)
         try:
-            # A large masked frame is a bytearray, never changed once built; anyio's streams
-            # (typed ``bytes``) hand any bytes-like object to the socket or the transport.
+            # A large masked frame is a bytearray, never changed once built, or on an asyncio
+            # stream a MaskedFrame (masked as written); anyio's streams (typed ``bytes``) hand
+            # any bytes-like object to the socket or the transport.
             await self.stream.send(cast("bytes", data))
         except GONE as e:
             raise self._gone(e) from e
@@ -251,7 +252,7 @@ class WebSocket:
         async with self._lock:
             if self._closed or self.ws.state is not _OPEN:
                 raise SocketGone("socket is closed")
-            frame = fast.build(data)
+            frame = fast.frame(data)
             if frame is None:
                 try:
                     frame = self.ws.send(BytesMessage(data=data))
@@ -281,7 +282,7 @@ class WebSocket:
         assert stream is not None and not self._lock.locked()
         try:
             fast = self._fast
-            frame = None if fast is None else fast.build(data)
+            frame = None if fast is None else fast.frame(data)
             if frame is None:
                 frame = self.ws.send(BytesMessage(data=data))
             held, self._held_out = self._held_out, None
