@@ -23,9 +23,12 @@ bytes``). What is measured, in each arrangement:
    fleet.
 4. **floods** (gateway only): a flooding caller, in a process of its own, keeps 128 tasks busy
    against executor 0 while a granted caller here makes ``calls`` sequential calls to it: their
-   p99 against the same caller's idle p99 (target: at most 5x). Three floods: a caller enrolled
-   but granted nothing (each call refused ``FORBIDDEN``), a granted caller's echo calls, a
-   granted caller's streams (:func:`_flooded`).
+   p99 against the same caller's idle p99 in the window just before, ``--flood-pairs`` idle and
+   flood windows in turn, the median and worst factor reported (target: a median of at most
+   5x). Three floods: a caller enrolled but granted nothing (each call refused ``FORBIDDEN``),
+   a granted caller's echo calls, a granted caller's streams (:func:`_flooded`). Each runs with
+   the flooder at nice 19 (a flooder on another machine: the judged figure) and not niced
+   (``*_plain``: its CPU taken from the gateway's and the worker's), ``--flood-nice``.
 
 5. **the hop's floor** (:mod:`benchmarks.relayfloor`): the raw wsproto echo of
    ``python -m benchmarks --only wsproto`` direct, through a byte-forwarding proxy child and
@@ -142,7 +145,8 @@ async def _flooder_main(url: str, secret: Path, caller_id: str, kind: str, nice:
     it answers ``paused`` once none is in flight), ``resume`` (it answers ``resumed``); when
     stdin closes it prints its counts as one JSON line. ``nice``: this process at nice 19, so it
     runs on what CPU the gateway, the worker and the measuring caller leave (as if on another
-    machine)."""
+    machine). ``busy``: no calls, one lane keeps a thread spinning instead (a control: what a
+    busy process costs the others on this machine without a call to the gateway)."""
     if nice:
         os.nice(19)  # threads started from here on inherit it
     config = gl.CallerConfig(caller_id=caller_id, secret=read_secret_file(secret), dial=url)
@@ -163,7 +167,9 @@ async def _flooder_main(url: str, secret: Path, caller_id: str, kind: str, nice:
                 await running.wait()
                 busy += 1
                 try:
-                    if kind == "streams":
+                    if kind == "busy":
+                        await anyio.to_thread.run_sync(_spin)
+                    elif kind == "streams":
                         async with contextlib.aclosing(cast("Any", target.ticks(1000))) as ticks:
                             async for _ in ticks:
                                 counts["items"] += 1
@@ -180,7 +186,7 @@ async def _flooder_main(url: str, secret: Path, caller_id: str, kind: str, nice:
                         idle.set()
 
         async with anyio.create_task_group() as tg:
-            for _ in range(FLOOD_LANES):
+            for _ in range(1 if kind == "busy" else FLOOD_LANES):
                 tg.start_soon(lane)
             print("started", flush=True)
             lines = anyio.wrap_file(sys.stdin)
@@ -197,6 +203,13 @@ async def _flooder_main(url: str, secret: Path, caller_id: str, kind: str, nice:
             tg.cancel_scope.cancel()
     print(json.dumps(counts), flush=True)
     os._exit(0)
+
+
+def _spin() -> None:
+    """About 5 ms of pure Python work (the ``busy`` control's thread)."""
+    end = time.perf_counter() + 0.005
+    while time.perf_counter() < end:
+        pass
 
 
 # ------------------------------------------------------------------------ gateway child
@@ -404,8 +417,10 @@ async def _measure(
     return out
 
 
-FLOOD_KINDS = ("ungranted", "calls", "streams")
-"""The flood phases (:func:`_flooded`), in the order they run by default."""
+FLOOD_KINDS = ("ungranted", "calls", "streams", "busy")
+"""The flood phases (:func:`_flooded`): the first three run by default, in this order; ``busy``
+(a control, not judged) on request."""
+DEFAULT_FLOODS = "ungranted,calls,streams"
 
 
 def flood_kinds(text: str) -> list[str]:
@@ -845,6 +860,7 @@ def _judged_floods(figures: Mapping[str, float], args: argparse.Namespace) -> li
     return [
         f"{'flood' if kind == 'ungranted' else f'flood_{kind}'}_p99_factor{suffix}"
         for kind in args.floods
+        if kind != "busy"
     ]
 
 
@@ -852,6 +868,7 @@ _FLOOD_LABELS = {
     "ungranted": ("flood", "ungranted flood", "refused FORBIDDEN"),
     "calls": ("flood_calls", "granted call flood", "refused"),
     "streams": ("flood_streams", "granted stream flood", "refused"),
+    "busy": ("flood_busy", "control, a busy process and no calls", "refused"),
 }
 
 
@@ -871,6 +888,8 @@ def _print_floods(figures: Mapping[str, float], args: argparse.Namespace) -> Non
             work = (
                 f"{figures[f'{prefix}_items{suffix}']:.0f} items"
                 if kind == "streams"
+                else f"{figures[f'{prefix}_ok{suffix}'] * 5:.0f} ms spun"
+                if kind == "busy"
                 else f"{figures[f'{prefix}_ok{suffix}']:.0f} served"
             )
             print(
@@ -893,7 +912,7 @@ def main(argv: list[str] | None = None) -> int:
     flood.add_argument("url")
     flood.add_argument("secret", type=Path)
     flood.add_argument("caller_id")
-    flood.add_argument("kind", choices=("ungranted", "calls", "streams"))
+    flood.add_argument("kind", choices=FLOOD_KINDS)
     flood.add_argument("--nice", action="store_true")
     gateway = sub.add_parser("gateway")
     gateway.add_argument("config", type=Path)
@@ -928,8 +947,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--floods",
-        default=",".join(FLOOD_KINDS),
-        help="which flood phases, comma-separated (of ungranted, calls, streams); none: none",
+        default=DEFAULT_FLOODS,
+        help="which flood phases, comma-separated (of ungranted, calls, streams, and busy: a "
+        f"control, a busy process making no call); none: none (default {DEFAULT_FLOODS})",
     )
     parser.add_argument(
         "--flood-nice",
