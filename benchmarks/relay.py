@@ -23,9 +23,12 @@ bytes``). What is measured, in each arrangement:
    fleet.
 4. **floods** (gateway only): a flooding caller, in a process of its own, keeps 128 tasks busy
    against executor 0 while a granted caller here makes ``calls`` sequential calls to it: their
-   p99 against the same caller's idle p99 (target: at most 5x). Three floods: a caller enrolled
-   but granted nothing (each call refused ``FORBIDDEN``), a granted caller's echo calls, a
-   granted caller's streams (:func:`_flooded`).
+   p99 against the same caller's idle p99 in the window just before, ``--flood-pairs`` idle and
+   flood windows in turn, the median and worst factor reported (target: a median of at most
+   5x). Three floods: a caller enrolled but granted nothing (each call refused ``FORBIDDEN``),
+   a granted caller's echo calls, a granted caller's streams (:func:`_flooded`). Each runs with
+   the flooder at nice 19 (a flooder on another machine: the judged figure) and not niced
+   (``*_plain``: its CPU taken from the gateway's and the worker's), ``--flood-nice``.
 
 5. **the hop's floor** (:mod:`benchmarks.relayfloor`): the raw wsproto echo of
    ``python -m benchmarks --only wsproto`` direct, through a byte-forwarding proxy child and
@@ -63,6 +66,7 @@ under callgrind (:func:`_cpu`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -72,10 +76,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 
@@ -135,11 +139,22 @@ async def _workers_main(url: str, keyring: Path, count: int) -> None:
 # ------------------------------------------------------------------------ flooder child
 
 
-async def _flooder_main(url: str, secret: Path, caller_id: str, kind: str) -> None:
-    """A caller flooding the gateway from a process of its own (:func:`_flooded`) until stdin
-    closes; then it prints its counts as one JSON line."""
+async def _flooder_main(url: str, secret: Path, caller_id: str, kind: str, nice: bool) -> None:
+    """A caller flooding the gateway from a process of its own (:func:`_flooded`), told on its
+    stdin when: ``pause`` (its lanes finish the call or leave the stream they are in and wait;
+    it answers ``paused`` once none is in flight), ``resume`` (it answers ``resumed``); when
+    stdin closes it prints its counts as one JSON line. ``nice``: this process at nice 19, so it
+    runs on what CPU the gateway, the worker and the measuring caller leave (as if on another
+    machine). ``busy``: no calls, one lane keeps a thread spinning instead (a control: what a
+    busy process costs the others on this machine without a call to the gateway)."""
+    if nice:
+        os.nice(19)  # threads started from here on inherit it
     config = gl.CallerConfig(caller_id=caller_id, secret=read_secret_file(secret), dial=url)
     counts = {"ok": 0, "refused": 0, "items": 0}
+    running = anyio.Event()
+    running.set()
+    busy = 0
+    idle = anyio.Event()
     async with gl.connect_gateway(config) as fleet:
         await fleet.gateway.wait_ready(60)
         if kind != "ungranted":
@@ -147,27 +162,54 @@ async def _flooder_main(url: str, secret: Path, caller_id: str, kind: str) -> No
         target = fleet.executor(executor_id(0)).service("ident", Ident)
 
         async def lane() -> None:
+            nonlocal busy
             while True:  # until the task group is cancelled
+                await running.wait()
+                busy += 1
                 try:
-                    if kind == "streams":
-                        async for _ in target.ticks(1000):
-                            counts["items"] += 1
+                    if kind == "busy":
+                        await anyio.to_thread.run_sync(_spin)
+                    elif kind == "streams":
+                        async with contextlib.aclosing(cast("Any", target.ticks(1000))) as ticks:
+                            async for _ in ticks:
+                                counts["items"] += 1
+                                if not running.is_set():
+                                    break
                     else:
                         await target.echo(PAYLOAD)
                     counts["ok"] += 1
                 except (gl.Rejected, gl.NotDispatched):
                     counts["refused"] += 1
+                finally:
+                    busy -= 1
+                    if not busy:
+                        idle.set()
 
         async with anyio.create_task_group() as tg:
-            for _ in range(FLOOD_LANES):
+            for _ in range(1 if kind == "busy" else FLOOD_LANES):
                 tg.start_soon(lane)
             print("started", flush=True)
             lines = anyio.wrap_file(sys.stdin)
-            while await lines.readline():
-                pass
+            while line := await lines.readline():
+                if line.strip() == "pause" and running.is_set():
+                    running = anyio.Event()
+                    idle = anyio.Event()
+                    if busy:
+                        await idle.wait()
+                    print("paused", flush=True)
+                elif line.strip() == "resume":
+                    running.set()
+                    print("resumed", flush=True)
             tg.cancel_scope.cancel()
     print(json.dumps(counts), flush=True)
     os._exit(0)
+
+
+def _spin() -> None:
+    """About 5 ms of pure Python work (the ``busy`` control's thread)."""
+    end = time.perf_counter() + 0.005
+    while time.perf_counter() < end:
+        pass
 
 
 # ------------------------------------------------------------------------ gateway child
@@ -375,8 +417,10 @@ async def _measure(
     return out
 
 
-FLOOD_KINDS = ("ungranted", "calls", "streams")
-"""The flood phases (:func:`_flooded`), in the order they run by default."""
+FLOOD_KINDS = ("ungranted", "calls", "streams", "busy")
+"""The flood phases (:func:`_flooded`): the first three run by default, in this order; ``busy``
+(a control, not judged) on request."""
+DEFAULT_FLOODS = "ungranted,calls,streams"
 
 
 def flood_kinds(text: str) -> list[str]:
@@ -403,6 +447,13 @@ executor (``gateway_caller_share`` of ``max_pending_calls`` = 64 by default), so
 flood is refused."""
 
 
+FLOOD_PAIRS = 4
+"""Idle and flood windows each flood phase alternates (``--flood-pairs``): one idle p99 of a
+few thousand calls moves by several times between runs on a busy machine, so each flood
+window is set against the idle window just before it, and the median and worst of those
+factors are reported."""
+
+
 async def _flooded(
     fleet: gl.GatewayFleet,
     url: str,
@@ -410,28 +461,49 @@ async def _flooded(
     caller_id: str,
     kind: str,
     args: argparse.Namespace,
+    nice: bool,
 ) -> dict[str, float]:
     """A flooding caller (a child process, :func:`_flooder_main`) keeps :data:`FLOOD_LANES`
-    tasks busy against executor 0 while a granted caller here makes sequential calls to it:
-    their p99 against the same caller's idle p99 (taken just before). ``kind``: ``ungranted``
-    (a caller granted nothing: each call refused ``FORBIDDEN``), ``calls`` (a granted caller's
+    tasks busy against executor 0 while a granted caller here makes sequential calls to it,
+    ``args.flood_pairs`` times, each time after a window of as many calls with the flooder
+    paused: each flood window's p99 over the idle one's just before it; the median and the
+    worst of those factors, and the median p99s in microseconds. ``kind``: ``ungranted`` (a
+    caller granted nothing: each call refused ``FORBIDDEN``), ``calls`` (a granted caller's
     echo calls, each lane calling again as soon as the last ended, refused or not),
     ``streams`` (a granted caller's streams of 1,000 items, each lane opening the next as soon
-    as the last ended)."""
+    as the last ended). ``nice``: the flooder at nice 19 (a flooder on another machine)."""
     ident = fleet.executor(executor_id(0)).service("ident", Ident)
-    idle = await _latency(lambda: ident.echo(PAYLOAD), args.calls)
     secret = root / "callers" / f"{caller_id}.secret"
     command = [sys.executable, "-m", "benchmarks.relay", "flood", url, str(secret), caller_id, kind]
+    if nice:
+        command.append("--nice")
     process = await anyio.open_process(command, stdin=subprocess.PIPE, stderr=None)
+    idle_p99: list[float] = []
+    flood_p99: list[float] = []
     try:
         assert process.stdin is not None and process.stdout is not None
+        stdin, stdout = process.stdin, process.stdout
         buffer = await _started(process, f"the {kind} flooder")
-        await anyio.sleep(0.3)
-        during = await _latency(lambda: ident.echo(PAYLOAD), args.calls)
-        await process.stdin.aclose()
+
+        async def told(request: bytes, answer: bytes) -> None:
+            nonlocal buffer
+            await stdin.send(request + b"\n")
+            with anyio.fail_after(120):
+                while answer not in buffer:
+                    buffer += await stdout.receive()
+            buffer = buffer[buffer.index(answer) + len(answer) :]
+
+        for _ in range(args.flood_pairs):
+            await told(b"pause", b"paused")
+            await anyio.sleep(0.1)
+            idle_p99.append((await _latency(lambda: ident.echo(PAYLOAD), args.calls))["p99_us"])
+            await told(b"resume", b"resumed")
+            await anyio.sleep(0.3)
+            flood_p99.append((await _latency(lambda: ident.echo(PAYLOAD), args.calls))["p99_us"])
+        await stdin.aclose()
         with anyio.fail_after(60):
             while b"}" not in buffer:
-                buffer += await process.stdout.receive()
+                buffer += await stdout.receive()
         counts = json.loads(buffer[buffer.index(b"{") :].split(b"\n")[0])
     finally:
         if process.returncode is None:
@@ -439,14 +511,24 @@ async def _flooded(
         await process.wait()
         await process.aclose()
     prefix = "flood" if kind == "ungranted" else f"flood_{kind}"
+    suffix = "" if nice else "_plain"
+    factors = [during / idle for idle, during in zip(idle_p99, flood_p99, strict=True)]
     return {
-        f"{prefix}_idle_p99_us": idle["p99_us"],
-        f"{prefix}_p99_us": during["p99_us"],
-        f"{prefix}_p99_factor": during["p99_us"] / idle["p99_us"],
-        f"{prefix}_ok": float(counts["ok"]),
-        f"{prefix}_refused": float(counts["refused"]),
-        f"{prefix}_items": float(counts["items"]),
+        f"{prefix}_idle_p99_us{suffix}": statistics.median(idle_p99),
+        f"{prefix}_p99_us{suffix}": statistics.median(flood_p99),
+        f"{prefix}_p99_factor{suffix}": statistics.median(factors),
+        f"{prefix}_p99_factor_worst{suffix}": max(factors),
+        f"{prefix}_ok{suffix}": float(counts["ok"]),
+        f"{prefix}_refused{suffix}": float(counts["refused"]),
+        f"{prefix}_items{suffix}": float(counts["items"]),
     }
+
+
+def _flood_nice(args: argparse.Namespace) -> list[bool]:
+    """``--flood-nice``: the flooder at nice 19 (the modelled flooder, on another machine: what
+    the target is judged on), at the default priority (four busy processes on this machine's
+    cores, the flooder's CPU taken from the others), or both, niced first."""
+    return {"both": [True, False], "on": [True], "off": [False]}[args.flood_nice]
 
 
 async def _direct(root: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -500,7 +582,8 @@ async def _through_gateway(root: Path, args: argparse.Namespace) -> dict[str, fl
                 out = await _measure(fleets[0].executor, fleets, args, gateway.pid)
             for kind in args.floods:
                 flooder = "intruder" if kind == "ungranted" else "bench-greedy"
-                out.update(await _flooded(fleets[0], url, root, flooder, kind, args))
+                for nice in _flood_nice(args):
+                    out.update(await _flooded(fleets[0], url, root, flooder, kind, args, nice))
             return out
     finally:
         if args.profile_gateway is not None and gateway.stdin is not None:
@@ -747,10 +830,9 @@ async def _main(args: argparse.Namespace) -> Any:
     ratios["calls_per_s_ratio_over_floor"] = (
         ratios["calls_per_s_ratio"] / floor["bytes_calls_per_s_ratio"]
     )
-    floods = [
-        f"{'flood' if kind == 'ungranted' else f'flood_{kind}'}_p99_factor" for kind in args.floods
-    ]
+    floods = _judged_floods(relayed, args)
     ratios.update({name: relayed[name] for name in floods})
+    ratios.update({f"{name}_worst": relayed[f"{name}_worst"] for name in floods})
     return {
         "settings": vars(args),
         "direct": direct,
@@ -771,6 +853,54 @@ async def _main(args: argparse.Namespace) -> Any:
     }
 
 
+def _judged_floods(figures: Mapping[str, float], args: argparse.Namespace) -> list[str]:
+    """The flood factors the target is judged on: the niced flooder's (``--flood-nice`` on or
+    both), else the plain one's."""
+    suffix = "" if args.flood_nice != "off" else "_plain"
+    return [
+        f"{'flood' if kind == 'ungranted' else f'flood_{kind}'}_p99_factor{suffix}"
+        for kind in args.floods
+        if kind != "busy"
+    ]
+
+
+_FLOOD_LABELS = {
+    "ungranted": ("flood", "ungranted flood", "refused FORBIDDEN"),
+    "calls": ("flood_calls", "granted call flood", "refused"),
+    "streams": ("flood_streams", "granted stream flood", "refused"),
+    "busy": ("flood_busy", "control, a busy process and no calls", "refused"),
+}
+
+
+def _print_floods(figures: Mapping[str, float], args: argparse.Namespace) -> None:
+    """One line per flood phase and flooder priority run, on stderr."""
+    for kind in args.floods:
+        prefix, label, refused = _FLOOD_LABELS[kind]
+        for nice in _flood_nice(args):
+            suffix, how = ("", "flooder at nice 19") if nice else ("_plain", "flooder not niced")
+            factor = figures[f"{prefix}_p99_factor{suffix}"]
+            worst = figures[f"{prefix}_p99_factor_worst{suffix}"]
+            judged = (
+                " (judged)"
+                if f"{prefix}_p99_factor{suffix}" in _judged_floods(figures, args)
+                else ""
+            )
+            work = (
+                f"{figures[f'{prefix}_items{suffix}']:.0f} items"
+                if kind == "streams"
+                else f"{figures[f'{prefix}_ok{suffix}'] * 5:.0f} ms spun"
+                if kind == "busy"
+                else f"{figures[f'{prefix}_ok{suffix}']:.0f} served"
+            )
+            print(
+                f"{label}, {how}{judged}: p99 {figures[f'{prefix}_idle_p99_us{suffix}']:.0f} -> "
+                f"{figures[f'{prefix}_p99_us{suffix}']:.0f} us (medians of {args.flood_pairs}); "
+                f"factor median {factor:.2f}x, worst {worst:.2f}x; {work}, "
+                f"{figures[f'{prefix}_refused{suffix}']:.0f} {refused}",
+                file=sys.stderr,
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.relay", description=__doc__)
     sub = parser.add_subparsers(dest="command")
@@ -782,7 +912,8 @@ def main(argv: list[str] | None = None) -> int:
     flood.add_argument("url")
     flood.add_argument("secret", type=Path)
     flood.add_argument("caller_id")
-    flood.add_argument("kind", choices=("ungranted", "calls", "streams"))
+    flood.add_argument("kind", choices=FLOOD_KINDS)
+    flood.add_argument("--nice", action="store_true")
     gateway = sub.add_parser("gateway")
     gateway.add_argument("config", type=Path)
     gateway.add_argument("profile", type=Path, nargs="?")
@@ -816,8 +947,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--floods",
-        default=",".join(FLOOD_KINDS),
-        help="which flood phases, comma-separated (of ungranted, calls, streams); none: none",
+        default=DEFAULT_FLOODS,
+        help="which flood phases, comma-separated (of ungranted, calls, streams, and busy: a "
+        f"control, a busy process making no call); none: none (default {DEFAULT_FLOODS})",
+    )
+    parser.add_argument(
+        "--flood-nice",
+        choices=("both", "on", "off"),
+        default="both",
+        help="the flooder at nice 19 (on: a flooder on another machine, what the 5x target is "
+        "judged on), at the default priority (off: its CPU taken from the gateway's on this "
+        "machine), or both (default)",
+    )
+    parser.add_argument(
+        "--flood-pairs",
+        type=int,
+        default=FLOOD_PAIRS,
+        metavar="N",
+        help=f"idle and flood windows each flood phase alternates (default {FLOOD_PAIRS})",
     )
     parser.add_argument(
         "--instructions",
@@ -877,7 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
         anyio.run(_workers_main, args.url, args.keyring, args.count)
         return 0
     if args.command == "flood":
-        anyio.run(_flooder_main, args.url, args.secret, args.caller_id, args.kind)
+        anyio.run(_flooder_main, args.url, args.secret, args.caller_id, args.kind, args.nice)
         return 0
     if args.command == "gateway":
         anyio.run(_gateway_main, args.config, args.profile)
@@ -929,9 +1076,13 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         return 0
+    if args.flood_pairs < 1:
+        parser.error("--flood-pairs must be at least 1")
     if args.floods_only:
         args.executors = 1
-        print(json.dumps(anyio.run(_main, args), indent=2))
+        figures = anyio.run(_main, args)
+        print(json.dumps(figures, indent=2))
+        _print_floods(figures, args)
         return 0
     if args.floor_instructions:
         if shutil.which("valgrind") is None:
@@ -1005,26 +1156,7 @@ def main(argv: list[str] | None = None) -> int:
         f" p50, {r['calls_per_s_ratio_over_floor']:.2f}x calls/s",
         file=sys.stderr,
     )
-    if "ungranted" in args.floods:
-        print(
-            f"ungranted flood: p99 {g['flood_idle_p99_us']:.0f} -> {g['flood_p99_us']:.0f} us "
-            f"({r['flood_p99_factor']:.2f}x; {g['flood_refused']:.0f} calls refused FORBIDDEN)",
-            file=sys.stderr,
-        )
-    if "calls" in args.floods:
-        print(
-            f"granted call flood: p99 {g['flood_calls_idle_p99_us']:.0f} -> "
-            f"{g['flood_calls_p99_us']:.0f} us ({r['flood_calls_p99_factor']:.2f}x; "
-            f"{g['flood_calls_ok']:.0f} served, {g['flood_calls_refused']:.0f} refused)",
-            file=sys.stderr,
-        )
-    if "streams" in args.floods:
-        print(
-            f"granted stream flood: p99 {g['flood_streams_idle_p99_us']:.0f} -> "
-            f"{g['flood_streams_p99_us']:.0f} us ({r['flood_streams_p99_factor']:.2f}x; "
-            f"{g['flood_streams_items']:.0f} items, {g['flood_streams_refused']:.0f} refused)",
-            file=sys.stderr,
-        )
+    _print_floods(g, args)
     return 0
 
 

@@ -274,6 +274,43 @@ def test_the_relay_benchmark_refuses_an_unknown_flood_phase_before_it_starts() -
     assert "ungranted, calls, streams" in completed.stderr and "Traceback" not in completed.stderr
 
 
+def test_the_relay_benchmarks_flood_phase_alternates_windows_with_both_flooders() -> None:
+    """``--floods-only``: a granted call flood, its flooder paused and resumed through its stdin
+    for each pair of windows, run at nice 19 (judged) and at the default priority: each gives
+    its median and worst factor, its median p99s, and served calls; ``--flood-pairs 0`` is a
+    usage error."""
+    command = [sys.executable, "-m", "benchmarks.relay", "--floods-only", "--floods", "calls"]
+    completed = subprocess.run(
+        [*command, "--flood-pairs", "2", "--calls", "60"],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    figures = json.loads(completed.stdout)
+    for suffix in ("", "_plain"):
+        factor = figures[f"flood_calls_p99_factor{suffix}"]
+        assert 0 < factor <= figures[f"flood_calls_p99_factor_worst{suffix}"] < float("inf")
+        assert figures[f"flood_calls_idle_p99_us{suffix}"] > 0
+        assert figures[f"flood_calls_p99_us{suffix}"] > 0
+        assert figures[f"flood_calls_ok{suffix}"] > 0
+    assert "flooder at nice 19 (judged)" in completed.stderr
+    assert "flooder not niced:" in completed.stderr
+    refused = subprocess.run(
+        [*command, "--flood-pairs", "0"],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert refused.returncode == 2 and "--flood-pairs must be at least 1" in refused.stderr
+
+
 def test_the_relay_benchmarks_floor_echoes_through_each_proxy_and_reports_its_ratios() -> None:
     """``--floor-only``: the raw wsproto echo direct, through the byte-forwarding proxy and
     through the wsproto-level relay (a wrong echo through either fails the run), each with
