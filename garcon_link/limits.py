@@ -543,11 +543,8 @@ class Limits:
         default=8,
         metadata=_doc(
             "Stream credit, in items, a gateway grants the executor of each relayed stream "
-            "opened by a caller alone on it (the caller grants the gateway its own "
-            "stream_window_items): what one stream may have queued on the executor's session "
-            "ahead of other callers' replies. While other callers are active there, a stream "
-            "opened gets this scaled by its caller's share now over its whole share, at least 1 "
-            "(gateway_contended_window, gateway_caller_share).",
+            "(the caller grants the gateway its own stream_window_items): what one stream may "
+            "have queued on the executor's session ahead of other callers' replies.",
             maximum=1_000_000,
         ),
     )

@@ -30,10 +30,8 @@ else ``gateway_contended_window`` split evenly between the callers active there,
 being active until ``gateway_active_window`` after its last call there ended:
 :meth:`Gateway.share_of`; past it ``NotDispatched("OVERLOADED")``, not forwarded), so one
 caller cannot fill an executor's session for the others nor queue more than a few calls ahead
-of theirs; ``gateway_stream_window_items`` of credit granted the executor per relayed stream
-opened by a caller alone there, scaled down with its share while others are active
-(:meth:`Gateway._stream_window`: 1 item each for a share of 8 of 64), so a caller's streams
-queue at most its share times that many items there (streams past a
+of theirs; ``gateway_stream_window_items`` of credit granted the executor per relayed stream,
+so a caller's streams queue at most its share times that many items there (streams past a
 share that shrank under them take no item until their turn: ``_wait_turn``); ``FORBIDDEN``
 answers past a caller's allowance (``gateway_forbidden_rate`` per second after a burst of
 ``gateway_forbidden_burst``, each paused at most ``gateway_forbidden_delay``; all
@@ -119,8 +117,7 @@ class Gateway:
     flight up to :meth:`share_of` -- ``gateway_caller_share`` of ``max_pending_calls`` for a
     caller alone there, an even split of ``gateway_contended_window`` between the callers
     active there otherwise -- and ``gateway_stream_window_items`` of executor credit per
-    relayed stream (scaled by the caller's share when it opened over its whole share); past a
-    share, ``NotDispatched("OVERLOADED")``, never forwarded.
+    relayed stream; past a share, ``NotDispatched("OVERLOADED")``, never forwarded.
 
     Args:
         config: a :class:`~garcon_link.GatewayConfig` (``gl.load_gateway_config``).
@@ -635,9 +632,8 @@ class Gateway:
                 observer.client_ended(observed, exc.outcome, exc.code, False)
                 raise
         member.calls += 1
-        stream = rpc.stream_relayed(
-            service, method, arguments, dict(metadata) or None, self._stream_window(executor)
-        )
+        window = self.limits.gateway_stream_window_items
+        stream = rpc.stream_relayed(service, method, arguments, dict(metadata) or None, window)
         return share, member, stream, observed
 
     async def _forward(
@@ -866,15 +862,6 @@ class Gateway:
         ended = self._ended.pop(share[1], None)
         if ended is not None:
             ended.set()
-
-    def _stream_window(self, executor: str) -> int:
-        """The credit, in items, a relayed stream to ``executor`` opened now grants it:
-        ``gateway_stream_window_items`` scaled by its caller's share there now over its whole
-        share (at least one), so a caller's streams together hold about as many items on the
-        executor's session ahead of another caller's reply as its share holds calls: alone, 64
-        streams of 8 items by default; beside another caller, 8 streams of 1."""
-        items = self.limits.gateway_stream_window_items
-        return max(1, items * self._limit_now(executor) // self._share)
 
     def _limit_now(self, executor: str) -> int:
         """A caller's share of ``executor`` now, counting every caller remembered active there
