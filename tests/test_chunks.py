@@ -25,6 +25,7 @@ from garcon_link.core.wire import Gathered
 from garcon_link.rpc.chunks import (
     ABORT,
     FINAL,
+    INTERACTIVE_PART_BYTES,
     INTERACTIVE_S,
     MAX_TRANSFER_ID,
     MIN_CHARGE,
@@ -247,6 +248,41 @@ async def test_a_transfer_yields_to_small_messages_sent_alongside() -> None:
     now[0] += INTERACTIVE_S
     await sender.send(body)
     assert transport.waits == [window] * 4
+
+
+@pytest.mark.anyio
+async def test_beside_small_messages_a_large_chunk_is_cut_to_interactive_parts() -> None:
+    """With a chunk over INTERACTIVE_PART_BYTES, a transfer within INTERACTIVE_S of a small
+    message goes in parts of at most that size, each waiting until less than one is
+    unconfirmed; alone, in equal chunks paced by the window. The parts still reassemble."""
+    now = [100.0]
+    transport = _RecordingTransport()
+    chunk, window = 4 * INTERACTIVE_PART_BYTES, 16 * INTERACTIVE_PART_BYTES
+    sender = ChunkSender(
+        transport, chunk, window, 64 * 1024 * 1024, transfers=TRANSFERS, clock=lambda: now[0]
+    )
+    body = os.urandom(3 * chunk + 100)
+
+    await sender.send(body)
+    assert transport.waits == [window] * 3
+    assert max(transport.sizes) > 3 * INTERACTIVE_PART_BYTES  # three equal chunks
+
+    transport.waits.clear()
+    transport.sizes.clear()
+    transport.bodies.clear()
+    await sender.send(b"small")
+    transport.bodies.clear()
+    now[0] += INTERACTIVE_S / 2
+    await sender.send(body)
+    parts = [parse_part(part) for part in transport.bodies]
+    assert len(parts) == 13  # 12 parts of INTERACTIVE_PART_BYTES, then the rest
+    assert transport.waits == [INTERACTIVE_PART_BYTES] * 13
+    receiver = Reassembler(64 * 1024 * 1024)
+    for part in parts[:-1]:
+        assert part is not None and part[0] == MORE and len(part[1]) == INTERACTIVE_PART_BYTES
+        assert receiver.feed(*part) is None
+    assert parts[-1] is not None and parts[-1][0] == FINAL
+    assert receiver.feed(*parts[-1]) == body
 
 
 class _RecordingTransport(_PacedTransport):
