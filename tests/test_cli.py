@@ -1024,6 +1024,36 @@ def test_not_dispatched_when_no_worker_dials_in(tmp_path: Path) -> None:
     assert_one_error_line(done.stderr, "[not_dispatched:NOT_READY]")
 
 
+def test_a_worker_with_every_place_taken_is_not_asked_whether_it_runs(tmp_path: Path) -> None:
+    """A worker that refuses a controller because max_controllers are held (1013) runs: the
+    message says so and names the bound, instead of asking whether the worker runs."""
+    worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    with worker_toml.open("a", encoding="utf-8") as file:
+        file.write("max_controllers = 1\n")  # in the [limits] table FAST_LIMITS ends with
+    worker = Worker(worker_toml, SERVICE)
+    holder: subprocess.Popen[str] | None = None
+    try:
+        controller = write_config(tmp_path, "c.toml", "controller", f'dial = "{worker.url()}"')
+        holder = subprocess.Popen(
+            [*CLI, "call", str(controller), "demo.hold", "[30]"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        worker.wait_line("executor-ready")
+        done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "1")
+        assert done.returncode == cli.EXIT_NOT_DISPATCHED
+        assert_one_error_line(
+            done.stderr, "NOT_READY", "max_controllers=1", "every session place it has is taken"
+        )
+        assert "is the worker running?" not in done.stderr
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait(timeout=10)
+        worker.kill()
+
+
 def test_wrong_secret_exits_8_at_once_and_says_what_to_fix(
     listening_worker: tuple[Worker, Path], tmp_path: Path
 ) -> None:

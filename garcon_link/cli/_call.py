@@ -15,6 +15,7 @@ import anyio
 from ..api.controller import ExecutorInfo, RemoteExecutor, connect
 from ..api.fleet import fleet
 from ..api.relay import RELAY_SERVICE, GatewayExecutor, connect_gateway
+from ..core.wire import CloseCode
 from ..errors import ConfigError, NotDispatched, RemoteError
 from ..logs import peer_message
 from ..rpc.interface import MethodKind, MethodSpec
@@ -149,6 +150,22 @@ def _dial_field(config: LinkConfig | FleetConfig, executor_id: str | None) -> st
     return None
 
 
+FULL = f"code={CloseCode.TRY_AGAIN_LATER.value}"
+"""How a refusal of a peer whose places are all taken reads in a link error (``closed by peer
+code=1013 cause='... max_controllers=N ...'``)."""
+
+
+def _not_ready_hint(why: str, peer: str) -> str:
+    """What to do about an executor not ready in time, given the causes the link reported."""
+    if FULL in why:
+        return (
+            f"the {peer} runs, but every session place it has is taken (the bound named in the "
+            f"cause): retry once another program has disconnected, or raise that bound in the "
+            f"{peer}'s configuration"
+        )
+    return f"is the {peer} running?"
+
+
 async def _ready(
     executor: RemoteExecutor,
     config: LinkConfig | FleetConfig,
@@ -168,7 +185,7 @@ async def _ready(
             refused_dials=REFUSED_DIALS if wait is None else None,
         )
     except TimeoutError as exc:
-        raise NotDispatched("NOT_READY", f"{exc}; is the {peer} running?") from None
+        raise NotDispatched("NOT_READY", f"{exc}; {_not_ready_hint(str(exc), peer)}") from None
     except NotDispatched as exc:
         if exc.code != "UNREACHABLE":
             raise
