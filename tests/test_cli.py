@@ -1054,6 +1054,17 @@ def test_a_worker_with_every_place_taken_is_not_asked_whether_it_runs(tmp_path: 
         worker.kill()
 
 
+def test_a_certificate_that_does_not_verify_is_named_as_the_cause() -> None:
+    why = (
+        "executor 'box' not ready within 10s: last dial: TLS handshake with 127.0.0.1:8443 "
+        "failed: CERTIFICATE_VERIFY_FAILED"
+    )
+    hint = _call._not_ready_hint(why, "worker")
+    assert "certificate does not verify" in hint and "[tls] ca" in hint
+    assert "running?" not in hint
+    assert _call._not_ready_hint("last dial: timed out", "gateway") == "is the gateway running?"
+
+
 def test_wrong_secret_exits_8_at_once_and_says_what_to_fix(
     listening_worker: tuple[Worker, Path], tmp_path: Path
 ) -> None:

@@ -155,6 +155,10 @@ FULL = f"code={CloseCode.TRY_AGAIN_LATER.value}"
 code=1013 cause='... max_controllers=N ...'``)."""
 
 
+VERIFY_FAILED = "CERTIFICATE_VERIFY_FAILED"
+"""How a dial whose TLS peer's certificate did not verify reads in a link error."""
+
+
 def _not_ready_hint(why: str, peer: str) -> str:
     """What to do about an executor not ready in time, given the causes the link reported."""
     if FULL in why:
@@ -162,6 +166,12 @@ def _not_ready_hint(why: str, peer: str) -> str:
             f"the {peer} runs, but every session place it has is taken (the bound named in the "
             f"cause): retry once another program has disconnected, or raise that bound in the "
             f"{peer}'s configuration"
+        )
+    if VERIFY_FAILED in why:
+        return (
+            f"the {peer} answers with TLS, but its certificate does not verify: set [tls] ca to "
+            f"the CA file that signed it (a private CA), and check that the certificate names "
+            f"the host or IP address of [connection] dial"
         )
     return f"is the {peer} running?"
 
