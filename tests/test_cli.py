@@ -1065,6 +1065,33 @@ def test_a_certificate_that_does_not_verify_is_named_as_the_cause() -> None:
     assert _call._not_ready_hint("last dial: timed out", "gateway") == "is the gateway running?"
 
 
+def test_a_listening_call_met_by_a_worker_with_another_secret_says_so(tmp_path: Path) -> None:
+    """The worker dials in, and its proof does not verify: the message names the secret, not
+    whether the worker runs."""
+    port = free_port()
+    controller = write_config(tmp_path, "c.toml", "controller", f'listen = "127.0.0.1:{port}"')
+    other = tmp_path / "other"
+    other.mkdir()
+    worker_toml = write_config(
+        other, "w.toml", "worker", f'dial = "ws://127.0.0.1:{port}/executor"'
+    )
+    caller = subprocess.Popen(
+        [*CLI, "call", str(controller), "demo.add", "[1, 2]", "--timeout", "3"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    worker = Worker(worker_toml, SERVICE)
+    try:
+        _, stderr = caller.communicate(timeout=30)
+    finally:
+        worker.kill()
+    assert caller.returncode == cli.EXIT_NOT_DISPATCHED
+    assert_one_error_line(stderr, "proof did not verify", "same secret (secret_file)")
+    assert "running?" not in stderr
+
+
 def test_wrong_secret_exits_8_at_once_and_says_what_to_fix(
     listening_worker: tuple[Worker, Path], tmp_path: Path
 ) -> None:

@@ -16,7 +16,7 @@ from ..api.controller import ExecutorInfo, RemoteExecutor, connect
 from ..api.fleet import fleet
 from ..api.relay import RELAY_SERVICE, GatewayExecutor, connect_gateway
 from ..core.wire import CloseCode
-from ..errors import ConfigError, NotDispatched, RemoteError
+from ..errors import ConfigError, HandshakeFailure, NotDispatched, RemoteError
 from ..logs import peer_message
 from ..rpc.interface import MethodKind, MethodSpec
 from ..rpc.manifest import manifest_method
@@ -159,6 +159,15 @@ VERIFY_FAILED = "CERTIFICATE_VERIFY_FAILED"
 """How a dial whose TLS peer's certificate did not verify reads in a link error."""
 
 
+_HANDSHAKE_MISMATCHES = (
+    HandshakeFailure.AUTH_FAILED,
+    HandshakeFailure.EXECUTOR_MISMATCH,
+    HandshakeFailure.ROLE_CONFLICT,
+)
+"""Refusals of a handshake that reached the other end: what a configuration that listens (the
+worker dials in) meets with the wrong secret, executor id or role; a dialer is told at once."""
+
+
 def _not_ready_hint(why: str, peer: str) -> str:
     """What to do about an executor not ready in time, given the causes the link reported."""
     if FULL in why:
@@ -166,6 +175,11 @@ def _not_ready_hint(why: str, peer: str) -> str:
             f"the {peer} runs, but every session place it has is taken (the bound named in the "
             f"cause): retry once another program has disconnected, or raise that bound in the "
             f"{peer}'s configuration"
+        )
+    if any(reason.description in why for reason in _HANDSHAKE_MISMATCHES):
+        return (
+            f"a {peer} got through, and the handshake failed: both ends need the same secret "
+            f"(secret_file) and executor_id, and opposite roles"
         )
     if VERIFY_FAILED in why:
         return (
