@@ -1214,6 +1214,28 @@ def test_port_in_use_is_exit_1(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("command", ["call", "describe"])
+def test_a_listening_call_on_a_busy_port_names_the_controller_there(
+    tmp_path: Path, command: str
+) -> None:
+    """``call`` with a listening configuration is a controller itself: on a port another
+    controller holds (``garcon-link fleet`` on the same file) it says so."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = write_config(tmp_path, "c.toml", "controller", f'listen = "127.0.0.1:{port}"')
+        operands = ["demo.add", "[1, 2]"] if command == "call" else []
+        done = run_cli(command, str(config), *operands)
+    assert done.returncode == 1
+    assert_one_error_line(
+        done.stderr,
+        f"cannot listen on 127.0.0.1:{port}",
+        f"`garcon-link {command}` is a controller of its own",
+        "make the call from that program",
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
