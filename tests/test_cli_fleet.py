@@ -233,6 +233,8 @@ def test_a_worker_whose_id_another_process_took_over_exits_7(fleet_dir: Path) ->
         assert first.wait_line("executor-stopping").endswith("reason=TAKEN_OVER")
         errors = [line for line in first.stderr().splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and "another process took over executor id 'box-1'" in errors[0]
+        assert "(another process took over" not in errors[0]  # said once
+        assert "an executor_id (and a key) of its own" in errors[0]
         assert second.process.poll() is None  # the newer one keeps serving
         said = [message for message in rest(notify) if "STOPPING" in message]
         status = "executor box-1: taken over by another process"
