@@ -860,6 +860,16 @@ def test_worker_serves_the_builtin_services_confined_to_root(tmp_path: Path) -> 
         worker.kill()
 
 
+def test_worker_help_names_every_line_it_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    """An operator greps for these: the help names each event line the worker prints."""
+    assert cli.main(["worker", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for line in ("executor-listening", "executor-dialing", "executor-ready"):
+        assert line in text
+    assert "executor-draining" in text and "executor-stopping" in text
+    assert "NOTIFY_SOCKET" in text
+
+
 def test_builtin_needs_a_root(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["worker", "cfg.toml", "--builtin", "files"]) == 2
     assert_one_error_line(capsys.readouterr().err, "--root")
