@@ -1041,7 +1041,7 @@ def test_a_worker_with_every_place_taken_is_not_asked_whether_it_runs(tmp_path: 
     with worker_toml.open("a", encoding="utf-8") as file:
         file.write("max_controllers = 1\n")  # in the [limits] table FAST_LIMITS ends with
     worker = Worker(worker_toml, SERVICE)
-    holder: subprocess.Popen[str] | None = None
+    holder: subprocess.Popen[bytes] | None = None
     try:
         controller = write_config(tmp_path, "c.toml", "controller", f'dial = "{worker.url()}"')
         holder = subprocess.Popen(
@@ -1073,6 +1073,8 @@ def test_a_certificate_that_does_not_verify_is_named_as_the_cause() -> None:
     assert "certificate does not verify" in hint and "[tls] ca" in hint
     assert "running?" not in hint
     assert _call._not_ready_hint("last dial: timed out", "gateway") == "is the gateway running?"
+    held = "closed by peer code=4004 cause='another peer holds a healthy session'"
+    assert "its own controller_id" in _call._not_ready_hint(held, "worker")
 
 
 def test_a_listening_call_met_by_a_worker_with_another_secret_says_so(tmp_path: Path) -> None:

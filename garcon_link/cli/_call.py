@@ -181,6 +181,12 @@ def _not_ready_hint(why: str, peer: str) -> str:
             f"a {peer} got through, and the handshake failed: both ends need the same secret "
             f"(secret_file) and executor_id, and opposite roles"
         )
+    if HandshakeFailure.SUPERSEDED.description in why:
+        return (
+            f"the {peer} runs, and another process with this controller_id holds a live session "
+            f"with it: give each program that runs at the same time its own controller_id, or "
+            f"none (one id takes the place over only once its old process stops answering)"
+        )
     if VERIFY_FAILED in why:
         return (
             f"the {peer} answers with TLS, but its certificate does not verify: set [tls] ca to "
