@@ -1493,13 +1493,20 @@ def test_a_worker_with_no_services_warns_on_one_line(tmp_path: Path) -> None:
             assert "--service NAME=module:attr" in warnings[0]
 
 
-def interrupt(process: subprocess.Popen[str]) -> tuple[int, str]:
-    process.send_signal(signal.SIGINT)
+def interrupt(process: subprocess.Popen[str], signum: int = signal.SIGINT) -> tuple[int, str]:
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=30)
     return process.returncode, stderr
 
 
-def test_ctrl_c_during_call_says_the_call_was_sent_and_may_have_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "said"),
+    [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated (SIGTERM)")],
+)
+def test_ctrl_c_during_call_says_the_call_was_sent_and_may_have_run(
+    tmp_path: Path, signum: int, said: str
+) -> None:
+    """Ctrl-C, and SIGTERM (``timeout``, a supervisor) alike."""
     # A second controller would replace the session (and cancel the call): the handler tells
     # the test that it runs by creating a file.
     (tmp_path / "held.py").write_text(
@@ -1529,9 +1536,9 @@ def test_ctrl_c_during_call_says_the_call_was_sent_and_may_have_run(tmp_path: Pa
             assert time.monotonic() < deadline, "the held call never started"
             assert call.poll() is None, call.communicate()
             time.sleep(0.02)
-        code, stderr = interrupt(call)
+        code, stderr = interrupt(call, signum)
         assert code == cli.EXIT_INTERRUPTED
-        assert_one_error_line(stderr, "interrupted after the call was sent", "may have run")
+        assert_one_error_line(stderr, f"{said} after the call was sent", "may have run")
     finally:
         if call is not None and call.poll() is None:
             call.kill()

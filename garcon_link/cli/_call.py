@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -94,14 +95,37 @@ class _CallProgress:
 
 
 class CallInterrupted(KeyboardInterrupt):
-    """Ctrl-C during ``call`` (exit 130); the message says whether the call was sent."""
+    """Ctrl-C or SIGTERM during ``call`` (exit 130); the message says whether the call was
+    sent."""
 
-    def __init__(self, dispatched: bool) -> None:
+    def __init__(self, dispatched: bool, how: str = "interrupted") -> None:
         super().__init__(
-            "interrupted after the call was sent: it may have run on the worker (outcome unknown)"
+            f"{how} after the call was sent: it may have run on the worker (outcome unknown)"
             if dispatched
-            else "interrupted before the call was sent: it did not run"
+            else f"{how} before the call was sent: it did not run"
         )
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[list[int]]:
+    """While inside, SIGTERM (``timeout``, ``kill``, a supervisor) interrupts ``call`` as Ctrl-C
+    does, so that its one line says whether the call was sent; yields the list it appends the
+    signal to. The previous handler is restored on the way out."""
+    received: list[int] = []
+
+    def on_sigterm(signum: int, _frame: object) -> None:
+        received.append(signum)
+        signal.raise_signal(signal.SIGINT)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main thread: leave SIGTERM alone
+        yield received
+        return
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.asynccontextmanager
@@ -418,25 +442,28 @@ def _cmd_call(ns: argparse.Namespace) -> int:
         config_path, "call", f"garcon-link call controller.toml {target} '[...]'"
     )
     progress = _CallProgress()
+    terminated: list[int] = []
     try:
-        anyio.run(
-            lambda: _call(
-                config,
-                service,
-                method,
-                args,
-                kwargs,
-                ready_timeout=ns.timeout,
-                call_timeout=ns.call_timeout,
-                progress=progress,
-                executor_id=ns.executor,
-                wait=ns.wait,
+        with _sigterm_as_interrupt() as terminated:
+            anyio.run(
+                lambda: _call(
+                    config,
+                    service,
+                    method,
+                    args,
+                    kwargs,
+                    ready_timeout=ns.timeout,
+                    call_timeout=ns.call_timeout,
+                    progress=progress,
+                    executor_id=ns.executor,
+                    wait=ns.wait,
+                )
             )
-        )
     except BaseException as exc:
         leaf = _leaf(exc)
         if isinstance(leaf, KeyboardInterrupt):
-            raise CallInterrupted(progress.dispatched) from None
+            how = "terminated (SIGTERM)" if terminated else "interrupted"
+            raise CallInterrupted(progress.dispatched, how) from None
         if ns.verbose and isinstance(leaf, RemoteError) and leaf.remote_traceback:
             print(leaf.remote_traceback.rstrip(), file=sys.stderr)
         raise
