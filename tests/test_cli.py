@@ -1064,6 +1064,36 @@ def test_a_worker_with_every_place_taken_is_not_asked_whether_it_runs(tmp_path: 
         worker.kill()
 
 
+def test_a_call_to_a_draining_worker_says_it_drains(tmp_path: Path) -> None:
+    """A worker told to stop still finishes its running call; a new ``call`` meanwhile is told
+    that the worker drains (exit 3, DRAINING), not asked whether it runs."""
+    worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    worker = Worker(worker_toml, SERVICE, extra=("--drain", "30"))
+    holder: subprocess.Popen[bytes] | None = None
+    try:
+        controller = write_config(tmp_path, "c.toml", "controller", f'dial = "{worker.url()}"')
+        holder = subprocess.Popen(
+            [*CLI, "call", str(controller), "demo.hold", "[30]"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while run_cli("call", str(controller), "demo.holding").stdout.strip() != "1":
+            assert time.monotonic() < deadline, "the held call never started"
+            assert holder.poll() is None
+        worker.process.send_signal(signal.SIGTERM)
+        assert worker.wait_line("executor-draining").endswith("running=1")
+        done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "1")
+        assert done.returncode == cli.EXIT_NOT_DISPATCHED
+        assert_one_error_line(done.stderr, "[not_dispatched:DRAINING]", "is draining", "--wait")
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait(timeout=10)
+        worker.kill()
+
+
 def test_a_certificate_that_does_not_verify_is_named_as_the_cause() -> None:
     why = (
         "executor 'box' not ready within 10s: last dial: TLS handshake with 127.0.0.1:8443 "

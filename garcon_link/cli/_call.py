@@ -239,6 +239,13 @@ async def _ready(
             refused_dials=REFUSED_DIALS if wait is None else None,
         )
     except TimeoutError as exc:
+        if executor.availability == "draining":
+            raise NotDispatched(
+                "DRAINING",
+                f"executor {executor.executor_id!r} is draining: the {peer} was told to stop and "
+                f"refuses new calls; call again once it has restarted (--wait S waits up to S "
+                f"seconds for that)",
+            ) from None
         raise NotDispatched("NOT_READY", f"{exc}; {_not_ready_hint(str(exc), peer)}") from None
     except NotDispatched as exc:
         if exc.code != "UNREACHABLE":
