@@ -294,3 +294,20 @@ def test_a_dial_entry_with_nothing_listening_fails_fast_naming_its_url(fleet_dir
         f"cannot connect to 127.0.0.1:{port}",
         f'url = "{url}" of the [[executors.dial]] entry with id = "box-1" in fleet.toml',
     )
+
+
+def test_a_call_to_an_executor_nobody_enrolled_names_the_enrollment(fleet_dir: Path) -> None:
+    """A listening fleet waits in vain for an id without a key file: the message says so and
+    gives the keygen command; an enrolled id that is only absent gets no such hint."""
+    config = listening_fleet_config(fleet_dir, 0)
+    done = run_cli("call", str(config), "--executor", "box-9", "who.whoami", "--timeout", "0.5")
+    assert done.returncode == cli.EXIT_NOT_DISPATCHED
+    assert_one_error_line(
+        done.stderr,
+        "no worker can join as 'box-9'",
+        str(fleet_dir / "keys" / "box-9.secret"),
+        "garcon-link keygen --keyring",
+    )
+    done = run_cli("call", str(config), "--executor", "box-1", "who.whoami", "--timeout", "0.5")
+    assert done.returncode == cli.EXIT_NOT_DISPATCHED
+    assert "no worker can join" not in done.stderr

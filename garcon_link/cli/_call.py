@@ -26,6 +26,7 @@ from ..rpc.values import JSON_VALUES, VALUES_METADATA_KEY
 from ..settings.callers import CallerConfig
 from ..settings.config import LinkConfig
 from ..settings.fleet import FleetConfig
+from ..settings.keyring import KEY_SUFFIX, executor_id_problem
 from ._exits import EXIT_OK, UsageError, _leaf
 from ._output import _emit, _load_caller_or_any, _print_json, _setup_logging
 
@@ -220,6 +221,25 @@ def _not_ready_hint(why: str, peer: str) -> str:
     return f"is the {peer} running?"
 
 
+def _enrollment_hint(config: LinkConfig | FleetConfig, executor_id: str | None) -> str | None:
+    """For an executor a fleet configuration waits for in vain: that it has no key file in the
+    keyring (so no worker can ever join as it), with the command that enrolls it."""
+    if not isinstance(config, FleetConfig) or config.keyring is None or executor_id is None:
+        return None
+    if executor_id_problem(executor_id) is not None:
+        return None  # never a file name: the keyring refuses such an id before any lookup
+    if any(entry.executor_id == executor_id for entry in config.dial):
+        return None
+    key = config.keyring / f"{executor_id}{KEY_SUFFIX}"
+    if key.exists():
+        return None
+    return (
+        f"no worker can join as {executor_id!r}: {key} does not exist; enroll it with "
+        f"`garcon-link keygen --keyring {config.keyring} --executor {executor_id}` and give the "
+        f"worker that file as its secret_file"
+    )
+
+
 async def _ready(
     executor: RemoteExecutor,
     config: LinkConfig | FleetConfig,
@@ -246,7 +266,8 @@ async def _ready(
                 f"refuses new calls; call again once it has restarted (--wait S waits up to S "
                 f"seconds for that)",
             ) from None
-        raise NotDispatched("NOT_READY", f"{exc}; {_not_ready_hint(str(exc), peer)}") from None
+        hint = _enrollment_hint(config, executor_id) or _not_ready_hint(str(exc), peer)
+        raise NotDispatched("NOT_READY", f"{exc}; {hint}") from None
     except NotDispatched as exc:
         if exc.code != "UNREACHABLE":
             raise
