@@ -260,11 +260,11 @@ async def _ready(
         )
     except TimeoutError as exc:
         if executor.availability == "draining":
+            who = "the gateway" if peer == "gateway" else f"executor {executor.executor_id!r}"
             raise NotDispatched(
                 "DRAINING",
-                f"executor {executor.executor_id!r} is draining: the {peer} was told to stop and "
-                f"refuses new calls; call again once it has restarted (--wait S waits up to S "
-                f"seconds for that)",
+                f"{who} is draining: the {peer} was told to stop and refuses new calls; call "
+                f"again once it has restarted (--wait S waits up to S seconds for that)",
             ) from None
         hint = _enrollment_hint(config, executor_id) or _not_ready_hint(str(exc), peer)
         raise NotDispatched("NOT_READY", f"{exc}; {hint}") from None
