@@ -103,8 +103,11 @@ class Lines:
 
     def _read(self, process: subprocess.Popen[str]) -> None:
         assert process.stdout is not None
-        for line in process.stdout:
-            self._queue.put(line.rstrip("\n"))
+        try:
+            for line in process.stdout:
+                self._queue.put(line.rstrip("\n"))
+        except ValueError:  # the test closed the pipe (its process is gone) while this read
+            pass
         self._queue.put(None)
 
     def wait(self, predicate: Callable[[str], bool], timeout: float = 20) -> str:
