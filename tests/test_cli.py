@@ -860,6 +860,16 @@ def test_worker_serves_the_builtin_services_confined_to_root(tmp_path: Path) -> 
         worker.kill()
 
 
+def test_worker_help_names_every_line_it_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    """An operator greps for these: the help names each event line the worker prints."""
+    assert cli.main(["worker", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for line in ("executor-listening", "executor-dialing", "executor-ready"):
+        assert line in text
+    assert "executor-draining" in text and "executor-stopping" in text
+    assert "NOTIFY_SOCKET" in text
+
+
 def test_builtin_needs_a_root(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["worker", "cfg.toml", "--builtin", "files"]) == 2
     assert_one_error_line(capsys.readouterr().err, "--root")
@@ -1024,6 +1034,106 @@ def test_not_dispatched_when_no_worker_dials_in(tmp_path: Path) -> None:
     assert_one_error_line(done.stderr, "[not_dispatched:NOT_READY]")
 
 
+def test_a_worker_with_every_place_taken_is_not_asked_whether_it_runs(tmp_path: Path) -> None:
+    """A worker that refuses a controller because max_controllers are held (1013) runs: the
+    message says so and names the bound, instead of asking whether the worker runs."""
+    worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    with worker_toml.open("a", encoding="utf-8") as file:
+        file.write("max_controllers = 1\n")  # in the [limits] table FAST_LIMITS ends with
+    worker = Worker(worker_toml, SERVICE)
+    holder: subprocess.Popen[bytes] | None = None
+    try:
+        controller = write_config(tmp_path, "c.toml", "controller", f'dial = "{worker.url()}"')
+        holder = subprocess.Popen(
+            [*CLI, "call", str(controller), "demo.hold", "[30]"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        worker.wait_line("executor-ready")
+        done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "1")
+        assert done.returncode == cli.EXIT_NOT_DISPATCHED
+        assert_one_error_line(
+            done.stderr, "NOT_READY", "max_controllers=1", "every session place it has is taken"
+        )
+        assert "is the worker running?" not in done.stderr
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait(timeout=10)
+        worker.kill()
+
+
+def test_a_call_to_a_draining_worker_says_it_drains(tmp_path: Path) -> None:
+    """A worker told to stop still finishes its running call; a new ``call`` meanwhile is told
+    that the worker drains (exit 3, DRAINING), not asked whether it runs."""
+    worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
+    worker = Worker(worker_toml, SERVICE, extra=("--drain", "30"))
+    holder: subprocess.Popen[bytes] | None = None
+    try:
+        controller = write_config(tmp_path, "c.toml", "controller", f'dial = "{worker.url()}"')
+        holder = subprocess.Popen(
+            [*CLI, "call", str(controller), "demo.hold", "[30]"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while run_cli("call", str(controller), "demo.holding").stdout.strip() != "1":
+            assert time.monotonic() < deadline, "the held call never started"
+            assert holder.poll() is None
+        worker.process.send_signal(signal.SIGTERM)
+        assert worker.wait_line("executor-draining").endswith("running=1")
+        done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "1")
+        assert done.returncode == cli.EXIT_NOT_DISPATCHED
+        assert_one_error_line(done.stderr, "[not_dispatched:DRAINING]", "is draining", "--wait")
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait(timeout=10)
+        worker.kill()
+
+
+def test_a_certificate_that_does_not_verify_is_named_as_the_cause() -> None:
+    why = (
+        "executor 'box' not ready within 10s: last dial: TLS handshake with 127.0.0.1:8443 "
+        "failed: CERTIFICATE_VERIFY_FAILED"
+    )
+    hint = _call._not_ready_hint(why, "worker")
+    assert "certificate does not verify" in hint and "[tls] ca" in hint
+    assert "running?" not in hint
+    assert _call._not_ready_hint("last dial: timed out", "gateway") == "is the gateway running?"
+    held = "closed by peer code=4004 cause='another peer holds a healthy session'"
+    assert "its own controller_id" in _call._not_ready_hint(held, "worker")
+
+
+def test_a_listening_call_met_by_a_worker_with_another_secret_says_so(tmp_path: Path) -> None:
+    """The worker dials in, and its proof does not verify: the message names the secret, not
+    whether the worker runs."""
+    port = free_port()
+    controller = write_config(tmp_path, "c.toml", "controller", f'listen = "127.0.0.1:{port}"')
+    other = tmp_path / "other"
+    other.mkdir()
+    worker_toml = write_config(
+        other, "w.toml", "worker", f'dial = "ws://127.0.0.1:{port}/executor"'
+    )
+    caller = subprocess.Popen(
+        [*CLI, "call", str(controller), "demo.add", "[1, 2]", "--timeout", "3"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    worker = Worker(worker_toml, SERVICE)
+    try:
+        _, stderr = caller.communicate(timeout=30)
+    finally:
+        worker.kill()
+    assert caller.returncode == cli.EXIT_NOT_DISPATCHED
+    assert_one_error_line(stderr, "proof did not verify", "same secret (secret_file)")
+    assert "running?" not in stderr
+
+
 def test_wrong_secret_exits_8_at_once_and_says_what_to_fix(
     listening_worker: tuple[Worker, Path], tmp_path: Path
 ) -> None:
@@ -1143,6 +1253,28 @@ def test_port_in_use_is_exit_1(tmp_path: Path) -> None:
         f"cannot listen on 127.0.0.1:{port}",
         "another process listens there",
         "change [connection] listen",
+    )
+
+
+@pytest.mark.parametrize("command", ["call", "describe"])
+def test_a_listening_call_on_a_busy_port_names_the_controller_there(
+    tmp_path: Path, command: str
+) -> None:
+    """``call`` with a listening configuration is a controller itself: on a port another
+    controller holds (``garcon-link fleet`` on the same file) it says so."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = write_config(tmp_path, "c.toml", "controller", f'listen = "127.0.0.1:{port}"')
+        operands = ["demo.add", "[1, 2]"] if command == "call" else []
+        done = run_cli(command, str(config), *operands)
+    assert done.returncode == 1
+    assert_one_error_line(
+        done.stderr,
+        f"cannot listen on 127.0.0.1:{port}",
+        f"`garcon-link {command}` is a controller of its own",
+        "make the call from that program",
     )
 
 
@@ -1391,13 +1523,20 @@ def test_a_worker_with_no_services_warns_on_one_line(tmp_path: Path) -> None:
             assert "--service NAME=module:attr" in warnings[0]
 
 
-def interrupt(process: subprocess.Popen[str]) -> tuple[int, str]:
-    process.send_signal(signal.SIGINT)
+def interrupt(process: subprocess.Popen[str], signum: int = signal.SIGINT) -> tuple[int, str]:
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=30)
     return process.returncode, stderr
 
 
-def test_ctrl_c_during_call_says_the_call_was_sent_and_may_have_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "said"),
+    [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated (SIGTERM)")],
+)
+def test_ctrl_c_during_call_says_the_call_was_sent_and_may_have_run(
+    tmp_path: Path, signum: int, said: str
+) -> None:
+    """Ctrl-C, and SIGTERM (``timeout``, a supervisor) alike."""
     # A second controller would replace the session (and cancel the call): the handler tells
     # the test that it runs by creating a file.
     (tmp_path / "held.py").write_text(
@@ -1427,9 +1566,9 @@ def test_ctrl_c_during_call_says_the_call_was_sent_and_may_have_run(tmp_path: Pa
             assert time.monotonic() < deadline, "the held call never started"
             assert call.poll() is None, call.communicate()
             time.sleep(0.02)
-        code, stderr = interrupt(call)
+        code, stderr = interrupt(call, signum)
         assert code == cli.EXIT_INTERRUPTED
-        assert_one_error_line(stderr, "interrupted after the call was sent", "may have run")
+        assert_one_error_line(stderr, f"{said} after the call was sent", "may have run")
     finally:
         if call is not None and call.poll() is None:
             call.kill()

@@ -103,8 +103,11 @@ class Lines:
 
     def _read(self, process: subprocess.Popen[str]) -> None:
         assert process.stdout is not None
-        for line in process.stdout:
-            self._queue.put(line.rstrip("\n"))
+        try:
+            for line in process.stdout:
+                self._queue.put(line.rstrip("\n"))
+        except ValueError:  # the test closed the pipe (its process is gone) while this read
+            pass
         self._queue.put(None)
 
     def wait(self, predicate: Callable[[str], bool], timeout: float = 20) -> str:
@@ -233,6 +236,8 @@ def test_a_worker_whose_id_another_process_took_over_exits_7(fleet_dir: Path) ->
         assert first.wait_line("executor-stopping").endswith("reason=TAKEN_OVER")
         errors = [line for line in first.stderr().splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and "another process took over executor id 'box-1'" in errors[0]
+        assert "(another process took over" not in errors[0]  # said once
+        assert "an executor_id (and a key) of its own" in errors[0]
         assert second.process.poll() is None  # the newer one keeps serving
         said = [message for message in rest(notify) if "STOPPING" in message]
         status = "executor box-1: taken over by another process"
@@ -292,3 +297,20 @@ def test_a_dial_entry_with_nothing_listening_fails_fast_naming_its_url(fleet_dir
         f"cannot connect to 127.0.0.1:{port}",
         f'url = "{url}" of the [[executors.dial]] entry with id = "box-1" in fleet.toml',
     )
+
+
+def test_a_call_to_an_executor_nobody_enrolled_names_the_enrollment(fleet_dir: Path) -> None:
+    """A listening fleet waits in vain for an id without a key file: the message says so and
+    gives the keygen command; an enrolled id that is only absent gets no such hint."""
+    config = listening_fleet_config(fleet_dir, 0)
+    done = run_cli("call", str(config), "--executor", "box-9", "who.whoami", "--timeout", "0.5")
+    assert done.returncode == cli.EXIT_NOT_DISPATCHED
+    assert_one_error_line(
+        done.stderr,
+        "no worker can join as 'box-9'",
+        str(fleet_dir / "keys" / "box-9.secret"),
+        "garcon-link keygen --keyring",
+    )
+    done = run_cli("call", str(config), "--executor", "box-1", "who.whoami", "--timeout", "0.5")
+    assert done.returncode == cli.EXIT_NOT_DISPATCHED
+    assert "no worker can join" not in done.stderr

@@ -447,6 +447,21 @@ def test_non_utf8_refused(tmp_path: Path) -> None:
             id="limits-field-in-connection",
         ),
         pytest.param(
+            LISTEN_BODY + 'state_dir = "state"\n',  # below [connection]: in that table
+            ["[connection] state_dir", "'state_dir' is a top-level key: move it above the first"],
+            id="top-level-key-in-connection",
+        ),
+        pytest.param(
+            LISTEN_BODY + "[limits]\nallow_insecure_development = true\n",
+            ["[limits] allow_insecure_development", "is a top-level key: move it above"],
+            id="top-level-key-in-limits",
+        ),
+        pytest.param(
+            LISTEN_BODY + '[tls]\ncert = "a"\nsecret_file = "b"\n',
+            ["[tls] secret_file", "'secret_file' is a top-level key"],
+            id="top-level-key-in-tls",
+        ),
+        pytest.param(
             LISTEN_BODY + "[limits]\nheartbeat_intervall = 3\n",
             ["[limits] heartbeat_intervall", "did you mean 'heartbeat_interval'?"],
             id="misspelt-limits-field",
@@ -1262,6 +1277,11 @@ FLEET_REFUSALS = [
     ),
     ('role = "controller"', 'role = "controller"\nsecret = "x"', ["secret", "own secret_file"]),
     ('role = "controller"', 'role = "controller"\nbogus = 1', ["bogus", "unknown key"]),
+    (
+        'listen = "127.0.0.1:8443"',
+        'listen = "127.0.0.1:8443"\ncontroller_id = "ops"',
+        ["[connection] controller_id", "'controller_id' is a top-level key"],
+    ),
     (
         'listen = "127.0.0.1:8443"',
         'listen = "127.0.0.1:8443"\ndial = "ws://127.0.0.1:1/executor"',

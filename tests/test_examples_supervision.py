@@ -88,6 +88,10 @@ def test_the_unit_file_runs_a_worker_the_cli_accepts() -> None:
     drain = ns["drain"]
     assert isinstance(drain, float) and 0 < drain < float(service["TimeoutStopSec"])
     assert service["KillSignal"] == "SIGTERM"  # what starts the drain
+    # The state directory is inside the one directory the sandbox lets the worker write.
+    state_dir = ns["state_dir"]
+    assert isinstance(state_dir, str)
+    assert Path(state_dir).parent == Path("/var/lib") / service["StateDirectory"]
 
 
 def test_the_gateway_unit_file_is_a_notify_service_that_drains() -> None:

@@ -94,6 +94,27 @@ def test_a_directory_that_is_not_writable_is_one_line(tmp_path: Path) -> None:
         target.chmod(0o700)
 
 
+def test_a_directory_on_a_read_only_file_system_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Even root cannot write a read-only mount: the fix is a remount, not permissions. The
+    file system's answers are faked (a mount needs privileges)."""
+    target = tmp_path / "ro"
+    target.mkdir()
+    real_statvfs = os.statvfs
+
+    def read_only(path: object) -> os.statvfs_result:
+        found = real_statvfs(path)  # type: ignore[arg-type]
+        fields = list(found)
+        fields[8] = found.f_flag | os.ST_RDONLY  # f_flag
+        return os.statvfs_result(fields)
+
+    monkeypatch.setattr(os, "access", lambda *args, **kwargs: False)
+    monkeypatch.setattr(os, "statvfs", read_only)
+    text = refusal(target)
+    assert "read-only file system" in text and "remount it read-write" in text
+
+
 def test_a_file_that_is_no_database_is_named(tmp_path: Path) -> None:
     target = tmp_path / "s"
     target.mkdir()

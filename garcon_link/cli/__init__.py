@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             if ns.command in ("call", "describe"):
                 return EXIT_OTHER
         log.debug("command failed", exc_info=exc)
-        text = _describe(leaf)
+        text = _describe(leaf, ns.command)
         if not _is_expected(leaf):
             if ns.verbose:
                 traceback.print_exception(exc, file=sys.stderr)

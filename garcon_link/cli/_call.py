@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -15,7 +16,8 @@ import anyio
 from ..api.controller import ExecutorInfo, RemoteExecutor, connect
 from ..api.fleet import fleet
 from ..api.relay import RELAY_SERVICE, GatewayExecutor, connect_gateway
-from ..errors import ConfigError, NotDispatched, RemoteError
+from ..core.wire import CloseCode
+from ..errors import ConfigError, HandshakeFailure, NotDispatched, RemoteError
 from ..logs import peer_message
 from ..rpc.interface import MethodKind, MethodSpec
 from ..rpc.manifest import manifest_method
@@ -24,6 +26,7 @@ from ..rpc.values import JSON_VALUES, VALUES_METADATA_KEY
 from ..settings.callers import CallerConfig
 from ..settings.config import LinkConfig
 from ..settings.fleet import FleetConfig
+from ..settings.keyring import KEY_SUFFIX, executor_id_problem
 from ._exits import EXIT_OK, UsageError, _leaf
 from ._output import _emit, _load_caller_or_any, _print_json, _setup_logging
 
@@ -93,14 +96,37 @@ class _CallProgress:
 
 
 class CallInterrupted(KeyboardInterrupt):
-    """Ctrl-C during ``call`` (exit 130); the message says whether the call was sent."""
+    """Ctrl-C or SIGTERM during ``call`` (exit 130); the message says whether the call was
+    sent."""
 
-    def __init__(self, dispatched: bool) -> None:
+    def __init__(self, dispatched: bool, how: str = "interrupted") -> None:
         super().__init__(
-            "interrupted after the call was sent: it may have run on the worker (outcome unknown)"
+            f"{how} after the call was sent: it may have run on the worker (outcome unknown)"
             if dispatched
-            else "interrupted before the call was sent: it did not run"
+            else f"{how} before the call was sent: it did not run"
         )
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[list[int]]:
+    """While inside, SIGTERM (``timeout``, ``kill``, a supervisor) interrupts ``call`` as Ctrl-C
+    does, so that its one line says whether the call was sent; yields the list it appends the
+    signal to. The previous handler is restored on the way out."""
+    received: list[int] = []
+
+    def on_sigterm(signum: int, _frame: object) -> None:
+        received.append(signum)
+        signal.raise_signal(signal.SIGINT)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main thread: leave SIGTERM alone
+        yield received
+        return
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.asynccontextmanager
@@ -149,6 +175,71 @@ def _dial_field(config: LinkConfig | FleetConfig, executor_id: str | None) -> st
     return None
 
 
+FULL = f"code={CloseCode.TRY_AGAIN_LATER.value}"
+"""How a refusal of a peer whose places are all taken reads in a link error (``closed by peer
+code=1013 cause='... max_controllers=N ...'``)."""
+
+
+VERIFY_FAILED = "CERTIFICATE_VERIFY_FAILED"
+"""How a dial whose TLS peer's certificate did not verify reads in a link error."""
+
+
+_HANDSHAKE_MISMATCHES = (
+    HandshakeFailure.AUTH_FAILED,
+    HandshakeFailure.EXECUTOR_MISMATCH,
+    HandshakeFailure.ROLE_CONFLICT,
+)
+"""Refusals of a handshake that reached the other end: what a configuration that listens (the
+worker dials in) meets with the wrong secret, executor id or role; a dialer is told at once."""
+
+
+def _not_ready_hint(why: str, peer: str) -> str:
+    """What to do about an executor not ready in time, given the causes the link reported."""
+    if FULL in why:
+        return (
+            f"the {peer} runs, but every session place it has is taken (the bound named in the "
+            f"cause): retry once another program has disconnected, or raise that bound in the "
+            f"{peer}'s configuration"
+        )
+    if any(reason.description in why for reason in _HANDSHAKE_MISMATCHES):
+        return (
+            f"a {peer} got through, and the handshake failed: both ends need the same secret "
+            f"(secret_file) and executor_id, and opposite roles"
+        )
+    if HandshakeFailure.SUPERSEDED.description in why:
+        return (
+            f"the {peer} runs, and another process with this controller_id holds a live session "
+            f"with it: give each program that runs at the same time its own controller_id, or "
+            f"none (one id takes the place over only once its old process stops answering)"
+        )
+    if VERIFY_FAILED in why:
+        return (
+            f"the {peer} answers with TLS, but its certificate does not verify: set [tls] ca to "
+            f"the CA file that signed it (a private CA), and check that the certificate names "
+            f"the host or IP address of [connection] dial"
+        )
+    return f"is the {peer} running?"
+
+
+def _enrollment_hint(config: LinkConfig | FleetConfig, executor_id: str | None) -> str | None:
+    """For an executor a fleet configuration waits for in vain: that it has no key file in the
+    keyring (so no worker can ever join as it), with the command that enrolls it."""
+    if not isinstance(config, FleetConfig) or config.keyring is None or executor_id is None:
+        return None
+    if executor_id_problem(executor_id) is not None:
+        return None  # never a file name: the keyring refuses such an id before any lookup
+    if any(entry.executor_id == executor_id for entry in config.dial):
+        return None
+    key = config.keyring / f"{executor_id}{KEY_SUFFIX}"
+    if key.exists():
+        return None
+    return (
+        f"no worker can join as {executor_id!r}: {key} does not exist; enroll it with "
+        f"`garcon-link keygen --keyring {config.keyring} --executor {executor_id}` and give the "
+        f"worker that file as its secret_file"
+    )
+
+
 async def _ready(
     executor: RemoteExecutor,
     config: LinkConfig | FleetConfig,
@@ -168,7 +259,15 @@ async def _ready(
             refused_dials=REFUSED_DIALS if wait is None else None,
         )
     except TimeoutError as exc:
-        raise NotDispatched("NOT_READY", f"{exc}; is the {peer} running?") from None
+        if executor.availability == "draining":
+            who = "the gateway" if peer == "gateway" else f"executor {executor.executor_id!r}"
+            raise NotDispatched(
+                "DRAINING",
+                f"{who} is draining: the {peer} was told to stop and refuses new calls; call "
+                f"again once it has restarted (--wait S waits up to S seconds for that)",
+            ) from None
+        hint = _enrollment_hint(config, executor_id) or _not_ready_hint(str(exc), peer)
+        raise NotDispatched("NOT_READY", f"{exc}; {hint}") from None
     except NotDispatched as exc:
         if exc.code != "UNREACHABLE":
             raise
@@ -371,25 +470,28 @@ def _cmd_call(ns: argparse.Namespace) -> int:
         config_path, "call", f"garcon-link call controller.toml {target} '[...]'"
     )
     progress = _CallProgress()
+    terminated: list[int] = []
     try:
-        anyio.run(
-            lambda: _call(
-                config,
-                service,
-                method,
-                args,
-                kwargs,
-                ready_timeout=ns.timeout,
-                call_timeout=ns.call_timeout,
-                progress=progress,
-                executor_id=ns.executor,
-                wait=ns.wait,
+        with _sigterm_as_interrupt() as terminated:
+            anyio.run(
+                lambda: _call(
+                    config,
+                    service,
+                    method,
+                    args,
+                    kwargs,
+                    ready_timeout=ns.timeout,
+                    call_timeout=ns.call_timeout,
+                    progress=progress,
+                    executor_id=ns.executor,
+                    wait=ns.wait,
+                )
             )
-        )
     except BaseException as exc:
         leaf = _leaf(exc)
         if isinstance(leaf, KeyboardInterrupt):
-            raise CallInterrupted(progress.dispatched) from None
+            how = "terminated (SIGTERM)" if terminated else "interrupted"
+            raise CallInterrupted(progress.dispatched, how) from None
         if ns.verbose and isinstance(leaf, RemoteError) and leaf.remote_traceback:
             print(leaf.remote_traceback.rstrip(), file=sys.stderr)
         raise

@@ -154,20 +154,31 @@ _LISTEN_HINTS = {
 }
 
 
-def _listen_hint(exc: BaseException) -> str:
-    """What to do about an address a listener could not bind (empty for any other failure)."""
+_CALLER_IN_USE_HINT = (
+    "with a configuration that listens, `garcon-link {command}` is a controller of its own that "
+    "waits for workers to dial in, and another process listens there (a `garcon-link fleet` or "
+    "your controller, on this configuration?); make the call from that program, or stop it first"
+)
+
+
+def _listen_hint(exc: BaseException, command: str | None = None) -> str:
+    """What to do about an address a listener could not bind (empty for any other failure);
+    ``command`` is the one that failed (``call`` and ``describe`` listen only as controllers)."""
     cause = exc.__cause__
     if not isinstance(exc, LinkError) or not isinstance(cause, OSError):
         return ""
     if not str(exc).startswith("cannot listen on"):
         return ""
+    if cause.errno == errno.EADDRINUSE and command in ("call", "describe"):
+        return "; " + _CALLER_IN_USE_HINT.format(command=command)
     hint = _LISTEN_HINTS.get(cause.errno or 0)
     return f"; {hint}" if hint else ""
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, command: str | None = None) -> str:
+    """The one error line's text for ``exc``, a failure of ``command``."""
     if isinstance(exc, UsageError | GarconLinkError):
-        return str(exc) + _listen_hint(exc)
+        return str(exc) + _listen_hint(exc, command)
     if isinstance(exc, KeyboardInterrupt):
         return str(exc) or "interrupted"
     if isinstance(exc, StdoutClosed):

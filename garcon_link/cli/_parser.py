@@ -118,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="serve services until SIGINT/SIGTERM",
         description="Serve Python objects to a controller. Prints key=value lines: "
-        "executor-listening (or executor-dialing), executor-ready per fresh session, "
-        "executor-stopping on SIGINT/SIGTERM (exit 0).",
+        "executor-listening (or executor-dialing), executor-ready per fresh session; on "
+        "SIGINT/SIGTERM executor-draining (running=N), then executor-stopping (exit 0). Under "
+        "systemd (NOTIFY_SOCKET set) it sends READY=1, STATUS=, WATCHDOG=1 and STOPPING=1.",
         epilog="--service NAME=module:attr: an object is served as is; a class is instantiated "
         "once with no arguments;\na function is a per-session factory: called with the "
         "session's ServiceScope, it returns an async\ncontext manager yielding the object "

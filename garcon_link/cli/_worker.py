@@ -20,6 +20,7 @@ import anyio
 
 from ..api.registration import ServiceFactory, ServiceMap
 from ..api.worker import Worker
+from ..errors import HandshakeFailure
 from ..rpc.resources import ServiceScope
 from ..settings.config import LinkConfig
 from ._exits import EXIT_OK, TakenOver, UsageError
@@ -235,9 +236,12 @@ async def _serve_until_signal(
             if worker.taken_over is not None:
                 worker._stopping(f"executor {executor_id}: taken over by another process")
                 _emit(f"executor-stopping executor={executor_id} reason=TAKEN_OVER")
+                reason = worker.taken_over
+                said = "" if reason == HandshakeFailure.TAKEN_OVER.description else f" ({reason})"
                 raise TakenOver(
-                    f"another process took over executor id {executor_id!r} "
-                    f"({worker.taken_over}); two workers must not share one executor id"
+                    f"another process took over executor id {executor_id!r}{said}; two workers "
+                    f"must not share one executor id: stop the other one, or give this worker "
+                    f"an executor_id (and a key) of its own"
                 )
 
 

@@ -345,6 +345,11 @@ def open_state_directory(path: str | os.PathLike[str], executor_id: str) -> Stat
     with _refusing(f"state directory {directory}: cannot create it", fix_dir):
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not os.access(directory, os.W_OK | os.X_OK):
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            raise ConfigError(
+                f"state directory {directory}: on a read-only file system; remount it "
+                "read-write, or give this worker a state directory on a writable one"
+            )
         raise ConfigError(f"state directory {directory}: not writable by this user; {fix_dir}")
     lock_fd = _take_lock(directory)
     try:

@@ -86,15 +86,27 @@ _SUGGESTED_KEY_CHARS = 100
 """The longest unknown key a close allowed one is looked for (a longer one is no typo)."""
 
 
-def _suggestion(key: str, allowed: tuple[str, ...], where: str) -> str:
-    """``did you mean 'x'?`` for a misspelt key: the closest allowed one, or the ``[limits]``
-    field closest to a key written in another table (a key below ``[connection]`` is in that
-    table); else empty."""
+_TABLES = frozenset({"connection", "tls", "limits", "executors", "callers"})
+"""Names of tables, never suggested as top-level keys to move."""
+
+
+def _suggestion(
+    key: str, allowed: tuple[str, ...], where: str, top_level: tuple[str, ...] = ()
+) -> str:
+    """``did you mean 'x'?`` for a misspelt key: the closest allowed one; for a key of
+    ``top_level`` written in a table (TOML puts every key below ``[connection]`` in that table),
+    to move it up; or the ``[limits]`` field closest to a key written in another table; else
+    empty."""
     if len(key) > _SUGGESTED_KEY_CHARS:
         return ""
     close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.75)
     if close:
         return f"did you mean {close[0]!r}?"
+    if where and key in top_level and key not in _TABLES:
+        return (
+            f"{key!r} is a top-level key: move it above the first [table] line (every key "
+            f"below {where} belongs to that table)"
+        )
     if where == "[limits]":
         return ""
     fields = tuple(field.name for field in dataclasses.fields(Limits))
@@ -104,16 +116,24 @@ def _suggestion(key: str, allowed: tuple[str, ...], where: str) -> str:
     return ""
 
 
-def _check_keys(table: dict[str, Any], allowed: tuple[str, ...], path: Path, where: str) -> None:
+def _check_keys(
+    table: dict[str, Any],
+    allowed: tuple[str, ...],
+    path: Path,
+    where: str,
+    top_level: tuple[str, ...] = (),
+) -> None:
+    """Refuse the first key of ``table`` not in ``allowed``, with a hint: ``top_level`` are the
+    document's top-level keys, for a key written in table ``where`` that belongs above it."""
     for key in table:
         if key not in allowed:
             prefix = f"{where} " if where else ""
+            fix = _suggestion(key, allowed, where, top_level) or "remove it or fix its spelling"
             raise refusal(
                 path,
                 f"{prefix}{key}",
                 "unknown key",
-                f"{_suggestion(key, allowed, where) or 'remove it or fix its spelling'}; "
-                f"allowed keys{' in ' + where if where else ''}: {', '.join(allowed)}",
+                f"{fix}; allowed keys{' in ' + where if where else ''}: {', '.join(allowed)}",
             )
 
 
@@ -145,13 +165,14 @@ def _resolve(base: Path, value: str, path: Path, what: str) -> Path:
     return candidate if candidate.is_absolute() else base / candidate
 
 
-def _load_limits(doc: dict[str, Any], path: Path) -> Limits:
-    """The document's ``[limits]`` table as :class:`Limits` (the defaults when it has none)."""
+def _load_limits(doc: dict[str, Any], path: Path, top_level: tuple[str, ...] = ()) -> Limits:
+    """The document's ``[limits]`` table as :class:`Limits` (the defaults when it has none);
+    ``top_level``: the document's top-level keys (:func:`_check_keys`)."""
     table = _get(doc, "limits", dict, path, "[limits]")
     if table is None:
         return Limits()
     kinds = {f.name: f.type for f in dataclasses.fields(Limits)}
-    _check_keys(table, tuple(kinds), path, "[limits]")
+    _check_keys(table, tuple(kinds), path, "[limits]", top_level)
     changes: dict[str, Any] = {}
     for key, value in table.items():
         if isinstance(value, bool) or not isinstance(value, int | float):

@@ -418,7 +418,7 @@ def _build_caller(doc: dict[str, Any], source: Path) -> CallerConfig:
         raise refusal(
             source, "[connection]", "missing", 'add [connection] dial = "wss://gateway/executor"'
         )
-    _check_keys(connection, ("dial",), source, "[connection]")
+    _check_keys(connection, ("dial",), source, "[connection]", _CALLER_TOP_LEVEL_KEYS)
     dial = _get(connection, "dial", str, source, "[connection] dial")
     if dial is None:
         raise refusal(
@@ -432,8 +432,8 @@ def _build_caller(doc: dict[str, Any], source: Path) -> CallerConfig:
         caller_id=caller_id,
         secret=secret,
         dial=dial,
-        tls=_load_tls(doc, source),
-        limits=_load_limits(doc, source),
+        tls=_load_tls(doc, source, _CALLER_TOP_LEVEL_KEYS),
+        limits=_load_limits(doc, source, _CALLER_TOP_LEVEL_KEYS),
         allow_insecure_development=bool(insecure),
         source=source,
     )

@@ -706,7 +706,7 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
             "missing",
             'add a [connection] table with listen = "127.0.0.1:8765" or dial = "wss://..."',
         )
-    _check_keys(connection, _CONNECTION_KEYS, source, "[connection]")
+    _check_keys(connection, _CONNECTION_KEYS, source, "[connection]", _TOP_LEVEL_KEYS)
     listen_text = _get(connection, "listen", str, source, "[connection] listen")
     dial_value = connection.get("dial")
     also_dial: tuple[str, ...] = ()
@@ -724,8 +724,8 @@ def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
         dial = _get(connection, "dial", str, source, "[connection] dial")
     listen = _parse_listen(listen_text, source) if listen_text is not None else None
 
-    tls = _load_tls(doc, source)
-    limits = _load_limits(doc, source)
+    tls = _load_tls(doc, source, _TOP_LEVEL_KEYS)
+    limits = _load_limits(doc, source, _TOP_LEVEL_KEYS)
     state_text = _get(doc, "state_dir", str, source, "state_dir")
     state_dir = None if state_text is None else _resolve(base, state_text, source, "state_dir")
 

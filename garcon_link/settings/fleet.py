@@ -398,11 +398,13 @@ def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
                 "a fleet controller dials workers through [[executors.dial]] entries",
                 "move it to an [[executors.dial]] entry with id, url and secret_file",
             )
-        _check_keys(connection, _FLEET_CONNECTION_KEYS, source, "[connection]")
+        _check_keys(
+            connection, _FLEET_CONNECTION_KEYS, source, "[connection]", _FLEET_TOP_LEVEL_KEYS
+        )
         listen_text = _get(connection, "listen", str, source, "[connection] listen")
         listen = _parse_listen(listen_text, source) if listen_text is not None else None
 
-    _check_keys(executors, _EXECUTORS_KEYS, source, "[executors]")
+    _check_keys(executors, _EXECUTORS_KEYS, source, "[executors]", _FLEET_TOP_LEVEL_KEYS)
     keyring = None
     keyring_text = _get(executors, "keyring", str, source, "[executors] keyring")
     if keyring_text is not None:
@@ -436,8 +438,8 @@ def _build_fleet(doc: dict[str, Any], source: Path) -> FleetConfig:
         listen=listen,
         keyring=keyring,
         dial=dial,
-        tls=_load_tls(doc, source),
-        limits=_load_limits(doc, source),
+        tls=_load_tls(doc, source, _FLEET_TOP_LEVEL_KEYS),
+        limits=_load_limits(doc, source, _FLEET_TOP_LEVEL_KEYS),
         allow_insecure_development=bool(insecure),
         source=source,
         controller_id=_fleet_controller_id(doc, source),

@@ -147,11 +147,15 @@ class TlsConfig:
 # --------------------------------------------------------------------------- loading
 
 
-def _load_tls(doc: dict[str, Any], source: Path) -> TlsConfig | None:
+def _load_tls(
+    doc: dict[str, Any], source: Path, top_level: tuple[str, ...] = ()
+) -> TlsConfig | None:
+    """The document's ``[tls]`` table (``None`` without one); ``top_level``: the document's
+    top-level keys, for the hint of one written below ``[tls]``."""
     tls_table = _get(doc, "tls", dict, source, "[tls]")
     if tls_table is None:
         return None
-    _check_keys(tls_table, _TLS_KEYS, source, "[tls]")
+    _check_keys(tls_table, _TLS_KEYS, source, "[tls]", top_level)
     files: dict[str, Path | None] = {}
     for key in _TLS_KEYS:
         value = _get(tls_table, key, str, source, f"[tls] {key}")
