@@ -38,6 +38,7 @@ import pytest
 from faultutil import PeakRss, wait_for
 
 import garcon_link as gl
+from garcon_link.rpc.chunks import INTERACTIVE_S
 from garcon_link.settings.secrets import read_secret_file, write_secret_file
 from garcon_link.testing import FaultProxy
 
@@ -116,6 +117,10 @@ async def test_a_full_fleet_budget_is_back_pressure_bounded_and_drains(tmp_path:
                 await executor.wait_ready(10)
             sessions = {i: s.session for i, s in fleet.executors().items()}
             assert all(sessions.values())
+            # The sessions' own small messages (the describe exchange) are older than
+            # INTERACTIVE_S from here on, so the transfers below are paced by the whole bulk
+            # window (what fills the shared budget), not one small part at a time.
+            await anyio.sleep(2 * INTERACTIVE_S)
 
             def retained() -> int:
                 return sum(e.statistics().retained_bytes for e in executors)
