@@ -817,6 +817,9 @@ class RemoteExecutor(Endpoint):
         if not changed and not uncompared:
             return  # the same contracts spelled differently
         additive = all(c[1] is Compatibility.ADDITIVE for c in changed)
+        # Each verdict is its own limiter key: an additive change logged a moment ago never
+        # hides an incompatible one (nor an unverified one).
+        kind = "incompatible" if not additive else "unverified" if uncompared else "additive"
         verdict = (
             "calls of incompatible or removed methods fail"
             if not additive
@@ -832,7 +835,7 @@ class RemoteExecutor(Endpoint):
         more = f"; and {hidden} more" if hidden else ""
         self._peer_log().log(
             self.executor_id,
-            "contract changed",
+            f"contract changed: {kind}",
             "executor %s: the worker's contract changed (%s): %s%s",
             self.executor_id,
             verdict,
