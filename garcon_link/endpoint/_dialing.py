@@ -12,8 +12,9 @@ Upgrade, handshake and admission together are bounded by ``handshake_timeout``.
 A failed dial (:class:`~garcon_link.errors.LinkError`) is counted (``dials_refused`` and
 ``dials_refused_in_a_row`` when nothing of our scheme answered: :class:`Unreachable`), kept as
 :attr:`Dialer.last_dial_error`, told to the dial listeners and logged at most once per
-``log_interval`` per target and kind of failure (a :class:`~garcon_link.logs.PeerLogLimiter`); any other exception is the peer's
-failure (the link's ``peer_failed``), never the loop's: it dials again.
+``log_interval`` per target and kind of failure (a :class:`~garcon_link.logs.PeerLogLimiter`);
+any other exception is the peer's failure (the link's ``peer_failed``), never the loop's: it
+dials again.
 
 The dialer also keeps what the link's handshakes learn about this end's standing, for every
 link (a listening link's handshakes report here too):
