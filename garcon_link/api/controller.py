@@ -550,8 +550,10 @@ class RemoteExecutor(Endpoint):
         Args:
             timeout: seconds to wait (``None``: no limit).
             refused_dials: give up once this many dials in a row found nothing at the dialed
-                address (connection refused, or the host name did not resolve) instead of
-                waiting out ``timeout``, or once one met a server of the other scheme
+                address (connection refused, or the host name did not resolve) or what a
+                redial meets again (an HTTP client error, a TLS certificate that does not
+                verify) instead of waiting out ``timeout``, or once one met a server of the
+                other scheme
                 (:class:`~garcon_link.errors.WrongScheme`); ``None`` (the default) waits for a
                 worker that is starting. A listening executor never dials, so this never ends
                 its wait.
