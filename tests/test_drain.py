@@ -187,8 +187,10 @@ async def test_the_controller_sees_the_workers_goodbye_as_draining(direction: An
             await draining.wait()  # while "a" is held: the worker cannot have closed yet
             assert not held_done.is_set()
             assert executor.availability == "draining"
-            with pytest.raises(TimeoutError):
+            with pytest.raises(TimeoutError) as late:
                 await executor.wait_ready(timeout=0.05)  # draining is not ready
+            assert "the worker is draining" in str(late.value), late.value
+            assert "no session yet" not in str(late.value)
 
             with pytest.raises(gl.NotDispatched) as refused:
                 await calc.add(1, 2)

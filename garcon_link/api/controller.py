@@ -604,8 +604,18 @@ class RemoteExecutor(Endpoint):
         self._wake()
 
     def _why_not_ready(self) -> str:
-        """The causes known so far: the refused session's, the link's, the last dial's."""
-        causes = [self.last_error] if self.last_error else []
+        """The causes known so far: a drain, the refused session's, the link's, the last
+        dial's."""
+        causes: list[str] = []
+        if self._draining:
+            causes.append("the executor is closing (draining): it will not be ready again")
+        elif self._availability == "draining":
+            causes.append(
+                "the worker is draining (it was told to stop and refuses new calls): ready "
+                "again once it has restarted"
+            )
+        if self.last_error:
+            causes.append(self.last_error)
         dial = self.link.last_dial_error
         if dial is not None:
             causes.append(f"last dial: {dial}")
