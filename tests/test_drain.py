@@ -163,6 +163,10 @@ async def test_worker_drain_time_up_fails_running_calls_as_unknown(direction: An
             await host.closed.wait()
             await held_done.wait()
         assert len(held) == 1 and isinstance(held[0], gl.OutcomeUnknown), held
+        unknown = held[0]
+        assert unknown.code == "CONTINUITY_LOST", unknown
+        # What happened, in the words of the end that calls: the worker stopped mid-call.
+        assert "the worker stopped (shut down) while the call ran" in unknown.message, unknown
         assert "cancelled:stuck" in impl.probe  # the close cancelled it: no result was made up
 
 
