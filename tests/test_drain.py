@@ -163,6 +163,10 @@ async def test_worker_drain_time_up_fails_running_calls_as_unknown(direction: An
             await host.closed.wait()
             await held_done.wait()
         assert len(held) == 1 and isinstance(held[0], gl.OutcomeUnknown), held
+        unknown = held[0]
+        assert unknown.code == "CONTINUITY_LOST", unknown
+        # What happened, in the words of the end that calls: the worker stopped mid-call.
+        assert "the worker stopped (shut down) while the call ran" in unknown.message, unknown
         assert "cancelled:stuck" in impl.probe  # the close cancelled it: no result was made up
 
 
@@ -187,8 +191,10 @@ async def test_the_controller_sees_the_workers_goodbye_as_draining(direction: An
             await draining.wait()  # while "a" is held: the worker cannot have closed yet
             assert not held_done.is_set()
             assert executor.availability == "draining"
-            with pytest.raises(TimeoutError):
+            with pytest.raises(TimeoutError) as late:
                 await executor.wait_ready(timeout=0.05)  # draining is not ready
+            assert "the worker is draining" in str(late.value), late.value
+            assert "no session yet" not in str(late.value)
 
             with pytest.raises(gl.NotDispatched) as refused:
                 await calc.add(1, 2)

@@ -550,8 +550,10 @@ class RemoteExecutor(Endpoint):
         Args:
             timeout: seconds to wait (``None``: no limit).
             refused_dials: give up once this many dials in a row found nothing at the dialed
-                address (connection refused, or the host name did not resolve) instead of
-                waiting out ``timeout``, or once one met a server of the other scheme
+                address (connection refused, or the host name did not resolve) or what a
+                redial meets again (an HTTP client error, a TLS certificate that does not
+                verify) instead of waiting out ``timeout``, or once one met a server of the
+                other scheme
                 (:class:`~garcon_link.errors.WrongScheme`); ``None`` (the default) waits for a
                 worker that is starting. A listening executor never dials, so this never ends
                 its wait.
@@ -602,8 +604,18 @@ class RemoteExecutor(Endpoint):
         self._wake()
 
     def _why_not_ready(self) -> str:
-        """The causes known so far: the refused session's, the link's, the last dial's."""
-        causes = [self.last_error] if self.last_error else []
+        """The causes known so far: a drain, the refused session's, the link's, the last
+        dial's."""
+        causes: list[str] = []
+        if self._draining:
+            causes.append("the executor is closing (draining): it will not be ready again")
+        elif self._availability == "draining":
+            causes.append(
+                "the worker is draining (it was told to stop and refuses new calls): ready "
+                "again once it has restarted"
+            )
+        if self.last_error:
+            causes.append(self.last_error)
         dial = self.link.last_dial_error
         if dial is not None:
             causes.append(f"last dial: {dial}")
@@ -817,6 +829,9 @@ class RemoteExecutor(Endpoint):
         if not changed and not uncompared:
             return  # the same contracts spelled differently
         additive = all(c[1] is Compatibility.ADDITIVE for c in changed)
+        # Each verdict is its own limiter key: an additive change logged a moment ago never
+        # hides an incompatible one (nor an unverified one).
+        kind = "incompatible" if not additive else "unverified" if uncompared else "additive"
         verdict = (
             "calls of incompatible or removed methods fail"
             if not additive
@@ -832,7 +847,7 @@ class RemoteExecutor(Endpoint):
         more = f"; and {hidden} more" if hidden else ""
         self._peer_log().log(
             self.executor_id,
-            "contract changed",
+            f"contract changed: {kind}",
             "executor %s: the worker's contract changed (%s): %s%s",
             self.executor_id,
             verdict,

@@ -11,8 +11,10 @@ Upgrade, handshake and admission together are bounded by ``handshake_timeout``.
 
 A failed dial (:class:`~garcon_link.errors.LinkError`) is counted (``dials_refused`` and
 ``dials_refused_in_a_row`` when nothing of our scheme answered: :class:`Unreachable`), kept as
-:attr:`Dialer.last_dial_error` and told to the dial listeners; any other exception is the peer's
-failure (the link's ``peer_failed``), never the loop's: it dials again.
+:attr:`Dialer.last_dial_error`, told to the dial listeners and logged at most once per
+``log_interval`` per target and kind of failure (a :class:`~garcon_link.logs.PeerLogLimiter`);
+any other exception is the peer's failure (the link's ``peer_failed``), never the loop's: it
+dials again.
 
 The dialer also keeps what the link's handshakes learn about this end's standing, for every
 link (a listening link's handshakes report here too):
@@ -52,7 +54,7 @@ from ..errors import (
     Unreachable,
 )
 from ..limits import Limits
-from ..logs import log_fields
+from ..logs import PeerLogLimiter, log_fields
 from ..net.addresses import DialTarget
 from ..net.ws import Admitted, Authenticate, LinkStatistics, client_upgrade, close_stream, connect
 
@@ -62,6 +64,14 @@ log = logging.getLogger("garcon_link.link")  # the link's logger: the name users
 def dial_peer(target: DialTarget | None) -> str | None:
     """The ``gl_peer`` log field of a dial target (``host:port``, as its socket's peer)."""
     return None if target is None else f"{target.host}:{target.port}"
+
+
+def _failure_kind(exc: LinkError) -> str:
+    """The limiter's reason for a failed dial: our own word for its kind, never its text."""
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, HandshakeFailure):
+        return f"{type(exc).__name__} {reason.name}"
+    return type(exc).__name__
 
 
 class Dialer:
@@ -129,6 +139,11 @@ class Dialer:
         """Why the latest dial attempt failed (``None`` once a dial attached a socket): what a
         caller waiting for readiness reports (a dialing link only)."""
         self._dial_listeners: list[Callable[[LinkError], None]] = []
+        # A peer that stays down fails every dial: one WARNING per target and kind of failure
+        # per ``log_interval``, the next one saying how many were left out.
+        self._dial_log = PeerLogLimiter(
+            log, interval=limits.log_interval, max_lines=limits.max_log_lines
+        )
         self.stopped = anyio.Event()
         """Set when the link gave up for good (:attr:`taken_over`)."""
 
@@ -264,12 +279,16 @@ class Dialer:
             self._stats.dials_refused_in_a_row += 1
         else:  # it connected and found something of its scheme
             self._stats.dials_refused_in_a_row = 0
-        log.warning(
+        peer = dial_peer(target)
+        assert peer is not None
+        self._dial_log.log(
+            peer,
+            _failure_kind(exc),
             "%s dial %s failed: %s",
             self._tag,
             target.url,
             why,
-            extra=log_fields(executor=self._executor_id, peer=dial_peer(target)),
+            extra=log_fields(executor=self._executor_id, peer=peer),
         )
         for listener in list(self._dial_listeners):
             listener(exc)

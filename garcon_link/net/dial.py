@@ -23,7 +23,7 @@ from wsproto.events import AcceptConnection, RejectConnection, Request
 
 from ..errors import LinkError, Unreachable, WrongScheme
 from ..limits import Limits
-from ..logs import peer_text
+from ..logs import peer_message, peer_text
 from . import _asyncio_stream
 from .addresses import DialTarget
 from .budgets import LinkStatistics
@@ -31,6 +31,9 @@ from .websocket import _READ_CHUNK, BROKEN, GONE, WebSocket
 
 _SPEAKS_TLS = "answered with TLS, not plain text (a wss:// server); dial wss://"
 
+
+_VERIFY_CHARS = 200
+"""The most characters shown of the TLS library's reason a certificate did not verify."""
 
 _HTTP = b"HTTP/"
 _TRANSIENT_REFUSALS = frozenset({408, 425, 429})
@@ -112,8 +115,9 @@ async def client_upgrade(
 
     Raises:
         Unreachable: the answer is not HTTP, or an HTTP client error such as a 404 (a redial
-            meets the same: :func:`_refused_upgrade`); :class:`WrongScheme` for the other
-            scheme.
+            meets the same: :func:`_refused_upgrade`), or the server's TLS certificate does not
+            verify (the message says why: self-signed, another host's, expired...);
+            :class:`WrongScheme` for the other scheme.
         LinkError: TLS failed, the connection was lost, the upgrade was refused otherwise or
             the response was not a valid upgrade.
     """
@@ -166,6 +170,17 @@ async def client_upgrade(
                     f"({peer_text(exc)}): not a garcon-link endpoint (another program on that "
                     "port?)"
                 ) from exc
+    except ssl.SSLCertVerificationError as exc:
+        # The server's certificate is not trusted, names another host, or has expired: every
+        # redial meets the same certificate, so, like a client error answered to the upgrade,
+        # this is a dial that found no endpoint of ours.
+        why = peer_message(getattr(exc, "verify_message", None) or str(exc), _VERIFY_CHARS)
+        raise Unreachable(
+            f"{target.url}: the TLS certificate of {peer} does not verify: {why} "
+            "(CERTIFICATE_VERIFY_FAILED); trust the CA that signed it "
+            "(the client's ssl context, [tls] ca) and dial a host name or address the "
+            "certificate names"
+        ) from exc
     except ssl.SSLError as exc:
         if exc.reason == "WRONG_VERSION_NUMBER":  # where a TLS record was due
             raise WrongScheme(

@@ -139,16 +139,19 @@ class Caller:
         """Calls awaiting a reply, plus abandoned ones whose ``cancel`` is still queued."""
         return len(self._pending) + self._outbox.owed_cancels
 
-    def retire(self, why: str) -> None:
+    def retire(self, why: str, *, sent: str | None = None) -> None:
         """Fail every pending call honestly (module docstring of :mod:`.rpc`); later calls are
-        ``NotDispatched("OFFLINE")``. Idempotent."""
+        ``NotDispatched("OFFLINE")``. ``sent``, if given, is ``why`` as said of a call whose
+        request was sent. Idempotent."""
         if self._retired is not None:
             return
         self._retired = NotDispatched("OFFLINE", why)
         offered = self.transport.offered
         for pending in list(self._pending.values()):
             if pending.ordinal is not None and pending.ordinal <= offered:
-                error: CallError = OutcomeUnknown("CONTINUITY_LOST", f"the request was sent; {why}")
+                error: CallError = OutcomeUnknown(
+                    "CONTINUITY_LOST", f"the request was sent; {sent or why}"
+                )
             else:
                 error = NotDispatched("CONTINUITY_LOST", f"the request never left; {why}")
             self._finish(pending, error=error)

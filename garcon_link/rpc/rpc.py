@@ -176,9 +176,9 @@ from typing import Any
 
 import anyio
 
-from ..core.wire import decode_item
+from ..core.wire import CloseCode, decode_item
 from ..endpoint.transport import PayloadConsumer, SessionTransport
-from ..errors import CallError, MalformedFrame, RemoteError
+from ..errors import CallError, FailureReason, MalformedFrame, RemoteError, SessionFailed
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..net.backend import on_asyncio
@@ -255,6 +255,19 @@ __all__ = [
 ]
 
 log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
+
+
+_GOING_AWAY = f"peer closed with {CloseCode.GOING_AWAY.value}"
+"""How a session retired by the peer's 1001 close (its process shutting down) is detailed."""
+
+
+def _shut_down(failure: Exception | None) -> bool:
+    """Whether ``failure`` is the peer's process shutting down (its link closed with 1001)."""
+    return (
+        isinstance(failure, SessionFailed)
+        and failure.reason is FailureReason.PEER_RETIRED
+        and (failure.detail == _GOING_AWAY or failure.detail.startswith(f"{_GOING_AWAY} ("))
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -613,7 +626,16 @@ class ExecutorRpc:
             return
         self._retired = True
         failure = self.transport.failure
-        self._caller.retire(str(failure) if failure is not None else "session ended")
+        if _shut_down(failure):
+            assert isinstance(failure, SessionFailed)
+            # The peer's process stopped (a worker whose drain time ran out, say): said as
+            # such, not as a retirement of the session the reader must decode.
+            self._caller.retire(
+                f"the {self.peer} stopped (shut down) ({failure.detail})",
+                sent=f"the {self.peer} stopped (shut down) while the call ran ({failure.detail})",
+            )
+        else:
+            self._caller.retire(str(failure) if failure is not None else "session ended")
         self._handlers.retire()
         self._transfers.reset()  # a partial transfer of the peer's never completes
         self._outbox.retire()  # nothing queued can be sent any more
