@@ -74,6 +74,7 @@ __all__ = [
     "encode_receipt",
     "iter_packets",
     "message_head",
+    "peer_retired_detail",
 ]
 
 Ordinal = NewType("Ordinal", int)
@@ -113,6 +114,12 @@ class CloseCode(enum.IntEnum):
     TAKEN_OVER = 4009
     """Another runtime of the same executor took over this one's session: two
     processes claim one executor id, an operator error; the receiving side stops dialing."""
+
+
+def peer_retired_detail(code: int, reason: str = "") -> str:
+    """How a session retired by the peer's close (one of :data:`PEER_RETIRED_CODES`) is
+    detailed in its :class:`~garcon_link.errors.SessionFailed`; ``reason``: the close's."""
+    return f"peer closed with {code}" + (f" ({reason})" if reason else "")
 
 
 PEER_RETIRED_CODES = frozenset(

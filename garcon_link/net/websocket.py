@@ -25,7 +25,7 @@ from wsproto.connection import ConnectionState
 from wsproto.events import BytesMessage, CloseConnection, Ping, Pong, TextMessage
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
-from ..core.wire import PEER_RETIRED_CODES, CloseCode
+from ..core.wire import PEER_RETIRED_CODES, CloseCode, peer_retired_detail
 from ..errors import FrameTooLarge, MalformedFrame
 from ..limits import Limits
 from ..logs import log_fields
@@ -297,8 +297,7 @@ class WebSocket:
     def retired_by_peer(self) -> str | None:
         """Why the peer's close retired the session (a 1001/4005/4006/4008 close), else None."""
         if self.peer_close is not None and self.peer_close[0] in PEER_RETIRED_CODES:
-            code, reason = self.peer_close
-            return f"peer closed with {code}" + (f" ({reason})" if reason else "")
+            return peer_retired_detail(*self.peer_close)
         return None
 
     @property

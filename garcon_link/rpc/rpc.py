@@ -176,7 +176,7 @@ from typing import Any
 
 import anyio
 
-from ..core.wire import CloseCode, decode_item
+from ..core.wire import CloseCode, decode_item, peer_retired_detail
 from ..endpoint.transport import PayloadConsumer, SessionTransport
 from ..errors import CallError, FailureReason, MalformedFrame, RemoteError, SessionFailed
 from ..limits import Limits
@@ -257,7 +257,7 @@ __all__ = [
 log = logging.getLogger("garcon_link.rpc")  # the name users configure (README)
 
 
-_GOING_AWAY = f"peer closed with {CloseCode.GOING_AWAY.value}"
+_GOING_AWAY = peer_retired_detail(CloseCode.GOING_AWAY)
 """How a session retired by the peer's 1001 close (its process shutting down) is detailed."""
 
 
