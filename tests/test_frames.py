@@ -172,7 +172,7 @@ def test_large_frames_written_here_are_what_wsproto_writes_and_reads(size: int) 
 def test_a_deferred_masked_frame_is_masked_slice_by_slice_into_the_same_frame(size: int) -> None:
     """With ``deferred``, a large client frame is a MaskedFrame: any cut of it into slices,
     each masked on its own, joins into one frame wsproto reads as the payload; a prefix written
-    in front of it (a held frame) stays unmasked; small frames are built as before."""
+    in front of it (a held frame) stays unmasked; small frames are built whole, masked at once."""
     payload = os.urandom(size)
     client, server = _pair()
     fast = FastFrames.of(client, deferred=True)
