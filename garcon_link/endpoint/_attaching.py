@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 import anyio
 
@@ -46,7 +45,6 @@ from .transport import SessionTransport
 
 log = logging.getLogger("garcon_link.link")  # the link's logger: the name users configure (README)
 
-Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], bool]
 """Starts a task in the link's task group (a heartbeat's ping that waits for the socket);
 whether it did."""
 
@@ -59,7 +57,6 @@ class Attachments:
         stats: the link's counters.
         tag: the link's log prefix.
         heartbeat: the heartbeat to run beside each attached socket's pump.
-        spawn: starts a task in the link's task group.
         peer_failed: the link's mapping of an unexpected exception (logged, counted).
         taken_over: the link's record of a takeover (a peer's 4009).
     """
@@ -71,7 +68,6 @@ class Attachments:
         *,
         tag: str,
         heartbeat: Heartbeat,
-        spawn: Spawn,
         peer_failed: Callable[[str, Exception], str],
         taken_over: Callable[[str], None],
     ) -> None:
@@ -79,7 +75,6 @@ class Attachments:
         self._stats = stats
         self._tag = tag
         self._heartbeat = heartbeat
-        self._spawn = spawn
         self._peer_failed = peer_failed
         self._taken_over = taken_over
         self.count = 0
@@ -133,7 +128,7 @@ class Attachments:
             if on_asyncio():
                 # The heartbeat as loop timers: no task (nor task group) per attachment.
                 with anyio.CancelScope() as scope:
-                    beating = self._heartbeat.start(slot, sock, scope, self._spawn)
+                    beating = self._heartbeat.start(slot, sock, scope)
                     try:
                         await self._pump(sock, transport, peer_received)
                     finally:

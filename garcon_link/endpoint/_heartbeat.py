@@ -5,7 +5,7 @@ Theory of operation
 -------------------
 One :class:`Heartbeat` per link. On asyncio an attached socket's heartbeat is loop timers
 (:meth:`Heartbeat.start`, no task: a resume storm allocates and wakes less per socket; a ping
-that cannot be written at once goes out from a short task of the link's); elsewhere
+the socket cannot take at once is tried again by timer, ``PING_RETRY_S``); elsewhere
 :meth:`Heartbeat.run` is one task per attached socket, beside the session's pump. Both follow
 the same steps. It obeys the pure :func:`~garcon_link.core.heartbeat.heartbeat_step`: ping
 every ``heartbeat_interval``, and close the socket (resumably, 4007) after ``heartbeat_timeout``
@@ -26,10 +26,8 @@ lookup it is given.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 import anyio
 
@@ -71,17 +69,11 @@ class Heartbeat:
         self._tag = tag
         self._key_for = key_for
 
-    def start(
-        self,
-        slot: _Slot,
-        sock: WebSocket,
-        scope: anyio.CancelScope,
-        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool],
-    ) -> _Beating:
+    def start(self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope) -> _Beating:
         """On asyncio: follow :func:`~garcon_link.core.heartbeat.heartbeat_step` for ``sock``
         with loop timers until :meth:`_Beating.stop` (``scope``: the socket's, cancelled to end
-        it; ``spawn``: starts a task, for a ping that has to wait for the socket)."""
-        return _Beating(self, slot, sock, scope, spawn)
+        it)."""
+        return _Beating(self, slot, sock, scope)
 
     async def run(
         self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope, beat: anyio.CancelScope
@@ -168,12 +160,18 @@ class Heartbeat:
         return True
 
 
+PING_RETRY_S = 0.01
+"""How often a heartbeat on loop timers tries again a ping the socket could not take at once (a
+write in progress), until the ping's ``within`` has passed."""
+
+
 class _Beating:
     """One attached socket's heartbeat as loop timers (asyncio): the steps of
     :meth:`Heartbeat.run`, each at its wake time in a loop callback. A ping is written at once
-    when the socket can take it, else by a task (``spawn``) that waits for the socket at most
-    the step's ``within``, as :meth:`Heartbeat.run` does; while that task waits, no other ping
-    is started."""
+    when the socket can take it; else it is tried again every :data:`PING_RETRY_S` until the
+    step's ``within`` has passed (then it is given up, as :meth:`Heartbeat.run` gives up its
+    wait), and no other ping is started meanwhile. Nothing here starts a task: a loop callback
+    runs outside any task, where anyio cannot start one."""
 
     __slots__ = (
         "_beat",
@@ -181,12 +179,11 @@ class _Beating:
         "_loop",
         "_next_key_check",
         "_next_ping",
-        "_pinging",
+        "_ping_until",
         "_quiet",
         "_scope",
         "_slot",
         "_sock",
-        "_spawn",
         "_timer",
     )
 
@@ -196,13 +193,11 @@ class _Beating:
         slot: _Slot,
         sock: WebSocket,
         scope: anyio.CancelScope,
-        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool],
     ) -> None:
         self._beat = beat
         self._slot = slot
         self._sock = sock
         self._scope = scope
-        self._spawn = spawn
         limits = beat._limits
         self._quiet = quiet_period(limits, dialer=beat._dialer)
         loop = self._loop = asyncio.get_running_loop()
@@ -211,12 +206,12 @@ class _Beating:
         self._next_key_check = (
             now + limits.key_recheck_interval if beat._key_for is not None else None
         )
-        self._pinging = False
+        self._ping_until = 0.0  # while a ping waits for the socket: when it is given up
         self._done = False
         self._timer: asyncio.Handle | None = loop.call_soon(self._step)
 
     def stop(self) -> None:
-        """End the heartbeat (the socket ended); a ping task still waiting gives up."""
+        """End the heartbeat (the socket ended)."""
         self._done = True
         timer, self._timer = self._timer, None
         if timer is not None:
@@ -232,50 +227,37 @@ class _Beating:
             return
         beat, sock = self._beat, self._sock
         now = self._loop.time()
-        while True:
-            action = heartbeat_step(
-                now,
-                reading=sock.reading,
-                last_inbound=sock.last_inbound,
-                busy=sock.busy,
-                next_ping=self._next_ping,
-                next_key_check=self._next_key_check,
-                quiet=self._quiet,
-                limits=beat._limits,
-            )
-            if isinstance(action, RecheckKey):
-                self._next_key_check = action.next_key_check
-                if beat._key_revoked(self._slot, sock):
-                    self._end_socket()
-                    return
-                continue  # the same step goes on with the same ``now``
-            if isinstance(action, Timeout):
-                beat._timed_out(sock, action)
-                self._end_socket()
-                return
-            self._next_ping = action.next_ping
-            if isinstance(action, Ping) and not self._pinging:
-                try:
-                    written = sock.ping_nowait()
-                except SocketGone:
-                    self._end_socket()
-                    return
-                if not written:
-                    self._pinging = True  # (before: a task run at once clears it in its end)
-                    if not self._spawn(functools.partial(self._ping, action.within)):
-                        self._pinging = False  # the link has ended
-            self._timer = self._loop.call_at(action.wake, self._step)
-            return
-
-    async def _ping(self, within: float) -> None:
-        """A ping that waits for the socket (a write in progress, or paused), at most
-        ``within`` seconds."""
         try:
-            if not self._done:
-                with anyio.move_on_after(within):
-                    await self._sock.ping()
+            if self._ping_until and (sock.ping_nowait() or now >= self._ping_until):
+                self._ping_until = 0.0
+            while True:
+                action = heartbeat_step(
+                    now,
+                    reading=sock.reading,
+                    last_inbound=sock.last_inbound,
+                    busy=sock.busy,
+                    next_ping=self._next_ping,
+                    next_key_check=self._next_key_check,
+                    quiet=self._quiet,
+                    limits=beat._limits,
+                )
+                if isinstance(action, RecheckKey):
+                    self._next_key_check = action.next_key_check
+                    if beat._key_revoked(self._slot, sock):
+                        self._end_socket()
+                        return
+                    continue  # the same step goes on with the same ``now``
+                if isinstance(action, Timeout):
+                    beat._timed_out(sock, action)
+                    self._end_socket()
+                    return
+                self._next_ping = action.next_ping
+                if isinstance(action, Ping) and not self._ping_until and not sock.ping_nowait():
+                    self._ping_until = now + action.within
+                wake = action.wake
+                if self._ping_until:
+                    wake = min(wake, now + PING_RETRY_S, self._ping_until)
+                self._timer = self._loop.call_at(wake, self._step)
+                return
         except SocketGone:
-            if not self._done:
-                self._end_socket()
-        finally:
-            self._pinging = False
+            self._end_socket()

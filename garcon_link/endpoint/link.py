@@ -85,8 +85,8 @@ import logging
 import os
 import random
 import ssl
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeAlias
+from collections.abc import Awaitable, Callable
+from typing import TypeAlias
 
 import anyio
 import anyio.abc
@@ -359,7 +359,6 @@ class WebSocketLink:
             self._stats,
             tag=self._tag,
             heartbeat=heartbeat,
-            spawn=self._spawn,
             peer_failed=self._peer_failed,
             taken_over=self._dialer.was_taken_over,
         )
@@ -678,14 +677,6 @@ class WebSocketLink:
             extra=log_fields(executor=self.executor_id),
         )
         return why
-
-    def _spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> bool:
-        """Start ``task`` in the link's task group (a heartbeat's ping that waits); whether it
-        was started (not once the link has ended)."""
-        if self._tg is None or self._tg.cancel_scope.cancel_called:
-            return False
-        self._tg.start_soon(task)
-        return True
 
     async def _authenticate_incoming(self, sock: WebSocket) -> Admitted | None:
         return await self._authenticate(sock, listening=True)

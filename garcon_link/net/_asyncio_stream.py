@@ -353,7 +353,7 @@ class AsyncioByteStream(anyio.abc.ByteStream):
     def writable_now(self) -> bool:
         """Whether :meth:`send_nowait` would write now: open, no send in progress, not paused."""
         protocol = self._protocol
-        return not (  # _unwritable() is None, inline: this runs before every direct write
+        return not (  # unwritable() is None, inline: this runs before every direct write
             self._sending
             or protocol.writing_paused
             or self._rest is not None
@@ -444,8 +444,9 @@ class AsyncioByteStream(anyio.abc.ByteStream):
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _unwritable(self) -> Exception | None:
-        """Why nothing can be written any more (the exception to raise), or ``None``."""
+    def unwritable(self) -> Exception | None:
+        """Why nothing can be written any more (the exception to raise), or ``None``: a stream
+        that is only busy or paused now is not unwritable."""
         if self._closed:
             return anyio.ClosedResourceError()
         if self._protocol.error is not None:
@@ -457,7 +458,7 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         return None
 
     def _check_writable(self) -> None:
-        error = self._unwritable()
+        error = self.unwritable()
         if error is not None:
             raise error
 

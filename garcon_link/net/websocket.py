@@ -310,13 +310,21 @@ class WebSocket:
 
     def ping_nowait(self) -> bool:
         """Write a ping synchronously if :meth:`writable_now`; ``False`` (nothing written:
-        :meth:`ping` it) otherwise.
+        :meth:`ping` it, or try again) if the socket is only busy or paused now.
 
         Raises:
-            anyio.BrokenResourceError: the socket is dead (as :meth:`ping`).
+            SocketGone: the socket is dead (as :meth:`ping` would raise), so a caller that
+                only ever pings without waiting still learns it.
         """
         stream = self._nowait
-        if stream is None or not self.writable_now():
+        if stream is None:
+            return False
+        if self._closed or self.ws.state is not _OPEN:
+            raise SocketGone("socket is closed")
+        if not self.writable_now():
+            gone = stream.unwritable()
+            if gone is not None:
+                raise self._gone(gone)
             return False
         try:
             data = self.ws.send(Ping())
