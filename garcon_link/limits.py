@@ -542,9 +542,12 @@ class Limits:
     gateway_stream_window_items: int = field(
         default=8,
         metadata=_doc(
-            "Stream credit, in items, a gateway grants the executor of each relayed stream "
-            "(the caller grants the gateway its own stream_window_items): what one stream may "
-            "have queued on the executor's session ahead of other callers' replies.",
+            "Stream credit, in items, a gateway keeps granted the executor of each relayed "
+            "stream while its caller is the only one active there (the caller grants the "
+            "gateway its own stream_window_items): what one stream may have queued on the "
+            "executor's session ahead of other callers' replies. Beside other callers it is "
+            "scaled by the caller's share now over its whole share (at least 1), and grows "
+            "back as they go idle.",
             maximum=1_000_000,
         ),
     )

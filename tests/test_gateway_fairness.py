@@ -9,7 +9,9 @@ is served meanwhile. While another caller has a call or stream there, each calle
 ``gateway_contended_window`` split between them: the worker's ledger shows the flooder's calls
 running at once held to it, the whole share returns once the other caller left, a caller's
 streams opened while it was alone are fed only a share's worth at a time (the rest stand still
-at the worker), and a caller refused for want of a grant does not count. No timing is
+at the worker), a caller refused for want of a grant does not count, and a relayed stream's
+credit to the executor follows its caller's share (its producer stops sooner beside another
+caller, and goes on with the whole window once that caller has gone idle). No timing is
 asserted; the gateway's helpers are those of tests/test_gateway.py.
 """
 
@@ -28,6 +30,8 @@ from test_gateway import (
     LIMITS,
     Ident,
     caller,
+    caller_config,
+    device,
     enroll,
     one_device_two_callers,
     running_gateway,
@@ -282,3 +286,48 @@ async def test_streams_opened_alone_go_on_a_share_at_a_time_once_another_caller_
                     lambda: min(taken["s2"], taken["s3"]) >= 200, 10, "all four fed again"
                 )
                 tg.cancel_scope.cancel()
+
+
+async def test_a_relayed_streams_credit_to_the_executor_follows_its_callers_share(
+    tmp_path: Path,
+) -> None:
+    """While another caller has a call in flight on the executor, a stream a caller opens there
+    keeps granted the executor gateway_stream_window_items (8) scaled by the caller's share now
+    over its whole share (2 of 8): 2 items, so its producer stops within a few items of what the
+    caller took (its own credit to the gateway is 1 item). Once the other caller has gone idle,
+    the same stream's next grant tops it up to the whole window of 8. The bound holds at every
+    instant; the pause only gives a runaway producer time to show."""
+    limits = LIMITS.replace(
+        max_pending_calls=16,
+        gateway_caller_share=0.5,
+        gateway_contended_window=4,
+        gateway_active_window=0.05,
+        gateway_stream_window_items=8,
+    )
+    slow = LIMITS.replace(stream_window_items=1, stream_window_bytes=1 << 20)
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path, limits=limits) as gw, AsyncExitStack() as stack:
+            _, service = await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            config = caller_config(tmp_path, "web-1", gw.url)
+            greedy = await stack.enter_async_context(gl.connect_gateway(config, limits=slow))
+            other = await stack.enter_async_context(caller(tmp_path, "web-2", gw.url))
+            await greedy.executor("box-1").wait_ready(10)
+            await other.executor("box-1").wait_ready(10)
+            mine = greedy.executor("box-1").service("ident", Ident)
+            stream = mine.count(100_000)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other.executor("box-1").service("ident", Ident).hold, 30.0)
+                await service.started.wait()
+                assert gw.share_of("web-1", "box-1") == 2
+                assert await stream.__anext__() == 0
+                await anyio.sleep(0.3)
+                # Taken 1, the caller's credit 1, the gateway's credit to the executor 2 (at
+                # most twice that): 6; a window of 8 would let it produce 8 or more.
+                assert service.produced <= 1 + 1 + 2 * 2, service.produced
+                tg.cancel_scope.cancel()  # the other caller's call ends
+            await wait_for(
+                lambda: gw.share_of("web-1", "box-1") == 8, 10, "the other caller gone idle"
+            )
+            assert await stream.__anext__() == 1
+            await wait_for(lambda: service.produced >= 2 + 8, 5, "the whole window again")
+            await stream.aclose()  # type: ignore[attr-defined]

@@ -31,7 +31,10 @@ being active until ``gateway_active_window`` after its last call there ended:
 :meth:`Gateway.share_of`; past it ``NotDispatched("OVERLOADED")``, not forwarded), so one
 caller cannot fill an executor's session for the others nor queue more than a few calls ahead
 of theirs; ``gateway_stream_window_items`` of credit granted the executor per relayed stream,
-so a caller's streams queue at most its share times that many items there (streams past a
+scaled by its caller's share now over its whole share at each grant
+(:meth:`Gateway._stream_window`: 1 item each for a share of 8 of 64, the whole window again
+once the other callers have gone idle), so a caller's streams queue at most its share times
+that many items there, about as many as its calls would (streams past a
 share that shrank under them take no item until their turn: ``_wait_turn``); ``FORBIDDEN``
 answers past a caller's allowance (``gateway_forbidden_rate`` per second after a burst of
 ``gateway_forbidden_burst``, each paused at most ``gateway_forbidden_delay``; all
@@ -117,7 +120,8 @@ class Gateway:
     flight up to :meth:`share_of` -- ``gateway_caller_share`` of ``max_pending_calls`` for a
     caller alone there, an even split of ``gateway_contended_window`` between the callers
     active there otherwise -- and ``gateway_stream_window_items`` of executor credit per
-    relayed stream; past a share, ``NotDispatched("OVERLOADED")``, never forwarded.
+    relayed stream, scaled by its caller's share as it changes; past a share,
+    ``NotDispatched("OVERLOADED")``, never forwarded.
 
     Args:
         config: a :class:`~garcon_link.GatewayConfig` (``gl.load_gateway_config``).
@@ -632,8 +636,10 @@ class Gateway:
                 observer.client_ended(observed, exc.outcome, exc.code, False)
                 raise
         member.calls += 1
-        window = self.limits.gateway_stream_window_items
-        stream = rpc.stream_relayed(service, method, arguments, dict(metadata) or None, window)
+        window_now = functools.partial(self._stream_window, caller, executor)
+        stream = rpc.stream_relayed(
+            service, method, arguments, dict(metadata) or None, window_now(), window_now
+        )
         return share, member, stream, observed
 
     async def _forward(
@@ -862,6 +868,17 @@ class Gateway:
         ended = self._ended.pop(share[1], None)
         if ended is not None:
             ended.set()
+
+    def _stream_window(self, caller: str, executor: str) -> int:
+        """The credit, in items, a relayed stream of ``caller``'s to ``executor`` keeps granted
+        it, asked at each grant: ``gateway_stream_window_items`` scaled by the caller's share
+        there now (:meth:`share_of`) over its whole share, at least 1. Alone, a stream keeps
+        the whole window; beside other callers, a caller's streams together hold about as many
+        items on the executor's session ahead of another caller's reply as its share holds
+        calls (8 streams of 1 item by default, not of 8), and the window grows back once the
+        others have gone idle."""
+        share = self.share_of(caller, executor)
+        return max(1, self.limits.gateway_stream_window_items * share // self._share)
 
     def _limit_now(self, executor: str) -> int:
         """A caller's share of ``executor`` now, counting every caller remembered active there

@@ -399,12 +399,14 @@ class Caller:
         arguments: bytes,
         metadata: Mapping[str, str] | None,
         window_items: int | None = None,
+        window_now: Callable[[], int] | None = None,
     ) -> RemoteStream:
         """Open a remote stream whose arguments are already encoded (as :meth:`call_relayed`);
         its items are the decoded CBOR data, unconverted, and it ends with the
         :class:`CallError` itself (no remote exception is re-created). ``window_items``: the
-        credit in items granted the producer (default ``Limits.stream_window_items``)."""
-        return _RelayedStream(self, service, method, arguments, metadata, window_items)
+        credit in items granted the producer (default ``Limits.stream_window_items``);
+        ``window_now``: asked at each grant instead, the window as it is then."""
+        return _RelayedStream(self, service, method, arguments, metadata, window_items, window_now)
 
     def forward(
         self,

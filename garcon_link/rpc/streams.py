@@ -88,6 +88,7 @@ class RemoteStream(AsyncIterator[Any]):
         kwargs: Mapping[str, Any],
         metadata: Mapping[str, str] | None = None,
         window_items: int | None = None,
+        window_now: Callable[[], int] | None = None,
     ) -> None:
         self._caller = caller
         self._metadata = metadata
@@ -99,6 +100,9 @@ class RemoteStream(AsyncIterator[Any]):
         limits = caller.limits
         # The credit, in items, granted the producer: the limits' unless the opener chose.
         self._window = limits.stream_window_items if window_items is None else window_items
+        # The window as it is now, asked at each grant, where it may change over the stream's
+        # life (a gateway's relayed stream follows its caller's share); else ``_window``.
+        self._window_now = window_now
         self._state = _StreamState(self._window, limits.stream_window_bytes)
         self._consumed = 0
         self._consumed_bytes = 0
@@ -166,20 +170,28 @@ class RemoteStream(AsyncIterator[Any]):
         state = self._state
         if state.ended or self._pending is None:
             return
-        if (
-            self._consumed >= max(1, self._window // 2)
-            or self._consumed_bytes >= limits.stream_window_bytes // 2
-        ):
-            items, nbytes = self._consumed, max(self._consumed_bytes, 1)
-            # What the producer may send grows with the grant at once (the consumer's view
-            # can only be ahead of the producer's, never behind: no false violation).
-            state.credit_items += items
-            state.credit_bytes += nbytes
-            self._caller._outbox.send_soon(
-                CONTROL_KIND, encode_request(Credit(self._pending.id, items, nbytes))
-            )
-            self._consumed = 0
-            self._consumed_bytes = 0
+        bytes_due = self._consumed_bytes >= limits.stream_window_bytes // 2
+        if self._consumed < max(1, self._window // 2) and not bytes_due:
+            return
+        items = self._consumed
+        if self._window_now is not None:
+            # Topped up to the window as it is now: what the producer may still send and what
+            # waits here unread count against it, so a smaller window grants less (down to
+            # nothing, never taking back what was granted) and a larger one more.
+            window = self._window = self._window_now()
+            items = max(0, window - state.credit_items - len(state.items))
+            if items < max(1, window // 2) and not bytes_due:
+                return
+        nbytes = max(self._consumed_bytes, 1)
+        # What the producer may send grows with the grant at once (the consumer's view can only
+        # be ahead of the producer's, never behind: no false violation).
+        state.credit_items += items
+        state.credit_bytes += nbytes
+        self._caller._outbox.send_soon(
+            CONTROL_KIND, encode_request(Credit(self._pending.id, items, nbytes))
+        )
+        self._consumed = 0
+        self._consumed_bytes = 0
 
     def _close(self) -> None:
         self._closed = True
@@ -210,8 +222,11 @@ class _RelayedStream(RemoteStream):
         arguments: bytes,
         metadata: Mapping[str, str] | None,
         window_items: int | None,
+        window_now: Callable[[], int] | None = None,
     ) -> None:
-        super().__init__(caller, service, RELAYED_STREAM, (), {}, metadata, window_items)
+        super().__init__(
+            caller, service, RELAYED_STREAM, (), {}, metadata, window_items, window_now
+        )
         self._method = method
         self._arguments = arguments
 
