@@ -33,6 +33,19 @@ def quick_run(
     )
 
 
+def relay_run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.relay ARGS``, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.relay", *args],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def test_quick_run_of_the_floors_writes_positive_figures(tmp_path: Path) -> None:
     output = tmp_path / "results.json"
     readme = ROOT / "benchmarks" / "README.md"
@@ -260,15 +273,7 @@ def test_quick_run_of_the_fairness_benchmark_measures_every_figure(tmp_path: Pat
 def test_the_relay_benchmark_refuses_an_unknown_flood_phase_before_it_starts() -> None:
     """``--floods`` is checked up front (``none`` runs no flood phase): an unknown phase is a
     usage error naming the choices, not a flooder child that dies and a crash in the parent."""
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.relay", "--quick", "--floods", "calls,bogus"],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    completed = relay_run("--quick", "--floods", "calls,bogus", timeout=30)
     assert completed.returncode == 2, completed.stdout + completed.stderr
     assert "unknown phase 'bogus'" in completed.stderr
     assert "ungranted, calls, streams" in completed.stderr and "Traceback" not in completed.stderr
@@ -279,16 +284,8 @@ def test_the_relay_benchmarks_flood_phase_alternates_windows_with_both_flooders(
     for each pair of windows, run at nice 19 (judged) and at the default priority: each gives
     its median and worst factor, its median p99s, and served calls; ``--flood-pairs 0`` is a
     usage error."""
-    command = [sys.executable, "-m", "benchmarks.relay", "--floods-only", "--floods", "calls"]
-    completed = subprocess.run(
-        [*command, "--flood-pairs", "2", "--calls", "60"],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    command = ("--floods-only", "--floods", "calls")
+    completed = relay_run(*command, "--flood-pairs", "2", "--calls", "60", timeout=120)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     figures = json.loads(completed.stdout)
     for suffix in ("", "_plain"):
@@ -299,15 +296,7 @@ def test_the_relay_benchmarks_flood_phase_alternates_windows_with_both_flooders(
         assert figures[f"flood_calls_ok{suffix}"] > 0
     assert "flooder at nice 19 (judged)" in completed.stderr
     assert "flooder not niced:" in completed.stderr
-    refused = subprocess.run(
-        [*command, "--flood-pairs", "0"],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    refused = relay_run(*command, "--flood-pairs", "0", timeout=30)
     assert refused.returncode == 2 and "--flood-pairs must be at least 1" in refused.stderr
 
 
@@ -315,16 +304,7 @@ def test_the_relay_benchmarks_floor_echoes_through_each_proxy_and_reports_its_ra
     """``--floor-only``: the raw wsproto echo direct, through the byte-forwarding proxy and
     through the wsproto-level relay (a wrong echo through either fails the run), each with
     positive figures, the proxies' CPU per call, and the ratios the relay run prints."""
-    command = [sys.executable, "-m", "benchmarks.relay", "--floor-only", "--calls", "100"]
-    completed = subprocess.run(
-        [*command, "--seconds", "0.3"],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    completed = relay_run("--floor-only", "--calls", "100", "--seconds", "0.3", timeout=60)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     floor = json.loads(completed.stdout)
     for arrangement in ("direct", "bytes", "ws"):
