@@ -125,10 +125,10 @@ the same :class:`ChunkSender` less than this long ago (seconds)."""
 INTERACTIVE_PART_BYTES = 64 * 1024
 """The largest part a transfer sends while small messages go alongside (``INTERACTIVE_S``; a
 ``bulk_chunk_bytes`` no larger than this keeps its equal chunks): what a small call may wait
-behind each way. Measured with 8 MiB
-echoes beside sequential small calls (``python -m benchmarks --only fairness``, 2 cores):
-parts of 256 KiB put the small calls' p99 at 6.7-11x their idle p99, 128 KiB at 3.3-5.0x,
-64 KiB at 3.7x, while the transfer's own rate meanwhile fell from 180-280 to 75-95 MB/s."""
+behind each way. With 8 MiB echoes beside sequential small calls (``python -m benchmarks
+--only fairness``, 2 cores) the small calls' p99 was 2.5-3.2x their idle p99 with it and
+4.8-6.3x with 256 KiB parts, and the echoes' own rate meanwhile 104-110 MB/s against about
+300 (benchmarks/README.md, "Bulk fairness")."""
 
 _PART_HEADS = (bytes((0x83, PART)), bytes((0x84, PART)))
 """How a part's bytes begin, without and with a transfer id (encode_part, parse_part)."""
