@@ -1,0 +1,120 @@
+"""A hostile gateway, as its caller sees it (garcon_link.api.relay): what the caller keeps of
+each executor the gateway shows is bounded as a controller bounds a worker's description.
+
+The gateway here is a plain worker serving the relay service ``gateway`` under the caller's id
+and key (what a caller dials is indistinguishable from it), whose interface lacks ``watch``, so
+the caller polls it (:meth:`GatewayFleet.refresh`) and the test chooses each snapshot. Each
+snapshot shows one more executor with an entry as large as a frame allows: a malformed manifest
+and a map of contract versions of many services. The caller keeps a handle for every executor it
+was shown (up to ``MAX_VIEW``), so what it keeps of each must be bounded: at most
+``max_manifest_bytes`` of manifest (one that does not fit is kept as a note of why) and of
+versions.
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import anyio
+import pytest
+
+import garcon_link as gl
+from garcon_link.api.relay import RELAY_SERVICE
+from garcon_link.testing import free_tcp_port
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+LIMITS = gl.Limits(max_manifest_bytes=32 * 1024)
+SECRET = gl.Secret(b"hostile-gateway-test-secret-0123456789")
+ENTRY_BYTES = 512 * 1024  # one executor's entry: 16 times max_manifest_bytes
+EXECUTORS = 6  # shown one per snapshot, each entry about 2.5 MB as decoded objects
+RETAINED_BOUND = 1024 * 1024  # kept for three executors whose entries are 2.5 MB each
+
+
+class OldRelay(Protocol):
+    """The relay service without ``watch`` (an older gateway): its callers poll."""
+
+    async def describe(self, executor: str, wait: float) -> dict[str, Any]: ...
+
+    async def executors(self) -> list[dict[str, Any]]: ...
+
+
+class HostileRelay:
+    def __init__(self) -> None:
+        self.shown = 0
+
+    async def describe(self, executor: str, wait: float) -> dict[str, Any]:
+        return _entry(executor)
+
+    async def executors(self) -> list[dict[str, Any]]:
+        self.shown += 1
+        return [_entry(f"box-{self.shown}")]
+
+
+def _entry(executor: str) -> dict[str, Any]:
+    versions = {f"s{i}": "v" * 12 for i in range(ENTRY_BYTES // 32)}
+    methods = {f"m{i}": {"kind": "unary", "signature": "() -> int"} for i in range(12_000)}
+    return {
+        "executor_id": executor,
+        "availability": "ready",
+        "services": versions,
+        # Well formed, but over max_manifest_bytes (one no controller installs); the others
+        # are malformed as well.
+        "manifest": {"s": methods} if int(executor[4:]) % 2 else {"s": "x" * ENTRY_BYTES},
+    }
+
+
+@asynccontextmanager
+async def _gateway_fleet(port: int) -> AsyncIterator[gl.GatewayFleet]:
+    config = gl.CallerConfig(
+        caller_id="web-1", secret=SECRET, dial=f"ws://127.0.0.1:{port}/executor", limits=LIMITS
+    )
+    async with gl.connect_gateway(config, refresh_interval=3600) as fleet:
+        await fleet.gateway.wait_ready(10)
+        yield fleet
+
+
+async def test_what_a_caller_keeps_of_each_executor_a_gateway_shows_is_bounded() -> None:
+    port = free_tcp_port()
+    worker_config = gl.LinkConfig(
+        executor_id="web-1", role=gl.Role.WORKER, secret=SECRET, listen=("127.0.0.1", port)
+    )
+    relay = HostileRelay()
+    with anyio.fail_after(40):
+        async with (
+            gl.Worker(worker_config, {RELAY_SERVICE: gl.Service(relay, OldRelay)}),
+            _gateway_fleet(port) as fleet,
+        ):
+            await fleet.refresh()  # one snapshot before measuring: the session's own
+            gc.collect()
+            tracemalloc.start()
+            try:
+                kept = []
+                for _ in range(2):
+                    for _ in range(EXECUTORS // 2):
+                        await fleet.refresh()
+                    gc.collect()
+                    kept.append(tracemalloc.get_traced_memory()[0])
+            finally:
+                tracemalloc.stop()
+            # The last reply may be held until the next (one frame): what grows with the
+            # executors shown is what is kept of each.
+            grown = kept[1] - kept[0]
+            assert grown < RETAINED_BOUND, f"{grown} bytes kept for {EXECUTORS // 2} executors"
+            # Shown as far as it is within the bounds, and refused honestly when used.
+            (last,) = fleet.executors()  # the last snapshot's one executor
+            # Odd: well formed, and too large; even: not a map of methods.
+            why = "over max_manifest_bytes" if int(last[4:]) % 2 else "not a name and a map"
+            shown = fleet.executors()[last]
+            assert shown.availability == "ready" and shown.services == {}
+            box = fleet.executor(last)
+            with pytest.raises(gl.OutcomeUnknown, match=why):
+                await box.info()
+            assert not box.offers("s")
+            with pytest.raises(gl.NotDispatched, match=why) as refused:
+                await box.service("s").m0()
+            assert refused.value.code == "OFFLINE"
