@@ -23,7 +23,7 @@ import anyio
 import pytest
 
 import garcon_link as gl
-from garcon_link.api.relay import RELAY_SERVICE
+from garcon_link.api.relay import RELAY_SERVICE, GatewayRelay
 from garcon_link.testing import free_tcp_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -118,3 +118,74 @@ async def test_what_a_caller_keeps_of_each_executor_a_gateway_shows_is_bounded()
             with pytest.raises(gl.NotDispatched, match=why) as refused:
                 await box.service("s").m0()
             assert refused.value.code == "OFFLINE"
+
+
+# ------------------------------------------------------------------------------ a hostile watch
+
+# Change entries of every shape in each field a caller reads, each in its own watch message;
+# then a well-formed one the test waits for.
+HOSTILE_CHANGES: list[Any] = [
+    {"executor_id": "box-1", "events": [[1]]},
+    {"executor_id": "box-1", "events": [{"a": 1}]},
+    {"executor_id": "box-1", "events": [b"ready", 1.5, None, True, -1, 2**63 - 1]},
+    {"executor_id": "box-1", "events": "ready"},
+    {"executor_id": "box-1", "events": ["ready"] * 10_000},
+    {"executor_id": "box-1", "lost": [1]},
+    {"executor_id": "box-1", "lost": 2**63 - 1},
+    {"executor_id": "box-1", "availability": ["ready"]},
+    {"executor_id": "box-1", "availability": {"ready": 1}},
+    {"executor_id": "box-1", "services": {"s": [1], 7: "v", "t": {"x": 1}}},
+    {"executor_id": "box-1", "manifest": {"s": {"m": [1]}}, "types": [1]},
+    {"executor_id": "box-2", "gone": True, "events": [[1]]},
+    {"executor_id": ["box-1"]},
+    {"executor_id": "x" * 100_000},
+    [1, 2],
+    "entry",
+]
+
+
+class WatchingRelay:
+    """A gateway whose ``watch`` sends a snapshot, then each hostile change, then box-3."""
+
+    async def call(self, *args: Any) -> bytes:
+        return b""
+
+    async def stream(self, *args: Any) -> AsyncIterator[bytes]:
+        nothing: tuple[bytes, ...] = ()
+        for item in nothing:
+            yield item
+
+    async def notify(self, *args: Any) -> None:
+        return None
+
+    async def describe(self, executor: str, wait: float) -> dict[str, Any]:
+        return {"executor_id": executor, "availability": "offline"}
+
+    async def executors(self) -> list[dict[str, Any]]:
+        return []
+
+    async def watch(self) -> AsyncIterator[dict[str, Any]]:
+        ready = {"availability": "ready", "services": {}}
+        yield {"snapshot": True, "last": True, "entries": [{"executor_id": "box-1", **ready}]}
+        for change in HOSTILE_CHANGES:
+            yield {"entries": [change]}
+        yield {"entries": [{"executor_id": "box-3", **ready, "events": ["joined", "ready"]}]}
+        await anyio.sleep_forever()
+
+
+async def test_a_hostile_watch_leaves_the_callers_fleet_running() -> None:
+    port = free_tcp_port()
+    worker_config = gl.LinkConfig(
+        executor_id="web-1", role=gl.Role.WORKER, secret=SECRET, listen=("127.0.0.1", port)
+    )
+    with anyio.fail_after(20):
+        async with (
+            gl.Worker(worker_config, {RELAY_SERVICE: gl.Service(WatchingRelay(), GatewayRelay)}),
+            _gateway_fleet(port) as fleet,
+        ):
+            while "box-3" not in fleet.executors():
+                await anyio.sleep(0.01)
+            view = fleet.executors()
+            assert view["box-3"].availability == "ready"
+            assert view["box-1"].availability == "ready"
+            assert all(len(executor_id) <= 200 for executor_id in view)

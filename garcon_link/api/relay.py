@@ -902,7 +902,7 @@ class GatewayFleet:
         if not (
             isinstance(kinds, list)
             and len(kinds) <= MAX_WATCH_EVENTS
-            and all(kind in _WATCH_KINDS for kind in kinds)
+            and all(type(kind) is str and kind in _WATCH_KINDS for kind in kinds)
         ):
             kinds = None  # derived from the state instead
         lost = entry.get("lost", 0)
