@@ -8,7 +8,9 @@ snapshot shows one more executor with an entry as large as a frame allows: a mal
 and a map of contract versions of many services. The caller keeps a handle for every executor it
 was shown (up to ``MAX_VIEW``), so what it keeps of each must be bounded: at most
 ``max_manifest_bytes`` of manifest (one that does not fit is kept as a note of why) and of
-versions.
+versions. A second such gateway serves ``watch`` and sends changes of every shape in each field
+the caller reads: the caller's fleet goes on running and applies the well-formed change after
+them.
 """
 
 from __future__ import annotations
