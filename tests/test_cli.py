@@ -160,6 +160,17 @@ class Worker:
                 raise AssertionError(f"worker exited: {self.stderr()}")
             self.lines.append(line)
 
+    def drained(self) -> bool:
+        """Move every line already read into :attr:`lines`; True once stdout has ended."""
+        while True:
+            try:
+                line = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if line is None:
+                return True
+            self.lines.append(line)
+
     def url(self) -> str:
         line = self.wait_line("executor-listening")
         return next(p.split("=", 1)[1] for p in line.split() if p.startswith("url="))
@@ -1065,8 +1076,9 @@ def test_a_worker_with_every_place_taken_is_not_asked_whether_it_runs(tmp_path: 
 
 
 def test_a_call_to_a_draining_worker_says_it_drains(tmp_path: Path) -> None:
-    """A worker told to stop still finishes its running call; a new ``call`` meanwhile is told
-    that the worker drains (exit 3, DRAINING), not asked whether it runs."""
+    """A worker told to stop still finishes its running call; a new ``call`` or ``describe``
+    meanwhile is told at once -- not at ``--timeout`` -- that the worker drains (exit 3,
+    DRAINING), not asked whether it runs; the worker admits no session for them."""
     worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
     worker = Worker(worker_toml, SERVICE, extra=("--drain", "30"))
     holder: subprocess.Popen[bytes] | None = None
@@ -1084,9 +1096,21 @@ def test_a_call_to_a_draining_worker_says_it_drains(tmp_path: Path) -> None:
             assert holder.poll() is None
         worker.process.send_signal(signal.SIGTERM)
         assert worker.wait_line("executor-draining").endswith("running=1")
-        done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "1")
+        # The subprocess bound (20 s) is far below --timeout: waiting it out fails the test.
+        done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "60", timeout=20)
         assert done.returncode == cli.EXIT_NOT_DISPATCHED
         assert_one_error_line(done.stderr, "[not_dispatched:DRAINING]", "is draining", "--wait")
+        described = run_cli("describe", str(controller), "--timeout", "60", timeout=20)
+        assert described.returncode == cli.EXIT_NOT_DISPATCHED
+        assert_one_error_line(described.stderr, "[not_dispatched:DRAINING]", "is draining")
+        worker.process.kill()
+        worker.process.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while not worker.drained():  # until the reader thread has seen stdout end
+            assert time.monotonic() < deadline, worker.lines
+            time.sleep(0.01)
+        after = worker.lines[worker.lines.index(worker.wait_line("executor-draining")) :]
+        assert not [line for line in after if line.startswith("executor-ready")], after
     finally:
         if holder is not None:
             holder.kill()

@@ -126,8 +126,8 @@ Exit codes
       an unexpected internal error (a bug: ``error: internal error, ...``)
 2     usage or configuration error (bad arguments, bad config, keygen or init
       refused)
-3     ``NotDispatched``: definitely not executed (offline, unreachable, not ready
-      in time)
+3     ``NotDispatched``: definitely not executed (offline, unreachable, the worker
+      draining, not ready in time)
 4     ``Rejected``: reached the worker and refused unexecuted (unknown method,
       invalid arguments, stale resource)
 5     ``RemoteError``: executed and raised

@@ -240,6 +240,22 @@ def _enrollment_hint(config: LinkConfig | FleetConfig, executor_id: str | None) 
     )
 
 
+def _refused_draining(executor: RemoteExecutor) -> bool:
+    """Whether the other end refused our new session because it drains (4010)."""
+    refusal = executor.link.refusal
+    return refusal is not None and refusal.reason is HandshakeFailure.DRAINING
+
+
+def _draining(executor: RemoteExecutor, peer: str) -> NotDispatched:
+    """The one error of ``call`` and ``describe`` against a draining worker (or gateway)."""
+    who = "the gateway" if peer == "gateway" else f"executor {executor.executor_id!r}"
+    return NotDispatched(
+        "DRAINING",
+        f"{who} is draining: the {peer} was told to stop and refuses new calls and sessions; "
+        f"call again once it has restarted (--wait S waits up to S seconds for that)",
+    )
+
+
 async def _ready(
     executor: RemoteExecutor,
     config: LinkConfig | FleetConfig,
@@ -259,16 +275,13 @@ async def _ready(
             refused_dials=REFUSED_DIALS if wait is None else None,
         )
     except TimeoutError as exc:
-        if executor.availability == "draining":
-            who = "the gateway" if peer == "gateway" else f"executor {executor.executor_id!r}"
-            raise NotDispatched(
-                "DRAINING",
-                f"{who} is draining: the {peer} was told to stop and refuses new calls; call "
-                f"again once it has restarted (--wait S waits up to S seconds for that)",
-            ) from None
+        if executor.availability == "draining" or _refused_draining(executor):
+            raise _draining(executor, peer) from None
         hint = _enrollment_hint(config, executor_id) or _not_ready_hint(str(exc), peer)
         raise NotDispatched("NOT_READY", f"{exc}; {hint}") from None
     except NotDispatched as exc:
+        if exc.code == "DRAINING":  # a draining worker refused our new session (4010)
+            raise _draining(executor, peer) from None
         if exc.code != "UNREACHABLE":
             raise
         field = _dial_field(config, executor_id) or "the dial address"
