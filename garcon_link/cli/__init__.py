@@ -146,7 +146,9 @@ Every failure prints exactly one line on stderr, ``error: <what>``; a call's fai
 command) adds the library's log, for ``RemoteError`` the remote traceback, and for an internal
 error (an exception that is not a usage, configuration, link, call or OS error: a bug) its
 traceback before the line. ``--log-json`` (before or after the command) writes those log lines as
-JSON objects, one per line, with the ``gl_*`` fields of :mod:`garcon_link.logs`.
+JSON objects, one per line, with the ``gl_*`` fields of :mod:`garcon_link.logs`, and the error
+line too (level ``ERROR``, logger ``garcon_link.cli``, ``message`` the ``error: ...`` text; the
+``-v`` traceback in its ``exception``), so every line on stderr parses.
 
 This package is the command line's face: :func:`main` and the names in ``__all__``. Each command
 group has its own module (``_worker.py``; ``_call.py``, with ``describe``; ``_fleet.py``;
@@ -254,10 +256,14 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_OTHER
         log.debug("command failed", exc_info=exc)
         text = _describe(leaf, ns.command)
+        json_lines = bool(ns.log_json)
+        shown: BaseException | None = None  # a traceback -v shows, inside the JSON line
         if not _is_expected(leaf):
-            if ns.verbose:
+            if ns.verbose and json_lines:
+                shown = exc
+            elif ns.verbose:
                 traceback.print_exception(exc, file=sys.stderr)
             else:
                 text += " (run with -v for the traceback)"
-        _error_line(text)
+        _error_line(text, json_lines=json_lines, exc=shown)
         return exit_code_for(leaf)

@@ -28,7 +28,7 @@ from ..settings.config import LinkConfig
 from ..settings.fleet import FleetConfig
 from ..settings.keyring import KEY_SUFFIX, executor_id_problem
 from ._exits import EXIT_OK, UsageError, _leaf
-from ._output import _emit, _load_caller_or_any, _print_json, _setup_logging
+from ._output import _emit, _load_caller_or_any, _print_json, _setup_logging, _stderr_text
 
 # --------------------------------------------------------------------------- call
 
@@ -506,7 +506,7 @@ def _cmd_call(ns: argparse.Namespace) -> int:
             how = "terminated (SIGTERM)" if terminated else "interrupted"
             raise CallInterrupted(progress.dispatched, how) from None
         if ns.verbose and isinstance(leaf, RemoteError) and leaf.remote_traceback:
-            print(leaf.remote_traceback.rstrip(), file=sys.stderr)
+            _stderr_text(leaf.remote_traceback.rstrip(), json_lines=ns.log_json)
         raise
     return EXIT_OK
 
