@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from projectutil import command_lines, run_project, shim_path
 
 import garcon_link as gl
@@ -1129,6 +1130,43 @@ def test_a_certificate_that_does_not_verify_is_named_as_the_cause() -> None:
     assert _call._not_ready_hint("last dial: timed out", "gateway") == "is the gateway running?"
     held = "closed by peer code=4004 cause='another peer holds a healthy session'"
     assert "its own controller_id" in _call._not_ready_hint(held, "worker")
+
+
+@pytest.mark.parametrize("names", [("127.0.0.1",), ("elsewhere.example",)], ids=["ca", "name"])
+def test_a_certificate_that_does_not_verify_is_not_called_unreachable(
+    tmp_path: Path, names: tuple[str, ...]
+) -> None:
+    """A TLS worker whose certificate the controller cannot verify (a CA it does not trust, or
+    a certificate for another name) runs: the hint names the trust store, the name and the
+    validity dates, not whether the worker runs there or --wait."""
+    issuer, trusted = trustme.CA(), trustme.CA()
+    issuer.issue_cert(*names).private_key_and_cert_chain_pem.write_to_path(tmp_path / "w.pem")
+    (issuer if names != ("127.0.0.1",) else trusted).cert_pem.write_to_path(tmp_path / "ca.pem")
+    worker_toml = write_config(
+        tmp_path,
+        "worker.toml",
+        "worker",
+        'listen = "127.0.0.1:0"\n\n[tls]\ncert = "w.pem"\nkey = "w.pem"\n',
+    )
+    worker = Worker(worker_toml, SERVICE)
+    try:
+        url = worker.url()
+        assert url.startswith("wss://")
+        dial = f'dial = "{url}"\n\n[tls]\nca = "ca.pem"\n'
+        controller = write_config(tmp_path, "c.toml", "controller", dial)
+        done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "60", timeout=20)
+    finally:
+        worker.kill()
+    assert done.returncode == cli.EXIT_NOT_DISPATCHED
+    assert_one_error_line(
+        done.stderr,
+        "[not_dispatched:UNREACHABLE]",
+        "CERTIFICATE_VERIFY_FAILED",
+        '[tls] ca = "',
+        "must name the host or IP address of [connection] dial",
+        "validity dates",
+    )
+    assert "runs there" not in done.stderr and "--wait" not in done.stderr
 
 
 def test_a_listening_call_met_by_a_worker_with_another_secret_says_so(tmp_path: Path) -> None:

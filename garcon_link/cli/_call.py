@@ -256,6 +256,24 @@ def _draining(executor: RemoteExecutor, peer: str) -> NotDispatched:
     )
 
 
+def _certificate_hint(config: LinkConfig | FleetConfig, field: str, peer: str) -> str:
+    """What to check when the {peer}'s TLS certificate does not verify: it runs and answers with
+    TLS, so not whether it runs, but the trust store, the name and the validity dates."""
+    source = config.source.name if config.source is not None else "the configuration"
+    tls = config.tls
+    trust = (
+        f"[tls] ca = {json.dumps(str(tls.ca))} in {source} must be the CA file that signed it"
+        if tls is not None and tls.ca is not None
+        else f"without [tls] ca in {source} the system's trust store is used: set it to the CA "
+        "file that signed it (a private CA)"
+    )
+    return (
+        f"the {peer} answers with TLS, but its certificate does not verify: {trust}; the "
+        f"certificate must name the host or IP address of {field}; and it must be within its "
+        "validity dates (expired, or not yet valid: check both machines' clocks)"
+    )
+
+
 async def _ready(
     executor: RemoteExecutor,
     config: LinkConfig | FleetConfig,
@@ -285,6 +303,10 @@ async def _ready(
         if exc.code != "UNREACHABLE":
             raise
         field = _dial_field(config, executor_id) or "the dial address"
+        if VERIFY_FAILED in exc.message:  # something of ours answers there: no --wait helps
+            raise NotDispatched(
+                "UNREACHABLE", f"{exc.message}; {_certificate_hint(config, field, peer)}"
+            ) from None
         raise NotDispatched(
             "UNREACHABLE",
             f"{exc.message}; check {field} and that the {peer} runs there (garcon-link "
