@@ -101,7 +101,7 @@ class Case:
 
 def all_cases() -> list[Case]:
     cases = []
-    for (
+    for draining, (
         closing,
         session,
         attached,
@@ -112,19 +112,20 @@ def all_cases() -> list[Case]:
         probe,
         full,
         evictable,
-        draining,
     ) in itertools.product(
         (False, True),
-        ("none", "offered", "other"),
-        (False, True),
-        ("same", "other"),
-        (False, True),
-        (False, True),
-        (False, True),
-        (None, True, False),
-        (False, True),
-        (False, True),
-        (False, True),
+        itertools.product(
+            (False, True),
+            ("none", "offered", "other"),
+            (False, True),
+            ("same", "other"),
+            (False, True),
+            (False, True),
+            (False, True),
+            (None, True, False),
+            (False, True),
+            (False, True),
+        ),
     ):
         if session == "none" and (attached or runtime == "other"):
             continue  # without a session there is no socket and no runtime to compare
