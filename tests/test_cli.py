@@ -29,7 +29,7 @@ from projectutil import command_lines, run_project, shim_path
 
 import garcon_link as gl
 from garcon_link import _scaffold, cli
-from garcon_link.cli import _call
+from garcon_link.cli import _call, _output
 from garcon_link.cli._exits import _describe, _leaf
 from garcon_link.rpc.interface import MethodKind
 from garcon_link.settings.config import CONFIG_ENV_VAR
@@ -1668,6 +1668,66 @@ def test_ctrl_c_before_the_call_is_sent_says_it_did_not_run(tmp_path: Path, dead
         if call.poll() is None:
             call.kill()
             call.communicate(timeout=10)
+
+
+def test_a_sigterm_after_a_short_timeout_leaves_the_timeout_s_outcome(tmp_path: Path) -> None:
+    """``--timeout 0.3`` ends the call (NOT_READY, exit 3); SIGTERMs sent from the moment its
+    error line is out until the process has exited change nothing: no death by signal, no
+    second line (SIGTERM is ignored once the outcome is settled)."""
+    port = free_port()
+    controller = write_config(tmp_path, "c.toml", "controller", f'listen = "127.0.0.1:{port}"')
+    call = subprocess.Popen(
+        [*CLI, "call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.3"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert call.stderr is not None
+        first = call.stderr.readline()  # the error line: the outcome is settled
+        assert first.startswith("error: [not_dispatched:NOT_READY]"), first
+        sent = 0
+        while call.poll() is None and sent < 10_000:  # until it has exited (bounded)
+            with contextlib.suppress(ProcessLookupError):
+                call.send_signal(signal.SIGTERM)
+            sent += 1
+            time.sleep(0.001)
+        _, rest = call.communicate(timeout=30)
+        assert call.returncode == cli.EXIT_NOT_DISPATCHED, (sent, rest)
+        assert rest == "", rest
+    finally:
+        if call.poll() is None:
+            call.kill()
+        call.communicate(timeout=10)
+
+
+def test_a_sigterm_while_call_loads_its_config_says_it_did_not_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The SIGTERM handler is in place before anything of ``call`` can take time: a SIGTERM
+    while CONFIG is read is the one ``terminated before the call was sent`` line, exit 130."""
+    controller = write_config(tmp_path, "c.toml", "controller", 'listen = "127.0.0.1:0"')
+    loaded: list[bool] = []
+
+    def load_then_terminated(*args: Any) -> Any:
+        loaded.append(True)
+        signal.raise_signal(signal.SIGTERM)  # as timeout(1) would, while CONFIG is read
+        return real_load(*args)
+
+    real_load = _output._load_caller_or_any
+    monkeypatch.setattr(_call, "_load_caller_or_any", load_then_terminated)
+    # This process's own handler, so that a SIGTERM that call does not handle is only counted.
+    missed: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: missed.append(signum))
+    try:
+        code = cli.main(["call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.3"])
+        restored = signal.getsignal(signal.SIGTERM)
+    finally:
+        guard = signal.signal(signal.SIGTERM, previous)
+    assert (code, loaded, missed) == (cli.EXIT_INTERRUPTED, [True], [])
+    assert_one_error_line(capsys.readouterr().err, "terminated (SIGTERM) before the call was sent")
+    assert restored is guard  # a caller of main() gets its handler back
 
 
 # --------------------------------------------------------------------------- stub

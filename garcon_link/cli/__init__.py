@@ -235,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
     ns.verbose += ns.global_verbose
     ns.log_json = ns.log_json or ns.global_log_json
+    ns.program = argv is None  # the process itself (it exits next), not a caller of main()
     handler: Callable[[argparse.Namespace], int] = ns.func
     try:
         return handler(ns)

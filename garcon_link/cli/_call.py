@@ -107,26 +107,43 @@ class CallInterrupted(KeyboardInterrupt):
         )
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[list[int]]:
-    """While inside, SIGTERM (``timeout``, ``kill``, a supervisor) interrupts ``call`` as Ctrl-C
-    does, so that its one line says whether the call was sent; yields the list it appends the
-    signal to. The previous handler is restored on the way out."""
-    received: list[int] = []
+class _Termination:
+    """What :func:`_sigterm_as_interrupt` saw: a SIGTERM that interrupted the command, and
+    whether the command's outcome is settled (a later SIGTERM then changes nothing)."""
 
-    def on_sigterm(signum: int, _frame: object) -> None:
-        received.append(signum)
+    def __init__(self) -> None:
+        self.received = False
+        self.settled = False
+
+    def on_sigterm(self, _signum: int, _frame: object) -> None:
+        if self.settled:
+            return  # the outcome is known (printed, or about to be): nothing left to interrupt
+        self.received = True
         signal.raise_signal(signal.SIGINT)
 
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt(*, ignore_after: bool) -> Iterator[_Termination]:
+    """While inside, SIGTERM (``timeout``, ``kill``, a supervisor) interrupts ``call`` as Ctrl-C
+    does, so that its one line says whether the call was sent. Entered before anything of the
+    command can take time (the log setup, loading CONFIG, the event loop), so no ``--timeout``
+    can end the command before it is in place; the caller marks the outcome settled once the
+    event loop has ended. On the way out the previous handler is put back, or, with
+    ``ignore_after`` (the process exits next: ``garcon-link call`` itself), SIGTERM is ignored
+    (``SIG_IGN``, which the interpreter's finalization leaves alone) so that a late SIGTERM can
+    neither kill the process by signal between the outcome and the exit nor change its exit
+    status."""
+    termination = _Termination()
     try:
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
+        previous = signal.signal(signal.SIGTERM, termination.on_sigterm)
     except ValueError:  # not the main thread: leave SIGTERM alone
-        yield received
+        yield termination
         return
     try:
-        yield received
+        yield termination
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        termination.settled = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore_after else previous)
 
 
 @contextlib.asynccontextmanager
@@ -496,36 +513,40 @@ async def _call(
 
 
 def _cmd_call(ns: argparse.Namespace) -> int:
-    _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
-    config_path, target, json_args = _split_call_operands(ns.operands)
-    service, method = _parse_target(target)
-    args, kwargs = _parse_arguments(json_args)
-    _check_waits(ns)
-    config = _load_caller_or_any(
-        config_path, "call", f"garcon-link call controller.toml {target} '[...]'"
-    )
     progress = _CallProgress()
-    terminated: list[int] = []
+    termination = _Termination()
     try:
-        with _sigterm_as_interrupt() as terminated:
-            anyio.run(
-                lambda: _call(
-                    config,
-                    service,
-                    method,
-                    args,
-                    kwargs,
-                    ready_timeout=ns.timeout,
-                    call_timeout=ns.call_timeout,
-                    progress=progress,
-                    executor_id=ns.executor,
-                    wait=ns.wait,
-                )
+        # First: from here on a SIGTERM says whether the call was sent (_sigterm_as_interrupt).
+        with _sigterm_as_interrupt(ignore_after=ns.program) as termination:
+            _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
+            config_path, target, json_args = _split_call_operands(ns.operands)
+            service, method = _parse_target(target)
+            args, kwargs = _parse_arguments(json_args)
+            _check_waits(ns)
+            config = _load_caller_or_any(
+                config_path, "call", f"garcon-link call controller.toml {target} '[...]'"
             )
+            try:
+                anyio.run(
+                    lambda: _call(
+                        config,
+                        service,
+                        method,
+                        args,
+                        kwargs,
+                        ready_timeout=ns.timeout,
+                        call_timeout=ns.call_timeout,
+                        progress=progress,
+                        executor_id=ns.executor,
+                        wait=ns.wait,
+                    )
+                )
+            finally:
+                termination.settled = True  # the outcome is known: a later SIGTERM is too late
     except BaseException as exc:
         leaf = _leaf(exc)
         if isinstance(leaf, KeyboardInterrupt):
-            how = "terminated (SIGTERM)" if terminated else "interrupted"
+            how = "terminated (SIGTERM)" if termination.received else "interrupted"
             raise CallInterrupted(progress.dispatched, how) from None
         if ns.verbose and isinstance(leaf, RemoteError) and leaf.remote_traceback:
             _stderr_text(leaf.remote_traceback.rstrip(), json_lines=ns.log_json)
