@@ -318,12 +318,17 @@ async def test_a_draining_worker_refuses_new_sessions_and_admits_resumes() -> No
     assert worker.sessions == 1
 
 
-def _dead_url() -> str:
-    """A loopback URL where nothing listens (a port just freed): every dial is refused."""
+def _free_port() -> int:
+    """A loopback port just freed: nothing listens there."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"ws://127.0.0.1:{port}/executor"
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def _dead_url() -> str:
+    """A loopback URL where nothing listens: every dial is refused."""
+    return f"ws://127.0.0.1:{_free_port()}/executor"
 
 
 async def test_a_draining_dialing_worker_stops_dialing_where_it_has_no_session() -> None:
@@ -370,6 +375,63 @@ async def test_a_draining_dialing_worker_stops_dialing_where_it_has_no_session()
                 impl._release("a")
                 await held_done.wait()
                 assert held == ["a"]
+                await host.closed.wait()
+
+
+async def test_a_draining_dialing_worker_refuses_a_restarted_controller_s_fresh_session() -> None:
+    """The controller a dialing worker serves restarts (same address, a new process) while the
+    worker drains: the worker's resume meets no session there, the handshake settles on a fresh
+    one, and the worker refuses it (4010) -- the new controller retires the session it had just
+    admitted at once (not after its detached grace) and never becomes ready."""
+    port = _free_port()
+    limits = LIMITS.replace(detached_grace=30.0)  # far beyond every wait below
+
+    def controller() -> gl.RemoteExecutor:
+        config = gl.LinkConfig(
+            executor_id="box",
+            role=gl.Role.CONTROLLER,
+            secret=SECRET,
+            listen=("127.0.0.1", port),
+            limits=limits,
+        )
+        return gl.connect(config)
+
+    impl = CalcImpl()
+    async with anyio.create_task_group() as tg:
+        first = controller()
+        async with first:
+            config = gl.LinkConfig(
+                executor_id="box",
+                role=gl.Role.WORKER,
+                secret=SECRET,
+                dial=first.link.url,
+                limits=limits,
+            )
+            host = _WorkerHost(gl.Worker(config, {"calc": impl}))
+            await tg.start(host.run)
+            with anyio.fail_after(DEADLINE):
+                await first.wait_ready()
+                _start(tg, first.service("calc", Calc).hold("a"))
+                await impl.probe.wait("started:a")
+                host.stop(drain=DEADLINE)
+                await _wait_until(lambda: first.availability == "draining")
+                assert isinstance(first.link, WebSocketLink)
+                await first.link.abort()  # the controller process dies
+        sessions: list[Any] = []
+        second = controller()
+        assert isinstance(second.link, WebSocketLink)
+        second.link.on_session(lambda transport, _result: sessions.append(transport))
+        async with second:
+            with anyio.fail_after(DEADLINE):
+                await _wait_until(lambda: bool(sessions) and sessions[0].failure is not None)
+                failure = sessions[0].failure
+                assert "4010" in str(failure), failure
+                assert second.availability == "offline"
+                assert host.worker.sessions == 1  # the worker began no session
+                impl._release("a")
+                # Its reply can never be acknowledged (its controller is gone): end the drain's
+                # wait by ending the worker's link, rather than by waiting the drain time out.
+                await host.worker.link.abort()
                 await host.closed.wait()
 
 
