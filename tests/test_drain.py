@@ -300,6 +300,7 @@ async def test_a_draining_worker_refuses_new_sessions_and_admits_resumes() -> No
                     assert second.errors == 0  # a drain refusal is not an error
                     link = second.link.statistics()
                     assert link.fresh_sessions == 0 and link.handshakes_completed == 0
+                    assert worker.link.statistics().sessions_refused_draining >= 1
                     # Waiting without refused_dials goes on (for a restart) and says why.
                     with pytest.raises(TimeoutError, match="is draining"):
                         await second.wait_ready(timeout=0.05)
