@@ -21,14 +21,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import anyio
+import anyio.lowlevel
 import pytest
 import trustme
 from projectutil import command_lines, run_project, shim_path
 
 import garcon_link as gl
 from garcon_link import _scaffold, cli
+from garcon_link.api.relay import GatewayExecutor
 from garcon_link.cli import _call, _output
 from garcon_link.cli._exits import _describe, _leaf
 from garcon_link.rpc.interface import MethodKind
@@ -1117,6 +1120,42 @@ def test_a_call_to_a_draining_worker_says_it_drains(tmp_path: Path) -> None:
             holder.kill()
             holder.wait(timeout=10)
         worker.kill()
+
+
+class _GatewaySaysDraining:
+    """What ``call`` sees of an executor through a gateway that reports it ``draining``: every
+    wait for readiness runs out (``GatewayExecutor``'s surface, as ``_executor_ready`` uses it)."""
+
+    executor_id = "box-1"
+    availability = "draining"
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        assert timeout is not None
+        self.waits.append(timeout)
+        await anyio.lowlevel.checkpoint()
+        raise TimeoutError
+
+
+def test_through_a_gateway_a_draining_executor_fails_at_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without ``--wait``: DRAINING after the first slice of the wait, not at ``--timeout``, and
+    no 'waiting for' line; with ``--wait``, the wait goes on (for the restarted worker)."""
+    executor = _GatewaySaysDraining()
+    gateway_executor = cast("GatewayExecutor", executor)
+    with pytest.raises(gl.NotDispatched) as refused:
+        anyio.run(lambda: _call._executor_ready(gateway_executor, 60.0, fail_draining=True))
+    assert refused.value.code == "DRAINING"
+    assert "is draining at the gateway" in refused.value.message
+    assert executor.waits == [_call.NOTICE_AFTER]
+    assert capsys.readouterr().err == ""
+    waited = _GatewaySaysDraining()
+    with pytest.raises(gl.NotDispatched) as late:
+        anyio.run(lambda: _call._executor_ready(cast("GatewayExecutor", waited), 0.05))
+    assert late.value.code == "NOT_READY" and waited.waits
 
 
 def test_a_certificate_that_does_not_verify_is_named_as_the_cause() -> None:

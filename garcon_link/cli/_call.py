@@ -357,7 +357,9 @@ async def _open_through_gateway(
                 f"{config.dial}: not a gateway (it serves no {RELAY_SERVICE!r} service: a "
                 f"worker?); point [connection] dial{where} at a gateway (garcon-link gateway)"
             )
-        await _executor_ready(executor, ready_timeout if wait is None else wait)
+        await _executor_ready(
+            executor, ready_timeout if wait is None else wait, fail_draining=wait is None
+        )
         yield executor
 
 
@@ -366,20 +368,41 @@ NOTICE_AFTER = 1.0
 one line on stderr, what they wait for (and going on waiting)."""
 
 
-async def _executor_ready(executor: GatewayExecutor, timeout: float) -> None:
-    """``executor.wait_ready(timeout)``; past :data:`NOTICE_AFTER`, one stderr line says what the
-    gateway reports of it. The gateway refuses (``FORBIDDEN``) an executor none of the caller's
-    grants names, at once: one still waited for is named by a grant, and the gateway does not
-    have it ready (an id it has never seen reads as ``offline``, like one that left)."""
+async def _executor_ready(
+    executor: GatewayExecutor, timeout: float, *, fail_draining: bool = False
+) -> None:
+    """``executor.wait_ready(timeout)``, asked in slices of :data:`NOTICE_AFTER`; after the
+    first, one stderr line says what the gateway reports of it. The gateway refuses
+    (``FORBIDDEN``) an executor none of the caller's grants names, at once: one still waited for
+    is named by a grant, and the gateway does not have it ready (an id it has never seen reads as
+    ``offline``, like one that left). ``fail_draining`` (no ``--wait``): an executor the gateway
+    reports ``draining`` (its worker was told to stop) ends the wait at once, ``DRAINING``."""
     started = anyio.current_time()
-    try:
-        if timeout > NOTICE_AFTER:
-            try:
-                await executor.wait_ready(NOTICE_AFTER)
-                return
-            except TimeoutError:
-                pass
-            state = executor.availability
+    noticed = timeout <= NOTICE_AFTER  # a wait this short says nothing before its end
+    while True:
+        remaining = timeout - (anyio.current_time() - started)
+        if remaining <= 0:
+            raise NotDispatched(
+                "NOT_READY",
+                f"executor {executor.executor_id!r} not ready within {timeout:g}s through the "
+                f"gateway (it is {executor.availability}); is the worker connected to the "
+                "gateway?",
+            )
+        try:
+            await executor.wait_ready(min(remaining, NOTICE_AFTER))
+            return
+        except TimeoutError:
+            pass
+        state = executor.availability
+        if fail_draining and state == "draining":
+            raise NotDispatched(
+                "DRAINING",
+                f"executor {executor.executor_id!r} is draining at the gateway: its worker was "
+                "told to stop and refuses new calls; call again once it has restarted (--wait S "
+                "waits up to S seconds for that)",
+            )
+        if not noticed:
+            noticed = True
             what = (
                 "not connected to the gateway"
                 if state in ("offline", "disposed")
@@ -391,13 +414,6 @@ async def _executor_ready(executor: GatewayExecutor, timeout: float) -> None:
                 file=sys.stderr,
                 flush=True,
             )
-        await executor.wait_ready(max(timeout - (anyio.current_time() - started), 0.0))
-    except TimeoutError:
-        raise NotDispatched(
-            "NOT_READY",
-            f"executor {executor.executor_id!r} not ready within {timeout:g}s through the "
-            f"gateway (it is {executor.availability}); is the worker connected to the gateway?",
-        ) from None
 
 
 async def _call_through_gateway(
