@@ -304,17 +304,24 @@ async def test_a_draining_worker_refuses_new_sessions_and_admits_resumes() -> No
                     # Waiting without refused_dials goes on (for a restart) and says why.
                     with pytest.raises(TimeoutError, match="is draining"):
                         await second.wait_ready(timeout=0.05)
-                assert impl.counts["add"] == 0
+                    assert impl.counts["add"] == 0
 
-                # The served controller's socket drops mid-drain: its resume is admitted.
-                resumed_before = worker.link.statistics().resumed
-                await first.link.disconnect()
-                await _wait_until(lambda: worker.link.statistics().resumed > resumed_before)
-                await _wait_until(lambda: first.availability == "draining")
-                impl._release("a")
-                await held_done.wait()
-                assert held == ["a"]  # the real result, after the resume
-                await host.closed.wait()
+                    # The served controller's socket drops mid-drain: its resume is admitted.
+                    resumed_before = worker.link.statistics().resumed
+                    await first.link.disconnect()
+                    await _wait_until(lambda: worker.link.statistics().resumed > resumed_before)
+                    await _wait_until(lambda: first.availability == "draining")
+                    impl._release("a")
+                    await held_done.wait()
+                    assert held == ["a"]  # the real result, after the resume
+                    await host.closed.wait()
+
+                    # The worker has gone: once a dial finds nothing there, its drain refusal
+                    # no longer stands.
+                    await _wait_until(lambda: second.link.statistics().dials_refused_in_a_row)
+                    with pytest.raises(gl.NotDispatched) as gone:
+                        await second.wait_ready(refused_dials=3)
+                    assert gone.value.code == "UNREACHABLE", gone.value
     assert [e.split()[0] for e in events].count("executor-ready") == 1, events
     assert worker.sessions == 1
 

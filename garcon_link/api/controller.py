@@ -585,7 +585,8 @@ class RemoteExecutor(Endpoint):
                     raise NotDispatched("DISPOSED", "the executor was closed")
                 refusal = self._refusal()
                 if refusal is not None and refusal.reason is HandshakeFailure.DRAINING:
-                    if refused_dials is not None:  # what every redial meets until a restart
+                    # What every redial meets until a restart (once gone: unreachable, below).
+                    if refused_dials is not None and self._refused_for_drain():
                         raise NotDispatched("DRAINING", self._refused_draining())
                 elif refusal is not None:
                     # Fail fast: a redial will not heal this (the link keeps dialing anyway).
@@ -618,10 +619,9 @@ class RemoteExecutor(Endpoint):
         """The causes known so far: a drain, the refused session's, the link's, the last
         dial's."""
         causes: list[str] = []
-        refusal = self._refusal()
         if self._draining:
             causes.append("the executor is closing (draining): it will not be ready again")
-        elif refusal is not None and refusal.reason is HandshakeFailure.DRAINING:
+        elif self._refused_for_drain():
             causes.append(self._refused_draining())
         elif self._availability == "draining":
             causes.append(
@@ -639,6 +639,17 @@ class RemoteExecutor(Endpoint):
 
     def _refusal(self) -> HandshakeError | None:
         return self.link.refusal
+
+    def _refused_for_drain(self) -> bool:
+        """The worker refused our new session because it drains (4010), and no dial since
+        found nothing there (the drain refusal stands until a handshake completes; a worker
+        that has gone since is unreachable, not draining)."""
+        refusal = self._refusal()
+        return (
+            refusal is not None
+            and refusal.reason is HandshakeFailure.DRAINING
+            and self.link.statistics().dials_refused_in_a_row == 0
+        )
 
     def _refused_draining(self) -> str:
         """What a worker's drain refusal of our new session (4010) means, in one sentence."""
@@ -677,8 +688,7 @@ class RemoteExecutor(Endpoint):
             raise NotDispatched("DRAINING", "the worker is draining: new calls are refused")
         if state == "reconnecting":
             raise NotDispatched("RECONNECTING", "the executor is reconnecting")
-        refusal = self._refusal()
-        if refusal is not None and refusal.reason is HandshakeFailure.DRAINING:
+        if self._refused_for_drain():
             raise NotDispatched("DRAINING", self._refused_draining())
         raise NotDispatched("OFFLINE", self.last_error or "the executor is offline")
 

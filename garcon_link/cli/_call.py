@@ -258,9 +258,9 @@ def _enrollment_hint(config: LinkConfig | FleetConfig, executor_id: str | None) 
 
 
 def _refused_draining(executor: RemoteExecutor) -> bool:
-    """Whether the other end refused our new session because it drains (4010)."""
-    refusal = executor.link.refusal
-    return refusal is not None and refusal.reason is HandshakeFailure.DRAINING
+    """Whether the other end refused our new session because it drains (4010) and has not
+    gone since."""
+    return executor._refused_for_drain()
 
 
 def _draining(executor: RemoteExecutor, peer: str) -> NotDispatched:
