@@ -282,6 +282,7 @@ class HandshakeFailure(_CodedReason):
     TAKEN_OVER = ("another process took over this executor id", 4009)
     REGISTRY_FULL = ("the controller serves its maximum number of executors", 1013)
     CONTROLLERS_FULL = ("the worker serves its maximum number of controllers", 1013)
+    DRAINING = ("the worker is draining (stopping): it admits no new session", 4010)
 
 
 class HandshakeError(_ReasonedError[HandshakeFailure]):

@@ -21,14 +21,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import anyio
+import anyio.lowlevel
 import pytest
+import trustme
 from projectutil import command_lines, run_project, shim_path
 
 import garcon_link as gl
 from garcon_link import _scaffold, cli
-from garcon_link.cli import _call
+from garcon_link.api.relay import GatewayExecutor
+from garcon_link.cli import _call, _output
 from garcon_link.cli._exits import _describe, _leaf
 from garcon_link.rpc.interface import MethodKind
 from garcon_link.settings.config import CONFIG_ENV_VAR
@@ -158,6 +162,17 @@ class Worker:
                 continue
             if line is None:
                 raise AssertionError(f"worker exited: {self.stderr()}")
+            self.lines.append(line)
+
+    def drained(self) -> bool:
+        """Move every line already read into :attr:`lines`; True once stdout has ended."""
+        while True:
+            try:
+                line = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if line is None:
+                return True
             self.lines.append(line)
 
     def url(self) -> str:
@@ -1065,8 +1080,9 @@ def test_a_worker_with_every_place_taken_is_not_asked_whether_it_runs(tmp_path: 
 
 
 def test_a_call_to_a_draining_worker_says_it_drains(tmp_path: Path) -> None:
-    """A worker told to stop still finishes its running call; a new ``call`` meanwhile is told
-    that the worker drains (exit 3, DRAINING), not asked whether it runs."""
+    """A worker told to stop still finishes its running call; a new ``call`` or ``describe``
+    meanwhile is told at once -- not at ``--timeout`` -- that the worker drains (exit 3,
+    DRAINING), not asked whether it runs; the worker admits no session for them."""
     worker_toml = write_config(tmp_path, "worker.toml", "worker", 'listen = "127.0.0.1:0"')
     worker = Worker(worker_toml, SERVICE, extra=("--drain", "30"))
     holder: subprocess.Popen[bytes] | None = None
@@ -1084,14 +1100,62 @@ def test_a_call_to_a_draining_worker_says_it_drains(tmp_path: Path) -> None:
             assert holder.poll() is None
         worker.process.send_signal(signal.SIGTERM)
         assert worker.wait_line("executor-draining").endswith("running=1")
-        done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "1")
+        # The subprocess bound (20 s) is far below --timeout: waiting it out fails the test.
+        done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "60", timeout=20)
         assert done.returncode == cli.EXIT_NOT_DISPATCHED
         assert_one_error_line(done.stderr, "[not_dispatched:DRAINING]", "is draining", "--wait")
+        described = run_cli("describe", str(controller), "--timeout", "60", timeout=20)
+        assert described.returncode == cli.EXIT_NOT_DISPATCHED
+        assert_one_error_line(described.stderr, "[not_dispatched:DRAINING]", "is draining")
+        worker.process.kill()
+        worker.process.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while not worker.drained():  # until the reader thread has seen stdout end
+            assert time.monotonic() < deadline, worker.lines
+            time.sleep(0.01)
+        after = worker.lines[worker.lines.index(worker.wait_line("executor-draining")) :]
+        assert not [line for line in after if line.startswith("executor-ready")], after
     finally:
         if holder is not None:
             holder.kill()
             holder.wait(timeout=10)
         worker.kill()
+
+
+class _GatewaySaysDraining:
+    """What ``call`` sees of an executor through a gateway that reports it ``draining``: every
+    wait for readiness runs out (``GatewayExecutor``'s surface, as ``_executor_ready`` uses it)."""
+
+    executor_id = "box-1"
+    availability = "draining"
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        assert timeout is not None
+        self.waits.append(timeout)
+        await anyio.lowlevel.checkpoint()
+        raise TimeoutError
+
+
+def test_through_a_gateway_a_draining_executor_fails_at_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without ``--wait``: DRAINING after the first slice of the wait, not at ``--timeout``, and
+    no 'waiting for' line; with ``--wait``, the wait goes on (for the restarted worker)."""
+    executor = _GatewaySaysDraining()
+    gateway_executor = cast("GatewayExecutor", executor)
+    with pytest.raises(gl.NotDispatched) as refused:
+        anyio.run(lambda: _call._executor_ready(gateway_executor, 60.0, fail_draining=True))
+    assert refused.value.code == "DRAINING"
+    assert "is draining at the gateway" in refused.value.message
+    assert executor.waits == [_call.NOTICE_AFTER]
+    assert capsys.readouterr().err == ""
+    waited = _GatewaySaysDraining()
+    with pytest.raises(gl.NotDispatched) as late:
+        anyio.run(lambda: _call._executor_ready(cast("GatewayExecutor", waited), 0.05))
+    assert late.value.code == "NOT_READY" and waited.waits
 
 
 def test_a_certificate_that_does_not_verify_is_named_as_the_cause() -> None:
@@ -1105,6 +1169,43 @@ def test_a_certificate_that_does_not_verify_is_named_as_the_cause() -> None:
     assert _call._not_ready_hint("last dial: timed out", "gateway") == "is the gateway running?"
     held = "closed by peer code=4004 cause='another peer holds a healthy session'"
     assert "its own controller_id" in _call._not_ready_hint(held, "worker")
+
+
+@pytest.mark.parametrize("names", [("127.0.0.1",), ("elsewhere.example",)], ids=["ca", "name"])
+def test_a_certificate_that_does_not_verify_is_not_called_unreachable(
+    tmp_path: Path, names: tuple[str, ...]
+) -> None:
+    """A TLS worker whose certificate the controller cannot verify (a CA it does not trust, or
+    a certificate for another name) runs: the hint names the trust store, the name and the
+    validity dates, not whether the worker runs there or --wait."""
+    issuer, trusted = trustme.CA(), trustme.CA()
+    issuer.issue_cert(*names).private_key_and_cert_chain_pem.write_to_path(tmp_path / "w.pem")
+    (issuer if names != ("127.0.0.1",) else trusted).cert_pem.write_to_path(tmp_path / "ca.pem")
+    worker_toml = write_config(
+        tmp_path,
+        "worker.toml",
+        "worker",
+        'listen = "127.0.0.1:0"\n\n[tls]\ncert = "w.pem"\nkey = "w.pem"\n',
+    )
+    worker = Worker(worker_toml, SERVICE)
+    try:
+        url = worker.url()
+        assert url.startswith("wss://")
+        dial = f'dial = "{url}"\n\n[tls]\nca = "ca.pem"\n'
+        controller = write_config(tmp_path, "c.toml", "controller", dial)
+        done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--timeout", "60", timeout=20)
+    finally:
+        worker.kill()
+    assert done.returncode == cli.EXIT_NOT_DISPATCHED
+    assert_one_error_line(
+        done.stderr,
+        "[not_dispatched:UNREACHABLE]",
+        "CERTIFICATE_VERIFY_FAILED",
+        '[tls] ca = "',
+        "must name the host or IP address of [connection] dial",
+        "validity dates",
+    )
+    assert "runs there" not in done.stderr and "--wait" not in done.stderr
 
 
 def test_a_listening_call_met_by_a_worker_with_another_secret_says_so(tmp_path: Path) -> None:
@@ -1606,6 +1707,66 @@ def test_ctrl_c_before_the_call_is_sent_says_it_did_not_run(tmp_path: Path, dead
         if call.poll() is None:
             call.kill()
             call.communicate(timeout=10)
+
+
+def test_a_sigterm_after_a_short_timeout_leaves_the_timeout_s_outcome(tmp_path: Path) -> None:
+    """``--timeout 0.3`` ends the call (NOT_READY, exit 3); SIGTERMs sent from the moment its
+    error line is out until the process has exited change nothing: no death by signal, no
+    second line (SIGTERM is ignored once the outcome is settled)."""
+    port = free_port()
+    controller = write_config(tmp_path, "c.toml", "controller", f'listen = "127.0.0.1:{port}"')
+    call = subprocess.Popen(
+        [*CLI, "call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.3"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert call.stderr is not None
+        first = call.stderr.readline()  # the error line: the outcome is settled
+        assert first.startswith("error: [not_dispatched:NOT_READY]"), first
+        sent = 0
+        while call.poll() is None and sent < 10_000:  # until it has exited (bounded)
+            with contextlib.suppress(ProcessLookupError):
+                call.send_signal(signal.SIGTERM)
+            sent += 1
+            time.sleep(0.001)
+        _, rest = call.communicate(timeout=30)
+        assert call.returncode == cli.EXIT_NOT_DISPATCHED, (sent, rest)
+        assert rest == "", rest
+    finally:
+        if call.poll() is None:
+            call.kill()
+        call.communicate(timeout=10)
+
+
+def test_a_sigterm_while_call_loads_its_config_says_it_did_not_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The SIGTERM handler is in place before anything of ``call`` can take time: a SIGTERM
+    while CONFIG is read is the one ``terminated before the call was sent`` line, exit 130."""
+    controller = write_config(tmp_path, "c.toml", "controller", 'listen = "127.0.0.1:0"')
+    loaded: list[bool] = []
+
+    def load_then_terminated(*args: Any) -> Any:
+        loaded.append(True)
+        signal.raise_signal(signal.SIGTERM)  # as timeout(1) would, while CONFIG is read
+        return real_load(*args)
+
+    real_load = _output._load_caller_or_any
+    monkeypatch.setattr(_call, "_load_caller_or_any", load_then_terminated)
+    # This process's own handler, so that a SIGTERM that call does not handle is only counted.
+    missed: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: missed.append(signum))
+    try:
+        code = cli.main(["call", str(controller), "demo.add", "[1, 2]", "--timeout", "0.3"])
+        restored = signal.getsignal(signal.SIGTERM)
+    finally:
+        guard = signal.signal(signal.SIGTERM, previous)
+    assert (code, loaded, missed) == (cli.EXIT_INTERRUPTED, [True], [])
+    assert_one_error_line(capsys.readouterr().err, "terminated (SIGTERM) before the call was sent")
+    assert restored is guard  # a caller of main() gets its handler back
 
 
 # --------------------------------------------------------------------------- stub

@@ -19,7 +19,8 @@ inputs:
   not, is in another slot: it never reaches this slot's view but through ``full``, so a second
   controller is admitted at once (``NEW``), never probed;
 * ``evictable`` -- with ``full``: one of those other slots holds only a detached session (no
-  socket, no admission), whose place a controller without a session takes (``EVICT``).
+  socket, no admission), whose place a controller without a session takes (``EVICT``);
+* ``draining`` -- the worker drains: it admits resumes only (``DRAINING``, 4010).
 
 Which slot a hello meets is :func:`~garcon_link.core.admission.slot_key`'s answer; the second
 table (``CONTROLLER_TABLE``) runs it and :func:`decide` together over the controller dimension:
@@ -70,6 +71,7 @@ class Case:
     probe: bool | None
     full: bool = False
     evictable: bool = False
+    draining: bool = False
 
     def slot(self) -> SlotView:
         if self.session == "none":
@@ -78,6 +80,7 @@ class Case:
                 admitting=self.admitting,
                 full=self.full,
                 evictable=self.evictable,
+                draining=self.draining,
             )
         return SlotView(
             closing=self.closing,
@@ -87,6 +90,7 @@ class Case:
             admitting=self.admitting,
             full=self.full,
             evictable=self.evictable,
+            draining=self.draining,
         )
 
     def offer(self) -> Offer:
@@ -97,7 +101,7 @@ class Case:
 
 def all_cases() -> list[Case]:
     cases = []
-    for (
+    for draining, (
         closing,
         session,
         attached,
@@ -110,15 +114,18 @@ def all_cases() -> list[Case]:
         evictable,
     ) in itertools.product(
         (False, True),
-        ("none", "offered", "other"),
-        (False, True),
-        ("same", "other"),
-        (False, True),
-        (False, True),
-        (False, True),
-        (None, True, False),
-        (False, True),
-        (False, True),
+        itertools.product(
+            (False, True),
+            ("none", "offered", "other"),
+            (False, True),
+            ("same", "other"),
+            (False, True),
+            (False, True),
+            (False, True),
+            (None, True, False),
+            (False, True),
+            (False, True),
+        ),
     ):
         if session == "none" and (attached or runtime == "other"):
             continue  # without a session there is no socket and no runtime to compare
@@ -136,6 +143,7 @@ def all_cases() -> list[Case]:
                 probe,
                 full,
                 evictable,
+                draining,
             )
         )
     return cases
@@ -155,38 +163,44 @@ FULL = Refuse(
 NEW = Fresh(retire_current=False, taken_over=False)
 EVICT = Fresh(retire_current=False, taken_over=False, evict_detached=True)
 REPLACE = Fresh(retire_current=True, taken_over=False)
+DRAINING = Refuse(
+    HandshakeFailure.DRAINING,
+    "this worker is draining: it admits no new session; retry once it has restarted",
+)
 TAKEOVER = Fresh(retire_current=True, taken_over=True)
 
-# (closing, taken_over, admitting, resume, session, attached, runtime, probe, full, evictable)
-# -> decision; first match wins.
+# (closing, taken_over, admitting, resume, session, attached, runtime, probe, full, evictable,
+# draining) -> decision; first match wins.
 TABLE: list[tuple[tuple[Any, ...], Decision]] = [
     # Shutting down refuses everything, before anything else is looked at.
-    ((True, ANY, ANY, ANY, ANY, ANY, ANY, ANY, ANY, ANY), CLOSED),
+    ((True, ANY, ANY, ANY, ANY, ANY, ANY, ANY, ANY, ANY, ANY), CLOSED),
     # A runtime that was taken over never gets back in (two processes claim one id: 4009).
-    ((False, True, ANY, ANY, ANY, ANY, ANY, ANY, ANY, ANY), TAKEN),
+    ((False, True, ANY, ANY, ANY, ANY, ANY, ANY, ANY, ANY, ANY), TAKEN),
     # One admission per executor at a time: another socket finishing its handshake meanwhile
     # is refused at once (a key holder cannot queue sockets behind the first one).
-    ((False, False, True, ANY, ANY, ANY, ANY, ANY, ANY, ANY), BUSY),
+    ((False, False, True, ANY, ANY, ANY, ANY, ANY, ANY, ANY, ANY), BUSY),
     # Resume: only the very session the slot holds; the attached socket, if any, steps aside.
-    ((False, False, False, True, "none", ANY, ANY, ANY, ANY, ANY), CHANGED),
-    ((False, False, False, True, "other", ANY, ANY, ANY, ANY, ANY), CHANGED),
-    ((False, False, False, True, "offered", False, ANY, ANY, ANY, ANY), Resume(False)),
-    ((False, False, False, True, "offered", True, ANY, ANY, ANY, ANY), Resume(True)),
+    ((False, False, False, True, "none", ANY, ANY, ANY, ANY, ANY, ANY), CHANGED),
+    ((False, False, False, True, "other", ANY, ANY, ANY, ANY, ANY, ANY), CHANGED),
+    ((False, False, False, True, "offered", False, ANY, ANY, ANY, ANY, ANY), Resume(False)),
+    ((False, False, False, True, "offered", True, ANY, ANY, ANY, ANY, ANY), Resume(True)),
+    # A draining worker admits no new session, whatever the slot holds; resumes (above) go on.
+    ((False, False, False, False, ANY, ANY, ANY, ANY, ANY, ANY, True), DRAINING),
     # Fresh with nothing held: admitted; while other controllers hold every place, in the place
     # of one's detached session if there is one (a crashed controller cannot keep a live one
     # out for its grace), else refused (1013).
-    ((False, False, False, False, "none", ANY, ANY, ANY, True, True), EVICT),
-    ((False, False, False, False, "none", ANY, ANY, ANY, True, False), FULL),
-    ((False, False, False, False, "none", ANY, ANY, ANY, False, ANY), NEW),
+    ((False, False, False, False, "none", ANY, ANY, ANY, True, True, ANY), EVICT),
+    ((False, False, False, False, "none", ANY, ANY, ANY, True, False, ANY), FULL),
+    ((False, False, False, False, "none", ANY, ANY, ANY, False, ANY, ANY), NEW),
     # Fresh from the same runtime (it lost its state): replace, no probe, no takeover.
-    ((False, False, False, False, ANY, ANY, "same", ANY, ANY, ANY), REPLACE),
+    ((False, False, False, False, ANY, ANY, "same", ANY, ANY, ANY, ANY), REPLACE),
     # Fresh from another runtime while a socket is attached: the takeover rule.
-    ((False, False, False, False, ANY, True, "other", None, ANY, ANY), Probe()),
-    ((False, False, False, False, ANY, True, "other", True, ANY, ANY), HEALTHY),
-    ((False, False, False, False, ANY, True, "other", False, ANY, ANY), TAKEOVER),
+    ((False, False, False, False, ANY, True, "other", None, ANY, ANY, ANY), Probe()),
+    ((False, False, False, False, ANY, True, "other", True, ANY, ANY, ANY), HEALTHY),
+    ((False, False, False, False, ANY, True, "other", False, ANY, ANY, ANY), TAKEOVER),
     # Fresh from another runtime, nothing attached (a restarted peer): replace; the old
     # runtime is remembered as taken over.
-    ((False, False, False, False, ANY, False, "other", ANY, ANY, ANY), TAKEOVER),
+    ((False, False, False, False, ANY, False, "other", ANY, ANY, ANY, ANY), TAKEOVER),
 ]
 
 
@@ -202,6 +216,7 @@ def expected(case: Case) -> tuple[int, Decision]:
         case.probe,
         case.full,
         case.evictable,
+        case.draining,
     )
     for index, (pattern, decision) in enumerate(TABLE):
         if all(p is ANY or p == v for p, v in zip(pattern, values, strict=True)):
@@ -225,8 +240,8 @@ def test_every_row_of_the_table_is_reached() -> None:
 
 def test_the_table_covers_every_combination() -> None:
     # 2 closing x (1 without a session + 2 sessions x 2 attached x 2 runtimes) x 2 x 2 x 2 x 3
-    # x 3 (not full; full with or without an evictable session).
-    assert len(CASES) == 2 * (1 + 2 * 2 * 2) * 2 * 2 * 2 * 3 * 3
+    # x 3 (not full; full with or without an evictable session) x 2 draining.
+    assert len(CASES) == 2 * (1 + 2 * 2 * 2) * 2 * 2 * 2 * 3 * 3 * 2
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.probe is None], ids=str)
@@ -246,6 +261,7 @@ def test_refusals_close_with_the_codes_of_the_contract() -> None:
     assert BUSY == admission.BUSY
     assert CLOSED.reason.close_code == 1001
     assert FULL == admission.FULL and FULL.reason.close_code == 1013
+    assert DRAINING == admission.DRAINING and DRAINING.reason.close_code == 4010
 
 
 def test_a_second_controller_is_admitted_at_once() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,6 +32,7 @@ from rpcutil import LIMITS, SECRET, Calc, CalcImpl, both_directions, open_pair
 
 import garcon_link as gl
 from garcon_link.api.facades import counts_as_error
+from garcon_link.endpoint.link import WebSocketLink
 from garcon_link.rpc.envelopes import Notify, encode
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -262,6 +264,183 @@ async def test_a_flood_of_goodbyes_is_one_transition(caplog: pytest.LogCaptureFi
         assert changes == ["draining"]
         lines = [r.getMessage() for r in caplog.records if "draining" in r.getMessage()]
         assert lines == ["executor box: ready -> draining"], lines
+
+
+async def test_a_draining_worker_refuses_new_sessions_and_admits_resumes() -> None:
+    """While a worker drains, a controller it has never served is refused at the handshake
+    (4010) at once -- no session, no ``executor-ready`` line -- and says the worker is draining;
+    the controller it serves still resumes after a socket loss and gets its call's real result."""
+    impl = CalcImpl()
+    events: list[str] = []
+    worker = gl.Worker(_config(gl.Role.WORKER, listen=True), {"calc": impl}, on_event=events.append)
+    host = _WorkerHost(worker)
+    async with anyio.create_task_group() as tg:
+        await tg.start(host.run)
+        first = gl.connect(_config(gl.Role.CONTROLLER, listen=False, url=worker.url))
+        async with first:
+            with anyio.fail_after(DEADLINE):
+                await first.wait_ready()
+                calc = first.service("calc", Calc)
+                held, held_done = _start(tg, calc.hold("a"))
+                await impl.probe.wait("started:a")
+                host.stop(drain=DEADLINE)
+                await _wait_until(lambda: first.availability == "draining")
+
+                second = gl.connect(_config(gl.Role.CONTROLLER, listen=False, url=worker.url))
+                async with second:
+                    with pytest.raises(gl.NotDispatched) as refused:
+                        await second.wait_ready(refused_dials=1)  # at once, not at a timeout
+                    assert refused.value.code == "DRAINING", refused.value
+                    assert "is draining" in refused.value.message
+                    assert "4010" in refused.value.message
+                    assert second.availability == "offline"  # it never had a session
+                    with pytest.raises(gl.NotDispatched) as call_refused:
+                        await second.service("calc", Calc).add(1, 2)
+                    assert call_refused.value.code == "DRAINING"
+                    assert second.errors == 0  # a drain refusal is not an error
+                    link = second.link.statistics()
+                    assert link.fresh_sessions == 0 and link.handshakes_completed == 0
+                    assert worker.link.statistics().sessions_refused_draining >= 1
+                    # Waiting without refused_dials goes on (for a restart) and says why.
+                    with pytest.raises(TimeoutError, match="is draining"):
+                        await second.wait_ready(timeout=0.05)
+                    assert impl.counts["add"] == 0
+
+                    # The served controller's socket drops mid-drain: its resume is admitted.
+                    resumed_before = worker.link.statistics().resumed
+                    await first.link.disconnect()
+                    await _wait_until(lambda: worker.link.statistics().resumed > resumed_before)
+                    await _wait_until(lambda: first.availability == "draining")
+                    impl._release("a")
+                    await held_done.wait()
+                    assert held == ["a"]  # the real result, after the resume
+                    await host.closed.wait()
+
+                    # The worker has gone: once a dial finds nothing there, its drain refusal
+                    # no longer stands.
+                    await _wait_until(lambda: second.link.statistics().dials_refused_in_a_row)
+                    with pytest.raises(gl.NotDispatched) as gone:
+                        await second.wait_ready(refused_dials=3)
+                    assert gone.value.code == "UNREACHABLE", gone.value
+    assert [e.split()[0] for e in events].count("executor-ready") == 1, events
+    assert worker.sessions == 1
+
+
+def _free_port() -> int:
+    """A loopback port just freed: nothing listens there."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def _dead_url() -> str:
+    """A loopback URL where nothing listens: every dial is refused."""
+    return f"ws://127.0.0.1:{_free_port()}/executor"
+
+
+async def test_a_draining_dialing_worker_stops_dialing_where_it_has_no_session() -> None:
+    """A dialing worker's link without a session has nothing to resume once the worker drains:
+    it stops dialing, while the link holding a session goes on serving it. The yardstick is a
+    dial loop of our own with the same backoff to the same dead address."""
+    dead = _dead_url()
+    impl = CalcImpl()
+    async with anyio.create_task_group() as tg:
+        executor = gl.connect(_config(gl.Role.CONTROLLER, listen=True))
+        async with executor:
+            config = gl.LinkConfig(
+                executor_id="box",
+                role=gl.Role.WORKER,
+                secret=SECRET,
+                dial=dead,  # its own link: worker.statistics().link
+                also_dial=(executor.link.url,),
+                limits=LIMITS,
+            )
+            host = _WorkerHost(gl.Worker(config, {"calc": impl}))
+            await tg.start(host.run)
+            worker = host.worker
+            with anyio.fail_after(DEADLINE):
+                await executor.wait_ready()
+                calc = executor.service("calc", Calc)
+                held, held_done = _start(tg, calc.hold("a"))
+                await impl.probe.wait("started:a")
+                # The dead link dials on until the drain.
+                await _wait_until(lambda: worker.statistics().link.dials_refused >= 2)
+                host.stop(drain=DEADLINE)
+                await _wait_until(lambda: executor.availability == "draining")
+                before = worker.statistics().link.dial_attempts
+                yardstick = WebSocketLink(
+                    role=gl.Role.CONTROLLER,
+                    executor_id="box",
+                    secret=SECRET.reveal(),
+                    dial=dead,
+                    limits=LIMITS,
+                )
+                async with yardstick:
+                    await _wait_until(lambda: yardstick.statistics().dial_attempts >= 20)
+                # At most the attempt under way when the drain began.
+                assert worker.statistics().link.dial_attempts <= before + 1
+                impl._release("a")
+                await held_done.wait()
+                assert held == ["a"]
+                await host.closed.wait()
+
+
+async def test_a_draining_dialing_worker_refuses_a_restarted_controller_s_fresh_session() -> None:
+    """The controller a dialing worker serves restarts (same address, a new process) while the
+    worker drains: the worker's resume meets no session there, the handshake settles on a fresh
+    one, and the worker refuses it (4010) -- the new controller retires the session it had just
+    admitted at once (not after its detached grace) and never becomes ready."""
+    port = _free_port()
+    limits = LIMITS.replace(detached_grace=30.0)  # far beyond every wait below
+
+    def controller() -> gl.RemoteExecutor:
+        config = gl.LinkConfig(
+            executor_id="box",
+            role=gl.Role.CONTROLLER,
+            secret=SECRET,
+            listen=("127.0.0.1", port),
+            limits=limits,
+        )
+        return gl.connect(config)
+
+    impl = CalcImpl()
+    async with anyio.create_task_group() as tg:
+        first = controller()
+        async with first:
+            config = gl.LinkConfig(
+                executor_id="box",
+                role=gl.Role.WORKER,
+                secret=SECRET,
+                dial=first.link.url,
+                limits=limits,
+            )
+            host = _WorkerHost(gl.Worker(config, {"calc": impl}))
+            await tg.start(host.run)
+            with anyio.fail_after(DEADLINE):
+                await first.wait_ready()
+                _start(tg, first.service("calc", Calc).hold("a"))
+                await impl.probe.wait("started:a")
+                host.stop(drain=DEADLINE)
+                await _wait_until(lambda: first.availability == "draining")
+                assert isinstance(first.link, WebSocketLink)
+                await first.link.abort()  # the controller process dies
+        sessions: list[Any] = []
+        second = controller()
+        assert isinstance(second.link, WebSocketLink)
+        second.link.on_session(lambda transport, _result: sessions.append(transport))
+        async with second:
+            with anyio.fail_after(DEADLINE):
+                await _wait_until(lambda: bool(sessions) and sessions[0].failure is not None)
+                failure = sessions[0].failure
+                assert "4010" in str(failure), failure
+                assert second.availability == "offline"
+                assert host.worker.sessions == 1  # the worker began no session
+                impl._release("a")
+                # Its reply can never be acknowledged (its controller is gone): end the drain's
+                # wait by ending the worker's link, rather than by waiting the drain time out.
+                await host.worker.link.abort()
+                await host.closed.wait()
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import socket
 import sys
 import tracemalloc
 from pathlib import Path
@@ -32,6 +33,8 @@ from test_cli import SERVICE, Worker, run_cli, write_config
 
 import garcon_link
 import garcon_link as gl
+from garcon_link import cli
+from garcon_link.cli._output import _error_line
 from garcon_link.logs import (
     FIELDS,
     MESSAGE_CHARS,
@@ -180,6 +183,41 @@ def test_log_json_writes_json_lines_from_the_worker_and_the_controller(tmp_path:
     worker_lines = [json.loads(line) for line in worker_err.splitlines()]
     closed = [line for line in worker_lines if ": socket closed by peer" in line["message"]]
     assert closed and closed[0]["gl_close_code"] == 1001, worker_lines
+
+
+def test_log_json_makes_the_error_line_a_json_object_too(tmp_path: Path) -> None:
+    """With ``--log-json`` every line on stderr parses, the final ``error:`` line included: the
+    same shape as the log lines (level ERROR, logger garcon_link.cli); without it, plain text."""
+    with socket.socket() as held:  # bound, not listening: every dial is refused
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        url = f'dial = "ws://127.0.0.1:{port}/executor"'
+        controller = write_config(tmp_path, "controller.toml", "controller", url)
+        done = run_cli("call", str(controller), "demo.add", "[1, 2]", "--log-json", "-v")
+        plain = run_cli("call", str(controller), "demo.add", "[1, 2]")
+    assert done.returncode == plain.returncode == cli.EXIT_NOT_DISPATCHED
+    lines = [json.loads(line) for line in done.stderr.splitlines()]  # every line is one object
+    last = lines[-1]
+    assert {"time", "level", "logger", "message"} <= set(last), last
+    assert (last["level"], last["logger"]) == ("ERROR", "garcon_link.cli"), last
+    assert last["message"].startswith("error: [not_dispatched:UNREACHABLE] "), last
+    assert "exception" not in last  # an expected failure: its line says it all
+    assert plain.stderr.startswith("error: [not_dispatched:UNREACHABLE] "), plain.stderr
+
+
+def test_the_json_error_line_carries_a_traceback_as_its_exception(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An internal error's ``-v`` traceback goes inside the JSON line, not beside it."""
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as exc:
+        _error_line("internal error, RuntimeError: boom", json_lines=True, exc=exc)
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    line = json.loads(err)
+    assert line["message"] == "error: internal error, RuntimeError: boom"
+    assert "Traceback" in line["exception"] and "boom" in line["exception"]
 
 
 # ------------------------------------------------------------------- peer_text and the limiter

@@ -19,6 +19,9 @@ session -- there is no way back to ``ready`` but a new session -- so a worker re
 goodbye, or sending it in a flood, makes at most one transition per session. Calls already sent
 finish as usual; a new call fails at once with ``NotDispatched("DRAINING")``, nothing sent, as
 the worker would refuse it anyway. A refusal for a drain is not counted in :attr:`errors`.
+A draining worker admits no new session (close 4010 at the handshake): an executor without a
+session there stays ``offline`` with that refusal as its link's, and its calls fail
+``NotDispatched("DRAINING")`` until a handshake completes (the restarted worker's).
 
 A fresh session is *installed* (made current, availability ``ready``) after its replay fence
 and a ``describe`` call; its manifest becomes the executor's, whatever it changed: contracts are
@@ -77,6 +80,7 @@ from ..errors import (
     ConfigError,
     FailureReason,
     HandshakeError,
+    HandshakeFailure,
     LinkError,
     NotDispatched,
     WrongScheme,
@@ -568,6 +572,10 @@ class RemoteExecutor(Endpoint):
                 it does not serve), at once rather than at the timeout; the message says what
                 to fix. The link keeps redialing: a later ``wait_ready`` succeeds once fixed.
             HandshakeError: likewise for a protocol version or role mismatch.
+
+        A worker that drains refuses a new session (4010): with ``refused_dials`` the wait
+        ends at once with ``NotDispatched("DRAINING")``; without, it goes on (a restarted
+        worker admits the session) and a ``TimeoutError`` says the worker is draining.
         """
         if refused_dials is not None and refused_dials < 1:
             raise ValueError(f"refused_dials must be at least 1, got {refused_dials!r}")
@@ -576,7 +584,11 @@ class RemoteExecutor(Endpoint):
                 if self._availability == "disposed":
                     raise NotDispatched("DISPOSED", "the executor was closed")
                 refusal = self._refusal()
-                if refusal is not None:
+                if refusal is not None and refusal.reason is HandshakeFailure.DRAINING:
+                    # What every redial meets until a restart (once gone: unreachable, below).
+                    if refused_dials is not None and self._refused_for_drain():
+                        raise NotDispatched("DRAINING", self._refused_draining())
+                elif refusal is not None:
                     # Fail fast: a redial will not heal this (the link keeps dialing anyway).
                     raise _fresh(refusal)
                 unreachable = self._unreachable(refused_dials)
@@ -609,6 +621,8 @@ class RemoteExecutor(Endpoint):
         causes: list[str] = []
         if self._draining:
             causes.append("the executor is closing (draining): it will not be ready again")
+        elif self._refused_for_drain():
+            causes.append(self._refused_draining())
         elif self._availability == "draining":
             causes.append(
                 "the worker is draining (it was told to stop and refuses new calls): ready "
@@ -625,6 +639,24 @@ class RemoteExecutor(Endpoint):
 
     def _refusal(self) -> HandshakeError | None:
         return self.link.refusal
+
+    def _refused_for_drain(self) -> bool:
+        """The worker refused our new session because it drains (4010), and no dial since
+        found nothing there (the drain refusal stands until a handshake completes; a worker
+        that has gone since is unreachable, not draining)."""
+        refusal = self._refusal()
+        return (
+            refusal is not None
+            and refusal.reason is HandshakeFailure.DRAINING
+            and self.link.statistics().dials_refused_in_a_row == 0
+        )
+
+    def _refused_draining(self) -> str:
+        """What a worker's drain refusal of our new session (4010) means, in one sentence."""
+        return (
+            f"the worker of executor {self.executor_id!r} is draining: it was told to stop and "
+            "refuses new sessions (close 4010); ready again once it has restarted"
+        )
 
     def _wake(self, _refusal: object = None) -> None:
         """Wake every waiter on ``_changed`` (availability or a refusal: the link's
@@ -656,6 +688,8 @@ class RemoteExecutor(Endpoint):
             raise NotDispatched("DRAINING", "the worker is draining: new calls are refused")
         if state == "reconnecting":
             raise NotDispatched("RECONNECTING", "the executor is reconnecting")
+        if self._refused_for_drain():
+            raise NotDispatched("DRAINING", self._refused_draining())
         raise NotDispatched("OFFLINE", self.last_error or "the executor is offline")
 
     # -- sessions

@@ -16,8 +16,12 @@ its handlers there and ``describe`` reports it as ``worker_instance_id``
 
 Graceful drain (``Worker(..., drain=)``, ``Worker.aclose(drain=)``, ``serve(..., drain=)``, and
 ``garcon-link worker`` on SIGTERM): every session refuses its controller's new calls, unexecuted,
-with ``NotDispatched("DRAINING")`` (``ExecutorRpc.start_drain``; so does a session that begins
-during the drain) while running handlers finish and their replies are acknowledged. What is
+with ``NotDispatched("DRAINING")`` (``ExecutorRpc.start_drain``) while running handlers finish
+and their replies are acknowledged. No new session begins during the drain: the links refuse
+every fresh handshake with 4010 (``WebSocketLink.drain``; a new controller, or a controller
+process that restarted, learns at once that the worker is draining, and no ``executor-ready``
+line is printed for it), while a controller whose socket dropped mid-drain resumes its session
+and gets its calls' real outcomes; a dialing link without a session stops dialing. What is
 still running when the drain time is up ends as any close ends it: the caller's call fails
 ``OutcomeUnknown`` (never a result that did not happen). ``serve`` runs until cancelled, so it
 runs its worker in a shielded task of its own and drains it when cancelled.
@@ -457,6 +461,9 @@ class Worker(Endpoint):
 
     async def _drain(self, seconds: float) -> None:
         self._draining = True
+        assert self._own_link is not None
+        for link in (self._own_link, *self._more_links):
+            link.drain()  # no new session: fresh handshakes refused (4010), resumes admitted
         rpcs = list(self._rpcs)
         if not rpcs:
             return

@@ -126,8 +126,8 @@ Exit codes
       an unexpected internal error (a bug: ``error: internal error, ...``)
 2     usage or configuration error (bad arguments, bad config, keygen or init
       refused)
-3     ``NotDispatched``: definitely not executed (offline, unreachable, not ready
-      in time)
+3     ``NotDispatched``: definitely not executed (offline, unreachable, the worker
+      draining, not ready in time)
 4     ``Rejected``: reached the worker and refused unexecuted (unknown method,
       invalid arguments, stale resource)
 5     ``RemoteError``: executed and raised
@@ -146,7 +146,9 @@ Every failure prints exactly one line on stderr, ``error: <what>``; a call's fai
 command) adds the library's log, for ``RemoteError`` the remote traceback, and for an internal
 error (an exception that is not a usage, configuration, link, call or OS error: a bug) its
 traceback before the line. ``--log-json`` (before or after the command) writes those log lines as
-JSON objects, one per line, with the ``gl_*`` fields of :mod:`garcon_link.logs`.
+JSON objects, one per line, with the ``gl_*`` fields of :mod:`garcon_link.logs`, and the error
+line too (level ``ERROR``, logger ``garcon_link.cli``, ``message`` the ``error: ...`` text; the
+``-v`` traceback in its ``exception``), so every line on stderr parses.
 
 This package is the command line's face: :func:`main` and the names in ``__all__``. Each command
 group has its own module (``_worker.py``; ``_call.py``, with ``describe``; ``_fleet.py``;
@@ -233,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
     ns.verbose += ns.global_verbose
     ns.log_json = ns.log_json or ns.global_log_json
+    ns.program = argv is None  # the process itself (it exits next), not a caller of main()
     handler: Callable[[argparse.Namespace], int] = ns.func
     try:
         return handler(ns)
@@ -254,10 +257,14 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_OTHER
         log.debug("command failed", exc_info=exc)
         text = _describe(leaf, ns.command)
+        json_lines = bool(ns.log_json)
+        shown: BaseException | None = None  # a traceback -v shows, inside the JSON line
         if not _is_expected(leaf):
-            if ns.verbose:
+            if ns.verbose and json_lines:
+                shown = exc
+            elif ns.verbose:
                 traceback.print_exception(exc, file=sys.stderr)
             else:
                 text += " (run with -v for the traceback)"
-        _error_line(text)
+        _error_line(text, json_lines=json_lines, exc=shown)
         return exit_code_for(leaf)

@@ -28,7 +28,7 @@ from ..settings.config import LinkConfig
 from ..settings.fleet import FleetConfig
 from ..settings.keyring import KEY_SUFFIX, executor_id_problem
 from ._exits import EXIT_OK, UsageError, _leaf
-from ._output import _emit, _load_caller_or_any, _print_json, _setup_logging
+from ._output import _emit, _load_caller_or_any, _print_json, _setup_logging, _stderr_text
 
 # --------------------------------------------------------------------------- call
 
@@ -107,26 +107,43 @@ class CallInterrupted(KeyboardInterrupt):
         )
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[list[int]]:
-    """While inside, SIGTERM (``timeout``, ``kill``, a supervisor) interrupts ``call`` as Ctrl-C
-    does, so that its one line says whether the call was sent; yields the list it appends the
-    signal to. The previous handler is restored on the way out."""
-    received: list[int] = []
+class _Termination:
+    """What :func:`_sigterm_as_interrupt` saw: a SIGTERM that interrupted the command, and
+    whether the command's outcome is settled (a later SIGTERM then changes nothing)."""
 
-    def on_sigterm(signum: int, _frame: object) -> None:
-        received.append(signum)
+    def __init__(self) -> None:
+        self.received = False
+        self.settled = False
+
+    def on_sigterm(self, _signum: int, _frame: object) -> None:
+        if self.settled:
+            return  # the outcome is known (printed, or about to be): nothing left to interrupt
+        self.received = True
         signal.raise_signal(signal.SIGINT)
 
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt(*, ignore_after: bool) -> Iterator[_Termination]:
+    """While inside, SIGTERM (``timeout``, ``kill``, a supervisor) interrupts ``call`` as Ctrl-C
+    does, so that its one line says whether the call was sent. Entered before anything of the
+    command can take time (the log setup, loading CONFIG, the event loop), so no ``--timeout``
+    can end the command before it is in place; the caller marks the outcome settled once the
+    event loop has ended. On the way out the previous handler is put back, or, with
+    ``ignore_after`` (the process exits next: ``garcon-link call`` itself), SIGTERM is ignored
+    (``SIG_IGN``, which the interpreter's finalization leaves alone) so that a late SIGTERM can
+    neither kill the process by signal between the outcome and the exit nor change its exit
+    status."""
+    termination = _Termination()
     try:
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
+        previous = signal.signal(signal.SIGTERM, termination.on_sigterm)
     except ValueError:  # not the main thread: leave SIGTERM alone
-        yield received
+        yield termination
         return
     try:
-        yield received
+        yield termination
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        termination.settled = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore_after else previous)
 
 
 @contextlib.asynccontextmanager
@@ -240,6 +257,40 @@ def _enrollment_hint(config: LinkConfig | FleetConfig, executor_id: str | None) 
     )
 
 
+def _refused_draining(executor: RemoteExecutor) -> bool:
+    """Whether the other end refused our new session because it drains (4010) and has not
+    gone since."""
+    return executor._refused_for_drain()
+
+
+def _draining(executor: RemoteExecutor, peer: str) -> NotDispatched:
+    """The one error of ``call`` and ``describe`` against a draining worker (or gateway)."""
+    who = "the gateway" if peer == "gateway" else f"executor {executor.executor_id!r}"
+    return NotDispatched(
+        "DRAINING",
+        f"{who} is draining: the {peer} was told to stop and refuses new calls and sessions; "
+        f"call again once it has restarted (--wait S waits up to S seconds for that)",
+    )
+
+
+def _certificate_hint(config: LinkConfig | FleetConfig, field: str, peer: str) -> str:
+    """What to check when the {peer}'s TLS certificate does not verify: it runs and answers with
+    TLS, so not whether it runs, but the trust store, the name and the validity dates."""
+    source = config.source.name if config.source is not None else "the configuration"
+    tls = config.tls
+    trust = (
+        f"[tls] ca = {json.dumps(str(tls.ca))} in {source} must be the CA file that signed it"
+        if tls is not None and tls.ca is not None
+        else f"without [tls] ca in {source} the system's trust store is used: set it to the CA "
+        "file that signed it (a private CA)"
+    )
+    return (
+        f"the {peer} answers with TLS, but its certificate does not verify: {trust}; the "
+        f"certificate must name the host or IP address of {field}; and it must be within its "
+        "validity dates (expired, or not yet valid: check both machines' clocks)"
+    )
+
+
 async def _ready(
     executor: RemoteExecutor,
     config: LinkConfig | FleetConfig,
@@ -259,19 +310,20 @@ async def _ready(
             refused_dials=REFUSED_DIALS if wait is None else None,
         )
     except TimeoutError as exc:
-        if executor.availability == "draining":
-            who = "the gateway" if peer == "gateway" else f"executor {executor.executor_id!r}"
-            raise NotDispatched(
-                "DRAINING",
-                f"{who} is draining: the {peer} was told to stop and refuses new calls; call "
-                f"again once it has restarted (--wait S waits up to S seconds for that)",
-            ) from None
+        if executor.availability == "draining" or _refused_draining(executor):
+            raise _draining(executor, peer) from None
         hint = _enrollment_hint(config, executor_id) or _not_ready_hint(str(exc), peer)
         raise NotDispatched("NOT_READY", f"{exc}; {hint}") from None
     except NotDispatched as exc:
+        if exc.code == "DRAINING":  # a draining worker refused our new session (4010)
+            raise _draining(executor, peer) from None
         if exc.code != "UNREACHABLE":
             raise
         field = _dial_field(config, executor_id) or "the dial address"
+        if VERIFY_FAILED in exc.message:  # something of ours answers there: no --wait helps
+            raise NotDispatched(
+                "UNREACHABLE", f"{exc.message}; {_certificate_hint(config, field, peer)}"
+            ) from None
         raise NotDispatched(
             "UNREACHABLE",
             f"{exc.message}; check {field} and that the {peer} runs there (garcon-link "
@@ -305,7 +357,9 @@ async def _open_through_gateway(
                 f"{config.dial}: not a gateway (it serves no {RELAY_SERVICE!r} service: a "
                 f"worker?); point [connection] dial{where} at a gateway (garcon-link gateway)"
             )
-        await _executor_ready(executor, ready_timeout if wait is None else wait)
+        await _executor_ready(
+            executor, ready_timeout if wait is None else wait, fail_draining=wait is None
+        )
         yield executor
 
 
@@ -314,20 +368,41 @@ NOTICE_AFTER = 1.0
 one line on stderr, what they wait for (and going on waiting)."""
 
 
-async def _executor_ready(executor: GatewayExecutor, timeout: float) -> None:
-    """``executor.wait_ready(timeout)``; past :data:`NOTICE_AFTER`, one stderr line says what the
-    gateway reports of it. The gateway refuses (``FORBIDDEN``) an executor none of the caller's
-    grants names, at once: one still waited for is named by a grant, and the gateway does not
-    have it ready (an id it has never seen reads as ``offline``, like one that left)."""
+async def _executor_ready(
+    executor: GatewayExecutor, timeout: float, *, fail_draining: bool = False
+) -> None:
+    """``executor.wait_ready(timeout)``, asked in slices of :data:`NOTICE_AFTER`; after the
+    first, one stderr line says what the gateway reports of it. The gateway refuses
+    (``FORBIDDEN``) an executor none of the caller's grants names, at once: one still waited for
+    is named by a grant, and the gateway does not have it ready (an id it has never seen reads as
+    ``offline``, like one that left). ``fail_draining`` (no ``--wait``): an executor the gateway
+    reports ``draining`` (its worker was told to stop) ends the wait at once, ``DRAINING``."""
     started = anyio.current_time()
-    try:
-        if timeout > NOTICE_AFTER:
-            try:
-                await executor.wait_ready(NOTICE_AFTER)
-                return
-            except TimeoutError:
-                pass
-            state = executor.availability
+    noticed = timeout <= NOTICE_AFTER  # a wait this short says nothing before its end
+    while True:
+        remaining = timeout - (anyio.current_time() - started)
+        if remaining <= 0:
+            raise NotDispatched(
+                "NOT_READY",
+                f"executor {executor.executor_id!r} not ready within {timeout:g}s through the "
+                f"gateway (it is {executor.availability}); is the worker connected to the "
+                "gateway?",
+            )
+        try:
+            await executor.wait_ready(min(remaining, NOTICE_AFTER))
+            return
+        except TimeoutError:
+            pass
+        state = executor.availability
+        if fail_draining and state == "draining":
+            raise NotDispatched(
+                "DRAINING",
+                f"executor {executor.executor_id!r} is draining at the gateway: its worker was "
+                "told to stop and refuses new calls; call again once it has restarted (--wait S "
+                "waits up to S seconds for that)",
+            )
+        if not noticed:
+            noticed = True
             what = (
                 "not connected to the gateway"
                 if state in ("offline", "disposed")
@@ -339,13 +414,6 @@ async def _executor_ready(executor: GatewayExecutor, timeout: float) -> None:
                 file=sys.stderr,
                 flush=True,
             )
-        await executor.wait_ready(max(timeout - (anyio.current_time() - started), 0.0))
-    except TimeoutError:
-        raise NotDispatched(
-            "NOT_READY",
-            f"executor {executor.executor_id!r} not ready within {timeout:g}s through the "
-            f"gateway (it is {executor.availability}); is the worker connected to the gateway?",
-        ) from None
 
 
 async def _call_through_gateway(
@@ -461,39 +529,43 @@ async def _call(
 
 
 def _cmd_call(ns: argparse.Namespace) -> int:
-    _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
-    config_path, target, json_args = _split_call_operands(ns.operands)
-    service, method = _parse_target(target)
-    args, kwargs = _parse_arguments(json_args)
-    _check_waits(ns)
-    config = _load_caller_or_any(
-        config_path, "call", f"garcon-link call controller.toml {target} '[...]'"
-    )
     progress = _CallProgress()
-    terminated: list[int] = []
+    termination = _Termination()
     try:
-        with _sigterm_as_interrupt() as terminated:
-            anyio.run(
-                lambda: _call(
-                    config,
-                    service,
-                    method,
-                    args,
-                    kwargs,
-                    ready_timeout=ns.timeout,
-                    call_timeout=ns.call_timeout,
-                    progress=progress,
-                    executor_id=ns.executor,
-                    wait=ns.wait,
-                )
+        # First: from here on a SIGTERM says whether the call was sent (_sigterm_as_interrupt).
+        with _sigterm_as_interrupt(ignore_after=ns.program) as termination:
+            _setup_logging(ns.verbose, quiet_by_default=True, json_lines=ns.log_json)
+            config_path, target, json_args = _split_call_operands(ns.operands)
+            service, method = _parse_target(target)
+            args, kwargs = _parse_arguments(json_args)
+            _check_waits(ns)
+            config = _load_caller_or_any(
+                config_path, "call", f"garcon-link call controller.toml {target} '[...]'"
             )
+            try:
+                anyio.run(
+                    lambda: _call(
+                        config,
+                        service,
+                        method,
+                        args,
+                        kwargs,
+                        ready_timeout=ns.timeout,
+                        call_timeout=ns.call_timeout,
+                        progress=progress,
+                        executor_id=ns.executor,
+                        wait=ns.wait,
+                    )
+                )
+            finally:
+                termination.settled = True  # the outcome is known: a later SIGTERM is too late
     except BaseException as exc:
         leaf = _leaf(exc)
         if isinstance(leaf, KeyboardInterrupt):
-            how = "terminated (SIGTERM)" if terminated else "interrupted"
+            how = "terminated (SIGTERM)" if termination.received else "interrupted"
             raise CallInterrupted(progress.dispatched, how) from None
         if ns.verbose and isinstance(leaf, RemoteError) and leaf.remote_traceback:
-            print(leaf.remote_traceback.rstrip(), file=sys.stderr)
+            _stderr_text(leaf.remote_traceback.rstrip(), json_lines=ns.log_json)
         raise
     return EXIT_OK
 

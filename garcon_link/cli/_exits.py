@@ -33,7 +33,7 @@ _EXIT_CODE_LINES = {
     EXIT_OK: "success",
     EXIT_OTHER: "other failure (link or OS error; an internal error: -v shows why)",
     EXIT_USAGE: "usage or configuration error (the message says what to change)",
-    EXIT_NOT_DISPATCHED: "NotDispatched   not executed (offline, unreachable, not ready in time)",
+    EXIT_NOT_DISPATCHED: "NotDispatched   not executed (offline, unreachable, draining, not ready)",
     EXIT_REJECTED: "Rejected        refused unexecuted (unknown method, bad arguments)",
     EXIT_REMOTE_ERROR: "RemoteError     executed and raised",
     EXIT_OUTCOME_UNKNOWN: "OutcomeUnknown  may have executed (timeout, continuity lost)",

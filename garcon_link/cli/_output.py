@@ -33,10 +33,32 @@ def _emit(line: str) -> None:
         raise StdoutClosed from exc
 
 
-def _error_line(message: str) -> None:
-    # One line, whatever the message holds.
-    text = " ".join(message.split())
-    print(f"error: {text}", file=sys.stderr, flush=True)
+def _error_line(
+    message: str, *, json_lines: bool = False, exc: BaseException | None = None
+) -> None:
+    """The command's one error line on stderr, whatever the message holds: ``error: <message>``;
+    with ``json_lines`` (``--log-json``) a JSON object shaped as the log lines
+    (:class:`~garcon_link.logs.JsonFormatter`: level ``ERROR``, logger ``garcon_link.cli``,
+    ``message`` the same ``error: ...`` text), with ``exc``'s traceback as ``exception``."""
+    text = f"error: {' '.join(message.split())}"
+    if json_lines:
+        exc_info = (type(exc), exc, exc.__traceback__) if exc is not None else None
+        record = logging.LogRecord(_CLI_LOGGER, logging.ERROR, __file__, 0, text, None, exc_info)
+        text = JsonFormatter().format(record)
+    print(text, file=sys.stderr, flush=True)
+
+
+_CLI_LOGGER = "garcon_link.cli"
+"""The logger the command line's own lines name (its error line with ``--log-json``)."""
+
+
+def _stderr_text(text: str, *, json_lines: bool) -> None:
+    """A multi-line text for stderr (a remote traceback under ``-v``): as it is, or with
+    ``json_lines`` as one JSON log line (level ``ERROR``, logger ``garcon_link.cli``)."""
+    if json_lines:
+        record = logging.LogRecord(_CLI_LOGGER, logging.ERROR, __file__, 0, text, None, None)
+        text = JsonFormatter().format(record)
+    print(text, file=sys.stderr, flush=True)
 
 
 def jsonable(value: Any) -> Any:

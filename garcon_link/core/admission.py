@@ -17,6 +17,12 @@ under way). A controller without a session here is then admitted in the place of
 detached the longest (:data:`EVICT`; the link picks it with :func:`evictee`), and refused (1013)
 only while every place has a socket (:data:`FULL`): a crashed controller's session cannot keep a
 live newcomer out for its whole grace.
+
+A draining worker (:attr:`SlotView.draining`) admits no new session: every fresh handshake is
+refused with :data:`DRAINING` (4010), whatever the slot holds, while a resume of the session a
+slot holds is admitted as ever -- a controller whose socket dropped mid-drain gets its calls'
+real outcomes. Resume or fresh is known only here, after the handshake: the listener's ``503``
+(before authentication) cannot tell them apart, so a drain does not use it.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ K = TypeVar("K")
 
 __all__ = [
     "BUSY",
+    "DRAINING",
     "EVICT",
     "FULL",
     "Decision",
@@ -104,6 +111,7 @@ class SlotView:
             session there is: a session in this slot would be one too many.
         evictable: (with ``full``) one of those other slots holds only a detached session: no
             socket carries it and none is being admitted for it.
+        draining: the endpoint drains (a worker told to stop): it admits resumes only.
     """
 
     closing: bool = False
@@ -113,6 +121,7 @@ class SlotView:
     admitting: bool = False
     full: bool = False
     evictable: bool = False
+    draining: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +187,12 @@ FULL = Refuse(
 """The refusal of a controller without a session while the others hold every place, none of
 them with a detached session alone (each has a socket or an admission under way)."""
 
+DRAINING = Refuse(
+    HandshakeFailure.DRAINING,
+    "this worker is draining: it admits no new session; retry once it has restarted",
+)
+"""The refusal of every fresh handshake while the endpoint drains (resumes are admitted)."""
+
 EVICT = Fresh(retire_current=False, taken_over=False, evict_detached=True)
 """A controller without a session, admitted in the place of another's detached session."""
 
@@ -230,7 +245,8 @@ def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -
         was taken over; :data:`BUSY` (4004) while another socket of the executor is being
         admitted (one admission at a time: a key holder cannot queue sockets); for a resume,
         ``Resume`` if the slot still holds that session, else ``Refuse(SUPERSEDED)`` (it
-        changed during the handshake; the peer retries); for a fresh handshake into a slot
+        changed during the handshake; the peer retries); for any fresh handshake while
+        :attr:`~SlotView.draining`, :data:`DRAINING` (4010); for a fresh handshake into a slot
         without a session while the other slots are :attr:`~SlotView.full`, :data:`EVICT` if
         one of them is :attr:`~SlotView.evictable`, else :data:`FULL` (1013; a slot that holds
         a session keeps its place, so replacing it is never refused for room); for a fresh
@@ -252,6 +268,8 @@ def decide(slot: SlotView, offer: Offer, *, probe_healthy: bool | None = None) -
                 HandshakeFailure.SUPERSEDED, "session changed during the handshake; retry"
             )
         return Resume(supersede_attached=slot.attached)
+    if slot.draining:
+        return DRAINING
     if slot.session is None:
         if slot.full:
             return EVICT if slot.evictable else FULL

@@ -114,6 +114,9 @@ class CloseCode(enum.IntEnum):
     TAKEN_OVER = 4009
     """Another runtime of the same executor took over this one's session: two
     processes claim one executor id, an operator error; the receiving side stops dialing."""
+    DRAINING = 4010
+    """The worker drains (it was told to stop): it admits no new session, only resumes of the
+    sessions it holds. A restarted worker admits the peer again."""
 
 
 def peer_retired_detail(code: int, reason: str = "") -> str:
@@ -129,11 +132,13 @@ PEER_RETIRED_CODES = frozenset(
         int(CloseCode.REPLAY_STALLED),
         int(CloseCode.PROTOCOL_ERROR),
         int(CloseCode.TAKEN_OVER),
+        int(CloseCode.DRAINING),
     }
 )
 """Close codes a peer sends when *it* has retired the logical session: no resume is possible.
 1001 is a deliberate shutdown (``aclose``), which retires the session on that side too, so waiting
-out the detached grace would only delay honest outcomes."""
+out the detached grace would only delay honest outcomes. 4010 on an attached socket is a draining
+dialer refusing the fresh session the listener had just admitted: that session never starts."""
 
 
 class Role(enum.StrEnum):

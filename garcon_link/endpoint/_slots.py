@@ -72,7 +72,13 @@ class _Slot:
         return t is not None and not t.attached and self.attached is None and self.admitting is None
 
     def view(
-        self, closing: bool, sock: WebSocket, *, full: bool = False, evictable: bool = False
+        self,
+        closing: bool,
+        sock: WebSocket,
+        *,
+        full: bool = False,
+        evictable: bool = False,
+        draining: bool = False,
     ) -> SlotView:
         """The slot as :func:`decide` sees it for ``sock`` (whose own admission is not another)."""
         t = self.live
@@ -84,6 +90,7 @@ class _Slot:
             admitting=self.admitting is not None and self.admitting is not sock,
             full=full,
             evictable=evictable,
+            draining=draining,
         )
 
     def resume_offer(self) -> ResumeOffer | None:

@@ -310,6 +310,7 @@ class WebSocketLink:
         self.retention = retention or RetentionPool(self.limits.max_total_retained_bytes)
         """The retention budget of every session of this link (shared by a fleet's links)."""
         self._closing = False
+        self._draining = False  # drain(): fresh sessions refused (4010), resumes admitted
         self._closed = anyio.Event()
         self._stats = LinkStatistics()
         self.last_error: str | None = None
@@ -324,7 +325,8 @@ class WebSocketLink:
             role=self.role,
             executor_id=executor_id,
             controller_id=controller_id,
-            closing=lambda: self._closing,
+            # Draining, a dialer without a session has nothing to resume: it stops dialing.
+            closing=lambda: self._closing or (self._draining and self.transport is None),
             authenticate=self._authenticate,
             peer_failed=self._peer_failed,
             note_error=self._note_error,
@@ -611,6 +613,24 @@ class WebSocketLink:
         del self._slots[(executor_id, None)]
         return True
 
+    def drain(self) -> None:
+        """Admit no new session from now on (a draining worker; idempotent): every fresh
+        handshake is refused with 4010 (:data:`~garcon_link.core.admission.DRAINING`), while a
+        resume of a session the link holds is admitted as ever. A dialing link stops dialing
+        once it holds no live session."""
+        self._draining = True
+
+    def _refused_draining(self, sock: WebSocket) -> None:
+        """A dialed socket the peer closed with 4010 before admitting us: the worker drains,
+        the link's refusal until a handshake completes (the loop dials on, for its restart)."""
+        close = sock.peer_close
+        if sock.dialed and close is not None and close[0] == CloseCode.DRAINING:
+            self._dialer.refused(
+                HandshakeFailure.DRAINING,
+                f"{sock.peer} closed with {close[0]} ({peer_text(close[1])})",
+                "it was told to stop; a restarted worker admits new sessions again",
+            )
+
     async def aclose(self) -> None:
         """Retire every session, stop listening or dialing, close every socket (idempotent).
 
@@ -714,6 +734,7 @@ class WebSocketLink:
                 hs, key = await shake.greet(sock, slot.resume_offer() if slot is not None else None)
             result = await shake.complete(sock, hs)
             if result is None:
+                self._refused_draining(sock)
                 return None
         except HandshakeError as exc:
             unknown = hs.local_hello.executor if not known and hs is not None else None
@@ -776,7 +797,9 @@ class WebSocketLink:
             taken_over=result.peer.runtime in slot.taken_over,
         )
         full, evictable = self._places.of(slot)
-        view = slot.view(self._closing, sock, full=full, evictable=evictable)
+        view = slot.view(
+            self._closing, sock, full=full, evictable=evictable, draining=self._draining
+        )
         decision = decide(view, offer)
         if isinstance(decision, Refuse):
             await self._refused_at_admission(sock, decision, slot)
@@ -827,7 +850,9 @@ class WebSocketLink:
                     extra=log_fields(executor=slot.executor_id, peer=sock.peer),
                 )
             full, evictable = self._places.of(slot)
-            view = slot.view(self._closing, sock, full=full, evictable=evictable)
+            view = slot.view(
+                self._closing, sock, full=full, evictable=evictable, draining=self._draining
+            )
             decision = decide(view, offer, probe_healthy=healthy)
         if isinstance(decision, Refuse):
             await self._refused_at_admission(sock, decision, slot)
@@ -879,6 +904,8 @@ class WebSocketLink:
                 self._stats.admissions_busy += 1
             else:
                 self._stats.takeovers_refused += 1
+        elif refusal.reason is HandshakeFailure.DRAINING:
+            self._stats.sessions_refused_draining += 1
         elif refusal.reason is HandshakeFailure.CONTROLLERS_FULL:
             self._stats.controllers_refused += 1
             refusal = dataclasses.replace(refusal, detail=self._places.full_detail())

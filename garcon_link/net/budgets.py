@@ -226,6 +226,9 @@ class LinkStatistics:
     controllers_evicted: int = 0
     """Detached controllers' sessions a listening worker retired (``EVICTED``) to admit a new
     controller while ``max_controllers`` places were held."""
+    sessions_refused_draining: int = 0
+    """Fresh sessions refused (4010) while the link drained (a worker told to stop); resumes
+    are admitted and not counted here."""
     admissions_busy: int = 0
     """Authenticated sockets refused (4004) because another socket of the same executor was
     being admitted at that moment."""
