@@ -441,6 +441,16 @@ class Limits:
             "Schema included); bounded like type_description_bytes."
         ),
     )
+    type_descriptions_total_bytes: int = field(
+        default=1 * MiB,
+        metadata=_doc(
+            "Largest sum of the type descriptions of all a worker's services in one describe "
+            "answer (encoded CBOR): the services past it, in name order, are sent with a note "
+            "instead, as are those that would take the answer over max_frame_bytes; a "
+            "controller keeps descriptions up to this sum and a note for the rest. `describe` "
+            "says which were left out; the contract is unaffected."
+        ),
+    )
 
     # bulk transfers in parts (garcon_link.chunks)
     bulk_chunk_bytes: int = field(

@@ -755,8 +755,8 @@ class RemoteExecutor(Endpoint):
             # (the worker's own "contract" is not trusted for it).
             shared = described(dict(manifest["services"]), encoded)
             info = ExecutorInfo(
-                executor_id=str(manifest["executor_id"]),
-                instance_id=bytes(manifest["instance_id"]),
+                executor_id=_described_id(manifest["executor_id"]),
+                instance_id=_required_bytes(manifest["instance_id"], "instance_id"),
                 session_id=transport.session_id,
                 services=shared.services,
                 contract=shared.contract,
@@ -1057,6 +1057,23 @@ def _optional_bytes(value: object, name: str = "worker_instance_id") -> bytes | 
         return None
     if not isinstance(value, bytes) or len(value) > 64:
         raise TypeError(f"{name} is not bytes of 64 or fewer")
+    return value
+
+
+def _required_bytes(value: object, name: str) -> bytes:
+    """An id a worker's ``describe`` must give as 1 to 64 bytes: anything else is refused as
+    sent, never converted (``bytes(2**40)`` would allocate a terabyte)."""
+    if not isinstance(value, bytes) or not 0 < len(value) <= 64:
+        raise TypeError(f"{name} is not bytes of 1 to 64")
+    return value
+
+
+def _described_id(value: object) -> str:
+    """The executor id a worker's ``describe`` gives: text of 1 to 200 characters, as a
+    configuration's ``executor_id`` is (never converted: ``str`` of a huge integer raises, of a
+    map is a text as large as the frame)."""
+    if not isinstance(value, str) or not 0 < len(value) <= 200:
+        raise TypeError("executor_id is not text of 1 to 200 characters")
     return value
 
 

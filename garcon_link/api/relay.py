@@ -31,6 +31,11 @@ service's). The caller interns the manifest, computes its contract hash itself (
 does a worker's: the executor's own hash covers services the caller may not see, and the gateway
 does not send it) and checks the type descriptions as a controller checks a worker's
 (:func:`~garcon_link.rpc.typedoc.checked_type_descriptions`): :meth:`GatewayExecutor.info`.
+A manifest a controller would not install (malformed, or over ``max_manifest_bytes``) is not
+kept: the executor's calls are refused ``NotDispatched("OFFLINE")`` saying why, as a
+controller's are while it refuses a worker's session; the contract versions the gateway lists
+are kept up to the same size. So a caller keeps a bounded amount of each executor it is shown,
+whatever a gateway sends.
 An older gateway's answer has no ``types`` (none, then); an older caller does not look them up.
 
 The caller's view of the fleet is pushed: once its session is ready the caller opens the relay
@@ -81,6 +86,7 @@ from ..errors import (
     RemoteError,
 )
 from ..limits import Limits
+from ..logs import peer_message
 from ..rpc.envelopes import byte_string_at
 from ..rpc.errorbody import MAX_ERROR_MESSAGE, error_body, error_from_body, local_exception
 from ..rpc.hooks import CallHook
@@ -403,6 +409,23 @@ class _RelayedItems(AsyncIterator[Any]):
         await self._inner.aclose()
 
 
+def _bounded_versions(versions: Mapping[Any, Any], limit: int) -> dict[str, str]:
+    """A gateway's contract versions of an executor's services (name -> 12 hex digits), as far
+    as they take at most ``limit`` (``max_manifest_bytes``: each version is smaller than its
+    service's manifest entry), each charged its text and 16 bytes; entries that are not text
+    to text are skipped. Past the limit none is kept: the gateway's report is not believed."""
+    kept: dict[str, str] = {}
+    size = 0
+    for name, version in versions.items():
+        if type(name) is not str or type(version) is not str:
+            continue
+        size += len(name) + len(version) + 16
+        if size > limit:
+            return {}
+        kept[name] = version
+    return kept
+
+
 class GatewayExecutor:
     """One executor as a gateway's caller sees it: :class:`~garcon_link.RemoteExecutor`'s
     calling surface (``service()``, ``wait_ready()``, ``info``-like properties), made by
@@ -421,6 +444,7 @@ class GatewayExecutor:
         self._contract_cache: dict[tuple[str, type], Any] = {}
         self._described: Described | None = None  # what _services and _contract_cache are of
         self._services: Mapping[str, Any] = {}
+        self._refused: str | None = None  # why the last manifest shown was not kept
         self._types: Mapping[str, Any] = {}
         self._known = False
         self.availability: Availability = "offline"
@@ -442,16 +466,21 @@ class GatewayExecutor:
             self.availability = cast("Availability", availability)
         versions = entry.get("services")
         if isinstance(versions, dict):
-            self._versions = {str(k): str(v) for k, v in versions.items()}
+            self._versions = _bounded_versions(versions, self.limits.max_manifest_bytes)
         manifest = entry.get("manifest")
         if isinstance(manifest, dict) and (not self._known or manifest != self._services):
             try:  # one copy per distinct manifest, as a controller's executors hold theirs
                 encoded = manifest_bytes(manifest, self.limits.max_manifest_bytes)
-            except ValueError:  # not one a controller would install: this executor's own
+            except ValueError as exc:
+                # Not one a controller would install, so not kept (a gateway's entry may be as
+                # large as a frame, for every executor it shows): the executor's calls are
+                # refused as a controller's are while its session is refused.
                 self._described = None
-                self._services = manifest
+                self._services = {}
+                self._refused = peer_message(str(exc), 200)
                 self._contract_cache = {}
             else:
+                self._refused = None
                 self._described = described(manifest, encoded)
                 self._services = self._described.services
                 self._contract_cache = self._described.refusals
@@ -465,6 +494,12 @@ class GatewayExecutor:
             )
 
     def _manifest(self) -> Mapping[str, Any]:
+        if self._refused is not None:
+            raise NotDispatched(
+                "OFFLINE",
+                f"the gateway's manifest of executor {self.executor_id!r} is not one a controller "
+                f"would install: {self._refused}",
+            )
         if not self._known:
             raise NotDispatched(
                 "OFFLINE",
@@ -524,10 +559,11 @@ class GatewayExecutor:
         elif isinstance(manifest, dict) and self._described is not None:
             shown, types = self._described, self._types
         else:
+            why = f": {self._refused}" if self._refused is not None else ""
             raise OutcomeUnknown(
                 "MALFORMED_REPLY",
                 f"the gateway's manifest of executor {self.executor_id!r} is not one a "
-                "controller would install",
+                f"controller would install{why}",
             )
         return ExecutorInfo(
             executor_id=self.executor_id,
@@ -866,7 +902,7 @@ class GatewayFleet:
         if not (
             isinstance(kinds, list)
             and len(kinds) <= MAX_WATCH_EVENTS
-            and all(kind in _WATCH_KINDS for kind in kinds)
+            and all(type(kind) is str and kind in _WATCH_KINDS for kind in kinds)
         ):
             kinds = None  # derived from the state instead
         lost = entry.get("lost", 0)

@@ -536,8 +536,9 @@ def metadata_problem(metadata: object, max_entries: int, max_bytes: int) -> str 
     """Why ``metadata`` is not acceptable call metadata, or ``None`` (:mod:`garcon_link.rpc.hooks`).
 
     A map of at most ``max_entries`` entries, keys 1-64 characters of ``[a-z0-9._-]``, text
-    values, and at most ``max_bytes`` of keys and values together (UTF-8). The entry count is
-    checked before anything is iterated, so a peer's oversized map costs no more than its size.
+    values (that encode as UTF-8: no lone surrogate), and at most ``max_bytes`` of keys and
+    values together (UTF-8). The entry count is checked before anything is iterated, so a peer's
+    oversized map costs no more than its size.
     """
     if not isinstance(metadata, Mapping):
         return f"metadata must be a map, not {type(metadata).__name__}"
@@ -551,7 +552,10 @@ def metadata_problem(metadata: object, max_entries: int, max_bytes: int) -> str 
             return f"metadata key {peer_text(key)} is not 1-64 characters of [a-z0-9._-]"
         if type(value) is not str:
             return f"metadata value of {peer_text(key)} is a {type(value).__name__}, not text"
-        size += len(key) + len(value.encode("utf-8", "surrogatepass"))
+        try:
+            size += len(key) + len(value.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate: no UTF-8 text, so no CBOR text either
+            return f"metadata value of {peer_text(key)} is not UTF-8 text (a lone surrogate)"
         if size > max_bytes:
             return f"metadata exceeds {max_bytes} bytes"
     return None

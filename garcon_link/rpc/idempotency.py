@@ -118,10 +118,16 @@ def normalize_key(key: object) -> bytes:
 
     Raises:
         TypeError: ``key`` is neither ``str`` nor ``bytes``.
-        ValueError: empty, or longer than :data:`MAX_KEY_BYTES` bytes.
+        ValueError: empty, longer than :data:`MAX_KEY_BYTES` bytes, or text that does not
+            encode as UTF-8.
     """
     if isinstance(key, str):
-        data = key.encode("utf-8")
+        try:
+            data = key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                "an idempotency key of text must encode as UTF-8 (it holds a lone surrogate)"
+            ) from None
     elif isinstance(key, bytes):
         data = key
     else:

@@ -15,10 +15,11 @@ the event loop's, which starts again with each process); a finished entry's age 
 counting across a restart, and an entry whose wall-clock time lies in the future (the clock was
 set back) counts as finished now.
 
-Loading (:meth:`DurableKeys.load`, in the thread that opens the directory): rows whose reply is
-larger than the byte bound, and finished rows beyond the newest ``idempotency_max_entries``, are
-deleted unread; the rest come oldest finished first (the table evicts more if the bytes demand
-it), then the running ones, which the worker answers ``WORKER_RESTARTED`` and records as such.
+Loading (:meth:`DurableKeys.load`, in the thread that opens the directory): rows larger than the
+byte bound (names, key, digest and reply together), and finished rows beyond the newest
+``idempotency_max_entries``, are deleted unread; the rest come oldest finished first (the table
+evicts more if the bytes demand it), then the running ones, which the worker answers
+``WORKER_RESTARTED`` and records as such.
 A row whose columns are not of the types written here makes the database unusable (one
 ConfigError line).
 """
@@ -51,9 +52,12 @@ _LOAD = (
     "SELECT service, method, key, digest, state, finished_at, reply_kind, reply"
     " FROM keyed_calls ORDER BY state = 'running', finished_at LIMIT ?"
 )
-# Before loading: what cannot fit the bounds goes (too large a reply; beyond the newest
-# max_entries finished rows).
-_TOO_LARGE = "DELETE FROM keyed_calls WHERE length(reply) > ?"
+# Before loading: what cannot fit the bounds goes, unread (a row larger than the table's byte
+# bound -- its names, key, digest and reply; beyond the newest max_entries finished rows).
+_TOO_LARGE = (
+    "DELETE FROM keyed_calls WHERE length(service) + length(method) + length(key)"
+    " + length(digest) + coalesce(length(reply), 0) > ?"
+)
 _TOO_MANY = (
     "DELETE FROM keyed_calls WHERE state != 'running' AND (service, method, key) NOT IN"
     " (SELECT service, method, key FROM keyed_calls WHERE state != 'running'"

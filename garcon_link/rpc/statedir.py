@@ -79,6 +79,15 @@ MAX_BATCH = 512
 
 MAX_PROCESS_ROWS = 65536
 """Most process records read at open (the process service keeps fewer: its own bounds)."""
+MAX_PROCESS_RECORD_BYTES = 256 * 1024
+"""Largest process record read at open: the process service writes a few hundred bytes (a
+record holds an argv and a cwd); a larger row was not written by it and is deleted unread."""
+MAX_PROCESS_ID_CHARS = 64 * 1024
+"""Longest process id read at open (the process service's ids are far shorter); a row of a
+longer one is deleted unread."""
+_MAX_META_CHARS = 1024
+"""Longest ``meta`` value read (a state id is 32 hex digits, an executor id at most 200
+characters): a longer one is read only as far as this, enough to refuse it."""
 
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -359,15 +368,34 @@ def open_state_directory(path: str | os.PathLike[str], executor_id: str) -> Stat
         raise
     state = StateDirectory(directory, lock_fd, connection)
     try:
-        rows = state.read("SELECT value FROM meta WHERE name = 'state_id'")
-        state.state_id = _state_id(rows, state.database)
-        state.process_rows = state.read(
-            "SELECT id, record FROM processes LIMIT ?", (MAX_PROCESS_ROWS,)
+        rows = state.read(
+            "SELECT substr(value, 1, ?) FROM meta WHERE name = 'state_id'", (_MAX_META_CHARS,)
         )
+        state.state_id = _state_id(rows, state.database)
+        state.process_rows = _process_rows(state)
     except BaseException:
         state.close_now()
         raise
     return state
+
+
+def _process_rows(state: StateDirectory) -> list[tuple[Any, ...]]:
+    """The ``processes`` rows, after deleting unread those too large to be the process
+    service's (one warning says how many): a huge value left by another tool is never read
+    into memory to be found too large."""
+    bounds = (MAX_PROCESS_ID_CHARS, MAX_PROCESS_RECORD_BYTES)
+    too_large = "FROM processes WHERE length(id) > ? OR length(record) > ?"
+    (count,) = state.read(f"SELECT count(*) {too_large}", bounds)[0]
+    if count:
+        state.write_now([(f"DELETE {too_large}", bounds)])
+        log.warning(
+            "%s: deleted %d process record(s) larger than the process service writes (an id "
+            "over %d characters or a record over %d bytes)",
+            state.database,
+            count,
+            *bounds,
+        )
+    return state.read("SELECT id, record FROM processes LIMIT ?", (MAX_PROCESS_ROWS,))
 
 
 def _state_id(rows: list[tuple[Any, ...]], database: Path) -> bytes:
@@ -515,7 +543,9 @@ def _prepare(db: sqlite3.Connection, database: Path, executor_id: str) -> None:
             f"{database}: the state database is damaged ({_one_line(Exception(check))}); "
             f"{_MOVE_AWAY}"
         )
-    row = db.execute("SELECT value FROM meta WHERE name = 'executor_id'").fetchone()
+    row = db.execute(
+        "SELECT substr(value, 1, ?) FROM meta WHERE name = 'executor_id'", (_MAX_META_CHARS,)
+    ).fetchone()
     owner = None if row is None else row[0]
     if owner != executor_id:
         shown = "no executor" if owner is None else f"executor {str(owner)[:200]!r}"

@@ -32,10 +32,14 @@ same facades.
 Bounds. The worker writes it, so both sides bound it (:class:`~garcon_link.limits.Limits`): the
 worker describes at most ``described_types`` types per service and counts the rest (``more``);
 a description over ``type_description_bytes`` or ``type_description_depth`` is sent without its
-schema, or, if still over, as a ``note`` alone. The controller keeps a received description only
-if it is a map, within those bounds, and lists at most ``described_types`` types; otherwise it
-keeps ``{"note": why}`` instead, and services the manifest does not name are dropped. Rendering
-(:func:`type_description_lines`) escapes and cuts every text it shows (the peer chose it).
+schema, or, if still over, as a ``note`` alone. All services together are bounded too: in name
+order, descriptions are sent while they sum to at most ``type_descriptions_total_bytes`` and the
+describe answer fits ``max_frame_bytes``, and each service past that is sent as a ``note`` alone
+(many services each near their own bound must not make ``describe`` fail). The controller keeps
+a received description only if it is a map, within those bounds, lists at most
+``described_types`` types and keeps the sum of those kept within ``type_descriptions_total_bytes``;
+otherwise it keeps ``{"note": why}`` instead, and services the manifest does not name are dropped.
+Rendering (:func:`type_description_lines`) escapes and cuts every text it shows (the peer chose it).
 """
 
 from __future__ import annotations
@@ -90,17 +94,51 @@ _DOC_CHARS = 200
 # Descriptions built once per interface and bounds, however many sessions describe them; the
 # least recently described is dropped past _CACHED (a dict keeps the order of use: a hit moves
 # its entry to the end).
-_cache: dict[tuple[type, int, int, int], dict[str, Any]] = {}
+_cache: dict[tuple[type, int, int, int], tuple[dict[str, Any], int]] = {}
 _CACHED = 256  # interfaces a process serves are few; tests make many
 
 
+# Room left in a describe answer's frame beside the manifest and the descriptions: its other
+# keys (executor id, instance ids, the contract hash, the state id) and the envelope around it.
+_ANSWER_ROOM = 4096
+
+
 def registry_type_descriptions(registry: Registry, limits: Limits) -> dict[str, Any]:
-    """Service name -> :func:`service_type_description`, for every service of ``registry``."""
-    described = {}
+    """Service name -> :func:`service_type_description`, for every service of ``registry``,
+    within a total.
+
+    Services are taken in name order while the encoded descriptions sum to at most
+    ``Limits.type_descriptions_total_bytes`` and the describe answer (with its manifest) stays
+    within ``max_frame_bytes``; each service past that gets ``{"note": why}`` (counted in the
+    sum), so a worker of many services each near ``type_description_bytes`` still answers
+    ``describe`` and the reader sees which were left out.
+    """
+    manifest_size = len(encode_canonical(registry.manifest()))
+    frame_room = limits.max_frame_bytes - manifest_size - _ANSWER_ROOM
+    budget = min(limits.type_descriptions_total_bytes, frame_room)
+    if budget == frame_room:
+        why = (
+            "types not described: the describe answer would be over Limits.max_frame_bytes "
+            f"({limits.max_frame_bytes}) with them"
+        )
+    else:
+        why = (
+            "types not described: with the services named before it, over "
+            f"Limits.type_descriptions_total_bytes ({limits.type_descriptions_total_bytes})"
+        )
+    left_out = {"note": why}
+    left_out_size = len(encode_canonical(left_out))
+    described: dict[str, Any] = {}
+    used = 0
     for name in registry.names():
         bound = registry.get(name)
-        if bound is not None:
-            described[name] = service_type_description(bound.spec, limits)
+        if bound is None:
+            continue
+        description, size = _sized_description(bound.spec, limits)
+        if used + size > budget:
+            description, size = left_out, left_out_size
+        described[name] = description
+        used += size
     return described
 
 
@@ -111,6 +149,11 @@ def service_type_description(spec: ServiceSpec, limits: Limits) -> dict[str, Any
 
     Never raises: a hint msgspec cannot describe leaves the schema out, with a ``note``.
     """
+    return _sized_description(spec, limits)[0]
+
+
+def _sized_description(spec: ServiceSpec, limits: Limits) -> tuple[dict[str, Any], int]:
+    """:func:`service_type_description` and its encoded size, cached together."""
     key = (
         spec.interface,
         limits.described_types,
@@ -123,7 +166,8 @@ def service_type_description(spec: ServiceSpec, limits: Limits) -> dict[str, Any
             described = _description(spec, limits.described_types)
         except Exception as exc:  # documentation must never keep a session from starting
             described = {"note": f"types not described: {type(exc).__name__}: {exc}"}
-        cached = _bounded(described, limits)
+        bounded = _bounded(described, limits)
+        cached = (bounded, len(encode_canonical(bounded)))
         if len(_cache) >= _CACHED:
             del _cache[next(iter(_cache))]  # the least recently described
     _cache[key] = cached
@@ -308,16 +352,24 @@ def _bounded(description: dict[str, Any], limits: Limits) -> dict[str, Any]:
 
 def _over(description: Any, limits: Limits) -> str | None:
     """Why ``description`` is over the bounds (``None``: it is not)."""
+    return _over_sized(description, limits)[0]
+
+
+def _over_sized(description: Any, limits: Limits) -> tuple[str | None, int]:
+    """Why ``description`` is over the bounds (``None``: it is not), and its encoded size (0
+    when it was not encoded)."""
     depth = _depth(description, limits.type_description_depth)
     if depth > limits.type_description_depth:
-        return f"nested deeper than Limits.type_description_depth ({limits.type_description_depth})"
+        why = f"nested deeper than Limits.type_description_depth ({limits.type_description_depth})"
+        return why, 0
     try:
         size = len(encode_canonical(description))
     except Exception as exc:  # cbor2's own errors: not encodable, so not kept
-        return f"not encodable ({type(exc).__name__})"
+        return f"not encodable ({type(exc).__name__})", 0
     if size > limits.type_description_bytes:
-        return f"{size} bytes, over Limits.type_description_bytes ({limits.type_description_bytes})"
-    return None
+        why = f"{size} bytes, over Limits.type_description_bytes ({limits.type_description_bytes})"
+        return why, size
+    return None, size
 
 
 def _depth(value: Any, limit: int) -> int:
@@ -349,12 +401,14 @@ def checked_type_descriptions(
 
     Only services the manifest (``services``) names are kept. A description that is not a map,
     is over ``type_description_bytes`` or ``type_description_depth``, or lists more than
-    ``described_types`` types is replaced by ``{"note": why}``; the contract is never affected.
-    Nothing (an older worker): ``{}``. Never raises.
+    ``described_types`` types is replaced by ``{"note": why}``, as is each one past a sum of
+    ``type_descriptions_total_bytes`` (taken in the manifest's order); the contract is never
+    affected. Nothing (an older worker): ``{}``. Never raises.
     """
     if not isinstance(received, Mapping):
         return {}
     kept: dict[str, Any] = {}
+    used = 0
     for name in services:
         if name not in received:
             continue
@@ -363,10 +417,17 @@ def checked_type_descriptions(
         if not isinstance(description, Mapping):
             why = "not a map"
         else:
-            why = _over(description, limits)
+            why, size = _over_sized(description, limits)
             types = description.get("types")
             if why is None and isinstance(types, list) and len(types) > limits.described_types:
                 why = f"{len(types)} types, over Limits.described_types ({limits.described_types})"
+            if why is None and used + size > limits.type_descriptions_total_bytes:
+                why = (
+                    "with the services before it, over Limits.type_descriptions_total_bytes "
+                    f"({limits.type_descriptions_total_bytes})"
+                )
+            if why is None:
+                used += size
         kept[name] = {"note": f"dropped: {why}"} if why else dict(description)
     return kept
 

@@ -135,9 +135,15 @@ MAX_CONFIG_BYTES = 16 * 1024 * 1024
 """The largest configuration file the loaders read (a fleet's ``[[executors.dial]]`` list is
 the long part of a file)."""
 
+MAX_CONFIG_DEPTH = 32
+"""The deepest nesting of tables and arrays a configuration file may hold (the loaders' own
+tables are at most four deep); a deeper file is refused in one line, whatever the depth at which
+the TOML parser itself would give up."""
+
 __all__ = [
     "CONFIG_ENV_VAR",
     "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_DEPTH",
     "LinkConfig",
     "TlsConfig",
     "load_config",
@@ -623,7 +629,11 @@ def _read_toml(source: Path) -> tuple[dict[str, Any], int]:
                     f"{source}: the configuration file is larger than {MAX_CONFIG_BYTES} bytes; "
                     "point the configuration at a TOML file"
                 )
-            document = tomllib.loads(data.decode("utf-8"))
+            text = data.decode("utf-8")
+            _refuse_long_dotted_names(text, source)
+            document = tomllib.loads(text)
+    except RecursionError:  # tomllib parses nested arrays and inline tables by recursion
+        raise _too_deep(source) from None
     except FileNotFoundError as exc:
         raise ConfigError(
             f"{source}: configuration file not found; check the path (or {CONFIG_ENV_VAR})"
@@ -639,7 +649,57 @@ def _read_toml(source: Path) -> tuple[dict[str, Any], int]:
             f"{source}: cannot read the configuration file "
             f"({exc.strerror or type(exc).__name__}); check the path and its permissions"
         ) from exc
+    if _depth(document) > MAX_CONFIG_DEPTH:
+        raise _too_deep(source)
     return document, mode
+
+
+# Runs of what a dotted name is made of (bare and quoted parts, dots, blanks): tomllib takes
+# time quadratic in the parts of one dotted name (20 000 parts: 5 s), so a name of more parts
+# than any table here could have is refused before parsing. Maximal runs, found in linear time;
+# a value or comment never holds such a run (other characters part its dots: ":/,").
+_NAME_RUN = re.compile(r"[A-Za-z0-9_\-.\"' \t]+")
+_MAX_NAME_DOTS = 2 * MAX_CONFIG_DEPTH
+
+
+def _refuse_long_dotted_names(text: str, source: Path) -> None:
+    if text.count(".") <= _MAX_NAME_DOTS:
+        return
+    for run in _NAME_RUN.finditer(text):
+        if run.group().count(".") > _MAX_NAME_DOTS:
+            line = text.count("\n", 0, run.start()) + 1
+            raise ConfigError(
+                f"{source}: line {line} holds a dotted name of more than {_MAX_NAME_DOTS + 1} "
+                f"parts, far deeper than the {MAX_CONFIG_DEPTH} levels a configuration may nest; "
+                "fix the file"
+            )
+
+
+def _too_deep(source: Path) -> ConfigError:
+    return ConfigError(
+        f"{source}: tables or arrays nested deeper than {MAX_CONFIG_DEPTH} levels; a "
+        "configuration file is a few tables deep, fix the file"
+    )
+
+
+def _depth(document: dict[str, Any]) -> int:
+    """The nesting depth of tables and arrays in ``document`` (itself 1), walked without
+    recursion and stopping past :data:`MAX_CONFIG_DEPTH`."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_CONFIG_DEPTH:
+            break
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _build(doc: dict[str, Any], mode: int, source: Path) -> LinkConfig:
