@@ -111,6 +111,16 @@ def test_dots_in_values_are_no_dotted_names(tmp_path: Path) -> None:
     assert "unknown" in message and "dotted name" not in message
 
 
+def test_rows_of_dots_in_comments_are_no_dotted_names(tmp_path: Path) -> None:
+    # A separator drawn with dots, or an ellipsis, has no part before each dot: no name at all.
+    path = tmp_path / "link.toml"
+    rule = "." * (4 * MAX_CONFIG_DEPTH)
+    path.write_text(f'# {rule}\nexecutor_id = "box"  # and so on {rule}\nrole = "controller"\n')
+    path.chmod(0o600)
+    message = _refused(gl.load_config, path)
+    assert "dotted name" not in message
+
+
 @contextlib.contextmanager
 def cpu_deadline(seconds: float) -> Iterator[None]:
     """Fails the test if its block took ``seconds`` of this process's CPU time or more (CPU,

@@ -657,8 +657,10 @@ def _read_toml(source: Path) -> tuple[dict[str, Any], int]:
 # Runs of what a dotted name is made of (bare and quoted parts, dots, blanks): tomllib takes
 # time quadratic in the parts of one dotted name (20 000 parts: 5 s), so a name of more parts
 # than any table here could have is refused before parsing. Maximal runs, found in linear time;
-# a value or comment never holds such a run (other characters part its dots: ":/,").
+# in a run, only a dot that ends a part counts (a row of dots in a comment is no name), and a
+# value's dots are parted by other characters (":/,").
 _NAME_RUN = re.compile(r"[A-Za-z0-9_\-.\"' \t]+")
+_PART_DOT = re.compile(r"[A-Za-z0-9_\-\"'][ \t]*\.")
 _MAX_NAME_DOTS = 2 * MAX_CONFIG_DEPTH
 
 
@@ -666,7 +668,8 @@ def _refuse_long_dotted_names(text: str, source: Path) -> None:
     if text.count(".") <= _MAX_NAME_DOTS:
         return
     for run in _NAME_RUN.finditer(text):
-        if run.group().count(".") > _MAX_NAME_DOTS:
+        name = run.group()
+        if name.count(".") > _MAX_NAME_DOTS and len(_PART_DOT.findall(name)) > _MAX_NAME_DOTS:
             line = text.count("\n", 0, run.start()) + 1
             raise ConfigError(
                 f"{source}: line {line} holds a dotted name of more than {_MAX_NAME_DOTS + 1} "
