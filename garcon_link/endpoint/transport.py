@@ -1,10 +1,11 @@
 """SessionTransport: one logical session carried over a succession of sockets.
 
-Why one long module, and one long class, :class:`SessionTransport`: one state
-machine (below) whose pumps -- reader, writer, delivery task, grace and replay watches -- share the
-session's state and must see each other's changes synchronously, within the loop turn that made
-them (a fence passed, a receipt due, retention freed). The rules that need no I/O are sans-IO
-objects of their own (:class:`~garcon_link.endpoint.transport_types.PreReadinessBuffer`,
+:class:`SessionTransport` is one state machine (below) whose pumps -- reader, writer, delivery
+task, grace and replay watches -- must see each other's changes synchronously, within the loop
+turn that made them (a fence passed, a receipt due, retention freed). What more than one of
+them reads is one small object, :class:`~garcon_link.endpoint._shared.Shared`; the replay and
+grace watches are :class:`~garcon_link.endpoint._watches.Watches`. The rules that need no I/O
+are sans-IO objects of their own (:class:`~garcon_link.endpoint.transport_types.PreReadinessBuffer`,
 :class:`~garcon_link.core.replay.ReplayWatch`, the session itself). What the transport meets --
 the socket, the consumer, its states and statistics -- is
 :mod:`garcon_link.endpoint.transport_types`, all imported from here too.
@@ -97,7 +98,6 @@ delivery stream is closed, so the consumer sees them and then the end; :attr:`fa
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from collections import deque
@@ -118,6 +118,8 @@ from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields
 from ..net.backend import checkpointer, on_asyncio
+from ._shared import Shared, log
+from ._watches import Watches
 from .transport_types import (
     SOCKET_GONE,
     MessageSocket,
@@ -135,8 +137,6 @@ __all__ = [
     "TransportState",
     "TransportStatistics",
 ]
-
-log = logging.getLogger("garcon_link.transport")  # the name users configure (README)
 
 _INLINE_MARGIN = 64  # room for the encoded frame's head and a receipt beside a written body
 
@@ -213,7 +213,9 @@ class SessionTransport:
         self.peer_runtime = peer_runtime
         self.limits = limits
         self.label = label or session_id.hex()[:8]
-        self._session = MessageSession(limits, pool)
+        self._session = session = MessageSession(limits, pool)
+        self._shared = shared = Shared(session, limits, session_id, self.label)
+        self._watches = Watches(shared, task_group, self.retire)
         self._tg = task_group
         self._state = TransportState.DETACHED
         self._listeners: list[Listener] = []
@@ -231,7 +233,6 @@ class SessionTransport:
         self._in_flight = False
         self._delivering = False
         self._consumer_gone = False
-        self._consumer_wait: anyio.Event | None = None
         # A PayloadConsumer's bound methods while consume() runs, else None (all four together).
         self._consumer: Callable[[bytes | memoryview], None] | None = None
         self._wants_yield: Callable[[], bool] | None = None
@@ -246,7 +247,6 @@ class SessionTransport:
         self._retired = anyio.Event()
         self._pending_added = anyio.Event()
         self._delivery_progress = anyio.Event()
-        self._fence_passed = False
         self._wakeup = anyio.Event()
         # Senders waiting for retention capacity, in arrival order: only the first may retry,
         # and a newcomer queues behind them, so bodies are issued in the order send() was
@@ -260,26 +260,13 @@ class SessionTransport:
         self._capacity_wakeups = 0
         self._writer_wakeups = 0
         self._receipt_timer_fires = 0
-        self._run_scope: anyio.CancelScope | None = None
         self._run_done = anyio.Event()
-        self._sock: MessageSocket | None = None  # while attached
         self._receipt_poll = False  # the writer checks for lone receipts on its own
-        self._receipt_due_at = 0.0  # time.monotonic() when the due receipt became due
         # On asyncio (while attached): the loop whose timer sends lone receipts instead of the
         # writer's poll, and that timer while armed (see _receipt_waits).
         self._receipt_loop: asyncio.AbstractEventLoop | None = None
         self._receipt_timer: asyncio.TimerHandle | None = None
         self._coalesce_limit = min(limits.max_frame_bytes, COALESCE_BYTES)
-        self._grace_scope: anyio.CancelScope | None = None
-        self._replay = ReplayWatch(0, 0.0, limits.replay_inactivity)
-        self._replay_done = anyio.Event()  # set once _replay is done: wakes _replay_watch
-        # On asyncio the replay and grace watches are loop timers, not tasks: the loop (None
-        # elsewhere), the timers while armed, and whether the replay timer fired while our own
-        # consumer held the reader up (it is armed again when that wait ends).
-        self._loop = asyncio.get_running_loop() if on_asyncio() else None
-        self._replay_timer: asyncio.TimerHandle | None = None
-        self._replay_parked = False
-        self._grace_timer: asyncio.TimerHandle | None = None
         self._attachments = 0
         # The socket's callback hands messages to _take_nowait while the reader waits (see
         # there): a hold that stops the reader from reading on, and an error to raise in run().
@@ -288,7 +275,6 @@ class SessionTransport:
         self._messages_written = 0
         self._messages_read = 0
         self._messages_read_directly = 0
-        self._ever_ready = False
 
     # ------------------------------------------------------------------ observation
 
@@ -312,7 +298,7 @@ class SessionTransport:
 
     @property
     def attached(self) -> bool:
-        return self._run_scope is not None
+        return self._shared.scope is not None
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(state)`` on every state change; returns an unsubscribe callable."""
@@ -613,7 +599,7 @@ class SessionTransport:
         socket takes it without waiting. Returns ``False`` (the writer must send it) otherwise.
         """
         batch = _held_writes.batch
-        if batch is not None and self._fence_passed:
+        if batch is not None and self._shared.fence_passed:
             held = size + _INLINE_MARGIN
             if self._held_in is batch:
                 held += self._held_bytes
@@ -632,7 +618,7 @@ class SessionTransport:
         self._last_write_now = now
         return (
             quiet
-            and self._fence_passed
+            and self._shared.fence_passed
             and self._session.frames_queued == 1
             and size + _INLINE_MARGIN <= self._coalesce_limit
             and self._write_queued_now()
@@ -645,8 +631,8 @@ class SessionTransport:
 
     def _write_queued_now(self) -> bool:
         """Hand what the session has to send to the socket synchronously, if it takes it."""
-        sock = self._sock
-        scope = self._run_scope
+        sock = self._shared.sock
+        scope = self._shared.scope
         if (
             sock is None
             or scope is None
@@ -700,16 +686,11 @@ class SessionTransport:
         self._delivery_progress.set()
         self._wake_all()
         self._wakeup.set()
-        self._replay.stop()
-        self._replay_done.set()
         self._retired.set()
         self._cancel_receipt_timer()
-        self._cancel_replay_timer()
-        self._cancel_grace_timer()
-        if self._run_scope is not None:
-            self._run_scope.cancel()
-        if self._grace_scope is not None:
-            self._grace_scope.cancel()
+        self._watches.retire()
+        if self._shared.scope is not None:
+            self._shared.scope.cancel()
         self._set_state(TransportState.RETIRED)
         return failure
 
@@ -740,13 +721,13 @@ class SessionTransport:
 
     async def wait_detached(self) -> None:
         """Wait until no socket is attached (after :meth:`detach_socket` or :meth:`retire`)."""
-        while self._run_scope is not None:
+        while self._shared.scope is not None:
             await self._run_done.wait()
 
     def detach_socket(self) -> None:
         """Stop the current socket's pumps (the session stays; used for takeover and tests)."""
-        if self._run_scope is not None:
-            self._run_scope.cancel()
+        if self._shared.scope is not None:
+            self._shared.scope.cancel()
 
     async def run(self, sock: MessageSocket, peer_received: int) -> None:
         """Attach ``sock`` and pump it until it ends, then detach.
@@ -761,7 +742,7 @@ class SessionTransport:
                 returns and the session waits, detached, for the next socket.
         """
         self._raise_if_failed()
-        if self._run_scope is not None:
+        if self._shared.scope is not None:
             raise RuntimeError("a socket is already attached to this session")
         try:
             attached = self._session.attach(peer_received)
@@ -772,21 +753,17 @@ class SessionTransport:
             # The peer's resume position acknowledged frames whose receipts were lost: that
             # frees retention just as a receipt would, so wake senders waiting for capacity.
             self._capacity_freed()
-        if self._grace_scope is not None:
-            self._grace_scope.cancel()
-            self._grace_scope = None
-        self._cancel_grace_timer()
         self._attachments += 1
-        self._fence_passed = False
-        self._replay = ReplayWatch(
+        self._shared.fence_passed = False
+        self._shared.replay = ReplayWatch(
             self._session.issued, anyio.current_time(), self.limits.replay_inactivity
         )
-        self._replay_done = anyio.Event()
+        self._watches.attached()
         self._set_state(TransportState.REPLAYING)
         self._wakeup.set()
         self._receipt_loop = asyncio.get_running_loop() if on_asyncio() else None
         scope = anyio.CancelScope()
-        self._run_scope = scope
+        self._shared.scope = scope
         self._run_done = anyio.Event()
         try:
             with scope:
@@ -798,13 +775,8 @@ class SessionTransport:
                     # (endpoint._attaching). The reader ends them, however it ends.
                     writing = anyio.CancelScope(shield=True)
                     tg.start_soon(self._writer, sock, tg.cancel_scope, writing)
-                    watching = None
-                    if self._loop is not None:
-                        self._arm_replay_timer()
-                    else:
-                        watching = anyio.CancelScope(shield=True)
-                        tg.start_soon(self._replay_watch, watching)
-                    self._sock = sock
+                    watching = self._watches.watch_replay(tg)
+                    self._shared.sock = sock
                     try:
                         await self._reader(sock)
                     finally:
@@ -812,12 +784,12 @@ class SessionTransport:
                         if watching is not None:
                             watching.cancel()
         finally:
-            self._sock = None
-            self._run_scope = None
+            self._shared.sock = None
+            self._shared.scope = None
             self._direct_held = None
             self._receipt_loop = None
             self._cancel_receipt_timer()  # the next attachment's replay ends with a receipt
-            self._cancel_replay_timer()
+            self._watches.detached()
             self._run_done.set()
             self._after_socket()
         error, self._direct_error = self._direct_error, None
@@ -834,40 +806,7 @@ class SessionTransport:
         now = anyio.current_time()
         self._session.detach(now)
         self._set_state(TransportState.DETACHED)
-        loop = self._loop
-        if loop is None:
-            self._tg.start_soon(self._grace_watch)
-            return
-        deadline = self._session.next_deadline()
-        if deadline is not None:  # (anyio's clock on asyncio is the loop's)
-            self._grace_timer = loop.call_at(deadline, self._grace_timer_fired)
-
-    def _grace_timer_fired(self) -> None:
-        """The grace watch on asyncio (a loop callback): as :meth:`_grace_watch` at its
-        deadline."""
-        self._grace_timer = None
-        assert self._loop is not None
-        failure = self._session.poll(self._loop.time())
-        if failure is not None:
-            self.retire(failure.reason)
-
-    def _cancel_grace_timer(self) -> None:
-        timer, self._grace_timer = self._grace_timer, None
-        if timer is not None:
-            timer.cancel()
-
-    async def _grace_watch(self) -> None:
-        with anyio.CancelScope() as scope:
-            self._grace_scope = scope
-            deadline = self._session.next_deadline()
-            if deadline is None:
-                return
-            await anyio.sleep_until(deadline)
-            failure = self._session.poll(anyio.current_time())
-            if failure is not None:
-                self.retire(failure.reason)
-        if self._grace_scope is scope:
-            self._grace_scope = None
+        self._watches.watch_grace()
 
     # ------------------------------------------------------------------ pumps
 
@@ -928,13 +867,13 @@ class SessionTransport:
             unyielded_packets += received.packets
             unyielded_bytes += len(data)
             bodies = received.bodies
-            if not self._fence_passed:
+            if not self._shared.fence_passed:
                 for body in bodies:
                     if not self._buffer_payload(body):
                         return
                 if received.fence:
                     # The first receipt on this attachment. Drain, then announce readiness.
-                    self._fence_passed = True
+                    self._shared.fence_passed = True
                     self._release(self._buffer.release(), buffered=True)
             else:
                 self._release(bodies)
@@ -942,30 +881,30 @@ class SessionTransport:
                 # *After* the release: the tasks the payloads woke (a handler, a caller) run
                 # first and usually queue a frame, which the receipt then rides with.
                 self._receipt_waits()
-            if self._fence_passed:
+            if self._shared.fence_passed:
                 await self._wait_delivered()
             if received.fence:
                 self._set_state(TransportState.READY)
             wants_yield = self._wants_yield
-            if bodies and self._fence_passed and wants_yield is not None and wants_yield():
+            if bodies and self._shared.fence_passed and wants_yield is not None and wants_yield():
                 # The consumer says these payloads woke a lone task (a handler, a waiting
                 # caller): let it run before this reader re-arms its read, which is not on the
                 # peer's round trip. (Never under load: it would split the batches the writer
                 # coalesces.) After READY: what the task does next sees the session ready.
                 await checkpoint()
             hold = self._hold
-            if bodies and self._fence_passed and hold is not None:
+            if bodies and self._shared.fence_passed and hold is not None:
                 held = hold()
                 if held is not None:
                     await self._wait_for_consumer(held)
-            replay = self._replay
+            replay = self._shared.replay
             if not replay.done and replay.observe(
                 received.progress,
-                fence_passed=self._fence_passed,
+                fence_passed=self._shared.fence_passed,
                 confirmed=session.confirmed,
                 now=anyio.current_time(),
             ):
-                self._replay_done.set()
+                self._watches.replay_finished()
             if unyielded_packets >= packet_budget or unyielded_bytes >= YIELD_EVERY_BYTES:
                 # Everything this message carried was handed over: let the other tasks run
                 # before the next message, which the socket may return without yielding.
@@ -982,7 +921,7 @@ class SessionTransport:
             self.retire(failure.reason, failure.detail)
             return None
         if received.receipt_became_due:
-            self._receipt_due_at = time.monotonic()
+            self._shared.receipt_due_at = time.monotonic()
         if received.confirmed_advanced:
             self._capacity_freed()
         if received.receipt_urgent and not self._write_receipt_now():
@@ -999,11 +938,11 @@ class SessionTransport:
         the consumer is direct (:meth:`consume`) and nothing awaits delivery or a hold. The
         reader's yield to the task a payload woke is not needed here: that task runs before
         the loop polls the socket again. ``False`` (nothing done): the reader reads it."""
-        scope = self._run_scope
+        scope = self._shared.scope
         consumer = self._consumer
         if (
             consumer is None
-            or not self._fence_passed
+            or not self._shared.fence_passed
             or scope is None
             or scope.cancel_called
             or self._direct_held is not None
@@ -1027,14 +966,14 @@ class SessionTransport:
             hold = self._hold
             if bodies and hold is not None:
                 self._direct_held = hold()
-            replay = self._replay
+            replay = self._shared.replay
             if not replay.done and replay.observe(
                 received.progress,
                 fence_passed=True,
                 confirmed=session.confirmed,
                 now=anyio.current_time(),
             ):
-                self._replay_done.set()
+                self._watches.replay_finished()
         except Exception as exc:
             # Raised by run(), as if the reader had raised it; the socket is let go.
             self._direct_error = exc
@@ -1124,28 +1063,22 @@ class SessionTransport:
         """
         if not self._undelivered():
             return
-        waiting = self._consumer_wait = anyio.Event()
+        waiting = self._watches.pause()
         try:
             while self._undelivered():
                 progress = self._delivery_progress = anyio.Event()
                 await progress.wait()
         finally:
-            self._consumer_wait = None
-            self._replay.restart(anyio.current_time())
-            waiting.set()
-            self._unpark_replay_timer()
+            self._watches.resume(waiting)
 
     async def _wait_for_consumer(self, released: anyio.Event) -> None:
         """Read nothing until the direct consumer's ``released`` is set (see :meth:`consume`);
         like :meth:`_wait_delivered`, the replay inactivity clock is paused meanwhile."""
-        waiting = self._consumer_wait = anyio.Event()
+        waiting = self._watches.pause()
         try:
             await released.wait()
         finally:
-            self._consumer_wait = None
-            self._replay.restart(anyio.current_time())
-            waiting.set()
-            self._unpark_replay_timer()
+            self._watches.resume(waiting)
 
     async def _deliver(self) -> None:
         """The delivery task: runs until retirement (or until the consumer goes away)."""
@@ -1241,7 +1174,7 @@ class SessionTransport:
                     session.receipt_due and not session.frames_queued and not session.receipt_urgent
                 )
                 if lone_receipt and timed:
-                    if self._receipt_due_at + delay > time.monotonic():
+                    if self._shared.receipt_due_at + delay > time.monotonic():
                         # Young: the timer sends it unless a frame carries it first.
                         self._receipt_waits()
                         await self._wait_for_wakeup(None)
@@ -1257,7 +1190,7 @@ class SessionTransport:
                     # frame issued meanwhile carries it). Else every tick that fell between a
                     # reply and the caller's next call sent one alone -- a sixth of the calls
                     # of a sequential caller, each a wake-up and a message for the peer.
-                    wait = self._receipt_due_at + delay - time.monotonic()
+                    wait = self._shared.receipt_due_at + delay - time.monotonic()
                     if wait > 0:
                         ticked = await self._wait_for_wakeup(wait)
                         continue
@@ -1296,8 +1229,8 @@ class SessionTransport:
                     # them, on a listener, its proof: the peer can replay from now on, so the
                     # replay's inactivity clock starts here, not at the attach.
                     written = True
-                    if not self._replay.done:
-                        self._replay.restart(anyio.current_time())
+                    if not self._shared.replay.done:
+                        self._shared.replay.restart(anyio.current_time())
         finally:
             self._receipt_poll = False
 
@@ -1322,7 +1255,7 @@ class SessionTransport:
         loop = self._receipt_loop
         if loop is not None:
             if self._receipt_timer is None:
-                wait = self._receipt_due_at + self.limits.receipt_delay - time.monotonic()
+                wait = self._shared.receipt_due_at + self.limits.receipt_delay - time.monotonic()
                 self._receipt_timer = loop.call_later(max(wait, 0.0), self._receipt_timer_fired)
         elif not self._receipt_poll:
             self._wakeup.set()
@@ -1336,7 +1269,7 @@ class SessionTransport:
         if not self._session.receipt_due or self._receipt_loop is None:
             return
         self._receipt_timer_fires += 1
-        if self._receipt_due_at + self.limits.receipt_delay > time.monotonic():
+        if self._shared.receipt_due_at + self.limits.receipt_delay > time.monotonic():
             self._receipt_waits()
         elif not self._write_receipt_now():
             self._wakeup.set()
@@ -1345,58 +1278,3 @@ class SessionTransport:
         timer, self._receipt_timer = self._receipt_timer, None
         if timer is not None:
             timer.cancel()
-
-    async def _replay_watch(self, watching: anyio.CancelScope) -> None:
-        with watching:
-            await self._watch_replay()
-
-    def _arm_replay_timer(self) -> None:
-        """The replay watch on asyncio: a loop timer at the replay's deadline (see
-        :meth:`_replay_timer_fired`)."""
-        assert self._loop is not None
-        self._replay_timer = self._loop.call_at(self._replay.deadline, self._replay_timer_fired)
-
-    def _replay_timer_fired(self) -> None:
-        """As :meth:`_watch_replay`, in a loop callback: nothing once the replay is done or the
-        socket detached; armed again while the deadline moved on with progress; parked while our
-        own consumer holds the reader up (:meth:`_unpark_replay_timer` arms it again when that
-        wait ends, with the clock restarted); else the replay stalled and the session retires."""
-        self._replay_timer = None
-        if self._replay.done or self._run_scope is None:
-            return
-        assert self._loop is not None
-        if self._replay.deadline > self._loop.time():
-            self._arm_replay_timer()
-        elif self._consumer_wait is not None:
-            self._replay_parked = True
-        else:
-            inactivity = self.limits.replay_inactivity
-            self.retire(FailureReason.REPLAY_STALLED, f"no replay progress for {inactivity:g}s")
-
-    def _unpark_replay_timer(self) -> None:
-        if self._replay_parked:
-            self._replay_parked = False
-            if self._run_scope is not None and not self._replay.done:
-                self._arm_replay_timer()
-
-    def _cancel_replay_timer(self) -> None:
-        self._replay_parked = False
-        timer, self._replay_timer = self._replay_timer, None
-        if timer is not None:
-            timer.cancel()
-
-    async def _watch_replay(self) -> None:
-        inactivity = self.limits.replay_inactivity
-        while not self._replay_done.is_set():
-            remaining = self._replay.deadline - anyio.current_time()
-            if remaining <= 0:
-                waiting = self._consumer_wait
-                if waiting is not None:
-                    # The reader is held up by our own slow consumer: that is back-pressure,
-                    # not a stalled peer. The clock restarts when the consumer catches up.
-                    await waiting.wait()
-                    continue
-                self.retire(FailureReason.REPLAY_STALLED, f"no replay progress for {inactivity:g}s")
-                return
-            with anyio.move_on_after(remaining):
-                await self._replay_done.wait()
