@@ -1173,7 +1173,7 @@ _TURN_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("accept", ("_accept_loop", "_add_reader", "wait_readable.<locals>.cb")),
     ("lost socket: connection_lost", ("_call_connection_lost",)),
     ("heartbeat", ("Heartbeat.run", "_Beating")),
-    ("session writer", ("SessionTransport._writer",)),
+    ("session writer", ("Outbound.writer",)),
     ("receipt timers", ("_receipt_timer_fired",)),
     ("session reader", ("SessionTransport._reader", "_read_messages", "_take_nowait")),
     ("attachment's end (after the teardown step)", ("attached > Attachments.run",)),

@@ -81,6 +81,8 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("garcon_link/endpoint/transport.py", "_release", "retention"),
     ("garcon_link/endpoint/transport.py", "_buffer_payload", "retention"),
     ("garcon_link/endpoint/transport.py", "*", "transport"),
+    ("garcon_link/endpoint/_outbound.py", "*", "transport"),
+    ("garcon_link/endpoint/_watches.py", "*", "transport"),
     ("garcon_link/net/", "*", "ws link"),
     ("garcon_link/rpc/handlers.py", "*", "handler"),
     ("benchmarks/fairness.py", "_same", "benchmark check"),

@@ -4,8 +4,10 @@
 task, grace and replay watches -- must see each other's changes synchronously, within the loop
 turn that made them (a fence passed, a receipt due, retention freed). What more than one of
 them reads is one small object, :class:`~garcon_link.endpoint._shared.Shared`; the replay and
-grace watches are :class:`~garcon_link.endpoint._watches.Watches`. The rules that need no I/O
-are sans-IO objects of their own (:class:`~garcon_link.endpoint.transport_types.PreReadinessBuffer`,
+grace watches are :class:`~garcon_link.endpoint._watches.Watches`, and the send side -- senders,
+writes, the writer and when receipts go out -- is
+:class:`~garcon_link.endpoint._outbound.Outbound`. The rules that need no I/O are sans-IO objects
+of their own (:class:`~garcon_link.endpoint.transport_types.PreReadinessBuffer`,
 :class:`~garcon_link.core.replay.ReplayWatch`, the session itself). What the transport meets --
 the socket, the consumer, its states and statistics -- is
 :mod:`garcon_link.endpoint.transport_types`, all imported from here too.
@@ -70,7 +72,7 @@ Rules implemented here:
   exceeds what our peer's session accepts in one message). Frames issued while one inbound
   message is handed to a direct consumer (the RPC dispatch: replies, a gateway's forwards and
   answers, on this transport or another) are held instead and each transport that got some writes
-  them as one message at the end of that hand-over, in the same callback (:meth:`_write_now`):
+  them as one message at the end of that hand-over, in the same callback (``Outbound._write_now``):
   one write per destination per inbound message, no task switch to the writer. Past the
   bounds of one message a transport stops holding and its writer sends what it has queued.
 * **Bounded synchronous work**: one inbound message costs at most ``max_packets_per_message``
@@ -83,7 +85,7 @@ Rules implemented here:
 * **Receipts** ride with outgoing frames when they can. An urgent one (the fence, or
   ``receipt_interval`` messages unconfirmed) goes out at once, before the payloads are handed
   over; a lone one waits at most ``receipt_delay``. On asyncio one loop timer per attachment
-  sees to that (:meth:`_receipt_waits`): armed when a receipt comes due and none is armed, it
+  sees to that (``Outbound.receipt_waits``): armed when a receipt comes due and none is armed, it
   writes a receipt that has waited ``receipt_delay`` straight to a socket that takes it at once
   (else wakes the writer for it), re-arms for a younger one, and does nothing if a frame carried
   it -- so the writer task is never woken for a receipt a reply carries. Elsewhere (trio) the
@@ -97,8 +99,6 @@ delivery stream is closed, so the consumer sees them and then the end; :attr:`fa
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -107,21 +107,16 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..core.replay import ReplayWatch
-from ..core.session import (
-    MessageSession,
-    Received,
-    RetentionPool,
-    SessionState,
-)
+from ..core.session import MessageSession, Received, RetentionPool
 from ..core.wire import Gathered, Ordinal
-from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
+from ..errors import FailureReason, ProtocolError, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields
-from ..net.backend import checkpointer, on_asyncio
+from ..net.backend import checkpointer
+from ._outbound import Outbound, held_writes, hold_writes, write_held
 from ._shared import Shared, log
 from ._watches import Watches
 from .transport_types import (
-    SOCKET_GONE,
     MessageSocket,
     PayloadConsumer,
     PreReadinessBuffer,
@@ -138,11 +133,6 @@ __all__ = [
     "TransportStatistics",
 ]
 
-_INLINE_MARGIN = 64  # room for the encoded frame's head and a receipt beside a written body
-
-_POLL_QUIET_TICKS = 2  # receipt_delay ticks with nothing due before the writer stops polling
-# (the writer polls only where no loop timer looks after lone receipts: see _receipt_waits)
-
 COALESCE_BYTES = 256 * 1024
 """Packets ready together are merged into WebSocket messages of at most this many bytes."""
 
@@ -153,35 +143,8 @@ yield (or ``Limits.max_packets_per_message`` packets, whichever comes first)."""
 WRITE_NOW_QUIET = 100e-6
 """A frame issued at least this many seconds after the previous one, on an idle socket, is
 written at once by the task that issued it instead of by the writer task (one task switch less
-on a quiet link); frames issued closer together are left to the writer, which coalesces them."""
-
-
-class _HeldWrites(threading.local):
-    """The transports holding frames issued while one inbound message is handed to a direct
-    consumer (``batch``: ``None`` outside such a hand-over), per thread: each event loop's
-    dispatch is synchronous, so the hand-over in progress on this thread is the one issuing."""
-
-    batch: list[SessionTransport] | None = None
-
-
-_held_writes = _HeldWrites()
-
-
-class _Waiter:
-    """One task waiting on the transport, with an event of its own (woken alone)."""
-
-    __slots__ = ("done", "event", "size")
-
-    def __init__(self, size: int = 0, done: Callable[[], bool] | None = None) -> None:
-        self.event = anyio.Event()
-        self.size = size  # a sender's body size
-        self.done = done  # a receipt wait's condition; None for a sender
-
-    async def wait(self) -> None:
-        event = self.event
-        if event.is_set():
-            event = self.event = anyio.Event()
-        await event.wait()
+on a quiet link); frames issued closer together are left to the writer, which coalesces them.
+(Read when a transport is made.)"""
 
 
 Listener = Callable[[TransportState], None]
@@ -216,6 +179,15 @@ class SessionTransport:
         self._session = session = MessageSession(limits, pool)
         self._shared = shared = Shared(session, limits, session_id, self.label)
         self._watches = Watches(shared, task_group, self.retire)
+        self._outbound = outbound = Outbound(
+            shared,
+            coalesce_limit=min(limits.max_frame_bytes, COALESCE_BYTES),
+            quiet=WRITE_NOW_QUIET,
+        )
+        # The outbound side's methods the reader calls for each message, bound once.
+        self._capacity_freed = outbound.capacity_freed
+        self._receipt_urgent = outbound.receipt_urgent
+        self._receipt_waits = outbound.receipt_waits
         self._tg = task_group
         self._state = TransportState.DETACHED
         self._listeners: list[Listener] = []
@@ -238,41 +210,15 @@ class SessionTransport:
         self._wants_yield: Callable[[], bool] | None = None
         self._hold: Callable[[], anyio.Event | None] | None = None
         self._batch_end: Callable[[], None] | None = None
-        self._last_write_now = 0.0
-        # The batch of held writes this transport is in (_write_now): it holds frames while that
-        # is the hand-over's batch in progress; what it holds, in bytes with heads.
-        self._held_in: list[SessionTransport] | None = None
-        self._held_bytes = 0
-        self._max_packets = limits.max_packets_per_message
         self._retired = anyio.Event()
         self._pending_added = anyio.Event()
         self._delivery_progress = anyio.Event()
-        self._wakeup = anyio.Event()
-        # Senders waiting for retention capacity, in arrival order: only the first may retry,
-        # and a newcomer queues behind them, so bodies are issued in the order send() was
-        # called (call ids must reach the peer increasing, whatever order waiters wake in).
-        # Each has an event of its own: freed room wakes the first only, which wakes the next
-        # as it leaves (see _capacity_freed).
-        self._senders: deque[_Waiter] = deque()
-        # Tasks waiting for receipts (wait_acknowledged, wait_retained_below), each woken
-        # once its condition holds.
-        self._receipt_waiters: list[_Waiter] = []
-        self._capacity_wakeups = 0
-        self._writer_wakeups = 0
-        self._receipt_timer_fires = 0
         self._run_done = anyio.Event()
-        self._receipt_poll = False  # the writer checks for lone receipts on its own
-        # On asyncio (while attached): the loop whose timer sends lone receipts instead of the
-        # writer's poll, and that timer while armed (see _receipt_waits).
-        self._receipt_loop: asyncio.AbstractEventLoop | None = None
-        self._receipt_timer: asyncio.TimerHandle | None = None
-        self._coalesce_limit = min(limits.max_frame_bytes, COALESCE_BYTES)
         self._attachments = 0
         # The socket's callback hands messages to _take_nowait while the reader waits (see
         # there): a hold that stops the reader from reading on, and an error to raise in run().
         self._direct_held: anyio.Event | None = None
         self._direct_error: Exception | None = None
-        self._messages_written = 0
         self._messages_read = 0
         self._messages_read_directly = 0
 
@@ -300,6 +246,12 @@ class SessionTransport:
     def attached(self) -> bool:
         return self._shared.scope is not None
 
+    @property
+    def _receipt_poll(self) -> bool:
+        """Whether the writer polls for lone receipts now (read by a white-box test of the
+        polling, tests/test_transport.py)."""
+        return self._outbound.receipt_poll
+
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(state)`` on every state change; returns an unsubscribe callable."""
         self._listeners.append(listener)
@@ -311,6 +263,7 @@ class SessionTransport:
         return unsubscribe
 
     def statistics(self) -> TransportStatistics:
+        outbound = self._outbound
         return TransportStatistics(
             state=self._state,
             session=self._session.statistics(),
@@ -322,12 +275,12 @@ class SessionTransport:
             + len(self._pending)
             - self._pending_buffered
             + self._in_flight,
-            messages_written=self._messages_written,
+            messages_written=outbound.messages_written,
             messages_read=self._messages_read,
             messages_read_directly=self._messages_read_directly,
-            capacity_wakeups=self._capacity_wakeups,
-            writer_wakeups=self._writer_wakeups,
-            receipt_timer_fires=self._receipt_timer_fires,
+            capacity_wakeups=outbound.capacity_wakeups,
+            writer_wakeups=outbound.writer_wakeups,
+            receipt_timer_fires=outbound.receipt_timer_fires,
         )
 
     def _set_state(self, state: TransportState) -> None:
@@ -456,8 +409,8 @@ class SessionTransport:
 
         Waits while retention is full (back-pressure, never failure); waiting senders are
         admitted in the order they called, so bodies keep that order on the wire. On a quiet
-        socket the frame is written at once by this task (see :meth:`_write_now`); otherwise the
-        writer sends it, coalesced with whatever is issued meanwhile.
+        socket the frame is written at once by this task; otherwise the writer sends it,
+        coalesced with whatever is issued meanwhile.
 
         Returns:
             The ordinal assigned to ``body``.
@@ -466,33 +419,7 @@ class SessionTransport:
             PayloadTooLarge: the encoded frame exceeds ``max_frame_bytes``; nothing was issued.
             SessionFailed: the session is retired; nothing was issued.
         """
-        ordinal = self.send_nowait(body)
-        if ordinal is not None:
-            return ordinal
-        me = _Waiter(len(body))
-        senders = self._senders
-        senders.append(me)
-        try:
-            while True:
-                if senders[0] is me:
-                    try:
-                        ordinal = self._session.send(body)
-                        break
-                    except RetentionFull:
-                        pass
-                else:
-                    self._raise_if_failed()  # retirement wakes every waiter
-                # The first in line is woken when receipts free room, the next one when the
-                # first leaves with room left for its body.
-                await me.wait()
-        finally:
-            first = senders[0] is me
-            senders.remove(me)
-            if first and senders and self._session.has_capacity(senders[0].size):
-                self._wake(senders[0])
-        if not self._write_now(len(body)):
-            self._wakeup.set()
-        return ordinal
+        return await self._outbound.send(body)
 
     async def wait_acknowledged(self) -> bool:
         """Wait until the peer's receipts cover every frame issued so far (a graceful drain
@@ -502,8 +429,7 @@ class SessionTransport:
         Returns:
             ``True`` once acknowledged; ``False`` if the session was retired first.
         """
-        target = self._session.issued
-        return await self._wait_for_receipts(lambda: self._session.confirmed >= target)
+        return await self._outbound.wait_acknowledged()
 
     async def wait_retained_below(self, size: int) -> bool:
         """Wait until fewer than ``size`` bytes of our frames await the peer's receipts (the
@@ -512,41 +438,7 @@ class SessionTransport:
         Returns:
             ``True`` once below; ``False`` if the session was retired first.
         """
-        return await self._wait_for_receipts(lambda: self._session.retained_bytes < size)
-
-    async def _wait_for_receipts(self, done: Callable[[], bool]) -> bool:
-        if done():
-            return True
-        me = _Waiter(done=done)
-        self._receipt_waiters.append(me)
-        try:
-            while not done():
-                if self._session.failure is not None:
-                    return False
-                # Woken by _capacity_freed once done() holds, or by retirement.
-                await me.wait()
-        finally:
-            self._receipt_waiters.remove(me)
-        return True
-
-    def _wake(self, waiter: _Waiter) -> None:
-        if not waiter.event.is_set():
-            waiter.event.set()
-            self._capacity_wakeups += 1
-
-    def _capacity_freed(self) -> None:
-        """Receipts confirmed frames: wake the first waiting sender (one task, however many
-        wait) and the receipt waits whose condition now holds."""
-        if self._senders:
-            self._wake(self._senders[0])
-        for waiter in self._receipt_waiters:
-            if waiter.done is not None and waiter.done():
-                self._wake(waiter)
-
-    def _wake_all(self) -> None:
-        """Retirement: every waiter leaves (a sender raises, a receipt wait returns False)."""
-        for waiter in (*self._senders, *self._receipt_waiters):
-            self._wake(waiter)
+        return await self._outbound.wait_retained_below(size)
 
     @property
     def issued(self) -> int:
@@ -560,104 +452,11 @@ class SessionTransport:
     def send_nowait(self, body: bytes | Gathered) -> Ordinal | None:
         """:meth:`send` if it need not wait (no earlier sender waits, retention admits
         ``body``); ``None`` (nothing issued) otherwise."""
-        if self._senders:
-            return None
-        try:
-            ordinal = self._session.send(body)
-        except RetentionFull:
-            return None
-        if not self._write_now(len(body)):
-            self._wakeup.set()
-        return ordinal
+        return self._outbound.send_nowait(body)
 
     def try_send(self, body: bytes | Gathered) -> Ordinal | None:
         """Like :meth:`send` but returns ``None`` instead of waiting when retention is full."""
-        try:
-            ordinal = self._session.send(body)
-        except RetentionFull:
-            return None
-        if not self._write_now(len(body)):
-            self._wakeup.set()
-        return ordinal
-
-    def _write_now(self, size: int) -> bool:
-        """Write the frame of ``size`` body bytes just queued, with a due receipt, from this task
-        -- or hold it, to be written at the end of the inbound hand-over in progress.
-
-        During a direct consumer's hand-over of one inbound message (any transport's, on this
-        thread), a transport with nothing else queued starts holding the frames it is given
-        (else the writer has frames to send already: this one joins them); while it holds,
-        what it has queued is what it held, and :meth:`_release` writes it as one message at
-        the end of the hand-over. That message stays within the bounds of one --
-        ``COALESCE_BYTES`` and the frame limit (with heads and a receipt),
-        ``max_packets_per_message`` (with a receipt) -- or the transport stops holding and its
-        writer sends everything queued, split at those bounds.
-
-        Outside a hand-over, only when the previous frame issued outside one was issued at least
-        ``WRITE_NOW_QUIET`` ago (frames issued in a burst are left to the writer, which
-        coalesces them), it is the only frame queued, the replay fence has passed and the
-        socket takes it without waiting. Returns ``False`` (the writer must send it) otherwise.
-        """
-        batch = _held_writes.batch
-        if batch is not None and self._shared.fence_passed:
-            held = size + _INLINE_MARGIN
-            if self._held_in is batch:
-                held += self._held_bytes
-                if held <= self._coalesce_limit and self._session.frames_queued < self._max_packets:
-                    self._held_bytes = held
-                    return True
-            elif self._session.frames_queued == 1 and held <= self._coalesce_limit:
-                self._held_in = batch
-                self._held_bytes = held
-                batch.append(self)
-                return True
-            self._held_in = None
-            return False
-        now = time.monotonic()
-        quiet = now - self._last_write_now >= WRITE_NOW_QUIET
-        self._last_write_now = now
-        return (
-            quiet
-            and self._shared.fence_passed
-            and self._session.frames_queued == 1
-            and size + _INLINE_MARGIN <= self._coalesce_limit
-            and self._write_queued_now()
-        )
-
-    def _write_receipt_now(self) -> bool:
-        """Write a due receipt at once from this task if nothing else is queued and the socket
-        takes it without waiting; ``False`` (nothing taken) otherwise."""
-        return self._session.frames_queued == 0 and self._write_queued_now()
-
-    def _write_queued_now(self) -> bool:
-        """Hand what the session has to send to the socket synchronously, if it takes it."""
-        sock = self._shared.sock
-        scope = self._shared.scope
-        if (
-            sock is None
-            or scope is None
-            or scope.cancel_called  # being detached: the replay on the next socket sends it
-            or not sock.writable_now()
-        ):
-            return False
-        packets = self._session.data_to_send()
-        if not packets:
-            return True
-        try:
-            sock.send_message_nowait(packets[0] if len(packets) == 1 else b"".join(packets))
-        except SOCKET_GONE as exc:
-            # As in the writer: the attachment ends; what was taken stays retained and is
-            # replayed on the next socket (a lost receipt is re-sent as the resume position).
-            log.debug(
-                "session %s: write failed, detaching: %s",
-                self.label,
-                exc,
-                extra=log_fields(session=self.session_id),
-            )
-            self.detach_socket()
-        else:
-            self._messages_written += 1
-        return True
+        return self._outbound.try_send(body)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -684,10 +483,8 @@ class SessionTransport:
         self._deliver_send.close()
         self._pending_added.set()  # the delivery task ends
         self._delivery_progress.set()
-        self._wake_all()
-        self._wakeup.set()
+        self._outbound.retire()
         self._retired.set()
-        self._cancel_receipt_timer()
         self._watches.retire()
         if self._shared.scope is not None:
             self._shared.scope.cancel()
@@ -752,7 +549,7 @@ class SessionTransport:
         if attached.confirmed_advanced:
             # The peer's resume position acknowledged frames whose receipts were lost: that
             # frees retention just as a receipt would, so wake senders waiting for capacity.
-            self._capacity_freed()
+            self._outbound.capacity_freed()
         self._attachments += 1
         self._shared.fence_passed = False
         self._shared.replay = ReplayWatch(
@@ -760,8 +557,7 @@ class SessionTransport:
         )
         self._watches.attached()
         self._set_state(TransportState.REPLAYING)
-        self._wakeup.set()
-        self._receipt_loop = asyncio.get_running_loop() if on_asyncio() else None
+        self._outbound.attached()
         scope = anyio.CancelScope()
         self._shared.scope = scope
         self._run_done = anyio.Event()
@@ -774,7 +570,7 @@ class SessionTransport:
                     # reference cycle at every detach), as the heartbeat does
                     # (endpoint._attaching). The reader ends them, however it ends.
                     writing = anyio.CancelScope(shield=True)
-                    tg.start_soon(self._writer, sock, tg.cancel_scope, writing)
+                    tg.start_soon(self._outbound.writer, sock, tg.cancel_scope, writing)
                     watching = self._watches.watch_replay(tg)
                     self._shared.sock = sock
                     try:
@@ -787,8 +583,7 @@ class SessionTransport:
             self._shared.sock = None
             self._shared.scope = None
             self._direct_held = None
-            self._receipt_loop = None
-            self._cancel_receipt_timer()  # the next attachment's replay ends with a receipt
+            self._outbound.detached()
             self._watches.detached()
             self._run_done.set()
             self._after_socket()
@@ -924,12 +719,12 @@ class SessionTransport:
             self._shared.receipt_due_at = time.monotonic()
         if received.confirmed_advanced:
             self._capacity_freed()
-        if received.receipt_urgent and not self._write_receipt_now():
+        if received.receipt_urgent:
             # Before the hand-over, which may be long (a direct consumer dispatching a
             # replay of thousands of payloads in this task): confirming what was accepted
             # frees the peer's retention -- at once if the socket takes it, else by the
             # writer as soon as this task yields.
-            self._wakeup.set()
+            self._receipt_urgent()
         return received
 
     def _take_nowait(self, data: bytes) -> bool:
@@ -990,7 +785,7 @@ class SessionTransport:
             return
         consumer = self._consumer
         if consumer is not None:
-            if len(bodies) > 1 and _held_writes.batch is None:
+            if len(bodies) > 1 and held_writes.batch is None:
                 self._hand_over_holding(consumer, bodies)
                 return
             for body in bodies:  # _hand_over_all, inline: this runs for every message
@@ -1029,11 +824,10 @@ class SessionTransport:
         self, consumer: Callable[[bytes | memoryview], None], bodies: Sequence[bytes | memoryview]
     ) -> None:
         """Hand ``bodies`` (one inbound message's) to the direct consumer, holding the frames
-        issued meanwhile (:meth:`_write_now`) and writing them at the end: one message per
-        transport that got some. (A single payload is handed over without: nothing to merge.)"""
-        held = _held_writes
-        batch: list[SessionTransport] = []
-        held.batch = batch  # (no hand-over starts inside this one: nothing here reads)
+        issued meanwhile (:func:`~garcon_link.endpoint._outbound.hold_writes`) and writing them
+        at the end: one message per transport that got some. (A single payload is handed over
+        without: nothing to merge.)"""
+        batch = hold_writes()
         try:
             for body in bodies:  # _hand_over_all, inline: this runs for every message
                 try:
@@ -1043,12 +837,7 @@ class SessionTransport:
             if self._batch_end is not None:
                 self._end_batch(self._batch_end)
         finally:
-            held.batch = None
-            for transport in batch:
-                if transport._held_in is batch:  # (else it gave its frames to its writer)
-                    transport._held_in = None
-                    if not transport._write_queued_now():
-                        transport._wakeup.set()
+            write_held(batch)
 
     def _undelivered(self) -> bool:
         return bool(self._pending or self._in_flight) and not (
@@ -1123,158 +912,3 @@ class SessionTransport:
             self.retire(FailureReason.INBOUND_OVERFLOW, overflow)
             return False
         return True
-
-    async def _writer(
-        self, sock: MessageSocket, pumps: anyio.CancelScope, writing: anyio.CancelScope
-    ) -> None:
-        try:
-            with writing:
-                await self._write_packets(sock)
-        except SOCKET_GONE as exc:
-            # The socket died under a write: end this attachment (the reader may still be
-            # waiting for bytes that will never come); the session waits for the next socket.
-            log.debug(
-                "session %s: write failed, detaching: %s",
-                self.label,
-                exc,
-                extra=log_fields(session=self.session_id),
-            )
-            pumps.cancel()
-
-    async def _write_packets(self, sock: MessageSocket) -> None:
-        """The writer: sends what is queued, coalesced, and looks after lone receipts.
-
-        A receipt that is due but not urgent may wait up to ``receipt_delay`` for frames to ride
-        with (a reply, usually, which the task issuing it often writes itself). While receipts
-        keep coming due, the writer *polls*: it wakes every ``receipt_delay`` and sends a lone
-        receipt that has waited that long by then (a younger one waits out its delay: a frame
-        may still carry it), so the reader need not wake it for each one (``_receipt_poll``); after
-        ``_POLL_QUIET_TICKS`` ticks with nothing due it stops and waits to be woken again. On
-        asyncio it does not poll: the receipt timer (:meth:`_receipt_waits`) sends lone
-        receipts, and wakes the writer only for one the socket cannot take at once.
-        """
-        session = self._session
-        # Coalescing amortises per-message cost for *small* packets; merging megabytes gains
-        # nothing and multiplies peak memory (the join, wsproto's masking copy and the socket
-        # buffer each hold the whole message), so a larger packet goes out on its own.
-        limit = self._coalesce_limit
-        max_packets = self.limits.max_packets_per_message  # what the peer accepts per message
-        delay = self.limits.receipt_delay
-        timed = self._receipt_loop is not None  # a loop timer sends lone receipts: no polling
-        quiet_ticks = 0
-        ticked = False  # the last wait ended by the poll timer, not by a wake-up
-        written = False  # a message was written on this attachment
-        try:
-            while True:
-                # A fresh event first (if this one was used): anything issued after this point
-                # wakes us again.
-                if self._wakeup.is_set():
-                    self._wakeup = anyio.Event()
-                lone_receipt = (
-                    session.receipt_due and not session.frames_queued and not session.receipt_urgent
-                )
-                if lone_receipt and timed:
-                    if self._shared.receipt_due_at + delay > time.monotonic():
-                        # Young: the timer sends it unless a frame carries it first.
-                        self._receipt_waits()
-                        await self._wait_for_wakeup(None)
-                        continue
-                elif lone_receipt and not self._receipt_poll:
-                    # Woken by the reader for it: start polling, give frames a chance to come.
-                    self._receipt_poll = True
-                    quiet_ticks = 0
-                    ticked = await self._wait_for_wakeup(delay)
-                    continue
-                if lone_receipt and ticked:
-                    # A poll tick: send the receipt only once it has waited receipt_delay (a
-                    # frame issued meanwhile carries it). Else every tick that fell between a
-                    # reply and the caller's next call sent one alone -- a sixth of the calls
-                    # of a sequential caller, each a wake-up and a message for the peer.
-                    wait = self._shared.receipt_due_at + delay - time.monotonic()
-                    if wait > 0:
-                        ticked = await self._wait_for_wakeup(wait)
-                        continue
-                packets = session.data_to_send()
-                if not packets:
-                    if session.state is not SessionState.ATTACHED:
-                        return
-                    if not ticked and not timed:
-                        # Woken for nothing: the reader woke us for a receipt that a frame
-                        # written meanwhile carried. Poll from now on instead.
-                        self._receipt_poll = True
-                        quiet_ticks = 0
-                    elif self._receipt_poll:
-                        quiet_ticks += 1
-                        if quiet_ticks > _POLL_QUIET_TICKS:
-                            self._receipt_poll = False
-                    ticked = await self._wait_for_wakeup(delay if self._receipt_poll else None)
-                    continue
-                ticked = False
-                if lone_receipt:
-                    quiet_ticks = 0
-                # Coalesce every packet ready now into as few messages as the frame limit allows.
-                batch: list[bytes] = []
-                size = 0
-                for packet in packets:
-                    if batch and (size + len(packet) > limit or len(batch) == max_packets):
-                        await sock.send_message(b"".join(batch))
-                        self._messages_written += 1
-                        batch, size = [], 0
-                    batch.append(packet)
-                    size += len(packet)
-                await sock.send_message(batch[0] if len(batch) == 1 else b"".join(batch))
-                self._messages_written += 1
-                if not written:
-                    # The attachment's first frames (the replay fence) are out -- and with
-                    # them, on a listener, its proof: the peer can replay from now on, so the
-                    # replay's inactivity clock starts here, not at the attach.
-                    written = True
-                    if not self._shared.replay.done:
-                        self._shared.replay.restart(anyio.current_time())
-        finally:
-            self._receipt_poll = False
-
-    async def _wait_for_wakeup(self, timeout: float | None) -> bool:
-        """Wait until the writer is woken, or ``timeout`` seconds (``None``: no limit) pass;
-        ``True`` if the time ran out (a poll tick)."""
-        if timeout is None:
-            await self._wakeup.wait()
-            self._writer_wakeups += 1
-            return False
-        with anyio.move_on_after(timeout) as tick:
-            await self._wakeup.wait()
-        self._writer_wakeups += 1
-        return tick.cancelled_caught
-
-    def _receipt_waits(self) -> None:
-        """A receipt is due after an inbound message: see that it goes out within
-        ``receipt_delay`` unless a frame carries it first. (An urgent one :meth:`_accept` has
-        written or handed to the writer already.) On asyncio a loop timer looks after it --
-        armed once, however many receipts come due and ride with frames meanwhile -- and the
-        writer is not woken; otherwise the writer is woken for it and polls (see there)."""
-        loop = self._receipt_loop
-        if loop is not None:
-            if self._receipt_timer is None:
-                wait = self._shared.receipt_due_at + self.limits.receipt_delay - time.monotonic()
-                self._receipt_timer = loop.call_later(max(wait, 0.0), self._receipt_timer_fired)
-        elif not self._receipt_poll:
-            self._wakeup.set()
-
-    def _receipt_timer_fired(self) -> None:
-        """The receipt timer (asyncio, in the loop's callback): a receipt still due once it has
-        waited ``receipt_delay`` is written at once if the socket takes it and nothing else is
-        queued, else by the writer, which is woken for it; a younger one (the one the timer was
-        armed for went out with a frame) gets a timer of its own; none due, nothing to do."""
-        self._receipt_timer = None
-        if not self._session.receipt_due or self._receipt_loop is None:
-            return
-        self._receipt_timer_fires += 1
-        if self._shared.receipt_due_at + self.limits.receipt_delay > time.monotonic():
-            self._receipt_waits()
-        elif not self._write_receipt_now():
-            self._wakeup.set()
-
-    def _cancel_receipt_timer(self) -> None:
-        timer, self._receipt_timer = self._receipt_timer, None
-        if timer is not None:
-            timer.cancel()
