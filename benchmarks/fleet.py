@@ -1175,7 +1175,7 @@ _TURN_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("heartbeat", ("Heartbeat.run", "_Beating")),
     ("session writer", ("Outbound.writer",)),
     ("receipt timers", ("_receipt_timer_fired",)),
-    ("session reader", ("SessionTransport._reader", "_read_messages", "_take_nowait")),
+    ("session reader", ("Inbound.reader", "_read_messages", "Inbound.take_nowait")),
     ("attachment's end (after the teardown step)", ("attached > Attachments.run",)),
     ("handshake, unbudgeted", ("_accept >", "_authenticate", "_upgrade", "start of _handle")),
     ("attachment's end (task group exit)", ("TaskGroup.__aexit__",)),

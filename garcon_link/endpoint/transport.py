@@ -1,13 +1,23 @@
 """SessionTransport: one logical session carried over a succession of sockets.
 
-:class:`SessionTransport` is one state machine (below) whose pumps -- reader, writer, delivery
-task, grace and replay watches -- must see each other's changes synchronously, within the loop
-turn that made them (a fence passed, a receipt due, retention freed). What more than one of
-them reads is one small object, :class:`~garcon_link.endpoint._shared.Shared`; the replay and
-grace watches are :class:`~garcon_link.endpoint._watches.Watches`, and the send side -- senders,
-writes, the writer and when receipts go out -- is
-:class:`~garcon_link.endpoint._outbound.Outbound`. The rules that need no I/O are sans-IO objects
-of their own (:class:`~garcon_link.endpoint.transport_types.PreReadinessBuffer`,
+:class:`SessionTransport` is one state machine (below) run by three sides and their owner. The
+sides' pumps -- reader, writer, delivery task, grace and replay watches -- must see each other's
+changes synchronously, within the loop turn that made them (a fence passed, a receipt due,
+retention freed), so what more than one side reads is one small object,
+:class:`~garcon_link.endpoint._shared.Shared`, and each side calls the others only through
+their public methods:
+
+* the **inbound side** (:mod:`._inbound`): the socket reader, the pre-readiness buffer and the
+  hand-over to the consumer (the delivery queue and its task, or a direct consumer);
+* the **outbound side** (:mod:`._outbound`): senders and their capacity waits, writes from the
+  issuing task and held writes, the writer task, and when receipts go out;
+* the **watches** (:mod:`._watches`): replay inactivity and the detached grace;
+* the **owner**, :class:`SessionTransport`: the public face, the states and their listeners,
+  statistics, and the life cycle -- :meth:`~SessionTransport.run` (attach, pump, detach) and
+  :meth:`~SessionTransport.retire`, which it tells each side.
+
+The rules that need no I/O are sans-IO objects of their own
+(:class:`~garcon_link.endpoint.transport_types.PreReadinessBuffer`,
 :class:`~garcon_link.core.replay.ReplayWatch`, the session itself). What the transport meets --
 the socket, the consumer, its states and statistics -- is
 :mod:`garcon_link.endpoint.transport_types`, all imported from here too.
@@ -99,21 +109,19 @@ delivery stream is closed, so the consumer sees them and then the end; :attr:`fa
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..core.replay import ReplayWatch
-from ..core.session import MessageSession, Received, RetentionPool
+from ..core.session import MessageSession, RetentionPool
 from ..core.wire import Gathered, Ordinal
-from ..errors import FailureReason, ProtocolError, SessionFailed
+from ..errors import FailureReason, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields
-from ..net.backend import checkpointer
-from ._outbound import Outbound, held_writes, hold_writes, write_held
+from ._inbound import Inbound
+from ._outbound import Outbound
 from ._shared import Shared, log
 from ._watches import Watches
 from .transport_types import (
@@ -178,49 +186,25 @@ class SessionTransport:
         self.label = label or session_id.hex()[:8]
         self._session = session = MessageSession(limits, pool)
         self._shared = shared = Shared(session, limits, session_id, self.label)
-        self._watches = Watches(shared, task_group, self.retire)
+        self._state = TransportState.DETACHED
+        self._listeners: list[Listener] = []
+        self._watches = watches = Watches(shared, task_group, self.retire)
         self._outbound = outbound = Outbound(
             shared,
             coalesce_limit=min(limits.max_frame_bytes, COALESCE_BYTES),
             quiet=WRITE_NOW_QUIET,
         )
-        # The outbound side's methods the reader calls for each message, bound once.
-        self._capacity_freed = outbound.capacity_freed
-        self._receipt_urgent = outbound.receipt_urgent
-        self._receipt_waits = outbound.receipt_waits
-        self._tg = task_group
-        self._state = TransportState.DETACHED
-        self._listeners: list[Listener] = []
-        self._deliver_send: MemoryObjectSendStream[bytes]
-        self._deliver_recv: MemoryObjectReceiveStream[bytes]
-        self._deliver_send, self._deliver_recv = anyio.create_memory_object_stream[bytes](
-            limits.delivery_queue
+        self._inbound = Inbound(
+            shared,
+            outbound,
+            watches,
+            task_group,
+            retire=self.retire,
+            set_state=self._set_state,
+            yield_every_bytes=YIELD_EVERY_BYTES,
         )
-        self._buffer = PreReadinessBuffer(limits)
-        # Released payloads (fence passed) not yet in the delivery queue, and the delivery task
-        # that moves them there (see _release).
-        self._pending: deque[tuple[bytes, bool]] = deque()  # (payload, came from _buffer)
-        self._pending_buffered = 0  # ... of which came from the pre-readiness buffer
-        self._pending_buffered_bytes = 0
-        self._in_flight = False
-        self._delivering = False
-        self._consumer_gone = False
-        # A PayloadConsumer's bound methods while consume() runs, else None (all four together).
-        self._consumer: Callable[[bytes | memoryview], None] | None = None
-        self._wants_yield: Callable[[], bool] | None = None
-        self._hold: Callable[[], anyio.Event | None] | None = None
-        self._batch_end: Callable[[], None] | None = None
-        self._retired = anyio.Event()
-        self._pending_added = anyio.Event()
-        self._delivery_progress = anyio.Event()
         self._run_done = anyio.Event()
         self._attachments = 0
-        # The socket's callback hands messages to _take_nowait while the reader waits (see
-        # there): a hold that stops the reader from reading on, and an error to raise in run().
-        self._direct_held: anyio.Event | None = None
-        self._direct_error: Exception | None = None
-        self._messages_read = 0
-        self._messages_read_directly = 0
 
     # ------------------------------------------------------------------ observation
 
@@ -263,21 +247,19 @@ class SessionTransport:
         return unsubscribe
 
     def statistics(self) -> TransportStatistics:
+        inbound = self._inbound
         outbound = self._outbound
         return TransportStatistics(
             state=self._state,
             session=self._session.statistics(),
             attachments=self._attachments,
             # Pre-readiness payloads count as buffered until the delivery task has taken them.
-            buffered_payloads=len(self._buffer) + self._pending_buffered,
-            buffered_bytes=self._buffer.size + self._pending_buffered_bytes,
-            queued_payloads=self._deliver_send.statistics().current_buffer_used
-            + len(self._pending)
-            - self._pending_buffered
-            + self._in_flight,
+            buffered_payloads=inbound.buffered_payloads,
+            buffered_bytes=inbound.buffered_bytes,
+            queued_payloads=inbound.queued_payloads,
             messages_written=outbound.messages_written,
-            messages_read=self._messages_read,
-            messages_read_directly=self._messages_read_directly,
+            messages_read=inbound.messages_read,
+            messages_read_directly=inbound.messages_read_directly,
             capacity_wakeups=outbound.capacity_wakeups,
             writer_wakeups=outbound.writer_wakeups,
             receipt_timer_fires=outbound.receipt_timer_fires,
@@ -308,7 +290,7 @@ class SessionTransport:
 
     def payloads(self) -> MemoryObjectReceiveStream[bytes]:
         """The ordered delivery stream (one consumer). Ends after retirement."""
-        return self._deliver_recv
+        return self._inbound.payloads()
 
     async def consume(self, consumer: PayloadConsumer) -> None:
         """Hand every payload to ``consumer``, in order, until the session is retired.
@@ -321,88 +303,9 @@ class SessionTransport:
         retired and everything it had accepted was handed over; closes the stream of
         :meth:`payloads` on return (as leaving ``async with transport.payloads()`` does).
         """
-        deliver = consumer.deliver
-        batch_end = consumer.batch_end
-        with self._deliver_recv:
-            # Drain the queue path until nothing is left on its way through it.
-            if not await self._drain_queue(deliver, batch_end, until_idle=True):
-                return
-            self._consumer = deliver
-            self._wants_yield = consumer.wants_yield
-            self._hold = consumer.hold
-            self._batch_end = batch_end
-            try:
-                await self._retired.wait()
-            finally:
-                self._consumer = None
-                self._wants_yield = None
-                self._hold = None
-                self._batch_end = None
-            # What retirement handed over (pre-readiness payloads) went to the queue.
-            await self._drain_queue(deliver, batch_end, until_idle=False)
+        await self._inbound.consume(consumer)
 
-    async def _drain_queue(
-        self,
-        deliver: Callable[[bytes | memoryview], None],
-        batch_end: Callable[[], None],
-        *,
-        until_idle: bool,
-    ) -> bool:
-        """Hand what the delivery queue holds to ``deliver``, each payload a batch of its own;
-        with ``until_idle`` also wait for what is still on its way into it (pending, in flight).
-        ``False`` once the queue ended."""
-        receive = self._deliver_recv
-        while True:
-            try:
-                body = receive.receive_nowait()
-            except anyio.WouldBlock:
-                if not (until_idle and (self._pending or self._in_flight)):
-                    return True
-                try:
-                    body = await receive.receive()
-                except anyio.EndOfStream:
-                    return False
-            except anyio.EndOfStream:
-                return False
-            self._hand_over(deliver, body)
-            self._end_batch(batch_end)
-
-    def _end_batch(self, batch_end: Callable[[], None]) -> None:
-        try:
-            batch_end()
-        except Exception:
-            log.exception(
-                "session %s: the payload consumer failed at the end of a message",
-                self.label,
-                extra=log_fields(session=self.session_id),
-            )
-
-    def _consumer_failed(self) -> None:
-        """Log the exception the payload consumer just raised (called in its ``except``; the
-        payload is dropped, the session goes on)."""
-        log.exception(
-            "session %s: the payload consumer failed; payload dropped",
-            self.label,
-            extra=log_fields(session=self.session_id),
-        )
-
-    def _hand_over(
-        self, deliver: Callable[[bytes | memoryview], None], body: bytes | memoryview
-    ) -> None:
-        try:
-            deliver(body)
-        except Exception:
-            self._consumer_failed()
-
-    def _hand_over_all(
-        self, deliver: Callable[[bytes | memoryview], None], bodies: Sequence[bytes | memoryview]
-    ) -> None:
-        """:meth:`_hand_over` of each of ``bodies`` in turn (in one frame: a call less each)."""
-        for body in bodies:
-            try:
-                deliver(body)
-            except Exception:
-                self._consumer_failed()
+    # ------------------------------------------------------------------ sending
 
     async def send(self, body: bytes | Gathered) -> Ordinal:
         """Issue ``body`` as the next message of this session.
@@ -420,6 +323,15 @@ class SessionTransport:
             SessionFailed: the session is retired; nothing was issued.
         """
         return await self._outbound.send(body)
+
+    def send_nowait(self, body: bytes | Gathered) -> Ordinal | None:
+        """:meth:`send` if it need not wait (no earlier sender waits, retention admits
+        ``body``); ``None`` (nothing issued) otherwise."""
+        return self._outbound.send_nowait(body)
+
+    def try_send(self, body: bytes | Gathered) -> Ordinal | None:
+        """Like :meth:`send` but returns ``None`` instead of waiting when retention is full."""
+        return self._outbound.try_send(body)
 
     async def wait_acknowledged(self) -> bool:
         """Wait until the peer's receipts cover every frame issued so far (a graceful drain
@@ -449,15 +361,6 @@ class SessionTransport:
         """Whether retention would admit a ``size``-byte body now (``False`` once retired)."""
         return self._session.has_capacity(size)
 
-    def send_nowait(self, body: bytes | Gathered) -> Ordinal | None:
-        """:meth:`send` if it need not wait (no earlier sender waits, retention admits
-        ``body``); ``None`` (nothing issued) otherwise."""
-        return self._outbound.send_nowait(body)
-
-    def try_send(self, body: bytes | Gathered) -> Ordinal | None:
-        """Like :meth:`send` but returns ``None`` instead of waiting when retention is full."""
-        return self._outbound.try_send(body)
-
     # ------------------------------------------------------------------ lifecycle
 
     def retire(self, reason: FailureReason, detail: str = "") -> SessionFailed:
@@ -477,39 +380,13 @@ class SessionTransport:
             failure.cause,
             extra=log_fields(session=self.session_id),
         )
-        if self._pending or self._buffer:
-            # Accepted and not yet queued for the consumer: hand them over if there is room.
-            self._drain_buffer_nowait()
-        self._deliver_send.close()
-        self._pending_added.set()  # the delivery task ends
-        self._delivery_progress.set()
+        self._inbound.retire()
         self._outbound.retire()
-        self._retired.set()
         self._watches.retire()
         if self._shared.scope is not None:
             self._shared.scope.cancel()
         self._set_state(TransportState.RETIRED)
         return failure
-
-    def _drain_buffer_nowait(self) -> None:
-        # After the released ones.
-        self._pending.extend(
-            (body if type(body) is bytes else bytes(body), True) for body in self._buffer.release()
-        )
-        while self._pending:
-            body, _ = self._pending[0]
-            try:
-                self._deliver_send.send_nowait(body)
-            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                log.warning(
-                    "session %s: dropped %d accepted payload(s) at retirement",
-                    self.label,
-                    len(self._pending),
-                    extra=log_fields(session=self.session_id),
-                )
-                break
-            self._pending.popleft()
-        self._clear_pending()
 
     def _raise_if_failed(self) -> None:
         failure = self._session.failure
@@ -539,7 +416,8 @@ class SessionTransport:
                 returns and the session waits, detached, for the next socket.
         """
         self._raise_if_failed()
-        if self._shared.scope is not None:
+        shared = self._shared
+        if shared.scope is not None:
             raise RuntimeError("a socket is already attached to this session")
         try:
             attached = self._session.attach(peer_received)
@@ -551,15 +429,15 @@ class SessionTransport:
             # frees retention just as a receipt would, so wake senders waiting for capacity.
             self._outbound.capacity_freed()
         self._attachments += 1
-        self._shared.fence_passed = False
-        self._shared.replay = ReplayWatch(
+        shared.fence_passed = False
+        shared.replay = ReplayWatch(
             self._session.issued, anyio.current_time(), self.limits.replay_inactivity
         )
         self._watches.attached()
         self._set_state(TransportState.REPLAYING)
         self._outbound.attached()
         scope = anyio.CancelScope()
-        self._shared.scope = scope
+        shared.scope = scope
         self._run_done = anyio.Event()
         try:
             with scope:
@@ -572,22 +450,22 @@ class SessionTransport:
                     writing = anyio.CancelScope(shield=True)
                     tg.start_soon(self._outbound.writer, sock, tg.cancel_scope, writing)
                     watching = self._watches.watch_replay(tg)
-                    self._shared.sock = sock
+                    shared.sock = sock
                     try:
-                        await self._reader(sock)
+                        await self._inbound.reader(sock)
                     finally:
                         writing.cancel()
                         if watching is not None:
                             watching.cancel()
         finally:
-            self._shared.sock = None
-            self._shared.scope = None
-            self._direct_held = None
+            shared.sock = None
+            shared.scope = None
+            self._inbound.detached()
             self._outbound.detached()
             self._watches.detached()
             self._run_done.set()
             self._after_socket()
-        error, self._direct_error = self._direct_error, None
+        error = self._inbound.take_error()
         if error is not None:
             raise error
         self._raise_if_failed()
@@ -598,317 +476,6 @@ class SessionTransport:
             if self._state is not TransportState.RETIRED:
                 self.retire(self._session.failure.reason)
             return
-        now = anyio.current_time()
-        self._session.detach(now)
+        self._session.detach(anyio.current_time())
         self._set_state(TransportState.DETACHED)
         self._watches.watch_grace()
-
-    # ------------------------------------------------------------------ pumps
-
-    async def _reader(self, sock: MessageSocket) -> None:
-        checkpoint = checkpointer()
-        # What earlier attachments accepted and did not deliver was acknowledged, so the peer's
-        # replay may fill a whole window beside it: hand it over and read nothing until it is
-        # queued, so the pre-readiness buffer holds only this attachment's replay.
-        carried = self._buffer.attach()
-        if carried:
-            self._release(carried, buffered=True)
-        await self._wait_delivered()
-        # While this task waits for the next message with nothing buffered, the socket may hand
-        # a small one to _take_nowait in its callback instead (asyncio: one loop turn less).
-        take_directly: Callable[[Callable[[bytes], bool] | None], bool] | None = getattr(
-            sock, "take_messages_directly", None
-        )
-        if take_directly is not None and not take_directly(self._take_nowait):
-            take_directly = None
-        try:
-            await self._read_messages(sock, checkpoint)
-        finally:
-            if take_directly is not None:
-                take_directly(None)
-
-    async def _read_messages(
-        self, sock: MessageSocket, checkpoint: Callable[[], Awaitable[None]]
-    ) -> None:
-        session = self._session
-        packet_budget = self.limits.max_packets_per_message
-        unyielded_packets = 0  # handled since this task last yielded on purpose
-        unyielded_bytes = 0
-        while True:
-            try:
-                data = await sock.receive_message()
-            except ProtocolError as exc:
-                # A text frame, an over-size message or broken framing: the peer broke the
-                # protocol, which is terminal for the session like a malformed packet (the link
-                # closes the socket with the specific code it recorded, e.g. 1003 or 1009).
-                self.retire(FailureReason.MALFORMED_PACKET, str(exc))
-                return
-            if data is None:
-                retired_by_peer = sock.retired_by_peer()
-                if retired_by_peer is not None:
-                    # The peer closed because *it* retired the session (or shut down): retire
-                    # here too, before detaching, so observers see one transition (to RETIRED).
-                    self.retire(FailureReason.PEER_RETIRED, retired_by_peer)
-                return
-            held = self._direct_held
-            if held is not None:
-                # A message taken in the socket's callback asked the reader to read nothing
-                # more until the consumer releases it: this one waits until then.
-                self._direct_held = None
-                await self._wait_for_consumer(held)
-            received = self._accept(data)
-            if received is None:
-                return
-            unyielded_packets += received.packets
-            unyielded_bytes += len(data)
-            bodies = received.bodies
-            if not self._shared.fence_passed:
-                for body in bodies:
-                    if not self._buffer_payload(body):
-                        return
-                if received.fence:
-                    # The first receipt on this attachment. Drain, then announce readiness.
-                    self._shared.fence_passed = True
-                    self._release(self._buffer.release(), buffered=True)
-            else:
-                self._release(bodies)
-            if session.receipt_due:
-                # *After* the release: the tasks the payloads woke (a handler, a caller) run
-                # first and usually queue a frame, which the receipt then rides with.
-                self._receipt_waits()
-            if self._shared.fence_passed:
-                await self._wait_delivered()
-            if received.fence:
-                self._set_state(TransportState.READY)
-            wants_yield = self._wants_yield
-            if bodies and self._shared.fence_passed and wants_yield is not None and wants_yield():
-                # The consumer says these payloads woke a lone task (a handler, a waiting
-                # caller): let it run before this reader re-arms its read, which is not on the
-                # peer's round trip. (Never under load: it would split the batches the writer
-                # coalesces.) After READY: what the task does next sees the session ready.
-                await checkpoint()
-            hold = self._hold
-            if bodies and self._shared.fence_passed and hold is not None:
-                held = hold()
-                if held is not None:
-                    await self._wait_for_consumer(held)
-            replay = self._shared.replay
-            if not replay.done and replay.observe(
-                received.progress,
-                fence_passed=self._shared.fence_passed,
-                confirmed=session.confirmed,
-                now=anyio.current_time(),
-            ):
-                self._watches.replay_finished()
-            if unyielded_packets >= packet_budget or unyielded_bytes >= YIELD_EVERY_BYTES:
-                # Everything this message carried was handed over: let the other tasks run
-                # before the next message, which the socket may return without yielding.
-                unyielded_packets = unyielded_bytes = 0
-                await checkpoint()
-
-    def _accept(self, data: bytes) -> Received | None:
-        """The session's reading of one message, and the receipts it makes due or urgent;
-        ``None`` if it retired the session."""
-        self._messages_read += 1
-        try:
-            received = self._session.receive(data)
-        except SessionFailed as failure:
-            self.retire(failure.reason, failure.detail)
-            return None
-        if received.receipt_became_due:
-            self._shared.receipt_due_at = time.monotonic()
-        if received.confirmed_advanced:
-            self._capacity_freed()
-        if received.receipt_urgent:
-            # Before the hand-over, which may be long (a direct consumer dispatching a
-            # replay of thousands of payloads in this task): confirming what was accepted
-            # frees the peer's retention -- at once if the socket takes it, else by the
-            # writer as soon as this task yields.
-            self._receipt_urgent()
-        return received
-
-    def _take_nowait(self, data: bytes) -> bool:
-        """One message, taken in the socket's callback as the waiting reader (asyncio): what
-        the reader would do with it, when that needs no wait -- the replay fence has passed,
-        the consumer is direct (:meth:`consume`) and nothing awaits delivery or a hold. The
-        reader's yield to the task a payload woke is not needed here: that task runs before
-        the loop polls the socket again. ``False`` (nothing done): the reader reads it."""
-        scope = self._shared.scope
-        consumer = self._consumer
-        if (
-            consumer is None
-            or not self._shared.fence_passed
-            or scope is None
-            or scope.cancel_called
-            or self._direct_held is not None
-            or self._direct_error is not None
-            or ((self._pending or self._in_flight) and self._undelivered())
-        ):
-            return False
-        self._messages_read_directly += 1
-        try:
-            received = self._accept(data)
-            if received is None:
-                return True
-            bodies = received.bodies
-            if bodies:
-                self._release(bodies)
-            session = self._session
-            if session.receipt_due:
-                self._receipt_waits()  # after the release, as in the reader
-            if received.fence:
-                self._set_state(TransportState.READY)
-            hold = self._hold
-            if bodies and hold is not None:
-                self._direct_held = hold()
-            replay = self._shared.replay
-            if not replay.done and replay.observe(
-                received.progress,
-                fence_passed=True,
-                confirmed=session.confirmed,
-                now=anyio.current_time(),
-            ):
-                self._watches.replay_finished()
-        except Exception as exc:
-            # Raised by run(), as if the reader had raised it; the socket is let go.
-            self._direct_error = exc
-            self.detach_socket()
-        return True
-
-    # -- delivery: the reader hands accepted payloads over synchronously, so a socket that ends
-    # (cancelling the reader) while the consumer is slow never loses a payload the session has
-    # already accepted -- and acknowledged. One task per transport moves them into the bounded
-    # delivery queue, in order; the reader waits for it (back-pressure).
-
-    def _release(self, bodies: Sequence[bytes | memoryview], *, buffered: bool = False) -> None:
-        if self._consumer_gone:
-            return
-        consumer = self._consumer
-        if consumer is not None:
-            if len(bodies) > 1 and held_writes.batch is None:
-                self._hand_over_holding(consumer, bodies)
-                return
-            for body in bodies:  # _hand_over_all, inline: this runs for every message
-                try:
-                    consumer(body)
-                except Exception:
-                    self._consumer_failed()
-            if self._batch_end is not None:
-                self._end_batch(self._batch_end)
-            return
-        send_nowait = self._deliver_send.send_nowait
-        for body in bodies:
-            if type(body) is memoryview:
-                body = body.tobytes()  # the queue's readers are given bytes
-            if not self._pending and not self._in_flight:
-                # Fast path: nothing is ahead of it, so hand it straight to the queue if there
-                # is room. send_nowait either queues it or raises, so nothing can be lost here.
-                # A closed or broken queue falls through too: _deliver reports and cleans up.
-                try:
-                    send_nowait(body)
-                    continue
-                except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    pass
-            self._pending.append((body, buffered))
-            if buffered:
-                self._pending_buffered += 1
-                self._pending_buffered_bytes += len(body)
-        if not self._pending:
-            return
-        self._pending_added.set()
-        if not self._delivering:
-            self._delivering = True
-            self._tg.start_soon(self._deliver)
-
-    def _hand_over_holding(
-        self, consumer: Callable[[bytes | memoryview], None], bodies: Sequence[bytes | memoryview]
-    ) -> None:
-        """Hand ``bodies`` (one inbound message's) to the direct consumer, holding the frames
-        issued meanwhile (:func:`~garcon_link.endpoint._outbound.hold_writes`) and writing them
-        at the end: one message per transport that got some. (A single payload is handed over
-        without: nothing to merge.)"""
-        batch = hold_writes()
-        try:
-            for body in bodies:  # _hand_over_all, inline: this runs for every message
-                try:
-                    consumer(body)
-                except Exception:
-                    self._consumer_failed()
-            if self._batch_end is not None:
-                self._end_batch(self._batch_end)
-        finally:
-            write_held(batch)
-
-    def _undelivered(self) -> bool:
-        return bool(self._pending or self._in_flight) and not (
-            self._session.failure or self._consumer_gone
-        )
-
-    async def _wait_delivered(self) -> None:
-        """Wait until every released payload is in the delivery queue.
-
-        Time spent here is our consumer's, not the peer's: the replay inactivity clock is paused
-        meanwhile and restarts when the wait ends.
-        """
-        if not self._undelivered():
-            return
-        waiting = self._watches.pause()
-        try:
-            while self._undelivered():
-                progress = self._delivery_progress = anyio.Event()
-                await progress.wait()
-        finally:
-            self._watches.resume(waiting)
-
-    async def _wait_for_consumer(self, released: anyio.Event) -> None:
-        """Read nothing until the direct consumer's ``released`` is set (see :meth:`consume`);
-        like :meth:`_wait_delivered`, the replay inactivity clock is paused meanwhile."""
-        waiting = self._watches.pause()
-        try:
-            await released.wait()
-        finally:
-            self._watches.resume(waiting)
-
-    async def _deliver(self) -> None:
-        """The delivery task: runs until retirement (or until the consumer goes away)."""
-        try:
-            while self._session.failure is None:
-                if not self._pending:
-                    added = self._pending_added = anyio.Event()
-                    await added.wait()
-                    continue
-                body, buffered = self._pending.popleft()
-                if buffered:
-                    self._pending_buffered -= 1
-                    self._pending_buffered_bytes -= len(body)
-                self._in_flight = True
-                try:
-                    await self._deliver_send.send(body)
-                finally:
-                    self._in_flight = False
-                    self._delivery_progress.set()
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            # Retired (the queue is closed) or the consumer closed its end: nobody to deliver to.
-            if self._session.failure is None:
-                log.warning(
-                    "session %s: the consumer closed the payload stream",
-                    self.label,
-                    extra=log_fields(session=self.session_id),
-                )
-            self._consumer_gone = True
-            self._clear_pending()
-            self._delivery_progress.set()
-
-    def _clear_pending(self) -> None:
-        self._pending.clear()
-        self._pending_buffered = 0
-        self._pending_buffered_bytes = 0
-
-    def _buffer_payload(self, body: bytes | memoryview) -> bool:
-        # Only this attachment's payloads count: what earlier ones left was queued before this
-        # attachment read anything (see _reader).
-        overflow = self._buffer.hold(body)
-        if overflow is not None:
-            self.retire(FailureReason.INBOUND_OVERFLOW, overflow)
-            return False
-        return True
