@@ -343,9 +343,17 @@ TRANSPORT_PARTS: Mapping[str, frozenset[str]] = {
     "garcon_link.endpoint._shared": frozenset(),
     "garcon_link.endpoint._watches": frozenset({"garcon_link.endpoint._shared"}),
     "garcon_link.endpoint._outbound": frozenset({"garcon_link.endpoint._shared"}),
+    "garcon_link.endpoint._delivery": frozenset(
+        {
+            "garcon_link.endpoint._shared",
+            "garcon_link.endpoint._outbound",
+            "garcon_link.endpoint._watches",
+        }
+    ),
     "garcon_link.endpoint._inbound": frozenset(
         {
             "garcon_link.endpoint._shared",
+            "garcon_link.endpoint._delivery",
             "garcon_link.endpoint._outbound",
             "garcon_link.endpoint._watches",
         }
@@ -353,6 +361,7 @@ TRANSPORT_PARTS: Mapping[str, frozenset[str]] = {
     "garcon_link.endpoint.transport": frozenset(
         {
             "garcon_link.endpoint._shared",
+            "garcon_link.endpoint._delivery",
             "garcon_link.endpoint._inbound",
             "garcon_link.endpoint._outbound",
             "garcon_link.endpoint._watches",
@@ -360,8 +369,10 @@ TRANSPORT_PARTS: Mapping[str, frozenset[str]] = {
     ),
 }
 """The SessionTransport's parts (docs/design.md#transport), each with the parts it may import: the
-owner imports its three sides and what they share; the inbound side tells the outbound side and
-the watches what it read; the outbound side and the watches know only the shared state."""
+owner imports its parts and what they share; the reader (inbound) hands payloads to the delivery
+and tells the outbound side and the watches what it read; the delivery holds writes during a
+hand-over (outbound) and pauses the replay clock while it waits (watches); the outbound side and
+the watches know only the shared state."""
 
 
 def part_violations(root: Path, package: str, parts: Mapping[str, frozenset[str]]) -> list[str]:

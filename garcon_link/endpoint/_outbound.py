@@ -94,7 +94,7 @@ class Outbound:
     """The outbound side of one transport.
 
     Args:
-        shared: the state the transport's sides share.
+        shared: the state the transport's parts share.
         coalesce_limit: the most bytes merged into one written message.
         quiet: seconds since the previous frame after which a frame is written at once.
     """

@@ -4,8 +4,9 @@
   (:class:`~garcon_link.core.replay.ReplayWatch`, in :attr:`Shared.replay
   <garcon_link.endpoint._shared.Shared>`), the session is retired with ``REPLAY_STALLED`` once
   ``replay_inactivity`` passes with no progress. Time the reader spends waiting for our own
-  consumer is not the peer's inactivity: the reader brackets such a wait with :meth:`pause` and
-  :meth:`resume`, no stall is judged meanwhile, and the clock starts afresh when it ends.
+  consumer is not the peer's inactivity: such a wait (:mod:`._delivery`) is bracketed with
+  :meth:`pause` and :meth:`resume`, no stall is judged meanwhile, and the clock starts afresh
+  when it ends.
 * **Grace**: a detached session is retired with ``GRACE_EXPIRED`` at the session's deadline
   (``detached_grace`` after the detach).
 
@@ -32,7 +33,7 @@ class Watches:
     """The replay and grace watches of one transport.
 
     Args:
-        shared: the state the transport's sides share.
+        shared: the state the transport's parts share.
         task_group: where the grace task runs (trio); normally the link's.
         retire: the owner's ``retire(reason, detail)``.
     """
@@ -109,7 +110,7 @@ class Watches:
         if self._grace_scope is not None:
             self._grace_scope.cancel()
 
-    # ------------------------------------------------------------------ the reader's calls
+    # ------------------------------------------------------------------ the reader's waits
 
     def pause(self) -> anyio.Event:
         """The reader starts waiting for our own consumer: no stall is judged until

@@ -1,20 +1,21 @@
 """SessionTransport: one logical session carried over a succession of sockets.
 
-:class:`SessionTransport` is one state machine (below) run by three sides and their owner. The
-sides' pumps -- reader, writer, delivery task, grace and replay watches -- must see each other's
+:class:`SessionTransport` is one state machine (below) run by four parts and their owner. The
+parts' pumps -- reader, writer, delivery task, grace and replay watches -- must see each other's
 changes synchronously, within the loop turn that made them (a fence passed, a receipt due,
-retention freed), so what more than one side reads is one small object,
-:class:`~garcon_link.endpoint._shared.Shared`, and each side calls the others only through
+retention freed), so what more than one part reads is one small object,
+:class:`~garcon_link.endpoint._shared.Shared`, and each part calls the others only through
 their public methods:
 
-* the **inbound side** (:mod:`._inbound`): the socket reader, the pre-readiness buffer and the
-  hand-over to the consumer (the delivery queue and its task, or a direct consumer);
+* the **inbound side** (:mod:`._inbound`): the socket reader and the pre-readiness buffer;
+* the **delivery** (:mod:`._delivery`): the hand-over of accepted payloads to the consumer, in
+  order (the delivery queue and its task, or a direct consumer);
 * the **outbound side** (:mod:`._outbound`): senders and their capacity waits, writes from the
   issuing task and held writes, the writer task, and when receipts go out;
 * the **watches** (:mod:`._watches`): replay inactivity and the detached grace;
 * the **owner**, :class:`SessionTransport`: the public face, the states and their listeners,
   statistics, and the life cycle -- :meth:`~SessionTransport.run` (attach, pump, detach) and
-  :meth:`~SessionTransport.retire`, which it tells each side.
+  :meth:`~SessionTransport.retire`, which it tells each part.
 
 The rules that need no I/O are sans-IO objects of their own
 (:class:`~garcon_link.endpoint.transport_types.PreReadinessBuffer`,
@@ -120,6 +121,7 @@ from ..core.wire import Gathered, Ordinal
 from ..errors import FailureReason, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields
+from ._delivery import Delivery
 from ._inbound import Inbound
 from ._outbound import Outbound
 from ._shared import Shared, log
@@ -194,11 +196,12 @@ class SessionTransport:
             coalesce_limit=min(limits.max_frame_bytes, COALESCE_BYTES),
             quiet=WRITE_NOW_QUIET,
         )
+        self._delivery = delivery = Delivery(shared, watches, task_group)
         self._inbound = Inbound(
             shared,
+            delivery,
             outbound,
             watches,
-            task_group,
             retire=self.retire,
             set_state=self._set_state,
             yield_every_bytes=YIELD_EVERY_BYTES,
@@ -248,15 +251,16 @@ class SessionTransport:
 
     def statistics(self) -> TransportStatistics:
         inbound = self._inbound
+        delivery = self._delivery
         outbound = self._outbound
         return TransportStatistics(
             state=self._state,
             session=self._session.statistics(),
             attachments=self._attachments,
             # Pre-readiness payloads count as buffered until the delivery task has taken them.
-            buffered_payloads=inbound.buffered_payloads,
-            buffered_bytes=inbound.buffered_bytes,
-            queued_payloads=inbound.queued_payloads,
+            buffered_payloads=inbound.buffered_payloads + delivery.buffered_payloads,
+            buffered_bytes=inbound.buffered_bytes + delivery.buffered_bytes,
+            queued_payloads=delivery.queued_payloads,
             messages_written=outbound.messages_written,
             messages_read=inbound.messages_read,
             messages_read_directly=inbound.messages_read_directly,
@@ -290,7 +294,7 @@ class SessionTransport:
 
     def payloads(self) -> MemoryObjectReceiveStream[bytes]:
         """The ordered delivery stream (one consumer). Ends after retirement."""
-        return self._inbound.payloads()
+        return self._delivery.payloads()
 
     async def consume(self, consumer: PayloadConsumer) -> None:
         """Hand every payload to ``consumer``, in order, until the session is retired.
@@ -303,7 +307,7 @@ class SessionTransport:
         retired and everything it had accepted was handed over; closes the stream of
         :meth:`payloads` on return (as leaving ``async with transport.payloads()`` does).
         """
-        await self._inbound.consume(consumer)
+        await self._delivery.consume(consumer)
 
     # ------------------------------------------------------------------ sending
 
@@ -380,7 +384,7 @@ class SessionTransport:
             failure.cause,
             extra=log_fields(session=self.session_id),
         )
-        self._inbound.retire()
+        self._delivery.retire(self._inbound.release_held())
         self._outbound.retire()
         self._watches.retire()
         if self._shared.scope is not None:
