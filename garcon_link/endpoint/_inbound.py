@@ -41,8 +41,9 @@ class Inbound:
         delivery: the hand-over to the consumer.
         outbound: the outbound side (told what the reader accepted).
         watches: the watches (told of the replay's end).
-        retire: the owner's ``retire(reason, detail)``.
-        set_state: the owner's state change (the reader announces ``READY``).
+        retire: the owner's ``retire(reason, detail)``, held weakly (see
+            :func:`~garcon_link.endpoint._shared.weak_method`).
+        set_state: the owner's state change (the reader announces ``READY``), likewise.
         yield_every_bytes: the inbound bytes after which the reader yields.
     """
 
@@ -53,7 +54,7 @@ class Inbound:
         outbound: Outbound,
         watches: Watches,
         *,
-        retire: Callable[[FailureReason, str], SessionFailed],
+        retire: Callable[[FailureReason, str], None],
         set_state: Callable[[TransportState], None],
         yield_every_bytes: int,
     ) -> None:

@@ -9,6 +9,9 @@ socket gone, a receipt come due). A fact more than one part reads lives here, in
 from __future__ import annotations
 
 import logging
+import weakref
+from collections.abc import Callable
+from typing import ParamSpec
 
 import anyio
 
@@ -17,9 +20,28 @@ from ..core.session import MessageSession
 from ..limits import Limits
 from .transport_types import MessageSocket
 
-__all__ = ["Shared", "log"]
+__all__ = ["Shared", "log", "weak_method"]
 
 log = logging.getLogger("garcon_link.transport")  # the name users configure (README)
+
+P = ParamSpec("P")
+
+
+def weak_method(method: Callable[P, object]) -> Callable[P, None]:
+    """``method`` (a bound method of the owner) called through a weak reference to its object,
+    for a part to keep: the owner holds its parts, so a part holding the owner would make a
+    reference cycle, and a dropped transport would wait for the cycle collector instead of
+    being freed at once. A part calls the owner only while the owner runs it (an attachment's
+    pumps and timers; the grace watch is handed the owner's method itself); once the owner is
+    gone the call does nothing."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: P.args, **kwargs: P.kwargs) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args, **kwargs)
+
+    return call
 
 
 class Shared:

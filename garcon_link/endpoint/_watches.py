@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import anyio
 
-from ..errors import FailureReason, SessionFailed
+from ..errors import FailureReason
 from ..net.backend import on_asyncio
 from ._shared import Shared
 
@@ -35,14 +35,15 @@ class Watches:
     Args:
         shared: the state the transport's parts share.
         task_group: where the grace task runs (trio); normally the link's.
-        retire: the owner's ``retire(reason, detail)``.
+        retire: the owner's ``retire(reason, detail)``, held weakly (see
+            :func:`~garcon_link.endpoint._shared.weak_method`).
     """
 
     def __init__(
         self,
         shared: Shared,
         task_group: anyio.abc.TaskGroup,
-        retire: Callable[[FailureReason, str], SessionFailed],
+        retire: Callable[[FailureReason, str], None],
     ) -> None:
         self._shared = shared
         self._session = shared.session
@@ -91,15 +92,17 @@ class Watches:
         """The socket is gone: the replay watch ends."""
         self._cancel_replay_timer()
 
-    def watch_grace(self) -> None:
-        """The session is detached (and lives on): the grace watch starts."""
+    def watch_grace(self, retire: Callable[[FailureReason, str], object]) -> None:
+        """The session is detached (and lives on): the grace watch starts. ``retire``: the
+        owner's, held by the timer or task until the watch ends (what keeps a detached
+        transport alive through its grace, as the socket's pumps do while attached)."""
         loop = self._loop
         if loop is None:
-            self._tg.start_soon(self._grace_watch)
+            self._tg.start_soon(self._grace_watch, retire)
             return
         deadline = self._session.next_deadline()
         if deadline is not None:  # (anyio's clock on asyncio is the loop's)
-            self._grace_timer = loop.call_at(deadline, self._grace_timer_fired)
+            self._grace_timer = loop.call_at(deadline, self._grace_timer_fired, retire)
 
     def retire(self) -> None:
         """The session is retired: nothing is watched any more."""
@@ -186,21 +189,21 @@ class Watches:
 
     # ------------------------------------------------------------------ grace
 
-    def _grace_timer_fired(self) -> None:
+    def _grace_timer_fired(self, retire: Callable[[FailureReason, str], object]) -> None:
         """The grace watch on asyncio (a loop callback): as :meth:`_grace_watch` at its
         deadline."""
         self._grace_timer = None
         assert self._loop is not None
         failure = self._session.poll(self._loop.time())
         if failure is not None:
-            self._retire(failure.reason, "")
+            retire(failure.reason, "")
 
     def _cancel_grace_timer(self) -> None:
         timer, self._grace_timer = self._grace_timer, None
         if timer is not None:
             timer.cancel()
 
-    async def _grace_watch(self) -> None:
+    async def _grace_watch(self, retire: Callable[[FailureReason, str], object]) -> None:
         with anyio.CancelScope() as scope:
             self._grace_scope = scope
             deadline = self._session.next_deadline()
@@ -209,6 +212,6 @@ class Watches:
             await anyio.sleep_until(deadline)
             failure = self._session.poll(anyio.current_time())
             if failure is not None:
-                self._retire(failure.reason, "")
+                retire(failure.reason, "")
         if self._grace_scope is scope:
             self._grace_scope = None

@@ -124,7 +124,7 @@ from ..logs import log_fields
 from ._delivery import Delivery
 from ._inbound import Inbound
 from ._outbound import Outbound
-from ._shared import Shared, log
+from ._shared import Shared, log, weak_method
 from ._watches import Watches
 from .transport_types import (
     MessageSocket,
@@ -190,7 +190,9 @@ class SessionTransport:
         self._shared = shared = Shared(session, limits, session_id, self.label)
         self._state = TransportState.DETACHED
         self._listeners: list[Listener] = []
-        self._watches = watches = Watches(shared, task_group, self.retire)
+        # The parts hold the owner's methods weakly: the owner and its parts make no cycle.
+        retire = weak_method(self.retire)
+        self._watches = watches = Watches(shared, task_group, retire)
         self._outbound = outbound = Outbound(
             shared,
             coalesce_limit=min(limits.max_frame_bytes, COALESCE_BYTES),
@@ -202,8 +204,8 @@ class SessionTransport:
             delivery,
             outbound,
             watches,
-            retire=self.retire,
-            set_state=self._set_state,
+            retire=retire,
+            set_state=weak_method(self._set_state),
             yield_every_bytes=YIELD_EVERY_BYTES,
         )
         self._run_done = anyio.Event()
@@ -482,4 +484,4 @@ class SessionTransport:
             return
         self._session.detach(anyio.current_time())
         self._set_state(TransportState.DETACHED)
-        self._watches.watch_grace()
+        self._watches.watch_grace(self.retire)
