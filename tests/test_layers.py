@@ -339,6 +339,68 @@ def test_the_layers_page_diagram_lists_the_rooms_in_order_with_their_modules() -
     )
 
 
+TRANSPORT_PARTS: Mapping[str, frozenset[str]] = {
+    "garcon_link.endpoint._shared": frozenset(),
+    "garcon_link.endpoint._watches": frozenset({"garcon_link.endpoint._shared"}),
+    "garcon_link.endpoint._outbound": frozenset({"garcon_link.endpoint._shared"}),
+    "garcon_link.endpoint._delivery": frozenset(
+        {
+            "garcon_link.endpoint._shared",
+            "garcon_link.endpoint._outbound",
+            "garcon_link.endpoint._watches",
+        }
+    ),
+    "garcon_link.endpoint._inbound": frozenset(
+        {
+            "garcon_link.endpoint._shared",
+            "garcon_link.endpoint._delivery",
+            "garcon_link.endpoint._outbound",
+            "garcon_link.endpoint._watches",
+        }
+    ),
+    "garcon_link.endpoint.transport": frozenset(
+        {
+            "garcon_link.endpoint._shared",
+            "garcon_link.endpoint._delivery",
+            "garcon_link.endpoint._inbound",
+            "garcon_link.endpoint._outbound",
+            "garcon_link.endpoint._watches",
+        }
+    ),
+}
+"""The SessionTransport's parts (docs/design.md#transport), each with the parts it may import: the
+owner imports its parts and what they share; the reader (inbound) hands payloads to the delivery
+and tells the outbound side and the watches what it read; the delivery holds writes during a
+hand-over (outbound) and pauses the replay clock while it waits (watches); the outbound side and
+the watches know only the shared state."""
+
+
+def part_violations(root: Path, package: str, parts: Mapping[str, frozenset[str]]) -> list[str]:
+    """Where the parts of ``parts`` break their walls, one line each: an import of a part not
+    listed for it, or an attribute with a private name (``x._y``, not a ``__dunder__``) reached on
+    anything but ``self`` -- one part uses another only through its public names."""
+    modules = discover(root, package)
+    problems: list[str] = []
+    for module, allowed in parts.items():
+        path = modules[module]
+        for imp in imports_of(module, path, modules, package):
+            if imp.target in parts and imp.target != module and imp.target not in allowed:
+                problems.append(f"{module}:{imp.line}: imports the part {imp.target}")
+        for node in ast.walk(ast.parse(path.read_text("utf-8"), str(path))):
+            if (
+                isinstance(node, ast.Attribute)
+                and _private(node.attr)
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
+                problems.append(f"{module}:{node.lineno}: reaches {ast.unparse(node)}")
+    return problems
+
+
+def test_the_transport_parts_keep_to_their_walls() -> None:
+    problems = part_violations(ROOT, PACKAGE, TRANSPORT_PARTS)
+    assert not problems, "\n".join(problems)
+
+
 def _write(root: Path, files: Mapping[str, str]) -> None:
     for name, text in files.items():
         path = root / name
@@ -420,6 +482,43 @@ def test_a_module_outside_every_room_is_reported(tmp_path: Path) -> None:
     assert _toy(tmp_path, toy__extra="") == [
         "toy.extra: in no room; add it to ROOMS (tests/test_layers.py)"
     ]
+
+
+_TOY_PARTS = {
+    "toy.low.base": frozenset(),
+    "toy.low.user": frozenset({"toy.low.base"}),
+}
+
+
+@pytest.mark.parametrize(
+    ("base", "user", "expected"),
+    [
+        pytest.param(
+            "VALUE = 1\n",
+            "from .base import VALUE\n",
+            [],
+            id="clean",
+        ),
+        pytest.param(
+            "from .user import X\n",
+            "X = 1\n",
+            ["toy.low.base:1: imports the part toy.low.user"],
+            id="unlisted-import",
+        ),
+        pytest.param(
+            "class Side:\n    def __init__(self):\n        self._held = 0\n",
+            "def peek(side):\n    return side._held\n",
+            ["toy.low.user:2: reaches side._held"],
+            id="private-attribute",
+        ),
+    ],
+)
+def test_the_part_rule_refuses_each_kind_of_breach(
+    tmp_path: Path, base: str, user: str, expected: list[str]
+) -> None:
+    _write(tmp_path, {"toy/__init__.py": "", "toy/low/__init__.py": ""})
+    _write(tmp_path, {"toy/low/base.py": base, "toy/low/user.py": user})
+    assert part_violations(tmp_path, "toy", _TOY_PARTS) == expected
 
 
 def test_the_diagram_check_sees_a_module_in_the_wrong_room() -> None:

@@ -1,10 +1,24 @@
 """SessionTransport: one logical session carried over a succession of sockets.
 
-Why one long module, and one long class, :class:`SessionTransport`: one state
-machine (below) whose pumps -- reader, writer, delivery task, grace and replay watches -- share the
-session's state and must see each other's changes synchronously, within the loop turn that made
-them (a fence passed, a receipt due, retention freed). The rules that need no I/O are sans-IO
-objects of their own (:class:`~garcon_link.endpoint.transport_types.PreReadinessBuffer`,
+:class:`SessionTransport` is one state machine (below) run by four parts and their owner. The
+parts' pumps -- reader, writer, delivery task, grace and replay watches -- must see each other's
+changes synchronously, within the loop turn that made them (a fence passed, a receipt due,
+retention freed), so what more than one part reads is one small object,
+:class:`~garcon_link.endpoint._shared.Shared`, and each part calls the others only through
+their public methods:
+
+* the **inbound side** (:mod:`._inbound`): the socket reader and the pre-readiness buffer;
+* the **delivery** (:mod:`._delivery`): the hand-over of accepted payloads to the consumer, in
+  order (the delivery queue and its task, or a direct consumer);
+* the **outbound side** (:mod:`._outbound`): senders and their capacity waits, writes from the
+  issuing task and held writes, the writer task, and when receipts go out;
+* the **watches** (:mod:`._watches`): replay inactivity and the detached grace;
+* the **owner**, :class:`SessionTransport`: the public face, the states and their listeners,
+  statistics, and the life cycle -- :meth:`~SessionTransport.run` (attach, pump, detach) and
+  :meth:`~SessionTransport.retire`, which it tells each part.
+
+The rules that need no I/O are sans-IO objects of their own
+(:class:`~garcon_link.endpoint.transport_types.PreReadinessBuffer`,
 :class:`~garcon_link.core.replay.ReplayWatch`, the session itself). What the transport meets --
 the socket, the consumer, its states and statistics -- is
 :mod:`garcon_link.endpoint.transport_types`, all imported from here too.
@@ -69,7 +83,7 @@ Rules implemented here:
   exceeds what our peer's session accepts in one message). Frames issued while one inbound
   message is handed to a direct consumer (the RPC dispatch: replies, a gateway's forwards and
   answers, on this transport or another) are held instead and each transport that got some writes
-  them as one message at the end of that hand-over, in the same callback (:meth:`_write_now`):
+  them as one message at the end of that hand-over, in the same callback (``Outbound._write_now``):
   one write per destination per inbound message, no task switch to the writer. Past the
   bounds of one message a transport stops holding and its writer sends what it has queued.
 * **Bounded synchronous work**: one inbound message costs at most ``max_packets_per_message``
@@ -82,7 +96,7 @@ Rules implemented here:
 * **Receipts** ride with outgoing frames when they can. An urgent one (the fence, or
   ``receipt_interval`` messages unconfirmed) goes out at once, before the payloads are handed
   over; a lone one waits at most ``receipt_delay``. On asyncio one loop timer per attachment
-  sees to that (:meth:`_receipt_waits`): armed when a receipt comes due and none is armed, it
+  sees to that (``Outbound.receipt_waits``): armed when a receipt comes due and none is armed, it
   writes a receipt that has waited ``receipt_delay`` straight to a socket that takes it at once
   (else wakes the writer for it), re-arms for a younger one, and does nothing if a frame carried
   it -- so the writer task is never woken for a receipt a reply carries. Elsewhere (trio) the
@@ -96,30 +110,23 @@ delivery stream is closed, so the consumer sees them and then the end; :attr:`fa
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import threading
-import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..core.replay import ReplayWatch
-from ..core.session import (
-    MessageSession,
-    Received,
-    RetentionPool,
-    SessionState,
-)
+from ..core.session import MessageSession, RetentionPool
 from ..core.wire import Gathered, Ordinal
-from ..errors import FailureReason, ProtocolError, RetentionFull, SessionFailed
+from ..errors import FailureReason, SessionFailed
 from ..limits import Limits
 from ..logs import log_fields
-from ..net.backend import checkpointer, on_asyncio
+from ._delivery import Delivery
+from ._inbound import Inbound
+from ._outbound import Outbound
+from ._shared import Shared, log, weak_method
+from ._watches import Watches
 from .transport_types import (
-    SOCKET_GONE,
     MessageSocket,
     PayloadConsumer,
     PreReadinessBuffer,
@@ -136,13 +143,6 @@ __all__ = [
     "TransportStatistics",
 ]
 
-log = logging.getLogger("garcon_link.transport")  # the name users configure (README)
-
-_INLINE_MARGIN = 64  # room for the encoded frame's head and a receipt beside a written body
-
-_POLL_QUIET_TICKS = 2  # receipt_delay ticks with nothing due before the writer stops polling
-# (the writer polls only where no loop timer looks after lone receipts: see _receipt_waits)
-
 COALESCE_BYTES = 256 * 1024
 """Packets ready together are merged into WebSocket messages of at most this many bytes."""
 
@@ -153,35 +153,8 @@ yield (or ``Limits.max_packets_per_message`` packets, whichever comes first)."""
 WRITE_NOW_QUIET = 100e-6
 """A frame issued at least this many seconds after the previous one, on an idle socket, is
 written at once by the task that issued it instead of by the writer task (one task switch less
-on a quiet link); frames issued closer together are left to the writer, which coalesces them."""
-
-
-class _HeldWrites(threading.local):
-    """The transports holding frames issued while one inbound message is handed to a direct
-    consumer (``batch``: ``None`` outside such a hand-over), per thread: each event loop's
-    dispatch is synchronous, so the hand-over in progress on this thread is the one issuing."""
-
-    batch: list[SessionTransport] | None = None
-
-
-_held_writes = _HeldWrites()
-
-
-class _Waiter:
-    """One task waiting on the transport, with an event of its own (woken alone)."""
-
-    __slots__ = ("done", "event", "size")
-
-    def __init__(self, size: int = 0, done: Callable[[], bool] | None = None) -> None:
-        self.event = anyio.Event()
-        self.size = size  # a sender's body size
-        self.done = done  # a receipt wait's condition; None for a sender
-
-    async def wait(self) -> None:
-        event = self.event
-        if event.is_set():
-            event = self.event = anyio.Event()
-        await event.wait()
+on a quiet link); frames issued closer together are left to the writer, which coalesces them.
+(Read when a transport is made.)"""
 
 
 Listener = Callable[[TransportState], None]
@@ -213,82 +186,30 @@ class SessionTransport:
         self.peer_runtime = peer_runtime
         self.limits = limits
         self.label = label or session_id.hex()[:8]
-        self._session = MessageSession(limits, pool)
-        self._tg = task_group
+        self._session = session = MessageSession(limits, pool)
+        self._shared = shared = Shared(session, limits, session_id, self.label)
         self._state = TransportState.DETACHED
         self._listeners: list[Listener] = []
-        self._deliver_send: MemoryObjectSendStream[bytes]
-        self._deliver_recv: MemoryObjectReceiveStream[bytes]
-        self._deliver_send, self._deliver_recv = anyio.create_memory_object_stream[bytes](
-            limits.delivery_queue
+        # The parts hold the owner's methods weakly: the owner and its parts make no cycle.
+        retire = weak_method(self.retire)
+        self._watches = watches = Watches(shared, task_group, retire)
+        self._outbound = outbound = Outbound(
+            shared,
+            coalesce_limit=min(limits.max_frame_bytes, COALESCE_BYTES),
+            quiet=WRITE_NOW_QUIET,
         )
-        self._buffer = PreReadinessBuffer(limits)
-        # Released payloads (fence passed) not yet in the delivery queue, and the delivery task
-        # that moves them there (see _release).
-        self._pending: deque[tuple[bytes, bool]] = deque()  # (payload, came from _buffer)
-        self._pending_buffered = 0  # ... of which came from the pre-readiness buffer
-        self._pending_buffered_bytes = 0
-        self._in_flight = False
-        self._delivering = False
-        self._consumer_gone = False
-        self._consumer_wait: anyio.Event | None = None
-        # A PayloadConsumer's bound methods while consume() runs, else None (all four together).
-        self._consumer: Callable[[bytes | memoryview], None] | None = None
-        self._wants_yield: Callable[[], bool] | None = None
-        self._hold: Callable[[], anyio.Event | None] | None = None
-        self._batch_end: Callable[[], None] | None = None
-        self._last_write_now = 0.0
-        # The batch of held writes this transport is in (_write_now): it holds frames while that
-        # is the hand-over's batch in progress; what it holds, in bytes with heads.
-        self._held_in: list[SessionTransport] | None = None
-        self._held_bytes = 0
-        self._max_packets = limits.max_packets_per_message
-        self._retired = anyio.Event()
-        self._pending_added = anyio.Event()
-        self._delivery_progress = anyio.Event()
-        self._fence_passed = False
-        self._wakeup = anyio.Event()
-        # Senders waiting for retention capacity, in arrival order: only the first may retry,
-        # and a newcomer queues behind them, so bodies are issued in the order send() was
-        # called (call ids must reach the peer increasing, whatever order waiters wake in).
-        # Each has an event of its own: freed room wakes the first only, which wakes the next
-        # as it leaves (see _capacity_freed).
-        self._senders: deque[_Waiter] = deque()
-        # Tasks waiting for receipts (wait_acknowledged, wait_retained_below), each woken
-        # once its condition holds.
-        self._receipt_waiters: list[_Waiter] = []
-        self._capacity_wakeups = 0
-        self._writer_wakeups = 0
-        self._receipt_timer_fires = 0
-        self._run_scope: anyio.CancelScope | None = None
+        self._delivery = delivery = Delivery(shared, watches, task_group)
+        self._inbound = Inbound(
+            shared,
+            delivery,
+            outbound,
+            watches,
+            retire=retire,
+            set_state=weak_method(self._set_state),
+            yield_every_bytes=YIELD_EVERY_BYTES,
+        )
         self._run_done = anyio.Event()
-        self._sock: MessageSocket | None = None  # while attached
-        self._receipt_poll = False  # the writer checks for lone receipts on its own
-        self._receipt_due_at = 0.0  # time.monotonic() when the due receipt became due
-        # On asyncio (while attached): the loop whose timer sends lone receipts instead of the
-        # writer's poll, and that timer while armed (see _receipt_waits).
-        self._receipt_loop: asyncio.AbstractEventLoop | None = None
-        self._receipt_timer: asyncio.TimerHandle | None = None
-        self._coalesce_limit = min(limits.max_frame_bytes, COALESCE_BYTES)
-        self._grace_scope: anyio.CancelScope | None = None
-        self._replay = ReplayWatch(0, 0.0, limits.replay_inactivity)
-        self._replay_done = anyio.Event()  # set once _replay is done: wakes _replay_watch
-        # On asyncio the replay and grace watches are loop timers, not tasks: the loop (None
-        # elsewhere), the timers while armed, and whether the replay timer fired while our own
-        # consumer held the reader up (it is armed again when that wait ends).
-        self._loop = asyncio.get_running_loop() if on_asyncio() else None
-        self._replay_timer: asyncio.TimerHandle | None = None
-        self._replay_parked = False
-        self._grace_timer: asyncio.TimerHandle | None = None
         self._attachments = 0
-        # The socket's callback hands messages to _take_nowait while the reader waits (see
-        # there): a hold that stops the reader from reading on, and an error to raise in run().
-        self._direct_held: anyio.Event | None = None
-        self._direct_error: Exception | None = None
-        self._messages_written = 0
-        self._messages_read = 0
-        self._messages_read_directly = 0
-        self._ever_ready = False
 
     # ------------------------------------------------------------------ observation
 
@@ -312,7 +233,13 @@ class SessionTransport:
 
     @property
     def attached(self) -> bool:
-        return self._run_scope is not None
+        return self._shared.scope is not None
+
+    @property
+    def _receipt_poll(self) -> bool:
+        """Whether the writer polls for lone receipts now (read by a white-box test of the
+        polling, tests/test_transport.py)."""
+        return self._outbound.receipt_poll
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(state)`` on every state change; returns an unsubscribe callable."""
@@ -325,23 +252,23 @@ class SessionTransport:
         return unsubscribe
 
     def statistics(self) -> TransportStatistics:
+        inbound = self._inbound
+        delivery = self._delivery
+        outbound = self._outbound
         return TransportStatistics(
             state=self._state,
             session=self._session.statistics(),
             attachments=self._attachments,
             # Pre-readiness payloads count as buffered until the delivery task has taken them.
-            buffered_payloads=len(self._buffer) + self._pending_buffered,
-            buffered_bytes=self._buffer.size + self._pending_buffered_bytes,
-            queued_payloads=self._deliver_send.statistics().current_buffer_used
-            + len(self._pending)
-            - self._pending_buffered
-            + self._in_flight,
-            messages_written=self._messages_written,
-            messages_read=self._messages_read,
-            messages_read_directly=self._messages_read_directly,
-            capacity_wakeups=self._capacity_wakeups,
-            writer_wakeups=self._writer_wakeups,
-            receipt_timer_fires=self._receipt_timer_fires,
+            buffered_payloads=inbound.buffered_payloads + delivery.buffered_payloads,
+            buffered_bytes=inbound.buffered_bytes + delivery.buffered_bytes,
+            queued_payloads=delivery.queued_payloads,
+            messages_written=outbound.messages_written,
+            messages_read=inbound.messages_read,
+            messages_read_directly=inbound.messages_read_directly,
+            capacity_wakeups=outbound.capacity_wakeups,
+            writer_wakeups=outbound.writer_wakeups,
+            receipt_timer_fires=outbound.receipt_timer_fires,
         )
 
     def _set_state(self, state: TransportState) -> None:
@@ -369,7 +296,7 @@ class SessionTransport:
 
     def payloads(self) -> MemoryObjectReceiveStream[bytes]:
         """The ordered delivery stream (one consumer). Ends after retirement."""
-        return self._deliver_recv
+        return self._delivery.payloads()
 
     async def consume(self, consumer: PayloadConsumer) -> None:
         """Hand every payload to ``consumer``, in order, until the session is retired.
@@ -382,96 +309,17 @@ class SessionTransport:
         retired and everything it had accepted was handed over; closes the stream of
         :meth:`payloads` on return (as leaving ``async with transport.payloads()`` does).
         """
-        deliver = consumer.deliver
-        batch_end = consumer.batch_end
-        with self._deliver_recv:
-            # Drain the queue path until nothing is left on its way through it.
-            if not await self._drain_queue(deliver, batch_end, until_idle=True):
-                return
-            self._consumer = deliver
-            self._wants_yield = consumer.wants_yield
-            self._hold = consumer.hold
-            self._batch_end = batch_end
-            try:
-                await self._retired.wait()
-            finally:
-                self._consumer = None
-                self._wants_yield = None
-                self._hold = None
-                self._batch_end = None
-            # What retirement handed over (pre-readiness payloads) went to the queue.
-            await self._drain_queue(deliver, batch_end, until_idle=False)
+        await self._delivery.consume(consumer)
 
-    async def _drain_queue(
-        self,
-        deliver: Callable[[bytes | memoryview], None],
-        batch_end: Callable[[], None],
-        *,
-        until_idle: bool,
-    ) -> bool:
-        """Hand what the delivery queue holds to ``deliver``, each payload a batch of its own;
-        with ``until_idle`` also wait for what is still on its way into it (pending, in flight).
-        ``False`` once the queue ended."""
-        receive = self._deliver_recv
-        while True:
-            try:
-                body = receive.receive_nowait()
-            except anyio.WouldBlock:
-                if not (until_idle and (self._pending or self._in_flight)):
-                    return True
-                try:
-                    body = await receive.receive()
-                except anyio.EndOfStream:
-                    return False
-            except anyio.EndOfStream:
-                return False
-            self._hand_over(deliver, body)
-            self._end_batch(batch_end)
-
-    def _end_batch(self, batch_end: Callable[[], None]) -> None:
-        try:
-            batch_end()
-        except Exception:
-            log.exception(
-                "session %s: the payload consumer failed at the end of a message",
-                self.label,
-                extra=log_fields(session=self.session_id),
-            )
-
-    def _consumer_failed(self) -> None:
-        """Log the exception the payload consumer just raised (called in its ``except``; the
-        payload is dropped, the session goes on)."""
-        log.exception(
-            "session %s: the payload consumer failed; payload dropped",
-            self.label,
-            extra=log_fields(session=self.session_id),
-        )
-
-    def _hand_over(
-        self, deliver: Callable[[bytes | memoryview], None], body: bytes | memoryview
-    ) -> None:
-        try:
-            deliver(body)
-        except Exception:
-            self._consumer_failed()
-
-    def _hand_over_all(
-        self, deliver: Callable[[bytes | memoryview], None], bodies: Sequence[bytes | memoryview]
-    ) -> None:
-        """:meth:`_hand_over` of each of ``bodies`` in turn (in one frame: a call less each)."""
-        for body in bodies:
-            try:
-                deliver(body)
-            except Exception:
-                self._consumer_failed()
+    # ------------------------------------------------------------------ sending
 
     async def send(self, body: bytes | Gathered) -> Ordinal:
         """Issue ``body`` as the next message of this session.
 
         Waits while retention is full (back-pressure, never failure); waiting senders are
         admitted in the order they called, so bodies keep that order on the wire. On a quiet
-        socket the frame is written at once by this task (see :meth:`_write_now`); otherwise the
-        writer sends it, coalesced with whatever is issued meanwhile.
+        socket the frame is written at once by this task; otherwise the writer sends it,
+        coalesced with whatever is issued meanwhile.
 
         Returns:
             The ordinal assigned to ``body``.
@@ -480,33 +328,16 @@ class SessionTransport:
             PayloadTooLarge: the encoded frame exceeds ``max_frame_bytes``; nothing was issued.
             SessionFailed: the session is retired; nothing was issued.
         """
-        ordinal = self.send_nowait(body)
-        if ordinal is not None:
-            return ordinal
-        me = _Waiter(len(body))
-        senders = self._senders
-        senders.append(me)
-        try:
-            while True:
-                if senders[0] is me:
-                    try:
-                        ordinal = self._session.send(body)
-                        break
-                    except RetentionFull:
-                        pass
-                else:
-                    self._raise_if_failed()  # retirement wakes every waiter
-                # The first in line is woken when receipts free room, the next one when the
-                # first leaves with room left for its body.
-                await me.wait()
-        finally:
-            first = senders[0] is me
-            senders.remove(me)
-            if first and senders and self._session.has_capacity(senders[0].size):
-                self._wake(senders[0])
-        if not self._write_now(len(body)):
-            self._wakeup.set()
-        return ordinal
+        return await self._outbound.send(body)
+
+    def send_nowait(self, body: bytes | Gathered) -> Ordinal | None:
+        """:meth:`send` if it need not wait (no earlier sender waits, retention admits
+        ``body``); ``None`` (nothing issued) otherwise."""
+        return self._outbound.send_nowait(body)
+
+    def try_send(self, body: bytes | Gathered) -> Ordinal | None:
+        """Like :meth:`send` but returns ``None`` instead of waiting when retention is full."""
+        return self._outbound.try_send(body)
 
     async def wait_acknowledged(self) -> bool:
         """Wait until the peer's receipts cover every frame issued so far (a graceful drain
@@ -516,8 +347,7 @@ class SessionTransport:
         Returns:
             ``True`` once acknowledged; ``False`` if the session was retired first.
         """
-        target = self._session.issued
-        return await self._wait_for_receipts(lambda: self._session.confirmed >= target)
+        return await self._outbound.wait_acknowledged()
 
     async def wait_retained_below(self, size: int) -> bool:
         """Wait until fewer than ``size`` bytes of our frames await the peer's receipts (the
@@ -526,41 +356,7 @@ class SessionTransport:
         Returns:
             ``True`` once below; ``False`` if the session was retired first.
         """
-        return await self._wait_for_receipts(lambda: self._session.retained_bytes < size)
-
-    async def _wait_for_receipts(self, done: Callable[[], bool]) -> bool:
-        if done():
-            return True
-        me = _Waiter(done=done)
-        self._receipt_waiters.append(me)
-        try:
-            while not done():
-                if self._session.failure is not None:
-                    return False
-                # Woken by _capacity_freed once done() holds, or by retirement.
-                await me.wait()
-        finally:
-            self._receipt_waiters.remove(me)
-        return True
-
-    def _wake(self, waiter: _Waiter) -> None:
-        if not waiter.event.is_set():
-            waiter.event.set()
-            self._capacity_wakeups += 1
-
-    def _capacity_freed(self) -> None:
-        """Receipts confirmed frames: wake the first waiting sender (one task, however many
-        wait) and the receipt waits whose condition now holds."""
-        if self._senders:
-            self._wake(self._senders[0])
-        for waiter in self._receipt_waiters:
-            if waiter.done is not None and waiter.done():
-                self._wake(waiter)
-
-    def _wake_all(self) -> None:
-        """Retirement: every waiter leaves (a sender raises, a receipt wait returns False)."""
-        for waiter in (*self._senders, *self._receipt_waiters):
-            self._wake(waiter)
+        return await self._outbound.wait_retained_below(size)
 
     @property
     def issued(self) -> int:
@@ -570,108 +366,6 @@ class SessionTransport:
     def has_capacity(self, size: int) -> bool:
         """Whether retention would admit a ``size``-byte body now (``False`` once retired)."""
         return self._session.has_capacity(size)
-
-    def send_nowait(self, body: bytes | Gathered) -> Ordinal | None:
-        """:meth:`send` if it need not wait (no earlier sender waits, retention admits
-        ``body``); ``None`` (nothing issued) otherwise."""
-        if self._senders:
-            return None
-        try:
-            ordinal = self._session.send(body)
-        except RetentionFull:
-            return None
-        if not self._write_now(len(body)):
-            self._wakeup.set()
-        return ordinal
-
-    def try_send(self, body: bytes | Gathered) -> Ordinal | None:
-        """Like :meth:`send` but returns ``None`` instead of waiting when retention is full."""
-        try:
-            ordinal = self._session.send(body)
-        except RetentionFull:
-            return None
-        if not self._write_now(len(body)):
-            self._wakeup.set()
-        return ordinal
-
-    def _write_now(self, size: int) -> bool:
-        """Write the frame of ``size`` body bytes just queued, with a due receipt, from this task
-        -- or hold it, to be written at the end of the inbound hand-over in progress.
-
-        During a direct consumer's hand-over of one inbound message (any transport's, on this
-        thread), a transport with nothing else queued starts holding the frames it is given
-        (else the writer has frames to send already: this one joins them); while it holds,
-        what it has queued is what it held, and :meth:`_release` writes it as one message at
-        the end of the hand-over. That message stays within the bounds of one --
-        ``COALESCE_BYTES`` and the frame limit (with heads and a receipt),
-        ``max_packets_per_message`` (with a receipt) -- or the transport stops holding and its
-        writer sends everything queued, split at those bounds.
-
-        Outside a hand-over, only when the previous frame issued outside one was issued at least
-        ``WRITE_NOW_QUIET`` ago (frames issued in a burst are left to the writer, which
-        coalesces them), it is the only frame queued, the replay fence has passed and the
-        socket takes it without waiting. Returns ``False`` (the writer must send it) otherwise.
-        """
-        batch = _held_writes.batch
-        if batch is not None and self._fence_passed:
-            held = size + _INLINE_MARGIN
-            if self._held_in is batch:
-                held += self._held_bytes
-                if held <= self._coalesce_limit and self._session.frames_queued < self._max_packets:
-                    self._held_bytes = held
-                    return True
-            elif self._session.frames_queued == 1 and held <= self._coalesce_limit:
-                self._held_in = batch
-                self._held_bytes = held
-                batch.append(self)
-                return True
-            self._held_in = None
-            return False
-        now = time.monotonic()
-        quiet = now - self._last_write_now >= WRITE_NOW_QUIET
-        self._last_write_now = now
-        return (
-            quiet
-            and self._fence_passed
-            and self._session.frames_queued == 1
-            and size + _INLINE_MARGIN <= self._coalesce_limit
-            and self._write_queued_now()
-        )
-
-    def _write_receipt_now(self) -> bool:
-        """Write a due receipt at once from this task if nothing else is queued and the socket
-        takes it without waiting; ``False`` (nothing taken) otherwise."""
-        return self._session.frames_queued == 0 and self._write_queued_now()
-
-    def _write_queued_now(self) -> bool:
-        """Hand what the session has to send to the socket synchronously, if it takes it."""
-        sock = self._sock
-        scope = self._run_scope
-        if (
-            sock is None
-            or scope is None
-            or scope.cancel_called  # being detached: the replay on the next socket sends it
-            or not sock.writable_now()
-        ):
-            return False
-        packets = self._session.data_to_send()
-        if not packets:
-            return True
-        try:
-            sock.send_message_nowait(packets[0] if len(packets) == 1 else b"".join(packets))
-        except SOCKET_GONE as exc:
-            # As in the writer: the attachment ends; what was taken stays retained and is
-            # replayed on the next socket (a lost receipt is re-sent as the resume position).
-            log.debug(
-                "session %s: write failed, detaching: %s",
-                self.label,
-                exc,
-                extra=log_fields(session=self.session_id),
-            )
-            self.detach_socket()
-        else:
-            self._messages_written += 1
-        return True
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -692,46 +386,13 @@ class SessionTransport:
             failure.cause,
             extra=log_fields(session=self.session_id),
         )
-        if self._pending or self._buffer:
-            # Accepted and not yet queued for the consumer: hand them over if there is room.
-            self._drain_buffer_nowait()
-        self._deliver_send.close()
-        self._pending_added.set()  # the delivery task ends
-        self._delivery_progress.set()
-        self._wake_all()
-        self._wakeup.set()
-        self._replay.stop()
-        self._replay_done.set()
-        self._retired.set()
-        self._cancel_receipt_timer()
-        self._cancel_replay_timer()
-        self._cancel_grace_timer()
-        if self._run_scope is not None:
-            self._run_scope.cancel()
-        if self._grace_scope is not None:
-            self._grace_scope.cancel()
+        self._delivery.retire(self._inbound.release_held())
+        self._outbound.retire()
+        self._watches.retire()
+        if self._shared.scope is not None:
+            self._shared.scope.cancel()
         self._set_state(TransportState.RETIRED)
         return failure
-
-    def _drain_buffer_nowait(self) -> None:
-        # After the released ones.
-        self._pending.extend(
-            (body if type(body) is bytes else bytes(body), True) for body in self._buffer.release()
-        )
-        while self._pending:
-            body, _ = self._pending[0]
-            try:
-                self._deliver_send.send_nowait(body)
-            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                log.warning(
-                    "session %s: dropped %d accepted payload(s) at retirement",
-                    self.label,
-                    len(self._pending),
-                    extra=log_fields(session=self.session_id),
-                )
-                break
-            self._pending.popleft()
-        self._clear_pending()
 
     def _raise_if_failed(self) -> None:
         failure = self._session.failure
@@ -740,13 +401,13 @@ class SessionTransport:
 
     async def wait_detached(self) -> None:
         """Wait until no socket is attached (after :meth:`detach_socket` or :meth:`retire`)."""
-        while self._run_scope is not None:
+        while self._shared.scope is not None:
             await self._run_done.wait()
 
     def detach_socket(self) -> None:
         """Stop the current socket's pumps (the session stays; used for takeover and tests)."""
-        if self._run_scope is not None:
-            self._run_scope.cancel()
+        if self._shared.scope is not None:
+            self._shared.scope.cancel()
 
     async def run(self, sock: MessageSocket, peer_received: int) -> None:
         """Attach ``sock`` and pump it until it ends, then detach.
@@ -761,7 +422,8 @@ class SessionTransport:
                 returns and the session waits, detached, for the next socket.
         """
         self._raise_if_failed()
-        if self._run_scope is not None:
+        shared = self._shared
+        if shared.scope is not None:
             raise RuntimeError("a socket is already attached to this session")
         try:
             attached = self._session.attach(peer_received)
@@ -771,22 +433,17 @@ class SessionTransport:
         if attached.confirmed_advanced:
             # The peer's resume position acknowledged frames whose receipts were lost: that
             # frees retention just as a receipt would, so wake senders waiting for capacity.
-            self._capacity_freed()
-        if self._grace_scope is not None:
-            self._grace_scope.cancel()
-            self._grace_scope = None
-        self._cancel_grace_timer()
+            self._outbound.capacity_freed()
         self._attachments += 1
-        self._fence_passed = False
-        self._replay = ReplayWatch(
+        shared.fence_passed = False
+        shared.replay = ReplayWatch(
             self._session.issued, anyio.current_time(), self.limits.replay_inactivity
         )
-        self._replay_done = anyio.Event()
+        self._watches.attached()
         self._set_state(TransportState.REPLAYING)
-        self._wakeup.set()
-        self._receipt_loop = asyncio.get_running_loop() if on_asyncio() else None
+        self._outbound.attached()
         scope = anyio.CancelScope()
-        self._run_scope = scope
+        shared.scope = scope
         self._run_done = anyio.Event()
         try:
             with scope:
@@ -797,30 +454,24 @@ class SessionTransport:
                     # reference cycle at every detach), as the heartbeat does
                     # (endpoint._attaching). The reader ends them, however it ends.
                     writing = anyio.CancelScope(shield=True)
-                    tg.start_soon(self._writer, sock, tg.cancel_scope, writing)
-                    watching = None
-                    if self._loop is not None:
-                        self._arm_replay_timer()
-                    else:
-                        watching = anyio.CancelScope(shield=True)
-                        tg.start_soon(self._replay_watch, watching)
-                    self._sock = sock
+                    tg.start_soon(self._outbound.writer, sock, tg.cancel_scope, writing)
+                    watching = self._watches.watch_replay(tg)
+                    shared.sock = sock
                     try:
-                        await self._reader(sock)
+                        await self._inbound.reader(sock)
                     finally:
                         writing.cancel()
                         if watching is not None:
                             watching.cancel()
         finally:
-            self._sock = None
-            self._run_scope = None
-            self._direct_held = None
-            self._receipt_loop = None
-            self._cancel_receipt_timer()  # the next attachment's replay ends with a receipt
-            self._cancel_replay_timer()
+            shared.sock = None
+            shared.scope = None
+            self._inbound.detached()
+            self._outbound.detached()
+            self._watches.detached()
             self._run_done.set()
             self._after_socket()
-        error, self._direct_error = self._direct_error, None
+        error = self._inbound.take_error()
         if error is not None:
             raise error
         self._raise_if_failed()
@@ -831,572 +482,6 @@ class SessionTransport:
             if self._state is not TransportState.RETIRED:
                 self.retire(self._session.failure.reason)
             return
-        now = anyio.current_time()
-        self._session.detach(now)
+        self._session.detach(anyio.current_time())
         self._set_state(TransportState.DETACHED)
-        loop = self._loop
-        if loop is None:
-            self._tg.start_soon(self._grace_watch)
-            return
-        deadline = self._session.next_deadline()
-        if deadline is not None:  # (anyio's clock on asyncio is the loop's)
-            self._grace_timer = loop.call_at(deadline, self._grace_timer_fired)
-
-    def _grace_timer_fired(self) -> None:
-        """The grace watch on asyncio (a loop callback): as :meth:`_grace_watch` at its
-        deadline."""
-        self._grace_timer = None
-        assert self._loop is not None
-        failure = self._session.poll(self._loop.time())
-        if failure is not None:
-            self.retire(failure.reason)
-
-    def _cancel_grace_timer(self) -> None:
-        timer, self._grace_timer = self._grace_timer, None
-        if timer is not None:
-            timer.cancel()
-
-    async def _grace_watch(self) -> None:
-        with anyio.CancelScope() as scope:
-            self._grace_scope = scope
-            deadline = self._session.next_deadline()
-            if deadline is None:
-                return
-            await anyio.sleep_until(deadline)
-            failure = self._session.poll(anyio.current_time())
-            if failure is not None:
-                self.retire(failure.reason)
-        if self._grace_scope is scope:
-            self._grace_scope = None
-
-    # ------------------------------------------------------------------ pumps
-
-    async def _reader(self, sock: MessageSocket) -> None:
-        checkpoint = checkpointer()
-        # What earlier attachments accepted and did not deliver was acknowledged, so the peer's
-        # replay may fill a whole window beside it: hand it over and read nothing until it is
-        # queued, so the pre-readiness buffer holds only this attachment's replay.
-        carried = self._buffer.attach()
-        if carried:
-            self._release(carried, buffered=True)
-        await self._wait_delivered()
-        # While this task waits for the next message with nothing buffered, the socket may hand
-        # a small one to _take_nowait in its callback instead (asyncio: one loop turn less).
-        take_directly: Callable[[Callable[[bytes], bool] | None], bool] | None = getattr(
-            sock, "take_messages_directly", None
-        )
-        if take_directly is not None and not take_directly(self._take_nowait):
-            take_directly = None
-        try:
-            await self._read_messages(sock, checkpoint)
-        finally:
-            if take_directly is not None:
-                take_directly(None)
-
-    async def _read_messages(
-        self, sock: MessageSocket, checkpoint: Callable[[], Awaitable[None]]
-    ) -> None:
-        session = self._session
-        packet_budget = self.limits.max_packets_per_message
-        unyielded_packets = 0  # handled since this task last yielded on purpose
-        unyielded_bytes = 0
-        while True:
-            try:
-                data = await sock.receive_message()
-            except ProtocolError as exc:
-                # A text frame, an over-size message or broken framing: the peer broke the
-                # protocol, which is terminal for the session like a malformed packet (the link
-                # closes the socket with the specific code it recorded, e.g. 1003 or 1009).
-                self.retire(FailureReason.MALFORMED_PACKET, str(exc))
-                return
-            if data is None:
-                retired_by_peer = sock.retired_by_peer()
-                if retired_by_peer is not None:
-                    # The peer closed because *it* retired the session (or shut down): retire
-                    # here too, before detaching, so observers see one transition (to RETIRED).
-                    self.retire(FailureReason.PEER_RETIRED, retired_by_peer)
-                return
-            held = self._direct_held
-            if held is not None:
-                # A message taken in the socket's callback asked the reader to read nothing
-                # more until the consumer releases it: this one waits until then.
-                self._direct_held = None
-                await self._wait_for_consumer(held)
-            received = self._accept(data)
-            if received is None:
-                return
-            unyielded_packets += received.packets
-            unyielded_bytes += len(data)
-            bodies = received.bodies
-            if not self._fence_passed:
-                for body in bodies:
-                    if not self._buffer_payload(body):
-                        return
-                if received.fence:
-                    # The first receipt on this attachment. Drain, then announce readiness.
-                    self._fence_passed = True
-                    self._release(self._buffer.release(), buffered=True)
-            else:
-                self._release(bodies)
-            if session.receipt_due:
-                # *After* the release: the tasks the payloads woke (a handler, a caller) run
-                # first and usually queue a frame, which the receipt then rides with.
-                self._receipt_waits()
-            if self._fence_passed:
-                await self._wait_delivered()
-            if received.fence:
-                self._set_state(TransportState.READY)
-            wants_yield = self._wants_yield
-            if bodies and self._fence_passed and wants_yield is not None and wants_yield():
-                # The consumer says these payloads woke a lone task (a handler, a waiting
-                # caller): let it run before this reader re-arms its read, which is not on the
-                # peer's round trip. (Never under load: it would split the batches the writer
-                # coalesces.) After READY: what the task does next sees the session ready.
-                await checkpoint()
-            hold = self._hold
-            if bodies and self._fence_passed and hold is not None:
-                held = hold()
-                if held is not None:
-                    await self._wait_for_consumer(held)
-            replay = self._replay
-            if not replay.done and replay.observe(
-                received.progress,
-                fence_passed=self._fence_passed,
-                confirmed=session.confirmed,
-                now=anyio.current_time(),
-            ):
-                self._replay_done.set()
-            if unyielded_packets >= packet_budget or unyielded_bytes >= YIELD_EVERY_BYTES:
-                # Everything this message carried was handed over: let the other tasks run
-                # before the next message, which the socket may return without yielding.
-                unyielded_packets = unyielded_bytes = 0
-                await checkpoint()
-
-    def _accept(self, data: bytes) -> Received | None:
-        """The session's reading of one message, and the receipts it makes due or urgent;
-        ``None`` if it retired the session."""
-        self._messages_read += 1
-        try:
-            received = self._session.receive(data)
-        except SessionFailed as failure:
-            self.retire(failure.reason, failure.detail)
-            return None
-        if received.receipt_became_due:
-            self._receipt_due_at = time.monotonic()
-        if received.confirmed_advanced:
-            self._capacity_freed()
-        if received.receipt_urgent and not self._write_receipt_now():
-            # Before the hand-over, which may be long (a direct consumer dispatching a
-            # replay of thousands of payloads in this task): confirming what was accepted
-            # frees the peer's retention -- at once if the socket takes it, else by the
-            # writer as soon as this task yields.
-            self._wakeup.set()
-        return received
-
-    def _take_nowait(self, data: bytes) -> bool:
-        """One message, taken in the socket's callback as the waiting reader (asyncio): what
-        the reader would do with it, when that needs no wait -- the replay fence has passed,
-        the consumer is direct (:meth:`consume`) and nothing awaits delivery or a hold. The
-        reader's yield to the task a payload woke is not needed here: that task runs before
-        the loop polls the socket again. ``False`` (nothing done): the reader reads it."""
-        scope = self._run_scope
-        consumer = self._consumer
-        if (
-            consumer is None
-            or not self._fence_passed
-            or scope is None
-            or scope.cancel_called
-            or self._direct_held is not None
-            or self._direct_error is not None
-            or ((self._pending or self._in_flight) and self._undelivered())
-        ):
-            return False
-        self._messages_read_directly += 1
-        try:
-            received = self._accept(data)
-            if received is None:
-                return True
-            bodies = received.bodies
-            if bodies:
-                self._release(bodies)
-            session = self._session
-            if session.receipt_due:
-                self._receipt_waits()  # after the release, as in the reader
-            if received.fence:
-                self._set_state(TransportState.READY)
-            hold = self._hold
-            if bodies and hold is not None:
-                self._direct_held = hold()
-            replay = self._replay
-            if not replay.done and replay.observe(
-                received.progress,
-                fence_passed=True,
-                confirmed=session.confirmed,
-                now=anyio.current_time(),
-            ):
-                self._replay_done.set()
-        except Exception as exc:
-            # Raised by run(), as if the reader had raised it; the socket is let go.
-            self._direct_error = exc
-            self.detach_socket()
-        return True
-
-    # -- delivery: the reader hands accepted payloads over synchronously, so a socket that ends
-    # (cancelling the reader) while the consumer is slow never loses a payload the session has
-    # already accepted -- and acknowledged. One task per transport moves them into the bounded
-    # delivery queue, in order; the reader waits for it (back-pressure).
-
-    def _release(self, bodies: Sequence[bytes | memoryview], *, buffered: bool = False) -> None:
-        if self._consumer_gone:
-            return
-        consumer = self._consumer
-        if consumer is not None:
-            if len(bodies) > 1 and _held_writes.batch is None:
-                self._hand_over_holding(consumer, bodies)
-                return
-            for body in bodies:  # _hand_over_all, inline: this runs for every message
-                try:
-                    consumer(body)
-                except Exception:
-                    self._consumer_failed()
-            if self._batch_end is not None:
-                self._end_batch(self._batch_end)
-            return
-        send_nowait = self._deliver_send.send_nowait
-        for body in bodies:
-            if type(body) is memoryview:
-                body = body.tobytes()  # the queue's readers are given bytes
-            if not self._pending and not self._in_flight:
-                # Fast path: nothing is ahead of it, so hand it straight to the queue if there
-                # is room. send_nowait either queues it or raises, so nothing can be lost here.
-                # A closed or broken queue falls through too: _deliver reports and cleans up.
-                try:
-                    send_nowait(body)
-                    continue
-                except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    pass
-            self._pending.append((body, buffered))
-            if buffered:
-                self._pending_buffered += 1
-                self._pending_buffered_bytes += len(body)
-        if not self._pending:
-            return
-        self._pending_added.set()
-        if not self._delivering:
-            self._delivering = True
-            self._tg.start_soon(self._deliver)
-
-    def _hand_over_holding(
-        self, consumer: Callable[[bytes | memoryview], None], bodies: Sequence[bytes | memoryview]
-    ) -> None:
-        """Hand ``bodies`` (one inbound message's) to the direct consumer, holding the frames
-        issued meanwhile (:meth:`_write_now`) and writing them at the end: one message per
-        transport that got some. (A single payload is handed over without: nothing to merge.)"""
-        held = _held_writes
-        batch: list[SessionTransport] = []
-        held.batch = batch  # (no hand-over starts inside this one: nothing here reads)
-        try:
-            for body in bodies:  # _hand_over_all, inline: this runs for every message
-                try:
-                    consumer(body)
-                except Exception:
-                    self._consumer_failed()
-            if self._batch_end is not None:
-                self._end_batch(self._batch_end)
-        finally:
-            held.batch = None
-            for transport in batch:
-                if transport._held_in is batch:  # (else it gave its frames to its writer)
-                    transport._held_in = None
-                    if not transport._write_queued_now():
-                        transport._wakeup.set()
-
-    def _undelivered(self) -> bool:
-        return bool(self._pending or self._in_flight) and not (
-            self._session.failure or self._consumer_gone
-        )
-
-    async def _wait_delivered(self) -> None:
-        """Wait until every released payload is in the delivery queue.
-
-        Time spent here is our consumer's, not the peer's: the replay inactivity clock is paused
-        meanwhile and restarts when the wait ends.
-        """
-        if not self._undelivered():
-            return
-        waiting = self._consumer_wait = anyio.Event()
-        try:
-            while self._undelivered():
-                progress = self._delivery_progress = anyio.Event()
-                await progress.wait()
-        finally:
-            self._consumer_wait = None
-            self._replay.restart(anyio.current_time())
-            waiting.set()
-            self._unpark_replay_timer()
-
-    async def _wait_for_consumer(self, released: anyio.Event) -> None:
-        """Read nothing until the direct consumer's ``released`` is set (see :meth:`consume`);
-        like :meth:`_wait_delivered`, the replay inactivity clock is paused meanwhile."""
-        waiting = self._consumer_wait = anyio.Event()
-        try:
-            await released.wait()
-        finally:
-            self._consumer_wait = None
-            self._replay.restart(anyio.current_time())
-            waiting.set()
-            self._unpark_replay_timer()
-
-    async def _deliver(self) -> None:
-        """The delivery task: runs until retirement (or until the consumer goes away)."""
-        try:
-            while self._session.failure is None:
-                if not self._pending:
-                    added = self._pending_added = anyio.Event()
-                    await added.wait()
-                    continue
-                body, buffered = self._pending.popleft()
-                if buffered:
-                    self._pending_buffered -= 1
-                    self._pending_buffered_bytes -= len(body)
-                self._in_flight = True
-                try:
-                    await self._deliver_send.send(body)
-                finally:
-                    self._in_flight = False
-                    self._delivery_progress.set()
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            # Retired (the queue is closed) or the consumer closed its end: nobody to deliver to.
-            if self._session.failure is None:
-                log.warning(
-                    "session %s: the consumer closed the payload stream",
-                    self.label,
-                    extra=log_fields(session=self.session_id),
-                )
-            self._consumer_gone = True
-            self._clear_pending()
-            self._delivery_progress.set()
-
-    def _clear_pending(self) -> None:
-        self._pending.clear()
-        self._pending_buffered = 0
-        self._pending_buffered_bytes = 0
-
-    def _buffer_payload(self, body: bytes | memoryview) -> bool:
-        # Only this attachment's payloads count: what earlier ones left was queued before this
-        # attachment read anything (see _reader).
-        overflow = self._buffer.hold(body)
-        if overflow is not None:
-            self.retire(FailureReason.INBOUND_OVERFLOW, overflow)
-            return False
-        return True
-
-    async def _writer(
-        self, sock: MessageSocket, pumps: anyio.CancelScope, writing: anyio.CancelScope
-    ) -> None:
-        try:
-            with writing:
-                await self._write_packets(sock)
-        except SOCKET_GONE as exc:
-            # The socket died under a write: end this attachment (the reader may still be
-            # waiting for bytes that will never come); the session waits for the next socket.
-            log.debug(
-                "session %s: write failed, detaching: %s",
-                self.label,
-                exc,
-                extra=log_fields(session=self.session_id),
-            )
-            pumps.cancel()
-
-    async def _write_packets(self, sock: MessageSocket) -> None:
-        """The writer: sends what is queued, coalesced, and looks after lone receipts.
-
-        A receipt that is due but not urgent may wait up to ``receipt_delay`` for frames to ride
-        with (a reply, usually, which the task issuing it often writes itself). While receipts
-        keep coming due, the writer *polls*: it wakes every ``receipt_delay`` and sends a lone
-        receipt that has waited that long by then (a younger one waits out its delay: a frame
-        may still carry it), so the reader need not wake it for each one (``_receipt_poll``); after
-        ``_POLL_QUIET_TICKS`` ticks with nothing due it stops and waits to be woken again. On
-        asyncio it does not poll: the receipt timer (:meth:`_receipt_waits`) sends lone
-        receipts, and wakes the writer only for one the socket cannot take at once.
-        """
-        session = self._session
-        # Coalescing amortises per-message cost for *small* packets; merging megabytes gains
-        # nothing and multiplies peak memory (the join, wsproto's masking copy and the socket
-        # buffer each hold the whole message), so a larger packet goes out on its own.
-        limit = self._coalesce_limit
-        max_packets = self.limits.max_packets_per_message  # what the peer accepts per message
-        delay = self.limits.receipt_delay
-        timed = self._receipt_loop is not None  # a loop timer sends lone receipts: no polling
-        quiet_ticks = 0
-        ticked = False  # the last wait ended by the poll timer, not by a wake-up
-        written = False  # a message was written on this attachment
-        try:
-            while True:
-                # A fresh event first (if this one was used): anything issued after this point
-                # wakes us again.
-                if self._wakeup.is_set():
-                    self._wakeup = anyio.Event()
-                lone_receipt = (
-                    session.receipt_due and not session.frames_queued and not session.receipt_urgent
-                )
-                if lone_receipt and timed:
-                    if self._receipt_due_at + delay > time.monotonic():
-                        # Young: the timer sends it unless a frame carries it first.
-                        self._receipt_waits()
-                        await self._wait_for_wakeup(None)
-                        continue
-                elif lone_receipt and not self._receipt_poll:
-                    # Woken by the reader for it: start polling, give frames a chance to come.
-                    self._receipt_poll = True
-                    quiet_ticks = 0
-                    ticked = await self._wait_for_wakeup(delay)
-                    continue
-                if lone_receipt and ticked:
-                    # A poll tick: send the receipt only once it has waited receipt_delay (a
-                    # frame issued meanwhile carries it). Else every tick that fell between a
-                    # reply and the caller's next call sent one alone -- a sixth of the calls
-                    # of a sequential caller, each a wake-up and a message for the peer.
-                    wait = self._receipt_due_at + delay - time.monotonic()
-                    if wait > 0:
-                        ticked = await self._wait_for_wakeup(wait)
-                        continue
-                packets = session.data_to_send()
-                if not packets:
-                    if session.state is not SessionState.ATTACHED:
-                        return
-                    if not ticked and not timed:
-                        # Woken for nothing: the reader woke us for a receipt that a frame
-                        # written meanwhile carried. Poll from now on instead.
-                        self._receipt_poll = True
-                        quiet_ticks = 0
-                    elif self._receipt_poll:
-                        quiet_ticks += 1
-                        if quiet_ticks > _POLL_QUIET_TICKS:
-                            self._receipt_poll = False
-                    ticked = await self._wait_for_wakeup(delay if self._receipt_poll else None)
-                    continue
-                ticked = False
-                if lone_receipt:
-                    quiet_ticks = 0
-                # Coalesce every packet ready now into as few messages as the frame limit allows.
-                batch: list[bytes] = []
-                size = 0
-                for packet in packets:
-                    if batch and (size + len(packet) > limit or len(batch) == max_packets):
-                        await sock.send_message(b"".join(batch))
-                        self._messages_written += 1
-                        batch, size = [], 0
-                    batch.append(packet)
-                    size += len(packet)
-                await sock.send_message(batch[0] if len(batch) == 1 else b"".join(batch))
-                self._messages_written += 1
-                if not written:
-                    # The attachment's first frames (the replay fence) are out -- and with
-                    # them, on a listener, its proof: the peer can replay from now on, so the
-                    # replay's inactivity clock starts here, not at the attach.
-                    written = True
-                    if not self._replay.done:
-                        self._replay.restart(anyio.current_time())
-        finally:
-            self._receipt_poll = False
-
-    async def _wait_for_wakeup(self, timeout: float | None) -> bool:
-        """Wait until the writer is woken, or ``timeout`` seconds (``None``: no limit) pass;
-        ``True`` if the time ran out (a poll tick)."""
-        if timeout is None:
-            await self._wakeup.wait()
-            self._writer_wakeups += 1
-            return False
-        with anyio.move_on_after(timeout) as tick:
-            await self._wakeup.wait()
-        self._writer_wakeups += 1
-        return tick.cancelled_caught
-
-    def _receipt_waits(self) -> None:
-        """A receipt is due after an inbound message: see that it goes out within
-        ``receipt_delay`` unless a frame carries it first. (An urgent one :meth:`_accept` has
-        written or handed to the writer already.) On asyncio a loop timer looks after it --
-        armed once, however many receipts come due and ride with frames meanwhile -- and the
-        writer is not woken; otherwise the writer is woken for it and polls (see there)."""
-        loop = self._receipt_loop
-        if loop is not None:
-            if self._receipt_timer is None:
-                wait = self._receipt_due_at + self.limits.receipt_delay - time.monotonic()
-                self._receipt_timer = loop.call_later(max(wait, 0.0), self._receipt_timer_fired)
-        elif not self._receipt_poll:
-            self._wakeup.set()
-
-    def _receipt_timer_fired(self) -> None:
-        """The receipt timer (asyncio, in the loop's callback): a receipt still due once it has
-        waited ``receipt_delay`` is written at once if the socket takes it and nothing else is
-        queued, else by the writer, which is woken for it; a younger one (the one the timer was
-        armed for went out with a frame) gets a timer of its own; none due, nothing to do."""
-        self._receipt_timer = None
-        if not self._session.receipt_due or self._receipt_loop is None:
-            return
-        self._receipt_timer_fires += 1
-        if self._receipt_due_at + self.limits.receipt_delay > time.monotonic():
-            self._receipt_waits()
-        elif not self._write_receipt_now():
-            self._wakeup.set()
-
-    def _cancel_receipt_timer(self) -> None:
-        timer, self._receipt_timer = self._receipt_timer, None
-        if timer is not None:
-            timer.cancel()
-
-    async def _replay_watch(self, watching: anyio.CancelScope) -> None:
-        with watching:
-            await self._watch_replay()
-
-    def _arm_replay_timer(self) -> None:
-        """The replay watch on asyncio: a loop timer at the replay's deadline (see
-        :meth:`_replay_timer_fired`)."""
-        assert self._loop is not None
-        self._replay_timer = self._loop.call_at(self._replay.deadline, self._replay_timer_fired)
-
-    def _replay_timer_fired(self) -> None:
-        """As :meth:`_watch_replay`, in a loop callback: nothing once the replay is done or the
-        socket detached; armed again while the deadline moved on with progress; parked while our
-        own consumer holds the reader up (:meth:`_unpark_replay_timer` arms it again when that
-        wait ends, with the clock restarted); else the replay stalled and the session retires."""
-        self._replay_timer = None
-        if self._replay.done or self._run_scope is None:
-            return
-        assert self._loop is not None
-        if self._replay.deadline > self._loop.time():
-            self._arm_replay_timer()
-        elif self._consumer_wait is not None:
-            self._replay_parked = True
-        else:
-            inactivity = self.limits.replay_inactivity
-            self.retire(FailureReason.REPLAY_STALLED, f"no replay progress for {inactivity:g}s")
-
-    def _unpark_replay_timer(self) -> None:
-        if self._replay_parked:
-            self._replay_parked = False
-            if self._run_scope is not None and not self._replay.done:
-                self._arm_replay_timer()
-
-    def _cancel_replay_timer(self) -> None:
-        self._replay_parked = False
-        timer, self._replay_timer = self._replay_timer, None
-        if timer is not None:
-            timer.cancel()
-
-    async def _watch_replay(self) -> None:
-        inactivity = self.limits.replay_inactivity
-        while not self._replay_done.is_set():
-            remaining = self._replay.deadline - anyio.current_time()
-            if remaining <= 0:
-                waiting = self._consumer_wait
-                if waiting is not None:
-                    # The reader is held up by our own slow consumer: that is back-pressure,
-                    # not a stalled peer. The clock restarts when the consumer catches up.
-                    await waiting.wait()
-                    continue
-                self.retire(FailureReason.REPLAY_STALLED, f"no replay progress for {inactivity:g}s")
-                return
-            with anyio.move_on_after(remaining):
-                await self._replay_done.wait()
+        self._watches.watch_grace(self.retire)
