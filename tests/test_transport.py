@@ -1434,3 +1434,53 @@ async def test_the_retirement_line_says_retired_once(caplog: pytest.LogCaptureFi
     assert lines, caplog.text
     assert all(line.count("retired") == 1 for line in lines), lines
     assert "retired: replaced by a fresh logical session (a fresh session replaced it)" in lines[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# memory: the owner and its parts
+
+
+async def test_a_retired_transport_is_freed_by_its_reference_count_alone() -> None:
+    """The owner and its parts make no reference cycle: a transport that served a socket and
+    retired is freed the moment its last reference goes, not at some later GC pass (a fleet
+    retires thousands of sessions; cycles would wait for the collector's full passes)."""
+    import gc
+    import weakref
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with anyio.fail_after(DEADLINE):
+            async with anyio.create_task_group() as tg:
+                transport = SessionTransport(SESSION_ID, PEER_RUNTIME, Limits(), tg)
+                received: list[bytes] = []
+
+                async def consume(t: SessionTransport) -> None:
+                    async with t.payloads() as stream:
+                        async for payload in stream:
+                            received.append(payload)
+
+                async def run(t: SessionTransport, sock: FakeSocket) -> None:
+                    try:
+                        await t.run(sock, 0)
+                    except SessionFailed:
+                        pass
+
+                sock = FakeSocket()
+                tg.start_soon(consume, transport)
+                tg.start_soon(run, transport, sock)
+                sock.feed(rcpt(0), msg(1, b"hello"))
+                await wait_until(lambda: received == [b"hello"])
+                await transport.send(b"reply")
+                await wait_until(lambda: Message(Ordinal(1), b"reply") in sock.packets())
+                sock.end()
+                await transport.wait_detached()
+                transport.retire(FailureReason.CLOSED, "test over")
+                sock.close()
+                freed = weakref.ref(transport)
+                del transport
+                await anyio.wait_all_tasks_blocked()
+                assert freed() is None, gc.get_referrers(freed())
+    finally:
+        if collecting:
+            gc.enable()
