@@ -32,7 +32,6 @@ from collections.abc import Callable
 
 import anyio
 
-from ..core.handshake import HandshakeResult
 from ..core.wire import CloseCode
 from ..errors import FailureReason, SessionFailed
 from ..limits import Limits
@@ -99,11 +98,30 @@ class Attachments:
         slot: _Slot,
         transport: SessionTransport,
         peer_received: int,
-        result: HandshakeResult,
+        resumed: bool,
         key: bytes,
     ) -> None:
         """Attach ``sock`` to ``slot`` carrying ``transport`` (the peer has received up to
-        ``peer_received``), pump it until it ends, detach and close it."""
+        ``peer_received``; ``resumed``: the handshake resumed the session), pump it until it
+        ends, detach and close it; on any exit (cancellation too) the socket is closed.
+
+        What the link's listener runs for an admitted socket, as a ``functools.partial`` of this
+        method: a partial of a bound method keeps three GC-tracked objects for the socket's life,
+        a closure over the same arguments eleven (its cells, the handshake's result)."""
+        try:
+            await self._run(sock, slot, transport, peer_received, resumed, key)
+        finally:
+            await sock.abort()  # a no-op after a close; closes the socket on cancellation
+
+    async def _run(
+        self,
+        sock: WebSocket,
+        slot: _Slot,
+        transport: SessionTransport,
+        peer_received: int,
+        resumed: bool,
+        key: bytes,
+    ) -> None:
         # Nothing awaited between the admission and here: the slot sees this socket attached
         # before any other socket of its executor can be admitted.
         slot.key = key
@@ -115,7 +133,7 @@ class Attachments:
             slot.executor_id,
             f" controller={peer_text(slot.label)}" if slot.label is not None else "",
             transport.session_id.hex()[:12],
-            result.resume,
+            resumed,
             extra=log_fields(
                 executor=slot.executor_id,
                 session=transport.session_id,
