@@ -300,7 +300,9 @@ class WebSocketListener:
                     admitted = await self._accept(stream, peer, authenticate)
                 finally:
                     self._unauthenticated.pop(key, None)
-            if scope.cancelled_caught or admitted is None:
+            evicted = scope.cancelled_caught
+            del scope  # (not kept, with its sets, for the authenticated socket's life)
+            if evicted or admitted is None:
                 return
             self._authenticated += 1
             try:
