@@ -929,6 +929,10 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
                 if os.environ.get("GL_FLEET_BENCH_GARBAGE"):
                     gc.collect()
                     gc.set_debug(gc.DEBUG_SAVEALL)
+                kept = os.environ.get("GL_FLEET_BENCH_KEPT")
+                if kept:
+                    gc.collect()
+                    gc.freeze()
                 before = fleet.statistics()
                 with _profiled("resume"):
                     cpu_before = _cpu_seconds([proc])
@@ -946,6 +950,8 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
                     cpu_after = _cpu_seconds([proc])
                     window = time.perf_counter() - start
                 await proc.stdin.send(b"dump\n")
+                if kept:
+                    _report_kept(n)
                 if os.environ.get("GL_FLEET_BENCH_GARBAGE"):
                     _report_garbage(n)
                 after = fleet.statistics()
@@ -989,6 +995,19 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
         f"{idle_rate[0] * 100:.1f} %, worker {idle_rate[1] * 100:.1f} %)"
     )
     return result
+
+
+def _report_kept(resumes: int) -> None:
+    """With ``GL_FLEET_BENCH_KEPT`` set (``per-resume``; diagnosis): the GC-tracked objects the
+    round kept (everything before it frozen, the round's garbage collected), per resume, by
+    type and what refers to them (:func:`tracked_owners`), on stderr."""
+    counts = tracked_owners()
+    total = sum(counts.values())
+    _progress(f"kept per resume: {total / resumes:.1f} GC-tracked objects")
+    for name, count in counts.most_common(150):
+        if count >= resumes / 2:
+            _progress(f"  {count / resumes:6.2f}  {name[:200]}")
+    gc.unfreeze()
 
 
 def _report_garbage(resumes: int) -> None:
@@ -1188,7 +1207,7 @@ _TURN_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("session writer", ("SessionTransport._writer",)),
     ("receipt timers", ("_receipt_timer_fired",)),
     ("session reader", ("SessionTransport._reader", "_read_messages", "_take_nowait")),
-    ("attachment's end (after the teardown step)", ("attached > Attachments.run",)),
+    ("attachment's end (after the teardown step)", ("Attachments.run > Attachments._run",)),
     ("handshake, unbudgeted", ("_accept >", "_authenticate", "_upgrade", "start of _handle")),
     ("attachment's end (task group exit)", ("TaskGroup.__aexit__",)),
     ("task bookkeeping (task_done, cancel delivery)", ("task_done", "_deliver_cancellation")),
