@@ -40,7 +40,7 @@ async def served(handler: Handler) -> AsyncIterator[int]:
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(SocketAttribute.local_port)
     async with anyio.create_task_group() as tg, listener:
-        tg.start_soon(_asyncio_stream.serve_accepted, listener, handler, tg)
+        tg.start_soon(_asyncio_stream.serve_accepted, listener, handler)
         yield port
         tg.cancel_scope.cancel()
 
