@@ -581,7 +581,7 @@ class _Handlers:
     kept for as long as the socket is attached -- a resume storm's garbage-collector passes
     grow with what each new connection keeps."""
 
-    __slots__ = ("_context", "_failure", "_handler", "_scopes", "failed")
+    __slots__ = ("_context", "_done_callback", "_failure", "_handler", "_scopes", "failed")
 
     def __init__(self, handler: Callable[[AsyncioByteStream], Coroutine[Any, Any, None]]) -> None:
         self._handler = handler
@@ -590,6 +590,7 @@ class _Handlers:
         # One context for every completion callback (add_done_callback copies the current
         # one per call otherwise).
         self._context = contextvars.copy_context()
+        self._done_callback = self._done  # (one bound method for every task)
         self.failed: anyio.CancelScope | None = None
         """Cancelled when a handler raises (the accept loops' scope)."""
 
@@ -597,7 +598,7 @@ class _Handlers:
         scope = anyio.CancelScope()
         task = asyncio.get_running_loop().create_task(_in_scope(self._handler(stream), scope))
         self._scopes[task] = scope
-        task.add_done_callback(self._done, context=self._context)
+        task.add_done_callback(self._done_callback, context=self._context)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         del self._scopes[task]
