@@ -1207,7 +1207,7 @@ _TURN_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("session writer", ("SessionTransport._writer",)),
     ("receipt timers", ("_receipt_timer_fired",)),
     ("session reader", ("SessionTransport._reader", "_read_messages", "_take_nowait")),
-    ("attachment's end (after the teardown step)", ("Attachments.run > Attachments._run",)),
+    ("attachment's end (after the teardown step)", ("_handle > Attachments.run",)),
     ("handshake, unbudgeted", ("_accept >", "_authenticate", "_upgrade", "start of _handle")),
     ("attachment's end (task group exit)", ("TaskGroup.__aexit__",)),
     ("task bookkeeping (task_done, cancel delivery)", ("task_done", "_deliver_cancellation")),
