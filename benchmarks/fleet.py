@@ -1198,7 +1198,7 @@ _TURN_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     # task step the chain of coroutines it resumes, outermost first), first match wins
     ("spared calls (the benchmark's caller)", ("call_spared", "Caller._complete")),
     ("benchmark bookkeeping", ("_Tracker.follow", "_controller_main", ".sample")),
-    ("budget lines' own callback", ("TurnBudget._next_turn",)),
+    ("budget lines' own callback", ("TurnBudget._next_turn", "TurnBudget._measure")),
     ("teardown step (budgeted)", ("receive_message > TurnBudget.step",)),
     ("handshake step (budgeted)", ("TurnBudget.step",)),
     ("accept", ("_accept_loop", "_add_reader", "wait_readable.<locals>.cb")),
