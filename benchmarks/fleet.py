@@ -52,7 +52,11 @@ sessions less with none, by type, and the tasks by coroutine; ``gc_tracked_contr
 up (after those counts): the runner runs the full controller a second time with it and reports
 it beside the default. Diagnosis: ``GL_FLEET_BENCH_GCWHO=1`` groups the controller's tracked
 objects per session by what refers to them; ``GL_FLEET_BENCH_GARBAGE=1`` (``per-resume``) saves
-each round's cyclic garbage and prints it per resume, by type and by frame.
+each round's cyclic garbage and prints it per resume, by type and by frame;
+``GL_FLEET_BENCH_KEPT=1`` (``per-resume``) freezes everything before each round and prints the
+GC-tracked objects the round kept, per resume, by type and by what refers to them. Every storm
+prints the GC-tracked objects it kept per resume and its GC passes per generation
+(``storm_tracked_per_resume``, ``storm_gc_passes``).
 
 Loop turns: ``GL_FLEET_BENCH_TURNS=1`` traces the controller's storm turn by turn (the CPU of
 every turn and of every ready handle in it, filed by category: budgeted handshake and teardown
