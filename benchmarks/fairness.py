@@ -170,7 +170,7 @@ async def _small_call(echo: Echo, payload: bytes, latencies: list[int]) -> None:
 
 async def _once(port: int, settings: FairnessSettings, trace: Path | None = None) -> dict[str, Any]:
     if trace is not None:
-        tracer = turns.TurnTracer(trace, "controller")
+        tracer = turns.TurnTracer(sample=True, path=trace, role="controller")
         tracer.install(asyncio.get_running_loop())
     rng = random.Random(7)
     small = rng.randbytes(settings.small_bytes)
@@ -409,7 +409,9 @@ def main(argv: list[str] | None = None) -> None:
 
     async def worker() -> None:
         if args.trace_turns is not None:
-            turns.TurnTracer(args.trace_turns, "worker").install(asyncio.get_running_loop())
+            turns.TurnTracer(sample=True, path=args.trace_turns, role="worker").install(
+                asyncio.get_running_loop()
+            )
         services = {"echo": gl.Service(_EchoImpl(), Echo)}
         async with gl.Worker(_config(args.port, args.frame_mib), services) as endpoint:
             announce(endpoint.link.listen_address[1])

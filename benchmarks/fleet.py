@@ -52,7 +52,11 @@ sessions less with none, by type, and the tasks by coroutine; ``gc_tracked_contr
 up (after those counts): the runner runs the full controller a second time with it and reports
 it beside the default. Diagnosis: ``GL_FLEET_BENCH_GCWHO=1`` groups the controller's tracked
 objects per session by what refers to them; ``GL_FLEET_BENCH_GARBAGE=1`` (``per-resume``) saves
-each round's cyclic garbage and prints it per resume, by type and by frame.
+each round's cyclic garbage and prints it per resume, by type and by frame;
+``GL_FLEET_BENCH_KEPT=1`` (``per-resume``) freezes everything before each round and prints the
+GC-tracked objects the round kept, per resume, by type and by what refers to them. Every storm
+prints the GC-tracked objects it kept per resume and its GC passes per generation
+(``storm_tracked_per_resume``, ``storm_gc_passes``).
 
 Loop turns: ``GL_FLEET_BENCH_TURNS=1`` traces the controller's storm turn by turn (the CPU of
 every turn and of every ready handle in it, filed by category: budgeted handshake and teardown
@@ -818,6 +822,18 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                     "cut children": sum(cpu_after[2:]) - sum(cpu_before[2:]),
                 },
             )
+            gc_storm = gc_log.phases["storm"]
+            result["storm_tracked_per_resume"] = (
+                gc_storm["after"]["tracked"] - gc_storm["before"]["tracked"]
+            ) / max(result["storm_resumed"], 1)
+            result["storm_gc_passes"] = [
+                gc_storm["passes"].get(str(g), {}).get("count", 0) for g in (0, 1, 2)
+            ]
+            _progress(
+                f"storm: GC-tracked objects kept per resume "
+                f"{result['storm_tracked_per_resume']:.1f}"
+                f", GC passes per generation {result['storm_gc_passes']}"
+            )
             _progress(
                 f"storm: {len(cut)} cut, all ready again in {recovered:.2f} s "
                 f"({result['storm_connections']} connections, {handshakes} handshakes, "
@@ -917,6 +933,10 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
                 if os.environ.get("GL_FLEET_BENCH_GARBAGE"):
                     gc.collect()
                     gc.set_debug(gc.DEBUG_SAVEALL)
+                kept = os.environ.get("GL_FLEET_BENCH_KEPT")
+                if kept:
+                    gc.collect()
+                    gc.freeze()
                 before = fleet.statistics()
                 with _profiled("resume"):
                     cpu_before = _cpu_seconds([proc])
@@ -934,6 +954,8 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
                     cpu_after = _cpu_seconds([proc])
                     window = time.perf_counter() - start
                 await proc.stdin.send(b"dump\n")
+                if kept:
+                    _report_kept(n)
                 if os.environ.get("GL_FLEET_BENCH_GARBAGE"):
                     _report_garbage(n)
                 after = fleet.statistics()
@@ -977,6 +999,19 @@ async def _per_resume_main(args: argparse.Namespace) -> dict[str, Any]:
         f"{idle_rate[0] * 100:.1f} %, worker {idle_rate[1] * 100:.1f} %)"
     )
     return result
+
+
+def _report_kept(resumes: int) -> None:
+    """With ``GL_FLEET_BENCH_KEPT`` set (``per-resume``; diagnosis): the GC-tracked objects the
+    round kept (everything before it frozen, the round's garbage collected), per resume, by
+    type and what refers to them (:func:`tracked_owners`), on stderr."""
+    counts = tracked_owners()
+    total = sum(counts.values())
+    _progress(f"kept per resume: {total / resumes:.1f} GC-tracked objects")
+    for name, count in counts.most_common(150):
+        if count >= resumes / 2:
+            _progress(f"  {count / resumes:6.2f}  {name[:200]}")
+    gc.unfreeze()
 
 
 def _report_garbage(resumes: int) -> None:
@@ -1167,7 +1202,7 @@ _TURN_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     # task step the chain of coroutines it resumes, outermost first), first match wins
     ("spared calls (the benchmark's caller)", ("call_spared", "Caller._complete")),
     ("benchmark bookkeeping", ("_Tracker.follow", "_controller_main", ".sample")),
-    ("budget lines' own callback", ("TurnBudget._next_turn",)),
+    ("budget lines' own callback", ("TurnBudget._next_turn", "TurnBudget._measure")),
     ("teardown step (budgeted)", ("receive_message > TurnBudget.step",)),
     ("handshake step (budgeted)", ("TurnBudget.step",)),
     ("accept", ("_accept_loop", "_add_reader", "wait_readable.<locals>.cb")),
@@ -1176,7 +1211,7 @@ _TURN_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("session writer", ("Outbound.writer",)),
     ("receipt timers", ("_receipt_timer_fired",)),
     ("session reader", ("Inbound.reader", "_read_messages", "Inbound.take_nowait")),
-    ("attachment's end (after the teardown step)", ("attached > Attachments.run",)),
+    ("attachment's end (after the teardown step)", ("_handle > Attachments.run",)),
     ("handshake, unbudgeted", ("_accept >", "_authenticate", "_upgrade", "start of _handle")),
     ("attachment's end (task group exit)", ("TaskGroup.__aexit__",)),
     ("task bookkeeping (task_done, cancel delivery)", ("task_done", "_deliver_cancellation")),
@@ -1189,30 +1224,26 @@ _DETAILED = ("handshake, unbudgeted", "attachment's end", "other")
 
 @contextlib.contextmanager
 def _turn_trace(phase: str, calls: tuple[list[float], list[float]]) -> Iterator[None]:
-    """With ``GL_FLEET_BENCH_TURNS`` set (asyncio only; diagnosis): time every loop turn of this
-    phase and every ready handle in it on the CPU, file each handle under a category (the
-    handshake line's budgeted steps, what of a handshake runs outside them, accept, socket reads
-    of new and of established sockets, the sessions' pumps, heartbeats, the lost sockets'
-    ends, GC...: ``_TURN_CATEGORIES``), and print on stderr: the turns' lengths on the CPU;
-    what ran in all turns, in the turns longer than 0.5 ms, and in the turns that overlapped
-    the spared calls at or over their p99 (``calls``: their starts, ``perf_counter``, and
-    latencies in ms, filled by the time the phase ends), by category. A new socket is one the
-    loop did not watch when the phase began, a new task one that did not exist then (a resumed
-    session's pumps are new, a spared one's old). It allocates no GC-tracked object per turn
-    (flat arrays), so that it does not add GC passes of its own; its CPU cost per handle is
-    about that of a small handle (the storm runs slower under it).
+    """With ``GL_FLEET_BENCH_TURNS`` set (asyncio only; diagnosis): trace every loop turn of this
+    phase with :class:`benchmarks.turns.TurnTracer`, each ready handle's CPU filed under a
+    category (the handshake line's budgeted steps, what of a handshake runs outside them,
+    accept, socket reads of new and of established sockets, the sessions' pumps, heartbeats, the
+    lost sockets' ends, GC...: ``_TURN_CATEGORIES``), and print on stderr: the turns' lengths on
+    the CPU and their GC passes; what ran in all turns, in the turns longer than 0.5 ms, and in
+    the turns that overlapped the spared calls at or over their p99 (``calls``: their starts,
+    ``perf_counter``, and latencies in ms, filled by the time the phase ends), by category. A new
+    socket is one the loop did not watch when the phase began, a new task one that did not exist
+    then (a resumed session's pumps are new, a spared one's old). The tracer keeps its turns in
+    flat arrays (no GC passes of its own); its CPU cost per handle is about that of a small
+    handle (the storm runs slower under it).
     """
     if not os.environ.get("GL_FLEET_BENCH_TURNS"):
         yield
         return
-    import array
     import asyncio
-    import asyncio.base_events
-    import asyncio.events
 
-    base = asyncio.base_events.BaseEventLoop
-    run_once, handle_run = base._run_once, asyncio.events.Handle._run  # type: ignore[attr-defined]
-    perf, cpu = time.perf_counter, time.thread_time
+    from .turns import TurnTracer
+
     selector: Any = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
     old_transports = {
         id(getattr(key.data[0]._callback, "__self__", None))
@@ -1220,14 +1251,6 @@ def _turn_trace(phase: str, calls: tuple[list[float], list[float]]) -> Iterator[
         if key.data[0] is not None
     }
     old_tasks = {id(t) for t in asyncio.all_tasks()}
-    width = 96  # categories at most (the rest are "other")
-    names: list[str] = []
-    index: dict[str, int] = {}
-    starts, ends, on_cpu = array.array("d"), array.array("d"), array.array("d")
-    cells, seconds = array.array("q"), array.array("d")  # (turn * width + category, seconds)
-    current = [0.0] * width
-    touched: list[int] = []
-    gc_cpu = [0.0, 0.0]  # CPU seconds of GC in this turn; when the running pass started
 
     def category(handle: Any) -> str:
         cb = handle._callback
@@ -1260,79 +1283,39 @@ def _turn_trace(phase: str, calls: tuple[list[float], list[float]]) -> Iterator[
                 return label + (": " + inner[:70] if label.startswith(_DETAILED) else "")
         return "other: " + inner[:70]
 
-    def traced_run_once(self: Any) -> None:
-        gc_cpu[0] = 0.0
-        t, c = perf(), cpu()
-        run_once(self)
-        turn = len(starts)
-        starts.append(t)
-        ends.append(perf())
-        on_cpu.append(cpu() - c)
-        for i in touched:
-            cells.append(turn * width + i)
-            seconds.append(current[i])
-            current[i] = 0.0
-        touched.clear()
-        if gc_cpu[0]:
-            cells.append(turn * width + slot("GC"))
-            seconds.append(gc_cpu[0])
-
-    def slot(label: str) -> int:
-        i = index.get(label)
-        if i is None:
-            if len(names) >= width - 1:
-                label = "other"
-                i = index.get(label)
-            if i is None:
-                i = index[label] = len(names)
-                names.append(label)
-        return i
-
-    def traced_handle_run(handle: Any) -> None:
-        i = slot(category(handle))
-        t, g = cpu(), gc_cpu[0]
-        handle_run(handle)
-        if current[i] == 0.0:
-            touched.append(i)
-        current[i] += (cpu() - t) - (gc_cpu[0] - g) or 1e-9
-
-    def gc_timer(event: str, info: dict[str, int]) -> None:
-        if event == "start":
-            gc_cpu[1] = cpu()
-        else:
-            gc_cpu[0] += cpu() - gc_cpu[1]
-
-    gc.callbacks.append(gc_timer)
-    base._run_once = traced_run_once  # type: ignore[attr-defined]
-    asyncio.events.Handle._run = traced_handle_run  # type: ignore[method-assign,assignment]
+    tracer = TurnTracer(category)
+    tracer.install()
     try:
         yield
     finally:
-        base._run_once = run_once  # type: ignore[attr-defined]
-        asyncio.events.Handle._run = handle_run  # type: ignore[method-assign]
-        gc.callbacks.remove(gc_timer)
-        by_turn: dict[int, dict[str, float]] = {}
-        for cell, s in zip(cells, seconds, strict=True):
-            turn, i = divmod(cell, width)
-            by_turn.setdefault(turn, {})[names[i]] = s
-        turns = [(starts[i], ends[i], on_cpu[i], by_turn.get(i, {})) for i in range(len(starts))]
-        _report_turns(phase, turns, calls)
+        tracer.uninstall()
+        _report_turns(phase, tracer.turns(), calls)
 
 
-def _report_turns(
-    phase: str,
-    turns: list[tuple[float, float, float, dict[str, float]]],
-    calls: tuple[list[float], list[float]],
-) -> None:
-    if not turns:
+def _report_turns(phase: str, traced: list[Any], calls: tuple[list[float], list[float]]) -> None:
+    if not traced:
         return
+    # (start, end, CPU seconds, {category: CPU seconds}) per turn
+    turns = [
+        (
+            t.start_ns / 1e9,
+            t.end_ns / 1e9,
+            t.cpu_ns / 1e9,
+            {name: ns / 1e9 for name, ns in t.cpu_by_category.items()},
+        )
+        for t in traced
+    ]
     on_cpu = [c for _, _, c, _ in turns]
     long = [turn for turn in turns if turn[2] > 0.0005]
+    passes = [sum(t.gc_passes[g] for t in traced) for g in (0, 1, 2)]
+    long_passes = [sum(t.gc_passes[g] for t in traced if t.cpu_ns > 500_000) for g in (0, 1, 2)]
     _progress(
         f"{phase} turns: {len(turns)}, on the CPU p50 {_p(on_cpu, 50) * 1000:.2f} ms, p90 "
         f"{_p(on_cpu, 90) * 1000:.2f}, p99 {_p(on_cpu, 99) * 1000:.2f}, max "
         f"{max(on_cpu) * 1000:.2f} ms; {len(long)} turns over 0.5 ms hold "
-        f"{sum(c for _, _, c, _ in long):.3f} of {sum(on_cpu):.3f} CPU-s"
+        f"{sum(c for _, _, c, _ in long):.3f} of {sum(on_cpu):.3f} CPU-s; GC passes per "
+        f"generation {passes[0]}/{passes[1]}/{passes[2]} ({long_passes[0]}/{long_passes[1]}/"
+        f"{long_passes[2]} in the turns over 0.5 ms)"
     )
 
     def table(title: str, chosen: list[tuple[float, float, float, dict[str, float]]]) -> None:

@@ -1,37 +1,44 @@
 """Per-loop-turn tracer for a benchmark process: which work makes an asyncio loop turn long.
 
-A diagnostic for the benchmarks only (``python -m benchmarks.fairness trace``), never loaded by
-the library: it patches asyncio's ``Handle._run`` (process-wide) and the running loop's
-``_run_once``, so it needs the plain asyncio loop (not uvloop), and it costs time of its own
-(two ``setitimer`` calls per turn and a sample every :data:`SAMPLE_S` inside one; its figures are
-for finding *what* is long, not for the benchmark's own latencies).
+A diagnostic for the benchmarks only, never loaded by the library; ``python -m benchmarks.fairness
+trace`` and ``GL_FLEET_BENCH_TURNS=1`` (the fleet's storm) use it. It patches asyncio's
+``Handle._run`` (process-wide) and the traced loop's ``_run_once``, so it needs the plain asyncio
+loop (not uvloop), and it costs time of its own (its figures are for finding *what* is long, not
+for the benchmark's own latencies).
 
 How a turn is split
 -------------------
-A turn is the span from the start of its first callback to the end of its last (the wait in
-``epoll`` is not part of it). While a turn runs, an interval timer (``SIGALRM``) samples the
-Python stack of the main thread; each sample is charged the time since the previous sample (or
-the start of the callback), so a long C call (a ``memcpy``, ``munmap``, a ``bytes.translate``)
-is charged to the Python frame that made it, once it returns. A sample's stack is put in a
-category by its innermost frame that matches :data:`RULES` (masking, unmasking, socket read and
-write, part assembly, retention, the handler, ...); what no rule matches is named by its
-innermost frame. Garbage-collector passes are timed by ``gc.callbacks`` and charged to ``gc``.
-What is left of a callback after its last sample is charged to that sample's category (or, in a
-callback shorter than a sample, to the callback: its task's coroutine or its function).
+A turn is one ``_run_once`` that ran at least one handle: its span on ``perf_counter_ns``
+(``CLOCK_MONOTONIC``: comparable across the processes of one machine) and the CPU time of the
+thread in it (less than the span when the process was preempted, and without the wait in
+``epoll``). Its CPU time is charged to categories:
 
-Every turn longer than ``threshold_ms`` is written as one JSON line (its start on
-``time.perf_counter_ns``, which is ``CLOCK_MONOTONIC``: comparable across the processes of one
-machine), with its busy time, the CPU time of the thread in it (less than the busy time when the
-process was preempted: on a machine of few cores, a write that wakes the peer process can hand
-it our core), callbacks, time per category and its three costliest innermost
-frames; :meth:`TurnTracer.mark` writes a marker line (the benchmark marks the span of the bulk
-phase). :func:`report` reads the files of both processes and prints, for the marked spans only,
-the histogram of long turns by what dominated them.
+- each ready handle's CPU goes to the category ``classify(handle)`` gives (default
+  :func:`describe`: the task's coroutine or the callback's name);
+- with ``sample=True``, an interval timer (``SIGALRM``, every :data:`SAMPLE_S` of a turn) samples
+  the Python stack instead, and the CPU since the previous sample goes to the category of the
+  stack's innermost frame that matches :data:`RULES` (a long C call is charged to the Python frame
+  that made it, once it returns); what no rule matches is named by its innermost frame, and what is
+  left of a handle after its last sample goes to that sample's category (or, in a handle shorter
+  than a sample, to the handle's own);
+- garbage-collector passes (``gc.callbacks``) go to ``GC``, and the turn counts its passes per
+  generation.
+
+Every turn is kept in flat arrays (no GC-tracked object per turn, so that the tracer adds no GC
+passes of its own; categories are kept as indices, at most ``width`` of them, the rest are
+``other``): :meth:`TurnTracer.turns` gives them after the fact. With a ``path``, every turn
+longer than ``threshold_ms`` is also written as one JSON line as it ends (its start, busy time,
+CPU, handles, GC passes, microseconds per category and, when sampling, its three costliest
+innermost frames), and :meth:`TurnTracer.mark` writes a marker line; :func:`report` reads the
+files of several processes and prints, for the marked spans only, the long turns by what
+dominated them. The fleet benchmark reports from :meth:`TurnTracer.turns` in its own process.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import asyncio.events
 import gc
 import itertools
 import json
@@ -41,14 +48,15 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any, TextIO
 
-__all__ = ["RULES", "SAMPLE_S", "TurnTracer", "report"]
+__all__ = ["RULES", "SAMPLE_S", "Turn", "TurnTracer", "describe", "report"]
 
 SAMPLE_S = 100e-6
-"""Seconds between two stack samples inside a turn."""
+"""Seconds between two stack samples inside a turn (``sample=True``)."""
 
 RULES: tuple[tuple[str, str, str], ...] = (
     # (file name ending, function name or "*", category); innermost matching frame wins.
@@ -91,7 +99,6 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("benchmarks/fairness.py", "*", "benchmark"),
 )
 
-
 _RULED: dict[CodeType, str | None] = {}
 """The category of each code object seen (``None``: no rule matches it)."""
 
@@ -121,7 +128,8 @@ def _category(frame: FrameType | None) -> tuple[str, str]:
     return f"other: {leaf}", leaf
 
 
-def _describe(handle: asyncio.Handle) -> str:
+def describe(handle: asyncio.Handle) -> str:
+    """A ready handle's default category: ``task <its coroutine>`` or ``callback <name>``."""
     callback: Any = handle._callback  # type: ignore[attr-defined]
     owner = getattr(callback, "__self__", None)
     if isinstance(owner, asyncio.Task):
@@ -130,124 +138,245 @@ def _describe(handle: asyncio.Handle) -> str:
     return f"callback {getattr(callback, '__qualname__', type(callback).__name__)}"
 
 
-class TurnTracer:
-    """Times every turn of one asyncio loop and writes the long ones (module docstring)."""
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One traced loop turn (module docstring)."""
 
-    def __init__(self, path: str | Path, role: str, threshold_ms: float | None = None) -> None:
+    start_ns: int
+    end_ns: int
+    cpu_ns: int
+    handles: int
+    gc_passes: tuple[int, int, int]
+    """GC passes in the turn, per generation."""
+    cpu_by_category: dict[str, int]
+    """CPU nanoseconds per category."""
+
+
+class TurnTracer:
+    """Times every turn of one asyncio loop and charges its CPU to categories (module docstring).
+
+    ``classify`` names a ready handle's category; ``sample`` charges by stack samples instead;
+    ``path`` (with ``role``) writes the turns over ``threshold_ms`` as JSON lines. Use it as
+    ``install(loop)`` ... ``uninstall()``, or as a context manager around code running in the
+    loop.
+    """
+
+    def __init__(
+        self,
+        classify: Callable[[asyncio.Handle], str] = describe,
+        *,
+        sample: bool = False,
+        path: str | Path | None = None,
+        role: str = "",
+        threshold_ms: float | None = None,
+        width: int = 96,
+    ) -> None:
         if threshold_ms is None:
             threshold_ms = float(os.environ.get("GARCON_BENCH_TURN_MS", "0.3"))
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._classify = classify
+        self._sample_on = sample
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if path else -1
         self._role = role
         self._threshold = int(threshold_ms * 1e6)
-        self._clock = time.perf_counter_ns
+        self._width = width
+        self._names: list[str] = []
+        self._index: dict[str, int] = {}
+        # Per turn, in flat arrays: span, CPU, handles, GC passes per generation.
+        self._starts, self._ends = array.array("q"), array.array("q")
+        self._cpus, self._handle_counts = array.array("q"), array.array("l")
+        self._gcs = array.array("l")  # three per turn
+        self._cells, self._spent = array.array("q"), array.array("q")  # (turn*width+cat, ns)
+        # The running turn.
+        self._current = [0] * width
+        self._touched: list[int] = []
+        self._gc_now = [0, 0, 0]
+        self._leaves: defaultdict[str, int] = defaultdict(int)
+        self._handles = 0
+        self._first = 0
+        self._cpu0 = 0
+        self._mark = 0  # thread CPU at the last charge
+        self._handle_cat = 0  # the running handle's own category
+        self._sampled = -1  # the category of the last sample in the running handle (-1: none)
         self._in_turn = False
         self._sampling = False
-        self._first = 0
-        self._last = 0
-        self._handles = 0
-        self._sampled: str | None = None
-        self._cats: defaultdict[str, int] = defaultdict(int)
-        self._leaves: defaultdict[str, int] = defaultdict(int)
-        self._gc_start = 0
-        self._cpu = 0
-        self._handle: asyncio.Handle | None = None
-        self.turns = 0
+        self._loop: Any = None
+        self._handle_run: Callable[[asyncio.Handle], None] | None = None
+        self.turn_count = 0
 
-    def install(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Trace ``loop`` (a plain asyncio loop, running in this thread)."""
+    # -------------------------------------------------------------------- install
+
+    def install(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Trace ``loop`` (a plain asyncio loop, running in this thread; default: the running
+        loop)."""
+        loop = loop or asyncio.get_running_loop()
+        self._loop = loop
         run_once: Callable[[], None] = loop._run_once  # type: ignore[attr-defined]
-        original_run = asyncio.events.Handle._run
+        handle_run = self._handle_run = asyncio.events.Handle._run
         tracer = self
-        clock = self._clock
         cpu = time.thread_time_ns
+        clock = time.perf_counter_ns
 
         def traced_run(handle: asyncio.Handle) -> None:
-            start = clock()
+            now = cpu()
             if not tracer._handles:
-                tracer._first = start
-                tracer._cpu = cpu()
-                signal.setitimer(signal.ITIMER_REAL, SAMPLE_S, SAMPLE_S)
+                tracer._first = clock()
+                tracer._cpu0 = now
+                if tracer._sample_on:
+                    signal.setitimer(signal.ITIMER_REAL, SAMPLE_S, SAMPLE_S)
             tracer._handles += 1
-            tracer._handle = handle
-            tracer._last = start
-            tracer._sampled = None
+            tracer._mark = now
+            tracer._handle_cat = tracer._slot(tracer._classify(handle))
+            tracer._sampled = -1
             tracer._in_turn = True
             try:
-                original_run(handle)
+                handle_run(handle)
             finally:
-                end = clock()
-                rest = end - tracer._last
-                tracer._cats[tracer._sampled or _describe(handle)] += rest
-                tracer._last = end
+                tracer._in_turn = False
+                tracer._charge(tracer._sampled if tracer._sampled >= 0 else tracer._handle_cat)
 
         def traced_run_once() -> None:
             tracer._handles = 0
-            tracer._cats.clear()
-            tracer._leaves.clear()
             try:
                 run_once()
             finally:
-                tracer._in_turn = False
                 if tracer._handles:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
-                    tracer._turn_done()
+                    if tracer._sample_on:
+                        signal.setitimer(signal.ITIMER_REAL, 0)
+                    tracer._turn_done(clock(), cpu())
 
         asyncio.events.Handle._run = traced_run  # type: ignore[method-assign,assignment]
         loop._run_once = traced_run_once  # type: ignore[attr-defined]
-        signal.signal(signal.SIGALRM, self._sample)
-        gc.callbacks.append(self._gc)
+        if self._sample_on:
+            signal.signal(signal.SIGALRM, self._on_sample)
+        gc.callbacks.append(self._on_gc)
 
-    def _sample(self, signum: int, frame: FrameType | None) -> None:
+    def uninstall(self) -> None:
+        """Stop tracing (the turns stay readable)."""
+        if self._loop is None:
+            return
+        del self._loop._run_once  # the instance attribute: the class's method shows again
+        asyncio.events.Handle._run = self._handle_run  # type: ignore[method-assign,assignment]
+        gc.callbacks.remove(self._on_gc)
+        if self._sample_on:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        self._loop = None
+
+    def __enter__(self) -> TurnTracer:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    # -------------------------------------------------------------------- charging
+
+    def _slot(self, label: str) -> int:
+        i = self._index.get(label)
+        if i is None:
+            if len(self._names) >= self._width - 1:
+                label = "other"
+                i = self._index.get(label)
+            if i is None:
+                i = self._index[label] = len(self._names)
+                self._names.append(label)
+        return i
+
+    def _charge(self, i: int) -> None:
+        now = time.thread_time_ns()
+        if self._current[i] == 0:
+            self._touched.append(i)
+        self._current[i] += (now - self._mark) or 1
+        self._mark = now
+
+    def _on_sample(self, signum: int, frame: FrameType | None) -> None:
         if not self._in_turn or self._sampling:
             return
         self._sampling = True
-        now = self._clock()
         try:
             category, leaf = _category(frame)
+            before = self._mark
+            i = self._slot(category)
+            self._charge(i)
+            self._leaves[leaf] += self._mark - before
+            self._sampled = i
         finally:
             self._sampling = False
-        spent = now - self._last
-        self._cats[category] += spent
-        self._leaves[leaf] += spent
-        self._sampled = category
-        self._last = now
 
-    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if not self._in_turn:
             return
-        now = self._clock()
         if phase == "start":
-            self._gc_start = now
+            # What ran before the pass goes to the handle (or its last sample); the pass to GC.
+            self._charge(self._sampled if self._sampled >= 0 else self._handle_cat)
             return
-        # The time before the pass goes to the frame that was running; the pass to "gc".
-        self._cats[f"gc (generation {info.get('generation')})"] += now - self._gc_start
-        before = self._sampled or (_describe(self._handle) if self._handle else "before gc")
-        self._cats[before] += self._gc_start - self._last
-        self._last = now
+        self._charge(self._slot("GC"))
+        generation = info.get("generation", 0)
+        if 0 <= generation <= 2:
+            self._gc_now[generation] += 1
 
-    def _turn_done(self) -> None:
-        self.turns += 1
-        end = self._last
-        busy = end - self._first
-        if busy < self._threshold:
-            return
-        cpu = time.thread_time_ns() - self._cpu
+    def _turn_done(self, end: int, cpu_end: int) -> None:
+        turn = len(self._starts)
+        self.turn_count += 1
+        self._starts.append(self._first)
+        self._ends.append(end)
+        self._cpus.append(cpu_end - self._cpu0)
+        self._handle_counts.append(self._handles)
+        self._gcs.extend(self._gc_now)
+        cats: dict[str, int] | None = None
+        if self._fd >= 0 and end - self._first >= self._threshold:
+            cats = {}
+        for i in self._touched:
+            self._cells.append(turn * self._width + i)
+            self._spent.append(self._current[i])
+            if cats is not None:
+                cats[self._names[i]] = self._current[i]
+            self._current[i] = 0
+        self._touched.clear()
+        if cats is not None:
+            self._write(end, cpu_end, cats)
+        self._gc_now[:] = (0, 0, 0)
+        self._leaves.clear()
+
+    def _write(self, end: int, cpu_end: int, cats: dict[str, int]) -> None:
         leaves = sorted(self._leaves.items(), key=lambda item: -item[1])[:3]
         record = {
             "role": self._role,
             "t0": self._first,
-            "busy_us": busy // 1000,
-            "cpu_us": cpu // 1000,
+            "busy_us": (end - self._first) // 1000,
+            "cpu_us": (cpu_end - self._cpu0) // 1000,
             "handles": self._handles,
-            "cats": {key: value // 1000 for key, value in self._cats.items() if value >= 1000},
+            "gc": list(self._gc_now),
+            "cats": {key: value // 1000 for key, value in cats.items() if value >= 1000},
             "leaves": [[leaf, spent // 1000] for leaf, spent in leaves],
         }
         os.write(self._fd, json.dumps(record).encode() + b"\n")
 
+    # -------------------------------------------------------------------- results
+
     def mark(self, what: str, start_ns: int, end_ns: int) -> None:
         """Write a marker: the span ``[start_ns, end_ns]`` (``perf_counter_ns``) is ``what``."""
-        record = {"role": self._role, "mark": what, "start": start_ns, "end": end_ns}
-        os.write(self._fd, json.dumps(record).encode() + b"\n")
+        if self._fd >= 0:
+            record = {"role": self._role, "mark": what, "start": start_ns, "end": end_ns}
+            os.write(self._fd, json.dumps(record).encode() + b"\n")
+
+    def turns(self) -> list[Turn]:
+        """Every turn traced so far, in order."""
+        by_turn: dict[int, dict[str, int]] = {}
+        for cell, ns in zip(self._cells, self._spent, strict=True):
+            turn, i = divmod(cell, self._width)
+            by_turn.setdefault(turn, {})[self._names[i]] = ns
+        gcs = self._gcs
+        return [
+            Turn(
+                self._starts[i],
+                self._ends[i],
+                self._cpus[i],
+                self._handle_counts[i],
+                (gcs[3 * i], gcs[3 * i + 1], gcs[3 * i + 2]),
+                by_turn.get(i, {}),
+            )
+            for i in range(len(self._starts))
+        ]
 
 
 BUCKETS_MS = (0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 50.0)
@@ -326,7 +455,7 @@ def report(paths: Iterable[Path], out: TextIO = sys.stdout, mark: str = "bulk") 
         print("  of those > 0.3 ms on the CPU, by what dominated them (turns):", file=out)
         for name, count in dominant_cpu.most_common(8):
             print(f"    {count:6d}  {name}", file=out)
-        print("  time in them by category (ms):", file=out)
+        print("  CPU in them by category (ms):", file=out)
         for name, us in spent.most_common(14):
             print(f"    {us / 1000:8.1f}  {name}", file=out)
         print("  costliest innermost frames (ms):", file=out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -40,7 +41,7 @@ async def served(handler: Handler) -> AsyncIterator[int]:
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(SocketAttribute.local_port)
     async with anyio.create_task_group() as tg, listener:
-        tg.start_soon(_asyncio_stream.serve_accepted, listener, handler, tg)
+        tg.start_soon(_asyncio_stream.serve_accepted, listener, handler)
         yield port
         tg.cancel_scope.cancel()
 
@@ -389,3 +390,50 @@ async def test_connect_failure_is_an_os_error() -> None:
     await listener.aclose()  # nobody listens there any more
     with pytest.raises(OSError):
         await _asyncio_stream.connect("127.0.0.1", port)
+
+
+async def test_the_handlers_end_with_the_accept_loop_cancelled_and_awaited() -> None:
+    """Ending ``serve_accepted`` cancels every running handler (an anyio cancellation: its
+    ``finally`` runs, and sees no deadline left) and returns only once all have ended."""
+    started: list[int] = []
+    ended: list[float] = []
+
+    async def waits(stream: AsyncioByteStream) -> None:
+        async with stream:
+            started.append(1)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                ended.append(anyio.current_effective_deadline())
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(SocketAttribute.local_port)
+    clients: list[AsyncioByteStream] = []
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg, listener:
+            tg.start_soon(_asyncio_stream.serve_accepted, listener, waits)
+            for _ in range(3):
+                clients.append(await _asyncio_stream.connect("127.0.0.1", port))
+            while len(started) < 3:
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        assert ended == [-math.inf] * 3  # all ended before the task group did
+    for client in clients:
+        await client.aclose()
+
+
+async def test_a_handlers_exception_ends_the_accept_loop_and_is_raised_from_it() -> None:
+    class Boom(Exception):
+        pass
+
+    async def fails(stream: AsyncioByteStream) -> None:
+        async with stream:
+            raise Boom
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(SocketAttribute.local_port)
+    async with listener:
+        client = await _asyncio_stream.connect("127.0.0.1", port)  # waits in the backlog
+        with anyio.fail_after(10), pytest.raises(Boom):
+            await _asyncio_stream.serve_accepted(listener, fails)
+        await client.aclose()

@@ -314,3 +314,43 @@ def test_the_relay_benchmarks_floor_echoes_through_each_proxy_and_reports_its_ra
         assert floor[f"{kind}_proxy_cpu_us_per_call_64"] >= 0
         assert floor[f"{kind}_p50_factor"] == floor[f"{kind}_p50_us"] / floor["direct_p50_us"]
     assert "through the byte proxy" in completed.stderr
+
+
+def test_the_turn_tracer_counts_every_turn_its_handles_gc_passes_and_categories() -> None:
+    """``benchmarks.turns.TurnTracer`` (both benchmarks' tracer): two turns of known work, the
+    automatic GC off so that the only passes are the two asked for."""
+    import asyncio
+    import gc
+
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.turns import Turn, TurnTracer
+    finally:
+        sys.path.remove(str(ROOT))
+
+    def collect() -> None:
+        gc.collect()
+
+    def classify(handle: asyncio.Handle) -> str:
+        return "collect" if handle._callback is collect else "rest"  # type: ignore[attr-defined]
+
+    tracer = TurnTracer(classify)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        with tracer:
+            await asyncio.sleep(0)  # a turn: this task's step
+            loop.call_soon(collect)
+            loop.call_soon(collect)
+            await asyncio.sleep(0)  # a turn: the two callbacks, then this task's step
+
+    gc.disable()
+    try:
+        asyncio.run(main())
+    finally:
+        gc.enable()
+    turns: list[Turn] = tracer.turns()
+    assert [t.handles for t in turns] == [1, 3]
+    assert [t.gc_passes for t in turns] == [(0, 0, 0), (0, 0, 2)]
+    assert set(turns[1].cpu_by_category) == {"collect", "rest", "GC"}
+    assert all(t.end_ns >= t.start_ns and t.cpu_ns > 0 for t in turns)

@@ -214,6 +214,50 @@ async def test_the_line_is_bounded_by_the_unauthenticated_cap() -> None:
             assert link.statistics().evicted_unauthenticated == extra
 
 
+async def test_what_a_socket_woke_in_a_turn_runs_ahead_of_the_step_let_through_then() -> None:
+    """One step a turn goes through while bytes arrive on an established socket: the task its
+    read woke (an attached session's reader) runs before the step let through in that turn."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    budget = TurnBudget(1, LinkStatistics())
+    order: list[str] = []
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    readable: asyncio.Future[None] = loop.create_future()
+
+    def on_readable() -> None:  # the socket's callback in the loop turn its bytes arrive
+        loop.remove_reader(a)
+        order.append("read")
+        readable.set_result(None)
+
+    async def reader() -> None:
+        await readable
+        order.append("reader")
+
+    async def step() -> None:
+        await budget.step()
+        order.append("step")
+
+    loop.add_reader(a, on_readable)
+    try:
+        with anyio.fail_after(DEADLINE):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(reader)
+                for _ in range(8):
+                    tg.start_soon(step)
+                while order.count("step") < 2:  # steps go through one a turn
+                    await anyio.sleep(0)
+                b.send(b"x")
+    finally:
+        loop.remove_reader(a)
+        a.close()
+        b.close()
+    assert order.count("step") == 8
+    after = order.index("read") + 1
+    assert order[after] == "reader", order
+
+
 async def test_steps_are_let_through_by_their_measured_cost() -> None:
     """Eight steps a turn at most and three units of time a turn, each step costing one unit
     (an injected clock): the first turn lets eight through, unmeasured; every later one three."""

@@ -26,6 +26,7 @@ lookup it is given.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Callable
 
@@ -68,12 +69,17 @@ class Heartbeat:
         self._dialer = dialer
         self._tag = tag
         self._key_for = key_for
+        self._timer_context: contextvars.Context | None = None
+        """The context every socket's heartbeat timer runs in (asyncio; made at the first
+        :meth:`start`): one, not a copy per timer armed."""
 
     def start(self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope) -> _Beating:
         """On asyncio: follow :func:`~garcon_link.core.heartbeat.heartbeat_step` for ``sock``
         with loop timers until :meth:`_Beating.stop` (``scope``: the socket's, cancelled to end
         it)."""
-        return _Beating(self, slot, sock, scope)
+        if self._timer_context is None:
+            self._timer_context = contextvars.copy_context()
+        return _Beating(self, slot, sock, scope, self._timer_context)
 
     async def run(
         self, slot: _Slot, sock: WebSocket, scope: anyio.CancelScope, beat: anyio.CancelScope
@@ -175,6 +181,7 @@ class _Beating:
 
     __slots__ = (
         "_beat",
+        "_context",
         "_done",
         "_loop",
         "_next_key_check",
@@ -193,8 +200,10 @@ class _Beating:
         slot: _Slot,
         sock: WebSocket,
         scope: anyio.CancelScope,
+        context: contextvars.Context,
     ) -> None:
         self._beat = beat
+        self._context = context
         self._slot = slot
         self._sock = sock
         self._scope = scope
@@ -208,7 +217,9 @@ class _Beating:
         )
         self._ping_until = 0.0  # while a ping waits for the socket: when it is given up
         self._done = False
-        self._timer: asyncio.Handle | None = loop.call_soon(self._step)
+        # The timers call this object itself (no bound method per timer), in the heartbeat's
+        # one context.
+        self._timer: asyncio.Handle | None = loop.call_soon(self, context=context)
 
     def stop(self) -> None:
         """End the heartbeat (the socket ended)."""
@@ -221,7 +232,8 @@ class _Beating:
         self.stop()
         self._scope.cancel()
 
-    def _step(self) -> None:
+    def __call__(self) -> None:
+        """One step (the timer's callback)."""
         self._timer = None
         if self._done:
             return
@@ -257,7 +269,7 @@ class _Beating:
                 wake = action.wake
                 if self._ping_until:
                     wake = min(wake, now + PING_RETRY_S, self._ping_until)
-                self._timer = self._loop.call_at(wake, self._step)
+                self._timer = self._loop.call_at(wake, self, context=self._context)
                 return
         except SocketGone:
             self._end_socket()

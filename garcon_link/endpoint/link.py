@@ -81,6 +81,7 @@ capture, a memory handler) would otherwise keep every refused socket's frames an
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import random
@@ -752,14 +753,10 @@ class WebSocketLink:
         if admitted is None:
             return None
         slot, transport, peer_received = admitted
-
-        async def attached() -> None:
-            try:
-                await self._attachments.run(sock, slot, transport, peer_received, result, key)
-            finally:
-                await sock.abort()  # a no-op after a close; closes the socket on cancellation
-
-        return attached
+        attachments = self._attachments
+        return functools.partial(
+            attachments.run, sock, slot, transport, peer_received, result.resume, key
+        )
 
     # ------------------------------------------------------------------ admission
 

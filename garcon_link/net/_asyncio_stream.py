@@ -47,6 +47,7 @@ never a line per socket or per retry.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import socket
 import threading
@@ -550,20 +551,79 @@ def _set_nodelay(sock: socket.socket) -> None:
 async def serve_accepted(
     listener: anyio.abc.Listener[Any],
     handler: Callable[[AsyncioByteStream], Coroutine[Any, Any, None]],
-    task_group: anyio.abc.TaskGroup,
 ) -> None:
-    """Accept on every socket of ``listener`` and run ``handler(stream)`` in ``task_group``.
+    """Accept on every socket of ``listener`` and run ``handler(stream)`` for each connection.
 
     ``listener`` (from :func:`anyio.create_tcp_listener`) only binds; accepted connections get an
     :class:`AsyncioByteStream`. A failed ``accept`` (out of file descriptors, a connection reset
     before it was taken) is retried after :data:`ACCEPT_ERROR_PAUSE`, never fatal, and reported
-    by :class:`AcceptFailures` (rate-limited). Runs until cancelled.
+    by :class:`AcceptFailures` (rate-limited). Runs until cancelled; the handlers end with it
+    (:class:`_Handlers`): when it ends it cancels them and waits for every one. A handler's
+    exception ends the accept loops and is raised from here once the others have ended.
     """
     subs = getattr(listener, "listeners", None) or [listener]  # a MultiListener, or one
-    async with anyio.create_task_group() as accept_group:
-        for sub in subs:
-            raw = sub.extra(SocketAttribute.raw_socket)
-            accept_group.start_soon(_accept_loop, raw, handler, task_group)
+    handlers = _Handlers(handler)
+    try:
+        async with anyio.create_task_group() as accept_group:
+            handlers.failed = accept_group.cancel_scope
+            for sub in subs:
+                raw = sub.extra(SocketAttribute.raw_socket)
+                accept_group.start_soon(_accept_loop, raw, handlers.start)
+    finally:
+        await handlers.end()
+
+
+class _Handlers:
+    """The accepted connections' handlers: each one a plain asyncio task running in a cancel
+    scope of its own, which :meth:`end` cancels. An anyio task-group task would cost, for the
+    connection's whole life, a task handle, its event (three objects), a completion closure
+    with its cells and a second coroutine: some ten GC-tracked objects per connection more,
+    kept for as long as the socket is attached -- a resume storm's garbage-collector passes
+    grow with what each new connection keeps."""
+
+    __slots__ = ("_context", "_done_callback", "_failure", "_handler", "_scopes", "failed")
+
+    def __init__(self, handler: Callable[[AsyncioByteStream], Coroutine[Any, Any, None]]) -> None:
+        self._handler = handler
+        self._scopes: dict[asyncio.Task[None], anyio.CancelScope] = {}
+        self._failure: BaseException | None = None
+        # One context for every completion callback (add_done_callback copies the current
+        # one per call otherwise).
+        self._context = contextvars.copy_context()
+        self._done_callback = self._done  # (one bound method for every task)
+        self.failed: anyio.CancelScope | None = None
+        """Cancelled when a handler raises (the accept loops' scope)."""
+
+    def start(self, stream: AsyncioByteStream) -> None:
+        scope = anyio.CancelScope()
+        task = asyncio.get_running_loop().create_task(_in_scope(self._handler(stream), scope))
+        self._scopes[task] = scope
+        task.add_done_callback(self._done_callback, context=self._context)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        del self._scopes[task]
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and self._failure is None:
+            self._failure = exc
+            if self.failed is not None:
+                self.failed.cancel()
+
+    async def end(self) -> None:
+        """Cancel every handler, wait until all have ended, raise the first one's exception."""
+        with anyio.CancelScope(shield=True):
+            while self._scopes:
+                for scope in self._scopes.values():
+                    scope.cancel()
+                await asyncio.wait(list(self._scopes))
+        if self._failure is not None:
+            raise self._failure
+
+
+async def _in_scope(coro: Coroutine[Any, Any, None], scope: anyio.CancelScope) -> None:
+    with scope:
+        await coro
 
 
 def _accept(raw: socket.socket) -> socket.socket:
@@ -572,11 +632,7 @@ def _accept(raw: socket.socket) -> socket.socket:
     return client
 
 
-async def _accept_loop(
-    raw: socket.socket,
-    handler: Callable[[AsyncioByteStream], Coroutine[Any, Any, None]],
-    task_group: anyio.abc.TaskGroup,
-) -> None:
+async def _accept_loop(raw: socket.socket, start: Callable[[AsyncioByteStream], None]) -> None:
     # Readiness, then a synchronous accept: loop.sock_accept() on Python 3.11 can accept a
     # connection for a future that was just cancelled, and then leaks the socket.
     loop = asyncio.get_running_loop()
@@ -602,4 +658,4 @@ async def _accept_loop(
         except BaseException:
             client.close()
             raise
-        task_group.start_soon(handler, AsyncioByteStream(transport, protocol))
+        start(AsyncioByteStream(transport, protocol))

@@ -92,9 +92,14 @@ class TurnBudget:
     a storm of reconnecting sockets -- or of lost ones -- delays established sessions by a
     bounded amount of work per turn, not by the whole storm's.
 
+    They are let through at the end of a turn (a zero-delay loop timer: on asyncio's loop it
+    runs after the turn's socket callbacks), so the tasks those callbacks woke -- an established
+    session's reader with a reply, a caller whose reply came -- run ahead of the steps in the
+    next turn: a call waits for the steps of the turns it crosses but its last.
+
     How many go through per turn: at most ``per_turn``, and fewer when they take long: the
     budget measures the time from the first granted step's start to the end of the turn's
-    granted steps (this object's own callback, which runs right after them), keeps an estimate of
+    granted steps (a callback of its own, which runs right after them), keeps an estimate of
     one step's cost (the mean of the last measurement and the previous estimate), and lets
     through ``seconds_per_turn / cost`` steps, at least one. (A step that awaits something
     before its work is done finishes in a later turn, unmeasured: the budget bounds the part
@@ -165,7 +170,7 @@ class TurnBudget:
         setattr(self._stats, self._waiting, len(self._waiters))
         if self._loop is None:
             self._loop = loop
-            loop.call_soon(self._next_turn)
+            loop.call_later(0.0, self._next_turn)
         try:
             await waiter
         finally:
@@ -174,14 +179,16 @@ class TurnBudget:
         if self._started is None:
             self._started = self._clock()
 
-    def _next_turn(self) -> None:
-        """Once per turn while steps wait: measure the steps let through last time (they ran
-        just before this callback), then let the next ones through (they run in the next
-        turn)."""
+    def _measure(self) -> None:
+        """Right after the steps let through (scheduled behind their wake-ups): their cost."""
         if self._started is not None and self._granted:
             measured = (self._clock() - self._started) / self._granted
             self._cost = measured if self._cost <= 0.0 else (self._cost + measured) / 2
         self._started = None
+
+    def _next_turn(self) -> None:
+        """Once per turn while steps wait, at the turn's end: let the next ones through (they
+        run in the next turn, behind what this turn's socket callbacks woke)."""
         loop, self._loop = self._loop, None
         waiters, granted, allowance = self._waiters, 0, self.allowance
         overdue = loop.time() - self._max_wait if loop is not None else -math.inf
@@ -192,10 +199,13 @@ class TurnBudget:
                 granted += 1
         self._granted = granted
         setattr(self._stats, self._waiting, len(waiters))
-        if (waiters or granted) and loop is not None:
-            # Again next turn: to let the rest through, or to measure what was let through.
+        if loop is None:
+            return
+        if granted:
+            loop.call_soon(self._measure)
+        if waiters:
             self._loop = loop
-            loop.call_soon(self._next_turn)
+            loop.call_later(0.0, self._next_turn)
 
 
 @dataclass

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import math
 from asyncio.tasks import _enter_task, _leave_task
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import anyio
@@ -84,6 +84,24 @@ class _TooFragmented(FrameTooLarge):
 
     def __str__(self) -> str:
         return f"message spans more than {self.limit} frames"
+
+
+class _Upgraded:
+    """What stands for wsproto's handshake once a socket is admitted: wsproto's
+    ``H11Handshake`` keeps its h11 connection, the upgrade request and their buffers (a dozen
+    GC-tracked objects per socket) for the socket's life, though an open ``WSConnection`` only
+    asks it for events, and it has none left. Every socket's ``ws.handshake`` becomes this one
+    object (:meth:`WebSocket.authenticated`)."""
+
+    __slots__ = ()
+    _events: tuple[()] = ()  # what FastFrames.idle() reads
+    state = ConnectionState.OPEN
+
+    def events(self) -> Iterator[Any]:
+        return iter(())
+
+
+_UPGRADED = _Upgraded()
 
 
 class WebSocket:
@@ -162,7 +180,11 @@ class WebSocket:
         rate) instead of the handshake's."""
         self.max_message = self.limits.max_frame_bytes
         self._admitted = True
-        self._fast = FastFrames.of(self.ws, deferred=self._nowait is not None)
+        ws = self.ws
+        if ws.connection is not None and not getattr(ws.handshake, "_events", True):
+            # Upgraded, its handshake's events all taken: nothing reads the handshake again.
+            ws.handshake = cast("Any", _UPGRADED)
+        self._fast = FastFrames.of(ws, deferred=self._nowait is not None)
         self._budget = FrameBudget.full(
             self.limits.frame_rate, self.limits.frame_burst, self._clock()
         )

@@ -69,6 +69,7 @@ exception objects.
 from __future__ import annotations
 
 import contextlib
+import functools
 import http
 import logging
 import ssl
@@ -264,12 +265,11 @@ class WebSocketListener:
         self.address = (str(bound[0]), int(bound[1]))
         task_status.started()
 
-        async def handle(stream: anyio.abc.ByteStream) -> None:
-            await self._handle(stream, authenticate)
-
+        # (a partial, not a closure: one coroutine per connection, not two)
+        handle = functools.partial(self._handle, authenticate=authenticate)
         async with listener:
             if _asyncio_stream.on_asyncio():
-                await _asyncio_stream.serve_accepted(listener, handle, tg)
+                await _asyncio_stream.serve_accepted(listener, handle)
             else:
                 await _serve_anyio(listener, handle, tg)
 
@@ -300,7 +300,9 @@ class WebSocketListener:
                     admitted = await self._accept(stream, peer, authenticate)
                 finally:
                     self._unauthenticated.pop(key, None)
-            if scope.cancelled_caught or admitted is None:
+            evicted = scope.cancelled_caught
+            del scope  # (not kept, with its sets, for the authenticated socket's life)
+            if evicted or admitted is None:
                 return
             self._authenticated += 1
             try:
