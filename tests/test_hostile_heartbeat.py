@@ -41,12 +41,6 @@ class _Full:
         return False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="endpoint/_heartbeat.py: a ping the socket cannot take is retried every PING_RETRY_S "
-    "(10 ms) until its within, about 100 wake-ups a second per stuck socket; the retry should "
-    "back off (double up to a fraction of heartbeat_interval) or wait for the socket to drain",
-)
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.timeout(10)
 async def test_a_socket_that_cannot_take_a_ping_costs_few_wake_ups(anyio_backend: str) -> None:

@@ -167,15 +167,19 @@ class Heartbeat:
 
 
 PING_RETRY_S = 0.01
-"""How often a heartbeat on loop timers tries again a ping the socket could not take at once (a
-write in progress), until the ping's ``within`` has passed."""
+"""How soon a heartbeat on loop timers first tries again a ping the socket could not take at once
+(a write in progress). Each later try waits twice as long as the one before, up to a quarter of
+``heartbeat_interval``, until the ping's ``within`` has passed: a write that ends soon lets the
+ping out soon, and a socket whose peer stopped reading costs a few wake-ups per ping (about a
+dozen with the default limits), not one every 10 ms until its silence deadline."""
 
 
 class _Beating:
     """One attached socket's heartbeat as loop timers (asyncio): the steps of
     :meth:`Heartbeat.run`, each at its wake time in a loop callback. A ping is written at once
-    when the socket can take it; else it is tried again every :data:`PING_RETRY_S` until the
-    step's ``within`` has passed (then it is given up, as :meth:`Heartbeat.run` gives up its
+    when the socket can take it; else it is tried again after :data:`PING_RETRY_S`, then
+    at doubling delays (up to a quarter of ``heartbeat_interval``), until the step's ``within``
+    has passed (then it is given up, as :meth:`Heartbeat.run` gives up its
     wait), and no other ping is started meanwhile. Nothing here starts a task: a loop callback
     runs outside any task, where anyio cannot start one."""
 
@@ -186,6 +190,7 @@ class _Beating:
         "_loop",
         "_next_key_check",
         "_next_ping",
+        "_ping_retry",
         "_ping_until",
         "_quiet",
         "_scope",
@@ -216,6 +221,7 @@ class _Beating:
             now + limits.key_recheck_interval if beat._key_for is not None else None
         )
         self._ping_until = 0.0  # while a ping waits for the socket: when it is given up
+        self._ping_retry = PING_RETRY_S  # ... and the delay before its next try
         self._done = False
         # The timers call this object itself (no bound method per timer), in the heartbeat's
         # one context.
@@ -240,8 +246,13 @@ class _Beating:
         beat, sock = self._beat, self._sock
         now = self._loop.time()
         try:
-            if self._ping_until and (sock.ping_nowait() or now >= self._ping_until):
-                self._ping_until = 0.0
+            if self._ping_until:
+                if sock.ping_nowait() or now >= self._ping_until:
+                    self._ping_until = 0.0
+                else:
+                    self._ping_retry = min(
+                        2 * self._ping_retry, beat._limits.heartbeat_interval / 4
+                    )
             while True:
                 action = heartbeat_step(
                     now,
@@ -266,9 +277,10 @@ class _Beating:
                 self._next_ping = action.next_ping
                 if isinstance(action, Ping) and not self._ping_until and not sock.ping_nowait():
                     self._ping_until = now + action.within
+                    self._ping_retry = PING_RETRY_S
                 wake = action.wake
                 if self._ping_until:
-                    wake = min(wake, now + PING_RETRY_S, self._ping_until)
+                    wake = min(wake, now + self._ping_retry, self._ping_until)
                 self._timer = self._loop.call_at(wake, self, context=self._context)
                 return
         except SocketGone:
