@@ -1860,3 +1860,28 @@ def test_describe_lines_escape_what_a_hostile_worker_names() -> None:
     assert lines[0] == "unary  calc.add\\x1b[2J(a: int) -> int\\r\\n\\x07"
     assert all(line.isprintable() and line.isascii() for line in lines)
     assert len(lines[1]) <= DESCRIBE_LINE_CHARS + 40 and lines[1].endswith(" chars)")
+
+
+@pytest.mark.parametrize("flags", [[], ["-vv"], ["--log-json"]])
+def test_main_called_in_a_program_leaves_its_root_logger_as_it_was(
+    tmp_path: Path, flags: list[str]
+) -> None:
+    """A command sets up the root logger for the process it is; a program calling ``main()``
+    gets its own handlers and level back (its later log records are not dropped)."""
+    import logging
+
+    root = logging.getLogger()
+    mine = logging.NullHandler()
+    level, handlers = root.level, list(root.handlers)
+    root.addHandler(mine)
+    root.setLevel(logging.INFO)
+    try:
+        missing = tmp_path / "missing.toml"
+        assert cli.main([*flags, "call", str(missing), "calc.add", "[1, 2]"]) == cli.EXIT_USAGE
+        assert root.level == logging.INFO
+        assert mine in root.handlers
+        assert all(h in root.handlers for h in handlers)
+        assert len(root.handlers) == len(handlers) + 1
+    finally:
+        root.removeHandler(mine)
+        root.setLevel(level)

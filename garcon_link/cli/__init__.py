@@ -237,6 +237,26 @@ def main(argv: list[str] | None = None) -> int:
     ns.log_json = ns.log_json or ns.global_log_json
     ns.program = argv is None  # the process itself (it exits next), not a caller of main()
     handler: Callable[[argparse.Namespace], int] = ns.func
+    if ns.program:
+        return _run(handler, ns)
+    # A caller of main() gets the root logger back as it was (a command sets its handler and
+    # level for the process it is).
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        return _run(handler, ns)
+    finally:
+        for added in root.handlers[:]:
+            if added not in handlers:
+                root.removeHandler(added)
+        for kept in handlers:
+            if kept not in root.handlers:
+                root.addHandler(kept)
+        root.setLevel(level)
+
+
+def _run(handler: Callable[[argparse.Namespace], int], ns: argparse.Namespace) -> int:
+    """Run a command's ``handler``; a failure is one error line on stderr and an exit code."""
     try:
         return handler(ns)
     except SystemExit:
