@@ -58,14 +58,12 @@ call fails ``OutcomeUnknown`` (never a result that did not happen). A worker dra
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import enum
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, cast, overload
 
 import anyio
@@ -87,14 +85,25 @@ from ..errors import (
 )
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_message, peer_text
-from ..rpc.contract import Compatibility, compare_method
+from ..rpc.contract import Compatibility
 from ..rpc.hooks import CallHook
 from ..rpc.interface import service_spec
-from ..rpc.manifest import contract_hash, method_entries
+from ..rpc.manifest import contract_hash
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
-from ..rpc.typedoc import checked_type_descriptions
 from ..settings.config import LinkConfig
-from .described import Described, described, manifest_bytes, shared_types
+from ._stalls import StallWatch
+from .described import (
+    _CHANGES_COMPARED,
+    Described,
+    ExecutorInfo,
+    _changes,
+    _described_id,
+    _optional_bytes,
+    _required_bytes,
+    _with_types,
+    described,
+    manifest_bytes,
+)
 from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
 from .facades import NO_METHODS, DynamicFacade, Facade, contract_refusals
 from .registration import ServiceMap, interface_class, registry_from
@@ -107,144 +116,9 @@ _CAUSE_CHARS = 1000
 """The longest cause of a refused session, or list of contract changes in one log line."""
 _CHANGES_SHOWN = 8
 """The most changed methods one log line names (the rest are counted)."""
-_CHANGES_COMPARED = 64
-"""The most differing manifest entries compared for that line (the rest are counted)."""
 
 T = TypeVar("T")
 Availability = Literal["offline", "ready", "draining", "reconnecting", "disposed"]
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutorInfo:
-    """What the worker described for the current session."""
-
-    executor_id: str
-    instance_id: bytes
-    session_id: bytes
-    services: Mapping[str, Any]
-    """The services manifest; one copy shared by every executor that described the same one
-    (:mod:`garcon_link.api.described`): read it, never change it."""
-    contract: str
-    """The BLAKE3 hash of the manifest's canonical CBOR, as this controller computed it.
-    Through a gateway, the manifest is the granted services' only, so the hash equals the
-    executor's own only when every service is granted."""
-    worker_instance_id: bytes | None = None
-    """The worker's runtime id, which worker-scoped references carry (``None``: an older
-    worker that does not say)."""
-    versions: Mapping[str, str] = field(default_factory=dict)
-    """Each service's contract version (:func:`~garcon_link.rpc.contract.service_version`):
-    it changes when a method of the service is added, removed or changes its signature."""
-
-    types: Mapping[str, Any] = field(default_factory=dict)
-    """Service name -> the description of the types its methods use (fields, defaults, a JSON
-    Schema; :mod:`garcon_link.rpc.typedoc`), as far as it is within the bounds. Documentation,
-    not contract: empty from a worker that sends none."""
-
-    state_id: bytes | None = None
-    """The id of the worker's state directory (``None``: it keeps none, or does not say)."""
-
-
-def manifest_problem(services: object, limit: int) -> str | None:
-    """Why a worker's services manifest is refused (``None``: it is not): not a map of service
-    name to a map of method name to entry, or over ``limit`` bytes of canonical CBOR."""
-    try:
-        manifest_bytes(services, limit)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
-def _differing(
-    before: Mapping[str, Any], after: Mapping[str, Any]
-) -> Iterator[tuple[str, Any, Any]]:
-    """``("service.method", old entry, new entry)`` for each entry that differs (``None``:
-    absent), without parsing anything; both are well-formed manifests (:func:`manifest_problem`)."""
-    for service in sorted(set(before) | set(after)):
-        old, new = before.get(service, {}), after.get(service, {})
-        if old == new:
-            continue
-        old, new = method_entries(old), method_entries(new)  # each with its record types
-        for method in sorted(set(old) | set(new)):
-            if old.get(method) != new.get(method):
-                yield f"{service}.{method}", old.get(method), new.get(method)
-
-
-_PAIRS_KEPT = 8
-"""The most earlier manifests a manifest keeps its changes from (:func:`_changes`)."""
-
-
-def _changes(
-    before: Described, after: Described
-) -> tuple[list[tuple[str, Compatibility, str]], int]:
-    """The entries of ``after`` that are not compatible with ``before``'s (name, verdict,
-    difference), and how many differing entries were not compared.
-
-    Only entries that differ are compared, and at most ``_CHANGES_COMPARED`` of them: a
-    worker's manifest is the peer's, so the parsing it costs here stays bounded however many
-    methods changed (the rest are counted). Computed once per pair of distinct manifests (an
-    upgrade of many executors to the same code changes each from the same one): ``after``
-    keeps the last :data:`_PAIRS_KEPT`."""
-    known = after.changes_from.get(before.contract)
-    if known is not None:
-        return known
-    differing = list(_differing(before.services, after.services))
-    compared = [
-        (name, *compare_method(old, new)) for name, old, new in differing[:_CHANGES_COMPARED]
-    ]
-    known = (
-        [c for c in compared if c[1] is not Compatibility.COMPATIBLE],
-        len(differing) - min(len(differing), _CHANGES_COMPARED),
-    )
-    if len(after.changes_from) >= _PAIRS_KEPT:
-        after.changes_from.pop(next(iter(after.changes_from)), None)
-    after.changes_from[before.contract] = known
-    return known
-
-
-def _with_types(info: ExecutorInfo, received: Any, limits: Limits) -> ExecutorInfo:
-    """``info`` with the type descriptions the worker sent, checked (never refuses a session:
-    they are documentation; one over the bounds is replaced by a note), the one copy of them
-    (:func:`~garcon_link.api.described.shared_types`)."""
-    return dataclasses.replace(
-        info, types=shared_types(checked_type_descriptions(received, info.services, limits))
-    )
-
-
-class StallWatch:
-    """When to look for calls stalled on a session that lost its socket
-    (:meth:`RemoteExecutor._stall_due`): one entry per detached session in a deque, in the
-    order they detached (each is due ``Limits.stalled_call_report`` later), and one task that
-    runs while it is not empty, for every executor sharing the watch (a fleet's members). Its
-    warnings are rate-limited together: one line per executor per ``log_interval``, at most
-    ``max_log_lines`` per interval."""
-
-    __slots__ = ("_due", "_running", "after", "log")
-
-    def __init__(self, limits: Limits) -> None:
-        self.after = limits.stalled_call_report
-        self.log = PeerLogLimiter(log, interval=limits.log_interval, max_lines=limits.max_log_lines)
-        self._due: collections.deque[tuple[float, _Session, int]] = collections.deque()
-        self._running = False
-
-    def watch(self, tg: anyio.abc.TaskGroup, session: _Session) -> None:
-        self._due.append((anyio.current_time() + self.after, session, session.settled))
-        if not self._running:
-            self._running = True
-            tg.start_soon(self._run)
-
-    async def _run(self) -> None:
-        try:
-            while self._due:
-                due, session, settled = self._due[0]
-                wait = due - anyio.current_time()
-                if wait > 0:
-                    await anyio.sleep(wait)
-                    continue
-                self._due.popleft()
-                if session.settled == settled:  # neither ready nor retired since
-                    session.executor._stall_due(session)
-        finally:
-            self._running = False
 
 
 def _fresh(error: HandshakeError) -> HandshakeError:
@@ -301,6 +175,9 @@ class _Session:
 
     def peer_draining(self) -> None:
         self.executor._peer_draining(self.transport)
+
+    def stall_due(self) -> None:  # the StallWatch's
+        self.executor._stall_due(self)
 
 
 class RemoteExecutor(Endpoint):
@@ -1050,31 +927,6 @@ class RemoteExecutor(Endpoint):
             self._contract_cache[key] = refusals
         wanted = spec.methods if method is None else (method,)
         return all(name in spec.methods and name not in refusals for name in wanted)
-
-
-def _optional_bytes(value: object, name: str = "worker_instance_id") -> bytes | None:
-    if value is None:
-        return None
-    if not isinstance(value, bytes) or len(value) > 64:
-        raise TypeError(f"{name} is not bytes of 64 or fewer")
-    return value
-
-
-def _required_bytes(value: object, name: str) -> bytes:
-    """An id a worker's ``describe`` must give as 1 to 64 bytes: anything else is refused as
-    sent, never converted (``bytes(2**40)`` would allocate a terabyte)."""
-    if not isinstance(value, bytes) or not 0 < len(value) <= 64:
-        raise TypeError(f"{name} is not bytes of 1 to 64")
-    return value
-
-
-def _described_id(value: object) -> str:
-    """The executor id a worker's ``describe`` gives: text of 1 to 200 characters, as a
-    configuration's ``executor_id`` is (never converted: ``str`` of a huge integer raises, of a
-    map is a text as large as the frame)."""
-    if not isinstance(value, str) or not 0 < len(value) <= 200:
-        raise TypeError("executor_id is not text of 1 to 200 characters")
-    return value
 
 
 def connect(
