@@ -93,15 +93,12 @@ from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
 from ..settings.config import LinkConfig
 from ._stalls import StallWatch
 from .described import (
-    _CHANGES_COMPARED,
+    CHANGES_COMPARED,
     Described,
     ExecutorInfo,
-    _changes,
-    _described_id,
-    _optional_bytes,
-    _required_bytes,
-    _with_types,
+    contract_changes,
     described,
+    executor_info,
     manifest_bytes,
 )
 from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
@@ -627,21 +624,7 @@ class RemoteExecutor(Endpoint):
         transport, rpc = session.transport, session.rpc
         try:
             manifest = await rpc.describe_peer(timeout=self.limits.call_timeout)
-            encoded = manifest_bytes(manifest["services"], self.limits.max_manifest_bytes)
-            # The one copy of this manifest in the process, by the hash of what was received
-            # (the worker's own "contract" is not trusted for it).
-            shared = described(dict(manifest["services"]), encoded)
-            info = ExecutorInfo(
-                executor_id=_described_id(manifest["executor_id"]),
-                instance_id=_required_bytes(manifest["instance_id"], "instance_id"),
-                session_id=transport.session_id,
-                services=shared.services,
-                contract=shared.contract,
-                worker_instance_id=_optional_bytes(manifest.get("worker_instance_id")),
-                versions=shared.versions,
-                state_id=_optional_bytes(manifest.get("state_id"), "state_id"),
-            )
-            info = _with_types(info, manifest.get("types"), self.limits)
+            info, shared = executor_info(manifest, transport.session_id, self.limits)
         except (CallError, KeyError, TypeError, ValueError) as exc:
             self._refuse_session(transport, f"describe failed: {peer_text(exc)}")
             return
@@ -736,7 +719,7 @@ class RemoteExecutor(Endpoint):
 
     def _log_changes(self, before: Described, after: Described, session: bytes | None) -> None:
         """One line naming what changed in the worker's manifest (bounded, rate-limited)."""
-        changed, uncompared = _changes(before, after)
+        changed, uncompared = contract_changes(before, after)
         if not changed and not uncompared:
             return  # the same contracts spelled differently
         additive = all(c[1] is Compatibility.ADDITIVE for c in changed)
@@ -746,7 +729,7 @@ class RemoteExecutor(Endpoint):
         verdict = (
             "calls of incompatible or removed methods fail"
             if not additive
-            else f"additive as far as compared ({_CHANGES_COMPARED})"
+            else f"additive as far as compared ({CHANGES_COMPARED})"
             if uncompared
             else "additive"
         )

@@ -23,8 +23,9 @@ caches grows with the (service, interface) pairs this process's code compares it
 Interned values are shared: read them, never change them.
 
 Besides the tables, this module reads what a worker's ``describe`` answered into the
-executor's :class:`ExecutorInfo` (every field checked as sent, never converted), and compares
-two manifests (:func:`_changes`): what a controller logs when a manifest replaces another.
+executor's :class:`ExecutorInfo` (:func:`executor_info`: every field checked as sent, never
+converted), and compares two manifests (:func:`contract_changes`): what a controller logs when
+a manifest replaces another.
 """
 
 from __future__ import annotations
@@ -46,9 +47,12 @@ from ..rpc.manifest import method_entries
 from ..rpc.typedoc import checked_type_descriptions
 
 __all__ = [
+    "CHANGES_COMPARED",
     "Described",
     "ExecutorInfo",
+    "contract_changes",
     "described",
+    "executor_info",
     "interned_counts",
     "manifest_bytes",
     "manifest_problem",
@@ -75,7 +79,7 @@ class Described:
         :meth:`RemoteExecutor.offers <garcon_link.RemoteExecutor.offers>`."""
         self.changes_from: dict[str, tuple[list[tuple[str, Compatibility, str]], int]] = {}
         """An earlier manifest's contract -> what changed from it to this one, as a controller
-        logs it (the last few: :func:`_changes`)."""
+        logs it (the last few: :func:`contract_changes`)."""
 
 
 class _Types(dict[str, Any]):
@@ -178,6 +182,33 @@ class ExecutorInfo:
     """The id of the worker's state directory (``None``: it keeps none, or does not say)."""
 
 
+def executor_info(answer: Any, session_id: bytes, limits: Limits) -> tuple[ExecutorInfo, Described]:
+    """What a worker's ``describe`` ``answer`` says of it on the session ``session_id``, and its
+    manifest's one :class:`Described` (interned by the hash of what was received: the worker's
+    own ``"contract"`` is not trusted for it).
+
+    Every field is checked as sent, never converted: the manifest (:func:`manifest_bytes`,
+    at most ``limits.max_manifest_bytes``), the executor id, the ids of 1 to 64 bytes; the type
+    descriptions are checked and bounded but never refuse the answer (:func:`_with_types`).
+
+    Raises:
+        KeyError, TypeError, ValueError: the answer is refused; the message says why.
+    """
+    encoded = manifest_bytes(answer["services"], limits.max_manifest_bytes)
+    shared = described(dict(answer["services"]), encoded)
+    info = ExecutorInfo(
+        executor_id=_described_id(answer["executor_id"]),
+        instance_id=_required_bytes(answer["instance_id"], "instance_id"),
+        session_id=session_id,
+        services=shared.services,
+        contract=shared.contract,
+        worker_instance_id=_optional_bytes(answer.get("worker_instance_id")),
+        versions=shared.versions,
+        state_id=_optional_bytes(answer.get("state_id"), "state_id"),
+    )
+    return _with_types(info, answer.get("types"), limits), shared
+
+
 def _with_types(info: ExecutorInfo, received: Any, limits: Limits) -> ExecutorInfo:
     """``info`` with the type descriptions the worker sent, checked (never refuses a session:
     they are documentation; one over the bounds is replaced by a note), the one copy of them
@@ -214,8 +245,8 @@ def _described_id(value: object) -> str:
 
 # ---------------------------------------------------------------------- two manifests compared
 
-_CHANGES_COMPARED = 64
-"""The most differing manifest entries :func:`_changes` compares (the rest are counted)."""
+CHANGES_COMPARED = 64
+"""The most differing manifest entries :func:`contract_changes` compares (the rest are counted)."""
 
 
 def manifest_problem(services: object, limit: int) -> str | None:
@@ -244,16 +275,16 @@ def _differing(
 
 
 _PAIRS_KEPT = 8
-"""The most earlier manifests a manifest keeps its changes from (:func:`_changes`)."""
+"""The most earlier manifests a manifest keeps its changes from (:func:`contract_changes`)."""
 
 
-def _changes(
+def contract_changes(
     before: Described, after: Described
 ) -> tuple[list[tuple[str, Compatibility, str]], int]:
     """The entries of ``after`` that are not compatible with ``before``'s (name, verdict,
     difference), and how many differing entries were not compared.
 
-    Only entries that differ are compared, and at most ``_CHANGES_COMPARED`` of them: a
+    Only entries that differ are compared, and at most ``CHANGES_COMPARED`` of them: a
     worker's manifest is the peer's, so the parsing it costs here stays bounded however many
     methods changed (the rest are counted). Computed once per pair of distinct manifests (an
     upgrade of many executors to the same code changes each from the same one): ``after``
@@ -263,11 +294,11 @@ def _changes(
         return known
     differing = list(_differing(before.services, after.services))
     compared = [
-        (name, *compare_method(old, new)) for name, old, new in differing[:_CHANGES_COMPARED]
+        (name, *compare_method(old, new)) for name, old, new in differing[:CHANGES_COMPARED]
     ]
     known = (
         [c for c in compared if c[1] is not Compatibility.COMPATIBLE],
-        len(differing) - min(len(differing), _CHANGES_COMPARED),
+        len(differing) - min(len(differing), CHANGES_COMPARED),
     )
     if len(after.changes_from) >= _PAIRS_KEPT:
         after.changes_from.pop(next(iter(after.changes_from)), None)
