@@ -2,8 +2,9 @@
 
 Why one module, although a long one: the service's methods and their records are one state
 machine (start, output, exit, release, and the records that survive a worker restart); the
-supervision of one process group is in :mod:`._supervisor`, the stored records in
-:mod:`._records`, the spools in :mod:`._spool`.
+supervision of one process group is in :mod:`._supervisor`, the stored records (and what can be
+done with a restored one) in :mod:`._records`, the spools in :mod:`._spool`, the checks of a
+caller's arguments in :mod:`._process_args`.
 
 Theory of operation
 -------------------
@@ -90,11 +91,11 @@ one task and exits it in another, and a task group's cancel scope cannot span ta
 supervisor is a backend task of its own (``asyncio`` task or ``trio`` system task) wrapped in a
 cancel scope this service cancels and awaits on close (``_DetachedTasks``).
 
-This module is the service's face: the interface, the checks of a start and
-:class:`LocalProcessService`. Its parts live beside it: the values in ``_process_values.py``
-(importable from here), the output of a stream, in memory or spooled to disk, in ``_spool.py``,
-and the supervision of a process group (its record, signals, the detached tasks) in
-``_supervisor.py``.
+This module is the service's face: the interface and :class:`LocalProcessService`. Its parts
+live beside it: the values in ``_process_values.py`` (importable from here), the checks of a
+caller's arguments in ``_process_args.py``, the output of a stream, in memory or spooled to disk,
+in ``_spool.py``, and the supervision of a process group (its record, signals, the detached
+tasks) in ``_supervisor.py``.
 
 POSIX only (process groups, ``killpg``); tested on Linux with asyncio and trio.
 """
