@@ -84,19 +84,17 @@ from ..errors import (
     WrongScheme,
 )
 from ..limits import Limits
-from ..logs import PeerLogLimiter, log_fields, peer_message, peer_text
-from ..rpc.contract import Compatibility
+from ..logs import log_fields, peer_message, peer_text
 from ..rpc.hooks import CallHook
 from ..rpc.interface import service_spec
 from ..rpc.manifest import contract_hash
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
 from ..settings.config import LinkConfig
+from ._contract_log import CAUSE_CHARS, ContractLog
 from ._stalls import StallWatch
 from .described import (
-    CHANGES_COMPARED,
     Described,
     ExecutorInfo,
-    contract_changes,
     described,
     executor_info,
     manifest_bytes,
@@ -109,10 +107,6 @@ __all__ = ["Availability", "ExecutorInfo", "RemoteExecutor", "connect"]
 
 log = logging.getLogger("garcon_link.remote")  # the name users configure (README)
 
-_CAUSE_CHARS = 1000
-"""The longest cause of a refused session, or list of contract changes in one log line."""
-_CHANGES_SHOWN = 8
-"""The most changed methods one log line names (the rest are counted)."""
 
 T = TypeVar("T")
 Availability = Literal["offline", "ready", "draining", "reconnecting", "disposed"]
@@ -200,10 +194,10 @@ class RemoteExecutor(Endpoint):
         "_draining",
         "_info",
         "_inventory_seq",
+        "_lines",
         "_manifest_version",
         "_observer",
         "_on_change",
-        "_peer_limiter",
         "_registry",
         "_rpc",
         "_services",
@@ -309,7 +303,7 @@ class RemoteExecutor(Endpoint):
         """Manifests the worker announced on a running session and this executor applied."""
         self.inventory_dropped = 0
         """Announced manifests dropped: malformed or over ``Limits.max_manifest_bytes``."""
-        self._peer_limiter: PeerLogLimiter | None = None  # made by the first line (_peer_log)
+        self._lines: ContractLog | None = None  # made by the first line (_contract_lines)
         self._changed: anyio.Event | None = None  # made by the first waiter (_wait_changed)
         self.last_error: str | None = None
         self._draining = False
@@ -629,7 +623,7 @@ class RemoteExecutor(Endpoint):
             self._refuse_session(transport, f"describe failed: {peer_text(exc)}")
             return
         if self._described is not None and shared is not self._described:
-            self._log_changes(self._described, shared, transport.session_id)
+            self._contract_lines().changed(self._described, shared, transport.session_id)
         self._learn(info, shared)
         # describe says which announcement its manifest includes (-1: an older worker)
         sequence = manifest.get("inventory")
@@ -684,20 +678,13 @@ class RemoteExecutor(Endpoint):
                 problem = str(exc)
         if problem is not None:
             self.inventory_dropped += 1
-            self._peer_log().log(
-                self.executor_id,
-                "inventory",
-                "executor %s: dropping an announced manifest: %s",
-                self.executor_id,
-                problem,
-                extra=log_fields(executor=self.executor_id),
-            )
+            self._contract_lines().dropped(problem)
             return
         self._inventory_seq = args[0]
         shared = described(dict(args[1]), encoded)
         self.inventory_updates += 1
         if self._described is not None and shared is not self._described:
-            self._log_changes(self._described, shared, None)
+            self._contract_lines().changed(self._described, shared, None)
         self._learn(
             dataclasses.replace(
                 self._info,
@@ -708,48 +695,12 @@ class RemoteExecutor(Endpoint):
             shared,
         )
 
-    def _peer_log(self) -> PeerLogLimiter:
-        """The rate limit of this executor's lines about what the worker sent (made once
-        needed: most executors never write one)."""
-        if self._peer_limiter is None:
-            self._peer_limiter = PeerLogLimiter(
-                log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
-            )
-        return self._peer_limiter
-
-    def _log_changes(self, before: Described, after: Described, session: bytes | None) -> None:
-        """One line naming what changed in the worker's manifest (bounded, rate-limited)."""
-        changed, uncompared = contract_changes(before, after)
-        if not changed and not uncompared:
-            return  # the same contracts spelled differently
-        additive = all(c[1] is Compatibility.ADDITIVE for c in changed)
-        # Each verdict is its own limiter key: an additive change logged a moment ago never
-        # hides an incompatible one (nor an unverified one).
-        kind = "incompatible" if not additive else "unverified" if uncompared else "additive"
-        verdict = (
-            "calls of incompatible or removed methods fail"
-            if not additive
-            else f"additive as far as compared ({CHANGES_COMPARED})"
-            if uncompared
-            else "additive"
-        )
-        shown = "; ".join(
-            f"{name}: {compatibility.value} ({difference})"
-            for name, compatibility, difference in changed[:_CHANGES_SHOWN]
-        )
-        hidden = len(changed) - min(len(changed), _CHANGES_SHOWN) + uncompared
-        more = f"; and {hidden} more" if hidden else ""
-        self._peer_log().log(
-            self.executor_id,
-            f"contract changed: {kind}",
-            "executor %s: the worker's contract changed (%s): %s%s",
-            self.executor_id,
-            verdict,
-            peer_message(shown, _CAUSE_CHARS),
-            more,
-            extra=log_fields(executor=self.executor_id, session=session),
-            level=logging.INFO if additive and not uncompared else logging.WARNING,
-        )
+    def _contract_lines(self) -> ContractLog:
+        """This executor's lines about the manifests the worker sends (made once needed: most
+        executors never write one)."""
+        if self._lines is None:
+            self._lines = ContractLog(self.executor_id, self.limits)
+        return self._lines
 
     def _watch_stall(self, session: _Session) -> None:
         """Put a session that lost its socket in the stall watch (once until it is ready again)."""
@@ -794,7 +745,7 @@ class RemoteExecutor(Endpoint):
         cause stays visible meanwhile in :attr:`last_error`, in ``wait_ready``'s timeout and in
         the ``NotDispatched("OFFLINE")`` of every call; availability stays ``offline``.
         """
-        why = peer_message(why, _CAUSE_CHARS)  # names from the worker's manifest
+        why = peer_message(why, CAUSE_CHARS)  # names from the worker's manifest
         self.last_error = why
         log.error(
             "executor %s: session %s not installed: %s",
