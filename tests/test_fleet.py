@@ -38,7 +38,7 @@ import pytest
 from faultutil import Raw, wait_for
 
 import garcon_link as gl
-from garcon_link.api import controller, facades
+from garcon_link.api import described, facades
 from garcon_link.api.fleet import _accepting_work
 from garcon_link.cli._fleet import fleet_table
 from garcon_link.core.handshake import Handshake, Hello, derive_key
@@ -667,7 +667,7 @@ async def test_executors_describing_the_same_manifest_share_one_copy(
         logged.append("compared")
         return compare_method(expected, offered)
 
-    monkeypatch.setattr(controller, "compare_method", counting_logged)
+    monkeypatch.setattr(described, "compare_method", counting_logged)
     extra = f"extra{os.urandom(4).hex()}"  # a manifest no earlier run held
     keyring = tmp_path / "keys"
     serves = {"a": AreaImpl, "b": AreaImpl, "c": AreaPlusImpl}

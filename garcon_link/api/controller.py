@@ -58,14 +58,12 @@ call fails ``OutcomeUnknown`` (never a result that did not happen). A worker dra
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import enum
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, cast, overload
 
 import anyio
@@ -86,15 +84,21 @@ from ..errors import (
     WrongScheme,
 )
 from ..limits import Limits
-from ..logs import PeerLogLimiter, log_fields, peer_message, peer_text
-from ..rpc.contract import Compatibility, compare_method
+from ..logs import log_fields, peer_message, peer_text
 from ..rpc.hooks import CallHook
 from ..rpc.interface import service_spec
-from ..rpc.manifest import contract_hash, method_entries
+from ..rpc.manifest import contract_hash
 from ..rpc.rpc import CallObserver, ExecutorRpc, Registry
-from ..rpc.typedoc import checked_type_descriptions
 from ..settings.config import LinkConfig
-from .described import Described, described, manifest_bytes, shared_types
+from ._contract_log import CAUSE_CHARS, ContractLog
+from ._stalls import StallWatch
+from .described import (
+    Described,
+    ExecutorInfo,
+    described,
+    executor_info,
+    manifest_bytes,
+)
 from .endpoint import Endpoint, ExecutorStatistics, SessionTotals
 from .facades import NO_METHODS, DynamicFacade, Facade, contract_refusals
 from .registration import ServiceMap, interface_class, registry_from
@@ -103,148 +107,9 @@ __all__ = ["Availability", "ExecutorInfo", "RemoteExecutor", "connect"]
 
 log = logging.getLogger("garcon_link.remote")  # the name users configure (README)
 
-_CAUSE_CHARS = 1000
-"""The longest cause of a refused session, or list of contract changes in one log line."""
-_CHANGES_SHOWN = 8
-"""The most changed methods one log line names (the rest are counted)."""
-_CHANGES_COMPARED = 64
-"""The most differing manifest entries compared for that line (the rest are counted)."""
 
 T = TypeVar("T")
 Availability = Literal["offline", "ready", "draining", "reconnecting", "disposed"]
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutorInfo:
-    """What the worker described for the current session."""
-
-    executor_id: str
-    instance_id: bytes
-    session_id: bytes
-    services: Mapping[str, Any]
-    """The services manifest; one copy shared by every executor that described the same one
-    (:mod:`garcon_link.api.described`): read it, never change it."""
-    contract: str
-    """The BLAKE3 hash of the manifest's canonical CBOR, as this controller computed it.
-    Through a gateway, the manifest is the granted services' only, so the hash equals the
-    executor's own only when every service is granted."""
-    worker_instance_id: bytes | None = None
-    """The worker's runtime id, which worker-scoped references carry (``None``: an older
-    worker that does not say)."""
-    versions: Mapping[str, str] = field(default_factory=dict)
-    """Each service's contract version (:func:`~garcon_link.rpc.contract.service_version`):
-    it changes when a method of the service is added, removed or changes its signature."""
-
-    types: Mapping[str, Any] = field(default_factory=dict)
-    """Service name -> the description of the types its methods use (fields, defaults, a JSON
-    Schema; :mod:`garcon_link.rpc.typedoc`), as far as it is within the bounds. Documentation,
-    not contract: empty from a worker that sends none."""
-
-    state_id: bytes | None = None
-    """The id of the worker's state directory (``None``: it keeps none, or does not say)."""
-
-
-def manifest_problem(services: object, limit: int) -> str | None:
-    """Why a worker's services manifest is refused (``None``: it is not): not a map of service
-    name to a map of method name to entry, or over ``limit`` bytes of canonical CBOR."""
-    try:
-        manifest_bytes(services, limit)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
-def _differing(
-    before: Mapping[str, Any], after: Mapping[str, Any]
-) -> Iterator[tuple[str, Any, Any]]:
-    """``("service.method", old entry, new entry)`` for each entry that differs (``None``:
-    absent), without parsing anything; both are well-formed manifests (:func:`manifest_problem`)."""
-    for service in sorted(set(before) | set(after)):
-        old, new = before.get(service, {}), after.get(service, {})
-        if old == new:
-            continue
-        old, new = method_entries(old), method_entries(new)  # each with its record types
-        for method in sorted(set(old) | set(new)):
-            if old.get(method) != new.get(method):
-                yield f"{service}.{method}", old.get(method), new.get(method)
-
-
-_PAIRS_KEPT = 8
-"""The most earlier manifests a manifest keeps its changes from (:func:`_changes`)."""
-
-
-def _changes(
-    before: Described, after: Described
-) -> tuple[list[tuple[str, Compatibility, str]], int]:
-    """The entries of ``after`` that are not compatible with ``before``'s (name, verdict,
-    difference), and how many differing entries were not compared.
-
-    Only entries that differ are compared, and at most ``_CHANGES_COMPARED`` of them: a
-    worker's manifest is the peer's, so the parsing it costs here stays bounded however many
-    methods changed (the rest are counted). Computed once per pair of distinct manifests (an
-    upgrade of many executors to the same code changes each from the same one): ``after``
-    keeps the last :data:`_PAIRS_KEPT`."""
-    known = after.changes_from.get(before.contract)
-    if known is not None:
-        return known
-    differing = list(_differing(before.services, after.services))
-    compared = [
-        (name, *compare_method(old, new)) for name, old, new in differing[:_CHANGES_COMPARED]
-    ]
-    known = (
-        [c for c in compared if c[1] is not Compatibility.COMPATIBLE],
-        len(differing) - min(len(differing), _CHANGES_COMPARED),
-    )
-    if len(after.changes_from) >= _PAIRS_KEPT:
-        after.changes_from.pop(next(iter(after.changes_from)), None)
-    after.changes_from[before.contract] = known
-    return known
-
-
-def _with_types(info: ExecutorInfo, received: Any, limits: Limits) -> ExecutorInfo:
-    """``info`` with the type descriptions the worker sent, checked (never refuses a session:
-    they are documentation; one over the bounds is replaced by a note), the one copy of them
-    (:func:`~garcon_link.api.described.shared_types`)."""
-    return dataclasses.replace(
-        info, types=shared_types(checked_type_descriptions(received, info.services, limits))
-    )
-
-
-class StallWatch:
-    """When to look for calls stalled on a session that lost its socket
-    (:meth:`RemoteExecutor._stall_due`): one entry per detached session in a deque, in the
-    order they detached (each is due ``Limits.stalled_call_report`` later), and one task that
-    runs while it is not empty, for every executor sharing the watch (a fleet's members). Its
-    warnings are rate-limited together: one line per executor per ``log_interval``, at most
-    ``max_log_lines`` per interval."""
-
-    __slots__ = ("_due", "_running", "after", "log")
-
-    def __init__(self, limits: Limits) -> None:
-        self.after = limits.stalled_call_report
-        self.log = PeerLogLimiter(log, interval=limits.log_interval, max_lines=limits.max_log_lines)
-        self._due: collections.deque[tuple[float, _Session, int]] = collections.deque()
-        self._running = False
-
-    def watch(self, tg: anyio.abc.TaskGroup, session: _Session) -> None:
-        self._due.append((anyio.current_time() + self.after, session, session.settled))
-        if not self._running:
-            self._running = True
-            tg.start_soon(self._run)
-
-    async def _run(self) -> None:
-        try:
-            while self._due:
-                due, session, settled = self._due[0]
-                wait = due - anyio.current_time()
-                if wait > 0:
-                    await anyio.sleep(wait)
-                    continue
-                self._due.popleft()
-                if session.settled == settled:  # neither ready nor retired since
-                    session.executor._stall_due(session)
-        finally:
-            self._running = False
 
 
 def _fresh(error: HandshakeError) -> HandshakeError:
@@ -302,6 +167,9 @@ class _Session:
     def peer_draining(self) -> None:
         self.executor._peer_draining(self.transport)
 
+    def stall_due(self) -> None:  # the StallWatch's
+        self.executor._stall_due(self)
+
 
 class RemoteExecutor(Endpoint):
     """The controller's handle on one worker; use ``async with connect(config) as executor``.
@@ -326,10 +194,10 @@ class RemoteExecutor(Endpoint):
         "_draining",
         "_info",
         "_inventory_seq",
+        "_lines",
         "_manifest_version",
         "_observer",
         "_on_change",
-        "_peer_limiter",
         "_registry",
         "_rpc",
         "_services",
@@ -435,7 +303,7 @@ class RemoteExecutor(Endpoint):
         """Manifests the worker announced on a running session and this executor applied."""
         self.inventory_dropped = 0
         """Announced manifests dropped: malformed or over ``Limits.max_manifest_bytes``."""
-        self._peer_limiter: PeerLogLimiter | None = None  # made by the first line (_peer_log)
+        self._lines: ContractLog | None = None  # made by the first line (_contract_lines)
         self._changed: anyio.Event | None = None  # made by the first waiter (_wait_changed)
         self.last_error: str | None = None
         self._draining = False
@@ -750,26 +618,12 @@ class RemoteExecutor(Endpoint):
         transport, rpc = session.transport, session.rpc
         try:
             manifest = await rpc.describe_peer(timeout=self.limits.call_timeout)
-            encoded = manifest_bytes(manifest["services"], self.limits.max_manifest_bytes)
-            # The one copy of this manifest in the process, by the hash of what was received
-            # (the worker's own "contract" is not trusted for it).
-            shared = described(dict(manifest["services"]), encoded)
-            info = ExecutorInfo(
-                executor_id=_described_id(manifest["executor_id"]),
-                instance_id=_required_bytes(manifest["instance_id"], "instance_id"),
-                session_id=transport.session_id,
-                services=shared.services,
-                contract=shared.contract,
-                worker_instance_id=_optional_bytes(manifest.get("worker_instance_id")),
-                versions=shared.versions,
-                state_id=_optional_bytes(manifest.get("state_id"), "state_id"),
-            )
-            info = _with_types(info, manifest.get("types"), self.limits)
+            info, shared = executor_info(manifest, transport.session_id, self.limits)
         except (CallError, KeyError, TypeError, ValueError) as exc:
             self._refuse_session(transport, f"describe failed: {peer_text(exc)}")
             return
         if self._described is not None and shared is not self._described:
-            self._log_changes(self._described, shared, transport.session_id)
+            self._contract_lines().changed(self._described, shared, transport.session_id)
         self._learn(info, shared)
         # describe says which announcement its manifest includes (-1: an older worker)
         sequence = manifest.get("inventory")
@@ -824,20 +678,13 @@ class RemoteExecutor(Endpoint):
                 problem = str(exc)
         if problem is not None:
             self.inventory_dropped += 1
-            self._peer_log().log(
-                self.executor_id,
-                "inventory",
-                "executor %s: dropping an announced manifest: %s",
-                self.executor_id,
-                problem,
-                extra=log_fields(executor=self.executor_id),
-            )
+            self._contract_lines().dropped(problem)
             return
         self._inventory_seq = args[0]
         shared = described(dict(args[1]), encoded)
         self.inventory_updates += 1
         if self._described is not None and shared is not self._described:
-            self._log_changes(self._described, shared, None)
+            self._contract_lines().changed(self._described, shared, None)
         self._learn(
             dataclasses.replace(
                 self._info,
@@ -848,48 +695,12 @@ class RemoteExecutor(Endpoint):
             shared,
         )
 
-    def _peer_log(self) -> PeerLogLimiter:
-        """The rate limit of this executor's lines about what the worker sent (made once
-        needed: most executors never write one)."""
-        if self._peer_limiter is None:
-            self._peer_limiter = PeerLogLimiter(
-                log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
-            )
-        return self._peer_limiter
-
-    def _log_changes(self, before: Described, after: Described, session: bytes | None) -> None:
-        """One line naming what changed in the worker's manifest (bounded, rate-limited)."""
-        changed, uncompared = _changes(before, after)
-        if not changed and not uncompared:
-            return  # the same contracts spelled differently
-        additive = all(c[1] is Compatibility.ADDITIVE for c in changed)
-        # Each verdict is its own limiter key: an additive change logged a moment ago never
-        # hides an incompatible one (nor an unverified one).
-        kind = "incompatible" if not additive else "unverified" if uncompared else "additive"
-        verdict = (
-            "calls of incompatible or removed methods fail"
-            if not additive
-            else f"additive as far as compared ({_CHANGES_COMPARED})"
-            if uncompared
-            else "additive"
-        )
-        shown = "; ".join(
-            f"{name}: {compatibility.value} ({difference})"
-            for name, compatibility, difference in changed[:_CHANGES_SHOWN]
-        )
-        hidden = len(changed) - min(len(changed), _CHANGES_SHOWN) + uncompared
-        more = f"; and {hidden} more" if hidden else ""
-        self._peer_log().log(
-            self.executor_id,
-            f"contract changed: {kind}",
-            "executor %s: the worker's contract changed (%s): %s%s",
-            self.executor_id,
-            verdict,
-            peer_message(shown, _CAUSE_CHARS),
-            more,
-            extra=log_fields(executor=self.executor_id, session=session),
-            level=logging.INFO if additive and not uncompared else logging.WARNING,
-        )
+    def _contract_lines(self) -> ContractLog:
+        """This executor's lines about the manifests the worker sends (made once needed: most
+        executors never write one)."""
+        if self._lines is None:
+            self._lines = ContractLog(self.executor_id, self.limits)
+        return self._lines
 
     def _watch_stall(self, session: _Session) -> None:
         """Put a session that lost its socket in the stall watch (once until it is ready again)."""
@@ -934,7 +745,7 @@ class RemoteExecutor(Endpoint):
         cause stays visible meanwhile in :attr:`last_error`, in ``wait_ready``'s timeout and in
         the ``NotDispatched("OFFLINE")`` of every call; availability stays ``offline``.
         """
-        why = peer_message(why, _CAUSE_CHARS)  # names from the worker's manifest
+        why = peer_message(why, CAUSE_CHARS)  # names from the worker's manifest
         self.last_error = why
         log.error(
             "executor %s: session %s not installed: %s",
@@ -1050,31 +861,6 @@ class RemoteExecutor(Endpoint):
             self._contract_cache[key] = refusals
         wanted = spec.methods if method is None else (method,)
         return all(name in spec.methods and name not in refusals for name in wanted)
-
-
-def _optional_bytes(value: object, name: str = "worker_instance_id") -> bytes | None:
-    if value is None:
-        return None
-    if not isinstance(value, bytes) or len(value) > 64:
-        raise TypeError(f"{name} is not bytes of 64 or fewer")
-    return value
-
-
-def _required_bytes(value: object, name: str) -> bytes:
-    """An id a worker's ``describe`` must give as 1 to 64 bytes: anything else is refused as
-    sent, never converted (``bytes(2**40)`` would allocate a terabyte)."""
-    if not isinstance(value, bytes) or not 0 < len(value) <= 64:
-        raise TypeError(f"{name} is not bytes of 1 to 64")
-    return value
-
-
-def _described_id(value: object) -> str:
-    """The executor id a worker's ``describe`` gives: text of 1 to 200 characters, as a
-    configuration's ``executor_id`` is (never converted: ``str`` of a huge integer raises, of a
-    map is a text as large as the frame)."""
-    if not isinstance(value, str) or not 0 < len(value) <= 200:
-        raise TypeError("executor_id is not text of 1 to 200 characters")
-    return value
 
 
 def connect(

@@ -69,7 +69,8 @@ from ..rpc.rpc import Registry
 from ..settings.config import LinkConfig
 from ..settings.fleet import FleetConfig
 from ..settings.keyring import Keyring, executor_id_problem
-from .controller import Availability, RemoteExecutor, StallWatch, describer
+from ._stalls import StallWatch
+from .controller import Availability, RemoteExecutor, describer
 from .endpoint import link_from_config
 from .registration import ServiceMap, registry_from
 

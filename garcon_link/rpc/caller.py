@@ -61,13 +61,15 @@ from .errorbody import (
     error_from_body,
     local_exception,
 )
-from .interface import MethodKind, MethodSpec, from_wire, to_wire
+from .interface import MethodKind, MethodSpec
 from .observer import CallObserver
 from .outbox import CANCEL_KIND, Outbox
 from .pending import Forward, _Deadlines, _Pending
 from .resources import ResourceRef
 from .splice import SPLICE_BYTES, Spliced, encode_envelope, holds_large
 from .streams import RELAYED_STREAM, RemoteStream, _RelayedStream
+from .towire import to_wire
+from .values import from_wire
 
 __all__ = ["RELAYED", "RELAYED_STREAM", "Caller", "Expected", "Forward", "RemoteStream"]
 

@@ -25,7 +25,7 @@ method, one of four :class:`Compatibility` values, and names the difference:
 The signature text names a record type -- a ``msgspec.Struct``, a dataclass, a ``TypedDict``, a
 ``NamedTuple`` -- but not its fields, so an entry also lists, under ``"structs"``, the fields of
 every record type its parameters and result hold at any depth
-(:func:`~garcon_link.rpc.interface.struct_layouts`, expanded from the service's table), and
+(:func:`~garcon_link.rpc.layouts.struct_layouts`, expanded from the service's table), and
 each is judged as the view uses it:
 
 * in an *argument* (the caller builds it, the worker reads it): a field the worker added with a
@@ -46,8 +46,8 @@ each is judged as the view uses it:
   array). Another encoding or another tag is ``INCOMPATIBLE``.
 
 Whether a field both sides have has a default does not matter when its writer always sends
-it: every field is sent, a default too (:func:`~garcon_link.rpc.interface.to_wire`). A field
-the writer may leave out (:data:`~garcon_link.rpc.interface.UNSET_FIELD`: a ``msgspec.UNSET``
+it: every field is sent, a default too (:func:`~garcon_link.rpc.towire.to_wire`). A field
+the writer may leave out (:data:`~garcon_link.rpc.layouts.UNSET_FIELD`: a ``msgspec.UNSET``
 default, a ``TypedDict`` key that is not required) needs a default on the reader's side -- the
 worker's for an argument, the view's for a result -- else ``INCOMPATIBLE``; a difference in
 whether it may be left out that the reader copes with is ``ADDITIVE``. ``msgspec.UnsetType`` in
@@ -58,7 +58,7 @@ admits ``UnsetType`` is read as ``"unset"``.
 A worker's entry without ``"structs"`` (0.1.0, which lists no record types) is compared on its
 signature alone (:func:`_compare_structs`); one that cannot be read, refers to a table that
 cannot be (:class:`~garcon_link.rpc.manifest.UnreadableRecords`, naming why), or lists more
-than :data:`~garcon_link.rpc.interface.MAX_STRUCT_FIELDS` types and fields, is
+than :data:`~garcon_link.rpc.layouts.MAX_STRUCT_FIELDS` types and fields, is
 ``INCOMPATIBLE``.
 
 Types are compared on the signature text, without importing or evaluating anything: a union
@@ -87,7 +87,7 @@ import blake3
 
 from ..core.wire import encode_canonical
 from ..logs import peer_text
-from .interface import MAX_STRUCT_FIELDS, MAX_STRUCT_TEXT, UNSET_FIELD
+from .layouts import MAX_STRUCT_FIELDS, MAX_STRUCT_TEXT, UNSET_FIELD
 from .manifest import MAX_SIGNATURE_CHARS, UnreadableRecords, method_entries
 
 __all__ = [
@@ -297,7 +297,7 @@ def compare_method(expected: object, offered: object) -> tuple[Compatibility, st
 
 
 def _read_structs(value: object) -> dict[str, _Struct] | None:
-    """A ``"structs"`` entry (:func:`~garcon_link.rpc.interface.struct_layouts`) as
+    """A ``"structs"`` entry (:func:`~garcon_link.rpc.layouts.struct_layouts`) as
     ``{type: _Struct}``; ``None`` if it is not one within the bounds."""
     if not isinstance(value, Mapping):
         return None
@@ -544,7 +544,7 @@ def _compare_field_type(
     wider, a result's narrower), ``msgspec.UnsetType`` aside, and whether the writer may leave
     it out where the reader requires it. Whether a field the writer always writes has a default
     does not matter: every such field is sent, a default too
-    (:func:`~garcon_link.rpc.interface.to_wire`)."""
+    (:func:`~garcon_link.rpc.towire.to_wire`)."""
     writer, reader = (want, got) if argument else (got, want)
     who, where = ("the caller", "on the worker") if argument else ("the worker", "here")
     if writer.unset and not reader.has_default:

@@ -25,7 +25,7 @@ from ..errors import (
     StaleResource,
 )
 from .envelopes import Envelope, Error, encode
-from .interface import to_wire
+from .towire import to_wire
 
 __all__ = [
     "INTERRUPTED",

@@ -70,11 +70,12 @@ from .errorbody import (
 )
 from .hooks import _current_metadata
 from .idempotency import Await, Execute, KeyedExecutions, Replay
-from .interface import MethodSpec, to_wire
+from .interface import MethodSpec
 from .observer import CallObserver
 from .registry import INTERNAL_SERVICE
 from .resources import ServiceScope, _current
 from .splice import SPLICE_BYTES, Spliced
+from .towire import to_wire
 
 __all__ = ["Handlers", "Incoming", "ReplyPolicy", "current_session"]
 

@@ -5,7 +5,9 @@ interface's hints. What is built from them reads the spec or its manifest, never
 a sync client's spec and the source printed from a spec (the sync view, the stub) are
 :mod:`.views`'s; the manifest's hash, the changes between two, a spec rebuilt from a worker's
 are :mod:`.manifest`'s. The value checks live in :mod:`.values`, the comparison of contracts in
-:mod:`.contract`.
+:mod:`.contract`; the record types' listings in :mod:`.layouts`, the conversion of values sent
+in :mod:`.towire`, what msgspec makes of a hint in :mod:`.hints`. This module re-exports their
+public names.
 
 An *interface* is a class (usually a ``typing.Protocol``) whose public methods define what a remote
 peer may call. It is shared by both sides. From it we derive, once per interface:
@@ -23,8 +25,9 @@ peer may call. It is shared by both sides. From it we derive, once per interface
   :class:`~garcon_link.rpc.resources.ResourceRef`, ... A hint of ``Any`` or a missing hint passes
   the decoded value through unchanged.
 * a manifest (service -> method -> kind and signature text, *including the return type*, and
-  the fields of the record types the method reaches, :func:`struct_layouts`, listed once per
-  service, :func:`record_table`) and its
+  the fields of the record types the method reaches,
+  :func:`~garcon_link.rpc.layouts.struct_layouts`, listed once per service,
+  :func:`~garcon_link.rpc.layouts.record_table`) and its
   BLAKE3 *contract hash*, which a controller compares across session replacements: changing
   ``-> int`` to ``-> str`` is a contract change, reported as the list of methods that changed
   (:func:`~garcon_link.rpc.manifest.manifest_changes`).
@@ -52,24 +55,22 @@ where it sends ``int``) -- and that every parameter and return hint is one msgsp
 encode (a ``Path``, or a ``Protocol`` used as a value type, is not). All problems are reported in
 one ``ConfigError``.
 
-Encoding is :func:`to_wire`: msgspec ``to_builtins`` (bytes stay bytes; datetimes become RFC 3339
-text, enums their values, dataclasses maps) -- then CBOR. Every field is sent, a default too: a
-``msgspec.Struct`` declared ``omit_defaults=True`` is written out in full wherever a method's
-declared types can hold one (:func:`omits_defaults`), since a peer of another version may
-declare another default (the contract compares fields, :func:`struct_layouts`, but not their
-default values). Decoding is
-:func:`from_wire` (:mod:`garcon_link.rpc.values`).
+Encoding is :func:`~garcon_link.rpc.towire.to_wire`: msgspec ``to_builtins`` (bytes stay
+bytes; datetimes become RFC 3339 text, enums their values, dataclasses maps) -- then CBOR.
+Every field is sent, a default too: a ``msgspec.Struct`` declared ``omit_defaults=True`` is
+written out in full wherever a method's declared types can hold one
+(:func:`~garcon_link.rpc.towire.omits_defaults`), since a peer of another version may declare
+another default (the contract compares fields, :func:`~garcon_link.rpc.layouts.struct_layouts`,
+but not their default values). Decoding is :func:`from_wire` (:mod:`garcon_link.rpc.values`).
 """
 
 from __future__ import annotations
 
 import collections.abc
-import dataclasses
 import enum
-import functools
 import inspect
 import typing
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -78,6 +79,16 @@ import msgspec.inspect
 
 from ..errors import ConfigError
 from ..logs import peer_text
+from .hints import unsupported_hint
+from .layouts import (
+    MAX_RECORD_TABLE,
+    MAX_STRUCT_FIELDS,
+    MAX_STRUCT_TEXT,
+    UNSET_FIELD,
+    record_table,
+    struct_layouts,
+)
+from .towire import omits_defaults, to_wire
 from .values import (
     Check,
     Convert,
@@ -85,8 +96,6 @@ from .values import (
     check_value,
     from_wire,
     python_check,
-    record_class,
-    record_hints,
     wire_convert,
 )
 
@@ -353,7 +362,8 @@ class ServiceSpec:
     def manifest(self) -> dict[str, dict[str, Any]]:
         """``{method: {"kind", "signature"[, "uses"][, "records"]}}``: the record types the
         methods reach listed once, in ``"records"`` of the first method (by name) that uses
-        one, and each method's ``"uses"`` referring to them (:func:`record_table`). The
+        one, and each method's ``"uses"`` referring to them
+        (:func:`~garcon_link.rpc.layouts.record_table`). The
         mapping and each entry are fresh copies a caller may change; ``"records"`` and
         ``"uses"`` are shared: read them."""
         built = self._manifest
@@ -697,318 +707,3 @@ def _hint_conflicts(
             f"interface promises {declared.__qualname__}; match the interface: `{wanted}`"
         )
     return problems
-
-
-def unsupported_hint(hint: Any) -> str | None:
-    """Why msgspec cannot convert to and encode values of ``hint`` (``None``: it can)."""
-    if hint is Any or hint is inspect.Parameter.empty or hint is None:
-        return None
-    try:
-        info = msgspec.inspect.type_info(hint)
-    except TypeError as exc:
-        return f"{_hint_text(hint)}: {exc}"
-    for node in _type_nodes(info):
-        if isinstance(node, msgspec.inspect.CustomType):
-            inner = node.cls.__qualname__
-            where = "" if node is info else f" (it contains {inner})"
-            return (
-                f"{_hint_text(hint)}{where} is not a type msgspec can convert and encode; "
-                "use a plain type (str, int, bytes, list, dict, a dataclass, an enum, ...)"
-                + (" -- e.g. str for a path" if _is_path(node.cls) else "")
-            )
-    return None
-
-
-def _type_nodes(info: Any) -> Iterator[Any]:
-    """Every node of a msgspec type description (``msgspec.inspect.type_info``), each once:
-    the types, their fields and the types within them, to any depth."""
-    seen: set[int] = set()
-    stack: list[Any] = [info]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        yield node
-        if isinstance(node, msgspec.inspect.Type | msgspec.inspect.Field):
-            stack.extend(getattr(node, f) for f in node.__struct_fields__)
-        elif isinstance(node, tuple):
-            stack.extend(node)
-
-
-def _is_path(cls: type) -> bool:
-    import os
-
-    return issubclass(cls, os.PathLike)
-
-
-def _hint_text(hint: Any) -> str:
-    return hint.__qualname__ if isinstance(hint, type) else repr(hint)
-
-
-MAX_STRUCT_FIELDS = 1024
-"""The most types and fields (counted together) one method's record types may hold to be
-listed: a method whose types have more lists none (it is compared on its signature alone), and
-a worker's method that refers to more cannot be read (:mod:`garcon_link.rpc.contract`)."""
-
-MAX_RECORD_TABLE = 8192
-"""The most types and fields (counted together) one service's record table lists
-(:func:`record_table`): a method whose record types would take the table past it lists none,
-and a worker's table over it cannot be read (:func:`~garcon_link.rpc.manifest.method_entries`)."""
-
-MAX_STRUCT_TEXT = 4096
-"""The longest type name or field type text a record type's listing holds (longer: as
-:data:`MAX_STRUCT_FIELDS`)."""
-
-UNSET_FIELD = "unset"
-"""The third item of a listed field a writer may leave out of a value: one whose default is
-``msgspec.UNSET`` (left out while it holds it), or a ``TypedDict``'s key that is not required
-(left out while absent). A reader takes such a field as unset, or fills in its default. The
-other fields are always written: ``False``, required (a reader refuses a value without it), or
-``True``, with a default (a reader fills it in when it is missing)."""
-
-_RECORD_TYPES = (
-    msgspec.inspect.StructType,
-    msgspec.inspect.DataclassType,
-    msgspec.inspect.TypedDictType,
-    msgspec.inspect.NamedTupleType,
-)
-
-
-def struct_layouts(params: Sequence[Any], result: Any) -> dict[str, dict[str, Any]]:
-    """The record types -- ``msgspec.Struct``, dataclass (or attrs class), ``TypedDict``,
-    ``NamedTuple`` -- that values of the parameter hints ``params`` and the result hint
-    ``result`` may hold, at any depth, as one method's contract reads them: ``{type: record}``,
-    the type named as the signature text writes it (:func:`inspect.formatannotation`), each
-    record a map of
-
-    * ``"use"``: ``"argument"`` (the caller builds it), ``"result"`` (the worker builds it) or
-      ``"both"``;
-    * ``"encoding"``: ``"map"`` (keyed by field name) or ``"array"`` (by position: a
-      ``NamedTuple``, a struct declared ``array_like=True``);
-    * ``"unknown"``: ``"ignored"`` or ``"refused"``, what this side's decoding does with a field
-      it does not know (only a map-encoded ``msgspec.Struct`` without
-      ``forbid_unknown_fields`` ignores one: :func:`from_wire` refuses the rest);
-    * ``"tag"``: a tagged struct's ``[tag field, tag]``, else ``None``;
-    * ``"fields"``: ``[[name as encoded, type text, has a default], ...]`` in wire order, the
-      third item :data:`UNSET_FIELD` for a field a writer may leave out.
-
-    The fields of such types are part of a method's contract, which the signature text (naming
-    the type only) does not show (:func:`garcon_link.rpc.contract.compare_method`). A manifest
-    lists each type once per service (:func:`record_table`). Empty when the types hold none, or
-    more than :data:`MAX_STRUCT_FIELDS` types and fields. Made once per hint (cached)."""
-    layouts: dict[str, dict[str, Any]] = {}
-    for hint, use in [*((p, "argument") for p in params), (result, "result")]:
-        try:
-            found = _records_cached(hint)
-        except TypeError:  # an unhashable hint: not cached
-            found = _records(hint)
-        for name, (encoding, unknown, tag, fields) in found:
-            record = layouts.get(name)
-            if record is None:
-                layouts[name] = {
-                    "use": use,
-                    "encoding": encoding,
-                    "unknown": unknown,
-                    "tag": None if tag is None else list(tag),
-                    "fields": [list(f) for f in fields],
-                }
-            elif record["use"] != use:
-                record["use"] = "both"
-    size = sum(1 + len(record["fields"]) for record in layouts.values())
-    return dict(sorted(layouts.items())) if size <= MAX_STRUCT_FIELDS else {}
-
-
-def record_table(
-    methods: Sequence[tuple[Iterable[Any], Any]],
-) -> tuple[list[list[Any]], list[list[list[Any]]]]:
-    """One service's record types, each listed once, and what each method uses of them.
-
-    ``methods``: each method's parameter hints and result hint, in the manifest's order.
-    Returns the *record table* -- ``[[name, encoding, unknown, tag, fields], ...]``, a
-    :func:`struct_layouts` record without its use, named -- and, per method, its ``"uses"``:
-    ``[[index into the table, use], ...]`` in the order of the types' names (empty: none). A
-    method whose types :func:`struct_layouts` lists none of, or whose new types would take the
-    table past :data:`MAX_RECORD_TABLE` types and fields, uses none (it is compared on its
-    signature alone). Two methods that reach different types of one name (the name is what
-    the signature text writes) list each."""
-    table: list[list[Any]] = []
-    index: dict[tuple[str, str, str, Any, Any], int] = {}
-    size = 0
-    uses: list[list[list[Any]]] = []
-    for params, result in methods:
-        layouts = struct_layouts(tuple(params), result)
-        keys = {name: _record_key(name, record) for name, record in layouts.items()}
-        new = [name for name, key in keys.items() if key not in index]
-        extra = sum(1 + len(layouts[name]["fields"]) for name in new)
-        if not layouts or size + extra > MAX_RECORD_TABLE:
-            uses.append([])
-            continue
-        for name in new:
-            index[keys[name]] = len(table)
-            table.append([name, *(layouts[name][k] for k in _TABLE_ITEMS)])
-        size += extra
-        uses.append([[index[keys[name]], layouts[name]["use"]] for name in layouts])
-    return table, uses
-
-
-_TABLE_ITEMS = ("encoding", "unknown", "tag", "fields")
-"""A record table entry's items after the type's name."""
-
-
-def _record_key(name: str, record: dict[str, Any]) -> tuple[str, str, str, Any, Any]:
-    """What makes two listings one record of the table (all but the use)."""
-    return (
-        name,
-        record["encoding"],
-        record["unknown"],
-        None if record["tag"] is None else tuple(record["tag"]),
-        tuple(tuple(f) for f in record["fields"]),
-    )
-
-
-_Record = tuple[str, str, tuple[str, Any] | None, tuple[tuple[str, str, bool | str], ...]]
-
-
-@functools.lru_cache(maxsize=1024)
-def _records_cached(hint: Any) -> tuple[tuple[str, _Record], ...]:
-    return _records(hint)
-
-
-def _records(hint: Any) -> tuple[tuple[str, _Record], ...]:
-    if hint is Any or hint is inspect.Parameter.empty or hint is None:
-        return ()
-    try:
-        info = msgspec.inspect.type_info(hint)
-    except Exception:  # not a type msgspec knows
-        return ()
-    found: dict[str, _Record] = {}
-    for node in _type_nodes(info):
-        if not isinstance(node, _RECORD_TYPES):
-            continue
-        hints = record_hints(node.cls)  # {} when typing cannot read them (msgspec did)
-        unset = _unset_fields(node)
-        fields = tuple(
-            (
-                f.encode_name,
-                inspect.formatannotation(hints.get(f.name, Any)),
-                UNSET_FIELD if f.name in unset else not f.required,
-            )
-            for f in node.fields
-        )
-        array = isinstance(node, msgspec.inspect.NamedTupleType)
-        ignores, tag = False, None
-        if isinstance(node, msgspec.inspect.StructType):
-            array = node.array_like
-            ignores = not array and not node.forbid_unknown_fields
-            tag = None if node.tag_field is None else (node.tag_field, node.tag)
-        found[inspect.formatannotation(node.cls)] = (
-            "array" if array else "map",
-            "ignored" if ignores else "refused",
-            tag,
-            fields,
-        )
-    return tuple(sorted(found.items()))
-
-
-def _unset_fields(node: Any) -> set[str]:
-    """The fields of a record type a writer may leave out of a value: those whose default is
-    ``msgspec.UNSET`` (which ``msgspec.inspect`` does not show), and a ``TypedDict``'s keys
-    that are not required."""
-    if isinstance(node, msgspec.inspect.TypedDictType):
-        return {f.name for f in node.fields if not f.required}
-    cls = record_class(node.cls)
-    defaults: dict[str, Any] = {}
-    if isinstance(node, msgspec.inspect.StructType):
-        names = cls.__struct_fields__
-        values = cls.__struct_defaults__
-        defaults = dict(zip(names[len(names) - len(values) :], values, strict=True))
-    elif isinstance(node, msgspec.inspect.NamedTupleType):
-        defaults = dict(getattr(cls, "_field_defaults", {}))
-    elif dataclasses.is_dataclass(cls):
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-    else:  # an attrs class
-        attributes = getattr(cls, "__attrs_attrs__", ())
-        defaults = {a.name: a.default for a in attributes}
-    return {name for name, value in defaults.items() if value is msgspec.UNSET}
-
-
-_BUILTIN_TYPES = (bytes, bytearray)
-
-
-def to_wire(value: Any, *, with_defaults: bool = False) -> Any:
-    """Convert ``value`` to plain CBOR-encodable data.
-
-    Args:
-        value: what to send.
-        with_defaults: also send the fields a ``msgspec.Struct`` declared ``omit_defaults=True``
-            leaves out when they hold their default (:func:`omits_defaults` says when a declared
-            type needs it). A receiver of another version may declare another default: the
-            value sent is the sender's, never the receiver's guess.
-
-    Raises:
-        TypeError: a value of an unsupported type (the message names it).
-    """
-    if with_defaults:
-        value = _every_field(value)
-    return msgspec.to_builtins(value, builtin_types=_BUILTIN_TYPES)
-
-
-def omits_defaults(hint: Any) -> bool:
-    """Whether a value of ``hint`` may hold a ``msgspec.Struct`` declared ``omit_defaults=True``
-    (then :func:`to_wire` needs ``with_defaults``). Made once per hint."""
-    if hint is Any or hint is inspect.Parameter.empty or hint is None:
-        return False
-    try:
-        return _omits_defaults_cached(hint)
-    except TypeError:  # an unhashable hint: not cached
-        return _omits_defaults(hint)
-
-
-@functools.lru_cache(maxsize=1024)  # hints rebuilt from a peer's manifest vary: bounded
-def _omits_defaults_cached(hint: Any) -> bool:
-    return _omits_defaults(hint)
-
-
-def _omits_defaults(hint: Any) -> bool:
-    try:
-        info = msgspec.inspect.type_info(hint)
-    except Exception:  # not a type msgspec knows (a MethodSpec is never refused for it)
-        return False
-    return any(
-        isinstance(node, msgspec.inspect.StructType)
-        and record_class(node.cls).__struct_config__.omit_defaults
-        for node in _type_nodes(info)
-    )
-
-
-def _every_field(value: Any) -> Any:
-    """``value`` with every ``msgspec.Struct`` written out as ``to_builtins`` would write it
-    without ``omit_defaults`` (its tag, its encoded field names, ``UNSET`` fields left out);
-    dataclasses and containers walked to reach the structs inside them. Only run when a
-    declared type holds such a struct (:func:`omits_defaults`): plain values pass untouched."""
-    if isinstance(value, msgspec.Struct):
-        config = value.__struct_config__
-        names = zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True)
-        pairs = [
-            (encoded, _every_field(field_value))
-            for name, encoded in names
-            if (field_value := getattr(value, name)) is not msgspec.UNSET
-        ]
-        if config.array_like:
-            items = [v for _, v in pairs]
-            return [config.tag, *items] if config.tag_field is not None else items
-        record = {config.tag_field: config.tag} if config.tag_field is not None else {}
-        record.update(pairs)
-        return record
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: _every_field(field_value)
-            for f in dataclasses.fields(value)
-            if (field_value := getattr(value, f.name)) is not msgspec.UNSET
-        }
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_every_field(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _every_field(item) for key, item in value.items()}
-    return value

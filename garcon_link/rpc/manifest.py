@@ -2,7 +2,7 @@
 
 A worker's manifest maps service -> method -> ``{kind, signature}``, the signature text (the
 return type included) of each :class:`~garcon_link.rpc.interface.MethodSpec`, and the fields of
-the record types it reaches (:func:`~garcon_link.rpc.interface.struct_layouts`), when it
+the record types it reaches (:func:`~garcon_link.rpc.layouts.struct_layouts`), when it
 reaches any, listed once per service: a table in one method's ``"records"``, each method's
 ``"uses"`` referring to it (:meth:`~garcon_link.rpc.interface.ServiceSpec.manifest`). From it
 come:
@@ -42,15 +42,8 @@ import blake3
 from ..core.wire import encode_canonical
 from ..errors import Rejected
 from ..logs import peer_message, peer_text
-from .interface import (
-    _STREAM_ORIGINS,
-    MAX_RECORD_TABLE,
-    MAX_STRUCT_FIELDS,
-    MAX_STRUCT_TEXT,
-    UNSET_FIELD,
-    MethodKind,
-    MethodSpec,
-)
+from .interface import _STREAM_ORIGINS, MethodKind, MethodSpec
+from .layouts import MAX_RECORD_TABLE, MAX_STRUCT_FIELDS, MAX_STRUCT_TEXT, UNSET_FIELD
 
 __all__ = [
     "MAX_SIGNATURE_CHARS",
@@ -103,23 +96,23 @@ class UnreadableRecords(str):
 def method_entries(methods: object) -> dict[str, Any]:
     """Each method's entry of one service's manifest (method -> entry) with its record types
     in it, as one method's contract reads them: ``"structs"``, ``{type: record}``
-    (:func:`~garcon_link.rpc.interface.struct_layouts`' form), in place of ``"uses"``, and no
+    (:func:`~garcon_link.rpc.layouts.struct_layouts`' form), in place of ``"uses"``, and no
     ``"records"``.
 
     A manifest lists each record type once per service: the *record table*,
     ``[[name, encoding, unknown, tag, fields], ...]``, in one method's ``"records"`` (the first
     method by name that uses one, as this version writes it), and each method's ``"uses"``,
     ``[[index into the table, use], ...]``
-    (:func:`~garcon_link.rpc.interface.record_table`). An entry without ``"uses"`` is as it
+    (:func:`~garcon_link.rpc.layouts.record_table`). An entry without ``"uses"`` is as it
     was sent: with ``"structs"`` of its own (a worker of the version that listed them per
     method), or with no record types (one that listed none). Entries that are not maps stay as
     they are, and the record contents are checked where they are compared
     (:mod:`garcon_link.rpc.contract`).
 
     The worker wrote it: a table that is not a list of named records of at most
-    :data:`~garcon_link.rpc.interface.MAX_RECORD_TABLE` types and fields, a second table, a use
+    :data:`~garcon_link.rpc.layouts.MAX_RECORD_TABLE` types and fields, a second table, a use
     that is not ``[index in range, use]`` or names a type twice, or a method's uses over
-    :data:`~garcon_link.rpc.interface.MAX_STRUCT_FIELDS` make ``"structs"`` an
+    :data:`~garcon_link.rpc.layouts.MAX_STRUCT_FIELDS` make ``"structs"`` an
     :class:`UnreadableRecords` naming why, for each method that refers to the table (a method
     without ``"uses"`` is unaffected). Costs one pass over the table and each method's uses."""
     if not isinstance(methods, Mapping):

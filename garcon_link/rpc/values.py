@@ -1,7 +1,7 @@
 """Strict values: a value checked against a declared type, on each side of a call.
 
 Theory of operation. A value crosses a call twice: the caller's Python object is encoded
-(:func:`~garcon_link.rpc.interface.to_wire`: msgspec ``to_builtins``, then CBOR), and the
+(:func:`~garcon_link.rpc.towire.to_wire`: msgspec ``to_builtins``, then CBOR), and the
 receiver converts the decoded data to the declared type. The encoding keeps what CBOR can say
 (``bytes`` stay a byte string, ``str`` a text string, a dataclass becomes a map) and turns the
 rest into text: ``datetime``/``date``/``time`` (RFC 3339), ``timedelta`` (ISO 8601 duration),

@@ -19,13 +19,15 @@ What a restarted worker makes of a row (:func:`restore`):
 * running otherwise -- ``lost``: it was running when its worker died; its exit is unknown.
 
 Every row read is checked; a row that is not what this module writes is skipped (and deleted)
-with a warning, not trusted.
+with a warning, not trusted. A restored record is signalled only after that check is made again
+(:func:`signal_detached`); its exit status is the one stored, or none (:func:`restored_status`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,6 +35,7 @@ from typing import Any, Literal
 import blake3
 import cbor2
 
+from ..errors import Rejected
 from ..rpc.statedir import Statement
 from ._process_values import ExitStatus
 
@@ -45,7 +48,9 @@ __all__ = [
     "exit_statement",
     "restore",
     "restored_exit_statement",
+    "restored_status",
     "same_process",
+    "signal_detached",
     "spec_digest",
     "start_statement",
     "start_ticks",
@@ -248,3 +253,26 @@ def restore(rows: list[tuple[Any, ...]], where: str) -> tuple[dict[str, Restored
         restored.append(record)
     restored.sort(key=lambda r: r.started_at)
     return {r.id: r for r in restored}, bad
+
+
+def signal_detached(record: Restored, signum: int) -> bool:
+    """Signal the group of a process a previous worker started, if it is provably still the
+    same process (pid, start time and boot checked right before)."""
+    if not record.alive():
+        return False
+    try:
+        os.killpg(record.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def restored_status(record: Restored) -> ExitStatus:
+    """The exit status of a record a previous worker left; a lost one has none."""
+    if record.status is not None:
+        return record.status
+    raise Rejected(
+        "PROCESS_LOST",
+        f"process {record.id!r} was running when the worker process that started it stopped; "
+        "its exit status is unknown",
+    )

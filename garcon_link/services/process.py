@@ -2,8 +2,9 @@
 
 Why one module, although a long one: the service's methods and their records are one state
 machine (start, output, exit, release, and the records that survive a worker restart); the
-supervision of one process group is in :mod:`._supervisor`, the stored records in
-:mod:`._records`, the spools in :mod:`._spool`.
+supervision of one process group is in :mod:`._supervisor`, the stored records (and what can be
+done with a restored one) in :mod:`._records`, the spools in :mod:`._spool`, the checks of a
+caller's arguments in :mod:`._process_args`.
 
 Theory of operation
 -------------------
@@ -90,11 +91,11 @@ one task and exits it in another, and a task group's cancel scope cannot span ta
 supervisor is a backend task of its own (``asyncio`` task or ``trio`` system task) wrapped in a
 cancel scope this service cancels and awaits on close (``_DetachedTasks``).
 
-This module is the service's face: the interface, the checks of a start and
-:class:`LocalProcessService`. Its parts live beside it: the values in ``_process_values.py``
-(importable from here), the output of a stream, in memory or spooled to disk, in ``_spool.py``,
-and the supervision of a process group (its record, signals, the detached tasks) in
-``_supervisor.py``.
+This module is the service's face: the interface and :class:`LocalProcessService`. Its parts
+live beside it: the values in ``_process_values.py`` (importable from here), the checks of a
+caller's arguments in ``_process_args.py``, the output of a stream, in memory or spooled to disk,
+in ``_spool.py``, and the supervision of a process group (its record, signals, the detached
+tasks) in ``_supervisor.py``.
 
 POSIX only (process groups, ``killpg``); tested on Linux with asyncio and trio.
 """
@@ -103,9 +104,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
-import re
 import shutil
 import signal as sig_mod
 import subprocess
@@ -123,6 +122,13 @@ from ..rpc.resources import ResourceRef, ServiceScope, current_scope
 from ..rpc.statedir import StateDirectory, Statement, StateUnavailable
 from ._confined import ConfinedRoot, _os_errors
 from ._limits import MiB, ServiceLimits
+from ._process_args import (
+    _check_argv,
+    _check_env,
+    _check_id,
+    _check_seconds,
+    _check_spec_size,
+)
 from ._process_values import (
     ExitStatus,
     OutputChunk,
@@ -137,6 +143,8 @@ from ._records import (
     exit_statement,
     restore,
     restored_exit_statement,
+    restored_status,
+    signal_detached,
     spec_digest,
     start_statement,
 )
@@ -306,50 +314,6 @@ def default_base_env(home: str) -> dict[str, str]:
             env[key] = value
     env["HOME"] = home
     return env
-
-
-def _check_argv(argv: list[str]) -> None:
-    if not argv or not argv[0]:
-        raise Rejected("INVALID_ARGUMENTS", "argv needs at least a program name")
-    if any("\0" in arg for arg in argv):
-        raise Rejected("INVALID_ARGUMENTS", "argv must not contain NUL characters")
-
-
-def _check_env(env: Mapping[str, str]) -> None:
-    for key, value in env.items():
-        if not key or "=" in key or "\0" in key or "\0" in value:
-            raise Rejected("INVALID_ARGUMENTS", f"invalid environment variable {key!r}")
-
-
-_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]*")
-_GENERATED_ID = re.compile(r"p[0-9]+")
-
-
-def _check_id(proc_id: str, limit: int) -> None:
-    if len(proc_id) > limit or not _ID_PATTERN.fullmatch(proc_id):
-        raise Rejected(
-            "INVALID_ARGUMENTS",
-            f"a process id is 1 to {limit} of [A-Za-z0-9._:@+-], starting with a letter or digit",
-        )
-    if _GENERATED_ID.fullmatch(proc_id):
-        raise Rejected("INVALID_ARGUMENTS", "ids of the form p<digits> are generated ones")
-
-
-def _check_spec_size(argv: list[str], env: Mapping[str, str] | None, limit: int) -> None:
-    # Counted before anything is copied or spawned (the frame limit bounded the decoding);
-    # cwd has its own bound, ServiceLimits.max_path_bytes.
-    size = 0
-    for item in (*argv, *(env or {}).keys(), *(env or {}).values()):
-        size += len(item.encode("utf-8", "surrogatepass")) + 1
-        if size > limit:
-            raise Rejected("INVALID_ARGUMENTS", f"argv and env exceed {limit} bytes together")
-
-
-def _check_seconds(name: str, value: float | None, *, allow_zero: bool = False) -> None:
-    if value is None:
-        return
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise Rejected("INVALID_ARGUMENTS", f"{name} must be a finite number > 0, got {value}")
 
 
 # ---------------------------------------------------------------------------- implementation
@@ -803,7 +767,7 @@ class LocalProcessService:
         found = self._lookup(handle)
         signum = _parse_signal(name)
         if isinstance(found, Restored):
-            return _signal_detached(found, signum)
+            return signal_detached(found, signum)
         return found.killpg(signum)
 
     async def terminate(self, handle: ResourceRef, grace: float = 5.0) -> ExitStatus:
@@ -829,7 +793,7 @@ class LocalProcessService:
                 # Not our child: nothing to await but a look at /proc.
                 while found.alive():  # noqa: ASYNC110
                     await anyio.sleep(_DETACHED_POLL)
-                return _restored_status(found)
+                return restored_status(found)
             raise RemoteError(
                 "WAIT_TIMEOUT", f"process {found.id} has not finished within {timeout} seconds"
             )
@@ -901,9 +865,9 @@ class LocalProcessService:
         cannot be known (not our child): ``killed`` with no code or signal. A record that is
         not detached reports its status (``PROCESS_LOST`` if none)."""
         if record.state != "detached":
-            return _restored_status(record)
+            return restored_status(record)
         for signum, wait in ((sig_mod.SIGTERM, grace), (sig_mod.SIGKILL, _REAP_TIMEOUT)):
-            if not _signal_detached(record, signum):
+            if not signal_detached(record, signum):
                 break
             with anyio.move_on_after(wait):
                 # Not our child: nothing to await but a look at /proc.
@@ -989,29 +953,6 @@ _DETACHED_POLL = 0.1
 _RECORD_TIMEOUT = 10.0
 """Seconds a start or an exit waits for its record to be committed before going on without
 (logged: the record is then not durable)."""
-
-
-def _signal_detached(record: Restored, signum: int) -> bool:
-    """Signal the group of a process a previous worker started, if it is provably still the
-    same process (pid, start time and boot checked right before)."""
-    if not record.alive():
-        return False
-    try:
-        os.killpg(record.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _restored_status(record: Restored) -> ExitStatus:
-    """The exit status of a record a previous worker left; a lost one has none."""
-    if record.status is not None:
-        return record.status
-    raise Rejected(
-        "PROCESS_LOST",
-        f"process {record.id!r} was running when the worker process that started it stopped; "
-        "its exit status is unknown",
-    )
 
 
 if TYPE_CHECKING:  # static conformance check: the implementation matches its interface
