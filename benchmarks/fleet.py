@@ -563,6 +563,8 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
         if args.turn_budget_ms is not None:
             seconds = args.turn_budget_ms / 1000
             limits = dataclasses.replace(limits, handshake_seconds_per_turn=seconds)
+        if args.busy_share is not None:
+            limits = dataclasses.replace(limits, handshake_busy_share=args.busy_share)
         if args.storm_nice:
             cap = max(n, limits.max_unauthenticated_sockets)
             limits = dataclasses.replace(limits, max_unauthenticated_sockets=cap)
@@ -808,6 +810,8 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 storm_call_errors=storm_errors,
                 storm_p50_ms=_p(storm_calls, 50) if storm_calls else None,
                 storm_p99_ms=_p(storm_calls, 99) if storm_calls else None,
+                storm_p999_ms=_p(storm_calls, 99.9) if storm_calls else None,
+                storm_max_ms=max(storm_calls) if storm_calls else None,
                 storm_ready_p50_s=_p(offsets, 50),
                 storm_ready_p99_s=_p(offsets, 99),
                 redial_histogram=histogram(arrivals),
@@ -1653,6 +1657,12 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=None,
         help="the controller's Limits.handshake_seconds_per_turn, in ms (default: the Limits')",
+    )
+    parser.add_argument(
+        "--busy-share",
+        type=float,
+        default=None,
+        help="the controller's Limits.handshake_busy_share (default: the Limits')",
     )
     parser.add_argument("--url", default="")
     parser.add_argument("--keyring", type=Path)

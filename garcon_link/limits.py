@@ -186,6 +186,20 @@ class Limits:
             maximum=1.0,
         ),
     )
+    handshake_busy_share: float = field(
+        default=0.8,
+        metadata=_doc(
+            "While several handshakes wait their turn, a listener lets the next steps through "
+            "only once its event loop's thread has been on the CPU at most this fraction of the "
+            "time since the last ones went through: a storm of reconnects gets what the "
+            "established sessions leave, up to this share, and lasts longer (a lone handshake "
+            "is never held; each step still waits at most a tenth of handshake_timeout). 1: no "
+            "hold, as many steps a turn as handshake_seconds_per_turn allows.",
+            maximum=1.0,
+            minimum=0.1,
+            unit="",
+        ),
+    )
     max_authenticated_sockets: int = field(
         default=4,
         metadata=_doc(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -366,3 +367,87 @@ async def test_an_upgrade_is_two_steps_its_parse_in_the_line() -> None:
                     await read_101(s)
             deferred = link.statistics().handshake_steps_deferred - before.handshake_steps_deferred
     assert deferred >= burst + burst // 2, deferred
+
+
+class _CpuClock:
+    """A thread-CPU clock for :class:`TurnBudget`: while ``busy`` (a loop kept busy by other
+    work) it runs with the wall clock, the thread always on the CPU; idle, it stands still."""
+
+    def __init__(self) -> None:
+        self._frozen: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._frozen is None
+
+    @busy.setter
+    def busy(self, busy: bool) -> None:
+        self._frozen = None if busy else time.monotonic()
+
+    def __call__(self) -> float:
+        return time.monotonic() if self._frozen is None else self._frozen
+
+
+async def test_a_busy_loop_holds_the_line_until_its_share_is_back() -> None:
+    """``busy_share``: while other work keeps the loop's thread on the CPU, steps waiting in line
+    are not let through turn after turn; once the loop is idle again they are."""
+    clock = _CpuClock()
+    stats = LinkStatistics()
+    budget = TurnBudget(1, stats, busy_share=0.5, clock=clock)
+    ran: list[int] = []
+
+    async def one(i: int) -> None:
+        await budget.step()
+        ran.append(i)
+
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(one, i)
+            await wait_until(lambda: ran == [0])
+            for _ in range(50):  # turns (sleep(0) is one): the busy loop holds the others
+                await anyio.sleep(0)
+            assert ran == [0], ran
+            assert stats.handshake_steps_waiting == 2
+            clock.busy = False  # the loop goes idle: its share comes back, the line moves
+            await wait_until(lambda: ran == [0, 1, 2])
+
+
+async def test_a_busy_loop_never_holds_a_lone_step() -> None:
+    """A step alone in line (one executor reconnecting) goes through at the next turn however
+    busy the loop is: only a crowd of handshakes waits for the loop's share."""
+    clock = _CpuClock()
+    budget = TurnBudget(1, LinkStatistics(), busy_share=0.5, clock=clock)
+    for _ in range(5):
+        turns = 0
+        with anyio.fail_after(DEADLINE):
+            async with anyio.create_task_group() as tg:
+                done = anyio.Event()
+
+                async def one(done: anyio.Event) -> None:
+                    await budget.step()
+                    done.set()
+
+                tg.start_soon(one, done)
+                while not done.is_set():
+                    turns += 1
+                    assert turns < 10, "a lone step was held"
+                    await anyio.sleep(0)
+
+
+async def test_a_held_line_still_lets_overdue_steps_through() -> None:
+    """However busy the loop stays, no step waits past ``max_wait``."""
+    clock = _CpuClock()
+    budget = TurnBudget(1, LinkStatistics(), 0.02, busy_share=0.5, clock=clock)
+    ran: list[int] = []
+
+    async def one(i: int) -> None:
+        await budget.step()
+        ran.append(i)
+
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(one, i)
+            await wait_until(lambda: sorted(ran) == [0, 1, 2])
+    assert clock.busy  # never idle: the steps went through by max_wait alone

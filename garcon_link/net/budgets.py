@@ -120,6 +120,16 @@ class TurnBudget:
     a little longer; a resume of its executor or a failed write ends the wait at once), gets
     ``handshake_timeout``: a burst of lost sockets is not let through whole after a tenth of it.
 
+    A line may also be held to a share of the loop's time (``busy_share`` below 1): while
+    steps wait, the next ones go through only once the thread has spent at most that fraction of
+    the time since the last ones went through on the CPU -- the steps, what they started (a
+    resumed session's first reads and writes) and everything else the loop ran. Past it the line
+    pauses until the share is back. Established sessions' work comes first: a storm of
+    reconnects gets the share of the loop their traffic leaves, up to ``busy_share``, so while
+    it lasts their calls find the loop idle that much of the time; the storm lasts longer. A
+    process starved by others spends little CPU time, and its line is not held. ``max_wait``
+    still bounds each step's wait.
+
     Counted in ``stats`` under ``counters``: (steps put off by a turn or more, steps waiting
     now).
 
@@ -133,12 +143,14 @@ class TurnBudget:
         max_wait: float = math.inf,
         *,
         seconds_per_turn: float = math.inf,
+        busy_share: float = 1.0,
         clock: Callable[[], float] = time.thread_time,
         counters: tuple[str, str] = ("handshake_steps_deferred", "handshake_steps_waiting"),
     ) -> None:
         self._per_turn = per_turn
         self._max_wait = max_wait
         self._seconds = seconds_per_turn
+        self._share = busy_share
         self._clock = clock
         self._stats = stats
         self._deferred, self._waiting = counters
@@ -148,6 +160,8 @@ class TurnBudget:
         self._cost = 0.0  # estimated seconds of one step (0: none measured yet)
         self._granted = 0  # steps let through at the last _next_turn
         self._started: float | None = None  # when the first of them began to run
+        # (thread CPU time, loop time) when the last steps went through while others waited
+        self._last_grant: tuple[float, float] | None = None
 
     @property
     def allowance(self) -> int:
@@ -191,7 +205,14 @@ class TurnBudget:
         run in the next turn, behind what this turn's socket callbacks woke)."""
         loop, self._loop = self._loop, None
         waiters, granted, allowance = self._waiters, 0, self.allowance
-        overdue = loop.time() - self._max_wait if loop is not None else -math.inf
+        now = loop.time() if loop is not None else 0.0
+        overdue = now - self._max_wait if loop is not None else -math.inf
+        if loop is not None and waiters and waiters[0][0] > overdue:
+            pause = self._pause(now)
+            if pause > 0.0:
+                self._loop = loop
+                loop.call_later(min(pause, waiters[0][0] - overdue), self._next_turn)
+                return
         while waiters and (granted < allowance or waiters[0][0] <= overdue):
             _, waiter = waiters.popleft()
             if not waiter.done():
@@ -206,6 +227,19 @@ class TurnBudget:
         if waiters:
             self._loop = loop
             loop.call_later(0.0, self._next_turn)
+            if self._share < 1.0:
+                self._last_grant = (self._clock(), now)
+        else:
+            self._last_grant = None
+
+    def _pause(self, now: float) -> float:
+        """Seconds the line must still wait for the thread's busy share since the last steps
+        went through to come down to ``busy_share`` (0: none)."""
+        if self._last_grant is None:
+            return 0.0
+        cpu, then = self._last_grant
+        used = self._clock() - cpu
+        return used / self._share - (now - then)
 
 
 @dataclass

@@ -222,6 +222,7 @@ class WebSocketListener:
             stats,
             max_wait=limits.handshake_timeout / 10,
             seconds_per_turn=limits.handshake_seconds_per_turn,
+            busy_share=limits.handshake_busy_share,
         )
         """The budget of handshake steps per event-loop turn (see :class:`TurnBudget`)."""
         self.teardowns = TurnBudget(
