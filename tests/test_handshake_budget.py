@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -388,12 +388,9 @@ class _CpuClock:
         return time.monotonic() if self._frozen is None else self._frozen
 
 
-async def test_a_busy_loop_holds_the_line_until_its_share_is_back() -> None:
-    """``busy_share``: while other work keeps the loop's thread on the CPU, steps waiting in line
-    are not let through turn after turn; once the loop is idle again they are."""
-    clock = _CpuClock()
-    stats = LinkStatistics()
-    budget = TurnBudget(1, stats, busy_share=0.5, clock=clock)
+@contextlib.asynccontextmanager
+async def three_steps(budget: TurnBudget) -> AsyncIterator[list[int]]:
+    """Three steps asked of ``budget`` at once; yields the list of those that ran, in order."""
     ran: list[int] = []
 
     async def one(i: int) -> None:
@@ -404,13 +401,22 @@ async def test_a_busy_loop_holds_the_line_until_its_share_is_back() -> None:
         async with anyio.create_task_group() as tg:
             for i in range(3):
                 tg.start_soon(one, i)
-            await wait_until(lambda: ran == [0])
-            for _ in range(50):  # turns (sleep(0) is one): the busy loop holds the others
-                await anyio.sleep(0)
-            assert ran == [0], ran
-            assert stats.handshake_steps_waiting == 2
-            clock.busy = False  # the loop goes idle: its share comes back, the line moves
-            await wait_until(lambda: ran == [0, 1, 2])
+            yield ran
+
+
+async def test_a_busy_loop_holds_the_line_until_its_share_is_back() -> None:
+    """``busy_share``: while other work keeps the loop's thread on the CPU, steps waiting in line
+    are not let through turn after turn; once the loop is idle again they are."""
+    clock = _CpuClock()
+    stats = LinkStatistics()
+    async with three_steps(TurnBudget(1, stats, busy_share=0.5, clock=clock)) as ran:
+        await wait_until(lambda: ran == [0])
+        for _ in range(50):  # turns (sleep(0) is one): the busy loop holds the others
+            await anyio.sleep(0)
+        assert ran == [0], ran
+        assert stats.handshake_steps_waiting == 2
+        clock.busy = False  # the loop goes idle: its share comes back, the line moves
+        await wait_until(lambda: ran == [0, 1, 2])
 
 
 async def test_a_busy_loop_never_holds_a_lone_step() -> None:
@@ -439,15 +445,6 @@ async def test_a_held_line_still_lets_overdue_steps_through() -> None:
     """However busy the loop stays, no step waits past ``max_wait``."""
     clock = _CpuClock()
     budget = TurnBudget(1, LinkStatistics(), 0.02, busy_share=0.5, clock=clock)
-    ran: list[int] = []
-
-    async def one(i: int) -> None:
-        await budget.step()
-        ran.append(i)
-
-    with anyio.fail_after(DEADLINE):
-        async with anyio.create_task_group() as tg:
-            for i in range(3):
-                tg.start_soon(one, i)
-            await wait_until(lambda: sorted(ran) == [0, 1, 2])
+    async with three_steps(budget) as ran:
+        await wait_until(lambda: sorted(ran) == [0, 1, 2])
     assert clock.busy  # never idle: the steps went through by max_wait alone
