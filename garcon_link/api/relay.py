@@ -426,6 +426,20 @@ def _bounded_versions(versions: Mapping[Any, Any], limit: int) -> dict[str, str]
     return kept
 
 
+def _gateway_draining(gateway: RemoteExecutor) -> str:
+    """Why a call through a draining gateway is refused, in one sentence: its session to us
+    said goodbye, or it refused our new session (4010)."""
+    if gateway._refused_for_drain():
+        return (
+            "the gateway is draining: it was told to stop and refuses new caller sessions "
+            "(close 4010); ready again once it has restarted"
+        )
+    return (
+        "the gateway is draining: it was told to stop and refuses new calls while those it "
+        "relays finish; ready again once it has restarted"
+    )
+
+
 class GatewayExecutor:
     """One executor as a gateway's caller sees it: :class:`~garcon_link.RemoteExecutor`'s
     calling surface (``service()``, ``wait_ready()``, ``info``-like properties), made by
@@ -649,7 +663,12 @@ class GatewayExecutor:
             # What the gateway's own _rpc_for_call returns at once, without its coroutine.
             session = self._session
             return session if session is not None and session._rpc is rpc else self._session_on(rpc)
-        return self._session_on(await gateway._rpc_for_call(dispatch_deadline))
+        try:
+            return self._session_on(await gateway._rpc_for_call(dispatch_deadline))
+        except NotDispatched as exc:
+            if exc.code != "DRAINING" or gateway._draining:  # not the gateway's own drain
+                raise
+            raise NotDispatched("DRAINING", _gateway_draining(gateway)) from None
 
     @property
     def current_rpc(self) -> _RelaySession | None:
