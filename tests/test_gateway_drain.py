@@ -104,6 +104,10 @@ async def test_a_draining_gateway_refuses_new_callers_and_admits_resumes(tmp_pat
                         await fresh.executor("box-1").service("gate", Gate).wait()
                     assert call_refused.value.code == "DRAINING"
                     assert "the gateway is draining" in call_refused.value.message
+                    assert fresh.executor("box-1").errors == 0  # a drain refusal is no error
+                    # Waiting for an executor goes on (for a restarted gateway) and says why.
+                    with pytest.raises(TimeoutError, match="the gateway is draining"):
+                        await fresh.executor("box-1").wait_ready(0.05)
                     link = fresh.gateway.link.statistics()
                     assert link.fresh_sessions == 0 and link.handshakes_completed == 0
                 assert gw.caller_link_statistics().sessions_refused_draining >= 1

@@ -660,9 +660,13 @@ class GatewayExecutor:
             self._fleet._visible.setdefault(self.executor_id)  # the gateway showed it to us
             if self.availability == "ready":
                 return
+        if gateway._refused_for_drain() or gateway.availability == "draining":
+            why = _gateway_draining(gateway)
+        else:
+            why = f"it is {self.availability}"
         raise TimeoutError(
             f"executor {self.executor_id!r} not ready within {timeout:g}s through the gateway "
-            f"(it is {self.availability})"
+            f"({why})"
         )
 
     async def _rpc_for_call(self, dispatch_deadline: float) -> _RelaySession:
