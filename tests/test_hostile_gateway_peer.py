@@ -22,8 +22,10 @@ planted in the caller) is logged at ERROR with its traceback, and the fleet goes
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import math
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -32,13 +34,14 @@ from typing import Any, Protocol
 import anyio
 import anyio.from_thread
 import pytest
+from anyio.streams.memory import MemoryObjectSendStream
 from cbor_strategies import cbor_values, fuzz_settings, huge_names
 from hypothesis import given
 from hypothesis import strategies as st
 
 import garcon_link as gl
 from garcon_link.api import relay as relay_module
-from garcon_link.api.relay import RELAY_SERVICE, GatewayRelay
+from garcon_link.api.relay import MAX_WATCH_ENTRIES, RELAY_SERVICE, GatewayRelay
 from garcon_link.testing import free_tcp_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -310,13 +313,15 @@ class AnyWatch(Protocol):
 
 
 class FeedingRelay:
-    """A gateway whose ``watch`` sends a snapshot of the marks so far, then what the test feeds
-    it; a watch opened again (the caller ended the last one) starts with a new snapshot."""
+    """A gateway whose ``watch`` sends a snapshot of the marks so far, then what the test sends
+    it (:meth:`send`, to the watch opened last); a watch opened again (the caller ended the last
+    one) starts with a new snapshot. A mark is in the snapshot of every watch opened after it,
+    and sent on the watch open then: it reaches the caller either way."""
 
     def __init__(self) -> None:
-        self.feed, self._messages = anyio.create_memory_object_stream[Any](1000)
         self.marks: list[dict[str, Any]] = []
         self.watches = 0
+        self._current: MemoryObjectSendStream[Any] | None = None
 
     async def describe(self, executor: str, wait: float) -> Any:
         return {"executor_id": executor, "availability": "offline"}
@@ -324,17 +329,20 @@ class FeedingRelay:
     async def executors(self) -> Any:
         return []
 
-    def close(self) -> None:
-        self.feed.close()
-        self._messages.close()
+    def send(self, message: Any) -> None:
+        """Send ``message`` on the watch opened last (lost if it has ended: the caller opens
+        another, whose snapshot holds the marks)."""
+        if self._current is not None:
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._current.send_nowait(message)
 
     async def mark(self, fleet: gl.GatewayFleet) -> str:
-        """Send a well-formed change of a new executor (on this watch, and in the snapshot of
-        the next); its id, once the caller's view shows it."""
+        """Send a well-formed change of a new executor; its id, once the caller's view shows
+        it."""
         mark = f"mark-{len(self.marks)}"
         entry = {"executor_id": mark, "availability": "ready", "services": {"s": "v"}}
         self.marks.append(entry)
-        await self.feed.send({"entries": [{**entry, "events": ["joined", "ready"]}]})
+        self.send({"entries": [{**entry, "events": ["joined", "ready"]}]})
         with anyio.fail_after(10):
             while mark not in fleet.executors():
                 await anyio.sleep(0.005)
@@ -342,9 +350,16 @@ class FeedingRelay:
 
     async def watch(self) -> AsyncIterator[dict[str, Any]]:
         self.watches += 1
-        yield {"snapshot": True, "last": True, "entries": list(self.marks)}
-        async for message in self._messages:
-            yield message
+        send, receive = anyio.create_memory_object_stream[Any](math.inf)
+        self._current = send  # with the snapshot below, in one step of the event loop
+        # In messages of at most MAX_WATCH_ENTRIES, as a gateway sends a long snapshot.
+        size = MAX_WATCH_ENTRIES
+        parts = [self.marks[i : i + size] for i in range(0, len(self.marks), size)] or [[]]
+        with send, receive:
+            for i, entries in enumerate(parts):
+                yield {"snapshot": True, "last": i == len(parts) - 1, "entries": entries}
+            async for message in receive:
+                yield message
 
 
 @asynccontextmanager
@@ -372,7 +387,6 @@ def fed(
     ):
         patch.setattr(relay_module, "WATCH_RETRY", 0.01)  # a watch ended is opened again at once
         yield portal, relay, fleet
-    relay.close()
 
 
 _kinds = st.one_of(
@@ -427,7 +441,7 @@ def test_any_watch_message_of_a_gateway_leaves_the_fleet_running(
 ) -> None:
     portal, relay, fleet = fed
     for message in messages:
-        portal.call(relay.feed.send, message)
+        portal.call(relay.send, message)
     # The fleet still runs: a well-formed change after them is applied (on this watch, or in the
     # snapshot of the next one, if a message ended this one).
     mark = portal.call(relay.mark, fleet)
@@ -457,17 +471,16 @@ async def test_a_malformed_watch_is_said_once_and_a_bug_of_ours_is_seen(
     with anyio.fail_after(30):
         async with _fed(relay) as fleet:
             for _ in range(2):
-                await relay.feed.send(
+                relay.send(
                     {"entries": [["not a map"], {"executor_id": 7}, {"executor_id": "box-1"}]}
                 )
-                await relay.feed.send({"entries": [{"executor_id": "box-1", "events": [[1]]}]})
+                relay.send({"entries": [{"executor_id": "box-1", "events": [[1]]}]})
                 await relay.mark(fleet)
-                await relay.feed.send({"entries": "not a list"})  # ends the watch
+                relay.send({"entries": "not a list"})  # ends the watch
                 await relay.mark(fleet)
-                await relay.feed.send({"entries": [{"executor_id": "bug-1"}]})  # ends it too
+                relay.send({"entries": [{"executor_id": "bug-1"}]})  # ends it too
                 await relay.mark(fleet)
             assert relay.watches == 5  # the first, and one after each watch that ended
-    relay.close()
     lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "garcon_link.gateway"]
     said = [message.split(" (")[0] for _, message in lines]
     assert sorted(said) == [
