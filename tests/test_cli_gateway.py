@@ -129,14 +129,19 @@ def test_the_gateway_command_serves_callers_and_stops_on_sigterm(tmp_path: Path)
 
 
 SLOW_MODULE = """
+import pathlib
+
 import anyio
 
 
 class Slow:
-    async def wait(self, seconds: float) -> str:
+    async def wait(self, path: str) -> str:
         print("slow-started", flush=True)
-        await anyio.sleep(seconds)
-        return "finished"
+        for _ in range(3000):  # until the test writes the file (30 s at most)
+            if pathlib.Path(path).exists():
+                return "finished"
+            await anyio.sleep(0.01)
+        return "never released"
 """
 
 __all__ = ["notify_socket"]  # a fixture, imported for the test below
@@ -146,8 +151,10 @@ def test_the_gateway_drains_on_sigterm_and_tells_systemd(
     tmp_path: Path, notify_socket: tuple[socket.socket, str]
 ) -> None:
     """SIGTERM with a relayed call running: STOPPING=1, a ``gateway-draining`` event counting
-    it, the call's result reaches its caller, ``gateway-stopping``, exit 0 -- and SIGTERM after
-    SIGTERM until the exit does not kill the gateway."""
+    it; a new ``call`` with a caller's configuration fails at once (4010: the gateway admits no
+    new caller session), exit 3 and the draining line; the running call's result reaches its
+    caller, ``gateway-stopping``, exit 0 -- and SIGTERM after SIGTERM until the exit does not
+    kill the gateway."""
     sock, notify_path = notify_socket
     (tmp_path / "svc.py").write_text(SLOW_MODULE, encoding="utf-8")
     assert (
@@ -166,7 +173,7 @@ def test_the_gateway_drains_on_sigterm_and_tells_systemd(
         encoding="utf-8",
     )
     process = subprocess.Popen(
-        [*CLI, "gateway", str(config), "--json", "--drain", "10"],
+        [*CLI, "gateway", str(config), "--json", "--drain", "30"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -192,7 +199,8 @@ def test_the_gateway_drains_on_sigterm_and_tells_systemd(
             f'[connection]\ndial = "{url}"\n',
             encoding="utf-8",
         )
-        slow_call = ("slow.wait", "[1.0]", "--timeout", "20")
+        release = tmp_path / "release"
+        slow_call = ("slow.wait", json.dumps([str(release)]), "--timeout", "40")
         call = subprocess.Popen(
             [*CLI, "call", str(tmp_path / "web-1.toml"), "--executor", "box-1", *slow_call],
             stdin=subprocess.DEVNULL,
@@ -203,14 +211,22 @@ def test_the_gateway_drains_on_sigterm_and_tells_systemd(
         worker.wait_line("slow-started")
         process.send_signal(signal.SIGTERM)
         stopping = receive(sock, "STOPPING=1", seen)
-        assert stopping["STATUS"] == "gateway: SIGTERM, draining for up to 10s"
+        assert stopping["STATUS"] == "gateway: SIGTERM, draining for up to 30s"
         draining = json.loads(lines.wait(lambda line: '"gateway-draining"' in line))
         assert draining == {
             "event": "gateway-draining",
             "reason": "SIGTERM",
-            "seconds": 10.0,
+            "seconds": 30.0,
             "running": 1,
         }
+        # A caller the gateway does not serve yet: refused at once, not at --timeout.
+        web = str(tmp_path / "web-1.toml")
+        done = run_cli("call", web, "--executor", "box-1", "slow.wait", "[]", "--timeout", "60")
+        assert done.returncode == 3, done.stderr
+        assert done.stderr.startswith(
+            "error: [not_dispatched:DRAINING] the gateway is draining: "
+        ), done.stderr
+        release.touch()
         out, err = call.communicate(timeout=30)
         assert (call.returncode, out) == (0, '"finished"\n'), err
         stopped = json.loads(lines.wait(lambda line: '"gateway-stopping"' in line))

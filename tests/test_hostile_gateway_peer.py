@@ -12,12 +12,20 @@ versions. A second such gateway serves ``watch`` and sends changes of every shap
 the caller reads: the caller's fleet goes on running and applies the well-formed change after
 them. Last, its ``describe`` and ``executors`` answers are fuzzed: values of every CBOR major
 type and entries with hostile fields end in a ``CallError`` or a view within the bounds, and the
-fleet goes on (nothing found beyond the two fixed here in 6,000 examples).
+fleet goes on (nothing found beyond the two fixed here in 6,000 examples). Its ``watch`` stream is
+fuzzed too: messages of every CBOR major type, entries with every field of every type, nested,
+huge and many; after them a well-formed change is applied, on that watch or on the next one
+(a message that does not read ends a watch, and the caller opens another). What the caller
+ignores it says, once per ``log_interval`` and reason; an exception no check foresaw (a bug
+planted in the caller) is logged at ERROR with its traceback, and the fleet goes on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
+import math
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -26,12 +34,14 @@ from typing import Any, Protocol
 import anyio
 import anyio.from_thread
 import pytest
+from anyio.streams.memory import MemoryObjectSendStream
 from cbor_strategies import cbor_values, fuzz_settings, huge_names
 from hypothesis import given
 from hypothesis import strategies as st
 
 import garcon_link as gl
-from garcon_link.api.relay import RELAY_SERVICE, GatewayRelay
+from garcon_link.api import relay as relay_module
+from garcon_link.api.relay import MAX_WATCH_ENTRIES, RELAY_SERVICE, GatewayRelay
 from garcon_link.testing import free_tcp_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -286,3 +296,200 @@ def test_any_answer_of_a_gateway_is_a_call_error_or_a_bounded_view(
     relay.answer = [{"executor_id": "box-2", "availability": "ready", "services": {"s": "v"}}]
     portal.call(fleet.refresh)
     assert fleet.executors()["box-2"].services == {"s": "v"}
+
+
+# ------------------------------------------------------------------------------ fuzzing its watch
+
+
+class AnyWatch(Protocol):
+    """The relay service with ``watch`` (its contract as a caller's), beside what a caller calls
+    of it."""
+
+    async def describe(self, executor: str, wait: float) -> dict[str, Any]: ...
+
+    async def executors(self) -> list[dict[str, Any]]: ...
+
+    def watch(self) -> AsyncIterator[dict[str, Any]]: ...
+
+
+class FeedingRelay:
+    """A gateway whose ``watch`` sends a snapshot of the marks so far, then what the test sends
+    it (:meth:`send`, to the watch opened last); a watch opened again (the caller ended the last
+    one) starts with a new snapshot. A mark is in the snapshot of every watch opened after it,
+    and sent on the watch open then: it reaches the caller either way."""
+
+    def __init__(self) -> None:
+        self.marks: list[dict[str, Any]] = []
+        self.watches = 0
+        self._current: MemoryObjectSendStream[Any] | None = None
+
+    async def describe(self, executor: str, wait: float) -> Any:
+        return {"executor_id": executor, "availability": "offline"}
+
+    async def executors(self) -> Any:
+        return []
+
+    def send(self, message: Any) -> None:
+        """Send ``message`` on the watch opened last (lost if it has ended: the caller opens
+        another, whose snapshot holds the marks)."""
+        if self._current is not None:
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._current.send_nowait(message)
+
+    async def mark(self, fleet: gl.GatewayFleet) -> str:
+        """Send a well-formed change of a new executor; its id, once the caller's view shows
+        it."""
+        mark = f"mark-{len(self.marks)}"
+        entry = {"executor_id": mark, "availability": "ready", "services": {"s": "v"}}
+        self.marks.append(entry)
+        self.send({"entries": [{**entry, "events": ["joined", "ready"]}]})
+        with anyio.fail_after(10):
+            while mark not in fleet.executors():
+                await anyio.sleep(0.005)
+        return mark
+
+    async def watch(self) -> AsyncIterator[dict[str, Any]]:
+        self.watches += 1
+        send, receive = anyio.create_memory_object_stream[Any](math.inf)
+        self._current = send  # with the snapshot below, in one step of the event loop
+        # In messages of at most MAX_WATCH_ENTRIES, as a gateway sends a long snapshot.
+        size = MAX_WATCH_ENTRIES
+        parts = [self.marks[i : i + size] for i in range(0, len(self.marks), size)] or [[]]
+        with send, receive:
+            for i, entries in enumerate(parts):
+                yield {"snapshot": True, "last": i == len(parts) - 1, "entries": entries}
+            async for message in receive:
+                yield message
+
+
+@asynccontextmanager
+async def _fed(relay: FeedingRelay) -> AsyncIterator[gl.GatewayFleet]:
+    port = free_tcp_port()
+    worker_config = gl.LinkConfig(
+        executor_id="web-1", role=gl.Role.WORKER, secret=SECRET, listen=("127.0.0.1", port)
+    )
+    async with (
+        gl.Worker(worker_config, {RELAY_SERVICE: gl.Service(relay, AnyWatch)}),
+        _gateway_fleet(port) as fleet,
+    ):
+        yield fleet
+
+
+@pytest.fixture(scope="module", params=["asyncio", "trio"])
+def fed(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[anyio.from_thread.BlockingPortal, FeedingRelay, gl.GatewayFleet]]:
+    relay = FeedingRelay()
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        anyio.from_thread.start_blocking_portal(request.param) as portal,
+        portal.wrap_async_context_manager(_fed(relay)) as fleet,
+    ):
+        patch.setattr(relay_module, "WATCH_RETRY", 0.01)  # a watch ended is opened again at once
+        yield portal, relay, fleet
+
+
+_kinds = st.one_of(
+    st.lists(
+        st.one_of(st.sampled_from(["joined", "ready", "lost", "gone"]), cbor_values), max_size=10
+    ),
+    st.integers(0, 10_000).map(lambda n: ["ready"] * n),
+    cbor_values,
+)
+_watch_entries = st.fixed_dictionaries(
+    {"executor_id": _ids},
+    optional={
+        "availability": st.one_of(st.sampled_from(["ready", "draining", "gone"]), cbor_values),
+        "services": st.one_of(
+            st.dictionaries(st.one_of(st.text(max_size=3), huge_names), cbor_values, max_size=4),
+            cbor_values,
+        ),
+        "manifest": st.one_of(
+            st.dictionaries(
+                st.text(max_size=3),
+                st.dictionaries(st.text(max_size=3), cbor_values, max_size=3),
+                max_size=3,
+            ),
+            cbor_values,
+        ),
+        "types": cbor_values,
+        "events": _kinds,
+        "lost": st.one_of(st.integers(), cbor_values),
+        "gone": st.one_of(st.booleans(), cbor_values),
+    },
+)
+_entry_lists = st.lists(st.one_of(_watch_entries, cbor_values), max_size=5)
+_watch_messages = st.one_of(
+    st.fixed_dictionaries(
+        {"entries": _entry_lists},
+        optional={
+            "snapshot": st.one_of(st.booleans(), cbor_values),
+            "last": st.one_of(st.booleans(), cbor_values),
+        },
+    ),
+    st.fixed_dictionaries({"entries": cbor_values}),
+    st.integers(0, 300).map(lambda n: {"entries": [{"executor_id": "box-1"}] * n}),
+    cbor_values,
+)
+
+
+@given(messages=st.lists(_watch_messages, min_size=1, max_size=4))
+@fuzz_settings(150)
+def test_any_watch_message_of_a_gateway_leaves_the_fleet_running(
+    fed: tuple[anyio.from_thread.BlockingPortal, FeedingRelay, gl.GatewayFleet],
+    messages: list[Any],
+) -> None:
+    portal, relay, fleet = fed
+    for message in messages:
+        portal.call(relay.send, message)
+    # The fleet still runs: a well-formed change after them is applied (on this watch, or in the
+    # snapshot of the next one, if a message ended this one).
+    mark = portal.call(relay.mark, fleet)
+    view = fleet.executors()
+    assert view[mark].availability == "ready" and view[mark].services == {"s": "v"}
+    assert all(len(executor_id) <= 200 for executor_id in view)
+    assert all(isinstance(v, str) for s in view.values() for v in s.services.values())
+
+
+async def test_a_malformed_watch_is_said_once_and_a_bug_of_ours_is_seen(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the caller ignores of a gateway's watch, it says, once per ``log_interval`` and
+    reason; an exception no check foresaw (here a bug planted in the caller's own code) is
+    logged at ERROR with its traceback, and the fleet goes on with a new watch."""
+    caplog.set_level(logging.WARNING, logger="garcon_link.gateway")
+    monkeypatch.setattr(relay_module, "WATCH_RETRY", 0.01)
+    apply = relay_module.GatewayExecutor._apply
+
+    def planted(executor: relay_module.GatewayExecutor, entry: Any) -> None:
+        if executor.executor_id == "bug-1":
+            raise RuntimeError("a bug of ours")
+        apply(executor, entry)
+
+    monkeypatch.setattr(relay_module.GatewayExecutor, "_apply", planted)
+    relay = FeedingRelay()
+    with anyio.fail_after(30):
+        async with _fed(relay) as fleet:
+            for _ in range(2):
+                relay.send(
+                    {"entries": [["not a map"], {"executor_id": 7}, {"executor_id": "box-1"}]}
+                )
+                relay.send({"entries": [{"executor_id": "box-1", "events": [[1]]}]})
+                await relay.mark(fleet)
+                relay.send({"entries": "not a list"})  # ends the watch
+                await relay.mark(fleet)
+                relay.send({"entries": [{"executor_id": "bug-1"}]})  # ends it too
+                await relay.mark(fleet)
+            assert relay.watches == 5  # the first, and one after each watch that ended
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "garcon_link.gateway"]
+    said = [message.split(" (")[0] for _, message in lines]
+    assert sorted(said) == [
+        "caller web-1: keeping the view of the gateway's executors failed",
+        "caller web-1: the gateway sent an entry that names no executor",
+        "caller web-1: the gateway's view of its executors does not read",
+        "caller web-1: the gateway's watch gave executor 'box-1' events that are not a list of "
+        "at most 8 known kinds",
+    ], lines
+    (bug,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "RuntimeError: a bug of ours" in bug.getMessage()
+    assert bug.exc_info is not None and isinstance(bug.exc_info[1], RuntimeError)

@@ -61,7 +61,7 @@ import anyio.abc
 
 from ..core.handshake import HandshakeResult
 from ..core.wire import Role, encode_canonical
-from ..endpoint.link import WebSocketLink
+from ..endpoint.link import LinkStatistics, WebSocketLink
 from ..endpoint.transport import SessionTransport, TransportState
 from ..errors import CallError, NotDispatched, OutcomeUnknown, Rejected
 from ..limits import Limits
@@ -258,12 +258,18 @@ class Gateway:
         """Stop admitting relayed calls, and wait up to ``seconds`` for those already relayed to
         finish and be acknowledged (``aclose(drain=...)`` does this first; callable from any
         task). New calls are ``NotDispatched("DRAINING")`` from now on, never forwarded, and
-        each caller is told (its gateway session's availability becomes ``draining``).
+        each caller is told (its gateway session's availability becomes ``draining``). No new
+        caller session begins: a fresh caller handshake is refused with 4010 (the caller's calls
+        fail ``NotDispatched("DRAINING")`` at once), while a caller whose socket drops resumes
+        its session and gets its relayed calls' real outcomes.
 
         Returns:
             Whether everything finished in time.
         """
         self._draining = True
+        # No new caller session: fresh handshakes refused (4010), resumes admitted, so a caller
+        # whose socket drops mid-drain still gets its relayed calls' real outcomes.
+        self._link.drain()
         for watch in self._watches.values():
             watch.end()  # a watch never ends by itself: the drain ends it
         rpcs = [rpc for _, _, rpc in self._sessions.values()]
@@ -276,6 +282,12 @@ class Gateway:
                 log.warning("gateway: drain time (%.1fs) is up", seconds)
                 return False
         return True
+
+    def caller_link_statistics(self) -> LinkStatistics:
+        """The counters of the link that admits callers: handshakes, resumes, refusals
+        (``controllers_refused`` past ``max_callers``, ``sessions_refused_draining`` during a
+        drain). The executors' are ``fleet.statistics()``."""
+        return self._link.statistics()
 
     @property
     def url(self) -> str:
@@ -375,7 +387,7 @@ class Gateway:
             observer=self._observer,
         )
         if self._draining:
-            rpc.start_drain()  # a session that begins during the drain admits no call either
+            rpc.start_drain()  # one admitted as the drain began admits no call either
         self._sessions[id(transport)] = (caller, transport, rpc)
         self._stats_of(caller).sessions += 1
         # A caller with a key can open sessions as fast as handshakes are admitted: its lines

@@ -53,7 +53,11 @@ re-filters every watch at once (``joined`` for an executor now seen, ``forgotten
 longer seen); a revoked caller's session, and its watch, end. A gateway without ``watch`` (an
 older one: its manifest lacks it, or it refuses the method) is polled instead: a snapshot every
 ``refresh_interval`` seconds (``Limits.gateway_refresh_interval`` unless given), the events
-being the changes between two snapshots.
+being the changes between two snapshots. What a gateway sends is a peer's word: an entry naming
+no executor is ignored, events that are not known kinds are derived from the state, a message
+that does not read ends the watch (a new one begins with a snapshot); each is said in a
+rate-limited WARNING, and an exception no check foresaw is logged at ERROR with its traceback,
+never the end of the fleet.
 
 Streams are relayed with credit end to end: the gateway pulls an item from the executor only
 when the caller's credit lets it send one, so a slow caller slows the executor's producer and the
@@ -64,6 +68,7 @@ One-way methods are relayed as notifications (no reply, no outcome).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -86,7 +91,7 @@ from ..errors import (
     RemoteError,
 )
 from ..limits import Limits
-from ..logs import peer_message
+from ..logs import PeerLogLimiter, log_fields, peer_message, peer_text
 from ..rpc.envelopes import byte_string_at
 from ..rpc.errorbody import MAX_ERROR_MESSAGE, error_body, error_from_body, local_exception
 from ..rpc.hooks import CallHook
@@ -112,6 +117,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger("garcon_link.gateway")  # the name users configure (README)
 
 RELAY_SERVICE = "gateway"
 """The service a gateway serves its callers."""
@@ -177,6 +184,8 @@ _RELAY_SPEC = service_spec(GatewayRelay)
 _NO_WATCH = frozenset({"UNKNOWN_SERVICE", "OPERATION_UNSUPPORTED", "UNSUPPORTED"})
 """The refusals of a gateway without ``watch``: its callers poll it instead."""
 _WATCH_KINDS = frozenset(get_args(EventKind)) - {"lost"}
+_MALFORMED = frozenset({"MALFORMED_REPLY", "INVALID_RESULT"})
+"""The codes of a gateway's answer that does not read as the relay interface says."""
 RELAY_CALL: MethodSpec = _RELAY_SPEC.methods["call"]
 RELAY_STREAM: MethodSpec = _RELAY_SPEC.methods["stream"]
 RELAY_NOTIFY: MethodSpec = _RELAY_SPEC.methods["notify"]
@@ -426,6 +435,20 @@ def _bounded_versions(versions: Mapping[Any, Any], limit: int) -> dict[str, str]
     return kept
 
 
+def _gateway_draining(gateway: RemoteExecutor) -> str:
+    """Why a call through a draining gateway is refused, in one sentence: its session to us
+    said goodbye, or it refused our new session (4010)."""
+    if gateway._refused_for_drain():
+        return (
+            "the gateway is draining: it was told to stop and refuses new caller sessions "
+            "(close 4010); ready again once it has restarted"
+        )
+    return (
+        "the gateway is draining: it was told to stop and refuses new calls while those it "
+        "relays finish; ready again once it has restarted"
+    )
+
+
 class GatewayExecutor:
     """One executor as a gateway's caller sees it: :class:`~garcon_link.RemoteExecutor`'s
     calling surface (``service()``, ``wait_ready()``, ``info``-like properties), made by
@@ -637,9 +660,13 @@ class GatewayExecutor:
             self._fleet._visible.setdefault(self.executor_id)  # the gateway showed it to us
             if self.availability == "ready":
                 return
+        if gateway._refused_for_drain() or gateway.availability == "draining":
+            why = _gateway_draining(gateway)
+        else:
+            why = f"it is {self.availability}"
         raise TimeoutError(
             f"executor {self.executor_id!r} not ready within {timeout:g}s through the gateway "
-            f"(it is {self.availability})"
+            f"({why})"
         )
 
     async def _rpc_for_call(self, dispatch_deadline: float) -> _RelaySession:
@@ -649,7 +676,12 @@ class GatewayExecutor:
             # What the gateway's own _rpc_for_call returns at once, without its coroutine.
             session = self._session
             return session if session is not None and session._rpc is rpc else self._session_on(rpc)
-        return self._session_on(await gateway._rpc_for_call(dispatch_deadline))
+        try:
+            return self._session_on(await gateway._rpc_for_call(dispatch_deadline))
+        except NotDispatched as exc:
+            if exc.code != "DRAINING" or gateway._draining:  # not the gateway's own drain
+                raise
+            raise NotDispatched("DRAINING", _gateway_draining(gateway)) from None
 
     @property
     def current_rpc(self) -> _RelaySession | None:
@@ -705,6 +737,10 @@ class GatewayFleet:
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
         self._watching = False  # a watch is open and its snapshot applied
+        # What the gateway makes this caller log: one line per reason per log_interval.
+        self._log = PeerLogLimiter(
+            log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
+        )
 
     @property
     def caller_id(self) -> str:
@@ -805,6 +841,7 @@ class GatewayFleet:
         executor's id, or None if the entry names none."""
         executor_id = entry.get("executor_id") if isinstance(entry, dict) else None
         if not isinstance(executor_id, str) or executor_id_problem(executor_id) is not None:
+            self._skipped(entry)
             return None
         assert isinstance(entry, dict)
         member = self._members.get(executor_id)
@@ -848,10 +885,38 @@ class GatewayFleet:
                         polled, pause = rpc, 0  # a gateway older than its caller: poll it
                 else:
                     await self.refresh()
-            except (CallError, HandshakeError):
+            except (CallError, HandshakeError) as exc:
                 # The gateway session went away, or refused us (wait_ready says why to whoever
-                # waits): the next round asks again.
-                pass
+                # waits), or its answer did not read: the next round asks again (a new watch
+                # begins with a snapshot, which sets the view right).
+                if isinstance(exc, CallError) and exc.code in _MALFORMED:
+                    self._log.log(
+                        "gateway",
+                        "malformed answer",
+                        "caller %s: the gateway's view of its executors does not read (%s); "
+                        "asked again in %.1fs",
+                        self.caller_id,
+                        peer_message(exc.message),
+                        pause,
+                        extra=log_fields(caller=self.caller_id),
+                    )
+            except Exception as exc:
+                # An answer no check here foresaw, or a bug of ours: never the end of the fleet
+                # (its calls do not depend on the view), and never silent: the line carries the
+                # traceback. Asked again as above.
+                self._log.log(
+                    "gateway",
+                    f"view failed: {type(exc).__name__}",
+                    "caller %s: keeping the view of the gateway's executors failed (%s: %s); "
+                    "asked again in %.1fs",
+                    self.caller_id,
+                    type(exc).__name__,
+                    peer_message(str(exc)),
+                    pause,
+                    exc_info=exc,
+                    extra=log_fields(caller=self.caller_id),
+                    level=logging.ERROR,
+                )
             await anyio.sleep(pause)
 
     async def _follow_watch(self) -> None:
@@ -893,17 +958,29 @@ class GatewayFleet:
     def _change(self, entry: Any) -> None:
         """One executor's change from the gateway's ``watch``: its state now and its events
         (a malformed entry is skipped)."""
-        if not isinstance(entry, dict):
-            return
-        executor_id = entry.get("executor_id")
+        executor_id = entry.get("executor_id") if isinstance(entry, dict) else None
         if not isinstance(executor_id, str) or executor_id_problem(executor_id) is not None:
+            self._skipped(entry)
             return
+        assert isinstance(entry, dict)
         kinds = entry.get("events")
         if not (
             isinstance(kinds, list)
             and len(kinds) <= MAX_WATCH_EVENTS
             and all(type(kind) is str and kind in _WATCH_KINDS for kind in kinds)
         ):
+            if kinds is not None:
+                self._log.log(
+                    "gateway",
+                    "malformed events",
+                    "caller %s: the gateway's watch gave executor %s events that are not a list "
+                    "of at most %d known kinds (%s); its events are derived from its state",
+                    self.caller_id,
+                    peer_text(executor_id),
+                    MAX_WATCH_EVENTS,
+                    peer_text(kinds),
+                    extra=log_fields(caller=self.caller_id, executor=executor_id),
+                )
             kinds = None  # derived from the state instead
         lost = entry.get("lost", 0)
         if type(lost) is int and 0 < lost < 2**31:
@@ -914,6 +991,20 @@ class GatewayFleet:
                 self._publish(kind, executor_id)
             return
         self._take(entry, kinds)
+
+    def _skipped(self, entry: object) -> None:
+        """Say (rate-limited) that an entry of the gateway's naming no executor is ignored."""
+        executor_id = entry.get("executor_id") if isinstance(entry, dict) else None
+        self._log.log(
+            "gateway",
+            "malformed entry",
+            "caller %s: the gateway sent an entry that names no executor (%s); ignored",
+            self.caller_id,
+            f"executor_id {peer_text(executor_id)}"
+            if isinstance(entry, dict)
+            else f"not a map: {peer_text(entry)}",
+            extra=log_fields(caller=self.caller_id),
+        )
 
     # -- events
 

@@ -32,7 +32,6 @@ import os
 import secrets
 import stat
 import string
-import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -460,7 +459,10 @@ def _create_exclusively(target: Path, data: bytes) -> None:
 
 def _replace_atomically(target: Path, data: bytes) -> None:
     # mkstemp creates the file with O_EXCL and mode 0600 in the target's directory, so the
-    # secret is never readable by others, and os.replace swaps it in atomically.
+    # secret is never readable by others, and os.replace swaps it in atomically. tempfile is
+    # imported here, by what writes a key, not by every program that reads one (1.5 ms).
+    import tempfile
+
     fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         try:
