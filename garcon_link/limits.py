@@ -193,8 +193,9 @@ class Limits:
             "only once its event loop's thread has been on the CPU at most this fraction of the "
             "time since the last ones went through: a storm of reconnects gets what the "
             "established sessions leave, up to this share, and lasts longer (a lone handshake "
-            "is never held; each step still waits at most a tenth of handshake_timeout). 1: no "
-            "hold, as many steps a turn as handshake_seconds_per_turn allows.",
+            "is never held, nor a line of half max_unauthenticated_sockets, which would make "
+            "the listener evict handshakes under way; each step still waits at most a tenth of "
+            "handshake_timeout). 1: no hold.",
             maximum=1.0,
             minimum=0.1,
             unit="",

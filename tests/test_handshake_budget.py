@@ -448,3 +448,32 @@ async def test_a_held_line_still_lets_overdue_steps_through() -> None:
     async with three_steps(budget) as ran:
         await wait_until(lambda: sorted(ran) == [0, 1, 2])
     assert clock.busy  # never idle: the steps went through by max_wait alone
+
+
+async def test_a_held_line_moves_once_hold_below_steps_wait() -> None:
+    """The hold ends while ``hold_below`` steps wait (the listener: half its unauthenticated
+    sockets' cap), so holding the line never makes the listener evict handshakes under way."""
+    clock = _CpuClock()
+    stats = LinkStatistics()
+    budget = TurnBudget(1, stats, busy_share=0.5, hold_below=3, clock=clock)
+    ran: list[int] = []
+
+    async def one(i: int) -> None:
+        await budget.step()
+        ran.append(i)
+
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(one, i)
+            await wait_until(lambda: ran == [0, 1])  # 4, then 3 waiting: not held
+            for _ in range(50):  # 2 waiting, the loop busy: held
+                await anyio.sleep(0)
+            assert ran == [0, 1], ran
+            tg.start_soon(one, 4)  # 3 waiting again: the line moves at once
+            await wait_until(lambda: ran == [0, 1, 2])
+            for _ in range(50):
+                await anyio.sleep(0)
+            assert ran == [0, 1, 2], ran
+            clock.busy = False
+            await wait_until(lambda: sorted(ran) == [0, 1, 2, 3, 4])

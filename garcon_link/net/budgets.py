@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -128,7 +129,10 @@ class TurnBudget:
     reconnects gets the share of the loop their traffic leaves, up to ``busy_share``, so while
     it lasts their calls find the loop idle that much of the time; the storm lasts longer. A
     process starved by others spends little CPU time, and its line is not held. ``max_wait``
-    still bounds each step's wait.
+    still bounds each step's wait, and the hold ends once ``hold_below`` steps wait: the
+    listener passes half its ``max_unauthenticated_sockets``, so that holding the line never
+    makes it evict sockets whose handshakes are under way (each eviction is a redial, and the
+    storm would feed itself).
 
     Counted in ``stats`` under ``counters``: (steps put off by a turn or more, steps waiting
     now).
@@ -144,6 +148,7 @@ class TurnBudget:
         *,
         seconds_per_turn: float = math.inf,
         busy_share: float = 1.0,
+        hold_below: int = sys.maxsize,
         clock: Callable[[], float] = time.thread_time,
         counters: tuple[str, str] = ("handshake_steps_deferred", "handshake_steps_waiting"),
     ) -> None:
@@ -151,6 +156,8 @@ class TurnBudget:
         self._max_wait = max_wait
         self._seconds = seconds_per_turn
         self._share = busy_share
+        self._hold_below = hold_below
+        self._held: asyncio.TimerHandle | None = None  # the held line's wake-up
         self._clock = clock
         self._stats = stats
         self._deferred, self._waiting = counters
@@ -185,6 +192,10 @@ class TurnBudget:
         if self._loop is None:
             self._loop = loop
             loop.call_later(0.0, self._next_turn)
+        elif self._held is not None and len(self._waiters) >= self._hold_below:
+            self._held.cancel()  # too many wait now: the line moves at the next turn
+            self._held = None
+            loop.call_later(0.0, self._next_turn)
         try:
             await waiter
         finally:
@@ -203,15 +214,21 @@ class TurnBudget:
     def _next_turn(self) -> None:
         """Once per turn while steps wait, at the turn's end: let the next ones through (they
         run in the next turn, behind what this turn's socket callbacks woke)."""
-        loop, self._loop = self._loop, None
+        loop, self._loop, self._held = self._loop, None, None
         waiters, granted, allowance = self._waiters, 0, self.allowance
         now = loop.time() if loop is not None else 0.0
         overdue = now - self._max_wait if loop is not None else -math.inf
-        if loop is not None and waiters and waiters[0][0] > overdue:
+        if (
+            loop is not None
+            and waiters
+            and waiters[0][0] > overdue
+            and len(waiters) < self._hold_below
+        ):
             pause = self._pause(now)
             if pause > 0.0:
                 self._loop = loop
-                loop.call_later(min(pause, waiters[0][0] - overdue), self._next_turn)
+                wake = min(pause, waiters[0][0] - overdue)
+                self._held = loop.call_later(wake, self._next_turn)
                 return
         while waiters and (granted < allowance or waiters[0][0] <= overdue):
             _, waiter = waiters.popleft()

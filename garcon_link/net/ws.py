@@ -223,6 +223,7 @@ class WebSocketListener:
             max_wait=limits.handshake_timeout / 10,
             seconds_per_turn=limits.handshake_seconds_per_turn,
             busy_share=limits.handshake_busy_share,
+            hold_below=max(2, limits.max_unauthenticated_sockets // 2),
         )
         """The budget of handshake steps per event-loop turn (see :class:`TurnBudget`)."""
         self.teardowns = TurnBudget(
