@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -389,8 +389,11 @@ class _CpuClock:
 
 
 @contextlib.asynccontextmanager
-async def three_steps(budget: TurnBudget) -> AsyncIterator[list[int]]:
-    """Three steps asked of ``budget`` at once; yields the list of those that ran, in order."""
+async def asked_steps(
+    budget: TurnBudget, count: int = 3
+) -> AsyncIterator[tuple[list[int], Callable[[int], None]]]:
+    """``count`` steps asked of ``budget`` at once; yields the list of those that ran, in
+    order, and a function that asks one more (numbered by its argument)."""
     ran: list[int] = []
 
     async def one(i: int) -> None:
@@ -399,9 +402,13 @@ async def three_steps(budget: TurnBudget) -> AsyncIterator[list[int]]:
 
     with anyio.fail_after(DEADLINE):
         async with anyio.create_task_group() as tg:
-            for i in range(3):
+
+            def ask(i: int) -> None:
                 tg.start_soon(one, i)
-            yield ran
+
+            for i in range(count):
+                ask(i)
+            yield ran, ask
 
 
 async def test_a_busy_loop_holds_the_line_until_its_share_is_back() -> None:
@@ -409,7 +416,7 @@ async def test_a_busy_loop_holds_the_line_until_its_share_is_back() -> None:
     are not let through turn after turn; once the loop is idle again they are."""
     clock = _CpuClock()
     stats = LinkStatistics()
-    async with three_steps(TurnBudget(1, stats, busy_share=0.5, clock=clock)) as ran:
+    async with asked_steps(TurnBudget(1, stats, busy_share=0.5, clock=clock)) as (ran, _):
         await wait_until(lambda: ran == [0])
         for _ in range(50):  # turns (sleep(0) is one): the busy loop holds the others
             await anyio.sleep(0)
@@ -445,7 +452,7 @@ async def test_a_held_line_still_lets_overdue_steps_through() -> None:
     """However busy the loop stays, no step waits past ``max_wait``."""
     clock = _CpuClock()
     budget = TurnBudget(1, LinkStatistics(), 0.02, busy_share=0.5, clock=clock)
-    async with three_steps(budget) as ran:
+    async with asked_steps(budget) as (ran, _):
         await wait_until(lambda: sorted(ran) == [0, 1, 2])
     assert clock.busy  # never idle: the steps went through by max_wait alone
 
@@ -456,24 +463,15 @@ async def test_a_held_line_moves_once_hold_below_steps_wait() -> None:
     clock = _CpuClock()
     stats = LinkStatistics()
     budget = TurnBudget(1, stats, busy_share=0.5, hold_below=3, clock=clock)
-    ran: list[int] = []
-
-    async def one(i: int) -> None:
-        await budget.step()
-        ran.append(i)
-
-    with anyio.fail_after(DEADLINE):
-        async with anyio.create_task_group() as tg:
-            for i in range(4):
-                tg.start_soon(one, i)
-            await wait_until(lambda: ran == [0, 1])  # 4, then 3 waiting: not held
-            for _ in range(50):  # 2 waiting, the loop busy: held
-                await anyio.sleep(0)
-            assert ran == [0, 1], ran
-            tg.start_soon(one, 4)  # 3 waiting again: the line moves at once
-            await wait_until(lambda: ran == [0, 1, 2])
-            for _ in range(50):
-                await anyio.sleep(0)
-            assert ran == [0, 1, 2], ran
-            clock.busy = False
-            await wait_until(lambda: sorted(ran) == [0, 1, 2, 3, 4])
+    async with asked_steps(budget, 4) as (ran, ask):
+        await wait_until(lambda: ran == [0, 1])  # 4, then 3 waiting: not held
+        for _ in range(50):  # 2 waiting, the loop busy: held
+            await anyio.sleep(0)
+        assert ran == [0, 1], ran
+        ask(4)  # 3 waiting again: the line moves at once
+        await wait_until(lambda: ran == [0, 1, 2])
+        for _ in range(50):
+            await anyio.sleep(0)
+        assert ran == [0, 1, 2], ran
+        clock.busy = False
+        await wait_until(lambda: sorted(ran) == [0, 1, 2, 3, 4])

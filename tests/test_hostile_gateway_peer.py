@@ -227,13 +227,15 @@ class AnsweringRelay(WatchingRelay):
 
 
 @asynccontextmanager
-async def _answering(relay: AnsweringRelay) -> AsyncIterator[gl.GatewayFleet]:
+async def _fake_gateway(relay: object, interface: type) -> AsyncIterator[gl.GatewayFleet]:
+    """A caller's fleet through a fake gateway: a plain worker serving ``relay`` as the relay
+    service, typed as ``interface``."""
     port = free_tcp_port()
     worker_config = gl.LinkConfig(
         executor_id="web-1", role=gl.Role.WORKER, secret=SECRET, listen=("127.0.0.1", port)
     )
     async with (
-        gl.Worker(worker_config, {RELAY_SERVICE: gl.Service(relay, OldRelay)}),
+        gl.Worker(worker_config, {RELAY_SERVICE: gl.Service(relay, interface)}),
         _gateway_fleet(port) as fleet,
     ):
         yield fleet
@@ -246,7 +248,7 @@ def answering(
     relay = AnsweringRelay()
     with (
         anyio.from_thread.start_blocking_portal(request.param) as portal,
-        portal.wrap_async_context_manager(_answering(relay)) as fleet,
+        portal.wrap_async_context_manager(_fake_gateway(relay, OldRelay)) as fleet,
     ):
         yield portal, relay, fleet
 
@@ -362,19 +364,6 @@ class FeedingRelay:
                 yield message
 
 
-@asynccontextmanager
-async def _fed(relay: FeedingRelay) -> AsyncIterator[gl.GatewayFleet]:
-    port = free_tcp_port()
-    worker_config = gl.LinkConfig(
-        executor_id="web-1", role=gl.Role.WORKER, secret=SECRET, listen=("127.0.0.1", port)
-    )
-    async with (
-        gl.Worker(worker_config, {RELAY_SERVICE: gl.Service(relay, AnyWatch)}),
-        _gateway_fleet(port) as fleet,
-    ):
-        yield fleet
-
-
 @pytest.fixture(scope="module", params=["asyncio", "trio"])
 def fed(
     request: pytest.FixtureRequest,
@@ -383,7 +372,7 @@ def fed(
     with (
         pytest.MonkeyPatch.context() as patch,
         anyio.from_thread.start_blocking_portal(request.param) as portal,
-        portal.wrap_async_context_manager(_fed(relay)) as fleet,
+        portal.wrap_async_context_manager(_fake_gateway(relay, AnyWatch)) as fleet,
     ):
         patch.setattr(relay_module, "WATCH_RETRY", 0.01)  # a watch ended is opened again at once
         yield portal, relay, fleet
@@ -469,7 +458,7 @@ async def test_a_malformed_watch_is_said_once_and_a_bug_of_ours_is_seen(
     monkeypatch.setattr(relay_module.GatewayExecutor, "_apply", planted)
     relay = FeedingRelay()
     with anyio.fail_after(30):
-        async with _fed(relay) as fleet:
+        async with _fake_gateway(relay, AnyWatch) as fleet:
             for _ in range(2):
                 relay.send(
                     {"entries": [["not a map"], {"executor_id": 7}, {"executor_id": "box-1"}]}
