@@ -254,10 +254,13 @@ def answering(
 
 
 _ids = st.one_of(st.sampled_from(["box-1", "box-2"]), cbor_values, huge_names)
-_entries = st.fixed_dictionaries(
-    {"executor_id": _ids},
-    optional={
-        "availability": st.one_of(st.sampled_from(["ready", "offline", "gone"]), cbor_values),
+
+
+def _entry_fields(availabilities: list[str]) -> dict[str, st.SearchStrategy[Any]]:
+    """The optional fields of an executor entry a gateway sends, each well formed or any CBOR
+    value (an availability from ``availabilities``)."""
+    return {
+        "availability": st.one_of(st.sampled_from(availabilities), cbor_values),
         "services": st.one_of(
             st.dictionaries(st.one_of(st.text(max_size=3), huge_names), cbor_values, max_size=4),
             cbor_values,
@@ -271,7 +274,11 @@ _entries = st.fixed_dictionaries(
             cbor_values,
         ),
         "types": cbor_values,
-    },
+    }
+
+
+_entries = st.fixed_dictionaries(
+    {"executor_id": _ids}, optional=_entry_fields(["ready", "offline", "gone"])
 )
 _answers = st.one_of(_entries, st.lists(st.one_of(_entries, cbor_values), max_size=4), cbor_values)
 
@@ -388,20 +395,7 @@ _kinds = st.one_of(
 _watch_entries = st.fixed_dictionaries(
     {"executor_id": _ids},
     optional={
-        "availability": st.one_of(st.sampled_from(["ready", "draining", "gone"]), cbor_values),
-        "services": st.one_of(
-            st.dictionaries(st.one_of(st.text(max_size=3), huge_names), cbor_values, max_size=4),
-            cbor_values,
-        ),
-        "manifest": st.one_of(
-            st.dictionaries(
-                st.text(max_size=3),
-                st.dictionaries(st.text(max_size=3), cbor_values, max_size=3),
-                max_size=3,
-            ),
-            cbor_values,
-        ),
-        "types": cbor_values,
+        **_entry_fields(["ready", "draining", "gone"]),
         "events": _kinds,
         "lost": st.one_of(st.integers(), cbor_values),
         "gone": st.one_of(st.booleans(), cbor_values),
