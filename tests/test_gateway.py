@@ -179,15 +179,20 @@ async def running_gateway(
         yield gw
 
 
+def device_config(tmp_path: Path, executor_id: str, url: str) -> gl.LinkConfig:
+    """A device's worker config: enrolled in the gateway's keyring, dialing ``url``."""
+    secret = enroll(tmp_path / "keys", executor_id)
+    return gl.LinkConfig(
+        executor_id=executor_id, role=gl.Role.WORKER, secret=secret, dial=url, limits=LIMITS
+    )
+
+
 @asynccontextmanager
 async def device(
     tmp_path: Path, executor_id: str, url: str
 ) -> AsyncIterator[tuple[gl.Worker, IdentService]]:
-    secret = enroll(tmp_path / "keys", executor_id)
     service = IdentService(executor_id)
-    config = gl.LinkConfig(
-        executor_id=executor_id, role=gl.Role.WORKER, secret=secret, dial=url, limits=LIMITS
-    )
+    config = device_config(tmp_path, executor_id, url)
     async with gl.Worker(config, {"ident": service, "admin": AdminService(service)}) as w:
         yield w, service
 

@@ -22,7 +22,13 @@ from typing import Protocol
 import anyio
 import pytest
 from faultutil import wait_for
-from test_gateway import DEADLINE, LIMITS, caller, caller_config, enroll, running_gateway
+from test_gateway import (
+    DEADLINE,
+    caller,
+    caller_config,
+    device_config,
+    running_gateway,
+)
 
 import garcon_link as gl
 
@@ -53,13 +59,7 @@ class GateService:
 @asynccontextmanager
 async def gate_device(tmp_path: Path, url: str) -> AsyncIterator[GateService]:
     service = GateService()
-    config = gl.LinkConfig(
-        executor_id="box-1",
-        role=gl.Role.WORKER,
-        secret=enroll(tmp_path / "keys", "box-1"),
-        dial=url,
-        limits=LIMITS,
-    )
+    config = device_config(tmp_path, "box-1", url)
     async with gl.Worker(config, {"gate": service}):
         yield service
 

@@ -19,7 +19,7 @@ import cbor2
 import pytest
 from faultutil import wait_for
 from rpcutil import raw_call
-from test_gateway import DEADLINE, LIMITS, caller, enroll, running_gateway
+from test_gateway import DEADLINE, LIMITS, caller, device_config, running_gateway
 
 import garcon_link as gl
 from garcon_link.api.relay import RELAY_SERVICE, decode_outcome
@@ -58,13 +58,7 @@ class EchoService:
 @asynccontextmanager
 async def echo_device(tmp_path: Path, url: str) -> AsyncIterator[EchoService]:
     service = EchoService()
-    config = gl.LinkConfig(
-        executor_id="box-1",
-        role=gl.Role.WORKER,
-        secret=enroll(tmp_path / "keys", "box-1"),
-        dial=url,
-        limits=LIMITS,
-    )
+    config = device_config(tmp_path, "box-1", url)
     # The grants of running_gateway let web-* call service "ident" on box-*.
     async with gl.Worker(config, {"ident": gl.Service(service, Echo)}):
         yield service
