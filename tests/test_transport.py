@@ -1159,10 +1159,13 @@ async def test_lone_receipts_are_written_within_the_delay_while_the_writer_polls
 
             with anyio.fail_after(2):
                 await wait_until(receipted)
+        stats = h.t.statistics()
         if anyio_backend == "trio":
-            assert h.t._receipt_poll  # (white box) the later ones came from the writer's ticks
+            assert stats.receipt_poll_writes == 5  # each one from a tick of the writer's poll
+            assert stats.receipt_polls_started >= 1 and stats.receipt_timer_fires == 0
         else:
-            assert h.t.statistics().receipt_timer_fires >= 5  # ... from the timer, each one
+            assert stats.receipt_timer_fires >= 5  # ... from the timer, each one
+            assert stats.receipt_polls_started == stats.receipt_poll_writes == 0
 
 
 async def test_the_writer_stops_polling_when_nothing_comes_due_and_is_woken_again(
@@ -1174,12 +1177,23 @@ async def test_the_writer_stops_polling_when_nothing_comes_due_and_is_woken_agai
         sock.feed(rcpt(0), msg(1, b"x"))
         await wait_until(lambda: Receipt(1) in sock.packets())
         if anyio_backend == "trio":
-            assert h.t._receipt_poll
-            with anyio.fail_after(2):  # _POLL_QUIET_TICKS ticks of 5 ms
-                await wait_until(lambda: not h.t._receipt_poll)
+            stats = h.t.statistics()
+            assert stats.receipt_polls_started == stats.receipt_polls_stopped + 1  # polling
+
+            def stopped() -> bool:
+                stats = h.t.statistics()
+                return stats.receipt_polls_stopped == stats.receipt_polls_started
+
+            with anyio.fail_after(2):  # a few ticks of 5 ms with nothing due
+                await wait_until(stopped)
+        before = h.t.statistics()
         sock.feed(msg(2, b"y"))  # the reader wakes the writer again
         with anyio.fail_after(2):
             await wait_until(lambda: Receipt(2) in sock.packets())
+        after = h.t.statistics()
+        if anyio_backend == "trio":  # ... and it polls again, to send the receipt at a tick
+            assert after.receipt_polls_started == before.receipt_polls_started + 1
+            assert after.receipt_poll_writes == before.receipt_poll_writes + 1
 
 
 async def test_a_lone_receipt_is_sent_within_the_delay_without_waking_the_writer(
