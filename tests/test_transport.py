@@ -584,6 +584,31 @@ async def test_waiting_senders_are_admitted_in_the_order_they_called() -> None:
         assert sock.bodies() == [b"0", *waiting]
 
 
+async def test_send_nowait_keeps_behind_waiting_senders_and_try_send_goes_ahead() -> None:
+    """A sender waits for room for a large body; retention still admits a small one:
+    ``send_nowait`` issues nothing (it keeps the order of the waiting senders), ``try_send``
+    issues it ahead of them."""
+    limits = Limits(max_retained_bytes=4096, max_frame_bytes=4096, max_handshake_frame_bytes=2048)
+    async with harness(limits) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await h.t.send(b"a" * 3000)
+        done: list[int] = []
+
+        async def large() -> None:
+            done.append(await h.t.send(b"b" * 3000))
+
+        h.tg.start_soon(large)
+        await settle()
+        assert done == [] and h.t.has_capacity(16)
+        assert h.t.send_nowait(b"small") is None
+        assert h.t.try_send(b"small") == 2
+        await wait_until(lambda: sock.bodies() == [b"a" * 3000, b"small"])
+        sock.feed(rcpt(2))
+        await wait_until(lambda: done == [3])
+        assert sock.bodies() == [b"a" * 3000, b"small", b"b" * 3000]
+
+
 async def test_a_freed_slot_wakes_one_waiting_sender_not_all() -> None:
     """Each waiting sender has its own event: a receipt that frees one slot wakes the first in
     line only (one wake-up, however many wait), and room for several is handed down the line,

@@ -163,7 +163,7 @@ class Outbound:
 
     async def send(self, body: bytes | Gathered) -> Ordinal:
         """:meth:`~garcon_link.endpoint.transport.SessionTransport.send`."""
-        ordinal = self.send_nowait(body)
+        ordinal = self.send_nowait(body, False)
         if ordinal is not None:
             return ordinal
         session = self._session
@@ -194,20 +194,12 @@ class Outbound:
             self._wakeup.set()
         return ordinal
 
-    def send_nowait(self, body: bytes | Gathered) -> Ordinal | None:
-        """:meth:`~garcon_link.endpoint.transport.SessionTransport.send_nowait`."""
-        if self._senders:
+    def send_nowait(self, body: bytes | Gathered, ahead: bool) -> Ordinal | None:
+        """:meth:`~garcon_link.endpoint.transport.SessionTransport.send_nowait`, or with
+        ``ahead`` :meth:`~garcon_link.endpoint.transport.SessionTransport.try_send` (ahead of
+        the senders waiting for capacity)."""
+        if self._senders and not ahead:
             return None
-        try:
-            ordinal = self._session.send(body)
-        except RetentionFull:
-            return None
-        if not self._write_now(len(body)):
-            self._wakeup.set()
-        return ordinal
-
-    def try_send(self, body: bytes | Gathered) -> Ordinal | None:
-        """:meth:`~garcon_link.endpoint.transport.SessionTransport.try_send`."""
         try:
             ordinal = self._session.send(body)
         except RetentionFull:

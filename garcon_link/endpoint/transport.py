@@ -330,11 +330,13 @@ class SessionTransport:
     def send_nowait(self, body: bytes | Gathered) -> Ordinal | None:
         """:meth:`send` if it need not wait (no earlier sender waits, retention admits
         ``body``); ``None`` (nothing issued) otherwise."""
-        return self._outbound.send_nowait(body)
+        return self._outbound.send_nowait(body, False)
 
     def try_send(self, body: bytes | Gathered) -> Ordinal | None:
-        """Like :meth:`send` but returns ``None`` instead of waiting when retention is full."""
-        return self._outbound.try_send(body)
+        """Like :meth:`send` but returns ``None`` instead of waiting when retention is full; unlike
+        :meth:`send_nowait`, issues ``body`` ahead of the senders waiting for capacity if
+        retention admits it."""
+        return self._outbound.send_nowait(body, True)
 
     async def wait_acknowledged(self) -> bool:
         """Wait until the peer's receipts cover every frame issued so far (a graceful drain
