@@ -20,7 +20,8 @@ goodbye, or sending it in a flood, makes at most one transition per session. Cal
 finish as usual; a new call fails at once with ``NotDispatched("DRAINING")``, nothing sent, as
 the worker would refuse it anyway. A refusal for a drain is not counted in :attr:`errors`.
 A draining worker admits no new session (close 4010 at the handshake): an executor without a
-session there stays ``offline`` with that refusal as its link's, and its calls fail
+session there stays ``offline`` with that refusal as its link's and as its :attr:`last_error`
+(until a dial finds nothing there: the worker has gone), and its calls fail
 ``NotDispatched("DRAINING")`` until a handshake completes (the restarted worker's).
 
 A fresh session is *installed* (made current, availability ``ready``) after its replay fence
@@ -225,7 +226,7 @@ class RemoteExecutor(Endpoint):
         registry = registry_from(services or {})
         self._init_member(config.executor_id, registry, hooks, None, describer(registry))
         assert self._own_link is not None
-        self._own_link.on_refusal(self._wake)
+        self._own_link.on_refusal(self._refused)
         self._own_link.on_dial_failed(self._dial_failed)
 
     @classmethod
@@ -259,7 +260,7 @@ class RemoteExecutor(Endpoint):
         )
         self._on_change = on_change
         if dials:
-            link.on_refusal(self._wake)
+            link.on_refusal(self._refused)
             link.on_dial_failed(self._dial_failed)
         return self
 
@@ -481,6 +482,15 @@ class RemoteExecutor(Endpoint):
 
     def _dial_failed(self, error: LinkError) -> None:
         self._wrong_scheme = isinstance(error, WrongScheme)
+        if self.last_error == self._refused_draining() and not self._refused_for_drain():
+            self.last_error = None  # the worker that drained has gone (unreachable, not draining)
+        self._wake()
+
+    def _refused(self, refusal: HandshakeError) -> None:
+        """The link's ``on_refusal`` listener: a drain refusal (4010) becomes
+        :attr:`last_error`, as the executor stays ``offline`` for it."""
+        if refusal.reason is HandshakeFailure.DRAINING:
+            self.last_error = self._refused_draining()
         self._wake()
 
     def _why_not_ready(self) -> str:
@@ -496,7 +506,7 @@ class RemoteExecutor(Endpoint):
                 "the worker is draining (it was told to stop and refuses new calls): ready "
                 "again once it has restarted"
             )
-        if self.last_error:
+        if self.last_error and self.last_error not in causes:
             causes.append(self.last_error)
         dial = self.link.last_dial_error
         if dial is not None:
@@ -526,9 +536,8 @@ class RemoteExecutor(Endpoint):
             "refuses new sessions (close 4010); ready again once it has restarted"
         )
 
-    def _wake(self, _refusal: object = None) -> None:
-        """Wake every waiter on ``_changed`` (availability or a refusal: the link's
-        ``on_refusal`` listener)."""
+    def _wake(self) -> None:
+        """Wake every waiter on ``_changed`` (availability, a refusal or a failed dial)."""
         changed, self._changed = self._changed, None
         if changed is not None:
             changed.set()
