@@ -133,6 +133,7 @@ from ..net.ws import (
     unauthenticated_log,
     upgrade_refusal,
 )
+from ._arguments import KeyLookup, check_arguments, tls_context
 from ._attaching import Attachments
 from ._dialing import Dialer
 from ._handshaking import Handshaker
@@ -154,69 +155,7 @@ __all__ = [
 log = logging.getLogger("garcon_link.link")  # the name users configure (README)
 
 
-KeyLookup: TypeAlias = Callable[[str], bytes | None]
-"""``executor_id -> secret`` (None: not enrolled). Called with a *claimed*, unauthenticated id."""
-
-
 SessionListener = Callable[[SessionTransport, HandshakeResult], None]
-
-
-def _check_arguments(
-    role: Role,
-    *,
-    executor_id: str | None,
-    secret: bytes | None,
-    keys: KeyLookup | None,
-    max_executors: int,
-    listen: tuple[str, int] | None,
-    dial: str | DialTarget | None,
-    hosted: bool,
-    controller_id: str | None,
-) -> None:
-    """Raise :class:`ConfigError` for a combination of :class:`WebSocketLink` arguments that
-    makes no link."""
-    if hosted:
-        if listen is not None or dial is not None or keys is None or Role(role) is not Role.WORKER:
-            raise ConfigError("hosted=True is for a worker-role link with keys=, no listen or dial")
-    elif (listen is None) == (dial is None):
-        raise ConfigError("a link needs exactly one of listen=(host, port) or dial=URL")
-    if keys is not None:
-        if (listen is None and not hosted) or executor_id is not None or secret is not None:
-            raise ConfigError("keys= is for a listener, instead of executor_id and secret")
-    elif executor_id is None or secret is None:
-        raise ConfigError("a link needs executor_id and secret (or, listening, keys=)")
-    if max_executors < 1:
-        raise ConfigError("max_executors must be at least 1")
-    if controller_id is not None and Role(role) is not Role.CONTROLLER:
-        raise ConfigError("controller_id is a controller's; a worker has none")
-
-
-def _tls_context(
-    dial: DialTarget | None,
-    listen: tuple[str, int] | None,
-    ssl_context: ssl.SSLContext | None,
-    allow_insecure_development: bool,
-) -> ssl.SSLContext | None:
-    """The link's TLS context: a dialer's for ``wss://`` only (a default one unless given), a
-    listener's as given. Plain text off loopback is refused unless allowed."""
-    if dial is not None:
-        if dial.tls and ssl_context is None:
-            ssl_context = ssl.create_default_context()
-        if not dial.tls:
-            ssl_context = None
-        host = dial.host
-        insecure = not dial.tls
-    elif listen is not None:
-        host = listen[0]
-        insecure = ssl_context is None
-    else:  # hosted: the host link's listener applies its own rule
-        host, insecure = "", False
-    if insecure and not is_loopback_host(host) and not allow_insecure_development:
-        raise ConfigError(
-            f"plain-text ws:// to or on non-loopback address {host!r} is refused; use TLS "
-            "(wss://, or a TLS terminator) or set allow_insecure_development"
-        )
-    return ssl_context
 
 
 class WebSocketLink:
@@ -270,7 +209,7 @@ class WebSocketLink:
         hosted: bool = False,
         names: tuple[str, str] = ("worker", "controller"),
     ) -> None:
-        _check_arguments(
+        check_arguments(
             role,
             executor_id=executor_id,
             secret=secret,
@@ -301,7 +240,7 @@ class WebSocketLink:
         self.runtime_id = runtime_id if runtime_id is not None else os.urandom(16)
         self._listen = listen
         self._dial = parse_dial_url(dial) if isinstance(dial, str) else dial
-        self._ssl = _tls_context(self._dial, listen, ssl_context, allow_insecure_development)
+        self._ssl = tls_context(self._dial, listen, ssl_context, allow_insecure_development)
         self._host_tg: anyio.abc.TaskGroup | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._slots: dict[SlotKey, _Slot] = {}
