@@ -401,6 +401,32 @@ def test_the_transport_parts_keep_to_their_walls() -> None:
     assert not problems, "\n".join(problems)
 
 
+LINK_PARTS: Mapping[str, frozenset[str]] = {
+    "garcon_link.endpoint._arguments": frozenset(),
+    "garcon_link.endpoint._slots": frozenset(),
+    "garcon_link.endpoint._handshaking": frozenset(),
+    "garcon_link.endpoint._dialing": frozenset(),
+    "garcon_link.endpoint._places": frozenset({"garcon_link.endpoint._slots"}),
+    "garcon_link.endpoint._admitting": frozenset(
+        {"garcon_link.endpoint._places", "garcon_link.endpoint._slots"}
+    ),
+    "garcon_link.endpoint._attaching": frozenset(
+        {"garcon_link.endpoint._heartbeat", "garcon_link.endpoint._slots"}
+    ),
+}
+"""Parts of the WebSocketLink (docs/design.md#link), each with the link parts it may import: a
+slot knows no other part; the places add slots; the admission reads the slots and the places;
+the attachments run a slot's socket with its heartbeat; the argument checks, the handshaker and
+the dialer know no other part (they reach the link only through the callables it gives them).
+The link imports every part; a part importing the link would be a cycle (refused above). The
+heartbeat is not listed: its timer object reads its Heartbeat's private fields, in one module."""
+
+
+def test_the_link_parts_keep_to_their_walls() -> None:
+    problems = part_violations(ROOT, PACKAGE, LINK_PARTS)
+    assert not problems, "\n".join(problems)
+
+
 def _write(root: Path, files: Mapping[str, str]) -> None:
     for name, text in files.items():
         path = root / name

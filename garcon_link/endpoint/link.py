@@ -6,8 +6,10 @@ one slot is :mod:`garcon_link.endpoint._slots`, the hello and proof exchange
 :mod:`garcon_link.endpoint._handshaking`, the dial loop :mod:`garcon_link.endpoint._dialing`, an
 attached socket's life :mod:`garcon_link.endpoint._attaching` and its heartbeat
 :mod:`garcon_link.endpoint._heartbeat`, a listening worker's ``max_controllers`` places
-:mod:`garcon_link.endpoint._places`. This module keeps the slot table, the admission of
-authenticated sockets, and the link's public surface.
+:mod:`garcon_link.endpoint._places`, the admission of an authenticated socket to its slot
+:mod:`garcon_link.endpoint._admitting`, the checks of the link's arguments and its TLS context
+:mod:`garcon_link.endpoint._arguments`. This module keeps the slot table, the handshake's
+hand-over to admission, the link's lifecycle and its public surface.
 
 Theory of operation
 -------------------
@@ -38,20 +40,21 @@ controller processes are two controllers, each with its own session, admitted si
    peer (step 2), so a refused peer never completes a handshake and a listener never hands out
    a proof that could be reflected. Upgrade, handshake and admission must finish within
    ``handshake_timeout`` (else 4008). A refusal closes with the reason's close code.
-2. **Admission** is :func:`decide`, a pure function of the slot (:class:`SlotView`) and the
-   verified handshake (:class:`Offer`): ``Resume`` iff runtimes cross-match and session ids match;
-   else ``Fresh`` (the current session is retired, ``REPLACED``); the *takeover rule* -- a fresh
-   handshake from another runtime while a socket is attached is refused (4004) unless that
-   socket fails a ping probe within ``takeover_probe_timeout`` (``Probe``); and a runtime whose
-   session another runtime of the same executor took over is refused with 4009 (``TAKEN_OVER``):
-   two processes claim one executor id, which is an operator error, so the refused side stops
-   dialing (:attr:`WebSocketLink.taken_over`). At most one socket per executor is being admitted
-   at a time: another one that completes its handshake meanwhile is refused at once (4004), so
-   sockets holding one executor's key cannot queue up. Admission runs under the handshake
-   deadline, before the socket counts as authenticated: the listener's authenticated-socket cap
-   counts only sockets attached to a session (``max_authenticated_sockets`` plus one per
-   executor a keyring listener serves), so one executor's key holder cannot fill it. Session
-   listeners run before a fresh session's first packet is processed.
+2. **Admission** (:class:`~garcon_link.endpoint._admitting.Admission`) obeys :func:`decide`, a pure
+   function of the slot (:class:`SlotView`) and the verified handshake (:class:`Offer`): ``Resume``
+   iff runtimes cross-match and session ids match; else ``Fresh`` (the current session is retired,
+   ``REPLACED``); the *takeover rule* -- a fresh handshake from another runtime while a socket is
+   attached is refused (4004) unless that socket fails a ping probe within
+   ``takeover_probe_timeout`` (``Probe``); and a runtime whose session another runtime of the same
+   executor took over is refused with 4009 (``TAKEN_OVER``): two processes claim one executor id,
+   which is an operator error, so the refused side stops dialing
+   (:attr:`WebSocketLink.taken_over`). At most one socket per executor is being admitted at a time:
+   another one that completes its handshake meanwhile is refused at once (4004), so sockets holding
+   one executor's key cannot queue up. Admission runs under the handshake deadline, before the
+   socket counts as authenticated: the listener's authenticated-socket cap counts only sockets
+   attached to a session (``max_authenticated_sockets`` plus one per executor a keyring listener
+   serves), so one executor's key holder cannot fill it. Session listeners run before a fresh
+   session's first packet is processed.
 3. **Attached.** :class:`~garcon_link.endpoint._attaching.Attachments` attaches the admitted
    socket to its slot and runs the session's pump beside the socket's heartbeat
    (:class:`~garcon_link.endpoint._heartbeat.Heartbeat`): pings, a resumable close (4007) after
@@ -92,25 +95,8 @@ from typing import TypeAlias
 import anyio
 import anyio.abc
 
-from ..core.admission import (
-    BUSY,
-    Decision,
-    Fresh,
-    Offer,
-    Probe,
-    Refuse,
-    Resume,
-    SlotKey,
-    decide,
-    slot_key,
-)
-from ..core.handshake import (
-    Handshake,
-    HandshakeResult,
-    Hello,
-    derive_key,
-    peek_hello,
-)
+from ..core.admission import SlotKey
+from ..core.handshake import Handshake, derive_key, peek_hello
 from ..core.session import RetentionPool
 from ..core.wire import CloseCode, Role
 from ..errors import (
@@ -133,6 +119,7 @@ from ..net.ws import (
     unauthenticated_log,
     upgrade_refusal,
 )
+from ._admitting import Admission, SessionListener
 from ._arguments import KeyLookup, check_arguments, tls_context
 from ._attaching import Attachments
 from ._dialing import Dialer
@@ -153,9 +140,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("garcon_link.link")  # the name users configure (README)
-
-
-SessionListener = Callable[[SessionTransport, HandshakeResult], None]
 
 
 class WebSocketLink:
@@ -226,7 +210,6 @@ class WebSocketLink:
         self._per_controller = self.role is Role.WORKER and (listen is not None or hosted)
         self._hosted = hosted
         self._guest: WebSocketLink | None = None
-        self._sessions_begun = 0
         self.executor_id = executor_id
         self.limits = limits or Limits()
         self._keys = keys
@@ -246,11 +229,8 @@ class WebSocketLink:
         self._slots: dict[SlotKey, _Slot] = {}
         if executor_id is not None and not self._per_controller:
             self._slots[(executor_id, None)] = _Slot(executor_id)
-        self._listeners: list[SessionListener] = []
         self.retention = retention or RetentionPool(self.limits.max_total_retained_bytes)
         """The retention budget of every session of this link (shared by a fleet's links)."""
-        self._closing = False
-        self._draining = False  # drain(): fresh sessions refused (4010), resumes admitted
         self._closed = anyio.Event()
         self._stats = LinkStatistics()
         self.last_error: str | None = None
@@ -266,7 +246,9 @@ class WebSocketLink:
             executor_id=executor_id,
             controller_id=controller_id,
             # Draining, a dialer without a session has nothing to resume: it stops dialing.
-            closing=lambda: self._closing or (self._draining and self.transport is None),
+            closing=lambda: (
+                self._admission.closing or (self._admission.draining and self.transport is None)
+            ),
             authenticate=self._authenticate,
             peer_failed=self._peer_failed,
             note_error=self._note_error,
@@ -319,6 +301,19 @@ class WebSocketLink:
             tag=self._tag,
             peer_log=self._peer_log,
         )
+        self._listeners: list[SessionListener] = []
+        self._admission = Admission(
+            self._slots,
+            self._places,
+            self.limits,
+            self._stats,
+            retention=self.retention,
+            listeners=self._listeners,
+            per_controller=self._per_controller,
+            max_executors=self._max_executors,
+            tag=self._tag,
+            peer_log=self._peer_log,
+        )
         self._listener: WebSocketListener | None = None
         if listen is not None:
             self._listener = WebSocketListener(
@@ -341,12 +336,6 @@ class WebSocketLink:
 
     def _slots_of(self, executor_id: str | None) -> list[_Slot]:
         return [s for s in self._slots.values() if s.executor_id == executor_id]
-
-    def _slot_key(self, hello: Hello) -> SlotKey:
-        """The slot a verified (or, for a resume offer, claimed) hello belongs to."""
-        return slot_key(
-            hello.executor, hello.controller, hello.runtime, per_controller=self._per_controller
-        )
 
     @property
     def transport(self) -> SessionTransport | None:
@@ -400,8 +389,9 @@ class WebSocketLink:
         installed with nothing missed; ``handshake_result.peer.executor`` names the executor.
         Returns an unsubscribe callable.
         """
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+        listeners = self._listeners
+        listeners.append(listener)
+        return lambda: listeners.remove(listener) if listener in listeners else None
 
     def on_refusal(self, listener: Callable[[HandshakeError], None]) -> Callable[[], None]:
         """Call ``listener(error)`` when the peer refuses this dialing link for a reason a
@@ -558,7 +548,7 @@ class WebSocketLink:
         handshake is refused with 4010 (:data:`~garcon_link.core.admission.DRAINING`), while a
         resume of a session the link holds is admitted as ever. A dialing link stops dialing
         once it holds no live session."""
-        self._draining = True
+        self._admission.draining = True
 
     def _refused_draining(self, sock: WebSocket) -> None:
         """A dialed socket the peer closed with 4010 before admitting us: the worker drains,
@@ -588,9 +578,9 @@ class WebSocketLink:
         await self._shutdown(graceful=False)
 
     async def _shutdown(self, *, graceful: bool) -> None:
-        if self._closing:
+        if self._admission.closing:
             return
-        self._closing = True
+        self._admission.closing = True
         if self._listener is not None:
             self._listener.closing = True
         slots = list(self._slots.values())
@@ -648,8 +638,8 @@ class WebSocketLink:
         handshake deadline).
 
         Listening, the peer's hello is read first and our proof is held until the peer is
-        admitted (:meth:`_admit`); dialing, our hello goes first and our proof as soon as we
-        have the listener's hello, so nothing deadlocks.
+        admitted (:meth:`Admission.admit`); dialing, our hello goes first and our proof as soon
+        as we have the listener's hello, so nothing deadlocks.
         """
         shake = self._handshaker
         hs: Handshake | None = None
@@ -665,7 +655,7 @@ class WebSocketLink:
                 if guest is not None and claimed.role is self.role:
                     # A peer of our own role: the hosted link's (host()).
                     return await guest._authenticate(sock, listening=True, first=first)
-                slot = self._slots.get(self._slot_key(claimed))
+                slot = self._slots.get(self._admission.slot_key(claimed))
                 offer = slot.offer_to(claimed, self.runtime_id) if slot is not None else None
                 hs, key, known = await shake.answer(sock, first, claimed, offer)
             else:
@@ -688,7 +678,8 @@ class WebSocketLink:
             return None
         self._stats.handshakes_completed += 1
         self._dialer.handshake_completed()
-        admitted = await self._admit(sock, result)
+        assert self._tg is not None
+        admitted = await self._admission.admit(sock, result, self._tg)
         if admitted is None:
             return None
         slot, transport, peer_received = admitted
@@ -696,183 +687,6 @@ class WebSocketLink:
         return functools.partial(
             attachments.run, sock, slot, transport, peer_received, result.resume, key
         )
-
-    # ------------------------------------------------------------------ admission
-
-    async def _admit(
-        self, sock: WebSocket, result: HandshakeResult
-    ) -> tuple[_Slot, SessionTransport, int] | None:
-        """Apply :func:`decide` to the executor's slot and send our held proof.
-
-        One socket per slot at a time (``slot.admitting``); the caller bounds this by the
-        handshake deadline. Returns the slot, the session to attach and the peer's resume
-        position, or None when the socket was refused (and closed) or lost.
-        """
-        assert self._tg is not None
-        executor_id = result.peer.executor
-        key = self._slot_key(result.peer)
-        slot = self._slots.get(key)
-        if slot is None and self._per_controller:
-            slot = self._places.new_slot(key)
-        elif slot is None:
-            if len(self._slots) >= self._max_executors:
-                self._stats.executors_refused += 1
-                await self._refuse(
-                    sock,
-                    Refuse(
-                        HandshakeFailure.REGISTRY_FULL,
-                        f"max_executors={self._max_executors} executors are registered",
-                    ),
-                )
-                return None
-            slot = self._slots[key] = _Slot(executor_id)
-        offer = Offer(
-            resume=result.resume,
-            session=result.session_id,
-            runtime=result.peer.runtime,
-            taken_over=result.peer.runtime in slot.taken_over,
-        )
-        full, evictable = self._places.of(slot)
-        view = slot.view(
-            self._closing, sock, full=full, evictable=evictable, draining=self._draining
-        )
-        decision = decide(view, offer)
-        if isinstance(decision, Refuse):
-            await self._refused_at_admission(sock, decision, slot)
-            return None
-        # Decided without an await since the view: no other socket is being admitted.
-        slot.admitting = sock
-        try:
-            admitted = await self._apply(slot, sock, result, offer, decision)
-            if admitted is None:
-                return None
-            proof, sock.held_proof = sock.held_proof, None
-            # On asyncio the proof goes out in one write with the session's first frames (the
-            # replay fence the writer sends as soon as the session is attached, next turn).
-            if proof is not None and not sock.hold_message_nowait(proof):
-                try:
-                    await sock.send_message(proof)
-                except SocketGone:
-                    return None  # the session waits, detached, for the next socket (or its grace)
-                log.debug(
-                    "%s %s: proof sent (admitted)",
-                    self._tag,
-                    sock.peer,
-                    extra=log_fields(executor=slot.executor_id, peer=sock.peer),
-                )
-            sock.authenticated()
-            return admitted
-        finally:
-            if slot.admitting is sock:
-                slot.admitting = None
-
-    async def _apply(
-        self,
-        slot: _Slot,
-        sock: WebSocket,
-        result: HandshakeResult,
-        offer: Offer,
-        decision: Decision,
-    ) -> tuple[_Slot, SessionTransport, int] | None:
-        """Carry out ``decision`` for ``sock`` (probing first if it says so)."""
-        assert self._tg is not None
-        if isinstance(decision, Probe):
-            old = slot.attached
-            healthy = old is not None and await old.probe(self.limits.takeover_probe_timeout)
-            if not healthy:
-                log.info(
-                    "%s attached socket failed the takeover probe",
-                    self._tag,
-                    extra=log_fields(executor=slot.executor_id, peer=sock.peer),
-                )
-            full, evictable = self._places.of(slot)
-            view = slot.view(
-                self._closing, sock, full=full, evictable=evictable, draining=self._draining
-            )
-            decision = decide(view, offer, probe_healthy=healthy)
-        if isinstance(decision, Refuse):
-            await self._refused_at_admission(sock, decision, slot)
-            return None
-        current = slot.live
-        if isinstance(decision, Resume):
-            assert current is not None
-            if decision.supersede_attached and current.attached:
-                old = slot.attached
-                if old is not None:
-                    old.local_close = (CloseCode.SUPERSEDED, "superseded by a resumed socket")
-                current.detach_socket()
-                await current.wait_detached()
-            self._stats.resumed += 1
-            return slot, current, result.peer.received
-        assert isinstance(decision, Fresh)
-        if decision.evict_detached:
-            self._places.evict(slot, sock)
-        if current is not None and decision.retire_current:
-            if decision.taken_over:
-                slot.taken_over.append(current.peer_runtime)
-                old = slot.attached
-                if old is not None:
-                    reason = HandshakeFailure.TAKEN_OVER
-                    old.local_close = (reason.close_code, self._taken_over_text(slot, reason))
-            current.retire(FailureReason.REPLACED, "a fresh session replaced it")
-            if current.attached:
-                await current.wait_detached()
-        transport = SessionTransport(
-            result.session_id, result.peer.runtime, self.limits, self._tg, pool=self.retention
-        )
-        slot.transport = transport
-        self._sessions_begun += 1
-        slot.since = self._sessions_begun
-        self._stats.fresh_sessions += 1
-        for listener in list(self._listeners):
-            listener(transport, result)
-        return slot, transport, 0
-
-    @staticmethod
-    def _taken_over_text(slot: _Slot, reason: HandshakeFailure) -> str:
-        if isinstance(slot.controller, str):
-            return "another process with this controller_id took over"
-        return reason.description
-
-    async def _refused_at_admission(self, sock: WebSocket, refusal: Refuse, slot: _Slot) -> None:
-        if refusal.reason is HandshakeFailure.SUPERSEDED:
-            if refusal == BUSY:
-                self._stats.admissions_busy += 1
-            else:
-                self._stats.takeovers_refused += 1
-        elif refusal.reason is HandshakeFailure.DRAINING:
-            self._stats.sessions_refused_draining += 1
-        elif refusal.reason is HandshakeFailure.CONTROLLERS_FULL:
-            self._stats.controllers_refused += 1
-            refusal = dataclasses.replace(refusal, detail=self._places.full_detail())
-        elif refusal.reason is HandshakeFailure.TAKEN_OVER:
-            refusal = dataclasses.replace(
-                refusal, detail=self._taken_over_text(slot, refusal.reason)
-            )
-        await self._refuse(sock, refusal, controller=slot.label)
-
-    async def _refuse(
-        self, sock: WebSocket, refusal: Refuse, *, controller: str | None = None
-    ) -> None:
-        # A full worker is the operator's business (more controllers than it was sized for):
-        # a warning, rate-limited as every line a peer can cause.
-        full = refusal.reason is HandshakeFailure.CONTROLLERS_FULL
-        self._peer_log.log(
-            peer_host(sock.peer),
-            refusal.reason.name,
-            "%s %s: refused%s: %s",
-            self._tag,
-            sock.peer,
-            f" controller {peer_text(controller)}" if controller is not None else "",
-            refusal.detail,
-            extra=log_fields(
-                peer=sock.peer, close_code=refusal.reason.close_code, controller=controller
-            ),
-            level=logging.WARNING if full else logging.INFO,
-        )
-        code = refusal.reason.close_code
-        sock.local_close = (code, refusal.detail)
-        await sock.close(code, refusal.detail)
 
 
 Admitted: TypeAlias = Callable[[], Awaitable[None]]
