@@ -89,8 +89,7 @@ import logging
 import os
 import random
 import ssl
-from collections.abc import Awaitable, Callable
-from typing import TypeAlias
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
@@ -110,6 +109,7 @@ from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
 from ..net.addresses import EXECUTOR_PATH, DialTarget, is_loopback_host, parse_dial_url
 from ..net.ws import (
+    Admitted,
     FrameBudget,
     LinkStatistics,
     SocketGone,
@@ -123,6 +123,7 @@ from ._admitting import Admission, SessionListener
 from ._arguments import KeyLookup, check_arguments, tls_context
 from ._attaching import Attachments
 from ._dialing import Dialer
+from ._executor_link import ExecutorLink
 from ._handshaking import Handshaker
 from ._heartbeat import Heartbeat
 from ._places import Places
@@ -687,55 +688,3 @@ class WebSocketLink:
         return functools.partial(
             attachments.run, sock, slot, transport, peer_received, result.resume, key
         )
-
-
-Admitted: TypeAlias = Callable[[], Awaitable[None]]
-
-
-class ExecutorLink:
-    """One executor's view of a link: what a fleet member's ``executor.link`` offers.
-
-    The link itself may serve many executors (a listening fleet controller); this view
-    disconnects and reports only ``executor_id``'s session. Counters are the link's.
-    """
-
-    def __init__(self, link: WebSocketLink, executor_id: str) -> None:
-        self._link = link
-        self.executor_id = executor_id
-
-    @property
-    def transport(self) -> SessionTransport | None:
-        """The executor's current logical session, if any."""
-        return self._link.session(self.executor_id)
-
-    @property
-    def last_error(self) -> str | None:
-        return self._link.last_error
-
-    @property
-    def refusal(self) -> HandshakeError | None:
-        """The link's latest refusal that a redial will not heal (a dialing link only)."""
-        return self._link.refusal
-
-    def on_refusal(self, listener: Callable[[HandshakeError], None]) -> Callable[[], None]:
-        return self._link.on_refusal(listener)
-
-    @property
-    def last_dial_error(self) -> str | None:
-        """Why the link's latest dial failed (``None`` for a listening link, or once a dial
-        attached a socket)."""
-        return self._link.last_dial_error
-
-    def on_dial_failed(self, listener: Callable[[LinkError], None]) -> Callable[[], None]:
-        return self._link.on_dial_failed(listener)
-
-    @property
-    def url(self) -> str:
-        return self._link.url
-
-    def statistics(self) -> LinkStatistics:
-        return self._link.statistics()
-
-    async def disconnect(self) -> None:
-        """Drop the executor's attached socket abruptly (as a network loss would)."""
-        await self._link.disconnect(self.executor_id)
