@@ -429,6 +429,27 @@ def test_the_link_parts_keep_to_their_walls() -> None:
     assert not problems, "\n".join(problems)
 
 
+_S = "garcon_link.services."
+PROCESS_PARTS: Mapping[str, frozenset[str]] = {
+    _S + "_process_values": frozenset(),
+    _S + "_process_args": frozenset(),
+    _S + "_spool": frozenset({_S + "_process_values"}),
+    _S + "_supervisor": frozenset({_S + "_process_values", _S + "_spool"}),
+    _S + "_records": frozenset({_S + "_process_values"}),
+    _S + "_ledger": frozenset({_S + "_process_values", _S + "_records", _S + "_supervisor"}),
+}
+"""Parts of the process service (garcon_link/services/process.py), each with the parts it may
+import: the values and the argument checks know no other part; a spool makes output chunks; a
+supervisor runs a process group with its spools; the rows of the state directory are values;
+the ledger keeps those rows for the service's supervised processes and restores them. The
+service imports its parts; none imports the service (a cycle, refused above)."""
+
+
+def test_the_process_service_parts_keep_to_their_walls() -> None:
+    problems = part_violations(ROOT, PACKAGE, PROCESS_PARTS)
+    assert not problems, "\n".join(problems)
+
+
 def _write(root: Path, files: Mapping[str, str]) -> None:
     for name, text in files.items():
         path = root / name

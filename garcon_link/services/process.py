@@ -1,10 +1,10 @@
 """The built-in process service: run programs on the worker, stream their output (POSIX).
 
-Why one module, although a long one: the service's methods and their records are one state
-machine (start, output, exit, release, and the records that survive a worker restart); the
-supervision of one process group is in :mod:`._supervisor`, the stored records (and what can be
-done with a restored one) in :mod:`._records`, the spools in :mod:`._spool`, the checks of a
-caller's arguments in :mod:`._process_args`.
+The service's methods and their table of records are one state machine (start, output, exit,
+release), kept here; the supervision of one process group is in :mod:`._supervisor`, the rows
+stored in the state directory in :mod:`._records`, what the service keeps there and restored
+from it (and what can be done with a restored record) in :mod:`._ledger`, the spools in
+:mod:`._spool`, the checks of a caller's arguments in :mod:`._process_args`.
 
 Theory of operation
 -------------------
@@ -94,8 +94,9 @@ cancel scope this service cancels and awaits on close (``_DetachedTasks``).
 This module is the service's face: the interface and :class:`LocalProcessService`. Its parts
 live beside it: the values in ``_process_values.py`` (importable from here), the checks of a
 caller's arguments in ``_process_args.py``, the output of a stream, in memory or spooled to disk,
-in ``_spool.py``, and the supervision of a process group (its record, signals, the detached
-tasks) in ``_supervisor.py``.
+in ``_spool.py``, the supervision of a process group (its record, signals, the detached tasks)
+in ``_supervisor.py``, and the records in the state directory and those restored from it in
+``_ledger.py``.
 
 POSIX only (process groups, ``killpg``); tested on Linux with asyncio and trio.
 """
@@ -119,8 +120,9 @@ import anyio.abc
 from ..errors import ConfigError, Rejected, RemoteError
 from ..logs import peer_text
 from ..rpc.resources import ResourceRef, ServiceScope, current_scope
-from ..rpc.statedir import StateDirectory, Statement, StateUnavailable
+from ..rpc.statedir import StateDirectory
 from ._confined import ConfinedRoot, _os_errors
+from ._ledger import Ledger, restored_info
 from ._limits import MiB, ServiceLimits
 from ._process_args import (
     _check_argv,
@@ -137,17 +139,7 @@ from ._process_values import (
     StreamName,
     TruncationMarker,
 )
-from ._records import (
-    Restored,
-    delete_statement,
-    exit_statement,
-    restore,
-    restored_exit_statement,
-    restored_status,
-    signal_detached,
-    spec_digest,
-    start_statement,
-)
+from ._records import Restored, signal_detached, spec_digest
 from ._supervisor import _REAP_TIMEOUT, _DetachedTasks, _finished, _parse_signal, _Proc
 
 __all__ = [
@@ -373,54 +365,12 @@ class LocalProcessService:
         self._next_id = 1
         self._tasks = _DetachedTasks()
         self._closed = False
-        self._state = state
-        self._durable: set[str] = set()  # ids whose record is in the state directory
-        self._pending: list[Statement] = []  # deletes not written yet
-        self._restored: dict[str, Restored] = {}
-        if state is not None:
-            self._restored, self._pending = restore(state.process_rows, str(state.database))
-            state.process_rows = []
-            self._durable.update(self._restored)
-            if self._restored:
-                lost = sum(r.state == "lost" for r in self._restored.values())
-                log.info(
-                    "restored %d process record(s) from the state directory, %d of them lost",
-                    len(self._restored),
-                    lost,
-                )
-
-    async def _persist(self, *statements: Statement) -> None:
-        """Write ``statements`` (and the pending deletes) to the state directory; a failure is
-        logged: the record is then not durable, the process is unaffected."""
-        if self._state is None:
-            return
-        batch, self._pending = [*self._pending, *statements], []
-        with anyio.move_on_after(_RECORD_TIMEOUT) as waited:
-            try:
-                await self._state.write(batch)
-            except StateUnavailable as exc:
-                log.warning("a process record was not stored: %s", exc)
-        if waited.cancelled_caught:
-            log.warning("a process record was not stored within %ss", _RECORD_TIMEOUT)
-
-    def _exit_statement(self, proc: _Proc) -> Statement:
-        return exit_statement(
-            proc.id,
-            proc.argv,
-            proc.cwd,
-            proc.pid,
-            proc.spec,
-            proc.started_at,
-            proc.status(),
-            proc.exited_at or time.time(),
-            proc.stdout.end,
-            proc.stderr.end,
-        )
+        self._ledger = Ledger(state)
 
     async def _record_exit(self, proc: _Proc) -> None:
         await proc.done.wait()
-        if proc.id in self._durable and self._procs.get(proc.id) is proc:
-            await self._persist(self._exit_statement(proc))
+        if self._procs.get(proc.id) is proc:
+            await self._ledger.exited(proc)
 
     async def __aenter__(self) -> LocalProcessService:
         return self
@@ -447,14 +397,7 @@ class LocalProcessService:
         with anyio.move_on_after(grace):
             for proc in live:
                 await proc.done.wait()
-        if self._state is not None:
-            finished = [
-                self._exit_statement(p)
-                for p in self._procs.values()
-                if p.id in self._durable and p.done.is_set()
-            ]
-            with anyio.CancelScope(shield=True):
-                await self._persist(*finished)
+        await self._ledger.close(p for p in self._procs.values() if p.done.is_set())
         await self._tasks.aclose()
         for proc in self._procs.values():
             proc.stdout.discard()
@@ -479,7 +422,7 @@ class LocalProcessService:
     def _lookup(self, handle: ResourceRef) -> _Proc | Restored:
         proc_id = self._current_scope().check(handle, "process")
         self._prune()
-        restored = self._restored.get(proc_id)
+        restored = self._ledger.restored.get(proc_id)
         if restored is not None:
             return restored
         proc = self._procs.get(proc_id)
@@ -496,52 +439,37 @@ class LocalProcessService:
     def _forget(self, proc: _Proc) -> None:
         if self._procs.get(proc.id) is proc:
             del self._procs[proc.id]
-            self._forget_record(proc.id)
+            self._ledger.forget(proc.id)
         proc.stdout.discard()
         proc.stderr.discard()
-
-    def _forget_record(self, proc_id: str) -> None:
-        self._restored.pop(proc_id, None)
-        if proc_id in self._durable:
-            self._durable.discard(proc_id)
-            self._pending.append(delete_statement(proc_id))
 
     def _prune(self) -> None:
         """Evict exited records beyond ``max_exited_processes`` or older than the TTL (those a
         previous worker left first: they are older)."""
-        over = self._over_restored()
+        over = self._ledger.over()
         exited = sorted((p for p in self._procs.values() if p.done.is_set()), key=_finished)
         excess = len(exited) + len(over) - self.limits.max_exited_processes
         wall_cutoff = time.time() - self.limits.exited_process_ttl
         for record in over:
             assert record.exited_at is not None
             if excess > 0 or record.exited_at < wall_cutoff:
-                self._forget_record(record.id)
+                self._ledger.forget(record.id)
                 excess -= 1
         cutoff = time.monotonic() - self.limits.exited_process_ttl
         for i, proc in enumerate(exited):
             if i < excess or proc.exited_mono < cutoff:
                 self._forget(proc)
 
-    def _over_restored(self) -> list[Restored]:
-        """Restored records that are over (exited or lost), oldest finish first; a detached
-        one found dead becomes lost."""
-        for record in self._restored.values():
-            if record.state == "detached" and not record.alive():
-                record.state, record.exited_at = "lost", time.time()
-        over = [r for r in self._restored.values() if r.state != "detached"]
-        return sorted(over, key=lambda r: r.exited_at or 0.0)
-
     def _make_room(self) -> None:
         if self._closed:
             raise Rejected("SHUTTING_DOWN", "the worker is stopping")
         self._prune()
-        held = len(self._procs) + len(self._runs) + self._reserved + len(self._restored)
+        held = len(self._procs) + len(self._runs) + self._reserved + len(self._ledger.restored)
         if held < self.limits.max_processes:
             return
-        over = self._over_restored()
+        over = self._ledger.over()
         if over:
-            self._forget_record(over[0].id)
+            self._ledger.forget(over[0].id)
             return
         finished = [p for p in self._procs.values() if p.done.is_set()]
         if not finished:
@@ -678,7 +606,7 @@ class LocalProcessService:
         if id is not None:
             _check_id(id, self.limits.max_process_id_length)
             self._prune()
-            restored = self._restored.get(id)
+            restored = self._ledger.restored.get(id)
             if restored is not None:
                 # Started by a previous worker process: the same spec starts nothing.
                 if restored.spec != spec_digest(spec):
@@ -702,14 +630,9 @@ class LocalProcessService:
                 spool=True,
             )
             self._procs[proc.id] = proc
-            if self._state is not None:
-                self._durable.add(proc.id)
+            if self._ledger.keeping:
                 # Stored before the reply: a restarted worker knows every handle it gave.
-                with anyio.CancelScope(shield=True):
-                    record = start_statement(
-                        proc.id, proc.argv, proc.cwd, proc.pid, spec, proc.started_at
-                    )
-                    await self._persist(record)
+                await self._ledger.started(proc)
                 self._tasks.spawn(
                     lambda: self._record_exit(proc), f"garcon-link process record {proc.id}"
                 )
@@ -774,7 +697,7 @@ class LocalProcessService:
         _check_seconds("grace", grace, allow_zero=True)
         found = self._lookup(handle)
         if isinstance(found, Restored):
-            return await self._terminate_detached(found, grace)
+            return await self._ledger.terminate(found, grace)
         proc = found
         if proc.force(sig_mod.SIGTERM):
             with anyio.move_on_after(grace):
@@ -789,14 +712,7 @@ class LocalProcessService:
         _check_seconds("timeout", timeout, allow_zero=True)
         found = self._lookup(handle)
         if isinstance(found, Restored):
-            with anyio.move_on_after(timeout):
-                # Not our child: nothing to await but a look at /proc.
-                while found.alive():  # noqa: ASYNC110
-                    await anyio.sleep(_DETACHED_POLL)
-                return restored_status(found)
-            raise RemoteError(
-                "WAIT_TIMEOUT", f"process {found.id} has not finished within {timeout} seconds"
-            )
+            return await self._ledger.wait(found, timeout)
         proc = found
         with anyio.move_on_after(timeout):
             await proc.done.wait()
@@ -825,70 +741,26 @@ class LocalProcessService:
             state="exited" if done else "running",
         )
 
-    def _restored_info(self, scope: ServiceScope, record: Restored) -> ProcessInfo:
-        return ProcessInfo(
-            handle=scope.resource("process", record.id),
-            argv=list(record.argv),
-            cwd=record.cwd,
-            pid=record.pid,
-            running=record.state == "detached",
-            status=record.status,
-            stdout_end=record.stdout_end,
-            stderr_end=record.stderr_end,
-            stdin_offset=None,
-            id=record.id,
-            stdout_start=record.stdout_end,  # the output went with the old worker process
-            stderr_start=record.stderr_end,
-            started_at=record.started_at,
-            exited_at=record.exited_at,
-            state=record.state,
-        )
-
     async def info(self, handle: ResourceRef) -> ProcessInfo:
         found = self._lookup(handle)
         scope = self._current_scope()
         if isinstance(found, Restored):
-            return self._restored_info(scope, found)
+            return restored_info(scope, found)
         return self._info(scope, found)
 
     async def list(self) -> _Infos:
         scope = self._current_scope()
         self._prune()
-        restored = [self._restored_info(scope, r) for r in self._restored.values()]
+        restored = [restored_info(scope, r) for r in self._ledger.restored.values()]
         return [*restored, *(self._info(scope, proc) for proc in self._procs.values())]
 
     async def list_processes(self) -> _Infos:
         return await self.list()
 
-    async def _terminate_detached(self, record: Restored, grace: float) -> ExitStatus:
-        """SIGTERM, then SIGKILL after ``grace``, a detached process's group; its exit status
-        cannot be known (not our child): ``killed`` with no code or signal. A record that is
-        not detached reports its status (``PROCESS_LOST`` if none)."""
-        if record.state != "detached":
-            return restored_status(record)
-        for signum, wait in ((sig_mod.SIGTERM, grace), (sig_mod.SIGKILL, _REAP_TIMEOUT)):
-            if not signal_detached(record, signum):
-                break
-            with anyio.move_on_after(wait):
-                # Not our child: nothing to await but a look at /proc.
-                while record.alive():  # noqa: ASYNC110
-                    await anyio.sleep(_DETACHED_POLL)
-        if record.alive():
-            raise RemoteError("WAIT_TIMEOUT", f"process {record.id} survived SIGKILL")
-        record.state, record.exited_at = "exited", time.time()
-        record.status = ExitStatus(None, None, False, True)
-        await self._persist(restored_exit_statement(record, record.status, record.exited_at))
-        return record.status
-
     async def release(self, handle: ResourceRef) -> None:
         found = self._lookup(handle)
         if isinstance(found, Restored):
-            if found.state == "detached":
-                raise Rejected(
-                    "PROCESS_RUNNING", f"{handle!r} is still running; terminate it first"
-                )
-            self._forget_record(found.id)
-            await self._persist()
+            await self._ledger.release(handle, found)
             return
         proc = found
         if not proc.done.is_set():
@@ -946,13 +818,6 @@ class LocalProcessService:
             return  # the program exited without reading all of it
         proc.stdin_closing = True
         proc.changed.notify()
-
-
-_DETACHED_POLL = 0.1
-"""Seconds between two looks at a detached process (not our child: it cannot be awaited)."""
-_RECORD_TIMEOUT = 10.0
-"""Seconds a start or an exit waits for its record to be committed before going on without
-(logged: the record is then not durable)."""
 
 
 if TYPE_CHECKING:  # static conformance check: the implementation matches its interface
