@@ -437,11 +437,15 @@ PROCESS_PARTS: Mapping[str, frozenset[str]] = {
     _S + "_supervisor": frozenset({_S + "_process_values", _S + "_spool"}),
     _S + "_records": frozenset({_S + "_process_values"}),
     _S + "_ledger": frozenset({_S + "_process_values", _S + "_records", _S + "_supervisor"}),
+    _S + "_process_table": frozenset(
+        {_S + "_ledger", _S + "_process_values", _S + "_records", _S + "_supervisor"}
+    ),
 }
 """Parts of the process service (garcon_link/services/process.py), each with the parts it may
 import: the values and the argument checks know no other part; a spool makes output chunks; a
 supervisor runs a process group with its spools; the rows of the state directory are values;
-the ledger keeps those rows for the service's supervised processes and restores them. The
+the ledger keeps those rows for the service's supervised processes and restores them; the
+table holds the supervised processes and counts the ledger's restored records with them. The
 service imports its parts; none imports the service (a cycle, refused above)."""
 
 

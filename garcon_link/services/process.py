@@ -1,10 +1,11 @@
 """The built-in process service: run programs on the worker, stream their output (POSIX).
 
-The service's methods and their table of records are one state machine (start, output, exit,
-release), kept here; the supervision of one process group is in :mod:`._supervisor`, the rows
-stored in the state directory in :mod:`._records`, what the service keeps there and restored
-from it (and what can be done with a restored record) in :mod:`._ledger`, the spools in
-:mod:`._spool`, the checks of a caller's arguments in :mod:`._process_args`.
+The service's methods (start, output, exit, release) are kept here; the table of its records
+(lookups, eviction, room for one more) is :mod:`._process_table`, the supervision of one process
+group :mod:`._supervisor`, the rows stored in the state directory :mod:`._records`, what the
+service keeps there and restored from it (and what can be done with a restored record)
+:mod:`._ledger`, the spools :mod:`._spool`, the checks of a caller's arguments
+:mod:`._process_args`.
 
 Theory of operation
 -------------------
@@ -95,8 +96,9 @@ This module is the service's face: the interface and :class:`LocalProcessService
 live beside it: the values in ``_process_values.py`` (importable from here), the checks of a
 caller's arguments in ``_process_args.py``, the output of a stream, in memory or spooled to disk,
 in ``_spool.py``, the supervision of a process group (its record, signals, the detached tasks)
-in ``_supervisor.py``, and the records in the state directory and those restored from it in
-``_ledger.py``.
+in ``_supervisor.py``, the records in the state directory and those restored from it in
+``_ledger.py``, and the table of records (lookup, eviction, ``max_processes``) in
+``_process_table.py``.
 
 POSIX only (process groups, ``killpg``); tested on Linux with asyncio and trio.
 """
@@ -110,7 +112,6 @@ import shutil
 import signal as sig_mod
 import subprocess
 import tempfile
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 
@@ -131,6 +132,7 @@ from ._process_args import (
     _check_seconds,
     _check_spec_size,
 )
+from ._process_table import ProcessTable, process_info
 from ._process_values import (
     ExitStatus,
     OutputChunk,
@@ -140,7 +142,7 @@ from ._process_values import (
     TruncationMarker,
 )
 from ._records import Restored, signal_detached, spec_digest
-from ._supervisor import _REAP_TIMEOUT, _DetachedTasks, _finished, _parse_signal, _Proc
+from ._supervisor import _REAP_TIMEOUT, _DetachedTasks, _parse_signal, _Proc
 
 __all__ = [
     "ExitStatus",
@@ -354,22 +356,18 @@ class LocalProcessService:
             # A private directory per service object: ours to empty on close.
             self._spool = tempfile.mkdtemp(prefix="garcon-link-spool-", dir=spool_dir)
         self._spool_files = itertools.count(1)
-        self._starting: dict[str, tuple[tuple[object, ...], anyio.Event]] = {}
         self._scope = scope
         self._base_env = (
             dict(base_env) if base_env is not None else default_base_env(self.root.host)
         )
-        self._procs: dict[str, _Proc] = {}
-        self._runs: set[_Proc] = set()
-        self._reserved = 0
-        self._next_id = 1
         self._tasks = _DetachedTasks()
         self._closed = False
         self._ledger = Ledger(state)
+        self._table = ProcessTable(self.limits, self._ledger)
 
     async def _record_exit(self, proc: _Proc) -> None:
         await proc.done.wait()
-        if self._procs.get(proc.id) is proc:
+        if self._table.holds(proc):
             await self._ledger.exited(proc)
 
     async def __aenter__(self) -> LocalProcessService:
@@ -383,7 +381,8 @@ class LocalProcessService:
         if self._closed:
             return
         self._closed = True
-        live = [p for p in (*self._procs.values(), *self._runs) if not p.done.is_set()]
+        table = self._table
+        live = [p for p in (*table.procs.values(), *table.runs) if not p.done.is_set()]
         if live:
             log.info("session ended: terminating %d process group(s)", len(live))
         grace = self.limits.session_end_grace
@@ -397,87 +396,28 @@ class LocalProcessService:
         with anyio.move_on_after(grace):
             for proc in live:
                 await proc.done.wait()
-        await self._ledger.close(p for p in self._procs.values() if p.done.is_set())
+        await self._ledger.close(p for p in table.procs.values() if p.done.is_set())
         await self._tasks.aclose()
-        for proc in self._procs.values():
+        for proc in table.procs.values():
             proc.stdout.discard()
             proc.stderr.discard()
-        self._procs.clear()
+        table.procs.clear()
         if self._spool is not None:
             shutil.rmtree(self._spool, ignore_errors=True)
 
     def _current_scope(self) -> ServiceScope:
         return self._scope if self._scope is not None else current_scope()
 
-    def _get(self, handle: ResourceRef) -> _Proc:
-        found = self._lookup(handle)
-        if isinstance(found, Restored):
-            raise Rejected(
-                "OUTPUT_LOST" if found.state != "detached" else "PROCESS_DETACHED",
-                f"process {found.id!r} was started by a previous worker process "
-                f"({found.state}): its output and stdin went with that process",
-            )
-        return found
-
-    def _lookup(self, handle: ResourceRef) -> _Proc | Restored:
-        proc_id = self._current_scope().check(handle, "process")
-        self._prune()
-        restored = self._ledger.restored.get(proc_id)
-        if restored is not None:
-            return restored
-        proc = self._procs.get(proc_id)
-        if proc is not None:
-            return proc
-        number = proc_id[1:]
-        if proc_id.startswith("p") and number.isdigit() and int(number) < self._next_id:
-            raise Rejected("PROCESS_RELEASED", f"{handle!r} was released")
-        raise Rejected(
-            "UNKNOWN_PROCESS",
-            f"{handle!r} names no process record (never started, released or evicted)",
-        )
-
-    def _forget(self, proc: _Proc) -> None:
-        if self._procs.get(proc.id) is proc:
-            del self._procs[proc.id]
-            self._ledger.forget(proc.id)
-        proc.stdout.discard()
-        proc.stderr.discard()
-
-    def _prune(self) -> None:
-        """Evict exited records beyond ``max_exited_processes`` or older than the TTL (those a
-        previous worker left first: they are older)."""
-        over = self._ledger.over()
-        exited = sorted((p for p in self._procs.values() if p.done.is_set()), key=_finished)
-        excess = len(exited) + len(over) - self.limits.max_exited_processes
-        wall_cutoff = time.time() - self.limits.exited_process_ttl
-        for record in over:
-            assert record.exited_at is not None
-            if excess > 0 or record.exited_at < wall_cutoff:
-                self._ledger.forget(record.id)
-                excess -= 1
-        cutoff = time.monotonic() - self.limits.exited_process_ttl
-        for i, proc in enumerate(exited):
-            if i < excess or proc.exited_mono < cutoff:
-                self._forget(proc)
-
-    def _make_room(self) -> None:
+    def _check_open(self) -> None:
+        """Refuse a new process once the service is closing (``SHUTTING_DOWN``)."""
         if self._closed:
             raise Rejected("SHUTTING_DOWN", "the worker is stopping")
-        self._prune()
-        held = len(self._procs) + len(self._runs) + self._reserved + len(self._ledger.restored)
-        if held < self.limits.max_processes:
-            return
-        over = self._ledger.over()
-        if over:
-            self._ledger.forget(over[0].id)
-            return
-        finished = [p for p in self._procs.values() if p.done.is_set()]
-        if not finished:
-            raise Rejected(
-                "TOO_MANY_PROCESSES",
-                f"{self.limits.max_processes} processes are running on this worker",
-            )
-        self._forget(min(finished, key=_finished))
+
+    def _get(self, handle: ResourceRef) -> _Proc:
+        return self._table.get(handle, self._current_scope().check(handle, "process"))
+
+    def _lookup(self, handle: ResourceRef) -> _Proc | Restored:
+        return self._table.lookup(handle, self._current_scope().check(handle, "process"))
 
     async def _spawn(
         self,
@@ -505,8 +445,9 @@ class LocalProcessService:
         parts = await anyio.to_thread.run_sync(check_cwd)
         cwd_host = self.root.host_path(parts)
         merged = {**self._base_env, "PWD": cwd_host, **(env or {})}
-        self._make_room()
-        self._reserved += 1
+        self._check_open()
+        self._table.make_room()
+        self._table.reserved += 1
         try:
             # Shielded: a process spawned by a cancelled call must still be tracked (and killed).
             with anyio.CancelScope(shield=True):
@@ -523,10 +464,9 @@ class LocalProcessService:
             why = os.strerror(exc.errno) if exc.errno is not None else str(exc)
             raise Rejected("SPAWN_FAILED", f"cannot start {argv[0]!r}: {why}") from exc
         finally:
-            self._reserved -= 1
+            self._table.reserved -= 1
         if proc_id is None:
-            proc_id = f"p{self._next_id}"
-            self._next_id += 1
+            proc_id = self._table.new_id()
         spool_at = None
         if spool and self._spool is not None:
             spool_at = (self._spool, str(next(self._spool_files)))
@@ -563,25 +503,6 @@ class LocalProcessService:
         _check_env(env or {})
         _check_seconds("timeout", timeout)
 
-    async def _existing(self, proc_id: str, spec: tuple[object, ...]) -> _Proc | None:
-        """The record of ``proc_id`` started with ``spec``, once any start of it in progress
-        has finished; ``None`` if there is none (``CONFLICT`` if it has another spec)."""
-        while True:
-            self._prune()
-            proc = self._procs.get(proc_id)
-            starting = self._starting.get(proc_id)
-            if proc is None and starting is None:
-                return None
-            theirs = proc.spec if proc is not None else starting[0] if starting else ()
-            if theirs != spec:
-                raise Rejected(
-                    "CONFLICT", f"process {proc_id!r} exists and was started with another spec"
-                )
-            if proc is not None:
-                return proc
-            assert starting is not None
-            await starting[1].wait()
-
     # -- the interface
 
     async def start(
@@ -602,10 +523,9 @@ class LocalProcessService:
             stdin,
             timeout,
         )
-        started = anyio.Event()
         if id is not None:
             _check_id(id, self.limits.max_process_id_length)
-            self._prune()
+            self._table.prune()
             restored = self._ledger.restored.get(id)
             if restored is not None:
                 # Started by a previous worker process: the same spec starts nothing.
@@ -614,9 +534,9 @@ class LocalProcessService:
                         "CONFLICT", f"process {id!r} exists and was started with another spec"
                     )
                 return scope.resource("process", id)
-            if await self._existing(id, spec) is not None:
+            if await self._table.existing(id, spec) is not None:
                 return scope.resource("process", id)
-            self._starting[id] = (spec, started)
+            self._table.starting(id, spec)
         try:
             proc = await self._spawn(
                 argv,
@@ -629,7 +549,7 @@ class LocalProcessService:
                 spec=spec,
                 spool=True,
             )
-            self._procs[proc.id] = proc
+            self._table.procs[proc.id] = proc
             if self._ledger.keeping:
                 # Stored before the reply: a restarted worker knows every handle it gave.
                 await self._ledger.started(proc)
@@ -638,8 +558,7 @@ class LocalProcessService:
                 )
         finally:
             if id is not None:
-                del self._starting[id]
-                started.set()
+                self._table.started(id)
         return scope.resource("process", proc.id)
 
     async def read(
@@ -721,38 +640,18 @@ class LocalProcessService:
             "WAIT_TIMEOUT", f"process {proc.id} has not finished within {timeout} seconds"
         )
 
-    def _info(self, scope: ServiceScope, proc: _Proc) -> ProcessInfo:
-        done = proc.done.is_set()
-        return ProcessInfo(
-            handle=scope.resource("process", proc.id),
-            argv=list(proc.argv),
-            cwd=proc.cwd,
-            pid=proc.pid,
-            running=proc.returncode is None and not proc.done.is_set(),
-            status=proc.status() if done else None,
-            stdout_end=proc.stdout.end,
-            stderr_end=proc.stderr.end,
-            stdin_offset=proc.stdin_pos if proc.has_stdin else None,
-            id=proc.id,
-            stdout_start=proc.stdout.start,
-            stderr_start=proc.stderr.start,
-            started_at=proc.started_at,
-            exited_at=proc.exited_at if done else None,
-            state="exited" if done else "running",
-        )
-
     async def info(self, handle: ResourceRef) -> ProcessInfo:
         found = self._lookup(handle)
         scope = self._current_scope()
         if isinstance(found, Restored):
             return restored_info(scope, found)
-        return self._info(scope, found)
+        return process_info(scope, found)
 
     async def list(self) -> _Infos:
         scope = self._current_scope()
-        self._prune()
+        self._table.prune()
         restored = [restored_info(scope, r) for r in self._ledger.restored.values()]
-        return [*restored, *(self._info(scope, proc) for proc in self._procs.values())]
+        return [*restored, *(process_info(scope, proc) for proc in self._table.procs.values())]
 
     async def list_processes(self) -> _Infos:
         return await self.list()
@@ -765,7 +664,7 @@ class LocalProcessService:
         proc = found
         if not proc.done.is_set():
             raise Rejected("PROCESS_RUNNING", f"{handle!r} is still running; terminate it first")
-        self._forget(proc)
+        self._table.forget(proc)
 
     async def run(
         self,
@@ -786,7 +685,7 @@ class LocalProcessService:
             timeout=timeout,
             retention=min(max_output, self.limits.max_run_output_bytes),
         )
-        self._runs.add(proc)
+        self._table.runs.add(proc)
         try:
             async with anyio.create_task_group() as tg:
                 if stdin_data is not None:
@@ -802,7 +701,7 @@ class LocalProcessService:
                     await proc.done.wait()
             raise
         finally:
-            self._runs.discard(proc)
+            self._table.runs.discard(proc)
         return RunResult(
             status=proc.status(),
             stdout=proc.stdout.tail(),
