@@ -407,6 +407,7 @@ LINK_PARTS: Mapping[str, frozenset[str]] = {
     "garcon_link.endpoint._handshaking": frozenset(),
     "garcon_link.endpoint._dialing": frozenset(),
     "garcon_link.endpoint._executor_link": frozenset(),
+    "garcon_link.endpoint._failures": frozenset(),
     "garcon_link.endpoint._places": frozenset({"garcon_link.endpoint._slots"}),
     "garcon_link.endpoint._admitting": frozenset(
         {"garcon_link.endpoint._places", "garcon_link.endpoint._slots"}
@@ -419,7 +420,8 @@ LINK_PARTS: Mapping[str, frozenset[str]] = {
 slot knows no other part; the places add slots; the admission reads the slots and the places;
 the attachments run a slot's socket with its heartbeat; the argument checks, the handshaker and
 the dialer know no other part (they reach the link only through the callables it gives them),
-nor does the executor's view (it reads the link through a Protocol).
+nor do the executor's view (it reads the link through a Protocol) and the failures (the latest
+cause, the mapping of an unexpected exception) every part reports to.
 The link imports every part; a part importing the link would be a cycle (refused above). The
 heartbeat is not listed: its timer object reads its Heartbeat's private fields, in one module."""
 

@@ -74,11 +74,12 @@ Failures
 Every closed socket is logged with its cause. Lower-library exceptions are classified once, in
 :mod:`garcon_link.net.ws`. Any *other* exception raised while serving one peer -- a bug, here or
 below, that the peer's bytes reached -- is that peer's failure, never the process's
-(``_peer_failed``): the socket is closed (4008 while it can still say so; the session it carried
-is retired), the traceback is logged and counted (``unexpected_errors``), and the listener keeps
-listening and the dial loop keeps dialing. Cancellation is not an ``Exception`` and passes. Other
-log records carry causes as text, never exception objects: a handler that keeps records (a test's
-capture, a memory handler) would otherwise keep every refused socket's frames and buffers alive.
+(:meth:`~garcon_link.endpoint._failures.Failures.peer_failed`): the socket is closed (4008 while
+it can still say so; the session it carried is retired), the traceback is logged and counted
+(``unexpected_errors``), and the listener keeps listening and the dial loop keeps dialing.
+Cancellation is not an ``Exception`` and passes. Other log records carry causes as text, never
+exception objects: a handler that keeps records (a test's capture, a memory handler) would
+otherwise keep every refused socket's frames and buffers alive.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ from ..errors import (
     LinkError,
 )
 from ..limits import Limits
-from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
+from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..net.addresses import EXECUTOR_PATH, DialTarget, is_loopback_host, parse_dial_url
 from ..net.ws import (
     Admitted,
@@ -115,7 +116,6 @@ from ..net.ws import (
     SocketGone,
     WebSocket,
     WebSocketListener,
-    one_line,
     unauthenticated_log,
     upgrade_refusal,
 )
@@ -124,6 +124,7 @@ from ._arguments import KeyLookup, check_arguments, tls_context
 from ._attaching import Attachments
 from ._dialing import Dialer
 from ._executor_link import ExecutorLink
+from ._failures import Failures
 from ._handshaking import Handshaker
 from ._heartbeat import Heartbeat
 from ._places import Places
@@ -234,8 +235,14 @@ class WebSocketLink:
         """The retention budget of every session of this link (shared by a fleet's links)."""
         self._closed = anyio.Event()
         self._stats = LinkStatistics()
-        self.last_error: str | None = None
         self._tag = f"{self.role.value}[{self.runtime_id.hex()[:6]}]"
+        # Authenticated peers' events (admission refusals, unexpected errors): rate-limited too.
+        self._peer_log = PeerLogLimiter(
+            log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
+        )
+        self._failures = failures = Failures(
+            self._stats, self._peer_log, tag=self._tag, executor_id=executor_id
+        )
         self._dialer = Dialer(
             self._dial,
             limits=self.limits,
@@ -251,8 +258,8 @@ class WebSocketLink:
                 self._admission.closing or (self._admission.draining and self.transport is None)
             ),
             authenticate=self._authenticate,
-            peer_failed=self._peer_failed,
-            note_error=self._note_error,
+            peer_failed=failures.peer_failed,
+            note_error=failures.note,
             retire_sessions=self._retire_sessions,
         )
         self._unauthenticated_log = unauthenticated_log(self.limits)
@@ -269,8 +276,8 @@ class WebSocketLink:
             peer_log=self._unauthenticated_log,
             refused=self._dialer.refused,
             taken_over=self._dialer.was_taken_over,
-            peer_failed=self._peer_failed,
-            note_error=self._note_error,
+            peer_failed=failures.peer_failed,
+            note_error=failures.note,
         )
         heartbeat = Heartbeat(
             self.limits,
@@ -279,17 +286,13 @@ class WebSocketLink:
             tag=self._tag,
             key_for=self._handshaker.key_for if keys is not None else None,
         )
-        self._attachments = Attachments(
+        self._attachments = attachments = Attachments(
             self.limits,
             self._stats,
             tag=self._tag,
             heartbeat=heartbeat,
-            peer_failed=self._peer_failed,
+            peer_failed=failures.peer_failed,
             taken_over=self._dialer.was_taken_over,
-        )
-        # Authenticated peers' events (admission refusals, unexpected errors): rate-limited too.
-        self._peer_log = PeerLogLimiter(
-            log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
         )
         # Who holds the places and who takes them, as refusals name them ("this worker holds
         # sessions for max_controllers=N controllers"; a gateway's callers link passes its own).
@@ -322,7 +325,7 @@ class WebSocketLink:
                 stats=self._stats,
                 ssl_context=self._ssl,
                 tag=self._tag,
-                on_error=self._peer_failed,
+                on_error=failures.peer_failed,
                 peer_log=self._unauthenticated_log,
                 # One attached socket per executor, plus the configured allowance. Sockets being
                 # admitted are not counted: they are still under the handshake deadline and the
@@ -330,7 +333,7 @@ class WebSocketLink:
                 max_authenticated=self.limits.max_authenticated_sockets
                 + (self._max_executors if keys is not None else 0)
                 + (self.limits.max_controllers if self._per_controller else 0),
-                occupied=lambda: self._attachments.count,
+                occupied=lambda: attachments.count,
             )
 
     # ------------------------------------------------------------------ public surface
@@ -429,8 +432,11 @@ class WebSocketLink:
         needed."""
         return self._dialer.stopped
 
-    def _note_error(self, why: str) -> None:
-        self.last_error = why
+    @property
+    def last_error(self) -> str | None:
+        """The latest failure's cause, one line: a dial, a handshake, a refusal, a takeover or an
+        unexpected error while serving a peer (``None`` until one)."""
+        return self._failures.last_error
 
     def _retire_sessions(self, reason: FailureReason, detail: str) -> None:
         for slot in self._slots.values():
@@ -604,30 +610,6 @@ class WebSocketLink:
         self._closed.set()
 
     # ------------------------------------------------------------------ handshake
-
-    def _peer_failed(self, peer: str, exc: Exception) -> str:
-        """The one mapping of an exception nobody expected while serving one peer.
-
-        Such an exception is a bug (here or in a library below) that the peer's bytes reached:
-        it is that peer's failure, never the listener's, the dial loop's or the process's. The
-        caller ends that socket (4008 when it can still say so); this logs the traceback, counts
-        it and returns a one-line cause. Cancellation is not an :class:`Exception` and passes.
-        """
-        detail = peer_text(exc)  # never raises; bounded whatever the message holds
-        why = one_line(f"unexpected {type(exc).__name__}" + (f": {detail}" if detail else ""))
-        self._stats.unexpected_errors += 1
-        self.last_error = why
-        self._peer_log.log(
-            peer_host(peer),
-            type(exc).__name__,
-            "%s peer %s failed with an unexpected error: %s",
-            self._tag,
-            peer,
-            why,
-            exc_info=exc,
-            extra=log_fields(executor=self.executor_id),
-        )
-        return why
 
     async def _authenticate_incoming(self, sock: WebSocket) -> Admitted | None:
         return await self._authenticate(sock, listening=True)
