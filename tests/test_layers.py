@@ -415,10 +415,19 @@ LINK_PARTS: Mapping[str, frozenset[str]] = {
     "garcon_link.endpoint._attaching": frozenset(
         {"garcon_link.endpoint._heartbeat", "garcon_link.endpoint._slots"}
     ),
+    "garcon_link.endpoint._authenticating": frozenset(
+        {
+            "garcon_link.endpoint._admitting",
+            "garcon_link.endpoint._attaching",
+            "garcon_link.endpoint._handshaking",
+            "garcon_link.endpoint._slots",
+        }
+    ),
 }
 """Parts of the WebSocketLink (docs/design.md#link), each with the link parts it may import: a
 slot knows no other part; the places add slots; the admission reads the slots and the places;
-the attachments run a slot's socket with its heartbeat; the argument checks, the handshaker and
+the attachments run a slot's socket with its heartbeat; the authentication hands a socket from
+the handshaker to the admission and returns its attachment; the argument checks, the handshaker and
 the dialer know no other part (they reach the link only through the callables it gives them),
 nor do the executor's view (it reads the link through a Protocol) and the failures (the latest
 cause, the mapping of an unexpected exception) every part reports to.

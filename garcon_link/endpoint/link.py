@@ -2,14 +2,17 @@
 
 The decisions are pure functions elsewhere (:func:`~garcon_link.core.admission.decide`,
 :func:`~garcon_link.core.heartbeat.heartbeat_step`, :func:`~garcon_link.core.admission.backoff`);
-one slot is :mod:`garcon_link.endpoint._slots`, the hello and proof exchange
-:mod:`garcon_link.endpoint._handshaking`, the dial loop :mod:`garcon_link.endpoint._dialing`, an
+the link's parts are beside it: one slot :mod:`garcon_link.endpoint._slots`, a socket's handshake
+handed to admission :mod:`garcon_link.endpoint._authenticating`, the hello and proof exchange
+:mod:`garcon_link.endpoint._handshaking`, the admission of a verified socket to its slot
+:mod:`garcon_link.endpoint._admitting`, the dial loop :mod:`garcon_link.endpoint._dialing`, an
 attached socket's life :mod:`garcon_link.endpoint._attaching` and its heartbeat
 :mod:`garcon_link.endpoint._heartbeat`, a listening worker's ``max_controllers`` places
-:mod:`garcon_link.endpoint._places`, the admission of an authenticated socket to its slot
-:mod:`garcon_link.endpoint._admitting`, the checks of the link's arguments and its TLS context
-:mod:`garcon_link.endpoint._arguments`. This module keeps the slot table, the handshake's
-hand-over to admission, the link's lifecycle and its public surface.
+:mod:`garcon_link.endpoint._places`, the latest failure and the mapping of an unexpected one
+:mod:`garcon_link.endpoint._failures`, the checks of the link's arguments and its TLS context
+:mod:`garcon_link.endpoint._arguments`, one executor's view of a link
+:mod:`garcon_link.endpoint._executor_link`. This module builds the parts and holds them: the slot
+table, the link's lifecycle (its tasks, drain, close) and its public surface.
 
 Theory of operation
 -------------------
@@ -28,17 +31,18 @@ controller processes are two controllers, each with its own session, admitted si
 ``Limits.max_controllers`` sessions; the takeover rule and 4009 apply within one controller's slot
 (the same ``controller_id`` from a new runtime).
 
-1. **Handshake.** :class:`~garcon_link.endpoint._handshaking.Handshaker` exchanges hello and
-   proof (:mod:`garcon_link.core.handshake`): the dialer's hello goes at once; the listener
-   reads the dialer's hello first and answers it with its own, which advertises the session it
-   holds for the claimed executor id only if the dialer's hello already names it
+1. **Handshake.** :class:`~garcon_link.endpoint._authenticating.Authentication` has
+   :class:`~garcon_link.endpoint._handshaking.Handshaker` exchange hello and proof
+   (:mod:`garcon_link.core.handshake`): the dialer's hello goes at once; the listener reads the
+   dialer's hello first and answers it with its own, which advertises the session it holds for
+   the claimed executor id only if the dialer's hello already names it
    (:func:`~garcon_link.core.handshake.listener_offer`, the slot's ``offer_to``): nothing of the
-   listener's identity, nor whether that executor is enrolled or online, goes out before the
-   peer has proved its key, and an id the listener does not know fails exactly as a wrong
-   secret does (4001). A hello of the listener's own role goes to the hosted link
+   listener's identity, nor whether that executor is enrolled or online, goes out before the peer
+   has proved its key, and an id the listener does not know fails exactly as a wrong secret does
+   (4001). A hello of the listener's own role goes to the hosted link
    (:meth:`WebSocketLink.host`). The listener sends its own proof only once it has admitted the
-   peer (step 2), so a refused peer never completes a handshake and a listener never hands out
-   a proof that could be reflected. Upgrade, handshake and admission must finish within
+   peer (step 2), so a refused peer never completes a handshake and a listener never hands out a
+   proof that could be reflected. Upgrade, handshake and admission must finish within
    ``handshake_timeout`` (else 4008). A refusal closes with the reason's close code.
 2. **Admission** (:class:`~garcon_link.endpoint._admitting.Admission`) obeys :func:`decide`, a pure
    function of the slot (:class:`SlotView`) and the verified handshake (:class:`Offer`): ``Resume``
@@ -85,7 +89,6 @@ otherwise keep every refused socket's frames and buffers alive.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import random
@@ -96,24 +99,22 @@ import anyio
 import anyio.abc
 
 from ..core.admission import SlotKey
-from ..core.handshake import Handshake, derive_key, peek_hello
+from ..core.handshake import derive_key
 from ..core.session import RetentionPool
 from ..core.wire import CloseCode, Role
 from ..errors import (
     ConfigError,
     FailureReason,
     HandshakeError,
-    HandshakeFailure,
     LinkError,
 )
 from ..limits import Limits
-from ..logs import PeerLogLimiter, log_fields, peer_text
+from ..logs import PeerLogLimiter, log_fields
 from ..net.addresses import EXECUTOR_PATH, DialTarget, is_loopback_host, parse_dial_url
 from ..net.ws import (
     Admitted,
     FrameBudget,
     LinkStatistics,
-    SocketGone,
     WebSocket,
     WebSocketListener,
     unauthenticated_log,
@@ -122,6 +123,7 @@ from ..net.ws import (
 from ._admitting import Admission, SessionListener
 from ._arguments import KeyLookup, check_arguments, tls_context
 from ._attaching import Attachments
+from ._authenticating import Authentication
 from ._dialing import Dialer
 from ._executor_link import ExecutorLink
 from ._failures import Failures
@@ -211,7 +213,6 @@ class WebSocketLink:
         # A listening worker keeps one slot per controller (module docstring).
         self._per_controller = self.role is Role.WORKER and (listen is not None or hosted)
         self._hosted = hosted
-        self._guest: WebSocketLink | None = None
         self.executor_id = executor_id
         self.limits = limits or Limits()
         self._keys = keys
@@ -317,6 +318,19 @@ class WebSocketLink:
             max_executors=self._max_executors,
             tag=self._tag,
             peer_log=self._peer_log,
+        )
+        self._authentication = Authentication(
+            self._slots,
+            self._handshaker,
+            self._admission,
+            attachments,
+            self.limits,
+            self._stats,
+            role=self.role,
+            runtime_id=self.runtime_id,
+            executor_id=executor_id,
+            refused=self._dialer.refused,
+            handshake_completed=self._dialer.handshake_completed,
         )
         self._listener: WebSocketListener | None = None
         if listen is not None:
@@ -463,10 +477,9 @@ class WebSocketLink:
         """
         if self._listener is None or not guest._hosted or guest.role is self.role:
             raise ConfigError("host() needs a listening link and a hosted link of the other role")
-        self._guest = guest
-        self._listener.count_also(
-            guest.limits.max_controllers, lambda: self._attachments.count + guest._attachments.count
-        )
+        self._authentication.guest = guest._authentication
+        ours, theirs = self._attachments, guest._attachments
+        self._listener.count_also(guest.limits.max_controllers, lambda: ours.count + theirs.count)
 
     # The link's own tasks (listener, dial loop, sockets, heartbeats) run in an inner task group
     # hosted by a child task of the task group entered in the host's task. ``_shutdown`` cancels
@@ -491,12 +504,12 @@ class WebSocketLink:
         # listen") then reaches the caller of ``__aenter__`` itself, not an ExceptionGroup.
         tg = anyio.create_task_group()
         await tg.__aenter__()
-        self._tg = tg
+        self._tg = self._authentication.tg = tg
         try:
             if self._listener is not None:
                 assert self._listen is not None
                 host, port = self._listen
-                await tg.start(self._listener.serve, host, port, self._authenticate_incoming, tg)
+                await tg.start(self._listener.serve, host, port, self._authentication.incoming, tg)
                 log.info(
                     "%s listening on %s",
                     self._tag,
@@ -557,17 +570,6 @@ class WebSocketLink:
         once it holds no live session."""
         self._admission.draining = True
 
-    def _refused_draining(self, sock: WebSocket) -> None:
-        """A dialed socket the peer closed with 4010 before admitting us: the worker drains,
-        the link's refusal until a handshake completes (the loop dials on, for its restart)."""
-        close = sock.peer_close
-        if sock.dialed and close is not None and close[0] == CloseCode.DRAINING:
-            self._dialer.refused(
-                HandshakeFailure.DRAINING,
-                f"{sock.peer} closed with {close[0]} ({peer_text(close[1])})",
-                "it was told to stop; a restarted worker admits new sessions again",
-            )
-
     async def aclose(self) -> None:
         """Retire every session, stop listening or dialing, close every socket (idempotent).
 
@@ -611,62 +613,6 @@ class WebSocketLink:
 
     # ------------------------------------------------------------------ handshake
 
-    async def _authenticate_incoming(self, sock: WebSocket) -> Admitted | None:
-        return await self._authenticate(sock, listening=True)
-
-    async def _authenticate(
-        self, sock: WebSocket, *, listening: bool = False, first: bytes | None = None
-    ) -> Admitted | None:
-        """Exchange hello and proof, then admit the peer (the caller bounds all of it by the
-        handshake deadline).
-
-        Listening, the peer's hello is read first and our proof is held until the peer is
-        admitted (:meth:`Admission.admit`); dialing, our hello goes first and our proof as soon
-        as we have the listener's hello, so nothing deadlocks.
-        """
-        shake = self._handshaker
-        hs: Handshake | None = None
-        known = True
-        try:
-            if listening:
-                if first is None:
-                    first = await shake.receive_frame(sock)
-                    if first is None:
-                        return None
-                claimed = peek_hello(first, max_frame_bytes=self.limits.max_handshake_frame_bytes)
-                guest = self._guest
-                if guest is not None and claimed.role is self.role:
-                    # A peer of our own role: the hosted link's (host()).
-                    return await guest._authenticate(sock, listening=True, first=first)
-                slot = self._slots.get(self._admission.slot_key(claimed))
-                offer = slot.offer_to(claimed, self.runtime_id) if slot is not None else None
-                hs, key, known = await shake.answer(sock, first, claimed, offer)
-            else:
-                assert self.executor_id is not None
-                slot = self._slots.get((self.executor_id, None))
-                hs, key = await shake.greet(sock, slot.resume_offer() if slot is not None else None)
-            result = await shake.complete(sock, hs)
-            if result is None:
-                self._refused_draining(sock)
-                return None
-        except HandshakeError as exc:
-            unknown = hs.local_hello.executor if not known and hs is not None else None
-            await shake.failed(sock, exc, unknown)
-            return None
-        except SocketGone:
-            await sock.abort()
-            return None
-        except Exception as exc:
-            await shake.unexpected(sock, exc)
-            return None
-        self._stats.handshakes_completed += 1
-        self._dialer.handshake_completed()
-        assert self._tg is not None
-        admitted = await self._admission.admit(sock, result, self._tg)
-        if admitted is None:
-            return None
-        slot, transport, peer_received = admitted
-        attachments = self._attachments
-        return functools.partial(
-            attachments.run, sock, slot, transport, peer_received, result.resume, key
-        )
+    async def _authenticate(self, sock: WebSocket) -> Admitted | None:
+        """A dialed socket's handshake and admission (the dial loop's)."""
+        return await self._authentication.authenticate(sock)
