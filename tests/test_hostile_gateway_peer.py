@@ -40,8 +40,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import garcon_link as gl
+from garcon_link.api import _relay_view
 from garcon_link.api import relay as relay_module
-from garcon_link.api.relay import MAX_WATCH_ENTRIES, RELAY_SERVICE, GatewayRelay
+from garcon_link.api._relay_wire import MAX_WATCH_ENTRIES
+from garcon_link.api.relay import RELAY_SERVICE, GatewayRelay
 from garcon_link.testing import free_tcp_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -381,7 +383,7 @@ def fed(
         anyio.from_thread.start_blocking_portal(request.param) as portal,
         portal.wrap_async_context_manager(_fake_gateway(relay, AnyWatch)) as fleet,
     ):
-        patch.setattr(relay_module, "WATCH_RETRY", 0.01)  # a watch ended is opened again at once
+        patch.setattr(_relay_view, "WATCH_RETRY", 0.01)  # a watch ended is opened again at once
         yield portal, relay, fleet
 
 
@@ -441,7 +443,7 @@ async def test_a_malformed_watch_is_said_once_and_a_bug_of_ours_is_seen(
     reason; an exception no check foresaw (here a bug planted in the caller's own code) is
     logged at ERROR with its traceback, and the fleet goes on with a new watch."""
     caplog.set_level(logging.WARNING, logger="garcon_link.gateway")
-    monkeypatch.setattr(relay_module, "WATCH_RETRY", 0.01)
+    monkeypatch.setattr(_relay_view, "WATCH_RETRY", 0.01)
     apply = relay_module.GatewayExecutor._apply
 
     def planted(executor: relay_module.GatewayExecutor, entry: Any) -> None:

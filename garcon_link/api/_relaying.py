@@ -65,11 +65,11 @@ from ..rpc.hooks import call_metadata
 from ..rpc.interface import MethodKind, MethodSpec
 from ..rpc.observer import Observed, end_of
 from ..rpc.rpc import ExecutorRpc, Forward, Incoming, RemoteStream, current_rpc
+from ._relay_wire import MAX_DESCRIBE_WAIT, MAX_WATCH_ENTRIES, encode_outcome
 from ._watches import _Watch
 from .controller import RemoteExecutor
 from .facades import counts_as_error
 from .fleet import Fleet
-from .relay import MAX_DESCRIBE_WAIT, MAX_WATCH_ENTRIES, encode_outcome
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ A caller's **watch** (``watch()``, one per caller session, served by
 :meth:`~garcon_link.api._relaying._Relay.watch`): the gateway's fleet tells the gateway of each
 event as it is published (:meth:`~garcon_link.api.fleet.Fleet._tap`); each watch whose caller a
 grant lets see that executor notes it (:class:`_Watch`: at most one pending entry per executor, its
-last :data:`~garcon_link.api.relay.MAX_WATCH_EVENTS` events), and the watch's stream sends the
+last :data:`~garcon_link.api._relay_wire.MAX_WATCH_EVENTS` events), and the watch's stream sends the
 pending entries, each with its executor's state at send time, whenever the caller's credit lets it
 send a message. Replacing :attr:`~garcon_link.api.gateway.Gateway.grants` re-filters every watch;
 the drain ends them.
@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import anyio
 
+from ._relay_wire import MAX_WATCH_EVENTS
 from .fleet import EventKind
-from .relay import MAX_WATCH_EVENTS
 
 
 class _Watch:
     """One caller session's watch (:meth:`~garcon_link.api._relaying._Relay.watch`): the executors
-    it was shown, and the events not yet sent, by executor in the order of their first one, each
-    executor's at most :data:`~garcon_link.api.relay.MAX_WATCH_EVENTS` (the older ones dropped and
-    counted). Its size is bounded by the executors the caller may see."""
+    it was shown, and the events not yet sent, by executor in the order of their first one,
+    each executor's at most :data:`~garcon_link.api._relay_wire.MAX_WATCH_EVENTS` (the older
+    ones dropped and counted). Its size is bounded by the executors the caller may see."""
 
     __slots__ = ("caller", "ended", "pending", "shown", "wakeup")
 

@@ -78,6 +78,7 @@ from ..settings.callers import GatewayConfig
 from ..settings.grants import MAX_GRANTS, Grant, allows, sees
 from ..settings.keyring import Keyring, executor_id_problem
 from ._framing import read_relay_call, relay_arguments
+from ._relay_wire import MAX_WATCH_ENTRIES, RELAY_SERVICE, GatewayRelay, encode_outcome
 from ._relaying import (
     _MAX_HEAD_ID,
     _MAX_TIMEOUT_INT,
@@ -94,7 +95,6 @@ from .controller import RemoteExecutor
 from .facades import counts_as_error
 from .fleet import Fleet, FleetEvent
 from .registration import Service, registry_from
-from .relay import MAX_WATCH_ENTRIES, RELAY_SERVICE, GatewayRelay, encode_outcome
 
 __all__ = ["CallerSnapshot", "Gateway", "gateway"]
 
@@ -345,8 +345,8 @@ class Gateway:
         ]
 
     def _watch_entries(self, watch: _Watch) -> list[dict[str, Any]]:
-        """Take up to :data:`~garcon_link.api.relay.MAX_WATCH_ENTRIES` executors' pending events
-        from ``watch``, each with its executor's state now (the latest state wins)."""
+        """Take up to :data:`~garcon_link.api._relay_wire.MAX_WATCH_ENTRIES` executors' pending
+        events from ``watch``, each with its executor's state now (the latest state wins)."""
         entries: list[dict[str, Any]] = []
         pending = watch.pending
         while pending and len(entries) < MAX_WATCH_ENTRIES:
