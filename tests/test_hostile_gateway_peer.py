@@ -309,6 +309,38 @@ def test_any_answer_of_a_gateway_is_a_call_error_or_a_bounded_view(
     assert fleet.executors()["box-2"].services == {"s": "v"}
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param({"executor_id": "box-2", "availability": "ready"}, id="a-map"),
+        pytest.param(None, id="null"),
+        pytest.param("box-2", id="text"),
+        pytest.param([{"executor_id": "box-2"}, "box-3"], id="a-list-of-other-than-maps"),
+    ],
+)
+async def test_a_snapshot_that_is_not_a_list_of_maps_is_a_protocol_error_not_an_empty_view(
+    answer: Any,
+) -> None:
+    """A gateway's ``executors`` answer of another shape (an older or buggy gateway: a worker
+    does not check its own results) raises a ``CallError`` saying what it was -- the relay
+    facade's check against ``GatewayRelay.executors`` -- and the view the caller had is kept,
+    not emptied; the next answer that reads is applied."""
+    relay = AnsweringRelay()
+    relay.answer = [{"executor_id": "box-1", "availability": "ready", "services": {"s": "v"}}]
+    with anyio.fail_after(20):
+        async with _fake_gateway(relay, OldRelay) as fleet:
+            assert list(await fleet.refresh()) == ["box-1"]
+            relay.answer = answer
+            with pytest.raises(gl.RemoteError) as raised:
+                await fleet.refresh()
+            assert raised.value.code == "INVALID_RESULT"
+            assert "expected `" in raised.value.message, raised.value.message
+            view = fleet.executors()
+            assert list(view) == ["box-1"] and view["box-1"].availability == "ready"
+            relay.answer = [{"executor_id": "box-2", "availability": "ready", "services": {}}]
+            assert list(await fleet.refresh()) == ["box-2"]
+
+
 # ------------------------------------------------------------------------------ fuzzing its watch
 
 

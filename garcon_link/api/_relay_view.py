@@ -11,9 +11,11 @@ changes between two snapshots (:meth:`RelayView._take`).
 
 What a gateway sends is a peer's word (the docstring of :mod:`.relay` says what each case does):
 an entry naming no executor is ignored (:meth:`RelayView._skipped`), events that are not known
-kinds are derived from the state, and an answer of the wrong shape -- a watch message, or a
-snapshot that is not a list -- is ``OutcomeUnknown("MALFORMED_REPLY")``: the round ends, says
-so in a rate-limited WARNING, and the next one asks again, never leaving a silent empty view.
+kinds are derived from the state, and an answer of the wrong shape is a protocol error that
+says what it was -- a watch message, ``OutcomeUnknown("MALFORMED_REPLY")``; a snapshot that is
+not a list of maps, ``RemoteError("INVALID_RESULT")`` from the relay facade's check -- so the
+round ends, says so in a rate-limited WARNING, and the next one asks again; the view is kept as
+it was, never replaced by an empty one.
 """
 
 from __future__ import annotations
@@ -130,9 +132,12 @@ class RelayView:
         beside the watch would publish again the changes the watch delivers."""
         if self._watching:
             return self.executors()
+        # The relay facade checks the answer against GatewayRelay.executors: anything but a
+        # list of maps is RemoteError("INVALID_RESULT") saying what it was, raised here (and
+        # logged by run()), so the view is never replaced by what does not read.
         entries = await self._relay.executors()
         if not self._watching:  # else the watch's snapshot came first, and is newer
-            self._replace_view(entries if isinstance(entries, list) else [])
+            self._replace_view(entries)
         return self.executors()
 
     def _replace_view(self, entries: Iterable[Any]) -> None:

@@ -40,24 +40,26 @@ An older gateway's answer has no ``types`` (none, then); an older caller does no
 
 The caller's view of the fleet is pushed: once its session is ready the caller opens the relay
 stream ``watch()``, one per session. The gateway sends the snapshot of the executors the caller
-may see (in messages of at most :data:`~._relay_wire.MAX_WATCH_ENTRIES` entries, the first and last marked),
-then, as the gateway's fleet publishes each event of such an executor, an entry with that
-executor's state now and its events (``joined``, ``ready``, ``draining``, ``reconnecting``,
-``offline``, ``disposed``, ``forgotten``), in the order they happened. :meth:`GatewayFleet.
-executors` is that view and :meth:`GatewayFleet.events` those events, so both are current within
-one message of a change. The watch is a relayed stream with credit: while the caller does not
-take its messages, the gateway keeps one pending entry per executor (the latest state wins) with
-its last :data:`~._relay_wire.MAX_WATCH_EVENTS` events, and counts the older ones, which the caller's
-followers get as a ``lost`` event naming the executor. Replacing the gateway's grants
-re-filters every watch at once (``joined`` for an executor now seen, ``forgotten`` for one no
-longer seen); a revoked caller's session, and its watch, end. A gateway without ``watch`` (an
-older one: its manifest lacks it, or it refuses the method) is polled instead: a snapshot every
-``refresh_interval`` seconds (``Limits.gateway_refresh_interval`` unless given), the events
-being the changes between two snapshots. What a gateway sends is a peer's word: an entry naming
-no executor is ignored, events that are not known kinds are derived from the state, a message
-that does not read ends the watch (a new one begins with a snapshot); each is said in a
-rate-limited WARNING, and an exception no check foresaw is logged at ERROR with its traceback,
-never the end of the fleet.
+may see (in messages of at most :data:`~._relay_wire.MAX_WATCH_ENTRIES` entries, the first and
+last marked), then, as the gateway's fleet publishes each event of such an executor, an entry
+with that executor's state now and its events (``joined``, ``ready``, ``draining``,
+``reconnecting``, ``offline``, ``disposed``, ``forgotten``), in the order they happened.
+:meth:`GatewayFleet.executors` is that view and :meth:`GatewayFleet.events` those events, so
+both are current within one message of a change. The watch is a relayed stream with credit:
+while the caller does not take its messages, the gateway keeps one pending entry per executor
+(the latest state wins) with its last :data:`~._relay_wire.MAX_WATCH_EVENTS` events, and counts
+the older ones, which the caller's followers get as a ``lost`` event naming the executor.
+Replacing the gateway's grants re-filters every watch at once (``joined`` for an executor now
+seen, ``forgotten`` for one no longer seen); a revoked caller's session, and its watch, end. A
+gateway without ``watch`` (an older one: its manifest lacks it, or it refuses the method) is
+polled instead: a snapshot every ``refresh_interval`` seconds
+(``Limits.gateway_refresh_interval`` unless given), the events being the changes between two
+snapshots. What a gateway sends is a peer's word: an entry naming no executor is ignored, events
+that are not known kinds are derived from the state, a message that does not read ends the watch
+(a new one begins with a snapshot), a snapshot that is not a list of maps is
+``RemoteError("INVALID_RESULT")`` and leaves the view as it was; each is said in a rate-limited
+WARNING, and an exception no check foresaw is logged at ERROR with its traceback, never the end
+of the fleet.
 
 Streams are relayed with credit end to end: the gateway pulls an item from the executor only
 when the caller's credit lets it send one, so a slow caller slows the executor's producer and the
@@ -205,7 +207,13 @@ class GatewayFleet:
     async def refresh(self) -> dict[str, ExecutorSnapshot]:
         """Ask the gateway now; returns :meth:`executors`. While the gateway's ``watch`` is
         open, the view it keeps is the answer (the gateway is not asked): a snapshot applied
-        beside the watch would publish again the changes the watch delivers."""
+        beside the watch would publish again the changes the watch delivers.
+
+        Raises:
+            CallError: the gateway session failed, or its answer does not read:
+                ``RemoteError("INVALID_RESULT")`` saying what it was (not a list of executors'
+                maps); the view is kept as it was.
+        """
         return await self._view.refresh()
 
     # -- events
