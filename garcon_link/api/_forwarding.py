@@ -39,7 +39,7 @@ from ..rpc.errorbody import error_envelope
 from ..rpc.hooks import call_metadata
 from ..rpc.idempotency import key_problem
 from ..rpc.interface import MethodKind, MethodSpec
-from ..rpc.observer import Observed, end_of
+from ..rpc.observer import CallObserver, Observed, end_of
 from ..rpc.rpc import ExecutorRpc, Forward, Incoming, RemoteStream
 from ._admission import Admission
 from ._caller_stats import CallerBook
@@ -110,12 +110,12 @@ class Forwarder:
         member = self.connected(executor)
         share = self.shares.take(caller, executor)
         try:
-            rpc = await member._rpc_for_call(self._limits.dispatch_deadline)
+            rpc = await member.rpc_for_call(self._limits.dispatch_deadline)
         except BaseException:
             self.shares.give(share)
             raise
         metadata: Mapping[str, str] = call_metadata()
-        observer = member._observer
+        observer = rpc.observer  # the member's own
         # As a forwarded call's: a tracing hook's client span is the child of the relay
         # stream's server span, and its context replaces the caller's in the metadata sent.
         observed = observer.stream_started(
@@ -245,14 +245,10 @@ class Forwarder:
             self._book.counted(caller, payload)
             self.answer_error(caller, rpc, call_id, rpc.hold(call_id, _ignore_cancel), exc)
             return True
-        target = member._rpc
-        if (
-            member._availability != "ready"
-            or target is None
-            or member._draining
-            or member._observer.hooks
-        ):
+        target = member.ready_rpc()
+        if target is None or target.observer.hooks:
             return False
+        observer = target.observer  # the member's own outcome point
         try:
             share = self.shares.take(caller, executor)
         except CallError as exc:
@@ -262,7 +258,9 @@ class Forwarder:
         seconds = self._limits.call_timeout if timeout is None else float(timeout)
         runtime, state = target.transport.peer_runtime, target.peer_state_id
         slot = (executor, service, method, key) if key is not None else None
-        relayed = _Relayed(self, caller, rpc, call_id, member, share, slot, runtime, state, seconds)
+        relayed = _Relayed(
+            self, caller, rpc, call_id, member, observer, share, slot, runtime, state, seconds
+        )
         try:
             if slot is not None:
                 self.bindings_of(caller).check(slot, runtime, state)
@@ -327,7 +325,7 @@ class Forwarder:
         key: bytes | None,
         timeout: float | None,
     ) -> Any:
-        rpc = await member._rpc_for_call(self._limits.dispatch_deadline)
+        rpc = await member.rpc_for_call(self._limits.dispatch_deadline)
         timeout = self._limits.call_timeout if timeout is None else timeout
         runtime, state = rpc.transport.peer_runtime, rpc.peer_state_id
         slot = (executor, service, method, key) if key is not None else None
@@ -350,7 +348,7 @@ class Forwarder:
             # The executor's outcome point: its counters, and the gateway's hooks (a tracing
             # hook's client span is the child of the relay call's server span, and its context
             # replaces the caller's in the metadata forwarded).
-            value = await member._observer.call(
+            value = await rpc.observer.call(
                 service, _relayed_spec(method, MethodKind.UNARY), dict(metadata) or None, attempt
             )
         except CallError as exc:
@@ -389,6 +387,7 @@ class _Relayed:
         "forwarder",
         "incoming",
         "member",
+        "observer",
         "rpc",
         "runtime",
         "share",
@@ -405,6 +404,7 @@ class _Relayed:
         rpc: ExecutorRpc,
         call_id: int,
         member: RemoteExecutor,
+        observer: CallObserver,
         share: tuple[str, str],
         slot: tuple[str, str, str, bytes] | None,
         runtime: bytes,
@@ -416,6 +416,7 @@ class _Relayed:
         self.rpc = rpc
         self.call_id = call_id
         self.member = member
+        self.observer = observer  # the member's
         self.share: tuple[str, str] | None = share
         self.slot = slot
         self.runtime = runtime
@@ -432,9 +433,9 @@ class _Relayed:
             forwarder.shares.give(self.share)
             self.share = None
         if error is None:
-            member._observer.client_ended(None, None, None, False)
+            self.observer.client_ended(None, None, None, False)
         else:
-            member._observer.client_ended(None, error.outcome, error.code, False)
+            self.observer.client_ended(None, error.outcome, error.code, False)
             if counts_as_error(error):
                 member.errors += 1
         if slot is not None:
@@ -497,7 +498,7 @@ class _Relayed:
             if self.share is not None:
                 self.forwarder.shares.give(self.share)
                 self.share = None
-            self.member._observer.client_ended(None, error.outcome, error.code, True)
+            self.observer.client_ended(None, error.outcome, error.code, True)
         assert self.incoming is not None
         self.rpc.release_held(self.call_id, self.incoming, error, True)
 
@@ -573,12 +574,12 @@ def _stream_ended(
 ) -> None:
     """A relayed stream's end at its executor's outcome point (counters and hooks)."""
     if exc is None:
-        member._observer.client_ended(observed, None, None, False)
+        member.observer.client_ended(observed, None, None, False)
         return
     outcome, code, cancelled = end_of(exc)
     if isinstance(exc, CallError) and counts_as_error(exc):
         member.errors += 1
-    member._observer.client_ended(observed, outcome, code, cancelled)
+    member.observer.client_ended(observed, outcome, code, cancelled)
 
 
 @functools.lru_cache(maxsize=256)

@@ -55,7 +55,7 @@ from ._relay_wire import (
 )
 from .controller import Availability, ExecutorInfo, RemoteExecutor
 from .described import Described, described, manifest_bytes, shared_types
-from .facades import NO_METHODS, DynamicFacade, Facade
+from .facades import NO_METHODS, DynamicFacade, Facade, contract_refusals
 from .registration import interface_class
 
 __all__ = ["GatewayExecutor"]
@@ -67,11 +67,11 @@ class _RelaySession:
     """One executor's calls through the current gateway session: what a facade calls through
     (:class:`~garcon_link.api.keyed.CallSession`)."""
 
-    __slots__ = ("_executor", "_rpc", "peer_state_id", "transport")
+    __slots__ = ("_executor", "peer_state_id", "rpc", "transport")
 
     def __init__(self, executor: GatewayExecutor, rpc: ExecutorRpc) -> None:
         self._executor = executor
-        self._rpc = rpc
+        self.rpc = rpc  # the gateway session this view is of
         self.transport: SessionTransport = rpc.transport
         # A keyed retry binds to the gateway's runtime: the gateway binds its forwards.
         self.peer_state_id: bytes | None = None
@@ -90,7 +90,7 @@ class _RelaySession:
         payload = _payload(service, spec, args, kwargs)
         executor = self._executor.executor_id
         if spec.kind is MethodKind.ONEWAY:
-            await self._rpc.notify_relayed(
+            await self.rpc.notify_relayed(
                 RELAY_SERVICE,
                 RELAY_NOTIFY.name,
                 _relay_arguments(executor, service, spec.name, payload),
@@ -104,7 +104,7 @@ class _RelaySession:
         limits = self._executor.limits
         if timeout is not None:
             timeout = float(timeout)
-        reply = await self._rpc.call_relayed(
+        reply = await self.rpc.call_relayed(
             RELAY_SERVICE,
             RELAY_CALL.name,
             _call_arguments(executor, service, spec.name, payload, idempotency_key, timeout),
@@ -145,7 +145,7 @@ class _RelaySession:
     ) -> _RelayedItems:
         payload = _payload(service, spec, args, kwargs)
         executor = self._executor.executor_id
-        inner = self._rpc.stream(
+        inner = self.rpc.stream(
             RELAY_SERVICE, RELAY_STREAM, (executor, service, spec.name, payload), {}, metadata
         )
         return _RelayedItems(inner, spec, self._executor.limits.max_frame_bytes)
@@ -154,7 +154,7 @@ class _RelaySession:
 def _gateway_draining(gateway: RemoteExecutor) -> str:
     """Why a call through a draining gateway is refused, in one sentence: its session to us
     said goodbye, or it refused our new session (4010)."""
-    if gateway._refused_for_drain():
+    if gateway.refused_for_drain():
         return (
             "the gateway is draining: it was told to stop and refuses new caller sessions "
             "(close 4010); ready again once it has restarted"
@@ -209,6 +209,32 @@ class GatewayExecutor:
 
     def __repr__(self) -> str:
         return f"<GatewayExecutor {self.executor_id} ({self.availability})>"
+
+    @property
+    def observer(self) -> CallObserver:
+        """The outcome point of every call through this handle's facades (its counters and
+        hooks); internal, read by the facades once per facade or stream."""
+        return self._observer
+
+    @property
+    def manifest_version(self) -> int:
+        """How many times the gateway showed this executor's manifest (0: never); the facades
+        compare their interface again when it moves."""
+        return self._manifest_version
+
+    def refusals(self, service: str, interface: type, view: Mapping[str, Any]) -> Any:
+        """What :meth:`RemoteExecutor.refusals <garcon_link.RemoteExecutor.refusals>` says, on
+        the manifest the gateway showed (internal: the facades).
+
+        Raises:
+            NotDispatched: that manifest is not known, or not one a controller would install.
+        """
+        key = (service, interface)
+        refusals = self._contract_cache.get(key)
+        if refusals is None:
+            refusals = contract_refusals(service, view, self._manifest())
+            self._contract_cache[key] = refusals
+        return refusals
 
     @property
     def gateway(self) -> RemoteExecutor:
@@ -397,7 +423,7 @@ class GatewayExecutor:
             self._shown(self.executor_id)  # the gateway showed it to us
             if self.availability == "ready":
                 return
-        if gateway._refused_for_drain() or gateway.availability == "draining":
+        if gateway.refused_for_drain() or gateway.availability == "draining":
             why = _gateway_draining(gateway)
         else:
             why = f"it is {self.availability}"
@@ -406,19 +432,25 @@ class GatewayExecutor:
             f"({why})"
         )
 
-    async def _rpc_for_call(self, dispatch_deadline: float) -> _RelaySession:
+    async def rpc_for_call(self, dispatch_deadline: float) -> _RelaySession:
+        """The gateway session a call of this executor goes on now, as
+        :meth:`RemoteExecutor.rpc_for_call <garcon_link.RemoteExecutor.rpc_for_call>` finds it
+        (internal: the facades and keyed calls call it for every call)."""
         gateway = self._gateway
-        rpc = gateway._rpc
-        if rpc is not None and gateway._availability == "ready" and not gateway._draining:
-            # What the gateway's own _rpc_for_call returns at once, without its coroutine.
+        rpc = gateway.ready_rpc()
+        if rpc is not None:
+            # What the gateway's own rpc_for_call returns at once, without its coroutine.
             session = self._session
-            return session if session is not None and session._rpc is rpc else self._session_on(rpc)
+            return session if session is not None and session.rpc is rpc else self._session_on(rpc)
         try:
-            return self._session_on(await gateway._rpc_for_call(dispatch_deadline))
+            return self._session_on(await gateway.rpc_for_call(dispatch_deadline))
         except NotDispatched as exc:
-            if exc.code != "DRAINING" or gateway._draining:  # not the gateway's own drain
+            if exc.code != "DRAINING" or gateway.draining:  # not the gateway's own drain
                 raise
             raise NotDispatched("DRAINING", _gateway_draining(gateway)) from None
+
+    # The name the command line's call reads (garcon_link/cli/_call.py).
+    _rpc_for_call = rpc_for_call
 
     @property
     def current_rpc(self) -> _RelaySession | None:
@@ -429,6 +461,6 @@ class GatewayExecutor:
         """One view per gateway session: a keyed retry tells "the same session refused again"
         (and backs off) by identity."""
         session = self._session
-        if session is None or session._rpc is not rpc:
+        if session is None or session.rpc is not rpc:
             session = self._session = _RelaySession(self, rpc)
         return session

@@ -168,14 +168,14 @@ class _Relay:
         try:
             arguments = gateway._admission.admit(caller, executor, service, method, payload)
             member = gateway._forwarder.connected(executor)
-            rpc = await member._rpc_for_call(0)
+            rpc = await member.rpc_for_call(0)
             member.calls += 1  # as a direct facade counts a one-way call
 
             async def send(sent: Mapping[str, str] | None) -> None:
                 await rpc.notify_relayed(service, method, arguments, dict(sent) if sent else None)
 
             # As a forwarded call's: the executor's counters and the gateway's hooks.
-            await member._observer.call(
+            await rpc.observer.call(
                 service, _relayed_spec(method, MethodKind.ONEWAY), call_metadata() or None, send
             )
         except CallError as exc:  # a notification has no reply: counted and logged

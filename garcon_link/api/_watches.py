@@ -160,7 +160,7 @@ class Shown:
             "services": versions,
         }
         if manifest and member.versions:
-            services = member._manifest()
+            services = member.manifest()
             granted = {name: services[name] for name in versions if name in services}
             entry["manifest"] = granted
             entry["types"] = self._granted_types(member, granted)
@@ -172,10 +172,8 @@ class Shown:
         answer carries: a frame less a whole manifest. Each is at most the fleet's
         ``type_description_bytes``, so only when that many of them could be over the budget are
         they measured, and one past it is replaced by a note (they are documentation)."""
-        info = member._info
-        if info is None:
-            return {}
-        kept = {name: info.types[name] for name in granted if name in info.types}
+        types = member.types
+        kept = {name: types[name] for name in granted if name in types}
         budget = self._limits.max_frame_bytes - self._limits.max_manifest_bytes - _DESCRIBE_SLACK
         if len(kept) * member.limits.type_description_bytes <= budget:
             return kept

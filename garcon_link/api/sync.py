@@ -440,9 +440,9 @@ class SyncFacade:
         if self._checked or not spec.methods:
             return
         executor = self._owner._executor
-        if not executor._manifest_version:
+        if not executor.manifest_version:
             return  # no session installed yet
-        manifest = executor._manifest()
+        manifest = executor.manifest()
         name = self._facade._name
         worker = manifest.get(name)
         interface = spec.interface.__qualname__
