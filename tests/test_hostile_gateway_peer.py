@@ -17,7 +17,9 @@ fuzzed too: messages of every CBOR major type, entries with every field of every
 huge and many; after them a well-formed change is applied, on that watch or on the next one
 (a message that does not read ends a watch, and the caller opens another). What the caller
 ignores it says, once per ``log_interval`` and reason; an exception no check foresaw (a bug
-planted in the caller) is logged at ERROR with its traceback, and the fleet goes on.
+planted in the caller) is logged at ERROR with its traceback, and the fleet goes on. A snapshot
+of another shape is a protocol error that leaves the view as it was; and the caller's parts hold
+no owner, so a fleet dropped while a handle is kept is freed at once.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import gc
 import logging
 import math
 import tracemalloc
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -339,6 +342,27 @@ async def test_a_snapshot_that_is_not_a_list_of_maps_is_a_protocol_error_not_an_
             assert list(view) == ["box-1"] and view["box-1"].availability == "ready"
             relay.answer = [{"executor_id": "box-2", "availability": "ready", "services": {}}]
             assert list(await fleet.refresh()) == ["box-2"]
+
+
+async def test_an_executor_handle_does_not_keep_its_fleet_alive() -> None:
+    """The caller's parts hold no owner: a handle holds the gateway session it calls through,
+    not the fleet, and the fleet's view holds no fleet either, so a fleet dropped while a handle
+    is kept is freed at once, without the cycle collector."""
+    relay = AnsweringRelay()
+    relay.answer = [{"executor_id": "box-1", "availability": "ready", "services": {}}]
+    with anyio.fail_after(20):
+        async with _fake_gateway(relay, OldRelay) as fleet:
+            await fleet.refresh()
+            handle = fleet.executor("box-1")
+            dropped = weakref.ref(fleet)
+    gc.collect()
+    gc.disable()
+    try:
+        del fleet
+        assert dropped() is None, "a reference cycle holds the dropped fleet"
+    finally:
+        gc.enable()
+    assert handle.executor_id == "box-1" and handle.gateway.availability == "disposed"
 
 
 # ------------------------------------------------------------------------------ fuzzing its watch
