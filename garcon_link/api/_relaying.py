@@ -4,8 +4,9 @@ The relay service (docs/design.md#gateway; the gateway as a whole: :mod:`.gatewa
 ---------------------------------------------------------------------------------
 Each caller session serves one service, :data:`~garcon_link.api.relay.RELAY_SERVICE`,
 by :class:`_Relay`; one object serves every caller session of a
-:class:`~garcon_link.api.gateway.Gateway`, which keeps what the relay reads and counts (the
-callers' sessions, grants, shares, bindings and statistics: :class:`_Host`).
+:class:`~garcon_link.api.gateway.Gateway`, and is given the gateway's parts it reads and counts
+into (the callers' sessions, the grants' admission, the shares, the callers' counters, what
+callers are shown, the forward), never the gateway itself.
 
 A relayed call (``call(executor, service, method, payload, key, timeout)``):
 
@@ -45,16 +46,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 
+from ..endpoint.transport import SessionTransport
 from ..errors import CallError, Rejected
 from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..rpc.hooks import call_metadata
 from ..rpc.interface import MethodKind
 from ..rpc.observer import Observed
-from ..rpc.rpc import RemoteStream, current_rpc
+from ..rpc.rpc import ExecutorRpc, RemoteStream, current_rpc
 from ._admission import Admission
 from ._caller_stats import CallerBook
 from ._forwarding import Forwarder, _relayed_spec, _stream_ended
@@ -65,28 +67,48 @@ from .controller import RemoteExecutor
 from .fleet import Fleet
 
 
-class _Host(Protocol):
-    """What :class:`_Relay` and :class:`_Relayed` use of their
-    :class:`~garcon_link.api.gateway.Gateway` (which imports this module, so it is named here by
-    what it offers)."""
-
-    fleet: Fleet
-    _changed: anyio.Event
-    _admission: Admission
-    _shares: Shares
-    _book: CallerBook
-    _shown: Shown
-    _forwarder: Forwarder
-    _log: PeerLogLimiter
-
-    def _caller(self) -> str: ...
-
-
 class _Relay:
-    """The relay service (module docstring); one object serves every caller session."""
+    """The relay service (module docstring); one object serves every caller session of a
+    gateway, given the gateway's parts it reads (it holds no gateway).
 
-    def __init__(self, gateway: _Host) -> None:
-        self._gateway = gateway
+    Args:
+        fleet: the gateway's fleet.
+        admission: the grants, and the admission of a relayed request.
+        shares: the callers' shares of each executor.
+        book: each caller's counters, and the pacing of its refusals.
+        shown: what callers are shown of the fleet, and their watches.
+        forwarder: the forward of relayed calls and streams.
+        sessions: by ``id`` of a caller session's transport, its caller, transport and RPC
+            (the gateway's, kept current as sessions begin and end).
+        log: the limiter of what callers make the gateway log.
+    """
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        admission: Admission,
+        shares: Shares,
+        book: CallerBook,
+        shown: Shown,
+        forwarder: Forwarder,
+        sessions: Mapping[int, tuple[str, SessionTransport, ExecutorRpc]],
+        log: PeerLogLimiter,
+    ) -> None:
+        self._fleet = fleet
+        self._admission = admission
+        self._shares = shares
+        self._book = book
+        self._shown = shown
+        self._forwarder = forwarder
+        self._sessions = sessions
+        self._log = log
+
+    def _caller(self) -> str:
+        """The caller whose relay call the current handler serves."""
+        entry = self._sessions.get(id(current_rpc().transport))
+        if entry is None:  # its session ended while the call was being admitted
+            raise Rejected("FORBIDDEN", "the caller's session is gone")
+        return entry[0]
 
     async def call(
         self,
@@ -97,26 +119,24 @@ class _Relay:
         key: bytes | None,
         timeout: float | None,
     ) -> bytes:
-        gateway = self._gateway
-        caller = gateway._caller()
-        stats = gateway._book.stats_of(caller)
+        caller = self._caller()
+        stats = self._book.stats_of(caller)
         stats.calls += 1
         stats.bytes += len(payload)
         try:
-            value = await gateway._forwarder.forward(
+            value = await self._forwarder.forward(
                 caller, executor, service, method, payload, key, timeout
             )
         except CallError as exc:
-            await gateway._book.failed(caller, exc)
+            await self._book.failed(caller, exc)
             return encode_outcome(error=exc)
         return encode_outcome(value)
 
     async def stream(
         self, executor: str, service: str, method: str, payload: bytes
     ) -> AsyncIterator[bytes]:
-        gateway = self._gateway
-        caller = gateway._caller()
-        stats = gateway._book.stats_of(caller)
+        caller = self._caller()
+        stats = self._book.stats_of(caller)
         stats.calls += 1
         stats.bytes += len(payload)
         inner: RemoteStream | None = None
@@ -125,10 +145,10 @@ class _Relay:
         observed: Observed | None = None
         token = object()
         try:
-            share, member, inner, observed = await gateway._forwarder.open_stream(
+            share, member, inner, observed = await self._forwarder.open_stream(
                 caller, executor, service, method, payload
             )
-            shares = gateway._shares
+            shares = self._shares
             shares.stream_opened(share, token)
             stats.streams += 1
             # This generator is pulled only when the caller's credit allows one more item, and
@@ -142,7 +162,7 @@ class _Relay:
         except CallError as exc:
             if member is not None:
                 _stream_ended(member, observed, exc)
-            await gateway._book.failed(caller, exc)
+            await self._book.failed(caller, exc)
             yield encode_outcome(error=exc)
         except BaseException as exc:  # the caller left early, or the gateway is closing
             if member is not None:
@@ -154,20 +174,19 @@ class _Relay:
         finally:
             if share is not None:
                 stats.streams -= 1
-                gateway._shares.stream_closed(share, token)
-                gateway._shares.give(share)
+                self._shares.stream_closed(share, token)
+                self._shares.give(share)
             if inner is not None:
                 await inner.aclose()
 
     async def notify(self, executor: str, service: str, method: str, payload: bytes) -> None:
-        gateway = self._gateway
-        caller = gateway._caller()
-        stats = gateway._book.stats_of(caller)
+        caller = self._caller()
+        stats = self._book.stats_of(caller)
         stats.calls += 1
         stats.bytes += len(payload)
         try:
-            arguments = gateway._admission.admit(caller, executor, service, method, payload)
-            member = gateway._forwarder.connected(executor)
+            arguments = self._admission.admit(caller, executor, service, method, payload)
+            member = self._forwarder.connected(executor)
             rpc = await member.rpc_for_call(0)
             member.calls += 1  # as a direct facade counts a one-way call
 
@@ -179,8 +198,8 @@ class _Relay:
                 service, _relayed_spec(method, MethodKind.ONEWAY), call_metadata() or None, send
             )
         except CallError as exc:  # a notification has no reply: counted and logged
-            await gateway._book.failed(caller, exc)
-            gateway._log.log(
+            await self._book.failed(caller, exc)
+            self._log.log(
                 caller,
                 "notification dropped",  # the limiter's reason: our words, not the code
                 "gateway: caller %s: notification to %s dropped: %s",
@@ -191,18 +210,17 @@ class _Relay:
             )
 
     async def describe(self, executor: str, wait: float) -> dict[str, Any]:
-        gateway = self._gateway
-        caller = gateway._caller()
+        caller = self._caller()
         try:
-            gateway._admission.check_visible(caller, executor)
+            self._admission.check_visible(caller, executor)
         except Rejected as exc:
-            await gateway._book.failed(caller, exc, counted=False)
+            await self._book.failed(caller, exc, counted=False)
             raise
         wait = min(max(wait, 0.0), MAX_DESCRIBE_WAIT) if math.isfinite(wait) else 0.0
         deadline = anyio.current_time() + wait
         while True:
-            member = gateway.fleet._member(executor)
-            changed = gateway._changed
+            member = self._fleet._member(executor)
+            changed = self._shown.changed
             if member is not None and member.availability == "ready":
                 break
             remaining = deadline - anyio.current_time()
@@ -210,28 +228,26 @@ class _Relay:
                 break
             with anyio.move_on_after(remaining):
                 await changed.wait()
-        return gateway._shown.entry(caller, executor, member, manifest=True)
+        return self._shown.entry(caller, executor, member, manifest=True)
 
     async def executors(self) -> list[dict[str, Any]]:
-        gateway = self._gateway
-        caller = gateway._caller()
-        return gateway._shown.snapshot(caller)
+        caller = self._caller()
+        return self._shown.snapshot(caller)
 
     async def watch(self) -> AsyncIterator[dict[str, Any]]:
-        gateway = self._gateway
-        caller = gateway._caller()
+        caller = self._caller()
         session = id(current_rpc().transport)
-        if session in gateway._shown.watches:
+        if session in self._shown.watches:
             raise Rejected(
                 "ALREADY_WATCHING", "this caller session has a watch open already (one each)"
             )
         watch = _Watch(caller)
-        gateway._shown.watches[session] = watch
-        stats = gateway._book.stats_of(caller)
+        self._shown.watches[session] = watch
+        stats = self._book.stats_of(caller)
         stats.watches += 1
         try:
             # Registered and snapshotted with no await between: every later change is pending.
-            snapshot = gateway._shown.snapshot(caller)
+            snapshot = self._shown.snapshot(caller)
             watch.shown.update(entry["executor_id"] for entry in snapshot)
             for start in range(0, max(len(snapshot), 1), MAX_WATCH_ENTRIES):
                 yield {
@@ -243,11 +259,11 @@ class _Relay:
             # changes wait in ``watch.pending``, at most one entry per executor.
             while not watch.ended:
                 if watch.pending:
-                    yield {"entries": gateway._shown.watch_entries(watch)}
+                    yield {"entries": self._shown.watch_entries(watch)}
                     continue
                 watch.wakeup = anyio.Event()
                 await watch.wakeup.wait()
         finally:
             stats.watches -= 1
-            if gateway._shown.watches.get(session) is watch:
-                del gateway._shown.watches[session]
+            if self._shown.watches.get(session) is watch:
+                del self._shown.watches[session]

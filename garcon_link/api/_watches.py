@@ -75,15 +75,23 @@ class Shown:
 
     Attributes:
         watches: by ``id`` of a caller session's transport, its watch (one each).
+        changed: set, and replaced, when the fleet's events tell of a change (a ``describe``
+            waiting for its executor to be ready waits on it).
     """
 
-    __slots__ = ("_admission", "_fleet", "_limits", "watches")
+    __slots__ = ("_admission", "_fleet", "_limits", "changed", "watches")
 
     def __init__(self, fleet: Fleet, admission: Admission, limits: Limits) -> None:
         self._fleet = fleet
         self._admission = admission
         self._limits = limits
         self.watches: dict[int, _Watch] = {}
+        self.changed = anyio.Event()
+
+    def fleet_changed(self) -> None:
+        """One of the fleet's events was delivered: wake what waits on :attr:`changed`."""
+        self.changed.set()
+        self.changed = anyio.Event()
 
     def regranted(self) -> None:
         """The grants were replaced: tell every watch of the executors its caller may now see

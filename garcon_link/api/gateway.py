@@ -66,14 +66,13 @@ from ..core.handshake import HandshakeResult
 from ..core.wire import Role
 from ..endpoint.link import LinkStatistics, WebSocketLink
 from ..endpoint.transport import SessionTransport, TransportState
-from ..errors import Rejected
 from ..limits import Limits
 from ..logs import PeerLogLimiter, log_fields, peer_text
 from ..net.backend import on_asyncio
 from ..rpc.hooks import CallHook
 from ..rpc.manifest import contract_hash
 from ..rpc.observer import CallObserver
-from ..rpc.rpc import ExecutorRpc, current_rpc
+from ..rpc.rpc import ExecutorRpc
 from ..settings.callers import GatewayConfig
 from ..settings.grants import MAX_GRANTS, Grant
 from ..settings.keyring import Keyring
@@ -146,7 +145,6 @@ class Gateway:
             retention=self.fleet._retention,
         )
         self.fleet._host(self._link)
-        self._registry = registry_from({RELAY_SERVICE: Service(_Relay(self), GatewayRelay)})
         # id(transport) -> its caller, itself, its RPC
         self._sessions: dict[int, tuple[str, SessionTransport, ExecutorRpc]] = {}
         self._draining = False
@@ -154,7 +152,6 @@ class Gateway:
         self._book = CallerBook(self.limits, callers.max_callers)
         # Each caller's share of each executor's session: calls and streams in flight.
         self._shares = Shares(self.limits)
-        self._changed = anyio.Event()
         # What callers are shown of the fleet, and every caller session's watch.
         self._shown = Shown(self.fleet, self._admission, self.limits)
         # The forward of the callers' relayed calls and streams to the executors.
@@ -168,6 +165,18 @@ class Gateway:
         self._log = PeerLogLimiter(
             log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
         )
+        # The relay service every caller session serves, given the parts it reads.
+        relay = _Relay(
+            self.fleet,
+            self._admission,
+            self._shares,
+            self._book,
+            self._shown,
+            self._forwarder,
+            self._sessions,
+            self._log,
+        )
+        self._registry = registry_from({RELAY_SERVICE: Service(relay, GatewayRelay)})
 
     def _caller_key(self, caller_id: str) -> bytes | None:
         secret = self._keyring.secret_for(caller_id)
@@ -267,8 +276,7 @@ class Gateway:
 
     async def _watch_fleet(self) -> None:
         async for _event in self.fleet.events():
-            self._changed.set()
-            self._changed = anyio.Event()
+            self._shown.fleet_changed()
 
     @property
     def grants(self) -> tuple[Grant, ...]:
@@ -352,13 +360,6 @@ class Gateway:
                 extra=log_fields(session=transport.session_id, caller=caller),
                 level=logging.INFO,
             )
-
-    def _caller(self) -> str:
-        """The caller whose relay call the current handler serves."""
-        entry = self._sessions.get(id(current_rpc().transport))
-        if entry is None:  # its session ended while the call was being admitted
-            raise Rejected("FORBIDDEN", "the caller's session is gone")
-        return entry[0]
 
     def callers(self) -> dict[str, CallerSnapshot]:
         """Every caller with a session now or lately, by id (copies), with what each holds now:
