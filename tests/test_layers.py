@@ -465,6 +465,25 @@ def test_the_process_service_parts_keep_to_their_walls() -> None:
     assert not problems, "\n".join(problems)
 
 
+GATEWAY_PARTS: Mapping[str, frozenset[str]] = {
+    "garcon_link.api._relay_wire": frozenset(),
+    "garcon_link.api._relay_executor": frozenset({"garcon_link.api._relay_wire"}),
+    "garcon_link.api._admission": frozenset(),
+    "garcon_link.api._shares": frozenset(),
+    "garcon_link.api._caller_stats": frozenset(),
+}
+"""Parts of the gateway and of its callers' side (docs/design.md#gateway) that stand on their
+own, each with the parts it may import: the relay interface and outcomes (both sides read them),
+a caller's executor handle (which encodes its calls with them), and the gateway's admission,
+shares and callers' counters, which know no other part. None reaches a private name of another
+object: what one needs of RemoteExecutor it reads through its documented internal surface."""
+
+
+def test_the_gateway_parts_keep_to_their_walls() -> None:
+    problems = part_violations(ROOT, PACKAGE, GATEWAY_PARTS)
+    assert not problems, "\n".join(problems)
+
+
 def _write(root: Path, files: Mapping[str, str]) -> None:
     for name, text in files.items():
         path = root / name

@@ -150,7 +150,7 @@ def _accepting_work(executor: ExecutorSnapshot | RemoteExecutor) -> bool:
 
 def _offline_reason(member: RemoteExecutor) -> str | None:
     """:attr:`ExecutorSnapshot.reason` of ``member``."""
-    if member.availability == "offline" and member._refused_for_drain():
+    if member.availability == "offline" and member.refused_for_drain():
         return "draining"
     return None
 
