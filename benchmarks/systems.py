@@ -77,6 +77,18 @@ ENTRIES: tuple[Entry, ...] = (
         install="anyio wsproto",
     ),
     Entry(
+        name="wsproto-coalesced",
+        kind="floor",
+        description=(
+            "raw wsproto over anyio sockets, binary message echo; the messages of one event-loop"
+            " turn (client) or of one receive (server) written with one send"
+        ),
+        server="wsproto_coalesced",
+        client="benchmarks.clients.wsproto_anyio:connect_coalesced",
+        requires=("anyio", "wsproto"),
+        install="anyio wsproto",
+    ),
+    Entry(
         name="websockets",
         kind="floor",
         description="websockets library (asyncio API, compression off), binary message echo",

@@ -1,19 +1,30 @@
-"""Smoke test of the benchmark harness: a quick run of the two floors the test venv has.
+"""Smoke test of the benchmark harness: a quick run of the floors the test venv has.
 
-It checks that the runner starts the servers, measures and writes its JSON; not speed.
+It checks that the runner starts the servers, measures and writes its JSON; not speed.  The
+coalescing wsproto floor is also checked for what makes it that floor: its client writes the
+messages of one event-loop turn, and its server the answers to one read, with one send.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import platform
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import anyio
+import pytest
+from anyio.abc import ByteStream
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, BytesMessage, Request
+
 ROOT = Path(__file__).resolve().parent.parent
-ENTRIES = ("asyncio-tcp", "wsproto")
+ENTRIES = ("asyncio-tcp", "wsproto", "wsproto-coalesced")
 METRICS = ("latency_p50_us", "latency_p99_us", "throughput_calls_per_s", "bulk_mb_per_s")
 
 
@@ -101,6 +112,101 @@ def test_quick_run_under_python_reports_the_interpreter_and_uvloop_apart(tmp_pat
         assert "#### uvloop against plain asyncio" in section
     else:
         assert "no uvloop figures: uvloop is not installed" in section
+
+
+@contextmanager
+def _repository_on_path() -> Iterator[None]:
+    """The repository on ``sys.path``, to import ``benchmarks`` from it."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(ROOT))
+
+
+class _ScriptedStream(ByteStream):
+    """A byte stream whose reads are given up front and whose sends are recorded."""
+
+    def __init__(self, reads: list[bytes]) -> None:
+        self._reads: Iterator[bytes] = iter(reads)
+        self.sends: list[bytes] = []
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        for data in self._reads:
+            assert len(data) <= max_bytes
+            return data
+        raise anyio.EndOfStream
+
+    async def send(self, item: bytes) -> None:
+        self.sends.append(item)
+
+    async def send_eof(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("coalesce", "sends"), [(True, 1), (False, 64)])
+def test_the_wsproto_floor_server_answers_one_read_with_one_send_only_when_coalescing(
+    coalesce: bool, sends: int
+) -> None:
+    """One read bringing 64 messages: the coalescing server answers them all with one send,
+    the plain one with a send each; both echo every message, in order."""
+    with _repository_on_path():
+        from benchmarks.servers.wsproto_anyio import serve_connection
+    client = WSConnection(ConnectionType.CLIENT)
+    handshake = client.send(Request(host="127.0.0.1", target="/"))
+    rehearsal = WSConnection(ConnectionType.SERVER)  # opens the client, to write the burst
+    rehearsal.receive_data(handshake)
+    assert isinstance(next(rehearsal.events()), Request)
+    client.receive_data(rehearsal.send(AcceptConnection()))
+    assert isinstance(next(client.events()), AcceptConnection)
+    payloads = [index.to_bytes(4, "big") * 8 for index in range(64)]
+    burst = b"".join(client.send(BytesMessage(data=payload)) for payload in payloads)
+    stream = _ScriptedStream([handshake, burst])
+
+    asyncio.run(serve_connection(stream, coalesce=coalesce))
+
+    accept, *answers = stream.sends
+    assert accept.startswith(b"HTTP/1.1 101 ")
+    assert len(answers) == sends
+    client.receive_data(b"".join(answers))
+    events = list(client.events())
+    assert [event.data for event in events if isinstance(event, BytesMessage)] == payloads
+    assert len(events) == len(payloads)
+
+
+def test_the_coalescing_wsproto_floor_client_writes_a_turns_calls_with_one_send() -> None:
+    """64 calls issued in one event-loop turn leave with one send; 64 callers calling in a loop,
+    as the throughput measurement does, write several messages per send (a client with a send
+    per message fails both)."""
+    with _repository_on_path():
+        from benchmarks.clients.wsproto_anyio import SendStatistics, connect_coalesced
+        from benchmarks.harness import ServerProcess
+    payloads = [index.to_bytes(4, "big") * 8 for index in range(64)]
+    rounds = 20
+
+    async def measure(port: int) -> tuple[SendStatistics, SendStatistics]:
+        async with connect_coalesced(port) as client:
+            replies = await asyncio.gather(*(client.call(payload) for payload in payloads))
+            assert replies == payloads
+            one_turn = client.statistics()
+
+            async def caller(payload: bytes) -> None:
+                for _ in range(rounds):
+                    assert await client.call(payload) == payload
+
+            await asyncio.gather(*(caller(payload) for payload in payloads))
+            return one_turn, client.statistics()
+
+    with ServerProcess("wsproto_coalesced", "asyncio", 20.0, 60.0) as server:
+        one_turn, looped = asyncio.run(asyncio.wait_for(measure(server.port), 30))
+
+    assert one_turn == SendStatistics(messages=64, sends=1)
+    messages = 64 * (1 + rounds)
+    assert looped.messages == messages, looped
+    assert looped.sends * 4 <= messages, looped
 
 
 RESUME_ENTRIES = ("resume", "retention-rss")

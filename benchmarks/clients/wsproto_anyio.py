@@ -1,17 +1,21 @@
-"""Floor client: raw wsproto over anyio sockets, binary messages pipelined in order.
+"""Floor clients: raw wsproto over anyio sockets, binary messages pipelined in order.
 
 Written with anyio primitives only (socket stream, lock, events, task group), as the stack
-garcon_link stands on; the harness runs it on the asyncio backend.
+garcon_link stands on; the harness runs them on the asyncio backend.  ``connect`` writes each
+message with a send of its own; ``connect_coalesced`` writes all the messages issued in one
+event-loop turn with one send.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import TypeVar
 
 import anyio
-from anyio.abc import SocketStream
+from anyio.abc import SocketStream, TaskGroup
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
     AcceptConnection,
@@ -93,10 +97,93 @@ class _Client:
         except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError) as exc:
             self._fail(exc)
 
+    def start(self, tg: TaskGroup) -> None:
+        tg.start_soon(self.receive_loop)
+
     async def close(self) -> None:
         if self._error is None:
             with anyio.move_on_after(2):
                 await self._send(self._ws.send(CloseConnection(code=1000)))
+
+
+@dataclass(frozen=True)
+class SendStatistics:
+    """What a coalescing client has written so far."""
+
+    messages: int
+    """Messages (frames, the close frame included) handed to the writer."""
+    sends: int
+    """Calls of the socket stream's ``send``."""
+
+
+class CoalescingClient(_Client):
+    """The frames issued during one event-loop turn leave with one ``send``.
+
+    A call appends its frame to the outgoing buffer; the first frame of a buffer wakes the
+    writer task, whose step runs after the steps already scheduled in this turn (the other
+    callers woken by the same read, say), so it writes what they all appended, in order.
+    Frames appended while a send is under way go out with the next one.
+    """
+
+    def __init__(self, stream: SocketStream, ws: WSConnection) -> None:
+        super().__init__(stream, ws)
+        self._outgoing: list[bytes] = []
+        self._wake = anyio.Event()
+        self._closing = False
+        self._writer_done = anyio.Event()
+        self._messages = 0
+        self._sends = 0
+
+    def statistics(self) -> SendStatistics:
+        return SendStatistics(messages=self._messages, sends=self._sends)
+
+    async def call(self, payload: bytes) -> bytes:
+        if self._error is not None:
+            raise ConnectionError(f"connection failed: {self._error!r}")
+        waiter = _Waiter()
+        self._pending.append(waiter)  # the order of the buffer, so of the wire
+        self._queue(self._ws.send(BytesMessage(data=payload)))
+        await waiter.done.wait()
+        if waiter.error is not None:
+            raise ConnectionError(f"connection failed: {waiter.error!r}")
+        return waiter.reply
+
+    def _queue(self, frame: bytes) -> None:
+        self._messages += 1
+        self._outgoing.append(frame)
+        if len(self._outgoing) == 1:
+            self._wake.set()
+
+    async def _send(self, data: bytes) -> None:
+        self._queue(data)
+
+    async def write_loop(self) -> None:
+        try:
+            while not (self._closing and not self._outgoing):
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                batch, self._outgoing = self._outgoing, []
+                self._sends += 1
+                await self._stream.send(batch[0] if len(batch) == 1 else b"".join(batch))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            self._fail(exc)
+        finally:
+            self._writer_done.set()
+
+    def start(self, tg: TaskGroup) -> None:
+        super().start(tg)
+        tg.start_soon(self.write_loop)
+
+    async def close(self) -> None:
+        """Queue the close frame and wait (at most 2 s) until the writer has written it."""
+        if self._error is None:
+            self._closing = True
+            self._queue(self._ws.send(CloseConnection(code=1000)))
+            with anyio.move_on_after(2):
+                await self._writer_done.wait()
+
+
+_C = TypeVar("_C", bound=_Client)
 
 
 async def _handshake(stream: SocketStream, ws: WSConnection, port: int) -> None:
@@ -111,16 +198,26 @@ async def _handshake(stream: SocketStream, ws: WSConnection, port: int) -> None:
 
 
 @asynccontextmanager
-async def connect(port: int) -> AsyncIterator[_Client]:
+async def _connected(port: int, client_type: type[_C]) -> AsyncIterator[_C]:
     async with await anyio.connect_tcp(HOST, port) as stream:
         ws = WSConnection(ConnectionType.CLIENT)
         with anyio.fail_after(10):
             await _handshake(stream, ws, port)
-        client = _Client(stream, ws)
+        client = client_type(stream, ws)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(client.receive_loop)
+            client.start(tg)
             try:
                 yield client
             finally:
                 await client.close()
                 tg.cancel_scope.cancel()
+
+
+def connect(port: int) -> AbstractAsyncContextManager[_Client]:
+    """A client that writes every message with a send of its own."""
+    return _connected(port, _Client)
+
+
+def connect_coalesced(port: int) -> AbstractAsyncContextManager[CoalescingClient]:
+    """A client that writes the messages issued in one event-loop turn with one send."""
+    return _connected(port, CoalescingClient)
