@@ -829,7 +829,10 @@ async def test_hostile_inventory_announcements_are_bounded(
     (an announcement to a controller is dropped as an unreadable notification). ~0.5 s."""
     caplog.set_level(logging.INFO, logger="garcon_link.remote")
     fits = len(encode_canonical({"calc": service_spec(CalcImpl).manifest()}))
-    limits = LIMITS.replace(max_manifest_bytes=fits + 200)
+    # The flood keeps the controller's loop busy: on a loaded machine longer than the suite's
+    # half-second heartbeat timeout, and the worker would cut the socket (the session resumes,
+    # but info() meanwhile says RECONNECTING). This test is not about heartbeats.
+    limits = LIMITS.replace(max_manifest_bytes=fits + 200, heartbeat_timeout=10.0)
     with anyio.fail_after(DEADLINE):
         async with open_pair("worker-listens", {"calc": CalcImpl()}, limits=limits) as pair:
             executor, worker_rpc = pair.executor, pair.worker_rpc
