@@ -256,6 +256,17 @@ class AsyncioByteStream(anyio.abc.ByteStream):
         """The event loop this stream runs on."""
         return self._loop
 
+    @property
+    def buffered(self) -> int:
+        """Bytes read from the socket and not yet returned by :meth:`receive`."""
+        return self._protocol.buffered
+
+    @property
+    def reading_paused(self) -> bool:
+        """Whether reading from the socket is paused: :data:`READ_HIGH_WATER` bytes or more
+        are buffered."""
+        return self._protocol.reading_paused
+
     def set_direct(self, take: Callable[[bytes], bool] | None) -> None:
         """Offer ``take`` the bytes that arrive while a :meth:`receive` waits on an empty
         buffer, in the protocol's callback, before they are buffered: if it returns ``True``
