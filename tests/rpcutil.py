@@ -306,6 +306,17 @@ class Pair:
     _controller_host: _Host | None = field(default=None, init=False)
     _listen_port: int = field(default=0, init=False)
 
+    def restarts(self) -> list[str]:
+        """:attr:`history` without its ``reconnecting`` spells (a socket lost, then resumed or
+        given up: on a starved machine a worker's stop may be seen as a lost socket first, or a
+        heartbeat may time out), consecutive repeats folded: for tests about sessions ending
+        and starting."""
+        out: list[str] = []
+        for state in self.history:
+            if state != "reconnecting" and out[-1:] != [state]:
+                out.append(state)
+        return out
+
     # -- what a dialer dials
 
     def _listener_url(self) -> str:

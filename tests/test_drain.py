@@ -32,6 +32,7 @@ from rpcutil import LIMITS, SECRET, Calc, CalcImpl, both_directions, open_pair
 
 import garcon_link as gl
 from garcon_link.api.facades import counts_as_error
+from garcon_link.cli._fleet import fleet_table
 from garcon_link.endpoint.link import WebSocketLink
 from garcon_link.rpc.envelopes import Notify, encode
 
@@ -324,6 +325,58 @@ async def test_a_draining_worker_refuses_new_sessions_and_admits_resumes() -> No
                     assert gone.value.code == "UNREACHABLE", gone.value
     assert [e.split()[0] for e in events].count("executor-ready") == 1, events
     assert worker.sessions == 1
+
+
+async def test_an_executor_a_draining_worker_refused_says_so_where_it_shows_offline() -> None:
+    """An executor the draining worker refused (4010) stays ``offline`` -- it has no session --
+    but says the worker drains wherever one looks: its ``last_error``, a fleet's snapshot
+    (``reason``) and ``garcon-link fleet``'s table, and ``wait_ready``'s timeout says it once.
+    Once a dial finds nothing there (the worker has exited), none of them says so any more."""
+    impl = CalcImpl()
+    worker = gl.Worker(_config(gl.Role.WORKER, listen=True), {"calc": impl})
+    host = _WorkerHost(worker)
+    async with anyio.create_task_group() as tg:
+        await tg.start(host.run)
+        first = gl.connect(_config(gl.Role.CONTROLLER, listen=False, url=worker.url))
+        async with first:
+            with anyio.fail_after(DEADLINE):
+                await first.wait_ready()
+                held, held_done = _start(tg, first.service("calc", Calc).hold("a"))
+                await impl.probe.wait("started:a")
+                host.stop(drain=DEADLINE)
+                await _wait_until(lambda: first.availability == "draining")
+
+                dialing = _config(gl.Role.CONTROLLER, listen=False, url=worker.url)
+                async with gl.connect(dialing) as second, gl.fleet(dialing) as fleet:
+                    member = fleet.executor("box")
+                    await _wait_until(lambda: second.link.refusal and member.link.refusal)
+                    for executor in (second, member):
+                        assert executor.availability == "offline"
+                        assert executor.last_error is not None
+                        assert "is draining" in executor.last_error, executor.last_error
+                        assert "4010" in executor.last_error
+                    snapshot = fleet.executors()["box"]
+                    assert (snapshot.availability, snapshot.reason) == ("offline", "draining")
+                    assert fleet_table(fleet)[1].split()[:3] == ["box", "offline", "(draining)"]
+                    with pytest.raises(TimeoutError) as timed_out:
+                        await second.wait_ready(timeout=0.05)
+                    assert str(timed_out.value).count("is draining") == 1, timed_out.value
+
+                    impl._release("a")
+                    await held_done.wait()
+                    assert held == ["a"]
+                    await host.closed.wait()
+                    # The worker has gone: a dial finds nothing there.
+                    await _wait_until(
+                        lambda: (
+                            second.link.statistics().dials_refused_in_a_row
+                            and member.link.statistics().dials_refused_in_a_row
+                        )
+                    )
+                    assert second.last_error is None and member.last_error is None
+                    assert fleet.executors()["box"].reason is None
+                    assert fleet_table(fleet)[1].split()[:2] == ["box", "offline"]
+                    assert fleet_table(fleet)[1].split()[2] == "-"
 
 
 def _free_port() -> int:

@@ -33,7 +33,8 @@ import pytest
 from faultutil import wait_for
 
 import garcon_link as gl
-from garcon_link.api.relay import RELAY_CALL, RELAY_SERVICE, decode_outcome
+from garcon_link.api._relay_wire import RELAY_CALL
+from garcon_link.api.relay import RELAY_SERVICE, decode_outcome
 from garcon_link.cli._gateway import callers_table
 from garcon_link.settings.secrets import read_secret_file, write_secret_file
 

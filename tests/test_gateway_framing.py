@@ -23,7 +23,7 @@ from garcon_link.api._framing import (
     relay_arguments,
     relay_call,
 )
-from garcon_link.api.relay import _call_arguments, _payload
+from garcon_link.api._relay_wire import _call_arguments, _payload
 from garcon_link.core.wire import argument_items, decode_item
 from garcon_link.errors import MalformedFrame, Rejected
 from garcon_link.rpc.envelopes import BadEnvelope, Call, encode_call, metadata_problem

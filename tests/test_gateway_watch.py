@@ -29,7 +29,8 @@ from faultutil import wait_for
 from test_gateway import DEADLINE, LIMITS, caller_config, device, enroll, running_gateway
 
 import garcon_link as gl
-from garcon_link.api.relay import MAX_WATCH_EVENTS, RELAY_SERVICE, GatewayRelay
+from garcon_link.api._relay_wire import MAX_WATCH_EVENTS
+from garcon_link.api.relay import RELAY_SERVICE, GatewayRelay
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

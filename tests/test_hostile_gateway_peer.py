@@ -17,7 +17,9 @@ fuzzed too: messages of every CBOR major type, entries with every field of every
 huge and many; after them a well-formed change is applied, on that watch or on the next one
 (a message that does not read ends a watch, and the caller opens another). What the caller
 ignores it says, once per ``log_interval`` and reason; an exception no check foresaw (a bug
-planted in the caller) is logged at ERROR with its traceback, and the fleet goes on.
+planted in the caller) is logged at ERROR with its traceback, and the fleet goes on. A snapshot
+of another shape is a protocol error that leaves the view as it was; and the caller's parts hold
+no owner, so a fleet dropped while a handle is kept is freed at once.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import gc
 import logging
 import math
 import tracemalloc
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -40,8 +43,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import garcon_link as gl
+from garcon_link.api import _relay_view
 from garcon_link.api import relay as relay_module
-from garcon_link.api.relay import MAX_WATCH_ENTRIES, RELAY_SERVICE, GatewayRelay
+from garcon_link.api._relay_wire import MAX_WATCH_ENTRIES
+from garcon_link.api.relay import RELAY_SERVICE, GatewayRelay
 from garcon_link.testing import free_tcp_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -307,6 +312,59 @@ def test_any_answer_of_a_gateway_is_a_call_error_or_a_bounded_view(
     assert fleet.executors()["box-2"].services == {"s": "v"}
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param({"executor_id": "box-2", "availability": "ready"}, id="a-map"),
+        pytest.param(None, id="null"),
+        pytest.param("box-2", id="text"),
+        pytest.param([{"executor_id": "box-2"}, "box-3"], id="a-list-of-other-than-maps"),
+    ],
+)
+async def test_a_snapshot_that_is_not_a_list_of_maps_is_a_protocol_error_not_an_empty_view(
+    answer: Any,
+) -> None:
+    """A gateway's ``executors`` answer of another shape (an older or buggy gateway: a worker
+    does not check its own results) raises a ``CallError`` saying what it was -- the relay
+    facade's check against ``GatewayRelay.executors`` -- and the view the caller had is kept,
+    not emptied; the next answer that reads is applied."""
+    relay = AnsweringRelay()
+    relay.answer = [{"executor_id": "box-1", "availability": "ready", "services": {"s": "v"}}]
+    with anyio.fail_after(20):
+        async with _fake_gateway(relay, OldRelay) as fleet:
+            assert list(await fleet.refresh()) == ["box-1"]
+            relay.answer = answer
+            with pytest.raises(gl.RemoteError) as raised:
+                await fleet.refresh()
+            assert raised.value.code == "INVALID_RESULT"
+            assert "expected `" in raised.value.message, raised.value.message
+            view = fleet.executors()
+            assert list(view) == ["box-1"] and view["box-1"].availability == "ready"
+            relay.answer = [{"executor_id": "box-2", "availability": "ready", "services": {}}]
+            assert list(await fleet.refresh()) == ["box-2"]
+
+
+async def test_an_executor_handle_does_not_keep_its_fleet_alive() -> None:
+    """The caller's parts hold no owner: a handle holds the gateway session it calls through,
+    not the fleet, and the fleet's view holds no fleet either, so a fleet dropped while a handle
+    is kept is freed at once, without the cycle collector."""
+    relay = AnsweringRelay()
+    relay.answer = [{"executor_id": "box-1", "availability": "ready", "services": {}}]
+    with anyio.fail_after(20):
+        async with _fake_gateway(relay, OldRelay) as fleet:
+            await fleet.refresh()
+            handle = fleet.executor("box-1")
+            dropped = weakref.ref(fleet)
+    gc.collect()
+    gc.disable()
+    try:
+        del fleet
+        assert dropped() is None, "a reference cycle holds the dropped fleet"
+    finally:
+        gc.enable()
+    assert handle.executor_id == "box-1" and handle.gateway.availability == "disposed"
+
+
 # ------------------------------------------------------------------------------ fuzzing its watch
 
 
@@ -381,7 +439,7 @@ def fed(
         anyio.from_thread.start_blocking_portal(request.param) as portal,
         portal.wrap_async_context_manager(_fake_gateway(relay, AnyWatch)) as fleet,
     ):
-        patch.setattr(relay_module, "WATCH_RETRY", 0.01)  # a watch ended is opened again at once
+        patch.setattr(_relay_view, "WATCH_RETRY", 0.01)  # a watch ended is opened again at once
         yield portal, relay, fleet
 
 
@@ -441,7 +499,7 @@ async def test_a_malformed_watch_is_said_once_and_a_bug_of_ours_is_seen(
     reason; an exception no check foresaw (here a bug planted in the caller's own code) is
     logged at ERROR with its traceback, and the fleet goes on with a new watch."""
     caplog.set_level(logging.WARNING, logger="garcon_link.gateway")
-    monkeypatch.setattr(relay_module, "WATCH_RETRY", 0.01)
+    monkeypatch.setattr(_relay_view, "WATCH_RETRY", 0.01)
     apply = relay_module.GatewayExecutor._apply
 
     def planted(executor: relay_module.GatewayExecutor, entry: Any) -> None:

@@ -401,6 +401,89 @@ def test_the_transport_parts_keep_to_their_walls() -> None:
     assert not problems, "\n".join(problems)
 
 
+LINK_PARTS: Mapping[str, frozenset[str]] = {
+    "garcon_link.endpoint._arguments": frozenset(),
+    "garcon_link.endpoint._slots": frozenset(),
+    "garcon_link.endpoint._handshaking": frozenset(),
+    "garcon_link.endpoint._dialing": frozenset(),
+    "garcon_link.endpoint._executor_link": frozenset(),
+    "garcon_link.endpoint._failures": frozenset(),
+    "garcon_link.endpoint._places": frozenset({"garcon_link.endpoint._slots"}),
+    "garcon_link.endpoint._admitting": frozenset(
+        {"garcon_link.endpoint._places", "garcon_link.endpoint._slots"}
+    ),
+    "garcon_link.endpoint._attaching": frozenset(
+        {"garcon_link.endpoint._heartbeat", "garcon_link.endpoint._slots"}
+    ),
+    "garcon_link.endpoint._authenticating": frozenset(
+        {
+            "garcon_link.endpoint._admitting",
+            "garcon_link.endpoint._attaching",
+            "garcon_link.endpoint._handshaking",
+            "garcon_link.endpoint._slots",
+        }
+    ),
+}
+"""Parts of the WebSocketLink (docs/design.md#link), each with the link parts it may import: a
+slot knows no other part; the places add slots; the admission reads the slots and the places;
+the attachments run a slot's socket with its heartbeat; the authentication hands a socket from
+the handshaker to the admission and returns its attachment; the argument checks, the handshaker and
+the dialer know no other part (they reach the link only through the callables it gives them),
+nor do the executor's view (it reads the link through a Protocol) and the failures (the latest
+cause, the mapping of an unexpected exception) every part reports to.
+The link imports every part; a part importing the link would be a cycle (refused above). The
+heartbeat is not listed: its timer object reads its Heartbeat's private fields, in one module."""
+
+
+def test_the_link_parts_keep_to_their_walls() -> None:
+    problems = part_violations(ROOT, PACKAGE, LINK_PARTS)
+    assert not problems, "\n".join(problems)
+
+
+_S = "garcon_link.services."
+PROCESS_PARTS: Mapping[str, frozenset[str]] = {
+    _S + "_process_values": frozenset(),
+    _S + "_process_args": frozenset(),
+    _S + "_spool": frozenset({_S + "_process_values"}),
+    _S + "_supervisor": frozenset({_S + "_process_values", _S + "_spool"}),
+    _S + "_records": frozenset({_S + "_process_values"}),
+    _S + "_ledger": frozenset({_S + "_process_values", _S + "_records", _S + "_supervisor"}),
+    _S + "_process_table": frozenset(
+        {_S + "_ledger", _S + "_process_values", _S + "_records", _S + "_supervisor"}
+    ),
+}
+"""Parts of the process service (garcon_link/services/process.py), each with the parts it may
+import: the values and the argument checks know no other part; a spool makes output chunks; a
+supervisor runs a process group with its spools; the rows of the state directory are values;
+the ledger keeps those rows for the service's supervised processes and restores them; the
+table holds the supervised processes and counts the ledger's restored records with them. The
+service imports its parts; none imports the service (a cycle, refused above)."""
+
+
+def test_the_process_service_parts_keep_to_their_walls() -> None:
+    problems = part_violations(ROOT, PACKAGE, PROCESS_PARTS)
+    assert not problems, "\n".join(problems)
+
+
+GATEWAY_PARTS: Mapping[str, frozenset[str]] = {
+    "garcon_link.api._relay_wire": frozenset(),
+    "garcon_link.api._relay_executor": frozenset({"garcon_link.api._relay_wire"}),
+    "garcon_link.api._admission": frozenset(),
+    "garcon_link.api._shares": frozenset(),
+    "garcon_link.api._caller_stats": frozenset(),
+}
+"""Parts of the gateway and of its callers' side (docs/design.md#gateway) that stand on their
+own, each with the parts it may import: the relay interface and outcomes (both sides read them),
+a caller's executor handle (which encodes its calls with them), and the gateway's admission,
+shares and callers' counters, which know no other part. None reaches a private name of another
+object: what one needs of RemoteExecutor it reads through its documented internal surface."""
+
+
+def test_the_gateway_parts_keep_to_their_walls() -> None:
+    problems = part_violations(ROOT, PACKAGE, GATEWAY_PARTS)
+    assert not problems, "\n".join(problems)
+
+
 def _write(root: Path, files: Mapping[str, str]) -> None:
     for name, text in files.items():
         path = root / name

@@ -12,6 +12,7 @@ import pytest
 from servicesutil import LIMITS, SECRET, controller, linked, lone_worker
 
 import garcon_link as gl
+from garcon_link.rpc.statedir import open_state_directory
 from garcon_link.services import (
     ExitStatus,
     FileService,
@@ -26,6 +27,7 @@ from garcon_link.testing import FaultProxy
 pytestmark = pytest.mark.anyio
 
 REPO = Path(__file__).resolve().parent.parent
+DEADLINE = 10.0  # a bound on a test's waits: a hang, not a result
 
 
 def alive(pid: int) -> bool:
@@ -723,3 +725,35 @@ async def test_a_worker_restarted_on_its_state_directory_reports_its_processes(
 
 def gl_exit(code: int) -> ExitStatus:
     return ExitStatus(code, None, False, False)
+
+
+async def test_a_closed_service_is_freed_by_its_reference_count_alone(tmp_path: Path) -> None:
+    """The service and its parts (its table of records, its ledger of the state directory, the
+    supervisors) make no reference cycle: a service that started, ran, restored and closed is
+    freed the moment its last reference goes, not at a later pass of the cycle collector."""
+    import gc
+    import weakref
+
+    state = await anyio.to_thread.run_sync(open_state_directory, tmp_path / "state", "box")
+    state.start()
+    scope = gl.ServiceScope("local", os.urandom(16))
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        with anyio.fail_after(DEADLINE):
+            service = LocalProcessService(tmp_path, scope=scope, state=state)
+            async with service:
+                handle = await service.start(["sh", "-c", "echo out"], id="one")
+                assert (await service.wait(handle, timeout=DEADLINE)).code == 0
+                assert (await service.run(["echo", "hi"])).stdout == b"hi\n"
+                running = await service.start(["sleep", "60"])
+                assert [info.id for info in await service.list()] == ["one", running.id]
+            freed = weakref.ref(service)
+            del service
+            await anyio.wait_all_tasks_blocked()
+            assert freed() is None, gc.get_referrers(freed())
+    finally:
+        if collecting:
+            gc.enable()
+        await state.aclose()

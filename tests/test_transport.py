@@ -584,6 +584,31 @@ async def test_waiting_senders_are_admitted_in_the_order_they_called() -> None:
         assert sock.bodies() == [b"0", *waiting]
 
 
+async def test_send_nowait_keeps_behind_waiting_senders_and_try_send_goes_ahead() -> None:
+    """A sender waits for room for a large body; retention still admits a small one:
+    ``send_nowait`` issues nothing (it keeps the order of the waiting senders), ``try_send``
+    issues it ahead of them."""
+    limits = Limits(max_retained_bytes=4096, max_frame_bytes=4096, max_handshake_frame_bytes=2048)
+    async with harness(limits) as h:
+        sock = h.attach()
+        sock.feed(rcpt(0))
+        await h.t.send(b"a" * 3000)
+        done: list[int] = []
+
+        async def large() -> None:
+            done.append(await h.t.send(b"b" * 3000))
+
+        h.tg.start_soon(large)
+        await settle()
+        assert done == [] and h.t.has_capacity(16)
+        assert h.t.send_nowait(b"small") is None
+        assert h.t.try_send(b"small") == 2
+        await wait_until(lambda: sock.bodies() == [b"a" * 3000, b"small"])
+        sock.feed(rcpt(2))
+        await wait_until(lambda: done == [3])
+        assert sock.bodies() == [b"a" * 3000, b"small", b"b" * 3000]
+
+
 async def test_a_freed_slot_wakes_one_waiting_sender_not_all() -> None:
     """Each waiting sender has its own event: a receipt that frees one slot wakes the first in
     line only (one wake-up, however many wait), and room for several is handed down the line,
@@ -1159,10 +1184,13 @@ async def test_lone_receipts_are_written_within_the_delay_while_the_writer_polls
 
             with anyio.fail_after(2):
                 await wait_until(receipted)
+        stats = h.t.statistics()
         if anyio_backend == "trio":
-            assert h.t._receipt_poll  # (white box) the later ones came from the writer's ticks
+            assert stats.receipt_poll_writes == 5  # each one from a tick of the writer's poll
+            assert stats.receipt_polls_started >= 1 and stats.receipt_timer_fires == 0
         else:
-            assert h.t.statistics().receipt_timer_fires >= 5  # ... from the timer, each one
+            assert stats.receipt_timer_fires >= 5  # ... from the timer, each one
+            assert stats.receipt_polls_started == stats.receipt_poll_writes == 0
 
 
 async def test_the_writer_stops_polling_when_nothing_comes_due_and_is_woken_again(
@@ -1174,12 +1202,23 @@ async def test_the_writer_stops_polling_when_nothing_comes_due_and_is_woken_agai
         sock.feed(rcpt(0), msg(1, b"x"))
         await wait_until(lambda: Receipt(1) in sock.packets())
         if anyio_backend == "trio":
-            assert h.t._receipt_poll
-            with anyio.fail_after(2):  # _POLL_QUIET_TICKS ticks of 5 ms
-                await wait_until(lambda: not h.t._receipt_poll)
+            stats = h.t.statistics()
+            assert stats.receipt_polls_started == stats.receipt_polls_stopped + 1  # polling
+
+            def stopped() -> bool:
+                stats = h.t.statistics()
+                return stats.receipt_polls_stopped == stats.receipt_polls_started
+
+            with anyio.fail_after(2):  # a few ticks of 5 ms with nothing due
+                await wait_until(stopped)
+        before = h.t.statistics()
         sock.feed(msg(2, b"y"))  # the reader wakes the writer again
         with anyio.fail_after(2):
             await wait_until(lambda: Receipt(2) in sock.packets())
+        after = h.t.statistics()
+        if anyio_backend == "trio":  # ... and it polls again, to send the receipt at a tick
+            assert after.receipt_polls_started == before.receipt_polls_started + 1
+            assert after.receipt_poll_writes == before.receipt_poll_writes + 1
 
 
 async def test_a_lone_receipt_is_sent_within_the_delay_without_waking_the_writer(

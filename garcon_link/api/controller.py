@@ -20,7 +20,8 @@ goodbye, or sending it in a flood, makes at most one transition per session. Cal
 finish as usual; a new call fails at once with ``NotDispatched("DRAINING")``, nothing sent, as
 the worker would refuse it anyway. A refusal for a drain is not counted in :attr:`errors`.
 A draining worker admits no new session (close 4010 at the handshake): an executor without a
-session there stays ``offline`` with that refusal as its link's, and its calls fail
+session there stays ``offline`` with that refusal as its link's and as its :attr:`last_error`
+(until a dial finds nothing there: the worker has gone), and its calls fail
 ``NotDispatched("DRAINING")`` until a handshake completes (the restarted worker's).
 
 A fresh session is *installed* (made current, availability ``ready``) after its replay fence
@@ -33,7 +34,7 @@ incompatibly (or was removed) fail, each at once. What changed is logged once pe
 on the same session (``$link.inventory``, when it adds or removes a service): it replaces the
 executor's at once if it is well formed and at most ``Limits.max_manifest_bytes``, and is
 dropped (counted, the manifest unchanged) otherwise; an older announcement than one applied is
-ignored. Each change increments ``_manifest_version``, which tells facades to compare again.
+ignored. Each change increments ``manifest_version``, which tells facades to compare again.
 A session that is not installed -- ``describe`` failed, timed out (it is bounded by
 ``call_timeout``) or answered a manifest over ``max_manifest_bytes`` -- is retired at once
 (close 4005, logged with its cause), never left connected: the dialing side dials again per its
@@ -41,7 +42,7 @@ backoff, and each new session is checked afresh; until one is installed the caus
 :attr:`RemoteExecutor.last_error` and in every call's ``NotDispatched``.
 
 The facades of :meth:`RemoteExecutor.service` (:mod:`garcon_link.api.facades`) resolve the
-current session at each call through :meth:`RemoteExecutor._rpc_for_call`. Resource references
+current session at each call through :meth:`RemoteExecutor.rpc_for_call`. Resource references
 carry the worker's ``instance_id``; after replacement they raise ``StaleResource`` before
 anything is sent. The controller accepts references of either scope, session or worker
 (docs/design.md#durable-work).
@@ -225,7 +226,7 @@ class RemoteExecutor(Endpoint):
         registry = registry_from(services or {})
         self._init_member(config.executor_id, registry, hooks, None, describer(registry))
         assert self._own_link is not None
-        self._own_link.on_refusal(self._wake)
+        self._own_link.on_refusal(self._refused)
         self._own_link.on_dial_failed(self._dial_failed)
 
     @classmethod
@@ -259,7 +260,7 @@ class RemoteExecutor(Endpoint):
         )
         self._on_change = on_change
         if dials:
-            link.on_refusal(self._wake)
+            link.on_refusal(self._refused)
             link.on_dial_failed(self._dial_failed)
         return self
 
@@ -454,7 +455,7 @@ class RemoteExecutor(Endpoint):
                 refusal = self._refusal()
                 if refusal is not None and refusal.reason is HandshakeFailure.DRAINING:
                     # What every redial meets until a restart (once gone: unreachable, below).
-                    if refused_dials is not None and self._refused_for_drain():
+                    if refused_dials is not None and self.refused_for_drain():
                         raise NotDispatched("DRAINING", self._refused_draining())
                 elif refusal is not None:
                     # Fail fast: a redial will not heal this (the link keeps dialing anyway).
@@ -481,6 +482,15 @@ class RemoteExecutor(Endpoint):
 
     def _dial_failed(self, error: LinkError) -> None:
         self._wrong_scheme = isinstance(error, WrongScheme)
+        if self.last_error == self._refused_draining() and not self.refused_for_drain():
+            self.last_error = None  # the worker that drained has gone (unreachable, not draining)
+        self._wake()
+
+    def _refused(self, refusal: HandshakeError) -> None:
+        """The link's ``on_refusal`` listener: a drain refusal (4010) becomes
+        :attr:`last_error`, as the executor stays ``offline`` for it."""
+        if refusal.reason is HandshakeFailure.DRAINING:
+            self.last_error = self._refused_draining()
         self._wake()
 
     def _why_not_ready(self) -> str:
@@ -489,14 +499,14 @@ class RemoteExecutor(Endpoint):
         causes: list[str] = []
         if self._draining:
             causes.append("the executor is closing (draining): it will not be ready again")
-        elif self._refused_for_drain():
+        elif self.refused_for_drain():
             causes.append(self._refused_draining())
         elif self._availability == "draining":
             causes.append(
                 "the worker is draining (it was told to stop and refuses new calls): ready "
                 "again once it has restarted"
             )
-        if self.last_error:
+        if self.last_error and self.last_error not in causes:
             causes.append(self.last_error)
         dial = self.link.last_dial_error
         if dial is not None:
@@ -508,10 +518,11 @@ class RemoteExecutor(Endpoint):
     def _refusal(self) -> HandshakeError | None:
         return self.link.refusal
 
-    def _refused_for_drain(self) -> bool:
+    def refused_for_drain(self) -> bool:
         """The worker refused our new session because it drains (4010), and no dial since
         found nothing there (the drain refusal stands until a handshake completes; a worker
-        that has gone since is unreachable, not draining)."""
+        that has gone since is unreachable, not draining). Internal: a gateway caller's
+        executor handles say why through a draining gateway (api/_relay_executor.py)."""
         refusal = self._refusal()
         return (
             refusal is not None
@@ -526,9 +537,8 @@ class RemoteExecutor(Endpoint):
             "refuses new sessions (close 4010); ready again once it has restarted"
         )
 
-    def _wake(self, _refusal: object = None) -> None:
-        """Wake every waiter on ``_changed`` (availability or a refusal: the link's
-        ``on_refusal`` listener)."""
+    def _wake(self) -> None:
+        """Wake every waiter on ``_changed`` (availability, a refusal or a failed dial)."""
         changed, self._changed = self._changed, None
         if changed is not None:
             changed.set()
@@ -539,7 +549,26 @@ class RemoteExecutor(Endpoint):
             self._changed = anyio.Event()
         await self._changed.wait()
 
-    async def _rpc_for_call(self, dispatch_deadline: float) -> ExecutorRpc:
+    def ready_rpc(self) -> ExecutorRpc | None:
+        """The current session if a call may be sent on it at once -- ``ready``, and this
+        controller not draining -- else ``None``: what :meth:`rpc_for_call` returns without
+        waiting, for one method call. Internal, on every call's path: a gateway caller's
+        executor handles (api/_relay_executor.py) and the gateway's direct path
+        (api/_forwarding.py). The session's ``observer`` is this executor's :attr:`observer`."""
+        rpc = self._rpc
+        if rpc is None or self._availability != "ready" or self._draining:
+            return None
+        return rpc
+
+    async def rpc_for_call(self, dispatch_deadline: float) -> ExecutorRpc:
+        """The session a call goes on now: the current one if ``ready``; while
+        ``reconnecting``, the next one within ``dispatch_deadline`` seconds. Internal: the
+        facades, keyed calls and the gateway's forward call it for every call.
+
+        Raises:
+            NotDispatched: the executor is not ready (its availability's code, or ``DRAINING``
+                while this controller drains), or did not become ready in time.
+        """
         if self._availability == "reconnecting" and dispatch_deadline > 0 and not self._draining:
             with anyio.move_on_after(dispatch_deadline):
                 while self._availability == "reconnecting":
@@ -556,7 +585,7 @@ class RemoteExecutor(Endpoint):
             raise NotDispatched("DRAINING", "the worker is draining: new calls are refused")
         if state == "reconnecting":
             raise NotDispatched("RECONNECTING", "the executor is reconnecting")
-        if self._refused_for_drain():
+        if self.refused_for_drain():
             raise NotDispatched("DRAINING", self._refused_draining())
         raise NotDispatched("OFFLINE", self.last_error or "the executor is offline")
 
@@ -761,7 +790,7 @@ class RemoteExecutor(Endpoint):
     async def info(self) -> ExecutorInfo:
         """The current session's description (executor id, instance id, services, contract,
         each service's contract version), as the worker last described or announced it."""
-        await self._rpc_for_call(0)
+        await self.rpc_for_call(0)
         assert self._info is not None
         return self._info
 
@@ -797,8 +826,10 @@ class RemoteExecutor(Endpoint):
             return DynamicFacade(self, name, NO_METHODS, None, None)
         return cast("T", Facade(self, name, service_spec(interface_class(interface)), None, None))
 
-    def _manifest(self) -> Mapping[str, Any]:
-        """The worker's services manifest, as its current (or last) session described it.
+    def manifest(self) -> Mapping[str, Any]:
+        """The worker's services manifest, as its current (or last) session described it (the
+        dynamic facades look their methods up in it, the gateway shows its callers their
+        granted part).
 
         Raises:
             NotDispatched: no session was ever installed, so the manifest is not known yet.
@@ -816,6 +847,30 @@ class RemoteExecutor(Endpoint):
     def current_rpc(self) -> ExecutorRpc | None:
         return self._rpc
 
+    @property
+    def observer(self) -> CallObserver:
+        """The outcome point of every call through this executor: its counters and hooks.
+        Internal, read by the facades (once per facade or stream) and the gateway's relay."""
+        return self._observer
+
+    @property
+    def manifest_version(self) -> int:
+        """How many times the worker's manifest was learned (0: never); the facades compare
+        their interface again when it moves (read on every facade call)."""
+        return self._manifest_version
+
+    def refusals(self, service: str, interface: type, view: Mapping[str, Any]) -> Any:
+        """The methods of ``view`` (``service`` as ``interface`` has it) that cannot be called
+        on the current manifest, and why (:func:`~garcon_link.api.facades.contract_refusals`):
+        compared once per manifest and interface, shared by every executor with the same
+        manifest. Internal: the facades ask it when :attr:`manifest_version` moved."""
+        key = (service, interface)
+        refusals = self._contract_cache.get(key)
+        if refusals is None:
+            refusals = contract_refusals(service, view, self.manifest())
+            self._contract_cache[key] = refusals
+        return refusals
+
     # -- capabilities (routing by what the worker offers)
 
     @property
@@ -823,6 +878,13 @@ class RemoteExecutor(Endpoint):
         """Each service of the worker's manifest (as last described or announced) with its
         contract version; empty before a session was installed."""
         return self._info.versions if self._info is not None else {}
+
+    @property
+    def types(self) -> Mapping[str, Any]:
+        """Each service's type descriptions, as the worker last described them (the gateway
+        shows its callers those of their granted services); empty before a session was
+        installed."""
+        return self._info.types if self._info is not None else {}
 
     @property
     def pending_calls(self) -> int:
@@ -854,11 +916,7 @@ class RemoteExecutor(Endpoint):
             return method is None or isinstance(methods.get(method), Mapping)
         spec = service_spec(interface_class(interface))
         # Compared once per distinct manifest and interface, as facades compare theirs.
-        key = (service, spec.interface)
-        refusals = self._contract_cache.get(key)
-        if refusals is None:
-            refusals = contract_refusals(service, spec.manifest(), self._services)
-            self._contract_cache[key] = refusals
+        refusals = self.refusals(service, spec.interface, spec.manifest())
         wanted = spec.methods if method is None else (method,)
         return all(name in spec.methods and name not in refusals for name in wanted)
 

@@ -1,7 +1,7 @@
 """Facades: the objects that turn an interface's methods into calls.
 
 Facades (:meth:`RemoteExecutor.service <garcon_link.RemoteExecutor.service>`) hold no session:
-each call resolves the current one at call time (:meth:`FacadeHost._rpc_for_call`). While
+each call resolves the current one at call time (:meth:`FacadeHost.rpc_for_call`). While
 ``reconnecting`` a call waits up to its ``dispatch_deadline`` for ``ready``; while ``offline``
 (or past the deadline) it raises ``NotDispatched`` at once. There is no hidden offline queue. A
 facade created without an interface is *dynamic*: its methods are looked up in the worker's
@@ -11,7 +11,7 @@ caller's service, bound to the handler's session.
 
 Contracts, method by method. A typed facade's interface is its *view* of the service. Whenever
 the worker's manifest is known -- at :meth:`~garcon_link.RemoteExecutor.service` and after every
-new session or inventory change (the executor's ``_manifest_version``) -- each method of the view
+new session or inventory change (the executor's ``manifest_version``) -- each method of the view
 is compared with the worker's (:func:`~garcon_link.rpc.contract.compare_method`), once per
 manifest. A call of a method whose contract changed incompatibly fails at once, nothing sent,
 with ``Rejected("CONTRACT_CHANGED")`` naming the difference; of a method (or service) the worker
@@ -73,21 +73,27 @@ UNSET: Final = Unset.UNSET
 
 
 class FacadeHost(KeyedCaller, Protocol):
-    """What a facade needs of its executor (a :class:`~garcon_link.RemoteExecutor`): its bounds
-    and counters, its calls' outcome point, the session of a call, the worker's manifest and
-    how many times it was learned (0: never)."""
+    """What a facade needs of its executor (a :class:`~garcon_link.RemoteExecutor`, or a
+    gateway caller's :class:`~garcon_link.api.relay.GatewayExecutor`): its bounds and counters,
+    its calls' outcome point (read once per facade), the session of a call
+    (:meth:`~KeyedCaller.rpc_for_call`), the worker's manifest, how many times it was learned
+    (0: never; read at every call) and a view's refusals on it, compared once per manifest and
+    interface and shared by the facades made since."""
 
     executor_id: str
     limits: Limits
     calls: int
     errors: int
-    _observer: CallObserver
-    _manifest_version: int
-    # (service, interface) -> its refusals on the current manifest; emptied when it changes,
-    # so facades made per call compare their interface once per manifest, not per facade
-    _contract_cache: dict[tuple[str, type], dict[str, _Refusal]]
 
-    def _manifest(self) -> Mapping[str, Any]: ...
+    @property
+    def observer(self) -> CallObserver: ...
+
+    @property
+    def manifest_version(self) -> int: ...
+
+    def manifest(self) -> Mapping[str, Any]: ...
+
+    def refusals(self, service: str, interface: type, view: Mapping[str, Any]) -> Any: ...
 
 
 class _Refusal:
@@ -156,6 +162,7 @@ class Facade:
         metadata: Mapping[str, str] | None = None,
     ) -> None:
         self._executor = executor
+        self._observer = executor.observer  # the executor's one outcome point
         self._metadata = metadata
         self._key = idempotency_key
         self._retry_unknown = retry_unknown
@@ -167,7 +174,7 @@ class Facade:
         )
         self._view = spec.manifest()
         self._refusals: dict[str, _Refusal] = {}
-        self._compared = 0  # the executor's _manifest_version the refusals were computed for
+        self._compared = 0  # the executor's manifest_version the refusals were computed for
         for method in spec.methods.values():
             setattr(self, method.name, self._bind(method))
         self._check_method(None)  # at creation, when the manifest is known already
@@ -176,14 +183,9 @@ class Facade:
         """Raise ``Rejected`` if ``method`` cannot be called on the worker's current contract
         (module docstring); compare the view again first if the manifest changed since."""
         executor = self._executor
-        version = executor._manifest_version
+        version = executor.manifest_version
         if version != self._compared and self._view:
-            key = (self._name, self._spec.interface)
-            refusals = executor._contract_cache.get(key)
-            if refusals is None:
-                refusals = contract_refusals(self._name, self._view, executor._manifest())
-                executor._contract_cache[key] = refusals
-            self._refusals = refusals
+            self._refusals = executor.refusals(self._name, self._spec.interface, self._view)
             self._compared = version
         refusal = self._refusals.get(method) if method is not None else None
         if refusal is not None:
@@ -225,7 +227,7 @@ class Facade:
         )
 
     def _bind(self, method: MethodSpec) -> Callable[..., Any]:
-        executor, name, facade = self._executor, self._name, self
+        executor, name, facade, observer = self._executor, self._name, self, self._observer
 
         if method.kind is MethodKind.STREAM:
 
@@ -267,14 +269,14 @@ class Facade:
                         retry_unknown=facade._retry_unknown,
                         metadata=metadata,
                     )
-                rpc = await executor._rpc_for_call(facade._deadline)
+                rpc = await executor.rpc_for_call(facade._deadline)
                 facade._check_method(method.name)  # against the manifest of that session
                 return await rpc.call(
                     name, method, args, kwargs, timeout=facade._timeout, metadata=metadata
                 )
 
             try:
-                return await executor._observer.call(name, method, facade._metadata, attempt)
+                return await observer.call(name, method, facade._metadata, attempt)
             except CallError as exc:
                 if counts_as_error(exc):
                     executor.errors += 1
@@ -295,14 +297,14 @@ class DynamicFacade(Facade):
         if method.startswith("_"):
             raise AttributeError(method)
         try:
-            spec = manifest_method(self._executor._manifest(), self._name, method)
+            spec = manifest_method(self._executor.manifest(), self._name, method)
         except Rejected as exc:
             raise AttributeError(exc.message) from None
         return self._bind(spec)
 
     def __dir__(self) -> list[str]:
         try:
-            methods = self._executor._manifest().get(self._name)
+            methods = self._executor.manifest().get(self._name)
         except NotDispatched:
             methods = None
         known = sorted(methods) if isinstance(methods, Mapping) else []
@@ -384,15 +386,15 @@ class FacadeStream(AsyncIterator[Any]):
         executor = self._executor
         try:
             if self._stream is None:
-                self._start()
-                observer = executor._observer
-                observed = self._outcome.observed if self._outcome is not None else None
+                outcome = self._start()
+                observer = outcome.observer
+                observed = outcome.observed
                 metadata = self._metadata
                 if observed is not None:
                     metadata = cast("dict[str, str]", observed.info.metadata) or None
                 if metadata:
                     observer.check_metadata(metadata)
-                rpc = await executor._rpc_for_call(self._deadline)
+                rpc = await executor.rpc_for_call(self._deadline)
                 if self._check is not None:
                     self._check(self._method.name)
                 self._stream = rpc.stream(
@@ -408,15 +410,16 @@ class FacadeStream(AsyncIterator[Any]):
             self._end(*end_of(exc))
             raise
 
-    def _start(self) -> None:
+    def _start(self) -> _StreamOutcome:
         if self._outcome is not None:
-            return  # a first iteration that raised before the stream was opened
+            return self._outcome  # a first iteration that raised before the stream was opened
         self._executor.calls += 1
-        observer = self._executor._observer
+        observer = self._executor.observer
         observed = observer.stream_started(self._name, self._method, self._metadata)
         self._outcome = outcome = _StreamOutcome(observer, observed)
         self._finalizer = weakref.finalize(self, _schedule_dropped, loop_scheduler(), outcome)
         self._finalizer.atexit = False
+        return outcome
 
     def _end(self, outcome: Outcome | None, code: str | None, cancelled: bool) -> None:
         if self._outcome is not None:

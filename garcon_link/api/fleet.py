@@ -104,6 +104,10 @@ class ExecutorSnapshot:
         services: each service of its manifest with its contract version (empty before its
             first session; :func:`~garcon_link.rpc.contract.service_version`).
         pending: its calls awaiting a reply now.
+        reason: why an ``offline`` executor has no session, when its worker said so:
+            ``"draining"`` -- the worker refused a new session because it drains (close 4010;
+            until it has restarted, or a dial finds nothing there); None otherwise. Its
+            ``last_error`` says it in a sentence.
     """
 
     executor_id: str
@@ -114,6 +118,7 @@ class ExecutorSnapshot:
     errors: int
     services: Mapping[str, str] = field(default_factory=dict)
     pending: int = 0
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +146,13 @@ def _accepting_work(executor: ExecutorSnapshot | RemoteExecutor) -> bool:
     ``reconnecting``, ``offline`` or ``disposed``). What chooses an executor for new work asks
     this."""
     return executor.availability == "ready"
+
+
+def _offline_reason(member: RemoteExecutor) -> str | None:
+    """:attr:`ExecutorSnapshot.reason` of ``member``."""
+    if member.availability == "offline" and member.refused_for_drain():
+        return "draining"
+    return None
 
 
 def _leaving(executor: ExecutorSnapshot | RemoteExecutor) -> bool:
@@ -471,6 +483,7 @@ class Fleet:
                 errors=member.errors,
                 services=dict(member.versions),
                 pending=member.pending_calls,
+                reason=_offline_reason(member),
             )
         return out
 

@@ -73,7 +73,9 @@ class KeyedCaller(Protocol):
 
     async def wait_ready(self, timeout: float | None = None) -> None: ...
 
-    async def _rpc_for_call(self, dispatch_deadline: float) -> CallSession: ...
+    async def rpc_for_call(self, dispatch_deadline: float) -> CallSession:
+        """The session a call goes on now (waiting up to ``dispatch_deadline`` for one)."""
+        ...
 
 
 _FINAL_UNKNOWN = frozenset({"TIMEOUT", "CANCELLED_WHILE_RUNNING", "WORKER_RESTARTED"})
@@ -114,7 +116,7 @@ async def call_with_key(
             "to unary calls only"
         )
     if not retry_unknown:
-        rpc = await executor._rpc_for_call(dispatch_deadline)
+        rpc = await executor.rpc_for_call(dispatch_deadline)
         return await rpc.call(
             service, method, args, kwargs, timeout=timeout, idempotency_key=key, metadata=metadata
         )

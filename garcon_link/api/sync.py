@@ -276,7 +276,7 @@ class SyncExecutor:
     def last_error(self) -> str | None:
         executor = self._executor
         if isinstance(executor, GatewayExecutor):
-            return executor._fleet.gateway.last_error
+            return executor.gateway.last_error
         return executor.last_error
 
     def wait_ready(self, timeout: float | None = None, *, refused_dials: int | None = None) -> None:
@@ -285,7 +285,7 @@ class SyncExecutor:
         executor = self._executor
         if isinstance(executor, GatewayExecutor):
             if refused_dials is not None:
-                gateway = executor._fleet.gateway
+                gateway = executor.gateway
                 self._call(gateway.wait_ready, timeout, refused_dials=refused_dials)
             self._call(executor.wait_ready, timeout)
             return
@@ -440,9 +440,9 @@ class SyncFacade:
         if self._checked or not spec.methods:
             return
         executor = self._owner._executor
-        if not executor._manifest_version:
+        if not executor.manifest_version:
             return  # no session installed yet
-        manifest = executor._manifest()
+        manifest = executor.manifest()
         name = self._facade._name
         worker = manifest.get(name)
         interface = spec.interface.__qualname__

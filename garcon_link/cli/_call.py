@@ -260,7 +260,7 @@ def _enrollment_hint(config: LinkConfig | FleetConfig, executor_id: str | None) 
 def _refused_draining(executor: RemoteExecutor) -> bool:
     """Whether the other end refused our new session because it drains (4010) and has not
     gone since."""
-    return executor._refused_for_drain()
+    return executor.refused_for_drain()
 
 
 def _draining(executor: RemoteExecutor, peer: str) -> NotDispatched:
@@ -433,7 +433,7 @@ async def _call_through_gateway(
         config, executor_id, ready_timeout=ready_timeout, wait=wait
     ) as executor:
         spec = dynamic_method(executor.manifest(), service, method)
-        session = await executor._rpc_for_call(0)
+        session = await executor.rpc_for_call(0)
         if progress is not None:
             progress.dispatched = True
         timeout = config.limits.call_timeout if call_timeout is None else call_timeout

@@ -41,7 +41,7 @@ def fleet_table(controller: Fleet, now: float | None = None) -> list[str]:
         rows.append(
             (
                 executor_id,
-                snap.availability,
+                f"{snap.availability} ({snap.reason})" if snap.reason else snap.availability,
                 snap.session or "-",
                 _ago(now - snap.since),
                 str(snap.calls),

@@ -131,12 +131,9 @@ class Outbound:
         self.capacity_wakeups = 0
         self.writer_wakeups = 0
         self.receipt_timer_fires = 0
-
-    @property
-    def receipt_poll(self) -> bool:
-        """Whether the writer polls for lone receipts now (only where no loop timer sends
-        them: see :meth:`_write_packets`)."""
-        return self._receipt_poll
+        self.receipt_polls_started = 0
+        self.receipt_polls_stopped = 0
+        self.receipt_poll_writes = 0
 
     # ------------------------------------------------------------------ the owner's calls
 
@@ -166,7 +163,7 @@ class Outbound:
 
     async def send(self, body: bytes | Gathered) -> Ordinal:
         """:meth:`~garcon_link.endpoint.transport.SessionTransport.send`."""
-        ordinal = self.send_nowait(body)
+        ordinal = self.send_nowait(body, False)
         if ordinal is not None:
             return ordinal
         session = self._session
@@ -197,20 +194,12 @@ class Outbound:
             self._wakeup.set()
         return ordinal
 
-    def send_nowait(self, body: bytes | Gathered) -> Ordinal | None:
-        """:meth:`~garcon_link.endpoint.transport.SessionTransport.send_nowait`."""
-        if self._senders:
+    def send_nowait(self, body: bytes | Gathered, ahead: bool) -> Ordinal | None:
+        """:meth:`~garcon_link.endpoint.transport.SessionTransport.send_nowait`, or with
+        ``ahead`` :meth:`~garcon_link.endpoint.transport.SessionTransport.try_send` (ahead of
+        the senders waiting for capacity)."""
+        if self._senders and not ahead:
             return None
-        try:
-            ordinal = self._session.send(body)
-        except RetentionFull:
-            return None
-        if not self._write_now(len(body)):
-            self._wakeup.set()
-        return ordinal
-
-    def try_send(self, body: bytes | Gathered) -> Ordinal | None:
-        """:meth:`~garcon_link.endpoint.transport.SessionTransport.try_send`."""
         try:
             ordinal = self._session.send(body)
         except RetentionFull:
@@ -413,6 +402,7 @@ class Outbound:
                 elif lone_receipt and not self._receipt_poll:
                     # Woken by the reader for it: start polling, give frames a chance to come.
                     self._receipt_poll = True
+                    self.receipt_polls_started += 1
                     quiet_ticks = 0
                     ticked = await self._wait_for_wakeup(delay)
                     continue
@@ -432,17 +422,22 @@ class Outbound:
                     if not ticked and not timed:
                         # Woken for nothing: the reader woke us for a receipt that a frame
                         # written meanwhile carried. Poll from now on instead.
-                        self._receipt_poll = True
+                        if not self._receipt_poll:
+                            self._receipt_poll = True
+                            self.receipt_polls_started += 1
                         quiet_ticks = 0
                     elif self._receipt_poll:
                         quiet_ticks += 1
                         if quiet_ticks > _POLL_QUIET_TICKS:
                             self._receipt_poll = False
+                            self.receipt_polls_stopped += 1
                     ticked = await self._wait_for_wakeup(delay if self._receipt_poll else None)
                     continue
-                ticked = False
                 if lone_receipt:
                     quiet_ticks = 0
+                    if ticked:
+                        self.receipt_poll_writes += 1
+                ticked = False
                 # Coalesce every packet ready now into as few messages as the frame limit allows.
                 batch: list[bytes] = []
                 size = 0
@@ -464,7 +459,9 @@ class Outbound:
                     if not replay.done:
                         replay.restart(anyio.current_time())
         finally:
-            self._receipt_poll = False
+            if self._receipt_poll:
+                self._receipt_poll = False
+                self.receipt_polls_stopped += 1
 
     async def _wait_for_wakeup(self, timeout: float | None) -> bool:
         """Wait until the writer is woken, or ``timeout`` seconds (``None``: no limit) pass;

@@ -2,12 +2,17 @@
 
 The decisions are pure functions elsewhere (:func:`~garcon_link.core.admission.decide`,
 :func:`~garcon_link.core.heartbeat.heartbeat_step`, :func:`~garcon_link.core.admission.backoff`);
-one slot is :mod:`garcon_link.endpoint._slots`, the hello and proof exchange
-:mod:`garcon_link.endpoint._handshaking`, the dial loop :mod:`garcon_link.endpoint._dialing`, an
+the link's parts are beside it: one slot :mod:`garcon_link.endpoint._slots`, a socket's handshake
+handed to admission :mod:`garcon_link.endpoint._authenticating`, the hello and proof exchange
+:mod:`garcon_link.endpoint._handshaking`, the admission of a verified socket to its slot
+:mod:`garcon_link.endpoint._admitting`, the dial loop :mod:`garcon_link.endpoint._dialing`, an
 attached socket's life :mod:`garcon_link.endpoint._attaching` and its heartbeat
 :mod:`garcon_link.endpoint._heartbeat`, a listening worker's ``max_controllers`` places
-:mod:`garcon_link.endpoint._places`. This module keeps the slot table, the admission of
-authenticated sockets, and the link's public surface.
+:mod:`garcon_link.endpoint._places`, the latest failure and the mapping of an unexpected one
+:mod:`garcon_link.endpoint._failures`, the checks of the link's arguments and its TLS context
+:mod:`garcon_link.endpoint._arguments`, one executor's view of a link
+:mod:`garcon_link.endpoint._executor_link`. This module builds the parts and holds them: the slot
+table, the link's lifecycle (its tasks, drain, close) and its public surface.
 
 Theory of operation
 -------------------
@@ -26,32 +31,34 @@ controller processes are two controllers, each with its own session, admitted si
 ``Limits.max_controllers`` sessions; the takeover rule and 4009 apply within one controller's slot
 (the same ``controller_id`` from a new runtime).
 
-1. **Handshake.** :class:`~garcon_link.endpoint._handshaking.Handshaker` exchanges hello and
-   proof (:mod:`garcon_link.core.handshake`): the dialer's hello goes at once; the listener
-   reads the dialer's hello first and answers it with its own, which advertises the session it
-   holds for the claimed executor id only if the dialer's hello already names it
+1. **Handshake.** :class:`~garcon_link.endpoint._authenticating.Authentication` has
+   :class:`~garcon_link.endpoint._handshaking.Handshaker` exchange hello and proof
+   (:mod:`garcon_link.core.handshake`): the dialer's hello goes at once; the listener reads the
+   dialer's hello first and answers it with its own, which advertises the session it holds for
+   the claimed executor id only if the dialer's hello already names it
    (:func:`~garcon_link.core.handshake.listener_offer`, the slot's ``offer_to``): nothing of the
-   listener's identity, nor whether that executor is enrolled or online, goes out before the
-   peer has proved its key, and an id the listener does not know fails exactly as a wrong
-   secret does (4001). A hello of the listener's own role goes to the hosted link
+   listener's identity, nor whether that executor is enrolled or online, goes out before the peer
+   has proved its key, and an id the listener does not know fails exactly as a wrong secret does
+   (4001). A hello of the listener's own role goes to the hosted link
    (:meth:`WebSocketLink.host`). The listener sends its own proof only once it has admitted the
-   peer (step 2), so a refused peer never completes a handshake and a listener never hands out
-   a proof that could be reflected. Upgrade, handshake and admission must finish within
+   peer (step 2), so a refused peer never completes a handshake and a listener never hands out a
+   proof that could be reflected. Upgrade, handshake and admission must finish within
    ``handshake_timeout`` (else 4008). A refusal closes with the reason's close code.
-2. **Admission** is :func:`decide`, a pure function of the slot (:class:`SlotView`) and the
-   verified handshake (:class:`Offer`): ``Resume`` iff runtimes cross-match and session ids match;
-   else ``Fresh`` (the current session is retired, ``REPLACED``); the *takeover rule* -- a fresh
-   handshake from another runtime while a socket is attached is refused (4004) unless that
-   socket fails a ping probe within ``takeover_probe_timeout`` (``Probe``); and a runtime whose
-   session another runtime of the same executor took over is refused with 4009 (``TAKEN_OVER``):
-   two processes claim one executor id, which is an operator error, so the refused side stops
-   dialing (:attr:`WebSocketLink.taken_over`). At most one socket per executor is being admitted
-   at a time: another one that completes its handshake meanwhile is refused at once (4004), so
-   sockets holding one executor's key cannot queue up. Admission runs under the handshake
-   deadline, before the socket counts as authenticated: the listener's authenticated-socket cap
-   counts only sockets attached to a session (``max_authenticated_sockets`` plus one per
-   executor a keyring listener serves), so one executor's key holder cannot fill it. Session
-   listeners run before a fresh session's first packet is processed.
+2. **Admission** (:class:`~garcon_link.endpoint._admitting.Admission`) obeys :func:`decide`, a pure
+   function of the slot (:class:`SlotView`) and the verified handshake (:class:`Offer`): ``Resume``
+   iff runtimes cross-match and session ids match; else ``Fresh`` (the current session is retired,
+   ``REPLACED``); the *takeover rule* -- a fresh handshake from another runtime while a socket is
+   attached is refused (4004) unless that socket fails a ping probe within
+   ``takeover_probe_timeout`` (``Probe``); and a runtime whose session another runtime of the same
+   executor took over is refused with 4009 (``TAKEN_OVER``): two processes claim one executor id,
+   which is an operator error, so the refused side stops dialing
+   (:attr:`WebSocketLink.taken_over`). At most one socket per executor is being admitted at a time:
+   another one that completes its handshake meanwhile is refused at once (4004), so sockets holding
+   one executor's key cannot queue up. Admission runs under the handshake deadline, before the
+   socket counts as authenticated: the listener's authenticated-socket cap counts only sockets
+   attached to a session (``max_authenticated_sockets`` plus one per executor a keyring listener
+   serves), so one executor's key holder cannot fill it. Session listeners run before a fresh
+   session's first packet is processed.
 3. **Attached.** :class:`~garcon_link.endpoint._attaching.Attachments` attaches the admitted
    socket to its slot and runs the session's pump beside the socket's heartbeat
    (:class:`~garcon_link.endpoint._heartbeat.Heartbeat`): pings, a resumable close (4007) after
@@ -71,70 +78,55 @@ Failures
 Every closed socket is logged with its cause. Lower-library exceptions are classified once, in
 :mod:`garcon_link.net.ws`. Any *other* exception raised while serving one peer -- a bug, here or
 below, that the peer's bytes reached -- is that peer's failure, never the process's
-(``_peer_failed``): the socket is closed (4008 while it can still say so; the session it carried
-is retired), the traceback is logged and counted (``unexpected_errors``), and the listener keeps
-listening and the dial loop keeps dialing. Cancellation is not an ``Exception`` and passes. Other
-log records carry causes as text, never exception objects: a handler that keeps records (a test's
-capture, a memory handler) would otherwise keep every refused socket's frames and buffers alive.
+(:meth:`~garcon_link.endpoint._failures.Failures.peer_failed`): the socket is closed (4008 while
+it can still say so; the session it carried is retired), the traceback is logged and counted
+(``unexpected_errors``), and the listener keeps listening and the dial loop keeps dialing.
+Cancellation is not an ``Exception`` and passes. Other log records carry causes as text, never
+exception objects: a handler that keeps records (a test's capture, a memory handler) would
+otherwise keep every refused socket's frames and buffers alive.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import random
 import ssl
-from collections.abc import Awaitable, Callable
-from typing import TypeAlias
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
 
-from ..core.admission import (
-    BUSY,
-    Decision,
-    Fresh,
-    Offer,
-    Probe,
-    Refuse,
-    Resume,
-    SlotKey,
-    decide,
-    slot_key,
-)
-from ..core.handshake import (
-    Handshake,
-    HandshakeResult,
-    Hello,
-    derive_key,
-    peek_hello,
-)
+from ..core.admission import SlotKey
+from ..core.handshake import derive_key
 from ..core.session import RetentionPool
 from ..core.wire import CloseCode, Role
 from ..errors import (
     ConfigError,
     FailureReason,
     HandshakeError,
-    HandshakeFailure,
     LinkError,
 )
 from ..limits import Limits
-from ..logs import PeerLogLimiter, log_fields, peer_host, peer_text
+from ..logs import PeerLogLimiter, log_fields
 from ..net.addresses import EXECUTOR_PATH, DialTarget, is_loopback_host, parse_dial_url
 from ..net.ws import (
+    Admitted,
     FrameBudget,
     LinkStatistics,
-    SocketGone,
     WebSocket,
     WebSocketListener,
-    one_line,
     unauthenticated_log,
     upgrade_refusal,
 )
+from ._admitting import Admission, SessionListener
+from ._arguments import KeyLookup, check_arguments, tls_context
 from ._attaching import Attachments
+from ._authenticating import Authentication
 from ._dialing import Dialer
+from ._executor_link import ExecutorLink
+from ._failures import Failures
 from ._handshaking import Handshaker
 from ._heartbeat import Heartbeat
 from ._places import Places
@@ -152,71 +144,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("garcon_link.link")  # the name users configure (README)
-
-
-KeyLookup: TypeAlias = Callable[[str], bytes | None]
-"""``executor_id -> secret`` (None: not enrolled). Called with a *claimed*, unauthenticated id."""
-
-
-SessionListener = Callable[[SessionTransport, HandshakeResult], None]
-
-
-def _check_arguments(
-    role: Role,
-    *,
-    executor_id: str | None,
-    secret: bytes | None,
-    keys: KeyLookup | None,
-    max_executors: int,
-    listen: tuple[str, int] | None,
-    dial: str | DialTarget | None,
-    hosted: bool,
-    controller_id: str | None,
-) -> None:
-    """Raise :class:`ConfigError` for a combination of :class:`WebSocketLink` arguments that
-    makes no link."""
-    if hosted:
-        if listen is not None or dial is not None or keys is None or Role(role) is not Role.WORKER:
-            raise ConfigError("hosted=True is for a worker-role link with keys=, no listen or dial")
-    elif (listen is None) == (dial is None):
-        raise ConfigError("a link needs exactly one of listen=(host, port) or dial=URL")
-    if keys is not None:
-        if (listen is None and not hosted) or executor_id is not None or secret is not None:
-            raise ConfigError("keys= is for a listener, instead of executor_id and secret")
-    elif executor_id is None or secret is None:
-        raise ConfigError("a link needs executor_id and secret (or, listening, keys=)")
-    if max_executors < 1:
-        raise ConfigError("max_executors must be at least 1")
-    if controller_id is not None and Role(role) is not Role.CONTROLLER:
-        raise ConfigError("controller_id is a controller's; a worker has none")
-
-
-def _tls_context(
-    dial: DialTarget | None,
-    listen: tuple[str, int] | None,
-    ssl_context: ssl.SSLContext | None,
-    allow_insecure_development: bool,
-) -> ssl.SSLContext | None:
-    """The link's TLS context: a dialer's for ``wss://`` only (a default one unless given), a
-    listener's as given. Plain text off loopback is refused unless allowed."""
-    if dial is not None:
-        if dial.tls and ssl_context is None:
-            ssl_context = ssl.create_default_context()
-        if not dial.tls:
-            ssl_context = None
-        host = dial.host
-        insecure = not dial.tls
-    elif listen is not None:
-        host = listen[0]
-        insecure = ssl_context is None
-    else:  # hosted: the host link's listener applies its own rule
-        host, insecure = "", False
-    if insecure and not is_loopback_host(host) and not allow_insecure_development:
-        raise ConfigError(
-            f"plain-text ws:// to or on non-loopback address {host!r} is refused; use TLS "
-            "(wss://, or a TLS terminator) or set allow_insecure_development"
-        )
-    return ssl_context
 
 
 class WebSocketLink:
@@ -270,7 +197,7 @@ class WebSocketLink:
         hosted: bool = False,
         names: tuple[str, str] = ("worker", "controller"),
     ) -> None:
-        _check_arguments(
+        check_arguments(
             role,
             executor_id=executor_id,
             secret=secret,
@@ -286,8 +213,6 @@ class WebSocketLink:
         # A listening worker keeps one slot per controller (module docstring).
         self._per_controller = self.role is Role.WORKER and (listen is not None or hosted)
         self._hosted = hosted
-        self._guest: WebSocketLink | None = None
-        self._sessions_begun = 0
         self.executor_id = executor_id
         self.limits = limits or Limits()
         self._keys = keys
@@ -301,21 +226,24 @@ class WebSocketLink:
         self.runtime_id = runtime_id if runtime_id is not None else os.urandom(16)
         self._listen = listen
         self._dial = parse_dial_url(dial) if isinstance(dial, str) else dial
-        self._ssl = _tls_context(self._dial, listen, ssl_context, allow_insecure_development)
+        self._ssl = tls_context(self._dial, listen, ssl_context, allow_insecure_development)
         self._host_tg: anyio.abc.TaskGroup | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._slots: dict[SlotKey, _Slot] = {}
         if executor_id is not None and not self._per_controller:
             self._slots[(executor_id, None)] = _Slot(executor_id)
-        self._listeners: list[SessionListener] = []
         self.retention = retention or RetentionPool(self.limits.max_total_retained_bytes)
         """The retention budget of every session of this link (shared by a fleet's links)."""
-        self._closing = False
-        self._draining = False  # drain(): fresh sessions refused (4010), resumes admitted
         self._closed = anyio.Event()
         self._stats = LinkStatistics()
-        self.last_error: str | None = None
         self._tag = f"{self.role.value}[{self.runtime_id.hex()[:6]}]"
+        # Authenticated peers' events (admission refusals, unexpected errors): rate-limited too.
+        self._peer_log = PeerLogLimiter(
+            log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
+        )
+        self._failures = failures = Failures(
+            self._stats, self._peer_log, tag=self._tag, executor_id=executor_id
+        )
         self._dialer = Dialer(
             self._dial,
             limits=self.limits,
@@ -327,10 +255,12 @@ class WebSocketLink:
             executor_id=executor_id,
             controller_id=controller_id,
             # Draining, a dialer without a session has nothing to resume: it stops dialing.
-            closing=lambda: self._closing or (self._draining and self.transport is None),
+            closing=lambda: (
+                self._admission.closing or (self._admission.draining and self.transport is None)
+            ),
             authenticate=self._authenticate,
-            peer_failed=self._peer_failed,
-            note_error=self._note_error,
+            peer_failed=failures.peer_failed,
+            note_error=failures.note,
             retire_sessions=self._retire_sessions,
         )
         self._unauthenticated_log = unauthenticated_log(self.limits)
@@ -347,8 +277,8 @@ class WebSocketLink:
             peer_log=self._unauthenticated_log,
             refused=self._dialer.refused,
             taken_over=self._dialer.was_taken_over,
-            peer_failed=self._peer_failed,
-            note_error=self._note_error,
+            peer_failed=failures.peer_failed,
+            note_error=failures.note,
         )
         heartbeat = Heartbeat(
             self.limits,
@@ -357,17 +287,13 @@ class WebSocketLink:
             tag=self._tag,
             key_for=self._handshaker.key_for if keys is not None else None,
         )
-        self._attachments = Attachments(
+        self._attachments = attachments = Attachments(
             self.limits,
             self._stats,
             tag=self._tag,
             heartbeat=heartbeat,
-            peer_failed=self._peer_failed,
+            peer_failed=failures.peer_failed,
             taken_over=self._dialer.was_taken_over,
-        )
-        # Authenticated peers' events (admission refusals, unexpected errors): rate-limited too.
-        self._peer_log = PeerLogLimiter(
-            log, interval=self.limits.log_interval, max_lines=self.limits.max_log_lines
         )
         # Who holds the places and who takes them, as refusals name them ("this worker holds
         # sessions for max_controllers=N controllers"; a gateway's callers link passes its own).
@@ -380,6 +306,32 @@ class WebSocketLink:
             tag=self._tag,
             peer_log=self._peer_log,
         )
+        self._listeners: list[SessionListener] = []
+        self._admission = Admission(
+            self._slots,
+            self._places,
+            self.limits,
+            self._stats,
+            retention=self.retention,
+            listeners=self._listeners,
+            per_controller=self._per_controller,
+            max_executors=self._max_executors,
+            tag=self._tag,
+            peer_log=self._peer_log,
+        )
+        self._authentication = Authentication(
+            self._slots,
+            self._handshaker,
+            self._admission,
+            attachments,
+            self.limits,
+            self._stats,
+            role=self.role,
+            runtime_id=self.runtime_id,
+            executor_id=executor_id,
+            refused=self._dialer.refused,
+            handshake_completed=self._dialer.handshake_completed,
+        )
         self._listener: WebSocketListener | None = None
         if listen is not None:
             self._listener = WebSocketListener(
@@ -387,7 +339,7 @@ class WebSocketLink:
                 stats=self._stats,
                 ssl_context=self._ssl,
                 tag=self._tag,
-                on_error=self._peer_failed,
+                on_error=failures.peer_failed,
                 peer_log=self._unauthenticated_log,
                 # One attached socket per executor, plus the configured allowance. Sockets being
                 # admitted are not counted: they are still under the handshake deadline and the
@@ -395,19 +347,13 @@ class WebSocketLink:
                 max_authenticated=self.limits.max_authenticated_sockets
                 + (self._max_executors if keys is not None else 0)
                 + (self.limits.max_controllers if self._per_controller else 0),
-                occupied=lambda: self._attachments.count,
+                occupied=lambda: attachments.count,
             )
 
     # ------------------------------------------------------------------ public surface
 
     def _slots_of(self, executor_id: str | None) -> list[_Slot]:
         return [s for s in self._slots.values() if s.executor_id == executor_id]
-
-    def _slot_key(self, hello: Hello) -> SlotKey:
-        """The slot a verified (or, for a resume offer, claimed) hello belongs to."""
-        return slot_key(
-            hello.executor, hello.controller, hello.runtime, per_controller=self._per_controller
-        )
 
     @property
     def transport(self) -> SessionTransport | None:
@@ -461,8 +407,9 @@ class WebSocketLink:
         installed with nothing missed; ``handshake_result.peer.executor`` names the executor.
         Returns an unsubscribe callable.
         """
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+        listeners = self._listeners
+        listeners.append(listener)
+        return lambda: listeners.remove(listener) if listener in listeners else None
 
     def on_refusal(self, listener: Callable[[HandshakeError], None]) -> Callable[[], None]:
         """Call ``listener(error)`` when the peer refuses this dialing link for a reason a
@@ -499,8 +446,11 @@ class WebSocketLink:
         needed."""
         return self._dialer.stopped
 
-    def _note_error(self, why: str) -> None:
-        self.last_error = why
+    @property
+    def last_error(self) -> str | None:
+        """The latest failure's cause, one line: a dial, a handshake, a refusal, a takeover or an
+        unexpected error while serving a peer (``None`` until one)."""
+        return self._failures.last_error
 
     def _retire_sessions(self, reason: FailureReason, detail: str) -> None:
         for slot in self._slots.values():
@@ -527,10 +477,9 @@ class WebSocketLink:
         """
         if self._listener is None or not guest._hosted or guest.role is self.role:
             raise ConfigError("host() needs a listening link and a hosted link of the other role")
-        self._guest = guest
-        self._listener.count_also(
-            guest.limits.max_controllers, lambda: self._attachments.count + guest._attachments.count
-        )
+        self._authentication.guest = guest._authentication
+        ours, theirs = self._attachments, guest._attachments
+        self._listener.count_also(guest.limits.max_controllers, lambda: ours.count + theirs.count)
 
     # The link's own tasks (listener, dial loop, sockets, heartbeats) run in an inner task group
     # hosted by a child task of the task group entered in the host's task. ``_shutdown`` cancels
@@ -555,12 +504,12 @@ class WebSocketLink:
         # listen") then reaches the caller of ``__aenter__`` itself, not an ExceptionGroup.
         tg = anyio.create_task_group()
         await tg.__aenter__()
-        self._tg = tg
+        self._tg = self._authentication.tg = tg
         try:
             if self._listener is not None:
                 assert self._listen is not None
                 host, port = self._listen
-                await tg.start(self._listener.serve, host, port, self._authenticate_incoming, tg)
+                await tg.start(self._listener.serve, host, port, self._authentication.incoming, tg)
                 log.info(
                     "%s listening on %s",
                     self._tag,
@@ -619,18 +568,7 @@ class WebSocketLink:
         handshake is refused with 4010 (:data:`~garcon_link.core.admission.DRAINING`), while a
         resume of a session the link holds is admitted as ever. A dialing link stops dialing
         once it holds no live session."""
-        self._draining = True
-
-    def _refused_draining(self, sock: WebSocket) -> None:
-        """A dialed socket the peer closed with 4010 before admitting us: the worker drains,
-        the link's refusal until a handshake completes (the loop dials on, for its restart)."""
-        close = sock.peer_close
-        if sock.dialed and close is not None and close[0] == CloseCode.DRAINING:
-            self._dialer.refused(
-                HandshakeFailure.DRAINING,
-                f"{sock.peer} closed with {close[0]} ({peer_text(close[1])})",
-                "it was told to stop; a restarted worker admits new sessions again",
-            )
+        self._admission.draining = True
 
     async def aclose(self) -> None:
         """Retire every session, stop listening or dialing, close every socket (idempotent).
@@ -649,9 +587,9 @@ class WebSocketLink:
         await self._shutdown(graceful=False)
 
     async def _shutdown(self, *, graceful: bool) -> None:
-        if self._closing:
+        if self._admission.closing:
             return
-        self._closing = True
+        self._admission.closing = True
         if self._listener is not None:
             self._listener.closing = True
         slots = list(self._slots.values())
@@ -675,314 +613,6 @@ class WebSocketLink:
 
     # ------------------------------------------------------------------ handshake
 
-    def _peer_failed(self, peer: str, exc: Exception) -> str:
-        """The one mapping of an exception nobody expected while serving one peer.
-
-        Such an exception is a bug (here or in a library below) that the peer's bytes reached:
-        it is that peer's failure, never the listener's, the dial loop's or the process's. The
-        caller ends that socket (4008 when it can still say so); this logs the traceback, counts
-        it and returns a one-line cause. Cancellation is not an :class:`Exception` and passes.
-        """
-        detail = peer_text(exc)  # never raises; bounded whatever the message holds
-        why = one_line(f"unexpected {type(exc).__name__}" + (f": {detail}" if detail else ""))
-        self._stats.unexpected_errors += 1
-        self.last_error = why
-        self._peer_log.log(
-            peer_host(peer),
-            type(exc).__name__,
-            "%s peer %s failed with an unexpected error: %s",
-            self._tag,
-            peer,
-            why,
-            exc_info=exc,
-            extra=log_fields(executor=self.executor_id),
-        )
-        return why
-
-    async def _authenticate_incoming(self, sock: WebSocket) -> Admitted | None:
-        return await self._authenticate(sock, listening=True)
-
-    async def _authenticate(
-        self, sock: WebSocket, *, listening: bool = False, first: bytes | None = None
-    ) -> Admitted | None:
-        """Exchange hello and proof, then admit the peer (the caller bounds all of it by the
-        handshake deadline).
-
-        Listening, the peer's hello is read first and our proof is held until the peer is
-        admitted (:meth:`_admit`); dialing, our hello goes first and our proof as soon as we
-        have the listener's hello, so nothing deadlocks.
-        """
-        shake = self._handshaker
-        hs: Handshake | None = None
-        known = True
-        try:
-            if listening:
-                if first is None:
-                    first = await shake.receive_frame(sock)
-                    if first is None:
-                        return None
-                claimed = peek_hello(first, max_frame_bytes=self.limits.max_handshake_frame_bytes)
-                guest = self._guest
-                if guest is not None and claimed.role is self.role:
-                    # A peer of our own role: the hosted link's (host()).
-                    return await guest._authenticate(sock, listening=True, first=first)
-                slot = self._slots.get(self._slot_key(claimed))
-                offer = slot.offer_to(claimed, self.runtime_id) if slot is not None else None
-                hs, key, known = await shake.answer(sock, first, claimed, offer)
-            else:
-                assert self.executor_id is not None
-                slot = self._slots.get((self.executor_id, None))
-                hs, key = await shake.greet(sock, slot.resume_offer() if slot is not None else None)
-            result = await shake.complete(sock, hs)
-            if result is None:
-                self._refused_draining(sock)
-                return None
-        except HandshakeError as exc:
-            unknown = hs.local_hello.executor if not known and hs is not None else None
-            await shake.failed(sock, exc, unknown)
-            return None
-        except SocketGone:
-            await sock.abort()
-            return None
-        except Exception as exc:
-            await shake.unexpected(sock, exc)
-            return None
-        self._stats.handshakes_completed += 1
-        self._dialer.handshake_completed()
-        admitted = await self._admit(sock, result)
-        if admitted is None:
-            return None
-        slot, transport, peer_received = admitted
-        attachments = self._attachments
-        return functools.partial(
-            attachments.run, sock, slot, transport, peer_received, result.resume, key
-        )
-
-    # ------------------------------------------------------------------ admission
-
-    async def _admit(
-        self, sock: WebSocket, result: HandshakeResult
-    ) -> tuple[_Slot, SessionTransport, int] | None:
-        """Apply :func:`decide` to the executor's slot and send our held proof.
-
-        One socket per slot at a time (``slot.admitting``); the caller bounds this by the
-        handshake deadline. Returns the slot, the session to attach and the peer's resume
-        position, or None when the socket was refused (and closed) or lost.
-        """
-        assert self._tg is not None
-        executor_id = result.peer.executor
-        key = self._slot_key(result.peer)
-        slot = self._slots.get(key)
-        if slot is None and self._per_controller:
-            slot = self._places.new_slot(key)
-        elif slot is None:
-            if len(self._slots) >= self._max_executors:
-                self._stats.executors_refused += 1
-                await self._refuse(
-                    sock,
-                    Refuse(
-                        HandshakeFailure.REGISTRY_FULL,
-                        f"max_executors={self._max_executors} executors are registered",
-                    ),
-                )
-                return None
-            slot = self._slots[key] = _Slot(executor_id)
-        offer = Offer(
-            resume=result.resume,
-            session=result.session_id,
-            runtime=result.peer.runtime,
-            taken_over=result.peer.runtime in slot.taken_over,
-        )
-        full, evictable = self._places.of(slot)
-        view = slot.view(
-            self._closing, sock, full=full, evictable=evictable, draining=self._draining
-        )
-        decision = decide(view, offer)
-        if isinstance(decision, Refuse):
-            await self._refused_at_admission(sock, decision, slot)
-            return None
-        # Decided without an await since the view: no other socket is being admitted.
-        slot.admitting = sock
-        try:
-            admitted = await self._apply(slot, sock, result, offer, decision)
-            if admitted is None:
-                return None
-            proof, sock.held_proof = sock.held_proof, None
-            # On asyncio the proof goes out in one write with the session's first frames (the
-            # replay fence the writer sends as soon as the session is attached, next turn).
-            if proof is not None and not sock.hold_message_nowait(proof):
-                try:
-                    await sock.send_message(proof)
-                except SocketGone:
-                    return None  # the session waits, detached, for the next socket (or its grace)
-                log.debug(
-                    "%s %s: proof sent (admitted)",
-                    self._tag,
-                    sock.peer,
-                    extra=log_fields(executor=slot.executor_id, peer=sock.peer),
-                )
-            sock.authenticated()
-            return admitted
-        finally:
-            if slot.admitting is sock:
-                slot.admitting = None
-
-    async def _apply(
-        self,
-        slot: _Slot,
-        sock: WebSocket,
-        result: HandshakeResult,
-        offer: Offer,
-        decision: Decision,
-    ) -> tuple[_Slot, SessionTransport, int] | None:
-        """Carry out ``decision`` for ``sock`` (probing first if it says so)."""
-        assert self._tg is not None
-        if isinstance(decision, Probe):
-            old = slot.attached
-            healthy = old is not None and await old.probe(self.limits.takeover_probe_timeout)
-            if not healthy:
-                log.info(
-                    "%s attached socket failed the takeover probe",
-                    self._tag,
-                    extra=log_fields(executor=slot.executor_id, peer=sock.peer),
-                )
-            full, evictable = self._places.of(slot)
-            view = slot.view(
-                self._closing, sock, full=full, evictable=evictable, draining=self._draining
-            )
-            decision = decide(view, offer, probe_healthy=healthy)
-        if isinstance(decision, Refuse):
-            await self._refused_at_admission(sock, decision, slot)
-            return None
-        current = slot.live
-        if isinstance(decision, Resume):
-            assert current is not None
-            if decision.supersede_attached and current.attached:
-                old = slot.attached
-                if old is not None:
-                    old.local_close = (CloseCode.SUPERSEDED, "superseded by a resumed socket")
-                current.detach_socket()
-                await current.wait_detached()
-            self._stats.resumed += 1
-            return slot, current, result.peer.received
-        assert isinstance(decision, Fresh)
-        if decision.evict_detached:
-            self._places.evict(slot, sock)
-        if current is not None and decision.retire_current:
-            if decision.taken_over:
-                slot.taken_over.append(current.peer_runtime)
-                old = slot.attached
-                if old is not None:
-                    reason = HandshakeFailure.TAKEN_OVER
-                    old.local_close = (reason.close_code, self._taken_over_text(slot, reason))
-            current.retire(FailureReason.REPLACED, "a fresh session replaced it")
-            if current.attached:
-                await current.wait_detached()
-        transport = SessionTransport(
-            result.session_id, result.peer.runtime, self.limits, self._tg, pool=self.retention
-        )
-        slot.transport = transport
-        self._sessions_begun += 1
-        slot.since = self._sessions_begun
-        self._stats.fresh_sessions += 1
-        for listener in list(self._listeners):
-            listener(transport, result)
-        return slot, transport, 0
-
-    @staticmethod
-    def _taken_over_text(slot: _Slot, reason: HandshakeFailure) -> str:
-        if isinstance(slot.controller, str):
-            return "another process with this controller_id took over"
-        return reason.description
-
-    async def _refused_at_admission(self, sock: WebSocket, refusal: Refuse, slot: _Slot) -> None:
-        if refusal.reason is HandshakeFailure.SUPERSEDED:
-            if refusal == BUSY:
-                self._stats.admissions_busy += 1
-            else:
-                self._stats.takeovers_refused += 1
-        elif refusal.reason is HandshakeFailure.DRAINING:
-            self._stats.sessions_refused_draining += 1
-        elif refusal.reason is HandshakeFailure.CONTROLLERS_FULL:
-            self._stats.controllers_refused += 1
-            refusal = dataclasses.replace(refusal, detail=self._places.full_detail())
-        elif refusal.reason is HandshakeFailure.TAKEN_OVER:
-            refusal = dataclasses.replace(
-                refusal, detail=self._taken_over_text(slot, refusal.reason)
-            )
-        await self._refuse(sock, refusal, controller=slot.label)
-
-    async def _refuse(
-        self, sock: WebSocket, refusal: Refuse, *, controller: str | None = None
-    ) -> None:
-        # A full worker is the operator's business (more controllers than it was sized for):
-        # a warning, rate-limited as every line a peer can cause.
-        full = refusal.reason is HandshakeFailure.CONTROLLERS_FULL
-        self._peer_log.log(
-            peer_host(sock.peer),
-            refusal.reason.name,
-            "%s %s: refused%s: %s",
-            self._tag,
-            sock.peer,
-            f" controller {peer_text(controller)}" if controller is not None else "",
-            refusal.detail,
-            extra=log_fields(
-                peer=sock.peer, close_code=refusal.reason.close_code, controller=controller
-            ),
-            level=logging.WARNING if full else logging.INFO,
-        )
-        code = refusal.reason.close_code
-        sock.local_close = (code, refusal.detail)
-        await sock.close(code, refusal.detail)
-
-
-Admitted: TypeAlias = Callable[[], Awaitable[None]]
-
-
-class ExecutorLink:
-    """One executor's view of a link: what a fleet member's ``executor.link`` offers.
-
-    The link itself may serve many executors (a listening fleet controller); this view
-    disconnects and reports only ``executor_id``'s session. Counters are the link's.
-    """
-
-    def __init__(self, link: WebSocketLink, executor_id: str) -> None:
-        self._link = link
-        self.executor_id = executor_id
-
-    @property
-    def transport(self) -> SessionTransport | None:
-        """The executor's current logical session, if any."""
-        return self._link.session(self.executor_id)
-
-    @property
-    def last_error(self) -> str | None:
-        return self._link.last_error
-
-    @property
-    def refusal(self) -> HandshakeError | None:
-        """The link's latest refusal that a redial will not heal (a dialing link only)."""
-        return self._link.refusal
-
-    def on_refusal(self, listener: Callable[[HandshakeError], None]) -> Callable[[], None]:
-        return self._link.on_refusal(listener)
-
-    @property
-    def last_dial_error(self) -> str | None:
-        """Why the link's latest dial failed (``None`` for a listening link, or once a dial
-        attached a socket)."""
-        return self._link.last_dial_error
-
-    def on_dial_failed(self, listener: Callable[[LinkError], None]) -> Callable[[], None]:
-        return self._link.on_dial_failed(listener)
-
-    @property
-    def url(self) -> str:
-        return self._link.url
-
-    def statistics(self) -> LinkStatistics:
-        return self._link.statistics()
-
-    async def disconnect(self) -> None:
-        """Drop the executor's attached socket abruptly (as a network loss would)."""
-        await self._link.disconnect(self.executor_id)
+    async def _authenticate(self, sock: WebSocket) -> Admitted | None:
+        """A dialed socket's handshake and admission (the dial loop's)."""
+        return await self._authentication.authenticate(sock)

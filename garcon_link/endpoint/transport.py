@@ -235,12 +235,6 @@ class SessionTransport:
     def attached(self) -> bool:
         return self._shared.scope is not None
 
-    @property
-    def _receipt_poll(self) -> bool:
-        """Whether the writer polls for lone receipts now (read by a white-box test of the
-        polling, tests/test_transport.py)."""
-        return self._outbound.receipt_poll
-
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(state)`` on every state change; returns an unsubscribe callable."""
         self._listeners.append(listener)
@@ -269,6 +263,9 @@ class SessionTransport:
             capacity_wakeups=outbound.capacity_wakeups,
             writer_wakeups=outbound.writer_wakeups,
             receipt_timer_fires=outbound.receipt_timer_fires,
+            receipt_polls_started=outbound.receipt_polls_started,
+            receipt_polls_stopped=outbound.receipt_polls_stopped,
+            receipt_poll_writes=outbound.receipt_poll_writes,
         )
 
     def _set_state(self, state: TransportState) -> None:
@@ -333,11 +330,13 @@ class SessionTransport:
     def send_nowait(self, body: bytes | Gathered) -> Ordinal | None:
         """:meth:`send` if it need not wait (no earlier sender waits, retention admits
         ``body``); ``None`` (nothing issued) otherwise."""
-        return self._outbound.send_nowait(body)
+        return self._outbound.send_nowait(body, False)
 
     def try_send(self, body: bytes | Gathered) -> Ordinal | None:
-        """Like :meth:`send` but returns ``None`` instead of waiting when retention is full."""
-        return self._outbound.try_send(body)
+        """Like :meth:`send` but returns ``None`` instead of waiting when retention is full; unlike
+        :meth:`send_nowait`, issues ``body`` ahead of the senders waiting for capacity if
+        retention admits it."""
+        return self._outbound.send_nowait(body, True)
 
     async def wait_acknowledged(self) -> bool:
         """Wait until the peer's receipts cover every frame issued so far (a graceful drain

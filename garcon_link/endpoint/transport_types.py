@@ -135,6 +135,15 @@ class TransportStatistics:
     waited ``receipt_delay``, handed one to the writer, or re-armed itself for a younger one.
     (A timer that finds the receipt already carried by a frame does nothing and is not
     counted.)"""
+    receipt_polls_started: int
+    """Times the socket writer began polling for lone receipts (where no loop timer sends
+    them: trio), waking every ``receipt_delay`` instead of being woken for each receipt."""
+    receipt_polls_stopped: int
+    """Times the writer stopped polling: after a few ticks with no receipt due, or when its
+    attachment ended. ``receipt_polls_started - receipt_polls_stopped`` is 1 while it polls."""
+    receipt_poll_writes: int
+    """Lone receipts the writer wrote at a poll tick, once they had waited ``receipt_delay``
+    with no frame to ride with."""
 
 
 class PreReadinessBuffer:

@@ -1,10 +1,11 @@
 """The built-in process service: run programs on the worker, stream their output (POSIX).
 
-Why one module, although a long one: the service's methods and their records are one state
-machine (start, output, exit, release, and the records that survive a worker restart); the
-supervision of one process group is in :mod:`._supervisor`, the stored records (and what can be
-done with a restored one) in :mod:`._records`, the spools in :mod:`._spool`, the checks of a
-caller's arguments in :mod:`._process_args`.
+The service's methods (start, output, exit, release) are kept here; the table of its records
+(lookups, eviction, room for one more) is :mod:`._process_table`, the supervision of one process
+group :mod:`._supervisor`, the rows stored in the state directory :mod:`._records`, what the
+service keeps there and restored from it (and what can be done with a restored record)
+:mod:`._ledger`, the spools :mod:`._spool`, the checks of a caller's arguments
+:mod:`._process_args`.
 
 Theory of operation
 -------------------
@@ -94,8 +95,10 @@ cancel scope this service cancels and awaits on close (``_DetachedTasks``).
 This module is the service's face: the interface and :class:`LocalProcessService`. Its parts
 live beside it: the values in ``_process_values.py`` (importable from here), the checks of a
 caller's arguments in ``_process_args.py``, the output of a stream, in memory or spooled to disk,
-in ``_spool.py``, and the supervision of a process group (its record, signals, the detached
-tasks) in ``_supervisor.py``.
+in ``_spool.py``, the supervision of a process group (its record, signals, the detached tasks)
+in ``_supervisor.py``, the records in the state directory and those restored from it in
+``_ledger.py``, and the table of records (lookup, eviction, ``max_processes``) in
+``_process_table.py``.
 
 POSIX only (process groups, ``killpg``); tested on Linux with asyncio and trio.
 """
@@ -109,7 +112,6 @@ import shutil
 import signal as sig_mod
 import subprocess
 import tempfile
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 
@@ -119,8 +121,9 @@ import anyio.abc
 from ..errors import ConfigError, Rejected, RemoteError
 from ..logs import peer_text
 from ..rpc.resources import ResourceRef, ServiceScope, current_scope
-from ..rpc.statedir import StateDirectory, Statement, StateUnavailable
+from ..rpc.statedir import StateDirectory
 from ._confined import ConfinedRoot, _os_errors
+from ._ledger import Ledger, restored_info
 from ._limits import MiB, ServiceLimits
 from ._process_args import (
     _check_argv,
@@ -129,6 +132,7 @@ from ._process_args import (
     _check_seconds,
     _check_spec_size,
 )
+from ._process_table import ProcessTable, process_info
 from ._process_values import (
     ExitStatus,
     OutputChunk,
@@ -137,18 +141,8 @@ from ._process_values import (
     StreamName,
     TruncationMarker,
 )
-from ._records import (
-    Restored,
-    delete_statement,
-    exit_statement,
-    restore,
-    restored_exit_statement,
-    restored_status,
-    signal_detached,
-    spec_digest,
-    start_statement,
-)
-from ._supervisor import _REAP_TIMEOUT, _DetachedTasks, _finished, _parse_signal, _Proc
+from ._records import Restored, signal_detached, spec_digest
+from ._supervisor import _REAP_TIMEOUT, _DetachedTasks, _parse_signal, _Proc
 
 __all__ = [
     "ExitStatus",
@@ -362,65 +356,19 @@ class LocalProcessService:
             # A private directory per service object: ours to empty on close.
             self._spool = tempfile.mkdtemp(prefix="garcon-link-spool-", dir=spool_dir)
         self._spool_files = itertools.count(1)
-        self._starting: dict[str, tuple[tuple[object, ...], anyio.Event]] = {}
         self._scope = scope
         self._base_env = (
             dict(base_env) if base_env is not None else default_base_env(self.root.host)
         )
-        self._procs: dict[str, _Proc] = {}
-        self._runs: set[_Proc] = set()
-        self._reserved = 0
-        self._next_id = 1
         self._tasks = _DetachedTasks()
         self._closed = False
-        self._state = state
-        self._durable: set[str] = set()  # ids whose record is in the state directory
-        self._pending: list[Statement] = []  # deletes not written yet
-        self._restored: dict[str, Restored] = {}
-        if state is not None:
-            self._restored, self._pending = restore(state.process_rows, str(state.database))
-            state.process_rows = []
-            self._durable.update(self._restored)
-            if self._restored:
-                lost = sum(r.state == "lost" for r in self._restored.values())
-                log.info(
-                    "restored %d process record(s) from the state directory, %d of them lost",
-                    len(self._restored),
-                    lost,
-                )
-
-    async def _persist(self, *statements: Statement) -> None:
-        """Write ``statements`` (and the pending deletes) to the state directory; a failure is
-        logged: the record is then not durable, the process is unaffected."""
-        if self._state is None:
-            return
-        batch, self._pending = [*self._pending, *statements], []
-        with anyio.move_on_after(_RECORD_TIMEOUT) as waited:
-            try:
-                await self._state.write(batch)
-            except StateUnavailable as exc:
-                log.warning("a process record was not stored: %s", exc)
-        if waited.cancelled_caught:
-            log.warning("a process record was not stored within %ss", _RECORD_TIMEOUT)
-
-    def _exit_statement(self, proc: _Proc) -> Statement:
-        return exit_statement(
-            proc.id,
-            proc.argv,
-            proc.cwd,
-            proc.pid,
-            proc.spec,
-            proc.started_at,
-            proc.status(),
-            proc.exited_at or time.time(),
-            proc.stdout.end,
-            proc.stderr.end,
-        )
+        self._ledger = Ledger(state)
+        self._table = ProcessTable(self.limits, self._ledger)
 
     async def _record_exit(self, proc: _Proc) -> None:
         await proc.done.wait()
-        if proc.id in self._durable and self._procs.get(proc.id) is proc:
-            await self._persist(self._exit_statement(proc))
+        if self._table.holds(proc):
+            await self._ledger.exited(proc)
 
     async def __aenter__(self) -> LocalProcessService:
         return self
@@ -433,7 +381,8 @@ class LocalProcessService:
         if self._closed:
             return
         self._closed = True
-        live = [p for p in (*self._procs.values(), *self._runs) if not p.done.is_set()]
+        table = self._table
+        live = [p for p in (*table.procs.values(), *table.runs) if not p.done.is_set()]
         if live:
             log.info("session ended: terminating %d process group(s)", len(live))
         grace = self.limits.session_end_grace
@@ -447,109 +396,28 @@ class LocalProcessService:
         with anyio.move_on_after(grace):
             for proc in live:
                 await proc.done.wait()
-        if self._state is not None:
-            finished = [
-                self._exit_statement(p)
-                for p in self._procs.values()
-                if p.id in self._durable and p.done.is_set()
-            ]
-            with anyio.CancelScope(shield=True):
-                await self._persist(*finished)
+        await self._ledger.close(p for p in table.procs.values() if p.done.is_set())
         await self._tasks.aclose()
-        for proc in self._procs.values():
+        for proc in table.procs.values():
             proc.stdout.discard()
             proc.stderr.discard()
-        self._procs.clear()
+        table.procs.clear()
         if self._spool is not None:
             shutil.rmtree(self._spool, ignore_errors=True)
 
     def _current_scope(self) -> ServiceScope:
         return self._scope if self._scope is not None else current_scope()
 
-    def _get(self, handle: ResourceRef) -> _Proc:
-        found = self._lookup(handle)
-        if isinstance(found, Restored):
-            raise Rejected(
-                "OUTPUT_LOST" if found.state != "detached" else "PROCESS_DETACHED",
-                f"process {found.id!r} was started by a previous worker process "
-                f"({found.state}): its output and stdin went with that process",
-            )
-        return found
-
-    def _lookup(self, handle: ResourceRef) -> _Proc | Restored:
-        proc_id = self._current_scope().check(handle, "process")
-        self._prune()
-        restored = self._restored.get(proc_id)
-        if restored is not None:
-            return restored
-        proc = self._procs.get(proc_id)
-        if proc is not None:
-            return proc
-        number = proc_id[1:]
-        if proc_id.startswith("p") and number.isdigit() and int(number) < self._next_id:
-            raise Rejected("PROCESS_RELEASED", f"{handle!r} was released")
-        raise Rejected(
-            "UNKNOWN_PROCESS",
-            f"{handle!r} names no process record (never started, released or evicted)",
-        )
-
-    def _forget(self, proc: _Proc) -> None:
-        if self._procs.get(proc.id) is proc:
-            del self._procs[proc.id]
-            self._forget_record(proc.id)
-        proc.stdout.discard()
-        proc.stderr.discard()
-
-    def _forget_record(self, proc_id: str) -> None:
-        self._restored.pop(proc_id, None)
-        if proc_id in self._durable:
-            self._durable.discard(proc_id)
-            self._pending.append(delete_statement(proc_id))
-
-    def _prune(self) -> None:
-        """Evict exited records beyond ``max_exited_processes`` or older than the TTL (those a
-        previous worker left first: they are older)."""
-        over = self._over_restored()
-        exited = sorted((p for p in self._procs.values() if p.done.is_set()), key=_finished)
-        excess = len(exited) + len(over) - self.limits.max_exited_processes
-        wall_cutoff = time.time() - self.limits.exited_process_ttl
-        for record in over:
-            assert record.exited_at is not None
-            if excess > 0 or record.exited_at < wall_cutoff:
-                self._forget_record(record.id)
-                excess -= 1
-        cutoff = time.monotonic() - self.limits.exited_process_ttl
-        for i, proc in enumerate(exited):
-            if i < excess or proc.exited_mono < cutoff:
-                self._forget(proc)
-
-    def _over_restored(self) -> list[Restored]:
-        """Restored records that are over (exited or lost), oldest finish first; a detached
-        one found dead becomes lost."""
-        for record in self._restored.values():
-            if record.state == "detached" and not record.alive():
-                record.state, record.exited_at = "lost", time.time()
-        over = [r for r in self._restored.values() if r.state != "detached"]
-        return sorted(over, key=lambda r: r.exited_at or 0.0)
-
-    def _make_room(self) -> None:
+    def _check_open(self) -> None:
+        """Refuse a new process once the service is closing (``SHUTTING_DOWN``)."""
         if self._closed:
             raise Rejected("SHUTTING_DOWN", "the worker is stopping")
-        self._prune()
-        held = len(self._procs) + len(self._runs) + self._reserved + len(self._restored)
-        if held < self.limits.max_processes:
-            return
-        over = self._over_restored()
-        if over:
-            self._forget_record(over[0].id)
-            return
-        finished = [p for p in self._procs.values() if p.done.is_set()]
-        if not finished:
-            raise Rejected(
-                "TOO_MANY_PROCESSES",
-                f"{self.limits.max_processes} processes are running on this worker",
-            )
-        self._forget(min(finished, key=_finished))
+
+    def _get(self, handle: ResourceRef) -> _Proc:
+        return self._table.get(handle, self._current_scope().check(handle, "process"))
+
+    def _lookup(self, handle: ResourceRef) -> _Proc | Restored:
+        return self._table.lookup(handle, self._current_scope().check(handle, "process"))
 
     async def _spawn(
         self,
@@ -577,8 +445,9 @@ class LocalProcessService:
         parts = await anyio.to_thread.run_sync(check_cwd)
         cwd_host = self.root.host_path(parts)
         merged = {**self._base_env, "PWD": cwd_host, **(env or {})}
-        self._make_room()
-        self._reserved += 1
+        self._check_open()
+        self._table.make_room()
+        self._table.reserved += 1
         try:
             # Shielded: a process spawned by a cancelled call must still be tracked (and killed).
             with anyio.CancelScope(shield=True):
@@ -595,10 +464,9 @@ class LocalProcessService:
             why = os.strerror(exc.errno) if exc.errno is not None else str(exc)
             raise Rejected("SPAWN_FAILED", f"cannot start {argv[0]!r}: {why}") from exc
         finally:
-            self._reserved -= 1
+            self._table.reserved -= 1
         if proc_id is None:
-            proc_id = f"p{self._next_id}"
-            self._next_id += 1
+            proc_id = self._table.new_id()
         spool_at = None
         if spool and self._spool is not None:
             spool_at = (self._spool, str(next(self._spool_files)))
@@ -635,25 +503,6 @@ class LocalProcessService:
         _check_env(env or {})
         _check_seconds("timeout", timeout)
 
-    async def _existing(self, proc_id: str, spec: tuple[object, ...]) -> _Proc | None:
-        """The record of ``proc_id`` started with ``spec``, once any start of it in progress
-        has finished; ``None`` if there is none (``CONFLICT`` if it has another spec)."""
-        while True:
-            self._prune()
-            proc = self._procs.get(proc_id)
-            starting = self._starting.get(proc_id)
-            if proc is None and starting is None:
-                return None
-            theirs = proc.spec if proc is not None else starting[0] if starting else ()
-            if theirs != spec:
-                raise Rejected(
-                    "CONFLICT", f"process {proc_id!r} exists and was started with another spec"
-                )
-            if proc is not None:
-                return proc
-            assert starting is not None
-            await starting[1].wait()
-
     # -- the interface
 
     async def start(
@@ -674,11 +523,10 @@ class LocalProcessService:
             stdin,
             timeout,
         )
-        started = anyio.Event()
         if id is not None:
             _check_id(id, self.limits.max_process_id_length)
-            self._prune()
-            restored = self._restored.get(id)
+            self._table.prune()
+            restored = self._ledger.restored.get(id)
             if restored is not None:
                 # Started by a previous worker process: the same spec starts nothing.
                 if restored.spec != spec_digest(spec):
@@ -686,9 +534,9 @@ class LocalProcessService:
                         "CONFLICT", f"process {id!r} exists and was started with another spec"
                     )
                 return scope.resource("process", id)
-            if await self._existing(id, spec) is not None:
+            if await self._table.existing(id, spec) is not None:
                 return scope.resource("process", id)
-            self._starting[id] = (spec, started)
+            self._table.starting(id, spec)
         try:
             proc = await self._spawn(
                 argv,
@@ -701,22 +549,16 @@ class LocalProcessService:
                 spec=spec,
                 spool=True,
             )
-            self._procs[proc.id] = proc
-            if self._state is not None:
-                self._durable.add(proc.id)
+            self._table.procs[proc.id] = proc
+            if self._ledger.keeping:
                 # Stored before the reply: a restarted worker knows every handle it gave.
-                with anyio.CancelScope(shield=True):
-                    record = start_statement(
-                        proc.id, proc.argv, proc.cwd, proc.pid, spec, proc.started_at
-                    )
-                    await self._persist(record)
+                await self._ledger.started(proc)
                 self._tasks.spawn(
                     lambda: self._record_exit(proc), f"garcon-link process record {proc.id}"
                 )
         finally:
             if id is not None:
-                del self._starting[id]
-                started.set()
+                self._table.started(id)
         return scope.resource("process", proc.id)
 
     async def read(
@@ -774,7 +616,7 @@ class LocalProcessService:
         _check_seconds("grace", grace, allow_zero=True)
         found = self._lookup(handle)
         if isinstance(found, Restored):
-            return await self._terminate_detached(found, grace)
+            return await self._ledger.terminate(found, grace)
         proc = found
         if proc.force(sig_mod.SIGTERM):
             with anyio.move_on_after(grace):
@@ -789,14 +631,7 @@ class LocalProcessService:
         _check_seconds("timeout", timeout, allow_zero=True)
         found = self._lookup(handle)
         if isinstance(found, Restored):
-            with anyio.move_on_after(timeout):
-                # Not our child: nothing to await but a look at /proc.
-                while found.alive():  # noqa: ASYNC110
-                    await anyio.sleep(_DETACHED_POLL)
-                return restored_status(found)
-            raise RemoteError(
-                "WAIT_TIMEOUT", f"process {found.id} has not finished within {timeout} seconds"
-            )
+            return await self._ledger.wait(found, timeout)
         proc = found
         with anyio.move_on_after(timeout):
             await proc.done.wait()
@@ -805,95 +640,31 @@ class LocalProcessService:
             "WAIT_TIMEOUT", f"process {proc.id} has not finished within {timeout} seconds"
         )
 
-    def _info(self, scope: ServiceScope, proc: _Proc) -> ProcessInfo:
-        done = proc.done.is_set()
-        return ProcessInfo(
-            handle=scope.resource("process", proc.id),
-            argv=list(proc.argv),
-            cwd=proc.cwd,
-            pid=proc.pid,
-            running=proc.returncode is None and not proc.done.is_set(),
-            status=proc.status() if done else None,
-            stdout_end=proc.stdout.end,
-            stderr_end=proc.stderr.end,
-            stdin_offset=proc.stdin_pos if proc.has_stdin else None,
-            id=proc.id,
-            stdout_start=proc.stdout.start,
-            stderr_start=proc.stderr.start,
-            started_at=proc.started_at,
-            exited_at=proc.exited_at if done else None,
-            state="exited" if done else "running",
-        )
-
-    def _restored_info(self, scope: ServiceScope, record: Restored) -> ProcessInfo:
-        return ProcessInfo(
-            handle=scope.resource("process", record.id),
-            argv=list(record.argv),
-            cwd=record.cwd,
-            pid=record.pid,
-            running=record.state == "detached",
-            status=record.status,
-            stdout_end=record.stdout_end,
-            stderr_end=record.stderr_end,
-            stdin_offset=None,
-            id=record.id,
-            stdout_start=record.stdout_end,  # the output went with the old worker process
-            stderr_start=record.stderr_end,
-            started_at=record.started_at,
-            exited_at=record.exited_at,
-            state=record.state,
-        )
-
     async def info(self, handle: ResourceRef) -> ProcessInfo:
         found = self._lookup(handle)
         scope = self._current_scope()
         if isinstance(found, Restored):
-            return self._restored_info(scope, found)
-        return self._info(scope, found)
+            return restored_info(scope, found)
+        return process_info(scope, found)
 
     async def list(self) -> _Infos:
         scope = self._current_scope()
-        self._prune()
-        restored = [self._restored_info(scope, r) for r in self._restored.values()]
-        return [*restored, *(self._info(scope, proc) for proc in self._procs.values())]
+        self._table.prune()
+        restored = [restored_info(scope, r) for r in self._ledger.restored.values()]
+        return [*restored, *(process_info(scope, proc) for proc in self._table.procs.values())]
 
     async def list_processes(self) -> _Infos:
         return await self.list()
 
-    async def _terminate_detached(self, record: Restored, grace: float) -> ExitStatus:
-        """SIGTERM, then SIGKILL after ``grace``, a detached process's group; its exit status
-        cannot be known (not our child): ``killed`` with no code or signal. A record that is
-        not detached reports its status (``PROCESS_LOST`` if none)."""
-        if record.state != "detached":
-            return restored_status(record)
-        for signum, wait in ((sig_mod.SIGTERM, grace), (sig_mod.SIGKILL, _REAP_TIMEOUT)):
-            if not signal_detached(record, signum):
-                break
-            with anyio.move_on_after(wait):
-                # Not our child: nothing to await but a look at /proc.
-                while record.alive():  # noqa: ASYNC110
-                    await anyio.sleep(_DETACHED_POLL)
-        if record.alive():
-            raise RemoteError("WAIT_TIMEOUT", f"process {record.id} survived SIGKILL")
-        record.state, record.exited_at = "exited", time.time()
-        record.status = ExitStatus(None, None, False, True)
-        await self._persist(restored_exit_statement(record, record.status, record.exited_at))
-        return record.status
-
     async def release(self, handle: ResourceRef) -> None:
         found = self._lookup(handle)
         if isinstance(found, Restored):
-            if found.state == "detached":
-                raise Rejected(
-                    "PROCESS_RUNNING", f"{handle!r} is still running; terminate it first"
-                )
-            self._forget_record(found.id)
-            await self._persist()
+            await self._ledger.release(handle, found)
             return
         proc = found
         if not proc.done.is_set():
             raise Rejected("PROCESS_RUNNING", f"{handle!r} is still running; terminate it first")
-        self._forget(proc)
+        self._table.forget(proc)
 
     async def run(
         self,
@@ -914,7 +685,7 @@ class LocalProcessService:
             timeout=timeout,
             retention=min(max_output, self.limits.max_run_output_bytes),
         )
-        self._runs.add(proc)
+        self._table.runs.add(proc)
         try:
             async with anyio.create_task_group() as tg:
                 if stdin_data is not None:
@@ -930,7 +701,7 @@ class LocalProcessService:
                     await proc.done.wait()
             raise
         finally:
-            self._runs.discard(proc)
+            self._table.runs.discard(proc)
         return RunResult(
             status=proc.status(),
             stdout=proc.stdout.tail(),
@@ -946,13 +717,6 @@ class LocalProcessService:
             return  # the program exited without reading all of it
         proc.stdin_closing = True
         proc.changed.notify()
-
-
-_DETACHED_POLL = 0.1
-"""Seconds between two looks at a detached process (not our child: it cannot be awaited)."""
-_RECORD_TIMEOUT = 10.0
-"""Seconds a start or an exit waits for its record to be committed before going on without
-(logged: the record is then not durable)."""
 
 
 if TYPE_CHECKING:  # static conformance check: the implementation matches its interface
