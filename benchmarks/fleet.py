@@ -800,6 +800,7 @@ async def _controller_main(args: argparse.Namespace) -> dict[str, Any]:
                 storm_evicted_unauthenticated=(
                     after.evicted_unauthenticated - before.evicted_unauthenticated
                 ),
+                storm_accepts_paused=after.accepts_paused - before.accepts_paused,
                 storm_handshakes_failed={
                     k: v - before.handshakes_failed.get(k, 0)
                     for k, v in after.handshakes_failed.items()

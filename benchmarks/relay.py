@@ -788,6 +788,15 @@ async def _cpu(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def cpu_bounds(used: Mapping[str, float], cores: int) -> tuple[float, float]:
+    """The calls/s that CPU per call (µs, per process) allows: on ``cores`` cores (the busiest
+    process, or the whole work shared out, whichever bounds), and with a core per process
+    (the busiest one alone). Scheduling and wake-ups are left out: measured figures fall
+    below both."""
+    busiest, total = max(used.values()), sum(used.values())
+    return 1e6 / max(busiest, total / cores), 1e6 / busiest
+
+
 def _keys(root: Path, args: argparse.Namespace) -> None:
     for directory in ("keys", "callers"):
         (root / directory).mkdir(mode=0o700)
@@ -1041,19 +1050,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu:
         args.executors, args.callers = 1, 1
         doc = anyio.run(_main, args)
-        print(json.dumps(doc, indent=2))
+        cores = os.cpu_count() or 1
         for arrangement in ("gateway", "direct"):
             used = {
                 key.split("_")[1]: value
                 for key, value in doc.items()
                 if key.startswith(f"{arrangement}_") and key.endswith("_cpu_us_per_call")
             }
+            doc[f"{arrangement}_bound_here"], doc[f"{arrangement}_bound_core_each"] = cpu_bounds(
+                used, cores
+            )
             print(
                 f"{arrangement}: {doc[f'{arrangement}_calls_per_s_64']:.0f} calls/s; CPU per "
                 f"call {', '.join(f'{k} {v:.1f} us' for k, v in used.items())}, total "
-                f"{sum(used.values()):.1f} us",
+                f"{sum(used.values()):.1f} us; CPU-bound calls/s on {cores} cores "
+                f"{doc[f'{arrangement}_bound_here']:.0f}, with a core per process "
+                f"{doc[f'{arrangement}_bound_core_each']:.0f}",
                 file=sys.stderr,
             )
+        for bound in ("bound_here", "bound_core_each"):
+            doc[f"{bound}_ratio"] = doc[f"gateway_{bound}"] / doc[f"direct_{bound}"]
+        print(
+            f"gateway/direct calls/s: measured "
+            f"{doc['gateway_calls_per_s_64'] / doc['direct_calls_per_s_64']:.2f}x; as the CPU "
+            f"per call bounds it on {cores} cores {doc['bound_here_ratio']:.2f}x, with a core "
+            f"per process {doc['bound_core_each_ratio']:.2f}x",
+            file=sys.stderr,
+        )
+        print(json.dumps(doc, indent=2))
         return 0
     if args.instructions:
         if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:

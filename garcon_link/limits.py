@@ -163,7 +163,11 @@ class Limits:
     )
     max_unauthenticated_sockets: int = field(
         default=64,
-        metadata=_doc("Sockets still in HTTP upgrade or handshake; the oldest is evicted past it."),
+        metadata=_doc(
+            "Sockets still in HTTP upgrade or handshake; past it the oldest one waiting for its "
+            "peer is evicted (while every one waits in the handshake line, connections wait in "
+            "the kernel's backlog instead)."
+        ),
     )
     handshake_steps_per_turn: int = field(
         default=4,
@@ -193,9 +197,10 @@ class Limits:
             "only once its event loop's thread has been on the CPU at most this fraction of the "
             "time since the last ones went through: a storm of reconnects gets what the "
             "established sessions leave, up to this share, and lasts longer (a lone handshake "
-            "is never held, nor a line of half max_unauthenticated_sockets, which would make "
-            "the listener evict handshakes under way; each step still waits at most a tenth of "
-            "handshake_timeout). 1: no hold.",
+            "is never held, nor the line while seven eighths of max_unauthenticated_sockets "
+            "are open, and each step still waits at most a tenth of handshake_timeout; past "
+            "that cap the listener evicts no socket waiting in this line, and stops accepting "
+            "while every one does). 1: no hold.",
             maximum=1.0,
             minimum=0.1,
             unit="",

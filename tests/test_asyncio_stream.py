@@ -132,16 +132,15 @@ async def test_unread_bytes_pause_the_transport_and_memory_stays_bounded() -> No
     async with served(flood) as port:
         stream = await _asyncio_stream.connect("127.0.0.1", port)
         async with stream:
-            protocol = stream._protocol
             # Wait (bounded) until the sender fills what TCP lets through and we pause reading.
             with anyio.fail_after(5):
-                while not protocol.reading_paused:
+                while not stream.reading_paused:
                     await anyio.sleep(0.01)
             await anyio.sleep(0.1)  # had reading gone on, more would arrive now
-            assert protocol.buffered < READ_HIGH_WATER + 256 * 1024
+            assert stream.buffered < READ_HIGH_WATER + 256 * 1024
             # Reading everything resumes the transport and loses nothing.
             assert await receive_exactly(stream, total) == payload
-            assert not protocol.reading_paused
+            assert not stream.reading_paused
 
 
 async def test_receive_is_a_checkpoint_even_when_bytes_are_waiting() -> None:
@@ -170,7 +169,7 @@ async def test_receive_is_a_checkpoint_even_when_bytes_are_waiting() -> None:
         async with stream, anyio.create_task_group() as tg:
             with anyio.fail_after(5):
                 await wrote.wait()
-                while stream._protocol.buffered < total:
+                while stream.buffered < total:
                     await anyio.sleep(0.01)
             tg.start_soon(ticker)
             before = ticks

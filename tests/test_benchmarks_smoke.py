@@ -460,3 +460,14 @@ def test_the_turn_tracer_counts_every_turn_its_handles_gc_passes_and_categories(
     assert [t.gc_passes for t in turns] == [(0, 0, 0), (0, 0, 2)]
     assert set(turns[1].cpu_by_category) == {"collect", "rest", "GC"}
     assert all(t.end_ns >= t.start_ns and t.cpu_ns > 0 for t in turns)
+
+
+def test_relay_cpu_bounds_take_the_busiest_process_or_the_shared_cores() -> None:
+    """``benchmarks.relay.cpu_bounds``: three processes on two cores are bound by their total
+    CPU shared out; with a core each, by the busiest alone."""
+    from benchmarks.relay import cpu_bounds
+
+    here, each = cpu_bounds({"caller": 15.0, "gateway": 20.0, "worker": 20.0}, 2)
+    assert (round(here), round(each)) == (36364, 50000)
+    here, each = cpu_bounds({"caller": 10.0, "worker": 40.0}, 2)
+    assert (round(here), round(each)) == (25000, 25000)

@@ -274,10 +274,8 @@ def _read_messages(chunks: list[bytes], *, fast: bool) -> tuple[list[bytes], int
     async def run() -> tuple[list[bytes], int]:
         _, server = _pair()
         stream = _Reads(chunks)
-        sock = WebSocket(stream, server, peer="test", limits=Limits())
+        sock = WebSocket(stream, server, peer="test", limits=Limits(), fast_frames=fast)
         sock.authenticated()
-        if not fast:
-            sock._fast = None
         out = []
         with anyio.fail_after(5):
             while (message := await sock.receive_message()) is not None:

@@ -285,8 +285,9 @@ async def read_all(sock: _WebSocket) -> str:
             return "refused"
         if message is None:
             # What an unfinished message holds is bounded, in bytes and in fragments.
-            assert sock._size <= sock.max_message
-            assert sock._fragments < LIMITS.max_message_fragments
+            size, fragments = sock.assembling
+            assert size <= sock.max_message
+            assert fragments < LIMITS.max_message_fragments
             return "closed"
         assert len(message) <= sock.max_message
 
@@ -316,7 +317,7 @@ def test_the_reader_survives_any_frame_sequence(
             await read_all(sock)
             if not authenticated:
                 # The allowance was checked before each frame was acted on: at most one over.
-                assert sock._budget.tokens >= -1
+                assert sock.frames_allowed >= -1
             await sock.close(1000, "done")
 
     anyio.run(run, backend="asyncio")

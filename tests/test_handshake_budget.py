@@ -457,21 +457,116 @@ async def test_a_held_line_still_lets_overdue_steps_through() -> None:
     assert clock.busy  # never idle: the steps went through by max_wait alone
 
 
-async def test_a_held_line_moves_once_hold_below_steps_wait() -> None:
-    """The hold ends while ``hold_below`` steps wait (the listener: half its unauthenticated
-    sockets' cap), so holding the line never makes the listener evict handshakes under way."""
+async def test_the_line_knows_which_tasks_wait_in_it() -> None:
+    """``waits(task)``: true while the task's step is in line, false once it is let through or
+    cancelled; ``left`` is called each time a step leaves (the listener's accept loop looks
+    again then)."""
+    import asyncio
+
+    left: list[int] = []
+    clock = _CpuClock()  # busy: after the first step the line is held
+    budget = TurnBudget(
+        1, LinkStatistics(), busy_share=0.5, left=lambda: left.append(1), clock=clock
+    )
+    tasks: dict[int, asyncio.Task[object] | None] = {}
+    ran: list[int] = []
+
+    async def one(i: int) -> None:
+        tasks[i] = asyncio.current_task()
+        await budget.step()
+        ran.append(i)
+
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(one, i)
+            await wait_until(lambda: ran == [0] and len(tasks) == 4)
+            assert [budget.waits(tasks[i]) for i in range(4)] == [False, True, True, True]
+            assert len(left) == 1
+            tg.cancel_scope.cancel()
+    assert not any(budget.waits(t) for t in tasks.values())
+    assert len(left) == 4  # the cancelled steps left too
+
+
+async def test_a_held_line_moves_once_it_may_no_longer_be_held() -> None:
+    """``may_hold`` (the listener: below seven eighths of its unauthenticated cap) ends the
+    hold: a step asked while it says no moves the line at once."""
     clock = _CpuClock()
-    stats = LinkStatistics()
-    budget = TurnBudget(1, stats, busy_share=0.5, hold_below=3, clock=clock)
-    async with asked_steps(budget, 4) as (ran, ask):
-        await wait_until(lambda: ran == [0, 1])  # 4, then 3 waiting: not held
-        for _ in range(50):  # 2 waiting, the loop busy: held
+    hold = True
+    budget = TurnBudget(1, LinkStatistics(), busy_share=0.5, may_hold=lambda: hold, clock=clock)
+    async with asked_steps(budget, 3) as (ran, ask):
+        await wait_until(lambda: ran == [0])
+        for _ in range(50):  # the loop busy: held
             await anyio.sleep(0)
-        assert ran == [0, 1], ran
-        ask(4)  # 3 waiting again: the line moves at once
-        await wait_until(lambda: ran == [0, 1, 2])
-        for _ in range(50):
+        assert ran == [0], ran
+        hold = False
+        ask(3)  # the line moves at once, one step a turn
+        await wait_until(lambda: sorted(ran) == [0, 1, 2, 3])
+
+
+async def test_past_the_cap_only_sockets_waiting_for_their_peer_are_evicted() -> None:
+    """A line of eight held handshakes, then twelve more sockets at once, a cap of sixteen and
+    no hello ever sent: every socket evicted had been answered (its 101, then nothing but the
+    close) -- none was evicted while its step waited in the line; the newcomers waited in the
+    kernel's backlog instead (``accepts_paused``) -- and sixteen remain, waiting for a hello."""
+    cap, lined, more = 16, 8, 12
+    limits = small_limits(
+        handshake_steps_per_turn=1,
+        max_unauthenticated_sockets=cap,
+        handshake_timeout=60.0,  # max_wait 6 s: nothing overdue while the test runs
+        handshake_busy_share=0.1,
+    )
+    spinning = True
+
+    async def spin() -> None:  # keeps the loop's thread on the CPU: the line is held
+        while spinning:
+            end = time.thread_time() + 0.002
+            while time.thread_time() < end:
+                pass
             await anyio.sleep(0)
-        assert ran == [0, 1, 2], ran
-        clock.busy = False
-        await wait_until(lambda: sorted(ran) == [0, 1, 2, 3, 4])
+
+    with anyio.fail_after(DEADLINE):
+        async with link_pair("worker-dials", limits) as pair:
+            await pair.wait_ready()
+            link = pair.listener.link
+            before = link.statistics()
+            port = link.listen_address[1]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(spin)
+                with raw_sockets(port, lined) as first:
+                    await wait_until(
+                        lambda: link.statistics().connections == before.connections + lined,
+                        10.0,
+                        "the first sockets accepted",
+                    )
+                    for s in first:  # read in one turn: a line of eight, held
+                        s.sendall(upgrade_request())
+                    await wait_until(
+                        lambda: link.statistics().handshake_steps_waiting == lined, 10.0, "line"
+                    )
+                    with raw_sockets(port, more) as rest:
+                        for s in rest:
+                            s.sendall(upgrade_request())
+                        await wait_until(
+                            lambda: (
+                                link.statistics().evicted_unauthenticated
+                                == before.evicted_unauthenticated + lined + more - cap
+                            ),
+                            10.0,
+                            "all but the cap's worth evicted",
+                        )
+                        await wait_until(
+                            lambda: link.statistics().handshake_steps_waiting == 0, 10.0, "none"
+                        )
+                        closed = 0
+                        for s in first + rest:
+                            await read_101(s)  # every one answered, the evicted ones too
+                            try:
+                                after = s.recv(4096)
+                            except BlockingIOError:
+                                continue  # still open: waiting for its hello
+                            assert after == b"", after[:40]  # nothing after the 101 but the close
+                            closed += 1
+                        assert closed == lined + more - cap
+                spinning = False
+            assert link.statistics().accepts_paused > before.accepts_paused

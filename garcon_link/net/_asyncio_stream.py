@@ -53,7 +53,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, cast
 
 import anyio
@@ -255,6 +255,17 @@ class AsyncioByteStream(anyio.abc.ByteStream):
     def loop(self) -> asyncio.AbstractEventLoop:
         """The event loop this stream runs on."""
         return self._loop
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read from the socket and not yet returned by :meth:`receive`."""
+        return self._protocol.buffered
+
+    @property
+    def reading_paused(self) -> bool:
+        """Whether reading from the socket is paused: :data:`READ_HIGH_WATER` bytes or more
+        are buffered."""
+        return self._protocol.reading_paused
 
     def set_direct(self, take: Callable[[bytes], bool] | None) -> None:
         """Offer ``take`` the bytes that arrive while a :meth:`receive` waits on an empty
@@ -551,8 +562,11 @@ def _set_nodelay(sock: socket.socket) -> None:
 async def serve_accepted(
     listener: anyio.abc.Listener[Any],
     handler: Callable[[AsyncioByteStream], Coroutine[Any, Any, None]],
+    room: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Accept on every socket of ``listener`` and run ``handler(stream)`` for each connection.
+    """Accept on every socket of ``listener`` and run ``handler(stream)`` for each connection;
+    each accept first awaits ``room()`` (the listener's cap: connections wait in the kernel's
+    backlog meanwhile).
 
     ``listener`` (from :func:`anyio.create_tcp_listener`) only binds; accepted connections get an
     :class:`AsyncioByteStream`. A failed ``accept`` (out of file descriptors, a connection reset
@@ -568,7 +582,7 @@ async def serve_accepted(
             handlers.failed = accept_group.cancel_scope
             for sub in subs:
                 raw = sub.extra(SocketAttribute.raw_socket)
-                accept_group.start_soon(_accept_loop, raw, handlers.start)
+                accept_group.start_soon(_accept_loop, raw, handlers.start, room)
     finally:
         await handlers.end()
 
@@ -632,13 +646,19 @@ def _accept(raw: socket.socket) -> socket.socket:
     return client
 
 
-async def _accept_loop(raw: socket.socket, start: Callable[[AsyncioByteStream], None]) -> None:
+async def _accept_loop(
+    raw: socket.socket,
+    start: Callable[[AsyncioByteStream], None],
+    room: Callable[[], Awaitable[None]] | None,
+) -> None:
     # Readiness, then a synchronous accept: loop.sock_accept() on Python 3.11 can accept a
     # connection for a future that was just cancelled, and then leaks the socket.
     loop = asyncio.get_running_loop()
     failures = AcceptFailures(str(raw.getsockname()))
     while True:
         await anyio.wait_readable(raw)
+        if room is not None:  # (after the wait: the room is looked at right before accept)
+            await room()
         try:
             client = _accept(raw)
         except (BlockingIOError, InterruptedError):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -129,10 +128,12 @@ class TurnBudget:
     reconnects gets the share of the loop their traffic leaves, up to ``busy_share``, so while
     it lasts their calls find the loop idle that much of the time; the storm lasts longer. A
     process starved by others spends little CPU time, and its line is not held. ``max_wait``
-    still bounds each step's wait, and the hold ends once ``hold_below`` steps wait: the
-    listener passes half its ``max_unauthenticated_sockets``, so that holding the line never
-    makes it evict sockets whose handshakes are under way (each eviction is a redial, and the
-    storm would feed itself).
+    still bounds each step's wait, and the line is held only while ``may_hold()`` says so. The
+    listener never evicts a socket whose step waits in this line (:meth:`waits`), and while
+    every unauthenticated socket waits in it, it stops accepting; it holds the line only below
+    seven eighths of its cap of unauthenticated sockets: at the cap a newcomer evicts a socket
+    waiting for its peer, a redial that would feed the storm, so near it the line moves at full
+    speed.
 
     Counted in ``stats`` under ``counters``: (steps put off by a turn or more, steps waiting
     now).
@@ -148,7 +149,8 @@ class TurnBudget:
         *,
         seconds_per_turn: float = math.inf,
         busy_share: float = 1.0,
-        hold_below: int = sys.maxsize,
+        left: Callable[[], object] | None = None,
+        may_hold: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.thread_time,
         counters: tuple[str, str] = ("handshake_steps_deferred", "handshake_steps_waiting"),
     ) -> None:
@@ -156,13 +158,15 @@ class TurnBudget:
         self._max_wait = max_wait
         self._seconds = seconds_per_turn
         self._share = busy_share
-        self._hold_below = hold_below
+        self._left = left  # called when a step leaves the line (let through or cancelled)
+        self._may_hold = may_hold
         self._held: asyncio.TimerHandle | None = None  # the held line's wake-up
         self._clock = clock
         self._stats = stats
         self._deferred, self._waiting = counters
         # (the loop time it was asked at, its future), oldest first
         self._waiters: collections.deque[tuple[float, asyncio.Future[None]]] = collections.deque()
+        self._tasks: set[object] = set()  # the tasks waiting in line
         self._loop: asyncio.AbstractEventLoop | None = None  # a _next_turn is scheduled on it
         self._cost = 0.0  # estimated seconds of one step (0: none measured yet)
         self._granted = 0  # steps let through at the last _next_turn
@@ -192,17 +196,26 @@ class TurnBudget:
         if self._loop is None:
             self._loop = loop
             loop.call_later(0.0, self._next_turn)
-        elif self._held is not None and len(self._waiters) >= self._hold_below:
-            self._held.cancel()  # too many wait now: the line moves at the next turn
+        elif self._held is not None and self._may_hold is not None and not self._may_hold():
+            self._held.cancel()  # no longer to be held: the line moves at the next turn
             self._held = None
             loop.call_later(0.0, self._next_turn)
+        task = asyncio.current_task(loop)
+        self._tasks.add(task)
         try:
             await waiter
         finally:
+            self._tasks.discard(task)
+            if self._left is not None:
+                self._left()
             if not waiter.done():  # cancelled while waiting: _next_turn skips it
                 waiter.cancel()
         if self._started is None:
             self._started = self._clock()
+
+    def waits(self, task: object) -> bool:
+        """Whether ``task`` waits in this line now (in :meth:`step`, not yet let through)."""
+        return task in self._tasks
 
     def _measure(self) -> None:
         """Right after the steps let through (scheduled behind their wake-ups): their cost."""
@@ -222,7 +235,7 @@ class TurnBudget:
             loop is not None
             and waiters
             and waiters[0][0] > overdue
-            and len(waiters) < self._hold_below
+            and (self._may_hold is None or self._may_hold())
         ):
             pause = self._pause(now)
             if pause > 0.0:
@@ -268,6 +281,9 @@ class LinkStatistics:
     handshakes_completed: int = 0
     handshakes_failed: dict[str, int] = field(default_factory=dict)
     evicted_unauthenticated: int = 0
+    accepts_paused: int = 0
+    """Times the listener stopped accepting connections because ``max_unauthenticated_sockets``
+    were open and every one of them waited in the handshake line (none to evict)."""
     resumed: int = 0
     fresh_sessions: int = 0
     takeovers_refused: int = 0

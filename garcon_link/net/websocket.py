@@ -115,8 +115,12 @@ class WebSocket:
         peer: str,
         limits: Limits,
         stats: LinkStatistics | None = None,
+        fast_frames: bool = True,
     ) -> None:
+        """``fast_frames=False`` reads and writes every frame through wsproto (a test seam: the
+        two paths must agree frame for frame; see :mod:`._frames`)."""
         self.stream = stream
+        self._fast_frames = fast_frames
         self.ws = ws
         self.peer = peer
         self.limits = limits
@@ -167,6 +171,19 @@ class WebSocket:
         self._direct_task: asyncio.Task[Any] | None = None
 
     @property
+    def assembling(self) -> tuple[int, int]:
+        """(bytes, frames) of the message being assembled from fragments now: at most
+        :attr:`max_message` bytes and fewer than ``max_message_fragments`` frames."""
+        return self._size, self._fragments
+
+    @property
+    def frames_allowed(self) -> float:
+        """The balance of this socket's frame budget: frames it may still send before it is
+        throttled (authenticated) or closed (before that, a fixed allowance); one frame past
+        the budget shows as -1."""
+        return self._budget.tokens
+
+    @property
     def dialed(self) -> bool:
         """This side dialed (the WebSocket client): what the peer says of our executor's
         standing (a takeover, a refusal that will not heal) is for a dialer to act on; a
@@ -184,7 +201,8 @@ class WebSocket:
         if ws.connection is not None and not getattr(ws.handshake, "_events", True):
             # Upgraded, its handshake's events all taken: nothing reads the handshake again.
             ws.handshake = cast("Any", _UPGRADED)
-        self._fast = FastFrames.of(ws, deferred=self._nowait is not None)
+        if self._fast_frames:
+            self._fast = FastFrames.of(ws, deferred=self._nowait is not None)
         self._budget = FrameBudget.full(
             self.limits.frame_rate, self.limits.frame_burst, self._clock()
         )

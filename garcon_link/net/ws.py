@@ -26,7 +26,9 @@ protocol.
    waiting for the ``101``) are kept and fed to the WebSocket; on the dialing side wsproto keeps
    frames that came with the ``101``. No extension (no permessage-deflate) is ever negotiated.
    Unauthenticated sockets are capped (``max_unauthenticated_sockets``): past the cap the oldest
-   one is evicted, so a slowloris flood cannot starve a legitimate peer. Upgrade plus the
+   one waiting for its peer is evicted, so a slowloris flood cannot starve a legitimate peer;
+   one whose next step waits in the handshake line (:class:`TurnBudget`) is not, and while every
+   one does the listener stops accepting (the kernel's backlog holds the rest). Upgrade plus the
    caller's authentication must finish within ``handshake_timeout`` (else 4008).
 2. **Dialing.** :func:`connect` opens the TCP connection (``connect_timeout``) and
    :func:`client_upgrade` wraps TLS and performs the upgrade; both raise only
@@ -68,6 +70,7 @@ exception objects.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import http
@@ -104,6 +107,8 @@ from .websocket import (
     close_stream,
     describe_close,
 )
+
+_FULL = object()  # WebSocketListener._evictable: at the cap, and none to evict
 
 _TLS_BODY = b"426 this address speaks TLS: dial wss://\n"
 _TLS_REQUIRED = (
@@ -147,15 +152,18 @@ async def _serve_anyio(
     listener: anyio.abc.Listener[Any],
     handler: Callable[[anyio.abc.ByteStream], Coroutine[Any, Any, None]],
     tg: anyio.abc.TaskGroup,
+    room: Callable[[], Awaitable[None]],
 ) -> None:
     """``listener.serve`` (trio), except that a failed ``accept`` (out of file descriptors)
-    pauses and retries, reported rate-limited, instead of ending the listener (as
-    :func:`garcon_link.net._asyncio_stream.serve_accepted` does on asyncio)."""
+    pauses and retries, reported rate-limited, instead of ending the listener, and that each
+    accept first awaits ``room()`` (as :func:`garcon_link.net._asyncio_stream.serve_accepted`
+    does on asyncio)."""
     subs: list[anyio.abc.SocketListener] = getattr(listener, "listeners", None) or [listener]
 
     async def accept_loop(sub: anyio.abc.SocketListener) -> None:
         failures = _asyncio_stream.AcceptFailures(str(sub.extra(SocketAttribute.local_address)))
         while True:
+            await room()
             try:
                 stream = await sub.accept()
             except (OSError, anyio.BrokenResourceError) as exc:  # trio's OSError, wrapped
@@ -173,7 +181,8 @@ async def _serve_anyio(
 class WebSocketListener:
     """Accepts connections on ``/executor`` and hands each upgraded socket to ``authenticate``.
 
-    Owns the unauthenticated-socket cap (oldest evicted), the handshake deadline around upgrade
+    Owns the unauthenticated-socket cap (the oldest waiting for its peer evicted; accepting
+    paused while every one waits in the handshake line), the handshake deadline around upgrade
     plus authentication, the ``503`` answer while draining or full, and closing every stream it
     accepted.
 
@@ -216,14 +225,21 @@ class WebSocketListener:
         self._ssl = ssl_context
         self._tag = tag
         self._on_error = on_error
-        self._unauthenticated: dict[int, anyio.CancelScope] = {}
+        # each unauthenticated socket's handler (its task on asyncio), oldest first
+        self._unauthenticated: dict[object, anyio.CancelScope] = {}
+        self._room_wanted: anyio.Event | None = None  # set when room is made (_room)
+        # the handshake line is held below seven eighths of the cap: held nearer to it, the
+        # sockets it keeps open would fill the cap, and newcomers evict the ones waiting for
+        # their peers (each a redial)
+        self._hold_below = max(2, limits.max_unauthenticated_sockets * 7 // 8)
         self.turns = TurnBudget(
             limits.handshake_steps_per_turn,
             stats,
             max_wait=limits.handshake_timeout / 10,
             seconds_per_turn=limits.handshake_seconds_per_turn,
             busy_share=limits.handshake_busy_share,
-            hold_below=max(2, limits.max_unauthenticated_sockets // 2),
+            left=self._room_made,
+            may_hold=self._below_cap,
         )
         """The budget of handshake steps per event-loop turn (see :class:`TurnBudget`)."""
         self.teardowns = TurnBudget(
@@ -271,9 +287,47 @@ class WebSocketListener:
         handle = functools.partial(self._handle, authenticate=authenticate)
         async with listener:
             if _asyncio_stream.on_asyncio():
-                await _asyncio_stream.serve_accepted(listener, handle)
+                await _asyncio_stream.serve_accepted(listener, handle, self._room)
             else:
-                await _serve_anyio(listener, handle, tg)
+                await _serve_anyio(listener, handle, tg, self._room)
+
+    async def _room(self) -> None:
+        """Return once a connection may be accepted: at once unless ``max_unauthenticated_sockets``
+        are open and every one waits in the handshake line, which would leave none to evict;
+        then the connections wait in the kernel's backlog until one of these authenticates,
+        ends or leaves the line (:meth:`_room_made`)."""
+        if self._evictable() is not _FULL:
+            return
+        self._stats.accepts_paused += 1
+        while self._evictable() is _FULL:
+            if self._room_wanted is None:  # (one event for every accept loop waiting)
+                self._room_wanted = anyio.Event()
+            await self._room_wanted.wait()
+
+    def _below_cap(self) -> bool:
+        """Whether fewer than seven eighths of ``max_unauthenticated_sockets`` are open (the
+        handshake line is held to ``handshake_busy_share`` only then)."""
+        return len(self._unauthenticated) < self._hold_below
+
+    def _room_made(self) -> None:
+        """An unauthenticated socket left, or one of them left the handshake line: the accept
+        loops waiting in :meth:`_room` look again."""
+        if self._room_wanted is not None:
+            self._room_wanted.set()
+            self._room_wanted = None
+
+    def _evictable(self, newest: object = None) -> object:
+        """The oldest unauthenticated socket's key (not ``newest``) that does not wait in the
+        handshake line, ``None`` below the cap, or :data:`_FULL` when there is none to evict."""
+        if len(self._unauthenticated) < self.limits.max_unauthenticated_sockets + (
+            newest is not None
+        ):
+            return None
+        waits = self.turns.waits
+        for key in self._unauthenticated:
+            if key is not newest and not waits(key):
+                return key
+        return _FULL
 
     async def _handle(self, stream: anyio.abc.ByteStream, authenticate: Authenticate) -> None:
         self._stats.connections += 1
@@ -282,26 +336,34 @@ class WebSocketListener:
             peer = f"{remote[0]}:{remote[1]}" if isinstance(remote, tuple) else str(remote)
         except Exception:
             peer = "?"
-        key = id(stream)
+        # (the task is what the handshake line knows a waiting step by)
+        key: object = asyncio.current_task() if _asyncio_stream.on_asyncio() else stream
         try:
             with anyio.CancelScope() as scope:
                 self._unauthenticated[key] = scope
-                if len(self._unauthenticated) > self.limits.max_unauthenticated_sockets:
-                    oldest = next(iter(self._unauthenticated))
+                victim = self._evictable(newest=key)
+                if victim is not None:
+                    # Past the cap: the oldest socket that is not waiting for its next step
+                    # here (a peer slow to send, or sending nothing); if every one waits,
+                    # this new one goes, before any work was spent on it.
                     self._stats.evicted_unauthenticated += 1
                     self.peer_log.log(
                         peer_host(peer),
                         "evicted",
-                        "%s %s: evicting the oldest unauthenticated socket",
+                        "%s %s: %s",
                         self._tag,
                         peer,
+                        "closed: every unauthenticated socket waits in the handshake line"
+                        if victim is _FULL
+                        else "evicting the oldest unauthenticated socket",
                         extra=log_fields(peer=peer),
                     )
-                    self._unauthenticated.pop(oldest).cancel()
+                    self._unauthenticated.pop(key if victim is _FULL else victim).cancel()
                 try:
                     admitted = await self._accept(stream, peer, authenticate)
                 finally:
                     self._unauthenticated.pop(key, None)
+                    self._room_made()
             evicted = scope.cancelled_caught
             del scope  # (not kept, with its sets, for the authenticated socket's life)
             if evicted or admitted is None:
