@@ -72,6 +72,7 @@ from ..net.backend import on_asyncio
 from ..rpc.hooks import CallHook
 from ..rpc.manifest import contract_hash
 from ..rpc.observer import CallObserver
+from ..rpc.pending import loop_clock
 from ..rpc.rpc import ExecutorRpc
 from ..settings.callers import GatewayConfig
 from ..settings.grants import MAX_GRANTS, Grant
@@ -188,7 +189,7 @@ class Gateway:
         # The callers' link and the task group that serves its sessions come first: the
         # fleet's listener hands callers to them from its first socket on.
         if on_asyncio():
-            self._shares.now = asyncio.get_running_loop().time
+            self._shares.now = loop_clock(asyncio.get_running_loop())
         self._link.on_session(self._on_session)
         await self._link.__aenter__()
         tg = anyio.create_task_group()
