@@ -449,6 +449,7 @@ class _Relayed:
 
     def ended(self, forward: Forward) -> None:
         """The forwarded call ended (from the dispatch of its reply, or a timer)."""
+        self.forward = None  # (it holds this object's method: a cycle the collector would free)
         error = forward.error
         self._settle(error)
         incoming = self.incoming

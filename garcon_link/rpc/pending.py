@@ -68,8 +68,12 @@ class _Pending:
 
     def end(self) -> None:
         self.ended = True
-        if self.forward is not None:
-            self.forward.ended()
+        forward = self.forward
+        if forward is not None:
+            # Let go of it (it holds this call): the two are then freed by their counts, not
+            # left for the cycle collector, whose passes grow with every forward in flight.
+            self.forward = None
+            forward.ended()
             return
         waiter = self.waiter
         if waiter is None:
