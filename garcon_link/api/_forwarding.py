@@ -43,7 +43,7 @@ from ..rpc.observer import CallObserver, Observed, end_of
 from ..rpc.rpc import ExecutorRpc, Forward, Incoming, RemoteStream
 from ._admission import Admission
 from ._caller_stats import CallerBook
-from ._framing import read_relay_call
+from ._framing import RelayCallReader
 from ._relay_wire import RELAY_SERVICE, encode_outcome
 from ._shares import Shares
 from .controller import RemoteExecutor
@@ -193,14 +193,16 @@ class Forwarder:
             caller, rpc, envelope.id, executor, service, method, payload, key, timeout, metadata
         )
 
-    def relay_raw(self, caller: str, rpc: ExecutorRpc, data: bytes) -> bool:
+    def relay_raw(
+        self, caller: str, rpc: ExecutorRpc, reader: RelayCallReader, data: bytes
+    ) -> bool:
         """:meth:`relay_now` for a relay call read from its envelope's bytes, undecoded
-        (:meth:`ExecutorRpc.serve_raw_calls`; :func:`~garcon_link.api._framing.read_relay_call`):
-        one of the usual shape, its metadata (if any) forwarded as the bytes it came as, that
-        the session admits now. ``False`` (nothing counted, nothing sent, the call id not taken)
-        for any other: it goes the usual way."""
-        limits = rpc.limits
-        read = read_relay_call(data, limits.max_metadata_entries, limits.max_metadata_bytes)
+        (:meth:`ExecutorRpc.serve_raw_calls`; ``reader``: the session's, with its bounds on
+        metadata, :class:`~garcon_link.api._framing.RelayCallReader`): one of the usual shape,
+        its metadata (if any) forwarded as the bytes it came as, that the session admits now.
+        ``False`` (nothing counted, nothing sent, the call id not taken) for any other: it goes
+        the usual way."""
+        read = reader.read(data)
         if read is None:
             return False
         (call_id, executor, service, method, payload, key, timeout), metadata = read

@@ -80,6 +80,7 @@ from ..settings.keyring import Keyring
 from ._admission import Admission
 from ._caller_stats import CallerBook, CallerSnapshot
 from ._forwarding import Forwarder
+from ._framing import RelayCallReader
 from ._relay_wire import RELAY_SERVICE, GatewayRelay
 from ._relaying import (
     _Relay,
@@ -338,7 +339,10 @@ class Gateway:
         )
         if on_asyncio() and not self._observer.hooks:
             rpc.serve_directly(functools.partial(self._forwarder.relay_now, caller, rpc))
-            rpc.serve_raw_calls(functools.partial(self._forwarder.relay_raw, caller, rpc))
+            reader = RelayCallReader(
+                self.limits.max_metadata_entries, self.limits.max_metadata_bytes
+            )
+            rpc.serve_raw_calls(functools.partial(self._forwarder.relay_raw, caller, rpc, reader))
         assert self._tg is not None
         self._tg.start_soon(self._serve, caller, transport, rpc)
 
