@@ -43,7 +43,7 @@ from ..rpc.observer import CallObserver, Observed, end_of
 from ..rpc.rpc import ExecutorRpc, Forward, Incoming, RemoteStream
 from ._admission import Admission
 from ._caller_stats import CallerBook
-from ._framing import RelayCallReader
+from ._framing import RelayCallReader, read_relay_call
 from ._relay_wire import RELAY_SERVICE, encode_outcome
 from ._shares import Shares
 from .controller import RemoteExecutor
@@ -202,7 +202,7 @@ class Forwarder:
         its metadata (if any) forwarded as the bytes it came as, that the session admits now.
         ``False`` (nothing counted, nothing sent, the call id not taken) for any other: it goes
         the usual way."""
-        read = reader.read(data)
+        read = read_relay_call(data, reader.max_entries, reader.max_bytes, reader)
         if read is None:
             return False
         (call_id, executor, service, method, payload, key, timeout), metadata = read

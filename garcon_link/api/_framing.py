@@ -201,7 +201,14 @@ def read_relay_call(
     if end < 24 or (data[0] != 0x88 and data[0] != 0x8A) or data[1] != 0:
         return None
     try:
-        call_id, pos = _head(data, 2, 0)
+        initial = data[2]  # the call id's head, read here (as _head would): every call's
+        if initial < 24:
+            call_id, pos = initial, 3
+        elif initial < 28:
+            pos = 3 + (1 << (initial - 24))
+            call_id = int.from_bytes(data[3:pos], "big")
+        else:
+            return None
         if reader is not None and data.startswith(reader.names, pos) and reader.names:
             pos += len(reader.names)
             executor, service, method = reader.executor, reader.service, reader.method
@@ -216,7 +223,15 @@ def read_relay_call(
             if reader is not None and pos - start <= MAX_KEPT_NAMES and pos <= end:
                 reader.names = data[start:pos]
                 reader.executor, reader.service, reader.method = executor, service, method
-        size, pos = _head(data, pos, 2)
+        initial = data[pos]
+        # A payload of under 256 bytes (a small call's), its head read here; one cut short
+        # ends past the end, where the next read fails.
+        if 0x40 <= initial < 0x58:
+            size, pos = initial - 0x40, pos + 1
+        elif initial == 0x58:
+            size, pos = data[pos + 1], pos + 2
+        else:
+            size, pos = _head(data, pos, 2)
         payload = data[pos : pos + size]
         pos += size
         key: bytes | None = None
