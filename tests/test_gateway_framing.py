@@ -16,8 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from garcon_link.api._framing import (
+    MAX_KEPT_NAMES,
     MAX_SCAN_DEPTH,
     RelayCall,
+    RelayCallReader,
     _vouch,
     read_relay_call,
     relay_arguments,
@@ -224,6 +226,43 @@ def test_a_mutated_relay_call_is_read_only_as_the_decoder_reads_it(data: st.Data
     read = relay_call(raw)
     if read is not None:
         assert read == _as_decoded(raw)
+
+
+@fuzz_settings(300)
+@given(data=st.data())
+def test_a_session_s_reader_reads_each_call_as_the_decoder_does(data: st.DataObject) -> None:
+    """A reader keeps the names of the last call it read: a run of calls to the same names,
+    to others that share a prefix with them, and mutated ones, each reads exactly as the
+    decode does, whatever came before it."""
+    reader = RelayCallReader(METADATA_ENTRIES, METADATA_BYTES)
+    names = st.sampled_from(["box-1", "box-10", "box-", "b", "ünï", "e" * 30, "e" * 600])
+    for _ in range(data.draw(st.integers(1, 6))):
+        executor, service, method = data.draw(names), data.draw(names), data.draw(names)
+        args: list[object] = [executor, service, method, b"\x82\x80\xa0", None, 30]
+        envelope = bytearray(_relay_envelope(data.draw(st.integers(1, 2**32)), args))
+        for _ in range(data.draw(st.integers(0, 2))):
+            at = data.draw(st.integers(0, len(envelope) - 1))
+            envelope[at] = data.draw(st.integers(0, 255))
+        raw = bytes(envelope)
+        read = reader.read(raw)
+        assert read == read_relay_call(raw, METADATA_ENTRIES, METADATA_BYTES)
+        if read is not None:
+            assert read == (_as_decoded(raw), None)
+        assert len(reader.names) <= MAX_KEPT_NAMES
+
+
+def test_a_reader_reads_a_repeated_call_from_the_names_it_kept() -> None:
+    reader = RelayCallReader(METADATA_ENTRIES, METADATA_BYTES)
+    first = _relay_envelope(7)
+    assert reader.read(first) == (_as_decoded(first), None)
+    kept = reader.names
+    assert kept.endswith(cbor2.dumps("box-1") + cbor2.dumps("ident") + cbor2.dumps("echo"))
+    again = _relay_envelope(8)
+    assert reader.read(again) == (_as_decoded(again), None)
+    assert reader.names is kept  # compared, not read again
+    other = _relay_envelope(9, ["box-10", "ident", "echo", b"\x82\x80\xa0", None, None])
+    assert reader.read(other) == (_as_decoded(other), None)
+    assert reader.names.endswith(cbor2.dumps("box-10") + cbor2.dumps("ident") + b"\x64echo")
 
 
 METADATA_ENTRIES, METADATA_BYTES = 4, 64

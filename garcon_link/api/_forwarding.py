@@ -43,7 +43,7 @@ from ..rpc.observer import CallObserver, Observed, end_of
 from ..rpc.rpc import ExecutorRpc, Forward, Incoming, RemoteStream
 from ._admission import Admission
 from ._caller_stats import CallerBook
-from ._framing import read_relay_call
+from ._framing import RelayCallReader, read_relay_call
 from ._relay_wire import RELAY_SERVICE, encode_outcome
 from ._shares import Shares
 from .controller import RemoteExecutor
@@ -193,14 +193,16 @@ class Forwarder:
             caller, rpc, envelope.id, executor, service, method, payload, key, timeout, metadata
         )
 
-    def relay_raw(self, caller: str, rpc: ExecutorRpc, data: bytes) -> bool:
+    def relay_raw(
+        self, caller: str, rpc: ExecutorRpc, reader: RelayCallReader, data: bytes
+    ) -> bool:
         """:meth:`relay_now` for a relay call read from its envelope's bytes, undecoded
-        (:meth:`ExecutorRpc.serve_raw_calls`; :func:`~garcon_link.api._framing.read_relay_call`):
-        one of the usual shape, its metadata (if any) forwarded as the bytes it came as, that
-        the session admits now. ``False`` (nothing counted, nothing sent, the call id not taken)
-        for any other: it goes the usual way."""
-        limits = rpc.limits
-        read = read_relay_call(data, limits.max_metadata_entries, limits.max_metadata_bytes)
+        (:meth:`ExecutorRpc.serve_raw_calls`; ``reader``: the session's, with its bounds on
+        metadata, :class:`~garcon_link.api._framing.RelayCallReader`): one of the usual shape,
+        its metadata (if any) forwarded as the bytes it came as, that the session admits now.
+        ``False`` (nothing counted, nothing sent, the call id not taken) for any other: it goes
+        the usual way."""
+        read = read_relay_call(data, reader.max_entries, reader.max_bytes, reader)
         if read is None:
             return False
         (call_id, executor, service, method, payload, key, timeout), metadata = read
@@ -256,20 +258,21 @@ class Forwarder:
             self.answer_error(caller, rpc, call_id, rpc.hold(call_id, _ignore_cancel), exc)
             return True
         seconds = self._limits.call_timeout if timeout is None else float(timeout)
-        runtime, state = target.transport.peer_runtime, target.peer_state_id
-        slot = (executor, service, method, key) if key is not None else None
-        relayed = _Relayed(
-            self, caller, rpc, call_id, member, observer, share, slot, runtime, state, seconds
-        )
+        if metadata is not None and not isinstance(metadata, bytes):
+            metadata = dict(metadata) or None  # (the decoded call's: a copy of its own)
+        relayed = _Relayed(self, caller, rpc, call_id, member, observer, share)
         try:
-            if slot is not None:
+            if key is not None:
+                runtime, state = target.transport.peer_runtime, target.peer_state_id
+                slot = (executor, service, method, key)
+                relayed.keyed = (slot, runtime, state, seconds)
                 self.bindings_of(caller).check(slot, runtime, state)
             forward = target.forward(
                 service,
                 method,
                 arguments,
                 key,
-                metadata if isinstance(metadata, bytes) else dict(metadata) if metadata else None,
+                metadata,
                 seconds,
                 relayed.ended,
             )
@@ -386,14 +389,11 @@ class _Relayed:
         "forward",
         "forwarder",
         "incoming",
+        "keyed",
         "member",
         "observer",
         "rpc",
-        "runtime",
         "share",
-        "slot",
-        "state",
-        "timeout",
         "was_cancelled",
     )
 
@@ -406,10 +406,6 @@ class _Relayed:
         member: RemoteExecutor,
         observer: CallObserver,
         share: tuple[str, str],
-        slot: tuple[str, str, str, bytes] | None,
-        runtime: bytes,
-        state: bytes | None,
-        timeout: float,
     ) -> None:
         self.forwarder = forwarder
         self.caller = caller
@@ -418,43 +414,48 @@ class _Relayed:
         self.member = member
         self.observer = observer  # the member's
         self.share: tuple[str, str] | None = share
-        self.slot = slot
-        self.runtime = runtime
-        self.state = state
-        self.timeout = timeout
+        # A keyed call's binding: its slot, the worker process and state directory it went
+        # to, its timeout (set before it is forwarded).
+        self.keyed: tuple[tuple[str, str, str, bytes], bytes, bytes | None, float] | None = None
         self.forward: Forward | None = None
         self.incoming: Incoming | None = None
         self.was_cancelled = False
 
     def _settle(self, error: CallError | None) -> None:
         """The forward's counters, share and binding, once it ended."""
-        forwarder, member, slot = self.forwarder, self.member, self.slot
         if self.share is not None:
-            forwarder.shares.give(self.share)
+            self.forwarder.shares.give(self.share)
             self.share = None
         if error is None:
             self.observer.client_ended(None, None, None, False)
         else:
             self.observer.client_ended(None, error.outcome, error.code, False)
             if counts_as_error(error):
-                member.errors += 1
-        if slot is not None:
-            bindings = forwarder.bindings_of(self.caller)
+                self.member.errors += 1
+        if self.keyed is not None:
+            slot, runtime, state, timeout = self.keyed
+            bindings = self.forwarder.bindings_of(self.caller)
             if isinstance(error, OutcomeUnknown):
-                bindings.bind(
-                    slot, self.runtime, self.state, anyio.current_time() + 2 * self.timeout
-                )
+                bindings.bind(slot, runtime, state, anyio.current_time() + 2 * timeout)
             else:
                 bindings.release(slot)
 
     def ended(self, forward: Forward) -> None:
         """The forwarded call ended (from the dispatch of its reply, or a timer)."""
+        self.forward = None  # (it holds this object's method: a cycle the collector would free)
         error = forward.error
-        self._settle(error)
         incoming = self.incoming
         assert incoming is not None
         call_id = self.call_id
         if error is None:
+            # _settle's work for a success, here: every relayed call's path
+            share = self.share
+            if share is not None:
+                self.forwarder.shares.give(share)
+                self.share = None
+            self.observer.client_ended(None, None, None, False)
+            if self.keyed is not None:
+                self.forwarder.bindings_of(self.caller).release(self.keyed[0])
             encoded = forward.encoded
             if encoded is not None:
                 body = b"".join(
@@ -469,7 +470,9 @@ class _Relayed:
             else:
                 body = _result_envelope(call_id, encode_outcome(forward.value))
             self.rpc.reply_held(call_id, incoming, body)
-        elif self.was_cancelled and forward.receipt is not None:
+            return
+        self._settle(error)
+        if self.was_cancelled and forward.receipt is not None:
             # The caller cancelled the relay call: the executor's answer to the cancel, its
             # receipt included, is the relay call's.
             body = error_envelope(call_id, error, cancel=forward.receipt)

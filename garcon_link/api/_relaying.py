@@ -33,7 +33,7 @@ On asyncio, with no hooks installed, a unary relay call runs no handler task
 (:meth:`~garcon_link.api._forwarding.Forwarder.relay_now`): the steps above are taken in the
 dispatch of the caller's message -- read from its bytes, not decoded, when it has the usual shape
 (:meth:`~garcon_link.api._forwarding.Forwarder.relay_raw`,
-:func:`~garcon_link.api._framing.read_relay_call`) --, the forward is issued at once
+:class:`~garcon_link.api._framing.RelayCallReader`) --, the forward is issued at once
 (:meth:`~garcon_link.rpc.caller.Caller.forward`) and the call held in its session's incoming
 table (:class:`~garcon_link.api._forwarding._Relayed`); the executor's reply completes it from
 the dispatch of *that* session's message. What cannot be done in one step (an executor

@@ -125,9 +125,10 @@ class Shares:
         active = self._active.get(share[1])
         if active is not None:
             active[share[0]] = self.now()
-        ended = self._ended.pop(share[1], None)
-        if ended is not None:
-            ended.set()
+        if self._ended:  # a stream waits its turn somewhere
+            ended = self._ended.pop(share[1], None)
+            if ended is not None:
+                ended.set()
 
     def stream_window(self, caller: str, executor: str) -> int:
         """The credit, in items, a relayed stream of ``caller``'s to ``executor`` keeps granted

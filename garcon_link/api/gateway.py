@@ -72,6 +72,7 @@ from ..net.backend import on_asyncio
 from ..rpc.hooks import CallHook
 from ..rpc.manifest import contract_hash
 from ..rpc.observer import CallObserver
+from ..rpc.pending import loop_clock
 from ..rpc.rpc import ExecutorRpc
 from ..settings.callers import GatewayConfig
 from ..settings.grants import MAX_GRANTS, Grant
@@ -79,6 +80,7 @@ from ..settings.keyring import Keyring
 from ._admission import Admission
 from ._caller_stats import CallerBook, CallerSnapshot
 from ._forwarding import Forwarder
+from ._framing import RelayCallReader
 from ._relay_wire import RELAY_SERVICE, GatewayRelay
 from ._relaying import (
     _Relay,
@@ -188,7 +190,7 @@ class Gateway:
         # The callers' link and the task group that serves its sessions come first: the
         # fleet's listener hands callers to them from its first socket on.
         if on_asyncio():
-            self._shares.now = asyncio.get_running_loop().time
+            self._shares.now = loop_clock(asyncio.get_running_loop())
         self._link.on_session(self._on_session)
         await self._link.__aenter__()
         tg = anyio.create_task_group()
@@ -337,7 +339,10 @@ class Gateway:
         )
         if on_asyncio() and not self._observer.hooks:
             rpc.serve_directly(functools.partial(self._forwarder.relay_now, caller, rpc))
-            rpc.serve_raw_calls(functools.partial(self._forwarder.relay_raw, caller, rpc))
+            reader = RelayCallReader(
+                self.limits.max_metadata_entries, self.limits.max_metadata_bytes
+            )
+            rpc.serve_raw_calls(functools.partial(self._forwarder.relay_raw, caller, rpc, reader))
         assert self._tg is not None
         self._tg.start_soon(self._serve, caller, transport, rpc)
 

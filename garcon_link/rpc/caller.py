@@ -368,7 +368,8 @@ class Caller:
         metadata: Mapping[str, str] | bytes | None,
         credit: tuple[int, int],
     ) -> tuple[_Pending, bytes]:
-        self._check_open()
+        if self._retired is not None or self.transport.failure is not None:
+            self._check_open()
         if len(self._pending) + self._outbox.owed_cancels >= self.limits.max_pending_calls:
             raise NotDispatched(
                 "OVERLOADED",

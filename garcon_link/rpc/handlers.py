@@ -356,7 +356,11 @@ class Handlers:
         incoming.on_cancel = None
         try:
             if self._chunks.send_nowait(body) is not None:
-                self.release_held(call_id, incoming, error, cancelled)
+                # release_held's work, here: every held call's path
+                if self.incoming.get(call_id) is incoming:
+                    del self.incoming[call_id]
+                    self._note_settled()
+                    self.observer.server_ended(None, error, cancelled)
                 return
         except SessionFailed:
             self.release_held(call_id, incoming, error, cancelled)

@@ -12,6 +12,7 @@ are its :class:`_StreamState`, held by the pending call, not by the iterator.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -67,8 +68,12 @@ class _Pending:
 
     def end(self) -> None:
         self.ended = True
-        if self.forward is not None:
-            self.forward.ended()
+        forward = self.forward
+        if forward is not None:
+            # Let go of it (it holds this call): the two are then freed by their counts, not
+            # left for the cycle collector, whose passes grow with every forward in flight.
+            self.forward = None
+            forward.ended()
             return
         waiter = self.waiter
         if waiter is None:
@@ -212,7 +217,7 @@ class Forward:
         self.receipt: str | None = None
         self._timer: asyncio.TimerHandle | None = None
         # While it waits on ``deadlines`` (the usual case), it has no timer of its own.
-        self.armed = deadlines is not None and deadlines.add(self, loop.time() + timeout)
+        self.armed = deadlines is not None and deadlines.add(self, deadlines.now() + timeout)
         if not self.armed:
             self._timer = loop.call_later(timeout, self._expire)
 
@@ -320,10 +325,11 @@ class _Deadlines:
 
     SLACK = 64
 
-    __slots__ = ("_loop", "_pending", "_queue", "_timer", "_when")
+    __slots__ = ("_loop", "_pending", "_queue", "_timer", "_when", "now")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, pending: Mapping[int, _Pending]) -> None:
         self._loop = loop
+        self.now = loop_clock(loop)  # the loop's clock, read for each entry's deadline
         self._pending = pending
         self._queue: deque[tuple[float, _Deadline]] = deque()
         self._timer: asyncio.TimerHandle | None = None
@@ -376,3 +382,11 @@ class _Deadlines:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """``loop.time``, or the function it calls: ``time.monotonic`` itself when ``loop`` keeps
+    asyncio's own clock (a builtin, where the method is a Python frame on every call's path)."""
+    if type(loop).time is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time
