@@ -144,9 +144,9 @@ class Gateway:
             hosted=True,
             names=("gateway", "caller"),
             limits=dataclasses.replace(self.limits, max_controllers=callers.max_callers),
-            retention=self.fleet._retention,
+            retention=self.fleet.retention,
         )
-        self.fleet._host(self._link)
+        self.fleet.host(self._link)
         # id(transport) -> its caller, itself, its RPC
         self._sessions: dict[int, tuple[str, SessionTransport, ExecutorRpc]] = {}
         self._draining = False
@@ -160,7 +160,7 @@ class Gateway:
         self._forwarder = Forwarder(
             self.fleet, self.limits, self._admission, self._shares, self._book, self._max_callers
         )
-        self.fleet._tap(self._fleet_event)
+        self.fleet.tap(self._fleet_event)
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
         # What callers make the gateway log: one line per caller and reason per log_interval.
