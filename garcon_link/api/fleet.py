@@ -431,7 +431,9 @@ class Fleet:
     def tap(self, listener: Callable[[FleetEvent], None]) -> None:
         """Call ``listener`` with every event as it is published, before any :meth:`events`
         subscriber sees it; it must be quick and must not raise, and the fleet holds it for its
-        whole life. Internal: a gateway's watches (api/gateway.py)."""
+        whole life. Internal: a gateway's watches (api/gateway.py, which hands it a method of
+        its own through a weak reference, so that the fleet it holds holds it back only
+        weakly)."""
         self._events.tap(listener)
 
     def _check_reachable(self, executor_id: str) -> None:
