@@ -22,6 +22,8 @@ tests prove:
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -906,3 +908,26 @@ async def test_a_gateway_drains_its_callers_calls_before_closing(tmp_path: Path)
                 assert refused.value.code == "DRAINING"
             assert results == ["box-1"]  # the call in flight finished
             assert service.ledger == ["hold"]
+
+
+async def test_a_closed_gateway_is_freed_by_its_reference_count_alone(tmp_path: Path) -> None:
+    """What the gateway hands its fleet and its callers' link (the fleet's event tap, the
+    link's session callback and key lookup) reaches it weakly, so its fleet, links and parts
+    hold no reference back to it: a gateway that served a caller's relayed call and closed is
+    freed the moment its last reference goes, not at a later pass of the cycle collector."""
+    with anyio.fail_after(DEADLINE):
+        async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
+            await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
+            web = await stack.enter_async_context(caller(tmp_path, "web-1", gw.url))
+            await web.executor("box-1").wait_ready(10)
+            assert await web.executor("box-1").service("ident", Ident).whoami() == "box-1"
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            freed = weakref.ref(gw)
+            del gw
+            await anyio.wait_all_tasks_blocked()
+            assert freed() is None, gc.get_referrers(freed())
+        finally:
+            if collecting:
+                gc.enable()

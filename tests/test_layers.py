@@ -465,18 +465,57 @@ def test_the_process_service_parts_keep_to_their_walls() -> None:
     assert not problems, "\n".join(problems)
 
 
+_A = "garcon_link.api."
 GATEWAY_PARTS: Mapping[str, frozenset[str]] = {
-    "garcon_link.api._relay_wire": frozenset(),
-    "garcon_link.api._relay_executor": frozenset({"garcon_link.api._relay_wire"}),
-    "garcon_link.api._admission": frozenset(),
-    "garcon_link.api._shares": frozenset(),
-    "garcon_link.api._caller_stats": frozenset(),
+    _A + "_relay_wire": frozenset(),
+    _A + "_relay_executor": frozenset({_A + "_relay_wire"}),
+    _A + "_admission": frozenset({_A + "_framing"}),
+    _A + "_shares": frozenset(),
+    _A + "_caller_stats": frozenset(),
+    _A + "_framing": frozenset(),
+    _A + "_watches": frozenset({_A + "_admission", _A + "_relay_wire"}),
+    _A + "_forwarding": frozenset(
+        {
+            _A + "_admission",
+            _A + "_caller_stats",
+            _A + "_framing",
+            _A + "_relay_wire",
+            _A + "_shares",
+        }
+    ),
+    _A + "_relaying": frozenset(
+        {
+            _A + "_admission",
+            _A + "_caller_stats",
+            _A + "_forwarding",
+            _A + "_relay_wire",
+            _A + "_shares",
+            _A + "_watches",
+        }
+    ),
+    _A + "gateway": frozenset(
+        {
+            _A + "_admission",
+            _A + "_caller_stats",
+            _A + "_forwarding",
+            _A + "_framing",
+            _A + "_relay_wire",
+            _A + "_relaying",
+            _A + "_shares",
+            _A + "_watches",
+        }
+    ),
 }
-"""Parts of the gateway and of its callers' side (docs/design.md#gateway) that stand on their
-own, each with the parts it may import: the relay interface and outcomes (both sides read them),
-a caller's executor handle (which encodes its calls with them), and the gateway's admission,
-shares and callers' counters, which know no other part. None reaches a private name of another
-object: what one needs of RemoteExecutor it reads through its documented internal surface."""
+"""Parts of the gateway and of its callers' side (docs/design.md#gateway), each with the parts it
+may import: the relay interface and outcomes (both sides read them), a caller's executor handle
+(which encodes its calls with them); the gateway's shares, callers' counters and the reading of
+a relay call's bytes, which know no other part; its admission, which frames a request's
+arguments with that reading; what callers are shown of the fleet (their watches), which reads
+the grants; the forward of a relayed call, which takes its caller's share, counts for its caller
+and reads its arguments; the relay service, which runs a call's steps with all of those; and the
+gateway, which builds them all. None reaches a private name of another object: what one needs of
+RemoteExecutor, or of the fleet, it reads through their documented internal surface
+(``Fleet.members``, ``Fleet.tap``, ``Fleet.host``, ``Fleet.retention``)."""
 
 
 def test_the_gateway_parts_keep_to_their_walls() -> None:

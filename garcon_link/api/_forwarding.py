@@ -66,9 +66,9 @@ class Forwarder:
         "_admission",
         "_bindings",
         "_book",
-        "_fleet",
         "_limits",
         "_max_callers",
+        "_members",
         "shares",
         "tg",
     )
@@ -82,7 +82,7 @@ class Forwarder:
         book: CallerBook,
         max_callers: int,
     ) -> None:
-        self._fleet = fleet
+        self._members = fleet.members  # the fleet's live mapping (Fleet.members)
         self._limits = limits
         self._admission = admission
         self.shares = shares
@@ -92,7 +92,7 @@ class Forwarder:
         self.tg: anyio.abc.TaskGroup | None = None
 
     def connected(self, executor: str) -> RemoteExecutor:
-        member = self._fleet._member(executor)
+        member = self._members.get(executor)
         if member is None:
             raise NotDispatched(
                 "OFFLINE", f"executor {peer_text(executor)} is not connected to the gateway"
@@ -242,7 +242,7 @@ class Forwarder:
                 raise Rejected("INVALID_ARGUMENTS", "timeout must be a positive number of seconds")
             if key is not None and (why := key_problem(key)) is not None:
                 raise Rejected("INVALID_ARGUMENTS", why)
-            member = self._fleet._members.get(executor) or self.connected(executor)
+            member = self._members.get(executor) or self.connected(executor)
         except CallError as exc:
             self._book.counted(caller, payload)
             self.answer_error(caller, rpc, call_id, rpc.hold(call_id, _ignore_cancel), exc)

@@ -219,7 +219,7 @@ class _Relay:
         wait = min(max(wait, 0.0), MAX_DESCRIBE_WAIT) if math.isfinite(wait) else 0.0
         deadline = anyio.current_time() + wait
         while True:
-            member = self._fleet._member(executor)
+            member = self._fleet.members.get(executor)
             changed = self._shown.changed
             if member is not None and member.availability == "ready":
                 break

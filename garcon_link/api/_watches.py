@@ -3,7 +3,7 @@ and each caller session's watch (what it was shown, and what it has not been sen
 
 A caller's **watch** (``watch()``, one per caller session, served by
 :meth:`~garcon_link.api._relaying._Relay.watch`): the gateway's fleet tells the gateway of each
-event as it is published (:meth:`~garcon_link.api.fleet.Fleet._tap`); each watch whose caller a
+event as it is published (:meth:`~garcon_link.api.fleet.Fleet.tap`); each watch whose caller a
 grant lets see that executor notes it (:class:`_Watch`: at most one pending entry per executor, its
 last :data:`~garcon_link.api._relay_wire.MAX_WATCH_EVENTS` events), and the watch's stream sends the
 pending entries, each with its executor's state at send time, whenever the caller's credit lets it
@@ -79,10 +79,10 @@ class Shown:
             waiting for its executor to be ready waits on it).
     """
 
-    __slots__ = ("_admission", "_fleet", "_limits", "changed", "watches")
+    __slots__ = ("_admission", "_limits", "_members", "changed", "watches")
 
     def __init__(self, fleet: Fleet, admission: Admission, limits: Limits) -> None:
-        self._fleet = fleet
+        self._members = fleet.members  # the fleet's live mapping (Fleet.members)
         self._admission = admission
         self._limits = limits
         self.watches: dict[int, _Watch] = {}
@@ -100,7 +100,7 @@ class Shown:
             for executor_id in sorted(watch.shown):
                 if not sees(self._admission.grants, watch.caller, executor_id):
                     watch.note(executor_id, "forgotten")
-            for executor_id, member in self._fleet._each_member():
+            for executor_id, member in sorted(self._members.items()):
                 if executor_id not in watch.shown and sees(
                     self._admission.grants, watch.caller, executor_id
                 ):
@@ -126,7 +126,7 @@ class Shown:
         grants = self._admission.grants
         return [
             self.entry(caller, executor_id, member)
-            for executor_id, member in self._fleet._each_member()
+            for executor_id, member in sorted(self._members.items())
             if sees(grants, caller, executor_id)
         ]
 
@@ -138,7 +138,7 @@ class Shown:
         while pending and len(entries) < MAX_WATCH_ENTRIES:
             executor_id = next(iter(pending))
             kinds, dropped = pending.pop(executor_id)
-            member = self._fleet._member(executor_id)
+            member = self._members.get(executor_id)
             if member is None or not sees(self._admission.grants, watch.caller, executor_id):
                 entry: dict[str, Any] = {"executor_id": executor_id, "gone": True}
             else:

@@ -400,21 +400,41 @@ class Fleet:
         self._pinned.add(executor_id)
         return member
 
-    def _member(self, executor_id: str) -> RemoteExecutor | None:
-        """The member of ``executor_id`` if the fleet knows it; never creates one (a gateway
-        routes a caller's call by a peer-chosen id)."""
-        return self._members.get(executor_id)
+    # -- what a gateway needs of its fleet (internal: api/gateway.py and its parts)
 
-    def _each_member(self) -> list[tuple[str, RemoteExecutor]]:
-        """Every member, in id order."""
-        return sorted(self._members.items())
+    @property
+    def members(self) -> Mapping[str, RemoteExecutor]:
+        """Every executor the fleet knows, by id: the fleet's own live mapping, the same object
+        for the fleet's whole life (a reader may keep it, and must not change it). Reading it
+        never creates a member, unlike :meth:`executor`. Internal: a gateway routes a caller's
+        call by a peer-chosen id, and shows its callers the fleet, through it
+        (api/_forwarding.py, api/_relaying.py, api/_watches.py)."""
+        return self._members
 
-    def _host(self, guest: WebSocketLink) -> None:
+    @property
+    def retention(self) -> RetentionPool:
+        """The retention budget (``max_total_retained_bytes``) every session of the fleet
+        draws on. Internal: a gateway's callers' link draws on it too (api/gateway.py)."""
+        return self._retention
+
+    def host(self, guest: WebSocketLink) -> None:
         """Let ``guest`` (a hosted worker-role link: a gateway's callers) share the listener
-        (:meth:`WebSocketLink.host`). Before the fleet is entered."""
+        (:meth:`WebSocketLink.host`). Before the fleet is entered. Internal: api/gateway.py.
+
+        Raises:
+            ConfigError: the fleet does not listen.
+        """
         if self._listening is None:
             raise ConfigError("a gateway's fleet must listen: its callers dial it")
         self._listening.host(guest)
+
+    def tap(self, listener: Callable[[FleetEvent], None]) -> None:
+        """Call ``listener`` with every event as it is published, before any :meth:`events`
+        subscriber sees it; it must be quick and must not raise, and the fleet holds it for its
+        whole life. Internal: a gateway's watches (api/gateway.py, which hands it a method of
+        its own through a weak reference, so that the fleet it holds holds it back only
+        weakly)."""
+        self._events.tap(listener)
 
     def _check_reachable(self, executor_id: str) -> None:
         if self._tg is None or self._closed:
@@ -511,10 +531,6 @@ class Fleet:
 
     def _publish(self, kind: EventKind, executor_id: str) -> None:
         self._events.publish(kind, executor_id)
-
-    def _tap(self, listener: Callable[[FleetEvent], None]) -> None:
-        """Call ``listener`` with every event as it happens (:meth:`_EventFeed.tap`)."""
-        self._events.tap(listener)
 
     def events(self) -> AsyncIterator[FleetEvent]:
         """Every change from now on, in order, until the fleet closes.

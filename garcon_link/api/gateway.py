@@ -56,8 +56,9 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Sequence
-from typing import Any
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec
 
 import anyio
 import anyio.abc
@@ -93,6 +94,36 @@ from .registration import Service, registry_from
 __all__ = ["CallerSnapshot", "Gateway", "gateway"]
 
 log = logging.getLogger("garcon_link.gateway")  # the name users configure (README)
+
+P = ParamSpec("P")
+
+
+def _weak_method(method: Callable[P, object]) -> Callable[P, None]:
+    """``method`` (a bound method of the gateway) called through a weak reference to the
+    gateway, for what the gateway hands its fleet and its callers' link to keep: the gateway
+    holds them, so their holding it would make a reference cycle, and a dropped gateway would
+    wait for the cycle collector instead of being freed at once (the transport's parts call
+    their owner the same way: ``weak_method`` in ``endpoint/_shared.py``). They call it only
+    while the gateway runs; once it is gone the call does nothing."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: P.args, **kwargs: P.kwargs) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args, **kwargs)
+
+    return call
+
+
+def _caller_keys(keyring: Keyring) -> Callable[[str], bytes | None]:
+    """The callers' link's key lookup: a caller's key, read from ``keyring`` at each handshake
+    (a function of the keyring alone, so the link holds no reference to the gateway)."""
+
+    def key(caller_id: str) -> bytes | None:
+        secret = keyring.secret_for(caller_id)
+        return secret.reveal() if secret is not None else None
+
+    return key
 
 
 class Gateway:
@@ -136,17 +167,16 @@ class Gateway:
         callers = config.callers
         # The grants, and whether each allows a caller to call a service of an executor.
         self._admission = Admission(callers.grants, self.limits)
-        self._keyring = Keyring(callers.keyring, kind="caller")
         self._max_callers = callers.max_callers
         self._link = WebSocketLink(
             role=Role.WORKER,
-            keys=self._caller_key,
+            keys=_caller_keys(Keyring(callers.keyring, kind="caller")),
             hosted=True,
             names=("gateway", "caller"),
             limits=dataclasses.replace(self.limits, max_controllers=callers.max_callers),
-            retention=self.fleet._retention,
+            retention=self.fleet.retention,
         )
-        self.fleet._host(self._link)
+        self.fleet.host(self._link)
         # id(transport) -> its caller, itself, its RPC
         self._sessions: dict[int, tuple[str, SessionTransport, ExecutorRpc]] = {}
         self._draining = False
@@ -160,7 +190,8 @@ class Gateway:
         self._forwarder = Forwarder(
             self.fleet, self.limits, self._admission, self._shares, self._book, self._max_callers
         )
-        self.fleet._tap(self._fleet_event)
+        # The fleet and the callers' link reach the gateway weakly (_weak_method): it holds them.
+        self.fleet.tap(_weak_method(self._fleet_event))
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
         # What callers make the gateway log: one line per caller and reason per log_interval.
@@ -180,10 +211,6 @@ class Gateway:
         )
         self._registry = registry_from({RELAY_SERVICE: Service(relay, GatewayRelay)})
 
-    def _caller_key(self, caller_id: str) -> bytes | None:
-        secret = self._keyring.secret_for(caller_id)
-        return secret.reveal() if secret is not None else None
-
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Gateway:
@@ -191,7 +218,7 @@ class Gateway:
         # fleet's listener hands callers to them from its first socket on.
         if on_asyncio():
             self._shares.now = loop_clock(asyncio.get_running_loop())
-        self._link.on_session(self._on_session)
+        self._link.on_session(_weak_method(self._on_session))
         await self._link.__aenter__()
         tg = anyio.create_task_group()
         await tg.__aenter__()
@@ -304,9 +331,10 @@ class Gateway:
     def _on_session(self, transport: SessionTransport, result: HandshakeResult) -> None:
         caller = result.peer.executor  # the id the caller proved with its key
         instance = os.urandom(16)
+        registry = self._registry  # the session keeps describe(): it holds no gateway
 
         def describe() -> dict[str, Any]:
-            manifest = self._registry.manifest()
+            manifest = registry.manifest()
             return {
                 "executor_id": caller,
                 "instance_id": instance,
