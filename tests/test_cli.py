@@ -1885,3 +1885,47 @@ def test_main_called_in_a_program_leaves_its_root_logger_as_it_was(
     finally:
         root.removeHandler(mine)
         root.setLevel(level)
+
+
+_SIGNAL_TO_ANOTHER_THREAD = """
+import asyncio, signal, socket, threading, time
+import anyio
+from garcon_link.cli._lifecycle import StopSignals
+
+async def main() -> None:
+    fallback_r, fallback_w = socket.socketpair()
+    asyncio.get_running_loop().add_reader(fallback_r.fileno(), fallback_r.recv, 1)
+    sent_at = []
+    with StopSignals() as signals:
+        waiting = threading.Event()
+
+        def other_thread() -> None:
+            waiting.wait()
+            time.sleep(0.2)  # the loop is idle in its poll by then, with no timer
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+            time.sleep(2.0)
+            sent_at.append(time.monotonic())
+            fallback_w.send(b"x")  # the loop's next wake-up for something else
+
+        threading.Thread(target=other_thread, daemon=True).start()
+        waiting.set()
+        name = signal.Signals(await signals.next()).name
+        got_at = time.monotonic()
+    print(name, "before the fallback" if not sent_at or got_at < sent_at[0] else "after it")
+
+anyio.run(main)
+"""
+
+
+def test_a_stop_signal_delivered_to_another_thread_wakes_an_idle_loop() -> None:
+    """A SIGTERM the kernel hands to a thread other than the loop's (the stdin watcher's
+    os.kill, a worker thread under a supervisor's kill) reaches ``StopSignals.next()`` at once,
+    not when the idle loop next wakes for something else (here a byte sent 2 s later)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_TO_ANOTHER_THREAD],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "SIGTERM before the fallback"

@@ -31,8 +31,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from types import FrameType
@@ -86,16 +88,34 @@ class StopSignals:
         self._queue: collections.deque[int] = collections.deque(maxlen=_QUEUED)
         self._arrived = anyio.Event()
         self._wake: Callable[[Callable[[], None]], Any] | None = None
+        # asyncio: the socket pair a signal's arrival is written to (see __enter__), and the
+        # wakeup fd it replaced
+        self._pair: tuple[socket.socket, socket.socket] | None = None
+        self._old_wakeup = -1
         self.listening = False
         """Whether signals reach :meth:`next` (false once left: they are ignored)."""
 
     def __enter__(self) -> StopSignals:
         try:
-            self._wake = asyncio.get_running_loop().call_soon_threadsafe
+            loop = asyncio.get_running_loop()
         except RuntimeError:  # pragma: no cover - trio (the command line runs asyncio)
             import trio
 
             self._wake = trio.lowlevel.current_trio_token().run_sync_soon
+        else:
+            self._wake = loop.call_soon_threadsafe
+            # A signal may be delivered to any thread of the process (the stdin watcher's
+            # os.kill, a worker thread when a supervisor signals the process); Python runs the
+            # handler in the main thread only once it executes bytecode again, and an idle loop
+            # waits in epoll with no timeout. The wakeup fd makes the signal's arrival a byte on
+            # a socket the loop watches, so the loop wakes and the handler runs at once
+            # (asyncio's own add_signal_handler does the same; it is not used: module docstring).
+            reader, writer = socket.socketpair()
+            reader.setblocking(False)
+            writer.setblocking(False)
+            self._pair = (reader, writer)
+            self._old_wakeup = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+            loop.add_reader(reader.fileno(), self._drain_wakeups, reader)
         self.listening = True
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._handler)
@@ -108,6 +128,21 @@ class StopSignals:
         self.listening = False
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
+        if self._pair is not None:
+            reader, writer = self._pair
+            self._pair = None
+            signal.set_wakeup_fd(self._old_wakeup)
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                asyncio.get_running_loop().remove_reader(reader.fileno())
+            reader.close()
+            writer.close()
+
+    @staticmethod
+    def _drain_wakeups(reader: socket.socket) -> None:
+        """The loop's reader of the wakeup socket: empty it (the handler does the rest)."""
+        with contextlib.suppress(OSError):
+            while reader.recv(4096):
+                pass
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         # In the main thread, between two bytecodes: only hand the signal to the loop.
