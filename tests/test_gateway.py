@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import sys
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 import anyio
 import cbor2
 import pytest
+import sniffio
 from faultutil import wait_for
 
 import garcon_link as gl
@@ -915,6 +917,11 @@ async def test_a_closed_gateway_is_freed_by_its_reference_count_alone(tmp_path: 
     link's session callback and key lookup) reaches it weakly, so its fleet, links and parts
     hold no reference back to it: a gateway that served a caller's relayed call and closed is
     freed the moment its last reference goes, not at a later pass of the cycle collector."""
+    if sys.version_info >= (3, 12) and sniffio.current_async_library() == "trio":
+        # There trio keeps the traceback of the last Cancelled it delivered during the close
+        # (its raise_cancel frame, and through f_back the frames of the close, the gateway
+        # among their locals) after the close has returned: a hold of trio's, not the gateway's.
+        pytest.skip("trio on CPython 3.12+ keeps the close's frames alive a while after")
     with anyio.fail_after(DEADLINE):
         async with running_gateway(tmp_path) as gw, AsyncExitStack() as stack:
             await stack.enter_async_context(device(tmp_path, "box-1", gw.url))
